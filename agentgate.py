@@ -1,0 +1,3364 @@
+#!/usr/bin/env python3
+"""agentgate: a gate between an MCP host and the MCP servers it uses.
+
+agentgate is one standard-library Python file. An MCP host (Claude Desktop, Claude Code,
+Cursor, ...) starts it as a stdio MCP server. agentgate starts the real servers the person
+configured, offers the host only the tools the person pinned and classified, and puts a gate
+in front of every `tools/call`:
+
+    record it -> check its arguments against the tool's pinned schema -> evaluate the policy
+    -> if the policy asks, wait for an operator's approval bound by hash to this exact request
+    -> execute the upstream call itself -> record the outcome.
+
+Everything is recorded in one SQLite file. Approvals are decided outside the host, in a
+terminal, with `agentgate.py approve RUN -approval ID` (or reject / cancel).
+
+Scope. agentgate governs only the calls that go through it. It is a guard for one person who
+is both the host's user and the operator; it does not separate them, and a model that can run
+commands can approve its own request with the operator command or by editing the database.
+It keeps no limits or policy over a conversation's history. It refuses a deliberate identical
+repeat of a mutating call within the repeat window, as it refuses a blind retry. The pin covers
+what a server presents, not what it does.
+
+Sections, in the order data flows through them:
+
+     1. Canonical JSON        the parser that refuses, the encoder that is hashed
+     2. Text                  durations, the sanitizer, times
+     3. Configuration         the file, its checks, the policy identity
+     4. Store                 the only place SQL lives
+     5. Upstream client       a stdio MCP server as agentgate's child
+     6. Pin and load          manifests, the load checks, the report
+     7. Schema validation     the subset of JSON Schema real servers use
+     8. Policy and the gate   one call as one run: propose, pause, execute, record
+     9. Rules across calls    the calls index, duplicates, unknown outcomes, holds
+    10. MCP server            the host side: framing, initialize, tools/list, tools/call
+    11. Operator commands     runs, show, approve, reject, cancel, verify, recheck
+    12. Fake payment server   the demo's and the tests' upstream
+    13. Demonstration
+    14. Main
+"""
+
+import argparse
+import base64
+import ctypes
+import datetime
+import decimal
+import hashlib
+import json
+import os
+import queue
+import re
+import secrets
+import select
+import shlex
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unicodedata
+
+PROGRAM = "agentgate"
+VERSION = "0.1.0"
+
+
+# =============================================================================================
+# 1. Canonical JSON
+#
+# Owns: the boundary check every consumer-supplied JSON document passes (arguments, results,
+# the config, manifests), the canonical encoding that request keys and hashes are taken over,
+# and the policy form of the same values.
+# Promises: a document is accepted only if it is exactly one RFC 8259 value, valid UTF-8,
+# nested at most 256 deep, with no repeated key, no unpaired surrogate escape and no number
+# literal past the bound; number literals are kept exactly as written, so `10`, `10.0` and
+# `1e1` are three different requests and no float ever rounds an amount.
+# =============================================================================================
+
+MAX_DEPTH = 256
+MAX_NUMBER_CHARS = 10000
+MAX_EXPONENT = 10000
+FLOAT64_MAX = decimal.Decimal("1.7976931348623157e308")
+
+
+class CanonicalError(ValueError):
+    """A document the boundary check refuses; the message says why."""
+
+
+class Number:
+    """A JSON number kept as the literal text it was written with."""
+
+    __slots__ = ("literal",)
+
+    def __init__(self, literal):
+        self.literal = literal
+
+    def __eq__(self, other):
+        return isinstance(other, Number) and other.literal == self.literal
+
+    def __hash__(self):
+        return hash(self.literal)
+
+    def __repr__(self):
+        return self.literal
+
+    def exact(self):
+        """The exact decimal value, for comparisons that must not round."""
+        return decimal.Decimal(self.literal)
+
+    def is_integer(self):
+        value = self.exact()
+        return value == value.to_integral_value()
+
+
+_STRING_RE = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_BRACKET_RE = re.compile(rb"[\[\]{}]")
+
+
+def _too_deep(data):
+    depth = 0
+    for match in _BRACKET_RE.finditer(_STRING_RE.sub(b"", data)):
+        if match.group() in (b"[", b"{"):
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def _number_bound(literal):
+    """The reason a number literal is past the bound, or ''."""
+    if len(literal) > MAX_NUMBER_CHARS:
+        return f"number {literal[:24]}... is longer than {MAX_NUMBER_CHARS} characters"
+    mantissa, e, exponent = literal.lower().partition("e")
+    if e:
+        digits = exponent.lstrip("+-").lstrip("0")
+        if len(digits) > 5 or (digits and int(digits) > MAX_EXPONENT):
+            return f"number {literal[:24]} has an exponent beyond ±{MAX_EXPONENT}"
+    return ""
+
+
+def _first_surrogate(value):
+    if isinstance(value, str):
+        for ch in value:
+            if 0xD800 <= ord(ch) <= 0xDFFF:
+                return ch
+    elif isinstance(value, list):
+        for item in value:
+            found = _first_surrogate(item)
+            if found:
+                return found
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found = _first_surrogate(key) or _first_surrogate(item)
+            if found:
+                return found
+    return ""
+
+
+def parse(data):
+    """Parse one JSON document through the boundary check; numbers become Number.
+
+    The checks run in a fixed order and the first failure wins, so a document with two faults
+    always gets the same reason: depth, UTF-8, validity, surrogates, repeated keys (and a
+    float64 overflow inside a container), then the number bound.
+    """
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    if _too_deep(data):
+        raise CanonicalError(f"nested deeper than {MAX_DEPTH} levels")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CanonicalError("not valid UTF-8") from None
+    repeated, overflow, bound = [], [], []
+
+    def number(literal):
+        reason = _number_bound(literal)
+        if reason and not bound:
+            bound.append(reason)
+        if not reason and not overflow and abs(decimal.Decimal(literal)) > FLOAT64_MAX:
+            overflow.append(literal)
+        return Number(literal)
+
+    def pairs(items):
+        obj = {}
+        for key, value in items:
+            if key in obj and not repeated:
+                repeated.append(key)
+            obj[key] = value
+        return obj
+
+    def constant(name):
+        raise ValueError(name)
+
+    try:
+        value = json.loads(text, object_pairs_hook=pairs, parse_int=number,
+                           parse_float=number, parse_constant=constant)
+    except (ValueError, RecursionError):
+        raise CanonicalError("not valid JSON") from None
+    surrogate = _first_surrogate(value)
+    if surrogate:
+        raise CanonicalError(f"unpaired surrogate \\u{ord(surrogate):04x}")
+    if repeated:
+        raise CanonicalError(f"duplicate key {json.dumps(repeated[0], ensure_ascii=False)}")
+    # A float64 overflow inside a container is refused (the anchor's decoder fails on it);
+    # the same literal as the whole document is accepted.
+    if overflow and not isinstance(value, Number):
+        raise CanonicalError(f"number {overflow[0][:24]} is beyond the range of a float64")
+    if bound:
+        raise CanonicalError(bound[0])
+    return value
+
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
+            "\t": "\\t"}
+_HTML_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
+                 "\u2029": "\\u2029"}
+_PLAIN_RE = re.compile('[\x00-\x1f"\\\\]')
+_HTML_RE = re.compile('[\x00-\x1f"\\\\<>&\u2028\u2029]')
+
+
+def _escape_char(match, html):
+    ch = match.group()
+    if ch in _ESCAPES:
+        return _ESCAPES[ch]
+    if html and ch in _HTML_ESCAPES:
+        return _HTML_ESCAPES[ch]
+    return f"\\u{ord(ch):04x}"
+
+
+def _encode_string(s, html):
+    pattern = _HTML_RE if html else _PLAIN_RE
+    return '"' + pattern.sub(lambda m: _escape_char(m, html), s) + '"'
+
+
+def _encode(value, html, out):
+    if isinstance(value, str):
+        out.append(_encode_string(value, html))
+    elif isinstance(value, Number):
+        out.append(value.literal)
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif value is None:
+        out.append("null")
+    elif isinstance(value, bool):
+        raise TypeError("unreachable")
+    elif isinstance(value, int):
+        out.append(str(value))
+    elif isinstance(value, float):
+        out.append(repr(value) if value == value and abs(value) != float("inf") else "null")
+    elif isinstance(value, dict):
+        out.append("{")
+        for i, key in enumerate(sorted(value, key=lambda k: k.encode("utf-8", "surrogatepass"))):
+            if i:
+                out.append(",")
+            out.append(_encode_string(key, html))
+            out.append(":")
+            _encode(value[key], html, out)
+        out.append("}")
+    elif isinstance(value, (list, tuple)):
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _encode(item, html, out)
+        out.append("]")
+    else:
+        raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+def canonical(value):
+    """The canonical encoding (sorted keys, literal numbers, one escaping), as bytes.
+
+    This is the form every hash is taken over; `<`, `>`, `&`, U+2028 and U+2029 are escaped so
+    the bytes are the same whatever tool later embeds them in HTML or JavaScript.
+    """
+    out = []
+    _encode(value, True, out)
+    return "".join(out).encode("utf-8")
+
+
+def policy_json(value):
+    """The same traversal without the HTML escapes: what people and the policy read."""
+    out = []
+    _encode(value, False, out)
+    return "".join(out)
+
+
+def sha256_hex(data):
+    return hashlib.sha256(data if isinstance(data, bytes) else data.encode("utf-8")).hexdigest()
+
+
+def content_hash(value):
+    return sha256_hex(canonical(value))
+
+
+def request_key(tool_name, args):
+    """The identity of a request: the registered tool's name and its canonical arguments."""
+    return sha256_hex(tool_name.encode("utf-8") + b"\x00" + canonical(args))
+
+
+def dumps(value):
+    """Encode a record for the store: the canonical form, as text."""
+    return canonical(value).decode("utf-8")
+
+
+# =============================================================================================
+# 2. Text: durations, the sanitizer, times
+#
+# Owns: Go-syntax durations (the config is written in them, prose prints them), the one
+# sanitizer every server-, model- or operator-chosen string passes before it reaches prose, a
+# log line or a terminal, and the one timestamp format of the store.
+# Promises: sanitized text holds no control character, no bidi override and no invisible
+# format character a terminal or a reader could be fooled by; data returned to the host as a
+# result is never sanitized (it is the server's answer, passed back as recorded).
+# =============================================================================================
+
+_DURATION_UNITS = {"ns": 1, "us": 1000, "µs": 1000, "μs": 1000, "ms": 10**6, "s": 10**9,
+                   "m": 60 * 10**9, "h": 3600 * 10**9}
+_DURATION_RE = re.compile(r"([0-9]*(?:\.[0-9]*)?)([a-zµμ]+)")
+SECOND = 10**9
+
+
+def parse_duration(text):
+    """Nanoseconds from Go's duration syntax ("15s", "1h30m", "300ms", "0"); ValueError else."""
+    if text in ("0", "+0", "-0"):
+        return 0
+    body, sign = text, 1
+    if body[:1] in "+-" and body:
+        sign, body = (-1 if body[0] == "-" else 1), body[1:]
+    if not body:
+        raise ValueError(f'invalid duration "{text}"')
+    total, pos = decimal.Decimal(0), 0
+    while pos < len(body):
+        match = _DURATION_RE.match(body, pos)
+        if not match or match.group(1) in ("", ".") or match.group(2) not in _DURATION_UNITS:
+            raise ValueError(f'invalid duration "{text}"')
+        total += decimal.Decimal(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    return sign * int(total)
+
+
+def _trim_fraction(whole, fraction, digits):
+    fraction = str(fraction).rjust(digits, "0").rstrip("0")
+    return f"{whole}.{fraction}" if fraction else str(whole)
+
+
+def format_duration(ns):
+    """Go's Duration.String: 0s, 300ms, 2s, 1m30s, 10m0s, 24h0m0s."""
+    if ns == 0:
+        return "0s"
+    sign, ns = ("-" if ns < 0 else ""), abs(ns)
+    if ns < 1000:
+        return f"{sign}{ns}ns"
+    if ns < 10**6:
+        return f"{sign}{_trim_fraction(ns // 1000, ns % 1000, 3)}µs"
+    if ns < SECOND:
+        return f"{sign}{_trim_fraction(ns // 10**6, ns % 10**6, 6)}ms"
+    seconds = _trim_fraction(ns // SECOND % 60, ns % SECOND, 9)
+    minutes, hours = ns // (60 * SECOND) % 60, ns // (3600 * SECOND)
+    if hours:
+        return f"{sign}{hours}h{minutes}m{seconds}s"
+    if minutes:
+        return f"{sign}{minutes}m{seconds}s"
+    return f"{sign}{seconds}s"
+
+
+_INVISIBLE = (set(range(0x202A, 0x202F)) | set(range(0x2066, 0x206A)) | {0x061C, 0x200E, 0x200F}
+              | set(range(0x200B, 0x200E)) | set(range(0x2060, 0x2065))
+              | {0xFEFF, 0x00AD, 0x180E, 0x2028, 0x2029} | set(range(0xE0000, 0xE0080)))
+_NEEDS_CARE = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
+                         "\u2060-\u2064\u2066-\u2069\ufeff\U000e0000-\U000e007f\ud800-\udfff]")
+MAX_COMBINING = 4
+
+
+def sanitize(text):
+    """Make server-, model- or operator-chosen text safe for prose, logs and terminals."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if not _NEEDS_CARE.search(text) and not _has_long_combining_run(text):
+        return text
+    out, marks, dropped = [], 0, 0
+    for ch in text:
+        code = ord(ch)
+        if unicodedata.category(ch).startswith("M"):
+            marks += 1
+            if marks > MAX_COMBINING:
+                dropped += 1
+                continue
+            out.append(ch)
+            continue
+        if dropped:
+            out.append(f"[+{dropped} combining marks dropped]")
+        marks, dropped = 0, 0
+        if ch in "\r\n":
+            out.append(" ")
+        elif code < 0x20 or 0x7F <= code <= 0x9F:
+            out.append(f"\\x{code:02x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append("\ufffd")
+        elif code in _INVISIBLE:
+            out.append(f"\\u{{{code:04x}}}")
+        else:
+            out.append(ch)
+    if dropped:
+        out.append(f"[+{dropped} combining marks dropped]")
+    return "".join(out)
+
+
+def _has_long_combining_run(text):
+    run = 0
+    for ch in text:
+        if ord(ch) >= 0x300 and unicodedata.category(ch).startswith("M"):
+            run += 1
+            if run > MAX_COMBINING:
+                return True
+        else:
+            run = 0
+    return False
+
+
+def cut(text, limit):
+    """Cut to at most `limit` UTF-8 bytes on a character boundary, marking the cut with '…'."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    marker = "…".encode("utf-8")
+    room = limit - len(marker) if limit >= len(marker) else limit
+    head = data[:room].decode("utf-8", "ignore")
+    return head + ("…" if limit >= len(marker) else "")
+
+
+def clean(text, limit):
+    """Sanitize, then cut: the form every chosen string takes inside prose."""
+    return cut(sanitize(text), limit)
+
+
+def quote(text):
+    """An operator's or server's words inside prose: sanitized and in double quotes."""
+    return '"' + sanitize(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def now():
+    """The store's one time format: fixed-width UTC with microseconds, so text order is time
+    order and leases and windows compare as strings."""
+    return format_time(time.time())
+
+
+def format_time(seconds):
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text):
+    moment = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def later(text, ns):
+    """The stored time `ns` nanoseconds after the stored time `text`."""
+    return format_time(parse_time(text) + ns / SECOND)
+
+
+def prose_time(text):
+    """A stored time as people read it in prose: UTC, to the second."""
+    return text[:19] + "Z"
+
+
+def log(message):
+    """One line to stderr, sanitized and prefixed; stdout carries only protocol."""
+    try:
+        sys.stderr.write(f"{PROGRAM}: {sanitize(message)}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+# =============================================================================================
+# 3. Configuration
+#
+# Owns: reading the one JSON config file and the files it trusts (manifests, the database),
+# every field's default, and the policy identity.
+# Promises: a config is used only if it is a regular file owned by this user that nobody else
+# can write; it passes the canonical boundary check (so a repeated key cannot be read two
+# ways); every unknown field anywhere is refused with its path; a server whose arguments reach
+# the files the gate's decisions depend on is refused unless the operator says otherwise.
+# Every refusal is one sentence naming the field and what to do.
+# =============================================================================================
+
+SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation", "destructive")
+OUTCOMES = ("allow", "require_approval", "deny")
+DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
+                  "remote_mutation": "require_approval", "destructive": "deny"}
+NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MIN_LEASE_TTL = 3 * SECOND
+
+
+class ConfigError(Exception):
+    """A configuration the gate will not run with; the message says what to change."""
+
+
+def read_owned(path, what):
+    """The bytes of a file only this user can change, or ConfigError saying how to fix it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        if getattr(err, "errno", None) == 40:  # ELOOP: the path is a symbolic link
+            raise ConfigError(f"{what} {path} is a symbolic link; name the file itself") from None
+        raise ConfigError(f"{what} {path} cannot be read: {err.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        _check_owned(path, what, st)
+        return f.read()
+
+
+def _check_owned(path, what, st):
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{what} {path} is not a regular file")
+    if st.st_uid != os.geteuid():
+        raise ConfigError(f"{what} {path} ({stat.filemode(st.st_mode)}) is owned by uid "
+                          f"{st.st_uid}, not by the current user: chown it or use your own copy")
+    if st.st_mode & 0o022:
+        raise ConfigError(f"{what} {path} has mode {stat.filemode(st.st_mode)}, which lets its "
+                          f"group or others write it: chmod go-w it")
+
+
+class Rule:
+    """The operator's classification of one upstream tool."""
+
+    FIELDS = ("side_effect", "timeout", "description", "deny", "fixed", "rename",
+              "allow_hint_mismatch", "outcome", "repeat_window")
+
+    def __init__(self, tool, raw, where):
+        _refuse_unknown(raw, self.FIELDS, where)
+        self.tool = tool
+        self.side_effect = _string(raw, "side_effect", where, required=True)
+        if self.side_effect not in SIDE_EFFECTS:
+            raise ConfigError(f"{where}.side_effect is {quote(self.side_effect)}; use one of "
+                              f"{', '.join(SIDE_EFFECTS)}")
+        self.timeout = _duration(raw, "timeout", where, None)
+        self.description = _string(raw, "description", where)
+        self.deny = _names(raw, "deny", where)
+        self.fixed = raw.get("fixed", {})
+        if not isinstance(self.fixed, dict):
+            raise ConfigError(f"{where}.fixed must be an object of parameter name to JSON value")
+        self.rename = _string(raw, "rename", where)
+        self.allow_hint_mismatch = _bool(raw, "allow_hint_mismatch", where)
+        self.outcome = _string(raw, "outcome", where)
+        if self.outcome and self.outcome not in OUTCOMES:
+            raise ConfigError(f"{where}.outcome is {quote(self.outcome)}; use one of "
+                              f"{', '.join(OUTCOMES)}")
+        self.repeat_window = _duration(raw, "repeat_window", where, None)
+
+
+class Server:
+    """One upstream MCP server, as configured."""
+
+    FIELDS = ("name", "command", "endpoint", "env", "inherit_env", "connect_timeout",
+              "default_timeout", "manifest", "rules", "skip_path_check")
+
+    def __init__(self, raw, where, base):
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where} must be an object")
+        _refuse_unknown(raw, self.FIELDS, where)
+        self.name = _string(raw, "name", where, required=True)
+        if not NAME_RE.match(self.name):
+            raise ConfigError(f"{where}.name {quote(self.name)} must be 1 to 64 letters, digits, "
+                              f"'_' or '-'")
+        where = f'server "{self.name}"'
+        self.command = raw.get("command")
+        self.endpoint = _string(raw, "endpoint", where)
+        if (self.command is None) == (not self.endpoint):
+            raise ConfigError(f"{where} needs exactly one of command (an argv list) or endpoint")
+        if self.endpoint:
+            raise ConfigError(f"{where}.endpoint: HTTP servers are not supported yet; start the "
+                              f"server over stdio with command")
+        if (not isinstance(self.command, list) or not self.command
+                or not all(isinstance(a, str) for a in self.command)):
+            raise ConfigError(f'{where}.command must be a non-empty list of strings, such as '
+                              f'["node", "server.js"]')
+        self.env = _names(raw, "env", where)
+        for entry in self.env:
+            if "=" not in entry or entry.startswith("="):
+                raise ConfigError(f'{where}.env entry {quote(entry)} must read NAME=value')
+        self.inherit_env = _names(raw, "inherit_env", where)
+        for name in self.inherit_env:
+            if not name or "=" in name:
+                raise ConfigError(f"{where}.inherit_env entry {quote(name)} must be a variable "
+                                  f"name without '='")
+        self.connect_timeout = _duration(raw, "connect_timeout", where, 30 * SECOND)
+        self.default_timeout = _duration(raw, "default_timeout", where, None)
+        manifest = _string(raw, "manifest", where, required=True)
+        self.manifest = os.path.join(base, os.path.expanduser(manifest))
+        rules = raw.get("rules", {})
+        if not isinstance(rules, dict):
+            raise ConfigError(f"{where}.rules must be an object of upstream tool name to rule")
+        self.rules = {}
+        for tool, rule in rules.items():
+            if not isinstance(rule, dict):
+                raise ConfigError(f"{where}.rules.{tool} must be an object")
+            self.rules[tool] = Rule(tool, rule, f"{where}.rules.{tool}")
+        self.skip_path_check = _bool(raw, "skip_path_check", where)
+        self.base = base  # the server runs here, so its relative arguments read as written
+
+    def child_env(self, environ=None):
+        """The child's whole environment: PATH, HOME, TMPDIR, inherit_env, then env entries.
+
+        A secret in the gate's environment reaches a server only if the operator names it.
+        """
+        environ = os.environ if environ is None else environ
+        env = {}
+        for name in ("PATH", "HOME", "TMPDIR", *self.inherit_env):
+            if name in environ:
+                env[name] = environ[name]
+        for entry in self.env:
+            name, _, value = entry.partition("=")
+            env[name] = value
+        return env
+
+
+class Config:
+    """The whole configuration, with defaults applied and paths made absolute."""
+
+    FIELDS = ("database", "session", "servers", "policy", "hold", "repeat_window",
+              "max_pending", "approval_ttl", "grant_ttl", "status_tool", "lease_ttl")
+
+    def __init__(self, raw, path):
+        self.path = path
+        base = os.path.dirname(path)
+        if not isinstance(raw, dict):
+            raise ConfigError("the configuration must be a JSON object")
+        _refuse_unknown(raw, self.FIELDS, "the configuration")
+        where = "the configuration"
+        self.database = os.path.join(base, os.path.expanduser(
+            _string(raw, "database", where, required=True)))
+        self.session = _string(raw, "session", where, required=True)
+        if not SESSION_RE.match(self.session):
+            raise ConfigError(f"session {quote(self.session)} must be 1 to 64 letters, digits, "
+                              f"'_' or '-'")
+        servers = raw.get("servers")
+        if not isinstance(servers, list) or not servers:
+            raise ConfigError("servers must be a list of at least one server")
+        self.servers = [Server(s, f"servers[{i}]", base) for i, s in enumerate(servers)]
+        names = [s.name for s in self.servers]
+        for name in names:
+            if names.count(name) > 1:
+                raise ConfigError(f'two servers are named "{name}"; give each its own name')
+        policy = raw.get("policy", {})
+        if not isinstance(policy, dict):
+            raise ConfigError("policy must be an object of side-effect class to outcome")
+        for cls, outcome in policy.items():
+            if cls not in SIDE_EFFECTS:
+                raise ConfigError(f"policy names {quote(cls)}; the classes are "
+                                  f"{', '.join(SIDE_EFFECTS)}")
+            if outcome not in OUTCOMES:
+                raise ConfigError(f"policy.{cls} is {quote(str(outcome))}; use one of "
+                                  f"{', '.join(OUTCOMES)}")
+        self.policy = {**DEFAULT_POLICY, **policy}
+        self.hold = _duration(raw, "hold", where, 15 * SECOND)
+        self.repeat_window = _duration(raw, "repeat_window", where, 600 * SECOND)
+        max_pending = raw.get("max_pending", Number("5"))
+        if not isinstance(max_pending, Number) or not max_pending.is_integer() \
+                or max_pending.exact() < 0 or max_pending.exact() > 10**6:
+            raise ConfigError("max_pending must be a whole number of at least 0 (0 means 5)")
+        self.max_pending = int(max_pending.exact()) or 5
+        self.approval_ttl = _duration(raw, "approval_ttl", where, 86400 * SECOND)
+        self.grant_ttl = _duration(raw, "grant_ttl", where, 86400 * SECOND)
+        self.status_tool = _string(raw, "status_tool", where) or "gate_status"
+        if not NAME_RE.match(self.status_tool):
+            raise ConfigError(f"status_tool {quote(self.status_tool)} must be 1 to 64 letters, "
+                              f"digits, '_' or '-'")
+        self.lease_ttl = _duration(raw, "lease_ttl", where, 30 * SECOND)
+        if self.lease_ttl < MIN_LEASE_TTL:
+            raise ConfigError(f"lease_ttl {format_duration(self.lease_ttl)} is shorter than "
+                              f"{format_duration(MIN_LEASE_TTL)}; give it at least 3s")
+
+    def policy_id(self):
+        """The identity of exactly what the policy decides from.
+
+        Hold, windows, TTLs, timeouts, commands, descriptions and the database can change
+        without changing it; a class, an outcome, a fixed value or a rename cannot.
+        """
+        servers = []
+        for server in sorted(self.servers, key=lambda s: s.name):
+            rules = {}
+            for tool, rule in server.rules.items():
+                entry = {"side_effect": rule.side_effect}
+                if rule.outcome:
+                    entry["outcome"] = rule.outcome
+                if rule.fixed:
+                    entry["fixed"] = rule.fixed
+                if rule.rename:
+                    entry["rename"] = rule.rename
+                rules[tool] = entry
+            servers.append({"name": server.name, "rules": rules})
+        return f"{PROGRAM}/sha256:" + content_hash({"policy": self.policy, "servers": servers})
+
+
+def _refuse_unknown(raw, fields, where):
+    for key in raw:
+        if key not in fields:
+            raise ConfigError(f"{where} has an unknown field {quote(key)}; the fields are "
+                              f"{', '.join(fields)}")
+
+
+def _string(raw, field, where, required=False):
+    value = raw.get(field)
+    if value is None:
+        if required:
+            raise ConfigError(f"{where} needs {field}")
+        return ""
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}.{field} must be a string")
+    if required and not value:
+        raise ConfigError(f"{where}.{field} must not be empty")
+    return value
+
+
+def _bool(raw, field, where):
+    value = raw.get(field, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}.{field} must be true or false")
+    return value
+
+
+def _names(raw, field, where):
+    value = raw.get(field, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}.{field} must be a list of strings")
+    return value
+
+
+def _duration(raw, field, where, default):
+    value = raw.get(field)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ConfigError(f'{where}.{field}: a duration is a string such as "15s"')
+    try:
+        ns = parse_duration(value)
+    except ValueError:
+        raise ConfigError(f'{where}.{field} {quote(value)} is not a duration; write it like '
+                          f'"15s", "300ms" or "1h30m"') from None
+    if ns < 0:
+        raise ConfigError(f"{where}.{field} must not be negative")
+    return ns
+
+
+def config_path(given):
+    """Where the config comes from: -config, else $AGENTGATE_CONFIG, else the XDG path."""
+    if given:
+        return given
+    if os.environ.get("AGENTGATE_CONFIG"):
+        return os.environ["AGENTGATE_CONFIG"]
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(xdg, PROGRAM, "config.json")
+
+
+def load_config(path):
+    path = os.path.abspath(path)
+    data = read_owned(path, "config")
+    try:
+        raw = parse(data)
+    except CanonicalError as err:
+        raise ConfigError(f"config {path} is not usable JSON: {err}") from None
+    try:
+        return Config(raw, path)
+    except ConfigError as err:
+        raise ConfigError(f"config {path}: {err}") from None
+
+
+def check_database_path(path):
+    """The database must be the file itself, a regular file only this user can change."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise ConfigError(f"database {path} is a symbolic link; name the database file itself")
+    _check_owned(path, "database", st)
+
+
+def _file_identity(path):
+    try:
+        st = os.stat(path)
+        return (st.st_dev, st.st_ino)
+    except OSError:
+        return None
+
+
+def _protected(config):
+    """Every file the gate's decisions depend on, and every directory above each of them."""
+    identities, missing = set(), set()
+    for path in (config.path, config.database, *(s.manifest for s in config.servers)):
+        for chain in (os.path.abspath(path), os.path.realpath(path)):
+            current = chain
+            while True:
+                identity = _file_identity(current)
+                if identity:
+                    identities.add(identity)
+                else:
+                    missing.add(os.path.realpath(current))
+                parent = os.path.dirname(current)
+                if parent == current:
+                    break
+                current = parent
+    return identities, missing
+
+
+def _reach_candidates(arg):
+    candidates = [arg]
+    for sep in ("=", ":"):
+        if sep in arg:
+            candidates.append(arg.split(sep, 1)[1])
+    if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:
+        candidates.append(arg[2:])
+    for candidate in list(candidates):
+        if candidate.startswith("file:"):
+            path = re.sub(r"^file:(//[^/]*)?", "", candidate)
+            candidates.append(path or "/")
+    expanded = []
+    for candidate in candidates:
+        if candidate == "~" or candidate.startswith("~/"):
+            candidate = os.path.expanduser("~") + candidate[1:]
+        expanded.append(candidate)
+    return [c for c in expanded if c]
+
+
+def check_reach(config):
+    """Refuse a server whose arguments name the config, the database, a manifest, or a
+    directory above one of them: a server that can write there could change its own policy.
+
+    This is a guard against a plain mistake, not a boundary: a server can reach anything its
+    user can, whatever its arguments say.
+    """
+    identities, missing = _protected(config)
+    for server in config.servers:
+        if server.skip_path_check or len(server.command) < 2:
+            continue
+        for arg in server.command[1:]:
+            for candidate in _reach_candidates(arg):
+                candidate = os.path.join(server.base, candidate)
+                identity = _file_identity(candidate)
+                if (identity and identity in identities) or \
+                        os.path.realpath(candidate) in missing:
+                    raise ConfigError(
+                        f"server {quote(server.name)}: its argument {quote(arg)} reaches "
+                        f"{os.path.realpath(candidate)}, which the gate's policy and approvals "
+                        f"depend on: point the server elsewhere, or set skip_path_check on it "
+                        f"if it cannot write there")
+
+
+# =============================================================================================
+# 4. Store
+#
+# Owns: the SQLite file and every statement run against it.
+# Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema off; files created 0600 and
+# refused when others can write them; every write is one BEGIN IMMEDIATE transaction that
+# commits a state change together with its events; events are hash-chained across all runs and
+# all processes (each transaction reads the head under its write lock, so two processes extend
+# one chain and a sequence number is never reused). A database migrated by a newer agentgate
+# is refused. Nothing an operator decides is ever inferred: no statement here approves.
+# =============================================================================================
+
+SCHEMA = [
+    # Version 1. A run is one tools/call; a step is one proposal inside it (the model's call,
+    # the gate's own re-run of an unknown outcome, the closing decision). The calls table is
+    # an index and a cache over runs: truth is always read from the run and its steps.
+    """
+    CREATE TABLE runs(id TEXT PRIMARY KEY, session TEXT NOT NULL, tool TEXT NOT NULL,
+        status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', detail TEXT NOT NULL DEFAULT '',
+        step_count INTEGER NOT NULL DEFAULT 0, created_at TEXT NOT NULL,
+        finished_at TEXT NOT NULL DEFAULT '', result_json TEXT NOT NULL DEFAULT '',
+        lease_owner TEXT NOT NULL DEFAULT '', lease_expires_at TEXT NOT NULL DEFAULT '');
+    CREATE TABLE steps(id TEXT PRIMARY KEY, run_id TEXT NOT NULL REFERENCES runs(id),
+        idx INTEGER NOT NULL, status TEXT NOT NULL, decision_json TEXT NOT NULL,
+        policy_json TEXT NOT NULL DEFAULT '', observation_json TEXT NOT NULL DEFAULT '',
+        spec_hash TEXT NOT NULL DEFAULT '', policy_id TEXT NOT NULL DEFAULT '',
+        started_at TEXT NOT NULL, finished_at TEXT NOT NULL DEFAULT '', UNIQUE(run_id, idx));
+    CREATE TABLE approvals(id TEXT PRIMARY KEY, run_id TEXT NOT NULL REFERENCES runs(id),
+        step_id TEXT NOT NULL, kind TEXT NOT NULL, capability_json TEXT NOT NULL,
+        presentation_json TEXT NOT NULL, request_json TEXT NOT NULL, hash TEXT NOT NULL,
+        status TEXT NOT NULL, created_at TEXT NOT NULL, expires_at TEXT NOT NULL DEFAULT '',
+        decided_at TEXT NOT NULL DEFAULT '', decided_by TEXT NOT NULL DEFAULT '',
+        note TEXT NOT NULL DEFAULT '');
+    CREATE INDEX approvals_run ON approvals(run_id);
+    CREATE TABLE tool_specs(hash TEXT PRIMARY KEY, spec_json TEXT NOT NULL);
+    CREATE TABLE calls(id INTEGER PRIMARY KEY AUTOINCREMENT, session TEXT NOT NULL,
+        request_key TEXT NOT NULL, tool TEXT NOT NULL, side_effect TEXT NOT NULL,
+        run_id TEXT NOT NULL UNIQUE, created_at TEXT NOT NULL, open INTEGER NOT NULL DEFAULT 1,
+        closed_at TEXT NOT NULL DEFAULT '', settled_at TEXT NOT NULL DEFAULT '',
+        outcome INTEGER NOT NULL DEFAULT 0);
+    CREATE UNIQUE INDEX calls_open ON calls(session, request_key) WHERE open = 1;
+    CREATE INDEX calls_key ON calls(session, request_key, id);
+    CREATE INDEX calls_unsettled ON calls(session, settled_at, id);
+    CREATE TABLE events(seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL,
+        step_id TEXT NOT NULL DEFAULT '', at TEXT NOT NULL, type TEXT NOT NULL,
+        payload_json TEXT NOT NULL, hash TEXT NOT NULL);
+    CREATE INDEX events_run ON events(run_id, seq);
+    """,
+]
+
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+# What a settled call index row says its run's last attempt came to.
+OUTCOME_UNSEEN, OUTCOME_NONE, OUTCOME_KNOWN, OUTCOME_UNKNOWN = 0, 1, 2, 3
+
+
+class StoreError(Exception):
+    """The records could not be read or written; the message says which and why."""
+
+
+def netstring(text):
+    data = text.encode("utf-8", "surrogatepass")
+    return str(len(data)).encode() + b":" + data + b","
+
+
+def event_hash(prev, seq, run_id, step_id, at, type_, payload):
+    """Each event's hash covers the previous event's hash and its own fields as stored."""
+    parts = (prev, str(seq), run_id, step_id, at, type_, payload)
+    return sha256_hex(b"".join(netstring(p) for p in parts))
+
+
+class Tx:
+    """One write transaction: statements, and the events that commit with them."""
+
+    def __init__(self, db):
+        self.db = db
+        self.head = None
+
+    def execute(self, sql, args=()):
+        return self.db.execute(sql, args)
+
+    def event(self, run_id, type_, payload, step_id=""):
+        if self.head is None:
+            row = self.db.execute(
+                "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name='events'), 0),"
+                " coalesce((SELECT max(seq) FROM events), 0))").fetchone()
+            seq = row[0]
+            found = self.db.execute("SELECT hash FROM events WHERE seq=?", (seq,)).fetchone()
+            self.head = (seq, found[0] if found else "")
+        seq, prev = self.head[0] + 1, self.head[1]
+        at, body = now(), dumps(payload)
+        digest = event_hash(prev, seq, run_id, step_id, at, type_, body)
+        self.db.execute("INSERT INTO events(seq, run_id, step_id, at, type, payload_json, hash)"
+                        " VALUES(?,?,?,?,?,?,?)", (seq, run_id, step_id, at, type_, body, digest))
+        self.head = (seq, digest)
+
+
+    # -- state changes: each writes its rows and its events, inside the caller's transaction --
+
+    def begin_run(self, run_id, session, tool, key, side_effect, tool_hashes, lease):
+        """Claim the request's row in the calls index and begin its run, in one transaction.
+
+        The row and the run appear together or not at all, so a crash can never leave a row
+        that names a run nobody began; the unique open-row index lets only one of two racing
+        processes open a row for the same request.
+        """
+        at = now()
+        self.execute("UPDATE calls SET open=0, closed_at=? WHERE session=? AND request_key=? "
+                     "AND open=1", (at, session, key))
+        self.execute("INSERT INTO calls(session, request_key, tool, side_effect, run_id, "
+                     "created_at) VALUES(?,?,?,?,?,?)", (session, key, tool, side_effect,
+                                                          run_id, at))
+        self.execute("INSERT INTO runs(id, session, tool, status, created_at, lease_owner, "
+                     "lease_expires_at) VALUES(?,?,?,?,?,?,?)",
+                     (run_id, session, tool, "RUNNING", at, lease[0], lease[1]))
+        self.event(run_id, "run.created", {"goal": f"call {tool}", "tools": tool_hashes})
+        self.event(run_id, "run.started", {})
+
+    def start_step(self, run_id, decision, spec=None):
+        """A new step holding one decision: the model's call, a re-run, or the closing one."""
+        step_id = secrets.token_hex(16)
+        index = self.execute("SELECT step_count FROM runs WHERE id=?", (run_id,)).fetchone()[0]
+        self.execute("UPDATE runs SET step_count=step_count+1 WHERE id=?", (run_id,))
+        spec_hash = ""
+        if spec is not None:
+            spec_hash = content_hash(spec)
+            self.execute("INSERT OR IGNORE INTO tool_specs(hash, spec_json) VALUES(?,?)",
+                         (spec_hash, dumps(spec)))
+        self.execute("INSERT INTO steps(id, run_id, idx, status, decision_json, spec_hash, "
+                     "started_at) VALUES(?,?,?,?,?,?,?)", (step_id, run_id, index, "deciding",
+                                                          dumps(decision), spec_hash, now()))
+        self.event(run_id, "step.started", {"index": index}, step_id)
+        self.event(run_id, "step.decided", decision, step_id)
+        return step_id
+
+    def record_policy(self, run_id, step_id, policy, policy_id):
+        self.execute("UPDATE steps SET policy_json=?, policy_id=? WHERE id=?",
+                     (dumps(policy), policy_id, step_id))
+        self.event(run_id, "step.policy", {**policy, "policy_id": policy_id}, step_id)
+
+    def fail_step(self, run_id, step_id, observation, detail):
+        self.execute("UPDATE steps SET status='failed', observation_json=?, finished_at=? "
+                     "WHERE id=?", (dumps(observation), now(), step_id))
+        self.event(run_id, "step.failed", {"detail": detail, "observation": observation},
+                   step_id)
+
+    def finish_run(self, run_id, status, reason, detail, result=None, extra=None):
+        """End a run. A run that did not complete gets a closing step first, so every run's
+        steps say how it ended."""
+        if status != "COMPLETED":
+            step_id = self.start_step(run_id, {"kind": "fail", "message": detail,
+                                               "origin": "operator"})
+            self.execute("UPDATE steps SET status='done', finished_at=? WHERE id=?",
+                         (now(), step_id))
+        steps = self.execute("SELECT step_count FROM runs WHERE id=?", (run_id,)).fetchone()[0]
+        self.execute("UPDATE runs SET status=?, reason=?, detail=?, finished_at=?, "
+                     "result_json=?, lease_owner='', lease_expires_at='' WHERE id=?",
+                     (status, reason, detail, now(), "" if result is None else dumps(result),
+                      run_id))
+        self.event(run_id, "run.finished", {"status": status, "reason": reason,
+                                            "detail": detail, "steps": steps, **(extra or {})})
+
+    def pause(self, run_id, step_id, approval):
+        """Wait for an operator: the step awaits, the run waits with no lease, the approval
+        row is written with its hash."""
+        self.execute("UPDATE steps SET status='awaiting_approval' WHERE id=?", (step_id,))
+        self.execute("UPDATE runs SET status='WAITING_FOR_APPROVAL', lease_owner='', "
+                     "lease_expires_at='' WHERE id=?", (run_id,))
+        self.execute("INSERT INTO approvals(id, run_id, step_id, kind, capability_json, "
+                     "presentation_json, request_json, hash, status, created_at, expires_at) "
+                     "VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+                     (approval["id"], run_id, step_id, approval["kind"],
+                      dumps(approval["capability"]), dumps(approval["presentation"]),
+                      dumps(approval["request"]), approval["hash"], "pending",
+                      approval["created_at"], approval["expires_at"]))
+        self.event(run_id, "approval.requested", {
+            "approval_id": approval["id"], "kind": approval["kind"],
+            "reason": approval["presentation"].get("reason", ""),
+            "capability": approval["capability"], "presentation": approval["presentation"],
+            "hash": approval["hash"]}, step_id)
+
+    def resume(self, run_id, approval_id, lease):
+        """A granted run runs again, under this process's lease."""
+        self.execute("UPDATE runs SET status='RUNNING', lease_owner=?, lease_expires_at=? "
+                     "WHERE id=?", (lease[0], lease[1], run_id))
+        self.event(run_id, "run.resumed", {"approval_id": approval_id})
+
+    def start_execution(self, run_id, step_id, tool, args, approval_id=""):
+        """Mark the step executing; from here on its outcome may be unknown."""
+        self.execute("UPDATE steps SET status='executing' WHERE id=?", (step_id,))
+        payload = {"tool": tool, "args": args}
+        if approval_id:
+            payload["approval_id"] = approval_id
+        self.event(run_id, "step.tool_started", payload, step_id)
+
+    def finish_execution(self, run_id, step_id, tool, observation, duration_ms):
+        """Record what the tool call came to; a success completes the run."""
+        ok = observation["kind"] == "tool_result"
+        self.execute("UPDATE steps SET status=?, observation_json=?, finished_at=? WHERE id=?",
+                     ("done" if ok else "failed", dumps(observation), now(), step_id))
+        payload = {"tool": tool, "duration_ms": duration_ms}
+        if ok:
+            payload.update(summary=observation["summary"],
+                           content_hash=observation["content_hash"])
+        else:
+            payload["error"] = observation["content"]["error"]
+        self.event(run_id, "step.tool_finished", payload, step_id)
+        if ok:
+            self.finish_run(run_id, "COMPLETED", "goal_completed", f"terminal tool {tool}",
+                            result=observation["content"])
+        else:
+            self.event(run_id, "step.failed", {"detail": observation["summary"],
+                                               "observation": observation}, step_id)
+
+    def decide_approval(self, approval_id, shown_hash, status, by, note):
+        """An operator's decision, bound to the hash of exactly what they were shown."""
+        row = self.execute("SELECT run_id, step_id FROM approvals WHERE id=? AND "
+                           "status='pending' AND hash=?", (approval_id, shown_hash)).fetchone()
+        if row is None:
+            return False
+        self.execute("UPDATE approvals SET status=?, decided_at=?, decided_by=?, note=? "
+                     "WHERE id=?", (status, now(), by, note, approval_id))
+        self.event(row[0], "approval.decided", {"approval_id": approval_id, "status": status,
+                                                "by": by, "note": note}, row[1])
+        if status == "rejected":
+            self.fail_step(row[0], row[1], {"kind": "policy_denied", "content": {
+                "approval_id": approval_id, "note": note}}, f"rejected by {by}")
+            self.finish_run(row[0], "CANCELLED", "approval_rejected", note)
+        return True
+
+    def expire_approval(self, approval_id, run_id, step_id):
+        self.execute("UPDATE approvals SET status='expired', decided_at=CASE WHEN "
+                     "decided_at='' THEN ? ELSE decided_at END, note=CASE WHEN note='' THEN "
+                     "'expired' ELSE note END WHERE id=?", (now(), approval_id))
+        self.event(run_id, "approval.decided", {"approval_id": approval_id,
+                                                "status": "expired"}, step_id)
+        self.execute("UPDATE steps SET status='failed', finished_at=? WHERE id=? AND status="
+                     "'awaiting_approval'", (now(), step_id))
+        self.finish_run(run_id, "CANCELLED", "approval_expired",
+                        f"approval {approval_id} expired")
+
+    def cancel_run(self, run_id, by, note):
+        for (step_id,) in self.execute("SELECT id FROM steps WHERE run_id=? AND status IN "
+                                       "('deciding', 'awaiting_approval', 'executing')",
+                                       (run_id,)).fetchall():
+            self.fail_step(run_id, step_id, {"kind": "interrupted", "content": {
+                "by": by, "note": note}}, f"cancelled by {by}")
+        self.finish_run(run_id, "CANCELLED", "operator_cancelled", note, extra={"by": by})
+
+    def settle(self, run_id, outcome):
+        self.execute("UPDATE calls SET settled_at=CASE WHEN settled_at='' THEN ? ELSE "
+                     "settled_at END, outcome=CASE WHEN outcome=0 THEN ? ELSE outcome END "
+                     "WHERE run_id=?", (now(), outcome, run_id))
+
+
+class Store:
+    """The one SQLite connection of a process, shared by its threads under one lock."""
+
+    def __init__(self, path, readonly=False, create=True):
+        self.path = path
+        self.lock = threading.RLock()
+        check_database_path(path)
+        if create and not readonly and not os.path.exists(path):
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            except FileExistsError:
+                pass
+            except OSError as err:
+                raise StoreError(f"database {path} cannot be created: {err.strerror}") from None
+        elif not os.path.exists(path):
+            raise StoreError(f"database {path} does not exist; start the gate once to create it,"
+                             f" or name the right file with -db")
+        self._check_files(tighten=not readonly)
+        uri = "file:" + path.replace("?", "%3f").replace("#", "%23") + ("?mode=ro" if readonly
+                                                                        else "")
+        try:
+            self.db = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=5.0,
+                                      check_same_thread=False)
+            self.db.execute("PRAGMA busy_timeout=5000")
+            self.db.execute("PRAGMA trusted_schema=OFF")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            if hasattr(self.db, "setconfig"):
+                self.db.setconfig(sqlite3.SQLITE_DBCONFIG_DEFENSIVE, True)
+            if not readonly:
+                self._wal()
+                self.db.execute("PRAGMA synchronous=FULL")
+            self._check_schema(migrate=create and not readonly)
+        except sqlite3.Error as err:
+            raise StoreError(f"database {path} cannot be opened: {err}") from None
+        self._check_files(tighten=not readonly)
+        check_database_path(path)
+
+    def _wal(self):
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                self.db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def _check_files(self, tighten):
+        owner = os.lstat(self.path).st_uid if os.path.exists(self.path) else os.geteuid()
+        for path in (self.path, self.path + "-wal", self.path + "-shm"):
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != owner:
+                raise StoreError(f"database file {path} is not a regular file of the database's"
+                                 f" owner; remove it or fix its ownership")
+            if st.st_mode & 0o022:
+                raise StoreError(f"database file {path} has mode {stat.filemode(st.st_mode)}, "
+                                 f"which lets its group or others write it: chmod 600 it")
+            if st.st_mode & 0o044 and tighten and st.st_uid == os.geteuid():
+                os.chmod(path, 0o600)
+
+    def _check_schema(self, migrate):
+        unsafe = self.db.execute("SELECT name FROM sqlite_master WHERE type IN ('trigger',"
+                                 " 'view') LIMIT 1").fetchone()
+        if unsafe:
+            raise StoreError(f"database {self.path} holds a trigger or view ({unsafe[0]}), which "
+                             f"agentgate never creates; it will not use this file")
+        has = self.db.execute("SELECT 1 FROM sqlite_master WHERE name='schema_migrations'"
+                              ).fetchone()
+        version = self.db.execute("SELECT max(version) FROM schema_migrations"
+                                  ).fetchone()[0] or 0 if has else 0
+        if version > len(SCHEMA):
+            raise StoreError(f"database {self.path} was migrated by a newer agentgate (schema "
+                             f"version {version}, this one knows {len(SCHEMA)}); use the newer "
+                             f"agentgate")
+        if version == len(SCHEMA):
+            return
+        if not migrate:
+            raise StoreError(f"database {self.path} has schema version {version}, older than "
+                             f"this agentgate's {len(SCHEMA)}; start the gate once to migrate it")
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("CREATE TABLE IF NOT EXISTS schema_migrations(version INTEGER "
+                            "PRIMARY KEY, applied_at TEXT NOT NULL)")
+            current = self.db.execute("SELECT max(version) FROM schema_migrations"
+                                      ).fetchone()[0] or 0
+            for number in range(current + 1, len(SCHEMA) + 1):
+                for statement in SCHEMA[number - 1].split(";"):
+                    if statement.strip():
+                        self.db.execute(statement)
+                self.db.execute("INSERT INTO schema_migrations VALUES(?, ?)", (number, now()))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    def close(self):
+        with self.lock:
+            self.db.close()
+
+    # -- the one place transactions are opened --------------------------------------------
+
+    def write(self, fn):
+        """Run fn(tx) inside one BEGIN IMMEDIATE transaction and return its result."""
+        with self.lock:
+            try:
+                self.db.execute("BEGIN IMMEDIATE")
+                try:
+                    result = fn(Tx(self.db))
+                    self.db.execute("COMMIT")
+                    return result
+                except BaseException:
+                    if self.db.in_transaction:
+                        self.db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as err:
+                raise StoreError(f"the records could not be written: {err}") from None
+
+    def renew_leases(self, owner, until):
+        """The heartbeat: extend every lease this process holds, in one statement."""
+        self.write(lambda tx: tx.execute("UPDATE runs SET lease_expires_at=? WHERE "
+                                         "lease_owner=? AND status='RUNNING'", (until, owner)))
+
+    def read(self, sql, args=()):
+        with self.lock:
+            try:
+                return self.db.execute(sql, args).fetchall()
+            except sqlite3.Error as err:
+                raise StoreError(f"the records could not be read: {err}") from None
+
+    def read_one(self, sql, args=()):
+        rows = self.read(sql, args)
+        return rows[0] if rows else None
+
+
+# =============================================================================================
+# 5. Upstream client
+#
+# Owns: one configured server as a child process speaking newline-delimited JSON-RPC, and the
+# requests agentgate sends it.
+# Promises: the child gets only PATH, HOME, TMPDIR and what the operator names; it runs in its
+# own process group and, on Linux, dies with agentgate even when agentgate is killed with
+# SIGKILL; connecting, listing and loading share one deadline and a timeout names its step;
+# every request the server sends agentgate gets an answer (ping a result, anything else an
+# error), never silence; an oversized or unusable message fails only the request it answers;
+# a dead server fails every later call at once, naming the server. Closing is idempotent:
+# stdin closed, a short wait, SIGTERM, then SIGKILL to the whole group.
+# =============================================================================================
+
+CLIENT_INFO = {"name": "agentgate", "version": VERSION}
+UPSTREAM_PROTOCOL = "2025-06-18"
+STDERR_TAIL_BYTES = 4096
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+MAX_TOOL_PAGES = 100
+MAX_TOOLS = 1000
+PR_SET_PDEATHSIG = 1
+_ID_RE = re.compile(rb'"id"\s*:\s*(-?\d+)')
+
+
+class UpstreamError(Exception):
+    """A request to an upstream server failed; `timed_out` says whether its deadline fired."""
+
+    def __init__(self, message, timed_out=False, unusable=False):
+        super().__init__(message)
+        self.timed_out = timed_out
+        self.unusable = unusable
+
+
+class Deadline:
+    """A point on the monotonic clock, remembering the bound it was set with for messages."""
+
+    def __init__(self, ns):
+        self.ns = ns
+        self.at = time.monotonic() + ns / SECOND
+
+    def left(self):
+        return max(0.0, self.at - time.monotonic())
+
+
+def _die_with_parent():
+    """In the child, before exec: ask Linux to SIGKILL it when agentgate's thread dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+class Upstream:
+    """A connected stdio MCP server."""
+
+    def __init__(self, server):
+        self.server = server
+        self.name = server.name
+        self.proc = None
+        self.next_id = 0
+        self.slots = {}
+        self.lock = threading.Lock()
+        self.write_lock = threading.Lock()
+        self.closed = None
+        self.stderr_tail = b""
+        self.stderr_done = threading.Event()
+
+    def describe(self, step, detail):
+        return f"server {quote(self.name)}: {step}: {detail}"
+
+    # -- process ---------------------------------------------------------------------------
+
+    def start(self, deadline):
+        try:
+            self.proc = subprocess.Popen(
+                self.server.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=self.server.child_env(), start_new_session=True,
+                cwd=self.server.base,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        except OSError as err:
+            raise UpstreamError(self.describe("connect", f"cannot start "
+                                              f"{quote(self.server.command[0])}: {err.strerror}"))
+        threading.Thread(target=self._read_stdout, args=(self.proc.stdout,), daemon=True).start()
+        threading.Thread(target=self._read_stderr, args=(self.proc.stderr,), daemon=True).start()
+        result = self.request("initialize", {
+            "protocolVersion": UPSTREAM_PROTOCOL, "capabilities": {}, "clientInfo": CLIENT_INFO},
+            deadline, "connect")
+        if not isinstance(result, dict):
+            raise UpstreamError(self.describe("connect", "the server's initialize answer is "
+                                              "not an object"))
+        self.notify("notifications/initialized", {})
+
+    def close(self):
+        """Close stdin, wait briefly, then TERM and KILL the whole process group."""
+        with self.lock:
+            proc, self.proc = self.proc, None
+            self._fail_all("the connection was closed")
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+        # The group may hold descendants (a server started through npx, say) that outlive
+        # their parent; they are killed even when the server itself exited politely.
+        _signal_group(proc.pid, signal.SIGKILL)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _read_stderr(self, stream):
+        try:
+            for chunk in iter(lambda: os.read(stream.fileno(), 4096), b""):
+                self.stderr_tail = (self.stderr_tail + chunk)[-STDERR_TAIL_BYTES:]
+        except (OSError, ValueError):
+            pass
+        finally:
+            self.stderr_done.set()
+
+    def tail(self):
+        """The end of what the server wrote to stderr, for an error message."""
+        self.stderr_done.wait(timeout=2 if self.closed else 0.2)
+        text = self.stderr_tail.decode("utf-8", "replace").strip()
+        return f'; stderr: "{clean(text, STDERR_TAIL_BYTES)}"' if text else ""
+
+    # -- messages --------------------------------------------------------------------------
+
+    def _read_stdout(self, stream):
+        reason = "the server closed its output"
+        try:
+            while True:
+                line = stream.readline(MAX_MESSAGE_BYTES + 1)
+                if not line:
+                    break
+                if len(line) > MAX_MESSAGE_BYTES and not line.endswith(b"\n"):
+                    self._oversized(line, stream)
+                    continue
+                if line.strip():
+                    self._dispatch(line)
+        except (OSError, ValueError) as err:
+            reason = f"reading from the server failed: {err}"
+        with self.lock:
+            self.closed = reason
+            self._fail_all(reason)
+
+    def _oversized(self, head, stream):
+        while True:
+            rest = stream.readline(MAX_MESSAGE_BYTES)
+            if not rest or rest.endswith(b"\n"):
+                break
+        match = _ID_RE.search(head[:4096])
+        if match:
+            self._deliver(int(match.group(1)), error=UpstreamError(
+                f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes", unusable=True))
+
+    def _dispatch(self, line):
+        try:
+            message = parse(line)
+        except CanonicalError as err:
+            try:
+                loose = json.loads(line.decode("utf-8", "replace"))
+            except ValueError:
+                loose = None
+            if isinstance(loose, dict) and isinstance(loose.get("id"), int):
+                self._deliver(loose["id"], error=UpstreamError(
+                    f"the server's answer is not usable JSON: {err}", unusable=True))
+            return
+        if not isinstance(message, dict):
+            return
+        if "method" in message and "id" in message:
+            self._answer_server_request(message)
+        elif "method" in message:
+            return  # notifications (logging, list_changed) are not acted on
+        elif isinstance(message.get("id"), Number):
+            ident = int(message["id"].exact())
+            if "error" in message:
+                error = message["error"]
+                text = error.get("message", "") if isinstance(error, dict) else ""
+                self._deliver(ident, error=UpstreamError(f"the server answered with an error: "
+                                                         f"{clean(str(text), 1000)}"))
+            else:
+                self._deliver(ident, result=message.get("result"))
+
+    def _answer_server_request(self, message):
+        if message.get("method") == "ping":
+            self._send({"jsonrpc": "2.0", "id": message["id"], "result": {}})
+        else:
+            # agentgate offers no roots, sampling or elicitation: a server asking for one gets
+            # a clear refusal rather than a request left hanging.
+            self._send({"jsonrpc": "2.0", "id": message["id"], "error": {
+                "code": -32601, "message": "this client does not offer that method"}})
+
+    def _deliver(self, ident, result=None, error=None):
+        with self.lock:
+            slot = self.slots.pop(ident, None)
+        if slot:
+            slot["result"], slot["error"] = result, error
+            slot["done"].set()
+
+    def _fail_all(self, reason):
+        for slot in self.slots.values():
+            slot["error"] = UpstreamError(f"server {quote(self.name)}: {reason}")
+            slot["done"].set()
+        self.slots.clear()
+
+    def _send(self, message):
+        data = canonical(message) + b"\n"
+        with self.write_lock:
+            proc = self.proc
+            if proc is None:
+                raise UpstreamError(f"server {quote(self.name)}: the connection is closed")
+            try:
+                proc.stdin.write(data)
+                proc.stdin.flush()
+            except (OSError, ValueError):
+                raise UpstreamError(f"server {quote(self.name)}: the server is not reading its "
+                                    f"input (it may have exited)") from None
+
+    def notify(self, method, params):
+        try:
+            self._send({"jsonrpc": "2.0", "method": method, "params": params})
+        except UpstreamError:
+            pass
+
+    def request(self, method, params, deadline, step):
+        """Send one request and wait for its answer until `deadline` (a Deadline)."""
+        with self.lock:
+            if self.closed:
+                raise UpstreamError(f"server {quote(self.name)}: {self.closed}")
+            self.next_id += 1
+            ident = self.next_id
+            slot = {"done": threading.Event(), "result": None, "error": None}
+            self.slots[ident] = slot
+        try:
+            self._send({"jsonrpc": "2.0", "id": ident, "method": method, "params": params})
+        except UpstreamError:
+            with self.lock:
+                self.slots.pop(ident, None)
+            raise
+        if not slot["done"].wait(deadline.left()):
+            with self.lock:
+                self.slots.pop(ident, None)
+            self.notify("notifications/cancelled", {"requestId": ident,
+                                                    "reason": "the deadline passed"})
+            raise UpstreamError(self.describe(step, "timed out after " +
+                                              format_duration(deadline.ns)), timed_out=True)
+        if slot["error"]:
+            error = slot["error"]
+            if step in ("connect", "list tools") and not error.unusable:
+                raise UpstreamError(self.describe(step, str(error)) + self.tail())
+            raise error
+        return slot["result"]
+
+    def list_tools(self, deadline):
+        """Every page of tools/list, bounded, refusing a repeating cursor or a repeated tool."""
+        tools, seen_cursors, cursor = {}, set(), None
+        for _ in range(MAX_TOOL_PAGES):
+            result = self.request("tools/list", {"cursor": cursor} if cursor is not None else {},
+                                  deadline, "list tools")
+            page = result.get("tools") if isinstance(result, dict) else None
+            if not isinstance(page, list):
+                raise UpstreamError(self.describe("list tools", "the answer has no tools list"))
+            for tool in page:
+                name = tool.get("name") if isinstance(tool, dict) else None
+                if not isinstance(name, str) or not name:
+                    raise UpstreamError(self.describe("list tools", "a tool has no name"))
+                if name in tools:
+                    raise UpstreamError(self.describe("list tools", f"the server lists "
+                                                      f"{quote(name)} twice"))
+                tools[name] = tool
+                if len(tools) > MAX_TOOLS:
+                    raise UpstreamError(self.describe("list tools", f"the server lists more "
+                                                      f"than {MAX_TOOLS} tools"))
+            cursor = result.get("nextCursor")
+            if cursor is None:
+                return tools
+            if not isinstance(cursor, str) or cursor in seen_cursors:
+                raise UpstreamError(self.describe("list tools", "the server's nextCursor "
+                                                  "repeats or is not a string"))
+            seen_cursors.add(cursor)
+        raise UpstreamError(self.describe("list tools", f"the listing runs past "
+                                          f"{MAX_TOOL_PAGES} pages"))
+
+
+def _signal_group(pid, sig):
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# =============================================================================================
+# 6. Schema validation
+#
+# Owns: checking a tool's input schema once when the tool is loaded, and checking each call's
+# arguments against it.
+# Promises: the keywords real servers use are honoured (type with integer, properties,
+# required, additionalProperties, patternProperties, enum, const, items, prefixItems, min/max,
+# lengths, pattern, anyOf/oneOf/allOf/not, if/then/else, $ref to the schema's own
+# definitions), in draft-07 and 2020-12 spelling; `format` is ignored as most validators do.
+# Numbers compare as exact decimals. A failure names the property path and what was expected.
+# Refuses: a schema whose keywords have the wrong shape, and a $ref that leaves the schema.
+# =============================================================================================
+
+JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+_COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties",
+                   "maxProperties")
+_NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_ONE = ("additionalProperties", "not", "if", "then", "else", "contains",
+               "propertyNames", "additionalItems", "unevaluatedProperties", "unevaluatedItems")
+
+
+class SchemaError(Exception):
+    """Arguments that do not match the schema; the message names where and what."""
+
+
+def schema_problem(schema, root=None, where="#"):
+    """Why the validator cannot use this schema, or '' when it can."""
+    root = schema if root is None else root
+    if isinstance(schema, bool):
+        return ""
+    if not isinstance(schema, dict):
+        return f"{where} is not a schema (an object or a boolean)"
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
+    if any(k not in JSON_TYPES for k in kinds):
+        return f"{where}/type names an unknown type"
+    for key in _COUNT_KEYWORDS:
+        if key in schema and not (isinstance(schema[key], Number) and schema[key].is_integer()
+                                  and schema[key].exact() >= 0):
+            return f"{where}/{key} must be a non-negative integer"
+    for key in _NUMBER_KEYWORDS:
+        value = schema.get(key)
+        if key in schema and not isinstance(value, Number) and not (
+                key.startswith("exclusive") and isinstance(value, bool)):
+            return f"{where}/{key} must be a number"
+    if "multipleOf" in schema and isinstance(schema["multipleOf"], Number) and \
+            schema["multipleOf"].exact() <= 0:
+        return f"{where}/multipleOf must be greater than 0"
+    if "required" in schema and not (isinstance(schema["required"], list) and all(
+            isinstance(r, str) for r in schema["required"])):
+        return f"{where}/required must be a list of strings"
+    if "enum" in schema and not isinstance(schema["enum"], list):
+        return f"{where}/enum must be a list"
+    if "pattern" in schema:
+        if not isinstance(schema["pattern"], str):
+            return f"{where}/pattern must be a string"
+        try:
+            re.compile(schema["pattern"])
+        except re.error as err:
+            return f"{where}/pattern does not compile: {err}"
+    for key in _SCHEMA_LISTS:
+        if key in schema:
+            if not isinstance(schema[key], list) or (key != "prefixItems" and not schema[key]):
+                return f"{where}/{key} must be a non-empty list of schemas"
+            for i, sub in enumerate(schema[key]):
+                problem = schema_problem(sub, root, f"{where}/{key}/{i}")
+                if problem:
+                    return problem
+    for key in _SCHEMA_MAPS:
+        if key in schema:
+            if not isinstance(schema[key], dict):
+                return f"{where}/{key} must be an object of schemas"
+            for name, sub in schema[key].items():
+                if key == "patternProperties":
+                    try:
+                        re.compile(name)
+                    except re.error as err:
+                        return f"{where}/patternProperties key does not compile: {err}"
+                problem = schema_problem(sub, root, f"{where}/{key}/{name}")
+                if problem:
+                    return problem
+    for key in _SCHEMA_ONE:
+        if key in schema:
+            problem = schema_problem(schema[key], root, f"{where}/{key}")
+            if problem:
+                return problem
+    items = schema.get("items")
+    for i, sub in enumerate(items if isinstance(items, list) else [items] if "items" in schema
+                            else []):
+        problem = schema_problem(sub, root, f"{where}/items")
+        if problem:
+            return problem
+    if "$ref" in schema:
+        try:
+            _resolve(root, schema["$ref"])
+        except SchemaError as err:
+            return str(err)
+    return ""
+
+
+def _resolve(root, ref):
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        raise SchemaError(f"$ref {quote(str(ref))} does not point inside the schema")
+    node = root
+    for part in [p for p in ref[1:].split("/") if p]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise SchemaError(f"$ref {quote(ref)} points at nothing in the schema")
+    return node
+
+
+def _type_of(value):
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, Number):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _has_type(value, kind):
+    actual = _type_of(value)
+    if kind == "integer":
+        return actual == "number" and value.is_integer()
+    return actual == kind
+
+
+def json_equal(a, b):
+    if isinstance(a, Number) and isinstance(b, Number):
+        return a.exact() == b.exact()
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a is b
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _show(value):
+    return cut(policy_json(value), 80)
+
+
+def _path(where, part):
+    return f"{where}/{part}" if where else f"/{part}"
+
+
+def validate(schema, value, root=None, where=""):
+    """Raise SchemaError naming the first place `value` does not match `schema`."""
+    root = schema if root is None else root
+    at = where or "the arguments"
+    if schema is True or schema == {}:
+        return
+    if schema is False:
+        raise SchemaError(f"{at}: no value is allowed here")
+    if "$ref" in schema:
+        validate(_resolve(root, schema["$ref"]), value, root, where)
+    kind = schema.get("type")
+    if kind is not None:
+        kinds = kind if isinstance(kind, list) else [kind]
+        if not any(_has_type(value, k) for k in kinds):
+            raise SchemaError(f"{at}: expected {' or '.join(kinds)}, got {_type_of(value)}")
+    if "const" in schema and not json_equal(schema["const"], value):
+        raise SchemaError(f"{at}: expected exactly {_show(schema['const'])}")
+    if "enum" in schema and not any(json_equal(option, value) for option in schema["enum"]):
+        raise SchemaError(f"{at}: expected one of {_show(schema['enum'])}")
+    if isinstance(value, Number):
+        _validate_number(schema, value, at)
+    elif isinstance(value, str):
+        _validate_string(schema, value, at)
+    elif isinstance(value, list):
+        _validate_array(schema, value, root, where)
+    elif isinstance(value, dict):
+        _validate_object(schema, value, root, where)
+    for sub in schema.get("allOf", []):
+        validate(sub, value, root, where)
+    if "anyOf" in schema and not any(_matches(s, value, root, where) for s in schema["anyOf"]):
+        raise SchemaError(f"{at}: matches none of the allowed shapes (anyOf)")
+    if "oneOf" in schema and sum(_matches(s, value, root, where)
+                                 for s in schema["oneOf"]) != 1:
+        raise SchemaError(f"{at}: must match exactly one of the allowed shapes (oneOf)")
+    if "not" in schema and _matches(schema["not"], value, root, where):
+        raise SchemaError(f"{at}: matches a shape that is not allowed (not)")
+    if "if" in schema:
+        branch = "then" if _matches(schema["if"], value, root, where) else "else"
+        if branch in schema:
+            validate(schema[branch], value, root, where)
+
+
+def _matches(schema, value, root, where):
+    try:
+        validate(schema, value, root, where)
+        return True
+    except SchemaError:
+        return False
+
+
+def _validate_number(schema, value, at):
+    exact = value.exact()
+    for key, fails, word in (("minimum", lambda b: exact < b, "at least"),
+                             ("maximum", lambda b: exact > b, "at most"),
+                             ("exclusiveMinimum", lambda b: exact <= b, "greater than"),
+                             ("exclusiveMaximum", lambda b: exact >= b, "less than")):
+        bound = schema.get(key)
+        if isinstance(bound, bool):  # draft-04: exclusiveMinimum true tightens minimum
+            other = schema.get("minimum" if key == "exclusiveMinimum" else "maximum")
+            if bound and isinstance(other, Number) and exact == other.exact():
+                raise SchemaError(f"{at}: expected a number {word} {other.literal}")
+        elif isinstance(bound, Number) and fails(bound.exact()):
+            raise SchemaError(f"{at}: expected a number {word} {bound.literal}")
+    step = schema.get("multipleOf")
+    if isinstance(step, Number):
+        try:
+            remainder = exact % step.exact()
+        except decimal.InvalidOperation:
+            remainder = 1  # too far apart to divide exactly: not a multiple we can vouch for
+        if remainder != 0:
+            raise SchemaError(f"{at}: expected a multiple of {step.literal}")
+
+
+def _validate_string(schema, value, at):
+    if "minLength" in schema and len(value) < schema["minLength"].exact():
+        raise SchemaError(f"{at}: expected at least {schema['minLength'].literal} characters")
+    if "maxLength" in schema and len(value) > schema["maxLength"].exact():
+        raise SchemaError(f"{at}: expected at most {schema['maxLength'].literal} characters")
+    if "pattern" in schema and not re.search(schema["pattern"], value):
+        raise SchemaError(f"{at}: expected text matching the pattern "
+                          f"{quote(schema['pattern'])}")
+
+
+def _validate_array(schema, value, root, where):
+    at = where or "the arguments"
+    if "minItems" in schema and len(value) < schema["minItems"].exact():
+        raise SchemaError(f"{at}: expected at least {schema['minItems'].literal} items")
+    if "maxItems" in schema and len(value) > schema["maxItems"].exact():
+        raise SchemaError(f"{at}: expected at most {schema['maxItems'].literal} items")
+    if schema.get("uniqueItems") is True:
+        for i, item in enumerate(value):
+            if any(json_equal(item, other) for other in value[:i]):
+                raise SchemaError(f"{at}: expected items that are all different")
+    prefix = schema.get("prefixItems")
+    items = schema.get("items")
+    if isinstance(items, list):  # draft-07 tuple form
+        prefix, items = items, schema.get("additionalItems")
+    prefix = prefix or []
+    for i, item in enumerate(value):
+        sub = prefix[i] if i < len(prefix) else items
+        if sub is not None:
+            validate(sub, item, root, _path(where, i))
+
+
+def _validate_object(schema, value, root, where):
+    at = where or "the arguments"
+    for name in schema.get("required", []):
+        if name not in value:
+            raise SchemaError(f"{_path(where, name)}: this property is required")
+    if "minProperties" in schema and len(value) < schema["minProperties"].exact():
+        raise SchemaError(f"{at}: expected at least {schema['minProperties'].literal} "
+                          f"properties")
+    if "maxProperties" in schema and len(value) > schema["maxProperties"].exact():
+        raise SchemaError(f"{at}: expected at most {schema['maxProperties'].literal} properties")
+    properties = schema.get("properties", {})
+    patterns = schema.get("patternProperties", {})
+    extra = schema.get("additionalProperties")
+    for name, item in value.items():
+        matched = False
+        if name in properties:
+            validate(properties[name], item, root, _path(where, name))
+            matched = True
+        for pattern, sub in patterns.items():
+            if re.search(pattern, name):
+                validate(sub, item, root, _path(where, name))
+                matched = True
+        if not matched and extra is False:
+            allowed = ", ".join(sorted(properties)) or "none"
+            raise SchemaError(f"{_path(where, name)}: this property is not allowed "
+                              f"(allowed: {allowed})")
+        if not matched and isinstance(extra, dict):
+            validate(extra, item, root, _path(where, name))
+    for name, needed in schema.get("dependentRequired", {}).items():
+        if name in value:
+            for other in needed:
+                if other not in value:
+                    raise SchemaError(f"{_path(where, other)}: required when {name} is given")
+
+
+# =============================================================================================
+# 7. Pin and load
+#
+# Owns: the manifest (what a server presented when the operator pinned it) and the checks
+# that decide, at every start, which upstream tools the host is offered.
+# Promises: a tool is offered only if it is pinned, classified by a rule, and presents today
+# exactly the schema and description it presented at the pin; its annotations do not
+# contradict its class (unless the operator allows it); it has a timeout and a usable name;
+# its schema is self-contained and usable; what the rule hides is soundly hidden. Each refusal
+# refuses only that tool and says why in the report. Server-chosen names are sanitized in
+# every report line.
+# =============================================================================================
+
+HINT_NAMES = (("readOnlyHint", "readOnly"), ("destructiveHint", "destructive"),
+              ("idempotentHint", "idempotent"), ("openWorldHint", "openWorld"))
+ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+_DRAFT_RE = re.compile(r"^https?://json-schema\.org/(draft-0[467]/schema|draft/2019-09/schema|"
+                       r"draft/2020-12/schema|schema)#?$")
+_HIDING_KEYWORDS = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentRequired",
+                    "dependentSchemas", "dependencies", "$defs", "definitions")
+
+
+class LoadError(Exception):
+    """A server that cannot be used at all; the message says why."""
+
+
+class Tool:
+    """An upstream tool as the gate offers it."""
+
+    def __init__(self, server, upstream, entry, rule):
+        self.server = server
+        self.upstream = upstream
+        self.upstream_name = entry["name"]
+        self.rule = rule
+        self.name = rule.rename or f"{server.name}_{entry['name']}"
+        self.description = rule.description or entry.get("description", "")
+        self.side_effect = rule.side_effect
+        self.timeout = rule.timeout or server.default_timeout
+        self.schema = restrict_schema(entry["input_schema"], rule.deny + list(rule.fixed))
+        self.spec = {"name": self.name, "description": self.description,
+                     "input_schema": self.schema, "side_effect": self.side_effect,
+                     "timeout": self.timeout}
+        self.spec_hash = content_hash(self.spec)
+
+    @property
+    def read_only(self):
+        return self.side_effect == "read_only"
+
+
+class Report:
+    """What loading one server decided, tool by tool, as lines an operator reads."""
+
+    def __init__(self, server):
+        self.server = server
+        self.registered, self.refused, self.unclassified, self.unpinned = [], [], [], []
+        self.lines = []
+
+    def add(self, kind, tool, text):
+        getattr(self, kind).append(tool)
+        self.lines.append(f"{sanitize(self.server)}: {text}")
+
+
+def schema_hash(schema):
+    return content_hash(schema)
+
+
+def description_hash(description):
+    return sha256_hex(_encode_string(description, False))
+
+
+def restrict_schema(schema, hidden):
+    """The schema the host is offered: hidden parameters gone from properties and required."""
+    if not hidden:
+        return schema
+    restricted = dict(schema)
+    restricted["properties"] = {k: v for k, v in schema.get("properties", {}).items()
+                                if k not in hidden}
+    required = [r for r in schema.get("required", []) if r not in hidden]
+    restricted.pop("required", None)
+    if required:
+        restricted["required"] = required
+    return restricted
+
+
+def manifest_entry(tool):
+    schema = tool.get("inputSchema")
+    description = tool.get("description") if isinstance(tool.get("description"), str) else ""
+    entry = {"name": tool["name"], "description": description, "input_schema": schema,
+             "schema_hash": schema_hash(schema), "description_hash": description_hash(description)}
+    annotations = tool.get("annotations")
+    if isinstance(annotations, dict):
+        kept = {k: annotations[k] for k in ANNOTATION_KEYS if k in annotations}
+        if kept:
+            entry["annotations"] = kept
+    return entry
+
+
+def connect(server):
+    """Start and initialize a server; the caller closes it."""
+    deadline = Deadline(server.connect_timeout)
+    upstream = Upstream(server)
+    try:
+        upstream.start(deadline)
+        return upstream, deadline
+    except BaseException:
+        upstream.close()
+        raise
+
+
+def pin(server):
+    """Connect, list every tool, and write the server's manifest (0600)."""
+    upstream, deadline = connect(server)
+    try:
+        live = upstream.list_tools(deadline)
+    finally:
+        upstream.close()
+    manifest = {"server": server.name, "pinned_at": now(),
+                "tools": {name: manifest_entry(tool) for name, tool in sorted(live.items())}}
+    write_private(server.manifest, json.dumps(_plain(manifest), indent=2, ensure_ascii=False,
+                                              sort_keys=True) + "\n")
+    return manifest
+
+
+def _plain(value):
+    """A parsed value as the json module can write it, numbers still exact."""
+    if isinstance(value, Number):
+        return _RawNumber(value.literal)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+class _RawNumber(float):
+    """A float the json module writes as the literal it came from (via repr)."""
+
+    def __new__(cls, literal):
+        try:
+            self = super().__new__(cls, literal)
+        except OverflowError:
+            self = super().__new__(cls, 0)
+        self.literal = literal
+        return self
+
+    def __repr__(self):
+        return self.literal
+
+
+def write_private(path, text):
+    """Write a file readable only by this user, replacing any old one in one rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temp = tempfile.mkstemp(prefix=".agentgate-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temp, 0o600)
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
+
+
+def hints_text(entry):
+    annotations = entry.get("annotations")
+    if annotations is None:
+        return "no annotations"
+    claimed = [word for key, word in HINT_NAMES if annotations.get(key) is True]
+    return ", ".join(claimed) or "claims nothing"
+
+
+def read_manifest(server):
+    data = read_owned(server.manifest, "manifest")
+    try:
+        manifest = parse(data)
+    except CanonicalError as err:
+        raise LoadError(f"manifest {server.manifest} is not usable JSON: {err}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("tools"), dict):
+        raise LoadError(f"manifest {server.manifest} has no tools; run pin again")
+    if manifest.get("server") != server.name:
+        raise LoadError(f"manifest {server.manifest} is for server "
+                        f"{quote(str(manifest.get('server')))}, not {quote(server.name)}; "
+                        f"run pin again or name the right manifest")
+    return manifest
+
+
+def load(server, taken):
+    """Connect a server and decide which of its tools are offered.
+
+    `taken` maps registered names already offered (by earlier servers and the status tool) to
+    what holds them. Returns (upstream, tools, report); the upstream stays open for serving.
+    """
+    manifest = read_manifest(server)
+    pinned = manifest["tools"]
+    stray = sorted(set(server.rules) - set(pinned))
+    if stray:
+        raise LoadError(f"server {quote(server.name)}: rules name tools the manifest does not "
+                        f"pin: {', '.join(sanitize(s) for s in stray)}; pin again or fix the "
+                        f"rules")
+    upstream, deadline = connect(server)
+    try:
+        live = upstream.list_tools(deadline)
+        report, tools = Report(server.name), []
+        for name in sorted(live):
+            if name not in pinned:
+                report.add("unpinned", name, f"unpinned {sanitize(name)}: not in the manifest")
+        for name in sorted(pinned):
+            rule = server.rules.get(name)
+            if rule is None:
+                report.add("unclassified", name, f"unclassified {sanitize(name)}: no rule")
+                continue
+            if deadline.left() <= 0:
+                raise UpstreamError(upstream.describe("load", "timed out after " +
+                                                      format_duration(deadline.ns)))
+            reason, mismatch = refusal(server, pinned[name], live.get(name), rule)
+            if not reason:
+                tool = Tool(server, upstream, pinned[name], rule)
+                if tool.name in taken:
+                    reason = f"the name {quote(tool.name)} is already taken by {taken[tool.name]}"
+            if reason:
+                report.add("refused", name, f"refused {sanitize(name)}: {reason}")
+                continue
+            taken[tool.name] = f"tool {quote(name)} of server {quote(server.name)}"
+            tools.append(tool)
+            extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
+            report.add("registered", name, f"registered {sanitize(name)} as {tool.name} "
+                                           f"({tool.side_effect}){extra}")
+        return upstream, tools, report
+    except BaseException:
+        upstream.close()
+        raise
+
+
+def refusal(server, entry, live, rule):
+    """Why a classified tool is not offered ('' when it is), and any allowed hint mismatch."""
+    if live is None:
+        return "the server no longer offers it", ""
+    live_entry = manifest_entry(live)
+    if live_entry["schema_hash"] != entry.get("schema_hash"):
+        return "the input schema changed since the pin", ""
+    if live_entry["description_hash"] != entry.get("description_hash"):
+        return "the description changed since the pin, and a description is model input", ""
+    mismatch = hint_mismatch(rule.side_effect, entry, live_entry)
+    if mismatch and not rule.allow_hint_mismatch:
+        return mismatch, ""
+    if not (rule.timeout or server.default_timeout):
+        return "no timeout: set the rule's timeout or the server's default_timeout", ""
+    name = rule.rename or f"{server.name}_{entry['name']}"
+    if not NAME_RE.match(name):
+        return (f"the name {quote(name)} does not match ^[a-zA-Z0-9_-]{{1,64}}$: set rename",
+                "")
+    schema = entry.get("input_schema")
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return 'its input schema is not an object schema ("type": "object")', ""
+    outside = reaches_outside(schema)
+    if outside:
+        return outside, ""
+    hiding = hiding_problem(schema, rule)
+    if hiding:
+        return hiding, ""
+    problem = schema_problem(restrict_schema(schema, rule.deny + list(rule.fixed)))
+    if problem:
+        return f"the validator refuses its input schema: {sanitize(problem)}", ""
+    return "", mismatch
+
+
+def hint_mismatch(side_effect, entry, live_entry):
+    annotations, prefix = entry.get("annotations"), ""
+    if annotations is None and live_entry.get("annotations") is not None:
+        annotations, prefix = live_entry["annotations"], "the server now says: "
+    if annotations is None:
+        return ""
+    if side_effect == "read_only" and annotations.get("readOnlyHint") is not True:
+        return f"{prefix}classified read_only, but the server does not claim readOnlyHint"
+    if side_effect != "destructive" and annotations.get("readOnlyHint") is not True \
+            and annotations.get("destructiveHint") is True:
+        return f"{prefix}classified {side_effect}, but the server claims destructiveHint"
+    return ""
+
+
+def reaches_outside(schema, pointer=""):
+    """Why the schema could make a validator read outside it, or ''."""
+    if isinstance(schema, list):
+        for i, item in enumerate(schema):
+            found = reaches_outside(item, f"{pointer}/{i}")
+            if found:
+                return found
+        return ""
+    if not isinstance(schema, dict):
+        return ""
+    for key, value in schema.items():
+        bad = isinstance(value, str) and (
+            (key in ("$ref", "$dynamicRef", "$recursiveRef") and not value.startswith("#"))
+            or (key == "$id" and not value.startswith("#") and not _DRAFT_RE.match(value))
+            or (key == "$schema" and not _DRAFT_RE.match(value))
+            or (key == "id" and _is_draft4(schema) and (":" in value or value.startswith("//"))))
+        if bad:
+            return (f"the input schema's {key} at {pointer or '/'} is {quote(value)}, which "
+                    f"could make a validator read outside it")
+        found = reaches_outside(value, f"{pointer}/{key}")
+        if found:
+            return found
+    return ""
+
+
+def _is_draft4(schema):
+    return isinstance(schema.get("$schema"), str) and "draft-04" in schema["$schema"]
+
+
+def _mentions(value, name):
+    if isinstance(value, dict):
+        return name in value or any(_mentions(v, name) for v in value.values())
+    if isinstance(value, list):
+        return any(_mentions(v, name) for v in value)
+    return value == name
+
+
+def hiding_problem(schema, rule):
+    hidden = rule.deny + list(rule.fixed)
+    properties = schema.get("properties", {})
+    for name in hidden:
+        if not isinstance(properties, dict) or name not in properties:
+            return f"the rule hides {quote(name)}, which is not a top-level property of the " \
+                   f"input schema"
+        if "patternProperties" in schema:
+            return f"the rule hides {quote(name)}, but the input schema has patternProperties"
+        for keyword in _HIDING_KEYWORDS:
+            if keyword in schema and _mentions(schema[keyword], name):
+                return f"the rule hides {quote(name)} and the input schema's {keyword} " \
+                       f"mentions it"
+    return ""
+
+
+def load_all(config):
+    """Load every server, in order. Returns (upstreams, tools, reports); raises LoadError with
+    the reports so far when a server cannot be used or no tool at all is offered."""
+    taken = {config.status_tool: "the status tool's name: rename one (status_tool or the "
+                                 "rule's rename)"}
+    upstreams, tools, reports = [], [], []
+    try:
+        for server in config.servers:
+            try:
+                upstream, offered, report = load(server, taken)
+            except (UpstreamError, ConfigError) as err:
+                raise LoadError(str(err)) from None
+            upstreams.append(upstream)
+            reports.append(report)
+            if not offered:
+                raise LoadError(f"server {quote(server.name)}: no tool registered; classify "
+                                f"at least one pinned tool with a rule")
+            tools.extend(offered)
+    except LoadError as err:
+        for upstream in upstreams:
+            upstream.close()
+        err.reports = reports
+        raise
+    return upstreams, tools, reports
+
+
+# =============================================================================================
+# 8. Policy and the gate
+#
+# Owns: what the model is told (every sentence it can see is built here, from the constants
+# below), the policy, approvals and their hashes, and one call's passage through the gate:
+# record, validate, evaluate, pause or execute, record the outcome.
+# Promises: nothing runs that the policy did not allow or an operator did not approve by
+# hash; what an approval binds is exactly the request that executes (the recorded request,
+# never a later call's bytes); the outcome is recorded even when the host has gone. Nothing
+# the model sees names the operator command, the database, the config or a run id.
+# =============================================================================================
+
+CONTENT_CAP = 65536
+TRUNCATED = "\n[truncated]"
+STRUCTURED_DROPPED = "[structured content dropped: too large]"
+OMITTED = {"image": "[image omitted]", "audio": "[audio omitted]",
+           "resource_link": "[resource link omitted]", "resource": "[embedded resource omitted]"}
+
+# Every model-visible sentence. {slots} are filled by answer(); server-, model- and
+# operator-chosen values are cleaned before they are put in.
+PROSE = {
+    "PENDING_APPROVAL": (
+        "This request is waiting for an operator's approval (approval {approval}). Nothing has "
+        "been executed. Do not call this tool again until you are told the request was "
+        "approved, and do not try another tool to do the same thing. Do not ask the user to "
+        "approve it: an operator decides outside this conversation. Tell the user it is "
+        "waiting. Once it is approved, call the tool again with exactly the same arguments to "
+        "run it and get the result."),
+    "DENIED": "The policy does not allow this request: {reason}. Nothing was executed.",
+    "INVALID": (
+        "The arguments do not match the tool's input schema: {reason}. Nothing was executed. "
+        "Correct the arguments and call again."),
+    "REJECTED": (
+        "An operator rejected this exact request (approval {approval}){note}. It was not "
+        "executed. An identical request is refused until {until}. Do not ask again; tell the "
+        "user."),
+    "CANCELLED": (
+        "An operator cancelled this exact request{note}. Nothing further was executed. An "
+        "identical request is refused until {until}. Tell the user."),
+    "EXPIRED": (
+        "The approval for this exact request (approval {approval}) expired before it was used. "
+        "It was not executed. An identical request is refused until {until}. Tell the user."),
+    "DUPLICATE": (
+        "This exact request already executed at {at} and is not executed again: an identical "
+        "call to this tool within {window} of an earlier one is refused, whether or not it is a "
+        "retry. Its outcome was: {outcome}"),
+    "IN_PROGRESS": (
+        "This exact request is already executing, or the outcome of an attempt is not yet "
+        "known. Nothing new was started. Wait a little, then call again with exactly the same "
+        "arguments."),
+    "BLOCKED_PENDING": (
+        "{count} requests already wait for an operator's approval, the most this session "
+        "allows. Nothing was executed and no approval was requested. Tell the user and wait "
+        "for the operator."),
+    "UNKNOWN_OUTCOME": (
+        "An attempt of this exact request {how}{error}, so whether it took effect is unknown: "
+        "it may have. Nothing further was executed. Do not call again to retry and do not use "
+        "another tool to do the same thing; tell the user."),
+    "UNRECORDED": (
+        "The server answered this request, so it executed, but its answer could not be "
+        "recorded ({reason}). What it did is unknown here and it may have taken effect. Do not "
+        "call again to retry{window}. Tell the user."),
+    "UNAVAILABLE": "The gate could not read or write its records: {what}. Tell the user.",
+}
+HOW = {"timed_out": "timed out before the server answered",
+       "no_answer": "failed without an answer from the server",
+       "cut_off": "was cut off before its outcome was recorded"}
+DUPLICATE_OUTCOME = {
+    "ok": "it succeeded, with this result: {text}",
+    "unrecorded": "the server answered, but its result could not be recorded: {text}",
+    "error": "it failed, with this error: {text}",
+}
+IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED", "DUPLICATE", "UNAVAILABLE"}
+
+
+class Answer:
+    """What one tools/call returns to the host."""
+
+    def __init__(self, text, is_error=False, structured=None):
+        self.text, self.is_error, self.structured = text, is_error, structured
+
+    def result(self):
+        result = {"content": [{"type": "text", "text": self.text}]}
+        if self.structured is not None:
+            result["structuredContent"] = self.structured
+        if self.is_error:
+            result["isError"] = True
+        return result
+
+
+def answer(prefix, key=None, **slots):
+    """The one place model-visible prose is built: `<PREFIX>: <sentence>`."""
+    text = PROSE[key or prefix].format(**slots)
+    return Answer(f"{prefix}: {text}", prefix in IS_ERROR)
+
+
+def result_answer(content):
+    """A recorded result, passed back as data: a string as its text, anything else as JSON."""
+    text = content if isinstance(content, str) else policy_json(content)
+    return Answer(text, False, content if isinstance(content, dict) else None)
+
+
+def note_text(note):
+    return f", with this note: {quote(cut(note, 500))}" if note else ""
+
+
+def class_outcome(config, tool):
+    """The decider: the rule's own outcome, else the class map."""
+    if tool.rule.outcome:
+        return tool.rule.outcome, f"tool {tool.name} is {tool.rule.outcome} by the operator's rule"
+    outcome = config.policy.get(tool.side_effect)
+    if outcome is None:
+        return "deny", f'no policy for side effect "{tool.side_effect}"'
+    return outcome, f"side effect {tool.side_effect} is {outcome} by policy"
+
+
+def evaluate(config, tool, args):
+    """The policy's decision for one request: outcome, reason, and for an approval what it
+    binds (the capability) and what the operator is shown (the presentation)."""
+    outcome, reason = class_outcome(config, tool)
+    decision = {"outcome": outcome, "reason": reason}
+    if outcome == "require_approval":
+        capability = {"server": tool.server.name, "tool": tool.upstream_name,
+                      "name": tool.name, "side_effect": tool.side_effect, "args": args}
+        if tool.rule.fixed:
+            capability["fixed"] = tool.rule.fixed
+        question = (f"May the model call {tool.upstream_name} on server {tool.server.name} with "
+                    f"these arguments?")
+        decision.update(kind=tool.side_effect, capability=capability,
+                        presentation={**capability, "question": question, "reason": reason})
+    return decision
+
+
+def approval_hash(kind, capability, presentation, request):
+    return content_hash({"kind": kind, "capability": capability, "presentation": presentation,
+                         "request": request})
+
+
+def new_approval(config, run_id, step_id, tool, args, decision):
+    request = {"run_id": run_id, "step_id": step_id, "spec": tool.spec, "args": args}
+    created = now()
+    approval = {"id": secrets.token_hex(16), "kind": decision["kind"],
+                "capability": decision["capability"], "presentation": decision["presentation"],
+                "request": request, "created_at": created,
+                "expires_at": later(created, config.approval_ttl) if config.approval_ttl else ""}
+    approval["hash"] = approval_hash(approval["kind"], approval["capability"],
+                                     approval["presentation"], request)
+    return approval
+
+
+def stored_hash(row):
+    """Recompute an approval row's hash from its stored fields; a tampered row differs."""
+    try:
+        return approval_hash(row["kind"], parse(row["capability_json"]),
+                             parse(row["presentation_json"]), parse(row["request_json"]))
+    except CanonicalError:
+        return ""
+
+
+def check_arguments(tool, args):
+    """'' when the arguments may be sent, else the reason they may not (INVALID)."""
+    if not isinstance(args, dict):
+        return "the arguments are not a JSON object"
+    for name in tool.rule.deny:
+        if name in args:
+            return f'parameter "{name}" is denied by the operator'
+    for name in tool.rule.fixed:
+        if name in args:
+            return f'parameter "{name}" is fixed by the operator'
+    try:
+        validate(tool.schema, args)
+    except SchemaError as err:
+        return str(err)
+    except (RecursionError, decimal.InvalidOperation):
+        return "the arguments cannot be checked against the schema"
+    return ""
+
+
+def map_result(tool, result):
+    """An upstream tools/call result as the gate records it: (content, summary, error).
+
+    The cap counts the recorded JSON encoding, escapes and marker included, so what is stored
+    and what the host is sent never exceed it.
+    """
+    where = f"{tool.server.name}/{tool.upstream_name}"
+    if not isinstance(result, dict):
+        return None, "", "the server's result is not an object"
+    if result.get("resultType") == "input_required" or "inputRequests" in result:
+        return None, "", f"{tool.name}: the server asked for more input, which the gate does " \
+                         f"not support"
+    notes = []
+    structured = result.get("structuredContent")
+    if structured is not None and len(canonical(structured)) <= CONTENT_CAP:
+        content = structured
+    else:
+        blocks = result.get("content") if isinstance(result.get("content"), list) else []
+        parts = [b.get("text", "") if isinstance(b, dict) and b.get("type") == "text"
+                 and isinstance(b.get("text"), str)
+                 else OMITTED.get(b.get("type") if isinstance(b, dict) else "",
+                                  "[content omitted]") for b in blocks]
+        content = "\n".join(parts)
+        if structured is not None:
+            size = len(canonical(structured))
+            if not blocks:
+                content = STRUCTURED_DROPPED
+            notes.append(f"structured content of {size} bytes dropped for the text")
+        if len(canonical(content)) > CONTENT_CAP:
+            content = cap_text(content, CONTENT_CAP)
+            notes.insert(0, "truncated")
+    size = len(canonical(content))
+    summary = ", ".join([f"{where}: {size} bytes", *notes])
+    if result.get("isError") is True:
+        text = content if isinstance(content, str) else policy_json(content)
+        return None, summary, f"{summary}, error: {text}"
+    return content, summary, ""
+
+
+def cap_text(text, cap):
+    """The longest prefix whose JSON string, with the truncation marker, fits in `cap` bytes."""
+    cap = max(cap, len(canonical(TRUNCATED)))
+    low, high = 0, len(text)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if len(canonical(text[:mid] + TRUNCATED)) <= cap:
+            low = mid
+        else:
+            high = mid - 1
+    return text[:low] + TRUNCATED
+
+
+# =============================================================================================
+# 9. Rules across calls
+#
+# Owns: the decision, for each call, of what happens given every earlier call of the same
+# request (same tool, same canonical arguments) and of the session: collect a granted
+# approval, wait on a pending one, refuse a request that is executing, was rejected, expired
+# or already executed within the repeat window, cap the approvals waiting, or begin a run.
+# Promises: deciding happens under one lock, so two threads never both begin the same request;
+# executing and holding happen outside it, so different requests run in parallel; across
+# processes the unique open-row index does the same job, and a lost race is decided again.
+# =============================================================================================
+
+HOLD_POLL = 0.2
+TOOL_CALL = "tool_call"
+
+
+class Gate:
+    """The gate of one serving process: its tools, its store, its lease, its rules."""
+
+    def __init__(self, config, store, tools):
+        self.config, self.store = config, store
+        self.tools = {tool.name: tool for tool in tools}
+        self.policy_id = config.policy_id()
+        self.tool_hashes = [tool.spec_hash for tool in sorted(tools, key=lambda t: t.name)]
+        self.owner = f"{PROGRAM}:{config.session}/{secrets.token_hex(6)}"
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.operator_hint = operator_hint(config)
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+
+    def lease(self):
+        return self.owner, later(now(), self.config.lease_ttl)
+
+    def _heartbeat(self):
+        """Renew this process's leases every third of their lifetime, until it stops."""
+        while not self.stopping.wait(self.config.lease_ttl / SECOND / 3):
+            try:
+                self.store.renew_leases(self.owner, later(now(), self.config.lease_ttl))
+            except StoreError as err:
+                log(f"could not renew leases: {err}")
+
+    def window(self, tool):
+        rule = tool.rule.repeat_window
+        return self.config.repeat_window if rule is None else rule
+
+    # -- one call ------------------------------------------------------------------------------
+
+    def call(self, tool, args, args_error="", progress=None, cancelled=None):
+        """Decide, then execute, hold or refuse one tools/call; always returns an Answer."""
+        cancelled = cancelled or threading.Event()
+        executed = []
+        try:
+            return self._call(tool, args, args_error, progress, cancelled, executed)
+        except StoreError as err:
+            log(str(err))
+            what = ("the request was sent to the server, but its outcome could not be recorded"
+                    if executed else "nothing was executed")
+            return answer("UNAVAILABLE", what=what)
+
+    def _call(self, tool, args, args_error, progress, cancelled, executed):
+        if args is None:
+            args = {}
+        if args_error:
+            with self.lock:
+                return self._begin(tool, None, f"invalid:{secrets.token_hex(8)}",
+                                   invalid=f"the arguments are not usable JSON: {args_error}")
+        key = request_key(tool.name, args)
+        held = False
+        while True:
+            with self.lock:
+                verdict = self._decide(tool, args, key)
+            if isinstance(verdict, Answer):
+                return verdict
+            if verdict[0] == "execute":
+                executed.append(True)
+                return self._execute(tool, *verdict[1:])
+            approval = verdict[1]
+            if held or not self.config.hold or cancelled.is_set() or self.stopping.is_set():
+                return self._pending_answer(approval)
+            held = True
+            self._hold(approval, progress, cancelled)
+
+    def _pending_answer(self, approval):
+        return answer("PENDING_APPROVAL", approval=approval["id"])
+
+    def _hold(self, approval, progress, cancelled):
+        """Wait up to `hold` for the operator, telling a host that asked how long it has been."""
+        started = time.monotonic()
+        total = self.config.hold / SECOND
+        last_progress = started
+        while not cancelled.is_set() and not self.stopping.is_set():
+            waited = time.monotonic() - started
+            if waited >= total:
+                return
+            cancelled.wait(min(HOLD_POLL, total - waited))
+            row = self.store.read_one("SELECT status, expires_at FROM approvals WHERE id=?",
+                                      (approval["id"],))
+            if row is None or row[0] != "pending" or (row[1] and row[1] <= now()):
+                return
+            if progress and time.monotonic() - last_progress >= 1:
+                last_progress = time.monotonic()
+                progress(round(last_progress - started, 3), total,
+                         "waiting for an operator's approval")
+
+    # -- the rules, under the lock -------------------------------------------------------------
+
+    def _decide(self, tool, args, key):
+        window = self.window(tool)
+        since = format_time(time.time() - window / SECOND)
+        rows = self.store.read(
+            "SELECT r.id, r.status, r.reason, r.detail, r.finished_at, r.lease_owner, "
+            "r.lease_expires_at FROM calls c JOIN runs r ON r.id = c.run_id WHERE "
+            "c.session=? AND c.request_key=? AND (r.finished_at='' OR r.finished_at>=?) "
+            "ORDER BY c.id DESC", (self.config.session, key, since))
+        for run_id, status, reason, detail, finished, owner, expires in rows:
+            if status == "WAITING_FOR_APPROVAL":
+                verdict = self._waiting(tool, run_id)
+                if verdict is not None:
+                    return verdict
+            elif status == "RUNNING":
+                return answer("IN_PROGRESS")
+            elif window:
+                verdict = self._closed(tool, run_id, reason, detail, finished, window)
+                if verdict is not None:
+                    return verdict
+        needs_approval = class_outcome(self.config, tool)[0] == "require_approval"
+        if needs_approval:
+            waiting = self.store.read_one(
+                "SELECT count(*) FROM approvals a JOIN runs r ON r.id = a.run_id WHERE "
+                "r.session=? AND a.status='pending' AND (a.expires_at='' OR a.expires_at>?)",
+                (self.config.session, now()))[0]
+            if waiting >= self.config.max_pending:
+                return answer("BLOCKED", "BLOCKED_PENDING", count=waiting)
+        return self._begin(tool, args, key)
+
+    def _latest_approval(self, run_id):
+        row = self.store.read_one(
+            "SELECT id, run_id, step_id, kind, capability_json, presentation_json, "
+            "request_json, hash, status, created_at, expires_at, decided_at, decided_by, note "
+            "FROM approvals WHERE run_id=? ORDER BY rowid DESC LIMIT 1", (run_id,))
+        if row is None:
+            return None
+        names = ("id", "run_id", "step_id", "kind", "capability_json", "presentation_json",
+                 "request_json", "hash", "status", "created_at", "expires_at", "decided_at",
+                 "decided_by", "note")
+        return dict(zip(names, row))
+
+    def _waiting(self, tool, run_id):
+        """Rule 1: a run of this request waits on an approval. None lets the rules go on."""
+        approval = self._latest_approval(run_id)
+        if approval is None:
+            return answer("IN_PROGRESS")
+        current = now()
+        if approval["status"] == "pending":
+            if not approval["expires_at"] or approval["expires_at"] > current:
+                return ("wait", approval)
+            self.store.write(lambda tx: tx.expire_approval(approval["id"], run_id,
+                                                           approval["step_id"]))
+            return None
+        if approval["status"] != "approved":
+            return answer("IN_PROGRESS")
+        return self._collect(tool, approval)
+
+    def _collect(self, tool, approval):
+        """An approved request: check its hash, its age, its arguments and the policy again,
+        then execute the recorded request (never this call's bytes)."""
+        run_id, step_id = approval["run_id"], approval["step_id"]
+        if stored_hash(approval) != approval["hash"]:
+            log(f"approval {approval['id']} does not match its hash; it was altered after it "
+                f"was made and will not be used")
+            return answer("DENIED", reason="its approval record was altered after it was made")
+        grant_ttl = self.config.grant_ttl
+        if grant_ttl and later(approval["decided_at"], grant_ttl) < now():
+            self.store.write(lambda tx: tx.expire_approval(approval["id"], run_id, step_id))
+            return None
+        args = parse(approval["request_json"])["args"]
+        problem = check_arguments(tool, args)
+        if problem:
+            self.store.write(lambda tx: self._refuse(tx, run_id, step_id, "invalid_decision",
+                                                     f"invalid decision on resume: {problem}"))
+            return answer("INVALID", reason=clean(problem, 1000))
+        decision = evaluate(self.config, tool, args)
+        if decision["outcome"] == "deny":
+            def deny(tx):
+                tx.record_policy(run_id, step_id, _policy_record(decision), self.policy_id)
+                self._refuse(tx, run_id, step_id, "policy_denied",
+                             f"denied on resume: {decision['reason']}")
+            self.store.write(deny)
+            return answer("DENIED", reason=clean(decision["reason"], 500))
+        if decision["outcome"] == "require_approval":
+            fresh = new_approval(self.config, run_id, step_id, tool, args, decision)
+            if fresh["hash"] != approval["hash"]:
+                def repause(tx):
+                    tx.record_policy(run_id, step_id, _policy_record(decision), self.policy_id)
+                    tx.pause(run_id, step_id, fresh)
+                self.store.write(repause)
+                self._log_waiting(fresh, tool, run_id)
+                return ("wait", fresh)
+
+        def resume(tx):
+            tx.resume(run_id, approval["id"], self.lease())
+            tx.record_policy(run_id, step_id, _policy_record(decision), self.policy_id)
+            tx.start_execution(run_id, step_id, tool.name, args, approval["id"])
+        self.store.write(resume)
+        return ("execute", run_id, step_id, args)
+
+    def _refuse(self, tx, run_id, step_id, kind, detail):
+        """End a run whose request will not execute (denied or invalid)."""
+        tx.fail_step(run_id, step_id, {"kind": kind, "content": {"error": detail}}, detail)
+        how = "denied" if kind == "policy_denied" else "invalid"
+        tx.finish_run(run_id, "FAILED", "goal_failed", f"one call per run: the request was {how}")
+        tx.settle(run_id, OUTCOME_NONE)
+
+    def _closed(self, tool, run_id, reason, detail, finished, window):
+        """Rules 4 and 5: a finished run of this request within the window. None: look older."""
+        until = prose_time(later(finished, window))
+        if reason == "approval_rejected":
+            approval = self._latest_approval(run_id)
+            return answer("REJECTED", approval=approval["id"] if approval else "unknown",
+                          note=note_text(approval["note"] if approval else ""), until=until)
+        if reason == "approval_expired":
+            approval = self._latest_approval(run_id)
+            return answer("EXPIRED", approval=approval["id"] if approval else "unknown",
+                          until=until)
+        if reason == "operator_cancelled":
+            return answer("REJECTED", "CANCELLED", note=note_text(detail), until=until)
+        if tool.read_only:
+            return None
+        attempt = self.last_attempt(run_id)
+        if attempt is None:
+            return None
+        ending, text, at = attempt
+        if ending in ("timed_out", "no_answer", "cut_off"):
+            return answer("UNKNOWN_OUTCOME", how=HOW[ending], error="")
+        outcome = DUPLICATE_OUTCOME[ending].format(
+            text=clean(text, 500) if ending == "unrecorded" else cut(text, CONTENT_CAP))
+        return answer("DUPLICATE", at=prose_time(at), window=format_duration(window),
+                      outcome=outcome)
+
+    def last_attempt(self, run_id):
+        """What the newest executed tool call of a run came to: (ending, text, finished_at),
+        with ending 'ok', 'error', 'unrecorded', 'timed_out', 'no_answer' or 'cut_off'; None
+        when no tool call of the run ever started."""
+        for status, observation, finished in self.store.read(
+                "SELECT status, observation_json, finished_at FROM steps WHERE run_id=? AND "
+                "json_extract(decision_json, '$.kind')='tool_call' ORDER BY idx DESC",
+                (run_id,)):
+            if status == "executing":
+                return "cut_off", "", finished
+            if not observation:
+                continue
+            observed = parse(observation)
+            if observed["kind"] == "tool_result":
+                content = observed["content"]
+                return "ok", content if isinstance(content, str) else policy_json(content), \
+                    finished
+            if observed["kind"] == "tool_error":
+                return observed["content"]["ending"], observed["content"]["error"], finished
+        return None
+
+    # -- beginning and executing a run ---------------------------------------------------------
+
+    def _begin(self, tool, args, key, invalid=""):
+        """Rule 8: begin a run for this request, record the decision, and act on the policy."""
+        run_id = f"{self.config.session}.{secrets.token_hex(8)}"
+        problem = invalid or check_arguments(tool, args)
+        decision = None if problem else evaluate(self.config, tool, args)
+        outcome = decision["outcome"] if decision else "invalid"
+        fresh = {}
+
+        def begin(tx):
+            tx.begin_run(run_id, self.config.session, tool.name, key, tool.side_effect,
+                         self.tool_hashes, self.lease())
+            recorded = {"args": args} if args is not None else {"invalid_args": invalid}
+            step_id = tx.start_step(run_id, {**recorded, "kind": TOOL_CALL, "origin": "model",
+                                             "tool": tool.name}, tool.spec)
+            if outcome == "invalid":
+                self._refuse(tx, run_id, step_id, "invalid_decision",
+                             f"invalid decision: {problem}")
+                return step_id
+            tx.record_policy(run_id, step_id, _policy_record(decision), self.policy_id)
+            if outcome == "deny":
+                self._refuse(tx, run_id, step_id, "policy_denied",
+                             f"denied: {decision['reason']}")
+            elif outcome == "require_approval":
+                fresh.update(new_approval(self.config, run_id, step_id, tool, args, decision))
+                tx.pause(run_id, step_id, fresh)
+            else:
+                tx.start_execution(run_id, step_id, tool.name, args)
+            return step_id
+
+        step_id = self.store.write(begin)
+        if outcome == "invalid":
+            return answer("INVALID", reason=clean(problem, 1000))
+        if outcome == "deny":
+            return answer("DENIED", reason=clean(decision["reason"], 500))
+        if outcome == "require_approval":
+            self._log_waiting(fresh, tool, run_id)
+            return ("wait", fresh)
+        return ("execute", run_id, step_id, args)
+
+    def _log_waiting(self, approval, tool, run_id):
+        log(f"approval {approval['id']} ({approval['kind']}) for {tool.name} waits for an "
+            f"operator: run {run_id}")
+        log(f"  decide with: {self.operator_hint} approve {run_id} -approval {approval['id']}"
+            f"   (or reject)")
+
+    def _execute(self, tool, run_id, step_id, args):
+        """Send the recorded request upstream and record what came of it, whatever the host
+        does meanwhile: a host that cancels or times out does not stop the upstream call."""
+        started = time.monotonic()
+        sent = {**args, **tool.rule.fixed}
+        deadline = Deadline(tool.timeout)
+        try:
+            result = tool.upstream.request("tools/call", {"name": tool.upstream_name,
+                                                          "arguments": sent}, deadline,
+                                           f"tool {quote(tool.upstream_name)}")
+            content, summary, error = map_result(tool, result)
+            ending = "error"
+        except UpstreamError as err:
+            content, summary, error = None, "", str(err)
+            ending = "unrecorded" if err.unusable else "timed_out" if err.timed_out \
+                else "no_answer"
+        if error and ending == "error" and content is None and not summary:
+            ending = "unrecorded"  # an answer that was not a usable result
+        if tool.read_only and ending in ("timed_out", "no_answer", "unrecorded"):
+            ending = "error"  # a read that failed is an ordinary failure: nothing to vouch for
+        if error:
+            observation = {"kind": "tool_error", "summary": cut(f"{tool.name} {ending}: "
+                                                                f"{sanitize(error)}", 1000),
+                           "content": {"tool": tool.name, "error": error, "ending": ending}}
+        else:
+            observation = {"kind": "tool_result", "content": content, "summary": summary,
+                           "content_hash": content_hash(content)}
+        elapsed = int((time.monotonic() - started) * 1000)
+
+        def record(tx):
+            row = tx.execute("SELECT status, lease_owner FROM runs WHERE id=?",
+                             (run_id,)).fetchone()
+            if row != ("RUNNING", self.owner):
+                # Cancelled, or taken over after this process lost its lease: the outcome
+                # is kept as a late event and the run is left as its new owner has it.
+                tx.event(run_id, "step.tool_finished", {"tool": tool.name, "late": True,
+                                                        "observation": observation}, step_id)
+                return
+            tx.finish_execution(run_id, step_id, tool.name, observation, elapsed)
+            if error:
+                tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending])
+            tx.settle(run_id, OUTCOME_UNKNOWN if ending in ("timed_out", "no_answer")
+                      else OUTCOME_KNOWN)
+
+        self.store.write(record)
+        if not error:
+            return result_answer(content)
+        if ending in ("timed_out", "no_answer"):
+            return answer("UNKNOWN_OUTCOME", how=HOW[ending],
+                          error=f" ({clean(error, 500)})")
+        if ending == "unrecorded":
+            window = self.window(tool)
+            return answer("UNRECORDED", reason=clean(error, 500), window=(
+                f"; an identical call within {format_duration(window)} is refused as a "
+                f"duplicate" if window else ""))
+        return Answer(clean(error, CONTENT_CAP), True)
+
+
+CLOSING = {
+    "error": "one call per run: the tool call returned an error",
+    "unrecorded": "one call per run: the tool call executed and its result could not be "
+                  "recorded",
+    "timed_out": "one call per run: the tool call timed out; its outcome is unknown",
+    "no_answer": "one call per run: the tool call failed without an answer; its outcome is "
+                 "unknown",
+}
+
+
+def _policy_record(decision):
+    return {k: decision[k] for k in ("outcome", "reason", "kind", "capability", "presentation")
+            if k in decision}
+
+
+def operator_hint(config):
+    """The command an operator pastes, naming the config unless it is the default one."""
+    command = f"python3 {shlex.quote(os.path.abspath(sys.argv[0]))}"
+    if os.path.abspath(config_path(None)) != config.path:
+        command += f" -config {shlex.quote(config.path)}"
+    return command
+
+
+# =============================================================================================
+# 10. MCP server
+#
+# Owns: the host's side of the conversation over stdin and stdout: framing, the handshake,
+# tools/list, tools/call (one thread per call), cancellation, and shutdown.
+# Promises: stdout carries only protocol, one JSON-RPC message per line, written as bytes under
+# one lock; the first request is answered at once, even while the upstream servers are still
+# being started; a malformed or oversized line gets a JSON-RPC error and the session goes on;
+# unknown methods (server/discover among them) get -32601 at once; on stdin closing, SIGINT or
+# SIGTERM no new call starts, holds end, calls in flight finish and are recorded, then the
+# upstream servers are closed and the process exits 0.
+# =============================================================================================
+
+SERVER_INFO = {"name": "gated-tools", "version": VERSION}
+PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+BATCH_VERSIONS = ("2024-11-05", "2025-03-26")
+MAX_HOST_LINE = 16 * 1024 * 1024
+STATUS_DESCRIPTION = (
+    "Reports which requests of this session wait for an operator's approval, or, given the "
+    "approval id a pending answer named, what became of that request: pending, approved, "
+    "executed, rejected or expired. It only reads; it never runs or approves anything.")
+
+
+class Shutdown(Exception):
+    """Raised in the main thread by SIGINT or SIGTERM before serving began."""
+
+
+class HostServer:
+    """One host session on stdin/stdout."""
+
+    def __init__(self, config, stdin, stdout):
+        self.config = config
+        self.stdin, self.stdout = stdin, stdout
+        self.write_lock = threading.Lock()
+        self.ready = threading.Event()
+        self.done = threading.Event()
+        self.gate = None
+        self.status_tool = None
+        self.protocol = PROTOCOL_VERSIONS[-1]
+        self.calls = {}
+        self.calls_lock = threading.Lock()
+        self.failed = ""
+
+    def start(self):
+        threading.Thread(target=self._read_loop, daemon=True).start()
+
+    def serve_with(self, gate, status_tool):
+        self.gate, self.status_tool = gate, status_tool
+        self.ready.set()
+
+    def fail(self, reason):
+        self.failed = reason
+        self.ready.set()
+
+    # -- framing ---------------------------------------------------------------------------
+
+    def send(self, message):
+        data = canonical(message) + b"\n"
+        with self.write_lock:
+            try:
+                self.stdout.write(data)
+                self.stdout.flush()
+            except (OSError, ValueError):
+                self.done.set()
+
+    def error(self, ident, code, message):
+        self.send({"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}})
+
+    def _read_loop(self):
+        try:
+            while True:
+                line = self.stdin.readline(MAX_HOST_LINE + 1)
+                if not line:
+                    break
+                if len(line) > MAX_HOST_LINE and not line.endswith(b"\n"):
+                    while True:
+                        rest = self.stdin.readline(MAX_HOST_LINE)
+                        if not rest or rest.endswith(b"\n"):
+                            break
+                    match = _ID_RE.search(line[:4096])
+                    self.error(Number(match.group(1).decode()) if match else None, -32600,
+                               f"the message is larger than {MAX_HOST_LINE} bytes")
+                    continue
+                if line.strip():
+                    self._frame(line)
+        except (OSError, ValueError):
+            pass
+        self.done.set()
+
+    def _frame(self, line):
+        args_error = ""
+        try:
+            message = parse(line)
+        except CanonicalError as err:
+            message, args_error = _loose(line), str(err)
+            if not (isinstance(message, dict) and message.get("method") == "tools/call"
+                    and "id" in message):
+                ident = message.get("id") if isinstance(message, dict) else None
+                self.error(ident if _valid_id(ident) else None, -32700,
+                           f"the message is not usable JSON: {args_error}")
+                return
+        if isinstance(message, list):
+            self._batch(message)
+        elif isinstance(message, dict):
+            self._message(message, args_error)
+        else:
+            self.error(None, -32600, "a message must be a JSON-RPC object")
+
+    def _batch(self, messages):
+        if self.protocol not in BATCH_VERSIONS or not messages:
+            self.error(None, -32600, f"batches are not part of protocol version {self.protocol}")
+            return
+
+        def run():
+            answers = [a for a in (self._message(m, "", respond=False) for m in messages) if a]
+            if answers:
+                with self.write_lock:
+                    self.stdout.write(canonical(answers) + b"\n")
+                    self.stdout.flush()
+        threading.Thread(target=run, daemon=True).start()
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def _message(self, message, args_error, respond=True):
+        """Handle one request or notification; with respond=False return the response."""
+        method, ident = message.get("method"), message.get("id")
+        params = message.get("params") if isinstance(message.get("params"), dict) else {}
+        if not isinstance(method, str):
+            if "id" in message and ("result" in message or "error" in message):
+                return None  # a response to a request agentgate never sends
+            return self._reply(respond, {"jsonrpc": "2.0", "id": ident if _valid_id(ident)
+                                         else None, "error": {"code": -32600, "message":
+                                                              "a request needs a method"}})
+        if "id" not in message:
+            if method == "notifications/cancelled":
+                with self.calls_lock:
+                    cancelled = self.calls.get(_id_key(params.get("requestId")))
+                if cancelled:
+                    cancelled.set()
+            return None
+        if not _valid_id(ident):
+            return self._reply(respond, {"jsonrpc": "2.0", "id": None, "error": {
+                "code": -32600, "message": "the id must be a string or a number"}})
+        if method == "initialize":
+            return self._reply(respond, self._initialize(ident, params))
+        if method == "ping":
+            return self._reply(respond, {"jsonrpc": "2.0", "id": ident, "result": {}})
+        if method == "tools/list":
+            return self._after_ready(respond, ident, lambda: {"tools": self._tool_list()})
+        if method == "tools/call":
+            return self._after_ready(respond, ident,
+                                     lambda: self._call(ident, params, args_error, respond))
+        return self._reply(respond, {"jsonrpc": "2.0", "id": ident, "error": {
+            "code": -32601, "message": f"method {quote(method)} is not offered"}})
+
+    def _reply(self, respond, response):
+        if respond:
+            self.send(response)
+            return None
+        return response
+
+    def _initialize(self, ident, params):
+        requested = params.get("protocolVersion")
+        self.protocol = requested if requested in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[-1]
+        return {"jsonrpc": "2.0", "id": ident, "result": {
+            "protocolVersion": self.protocol, "capabilities": {"tools": {}},
+            "serverInfo": SERVER_INFO}}
+
+    def _after_ready(self, respond, ident, work):
+        """Requests that need the upstream servers wait for them in a thread of their own."""
+        def run():
+            self.ready.wait()
+            if self.failed:
+                response = {"jsonrpc": "2.0", "id": ident, "error": {
+                    "code": -32603, "message": "the gate's tools could not be loaded"}}
+            elif self.done.is_set():
+                response = {"jsonrpc": "2.0", "id": ident, "error": {
+                    "code": -32603, "message": "the gate is shutting down"}}
+            else:
+                try:
+                    result = work()
+                except ToolNotOffered as err:
+                    response = {"jsonrpc": "2.0", "id": ident, "error": {
+                        "code": -32602, "message": str(err)}}
+                else:
+                    if result is None:
+                        return None
+                    response = {"jsonrpc": "2.0", "id": ident, "result": result}
+            return self._reply(respond, response)
+        if not respond:
+            return run()
+        threading.Thread(target=run, daemon=True).start()
+        return None
+
+    def _tool_list(self):
+        listed = [{"name": t.name, "description": t.description, "inputSchema": t.schema}
+                  for t in self.gate.tools.values()]
+        listed.append({"name": self.status_tool, "description": STATUS_DESCRIPTION,
+                       "inputSchema": STATUS_SCHEMA})
+        return listed
+
+    def _call(self, ident, params, args_error, respond):
+        name = params.get("name")
+        args = params.get("arguments")
+        if name == self.status_tool:
+            return status_answer(self.gate, args).result()
+        tool = self.gate.tools.get(name) if isinstance(name, str) else None
+        if tool is None:
+            raise ToolNotOffered(f"unknown tool {quote(str(name))}")
+        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+        token = meta.get("progressToken")
+        cancelled = threading.Event()
+        with self.calls_lock:
+            self.calls[_id_key(ident)] = cancelled
+
+        def progress(done, total, message):
+            if token is not None and respond:
+                self.send({"jsonrpc": "2.0", "method": "notifications/progress", "params": {
+                    "progressToken": token, "progress": done, "total": total,
+                    "message": message}})
+        try:
+            result = self.gate.call(tool, args, args_error, progress, cancelled).result()
+        finally:
+            with self.calls_lock:
+                self.calls.pop(_id_key(ident), None)
+        return None if cancelled.is_set() and respond else result
+
+    def in_flight(self):
+        with self.calls_lock:
+            return len(self.calls)
+
+
+class ToolNotOffered(Exception):
+    """A tools/call naming a tool the gate does not offer."""
+
+
+STATUS_SCHEMA = {"type": "object", "additionalProperties": False, "properties": {
+    "approval_id": {"type": "string", "description": "The approval id a pending result named."}}}
+
+
+def _valid_id(ident):
+    return isinstance(ident, (str, Number)) and not isinstance(ident, bool)
+
+
+def _id_key(ident):
+    return canonical(ident) if _valid_id(ident) else None
+
+
+def _loose(line):
+    """A frame the boundary check refused, read leniently only to find where to answer."""
+    def number(literal):
+        return Number(literal)
+    try:
+        return json.loads(line.decode("utf-8", "replace"), parse_int=number,
+                          parse_float=number, parse_constant=number)
+    except (ValueError, RecursionError):
+        return None
+
+
+def status_answer(gate, args):
+    """The status tool (the next issue fills it in)."""
+    return Answer("GATE_STATUS: the status tool is not available yet.")
+
+
+# =============================================================================================
+# 12. Fake payment server
+#
+# Owns: a small stdio MCP server, `fake-payments`, that the demonstration, the example config
+# and the tests put behind the gate, so that agentgate can be seen working on a machine with
+# nothing installed. It keeps a ledger: every payment is appended, as its raw arguments, to
+# the file named by FAKE_PAYMENTS_LEDGER and synced to disk before the answer is sent, so a
+# count of the ledger's lines is a count of payments made.
+# =============================================================================================
+
+FAKE_TOOLS = [
+    {"name": "balance", "description": "Read the balance of an account.",
+     "inputSchema": {"type": "object", "additionalProperties": False, "required": ["account"],
+                     "properties": {"account": {"type": "string"}}},
+     "annotations": {"readOnlyHint": True}},
+    {"name": "pay", "description": "Pay an amount to someone.",
+     "inputSchema": {"type": "object", "additionalProperties": False,
+                     "required": ["to", "amount"],
+                     "properties": {"to": {"type": "string"}, "amount": {"type": "number"},
+                                    "currency": {"type": "string"},
+                                    "mode": {"enum": ["slow", "block", "error", "structured",
+                                                      "deep"]}}},
+     "annotations": {"destructiveHint": False}},
+    {"name": "refund", "description": "Refund a payment.",
+     "inputSchema": {"type": "object", "additionalProperties": False, "required": ["payment"],
+                     "properties": {"payment": {"type": "string"}}}},
+]
+
+
+def fake_payments():
+    """Serve the fake payment server on stdin/stdout until stdin closes."""
+    ledger = os.environ.get("FAKE_PAYMENTS_LEDGER", os.devnull)
+    tools = json.loads(json.dumps(FAKE_TOOLS))
+    if os.environ.get("FAKE_PAYMENTS_DESCRIPTION"):
+        tools[0]["description"] = os.environ["FAKE_PAYMENTS_DESCRIPTION"]
+    out_lock = threading.Lock()
+    cancelled = {}
+
+    def send(message):
+        with out_lock:
+            sys.stdout.buffer.write(json.dumps(message).encode() + b"\n")
+            sys.stdout.buffer.flush()
+
+    def text(s, is_error=False, structured=None):
+        result = {"content": [{"type": "text", "text": s}]}
+        if is_error:
+            result["isError"] = True
+        if structured is not None:
+            result["structuredContent"] = structured
+        return result
+
+    def pay(ident, args, stop):
+        with open(ledger, "a", encoding="utf-8") as f:
+            f.write(json.dumps(args, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        mode, to, amount = args.get("mode"), args.get("to"), args.get("amount", 0)
+        if mode == "slow":
+            stop.wait(2)
+        if mode == "block":
+            while not os.path.exists(ledger + ".release") and not stop.wait(0.02):
+                pass
+        if mode == "error":
+            return text(f"card declined for {to}", is_error=True)
+        if mode == "structured":
+            return text(f"paid {amount} to {to}", structured={"paid": amount, "to": to})
+        if mode == "deep":
+            deep = []
+            for _ in range(300):
+                deep = [deep]
+            return text("deep", structured={"deep": deep})
+        return text(f"paid {float(amount):.2f} to {to}")
+
+    def call(ident, params):
+        stop = cancelled.setdefault(ident, threading.Event())
+        name, args = params.get("name"), params.get("arguments") or {}
+        if name == "balance":
+            result = text(f"account {args.get('account')} holds 120.00 EUR")
+        elif name == "pay":
+            result = pay(ident, args, stop)
+        elif name == "refund":
+            result = text("refunded")
+        else:
+            send({"jsonrpc": "2.0", "id": ident, "error": {"code": -32602,
+                                                           "message": f"no tool {name}"}})
+            return
+        cancelled.pop(ident, None)
+        send({"jsonrpc": "2.0", "id": ident, "result": result})
+
+    for line in sys.stdin.buffer:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        method, ident = message.get("method"), message.get("id")
+        params = message.get("params") or {}
+        if method == "initialize":
+            send({"jsonrpc": "2.0", "id": ident, "result": {
+                "protocolVersion": params.get("protocolVersion", "2025-06-18"),
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "fake-payments", "version": "1.0.0"}}})
+        elif method == "tools/list":
+            send({"jsonrpc": "2.0", "id": ident, "result": {"tools": tools}})
+        elif method == "tools/call":
+            threading.Thread(target=call, args=(ident, params), daemon=True).start()
+        elif method == "notifications/cancelled":
+            cancelled.setdefault(params.get("requestId"), threading.Event()).set()
+        elif method == "ping":
+            send({"jsonrpc": "2.0", "id": ident, "result": {}})
+        elif ident is not None:
+            send({"jsonrpc": "2.0", "id": ident, "error": {"code": -32601,
+                                                           "message": "method not found"}})
+    return 0
+
+
+# =============================================================================================
+# 14. Main
+#
+# Owns: the command line. Go-style single-dash long flags (-config, -approval); the
+# double-dash spelling works too. Exit codes: 0 ok, 1 failure, 2 usage. No traceback reaches
+# a user: every expected failure is one sentence on stderr.
+# =============================================================================================
+
+USAGE = f"""usage: agentgate.py [serve] [-config FILE]
+       agentgate.py pin|check [-config FILE]
+       agentgate.py runs|show|approve|reject|cancel|verify|recheck ... (-h for each)
+       agentgate.py demo
+
+{__doc__.split("Sections,")[0].split("Scope.")[1].strip()}
+
+Where the config comes from: -config FILE, else $AGENTGATE_CONFIG, else
+$XDG_CONFIG_HOME/agentgate/config.json (default ~/.config/agentgate/config.json).
+"""
+
+
+class Usage(Exception):
+    """A command line that cannot be carried out as written (exit 2)."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise Usage(message)
+
+
+def parser(command, *flags):
+    p = Parser(prog=f"agentgate.py {command}", allow_abbrev=False, add_help=True)
+    for flag in flags:
+        name, kind = flag if isinstance(flag, tuple) else (flag, str)
+        if kind is bool:
+            p.add_argument(f"-{name}", f"--{name}", action="store_true")
+        else:
+            p.add_argument(f"-{name}", f"--{name}", type=kind)
+    return p
+
+
+def cmd_pin(argv):
+    opts = parser("pin", "config").parse_args(argv)
+    config = load_config(config_path(opts.config))
+    for server in config.servers:
+        try:
+            manifest = pin(server)
+        except UpstreamError as err:
+            raise LoadError(str(err)) from None
+        tools = manifest["tools"]
+        print(f"server {server.name}: {len(tools)} tools pinned in {server.manifest}, with the "
+              f"server's own hints, which classify nothing:")
+        for name, entry in tools.items():
+            description = " ".join(entry["description"].split())
+            print(f"  {sanitize(name):<28} {hints_text(entry):<26} "
+                  f"{clean(description, 72)}")
+    print("Classify each tool you want offered with a rule (side_effect), then run check.")
+    return 0
+
+
+def cmd_check(argv):
+    opts = parser("check", "config").parse_args(argv)
+    config = load_config(config_path(opts.config))
+    check_database_path(config.database)
+    check_reach(config)
+    try:
+        upstreams, tools, reports = load_all(config)
+    except LoadError as err:
+        for report in getattr(err, "reports", []):
+            print("\n".join(report.lines))
+        raise
+    for upstream in upstreams:
+        upstream.close()
+    for report in reports:
+        print("\n".join(report.lines))
+    print(f"status tool: {config.status_tool}")
+    print(f"session: {config.session}")
+    print(f"database: {config.database}")
+    return 0
+
+
+def cmd_serve(argv):
+    opts = parser("serve", "config").parse_args(argv)
+    config = load_config(config_path(opts.config))
+    check_database_path(config.database)
+    check_reach(config)
+    host = HostServer(config, sys.stdin.buffer, sys.stdout.buffer)
+    serving = []
+
+    def stop(signum, frame):
+        if not serving:
+            raise Shutdown()
+        host.done.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    host.start()
+    upstreams, store, gate = [], None, None
+    try:
+        try:
+            upstreams, tools, reports = load_all(config)
+            for report in reports:
+                for line in report.lines:
+                    log(line)
+            store = Store(config.database)
+        except (LoadError, StoreError, ConfigError) as err:
+            host.fail(str(err))
+            raise
+        gate = Gate(config, store, tools)
+        host.serve_with(gate, config.status_tool)
+        serving.append(True)
+        log(f"serving session {config.session} on database {config.database}")
+        while not host.done.wait(1):
+            pass
+        # Shutting down: no new call starts, holds end, calls in flight finish and are
+        # recorded before the servers they talk to are closed.
+        gate.stopping.set()
+        deadline = time.monotonic() + max((t.timeout for t in tools), default=0) / SECOND + 5
+        while host.in_flight() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return 0
+    except Shutdown:
+        return 0
+    finally:
+        if gate:
+            gate.stopping.set()
+        for upstream in upstreams:
+            upstream.close()
+        if store:
+            store.close()
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    commands = {"serve": cmd_serve, "pin": cmd_pin, "check": cmd_check,
+                "fake-payments": lambda a: fake_payments()}
+    if argv and argv[0] in ("-h", "--help", "help"):
+        sys.stderr.write(USAGE)
+        return 0
+    command = argv[0] if argv and not argv[0].startswith("-") else "serve"
+    rest = argv[1:] if argv and not argv[0].startswith("-") else argv
+    if command not in commands:
+        sys.stderr.write(f"{PROGRAM}: unknown command {quote(command)}\n{USAGE}")
+        return 2
+    try:
+        return commands[command](rest)
+    except Usage as err:
+        sys.stderr.write(f"{PROGRAM}: {sanitize(str(err))}\n")
+        return 2
+    except (ConfigError, LoadError, StoreError, UpstreamError) as err:
+        sys.stderr.write(f"{PROGRAM}: error: {sanitize(str(err))}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
