@@ -899,6 +899,7 @@ SCHEMA = [
     CREATE UNIQUE INDEX calls_open ON calls(session, request_key) WHERE open = 1;
     CREATE INDEX calls_key ON calls(session, request_key, id);
     CREATE INDEX calls_unsettled ON calls(session, settled_at, id);
+    CREATE INDEX calls_tool ON calls(session, tool, outcome, id);
     CREATE TABLE events(seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL,
         step_id TEXT NOT NULL DEFAULT '', at TEXT NOT NULL, type TEXT NOT NULL,
         payload_json TEXT NOT NULL, hash TEXT NOT NULL);
@@ -913,6 +914,10 @@ OUTCOME_UNSEEN, OUTCOME_NONE, OUTCOME_KNOWN, OUTCOME_UNKNOWN = 0, 1, 2, 3
 
 class StoreError(Exception):
     """The records could not be read or written; the message says which and why."""
+
+
+class Race(Exception):
+    """Another caller changed these records between reading and writing them; decide again."""
 
 
 def netstring(text):
@@ -954,14 +959,21 @@ class Tx:
 
     # -- state changes: each writes its rows and its events, inside the caller's transaction --
 
-    def begin_run(self, run_id, session, tool, key, side_effect, tool_hashes, lease):
+    def begin_run(self, run_id, session, tool, key, side_effect, tool_hashes, lease, seen):
         """Claim the request's row in the calls index and begin its run, in one transaction.
 
         The row and the run appear together or not at all, so a crash can never leave a row
-        that names a run nobody began; the unique open-row index lets only one of two racing
-        processes open a row for the same request.
+        that names a run nobody began. The open row must still be the one the caller decided
+        on (`seen`, a run id or None) and its run must have finished; otherwise another caller
+        got there first and this one decides again. The unique open-row index backs this up
+        across processes.
         """
         at = now()
+        row = self.execute("SELECT c.run_id, r.status FROM calls c JOIN runs r ON r.id = "
+                           "c.run_id WHERE c.session=? AND c.request_key=? AND c.open=1",
+                           (session, key)).fetchone()
+        if (row[0] if row else None) != seen or (row and row[1] not in TERMINAL):
+            raise Race()
         self.execute("UPDATE calls SET open=0, closed_at=? WHERE session=? AND request_key=? "
                      "AND open=1", (at, session, key))
         self.execute("INSERT INTO calls(session, request_key, tool, side_effect, run_id, "
@@ -1001,9 +1013,25 @@ class Tx:
         self.event(run_id, "step.failed", {"detail": detail, "observation": observation},
                    step_id)
 
-    def finish_run(self, run_id, status, reason, detail, result=None, extra=None):
-        """End a run. A run that did not complete gets a closing step first, so every run's
-        steps say how it ended."""
+    def finish_run(self, run_id, status, reason, detail, result=None, extra=None,
+                   outcome=None):
+        """End a run and settle its row in the calls index with what its attempt came to.
+
+        A run that did not complete gets a closing step first, so every run's steps say how
+        it ended. Without an outcome given, nothing executed in this step, so the run's
+        outcome is unknown if an earlier attempt in it was, and none otherwise: a rejected or
+        expired re-run leaves the question open.
+        """
+        if outcome is None:
+            # An interruption approval exists only where an attempt's outcome was unknown.
+            unknown = self.execute(
+                "SELECT 1 FROM approvals WHERE run_id=? AND kind='interrupted_side_effect' "
+                "UNION ALL SELECT 1 FROM steps WHERE run_id=? AND (json_extract("
+                "observation_json, '$.content.ending') IN ('timed_out', 'no_answer') OR "
+                "(json_extract(observation_json, '$.kind')='interrupted' AND json_extract("
+                "observation_json, '$.content.previous_status')='executing')) LIMIT 1",
+                (run_id, run_id)).fetchone()
+            outcome = OUTCOME_UNKNOWN if unknown else OUTCOME_NONE
         if status != "COMPLETED":
             step_id = self.start_step(run_id, {"kind": "fail", "message": detail,
                                                "origin": "operator"})
@@ -1016,6 +1044,8 @@ class Tx:
                       run_id))
         self.event(run_id, "run.finished", {"status": status, "reason": reason,
                                             "detail": detail, "steps": steps, **(extra or {})})
+        self.execute("UPDATE calls SET settled_at=?, outcome=? WHERE run_id=?",
+                     (now(), outcome, run_id))
 
     def pause(self, run_id, step_id, approval):
         """Wait for an operator: the step awaits, the run waits with no lease, the approval
@@ -1038,8 +1068,12 @@ class Tx:
 
     def resume(self, run_id, approval_id, lease):
         """A granted run runs again, under this process's lease."""
-        self.execute("UPDATE runs SET status='RUNNING', lease_owner=?, lease_expires_at=? "
-                     "WHERE id=?", (lease[0], lease[1], run_id))
+        changed = self.execute("UPDATE runs SET status='RUNNING', lease_owner=?, "
+                               "lease_expires_at=? WHERE id=? AND status='WAITING_FOR_APPROVAL'"
+                               " AND EXISTS (SELECT 1 FROM approvals WHERE id=? AND "
+                               "status='approved')", (lease[0], lease[1], run_id, approval_id))
+        if changed.rowcount != 1:
+            raise Race()
         self.event(run_id, "run.resumed", {"approval_id": approval_id})
 
     def start_execution(self, run_id, step_id, tool, args, approval_id=""):
@@ -1064,10 +1098,37 @@ class Tx:
         self.event(run_id, "step.tool_finished", payload, step_id)
         if ok:
             self.finish_run(run_id, "COMPLETED", "goal_completed", f"terminal tool {tool}",
-                            result=observation["content"])
+                            result=observation["content"], outcome=OUTCOME_KNOWN)
         else:
             self.event(run_id, "step.failed", {"detail": observation["summary"],
                                                "observation": observation}, step_id)
+
+    def take_over(self, run_id, lease):
+        """Take the lease of a run whose owner stopped renewing it, marking every step it cut
+        off as interrupted. Returns (step_id, started_at) of a step cut off while executing,
+        or None."""
+        row = self.execute("SELECT lease_owner, lease_expires_at FROM runs WHERE id=? AND "
+                           "status='RUNNING'", (run_id,)).fetchone()
+        if row is None or (row[0] and row[1] > now() and row[0] != lease[0]):
+            raise Race()
+        self.execute("UPDATE runs SET lease_owner=?, lease_expires_at=? WHERE id=?",
+                     (lease[0], lease[1], run_id))
+        if row[0]:
+            self.event(run_id, "lease.taken_over", {"previous_owner": row[0],
+                                                    "previous_expires_at": row[1],
+                                                    "owner": lease[0]})
+        cut = None
+        for step_id, status, started in self.execute(
+                "SELECT id, status, started_at FROM steps WHERE run_id=? AND status IN "
+                "('deciding', 'executing') ORDER BY idx", (run_id,)).fetchall():
+            observation = {"kind": "interrupted", "content": {"previous_status": status},
+                           "summary": f"step interrupted while {status}"}
+            self.execute("UPDATE steps SET status='interrupted', observation_json=?, "
+                         "finished_at=? WHERE id=?", (dumps(observation), now(), step_id))
+            self.event(run_id, "step.interrupted", {"previous_status": status}, step_id)
+            if status == "executing":
+                cut = (step_id, started)
+        return cut
 
     def decide_approval(self, approval_id, shown_hash, status, by, note):
         """An operator's decision, bound to the hash of exactly what they were shown."""
@@ -1086,9 +1147,13 @@ class Tx:
         return True
 
     def expire_approval(self, approval_id, run_id, step_id):
-        self.execute("UPDATE approvals SET status='expired', decided_at=CASE WHEN "
-                     "decided_at='' THEN ? ELSE decided_at END, note=CASE WHEN note='' THEN "
-                     "'expired' ELSE note END WHERE id=?", (now(), approval_id))
+        """A question nobody answered in time, or a grant nobody collected in time."""
+        changed = self.execute("UPDATE approvals SET status='expired', decided_at=CASE WHEN "
+                               "decided_at='' THEN ? ELSE decided_at END, note=CASE WHEN "
+                               "note='' THEN 'expired' ELSE note END WHERE id=? AND status IN "
+                               "('pending', 'approved')", (now(), approval_id))
+        if changed.rowcount != 1:
+            raise Race()
         self.event(run_id, "approval.decided", {"approval_id": approval_id,
                                                 "status": "expired"}, step_id)
         self.execute("UPDATE steps SET status='failed', finished_at=? WHERE id=? AND status="
@@ -1103,12 +1168,6 @@ class Tx:
             self.fail_step(run_id, step_id, {"kind": "interrupted", "content": {
                 "by": by, "note": note}}, f"cancelled by {by}")
         self.finish_run(run_id, "CANCELLED", "operator_cancelled", note, extra={"by": by})
-
-    def settle(self, run_id, outcome):
-        self.execute("UPDATE calls SET settled_at=CASE WHEN settled_at='' THEN ? ELSE "
-                     "settled_at END, outcome=CASE WHEN outcome=0 THEN ? ELSE outcome END "
-                     "WHERE run_id=?", (now(), outcome, run_id))
-
 
 class Store:
     """The one SQLite connection of a process, shared by its threads under one lock."""
@@ -2264,8 +2323,19 @@ PROSE = {
         "for the operator."),
     "UNKNOWN_OUTCOME": (
         "An attempt of this exact request {how}{error}, so whether it took effect is unknown: "
-        "it may have. Nothing further was executed. Do not call again to retry and do not use "
-        "another tool to do the same thing; tell the user."),
+        "it may have. {who} Nothing further was executed. Do not call again until you are told "
+        "it was approved, and do not use another tool to do the same thing; tell the user. If "
+        "it is approved, call again with exactly the same arguments."),
+    "INTERRUPTED": (
+        "An earlier attempt of this exact request was cut off while it was executing, and its "
+        "outcome is unknown: it may have taken effect. An operator decides whether it runs "
+        "again (approval {approval}). Nothing further was executed. Do not call again until "
+        "you are told it was approved, and do not use another tool to do the same thing; tell "
+        "the user. If it is approved, call again with exactly the same arguments."),
+    "BLOCKED_UNKNOWN": (
+        "An earlier call to {tool} may have taken effect and its outcome is unknown (approval "
+        "{approval}), so no other call to {tool} that changes anything runs until an operator "
+        "decides. Nothing was executed. Tell the user."),
     "UNRECORDED": (
         "The server answered this request, so it executed, but its answer could not be "
         "recorded ({reason}). What it did is unknown here and it may have taken effect. Do not "
@@ -2280,6 +2350,8 @@ DUPLICATE_OUTCOME = {
     "unrecorded": "the server answered, but its result could not be recorded: {text}",
     "error": "it failed, with this error: {text}",
 }
+WHO_DECIDES = "An operator must decide whether it runs again (approval {approval})."
+WHO_LATER = "An identical call will wait for an operator to decide whether it runs again."
 IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED", "DUPLICATE", "UNAVAILABLE"}
 
 
@@ -2324,20 +2396,43 @@ def class_outcome(config, tool):
     return outcome, f"side effect {tool.side_effect} is {outcome} by policy"
 
 
-def evaluate(config, tool, args):
+INTERRUPTED_REASON = "interrupted while executing; outcome unknown"
+
+
+def evaluate(config, tool, args, attempt=None):
     """The policy's decision for one request: outcome, reason, and for an approval what it
-    binds (the capability) and what the operator is shown (the presentation)."""
+    binds (the capability) and what the operator is shown (the presentation).
+
+    A request that re-runs an attempt whose outcome is unknown always needs an operator,
+    whatever the policy says short of deny: allow alone never runs it again.
+    """
     outcome, reason = class_outcome(config, tool)
     decision = {"outcome": outcome, "reason": reason}
-    if outcome == "require_approval":
-        capability = {"server": tool.server.name, "tool": tool.upstream_name,
-                      "name": tool.name, "side_effect": tool.side_effect, "args": args}
-        if tool.rule.fixed:
-            capability["fixed"] = tool.rule.fixed
-        question = (f"May the model call {tool.upstream_name} on server {tool.server.name} with "
-                    f"these arguments?")
-        decision.update(kind=tool.side_effect, capability=capability,
-                        presentation={**capability, "question": question, "reason": reason})
+    if outcome == "deny" or (outcome == "allow" and not attempt):
+        return decision
+    capability = {"server": tool.server.name, "tool": tool.upstream_name, "name": tool.name,
+                  "side_effect": tool.side_effect, "args": args}
+    if tool.rule.fixed:
+        capability["fixed"] = tool.rule.fixed
+    if attempt:
+        # The reason is a constant so the decision at the pause and at collection hash alike.
+        capability["interrupted"] = attempt
+        notice = (f"An earlier attempt started at {attempt['started_at']} in run "
+                  f"{attempt['run_id']} {HOW[attempt['ended']]}, so it may have taken effect. "
+                  f"Approving runs it again when the model calls again; rejecting ends this "
+                  f"request, and a later identical call asks an operator again whatever the "
+                  f"policy says.")
+        decision.update(outcome="require_approval", reason=INTERRUPTED_REASON,
+                        kind="interrupted_side_effect", capability=capability,
+                        presentation={**capability, "notice": notice,
+                                      "reason": INTERRUPTED_REASON, "question": (
+                                          f"Run {tool.upstream_name} on server "
+                                          f"{tool.server.name} again with these arguments?")})
+        return decision
+    question = (f"May the model call {tool.upstream_name} on server {tool.server.name} with "
+                f"these arguments?")
+    decision.update(kind=tool.side_effect, capability=capability,
+                    presentation={**capability, "question": question, "reason": reason})
     return decision
 
 
@@ -2451,6 +2546,7 @@ def cap_text(text, cap):
 # =============================================================================================
 
 HOLD_POLL = 0.2
+UNKNOWN_ENDINGS = ("timed_out", "no_answer", "cut_off")
 TOOL_CALL = "tool_call"
 
 
@@ -2464,6 +2560,7 @@ class Gate:
         self.tool_hashes = [tool.spec_hash for tool in sorted(tools, key=lambda t: t.name)]
         self.owner = f"{PROGRAM}:{config.session}/{secrets.token_hex(6)}"
         self.lock = threading.Lock()
+        self.active = set()  # runs this process is executing right now
         self.stopping = threading.Event()
         self.operator_hint = operator_hint(config)
         threading.Thread(target=self._heartbeat, daemon=True).start()
@@ -2493,8 +2590,8 @@ class Gate:
             return self._call(tool, args, args_error, progress, cancelled, executed)
         except StoreError as err:
             log(str(err))
-            what = ("the request was sent to the server, but its outcome could not be recorded"
-                    if executed else "nothing was executed")
+            what = ("the request was sent to the server, but what came of it could not be "
+                    "recorded" if executed else "nothing was executed")
             return answer("UNAVAILABLE", what=what)
 
     def _call(self, tool, args, args_error, progress, cancelled, executed):
@@ -2502,13 +2599,19 @@ class Gate:
             args = {}
         if args_error:
             with self.lock:
-                return self._begin(tool, None, f"invalid:{secrets.token_hex(8)}",
+                return self._begin(tool, None, f"invalid:{secrets.token_hex(8)}", None,
                                    invalid=f"the arguments are not usable JSON: {args_error}")
         key = request_key(tool.name, args)
-        held = False
+        held, races = False, 0
         while True:
-            with self.lock:
-                verdict = self._decide(tool, args, key)
+            try:
+                with self.lock:
+                    verdict = self._decide(tool, args, key)
+            except Race:
+                races += 1
+                if races > 5:
+                    return answer("IN_PROGRESS")
+                continue
             if isinstance(verdict, Answer):
                 return verdict
             if verdict[0] == "execute":
@@ -2516,12 +2619,9 @@ class Gate:
                 return self._execute(tool, *verdict[1:])
             approval = verdict[1]
             if held or not self.config.hold or cancelled.is_set() or self.stopping.is_set():
-                return self._pending_answer(approval)
+                return waiting_answer(approval, verdict[2] if len(verdict) > 2 else "")
             held = True
             self._hold(approval, progress, cancelled)
-
-    def _pending_answer(self, approval):
-        return answer("PENDING_APPROVAL", approval=approval["id"])
 
     def _hold(self, approval, progress, cancelled):
         """Wait up to `hold` for the operator, telling a host that asked how long it has been."""
@@ -2545,57 +2645,48 @@ class Gate:
     # -- the rules, under the lock -------------------------------------------------------------
 
     def _decide(self, tool, args, key):
+        """The rules in order; returns an Answer, ("wait", approval[, error]) or
+        ("execute", run_id, step_id, args)."""
         window = self.window(tool)
         since = format_time(time.time() - window / SECOND)
         rows = self.store.read(
             "SELECT r.id, r.status, r.reason, r.detail, r.finished_at, r.lease_owner, "
-            "r.lease_expires_at FROM calls c JOIN runs r ON r.id = c.run_id WHERE "
-            "c.session=? AND c.request_key=? AND (r.finished_at='' OR r.finished_at>=?) "
-            "ORDER BY c.id DESC", (self.config.session, key, since))
-        for run_id, status, reason, detail, finished, owner, expires in rows:
-            if status == "WAITING_FOR_APPROVAL":
+            "r.lease_expires_at, c.open FROM calls c JOIN runs r ON r.id = c.run_id WHERE "
+            "c.session=? AND c.request_key=? AND (c.open=1 OR r.finished_at='' OR "
+            "r.finished_at>=?) ORDER BY c.id DESC", (self.config.session, key, since))
+        seen = next((row[0] for row in rows if row[7]), None)
+        for run_id, status, reason, detail, finished, owner, expires, _ in rows:
+            if status == "WAITING_FOR_APPROVAL":                            # rule 1
                 verdict = self._waiting(tool, run_id)
-                if verdict is not None:
-                    return verdict
             elif status == "RUNNING":
-                return answer("IN_PROGRESS")
-            elif window:
-                verdict = self._closed(tool, run_id, reason, detail, finished, window)
-                if verdict is not None:
-                    return verdict
-        needs_approval = class_outcome(self.config, tool)[0] == "require_approval"
-        if needs_approval:
-            waiting = self.store.read_one(
-                "SELECT count(*) FROM approvals a JOIN runs r ON r.id = a.run_id WHERE "
-                "r.session=? AND a.status='pending' AND (a.expires_at='' OR a.expires_at>?)",
-                (self.config.session, now()))[0]
-            if waiting >= self.config.max_pending:
-                return answer("BLOCKED", "BLOCKED_PENDING", count=waiting)
-        return self._begin(tool, args, key)
-
-    def _latest_approval(self, run_id):
-        row = self.store.read_one(
-            "SELECT id, run_id, step_id, kind, capability_json, presentation_json, "
-            "request_json, hash, status, created_at, expires_at, decided_at, decided_by, note "
-            "FROM approvals WHERE run_id=? ORDER BY rowid DESC LIMIT 1", (run_id,))
-        if row is None:
-            return None
-        names = ("id", "run_id", "step_id", "kind", "capability_json", "presentation_json",
-                 "request_json", "hash", "status", "created_at", "expires_at", "decided_at",
-                 "decided_by", "note")
-        return dict(zip(names, row))
+                if owner and expires > now() and (owner != self.owner or run_id in self.active):
+                    return answer("IN_PROGRESS")                            # rule 2
+                verdict = self._take_over(tool, run_id)                     # rule 3
+            elif window and finished >= since:
+                verdict = self._closed(tool, run_id, reason, detail, finished, window)  # 4, 5
+            else:
+                continue
+            if verdict is not None:
+                return verdict
+        attempt = None if tool.read_only else self._unknown_attempt(key)   # rule 6
+        decider = class_outcome(self.config, tool)[0]
+        needs_approval = decider == "require_approval" or (attempt and decider != "deny")
+        if not tool.read_only or needs_approval:                            # rule 7
+            verdict = self._session_rules(tool, key, needs_approval, decider)
+            if verdict is not None:
+                return verdict
+        return self._begin(tool, args, key, seen, attempt=attempt)          # rule 8
 
     def _waiting(self, tool, run_id):
         """Rule 1: a run of this request waits on an approval. None lets the rules go on."""
-        approval = self._latest_approval(run_id)
+        approval = latest_approval(self.store, run_id)
         if approval is None:
             return answer("IN_PROGRESS")
-        current = now()
         if approval["status"] == "pending":
-            if not approval["expires_at"] or approval["expires_at"] > current:
+            if not approval["expires_at"] or approval["expires_at"] > now():
                 return ("wait", approval)
-            self.store.write(lambda tx: tx.expire_approval(approval["id"], run_id,
-                                                           approval["step_id"]))
+            self._write(lambda tx: tx.expire_approval(approval["id"], run_id,
+                                                      approval["step_id"]))
             return None
         if approval["status"] != "approved":
             return answer("IN_PROGRESS")
@@ -2611,21 +2702,22 @@ class Gate:
             return answer("DENIED", reason="its approval record was altered after it was made")
         grant_ttl = self.config.grant_ttl
         if grant_ttl and later(approval["decided_at"], grant_ttl) < now():
-            self.store.write(lambda tx: tx.expire_approval(approval["id"], run_id, step_id))
+            self._write(lambda tx: tx.expire_approval(approval["id"], run_id, step_id))
             return None
         args = parse(approval["request_json"])["args"]
         problem = check_arguments(tool, args)
         if problem:
-            self.store.write(lambda tx: self._refuse(tx, run_id, step_id, "invalid_decision",
-                                                     f"invalid decision on resume: {problem}"))
+            self._write(lambda tx: self._refuse(tx, run_id, step_id, "invalid_decision",
+                                                f"invalid decision on resume: {problem}"))
             return answer("INVALID", reason=clean(problem, 1000))
-        decision = evaluate(self.config, tool, args)
+        attempt = parse(approval["capability_json"]).get("interrupted")
+        decision = evaluate(self.config, tool, args, attempt)
         if decision["outcome"] == "deny":
             def deny(tx):
                 tx.record_policy(run_id, step_id, _policy_record(decision), self.policy_id)
                 self._refuse(tx, run_id, step_id, "policy_denied",
                              f"denied on resume: {decision['reason']}")
-            self.store.write(deny)
+            self._write(deny)
             return answer("DENIED", reason=clean(decision["reason"], 500))
         if decision["outcome"] == "require_approval":
             fresh = new_approval(self.config, run_id, step_id, tool, args, decision)
@@ -2633,7 +2725,7 @@ class Gate:
                 def repause(tx):
                     tx.record_policy(run_id, step_id, _policy_record(decision), self.policy_id)
                     tx.pause(run_id, step_id, fresh)
-                self.store.write(repause)
+                self._write(repause)
                 self._log_waiting(fresh, tool, run_id)
                 return ("wait", fresh)
 
@@ -2641,78 +2733,166 @@ class Gate:
             tx.resume(run_id, approval["id"], self.lease())
             tx.record_policy(run_id, step_id, _policy_record(decision), self.policy_id)
             tx.start_execution(run_id, step_id, tool.name, args, approval["id"])
-        self.store.write(resume)
+        self._write(resume)
         return ("execute", run_id, step_id, args)
+
+    def _take_over(self, tool, run_id):
+        """Rule 3: a run left RUNNING by a process that stopped renewing its lease.
+
+        A mutating call cut off while executing may have taken effect: it pauses on an
+        interruption approval and the caller is told so. Anything else is ended, and the rules
+        go on as if it had finished.
+        """
+        cut = self._write(lambda tx: tx.take_over(run_id, self.lease()))
+        if cut and not tool.read_only:
+            step_id, started = cut
+            attempt = {"run_id": run_id, "step_id": step_id, "started_at": started,
+                       "ended": "cut_off"}
+            args = parse(self.store.read_one("SELECT decision_json FROM steps WHERE id=?",
+                                             (step_id,))[0])["args"]
+            decision = evaluate(self.config, tool, args, attempt)
+            if decision["outcome"] == "require_approval":
+                approval = new_approval(self.config, run_id, step_id, tool, args, decision)
+
+                def pause(tx):
+                    tx.record_policy(run_id, step_id, _policy_record(decision), "")
+                    tx.pause(run_id, step_id, approval)
+                self._write(pause)
+                log(f"a call to {tool.name} was cut off while executing; its outcome is unknown")
+                self._log_waiting(approval, tool, run_id)
+                return ("wait", approval)
+        self._write(lambda tx: tx.finish_run(
+            run_id, "FAILED", "goal_failed", "one call per run: taken over after an "
+            "interruption, with nothing left in it to execute"))
+        return None
 
     def _refuse(self, tx, run_id, step_id, kind, detail):
         """End a run whose request will not execute (denied or invalid)."""
         tx.fail_step(run_id, step_id, {"kind": kind, "content": {"error": detail}}, detail)
         how = "denied" if kind == "policy_denied" else "invalid"
         tx.finish_run(run_id, "FAILED", "goal_failed", f"one call per run: the request was {how}")
-        tx.settle(run_id, OUTCOME_NONE)
 
     def _closed(self, tool, run_id, reason, detail, finished, window):
-        """Rules 4 and 5: a finished run of this request within the window. None: look older."""
+        """Rules 4 and 5: a finished run of this request within the window. None: look older
+        (or, for an unknown outcome, let rule 6 decide)."""
         until = prose_time(later(finished, window))
         if reason == "approval_rejected":
-            approval = self._latest_approval(run_id)
-            return answer("REJECTED", approval=approval["id"] if approval else "unknown",
-                          note=note_text(approval["note"] if approval else ""), until=until)
+            approval = latest_approval(self.store, run_id)
+            return answer("REJECTED", approval=approval["id"],
+                          note=note_text(approval["note"]), until=until)
+        attempt = None if tool.read_only else last_attempt(self.store, run_id)
         if reason == "approval_expired":
-            approval = self._latest_approval(run_id)
-            return answer("EXPIRED", approval=approval["id"] if approval else "unknown",
+            if attempt and attempt[0] in UNKNOWN_ENDINGS:
+                return None
+            return answer("EXPIRED", approval=latest_approval(self.store, run_id)["id"],
                           until=until)
         if reason == "operator_cancelled":
             return answer("REJECTED", "CANCELLED", note=note_text(detail), until=until)
-        if tool.read_only:
+        if attempt is None or attempt[0] in UNKNOWN_ENDINGS:
             return None
-        attempt = self.last_attempt(run_id)
-        if attempt is None:
-            return None
-        ending, text, at = attempt
-        if ending in ("timed_out", "no_answer", "cut_off"):
-            return answer("UNKNOWN_OUTCOME", how=HOW[ending], error="")
+        ending, text, at = attempt[0], attempt[1], attempt[2]
         outcome = DUPLICATE_OUTCOME[ending].format(
             text=clean(text, 500) if ending == "unrecorded" else cut(text, CONTENT_CAP))
         return answer("DUPLICATE", at=prose_time(at), window=format_duration(window),
                       outcome=outcome)
 
-    def last_attempt(self, run_id):
-        """What the newest executed tool call of a run came to: (ending, text, finished_at),
-        with ending 'ok', 'error', 'unrecorded', 'timed_out', 'no_answer' or 'cut_off'; None
-        when no tool call of the run ever started."""
-        for status, observation, finished in self.store.read(
-                "SELECT status, observation_json, finished_at FROM steps WHERE run_id=? AND "
-                "json_extract(decision_json, '$.kind')='tool_call' ORDER BY idx DESC",
-                (run_id,)):
-            if status == "executing":
-                return "cut_off", "", finished
-            if not observation:
+    def _unknown_attempt(self, key):
+        """Rule 6: the attempt to run again if this request's newest finished run left its
+        outcome unknown. A rejection of a re-run does not resolve it: only an operator who
+        approves a re-run that then comes to a known outcome does."""
+        for run_id, status in self.store.read(
+                "SELECT r.id, r.status FROM calls c JOIN runs r ON r.id = c.run_id WHERE "
+                "c.session=? AND c.request_key=? AND c.outcome!=? ORDER BY c.id DESC",
+                (self.config.session, key, OUTCOME_NONE)):
+            if status not in TERMINAL:
                 continue
-            observed = parse(observation)
-            if observed["kind"] == "tool_result":
-                content = observed["content"]
-                return "ok", content if isinstance(content, str) else policy_json(content), \
-                    finished
-            if observed["kind"] == "tool_error":
-                return observed["content"]["ending"], observed["content"]["error"], finished
+            attempt = last_attempt(self.store, run_id)
+            if attempt is None:
+                continue
+            return attempt[3] if attempt[0] in UNKNOWN_ENDINGS else None
         return None
+
+    def _session_rules(self, tool, key, needs_approval, decider):
+        """Rule 7: what other requests of the session say about this one."""
+        waiting = 0
+        for run_id, status, owner, expires, run_tool in self.store.read(
+                "SELECT r.id, r.status, r.lease_owner, r.lease_expires_at, r.tool FROM "
+                "calls c JOIN runs r ON r.id = c.run_id WHERE c.session=? AND c.settled_at='' "
+                "AND c.request_key!=? ORDER BY c.id", (self.config.session, key)):
+            if status == "RUNNING" and run_tool == tool.name and not (
+                    owner and expires > now()) and run_id not in self.active:
+                verdict = self._take_over(tool, run_id)
+                if verdict is not None:
+                    return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
+                                  approval=verdict[1]["id"])
+                continue
+            if status != "WAITING_FOR_APPROVAL":
+                continue
+            approval = latest_approval(self.store, run_id)
+            if approval is None:
+                continue
+            live = live_approval(self.config, approval)
+            if approval["kind"] == "interrupted_side_effect" and not tool.read_only and \
+                    run_tool == tool.name:
+                if live:
+                    return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
+                                  approval=approval["id"])
+                self._write(lambda tx: tx.expire_approval(approval["id"], run_id,
+                                                          approval["step_id"]))
+            elif live and approval["status"] == "pending":
+                waiting += 1
+        if not tool.read_only and decider != "deny":
+            verdict = self._unknown_block(tool, key)
+            if verdict is not None:
+                return verdict
+        if needs_approval and waiting >= self.config.max_pending:
+            return answer("BLOCKED", "BLOCKED_PENDING", count=waiting)
+        return None
+
+    def _unknown_block(self, tool, key):
+        """Another request of this tool left an outcome unknown with nothing waiting for an
+        operator (its question expired, or a crash came first): ask it again in a fresh run and
+        block this call on it, so the tool is never blocked with nothing to act on."""
+        for other_key, run_id, reason in self.store.read(
+                "SELECT c.request_key, c.run_id, r.reason FROM calls c JOIN runs r ON "
+                "r.id = c.run_id WHERE c.session=? AND c.tool=? AND c.request_key!=? AND "
+                "c.outcome=? AND c.id = (SELECT max(id) FROM calls d WHERE d.session=c.session "
+                "AND d.request_key=c.request_key AND d.outcome!=?) ORDER BY c.id",
+                (self.config.session, tool.name, key, OUTCOME_UNKNOWN, OUTCOME_NONE)):
+            if reason in ("approval_rejected", "operator_cancelled"):
+                continue
+            attempt = last_attempt(self.store, run_id)
+            if attempt is None or attempt[0] not in UNKNOWN_ENDINGS:
+                continue
+            args = parse(self.store.read_one(
+                "SELECT decision_json FROM steps WHERE id=?", (attempt[3]["step_id"],))[0])["args"]
+            verdict = self._begin(tool, args, other_key, self._open_run(other_key),
+                                  attempt=attempt[3], origin="operator")
+            if verdict[0] == "wait":
+                return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
+                              approval=verdict[1]["id"])
+        return None
+
+    def _open_run(self, key):
+        row = self.store.read_one("SELECT run_id FROM calls WHERE session=? AND request_key=? "
+                                  "AND open=1", (self.config.session, key))
+        return row[0] if row else None
 
     # -- beginning and executing a run ---------------------------------------------------------
 
-    def _begin(self, tool, args, key, invalid=""):
+    def _begin(self, tool, args, key, seen, invalid="", attempt=None, origin="model"):
         """Rule 8: begin a run for this request, record the decision, and act on the policy."""
         run_id = f"{self.config.session}.{secrets.token_hex(8)}"
         problem = invalid or check_arguments(tool, args)
-        decision = None if problem else evaluate(self.config, tool, args)
+        decision = None if problem else evaluate(self.config, tool, args, attempt)
         outcome = decision["outcome"] if decision else "invalid"
         fresh = {}
 
         def begin(tx):
             tx.begin_run(run_id, self.config.session, tool.name, key, tool.side_effect,
-                         self.tool_hashes, self.lease())
+                         self.tool_hashes, self.lease(), seen)
             recorded = {"args": args} if args is not None else {"invalid_args": invalid}
-            step_id = tx.start_step(run_id, {**recorded, "kind": TOOL_CALL, "origin": "model",
+            step_id = tx.start_step(run_id, {**recorded, "kind": TOOL_CALL, "origin": origin,
                                              "tool": tool.name}, tool.spec)
             if outcome == "invalid":
                 self._refuse(tx, run_id, step_id, "invalid_decision",
@@ -2727,9 +2907,10 @@ class Gate:
                 tx.pause(run_id, step_id, fresh)
             else:
                 tx.start_execution(run_id, step_id, tool.name, args)
+                self.active.add(run_id)
             return step_id
 
-        step_id = self.store.write(begin)
+        step_id = self._write(begin)
         if outcome == "invalid":
             return answer("INVALID", reason=clean(problem, 1000))
         if outcome == "deny":
@@ -2738,6 +2919,15 @@ class Gate:
             self._log_waiting(fresh, tool, run_id)
             return ("wait", fresh)
         return ("execute", run_id, step_id, args)
+
+    def _write(self, fn):
+        """A write whose lost race is decided again rather than reported."""
+        try:
+            return self.store.write(fn)
+        except StoreError as err:
+            if "UNIQUE constraint" in str(err):
+                raise Race() from None
+            raise
 
     def _log_waiting(self, approval, tool, run_id):
         log(f"approval {approval['id']} ({approval['kind']}) for {tool.name} waits for an "
@@ -2748,22 +2938,26 @@ class Gate:
     def _execute(self, tool, run_id, step_id, args):
         """Send the recorded request upstream and record what came of it, whatever the host
         does meanwhile: a host that cancels or times out does not stop the upstream call."""
-        started = time.monotonic()
-        sent = {**args, **tool.rule.fixed}
-        deadline = Deadline(tool.timeout)
+        self.active.add(run_id)
         try:
-            result = tool.upstream.request("tools/call", {"name": tool.upstream_name,
-                                                          "arguments": sent}, deadline,
-                                           f"tool {quote(tool.upstream_name)}")
+            return self._execute_once(tool, run_id, step_id, args)
+        finally:
+            self.active.discard(run_id)
+
+    def _execute_once(self, tool, run_id, step_id, args):
+        started = time.monotonic()
+        try:
+            result = tool.upstream.request(
+                "tools/call", {"name": tool.upstream_name, "arguments": {**args,
+                                                                         **tool.rule.fixed}},
+                Deadline(tool.timeout), f"tool {quote(tool.upstream_name)}")
             content, summary, error = map_result(tool, result)
-            ending = "error"
+            ending = "error" if summary or content is not None else "unrecorded"
         except UpstreamError as err:
             content, summary, error = None, "", str(err)
             ending = "unrecorded" if err.unusable else "timed_out" if err.timed_out \
                 else "no_answer"
-        if error and ending == "error" and content is None and not summary:
-            ending = "unrecorded"  # an answer that was not a usable result
-        if tool.read_only and ending in ("timed_out", "no_answer", "unrecorded"):
+        if tool.read_only and error:
             ending = "error"  # a read that failed is an ordinary failure: nothing to vouch for
         if error:
             observation = {"kind": "tool_error", "summary": cut(f"{tool.name} {ending}: "
@@ -2773,6 +2967,7 @@ class Gate:
             observation = {"kind": "tool_result", "content": content, "summary": summary,
                            "content_hash": content_hash(content)}
         elapsed = int((time.monotonic() - started) * 1000)
+        rerun = {}
 
         def record(tx):
             row = tx.execute("SELECT status, lease_owner FROM runs WHERE id=?",
@@ -2784,23 +2979,113 @@ class Gate:
                                                         "observation": observation}, step_id)
                 return
             tx.finish_execution(run_id, step_id, tool.name, observation, elapsed)
-            if error:
-                tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending])
-            tx.settle(run_id, OUTCOME_UNKNOWN if ending in ("timed_out", "no_answer")
-                      else OUTCOME_KNOWN)
+            if ending in UNKNOWN_ENDINGS and not tool.read_only:
+                rerun.update(self._pause_rerun(tx, tool, run_id, step_id, args, ending))
+            elif error:
+                tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending],
+                              outcome=OUTCOME_KNOWN)
 
         self.store.write(record)
         if not error:
             return result_answer(content)
-        if ending in ("timed_out", "no_answer"):
-            return answer("UNKNOWN_OUTCOME", how=HOW[ending],
-                          error=f" ({clean(error, 500)})")
-        if ending == "unrecorded":
+        if rerun:
+            log(f"a call to {tool.name} {HOW[ending]}; its outcome is unknown")
+            self._log_waiting(rerun, tool, run_id)
+            return answer("UNKNOWN_OUTCOME", how=HOW[ending], error=f" ({clean(error, 500)})",
+                          who=WHO_DECIDES.format(approval=rerun["id"]))
+        if ending == "unrecorded" and not tool.read_only:
             window = self.window(tool)
             return answer("UNRECORDED", reason=clean(error, 500), window=(
                 f"; an identical call within {format_duration(window)} is refused as a "
                 f"duplicate" if window else ""))
         return Answer(clean(error, CONTENT_CAP), True)
+
+    def _pause_rerun(self, tx, tool, run_id, step_id, args, ending):
+        """An unknown outcome: propose the same request again, which the policy always sends
+        to an operator, in the same transaction that records the attempt."""
+        started = tx.execute("SELECT started_at FROM steps WHERE id=?", (step_id,)).fetchone()[0]
+        attempt = {"run_id": run_id, "step_id": step_id, "started_at": started,
+                   "ended": ending}
+        decision = evaluate(self.config, tool, args, attempt)
+        rerun_step = tx.start_step(run_id, {"args": args, "kind": TOOL_CALL,
+                                            "origin": "operator", "tool": tool.name}, tool.spec)
+        tx.record_policy(run_id, rerun_step, _policy_record(decision), self.policy_id)
+        if decision["outcome"] != "require_approval":
+            self._refuse(tx, run_id, rerun_step, "policy_denied",
+                         f"denied: {decision['reason']}")
+            return {}
+        approval = new_approval(self.config, run_id, rerun_step, tool, args, decision)
+        tx.pause(run_id, rerun_step, approval)
+        return approval
+
+
+def waiting_answer(approval, error=""):
+    """What a call is told while its request waits on an approval."""
+    if approval["kind"] != "interrupted_side_effect":
+        return answer("PENDING_APPROVAL", approval=approval["id"])
+    capability = approval["capability"] if "capability" in approval else \
+        parse(approval["capability_json"])
+    ended = capability.get("interrupted", {}).get("ended", "cut_off")
+    if ended == "cut_off":
+        return answer("INTERRUPTED", approval=approval["id"])
+    return answer("UNKNOWN_OUTCOME", how=HOW[ended], error=error,
+                  who=WHO_DECIDES.format(approval=approval["id"]))
+
+
+APPROVAL_COLUMNS = ("id", "run_id", "step_id", "kind", "capability_json", "presentation_json",
+                    "request_json", "hash", "status", "created_at", "expires_at", "decided_at",
+                    "decided_by", "note")
+
+
+def latest_approval(store, run_id):
+    """The newest approval of a run; only the latest of a step can be a grant."""
+    row = store.read_one(f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE run_id=? "
+                         f"ORDER BY rowid DESC LIMIT 1", (run_id,))
+    return dict(zip(APPROVAL_COLUMNS, row)) if row else None
+
+
+def live_approval(config, approval):
+    """Pending and unexpired, or granted and still collectable."""
+    if approval["status"] == "pending":
+        return not approval["expires_at"] or approval["expires_at"] > now()
+    if approval["status"] == "approved":
+        return not config.grant_ttl or later(approval["decided_at"], config.grant_ttl) > now()
+    return False
+
+
+def last_attempt(store, run_id):
+    """What the newest attempt of a run's tool call came to:
+    (ending, text, finished_at, attempt) with ending 'ok', 'error', 'unrecorded',
+    'timed_out', 'no_answer' or 'cut_off'; None when no tool call of the run ever started.
+
+    A step whose re-run was asked of an operator and not carried out (rejected, expired,
+    cancelled) still stands for the attempt its interruption approval names: nothing an
+    operator decides, short of approving a re-run that then comes to a known end, makes an
+    unknown outcome known.
+    """
+    for step_id, status, observation, started, finished in store.read(
+            "SELECT id, status, observation_json, started_at, finished_at FROM steps WHERE "
+            "run_id=? AND json_extract(decision_json, '$.kind')='tool_call' ORDER BY idx DESC",
+            (run_id,)):
+        attempt = {"run_id": run_id, "step_id": step_id, "started_at": started}
+        observed = parse(observation) if observation else {"kind": ""}
+        if status == "executing" or (observed["kind"] == "interrupted" and observed[
+                "content"].get("previous_status") == "executing"):
+            return "cut_off", "", finished, {**attempt, "ended": "cut_off"}
+        if observed["kind"] == "tool_result":
+            content = observed["content"]
+            text = content if isinstance(content, str) else policy_json(content)
+            return "ok", text, finished, {**attempt, "ended": "ok"}
+        if observed["kind"] == "tool_error":
+            ending = observed["content"]["ending"]
+            return ending, observed["content"]["error"], finished, {**attempt, "ended": ending}
+        asked = store.read_one("SELECT capability_json FROM approvals WHERE step_id=? AND "
+                               "kind='interrupted_side_effect' ORDER BY rowid DESC LIMIT 1",
+                               (step_id,))
+        if asked:
+            prior = parse(asked[0])["interrupted"]
+            return prior["ended"], "", finished, prior
+    return None
 
 
 CLOSING = {
@@ -3085,9 +3370,409 @@ def _loose(line):
         return None
 
 
+STATUS_LOOKBACK = 3600
+STATUS_ROWS = 200
+
+
 def status_answer(gate, args):
-    """The status tool (the next issue fills it in)."""
-    return Answer("GATE_STATUS: the status tool is not available yet.")
+    """The status tool: what waits for an operator, or what became of one approval. It reads
+    only, is not recorded as a run, and never executes or decides anything."""
+    if args is None:
+        args = {}
+    if not isinstance(args, dict) or set(args) - {"approval_id"} or \
+            not isinstance(args.get("approval_id", ""), str):
+        return answer("INVALID", reason="the only argument is approval_id, a string")
+    try:
+        approvals = status_approvals(gate.store, gate.config.session)
+    except StoreError as err:
+        log(str(err))
+        return answer("UNAVAILABLE", what="the gate could not read its records; nothing was "
+                                          "executed")
+    wanted = args.get("approval_id", "").strip()
+    if wanted:
+        for approval in approvals:
+            if approval["id"] == wanted:
+                return Answer(f"GATE_STATUS: {describe_approval(gate, approval)}")
+        return Answer(f"GATE_STATUS: no approval {clean(wanted, 100)} is known in this session "
+                      f"from the last hour.")
+    waiting = [a for a in approvals if a["status"] == "pending" and
+               (not a["expires_at"] or a["expires_at"] > now())]
+    if not waiting:
+        return Answer("GATE_STATUS: no request in this session is waiting for an operator's "
+                      "approval.")
+    head = ("1 request in this session is waiting" if len(waiting) == 1 else
+            f"{len(waiting)} requests in this session are waiting")
+    lines = [f"- {describe_approval(gate, a)}" for a in waiting]
+    return Answer(f"GATE_STATUS: {head} for an operator's approval:\n" + "\n".join(lines))
+
+
+def status_approvals(store, session):
+    since = format_time(time.time() - STATUS_LOOKBACK)
+    rows = store.read(
+        f"SELECT {', '.join('a.' + c for c in APPROVAL_COLUMNS)}, r.tool, r.status, r.reason, "
+        f"c.request_key FROM calls c JOIN runs r ON r.id = c.run_id JOIN approvals a ON "
+        f"a.run_id = r.id WHERE c.id IN (SELECT id FROM calls WHERE session=? AND "
+        f"(settled_at='' OR settled_at>=?) ORDER BY id DESC LIMIT {STATUS_ROWS}) "
+        f"ORDER BY c.id DESC, a.rowid", (session, since))
+    names = APPROVAL_COLUMNS + ("tool", "run_status", "run_reason", "request_key")
+    return [dict(zip(names, row)) for row in rows]
+
+
+def describe_approval(gate, approval):
+    """One approval as the model may read it: what it asked, and what became of it."""
+    capability = parse(approval["capability_json"])
+    head = (f"approval {approval['id']} for {clean(approval['tool'], 64)} "
+            f"{clean(policy_json(capability.get('args', {})), 200)}")
+    age = format_duration(int(time.time() - parse_time(approval["created_at"])) * SECOND)
+    status = approval["status"]
+    if status == "pending":
+        if approval["expires_at"] and approval["expires_at"] <= now():
+            return f"{head}: EXPIRED without a decision. It was not executed."
+        if approval["kind"] == "interrupted_side_effect":
+            return (f"{head}: OUTCOME UNKNOWN, waiting {age} for an operator to decide whether "
+                    f"it runs again: an earlier attempt may have taken effect. Nothing further "
+                    f"has been executed.")
+        return (f"{head}: PENDING for {age}. Nothing has been executed; an operator decides "
+                f"outside this conversation. Do not call again until it is approved.")
+    if status == "rejected":
+        note = f" The operator's note: {quote(cut(approval['note'], 500))}." \
+            if approval["note"] else ""
+        return f"{head}: REJECTED by the operator.{note} It was not executed; do not ask again."
+    if status == "expired":
+        return f"{head}: EXPIRED. It was not executed."
+    return f"{head}: {approved_fate(gate, approval)}"
+
+
+def approved_fate(gate, approval):
+    store, step_id = gate.store, approval["step_id"]
+    executed = store.read_one("SELECT 1 FROM events WHERE run_id=? AND step_id=? AND "
+                              "type='step.tool_started' AND json_extract(payload_json, "
+                              "'$.approval_id')=?", (approval["run_id"], step_id, approval["id"]))
+    if executed:
+        row = store.read_one("SELECT observation_json FROM steps WHERE id=?", (step_id,))
+        if not row or not row[0] or parse(row[0])["kind"] == "interrupted":
+            return "APPROVED and executing now."
+        observed = parse(row[0])
+        if observed["kind"] == "tool_result":
+            return "APPROVED and executed, and it succeeded."
+        ending, error = observed["content"]["ending"], clean(observed["content"]["error"], 500)
+        if ending == "unrecorded":
+            return (f"APPROVED and executed, and the server answered, but its result could not "
+                    f"be recorded ({error}); it may have taken effect.")
+        if ending == "error":
+            return f"APPROVED and executed, and the server reported a failure: {error}."
+        waiting = [a for a in status_approvals(store, gate.config.session)
+                   if a["request_key"] == approval["request_key"] and a["status"] == "pending"
+                   and a["kind"] == "interrupted_side_effect" and a["id"] != approval["id"]]
+        then = (f"Approval {waiting[0]['id']} now waits for an operator to decide whether it "
+                f"runs again." if waiting else "No approval to run it again is waiting now.")
+        return (f"APPROVED and executed, but it {HOW[ending]}, so whether it took effect is "
+                f"unknown: it may have. {then}")
+    newer = store.read_one("SELECT id FROM approvals WHERE step_id=? AND rowid > (SELECT rowid "
+                           "FROM approvals WHERE id=?) ORDER BY rowid DESC LIMIT 1",
+                           (step_id, approval["id"]))
+    if newer:
+        return (f"APPROVED, and then a different approval was asked for the same call "
+                f"(approval {newer[0]}).")
+    if approval["run_status"] == "WAITING_FOR_APPROVAL":
+        return (f"APPROVED, awaiting collection. Call {approval['tool']} again with exactly the "
+                f"same arguments to run it and get the result.")
+    if approval["run_status"] not in TERMINAL:
+        return "APPROVED and executing now."
+    observed = store.read_one("SELECT observation_json FROM steps WHERE id=?", (step_id,))[0]
+    error = parse(observed)["content"].get("error", "") if observed else ""
+    if approval["run_reason"] == "operator_cancelled":
+        why = "an operator cancelled it"
+    elif approval["run_reason"] == "approval_expired":
+        why = "the approval expired before it was collected"
+    elif error.startswith("denied on resume"):
+        why = "the policy denied it when it was collected"
+    elif error.startswith("invalid decision on resume"):
+        why = "its arguments no longer matched the tool's schema when it was collected"
+    else:
+        why = f"its run ended ({approval['run_reason']})"
+    return f"APPROVED but not executed: {why}."
+
+
+# =============================================================================================
+# 11. Operator commands
+#
+# Owns: what an operator does in a terminal: list runs, show one, approve, reject, cancel,
+# verify the event chain. The database is found from the config (-config, $AGENTGATE_CONFIG,
+# the default path) or named with -db; it is opened as it is, never created or migrated.
+# Promises: approve and reject print the approval in full and decide bound to the hash of
+# exactly what they printed, so a row that changed after it was shown is refused; they decide
+# without asking only with -approval or -yes, and otherwise only after a "yes" typed at a
+# terminal. Everything chosen by a server, a model or an operator is sanitized before it
+# reaches the terminal.
+# =============================================================================================
+
+ARG_SHOWN = 240
+
+
+def operator_store(opts, readonly):
+    """The store an operator command works on, and the session it is about ('' with -db)."""
+    if opts.db:
+        return Store(os.path.abspath(opts.db), readonly=readonly, create=False), ""
+    config = load_config(config_path(opts.config))
+    return Store(config.database, readonly=readonly, create=False), config.session
+
+
+def operator_parser(command, *flags):
+    p = parser(command, "config", "db", ("json", bool), *flags)
+    return p
+
+
+def current_user():
+    """Who decides: the operating system's name for this user, with or without $USER."""
+    try:
+        import pwd
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return os.environ.get("USER") or os.environ.get("USERNAME") or ""
+
+
+def print_json(value):
+    print(json.dumps(_plain(value), indent=2, ensure_ascii=False))
+
+
+def cmd_runs(argv):
+    opts = operator_parser("runs", ("limit", int)).parse_args(argv)
+    limit = 100 if opts.limit is None else opts.limit
+    if limit <= 0:
+        raise Usage("-limit must be at least 1")
+    store, session = operator_store(opts, readonly=True)
+    rows = store.read(
+        "SELECT r.id, r.status, r.reason, r.step_count, r.created_at, r.tool, (SELECT a.id FROM "
+        "approvals a WHERE a.run_id = r.id AND a.status='pending' ORDER BY a.rowid DESC LIMIT 1) "
+        "FROM runs r WHERE ?='' OR r.session=? ORDER BY r.rowid DESC LIMIT ?",
+        (session, session, limit + 1))
+    names = ("run", "status", "reason", "steps", "created", "tool", "pending_approval")
+    runs = [dict(zip(names, row)) for row in rows[:limit]]
+    if opts.json:
+        print_json(runs)
+        return 0
+    if not runs:
+        print("no runs")
+        return 0
+    table = [("RUN", "STATUS", "REASON", "STEPS", "CREATED", "WAITING APPROVAL", "TOOL")]
+    for r in runs:
+        mark = "WAITING_FOR_APPROVAL *" if r["status"] == "WAITING_FOR_APPROVAL" else r["status"]
+        table.append((r["run"], mark, r["reason"], str(r["steps"]), prose_time(r["created"]),
+                      r["pending_approval"] or "", sanitize(r["tool"])))
+    print_table(table)
+    if len(rows) > limit:
+        print(f"... more runs; use -limit to see them")
+    return 0
+
+
+def print_table(rows):
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
+def load_run(store, run_id):
+    row = store.read_one("SELECT id, session, tool, status, reason, detail, step_count, "
+                         "created_at, finished_at, lease_owner, lease_expires_at FROM runs "
+                         "WHERE id=?", (run_id,))
+    if row is None:
+        raise StoreError(f"run {quote(run_id)} not found")
+    names = ("run", "session", "tool", "status", "reason", "detail", "steps", "created",
+             "finished", "lease_owner", "lease_expires_at")
+    return dict(zip(names, row))
+
+
+def cmd_show(argv):
+    p = operator_parser("show")
+    p.add_argument("run")
+    opts = p.parse_args(argv)
+    store, _ = operator_store(opts, readonly=True)
+    run = load_run(store, opts.run)
+    steps = [dict(zip(("index", "status", "decision", "policy", "observation"), row)) for row in
+             store.read("SELECT idx, status, decision_json, policy_json, observation_json FROM "
+                        "steps WHERE run_id=? ORDER BY idx", (opts.run,))]
+    approvals = [dict(zip(APPROVAL_COLUMNS, row)) for row in store.read(
+        f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE run_id=? ORDER BY rowid",
+        (opts.run,))]
+    events = store.read("SELECT seq, at, type, step_id, payload_json FROM events WHERE run_id=? "
+                        "ORDER BY seq", (opts.run,))
+    if opts.json:
+        print_json({"run": run, "steps": [{k: parse(v) if k in ("decision", "policy",
+                                                                "observation") and v else v
+                                           for k, v in s.items()} for s in steps],
+                    "approvals": [{k: v for k, v in a.items()} for a in approvals],
+                    "events": [{"seq": e[0], "at": e[1], "type": e[2], "step_id": e[3],
+                                "payload": parse(e[4])} for e in events]})
+        return 0
+    print(f"run       {run['run']}")
+    print(f"tool      {sanitize(run['tool'])}")
+    detail = f": {sanitize(run['detail'])}" if run["detail"] else ""
+    reason = f" ({run['reason']})" if run["reason"] else ""
+    print(f"status    {run['status']}{reason}{detail}")
+    print(f"steps     {run['steps']}")
+    print(f"created   {run['created']}")
+    if run["finished"]:
+        print(f"finished  {run['finished']}")
+    for approval in approvals:
+        if approval["status"] == "pending":
+            print()
+            print_approval(approval)
+    print()
+    table = [("STEP", "DECISION", "STATUS", "POLICY", "OBSERVATION")]
+    for s in steps:
+        decision = parse(s["decision"])
+        policy = parse(s["policy"])["outcome"] if s["policy"] else ""
+        observed = parse(s["observation"]) if s["observation"] else None
+        summary = ""
+        if observed:
+            summary = observed["kind"] + (": " + clean(observed.get("summary", ""), 100)
+                                          if observed.get("summary") else "")
+        table.append((str(s["index"]), f"{decision['kind']} ({decision.get('origin', '')})",
+                      s["status"], policy, summary))
+    print_table(table)
+    print()
+    for seq, at, type_, _, payload in events:
+        print(f"  {seq:>6}  {at}  {type_:<20} {clean(payload, 160)}")
+    return 0
+
+
+def shown_value(value):
+    """A value as the operator reads it: the whole thing unless it is very long, sanitized."""
+    text = value if isinstance(value, str) else policy_json(value)
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > 2 * ARG_SHOWN:
+        text = (cut(text, ARG_SHOWN) + f" [... {size} bytes in all ...] " +
+                text[-ARG_SHOWN // 2:])
+    shown = sanitize(text) if isinstance(value, str) else sanitize(text)
+    return (quote(shown) if isinstance(value, str) else shown), size
+
+
+def print_approval(approval):
+    """Print an approval in full: what the operator decides is exactly this."""
+    presentation = parse(approval["presentation_json"])
+    request = parse(approval["request_json"])
+    print(f"APPROVAL WAITING  {approval['id']}")
+    print(f"  kind           {sanitize(approval['kind'])}")
+    print(f"  tool           {sanitize(request['spec']['name'])}")
+    print(f"  run            {approval['run_id']}")
+    print(f"  created        {approval['created_at']}")
+    print(f"  expires        {approval['expires_at'] or 'never'}")
+    print(f"  server         {sanitize(str(presentation.get('server', '')))}")
+    print(f"  upstream tool  {sanitize(str(presentation.get('tool', '')))}")
+    args = request["args"]
+    print("  arguments:" + ("" if isinstance(args, dict) and args else " (none)"))
+    for name, value in (args.items() if isinstance(args, dict) else []):
+        shown, size = shown_value(value)
+        print(f"    {sanitize(name)} = {shown}   ({size} bytes)")
+    fixed = presentation.get("fixed") or {}
+    if fixed:
+        print("  fixed values (set by the configuration, sent with the arguments):")
+        for name, value in fixed.items():
+            shown, size = shown_value(value)
+            print(f"    {sanitize(name)} = {shown}   ({size} bytes)")
+    for label in ("question", "reason", "notice"):
+        if presentation.get(label):
+            print(f"  {label:<14} {sanitize(str(presentation[label]))}")
+    print(f"----- end of approval {approval['id']} for tool "
+          f"{sanitize(request['spec']['name'])} -----")
+
+
+def select_approval(store, run_id, approval_id):
+    if approval_id:
+        row = store.read_one(f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE id=? "
+                             f"AND run_id=?", (approval_id, run_id))
+        if row is None:
+            raise StoreError(f"run {quote(run_id)} has no approval {quote(approval_id)}")
+        approval = dict(zip(APPROVAL_COLUMNS, row))
+        if approval["status"] != "pending":
+            raise StoreError(f"approval {approval_id} is {approval['status']}, not pending; "
+                             f"there is nothing to decide")
+        return approval
+    pending = [dict(zip(APPROVAL_COLUMNS, row)) for row in store.read(
+        f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE run_id=? AND "
+        f"status='pending' ORDER BY rowid", (run_id,))]
+    if not pending:
+        load_run(store, run_id)
+        raise StoreError(f"run {quote(run_id)} has no pending approval")
+    if len(pending) > 1:
+        raise StoreError(f"run {quote(run_id)} has {len(pending)} pending approvals; name one "
+                         f"of {', '.join(a['id'] for a in pending)} with -approval")
+    return pending[0]
+
+
+def decide(argv, command):
+    flags = [("approval", str), ("yes", bool), ("note", str), ("by", str)]
+    p = operator_parser(command, *flags)
+    p.add_argument("run")
+    opts = p.parse_args(argv)
+    status = "approved" if command == "approve" else "rejected"
+    by = opts.by or current_user()
+    if not by:
+        raise Usage("say who decides with -by; the current user has no name")
+    store, _ = operator_store(opts, readonly=False)
+    approval = select_approval(store, opts.run, opts.approval)
+    if stored_hash(approval) != approval["hash"]:
+        raise StoreError(f"approval {approval['id']} does not match its hash: its record was "
+                         f"altered after it was made, and it cannot be decided")
+    print_approval(approval)
+    if not (opts.approval or opts.yes):
+        if not sys.stdin.isatty():
+            raise Usage("refusing without -approval, -yes, or an interactive terminal")
+        reply = input(f"{command} approval {approval['id']}? type yes to {command}: ")
+        if reply.strip().lower() not in ("y", "yes"):
+            print("nothing decided")
+            return 1
+    shown = approval["hash"]
+    decided = store.write(lambda tx: tx.decide_approval(approval["id"], shown, status, by,
+                                                        opts.note or ""))
+    if not decided:
+        raise StoreError(f"approval {approval['id']} changed after it was shown, or was "
+                         f"decided meanwhile; run the command again to see it as it is now")
+    run = load_run(store, opts.run)
+    if opts.json:
+        print_json({"run": run, "approval": {"id": approval["id"], "status": status, "by": by,
+                                             "note": opts.note or "", "hash": shown}})
+        return 0
+    print(f"approval {approval['id']}: {status} by {sanitize(by)}")
+    print(f"run {run['run']}: {run['status']}" + (f" ({run['reason']})" if run["reason"]
+                                                  else ""))
+    if status == "approved":
+        print("It runs when the model calls the tool again with exactly the same arguments.")
+    return 0
+
+
+def cmd_approve(argv):
+    return decide(argv, "approve")
+
+
+def cmd_reject(argv):
+    return decide(argv, "reject")
+
+
+def cmd_cancel(argv):
+    p = operator_parser("cancel", ("note", str), ("by", str))
+    p.add_argument("run")
+    opts = p.parse_args(argv)
+    by = opts.by or current_user()
+    store, _ = operator_store(opts, readonly=False)
+    run = load_run(store, opts.run)
+    if run["status"] in TERMINAL:
+        raise StoreError(f"run {opts.run} already ended ({run['status']}); there is nothing to "
+                         f"cancel")
+
+    def cancel(tx):
+        current = tx.execute("SELECT status FROM runs WHERE id=?", (opts.run,)).fetchone()[0]
+        if current in TERMINAL:
+            raise StoreError(f"run {opts.run} ended meanwhile ({current})")
+        tx.cancel_run(opts.run, by, opts.note or "")
+    store.write(cancel)
+    run = load_run(store, opts.run)
+    if opts.json:
+        print_json({"run": run})
+    else:
+        print(f"run {run['run']}: {run['status']} ({run['reason']})")
+    return 0
 
 
 # =============================================================================================
@@ -3338,7 +4023,9 @@ def cmd_serve(argv):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"serve": cmd_serve, "pin": cmd_pin, "check": cmd_check,
+    commands = {"serve": cmd_serve, "pin": cmd_pin, "check": cmd_check, "runs": cmd_runs,
+                "show": cmd_show, "approve": cmd_approve, "reject": cmd_reject,
+                "cancel": cmd_cancel,
                 "fake-payments": lambda a: fake_payments()}
     if argv and argv[0] in ("-h", "--help", "help"):
         sys.stderr.write(USAGE)
