@@ -3775,6 +3775,260 @@ def cmd_cancel(argv):
     return 0
 
 
+VERIFY_PAGE = 128
+
+
+def cmd_verify(argv):
+    opts = operator_parser("verify", ("from", int), ("to", int), ("head", str)).parse_args(argv)
+    first, last = getattr(opts, "from") or 1, opts.to
+    if first < 1 or (last is not None and last < first):
+        raise Usage("-from and -to must be sequence numbers with -from <= -to")
+    kept = None
+    if opts.head:
+        match = re.fullmatch(r"(\d+):([0-9a-f]{64})", opts.head)
+        if not match:
+            raise Usage("-head must read SEQ:HASH, as verify printed it")
+        kept = (int(match.group(1)), match.group(2))
+    store, _ = operator_store(opts, readonly=True)
+    report = verify_chain(store, first, last)
+    head = store.read_one("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
+    print(f"head: seq {head[0]} {head[1]}" if head else "head: no events")
+    failed = False
+    if report["break"]:
+        seq, detail, expected, found = report["break"]
+        print(f"broken at seq {seq}: {detail}")
+        print(f"  expected: {expected}")
+        print(f"  found:    {cut(sanitize(found), 128)}")
+        failed = True
+    else:
+        print(f"intact: {report['checked']} event(s)" + (
+            f", seq {report['from']} to {report['to']}" if report["checked"] else ""))
+        if report["checked"]:
+            print(f"last checked: seq {report['to']} {report['hash']}")
+    if last is not None and not report["break"] and report["to"] < last:
+        print(f"the chain ends at seq {report['to']}, before -to {last}")
+        failed = True
+    if kept:
+        found = store.read_one("SELECT hash FROM events WHERE seq=?", (kept[0],))
+        if found is None:
+            print(f"kept head: seq {kept[0]} is not in the chain: events were removed")
+            failed = True
+        elif found[0] != kept[1] or (report["break"] and report["break"][0] <= kept[0]):
+            print(f"kept head: seq {kept[0]} does not match: the record was changed")
+            failed = True
+        else:
+            print(f"kept head: seq {kept[0]} matches")
+    return 1 if failed else 0
+
+
+def verify_chain(store, first, last):
+    """Walk the chain from `first`, a page at a time; report the first break, if any.
+
+    A range that does not start at 1 trusts the stored hash of the event before it.
+    """
+    prev_seq, prev_hash = first - 1, ""
+    if first > 1:
+        row = store.read_one("SELECT hash FROM events WHERE seq=?", (first - 1,))
+        prev_hash = row[0] if row else ""
+    report = {"from": first, "to": first - 1, "checked": 0, "hash": prev_hash, "break": None}
+    while last is None or prev_seq < last:
+        rows = store.read("SELECT seq, run_id, step_id, at, type, payload_json, hash FROM events"
+                          " WHERE seq>? AND seq<=? ORDER BY seq LIMIT ?",
+                          (prev_seq, last if last is not None else 2**62, VERIFY_PAGE))
+        if not rows:
+            break
+        for seq, run_id, step_id, at, type_, payload, stored in rows:
+            if seq != prev_seq + 1:
+                detail = (f"the first event is seq {seq}" if prev_seq == 0 else
+                          f"seq {seq} follows {prev_seq}: an event is missing")
+                report["break"] = (seq, detail, f"seq {prev_seq + 1}", f"seq {seq}")
+                report["to"] = seq
+                return report
+            expected = event_hash(prev_hash, seq, run_id, step_id, at, type_, payload)
+            if expected != stored:
+                report["break"] = (seq, "the stored hash is not the one the event's fields and "
+                                        "the previous event's hash give", expected, stored)
+                report["to"] = seq
+                return report
+            prev_seq, prev_hash = seq, stored
+            report.update(to=seq, checked=report["checked"] + 1, hash=stored)
+    return report
+
+
+RECHECK_SCOPE = (
+    "A re-check covers the gate's policy: the class map, each rule's outcome, fixed values and "
+    "renames. It does not cover the rules before the policy (duplicates and the repeat window, "
+    "max_pending, rejected or expired approvals, calls refused before the gate), nor, without "
+    "-current-tools, any change to a tool's schema or denied parameters.")
+
+
+def cmd_recheck(argv):
+    opts = parser("recheck", "config", "run", "session", ("limit", int),
+                  ("current-tools", bool), ("json", bool)).parse_args(argv)
+    if opts.run and opts.session:
+        raise Usage("give -run or -session, not both")
+    limit = 50 if opts.limit is None else opts.limit
+    if limit <= 0:
+        raise Usage("-limit must be at least 1")
+    config = load_config(config_path(opts.config))
+    check_database_path(config.database)
+    store = Store(config.database, readonly=True, create=False)
+    upstreams = []
+    try:
+        if opts.current_tools:
+            check_reach(config)
+            upstreams, loaded, reports = load_all(config)
+            for report in reports:
+                for line in report.lines:
+                    log(line)
+            tools = {tool.name: tool for tool in loaded}
+        else:
+            tools = configured_tools(config)
+        session = opts.session or config.session
+        if opts.run:
+            load_run(store, opts.run)
+            run_ids = [opts.run]
+        else:
+            run_ids = [row[0] for row in store.read(
+                "SELECT c.run_id FROM calls c JOIN runs r ON r.id = c.run_id WHERE c.session=? "
+                "ORDER BY c.id DESC LIMIT ?", (session, limit))]
+        reports = [recheck_run(store, config, tools, run_id, opts.current_tools)
+                   for run_id in run_ids]
+    finally:
+        for upstream in upstreams:
+            upstream.close()
+    return print_recheck(config, reports, opts.json, session if not opts.run else "")
+
+
+def configured_tools(config):
+    """Tools as the configuration names and classifies them, without starting any server."""
+    tools = {}
+    for server in config.servers:
+        for name, rule in server.rules.items():
+            entry = {"name": name, "description": "", "input_schema": {"type": "object"}}
+            tool = Tool(server, None, entry, rule)
+            tools[tool.name] = tool
+    return tools
+
+
+def recheck_run(store, config, tools, run_id, current):
+    """Every decision the policy made in one run, evaluated again under today's config."""
+    run = load_run(store, run_id)
+    policy_id = config.policy_id()
+    evaluations, notes, recorded_ids, seen_steps = [], [], set(), set()
+    for seq, step_id, payload in store.read(
+            "SELECT seq, step_id, payload_json FROM events WHERE run_id=? AND "
+            "type='step.policy' ORDER BY seq", (run_id,)):
+        recorded = parse(payload)
+        step = store.read_one("SELECT idx, decision_json, spec_hash FROM steps WHERE id=?",
+                              (step_id,))
+        on_resume = step_id in seen_steps
+        seen_steps.add(step_id)
+        decision = parse(step[1])
+        evaluation = {"seq": seq, "step_index": step[0], "step_id": step_id,
+                      "tool": run["tool"], "on_resume": on_resume,
+                      "recorded": recorded["outcome"], "rechecked": "", "detail": "",
+                      "recorded_hash": "", "rechecked_hash": "",
+                      "spec_source": "current" if current else "recorded"}
+        evaluations.append(evaluation)
+        if not recorded.get("policy_id"):
+            evaluation.update(result="not_a_policy_evaluation",
+                              detail="a pause after an interruption, not a policy evaluation")
+            continue
+        recorded_ids.add(recorded["policy_id"])
+        spec_row = store.read_one("SELECT spec_json FROM tool_specs WHERE hash=?", (step[2],))
+        if spec_row is None or "args" not in decision:
+            evaluation.update(result="not_recheckable", detail="the recorded request is missing")
+            continue
+        args, spec = decision["args"], parse(spec_row[0])
+        attempt = recorded.get("capability", {}).get("interrupted")
+        request = {"run_id": run_id, "step_id": step_id, "spec": spec, "args": args}
+        if recorded["outcome"] == "require_approval":
+            evaluation["recorded_hash"] = approval_hash(
+                recorded["kind"], recorded["capability"], recorded["presentation"], request)
+        tool = tools.get(run["tool"])
+        if tool is None:
+            evaluation.update(result="different", rechecked="deny",
+                              detail="the tool is not among the current tools")
+            continue
+        if current:
+            request = {**request, "spec": tool.spec}
+            problem = check_arguments(tool, args)
+            if problem:
+                evaluation.update(result="different", rechecked="invalid",
+                                  detail=f"the arguments fail the current schema: {problem}")
+                continue
+        now_decision = evaluate(config, tool, args, attempt)
+        evaluation["rechecked"] = now_decision["outcome"]
+        same = now_decision["outcome"] == recorded["outcome"]
+        if same and now_decision["outcome"] == "require_approval":
+            evaluation["rechecked_hash"] = approval_hash(
+                now_decision["kind"], now_decision["capability"], now_decision["presentation"],
+                request)
+            if evaluation["rechecked_hash"] != evaluation["recorded_hash"]:
+                same = False
+                evaluation["detail"] = ("asks for another approval: its capability, "
+                                        "presentation, or tool spec changed")
+        if not same and not evaluation["detail"]:
+            evaluation["detail"] = now_decision["reason"]
+        evaluation["result"] = "same" if same else "different"
+    if len(recorded_ids) > 1:
+        notes.append("the run's decisions were made under more than one policy identity")
+    recorded_id = next(iter(recorded_ids)) if len(recorded_ids) == 1 else ""
+    identity = ("unknown" if not recorded_id else
+                "unchanged" if recorded_id == policy_id else "changed")
+    differences = sum(e["result"] == "different" for e in evaluations)
+    rechecked = sum(e["result"] in ("same", "different") for e in evaluations)
+    return {"run_id": run_id, "run_status": run["status"], "policy_id": recorded_id,
+            "identity": identity, "spec_source": "current" if current else "recorded",
+            "notes": notes, "evaluations": evaluations, "same": differences == 0,
+            "differences": differences, "rechecked": rechecked,
+            "not_recheckable": len(evaluations) - rechecked}
+
+
+def print_recheck(config, reports, as_json, session):
+    policy_id = config.policy_id()
+    rechecked = sum(r["rechecked"] for r in reports)
+    skipped = sum(r["not_recheckable"] for r in reports)
+    differ = sum(not r["same"] for r in reports)
+    if as_json:
+        print_json(reports)
+    else:
+        for r in reports:
+            identity = {"unchanged": f'policy unchanged: "{policy_id}"',
+                        "changed": f'policy changed: recorded "{r["policy_id"]}", given '
+                                   f'"{policy_id}"',
+                        "unknown": "policy identity unknown"}[r["identity"]]
+            print(f"run {r['run_id']} {r['run_status']}: {r['differences']} of {r['rechecked']} "
+                  f"re-checked evaluations differ; {identity}; {r['spec_source']} specs")
+            order = sorted(r["evaluations"], key=lambda e: e["result"] != "different")
+            for e in order:
+                mark = {"same": "same     ", "different": "DIFFERENT"}.get(e["result"],
+                                                                         "skipped  ")
+                where = f" step {e['step_index']} seq {e['seq']} {sanitize(e['tool'])}" + (
+                    " (on resume)" if e["on_resume"] else "")
+                if e["result"] == "same":
+                    body = e["recorded"]
+                elif e["result"] == "different":
+                    body = f"{e['recorded']} -> {e['rechecked'] or '?'}" + (
+                        f": {e['detail']}" if e["detail"] else "")
+                else:
+                    body = e["detail"]
+                print(cut(f"{mark}{where}: {sanitize(body)}", 240))
+            for note in r["notes"]:
+                print(f"note: {note}")
+        print(f"{len(reports)} run(s) re-checked under {policy_id}: {rechecked} decision(s) "
+              f"re-checked, {skipped} not re-checkable and skipped; {differ} run(s) differ")
+        print(RECHECK_SCOPE)
+    if not reports:
+        log(f'no run of session "{session}" was found, so nothing was re-checked')
+        return 1
+    if not rechecked:
+        log(f"no decision of the policy was re-checked ({skipped} not re-checkable)")
+        return 1
+    return 1 if differ else 0
+
+
 # =============================================================================================
 # 12. Fake payment server
 #
@@ -4025,7 +4279,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     commands = {"serve": cmd_serve, "pin": cmd_pin, "check": cmd_check, "runs": cmd_runs,
                 "show": cmd_show, "approve": cmd_approve, "reject": cmd_reject,
-                "cancel": cmd_cancel,
+                "cancel": cmd_cancel, "verify": cmd_verify, "recheck": cmd_recheck,
                 "fake-payments": lambda a: fake_payments()}
     if argv and argv[0] in ("-h", "--help", "help"):
         sys.stderr.write(USAGE)
