@@ -4145,6 +4145,281 @@ def fake_payments():
 
 
 # =============================================================================================
+# 13. Demonstration
+#
+# Owns: `agentgate.py demo`, a scripted session with no model, no network and nothing
+# installed. This process plays the host; the gate, the fake payment server and the operator
+# run as separate processes in a temporary directory, as they would for a person.
+# Promises: every step says what the model sees; the demo exits non-zero if any step did not
+# behave as narrated, and it ends only after every process it started has exited.
+# =============================================================================================
+
+class DemoFailure(Exception):
+    """A step of the demonstration did not behave as narrated."""
+
+
+class LineClient:
+    """A host in miniature: JSON-RPC lines to a child process, answers read with a deadline."""
+
+    def __init__(self, argv, cwd, env, stderr):
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=stderr)
+        self.answers = queue.Queue()
+        self.next_id = 0
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            message = json.loads(line)
+            if "id" in message:
+                self.answers.put(message)
+        self.answers.put(None)
+
+    def send(self, method, params):
+        self.next_id += 1
+        line = json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method,
+                           "params": params}) + "\n"
+        self.proc.stdin.write(line.encode())
+        self.proc.stdin.flush()
+        return self.next_id
+
+    def request(self, method, params, timeout=60):
+        ident = self.send(method, params)
+        while True:
+            try:
+                message = self.answers.get(timeout=timeout)
+            except queue.Empty:
+                raise DemoFailure(f"no answer to {method} within {timeout}s") from None
+            if message is None:
+                raise DemoFailure(f"the process exited before answering {method}")
+            if message.get("id") == ident:
+                if "error" in message:
+                    raise DemoFailure(f"{method} failed: {message['error'].get('message')}")
+                return message["result"]
+
+    def call(self, tool, args):
+        result = self.request("tools/call", {"name": tool, "arguments": args})
+        return result["content"][0]["text"], bool(result.get("isError"))
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Narrator:
+    def __init__(self, out):
+        self.out = out
+        color = out.isatty() and not os.environ.get("NO_COLOR")
+        self.bold = (lambda s: f"\033[1m{s}\033[0m") if color else (lambda s: s)
+        self.dim = (lambda s: f"\033[2m{s}\033[0m") if color else (lambda s: s)
+
+    def step(self, title):
+        self.out.write(f"\n{self.bold(title)}\n")
+        self.out.flush()
+
+    def say(self, text):
+        self.out.write(f"  {text}\n")
+        self.out.flush()
+
+    def sees(self, text, is_error):
+        first = text.split(". ")[0]
+        label = "model sees (isError)" if is_error else "model sees"
+        self.say(f"{label}: {cut(first, 110)}")
+
+
+def expect(text, prefix):
+    if not text.startswith(prefix):
+        raise DemoFailure(f"expected an answer starting {prefix!r}, got {text[:120]!r}")
+
+
+def cmd_demo(argv):
+    parser("demo").parse_args(argv)
+    narrator = Narrator(sys.stdout)
+    with tempfile.TemporaryDirectory(prefix="agentgate-demo-") as directory:
+        try:
+            run_demo(directory, narrator)
+        except DemoFailure as err:
+            narrator.say(f"DEMO FAILED: {err}")
+            return 1
+    return 0
+
+
+def run_demo(directory, narrator):
+    me = os.path.abspath(__file__)
+    ledger = os.path.join(directory, "ledger")
+    config = {"database": "demo.db", "session": "demo", "hold": "0s", "lease_ttl": "3s",
+              "servers": [{"name": "bank", "command": [sys.executable, me, "fake-payments"],
+                           "env": [f"FAKE_PAYMENTS_LEDGER={ledger}"],
+                           "manifest": "bank.manifest.json", "rules": {
+                               "balance": {"side_effect": "read_only", "timeout": "5s"},
+                               "pay": {"side_effect": "remote_mutation", "timeout": "30s"}}}]}
+    config_file = os.path.join(directory, "agentgate.json")
+    write_private(config_file, json.dumps(config, indent=2))
+    env = {k: v for k, v in os.environ.items() if k not in ("AGENTGATE_CONFIG",)}
+    started = []
+
+    def run(*args):
+        return subprocess.run([sys.executable, me, *args, "-config", config_file], cwd=directory,
+                              env=env, capture_output=True, text=True, timeout=60)
+
+    def gate():
+        log_file = open(os.path.join(directory, "gate.log"), "ab")
+        client = LineClient([sys.executable, me, "-config", config_file], directory, env,
+                            log_file)
+        log_file.close()
+        started.append(client.proc)
+        client.request("initialize", {"protocolVersion": PROTOCOL_VERSIONS[-1],
+                                      "capabilities": {}, "clientInfo": {"name": "demo-host",
+                                                                         "version": "1"}})
+        return client
+
+    def waiting_approval():
+        with open(os.path.join(directory, "gate.log"), encoding="utf-8") as f:
+            found = re.findall(r"approve (\S+) -approval ([0-9a-f]+)", f.read())
+        if not found:
+            raise DemoFailure("the gate named no approval on its stderr")
+        return found[-1]
+
+    def payments(path=ledger):
+        if not os.path.exists(path):
+            return 0
+        with open(path, encoding="utf-8") as f:
+            return len(f.read().splitlines())
+
+    def operator(verb, note):
+        run_id, approval = waiting_approval()
+        done = run(verb, run_id, "-approval", approval, "-note", note, "-by", "operator")
+        if done.returncode != 0:
+            raise DemoFailure(f"the operator's {verb} failed: {done.stderr.strip()}")
+        narrator.say(f"operator (another process): {verb} {approval[:8]}... with the note "
+                     f"{note!r}")
+
+    try:
+        narrator.step("0. Pin the fake payment server and classify its tools")
+        pinned = run("pin")
+        if pinned.returncode != 0:
+            raise DemoFailure(f"pin failed: {pinned.stderr.strip()}")
+        narrator.say("balance is read_only; pay is remote_mutation (the policy asks an operator)")
+
+        host = gate()
+        narrator.step("1. A read runs at once")
+        text, is_error = host.call("bank_balance", {"account": "household"})
+        narrator.sees(text, is_error)
+        expect(text, "account household holds")
+
+        narrator.step("2. A payment waits for an operator, and is collected once")
+        rent = {"to": "landlord", "amount": 950}
+        text, is_error = host.call("bank_pay", rent)
+        narrator.sees(text, is_error)
+        expect(text, "PENDING_APPROVAL")
+        operator("approve", "rent for October")
+        text, is_error = host.call("bank_pay", rent)
+        narrator.sees(text, is_error)
+        expect(text, "paid 950.00 to landlord")
+
+        narrator.step("3. A payment cut off by a crash is not run again without an operator")
+        repair = {"to": "plumber", "amount": 180, "mode": "block"}
+        text, is_error = host.call("bank_pay", repair)
+        expect(text, "PENDING_APPROVAL")
+        operator("approve", "the boiler repair")
+        before = payments()
+        host.send("tools/call", {"name": "bank_pay", "arguments": repair})
+        deadline = time.monotonic() + 30
+        while payments() == before:
+            if time.monotonic() > deadline:
+                raise DemoFailure("the payment never reached the server")
+            time.sleep(0.02)
+        host.proc.kill()
+        host.proc.wait()
+        narrator.say("the gate was killed with SIGKILL while the server was inside the payment")
+        host = gate()
+        deadline = time.monotonic() + 30
+        while True:
+            text, is_error = host.call("bank_pay", repair)
+            if not text.startswith("IN_PROGRESS") or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        narrator.say("after a restart, once the dead gate's lease expired:")
+        narrator.sees(text, is_error)
+        expect(text, "INTERRUPTED")
+        text, is_error = host.call("gate_status", {})
+        narrator.sees(text.split("\n")[0], is_error)
+        expect(text, "GATE_STATUS")
+        operator("reject", "it went through; do not pay twice")
+        text, is_error = host.call("bank_pay", repair)
+        narrator.sees(text, is_error)
+        expect(text, "REJECTED")
+
+        narrator.step("4. A host that lost a response and retries pays once")
+        groceries = {"to": "grocer", "amount": 42}
+        host.call("bank_pay", groceries)
+        operator("approve", "groceries")
+        text, is_error = host.call("bank_pay", groceries)
+        narrator.sees(text, is_error)
+        expect(text, "paid 42.00 to grocer")
+        text, is_error = host.call("bank_pay", groceries)
+        narrator.say("the host never saw that answer and retries the same call:")
+        narrator.sees(text, is_error)
+        expect(text, "DUPLICATE")
+        through = sum(1 for line in open(ledger, encoding="utf-8") if "grocer" in line)
+        straight_ledger = os.path.join(directory, "straight-ledger")
+        server = LineClient([sys.executable, me, "fake-payments"], directory,
+                            {**env, "FAKE_PAYMENTS_LEDGER": straight_ledger}, subprocess.DEVNULL)
+        started.append(server.proc)
+        server.request("initialize", {"protocolVersion": UPSTREAM_PROTOCOL, "capabilities": {},
+                                      "clientInfo": {"name": "demo-host", "version": "1"}})
+        server.call("pay", groceries)
+        server.call("pay", groceries)
+        server.close()
+        straight = payments(straight_ledger)
+        narrator.say(f"through the gate the server made {through} payment"
+                     f"{'s' if through != 1 else ''}")
+        narrator.say(f"without the gate the server made {straight} payments")
+        if (through, straight) != (1, 2):
+            raise DemoFailure("the payment counts are not 1 and 2")
+        host.close()
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        _reap_fake_servers(directory)
+    narrator.step("Done")
+    narrator.say("every process the demo started has exited")
+
+
+def _reap_fake_servers(directory):
+    """Wait until no fake payment server of this demo is left (a killed gate's child dies
+    with it on Linux; elsewhere it is told to stop when its input closes)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if not _processes_mentioning(directory):
+            return
+        time.sleep(0.05)
+    raise DemoFailure("a process the demo started is still running")
+
+
+def _processes_mentioning(text):
+    found = []
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if text.encode() in f.read():
+                        found.append(pid)
+            except OSError:
+                pass
+    return found
+
+
+# =============================================================================================
 # 14. Main
 #
 # Owns: the command line. Go-style single-dash long flags (-config, -approval); the
@@ -4280,6 +4555,7 @@ def main(argv=None):
     commands = {"serve": cmd_serve, "pin": cmd_pin, "check": cmd_check, "runs": cmd_runs,
                 "show": cmd_show, "approve": cmd_approve, "reject": cmd_reject,
                 "cancel": cmd_cancel, "verify": cmd_verify, "recheck": cmd_recheck,
+                "demo": cmd_demo,
                 "fake-payments": lambda a: fake_payments()}
     if argv and argv[0] in ("-h", "--help", "help"):
         sys.stderr.write(USAGE)
