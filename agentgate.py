@@ -457,8 +457,7 @@ def format_time(seconds):
 
 
 def parse_time(text):
-    moment = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ")
-    return moment.replace(tzinfo=datetime.timezone.utc).timestamp()
+    return datetime.datetime.fromisoformat(text[:-1] + "+00:00").timestamp()
 
 
 def later(text, ns):
@@ -889,6 +888,7 @@ SCHEMA = [
         status TEXT NOT NULL, created_at TEXT NOT NULL, expires_at TEXT NOT NULL DEFAULT '',
         decided_at TEXT NOT NULL DEFAULT '', decided_by TEXT NOT NULL DEFAULT '',
         note TEXT NOT NULL DEFAULT '');
+    CREATE INDEX runs_leased ON runs(lease_owner) WHERE lease_owner != '';
     CREATE INDEX approvals_run ON approvals(run_id);
     CREATE TABLE tool_specs(hash TEXT PRIMARY KEY, spec_json TEXT NOT NULL);
     CREATE TABLE calls(id INTEGER PRIMARY KEY AUTOINCREMENT, session TEXT NOT NULL,
@@ -918,6 +918,9 @@ class StoreError(Exception):
 
 class Race(Exception):
     """Another caller changed these records between reading and writing them; decide again."""
+
+
+ANY_ROW = "any open row"  # a read replaces whatever row is open: reads never race for a key
 
 
 def netstring(text):
@@ -972,7 +975,8 @@ class Tx:
         row = self.execute("SELECT c.run_id, r.status FROM calls c JOIN runs r ON r.id = "
                            "c.run_id WHERE c.session=? AND c.request_key=? AND c.open=1",
                            (session, key)).fetchone()
-        if (row[0] if row else None) != seen or (row and row[1] not in TERMINAL):
+        if seen is not ANY_ROW and ((row[0] if row else None) != seen
+                                    or (row and row[1] not in TERMINAL)):
             raise Race()
         self.execute("UPDATE calls SET open=0, closed_at=? WHERE session=? AND request_key=? "
                      "AND open=1", (at, session, key))
@@ -1175,6 +1179,7 @@ class Store:
     def __init__(self, path, readonly=False, create=True):
         self.path = path
         self.lock = threading.RLock()
+        self.jobs, self.jobs_lock = [], threading.Lock()
         check_database_path(path)
         if create and not readonly and not os.path.exists(path):
             try:
@@ -1275,25 +1280,57 @@ class Store:
     # -- the one place transactions are opened --------------------------------------------
 
     def write(self, fn):
-        """Run fn(tx) inside one BEGIN IMMEDIATE transaction and return its result."""
+        """Run fn(tx) inside a BEGIN IMMEDIATE transaction and return its result once the
+        transaction is durable.
+
+        Group commit: while one thread commits, others queue their changes; the next thread
+        to hold the lock commits every queued change in one transaction, each inside its own
+        savepoint, so one change that fails is rolled back alone and reported to its caller
+        only. A caller returns only after its own change is committed, so nothing is answered
+        before it is recorded; many calls in flight share one sync to disk.
+        """
+        job = {"fn": fn, "done": False, "result": None, "error": None}
+        with self.jobs_lock:
+            self.jobs.append(job)
         with self.lock:
+            if not job["done"]:
+                with self.jobs_lock:
+                    batch, self.jobs = self.jobs, []
+                self._commit(batch)
+        if job["error"] is not None:
+            raise job["error"]
+        return job["result"]
+
+    def _commit(self, batch):
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
             try:
-                self.db.execute("BEGIN IMMEDIATE")
-                try:
-                    result = fn(Tx(self.db))
-                    self.db.execute("COMMIT")
-                    return result
-                except BaseException:
-                    if self.db.in_transaction:
-                        self.db.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as err:
-                raise StoreError(f"the records could not be written: {err}") from None
+                for job in batch:
+                    self.db.execute("SAVEPOINT change")
+                    try:
+                        job["result"] = job["fn"](Tx(self.db))
+                    except Exception as err:
+                        self.db.execute("ROLLBACK TO change")
+                        job["error"] = StoreError(f"the records could not be written: {err}") \
+                            if isinstance(err, sqlite3.Error) else err
+                    self.db.execute("RELEASE change")
+                self.db.execute("COMMIT")
+            except BaseException:
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as err:
+            for job in batch:
+                job["error"] = StoreError(f"the records could not be written: {err}")
+        finally:
+            for job in batch:
+                job["done"] = True
 
     def renew_leases(self, owner, until):
         """The heartbeat: extend every lease this process holds, in one statement."""
         self.write(lambda tx: tx.execute("UPDATE runs SET lease_expires_at=? WHERE "
-                                         "lease_owner=? AND status='RUNNING'", (until, owner)))
+                                         "lease_owner=? AND lease_owner!='' AND "
+                                         "status='RUNNING'", (until, owner)))
 
     def read(self, sql, args=()):
         with self.lock:
@@ -1381,6 +1418,12 @@ class Upstream:
     # -- process ---------------------------------------------------------------------------
 
     def start(self, deadline):
+        self.spawn()
+        self.handshake(deadline)
+
+    def spawn(self):
+        """Start the child. On Linux its parent-death signal fires when the spawning thread
+        ends, so this runs on a thread that lives as long as agentgate (the main thread)."""
         try:
             self.proc = subprocess.Popen(
                 self.server.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -1392,6 +1435,8 @@ class Upstream:
                                               f"{quote(self.server.command[0])}: {err.strerror}"))
         threading.Thread(target=self._read_stdout, args=(self.proc.stdout,), daemon=True).start()
         threading.Thread(target=self._read_stderr, args=(self.proc.stderr,), daemon=True).start()
+
+    def handshake(self, deadline):
         result = self.request("initialize", {
             "protocolVersion": UPSTREAM_PROTOCOL, "capabilities": {}, "clientInfo": CLIENT_INFO},
             deadline, "connect")
@@ -2094,51 +2139,46 @@ def read_manifest(server):
     return manifest
 
 
-def load(server, taken):
-    """Connect a server and decide which of its tools are offered.
+def load(server, manifest, upstream, live, deadline, taken):
+    """Decide which of a connected server's tools are offered, and say why for each.
 
     `taken` maps registered names already offered (by earlier servers and the status tool) to
-    what holds them. Returns (upstream, tools, report); the upstream stays open for serving.
+    what holds them.
     """
-    manifest = read_manifest(server)
     pinned = manifest["tools"]
-    stray = sorted(set(server.rules) - set(pinned))
-    if stray:
-        raise LoadError(f"server {quote(server.name)}: rules name tools the manifest does not "
-                        f"pin: {', '.join(sanitize(s) for s in stray)}; pin again or fix the "
-                        f"rules")
-    upstream, deadline = connect(server)
-    try:
-        live = upstream.list_tools(deadline)
-        report, tools = Report(server.name), []
-        for name in sorted(live):
-            if name not in pinned:
-                report.add("unpinned", name, f"unpinned {sanitize(name)}: not in the manifest")
-        for name in sorted(pinned):
-            rule = server.rules.get(name)
-            if rule is None:
-                report.add("unclassified", name, f"unclassified {sanitize(name)}: no rule")
-                continue
-            if deadline.left() <= 0:
-                raise UpstreamError(upstream.describe("load", "timed out after " +
-                                                      format_duration(deadline.ns)))
-            reason, mismatch = refusal(server, pinned[name], live.get(name), rule)
-            if not reason:
-                tool = Tool(server, upstream, pinned[name], rule)
-                if tool.name in taken:
-                    reason = f"the name {quote(tool.name)} is already taken by {taken[tool.name]}"
-            if reason:
-                report.add("refused", name, f"refused {sanitize(name)}: {reason}")
-                continue
-            taken[tool.name] = f"tool {quote(name)} of server {quote(server.name)}"
-            tools.append(tool)
-            extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
-            report.add("registered", name, f"registered {sanitize(name)} as {tool.name} "
-                                           f"({tool.side_effect}){extra}")
-        return upstream, tools, report
-    except BaseException:
-        upstream.close()
-        raise
+    report, tools = Report(server.name), []
+    for name in sorted(live):
+        if name not in pinned:
+            report.add("unpinned", name, f"unpinned {sanitize(name)}: not in the manifest")
+    for name in sorted(pinned):
+        rule = server.rules.get(name)
+        if rule is None:
+            report.add("unclassified", name, f"unclassified {sanitize(name)}: no rule")
+            continue
+        if deadline.left() <= 0:
+            raise UpstreamError(upstream.describe("load", "timed out after " +
+                                                  format_duration(deadline.ns)))
+        reason, mismatch = refusal(server, pinned[name], live.get(name), rule)
+        if not reason:
+            tool = Tool(server, upstream, pinned[name], rule)
+            if tool.name in taken:
+                if taken[tool.name] is STATUS_CLASH:
+                    raise LoadError(f"server {quote(server.name)}: tool {quote(name)} registers"
+                                    f" as {tool.name}, the status tool's name: rename one "
+                                    f"(status_tool or the rule's rename)")
+                reason = f"the name {quote(tool.name)} is already taken by {taken[tool.name]}"
+        if reason:
+            report.add("refused", name, f"refused {sanitize(name)}: {reason}")
+            continue
+        taken[tool.name] = f"tool {quote(name)} of server {quote(server.name)}"
+        tools.append(tool)
+        extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
+        report.add("registered", name, f"registered {sanitize(name)} as {tool.name} "
+                                       f"({tool.side_effect}){extra}")
+    return tools, report
+
+
+STATUS_CLASH = "the status tool"
 
 
 def refusal(server, entry, live, rule):
@@ -2242,27 +2282,59 @@ def hiding_problem(schema, rule):
 
 
 def load_all(config):
-    """Load every server, in order. Returns (upstreams, tools, reports); raises LoadError with
-    the reports so far when a server cannot be used or no tool at all is offered."""
-    taken = {config.status_tool: "the status tool's name: rename one (status_tool or the "
-                                 "rule's rename)"}
+    """Start every server at once, then decide, server by server in the config's order, what
+    is offered. Returns (upstreams, tools, reports); raises LoadError, carrying the reports
+    so far, when a server cannot be used or offers nothing."""
     upstreams, tools, reports = [], [], []
     try:
+        manifests = [read_manifest(server) for server in config.servers]
+        for server, manifest in zip(config.servers, manifests):
+            stray = sorted(set(server.rules) - set(manifest["tools"]))
+            if stray:
+                raise LoadError(f"server {quote(server.name)}: rules name tools the manifest "
+                                f"does not pin: {', '.join(sanitize(s) for s in stray)}; pin "
+                                f"again or fix the rules")
         for server in config.servers:
+            upstreams.append(Upstream(server))
+            upstreams[-1].spawn()
+        listings = [None] * len(upstreams)
+        deadlines = [Deadline(server.connect_timeout) for server in config.servers]
+
+        def connect_one(i):
             try:
-                upstream, offered, report = load(server, taken)
-            except (UpstreamError, ConfigError) as err:
+                upstreams[i].handshake(deadlines[i])
+                listings[i] = upstreams[i].list_tools(deadlines[i])
+            except UpstreamError as err:
+                listings[i] = err
+        workers = [threading.Thread(target=connect_one, args=(i,), daemon=True)
+                   for i in range(len(upstreams))]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        taken = {config.status_tool: STATUS_CLASH}
+        for server, manifest, upstream, live, deadline in zip(
+                config.servers, manifests, upstreams, listings, deadlines):
+            if isinstance(live, UpstreamError):
+                raise LoadError(str(live))
+            try:
+                offered, report = load(server, manifest, upstream, live, deadline, taken)
+            except UpstreamError as err:
                 raise LoadError(str(err)) from None
-            upstreams.append(upstream)
             reports.append(report)
             if not offered:
                 raise LoadError(f"server {quote(server.name)}: no tool registered; classify "
                                 f"at least one pinned tool with a rule")
             tools.extend(offered)
-    except LoadError as err:
+    except (LoadError, ConfigError) as err:
         for upstream in upstreams:
             upstream.close()
-        err.reports = reports
+        failure = LoadError(str(err))
+        failure.reports = reports
+        raise failure from None
+    except BaseException:
+        for upstream in upstreams:
+            upstream.close()
         raise
     return upstreams, tools, reports
 
@@ -2649,13 +2721,17 @@ class Gate:
         ("execute", run_id, step_id, args)."""
         window = self.window(tool)
         since = format_time(time.time() - window / SECOND)
+        # Identical reads within the window never refuse one another, so a read needs only
+        # its newest row: an approval it waits on, or an operator's refusal, stops every
+        # identical read that comes after it from beginning a run of its own.
+        newest = "LIMIT 1" if tool.read_only else ""
         rows = self.store.read(
             "SELECT r.id, r.status, r.reason, r.detail, r.finished_at, r.lease_owner, "
-            "r.lease_expires_at, c.open FROM calls c JOIN runs r ON r.id = c.run_id WHERE "
-            "c.session=? AND c.request_key=? AND (c.open=1 OR r.finished_at='' OR "
-            "r.finished_at>=?) ORDER BY c.id DESC", (self.config.session, key, since))
-        seen = next((row[0] for row in rows if row[7]), None)
-        for run_id, status, reason, detail, finished, owner, expires, _ in rows:
+            "r.lease_expires_at FROM calls c JOIN runs r ON r.id = c.run_id WHERE c.session=? "
+            "AND c.request_key=? AND (c.settled_at='' OR c.settled_at>=?) "
+            f"ORDER BY c.id DESC {newest}", (self.config.session, key, since))
+        seen = self._open_run(key)
+        for run_id, status, reason, detail, finished, owner, expires in rows:
             if status == "WAITING_FOR_APPROVAL":                            # rule 1
                 verdict = self._waiting(tool, run_id)
             elif status == "RUNNING":
@@ -2775,19 +2851,20 @@ class Gate:
     def _closed(self, tool, run_id, reason, detail, finished, window):
         """Rules 4 and 5: a finished run of this request within the window. None: look older
         (or, for an unknown outcome, let rule 6 decide)."""
-        until = prose_time(later(finished, window))
+        def until():
+            return prose_time(later(finished, window))
         if reason == "approval_rejected":
             approval = latest_approval(self.store, run_id)
             return answer("REJECTED", approval=approval["id"],
-                          note=note_text(approval["note"]), until=until)
+                          note=note_text(approval["note"]), until=until())
         attempt = None if tool.read_only else last_attempt(self.store, run_id)
         if reason == "approval_expired":
             if attempt and attempt[0] in UNKNOWN_ENDINGS:
                 return None
             return answer("EXPIRED", approval=latest_approval(self.store, run_id)["id"],
-                          until=until)
+                          until=until())
         if reason == "operator_cancelled":
-            return answer("REJECTED", "CANCELLED", note=note_text(detail), until=until)
+            return answer("REJECTED", "CANCELLED", note=note_text(detail), until=until())
         if attempt is None or attempt[0] in UNKNOWN_ENDINGS:
             return None
         ending, text, at = attempt[0], attempt[1], attempt[2]
@@ -2890,7 +2967,7 @@ class Gate:
 
         def begin(tx):
             tx.begin_run(run_id, self.config.session, tool.name, key, tool.side_effect,
-                         self.tool_hashes, self.lease(), seen)
+                         self.tool_hashes, self.lease(), ANY_ROW if tool.read_only else seen)
             recorded = {"args": args} if args is not None else {"invalid_args": invalid}
             step_id = tx.start_step(run_id, {**recorded, "kind": TOOL_CALL, "origin": origin,
                                              "tool": tool.name}, tool.spec)
@@ -2910,6 +2987,10 @@ class Gate:
                 self.active.add(run_id)
             return step_id
 
+        if outcome == "allow" and tool.read_only:
+            # A read is recorded in one transaction after it answers: it has no effect for a
+            # crash to leave unknown, so recording it first would only cost a second commit.
+            return ("execute", run_id, None, args, begin)
         step_id = self._write(begin)
         if outcome == "invalid":
             return answer("INVALID", reason=clean(problem, 1000))
@@ -2935,16 +3016,17 @@ class Gate:
         log(f"  decide with: {self.operator_hint} approve {run_id} -approval {approval['id']}"
             f"   (or reject)")
 
-    def _execute(self, tool, run_id, step_id, args):
+    def _execute(self, tool, run_id, step_id, args, begin=None):
         """Send the recorded request upstream and record what came of it, whatever the host
-        does meanwhile: a host that cancels or times out does not stop the upstream call."""
+        does meanwhile: a host that cancels or times out does not stop the upstream call.
+        `begin`, for a read, records the run in the same transaction as its outcome."""
         self.active.add(run_id)
         try:
-            return self._execute_once(tool, run_id, step_id, args)
+            return self._execute_once(tool, run_id, step_id, args, begin)
         finally:
             self.active.discard(run_id)
 
-    def _execute_once(self, tool, run_id, step_id, args):
+    def _execute_once(self, tool, run_id, step_id, args, begin):
         started = time.monotonic()
         try:
             result = tool.upstream.request(
@@ -2970,6 +3052,9 @@ class Gate:
         rerun = {}
 
         def record(tx):
+            nonlocal step_id
+            if begin:
+                step_id = begin(tx)
             row = tx.execute("SELECT status, lease_owner FROM runs WHERE id=?",
                              (run_id,)).fetchone()
             if row != ("RUNNING", self.owner):

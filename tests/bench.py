@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Benchmark agentgate's own cost, run by hand: python3 tests/bench.py [-n CALLS]
+
+It prints a table and asserts nothing. Every figure is measured side by side in one run
+(straight to the fake payment server, then through agentgate), because the machines these run
+on are shared and noisy: read the ratios and differences, not the absolute numbers. A lean
+JSON-RPC driver is used instead of an SDK so that the figures are agentgate's own.
+"""
+
+import argparse
+import json
+import os
+import queue
+import secrets
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+AGENTGATE = os.path.join(os.path.dirname(HERE), "agentgate.py")
+TARGETS = {"added p50": 1.5, "added p99": 5.0, "calls/s": 500, "startup added": 100,
+           "100k ratio": 1.2, "bytes/call": 4096, "rss MB": 40}
+
+
+class Driver:
+    """JSON-RPC lines to a child process; answers matched by id on a reader thread."""
+
+    def __init__(self, argv, cwd, env=None):
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.waiting, self.lock, self.next_id = {}, threading.Lock(), 0
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            message = json.loads(line)
+            with self.lock:
+                slot = self.waiting.pop(message.get("id"), None)
+            if slot:
+                slot.put(message)
+
+    def send(self, method, params):
+        with self.lock:
+            self.next_id += 1
+            ident = self.next_id
+            slot = queue.Queue()
+            self.waiting[ident] = slot
+            self.proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": ident, "method": method,
+                                              "params": params}).encode() + b"\n")
+            self.proc.stdin.flush()
+        return slot
+
+    def request(self, method, params):
+        message = self.send(method, params).get(timeout=60)
+        if "error" in message:
+            raise RuntimeError(message["error"])
+        return message["result"]
+
+    def initialize(self):
+        self.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                    "clientInfo": {"name": "bench", "version": "1"}})
+
+    def rss_peak_mb(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def sequential(driver, tool, n):
+    args = {"name": tool, "arguments": {"account": "bench"}}
+    for _ in range(20):
+        driver.request("tools/call", args)
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        result = driver.request("tools/call", args)
+        times.append((time.perf_counter() - start) * 1000)
+        assert "holds" in result["content"][0]["text"], result
+    times.sort()
+    return statistics.median(times), times[int(len(times) * 0.99) - 1]
+
+
+def throughput(driver, tool, n, in_flight=16):
+    args = {"name": tool, "arguments": {"account": "bench"}}
+    start = time.perf_counter()
+    pending = [driver.send("tools/call", args) for _ in range(in_flight)]
+    sent = in_flight
+    while pending:
+        pending.pop(0).get(timeout=60)
+        if sent < n:
+            pending.append(driver.send("tools/call", args))
+            sent += 1
+    return n / (time.perf_counter() - start)
+
+
+def startup(argv, cwd, env=None):
+    driver = Driver(argv, cwd, env)
+    driver.initialize()
+    driver.request("tools/list", {})
+    elapsed = (time.perf_counter() - driver.started) * 1000
+    driver.close()
+    return elapsed
+
+
+def write_config(directory, servers):
+    config = {"database": "bench.db", "session": "bench", "hold": "0s", "servers": [
+        {"name": f"bank{i}" if i else "bank", "command": [sys.executable, AGENTGATE,
+                                                          "fake-payments"],
+         "manifest": f"bank{i}.manifest.json",
+         "rules": {"balance": {"side_effect": "read_only", "timeout": "10s"}}}
+        for i in range(servers)]}
+    path = os.path.join(directory, f"config{servers}.json")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    os.chmod(path, 0o600)
+    subprocess.run([sys.executable, AGENTGATE, "pin", "-config", path], check=True,
+                   stdout=subprocess.DEVNULL)
+    return path
+
+
+def db_bytes(directory):
+    path = os.path.join(directory, "bench.db")
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    return sum(os.path.getsize(path + s) for s in ("", "-wal") if os.path.exists(path + s))
+
+
+def add_earlier_runs(directory, count):
+    """Copy one recorded allowed call `count` times under fresh ids: the rows a busy history
+    leaves (runs, steps, events, calls), without paying for `count` real calls."""
+    db = sqlite3.connect(os.path.join(directory, "bench.db"), isolation_level=None)
+    run = db.execute("SELECT * FROM runs ORDER BY rowid DESC LIMIT 1").fetchone()
+    steps = db.execute("SELECT * FROM steps WHERE run_id=?", (run[0],)).fetchall()
+    events = db.execute("SELECT run_id, step_id, at, type, payload_json, hash FROM events "
+                        "WHERE run_id=?", (run[0],)).fetchall()
+    call = db.execute("SELECT session, request_key, tool, side_effect, run_id, created_at, "
+                      "open, closed_at, settled_at, outcome FROM calls WHERE run_id=?",
+                      (run[0],)).fetchone()
+    db.execute("BEGIN")
+    db.execute("UPDATE calls SET open=0")
+    for _ in range(count):
+        run_id = f"bench.{secrets.token_hex(8)}"
+        db.execute(f"INSERT INTO runs VALUES({','.join('?' * len(run))})", (run_id, *run[1:]))
+        for step in steps:
+            step_id = secrets.token_hex(16)
+            db.execute(f"INSERT INTO steps VALUES({','.join('?' * len(step))})",
+                       (step_id, run_id, *step[2:]))
+        db.executemany("INSERT INTO events(run_id, step_id, at, type, payload_json, hash) "
+                       "VALUES(?,?,?,?,?,?)", [(run_id, *e[1:]) for e in events])
+        db.execute("INSERT INTO calls(session, request_key, tool, side_effect, run_id, "
+                   "created_at, open, closed_at, settled_at, outcome) VALUES(?,?,?,?,?,?,0,?,?,?)",
+                   (call[0], secrets.token_hex(32), call[2], call[3], run_id, call[5], call[7],
+                    call[8], call[9]))
+    db.execute("COMMIT")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+
+
+def main():
+    options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    options.add_argument("-n", type=int, default=1000, help="sequential calls per figure")
+    options.add_argument("--history", type=int, default=100000, help="earlier runs to add")
+    opts = options.parse_args()
+    directory = tempfile.mkdtemp(prefix="agentgate-bench-")
+    try:
+        config1 = write_config(directory, 1)
+        config3 = write_config(directory, 3)
+        straight = Driver([sys.executable, AGENTGATE, "fake-payments"], directory)
+        straight.initialize()
+        gate = Driver([sys.executable, AGENTGATE, "-config", config1], directory)
+        gate.initialize()
+        s50, s99 = sequential(straight, "balance", opts.n)
+        size_before = db_bytes(directory)
+        g50, g99 = sequential(gate, "bank_balance", opts.n)
+        per_call = (db_bytes(directory) - size_before) / (opts.n + 20)
+        s_rate = throughput(straight, "balance", opts.n)
+        g_rate = throughput(gate, "bank_balance", opts.n)
+        rss = gate.rss_peak_mb()
+        gate.close()
+        straight.close()
+
+        up_straight = statistics.median(
+            startup([sys.executable, AGENTGATE, "fake-payments"], directory) for _ in range(5))
+        up_one = statistics.median(
+            startup([sys.executable, AGENTGATE, "-config", config1], directory)
+            for _ in range(5))
+        up_three = statistics.median(
+            startup([sys.executable, AGENTGATE, "-config", config3], directory)
+            for _ in range(5))
+
+        add_earlier_runs(directory, opts.history)
+        gate = Driver([sys.executable, AGENTGATE, "-config", config1], directory)
+        gate.initialize()
+        h50, h99 = sequential(gate, "bank_balance", opts.n)
+        gate.close()
+        fresh = Driver([sys.executable, AGENTGATE, "-config", config1], directory)
+        fresh.initialize()
+        fresh.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+    rows = [
+        ("per call, straight p50 / p99 (ms)", f"{s50:.3f} / {s99:.3f}", ""),
+        ("per call, through agentgate p50 / p99 (ms)", f"{g50:.3f} / {g99:.3f}", ""),
+        ("added p50 / p99 (ms)", f"{g50 - s50:.3f} / {g99 - s99:.3f}",
+         f"<= {TARGETS['added p50']} / {TARGETS['added p99']}"),
+        ("calls/s with 16 in flight, straight", f"{s_rate:.0f}", ""),
+        ("calls/s with 16 in flight, through agentgate", f"{g_rate:.0f}",
+         f">= {TARGETS['calls/s']}"),
+        ("spawn to tools/list, straight (ms)", f"{up_straight:.1f}", ""),
+        ("spawn to tools/list, agentgate + 1 upstream (ms)", f"{up_one:.1f}", ""),
+        ("spawn to tools/list, agentgate + 3 upstreams (ms)", f"{up_three:.1f}",
+         f"added <= {TARGETS['startup added']}"),
+        (f"per call with {opts.history} earlier runs p50 / p99 (ms)", f"{h50:.3f} / {h99:.3f}",
+         f"p50 ratio {h50 / g50:.2f} <= {TARGETS['100k ratio']}"),
+        ("database bytes per allowed call", f"{per_call:.0f}", f"< {TARGETS['bytes/call']}"),
+        ("agentgate peak RSS (MB)", f"{rss:.1f}", f"< {TARGETS['rss MB']}"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    for name, value, target in rows:
+        print(f"{name:<{width}}  {value:>20}  {target}")
+
+
+if __name__ == "__main__":
+    main()
