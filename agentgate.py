@@ -43,8 +43,10 @@ import base64
 import ctypes
 import datetime
 import decimal
+import functools
 import hashlib
 import json
+import math
 import os
 import queue
 import re
@@ -80,7 +82,6 @@ VERSION = "0.1.0"
 MAX_DEPTH = 256
 MAX_NUMBER_CHARS = 10000
 MAX_EXPONENT = 10000
-FLOAT64_MAX = decimal.Decimal("1.7976931348623157e308")
 
 
 class CanonicalError(ValueError):
@@ -113,7 +114,7 @@ class Number:
         return value == value.to_integral_value()
 
 
-_STRING_RE = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_STRING_RE = re.compile(rb'"(?:[^"\\]|\\.?)*(?:"|\Z)', re.S)  # an unclosed one runs to the end
 _BRACKET_RE = re.compile(rb"[\[\]{}]")
 
 
@@ -141,17 +142,21 @@ def _number_bound(literal):
     return ""
 
 
-def _first_surrogate(value):
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
+def _first_surrogate(value, objects=True):
+    """The first lone surrogate in a value; with objects=False, objects are not entered
+    (the parser's pairs hook has already looked inside each of them)."""
     if isinstance(value, str):
-        for ch in value:
-            if 0xD800 <= ord(ch) <= 0xDFFF:
-                return ch
-    elif isinstance(value, list):
+        match = _SURROGATE_RE.search(value)
+        return match.group() if match else ""
+    if isinstance(value, list):
         for item in value:
-            found = _first_surrogate(item)
+            found = _first_surrogate(item, objects)
             if found:
                 return found
-    elif isinstance(value, dict):
+    elif isinstance(value, dict) and objects:
         for key, item in value.items():
             found = _first_surrogate(key) or _first_surrogate(item)
             if found:
@@ -174,19 +179,25 @@ def parse(data):
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise CanonicalError("not valid UTF-8") from None
-    repeated, overflow, bound = [], [], []
+    repeated, overflow, bound, surrogates = [], [], [], []
 
     def number(literal):
         reason = _number_bound(literal)
         if reason and not bound:
             bound.append(reason)
-        if not reason and not overflow and abs(decimal.Decimal(literal)) > FLOAT64_MAX:
+        if not reason and not overflow and math.isinf(float(literal)):
             overflow.append(literal)
         return Number(literal)
 
     def pairs(items):
+        # Every pair is seen here, even one a repeated key later replaces, so a surrogate in
+        # a replaced value is still found (and reported before the repeated key).
         obj = {}
         for key, value in items:
+            if not surrogates:
+                found = _first_surrogate(key) or _first_surrogate(value, objects=False)
+                if found:
+                    surrogates.append(found)
             if key in obj and not repeated:
                 repeated.append(key)
             obj[key] = value
@@ -200,7 +211,7 @@ def parse(data):
                            parse_float=number, parse_constant=constant)
     except (ValueError, RecursionError):
         raise CanonicalError("not valid JSON") from None
-    surrogate = _first_surrogate(value)
+    surrogate = surrogates[0] if surrogates else _first_surrogate(value, objects=False)
     if surrogate:
         raise CanonicalError(f"unpaired surrogate \\u{ord(surrogate):04x}")
     if repeated:
@@ -342,6 +353,8 @@ def parse_duration(text):
             raise ValueError(f'invalid duration "{text}"')
         total += decimal.Decimal(match.group(1)) * _DURATION_UNITS[match.group(2)]
         pos = match.end()
+    if total >= 2**63:
+        raise ValueError(f'duration "{text}" is too long')
     return sign * int(total)
 
 
@@ -512,9 +525,12 @@ def read_owned(path, what):
         if getattr(err, "errno", None) == 40:  # ELOOP: the path is a symbolic link
             raise ConfigError(f"{what} {path} is a symbolic link; name the file itself") from None
         raise ConfigError(f"{what} {path} cannot be read: {err.strerror}") from None
+    try:
+        _check_owned(path, what, os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        _check_owned(path, what, st)
         return f.read()
 
 
@@ -821,7 +837,8 @@ def _reach_candidates(arg):
         candidates.append(arg[2:])
     for candidate in list(candidates):
         if candidate.startswith("file:"):
-            path = re.sub(r"^file:(//[^/]*)?", "", candidate)
+            from urllib.parse import unquote
+            path = unquote(re.sub(r"^file:(//[^/]*)?", "", candidate))
             candidates.append(path or "/")
     expanded = []
     for candidate in candidates:
@@ -946,12 +963,13 @@ class Tx:
 
     def event(self, run_id, type_, payload, step_id=""):
         if self.head is None:
-            row = self.db.execute(
-                "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name='events'), 0),"
-                " coalesce((SELECT max(seq) FROM events), 0))").fetchone()
-            seq = row[0]
-            found = self.db.execute("SELECT hash FROM events WHERE seq=?", (seq,)).fetchone()
-            self.head = (seq, found[0] if found else "")
+            # The next seq follows every seq ever used (a deleted tail leaves a gap that
+            # verify reports), and chains onto the newest event still stored.
+            used = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name='events'"
+                                   ).fetchone()
+            newest = self.db.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
+                                     ).fetchone() or (0, "")
+            self.head = (max(used[0] if used else 0, newest[0]), newest[1])
         seq, prev = self.head[0] + 1, self.head[1]
         at, body = now(), dumps(payload)
         digest = event_hash(prev, seq, run_id, step_id, at, type_, body)
@@ -1673,7 +1691,8 @@ _NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_ONE = ("additionalProperties", "not", "if", "then", "else", "contains",
-               "propertyNames", "additionalItems", "unevaluatedProperties", "unevaluatedItems")
+               "propertyNames", "additionalItems")
+_UNCHECKED = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef")
 
 
 class SchemaError(Exception):
@@ -1691,6 +1710,14 @@ def schema_problem(schema, root=None, where="#"):
     kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
     if any(k not in JSON_TYPES for k in kinds):
         return f"{where}/type names an unknown type"
+    for key in _UNCHECKED:
+        if key in schema:
+            return f"{where} uses {key}, which this validator does not check"
+    for name, needed in (schema.get("dependencies") or {}).items():
+        problem = "" if isinstance(needed, list) else schema_problem(needed, root,
+                                                                      f"{where}/dependencies")
+        if problem:
+            return problem
     for key in _COUNT_KEYWORDS:
         if key in schema and not (isinstance(schema[key], Number) and schema[key].is_integer()
                                   and schema[key].exact() >= 0):
@@ -1712,7 +1739,7 @@ def schema_problem(schema, root=None, where="#"):
         if not isinstance(schema["pattern"], str):
             return f"{where}/pattern must be a string"
         try:
-            re.compile(schema["pattern"])
+            compile_pattern(schema["pattern"])
         except re.error as err:
             return f"{where}/pattern does not compile: {err}"
     for key in _SCHEMA_LISTS:
@@ -1730,7 +1757,7 @@ def schema_problem(schema, root=None, where="#"):
             for name, sub in schema[key].items():
                 if key == "patternProperties":
                     try:
-                        re.compile(name)
+                        compile_pattern(name)
                     except re.error as err:
                         return f"{where}/patternProperties key does not compile: {err}"
                 problem = schema_problem(sub, root, f"{where}/{key}/{name}")
@@ -1753,6 +1780,28 @@ def schema_problem(schema, root=None, where="#"):
         except SchemaError as err:
             return str(err)
     return ""
+
+
+@functools.lru_cache(maxsize=512)
+def compile_pattern(pattern):
+    """A JSON Schema pattern (ECMA-262) as Python reads it: `$` matches only at the very end
+    (not before a final newline), and `\\d`, `\\w` are ASCII, as they are in ECMA-262."""
+    out, in_class, i = [], False, 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class and ch == "]":
+            in_class = False
+        elif not in_class and ch == "[":
+            in_class = True
+        elif not in_class and ch == "$":
+            ch = "\\Z"
+        out.append(ch)
+        i += 1
+    return re.compile("".join(out), re.ASCII)
 
 
 def _resolve(root, ref):
@@ -1889,7 +1938,7 @@ def _validate_string(schema, value, at):
         raise SchemaError(f"{at}: expected at least {schema['minLength'].literal} characters")
     if "maxLength" in schema and len(value) > schema["maxLength"].exact():
         raise SchemaError(f"{at}: expected at most {schema['maxLength'].literal} characters")
-    if "pattern" in schema and not re.search(schema["pattern"], value):
+    if "pattern" in schema and not compile_pattern(schema["pattern"]).search(value):
         raise SchemaError(f"{at}: expected text matching the pattern "
                           f"{quote(schema['pattern'])}")
 
@@ -1913,6 +1962,15 @@ def _validate_array(schema, value, root, where):
         sub = prefix[i] if i < len(prefix) else items
         if sub is not None:
             validate(sub, item, root, _path(where, i))
+    if "contains" in schema:
+        found = sum(_matches(schema["contains"], item, root, where) for item in value)
+        least = schema["minContains"].exact() if "minContains" in schema else 1
+        if found < least:
+            raise SchemaError(f"{at}: expected at least {least} item(s) of the required shape "
+                              f"(contains)")
+        if "maxContains" in schema and found > schema["maxContains"].exact():
+            raise SchemaError(f"{at}: expected at most {schema['maxContains'].literal} item(s) "
+                              f"of that shape (contains)")
 
 
 def _validate_object(schema, value, root, where):
@@ -1934,7 +1992,7 @@ def _validate_object(schema, value, root, where):
             validate(properties[name], item, root, _path(where, name))
             matched = True
         for pattern, sub in patterns.items():
-            if re.search(pattern, name):
+            if compile_pattern(pattern).search(name):
                 validate(sub, item, root, _path(where, name))
                 matched = True
         if not matched and extra is False:
@@ -1943,11 +2001,20 @@ def _validate_object(schema, value, root, where):
                               f"(allowed: {allowed})")
         if not matched and isinstance(extra, dict):
             validate(extra, item, root, _path(where, name))
-    for name, needed in schema.get("dependentRequired", {}).items():
-        if name in value:
+    if "propertyNames" in schema:
+        for name in value:
+            validate(schema["propertyNames"], name, root, _path(where, name))
+    dependencies = {**schema.get("dependencies", {}), **schema.get("dependentRequired", {}),
+                    **schema.get("dependentSchemas", {})}
+    for name, needed in dependencies.items():
+        if name not in value:
+            continue
+        if isinstance(needed, list):
             for other in needed:
                 if other not in value:
                     raise SchemaError(f"{_path(where, other)}: required when {name} is given")
+        else:
+            validate(needed, value, root, where)
 
 
 # =============================================================================================
