@@ -3304,6 +3304,8 @@ class HostServer:
         self.protocol = PROTOCOL_VERSIONS[-1]
         self.calls = {}
         self.calls_lock = threading.Lock()
+        self.running = 0  # accepted requests not yet answered
+        self.stopping = False
         self.failed = ""
 
     def start(self):
@@ -3432,26 +3434,37 @@ class HostServer:
             "serverInfo": SERVER_INFO}}
 
     def _after_ready(self, respond, ident, work):
-        """Requests that need the upstream servers wait for them in a thread of their own."""
+        """Requests that need the upstream servers are handled on a thread of their own, once
+        the servers are ready. Whether a request is accepted is decided here, on the reader
+        thread, so a call read before stdin closed is served even while the gate shuts down."""
+        accepted = not self.stopping
+        if accepted:
+            with self.calls_lock:
+                self.running += 1
+
         def run():
-            self.ready.wait()
-            if self.failed:
-                response = {"jsonrpc": "2.0", "id": ident, "error": {
-                    "code": -32603, "message": "the gate's tools could not be loaded"}}
-            elif self.done.is_set():
-                response = {"jsonrpc": "2.0", "id": ident, "error": {
-                    "code": -32603, "message": "the gate is shutting down"}}
-            else:
-                try:
-                    result = work()
-                except ToolNotOffered as err:
+            try:
+                self.ready.wait()
+                if self.failed or not accepted:
+                    reason = ("the gate is shutting down" if not accepted else
+                              "the gate's tools could not be loaded")
                     response = {"jsonrpc": "2.0", "id": ident, "error": {
-                        "code": -32602, "message": str(err)}}
+                        "code": -32603, "message": reason}}
                 else:
-                    if result is None:
-                        return None
-                    response = {"jsonrpc": "2.0", "id": ident, "result": result}
-            return self._reply(respond, response)
+                    try:
+                        result = work()
+                    except ToolNotOffered as err:
+                        response = {"jsonrpc": "2.0", "id": ident, "error": {
+                            "code": -32602, "message": str(err)}}
+                    else:
+                        if result is None:
+                            return None
+                        response = {"jsonrpc": "2.0", "id": ident, "result": result}
+                return self._reply(respond, response)
+            finally:
+                if accepted:
+                    with self.calls_lock:
+                        self.running -= 1
         if not respond:
             return run()
         threading.Thread(target=run, daemon=True).start()
@@ -3492,7 +3505,10 @@ class HostServer:
 
     def in_flight(self):
         with self.calls_lock:
-            return len(self.calls)
+            return self.running
+
+    def stop_accepting(self):
+        self.stopping = True
 
 
 class ToolNotOffered(Exception):
@@ -4662,6 +4678,7 @@ def cmd_serve(argv):
     def stop(signum, frame):
         if not serving:
             raise Shutdown()
+        host.stop_accepting()
         host.done.set()
 
     signal.signal(signal.SIGTERM, stop)
@@ -4686,6 +4703,7 @@ def cmd_serve(argv):
             pass
         # Shutting down: no new call starts, holds end, calls in flight finish and are
         # recorded before the servers they talk to are closed.
+        host.stop_accepting()
         gate.stopping.set()
         deadline = time.monotonic() + max((t.timeout for t in tools), default=0) / SECOND + 5
         while host.in_flight() and time.monotonic() < deadline:
