@@ -295,6 +295,20 @@ def canonical(value):
     return "".join(out).encode("utf-8")
 
 
+def pretty_json(value, indent="  ", level=0):
+    """The policy form, indented for people: manifests and operator JSON output."""
+    if isinstance(value, dict) and value:
+        inner = indent * (level + 1)
+        items = [f"{inner}{_encode_string(k, False)}: {pretty_json(value[k], indent, level + 1)}"
+                 for k in sorted(value, key=lambda k: k.encode("utf-8", "surrogatepass"))]
+        return "{\n" + ",\n".join(items) + "\n" + indent * level + "}"
+    if isinstance(value, list) and value:
+        inner = indent * (level + 1)
+        items = [inner + pretty_json(v, indent, level + 1) for v in value]
+        return "[\n" + ",\n".join(items) + "\n" + indent * level + "]"
+    return policy_json(value)
+
+
 def policy_json(value):
     """The same traversal without the HTML escapes: what people and the policy read."""
     out = []
@@ -1386,6 +1400,42 @@ PR_SET_PDEATHSIG = 1
 _ID_RE = re.compile(rb'"id"\s*:\s*(-?\d+)')
 
 
+def read_frames(fd, cap):
+    """Newline-delimited frames from a file descriptor, for both sides of agentgate.
+
+    Yields (frame, head): a frame of at most `cap` bytes, or (None, its first 4 KiB) for a
+    frame past the cap, whose rest is skipped so the stream goes on. It reads with os.read,
+    never through a buffered file object, so no reader thread can hold a lock that the
+    interpreter needs at exit; it splits only on the byte \\n, never on U+2028 or U+2029.
+    """
+    pending, size, skipping, head = [], 0, False, b""
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            if pending and not skipping:
+                yield b"".join(pending), b""
+            return
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end + 1]
+            if not skipping:
+                if size + len(piece) > cap + 1:
+                    head = (b"".join(pending) + piece)[:4096]
+                    skipping, pending, size = True, [], 0
+                else:
+                    pending.append(piece)
+                    size += len(piece)
+            if end < 0:
+                break
+            start = end + 1
+            yield (None, head) if skipping else (b"".join(pending), b"")
+            pending, size, skipping = [], 0, False
+
+
 class UpstreamError(Exception):
     """A request to an upstream server failed; `timed_out` says whether its deadline fired."""
 
@@ -1508,32 +1558,18 @@ class Upstream:
     # -- messages --------------------------------------------------------------------------
 
     def _read_stdout(self, stream):
-        reason = "the server closed its output"
-        try:
-            while True:
-                line = stream.readline(MAX_MESSAGE_BYTES + 1)
-                if not line:
-                    break
-                if len(line) > MAX_MESSAGE_BYTES and not line.endswith(b"\n"):
-                    self._oversized(line, stream)
-                    continue
-                if line.strip():
-                    self._dispatch(line)
-        except (OSError, ValueError) as err:
-            reason = f"reading from the server failed: {err}"
+        for frame, head in read_frames(stream.fileno(), MAX_MESSAGE_BYTES):
+            if frame is None:
+                match = _ID_RE.search(head)
+                if match:
+                    self._deliver(int(match.group(1)), error=UpstreamError(
+                        f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes",
+                        unusable=True))
+            elif frame.strip():
+                self._dispatch(frame)
         with self.lock:
-            self.closed = reason
-            self._fail_all(reason)
-
-    def _oversized(self, head, stream):
-        while True:
-            rest = stream.readline(MAX_MESSAGE_BYTES)
-            if not rest or rest.endswith(b"\n"):
-                break
-        match = _ID_RE.search(head[:4096])
-        if match:
-            self._deliver(int(match.group(1)), error=UpstreamError(
-                f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes", unusable=True))
+            self.closed = "the server closed its output"
+            self._fail_all(self.closed)
 
     def _dispatch(self, line):
         try:
@@ -1581,7 +1617,7 @@ class Upstream:
 
     def _fail_all(self, reason):
         for slot in self.slots.values():
-            slot["error"] = UpstreamError(f"server {quote(self.name)}: {reason}")
+            slot["error"] = UpstreamError(reason)
             slot["done"].set()
         self.slots.clear()
 
@@ -1590,13 +1626,13 @@ class Upstream:
         with self.write_lock:
             proc = self.proc
             if proc is None:
-                raise UpstreamError(f"server {quote(self.name)}: the connection is closed")
+                raise UpstreamError("the connection is closed")
             try:
                 proc.stdin.write(data)
                 proc.stdin.flush()
             except (OSError, ValueError):
-                raise UpstreamError(f"server {quote(self.name)}: the server is not reading its "
-                                    f"input (it may have exited)") from None
+                raise UpstreamError("the server is not reading its input (it may have "
+                                    "exited)") from None
 
     def notify(self, method, params):
         try:
@@ -1605,10 +1641,22 @@ class Upstream:
             pass
 
     def request(self, method, params, deadline, step):
-        """Send one request and wait for its answer until `deadline` (a Deadline)."""
+        """Send one request and wait for its answer until `deadline` (a Deadline).
+
+        While connecting and listing, a failure names the step and carries the end of what
+        the server wrote to stderr, which is usually where it says why."""
+        try:
+            return self._request(method, params, deadline, step)
+        except UpstreamError as err:
+            tail = self.tail() if step in ("connect", "list tools") and not err.timed_out \
+                else ""
+            raise UpstreamError(self.describe(step, str(err)) + tail, timed_out=err.timed_out,
+                                unusable=err.unusable) from None
+
+    def _request(self, method, params, deadline, step):
         with self.lock:
             if self.closed:
-                raise UpstreamError(f"server {quote(self.name)}: {self.closed}")
+                raise UpstreamError(self.closed)
             self.next_id += 1
             ident = self.next_id
             slot = {"done": threading.Event(), "result": None, "error": None}
@@ -1624,13 +1672,10 @@ class Upstream:
                 self.slots.pop(ident, None)
             self.notify("notifications/cancelled", {"requestId": ident,
                                                     "reason": "the deadline passed"})
-            raise UpstreamError(self.describe(step, "timed out after " +
-                                              format_duration(deadline.ns)), timed_out=True)
+            raise UpstreamError("timed out after " + format_duration(deadline.ns),
+                                timed_out=True)
         if slot["error"]:
-            error = slot["error"]
-            if step in ("connect", "list tools") and not error.unusable:
-                raise UpstreamError(self.describe(step, str(error)) + self.tail())
-            raise error
+            raise slot["error"]
         return slot["result"]
 
     def list_tools(self, deadline):
@@ -2135,35 +2180,8 @@ def pin(server):
         upstream.close()
     manifest = {"server": server.name, "pinned_at": now(),
                 "tools": {name: manifest_entry(tool) for name, tool in sorted(live.items())}}
-    write_private(server.manifest, json.dumps(_plain(manifest), indent=2, ensure_ascii=False,
-                                              sort_keys=True) + "\n")
+    write_private(server.manifest, pretty_json(manifest) + "\n")
     return manifest
-
-
-def _plain(value):
-    """A parsed value as the json module can write it, numbers still exact."""
-    if isinstance(value, Number):
-        return _RawNumber(value.literal)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
-class _RawNumber(float):
-    """A float the json module writes as the literal it came from (via repr)."""
-
-    def __new__(cls, literal):
-        try:
-            self = super().__new__(cls, literal)
-        except OverflowError:
-            self = super().__new__(cls, 0)
-        self.literal = literal
-        return self
-
-    def __repr__(self):
-        return self.literal
 
 
 def write_private(path, text):
@@ -3334,24 +3352,13 @@ class HostServer:
         self.send({"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}})
 
     def _read_loop(self):
-        try:
-            while True:
-                line = self.stdin.readline(MAX_HOST_LINE + 1)
-                if not line:
-                    break
-                if len(line) > MAX_HOST_LINE and not line.endswith(b"\n"):
-                    while True:
-                        rest = self.stdin.readline(MAX_HOST_LINE)
-                        if not rest or rest.endswith(b"\n"):
-                            break
-                    match = _ID_RE.search(line[:4096])
-                    self.error(Number(match.group(1).decode()) if match else None, -32600,
-                               f"the message is larger than {MAX_HOST_LINE} bytes")
-                    continue
-                if line.strip():
-                    self._frame(line)
-        except (OSError, ValueError):
-            pass
+        for frame, head in read_frames(self.stdin.fileno(), MAX_HOST_LINE):
+            if frame is None:
+                match = _ID_RE.search(head)
+                self.error(Number(match.group(1).decode()) if match else None, -32600,
+                           f"the message is larger than {MAX_HOST_LINE} bytes")
+            elif frame.strip():
+                self._frame(frame)
         self.done.set()
 
     def _frame(self, line):
@@ -3701,7 +3708,7 @@ def current_user():
 
 
 def print_json(value):
-    print(json.dumps(_plain(value), indent=2, ensure_ascii=False))
+    print(pretty_json(value))
 
 
 def cmd_runs(argv):
