@@ -2790,9 +2790,11 @@ class Gate:
             if waited >= total:
                 return
             cancelled.wait(min(HOLD_POLL, total - waited))
-            row = self.store.read_one("SELECT status, expires_at FROM approvals WHERE id=?",
-                                      (approval["id"],))
-            if row is None or row[0] != "pending" or (row[1] and row[1] <= now()):
+            row = self.store.read_one(
+                "SELECT a.status, a.expires_at, r.status FROM approvals a JOIN runs r ON r.id = "
+                "a.run_id WHERE a.id=?", (approval["id"],))
+            if row is None or row[0] != "pending" or (row[1] and row[1] <= now()) or \
+                    row[2] in TERMINAL:
                 return
             if progress and time.monotonic() - last_progress >= 1:
                 last_progress = time.monotonic()
@@ -3819,8 +3821,9 @@ def shown_value(value):
     if size > 2 * ARG_SHOWN:
         text = (cut(text, ARG_SHOWN) + f" [... {size} bytes in all ...] " +
                 text[-ARG_SHOWN // 2:])
-    shown = sanitize(text) if isinstance(value, str) else sanitize(text)
-    return (quote(shown) if isinstance(value, str) else shown), size
+    # Strings are shown as JSON strings, so a newline or a control character is seen as the
+    # escape it is, never as layout; what JSON leaves raw (bidi, invisibles) is sanitized.
+    return sanitize(policy_json(text) if isinstance(value, str) else text), size
 
 
 def print_approval(approval):
@@ -4404,9 +4407,8 @@ class Narrator:
         self.out.flush()
 
     def sees(self, text, is_error):
-        first = text.split(". ")[0]
         label = "model sees (isError)" if is_error else "model sees"
-        self.say(f"{label}: {cut(first, 110)}")
+        self.say(f"{label}: {cut(text.split('. ')[0], 76 - len(label))}")
 
 
 def expect(text, prefix):
@@ -4751,6 +4753,10 @@ def main(argv=None):
         sys.stderr.write(f"{PROGRAM}: error: {sanitize(str(err))}\n")
         return 1
     except KeyboardInterrupt:
+        return 1
+    except BrokenPipeError:
+        # The reader went away (a pager closed, `| head`): say nothing more, leave quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
 
 

@@ -1,0 +1,624 @@
+"""Every command README.md shows, exercised (issue 6, item 2).
+
+The README is read, not copied: its code blocks are extracted, every command line in them is
+listed and compared with the set this file exercises (a command the README gains and this file
+does not know fails `test_every_command_the_readme_shows_is_exercised`), and each test takes
+the command it runs from the README text itself.
+
+- `python3 agentgate.py demo` runs and its narration is checked.
+- The quickstart runs as a newcomer would, in a temporary HOME: the copy into ~/bin, the
+  config at the default path (the README's JSON, with `npx -y` replaced by the locally
+  installed filesystem server, since npx needs the network), `chmod 600`, pin, check, the
+  host's snippet started by the MCP Python SDK exactly as Claude Desktop / Cursor would start
+  it, what the model sees, `runs`, and `approve` with the ids agentgate wrote on its stderr.
+- The operator verbs the prose names (`reject RUN -note TEXT`, `cancel RUN`, `show RUN`,
+  `verify`, `recheck`) run against a real waiting request.
+- What cannot run here is checked for form and for equivalence with what is tested:
+  `claude mcp add` (needs the Claude Code CLI, and would change the user's own settings) and
+  `bash tests/setup.sh && python3 -m pytest -q tests` (needs the network, and runs this suite).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import shlex
+import signal
+import subprocess
+import threading
+from contextlib import suppress
+from pathlib import Path
+
+from conftest import AGENTGATE, NODE_MODULES, REPO, Host, filesystem_server_argv, wait_for
+from gatekit import result_text
+
+README = REPO / "README.md"
+FS_PACKAGE = "@modelcontextprotocol/server-filesystem"
+PLACEHOLDER_HOME = "/home/you"  # the README's JSON spells the user's home this way
+
+# Every command line of the README's code blocks, and the test that exercises it.
+EXERCISED = {
+    "python3 agentgate.py demo": "test_the_demo_narrates_every_step",
+    "bash tests/setup.sh && python3 -m pytest -q tests": "test_the_install_and_test_command_is_well_formed",
+    "mkdir -p ~/bin && cp agentgate.py ~/bin/agentgate.py": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
+    "python3 ~/bin/agentgate.py pin": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
+    "python3 ~/bin/agentgate.py check": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
+    "claude mcp add gated -- python3 /home/you/bin/agentgate.py": "test_the_host_snippets_agree",
+    "python3 ~/bin/agentgate.py runs": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
+    "python3 ~/bin/agentgate.py approve laptop.3f9a0c1d2e4b5a69 -approval 9c0e...":
+        "test_quickstart_from_nothing_to_a_gated_filesystem_server",
+}
+# Commands the prose names in `inline code` (agentgate's verbs, and chmod).
+INLINE_EXERCISED = {
+    "chmod 600": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
+    "check": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
+    "approve": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
+    "reject RUN -note TEXT": "test_the_operator_verbs_the_prose_names",
+    "cancel RUN": "test_the_operator_verbs_the_prose_names",
+    "show RUN": "test_the_operator_verbs_the_prose_names",
+    "verify": "test_the_operator_verbs_the_prose_names",
+    "recheck": "test_the_operator_verbs_the_prose_names",
+}
+AGENTGATE_VERBS = {"serve", "pin", "check", "runs", "show", "approve", "reject", "cancel", "verify", "recheck", "demo"}
+HOST_SNIPPETS = {"Claude Desktop", "Cursor"}
+APPROVAL_HINT = re.compile(r"decide with: (.*) approve (\S+) -approval ([0-9a-f]+)")
+
+
+# ---------------------------------------------------------------- reading the README
+
+
+def readme_text() -> str:
+    return README.read_text(encoding="utf-8")
+
+
+def code_blocks(text: str) -> list[dict]:
+    """Fenced and indented code blocks, in order: {kind, lang, lines, before}, where `before`
+    is the last prose line above the block."""
+    blocks, lines, i, before = [], text.splitlines(), 0, ""
+    while i < len(lines):
+        line = lines[i]
+        fence = re.match(r"^(```+|~~~+)\s*(\S*)", line)
+        if fence:
+            end = i + 1
+            while end < len(lines) and not lines[end].startswith(fence.group(1)):
+                end += 1
+            blocks.append({"kind": "fenced", "lang": fence.group(2).lower(), "lines": lines[i + 1:end], "before": before})
+            i = end + 1
+            continue
+        if line.startswith("    ") and line.strip() and (i == 0 or not lines[i - 1].strip()):
+            body = []
+            while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
+                body.append(lines[i][4:])
+                i += 1
+            while body and not body[-1].strip():
+                body.pop()
+            blocks.append({"kind": "indented", "lang": "", "lines": body, "before": before})
+            continue
+        if line.strip():
+            before = line.strip()
+        i += 1
+    return blocks
+
+
+def is_flow_diagram(block: dict) -> bool:
+    """The README's picture of the gate ("record it -> check ... -> record the outcome")."""
+    lines = [line.strip() for line in block["lines"] if line.strip()]
+    return block["kind"] == "indented" and bool(lines) and all("->" in line and not line.startswith("python") for line in lines)
+
+
+def command_lines(text: str) -> list[str]:
+    """Every line of every non-JSON code block, except the flow diagram."""
+    found = []
+    for block in code_blocks(text):
+        if block["lang"] == "json" or is_flow_diagram(block):
+            continue
+        found += [line.strip() for line in block["lines"] if line.strip()]
+    return found
+
+
+def json_blocks(text: str) -> list[tuple[str, object]]:
+    """(the prose line above it, parsed value) of each ```json block."""
+    return [(b["before"], json.loads("\n".join(b["lines"]))) for b in code_blocks(text) if b["lang"] == "json"]
+
+
+def inline_commands(text: str) -> list[str]:
+    """`inline code` in the prose that is an agentgate verb (with its arguments) or chmod."""
+    spans = re.findall(r"`([^`\n]+)`", _without_blocks(text))
+    return [s for s in spans if s.split()[0] in AGENTGATE_VERBS | {"chmod"}]
+
+
+def _without_blocks(text: str) -> str:
+    kept, in_fence = [], False
+    for line in text.splitlines():
+        if re.match(r"^(```|~~~)", line):
+            in_fence = not in_fence
+            continue
+        if not in_fence and not line.startswith("    "):
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def readme_command(prefix: str) -> str:
+    """The one README command line that starts with `prefix`."""
+    found = [line for line in command_lines(readme_text()) if line.startswith(prefix)]
+    assert len(found) == 1, f"README has {len(found)} command lines starting {prefix!r}: {found}"
+    return found[0]
+
+
+def readme_config() -> dict:
+    configs = [value for _, value in json_blocks(readme_text()) if isinstance(value, dict) and "servers" in value]
+    assert len(configs) == 1, "README should show exactly one agentgate configuration"
+    return configs[0]
+
+
+def readme_host_snippets() -> dict[str, dict]:
+    """Host name (the prose line above the snippet, up to its parenthesis) -> its JSON."""
+    return {before.split(" (")[0].rstrip(":"): value for before, value in json_blocks(readme_text())
+            if isinstance(value, dict) and "mcpServers" in value}
+
+
+def readme_model_tools() -> list[str]:
+    """The tool names the README says the model sees."""
+    match = re.search(r"\*\*What the model sees\.\*\*(.*?)\.\s", readme_text(), re.S)
+    assert match, "README has no 'What the model sees.' paragraph"
+    return re.findall(r"`([A-Za-z0-9_]+)`", match.group(1))
+
+
+def readme_default_config_path() -> str:
+    match = re.search(r"configuration\*\* at `([^`]+)` \(the default place", readme_text())
+    assert match, "README does not name the default configuration path"
+    return match.group(1)
+
+
+# ---------------------------------------------------------------- running commands as a person would
+
+
+def person_env(home: Path) -> dict:
+    """A login-like environment whose HOME and XDG_CONFIG_HOME are temporary directories."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
+           "TMPDIR": str(home.parent / "tmp"), "LANG": "C.UTF-8"}
+    for name in ("USER", "LOGNAME", "PYENV_ROOT"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    (home.parent / "tmp").mkdir(exist_ok=True)
+    return env
+
+
+def sh(command: str, env: dict, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run one README line with bash, as typed at a prompt (so ~ expands)."""
+    proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"{command!r} did not finish in {timeout}s:\n{err.decode(errors='replace')}")
+    return subprocess.CompletedProcess(command, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+def ok(command: str, env: dict, cwd: Path) -> str:
+    done = sh(command, env, cwd)
+    assert done.returncode == 0, f"{command!r} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def on_terminal(command: str, env: dict, cwd: Path, reply: str = "yes", timeout: float = 120) -> tuple[int, str, bool]:
+    """Run one README line with bash on a pseudo-terminal, as a person pastes it; if it asks to
+    "type yes", type `reply`. Returns (exit status, everything shown, whether it asked)."""
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(["bash", "-c", command], stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd,
+                                start_new_session=True)
+    finally:
+        os.close(slave)
+    shown, asked = b"", False
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], timeout)
+            if not ready:
+                raise AssertionError(f"{command!r} showed nothing for {timeout}s:\n{shown.decode(errors='replace')}")
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the command and its children closed the terminal
+                break
+            if not data:
+                break
+            shown += data
+            if not asked and b"type yes" in shown:
+                asked = True
+                os.write(master, reply.encode() + b"\n")
+        return proc.wait(timeout), shown.decode(errors="replace").replace("\r\n", "\n"), asked
+    finally:
+        os.close(master)
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def no_process_mentions(text: str) -> bool:
+    """True when no live process has `text` in its command line or environment."""
+    needle = text.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with suppress(OSError, IndexError):
+            if needle in (entry / "cmdline").read_bytes() or needle in (entry / "environ").read_bytes():
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                    return False
+    return True
+
+
+def wait_no_process(path: Path) -> None:
+    wait_for(lambda: no_process_mentions(str(path)), 30, 0.1, f"no process left from {path}")
+
+
+# ---------------------------------------------------------------- the list of commands
+
+
+def test_every_command_the_readme_shows_is_exercised():
+    text = readme_text()
+    blocks = code_blocks(text)
+    assert sum(is_flow_diagram(b) for b in blocks) == 1, "expected exactly one flow diagram block"
+    commands = command_lines(text)
+    assert len(commands) == len(set(commands)), f"a command line is repeated: {commands}"
+    unknown = [c for c in commands if c not in EXERCISED]
+    gone = [c for c in EXERCISED if c not in commands]
+    assert not unknown, f"README shows commands no test exercises: {unknown}"
+    assert not gone, f"tests exercise commands the README no longer shows: {gone}"
+    inline = set(inline_commands(text))
+    assert inline == set(INLINE_EXERCISED), (
+        f"inline commands not exercised: {sorted(inline - set(INLINE_EXERCISED))}; "
+        f"exercised but gone: {sorted(set(INLINE_EXERCISED) - inline)}")
+    # Every JSON block is either the configuration or a host's snippet, and both hosts are shown.
+    for before, value in json_blocks(text):
+        assert isinstance(value, dict) and ("servers" in value or "mcpServers" in value), f"unknown JSON block after {before!r}"
+    readme_config()
+    assert set(readme_host_snippets()) == HOST_SNIPPETS
+
+
+# ---------------------------------------------------------------- the demo
+
+
+def _run_piped(argv, env, cwd) -> tuple[int, bytes]:
+    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          env=env, cwd=cwd, timeout=170, start_new_session=True)
+    return proc.returncode, proc.stdout
+
+
+def _run_on_a_tty(argv, env, cwd) -> tuple[int, bytes]:
+    """Run with stdout (and stderr) on a pseudo-terminal; return its status and every byte written."""
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env, cwd=cwd,
+                                start_new_session=True)
+    finally:
+        os.close(slave)
+    chunks = []
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], 170)
+            if not ready:
+                raise AssertionError("the demo wrote nothing to its terminal for 170 s")
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every writer closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        return proc.wait(60), b"".join(chunks)
+    finally:
+        os.close(master)
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+NARRATION = [
+    "model sees: account household holds",
+    "PENDING_APPROVAL",
+    "paid 950.00 to landlord",
+    "INTERRUPTED",
+    "model sees (isError): REJECTED",
+    "model sees (isError): DUPLICATE",
+    "through the gate the server made 1 payment",
+    "without the gate the server made 2 payments",
+    "every process the demo started has exited",
+]
+
+
+def test_the_demo_narrates_every_step(tmp_path):
+    argv = shlex.split(readme_command("python3 agentgate.py demo"))
+    base = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "AGENTGATE_CONFIG")}
+    runs = {
+        # (how stdout is connected, NO_COLOR): the output must carry no ESC byte in any of these
+        "piped, NO_COLOR": (_run_piped, {"NO_COLOR": "1"}),
+        "tty, NO_COLOR": (_run_on_a_tty, {"NO_COLOR": "1"}),
+        "piped, colour allowed": (_run_piped, {}),
+    }
+    results, threads = {}, []
+    for i, (name, (runner, extra)) in enumerate(runs.items()):
+        tmp = tmp_path / f"tmp{i}"  # the demo's temporary directory lands here, so it can be watched
+        tmp.mkdir()
+        env = {**base, **extra, "TMPDIR": str(tmp)}
+
+        def go(name=name, runner=runner, env=env):
+            try:
+                results[name] = runner(argv, env, REPO)
+            except BaseException as exc:  # reported below
+                results[name] = exc
+
+        threads.append(threading.Thread(target=go))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(200)
+    for name, result in results.items():
+        if isinstance(result, BaseException):
+            raise result
+    assert set(results) == set(runs), "a demo run did not finish"
+    for name, (status, output) in results.items():
+        text = output.decode("utf-8", "replace")
+        assert status == 0, f"demo ({name}) exited {status}:\n{text}"
+        assert b"\x1b" not in output, f"demo ({name}) wrote an escape sequence:\n{text}"
+        at = 0
+        for phrase in NARRATION:
+            found = text.find(phrase, at)
+            assert found >= 0, f"demo ({name}): {phrase!r} missing (or out of order) in:\n{text}"
+            at = found + len(phrase)
+    wait_no_process(tmp_path)
+
+
+# ---------------------------------------------------------------- the quickstart
+
+
+class Quickstart:
+    """A person's machine in `root`: HOME with ~/bin/agentgate.py, the README's config at the
+    default path (fronting the locally installed filesystem server on ~/sandbox), pinned."""
+
+    def __init__(self, root: Path):
+        self.home = root / "home"
+        self.home.mkdir()
+        self.sandbox = self.home / "sandbox"
+        self.sandbox.mkdir()
+        self.env = person_env(self.home)
+
+        ok(readme_command("mkdir -p ~/bin && cp agentgate.py"), self.env, REPO)
+        installed = self.home / "bin" / "agentgate.py"
+        assert installed.read_bytes() == AGENTGATE.read_bytes()
+
+        config = readme_config()
+        (server,) = config["servers"]
+        # The README starts the server with npx (which fetches it from the network); here the
+        # same package runs from tests/node_modules, as npx would run its bin, on the same root.
+        npx, flag, package, *roots = server["command"]
+        assert (npx, flag, package) == ("npx", "-y", FS_PACKAGE)
+        assert roots == [f"{PLACEHOLDER_HOME}/sandbox"]
+        assert json.loads((NODE_MODULES / FS_PACKAGE / "package.json").read_text())["name"] == FS_PACKAGE
+        server["command"] = filesystem_server_argv(self.sandbox)
+        self.config = config
+        self.rules = dict(server["rules"])
+
+        default = readme_default_config_path()
+        assert default == "~/.config/agentgate/config.json"
+        self.config_path = self.home / default.removeprefix("~/")
+        assert self.config_path == Path(self.env["XDG_CONFIG_HOME"]) / "agentgate" / "config.json"
+        self.config_path.parent.mkdir(parents=True)
+        self.config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+        ok(f"chmod 600 {shlex.quote(str(self.config_path))}", self.env, self.home)  # as the prose says
+        assert self.config_path.stat().st_mode & 0o777 == 0o600
+
+        self.pin_output = ok(readme_command("python3 ~/bin/agentgate.py pin"), self.env, self.home)
+
+    def host(self) -> Host:
+        """agentgate started as the Claude Desktop / Cursor snippet says, by the Python SDK client."""
+        snippets = readme_host_snippets()
+        (entry,) = snippets["Claude Desktop"]["mcpServers"].values()
+        argv = [entry["command"], *[arg.replace(PLACEHOLDER_HOME, str(self.home)) for arg in entry["args"]]]
+        env = {"HOME": self.env["HOME"], "XDG_CONFIG_HOME": self.env["XDG_CONFIG_HOME"]}
+        return Host(argv, env=env, cwd=self.home).start()
+
+    def operator(self, verb_line: str) -> str:
+        """An operator command, typed the way the README types them (python3 ~/bin/agentgate.py ...)."""
+        return ok(f"python3 ~/bin/agentgate.py {verb_line}", self.env, self.home)
+
+
+def wait_hint(host: Host, call, seen: int = 0):
+    """(invocation, run id, approval id) of approval hint number `seen` on agentgate's stderr,
+    which `call` (still waiting for the operator) opened."""
+    def next_hint():
+        hints = APPROVAL_HINT.findall(host.stderr_text())
+        if len(hints) > seen:
+            return hints[seen]
+        if call.done():
+            raise AssertionError(f"the call answered before any approval was opened: {call.result()!r}")
+        return None
+    return wait_for(next_hint, 60, message="agentgate to name an approval on its stderr")
+
+
+def test_the_filesystem_server_has_the_tools_the_readme_names(tmp_path):
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    with Host(filesystem_server_argv(sandbox)) as direct:
+        names = {t.name for t in direct.list_tools()}
+    (server,) = readme_config()["servers"]
+    assert {"read_text_file", "list_directory", "write_file"} <= names
+    assert set(server["rules"]) <= names, f"README classifies tools the server lacks: {set(server['rules']) - names}"
+    for name in readme_model_tools():
+        if name != readme_config().get("status_tool", "gate_status"):
+            assert name.removeprefix(f"{server['name']}_") in names, name
+
+
+def test_quickstart_from_nothing_to_a_gated_filesystem_server(tmp_path):
+    qs = Quickstart(tmp_path)
+    assert (qs.config_path.parent / "fs.manifest.json").exists()
+    for tool in qs.rules:
+        assert re.search(rf"^\s*{tool}\s", qs.pin_output, re.M), f"pin did not list {tool}:\n{qs.pin_output}"
+
+    checked = ok(readme_command("python3 ~/bin/agentgate.py check"), qs.env, qs.home)
+    for tool in qs.rules:
+        assert f"registered {tool} as fs_{tool}" in checked, f"check does not register {tool}:\n{checked}"
+
+    (qs.sandbox / "hello.txt").write_text("hello from the sandbox\n")
+    with Host(filesystem_server_argv(qs.sandbox)) as direct:
+        straight = direct.call("read_text_file", {"path": str(qs.sandbox / "hello.txt")})
+
+    with qs.host() as host:
+        assert host.client.server_info.name == "gated-tools"
+        listed = [t.name for t in host.list_tools()]
+        assert sorted(listed) == sorted(readme_model_tools()), f"offered {listed}\n{host.stderr_text()}"
+
+        # A read answers as the server answered. This server answers with structured content
+        # (and its text); agentgate passes the structured content on as it came, and as the
+        # text the JSON of it (section 8: "a recorded result, passed back as data").
+        read = host.call("fs_read_text_file", {"path": str(qs.sandbox / "hello.txt")})
+        assert not read.is_error
+        if straight.structured_content is not None:
+            assert read.structured_content == straight.structured_content
+            assert json.loads(result_text(read)) == straight.structured_content
+        else:
+            assert result_text(read) == result_text(straight)
+        assert "hello from the sandbox\n" in (result_text(read) if read.structured_content is None
+                                              else json.dumps(read.structured_content, ensure_ascii=False)
+                                              .replace("\\n", "\n"))
+
+        # A write waits for the operator (the README's config keeps the default 15 s hold).
+        target = qs.sandbox / "note.txt"
+        write = {"path": str(target), "content": "written through the gate\n"}
+        pending = host.submit("fs_write_file", write)
+        invocation, run_id, approval_id = wait_hint(host, pending)
+        # The hint on stderr is the README's approve line, with this run's ids.
+        example = readme_command("python3 ~/bin/agentgate.py approve ")
+        _, example_run, _, example_approval = example.rsplit(" ", 3)
+        assert invocation == f"python3 {qs.home}/bin/agentgate.py"
+        assert re.fullmatch(r"laptop\.[0-9a-f]{16}", run_id) and re.fullmatch(r"laptop\.[0-9a-f]{16}", example_run)
+        assert re.fullmatch(r"[0-9a-f]+\.\.\.", example_approval) and re.fullmatch(r"[0-9a-f]{32}", approval_id)
+
+        listing = ok(readme_command("python3 ~/bin/agentgate.py runs"), qs.env, qs.home)
+        row = [line for line in listing.splitlines() if line.startswith(run_id)]
+        assert row and "WAITING_FOR_APPROVAL" in row[0] and approval_id in row[0] and "fs_write_file" in row[0], listing
+
+        first = pending.result()
+        text = result_text(first)
+        assert text.startswith("PENDING_APPROVAL:") and not first.is_error, text
+        assert approval_id in text and "same arguments" in text
+        assert not target.exists()
+
+        # The README's approve line, pasted into a terminal with this run's ids.
+        approve_line = example.replace(example_run, run_id).replace(example_approval, approval_id)
+        status, shown, asked = on_terminal(approve_line, qs.env, qs.home)
+        assert status == 0, f"{approve_line!r} exited {status}:\n{shown}"
+        # approve prints the request in full: server, tool, every argument with its size, the
+        # question and the policy's reason.
+        for needed in ("server", " fs", "write_file", "question", "reason",
+                       f'path = "{target}"   ({len(str(target))} bytes)', "content = "):
+            assert needed in shown, f"{needed!r} not in:\n{shown}"
+        assert f"approval {approval_id}: approved" in shown
+
+        # Then the model's identical call runs it, once.
+        done = host.call("fs_write_file", write)
+        assert not done.is_error, result_text(done)
+        assert target.read_text() == "written through the gate\n"
+        again = host.call("fs_write_file", write)
+        assert again.is_error and result_text(again).startswith("DUPLICATE:")
+
+    # The README says naming the approval with -approval is the operator's confirmation, so
+    # its approve line decides without a prompt (the form without -approval asks: see the
+    # reject line in test_operator_commands_from_the_prose).
+    assert not asked, f"the README's approve line asked to type yes:\n{shown}"
+
+    assert (qs.config_path.parent / "agentgate.db").exists()  # relative to the config's directory
+    wait_no_process(tmp_path)
+
+
+def settled(host: Host, call, name: str, content: str, qs: Quickstart):
+    """The answer to a held write once the operator acted: the held call's own, or, if the hold
+    ran out first on a slow machine, that of the model's identical call after it."""
+    result = call.result()
+    if result_text(result).startswith("PENDING_APPROVAL:"):
+        result = host.call("fs_write_file", {"path": str(qs.sandbox / name), "content": content})
+    return result
+
+
+def test_the_operator_verbs_the_prose_names(tmp_path):
+    qs = Quickstart(tmp_path)
+    with qs.host() as host:
+        assert "fs_write_file" in [t.name for t in host.list_tools()], host.stderr_text()
+        # reject RUN -note TEXT: the model sees the note.
+        rejected = host.submit("fs_write_file", {"path": str(qs.sandbox / "a.txt"), "content": "a"})
+        _, run_a, _ = wait_hint(host, rejected, 0)
+        # Typed at a terminal: without -approval it shows the request and asks to type yes.
+        reject_line = f"python3 ~/bin/agentgate.py reject {run_a} -note {shlex.quote('not in the sandbox root, please')}"
+        status, shown, asked = on_terminal(reject_line, qs.env, qs.home)
+        assert status == 0 and asked and "rejected" in shown, shown
+        text = result_text(settled(host, rejected, "a.txt", "a", qs))
+        assert text.startswith("REJECTED:") and "not in the sandbox root, please" in text, text
+
+        # show RUN: the run with its steps and events.
+        shown = qs.operator(f"show {run_a}")
+        assert run_a in shown and "approval.decided" in shown, shown
+
+        # cancel RUN ends a run that waits.
+        cancelled = host.submit("fs_write_file", {"path": str(qs.sandbox / "b.txt"), "content": "b"})
+        _, run_b, _ = wait_hint(host, cancelled, 1)
+        out = qs.operator(f"cancel {run_b}")
+        assert f"run {run_b}: CANCELLED" in out, out
+        result = settled(host, cancelled, "b.txt", "b", qs)
+        assert result.is_error and "cancelled" in result_text(result), result_text(result)
+        assert not (qs.sandbox / "a.txt").exists() and not (qs.sandbox / "b.txt").exists()
+
+    # verify walks the chain and prints its head; recheck compares decisions with today's policy.
+    verified = qs.operator("verify")
+    assert re.search(r"^head: seq \d+ [0-9a-f]{64}$", verified, re.M) and "intact" in verified, verified
+    qs.operator("recheck")
+    wait_no_process(tmp_path)
+
+
+# ---------------------------------------------------------------- what cannot run here
+
+
+def test_the_host_snippets_agree():
+    """`claude mcp add` needs the Claude Code CLI (and would change the user's settings), so it
+    is not run: its server name, command and arguments must be those of the JSON snippets,
+    which the quickstart test starts exactly as written."""
+    snippets = readme_host_snippets()
+    entries = {host: value["mcpServers"] for host, value in snippets.items()}
+    assert entries["Claude Desktop"] == entries["Cursor"]
+    ((name, entry),) = entries["Claude Desktop"].items()
+    assert set(entry) == {"command", "args"}
+    assert isinstance(entry["command"], str) and all(isinstance(a, str) for a in entry["args"])
+
+    line = readme_command("claude mcp add ")
+    words = shlex.split(line)
+    assert words[:3] == ["claude", "mcp", "add"]
+    split = words.index("--")
+    assert words[3:split] == [name], "claude mcp add names the server as the JSON does, with no options"
+    assert words[split + 1:] == [entry["command"], *entry["args"]]
+    # The argument is the file the quickstart copied to ~/bin.
+    assert entry["args"] == [f"{PLACEHOLDER_HOME}/bin/agentgate.py"]
+    assert readme_command("mkdir -p ~/bin && cp agentgate.py ").endswith("~/bin/agentgate.py")
+
+
+def test_the_install_and_test_command_is_well_formed():
+    """`bash tests/setup.sh && python3 -m pytest -q tests` installs from the network and runs
+    this very suite, so it is not run here: setup.sh must be valid bash that installs the
+    Python requirements and the npm packages, and `tests` must be the suite's directory."""
+    line = readme_command("bash tests/setup.sh")
+    first, second = [shlex.split(part) for part in line.split("&&")]
+    assert first == ["bash", "tests/setup.sh"]
+    assert second == ["python3", "-m", "pytest", "-q", "tests"]
+    setup = REPO / first[1]
+    syntax = subprocess.run(["bash", "-n", str(setup)], capture_output=True, text=True, timeout=60)
+    assert syntax.returncode == 0, syntax.stderr
+    script = setup.read_text()
+    assert "tests/requirements.txt" in script and "npm ci --prefix tests" in script
+    requirements = (REPO / "tests" / "requirements.txt").read_text()
+    assert re.search(r"^mcp==", requirements, re.M) and re.search(r"^pytest==", requirements, re.M)
+    npm = json.loads((REPO / "tests" / "package.json").read_text())["dependencies"]
+    assert {"@modelcontextprotocol/sdk", FS_PACKAGE} <= set(npm)
+    assert (REPO / second[-1] / "conftest.py").exists()
