@@ -27,19 +27,18 @@ Sections, in the order data flows through them:
      3. Configuration         the file, its checks, the policy identity
      4. Store                 the only place SQL lives
      5. Upstream client       a stdio MCP server as agentgate's child
-     6. Pin and load          manifests, the load checks, the report
-     7. Schema validation     the subset of JSON Schema real servers use
+     6. Schema validation     the subset of JSON Schema real servers use
+     7. Pin and load          manifests, the load checks, the report
      8. Policy and the gate   one call as one run: propose, pause, execute, record
      9. Rules across calls    the calls index, duplicates, unknown outcomes, holds
     10. MCP server            the host side: framing, initialize, tools/list, tools/call
     11. Operator commands     runs, show, approve, reject, cancel, verify, recheck
     12. Fake payment server   the demo's and the tests' upstream
-    13. Demonstration
-    14. Main
+    13. Demonstration         a host, a server and an operator, scripted
+    14. Main                  the command line
 """
 
 import argparse
-import base64
 import ctypes
 import datetime
 import decimal
@@ -51,7 +50,6 @@ import os
 import queue
 import re
 import secrets
-import select
 import shlex
 import signal
 import sqlite3
@@ -3739,7 +3737,7 @@ def cmd_runs(argv):
                       r["pending_approval"] or "", sanitize(r["tool"])))
     print_table(table)
     if len(rows) > limit:
-        print(f"... more runs; use -limit to see them")
+        print("... more runs; use -limit to see them")
     return 0
 
 
