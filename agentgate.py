@@ -1225,21 +1225,31 @@ class Store:
         uri = "file:" + path.replace("?", "%3f").replace("#", "%23") + ("?mode=ro" if readonly
                                                                         else "")
         try:
-            self.db = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=5.0,
-                                      check_same_thread=False)
-            self.db.execute("PRAGMA busy_timeout=5000")
-            self.db.execute("PRAGMA trusted_schema=OFF")
-            self.db.execute("PRAGMA foreign_keys=ON")
-            if hasattr(self.db, "setconfig"):
-                self.db.setconfig(sqlite3.SQLITE_DBCONFIG_DEFENSIVE, True)
+            self.db = self._connect(uri)
             if not readonly:
                 self._wal()
                 self.db.execute("PRAGMA synchronous=FULL")
             self._check_schema(migrate=create and not readonly)
+            # Reads go through a second connection: with WAL they see every committed change
+            # without waiting while a writer syncs to disk, and a decision that read a state
+            # another change has since replaced is caught inside its own write transaction.
+            self.reader = self.db if readonly else self._connect(uri)
+            self.read_lock = self.lock if readonly else threading.Lock()
         except sqlite3.Error as err:
             raise StoreError(f"database {path} cannot be opened: {err}") from None
         self._check_files(tighten=not readonly)
         check_database_path(path)
+
+    @staticmethod
+    def _connect(uri):
+        db = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=5.0,
+                             check_same_thread=False)
+        db.execute("PRAGMA busy_timeout=5000")
+        db.execute("PRAGMA trusted_schema=OFF")
+        db.execute("PRAGMA foreign_keys=ON")
+        if hasattr(db, "setconfig"):
+            db.setconfig(sqlite3.SQLITE_DBCONFIG_DEFENSIVE, True)
+        return db
 
     def _wal(self):
         deadline = time.monotonic() + 5
@@ -1304,7 +1314,8 @@ class Store:
             raise
 
     def close(self):
-        with self.lock:
+        with self.lock, self.read_lock:
+            self.reader.close()
             self.db.close()
 
     # -- the one place transactions are opened --------------------------------------------
@@ -1363,9 +1374,9 @@ class Store:
                                          "status='RUNNING'", (until, owner)))
 
     def read(self, sql, args=()):
-        with self.lock:
+        with self.read_lock:
             try:
-                return self.db.execute(sql, args).fetchall()
+                return self.reader.execute(sql, args).fetchall()
             except sqlite3.Error as err:
                 raise StoreError(f"the records could not be read: {err}") from None
 
@@ -4692,13 +4703,21 @@ def cmd_serve(argv):
     signal.signal(signal.SIGINT, stop)
     host.start()
     upstreams, store, gate = [], None, None
+    # The database opens while the servers start: neither waits for the other.
+    opened = []
+    opener = threading.Thread(target=lambda: opened.append(_open_store(config.database)),
+                              daemon=True)
+    opener.start()
     try:
         try:
             upstreams, tools, reports = load_all(config)
             for report in reports:
                 for line in report.lines:
                     log(line)
-            store = Store(config.database)
+            opener.join()
+            store = opened[0]
+            if isinstance(store, Exception):
+                raise store
         except (LoadError, StoreError, ConfigError) as err:
             host.fail(str(err))
             raise
@@ -4723,8 +4742,16 @@ def cmd_serve(argv):
             gate.stopping.set()
         for upstream in upstreams:
             upstream.close()
-        if store:
-            store.close()
+        opener.join()
+        if opened and isinstance(opened[0], Store):
+            opened[0].close()
+
+
+def _open_store(path):
+    try:
+        return Store(path)
+    except (StoreError, ConfigError) as err:
+        return err
 
 
 def main(argv=None):
