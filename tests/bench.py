@@ -151,11 +151,14 @@ def add_earlier_runs(directory, count):
                       (run[0],)).fetchone()
     db.execute("BEGIN")
     db.execute("UPDATE calls SET open=0")
-    for _ in range(count):
-        run_id = f"bench.{secrets.token_hex(8)}"
+    # Earlier runs have earlier ids, as agentgate's time-first ids do.
+    start = (time.time_ns() // 1_000_000 - 10 * count) & 0xFFFFFFFFFF
+    ids = [f"{start + 10 * i:010x}{secrets.token_hex(3)}" for i in range(count)]
+    for number in range(count):
+        run_id = f"bench.{ids[number]}"
         db.execute(f"INSERT INTO runs VALUES({','.join('?' * len(run))})", (run_id, *run[1:]))
         for step in steps:
-            step_id = secrets.token_hex(16)
+            step_id = ids[number] + secrets.token_hex(8)
             db.execute(f"INSERT INTO steps VALUES({','.join('?' * len(step))})",
                        (step_id, run_id, *step[2:]))
         db.executemany("INSERT INTO events(run_id, step_id, at, type, payload_json, hash) "
