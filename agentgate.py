@@ -1072,10 +1072,11 @@ class Tx:
             # An interruption approval exists only where an attempt's outcome was unknown.
             unknown = self.execute(
                 "SELECT 1 FROM approvals WHERE run_id=? AND kind='interrupted_side_effect' "
-                "UNION ALL SELECT 1 FROM steps WHERE run_id=? AND (json_extract("
-                "observation_json, '$.content.ending') IN ('timed_out', 'no_answer') OR "
-                "(json_extract(observation_json, '$.kind')='interrupted' AND json_extract("
-                "observation_json, '$.content.previous_status')='executing')) LIMIT 1",
+                "UNION ALL SELECT 1 FROM steps WHERE run_id=? AND observation_json!='' AND "
+                "(json_extract(observation_json, '$.content.ending') IN ('timed_out', "
+                "'no_answer') OR (json_extract(observation_json, '$.kind')='interrupted' AND "
+                "json_extract(observation_json, '$.content.previous_status')='executing')) "
+                "LIMIT 1",
                 (run_id, run_id)).fetchone()
             outcome = OUTCOME_UNKNOWN if unknown else OUTCOME_NONE
         if status != "COMPLETED":
@@ -1177,11 +1178,15 @@ class Tx:
         return cut
 
     def decide_approval(self, approval_id, shown_hash, status, by, note):
-        """An operator's decision, bound to the hash of exactly what they were shown."""
-        row = self.execute("SELECT run_id, step_id FROM approvals WHERE id=? AND "
+        """An operator's decision, bound to the hash of exactly what they were shown.
+        Returns 'decided', 'changed' (not pending, or not what was shown) or 'expired'."""
+        row = self.execute("SELECT run_id, step_id, expires_at FROM approvals WHERE id=? AND "
                            "status='pending' AND hash=?", (approval_id, shown_hash)).fetchone()
         if row is None:
-            return False
+            return "changed"
+        if row[2] and row[2] <= now():
+            self.expire_approval(approval_id, row[0], row[1])
+            return "expired"
         self.execute("UPDATE approvals SET status=?, decided_at=?, decided_by=?, note=? "
                      "WHERE id=?", (status, now(), by, note, approval_id))
         self.event(row[0], "approval.decided", {"approval_id": approval_id, "status": status,
@@ -1190,7 +1195,7 @@ class Tx:
             self.fail_step(row[0], row[1], {"kind": "policy_denied", "content": {
                 "approval_id": approval_id, "note": note}}, f"rejected by {by}")
             self.finish_run(row[0], "CANCELLED", "approval_rejected", note)
-        return True
+        return "decided"
 
     def expire_approval(self, approval_id, run_id, step_id):
         """A question nobody answered in time, or a grant nobody collected in time."""
@@ -2871,7 +2876,7 @@ class Gate:
                 return ("wait", approval)
             self._write(lambda tx: tx.expire_approval(approval["id"], run_id,
                                                       approval["step_id"]))
-            return None
+            raise Race()  # the run has ended: decide again, with rules 4 to 6 on it
         if approval["status"] != "approved":
             return answer("IN_PROGRESS")
         return self._collect(tool, approval)
@@ -2887,7 +2892,7 @@ class Gate:
         grant_ttl = self.config.grant_ttl
         if grant_ttl and later(approval["decided_at"], grant_ttl) < now():
             self._write(lambda tx: tx.expire_approval(approval["id"], run_id, step_id))
-            return None
+            raise Race()  # the run has ended: decide again, with rules 4 to 6 on it
         args = parse(approval["request_json"])["args"]
         problem = check_arguments(tool, args)
         if problem:
@@ -3925,7 +3930,10 @@ def decide(argv, command):
     shown = approval["hash"]
     decided = store.write(lambda tx: tx.decide_approval(approval["id"], shown, status, by,
                                                         opts.note or ""))
-    if not decided:
+    if decided == "expired":
+        raise StoreError(f"approval {approval['id']} expired at {approval['expires_at']}; it "
+                         f"can no longer be decided, and its request was not executed")
+    if decided == "changed":
         raise StoreError(f"approval {approval['id']} changed after it was shown, or was "
                          f"decided meanwhile; run the command again to see it as it is now")
     run = load_run(store, opts.run)
@@ -4776,6 +4784,8 @@ def main(argv=None):
     if argv and argv[0] in ("-h", "--help", "help"):
         sys.stderr.write(USAGE)
         return 0
+    if len(argv) > 2 and argv[0].lstrip("-") in ("config", "db") and argv[2] in commands:
+        argv = [argv[2], *argv[:2], *argv[3:]]  # `-config FILE approve ...` reads as written
     command = argv[0] if argv and not argv[0].startswith("-") else "serve"
     rest = argv[1:] if argv and not argv[0].startswith("-") else argv
     if command not in commands:
