@@ -1049,9 +1049,14 @@ class Tx:
         return step_id
 
     def record_policy(self, run_id, step_id, policy, policy_id):
+        """A decision of the policy, chained with the identity of the policy that made it and
+        the hash of the tool spec it was made for, so the chain binds both."""
         self.execute("UPDATE steps SET policy_json=?, policy_id=? WHERE id=?",
                      (dumps(policy), policy_id, step_id))
-        self.event(run_id, "step.policy", {**policy, "policy_id": policy_id}, step_id)
+        spec_hash = self.execute("SELECT spec_hash FROM steps WHERE id=?",
+                                 (step_id,)).fetchone()[0]
+        self.event(run_id, "step.policy", {**policy, "policy_id": policy_id,
+                                           "spec_hash": spec_hash}, step_id)
 
     def fail_step(self, run_id, step_id, observation, detail):
         self.execute("UPDATE steps SET status='failed', observation_json=?, finished_at=? "
@@ -4136,6 +4141,7 @@ def recheck_run(store, config, tools, run_id, current):
                       "tool": run["tool"], "on_resume": on_resume,
                       "recorded": recorded["outcome"], "rechecked": "", "detail": "",
                       "recorded_hash": "", "rechecked_hash": "",
+                      "policy_id": recorded.get("policy_id", ""),
                       "spec_source": "current" if current else "recorded"}
         evaluations.append(evaluation)
         if not recorded.get("policy_id"):
@@ -4190,7 +4196,7 @@ def recheck_run(store, config, tools, run_id, current):
             "identity": identity, "spec_source": "current" if current else "recorded",
             "notes": notes, "evaluations": evaluations, "same": differences == 0,
             "differences": differences, "rechecked": rechecked,
-            "not_recheckable": len(evaluations) - rechecked}
+            "not_recheckable": len(evaluations) - rechecked, "complete": True}
 
 
 def print_recheck(config, reports, as_json, session):
