@@ -936,6 +936,11 @@ SCHEMA = [
     """,
 ]
 
+APPROVAL_COLUMNS = ("id", "run_id", "step_id", "kind", "capability_json", "presentation_json",
+                    "request_json", "hash", "status", "created_at", "expires_at", "decided_at",
+                    "decided_by", "note")
+
+
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 # What a settled call index row says its run's last attempt came to.
 OUTCOME_UNSEEN, OUTCOME_NONE, OUTCOME_KNOWN, OUTCOME_UNKNOWN = 0, 1, 2, 3
@@ -1154,6 +1159,14 @@ class Tx:
         else:
             self.event(run_id, "step.failed", {"detail": observation["summary"],
                                                "observation": observation}, step_id)
+
+    def run_holder(self, run_id):
+        """(status, lease owner) of a run, read inside the transaction that acts on it."""
+        return self.execute("SELECT status, lease_owner FROM runs WHERE id=?",
+                            (run_id,)).fetchone()
+
+    def step_started(self, step_id):
+        return self.execute("SELECT started_at FROM steps WHERE id=?", (step_id,)).fetchone()[0]
 
     def take_over(self, run_id, lease):
         """Take the lease of a run whose owner stopped renewing it, marking every step it cut
@@ -1394,6 +1407,162 @@ class Store:
         self.write(lambda tx: tx.execute("UPDATE runs SET lease_expires_at=? WHERE "
                                          "lease_owner=? AND lease_owner!='' AND "
                                          "status='RUNNING'", (until, owner)))
+
+    # -- reads: every question the rules, the status tool and the operator commands ask ---
+
+    def key_runs(self, session, key, since, newest_only):
+        """A request's runs that are unfinished or finished since `since`, newest first."""
+        return self.read(
+            "SELECT r.id, r.status, r.reason, r.detail, r.finished_at, r.lease_owner, "
+            "r.lease_expires_at FROM calls c JOIN runs r ON r.id = c.run_id WHERE c.session=? "
+            "AND c.request_key=? AND (c.settled_at='' OR c.settled_at>=?) ORDER BY c.id DESC"
+            + (" LIMIT 1" if newest_only else ""), (session, key, since))
+
+    def open_run(self, session, key):
+        """The run of a request's open row in the calls index, or None."""
+        row = self.read_one("SELECT run_id FROM calls WHERE session=? AND request_key=? AND "
+                            "open=1", (session, key))
+        return row[0] if row else None
+
+    def attempt_runs(self, session, key):
+        """A request's runs that may hold an attempt (outcome not none), newest first."""
+        return self.read("SELECT r.id, r.status FROM calls c JOIN runs r ON r.id = c.run_id "
+                         "WHERE c.session=? AND c.request_key=? AND c.outcome!=? "
+                         "ORDER BY c.id DESC", (session, key, OUTCOME_NONE))
+
+    def unsettled_runs(self, session, key):
+        """The session's unfinished runs of other requests, oldest first."""
+        return self.read("SELECT r.id, r.status, r.lease_owner, r.lease_expires_at, r.tool "
+                         "FROM calls c JOIN runs r ON r.id = c.run_id WHERE c.session=? AND "
+                         "c.settled_at='' AND c.request_key!=? ORDER BY c.id", (session, key))
+
+    def unknown_for_tool(self, session, tool, key):
+        """Other requests of a tool whose newest attempt ended with its outcome unknown."""
+        return self.read(
+            "SELECT c.request_key, c.run_id, r.reason FROM calls c JOIN runs r ON r.id = "
+            "c.run_id WHERE c.session=? AND c.tool=? AND c.request_key!=? AND c.outcome=? AND "
+            "c.id = (SELECT max(id) FROM calls d WHERE d.session=c.session AND "
+            "d.request_key=c.request_key AND d.outcome!=?) ORDER BY c.id",
+            (session, tool, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
+
+    def pending_approvals(self, session):
+        """How many approvals of the session wait for an operator and have not expired."""
+        return self.read_one(
+            "SELECT count(*) FROM approvals a JOIN runs r ON r.id = a.run_id WHERE "
+            "r.session=? AND a.status='pending' AND (a.expires_at='' OR a.expires_at>?)",
+            (session, now()))[0]
+
+    def approval_state(self, approval_id):
+        """(approval status, expires_at, run status) while a call is held."""
+        return self.read_one("SELECT a.status, a.expires_at, r.status FROM approvals a JOIN "
+                             "runs r ON r.id = a.run_id WHERE a.id=?", (approval_id,))
+
+    def approvals(self, run_id):
+        """A run's approvals, oldest first, as dicts of APPROVAL_COLUMNS."""
+        return [dict(zip(APPROVAL_COLUMNS, row)) for row in self.read(
+            f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE run_id=? ORDER BY rowid",
+            (run_id,))]
+
+    def latest_approval(self, run_id):
+        """The newest approval of a run; only the latest of a step can be a grant."""
+        row = self.read_one(f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE "
+                            f"run_id=? ORDER BY rowid DESC LIMIT 1", (run_id,))
+        return dict(zip(APPROVAL_COLUMNS, row)) if row else None
+
+    def interruption_of(self, step_id):
+        """The capability of the newest interruption approval of a step, or None."""
+        row = self.read_one("SELECT capability_json FROM approvals WHERE step_id=? AND "
+                            "kind='interrupted_side_effect' ORDER BY rowid DESC LIMIT 1",
+                            (step_id,))
+        return parse(row[0]) if row else None
+
+    def recent_approvals(self, session, since, limit):
+        """Every approval of the session's newest `limit` calls that are unsettled or settled
+        since `since`, with its run's tool, status and reason and its request key."""
+        rows = self.read(
+            f"SELECT {', '.join('a.' + c for c in APPROVAL_COLUMNS)}, r.tool, r.status, "
+            f"r.reason, c.request_key FROM calls c JOIN runs r ON r.id = c.run_id JOIN "
+            f"approvals a ON a.run_id = r.id WHERE c.id IN (SELECT id FROM calls WHERE "
+            f"session=? AND (settled_at='' OR settled_at>=?) ORDER BY id DESC LIMIT ?) "
+            f"ORDER BY c.id DESC, a.rowid", (session, since, limit))
+        names = APPROVAL_COLUMNS + ("tool", "run_status", "run_reason", "request_key")
+        return [dict(zip(names, row)) for row in rows]
+
+    def executed_under(self, approval):
+        """Whether the approval's step started executing under it."""
+        return self.read_one("SELECT 1 FROM events WHERE run_id=? AND step_id=? AND "
+                             "type='step.tool_started' AND json_extract(payload_json, "
+                             "'$.approval_id')=?", (approval["run_id"], approval["step_id"],
+                                                   approval["id"])) is not None
+
+    def tool_call_steps(self, run_id):
+        """A run's tool-call steps, newest first."""
+        return self.read("SELECT id, status, observation_json, started_at, finished_at FROM "
+                         "steps WHERE run_id=? AND json_extract(decision_json, '$.kind')="
+                         "'tool_call' ORDER BY idx DESC", (run_id,))
+
+    def step_decision(self, step_id):
+        return parse(self.read_one("SELECT decision_json FROM steps WHERE id=?",
+                                   (step_id,))[0])
+
+    def step_observation(self, step_id):
+        row = self.read_one("SELECT observation_json FROM steps WHERE id=?", (step_id,))
+        return parse(row[0]) if row and row[0] else None
+
+    def steps(self, run_id):
+        names = ("id", "index", "status", "decision", "policy", "observation", "spec_hash")
+        return [dict(zip(names, row)) for row in self.read(
+            "SELECT id, idx, status, decision_json, policy_json, observation_json, spec_hash "
+            "FROM steps WHERE run_id=? ORDER BY idx", (run_id,))]
+
+    def run(self, run_id):
+        row = self.read_one("SELECT id, session, tool, status, reason, detail, step_count, "
+                            "created_at, finished_at, lease_owner, lease_expires_at FROM runs "
+                            "WHERE id=?", (run_id,))
+        names = ("run", "session", "tool", "status", "reason", "detail", "steps", "created",
+                 "finished", "lease_owner", "lease_expires_at")
+        return dict(zip(names, row)) if row else None
+
+    def runs_page(self, session, limit):
+        """Runs newest first (of one session, or all with session ''), with the approval
+        each waits on."""
+        names = ("run", "status", "reason", "steps", "created", "tool", "pending_approval")
+        return [dict(zip(names, row)) for row in self.read(
+            "SELECT r.id, r.status, r.reason, r.step_count, r.created_at, r.tool, (SELECT a.id "
+            "FROM approvals a WHERE a.run_id = r.id AND a.status='pending' ORDER BY a.rowid "
+            "DESC LIMIT 1) FROM runs r WHERE ?='' OR r.session=? ORDER BY r.rowid DESC LIMIT ?",
+            (session, session, limit))]
+
+    def session_runs(self, session, limit):
+        """The run ids of the session's newest calls."""
+        return [row[0] for row in self.read(
+            "SELECT run_id FROM calls WHERE session=? ORDER BY id DESC LIMIT ?",
+            (session, limit))]
+
+    def run_events(self, run_id):
+        return self.read("SELECT seq, at, type, step_id, payload_json FROM events WHERE "
+                         "run_id=? ORDER BY seq", (run_id,))
+
+    def policy_events(self, run_id):
+        return self.read("SELECT seq, step_id, payload_json FROM events WHERE run_id=? AND "
+                         "type='step.policy' ORDER BY seq", (run_id,))
+
+    def tool_spec(self, spec_hash):
+        row = self.read_one("SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,))
+        return parse(row[0]) if row else None
+
+    def chain_head(self):
+        return self.read_one("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
+
+    def event_hash_at(self, seq):
+        row = self.read_one("SELECT hash FROM events WHERE seq=?", (seq,))
+        return row[0] if row else None
+
+    def events_after(self, seq, last, limit):
+        """Up to `limit` events after `seq` (and at most `last`), as stored, in seq order."""
+        return self.read("SELECT seq, run_id, step_id, at, type, payload_json, hash FROM "
+                         "events WHERE seq>? AND seq<=? ORDER BY seq LIMIT ?",
+                         (seq, last if last is not None else 2**62, limit))
 
     def read(self, sql, args=()):
         with self.read_lock:
@@ -2821,9 +2990,7 @@ class Gate:
             if waited >= total:
                 return
             cancelled.wait(min(HOLD_POLL, total - waited))
-            row = self.store.read_one(
-                "SELECT a.status, a.expires_at, r.status FROM approvals a JOIN runs r ON r.id = "
-                "a.run_id WHERE a.id=?", (approval["id"],))
+            row = self.store.approval_state(approval["id"])
             if row is None or row[0] != "pending" or (row[1] and row[1] <= now()) or \
                     row[2] in TERMINAL:
                 return
@@ -2842,13 +3009,8 @@ class Gate:
         # Identical reads within the window never refuse one another, so a read needs only
         # its newest row: an approval it waits on, or an operator's refusal, stops every
         # identical read that comes after it from beginning a run of its own.
-        newest = "LIMIT 1" if tool.read_only else ""
-        rows = self.store.read(
-            "SELECT r.id, r.status, r.reason, r.detail, r.finished_at, r.lease_owner, "
-            "r.lease_expires_at FROM calls c JOIN runs r ON r.id = c.run_id WHERE c.session=? "
-            "AND c.request_key=? AND (c.settled_at='' OR c.settled_at>=?) "
-            f"ORDER BY c.id DESC {newest}", (self.config.session, key, since))
-        seen = self._open_run(key)
+        rows = self.store.key_runs(self.config.session, key, since, newest_only=tool.read_only)
+        seen = self.store.open_run(self.config.session, key)
         for run_id, status, reason, detail, finished, owner, expires in rows:
             if status == "WAITING_FOR_APPROVAL":                            # rule 1
                 verdict = self._waiting(tool, run_id)
@@ -2873,7 +3035,7 @@ class Gate:
 
     def _waiting(self, tool, run_id):
         """Rule 1: a run of this request waits on an approval. None lets the rules go on."""
-        approval = latest_approval(self.store, run_id)
+        approval = self.store.latest_approval(run_id)
         if approval is None:
             return answer("IN_PROGRESS")
         if approval["status"] == "pending":
@@ -2942,8 +3104,7 @@ class Gate:
             step_id, started = cut
             attempt = {"run_id": run_id, "step_id": step_id, "started_at": started,
                        "ended": "cut_off"}
-            args = parse(self.store.read_one("SELECT decision_json FROM steps WHERE id=?",
-                                             (step_id,))[0])["args"]
+            args = self.store.step_decision(step_id)["args"]
             decision = evaluate(self.config, tool, args, attempt)
             if decision["outcome"] == "require_approval":
                 approval = new_approval(self.config, run_id, step_id, tool, args, decision)
@@ -2972,14 +3133,14 @@ class Gate:
         def until():
             return prose_time(later(finished, window))
         if reason == "approval_rejected":
-            approval = latest_approval(self.store, run_id)
+            approval = self.store.latest_approval(run_id)
             return answer("REJECTED", approval=approval["id"],
                           note=note_text(approval["note"]), until=until())
         attempt = None if tool.read_only else last_attempt(self.store, run_id)
         if reason == "approval_expired":
             if attempt and attempt[0] in UNKNOWN_ENDINGS:
                 return None
-            return answer("EXPIRED", approval=latest_approval(self.store, run_id)["id"],
+            return answer("EXPIRED", approval=self.store.latest_approval(run_id)["id"],
                           until=until())
         if reason == "operator_cancelled":
             return answer("REJECTED", "CANCELLED", note=note_text(detail), until=until())
@@ -2995,10 +3156,7 @@ class Gate:
         """Rule 6: the attempt to run again if this request's newest finished run left its
         outcome unknown. A rejection of a re-run does not resolve it: only an operator who
         approves a re-run that then comes to a known outcome does."""
-        for run_id, status in self.store.read(
-                "SELECT r.id, r.status FROM calls c JOIN runs r ON r.id = c.run_id WHERE "
-                "c.session=? AND c.request_key=? AND c.outcome!=? ORDER BY c.id DESC",
-                (self.config.session, key, OUTCOME_NONE)):
+        for run_id, status in self.store.attempt_runs(self.config.session, key):
             if status not in TERMINAL:
                 continue
             attempt = last_attempt(self.store, run_id)
@@ -3010,10 +3168,8 @@ class Gate:
     def _session_rules(self, tool, key, needs_approval, decider):
         """Rule 7: what other requests of the session say about this one."""
         waiting = 0
-        for run_id, status, owner, expires, run_tool in self.store.read(
-                "SELECT r.id, r.status, r.lease_owner, r.lease_expires_at, r.tool FROM "
-                "calls c JOIN runs r ON r.id = c.run_id WHERE c.session=? AND c.settled_at='' "
-                "AND c.request_key!=? ORDER BY c.id", (self.config.session, key)):
+        for run_id, status, owner, expires, run_tool in self.store.unsettled_runs(
+                self.config.session, key):
             if status == "RUNNING" and run_tool == tool.name and not (
                     owner and expires > now()) and run_id not in self.active:
                 verdict = self._take_over(tool, run_id)
@@ -3023,7 +3179,7 @@ class Gate:
                 continue
             if status != "WAITING_FOR_APPROVAL":
                 continue
-            approval = latest_approval(self.store, run_id)
+            approval = self.store.latest_approval(run_id)
             if approval is None:
                 continue
             live = live_approval(self.config, approval)
@@ -3048,30 +3204,21 @@ class Gate:
         """Another request of this tool left an outcome unknown with nothing waiting for an
         operator (its question expired, or a crash came first): ask it again in a fresh run and
         block this call on it, so the tool is never blocked with nothing to act on."""
-        for other_key, run_id, reason in self.store.read(
-                "SELECT c.request_key, c.run_id, r.reason FROM calls c JOIN runs r ON "
-                "r.id = c.run_id WHERE c.session=? AND c.tool=? AND c.request_key!=? AND "
-                "c.outcome=? AND c.id = (SELECT max(id) FROM calls d WHERE d.session=c.session "
-                "AND d.request_key=c.request_key AND d.outcome!=?) ORDER BY c.id",
-                (self.config.session, tool.name, key, OUTCOME_UNKNOWN, OUTCOME_NONE)):
+        for other_key, run_id, reason in self.store.unknown_for_tool(self.config.session,
+                                                                     tool.name, key):
             if reason in ("approval_rejected", "operator_cancelled"):
                 continue
             attempt = last_attempt(self.store, run_id)
             if attempt is None or attempt[0] not in UNKNOWN_ENDINGS:
                 continue
-            args = parse(self.store.read_one(
-                "SELECT decision_json FROM steps WHERE id=?", (attempt[3]["step_id"],))[0])["args"]
-            verdict = self._begin(tool, args, other_key, self._open_run(other_key),
+            args = self.store.step_decision(attempt[3]["step_id"])["args"]
+            verdict = self._begin(tool, args, other_key,
+                                  self.store.open_run(self.config.session, other_key),
                                   attempt=attempt[3], origin="operator")
             if verdict[0] == "wait":
                 return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
                               approval=verdict[1]["id"])
         return None
-
-    def _open_run(self, key):
-        row = self.store.read_one("SELECT run_id FROM calls WHERE session=? AND request_key=? "
-                                  "AND open=1", (self.config.session, key))
-        return row[0] if row else None
 
     # -- beginning and executing a run ---------------------------------------------------------
 
@@ -3173,9 +3320,7 @@ class Gate:
             nonlocal step_id
             if begin:
                 step_id = begin(tx)
-            row = tx.execute("SELECT status, lease_owner FROM runs WHERE id=?",
-                             (run_id,)).fetchone()
-            if row != ("RUNNING", self.owner):
+            if tx.run_holder(run_id) != ("RUNNING", self.owner):
                 # Cancelled, or taken over after this process lost its lease: the outcome
                 # is kept as a late event and the run is left as its new owner has it.
                 tx.event(run_id, "step.tool_finished", {"tool": tool.name, "late": True,
@@ -3206,7 +3351,7 @@ class Gate:
     def _pause_rerun(self, tx, tool, run_id, step_id, args, ending):
         """An unknown outcome: propose the same request again, which the policy always sends
         to an operator, in the same transaction that records the attempt."""
-        started = tx.execute("SELECT started_at FROM steps WHERE id=?", (step_id,)).fetchone()[0]
+        started = tx.step_started(step_id)
         attempt = {"run_id": run_id, "step_id": step_id, "started_at": started,
                    "ended": ending}
         decision = evaluate(self.config, tool, args, attempt)
@@ -3235,18 +3380,6 @@ def waiting_answer(approval, error=""):
                   who=WHO_DECIDES.format(approval=approval["id"]))
 
 
-APPROVAL_COLUMNS = ("id", "run_id", "step_id", "kind", "capability_json", "presentation_json",
-                    "request_json", "hash", "status", "created_at", "expires_at", "decided_at",
-                    "decided_by", "note")
-
-
-def latest_approval(store, run_id):
-    """The newest approval of a run; only the latest of a step can be a grant."""
-    row = store.read_one(f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE run_id=? "
-                         f"ORDER BY rowid DESC LIMIT 1", (run_id,))
-    return dict(zip(APPROVAL_COLUMNS, row)) if row else None
-
-
 def live_approval(config, approval):
     """Pending and unexpired, or granted and still collectable."""
     if approval["status"] == "pending":
@@ -3266,10 +3399,7 @@ def last_attempt(store, run_id):
     operator decides, short of approving a re-run that then comes to a known end, makes an
     unknown outcome known.
     """
-    for step_id, status, observation, started, finished in store.read(
-            "SELECT id, status, observation_json, started_at, finished_at FROM steps WHERE "
-            "run_id=? AND json_extract(decision_json, '$.kind')='tool_call' ORDER BY idx DESC",
-            (run_id,)):
+    for step_id, status, observation, started, finished in store.tool_call_steps(run_id):
         attempt = {"run_id": run_id, "step_id": step_id, "started_at": started}
         observed = parse(observation) if observation else {"kind": ""}
         if status == "executing" or (observed["kind"] == "interrupted" and observed[
@@ -3282,11 +3412,9 @@ def last_attempt(store, run_id):
         if observed["kind"] == "tool_error":
             ending = observed["content"]["ending"]
             return ending, observed["content"]["error"], finished, {**attempt, "ended": ending}
-        asked = store.read_one("SELECT capability_json FROM approvals WHERE step_id=? AND "
-                               "kind='interrupted_side_effect' ORDER BY rowid DESC LIMIT 1",
-                               (step_id,))
+        asked = store.interruption_of(step_id)
         if asked:
-            prior = parse(asked[0])["interrupted"]
+            prior = asked["interrupted"]
             return prior["ended"], "", finished, prior
     return None
 
@@ -3615,15 +3743,8 @@ def status_answer(gate, args):
 
 
 def status_approvals(store, session):
-    since = format_time(time.time() - STATUS_LOOKBACK)
-    rows = store.read(
-        f"SELECT {', '.join('a.' + c for c in APPROVAL_COLUMNS)}, r.tool, r.status, r.reason, "
-        f"c.request_key FROM calls c JOIN runs r ON r.id = c.run_id JOIN approvals a ON "
-        f"a.run_id = r.id WHERE c.id IN (SELECT id FROM calls WHERE session=? AND "
-        f"(settled_at='' OR settled_at>=?) ORDER BY id DESC LIMIT {STATUS_ROWS}) "
-        f"ORDER BY c.id DESC, a.rowid", (session, since))
-    names = APPROVAL_COLUMNS + ("tool", "run_status", "run_reason", "request_key")
-    return [dict(zip(names, row)) for row in rows]
+    return store.recent_approvals(session, format_time(time.time() - STATUS_LOOKBACK),
+                                  STATUS_ROWS)
 
 
 def describe_approval(gate, approval):
@@ -3653,14 +3774,10 @@ def describe_approval(gate, approval):
 
 def approved_fate(gate, approval):
     store, step_id = gate.store, approval["step_id"]
-    executed = store.read_one("SELECT 1 FROM events WHERE run_id=? AND step_id=? AND "
-                              "type='step.tool_started' AND json_extract(payload_json, "
-                              "'$.approval_id')=?", (approval["run_id"], step_id, approval["id"]))
-    if executed:
-        row = store.read_one("SELECT observation_json FROM steps WHERE id=?", (step_id,))
-        if not row or not row[0] or parse(row[0])["kind"] == "interrupted":
+    if store.executed_under(approval):
+        observed = store.step_observation(step_id)
+        if not observed or observed["kind"] == "interrupted":
             return "APPROVED and executing now."
-        observed = parse(row[0])
         if observed["kind"] == "tool_result":
             return "APPROVED and executed, and it succeeded."
         ending, error = observed["content"]["ending"], clean(observed["content"]["error"], 500)
@@ -3676,19 +3793,17 @@ def approved_fate(gate, approval):
                 f"runs again." if waiting else "No approval to run it again is waiting now.")
         return (f"APPROVED and executed, but it {HOW[ending]}, so whether it took effect is "
                 f"unknown: it may have. {then}")
-    newer = store.read_one("SELECT id FROM approvals WHERE step_id=? AND rowid > (SELECT rowid "
-                           "FROM approvals WHERE id=?) ORDER BY rowid DESC LIMIT 1",
-                           (step_id, approval["id"]))
-    if newer:
+    newer = store.latest_approval(approval["run_id"])
+    if newer and newer["step_id"] == step_id and newer["id"] != approval["id"]:
         return (f"APPROVED, and then a different approval was asked for the same call "
-                f"(approval {newer[0]}).")
+                f"(approval {newer['id']}).")
     if approval["run_status"] == "WAITING_FOR_APPROVAL":
         return (f"APPROVED, awaiting collection. Call {approval['tool']} again with exactly the "
                 f"same arguments to run it and get the result.")
     if approval["run_status"] not in TERMINAL:
         return "APPROVED and executing now."
-    observed = store.read_one("SELECT observation_json FROM steps WHERE id=?", (step_id,))[0]
-    error = parse(observed)["content"].get("error", "") if observed else ""
+    observed = store.step_observation(step_id)
+    error = observed["content"].get("error", "") if observed else ""
     if approval["run_reason"] == "operator_cancelled":
         why = "an operator cancelled it"
     elif approval["run_reason"] == "approval_expired":
@@ -3750,13 +3865,8 @@ def cmd_runs(argv):
     if limit <= 0:
         raise Usage("-limit must be at least 1")
     store, session = operator_store(opts, readonly=True)
-    rows = store.read(
-        "SELECT r.id, r.status, r.reason, r.step_count, r.created_at, r.tool, (SELECT a.id FROM "
-        "approvals a WHERE a.run_id = r.id AND a.status='pending' ORDER BY a.rowid DESC LIMIT 1) "
-        "FROM runs r WHERE ?='' OR r.session=? ORDER BY r.rowid DESC LIMIT ?",
-        (session, session, limit + 1))
-    names = ("run", "status", "reason", "steps", "created", "tool", "pending_approval")
-    runs = [dict(zip(names, row)) for row in rows[:limit]]
+    rows = store.runs_page(session, limit + 1)
+    runs = rows[:limit]
     if opts.json:
         print_json(runs)
         return 0
@@ -3781,14 +3891,10 @@ def print_table(rows):
 
 
 def load_run(store, run_id):
-    row = store.read_one("SELECT id, session, tool, status, reason, detail, step_count, "
-                         "created_at, finished_at, lease_owner, lease_expires_at FROM runs "
-                         "WHERE id=?", (run_id,))
-    if row is None:
+    run = store.run(run_id)
+    if run is None:
         raise StoreError(f"run {quote(run_id)} not found")
-    names = ("run", "session", "tool", "status", "reason", "detail", "steps", "created",
-             "finished", "lease_owner", "lease_expires_at")
-    return dict(zip(names, row))
+    return run
 
 
 def cmd_show(argv):
@@ -3797,14 +3903,8 @@ def cmd_show(argv):
     opts = p.parse_args(argv)
     store, _ = operator_store(opts, readonly=True)
     run = load_run(store, opts.run)
-    steps = [dict(zip(("index", "status", "decision", "policy", "observation"), row)) for row in
-             store.read("SELECT idx, status, decision_json, policy_json, observation_json FROM "
-                        "steps WHERE run_id=? ORDER BY idx", (opts.run,))]
-    approvals = [dict(zip(APPROVAL_COLUMNS, row)) for row in store.read(
-        f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE run_id=? ORDER BY rowid",
-        (opts.run,))]
-    events = store.read("SELECT seq, at, type, step_id, payload_json FROM events WHERE run_id=? "
-                        "ORDER BY seq", (opts.run,))
+    steps, approvals = store.steps(opts.run), store.approvals(opts.run)
+    events = store.run_events(opts.run)
     if opts.json:
         print_json({"run": run, "steps": [{k: parse(v) if k in ("decision", "policy",
                                                                 "observation") and v else v
@@ -3889,18 +3989,14 @@ def print_approval(approval):
 
 def select_approval(store, run_id, approval_id):
     if approval_id:
-        row = store.read_one(f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE id=? "
-                             f"AND run_id=?", (approval_id, run_id))
-        if row is None:
+        approval = next((a for a in store.approvals(run_id) if a["id"] == approval_id), None)
+        if approval is None:
             raise StoreError(f"run {quote(run_id)} has no approval {quote(approval_id)}")
-        approval = dict(zip(APPROVAL_COLUMNS, row))
         if approval["status"] != "pending":
             raise StoreError(f"approval {approval_id} is {approval['status']}, not pending; "
                              f"there is nothing to decide")
         return approval
-    pending = [dict(zip(APPROVAL_COLUMNS, row)) for row in store.read(
-        f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE run_id=? AND "
-        f"status='pending' ORDER BY rowid", (run_id,))]
+    pending = [a for a in store.approvals(run_id) if a["status"] == "pending"]
     if not pending:
         load_run(store, run_id)
         raise StoreError(f"run {quote(run_id)} has no pending approval")
@@ -3974,7 +4070,7 @@ def cmd_cancel(argv):
                          f"cancel")
 
     def cancel(tx):
-        current = tx.execute("SELECT status FROM runs WHERE id=?", (opts.run,)).fetchone()[0]
+        current = tx.run_holder(opts.run)[0]
         if current in TERMINAL:
             raise StoreError(f"run {opts.run} ended meanwhile ({current})")
         tx.cancel_run(opts.run, by, opts.note or "")
@@ -4003,7 +4099,7 @@ def cmd_verify(argv):
         kept = (int(match.group(1)), match.group(2))
     store, _ = operator_store(opts, readonly=True)
     report = verify_chain(store, first, last)
-    head = store.read_one("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
+    head = store.chain_head()
     print(f"head: seq {head[0]} {head[1]}" if head else "head: no events")
     failed = False
     if report["break"]:
@@ -4021,11 +4117,11 @@ def cmd_verify(argv):
         print(f"the chain ends at seq {report['to']}, before -to {last}")
         failed = True
     if kept:
-        found = store.read_one("SELECT hash FROM events WHERE seq=?", (kept[0],))
+        found = store.event_hash_at(kept[0])
         if found is None:
             print(f"kept head: seq {kept[0]} is not in the chain: events were removed")
             failed = True
-        elif found[0] != kept[1] or (report["break"] and report["break"][0] <= kept[0]):
+        elif found != kept[1] or (report["break"] and report["break"][0] <= kept[0]):
             print(f"kept head: seq {kept[0]} does not match: the record was changed")
             failed = True
         else:
@@ -4040,13 +4136,10 @@ def verify_chain(store, first, last):
     """
     prev_seq, prev_hash = first - 1, ""
     if first > 1:
-        row = store.read_one("SELECT hash FROM events WHERE seq=?", (first - 1,))
-        prev_hash = row[0] if row else ""
+        prev_hash = store.event_hash_at(first - 1) or ""
     report = {"from": first, "to": first - 1, "checked": 0, "hash": prev_hash, "break": None}
     while last is None or prev_seq < last:
-        rows = store.read("SELECT seq, run_id, step_id, at, type, payload_json, hash FROM events"
-                          " WHERE seq>? AND seq<=? ORDER BY seq LIMIT ?",
-                          (prev_seq, last if last is not None else 2**62, VERIFY_PAGE))
+        rows = store.events_after(prev_seq, last, VERIFY_PAGE)
         if not rows:
             break
         for seq, run_id, step_id, at, type_, payload, stored in rows:
@@ -4101,9 +4194,7 @@ def cmd_recheck(argv):
             load_run(store, opts.run)
             run_ids = [opts.run]
         else:
-            run_ids = [row[0] for row in store.read(
-                "SELECT c.run_id FROM calls c JOIN runs r ON r.id = c.run_id WHERE c.session=? "
-                "ORDER BY c.id DESC LIMIT ?", (session, limit))]
+            run_ids = store.session_runs(session, limit)
         reports = [recheck_run(store, config, tools, run_id, opts.current_tools)
                    for run_id in run_ids]
     finally:
@@ -4128,16 +4219,14 @@ def recheck_run(store, config, tools, run_id, current):
     run = load_run(store, run_id)
     policy_id = config.policy_id()
     evaluations, notes, recorded_ids, seen_steps = [], [], set(), set()
-    for seq, step_id, payload in store.read(
-            "SELECT seq, step_id, payload_json FROM events WHERE run_id=? AND "
-            "type='step.policy' ORDER BY seq", (run_id,)):
+    steps = {step["id"]: step for step in store.steps(run_id)}
+    for seq, step_id, payload in store.policy_events(run_id):
         recorded = parse(payload)
-        step = store.read_one("SELECT idx, decision_json, spec_hash FROM steps WHERE id=?",
-                              (step_id,))
+        step = steps[step_id]
         on_resume = step_id in seen_steps
         seen_steps.add(step_id)
-        decision = parse(step[1])
-        evaluation = {"seq": seq, "step_index": step[0], "step_id": step_id,
+        decision = parse(step["decision"])
+        evaluation = {"seq": seq, "step_index": step["index"], "step_id": step_id,
                       "tool": run["tool"], "on_resume": on_resume,
                       "recorded": recorded["outcome"], "rechecked": "", "detail": "",
                       "recorded_hash": "", "rechecked_hash": "",
@@ -4149,11 +4238,11 @@ def recheck_run(store, config, tools, run_id, current):
                               detail="a pause after an interruption, not a policy evaluation")
             continue
         recorded_ids.add(recorded["policy_id"])
-        spec_row = store.read_one("SELECT spec_json FROM tool_specs WHERE hash=?", (step[2],))
-        if spec_row is None or "args" not in decision:
+        spec = store.tool_spec(step["spec_hash"])
+        if spec is None or "args" not in decision:
             evaluation.update(result="not_recheckable", detail="the recorded request is missing")
             continue
-        args, spec = decision["args"], parse(spec_row[0])
+        args = decision["args"]
         attempt = recorded.get("capability", {}).get("interrupted")
         request = {"run_id": run_id, "step_id": step_id, "spec": spec, "args": args}
         if recorded["outcome"] == "require_approval":
@@ -4690,11 +4779,16 @@ def cmd_pin(argv):
     return 0
 
 
-def cmd_check(argv):
-    opts = parser("check", "config").parse_args(argv)
-    config = load_config(config_path(opts.config))
+def serving_config(path):
+    """The config, with the checks every command that starts the servers makes first."""
+    config = load_config(config_path(path))
     check_database_path(config.database)
     check_reach(config)
+    return config
+
+
+def cmd_check(argv):
+    config = serving_config(parser("check", "config").parse_args(argv).config)
     try:
         upstreams, tools, reports = load_all(config)
     except LoadError as err:
@@ -4712,10 +4806,7 @@ def cmd_check(argv):
 
 
 def cmd_serve(argv):
-    opts = parser("serve", "config").parse_args(argv)
-    config = load_config(config_path(opts.config))
-    check_database_path(config.database)
-    check_reach(config)
+    config = serving_config(parser("serve", "config").parse_args(argv).config)
     host = HostServer(config, sys.stdin.buffer, sys.stdout.buffer)
     serving = []
 
