@@ -2566,10 +2566,11 @@ def hiding_problem(schema, rule):
     return ""
 
 
-def load_all(config):
+def load_all(config, while_starting=None):
     """Start every server at once, then decide, server by server in the config's order, what
-    is offered. Returns (upstreams, tools, reports); raises LoadError, carrying the reports
-    so far, when a server cannot be used or offers nothing."""
+    is offered. `while_starting` runs once the servers are spawned, while they start. Returns
+    (upstreams, tools, reports); raises LoadError, carrying the reports so far, when a server
+    cannot be used or offers nothing."""
     upstreams, tools, reports = [], [], []
     try:
         manifests = [read_manifest(server) for server in config.servers]
@@ -2582,6 +2583,8 @@ def load_all(config):
         for server in config.servers:
             upstreams.append(Upstream(server))
             upstreams[-1].spawn()
+        if while_starting:
+            while_starting()
         listings = [None] * len(upstreams)
         deadlines = [Deadline(server.connect_timeout) for server in config.servers]
 
@@ -4824,10 +4827,9 @@ def cmd_serve(argv):
     opened = []
     opener = threading.Thread(target=lambda: opened.append(_open_store(config.database)),
                               daemon=True)
-    opener.start()
     try:
         try:
-            upstreams, tools, reports = load_all(config)
+            upstreams, tools, reports = load_all(config, opener.start)
             for report in reports:
                 for line in report.lines:
                     log(line)
@@ -4859,7 +4861,8 @@ def cmd_serve(argv):
             gate.stopping.set()
         for upstream in upstreams:
             upstream.close()
-        opener.join()
+        if opener.is_alive():
+            opener.join()
         if opened and isinstance(opened[0], Store):
             opened[0].close()
 
