@@ -3627,6 +3627,12 @@ class HostServer:
                     except ToolNotOffered as err:
                         response = {"jsonrpc": "2.0", "id": ident, "error": {
                             "code": -32602, "message": str(err)}}
+                    except Exception as err:  # a bug: say so plainly, keep the session
+                        log(f"internal error: {type(err).__name__}: {err}")
+                        response = {"jsonrpc": "2.0", "id": ident, "error": {
+                            "code": -32603, "message": "the gate failed while handling this "
+                            "request and cannot say whether it executed; tell the user before "
+                            "calling again"}}
                     else:
                         if result is None:
                             return None
