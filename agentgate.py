@@ -42,6 +42,7 @@ import argparse
 import ctypes
 import datetime
 import decimal
+import errno
 import functools
 import hashlib
 import json
@@ -327,6 +328,30 @@ def request_key(tool_name, args):
     return sha256_hex(tool_name.encode("utf-8") + b"\x00" + canonical(args))
 
 
+def parse_loosely(data):
+    """A message the boundary check refused, read leniently, only to find out whom to answer
+    (its id and method); never used for what a call sends or what is recorded. None when even
+    that cannot be read."""
+    try:
+        return json.loads(data.decode("utf-8", "replace"), parse_int=Number, parse_float=Number,
+                          parse_constant=Number)
+    except (ValueError, RecursionError):
+        return None
+
+
+_ID_RE = re.compile(rb'"id"\s*:\s*(-?\d+)')
+_BODY_RE = re.compile(rb'"(?:result|error|params)"\s*:')
+
+
+def frame_id(head):
+    """The numeric id of a message too large to parse, from its first bytes: only an id that
+    comes before the message's body counts, since one inside the body could name another
+    request."""
+    body = _BODY_RE.search(head)
+    match = _ID_RE.search(head, 0, body.start() if body else len(head))
+    return int(match.group(1)) if match else None
+
+
 def dumps(value):
     """Encode a record for the store: the canonical form, as text."""
     return canonical(value).decode("utf-8")
@@ -532,9 +557,11 @@ class ConfigError(Exception):
 def read_owned(path, what):
     """The bytes of a file only this user can change, or ConfigError saying how to fix it."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        # O_NONBLOCK: a FIFO planted at the path must not hang the open before it is refused.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK |
+                     getattr(os, "O_CLOEXEC", 0))
     except OSError as err:
-        if getattr(err, "errno", None) == 40:  # ELOOP: the path is a symbolic link
+        if err.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
             raise ConfigError(f"{what} {path} is a symbolic link; name the file itself") from None
         raise ConfigError(f"{what} {path} cannot be read: {err.strerror}") from None
     try:
@@ -917,7 +944,6 @@ SCHEMA = [
         status TEXT NOT NULL, created_at TEXT NOT NULL, expires_at TEXT NOT NULL DEFAULT '',
         decided_at TEXT NOT NULL DEFAULT '', decided_by TEXT NOT NULL DEFAULT '',
         note TEXT NOT NULL DEFAULT '');
-    CREATE INDEX runs_leased ON runs(lease_owner) WHERE lease_owner != '';
     CREATE INDEX approvals_run ON approvals(run_id);
     CREATE TABLE tool_specs(hash TEXT PRIMARY KEY, spec_json TEXT NOT NULL);
     CREATE TABLE calls(id INTEGER PRIMARY KEY AUTOINCREMENT, session TEXT NOT NULL,
@@ -957,6 +983,44 @@ class Race(Exception):
 ANY_ROW = "any open row"  # a read replaces whatever row is open: reads never race for a key
 
 
+UNKNOWN_ENDINGS = ("timed_out", "no_answer", "cut_off")
+
+
+def last_attempt(rows, run_id):
+    """What the newest attempt of a run's tool call came to, read through `rows(sql, args)`
+    (Store.read, or Tx.rows inside a transaction): (ending, text, finished_at, attempt) with
+    ending 'ok', 'error', 'unrecorded', 'timed_out', 'no_answer' or 'cut_off'; None when no
+    tool call of the run ever started.
+
+    A step whose re-run was asked of an operator and not carried out (rejected, expired,
+    cancelled) still stands for the attempt its interruption approval names: nothing an
+    operator decides, short of approving a re-run that then comes to a known end, makes an
+    unknown outcome known.
+    """
+    for step_id, status, observation, started, finished in rows(
+            "SELECT id, status, observation_json, started_at, finished_at FROM steps WHERE "
+            "run_id=? AND json_extract(decision_json, '$.kind')='tool_call' ORDER BY idx DESC",
+            (run_id,)):
+        attempt = {"run_id": run_id, "step_id": step_id, "started_at": started}
+        observed = parse(observation) if observation else {"kind": ""}
+        if status == "executing" or (observed["kind"] == "interrupted" and observed[
+                "content"].get("previous_status") == "executing"):
+            return "cut_off", "", finished, {**attempt, "ended": "cut_off"}
+        if observed["kind"] == "tool_result":
+            content = observed["content"]
+            text = content if isinstance(content, str) else policy_json(content)
+            return "ok", text, finished, {**attempt, "ended": "ok"}
+        if observed["kind"] == "tool_error":
+            ending = observed["content"]["ending"]
+            return ending, observed["content"]["error"], finished, {**attempt, "ended": ending}
+        asked = rows("SELECT capability_json FROM approvals WHERE step_id=? AND "
+                     "kind='interrupted_side_effect' ORDER BY rowid DESC LIMIT 1", (step_id,))
+        if asked:
+            prior = parse(asked[0][0])["interrupted"]
+            return prior["ended"], "", finished, prior
+    return None
+
+
 def new_id(size):
     """A fresh id of `size` bytes as hex: the time in milliseconds first, then randomness.
 
@@ -989,6 +1053,9 @@ class Tx:
 
     def execute(self, sql, args=()):
         return self.db.execute(sql, args)
+
+    def rows(self, sql, args=()):
+        return self.db.execute(sql, args).fetchall()
 
     def event(self, run_id, type_, payload, step_id=""):
         if self.head is None:
@@ -1079,16 +1146,9 @@ class Tx:
         expired re-run leaves the question open.
         """
         if outcome is None:
-            # An interruption approval exists only where an attempt's outcome was unknown.
-            unknown = self.execute(
-                "SELECT 1 FROM approvals WHERE run_id=? AND kind='interrupted_side_effect' "
-                "UNION ALL SELECT 1 FROM steps WHERE run_id=? AND observation_json!='' AND "
-                "(json_extract(observation_json, '$.content.ending') IN ('timed_out', "
-                "'no_answer') OR (json_extract(observation_json, '$.kind')='interrupted' AND "
-                "json_extract(observation_json, '$.content.previous_status')='executing')) "
-                "LIMIT 1",
-                (run_id, run_id)).fetchone()
-            outcome = OUTCOME_UNKNOWN if unknown else OUTCOME_NONE
+            attempt = last_attempt(self.rows, run_id)
+            outcome = (OUTCOME_NONE if attempt is None else OUTCOME_UNKNOWN
+                       if attempt[0] in UNKNOWN_ENDINGS else OUTCOME_KNOWN)
         if status != "COMPLETED":
             step_id = self.start_step(run_id, {"kind": "fail", "message": detail,
                                                "origin": "operator"})
@@ -1127,8 +1187,10 @@ class Tx:
         """A granted run runs again, under this process's lease."""
         changed = self.execute("UPDATE runs SET status='RUNNING', lease_owner=?, "
                                "lease_expires_at=? WHERE id=? AND status='WAITING_FOR_APPROVAL'"
-                               " AND EXISTS (SELECT 1 FROM approvals WHERE id=? AND "
-                               "status='approved')", (lease[0], lease[1], run_id, approval_id))
+                               " AND (SELECT id FROM approvals WHERE run_id=? ORDER BY rowid "
+                               "DESC LIMIT 1)=? AND EXISTS (SELECT 1 FROM approvals WHERE id=? "
+                               "AND status='approved')",
+                               (lease[0], lease[1], run_id, run_id, approval_id, approval_id))
         if changed.rowcount != 1:
             raise Race()
         self.event(run_id, "run.resumed", {"approval_id": approval_id})
@@ -1174,6 +1236,9 @@ class Tx:
         or None."""
         row = self.execute("SELECT lease_owner, lease_expires_at FROM runs WHERE id=? AND "
                            "status='RUNNING'", (run_id,)).fetchone()
+        # A live lease of another process is refused. This process's own live lease is not:
+        # the gate takes over only runs it is not executing (Gate.active), so its own lease
+        # on such a run means a write failed and stranded it.
         if row is None or (row[0] and row[1] > now() and row[0] != lease[0]):
             raise Race()
         self.execute("UPDATE runs SET lease_owner=?, lease_expires_at=? WHERE id=?",
@@ -1198,8 +1263,10 @@ class Tx:
     def decide_approval(self, approval_id, shown_hash, status, by, note):
         """An operator's decision, bound to the hash of exactly what they were shown.
         Returns 'decided', 'changed' (not pending, or not what was shown) or 'expired'."""
-        row = self.execute("SELECT run_id, step_id, expires_at FROM approvals WHERE id=? AND "
-                           "status='pending' AND hash=?", (approval_id, shown_hash)).fetchone()
+        row = self.execute("SELECT a.run_id, a.step_id, a.expires_at FROM approvals a JOIN "
+                           "runs r ON r.id = a.run_id WHERE a.id=? AND a.status='pending' AND "
+                           "a.hash=? AND r.status='WAITING_FOR_APPROVAL'",
+                           (approval_id, shown_hash)).fetchone()
         if row is None:
             return "changed"
         if row[2] and row[2] <= now():
@@ -1231,11 +1298,20 @@ class Tx:
                         f"approval {approval_id} expired")
 
     def cancel_run(self, run_id, by, note):
-        for (step_id,) in self.execute("SELECT id FROM steps WHERE run_id=? AND status IN "
-                                       "('deciding', 'awaiting_approval', 'executing')",
-                                       (run_id,)).fetchall():
+        """An operator ends a run. A step cancelled while executing keeps that it was, so its
+        outcome stays unknown; a question the run was waiting on is closed as rejected."""
+        for (approval_id, step_id) in self.rows("SELECT id, step_id FROM approvals WHERE "
+                                                "run_id=? AND status='pending'", (run_id,)):
+            self.execute("UPDATE approvals SET status='rejected', decided_at=?, decided_by=?, "
+                         "note=? WHERE id=?", (now(), by, note, approval_id))
+            self.event(run_id, "approval.decided", {"approval_id": approval_id,
+                                                    "status": "rejected", "by": by,
+                                                    "note": note}, step_id)
+        for (step_id, status) in self.rows("SELECT id, status FROM steps WHERE run_id=? AND "
+                                           "status IN ('deciding', 'awaiting_approval', "
+                                           "'executing')", (run_id,)):
             self.fail_step(run_id, step_id, {"kind": "interrupted", "content": {
-                "by": by, "note": note}}, f"cancelled by {by}")
+                "by": by, "note": note, "previous_status": status}}, f"cancelled by {by}")
         self.finish_run(run_id, "CANCELLED", "operator_cancelled", note, extra={"by": by})
 
 class Store:
@@ -1402,11 +1478,13 @@ class Store:
             for job in batch:
                 job["done"] = True
 
-    def renew_leases(self, owner, until):
-        """The heartbeat: extend every lease this process holds, in one statement."""
-        self.write(lambda tx: tx.execute("UPDATE runs SET lease_expires_at=? WHERE "
-                                         "lease_owner=? AND lease_owner!='' AND "
-                                         "status='RUNNING'", (until, owner)))
+    def renew_leases(self, owner, until, run_ids):
+        """The heartbeat: extend the leases of the runs this process is executing."""
+        if run_ids:
+            marks = ", ".join("?" * len(run_ids))
+            self.write(lambda tx: tx.execute(
+                f"UPDATE runs SET lease_expires_at=? WHERE lease_owner=? AND status='RUNNING' "
+                f"AND id IN ({marks})", (until, owner, *run_ids)))
 
     # -- reads: every question the rules, the status tool and the operator commands ask ---
 
@@ -1445,13 +1523,6 @@ class Store:
             "d.request_key=c.request_key AND d.outcome!=?) ORDER BY c.id",
             (session, tool, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
 
-    def pending_approvals(self, session):
-        """How many approvals of the session wait for an operator and have not expired."""
-        return self.read_one(
-            "SELECT count(*) FROM approvals a JOIN runs r ON r.id = a.run_id WHERE "
-            "r.session=? AND a.status='pending' AND (a.expires_at='' OR a.expires_at>?)",
-            (session, now()))[0]
-
     def approval_state(self, approval_id):
         """(approval status, expires_at, run status) while a call is held."""
         return self.read_one("SELECT a.status, a.expires_at, r.status FROM approvals a JOIN "
@@ -1468,13 +1539,6 @@ class Store:
         row = self.read_one(f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE "
                             f"run_id=? ORDER BY rowid DESC LIMIT 1", (run_id,))
         return dict(zip(APPROVAL_COLUMNS, row)) if row else None
-
-    def interruption_of(self, step_id):
-        """The capability of the newest interruption approval of a step, or None."""
-        row = self.read_one("SELECT capability_json FROM approvals WHERE step_id=? AND "
-                            "kind='interrupted_side_effect' ORDER BY rowid DESC LIMIT 1",
-                            (step_id,))
-        return parse(row[0]) if row else None
 
     def recent_approvals(self, session, since, limit):
         """Every approval of the session's newest `limit` calls that are unsettled or settled
@@ -1494,12 +1558,6 @@ class Store:
                              "type='step.tool_started' AND json_extract(payload_json, "
                              "'$.approval_id')=?", (approval["run_id"], approval["step_id"],
                                                    approval["id"])) is not None
-
-    def tool_call_steps(self, run_id):
-        """A run's tool-call steps, newest first."""
-        return self.read("SELECT id, status, observation_json, started_at, finished_at FROM "
-                         "steps WHERE run_id=? AND json_extract(decision_json, '$.kind')="
-                         "'tool_call' ORDER BY idx DESC", (run_id,))
 
     def step_decision(self, step_id):
         return parse(self.read_one("SELECT decision_json FROM steps WHERE id=?",
@@ -1597,7 +1655,6 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_TOOL_PAGES = 100
 MAX_TOOLS = 1000
 PR_SET_PDEATHSIG = 1
-_ID_RE = re.compile(rb'"id"\s*:\s*(-?\d+)')
 
 
 def read_frames(fd, cap):
@@ -1639,10 +1696,11 @@ def read_frames(fd, cap):
 class UpstreamError(Exception):
     """A request to an upstream server failed; `timed_out` says whether its deadline fired."""
 
-    def __init__(self, message, timed_out=False, unusable=False):
+    def __init__(self, message, timed_out=False, unusable=False, sent=True):
         super().__init__(message)
         self.timed_out = timed_out
         self.unusable = unusable
+        self.sent = sent  # False: the request never reached the server, so nothing executed
 
 
 class Deadline:
@@ -1760,9 +1818,9 @@ class Upstream:
     def _read_stdout(self, stream):
         for frame, head in read_frames(stream.fileno(), MAX_MESSAGE_BYTES):
             if frame is None:
-                match = _ID_RE.search(head)
-                if match:
-                    self._deliver(int(match.group(1)), error=UpstreamError(
+                ident = frame_id(head)
+                if ident is not None:
+                    self._deliver(ident, error=UpstreamError(
                         f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes",
                         unusable=True))
             elif frame.strip():
@@ -1775,12 +1833,10 @@ class Upstream:
         try:
             message = parse(line)
         except CanonicalError as err:
-            try:
-                loose = json.loads(line.decode("utf-8", "replace"))
-            except ValueError:
-                loose = None
-            if isinstance(loose, dict) and isinstance(loose.get("id"), int):
-                self._deliver(loose["id"], error=UpstreamError(
+            loose = parse_loosely(line)
+            ident = loose.get("id") if isinstance(loose, dict) else None
+            if isinstance(ident, Number) and ident.is_integer():
+                self._deliver(int(ident.exact()), error=UpstreamError(
                     f"the server's answer is not usable JSON: {err}", unusable=True))
             return
         if not isinstance(message, dict):
@@ -1826,13 +1882,13 @@ class Upstream:
         with self.write_lock:
             proc = self.proc
             if proc is None:
-                raise UpstreamError("the connection is closed")
+                raise UpstreamError("the connection is closed", sent=False)
             try:
                 proc.stdin.write(data)
                 proc.stdin.flush()
             except (OSError, ValueError):
                 raise UpstreamError("the server is not reading its input (it may have "
-                                    "exited)") from None
+                                    "exited)", sent=False) from None
 
     def notify(self, method, params):
         try:
@@ -1851,12 +1907,12 @@ class Upstream:
             tail = self.tail() if step in ("connect", "list tools") and not err.timed_out \
                 else ""
             raise UpstreamError(self.describe(step, str(err)) + tail, timed_out=err.timed_out,
-                                unusable=err.unusable) from None
+                                unusable=err.unusable, sent=err.sent) from None
 
     def _request(self, method, params, deadline, step):
         with self.lock:
             if self.closed:
-                raise UpstreamError(self.closed)
+                raise UpstreamError(self.closed, sent=False)
             self.next_id += 1
             ident = self.next_id
             slot = {"done": threading.Event(), "result": None, "error": None}
@@ -2645,8 +2701,9 @@ STRUCTURED_DROPPED = "[structured content dropped: too large]"
 OMITTED = {"image": "[image omitted]", "audio": "[audio omitted]",
            "resource_link": "[resource link omitted]", "resource": "[embedded resource omitted]"}
 
-# Every model-visible sentence. {slots} are filled by answer(); server-, model- and
-# operator-chosen values are cleaned before they are put in.
+# Every sentence of the gate's answers to a call. {slots} are filled by answer(); server-,
+# model- and operator-chosen values are cleaned before they are put in. (The status tool's
+# sentences are built by status_answer and describe_approval, in section 10.)
 PROSE = {
     "PENDING_APPROVAL": (
         "This request is waiting for an operator's approval (approval {approval}). Nothing has "
@@ -2678,12 +2735,12 @@ PROSE = {
         "known. Nothing new was started. Wait a little, then call again with exactly the same "
         "arguments."),
     "BLOCKED_PENDING": (
-        "{count} requests already wait for an operator's approval, the most this session "
-        "allows. Nothing was executed and no approval was requested. Tell the user and wait "
+        "{waiting} for an operator's approval, the most this session allows. Nothing was executed and no approval was requested. Tell the user and wait "
         "for the operator."),
     "UNKNOWN_OUTCOME": (
         "An attempt of this exact request {how}{error}, so whether it took effect is unknown: "
-        "it may have. {who} Nothing further was executed. Do not call again until you are told "
+        "it may have. An operator must decide whether it runs again (approval {approval}). "
+        "Nothing further was executed. Do not call again until you are told "
         "it was approved, and do not use another tool to do the same thing; tell the user. If "
         "it is approved, call again with exactly the same arguments."),
     "INTERRUPTED": (
@@ -2710,8 +2767,6 @@ DUPLICATE_OUTCOME = {
     "unrecorded": "the server answered, but its result could not be recorded: {text}",
     "error": "it failed, with this error: {text}",
 }
-WHO_DECIDES = "An operator must decide whether it runs again (approval {approval})."
-WHO_LATER = "An identical call will wait for an operator to decide whether it runs again."
 IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED", "DUPLICATE", "UNAVAILABLE"}
 
 
@@ -2731,7 +2786,7 @@ class Answer:
 
 
 def answer(prefix, key=None, **slots):
-    """The one place model-visible prose is built: `<PREFIX>: <sentence>`."""
+    """Every answer of the gate to a call that is not a result: `<PREFIX>: <sentence>`."""
     text = PROSE[key or prefix].format(**slots)
     return Answer(f"{prefix}: {text}", prefix in IS_ERROR)
 
@@ -2743,7 +2798,7 @@ def result_answer(content):
 
 
 def note_text(note):
-    return f", with this note: {quote(cut(note, 500))}" if note else ""
+    return f", with this note: {cut(quote(note), 500)}" if note else ""
 
 
 def class_outcome(config, tool):
@@ -2906,8 +2961,25 @@ def cap_text(text, cap):
 # =============================================================================================
 
 HOLD_POLL = 0.2
-UNKNOWN_ENDINGS = ("timed_out", "no_answer", "cut_off")
 TOOL_CALL = "tool_call"
+
+
+class Wait:
+    """A verdict: the request waits on this approval."""
+
+    def __init__(self, approval):
+        self.approval = approval
+
+
+class Execute:
+    """A verdict: the request runs now. `step_id` is None for a read whose run is recorded
+    with its outcome, by `begin`, in one transaction after it answers."""
+
+    def __init__(self, run_id, step_id, args, begin=None):
+        self.run_id, self.step_id, self.args, self.begin = run_id, step_id, args, begin
+
+
+STOP = "stop"  # rule 5 met an unknown outcome: look no further back, let rule 6 decide
 
 
 class Gate:
@@ -2920,7 +2992,9 @@ class Gate:
         self.tool_hashes = [tool.spec_hash for tool in sorted(tools, key=lambda t: t.name)]
         self.owner = f"{PROGRAM}:{config.session}/{secrets.token_hex(6)}"
         self.lock = threading.Lock()
-        self.active = set()  # runs this process is executing right now
+        # The runs this process is executing. Only these have their leases renewed, and a
+        # run listed here is never taken over by this process, whatever its lease says.
+        self.active = set()
         self.stopping = threading.Event()
         self.operator_hint = operator_hint(config)
         threading.Thread(target=self._heartbeat, daemon=True).start()
@@ -2929,10 +3003,13 @@ class Gate:
         return self.owner, later(now(), self.config.lease_ttl)
 
     def _heartbeat(self):
-        """Renew this process's leases every third of their lifetime, until it stops."""
+        """Renew the leases of the runs this process executes, every third of their life. A
+        run stranded by a failed write is not renewed, so its lease runs out and the next
+        identical call takes it over."""
         while not self.stopping.wait(self.config.lease_ttl / SECOND / 3):
             try:
-                self.store.renew_leases(self.owner, later(now(), self.config.lease_ttl))
+                self.store.renew_leases(self.owner, later(now(), self.config.lease_ttl),
+                                        sorted(self.active))
             except StoreError as err:
                 log(f"could not renew leases: {err}")
 
@@ -2942,25 +3019,25 @@ class Gate:
 
     # -- one call ------------------------------------------------------------------------------
 
-    def call(self, tool, args, args_error="", progress=None, cancelled=None):
-        """Decide, then execute, hold or refuse one tools/call; always returns an Answer."""
+    def call(self, tool, args, invalid="", progress=None, cancelled=None):
+        """Decide, then execute, hold or refuse one tools/call; always returns an Answer.
+        `invalid` is set (why, and the frame as received) when the arguments were not
+        usable JSON."""
         cancelled = cancelled or threading.Event()
         executed = []
         try:
-            return self._call(tool, args, args_error, progress, cancelled, executed)
+            return self._call(tool, args, invalid, progress, cancelled, executed)
         except StoreError as err:
             log(str(err))
             what = ("the request was sent to the server, but what came of it could not be "
                     "recorded" if executed else "nothing was executed")
             return answer("UNAVAILABLE", what=what)
 
-    def _call(self, tool, args, args_error, progress, cancelled, executed):
-        if args is None:
-            args = {}
-        if args_error:
+    def _call(self, tool, args, invalid, progress, cancelled, executed):
+        if invalid:
             with self.lock:
-                return self._begin(tool, None, f"invalid:{secrets.token_hex(8)}", None,
-                                   invalid=f"the arguments are not usable JSON: {args_error}")
+                return self._begin(tool, None, f"invalid:{new_id(8)}", None, invalid=invalid)
+        args = {} if args is None else args
         key = request_key(tool.name, args)
         held, races = False, 0
         while True:
@@ -2974,39 +3051,42 @@ class Gate:
                 continue
             if isinstance(verdict, Answer):
                 return verdict
-            if verdict[0] == "execute":
+            if isinstance(verdict, Execute):
                 executed.append(True)
-                return self._execute(tool, *verdict[1:])
-            approval = verdict[1]
+                return self._execute(tool, verdict)
             if held or not self.config.hold or cancelled.is_set() or self.stopping.is_set():
-                return waiting_answer(approval, verdict[2] if len(verdict) > 2 else "")
+                return waiting_answer(verdict.approval)
             held = True
-            self._hold(approval, progress, cancelled)
+            if not self._hold(verdict.approval, progress, cancelled):
+                return waiting_answer(verdict.approval)
 
     def _hold(self, approval, progress, cancelled):
-        """Wait up to `hold` for the operator, telling a host that asked how long it has been."""
+        """Wait up to `hold` for the operator, telling a host that asked how long it has been.
+        True when the approval was decided (or expired, or its run ended) meanwhile, so the
+        call is decided once more; False when the hold ran out, the host cancelled, or the
+        gate is stopping: then nothing more happens for this call."""
         started = time.monotonic()
         total = self.config.hold / SECOND
         last_progress = started
         while not cancelled.is_set() and not self.stopping.is_set():
             waited = time.monotonic() - started
             if waited >= total:
-                return
+                return False
             cancelled.wait(min(HOLD_POLL, total - waited))
             row = self.store.approval_state(approval["id"])
             if row is None or row[0] != "pending" or (row[1] and row[1] <= now()) or \
                     row[2] in TERMINAL:
-                return
+                return not (cancelled.is_set() or self.stopping.is_set())
             if progress and time.monotonic() - last_progress >= 1:
                 last_progress = time.monotonic()
                 progress(round(last_progress - started, 3), total,
                          "waiting for an operator's approval")
+        return False
 
     # -- the rules, under the lock -------------------------------------------------------------
 
     def _decide(self, tool, args, key):
-        """The rules in order; returns an Answer, ("wait", approval[, error]) or
-        ("execute", run_id, step_id, args)."""
+        """The rules in order; returns an Answer, a Wait or an Execute."""
         window = self.window(tool)
         since = format_time(time.time() - window / SECOND)
         # Identical reads within the window never refuse one another, so a read needs only
@@ -3018,13 +3098,15 @@ class Gate:
             if status == "WAITING_FOR_APPROVAL":                            # rule 1
                 verdict = self._waiting(tool, run_id)
             elif status == "RUNNING":
-                if owner and expires > now() and (owner != self.owner or run_id in self.active):
+                if run_id in self.active or (owner != self.owner and expires > now()):
                     return answer("IN_PROGRESS")                            # rule 2
                 verdict = self._take_over(tool, run_id)                     # rule 3
             elif window and finished >= since:
                 verdict = self._closed(tool, run_id, reason, detail, finished, window)  # 4, 5
             else:
                 continue
+            if verdict is STOP:
+                break
             if verdict is not None:
                 return verdict
         attempt = None if tool.read_only else self._unknown_attempt(key)   # rule 6
@@ -3037,13 +3119,13 @@ class Gate:
         return self._begin(tool, args, key, seen, attempt=attempt)          # rule 8
 
     def _waiting(self, tool, run_id):
-        """Rule 1: a run of this request waits on an approval. None lets the rules go on."""
+        """Rule 1: a run of this request waits on an approval."""
         approval = self.store.latest_approval(run_id)
         if approval is None:
             return answer("IN_PROGRESS")
         if approval["status"] == "pending":
             if not approval["expires_at"] or approval["expires_at"] > now():
-                return ("wait", approval)
+                return Wait(approval)
             self._write(lambda tx: tx.expire_approval(approval["id"], run_id,
                                                       approval["step_id"]))
             raise Race()  # the run has ended: decide again, with rules 4 to 6 on it
@@ -3086,14 +3168,14 @@ class Gate:
                     tx.pause(run_id, step_id, fresh)
                 self._write(repause)
                 self._log_waiting(fresh, tool, run_id)
-                return ("wait", fresh)
+                return Wait(fresh)
 
         def resume(tx):
             tx.resume(run_id, approval["id"], self.lease())
             tx.record_policy(run_id, step_id, _policy_record(decision), self.policy_id)
             tx.start_execution(run_id, step_id, tool.name, args, approval["id"])
-        self._write(resume)
-        return ("execute", run_id, step_id, args)
+        self._write_active(run_id, resume)
+        return Execute(run_id, step_id, args)
 
     def _take_over(self, tool, run_id):
         """Rule 3: a run left RUNNING by a process that stopped renewing its lease.
@@ -3118,7 +3200,7 @@ class Gate:
                 self._write(pause)
                 log(f"a call to {tool.name} was cut off while executing; its outcome is unknown")
                 self._log_waiting(approval, tool, run_id)
-                return ("wait", approval)
+                return Wait(approval)
         self._write(lambda tx: tx.finish_run(
             run_id, "FAILED", "goal_failed", "one call per run: taken over after an "
             "interruption, with nothing left in it to execute"))
@@ -3131,27 +3213,28 @@ class Gate:
         tx.finish_run(run_id, "FAILED", "goal_failed", f"one call per run: the request was {how}")
 
     def _closed(self, tool, run_id, reason, detail, finished, window):
-        """Rules 4 and 5: a finished run of this request within the window. None: look older
-        (or, for an unknown outcome, let rule 6 decide)."""
+        """Rules 4 and 5: a finished run of this request within the window. None: look at
+        older runs; STOP: its outcome is unknown, so rule 6 decides."""
         def until():
             return prose_time(later(finished, window))
         if reason == "approval_rejected":
             approval = self.store.latest_approval(run_id)
             return answer("REJECTED", approval=approval["id"],
                           note=note_text(approval["note"]), until=until())
-        attempt = None if tool.read_only else last_attempt(self.store, run_id)
+        attempt = None if tool.read_only else last_attempt(self.store.read, run_id)
+        unknown = attempt is not None and attempt[0] in UNKNOWN_ENDINGS
         if reason == "approval_expired":
-            if attempt and attempt[0] in UNKNOWN_ENDINGS:
-                return None
-            return answer("EXPIRED", approval=self.store.latest_approval(run_id)["id"],
-                          until=until())
+            return STOP if unknown else answer(
+                "EXPIRED", approval=self.store.latest_approval(run_id)["id"], until=until())
         if reason == "operator_cancelled":
             return answer("REJECTED", "CANCELLED", note=note_text(detail), until=until())
-        if attempt is None or attempt[0] in UNKNOWN_ENDINGS:
+        if attempt is None:
             return None
+        if unknown:
+            return STOP
         ending, text, at = attempt[0], attempt[1], attempt[2]
         outcome = DUPLICATE_OUTCOME[ending].format(
-            text=clean(text, 500) if ending == "unrecorded" else cut(text, CONTENT_CAP))
+            text=clean(text, 500 if ending == "unrecorded" else CONTENT_CAP))
         return answer("DUPLICATE", at=prose_time(at), window=format_duration(window),
                       outcome=outcome)
 
@@ -3162,7 +3245,7 @@ class Gate:
         for run_id, status in self.store.attempt_runs(self.config.session, key):
             if status not in TERMINAL:
                 continue
-            attempt = last_attempt(self.store, run_id)
+            attempt = last_attempt(self.store.read, run_id)
             if attempt is None:
                 continue
             return attempt[3] if attempt[0] in UNKNOWN_ENDINGS else None
@@ -3174,11 +3257,11 @@ class Gate:
         for run_id, status, owner, expires, run_tool in self.store.unsettled_runs(
                 self.config.session, key):
             if status == "RUNNING" and run_tool == tool.name and not (
-                    owner and expires > now()) and run_id not in self.active:
+                    owner != self.owner and expires > now()) and run_id not in self.active:
                 verdict = self._take_over(tool, run_id)
                 if verdict is not None:
                     return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
-                                  approval=verdict[1]["id"])
+                                  approval=verdict.approval["id"])
                 continue
             if status != "WAITING_FOR_APPROVAL":
                 continue
@@ -3200,7 +3283,9 @@ class Gate:
             if verdict is not None:
                 return verdict
         if needs_approval and waiting >= self.config.max_pending:
-            return answer("BLOCKED", "BLOCKED_PENDING", count=waiting)
+            return answer("BLOCKED", "BLOCKED_PENDING", waiting=(
+                "1 request already waits" if waiting == 1 else
+                f"{waiting} requests already wait"))
         return None
 
     def _unknown_block(self, tool, key):
@@ -3211,24 +3296,27 @@ class Gate:
                                                                      tool.name, key):
             if reason in ("approval_rejected", "operator_cancelled"):
                 continue
-            attempt = last_attempt(self.store, run_id)
+            attempt = last_attempt(self.store.read, run_id)
             if attempt is None or attempt[0] not in UNKNOWN_ENDINGS:
                 continue
             args = self.store.step_decision(attempt[3]["step_id"])["args"]
             verdict = self._begin(tool, args, other_key,
                                   self.store.open_run(self.config.session, other_key),
                                   attempt=attempt[3], origin="operator")
-            if verdict[0] == "wait":
+            if isinstance(verdict, Wait):
                 return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
-                              approval=verdict[1]["id"])
+                              approval=verdict.approval["id"])
+            # Anything else (its arguments no longer valid, say) ended that request's run
+            # with nothing executed: it blocks nothing any more.
         return None
 
     # -- beginning and executing a run ---------------------------------------------------------
 
-    def _begin(self, tool, args, key, seen, invalid="", attempt=None, origin="model"):
-        """Rule 8: begin a run for this request, record the decision, and act on the policy."""
+    def _begin(self, tool, args, key, seen, invalid=None, attempt=None, origin="model"):
+        """Rule 8: begin a run for this request, record the decision, and act on the policy.
+        `invalid` (why, frame) records arguments that were not usable JSON."""
         run_id = f"{self.config.session}.{new_id(8)}"
-        problem = invalid or check_arguments(tool, args)
+        problem = invalid[0] if invalid else check_arguments(tool, args)
         decision = None if problem else evaluate(self.config, tool, args, attempt)
         outcome = decision["outcome"] if decision else "invalid"
         fresh = {}
@@ -3236,7 +3324,7 @@ class Gate:
         def begin(tx):
             tx.begin_run(run_id, self.config.session, tool.name, key, tool.side_effect,
                          self.tool_hashes, self.lease(), ANY_ROW if tool.read_only else seen)
-            recorded = {"args": args} if args is not None else {"invalid_args": invalid}
+            recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
             step_id = tx.start_step(run_id, {**recorded, "kind": TOOL_CALL, "origin": origin,
                                              "tool": tool.name}, tool.spec)
             if outcome == "invalid":
@@ -3252,22 +3340,22 @@ class Gate:
                 tx.pause(run_id, step_id, fresh)
             else:
                 tx.start_execution(run_id, step_id, tool.name, args)
-                self.active.add(run_id)
             return step_id
 
         if outcome == "allow" and tool.read_only:
             # A read is recorded in one transaction after it answers: it has no effect for a
             # crash to leave unknown, so recording it first would only cost a second commit.
-            return ("execute", run_id, None, args, begin)
-        step_id = self._write(begin)
+            self.active.add(run_id)
+            return Execute(run_id, None, args, begin)
+        if outcome == "allow":
+            return Execute(run_id, self._write_active(run_id, begin), args)
+        self._write(begin)
         if outcome == "invalid":
             return answer("INVALID", reason=clean(problem, 1000))
         if outcome == "deny":
             return answer("DENIED", reason=clean(decision["reason"], 500))
-        if outcome == "require_approval":
-            self._log_waiting(fresh, tool, run_id)
-            return ("wait", fresh)
-        return ("execute", run_id, step_id, args)
+        self._log_waiting(fresh, tool, run_id)
+        return Wait(fresh)
 
     def _write(self, fn):
         """A write whose lost race is decided again rather than reported."""
@@ -3278,51 +3366,41 @@ class Gate:
                 raise Race() from None
             raise
 
+    def _write_active(self, run_id, fn):
+        """The write that starts a run executing: the run counts as this process's own from
+        before the write, so no identical call can take it over in between."""
+        self.active.add(run_id)
+        try:
+            return self._write(fn)
+        except BaseException:
+            self.active.discard(run_id)
+            raise
+
     def _log_waiting(self, approval, tool, run_id):
         log(f"approval {approval['id']} ({approval['kind']}) for {tool.name} waits for an "
             f"operator: run {run_id}")
         log(f"  decide with: {self.operator_hint} approve {run_id} -approval {approval['id']}"
             f"   (or reject)")
 
-    def _execute(self, tool, run_id, step_id, args, begin=None):
+    def _execute(self, tool, verdict):
         """Send the recorded request upstream and record what came of it, whatever the host
-        does meanwhile: a host that cancels or times out does not stop the upstream call.
-        `begin`, for a read, records the run in the same transaction as its outcome."""
-        self.active.add(run_id)
+        does meanwhile: a host that cancels or times out does not stop the upstream call."""
         try:
-            return self._execute_once(tool, run_id, step_id, args, begin)
+            return self._execute_once(tool, verdict)
         finally:
-            self.active.discard(run_id)
+            self.active.discard(verdict.run_id)
 
-    def _execute_once(self, tool, run_id, step_id, args, begin):
+    def _execute_once(self, tool, verdict):
+        run_id, step_id, args = verdict.run_id, verdict.step_id, verdict.args
         started = time.monotonic()
-        try:
-            result = tool.upstream.request(
-                "tools/call", {"name": tool.upstream_name, "arguments": {**args,
-                                                                         **tool.rule.fixed}},
-                Deadline(tool.timeout), f"tool {quote(tool.upstream_name)}")
-            content, summary, error = map_result(tool, result)
-            ending = "error" if summary or content is not None else "unrecorded"
-        except UpstreamError as err:
-            content, summary, error = None, "", str(err)
-            ending = "unrecorded" if err.unusable else "timed_out" if err.timed_out \
-                else "no_answer"
-        if tool.read_only and error:
-            ending = "error"  # a read that failed is an ordinary failure: nothing to vouch for
-        if error:
-            observation = {"kind": "tool_error", "summary": cut(f"{tool.name} {ending}: "
-                                                                f"{sanitize(error)}", 1000),
-                           "content": {"tool": tool.name, "error": error, "ending": ending}}
-        else:
-            observation = {"kind": "tool_result", "content": content, "summary": summary,
-                           "content_hash": content_hash(content)}
+        observation, ending = call_upstream(tool, args)
         elapsed = int((time.monotonic() - started) * 1000)
         rerun = {}
 
         def record(tx):
             nonlocal step_id
-            if begin:
-                step_id = begin(tx)
+            if verdict.begin:
+                step_id = verdict.begin(tx)
             if tx.run_holder(run_id) != ("RUNNING", self.owner):
                 # Cancelled, or taken over after this process lost its lease: the outcome
                 # is kept as a late event and the run is left as its new owner has it.
@@ -3330,21 +3408,22 @@ class Gate:
                                                         "observation": observation}, step_id)
                 return
             tx.finish_execution(run_id, step_id, tool.name, observation, elapsed)
-            if ending in UNKNOWN_ENDINGS and not tool.read_only:
+            if ending in UNKNOWN_ENDINGS:
                 rerun.update(self._pause_rerun(tx, tool, run_id, step_id, args, ending))
-            elif error:
+            elif ending != "ok":
                 tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending],
                               outcome=OUTCOME_KNOWN)
 
         self.store.write(record)
-        if not error:
-            return result_answer(content)
+        if ending == "ok":
+            return result_answer(observation["content"])
+        error = observation["content"]["error"]
         if rerun:
             log(f"a call to {tool.name} {HOW[ending]}; its outcome is unknown")
             self._log_waiting(rerun, tool, run_id)
             return answer("UNKNOWN_OUTCOME", how=HOW[ending], error=f" ({clean(error, 500)})",
-                          who=WHO_DECIDES.format(approval=rerun["id"]))
-        if ending == "unrecorded" and not tool.read_only:
+                          approval=rerun["id"])
+        if ending == "unrecorded":
             window = self.window(tool)
             return answer("UNRECORDED", reason=clean(error, 500), window=(
                 f"; an identical call within {format_duration(window)} is refused as a "
@@ -3353,24 +3432,52 @@ class Gate:
 
     def _pause_rerun(self, tx, tool, run_id, step_id, args, ending):
         """An unknown outcome: propose the same request again, which the policy always sends
-        to an operator, in the same transaction that records the attempt."""
-        started = tx.step_started(step_id)
-        attempt = {"run_id": run_id, "step_id": step_id, "started_at": started,
+        to an operator (evaluate never allows a re-run), in the same transaction that records
+        the attempt."""
+        attempt = {"run_id": run_id, "step_id": step_id, "started_at": tx.step_started(step_id),
                    "ended": ending}
         decision = evaluate(self.config, tool, args, attempt)
         rerun_step = tx.start_step(run_id, {"args": args, "kind": TOOL_CALL,
                                             "origin": "operator", "tool": tool.name}, tool.spec)
         tx.record_policy(run_id, rerun_step, _policy_record(decision), self.policy_id)
-        if decision["outcome"] != "require_approval":
-            self._refuse(tx, run_id, rerun_step, "policy_denied",
-                         f"denied: {decision['reason']}")
-            return {}
         approval = new_approval(self.config, run_id, rerun_step, tool, args, decision)
         tx.pause(run_id, rerun_step, approval)
         return approval
 
 
-def waiting_answer(approval, error=""):
+def call_upstream(tool, args):
+    """Send one call upstream and classify what came back, as (observation, ending).
+
+    The ending is the one place an outcome is classified: 'ok'; 'error' (the server answered
+    with an error, or nothing was sent: known); 'unrecorded' (the server answered, so the call
+    executed, but its answer is unusable: known, and never run again); 'timed_out' or
+    'no_answer' (it may have taken effect: unknown). A read's failure is always 'error': a
+    read has no effect for anyone to vouch for.
+    """
+    try:
+        result = tool.upstream.request(
+            "tools/call", {"name": tool.upstream_name, "arguments": {**args, **tool.rule.fixed}},
+            Deadline(tool.timeout), f"tool {quote(tool.upstream_name)}")
+        try:
+            content, summary, error = map_result(tool, result)
+        except Exception as err:  # a result shaped in a way no server should send
+            content, summary, error = None, "", f"the server's result could not be read: {err}"
+        ending = "ok" if not error else "error" if summary else "unrecorded"
+    except UpstreamError as err:
+        content, error = None, str(err)
+        ending = ("unrecorded" if err.unusable else "timed_out" if err.timed_out
+                  else "no_answer" if err.sent else "error")
+    if tool.read_only and ending != "ok":
+        ending = "error"
+    if ending == "ok":
+        return {"kind": "tool_result", "content": content, "summary": summary,
+                "content_hash": content_hash(content)}, ending
+    return {"kind": "tool_error", "summary": cut(f"{tool.name} {ending}: {sanitize(error)}",
+                                                 1000),
+            "content": {"tool": tool.name, "error": error, "ending": ending}}, ending
+
+
+def waiting_answer(approval):
     """What a call is told while its request waits on an approval."""
     if approval["kind"] != "interrupted_side_effect":
         return answer("PENDING_APPROVAL", approval=approval["id"])
@@ -3379,8 +3486,7 @@ def waiting_answer(approval, error=""):
     ended = capability.get("interrupted", {}).get("ended", "cut_off")
     if ended == "cut_off":
         return answer("INTERRUPTED", approval=approval["id"])
-    return answer("UNKNOWN_OUTCOME", how=HOW[ended], error=error,
-                  who=WHO_DECIDES.format(approval=approval["id"]))
+    return answer("UNKNOWN_OUTCOME", how=HOW[ended], error="", approval=approval["id"])
 
 
 def live_approval(config, approval):
@@ -3390,36 +3496,6 @@ def live_approval(config, approval):
     if approval["status"] == "approved":
         return not config.grant_ttl or later(approval["decided_at"], config.grant_ttl) > now()
     return False
-
-
-def last_attempt(store, run_id):
-    """What the newest attempt of a run's tool call came to:
-    (ending, text, finished_at, attempt) with ending 'ok', 'error', 'unrecorded',
-    'timed_out', 'no_answer' or 'cut_off'; None when no tool call of the run ever started.
-
-    A step whose re-run was asked of an operator and not carried out (rejected, expired,
-    cancelled) still stands for the attempt its interruption approval names: nothing an
-    operator decides, short of approving a re-run that then comes to a known end, makes an
-    unknown outcome known.
-    """
-    for step_id, status, observation, started, finished in store.tool_call_steps(run_id):
-        attempt = {"run_id": run_id, "step_id": step_id, "started_at": started}
-        observed = parse(observation) if observation else {"kind": ""}
-        if status == "executing" or (observed["kind"] == "interrupted" and observed[
-                "content"].get("previous_status") == "executing"):
-            return "cut_off", "", finished, {**attempt, "ended": "cut_off"}
-        if observed["kind"] == "tool_result":
-            content = observed["content"]
-            text = content if isinstance(content, str) else policy_json(content)
-            return "ok", text, finished, {**attempt, "ended": "ok"}
-        if observed["kind"] == "tool_error":
-            ending = observed["content"]["ending"]
-            return ending, observed["content"]["error"], finished, {**attempt, "ended": ending}
-        asked = store.interruption_of(step_id)
-        if asked:
-            prior = asked["interrupted"]
-            return prior["ended"], "", finished, prior
-    return None
 
 
 CLOSING = {
@@ -3518,29 +3594,33 @@ class HostServer:
     def _read_loop(self):
         for frame, head in read_frames(self.stdin.fileno(), MAX_HOST_LINE):
             if frame is None:
-                match = _ID_RE.search(head)
-                self.error(Number(match.group(1).decode()) if match else None, -32600,
+                ident = frame_id(head)
+                self.error(None if ident is None else Number(str(ident)), -32600,
                            f"the message is larger than {MAX_HOST_LINE} bytes")
             elif frame.strip():
                 self._frame(frame)
         self.done.set()
 
     def _frame(self, line):
-        args_error = ""
+        invalid = None
         try:
             message = parse(line)
         except CanonicalError as err:
-            message, args_error = _loose(line), str(err)
+            # A tools/call whose arguments the boundary check refuses still gets a run and an
+            # INVALID answer, with the frame recorded as it came; anything else gets -32700.
+            message = parse_loosely(line)
+            invalid = (f"the arguments are not usable JSON: {err}",
+                       line.decode("utf-8", "backslashreplace"))
             if not (isinstance(message, dict) and message.get("method") == "tools/call"
                     and "id" in message):
                 ident = message.get("id") if isinstance(message, dict) else None
                 self.error(ident if _valid_id(ident) else None, -32700,
-                           f"the message is not usable JSON: {args_error}")
+                           f"the message is not usable JSON: {err}")
                 return
         if isinstance(message, list):
             self._batch(message)
         elif isinstance(message, dict):
-            self._message(message, args_error)
+            self._message(message, invalid)
         else:
             self.error(None, -32600, "a message must be a JSON-RPC object")
 
@@ -3550,7 +3630,8 @@ class HostServer:
             return
 
         def run():
-            answers = [a for a in (self._message(m, "", respond=False) for m in messages) if a]
+            answers = [a for a in (self._message(m, None, respond=False) for m in messages)
+                       if a]
             if answers:
                 with self.write_lock:
                     self.stdout.write(canonical(answers) + b"\n")
@@ -3559,7 +3640,7 @@ class HostServer:
 
     # -- messages ------------------------------------------------------------------------------
 
-    def _message(self, message, args_error, respond=True):
+    def _message(self, message, invalid, respond=True):
         """Handle one request or notification; with respond=False return the response."""
         method, ident = message.get("method"), message.get("id")
         params = message.get("params") if isinstance(message.get("params"), dict) else {}
@@ -3587,7 +3668,7 @@ class HostServer:
             return self._after_ready(respond, ident, lambda: {"tools": self._tool_list()})
         if method == "tools/call":
             return self._after_ready(respond, ident,
-                                     lambda: self._call(ident, params, args_error, respond))
+                                     lambda: self._call(ident, params, invalid, respond))
         return self._reply(respond, {"jsonrpc": "2.0", "id": ident, "error": {
             "code": -32601, "message": f"method {quote(method)} is not offered"}})
 
@@ -3654,7 +3735,7 @@ class HostServer:
                        "inputSchema": STATUS_SCHEMA})
         return listed
 
-    def _call(self, ident, params, args_error, respond):
+    def _call(self, ident, params, invalid, respond):
         name = params.get("name")
         args = params.get("arguments")
         if name == self.status_tool:
@@ -3674,7 +3755,7 @@ class HostServer:
                     "progressToken": token, "progress": done, "total": total,
                     "message": message}})
         try:
-            result = self.gate.call(tool, args, args_error, progress, cancelled).result()
+            result = self.gate.call(tool, args, invalid, progress, cancelled).result()
         finally:
             with self.calls_lock:
                 self.calls.pop(_id_key(ident), None)
@@ -3702,17 +3783,6 @@ def _valid_id(ident):
 
 def _id_key(ident):
     return canonical(ident) if _valid_id(ident) else None
-
-
-def _loose(line):
-    """A frame the boundary check refused, read leniently only to find where to answer."""
-    def number(literal):
-        return Number(literal)
-    try:
-        return json.loads(line.decode("utf-8", "replace"), parse_int=number,
-                          parse_float=number, parse_constant=number)
-    except (ValueError, RecursionError):
-        return None
 
 
 STATUS_LOOKBACK = 3600
@@ -3773,7 +3843,7 @@ def describe_approval(gate, approval):
         return (f"{head}: PENDING for {age}. Nothing has been executed; an operator decides "
                 f"outside this conversation. Do not call again until it is approved.")
     if status == "rejected":
-        note = f" The operator's note: {quote(cut(approval['note'], 500))}." \
+        note = f" The operator's note: {cut(quote(approval['note']), 500)}." \
             if approval["note"] else ""
         return f"{head}: REJECTED by the operator.{note} It was not executed; do not ask again."
     if status == "expired":
@@ -3785,11 +3855,15 @@ def approved_fate(gate, approval):
     store, step_id = gate.store, approval["step_id"]
     if store.executed_under(approval):
         observed = store.step_observation(step_id)
-        if not observed or observed["kind"] == "interrupted":
+        if not observed:
             return "APPROVED and executing now."
         if observed["kind"] == "tool_result":
             return "APPROVED and executed, and it succeeded."
-        ending, error = observed["content"]["ending"], clean(observed["content"]["error"], 500)
+        if observed["kind"] == "tool_error":
+            ending = observed["content"]["ending"]
+            error = clean(observed["content"]["error"], 500)
+        else:
+            ending, error = "cut_off", ""  # interrupted, or cancelled, while executing
         if ending == "unrecorded":
             return (f"APPROVED and executed, and the server answered, but its result could not "
                     f"be recorded ({error}); it may have taken effect.")
@@ -4021,6 +4095,8 @@ def decide(argv, command):
     p.add_argument("run")
     opts = p.parse_args(argv)
     status = "approved" if command == "approve" else "rejected"
+    if status == "rejected" and not opts.note:
+        raise Usage("reject needs -note: the model is shown it, so say why")
     by = opts.by or current_user()
     if not by:
         raise Usage("say who decides with -by; the current user has no name")

@@ -197,6 +197,10 @@ def test_reject_then_approve_fails(workdir):
     host = bank.start()
     ann = {"to": "ann", "amount": 8}
     run, approval = bank.pending(bank.call(host, ann))
+    # SPEC.md: reject takes -note (the model is shown it); without one it is a usage error.
+    bare = bank.operator("reject", run, "-approval", approval, "-yes")
+    assert bare.returncode == 2 and "-note" in bare.stderr, bare
+    assert bank.approval(approval)["status"] == "pending"
     done = bank.reject(run, "not now")
     assert f"approval {approval}: rejected" in done.stdout
     assert bank.run(run)["status"] == "CANCELLED" and bank.run(run)["reason"] == "approval_rejected"
