@@ -916,8 +916,10 @@ def check_reach(config):
 #
 # Owns: the SQLite file and every statement run against it.
 # Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema off; files created 0600 and
-# refused when others can write them; every write is one BEGIN IMMEDIATE transaction that
-# commits a state change together with its events; events are hash-chained across all runs and
+# refused when others can write them; every state change is written inside a BEGIN IMMEDIATE
+# transaction together with its events (changes that threads queue meanwhile share it, each in
+# a savepoint of its own, and one sync to disk); reads use a second connection, so they never
+# wait on a writer's sync; events are hash-chained across all runs and
 # all processes (each transaction reads the head under its write lock, so two processes extend
 # one chain and a sequence number is never reused). A database migrated by a newer agentgate
 # is refused. Nothing an operator decides is ever inferred: no statement here approves.
@@ -2686,9 +2688,10 @@ def load_all(config, while_starting=None):
 # =============================================================================================
 # 8. Policy and the gate
 #
-# Owns: what the model is told (every sentence it can see is built here, from the constants
-# below), the policy, approvals and their hashes, and one call's passage through the gate:
-# record, validate, evaluate, pause or execute, record the outcome.
+# Owns: what the model is told (every sentence of the gate's answers to a call is built here,
+# from the constants below; the status tool's are in section 10), the policy, approvals and
+# their hashes, and the pieces of one call's passage through the gate: record, validate,
+# evaluate, pause or execute, record the outcome.
 # Promises: nothing runs that the policy did not allow or an operator did not approve by
 # hash; what an approval binds is exactly the request that executes (the recorded request,
 # never a later call's bytes); the outcome is recorded even when the host has gone. Nothing
@@ -2958,6 +2961,10 @@ def cap_text(text, cap):
 # Promises: deciding happens under one lock, so two threads never both begin the same request;
 # executing and holding happen outside it, so different requests run in parallel; across
 # processes the unique open-row index does the same job, and a lost race is decided again.
+# A run being executed holds a lease its process renews; a run whose lease ran out (its process
+# died) is taken over, and a mutating call it cut off waits for an operator. A read is recorded
+# with its outcome, in one transaction, after it answers; everything else is recorded before
+# it is sent.
 # =============================================================================================
 
 HOLD_POLL = 0.2
