@@ -4897,8 +4897,17 @@ def cmd_check(argv):
     return 0
 
 
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
 def cmd_serve(argv):
     config = serving_config(parser("serve", "config").parse_args(argv).config)
+    # One thread per call would give glibc a malloc arena per thread, and memory that grows
+    # with the calls in flight; the gate's threads mostly wait, so two arenas are plenty.
+    try:
+        ctypes.CDLL(None).mallopt(M_ARENA_MAX, 2)
+    except (OSError, AttributeError):
+        pass
     host = HostServer(config, sys.stdin.buffer, sys.stdout.buffer)
     serving = []
 
