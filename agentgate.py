@@ -2631,6 +2631,12 @@ def load_all(config, while_starting=None):
     cannot be used or offers nothing."""
     upstreams, tools, reports = [], [], []
     try:
+        for server in config.servers:
+            upstreams.append(Upstream(server))
+            upstreams[-1].spawn()
+        if while_starting:
+            while_starting()
+        # The manifests are read while the servers start.
         manifests = [read_manifest(server) for server in config.servers]
         for server, manifest in zip(config.servers, manifests):
             stray = sorted(set(server.rules) - set(manifest["tools"]))
@@ -2638,11 +2644,6 @@ def load_all(config, while_starting=None):
                 raise LoadError(f"server {quote(server.name)}: rules name tools the manifest "
                                 f"does not pin: {', '.join(sanitize(s) for s in stray)}; pin "
                                 f"again or fix the rules")
-        for server in config.servers:
-            upstreams.append(Upstream(server))
-            upstreams[-1].spawn()
-        if while_starting:
-            while_starting()
         listings = [None] * len(upstreams)
         deadlines = [Deadline(server.connect_timeout) for server in config.servers]
 
