@@ -4692,9 +4692,15 @@ def run_demo(directory, narrator):
         done = run(verb, run_id, "-approval", approval, "-note", note, "-by", "operator")
         if done.returncode != 0:
             raise DemoFailure(f"the operator's {verb} failed: {done.stderr.strip()}")
-        narrator.say(f"operator (another process): {verb} {approval[:8]}... with the note "
-                     f"{note!r}")
+        narrator.say(f"operator, in another process: {verb} …{approval[-8:]}, {note!r}")
 
+    def see(tool, args, prefix):
+        """One call as the model makes it: narrate what it sees, check it is as narrated."""
+        text, is_error = host.call(tool, args)
+        narrator.sees(text.split("\n")[0], is_error)
+        expect(text, prefix)
+
+    host = None
     try:
         narrator.step("0. Pin the fake payment server and classify its tools")
         pinned = run("pin")
@@ -4704,19 +4710,13 @@ def run_demo(directory, narrator):
 
         host = gate()
         narrator.step("1. A read runs at once")
-        text, is_error = host.call("bank_balance", {"account": "household"})
-        narrator.sees(text, is_error)
-        expect(text, "account household holds")
+        see("bank_balance", {"account": "household"}, "account household holds")
 
         narrator.step("2. A payment waits for an operator, and is collected once")
         rent = {"to": "landlord", "amount": 950}
-        text, is_error = host.call("bank_pay", rent)
-        narrator.sees(text, is_error)
-        expect(text, "PENDING_APPROVAL")
+        see("bank_pay", rent, "PENDING_APPROVAL")
         operator("approve", "rent for October")
-        text, is_error = host.call("bank_pay", rent)
-        narrator.sees(text, is_error)
-        expect(text, "paid 950.00 to landlord")
+        see("bank_pay", rent, "paid 950.00 to landlord")
 
         narrator.step("3. A payment cut off by a crash is not run again without an operator")
         repair = {"to": "plumber", "amount": 180, "mode": "block"}
@@ -4743,25 +4743,17 @@ def run_demo(directory, narrator):
         narrator.say("after a restart, once the dead gate's lease expired:")
         narrator.sees(text, is_error)
         expect(text, "INTERRUPTED")
-        text, is_error = host.call("gate_status", {})
-        narrator.sees(text.split("\n")[0], is_error)
-        expect(text, "GATE_STATUS")
+        see("gate_status", {}, "GATE_STATUS")
         operator("reject", "it went through; do not pay twice")
-        text, is_error = host.call("bank_pay", repair)
-        narrator.sees(text, is_error)
-        expect(text, "REJECTED")
+        see("bank_pay", repair, "REJECTED")
 
         narrator.step("4. A host that lost a response and retries pays once")
         groceries = {"to": "grocer", "amount": 42}
         host.call("bank_pay", groceries)
         operator("approve", "groceries")
-        text, is_error = host.call("bank_pay", groceries)
-        narrator.sees(text, is_error)
-        expect(text, "paid 42.00 to grocer")
-        text, is_error = host.call("bank_pay", groceries)
+        see("bank_pay", groceries, "paid 42.00 to grocer")
         narrator.say("the host never saw that answer and retries the same call:")
-        narrator.sees(text, is_error)
-        expect(text, "DUPLICATE")
+        see("bank_pay", groceries, "DUPLICATE")
         through = sum(1 for line in open(ledger, encoding="utf-8") if "grocer" in line)
         straight_ledger = os.path.join(directory, "straight-ledger")
         server = LineClient([sys.executable, me, "fake-payments"], directory,
