@@ -3747,6 +3747,8 @@ class HostServer:
         name = params.get("name")
         args = params.get("arguments")
         if name == self.status_tool:
+            if invalid:
+                return answer("INVALID", reason=clean(invalid[0], 1000)).result()
             return status_answer(self.gate, args).result()
         tool = self.gate.tools.get(name) if isinstance(name, str) else None
         if tool is None:

@@ -341,3 +341,25 @@ def test_an_operators_note_cannot_overflow_the_rejection(bankdir):
     assert "\u202e" not in text, repr(text)
     assert has_raw_controls(text) == "", repr(text)
     assert count(bankdir) == 0
+
+
+def test_a_status_call_whose_arguments_are_not_usable_json_is_invalid(workdir):
+    """The status tool answers INVALID, like every other tool, when the boundary check refuses
+    its arguments (here a repeated key), instead of reading them leniently."""
+    from conftest import RawStdio, agentgate_argv
+    from gatekit import bank_server, pin, write_config
+
+    config = write_config(workdir, [bank_server(workdir)])
+    pin(config)
+    gate = RawStdio(agentgate_argv("-config", str(config)))
+    try:
+        gate.initialize()
+        frame = (b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"gate_status",'
+                 b'"arguments":{"approval_id":"a","approval_id":"b"}}}')
+        gate.send(frame)
+        answer = gate.recv(60)
+        assert answer["id"] == 7 and answer["result"]["isError"] is True, answer
+        text = answer["result"]["content"][0]["text"]
+        assert text.startswith("INVALID:") and "duplicate key" in text, text
+    finally:
+        gate.close()
