@@ -3914,8 +3914,9 @@ def approved_fate(gate, approval):
 # 11. Operator commands
 #
 # Owns: what an operator does in a terminal: list runs, show one, approve, reject, cancel,
-# verify the event chain. The database is found from the config (-config, $AGENTGATE_CONFIG,
-# the default path) or named with -db; it is opened as it is, never created or migrated.
+# verify the event chain, re-check recorded decisions under today's policy. The database is
+# found from the config (-config, $AGENTGATE_CONFIG, the default path) or named with -db; it is
+# opened as it is, never created or migrated, and read-only where nothing is decided.
 # Promises: approve and reject print the approval in full and decide bound to the hash of
 # exactly what they printed, so a row that changed after it was shown is refused; they decide
 # without asking only with -approval or -yes, and otherwise only after a "yes" typed at a
