@@ -20,6 +20,8 @@ import sqlite3
 from contextlib import closing, suppress
 from pathlib import Path
 
+import pytest
+
 from conftest import wait_for
 from crashkit import approval_in, fake_banks, run_in_hint
 from gatekit import agentgate, bank_server, gate_host, open_db, pin, result_text, write_config
@@ -266,3 +268,19 @@ def file_state(db_path) -> tuple[bytes, bytes]:
     db_path = Path(db_path)
     wal = Path(f"{db_path}-wal")
     return db_path.read_bytes(), wal.read_bytes() if wal.exists() else b""
+
+
+# ---------------------------------------------------------------- fixtures shared by recheck and verify
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """One recorded session per test module; each test clones it into its own directory."""
+    return record_session(tmp_path_factory.mktemp("recorded") / "session")
+
+
+@pytest.fixture
+def clean_banks(workdir):
+    """No fake bank started in this test's directory may outlive the test."""
+    yield workdir
+    reap_banks(workdir)

@@ -141,16 +141,23 @@ def agentgate(*args: str, env: dict | None = None, cwd=None, timeout: float = 12
             environ.pop(key, None)
         else:
             environ[key] = value
-    proc = subprocess.Popen(agentgate_argv(*args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=environ, cwd=cwd, start_new_session=True)
+    return run_to_end(agentgate_argv(*args), environ, cwd, timeout)
+
+
+def run_to_end(argv, env, cwd, timeout: float) -> subprocess.CompletedProcess:
+    """Run a command in its own process group to completion; on timeout kill the group and
+    fail the test with what it wrote to stderr."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         with suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"agentgate {' '.join(args)} did not finish in {timeout}s; stderr:\n{err.decode(errors='replace')}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode("utf-8", "replace"),
+        raise AssertionError(f"{' '.join(map(str, argv))} did not finish in {timeout}s; stderr:\n"
+                             f"{err.decode(errors='replace')}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out.decode("utf-8", "replace"),
                                        err.decode("utf-8", "replace"))
 
 

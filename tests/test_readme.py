@@ -33,7 +33,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from conftest import AGENTGATE, NODE_MODULES, REPO, Host, filesystem_server_argv, wait_for
-from gatekit import result_text
+from gatekit import result_text, run_to_end
 
 README = REPO / "README.md"
 FS_PACKAGE = "@modelcontextprotocol/server-filesystem"
@@ -189,16 +189,7 @@ def person_env(home: Path) -> dict:
 
 def sh(command: str, env: dict, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run one README line with bash, as typed at a prompt (so ~ expands)."""
-    proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"{command!r} did not finish in {timeout}s:\n{err.decode(errors='replace')}")
-    return subprocess.CompletedProcess(command, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+    return run_to_end(["bash", "-c", command], env, cwd, timeout)
 
 
 def ok(command: str, env: dict, cwd: Path) -> str:

@@ -44,7 +44,9 @@ from contextlib import closing
 
 import pytest
 
-from auditkit import (
+from auditkit import (  # recorded, clean_banks: fixtures
+    clean_banks,
+    recorded,
     DB,
     HEX64,
     OTHER_SESSION,
@@ -55,8 +57,6 @@ from auditkit import (
     query,
     recheck,
     recheck_json,
-    record_session,
-    reap_banks,
     report_line,
 )
 from conftest import AGENTGATE, wait_for
@@ -69,18 +69,6 @@ SCOPE_LEAVES = ("does not cover the rules before the policy", "repeat window", "
                 "rejected or expired approvals", "refused before the gate", "-current-tools")
 ANOTHER_APPROVAL = "asks for another approval: its capability, presentation, or tool spec changed"
 NOT_A_TOOL = "the tool is not among the current tools"
-
-
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    return record_session(tmp_path_factory.mktemp("recorded") / "session")
-
-
-@pytest.fixture
-def clean_banks(workdir):
-    """No fake bank started in this test's directory may outlive the test."""
-    yield workdir
-    reap_banks(workdir)
 
 
 def labelled(recorded, workdir) -> dict[str, list[dict]]:

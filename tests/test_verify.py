@@ -35,15 +35,15 @@ from contextlib import closing
 
 import pytest
 
-from auditkit import (
+from auditkit import (  # recorded, clean_banks: fixtures
+    clean_banks,
+    recorded,
     DB,
     HEX64,
     assert_chained,
     chain_hash,
     events,
     file_state,
-    reap_banks,
-    record_session,
     tamper,
     verify,
 )
@@ -51,18 +51,6 @@ from conftest import DEFAULT_TIMEOUT
 from gatekit import bank, gate_host, result_text
 
 BROKEN_RE = re.compile(r"^broken at seq (\d+): (.*)\n  expected: (.*)\n  found:    (.*)$", re.M)
-
-
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    return record_session(tmp_path_factory.mktemp("recorded") / "session")
-
-
-@pytest.fixture
-def clean_banks(workdir):
-    """No fake bank started in this test's directory may outlive the test."""
-    yield workdir
-    reap_banks(workdir)
 
 
 def lines(done) -> list[str]:
