@@ -29,8 +29,8 @@ Sections, in the order data flows through them:
      5. Upstream client       a stdio MCP server as agentgate's child
      6. Schema validation     the subset of JSON Schema real servers use
      7. Pin and load          manifests, the load checks, the report
-     8. Policy and the gate   one call as one run: propose, pause, execute, record
-     9. Rules across calls    the calls index, duplicates, unknown outcomes, holds
+     8. Policy and answers    what the model is told, the policy, approvals and their hashes
+     9. The gate              one call as one run, under the rules across calls
     10. MCP server            the host side: framing, initialize, tools/list, tools/call
     11. Operator commands     runs, show, approve, reject, cancel, verify, recheck
     12. Fake payment server   the demo's and the tests' upstream
@@ -39,6 +39,8 @@ Sections, in the order data flows through them:
 """
 
 import argparse
+import bisect
+import collections
 import ctypes
 import datetime
 import decimal
@@ -51,6 +53,7 @@ import os
 import queue
 import re
 import secrets
+import select
 import shlex
 import signal
 import sqlite3
@@ -113,19 +116,40 @@ class Number:
         return value == value.to_integral_value()
 
 
-_STRING_RE = re.compile(rb'"(?:[^"\\]|\\.?)*(?:"|\Z)', re.S)  # an unclosed one runs to the end
-_BRACKET_RE = re.compile(rb"[\[\]{}]")
+# A string once its escapes are gone (an unclosed one runs to the end); brackets of either
+# kind as one kind, and every other byte dropped.
+_STRING_RE = re.compile(rb'"[^"]*"?')
+_ONE_KIND = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 
 def _too_deep(data):
-    depth = 0
-    for match in _BRACKET_RE.finditer(_STRING_RE.sub(b"", data)):
-        if match.group() in (b"[", b"{"):
-            depth += 1
-            if depth > MAX_DEPTH:
-                return True
-        else:
-            depth -= 1
+    """Whether the document nests past MAX_DEPTH, counting brackets outside strings.
+
+    Every step is a C scan that is fast per byte, or one turn of a Python loop over what is
+    left, so a hostile 16 MB frame costs time in proportion to its size and never holds the
+    interpreter's lock in one long call: the lease heartbeat still runs.
+    """
+    if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
+        return False  # too few openings to be too deep: the common case
+    # Escapes read left to right: an escaped backslash first, then the escaped quote, so no
+    # quote that is part of an escape is left to end a string early.
+    data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    data = _STRING_RE.sub(b"", data).translate(_ONE_KIND, _NOT_BRACKETS)
+    # In a balanced document a pass takes the innermost pair out of every nest, the deepest
+    # among them, so after `passes` passes the deepest nest is exactly that many levels
+    # shallower. (An unbalanced one is not JSON; it is counted as it is.)
+    passes = 0
+    while passes < 8 and data.count(b"[") * 2 == len(data):
+        shorter = data.replace(b"[]", b"")
+        if shorter == data:
+            break
+        data, passes = shorter, passes + 1
+    depth, limit = 0, MAX_DEPTH - passes
+    for byte in data:
+        depth += 1 if byte == 0x5B else -1
+        if depth > limit:
+            return True
     return False
 
 
@@ -224,26 +248,29 @@ def parse(data):
     return value
 
 
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
-            "\t": "\\t"}
-_HTML_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
-                 "\u2029": "\\u2029"}
-_PLAIN_RE = re.compile('[\x00-\x1f"\\\\]')
-_HTML_RE = re.compile('[\x00-\x1f"\\\\<>&\u2028\u2029]')
+_HTML_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
+                 ("\u2029", "\\u2029"))
 
 
-def _escape_char(match, html):
-    ch = match.group()
-    if ch in _ESCAPES:
-        return _ESCAPES[ch]
-    if html and ch in _HTML_ESCAPES:
-        return _HTML_ESCAPES[ch]
-    return f"\\u{ord(ch):04x}"
+STRING_CHUNK = 1 << 20
 
 
 def _encode_string(s, html):
-    pattern = _HTML_RE if html else _PLAIN_RE
-    return '"' + pattern.sub(lambda m: _escape_char(m, html), s) + '"'
+    """A JSON string with the one escaping: `"`, `\\` and control characters escaped (\\n,
+    \\t, ... or \\u00XX, lower-case hex), everything else as itself; with html, also `<`,
+    `>`, `&`, U+2028 and U+2029. The standard library's encoder escapes exactly that first set,
+    in C, so a long escape-heavy string costs one linear pass; the html characters are never
+    produced by an escape, so replacing them afterwards cannot touch one."""
+    if len(s) > STRING_CHUNK:  # escaped a piece at a time: no single long call
+        text = '"' + "".join(json.dumps(s[i:i + STRING_CHUNK], ensure_ascii=False)[1:-1]
+                             for i in range(0, len(s), STRING_CHUNK)) + '"'
+    else:
+        text = json.dumps(s, ensure_ascii=False)
+    if html:
+        for ch, escape in _HTML_ESCAPES:
+            if ch in text:
+                text = text.replace(ch, escape)
+    return text
 
 
 def _encode(value, html, out):
@@ -339,17 +366,44 @@ def parse_loosely(data):
         return None
 
 
-_ID_RE = re.compile(rb'"id"\s*:\s*(-?\d+)')
-_BODY_RE = re.compile(rb'"(?:result|error|params)"\s*:')
+_HEAD_TOKEN_RE = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
+_HEAD_ID_RE = re.compile(rb"\s*:\s*(-?(?:0|[1-9][0-9]{0,17}))[\s,}]")
+_INT_ID_RE = re.compile(r"-?(?:0|[1-9][0-9]{0,17})")
+_JSON_NUMBER_RE = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
 def frame_id(head):
-    """The numeric id of a message too large to parse, from its first bytes: only an id that
-    comes before the message's body counts, since one inside the body could name another
-    request."""
-    body = _BODY_RE.search(head)
-    match = _ID_RE.search(head, 0, body.start() if body else len(head))
-    return int(match.group(1)) if match else None
+    """The integer id of a message too large to parse, from its first bytes: only the
+    message's own top-level "id" counts, never one nested inside its body, which could name
+    another request."""
+    depth = 0
+    for match in _HEAD_TOKEN_RE.finditer(head):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+        elif token in (b"]", b"}"):
+            depth -= 1
+        elif depth == 1 and token == b'"id"':
+            value = _HEAD_ID_RE.match(head, match.end())
+            return int(value.group(1)) if value else None
+    return None
+
+
+def int_id(value):
+    """An id as agentgate writes its own requests' ids: an integer literal of at most 18
+    digits, or None. No other value (3.9, 1e1000000, Infinity) can name one of them."""
+    if isinstance(value, Number) and _INT_ID_RE.fullmatch(value.literal):
+        return int(value.literal)
+    return None
+
+
+def echoable_id(ident):
+    """Whether a host's request id can be echoed back as JSON: a string without a lone
+    surrogate, or a number written as JSON writes numbers (a lenient read can yield
+    Infinity or NaN, which are not JSON)."""
+    if isinstance(ident, str):
+        return not _SURROGATE_RE.search(ident)
+    return isinstance(ident, Number) and bool(_JSON_NUMBER_RE.fullmatch(ident.literal))
 
 
 def dumps(value):
@@ -548,6 +602,8 @@ DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MIN_LEASE_TTL = 3 * SECOND
+DEFAULT_ARGUMENT_BYTES = 1 << 20  # what one call may bring in, canonically encoded
+MAX_ARGUMENT_BYTES = 8 << 20
 
 
 class ConfigError(Exception):
@@ -616,7 +672,7 @@ class Server:
     """One upstream MCP server, as configured."""
 
     FIELDS = ("name", "command", "endpoint", "env", "inherit_env", "connect_timeout",
-              "default_timeout", "manifest", "rules", "skip_path_check")
+              "default_timeout", "manifest", "rules", "skip_path_check", "cwd")
 
     def __init__(self, raw, where, base):
         if not isinstance(raw, dict):
@@ -660,7 +716,12 @@ class Server:
                 raise ConfigError(f"{where}.rules.{tool} must be an object")
             self.rules[tool] = Rule(tool, rule, f"{where}.rules.{tool}")
         self.skip_path_check = _bool(raw, "skip_path_check", where)
-        self.base = base  # the server runs here, so its relative arguments read as written
+        # A server runs in the user's home, never in the configuration's directory, which
+        # holds the config, the database and the manifests: a server that writes a relative
+        # path must not edit its own policy. A configured cwd is reach-checked as an argument.
+        self.cwd_given = _string(raw, "cwd", where)
+        self.cwd = os.path.join(base, os.path.expanduser(self.cwd_given)) if self.cwd_given \
+            else os.path.expanduser("~")
 
     def child_env(self, environ=None):
         """The child's whole environment: PATH, HOME, TMPDIR, inherit_env, then env entries.
@@ -682,7 +743,8 @@ class Config:
     """The whole configuration, with defaults applied and paths made absolute."""
 
     FIELDS = ("database", "session", "servers", "policy", "hold", "repeat_window",
-              "max_pending", "approval_ttl", "grant_ttl", "status_tool", "lease_ttl")
+              "max_pending", "approval_ttl", "grant_ttl", "status_tool", "lease_ttl",
+              "max_argument_bytes")
 
     def __init__(self, raw, path):
         self.path = path
@@ -729,6 +791,12 @@ class Config:
         if not NAME_RE.match(self.status_tool):
             raise ConfigError(f"status_tool {quote(self.status_tool)} must be 1 to 64 letters, "
                               f"digits, '_' or '-'")
+        cap = raw.get("max_argument_bytes", Number(str(DEFAULT_ARGUMENT_BYTES)))
+        if not isinstance(cap, Number) or not cap.is_integer() or \
+                not 1024 <= cap.exact() <= MAX_ARGUMENT_BYTES:
+            raise ConfigError(f"max_argument_bytes must be a whole number of bytes from 1024 to "
+                              f"{MAX_ARGUMENT_BYTES}")
+        self.max_argument_bytes = int(cap.exact())
         self.lease_ttl = _duration(raw, "lease_ttl", where, 30 * SECOND)
         if self.lease_ttl < MIN_LEASE_TTL:
             raise ConfigError(f"lease_ttl {format_duration(self.lease_ttl)} is shorter than "
@@ -895,20 +963,26 @@ def check_reach(config):
     user can, whatever its arguments say.
     """
     identities, missing = _protected(config)
+
+    def reaches(path):
+        identity = _file_identity(path)
+        return (identity and identity in identities) or os.path.realpath(path) in missing
+
+    def refuse(what, path):
+        raise ConfigError(
+            f"server {quote(server.name)}: its {what} reaches {os.path.realpath(path)}, which "
+            f"the gate's policy and approvals depend on: point the server elsewhere, or set "
+            f"skip_path_check on it if it cannot write there")
     for server in config.servers:
-        if server.skip_path_check or len(server.command) < 2:
+        if server.skip_path_check:
             continue
+        if server.cwd_given and reaches(server.cwd):
+            refuse(f"cwd {quote(server.cwd_given)}", server.cwd)
         for arg in server.command[1:]:
             for candidate in _reach_candidates(arg):
-                candidate = os.path.join(server.base, candidate)
-                identity = _file_identity(candidate)
-                if (identity and identity in identities) or \
-                        os.path.realpath(candidate) in missing:
-                    raise ConfigError(
-                        f"server {quote(server.name)}: its argument {quote(arg)} reaches "
-                        f"{os.path.realpath(candidate)}, which the gate's policy and approvals "
-                        f"depend on: point the server elsewhere, or set skip_path_check on it "
-                        f"if it cannot write there")
+                candidate = os.path.join(server.cwd, candidate)
+                if reaches(candidate):
+                    refuse(f"argument {quote(arg)}", candidate)
 
 
 # =============================================================================================
@@ -984,15 +1058,23 @@ class Race(Exception):
 
 ANY_ROW = "any open row"  # a read replaces whatever row is open: reads never race for a key
 
+KeyRun = collections.namedtuple("KeyRun", "run_id status reason detail finished owner expires "
+                                          "open")
+
 
 UNKNOWN_ENDINGS = ("timed_out", "no_answer", "cut_off")
+
+# What the newest attempt of a run's tool call came to: its ending, the result or error text,
+# when it finished, and the attempt as an interruption approval names it (run_id, step_id,
+# started_at, ended).
+Attempt = collections.namedtuple("Attempt", "ending text finished attempt")
 
 
 def last_attempt(rows, run_id):
     """What the newest attempt of a run's tool call came to, read through `rows(sql, args)`
-    (Store.read, or Tx.rows inside a transaction): (ending, text, finished_at, attempt) with
-    ending 'ok', 'error', 'unrecorded', 'timed_out', 'no_answer' or 'cut_off'; None when no
-    tool call of the run ever started.
+    (Store.read, or Tx.rows inside a transaction): an Attempt with ending 'ok', 'error',
+    'unrecorded', 'timed_out', 'no_answer' or 'cut_off'; None when no tool call of the run
+    ever started.
 
     A step whose re-run was asked of an operator and not carried out (rejected, expired,
     cancelled) still stands for the attempt its interruption approval names: nothing an
@@ -1007,19 +1089,20 @@ def last_attempt(rows, run_id):
         observed = parse(observation) if observation else {"kind": ""}
         if status == "executing" or (observed["kind"] == "interrupted" and observed[
                 "content"].get("previous_status") == "executing"):
-            return "cut_off", "", finished, {**attempt, "ended": "cut_off"}
+            return Attempt("cut_off", "", finished, {**attempt, "ended": "cut_off"})
         if observed["kind"] == "tool_result":
             content = observed["content"]
             text = content if isinstance(content, str) else policy_json(content)
-            return "ok", text, finished, {**attempt, "ended": "ok"}
+            return Attempt("ok", text, finished, {**attempt, "ended": "ok"})
         if observed["kind"] == "tool_error":
             ending = observed["content"]["ending"]
-            return ending, observed["content"]["error"], finished, {**attempt, "ended": ending}
+            return Attempt(ending, observed["content"]["error"], finished,
+                           {**attempt, "ended": ending})
         asked = rows("SELECT capability_json FROM approvals WHERE step_id=? AND "
                      "kind='interrupted_side_effect' ORDER BY rowid DESC LIMIT 1", (step_id,))
         if asked:
             prior = parse(asked[0][0])["interrupted"]
-            return prior["ended"], "", finished, prior
+            return Attempt(prior["ended"], "", finished, prior)
     return None
 
 
@@ -1078,14 +1161,16 @@ class Tx:
 
     # -- state changes: each writes its rows and its events, inside the caller's transaction --
 
-    def begin_run(self, run_id, session, tool, key, side_effect, tool_hashes, lease, seen):
+    def begin_run(self, run_id, session, tool, target, key, side_effect, tool_hashes, lease,
+                  seen):
         """Claim the request's row in the calls index and begin its run, in one transaction.
 
         The row and the run appear together or not at all, so a crash can never leave a row
         that names a run nobody began. The open row must still be the one the caller decided
         on (`seen`, a run id or None) and its run must have finished; otherwise another caller
-        got there first and this one decides again. The unique open-row index backs this up
-        across processes.
+        got there first and this one decides again. Since a key's open row is always its
+        newest, this refuses whenever any run of the key began after the caller's view was
+        read, in this process or another; the unique open-row index backs it up.
         """
         at = now()
         row = self.execute("SELECT c.run_id, r.status FROM calls c JOIN runs r ON r.id = "
@@ -1097,7 +1182,7 @@ class Tx:
         self.execute("UPDATE calls SET open=0, closed_at=? WHERE session=? AND request_key=? "
                      "AND open=1", (at, session, key))
         self.execute("INSERT INTO calls(session, request_key, tool, side_effect, run_id, "
-                     "created_at) VALUES(?,?,?,?,?,?)", (session, key, tool, side_effect,
+                     "created_at) VALUES(?,?,?,?,?,?)", (session, key, target, side_effect,
                                                           run_id, at))
         self.execute("INSERT INTO runs(id, session, tool, status, created_at, lease_owner, "
                      "lease_expires_at) VALUES(?,?,?,?,?,?,?)",
@@ -1150,7 +1235,7 @@ class Tx:
         if outcome is None:
             attempt = last_attempt(self.rows, run_id)
             outcome = (OUTCOME_NONE if attempt is None else OUTCOME_UNKNOWN
-                       if attempt[0] in UNKNOWN_ENDINGS else OUTCOME_KNOWN)
+                       if attempt.ending in UNKNOWN_ENDINGS else OUTCOME_KNOWN)
         if status != "COMPLETED":
             step_id = self.start_step(run_id, {"kind": "fail", "message": detail,
                                                "origin": "operator"})
@@ -1168,10 +1253,15 @@ class Tx:
 
     def pause(self, run_id, step_id, approval):
         """Wait for an operator: the step awaits, the run waits with no lease, the approval
-        row is written with its hash."""
+        row is written with its hash. Only a run still under way can wait: one that an
+        operator ended meanwhile (a cancel between two transactions of a take-over) stays
+        ended, and the caller decides again."""
+        waits = self.execute("UPDATE runs SET status='WAITING_FOR_APPROVAL', lease_owner='', "
+                             "lease_expires_at='' WHERE id=? AND status IN ('RUNNING', "
+                             "'WAITING_FOR_APPROVAL')", (run_id,))
+        if waits.rowcount != 1:
+            raise Race()
         self.execute("UPDATE steps SET status='awaiting_approval' WHERE id=?", (step_id,))
-        self.execute("UPDATE runs SET status='WAITING_FOR_APPROVAL', lease_owner='', "
-                     "lease_expires_at='' WHERE id=?", (run_id,))
         self.execute("INSERT INTO approvals(id, run_id, step_id, kind, capability_json, "
                      "presentation_json, request_json, hash, status, created_at, expires_at) "
                      "VALUES(?,?,?,?,?,?,?,?,?,?,?)",
@@ -1316,6 +1406,18 @@ class Tx:
                 "by": by, "note": note, "previous_status": status}}, f"cancelled by {by}")
         self.finish_run(run_id, "CANCELLED", "operator_cancelled", note, extra={"by": by})
 
+def _unique_violation(err):
+    """Whether SQLite refused a row because a unique index (the open row of a request, an id)
+    already holds another: the mark of a lost race. Python before 3.11 names no error code,
+    so there the message is read."""
+    if not isinstance(err, sqlite3.IntegrityError):
+        return False
+    name = getattr(err, "sqlite_errorname", None)
+    if name is None:
+        return str(err).startswith("UNIQUE constraint failed")
+    return name in ("SQLITE_CONSTRAINT_UNIQUE", "SQLITE_CONSTRAINT_PRIMARYKEY")
+
+
 class Store:
     """The one SQLite connection of a process, shared by its threads under one lock."""
 
@@ -1348,6 +1450,11 @@ class Store:
             # another change has since replaced is caught inside its own write transaction.
             self.reader = self.db if readonly else self._connect(uri)
             self.read_lock = self.lock if readonly else threading.Lock()
+            # The heartbeat writes on a connection of its own, so a renewal never queues
+            # behind the calls' group commits (or a stalled one): a live call's lease is
+            # renewed as long as the process runs at all.
+            self.lease_db = None if readonly else self._connect(uri)
+            self.lease_lock = threading.Lock()
         except sqlite3.Error as err:
             raise StoreError(f"database {path} cannot be opened: {err}") from None
         self._check_files(tighten=not readonly)
@@ -1427,9 +1534,11 @@ class Store:
             raise
 
     def close(self):
-        with self.lock, self.read_lock:
+        with self.lock, self.read_lock, self.lease_lock:
             self.reader.close()
             self.db.close()
+            if self.lease_db is not None:
+                self.lease_db.close()
 
     # -- the one place transactions are opened --------------------------------------------
 
@@ -1458,45 +1567,67 @@ class Store:
     def _commit(self, batch):
         try:
             self.db.execute("BEGIN IMMEDIATE")
+            for job in batch:
+                self.db.execute("SAVEPOINT change")
+                try:
+                    job["result"] = job["fn"](Tx(self.db))
+                except Exception as err:
+                    self.db.execute("ROLLBACK TO change")
+                    # The one way a lost race is said: a unique index that refused the row
+                    # another caller wrote first is a Race, as a stale read is.
+                    job["error"] = (Race() if _unique_violation(err) else
+                                    StoreError(f"the records could not be written: {err}")
+                                    if isinstance(err, sqlite3.Error) else err)
+                self.db.execute("RELEASE change")
+            self.db.execute("COMMIT")
+        except BaseException as err:
+            # Nothing of the batch committed: every caller in it hears so, whatever stopped
+            # the commit (a disk error, or an exception that interrupted this thread).
             try:
-                for job in batch:
-                    self.db.execute("SAVEPOINT change")
-                    try:
-                        job["result"] = job["fn"](Tx(self.db))
-                    except Exception as err:
-                        self.db.execute("ROLLBACK TO change")
-                        job["error"] = StoreError(f"the records could not be written: {err}") \
-                            if isinstance(err, sqlite3.Error) else err
-                    self.db.execute("RELEASE change")
-                self.db.execute("COMMIT")
-            except BaseException:
                 if self.db.in_transaction:
                     self.db.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as err:
+            except sqlite3.Error:
+                pass
+            failure = StoreError(f"the records could not be written: {err}" if isinstance(
+                err, sqlite3.Error) else "the write was interrupted before it was committed")
             for job in batch:
-                job["error"] = StoreError(f"the records could not be written: {err}")
+                job["error"] = failure
+            if not isinstance(err, sqlite3.Error):
+                raise
         finally:
             for job in batch:
                 job["done"] = True
 
     def renew_leases(self, owner, until, run_ids):
         """The heartbeat: extend the leases of the runs this process is executing."""
-        if run_ids:
-            marks = ", ".join("?" * len(run_ids))
-            self.write(lambda tx: tx.execute(
-                f"UPDATE runs SET lease_expires_at=? WHERE lease_owner=? AND status='RUNNING' "
-                f"AND id IN ({marks})", (until, owner, *run_ids)))
+        if not run_ids:
+            return
+        marks = ", ".join("?" * len(run_ids))
+        with self.lease_lock:
+            try:
+                # A lease is not chained in events: a renewal changes no decision.
+                self.lease_db.execute("BEGIN IMMEDIATE")
+                self.lease_db.execute(
+                    f"UPDATE runs SET lease_expires_at=? WHERE lease_owner=? AND "
+                    f"status='RUNNING' AND id IN ({marks})", (until, owner, *run_ids))
+                self.lease_db.execute("COMMIT")
+            except sqlite3.Error as err:
+                if self.lease_db.in_transaction:
+                    self.lease_db.execute("ROLLBACK")
+                raise StoreError(f"the leases could not be renewed: {err}") from None
 
     # -- reads: every question the rules, the status tool and the operator commands ask ---
 
     def key_runs(self, session, key, since, newest_only):
-        """A request's runs that are unfinished or finished since `since`, newest first."""
-        return self.read(
+        """A request's runs that are unfinished, finished since `since`, or hold its open row
+        in the calls index, newest first, as KeyRun rows. One statement, so one consistent
+        view: the open row it names is the newest row of the key as of every other row read."""
+        return [KeyRun(*row) for row in self.read(
             "SELECT r.id, r.status, r.reason, r.detail, r.finished_at, r.lease_owner, "
-            "r.lease_expires_at FROM calls c JOIN runs r ON r.id = c.run_id WHERE c.session=? "
-            "AND c.request_key=? AND (c.settled_at='' OR c.settled_at>=?) ORDER BY c.id DESC"
-            + (" LIMIT 1" if newest_only else ""), (session, key, since))
+            "r.lease_expires_at, c.open FROM calls c JOIN runs r ON r.id = c.run_id WHERE "
+            "c.session=? AND c.request_key=? AND (c.open=1 OR c.settled_at='' OR "
+            "c.settled_at>=?) ORDER BY c.id DESC" + (" LIMIT 1" if newest_only else ""),
+            (session, key, since))]
 
     def open_run(self, session, key):
         """The run of a request's open row in the calls index, or None."""
@@ -1516,14 +1647,16 @@ class Store:
                          "FROM calls c JOIN runs r ON r.id = c.run_id WHERE c.session=? AND "
                          "c.settled_at='' AND c.request_key!=? ORDER BY c.id", (session, key))
 
-    def unknown_for_tool(self, session, tool, key):
-        """Other requests of a tool whose newest attempt ended with its outcome unknown."""
+    def unknown_for_tool(self, session, targets, key):
+        """Other requests of an upstream tool whose newest attempt ended with its outcome
+        unknown. `targets` names the tool as the calls index may hold it: "server/tool", and
+        the registered name that databases from before version 0.2 hold."""
         return self.read(
             "SELECT c.request_key, c.run_id, r.reason FROM calls c JOIN runs r ON r.id = "
-            "c.run_id WHERE c.session=? AND c.tool=? AND c.request_key!=? AND c.outcome=? AND "
-            "c.id = (SELECT max(id) FROM calls d WHERE d.session=c.session AND "
-            "d.request_key=c.request_key AND d.outcome!=?) ORDER BY c.id",
-            (session, tool, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
+            "c.run_id WHERE c.session=? AND c.tool IN (?, ?) AND c.request_key!=? AND "
+            "c.outcome=? AND c.id = (SELECT max(id) FROM calls d WHERE "
+            "d.session=c.session AND d.request_key=c.request_key AND d.outcome!=?) "
+            "ORDER BY c.id", (session, *targets, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
 
     def approval_state(self, approval_id):
         """(approval status, expires_at, run status) while a call is held."""
@@ -1603,6 +1736,14 @@ class Store:
         return self.read("SELECT seq, at, type, step_id, payload_json FROM events WHERE "
                          "run_id=? ORDER BY seq", (run_id,))
 
+    def late_outcomes(self, run_id):
+        """Outcomes of a run's attempts that arrived after another process took the run
+        over, as (step id, observation), oldest first."""
+        return [(step_id, parse(payload)["observation"]) for step_id, payload in self.read(
+            "SELECT step_id, payload_json FROM events WHERE run_id=? AND "
+            "type='step.tool_finished' AND json_extract(payload_json, '$.late')=1 "
+            "ORDER BY seq", (run_id,))]
+
     def policy_events(self, run_id):
         return self.read("SELECT seq, step_id, payload_json FROM events WHERE run_id=? AND "
                          "type='step.policy' ORDER BY seq", (run_id,))
@@ -1657,6 +1798,9 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_TOOL_PAGES = 100
 MAX_TOOLS = 1000
 PR_SET_PDEATHSIG = 1
+# How long a message agentgate writes on its own (an answer to the server's ping, a cancel
+# notice) may wait for the server to read it; a request waits as long as its own deadline.
+OWN_WRITE_SECONDS = 5
 
 
 def read_frames(fd, cap):
@@ -1696,13 +1840,17 @@ def read_frames(fd, cap):
 
 
 class UpstreamError(Exception):
-    """A request to an upstream server failed; `timed_out` says whether its deadline fired."""
+    """A request to an upstream server failed. What is known of it decides how its outcome is
+    classified (call_upstream): `sent` False means no byte of it reached the server, so
+    nothing executed; `answered` means the server answered with a JSON-RPC error; `unusable`
+    means it answered with something that cannot be read; `timed_out` says a deadline fired."""
 
-    def __init__(self, message, timed_out=False, unusable=False, sent=True):
+    def __init__(self, message, timed_out=False, unusable=False, sent=True, answered=False):
         super().__init__(message)
         self.timed_out = timed_out
         self.unusable = unusable
-        self.sent = sent  # False: the request never reached the server, so nothing executed
+        self.sent = sent
+        self.answered = answered
 
 
 class Deadline:
@@ -1716,13 +1864,18 @@ class Deadline:
         return max(0.0, self.at - time.monotonic())
 
 
-def _die_with_parent():
-    """In the child, before exec: ask Linux to SIGKILL it when agentgate's thread dies."""
+@functools.lru_cache(maxsize=1)
+def _parent_death_request():
+    """The call a child makes between fork and exec, on Linux: prctl(PR_SET_PDEATHSIG,
+    SIGKILL), so it dies with agentgate's spawning thread. The function is looked up here, in
+    the parent, so the forked child only calls it (no library loading after a fork)."""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+    return functools.partial(prctl, PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class Upstream:
@@ -1753,14 +1906,16 @@ class Upstream:
         """Start the child. On Linux its parent-death signal fires when the spawning thread
         ends, so this runs on a thread that lives as long as agentgate (the main thread)."""
         try:
+            # bufsize=0: nothing is buffered on the way to the child, so closing its input
+            # never waits to flush into a pipe nobody reads.
             self.proc = subprocess.Popen(
                 self.server.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, env=self.server.child_env(), start_new_session=True,
-                cwd=self.server.base,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+                cwd=self.server.cwd, bufsize=0, preexec_fn=_parent_death_request())
         except OSError as err:
             raise UpstreamError(self.describe("connect", f"cannot start "
                                               f"{quote(self.server.command[0])}: {err.strerror}"))
+        os.set_blocking(self.proc.stdin.fileno(), False)  # writes wait in poll, with a deadline
         threading.Thread(target=self._read_stdout, args=(self.proc.stdout,), daemon=True).start()
         threading.Thread(target=self._read_stderr, args=(self.proc.stderr,), daemon=True).start()
 
@@ -1777,13 +1932,22 @@ class Upstream:
         """Close stdin, wait briefly, then TERM and KILL the whole process group."""
         with self.lock:
             proc, self.proc = self.proc, None
-            self._fail_all("the connection was closed")
+            self.closed = self.closed or "the connection was closed"
+            self._fail_all(self.closed)
         if proc is None:
             return
+        # The input is closed only while no write is under way, so a writer never writes to
+        # a descriptor number the process has reused; a write stuck on a server that does not
+        # read is ended by killing the server, which breaks its pipe.
+        if not self.write_lock.acquire(timeout=1):
+            _signal_group(proc.pid, signal.SIGKILL)
+            self.write_lock.acquire()
         try:
             proc.stdin.close()
         except OSError:
             pass
+        finally:
+            self.write_lock.release()
         try:
             proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
@@ -1818,28 +1982,33 @@ class Upstream:
     # -- messages --------------------------------------------------------------------------
 
     def _read_stdout(self, stream):
-        for frame, head in read_frames(stream.fileno(), MAX_MESSAGE_BYTES):
-            if frame is None:
-                ident = frame_id(head)
-                if ident is not None:
-                    self._deliver(ident, error=UpstreamError(
-                        f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes",
-                        unusable=True))
-            elif frame.strip():
-                self._dispatch(frame)
-        with self.lock:
-            self.closed = "the server closed its output"
-            self._fail_all(self.closed)
+        try:
+            for frame, head in read_frames(stream.fileno(), MAX_MESSAGE_BYTES):
+                # One frame, however it is shaped, never ends the reader: every later answer
+                # would wait for its timeout and be recorded as unknown.
+                try:
+                    if frame is None:
+                        self._deliver(frame_id(head), error=UpstreamError(
+                            f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes",
+                            unusable=True))
+                    elif frame.strip():
+                        self._dispatch(frame)
+                except Exception as err:
+                    log(self.describe("read", f"a message could not be handled "
+                                              f"({type(err).__name__}: {err})"))
+        finally:
+            with self.lock:
+                self.closed = self.closed or "the server closed its output"
+                self._fail_all(self.closed)
 
     def _dispatch(self, line):
         try:
             message = parse(line)
         except CanonicalError as err:
             loose = parse_loosely(line)
-            ident = loose.get("id") if isinstance(loose, dict) else None
-            if isinstance(ident, Number) and ident.is_integer():
-                self._deliver(int(ident.exact()), error=UpstreamError(
-                    f"the server's answer is not usable JSON: {err}", unusable=True))
+            self._deliver(int_id(loose.get("id")) if isinstance(loose, dict) else None,
+                          error=UpstreamError(f"the server's answer is not usable JSON: {err}",
+                                              unusable=True))
             return
         if not isinstance(message, dict):
             return
@@ -1847,31 +2016,35 @@ class Upstream:
             self._answer_server_request(message)
         elif "method" in message:
             return  # notifications (logging, list_changed) are not acted on
-        elif isinstance(message.get("id"), Number):
-            ident = int(message["id"].exact())
-            if "error" in message:
-                error = message["error"]
-                text = error.get("message", "") if isinstance(error, dict) else ""
-                self._deliver(ident, error=UpstreamError(f"the server answered with an error: "
-                                                         f"{clean(str(text), 1000)}"))
-            else:
-                self._deliver(ident, result=message.get("result"))
+        elif "error" in message:
+            error = message["error"]
+            text = error.get("message", "") if isinstance(error, dict) else ""
+            self._deliver(int_id(message.get("id")), error=UpstreamError(
+                f"the server answered with an error: {clean(str(text), 1000)}", answered=True))
+        else:
+            self._deliver(int_id(message.get("id")), result=message.get("result"))
 
     def _answer_server_request(self, message):
         if message.get("method") == "ping":
-            self._send({"jsonrpc": "2.0", "id": message["id"], "result": {}})
+            answer = {"jsonrpc": "2.0", "id": message["id"], "result": {}}
         else:
             # agentgate offers no roots, sampling or elicitation: a server asking for one gets
             # a clear refusal rather than a request left hanging.
-            self._send({"jsonrpc": "2.0", "id": message["id"], "error": {
-                "code": -32601, "message": "this client does not offer that method"}})
+            answer = {"jsonrpc": "2.0", "id": message["id"], "error": {
+                "code": -32601, "message": "this client does not offer that method"}}
+        try:
+            self._send(answer, Deadline(OWN_WRITE_SECONDS * SECOND))
+        except UpstreamError:
+            pass  # the server is gone or was stopped for not reading: nothing to answer
 
     def _deliver(self, ident, result=None, error=None):
+        # The answer is filled in under the lock that removes the slot, so a request whose
+        # wait ends at this moment sees either its answer or no slot, never half of one.
         with self.lock:
-            slot = self.slots.pop(ident, None)
-        if slot:
-            slot["result"], slot["error"] = result, error
-            slot["done"].set()
+            slot = self.slots.pop(ident, None) if ident is not None else None
+            if slot:
+                slot["result"], slot["error"] = result, error
+                slot["done"].set()
 
     def _fail_all(self, reason):
         for slot in self.slots.values():
@@ -1879,22 +2052,50 @@ class Upstream:
             slot["done"].set()
         self.slots.clear()
 
-    def _send(self, message):
+    def _send(self, message, deadline):
+        """Write one message by `deadline`. A server that does not take it in time is not
+        reading: it is stopped, so nothing waits on it forever. The error says whether any
+        byte of the message reached it."""
         data = canonical(message) + b"\n"
-        with self.write_lock:
+        if not self.write_lock.acquire(timeout=deadline.left()):
+            raise UpstreamError("the server is not reading its input (an earlier message to "
+                                "it is still being written)", sent=False, timed_out=True)
+        written = 0
+        try:
             proc = self.proc
             if proc is None:
                 raise UpstreamError("the connection is closed", sent=False)
-            try:
-                proc.stdin.write(data)
-                proc.stdin.flush()
-            except (OSError, ValueError):
-                raise UpstreamError("the server is not reading its input (it may have "
-                                    "exited)", sent=False) from None
+            poller = select.poll()
+            poller.register(proc.stdin.fileno(), select.POLLOUT)
+            while written < len(data):
+                if deadline.left() <= 0 or not poller.poll(deadline.left() * 1000 + 1):
+                    break
+                try:
+                    written += os.write(proc.stdin.fileno(), data[written:])
+                except BlockingIOError:
+                    continue
+                except (OSError, ValueError):
+                    raise UpstreamError("the server is not reading its input (it may have "
+                                        "exited)", sent=written > 0) from None
+        finally:
+            self.write_lock.release()
+        if written < len(data):
+            reason = (f"the server did not read its input for "
+                      f"{format_duration(deadline.ns)}, so it was stopped")
+            self._stop(proc, reason)
+            raise UpstreamError(reason, sent=written > 0, timed_out=True)
+
+    def _stop(self, proc, reason):
+        """Kill a server that stopped reading; every request waiting on it fails."""
+        with self.lock:
+            self.closed = self.closed or reason
+            self._fail_all(reason)
+        _signal_group(proc.pid, signal.SIGKILL)
 
     def notify(self, method, params):
         try:
-            self._send({"jsonrpc": "2.0", "method": method, "params": params})
+            self._send({"jsonrpc": "2.0", "method": method, "params": params},
+                       Deadline(OWN_WRITE_SECONDS * SECOND))
         except UpstreamError:
             pass
 
@@ -1909,7 +2110,8 @@ class Upstream:
             tail = self.tail() if step in ("connect", "list tools") and not err.timed_out \
                 else ""
             raise UpstreamError(self.describe(step, str(err)) + tail, timed_out=err.timed_out,
-                                unusable=err.unusable, sent=err.sent) from None
+                                unusable=err.unusable, sent=err.sent,
+                                answered=err.answered) from None
 
     def _request(self, method, params, deadline, step):
         with self.lock:
@@ -1920,7 +2122,8 @@ class Upstream:
             slot = {"done": threading.Event(), "result": None, "error": None}
             self.slots[ident] = slot
         try:
-            self._send({"jsonrpc": "2.0", "id": ident, "method": method, "params": params})
+            self._send({"jsonrpc": "2.0", "id": ident, "method": method, "params": params},
+                       deadline)
         except UpstreamError:
             with self.lock:
                 self.slots.pop(ident, None)
@@ -1928,10 +2131,11 @@ class Upstream:
         if not slot["done"].wait(deadline.left()):
             with self.lock:
                 self.slots.pop(ident, None)
-            self.notify("notifications/cancelled", {"requestId": ident,
-                                                    "reason": "the deadline passed"})
-            raise UpstreamError("timed out after " + format_duration(deadline.ns),
-                                timed_out=True)
+            if not slot["done"].is_set():  # an answer that came as the wait ended still counts
+                self.notify("notifications/cancelled", {"requestId": ident,
+                                                        "reason": "the deadline passed"})
+                raise UpstreamError("timed out after " + format_duration(deadline.ns),
+                                    timed_out=True)
         if slot["error"]:
             raise slot["error"]
         return slot["result"]
@@ -1989,7 +2193,7 @@ def _signal_group(pid, sig):
 
 JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 _COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties",
-                   "maxProperties")
+                   "maxProperties", "minContains", "maxContains")
 _NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
@@ -2003,108 +2207,498 @@ class SchemaError(Exception):
 
 
 def schema_problem(schema, root=None, where="#"):
-    """Why the validator cannot use this schema, or '' when it can."""
+    """Why the validator cannot use this schema, or '' when it can. Every keyword it reads is
+    checked for its shape here, once, so validating a call never meets a shape it cannot
+    read."""
     root = schema if root is None else root
     if isinstance(schema, bool):
         return ""
     if not isinstance(schema, dict):
         return f"{where} is not a schema (an object or a boolean)"
+    return _keyword_problem(schema, root, where) or _subschema_problem(schema, root, where)
+
+
+def _is_count(value):
+    return isinstance(value, Number) and value.is_integer() and value.exact() >= 0
+
+
+def _is_names(value):
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _keyword_problem(schema, root, where):
+    """The keywords that hold values, not schemas."""
     kind = schema.get("type")
     kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
-    if any(k not in JSON_TYPES for k in kinds):
+    if any(not isinstance(k, str) or k not in JSON_TYPES for k in kinds) or kind == []:
         return f"{where}/type names an unknown type"
     for key in _UNCHECKED:
         if key in schema:
             return f"{where} uses {key}, which this validator does not check"
-    for name, needed in (schema.get("dependencies") or {}).items():
-        problem = "" if isinstance(needed, list) else schema_problem(needed, root,
-                                                                      f"{where}/dependencies")
-        if problem:
-            return problem
     for key in _COUNT_KEYWORDS:
-        if key in schema and not (isinstance(schema[key], Number) and schema[key].is_integer()
-                                  and schema[key].exact() >= 0):
+        if key in schema and not _is_count(schema[key]):
             return f"{where}/{key} must be a non-negative integer"
     for key in _NUMBER_KEYWORDS:
         value = schema.get(key)
         if key in schema and not isinstance(value, Number) and not (
                 key.startswith("exclusive") and isinstance(value, bool)):
             return f"{where}/{key} must be a number"
-    if "multipleOf" in schema and isinstance(schema["multipleOf"], Number) and \
-            schema["multipleOf"].exact() <= 0:
+    if "multipleOf" in schema and schema["multipleOf"].exact() <= 0:
         return f"{where}/multipleOf must be greater than 0"
-    if "required" in schema and not (isinstance(schema["required"], list) and all(
-            isinstance(r, str) for r in schema["required"])):
+    if "required" in schema and not _is_names(schema["required"]):
         return f"{where}/required must be a list of strings"
     if "enum" in schema and not isinstance(schema["enum"], list):
         return f"{where}/enum must be a list"
-    if "pattern" in schema:
-        if not isinstance(schema["pattern"], str):
-            return f"{where}/pattern must be a string"
+    if "uniqueItems" in schema and not isinstance(schema["uniqueItems"], bool):
+        return f"{where}/uniqueItems must be true or false"
+    for key in ("dependentRequired", "dependencies"):
+        if key in schema and not isinstance(schema[key], dict):
+            return f"{where}/{key} must be an object"
+    for name, needed in schema.get("dependentRequired", {}).items():
+        if not _is_names(needed):
+            return f"{where}/dependentRequired/{name} must be a list of strings"
+    patterns = [("pattern", schema["pattern"])] if "pattern" in schema else []
+    if isinstance(schema.get("patternProperties"), dict):
+        patterns += [("patternProperties key", key) for key in schema["patternProperties"]]
+    for what, pattern in patterns:
+        if not isinstance(pattern, str):
+            return f"{where}/{what} must be a string"
         try:
-            compile_pattern(schema["pattern"])
-        except re.error as err:
-            return f"{where}/pattern does not compile: {err}"
+            compile_pattern(pattern)
+        except PatternError as err:
+            return f"{where}/{what} {quote(pattern)} cannot be used: {err}"
+    if "$ref" in schema:
+        try:
+            target = _resolve(root, schema["$ref"])
+        except SchemaError as err:
+            return str(err)
+        if not isinstance(target, (dict, bool)):
+            return f"{where}/$ref points at something that is not a schema"
+    return ""
+
+
+def _subschema_problem(schema, root, where):
+    """The keywords that hold schemas, each checked in turn."""
+    subschemas = []
     for key in _SCHEMA_LISTS:
         if key in schema:
             if not isinstance(schema[key], list) or (key != "prefixItems" and not schema[key]):
                 return f"{where}/{key} must be a non-empty list of schemas"
-            for i, sub in enumerate(schema[key]):
-                problem = schema_problem(sub, root, f"{where}/{key}/{i}")
-                if problem:
-                    return problem
+            subschemas += [(f"{where}/{key}/{i}", sub) for i, sub in enumerate(schema[key])]
     for key in _SCHEMA_MAPS:
         if key in schema:
             if not isinstance(schema[key], dict):
                 return f"{where}/{key} must be an object of schemas"
-            for name, sub in schema[key].items():
-                if key == "patternProperties":
-                    try:
-                        compile_pattern(name)
-                    except re.error as err:
-                        return f"{where}/patternProperties key does not compile: {err}"
-                problem = schema_problem(sub, root, f"{where}/{key}/{name}")
-                if problem:
-                    return problem
-    for key in _SCHEMA_ONE:
-        if key in schema:
-            problem = schema_problem(schema[key], root, f"{where}/{key}")
-            if problem:
-                return problem
+            subschemas += [(f"{where}/{key}/{name}", sub) for name, sub in schema[key].items()]
+    subschemas += [(f"{where}/{key}", schema[key]) for key in _SCHEMA_ONE if key in schema]
     items = schema.get("items")
-    for i, sub in enumerate(items if isinstance(items, list) else [items] if "items" in schema
-                            else []):
-        problem = schema_problem(sub, root, f"{where}/items")
+    if isinstance(items, list):
+        subschemas += [(f"{where}/items/{i}", sub) for i, sub in enumerate(items)]
+    elif "items" in schema:
+        subschemas.append((f"{where}/items", items))
+    subschemas += [(f"{where}/dependencies/{name}", needed)
+                   for name, needed in schema.get("dependencies", {}).items()
+                   if not _is_names(needed)]
+    for at, sub in subschemas:
+        problem = schema_problem(sub, root, at)
         if problem:
             return problem
-    if "$ref" in schema:
-        try:
-            _resolve(root, schema["$ref"])
-        except SchemaError as err:
-            return str(err)
     return ""
+
+
+# -- patterns ------------------------------------------------------------------------------
+# JSON Schema's `pattern` is ECMA-262 (read here with the u flag, no other flags), searched as
+# RegExp.test searches: compile_pattern(p).search(text) is True iff new RegExp(p, "u").test(text).
+# Python's re is neither that dialect (its \s, ., $ and {,2} mean other things, so a verdict
+# could let through what the server's own validator refuses) nor bounded in time (it
+# backtracks: ^(a+)+$ doubles its work per character while holding the interpreter's lock).
+# So a pattern is parsed to a tree of tuples, compiled to a Thompson NFA, and run as a DFA
+# built lazily from it, one cached transition per (state, character): nothing backtracks, and
+# the time is linear in the text. Refused at compile, with a PatternError: whatever ECMA-262
+# calls a SyntaxError, and the valid forms a DFA cannot run or bound: backreferences (\1,
+# \k<name>), lookaround ((?= (?! (?<= (?<!), property escapes (\p{..}), group names written
+# with escapes, repetition counts above 1000, groups nested more than 100 deep, and patterns
+# that compile to more than 10,000 NFA states. The text is read as code points, as the u flag
+# reads it.
+
+_MAX_CODE_POINT = 0x10FFFF
+_MAX_COUNT = 1000       # largest n or m accepted in {n,m}
+_MAX_STATES = 10000     # largest NFA accepted: bounds compile time and the cost of one DFA step
+_PATTERN_DEPTH = 100    # deepest group nesting accepted: keeps recursion far from Python's limit
+_CACHE_BUDGET = 50000   # cached NFA positions + transitions per pattern before the DFA is dropped
+
+# A character set is a tuple of sorted, disjoint, non-adjacent (lo, hi) code point ranges.
+_DIGIT = ((0x30, 0x39),)
+_WORD = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
+_SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
+          (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF))
+_LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
+_WORD_CHARS = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz")
+_ASSERTIONS = (("^", "^"), ("$", "$"), ("\\b", "b"), ("\\B", "B"))
+_LOOKAROUND = (("(?=", "lookahead"), ("(?!", "lookahead"),
+               ("(?<=", "lookbehind"), ("(?<!", "lookbehind"))
+_QUANTIFIER = re.compile(r"(?:([*+?])|\{([0-9]+)(,([0-9]*))?\})\??")   # a lazy ? changes nothing
+_SURROGATE_PAIR = re.compile(r"\\u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})")
+_HEX_ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|u\{([0-9a-fA-F]+)\})")
+
+
+class PatternError(ValueError):
+    """A pattern refused at compile; the message is one sentence saying what is wrong."""
+
+
+def _negate(ranges):
+    out, lo = [], 0
+    for a, b in ranges:
+        if a > lo:
+            out.append((lo, a - 1))
+        lo = b + 1
+    return tuple(out + [(lo, _MAX_CODE_POINT)] if lo <= _MAX_CODE_POINT else out)
+
+
+def _normalize(ranges):
+    out = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(hi, out[-1][1]))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+def _contains(ranges, cp):
+    i = bisect.bisect_right(ranges, (cp, _MAX_CODE_POINT)) - 1   # the last range starting <= cp
+    return i >= 0 and cp <= ranges[i][1]
+
+
+def _as_ranges(member):   # a code point (int) or already a set
+    return ((member, member),) if isinstance(member, int) else member
+
+
+_DOT = _negate(_LINE_TERMINATORS)
+# What a backslash and one character stand for: a code point, or a set (\d \D \s \S \w \W).
+# Of the punctuation, u mode lets a backslash make only the syntax characters and / literal.
+_ESCAPES = {"t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D, "d": _DIGIT,
+            "D": _negate(_DIGIT), "w": _WORD, "W": _negate(_WORD), "s": _SPACE,
+            "S": _negate(_SPACE)}
+_ESCAPES.update((c, ord(c)) for c in "^$\\.*+?()[]{}|/")
+_CLASS_ESCAPES = {**_ESCAPES, "b": 0x08, "-": 0x2D}   # inside [...], \b is a backspace
+
+
+# ---- Parsing: ECMA-262 Pattern[+UnicodeMode] to a tree ---------------------------------------
+# ('set', ranges) one character in ranges        ('assert', '^' or '$' or 'b' or 'B')
+# ('cat', [node, ...]) a sequence, maybe empty   ('alt', [node, ...]) alternatives
+# ('rep', node, lo, hi) lo to hi copies, hi None for no bound. Groups leave no node of their
+# own, and lazy quantifiers read like greedy ones: a yes/no search cannot tell them apart.
+
+class _Parser:
+    def __init__(self, source):
+        self.src, self.pos, self.depth, self.names = source, 0, 0, set()
+
+    def peek(self, ahead=0):   # "" past the end
+        return self.src[self.pos + ahead:self.pos + ahead + 1]
+
+    def take(self, text):
+        if self.src.startswith(text, self.pos):
+            self.pos += len(text)
+            return True
+        return False
+
+    def disjunction(self):
+        alternatives = [[]]
+        while self.peek() not in ("", ")"):
+            if self.take("|"):
+                alternatives.append([])
+            else:
+                alternatives[-1].append(self.term())
+        nodes = [("cat", terms) for terms in alternatives]
+        return nodes[0] if len(nodes) == 1 else ("alt", nodes)
+
+    def term(self):
+        for text, kind in _ASSERTIONS:
+            if self.take(text):
+                if _QUANTIFIER.match(self.src, self.pos):   # u mode: assertions cannot repeat
+                    raise PatternError(f"nothing to repeat at offset {self.pos}")
+                return ("assert", kind)
+        atom = self.atom()
+        bounds = self.quantifier()
+        return ("rep", atom) + bounds if bounds else atom
+
+    def quantifier(self):
+        """Consume * + ? {n} {n,} {n,m} if next; return (lo, hi), hi None when unbounded."""
+        m = _QUANTIFIER.match(self.src, self.pos)
+        if not m:
+            return None
+        simple, lo, comma, hi = m.groups()
+        if simple:
+            self.pos = m.end()
+            return {"*": (0, None), "+": (1, None), "?": (0, 1)}[simple]
+        hi = lo if comma is None else hi or None
+        if len(lo) > 4 or int(lo) > _MAX_COUNT or (hi and (len(hi) > 4 or int(hi) > _MAX_COUNT)):
+            raise PatternError(f"repetition counts above {_MAX_COUNT} are not supported")
+        if hi and int(hi) < int(lo):
+            raise PatternError(f"the numbers in the quantifier at offset {self.pos} are out "
+                               f"of order")
+        self.pos = m.end()
+        return int(lo), None if hi is None else int(hi)
+
+    def atom(self):
+        c, at = self.peek(), self.pos
+        if c == "(":
+            return self.group()
+        if c == "\\":
+            return ("set", _as_ranges(self.escape(in_class=False)))
+        if _QUANTIFIER.match(self.src, at):
+            raise PatternError(f"nothing to repeat at offset {at}")
+        if c in ("{", "}", "]"):
+            raise PatternError(f"a lone {c} is not allowed (write \\{c})")
+        self.pos += 1
+        if c == "[":
+            return ("set", self.character_class(at))
+        return ("set", _DOT if c == "." else ((ord(c), ord(c)),))
+
+    def group(self):
+        at = self.pos
+        for text, kind in _LOOKAROUND:
+            if self.src.startswith(text, at):
+                raise PatternError(f"{kind} {text} is not supported")
+        self.pos += 1
+        if self.take("?<"):
+            self.group_name()
+        elif self.take("?") and not self.take(":"):
+            raise PatternError(f"the group at offset {at} has an unknown (? form")
+        self.depth += 1
+        if self.depth > _PATTERN_DEPTH:
+            raise PatternError(f"groups nested more than {_PATTERN_DEPTH} deep are not supported")
+        node = self.disjunction()
+        self.depth -= 1
+        if not self.take(")"):
+            raise PatternError(f"unbalanced parenthesis at offset {at}")
+        return node
+
+    def group_name(self):
+        end = self.src.find(">", self.pos)
+        name = self.src[self.pos:end] if end >= 0 else ""
+        if not name.replace("$", "_").isidentifier():   # so escapes like \u0061 are refused
+            raise PatternError(f"the group name at offset {self.pos} is not a plain identifier")
+        if name in self.names:
+            raise PatternError(f"the group name {name} is used twice")
+        self.names.add(name)
+        self.pos = end + 1
+
+    def character_class(self, at):
+        negated, ranges = self.take("^"), []
+        while not self.take("]"):
+            if self.pos >= len(self.src):
+                raise PatternError(f"the character class at offset {at} is not closed")
+            first = self.class_member()
+            if self.peek() == "-" and self.peek(1) not in ("", "]"):   # a range first-last
+                self.pos += 1
+                last = self.class_member()
+                if not (isinstance(first, int) and isinstance(last, int)):
+                    raise PatternError(f"a range in the class at offset {at} uses \\d, \\s or \\w")
+                if first > last:
+                    raise PatternError(f"a range in the class at offset {at} is out of order")
+                ranges.append((first, last))
+            else:
+                ranges.extend(_as_ranges(first))
+        ranges = _normalize(ranges)
+        return _negate(ranges) if negated else ranges
+
+    def class_member(self):
+        if self.peek() == "\\":
+            return self.escape(in_class=True)
+        self.pos += 1
+        return ord(self.src[self.pos - 1])
+
+    def escape(self, in_class):
+        """Consume a backslash escape; return its code point (int), or the ranges of \\d etc."""
+        at, c, after = self.pos, self.peek(1), self.peek(2)
+        pair, number = _SURROGATE_PAIR.match(self.src, at), _HEX_ESCAPE.match(self.src, at)
+        self.pos += 2
+        if pair:   # \uD83D\uDE00 is one code point in u mode
+            self.pos = pair.end()
+            return 0x10000 + ((int(pair[1], 16) - 0xD800) << 10) + int(pair[2], 16) - 0xDC00
+        if number and int(number[number.lastindex], 16) <= _MAX_CODE_POINT:
+            self.pos = number.end()   # lastindex: the one group that matched
+            return int(number[number.lastindex], 16)
+        if c == "":
+            raise PatternError("the pattern ends with a lone backslash")
+        if c in "123456789k":
+            raise PatternError("backreferences are not supported")
+        if c in "pP":
+            raise PatternError("Unicode property escapes \\p{...} are not supported")
+        if c in (_CLASS_ESCAPES if in_class else _ESCAPES):
+            return _CLASS_ESCAPES[c]
+        if c == "0" and not ("0" <= after <= "9"):
+            return 0
+        if c == "c" and after.isascii() and after.isalpha():
+            self.pos += 1
+            return ord(after) % 32
+        raise PatternError(f"the escape \\{c} at offset {at} is not allowed")
+
+
+# ---- Compiling: tree to Thompson NFA ---------------------------------------------------------
+# The program is a list of states (kind, arg, out): ('set', ranges, out) consumes a character
+# in ranges; ('assert', kind, out) and ('split', [targets], None) consume nothing. State 0 is
+# the match. Every _compile call emits at least one state, so expanding counted repeats
+# ((a{1000}){1000}) stops at the cap instead of running on.
+
+def _emit(program, state):
+    if len(program) >= _MAX_STATES:
+        raise PatternError(f"the pattern is too large (more than {_MAX_STATES} states)")
+    program.append(state)
+    return len(program) - 1
+
+
+def _compile(node, out, program):
+    """Emit the states for node, continuing to state out; return node's entry state."""
+    kind = node[0]
+    if kind in ("set", "assert"):
+        return _emit(program, (kind, node[1], out))
+    if kind == "alt":
+        return _emit(program, ("split", [_compile(n, out, program) for n in node[1]], None))
+    if kind == "cat":
+        if not node[1]:
+            return _emit(program, ("split", [out], None))
+        for child in reversed(node[1]):
+            out = _compile(child, out, program)
+        return out
+    _, body, lo, hi = node
+    if hi == 0:
+        return _emit(program, ("split", [out], None))
+    if hi is None:   # a loop: the split enters the body, which comes back to it, or leaves
+        entry = _emit(program, ("split", [], None))
+        program[entry][1].extend([_compile(body, entry, program), out])
+    else:            # hi - lo optional copies, nested: (body (body)?)?
+        entry = out
+        for _ in range(hi - lo):
+            entry = _emit(program, ("split", [_compile(body, entry, program), out], None))
+    for _ in range(lo):
+        entry = _compile(body, entry, program)
+    return entry
 
 
 @functools.lru_cache(maxsize=512)
 def compile_pattern(pattern):
-    """A JSON Schema pattern (ECMA-262) as Python reads it: `$` matches only at the very end
-    (not before a final newline), and `\\d`, `\\w` are ASCII, as they are in ECMA-262."""
-    out, in_class, i = [], False, 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\":
-            out.append(pattern[i:i + 2])
-            i += 2
-            continue
-        if in_class and ch == "]":
-            in_class = False
-        elif not in_class and ch == "[":
-            in_class = True
-        elif not in_class and ch == "$":
-            ch = "\\Z"
-        out.append(ch)
-        i += 1
-    return re.compile("".join(out), re.ASCII)
+    """Compile a JSON Schema pattern, or raise PatternError."""
+    if not isinstance(pattern, str):
+        raise PatternError("a pattern must be a string")
+    parser = _Parser(pattern)
+    tree = parser.disjunction()
+    if parser.pos < len(pattern):   # the top-level disjunction stops only at a stray ')'
+        raise PatternError(f"unbalanced parenthesis at offset {parser.pos}")
+    program = [("match", None, None)]
+    return Pattern(pattern, program, _compile(tree, 0, program))
+
+
+# ---- Matching: a lazily built DFA ------------------------------------------------------------
+# A DFA state holds the NFA states that the characters read so far lead to, before their
+# epsilon edges are followed, and what assertions need: whether the previous character was a
+# word character, and whether nothing has been read yet. Epsilon edges are followed only once
+# the next character (or the end) is known, because only then are ^ $ \b \B decided. Once
+# cached, a character costs one dict lookup; uncached, one pass over at most _MAX_STATES NFA
+# states. Either way the time is linear in the text, and the cache is bounded.
+
+class _DFAState:
+    __slots__ = ("nfa", "prev_word", "at_start", "moves")
+
+    def __init__(self, nfa, prev_word, at_start):
+        self.nfa, self.prev_word, self.at_start = nfa, prev_word, at_start
+        self.moves = {}   # character (None for the end) -> _DFAState, or True/False if decided
+
+
+class Pattern:
+    """A compiled pattern. Its caches hold only derived data, so threads may share it."""
+
+    def __init__(self, source, program, start):
+        self.source, self._program, self._start = source, program, start
+        self.size = len(program)  # the most work one character can cost, in NFA states
+        self._states, self._cached = {}, 0
+        self._initial = self._state(frozenset([start]), False, True)
+        # A search restarts the pattern at every position, unless the start state reaches
+        # nothing away from the text's start (the pattern begins with ^): then an empty NFA
+        # set can never match and the search stops there.
+        sets, matched = self._closure([start], {"^": False, "$": True, "b": True, "B": True})
+        self._restart = bool(sets) or matched
+
+    def search(self, text):
+        """True iff the pattern matches somewhere in text, like ECMA's RegExp test()."""
+        state = self._initial
+        for ch in text:
+            move = state.moves.get(ch)
+            if move is None:
+                move = self._move(state, ch)
+            if move is True or move is False:
+                return move
+            state = move
+        move = state.moves.get(None)
+        return self._move(state, None) if move is None else move
+
+    def _move(self, state, ch):
+        """Build and cache the move from state on ch (None: the end of the text)."""
+        if self._cached > _CACHE_BUDGET:
+            self._forget()
+        next_word = ch in _WORD_CHARS
+        truth = {"^": state.at_start, "$": ch is None,
+                 "b": state.prev_word != next_word, "B": state.prev_word == next_word}
+        sets, matched = self._closure(state.nfa, truth)
+        if matched or ch is None:
+            move = matched
+        else:
+            cp = ord(ch)
+            nfa = {self._program[s][2] for s in sets if _contains(self._program[s][1], cp)}
+            if self._restart:
+                nfa.add(self._start)
+            move = self._state(frozenset(nfa), next_word, False) if nfa else False
+        state.moves[ch] = move   # True and False are final: search returns them
+        self._cached += 1
+        return move
+
+    def _closure(self, pending, truth):
+        """Follow epsilon edges from pending, crossing an assertion only if truth says it holds;
+        return the 'set' states reached and whether the match state was reached."""
+        seen, stack, sets, matched = set(), list(pending), [], False
+        while stack:
+            s = stack.pop()
+            if s not in seen:
+                seen.add(s)
+                kind, arg, out = self._program[s]
+                if kind == "split":
+                    stack.extend(arg)
+                elif kind == "assert" and truth[arg]:
+                    stack.append(out)
+                elif kind == "set":
+                    sets.append(s)
+                matched = matched or kind == "match"
+        return sets, matched
+
+    def _state(self, nfa, prev_word, at_start):
+        key = (nfa, prev_word, at_start)
+        if key not in self._states:
+            self._states[key] = _DFAState(nfa, prev_word, at_start)
+            self._cached += len(nfa) + 1
+        return self._states[key]
+
+    def _forget(self):
+        """Drop all cached states and moves. A state a running search still holds stays
+        correct: it only loses its cached moves, which are rebuilt on demand."""
+        for state in list(self._states.values()):
+            state.moves.clear()
+        self._states.clear()
+        self._cached = 0
+
+
+PATTERN_WORK = 50_000_000  # characters times NFA states one value may cost to search
+
+
+def pattern_search(pattern, text, at):
+    """Search as the schema says, within a bound on the work: a value whose search could cost
+    more (a long string against a large pattern) is refused rather than checked slowly."""
+    compiled = compile_pattern(pattern)
+    if len(text) * compiled.size > PATTERN_WORK:
+        raise SchemaError(f"{at}: too long ({len(text)} characters) to be checked against the "
+                          f"pattern {quote(pattern)}")
+    return compiled.search(text)
 
 
 def _resolve(root, ref):
@@ -2241,7 +2835,7 @@ def _validate_string(schema, value, at):
         raise SchemaError(f"{at}: expected at least {schema['minLength'].literal} characters")
     if "maxLength" in schema and len(value) > schema["maxLength"].exact():
         raise SchemaError(f"{at}: expected at most {schema['maxLength'].literal} characters")
-    if "pattern" in schema and not compile_pattern(schema["pattern"]).search(value):
+    if "pattern" in schema and not pattern_search(schema["pattern"], value, at):
         raise SchemaError(f"{at}: expected text matching the pattern "
                           f"{quote(schema['pattern'])}")
 
@@ -2295,7 +2889,7 @@ def _validate_object(schema, value, root, where):
             validate(properties[name], item, root, _path(where, name))
             matched = True
         for pattern, sub in patterns.items():
-            if compile_pattern(pattern).search(name):
+            if pattern_search(pattern, name, _path(where, name)):
                 validate(sub, item, root, _path(where, name))
                 matched = True
         if not matched and extra is False:
@@ -2355,6 +2949,9 @@ class Tool:
         self.upstream_name = entry["name"]
         self.rule = rule
         self.name = rule.rename or f"{server.name}_{entry['name']}"
+        # What the tool is whatever it is called: requests are keyed by it, so a rename
+        # neither lifts an unknown outcome nor lets a repeat through the window.
+        self.target = f"{server.name}/{entry['name']}"
         self.description = rule.description or entry.get("description", "")
         self.side_effect = rule.side_effect
         self.timeout = rule.timeout or server.default_timeout
@@ -2548,10 +3145,14 @@ def refusal(server, entry, live, rule):
     outside = reaches_outside(schema)
     if outside:
         return outside, ""
-    hiding = hiding_problem(schema, rule)
+    try:
+        hiding = hiding_problem(schema, rule)
+        problem = "" if hiding else schema_problem(schema) or schema_problem(
+            restrict_schema(schema, rule.deny + list(rule.fixed)))
+    except Exception as err:  # a shape no check foresaw: refuse the tool, never the gate
+        hiding, problem = "", f"it could not be read ({type(err).__name__})"
     if hiding:
         return hiding, ""
-    problem = schema_problem(restrict_schema(schema, rule.deny + list(rule.fixed)))
     if problem:
         return f"the validator refuses its input schema: {sanitize(problem)}", ""
     return "", mismatch
@@ -2687,16 +3288,15 @@ def load_all(config, while_starting=None):
 
 
 # =============================================================================================
-# 8. Policy and the gate
+# 8. Policy and answers
 #
 # Owns: what the model is told (every sentence of the gate's answers to a call is built here,
 # from the constants below; the status tool's are in section 10), the policy, approvals and
-# their hashes, and the pieces of one call's passage through the gate: record, validate,
-# evaluate, pause or execute, record the outcome.
-# Promises: nothing runs that the policy did not allow or an operator did not approve by
-# hash; what an approval binds is exactly the request that executes (the recorded request,
-# never a later call's bytes); the outcome is recorded even when the host has gone. Nothing
-# the model sees names the operator command, the database, the config or a run id.
+# their hashes, and the checks a call's arguments and a server's result pass. Plain functions
+# of their inputs: the gate (section 9) calls them and records what they decide.
+# Promises: an approval's hash covers exactly what it binds and what the operator is shown;
+# a re-run of an unknown outcome is never allowed without an operator. Nothing the model sees
+# names the operator command, the database, the config or a run id.
 # =============================================================================================
 
 CONTENT_CAP = 65536
@@ -2739,8 +3339,8 @@ PROSE = {
         "known. Nothing new was started. Wait a little, then call again with exactly the same "
         "arguments."),
     "BLOCKED_PENDING": (
-        "{waiting} for an operator's approval, the most this session allows. Nothing was executed and no approval was requested. Tell the user and wait "
-        "for the operator."),
+        "{waiting} for an operator's approval, the most this session allows. Nothing was "
+        "executed and no approval was requested. Tell the user and wait for the operator."),
     "UNKNOWN_OUTCOME": (
         "An attempt of this exact request {how}{error}, so whether it took effect is unknown: "
         "it may have. An operator must decide whether it runs again (approval {approval}). "
@@ -2895,7 +3495,7 @@ def check_arguments(tool, args):
         validate(tool.schema, args)
     except SchemaError as err:
         return str(err)
-    except (RecursionError, decimal.InvalidOperation):
+    except Exception:  # a $ref loop, say: what cannot be checked is not sent
         return "the arguments cannot be checked against the schema"
     return ""
 
@@ -2953,13 +3553,18 @@ def cap_text(text, cap):
 
 
 # =============================================================================================
-# 9. Rules across calls
+# 9. The gate
 #
-# Owns: the decision, for each call, of what happens given every earlier call of the same
-# request (same tool, same canonical arguments) and of the session: collect a granted
-# approval, wait on a pending one, refuse a request that is executing, was rejected, expired
-# or already executed within the repeat window, cap the approvals waiting, or begin a run.
-# Promises: deciding happens under one lock, so two threads never both begin the same request;
+# Owns: one call's whole passage (decide, begin and record, hold, execute, record the
+# outcome), and the decision, for each call, of what happens given every earlier call of the
+# same request (same upstream tool, same canonical arguments) and of the session: collect a
+# granted approval, wait on a pending one, refuse a request that is executing, was rejected,
+# expired or already executed within the repeat window, cap the approvals waiting, or begin a
+# run.
+# Promises: nothing runs that the policy did not allow or an operator did not approve by
+# hash; what an approval binds is exactly the request that executes (the recorded request,
+# never a later call's bytes); the outcome is recorded even when the host has gone.
+# Deciding happens under one lock, so two threads never both begin the same request;
 # executing and holding happen outside it, so different requests run in parallel; across
 # processes the unique open-row index does the same job, and a lost race is decided again.
 # A run being executed holds a lease its process renews; a run whose lease ran out (its process
@@ -3016,9 +3621,11 @@ class Gate:
         identical call takes it over."""
         while not self.stopping.wait(self.config.lease_ttl / SECOND / 3):
             try:
+                # set.copy is one step for the interpreter: calls that start or end meanwhile
+                # cannot change the set under the iteration.
                 self.store.renew_leases(self.owner, later(now(), self.config.lease_ttl),
-                                        sorted(self.active))
-            except StoreError as err:
+                                        sorted(self.active.copy()))
+            except Exception as err:  # the heartbeat outlives any one failure
                 log(f"could not renew leases: {err}")
 
     def window(self, tool):
@@ -3033,10 +3640,16 @@ class Gate:
         usable JSON."""
         cancelled = cancelled or threading.Event()
         executed = []
+        if not invalid and args is not None:
+            size = len(canonical(args))
+            if size > self.config.max_argument_bytes:
+                invalid = (f"the arguments are {size} bytes, more than the "
+                           f"{self.config.max_argument_bytes} this gate accepts",
+                           recorded_frame(canonical(args)))
         try:
             return self._call(tool, args, invalid, progress, cancelled, executed)
-        except StoreError as err:
-            log(str(err))
+        except (StoreError, Race) as err:
+            log(str(err) or "the records could not be written: a race was lost")
             what = ("the request was sent to the server, but what came of it could not be "
                     "recorded" if executed else "nothing was executed")
             return answer("UNAVAILABLE", what=what)
@@ -3046,7 +3659,7 @@ class Gate:
             with self.lock:
                 return self._begin(tool, None, f"invalid:{new_id(8)}", None, invalid=invalid)
         args = {} if args is None else args
-        key = request_key(tool.name, args)
+        key = request_key(tool.target, args)
         held, races = False, 0
         while True:
             try:
@@ -3100,17 +3713,25 @@ class Gate:
         # Identical reads within the window never refuse one another, so a read needs only
         # its newest row: an approval it waits on, or an operator's refusal, stops every
         # identical read that comes after it from beginning a run of its own.
+        # The open row is read in the same statement as the runs the rules look at, and the
+        # begin refuses unless it is still the key's open row: so no run of this request can
+        # begin, execute and finish unseen between this view and the begin (in this process
+        # or another) and let the same call run twice within the window.
         rows = self.store.key_runs(self.config.session, key, since, newest_only=tool.read_only)
-        seen = self.store.open_run(self.config.session, key)
-        for run_id, status, reason, detail, finished, owner, expires in rows:
-            if status == "WAITING_FOR_APPROVAL":                            # rule 1
-                verdict = self._waiting(tool, run_id)
-            elif status == "RUNNING":
-                if run_id in self.active or (owner != self.owner and expires > now()):
+        seen = next((row.run_id for row in rows if row.open), None)
+        for row in rows:
+            if row.status == "WAITING_FOR_APPROVAL":                        # rule 1
+                verdict = self._waiting(tool, row.run_id)
+            elif row.status == "RUNNING":
+                if row.run_id in self.active or (row.owner != self.owner and
+                                                 row.expires > now()):
                     return answer("IN_PROGRESS")                            # rule 2
-                verdict = self._take_over(tool, run_id)                     # rule 3
-            elif window and finished >= since:
-                verdict = self._closed(tool, run_id, reason, detail, finished, window)  # 4, 5
+                verdict = self._take_over(tool, row.run_id)                 # rule 3
+                if verdict is None:
+                    raise Race()  # it ended the run: decide again on what is there now
+            elif window and row.finished >= since:                          # rules 4, 5
+                verdict = self._closed(tool, row.run_id, row.reason, row.detail, row.finished,
+                                       window)
             else:
                 continue
             if verdict is STOP:
@@ -3230,7 +3851,7 @@ class Gate:
             return answer("REJECTED", approval=approval["id"],
                           note=note_text(approval["note"]), until=until())
         attempt = None if tool.read_only else last_attempt(self.store.read, run_id)
-        unknown = attempt is not None and attempt[0] in UNKNOWN_ENDINGS
+        unknown = attempt is not None and attempt.ending in UNKNOWN_ENDINGS
         if reason == "approval_expired":
             return STOP if unknown else answer(
                 "EXPIRED", approval=self.store.latest_approval(run_id)["id"], until=until())
@@ -3240,11 +3861,10 @@ class Gate:
             return None
         if unknown:
             return STOP
-        ending, text, at = attempt[0], attempt[1], attempt[2]
-        outcome = DUPLICATE_OUTCOME[ending].format(
-            text=clean(text, 500 if ending == "unrecorded" else CONTENT_CAP))
-        return answer("DUPLICATE", at=prose_time(at), window=format_duration(window),
-                      outcome=outcome)
+        outcome = DUPLICATE_OUTCOME[attempt.ending].format(
+            text=clean(attempt.text, 500 if attempt.ending == "unrecorded" else CONTENT_CAP))
+        return answer("DUPLICATE", at=prose_time(attempt.finished),
+                      window=format_duration(window), outcome=outcome)
 
     def _unknown_attempt(self, key):
         """Rule 6: the attempt to run again if this request's newest finished run left its
@@ -3256,7 +3876,7 @@ class Gate:
             attempt = last_attempt(self.store.read, run_id)
             if attempt is None:
                 continue
-            return attempt[3] if attempt[0] in UNKNOWN_ENDINGS else None
+            return attempt.attempt if attempt.ending in UNKNOWN_ENDINGS else None
         return None
 
     def _session_rules(self, tool, key, needs_approval, decider):
@@ -3300,17 +3920,20 @@ class Gate:
         """Another request of this tool left an outcome unknown with nothing waiting for an
         operator (its question expired, or a crash came first): ask it again in a fresh run and
         block this call on it, so the tool is never blocked with nothing to act on."""
-        for other_key, run_id, reason in self.store.unknown_for_tool(self.config.session,
-                                                                     tool.name, key):
+        for other_key, run_id, reason in self.store.unknown_for_tool(
+                self.config.session, (tool.target, tool.name), key):
             if reason in ("approval_rejected", "operator_cancelled"):
                 continue
-            attempt = last_attempt(self.store.read, run_id)
-            if attempt is None or attempt[0] not in UNKNOWN_ENDINGS:
+            # The open row first, then the attempt: a re-run of that request that begins and
+            # settles the question after this read makes the begin below refuse, so a question
+            # that was answered meanwhile is never asked again.
+            seen = self.store.open_run(self.config.session, other_key)
+            attempt = self._unknown_attempt(other_key)
+            if attempt is None:
                 continue
-            args = self.store.step_decision(attempt[3]["step_id"])["args"]
-            verdict = self._begin(tool, args, other_key,
-                                  self.store.open_run(self.config.session, other_key),
-                                  attempt=attempt[3], origin="operator")
+            args = self.store.step_decision(attempt["step_id"])["args"]
+            verdict = self._begin(tool, args, other_key, seen, attempt=attempt,
+                                  origin="operator")
             if isinstance(verdict, Wait):
                 return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
                               approval=verdict.approval["id"])
@@ -3330,8 +3953,9 @@ class Gate:
         fresh = {}
 
         def begin(tx):
-            tx.begin_run(run_id, self.config.session, tool.name, key, tool.side_effect,
-                         self.tool_hashes, self.lease(), ANY_ROW if tool.read_only else seen)
+            tx.begin_run(run_id, self.config.session, tool.name, tool.target, key,
+                         tool.side_effect, self.tool_hashes, self.lease(),
+                         ANY_ROW if tool.read_only else seen)
             recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
             step_id = tx.start_step(run_id, {**recorded, "kind": TOOL_CALL, "origin": origin,
                                              "tool": tool.name}, tool.spec)
@@ -3366,13 +3990,8 @@ class Gate:
         return Wait(fresh)
 
     def _write(self, fn):
-        """A write whose lost race is decided again rather than reported."""
-        try:
-            return self.store.write(fn)
-        except StoreError as err:
-            if "UNIQUE constraint" in str(err):
-                raise Race() from None
-            raise
+        """A write whose lost race (Race) is decided again by the caller's loop."""
+        return self.store.write(fn)
 
     def _write_active(self, run_id, fn):
         """The write that starts a run executing: the run counts as this process's own from
@@ -3473,8 +4092,8 @@ def call_upstream(tool, args):
         ending = "ok" if not error else "error" if summary else "unrecorded"
     except UpstreamError as err:
         content, error = None, str(err)
-        ending = ("unrecorded" if err.unusable else "timed_out" if err.timed_out
-                  else "no_answer" if err.sent else "error")
+        ending = ("unrecorded" if err.unusable else "error" if err.answered or not err.sent
+                  else "timed_out" if err.timed_out else "no_answer")
     if tool.read_only and ending != "ok":
         ending = "error"
     if ending == "ok":
@@ -3483,6 +4102,17 @@ def call_upstream(tool, args):
     return {"kind": "tool_error", "summary": cut(f"{tool.name} {ending}: {sanitize(error)}",
                                                  1000),
             "content": {"tool": tool.name, "error": error, "ending": ending}}, ending
+
+
+RECORDED_FRAME_BYTES = 65536
+
+
+def recorded_frame(data):
+    """What an INVALID run keeps of arguments it refused: the bytes as received, or, past
+    RECORDED_FRAME_BYTES, their size and hash, so a hostile frame cannot fill the database."""
+    if len(data) <= RECORDED_FRAME_BYTES:
+        return data.decode("utf-8", "backslashreplace")
+    return f"[{len(data)} bytes, sha256 {sha256_hex(data)}, not kept]"
 
 
 def waiting_answer(approval):
@@ -3546,6 +4176,7 @@ SERVER_INFO = {"name": "gated-tools", "version": VERSION}
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 BATCH_VERSIONS = ("2024-11-05", "2025-03-26")
 MAX_HOST_LINE = 16 * 1024 * 1024
+MAX_IN_FLIGHT = 64  # requests handled at once, each on a thread of its own
 STATUS_DESCRIPTION = (
     "Reports which requests of this session wait for an operator's approval, or, given the "
     "approval id a pending answer named, what became of that request: pending, approved, "
@@ -3588,7 +4219,12 @@ class HostServer:
     # -- framing ---------------------------------------------------------------------------
 
     def send(self, message):
-        data = canonical(message) + b"\n"
+        """Write one message, or a batch's list of answers, as one line."""
+        try:
+            data = canonical(message) + b"\n"
+        except (UnicodeEncodeError, TypeError) as err:  # never expected: ids are checked
+            log(f"internal error: an answer could not be encoded ({err})")
+            data = canonical(invalid_request(None, "the answer could not be encoded")) + b"\n"
         with self.write_lock:
             try:
                 self.stdout.write(data)
@@ -3601,12 +4237,19 @@ class HostServer:
 
     def _read_loop(self):
         for frame, head in read_frames(self.stdin.fileno(), MAX_HOST_LINE):
-            if frame is None:
-                ident = frame_id(head)
-                self.error(None if ident is None else Number(str(ident)), -32600,
-                           f"the message is larger than {MAX_HOST_LINE} bytes")
-            elif frame.strip():
-                self._frame(frame)
+            # One frame, however it is shaped, never ends the reader: everything after it
+            # would go unanswered, and closing stdin would no longer stop the gate.
+            try:
+                if frame is None:
+                    ident = frame_id(head)
+                    self.error(None if ident is None else Number(str(ident)), -32600,
+                               f"the message is larger than {MAX_HOST_LINE} bytes")
+                elif frame.strip():
+                    self._frame(frame)
+            except Exception as err:
+                log(f"internal error: a message could not be handled ({type(err).__name__}: "
+                    f"{err})")
+                self.error(None, -32603, "the message could not be handled")
         self.done.set()
 
     def _frame(self, line):
@@ -3617,12 +4260,11 @@ class HostServer:
             # A tools/call whose arguments the boundary check refuses still gets a run and an
             # INVALID answer, with the frame recorded as it came; anything else gets -32700.
             message = parse_loosely(line)
-            invalid = (f"the arguments are not usable JSON: {err}",
-                       line.decode("utf-8", "backslashreplace"))
+            invalid = (f"the arguments are not usable JSON: {err}", recorded_frame(line))
+            ident = message.get("id") if isinstance(message, dict) else None
             if not (isinstance(message, dict) and message.get("method") == "tools/call"
                     and "id" in message):
-                ident = message.get("id") if isinstance(message, dict) else None
-                self.error(ident if _valid_id(ident) else None, -32700,
+                self.error(ident if echoable_id(ident) else None, -32700,
                            f"the message is not usable JSON: {err}")
                 return
         if isinstance(message, list):
@@ -3630,34 +4272,55 @@ class HostServer:
         elif isinstance(message, dict):
             self._message(message, invalid)
         else:
-            self.error(None, -32600, "a message must be a JSON-RPC object")
+            self.send(invalid_request(None, "a message must be a JSON-RPC object"))
 
     def _batch(self, messages):
         if self.protocol not in BATCH_VERSIONS or not messages:
             self.error(None, -32600, f"batches are not part of protocol version {self.protocol}")
             return
+        # A batch is one request in flight, its members handled in order on one thread.
+        if not self._admit():
+            self.send([busy_error(m.get("id") if isinstance(m, dict) and echoable_id(
+                m.get("id")) else None) for m in messages])
+            return
 
         def run():
-            answers = [a for a in (self._message(m, None, respond=False) for m in messages)
-                       if a]
-            if answers:
-                with self.write_lock:
-                    self.stdout.write(canonical(answers) + b"\n")
-                    self.stdout.flush()
+            try:
+                answers = [invalid_request(None, "a batch member must be a JSON-RPC object")
+                           if not isinstance(m, dict) else
+                           self._message(m, None, respond=False, admitted=True)
+                           for m in messages]
+                answers = [a for a in answers if a]
+                if answers:
+                    self.send(answers)
+            finally:
+                self._release()
         threading.Thread(target=run, daemon=True).start()
+
+    def _admit(self):
+        """Take a place for a request in flight; False when the gate is at its bound."""
+        with self.calls_lock:
+            if self.running >= MAX_IN_FLIGHT:
+                return False
+            self.running += 1
+            return True
+
+    def _release(self):
+        with self.calls_lock:
+            self.running -= 1
 
     # -- messages ------------------------------------------------------------------------------
 
-    def _message(self, message, invalid, respond=True):
-        """Handle one request or notification; with respond=False return the response."""
+    def _message(self, message, invalid, respond=True, admitted=False):
+        """Handle one request or notification; with respond=False return the response.
+        `admitted`: a batch member, already counted in flight with its batch."""
         method, ident = message.get("method"), message.get("id")
         params = message.get("params") if isinstance(message.get("params"), dict) else {}
         if not isinstance(method, str):
             if "id" in message and ("result" in message or "error" in message):
                 return None  # a response to a request agentgate never sends
-            return self._reply(respond, {"jsonrpc": "2.0", "id": ident if _valid_id(ident)
-                                         else None, "error": {"code": -32600, "message":
-                                                              "a request needs a method"}})
+            return self._reply(respond, invalid_request(
+                ident if echoable_id(ident) else None, "a request needs a method"))
         if "id" not in message:
             if method == "notifications/cancelled":
                 with self.calls_lock:
@@ -3665,18 +4328,22 @@ class HostServer:
                 if cancelled:
                     cancelled.set()
             return None
-        if not _valid_id(ident):
-            return self._reply(respond, {"jsonrpc": "2.0", "id": None, "error": {
-                "code": -32600, "message": "the id must be a string or a number"}})
+        if not echoable_id(ident):
+            # Checked before anything is recorded: an id that cannot be echoed as JSON gets
+            # the answer JSON-RPC gives an invalid request, and no run.
+            return self._reply(respond, invalid_request(
+                None, "the id must be a string or a number that can be written as JSON"))
         if method == "initialize":
             return self._reply(respond, self._initialize(ident, params))
         if method == "ping":
             return self._reply(respond, {"jsonrpc": "2.0", "id": ident, "result": {}})
         if method == "tools/list":
-            return self._after_ready(respond, ident, lambda: {"tools": self._tool_list()})
+            return self._after_ready(respond, ident, lambda: {"tools": self._tool_list()},
+                                     admitted)
         if method == "tools/call":
             return self._after_ready(respond, ident,
-                                     lambda: self._call(ident, params, invalid, respond))
+                                     lambda: self._call(ident, params, invalid, respond),
+                                     admitted)
         return self._reply(respond, {"jsonrpc": "2.0", "id": ident, "error": {
             "code": -32601, "message": f"method {quote(method)} is not offered"}})
 
@@ -3693,14 +4360,15 @@ class HostServer:
             "protocolVersion": self.protocol, "capabilities": {"tools": {}},
             "serverInfo": SERVER_INFO}}
 
-    def _after_ready(self, respond, ident, work):
+    def _after_ready(self, respond, ident, work, admitted):
         """Requests that need the upstream servers are handled on a thread of their own, once
-        the servers are ready. Whether a request is accepted is decided here, on the reader
-        thread, so a call read before stdin closed is served even while the gate shuts down."""
+        the servers are ready; at most MAX_IN_FLIGHT at once, and past that the host is told
+        the gate is busy, so a flood (identical held calls, say) cannot grow threads without
+        bound. Whether a request is accepted is decided here, on the reader thread, so a call
+        read before stdin closed is served even while the gate shuts down."""
         accepted = not self.stopping
-        if accepted:
-            with self.calls_lock:
-                self.running += 1
+        if accepted and not admitted and not self._admit():
+            return self._reply(respond, busy_error(ident))
 
         def run():
             try:
@@ -3728,9 +4396,8 @@ class HostServer:
                         response = {"jsonrpc": "2.0", "id": ident, "result": result}
                 return self._reply(respond, response)
             finally:
-                if accepted:
-                    with self.calls_lock:
-                        self.running -= 1
+                if accepted and not admitted:
+                    self._release()
         if not respond:
             return run()
         threading.Thread(target=run, daemon=True).start()
@@ -3787,12 +4454,18 @@ STATUS_SCHEMA = {"type": "object", "additionalProperties": False, "properties": 
     "approval_id": {"type": "string", "description": "The approval id a pending result named."}}}
 
 
-def _valid_id(ident):
-    return isinstance(ident, (str, Number)) and not isinstance(ident, bool)
-
-
 def _id_key(ident):
-    return canonical(ident) if _valid_id(ident) else None
+    return canonical(ident) if echoable_id(ident) else None
+
+
+def invalid_request(ident, message):
+    return {"jsonrpc": "2.0", "id": ident, "error": {"code": -32600, "message": message}}
+
+
+def busy_error(ident):
+    return {"jsonrpc": "2.0", "id": ident, "error": {
+        "code": -32000, "message": f"the gate is busy: {MAX_IN_FLIGHT} requests are already in "
+                                   f"flight, and this one was not started; try again shortly"}}
 
 
 STATUS_LOOKBACK = 3600
@@ -3992,8 +4665,8 @@ def load_run(store, run_id):
 
 
 def cmd_show(argv):
-    p = operator_parser("show")
-    p.add_argument("run")
+    p = operator_parser("show", ("full", bool))
+    p.add_argument("run", type=text_argument)
     opts = p.parse_args(argv)
     store, _ = operator_store(opts, readonly=True)
     run = load_run(store, opts.run)
@@ -4016,10 +4689,13 @@ def cmd_show(argv):
     print(f"created   {run['created']}")
     if run["finished"]:
         print(f"finished  {run['finished']}")
+    late = store.late_outcomes(opts.run)
+    for _, observation in late:
+        print(f"LATE OUTCOME  {late_text(observation)}")
     for approval in approvals:
         if approval["status"] == "pending":
             print()
-            print_approval(approval)
+            print_approval(approval, full=opts.full, late=late)
     print()
     table = [("STEP", "DECISION", "STATUS", "POLICY", "OBSERVATION")]
     for s in steps:
@@ -4039,22 +4715,27 @@ def cmd_show(argv):
     return 0
 
 
-def shown_value(value):
-    """A value as the operator reads it: the whole thing unless it is very long, sanitized."""
+def shown_value(value, full=False):
+    """A value as the operator reads it, sanitized: whole when it is short or `full` is
+    asked, else its head and tail. Returns (text, bytes in all, whether anything was cut)."""
     text = value if isinstance(value, str) else policy_json(value)
     size = len(text.encode("utf-8", "surrogatepass"))
-    if size > 2 * ARG_SHOWN:
+    shortened = size > 2 * ARG_SHOWN and not full
+    if shortened:
         text = (cut(text, ARG_SHOWN) + f" [... {size} bytes in all ...] " +
                 text[-ARG_SHOWN // 2:])
     # Strings are shown as JSON strings, so a newline or a control character is seen as the
     # escape it is, never as layout; what JSON leaves raw (bidi, invisibles) is sanitized.
-    return sanitize(policy_json(text) if isinstance(value, str) else text), size
+    return sanitize(policy_json(text) if isinstance(value, str) else text), size, shortened
 
 
-def print_approval(approval):
-    """Print an approval in full: what the operator decides is exactly this."""
+def print_approval(approval, full=False, late=()):
+    """Print an approval in full: what the operator decides is exactly this. Returns whether
+    a value had to be shortened (then only -full shows every byte the approval binds).
+    `late`: outcomes of cut-off attempts that arrived after the run was taken over."""
     presentation = parse(approval["presentation_json"])
     request = parse(approval["request_json"])
+    shortened = False
     print(f"APPROVAL WAITING  {approval['id']}")
     print(f"  kind           {sanitize(approval['kind'])}")
     print(f"  tool           {sanitize(request['spec']['name'])}")
@@ -4064,21 +4745,38 @@ def print_approval(approval):
     print(f"  server         {sanitize(str(presentation.get('server', '')))}")
     print(f"  upstream tool  {sanitize(str(presentation.get('tool', '')))}")
     args = request["args"]
-    print("  arguments:" + ("" if isinstance(args, dict) and args else " (none)"))
-    for name, value in (args.items() if isinstance(args, dict) else []):
-        shown, size = shown_value(value)
-        print(f"    {sanitize(name)} = {shown}   ({size} bytes)")
     fixed = presentation.get("fixed") or {}
-    if fixed:
-        print("  fixed values (set by the configuration, sent with the arguments):")
-        for name, value in fixed.items():
-            shown, size = shown_value(value)
+    for title, values in (("arguments:", args if isinstance(args, dict) else {}), (
+            "fixed values (set by the configuration, sent with the arguments):", fixed)):
+        if values or title == "arguments:":
+            print(f"  {title}" + ("" if values else " (none)"))
+        for name, value in values.items():
+            shown, size, cut_here = shown_value(value, full)
+            shortened = shortened or cut_here
             print(f"    {sanitize(name)} = {shown}   ({size} bytes)")
     for label in ("question", "reason", "notice"):
         if presentation.get(label):
             print(f"  {label:<14} {sanitize(str(presentation[label]))}")
+    attempt = parse(approval["capability_json"]).get("interrupted") or {}
+    for step_id, observation in late:
+        if step_id == attempt.get("step_id"):
+            print(f"  LATE OUTCOME   {late_text(observation)}")
     print(f"----- end of approval {approval['id']} for tool "
           f"{sanitize(request['spec']['name'])} -----")
+    return shortened
+
+
+def late_text(observation):
+    """What a cut-off attempt came to, learned after its run was taken over."""
+    if observation.get("kind") == "tool_result":
+        content = observation["content"]
+        text = content if isinstance(content, str) else policy_json(content)
+        what = f"it succeeded, with this result: {clean(text, 2 * ARG_SHOWN)}"
+    else:
+        error = observation.get("content", {}).get("error", "")
+        what = f"it failed: {clean(str(error), 2 * ARG_SHOWN)}"
+    return (f"the attempt that was cut off did finish after all, after another process took "
+            f"the run over: {what}")
 
 
 def select_approval(store, run_id, approval_id):
@@ -4101,9 +4799,9 @@ def select_approval(store, run_id, approval_id):
 
 
 def decide(argv, command):
-    flags = [("approval", str), ("yes", bool), ("note", str), ("by", str)]
+    flags = [("approval", str), ("yes", bool), ("note", str), ("by", str), ("full", bool)]
     p = operator_parser(command, *flags)
-    p.add_argument("run")
+    p.add_argument("run", type=text_argument)
     opts = p.parse_args(argv)
     status = "approved" if command == "approve" else "rejected"
     if status == "rejected" and not opts.note:
@@ -4116,7 +4814,13 @@ def decide(argv, command):
     if stored_hash(approval) != approval["hash"]:
         raise StoreError(f"approval {approval['id']} does not match its hash: its record was "
                          f"altered after it was made, and it cannot be decided")
-    print_approval(approval)
+    shortened = print_approval(approval, opts.full, store.late_outcomes(approval["run_id"]))
+    if shortened:
+        # An approval binds every byte of its request: it is decided only on a printout that
+        # showed every one of them, so nothing can hide in the middle of a long value.
+        raise Usage(f"approval {approval['id']} has a value too long to print whole, so it was "
+                    f"shown shortened; run the command again with -full to see every byte "
+                    f"before you {command}")
     if not (opts.approval or opts.yes):
         if not sys.stdin.isatty():
             raise Usage("refusing without -approval, -yes, or an interactive terminal")
@@ -4156,7 +4860,7 @@ def cmd_reject(argv):
 
 def cmd_cancel(argv):
     p = operator_parser("cancel", ("note", str), ("by", str))
-    p.add_argument("run")
+    p.add_argument("run", type=text_argument)
     opts = p.parse_args(argv)
     by = opts.by or current_user()
     store, _ = operator_store(opts, readonly=False)
@@ -4844,8 +5548,20 @@ def parser(command, *flags):
         if kind is bool:
             p.add_argument(f"-{name}", f"--{name}", action="store_true")
         else:
-            p.add_argument(f"-{name}", f"--{name}", type=kind)
+            # Paths are the system's own (any bytes); every other text must be UTF-8.
+            text = kind is str and name not in ("config", "db")
+            p.add_argument(f"-{name}", f"--{name}", type=text_argument if text else kind)
     return p
+
+
+def text_argument(value):
+    """A text flag as given: it must be UTF-8, since it is recorded and may be shown to the
+    model (the system hands bytes that are not UTF-8 over as lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError("is not valid UTF-8 text") from None
+    return value
 
 
 def cmd_pin(argv):

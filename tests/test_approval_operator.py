@@ -48,7 +48,7 @@ def test_approve_prints_the_approval_in_full(workdir):
 
     shown = bank.approve(run, None, ok=False)  # neither -approval nor -yes, stdin not a terminal
     assert shown.returncode == 2, shown
-    assert "refusing" in shown.stderr
+    assert "-full" in shown.stderr  # the long value was shortened: no decision on that printout
     assert "Traceback" not in shown.stderr
     out = shown.stdout
     assert approval in out.splitlines()[0]
@@ -68,7 +68,11 @@ def test_approve_prints_the_approval_in_full(workdir):
     assert not bank.query("SELECT 1 FROM events WHERE type='approval.decided'")
     assert bank.payments() == 0
 
-    bank.approve(run, approval)
+    fast = bank.approve(run, approval, ok=False)  # -approval decides at once, but not unseen bytes
+    assert fast.returncode == 2 and "-full" in fast.stderr, fast
+    assert bank.approval(approval)["status"] == "pending"
+    whole = bank.approve(run, approval, "-full")
+    assert f'to = "{LONG}"   (600 bytes)' in whole.stdout
     assert bank.call(host, {"to": LONG, "amount": 4}).text == f"paid 4.00 to {LONG}"
     assert bank.ledger_lines() == [{"amount": 4, "currency": "EUR", "to": LONG}]
     assert bank.payments() == 1

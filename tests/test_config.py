@@ -474,10 +474,30 @@ def test_the_reach_check_reads_common_spellings(home, spelling):
     reach_refused(home / "proxy", [spelling.format(dir=home / "proxy")])
 
 
-@pytest.mark.parametrize("relative", [".", "./", "runs.db", "m.json", "../proxy", "..", "--root=."])
-def test_relative_arguments_are_read_from_the_configs_directory(home, relative):
-    # The server's working directory is the config's directory, so it reads them from there.
+@pytest.mark.parametrize("relative", [".", "./", "proxy", "proxy/runs.db", "./proxy/m.json", "--root=."])
+def test_relative_arguments_are_read_from_the_servers_directory(home, relative):
+    # A server runs in the user's home (never in the config's directory), so a relative
+    # argument is read from there: "." is the home, above the gate's files.
     reach_refused(home / "proxy", [relative])
+
+
+@pytest.mark.parametrize("relative", ["runs.db", "m.json", "config.json"])
+def test_a_relative_name_of_a_gate_file_is_not_the_gate_file(home, relative):
+    # The same names, read from the home the server runs in, are other files.
+    reach_allowed(home / "proxy", [relative])
+
+
+def test_a_configured_cwd_is_reach_checked(home):
+    for cwd in (".", str(home / "proxy"), "~"):
+        server = {"name": "fs", "command": ["server"], "cwd": cwd, "manifest": "m.json", "rules": {}}
+        doc = {"database": "runs.db", "session": "s", "servers": [server]}
+        config = agentgate.load_config(str(write_config(home / "proxy", doc)))
+        with pytest.raises(ConfigError) as caught:
+            agentgate.check_reach(config)
+        assert_one_sentence_naming(str(caught.value), "cwd", '"fs"')
+    server = {"name": "fs", "command": ["server"], "cwd": str(home / "sandbox"), "manifest": "m.json", "rules": {}}
+    doc = {"database": "runs.db", "session": "s", "servers": [server]}
+    agentgate.check_reach(agentgate.load_config(str(write_config(home / "proxy", doc))))
 
 
 def test_a_percent_encoded_file_url_is_read_as_its_path(home):

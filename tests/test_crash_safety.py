@@ -381,7 +381,8 @@ def test_identical_calls_racing_from_processes_and_threads_pay_once(bankdir):
     assert count(bankdir) == 1
     assert len(all_runs(bankdir, PAY)) == 1
     # The calls index: one row for the request, settled with a known outcome (2).
-    assert query(bankdir, "SELECT open, outcome, settled_at != '' FROM calls WHERE tool=?", (PAY,)) == [(1, 2, 1)]
+    assert query(bankdir, "SELECT c.open, c.outcome, c.settled_at != '' FROM calls c JOIN runs r ON r.id = c.run_id "
+                          "WHERE r.tool=?", (PAY,)) == [(1, 2, 1)]
 
 
 def test_a_read_cut_off_is_answered_afresh(bankdir):

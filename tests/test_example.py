@@ -5,6 +5,7 @@ denied)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -13,17 +14,21 @@ from conftest import REPO, Host
 
 
 def test_the_bundled_example_pins_checks_and_serves(workdir):
-    for name in ("agentgate.py", "example.json"):
-        shutil.copy(REPO / name, workdir / name)
+    # As the quickstart has it: agentgate.py in ~/bin, the config in a directory of its own.
+    home = workdir / "home"
+    (home / "bin").mkdir(parents=True)
+    shutil.copy(REPO / "agentgate.py", home / "bin" / "agentgate.py")
+    shutil.copy(REPO / "example.json", workdir / "example.json")
     (workdir / "example.json").chmod(0o600)
-    agentgate = [sys.executable, str(workdir / "agentgate.py")]
+    agentgate = [sys.executable, str(home / "bin" / "agentgate.py")]
+    environ = {**os.environ, "HOME": str(home)}
 
     pinned = subprocess.run([*agentgate, "pin", "-config", "example.json"], cwd=workdir,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=120, env=environ)
     assert pinned.returncode == 0, pinned.stderr
     assert "3 tools pinned" in pinned.stdout
     checked = subprocess.run([*agentgate, "check", "-config", "example.json"], cwd=workdir,
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=120, env=environ)
     assert checked.returncode == 0, checked.stderr
     for line in ("registered balance as bank_balance (read_only)",
                  "registered pay as bank_pay (remote_mutation)",
@@ -32,7 +37,7 @@ def test_the_bundled_example_pins_checks_and_serves(workdir):
 
     ledger = workdir / "ledger"
     with Host([*agentgate, "-config", "example.json"], cwd=str(workdir),
-              env={"FAKE_PAYMENTS_LEDGER": str(ledger)}) as host:
+              env={"FAKE_PAYMENTS_LEDGER": str(ledger), "HOME": str(home)}) as host:
         names = [tool.name for tool in host.list_tools()]
         assert names == ["bank_balance", "bank_pay", "bank_refund", "gate_status"]
         assert host.call_text("bank_balance", {"account": "A-1"}) == \
