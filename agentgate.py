@@ -516,15 +516,18 @@ def sanitize(text):
     return "".join(out)
 
 
+# Runs of characters at or above U+0300, where every combining mark lives: only these are
+# looked at character by character, so plain text costs one scan in C.
+_MAYBE_MARKS = re.compile("[\u0300-\U0010ffff]{%d,}" % (MAX_COMBINING + 1))
+
+
 def _has_long_combining_run(text):
-    run = 0
-    for ch in text:
-        if ord(ch) >= 0x300 and unicodedata.category(ch).startswith("M"):
-            run += 1
+    for candidate in _MAYBE_MARKS.finditer(text):
+        run = 0
+        for ch in candidate.group():
+            run = run + 1 if unicodedata.category(ch).startswith("M") else 0
             if run > MAX_COMBINING:
                 return True
-        else:
-            run = 0
     return False
 
 
@@ -540,8 +543,10 @@ def cut(text, limit):
 
 
 def clean(text, limit):
-    """Sanitize, then cut: the form every chosen string takes inside prose."""
-    return cut(sanitize(text), limit)
+    """Sanitize, then cut: the form every chosen string takes inside prose. The text is cut
+    once before it is sanitized too, so a long one costs no more than its first `limit`
+    characters."""
+    return cut(sanitize(cut(text[:limit + 1], limit)), limit)
 
 
 def quote(text):
@@ -1230,8 +1235,12 @@ class Tx:
         A run that did not complete gets a closing step first, so every run's steps say how
         it ended. Without an outcome given, nothing executed in this step, so the run's
         outcome is unknown if an earlier attempt in it was, and none otherwise: a rejected or
-        expired re-run leaves the question open.
+        expired re-run leaves the question open. A run that already ended (an operator's
+        cancel between a caller's read and this write) keeps how it ended: the caller decides
+        again.
         """
+        if self.run_holder(run_id)[0] in TERMINAL:
+            raise Race()
         if outcome is None:
             attempt = last_attempt(self.rows, run_id)
             outcome = (OUTCOME_NONE if attempt is None else OUTCOME_UNKNOWN
@@ -2060,7 +2069,7 @@ class Upstream:
         if not self.write_lock.acquire(timeout=deadline.left()):
             raise UpstreamError("the server is not reading its input (an earlier message to "
                                 "it is still being written)", sent=False, timed_out=True)
-        written = 0
+        written, view = 0, memoryview(data)
         try:
             proc = self.proc
             if proc is None:
@@ -2071,7 +2080,7 @@ class Upstream:
                 if deadline.left() <= 0 or not poller.poll(deadline.left() * 1000 + 1):
                     break
                 try:
-                    written += os.write(proc.stdin.fileno(), data[written:])
+                    written += os.write(proc.stdin.fileno(), view[written:])
                 except BlockingIOError:
                     continue
                 except (OSError, ValueError):
@@ -2080,7 +2089,7 @@ class Upstream:
         finally:
             self.write_lock.release()
         if written < len(data):
-            reason = (f"the server did not read its input for "
+            reason = (f"the server did not take in the message within "
                       f"{format_duration(deadline.ns)}, so it was stopped")
             self._stop(proc, reason)
             raise UpstreamError(reason, sent=written > 0, timed_out=True)

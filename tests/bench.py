@@ -184,6 +184,32 @@ def add_earlier_runs(directory, count):
     db.close()
 
 
+def hostile_figures():
+    """Seconds (median of 3) that one hostile input holds the gate's parser, encoder and
+    pattern matcher in-process: each must stay proportional to the input, never blow up."""
+    sys.path.insert(0, os.path.dirname(AGENTGATE))
+    import agentgate
+
+    def median_of(fn):
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
+    escapes = b'{"a":"' + b'\\"' * (7 << 20) + b'"}'
+    flat = b"[" + b"[],{}," * (2 << 20) + b"[]]"
+    matcher = agentgate.compile_pattern("^(a+)+$")
+    return [
+        ("parse, 14 MB of escaped quotes (s)", median_of(lambda: agentgate.parse(escapes))),
+        ("depth check, 12 MB of flat brackets (s)", median_of(lambda: agentgate._too_deep(flat))),
+        ("canonical, 8 MB string of quotes (s)",
+         median_of(lambda: agentgate.canonical('"' * (8 << 20)))),
+        ("^(a+)+$ against 1 MB of a then ! (s)",
+         median_of(lambda: matcher.search("a" * (1 << 20) + "!"))),
+    ]
+
+
 def main():
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     options.add_argument("-n", type=int, default=1000, help="sequential calls per figure")
@@ -250,6 +276,7 @@ def main():
         ("database bytes per allowed call", f"{per_call:.0f}", f"< {TARGETS['bytes/call']}"),
         ("agentgate peak RSS (MB)", f"{rss:.1f}", f"< {TARGETS['rss MB']}"),
     ]
+    rows += [(name, f"{seconds:.3f}", "") for name, seconds in hostile_figures()]
     width = max(len(r[0]) for r in rows)
     for name, value, target in rows:
         print(f"{name:<{width}}  {value:>20}  {target}")

@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import agentgate  # noqa: E402
 from conftest import wait_for  # noqa: E402
 from gatekit import (  # noqa: E402
-    bank_server, check, gate_host, payments, pin, result_text, rule, scripted_server, tool, write_config)
+    bank_server, check, gate_host, open_db, payments, pin, result_text, rule, scripted_server, tool,
+    write_config)
 
 
 def P(text: str):
@@ -315,3 +316,32 @@ def test_a_live_calls_lease_is_renewed_while_every_other_write_is_stalled(workdi
         assert answers and answers[0].text == "paid 1.00 to x"
     finally:
         close_gate(gate, upstreams)
+
+
+# ---------------------------------------------------------------- item 15: what one call may bring in
+
+
+def test_arguments_over_the_cap_are_invalid_and_not_kept(workdir):
+    config = write_config(workdir, [bank_server(workdir, rules={"pay": {"outcome": "allow"}})],
+                          max_argument_bytes=4096)
+    pin(config)
+    big = "x" * 200_000
+    with gate_host(config, timeout=60) as host:
+        refused = host.call("bank_pay", {"to": big, "amount": 1})
+        assert refused.is_error and result_text(refused).startswith("INVALID:"), result_text(refused)
+        assert "more than the 4096" in result_text(refused)
+        assert result_text(host.call("bank_pay", {"to": "x", "amount": 1})) == "paid 1.00 to x"
+    assert payments(workdir / "ledger") == 1
+    db = open_db(workdir / "runs.db")
+    longest = db.execute("SELECT max(length(decision_json)) FROM steps").fetchone()[0]
+    longest_event = db.execute("SELECT max(length(payload_json)) FROM events").fetchone()[0]
+    db.close()
+    assert longest < 1000 and longest_event < 2000, (longest, longest_event)  # not kept
+
+
+def test_max_argument_bytes_is_checked_at_load(workdir):
+    for bad in (10, "1MB", 1.5, 10**12):
+        config = write_config(workdir, [bank_server(workdir)], max_argument_bytes=bad)
+        done = check(config)
+        assert done.returncode == 1 and "max_argument_bytes" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
