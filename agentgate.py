@@ -1123,6 +1123,26 @@ def new_id(size):
     return f"{stamp:010x}" + secrets.token_hex(size - 5)
 
 
+LARGE_VALUE_BYTES = 4096
+
+
+def kept_once(value):
+    """A value as an event carries it: a string longer than LARGE_VALUE_BYTES is replaced by
+    its size and hash, since the step or approval row the event belongs to keeps it whole.
+    The chain still binds every byte (through the hash), and a large argument is stored once
+    instead of once per event that mentions it."""
+    if isinstance(value, str):
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > LARGE_VALUE_BYTES:
+            return f"[{size} bytes, sha256 {sha256_hex(value.encode('utf-8', 'surrogatepass'))}]"
+        return value
+    if isinstance(value, dict):
+        return {key: kept_once(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [kept_once(item) for item in value]
+    return value
+
+
 def netstring(text):
     data = text.encode("utf-8", "surrogatepass")
     return str(len(data)).encode() + b":" + data + b","
@@ -1209,7 +1229,7 @@ class Tx:
                      "started_at) VALUES(?,?,?,?,?,?,?)", (step_id, run_id, index, "deciding",
                                                           dumps(decision), spec_hash, now()))
         self.event(run_id, "step.started", {"index": index}, step_id)
-        self.event(run_id, "step.decided", decision, step_id)
+        self.event(run_id, "step.decided", kept_once(decision), step_id)
         return step_id
 
     def record_policy(self, run_id, step_id, policy, policy_id):
@@ -1281,7 +1301,8 @@ class Tx:
         self.event(run_id, "approval.requested", {
             "approval_id": approval["id"], "kind": approval["kind"],
             "reason": approval["presentation"].get("reason", ""),
-            "capability": approval["capability"], "presentation": approval["presentation"],
+            "capability": kept_once(approval["capability"]),
+            "presentation": kept_once(approval["presentation"]),
             "hash": approval["hash"]}, step_id)
 
     def resume(self, run_id, approval_id, lease):
@@ -1299,7 +1320,7 @@ class Tx:
     def start_execution(self, run_id, step_id, tool, args, approval_id=""):
         """Mark the step executing; from here on its outcome may be unknown."""
         self.execute("UPDATE steps SET status='executing' WHERE id=?", (step_id,))
-        payload = {"tool": tool, "args": args}
+        payload = {"tool": tool, "args": kept_once(args)}
         if approval_id:
             payload["approval_id"] = approval_id
         self.event(run_id, "step.tool_started", payload, step_id)
@@ -1795,9 +1816,13 @@ class Store:
 # own process group and, on Linux, dies with agentgate even when agentgate is killed with
 # SIGKILL; connecting, listing and loading share one deadline and a timeout names its step;
 # every request the server sends agentgate gets an answer (ping a result, anything else an
-# error), never silence; an oversized or unusable message fails only the request it answers;
-# a dead server fails every later call at once, naming the server. Closing is idempotent:
-# stdin closed, a short wait, SIGTERM, then SIGKILL to the whole group.
+# error), never silence; an oversized or unusable message fails only the request it answers,
+# and no message, however shaped, ends the thread that reads them; only an integer id
+# agentgate wrote can match an answer to a request; every write has a deadline, and a server
+# that does not take in a message by it is stopped (the error says whether any byte reached
+# it); a dead server fails every later call at once, naming the server. Closing is
+# idempotent and never waits on a server: stdin closed, a short wait, SIGTERM, then SIGKILL
+# to the whole group.
 # =============================================================================================
 
 CLIENT_INFO = {"name": "agentgate", "version": VERSION}
@@ -4172,13 +4197,17 @@ def operator_hint(config):
 # 10. MCP server
 #
 # Owns: the host's side of the conversation over stdin and stdout: framing, the handshake,
-# tools/list, tools/call (one thread per call), cancellation, and shutdown.
+# tools/list, tools/call (one thread per call, at most MAX_IN_FLIGHT at once), cancellation,
+# and shutdown.
 # Promises: stdout carries only protocol, one JSON-RPC message per line, written as bytes under
 # one lock; the first request is answered at once, even while the upstream servers are still
-# being started; a malformed or oversized line gets a JSON-RPC error and the session goes on;
-# unknown methods (server/discover among them) get -32601 at once; on stdin closing, SIGINT or
-# SIGTERM no new call starts, holds end, calls in flight finish and are recorded, then the
-# upstream servers are closed and the process exits 0.
+# being started; every request gets exactly one well-formed answer: a malformed or oversized
+# line, a batch member that is not a request, or an id that cannot be echoed as JSON gets a
+# JSON-RPC error (id null where the id cannot be echoed) and the session goes on; past the
+# bound, a request is told the gate is busy; unknown methods (server/discover among them) get
+# -32601 at once; on stdin closing, SIGINT or SIGTERM no new call starts, holds end, calls in
+# flight finish and are recorded, then the upstream servers are closed and the process exits
+# 0.
 # =============================================================================================
 
 SERVER_INFO = {"name": "gated-tools", "version": VERSION}
@@ -4600,10 +4629,12 @@ def approved_fate(gate, approval):
 # found from the config (-config, $AGENTGATE_CONFIG, the default path) or named with -db; it is
 # opened as it is, never created or migrated, and read-only where nothing is decided.
 # Promises: approve and reject print the approval in full and decide bound to the hash of
-# exactly what they printed, so a row that changed after it was shown is refused; they decide
-# without asking only with -approval or -yes, and otherwise only after a "yes" typed at a
-# terminal. Everything chosen by a server, a model or an operator is sanitized before it
-# reaches the terminal.
+# exactly what they printed, so a row that changed after it was shown is refused; a printout
+# that shortened a long value decides nothing until -full shows every byte; the late outcome
+# of an attempt cut off while its process lived is printed beside the question it bears on;
+# they decide without asking only with -approval or -yes, and otherwise only after a "yes"
+# typed at a terminal. Everything chosen by a server, a model or an operator is sanitized
+# before it reaches the terminal, and text given on the command line must be UTF-8.
 # =============================================================================================
 
 ARG_SHOWN = 240

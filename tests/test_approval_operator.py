@@ -26,9 +26,8 @@ import shlex
 import signal
 import subprocess
 
-from approvalkit import DEADLINE, Bank
 from conftest import agentgate_argv
-from gatekit import agentgate
+from kit import DEADLINE, Bank, agentgate
 
 LONG = "x" * 600
 

@@ -19,9 +19,8 @@ import re
 import time
 from pathlib import Path
 
-from approvalkit import DEADLINE, Bank, seen, wait_until_past
 from conftest import pid_alive, wait_for
-from gatekit import event_types, open_db, steps
+from kit import DEADLINE, Bank, event_types, open_db, seen, steps, wait_until_past
 
 PAY_BOB = {"to": "bob", "amount": 25}
 

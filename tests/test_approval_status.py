@@ -13,9 +13,8 @@ executed" is added (the fake bank's `mode: error`).
 
 import re
 
-from approvalkit import Bank, wait_until_past
 from conftest import RawStdio, agentgate_argv
-from gatekit import check
+from kit import Bank, check, wait_until_past
 
 
 def status(bank, host, approval_id=None, **args):

@@ -4,14 +4,14 @@ operator command or run id, in any answer, tool description or server identity.
 Ported from proxy_test.go TestProxy_ModelVisibleTextNamesNoOperatorPath. The test drives the
 paths it can reach through the SDK host on its own (so it means something when run alone),
 then scans those answers together with every answer the other approval tests collected through
-approvalkit (SEEN) against the paths and run ids of every scenario those tests made (BANKS). It sits
+kit (SEEN) against the paths and run ids of every scenario those tests made (BANKS). It sits
 in the last of the approval files so that, in a whole run, it sees all of them.
 """
 
 import json
 import re
 
-from approvalkit import BANKS, SEEN, Bank
+from kit import BANKS, SEEN, Bank
 
 RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}\.[0-9a-f]{16}(?![0-9a-f])")
 COMMAND_WORDS = re.compile(r"(approve|reject|cancel)\s+\S+\.[0-9a-f]{16}|-approval\b|-config\b|decide with",

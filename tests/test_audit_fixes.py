@@ -22,52 +22,51 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from conftest import pid_alive, wait_for
-from crashkit import (
+from kit import (
+    DEADLINE,
     PAY,
+    agentgate,
     allow,
     approval_in,
     approvals,
+    bank,
+    bank_server,
     bankdir,  # noqa: F401 (fixture)
     count,
+    db_path,
     expect,
     fake_bank_of,
+    gate_host,
+    has_raw_controls,
     host,
     ledger,
-    make_bank,
     only_pending,
     operator,
+    payments,
+    pin,
     query,
+    records,
     release,
+    result_text,
+    rule,
     run,
     run_in_hint,
     said,
-    wait_payments,
-    wait_until_stored,
-)
-from gatekit import (
-    agentgate,
-    bank_server,
-    gate_host,
-    has_raw_controls,
-    payments,
-    pin,
-    records,
-    result_text,
-    rule,
     scripted_server,
     tool,
+    wait_payments,
+    wait_until_past,
     write_config,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import agentgate as gatemod  # noqa: E402
 
-DEADLINE = 60.0
 INTERRUPTION = "interrupted_side_effect"
 
 
 def runs_with_status(dir, status: str) -> list[str]:
-    return [r for (r,) in query(dir, "SELECT id FROM runs WHERE status=? ORDER BY rowid", (status,))]
+    return [r for (r,) in query(db_path(dir), "SELECT id FROM runs WHERE status=? ORDER BY rowid", (status,))]
 
 
 def stays(predicate, seconds: float, interval: float = 0.05, message: str = "") -> None:
@@ -101,7 +100,7 @@ def test_cancel_while_executing_keeps_the_outcome_unknown(bankdir):
     """An operator cancels a run while its payment is inside the server: the payment may well
     have landed, so the identical call must ask an operator, not pay again (even with no
     repeat window to refuse it as a duplicate)."""
-    config = make_bank(bankdir, pay=allow("30s"), repeat_window="0s")
+    config = bank(bankdir, rules={"pay": allow("30s")}, repeat_window="0s")
     gate = host(config)
     request = {"to": "kim", "amount": 7, "mode": "block"}
 
@@ -131,7 +130,7 @@ def test_cancel_while_executing_keeps_the_outcome_unknown(bankdir):
 def test_cancel_while_waiting_closes_the_approval(bankdir):
     """Cancelling a run that waits for an operator closes its question: the status tool no
     longer says it waits, and a later reject neither succeeds nor rewrites why the run ended."""
-    config = make_bank(bankdir)
+    config = bank(bankdir)
     gate = host(config)
     text = expect(gate.call(PAY, {"to": "ann", "amount": 3}), "PENDING_APPROVAL", is_error=False)
     approval = approval_in(text)
@@ -157,7 +156,7 @@ def test_a_stale_unknown_outcome_the_config_now_refuses_does_not_break_the_tool(
     """An unknown outcome left with nothing waiting is asked about again when the tool is next
     called; if its arguments are no longer allowed, that must not turn every call to the tool
     into a protocol error."""
-    config = make_bank(bankdir, pay=allow("1s"), approval_ttl="1s")
+    config = bank(bankdir, rules={"pay": allow("1s")}, approval_ttl="1s")
     gate = host(config)
     expect(gate.call(PAY, {"to": "kim", "amount": 7, "mode": "block"}), "UNKNOWN_OUTCOME")
     wait_payments(bankdir, 1)
@@ -166,7 +165,7 @@ def test_a_stale_unknown_outcome_the_config_now_refuses_does_not_break_the_tool(
 
     question = only_pending(bankdir)
     assert question["kind"] == INTERRUPTION
-    wait_until_stored(question["expires_at"], "the interruption approval to expire")
+    wait_until_past(question["expires_at"], 0, "the interruption approval to expire")
 
     # mode is now refused; the manifest (the pin) is left as it was
     write_config(bankdir, [bank_server(bankdir, rules={"pay": {**allow("1s"), "deny": ["mode"]}})],
@@ -198,7 +197,7 @@ def test_an_unreadable_result_is_recorded_not_left_executing(workdir):
         request = {"n": 1}
         text, _ = said(call_or_fail(gate, "up_transfer", request))
         assert text.startswith("UNRECORDED:"), text
-        statuses = [s for (s,) in query(workdir, "SELECT status FROM runs")]
+        statuses = [s for (s,) in query(db_path(workdir), "SELECT status FROM runs")]
         assert statuses == ["FAILED"], statuses
 
         again = expect(call_or_fail(gate, "up_transfer", request), "DUPLICATE", is_error=True)
@@ -213,7 +212,7 @@ def test_an_unreadable_result_is_recorded_not_left_executing(workdir):
 def test_a_host_cancel_during_a_hold_never_executes_it_later(bankdir):
     """The host cancels a call held for an operator, then the operator approves: nothing runs
     until the model calls again, and then it runs once."""
-    config = make_bank(bankdir, hold="20s")
+    config = bank(bankdir, hold="20s")
     gate = host(config)
     request = {"to": "cy", "amount": 4}
     held = gate.submit(PAY, request, progress=True)
@@ -288,7 +287,7 @@ def test_a_host_cancel_and_an_approval_in_one_hold_poll_execute_nothing(workdir)
 def test_a_call_to_a_dead_server_is_a_known_failure(bankdir):
     """The bank died before the call: nothing was sent, so the failure is known and no
     operator is asked whether it took effect."""
-    config = make_bank(bankdir, pay=allow())
+    config = bank(bankdir, rules={"pay": allow()})
     gate = host(config)
     bank_pid = fake_bank_of(gate.pid)
     os.kill(bank_pid, signal.SIGKILL)
@@ -309,7 +308,7 @@ def test_a_call_to_a_dead_server_is_a_known_failure(bankdir):
 def test_a_duplicate_does_not_pass_on_raw_control_characters(bankdir):
     """Text the server chose is shown as data in the result, but sanitized in the DUPLICATE
     sentence that quotes it."""
-    config = make_bank(bankdir, pay=allow())
+    config = bank(bankdir, rules={"pay": allow()})
     gate = host(config)
     request = {"to": "x\u001b[2J\u202e", "amount": 2, "mode": "structured"}
 
@@ -329,7 +328,7 @@ def test_a_duplicate_does_not_pass_on_raw_control_characters(bankdir):
 def test_an_operators_note_cannot_overflow_the_rejection(bankdir):
     """A note of 300 right-to-left overrides: each grows eightfold when made visible, and the
     model's sentence must still stay within its bound, with none of them raw."""
-    config = make_bank(bankdir)
+    config = bank(bankdir)
     gate = host(config)
     request = {"to": "eve", "amount": 9}
     approval = approval_in(expect(gate.call(PAY, request), "PENDING_APPROVAL"))
@@ -347,7 +346,6 @@ def test_a_status_call_whose_arguments_are_not_usable_json_is_invalid(workdir):
     """The status tool answers INVALID, like every other tool, when the boundary check refuses
     its arguments (here a repeated key), instead of reading them leniently."""
     from conftest import RawStdio, agentgate_argv
-    from gatekit import bank_server, pin, write_config
 
     config = write_config(workdir, [bank_server(workdir)])
     pin(config)

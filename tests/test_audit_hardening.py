@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import agentgate  # noqa: E402
 from conftest import wait_for  # noqa: E402
-from gatekit import (  # noqa: E402
+from kit import agentgate as agentgate_command  # noqa: E402
+from kit import (  # noqa: E402
     bank_server, check, gate_host, open_db, payments, pin, result_text, rule, scripted_server, tool,
     write_config)
 
@@ -345,3 +346,18 @@ def test_max_argument_bytes_is_checked_at_load(workdir):
         done = check(config)
         assert done.returncode == 1 and "max_argument_bytes" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_a_large_argument_of_a_read_is_stored_once(workdir):
+    config = write_config(workdir, [bank_server(workdir)])
+    pin(config)
+    big = "y" * 300_000
+    with gate_host(config, timeout=60) as host:
+        assert result_text(host.call("bank_balance", {"account": big})).startswith("account y")
+    db = open_db(workdir / "runs.db")
+    kept = sum(db.execute(f"SELECT coalesce(sum(instr({column}, 'yyyyyyyyyy') > 0), 0) FROM {table}").fetchone()[0]
+               for table, column in (("steps", "decision_json"), ("steps", "policy_json"), ("events", "payload_json")))
+    db.close()
+    assert kept == 1  # the step's decision; the events carry its size and hash (the result is the server's)
+    done = agentgate_command("verify", "-config", str(config))
+    assert done.returncode == 0 and "intact" in done.stdout, done.stdout

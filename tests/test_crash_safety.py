@@ -46,7 +46,7 @@ import time
 import pytest
 
 from conftest import wait_for
-from crashkit import (
+from kit import (
     BALANCE,
     PAY,
     WriteLock,
@@ -55,17 +55,18 @@ from crashkit import (
     approval_in,
     approvals,
     approve,
+    bank,
     bankdir,  # noqa: F401 (fixture)
     bytes_written,
     count,
-    events,
+    db_path,
+    event_types,
     expect,
     expect_result,
     fake_bank_of,
     fake_banks,
     host,
     kill_and_reap,
-    make_bank,
     only_pending,
     pipe_drained,
     query,
@@ -78,12 +79,11 @@ from crashkit import (
     run_in_hint,
     said,
     send_call,
-    stored_later,
     stored_now,
     unread_input,
     wait_lease_expired,
     wait_payments,
-    wait_until_stored,
+    wait_until_past,
 )
 
 # Reference section 5.5: "crash, interrupted, approved, re-run".
@@ -147,7 +147,7 @@ def in_progress_then_interrupted(dir, gate, args: dict, run_id: str) -> dict:
 
 
 def test_crash_then_approve_runs_it_again_once(bankdir):
-    config = make_bank(bankdir, pay=allow(), lease_ttl="3s")
+    config = bank(bankdir, rules={"pay": allow()}, lease_ttl="3s")
     rob = {"to": "rob", "amount": 5, "mode": "block"}
     run_id, gate = crash_mid_payment(bankdir, config, rob)
     pending = in_progress_then_interrupted(bankdir, gate, rob, run_id)
@@ -162,15 +162,15 @@ def test_crash_then_approve_runs_it_again_once(bankdir):
     approve(config, run_id, pending["id"])
     expect_result(gate.call(PAY, rob), "paid 5.00 to rob")
     assert count(bankdir) == 2
-    assert events(bankdir, run_id) == CRASH_INTERRUPTED_APPROVED_RERUN
+    assert event_types(db_path(bankdir), run_id) == CRASH_INTERRUPTED_APPROVED_RERUN
     assert run(bankdir, run_id)["status"] == "COMPLETED"
-    assert query(bankdir, "SELECT outcome FROM calls WHERE run_id=?", (run_id,)) == [(2,)]  # known
+    assert query(db_path(bankdir), "SELECT outcome FROM calls WHERE run_id=?", (run_id,)) == [(2,)]  # known
     expect(gate.call(PAY, rob), "DUPLICATE", is_error=True)
     assert count(bankdir) == 2
 
 
 def test_crash_then_reject_runs_nothing_and_unblocks(bankdir):
-    config = make_bank(bankdir, pay=allow(), lease_ttl="3s")
+    config = bank(bankdir, rules={"pay": allow()}, lease_ttl="3s")
     tom = {"to": "tom", "amount": 6, "mode": "block"}
     run_id, gate = crash_mid_payment(bankdir, config, tom)
     pending = in_progress_then_interrupted(bankdir, gate, tom, run_id)
@@ -184,13 +184,13 @@ def test_crash_then_reject_runs_nothing_and_unblocks(bankdir):
 
 def test_crash_then_reject_asks_again_after_the_window(bankdir):
     window = 2
-    config = make_bank(bankdir, pay=allow(), lease_ttl="3s", repeat_window=f"{window}s")
+    config = bank(bankdir, rules={"pay": allow()}, lease_ttl="3s", repeat_window=f"{window}s")
     vic = {"to": "vic", "amount": 7, "mode": "block"}
     run_id, gate = crash_mid_payment(bankdir, config, vic)
     pending = in_progress_then_interrupted(bankdir, gate, vic, run_id)
 
     reject(config, run_id, pending["id"])
-    wait_until_stored(stored_later(run(bankdir, run_id)["finished_at"], window), "the repeat window to pass")
+    wait_until_past(run(bankdir, run_id)["finished_at"], window, "the repeat window to pass")
     text = expect(gate.call(PAY, vic), "INTERRUPTED", is_error=False)
     again = only_pending(bankdir)
     assert again["kind"] == "interrupted_side_effect" and again["id"] != pending["id"]
@@ -199,7 +199,7 @@ def test_crash_then_reject_asks_again_after_the_window(bankdir):
 
 
 def test_crash_of_an_approved_payment_asks_again(bankdir):
-    config = make_bank(bankdir, lease_ttl="3s")  # the default policy: a payment asks an operator
+    config = bank(bankdir, lease_ttl="3s")  # the default policy: a payment asks an operator
     wes = {"to": "wes", "amount": 9, "mode": "block"}
     first = raw_gate(config)
     asked = response_text(first.request("tools/call", {"name": PAY, "arguments": wes}, timeout=60))
@@ -251,7 +251,7 @@ def test_crash_matrix(bankdir, stage):
       counter in /proc grew), so the outcome cannot have been recorded.
     - after: killed once the answer reached the host.
     """
-    config = make_bank(bankdir, pay=allow(), lease_ttl="3s")
+    config = bank(bankdir, rules={"pay": allow()}, lease_ttl="3s")
     zed = {"to": "zed", "amount": 3, "mode": "block"}
     other = {"to": "yul", "amount": 1}
     doomed, gate = raw_gate(config), host(config)
@@ -323,7 +323,7 @@ def test_crash_matrix(bankdir, stage):
 
 
 def test_two_gates_on_one_session(bankdir):
-    config = make_bank(bankdir, pay=allow())
+    config = bank(bankdir, rules={"pay": allow()})
     one, two = host(config), host(config)
 
     olga = {"to": "olga", "amount": 3, "mode": "slow"}
@@ -342,7 +342,7 @@ def test_two_gates_on_one_session(bankdir):
 
 
 def test_an_identical_call_while_one_executes_is_in_progress_and_begins_no_run(bankdir):
-    config = make_bank(bankdir, pay=allow())
+    config = bank(bankdir, rules={"pay": allow()})
     one, two = host(config), host(config)
     yan = {"to": "yan", "amount": 1, "mode": "block"}
 
@@ -357,7 +357,7 @@ def test_an_identical_call_while_one_executes_is_in_progress_and_begins_no_run(b
 
 
 def test_identical_calls_racing_from_processes_and_threads_pay_once(bankdir):
-    config = make_bank(bankdir, pay=allow())
+    config = bank(bankdir, rules={"pay": allow()})
     gates = [host(config) for _ in range(3)]
     request = {"to": "rae", "amount": 2}
     callers = 12
@@ -381,12 +381,12 @@ def test_identical_calls_racing_from_processes_and_threads_pay_once(bankdir):
     assert count(bankdir) == 1
     assert len(all_runs(bankdir, PAY)) == 1
     # The calls index: one row for the request, settled with a known outcome (2).
-    assert query(bankdir, "SELECT c.open, c.outcome, c.settled_at != '' FROM calls c JOIN runs r ON r.id = c.run_id "
-                          "WHERE r.tool=?", (PAY,)) == [(1, 2, 1)]
+    assert query(db_path(bankdir), "SELECT c.open, c.outcome, c.settled_at != '' FROM calls c "
+                                   "JOIN runs r ON r.id = c.run_id WHERE r.tool=?", (PAY,)) == [(1, 2, 1)]
 
 
 def test_a_read_cut_off_is_answered_afresh(bankdir):
-    config = make_bank(bankdir, lease_ttl="3s")
+    config = bank(bankdir, lease_ttl="3s")
     doomed, gate = raw_gate(config), host(config)
     bank_pid = fake_bank_of(doomed.pid)
     os.kill(bank_pid, signal.SIGSTOP)  # the read will never be answered
@@ -407,42 +407,37 @@ def test_a_read_cut_off_is_answered_afresh(bankdir):
 # ---------------------------------------------------------------- shutdown and database failure
 
 
-def test_stdin_close_mid_call_finishes_the_step(bankdir):
-    config = make_bank(bankdir, pay=allow())
+def stop_mid_call_finishes_the_step(bankdir, stop) -> None:
+    """`stop(gate)` while a slow payment is under way: the payment is answered, the gate exits 0,
+    the run completes without an interruption and the upstream is closed."""
+    config = bank(bankdir, rules={"pay": allow()})
     gate = raw_gate(config)
     send_call(gate, 5, PAY, {"to": "val", "amount": 8, "mode": "slow"})
     wait_payments(bankdir, 1)
-    gate.proc.stdin.close()
+    stop(gate)
     assert response_text(response(gate, 5)) == "paid 8.00 to val"
     assert gate.wait(60) == 0
     (only,) = all_runs(bankdir)
     assert only["status"] == "COMPLETED"
-    kinds = events(bankdir, only["id"])
+    kinds = event_types(db_path(bankdir), only["id"])
     assert "step.interrupted" not in kinds and kinds[-1] == "run.finished"
     wait_for(lambda: not fake_banks(bankdir), 30, message="the upstream to be closed")
+
+
+def test_stdin_close_mid_call_finishes_the_step(bankdir):
+    stop_mid_call_finishes_the_step(bankdir, lambda gate: gate.proc.stdin.close())
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_sigterm_or_sigint_mid_call_finishes_the_step(bankdir, sig):
-    config = make_bank(bankdir, pay=allow())
-    gate = raw_gate(config)
-    send_call(gate, 5, PAY, {"to": "val", "amount": 8, "mode": "slow"})
-    wait_payments(bankdir, 1)
-    gate.kill(sig)
-    assert response_text(response(gate, 5)) == "paid 8.00 to val"
-    assert gate.wait(60) == 0
-    (only,) = all_runs(bankdir)
-    assert only["status"] == "COMPLETED"
-    kinds = events(bankdir, only["id"])
-    assert "step.interrupted" not in kinds and kinds[-1] == "run.finished"
-    wait_for(lambda: not fake_banks(bankdir), 30, message="the upstream to be closed")
+    stop_mid_call_finishes_the_step(bankdir, lambda gate: gate.kill(sig))
 
 
 def test_a_database_failure_under_a_call_answers_unavailable(bankdir):
     """The database is made to fail by holding its write lock from the test past the gate's
     busy timeout (deterministic, unlike swapping or chmod-ing the file under an open
     connection, which SQLite does not notice until it reopens it)."""
-    config = make_bank(bankdir, pay=allow())
+    config = bank(bankdir, rules={"pay": allow()})
     gate = host(config)
 
     zed = {"to": "zed", "amount": 3}

@@ -37,7 +37,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from conftest import everything_server_argv, filesystem_server_argv, wait_for
-from gatekit import (
+from kit import (
     ROOT_SCHEMA,
     WRITE_SCHEMA,
     bank,
@@ -49,7 +49,7 @@ from gatekit import (
     pin,
     result_text,
     rule,
-    runs,
+    run_rows,
     scripted_server,
     steps,
     tool,
@@ -83,7 +83,7 @@ def test_allowed_read_returns_content(workdir):
     assert result_text(result) == "account A-1 holds 120.00 EUR"
     db = open_db(workdir / "runs.db")
     try:
-        (run,) = runs(db)
+        (run,) = run_rows(db)
         assert run[1:3] == ("bank_balance", "COMPLETED")
     finally:
         db.close()
@@ -117,7 +117,7 @@ def test_pending_approval_names_its_approval_and_runs_nothing(workdir):
         assert payments(ledger) == 0
         db = open_db(workdir / "runs.db")
         try:
-            (run_id, tool_name, status, _, _), = runs(db)
+            (run_id, tool_name, status, _, _), = run_rows(db)
             (approval_id, kind, capability), = db.execute(
                 "SELECT id, kind, capability_json FROM approvals WHERE run_id=?", (run_id,)).fetchall()
             assert event_types(db, run_id) == PENDING
@@ -154,7 +154,7 @@ def test_runs_record_what_happened(workdir):
         assert host.call("bank_balance", {}).is_error  # invalid: account is required
     db = open_db(workdir / "runs.db")
     try:
-        recorded = runs(db)
+        recorded = run_rows(db)
         assert [(r[1], r[2]) for r in recorded] == [
             ("bank_balance", "COMPLETED"), ("bank_refund", "FAILED"), ("bank_balance", "FAILED")]
         assert all(r[0].startswith("test.") for r in recorded)
@@ -212,8 +212,8 @@ def test_a_host_that_gives_up_does_not_stop_the_call(workdir):
             host.call("bank_pay", {"to": "kim", "amount": 7, "mode": "slow"}, timeout=0.3)
         db = open_db(workdir / "runs.db")
         try:
-            wait_for(lambda: [r[2] for r in runs(db)] == ["COMPLETED"], 60, message="the run to complete")
-            (run,) = runs(db)
+            wait_for(lambda: [r[2] for r in run_rows(db)] == ["COMPLETED"], 60, message="the run to complete")
+            (run,) = run_rows(db)
             assert event_types(db, run[0]) == ALLOWED
         finally:
             db.close()

@@ -21,7 +21,7 @@ import stat
 
 import pytest
 
-from gatekit import SESSION, agentgate, bank, bank_server, check, pin, write_config
+from kit import SESSION, agentgate, bank, bank_server, check, pin, write_config
 
 
 def normalised(text: str) -> str:

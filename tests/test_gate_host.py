@@ -22,7 +22,7 @@ from contextlib import suppress
 import pytest
 
 from conftest import RawStdio, agentgate_argv, pid_alive
-from gatekit import (
+from kit import (
     bank,
     gate_host,
     pin,

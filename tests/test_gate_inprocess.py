@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import agentgate  # noqa: E402
-from gatekit import bank_server, payments, pin, write_config  # noqa: E402
+from kit import bank_server, payments, pin, write_config  # noqa: E402
 
 
 def open_gate(workdir, **top):

@@ -31,7 +31,7 @@ N/A:
 import hashlib
 import json
 
-from gatekit import (
+from kit import (
     READ_SCHEMA,
     ROOT_SCHEMA,
     WRITE_SCHEMA,

@@ -41,10 +41,11 @@ import time
 import pytest
 
 from conftest import RawStdio, agentgate_argv, pid_alive, wait_for
-from gatekit import (
+from kit import (
     agentgate,
     bank,
     check,
+    event_types,
     gate_host,
     has_raw_controls,
     open_db,
@@ -56,10 +57,9 @@ from gatekit import (
     records,
     result_text,
     rule,
-    runs,
+    run_rows,
     scripted_server,
     tool,
-    event_types,
     write_config,
     write_spec,
 )
@@ -324,7 +324,7 @@ def test_stdin_closing_mid_call_lets_the_call_finish(workdir):
         assert raw.wait(60) == 0
     db = open_db(workdir / "runs.db")
     try:
-        (run,) = runs(db)
+        (run,) = run_rows(db)
         assert run[2] == "COMPLETED"
         types = event_types(db, run[0])
         assert types[-1] == "run.finished" and "step.interrupted" not in types

@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RawStdio, agentgate_argv, pid_alive, wait_for
-from crashkit import approvals, response_text
-from gatekit import agentgate, bank, open_db, payments
+from kit import agentgate, approvals, bank, open_db, payments, response_text
 
 DEADLINE = 60.0  # seconds; generous for a loaded 2-core machine
 BALANCE_A = {"name": "bank_balance", "arguments": {"account": "a"}}

@@ -26,24 +26,29 @@ Every host request gets exactly one answer.
 from __future__ import annotations
 
 import collections
-import os
-import signal
 import sys
 from contextlib import suppress
 from pathlib import Path
 
 import pytest
 
-import conftest
 from conftest import RawStdio, pid_alive, wait_for
-from crashkit import raw_gate, response, response_text, said, send_call, unread_input
-from gatekit import (
+from kit import (
+    close_peers,
     cmdline,
     gate_host,
+    live_pids,
     pin,
+    raw_gate,
+    reap_leftovers,
     records,
+    response,
+    response_text,
     rule,
+    said,
+    send_call,
     tool,
+    unread_input,
     upstream_pids,
     write_config,
     write_spec,
@@ -77,14 +82,7 @@ def pinned(workdir, *servers) -> Path:
 def hostile_pids(workdir) -> list[int]:
     """Live hostile servers started for this test (their spec files are in its workdir)."""
     mark = str(workdir)
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            pid = int(entry.name)
-            line = cmdline(pid)
-            if "hostile_server.py" in line and mark in line and pid_alive(pid):
-                found.append(pid)
-    return found
+    return live_pids(lambda pid: "hostile_server.py" in (line := cmdline(pid)) and mark in line)
 
 
 @pytest.fixture
@@ -92,15 +90,8 @@ def hostiles(workdir):
     """The test's workdir; afterwards every gate is closed and no hostile server of the test
     may still run (a leftover is killed, then reported)."""
     yield workdir
-    for peer in list(conftest._LIVE):
-        peer.close()
-    try:
-        wait_for(lambda: not hostile_pids(workdir), 30, message="this test's hostile servers to exit")
-    finally:
-        left = hostile_pids(workdir)
-        for pid in left:
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    close_peers()
+    left = reap_leftovers(lambda: hostile_pids(workdir), "this test's hostile servers", 30)
     assert not left, f"hostile servers outlived the test: {left}"
 
 

@@ -26,7 +26,7 @@ import pytest
 from mcp_types.version import LATEST_HANDSHAKE_VERSION, LATEST_MODERN_VERSION
 
 from conftest import REPO, RawStdio, agentgate_argv, wait_for
-from gatekit import agentgate, bank, gate_host, payments, result_text
+from kit import agentgate, bank, gate_host, payments, result_text, wait_no_process
 
 TS_CLIENT = REPO / "tests" / "ts_client.mjs"
 HANDSHAKE_VERSIONS = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"]
@@ -38,26 +38,6 @@ RENT = {"to": "landlord", "amount": 950}
 def bank_config(workdir: Path, **top) -> Path:
     """The fake bank with balance read_only and pay remote_mutation (no refund), pinned."""
     return bank(workdir, rules={"refund": None}, **top)
-
-
-def no_process_mentions(text: str) -> bool:
-    """True when no live process has `text` in its command line or environment."""
-    needle = text.encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        for part in ("cmdline", "environ"):
-            with suppress(OSError):
-                if needle in (entry / part).read_bytes():
-                    with suppress(OSError):
-                        state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                        if state not in ("Z", "X"):
-                            return False
-    return True
-
-
-def wait_no_process(workdir: Path) -> None:
-    wait_for(lambda: no_process_mentions(str(workdir)), 30, 0.1, f"no process left from {workdir}")
 
 
 def approval_hint(stderr_text, finished, timeout: float = 60):

@@ -25,28 +25,32 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import agentgate  # noqa: E402
-from approvalkit import DEADLINE, Bank  # noqa: E402
 from conftest import AGENTGATE, wait_for  # noqa: E402
-from crashkit import (  # noqa: E402
+from kit import (  # noqa: E402
+    DEADLINE,
     PAY,
+    Bank,
+    agentgate as command,
     all_runs,
     allow,
     approvals,
+    bank,
     bankdir,  # noqa: F401 (fixture)
+    db_path,
+    event_types,
     expect,
     host,
     kill_and_reap,
-    make_bank,
     only_pending,
     query,
     raw_gate,
     release,
     run,
+    run_to_end,
     send_call,
     wait_lease_expired,
     wait_payments,
 )
-from gatekit import agentgate as command, run_to_end  # noqa: E402
 
 # A line of show's event list: sequence number, time, type, payload.
 EVENT_ROW = re.compile(r"^\s*\d+\s+\d{4}-\d\d-\d\dT\S+\s+[a-z_]+\.[a-z_.]+\s")
@@ -150,7 +154,7 @@ def test_a_note_or_by_that_is_not_utf8_is_refused_naming_the_flag(workdir):
 
 
 def test_show_and_approve_display_the_late_outcome_of_a_run_cut_off_while_alive(bankdir):
-    config = make_bank(bankdir, pay=allow("60s"), lease_ttl="3s")
+    config = bank(bankdir, rules={"pay": allow("60s")}, lease_ttl="3s")
     first = raw_gate(config)
     send_call(first, 100, PAY, BLOCKED_PAY)
     wait_payments(bankdir, 1)
@@ -167,7 +171,7 @@ def test_show_and_approve_display_the_late_outcome_of_a_run_cut_off_while_alive(
         os.kill(first.pid, signal.SIGCONT)
 
     def late():
-        return [p for (p,) in query(bankdir, "SELECT payload_json FROM events WHERE run_id=? AND "
+        return [p for (p,) in query(db_path(bankdir), "SELECT payload_json FROM events WHERE run_id=? AND "
                                              "type='step.tool_finished'", (cut["id"],)) if "late" in p]
     wait_for(late, DEADLINE, message="the late outcome to be recorded")
 
@@ -193,7 +197,7 @@ def test_show_and_approve_display_the_late_outcome_of_a_run_cut_off_while_alive(
 
 
 def test_a_cancel_between_takeover_steps_is_final(bankdir, monkeypatch):
-    config_path = make_bank(bankdir, pay=allow("60s"), lease_ttl="3s")
+    config_path = bank(bankdir, rules={"pay": allow("60s")}, lease_ttl="3s")
     doomed = raw_gate(config_path)
     send_call(doomed, 100, PAY, BLOCKED_PAY)
     wait_payments(bankdir, 1)
@@ -236,8 +240,7 @@ def test_a_cancel_between_takeover_steps_is_final(bankdir, monkeypatch):
         row = run(bankdir, cut["id"])
         assert row["status"] == "CANCELLED", row
         assert not approvals(bankdir, "pending"), approvals(bankdir)
-        types = [t for (t,) in query(bankdir, "SELECT type FROM events WHERE run_id=? ORDER BY seq",
-                                     (cut["id"],))]
+        types = event_types(db_path(bankdir), cut["id"])
         assert types.count("run.finished") == 1, types
         after = types[types.index("run.finished"):]
         assert "approval.requested" not in after and "run.resumed" not in after, types

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import agentgate  # noqa: E402
 from conftest import wait_for  # noqa: E402
-from gatekit import bank_server, payments, pin, write_config  # noqa: E402
+from kit import bank_server, payments, pin, write_config  # noqa: E402
 
 
 def open_gates(workdir, pay_rule, **top):

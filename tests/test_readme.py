@@ -33,7 +33,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from conftest import AGENTGATE, NODE_MODULES, REPO, Host, filesystem_server_argv, wait_for
-from gatekit import result_text, run_to_end
+from kit import result_text, run_to_end, wait_no_process
 
 README = REPO / "README.md"
 FS_PACKAGE = "@modelcontextprotocol/server-filesystem"
@@ -229,23 +229,6 @@ def on_terminal(command: str, env: dict, cwd: Path, reply: str = "yes", timeout:
         with suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-
-
-def no_process_mentions(text: str) -> bool:
-    """True when no live process has `text` in its command line or environment."""
-    needle = text.encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        with suppress(OSError, IndexError):
-            if needle in (entry / "cmdline").read_bytes() or needle in (entry / "environ").read_bytes():
-                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
-                    return False
-    return True
-
-
-def wait_no_process(path: Path) -> None:
-    wait_for(lambda: no_process_mentions(str(path)), 30, 0.1, f"no process left from {path}")
 
 
 # ---------------------------------------------------------------- the list of commands

@@ -1,7 +1,7 @@
 """Re-check and policy identity (issue 5): `recheck` asks "would today's configuration have
 decided these calls differently?" of decisions real gates recorded.
 
-The recorded session (tests/auditkit.py, made once per module by real gate processes, the fake
+The recorded session (tests/kit.py, made once per module by real gate processes, the fake
 banks and the operator commands): bank_balance allowed; bank_pay kim/5 pending, approved,
 collected; bank_refund denied (destructive); bank_pay rex/3 pending, rejected; vault_pay liv/7
 (allowed by its rule, timeout 1s, "block") timed out after the payment, its re-run approved and
@@ -44,23 +44,23 @@ from contextlib import closing
 
 import pytest
 
-from auditkit import (  # recorded, clean_banks: fixtures
-    clean_banks,
-    recorded,
+from conftest import AGENTGATE, wait_for
+from kit import (
     DB,
     HEX64,
     OTHER_SESSION,
     POLICY_ID_RE,
     SESSION,
+    clean_banks,  # noqa: F401 (fixture)
+    fake_banks,
     file_state,
     policy_evaluations,
     query,
     recheck,
     recheck_json,
+    recorded,  # noqa: F401 (fixture)
     report_line,
 )
-from conftest import AGENTGATE, wait_for
-from crashkit import fake_banks
 
 NEWEST_FIRST = ("liv", "rex", "refund", "kim", "balance")
 STATUS = {"balance": "COMPLETED", "kim": "COMPLETED", "refund": "FAILED", "rex": "CANCELLED", "liv": "COMPLETED"}

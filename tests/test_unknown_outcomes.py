@@ -48,7 +48,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from conftest import RawStdio, agentgate_argv, wait_for
-from crashkit import (
+from kit import (
     BALANCE,
     PAY,
     all_runs,
@@ -56,15 +56,17 @@ from crashkit import (
     approval_in,
     approvals,
     approve,
+    bank,
     bankdir,  # noqa: F401 (fixture)
     count,
-    events,
+    db_path,
+    event_types,
     expect,
     expect_result,
     fake_bank_of,
     host,
-    make_bank,
     only_pending,
+    payments,
     reject,
     release,
     response,
@@ -73,12 +75,10 @@ from crashkit import (
     run_in_hint,
     said,
     send_call,
-    step_rows,
-    stored_later,
+    steps,
     wait_payments,
-    wait_until_stored,
+    wait_until_past,
 )
-from gatekit import payments
 
 KIM = {"to": "kim", "amount": 7, "mode": "block"}
 LOU = {"to": "lou", "amount": 1}
@@ -100,7 +100,7 @@ def status_of(gate, approval: str) -> str:
 
 
 def test_timeout_after_the_effect_waits_for_an_operator(bankdir):
-    config = make_bank(bankdir, pay=allow(PAY_TIMEOUT))
+    config = bank(bankdir, rules={"pay": allow(PAY_TIMEOUT)})
     gate = host(config)
 
     text = expect(gate.call(PAY, KIM), "UNKNOWN_OUTCOME", is_error=False)
@@ -112,7 +112,7 @@ def test_timeout_after_the_effect_waits_for_an_operator(bankdir):
     first = approval_in(text)
     assert first == pending["id"]
     run_id = run_in_hint(gate.stderr_text(), first)
-    assert events(bankdir, run_id) == TIMED_OUT_THEN_WAITS
+    assert event_types(db_path(bankdir), run_id) == TIMED_OUT_THEN_WAITS
 
     again = expect(gate.call(PAY, KIM), "UNKNOWN_OUTCOME", is_error=False)
     assert approval_in(again) == first
@@ -141,7 +141,7 @@ def test_timeout_after_the_effect_waits_for_an_operator(bankdir):
 
 def test_rejection_unblocks_and_an_identical_call_asks_again(bankdir):
     window = 3
-    config = make_bank(bankdir, pay=allow(PAY_TIMEOUT, repeat_window=f"{window}s"))
+    config = bank(bankdir, rules={"pay": allow(PAY_TIMEOUT, repeat_window=f"{window}s")})
     gate = host(config)
     request = {"to": "max", "amount": 8, "mode": "block"}
 
@@ -155,7 +155,7 @@ def test_rejection_unblocks_and_an_identical_call_asks_again(bankdir):
     asked = {approval}
     for _ in range(3):
         finished = run(bankdir, run_id)["finished_at"]
-        wait_until_stored(stored_later(finished, window), "the repeat window after the rejection to pass")
+        wait_until_past(finished, window, "the repeat window after the rejection to pass")
         # A rejection does not make the outcome known: the identical call asks again, never runs.
         text = expect(gate.call(PAY, request), "UNKNOWN_OUTCOME", is_error=False)
         approval = approval_in(text)
@@ -169,7 +169,7 @@ def test_rejection_unblocks_and_an_identical_call_asks_again(bankdir):
 
 def test_server_error_is_a_known_failure(bankdir):
     window = 3
-    config = make_bank(bankdir, pay=allow(repeat_window=f"{window}s"))
+    config = bank(bankdir, rules={"pay": allow(repeat_window=f"{window}s")})
     gate = host(config)
     request = {"to": "oli", "amount": 2, "mode": "error"}
 
@@ -180,7 +180,7 @@ def test_server_error_is_a_known_failure(bankdir):
     assert "card declined" in duplicate
 
     finished = all_runs(bankdir, PAY)[0]["finished_at"]
-    wait_until_stored(stored_later(finished, window), "the repeat window to pass")
+    wait_until_past(finished, window, "the repeat window to pass")
     text, error = said(gate.call(PAY, request))
     assert error and "card declined for oli" in text and not text.startswith("DUPLICATE")
     assert count(bankdir) == 2
@@ -188,7 +188,7 @@ def test_server_error_is_a_known_failure(bankdir):
 
 
 def test_recorded_errors_are_classified_by_what_came_back(bankdir):
-    config = make_bank(bankdir, pay=allow(), balance={"timeout": "300ms"})
+    config = bank(bankdir, rules={"pay": allow(), "balance": {"timeout": "300ms"}})
     gate = host(config)
     bank_pid = fake_bank_of(gate.pid)
 
@@ -222,7 +222,7 @@ def test_recorded_errors_are_classified_by_what_came_back(bankdir):
 
 
 def test_status_says_what_came_of_an_approved_request(bankdir):
-    config = make_bank(bankdir)  # the default policy: a payment asks an operator
+    config = bank(bankdir)  # the default policy: a payment asks an operator
     gate = host(config)
 
     declined = {"to": "oli", "amount": 2, "mode": "error"}
@@ -242,7 +242,7 @@ def test_status_says_what_came_of_an_approved_request(bankdir):
 
     other = bankdir / "timeouts"
     other.mkdir(mode=0o700)
-    config = make_bank(other, pay=allow(PAY_TIMEOUT))
+    config = bank(other, rules={"pay": allow(PAY_TIMEOUT)})
     gate = host(config)
     first = approval_in(expect(gate.call(PAY, KIM), "UNKNOWN_OUTCOME", is_error=False))
     approve(config, run_in_hint(gate.stderr_text(), first), first)  # the server still blocks: times out again
@@ -257,7 +257,7 @@ def test_status_says_what_came_of_an_approved_request(bankdir):
 
 
 def test_repeated_unknown_reruns_keep_the_tool_blocked(bankdir):
-    config = make_bank(bankdir, pay=allow(PAY_TIMEOUT))
+    config = bank(bankdir, rules={"pay": allow(PAY_TIMEOUT)})
     gate = host(config)
 
     current = approval_in(expect(gate.call(PAY, KIM), "UNKNOWN_OUTCOME", is_error=False))
@@ -281,11 +281,11 @@ def test_repeated_unknown_reruns_keep_the_tool_blocked(bankdir):
 
 
 def test_expiry_asks_again_rather_than_unblocks(bankdir):
-    config = make_bank(bankdir, pay=allow(PAY_TIMEOUT), approval_ttl="4s")
+    config = bank(bankdir, rules={"pay": allow(PAY_TIMEOUT)}, approval_ttl="4s")
     gate = host(config)
 
     first = approval_in(expect(gate.call(PAY, KIM), "UNKNOWN_OUTCOME", is_error=False))
-    wait_until_stored(only_pending(bankdir)["expires_at"], "the first question to expire")
+    wait_until_past(only_pending(bankdir)["expires_at"], 0, "the first question to expire")
 
     blocked = expect(gate.call(PAY, LOU), "BLOCKED", is_error=True)
     second = approval_in(blocked)
@@ -293,7 +293,7 @@ def test_expiry_asks_again_rather_than_unblocks(bankdir):
     assert approval_in(expect(gate.call(PAY, KIM), "UNKNOWN_OUTCOME", is_error=False)) == second
     assert only_pending(bankdir)["id"] == second
 
-    wait_until_stored(only_pending(bankdir)["expires_at"], "the second question to expire")
+    wait_until_past(only_pending(bankdir)["expires_at"], 0, "the second question to expire")
     third = approval_in(expect(gate.call(PAY, KIM), "UNKNOWN_OUTCOME", is_error=False))
     assert third not in (first, second)
     assert only_pending(bankdir)["id"] == third
@@ -301,7 +301,7 @@ def test_expiry_asks_again_rather_than_unblocks(bankdir):
 
 
 def test_unrecorded_answer_counts_as_executed(bankdir):
-    config = make_bank(bankdir, pay=allow())
+    config = bank(bankdir, rules={"pay": allow()})
     gate = host(config)
     request = {"to": "ria", "amount": 4, "mode": "deep"}
 
@@ -315,13 +315,13 @@ def test_unrecorded_answer_counts_as_executed(bankdir):
     assert approvals(bankdir) == []
 
     first = all_runs(bankdir, PAY)[0]
-    observation = step_rows(bankdir, first["id"])[0][3]
+    observation = steps(db_path(bankdir), first["id"])[0][3]
     assert observation["kind"] == "tool_error"
     assert observation["content"]["ending"] == "unrecorded"
 
 
 def test_host_cancel_lets_the_call_finish(bankdir):
-    config = make_bank(bankdir, pay=allow())
+    config = bank(bankdir, rules={"pay": allow()})
     gate = host(config)
 
     # The host gives up after 300 ms (a host timeout; the SDK also sends notifications/cancelled).
@@ -342,7 +342,7 @@ def test_host_cancel_lets_the_call_finish(bankdir):
 
 
 def test_a_lost_answer_retried_pays_once_through_the_gate_and_twice_straight(bankdir):
-    config = make_bank(bankdir, pay=allow())
+    config = bank(bankdir, rules={"pay": allow()})
     gate = host(config)
     request = {"to": "grocer", "amount": 42, "mode": "slow"}
 

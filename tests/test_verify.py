@@ -5,8 +5,8 @@ was found, and checks a kept head.
 
 Databases here are written by real gate processes (the SDK host, the fake bank, the operator
 commands); a test that tampers works on its own copy of the session recorded once per module
-(tests/auditkit.py: allowed, approved, denied, rejected and re-run calls, two sessions). The
-chain is recomputed in auditkit from reference section 16, independently of agentgate's code.
+(tests/kit.py: allowed, approved, denied, rejected and re-run calls, two sessions). The
+chain is recomputed in kit from reference section 16, independently of agentgate's code.
 
 Ported from the reference suite (agentrt-tests.md), chain_test.go:
 - TestEventHash_Golden: already in test_store.py (test_event_hash_golden).
@@ -35,20 +35,22 @@ from contextlib import closing
 
 import pytest
 
-from auditkit import (  # recorded, clean_banks: fixtures
-    clean_banks,
-    recorded,
+from conftest import DEFAULT_TIMEOUT
+from kit import (
     DB,
     HEX64,
     assert_chained,
+    bank,
     chain_hash,
-    events,
+    clean_banks,  # noqa: F401 (fixture)
+    event_rows,
     file_state,
+    gate_host,
+    recorded,  # noqa: F401 (fixture)
+    result_text,
     tamper,
     verify,
 )
-from conftest import DEFAULT_TIMEOUT
-from gatekit import bank, gate_host, result_text
 
 BROKEN_RE = re.compile(r"^broken at seq (\d+): (.*)\n  expected: (.*)\n  found:    (.*)$", re.M)
 
@@ -102,7 +104,7 @@ def test_an_intact_chain_verifies_across_runs_and_processes(clean_banks):
     gate.list_tools()  # the database is created and migrated, nothing recorded yet
     gate.close()
     db = workdir / DB
-    assert events(db) == []
+    assert event_rows(db) == []
     done = verify(config)
     assert done.returncode == 0, done.stdout + done.stderr
     assert lines(done)[:2] == ["head: no events", "intact: 0 event(s)"]
@@ -110,12 +112,12 @@ def test_an_intact_chain_verifies_across_runs_and_processes(clean_banks):
     play(config, ("bank_balance", {"account": "main"}, "account main holds"),
          ("bank_pay", {"to": "kim", "amount": 5}, "PENDING_APPROVAL:"),
          ("bank_refund", {"payment": "p1"}, "DENIED:"))
-    first = events(db)
+    first = event_rows(db)
     assert_chained(first)
     assert_intact(verify(config), first)
 
     play(config, ("bank_balance", {"account": "savings"}, "account savings holds"))  # another process
-    rows = events(db)
+    rows = event_rows(db)
     assert rows[:len(first)] == first
     assert_chained(rows)
     assert len({row[1] for row in rows}) == 4 and rows[len(first)][1] not in {row[1] for row in first}
@@ -135,7 +137,7 @@ def test_an_intact_chain_verifies_across_runs_and_processes(clean_banks):
 def test_ranges_verify_what_they_name(recorded, workdir):
     config = recorded.clone(workdir)
     db = workdir / DB
-    rows = events(db)
+    rows = event_rows(db)
     n = rows[-1][0]
     before = file_state(db)
 
@@ -226,7 +228,7 @@ TAMPERING = [altered_payload, edited_approval_decision, deleted_event, swapped_p
 def test_the_first_break_is_found(recorded, workdir, change):
     config = recorded.clone(workdir)
     db = workdir / DB
-    rows = events(db)
+    rows = event_rows(db)
     assert_intact(verify(config), rows)
     n, head = rows[-1][0], rows[-1][6]
 
@@ -260,7 +262,7 @@ def test_the_first_break_is_found(recorded, workdir, change):
 
 def test_a_kept_head_that_differs_fails(recorded, workdir):
     config = recorded.clone(workdir)
-    rows = events(workdir / DB)
+    rows = event_rows(workdir / DB)
     k = len(rows) // 2
     done = verify(config, "-head", f"{k}:{rows[k - 2][6]}")
     assert done.returncode == 1
@@ -271,12 +273,12 @@ def test_a_cut_tail_shows_against_a_kept_head_then_as_a_gap(recorded, clean_bank
     workdir = clean_banks
     config = recorded.clone(workdir)
     db = workdir / DB
-    rows = events(db)
+    rows = event_rows(db)
     n, head = rows[-1][0], rows[-1][6]
     assert_intact(verify(config), rows)
 
     tamper(db, ("DELETE FROM events WHERE seq=?", (n,)))
-    cut = events(db)
+    cut = event_rows(db)
     done = verify(config)
     assert_intact(done, cut)  # a cut tail is a shorter chain: only a kept head shows it
     assert lines(done)[0] == f"head: seq {n - 1} {rows[-2][6]}"
@@ -286,7 +288,7 @@ def test_a_cut_tail_shows_against_a_kept_head_then_as_a_gap(recorded, clean_bank
 
     # New events take fresh seqs, so the next run leaves the gap in the chain for all to see.
     play(config, ("bank_balance", {"account": "after"}, "account after holds"))
-    rows = events(db)
+    rows = event_rows(db)
     assert rows[len(cut)][0] == n + 1
     done = verify(config)
     assert broken(done) == (n + 1, f"seq {n + 1} follows {n - 1}: an event is missing", f"seq {n}", f"seq {n + 1}")
@@ -297,12 +299,14 @@ def test_a_change_near_the_end_of_a_long_field_is_found(recorded, clean_banks):
     config = recorded.clone(workdir)
     db = workdir / DB
     account = "é" * 65536  # 128 KiB of UTF-8, past any one read of 64 KiB
-    play(config, ("bank_balance", {"account": account}, "account é"))
-    rows = events(db)
+    # A policy record keeps its request whole in its event (step.decided carries a long
+    # argument as its size and hash), so a payment that waits puts the long field in the chain.
+    play(config, ("bank_pay", {"to": account, "amount": 1}, "PENDING_APPROVAL"))
+    rows = event_rows(db)
     assert_chained(rows)
     assert_intact(verify(config), rows)
 
-    seq, payload = next((row[0], row[5]) for row in rows if row[4] == "step.decided" and account in row[5])
+    seq, payload = next((row[0], row[5]) for row in rows if row[4] == "step.policy" and account in row[5])
     assert len(payload.encode()) > 130_000
     at = payload.rindex("é")
     assert len(payload[:at].encode()) > 128 * 1024 - 10  # the change is far past the first 64 KiB
@@ -340,7 +344,7 @@ def test_concurrent_gates_keep_one_chain(clean_banks):
         for gate in gates:
             gate.close()
 
-    rows = events(workdir / DB)
+    rows = event_rows(workdir / DB)
     assert_chained(rows)
     assert_intact(verify(config), rows)
     runs = {}
