@@ -346,13 +346,20 @@ def sha256_hex(data):
     return hashlib.sha256(data if isinstance(data, bytes) else data.encode("utf-8")).hexdigest()
 
 
+def value_digest(data):
+    """A value too large to keep again, as its size and hash (bytes in, text out)."""
+    return f"[{len(data)} bytes, sha256 {sha256_hex(data)}]"
+
+
 def content_hash(value):
     return sha256_hex(canonical(value))
 
 
 def request_key(tool_name, args):
-    """The identity of a request: the registered tool's name and its canonical arguments."""
-    return sha256_hex(tool_name.encode("utf-8") + b"\x00" + canonical(args))
+    """The identity of a request: the tool's name and its canonical arguments (given as a
+    value, or already encoded as bytes)."""
+    encoded = args if isinstance(args, bytes) else canonical(args)
+    return sha256_hex(tool_name.encode("utf-8") + b"\x00" + encoded)
 
 
 def parse_loosely(data):
@@ -1132,10 +1139,8 @@ def kept_once(value):
     The chain still binds every byte (through the hash), and a large argument is stored once
     instead of once per event that mentions it."""
     if isinstance(value, str):
-        size = len(value.encode("utf-8", "surrogatepass"))
-        if size > LARGE_VALUE_BYTES:
-            return f"[{size} bytes, sha256 {sha256_hex(value.encode('utf-8', 'surrogatepass'))}]"
-        return value
+        data = value.encode("utf-8", "surrogatepass")
+        return value_digest(data) if len(data) > LARGE_VALUE_BYTES else value
     if isinstance(value, dict):
         return {key: kept_once(item) for key, item in value.items()}
     if isinstance(value, list):
@@ -1435,6 +1440,7 @@ class Tx:
             self.fail_step(run_id, step_id, {"kind": "interrupted", "content": {
                 "by": by, "note": note, "previous_status": status}}, f"cancelled by {by}")
         self.finish_run(run_id, "CANCELLED", "operator_cancelled", note, extra={"by": by})
+
 
 def _unique_violation(err):
     """Whether SQLite refused a row because a unique index (the open row of a request, an id)
@@ -3674,12 +3680,6 @@ class Gate:
         usable JSON."""
         cancelled = cancelled or threading.Event()
         executed = []
-        if not invalid and args is not None:
-            size = len(canonical(args))
-            if size > self.config.max_argument_bytes:
-                invalid = (f"the arguments are {size} bytes, more than the "
-                           f"{self.config.max_argument_bytes} this gate accepts",
-                           recorded_frame(canonical(args)))
         try:
             return self._call(tool, args, invalid, progress, cancelled, executed)
         except (StoreError, Race) as err:
@@ -3689,11 +3689,16 @@ class Gate:
             return answer("UNAVAILABLE", what=what)
 
     def _call(self, tool, args, invalid, progress, cancelled, executed):
+        args = {} if args is None else args
+        encoded = None if invalid else canonical(args)  # once per call: its size and its key
+        if encoded is not None and len(encoded) > self.config.max_argument_bytes:
+            invalid = (f"the arguments are {len(encoded)} bytes, more than the "
+                       f"{self.config.max_argument_bytes} this gate accepts",
+                       recorded_frame(encoded))
         if invalid:
             with self.lock:
                 return self._begin(tool, None, f"invalid:{new_id(8)}", None, invalid=invalid)
-        args = {} if args is None else args
-        key = request_key(tool.target, args)
+        key = request_key(tool.target, encoded)
         held, races = False, 0
         while True:
             try:
@@ -4146,7 +4151,7 @@ def recorded_frame(data):
     RECORDED_FRAME_BYTES, their size and hash, so a hostile frame cannot fill the database."""
     if len(data) <= RECORDED_FRAME_BYTES:
         return data.decode("utf-8", "backslashreplace")
-    return f"[{len(data)} bytes, sha256 {sha256_hex(data)}, not kept]"
+    return value_digest(data)
 
 
 def waiting_answer(approval):
@@ -4271,7 +4276,7 @@ class HostServer:
                 self.done.set()
 
     def error(self, ident, code, message):
-        self.send({"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}})
+        self.send(rpc_error(ident, code, message))
 
     def _read_loop(self):
         for frame, head in read_frames(self.stdin.fileno(), MAX_HOST_LINE):
@@ -4382,8 +4387,8 @@ class HostServer:
             return self._after_ready(respond, ident,
                                      lambda: self._call(ident, params, invalid, respond),
                                      admitted)
-        return self._reply(respond, {"jsonrpc": "2.0", "id": ident, "error": {
-            "code": -32601, "message": f"method {quote(method)} is not offered"}})
+        return self._reply(respond, rpc_error(ident, -32601,
+                                              f"method {quote(method)} is not offered"))
 
     def _reply(self, respond, response):
         if respond:
@@ -4414,20 +4419,17 @@ class HostServer:
                 if self.failed or not accepted:
                     reason = ("the gate is shutting down" if not accepted else
                               "the gate's tools could not be loaded")
-                    response = {"jsonrpc": "2.0", "id": ident, "error": {
-                        "code": -32603, "message": reason}}
+                    response = rpc_error(ident, -32603, reason)
                 else:
                     try:
                         result = work()
                     except ToolNotOffered as err:
-                        response = {"jsonrpc": "2.0", "id": ident, "error": {
-                            "code": -32602, "message": str(err)}}
+                        response = rpc_error(ident, -32602, str(err))
                     except Exception as err:  # a bug: say so plainly, keep the session
                         log(f"internal error: {type(err).__name__}: {err}")
-                        response = {"jsonrpc": "2.0", "id": ident, "error": {
-                            "code": -32603, "message": "the gate failed while handling this "
-                            "request and cannot say whether it executed; tell the user before "
-                            "calling again"}}
+                        response = rpc_error(ident, -32603, "the gate failed while handling "
+                                             "this request and cannot say whether it "
+                                             "executed; tell the user before calling again")
                     else:
                         if result is None:
                             return None
@@ -4496,14 +4498,19 @@ def _id_key(ident):
     return canonical(ident) if echoable_id(ident) else None
 
 
+def rpc_error(ident, code, message):
+    """Every JSON-RPC error answer the host is sent."""
+    return {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}}
+
+
 def invalid_request(ident, message):
-    return {"jsonrpc": "2.0", "id": ident, "error": {"code": -32600, "message": message}}
+    return rpc_error(ident, -32600, message)
 
 
 def busy_error(ident):
-    return {"jsonrpc": "2.0", "id": ident, "error": {
-        "code": -32000, "message": f"the gate is busy: {MAX_IN_FLIGHT} requests are already in "
-                                   f"flight, and this one was not started; try again shortly"}}
+    return rpc_error(ident, -32000, f"the gate is busy: {MAX_IN_FLIGHT} requests are already "
+                                    f"in flight, and this one was not started; try again "
+                                    f"shortly")
 
 
 STATUS_LOOKBACK = 3600
@@ -4815,8 +4822,8 @@ def late_text(observation):
     else:
         error = observation.get("content", {}).get("error", "")
         what = f"it failed: {clean(str(error), 2 * ARG_SHOWN)}"
-    return (f"the attempt that was cut off did finish after all, after another process took "
-            f"the run over: {what}")
+    return f"the attempt that was cut off did finish after all, after its run was taken over: " \
+        f"{what}"
 
 
 def select_approval(store, run_id, approval_id):

@@ -363,6 +363,13 @@ class RawStdio:
         if params is not None:
             message["params"] = params
         self.send(message)
+        return self.response(rid, timeout)
+
+    def response(self, rid: Any, timeout: float = 30) -> dict:
+        """The response with this id (also one skipped earlier); other messages go to `.skipped`."""
+        for i, message in enumerate(self.skipped):
+            if message.get("id") == rid and "method" not in message:
+                return self.skipped.pop(i)
         deadline = time.monotonic() + timeout
         while True:
             reply = self.recv(deadline - time.monotonic())

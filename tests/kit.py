@@ -353,15 +353,7 @@ def send_call(raw: RawStdio, ident: int, name: str, args: dict) -> None:
 
 def response(raw: RawStdio, ident: int, timeout: float = 60) -> dict:
     """The response with this id (also one skipped earlier; other messages are skipped)."""
-    for i, message in enumerate(raw.skipped):
-        if message.get("id") == ident and "method" not in message:
-            return raw.skipped.pop(i)
-    deadline = time.monotonic() + timeout
-    while True:
-        message = raw.recv(deadline - time.monotonic())
-        if message.get("id") == ident and "method" not in message:
-            return message
-        raw.skipped.append(message)
+    return raw.response(ident, timeout)
 
 
 def response_text(message: dict) -> str:

@@ -22,6 +22,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import agentgate  # noqa: E402
@@ -196,7 +198,11 @@ def test_show_and_approve_display_the_late_outcome_of_a_run_cut_off_while_alive(
 # ---------------------------------------------------------------- cancel during a takeover
 
 
-def test_a_cancel_between_takeover_steps_is_final(bankdir, monkeypatch):
+@pytest.mark.parametrize("outcome_now", ["allow", "deny"])
+def test_a_cancel_between_takeover_steps_is_final(bankdir, monkeypatch, outcome_now):
+    # allow: the take-over asks an operator about the cut-off payment (a pause); deny: the
+    # policy now denies payments, so the take-over ends the run. Either second step must leave
+    # an operator's cancel in between as it is.
     config_path = bank(bankdir, rules={"pay": allow("60s")}, lease_ttl="3s")
     doomed = raw_gate(config_path)
     send_call(doomed, 100, PAY, BLOCKED_PAY)
@@ -204,6 +210,8 @@ def test_a_cancel_between_takeover_steps_is_final(bankdir, monkeypatch):
     (cut,) = [r for r in all_runs(bankdir, PAY) if r["status"] == "RUNNING"]
     assert kill_and_reap(doomed) == -signal.SIGKILL
     wait_lease_expired(bankdir, cut["id"])
+    if outcome_now == "deny":
+        config_path = bank(bankdir, rules={"pay": {**allow("60s"), "outcome": "deny"}}, lease_ttl="3s")
 
     ag = agentgate
     args = ag.parse(json.dumps(BLOCKED_PAY).encode())
