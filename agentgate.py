@@ -29,13 +29,14 @@ Sections, in the order data flows through them:
      5. Upstream client       a stdio MCP server as agentgate's child
      6. Schema validation     the subset of JSON Schema real servers use
      7. Pin and load          manifests, the load checks, the report
-     8. Policy and answers    what the model is told, the policy, approvals and their hashes
-     9. The gate              one call as one run, under the rules across calls
-    10. MCP server            the host side: framing, initialize, tools/list, tools/call
-    11. Operator commands     runs, show, approve, reject, cancel, verify, recheck
-    12. Fake payment server   the demo's and the tests' upstream
-    13. Demonstration         a host, a server and an operator, scripted
-    14. Main                  the command line
+     8. Policy                on what a call does: conditions, entries, limits, grants
+     9. Answers               what the model is told, approvals and their hashes
+    10. The gate              one call as one run, under the rules across calls
+    11. MCP server            the host side: framing, initialize, tools/list, tools/call
+    12. Operator commands     runs, show, approve, reject, cancel, grant, verify, recheck
+    13. Fake payment server   the demo's and the tests' upstream
+    14. Demonstration         a host, a server and an operator, scripted
+    15. Main                  the command line
 """
 
 import argparse
@@ -656,7 +657,7 @@ class Rule:
     """The operator's classification of one upstream tool."""
 
     FIELDS = ("side_effect", "timeout", "description", "deny", "fixed", "rename",
-              "allow_hint_mismatch", "outcome", "repeat_window")
+              "allow_hint_mismatch", "outcome", "repeat_window", "when", "limits")
 
     def __init__(self, tool, raw, where):
         _refuse_unknown(raw, self.FIELDS, where)
@@ -678,6 +679,19 @@ class Rule:
             raise ConfigError(f"{where}.outcome is {quote(self.outcome)}; use one of "
                               f"{', '.join(OUTCOMES)}")
         self.repeat_window = _duration(raw, "repeat_window", where, None)
+        # Section 8 reads the policy on what a call does; its identity is the text as given.
+        self.when = [Entry(entry, f"{where}.when[{i}]", f"when[{i}]")
+                     for i, entry in enumerate(self._list(raw, "when", where))]
+        self.limits = [Limit(limit, f"{where}.limits[{i}]", f"limits[{i}]")
+                       for i, limit in enumerate(self._list(raw, "limits", where))]
+        self.policy = {k: raw[k] for k in ("when", "limits") if raw.get(k)}
+
+    @staticmethod
+    def _list(raw, field, where):
+        value = raw.get(field, [])
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}.{field} must be a list")
+        return value
 
 
 class Server:
@@ -756,7 +770,7 @@ class Config:
 
     FIELDS = ("database", "session", "servers", "policy", "hold", "repeat_window",
               "max_pending", "approval_ttl", "grant_ttl", "status_tool", "lease_ttl",
-              "max_argument_bytes")
+              "max_argument_bytes", "operator")
 
     def __init__(self, raw, path):
         self.path = path
@@ -809,6 +823,11 @@ class Config:
             raise ConfigError(f"max_argument_bytes must be a whole number of bytes from 1024 to "
                               f"{MAX_ARGUMENT_BYTES}")
         self.max_argument_bytes = int(cap.exact())
+        self.operator = _string(raw, "operator", where)
+        if self.operator not in ("", "none"):
+            raise ConfigError(f'operator is {quote(self.operator)}; write "none" when no one is '
+                              f'at hand to approve (what would wait is then denied), or leave '
+                              f'it out')
         self.lease_ttl = _duration(raw, "lease_ttl", where, 30 * SECOND)
         if self.lease_ttl < MIN_LEASE_TTL:
             raise ConfigError(f"lease_ttl {format_duration(self.lease_ttl)} is shorter than "
@@ -818,7 +837,8 @@ class Config:
         """The identity of exactly what the policy decides from.
 
         Hold, windows, TTLs, timeouts, commands, descriptions and the database can change
-        without changing it; a class, an outcome, a fixed value or a rename cannot.
+        without changing it; a class, an outcome, a fixed value, a rename, an entry, a limit
+        or the absence of an operator cannot.
         """
         servers = []
         for server in sorted(self.servers, key=lambda s: s.name):
@@ -831,9 +851,12 @@ class Config:
                     entry["fixed"] = rule.fixed
                 if rule.rename:
                     entry["rename"] = rule.rename
-                rules[tool] = entry
+                rules[tool] = {**entry, **rule.policy}
             servers.append({"name": server.name, "rules": rules})
-        return f"{PROGRAM}/sha256:" + content_hash({"policy": self.policy, "servers": servers})
+        identity = {"policy": self.policy, "servers": servers}
+        if self.operator:
+            identity["operator"] = self.operator
+        return f"{PROGRAM}/sha256:" + content_hash(identity)
 
 
 def _refuse_unknown(raw, fields, where):
@@ -1048,7 +1071,24 @@ SCHEMA = [
         payload_json TEXT NOT NULL, hash TEXT NOT NULL);
     CREATE INDEX events_run ON events(run_id, seq);
     """,
+    # Version 2. What the limits count, and the operators' standing approvals. A row of
+    # executions is written in the transaction that starts a step executing, with the
+    # amounts its tool's sum limits read; limits read it through its index, a window at a
+    # time, so the history before a window costs nothing.
+    """
+    CREATE TABLE executions(id INTEGER PRIMARY KEY, tool TEXT NOT NULL, at TEXT NOT NULL,
+        run_id TEXT NOT NULL, step_id TEXT NOT NULL, amounts_json TEXT NOT NULL DEFAULT '{}');
+    CREATE INDEX executions_tool ON executions(tool, at);
+    CREATE TABLE grants(id TEXT PRIMARY KEY, session TEXT NOT NULL, tool TEXT NOT NULL,
+        name TEXT NOT NULL, conditions_json TEXT NOT NULL, created_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL, by TEXT NOT NULL, note TEXT NOT NULL DEFAULT '',
+        revoked_at TEXT NOT NULL DEFAULT '', revoked_by TEXT NOT NULL DEFAULT '',
+        revoke_note TEXT NOT NULL DEFAULT '');
+    CREATE INDEX grants_tool ON grants(session, tool, expires_at);
+    """,
 ]
+GRANT_COLUMNS = ("id", "session", "tool", "name", "conditions_json", "created_at", "expires_at",
+                 "by", "note", "revoked_at", "revoked_by", "revoke_note")
 
 APPROVAL_COLUMNS = ("id", "run_id", "step_id", "kind", "capability_json", "presentation_json",
                     "request_json", "hash", "status", "created_at", "expires_at", "decided_at",
@@ -1116,6 +1156,22 @@ def last_attempt(rows, run_id):
             prior = parse(asked[0][0])["interrupted"]
             return Attempt(prior["ended"], "", finished, prior)
     return None
+
+
+def executions(rows, target, since, before):
+    """A tool's executions after `since` and before `before` (stored times), oldest first,
+    as (time, amounts as stored, step id), read through `rows` (Store.read or Tx.rows)."""
+    return rows("SELECT at, amounts_json, step_id FROM executions WHERE tool=? AND at>? AND "
+                "at<? ORDER BY at, id", (target, since, before))
+
+
+def grants_in_force(rows, session, target, at):
+    """The grants of a tool in force at the stored time `at`, oldest first, as dicts of
+    GRANT_COLUMNS, read through `rows`."""
+    return [dict(zip(GRANT_COLUMNS, row)) for row in rows(
+        f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? AND tool=? AND "
+        f"expires_at>? AND created_at<=? AND (revoked_at='' OR revoked_at>?) ORDER BY "
+        f"created_at, id", (session, target, at, at, at))]
 
 
 def new_id(size):
@@ -1322,9 +1378,13 @@ class Tx:
             raise Race()
         self.event(run_id, "run.resumed", {"approval_id": approval_id})
 
-    def start_execution(self, run_id, step_id, tool, args, approval_id=""):
-        """Mark the step executing; from here on its outcome may be unknown."""
+    def start_execution(self, run_id, step_id, tool, args, use, approval_id=""):
+        """Mark the step executing; from here on its outcome may be unknown. `use` is (the
+        tool as the limits count it, the amounts its sum limits read), written where the
+        limits of every process count it from this commit on."""
         self.execute("UPDATE steps SET status='executing' WHERE id=?", (step_id,))
+        self.execute("INSERT INTO executions(tool, at, run_id, step_id, amounts_json) "
+                     "VALUES(?,?,?,?,?)", (use[0], now(), run_id, step_id, dumps(use[1])))
         payload = {"tool": tool, "args": kept_once(args)}
         if approval_id:
             payload["approval_id"] = approval_id
@@ -1423,6 +1483,25 @@ class Tx:
                      "'awaiting_approval'", (now(), step_id))
         self.finish_run(run_id, "CANCELLED", "approval_expired",
                         f"approval {approval_id} expired")
+
+    def create_grant(self, grant):
+        """An operator's standing approval, chained like their other decisions."""
+        self.execute(f"INSERT INTO grants({', '.join(GRANT_COLUMNS[:9])}) VALUES(?,?,?,?,?,?,?,"
+                     f"?,?)", tuple(grant[c] for c in GRANT_COLUMNS[:9]))
+        self.event(grant["id"], "grant.created", {
+            **{c: grant[c] for c in GRANT_COLUMNS[1:9] if c != "conditions_json"},
+            "conditions": parse(grant["conditions_json"])})
+
+    def revoke_grant(self, grant_id, by, note):
+        """End a grant now; False when it was not in force."""
+        at = now()
+        changed = self.execute("UPDATE grants SET revoked_at=?, revoked_by=?, revoke_note=? "
+                               "WHERE id=? AND revoked_at='' AND expires_at>?",
+                               (at, by, note, grant_id, at))
+        if changed.rowcount != 1:
+            return False
+        self.event(grant_id, "grant.revoked", {"by": by, "note": note})
+        return True
 
     def cancel_run(self, run_id, by, note):
         """An operator ends a run. A step cancelled while executing keeps that it was, so its
@@ -1781,12 +1860,24 @@ class Store:
             "ORDER BY seq", (run_id,))]
 
     def policy_events(self, run_id):
-        return self.read("SELECT seq, step_id, payload_json FROM events WHERE run_id=? AND "
+        return self.read("SELECT seq, step_id, payload_json, at FROM events WHERE run_id=? AND "
                          "type='step.policy' ORDER BY seq", (run_id,))
 
     def tool_spec(self, spec_hash):
         row = self.read_one("SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,))
         return parse(row[0]) if row else None
+
+    def grants(self, session, since):
+        """The session's grants in force or ended since `since`, newest first."""
+        return [dict(zip(GRANT_COLUMNS, row)) for row in self.read(
+            f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? AND "
+            f"(CASE WHEN revoked_at='' THEN expires_at ELSE min(revoked_at, expires_at) END)>=?"
+            f" ORDER BY created_at DESC, id DESC", (session, since))]
+
+    def grant(self, grant_id):
+        row = self.read_one(f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE id=?",
+                            (grant_id,))
+        return dict(zip(GRANT_COLUMNS, row)) if row else None
 
     def chain_head(self):
         return self.read_one("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
@@ -3155,6 +3246,8 @@ def load(server, manifest, upstream, live, deadline, taken):
         extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
         report.add("registered", name, f"registered {sanitize(name)} as {tool.name} "
                                        f"({tool.side_effect}){extra}")
+        report.lines += [f"{sanitize(server.name)}:   {sanitize(line)}"
+                         for line in rule_lines(rule, tool.name)]
     return tools, report
 
 
@@ -3195,7 +3288,7 @@ def refusal(server, entry, live, rule):
         return hiding, ""
     if problem:
         return f"the validator refuses its input schema: {sanitize(problem)}", ""
-    return "", mismatch
+    return policy_pointer_problem(schema, rule, name), mismatch
 
 
 def hint_mismatch(side_effect, entry, live_entry):
@@ -3328,12 +3421,594 @@ def load_all(config, while_starting=None):
 
 
 # =============================================================================================
-# 8. Policy and answers
+# 8. Policy on what a call does
+#
+# Owns: the conditions a rule's `when` entries and a grant test a call's arguments with, the
+# entries themselves, the limits, and the one decision (`policy_decision`) they make with the
+# class map. Plain functions of the call and of the facts of its moment (Facts: the time, the
+# host's self-reported name, the grants in force, and the executions inside a limit's window),
+# which the gate reads inside its write transaction and recheck reads back from the record.
+# No SQL here.
+# Promises: a condition that cannot be evaluated does not hold; numbers compare as exact
+# decimals from their literals, never through a float; a path lies under a directory only if
+# it does so both as written and as this machine resolves its links; a URL's host is the one a
+# client would connect to, and a host that could be read two ways is no host; a limit never
+# loosens a decision; a grant answers only what would wait for an operator (never a deny, never
+# a re-run of an unknown outcome); every mistake in a policy is refused at load with one
+# sentence naming the tool, the entry and the fix.
+# =============================================================================================
+
+CONDITIONS = ("equals", "in", "not_in", "pattern", "min", "max", "max_length", "present",
+              "under", "host_in", "host_not_in")
+ENTRY_FIELDS = ("if", "during", "client", "outcome", "reason")
+LIMIT_FIELDS = ("calls", "sum", "max", "per", "then")
+DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+MISSING = object()  # what a pointer finds where the arguments have nothing
+NEVER = math.inf    # when a limit frees up for a call that is alone above it
+_INDEX_RE = re.compile(r"0|[1-9][0-9]{0,8}")
+_CLOCK_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])|24:00")
+_LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
+_NUMERIC_LABEL_RE = re.compile(r"0x[0-9a-f]*|[0-9]+")
+_URL_UNSAFE_RE = re.compile(r"[\x00-\x20\x7f\\]")
+# Sums are exact: the precision spans any literal the parser admits (its digits, exponents to
+# ±MAX_EXPONENT), and a result that would still round raises rather than rounds.
+EXACT = decimal.Context(prec=2 * MAX_EXPONENT + MAX_NUMBER_CHARS + 64, Emax=10 * MAX_EXPONENT,
+                        Emin=-10 * MAX_EXPONENT, traps=[decimal.Inexact, decimal.Overflow,
+                                                        decimal.InvalidOperation])
+
+# The facts a decision depends on beyond the call itself. at: seconds since the epoch.
+# client: the name the host gave in initialize. grants: the Grant objects in force for the
+# tool. uses(since): the tool's executions after `since` and before this call, as (seconds,
+# amounts) oldest first, where amounts maps a sum limit's pointer to the number executed; None
+# when no limit is counted (an operator has already decided the call).
+Facts = collections.namedtuple("Facts", "at client grants uses")
+
+
+def parse_pointer(text, where):
+    """A JSON Pointer (RFC 6901) into the arguments, as its unescaped tokens."""
+    if not isinstance(text, str) or not text.startswith("/"):
+        raise ConfigError(f'{where}: {quote(str(text))} is not a JSON Pointer into the '
+                          f'arguments; write it like "/amount" or "/payee/name"')
+    if re.search("~(?![01])", text):
+        raise ConfigError(f"{where}: {quote(text)} has a '~' that is not ~0 or ~1; write ~0 "
+                          f"for '~' and ~1 for '/'")
+    return tuple(t.replace("~1", "/").replace("~0", "~") for t in text[1:].split("/"))
+
+
+def resolve_pointer(value, tokens):
+    for token in tokens:
+        if isinstance(value, dict) and token in value:
+            value = value[token]
+        elif isinstance(value, list) and _INDEX_RE.fullmatch(token) and int(token) < len(value):
+            value = value[int(token)]
+        else:
+            return MISSING
+    return value
+
+
+def parse_decimal(value, where):
+    """A bound written as a JSON number or a decimal string, as its exact value."""
+    if isinstance(value, Number):
+        return value.exact()
+    if isinstance(value, str) and _JSON_NUMBER_RE.fullmatch(value) and not _number_bound(value):
+        return decimal.Decimal(value)
+    raise ConfigError(f'{where} must be a number or a decimal string such as "50.00"')
+
+
+def number_text(value):
+    """An exact decimal as people write it: 50.00 stays 50.00, 1E+2 reads 100."""
+    text = format(value, "f")
+    return text if len(text) <= 40 else str(value)
+
+
+def normal_host(host):
+    """A host as it is compared, or None when it is no host a client would reach one way
+    only: lower-case, IDNA-encoded, one trailing dot dropped, an IP address in its standard
+    form. A label a client reads as a number must make a whole dotted-quad address (so no
+    octal, hex or short forms), and a non-ASCII name must come back from IDNA unchanged (so
+    no name that IDNA versions map differently, and no full-width forms)."""
+    import ipaddress
+    if not isinstance(host, str) or not host or "%" in host:
+        return None
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if ":" in host:
+        try:
+            return ipaddress.IPv6Address(host).compressed
+        except ValueError:
+            return None
+    host = host[:-1] if host.endswith(".") else host
+    lowered = host.lower()
+    try:
+        encoded = lowered.encode("idna").decode("ascii")
+        if not lowered.isascii() and encoded.encode("ascii").decode("idna") != lowered:
+            return None
+    except UnicodeError:
+        return None
+    labels = encoded.split(".")
+    if not all(_LABEL_RE.fullmatch(label) for label in labels):
+        return None
+    if _NUMERIC_LABEL_RE.fullmatch(labels[-1]):
+        try:
+            return str(ipaddress.IPv4Address(encoded))
+        except ValueError:
+            return None
+    return encoded
+
+
+def url_host(value):
+    """The host a URL names (userinfo and port aside), normalised, or None."""
+    from urllib.parse import urlsplit
+    if not isinstance(value, str) or len(value) > 8192 or _URL_UNSAFE_RE.search(value):
+        return None
+    try:
+        parts = urlsplit(value)
+        parts.port  # a port that is not a number makes the URL unusable
+    except ValueError:
+        return None
+    if not parts.scheme or not parts.netloc:
+        return None
+    return normal_host(parts.hostname)
+
+
+def host_matches(host, entries):
+    return any(host.endswith(entry) if entry.startswith(".") else host == entry
+               for entry in entries)
+
+
+def path_under(value, roots):
+    """Whether a path lies inside one of the (already resolved) roots, both as written and as
+    this machine resolves it: `~` expanded, `.`, `..`, repeated and trailing slashes
+    normalised, and symbolic links followed where the path or a parent of it exists. A
+    relative path could be read against any directory, so it lies under none."""
+    if not isinstance(value, str) or not value or "\x00" in value:
+        return False
+    if value == "~" or value.startswith("~/"):
+        value = os.path.expanduser("~") + value[1:]
+    if not value.startswith("/"):
+        return False
+    value = "/" + value.lstrip("/")
+    try:
+        places = {os.path.realpath(os.path.normpath(value)), os.path.realpath(value)}
+    except (OSError, ValueError):
+        return False
+    return all(any(place == root or place.startswith(root.rstrip("/") + "/") for root in roots)
+               for place in places)
+
+
+def resolved_root(text, where):
+    """A directory an `under` condition names, resolved once, at load."""
+    if not isinstance(text, str) or not text or "\x00" in text:
+        raise ConfigError(f"{where}: under lists directories as non-empty strings")
+    path = os.path.expanduser("~") + text[1:] if text == "~" or text.startswith("~/") else text
+    if not path.startswith("/"):
+        raise ConfigError(f"{where}: {quote(text)} is relative; write the directory as an "
+                          f"absolute path or one starting with ~/")
+    return os.path.realpath(os.path.normpath("/" + path.lstrip("/")))
+
+
+class Condition:
+    """What the value at one JSON Pointer into the arguments must be."""
+
+    def __init__(self, pointer, raw, where):
+        self.pointer, self.tokens = pointer, parse_pointer(pointer, where)
+        where = f"{where} {quote(pointer)}"
+        if not isinstance(raw, dict) or not raw:
+            raise ConfigError(f"{where} must be an object with one or more of "
+                              f"{', '.join(CONDITIONS)}")
+        _refuse_unknown(raw, CONDITIONS, where)
+        self.raw, self.tests = raw, []
+        for name, value in raw.items():
+            self.tests.append((name, self._read(name, value, f"{where}.{name}")))
+        bounds = dict(self.tests)
+        if "min" in bounds and "max" in bounds and bounds["min"] > bounds["max"]:
+            raise ConfigError(f"{where}: min {number_text(bounds['min'])} is above max "
+                              f"{number_text(bounds['max'])}, so it never holds; swap them")
+        if raw.get("present") is False and len(raw) > 1:
+            raise ConfigError(f"{where}: present false holds only when there is no value, so "
+                              f"nothing else can be asked of it; give it its own entry")
+
+    @staticmethod
+    def _read(name, value, where):
+        if name in ("in", "not_in"):
+            if not isinstance(value, list) or not value:
+                raise ConfigError(f"{where} must be a non-empty list of JSON values")
+            return value
+        if name == "pattern":
+            try:
+                compile_pattern(value)
+            except PatternError as err:
+                raise ConfigError(f"{where} is not a pattern ECMA-262 accepts ({err}); fix "
+                                  f"the pattern") from None
+            return value
+        if name in ("min", "max"):
+            return parse_decimal(value, where)
+        if name == "max_length":
+            if not isinstance(value, Number) or not value.is_integer() or value.exact() < 0:
+                raise ConfigError(f"{where} must be a whole number of at least 0")
+            return int(value.exact())
+        if name == "present":
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where} must be true or false")
+            return value
+        if name in ("under", "host_in", "host_not_in"):
+            if not isinstance(value, list) or not value:
+                raise ConfigError(f"{where} must be a non-empty list of strings")
+            if name == "under":
+                return [resolved_root(root, where) for root in value]
+            hosts = []
+            for entry in value:
+                dot = "." if isinstance(entry, str) and entry.startswith(".") else ""
+                host = normal_host(entry[1:] if dot else entry) if isinstance(entry, str) \
+                    else None
+                if host is None or (dot and ":" in host):
+                    raise ConfigError(f"{where}: {quote(str(entry))} is not a host name; write "
+                                      f'it like "example.com", or ".example.com" for its '
+                                      f'subdomains')
+                hosts.append(dot + host)
+            return hosts
+        return value  # equals: any JSON value
+
+    def holds(self, args):
+        value = resolve_pointer(args, self.tokens)
+        for name, expected in self.tests:
+            if not (value is MISSING if name == "present" and not expected
+                    else value is not MISSING and CHECKS[name](value, expected)):
+                return False
+        return True
+
+    def text(self):
+        words = []
+        for name, expected in self.tests:
+            shown = (number_text(expected) if name in ("min", "max") else
+                     cut(policy_json(expected), 120) if not isinstance(expected, int) or
+                     isinstance(expected, bool) else str(expected))
+            words.append(CONDITION_WORDS[name].format(shown))
+        return f"{self.pointer} " + " and ".join(words)
+
+
+def _is_number(value):
+    return isinstance(value, Number)
+
+
+def _pattern_holds(value, pattern):
+    try:
+        return isinstance(value, str) and pattern_search(pattern, value, "")
+    except SchemaError:  # too long to search within the bound: cannot be evaluated
+        return False
+
+
+def _length(value):
+    return len(value) if isinstance(value, (str, list)) else math.inf
+
+
+CHECKS = {
+    "equals": json_equal,
+    "in": lambda value, options: any(json_equal(value, o) for o in options),
+    "not_in": lambda value, options: not any(json_equal(value, o) for o in options),
+    "pattern": _pattern_holds,
+    "min": lambda value, bound: _is_number(value) and value.exact() >= bound,
+    "max": lambda value, bound: _is_number(value) and value.exact() <= bound,
+    "max_length": lambda value, bound: _length(value) <= bound,
+    "present": lambda value, expected: True,
+    "under": path_under,
+    "host_in": lambda value, hosts: (lambda h: h is not None and host_matches(h, hosts))(
+        url_host(value)),
+    "host_not_in": lambda value, hosts: (lambda h: h is not None and not host_matches(
+        h, hosts))(url_host(value)),
+}
+CONDITION_WORDS = {
+    "equals": "equals {}", "in": "is one of {}", "not_in": "is none of {}",
+    "pattern": "matches {}", "min": "is at least {}", "max": "is at most {}",
+    "max_length": "is at most {} long", "present": "present is {}", "under": "lies under {}",
+    "host_in": "has a host in {}", "host_not_in": "has a host not in {}",
+}
+
+
+def parse_conditions(raw, where):
+    """An `if` object (or a grant's -if): JSON Pointers to conditions, all of which must
+    hold."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f'{where} must be an object of JSON Pointer to condition, such as '
+                          f'{{"/amount": {{"max": "50.00"}}}}')
+    return [Condition(pointer, condition, where) for pointer, condition in raw.items()]
+
+
+class During:
+    """Days of the week and hours of the day, in a named time zone."""
+
+    def __init__(self, raw, where):
+        import zoneinfo  # only a policy with `during` needs the time zone database
+        if not isinstance(raw, dict) or not raw:
+            raise ConfigError(f'{where} must be an object such as {{"days": "mon-fri", '
+                              f'"hours": "09:00-18:00", "zone": "Europe/Paris"}}')
+        _refuse_unknown(raw, ("days", "hours", "zone"), where)
+        zone = raw.get("zone")
+        try:
+            self.zone = zoneinfo.ZoneInfo(zone)
+        except (TypeError, ValueError, zoneinfo.ZoneInfoNotFoundError):
+            raise ConfigError(f'{where}.zone {quote(str(zone))} is not a time zone this machine '
+                              f'knows; name one such as "Europe/Paris" or "UTC"') from None
+        self.raw, self.days, self.hours = raw, set(range(7)), None
+        if "days" in raw:
+            self.days = self._days(raw["days"], f"{where}.days")
+        if "hours" in raw:
+            self.hours = self._hours(raw["hours"], f"{where}.hours")
+        if "days" not in raw and "hours" not in raw:
+            raise ConfigError(f"{where} needs days, hours or both")
+
+    @staticmethod
+    def _days(text, where):
+        days = set()
+        for part in text.split(",") if isinstance(text, str) else [None]:
+            first, _, last = (part or "").strip().lower().partition("-")
+            if first not in DAYS or (last and last not in DAYS):
+                raise ConfigError(f'{where} must read like "mon-fri" or "sat,sun"')
+            start, end = DAYS.index(first), DAYS.index(last or first)
+            days.update(d % 7 for d in range(start, end + (7 if end < start else 0) + 1))
+        return days
+
+    @staticmethod
+    def _hours(text, where):
+        first, _, last = text.partition("-") if isinstance(text, str) else ("", "", "")
+        if not _CLOCK_RE.fullmatch(first.strip()) or not _CLOCK_RE.fullmatch(last.strip()) \
+                or first.strip() == last.strip() or first.strip() == "24:00":
+            raise ConfigError(f'{where} must read like "09:00-18:00" (a range past midnight, '
+                              f'like "22:00-06:00", is allowed)')
+        start, end = (int(t[:2]) * 60 + int(t[3:5]) for t in (first.strip(), last.strip()))
+        return start, end
+
+    def holds(self, at):
+        local = datetime.datetime.fromtimestamp(at, self.zone)
+        if local.weekday() not in self.days:
+            return False
+        if self.hours is None:
+            return True
+        minute, (start, end) = local.hour * 60 + local.minute, self.hours
+        return start <= minute < end if start < end else minute >= start or minute < end
+
+    def text(self):
+        parts = [f"on {self.raw['days']}" if "days" in self.raw else "",
+                 f"from {self.raw['hours']}" if "hours" in self.raw else ""]
+        return " ".join(p for p in parts if p) + f" ({self.raw['zone']})"
+
+
+class Entry:
+    """One `when` entry: conditions on the call and its moment, and the outcome they give."""
+
+    def __init__(self, raw, where, label):
+        self.label = label
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where} must be an object with if, during or client, and an "
+                              f"outcome")
+        _refuse_unknown(raw, ENTRY_FIELDS, where)
+        self.outcome = _string(raw, "outcome", where, required=True)
+        if self.outcome not in OUTCOMES:
+            raise ConfigError(f"{where}.outcome is {quote(self.outcome)}; use one of "
+                              f"{', '.join(OUTCOMES)}")
+        self.conditions = parse_conditions(raw.get("if", {}), f"{where}.if")
+        self.during = During(raw["during"], f"{where}.during") if "during" in raw else None
+        self.clients = _names(raw, "client", where) if "client" in raw else None
+        if self.clients == []:
+            raise ConfigError(f"{where}.client must list at least one host name")
+        if not self.conditions and self.during is None and self.clients is None:
+            raise ConfigError(f"{where} has no if, during or client, so it always holds: give "
+                              f"the rule this outcome instead")
+        self.reason = _string(raw, "reason", where) or f"the operator's rule: {self.text()}"
+
+    def holds(self, args, facts):
+        return ((self.clients is None or facts.client in self.clients)
+                and (self.during is None or self.during.holds(facts.at))
+                and all(condition.holds(args) for condition in self.conditions))
+
+    def text(self):
+        parts = [c.text() for c in self.conditions]
+        if self.during:
+            parts.append(self.during.text())
+        if self.clients is not None:
+            parts.append(f"the host is one of {policy_json(self.clients)}")
+        return " and ".join(parts)
+
+
+class Limit:
+    """At most `calls` executions, or at most `max` as the sum of the number at `sum`, of one
+    tool within `per`, counted across every session; past it, `then`."""
+
+    def __init__(self, raw, where, label):
+        self.label = label
+        if not isinstance(raw, dict):
+            raise ConfigError(f'{where} must be an object such as {{"calls": 5, "per": "1h"}}')
+        _refuse_unknown(raw, LIMIT_FIELDS, where)
+        if ("calls" in raw) == ("sum" in raw):
+            raise ConfigError(f'{where} needs exactly one of calls (a count) or sum (a JSON '
+                              f'Pointer to a number, with max)')
+        self.calls = self.sum = self.tokens = self.max = None
+        if "calls" in raw:
+            calls = raw["calls"]
+            if not isinstance(calls, Number) or not calls.is_integer() or calls.exact() < 1 \
+                    or calls.exact() > 10**9:
+                raise ConfigError(f"{where}.calls must be a whole number of at least 1")
+            if "max" in raw:
+                raise ConfigError(f"{where}: max goes with sum; a calls limit is its own count")
+            self.calls = int(calls.exact())
+        else:
+            self.sum = raw["sum"]
+            self.tokens = parse_pointer(self.sum, f"{where}.sum")
+            if "max" not in raw:
+                raise ConfigError(f"{where} needs max, the most the sum may reach")
+            self.max = parse_decimal(raw["max"], f"{where}.max")
+            if self.max < 0:
+                raise ConfigError(f"{where}.max must not be negative")
+        self.per = _duration(raw, "per", where, None)
+        if not self.per:
+            raise ConfigError(f'{where} needs per, a window such as "1h" or "24h"')
+        self.then = _string(raw, "then", where) or "require_approval"
+        if self.then not in ("require_approval", "deny"):
+            raise ConfigError(f"{where}.then is {quote(self.then)}; a limit never loosens, so "
+                              f"use require_approval or deny")
+
+    def amount(self, args):
+        """What this call adds to the sum: the size of the number at the pointer (a negative
+        amount is no credit), 0 when there is none, None when it is not a number."""
+        value = resolve_pointer(args, self.tokens)
+        if value is MISSING:
+            return decimal.Decimal(0)
+        return abs(value.exact()) if isinstance(value, Number) else None
+
+    def frees(self, args, uses, at):
+        """None when this call stays within the limit; else when it would (NEVER when it is
+        alone above it), in seconds since the epoch."""
+        rows = uses(at - self.per / SECOND)
+        if self.calls is not None:
+            if len(rows) < self.calls:
+                return None
+            return rows[len(rows) - self.calls][0] + self.per / SECOND
+        this = self.amount(args)
+        if this is None or this > self.max:
+            return NEVER
+        try:
+            with decimal.localcontext(EXACT):
+                sizes = [abs(amounts.get(self.sum, decimal.Decimal(0))) for _, amounts in rows]
+                total = sum(sizes, this)
+                if total <= self.max:
+                    return None
+                for (moment, _), size in zip(rows, sizes):
+                    total -= size
+                    if total <= self.max:
+                        return moment + self.per / SECOND
+        except decimal.DecimalException:  # cannot be summed exactly: cannot be passed
+            return NEVER
+        return NEVER
+
+    def text(self, tool_name):
+        span = format_duration(self.per)
+        if self.calls is not None:
+            return f"at most {self.calls} call{'s' if self.calls != 1 else ''} to {tool_name} " \
+                   f"per {span}"
+        return f"a sum of {self.sum} of at most {number_text(self.max)} for {tool_name} per " \
+               f"{span}"
+
+
+class Grant:
+    """An operator's standing approval: calls to one tool that match its conditions, and
+    would wait for an operator, run without asking while it is in force."""
+
+    def __init__(self, grant_id, conditions, by, note, expires_at):
+        self.id, self.by, self.note, self.expires_at = grant_id, by, note, expires_at
+        self.conditions = parse_conditions(conditions, f"grant {grant_id}")
+
+    def covers(self, args):
+        return all(condition.holds(args) for condition in self.conditions)
+
+
+def policy_decision(config, tool, args, facts, rerun=False, approved=False):
+    """What the policy says of one call, as a dict: outcome, reason, and `by` (what decided:
+    a `when` entry, a limit, a grant, the rule's outcome or the class), with `limit` and
+    `frees` when a limit decided and `grant` when a grant did.
+
+    The first `when` entry that holds decides, else the class map. Then, in this order: a
+    re-run of an unknown outcome goes back to the caller as it is (it always needs an
+    operator); a grant may answer a question an operator would be asked; a limit may turn an
+    allow into its `then` (it counts the calls a grant lets through, so a budget holds under a
+    grant); with no operator at hand a question is a deny. A call an operator has approved
+    (`approved`) is not counted against the limits again, nor refused for want of one.
+    """
+    rule = tool.rule
+    for entry in rule.when:
+        if entry.holds(args, facts):
+            decision = {"outcome": entry.outcome, "reason": entry.reason, "by": entry.label}
+            break
+    else:
+        outcome, reason = class_outcome(config, tool)
+        decision = {"outcome": outcome, "reason": reason,
+                    "by": "rule outcome" if rule.outcome else "class"}
+    if decision["outcome"] == "deny" or rerun or approved:
+        return decision
+    if decision["outcome"] == "require_approval":
+        for grant in facts.grants:
+            if grant.covers(args):
+                decision = {"outcome": "allow", "by": f"grant {grant.id}", "grant": grant.id,
+                            "reason": f"standing approval {grant.id} by {grant.by}"}
+                break
+    if decision["outcome"] == "allow" and facts.uses is not None:
+        for limit in rule.limits:
+            frees = limit.frees(args, facts.uses, facts.at)
+            if frees is not None:
+                text = limit.text(tool.name)
+                decision = {"outcome": limit.then, "by": limit.label, "limit": text,
+                            "frees": frees, "reason": f"a limit is reached: {text}"}
+                break
+    if decision["outcome"] == "require_approval" and config.operator == "none":
+        decision = {**decision, "outcome": "deny",
+                    "reason": f"{decision['reason']}; no operator is at hand to approve it"}
+    return decision
+
+
+def frees_text(decision):
+    """When a limit that decided frees up, as the model is told it ('' when none did)."""
+    if "frees" not in decision:
+        return ""
+    if decision["frees"] is NEVER:
+        return "; this call alone is above it"
+    return f"; it frees up at {prose_time(format_time(decision['frees']))}"
+
+
+def rule_lines(rule, tool_name):
+    """A rule's entries and limits, one readable line each, as `check` prints them."""
+    lines = [f"{e.label}: if {e.text()} -> {e.outcome} ({cut(sanitize(e.reason), 120)})"
+             for e in rule.when]
+    lines += [f"{limit.label}: {limit.text(tool_name)}, then {limit.then}"
+              for limit in rule.limits]
+    return lines
+
+
+def pointer_problem(schema, tokens, hidden):
+    """Why a pointer names no property the model can send under this schema, or ''."""
+    node = schema
+    for depth, token in enumerate(tokens):
+        if isinstance(node, dict) and isinstance(node.get("$ref"), str):
+            try:
+                node = _resolve(schema, node["$ref"])
+            except SchemaError:
+                return "it passes through a $ref that points at nothing"
+        if not isinstance(node, dict):
+            return "the schema has no such property"
+        if depth == 0 and token in hidden:
+            return f"the rule hides {quote(token)}, so the model never sends it"
+        properties = node.get("properties")
+        if isinstance(properties, dict) and token in properties:
+            node = properties[token]
+        elif "items" in node and _INDEX_RE.fullmatch(token):
+            node = node["items"]
+        else:
+            return "the schema has no such property"
+    return ""
+
+
+def policy_pointer_problem(schema, rule, tool_name):
+    """The first `when` condition or sum limit whose pointer misses the pinned schema, as
+    the sentence that refuses the tool, or ''."""
+    hidden = set(rule.deny) | set(rule.fixed)
+    pointers = [(entry.label, c.pointer, c.tokens) for entry in rule.when
+                for c in entry.conditions]
+    pointers += [(limit.label, limit.sum, limit.tokens) for limit in rule.limits if limit.sum]
+    for label, pointer, tokens in pointers:
+        problem = pointer_problem(schema, tokens, hidden)
+        if problem:
+            names = sorted(schema.get("properties", {}) if isinstance(
+                schema.get("properties"), dict) else {})
+            return (f"{label} of {tool_name} points at {quote(pointer)}, but {problem}; point "
+                    f"at one of: {', '.join('/' + sanitize(n) for n in names) or 'nothing'}")
+    return ""
+
+
+# =============================================================================================
+# 9. Answers
 #
 # Owns: what the model is told (every sentence of the gate's answers to a call is built here,
-# from the constants below; the status tool's are in section 10), the policy, approvals and
+# from the constants below; the status tool's are in section 11), the policy, approvals and
 # their hashes, and the checks a call's arguments and a server's result pass. Plain functions
-# of their inputs: the gate (section 9) calls them and records what they decide.
+# of their inputs: the gate (section 10) calls them and records what they decide.
 # Promises: an approval's hash covers exactly what it binds and what the operator is shown;
 # a re-run of an unknown outcome is never allowed without an operator. Nothing the model sees
 # names the operator command, the database, the config or a run id.
@@ -3347,7 +4022,7 @@ OMITTED = {"image": "[image omitted]", "audio": "[audio omitted]",
 
 # Every sentence of the gate's answers to a call. {slots} are filled by answer(); server-,
 # model- and operator-chosen values are cleaned before they are put in. (The status tool's
-# sentences are built by status_answer and describe_approval, in section 10.)
+# sentences are built by status_answer and describe_approval, in section 11.)
 PROSE = {
     "PENDING_APPROVAL": (
         "This request is waiting for an operator's approval (approval {approval}). Nothing has "
@@ -3355,7 +4030,7 @@ PROSE = {
         "approved, and do not try another tool to do the same thing. Do not ask the user to "
         "approve it: an operator decides outside this conversation. Tell the user it is "
         "waiting. Once it is approved, call the tool again with exactly the same arguments to "
-        "run it and get the result."),
+        "run it and get the result.{limit}"),
     "DENIED": "The policy does not allow this request: {reason}. Nothing was executed.",
     "INVALID": (
         "The arguments do not match the tool's input schema: {reason}. Nothing was executed. "
@@ -3458,15 +4133,16 @@ def class_outcome(config, tool):
 INTERRUPTED_REASON = "interrupted while executing; outcome unknown"
 
 
-def evaluate(config, tool, args, attempt=None):
-    """The policy's decision for one request: outcome, reason, and for an approval what it
+def evaluate(config, tool, args, facts, attempt=None, approved=False):
+    """The policy's decision for one request (section 8) with, for an approval, what it
     binds (the capability) and what the operator is shown (the presentation).
 
     A request that re-runs an attempt whose outcome is unknown always needs an operator,
-    whatever the policy says short of deny: allow alone never runs it again.
+    whatever the policy says short of deny: allow alone, or a grant, never runs it again.
     """
-    outcome, reason = class_outcome(config, tool)
-    decision = {"outcome": outcome, "reason": reason}
+    decision = policy_decision(config, tool, args, facts, rerun=bool(attempt),
+                               approved=approved)
+    outcome = decision["outcome"]
     if outcome == "deny" or (outcome == "allow" and not attempt):
         return decision
     capability = {"server": tool.server.name, "tool": tool.upstream_name, "name": tool.name,
@@ -3481,17 +4157,24 @@ def evaluate(config, tool, args, attempt=None):
                   f"Approving runs it again when the model calls again; rejecting ends this "
                   f"request, and a later identical call asks an operator again whatever the "
                   f"policy says.")
-        decision.update(outcome="require_approval", reason=INTERRUPTED_REASON,
-                        kind="interrupted_side_effect", capability=capability,
-                        presentation={**capability, "notice": notice,
-                                      "reason": INTERRUPTED_REASON, "question": (
-                                          f"Run {tool.upstream_name} on server "
-                                          f"{tool.server.name} again with these arguments?")})
+        decision = {"outcome": "require_approval", "reason": INTERRUPTED_REASON,
+                    "by": decision["by"], "kind": "interrupted_side_effect",
+                    "capability": capability,
+                    "presentation": {**capability, "notice": notice,
+                                     "reason": INTERRUPTED_REASON, "question": (
+                                         f"Run {tool.upstream_name} on server "
+                                         f"{tool.server.name} again with these arguments?")}}
         return decision
     question = (f"May the model call {tool.upstream_name} on server {tool.server.name} with "
                 f"these arguments?")
-    decision.update(kind=tool.side_effect, capability=capability,
-                    presentation={**capability, "question": question, "reason": reason})
+    presentation = {**capability, "question": question, "reason": decision["reason"]}
+    if decision["by"] not in ("class", "rule outcome"):
+        # What decided is part of what the operator approves; a limit is named without the
+        # time it frees up, which changes while the question waits.
+        presentation["decided_by"] = decision["by"]
+        if "limit" in decision:
+            presentation["limit"] = decision["limit"]
+    decision.update(kind=tool.side_effect, capability=capability, presentation=presentation)
     return decision
 
 
@@ -3593,7 +4276,7 @@ def cap_text(text, cap):
 
 
 # =============================================================================================
-# 9. The gate
+# 10. The gate
 #
 # Owns: one call's whole passage (decide, begin and record, hold, execute, record the
 # outcome), and the decision, for each call, of what happens given every earlier call of the
@@ -3650,6 +4333,7 @@ class Gate:
         self.active = set()
         self.stopping = threading.Event()
         self.operator_hint = operator_hint(config)
+        self.client = ""  # set by the host side from initialize
         threading.Thread(target=self._heartbeat, daemon=True).start()
 
     def lease(self):
@@ -3671,6 +4355,34 @@ class Gate:
     def window(self, tool):
         rule = tool.rule.repeat_window
         return self.config.repeat_window if rule is None else rule
+
+    def _facts(self, tool, rows=None):
+        """The facts of this moment for a decision on `tool` (section 8). Read through `rows`
+        inside the write transaction that acts on the decision, where the limits are counted,
+        so racing calls in this process or another never pass a limit together; read through
+        the reader for a decision that only steers the rules, where they are not."""
+        at = time.time()
+        stamp = format_time(at)
+        grants = [Grant(g["id"], parse(g["conditions_json"]), g["by"], g["note"],
+                        g["expires_at"])
+                  for g in grants_in_force(rows or self.store.read, self.config.session,
+                                           tool.target, stamp)]
+        uses = None
+        if rows is not None and tool.rule.limits:
+            def uses(since):
+                return [(parse_time(moment), {k: v.exact() for k, v in parse(amounts).items()})
+                        for moment, amounts, _ in executions(rows, tool.target,
+                                                             format_time(since), stamp)]
+        return Facts(at, self.client, grants, uses)
+
+    @staticmethod
+    def _use(tool, args):
+        """An execution as the limits count it: the tool, and the numbers its sums read."""
+        amounts = {}
+        for limit in tool.rule.limits:
+            if limit.sum and isinstance(resolve_pointer(args, limit.tokens), Number):
+                amounts[limit.sum] = resolve_pointer(args, limit.tokens)
+        return tool.target, amounts
 
     # -- one call ------------------------------------------------------------------------------
 
@@ -3778,7 +4490,8 @@ class Gate:
             if verdict is not None:
                 return verdict
         attempt = None if tool.read_only else self._unknown_attempt(key)   # rule 6
-        decider = class_outcome(self.config, tool)[0]
+        decider = policy_decision(self.config, tool, args, self._facts(tool),
+                                  rerun=bool(attempt))["outcome"]
         needs_approval = decider == "require_approval" or (attempt and decider != "deny")
         if not tool.read_only or needs_approval:                            # rule 7
             verdict = self._session_rules(tool, key, needs_approval, decider)
@@ -3820,10 +4533,12 @@ class Gate:
                                                 f"invalid decision on resume: {problem}"))
             return answer("INVALID", reason=clean(problem, 1000))
         attempt = parse(approval["capability_json"]).get("interrupted")
-        decision = evaluate(self.config, tool, args, attempt)
+        facts = self._facts(tool)
+        decision = evaluate(self.config, tool, args, facts, attempt, approved=True)
         if decision["outcome"] == "deny":
             def deny(tx):
-                tx.record_policy(run_id, step_id, _policy_record(decision), self.policy_id)
+                tx.record_policy(run_id, step_id, _policy_record(decision, facts),
+                                 self.policy_id)
                 self._refuse(tx, run_id, step_id, "policy_denied",
                              f"denied on resume: {decision['reason']}")
             self._write(deny)
@@ -3832,7 +4547,8 @@ class Gate:
             fresh = new_approval(self.config, run_id, step_id, tool, args, decision)
             if fresh["hash"] != approval["hash"]:
                 def repause(tx):
-                    tx.record_policy(run_id, step_id, _policy_record(decision), self.policy_id)
+                    tx.record_policy(run_id, step_id, _policy_record(decision, facts),
+                                     self.policy_id)
                     tx.pause(run_id, step_id, fresh)
                 self._write(repause)
                 self._log_waiting(fresh, tool, run_id)
@@ -3840,8 +4556,9 @@ class Gate:
 
         def resume(tx):
             tx.resume(run_id, approval["id"], self.lease())
-            tx.record_policy(run_id, step_id, _policy_record(decision), self.policy_id)
-            tx.start_execution(run_id, step_id, tool.name, args, approval["id"])
+            tx.record_policy(run_id, step_id, _policy_record(decision, facts), self.policy_id)
+            tx.start_execution(run_id, step_id, tool.name, args, self._use(tool, args),
+                               approval["id"])
         self._write_active(run_id, resume)
         return Execute(run_id, step_id, args)
 
@@ -3858,12 +4575,13 @@ class Gate:
             attempt = {"run_id": run_id, "step_id": step_id, "started_at": started,
                        "ended": "cut_off"}
             args = self.store.step_decision(step_id)["args"]
-            decision = evaluate(self.config, tool, args, attempt)
+            facts = self._facts(tool)
+            decision = evaluate(self.config, tool, args, facts, attempt)
             if decision["outcome"] == "require_approval":
                 approval = new_approval(self.config, run_id, step_id, tool, args, decision)
 
                 def pause(tx):
-                    tx.record_policy(run_id, step_id, _policy_record(decision), "")
+                    tx.record_policy(run_id, step_id, _policy_record(decision, facts), "")
                     tx.pause(run_id, step_id, approval)
                 self._write(pause)
                 log(f"a call to {tool.name} was cut off while executing; its outcome is unknown")
@@ -3983,13 +4701,22 @@ class Gate:
     # -- beginning and executing a run ---------------------------------------------------------
 
     def _begin(self, tool, args, key, seen, invalid=None, attempt=None, origin="model"):
-        """Rule 8: begin a run for this request, record the decision, and act on the policy.
-        `invalid` (why, frame) records arguments that were not usable JSON."""
+        """Rule 8: begin a run for this request, decide on it (section 8) and record the
+        decision in one write transaction, then act on what was decided. `invalid` (why,
+        frame) records arguments that were not usable JSON."""
         run_id = f"{self.config.session}.{new_id(8)}"
         problem = invalid[0] if invalid else check_arguments(tool, args)
-        decision = None if problem else evaluate(self.config, tool, args, attempt)
-        outcome = decision["outcome"] if decision else "invalid"
-        fresh = {}
+        fast = None
+        if not problem and tool.read_only and not tool.rule.limits and not attempt:
+            # A read the policy allows is recorded in one transaction after it answers: it
+            # has no effect for a crash to leave unknown, so recording it first would only
+            # cost a second commit. Only a decision no write can change goes this way: one
+            # with no limit to count and no grant that could be revoked meanwhile.
+            facts = self._facts(tool)
+            decision = evaluate(self.config, tool, args, facts)
+            if decision["outcome"] == "allow" and "grant" not in decision:
+                fast = (decision, facts)
+        made = {}
 
         def begin(tx):
             tx.begin_run(run_id, self.config.session, tool.name, tool.target, key,
@@ -3998,35 +4725,44 @@ class Gate:
             recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
             step_id = tx.start_step(run_id, {**recorded, "kind": TOOL_CALL, "origin": origin,
                                              "tool": tool.name}, tool.spec)
-            if outcome == "invalid":
+            if problem:
                 self._refuse(tx, run_id, step_id, "invalid_decision",
                              f"invalid decision: {problem}")
                 return step_id
-            tx.record_policy(run_id, step_id, _policy_record(decision), self.policy_id)
-            if outcome == "deny":
+            # Decided here, inside the transaction that starts the execution: the limits see
+            # every execution committed before it, in any process, and the grants in force.
+            decision, facts = fast or (None, self._facts(tool, tx.rows))
+            decision = decision or evaluate(self.config, tool, args, facts, attempt)
+            made["decision"] = decision
+            tx.record_policy(run_id, step_id, _policy_record(decision, facts), self.policy_id)
+            if decision["outcome"] == "deny":
                 self._refuse(tx, run_id, step_id, "policy_denied",
                              f"denied: {decision['reason']}")
-            elif outcome == "require_approval":
-                fresh.update(new_approval(self.config, run_id, step_id, tool, args, decision))
-                tx.pause(run_id, step_id, fresh)
+            elif decision["outcome"] == "require_approval":
+                made["approval"] = new_approval(self.config, run_id, step_id, tool, args,
+                                                decision)
+                tx.pause(run_id, step_id, made["approval"])
             else:
-                tx.start_execution(run_id, step_id, tool.name, args)
+                tx.start_execution(run_id, step_id, tool.name, args, self._use(tool, args))
             return step_id
 
-        if outcome == "allow" and tool.read_only:
-            # A read is recorded in one transaction after it answers: it has no effect for a
-            # crash to leave unknown, so recording it first would only cost a second commit.
+        if fast:
             self.active.add(run_id)
             return Execute(run_id, None, args, begin)
-        if outcome == "allow":
-            return Execute(run_id, self._write_active(run_id, begin), args)
-        self._write(begin)
-        if outcome == "invalid":
+        step_id = self._write_active(run_id, begin)
+        decision = made.get("decision")
+        if decision and decision["outcome"] == "allow":
+            return Execute(run_id, step_id, args)
+        self.active.discard(run_id)  # nothing of this run executes
+        if problem:
             return answer("INVALID", reason=clean(problem, 1000))
-        if outcome == "deny":
-            return answer("DENIED", reason=clean(decision["reason"], 500))
-        self._log_waiting(fresh, tool, run_id)
-        return Wait(fresh)
+        if decision["outcome"] == "deny":
+            return answer("DENIED", reason=clean(decision["reason"] + frees_text(decision),
+                                                 500))
+        approval = made["approval"]
+        approval["frees"] = frees_text(decision)
+        self._log_waiting(approval, tool, run_id)
+        return Wait(approval)
 
     def _write(self, fn):
         """A write whose lost race (Race) is decided again by the caller's loop."""
@@ -4102,10 +4838,17 @@ class Gate:
         the attempt."""
         attempt = {"run_id": run_id, "step_id": step_id, "started_at": tx.step_started(step_id),
                    "ended": ending}
-        decision = evaluate(self.config, tool, args, attempt)
+        facts = self._facts(tool, tx.rows)
+        decision = evaluate(self.config, tool, args, facts, attempt)
+        if decision["outcome"] == "deny":
+            # The policy now denies the request outright (an entry for other hours, say): no
+            # question is asked, the run ends with its outcome unknown, and the next identical
+            # call is decided on that again (rule 6).
+            tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending])
+            return {}
         rerun_step = tx.start_step(run_id, {"args": args, "kind": TOOL_CALL,
                                             "origin": "operator", "tool": tool.name}, tool.spec)
-        tx.record_policy(run_id, rerun_step, _policy_record(decision), self.policy_id)
+        tx.record_policy(run_id, rerun_step, _policy_record(decision, facts), self.policy_id)
         approval = new_approval(self.config, run_id, rerun_step, tool, args, decision)
         tx.pause(run_id, rerun_step, approval)
         return approval
@@ -4157,7 +4900,11 @@ def recorded_frame(data):
 def waiting_answer(approval):
     """What a call is told while its request waits on an approval."""
     if approval["kind"] != "interrupted_side_effect":
-        return answer("PENDING_APPROVAL", approval=approval["id"])
+        presentation = approval["presentation"] if "presentation" in approval else \
+            parse(approval["presentation_json"])
+        limit = (f" It waits because a limit is reached: {clean(presentation['limit'], 300)}"
+                 f"{approval.get('frees', '')}." if "limit" in presentation else "")
+        return answer("PENDING_APPROVAL", approval=approval["id"], limit=limit)
     capability = approval["capability"] if "capability" in approval else \
         parse(approval["capability_json"])
     ended = capability.get("interrupted", {}).get("ended", "cut_off")
@@ -4185,9 +4932,13 @@ CLOSING = {
 }
 
 
-def _policy_record(decision):
-    return {k: decision[k] for k in ("outcome", "reason", "kind", "capability", "presentation")
-            if k in decision}
+def _policy_record(decision, facts):
+    """A decision as the record keeps it, with the facts recheck needs to make it again."""
+    record = {k: decision[k] for k in ("outcome", "reason", "by", "grant", "limit", "kind",
+                                       "capability", "presentation") if k in decision}
+    record["facts"] = {"at": format_time(facts.at), "client": facts.client,
+                       "counted": facts.uses is not None}
+    return record
 
 
 def operator_hint(config):
@@ -4199,7 +4950,7 @@ def operator_hint(config):
 
 
 # =============================================================================================
-# 10. MCP server
+# 11. MCP server
 #
 # Owns: the host's side of the conversation over stdin and stdout: framing, the handshake,
 # tools/list, tools/call (one thread per call, at most MAX_IN_FLIGHT at once), cancellation,
@@ -4242,6 +4993,7 @@ class HostServer:
         self.gate = None
         self.status_tool = None
         self.protocol = PROTOCOL_VERSIONS[-1]
+        self.client = ""  # the host's name from initialize: self-reported, for `client`
         self.calls = {}
         self.calls_lock = threading.Lock()
         self.running = 0  # accepted requests not yet answered
@@ -4253,6 +5005,7 @@ class HostServer:
 
     def serve_with(self, gate, status_tool):
         self.gate, self.status_tool = gate, status_tool
+        gate.client = self.client
         self.ready.set()
 
     def fail(self, reason):
@@ -4399,6 +5152,11 @@ class HostServer:
     def _initialize(self, ident, params):
         requested = params.get("protocolVersion")
         self.protocol = requested if requested in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[-1]
+        info = params.get("clientInfo")
+        name = info.get("name") if isinstance(info, dict) else None
+        self.client = name[:200] if isinstance(name, str) else ""
+        if self.gate is not None:
+            self.gate.client = self.client
         return {"jsonrpc": "2.0", "id": ident, "result": {
             "protocolVersion": self.protocol, "capabilities": {"tools": {}},
             "serverInfo": SERVER_INFO}}
@@ -4629,7 +5387,7 @@ def approved_fate(gate, approval):
 
 
 # =============================================================================================
-# 11. Operator commands
+# 12. Operator commands
 #
 # Owns: what an operator does in a terminal: list runs, show one, approve, reject, cancel,
 # verify the event chain, re-check recorded decisions under today's policy. The database is
@@ -5067,7 +5825,7 @@ def recheck_run(store, config, tools, run_id, current):
     policy_id = config.policy_id()
     evaluations, notes, recorded_ids, seen_steps = [], [], set(), set()
     steps = {step["id"]: step for step in store.steps(run_id)}
-    for seq, step_id, payload in store.policy_events(run_id):
+    for seq, step_id, payload, at in store.policy_events(run_id):
         recorded = parse(payload)
         step = steps[step_id]
         on_resume = step_id in seen_steps
@@ -5107,7 +5865,9 @@ def recheck_run(store, config, tools, run_id, current):
                 evaluation.update(result="different", rechecked="invalid",
                                   detail=f"the arguments fail the current schema: {problem}")
                 continue
-        now_decision = evaluate(config, tool, args, attempt)
+        facts = recorded_facts(store, tool, run, recorded.get("facts") or {
+            "at": at, "client": "", "counted": not on_resume})
+        now_decision = evaluate(config, tool, args, facts, attempt, approved=on_resume)
         evaluation["rechecked"] = now_decision["outcome"]
         same = now_decision["outcome"] == recorded["outcome"]
         if same and now_decision["outcome"] == "require_approval":
@@ -5133,6 +5893,31 @@ def recheck_run(store, config, tools, run_id, current):
             "notes": notes, "evaluations": evaluations, "same": differences == 0,
             "differences": differences, "rechecked": rechecked,
             "not_recheckable": len(evaluations) - rechecked, "complete": True}
+
+
+def recorded_facts(store, tool, run, facts):
+    """The facts of the moment a recorded decision was made: its time and host, the grants
+    then in force, and the executions before it (an amount a limit did not read then is
+    read from the executed step's arguments)."""
+    at = facts["at"]
+    grants = [Grant(g["id"], parse(g["conditions_json"]), g["by"], g["note"], g["expires_at"])
+              for g in grants_in_force(store.read, run["session"], tool.target, at)]
+
+    def uses(since):
+        found = []
+        for moment, amounts, step_id in executions(store.read, tool.target, format_time(since),
+                                                   at):
+            amounts = parse(amounts)
+            for limit in tool.rule.limits:
+                if limit.sum and limit.sum not in amounts:
+                    value = resolve_pointer(store.step_decision(step_id).get("args", {}),
+                                            limit.tokens)
+                    if isinstance(value, Number):
+                        amounts[limit.sum] = value
+            found.append((parse_time(moment), {k: v.exact() for k, v in amounts.items()}))
+        return found
+    return Facts(parse_time(at), facts.get("client", ""), grants,
+                 uses if facts.get("counted") else None)
 
 
 def print_recheck(config, reports, as_json, session):
@@ -5179,7 +5964,7 @@ def print_recheck(config, reports, as_json, session):
 
 
 # =============================================================================================
-# 12. Fake payment server
+# 13. Fake payment server
 #
 # Owns: a small stdio MCP server, `fake-payments`, that the demonstration, the example config
 # and the tests put behind the gate, so that agentgate can be seen working on a machine with
@@ -5294,7 +6079,7 @@ def fake_payments():
 
 
 # =============================================================================================
-# 13. Demonstration
+# 14. Demonstration
 #
 # Owns: `agentgate.py demo`, a scripted session with no model, no network and nothing
 # installed. This process plays the host; the gate, the fake payment server and the operator
@@ -5560,7 +6345,7 @@ def _processes_mentioning(text):
 
 
 # =============================================================================================
-# 14. Main
+# 15. Main
 #
 # Owns: the command line. Go-style single-dash long flags (-config, -approval); the
 # double-dash spelling works too. Exit codes: 0 ok, 1 failure, 2 usage. No traceback reaches
