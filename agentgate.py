@@ -1868,11 +1868,12 @@ class Store:
         return parse(row[0]) if row else None
 
     def grants(self, session, since):
-        """The session's grants in force or ended since `since`, newest first."""
+        """The grants (of one session, or all with session '') in force or ended since
+        `since`, newest first."""
         return [dict(zip(GRANT_COLUMNS, row)) for row in self.read(
-            f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? AND "
+            f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE (?='' OR session=?) AND "
             f"(CASE WHEN revoked_at='' THEN expires_at ELSE min(revoked_at, expires_at) END)>=?"
-            f" ORDER BY created_at DESC, id DESC", (session, since))]
+            f" ORDER BY created_at DESC, id DESC", (session, session, since))]
 
     def grant(self, grant_id):
         row = self.read_one(f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE id=?",
@@ -5503,9 +5504,14 @@ def cmd_show(argv):
             print_approval(approval, full=opts.full, late=late)
     print()
     table = [("STEP", "DECISION", "STATUS", "POLICY", "OBSERVATION")]
+    granted = []
     for s in steps:
         decision = parse(s["decision"])
-        policy = parse(s["policy"])["outcome"] if s["policy"] else ""
+        record = parse(s["policy"]) if s["policy"] else {}
+        policy = record.get("outcome", "") + (f" ({record['by']})" if record.get("by") not in (
+            None, "class", "rule outcome") else "")
+        if record.get("grant"):
+            granted.append((s["index"], store.grant(record["grant"])))
         observed = parse(s["observation"]) if s["observation"] else None
         summary = ""
         if observed:
@@ -5514,6 +5520,11 @@ def cmd_show(argv):
         table.append((str(s["index"]), f"{decision['kind']} ({decision.get('origin', '')})",
                       s["status"], policy, summary))
     print_table(table)
+    for index, grant in granted:
+        if grant:
+            note = f": {sanitize(grant['note'])}" if grant["note"] else ""
+            print(f"step {index} ran under grant {grant['id']} by {sanitize(grant['by'])}, "
+                  f"{grant['created_at']} to {grant['expires_at']}{note}")
     print()
     for seq, at, type_, _, payload in events:
         print(f"  {seq:>6}  {at}  {type_:<20} {clean(payload, 160)}")
@@ -5559,9 +5570,9 @@ def print_approval(approval, full=False, late=()):
             shown, size, cut_here = shown_value(value, full)
             shortened = shortened or cut_here
             print(f"    {sanitize(name)} = {shown}   ({size} bytes)")
-    for label in ("question", "reason", "notice"):
+    for label in ("question", "reason", "decided_by", "limit", "notice"):
         if presentation.get(label):
-            print(f"  {label:<14} {sanitize(str(presentation[label]))}")
+            print(f"  {label.replace('_', ' '):<14} {sanitize(str(presentation[label]))}")
     attempt = parse(approval["capability_json"]).get("interrupted") or {}
     for step_id, observation in late:
         if step_id == attempt.get("step_id"):
@@ -5685,6 +5696,127 @@ def cmd_cancel(argv):
         print_json({"run": run})
     else:
         print(f"run {run['run']}: {run['status']} ({run['reason']})")
+    return 0
+
+
+GRANT_DEFAULT = 3600 * SECOND
+GRANT_PROMISE = ("A call this grant covers runs without asking while it is in force. It never "
+                 "turns a deny into anything else, never re-runs a call whose outcome is "
+                 "unknown, and the tool's limits still count the calls it lets through.")
+
+
+def cmd_grant(argv):
+    p = parser("grant", "config", "if", "for", "note", "by", ("yes", bool), ("json", bool))
+    p.add_argument("tool", type=text_argument)
+    opts = p.parse_args(argv)
+    by = opts.by or current_user()
+    if not by:
+        raise Usage("say who grants with -by; the current user has no name")
+    config = load_config(config_path(opts.config))
+    tools = configured_tools(config)
+    tool = tools.get(opts.tool)
+    if tool is None:
+        raise Usage(f"no configured tool is named {quote(opts.tool)}; the tools are "
+                    f"{', '.join(sorted(tools)) or 'none'}")
+    try:
+        conditions = parse(getattr(opts, "if") or "{}")
+    except CanonicalError as err:
+        raise Usage(f"-if is not usable JSON ({err}); write it like "
+                    f"'{{\"/amount\": {{\"max\": 20}}}}'") from None
+    parsed = parse_conditions(conditions, "-if")
+    entry = read_manifest(tool.server)["tools"].get(tool.upstream_name) or {}
+    hidden = set(tool.rule.deny) | set(tool.rule.fixed)
+    for condition in parsed:
+        problem = pointer_problem(entry.get("input_schema") or {}, condition.tokens, hidden)
+        if problem:
+            raise Usage(f"-if points at {quote(condition.pointer)}, but {problem} in the pinned "
+                        f"schema of {tool.name}")
+    try:
+        span = parse_duration(getattr(opts, "for") or "1h")
+    except ValueError:
+        raise Usage('-for is a duration such as "30m" or "8h"') from None
+    if span <= 0 or (config.grant_ttl and span > config.grant_ttl):
+        raise Usage(f"-for must be more than 0 and at most grant_ttl "
+                    f"({format_duration(config.grant_ttl)})" if config.grant_ttl else
+                    "-for must be more than 0")
+    created = now()
+    grant = {"id": new_id(8), "session": config.session, "tool": tool.target,
+             "name": tool.name, "conditions_json": dumps(conditions), "created_at": created,
+             "expires_at": later(created, span), "by": by, "note": opts.note or ""}
+    print(f"GRANT  {grant['id']}")
+    print(f"  tool           {sanitize(tool.name)} (server {sanitize(tool.server.name)}, "
+          f"upstream tool {sanitize(tool.upstream_name)})")
+    print(f"  session        {config.session}")
+    print("  covers         calls that would wait for an operator" + (
+        ", and whose arguments:" if parsed else ", whatever their arguments"))
+    for condition in parsed:
+        print(f"    {sanitize(condition.text())}")
+    print(f"  from           {created}")
+    print(f"  until          {grant['expires_at']} ({format_duration(span)})")
+    print(f"  by             {sanitize(by)}")
+    if grant["note"]:
+        print(f"  note           {sanitize(grant['note'])}")
+    print(f"  {GRANT_PROMISE}")
+    if not opts.yes:
+        if not sys.stdin.isatty():
+            raise Usage("refusing without -yes or an interactive terminal")
+        if input("grant it? type yes to grant: ").strip().lower() not in ("y", "yes"):
+            print("nothing granted")
+            return 1
+    store = Store(config.database, readonly=False)  # a grant may come before the first call
+    store.write(lambda tx: tx.create_grant(grant))
+    if opts.json:
+        print_json(grant_view(grant))
+    else:
+        print(f"grant {grant['id']}: in force until {grant['expires_at']}")
+    return 0
+
+
+def grant_view(grant):
+    """A grant as the operator commands show it, with its state now."""
+    stamp = now()
+    state = (f"revoked at {grant['revoked_at']} by {grant['revoked_by']}"
+             if grant.get("revoked_at") else "in force" if grant["expires_at"] > stamp
+             else "expired")
+    view = {k: grant.get(k, "") for k in GRANT_COLUMNS if k != "conditions_json"}
+    return {**view, "conditions": parse(grant["conditions_json"]), "state": state}
+
+
+def cmd_grants(argv):
+    opts = operator_parser("grants", ("days", int)).parse_args(argv)
+    store, session = operator_store(opts, readonly=True)
+    days = 7 if opts.days is None else opts.days
+    views = [grant_view(g) for g in store.grants(session, format_time(time.time() - days * 86400))]
+    if opts.json:
+        print_json(views)
+        return 0
+    if not views:
+        print(f"no grant in force or ended in the last {days} days")
+        return 0
+    table = [("GRANT", "TOOL", "UNTIL", "STATE", "BY", "COVERS")]
+    for view in views:
+        covers = " and ".join(c.text() for c in parse_conditions(view["conditions"], "grant"))
+        table.append((view["id"], sanitize(view["name"]), view["expires_at"], view["state"],
+                      sanitize(view["by"]), cut(sanitize(covers or "every call"), 120)))
+    print_table(table)
+    return 0
+
+
+def cmd_revoke(argv):
+    p = operator_parser("revoke", ("note", str), ("by", str))
+    p.add_argument("grant", type=text_argument)
+    opts = p.parse_args(argv)
+    by = opts.by or current_user()
+    store, _ = operator_store(opts, readonly=False)
+    if store.grant(opts.grant) is None:
+        raise StoreError(f"there is no grant {quote(opts.grant)}; `grants` lists them")
+    if not store.write(lambda tx: tx.revoke_grant(opts.grant, by, opts.note or "")):
+        raise StoreError(f"grant {opts.grant} is not in force (it expired or was revoked); "
+                         f"nothing changed")
+    if opts.json:
+        print_json(grant_view(store.grant(opts.grant)))
+    else:
+        print(f"grant {opts.grant}: revoked by {sanitize(by)}")
     return 0
 
 
@@ -6355,6 +6487,7 @@ def _processes_mentioning(text):
 USAGE = f"""usage: agentgate.py [serve] [-config FILE]
        agentgate.py pin|check [-config FILE]
        agentgate.py runs|show|approve|reject|cancel|verify|recheck ... (-h for each)
+       agentgate.py grant|grants|revoke ... (-h for each)
        agentgate.py demo
 
 {__doc__.split("Sections,")[0].split("Scope.")[1].strip()}
@@ -6521,6 +6654,7 @@ def main(argv=None):
     commands = {"serve": cmd_serve, "pin": cmd_pin, "check": cmd_check, "runs": cmd_runs,
                 "show": cmd_show, "approve": cmd_approve, "reject": cmd_reject,
                 "cancel": cmd_cancel, "verify": cmd_verify, "recheck": cmd_recheck,
+                "grant": cmd_grant, "grants": cmd_grants, "revoke": cmd_revoke,
                 "demo": cmd_demo,
                 "fake-payments": lambda a: fake_payments()}
     if argv and argv[0] in ("-h", "--help", "help"):
