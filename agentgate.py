@@ -16,9 +16,10 @@ terminal, with `agentgate.py approve RUN -approval ID` (or reject / cancel).
 Scope. agentgate governs only the calls that go through it. It is a guard for one person who
 is both the host's user and the operator; it does not separate them, and a model that can run
 commands can approve its own request with the operator command or by editing the database.
-It keeps no limits or policy over a conversation's history. It refuses a deliberate identical
-repeat of a mutating call within the repeat window, as it refuses a blind retry. The pin covers
-what a server presents, not what it does.
+Its policy reads each call's arguments, its time and the host's self-reported name, and its
+limits count a tool's executions; it reads nothing of the conversation. It refuses a
+deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
+retry. The pin covers what a server presents, not what it does.
 
 Sections, in the order data flows through them:
 

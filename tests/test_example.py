@@ -1,7 +1,8 @@
 """example.json, the configuration that ships beside agentgate.py, works as it is: copied with
 agentgate.py into an empty directory, it pins, checks and serves the bundled fake payment
 server, with the default policy (a read runs, a payment waits for an operator, a refund is
-denied)."""
+denied) and the pay rule's own entries (a small payment to a known payee runs, one of 1000 or
+more is refused)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,12 @@ def test_the_bundled_example_pins_checks_and_serves(workdir):
     assert checked.returncode == 0, checked.stderr
     for line in ("registered balance as bank_balance (read_only)",
                  "registered pay as bank_pay (remote_mutation)",
-                 "registered refund as bank_refund (destructive)"):
+                 "registered refund as bank_refund (destructive)",
+                 "when[0]: if /amount is at most 50.00 and /to is one of [\"landlord\",\"grocer\"]"
+                 " -> allow (a small payment to a known payee)",
+                 "limits[0]: a sum of /amount of at most 100.00 for bank_pay per 24h0m0s, then "
+                 "require_approval",
+                 "limits[1]: at most 5 calls to bank_pay per 1h0m0s, then deny"):
         assert line in checked.stdout, checked.stdout
 
     ledger = workdir / "ledger"
@@ -45,4 +51,10 @@ def test_the_bundled_example_pins_checks_and_serves(workdir):
         assert host.call_text("bank_pay", {"to": "bob", "amount": 5}).startswith(
             "PENDING_APPROVAL:")
         assert host.call_text("bank_refund", {"payment": "p"}).startswith("DENIED:")
-    assert not ledger.exists() or ledger.read_text() == ""
+        assert not ledger.exists() or ledger.read_text() == ""
+        assert host.call_text("bank_pay", {"to": "landlord", "amount": 20}) == \
+            "paid 20.00 to landlord"
+        assert host.call_text("bank_pay", {"to": "landlord", "amount": 1000}) == (
+            "DENIED: The policy does not allow this request: payments of 1000 or more are made "
+            "by hand. Nothing was executed.")
+    assert len(ledger.read_text().splitlines()) == 1

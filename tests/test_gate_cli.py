@@ -36,7 +36,7 @@ def test_help_states_the_scope():
         "governs only the calls that go through it.",
         "one person who is both the host's user and the operator; it does not separate them",
         "can approve its own request with the operator command or by editing the database.",
-        "no limits or policy over a conversation's history.",
+        "it reads nothing of the conversation.",
         "refuses a deliberate identical repeat",
         "The pin covers what a server presents, not what it does.",
         "-config FILE",
