@@ -3459,8 +3459,8 @@ EXACT = decimal.Context(prec=2 * MAX_EXPONENT + MAX_NUMBER_CHARS + 64, Emax=10 *
                                                         decimal.InvalidOperation])
 
 # The facts a decision depends on beyond the call itself. at: seconds since the epoch.
-# client: the name the host gave in initialize. grants: the Grant objects in force for the
-# tool. uses(since): the tool's executions after `since` and before this call, as (seconds,
+# client: the name the host gave in initialize. grants(): the Grant objects in force for the
+# tool (read only when a decision would wait for an operator). uses(since): the tool's executions after `since` and before this call, as (seconds,
 # amounts) oldest first, where amounts maps a sum limit's pointer to the number executed; None
 # when no limit is counted (an operator has already decided the call).
 Facts = collections.namedtuple("Facts", "at client grants uses")
@@ -3796,7 +3796,9 @@ class Entry:
         if not self.conditions and self.during is None and self.clients is None:
             raise ConfigError(f"{where} has no if, during or client, so it always holds: give "
                               f"the rule this outcome instead")
-        self.reason = _string(raw, "reason", where) or f"the operator's rule: {self.text()}"
+        # The reason is model input: by default it names the entry, never what it compares
+        # (a directory, a host list).
+        self.reason = _string(raw, "reason", where) or f"the operator's rule {label}"
 
     def holds(self, args, facts):
         return ((self.clients is None or facts.client in self.clients)
@@ -3895,9 +3897,10 @@ class Grant:
     """An operator's standing approval: calls to one tool that match its conditions, and
     would wait for an operator, run without asking while it is in force."""
 
-    def __init__(self, grant_id, conditions, by, note, expires_at):
-        self.id, self.by, self.note, self.expires_at = grant_id, by, note, expires_at
-        self.conditions = parse_conditions(conditions, f"grant {grant_id}")
+    def __init__(self, stored):
+        """From the grant as the store keeps it (a dict of GRANT_COLUMNS)."""
+        self.id, self.by, self.note = stored["id"], stored["by"], stored["note"]
+        self.conditions = parse_conditions(parse(stored["conditions_json"]), f"grant {self.id}")
 
     def covers(self, args):
         return all(condition.holds(args) for condition in self.conditions)
@@ -3927,7 +3930,7 @@ def policy_decision(config, tool, args, facts, rerun=False, approved=False):
     if decision["outcome"] == "deny" or rerun or approved:
         return decision
     if decision["outcome"] == "require_approval":
-        for grant in facts.grants:
+        for grant in facts.grants():
             if grant.covers(args):
                 decision = {"outcome": "allow", "by": f"grant {grant.id}", "grant": grant.id,
                             "reason": f"standing approval {grant.id} by {grant.by}"}
@@ -4365,10 +4368,10 @@ class Gate:
         the reader for a decision that only steers the rules, where they are not."""
         at = time.time()
         stamp = format_time(at)
-        grants = [Grant(g["id"], parse(g["conditions_json"]), g["by"], g["note"],
-                        g["expires_at"])
-                  for g in grants_in_force(rows or self.store.read, self.config.session,
-                                           tool.target, stamp)]
+
+        def grants():
+            return [Grant(g) for g in grants_in_force(rows or self.store.read,
+                                                      self.config.session, tool.target, stamp)]
         uses = None
         if rows is not None and tool.rule.limits:
             def uses(since):
@@ -6033,8 +6036,9 @@ def recorded_facts(store, tool, run, facts):
     then in force, and the executions before it (an amount a limit did not read then is
     read from the executed step's arguments)."""
     at = facts["at"]
-    grants = [Grant(g["id"], parse(g["conditions_json"]), g["by"], g["note"], g["expires_at"])
-              for g in grants_in_force(store.read, run["session"], tool.target, at)]
+
+    def grants():
+        return [Grant(g) for g in grants_in_force(store.read, run["session"], tool.target, at)]
 
     def uses(since):
         found = []

@@ -210,10 +210,99 @@ def hostile_figures():
     ]
 
 
+def policy_figures(history):
+    """The policy engine in-process, medians of single evaluations (ms): what a rule of five
+    conditions adds to a decision, and a limit check (the window's executions read through
+    the index, then summed) on an empty database and on one holding `history` earlier
+    executions of the tool, all before the window, and as many of another tool."""
+    sys.path.insert(0, os.path.dirname(AGENTGATE))
+    import agentgate
+    directory = tempfile.mkdtemp(prefix="agentgate-bench-policy-")
+    try:
+        config_path = os.path.join(directory, "policy.json")
+        entry = {"if": {"/amount": {"max": "50.00"}, "/to": {"in": ["grocer", "landlord"]},
+                        "/currency": {"equals": "EUR"}, "/memo": {"max_length": 200},
+                        "/url": {"host_in": [".example.com"]}},
+                 "outcome": "allow", "reason": "five conditions"}
+        limit = {"sum": "/amount", "max": "100000", "per": "24h"}
+        raw = {"database": "policy.db", "session": "bench", "servers": [{
+            "name": "bank", "command": ["true"], "manifest": "m.json", "rules": {
+                "plain": {"side_effect": "remote_mutation", "timeout": "5s"},
+                "five": {"side_effect": "remote_mutation", "timeout": "5s", "when": [entry],
+                         "limits": [limit]}}}]}
+        config = agentgate.Config(agentgate.parse(json.dumps(raw)), config_path)
+        server = config.servers[0]
+        schema = {"type": "object"}
+        plain, five = (agentgate.Tool(server, None, {"name": name, "input_schema": schema},
+                                      server.rules[name]) for name in ("plain", "five"))
+        args = agentgate.parse(json.dumps({"to": "landlord", "amount": 20, "currency": "EUR",
+                                           "memo": "rent", "url": "https://pay.example.com/x"}))
+        facts = agentgate.Facts(time.time(), "bench", lambda: [], None)
+
+        def median_ms(fn, n):
+            times = []
+            for _ in range(n):
+                started = time.perf_counter_ns()
+                fn()
+                times.append(time.perf_counter_ns() - started)
+            return statistics.median(times) / 1e6
+        bare = median_ms(lambda: agentgate.policy_decision(config, plain, args, facts), 20000)
+        ruled = median_ms(lambda: agentgate.policy_decision(config, five, args, facts), 20000)
+        assert agentgate.policy_decision(config, five, args, facts)["by"] == "when[0]"
+
+        rule_limit = five.rule.limits[0]
+
+        def limit_check(store):
+            def uses(since):
+                return [(agentgate.parse_time(moment),
+                         {k: v.exact() for k, v in agentgate.parse(amounts).items()})
+                        for moment, amounts, _ in agentgate.executions(
+                            store.read, five.target, agentgate.format_time(since),
+                            agentgate.now())]
+            return rule_limit.frees(args, uses, time.time())
+        insert = ("INSERT INTO executions(tool, at, run_id, step_id, amounts_json) "
+                  "VALUES(?,?,?,?,?)")
+        recent = [(five.target, agentgate.format_time(time.time() - 60 * i), "r", "s",
+                   '{"/amount":10}') for i in range(1, 11)]
+        week = time.time() - 7 * 86400
+        stores = []
+        for name, earlier in (("empty.db", 0), ("full.db", history)):
+            store = agentgate.Store(os.path.join(directory, name))
+            store.db.execute("BEGIN")
+            store.db.executemany(insert, recent)
+            for target in (five.target, "bank/other"):
+                store.db.executemany(insert, (
+                    (target, agentgate.format_time(week - i * 0.5), "r", "s",
+                     '{"/amount":10}') for i in range(earlier)))
+            store.db.execute("COMMIT")
+            stores.append(store)
+        # Side by side: the two databases take turns, so load on the machine hits both alike.
+        times = ([], [])
+        for _ in range(3000):
+            for store, kept in zip(stores, times):
+                started = time.perf_counter_ns()
+                limit_check(store)
+                kept.append(time.perf_counter_ns() - started)
+        empty, full = (statistics.median(kept) / 1e6 for kept in times)
+        for store in stores:
+            store.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return [
+        ("policy: a decision, no entries (ms)", f"{bare:.4f}", ""),
+        ("policy: a rule of 5 conditions, added (ms)", f"{ruled - bare:.4f}", "<= 0.1"),
+        ("policy: a sum limit check, empty database (ms)", f"{empty:.4f}", ""),
+        (f"policy: the same with {history} earlier executions (ms)", f"{full:.4f}",
+         f"ratio {full / empty:.2f}"),
+    ]
+
+
 def main():
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     options.add_argument("-n", type=int, default=1000, help="sequential calls per figure")
     options.add_argument("--history", type=int, default=100000, help="earlier runs to add")
+    options.add_argument("--policy-history", type=int, default=1000000,
+                         help="earlier executions for the limit check")
     opts = options.parse_args()
     directory = tempfile.mkdtemp(prefix="agentgate-bench-")
     try:
@@ -277,6 +366,7 @@ def main():
         ("agentgate peak RSS (MB)", f"{rss:.1f}", f"< {TARGETS['rss MB']}"),
     ]
     rows += [(name, f"{seconds:.3f}", "") for name, seconds in hostile_figures()]
+    rows += policy_figures(opts.policy_history)
     width = max(len(r[0]) for r in rows)
     for name, value, target in rows:
         print(f"{name:<{width}}  {value:>20}  {target}")
