@@ -3460,9 +3460,10 @@ EXACT = decimal.Context(prec=2 * MAX_EXPONENT + MAX_NUMBER_CHARS + 64, Emax=10 *
 
 # The facts a decision depends on beyond the call itself. at: seconds since the epoch.
 # client: the name the host gave in initialize. grants(): the Grant objects in force for the
-# tool (read only when a decision would wait for an operator). uses(since): the tool's executions after `since` and before this call, as (seconds,
-# amounts) oldest first, where amounts maps a sum limit's pointer to the number executed; None
-# when no limit is counted (an operator has already decided the call).
+# tool (read only when a decision would wait for an operator). uses(since): the tool's
+# executions after `since` and before this call, as (seconds, amounts) oldest first, where
+# amounts maps a sum limit's pointer to the number executed; None when no limit is counted
+# (the decision only steers the rules, or an operator has already decided the call).
 Facts = collections.namedtuple("Facts", "at client grants uses")
 
 
@@ -4542,7 +4543,7 @@ class Gate:
         decision = evaluate(self.config, tool, args, facts, attempt, approved=True)
         if decision["outcome"] == "deny":
             def deny(tx):
-                tx.record_policy(run_id, step_id, _policy_record(decision, facts),
+                tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
                                  self.policy_id)
                 self._refuse(tx, run_id, step_id, "policy_denied",
                              f"denied on resume: {decision['reason']}")
@@ -4552,7 +4553,7 @@ class Gate:
             fresh = new_approval(self.config, run_id, step_id, tool, args, decision)
             if fresh["hash"] != approval["hash"]:
                 def repause(tx):
-                    tx.record_policy(run_id, step_id, _policy_record(decision, facts),
+                    tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
                                      self.policy_id)
                     tx.pause(run_id, step_id, fresh)
                 self._write(repause)
@@ -4561,7 +4562,8 @@ class Gate:
 
         def resume(tx):
             tx.resume(run_id, approval["id"], self.lease())
-            tx.record_policy(run_id, step_id, _policy_record(decision, facts), self.policy_id)
+            tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
+                             self.policy_id)
             tx.start_execution(run_id, step_id, tool.name, args, self._use(tool, args),
                                approval["id"])
         self._write_active(run_id, resume)
@@ -4937,12 +4939,13 @@ CLOSING = {
 }
 
 
-def _policy_record(decision, facts):
-    """A decision as the record keeps it, with the facts recheck needs to make it again."""
+def _policy_record(decision, facts, approved=False):
+    """A decision as the record keeps it, with the facts recheck needs to make it again
+    (`approved`: made when collecting an operator's approval, so no limit counted it)."""
     record = {k: decision[k] for k in ("outcome", "reason", "by", "grant", "limit", "kind",
                                        "capability", "presentation") if k in decision}
     record["facts"] = {"at": format_time(facts.at), "client": facts.client,
-                       "counted": facts.uses is not None}
+                       "approved": approved}
     return record
 
 
@@ -6001,9 +6004,9 @@ def recheck_run(store, config, tools, run_id, current):
                 evaluation.update(result="different", rechecked="invalid",
                                   detail=f"the arguments fail the current schema: {problem}")
                 continue
-        facts = recorded_facts(store, tool, run, recorded.get("facts") or {
-            "at": at, "client": "", "counted": not on_resume})
-        now_decision = evaluate(config, tool, args, facts, attempt, approved=on_resume)
+        moment = recorded.get("facts") or {"at": at, "client": "", "approved": on_resume}
+        now_decision = evaluate(config, tool, args, recorded_facts(store, tool, run, moment),
+                                attempt, approved=moment["approved"])
         evaluation["rechecked"] = now_decision["outcome"]
         same = now_decision["outcome"] == recorded["outcome"]
         if same and now_decision["outcome"] == "require_approval":
@@ -6054,7 +6057,7 @@ def recorded_facts(store, tool, run, facts):
             found.append((parse_time(moment), {k: v.exact() for k, v in amounts.items()}))
         return found
     return Facts(parse_time(at), facts.get("client", ""), grants,
-                 uses if facts.get("counted") else None)
+                 None if facts.get("approved") else uses)
 
 
 def print_recheck(config, reports, as_json, session):
