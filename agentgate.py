@@ -3517,9 +3517,11 @@ def normal_host(host):
         host = host[1:-1]
     if ":" in host:
         try:
-            return ipaddress.IPv6Address(host).compressed
+            address = ipaddress.IPv6Address(host)
         except ValueError:
             return None
+        # An IPv4 address written as IPv6 reaches the IPv4 host: it is compared as that one.
+        return str(address.ipv4_mapped) if address.ipv4_mapped else address.compressed
     host = host[:-1] if host.endswith(".") else host
     lowered = host.lower()
     try:
@@ -3618,6 +3620,8 @@ class Condition:
                 raise ConfigError(f"{where} must be a non-empty list of JSON values")
             return value
         if name == "pattern":
+            if not isinstance(value, str):
+                raise ConfigError(f"{where} must be a string, a pattern ECMA-262 accepts")
             try:
                 compile_pattern(value)
             except PatternError as err:
@@ -3727,6 +3731,9 @@ class During:
                               f'"hours": "09:00-18:00", "zone": "Europe/Paris"}}')
         _refuse_unknown(raw, ("days", "hours", "zone"), where)
         zone = raw.get("zone")
+        if zone is None:
+            raise ConfigError(f'{where} needs zone, the time zone its days and hours are read '
+                              f'in, such as "Europe/Paris" or "UTC"')
         try:
             self.zone = zoneinfo.ZoneInfo(zone)
         except (TypeError, ValueError, zoneinfo.ZoneInfoNotFoundError):
@@ -3744,8 +3751,8 @@ class During:
     def _days(text, where):
         days = set()
         for part in text.split(",") if isinstance(text, str) else [None]:
-            first, _, last = (part or "").strip().lower().partition("-")
-            if first not in DAYS or (last and last not in DAYS):
+            first, dash, last = (part or "").strip().lower().partition("-")
+            if first not in DAYS or (dash and last not in DAYS):
                 raise ConfigError(f'{where} must read like "mon-fri" or "sat,sun"')
             start, end = DAYS.index(first), DAYS.index(last or first)
             days.update(d % 7 for d in range(start, end + (7 if end < start else 0) + 1))
@@ -3858,7 +3865,7 @@ class Limit:
         value = resolve_pointer(args, self.tokens)
         if value is MISSING:
             return decimal.Decimal(0)
-        return abs(value.exact()) if isinstance(value, Number) else None
+        return value.exact().copy_abs() if isinstance(value, Number) else None  # never rounds
 
     def frees(self, args, uses, at):
         """None when this call stays within the limit; else when it would (NEVER when it is
@@ -3873,7 +3880,8 @@ class Limit:
             return NEVER
         try:
             with decimal.localcontext(EXACT):
-                sizes = [abs(amounts.get(self.sum, decimal.Decimal(0))) for _, amounts in rows]
+                sizes = [amounts.get(self.sum, decimal.Decimal(0)).copy_abs()
+                         for _, amounts in rows]
                 total = sum(sizes, this)
                 if total <= self.max:
                     return None
@@ -4001,8 +4009,8 @@ def policy_pointer_problem(schema, rule, tool_name):
     for label, pointer, tokens in pointers:
         problem = pointer_problem(schema, tokens, hidden)
         if problem:
-            names = sorted(schema.get("properties", {}) if isinstance(
-                schema.get("properties"), dict) else {})
+            names = sorted(n for n in (schema.get("properties") if isinstance(
+                schema.get("properties"), dict) else {}) if n not in hidden)
             return (f"{label} of {tool_name} points at {quote(pointer)}, but {problem}; point "
                     f"at one of: {', '.join('/' + sanitize(n) for n in names) or 'nothing'}")
     return ""
