@@ -11,7 +11,8 @@ Covered, one test per behaviour:
 - Nothing the model is shown names the program, its commands, the config, the database or a
   run id, whatever the policy decided.
 - `limits`: a calls limit denies (or, by default, asks about) the call past it, naming the
-  limit and when it frees up; a sum limit counts exact decimals.
+  limit and when it frees up (also when the model asks again while it waits); a sum limit
+  counts exact decimals.
 - The acceptance race: sixteen payments of 10 from two gate processes on one database, released
   at once against a sum limit of 100, make exactly ten payments.
 - `"operator": "none"`: what would wait is denied and nothing waits.
@@ -298,6 +299,22 @@ def test_a_calls_limit_asks_an_operator_by_default(bankdir):
     assert_hidden(bank, third, collected)
 
 
+def test_asking_again_while_a_limit_waits_still_says_when_it_frees_up(bankdir):
+    """SPEC: past a limit, "the prose names the limit and when it frees up". The model that
+    calls again with the same arguments (as it is told to, once approved) is told the same."""
+    bank = make_bank(bankdir, {"outcome": "allow", "limits": [{"calls": 1, "per": "1h"}]})
+    host = bank.start()
+    assert bank.call(host, {"to": "a", "amount": 1}).text == "paid 1.00 to a"
+    first = bank.call(host, {"to": "b", "amount": 1})
+    again = bank.call(host, {"to": "b", "amount": 1})
+    assert first.prefix == again.prefix == "PENDING_APPROVAL", (first, again)
+    assert again.approval_id() == first.approval_id()
+    frees = f"it frees up at {prose_at(executions_at(bank)[0], 3600)}"
+    assert frees in first.text, first
+    assert frees in again.text, again
+    assert bank.payments() == 1
+
+
 # ---------------------------------------------------------------- 4. sum limits
 
 
@@ -311,7 +328,8 @@ def test_a_sum_limit_keeps_the_sum_of_executed_amounts_under_its_max(bankdir):
     over = bank.call(host, {"to": "d", "amount": 20})
     assert over.prefix == "DENIED", over
     assert "a sum of /amount of at most 100.00 for bank_pay per 24h" in over.text, over
-    assert "frees up at" in over.text
+    # 20 fits once the first 30 leaves the window, a day after it executed.
+    assert f"it frees up at {prose_at(executions_at(bank)[0], 24 * 3600)}" in over.text, over
     fits = bank.call(host, {"to": "e", "amount": 10})
     assert fits.text == "paid 10.00 to e", fits
     full = bank.call(host, {"to": "f", "amount": 1})
@@ -375,6 +393,10 @@ def test_two_gates_racing_never_pass_a_sum_limit_together(bankdir):
     assert len({line["to"] for line in bank.ledger_lines()}) == 10
     assert len(executions_at(bank)) == 10
     assert_hidden(bank, *texts)
+    # Re-checked one by one, with the history before each, every decision comes out the same.
+    code, reports = recheck_json(bank.config)
+    assert sorted(e["result"] for r in reports for e in r["evaluations"]) == ["same"] * 16, reports
+    assert code == 0
 
 
 # ---------------------------------------------------------------- 6. no operator at hand
@@ -550,6 +572,7 @@ def test_recheck_counts_the_history_before_each_decision(bankdir):
     assert results == {first: [("allow", "allow", "same")],
                        second: [("allow", "allow", "same")],
                        third: [("deny", "allow", "different")]}, reports
+    assert {r["identity"] for r in reports} == {"changed"}, reports
     assert code == 1
 
 
@@ -557,8 +580,8 @@ def test_recheck_reads_the_time_of_day_of_the_decision_not_now(bankdir):
     """A `during` entry allows payments in the four hours around now (UTC). Re-checked on a
     clock 12 hours on, the decision is still the same: the recorded time counts. A gate on
     that clock would have asked an operator, which shows the entry does depend on the time."""
-    now = datetime.datetime.now(datetime.timezone.utc)
-    hours = f"{(now - datetime.timedelta(hours=2)):%H:%M}-{(now + datetime.timedelta(hours=2)):%H:%M}"
+    now, two_hours = datetime.datetime.now(datetime.timezone.utc), datetime.timedelta(hours=2)
+    hours = f"{now - two_hours:%H:%M}-{now + two_hours:%H:%M}"  # may run past midnight
     bank = make_bank(bankdir, {"when": [{"during": {"hours": hours, "zone": "UTC"},
                                          "outcome": "allow", "reason": "office hours"}]})
     with bank.start() as host:

@@ -50,6 +50,10 @@ EXERCISED = {
     "python3 ~/bin/agentgate.py runs": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
     "python3 ~/bin/agentgate.py approve laptop.3f9a0c1d2e4b5a69 -approval 9c0e...":
         "test_quickstart_from_nothing_to_a_gated_filesystem_server",
+    'python3 ~/bin/agentgate.py grant bank_pay -if \'{"/amount": {"max": 20}}\' -for 8h -note "errands"':
+        "test_the_policy_examples_work_as_written",
+    "python3 ~/bin/agentgate.py grants": "test_the_policy_examples_work_as_written",
+    "python3 ~/bin/agentgate.py revoke 019a3b4c5d6e7f80": "test_the_policy_examples_work_as_written",
 }
 # Commands the prose names in `inline code` (agentgate's verbs, and chmod).
 INLINE_EXERCISED = {
@@ -61,8 +65,11 @@ INLINE_EXERCISED = {
     "show RUN": "test_the_operator_verbs_the_prose_names",
     "verify": "test_the_operator_verbs_the_prose_names",
     "recheck": "test_the_operator_verbs_the_prose_names",
+    "show": "test_the_policy_examples_work_as_written",
+    "grant": "test_the_policy_examples_work_as_written",
 }
-AGENTGATE_VERBS = {"serve", "pin", "check", "runs", "show", "approve", "reject", "cancel", "verify", "recheck", "demo"}
+AGENTGATE_VERBS = {"serve", "pin", "check", "runs", "show", "approve", "reject", "cancel", "verify", "recheck", "demo",
+                   "grant", "grants", "revoke"}
 HOST_SNIPPETS = {"Claude Desktop", "Cursor"}
 APPROVAL_HINT = re.compile(r"decide with: (.*) approve (\S+) -approval ([0-9a-f]+)")
 
@@ -248,9 +255,11 @@ def test_every_command_the_readme_shows_is_exercised():
     assert inline == set(INLINE_EXERCISED), (
         f"inline commands not exercised: {sorted(inline - set(INLINE_EXERCISED))}; "
         f"exercised but gone: {sorted(set(INLINE_EXERCISED) - inline)}")
-    # Every JSON block is either the configuration or a host's snippet, and both hosts are shown.
+    # Every JSON block is the configuration, a host's snippet, or a server's rules (the Policy
+    # section), and both hosts are shown.
     for before, value in json_blocks(text):
-        assert isinstance(value, dict) and ("servers" in value or "mcpServers" in value), f"unknown JSON block after {before!r}"
+        assert isinstance(value, dict) and ("servers" in value or "mcpServers" in value or
+                                            before.endswith("`rules`:")), f"unknown JSON block after {before!r}"
     readme_config()
     assert set(readme_host_snippets()) == HOST_SNIPPETS
 
@@ -596,3 +605,94 @@ def test_the_install_and_test_command_is_well_formed():
     npm = json.loads((REPO / "tests" / "package.json").read_text())["dependencies"]
     assert {"@modelcontextprotocol/sdk", FS_PACKAGE} <= set(npm)
     assert (REPO / second[-1] / "conftest.py").exists()
+
+
+# ---------------------------------------------------------------- the Policy section
+
+
+def readme_rules(server: str) -> dict:
+    """The rules block the Policy section gives for `server` ("filesystem", "payment", "mail")."""
+    found = [value for before, value in json_blocks(readme_text()) if before.endswith("`rules`:") and server in before]
+    assert len(found) == 1, f"README should show one rules block for the {server} server"
+    return found[0]
+
+
+def test_the_policy_examples_work_as_written(tmp_path):
+    """The Policy section's three rule blocks, run as written: the filesystem server reaching the
+    whole home but writing only under ~/sandbox (symbolic links and `..` included), the
+    payment rules with the bundled fake bank, and the mail rules through `check`; then the
+    section's grant, grants and revoke lines, typed at a terminal."""
+    qs = Quickstart(tmp_path)
+    home = qs.home
+    projects = home / "projects"
+    sandbox = projects / "drafts"
+    outside = projects / "outside"
+    sandbox.mkdir(parents=True)
+    outside.mkdir()
+    (sandbox / "link").symlink_to(outside)
+    # The filesystem server may reach all of ~/projects; the rules alone keep writes in its drafts.
+    fs = {**qs.config["servers"][0], "command": filesystem_server_argv(projects), "rules": readme_rules("filesystem")}
+    bank = {"name": "bank", "command": ["python3", str(home / "bin" / "agentgate.py"), "fake-payments"],
+            "env": [f"FAKE_PAYMENTS_LEDGER={tmp_path / 'ledger'}"], "manifest": "bank.manifest.json",
+            "default_timeout": "30s", "rules": readme_rules("payment")}
+    mail_spec = tmp_path / "mail.spec.json"
+    mail_spec.write_text(json.dumps({"tools": [{"name": "send_email", "description": "Send an email.", "inputSchema": {
+        "type": "object", "required": ["to", "body"],
+        "properties": {"to": {"type": "string"}, "body": {"type": "string"}}}}]}))
+    mail = {"name": "mail", "command": ["python3", str(REPO / "tests" / "scripted_server.py"), str(mail_spec)],
+            "manifest": "mail.manifest.json", "default_timeout": "30s", "rules": readme_rules("mail")}
+    qs.config_path.write_text(json.dumps({**qs.config, "hold": "0s", "servers": [fs, bank, mail]}), encoding="utf-8")
+    qs.operator("pin")
+    checked = qs.operator("check")
+    for line in ("registered write_file as fs_write_file (destructive)",
+                 'when[0]: if /path lies under ["' + str(sandbox) + '"] -> allow',
+                 "when[1]: if /amount is at least 1000 -> deny",
+                 "limits[1]: at most 5 calls to bank_pay per 1h0m0s, then deny",
+                 "when[0]: if /to matches", "on mon-fri from 08:00-19:00 (Europe/Paris)",
+                 "limits[0]: at most 10 calls to mail_send_email per 1h0m0s, then deny"):
+        assert line in checked, f"{line!r} not in:\n{checked}"
+
+    def write(host, path, content="x"):
+        return result_text(host.call("fs_write_file", {"path": str(path), "content": content}))
+    with qs.host() as host:
+        assert not write(host, sandbox / "a.txt", "inside").startswith(("DENIED", "PENDING"))
+        assert (sandbox / "a.txt").read_text() == "inside"
+        (projects / "drafts2").mkdir()
+        for escape in (projects / "notes.txt", f"{sandbox}/../escape.txt", sandbox / "link" / "x.txt",
+                       projects / "drafts2" / "x.txt", "drafts/relative.txt"):
+            answer = write(host, escape)
+            assert answer.startswith("DENIED:"), (escape, answer)
+            assert str(tmp_path) not in answer  # the model is told no path of the policy
+        assert not (projects / "notes.txt").exists() and not (projects / "escape.txt").exists()
+        assert not (outside / "x.txt").exists() and not (projects / "drafts2" / "x.txt").exists()
+        moved = host.call("fs_move_file", {"source": str(sandbox / "a.txt"), "destination": str(sandbox / "b.txt")})
+        assert not moved.is_error and (sandbox / "b.txt").exists(), result_text(moved)
+        away = result_text(host.call("fs_move_file", {"source": str(sandbox / "b.txt"),
+                                                       "destination": str(projects / "b.txt")}))
+        assert away.startswith("DENIED:") and (sandbox / "b.txt").exists(), away
+
+        def pay(to, amount):
+            return result_text(host.call("bank_pay", {"to": to, "amount": amount}))
+        assert pay("landlord", 20) == "paid 20.00 to landlord"
+        assert pay("landlord", 1000).startswith("DENIED: The policy does not allow this request: payments of 1000 or more")
+        assert pay("bob", 5).startswith("PENDING_APPROVAL:")
+
+        # The section's grant line, typed at a terminal: printed in full, asked, granted.
+        status, shown, asked = on_terminal(readme_command("python3 ~/bin/agentgate.py grant "), qs.env, home)
+        assert status == 0 and asked, shown
+        grant_id = re.search(r"GRANT  ([0-9a-f]{16})", shown).group(1)
+        assert "/amount is at most 20" in shown and "errands" in shown and f"grant {grant_id}: in force" in shown
+        assert pay("bob", 6) == "paid 6.00 to bob"  # asked before, now covered by the grant
+        assert pay("bob", 30).startswith("PENDING_APPROVAL:")
+        listed = ok(readme_command("python3 ~/bin/agentgate.py grants"), qs.env, home)
+        assert grant_id in listed and "in force" in listed and "errands" not in listed.split(grant_id)[0]
+        example = readme_command("python3 ~/bin/agentgate.py revoke ")
+        ok(example.replace(example.rsplit(" ", 1)[1], grant_id), qs.env, home)
+        assert pay("bob", 7).startswith("PENDING_APPROVAL:")
+        # show names the grant for the call it let through.
+        paid = [r["run"] for r in json.loads(qs.operator("runs -json"))
+                if r["tool"] == "bank_pay" and r["status"] == "COMPLETED"]
+        shown = [qs.operator(f"show {run_id}") for run_id in paid]
+        assert len(paid) == 2 and sum(f"ran under grant {grant_id}" in text for text in shown) == 1
+    assert len((tmp_path / "ledger").read_text().splitlines()) == 2
+    wait_no_process(tmp_path)
