@@ -3621,12 +3621,12 @@ class Condition:
             return value
         if name == "pattern":
             if not isinstance(value, str):
-                raise ConfigError(f"{where} must be a string, a pattern ECMA-262 accepts")
+                raise ConfigError(f"{where} must be a string, an ECMA-262 pattern")
             try:
                 compile_pattern(value)
             except PatternError as err:
-                raise ConfigError(f"{where} is not a pattern ECMA-262 accepts ({err}); fix "
-                                  f"the pattern") from None
+                raise ConfigError(f"{where} cannot be used ({err}): write an ECMA-262 pattern "
+                                  f"without backreferences, lookaround or \\p{{...}}") from None
             return value
         if name in ("min", "max"):
             return parse_decimal(value, where)
@@ -3959,12 +3959,13 @@ def policy_decision(config, tool, args, facts, rerun=False, approved=False):
 
 
 def frees_text(decision):
-    """When a limit that decided frees up, as the model is told it ('' when none did)."""
+    """When a limit that decided frees up, as people read it ('' when no limit decided):
+    rounded up to the second, so a call made at that time is within it."""
     if "frees" not in decision:
         return ""
     if decision["frees"] is NEVER:
-        return "; this call alone is above it"
-    return f"; it frees up at {prose_time(format_time(decision['frees']))}"
+        return "this call alone is above it"
+    return f"it frees up at {prose_time(format_time(math.ceil(decision['frees'])))}"
 
 
 def rule_lines(rule, tool_name):
@@ -4183,11 +4184,11 @@ def evaluate(config, tool, args, facts, attempt=None, approved=False):
                 f"these arguments?")
     presentation = {**capability, "question": question, "reason": decision["reason"]}
     if decision["by"] not in ("class", "rule outcome"):
-        # What decided is part of what the operator approves; a limit is named without the
-        # time it frees up, which changes while the question waits.
+        # What decided is part of what the operator approves. When a limit frees up is fixed
+        # by the history before the decision, so recheck, reading that history, hashes alike.
         presentation["decided_by"] = decision["by"]
         if "limit" in decision:
-            presentation["limit"] = decision["limit"]
+            presentation.update(limit=decision["limit"], frees=frees_text(decision))
     decision.update(kind=tool.side_effect, capability=capability, presentation=presentation)
     return decision
 
@@ -4772,10 +4773,10 @@ class Gate:
         if problem:
             return answer("INVALID", reason=clean(problem, 1000))
         if decision["outcome"] == "deny":
-            return answer("DENIED", reason=clean(decision["reason"] + frees_text(decision),
-                                                 500))
+            frees = frees_text(decision)
+            return answer("DENIED", reason=clean(decision["reason"] + (f"; {frees}" if frees
+                                                                       else ""), 500))
         approval = made["approval"]
-        approval["frees"] = frees_text(decision)
         self._log_waiting(approval, tool, run_id)
         return Wait(approval)
 
@@ -4917,8 +4918,8 @@ def waiting_answer(approval):
     if approval["kind"] != "interrupted_side_effect":
         presentation = approval["presentation"] if "presentation" in approval else \
             parse(approval["presentation_json"])
-        limit = (f" It waits because a limit is reached: {clean(presentation['limit'], 300)}"
-                 f"{approval.get('frees', '')}." if "limit" in presentation else "")
+        limit = (f" It waits because a limit is reached: {clean(presentation['limit'], 300)}; "
+                 f"{presentation['frees']}." if "limit" in presentation else "")
         return answer("PENDING_APPROVAL", approval=approval["id"], limit=limit)
     capability = approval["capability"] if "capability" in approval else \
         parse(approval["capability_json"])
@@ -5585,7 +5586,7 @@ def print_approval(approval, full=False, late=()):
             shown, size, cut_here = shown_value(value, full)
             shortened = shortened or cut_here
             print(f"    {sanitize(name)} = {shown}   ({size} bytes)")
-    for label in ("question", "reason", "decided_by", "limit", "notice"):
+    for label in ("question", "reason", "decided_by", "limit", "frees", "notice"):
         if presentation.get(label):
             print(f"  {label.replace('_', ' '):<14} {sanitize(str(presentation[label]))}")
     attempt = parse(approval["capability_json"]).get("interrupted") or {}

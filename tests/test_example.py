@@ -34,7 +34,7 @@ def test_the_bundled_example_pins_checks_and_serves(workdir):
     for line in ("registered balance as bank_balance (read_only)",
                  "registered pay as bank_pay (remote_mutation)",
                  "registered refund as bank_refund (destructive)",
-                 "when[0]: if /amount is at most 50.00 and /to is one of [\"landlord\",\"grocer\"]"
+                 "when[0]: if /amount is at least 0.01 and is at most 50.00 and /to is one of [\"landlord\",\"grocer\"]"
                  " -> allow (a small payment to a known payee)",
                  "limits[0]: a sum of /amount of at most 100.00 for bank_pay per 24h0m0s, then "
                  "require_approval",

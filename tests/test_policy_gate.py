@@ -28,6 +28,7 @@ Covered, one test per behaviour:
 from __future__ import annotations
 
 import datetime
+import math
 import json
 import sys
 import threading
@@ -94,8 +95,9 @@ def policy_of(bank: Bank, run_id: str) -> dict:
 
 
 def prose_at(stored: str, seconds: float = 0.0) -> str:
-    """A stored time plus `seconds`, as the model's prose prints a time (UTC, to the second)."""
-    moment = datetime.datetime.fromtimestamp(stored_seconds(stored) + seconds,
+    """A stored time plus `seconds`, as the model's prose prints when a limit frees up (UTC,
+    rounded up to the second, so a call made then is within the limit)."""
+    moment = datetime.datetime.fromtimestamp(math.ceil(stored_seconds(stored) + seconds),
                                              datetime.timezone.utc)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
