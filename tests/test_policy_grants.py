@@ -12,6 +12,7 @@ grants), so nothing here is ported.
 import json
 
 from kit import Bank, agentgate, event_rows, operator, release
+from kit import bankdir  # noqa: F401 (fixture)
 
 SMALL = {"/amount": {"max": 20}}
 
@@ -27,7 +28,8 @@ def grant_id(done) -> str:
     return done.stdout.split("GRANT", 1)[1].split()[0]
 
 
-def test_a_grant_lets_matching_calls_run_without_asking(workdir):
+def test_a_grant_lets_matching_calls_run_without_asking(bankdir):
+    workdir = bankdir
     bank = Bank(workdir)
     done = grant(bank, "bank_pay", "-if", json.dumps(SMALL), "-for", "2h", "-note", "rent week",
                  "-yes")
@@ -58,7 +60,8 @@ def test_a_grant_lets_matching_calls_run_without_asking(workdir):
     assert operator(bank.config, "verify").returncode == 0
 
 
-def test_a_grant_never_turns_a_deny(workdir):
+def test_a_grant_never_turns_a_deny(bankdir):
+    workdir = bankdir
     bank = Bank(workdir, rules={"pay": {"when": [
         {"if": {"/amount": {"min": 10}}, "outcome": "deny", "reason": "too much"}]}})
     grant(bank, "bank_pay", "-yes")
@@ -70,7 +73,8 @@ def test_a_grant_never_turns_a_deny(workdir):
     assert bank.payments() == 0
 
 
-def test_a_revoked_grant_covers_nothing_more(workdir):
+def test_a_revoked_grant_covers_nothing_more(bankdir):
+    workdir = bankdir
     bank = Bank(workdir)
     gid = grant_id(grant(bank, "bank_pay", "-yes"))
     host = bank.start()
@@ -86,7 +90,8 @@ def test_a_revoked_grant_covers_nothing_more(workdir):
     assert "grant.revoked" in [row[4] for row in event_rows(bank.db_path)]
 
 
-def test_limits_still_count_what_a_grant_lets_through(workdir):
+def test_limits_still_count_what_a_grant_lets_through(bankdir):
+    workdir = bankdir
     bank = Bank(workdir, rules={"pay": {"limits": [{"calls": 2, "per": "1h", "then": "deny"}]}})
     grant(bank, "bank_pay", "-yes")
     host = bank.start()
@@ -97,7 +102,8 @@ def test_limits_still_count_what_a_grant_lets_through(workdir):
     assert bank.payments() == 2
 
 
-def test_with_no_operator_what_would_wait_is_denied_unless_granted(workdir):
+def test_with_no_operator_what_would_wait_is_denied_unless_granted(bankdir):
+    workdir = bankdir
     bank = Bank(workdir, operator="none")
     host = bank.start()
     denied = bank.call(host, {"to": "bob", "amount": 5})
@@ -110,7 +116,8 @@ def test_with_no_operator_what_would_wait_is_denied_unless_granted(workdir):
     assert bank.payments() == 1
 
 
-def test_a_grant_is_refused_when_it_cannot_be_what_it_says(workdir):
+def test_a_grant_is_refused_when_it_cannot_be_what_it_says(bankdir):
+    workdir = bankdir
     bank = Bank(workdir, grant_ttl="2h")
     cases = [
         (["bank_nothing", "-yes"], "no configured tool is named"),
@@ -130,10 +137,11 @@ def test_a_grant_is_refused_when_it_cannot_be_what_it_says(workdir):
     assert not bank.db_path.exists()  # nothing was granted, nor any file made
 
 
-def test_a_grant_is_confirmed_at_a_terminal_question(workdir):
+def test_a_grant_is_confirmed_at_a_terminal_question(bankdir):
     """Without -yes the grant is asked about; anything but yes grants nothing. (stdin is not a
     terminal here, so the refusal is what a script gets; the interactive path is the same
     input() as approve's, covered by the approval tests' terminal runs.)"""
+    workdir = bankdir
     bank = Bank(workdir)
     done = agentgate("grant", "bank_pay", "-config", str(bank.config))
     assert done.returncode == 2 and "refusing without -yes" in done.stderr
@@ -141,9 +149,10 @@ def test_a_grant_is_confirmed_at_a_terminal_question(workdir):
     assert not bank.db_path.exists()
 
 
-def test_a_grant_never_re_runs_an_unknown_outcome(workdir):
+def test_a_grant_never_re_runs_an_unknown_outcome(bankdir):
     """A payment that times out may have gone through: its re-run, and every other payment
     while it is unknown, wait for an operator's decision about that attempt, grant or not."""
+    workdir = bankdir
     bank = Bank(workdir, rules={"pay": {"timeout": "1s"}})
     grant(bank, "bank_pay", "-yes")
     host = bank.start()

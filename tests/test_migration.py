@@ -1,0 +1,84 @@
+"""A database written by agentgate before the policy engine (schema version 1) is migrated in
+place the first time the gate starts on it: its chain still verifies and goes on from the same
+head, its runs still show and re-check, and what it left open still holds (an unknown outcome
+still blocks its tool and is still decided by an operator).
+
+tests/v1_database.sql is the dump of such a database, made by the agentgate of commit 6348037
+in front of the fake bank: a read, a payment approved and executed, one rejected, and one
+approved whose re-run timed out (its outcome unknown, a question pending).
+"""
+
+import json
+import sqlite3
+from pathlib import Path
+
+from kit import Bank, operator, release
+from kit import bankdir  # noqa: F401 (fixture)
+
+DUMP = Path(__file__).resolve().parent / "v1_database.sql"
+
+
+def old_database(workdir: Path) -> Path:
+    path = workdir / "runs.db"
+    db = sqlite3.connect(path)
+    db.executescript(DUMP.read_text(encoding="utf-8"))
+    db.close()
+    path.chmod(0o600)
+    return path
+
+
+def versions(path) -> list[int]:
+    db = sqlite3.connect(path)
+    try:
+        return [row[0] for row in db.execute("SELECT version FROM schema_migrations ORDER BY 1")]
+    finally:
+        db.close()
+
+
+def test_a_version_1_database_is_migrated_in_place_and_keeps_its_meaning(bankdir):
+    workdir = bankdir
+    path = old_database(workdir)
+    bank = Bank(workdir, rules={"pay": {"timeout": "2s"}}, session="old", hold="0s")
+    assert bank.db_path == path and versions(path) == [1]
+    old_runs = [row[0] for row in bank.query("SELECT id FROM runs ORDER BY rowid")]
+    head = bank.query("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")[0]
+
+    # Operator commands read; they do not migrate behind the gate's back.
+    refused = operator(bank.config, "verify", ok=False)
+    assert refused.returncode == 1 and "start the gate once to migrate it" in refused.stderr
+
+    host = bank.start()
+    host.list_tools()
+    assert versions(path) == [1, 2]
+    verified = operator(bank.config, "verify")
+    assert f"intact: {head[0]} event(s), seq 1 to {head[0]}" in verified.stdout
+    assert f"head: seq {head[0]} {head[1]}" in verified.stdout
+
+    listed = {r["run"]: r for r in json.loads(operator(bank.config, "runs", "-json").stdout)}
+    assert set(old_runs) <= set(listed)
+    statuses = sorted(listed[run]["status"] for run in old_runs)
+    assert statuses == ["CANCELLED", "COMPLETED", "COMPLETED", "WAITING_FOR_APPROVAL"], statuses
+    for run in old_runs:
+        shown = operator(bank.config, "show", run)
+        assert f"run       {run}" in shown.stdout and "events" not in shown.stderr
+    rechecked = operator(bank.config, "recheck", "-json", ok=False)
+    assert rechecked.returncode == 0, rechecked.stdout + rechecked.stderr
+    assert all(r["same"] for r in json.loads(rechecked.stdout))
+
+    # The unknown outcome it left still blocks every other payment, and still waits.
+    blocked = bank.call(host, {"to": "lou", "amount": 1})
+    assert blocked.prefix == "BLOCKED", blocked
+    kim = {"to": "kim", "amount": 1, "mode": "block"}
+    waiting = bank.call(host, kim)
+    assert waiting.prefix == "UNKNOWN_OUTCOME", waiting
+    (unknown,) = [run for run in old_runs if listed[run]["status"] == "WAITING_FOR_APPROVAL"]
+    release(workdir)
+    bank.approve(unknown, waiting.approval_id())
+    assert bank.call(host, kim).text == "paid 1.00 to kim"
+    assert bank.call(host, {"account": "A-1"}, tool="bank_balance").text == \
+        "account A-1 holds 120.00 EUR"
+
+    # New events chain on the old head; the whole chain verifies.
+    again = operator(bank.config, "verify")
+    assert "intact:" in again.stdout and f"seq 1 to {head[0]}" not in again.stdout
+    assert bank.query("SELECT count(*) FROM executions")[0][0] >= 1
