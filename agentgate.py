@@ -68,7 +68,7 @@ import time
 import unicodedata
 
 PROGRAM = "agentgate"
-VERSION = "0.1.0"
+VERSION = "0.2.0"
 
 
 # =============================================================================================
@@ -6506,6 +6506,7 @@ USAGE = f"""usage: agentgate.py [serve] [-config FILE]
        agentgate.py runs|show|approve|reject|cancel|verify|recheck ... (-h for each)
        agentgate.py grant|grants|revoke ... (-h for each)
        agentgate.py demo
+       agentgate.py -version
 
 {__doc__.split("Sections,")[0].split("Scope.")[1].strip()}
 
@@ -6676,6 +6677,9 @@ def main(argv=None):
                 "fake-payments": lambda a: fake_payments()}
     if argv and argv[0] in ("-h", "--help", "help"):
         sys.stderr.write(USAGE)
+        return 0
+    if argv and argv[0] in ("-version", "--version"):
+        print(f"{PROGRAM} {VERSION}")
         return 0
     if len(argv) > 2 and argv[0].lstrip("-") in ("config", "db") and argv[2] in commands:
         argv = [argv[2], *argv[:2], *argv[3:]]  # `-config FILE approve ...` reads as written

@@ -141,3 +141,10 @@ def test_pin_writes_what_the_server_presents(workdir):
     assert manifest["tools"]["balance"]["annotations"] == {"readOnlyHint": True}
     assert "annotations" not in manifest["tools"]["refund"]
     assert config.exists()
+
+
+def test_version_prints_the_version_and_nothing_else():
+    for flag in ("-version", "--version"):
+        done = agentgate(flag)
+        assert done.returncode == 0 and done.stderr == "", done
+        assert re.fullmatch(r"agentgate \d+\.\d+\.\d+\n", done.stdout), done.stdout
