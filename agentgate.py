@@ -255,6 +255,7 @@ _HTML_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028"
 
 
 STRING_CHUNK = 1 << 20
+_ESCAPE = json.encoder.encode_basestring  # what json.dumps(s, ensure_ascii=False) runs, in C
 
 
 def _encode_string(s, html):
@@ -264,10 +265,10 @@ def _encode_string(s, html):
     in C, so a long escape-heavy string costs one linear pass; the html characters are never
     produced by an escape, so replacing them afterwards cannot touch one."""
     if len(s) > STRING_CHUNK:  # escaped a piece at a time: no single long call
-        text = '"' + "".join(json.dumps(s[i:i + STRING_CHUNK], ensure_ascii=False)[1:-1]
+        text = '"' + "".join(_ESCAPE(s[i:i + STRING_CHUNK])[1:-1]
                              for i in range(0, len(s), STRING_CHUNK)) + '"'
     else:
-        text = json.dumps(s, ensure_ascii=False)
+        text = _ESCAPE(s)
     if html:
         for ch, escape in _HTML_ESCAPES:
             if ch in text:
@@ -1277,16 +1278,19 @@ class Tx:
         self.event(run_id, "run.created", {"goal": f"call {tool}", "tools": tool_hashes})
         self.event(run_id, "run.started", {})
 
-    def start_step(self, run_id, decision, spec=None):
-        """A new step holding one decision: the model's call, a re-run, or the closing one."""
+    def keep_spec(self, tool):
+        """The tool spec a step was decided under, stored once by its hash."""
+        self.execute("INSERT OR IGNORE INTO tool_specs(hash, spec_json) VALUES(?,?)",
+                     (tool.spec_hash, tool.spec_json))
+        return tool.spec_hash
+
+    def start_step(self, run_id, decision, tool=None):
+        """A new step holding one decision: the model's call, a re-run, or the closing one;
+        `tool` names the spec a call's step is decided under."""
         step_id = new_id(16)
         index = self.execute("SELECT step_count FROM runs WHERE id=?", (run_id,)).fetchone()[0]
         self.execute("UPDATE runs SET step_count=step_count+1 WHERE id=?", (run_id,))
-        spec_hash = ""
-        if spec is not None:
-            spec_hash = content_hash(spec)
-            self.execute("INSERT OR IGNORE INTO tool_specs(hash, spec_json) VALUES(?,?)",
-                         (spec_hash, dumps(spec)))
+        spec_hash = self.keep_spec(tool) if tool is not None else ""
         self.execute("INSERT INTO steps(id, run_id, idx, status, decision_json, spec_hash, "
                      "started_at) VALUES(?,?,?,?,?,?,?)", (step_id, run_id, index, "deciding",
                                                           dumps(decision), spec_hash, now()))
@@ -1484,6 +1488,45 @@ class Tx:
                      "'awaiting_approval'", (now(), step_id))
         self.finish_run(run_id, "CANCELLED", "approval_expired",
                         f"approval {approval_id} expired")
+
+    def record_read(self, run_id, session, key, tool, decision, policy, policy_id, started,
+                    observation, ended, duration_ms):
+        """A read the policy allowed, recorded whole once it answered: its calls row, run and
+        one step, and one chained event that carries what show, recheck and verify read (the
+        request, the decision with its policy identity and spec hash, and the outcome). It
+        has no effect for a crash to leave unknown, so nothing of it is recorded before it
+        runs. `ended` is (status, reason, detail) of the run."""
+        at = now()
+        ok = observation["kind"] == "tool_result"
+        status, reason, detail = ended
+        self.execute("UPDATE calls SET open=0, closed_at=? WHERE session=? AND request_key=? "
+                     "AND open=1", (at, session, key))
+        self.execute("INSERT INTO calls(session, request_key, tool, side_effect, run_id, "
+                     "created_at, settled_at, outcome) VALUES(?,?,?,?,?,?,?,?)",
+                     (session, key, tool.target, tool.side_effect, run_id, started, at,
+                      OUTCOME_KNOWN))
+        self.execute("INSERT INTO runs(id, session, tool, status, reason, detail, step_count, "
+                     "created_at, finished_at, result_json) VALUES(?,?,?,?,?,?,1,?,?,?)",
+                     (run_id, session, tool.name, status, reason, detail, started, at,
+                      dumps(observation["content"]) if ok else ""))
+        step_id = new_id(16)
+        self.execute("INSERT INTO steps(id, run_id, idx, status, decision_json, policy_json, "
+                     "observation_json, spec_hash, policy_id, started_at, finished_at) "
+                     "VALUES(?,?,0,?,?,?,?,?,?,?,?)",
+                     (step_id, run_id, "done" if ok else "failed", dumps(decision),
+                      dumps(policy), dumps(observation), self.keep_spec(tool), policy_id,
+                      started, at))
+        self.execute("INSERT INTO executions(tool, at, run_id, step_id) VALUES(?,?,?,?)",
+                     (tool.target, started, run_id, step_id))
+        payload = {"decision": kept_once(decision), "duration_ms": duration_ms,
+                   "policy": {**policy, "policy_id": policy_id, "spec_hash": tool.spec_hash},
+                   "status": status, "reason": reason, "detail": detail}
+        if ok:
+            payload.update(summary=observation["summary"],
+                           content_hash=observation["content_hash"])
+        else:
+            payload["error"] = observation["content"]["error"]
+        self.event(run_id, "run.read", payload, step_id)
 
     def create_grant(self, grant):
         """An operator's standing approval, chained like their other decisions."""
@@ -1861,8 +1904,13 @@ class Store:
             "ORDER BY seq", (run_id,))]
 
     def policy_events(self, run_id):
-        return self.read("SELECT seq, step_id, payload_json, at FROM events WHERE run_id=? AND "
-                         "type='step.policy' ORDER BY seq", (run_id,))
+        """A run's decisions of the policy as (seq, step id, the recorded policy, at): the
+        step.policy events, or the policy a read's one run.read event carries."""
+        return [(seq, step_id, payload if type_ == "step.policy" else
+                 policy_json(parse(payload)["policy"]), at) for seq, step_id, payload, at, type_
+                in self.read("SELECT seq, step_id, payload_json, at, type FROM events WHERE "
+                             "run_id=? AND type IN ('step.policy', 'run.read') ORDER BY seq",
+                             (run_id,))]
 
     def tool_spec(self, spec_hash):
         row = self.read_one("SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,))
@@ -3092,7 +3140,8 @@ class Tool:
         self.spec = {"name": self.name, "description": self.description,
                      "input_schema": self.schema, "side_effect": self.side_effect,
                      "timeout": self.timeout}
-        self.spec_hash = content_hash(self.spec)
+        self.spec_json = dumps(self.spec)  # encoded once: a step names its spec by this hash
+        self.spec_hash = sha256_hex(self.spec_json)
 
     @property
     def read_only(self):
@@ -4324,10 +4373,11 @@ class Wait:
 
 class Execute:
     """A verdict: the request runs now. `step_id` is None for a read whose run is recorded
-    with its outcome, by `begin`, in one transaction after it answers."""
+    whole with its outcome, by `record(tx, observation, ending, elapsed_ms)`, in one
+    transaction after it answers."""
 
-    def __init__(self, run_id, step_id, args, begin=None):
-        self.run_id, self.step_id, self.args, self.begin = run_id, step_id, args, begin
+    def __init__(self, run_id, step_id, args, record=None):
+        self.run_id, self.step_id, self.args, self.record = run_id, step_id, args, record
 
 
 STOP = "stop"  # rule 5 met an unknown outcome: look no further back, let rule 6 decide
@@ -4724,10 +4774,11 @@ class Gate:
         problem = invalid[0] if invalid else check_arguments(tool, args)
         fast = None
         if not problem and tool.read_only and not tool.rule.limits and not attempt:
-            # A read the policy allows is recorded in one transaction after it answers: it
-            # has no effect for a crash to leave unknown, so recording it first would only
-            # cost a second commit. Only a decision no write can change goes this way: one
-            # with no limit to count and no grant that could be revoked meanwhile.
+            # A read the policy allows is recorded whole in one transaction after it answers
+            # (Tx.record_read): it has no effect for a crash to leave unknown, so recording it
+            # first would only cost a second commit. Only a decision no write can change goes
+            # this way: one with no limit to count and no grant that could be revoked
+            # meanwhile.
             facts = self._facts(tool)
             decision = evaluate(self.config, tool, args, facts)
             if decision["outcome"] == "allow" and "grant" not in decision:
@@ -4740,7 +4791,7 @@ class Gate:
                          ANY_ROW if tool.read_only else seen)
             recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
             step_id = tx.start_step(run_id, {**recorded, "kind": TOOL_CALL, "origin": origin,
-                                             "tool": tool.name}, tool.spec)
+                                             "tool": tool.name}, tool)
             if problem:
                 self._refuse(tx, run_id, step_id, "invalid_decision",
                              f"invalid decision: {problem}")
@@ -4763,8 +4814,17 @@ class Gate:
             return step_id
 
         if fast:
+            decision, facts = fast
+            started = now()
+
+            def record(tx, observation, ending, elapsed):
+                tx.record_read(run_id, self.config.session, key, tool, {
+                    "args": args, "kind": TOOL_CALL, "origin": origin, "tool": tool.name},
+                    _policy_record(decision, facts), self.policy_id, started, observation,
+                    ("COMPLETED", "goal_completed", f"terminal tool {tool.name}")
+                    if ending == "ok" else ("FAILED", "goal_failed", CLOSING[ending]), elapsed)
             self.active.add(run_id)
-            return Execute(run_id, None, args, begin)
+            return Execute(run_id, None, args, record)
         step_id = self._write_active(run_id, begin)
         decision = made.get("decision")
         if decision and decision["outcome"] == "allow":
@@ -4816,9 +4876,8 @@ class Gate:
         rerun = {}
 
         def record(tx):
-            nonlocal step_id
-            if verdict.begin:
-                step_id = verdict.begin(tx)
+            if verdict.record:  # a read, recorded whole
+                return verdict.record(tx, observation, ending, elapsed)
             if tx.run_holder(run_id) != ("RUNNING", self.owner):
                 # Cancelled, or taken over after this process lost its lease: the outcome
                 # is kept as a late event and the run is left as its new owner has it.
@@ -4863,7 +4922,7 @@ class Gate:
             tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending])
             return {}
         rerun_step = tx.start_step(run_id, {"args": args, "kind": TOOL_CALL,
-                                            "origin": "operator", "tool": tool.name}, tool.spec)
+                                            "origin": "operator", "tool": tool.name}, tool)
         tx.record_policy(run_id, rerun_step, _policy_record(decision, facts), self.policy_id)
         approval = new_approval(self.config, run_id, rerun_step, tool, args, decision)
         tx.pause(run_id, rerun_step, approval)

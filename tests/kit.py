@@ -712,13 +712,16 @@ def assert_chained(rows) -> None:
 
 
 def policy_evaluations(db) -> list[dict]:
-    """Every step.policy event with what the re-check report says of it, in seq order."""
+    """Every decision of the policy with what the re-check report says of it, in seq order: the
+    step.policy events, and the policy an allowed read's one run.read event carries."""
     found, seen_steps = [], set()
-    for seq, run_id, step_id, payload, idx, tool_name in query(
-            db, "SELECT e.seq, e.run_id, e.step_id, e.payload_json, s.idx, r.tool FROM events e "
+    for seq, run_id, step_id, payload, idx, tool_name, type_ in query(
+            db, "SELECT e.seq, e.run_id, e.step_id, e.payload_json, s.idx, r.tool, e.type FROM events e "
                 "JOIN steps s ON s.id = e.step_id JOIN runs r ON r.id = e.run_id "
-                "WHERE e.type='step.policy' ORDER BY e.seq"):
+                "WHERE e.type IN ('step.policy', 'run.read') ORDER BY e.seq"):
         recorded = json.loads(payload)
+        if type_ == "run.read":
+            recorded = recorded["policy"]
         found.append({"seq": seq, "run_id": run_id, "step_id": step_id, "step_index": idx, "tool": tool_name,
                       "on_resume": step_id in seen_steps, "outcome": recorded["outcome"],
                       "policy_id": recorded.get("policy_id", "")})

@@ -65,6 +65,8 @@ DENIED = ["run.created", "run.started", "step.started", "step.decided", "step.po
 INVALID = ["run.created", "run.started", "step.started", "step.decided", "step.failed",
            "step.started", "step.decided", "run.finished"]
 PENDING = ["run.created", "run.started", "step.started", "step.decided", "step.policy", "approval.requested"]
+# An allowed read is recorded whole after it answers, in one event (issue 11).
+READ = ["run.read"]
 
 
 def encoded_len(text: str) -> int:
@@ -133,6 +135,11 @@ def test_pending_approval_names_its_approval_and_runs_nothing(workdir):
     assert f"approve {run_id} -approval {approval_id}" in log
 
 
+def steps_spec_hash(db, run_id: str) -> str:
+    (spec_hash,) = db.execute("SELECT spec_hash FROM steps WHERE run_id=?", (run_id,)).fetchone()
+    return spec_hash
+
+
 def test_upstream_error_and_structured_result(workdir):
     config = bank(workdir, rules={"pay": {"outcome": "allow"}})
     with gate_host(config) as host:
@@ -159,7 +166,13 @@ def test_runs_record_what_happened(workdir):
             ("bank_balance", "COMPLETED"), ("bank_refund", "FAILED"), ("bank_balance", "FAILED")]
         assert all(r[0].startswith("test.") for r in recorded)
         allowed, denied, invalid = (r[0] for r in recorded)
-        assert event_types(db, allowed) == ALLOWED
+        assert event_types(db, allowed) == READ
+        (payload,) = [json.loads(row[0]) for row in db.execute(
+            "SELECT payload_json FROM events WHERE run_id=?", (allowed,))]
+        assert payload["decision"]["args"] == {"account": "z"} and payload["status"] == "COMPLETED"
+        assert payload["policy"]["outcome"] == "allow" and payload["policy"]["policy_id"]
+        assert payload["policy"]["spec_hash"] == steps_spec_hash(db, allowed)
+        assert payload["summary"] and len(payload["content_hash"]) == 64
         assert event_types(db, denied) == DENIED
         assert event_types(db, invalid) == INVALID
         for run_id, kind in ((denied, "policy_denied"), (invalid, "invalid_decision")):

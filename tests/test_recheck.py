@@ -508,7 +508,7 @@ def test_every_decision_records_the_identity_and_the_tool_spec(recorded, workdir
 
 
 def test_every_policy_event_names_the_tool_spec_it_was_made_for(recorded, workdir):
-    # Reference sections 2.5 and 3.5: the chained step.policy event carries policy_id and
+    # Reference sections 2.5 and 3.5: the chained policy event carries policy_id and
     # spec_hash, so the audit chain binds which tool (as described and classified) a decision
     # was made for, not only the unchained steps table.
     recorded.clone(workdir)
@@ -516,5 +516,7 @@ def test_every_policy_event_names_the_tool_spec_it_was_made_for(recorded, workdi
         (payload, spec_hash) = query(workdir / DB, "SELECT e.payload_json, s.spec_hash FROM events e JOIN steps s "
                                                    "ON s.id = e.step_id WHERE e.seq=?", (e["seq"],))[0]
         recorded_event = json.loads(payload)
+        # An allowed read's decision is chained in its one run.read event, under "policy".
+        recorded_event = recorded_event.get("policy", recorded_event)
         assert recorded_event.get("policy_id") == e["policy_id"] and e["policy_id"]
         assert recorded_event.get("spec_hash") == spec_hash, f"step.policy at seq {e['seq']}: {payload}"
