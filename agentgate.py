@@ -1040,6 +1040,7 @@ SCHEMA = [
     # Version 1. A run is one tools/call; a step is one proposal inside it (the model's call,
     # the gate's own re-run of an unknown outcome, the closing decision). The calls table is
     # an index and a cache over runs: truth is always read from the run and its steps.
+    # (runs.result_json is no longer written: a result is kept once, in its step.)
     """
     CREATE TABLE runs(id TEXT PRIMARY KEY, session TEXT NOT NULL, tool TEXT NOT NULL,
         status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', detail TEXT NOT NULL DEFAULT '',
@@ -1314,8 +1315,7 @@ class Tx:
         self.event(run_id, "step.failed", {"detail": detail, "observation": observation},
                    step_id)
 
-    def finish_run(self, run_id, status, reason, detail, result=None, extra=None,
-                   outcome=None):
+    def finish_run(self, run_id, status, reason, detail, extra=None, outcome=None):
         """End a run and settle its row in the calls index with what its attempt came to.
 
         A run that did not complete gets a closing step first, so every run's steps say how
@@ -1338,9 +1338,8 @@ class Tx:
                          (now(), step_id))
         steps = self.execute("SELECT step_count FROM runs WHERE id=?", (run_id,)).fetchone()[0]
         self.execute("UPDATE runs SET status=?, reason=?, detail=?, finished_at=?, "
-                     "result_json=?, lease_owner='', lease_expires_at='' WHERE id=?",
-                     (status, reason, detail, now(), "" if result is None else dumps(result),
-                      run_id))
+                     "lease_owner='', lease_expires_at='' WHERE id=?",
+                     (status, reason, detail, now(), run_id))
         self.event(run_id, "run.finished", {"status": status, "reason": reason,
                                             "detail": detail, "steps": steps, **(extra or {})})
         self.execute("UPDATE calls SET settled_at=?, outcome=? WHERE run_id=?",
@@ -1409,7 +1408,7 @@ class Tx:
         self.event(run_id, "step.tool_finished", payload, step_id)
         if ok:
             self.finish_run(run_id, "COMPLETED", "goal_completed", f"terminal tool {tool}",
-                            result=observation["content"], outcome=OUTCOME_KNOWN)
+                            outcome=OUTCOME_KNOWN)
         else:
             self.event(run_id, "step.failed", {"detail": observation["summary"],
                                                "observation": observation}, step_id)
@@ -1495,7 +1494,9 @@ class Tx:
         one step, and one chained event that carries what show, recheck and verify read (the
         request, the decision with its policy identity and spec hash, and the outcome). It
         has no effect for a crash to leave unknown, so nothing of it is recorded before it
-        runs. `ended` is (status, reason, detail) of the run."""
+        runs. It comes this way only when its tool has no limit, so no execution row is
+        written for it: a limit later given to a read tool counts from then on. `ended` is
+        (status, reason, detail) of the run."""
         at = now()
         ok = observation["kind"] == "tool_result"
         status, reason, detail = ended
@@ -1506,9 +1507,8 @@ class Tx:
                      (session, key, tool.target, tool.side_effect, run_id, started, at,
                       OUTCOME_KNOWN))
         self.execute("INSERT INTO runs(id, session, tool, status, reason, detail, step_count, "
-                     "created_at, finished_at, result_json) VALUES(?,?,?,?,?,?,1,?,?,?)",
-                     (run_id, session, tool.name, status, reason, detail, started, at,
-                      dumps(observation["content"]) if ok else ""))
+                     "created_at, finished_at) VALUES(?,?,?,?,?,?,1,?,?)",
+                     (run_id, session, tool.name, status, reason, detail, started, at))
         step_id = new_id(16)
         self.execute("INSERT INTO steps(id, run_id, idx, status, decision_json, policy_json, "
                      "observation_json, spec_hash, policy_id, started_at, finished_at) "
@@ -1516,11 +1516,9 @@ class Tx:
                      (step_id, run_id, "done" if ok else "failed", dumps(decision),
                       dumps(policy), dumps(observation), self.keep_spec(tool), policy_id,
                       started, at))
-        self.execute("INSERT INTO executions(tool, at, run_id, step_id) VALUES(?,?,?,?)",
-                     (tool.target, started, run_id, step_id))
         payload = {"decision": kept_once(decision), "duration_ms": duration_ms,
                    "policy": {**policy, "policy_id": policy_id, "spec_hash": tool.spec_hash},
-                   "status": status, "reason": reason, "detail": detail}
+                   "status": status}
         if ok:
             payload.update(summary=observation["summary"],
                            content_hash=observation["content_hash"])
@@ -5046,7 +5044,7 @@ SERVER_INFO = {"name": "gated-tools", "version": VERSION}
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 BATCH_VERSIONS = ("2024-11-05", "2025-03-26")
 MAX_HOST_LINE = 16 * 1024 * 1024
-MAX_IN_FLIGHT = 64  # requests handled at once, each on a thread of its own
+MAX_IN_FLIGHT = 64  # requests handled at once, each on a worker thread of its own
 STATUS_DESCRIPTION = (
     "Reports which requests of this session wait for an operator's approval, or, given the "
     "approval id a pending answer named, what became of that request: pending, approved, "
@@ -5055,6 +5053,51 @@ STATUS_DESCRIPTION = (
 
 class Shutdown(Exception):
     """Raised in the main thread by SIGINT or SIGTERM before serving began."""
+
+
+class Workers:
+    """The threads requests are handled on: an idle one takes the next request, and a new one
+    is started only when none is idle, so a busy host does not pay a thread's start per call,
+    and there are never more threads than requests once handled at the same time (at most
+    MAX_IN_FLIGHT, which the host side admits). A thread idle for IDLE_SECONDS ends."""
+
+    IDLE_SECONDS = 2.0
+
+    def __init__(self):
+        self.tasks = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.idle = 0
+
+    def submit(self, task):
+        # Each task either claims an idle thread or starts one, under the lock, so every task
+        # on the queue has a waiting thread that will take it; `idle` counts the waiting
+        # threads no task has claimed.
+        with self.lock:
+            claimed = self.idle > 0
+            if claimed:
+                self.idle -= 1
+        self.tasks.put(task)
+        if not claimed:
+            threading.Thread(target=self._work, daemon=True).start()
+
+    def _work(self):
+        while True:
+            try:
+                task = self.tasks.get(timeout=self.IDLE_SECONDS)
+            except queue.Empty:
+                with self.lock:
+                    # Only an unclaimed thread may end: with none left, a task is on its
+                    # way to this one.
+                    if self.idle > 0:
+                        self.idle -= 1
+                        return
+                continue
+            try:
+                task()
+            except BaseException as err:  # a task handles its own errors; this is a bug
+                log(f"internal error in a worker: {type(err).__name__}: {err}")
+            with self.lock:
+                self.idle += 1
 
 
 class HostServer:
@@ -5073,6 +5116,7 @@ class HostServer:
         self.calls = {}
         self.calls_lock = threading.Lock()
         self.running = 0  # accepted requests not yet answered
+        self.workers = Workers()
         self.stopping = False
         self.failed = ""
 
@@ -5238,7 +5282,7 @@ class HostServer:
             "serverInfo": SERVER_INFO}}
 
     def _after_ready(self, respond, ident, work, admitted):
-        """Requests that need the upstream servers are handled on a thread of their own, once
+        """Requests that need the upstream servers are handled on a worker thread each, once
         the servers are ready; at most MAX_IN_FLIGHT at once, and past that the host is told
         the gate is busy, so a flood (identical held calls, say) cannot grow threads without
         bound. Whether a request is accepted is decided here, on the reader thread, so a call
@@ -5274,7 +5318,7 @@ class HostServer:
                     self._release()
         if not respond:
             return run()
-        threading.Thread(target=run, daemon=True).start()
+        self.workers.submit(run)
         return None
 
     def _tool_list(self):
@@ -6656,8 +6700,8 @@ M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 def cmd_serve(argv):
     config = serving_config(parser("serve", "config").parse_args(argv).config)
-    # One thread per call would give glibc a malloc arena per thread, and memory that grows
-    # with the calls in flight; the gate's threads mostly wait, so two arenas are plenty.
+    # A malloc arena per worker thread would make memory grow with the calls in flight; the
+    # gate's threads mostly wait, so two arenas are plenty.
     try:
         ctypes.CDLL(None).mallopt(M_ARENA_MAX, 2)
     except (OSError, AttributeError):

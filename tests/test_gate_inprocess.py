@@ -70,3 +70,48 @@ def test_a_collected_run_is_never_taken_over_by_its_own_process(workdir, monkeyp
         assert store.read("SELECT count(*) FROM approvals")[0][0] == 1
     finally:
         close_gate(gate, upstreams, store)
+
+
+def test_workers_reuse_idle_threads_and_start_one_only_when_none_is_idle():
+    """The host side's worker pool (issue 11: no thread started per call): requests one after
+    another run on one thread; requests at once each get a thread, and every one runs."""
+    workers = agentgate.Workers()
+    workers.IDLE_SECONDS = 600  # no thread ends for idleness during this test
+    seen, done = [], threading.Event()
+    for _ in range(20):
+        finished = threading.Event()
+        workers.submit(lambda finished=finished: (seen.append(threading.get_ident()), finished.set()))
+        assert finished.wait(30)
+        # The worker counts itself idle just after its task: wait for that before the next.
+        deadline = time.monotonic() + 30
+        while workers.idle != 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+    assert len(set(seen)) == 1, "sequential requests started more than one thread"
+
+    gate, started = threading.Event(), []
+    lock = threading.Lock()
+
+    def held():
+        with lock:
+            started.append(threading.get_ident())
+            if len(started) == 8:
+                done.set()
+        gate.wait(30)
+    for _ in range(8):
+        workers.submit(held)
+    assert done.wait(30), f"only {len(started)} of 8 requests at once ran"
+    assert len(set(started)) == 8  # each on a thread of its own, the idle one among them
+    gate.set()
+
+
+def test_a_worker_idle_for_long_enough_ends_and_a_later_request_still_runs():
+    workers = agentgate.Workers()
+    workers.IDLE_SECONDS = 0.05
+    ran, threads = threading.Event(), []
+    workers.submit(lambda: (threads.append(threading.current_thread()), ran.set()))
+    assert ran.wait(30)
+    threads[0].join(30)
+    assert not threads[0].is_alive() and workers.idle == 0
+    again = threading.Event()
+    workers.submit(again.set)
+    assert again.wait(30)
