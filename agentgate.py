@@ -4353,9 +4353,10 @@ def cap_text(text, cap):
 # executing and holding happen outside it, so different requests run in parallel; across
 # processes the unique open-row index does the same job, and a lost race is decided again.
 # A run being executed holds a lease its process renews; a run whose lease ran out (its process
-# died) is taken over, and a mutating call it cut off waits for an operator. A read is recorded
-# with its outcome, in one transaction, after it answers; everything else is recorded before
-# it is sent.
+# died) is taken over, and a mutating call it cut off waits for an operator. A read the policy
+# allows with no limit or grant to consult is recorded whole with its outcome (one row of each
+# table, one event), in one transaction, after it answers; everything else is recorded before
+# it is sent. Limits are decided inside the transaction that starts the execution.
 # =============================================================================================
 
 HOLD_POLL = 0.2
@@ -5027,8 +5028,8 @@ def operator_hint(config):
 # 11. MCP server
 #
 # Owns: the host's side of the conversation over stdin and stdout: framing, the handshake,
-# tools/list, tools/call (one thread per call, at most MAX_IN_FLIGHT at once), cancellation,
-# and shutdown.
+# tools/list, tools/call (on a pool of worker threads, at most MAX_IN_FLIGHT calls at once),
+# cancellation, and shutdown.
 # Promises: stdout carries only protocol, one JSON-RPC message per line, written as bytes under
 # one lock; the first request is answered at once, even while the upstream servers are still
 # being started; every request gets exactly one well-formed answer: a malformed or oversized
