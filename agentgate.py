@@ -3955,7 +3955,7 @@ class Grant:
 
     def __init__(self, stored):
         """From the grant as the store keeps it (a dict of GRANT_COLUMNS)."""
-        self.id, self.by, self.note = stored["id"], stored["by"], stored["note"]
+        self.id, self.by = stored["id"], stored["by"]
         self.conditions = parse_conditions(parse(stored["conditions_json"]), f"grant {self.id}")
 
     def covers(self, args):
