@@ -4286,20 +4286,23 @@ def check_arguments(tool, args):
 
 
 def map_result(tool, result):
-    """An upstream tools/call result as the gate records it: (content, summary, error).
+    """An upstream tools/call result as the gate records it: (content, summary, error,
+    content hash).
 
     The cap counts the recorded JSON encoding, escapes and marker included, so what is stored
-    and what the host is sent never exceed it.
+    and what the host is sent never exceed it. The content is encoded once for its size and
+    its hash.
     """
     where = f"{tool.server.name}/{tool.upstream_name}"
     if not isinstance(result, dict):
-        return None, "", "the server's result is not an object"
+        return None, "", "the server's result is not an object", ""
     if result.get("resultType") == "input_required" or "inputRequests" in result:
         return None, "", f"{tool.name}: the server asked for more input, which the gate does " \
-                         f"not support"
+                         f"not support", ""
     notes = []
     structured = result.get("structuredContent")
-    if structured is not None and len(canonical(structured)) <= CONTENT_CAP:
+    encoded = canonical(structured) if structured is not None else None
+    if encoded is not None and len(encoded) <= CONTENT_CAP:
         content = structured
     else:
         blocks = result.get("content") if isinstance(result.get("content"), list) else []
@@ -4309,19 +4312,19 @@ def map_result(tool, result):
                                   "[content omitted]") for b in blocks]
         content = "\n".join(parts)
         if structured is not None:
-            size = len(canonical(structured))
             if not blocks:
                 content = STRUCTURED_DROPPED
-            notes.append(f"structured content of {size} bytes dropped for the text")
-        if len(canonical(content)) > CONTENT_CAP:
+            notes.append(f"structured content of {len(encoded)} bytes dropped for the text")
+        encoded = canonical(content)
+        if len(encoded) > CONTENT_CAP:
             content = cap_text(content, CONTENT_CAP)
             notes.insert(0, "truncated")
-    size = len(canonical(content))
-    summary = ", ".join([f"{where}: {size} bytes", *notes])
+            encoded = canonical(content)
+    summary = ", ".join([f"{where}: {len(encoded)} bytes", *notes])
     if result.get("isError") is True:
         text = content if isinstance(content, str) else policy_json(content)
-        return None, summary, f"{summary}, error: {text}"
-    return content, summary, ""
+        return None, summary, f"{summary}, error: {text}", ""
+    return content, summary, "", sha256_hex(encoded)
 
 
 def cap_text(text, cap):
@@ -4942,7 +4945,7 @@ def call_upstream(tool, args):
             "tools/call", {"name": tool.upstream_name, "arguments": {**args, **tool.rule.fixed}},
             Deadline(tool.timeout), f"tool {quote(tool.upstream_name)}")
         try:
-            content, summary, error = map_result(tool, result)
+            content, summary, error, digest = map_result(tool, result)
         except Exception as err:  # a result shaped in a way no server should send
             content, summary, error = None, "", f"the server's result could not be read: {err}"
         ending = "ok" if not error else "error" if summary else "unrecorded"
@@ -4954,7 +4957,7 @@ def call_upstream(tool, args):
         ending = "error"
     if ending == "ok":
         return {"kind": "tool_result", "content": content, "summary": summary,
-                "content_hash": content_hash(content)}, ending
+                "content_hash": digest}, ending
     return {"kind": "tool_error", "summary": cut(f"{tool.name} {ending}: {sanitize(error)}",
                                                  1000),
             "content": {"tool": tool.name, "error": error, "ending": ending}}, ending
