@@ -1207,6 +1207,14 @@ def kept_once(value):
     return value
 
 
+def outcome_fields(observation):
+    """What an event says of a tool call's outcome: its summary and content hash, or its
+    error (the step row keeps the whole observation)."""
+    if observation["kind"] == "tool_result":
+        return {"summary": observation["summary"], "content_hash": observation["content_hash"]}
+    return {"error": observation["content"]["error"]}
+
+
 def netstring(text):
     data = text.encode("utf-8", "surrogatepass")
     return str(len(data)).encode() + b":" + data + b","
@@ -1399,13 +1407,8 @@ class Tx:
         ok = observation["kind"] == "tool_result"
         self.execute("UPDATE steps SET status=?, observation_json=?, finished_at=? WHERE id=?",
                      ("done" if ok else "failed", dumps(observation), now(), step_id))
-        payload = {"tool": tool, "duration_ms": duration_ms}
-        if ok:
-            payload.update(summary=observation["summary"],
-                           content_hash=observation["content_hash"])
-        else:
-            payload["error"] = observation["content"]["error"]
-        self.event(run_id, "step.tool_finished", payload, step_id)
+        self.event(run_id, "step.tool_finished", {"tool": tool, "duration_ms": duration_ms,
+                                                  **outcome_fields(observation)}, step_id)
         if ok:
             self.finish_run(run_id, "COMPLETED", "goal_completed", f"terminal tool {tool}",
                             outcome=OUTCOME_KNOWN)
@@ -1516,15 +1519,10 @@ class Tx:
                      (step_id, run_id, "done" if ok else "failed", dumps(decision),
                       dumps(policy), dumps(observation), self.keep_spec(tool), policy_id,
                       started, at))
-        payload = {"decision": kept_once(decision), "duration_ms": duration_ms,
-                   "policy": {**policy, "policy_id": policy_id, "spec_hash": tool.spec_hash},
-                   "status": status}
-        if ok:
-            payload.update(summary=observation["summary"],
-                           content_hash=observation["content_hash"])
-        else:
-            payload["error"] = observation["content"]["error"]
-        self.event(run_id, "run.read", payload, step_id)
+        self.event(run_id, "run.read", {
+            "decision": kept_once(decision), "duration_ms": duration_ms, "status": status,
+            "policy": {**policy, "policy_id": policy_id, "spec_hash": tool.spec_hash},
+            **outcome_fields(observation)}, step_id)
 
     def create_grant(self, grant):
         """An operator's standing approval, chained like their other decisions."""
@@ -1904,8 +1902,8 @@ class Store:
     def policy_events(self, run_id):
         """A run's decisions of the policy as (seq, step id, the recorded policy, at): the
         step.policy events, or the policy a read's one run.read event carries."""
-        return [(seq, step_id, payload if type_ == "step.policy" else
-                 policy_json(parse(payload)["policy"]), at) for seq, step_id, payload, at, type_
+        return [(seq, step_id, parse(payload) if type_ == "step.policy" else
+                 parse(payload)["policy"], at) for seq, step_id, payload, at, type_
                 in self.read("SELECT seq, step_id, payload_json, at, type FROM events WHERE "
                              "run_id=? AND type IN ('step.policy', 'run.read') ORDER BY seq",
                              (run_id,))]
@@ -3715,8 +3713,7 @@ class Condition:
         words = []
         for name, expected in self.tests:
             shown = (number_text(expected) if name in ("min", "max") else
-                     cut(policy_json(expected), 120) if not isinstance(expected, int) or
-                     isinstance(expected, bool) else str(expected))
+                     cut(policy_json(expected), 120))
             words.append(CONDITION_WORDS[name].format(shown))
         return f"{self.pointer} " + " and ".join(words)
 
@@ -3730,6 +3727,12 @@ def _pattern_holds(value, pattern):
         return isinstance(value, str) and pattern_search(pattern, value, "")
     except SchemaError:  # too long to search within the bound: cannot be evaluated
         return False
+
+
+def _host_holds(value, hosts, listed):
+    """Whether the URL's host is (`listed`) or is not among the hosts; never for no host."""
+    host = url_host(value)
+    return host is not None and host_matches(host, hosts) == listed
 
 
 def _length(value):
@@ -3746,10 +3749,8 @@ CHECKS = {
     "max_length": lambda value, bound: _length(value) <= bound,
     "present": lambda value, expected: True,
     "under": path_under,
-    "host_in": lambda value, hosts: (lambda h: h is not None and host_matches(h, hosts))(
-        url_host(value)),
-    "host_not_in": lambda value, hosts: (lambda h: h is not None and not host_matches(
-        h, hosts))(url_host(value)),
+    "host_in": lambda value, hosts: _host_holds(value, hosts, True),
+    "host_not_in": lambda value, hosts: _host_holds(value, hosts, False),
 }
 CONDITION_WORDS = {
     "equals": "equals {}", "in": "is one of {}", "not_in": "is none of {}",
@@ -6080,8 +6081,7 @@ def recheck_run(store, config, tools, run_id, current):
     policy_id = config.policy_id()
     evaluations, notes, recorded_ids, seen_steps = [], [], set(), set()
     steps = {step["id"]: step for step in store.steps(run_id)}
-    for seq, step_id, payload, at in store.policy_events(run_id):
-        recorded = parse(payload)
+    for seq, step_id, recorded, at in store.policy_events(run_id):
         step = steps[step_id]
         on_resume = step_id in seen_steps
         seen_steps.add(step_id)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import pytest
-from mcp import Client
+from mcp import Client, types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 REPO = Path(__file__).resolve().parent.parent
@@ -163,8 +163,10 @@ class Host:
     any SDK host. The child's stderr goes to a file (`stderr_text()`); `pid` is the child's pid.
     """
 
-    def __init__(self, argv, env: dict | None = None, cwd=None, mode: str = "auto", timeout: float = DEFAULT_TIMEOUT):
+    def __init__(self, argv, env: dict | None = None, cwd=None, mode: str = "auto", timeout: float = DEFAULT_TIMEOUT,
+                 name: str | None = None):
         self.argv, self.env, self.cwd, self.mode, self.timeout = list(argv), env, cwd, mode, timeout
+        self.name = name  # the clientInfo name given in initialize; None: the SDK's default ("mcp")
         self.stderr_path = _scratch("host")
         self.client: Client | None = None
         self.pid: int | None = None
@@ -194,7 +196,8 @@ class Host:
         # One task owns the Client: anyio scopes must be entered and left by the same task.
         params = StdioServerParameters(command=self.argv[0], args=self.argv[1:], env=self.env, cwd=self.cwd)
         try:
-            async with Client(stdio_client(params, errlog=self._errlog), mode=self.mode) as client:
+            info = {} if self.name is None else {"client_info": types.Implementation(name=self.name, version="1")}
+            async with Client(stdio_client(params, errlog=self._errlog), mode=self.mode, **info) as client:
                 ready.set_result(client)
                 await self._stop.wait()
         except BaseException as exc:

@@ -35,9 +35,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from mcp import Client, types
-from mcp.client.stdio import StdioServerParameters, stdio_client
-
 from conftest import AGENTGATE, Host, agentgate_argv
 from kit import (
     DEADLINE,
@@ -105,29 +102,6 @@ def prose_at(stored: str, seconds: float = 0.0) -> str:
 def executions_at(bank: Bank) -> list[str]:
     """When each execution the limits count started, oldest first."""
     return [at for (at,) in bank.query("SELECT at FROM executions ORDER BY at, id")]
-
-
-class NamedHost(Host):
-    """A Host that gives `name` as its clientInfo in initialize (the kit's Host gives the SDK's
-    default, "mcp")."""
-
-    def __init__(self, argv, name: str, **kw):
-        super().__init__(argv, **kw)
-        self.name = name
-
-    async def _serve(self, ready):
-        params = StdioServerParameters(command=self.argv[0], args=self.argv[1:], env=self.env,
-                                       cwd=self.cwd)
-        try:
-            async with Client(stdio_client(params, errlog=self._errlog), mode=self.mode,
-                              client_info=types.Implementation(name=self.name,
-                                                               version="1")) as client:
-                ready.set_result(client)
-                await self._stop.wait()
-        except BaseException as exc:
-            if not ready.done():
-                ready.set_exception(exc)
-            raise
 
 
 # agentgate with its clock moved 12 hours on: `python -c SHIFTED agentgate.py ARGS...`. Every
@@ -429,12 +403,12 @@ def test_with_no_operator_at_hand_what_would_wait_is_denied(bankdir):
 def test_a_client_entry_holds_only_for_the_host_it_names(bankdir):
     bank = make_bank(bankdir, {"when": [{"client": ["some-host"], "outcome": "allow"}]})
     argv = agentgate_argv("-config", str(bank.config))
-    with NamedHost(argv, "some-host") as named:
+    with Host(argv, name="some-host") as named:
         paid = bank.call(named, {"to": "bob", "amount": 1})
     assert paid.text == "paid 1.00 to bob", paid
     # Every other name asks (each a request of its own, so each is decided afresh).
     for amount, name in enumerate(("other-host", "Some-Host", "some-host "), 2):
-        with NamedHost(argv, name) as other:
+        with Host(argv, name=name) as other:
             asked = bank.call(other, {"to": "bob", "amount": amount})
         assert asked.prefix == "PENDING_APPROVAL", (name, asked)
     plain = bank.start()  # the SDK's own name, "mcp"
