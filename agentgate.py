@@ -252,31 +252,64 @@ def parse(data):
 
 _HTML_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
                  ("\u2029", "\\u2029"))
-
-
-STRING_CHUNK = 1 << 20
 _ESCAPE = json.encoder.encode_basestring  # what json.dumps(s, ensure_ascii=False) runs, in C
+# A Number's place in the standard library's output, until its literal replaces it: a lone
+# surrogate, which no encodable text holds.
+_MARK = "\udfff"
 
 
 def _encode_string(s, html):
     """A JSON string with the one escaping: `"`, `\\` and control characters escaped (\\n,
     \\t, ... or \\u00XX, lower-case hex), everything else as itself; with html, also `<`,
-    `>`, `&`, U+2028 and U+2029. The standard library's encoder escapes exactly that first set,
-    in C, so a long escape-heavy string costs one linear pass; the html characters are never
-    produced by an escape, so replacing them afterwards cannot touch one."""
-    if len(s) > STRING_CHUNK:  # escaped a piece at a time: no single long call
-        text = '"' + "".join(_ESCAPE(s[i:i + STRING_CHUNK])[1:-1]
-                             for i in range(0, len(s), STRING_CHUNK)) + '"'
-    else:
-        text = _ESCAPE(s)
-    if html:
-        for ch, escape in _HTML_ESCAPES:
-            if ch in text:
-                text = text.replace(ch, escape)
+    `>`, `&`, U+2028 and U+2029. The standard library's encoder escapes exactly that first set;
+    the html characters are never produced by an escape, so replacing them afterwards cannot
+    touch one."""
+    return _html(_ESCAPE(s)) if html else _ESCAPE(s)
+
+
+def _html(text):
+    for ch, escape in _HTML_ESCAPES:
+        if ch in text:
+            text = text.replace(ch, escape)
     return text
 
 
+def _encode_c(value):
+    """The one encoding, by the standard library's encoder in C: keys sorted by code point
+    (the order of their UTF-8 bytes), strings escaped as _encode_string escapes them, and each
+    Number first written as a marker string, then replaced by its literal. Markers appear in
+    the order they were made; when the output holds any other marked string (text that holds
+    the marker character, which could not be encoded as UTF-8 anyway), None: _encode decides.
+    So does a float that is not finite. Its one call holds the interpreter for at most ~0.1 s
+    on the largest message the gate accepts."""
+    literals = []
+
+    def number(item):
+        if not isinstance(item, Number):
+            raise TypeError(f"cannot encode {type(item).__name__} as JSON")
+        literals.append(item.literal)
+        return f"{_MARK}{len(literals) - 1}{_MARK}"
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, sort_keys=True,
+                          separators=(",", ":"), default=number)
+    except (TypeError, ValueError):
+        return None
+    if not literals:
+        return text
+    pieces = text.split('"' + _MARK)
+    if len(pieces) != len(literals) + 1:
+        return None
+    for i, literal in enumerate(literals, 1):
+        mark = f"{i - 1}{_MARK}\""
+        if not pieces[i].startswith(mark):
+            return None
+        pieces[i] = literal + pieces[i][len(mark):]
+    return "".join(pieces)
+
+
 def _encode(value, html, out):
+    """The same encoding in Python: for what _encode_c leaves (a float that is not finite is
+    written as null), and the reference it is tested against."""
     if isinstance(value, str):
         out.append(_encode_string(value, html))
     elif isinstance(value, Number):
@@ -313,15 +346,22 @@ def _encode(value, html, out):
         raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
+def _encoded(value, html):
+    text = _encode_c(value)
+    if text is None:
+        out = []
+        _encode(value, html, out)
+        return "".join(out)
+    return _html(text) if html else text
+
+
 def canonical(value):
     """The canonical encoding (sorted keys, literal numbers, one escaping), as bytes.
 
     This is the form every hash is taken over; `<`, `>`, `&`, U+2028 and U+2029 are escaped so
     the bytes are the same whatever tool later embeds them in HTML or JavaScript.
     """
-    out = []
-    _encode(value, True, out)
-    return "".join(out).encode("utf-8")
+    return _encoded(value, True).encode("utf-8")
 
 
 def pretty_json(value, indent="  ", level=0):
@@ -339,10 +379,8 @@ def pretty_json(value, indent="  ", level=0):
 
 
 def policy_json(value):
-    """The same traversal without the HTML escapes: what people and the policy read."""
-    out = []
-    _encode(value, False, out)
-    return "".join(out)
+    """The same encoding without the HTML escapes: what people and the policy read."""
+    return _encoded(value, False)
 
 
 def sha256_hex(data):
@@ -570,9 +608,25 @@ def now():
     return format_time(time.time())
 
 
+_second = (None, "")  # the last whole second formatted, and its text
+
+
 def format_time(seconds):
-    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """A time as the store keeps it. The microseconds are rounded as datetime rounds them
+    (half to even); the text of the whole second is kept for the next call, since most calls
+    format times within one second of each other."""
+    global _second
+    fraction, whole = math.modf(seconds)
+    micros = round(fraction * 1e6)
+    if micros >= 1_000_000:
+        whole, micros = whole + 1, micros - 1_000_000
+    elif micros < 0:
+        whole, micros = whole - 1, micros + 1_000_000
+    last, text = _second  # one read of a tuple: another thread may replace it meanwhile
+    if last != whole:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+        _second = (whole, text)
+    return f"{text}.{micros:06d}Z"
 
 
 def parse_time(text):
@@ -1089,6 +1143,10 @@ SCHEMA = [
         revoke_note TEXT NOT NULL DEFAULT '');
     CREATE INDEX grants_tool ON grants(session, tool, expires_at);
     """,
+    # Version 3. No new table: an allowed read is recorded as its run and one run.read event
+    # that carries its step whole, with no step row and no row in the calls index. The
+    # version says so to an older agentgate, which would show such a run without its step.
+    "",
 ]
 GRANT_COLUMNS = ("id", "session", "tool", "name", "conditions_json", "created_at", "expires_at",
                  "by", "note", "revoked_at", "revoked_by", "revoke_note")
@@ -1243,11 +1301,11 @@ class Tx:
         if self.head is None:
             # The next seq follows every seq ever used (a deleted tail leaves a gap that
             # verify reports), and chains onto the newest event still stored.
-            used = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name='events'"
-                                   ).fetchone()
-            newest = self.db.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
-                                     ).fetchone() or (0, "")
-            self.head = (max(used[0] if used else 0, newest[0]), newest[1])
+            used, newest, digest = self.db.execute(
+                "SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'), (SELECT seq "
+                "FROM events ORDER BY seq DESC LIMIT 1), (SELECT hash FROM events ORDER BY "
+                "seq DESC LIMIT 1)").fetchone()
+            self.head = (max(used or 0, newest or 0), digest or "")
         seq, prev = self.head[0] + 1, self.head[1]
         at, body = now(), dumps(payload)
         digest = event_hash(prev, seq, run_id, step_id, at, type_, body)
@@ -1491,38 +1549,26 @@ class Tx:
         self.finish_run(run_id, "CANCELLED", "approval_expired",
                         f"approval {approval_id} expired")
 
-    def record_read(self, run_id, session, key, tool, decision, policy, policy_id, started,
+    def record_read(self, run_id, session, tool, decision, policy, policy_id, started,
                     observation, ended, duration_ms):
-        """A read the policy allowed, recorded whole once it answered: its calls row, run and
-        one step, and one chained event that carries what show, recheck and verify read (the
-        request, the decision with its policy identity and spec hash, and the outcome). It
+        """A read the policy allowed, recorded whole once it answered: its run, and one
+        chained event that is also its one step (Store.steps reads it back): the request,
+        the decision with its policy identity and spec hash, and the whole observation. It
         has no effect for a crash to leave unknown, so nothing of it is recorded before it
-        runs. It comes this way only when its tool has no limit, so no execution row is
-        written for it: a limit later given to a read tool counts from then on. `ended` is
-        (status, reason, detail) of the run."""
-        at = now()
-        ok = observation["kind"] == "tool_result"
+        runs, and no later decision reads it: it takes no row in the calls index (an
+        identical read that comes after is decided on the runs that could stop it) and no
+        execution row (it comes this way only when its tool has no limit; a limit later
+        given to a read tool counts from then on). `ended` is (status, reason, detail) of
+        the run."""
         status, reason, detail = ended
-        self.execute("UPDATE calls SET open=0, closed_at=? WHERE session=? AND request_key=? "
-                     "AND open=1", (at, session, key))
-        self.execute("INSERT INTO calls(session, request_key, tool, side_effect, run_id, "
-                     "created_at, settled_at, outcome) VALUES(?,?,?,?,?,?,?,?)",
-                     (session, key, tool.target, tool.side_effect, run_id, started, at,
-                      OUTCOME_KNOWN))
+        at = now()
         self.execute("INSERT INTO runs(id, session, tool, status, reason, detail, step_count, "
                      "created_at, finished_at) VALUES(?,?,?,?,?,?,1,?,?)",
                      (run_id, session, tool.name, status, reason, detail, started, at))
-        step_id = new_id(16)
-        self.execute("INSERT INTO steps(id, run_id, idx, status, decision_json, policy_json, "
-                     "observation_json, spec_hash, policy_id, started_at, finished_at) "
-                     "VALUES(?,?,0,?,?,?,?,?,?,?,?)",
-                     (step_id, run_id, "done" if ok else "failed", dumps(decision),
-                      dumps(policy), dumps(observation), self.keep_spec(tool), policy_id,
-                      started, at))
         self.event(run_id, "run.read", {
-            "decision": kept_once(decision), "duration_ms": duration_ms, "status": status,
-            "policy": {**policy, "policy_id": policy_id, "spec_hash": tool.spec_hash},
-            **outcome_fields(observation)}, step_id)
+            "decision": decision, "duration_ms": duration_ms, "status": status,
+            "policy": {**policy, "policy_id": policy_id, "spec_hash": self.keep_spec(tool)},
+            "started_at": started, "observation": observation}, new_id(16))
 
     def create_grant(self, grant):
         """An operator's standing approval, chained like their other decisions."""
@@ -1722,19 +1768,23 @@ class Store:
     def _commit(self, batch):
         try:
             self.db.execute("BEGIN IMMEDIATE")
+            alone = len(batch) == 1  # a change alone needs no savepoint: it rolls back whole
             for job in batch:
-                self.db.execute("SAVEPOINT change")
+                if not alone:
+                    self.db.execute("SAVEPOINT change")
                 try:
                     job["result"] = job["fn"](Tx(self.db))
                 except Exception as err:
-                    self.db.execute("ROLLBACK TO change")
+                    self.db.execute("ROLLBACK" if alone else "ROLLBACK TO change")
                     # The one way a lost race is said: a unique index that refused the row
                     # another caller wrote first is a Race, as a stale read is.
                     job["error"] = (Race() if _unique_violation(err) else
                                     StoreError(f"the records could not be written: {err}")
                                     if isinstance(err, sqlite3.Error) else err)
-                self.db.execute("RELEASE change")
-            self.db.execute("COMMIT")
+                if not alone:
+                    self.db.execute("RELEASE change")
+            if self.db.in_transaction:  # not when a change alone was rolled back
+                self.db.execute("COMMIT")
         except BaseException as err:
             # Nothing of the batch committed: every caller in it hears so, whatever stopped
             # the commit (a disk error, or an exception that interrupted this thread).
@@ -1858,10 +1908,22 @@ class Store:
         return parse(row[0]) if row and row[0] else None
 
     def steps(self, run_id):
+        """A run's steps, oldest first; an allowed read's one step is read out of its run.read
+        event (Tx.record_read)."""
         names = ("id", "index", "status", "decision", "policy", "observation", "spec_hash")
-        return [dict(zip(names, row)) for row in self.read(
-            "SELECT id, idx, status, decision_json, policy_json, observation_json, spec_hash "
-            "FROM steps WHERE run_id=? ORDER BY idx", (run_id,))]
+        rows = self.read("SELECT id, idx, status, decision_json, policy_json, observation_json,"
+                         " spec_hash FROM steps WHERE run_id=? ORDER BY idx", (run_id,))
+        if not rows:
+            for step_id, payload in self.read("SELECT step_id, payload_json FROM events WHERE "
+                                              "run_id=? AND type='run.read'", (run_id,)):
+                read = parse(payload)
+                if "observation" in read:  # before schema version 3 a read kept a step row
+                    policy = {k: v for k, v in read["policy"].items()
+                              if k not in ("policy_id", "spec_hash")}
+                    rows.append((step_id, 0, "done" if read["status"] == "COMPLETED" else
+                                 "failed", dumps(read["decision"]), dumps(policy),
+                                 dumps(read["observation"]), read["policy"]["spec_hash"]))
+        return [dict(zip(names, row)) for row in rows]
 
     def run(self, run_id):
         row = self.read_one("SELECT id, session, tool, status, reason, detail, step_count, "
@@ -1882,9 +1944,9 @@ class Store:
             (session, session, limit))]
 
     def session_runs(self, session, limit):
-        """The run ids of the session's newest calls."""
+        """The ids of the session's newest runs."""
         return [row[0] for row in self.read(
-            "SELECT run_id FROM calls WHERE session=? ORDER BY id DESC LIMIT ?",
+            "SELECT id FROM runs WHERE session=? ORDER BY rowid DESC LIMIT ?",
             (session, limit))]
 
     def run_events(self, run_id):
@@ -2220,13 +2282,13 @@ class Upstream:
         with self.lock:
             slot = self.slots.pop(ident, None) if ident is not None else None
             if slot:
-                slot["result"], slot["error"] = result, error
-                slot["done"].set()
+                slot["result"], slot["error"], slot["answered"] = result, error, True
+                slot["done"].release()
 
     def _fail_all(self, reason):
         for slot in self.slots.values():
-            slot["error"] = UpstreamError(reason)
-            slot["done"].set()
+            slot["error"], slot["answered"] = UpstreamError(reason), True
+            slot["done"].release()
         self.slots.clear()
 
     def _send(self, message, deadline):
@@ -2242,18 +2304,21 @@ class Upstream:
             proc = self.proc
             if proc is None:
                 raise UpstreamError("the connection is closed", sent=False)
-            poller = select.poll()
-            poller.register(proc.stdin.fileno(), select.POLLOUT)
+            poller = None
             while written < len(data):
-                if deadline.left() <= 0 or not poller.poll(deadline.left() * 1000 + 1):
-                    break
                 try:
                     written += os.write(proc.stdin.fileno(), view[written:])
-                except BlockingIOError:
                     continue
+                except BlockingIOError:
+                    pass  # the pipe is full: wait until the server reads, or the deadline
                 except (OSError, ValueError):
                     raise UpstreamError("the server is not reading its input (it may have "
                                         "exited)", sent=written > 0) from None
+                if poller is None:
+                    poller = select.poll()
+                    poller.register(proc.stdin.fileno(), select.POLLOUT)
+                if deadline.left() <= 0 or not poller.poll(deadline.left() * 1000 + 1):
+                    break
         finally:
             self.write_lock.release()
         if written < len(data):
@@ -2296,7 +2361,10 @@ class Upstream:
                 raise UpstreamError(self.closed, sent=False)
             self.next_id += 1
             ident = self.next_id
-            slot = {"done": threading.Event(), "result": None, "error": None}
+            # `done` is held until the answer (or a failure) is filled in, then released: a
+            # wait on a bare lock, the cheapest hand-over between two threads.
+            slot = {"done": threading.Lock(), "answered": False, "result": None, "error": None}
+            slot["done"].acquire()
             self.slots[ident] = slot
         try:
             self._send({"jsonrpc": "2.0", "id": ident, "method": method, "params": params},
@@ -2305,10 +2373,10 @@ class Upstream:
             with self.lock:
                 self.slots.pop(ident, None)
             raise
-        if not slot["done"].wait(deadline.left()):
+        if not slot["done"].acquire(timeout=deadline.left()):
             with self.lock:
                 self.slots.pop(ident, None)
-            if not slot["done"].is_set():  # an answer that came as the wait ended still counts
+            if not slot["answered"]:  # an answer that came as the wait ended still counts
                 self.notify("notifications/cancelled", {"requestId": ident,
                                                         "reason": "the deadline passed"})
                 raise UpstreamError("timed out after " + format_duration(deadline.ns),
@@ -4821,7 +4889,7 @@ class Gate:
             started = now()
 
             def record(tx, observation, ending, elapsed):
-                tx.record_read(run_id, self.config.session, key, tool, {
+                tx.record_read(run_id, self.config.session, tool, {
                     "args": args, "kind": TOOL_CALL, "origin": origin, "tool": tool.name},
                     _policy_record(decision, facts), self.policy_id, started, observation,
                     ("COMPLETED", "goal_completed", f"terminal tool {tool.name}")
@@ -5032,8 +5100,9 @@ def operator_hint(config):
 # 11. MCP server
 #
 # Owns: the host's side of the conversation over stdin and stdout: framing, the handshake,
-# tools/list, tools/call (on a pool of worker threads, at most MAX_IN_FLIGHT calls at once),
-# cancellation, and shutdown.
+# tools/list, tools/call (on a pool of worker threads, at most MAX_IN_FLIGHT calls at once: the
+# thread that read a call runs it, and another takes up the reading), cancellation, and
+# shutdown.
 # Promises: stdout carries only protocol, one JSON-RPC message per line, written as bytes under
 # one lock; the first request is answered at once, even while the upstream servers are still
 # being started; every request gets exactly one well-formed answer: a malformed or oversized
@@ -5126,6 +5195,7 @@ class HostServer:
         self.failed = ""
 
     def start(self):
+        self.frames = read_frames(self.stdin.fileno(), MAX_HOST_LINE)
         threading.Thread(target=self._read_loop, daemon=True).start()
 
     def serve_with(self, gate, status_tool):
@@ -5157,7 +5227,12 @@ class HostServer:
         self.send(rpc_error(ident, code, message))
 
     def _read_loop(self):
-        for frame, head in read_frames(self.stdin.fileno(), MAX_HOST_LINE):
+        """Read and handle frames until one hands back a request to run. The thread that read
+        a request runs it, and the reading goes on on another worker: a call starts without
+        waiting for a thread to wake, and the reader is never held up by a call. The frames
+        come from one generator, which the next reader takes up where this one stopped (it
+        is never resumed by two threads at once: the hand-over happens after it yielded)."""
+        for frame, head in self.frames:
             # One frame, however it is shaped, never ends the reader: everything after it
             # would go unanswered, and closing stdin would no longer stop the gate.
             try:
@@ -5165,12 +5240,17 @@ class HostServer:
                     ident = frame_id(head)
                     self.error(None if ident is None else Number(str(ident)), -32600,
                                f"the message is larger than {MAX_HOST_LINE} bytes")
-                elif frame.strip():
-                    self._frame(frame)
+                    continue
+                request = self._frame(frame) if frame.strip() else None
             except Exception as err:
                 log(f"internal error: a message could not be handled ({type(err).__name__}: "
                     f"{err})")
                 self.error(None, -32603, "the message could not be handled")
+                continue
+            if request is not None:
+                self.workers.submit(self._read_loop)
+                request()
+                return
         self.done.set()
 
     def _frame(self, line):
@@ -5191,7 +5271,7 @@ class HostServer:
         if isinstance(message, list):
             self._batch(message)
         elif isinstance(message, dict):
-            self._message(message, invalid)
+            return self._message(message, invalid)
         else:
             self.send(invalid_request(None, "a message must be a JSON-RPC object"))
 
@@ -5287,11 +5367,13 @@ class HostServer:
             "serverInfo": SERVER_INFO}}
 
     def _after_ready(self, respond, ident, work, admitted):
-        """Requests that need the upstream servers are handled on a worker thread each, once
-        the servers are ready; at most MAX_IN_FLIGHT at once, and past that the host is told
-        the gate is busy, so a flood (identical held calls, say) cannot grow threads without
-        bound. Whether a request is accepted is decided here, on the reader thread, so a call
-        read before stdin closed is served even while the gate shuts down."""
+        """Requests that need the upstream servers are handled once the servers are ready,
+        each on a thread of its own (the one that read it, while another reads on); at most
+        MAX_IN_FLIGHT at once, and past that the host is told the gate is busy, so a flood
+        (identical held calls, say) cannot grow threads without bound. Whether a request is
+        accepted is decided here, on the reader thread, so a call read before stdin closed is
+        served even while the gate shuts down. Returns the work to run (with respond), or
+        the response (a batch member, run here)."""
         accepted = not self.stopping
         if accepted and not admitted and not self._admit():
             return self._reply(respond, busy_error(ident))
@@ -5321,10 +5403,9 @@ class HostServer:
             finally:
                 if accepted and not admitted:
                     self._release()
-        if not respond:
-            return run()
-        self.workers.submit(run)
-        return None
+        # The reader that read the request runs it (_read_loop); a batch's thread runs its
+        # members in order.
+        return run if respond else run()
 
     def _tool_list(self):
         listed = [{"name": t.name, "description": t.description, "inputSchema": t.schema}

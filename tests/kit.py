@@ -713,12 +713,15 @@ def assert_chained(rows) -> None:
 
 def policy_evaluations(db) -> list[dict]:
     """Every decision of the policy with what the re-check report says of it, in seq order: the
-    step.policy events, and the policy an allowed read's one run.read event carries."""
+    step.policy events, and the policy an allowed read's one run.read event carries (that event
+    is the read's one step, index 0: it has no row in the steps table)."""
     found, seen_steps = [], set()
     for seq, run_id, step_id, payload, idx, tool_name, type_ in query(
             db, "SELECT e.seq, e.run_id, e.step_id, e.payload_json, s.idx, r.tool, e.type FROM events e "
-                "JOIN steps s ON s.id = e.step_id JOIN runs r ON r.id = e.run_id "
+                "LEFT JOIN steps s ON s.id = e.step_id JOIN runs r ON r.id = e.run_id "
                 "WHERE e.type IN ('step.policy', 'run.read') ORDER BY e.seq"):
+        assert (idx is None) == (type_ == "run.read"), f"seq {seq}: a {type_} event and its step row"
+        idx = 0 if idx is None else idx
         recorded = json.loads(payload)
         if type_ == "run.read":
             recorded = recorded["policy"]

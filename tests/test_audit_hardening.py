@@ -251,21 +251,27 @@ def test_an_answer_that_arrives_as_the_wait_ends_is_used(workdir, monkeypatch):
     config = agentgate.load_config(str(write_config(workdir, [bank_server(workdir)])))
     upstream, _ = agentgate.connect(config.servers[0])
     try:
-        real_event = threading.Event
+        real_lock = threading.Lock
 
-        class LateEvent(real_event):
-            """A wait that times out just before the answer is delivered."""
+        class LateLock:
+            """A request's wait that times out just before the answer is delivered."""
 
-            def wait(self, timeout=None):
-                done = super().wait(timeout)
+            def __init__(self):
+                self.lock = real_lock()
+
+            def acquire(self, blocking=True, timeout=-1):
+                done = self.lock.acquire(blocking, timeout)
                 if not done:
-                    super().wait(30)  # the answer lands now, after the wait gave up
+                    self.lock.acquire(True, 30)  # the answer lands now, after the wait gave up
                 return done
 
-        monkeypatch.setattr(agentgate.threading, "Event", LateEvent)
+            def release(self):
+                self.lock.release()
+
+        monkeypatch.setattr(agentgate.threading, "Lock", LateLock)
         result = upstream.request("tools/call", {"name": "pay", "arguments": {
             "to": "x", "amount": 1, "mode": "slow"}}, agentgate.Deadline(agentgate.SECOND), "tool")
-        monkeypatch.setattr(agentgate.threading, "Event", real_event)
+        monkeypatch.setattr(agentgate.threading, "Lock", real_lock)
         assert result["content"][0]["text"] == "paid 1.00 to x"
     finally:
         upstream.close()

@@ -391,6 +391,40 @@ def test_canonical_agrees_with_the_json_module_and_the_spec_on_valid_documents(s
         assert agentgate.content_hash(parse(encoded)) == hashlib.sha256(form).hexdigest()
 
 
+def python_encoding(value, html=True) -> str:
+    out = []
+    agentgate._encode(value, html, out)
+    return "".join(out)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_c_encoder_path_writes_what_the_python_one_writes(seed):
+    for value, doc in corpus(2000 + seed, 150):
+        parsed = parse(doc.encode("utf-8"))
+        assert agentgate._encode_c(parsed) is not None  # every parsed value takes the C path
+        assert canonical(parsed) == python_encoding(parsed).encode("utf-8"), doc
+        assert policy_json(parsed) == python_encoding(parsed, html=False), doc
+
+
+MARK = "\udfff"
+
+
+@pytest.mark.parametrize("text", [MARK + "0" + MARK, "x" + MARK, MARK + "1" + MARK, MARK])
+def test_text_that_looks_like_a_number_marker_is_never_taken_for_one(text):
+    number = agentgate.Number("7")
+    for value in ({"a": text, "b": number}, [number, text], {text: number}, [text, number, text]):
+        # Such text cannot be written as UTF-8, with or without a number beside it.
+        with pytest.raises(UnicodeEncodeError):
+            canonical(value)
+        assert policy_json(value) == python_encoding(value, html=False)
+
+
+def test_what_json_cannot_write_is_written_as_before():
+    assert canonical([float("nan"), float("inf"), 1.5, 2, (3, "4")]) == b'[null,null,1.5,2,[3,"4"]]'
+    with pytest.raises(TypeError):
+        canonical({"a": object()})
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_hostile_variants_of_valid_documents_are_refused(seed):
     rng = random.Random(1000 + seed)
@@ -609,3 +643,24 @@ def test_clean_sanitizes_then_cuts():
     assert out.startswith("line one line two \\u{202e}")
     assert "\n" not in out and out.endswith("\u2026")
     assert agentgate.clean("a\x1b", 100) == "a\\x1b"
+
+
+# ---------------------------------------------------------------- stored times
+
+def test_stored_times_are_formatted_as_datetime_formats_them():
+    import datetime
+
+    def reference(seconds):
+        moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    rng = random.Random(7)
+    moments = [rng.uniform(0, 4e9) for _ in range(20000)]
+    moments += [rng.randint(0, 4 * 10**9) + rng.randint(0, 10**6) / 1e6 for _ in range(20000)]
+    # Halves of a microsecond round to even, and a fraction that rounds up to a whole second
+    # carries into the second.
+    moments += [base + 0.5e-6 * k for base in (0.0, 1.7e9, 12345.0) for k in range(-5, 6) if base + 0.5e-6 * k >= 0]
+    moments += [1.7e9 + 0.9999995, 1.7e9 + 0.9999996, 0.0000005, 1e9 + 0.9999999]
+    for seconds in moments:
+        assert agentgate.format_time(seconds) == reference(seconds), seconds
+    assert agentgate.format_time(agentgate.parse_time("2026-12-01T06:50:00.123456Z")) == \
+        "2026-12-01T06:50:00.123456Z"

@@ -45,6 +45,7 @@ from kit import (
     gate_host,
     has_raw_controls,
     open_db,
+    operator,
     payments,
     pin,
     result_text,
@@ -135,9 +136,9 @@ def test_pending_approval_names_its_approval_and_runs_nothing(workdir):
     assert f"approve {run_id} -approval {approval_id}" in log
 
 
-def steps_spec_hash(db, run_id: str) -> str:
-    (spec_hash,) = db.execute("SELECT spec_hash FROM steps WHERE run_id=?", (run_id,)).fetchone()
-    return spec_hash
+def kept_spec_name(db, spec_hash: str) -> str:
+    (spec,) = db.execute("SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,)).fetchone()
+    return json.loads(spec)["name"]
 
 
 def test_upstream_error_and_structured_result(workdir):
@@ -171,19 +172,44 @@ def test_runs_record_what_happened(workdir):
             "SELECT payload_json FROM events WHERE run_id=?", (allowed,))]
         assert payload["decision"]["args"] == {"account": "z"} and payload["status"] == "COMPLETED"
         assert payload["policy"]["outcome"] == "allow" and payload["policy"]["policy_id"]
-        assert payload["policy"]["spec_hash"] == steps_spec_hash(db, allowed)
-        assert payload["summary"] and len(payload["content_hash"]) == 64
+        assert kept_spec_name(db, payload["policy"]["spec_hash"]) == "bank_balance"
+        # The event is the read's one step, whole: no step row, and no row in the calls index
+        # (no later decision reads it).
+        observation = payload["observation"]
+        assert (observation["kind"], observation["content"]) == ("tool_result", "account z holds 120.00 EUR")
+        assert observation["summary"] and len(observation["content_hash"]) == 64
+        assert steps(db, allowed) == []
+        assert db.execute("SELECT count(*) FROM calls WHERE run_id=?", (allowed,)).fetchone()[0] == 0
         assert event_types(db, denied) == DENIED
         assert event_types(db, invalid) == INVALID
         for run_id, kind in ((denied, "policy_denied"), (invalid, "invalid_decision")):
             (i0, s0, d0, o0), (i1, s1, d1, o1) = steps(db, run_id)
             assert (i0, s0, d0["origin"], d0["kind"], o0["kind"]) == (0, "failed", "model", "tool_call", kind)
             assert (i1, s1, d1["origin"], d1["kind"]) == (1, "done", "operator", "fail")
-        ((_, status, decision, observation),) = steps(db, allowed)
-        assert (status, decision["origin"], observation["kind"]) == ("done", "model", "tool_result")
-        assert observation["content"] == "account z holds 120.00 EUR"
+        assert (payload["decision"]["origin"], payload["decision"]["kind"]) == ("model", "tool_call")
     finally:
         db.close()
+
+
+def test_show_and_runs_read_an_allowed_reads_step_out_of_its_one_event(workdir):
+    config = bank(workdir)
+    with gate_host(config) as host:
+        assert not host.call("bank_balance", {"account": "z"}).is_error
+    db = open_db(workdir / "runs.db")
+    try:
+        ((run_id, *_),) = run_rows(db)
+    finally:
+        db.close()
+    shown = operator(config, "show", run_id).stdout
+    (step_line,) = [line for line in shown.splitlines() if line.startswith("0 ")]
+    assert step_line.split()[:5] == ["0", "tool_call", "(model)", "done", "allow"], shown
+    assert "tool_result: bank/balance: " in step_line
+    assert "status    COMPLETED (goal_completed)" in shown and "steps     1" in shown
+    (step,) = json.loads(operator(config, "show", run_id, "-json").stdout)["steps"]
+    assert (step["index"], step["status"], step["decision"]["args"]) == (0, "done", {"account": "z"})
+    assert step["observation"]["content"] == "account z holds 120.00 EUR"
+    assert step["policy"]["outcome"] == "allow" and "policy_id" not in step["policy"]
+    assert run_id in operator(config, "runs").stdout
 
 
 def test_an_answer_too_deep_to_record_is_unrecorded_not_failed(workdir):
@@ -338,8 +364,11 @@ def test_results_are_mapped_and_capped(workdir):
     db = open_db(workdir / "runs.db")
     try:
         summaries = {}
-        for (observation,) in db.execute("SELECT observation_json FROM steps WHERE idx=0"):
-            observation = json.loads(observation)
+        # The reads' observations are in their run.read events, the others' in their steps.
+        observations = [json.loads(o) for (o,) in db.execute("SELECT observation_json FROM steps WHERE idx=0")]
+        observations += [json.loads(p)["observation"] for (p,) in db.execute(
+            "SELECT payload_json FROM events WHERE type='run.read'")]
+        for observation in observations:
             summaries[observation["summary"].split(":")[0]] = observation["summary"]
         assert summaries["fs/structured"] == "fs/structured: 21 bytes"
         assert summaries["fs/long"] == f"fs/long: {CAP} bytes, truncated"

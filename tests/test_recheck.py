@@ -499,6 +499,11 @@ def test_every_decision_records_the_identity_and_the_tool_spec(recorded, workdir
     identity = recorded_identity(recorded, workdir)
     rows = query(workdir / DB, "SELECT s.id, s.policy_id, s.spec_hash, r.tool FROM steps s JOIN runs r ON "
                                "r.id = s.run_id WHERE s.policy_json != '' ORDER BY s.rowid")
+    # An allowed read's one step is its run.read event, which carries the same two fields.
+    for step_id, payload, tool in query(workdir / DB, "SELECT e.step_id, e.payload_json, r.tool FROM events e "
+                                                      "JOIN runs r ON r.id = e.run_id WHERE e.type='run.read'"):
+        policy = json.loads(payload)["policy"]
+        rows.append((step_id, policy["policy_id"], policy["spec_hash"], tool))
     # 9 evaluations of both sessions on 7 steps: kim's and the re-run's are evaluated again on resume.
     assert len(rows) == 7
     for step_id, policy_id, spec_hash, tool in rows:
@@ -512,11 +517,19 @@ def test_every_policy_event_names_the_tool_spec_it_was_made_for(recorded, workdi
     # spec_hash, so the audit chain binds which tool (as described and classified) a decision
     # was made for, not only the unchained steps table.
     recorded.clone(workdir)
-    for e in policy_evaluations(workdir / DB):
-        (payload, spec_hash) = query(workdir / DB, "SELECT e.payload_json, s.spec_hash FROM events e JOIN steps s "
-                                                   "ON s.id = e.step_id WHERE e.seq=?", (e["seq"],))[0]
+    evaluations = policy_evaluations(workdir / DB)
+    assert any(e["tool"] == "bank_balance" for e in evaluations)  # reads are among them
+    for e in evaluations:
+        (payload, spec_hash, type_) = query(workdir / DB, "SELECT e.payload_json, s.spec_hash, e.type FROM events e "
+                                                          "LEFT JOIN steps s ON s.id = e.step_id WHERE e.seq=?",
+                                            (e["seq"],))[0]
         recorded_event = json.loads(payload)
-        # An allowed read's decision is chained in its one run.read event, under "policy".
-        recorded_event = recorded_event.get("policy", recorded_event)
+        if type_ == "run.read":
+            # An allowed read's decision is chained in its one run.read event, under "policy";
+            # the event is its step, so the spec it names must be kept and be the tool's.
+            recorded_event = recorded_event["policy"]
+            spec_hash = recorded_event["spec_hash"]
+            (spec,) = query(workdir / DB, "SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,))[0]
+            assert json.loads(spec)["name"] == e["tool"]
         assert recorded_event.get("policy_id") == e["policy_id"] and e["policy_id"]
         assert recorded_event.get("spec_hash") == spec_hash, f"step.policy at seq {e['seq']}: {payload}"
