@@ -194,15 +194,15 @@ def db_bytes(directory):
 
 def add_earlier_runs(directory, count):
     """Copy one recorded allowed call `count` times under fresh ids: the rows a busy history
-    leaves (runs, steps, events, calls), without paying for `count` real calls."""
+    leaves (runs, steps, events), without paying for `count` real calls. An allowed read
+    leaves no row in the calls index; each copy gets one anyway, settled, as the mutations of
+    a busy history would leave, so the index the rules read is as large as the history."""
     db = sqlite3.connect(os.path.join(directory, "bench.db"), isolation_level=None)
     run = db.execute("SELECT * FROM runs ORDER BY rowid DESC LIMIT 1").fetchone()
     steps = db.execute("SELECT * FROM steps WHERE run_id=?", (run[0],)).fetchall()
     events = db.execute("SELECT run_id, step_id, at, type, payload_json, hash FROM events "
                         "WHERE run_id=?", (run[0],)).fetchall()
-    call = db.execute("SELECT session, request_key, tool, side_effect, run_id, created_at, "
-                      "open, closed_at, settled_at, outcome FROM calls WHERE run_id=?",
-                      (run[0],)).fetchone()
+    call = (run[1], "", run[2], "read_only", run[0], run[7], 0, run[8], run[8], 2)
     db.execute("BEGIN")
     db.execute("UPDATE calls SET open=0")
     # Earlier runs have earlier ids, as agentgate's time-first ids do.
