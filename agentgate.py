@@ -189,6 +189,47 @@ def _first_surrogate(value, objects=True):
     return ""
 
 
+class _Reading(threading.local):
+    """What the parser's hooks found in the document being read on this thread: the first
+    repeated key, float64 overflow, number past the bound and lone surrogate."""
+    repeated = overflow = bound = surrogate = None
+
+
+_reading = _Reading()
+
+
+def _read_number(literal):
+    reason = _number_bound(literal)
+    if reason and not _reading.bound:
+        _reading.bound = reason
+    if not reason and not _reading.overflow and math.isinf(float(literal)):
+        _reading.overflow = literal
+    return Number(literal)
+
+
+def _read_pairs(items):
+    # Every pair is seen here, even one a repeated key later replaces, so a surrogate in a
+    # replaced value is still found (and reported before the repeated key).
+    obj = {}
+    for key, value in items:
+        if not _reading.surrogate:
+            _reading.surrogate = _first_surrogate(key) or _first_surrogate(value,
+                                                                           objects=False)
+        if key in obj and _reading.repeated is None:
+            _reading.repeated = key
+        obj[key] = value
+    return obj
+
+
+def _read_constant(name):
+    raise ValueError(name)
+
+
+# One decoder for every document: its hooks keep what they find per thread (_reading).
+_DECODER = json.JSONDecoder(object_pairs_hook=_read_pairs, parse_int=_read_number,
+                            parse_float=_read_number, parse_constant=_read_constant)
+
+
 def parse(data):
     """Parse one JSON document through the boundary check; numbers become Number.
 
@@ -204,49 +245,23 @@ def parse(data):
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise CanonicalError("not valid UTF-8") from None
-    repeated, overflow, bound, surrogates = [], [], [], []
-
-    def number(literal):
-        reason = _number_bound(literal)
-        if reason and not bound:
-            bound.append(reason)
-        if not reason and not overflow and math.isinf(float(literal)):
-            overflow.append(literal)
-        return Number(literal)
-
-    def pairs(items):
-        # Every pair is seen here, even one a repeated key later replaces, so a surrogate in
-        # a replaced value is still found (and reported before the repeated key).
-        obj = {}
-        for key, value in items:
-            if not surrogates:
-                found = _first_surrogate(key) or _first_surrogate(value, objects=False)
-                if found:
-                    surrogates.append(found)
-            if key in obj and not repeated:
-                repeated.append(key)
-            obj[key] = value
-        return obj
-
-    def constant(name):
-        raise ValueError(name)
-
+    reading = _reading
+    reading.repeated = reading.overflow = reading.bound = reading.surrogate = None
     try:
-        value = json.loads(text, object_pairs_hook=pairs, parse_int=number,
-                           parse_float=number, parse_constant=constant)
+        value = _DECODER.decode(text)
     except (ValueError, RecursionError):
         raise CanonicalError("not valid JSON") from None
-    surrogate = surrogates[0] if surrogates else _first_surrogate(value, objects=False)
+    surrogate = reading.surrogate or _first_surrogate(value, objects=False)
     if surrogate:
         raise CanonicalError(f"unpaired surrogate \\u{ord(surrogate):04x}")
-    if repeated:
-        raise CanonicalError(f"duplicate key {json.dumps(repeated[0], ensure_ascii=False)}")
+    if reading.repeated is not None:
+        raise CanonicalError(f"duplicate key {json.dumps(reading.repeated, ensure_ascii=False)}")
     # A float64 overflow inside a container is refused (the anchor's decoder fails on it);
     # the same literal as the whole document is accepted.
-    if overflow and not isinstance(value, Number):
-        raise CanonicalError(f"number {overflow[0][:24]} is beyond the range of a float64")
-    if bound:
-        raise CanonicalError(bound[0])
+    if reading.overflow and not isinstance(value, Number):
+        raise CanonicalError(f"number {reading.overflow[:24]} is beyond the range of a float64")
+    if reading.bound:
+        raise CanonicalError(reading.bound)
     return value
 
 
@@ -274,25 +289,37 @@ def _html(text):
     return text
 
 
+_marked = threading.local()  # the literals of the Numbers one encoding marked, per thread
+
+
+def _mark_number(item):
+    if not isinstance(item, Number):
+        raise TypeError(f"cannot encode {type(item).__name__} as JSON")
+    _marked.literals.append(item.literal)
+    return f"{_MARK}{len(_marked.literals) - 1}{_MARK}"
+
+
+# The standard library's encoder in C, made once: compact, keys sorted, NaN refused, no check
+# for cycles (a value here is a tree; a cycle would end in RecursionError, caught as a refusal).
+_C_ENCODER = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
+    None, _mark_number, _ESCAPE, None, ":", ",", True, False, False)
+
+
 def _encode_c(value):
     """The one encoding, by the standard library's encoder in C: keys sorted by code point
     (the order of their UTF-8 bytes), strings escaped as _encode_string escapes them, and each
     Number first written as a marker string, then replaced by its literal. Markers appear in
     the order they were made; when the output holds any other marked string (text that holds
     the marker character, which could not be encoded as UTF-8 anyway), None: _encode decides.
-    So does a float that is not finite. Its one call holds the interpreter for at most ~0.1 s
-    on the largest message the gate accepts."""
-    literals = []
-
-    def number(item):
-        if not isinstance(item, Number):
-            raise TypeError(f"cannot encode {type(item).__name__} as JSON")
-        literals.append(item.literal)
-        return f"{_MARK}{len(literals) - 1}{_MARK}"
+    So does a float that is not finite, and everything when the C encoder is missing. Its
+    one call holds the interpreter for at most ~0.1 s on the largest message the gate
+    accepts."""
+    if _C_ENCODER is None:
+        return None
+    _marked.literals = literals = []
     try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, sort_keys=True,
-                          separators=(",", ":"), default=number)
-    except (TypeError, ValueError):
+        text = "".join(_C_ENCODER(value, 0))
+    except (TypeError, ValueError, RecursionError):
         return None
     if not literals:
         return text
@@ -347,6 +374,10 @@ def _encode(value, html, out):
 
 
 def _encoded(value, html):
+    if isinstance(value, Number):
+        return value.literal
+    if isinstance(value, str):
+        return _encode_string(value, html)
     text = _encode_c(value)
     if text is None:
         out = []

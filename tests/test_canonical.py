@@ -97,6 +97,7 @@ JSON = "not valid JSON"
         (b'{"a":1,"a":2}', 'duplicate key "a"'),
         (b'{"a":1,"\\u0061":2}', 'duplicate key "a"'),
         (b'{"a":1,"a":1000}', 'duplicate key "a"'),
+        (b'{"":1,"":2,"b":1,"b":2}', 'duplicate key ""'),  # the first repeated key, even the empty one
         (b'{"x":{"k":1,"\\u006b":2}}', 'duplicate key "k"'),
         (b'[{"k":[1,{"k":1,"k":1}]}]', 'duplicate key "k"'),
         (b"1" * 10001, "number " + "1" * 24 + "... is longer than 10000 characters"),
@@ -664,3 +665,37 @@ def test_stored_times_are_formatted_as_datetime_formats_them():
         assert agentgate.format_time(seconds) == reference(seconds), seconds
     assert agentgate.format_time(agentgate.parse_time("2026-12-01T06:50:00.123456Z")) == \
         "2026-12-01T06:50:00.123456Z"
+
+
+def test_documents_read_on_many_threads_at_once_keep_their_own_reasons():
+    # The parser's hooks keep what they find per thread: a fault found in one thread's
+    # document must never be reported for, or hidden from, another's.
+    import threading
+    documents = [b'{"a":1,"a":2}', b'{"b":[1e999]}', b'{"c":"\\ud800"}', b'{"d":' + b"1" * 5000 + b"}",
+                 b'{"e":{"f":[1,2,{"g":3}]}}', b'[1,2,3]']
+
+    def reason(document):
+        try:
+            return canonical(parse(document))
+        except CanonicalError as err:
+            return str(err)
+    expected = [reason(d) for d in documents]
+    assert len(set(expected)) == len(expected)
+    failures = []
+
+    def read(offset):
+        for i in range(300):
+            k = (i + offset) % len(documents)
+            if reason(documents[k]) != expected[k]:
+                failures.append((k, reason(documents[k])))
+    threads = [threading.Thread(target=read, args=(n,)) for n in range(6)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert failures == []
