@@ -5163,8 +5163,9 @@ class Shutdown(Exception):
 class Workers:
     """The threads requests are handled on: an idle one takes the next request, and a new one
     is started only when none is idle, so a busy host does not pay a thread's start per call,
-    and there are never more threads than requests once handled at the same time (at most
-    MAX_IN_FLIGHT, which the host side admits). A thread idle for IDLE_SECONDS ends."""
+    and there are never more threads than requests once handled at the same time, plus the
+    one reading the host (at most MAX_IN_FLIGHT requests, which the host side admits). A
+    thread idle for IDLE_SECONDS ends."""
 
     IDLE_SECONDS = 2.0
 
