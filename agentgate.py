@@ -702,6 +702,9 @@ DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MIN_LEASE_TTL = 3 * SECOND
+# How long a tool call may run when neither its rule nor its server sets a timeout: long enough
+# for a slow search or a build, short enough that a hung server is noticed within the minute.
+DEFAULT_TOOL_TIMEOUT = 60 * SECOND
 DEFAULT_ARGUMENT_BYTES = 1 << 20  # what one call may bring in, canonically encoded
 MAX_ARGUMENT_BYTES = 8 << 20
 
@@ -857,7 +860,7 @@ class Config:
 
     FIELDS = ("database", "session", "servers", "policy", "hold", "repeat_window",
               "max_pending", "approval_ttl", "grant_ttl", "status_tool", "lease_ttl",
-              "max_argument_bytes", "operator")
+              "max_argument_bytes", "operator", "notify")
 
     def __init__(self, raw, path):
         self.path = path
@@ -915,6 +918,10 @@ class Config:
             raise ConfigError(f'operator is {quote(self.operator)}; write "none" when no one is '
                               f'at hand to approve (what would wait is then denied), or leave '
                               f'it out')
+        self.notify = _names(raw, "notify", where)
+        if "notify" in raw and not self.notify:
+            raise ConfigError('notify must be a program and its arguments, such as '
+                              '["notify-send", "agentgate", "an approval waits"], or left out')
         self.lease_ttl = _duration(raw, "lease_ttl", where, 30 * SECOND)
         if self.lease_ttl < MIN_LEASE_TTL:
             raise ConfigError(f"lease_ttl {format_duration(self.lease_ttl)} is shorter than "
@@ -3230,7 +3237,9 @@ class Tool:
         self.target = f"{server.name}/{entry['name']}"
         self.description = rule.description or entry.get("description", "")
         self.side_effect = rule.side_effect
-        self.timeout = rule.timeout or server.default_timeout
+        # A timeout that nobody set is the default one: check says which tools run on it.
+        self.timeout_given = rule.timeout or server.default_timeout
+        self.timeout = self.timeout_given or DEFAULT_TOOL_TIMEOUT
         self.schema = restrict_schema(entry["input_schema"], rule.deny + list(rule.fixed))
         self.spec = {"name": self.name, "description": self.description,
                      "input_schema": self.schema, "side_effect": self.side_effect,
@@ -3390,6 +3399,9 @@ def load(server, manifest, upstream, live, deadline, taken):
         taken[tool.name] = f"tool {quote(name)} of server {quote(server.name)}"
         tools.append(tool)
         extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
+        if not tool.timeout_given:
+            extra += (f" [no timeout set: the default {format_duration(DEFAULT_TOOL_TIMEOUT)} "
+                      f"applies]")
         report.add("registered", name, f"registered {sanitize(name)} as {tool.name} "
                                        f"({tool.side_effect}){extra}")
         report.lines += [f"{sanitize(server.name)}:   {sanitize(line)}"
@@ -3412,8 +3424,6 @@ def refusal(server, entry, live, rule):
     mismatch = hint_mismatch(rule.side_effect, entry, live_entry)
     if mismatch and not rule.allow_hint_mismatch:
         return mismatch, ""
-    if not (rule.timeout or server.default_timeout):
-        return "no timeout: set the rule's timeout or the server's default_timeout", ""
     name = rule.rename or f"{server.name}_{entry['name']}"
     if not NAME_RE.match(name):
         return (f"the name {quote(name)} does not match ^[a-zA-Z0-9_-]{{1,64}}$: set rename",
@@ -4459,7 +4469,8 @@ def cap_text(text, cap):
 # died) is taken over, and a mutating call it cut off waits for an operator. A read the policy
 # allows with no limit or grant to consult is recorded whole with its outcome (one row of each
 # table, one event), in one transaction, after it answers; everything else is recorded before
-# it is sent. Limits are decided inside the transaction that starts the execution.
+# it is sent. Limits are decided inside the transaction that starts the execution. An approval
+# that starts waiting is announced on stderr and, if configured, to the notify program.
 # =============================================================================================
 
 HOLD_POLL = 0.2
@@ -4482,6 +4493,53 @@ class Execute:
         self.run_id, self.step_id, self.args, self.record = run_id, step_id, args, record
 
 
+NOTIFY_TIMEOUT = 10  # seconds a notify program may run before its process group is killed
+NOTIFY_BACKLOG = 32  # announcements waiting for the notify program; past it, one is dropped
+
+
+class Notifier:
+    """Runs the operator's notify program when an approval starts waiting.
+
+    The program runs on a thread of its own, one at a time, so a call never waits for it and
+    a failing, missing or hanging program costs the call nothing: it is stopped after
+    NOTIFY_TIMEOUT, and its failure is a line on stderr. It gets the gate's environment plus
+    the approval id, the run, the tool's name and the command that decides it.
+    """
+
+    def __init__(self, argv):
+        self.argv = argv
+        self.backlog = queue.Queue(NOTIFY_BACKLOG)
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def announce(self, names):
+        try:
+            self.backlog.put_nowait(names)
+        except queue.Full:
+            log(f"notify is {NOTIFY_BACKLOG} approvals behind; approval "
+                f"{names['AGENTGATE_APPROVAL']} is not announced")
+
+    def _run(self):
+        program = self.argv[0]
+        while True:
+            names = self.backlog.get()
+            try:
+                proc = subprocess.Popen(self.argv, env={**os.environ, **names},
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+            except OSError as err:
+                log(f"notify could not run {program}: {err.strerror}")
+                continue
+            try:
+                status = proc.wait(NOTIFY_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+                log(f"notify {program} was stopped after {NOTIFY_TIMEOUT}s")
+                continue
+            if status:
+                log(f"notify {program} exited with status {status}")
+
+
 STOP = "stop"  # rule 5 met an unknown outcome: look no further back, let rule 6 decide
 
 
@@ -4500,6 +4558,7 @@ class Gate:
         self.active = set()
         self.stopping = threading.Event()
         self.operator_hint = operator_hint(config)
+        self.notifier = Notifier(config.notify) if config.notify else None
         self.client = ""  # set by the host side from initialize
         threading.Thread(target=self._heartbeat, daemon=True).start()
 
@@ -4957,10 +5016,15 @@ class Gate:
             raise
 
     def _log_waiting(self, approval, tool, run_id):
+        command = f"{self.operator_hint} approve {run_id} -approval {approval['id']}"
         log(f"approval {approval['id']} ({approval['kind']}) for {tool.name} waits for an "
             f"operator: run {run_id}")
-        log(f"  decide with: {self.operator_hint} approve {run_id} -approval {approval['id']}"
-            f"   (or reject)")
+        log(f"  decide with: {command}   (or reject)")
+        if self.notifier:
+            # Names only: an argument's value never leaves the gate this way.
+            self.notifier.announce({"AGENTGATE_APPROVAL": approval["id"],
+                                    "AGENTGATE_RUN": run_id, "AGENTGATE_TOOL": tool.name,
+                                    "AGENTGATE_COMMAND": command})
 
     def _execute(self, tool, verdict):
         """Send the recorded request upstream and record what came of it, whatever the host
