@@ -2025,6 +2025,22 @@ class Store:
                             (grant_id,))
         return dict(zip(GRANT_COLUMNS, row)) if row else None
 
+    def ids_starting(self, table, prefixes, limit):
+        """Up to `limit` ids of `table` (runs, approvals or grants) that start with one of
+        `prefixes` (ASCII), in order: each prefix is a range of the primary key."""
+        ranges = [(p, p[:-1] + chr(ord(p[-1]) + 1)) for p in prefixes]
+        where = " OR ".join(["(id>=? AND id<?)"] * len(ranges))
+        return [row[0] for row in self.read(
+            f"SELECT id FROM {table} WHERE {where} ORDER BY id LIMIT ?",
+            (*(bound for pair in ranges for bound in pair), limit))]
+
+    def run_ids_after_session(self, prefix, limit):
+        """Up to `limit` run ids whose part after the session starts with `prefix` (letters
+        and digits only), in any session: a scan, for an operator who gave no session."""
+        return [row[0] for row in self.read(
+            "SELECT id FROM runs WHERE substr(id, instr(id, '.') + 1) GLOB ? ORDER BY id "
+            "LIMIT ?", (prefix + "*", limit))]
+
     def chain_head(self):
         return self.read_one("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
 
@@ -5771,11 +5787,45 @@ def load_run(store, run_id):
     return run
 
 
+MIN_PREFIX = 6
+ID_TEXT = re.compile(r"^[A-Za-z0-9_.-]+$")
+ID_CANDIDATES = 200  # how many ids one prefix is looked up among; ten of them are listed
+
+
+def resolve_id(store, kind, given, session="", narrow=None):
+    """The one id of a run, an approval or a grant that starts with `given`: an operator may
+    type any unique prefix of at least MIN_PREFIX characters, of a run's id with or without
+    its session. `narrow` keeps, of several, those a command can act on (a run that waits,
+    for approve), so a prefix need only tell those apart. An id that is not found, or a
+    prefix that several share, is refused with the candidates listed: nothing is guessed."""
+    table = {"run": "runs", "approval": "approvals", "grant": "grants"}[kind]
+    if not ID_TEXT.match(given) or store.ids_starting(table, [given], 1) == [given]:
+        return given  # the whole id (or no id at all: the lookup says it is not found)
+    if len(given) < MIN_PREFIX:
+        raise StoreError(f"{kind} {quote(given)} not found (a shortened id needs at least "
+                         f"{MIN_PREFIX} characters)")
+    found = store.ids_starting(table, [given], ID_CANDIDATES)
+    if kind == "run" and "." not in given:
+        found += (store.ids_starting(table, [f"{session}.{given}"], ID_CANDIDATES) if session
+                  else store.run_ids_after_session(given, ID_CANDIDATES))
+    found = sorted(set(found))
+    if narrow and len(found) > 1:
+        found = [candidate for candidate in found if narrow(candidate)] or found
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise StoreError(f"{kind} {quote(given)} not found")
+    listed = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
+    raise StoreError(f"{kind} {quote(given)} is ambiguous: it starts {listed}; give more of "
+                     f"its characters")
+
+
 def cmd_show(argv):
     p = operator_parser("show", ("full", bool))
     p.add_argument("run", type=text_argument)
     opts = p.parse_args(argv)
-    store, _ = operator_store(opts, readonly=True)
+    store, session = operator_store(opts, readonly=True)
+    opts.run = resolve_id(store, "run", opts.run, session)
     run = load_run(store, opts.run)
     steps, approvals = store.steps(opts.run), store.approvals(opts.run)
     events = store.run_events(opts.run)
@@ -5898,7 +5948,9 @@ def late_text(observation):
 
 def select_approval(store, run_id, approval_id):
     if approval_id:
-        approval = next((a for a in store.approvals(run_id) if a["id"] == approval_id), None)
+        approvals = {a["id"]: a for a in store.approvals(run_id)}
+        approval = approvals.get(resolve_id(store, "approval", approval_id,
+                                            narrow=approvals.__contains__))
         if approval is None:
             raise StoreError(f"run {quote(run_id)} has no approval {quote(approval_id)}")
         if approval["status"] != "pending":
@@ -5926,7 +5978,9 @@ def decide(argv, command):
     by = opts.by or current_user()
     if not by:
         raise Usage("say who decides with -by; the current user has no name")
-    store, _ = operator_store(opts, readonly=False)
+    store, session = operator_store(opts, readonly=False)
+    opts.run = resolve_id(store, "run", opts.run, session, narrow=lambda run_id: any(
+        a["status"] == "pending" for a in store.approvals(run_id)))
     approval = select_approval(store, opts.run, opts.approval)
     if stored_hash(approval) != approval["hash"]:
         raise StoreError(f"approval {approval['id']} does not match its hash: its record was "
@@ -5980,7 +6034,9 @@ def cmd_cancel(argv):
     p.add_argument("run", type=text_argument)
     opts = p.parse_args(argv)
     by = opts.by or current_user()
-    store, _ = operator_store(opts, readonly=False)
+    store, session = operator_store(opts, readonly=False)
+    opts.run = resolve_id(store, "run", opts.run, session, narrow=lambda run_id: (
+        store.run(run_id)["status"] not in TERMINAL))
     run = load_run(store, opts.run)
     if run["status"] in TERMINAL:
         raise StoreError(f"run {opts.run} already ended ({run['status']}); there is nothing to "
@@ -6109,6 +6165,7 @@ def cmd_revoke(argv):
     opts = p.parse_args(argv)
     by = opts.by or current_user()
     store, _ = operator_store(opts, readonly=False)
+    opts.grant = resolve_id(store, "grant", opts.grant)
     if store.grant(opts.grant) is None:
         raise StoreError(f"there is no grant {quote(opts.grant)}; `grants` lists them")
     if not store.write(lambda tx: tx.revoke_grant(opts.grant, by, opts.note or "")):
@@ -6229,6 +6286,7 @@ def cmd_recheck(argv):
             tools = configured_tools(config)
         session = opts.session or config.session
         if opts.run:
+            opts.run = resolve_id(store, "run", opts.run, config.session)
             load_run(store, opts.run)
             run_ids = [opts.run]
         else:
