@@ -35,9 +35,10 @@ Sections, in the order data flows through them:
     10. The gate              one call as one run, under the rules across calls
     11. MCP server            the host side: framing, initialize, tools/list, tools/call
     12. Operator commands     runs, show, approve, reject, cancel, grant, verify, recheck
-    13. Fake payment server   the demo's and the tests' upstream
-    14. Demonstration         a host, a server and an operator, scripted
-    15. Main                  the command line
+    13. Setup                 init: from a host's configuration to a gated one
+    14. Fake payment server   the demo's and the tests' upstream
+    15. Demonstration         a host, a server and an operator, scripted
+    16. Main                  the command line
 """
 
 import argparse
@@ -395,16 +396,20 @@ def canonical(value):
     return _encoded(value, True).encode("utf-8")
 
 
-def pretty_json(value, indent="  ", level=0):
-    """The policy form, indented for people: manifests and operator JSON output."""
+def pretty_json(value, indent="  ", level=0, flat=None):
+    """The policy form, indented for people: manifests and operator JSON output; values
+    nested `flat` levels deep stay on one line."""
+    if flat is not None and level >= flat:
+        return policy_json(value)
     if isinstance(value, dict) and value:
         inner = indent * (level + 1)
-        items = [f"{inner}{_encode_string(k, False)}: {pretty_json(value[k], indent, level + 1)}"
+        items = [f"{inner}{_encode_string(k, False)}: "
+                 f"{pretty_json(value[k], indent, level + 1, flat)}"
                  for k in sorted(value, key=lambda k: k.encode("utf-8", "surrogatepass"))]
         return "{\n" + ",\n".join(items) + "\n" + indent * level + "}"
     if isinstance(value, list) and value:
         inner = indent * (level + 1)
-        items = [inner + pretty_json(v, indent, level + 1) for v in value]
+        items = [inner + pretty_json(v, indent, level + 1, flat) for v in value]
         return "[\n" + ",\n".join(items) + "\n" + indent * level + "]"
     return policy_json(value)
 
@@ -747,7 +752,7 @@ class Rule:
     """The operator's classification of one upstream tool."""
 
     FIELDS = ("side_effect", "timeout", "description", "deny", "fixed", "rename",
-              "allow_hint_mismatch", "outcome", "repeat_window", "when", "limits")
+              "allow_hint_mismatch", "outcome", "repeat_window", "when", "limits", "proposed")
 
     def __init__(self, tool, raw, where):
         _refuse_unknown(raw, self.FIELDS, where)
@@ -769,6 +774,9 @@ class Rule:
             raise ConfigError(f"{where}.outcome is {quote(self.outcome)}; use one of "
                               f"{', '.join(OUTCOMES)}")
         self.repeat_window = _duration(raw, "repeat_window", where, None)
+        # Written by init from the server's own hints: nothing is offered on a rule nobody
+        # reviewed (check -accept marks them reviewed).
+        self.proposed = _bool(raw, "proposed", where)
         # Section 8 reads the policy on what a call does; its identity is the text as given.
         self.when = [Entry(entry, f"{where}.when[{i}]", f"when[{i}]")
                      for i, entry in enumerate(self._list(raw, "when", where))]
@@ -3274,6 +3282,7 @@ class Report:
     def __init__(self, server):
         self.server = server
         self.registered, self.refused, self.unclassified, self.unpinned = [], [], [], []
+        self.unreviewed = []
         self.lines = []
 
     def add(self, kind, tool, text):
@@ -3396,6 +3405,11 @@ def load(server, manifest, upstream, live, deadline, taken):
         rule = server.rules.get(name)
         if rule is None:
             report.add("unclassified", name, f"unclassified {sanitize(name)}: no rule")
+            continue
+        if rule.proposed:
+            report.add("unreviewed", name, f"unreviewed {sanitize(name)}: its rule "
+                       f"({rule.side_effect}) was proposed from the server's own hints; read it, "
+                       f"then run check -accept")
             continue
         if deadline.left() <= 0:
             raise UpstreamError(upstream.describe("load", "timed out after " +
@@ -3576,8 +3590,10 @@ def load_all(config, while_starting=None):
                 raise LoadError(str(err)) from None
             reports.append(report)
             if not offered:
-                raise LoadError(f"server {quote(server.name)}: no tool registered; classify "
-                                f"at least one pinned tool with a rule")
+                raise LoadError(f"server {quote(server.name)}: no tool registered; " + (
+                    "its rules are proposals nobody reviewed: read them, then run check "
+                    "-accept" if report.unreviewed else
+                    "classify at least one pinned tool with a rule"))
             tools.extend(offered)
     except (LoadError, ConfigError) as err:
         for upstream in upstreams:
@@ -6455,7 +6471,289 @@ def print_recheck(config, reports, as_json, session):
 
 
 # =============================================================================================
-# 13. Fake payment server
+# 13. Setup: from a host's configuration to a gated one
+#
+# Owns: `init`, which reads the MCP servers a person already gave their hosts (Claude Desktop,
+# Claude Code, Cursor, or a file named), writes a starter config with them, pins them and
+# proposes a rule per tool from the server's own hints; and the acceptance of those proposals.
+# Promises: the config is written 0600 and never over an existing one; a secret in a server's
+# env goes into it and into no output; a tool is offered only once its proposed rule was
+# accepted (a proposal is the server's claim about itself, not the person's policy); a host's
+# file is changed only with -write, from a backup kept beside it, and only to replace the
+# servers that were gated by the one entry that gates them; a server that cannot be gated is
+# left in the host as it was, and said so.
+# =============================================================================================
+
+HOST_ENTRY_NAME = "gated"  # model-visible in some hosts' tool names: it names no program
+HOST_FILE_BYTES = 64 << 20  # ~/.claude.json keeps a history and grows
+
+
+def host_config_files():
+    """(host, path) of every host configuration this user has, in a fixed order."""
+    home = os.path.expanduser("~")
+    if sys.platform == "darwin":
+        desktop = os.path.join(home, "Library", "Application Support", "Claude")
+    elif sys.platform == "win32":
+        desktop = os.path.join(os.environ.get("APPDATA", home), "Claude")
+    else:
+        desktop = os.path.join(os.environ.get("XDG_CONFIG_HOME") or
+                               os.path.join(home, ".config"), "Claude")
+    places = [("Claude Desktop", os.path.join(desktop, "claude_desktop_config.json")),
+              ("Claude Code", os.path.join(home, ".claude.json")),
+              ("Claude Code project", os.path.abspath(".mcp.json")),
+              ("Cursor", os.path.join(home, ".cursor", "mcp.json")),
+              ("Cursor project", os.path.abspath(os.path.join(".cursor", "mcp.json")))]
+    seen, found = set(), []
+    for host, path in places:
+        if os.path.isfile(path) and os.path.realpath(path) not in seen:
+            seen.add(os.path.realpath(path))
+            found.append((host, path))
+    return found
+
+
+class HostFile:
+    """One host's configuration file and the maps of MCP servers in it. Claude Code keeps a
+    map per project beside the user's own; the one for the current directory is read too."""
+
+    def __init__(self, host, path):
+        self.host, self.path = host, os.path.abspath(path)
+        try:
+            with open(path, "rb") as f:
+                data = f.read(HOST_FILE_BYTES + 1)
+        except OSError as err:
+            raise ConfigError(f"{host} configuration {path} cannot be read: "
+                              f"{err.strerror}") from None
+        if len(data) > HOST_FILE_BYTES:
+            raise ConfigError(f"{host} configuration {path} is larger than "
+                              f"{HOST_FILE_BYTES >> 20} MiB; name a smaller file with -from")
+        try:
+            self.raw = parse(data)
+        except CanonicalError as err:
+            raise ConfigError(f"{host} configuration {path} is not usable JSON: {err}") from None
+        if not isinstance(self.raw, dict):
+            raise ConfigError(f"{host} configuration {path} is not a JSON object")
+        self.maps = [self.raw["mcpServers"]] if isinstance(self.raw.get("mcpServers"),
+                                                            dict) else []
+        project = self.raw.get("projects", {})
+        project = project.get(os.getcwd()) if isinstance(project, dict) else None
+        if isinstance(project, dict) and isinstance(project.get("mcpServers"), dict):
+            self.maps.append(project["mcpServers"])
+
+    def servers(self):
+        return [(name, entry) for servers in self.maps for name, entry in servers.items()]
+
+
+def server_from_host(name, entry):
+    """A host's server entry as agentgate's (without name, manifest or rules), or the reason
+    it cannot be gated."""
+    if not isinstance(entry, dict):
+        return None, "its entry is not an object"
+    if entry.get("disabled") is True:
+        return None, "the host has it disabled"
+    kind = entry.get("type") if isinstance(entry.get("type"), str) else ""
+    if kind == "sse":
+        return None, "it uses the older SSE transport, which agentgate does not speak"
+    if isinstance(entry.get("url"), str):
+        server = {"url": entry["url"]}
+        headers = entry.get("headers") or {}
+        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+            return None, "its headers are not a map of names to strings"
+        if headers:
+            # A header's value is read from the environment, never written in the config.
+            server["headers"] = {h: v if re.fullmatch(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}", v)
+                                 else "${" + env_name(name, h) + "}" for h, v in headers.items()}
+        return server, ""
+    command, args = entry.get("command"), entry.get("args", [])
+    if not isinstance(command, str) or not command:
+        return None, "it has neither a command nor a url"
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        return None, "its args are not a list of strings"
+    if is_the_gate([command, *args]):
+        return None, "it is agentgate itself"
+    server = {"command": [command, *args]}
+    env = entry.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        return None, "its env is not a map of names to strings"
+    if env:
+        server["env"] = [f"{k}={v}" for k, v in env.items()]
+    if isinstance(entry.get("cwd"), str) and entry["cwd"]:
+        server["cwd"] = entry["cwd"]
+    return server, ""
+
+
+def is_the_gate(argv):
+    """Whether a host's command line starts agentgate serving (not, say, the demo's server)."""
+    for i, part in enumerate(argv):
+        if os.path.basename(part) in (f"{PROGRAM}.py", PROGRAM):
+            rest = argv[i + 1:]
+            return not rest or rest[0] == "serve" or rest[0].startswith("-")
+    return False
+
+
+def env_name(server, header):
+    return re.sub(r"[^A-Z0-9]+", "_", f"AGENTGATE_{server}_{header}".upper()).strip("_")
+
+
+def server_name(given, taken):
+    """A name agentgate can use (NAME_RE) for a host's server, unique among `taken`."""
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", given).strip("-")[:60] or "server"
+    unique, n = name, 1
+    while unique in taken:
+        n += 1
+        unique = f"{name}-{n}"
+    return unique
+
+
+def proposed_rule(entry):
+    """The rule a tool's own hints suggest; it decides nothing until it is accepted."""
+    annotations = entry.get("annotations") or {}
+    if annotations.get("readOnlyHint") is True:
+        side_effect = "read_only"
+    elif annotations.get("destructiveHint") is True:
+        side_effect = "destructive"
+    else:
+        side_effect = "remote_mutation"
+    return {"side_effect": side_effect, "proposed": True}
+
+
+def config_text(raw):
+    """A config as people read it: one line per rule, so a server's tools fit a screen."""
+    return pretty_json(raw, flat=4) + "\n"
+
+
+def cmd_init(argv):
+    opts = parser("init", "from", "config", ("write", bool)).parse_args(argv)
+    path = os.path.abspath(config_path(opts.config))
+    if os.path.lexists(path):
+        raise ConfigError(f"config {path} already exists, and init writes a new one: name "
+                          f"another with -config, or move it away first")
+    files = [HostFile("host", getattr(opts, "from"))] if getattr(opts, "from") else \
+        [HostFile(host, place) for host, place in host_config_files()]
+    if not files:
+        raise ConfigError("no host configuration was found (Claude Desktop, Claude Code, "
+                          "Cursor); name one with -from FILE")
+    servers, gated, left = [], {}, []  # gated: (file, host's name) -> agentgate's server
+    for file in files:
+        for given, entry in file.servers():
+            server, why = server_from_host(given, entry)
+            same = next((s for s in servers if server and
+                         {k: v for k, v in s.items() if k not in ("name", "manifest")} ==
+                         server), None)
+            if same:  # the same server in two hosts is gated once
+                gated[(file.path, given)] = same
+                continue
+            if server is None:
+                left.append((file, given, why))
+                continue
+            name = server_name(given, {s["name"] for s in servers})
+            server.update(name=name, manifest=f"{name}.manifest.json")
+            try:
+                Server(server, f"server {quote(name)}", os.path.dirname(path))
+            except ConfigError as err:
+                left.append((file, given, str(err)))
+                continue
+            servers.append(server)
+            gated[(file.path, given)] = server
+    for file in files:
+        print(f"read {file.host} configuration {file.path}: "
+              f"{len(file.servers())} server(s)")
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    raw = {"database": "agentgate.db", "session": "default", "servers": servers}
+    pinned = []
+    for server in list(servers):
+        write_private(path, config_text(raw))
+        config = load_config(path)
+        try:
+            manifest = pin(next(s for s in config.servers if s.name == server["name"]))
+        except (UpstreamError, LoadError, ConfigError) as err:
+            servers.remove(server)
+            for key in [key for key, gating in gated.items() if gating is server]:
+                gated.pop(key)
+                left.append((next(f for f in files if f.path == key[0]), key[1],
+                             f"it could not be pinned: {err}"))
+            continue
+        server["rules"] = {tool: proposed_rule(entry) for tool, entry in
+                           manifest["tools"].items()}
+        pinned.append((server, manifest))
+    if not servers:
+        if os.path.lexists(path):
+            os.unlink(path)
+        for file, given, why in left:
+            print(f"  {sanitize(given)} ({file.host}): not gated: {sanitize(why)}")
+        raise ConfigError("no server could be gated, so no config was written")
+    write_private(path, config_text(raw))
+    config = load_config(path)
+    for server, manifest in pinned:
+        print(f"server {server['name']}: {len(manifest['tools'])} tool(s) pinned; proposed "
+              f"from the server's own hints:")
+        for tool, entry in manifest["tools"].items():
+            print(f"  {sanitize(tool):<28} {server['rules'][tool]['side_effect']:<16} "
+                  f"({hints_text(entry)})")
+    for file, given, why in left:
+        print(f"not gated, left in {file.host} as it is: {sanitize(given)}: {sanitize(why)}")
+    try:
+        check_reach(config)
+    except ConfigError as err:
+        print(f"before serving, fix this: {err}")
+    print(f"wrote {path} (0600): every rule in it is a proposal, and nothing is offered until "
+          f"you have read them, changed what you disagree with, and run:")
+    print(f"    {operator_hint(config)} check -accept")
+    entry = {"command": sys.executable,
+             "args": [os.path.abspath(sys.argv[0]), "-config", path]}
+    if opts.write:
+        for file in files:
+            taken = [given for given, _ in file.servers() if (file.path, given) in gated]
+            if taken:
+                print(f"wrote {file.path}; it was kept as {replace_in_host(file, taken, entry)}")
+        return 0
+    print("Then replace the gated servers in your host with this one entry (or run init "
+          "with -write to have it done, keeping a backup):")
+    print(pretty_json({"mcpServers": {HOST_ENTRY_NAME: entry}}))
+    return 0
+
+
+def replace_in_host(file, taken, entry):
+    """Replace the servers `taken` in a host's file by the one entry that gates them, after
+    keeping the file as it was beside it. Returns the backup's path."""
+    backup = f"{file.path}.agentgate-backup"
+    n = 1
+    while os.path.lexists(backup):
+        n += 1
+        backup = f"{file.path}.agentgate-backup-{n}"
+    with open(file.path, "rb") as f:
+        original = f.read()
+    write_private(backup, original.decode("utf-8", "surrogateescape"))
+    for servers in file.maps:
+        for given in taken:
+            servers.pop(given, None)
+    target = file.maps[0] if file.maps else file.raw.setdefault("mcpServers", {})
+    target[server_name(HOST_ENTRY_NAME, set(target))] = entry
+    mode = stat.S_IMODE(os.stat(file.path).st_mode)
+    write_private(file.path, pretty_json(file.raw) + "\n")
+    os.chmod(file.path, mode)
+    return backup
+
+
+def accept_proposals(path):
+    """Mark every proposed rule of the config as reviewed, writing the config anew."""
+    load_config(path)  # a config that would not load is refused as it is, unchanged
+    raw = parse(read_owned(path, "config"))
+    accepted = []
+    for server in raw["servers"]:
+        for tool, rule in server.get("rules", {}).items():
+            if rule.pop("proposed", False):
+                accepted.append(f"{server['name']}/{tool} ({rule['side_effect']})")
+    if not accepted:
+        print("no proposed rule to accept")
+        return
+    write_private(path, config_text(raw))
+    print(f"accepted {len(accepted)} proposed rule(s):")
+    for rule in accepted:
+        print(f"  {sanitize(rule)}")
+
+
+# =============================================================================================
+# 14. Fake payment server
 #
 # Owns: a small stdio MCP server, `fake-payments`, that the demonstration, the example config
 # and the tests put behind the gate, so that agentgate can be seen working on a machine with
@@ -6570,7 +6868,7 @@ def fake_payments():
 
 
 # =============================================================================================
-# 14. Demonstration
+# 15. Demonstration
 #
 # Owns: `agentgate.py demo`, a scripted session with no model, no network and nothing
 # installed. This process plays the host; the gate, the fake payment server and the operator
@@ -6836,7 +7134,7 @@ def _processes_mentioning(text):
 
 
 # =============================================================================================
-# 15. Main
+# 16. Main
 #
 # Owns: the command line. Go-style single-dash long flags (-config, -approval); the
 # double-dash spelling works too. Exit codes: 0 ok, 1 failure, 2 usage. No traceback reaches
@@ -6844,7 +7142,8 @@ def _processes_mentioning(text):
 # =============================================================================================
 
 USAGE = f"""usage: agentgate.py [serve] [-config FILE]
-       agentgate.py pin|check [-config FILE]
+       agentgate.py init [-from FILE] [-config FILE] [-write]
+       agentgate.py pin|check [-config FILE]      check -accept: accept init's proposals
        agentgate.py runs|show|approve|reject|cancel|verify|recheck ... (-h for each)
        agentgate.py grant|grants|revoke ... (-h for each)
        agentgate.py demo
@@ -6917,7 +7216,10 @@ def serving_config(path):
 
 
 def cmd_check(argv):
-    config = serving_config(parser("check", "config").parse_args(argv).config)
+    opts = parser("check", "config", ("accept", bool)).parse_args(argv)
+    if opts.accept:
+        accept_proposals(os.path.abspath(config_path(opts.config)))
+    config = serving_config(opts.config)
     try:
         upstreams, tools, reports = load_all(config)
     except LoadError as err:
@@ -7015,7 +7317,7 @@ def main(argv=None):
                 "show": cmd_show, "approve": cmd_approve, "reject": cmd_reject,
                 "cancel": cmd_cancel, "verify": cmd_verify, "recheck": cmd_recheck,
                 "grant": cmd_grant, "grants": cmd_grants, "revoke": cmd_revoke,
-                "demo": cmd_demo,
+                "init": cmd_init, "demo": cmd_demo,
                 "fake-payments": lambda a: fake_payments()}
     if argv and argv[0] in ("-h", "--help", "help"):
         sys.stderr.write(USAGE)

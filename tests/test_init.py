@@ -1,0 +1,191 @@
+"""From the setup a person already has to a gated one: `init` and `check -accept` (issue 12).
+
+init reads the hosts' configurations (or the file named with -from), writes a starter config
+(0600) with their servers, pins them, and proposes a rule per tool from the server's own
+hints; nothing is offered until `check -accept` marks the proposals reviewed. It prints the
+one host entry that replaces the gated servers, and edits a host's file only with -write,
+keeping a backup. A secret in a server's env is written to the 0600 config and printed
+nowhere. The servers here are real: the demo's fake bank and the npm filesystem server.
+"""
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+from conftest import AGENTGATE, Host, filesystem_server_argv
+from kit import agentgate
+
+SECRET = "tok-91c2e7-do-not-print"
+
+
+def bank_entry(workdir: Path) -> dict:
+    return {"command": sys.executable, "args": [str(AGENTGATE), "fake-payments"],
+            "env": {"FAKE_PAYMENTS_LEDGER": str(workdir / "ledger"), "BANK_TOKEN": SECRET}}
+
+
+def fs_entry(root: Path) -> dict:
+    argv = filesystem_server_argv(root)
+    return {"command": argv[0], "args": argv[1:]}
+
+
+def host_file(path: Path, servers: dict, **extra) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**extra, "mcpServers": servers}, indent=2))
+    return path
+
+
+def init(workdir: Path, *args: str, env: dict | None = None, cwd=None):
+    return agentgate("init", "-config", str(workdir / "gate" / "config.json"), *args, env=env, cwd=cwd)
+
+
+def config_of(workdir: Path) -> dict:
+    return json.loads((workdir / "gate" / "config.json").read_text())
+
+
+def no_traceback(done) -> None:
+    assert "Traceback" not in done.stdout + done.stderr, done
+
+
+def test_init_gates_a_claude_desktop_config_and_nothing_is_offered_until_accepted(workdir):
+    sandbox = workdir / "sandbox"
+    sandbox.mkdir()
+    (sandbox / "note.txt").write_text("hello from the sandbox")
+    source = host_file(workdir / "claude_desktop_config.json",
+                       {"bank": bank_entry(workdir), "files": fs_entry(sandbox)})
+    done = init(workdir, "-from", str(source))
+    assert done.returncode == 0, done
+    no_traceback(done)
+    assert SECRET not in done.stdout + done.stderr
+
+    path = workdir / "gate" / "config.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    config = config_of(workdir)
+    bank, files = config["servers"]
+    assert bank["name"] == "bank" and bank["command"] == [sys.executable, str(AGENTGATE), "fake-payments"]
+    assert sorted(bank["env"]) == sorted([f"FAKE_PAYMENTS_LEDGER={workdir / 'ledger'}", f"BANK_TOKEN={SECRET}"])
+    # a rule per tool, from its own hints, each marked as a proposal
+    assert bank["rules"] == {"balance": {"side_effect": "read_only", "proposed": True},
+                             "pay": {"side_effect": "remote_mutation", "proposed": True},
+                             "refund": {"side_effect": "remote_mutation", "proposed": True}}
+    assert files["rules"]["read_text_file"] == {"side_effect": "read_only", "proposed": True}
+    assert files["rules"]["write_file"] == {"side_effect": "destructive", "proposed": True}
+    assert len(files["rules"]) >= 10
+    for server in (bank, files):
+        manifest = path.parent / server["manifest"]
+        assert stat.S_IMODE(manifest.stat().st_mode) == 0o600
+        assert set(json.loads(manifest.read_text())["tools"]) == set(server["rules"])
+    assert "balance" in done.stdout and "readOnly" in done.stdout
+
+    # The host entry init prints starts agentgate on this config.
+    entry = json.loads(done.stdout[done.stdout.index('{\n  "mcpServers"'):])["mcpServers"]["gated"]
+    assert entry["args"][-2:] == ["-config", str(path)]
+
+    unreviewed = agentgate("check", "-config", str(path))
+    assert unreviewed.returncode == 1, unreviewed
+    assert "bank: unreviewed balance" in unreviewed.stdout and "registered" not in unreviewed.stdout
+    assert "check -accept" in unreviewed.stderr
+    no_traceback(unreviewed)
+
+    accepted = agentgate("check", "-accept", "-config", str(path))
+    assert accepted.returncode == 0, accepted
+    assert "bank/balance (read_only)" in accepted.stdout
+    assert "bank: registered balance as bank_balance (read_only)" in accepted.stdout
+    assert "proposed" not in path.read_text()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    again = agentgate("check", "-accept", "-config", str(path))
+    assert "no proposed rule to accept" in again.stdout
+
+    host = Host([entry["command"], *entry["args"]]).start()
+    try:
+        assert host.call_text("bank_balance", {"account": "A-1"}) == "account A-1 holds 120.00 EUR"
+        read = host.call_text("files_read_text_file", {"path": str(sandbox / "note.txt")})
+        assert json.loads(read) == {"content": "hello from the sandbox"}
+    finally:
+        host.close()
+
+
+def test_init_finds_the_hosts_configs_of_this_user_and_gates_a_server_once(workdir):
+    home = workdir / "home"
+    project = workdir / "project"
+    project.mkdir(parents=True)
+    bank = bank_entry(workdir)
+    host_file(home / ".config" / "Claude" / "claude_desktop_config.json", {"bank": bank})
+    host_file(home / ".cursor" / "mcp.json", {"bank": bank})  # the same server: gated once
+    other = dict(bank, env={"FAKE_PAYMENTS_LEDGER": str(workdir / "other-ledger")})
+    host_file(home / ".claude.json", {"bank": other}, projects={str(project): {"mcpServers": {}}})
+    host_file(project / ".mcp.json", {"my bank!": bank_entry(workdir / "sub")})
+    env = {"HOME": str(home), "XDG_CONFIG_HOME": None, "AGENTGATE_CONFIG": None}
+    done = init(workdir, env=env, cwd=project)
+    assert done.returncode == 0, done
+    no_traceback(done)
+    for place in ("claude_desktop_config.json", ".claude.json", ".mcp.json", "mcp.json"):
+        assert place in done.stdout
+    names = [s["name"] for s in config_of(workdir)["servers"]]
+    # the same bank in Claude Desktop and Cursor is one server; another with the same name gets
+    # its own; a name agentgate cannot use is made usable
+    assert names == ["bank", "bank-2", "my-bank"]
+
+
+def test_odd_host_configs_are_answered_in_one_sentence_and_write_nothing_they_should_not(workdir):
+    none = host_file(workdir / "none.json", {})
+    done = init(workdir, "-from", str(none))
+    assert done.returncode == 1 and "no server could be gated" in done.stderr, done
+    assert not (workdir / "gate" / "config.json").exists()
+
+    broken = workdir / "broken.json"
+    broken.write_text('{"mcpServers": {"a": 1,}')
+    done = init(workdir, "-from", str(broken))
+    assert done.returncode == 1 and "broken.json is not usable JSON" in done.stderr, done
+    no_traceback(done)
+
+    missing = init(workdir, "-from", str(workdir / "nowhere.json"))
+    assert missing.returncode == 1 and "cannot be read" in missing.stderr, missing
+
+    odd = host_file(workdir / "odd.json", {
+        "bank": bank_entry(workdir),
+        "old": {"type": "sse", "url": "http://127.0.0.1:9/sse"},
+        "off": dict(bank_entry(workdir), disabled=True),
+        "gate": {"command": sys.executable, "args": [str(AGENTGATE), "-config", "x.json"]},
+        "nothing": {"args": ["x"]},
+        "dead": {"command": str(workdir / "no-such-server")},
+    })
+    done = init(workdir, "-from", str(odd))
+    assert done.returncode == 0, done
+    no_traceback(done)
+    assert [s["name"] for s in config_of(workdir)["servers"]] == ["bank"]
+    for name, why in (("old", "SSE"), ("off", "disabled"), ("gate", "agentgate itself"),
+                      ("nothing", "neither a command nor a url"), ("dead", "could not be pinned")):
+        line = next(line for line in done.stdout.splitlines() if f": {name}: " in line)
+        assert "not gated" in line and why in line, line
+
+    again = init(workdir, "-from", str(odd))
+    assert again.returncode == 1 and "already exists" in again.stderr, again
+
+
+def test_write_replaces_the_gated_servers_in_the_host_file_and_keeps_a_backup(workdir):
+    source = host_file(workdir / "claude_desktop_config.json",
+                       {"bank": bank_entry(workdir), "old": {"type": "sse", "url": "http://127.0.0.1:9/sse"}},
+                       globalShortcut="Ctrl+Space")
+    source.chmod(0o640)
+    before = source.read_bytes()
+    done = init(workdir, "-from", str(source), "-write")
+    assert done.returncode == 0, done
+    assert SECRET not in done.stdout + done.stderr
+    backup = Path(f"{source}.agentgate-backup")
+    assert backup.read_bytes() == before
+    assert stat.S_IMODE(backup.stat().st_mode) == 0o600
+    assert stat.S_IMODE(source.stat().st_mode) == 0o640
+    after = json.loads(source.read_text())
+    assert after["globalShortcut"] == "Ctrl+Space"
+    assert set(after["mcpServers"]) == {"old", "gated"}  # what was not gated stays as it was
+    assert after["mcpServers"]["old"] == {"type": "sse", "url": "http://127.0.0.1:9/sse"}
+    gated = after["mcpServers"]["gated"]
+    assert gated["args"][-2:] == ["-config", str(workdir / "gate" / "config.json")]
+    assert SECRET not in source.read_text()  # the secret moved into the 0600 config
+
+    # A second init keeps the first backup.
+    again = agentgate("init", "-from", str(source), "-config", str(workdir / "second.json"), "-write")
+    assert again.returncode == 1 and "no server could be gated" in again.stderr, again
+    assert backup.read_bytes() == before
