@@ -45,6 +45,8 @@ EXERCISED = {
     "bash tests/setup.sh && python3 -m pytest -q -n 2 tests": "test_the_install_and_test_command_is_well_formed",
     "mkdir -p ~/bin && cp agentgate.py ~/bin/agentgate.py": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
     "python3 ~/bin/agentgate.py pin": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
+    "python3 ~/bin/agentgate.py init": "test_quickstart_from_the_servers_a_host_already_starts",
+    "python3 ~/bin/agentgate.py check -accept": "test_quickstart_from_the_servers_a_host_already_starts",
     "python3 ~/bin/agentgate.py check": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
     "claude mcp add gated -- python3 /home/you/bin/agentgate.py": "test_the_host_snippets_agree",
     "python3 ~/bin/agentgate.py runs": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
@@ -67,8 +69,11 @@ INLINE_EXERCISED = {
     "recheck": "test_the_operator_verbs_the_prose_names",
     "show": "test_the_policy_examples_work_as_written",
     "grant": "test_the_policy_examples_work_as_written",
+    "approve 3f9a0c": "test_quickstart_from_the_servers_a_host_already_starts",
+    "init": "test_quickstart_from_the_servers_a_host_already_starts",
+    "approve laptop.3f9a0c": "test_quickstart_from_the_servers_a_host_already_starts",
 }
-AGENTGATE_VERBS = {"serve", "pin", "check", "runs", "show", "approve", "reject", "cancel", "verify", "recheck", "demo",
+AGENTGATE_VERBS = {"serve", "init", "pin", "check", "runs", "show", "approve", "reject", "cancel", "verify", "recheck", "demo",
                    "grant", "grants", "revoke"}
 HOST_SNIPPETS = {"Claude Desktop", "Cursor"}
 APPROVAL_HINT = re.compile(r"decide with: (.*) approve (\S+) -approval ([0-9a-f]+)")
@@ -150,7 +155,8 @@ def _without_blocks(text: str) -> str:
 
 def readme_command(prefix: str) -> str:
     """The one README command line that starts with `prefix`."""
-    found = [line for line in command_lines(readme_text()) if line.startswith(prefix)]
+    lines = command_lines(readme_text())
+    found = [line for line in lines if line == prefix] or [line for line in lines if line.startswith(prefix)]
     assert len(found) == 1, f"README has {len(found)} command lines starting {prefix!r}: {found}"
     return found[0]
 
@@ -407,8 +413,7 @@ class Quickstart:
         return Host(argv, env=env, cwd=self.home).start()
 
     def operator(self, verb_line: str) -> str:
-        """An operator command, typed the way the README types them (python3 ~/bin/agentgate.py ...)."""
-        return ok(f"python3 ~/bin/agentgate.py {verb_line}", self.env, self.home)
+        return operator_line(self.env, self.home, verb_line)
 
 
 def wait_hint(host: Host, call, seen: int = 0):
@@ -517,6 +522,60 @@ def test_quickstart_from_nothing_to_a_gated_filesystem_server(tmp_path):
 
     assert (qs.config_path.parent / "agentgate.db").exists()  # relative to the config's directory
     wait_no_process(tmp_path)
+
+
+def test_quickstart_from_the_servers_a_host_already_starts(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    sandbox = home / "sandbox"
+    sandbox.mkdir()
+    (sandbox / "hello.txt").write_text("hello from the sandbox\n")
+    env = person_env(home)
+    ok(readme_command("mkdir -p ~/bin && cp agentgate.py"), env, REPO)
+    # Claude Desktop's own place on Linux, with the filesystem server as a person has it (run
+    # from tests/node_modules, as npx would run it).
+    argv = filesystem_server_argv(sandbox)
+    desktop = Path(env["XDG_CONFIG_HOME"]) / "Claude" / "claude_desktop_config.json"
+    desktop.parent.mkdir(parents=True)
+    desktop.write_text(json.dumps({"mcpServers": {"filesystem": {"command": argv[0], "args": argv[1:]}}}))
+
+    out = ok(readme_command("python3 ~/bin/agentgate.py init"), env, home)
+    config_path = home / readme_default_config_path().removeprefix("~/")
+    assert config_path.stat().st_mode & 0o777 == 0o600
+    assert str(desktop) in out and "read_text_file" in out
+    entry = json.loads(out[out.index('{\n  "mcpServers"'):])["mcpServers"]["gated"]
+    assert entry["args"] == [f"{home}/bin/agentgate.py", "-config", str(config_path)]
+
+    unreviewed = sh("python3 ~/bin/agentgate.py check", env, home)
+    assert unreviewed.returncode == 1 and "unreviewed read_text_file" in unreviewed.stdout, unreviewed
+    accepted = ok(readme_command("python3 ~/bin/agentgate.py check -accept"), env, home)
+    assert "registered read_text_file as filesystem_read_text_file (read_only)" in accepted
+    assert "registered create_directory as filesystem_create_directory (remote_mutation)" in accepted
+
+    host_env = {"HOME": env["HOME"], "XDG_CONFIG_HOME": env["XDG_CONFIG_HOME"]}
+    with Host([entry["command"], *entry["args"]], env=host_env, cwd=home) as host:
+        read = host.call("filesystem_read_text_file", {"path": str(sandbox / "hello.txt")})
+        assert "hello from the sandbox" in json.dumps(read.structured_content) + result_text(read)
+        # The README's shortened approve lines, with this run's own first characters.
+        for n, example in enumerate(("approve 3f9a0c", "approve laptop.3f9a0c")):
+            target = sandbox / f"made-{n}"
+            call = host.submit("filesystem_create_directory", {"path": str(target)})
+            _, run_id, _ = wait_hint(host, call, n)
+            session, hex_id = run_id.split(".")
+            line = example.replace("3f9a0c", hex_id[:6]).replace("laptop", session) + " -yes"
+            decided = operator_line(env, home, line)
+            assert f"run {run_id}:" in decided, decided
+            result = call.result()
+            if result_text(result).startswith("PENDING_APPROVAL:"):
+                result = host.call("filesystem_create_directory", {"path": str(target)})
+            assert not result.is_error, result_text(result)
+            assert target.is_dir()
+    wait_no_process(tmp_path)
+
+
+def operator_line(env: dict, home: Path, verb_line: str) -> str:
+    """An operator command, typed the way the README types them (python3 ~/bin/agentgate.py ...)."""
+    return ok(f"python3 ~/bin/agentgate.py {verb_line}", env, home)
 
 
 def settled(host: Host, call, name: str, content: str, qs: Quickstart):
