@@ -752,7 +752,8 @@ class Rule:
     """The operator's classification of one upstream tool."""
 
     FIELDS = ("side_effect", "timeout", "description", "deny", "fixed", "rename",
-              "allow_hint_mismatch", "outcome", "repeat_window", "when", "limits", "proposed")
+              "allow_hint_mismatch", "outcome", "repeat_window", "when", "limits", "proposed",
+              "accepted_description")
 
     def __init__(self, tool, raw, where):
         _refuse_unknown(raw, self.FIELDS, where)
@@ -777,6 +778,9 @@ class Rule:
         # Written by init from the server's own hints: nothing is offered on a rule nobody
         # reviewed (check -accept marks them reviewed).
         self.proposed = _bool(raw, "proposed", where)
+        # The hash of a tool's texts that the lint finds something high in, which the operator
+        # read and accepts: a text changed since (and pinned again) is refused again.
+        self.accepted_description = _string(raw, "accepted_description", where)
         # Section 8 reads the policy on what a call does; its identity is the text as given.
         self.when = [Entry(entry, f"{where}.when[{i}]", f"when[{i}]")
                      for i, entry in enumerate(self._list(raw, "when", where))]
@@ -3390,11 +3394,152 @@ def read_manifest(server):
     return manifest
 
 
-def load(server, manifest, upstream, live, deadline, taken):
+# Description lint. A description and the schema's texts are read by the model on every
+# tools/list, so they are where tool poisoning hides instructions. The lint finds the tricks
+# known to be used (invisible characters, tag-like blocks, text that speaks to the model,
+# secrets' places, names that mix scripts, references to other servers' tools, paths, URLs,
+# a text far longer than its peers); it cannot find them all, and says so in the README.
+LINT_HIGH, LINT_MEDIUM = "high", "medium"
+LINT_LONG = 1024  # a description is far longer than its peers past this and four times theirs
+
+_LINT_PHRASES = [(re.compile(pattern, re.I | re.S), severity, what)
+                 for pattern, severity, what in (
+    (r"<\s*/?\s*(important|system|instructions?|secret|hidden|admin|context|critical)\b[^>]*>",
+     LINT_HIGH, "a tag-like block"),
+    (r"\bignore\b.{0,40}\b(instructions?|prompts?|rules|guidelines|directions)\b", LINT_HIGH,
+     "text telling the model to ignore its instructions"),
+    (r"\b(system prompt|previous instructions|you are now|new instructions|as an ai)\b",
+     LINT_HIGH, "text aimed at the model's instructions"),
+    (r"\b(do not|don't|never|without)\b.{0,40}\b(tell|telling|inform|informing|mention|"
+     r"mentioning|reveal|revealing|alert|alerting|notify|notifying)\b.{0,40}\b(user|human|"
+     r"operator)", LINT_HIGH, "text telling the model to keep something from the user"),
+    (r"\bbefore\b.{0,30}\b(using|calling|invoking|you use|you call)\b.{0,120}\b(read|call|"
+     r"send|run|fetch|open|pass|include|upload)\b", LINT_HIGH,
+     "a step the model is told to take first"),
+    (r"(~/\.ssh|\bid_(rsa|dsa|ecdsa|ed25519)\b|\.aws/credentials|/etc/(passwd|shadow)|"
+     r"(^|[\s/'\"`])\.env\b|\.netrc\b|\.pgpass\b|\.git-credentials|\.docker/config\.json)",
+     LINT_HIGH, "the place of a secret"),
+    (r"\b(other|another|different)\s+(tools?|servers?|functions?)\b", LINT_MEDIUM,
+     "a reference to other tools or servers"),
+    (r"\b[a-z][a-z0-9+.-]*://\S+", LINT_MEDIUM, "a URL"),
+    (r"(^|[\s'\"`(=])(~/|/(etc|home|root|users|var|tmp|usr|opt)/|[a-z]:\\)\S*", LINT_MEDIUM,
+     "a file path"),
+)]
+_WORD = re.compile(r"[^\W\d_]+")
+
+
+def lint_texts(entry):
+    """(where, text) of everything the model reads of a tool but its name: the description,
+    and the descriptions, titles, defaults and examples anywhere in its input schema."""
+    texts = [("description", entry.get("description") or "")]
+
+    def walk(node, where):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("description", "title", "default", "examples") and not \
+                        isinstance(value, dict):
+                    for text in _strings(value):
+                        texts.append((f"input schema {where}/{key}", text))
+                else:
+                    walk(value, f"{where}/{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{where}/{i}")
+    walk(entry.get("input_schema"), "")
+    return texts
+
+
+def _strings(value):
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [s for item in value for s in _strings(item)]
+    return []
+
+
+def _scripts(word):
+    return {unicodedata.name(ch, "?").split()[0] for ch in word if ch.isalpha()}
+
+
+def _schema_names(schema):
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key == "properties" and isinstance(value, dict):
+                yield from value
+            yield from _schema_names(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            yield from _schema_names(value)
+
+
+def lint_tool(entry, others, peer_length):
+    """A tool's findings as (severity, what, where), the high ones first. `others`: names of
+    other servers' tools; `peer_length`: the median description length of its server."""
+    findings = []
+    for name in (entry["name"], *_schema_names(entry.get("input_schema"))):
+        scripts = _scripts(name)
+        if len(scripts) > 1:
+            findings.append((LINT_HIGH, f"a name that mixes scripts ({', '.join(sorted(scripts))})",
+                             f"name {quote(name)}"))
+    for where, text in lint_texts(entry):
+        hidden = sorted({ord(ch) for ch in text if ord(ch) in _INVISIBLE})
+        if hidden:
+            # Tag characters mirror ASCII: what they spell is what the model may read.
+            spelled = "".join(chr(ord(ch) - 0xE0000) for ch in text
+                              if 0xE0020 <= ord(ch) < 0xE007F)
+            findings.append((LINT_HIGH, "invisible, bidirectional or tag characters (" +
+                             ", ".join(f"U+{code:04X}" for code in hidden[:5]) + ")" +
+                             (f" spelling {quote(cut(spelled, 200))}" if spelled else ""), where))
+        for pattern, severity, what in _LINT_PHRASES:
+            if pattern.search(text):
+                findings.append((severity, what, where))
+        mixed = sorted({word for word in _WORD.findall(text) if len(_scripts(word)) > 1})
+        if mixed:
+            findings.append((LINT_HIGH, f"words that mix scripts ({', '.join(mixed[:3])})",
+                             where))
+        named = sorted(other for other in others if re.search(
+            rf"(?<![\w-]){re.escape(other)}(?![\w-])", text))
+        if named:
+            findings.append((LINT_MEDIUM, f"names other servers' tools ({', '.join(named[:3])})",
+                             where))
+    length = len(entry.get("description") or "")
+    if length > max(LINT_LONG, 4 * peer_length):
+        findings.append((LINT_MEDIUM, f"{length} characters long, far longer than its peers",
+                         "description"))
+    return sorted(findings, key=lambda f: f[0] != LINT_HIGH)
+
+
+def lint_manifests(manifests):
+    """{server name: {tool: findings}} over pinned manifests, each tool read against the
+    other servers' tools and its own server's description lengths."""
+    names = {server: set(manifest["tools"]) for server, manifest in manifests.items()}
+    found = {}
+    for server, manifest in manifests.items():
+        others = {name for other, tools in names.items() if other != server for name in tools
+                  if len(name) >= 8 or "_" in name or "-" in name} - names[server]
+        lengths = sorted(len(e.get("description") or "") for e in manifest["tools"].values())
+        median = lengths[len(lengths) // 2] if lengths else 0
+        found[server] = {tool: lint_tool(entry, others, median)
+                         for tool, entry in manifest["tools"].items()}
+    return found
+
+
+def lint_hash(entry):
+    """What a rule's accepted_description names: every text the lint reads, by hash."""
+    return content_hash({"description": entry.get("description") or "",
+                         "input_schema": entry.get("input_schema")})
+
+
+def lint_lines(findings):
+    return [f"  lint {severity}: {what} (in the {sanitize(where)})"
+            for severity, what, where in findings]
+
+
+def load(server, manifest, upstream, live, deadline, taken, findings):
     """Decide which of a connected server's tools are offered, and say why for each.
 
     `taken` maps registered names already offered (by earlier servers and the status tool) to
-    what holds them.
+    what holds them; `findings` are the lint's, per pinned tool.
     """
     pinned = manifest["tools"]
     report, tools = Report(server.name), []
@@ -3402,48 +3547,60 @@ def load(server, manifest, upstream, live, deadline, taken):
         if name not in pinned:
             report.add("unpinned", name, f"unpinned {sanitize(name)}: not in the manifest")
     for name in sorted(pinned):
-        rule = server.rules.get(name)
-        if rule is None:
-            report.add("unclassified", name, f"unclassified {sanitize(name)}: no rule")
-            continue
-        if rule.proposed:
-            report.add("unreviewed", name, f"unreviewed {sanitize(name)}: its rule "
-                       f"({rule.side_effect}) was proposed from the server's own hints; read it, "
-                       f"then run check -accept")
-            continue
-        if deadline.left() <= 0:
-            raise UpstreamError(upstream.describe("load", "timed out after " +
-                                                  format_duration(deadline.ns)))
-        reason, mismatch = refusal(server, pinned[name], live.get(name), rule)
-        if not reason:
-            tool = Tool(server, upstream, pinned[name], rule)
-            if tool.name in taken:
-                if taken[tool.name] is STATUS_CLASH:
-                    raise LoadError(f"server {quote(server.name)}: tool {quote(name)} registers"
-                                    f" as {tool.name}, the status tool's name: rename one "
-                                    f"(status_tool or the rule's rename)")
-                reason = f"the name {quote(tool.name)} is already taken by {taken[tool.name]}"
-        if reason:
-            report.add("refused", name, f"refused {sanitize(name)}: {reason}")
-            continue
-        taken[tool.name] = f"tool {quote(name)} of server {quote(server.name)}"
-        tools.append(tool)
-        extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
-        if not tool.timeout_given:
-            extra += (f" [no timeout set: the default {format_duration(DEFAULT_TOOL_TIMEOUT)} "
-                      f"applies]")
-        report.add("registered", name, f"registered {sanitize(name)} as {tool.name} "
-                                       f"({tool.side_effect}){extra}")
-        report.lines += [f"{sanitize(server.name)}:   {sanitize(line)}"
-                         for line in rule_lines(rule, tool.name)]
+        tool = _load_tool(server, upstream, pinned[name], live.get(name), deadline, taken,
+                          report, findings.get(name, []))
+        if tool:
+            tools.append(tool)
+        report.lines += [f"{sanitize(server.name)}: {line}"
+                         for line in lint_lines(findings.get(name, []))]
     return tools, report
+
+
+def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
+    """One pinned tool: registered (returned, and `taken` updated) or said why not."""
+    name = entry["name"]
+    rule = server.rules.get(name)
+    if rule is None:
+        report.add("unclassified", name, f"unclassified {sanitize(name)}: no rule")
+        return None
+    if rule.proposed:
+        report.add("unreviewed", name, f"unreviewed {sanitize(name)}: its rule "
+                   f"({rule.side_effect}) was proposed from the server's own hints; read it, "
+                   f"then run check -accept")
+        return None
+    if deadline.left() <= 0:
+        raise UpstreamError(upstream.describe("load", "timed out after " +
+                                              format_duration(deadline.ns)))
+    reason, mismatch = refusal(server, entry, live, rule, found)
+    if not reason:
+        tool = Tool(server, upstream, entry, rule)
+        if tool.name in taken:
+            if taken[tool.name] is STATUS_CLASH:
+                raise LoadError(f"server {quote(server.name)}: tool {quote(name)} registers"
+                                f" as {tool.name}, the status tool's name: rename one "
+                                f"(status_tool or the rule's rename)")
+            reason = f"the name {quote(tool.name)} is already taken by {taken[tool.name]}"
+    if reason:
+        report.add("refused", name, f"refused {sanitize(name)}: {reason}")
+        return None
+    taken[tool.name] = f"tool {quote(name)} of server {quote(server.name)}"
+    extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
+    if not tool.timeout_given:
+        extra += (f" [no timeout set: the default {format_duration(DEFAULT_TOOL_TIMEOUT)} "
+                  f"applies]")
+    report.add("registered", name, f"registered {sanitize(name)} as {tool.name} "
+                                   f"({tool.side_effect}){extra}")
+    report.lines += [f"{sanitize(server.name)}:   {sanitize(line)}"
+                     for line in rule_lines(rule, tool.name)]
+    return tool
 
 
 STATUS_CLASH = "the status tool"
 
 
-def refusal(server, entry, live, rule):
-    """Why a classified tool is not offered ('' when it is), and any allowed hint mismatch."""
+def refusal(server, entry, live, rule, found):
+    """Why a classified tool is not offered ('' when it is), and any allowed hint mismatch.
+    `found`: the lint's findings on the pinned entry."""
     if live is None:
         return "the server no longer offers it", ""
     live_entry = manifest_entry(live)
@@ -3464,6 +3621,12 @@ def refusal(server, entry, live, rule):
     outside = reaches_outside(schema)
     if outside:
         return outside, ""
+    high = [f"{what} in the {where}" for severity, what, where in found if severity == LINT_HIGH]
+    if high and rule.accepted_description != lint_hash(entry):
+        return (f"the lint finds what may be instructions hidden from you ({sanitize(high[0])}"
+                f"{f', and {len(high) - 1} more' if len(high) > 1 else ''}); read the whole text "
+                f"pin printed, and if the model may read it, set the rule's accepted_description "
+                f"to \"{lint_hash(entry)}\""), ""
     try:
         hiding = hiding_problem(schema, rule)
         problem = "" if hiding else schema_problem(schema) or schema_problem(
@@ -3564,6 +3727,7 @@ def load_all(config, while_starting=None):
                 raise LoadError(f"server {quote(server.name)}: rules name tools the manifest "
                                 f"does not pin: {', '.join(sanitize(s) for s in stray)}; pin "
                                 f"again or fix the rules")
+        findings = lint_manifests({s.name: m for s, m in zip(config.servers, manifests)})
         listings = [None] * len(upstreams)
         deadlines = [Deadline(server.connect_timeout) for server in config.servers]
 
@@ -3585,7 +3749,8 @@ def load_all(config, while_starting=None):
             if isinstance(live, UpstreamError):
                 raise LoadError(str(live))
             try:
-                offered, report = load(server, manifest, upstream, live, deadline, taken)
+                offered, report = load(server, manifest, upstream, live, deadline, taken,
+                                       findings[server.name])
             except UpstreamError as err:
                 raise LoadError(str(err)) from None
             reports.append(report)
@@ -7191,19 +7356,32 @@ def text_argument(value):
 def cmd_pin(argv):
     opts = parser("pin", "config").parse_args(argv)
     config = load_config(config_path(opts.config))
+    manifests = {}
     for server in config.servers:
         try:
-            manifest = pin(server)
+            manifests[server.name] = pin(server)
         except UpstreamError as err:
             raise LoadError(str(err)) from None
-        tools = manifest["tools"]
+    findings = lint_manifests(manifests)
+    for server in config.servers:
+        tools = manifests[server.name]["tools"]
         print(f"server {server.name}: {len(tools)} tools pinned in {server.manifest}, with the "
               f"server's own hints, which classify nothing:")
         for name, entry in tools.items():
             description = " ".join(entry["description"].split())
             print(f"  {sanitize(name):<28} {hints_text(entry):<26} "
                   f"{clean(description, 72)}")
+            found = findings[server.name][name]
+            for line in lint_lines(found):
+                print(f"  {line}")
+            if any(severity == LINT_HIGH for severity, _, _ in found):
+                print(f"    the whole text the model would read of {sanitize(name)} "
+                      f"(accepted_description {lint_hash(entry)}):")
+                for where, text in lint_texts(entry):
+                    print(f"      {sanitize(where)}: {sanitize(text)}")
     print("Classify each tool you want offered with a rule (side_effect), then run check.")
+    print("The lint finds the tricks known to hide instructions in a tool's texts, not all of "
+          "them: read what a server says before you offer its tools.")
     return 0
 
 
