@@ -3479,8 +3479,8 @@ def lint_tool(entry, others, peer_length):
     for name in (entry["name"], *_schema_names(entry.get("input_schema"))):
         scripts = _scripts(name)
         if len(scripts) > 1:
-            findings.append((LINT_HIGH, f"a name that mixes scripts ({', '.join(sorted(scripts))})",
-                             f"name {quote(name)}"))
+            findings.append((LINT_HIGH, "a name that mixes scripts (" +
+                             ", ".join(sorted(scripts)) + ")", f"name {quote(name)}"))
     for where, text in lint_texts(entry):
         hidden = sorted({ord(ch) for ch in text if ord(ch) in _INVISIBLE})
         if hidden:
