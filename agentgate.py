@@ -7379,9 +7379,8 @@ def cmd_pin(argv):
                       f"(accepted_description {lint_hash(entry)}):")
                 for where, text in lint_texts(entry):
                     print(f"      {sanitize(where)}: {sanitize(text)}")
-    print("Classify each tool you want offered with a rule (side_effect), then run check.")
-    print("The lint finds the tricks known to hide instructions in a tool's texts, not all of "
-          "them: read what a server says before you offer its tools.")
+    print("Classify each tool you want offered with a rule (side_effect), then run check. The "
+          "lint finds the tricks known to hide instructions in a tool's texts, not all of them.")
     return 0
 
 
