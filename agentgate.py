@@ -3354,6 +3354,42 @@ def pin(server):
     return manifest
 
 
+def tool_changes(pinned, live):
+    """How what a server presents now (`live`, manifest entries) differs from what it pinned,
+    per tool: ("added", None, now), ("removed", pinned, None) or ("changed", pinned, now). A
+    description, an input schema or annotations that differ are a change."""
+    changes = {}
+    for name in sorted(set(pinned) | set(live)):
+        old, new = pinned.get(name), live.get(name)
+        if old is None or new is None or any(old.get(key) != new.get(key) for key in (
+                "description_hash", "schema_hash", "annotations")):
+            kind = "added" if old is None else "removed" if new is None else "changed"
+            changes[name] = (kind, old, new)
+    return changes
+
+
+def change_lines(old, new):
+    """A changed tool as a person compares it: each part that differs, as a unified diff of
+    the pinned text against today's (the description wrapped, the schema indented)."""
+    import difflib
+    import textwrap
+
+    def parts(entry):
+        return {"description": textwrap.wrap(entry["description"], 88) or [""],
+                "input schema": pretty_json(entry["input_schema"]).splitlines(),
+                "annotations": pretty_json(entry.get("annotations") or {}).splitlines()}
+    before, after = parts(old), parts(new)
+    lines = []
+    for part in before:
+        if before[part] != after[part]:
+            lines.append(f"{part}:")
+            lines += list(difflib.unified_diff(before[part], after[part], "pinned", "now",
+                                               n=2, lineterm=""))
+    if not lines:  # the texts differ only in their spacing
+        lines.append("description: only its spacing differs")
+    return [sanitize(line) for line in lines]
+
+
 def write_private(path, text):
     """Write a file readable only by this user, replacing any old one in one rename."""
     directory = os.path.dirname(os.path.abspath(path))
@@ -7309,6 +7345,7 @@ def _processes_mentioning(text):
 USAGE = f"""usage: agentgate.py [serve] [-config FILE]
        agentgate.py init [-from FILE] [-config FILE] [-write]
        agentgate.py pin|check [-config FILE]      check -accept: accept init's proposals
+       agentgate.py pin -diff [-tool SERVER/TOOL ... | -all [-yes]] [-config FILE]
        agentgate.py runs|show|approve|reject|cancel|verify|recheck ... (-h for each)
        agentgate.py grant|grants|revoke ... (-h for each)
        agentgate.py demo
@@ -7354,8 +7391,14 @@ def text_argument(value):
 
 
 def cmd_pin(argv):
-    opts = parser("pin", "config").parse_args(argv)
+    p = parser("pin", "config", ("diff", bool), ("all", bool), ("yes", bool))
+    p.add_argument("-tool", "--tool", action="append", type=text_argument, default=[])
+    opts = p.parse_args(argv)
     config = load_config(config_path(opts.config))
+    if opts.diff:
+        return pin_diff(config, opts.tool, opts.all, opts.yes)
+    if opts.tool or opts.all:
+        raise Usage("-tool and -all choose what pin -diff pins again; give -diff too")
     manifests = {}
     for server in config.servers:
         try:
@@ -7381,6 +7424,73 @@ def cmd_pin(argv):
                     print(f"      {sanitize(where)}: {sanitize(text)}")
     print("Classify each tool you want offered with a rule (side_effect), then run check. The "
           "lint finds the tricks known to hide instructions in a tool's texts, not all of them.")
+    return 0
+
+
+def pin_diff(config, named, everything, confirmed):
+    """Show what each server presents now against its manifest; pin again only the tools
+    named (server/tool, or tool where one server has it), or every difference with -all once
+    confirmed. A gate that is serving keeps what it loaded: it is never changed under a call."""
+    manifests, lives = {}, {}
+    for server in config.servers:
+        manifests[server.name] = read_manifest(server)
+        upstream, deadline = connect(server)
+        try:
+            listed = upstream.list_tools(deadline)
+        except UpstreamError as err:
+            raise LoadError(str(err)) from None
+        finally:
+            upstream.close()
+        lives[server.name] = {name: manifest_entry(tool) for name, tool in listed.items()}
+    findings = lint_manifests({name: {"tools": live} for name, live in lives.items()})
+    differences = {}
+    for server in config.servers:
+        changes = tool_changes(manifests[server.name]["tools"], lives[server.name])
+        print(f"server {server.name}: " + (f"{len(changes)} tool(s) differ from "
+                                           f"{server.manifest}" if changes else "as pinned"))
+        for tool, (kind, old, new) in changes.items():
+            differences[(server.name, tool)] = (kind, new)
+            print(f"  {kind} {sanitize(tool)}" + (f" ({hints_text(new)})" if new else ""))
+            if kind == "added":
+                print(f"    description: {sanitize(new['description'])}")
+            elif kind == "changed":
+                print("\n".join(f"    {line}" for line in change_lines(old, new)))
+            for line in lint_lines(findings[server.name][tool]) if new else []:
+                print(f"  {line}")
+    chosen = set(differences) if everything else set()
+    for given in named:
+        server, _, tool = given.rpartition("/")
+        matches = [key for key in differences if key[1] == tool and server in ("", key[0])]
+        if len(matches) != 1:
+            listed = ", ".join(f"{s}/{t}" for s, t in differences) or "none"
+            raise Usage(f"-tool {quote(given)} names {'no' if not matches else 'more than one'} "
+                        f"difference; the differences are: {sanitize(listed)}")
+        chosen.add(matches[0])
+    if not chosen:
+        return 0
+    if everything and not confirmed:
+        if not sys.stdin.isatty():
+            raise Usage("refusing to pin every difference again without -yes or an "
+                        "interactive terminal")
+        if input("pin all of them again? type yes to pin: ").strip().lower() not in ("y", "yes"):
+            print("nothing pinned")
+            return 1
+    for server in config.servers:
+        mine = sorted(tool for name, tool in chosen if name == server.name)
+        if not mine:
+            continue
+        manifest = manifests[server.name]
+        for tool in mine:
+            kind, new = differences[(server.name, tool)]
+            if kind == "removed":
+                del manifest["tools"][tool]
+            else:
+                manifest["tools"][tool] = new
+        manifest["pinned_at"] = now()
+        write_private(server.manifest, pretty_json(manifest) + "\n")
+        print(f"pinned again in {server.manifest}: {', '.join(map(sanitize, mine))}")
+    print("A gate that is serving keeps the tools it loaded; restart it (restart its host) to "
+          "offer what was pinned again, after check.")
     return 0
 
 
