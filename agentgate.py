@@ -2053,6 +2053,12 @@ class Store:
             "SELECT id FROM runs WHERE substr(id, instr(id, '.') + 1) GLOB ? ORDER BY id "
             "LIMIT ?", (prefix + "*", limit))]
 
+    def tool_changes(self, session, limit):
+        """The newest tools.changed events of a session, as (at, payload), newest first."""
+        return [(at, parse(payload)) for at, payload in self.read(
+            "SELECT at, payload_json FROM events WHERE run_id=? AND type='tools.changed' "
+            "ORDER BY seq DESC LIMIT ?", (f"{session}.tools", limit))]
+
     def chain_head(self):
         return self.read_one("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
 
@@ -2197,6 +2203,10 @@ class Upstream:
         self.closed = None
         self.stderr_tail = b""
         self.stderr_done = threading.Event()
+        # Called (on the reading thread, so it must not block) when the server says its
+        # tools changed; set once the gate serves. `pinned`: its manifest's tools, from load.
+        self.on_list_changed = None
+        self.pinned = {}
 
     def describe(self, step, detail):
         return f"server {quote(self.name)}: {step}: {detail}"
@@ -2320,7 +2330,9 @@ class Upstream:
         if "method" in message and "id" in message:
             self._answer_server_request(message)
         elif "method" in message:
-            return  # notifications (logging, list_changed) are not acted on
+            # Of the notifications, only a change of tools is acted on (logging is not).
+            if message["method"] == "notifications/tools/list_changed" and self.on_list_changed:
+                self.on_list_changed()
         elif "error" in message:
             error = message["error"]
             text = error.get("message", "") if isinstance(error, dict) else ""
@@ -3764,6 +3776,8 @@ def load_all(config, while_starting=None):
                                 f"does not pin: {', '.join(sanitize(s) for s in stray)}; pin "
                                 f"again or fix the rules")
         findings = lint_manifests({s.name: m for s, m in zip(config.servers, manifests)})
+        for upstream, manifest in zip(upstreams, manifests):
+            upstream.pinned = manifest["tools"]
         listings = [None] * len(upstreams)
         deadlines = [Deadline(server.connect_timeout) for server in config.servers]
 
@@ -4437,6 +4451,10 @@ PROSE = {
         "waiting. Once it is approved, call the tool again with exactly the same arguments to "
         "run it and get the result.{limit}"),
     "DENIED": "The policy does not allow this request: {reason}. Nothing was executed.",
+    "TOOL_CHANGED": (
+        "Its server now presents this tool differently from when it was reviewed (its "
+        "description, input schema or annotations changed, or it is gone), so it is not "
+        "offered until an operator reviews it again. Nothing was executed. Tell the user."),
     "INVALID": (
         "The arguments do not match the tool's input schema: {reason}. Nothing was executed. "
         "Correct the arguments and call again."),
@@ -4792,6 +4810,9 @@ class Gate:
         self.stopping = threading.Event()
         self.operator_hint = operator_hint(config)
         self.notifier = Notifier(config.notify) if config.notify else None
+        # Registered names of the tools whose server changed them while serving (ToolWatch):
+        # not offered, and a call to one is refused. Replaced whole, never changed in place.
+        self.quarantined = frozenset()
         self.client = ""  # set by the host side from initialize
         threading.Thread(target=self._heartbeat, daemon=True).start()
 
@@ -5503,6 +5524,94 @@ class Workers:
                 self.idle += 1
 
 
+LIST_CHANGED_INTERVAL = 2.0  # seconds: the least time between two listings of one server
+
+
+class ToolWatch:
+    """Acts on a server's notifications/tools/list_changed while the gate serves.
+
+    The server is listed again (every page) on a thread of its own, never on a call's path,
+    and compared with its pin: a tool whose description, input schema or annotations changed,
+    or that is gone, is quarantined (not offered, and a call to it is refused), and a new one
+    is not offered; one that is back to what was pinned is offered again. Calls in flight are
+    not touched. A change is recorded as a tools.changed event and said on stderr, and when
+    what is offered changed, the host is told in one notification. A server that floods
+    notifications is listed again at most every LIST_CHANGED_INTERVAL: however many arrive
+    meanwhile come to one listing.
+    """
+
+    def __init__(self, gate, upstreams, announce):
+        self.gate, self.announce = gate, announce
+        self.upstreams = {upstream.name: upstream for upstream in upstreams}
+        self.pending = {}  # server name -> notifications not yet acted on
+        self.held = {}  # server name -> the registered names it has quarantined
+        self.seen = {}  # server name -> the differences last recorded
+        self.cond = threading.Condition()
+        for upstream in upstreams:
+            upstream.on_list_changed = functools.partial(self.changed, upstream.name)
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def changed(self, server):
+        with self.cond:
+            self.pending[server] = self.pending.get(server, 0) + 1
+            self.cond.notify()
+
+    def _run(self):
+        listed = {}  # server name -> when it was last listed (monotonic)
+        while not self.gate.stopping.is_set():
+            with self.cond:
+                due = {name: listed.get(name, -math.inf) + LIST_CHANGED_INTERVAL
+                       for name in self.pending}
+                ready = [name for name, at in due.items() if at <= time.monotonic()]
+                if not ready:
+                    self.cond.wait(min(due.values(), default=time.monotonic() + 1)
+                                   - time.monotonic())
+                    continue
+                server, count = ready[0], self.pending.pop(ready[0])
+            listed[server] = time.monotonic()
+            if count > 1:
+                log(f"server {server} said {count} times that its tools changed; it is listed "
+                    f"again at most every {LIST_CHANGED_INTERVAL:g}s")
+            try:
+                self._relist(server)
+            except (UpstreamError, StoreError) as err:
+                log(f"server {server} said its tools changed, but listing them again failed: "
+                    f"{err}")
+
+    def _relist(self, server):
+        upstream = self.upstreams[server]
+        listed = upstream.list_tools(Deadline(upstream.server.connect_timeout))
+        changes = tool_changes(upstream.pinned, {name: manifest_entry(tool)
+                                                 for name, tool in listed.items()})
+        differences = {kind: sorted(name for name, (k, _, _) in changes.items() if k == kind)
+                       for kind in ("changed", "removed", "added")}
+        offered = {tool.upstream_name: tool.name for tool in self.gate.tools.values()
+                   if tool.server.name == server}
+        held = sorted(offered[name] for name in differences["changed"] + differences["removed"]
+                      if name in offered)
+        if differences == self.seen.get(server, {"changed": [], "removed": [], "added": []}):
+            return
+        self.seen[server] = differences
+        payload = {"server": server, **differences, "not_offered": held}
+        self.gate.store.write(lambda tx: tx.event(f"{self.gate.config.session}.tools",
+                                                  "tools.changed", payload))
+        log(tools_changed_text(payload) + " (pin -diff shows how)")
+        if held != self.held.get(server, []):
+            self.held[server] = held
+            self.gate.quarantined = frozenset(name for names in self.held.values()
+                                              for name in names)
+            self.announce()
+
+
+def tools_changed_text(payload):
+    """A tools.changed event as the operator reads it."""
+    parts = [f"{kind} {', '.join(map(sanitize, payload[kind]))}"
+             for kind in ("changed", "removed", "added") if payload[kind]]
+    held = ", ".join(payload["not_offered"]) or "none"
+    return (f"server {payload['server']} changed its tools while serving: "
+            f"{'; '.join(parts) or 'back to what was pinned'}; not offered now: {held}")
+
+
 class HostServer:
     """One host session on stdin/stdout."""
 
@@ -5522,6 +5631,7 @@ class HostServer:
         self.workers = Workers()
         self.stopping = False
         self.failed = ""
+        self.initialized = False  # the host said notifications/initialized
 
     def start(self):
         self.frames = read_frames(self.stdin.fileno(), MAX_HOST_LINE)
@@ -5652,6 +5762,8 @@ class HostServer:
             return self._reply(respond, invalid_request(
                 ident if echoable_id(ident) else None, "a request needs a method"))
         if "id" not in message:
+            if method == "notifications/initialized":
+                self.initialized = True
             if method == "notifications/cancelled":
                 with self.calls_lock:
                     cancelled = self.calls.get(_id_key(params.get("requestId")))
@@ -5692,7 +5804,7 @@ class HostServer:
         if self.gate is not None:
             self.gate.client = self.client
         return {"jsonrpc": "2.0", "id": ident, "result": {
-            "protocolVersion": self.protocol, "capabilities": {"tools": {}},
+            "protocolVersion": self.protocol, "capabilities": {"tools": {"listChanged": True}},
             "serverInfo": SERVER_INFO}}
 
     def _after_ready(self, respond, ident, work, admitted):
@@ -5736,9 +5848,16 @@ class HostServer:
         # members in order.
         return run if respond else run()
 
+    def tools_changed(self):
+        """Tell the host the offered tools changed, once it may be told (after initialized:
+        before it, its first tools/list sees the change anyway)."""
+        if self.initialized:
+            self.send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+
     def _tool_list(self):
+        quarantined = self.gate.quarantined
         listed = [{"name": t.name, "description": t.description, "inputSchema": t.schema}
-                  for t in self.gate.tools.values()]
+                  for t in self.gate.tools.values() if t.name not in quarantined]
         listed.append({"name": self.status_tool, "description": STATUS_DESCRIPTION,
                        "inputSchema": STATUS_SCHEMA})
         return listed
@@ -5753,6 +5872,8 @@ class HostServer:
         tool = self.gate.tools.get(name) if isinstance(name, str) else None
         if tool is None:
             raise ToolNotOffered(f"unknown tool {quote(str(name))}")
+        if tool.name in self.gate.quarantined:
+            return answer("DENIED", "TOOL_CHANGED").result()
         meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
         token = meta.get("progressToken")
         cancelled = threading.Event()
@@ -5988,7 +6109,17 @@ def cmd_runs(argv):
     print_table(table)
     if len(rows) > limit:
         print("... more runs; use -limit to see them")
+    print_tool_changes(store, session)
     return 0
+
+
+TOOL_CHANGES_SHOWN = 5
+
+
+def print_tool_changes(store, session):
+    """What servers said of their tools while serving, newest first (a session's only)."""
+    for at, payload in store.tool_changes(session, TOOL_CHANGES_SHOWN) if session else []:
+        print(f"{prose_time(at)}  {tools_changed_text(payload)}")
 
 
 def print_table(rows):
@@ -7517,6 +7648,8 @@ def cmd_check(argv):
         upstream.close()
     for report in reports:
         print("\n".join(report.lines))
+    if os.path.exists(config.database):
+        print_tool_changes(Store(config.database, readonly=True, create=False), config.session)
     print(f"status tool: {config.status_tool}")
     print(f"session: {config.session}")
     print(f"database: {config.database}")
@@ -7565,6 +7698,7 @@ def cmd_serve(argv):
             host.fail(str(err))
             raise
         gate = Gate(config, store, tools)
+        ToolWatch(gate, upstreams, host.tools_changed)
         host.serve_with(gate, config.status_tool)
         serving.append(True)
         log(f"serving session {config.session} on database {config.database}")

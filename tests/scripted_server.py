@@ -17,13 +17,16 @@ next. Every key is optional:
   server_requests   methods sent to the client before the first tools/list is answered;
                     each answer (or its absence after 10 s) is recorded
   tools             the tools of a single listing page
+  tools_from        path: a JSON list of tools read at every tools/list, so a test can change
+                    what the server presents while it serves (instead of tools)
   pages             list of tools/list results, the n-th request gets the n-th (the last repeats)
   endless           true: every page is empty and names a fresh nextCursor
   list_raw          raw JSON text of the whole tools/list result
   calls             tool name -> action; an action is an object with one of
                       text, error, result (object), raw_result (JSON text), huge (bytes of text),
                       die, env, echo, never
-                    and optionally delay (seconds before answering). A tool without an action
+                    and optionally delay (seconds before answering) and notify_list_changed
+                    (that many notifications/tools/list_changed sent before the answer). A tool without an action
                     answers "called <name>".
 """
 
@@ -128,6 +131,9 @@ class Script:
             self.answer(ident, {"tools": [], "nextCursor": f"page-{n + 1}"})
         elif "pages" in spec:
             self.answer(ident, spec["pages"][min(n, len(spec["pages"]) - 1)])
+        elif "tools_from" in spec:
+            with open(spec["tools_from"], encoding="utf-8") as f:
+                self.answer(ident, {"tools": json.load(f)})
         else:
             self.answer(ident, {"tools": spec.get("tools", [])})
 
@@ -137,6 +143,8 @@ class Script:
         action = self.spec.get("calls", {}).get(name, {"text": f"called {name}"})
         if action.get("delay"):
             time.sleep(action["delay"])
+        for _ in range(action.get("notify_list_changed", 0)):
+            self.send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
         if action.get("never"):
             return
         if action.get("die"):
