@@ -6141,8 +6141,9 @@ def watch_list(screen, store, session, by, stop):
         selected = max(0, min(selected, len(waiting) - 1))
         height, width = screen.size()
         screen.begin()
-        screen.put(0, f"agentgate watch: {len(waiting)} waiting for an operator, deciding as "
-                      f"{sanitize(by)}", bold=True)
+        where = f"in session {session}" if session else "in every session"
+        screen.put(0, f"agentgate watch: {len(waiting)} waiting for an operator {where}, "
+                      f"deciding as {by}", bold=True)
         # Whole ids: they begin with the time they were made, so approvals made in the same
         # minute share their first characters.
         table = [("APPROVAL", "RUN", "TOOL", "AGE", "ARGUMENTS")] + [

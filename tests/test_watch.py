@@ -31,13 +31,17 @@ class Terminal:
     """A command in a 140x45 tmux pane of a tmux server of its own. When the command ends the
     pane says how, and waits: the exit status is read from the screen."""
 
-    def __init__(self, argv, cwd):
+    def __init__(self):
         self.name = f"agentgate-watch-{os.getpid()}-{next(_names)}"
         self.socket = ""
-        command = f"{shlex.join(argv)}; echo \"watch exited $?\"; read -r _"
+
+    def start(self, argv, cwd) -> "Terminal":
+        # The shell outlives an interrupt sent to the pane (C-c), to say how the command ended.
+        command = f"trap : INT; {shlex.join(argv)}; echo \"watch exited $?\"; read -r _"
         self.tmux("-f", "/dev/null", "new-session", "-d", "-x", "140", "-y", "45", "-c", str(cwd),
                   "sh", "-c", command)
         self.socket = self.tmux("display-message", "-p", "#{socket_path}").strip()
+        return self
 
     def tmux(self, *args: str) -> str:
         done = subprocess.run([TMUX, "-u", "-L", self.name, *args], capture_output=True, text=True,
@@ -84,9 +88,8 @@ def terminals():
     opened = []
 
     def start(argv, cwd):
-        terminal = Terminal(argv, cwd)
-        opened.append(terminal)
-        return terminal
+        opened.append(Terminal())
+        return opened[-1].start(argv, cwd)
     yield start
     for terminal in opened:
         terminal.close()
@@ -127,7 +130,7 @@ def test_watch_lists_what_waits_and_opens_it_as_approve_prints_it(bankdir, termi
     listed = terminal.shows(run, "bank_pay")
     row = next(line for line in listed.splitlines() if run in line)
     assert row.startswith(approval) and "bank_pay" in row and '"to":"kim"' in row, listed
-    assert "1 waiting for an operator" in listed
+    assert "1 waiting for an operator in session test, deciding as tester" in listed
 
     printed = approve_printout(bank, run)
     terminal.keys("Enter")
@@ -155,6 +158,8 @@ def test_watch_approves_with_a_key_and_the_retry_pays_once(bankdir, terminals):
     assert bank.call(host, KIM).text == "paid 5.00 to kim"
     bank.call(host, KIM)  # the same call once more: it was executed, it is not again
     assert bank.payments() == 1
+    terminal.keys("C-c")  # an interrupt ends watch quietly
+    assert "Traceback" not in terminal.shows("watch exited 0")
 
 
 def test_watch_rejects_with_a_note_the_model_is_shown(bankdir, terminals):
