@@ -6044,7 +6044,7 @@ def ended_text(store, approval):
         status += f" by {clean(row['decided_by'], 64)}"
     if row["note"] and row["note"] != "expired":
         status += f": {clean(row['note'], 200)}"
-    if run:
+    if run and run["status"] in TERMINAL:  # an approved run waits on until it is called again
         status += f"; run {run['status']}" + (f" ({run['reason']})" if run["reason"] else "")
     return (f"run {approval['run_id']}  approval {approval['id']}  tool "
             f"{clean(approval['tool'], 64)}  {status}")

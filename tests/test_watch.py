@@ -18,8 +18,8 @@ from contextlib import suppress
 
 import pytest
 
-from conftest import agentgate_argv, wait_for
-from kit import DEADLINE, Bank, agentgate, bankdir  # noqa: F401 (bankdir is a fixture)
+from conftest import agentgate_argv, children, wait_for
+from kit import DEADLINE, Bank, agentgate, bankdir, reap, wait_gone  # noqa: F401 (bankdir is a fixture)
 
 TMUX = "/usr/bin/tmux"
 SCREEN = 30.0  # seconds a screen may take to show what it is waited for (a loaded machine)
@@ -33,14 +33,15 @@ class Terminal:
 
     def __init__(self):
         self.name = f"agentgate-watch-{os.getpid()}-{next(_names)}"
-        self.socket = ""
+        self.socket, self.pids = "", []
 
     def start(self, argv, cwd) -> "Terminal":
         # The shell outlives an interrupt sent to the pane (C-c), to say how the command ended.
         command = f"trap : INT; {shlex.join(argv)}; echo \"watch exited $?\"; read -r _"
         self.tmux("-f", "/dev/null", "new-session", "-d", "-x", "140", "-y", "45", "-c", str(cwd),
                   "sh", "-c", command)
-        self.socket = self.tmux("display-message", "-p", "#{socket_path}").strip()
+        self.socket, server, pane = self.tmux("display-message", "-p", "#{socket_path} #{pid} #{pane_pid}").split()
+        self.pids = [int(server), int(pane)]
         return self
 
     def tmux(self, *args: str) -> str:
@@ -76,11 +77,17 @@ class Terminal:
                           and not any(text in screen for text in absent), f"{texts} without {absent}")
 
     def close(self) -> None:
+        """End the tmux server, and wait until it, the pane's shell and watch under it are gone."""
+        left = [*self.pids, *children(self.pids[1])] if self.pids else []
         with suppress(Exception):
             subprocess.run([TMUX, "-L", self.name, "kill-server"], capture_output=True, timeout=DEADLINE)
         if self.socket:
             with suppress(OSError):
                 os.unlink(self.socket)
+        try:
+            wait_gone(left, SCREEN, "the terminal's processes to end")
+        finally:
+            reap(left)
 
 
 @pytest.fixture
@@ -269,8 +276,15 @@ def test_plain_lines_through_a_pipe_until_sigterm(bankdir):
                                 capture_output=True, text=True, timeout=DEADLINE)
         assert pasted.returncode == 0, pasted
         ended = next_line(lines)
-        assert ended.startswith(f"ended    run {run}  approval {approval}  tool bank_pay  approved by pat"), ended
+        assert ended == f"ended    run {run}  approval {approval}  tool bank_pay  approved by pat\n", ended
         assert bank.call(host, KIM).text == "paid 5.00 to kim"
+
+        run, approval = bank.pending(bank.call(host, {"to": "rex", "amount": 1}))
+        assert f"approval {approval}  tool bank_pay" in next_line(lines)
+        bank.reject(run, "not rex")
+        ended = next_line(lines)
+        assert ended.startswith(f"ended    run {run}  approval {approval}  tool bank_pay  rejected by "), ended
+        assert ended.endswith(": not rex; run CANCELLED (approval_rejected)\n"), ended
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(DEADLINE) == 0
