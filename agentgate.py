@@ -6134,11 +6134,13 @@ class Screen:
 
 
 def watch_list(screen, store, session, by, stop):
-    """The list of what waits, read again each second and after each key."""
-    selected, message = 0, ""
+    """The list of what waits, read again each second and after each key. The selection
+    stays on its approval while others come and go, so Enter opens the one that was picked."""
+    selected, chosen, message = 0, None, ""
     while not stop.is_set():
         waiting = store.waiting_approvals(session)
-        selected = max(0, min(selected, len(waiting) - 1))
+        ids = [approval["id"] for approval in waiting]
+        selected = max(0, min(ids.index(chosen) if chosen in ids else selected, len(ids) - 1))
         height, width = screen.size()
         screen.begin()
         where = f"in session {session}" if session else "in every session"
@@ -6167,6 +6169,8 @@ def watch_list(screen, store, session, by, stop):
             message = watch_approval(screen, store, waiting[selected]["id"], by, stop)
         elif key in ("q", "esc"):
             return
+        if ids:
+            chosen = ids[max(0, min(selected, len(ids) - 1))]
 
 
 def watch_approval(screen, store, approval_id, by, stop):

@@ -53,6 +53,12 @@ class Terminal:
     def screen(self) -> str:
         return self.tmux("capture-pane", "-p")
 
+    def selected(self) -> str:
+        """The row shown in reverse video ('' if none), without its escapes."""
+        rows = self.tmux("capture-pane", "-p", "-e").splitlines()
+        row = next((row for row in rows if re.search(r"\x1b\[([0-9;]*;)?7[;m]", row)), "")
+        return re.sub(r"\x1b\[[0-9;]*m", "", row)
+
     def keys(self, *keys: str) -> None:
         """Keys by tmux's names (Enter, Escape, Up), each sent on its own."""
         for key in keys:
@@ -153,6 +159,23 @@ def test_watch_lists_what_waits_and_opens_it_as_approve_prints_it(bankdir, termi
     terminal.shows("watch exited 0")
     assert bank.approval(approval)["status"] == "pending"
     assert bank.payments() == 0
+
+
+def test_the_selection_stays_on_its_approval_while_others_stop_waiting(bankdir, terminals):
+    bank = Bank(bankdir)
+    host = bank.start()
+    waiting = [bank.pending(bank.call(host, {"to": to, "amount": 1})) for to in ("ann", "bea", "cy")]
+    terminal = watch(terminals, bank)
+    terminal.shows(*(run for run, _ in waiting))
+    (first_run, _), (second_run, second) = waiting[0], waiting[1]
+    wait_for(lambda: first_run in terminal.selected(), SCREEN, 0.1, "the first row to be selected")
+    terminal.keys("Down")
+    wait_for(lambda: second_run in terminal.selected(), SCREEN, 0.1, "the second row to be selected")
+    bank.reject(first_run, "not ann")
+    terminal.shows("2 waiting for an operator", absent=(first_run,))
+    wait_for(lambda: second_run in terminal.selected(), SCREEN, 0.1, "the second row to stay selected")
+    terminal.keys("Enter")
+    terminal.shows(f"APPROVAL WAITING  {second}", '"bea"')
 
 
 def test_watch_approves_with_a_key_and_the_retry_pays_once(bankdir, terminals):
