@@ -6073,9 +6073,14 @@ def watch_terminal(store, session, by, stop):
     """The live view on this terminal; False when the terminal cannot show it."""
     try:
         import curses  # only here: nothing else pays for loading it
+    except ImportError:
+        return False
+    try:
         locale.setlocale(locale.LC_ALL, "")
         curses.setupterm()
-    except (ImportError, locale.Error, curses.error):
+        if not curses.tigetstr("cup"):  # a terminal that cannot place the cursor (dumb)
+            return False
+    except (locale.Error, curses.error):
         return False
     curses.wrapper(lambda window: watch_list(Screen(curses, window), store, session, by, stop))
     return True

@@ -268,6 +268,17 @@ def test_control_and_bidi_characters_reach_the_terminal_only_as_text(bankdir, te
         assert not any(ch in screen for ch in "\x1b\x07\u202e"), screen
 
 
+def test_a_terminal_that_cannot_place_the_cursor_gets_plain_lines(bankdir, terminals):
+    bank, host, run, approval = waiting_bank(bankdir)
+    argv = ["env", "TERM=dumb", *agentgate_argv("watch", "-config", str(bank.config))]
+    terminal = terminals(argv, bank.dir)
+    terminal.shows("this terminal cannot show the live view", f"waiting  run {run}  approval {approval}")
+    terminal.keys("Enter", "a")
+    terminal.keys("C-c")
+    assert "Traceback" not in terminal.shows("watch exited 0")
+    assert bank.approval(approval)["status"] == "pending"
+
+
 def plain_watch(bank):
     """watch with its output on a pipe: (process, a queue of its lines)."""
     proc = subprocess.Popen(agentgate_argv("watch", "-config", str(bank.config)), stdin=subprocess.DEVNULL,
