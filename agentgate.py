@@ -34,7 +34,8 @@ Sections, in the order data flows through them:
      9. Answers               what the model is told, approvals and their hashes
     10. The gate              one call as one run, under the rules across calls
     11. MCP server            the host side: framing, initialize, tools/list, tools/call
-    12. Operator commands     runs, show, approve, reject, cancel, grant, verify, recheck
+    12. Operator commands     runs, show, approve, reject, cancel, watch, grant, verify,
+                              recheck
     13. Setup                 init: from a host's configuration to a gated one
     14. Fake payment server   the demo's and the tests' upstream
     15. Demonstration         a host, a server and an operator, scripted
@@ -51,6 +52,7 @@ import errno
 import functools
 import hashlib
 import json
+import locale
 import math
 import os
 import queue
@@ -672,6 +674,11 @@ def parse_time(text):
 def later(text, ns):
     """The stored time `ns` nanoseconds after the stored time `text`."""
     return format_time(parse_time(text) + ns / SECOND)
+
+
+def time_since(text):
+    """How long ago the stored time `text` was, to the second, as a duration."""
+    return format_duration(int(time.time() - parse_time(text)) * SECOND)
 
 
 def prose_time(text):
@@ -1941,6 +1948,24 @@ class Store:
             f"ORDER BY c.id DESC, a.rowid", (session, since, limit))
         names = APPROVAL_COLUMNS + ("tool", "run_status", "run_reason", "request_key")
         return [dict(zip(names, row)) for row in rows]
+
+    def waiting_approvals(self, session):
+        """The approvals an operator may decide now (of one session, or all with session ''),
+        oldest first, each with its run's tool. A waiting run's call is unsettled, so the
+        calls index finds them without reading the history of approvals."""
+        where = "c.settled_at=''" + (" AND c.session=?" if session else "")
+        rows = self.read(
+            f"SELECT {', '.join('a.' + c for c in APPROVAL_COLUMNS)}, r.tool FROM calls c JOIN "
+            f"runs r ON r.id = c.run_id JOIN approvals a ON a.run_id = r.id WHERE {where} AND "
+            f"r.status='WAITING_FOR_APPROVAL' AND a.status='pending' AND (a.expires_at='' OR "
+            f"a.expires_at>?) ORDER BY a.created_at, a.id", (*([session] if session else []),
+                                                              now()))
+        return [dict(zip(APPROVAL_COLUMNS + ("tool",), row)) for row in rows]
+
+    def approval(self, approval_id):
+        row = self.read_one(f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE id=?",
+                            (approval_id,))
+        return dict(zip(APPROVAL_COLUMNS, row)) if row else None
 
     def executed_under(self, approval):
         """Whether the approval's step started executing under it."""
@@ -4808,7 +4833,7 @@ class Gate:
         # run listed here is never taken over by this process, whatever its lease says.
         self.active = set()
         self.stopping = threading.Event()
-        self.operator_hint = operator_hint(config)
+        self.operator_hint = operator_hint(config.path)
         self.notifier = Notifier(config.notify) if config.notify else None
         # Registered names of the tools whose server changed them while serving (ToolWatch):
         # not offered, and a call to one is refused. Replaced whole, never changed in place.
@@ -5437,11 +5462,14 @@ def _policy_record(decision, facts, approved=False):
     return record
 
 
-def operator_hint(config):
-    """The command an operator pastes, naming the config unless it is the default one."""
+def operator_hint(config_file, database=""):
+    """The command an operator pastes: it names the database when that was named (-db), else
+    the config unless it is the default one."""
     command = f"python3 {shlex.quote(os.path.abspath(sys.argv[0]))}"
-    if os.path.abspath(config_path(None)) != config.path:
-        command += f" -config {shlex.quote(config.path)}"
+    if database:
+        command += f" -db {shlex.quote(os.path.abspath(database))}"
+    elif os.path.abspath(config_path(None)) != os.path.abspath(config_file):
+        command += f" -config {shlex.quote(os.path.abspath(config_file))}"
     return command
 
 
@@ -5973,7 +6001,7 @@ def describe_approval(gate, approval):
     capability = parse(approval["capability_json"])
     head = (f"approval {approval['id']} for {clean(approval['tool'], 64)} "
             f"{clean(policy_json(capability.get('args', {})), 200)}")
-    age = format_duration(int(time.time() - parse_time(approval["created_at"])) * SECOND)
+    age = time_since(approval["created_at"])
     status = approval["status"]
     if status == "pending":
         if approval["expires_at"] and approval["expires_at"] <= now():
@@ -6046,16 +6074,18 @@ def approved_fate(gate, approval):
 # 12. Operator commands
 #
 # Owns: what an operator does in a terminal: list runs, show one, approve, reject, cancel,
-# verify the event chain, re-check recorded decisions under today's policy. The database is
-# found from the config (-config, $AGENTGATE_CONFIG, the default path) or named with -db; it is
-# opened as it is, never created or migrated, and read-only where nothing is decided.
+# watch what waits, verify the event chain, re-check recorded decisions under today's policy.
+# The database is found from the config (-config, $AGENTGATE_CONFIG, the default path) or
+# named with -db; it is opened as it is, never created or migrated, and read-only where
+# nothing is decided.
 # Promises: approve and reject print the approval in full and decide bound to the hash of
 # exactly what they printed, so a row that changed after it was shown is refused; a printout
 # that shortened a long value decides nothing until -full shows every byte; the late outcome
 # of an attempt cut off while its process lived is printed beside the question it bears on;
 # they decide without asking only with -approval or -yes, and otherwise only after a "yes"
-# typed at a terminal. Everything chosen by a server, a model or an operator is sanitized
-# before it reaches the terminal, and text given on the command line must be UTF-8.
+# typed at a terminal; watch shows the same printout and decides through the same write.
+# Everything chosen by a server, a model or an operator is sanitized before it reaches the
+# terminal, and text given on the command line must be UTF-8.
 # =============================================================================================
 
 ARG_SHOWN = 240
@@ -6244,40 +6274,48 @@ def shown_value(value, full=False):
     return sanitize(policy_json(text) if isinstance(value, str) else text), size, shortened
 
 
-def print_approval(approval, full=False, late=()):
-    """Print an approval in full: what the operator decides is exactly this. Returns whether
-    a value had to be shortened (then only -full shows every byte the approval binds).
+def approval_lines(approval, full=False, late=()):
+    """An approval in full, as lines: what the operator decides is exactly this, whether
+    `approve` prints it or `watch` shows it. Returns (lines, whether a value had to be
+    shortened: then only `full` shows every byte the approval binds).
     `late`: outcomes of cut-off attempts that arrived after the run was taken over."""
     presentation = parse(approval["presentation_json"])
     request = parse(approval["request_json"])
     shortened = False
-    print(f"APPROVAL WAITING  {approval['id']}")
-    print(f"  kind           {sanitize(approval['kind'])}")
-    print(f"  tool           {sanitize(request['spec']['name'])}")
-    print(f"  run            {approval['run_id']}")
-    print(f"  created        {approval['created_at']}")
-    print(f"  expires        {approval['expires_at'] or 'never'}")
-    print(f"  server         {sanitize(str(presentation.get('server', '')))}")
-    print(f"  upstream tool  {sanitize(str(presentation.get('tool', '')))}")
+    lines = [f"APPROVAL WAITING  {approval['id']}",
+             f"  kind           {sanitize(approval['kind'])}",
+             f"  tool           {sanitize(request['spec']['name'])}",
+             f"  run            {approval['run_id']}",
+             f"  created        {approval['created_at']}",
+             f"  expires        {approval['expires_at'] or 'never'}",
+             f"  server         {sanitize(str(presentation.get('server', '')))}",
+             f"  upstream tool  {sanitize(str(presentation.get('tool', '')))}"]
     args = request["args"]
     fixed = presentation.get("fixed") or {}
     for title, values in (("arguments:", args if isinstance(args, dict) else {}), (
             "fixed values (set by the configuration, sent with the arguments):", fixed)):
         if values or title == "arguments:":
-            print(f"  {title}" + ("" if values else " (none)"))
+            lines.append(f"  {title}" + ("" if values else " (none)"))
         for name, value in values.items():
             shown, size, cut_here = shown_value(value, full)
             shortened = shortened or cut_here
-            print(f"    {sanitize(name)} = {shown}   ({size} bytes)")
+            lines.append(f"    {sanitize(name)} = {shown}   ({size} bytes)")
     for label in ("question", "reason", "decided_by", "limit", "frees", "notice"):
         if presentation.get(label):
-            print(f"  {label.replace('_', ' '):<14} {sanitize(str(presentation[label]))}")
+            lines.append(f"  {label.replace('_', ' '):<14} {sanitize(str(presentation[label]))}")
     attempt = parse(approval["capability_json"]).get("interrupted") or {}
     for step_id, observation in late:
         if step_id == attempt.get("step_id"):
-            print(f"  LATE OUTCOME   {late_text(observation)}")
-    print(f"----- end of approval {approval['id']} for tool "
-          f"{sanitize(request['spec']['name'])} -----")
+            lines.append(f"  LATE OUTCOME   {late_text(observation)}")
+    lines.append(f"----- end of approval {approval['id']} for tool "
+                 f"{sanitize(request['spec']['name'])} -----")
+    return lines, shortened
+
+
+def print_approval(approval, full=False, late=()):
+    """Print an approval in full (approval_lines); returns whether a value was shortened."""
+    lines, shortened = approval_lines(approval, full, late)
+    print("\n".join(lines))
     return shortened
 
 
@@ -6329,10 +6367,7 @@ def decide(argv, command):
     store, session = operator_store(opts, readonly=False)
     opts.run = resolve_id(store, "run", opts.run, session, narrow=lambda run_id: any(
         a["status"] == "pending" for a in store.approvals(run_id)))
-    approval = select_approval(store, opts.run, opts.approval)
-    if stored_hash(approval) != approval["hash"]:
-        raise StoreError(f"approval {approval['id']} does not match its hash: its record was "
-                         f"altered after it was made, and it cannot be decided")
+    approval = intact(select_approval(store, opts.run, opts.approval))
     shortened = print_approval(approval, opts.full, store.late_outcomes(approval["run_id"]))
     if shortened:
         # An approval binds every byte of its request: it is decided only on a printout that
@@ -6347,26 +6382,48 @@ def decide(argv, command):
         if reply.strip().lower() not in ("y", "yes"):
             print("nothing decided")
             return 1
-    shown = approval["hash"]
-    decided = store.write(lambda tx: tx.decide_approval(approval["id"], shown, status, by,
-                                                        opts.note or ""))
+    decide_shown(store, approval, status, by, opts.note or "")
+    run = load_run(store, opts.run)
+    if opts.json:
+        print_json({"run": run, "approval": {"id": approval["id"], "status": status, "by": by,
+                                             "note": opts.note or "", "hash": approval["hash"]}})
+        return 0
+    print(decided_text(approval, status, by))
+    print(f"run {run['run']}: {run['status']}" + (f" ({run['reason']})" if run["reason"]
+                                                  else ""))
+    if status == "approved":
+        print(APPROVED_NEXT)
+    return 0
+
+
+APPROVED_NEXT = "It runs when the model calls the tool again with exactly the same arguments."
+
+
+def intact(approval):
+    """The approval, if its stored fields still hash to its hash: only then is what it shows
+    what it binds."""
+    if stored_hash(approval) != approval["hash"]:
+        raise StoreError(f"approval {approval['id']} does not match its hash: its record was "
+                         f"altered after it was made, and it cannot be decided")
+    return approval
+
+
+def decide_shown(store, approval, status, by, note):
+    """Decide the approval as it was shown: the write is bound to the hash of the row that
+    was read, so a row that expired, changed or was decided since is refused, never
+    decided."""
+    decided = store.write(lambda tx: tx.decide_approval(approval["id"], approval["hash"], status,
+                                                        by, note))
     if decided == "expired":
         raise StoreError(f"approval {approval['id']} expired at {approval['expires_at']}; it "
                          f"can no longer be decided, and its request was not executed")
     if decided == "changed":
         raise StoreError(f"approval {approval['id']} changed after it was shown, or was "
-                         f"decided meanwhile; run the command again to see it as it is now")
-    run = load_run(store, opts.run)
-    if opts.json:
-        print_json({"run": run, "approval": {"id": approval["id"], "status": status, "by": by,
-                                             "note": opts.note or "", "hash": shown}})
-        return 0
-    print(f"approval {approval['id']}: {status} by {sanitize(by)}")
-    print(f"run {run['run']}: {run['status']}" + (f" ({run['reason']})" if run["reason"]
-                                                  else ""))
-    if status == "approved":
-        print("It runs when the model calls the tool again with exactly the same arguments.")
-    return 0
+                         f"decided meanwhile; nothing was decided: look at it again as it is now")
+
+
+def decided_text(approval, status, by):
+    return f"approval {approval['id']}: {status} by {sanitize(by)}"
 
 
 def cmd_approve(argv):
@@ -6402,6 +6459,288 @@ def cmd_cancel(argv):
     else:
         print(f"run {run['run']}: {run['status']} ({run['reason']})")
     return 0
+
+
+# ---- watch: what waits, live ----------------------------------------------------------------
+# watch reads the database, never the gate: a read-only store polled once a second, so a gate
+# serving calls never waits on it. A decision taken in it is the one approve and reject take
+# (decide_shown, on a store opened for that write), bound to the hash of the row it showed, and
+# only after every line of that row was on the screen whole.
+
+WATCH_EVERY = 1.0  # seconds between two reads of what waits
+WATCH_KEYS = "up/down or j/k select   Enter open   q quit"
+OPEN_KEYS = "a approve   r reject   f show every byte   up/down, j/k, space scroll   q back"
+
+
+def cmd_watch(argv):
+    opts = parser("watch", "config", "db", "by").parse_args(argv)
+    store, session = operator_store(opts, readonly=True)
+    hint = operator_hint(config_path(opts.config), opts.db)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    try:
+        if sys.stdin.isatty() and sys.stdout.isatty():
+            by = opts.by or current_user()
+            if not by:
+                raise Usage("say who decides with -by; the current user has no name")
+            if watch_terminal(store, session, by, stop):
+                return 0
+            log("this terminal cannot show the live view; plain lines follow, and nothing is "
+                "decided from them")
+        watch_lines(store, session, hint, stop)
+        return 0
+    finally:
+        store.close()
+
+
+def waiting_cells(approval, limit):
+    """A waiting approval as cells: its id, run, tool, age, then its arguments on one line."""
+    args = parse(approval["request_json"])["args"]
+    return (approval["id"], approval["run_id"], clean(approval["tool"], 64),
+            time_since(approval["created_at"]), clean(policy_json(args), limit))
+
+
+def ended_text(store, approval):
+    """What became of an approval that no longer waits."""
+    row, run = store.approval(approval["id"]) or approval, store.run(approval["run_id"])
+    status = row["status"]
+    if status == "pending":
+        status = "expired" if row["expires_at"] and row["expires_at"] <= now() else \
+            "no longer waited on"
+    elif row["decided_by"]:
+        status += f" by {clean(row['decided_by'], 64)}"
+    if row["note"] and row["note"] != "expired":
+        status += f": {clean(row['note'], 200)}"
+    if run and run["status"] in TERMINAL:  # an approved run waits on until it is called again
+        status += f"; run {run['status']}" + (f" ({run['reason']})" if run["reason"] else "")
+    return (f"run {approval['run_id']}  approval {approval['id']}  tool "
+            f"{clean(approval['tool'], 64)}  {status}")
+
+
+def watch_lines(store, session, hint, stop):
+    """Plain lines, for a pipe or a log: one when an approval starts waiting (with the command
+    that decides it), one when it stops; nothing is decided here."""
+    shown = {}
+    while not stop.is_set():
+        waiting = {a["id"]: a for a in store.waiting_approvals(session)}
+        for approval_id, approval in waiting.items():
+            if approval_id not in shown:
+                _, run_id, tool, age, args = waiting_cells(approval, 200)
+                print(f"waiting  run {run_id}  approval {approval_id}  tool {tool}  age {age}  "
+                      f"{args}  decide with: {hint} approve {run_id} -approval {approval_id}   "
+                      f"(or reject)", flush=True)
+        for approval_id, approval in shown.items():
+            if approval_id not in waiting:
+                print(f"ended    {ended_text(store, approval)}", flush=True)
+        shown = waiting
+        stop.wait(WATCH_EVERY)
+
+
+def watch_terminal(store, session, by, stop):
+    """The live view on this terminal; False when the terminal cannot show it."""
+    try:
+        import curses  # only here: nothing else pays for loading it
+    except ImportError:
+        return False
+    try:
+        locale.setlocale(locale.LC_ALL, "")
+        curses.setupterm()
+        if not curses.tigetstr("cup"):  # a terminal that cannot place the cursor (dumb)
+            return False
+    except (locale.Error, curses.error):
+        return False
+    curses.wrapper(lambda window: watch_list(Screen(curses, window), store, session, by, stop))
+    return True
+
+
+class Screen:
+    """The one place watch touches curses: rows of sanitized text, and keys by name. A class
+    only so that curses, loaded when watch draws and not before, is held in one place."""
+
+    KEYS = {"KEY_UP": "up", "KEY_DOWN": "down", "KEY_NPAGE": "page down",
+            "KEY_PPAGE": "page up", "KEY_ENTER": "enter", "KEY_BACKSPACE": "backspace"}
+    CHARACTERS = {"\n": "enter", "\r": "enter", "\x1b": "esc", "\x7f": "backspace",
+                  "\b": "backspace"}
+
+    def __init__(self, curses, window):
+        self.curses, self.window = curses, window
+        self.codes = {getattr(curses, name): key for name, key in self.KEYS.items()}
+        try:
+            curses.curs_set(0)
+        except curses.error:
+            pass
+        if hasattr(curses, "set_escdelay"):
+            curses.set_escdelay(25)
+        window.timeout(int(WATCH_EVERY * 1000))
+
+    def size(self):
+        return self.window.getmaxyx()
+
+    def begin(self):
+        self.window.erase()
+
+    def put(self, row, text, bold=False, reverse=False):
+        """One row, sanitized (whatever a caller missed never reaches the terminal raw) and
+        cut to the screen's width; text reaching the last cell is no error."""
+        height, width = self.window.getmaxyx()
+        attr = (self.curses.A_BOLD if bold else 0) | (self.curses.A_REVERSE if reverse else 0)
+        if 0 <= row < height and width > 1:
+            try:
+                self.window.move(row, 0)
+                self.window.clrtoeol()
+                self.window.addstr(row, 0, wrap_columns(sanitize(text), width - 1)[0], attr)
+            except self.curses.error:
+                pass
+
+    def key(self):
+        """The next key: a character, a name (up, down, page up, page down, enter, esc,
+        backspace), or None once a refresh is due."""
+        self.window.refresh()
+        try:
+            key = self.window.get_wch()
+        except self.curses.error:
+            return None
+        if isinstance(key, int):
+            return self.codes.get(key, "")
+        return self.CHARACTERS.get(key, key)
+
+
+def watch_list(screen, store, session, by, stop):
+    """The list of what waits, read again each second and after each key. The selection
+    stays on its approval while others come and go, so Enter opens the one that was picked."""
+    selected, chosen, message = 0, None, ""
+    while not stop.is_set():
+        waiting = store.waiting_approvals(session)
+        ids = [approval["id"] for approval in waiting]
+        selected = max(0, min(ids.index(chosen) if chosen in ids else selected, len(ids) - 1))
+        height, width = screen.size()
+        screen.begin()
+        where = f"in session {session}" if session else "in every session"
+        screen.put(0, f"agentgate watch: {len(waiting)} waiting for an operator {where}, "
+                      f"deciding as {by}", bold=True)
+        # Whole ids: they begin with the time they were made, so approvals made in the same
+        # minute share their first characters.
+        table = [("APPROVAL", "RUN", "TOOL", "AGE", "ARGUMENTS")] + [
+            waiting_cells(approval, 4 * width) for approval in waiting]
+        widths = [max(len(row[i]) for row in table) for i in range(4)] + [0]
+        lines = ["  ".join(cell.ljust(size) for cell, size in zip(row, widths)) for row in table]
+        screen.put(1, lines[0])
+        first = max(0, selected - (height - 5))
+        for row, line in enumerate(lines[1 + first:1 + first + max(0, height - 4)]):
+            screen.put(2 + row, line, reverse=first + row == selected)
+        if not waiting:
+            screen.put(2, "nothing waits")
+        screen.put(height - 2, message, bold=True)
+        screen.put(height - 1, WATCH_KEYS)
+        key = screen.key()
+        if key in ("up", "k"):
+            selected -= 1
+        elif key in ("down", "j"):
+            selected += 1
+        elif key == "enter" and waiting:
+            message = watch_approval(screen, store, waiting[selected]["id"], by, stop)
+        elif key in ("q", "esc"):
+            return
+        if ids:
+            chosen = ids[max(0, min(selected, len(ids) - 1))]
+
+
+def watch_approval(screen, store, approval_id, by, stop):
+    """One approval shown as approve prints it, decided with a key; returns the line the list
+    shows next (what was decided, or why nothing was)."""
+    approval = store.approval(approval_id)
+    if approval is None or approval["status"] != "pending":
+        return f"approval {approval_id} no longer waits"
+    try:
+        intact(approval)
+    except StoreError as err:
+        return str(err)
+    late = store.late_outcomes(approval["run_id"])
+    full, top, seen_end, message = False, 0, False, ""
+    while not stop.is_set():
+        lines, shortened = approval_lines(approval, full, late)
+        height, width = screen.size()
+        rows = [piece for line in lines for piece in wrap_columns(line, max(1, width - 1))]
+        body = max(1, height - 2)
+        top = max(0, min(top, len(rows) - body))
+        seen_end = seen_end or top + body >= len(rows)
+        screen.begin()
+        for row, text in enumerate(rows[top:top + body]):
+            screen.put(row, text)
+        screen.put(height - 2, message, bold=True)
+        screen.put(height - 1, OPEN_KEYS)
+        key = screen.key()
+        moves = {"up": -1, "k": -1, "down": 1, "j": 1, " ": body, "page down": body,
+                 "page up": -body, "b": -body}
+        if key in moves:
+            top += moves[key]
+        elif key == "f":
+            # The whole value adds rows: the end is to be reached again.
+            full, message, seen_end = True, "", False
+        elif key in ("q", "esc"):
+            return ""
+        elif key in ("a", "r") and shortened:
+            message = "a value is shortened: press f to show every byte before you decide"
+        elif key in ("a", "r") and not seen_end:
+            message = "scroll to the end of the approval before you decide"
+        elif key == "a":
+            return watch_decide(store, approval, "approved", by, "")
+        elif key == "r":
+            note = prompt(screen, "note for the model (required; Enter rejects, Esc "
+                                  "cancels): ", stop)
+            if note:
+                return watch_decide(store, approval, "rejected", by, note)
+            message = "nothing decided"
+    return ""
+
+
+def watch_decide(store, approval, status, by, note):
+    """The decision approve and reject take, on a store opened for this one write."""
+    try:
+        writer = Store(store.path, create=False)
+        try:
+            decide_shown(writer, approval, status, by, note)
+        finally:
+            writer.close()
+    except StoreError as err:
+        return str(err)
+    return decided_text(approval, status, by) + (f". {APPROVED_NEXT}" if status == "approved"
+                                                 else "")
+
+
+def prompt(screen, question, stop):
+    """A line the operator types on the bottom row; None when they press Esc."""
+    text = ""
+    while not stop.is_set():
+        height, width = screen.size()
+        shown = question + sanitize(text) + "_"
+        # The end of a long answer stays in view: the row shows its last columns.
+        screen.put(height - 1, wrap_columns(shown[::-1], max(1, width - 1))[0][::-1])
+        key = screen.key()
+        if key == "enter" and text.strip():
+            return text
+        if key == "esc":
+            return None
+        if key == "backspace":
+            text = text[:-1]
+        elif key and len(key) == 1 and key.isprintable():
+            text += key
+    return None
+
+
+def wrap_columns(text, width):
+    """`text` in pieces of at most `width` terminal columns: a wide character takes two, a
+    combining mark none, so no piece runs off the screen."""
+    pieces, piece, used = [], "", 0
+    for ch in text:
+        size = 0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in \
+            "WF" else 1
+        if used + size > width and piece:
+            pieces.append(piece)
+            piece, used = "", 0
+        piece, used = piece + ch, used + size
+    return pieces + [piece]
 
 
 GRANT_DEFAULT = 3600 * SECOND
@@ -7029,7 +7368,7 @@ def cmd_init(argv):
         print(f"before serving, fix this: {err}")
     print(f"wrote {path} (0600): every rule in it is a proposal, and nothing is offered until "
           f"you have read them, changed what you disagree with, and run:")
-    print(f"    {operator_hint(config)} check -accept")
+    print(f"    {operator_hint(config.path)} check -accept")
     entry = {"command": sys.executable,
              "args": [os.path.abspath(sys.argv[0]), "-config", path]}
     if opts.write:
@@ -7478,6 +7817,7 @@ USAGE = f"""usage: agentgate.py [serve] [-config FILE]
        agentgate.py pin|check [-config FILE]      check -accept: accept init's proposals
        agentgate.py pin -diff [-tool SERVER/TOOL ... | -all [-yes]] [-config FILE]
        agentgate.py runs|show|approve|reject|cancel|verify|recheck ... (-h for each)
+       agentgate.py watch [-config FILE] [-db FILE] [-by WHO]
        agentgate.py grant|grants|revoke ... (-h for each)
        agentgate.py demo
        agentgate.py -version
@@ -7736,7 +8076,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     commands = {"serve": cmd_serve, "pin": cmd_pin, "check": cmd_check, "runs": cmd_runs,
                 "show": cmd_show, "approve": cmd_approve, "reject": cmd_reject,
-                "cancel": cmd_cancel, "verify": cmd_verify, "recheck": cmd_recheck,
+                "cancel": cmd_cancel, "watch": cmd_watch, "verify": cmd_verify,
+                "recheck": cmd_recheck,
                 "grant": cmd_grant, "grants": cmd_grants, "revoke": cmd_revoke,
                 "init": cmd_init, "demo": cmd_demo,
                 "fake-payments": lambda a: fake_payments()}
