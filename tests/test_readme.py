@@ -71,9 +71,10 @@ INLINE_EXERCISED = {
     "grant": "test_the_policy_examples_work_as_written",
     "approve 3f9a0c": "test_quickstart_from_the_servers_a_host_already_starts",
     "init": "test_quickstart_from_the_servers_a_host_already_starts",
+    "watch": "test_quickstart_from_the_servers_a_host_already_starts",
     "approve laptop.3f9a0c": "test_quickstart_from_the_servers_a_host_already_starts",
 }
-AGENTGATE_VERBS = {"serve", "init", "pin", "check", "runs", "show", "approve", "reject", "cancel", "verify", "recheck", "demo",
+AGENTGATE_VERBS = {"serve", "init", "watch", "pin", "check", "runs", "show", "approve", "reject", "cancel", "verify", "recheck", "demo",
                    "grant", "grants", "revoke"}
 HOST_SNIPPETS = {"Claude Desktop", "Cursor"}
 APPROVAL_HINT = re.compile(r"decide with: (.*) approve (\S+) -approval ([0-9a-f]+)")
@@ -562,6 +563,8 @@ def test_quickstart_from_the_servers_a_host_already_starts(tmp_path):
             call = host.submit("filesystem_create_directory", {"path": str(target)})
             _, run_id, _ = wait_hint(host, call, n)
             session, hex_id = run_id.split(".")
+            if n == 0:  # `watch`, typed as the README names it, shows it waiting
+                assert f"run {run_id}" in watched_line(env, home, run_id)
             line = example.replace("3f9a0c", hex_id[:6]).replace("laptop", session) + " -yes"
             decided = operator_line(env, home, line)
             assert f"run {run_id}:" in decided, decided
@@ -571,6 +574,23 @@ def test_quickstart_from_the_servers_a_host_already_starts(tmp_path):
             assert not result.is_error, result_text(result)
             assert target.is_dir()
     wait_no_process(tmp_path)
+
+
+def watched_line(env: dict, home: Path, run_id: str) -> str:
+    """The line `watch` writes (not at a terminal) when `run_id` waits; then it is stopped."""
+    proc = subprocess.Popen(["bash", "-c", "exec python3 ~/bin/agentgate.py watch"], env=env, cwd=home,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        return wait_for(lambda: next((line for line in list(lines) if run_id in line), None), 60,
+                        message="watch to show the run waiting")
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0
+        reader.join(60)
 
 
 def operator_line(env: dict, home: Path, verb_line: str) -> str:
