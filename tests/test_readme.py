@@ -47,6 +47,7 @@ EXERCISED = {
     "python3 ~/bin/agentgate.py pin": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
     "python3 ~/bin/agentgate.py init": "test_quickstart_from_the_servers_a_host_already_starts",
     "python3 ~/bin/agentgate.py check -accept": "test_quickstart_from_the_servers_a_host_already_starts",
+    "python3 ~/bin/agentgate.py pin -diff": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
     "python3 ~/bin/agentgate.py check": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
     "claude mcp add gated -- python3 /home/you/bin/agentgate.py": "test_the_host_snippets_agree",
     "python3 ~/bin/agentgate.py runs": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
@@ -72,6 +73,8 @@ INLINE_EXERCISED = {
     "approve 3f9a0c": "test_quickstart_from_the_servers_a_host_already_starts",
     "init": "test_quickstart_from_the_servers_a_host_already_starts",
     "watch": "test_quickstart_from_the_servers_a_host_already_starts",
+    "pin": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
+    "runs": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
     "approve laptop.3f9a0c": "test_quickstart_from_the_servers_a_host_already_starts",
 }
 AGENTGATE_VERBS = {"serve", "init", "watch", "pin", "check", "runs", "show", "approve", "reject", "cancel", "verify", "recheck", "demo",
@@ -449,6 +452,8 @@ def test_quickstart_from_nothing_to_a_gated_filesystem_server(tmp_path):
     for tool in qs.rules:
         assert re.search(rf"^\s*{tool}\s", qs.pin_output, re.M), f"pin did not list {tool}:\n{qs.pin_output}"
 
+    same = ok(readme_command("python3 ~/bin/agentgate.py pin -diff"), qs.env, qs.home)
+    assert same.splitlines()[0] == "server fs: as pinned", same
     checked = ok(readme_command("python3 ~/bin/agentgate.py check"), qs.env, qs.home)
     for tool in qs.rules:
         assert f"registered {tool} as fs_{tool}" in checked, f"check does not register {tool}:\n{checked}"
