@@ -876,6 +876,9 @@ def _url_server(raw, where, url):
     if not parts or parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{where}.url must be an http:// or https:// address, such as "
                           f'"http://127.0.0.1:8000/mcp"')
+    if "@" in parts.netloc:  # the url is shown in messages; a password in it would be too
+        raise ConfigError(f"{where}.url must not carry a user or password; send credentials "
+                          f"as a header whose value names an environment variable")
     given = raw.get("headers", {})
     if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
         raise ConfigError(f'{where}.headers must be an object of header name to string, such as '
@@ -2607,7 +2610,7 @@ class HttpUpstream(Upstream):
         """Hand one message to the SDK by `deadline`. It reaches the server only if _HttpTap
         takes its bytes; a message withdrawn before that was not sent."""
         with self.lock:
-            writer = self.writer
+            writer, loop = self.writer, self.loop
             if writer is None or self.closed:
                 raise UpstreamError(self.closed or "the connection is closed", sent=False)
             self.next_id += 1
@@ -2624,12 +2627,18 @@ class HttpUpstream(Upstream):
                        if "id" in message else {})}
         item = self.sdk["message"](self.sdk["types"].jsonrpc_message_adapter.validate_python(
             stand_in), metadata=self.sdk["metadata"](headers=headers))
-        future = self.sdk["asyncio"].run_coroutine_threadsafe(writer.send(item), self.loop)
-        if threading.current_thread() is self.thread:
+        sending = writer.send(item)
+        try:
+            future = self.sdk["asyncio"].run_coroutine_threadsafe(sending, loop)
+        except RuntimeError:  # the loop ended as this began: closed meanwhile
+            sending.close()
+            future = None
+        if future and threading.current_thread() is self.thread:
             return  # an answer to the server's own request, from the loop: it cannot wait here
         try:
-            future.result(timeout=deadline.left())
-            return
+            if future:
+                future.result(timeout=deadline.left())
+                return
         except TimeoutError:
             future.cancel()
         except Exception:

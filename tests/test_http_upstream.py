@@ -37,7 +37,6 @@ import http.server
 import json
 import os
 import queue
-import re
 import signal
 import socket
 import subprocess
@@ -50,7 +49,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import agentgate  # noqa: E402
-from conftest import AGENTGATE, wait_for  # noqa: E402
+from conftest import AGENTGATE  # noqa: E402
 from kit import (  # noqa: E402
     DEADLINE,
     agentgate as run_agentgate,
@@ -65,7 +64,6 @@ from kit import (  # noqa: E402
     only_pending,
     pin,
     records,
-    result_text,
     rule,
     run_in_hint,
     said,
@@ -173,7 +171,7 @@ class ScriptedHTTP:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 message = json.loads(body)
                 outer.requests.append((self.path, message))
-                if "id" not in message:
+                if "id" not in message:  # a notification
                     self.send_response(202)
                     self.end_headers()
                     return
@@ -330,11 +328,12 @@ def test_the_mcp_package_is_not_imported_until_a_url_server_starts():
     ({"cwd": "/tmp"}, ['server "bank".cwd means nothing']),
     ({"url": "ftp://127.0.0.1/mcp"}, ['server "bank".url must be an http:// or https:// address']),
     ({"url": "http:///mcp"}, ["must be an http:// or https:// address"]),
+    ({"url": "http://me:pw@127.0.0.1:9/mcp"}, ['server "bank".url must not carry a user or password']),
     ({"headers": {"X-Key": 5}}, ['server "bank".headers must be an object of header name to string']),
     ({"headers": {"Bad Name": "x"}}, ['"Bad Name" is not a header name']),
     ({"headers": {"X-Key": "${1ABC}"}}, ["a variable is written ${NAME}"]),
     ({"command": ["server"]}, ['server "bank" needs exactly one of command (an argv list) or url']),
-], ids=["env", "inherit_env", "cwd", "ftp", "no-host", "header-type", "header-name", "variable-name", "both"])
+], ids=["env", "inherit_env", "cwd", "ftp", "no-host", "userinfo", "header-type", "header-name", "variable-name", "both"])
 def test_a_url_server_is_refused_what_means_nothing_for_it(workdir, fields, fragments):
     config = write_config(workdir, [{**url_server("http://127.0.0.1:9/mcp"), **fields}])
     one_line_error(check(config), *fragments)
@@ -420,6 +419,78 @@ def test_nothing_listening_fails_pin_and_check_saying_nothing_was_sent(workdir):
     done = run_agentgate("pin", "-config", str(config))
     one_line_error(done, 'server "bank": connect: cannot reach http://127.0.0.1:', "nothing was sent")
     assert not (workdir / "bank.manifest.json").exists()
+
+
+PAY_TOOLS = '[{"name":"pay","description":"Pay someone.","inputSchema":{"type":"object","properties":' \
+            '{"to":{"type":"string"},"amount":{"type":"number"}},"required":["to","amount"]}}]'
+
+
+def scripted_mcp(on_call):
+    """An answer function for ScriptedHTTP: initialize and tools/list (PAY_TOOLS) in JSON bodies,
+    tools/call handed to `on_call(handler, message)`."""
+
+    def answer(handler, message):
+        if message["method"] == "initialize":
+            return send_body(handler, json.dumps(initialize_result(message["id"])).encode())
+        if message["method"] == "tools/list":
+            return send_body(handler, list_answer(PAY_TOOLS, message["id"]))
+        if message["method"] == "tools/call":
+            return on_call(handler, message)
+        send_body(handler, json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": {}}).encode())
+
+    return answer
+
+
+def test_a_payment_that_outlives_its_timeout_is_unknown_and_closing_does_not_wait(workdir, scripted_http):
+    server = scripted_http(scripted_mcp(lambda handler, message: server.release.wait(DEADLINE)))
+    config = config_for(workdir, server.url, {"pay": rule("remote_mutation", timeout="2s", outcome="allow")})
+    pin(config)
+    gate = gate_host(config)
+
+    text = expect(gate.call("bank_pay", KIM), "UNKNOWN_OUTCOME", is_error=False)
+    assert "timed out" in text and "may have" in text, text
+    assert only_pending(workdir)["capability"]["interrupted"]["ended"] == "timed_out"
+    calls = [m for _, m in server.requests if m and m.get("method") == "tools/call"]
+    assert len(calls) == 1 and calls[0]["params"] == {"name": "pay", "arguments": KIM}
+    # The server never answers: the gate still ends when the host goes (Host.close would fail
+    # the test by its own deadline), and the cancel notice reached the server.
+    gate.close()
+    assert any(m and m.get("method") == "notifications/cancelled" for _, m in server.requests)
+
+
+def test_a_request_from_the_server_inside_an_answer_is_answered(workdir, scripted_http):
+    answered = threading.Event()
+
+    def on_call(handler, message):
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.end_headers()
+        ping = {"jsonrpc": "2.0", "id": "srv-1", "method": "ping"}
+        handler.wfile.write(b"event: message\ndata: " + json.dumps(ping).encode() + b"\n\n")
+        handler.wfile.flush()
+        # The result follows only once agentgate has answered the ping (on another POST).
+        assert answered.wait(DEADLINE)
+        result = {"jsonrpc": "2.0", "id": message["id"],
+                  "result": {"content": [{"type": "text", "text": "paid after the ping"}]}}
+        handler.wfile.write(b"data: " + json.dumps(result).encode() + b"\n\n")
+        handler.close_connection = True
+
+    def answer(handler, message):
+        if "method" not in message:  # an answer from agentgate
+            if message.get("id") == "srv-1" and message.get("result") == {}:
+                answered.set()
+            handler.send_response(202)
+            handler.end_headers()
+            return
+        scripted_mcp(on_call)(handler, message)
+
+    server = scripted_http(answer)
+    config = config_for(workdir, server.url, {"pay": rule("remote_mutation", outcome="allow")})
+    pin(config)
+    gate = gate_host(config)
+    text, error = said(gate.call("bank_pay", KIM))
+    assert not error and "paid after the ping" in text, text
+    assert answered.is_set()
 
 
 # ---------------------------------------------------------------- what the transport refuses
