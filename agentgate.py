@@ -691,8 +691,9 @@ def log(message):
 # Promises: a config is used only if it is a regular file owned by this user that nobody else
 # can write; it passes the canonical boundary check (so a repeated key cannot be read two
 # ways); every unknown field anywhere is refused with its path; a server whose arguments reach
-# the files the gate's decisions depend on is refused unless the operator says otherwise.
-# Every refusal is one sentence naming the field and what to do.
+# the files the gate's decisions depend on is refused unless the operator says otherwise; a
+# server reached by url takes its header values from agentgate's environment (`${NAME}`), and
+# no message shows one. Every refusal is one sentence naming the field and what to do.
 # =============================================================================================
 
 SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation", "destructive")
@@ -2594,8 +2595,8 @@ class HttpUpstream(Upstream):
                 finally:
                     drain.cancel()
         finally:
-            self.writer = None
             with self.lock:
+                self.writer = None
                 self.closed = self.closed or "the connection to the server ended"
                 self._fail_all(self.closed)
             opened.set()
@@ -2620,11 +2621,15 @@ class HttpUpstream(Upstream):
         headers = {MESSAGE_TOKEN: token}
         if self.protocol:
             headers["mcp-protocol-version"] = self.protocol
-        # The SDK is given the message's kind only; _HttpTap sends agentgate's own bytes.
-        stand_in = {"jsonrpc": "2.0", **({"method": message["method"]} if "method" in message
-                                          else {"result": {}}),
-                    **({"id": message["id"] if isinstance(message["id"], (int, str)) else 0}
-                       if "id" in message else {})}
+        # The SDK is given the message's kind only (request, notification or answer, for its
+        # session keeping); _HttpTap sends agentgate's own bytes in its place.
+        stand_in = {"jsonrpc": "2.0"}
+        if "method" in message:
+            stand_in["method"] = message["method"]
+        else:
+            stand_in["result"] = {}
+        if "id" in message:
+            stand_in["id"] = message["id"] if isinstance(message["id"], (int, str)) else 0
         item = self.sdk["message"](self.sdk["types"].jsonrpc_message_adapter.validate_python(
             stand_in), metadata=self.sdk["metadata"](headers=headers))
         sending = writer.send(item)
@@ -2787,16 +2792,26 @@ class _EventStream:
     _LINE_END = re.compile(rb"\r\n|\r|\n")
 
     def __init__(self):
-        self.pending, self.data, self.event = b"", [], b""
+        self.partial, self.after_cr, self.data, self.event = [], False, [], b""
 
     def feed(self, chunk, final=False):
-        text, held = self.pending + chunk, b""
-        if text.endswith(b"\r") and not final:
-            text, held = text[:-1], b"\r"  # a \r may be the first half of \r\n
-        lines = self._LINE_END.split(text)
-        self.pending = (b"" if final else lines.pop()) + held
+        # Only the new chunk is searched for line ends, so a long line costs its length once.
+        if self.after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]  # the second half of a \r\n split between chunks
+            self.after_cr = False
+        if chunk:
+            self.after_cr = chunk.endswith(b"\r")
+        pieces = self._LINE_END.split(chunk)
+        self.partial.append(pieces[0])
+        lines = []
+        if len(pieces) > 1:
+            lines = [b"".join(self.partial), *pieces[1:-1]]
+            self.partial = [pieces[-1]]
+        if final:
+            lines += [b"".join(self.partial), b""]
+            self.partial = []
         messages = []
-        for line in lines + ([b""] if final else []):
+        for line in lines:
             if not line:
                 if self.data and self.event in (b"", b"message"):
                     messages.append(b"\n".join(self.data))

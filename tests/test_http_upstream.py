@@ -545,6 +545,8 @@ EVENT_SHAPES = {
     # An event of another name first (the SDK ignores it), then a padded name.
     "other-event": lambda body: b"event: other\ndata: " + list_answer(OTHER_TOOLS, 2) + b"\n\n"
                                 + b"event:  message \ndata: " + body + b"\n\n",
+    # Lines ended by a bare CR.
+    "cr-only": lambda body: b"event: message\rdata: " + body + b"\r\r",
     # The stream ends inside the event.
     "unterminated": lambda body: b"data: " + body,
 }
