@@ -49,7 +49,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import agentgate  # noqa: E402
-from conftest import AGENTGATE  # noqa: E402
+from conftest import AGENTGATE, wait_for  # noqa: E402
 from kit import (  # noqa: E402
     DEADLINE,
     agentgate as run_agentgate,
@@ -452,10 +452,12 @@ def test_a_payment_that_outlives_its_timeout_is_unknown_and_closing_does_not_wai
     assert only_pending(workdir)["capability"]["interrupted"]["ended"] == "timed_out"
     calls = [m for _, m in server.requests if m and m.get("method") == "tools/call"]
     assert len(calls) == 1 and calls[0]["params"] == {"name": "pay", "arguments": KIM}
-    # The server never answers: the gate still ends when the host goes (Host.close would fail
-    # the test by its own deadline), and the cancel notice reached the server.
+    wait_for(lambda: any(m and m.get("method") == "notifications/cancelled" and
+                         m["params"]["requestId"] == calls[0]["id"] for _, m in server.requests),
+             DEADLINE, message="the cancel notice for the timed-out call")
+    # The server never answers: the gate still ends when the host goes (Host.close fails the
+    # test by its own deadline otherwise).
     gate.close()
-    assert any(m and m.get("method") == "notifications/cancelled" for _, m in server.requests)
 
 
 def test_a_request_from_the_server_inside_an_answer_is_answered(workdir, scripted_http):
@@ -584,3 +586,18 @@ def test_events_split_anywhere_read_the_same():
         bytewise += reader.feed(b"", final=True)
         assert whole == bytewise and len(whole) == 1
         assert agentgate.canonical(agentgate.parse(whole[0])) == agentgate.canonical(agentgate.parse(body))
+
+
+def test_closing_is_idempotent_and_a_later_request_fails_at_once_unsent(workdir, sdk_server):
+    server = sdk_server()
+    config = agentgate.load_config(str(config_for(workdir, server.url)))
+    upstream, deadline = agentgate.connect(config.servers[0])
+    assert sorted(upstream.list_tools(deadline)) == ["balance", "limits", "pay", "whoami"]
+    upstream.close()
+    upstream.close()
+    assert not upstream.thread.is_alive()
+    with pytest.raises(agentgate.UpstreamError) as failed:
+        upstream.request("tools/call", {"name": "pay", "arguments": KIM},
+                         agentgate.Deadline(30 * agentgate.SECOND), 'tool "pay"')
+    assert not failed.value.sent and 'server "bank"' in str(failed.value)
+    assert server.payments() == 0
