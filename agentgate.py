@@ -2523,7 +2523,8 @@ CLOSE_SECONDS = 2
 @functools.lru_cache(maxsize=1)
 def _mcp_sdk():
     """The optional mcp package's pieces, imported on first use only: an HTTP server in the
-    config must not slow a start that has none. None when it is not installed."""
+    config must not slow a start that has none. None when it is not installed, or is older
+    than version 2 (whose client is built on httpx2 and mcp_types, as used here)."""
     try:
         import mcp.client.streamable_http as transport
         import mcp.shared.message as message
@@ -2558,7 +2559,8 @@ class HttpUpstream(Upstream):
         self.sdk = _mcp_sdk()
         if self.sdk is None:
             raise ConfigError(f"server {quote(self.name)} has a url; HTTP servers need the "
-                              f"optional mcp package: python3 -m pip install mcp")
+                              f"optional mcp package, version 2 or later: python3 -m pip "
+                              f"install --upgrade mcp")
         self.loop = self.sdk["asyncio"].new_event_loop()
         self.loop.set_exception_handler(lambda loop, context: None)
         self.stop = self.loop.create_future()

@@ -311,7 +311,8 @@ def test_without_the_mcp_package_a_url_server_is_refused_in_one_sentence(workdir
     config = config_for(workdir, f"http://127.0.0.1:{free_port()}/mcp")
     for command in ("pin", "check"):
         done = run_agentgate(command, "-config", str(config), env={"PYTHONPATH": str(fake)})
-        one_line_error(done, 'server "bank" has a url', "optional mcp package", "python3 -m pip install mcp")
+        one_line_error(done, 'server "bank" has a url', "optional mcp package",
+                       "python3 -m pip install --upgrade mcp")
 
 
 def test_the_mcp_package_is_not_imported_until_a_url_server_starts():
