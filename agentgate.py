@@ -862,9 +862,9 @@ _ENV_REFERENCE_RE = re.compile(r"\$\{([^}]*)\}")
 
 
 def _url_server(raw, where, url):
-    """The headers of a server reached by url, each `${NAME}` replaced by that variable of
-    agentgate's own environment, so a secret is never written in the config. A header's value
-    appears in no message: it may be a secret."""
+    """Check what only a server reached by url has; return its headers, each `${NAME}`
+    replaced by that variable of agentgate's own environment, so a secret is never written in
+    the config. No message shows a header's value: it may be a secret."""
     from urllib.parse import urlsplit
     for field in ("env", "inherit_env", "cwd"):
         if field in raw:
@@ -888,17 +888,15 @@ def _url_server(raw, where, url):
     for name, value in given.items():
         if not _HEADER_NAME_RE.match(name):
             raise ConfigError(f"{where}.headers: {quote(name)} is not a header name")
-
-        def variable(match, name=name):
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", match.group(1)):
-                raise ConfigError(f"{where}.headers.{name} names {quote(match.group(0))}; a "
-                                  f"variable is written ${{NAME}} with letters, digits and '_'")
-            if match.group(1) not in os.environ:
+        for variable in _ENV_REFERENCE_RE.findall(value):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", variable):
+                raise ConfigError(f"{where}.headers.{name} names {quote('${' + variable + '}')}"
+                                  f"; a variable is written ${{NAME}} with letters, digits and "
+                                  f"'_'")
+            if variable not in os.environ:
                 raise ConfigError(f"{where}.headers.{name} names the environment variable "
-                                  f"{match.group(1)}, which is not set: set it where agentgate "
-                                  f"runs")
-            return os.environ[match.group(1)]
-        headers[name] = _ENV_REFERENCE_RE.sub(variable, value)
+                                  f"{variable}, which is not set: set it where agentgate runs")
+        headers[name] = _ENV_REFERENCE_RE.sub(lambda m: os.environ[m.group(1)], value)
         if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", headers[name]):
             raise ConfigError(f"{where}.headers.{name} holds a control character (a line "
                               f"break, say), which no header may carry; fix its value")
