@@ -68,6 +68,7 @@ from kit import (  # noqa: E402
     run_in_hint,
     said,
     write_config,
+    write_private,
 )
 
 SERVER_SCRIPT = Path(__file__).resolve().parent / "http_server.py"
@@ -417,9 +418,11 @@ def test_a_server_that_stopped_listening_executes_nothing(workdir, sdk_server):
 
 def test_nothing_listening_fails_pin_and_check_saying_nothing_was_sent(workdir):
     config = config_for(workdir, f"http://127.0.0.1:{free_port()}/mcp")
-    done = run_agentgate("pin", "-config", str(config))
-    one_line_error(done, 'server "bank": connect: cannot reach http://127.0.0.1:', "nothing was sent")
+    reached = 'server "bank": connect: cannot reach http://127.0.0.1:'
+    one_line_error(run_agentgate("pin", "-config", str(config)), reached, "nothing was sent")
     assert not (workdir / "bank.manifest.json").exists()
+    write_private(workdir / "bank.manifest.json", json.dumps({"server": "bank", "tools": {}}))
+    one_line_error(check(config), reached, "nothing was sent")
 
 
 PAY_TOOLS = '[{"name":"pay","description":"Pay someone.","inputSchema":{"type":"object","properties":' \
