@@ -417,7 +417,7 @@ def test_a_server_that_stopped_listening_executes_nothing(workdir, sdk_server):
 
 
 def test_nothing_listening_fails_pin_and_check_saying_nothing_was_sent(workdir):
-    config = config_for(workdir, f"http://127.0.0.1:{free_port()}/mcp")
+    config = config_for(workdir, f"http://127.0.0.1:{free_port()}/mcp", {})
     reached = 'server "bank": connect: cannot reach http://127.0.0.1:'
     one_line_error(run_agentgate("pin", "-config", str(config)), reached, "nothing was sent")
     assert not (workdir / "bank.manifest.json").exists()
