@@ -454,7 +454,8 @@ def test_a_payment_that_outlives_its_timeout_is_unknown_and_closing_does_not_wai
     text = expect(gate.call("bank_pay", KIM), "UNKNOWN_OUTCOME", is_error=False)
     assert "timed out" in text and "may have" in text, text
     assert only_pending(workdir)["capability"]["interrupted"]["ended"] == "timed_out"
-    calls = [m for _, m in server.requests if m and m.get("method") == "tools/call"]
+    calls = wait_for(lambda: [m for _, m in server.requests if m and m.get("method") == "tools/call"],
+                     DEADLINE, message="the call at the server")
     assert len(calls) == 1 and calls[0]["params"] == {"name": "pay", "arguments": KIM}
     wait_for(lambda: any(m and m.get("method") == "notifications/cancelled" and
                          m["params"]["requestId"] == calls[0]["id"] for _, m in server.requests),
@@ -539,7 +540,9 @@ def test_connect_timeout_bounds_an_initialize_that_never_answers(workdir, script
     config = config_for(workdir, server.url, connect_timeout="3s")
     done = run_agentgate("pin", "-config", str(config))
     one_line_error(done, 'server "bank": connect: timed out after 3s')
-    assert [message["method"] for _, message in server.requests] == ["initialize"]
+    # Only the initialize was a request (the cancel notice after it may or may not arrive
+    # before agentgate exits).
+    assert [m["method"] for _, m in server.requests if m and "id" in m] == ["initialize"]
 
 
 EVENT_SHAPES = {
