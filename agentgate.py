@@ -27,7 +27,7 @@ Sections, in the order data flows through them:
      2. Text                  durations, the sanitizer, times
      3. Configuration         the file, its checks, the policy identity
      4. Store                 the only place SQL lives
-     5. Upstream client       a stdio MCP server as agentgate's child
+     5. Upstream client       an MCP server: agentgate's child, or reached over HTTP
      6. Schema validation     the subset of JSON Schema real servers use
      7. Pin and load          manifests, the load checks, the report
      8. Policy                on what a call does: conditions, entries, limits, grants
@@ -703,8 +703,9 @@ def log(message):
 # Promises: a config is used only if it is a regular file owned by this user that nobody else
 # can write; it passes the canonical boundary check (so a repeated key cannot be read two
 # ways); every unknown field anywhere is refused with its path; a server whose arguments reach
-# the files the gate's decisions depend on is refused unless the operator says otherwise.
-# Every refusal is one sentence naming the field and what to do.
+# the files the gate's decisions depend on is refused unless the operator says otherwise; a
+# server reached by url takes its header values from agentgate's environment (`${NAME}`), and
+# no message shows one. Every refusal is one sentence naming the field and what to do.
 # =============================================================================================
 
 SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation", "destructive")
@@ -804,9 +805,9 @@ class Rule:
 
 
 class Server:
-    """One upstream MCP server, as configured."""
+    """One upstream MCP server, as configured: a command agentgate starts, or a url it reaches."""
 
-    FIELDS = ("name", "command", "endpoint", "env", "inherit_env", "connect_timeout",
+    FIELDS = ("name", "command", "url", "headers", "env", "inherit_env", "connect_timeout",
               "default_timeout", "manifest", "rules", "skip_path_check", "cwd")
 
     def __init__(self, raw, where, base):
@@ -819,16 +820,20 @@ class Server:
                               f"'_' or '-'")
         where = f'server "{self.name}"'
         self.command = raw.get("command")
-        self.endpoint = _string(raw, "endpoint", where)
-        if (self.command is None) == (not self.endpoint):
-            raise ConfigError(f"{where} needs exactly one of command (an argv list) or endpoint")
-        if self.endpoint:
-            raise ConfigError(f"{where}.endpoint: HTTP servers are not supported yet; start the "
-                              f"server over stdio with command")
-        if (not isinstance(self.command, list) or not self.command
+        self.url = _string(raw, "url", where)
+        self.headers = {}
+        if (self.command is None) == (not self.url):
+            raise ConfigError(f"{where} needs exactly one of command (an argv list) or url (an "
+                              f"http:// or https:// address)")
+        if self.url:
+            self.headers = _url_server(raw, where, self.url)
+        elif (not isinstance(self.command, list) or not self.command
                 or not all(isinstance(a, str) for a in self.command)):
             raise ConfigError(f'{where}.command must be a non-empty list of strings, such as '
                               f'["node", "server.js"]')
+        elif "headers" in raw:
+            raise ConfigError(f"{where}.headers is sent only to a server reached by url; give "
+                              f"a command server its secrets through env")
         self.env = _names(raw, "env", where)
         for entry in self.env:
             if "=" not in entry or entry.startswith("="):
@@ -872,6 +877,52 @@ class Server:
             name, _, value = entry.partition("=")
             env[name] = value
         return env
+
+
+_HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_ENV_REFERENCE_RE = re.compile(r"\$\{([^}]*)\}")
+
+
+def _url_server(raw, where, url):
+    """Check what only a server reached by url has; return its headers, each `${NAME}`
+    replaced by that variable of agentgate's own environment, so a secret is never written in
+    the config. No message shows a header's value: it may be a secret."""
+    from urllib.parse import urlsplit
+    for field in ("env", "inherit_env", "cwd"):
+        if field in raw:
+            raise ConfigError(f"{where}.{field} means nothing for a server reached by url (no "
+                              f"process is started); remove it, and send secrets as headers")
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        parts = None
+    if not parts or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}.url must be an http:// or https:// address, such as "
+                          f'"http://127.0.0.1:8000/mcp"')
+    if "@" in parts.netloc:  # the url is shown in messages; a password in it would be too
+        raise ConfigError(f"{where}.url must not carry a user or password; send credentials "
+                          f"as a header whose value names an environment variable")
+    given = raw.get("headers", {})
+    if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
+        raise ConfigError(f'{where}.headers must be an object of header name to string, such as '
+                          f'{{"Authorization": "Bearer ${{TOKEN}}"}}')
+    headers = {}
+    for name, value in given.items():
+        if not _HEADER_NAME_RE.match(name):
+            raise ConfigError(f"{where}.headers: {quote(name)} is not a header name")
+        for variable in _ENV_REFERENCE_RE.findall(value):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", variable):
+                raise ConfigError(f"{where}.headers.{name} names {quote('${' + variable + '}')}"
+                                  f"; a variable is written ${{NAME}} with letters, digits and "
+                                  f"'_'")
+            if variable not in os.environ:
+                raise ConfigError(f"{where}.headers.{name} names the environment variable "
+                                  f"{variable}, which is not set: set it where agentgate runs")
+        headers[name] = _ENV_REFERENCE_RE.sub(lambda m: os.environ[m.group(1)], value)
+        if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", headers[name]):
+            raise ConfigError(f"{where}.headers.{name} holds a control character (a line "
+                              f"break, say), which no header may carry; fix its value")
+    return headers
 
 
 class Config:
@@ -1126,7 +1177,7 @@ def check_reach(config):
             continue
         if server.cwd_given and reaches(server.cwd):
             refuse(f"cwd {quote(server.cwd_given)}", server.cwd)
-        for arg in server.command[1:]:
+        for arg in (server.command or [])[1:]:  # a server reached by url has no arguments
             for candidate in _reach_candidates(arg):
                 candidate = os.path.join(server.cwd, candidate)
                 if reaches(candidate):
@@ -2112,8 +2163,10 @@ class Store:
 # =============================================================================================
 # 5. Upstream client
 #
-# Owns: one configured server as a child process speaking newline-delimited JSON-RPC, and the
-# requests agentgate sends it.
+# Owns: one configured server as a child process speaking newline-delimited JSON-RPC, or
+# reached by url over Streamable HTTP through the optional mcp package, and the requests
+# agentgate sends it. Both present one interface (start, list_tools, request, close), so the
+# sections below cannot tell them apart.
 # Promises: the child gets only PATH, HOME, TMPDIR and what the operator names; it runs in its
 # own process group and, on Linux, dies with agentgate even when agentgate is killed with
 # SIGKILL; connecting, listing and loading share one deadline and a timeout names its step;
@@ -2124,7 +2177,12 @@ class Store:
 # that does not take in a message by it is stopped (the error says whether any byte reached
 # it); a dead server fails every later call at once, naming the server. Closing is
 # idempotent and never waits on a server: stdin closed, a short wait, SIGTERM, then SIGKILL
-# to the whole group.
+# to the whole group. Over HTTP the same holds, and: every answer is read from the bytes the
+# server sent, by parse, never from the SDK's decoding, so number literals survive; what
+# agentgate sends is its own canonical encoding; no redirect is followed; a response past
+# the message cap fails its request; a request's error says whether it reached the server
+# (refused connection: it did not, so nothing executed; a connection lost after sending: it
+# may have executed). The mcp package is imported only when such a server starts.
 # =============================================================================================
 
 CLIENT_INFO = {"name": "agentgate", "version": VERSION}
@@ -2228,6 +2286,7 @@ class Upstream:
         self.closed = None
         self.stderr_tail = b""
         self.stderr_done = threading.Event()
+        self.protocol = None
         # Called (on the reading thread, so it must not block) when the server says its
         # tools changed; set once the gate serves. `pinned`: its manifest's tools, from load.
         self.on_list_changed = None
@@ -2266,6 +2325,7 @@ class Upstream:
         if not isinstance(result, dict):
             raise UpstreamError(self.describe("connect", "the server's initialize answer is "
                                               "not an object"))
+        self.protocol = result.get("protocolVersion")  # HTTP names it on every later message
         self.notify("notifications/initialized", {})
 
     def close(self):
@@ -2517,6 +2577,324 @@ class Upstream:
             seen_cursors.add(cursor)
         raise UpstreamError(self.describe("list tools", f"the listing runs past "
                                           f"{MAX_TOOL_PAGES} pages"))
+
+
+def new_upstream(server):
+    return HttpUpstream(server) if server.url else Upstream(server)
+
+
+# Over HTTP the SDK's client keeps the session (its id, the protocol header, the message
+# kinds); agentgate keeps what decides an outcome, in _HttpTap, the HTTP transport under the
+# SDK's client: the bytes sent, the bytes answered, and whether a request reached the server.
+MESSAGE_TOKEN = "x-agentgate-message"  # names a message's bytes; removed before sending
+CLOSE_SECONDS = 2
+
+
+@functools.lru_cache(maxsize=1)
+def _mcp_sdk():
+    """The optional mcp package's pieces, imported on first use only: an HTTP server in the
+    config must not slow a start that has none. None when it is not installed, or is older
+    than version 2 (whose client is built on httpx2 and mcp_types, as used here)."""
+    try:
+        import mcp.client.streamable_http as transport
+        import mcp.shared.message as message
+        import mcp_types
+        import httpx2
+        import asyncio
+        import logging
+    except ImportError:
+        return None
+    # The SDK reports what it survives through logging, which would print tracebacks on
+    # agentgate's stderr; every outcome it reports reaches agentgate through _HttpTap.
+    for name in ("mcp", "httpx2"):
+        logging.getLogger(name).addHandler(logging.NullHandler())
+        logging.getLogger(name).propagate = False
+    return {"client": transport.streamable_http_client, "message": message.SessionMessage,
+            "metadata": message.ClientMessageMetadata, "types": mcp_types, "httpx": httpx2,
+            "asyncio": asyncio}
+
+
+class HttpUpstream(Upstream):
+    """A connected MCP server over Streamable HTTP, on one event loop in one thread of its own.
+
+    Requests, answers, deadlines and listing are Upstream's; only the way a message travels
+    differs. Answers reach Upstream._dispatch from _HttpTap as the bytes the server sent."""
+
+    def __init__(self, server):
+        super().__init__(server)
+        self.sdk = self.loop = self.thread = self.task = self.stop = self.writer = None
+        self.outgoing = {}  # token -> (request id or None, bytes), until _HttpTap takes it
+
+    def spawn(self):
+        self.sdk = _mcp_sdk()
+        if self.sdk is None:
+            raise ConfigError(f"server {quote(self.name)} has a url; HTTP servers need the "
+                              f"optional mcp package, version 2 or later: python3 -m pip "
+                              f"install --upgrade mcp")
+        self.loop = self.sdk["asyncio"].new_event_loop()
+        self.loop.set_exception_handler(lambda loop, context: None)
+        self.stop = self.loop.create_future()
+        opened = threading.Event()
+        self.task = self.loop.create_task(self._session(opened))
+        self.thread = threading.Thread(target=self._run, args=(self.loop,), daemon=True)
+        self.thread.start()
+        # Opening the client touches no network; the first request is the first connection.
+        opened.wait(timeout=OWN_WRITE_SECONDS)
+
+    def _run(self, loop):
+        try:
+            loop.run_until_complete(self.task)
+        except BaseException:
+            pass  # how each request ended was already handed to it
+        finally:
+            loop.close()
+
+    async def _session(self, opened):
+        httpx, asyncio = self.sdk["httpx"], self.sdk["asyncio"]
+        # No timeout of the library's own but connecting: every request waits with its own
+        # deadline, as over stdio. max_redirects=0: the SDK follows none.
+        timeout = httpx.Timeout(None, connect=self.server.connect_timeout / SECOND)
+        try:
+            async with httpx.AsyncClient(transport=_HttpTap(self), headers=self.server.headers,
+                                         timeout=timeout, max_redirects=0) as client, \
+                    self.sdk["client"](self.server.url, http_client=client,
+                                       max_sse_event_size=MAX_MESSAGE_BYTES) as (reader, writer):
+                self.writer = writer
+                opened.set()
+                drain = asyncio.ensure_future(self._drain(reader))
+                try:
+                    await self.stop
+                finally:
+                    drain.cancel()
+        finally:
+            with self.lock:
+                self.writer = None
+                self.closed = self.closed or "the connection to the server ended"
+                self._fail_all(self.closed)
+            opened.set()
+
+    @staticmethod
+    async def _drain(reader):
+        # What the SDK decoded is not used: _HttpTap has handed each answer over as bytes.
+        async for _ in reader:
+            pass
+
+    def _send(self, message, deadline):
+        """Hand one message to the SDK by `deadline`. It reaches the server only if _HttpTap
+        takes its bytes; a message withdrawn before that was not sent."""
+        with self.lock:
+            writer, loop = self.writer, self.loop
+            if writer is None or self.closed:
+                raise UpstreamError(self.closed or "the connection is closed", sent=False)
+            self.next_id += 1
+            token = str(self.next_id)
+            ident = message["id"] if "method" in message and "id" in message else None
+            self.outgoing[token] = (ident, canonical(message))
+        headers = {MESSAGE_TOKEN: token}
+        if self.protocol:
+            headers["mcp-protocol-version"] = self.protocol
+        # The SDK is given the message's kind only (request, notification or answer, for its
+        # session keeping); _HttpTap sends agentgate's own bytes in its place.
+        stand_in = {"jsonrpc": "2.0"}
+        if "method" in message:
+            stand_in["method"] = message["method"]
+        else:
+            stand_in["result"] = {}
+        if "id" in message:
+            stand_in["id"] = message["id"] if isinstance(message["id"], (int, str)) else 0
+        item = self.sdk["message"](self.sdk["types"].jsonrpc_message_adapter.validate_python(
+            stand_in), metadata=self.sdk["metadata"](headers=headers))
+        sending = writer.send(item)
+        try:
+            future = self.sdk["asyncio"].run_coroutine_threadsafe(sending, loop)
+        except RuntimeError:  # the loop ended as this began: closed meanwhile
+            sending.close()
+            future = None
+        if future and threading.current_thread() is self.thread:
+            return  # an answer to the server's own request, from the loop: it cannot wait here
+        try:
+            if future:
+                future.result(timeout=deadline.left())
+                return
+        except TimeoutError:
+            future.cancel()
+        except Exception:
+            pass  # the SDK's client has ended
+        with self.lock:
+            if self.outgoing.pop(token, None) is None:
+                return  # taken as the wait ended: it went out, and its answer is awaited
+        raise UpstreamError(self.closed or f"timed out after {format_duration(deadline.ns)}, "
+                                           f"before the message was sent", sent=False,
+                            timed_out=not self.closed)
+
+    def close(self):
+        """Fail what waits, end the session (the SDK ends it politely if it can), and never
+        wait on the server longer than a few seconds."""
+        with self.lock:
+            self.closed = self.closed or "the connection was closed"
+            self._fail_all(self.closed)
+            loop, self.loop = self.loop, None
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(lambda: self.stop.done() or self.stop.set_result(None))
+        except RuntimeError:
+            return  # the loop has already ended
+        self.thread.join(CLOSE_SECONDS)
+        if self.thread.is_alive():
+            try:
+                loop.call_soon_threadsafe(self.task.cancel)
+            except RuntimeError:
+                return
+            self.thread.join(CLOSE_SECONDS)
+
+    def tail(self):
+        return ""
+
+
+class _HttpTap:
+    """The HTTP transport under the SDK's client, on the session's event loop.
+
+    A POST carries agentgate's canonical bytes in place of the SDK's encoding; its answer is
+    read here in full (at most MAX_MESSAGE_BYTES), each JSON-RPC message in it handed to the
+    upstream as bytes, then given to the SDK as read. A request whose answer holds no message
+    for it learns here what became of it, so it never waits for its deadline. No standalone
+    stream is opened (a GET is answered 405 here): a server's unprompted messages are not
+    acted on, as over stdio."""
+
+    def __init__(self, upstream):
+        self.upstream = upstream
+        self.httpx = upstream.sdk["httpx"]
+        self.inner = self.httpx.AsyncHTTPTransport()
+
+    async def __aenter__(self):
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.inner.__aexit__(*exc)
+
+    async def aclose(self):
+        await self.inner.aclose()
+
+    async def handle_async_request(self, request):
+        upstream = self.upstream
+        if request.method == "GET":
+            return self.httpx.Response(405, request=request)
+        ident, body = None, None
+        token = request.headers.get(MESSAGE_TOKEN)
+        if token is not None:
+            with upstream.lock:
+                ident, body = upstream.outgoing.pop(token, (None, None))
+            if body is None:
+                return self.httpx.Response(204, request=request)  # withdrawn: never sent
+            # Read as sent: compressed bytes could not be read as they arrive.
+            headers = [(k, v) for k, v in request.headers.multi_items()
+                       if k.lower() not in (MESSAGE_TOKEN, "content-length", "accept-encoding")]
+            request = self.httpx.Request(request.method, request.url, content=body,
+                                         headers=headers + [("accept-encoding", "identity")],
+                                         extensions=request.extensions)
+        try:
+            response = await self.inner.handle_async_request(request)
+        except (self.httpx.ConnectError, self.httpx.ConnectTimeout) as err:
+            upstream._deliver(ident, error=UpstreamError(
+                f"cannot reach {upstream.server.url} ({clean(str(err), 200) or type(err).__name__}"
+                f"), so nothing was sent", sent=False))
+            raise
+        except Exception as err:
+            upstream._deliver(ident, error=self._lost(err))
+            raise
+        try:
+            data, too_big = await self._read(response)
+        except Exception as err:
+            upstream._deliver(ident, error=self._lost(err))
+            raise
+        finally:
+            await response.aclose()
+        status = response.status_code
+        if too_big:
+            upstream._deliver(ident, error=UpstreamError(
+                f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes", unusable=True))
+        elif 300 <= status < 400:
+            upstream._deliver(ident, error=UpstreamError(
+                f"the server answered with a redirect (HTTP {status}) to "
+                f"{quote(clean(response.headers.get('location', ''), 200))}, which is not "
+                f"followed: if that is the server, make it the url", answered=True))
+        elif status >= 400:
+            upstream._deliver(ident, error=UpstreamError(
+                f"the server answered HTTP {status}", answered=True))
+        else:  # the request reached the server, and no answer to it came back
+            upstream._deliver(ident, error=UpstreamError(
+                "the server ended its HTTP answer without a result"))
+        headers = [(k, v) for k, v in response.headers.multi_items()
+                   if k.lower() not in ("content-length", "transfer-encoding")]
+        return self.httpx.Response(status, headers=headers, content=data, request=request,
+                                   extensions=response.extensions)
+
+    @staticmethod
+    def _lost(err):
+        return UpstreamError(f"the connection was lost before the server answered "
+                             f"({type(err).__name__})")
+
+    async def _read(self, response):
+        """The body, its messages handed over as each completes (a server's request in the
+        middle of an answer is answered at once); past the cap, nothing more is read."""
+        events = _EventStream() if response.headers.get("content-type", "").lower() \
+            .startswith("text/event-stream") else None
+        chunks, size = [], 0
+        async for chunk in response.stream:
+            size += len(chunk)
+            if size > MAX_MESSAGE_BYTES:
+                return b"", True
+            chunks.append(chunk)
+            for message in events.feed(chunk) if events else ():
+                self.upstream._dispatch(message)
+        data = b"".join(chunks)
+        for message in events.feed(b"", final=True) if events else [data]:
+            if message.strip():
+                self.upstream._dispatch(message)
+        return data, False
+
+
+class _EventStream:
+    """Server-sent events fed in chunks of any size: the data of each event named `message` or
+    unnamed, as bytes, the way the SDK reads them (data lines joined by \\n, comments
+    skipped); an event the stream ends inside still counts."""
+
+    _LINE_END = re.compile(rb"\r\n|\r|\n")
+
+    def __init__(self):
+        self.partial, self.after_cr, self.data, self.event = [], False, [], b""
+
+    def feed(self, chunk, final=False):
+        # Only the new chunk is searched for line ends, so a long line costs its length once.
+        if self.after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]  # the second half of a \r\n split between chunks
+            self.after_cr = False
+        if chunk:
+            self.after_cr = chunk.endswith(b"\r")
+        pieces = self._LINE_END.split(chunk)
+        self.partial.append(pieces[0])
+        lines = []
+        if len(pieces) > 1:
+            lines = [b"".join(self.partial), *pieces[1:-1]]
+            self.partial = [pieces[-1]]
+        if final:
+            lines += [b"".join(self.partial), b""]
+            self.partial = []
+        messages = []
+        for line in lines:
+            if not line:
+                if self.data and self.event in (b"", b"message"):
+                    messages.append(b"\n".join(self.data))
+                self.data, self.event = [], b""
+                continue
+            field, _, value = line.partition(b":")
+            if field == b"data":
+                self.data.append(value[1:] if value.startswith(b" ") else value)
+            elif field == b"event":
+                self.event = value.strip()
+        return messages
 
 
 def _signal_group(pid, sig):
@@ -3369,7 +3747,7 @@ def manifest_entry(tool):
 def connect(server):
     """Start and initialize a server; the caller closes it."""
     deadline = Deadline(server.connect_timeout)
-    upstream = Upstream(server)
+    upstream = new_upstream(server)
     try:
         upstream.start(deadline)
         return upstream, deadline
@@ -3788,7 +4166,7 @@ def load_all(config, while_starting=None):
     upstreams, tools, reports = [], [], []
     try:
         for server in config.servers:
-            upstreams.append(Upstream(server))
+            upstreams.append(new_upstream(server))
             upstreams[-1].spawn()
         if while_starting:
             while_starting()

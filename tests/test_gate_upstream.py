@@ -24,8 +24,8 @@ ignored, an answer larger than the cap or not usable JSON fails only that call.
 N/A:
 - transport_test.go TestLimitedTransport_*, TestHTTPClient_*, TestPin_OverStreamableHTTPReadsTheRawSchema,
   TestPin_OversizedHTTPResponseFails, TestMessageTap_*; security_test.go TestHTTP_RedirectIsNotFollowed,
-  TestMessageTap_SkipsEventsTheSDKIgnores: streamable HTTP upstreams are not supported (a config
-  with `endpoint` is refused).
+  TestMessageTap_SkipsEventsTheSDKIgnores: HTTP upstreams, ported (or marked N/A with the reason)
+  in test_http_upstream.py.
 - transport_test.go TestStdio_StderrTailIsInAFailedConnect's "operator supplies its own stderr
   writer" half and TestChildEnv_* on darwin/windows: a Go API option and other platforms.
 - connect_timeout_test.go TestPhaseErr_NamesTheStepOnlyWhenItsOwnDeadlineFired: a Go-internal
