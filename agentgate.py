@@ -7699,7 +7699,12 @@ def cmd_init(argv):
             try:
                 Server(server, f"server {quote(name)}", os.path.dirname(path))
             except ConfigError as err:
-                left.append((file, given, str(err)))
+                moved = [value[2:-1] for header, value in server.get("headers", {}).items()
+                         if value != entry["headers"][header]]
+                left.append((file, given, str(err) if not moved else (
+                    f"its headers are written in the host's file, and agentgate reads a "
+                    f"header's value only from its environment: set {', '.join(moved)} to "
+                    f"them where agentgate runs, then run init again")))
                 continue
             servers.append(server)
             gated[(file.path, given)] = server

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from conftest import AGENTGATE, Host, filesystem_server_argv
 from kit import agentgate
+from test_http_upstream import sdk_server  # noqa: F401 (fixture)
 
 SECRET = "tok-91c2e7-do-not-print"
 
@@ -189,3 +190,24 @@ def test_write_replaces_the_gated_servers_in_the_host_file_and_keeps_a_backup(wo
     again = agentgate("init", "-from", str(source), "-config", str(workdir / "second.json"), "-write")
     assert again.returncode == 1 and "no server could be gated" in again.stderr, again
     assert backup.read_bytes() == before
+
+
+def test_a_url_server_is_gated_with_its_headers_read_from_the_environment(workdir, sdk_server):
+    sdk = sdk_server()
+    source = host_file(workdir / "mcp.json", {
+        "remote": {"type": "http", "url": sdk.url, "headers": {"X-Api-Key": "${REMOTE_KEY}"}},
+        "written": {"url": sdk.url, "headers": {"X-Api-Key": SECRET}},
+        "nowhere": {"url": "http://127.0.0.1:9/mcp"},
+    })
+    done = init(workdir, "-from", str(source), env={"REMOTE_KEY": "key-from-the-environment"})
+    assert done.returncode == 0, done
+    no_traceback(done)
+    assert SECRET not in done.stdout + done.stderr
+    (remote,) = config_of(workdir)["servers"]
+    assert remote["url"] == sdk.url and remote["headers"] == {"X-Api-Key": "${REMOTE_KEY}"}
+    assert remote["rules"]["balance"] == {"side_effect": "read_only", "proposed": True}
+    written = next(line for line in done.stdout.splitlines() if ": written: " in line)
+    assert "AGENTGATE_WRITTEN_X_API_KEY" in written and "environment" in written, written
+    nowhere = next(line for line in done.stdout.splitlines() if ": nowhere: " in line)
+    assert "could not be pinned" in nowhere, nowhere
+    assert SECRET not in (workdir / "gate" / "config.json").read_text()
