@@ -398,10 +398,13 @@ def canonical(value):
     return _encoded(value, True).encode("utf-8")
 
 
+FLAT_WIDTH = 72
+
+
 def pretty_json(value, indent="  ", level=0, flat=None):
     """The policy form, indented for people: manifests and operator JSON output; values
-    nested `flat` levels deep stay on one line."""
-    if flat is not None and level >= flat:
+    nested `flat` levels deep stay on one line when it is short."""
+    if flat is not None and level >= flat and len(policy_json(value)) <= FLAT_WIDTH:
         return policy_json(value)
     if isinstance(value, dict) and value:
         inner = indent * (level + 1)

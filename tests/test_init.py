@@ -211,3 +211,27 @@ def test_a_url_server_is_gated_with_its_headers_read_from_the_environment(workdi
     nowhere = next(line for line in done.stdout.splitlines() if ": nowhere: " in line)
     assert "could not be pinned" in nowhere, nowhere
     assert SECRET not in (workdir / "gate" / "config.json").read_text()
+
+
+def test_accepting_keeps_every_hand_written_rule_as_it_was(workdir):
+    source = host_file(workdir / "claude_desktop_config.json", {"bank": bank_entry(workdir)})
+    assert init(workdir, "-from", str(source)).returncode == 0
+    path = workdir / "gate" / "config.json"
+    raw = json.loads(path.read_text())
+    pay = {"side_effect": "remote_mutation", "timeout": "20s",
+           "when": [{"if": {"/amount": {"min": "0.01", "max": "50.00"}}, "outcome": "allow",
+                     "reason": "a small payment, written by hand and long enough to need lines"}],
+           "limits": [{"sum": "/amount", "max": "100.00", "per": "24h"}]}
+    raw["servers"][0]["rules"]["pay"] = pay
+    path.write_text(json.dumps(raw))
+    accepted = agentgate("check", "-accept", "-config", str(path))
+    assert accepted.returncode == 0, accepted
+    after = json.loads(path.read_text())
+    assert after["servers"][0]["rules"] == {"balance": {"side_effect": "read_only"}, "pay": pay,
+                                            "refund": {"side_effect": "remote_mutation"}}
+    assert {k: v for k, v in after.items() if k != "servers"} == {k: v for k, v in raw.items() if k != "servers"}
+    assert "bank: registered pay as bank_pay (remote_mutation)" in accepted.stdout
+    # a short rule stays on one line, a long one is laid out
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    assert '"balance": {"side_effect":"read_only"},' in lines
+    assert '"reason": "a small payment, written by hand and long enough to need lines"' in lines
