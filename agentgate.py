@@ -3646,14 +3646,16 @@ def _validate_object(schema, value, root, where):
 # =============================================================================================
 # 7. Pin and load
 #
-# Owns: the manifest (what a server presented when the operator pinned it) and the checks
-# that decide, at every start, which upstream tools the host is offered.
-# Promises: a tool is offered only if it is pinned, classified by a rule, and presents today
-# exactly the schema and description it presented at the pin; its annotations do not
-# contradict its class (unless the operator allows it); it has a timeout and a usable name;
-# its schema is self-contained and usable; what the rule hides is soundly hidden. Each refusal
-# refuses only that tool and says why in the report. Server-chosen names are sanitized in
-# every report line.
+# Owns: the manifest (what a server presented when the operator pinned it), what differs
+# from it now, the lint of the texts a model reads of a tool, and the checks that decide, at
+# every start, which upstream tools the host is offered.
+# Promises: a tool is offered only if it is pinned, classified by a rule that is not an
+# unreviewed proposal, and presents today exactly the schema and description it presented at
+# the pin; its annotations do not contradict its class (unless the operator allows it); a high
+# lint finding is accepted by the rule for exactly that text; its name is usable; its schema
+# is self-contained and usable; what the rule hides is soundly hidden. Each refusal refuses
+# only that tool and says why in the report. Server-chosen names are sanitized in every
+# report line.
 # =============================================================================================
 
 HINT_NAMES = (("readOnlyHint", "readOnly"), ("destructiveHint", "destructive"),
@@ -5859,15 +5861,16 @@ def operator_hint(config_file, database=""):
 #
 # Owns: the host's side of the conversation over stdin and stdout: framing, the handshake,
 # tools/list, tools/call (on a pool of worker threads, at most MAX_IN_FLIGHT calls at once: the
-# thread that read a call runs it, and another takes up the reading), cancellation, and
-# shutdown.
+# thread that read a call runs it, and another takes up the reading), cancellation, a
+# server's change of its tools while serving (ToolWatch), and shutdown.
 # Promises: stdout carries only protocol, one JSON-RPC message per line, written as bytes under
 # one lock; the first request is answered at once, even while the upstream servers are still
 # being started; every request gets exactly one well-formed answer: a malformed or oversized
 # line, a batch member that is not a request, or an id that cannot be echoed as JSON gets a
 # JSON-RPC error (id null where the id cannot be echoed) and the session goes on; past the
 # bound, a request is told the gate is busy; unknown methods (server/discover among them) get
-# -32601 at once; on stdin closing, SIGINT or SIGTERM no new call starts, holds end, calls in
+# -32601 at once; a tool its server changed while serving is no longer offered, and the host is
+# told once; on stdin closing, SIGINT or SIGTERM no new call starts, holds end, calls in
 # flight finish and are recorded, then the upstream servers are closed and the process exits
 # 0.
 # =============================================================================================
