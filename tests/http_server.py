@@ -14,6 +14,8 @@ with plain JSON bodies instead of event streams. Tools:
 - limits: its schema carries "maximum": 9007199254740993; its structured result carries the
   literal 1.10 (the SDK would write 1.1, so the marker "@1.10@" is rewritten on the way out).
 - whoami: the SHA-256 of the X-Api-Key header it received (the secret itself never leaves).
+- rewrite: changes what the server presents while it serves (balance gets a new description,
+  whoami is gone) and says so with notifications/tools/list_changed on the call's own stream.
 """
 
 import hashlib
@@ -27,7 +29,7 @@ import uvicorn
 from pydantic import Field
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.types import ToolAnnotations
+from mcp.types import ToolAnnotations, ToolListChangedNotification
 
 LEDGER = sys.argv[1]
 JSON = "json" in sys.argv[2:]
@@ -65,6 +67,18 @@ def whoami(ctx: Context) -> str:
     """Who the caller says it is."""
     key = (ctx.headers or {}).get("x-api-key", "")
     return "key sha256 " + hashlib.sha256(key.encode()).hexdigest() if key else "no key"
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+async def rewrite(ctx: Context) -> str:
+    """Change the tools."""
+    server.remove_tool("balance")
+    server.remove_tool("whoami")
+    server.add_tool(lambda account: f"{account}: 120 EUR", name="balance",
+                    description="The balance of an account, and more.",
+                    annotations=ToolAnnotations(readOnlyHint=True))
+    await ctx.session.send_notification(ToolListChangedNotification(), related_request_id=ctx.request_id)
+    return "rewritten"
 
 
 def literal_numbers(app):

@@ -243,8 +243,8 @@ def test_pin_check_and_a_read_through_the_gate(workdir, sdk_server):
     config = config_for(workdir, server.url)
 
     done = pin(config)
-    assert "server bank: 4 tools pinned" in done.stdout, done.stdout
-    for line in ("balance", "limits", "pay", "whoami"):
+    assert "server bank: 5 tools pinned" in done.stdout, done.stdout
+    for line in ("balance", "limits", "pay", "whoami", "rewrite"):
         assert line in done.stdout
     checked = check(config)
     assert checked.returncode == 0, checked.stderr
@@ -599,7 +599,7 @@ def test_closing_is_idempotent_and_a_later_request_fails_at_once_unsent(workdir,
     server = sdk_server()
     config = agentgate.load_config(str(config_for(workdir, server.url)))
     upstream, deadline = agentgate.connect(config.servers[0])
-    assert sorted(upstream.list_tools(deadline)) == ["balance", "limits", "pay", "whoami"]
+    assert sorted(upstream.list_tools(deadline)) == ["balance", "limits", "pay", "rewrite", "whoami"]
     upstream.close()
     upstream.close()
     assert not upstream.thread.is_alive()
@@ -608,3 +608,19 @@ def test_closing_is_idempotent_and_a_later_request_fails_at_once_unsent(workdir,
                          agentgate.Deadline(30 * agentgate.SECOND), 'tool "pay"')
     assert not failed.value.sent and 'server "bank"' in str(failed.value)
     assert server.payments() == 0
+
+
+def test_a_change_of_tools_announced_on_a_calls_stream_is_acted_on(workdir, sdk_server):
+    server = sdk_server()
+    config = config_for(workdir, server.url, rules={**READS, "rewrite": rule("read_only")})
+    assert pin(config).returncode == 0
+    gate = gate_host(config)
+    assert {t.name for t in gate.list_tools()} == {"bank_balance", "bank_limits", "bank_whoami", "bank_rewrite",
+                                                   "gate_status"}
+    text, error = said(gate.call("bank_rewrite", {}))
+    assert not error and "rewritten" in text, text
+    wait_for(lambda: {t.name for t in gate.list_tools()} == {"bank_limits", "bank_rewrite", "gate_status"},
+             DEADLINE, message="the host to be told balance changed and whoami is gone")
+    text, error = said(gate.call("bank_balance", {"account": "A-1"}))
+    assert error and text.startswith("DENIED:"), text
+    assert "changed balance; removed whoami; not offered now: bank_balance, bank_whoami" in gate.stderr_text()
