@@ -668,6 +668,14 @@ def read_pid(path, timeout: float = 60) -> int:
                         message=f"pid file {path}"))
 
 
+def stop_process(pid: int) -> None:
+    """SIGSTOP `pid` and wait until it is stopped. A signal is taken when the process next
+    runs: until then, a read it is blocked in can still complete, and the bytes a test expects
+    to wait unread in its stdin would be gone into a process that never answers."""
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: conftest._stat(pid)[0] == "T", 30, message=f"process {pid} to stop")
+
+
 def unread_input(pid: int) -> int:
     """Bytes waiting unread in the stdin pipe of process `pid` (a stopped server's requests)."""
     fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)

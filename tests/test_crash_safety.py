@@ -80,6 +80,7 @@ from kit import (
     said,
     send_call,
     steps,
+    stop_process,
     stored_now,
     unread_input,
     wait_lease_expired,
@@ -283,7 +284,7 @@ def test_crash_matrix(bankdir, stage):
         return
 
     if stage == "recorded_before_the_tool_runs":
-        os.kill(bank_pid, signal.SIGSTOP)
+        stop_process(bank_pid)
         send_call(doomed, 1, PAY, zed)
         wait_for(lambda: running(bankdir), 30, message="the run to be recorded")
         wait_for(lambda: unread_input(bank_pid), 30, message="the request to reach the bank's stdin")
@@ -392,7 +393,7 @@ def test_a_read_cut_off_is_answered_afresh(bankdir):
     config = bank(bankdir, lease_ttl="3s", rules={"balance": {"timeout": "300s"}})
     doomed, gate = raw_gate(config), host(config)
     bank_pid = fake_bank_of(doomed.pid)
-    os.kill(bank_pid, signal.SIGSTOP)  # the read will never be answered
+    stop_process(bank_pid)  # the read will never be answered
     send_call(doomed, 1, BALANCE, {"account": "zed"})
     # The gate has sent the request on: it waits unread in the stopped bank's stdin.
     wait_for(lambda: unread_input(bank_pid), 30, message="the read to reach the bank's stdin")
