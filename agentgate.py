@@ -52,7 +52,6 @@ import errno
 import functools
 import hashlib
 import json
-import locale
 import math
 import os
 import queue
@@ -884,6 +883,7 @@ class Server:
 
 _HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _ENV_REFERENCE_RE = re.compile(r"\$\{([^}]*)\}")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _url_server(raw, where, url):
@@ -914,7 +914,7 @@ def _url_server(raw, where, url):
         if not _HEADER_NAME_RE.match(name):
             raise ConfigError(f"{where}.headers: {quote(name)} is not a header name")
         for variable in _ENV_REFERENCE_RE.findall(value):
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", variable):
+            if not ENV_NAME_RE.fullmatch(variable):
                 raise ConfigError(f"{where}.headers.{name} names {quote('${' + variable + '}')}"
                                   f"; a variable is written ${{NAME}} with letters, digits and "
                                   f"'_'")
@@ -2116,14 +2116,12 @@ class Store:
                             (grant_id,))
         return dict(zip(GRANT_COLUMNS, row)) if row else None
 
-    def ids_starting(self, table, prefixes, limit):
-        """Up to `limit` ids of `table` (runs, approvals or grants) that start with one of
-        `prefixes` (ASCII), in order: each prefix is a range of the primary key."""
-        ranges = [(p, p[:-1] + chr(ord(p[-1]) + 1)) for p in prefixes]
-        where = " OR ".join(["(id>=? AND id<?)"] * len(ranges))
+    def ids_starting(self, table, prefix, limit):
+        """Up to `limit` ids of `table` (runs, approvals or grants) that start with `prefix`
+        (ASCII), in order: a range of the primary key."""
         return [row[0] for row in self.read(
-            f"SELECT id FROM {table} WHERE {where} ORDER BY id LIMIT ?",
-            (*(bound for pair in ranges for bound in pair), limit))]
+            f"SELECT id FROM {table} WHERE id>=? AND id<? ORDER BY id LIMIT ?",
+            (prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1), limit))]
 
     def run_ids_after_session(self, prefix, limit):
         """Up to `limit` run ids whose part after the session starts with `prefix` (letters
@@ -3761,15 +3759,19 @@ def connect(server):
         raise
 
 
-def pin(server):
-    """Connect, list every tool, and write the server's manifest (0600)."""
+def presented(server):
+    """What a server presents now: connect, list every tool, close; as manifest entries."""
     upstream, deadline = connect(server)
     try:
         live = upstream.list_tools(deadline)
     finally:
         upstream.close()
-    manifest = {"server": server.name, "pinned_at": now(),
-                "tools": {name: manifest_entry(tool) for name, tool in sorted(live.items())}}
+    return {name: manifest_entry(tool) for name, tool in sorted(live.items())}
+
+
+def pin(server):
+    """Connect, list every tool, and write the server's manifest (0600)."""
+    manifest = {"server": server.name, "pinned_at": now(), "tools": presented(server)}
     write_private(server.manifest, pretty_json(manifest) + "\n")
     return manifest
 
@@ -4003,12 +4005,12 @@ def load(server, manifest, upstream, live, deadline, taken, findings):
         if name not in pinned:
             report.add("unpinned", name, f"unpinned {sanitize(name)}: not in the manifest")
     for name in sorted(pinned):
+        found = findings.get(name, [])
         tool = _load_tool(server, upstream, pinned[name], live.get(name), deadline, taken,
-                          report, findings.get(name, []))
+                          report, found)
         if tool:
             tools.append(tool)
-        report.lines += [f"{sanitize(server.name)}: {line}"
-                         for line in lint_lines(findings.get(name, []))]
+        report.lines += [f"{sanitize(server.name)}: {line}" for line in lint_lines(found)]
     return tools, report
 
 
@@ -6561,14 +6563,14 @@ def resolve_id(store, kind, given, session="", narrow=None):
     for approve), so a prefix need only tell those apart. An id that is not found, or a
     prefix that several share, is refused with the candidates listed: nothing is guessed."""
     table = {"run": "runs", "approval": "approvals", "grant": "grants"}[kind]
-    if not ID_TEXT.match(given) or store.ids_starting(table, [given], 1) == [given]:
+    if not ID_TEXT.match(given) or store.ids_starting(table, given, 1) == [given]:
         return given  # the whole id (or no id at all: the lookup says it is not found)
     if len(given) < MIN_PREFIX:
         raise StoreError(f"{kind} {quote(given)} not found (a shortened id needs at least "
                          f"{MIN_PREFIX} characters)")
-    found = store.ids_starting(table, [given], ID_CANDIDATES)
+    found = store.ids_starting(table, given, ID_CANDIDATES)
     if kind == "run" and "." not in given:
-        found += (store.ids_starting(table, [f"{session}.{given}"], ID_CANDIDATES) if session
+        found += (store.ids_starting(table, f"{session}.{given}", ID_CANDIDATES) if session
                   else store.run_ids_after_session(given, ID_CANDIDATES))
     found = sorted(set(found))
     if narrow and len(found) > 1:
@@ -6925,6 +6927,7 @@ def watch_terminal(store, session, by, stop):
     """The live view on this terminal; False when the terminal cannot show it."""
     try:
         import curses  # only here: nothing else pays for loading it
+        import locale
     except ImportError:
         return False
     try:
@@ -7615,8 +7618,9 @@ def server_from_host(name, entry):
             return None, "its headers are not a map of names to strings"
         if headers:
             # A header's value is read from the environment, never written in the config.
-            server["headers"] = {h: v if re.fullmatch(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}", v)
-                                 else "${" + env_name(name, h) + "}" for h, v in headers.items()}
+            server["headers"] = {h: v if _ENV_REFERENCE_RE.fullmatch(v) and
+                                 ENV_NAME_RE.fullmatch(v[2:-1]) else "${" + env_name(name, h) + "}"
+                                 for h, v in headers.items()}
         return server, ""
     command, args = entry.get("command"), entry.get("args", [])
     if not isinstance(command, str) or not command:
@@ -7720,11 +7724,12 @@ def cmd_init(argv):
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     raw = {"database": "agentgate.db", "session": "default", "servers": servers}
     pinned = []
-    for server in list(servers):
+    if servers:  # written before the pins: a manifest's path is relative to it
         write_private(path, config_text(raw))
-        config = load_config(path)
+        loaded = {server.name: server for server in load_config(path).servers}
+    for server in list(servers):
         try:
-            manifest = pin(next(s for s in config.servers if s.name == server["name"]))
+            manifest = pin(loaded[server["name"]])
         except (UpstreamError, LoadError, ConfigError) as err:
             servers.remove(server)
             for key in [key for key, gating in gated.items() if gating is server]:
@@ -8294,14 +8299,10 @@ def pin_diff(config, named, everything, confirmed):
     manifests, lives = {}, {}
     for server in config.servers:
         manifests[server.name] = read_manifest(server)
-        upstream, deadline = connect(server)
         try:
-            listed = upstream.list_tools(deadline)
+            lives[server.name] = presented(server)
         except UpstreamError as err:
             raise LoadError(str(err)) from None
-        finally:
-            upstream.close()
-        lives[server.name] = {name: manifest_entry(tool) for name, tool in listed.items()}
     findings = lint_manifests({name: {"tools": live} for name, live in lives.items()})
     differences = {}
     for server in config.servers:
