@@ -7536,10 +7536,13 @@ def print_recheck(config, reports, as_json, session):
 # proposes a rule per tool from the server's own hints; and the acceptance of those proposals.
 # Promises: the config is written 0600 and never over an existing one; a secret in a server's
 # env goes into it and into no output; a tool is offered only once its proposed rule was
-# accepted (a proposal is the server's claim about itself, not the person's policy); a host's
-# file is changed only with -write, from a backup kept beside it, and only to replace the
-# servers that were gated by the one entry that gates them; a server that cannot be gated is
-# left in the host as it was, and said so.
+# accepted (a proposal is the server's claim about itself, not the person's policy); a
+# project's servers (a directory's file, Claude Code's map for it) are listed with what they
+# would run, and started only when -from names their file; a host's file is changed only with
+# -write, from a backup kept beside it, only if it is as init read it, where a link to it
+# leads, and only to replace the servers that were gated (each known by file, map and name) by
+# the one entry that gates them; a server that cannot be gated is left in the host as it was,
+# and said so.
 # =============================================================================================
 
 HOST_ENTRY_NAME = "gated"  # model-visible in some hosts' tool names: it names no program
@@ -7547,7 +7550,7 @@ HOST_FILE_BYTES = 64 << 20  # ~/.claude.json keeps a history and grows
 
 
 def host_config_files():
-    """(host, path) of every host configuration this user has, in a fixed order."""
+    """Every host configuration this user has, read, in a fixed order."""
     home = os.path.expanduser("~")
     if sys.platform == "darwin":
         desktop = os.path.join(home, "Library", "Application Support", "Claude")
@@ -7556,49 +7559,61 @@ def host_config_files():
     else:
         desktop = os.path.join(os.environ.get("XDG_CONFIG_HOME") or
                                os.path.join(home, ".config"), "Claude")
-    places = [("Claude Desktop", os.path.join(desktop, "claude_desktop_config.json")),
-              ("Claude Code", os.path.join(home, ".claude.json")),
-              ("Claude Code project", os.path.abspath(".mcp.json")),
-              ("Cursor", os.path.join(home, ".cursor", "mcp.json")),
-              ("Cursor project", os.path.abspath(os.path.join(".cursor", "mcp.json")))]
+    places = [("Claude Desktop", os.path.join(desktop, "claude_desktop_config.json"), False),
+              ("Claude Code", os.path.join(home, ".claude.json"), False),
+              ("Claude Code project", os.path.abspath(".mcp.json"), True),
+              ("Cursor", os.path.join(home, ".cursor", "mcp.json"), False),
+              ("Cursor project", os.path.abspath(os.path.join(".cursor", "mcp.json")), True)]
     seen, found = set(), []
-    for host, path in places:
+    for host, path, project in places:
         if os.path.isfile(path) and os.path.realpath(path) not in seen:
             seen.add(os.path.realpath(path))
-            found.append((host, path))
+            found.append(HostFile(host, path, project=project))
     return found
 
 
 class HostFile:
     """One host's configuration file and the maps of MCP servers in it. Claude Code keeps a
-    map per project beside the user's own; the one for the current directory is read too."""
+    map per project beside the user's own; the one for the current directory is read too.
+    A project's servers (a directory's own file, or a project's map) came with the directory,
+    perhaps in a repository cloned a minute ago, and init would run them the moment it pins:
+    they are listed, and started only when -from named the file (`named`)."""
 
-    def __init__(self, host, path):
+    def __init__(self, host, path, project=False, named=False):
         self.host, self.path = host, os.path.abspath(path)
+        self.data = self.read()  # as read: -write edits this, and nothing the host wrote since
         try:
-            with open(path, "rb") as f:
-                data = f.read(HOST_FILE_BYTES + 1)
-        except OSError as err:
-            raise ConfigError(f"{host} configuration {path} cannot be read: "
-                              f"{err.strerror}") from None
-        if len(data) > HOST_FILE_BYTES:
-            raise ConfigError(f"{host} configuration {path} is larger than "
-                              f"{HOST_FILE_BYTES >> 20} MiB; name a smaller file with -from")
-        try:
-            self.raw = parse(data)
+            self.raw = parse(self.data)
         except CanonicalError as err:
             raise ConfigError(f"{host} configuration {path} is not usable JSON: {err}") from None
         if not isinstance(self.raw, dict):
             raise ConfigError(f"{host} configuration {path} is not a JSON object")
-        self.maps = [self.raw["mcpServers"]] if isinstance(self.raw.get("mcpServers"),
-                                                            dict) else []
-        project = self.raw.get("projects", {})
-        project = project.get(os.getcwd()) if isinstance(project, dict) else None
-        if isinstance(project, dict) and isinstance(project.get("mcpServers"), dict):
-            self.maps.append(project["mcpServers"])
+        # (where, servers, started): `where` names the map in what init prints, and keys its
+        # servers, since the same name may be in the user's map and a project's.
+        self.maps = []
+        if isinstance(self.raw.get("mcpServers"), dict):
+            self.maps.append((host, self.raw["mcpServers"], named or not project))
+        projects = self.raw.get("projects", {})
+        mine = projects.get(os.getcwd()) if isinstance(projects, dict) else None
+        if isinstance(mine, dict) and isinstance(mine.get("mcpServers"), dict):
+            self.maps.append((f"{host} project {os.getcwd()}", mine["mcpServers"], named))
+
+    def read(self):
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read(HOST_FILE_BYTES + 1)
+        except OSError as err:
+            raise ConfigError(f"{self.host} configuration {self.path} cannot be read: "
+                              f"{err.strerror}") from None
+        if len(data) > HOST_FILE_BYTES:
+            raise ConfigError(f"{self.host} configuration {self.path} is larger than "
+                              f"{HOST_FILE_BYTES >> 20} MiB; name a smaller file with -from")
+        return data
 
     def servers(self):
-        return [(name, entry) for servers in self.maps for name, entry in servers.items()]
+        """(where, name, entry, started) of every server in the file."""
+        return [(where, name, entry, started) for where, servers, started in self.maps
+                for name, entry in servers.items()]
 
 
 def server_from_host(name, entry):
@@ -7686,23 +7701,27 @@ def cmd_init(argv):
     if os.path.lexists(path):
         raise ConfigError(f"config {path} already exists, and init writes a new one: name "
                           f"another with -config, or move it away first")
-    files = [HostFile("host", getattr(opts, "from"))] if getattr(opts, "from") else \
-        [HostFile(host, place) for host, place in host_config_files()]
+    files = [HostFile("host", getattr(opts, "from"), named=True)] if getattr(opts, "from") \
+        else host_config_files()
     if not files:
         raise ConfigError("no host configuration was found (Claude Desktop, Claude Code, "
                           "Cursor); name one with -from FILE")
-    servers, gated, left = [], {}, []  # gated: (file, host's name) -> agentgate's server
+    # gated: (file, map, host's name) -> agentgate's server; left: (map, host's name, why)
+    servers, gated, left = [], {}, []
     for file in files:
-        for given, entry in file.servers():
+        for where, given, entry, started in file.servers():
             server, why = server_from_host(given, entry)
+            if not started:
+                left.append((where, given, project_server_text(file, server, why)))
+                continue
             same = next((s for s in servers if server and
                          {k: v for k, v in s.items() if k not in ("name", "manifest")} ==
                          server), None)
             if same:  # the same server in two hosts is gated once
-                gated[(file.path, given)] = same
+                gated[(file.path, where, given)] = same
                 continue
             if server is None:
-                left.append((file, given, why))
+                left.append((where, given, why))
                 continue
             name = server_name(given, {s["name"] for s in servers})
             server.update(name=name, manifest=f"{name}.manifest.json")
@@ -7711,13 +7730,13 @@ def cmd_init(argv):
             except ConfigError as err:
                 moved = [value[2:-1] for header, value in server.get("headers", {}).items()
                          if value != entry["headers"][header]]
-                left.append((file, given, str(err) if not moved else (
+                left.append((where, given, str(err) if not moved else (
                     f"its headers are written in the host's file, and agentgate reads a "
                     f"header's value only from its environment: set {', '.join(moved)} to "
                     f"them where agentgate runs, then run init again")))
                 continue
             servers.append(server)
-            gated[(file.path, given)] = server
+            gated[(file.path, where, given)] = server
     for file in files:
         print(f"read {file.host} configuration {file.path}: "
               f"{len(file.servers())} server(s)")
@@ -7734,8 +7753,7 @@ def cmd_init(argv):
             servers.remove(server)
             for key in [key for key, gating in gated.items() if gating is server]:
                 gated.pop(key)
-                left.append((next(f for f in files if f.path == key[0]), key[1],
-                             f"it could not be pinned: {err}"))
+                left.append((*key[1:], f"it could not be pinned: {err}"))
             continue
         server["rules"] = {tool: proposed_rule(entry) for tool, entry in
                            manifest["tools"].items()}
@@ -7743,8 +7761,8 @@ def cmd_init(argv):
     if not servers:
         if os.path.lexists(path):
             os.unlink(path)
-        for file, given, why in left:
-            print(f"  {sanitize(given)} ({file.host}): not gated: {sanitize(why)}")
+        for where, given, why in left:
+            print(f"  {sanitize(given)} ({sanitize(where)}): not gated: {sanitize(why)}")
         raise ConfigError("no server could be gated, so no config was written")
     write_private(path, config_text(raw))
     config = load_config(path)
@@ -7754,8 +7772,9 @@ def cmd_init(argv):
         for tool, entry in manifest["tools"].items():
             print(f"  {sanitize(tool):<28} {server['rules'][tool]['side_effect']:<16} "
                   f"({hints_text(entry)})")
-    for file, given, why in left:
-        print(f"not gated, left in {file.host} as it is: {sanitize(given)}: {sanitize(why)}")
+    for where, given, why in left:
+        print(f"not gated, left in {sanitize(where)} as it is: {sanitize(given)}: "
+              f"{sanitize(why)}")
     try:
         check_reach(config)
     except ConfigError as err:
@@ -7766,37 +7785,63 @@ def cmd_init(argv):
     entry = {"command": sys.executable,
              "args": [os.path.abspath(sys.argv[0]), "-config", path]}
     if opts.write:
-        for file in files:
-            taken = [given for given, _ in file.servers() if (file.path, given) in gated]
-            if taken:
-                print(f"wrote {file.path}; it was kept as {replace_in_host(file, taken, entry)}")
-        return 0
+        edits = [(file, {(where, given) for where, given, _, _ in file.servers()
+                         if (file.path, where, given) in gated}) for file in files]
+        edits = [(file, taken) for file, taken in edits if taken]
+        # The hosts may have written their files while the servers were pinned: what init
+        # writes is made from the bytes it read, so a file changed since is left to its host.
+        # (A write between this reading and the rename below is still lost: that window is
+        # one file's write, where it was every pin's time.)
+        changed = next((file for file, _ in edits if file.read() != file.data), None)
+        if not changed:
+            for file, taken in edits:
+                written, backup = replace_in_host(file, taken, entry)
+                print(f"wrote {written}; it was kept as {backup}")
+            return 0
     print("Then replace the gated servers in your host with this one entry (or run init "
           "with -write to have it done, keeping a backup):")
     print(pretty_json({"mcpServers": {HOST_ENTRY_NAME: entry}}))
+    if opts.write:
+        raise ConfigError(f"{changed.host} configuration {changed.path} changed while init "
+                          f"ran, so no host's file was edited: put the entry above in by hand")
     return 0
 
 
+def project_server_text(file, server, why):
+    """Why a project's server is only listed, with what it would run or reach, for a person
+    to read before naming the file with -from."""
+    if server is None:
+        runs = why
+    elif "url" in server:
+        runs = f"it would be reached at {url_host(server['url']) or 'an unusable url'}"
+    else:
+        runs = f"it would run {shlex.join(server['command'])}"
+    return (f"a project's server is started only when init is given -from "
+            f"{shlex.quote(file.path)}; {runs}")
+
+
 def replace_in_host(file, taken, entry):
-    """Replace the servers `taken` in a host's file by the one entry that gates them, after
-    keeping the file as it was beside it. Returns the backup's path."""
+    """Replace the servers `taken` ((map, name) pairs) in a host's file by the one entry that
+    gates them, after keeping the file as it was read beside it. A file that is a symbolic
+    link is written where the link leads, so the link stays (a person's dotfiles often are
+    links); its backup is kept beside the link, the path init read and printed. Returns the
+    path written and the backup's."""
     backup = f"{file.path}.agentgate-backup"
     n = 1
     while os.path.lexists(backup):
         n += 1
         backup = f"{file.path}.agentgate-backup-{n}"
-    with open(file.path, "rb") as f:
-        original = f.read()
-    write_private(backup, original.decode("utf-8", "surrogateescape"))
-    for servers in file.maps:
-        for given in taken:
-            servers.pop(given, None)
-    target = file.maps[0] if file.maps else file.raw.setdefault("mcpServers", {})
+    write_private(backup, file.data.decode("utf-8", "surrogateescape"))
+    for where, servers, _ in file.maps:
+        for given in [given for place, given in taken if place == where]:
+            servers.pop(given)
+    target = file.maps[0][1] if file.maps else file.raw.setdefault("mcpServers", {})
     target[server_name(HOST_ENTRY_NAME, set(target))] = entry
-    mode = stat.S_IMODE(os.stat(file.path).st_mode)
-    write_private(file.path, pretty_json(file.raw) + "\n")
-    os.chmod(file.path, mode)
-    return backup
+    written = os.path.realpath(file.path)
+    mode = stat.S_IMODE(os.stat(written).st_mode)
+    write_private(written, pretty_json(file.raw) + "\n")
+    os.chmod(written, mode)
+    return written, backup
 
 
 def accept_proposals(path):

@@ -112,11 +112,13 @@ def test_init_finds_the_hosts_configs_of_this_user_and_gates_a_server_once(workd
     project = workdir / "project"
     project.mkdir(parents=True)
     bank = bank_entry(workdir)
-    host_file(home / ".config" / "Claude" / "claude_desktop_config.json", {"bank": bank})
+    host_file(home / ".config" / "Claude" / "claude_desktop_config.json",
+              {"bank": bank, "my bank!": bank_entry(workdir / "sub")})
     host_file(home / ".cursor" / "mcp.json", {"bank": bank})  # the same server: gated once
     other = dict(bank, env={"FAKE_PAYMENTS_LEDGER": str(workdir / "other-ledger")})
     host_file(home / ".claude.json", {"bank": other}, projects={str(project): {"mcpServers": {}}})
-    host_file(project / ".mcp.json", {"my bank!": bank_entry(workdir / "sub")})
+    # a project's own server is listed, not started (issue 19: tests/test_edges_init.py)
+    host_file(project / ".mcp.json", {"project bank": bank_entry(workdir / "project-sub")})
     env = {"HOME": str(home), "XDG_CONFIG_HOME": None, "AGENTGATE_CONFIG": None}
     done = init(workdir, env=env, cwd=project)
     assert done.returncode == 0, done
@@ -126,7 +128,8 @@ def test_init_finds_the_hosts_configs_of_this_user_and_gates_a_server_once(workd
     names = [s["name"] for s in config_of(workdir)["servers"]]
     # the same bank in Claude Desktop and Cursor is one server; another with the same name gets
     # its own; a name agentgate cannot use is made usable
-    assert names == ["bank", "bank-2", "my-bank"]
+    assert names == ["bank", "my-bank", "bank-2"]
+    assert "left in Claude Code project as it is: project bank:" in done.stdout
 
 
 def test_odd_host_configs_are_answered_in_one_sentence_and_write_nothing_they_should_not(workdir):
