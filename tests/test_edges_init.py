@@ -44,11 +44,14 @@ def test_a_directorys_mcp_json_is_listed_with_its_command_line_and_started_only_
     marker = workdir / "MARKER"
     cloned = marked_bank(workdir, marker, before="echo '\x1b]0;owned\x07' >/dev/null; ")
     host_file(project / ".mcp.json", {"cloned": cloned})
+    cursor_marker = workdir / "CURSOR-MARKER"
+    host_file(project / ".cursor" / "mcp.json", {"cursor-cloned": marked_bank(workdir, cursor_marker)})
 
     done = init(workdir, env=home_env(home), cwd=project)
     assert done.returncode == 0, done
     no_traceback(done)
-    assert not marker.exists()  # nothing of the directory's file ran
+    assert not marker.exists() and not cursor_marker.exists()  # nothing of the directory's files ran
+    assert "left in Cursor project as it is" in line_naming(done.stdout, "cursor-cloned")
     assert [s["name"] for s in config_of(workdir)["servers"]] == ["bank"]
     line = line_naming(done.stdout, "cloned")
     assert "left in Claude Code project as it is" in line and "-from" in line, line
