@@ -1240,9 +1240,10 @@ SCHEMA = [
     CREATE INDEX events_run ON events(run_id, seq);
     """,
     # Version 2. What the limits count, and the operators' standing approvals. A row of
-    # executions is written in the transaction that starts a step executing, with the
-    # amounts its tool's sum limits read; limits read it through its index, a window at a
-    # time, so the history before a window costs nothing.
+    # executions is written in the transaction that starts a step executing; limits read it
+    # through its index, a window at a time, so the history before a window costs nothing.
+    # (executions.amounts_json is no longer written: a sum reads the executed step's
+    # arguments, so a limit added later counts what ran before it.)
     """
     CREATE TABLE executions(id INTEGER PRIMARY KEY, tool TEXT NOT NULL, at TEXT NOT NULL,
         run_id TEXT NOT NULL, step_id TEXT NOT NULL, amounts_json TEXT NOT NULL DEFAULT '{}');
@@ -1332,9 +1333,17 @@ def last_attempt(rows, run_id):
 
 def executions(rows, target, since, before):
     """A tool's executions after `since` and before `before` (stored times), oldest first,
-    as (time, amounts as stored, step id), read through `rows` (Store.read or Tx.rows)."""
-    return rows("SELECT at, amounts_json, step_id FROM executions WHERE tool=? AND at>? AND "
-                "at<? ORDER BY at, id", (target, since, before))
+    as (time, its step's decision as recorded, the hash of the spec it was decided under),
+    read through `rows` (Store.read or Tx.rows)."""
+    return rows("SELECT e.at, s.decision_json, s.spec_hash FROM executions e JOIN steps s ON "
+                "s.id=e.step_id WHERE e.tool=? AND e.at>? AND e.at<? ORDER BY e.at, e.id",
+                (target, since, before))
+
+
+def tool_spec(rows, spec_hash):
+    """The tool spec stored under a hash, or None, read through `rows`."""
+    found = rows("SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,))
+    return parse(found[0][0]) if found else None
 
 
 def grants_in_force(rows, session, target, at):
@@ -1559,13 +1568,13 @@ class Tx:
             raise Race()
         self.event(run_id, "run.resumed", {"approval_id": approval_id})
 
-    def start_execution(self, run_id, step_id, tool, args, use, approval_id=""):
-        """Mark the step executing; from here on its outcome may be unknown. `use` is (the
-        tool as the limits count it, the amounts its sum limits read), written where the
-        limits of every process count it from this commit on."""
+    def start_execution(self, run_id, step_id, tool, args, target, approval_id=""):
+        """Mark the step executing; from here on its outcome may be unknown. `target` is the
+        tool as the limits count it, written where the limits of every process count it
+        from this commit on."""
         self.execute("UPDATE steps SET status='executing' WHERE id=?", (step_id,))
-        self.execute("INSERT INTO executions(tool, at, run_id, step_id, amounts_json) "
-                     "VALUES(?,?,?,?,?)", (use[0], now(), run_id, step_id, dumps(use[1])))
+        self.execute("INSERT INTO executions(tool, at, run_id, step_id) VALUES(?,?,?,?)",
+                     (target, now(), run_id, step_id))
         payload = {"tool": tool, "args": kept_once(args)}
         if approval_id:
             payload["approval_id"] = approval_id
@@ -2100,8 +2109,7 @@ class Store:
                              (run_id,))]
 
     def tool_spec(self, spec_hash):
-        row = self.read_one("SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,))
-        return parse(row[0]) if row else None
+        return tool_spec(self.read, spec_hash)
 
     def grants(self, session, since):
         """The grants (of one session, or all with session '') in force or ended since
@@ -4249,6 +4257,9 @@ def load_all(config, while_starting=None):
 # loosens a decision; a grant answers only what would wait for an operator (never a deny, never
 # a re-run of an unknown outcome); every mistake in a policy is refused at load with one
 # sentence naming the tool, the entry and the fix.
+# A pointer reads what the server will: an argument the call omits, at the default the tool's
+# pinned schema gives it. A limit counts each execution by the arguments it was recorded with,
+# so a limit added or changed within its window counts what ran before it.
 # =============================================================================================
 
 CONDITIONS = ("equals", "in", "not_in", "pattern", "min", "max", "max_length", "present",
@@ -4273,8 +4284,8 @@ EXACT = decimal.Context(prec=2 * MAX_EXPONENT + MAX_NUMBER_CHARS + 64, Emax=10 *
 # client: the name the host gave in initialize. grants(): the Grant objects in force for the
 # tool (read only when a decision would wait for an operator). uses(since): the tool's
 # executions after `since` and before this call, as (seconds, amounts) oldest first, where
-# amounts maps a sum limit's pointer to the number executed; None when no limit is counted
-# (the decision only steers the rules, or an operator has already decided the call).
+# amounts maps a sum limit's pointer to the number executed (counted_uses); None when no limit
+# is counted (the decision only steers the rules, or an operator has already decided the call).
 Facts = collections.namedtuple("Facts", "at client grants uses")
 
 
@@ -4289,15 +4300,44 @@ def parse_pointer(text, where):
     return tuple(t.replace("~1", "/").replace("~0", "~") for t in text[1:].split("/"))
 
 
-def resolve_pointer(value, tokens):
+def resolve_pointer(args, tokens, schema):
+    """The value at a pointer into the arguments as the server reads it: where the arguments
+    lack it but hold the object it belongs in, the default the tool's pinned `schema` gives
+    it there, since the server fills that in (an omitted amount is paid at its default);
+    MISSING when there is neither. A schema of None gives no defaults."""
+    value, node = args, schema
     for token in tokens:
+        parent = value
         if isinstance(value, dict) and token in value:
             value = value[token]
         elif isinstance(value, list) and _INDEX_RE.fullmatch(token) and int(token) < len(value):
             value = value[int(token)]
         else:
-            return MISSING
+            value = MISSING
+        try:
+            node = schema_child(schema, node, token)
+        except SchemaError:  # a default behind a $ref that points at nothing is no default
+            node = None
+        if value is MISSING:
+            if not isinstance(parent, dict) or not isinstance(node, dict) or \
+                    "default" not in node:
+                return MISSING
+            value = node["default"]
     return value
+
+
+def schema_child(schema, node, token):
+    """The part of `schema` that describes the value at `token` inside a value that `node`
+    describes (a $ref of `node` followed), or None when there is none. Raises SchemaError
+    for a $ref that points at nothing."""
+    if isinstance(node, dict) and isinstance(node.get("$ref"), str):
+        node = _resolve(schema, node["$ref"])
+    if not isinstance(node, dict):
+        return None
+    properties = node.get("properties")
+    if isinstance(properties, dict) and token in properties:
+        return properties[token]
+    return node["items"] if "items" in node and _INDEX_RE.fullmatch(token) else None
 
 
 def parse_decimal(value, where):
@@ -4467,8 +4507,10 @@ class Condition:
             return hosts
         return value  # equals: any JSON value
 
-    def holds(self, args):
-        value = resolve_pointer(args, self.tokens)
+    def holds(self, args, schema=None):
+        """Whether it holds of the arguments, an argument they lack read at the default of
+        the tool's pinned `schema`."""
+        value = resolve_pointer(args, self.tokens, schema)
         for name, expected in self.tests:
             if not (value is MISSING if name == "present" and not expected
                     else value is not MISSING and CHECKS[name](value, expected)):
@@ -4622,10 +4664,10 @@ class Entry:
         # (a directory, a host list).
         self.reason = _string(raw, "reason", where) or f"the operator's rule {label}"
 
-    def holds(self, args, facts):
+    def holds(self, args, facts, schema=None):
         return ((self.clients is None or facts.client in self.clients)
                 and (self.during is None or self.during.holds(facts.at))
-                and all(condition.holds(args) for condition in self.conditions))
+                and all(condition.holds(args, schema) for condition in self.conditions))
 
     def text(self):
         parts = [c.text() for c in self.conditions]
@@ -4673,15 +4715,16 @@ class Limit:
             raise ConfigError(f"{where}.then is {quote(self.then)}; a limit never loosens, so "
                               f"use require_approval or deny")
 
-    def amount(self, args):
-        """What this call adds to the sum: the size of the number at the pointer (a negative
-        amount is no credit), 0 when there is none, None when it is not a number."""
-        value = resolve_pointer(args, self.tokens)
+    def amount(self, args, schema=None):
+        """What a call adds to the sum: the size of the number at the pointer, or of the
+        default `schema` gives it (a negative amount is no credit), 0 when there is none,
+        None when it is not a number."""
+        value = resolve_pointer(args, self.tokens, schema)
         if value is MISSING:
             return decimal.Decimal(0)
         return value.exact().copy_abs() if isinstance(value, Number) else None  # never rounds
 
-    def frees(self, args, uses, at):
+    def frees(self, args, uses, at, schema=None):
         """None when this call stays within the limit; else when it would (NEVER when it is
         alone above it), in seconds since the epoch."""
         rows = uses(at - self.per / SECOND)
@@ -4689,7 +4732,7 @@ class Limit:
             if len(rows) < self.calls:
                 return None
             return rows[len(rows) - self.calls][0] + self.per / SECOND
-        this = self.amount(args)
+        this = self.amount(args, schema)
         if this is None or this > self.max:
             return NEVER
         try:
@@ -4725,8 +4768,36 @@ class Grant:
         self.id, self.by = stored["id"], stored["by"]
         self.conditions = parse_conditions(parse(stored["conditions_json"]), f"grant {self.id}")
 
-    def covers(self, args):
-        return all(condition.holds(args) for condition in self.conditions)
+    def covers(self, args, schema=None):
+        return all(condition.holds(args, schema) for condition in self.conditions)
+
+
+def counted_uses(rows, tool, before):
+    """Facts.uses for a decision on `tool` made at the stored time `before`, read from the
+    record through `rows`: Tx.rows in the gate's write transaction, Store.read in recheck,
+    so the two count alike. What an execution adds to a sum is read from the arguments its
+    step recorded, under the schema it was decided under: a limit added or re-pointed
+    within its window counts the executions before it at what they were."""
+    sums = [limit for limit in tool.rule.limits if limit.sum]
+    schemas = {tool.spec_hash: tool.schema}
+
+    def uses(since):
+        found = []
+        for moment, decision, spec_hash in executions(rows, tool.target, format_time(since),
+                                                      before):
+            amounts = {}
+            if sums:  # a calls limit needs no arguments: they are not read
+                args = parse(decision)["args"]
+                if spec_hash not in schemas:
+                    spec = tool_spec(rows, spec_hash)
+                    schemas[spec_hash] = spec["input_schema"] if spec else None
+                for limit in sums:
+                    amount = limit.amount(args, schemas[spec_hash])
+                    if amount is not None:
+                        amounts[limit.sum] = amount
+            found.append((parse_time(moment), amounts))
+        return found
+    return uses
 
 
 def policy_decision(config, tool, args, facts, rerun=False, approved=False):
@@ -4743,7 +4814,7 @@ def policy_decision(config, tool, args, facts, rerun=False, approved=False):
     """
     rule = tool.rule
     for entry in rule.when:
-        if entry.holds(args, facts):
+        if entry.holds(args, facts, tool.schema):
             decision = {"outcome": entry.outcome, "reason": entry.reason, "by": entry.label}
             break
     else:
@@ -4754,13 +4825,13 @@ def policy_decision(config, tool, args, facts, rerun=False, approved=False):
         return decision
     if decision["outcome"] == "require_approval":
         for grant in facts.grants():
-            if grant.covers(args):
+            if grant.covers(args, tool.schema):
                 decision = {"outcome": "allow", "by": f"grant {grant.id}", "grant": grant.id,
                             "reason": f"standing approval {grant.id} by {grant.by}"}
                 break
     if decision["outcome"] == "allow" and facts.uses is not None:
         for limit in rule.limits:
-            frees = limit.frees(args, facts.uses, facts.at)
+            frees = limit.frees(args, facts.uses, facts.at, tool.schema)
             if frees is not None:
                 text = limit.text(tool.name)
                 decision = {"outcome": limit.then, "by": limit.label, "limit": text,
@@ -4795,21 +4866,13 @@ def pointer_problem(schema, tokens, hidden):
     """Why a pointer names no property the model can send under this schema, or ''."""
     node = schema
     for depth, token in enumerate(tokens):
-        if isinstance(node, dict) and isinstance(node.get("$ref"), str):
-            try:
-                node = _resolve(schema, node["$ref"])
-            except SchemaError:
-                return "it passes through a $ref that points at nothing"
-        if not isinstance(node, dict):
-            return "the schema has no such property"
         if depth == 0 and token in hidden:
             return f"the rule hides {quote(token)}, so the model never sends it"
-        properties = node.get("properties")
-        if isinstance(properties, dict) and token in properties:
-            node = properties[token]
-        elif "items" in node and _INDEX_RE.fullmatch(token):
-            node = node["items"]
-        else:
+        try:
+            node = schema_child(schema, node, token)
+        except SchemaError:
+            return "it passes through a $ref that points at nothing"
+        if node is None:
             return "the schema has no such property"
     return ""
 
@@ -5257,22 +5320,9 @@ class Gate:
         def grants():
             return [Grant(g) for g in grants_in_force(rows or self.store.read,
                                                       self.config.session, tool.target, stamp)]
-        uses = None
-        if rows is not None and tool.rule.limits:
-            def uses(since):
-                return [(parse_time(moment), {k: v.exact() for k, v in parse(amounts).items()})
-                        for moment, amounts, _ in executions(rows, tool.target,
-                                                             format_time(since), stamp)]
+        uses = counted_uses(rows, tool, stamp) if rows is not None and tool.rule.limits \
+            else None
         return Facts(at, self.client, grants, uses)
-
-    @staticmethod
-    def _use(tool, args):
-        """An execution as the limits count it: the tool, and the numbers its sums read."""
-        amounts = {}
-        for limit in tool.rule.limits:
-            if limit.sum and isinstance(resolve_pointer(args, limit.tokens), Number):
-                amounts[limit.sum] = resolve_pointer(args, limit.tokens)
-        return tool.target, amounts
 
     # -- one call ------------------------------------------------------------------------------
 
@@ -5448,8 +5498,7 @@ class Gate:
             tx.resume(run_id, approval["id"], self.lease())
             tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
                              self.policy_id)
-            tx.start_execution(run_id, step_id, tool.name, args, self._use(tool, args),
-                               approval["id"])
+            tx.start_execution(run_id, step_id, tool.name, args, tool.target, approval["id"])
         self._write_active(run_id, resume)
         return Execute(run_id, step_id, args)
 
@@ -5635,7 +5684,7 @@ class Gate:
                                                 decision)
                 tx.pause(run_id, step_id, made["approval"])
             else:
-                tx.start_execution(run_id, step_id, tool.name, args, self._use(tool, args))
+                tx.start_execution(run_id, step_id, tool.name, args, tool.target)
             return step_id
 
         if fast:
@@ -7429,6 +7478,9 @@ def recheck_run(store, config, tools, run_id, current):
                 evaluation.update(result="different", rechecked="invalid",
                                   detail=f"the arguments fail the current schema: {problem}")
                 continue
+        else:  # the defaults the policy reads come from the schema the decision was made under
+            tool = Tool(tool.server, None, {"name": tool.upstream_name,
+                                            "input_schema": spec["input_schema"]}, tool.rule)
         moment = recorded.get("facts") or {"at": at, "client": "", "approved": on_resume}
         now_decision = evaluate(config, tool, args, recorded_facts(store, tool, run, moment),
                                 attempt, approved=moment["approved"])
@@ -7461,28 +7513,13 @@ def recheck_run(store, config, tools, run_id, current):
 
 def recorded_facts(store, tool, run, facts):
     """The facts of the moment a recorded decision was made: its time and host, the grants
-    then in force, and the executions before it (an amount a limit did not read then is
-    read from the executed step's arguments)."""
+    then in force, and the executions before it, counted as the gate counts them."""
     at = facts["at"]
 
     def grants():
         return [Grant(g) for g in grants_in_force(store.read, run["session"], tool.target, at)]
-
-    def uses(since):
-        found = []
-        for moment, amounts, step_id in executions(store.read, tool.target, format_time(since),
-                                                   at):
-            amounts = parse(amounts)
-            for limit in tool.rule.limits:
-                if limit.sum and limit.sum not in amounts:
-                    value = resolve_pointer(store.step_decision(step_id).get("args", {}),
-                                            limit.tokens)
-                    if isinstance(value, Number):
-                        amounts[limit.sum] = value
-            found.append((parse_time(moment), {k: v.exact() for k, v in amounts.items()}))
-        return found
     return Facts(parse_time(at), facts.get("client", ""), grants,
-                 None if facts.get("approved") else uses)
+                 None if facts.get("approved") else counted_uses(store.read, tool, at))
 
 
 def print_recheck(config, reports, as_json, session):

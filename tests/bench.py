@@ -255,8 +255,9 @@ def hostile_figures():
 def policy_figures(history):
     """The policy engine in-process, medians of single evaluations (ms): what a rule of five
     conditions adds to a decision, and a limit check (the window's executions read through
-    the index, then summed) on an empty database and on one holding `history` earlier
-    executions of the tool, all before the window, and as many of another tool."""
+    the index with their steps' recorded arguments, then summed) on an empty database and on
+    one holding `history` earlier executions of the tool, all before the window, and as many
+    of another tool."""
     sys.path.insert(0, os.path.dirname(AGENTGATE))
     import agentgate
     directory = tempfile.mkdtemp(prefix="agentgate-bench-policy-")
@@ -295,29 +296,40 @@ def policy_figures(history):
         rule_limit = five.rule.limits[0]
 
         def limit_check(store):
-            def uses(since):
-                return [(agentgate.parse_time(moment),
-                         {k: v.exact() for k, v in agentgate.parse(amounts).items()})
-                        for moment, amounts, _ in agentgate.executions(
-                            store.read, five.target, agentgate.format_time(since),
-                            agentgate.now())]
-            return rule_limit.frees(args, uses, time.time())
-        insert = ("INSERT INTO executions(tool, at, run_id, step_id, amounts_json) "
-                  "VALUES(?,?,?,?,?)")
-        recent = [(five.target, agentgate.format_time(time.time() - 60 * i), "r", "s",
-                   '{"/amount":10}') for i in range(1, 11)]
+            uses = agentgate.counted_uses(store.read, five, agentgate.now())
+            return rule_limit.frees(args, uses, time.time(), five.schema)
+        # Each execution with the step it ran, whose recorded arguments a sum reads.
+        decision = json.dumps({"args": {"to": "grocer", "amount": 10}, "kind": "tool_call",
+                               "origin": "model", "tool": "five"})
+
+        def add(db, rows):
+            """Executions (target, time, step id), each with its step, all in one run."""
+            rows = list(rows)
+            first = db.execute("SELECT count(*) FROM steps").fetchone()[0]
+            db.executemany("INSERT INTO executions(tool, at, run_id, step_id) VALUES(?,?,?,?)",
+                           [(target, at, "bench.run", step) for target, at, step in rows])
+            db.executemany("INSERT INTO steps(id, run_id, idx, status, decision_json, spec_hash,"
+                           " started_at) VALUES(?,'bench.run',?,'done',?,?,?)",
+                           [(step, first + i, decision, five.spec_hash, at)
+                            for i, (_, at, step) in enumerate(rows)])
+        recent = [(five.target, agentgate.format_time(time.time() - 60 * i), f"recent{i}")
+                  for i in range(1, 11)]
         week = time.time() - 7 * 86400
         stores = []
         for name, earlier in (("empty.db", 0), ("full.db", history)):
             store = agentgate.Store(os.path.join(directory, name))
             store.db.execute("BEGIN")
-            store.db.executemany(insert, recent)
+            store.db.execute("INSERT INTO runs(id, session, tool, status, created_at) "
+                             "VALUES('bench.run', 'bench', 'five', 'COMPLETED', ?)",
+                             (agentgate.now(),))
+            add(store.db, recent)
             for target in (five.target, "bank/other"):
-                store.db.executemany(insert, (
-                    (target, agentgate.format_time(week - i * 0.5), "r", "s",
-                     '{"/amount":10}') for i in range(earlier)))
+                add(store.db, ((target, agentgate.format_time(week - i * 0.5), f"{target}{i}")
+                               for i in range(earlier)))
             store.db.execute("COMMIT")
             stores.append(store)
+            window = agentgate.counted_uses(store.read, five, agentgate.now())(week + 86400)
+            assert [amounts["/amount"] for _, amounts in window] == [10] * 10, window
         # Side by side: the two databases take turns, so load on the machine hits both alike.
         times = ([], [])
         for _ in range(3000):

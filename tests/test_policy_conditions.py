@@ -714,7 +714,8 @@ def test_the_first_entry_that_holds_decides_and_else_the_class():
         {"if": {"/amount": {"max": 100}}, "outcome": "deny", "reason": "medium"},
     ]})), "/tmp/x/config.json")
     rule = config.servers[0].rules["pay"]
-    tool = types.SimpleNamespace(name="pay", rule=rule, side_effect=rule.side_effect)
+    tool = types.SimpleNamespace(name="pay", rule=rule, side_effect=rule.side_effect,
+                                 schema={"type": "object"})
 
     def decided(amount):
         decision = agentgate.policy_decision(config, tool, J({"amount": amount}), facts())
