@@ -714,8 +714,8 @@ SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation", "destructive")
 OUTCOMES = ("allow", "require_approval", "deny")
 DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
                   "remote_mutation": "require_approval", "destructive": "deny"}
-NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+SESSION_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MIN_LEASE_TTL = 3 * SECOND
 # How long a tool call may run when neither its rule nor its server sets a timeout: long enough
 # for a slow search or a build, short enough that a hung server is noticed within the minute.
@@ -817,7 +817,7 @@ class Server:
             raise ConfigError(f"{where} must be an object")
         _refuse_unknown(raw, self.FIELDS, where)
         self.name = _string(raw, "name", where, required=True)
-        if not NAME_RE.match(self.name):
+        if not NAME_RE.fullmatch(self.name):
             raise ConfigError(f"{where}.name {quote(self.name)} must be 1 to 64 letters, digits, "
                               f"'_' or '-'")
         where = f'server "{self.name}"'
@@ -881,7 +881,7 @@ class Server:
         return env
 
 
-_HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _ENV_REFERENCE_RE = re.compile(r"\$\{([^}]*)\}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -911,7 +911,7 @@ def _url_server(raw, where, url):
                           f'{{"Authorization": "Bearer ${{TOKEN}}"}}')
     headers = {}
     for name, value in given.items():
-        if not _HEADER_NAME_RE.match(name):
+        if not _HEADER_NAME_RE.fullmatch(name):
             raise ConfigError(f"{where}.headers: {quote(name)} is not a header name")
         for variable in _ENV_REFERENCE_RE.findall(value):
             if not ENV_NAME_RE.fullmatch(variable):
@@ -945,7 +945,7 @@ class Config:
         self.database = os.path.join(base, os.path.expanduser(
             _string(raw, "database", where, required=True)))
         self.session = _string(raw, "session", where, required=True)
-        if not SESSION_RE.match(self.session):
+        if not SESSION_RE.fullmatch(self.session):
             raise ConfigError(f"session {quote(self.session)} must be 1 to 64 letters, digits, "
                               f"'_' or '-'")
         servers = raw.get("servers")
@@ -977,7 +977,7 @@ class Config:
         self.approval_ttl = _duration(raw, "approval_ttl", where, 86400 * SECOND)
         self.grant_ttl = _duration(raw, "grant_ttl", where, 86400 * SECOND)
         self.status_tool = _string(raw, "status_tool", where) or "gate_status"
-        if not NAME_RE.match(self.status_tool):
+        if not NAME_RE.fullmatch(self.status_tool):
             raise ConfigError(f"status_tool {quote(self.status_tool)} must be 1 to 64 letters, "
                               f"digits, '_' or '-'")
         cap = raw.get("max_argument_bytes", Number(str(DEFAULT_ARGUMENT_BYTES)))
@@ -3659,8 +3659,8 @@ def _validate_object(schema, value, root, where):
 HINT_NAMES = (("readOnlyHint", "readOnly"), ("destructiveHint", "destructive"),
               ("idempotentHint", "idempotent"), ("openWorldHint", "openWorld"))
 ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
-_DRAFT_RE = re.compile(r"^https?://json-schema\.org/(draft-0[467]/schema|draft/2019-09/schema|"
-                       r"draft/2020-12/schema|schema)#?$")
+_DRAFT_RE = re.compile(r"https?://json-schema\.org/(draft-0[467]/schema|draft/2019-09/schema|"
+                       r"draft/2020-12/schema|schema)#?")
 _HIDING_KEYWORDS = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentRequired",
                     "dependentSchemas", "dependencies", "$defs", "definitions")
 
@@ -4070,7 +4070,7 @@ def refusal(server, entry, live, rule, found):
     if mismatch and not rule.allow_hint_mismatch:
         return mismatch, ""
     name = rule.rename or f"{server.name}_{entry['name']}"
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         return (f"the name {quote(name)} does not match ^[a-zA-Z0-9_-]{{1,64}}$: set rename",
                 "")
     schema = entry.get("input_schema")
@@ -4125,8 +4125,8 @@ def reaches_outside(schema, pointer=""):
     for key, value in schema.items():
         bad = isinstance(value, str) and (
             (key in ("$ref", "$dynamicRef", "$recursiveRef") and not value.startswith("#"))
-            or (key == "$id" and not value.startswith("#") and not _DRAFT_RE.match(value))
-            or (key == "$schema" and not _DRAFT_RE.match(value))
+            or (key == "$id" and not value.startswith("#") and not _DRAFT_RE.fullmatch(value))
+            or (key == "$schema" and not _DRAFT_RE.fullmatch(value))
             or (key == "id" and _is_draft4(schema) and (":" in value or value.startswith("//"))))
         if bad:
             return (f"the input schema's {key} at {pointer or '/'} is {quote(value)}, which "
@@ -6552,7 +6552,7 @@ def load_run(store, run_id):
 
 
 MIN_PREFIX = 6
-ID_TEXT = re.compile(r"^[A-Za-z0-9_.-]+$")
+ID_TEXT = re.compile(r"[A-Za-z0-9_.-]+")
 ID_CANDIDATES = 200  # how many ids one prefix is looked up among; ten of them are listed
 
 
@@ -6563,7 +6563,7 @@ def resolve_id(store, kind, given, session="", narrow=None):
     for approve), so a prefix need only tell those apart. An id that is not found, or a
     prefix that several share, is refused with the candidates listed: nothing is guessed."""
     table = {"run": "runs", "approval": "approvals", "grant": "grants"}[kind]
-    if not ID_TEXT.match(given) or store.ids_starting(table, given, 1) == [given]:
+    if not ID_TEXT.fullmatch(given) or store.ids_starting(table, given, 1) == [given]:
         return given  # the whole id (or no id at all: the lookup says it is not found)
     if len(given) < MIN_PREFIX:
         raise StoreError(f"{kind} {quote(given)} not found (a shortened id needs at least "
