@@ -109,7 +109,8 @@ def test_a_schema_naming_its_draft_with_a_trailing_newline_is_refused(workdir):
 
 def corpus(kind: str) -> dict:
     """{server: its corpus file} of tests/lint_corpus/<kind>."""
-    files = [json.loads(path.read_text(encoding="utf-8")) for path in sorted((CORPUS / kind).glob("*.json"))]
+    paths = sorted((CORPUS / kind).glob("*.json"))
+    files = [json.loads(path.read_text(encoding="utf-8")) for path in paths]
     assert files and all(f.get("source") and f.get("tools") for f in files), kind
     return {f["server"]: f for f in files}
 
@@ -161,11 +162,13 @@ NEW_TECHNIQUES = ("ssh-key-in-parameter-name", "camel-case-parameter-name", "enu
 def test_check_refuses_the_new_techniques_and_offers_advice_to_call_a_sibling_first(workdir):
     poisoned = corpus("poisoned")
     tools = [t for name in NEW_TECHNIQUES for t in poisoned[f"poisoned-{name}"]["tools"]]
-    clean = tool("multiply", {"type": "object", "properties": {"a": {"type": "number"}}}, "Multiplies numbers.")
+    clean = tool("multiply", {"type": "object", "properties": {"a": {"type": "number"}}},
+                 "Multiplies numbers.")
     mail = corpus("benign")["email"]["tools"]
     servers = [scripted_server(workdir, {"tools": [*tools, clean]}, name="p",
                                rules={t["name"]: rule("read_only") for t in [*tools, clean]}),
-               scripted_server(workdir, {"tools": mail}, name="mail", rules={t["name"]: rule("read_only") for t in mail})]
+               scripted_server(workdir, {"tools": mail}, name="mail",
+                               rules={t["name"]: rule("read_only") for t in mail})]
     config = write_config(workdir, servers)
     pinned = pin(config)
     assert "\\x1b" in pinned.stdout and "\x1b" not in pinned.stdout  # shown as its code, never raw
