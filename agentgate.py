@@ -714,8 +714,8 @@ SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation", "destructive")
 OUTCOMES = ("allow", "require_approval", "deny")
 DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
                   "remote_mutation": "require_approval", "destructive": "deny"}
-NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+SESSION_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MIN_LEASE_TTL = 3 * SECOND
 # How long a tool call may run when neither its rule nor its server sets a timeout: long enough
 # for a slow search or a build, short enough that a hung server is noticed within the minute.
@@ -817,7 +817,7 @@ class Server:
             raise ConfigError(f"{where} must be an object")
         _refuse_unknown(raw, self.FIELDS, where)
         self.name = _string(raw, "name", where, required=True)
-        if not NAME_RE.match(self.name):
+        if not NAME_RE.fullmatch(self.name):
             raise ConfigError(f"{where}.name {quote(self.name)} must be 1 to 64 letters, digits, "
                               f"'_' or '-'")
         where = f'server "{self.name}"'
@@ -881,7 +881,7 @@ class Server:
         return env
 
 
-_HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _ENV_REFERENCE_RE = re.compile(r"\$\{([^}]*)\}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -911,7 +911,7 @@ def _url_server(raw, where, url):
                           f'{{"Authorization": "Bearer ${{TOKEN}}"}}')
     headers = {}
     for name, value in given.items():
-        if not _HEADER_NAME_RE.match(name):
+        if not _HEADER_NAME_RE.fullmatch(name):
             raise ConfigError(f"{where}.headers: {quote(name)} is not a header name")
         for variable in _ENV_REFERENCE_RE.findall(value):
             if not ENV_NAME_RE.fullmatch(variable):
@@ -945,7 +945,7 @@ class Config:
         self.database = os.path.join(base, os.path.expanduser(
             _string(raw, "database", where, required=True)))
         self.session = _string(raw, "session", where, required=True)
-        if not SESSION_RE.match(self.session):
+        if not SESSION_RE.fullmatch(self.session):
             raise ConfigError(f"session {quote(self.session)} must be 1 to 64 letters, digits, "
                               f"'_' or '-'")
         servers = raw.get("servers")
@@ -977,7 +977,7 @@ class Config:
         self.approval_ttl = _duration(raw, "approval_ttl", where, 86400 * SECOND)
         self.grant_ttl = _duration(raw, "grant_ttl", where, 86400 * SECOND)
         self.status_tool = _string(raw, "status_tool", where) or "gate_status"
-        if not NAME_RE.match(self.status_tool):
+        if not NAME_RE.fullmatch(self.status_tool):
             raise ConfigError(f"status_tool {quote(self.status_tool)} must be 1 to 64 letters, "
                               f"digits, '_' or '-'")
         cap = raw.get("max_argument_bytes", Number(str(DEFAULT_ARGUMENT_BYTES)))
@@ -3667,8 +3667,8 @@ def _validate_object(schema, value, root, where):
 HINT_NAMES = (("readOnlyHint", "readOnly"), ("destructiveHint", "destructive"),
               ("idempotentHint", "idempotent"), ("openWorldHint", "openWorld"))
 ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
-_DRAFT_RE = re.compile(r"^https?://json-schema\.org/(draft-0[467]/schema|draft/2019-09/schema|"
-                       r"draft/2020-12/schema|schema)#?$")
+_DRAFT_RE = re.compile(r"https?://json-schema\.org/(draft-0[467]/schema|draft/2019-09/schema|"
+                       r"draft/2020-12/schema|schema)#?")
 _HIDING_KEYWORDS = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentRequired",
                     "dependentSchemas", "dependencies", "$defs", "definitions")
 
@@ -3860,11 +3860,14 @@ def read_manifest(server):
     return manifest
 
 
-# Description lint. A description and the schema's texts are read by the model on every
-# tools/list, so they are where tool poisoning hides instructions. The lint finds the tricks
-# known to be used (invisible characters, tag-like blocks, text that speaks to the model,
-# secrets' places, names that mix scripts, references to other servers' tools, paths, URLs,
-# a text far longer than its peers); it cannot find them all, and says so in the README.
+# Description lint. A tool's description, its schema's texts and its parameters' names are
+# read by the model on every tools/list, so they are where tool poisoning hides instructions.
+# The lint finds the tricks known to be used (invisible characters, terminal escapes, bytes
+# smuggled in variation selectors, tag-like blocks and HTML comments, text that speaks to the
+# model, secrets' places and variables, names that mix scripts, instructions about other
+# servers' tools, paths, URLs, a text far longer than its peers); it cannot find them all,
+# and says so in the README. Advice to call a tool of the same server first is how public
+# servers sequence their tools, not an injection: it stays medium.
 LINT_HIGH, LINT_MEDIUM = "high", "medium"
 LINT_LONG = 1024  # a description is far longer than its peers past this and four times theirs
 
@@ -3872,45 +3875,67 @@ _LINT_PHRASES = [(re.compile(pattern, re.I | re.S), severity, what)
                  for pattern, severity, what in (
     (r"<\s*/?\s*(important|system|instructions?|secret|hidden|admin|context|critical)\b[^>]*>",
      LINT_HIGH, "a tag-like block"),
-    (r"\bignore\b.{0,40}\b(instructions?|prompts?|rules|guidelines|directions)\b", LINT_HIGH,
+    (r"<!--", LINT_HIGH, "an HTML comment, which rendered text hides"),
+    (r"\b(ignore|disregard|forget|override)\b.{0,40}\b(instructions?|prompts?|rules|guidelines|"
+     r"guidance|directions|directives)\b", LINT_HIGH,
      "text telling the model to ignore its instructions"),
-    (r"\b(system prompt|previous instructions|you are now|new instructions|as an ai)\b",
-     LINT_HIGH, "text aimed at the model's instructions"),
+    (r"\b(system prompt|(previous|earlier|prior) instructions|you are now|new instructions|"
+     r"as an ai)\b", LINT_HIGH, "text aimed at the model's instructions"),
     (r"\b(do not|don't|never|without)\b.{0,40}\b(tell|telling|inform|informing|mention|"
-     r"mentioning|reveal|revealing|alert|alerting|notify|notifying)\b.{0,40}\b(user|human|"
-     r"operator)", LINT_HIGH, "text telling the model to keep something from the user"),
-    (r"\bbefore\b.{0,30}\b(using|calling|invoking|you use|you call)\b.{0,120}\b(read|call|"
-     r"send|run|fetch|open|pass|include|upload)\b", LINT_HIGH,
-     "a step the model is told to take first"),
-    (r"(~/\.ssh|\bid_(rsa|dsa|ecdsa|ed25519)\b|\.aws/credentials|/etc/(passwd|shadow)|"
-     r"(^|[\s/'\"`])\.env\b|\.netrc\b|\.pgpass\b|\.git-credentials|\.docker/config\.json)",
-     LINT_HIGH, "the place of a secret"),
+     r"mentioning|reveal|revealing|alert|alerting|notify|notifying|let|letting)\b.{0,40}"
+     r"\b(user|human|operator|person|people|anyone)|\b(hide|hiding|conceal|concealing|keep|"
+     r"keeping)\b.{0,40}\bfrom\b.{0,20}\b(user|human|operator|person|people|anyone)|\bwithout\b"
+     r".{0,20}\b(user|human|operator|person)('s)?\s+(knowing|knowledge|noticing|consent)",
+     LINT_HIGH, "text telling the model to keep something from the user"),
+    (r"\b(when|whenever|every time)\b.{0,60}\b(any|every|all|other|another)\b"
+     r".{0,20}\b(tools?|commands?|calls?|requests?)\b.{0,80}\b(must|always|never)\b", LINT_HIGH,
+     "instructions for the model's other calls"),
+    (r"((?<![\w.])\.ssh\b|\bid[_ ](rsa|dsa|ecdsa|ed25519)\b|\.aws/credentials|/etc/(passwd|"
+     r"shadow)|(^|[\s/'\"`])\.env\b|\.netrc\b|\.pgpass\b|\.git-credentials|\.npmrc\b|"
+     r"\.pypirc\b|\.kube/config|\.docker/config\.json|\bmcp\.json\b|"
+     r"claude_desktop_config\.json)", LINT_HIGH, "the place of a secret"),
+    # Case matters: AWS_SECRET_ACCESS_KEY names a secret, an access_token parameter does not.
+    (r"(?-i:\b[A-Z][A-Z0-9_]*_(SECRET|TOKEN|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|"
+     r"PRIVATE_KEY|CREDENTIALS?)[A-Z0-9_]*\b)", LINT_HIGH, "a secret named by its variable"),
+    (r"[\x1b\x9b]", LINT_HIGH, "terminal escape sequences, which can hide text on a screen"),
     (r"\b(other|another|different)\s+(tools?|servers?|functions?)\b", LINT_MEDIUM,
      "a reference to other tools or servers"),
     (r"\b[a-z][a-z0-9+.-]*://\S+", LINT_MEDIUM, "a URL"),
     (r"(^|[\s'\"`(=])(~/|/(etc|home|root|users|var|tmp|usr|opt)/|[a-z]:\\)\S*", LINT_MEDIUM,
      "a file path"),
 )]
+_FIRST_STEP = re.compile(r"\bbefore\b.{0,30}\b(using|calling|invoking|you use|you call)\b.{0,120}"
+                         r"\b(read|call|send|run|fetch|open|pass|include|upload)\b", re.I | re.S)
+# Words that make a mention of another tool an instruction about it (shadowing).
+_DIRECTIVE = re.compile(r"\b(must|always|never|instead|do not|don't)\b", re.I)
+_SENTENCE_END = re.compile(r"[.!?](\s|$)")
 _WORD = re.compile(r"[^\W\d_]+")
+# Each selector hides one byte (U+FE00-FE0F: 0-15, U+E0100-E01EF: 16-255); emoji take one.
+_SELECTOR_RUN = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]{2,}")
+_READ_KEYWORDS = ("description", "title", "default", "examples", "enum", "const", "$comment")
 
 
 def lint_texts(entry):
-    """(where, text) of everything the model reads of a tool but its name: the description,
-    and the descriptions, titles, defaults and examples anywhere in its input schema."""
+    """(where, text) of everything the model reads of a tool but its names: the description,
+    and anywhere in its input schema the descriptions, titles, defaults, examples, enum and
+    const values, comments and x- extensions."""
     texts = [("description", entry.get("description") or "")]
 
     def walk(node, where):
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key in ("description", "title", "default", "examples") and not \
-                        isinstance(value, dict):
-                    for text in _strings(value):
-                        texts.append((f"input schema {where}/{key}", text))
-                else:
-                    walk(value, f"{where}/{key}")
-        elif isinstance(node, list):
+        if isinstance(node, list):
             for i, value in enumerate(node):
                 walk(value, f"{where}/{i}")
+        if not isinstance(node, dict):
+            return
+        for key, value in node.items():
+            at = f"{where}/{key}"
+            if key in _SCHEMA_MAPS and isinstance(value, dict):  # names here are not keywords
+                for name, schema in value.items():
+                    walk(schema, f"{at}/{name}")
+            elif key in _READ_KEYWORDS or key.startswith("x-"):
+                texts.extend((f"input schema {at}", text) for text in _strings(value))
+            else:
+                walk(value, at)
     walk(entry.get("input_schema"), "")
     return texts
 
@@ -3920,6 +3945,8 @@ def _strings(value):
         return [value]
     if isinstance(value, list):
         return [s for item in value for s in _strings(item)]
+    if isinstance(value, dict):
+        return [s for item in value.values() for s in _strings(item)]
     return []
 
 
@@ -3938,36 +3965,46 @@ def _schema_names(schema):
             yield from _schema_names(value)
 
 
-def lint_tool(entry, others, peer_length):
+def _name_words(name):
+    """A name as the model reads it: content_from_reading_ssh_id_rsa, readSshKey -> words."""
+    return re.sub(r"[_.-]+|(?<=[a-z0-9])(?=[A-Z])", " ", name)
+
+
+def _named(names, text):
+    return sorted(name for name in names if re.search(
+        rf"(?<![\w-]){re.escape(name)}(?![\w-])", text))
+
+
+def _sentence_from(text, start):
+    end = _SENTENCE_END.search(text, start)
+    return text[start:end.end() if end else len(text)]
+
+
+def _smuggled(text):
+    """What runs of variation selectors spell, decoded as bytes ('' when there are none)."""
+    spelled = bytearray()
+    for run in _SELECTOR_RUN.findall(text):
+        spelled += bytes(ord(ch) - 0xFE00 if ord(ch) < 0xFF00 else ord(ch) - 0xE0100 + 16
+                         for ch in run)
+    return spelled.decode("utf-8", "replace")
+
+
+def lint_tool(entry, others, siblings, peer_length):
     """A tool's findings as (severity, what, where), the high ones first. `others`: names of
-    other servers' tools; `peer_length`: the median description length of its server."""
+    other servers' tools; `siblings`: of its own server's; `peer_length`: the median
+    description length of its server."""
     findings = []
     for name in (entry["name"], *_schema_names(entry.get("input_schema"))):
         scripts = _scripts(name)
         if len(scripts) > 1:
             findings.append((LINT_HIGH, "a name that mixes scripts (" +
                              ", ".join(sorted(scripts)) + ")", f"name {quote(name)}"))
+        words = _name_words(name)
+        findings += [(severity, what, f"name {quote(name)}")
+                     for pattern, severity, what in _LINT_PHRASES if pattern.search(words)]
     for where, text in lint_texts(entry):
-        hidden = sorted({ord(ch) for ch in text if ord(ch) in _INVISIBLE})
-        if hidden:
-            # Tag characters mirror ASCII: what they spell is what the model may read.
-            spelled = "".join(chr(ord(ch) - 0xE0000) for ch in text
-                              if 0xE0020 <= ord(ch) < 0xE007F)
-            findings.append((LINT_HIGH, "invisible, bidirectional or tag characters (" +
-                             ", ".join(f"U+{code:04X}" for code in hidden[:5]) + ")" +
-                             (f" spelling {quote(cut(spelled, 200))}" if spelled else ""), where))
-        for pattern, severity, what in _LINT_PHRASES:
-            if pattern.search(text):
-                findings.append((severity, what, where))
-        mixed = sorted({word for word in _WORD.findall(text) if len(_scripts(word)) > 1})
-        if mixed:
-            findings.append((LINT_HIGH, f"words that mix scripts ({', '.join(mixed[:3])})",
-                             where))
-        named = sorted(other for other in others if re.search(
-            rf"(?<![\w-]){re.escape(other)}(?![\w-])", text))
-        if named:
-            findings.append((LINT_MEDIUM, f"names other servers' tools ({', '.join(named[:3])})",
-                             where))
+        findings += [(severity, what, where) for severity, what in _text_findings(
+            text, others, set(siblings) - {entry["name"]})]
     length = len(entry.get("description") or "")
     if length > max(LINT_LONG, 4 * peer_length):
         findings.append((LINT_MEDIUM, f"{length} characters long, far longer than its peers",
@@ -3975,17 +4012,54 @@ def lint_tool(entry, others, peer_length):
     return sorted(findings, key=lambda f: f[0] != LINT_HIGH)
 
 
+def _text_findings(text, others, siblings):
+    """(severity, what) of one text the model reads."""
+    found = []
+    hidden = sorted({ord(ch) for ch in text if ord(ch) in _INVISIBLE})
+    if hidden:
+        # Tag characters mirror ASCII: what they spell is what the model may read.
+        spelled = "".join(chr(ord(ch) - 0xE0000) for ch in text if 0xE0020 <= ord(ch) < 0xE007F)
+        found.append((LINT_HIGH, "invisible, bidirectional or tag characters (" +
+                      ", ".join(f"U+{code:04X}" for code in hidden[:5]) + ")" +
+                      (f" spelling {quote(cut(spelled, 200))}" if spelled else "")))
+    smuggled = _smuggled(text)
+    if smuggled:
+        found.append((LINT_HIGH, f"variation selectors hiding bytes that spell "
+                                 f"{quote(cut(smuggled, 200))}"))
+    found += [(severity, what) for pattern, severity, what in _LINT_PHRASES
+              if pattern.search(text)]
+    step = _FIRST_STEP.search(text)
+    if step and _named(siblings, _sentence_from(text, step.start())):
+        found.append((LINT_MEDIUM, "a step the model is told to take first, with a tool of "
+                                   "its own server"))
+    elif step:
+        found.append((LINT_HIGH, "a step the model is told to take first"))
+    mixed = sorted({word for word in _WORD.findall(text) if len(_scripts(word)) > 1})
+    if mixed:
+        found.append((LINT_HIGH, f"words that mix scripts ({', '.join(mixed[:3])})"))
+    named = _named(others, text)
+    if named and _DIRECTIVE.search(text):
+        found.append((LINT_HIGH, f"instructions about other servers' tools "
+                                 f"({', '.join(named[:3])})"))
+    elif named:
+        found.append((LINT_MEDIUM, f"names other servers' tools ({', '.join(named[:3])})"))
+    return found
+
+
 def lint_manifests(manifests):
     """{server name: {tool: findings}} over pinned manifests, each tool read against the
-    other servers' tools and its own server's description lengths."""
-    names = {server: set(manifest["tools"]) for server, manifest in manifests.items()}
+    other servers' tools, its own server's tools and its own server's description lengths."""
+    # A short plain name (add, search) is an ordinary word in prose, not a mention of a tool.
+    names = {server: {name for name in manifest["tools"]
+                      if len(name) >= 8 or "_" in name or "-" in name}
+             for server, manifest in manifests.items()}
     found = {}
     for server, manifest in manifests.items():
-        others = {name for other, tools in names.items() if other != server for name in tools
-                  if len(name) >= 8 or "_" in name or "-" in name} - names[server]
+        others = {name for other, tools in names.items() if other != server
+                  for name in tools} - set(manifest["tools"])
         lengths = sorted(len(e.get("description") or "") for e in manifest["tools"].values())
         median = lengths[len(lengths) // 2] if lengths else 0
-        found[server] = {tool: lint_tool(entry, others, median)
+        found[server] = {tool: lint_tool(entry, others, names[server], median)
                          for tool, entry in manifest["tools"].items()}
     return found
 
@@ -4078,7 +4152,7 @@ def refusal(server, entry, live, rule, found):
     if mismatch and not rule.allow_hint_mismatch:
         return mismatch, ""
     name = rule.rename or f"{server.name}_{entry['name']}"
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         return (f"the name {quote(name)} does not match ^[a-zA-Z0-9_-]{{1,64}}$: set rename",
                 "")
     schema = entry.get("input_schema")
@@ -4133,8 +4207,8 @@ def reaches_outside(schema, pointer=""):
     for key, value in schema.items():
         bad = isinstance(value, str) and (
             (key in ("$ref", "$dynamicRef", "$recursiveRef") and not value.startswith("#"))
-            or (key == "$id" and not value.startswith("#") and not _DRAFT_RE.match(value))
-            or (key == "$schema" and not _DRAFT_RE.match(value))
+            or (key == "$id" and not value.startswith("#") and not _DRAFT_RE.fullmatch(value))
+            or (key == "$schema" and not _DRAFT_RE.fullmatch(value))
             or (key == "id" and _is_draft4(schema) and (":" in value or value.startswith("//"))))
         if bad:
             return (f"the input schema's {key} at {pointer or '/'} is {quote(value)}, which "
@@ -6601,7 +6675,7 @@ def load_run(store, run_id):
 
 
 MIN_PREFIX = 6
-ID_TEXT = re.compile(r"^[A-Za-z0-9_.-]+$")
+ID_TEXT = re.compile(r"[A-Za-z0-9_.-]+")
 ID_CANDIDATES = 200  # how many ids one prefix is looked up among; ten of them are listed
 
 
@@ -6612,7 +6686,7 @@ def resolve_id(store, kind, given, session="", narrow=None):
     for approve), so a prefix need only tell those apart. An id that is not found, or a
     prefix that several share, is refused with the candidates listed: nothing is guessed."""
     table = {"run": "runs", "approval": "approvals", "grant": "grants"}[kind]
-    if not ID_TEXT.match(given) or store.ids_starting(table, given, 1) == [given]:
+    if not ID_TEXT.fullmatch(given) or store.ids_starting(table, given, 1) == [given]:
         return given  # the whole id (or no id at all: the lookup says it is not found)
     if len(given) < MIN_PREFIX:
         raise StoreError(f"{kind} {quote(given)} not found (a shortened id needs at least "
