@@ -4364,7 +4364,7 @@ def one_reading(written, name):
     knows Unicode 3.2 and maps little; UTS #46 (browsers, node's URL) knows today's Unicode
     and maps every compatibility form: node reads `loc\u1d43lhost` as localhost, and
     `127.0.0.\U0001fbf1` as 127.0.0.1, where the codec passes both through. So each
-    character must be one Unicode 3.2 assigned, the name must be its own case fold and NFKC
+    character must be assigned in Unicode 3.2, the name must be its own case fold and NFKC
     form (written upper-case, it must lower to that), no label may begin with a combining
     mark, and no character may be right-to-left or an Arabic digit, whose rules the two
     read differently. Anything else is no host, for host_in and host_not_in alike."""
@@ -4439,6 +4439,10 @@ def host_entry(entry, with_scheme, where):
     return scheme + sep + dot + host
 
 
+PATH_MAX = 4096  # the longest path the kernel opens; no server reaches a longer one
+MAX_LINKS = 40   # links followed in one lookup, as the kernel bounds them
+
+
 def path_under(value, roots):
     """Whether a path lies inside one of the (already resolved) roots, both as written and as
     this machine resolves it: `~` expanded, `.`, `..`, repeated and trailing slashes
@@ -4455,10 +4459,6 @@ def path_under(value, roots):
     return None not in places and all(
         any(place == root or place.startswith(root.rstrip("/") + "/") for root in roots)
         for place in places)
-
-
-PATH_MAX = 4096  # the longest path the kernel opens; no server reaches a longer one
-MAX_LINKS = 40   # links followed in one lookup, as the kernel bounds them
 
 
 def resolved_path(path):
@@ -4498,11 +4498,11 @@ def resolved_path(path):
             return None
         if mode is not None and stat.S_ISLNK(mode):
             links += 1
+            if links > MAX_LINKS:
+                return None
             try:
                 target = os.readlink(here)
             except OSError:
-                return None
-            if links > MAX_LINKS:
                 return None
             if target.startswith("/"):
                 resolved = []
