@@ -4624,7 +4624,10 @@ def _pattern_holds(value, pattern):
 
 
 def _host_holds(value, hosts, listed):
-    """Whether the URL's host is (`listed`) or is not among the hosts; never for no host."""
+    """Whether the URL's host is (`listed`) or is not among the hosts; never for no host, so
+    an entry that allows on either condition never allows a URL whose host cannot be read one
+    way. An entry that denies on host_in does not catch it either: what follows it decides
+    (the class, at the end), which is why a host policy is safest written as what it allows."""
     place = url_place(value)
     return place is not None and host_matches(*place, hosts) == listed
 
