@@ -121,6 +121,9 @@ def test_a_chain_of_links_longer_than_the_kernel_follows_lies_under_nothing(proj
     assert not holds(under(drafts), f"{drafts}/c{1000 - 41}/x")  # 41 links, one past the bound
     assert holds(under(drafts), f"{drafts}/c{1000 - 40}/x")      # 40 links, as the kernel follows
     assert holds(under(drafts), f"{drafts}/sub/x")
+    # The kernel draws the line at the same place.
+    assert kernel_lands(f"{drafts}/c{1000 - 41}/x") is None
+    assert kernel_lands(f"{drafts}/c{1000 - 40}/x") == str((drafts / "sub" / "x").resolve())
 
 
 def test_a_root_the_gate_cannot_resolve_is_refused_at_load(projects):
