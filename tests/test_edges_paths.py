@@ -23,7 +23,6 @@ import os
 import random
 import subprocess
 import sys
-import unicodedata
 from pathlib import Path
 
 import pytest
@@ -31,7 +30,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import agentgate  # noqa: E402
-from conftest import REPO, Host, filesystem_server_argv  # noqa: E402
+from conftest import Host, filesystem_server_argv  # noqa: E402
 from kit import result_text, wait_no_process  # noqa: E402
 from test_readme import (PLACEHOLDER_HOME, Quickstart, readme_host_snippets,  # noqa: E402
                          readme_rules)
