@@ -4326,11 +4326,12 @@ def load_all(config, while_starting=None):
 # No SQL here.
 # Promises: a condition that cannot be evaluated does not hold; numbers compare as exact
 # decimals from their literals, never through a float; a path lies under a directory only if
-# it does so both as written and as this machine resolves its links; a URL's host is the one a
-# client would connect to, and a host that could be read two ways is no host; a limit never
-# loosens a decision; a grant answers only what would wait for an operator (never a deny, never
-# a re-run of an unknown outcome); every mistake in a policy is refused at load with one
-# sentence naming the tool, the entry and the fix.
+# it does so both as written and as this machine resolves its links, and a path the gate cannot
+# resolve as a server would lies under none; a URL's host is the one a client would connect
+# to, and a host that could be read two ways is no host; a limit never loosens a decision; a
+# grant answers only what would wait for an operator (never a deny, never a re-run of an
+# unknown outcome); every mistake in a policy is refused at load with one sentence naming the
+# tool, the entry and the fix.
 # A pointer reads what the server will: an argument the call omits, at the default the tool's
 # pinned schema gives it. A limit counts each execution by the arguments it was recorded with,
 # so a limit added or changed within its window counts what ran before it.
@@ -4348,6 +4349,7 @@ _CLOCK_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])|24:00")
 _LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
 _NUMERIC_LABEL_RE = re.compile(r"0x[0-9a-f]*|[0-9]+")
 _URL_UNSAFE_RE = re.compile(r"[\x00-\x20\x7f\\]")
+_SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
 # Sums are exact: the precision spans any literal the parser admits (its digits, exponents to
 # ±MAX_EXPONENT), and a result that would still round raises rather than rounds.
 EXACT = decimal.Context(prec=2 * MAX_EXPONENT + MAX_NUMBER_CHARS + 64, Emax=10 * MAX_EXPONENT,
@@ -4433,8 +4435,8 @@ def normal_host(host):
     """A host as it is compared, or None when it is no host a client would reach one way
     only: lower-case, IDNA-encoded, one trailing dot dropped, an IP address in its standard
     form. A label a client reads as a number must make a whole dotted-quad address (so no
-    octal, hex or short forms), and a non-ASCII name must come back from IDNA unchanged (so
-    no name that IDNA versions map differently, and no full-width forms)."""
+    octal, hex or short forms), and a name must read the same through Python's IDNA 2003
+    codec and the UTS #46 mapping browsers and node apply (one_reading)."""
     import ipaddress
     if not isinstance(host, str) or not host or "%" in host:
         return None
@@ -4450,8 +4452,12 @@ def normal_host(host):
     host = host[:-1] if host.endswith(".") else host
     lowered = host.lower()
     try:
-        encoded = lowered.encode("idna").decode("ascii")
-        if not lowered.isascii() and encoded.encode("ascii").decode("idna") != lowered:
+        # An xn-- label is read as the name it encodes, and that name must read one way too.
+        name = lowered.encode("ascii").decode("idna") if lowered.isascii() else lowered
+        if not (name.isascii() or one_reading(host, name)):
+            return None
+        encoded = name.encode("idna").decode("ascii")
+        if not name.isascii() and encoded.encode("ascii").decode("idna") != name:
             return None
     except UnicodeError:
         return None
@@ -4466,8 +4472,38 @@ def normal_host(host):
     return encoded
 
 
-def url_host(value):
-    """The host a URL names (userinfo and port aside), normalised, or None."""
+def one_reading(written, name):
+    """Whether a non-ASCII host name (`written`, and `name`, the same lower-cased or decoded
+    from its xn-- form) reads as the same name to every client. Python's IDNA 2003 codec
+    knows Unicode 3.2 and maps little; UTS #46 (browsers, node's URL) knows today's Unicode
+    and maps every compatibility form: node reads `loc\u1d43lhost` as localhost, and
+    `127.0.0.\U0001fbf1` as 127.0.0.1, where the codec passes both through. So each
+    character must be assigned in Unicode 3.2, the name must be its own case fold and NFKC
+    form (written upper-case, it must lower to that), no label may begin with a combining
+    mark, and no character may be right-to-left or an Arabic digit, whose rules the two
+    read differently. Anything else is no host, for host_in and host_not_in alike."""
+    if unicodedata.normalize("NFKC", name.casefold()) != name or \
+            unicodedata.normalize("NFKC", written.casefold()) != written.lower():
+        return False
+    return all(char.isascii() or (unicodedata.ucd_3_2_0.category(char) != "Cn"
+                                  and unicodedata.bidirectional(char) not in ("R", "AL", "AN")
+                                  and char not in _IGNORED_LETTERS)
+               for char in name) and \
+        not any(unicodedata.category(label[:1]).startswith("M") for label in name.split("."))
+
+
+# Letters Unicode says to ignore, which UTS #46 refuses and IDNA 2003 keeps.
+_IGNORED_LETTERS = "\u115f\u1160\u17b4\u17b5"
+
+
+# The schemes whose host URL parsers read as a domain (WHATWG's special schemes); in any
+# other a parser keeps the host as opaque text, percent-encoding what is not ASCII.
+DOMAIN_SCHEMES = ("http", "https", "ws", "wss", "ftp", "file")
+
+
+def url_place(value):
+    """(scheme, host) of a URL, its host normalised (userinfo and port aside), or None when
+    it names no host a client would read one way."""
     from urllib.parse import urlsplit
     if not isinstance(value, str) or len(value) > 8192 or _URL_UNSAFE_RE.search(value):
         return None
@@ -4478,32 +4514,129 @@ def url_host(value):
         return None
     if not parts.scheme or not parts.netloc:
         return None
-    return normal_host(parts.hostname)
+    written = parts.netloc.rpartition("@")[2]
+    written = written[:written.find("]") + 1] if written.startswith("[") else \
+        written.partition(":")[0]
+    if not written.isascii() and parts.scheme not in DOMAIN_SCHEMES:
+        return None
+    host = normal_host(written)
+    return None if host is None else (parts.scheme, host)
 
 
-def host_matches(host, entries):
-    return any(host.endswith(entry) if entry.startswith(".") else host == entry
-               for entry in entries)
+def host_matches(scheme, host, entries):
+    """Whether a host (reached by `scheme`) is one of the entries: a host, `.` and a domain
+    for its subdomains, either after `scheme://` when only that scheme will do."""
+    for entry in entries:
+        wanted, sep, name = entry.partition("://")
+        if not sep:
+            wanted, name = scheme, entry
+        if wanted == scheme and (host.endswith(name) if name.startswith(".") else host == name):
+            return True
+    return False
+
+
+def host_entry(entry, with_scheme, where):
+    """A host_in or host_not_in entry as it is compared. Only host_in takes a scheme
+    (`https://example.com`): in host_not_in it would let the same host through under every
+    other scheme."""
+    scheme, sep, name = entry.partition("://") if isinstance(entry, str) else ("", "", entry)
+    scheme, name = (scheme.lower(), name) if sep else ("", entry)
+    dot = "." if isinstance(name, str) and name.startswith(".") else ""
+    host = normal_host(name[1:] if dot else name) if isinstance(name, str) else None
+    if host is None or (dot and ":" in host) or (scheme and not _SCHEME_RE.fullmatch(scheme)):
+        raise ConfigError(f"{where}: {quote(str(entry))} is not a host name; write it like "
+                          f'"example.com", or ".example.com" for its subdomains')
+    if scheme and not with_scheme:
+        raise ConfigError(f"{where}: {quote(entry)} names a scheme, which only host_in may "
+                          f'require (as "https://example.com"); write host_not_in entries like '
+                          f'"example.com"')
+    return scheme + sep + dot + host
+
+
+PATH_MAX = 4096  # the longest path the kernel opens; no server reaches a longer one
+MAX_LINKS = 40   # links followed in one lookup, as the kernel bounds them
 
 
 def path_under(value, roots):
     """Whether a path lies inside one of the (already resolved) roots, both as written and as
     this machine resolves it: `~` expanded, `.`, `..`, repeated and trailing slashes
     normalised, and symbolic links followed where the path or a parent of it exists. A
-    relative path could be read against any directory, so it lies under none."""
+    relative path could be read against any directory, and a path the gate cannot resolve the
+    way a server will (resolved_path) could land anywhere: either lies under none."""
     if not isinstance(value, str) or not value or "\x00" in value:
         return False
     if value == "~" or value.startswith("~/"):
         value = os.path.expanduser("~") + value[1:]
-    if not value.startswith("/"):
+    if not value.startswith("/") or len(value.encode("utf-8", "surrogatepass")) > PATH_MAX:
         return False
-    value = "/" + value.lstrip("/")
+    places = {resolved_path(os.path.normpath(value)), resolved_path(value)}
+    return None not in places and all(
+        any(place == root or place.startswith(root.rstrip("/") + "/") for root in roots)
+        for place in places)
+
+
+def resolved_path(path):
+    """Where an absolute path leads on this machine, its links followed one component at a
+    time (and `..` taken after the link before it, as the kernel does), or None when the gate
+    cannot judge it the way a server will. Such a path is:
+    - one through /proc: its self, thread-self, cwd and fd links are read in the process
+      that opens the path, the server, not the gate;
+    - one that follows more than MAX_LINKS links, which is also how a loop ends (the kernel
+      answers ELOOP);
+    - one that goes through a file as a directory, or a directory the gate may not read;
+    - one with a component a server could take for another entry: servers match names after
+      Unicode normalisation (the filesystem server finds `li\u0308nk` as the entry `l\u00efnk`,
+      a link that leads elsewhere), so a component that does not exist byte for byte, and
+      one that is not ASCII, must have no other entry of its directory equal to it under NFKC
+      (which equates all that NFC and NFD equate, and the Kelvin sign with K).
+    Written out rather than left to os.path.realpath, whose reading of a loop followed by
+    more components changed between Python versions, and which recurses once per link."""
+    resolved, pending, links = [], path.split("/")[::-1], 0
+    while pending:
+        name = pending.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            del resolved[-1:]
+            continue
+        if not resolved and name == "proc":
+            return None
+        here = "/" + "/".join(resolved + [name])
+        try:
+            mode = os.lstat(here).st_mode
+        except FileNotFoundError:
+            mode = None
+        except (OSError, ValueError):
+            return None
+        if (mode is None or not name.isascii()) and _named_two_ways(resolved, name):
+            return None
+        if mode is not None and stat.S_ISLNK(mode):
+            links += 1
+            if links > MAX_LINKS:
+                return None
+            try:
+                target = os.readlink(here)
+            except OSError:
+                return None
+            if target.startswith("/"):
+                resolved = []
+            pending.extend(target.split("/")[::-1])
+            continue
+        resolved.append(name)
+    return "/" + "/".join(resolved)
+
+
+def _named_two_ways(parents, name):
+    """Whether another entry of the directory `parents` names could be taken for `name`."""
     try:
-        places = {os.path.realpath(os.path.normpath(value)), os.path.realpath(value)}
-    except (OSError, ValueError):
-        return False
-    return all(any(place == root or place.startswith(root.rstrip("/") + "/") for root in roots)
-               for place in places)
+        entries = os.listdir("/" + "/".join(parents))
+    except FileNotFoundError:
+        return False  # nothing there yet, so nothing to mistake it for
+    except OSError:
+        return True
+    key = unicodedata.normalize("NFKC", name)
+    return any(entry != name and unicodedata.normalize("NFKC", entry) == key
+               for entry in entries)
 
 
 def resolved_root(text, where):
@@ -4514,7 +4647,12 @@ def resolved_root(text, where):
     if not path.startswith("/"):
         raise ConfigError(f"{where}: {quote(text)} is relative; write the directory as an "
                           f"absolute path or one starting with ~/")
-    return os.path.realpath(os.path.normpath("/" + path.lstrip("/")))
+    root = resolved_path(os.path.normpath(path))
+    if root is None:
+        raise ConfigError(f"{where}: {quote(text)} cannot be resolved as a server would (it "
+                          f"goes through /proc, a loop or too many links, or is named two "
+                          f"ways); name the directory itself")
+    return root
 
 
 class Condition:
@@ -4568,17 +4706,7 @@ class Condition:
                 raise ConfigError(f"{where} must be a non-empty list of strings")
             if name == "under":
                 return [resolved_root(root, where) for root in value]
-            hosts = []
-            for entry in value:
-                dot = "." if isinstance(entry, str) and entry.startswith(".") else ""
-                host = normal_host(entry[1:] if dot else entry) if isinstance(entry, str) \
-                    else None
-                if host is None or (dot and ":" in host):
-                    raise ConfigError(f"{where}: {quote(str(entry))} is not a host name; write "
-                                      f'it like "example.com", or ".example.com" for its '
-                                      f'subdomains')
-                hosts.append(dot + host)
-            return hosts
+            return [host_entry(entry, name == "host_in", where) for entry in value]
         return value  # equals: any JSON value
 
     def holds(self, args, schema=None):
@@ -4612,9 +4740,12 @@ def _pattern_holds(value, pattern):
 
 
 def _host_holds(value, hosts, listed):
-    """Whether the URL's host is (`listed`) or is not among the hosts; never for no host."""
-    host = url_host(value)
-    return host is not None and host_matches(host, hosts) == listed
+    """Whether the URL's host is (`listed`) or is not among the hosts; never for no host, so
+    an entry that allows on either condition never allows a URL whose host cannot be read one
+    way. An entry that denies on host_in does not catch it either: what follows it decides
+    (the class, at the end), which is why a host policy is safest written as what it allows."""
+    place = url_place(value)
+    return place is not None and host_matches(*place, hosts) == listed
 
 
 def _length(value):
@@ -7924,7 +8055,8 @@ def project_server_text(file, server, why):
     if server is None:
         runs = why
     elif "url" in server:
-        runs = f"it would be reached at {url_host(server['url']) or 'an unusable url'}"
+        place = url_place(server["url"])
+        runs = f"it would be reached at {'://'.join(place) if place else 'an unusable url'}"
     else:
         runs = f"it would run {shlex.join(server['command'])}"
     return (f"a project's server is started only when init is given -from "

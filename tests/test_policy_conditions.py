@@ -597,7 +597,7 @@ def test_an_ipv4_mapped_ipv6_literal_does_not_slip_past_host_not_in():
 
 
 def test_a_host_entry_that_is_no_host_name_is_refused():
-    entries = ["https://good.com", "good.com/", "good.com:443", "[::1]:80", "*.example.com",
+    entries = ["https://good.com/", "good.com/", "good.com:443", "[::1]:80", "*.example.com",
                "..example.com", ".::1", "", "\uff47\uff4f\uff4f\uff47\uff4c\uff45.com",
                "stra\u00dfe.de", "0x7f.1", "2130706433", 5, None]
     assert refusals_missing([json.dumps({"host_in": [e]}) for e in entries] +
@@ -899,7 +899,7 @@ def second_entry(condition_raw, outcome="allow"):
     (second_entry({"/a~2b": {"present": True}}), ["'~' that is not ~0 or ~1", "write ~0"]),
     (second_entry({"/to": {"present": True}}, "alow"), ['outcome is "alow"', "use one of allow"]),
     (second_entry({"/p": {"under": ["sandbox"]}}), ['"sandbox" is relative', "absolute path"]),
-    (second_entry({"/u": {"host_in": ["https://x.com"]}}), ["is not a host name",
+    (second_entry({"/u": {"host_in": ["https://x.com/"]}}), ["is not a host name",
                                                             '"example.com"']),
 ])
 def test_a_mistake_in_an_entry_is_one_sentence_naming_the_tool_the_entry_and_the_fix(rule,
