@@ -4406,7 +4406,9 @@ def resolved_root(text, where):
 class Condition:
     """What the value at one JSON Pointer into the arguments must be."""
 
-    def __init__(self, pointer, raw, where):
+    def __init__(self, pointer, raw, where, resolved=False):
+        """`resolved`: the directories of `under` are taken as they are, as a grant keeps
+        them (resolved when it was confirmed), and not resolved again."""
         self.pointer, self.tokens = pointer, parse_pointer(pointer, where)
         where = f"{where} {quote(pointer)}"
         if not isinstance(raw, dict) or not raw:
@@ -4415,7 +4417,7 @@ class Condition:
         _refuse_unknown(raw, CONDITIONS, where)
         self.raw, self.tests = raw, []
         for name, value in raw.items():
-            self.tests.append((name, self._read(name, value, f"{where}.{name}")))
+            self.tests.append((name, self._read(name, value, f"{where}.{name}", resolved)))
         bounds = dict(self.tests)
         if "min" in bounds and "max" in bounds and bounds["min"] > bounds["max"]:
             raise ConfigError(f"{where}: min {number_text(bounds['min'])} is above max "
@@ -4425,7 +4427,7 @@ class Condition:
                               f"nothing else can be asked of it; give it its own entry")
 
     @staticmethod
-    def _read(name, value, where):
+    def _read(name, value, where, resolved):
         if name in ("in", "not_in"):
             if not isinstance(value, list) or not value:
                 raise ConfigError(f"{where} must be a non-empty list of JSON values")
@@ -4453,7 +4455,8 @@ class Condition:
             if not isinstance(value, list) or not value:
                 raise ConfigError(f"{where} must be a non-empty list of strings")
             if name == "under":
-                return [resolved_root(root, where) for root in value]
+                return list(value) if resolved else [resolved_root(root, where)
+                                                     for root in value]
             hosts = []
             for entry in value:
                 dot = "." if isinstance(entry, str) and entry.startswith(".") else ""
@@ -4526,13 +4529,14 @@ CONDITION_WORDS = {
 }
 
 
-def parse_conditions(raw, where):
+def parse_conditions(raw, where, resolved=False):
     """An `if` object (or a grant's -if): JSON Pointers to conditions, all of which must
-    hold."""
+    hold. `resolved`: a grant's, whose directories were resolved when it was confirmed."""
     if not isinstance(raw, dict):
         raise ConfigError(f'{where} must be an object of JSON Pointer to condition, such as '
                           f'{{"/amount": {{"max": "50.00"}}}}')
-    return [Condition(pointer, condition, where) for pointer, condition in raw.items()]
+    return [Condition(pointer, condition, where, resolved) for pointer, condition in
+            raw.items()]
 
 
 class During:
@@ -4723,10 +4727,19 @@ class Grant:
     def __init__(self, stored):
         """From the grant as the store keeps it (a dict of GRANT_COLUMNS)."""
         self.id, self.by = stored["id"], stored["by"]
-        self.conditions = parse_conditions(parse(stored["conditions_json"]), f"grant {self.id}")
+        self.conditions = parse_conditions(parse(stored["conditions_json"]), f"grant {self.id}",
+                                           resolved=True)
 
     def covers(self, args):
         return all(condition.holds(args) for condition in self.conditions)
+
+
+def confirmed_conditions(conditions):
+    """A grant's conditions as it keeps them: each `under` with its directories as they were
+    resolved and shown when the grant was confirmed. Resolved again at each decision, a
+    directory replaced by a link since would take the grant to a place it never named."""
+    return {c.pointer: {name: expected if name == "under" else c.raw[name]
+                        for name, expected in c.tests} for c in conditions}
 
 
 def policy_decision(config, tool, args, facts, rerun=False, approved=False):
@@ -6556,32 +6569,73 @@ ID_TEXT = re.compile(r"^[A-Za-z0-9_.-]+$")
 ID_CANDIDATES = 200  # how many ids one prefix is looked up among; ten of them are listed
 
 
-def resolve_id(store, kind, given, session="", narrow=None):
-    """The one id of a run, an approval or a grant that starts with `given`: an operator may
-    type any unique prefix of at least MIN_PREFIX characters, of a run's id with or without
-    its session. `narrow` keeps, of several, those a command can act on (a run that waits,
-    for approve), so a prefix need only tell those apart. An id that is not found, or a
-    prefix that several share, is refused with the candidates listed: nothing is guessed."""
+def id_candidates(store, kind, given, session=""):
+    """Every id of a run, an approval or a grant that `given` may name: the id itself when it
+    is whole, else every id it starts, whatever state its run or approval is in. An operator
+    may type any prefix of at least MIN_PREFIX characters, of a run's id with or without its
+    session. The state is left out on purpose: a prefix narrowed to the runs still waiting
+    would move on, once the run it named was decided, to another run made the same minute."""
     table = {"run": "runs", "approval": "approvals", "grant": "grants"}[kind]
-    if not ID_TEXT.match(given) or store.ids_starting(table, given, 1) == [given]:
-        return given  # the whole id (or no id at all: the lookup says it is not found)
+    if not ID_TEXT.match(given):
+        return []
+    if store.ids_starting(table, given, 1) == [given]:
+        return [given]
     if len(given) < MIN_PREFIX:
-        raise StoreError(f"{kind} {quote(given)} not found (a shortened id needs at least "
-                         f"{MIN_PREFIX} characters)")
+        return []
     found = store.ids_starting(table, given, ID_CANDIDATES)
     if kind == "run" and "." not in given:
         found += (store.ids_starting(table, f"{session}.{given}", ID_CANDIDATES) if session
                   else store.run_ids_after_session(given, ID_CANDIDATES))
-    found = sorted(set(found))
-    if narrow and len(found) > 1:
-        found = [candidate for candidate in found if narrow(candidate)] or found
+    return sorted(set(found))
+
+
+def resolve_id(store, kind, given, session=""):
+    """The one id of `kind` that `given` names (id_candidates). An id that is not found, or a
+    prefix that several share, is refused with the candidates listed: nothing is guessed."""
+    return only_one(kind, given, id_candidates(store, kind, given, session))
+
+
+def only_one(kind, given, found):
     if len(found) == 1:
         return found[0]
     if not found:
-        raise StoreError(f"{kind} {quote(given)} not found")
+        short = ID_TEXT.match(given) and len(given) < MIN_PREFIX
+        raise StoreError(f"{kind} {quote(given)} not found" + (
+            f" (a shortened id needs at least {MIN_PREFIX} characters)" if short else ""))
     listed = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
     raise StoreError(f"{kind} {quote(given)} is ambiguous: it starts {listed}; give more of "
                      f"its characters")
+
+
+def resolve_named(store, given, session, approval=None):
+    """What an operator names with a command's ID, and with -approval when given: (run id,
+    approval id or None). ID is a run's id or an approval's, whole or a prefix; an approval
+    names its run too, so a run and its own approvals, which begin with the same time, are
+    one thing named. -approval keeps, of the approvals it starts, those of what ID names.
+    Several runs, or several approvals of one run, are refused with the candidates listed;
+    whether what is named can still be acted on is for the command to say, never a reason to
+    choose another."""
+    named = [(run_id, None) for run_id in id_candidates(store, "run", given, session)]
+    named += [(store.approval(a)["run_id"], a) for a in id_candidates(store, "approval", given)]
+    if not named:
+        only_one("run or approval", given, [])
+    if approval is not None:
+        wanted = [(store.approval(a)["run_id"], a) for a in id_candidates(
+            store, "approval", approval)]
+        if not wanted:
+            only_one("approval", approval, [])
+        named = [(run_id, a) for run_id, a in wanted if (run_id, None) in named or
+                 (run_id, a) in named]
+        if not named:
+            raise StoreError(f"approval {quote(approval)} is no approval of {quote(given)}")
+    runs = sorted({run_id for run_id, _ in named})
+    approvals = sorted({a for _, a in named if a})
+    if len(runs) > 1 or len(approvals) > 1:
+        kind = "approval" if approval is not None else "run" if not approvals else \
+            "run or approval"
+        only_one(kind, given if approval is None else approval, sorted(
+            run_id if a is None else f"{a} (approval of run {run_id})" for run_id, a in named))
+    return runs[0], (approvals[0] if approvals else None)
 
 
 def cmd_show(argv):
@@ -6589,7 +6643,7 @@ def cmd_show(argv):
     p.add_argument("run", type=text_argument)
     opts = p.parse_args(argv)
     store, session = operator_store(opts, readonly=True)
-    opts.run = resolve_id(store, "run", opts.run, session)
+    opts.run = resolve_named(store, opts.run, session)[0]
     run = load_run(store, opts.run)
     steps, approvals = store.steps(opts.run), store.approvals(opts.run)
     events = store.run_events(opts.run)
@@ -6698,10 +6752,11 @@ def approval_lines(approval, full=False, late=()):
     return lines, shortened
 
 
-def print_approval(approval, full=False, late=()):
-    """Print an approval in full (approval_lines); returns whether a value was shortened."""
+def print_approval(approval, full=False, late=(), out=None):
+    """Print an approval in full (approval_lines) to `out` (stdout when None); returns
+    whether a value was shortened."""
     lines, shortened = approval_lines(approval, full, late)
-    print("\n".join(lines))
+    print("\n".join(lines), file=out, flush=True)
     return shortened
 
 
@@ -6719,24 +6774,41 @@ def late_text(observation):
 
 
 def select_approval(store, run_id, approval_id):
+    """The approval a command decides: the one named, or the one its run waits on. One that
+    was decided already is said to be so, and nothing else is decided in its place."""
+    approvals = store.approvals(run_id)
     if approval_id:
-        approvals = {a["id"]: a for a in store.approvals(run_id)}
-        approval = approvals.get(resolve_id(store, "approval", approval_id,
-                                            narrow=approvals.__contains__))
-        if approval is None:
-            raise StoreError(f"run {quote(run_id)} has no approval {quote(approval_id)}")
+        approval = next(a for a in approvals if a["id"] == approval_id)
         if approval["status"] != "pending":
-            raise StoreError(f"approval {approval_id} is {approval['status']}, not pending; "
-                             f"there is nothing to decide")
+            raise StoreError(f"approval {approval_id} was already {decision_text(approval)}; "
+                             f"nothing was decided")
         return approval
-    pending = [a for a in store.approvals(run_id) if a["status"] == "pending"]
+    pending = [a for a in approvals if a["status"] == "pending"]
     if not pending:
         load_run(store, run_id)
-        raise StoreError(f"run {quote(run_id)} has no pending approval")
+        last = f": approval {approvals[-1]['id']} was already " \
+            f"{decision_text(approvals[-1])}" if approvals else ""
+        raise StoreError(f"run {quote(run_id)} has no pending approval{last}; nothing was "
+                         f"decided")
     if len(pending) > 1:
         raise StoreError(f"run {quote(run_id)} has {len(pending)} pending approvals; name one "
                          f"of {', '.join(a['id'] for a in pending)} with -approval")
     return pending[0]
+
+
+def decision_text(approval):
+    """How an approval that no longer waits was decided, as people read it."""
+    by = f" by {sanitize(approval['decided_by'])}" if approval["decided_by"] else ""
+    at = f" at {prose_time(approval['decided_at'])}" if approval["decided_at"] else ""
+    return f"{approval['status']}{by}{at}"
+
+
+def confirmed(question, out, refusal="refusing without -yes or an interactive terminal"):
+    """Whether the operator typed yes at a terminal; refused without one."""
+    if not sys.stdin.isatty():
+        raise Usage(refusal)
+    print(question, end="", file=out, flush=True)
+    return input().strip().lower() in ("y", "yes")
 
 
 def decide(argv, command):
@@ -6751,23 +6823,22 @@ def decide(argv, command):
     if not by:
         raise Usage("say who decides with -by; the current user has no name")
     store, session = operator_store(opts, readonly=False)
-    opts.run = resolve_id(store, "run", opts.run, session, narrow=lambda run_id: any(
-        a["status"] == "pending" for a in store.approvals(run_id)))
-    approval = intact(select_approval(store, opts.run, opts.approval))
-    shortened = print_approval(approval, opts.full, store.late_outcomes(approval["run_id"]))
+    opts.run, named = resolve_named(store, opts.run, session, opts.approval)
+    approval = intact(select_approval(store, opts.run, named))
+    # With -json the printout goes to stderr: stdout carries the one JSON value.
+    out = sys.stderr if opts.json else sys.stdout
+    shortened = print_approval(approval, opts.full, store.late_outcomes(approval["run_id"]), out)
     if shortened:
         # An approval binds every byte of its request: it is decided only on a printout that
         # showed every one of them, so nothing can hide in the middle of a long value.
         raise Usage(f"approval {approval['id']} has a value too long to print whole, so it was "
                     f"shown shortened; run the command again with -full to see every byte "
                     f"before you {command}")
-    if not (opts.approval or opts.yes):
-        if not sys.stdin.isatty():
-            raise Usage("refusing without -approval, -yes, or an interactive terminal")
-        reply = input(f"{command} approval {approval['id']}? type yes to {command}: ")
-        if reply.strip().lower() not in ("y", "yes"):
-            print("nothing decided")
-            return 1
+    if not (opts.approval or opts.yes or confirmed(
+            f"{command} approval {approval['id']}? type yes to {command}: ", out,
+            "refusing without -approval, -yes, or an interactive terminal")):
+        print("nothing decided", file=out)
+        return 1
     decide_shown(store, approval, status, by, opts.note or "")
     run = load_run(store, opts.run)
     if opts.json:
@@ -6826,8 +6897,7 @@ def cmd_cancel(argv):
     opts = p.parse_args(argv)
     by = opts.by or current_user()
     store, session = operator_store(opts, readonly=False)
-    opts.run = resolve_id(store, "run", opts.run, session, narrow=lambda run_id: (
-        store.run(run_id)["status"] not in TERMINAL))
+    opts.run = resolve_named(store, opts.run, session)[0]
     run = load_run(store, opts.run)
     if run["status"] in TERMINAL:
         raise StoreError(f"run {opts.run} already ended ({run['status']}); there is nothing to "
@@ -7170,36 +7240,41 @@ def cmd_grant(argv):
         raise Usage(f"-for must be more than 0 and at most grant_ttl "
                     f"({format_duration(config.grant_ttl)})" if config.grant_ttl else
                     "-for must be more than 0")
-    created = now()
     grant = {"id": new_id(8), "session": config.session, "tool": tool.target,
-             "name": tool.name, "conditions_json": dumps(conditions), "created_at": created,
-             "expires_at": later(created, span), "by": by, "note": opts.note or ""}
-    print(f"GRANT  {grant['id']}")
-    print(f"  tool           {sanitize(tool.name)} (server {sanitize(tool.server.name)}, "
-          f"upstream tool {sanitize(tool.upstream_name)})")
-    print(f"  session        {config.session}")
-    print("  covers         calls that would wait for an operator" + (
-        ", and whose arguments:" if parsed else ", whatever their arguments"))
-    for condition in parsed:
-        print(f"    {sanitize(condition.text())}")
-    print(f"  from           {created}")
-    print(f"  until          {grant['expires_at']} ({format_duration(span)})")
-    print(f"  by             {sanitize(by)}")
+             "name": tool.name, "conditions_json": dumps(confirmed_conditions(parsed)),
+             "by": by, "note": opts.note or ""}
+    # With -json the printout goes to stderr: stdout carries the one JSON value.
+    out = sys.stderr if opts.json else sys.stdout
+    lines = [f"GRANT  {grant['id']}",
+             f"  tool           {sanitize(tool.name)} (server {sanitize(tool.server.name)}, "
+             f"upstream tool {sanitize(tool.upstream_name)})",
+             f"  session        {config.session}",
+             "  covers         calls that would wait for an operator" + (
+                 ", and whose arguments:" if parsed else ", whatever their arguments")]
+    lines += [f"    {sanitize(condition.text())}" for condition in parsed]
+    lines += [f"  in force       for {format_duration(span)} from when it is confirmed",
+              f"  by             {sanitize(by)}"]
     if grant["note"]:
-        print(f"  note           {sanitize(grant['note'])}")
-    print(f"  {GRANT_PROMISE}")
-    if not opts.yes:
-        if not sys.stdin.isatty():
-            raise Usage("refusing without -yes or an interactive terminal")
-        if input("grant it? type yes to grant: ").strip().lower() not in ("y", "yes"):
-            print("nothing granted")
-            return 1
+        lines.append(f"  note           {sanitize(grant['note'])}")
+    lines.append(f"  {GRANT_PROMISE}")
+    print("\n".join(lines), file=out, flush=True)
+    if not (opts.yes or confirmed("grant it? type yes to grant: ", out)):
+        print("nothing granted", file=out)
+        return 1
     store = Store(config.database, readonly=False)  # a grant may come before the first call
-    store.write(lambda tx: tx.create_grant(grant))
+
+    def create(tx):
+        # It starts inside the transaction that records it: a call decided before could not
+        # see it, so it must not be in force at that call's time when recheck reads it back.
+        grant["created_at"] = now()
+        grant["expires_at"] = later(grant["created_at"], span)
+        tx.create_grant(grant)
+    store.write(create)
     if opts.json:
         print_json(grant_view(grant))
     else:
-        print(f"grant {grant['id']}: in force until {grant['expires_at']}")
+        print(f"grant {grant['id']}: in force from {grant['created_at']} until "
+              f"{grant['expires_at']}")
     return 0
 
 
@@ -7226,7 +7301,8 @@ def cmd_grants(argv):
         return 0
     table = [("GRANT", "TOOL", "UNTIL", "STATE", "BY", "COVERS")]
     for view in views:
-        covers = " and ".join(c.text() for c in parse_conditions(view["conditions"], "grant"))
+        covers = " and ".join(c.text() for c in parse_conditions(view["conditions"], "grant",
+                                                                 resolved=True))
         table.append((view["id"], sanitize(view["name"]), view["expires_at"], view["state"],
                       sanitize(view["by"]), cut(sanitize(covers or "every call"), 120)))
     print_table(table)
