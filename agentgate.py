@@ -3919,6 +3919,17 @@ def _scripts(word):
     return {unicodedata.name(ch, "?").split()[0] for ch in word if ch.isalpha()}
 
 
+def mixed_script_words(text):
+    """The words of `text` whose letters come from more than one script (a Cyrillic а among
+    Latin letters): a name made to be read as another."""
+    return sorted({word for word in _WORD.findall(text) if len(_scripts(word)) > 1})
+
+
+def invisible_codes(text):
+    """The invisible, bidirectional and tag characters of `text`, as code points."""
+    return sorted({ord(ch) for ch in text if ord(ch) in _INVISIBLE})
+
+
 def _schema_names(schema):
     if isinstance(schema, dict):
         for key, value in schema.items():
@@ -3940,7 +3951,7 @@ def lint_tool(entry, others, peer_length):
             findings.append((LINT_HIGH, "a name that mixes scripts (" +
                              ", ".join(sorted(scripts)) + ")", f"name {quote(name)}"))
     for where, text in lint_texts(entry):
-        hidden = sorted({ord(ch) for ch in text if ord(ch) in _INVISIBLE})
+        hidden = invisible_codes(text)
         if hidden:
             # Tag characters mirror ASCII: what they spell is what the model may read.
             spelled = "".join(chr(ord(ch) - 0xE0000) for ch in text
@@ -3951,7 +3962,7 @@ def lint_tool(entry, others, peer_length):
         for pattern, severity, what in _LINT_PHRASES:
             if pattern.search(text):
                 findings.append((severity, what, where))
-        mixed = sorted({word for word in _WORD.findall(text) if len(_scripts(word)) > 1})
+        mixed = mixed_script_words(text)
         if mixed:
             findings.append((LINT_HIGH, f"words that mix scripts ({', '.join(mixed[:3])})",
                              where))
@@ -6740,6 +6751,8 @@ def approval_lines(approval, full=False, late=()):
             shown, size, cut_here = shown_value(value, full)
             shortened = shortened or cut_here
             lines.append(f"    {sanitize(name)} = {shown}   ({size} bytes)")
+            lines += [f"      CAUTION  {note}" for note in lookalike_notes(
+                name, value if isinstance(value, str) else policy_json(value))]
     for label in ("question", "reason", "decided_by", "limit", "frees", "notice"):
         if presentation.get(label):
             lines.append(f"  {label.replace('_', ' '):<14} {sanitize(str(presentation[label]))}")
@@ -6750,6 +6763,27 @@ def approval_lines(approval, full=False, late=()):
     lines.append(f"----- end of approval {approval['id']} for tool "
                  f"{sanitize(request['spec']['name'])} -----")
     return lines, shortened
+
+
+def lookalike_notes(*texts):
+    """What in the texts reads as something it is not, as the lint finds it in descriptions:
+    each word that mixes scripts, with the letters foreign to the rest of it (`lаndlord`
+    prints as "landlord"), and the invisible characters."""
+    notes = []
+    for text in texts:
+        for word in mixed_script_words(text)[:3]:
+            script = {ch: _scripts(ch).pop() for ch in word if ch.isalpha()}
+            usual = collections.Counter(script.values()).most_common(1)[0][0]
+            foreign = [f"U+{ord(ch):04X} {unicodedata.name(ch, '?')}" for ch in script
+                       if script[ch] != usual]
+            notes.append(f"{quote(word)} mixes scripts: {', '.join(foreign[:3])} among "
+                         f"{usual} letters")
+        hidden = invisible_codes(text)
+        if hidden:
+            notes.append("holds invisible characters: " + ", ".join(
+                f"U+{code:04X} {unicodedata.name(chr(code), '')}".rstrip()
+                for code in hidden[:5]))
+    return notes
 
 
 def print_approval(approval, full=False, late=(), out=None):
@@ -6952,9 +6986,11 @@ def cmd_watch(argv):
 
 def waiting_cells(approval, limit):
     """A waiting approval as cells: its id, run, tool, age, then its arguments on one line."""
-    args = parse(approval["request_json"])["args"]
+    text = policy_json(parse(approval["request_json"])["args"])
+    # Kept short, so the arguments still fit the row; opened, the approval says what it is.
+    caution = "CAUTION " if lookalike_notes(text) else ""
     return (approval["id"], approval["run_id"], clean(approval["tool"], 64),
-            time_since(approval["created_at"]), clean(policy_json(args), limit))
+            time_since(approval["created_at"]), clean(caution + text, limit))
 
 
 def ended_text(store, approval):

@@ -15,11 +15,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
+from contextlib import suppress
 
 import pytest
 
 from conftest import agentgate_argv, wait_for
+from test_watch import next_line, plain_watch
 from kit import (DEADLINE, WRITE_SCHEMA, Bank, gate_host, pin, rule, said, scripted_server, tool,
                  write_config)
 
@@ -123,6 +124,47 @@ def test_an_approval_id_names_its_run(workdir):
     # the approval a command names must be one of the run it names
     mismatch = bank.approve(run, other_approval, ok=False)
     assert mismatch.returncode == 1 and "no approval of" in mismatch.stderr, mismatch
+
+
+# ---------------------------------------------------------------- item 2: lookalikes are marked
+
+LOOKALIKE = {"to": "l\u0430ndlord", "amount": 5}  # a Cyrillic а
+
+
+def test_a_lookalike_payee_is_marked_where_the_operator_reads_it(workdir):
+    bank = Bank(workdir)
+    host = bank.start()
+    host.list_tools()  # the gate has made its database
+    proc, lines = plain_watch(bank)
+    try:
+        run, approval = bank.pending(bank.call(host, LOOKALIKE))
+        waiting = next_line(lines)
+        assert approval in waiting and 'CAUTION {"amount":5,"to":"l\u0430ndlord"}' in waiting, waiting
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(DEADLINE) == 0
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    marked = '"l\u0430ndlord" mixes scripts: U+0430 CYRILLIC SMALL LETTER A among LATIN letters'
+    shown = bank.operator("show", run)
+    assert marked in shown.stdout, shown.stdout
+    decided = bank.approve(run, approval)
+    assert f"CAUTION  {marked}" in decided.stdout, decided.stdout
+    # The approval still binds the exact bytes: the look-alike is not the real name.
+    assert bank.call(host, {"to": "landlord", "amount": 5}).prefix == "PENDING_APPROVAL"
+    assert bank.call(host, LOOKALIKE).text == "paid 5.00 to l\u0430ndlord"
+    assert [line["to"] for line in bank.ledger_lines()] == ["l\u0430ndlord"]
+
+
+def test_an_invisible_character_is_named_in_the_printout(workdir):
+    bank = Bank(workdir)
+    host = bank.start()
+    run, approval = bank.pending(bank.call(host, {"to": "land\u200blord", "amount": 5}))
+    decided = bank.approve(run, approval)
+    assert "CAUTION  holds invisible characters: U+200B ZERO WIDTH SPACE" in decided.stdout, \
+        decided.stdout
+    plain = bank.pending(bank.call(host, {"to": "landlord", "amount": 5}))
+    assert "CAUTION" not in bank.approve(*plain).stdout
 
 
 # ---------------------------------------------------------------- item 9: a grant as confirmed
