@@ -6494,8 +6494,12 @@ def approved_fate(gate, approval):
 # of an attempt cut off while its process lived is printed beside the question it bears on;
 # they decide without asking only with -approval or -yes, and otherwise only after a "yes"
 # typed at a terminal; watch shows the same printout and decides through the same write.
-# Everything chosen by a server, a model or an operator is sanitized before it reaches the
-# terminal, and text given on the command line must be UTF-8.
+# An id, whole or a prefix, names one run or approval among all of them whatever their state:
+# one that can no longer be acted on is said to be so, and nothing else is acted on instead.
+# A value that mixes scripts or holds invisible characters is marked where it is printed.
+# -json prints one JSON value on stdout and nothing else (a printout to confirm goes to
+# stderr). Everything chosen by a server, a model or an operator is sanitized before it
+# reaches the terminal, and text given on the command line must be UTF-8.
 # =============================================================================================
 
 ARG_SHOWN = 240

@@ -139,7 +139,8 @@ def test_a_lookalike_payee_is_marked_where_the_operator_reads_it(workdir):
     try:
         run, approval = bank.pending(bank.call(host, LOOKALIKE))
         waiting = next_line(lines)
-        assert approval in waiting and 'CAUTION {"amount":5,"to":"l\u0430ndlord"}' in waiting, waiting
+        assert approval in waiting, waiting
+        assert 'CAUTION {"amount":5,"to":"l\u0430ndlord"}' in waiting, waiting
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(DEADLINE) == 0
     finally:
@@ -172,8 +173,8 @@ def test_an_invisible_character_is_named_in_the_printout(workdir):
 
 def write_file_gate(workdir):
     """A gate in front of the scripted server's write_file, which waits for an operator."""
-    server = scripted_server(workdir, {"tools": [tool("write_file", WRITE_SCHEMA, "Write a file.")]},
-                             rules={"write_file": rule("remote_mutation")})
+    spec = {"tools": [tool("write_file", WRITE_SCHEMA, "Write a file.")]}
+    server = scripted_server(workdir, spec, rules={"write_file": rule("remote_mutation")})
     config = write_config(workdir, [server])
     pin(config)
     return config, gate_host(config)
