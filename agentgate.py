@@ -3954,6 +3954,17 @@ def _scripts(word):
     return {unicodedata.name(ch, "?").split()[0] for ch in word if ch.isalpha()}
 
 
+def mixed_script_words(text):
+    """The words of `text` whose letters come from more than one script (a Cyrillic а among
+    Latin letters): a name made to be read as another."""
+    return sorted({word for word in _WORD.findall(text) if len(_scripts(word)) > 1})
+
+
+def invisible_codes(text):
+    """The invisible, bidirectional and tag characters of `text`, as code points."""
+    return sorted({ord(ch) for ch in text if ord(ch) in _INVISIBLE})
+
+
 def _schema_names(schema):
     if isinstance(schema, dict):
         for key, value in schema.items():
@@ -4015,7 +4026,7 @@ def lint_tool(entry, others, siblings, peer_length):
 def _text_findings(text, others, siblings):
     """(severity, what) of one text the model reads."""
     found = []
-    hidden = sorted({ord(ch) for ch in text if ord(ch) in _INVISIBLE})
+    hidden = invisible_codes(text)
     if hidden:
         # Tag characters mirror ASCII: what they spell is what the model may read.
         spelled = "".join(chr(ord(ch) - 0xE0000) for ch in text if 0xE0020 <= ord(ch) < 0xE007F)
@@ -4034,7 +4045,7 @@ def _text_findings(text, others, siblings):
                                    "its own server"))
     elif step:
         found.append((LINT_HIGH, "a step the model is told to take first"))
-    mixed = sorted({word for word in _WORD.findall(text) if len(_scripts(word)) > 1})
+    mixed = mixed_script_words(text)
     if mixed:
         found.append((LINT_HIGH, f"words that mix scripts ({', '.join(mixed[:3])})"))
     named = _named(others, text)
@@ -4658,7 +4669,9 @@ def resolved_root(text, where):
 class Condition:
     """What the value at one JSON Pointer into the arguments must be."""
 
-    def __init__(self, pointer, raw, where):
+    def __init__(self, pointer, raw, where, resolved=False):
+        """`resolved`: the directories of `under` are taken as they are, as a grant keeps
+        them (resolved when it was confirmed), and not resolved again."""
         self.pointer, self.tokens = pointer, parse_pointer(pointer, where)
         where = f"{where} {quote(pointer)}"
         if not isinstance(raw, dict) or not raw:
@@ -4667,7 +4680,7 @@ class Condition:
         _refuse_unknown(raw, CONDITIONS, where)
         self.raw, self.tests = raw, []
         for name, value in raw.items():
-            self.tests.append((name, self._read(name, value, f"{where}.{name}")))
+            self.tests.append((name, self._read(name, value, f"{where}.{name}", resolved)))
         bounds = dict(self.tests)
         if "min" in bounds and "max" in bounds and bounds["min"] > bounds["max"]:
             raise ConfigError(f"{where}: min {number_text(bounds['min'])} is above max "
@@ -4677,7 +4690,7 @@ class Condition:
                               f"nothing else can be asked of it; give it its own entry")
 
     @staticmethod
-    def _read(name, value, where):
+    def _read(name, value, where, resolved):
         if name in ("in", "not_in"):
             if not isinstance(value, list) or not value:
                 raise ConfigError(f"{where} must be a non-empty list of JSON values")
@@ -4705,7 +4718,8 @@ class Condition:
             if not isinstance(value, list) or not value:
                 raise ConfigError(f"{where} must be a non-empty list of strings")
             if name == "under":
-                return [resolved_root(root, where) for root in value]
+                return list(value) if resolved else [resolved_root(root, where)
+                                                     for root in value]
             return [host_entry(entry, name == "host_in", where) for entry in value]
         return value  # equals: any JSON value
 
@@ -4773,13 +4787,14 @@ CONDITION_WORDS = {
 }
 
 
-def parse_conditions(raw, where):
+def parse_conditions(raw, where, resolved=False):
     """An `if` object (or a grant's -if): JSON Pointers to conditions, all of which must
-    hold."""
+    hold. `resolved`: a grant's, whose directories were resolved when it was confirmed."""
     if not isinstance(raw, dict):
         raise ConfigError(f'{where} must be an object of JSON Pointer to condition, such as '
                           f'{{"/amount": {{"max": "50.00"}}}}')
-    return [Condition(pointer, condition, where) for pointer, condition in raw.items()]
+    return [Condition(pointer, condition, where, resolved) for pointer, condition in
+            raw.items()]
 
 
 class During:
@@ -4971,7 +4986,8 @@ class Grant:
     def __init__(self, stored):
         """From the grant as the store keeps it (a dict of GRANT_COLUMNS)."""
         self.id, self.by = stored["id"], stored["by"]
-        self.conditions = parse_conditions(parse(stored["conditions_json"]), f"grant {self.id}")
+        self.conditions = parse_conditions(parse(stored["conditions_json"]), f"grant {self.id}",
+                                           resolved=True)
 
     def covers(self, args, schema=None):
         return all(condition.holds(args, schema) for condition in self.conditions)
@@ -5003,6 +5019,14 @@ def counted_uses(rows, tool, before):
             found.append((parse_time(moment), amounts))
         return found
     return uses
+
+
+def confirmed_conditions(conditions):
+    """A grant's conditions as it keeps them: each `under` with its directories as they were
+    resolved and shown when the grant was confirmed. Resolved again at each decision, a
+    directory replaced by a link since would take the grant to a place it never named."""
+    return {c.pointer: {name: expected if name == "under" else c.raw[name]
+                        for name, expected in c.tests} for c in conditions}
 
 
 def policy_decision(config, tool, args, facts, rerun=False, approved=False):
@@ -6724,8 +6748,12 @@ def approved_fate(gate, approval):
 # of an attempt cut off while its process lived is printed beside the question it bears on;
 # they decide without asking only with -approval or -yes, and otherwise only after a "yes"
 # typed at a terminal; watch shows the same printout and decides through the same write.
-# Everything chosen by a server, a model or an operator is sanitized before it reaches the
-# terminal, and text given on the command line must be UTF-8.
+# An id, whole or a prefix, names one run or approval among all of them whatever their state:
+# one that can no longer be acted on is said to be so, and nothing else is acted on instead.
+# A value that mixes scripts or holds invisible characters is marked where it is printed.
+# -json prints one JSON value on stdout and nothing else (a printout to confirm goes to
+# stderr). Everything chosen by a server, a model or an operator is sanitized before it
+# reaches the terminal, and text given on the command line must be UTF-8.
 # =============================================================================================
 
 ARG_SHOWN = 240
@@ -6810,32 +6838,73 @@ ID_TEXT = re.compile(r"[A-Za-z0-9_.-]+")
 ID_CANDIDATES = 200  # how many ids one prefix is looked up among; ten of them are listed
 
 
-def resolve_id(store, kind, given, session="", narrow=None):
-    """The one id of a run, an approval or a grant that starts with `given`: an operator may
-    type any unique prefix of at least MIN_PREFIX characters, of a run's id with or without
-    its session. `narrow` keeps, of several, those a command can act on (a run that waits,
-    for approve), so a prefix need only tell those apart. An id that is not found, or a
-    prefix that several share, is refused with the candidates listed: nothing is guessed."""
+def id_candidates(store, kind, given, session=""):
+    """Every id of a run, an approval or a grant that `given` may name: the id itself when it
+    is whole, else every id it starts, whatever state its run or approval is in. An operator
+    may type any prefix of at least MIN_PREFIX characters, of a run's id with or without its
+    session. The state is left out on purpose: a prefix narrowed to the runs still waiting
+    would move on, once the run it named was decided, to another run made the same minute."""
     table = {"run": "runs", "approval": "approvals", "grant": "grants"}[kind]
-    if not ID_TEXT.fullmatch(given) or store.ids_starting(table, given, 1) == [given]:
-        return given  # the whole id (or no id at all: the lookup says it is not found)
+    if not ID_TEXT.fullmatch(given):
+        return []
+    if store.ids_starting(table, given, 1) == [given]:
+        return [given]
     if len(given) < MIN_PREFIX:
-        raise StoreError(f"{kind} {quote(given)} not found (a shortened id needs at least "
-                         f"{MIN_PREFIX} characters)")
+        return []
     found = store.ids_starting(table, given, ID_CANDIDATES)
     if kind == "run" and "." not in given:
         found += (store.ids_starting(table, f"{session}.{given}", ID_CANDIDATES) if session
                   else store.run_ids_after_session(given, ID_CANDIDATES))
-    found = sorted(set(found))
-    if narrow and len(found) > 1:
-        found = [candidate for candidate in found if narrow(candidate)] or found
+    return sorted(set(found))
+
+
+def resolve_id(store, kind, given, session=""):
+    """The one id of `kind` that `given` names (id_candidates). An id that is not found, or a
+    prefix that several share, is refused with the candidates listed: nothing is guessed."""
+    return only_one(kind, given, id_candidates(store, kind, given, session))
+
+
+def only_one(kind, given, found):
     if len(found) == 1:
         return found[0]
     if not found:
-        raise StoreError(f"{kind} {quote(given)} not found")
+        short = ID_TEXT.match(given) and len(given) < MIN_PREFIX
+        raise StoreError(f"{kind} {quote(given)} not found" + (
+            f" (a shortened id needs at least {MIN_PREFIX} characters)" if short else ""))
     listed = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
     raise StoreError(f"{kind} {quote(given)} is ambiguous: it starts {listed}; give more of "
                      f"its characters")
+
+
+def resolve_named(store, given, session, approval=None):
+    """What an operator names with a command's ID, and with -approval when given: (run id,
+    approval id or None). ID is a run's id or an approval's, whole or a prefix; an approval
+    names its run too, so a run and its own approvals, which begin with the same time, are
+    one thing named. -approval keeps, of the approvals it starts, those of what ID names.
+    Several runs, or several approvals of one run, are refused with the candidates listed;
+    whether what is named can still be acted on is for the command to say, never a reason to
+    choose another."""
+    named = [(run_id, None) for run_id in id_candidates(store, "run", given, session)]
+    named += [(store.approval(a)["run_id"], a) for a in id_candidates(store, "approval", given)]
+    if not named:
+        only_one("run or approval", given, [])
+    if approval is not None:
+        wanted = [(store.approval(a)["run_id"], a) for a in id_candidates(
+            store, "approval", approval)]
+        if not wanted:
+            only_one("approval", approval, [])
+        named = [(run_id, a) for run_id, a in wanted if (run_id, None) in named or
+                 (run_id, a) in named]
+        if not named:
+            raise StoreError(f"approval {quote(approval)} is no approval of {quote(given)}")
+    runs = sorted({run_id for run_id, _ in named})
+    approvals = sorted({a for _, a in named if a})
+    if len(runs) > 1 or len(approvals) > 1:
+        kind = "approval" if approval is not None else "run" if not approvals else \
+            "run or approval"
+        only_one(kind, given if approval is None else approval, sorted(
+            run_id if a is None else f"{a} (approval of run {run_id})" for run_id, a in named))
+    return runs[0], (approvals[0] if approvals else None)
 
 
 def cmd_show(argv):
@@ -6843,7 +6912,7 @@ def cmd_show(argv):
     p.add_argument("run", type=text_argument)
     opts = p.parse_args(argv)
     store, session = operator_store(opts, readonly=True)
-    opts.run = resolve_id(store, "run", opts.run, session)
+    opts.run = resolve_named(store, opts.run, session)[0]
     run = load_run(store, opts.run)
     steps, approvals = store.steps(opts.run), store.approvals(opts.run)
     events = store.run_events(opts.run)
@@ -6940,6 +7009,8 @@ def approval_lines(approval, full=False, late=()):
             shown, size, cut_here = shown_value(value, full)
             shortened = shortened or cut_here
             lines.append(f"    {sanitize(name)} = {shown}   ({size} bytes)")
+            lines += [f"      CAUTION  {note}" for note in lookalike_notes(
+                name, value if isinstance(value, str) else policy_json(value))]
     for label in ("question", "reason", "decided_by", "limit", "frees", "notice"):
         if presentation.get(label):
             lines.append(f"  {label.replace('_', ' '):<14} {sanitize(str(presentation[label]))}")
@@ -6952,10 +7023,32 @@ def approval_lines(approval, full=False, late=()):
     return lines, shortened
 
 
-def print_approval(approval, full=False, late=()):
-    """Print an approval in full (approval_lines); returns whether a value was shortened."""
+def lookalike_notes(*texts):
+    """What in the texts reads as something it is not, as the lint finds it in descriptions:
+    each word that mixes scripts, with the letters foreign to the rest of it (`lаndlord`
+    prints as "landlord"), and the invisible characters."""
+    notes = []
+    for text in texts:
+        for word in mixed_script_words(text)[:3]:
+            script = {ch: _scripts(ch).pop() for ch in word if ch.isalpha()}
+            usual = collections.Counter(script.values()).most_common(1)[0][0]
+            foreign = [f"U+{ord(ch):04X} {unicodedata.name(ch, '?')}" for ch in script
+                       if script[ch] != usual]
+            notes.append(f"{quote(word)} mixes scripts: {', '.join(foreign[:3])} among "
+                         f"{usual} letters")
+        hidden = invisible_codes(text)
+        if hidden:
+            notes.append("holds invisible characters: " + ", ".join(
+                f"U+{code:04X} {unicodedata.name(chr(code), '')}".rstrip()
+                for code in hidden[:5]))
+    return notes
+
+
+def print_approval(approval, full=False, late=(), out=None):
+    """Print an approval in full (approval_lines) to `out` (stdout when None); returns
+    whether a value was shortened."""
     lines, shortened = approval_lines(approval, full, late)
-    print("\n".join(lines))
+    print("\n".join(lines), file=out, flush=True)
     return shortened
 
 
@@ -6973,24 +7066,41 @@ def late_text(observation):
 
 
 def select_approval(store, run_id, approval_id):
+    """The approval a command decides: the one named, or the one its run waits on. One that
+    was decided already is said to be so, and nothing else is decided in its place."""
+    approvals = store.approvals(run_id)
     if approval_id:
-        approvals = {a["id"]: a for a in store.approvals(run_id)}
-        approval = approvals.get(resolve_id(store, "approval", approval_id,
-                                            narrow=approvals.__contains__))
-        if approval is None:
-            raise StoreError(f"run {quote(run_id)} has no approval {quote(approval_id)}")
+        approval = next(a for a in approvals if a["id"] == approval_id)
         if approval["status"] != "pending":
-            raise StoreError(f"approval {approval_id} is {approval['status']}, not pending; "
-                             f"there is nothing to decide")
+            raise StoreError(f"approval {approval_id} was already {decision_text(approval)}; "
+                             f"nothing was decided")
         return approval
-    pending = [a for a in store.approvals(run_id) if a["status"] == "pending"]
+    pending = [a for a in approvals if a["status"] == "pending"]
     if not pending:
         load_run(store, run_id)
-        raise StoreError(f"run {quote(run_id)} has no pending approval")
+        last = f": approval {approvals[-1]['id']} was already " \
+            f"{decision_text(approvals[-1])}" if approvals else ""
+        raise StoreError(f"run {quote(run_id)} has no pending approval{last}; nothing was "
+                         f"decided")
     if len(pending) > 1:
         raise StoreError(f"run {quote(run_id)} has {len(pending)} pending approvals; name one "
                          f"of {', '.join(a['id'] for a in pending)} with -approval")
     return pending[0]
+
+
+def decision_text(approval):
+    """How an approval that no longer waits was decided, as people read it."""
+    by = f" by {sanitize(approval['decided_by'])}" if approval["decided_by"] else ""
+    at = f" at {prose_time(approval['decided_at'])}" if approval["decided_at"] else ""
+    return f"{approval['status']}{by}{at}"
+
+
+def confirmed(question, out, refusal="refusing without -yes or an interactive terminal"):
+    """Whether the operator typed yes at a terminal; refused without one."""
+    if not sys.stdin.isatty():
+        raise Usage(refusal)
+    print(question, end="", file=out, flush=True)
+    return input().strip().lower() in ("y", "yes")
 
 
 def decide(argv, command):
@@ -7005,23 +7115,22 @@ def decide(argv, command):
     if not by:
         raise Usage("say who decides with -by; the current user has no name")
     store, session = operator_store(opts, readonly=False)
-    opts.run = resolve_id(store, "run", opts.run, session, narrow=lambda run_id: any(
-        a["status"] == "pending" for a in store.approvals(run_id)))
-    approval = intact(select_approval(store, opts.run, opts.approval))
-    shortened = print_approval(approval, opts.full, store.late_outcomes(approval["run_id"]))
+    opts.run, named = resolve_named(store, opts.run, session, opts.approval)
+    approval = intact(select_approval(store, opts.run, named))
+    # With -json the printout goes to stderr: stdout carries the one JSON value.
+    out = sys.stderr if opts.json else sys.stdout
+    shortened = print_approval(approval, opts.full, store.late_outcomes(approval["run_id"]), out)
     if shortened:
         # An approval binds every byte of its request: it is decided only on a printout that
         # showed every one of them, so nothing can hide in the middle of a long value.
         raise Usage(f"approval {approval['id']} has a value too long to print whole, so it was "
                     f"shown shortened; run the command again with -full to see every byte "
                     f"before you {command}")
-    if not (opts.approval or opts.yes):
-        if not sys.stdin.isatty():
-            raise Usage("refusing without -approval, -yes, or an interactive terminal")
-        reply = input(f"{command} approval {approval['id']}? type yes to {command}: ")
-        if reply.strip().lower() not in ("y", "yes"):
-            print("nothing decided")
-            return 1
+    if not (opts.approval or opts.yes or confirmed(
+            f"{command} approval {approval['id']}? type yes to {command}: ", out,
+            "refusing without -approval, -yes, or an interactive terminal")):
+        print("nothing decided", file=out)
+        return 1
     decide_shown(store, approval, status, by, opts.note or "")
     run = load_run(store, opts.run)
     if opts.json:
@@ -7080,8 +7189,7 @@ def cmd_cancel(argv):
     opts = p.parse_args(argv)
     by = opts.by or current_user()
     store, session = operator_store(opts, readonly=False)
-    opts.run = resolve_id(store, "run", opts.run, session, narrow=lambda run_id: (
-        store.run(run_id)["status"] not in TERMINAL))
+    opts.run = resolve_named(store, opts.run, session)[0]
     run = load_run(store, opts.run)
     if run["status"] in TERMINAL:
         raise StoreError(f"run {opts.run} already ended ({run['status']}); there is nothing to "
@@ -7136,9 +7244,11 @@ def cmd_watch(argv):
 
 def waiting_cells(approval, limit):
     """A waiting approval as cells: its id, run, tool, age, then its arguments on one line."""
-    args = parse(approval["request_json"])["args"]
+    text = policy_json(parse(approval["request_json"])["args"])
+    # Kept short, so the arguments still fit the row; opened, the approval says what it is.
+    caution = "CAUTION " if lookalike_notes(text) else ""
     return (approval["id"], approval["run_id"], clean(approval["tool"], 64),
-            time_since(approval["created_at"]), clean(policy_json(args), limit))
+            time_since(approval["created_at"]), clean(caution + text, limit))
 
 
 def ended_text(store, approval):
@@ -7424,36 +7534,41 @@ def cmd_grant(argv):
         raise Usage(f"-for must be more than 0 and at most grant_ttl "
                     f"({format_duration(config.grant_ttl)})" if config.grant_ttl else
                     "-for must be more than 0")
-    created = now()
     grant = {"id": new_id(8), "session": config.session, "tool": tool.target,
-             "name": tool.name, "conditions_json": dumps(conditions), "created_at": created,
-             "expires_at": later(created, span), "by": by, "note": opts.note or ""}
-    print(f"GRANT  {grant['id']}")
-    print(f"  tool           {sanitize(tool.name)} (server {sanitize(tool.server.name)}, "
-          f"upstream tool {sanitize(tool.upstream_name)})")
-    print(f"  session        {config.session}")
-    print("  covers         calls that would wait for an operator" + (
-        ", and whose arguments:" if parsed else ", whatever their arguments"))
-    for condition in parsed:
-        print(f"    {sanitize(condition.text())}")
-    print(f"  from           {created}")
-    print(f"  until          {grant['expires_at']} ({format_duration(span)})")
-    print(f"  by             {sanitize(by)}")
+             "name": tool.name, "conditions_json": dumps(confirmed_conditions(parsed)),
+             "by": by, "note": opts.note or ""}
+    # With -json the printout goes to stderr: stdout carries the one JSON value.
+    out = sys.stderr if opts.json else sys.stdout
+    lines = [f"GRANT  {grant['id']}",
+             f"  tool           {sanitize(tool.name)} (server {sanitize(tool.server.name)}, "
+             f"upstream tool {sanitize(tool.upstream_name)})",
+             f"  session        {config.session}",
+             "  covers         calls that would wait for an operator" + (
+                 ", and whose arguments:" if parsed else ", whatever their arguments")]
+    lines += [f"    {sanitize(condition.text())}" for condition in parsed]
+    lines += [f"  in force       for {format_duration(span)} from when it is confirmed",
+              f"  by             {sanitize(by)}"]
     if grant["note"]:
-        print(f"  note           {sanitize(grant['note'])}")
-    print(f"  {GRANT_PROMISE}")
-    if not opts.yes:
-        if not sys.stdin.isatty():
-            raise Usage("refusing without -yes or an interactive terminal")
-        if input("grant it? type yes to grant: ").strip().lower() not in ("y", "yes"):
-            print("nothing granted")
-            return 1
+        lines.append(f"  note           {sanitize(grant['note'])}")
+    lines.append(f"  {GRANT_PROMISE}")
+    print("\n".join(lines), file=out, flush=True)
+    if not (opts.yes or confirmed("grant it? type yes to grant: ", out)):
+        print("nothing granted", file=out)
+        return 1
     store = Store(config.database, readonly=False)  # a grant may come before the first call
-    store.write(lambda tx: tx.create_grant(grant))
+
+    def create(tx):
+        # It starts inside the transaction that records it: a call decided before could not
+        # see it, so it must not be in force at that call's time when recheck reads it back.
+        grant["created_at"] = now()
+        grant["expires_at"] = later(grant["created_at"], span)
+        tx.create_grant(grant)
+    store.write(create)
     if opts.json:
         print_json(grant_view(grant))
     else:
-        print(f"grant {grant['id']}: in force until {grant['expires_at']}")
+        print(f"grant {grant['id']}: in force from {grant['created_at']} until "
+              f"{grant['expires_at']}")
     return 0
 
 
@@ -7480,7 +7595,8 @@ def cmd_grants(argv):
         return 0
     table = [("GRANT", "TOOL", "UNTIL", "STATE", "BY", "COVERS")]
     for view in views:
-        covers = " and ".join(c.text() for c in parse_conditions(view["conditions"], "grant"))
+        covers = " and ".join(c.text() for c in parse_conditions(view["conditions"], "grant",
+                                                                 resolved=True))
         table.append((view["id"], sanitize(view["name"]), view["expires_at"], view["state"],
                       sanitize(view["by"]), cut(sanitize(covers or "every call"), 120)))
     print_table(table)

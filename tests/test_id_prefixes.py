@@ -49,21 +49,27 @@ def test_a_prefix_two_ids_share_is_refused_with_both_listed(workdir):
         assert "Traceback" not in refused.stderr
     assert [a["status"] for a in bank.approvals()] == ["pending", "pending"]
     # one character past what they share tells them apart
-    shared = common(hex_part(first), hex_part(second))
-    decided = bank.approve(hex_part(second)[:max(6, len(shared) + 1)], None, "-yes")
+    # (an approval id is looked up too, and one made between the two runs may share more)
+    shared = max(len(common(hex_part(second), other)) for other in
+                 [hex_part(first)] + [a["id"] for a in bank.approvals() if a["id"] != approval])
+    decided = bank.approve(hex_part(second)[:max(6, shared + 1)], None, "-yes")
     assert f"approval {approval}: approved" in decided.stdout
     assert bank.approval(approval)["status"] == "approved"
 
 
-def test_approve_looks_only_among_runs_that_wait(workdir):
+def test_approve_looks_among_runs_in_every_state(workdir):
+    # Issue 19 item 1: a prefix is resolved among all runs, not narrowed to those that wait.
     bank = Bank(workdir, session="gating")
     host = bank.start()
     assert bank.call(host, {"account": "A-1"}, tool="bank_balance").text == "account A-1 holds 120.00 EUR"
     run, approval = bank.pending(bank.call(host, {"to": "tia", "amount": 2}))
     assert len(bank.run_ids()) == 2
-    # "gating" starts both runs; only one waits for a decision
+    # "gating" starts both runs; that only one waits for a decision does not tell them apart
     assert bank.operator("show", "gating").returncode == 1
-    decided = bank.approve("gating", None, "-yes")
+    refused = bank.approve("gating", None, "-yes", ok=False)
+    assert refused.returncode == 1 and "ambiguous" in refused.stderr, refused
+    assert bank.approval(approval)["status"] == "pending"
+    decided = bank.approve(run, None, "-yes")
     assert f"approval {approval}: approved" in decided.stdout
 
 
@@ -95,10 +101,14 @@ def test_a_database_named_directly_finds_a_run_by_the_part_after_its_session(wor
     assert json.loads(shown.stdout)["run"]["run"] == run
 
 
-def test_cancel_looks_only_among_runs_not_ended(workdir):
+def test_cancel_looks_among_runs_in_every_state(workdir):
+    # Issue 19 item 1: a prefix is resolved among all runs, not narrowed to those not ended.
     bank = Bank(workdir, session="gating")
     host = bank.start()
     assert bank.call(host, {"account": "A-1"}, tool="bank_balance").text == "account A-1 holds 120.00 EUR"
     run, _ = bank.pending(bank.call(host, {"to": "tia", "amount": 2}))
-    cancelled = bank.cancel("gating", "not today")
+    refused = bank.cancel("gating", "not today", ok=False)
+    assert refused.returncode == 1 and "ambiguous" in refused.stderr, refused
+    assert bank.run(run)["status"] == "WAITING_FOR_APPROVAL"
+    cancelled = bank.cancel(run, "not today")
     assert f"run {run}: CANCELLED" in cancelled.stdout, cancelled

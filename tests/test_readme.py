@@ -570,7 +570,10 @@ def test_quickstart_from_the_servers_a_host_already_starts(tmp_path):
             session, hex_id = run_id.split(".")
             if n == 0:  # `watch`, typed as the README names it, shows it waiting
                 assert f"run {run_id}" in watched_line(env, home, run_id)
-            line = example.replace("3f9a0c", hex_id[:6]).replace("laptop", session) + " -yes"
+            # Runs and approvals made the same minute share their first characters, and a prefix
+            # several share is refused (issue 19): as few as tell this run apart, at least 6.
+            line = example.replace("3f9a0c", unique_prefix(env, home, run_id)).replace(
+                "laptop", session) + " -yes"
             decided = operator_line(env, home, line)
             assert f"run {run_id}:" in decided, decided
             result = call.result()
@@ -596,6 +599,18 @@ def watched_line(env: dict, home: Path, run_id: str) -> str:
         proc.terminate()
         assert proc.wait(60) == 0
         reader.join(60)
+
+
+def unique_prefix(env: dict, home: Path, run_id: str) -> str:
+    """The shortest prefix (at least 6 characters) of a run's part after its session that
+    starts no other run's and no approval of another run."""
+    others = []
+    for run in json.loads(operator_line(env, home, "runs -json")):
+        shown = json.loads(operator_line(env, home, f"show {run['run']} -json"))
+        if run["run"] != run_id:
+            others += [run["run"].split(".", 1)[1]] + [a["id"] for a in shown["approvals"]]
+    hex_id = run_id.split(".", 1)[1]
+    return hex_id[:max([6] + [len(os.path.commonprefix([hex_id, other])) + 1 for other in others])]
 
 
 def operator_line(env: dict, home: Path, verb_line: str) -> str:
