@@ -3403,11 +3403,14 @@ class Pattern:
         return sets, matched
 
     def _state(self, nfa, prev_word, at_start):
+        # The table is read once: calls are judged outside the gate's lock, so another
+        # thread's search may drop it (_forget) between a store and a second read.
         key = (nfa, prev_word, at_start)
-        if key not in self._states:
-            self._states[key] = _DFAState(nfa, prev_word, at_start)
+        state = self._states.get(key)
+        if state is None:
+            state = self._states[key] = _DFAState(nfa, prev_word, at_start)
             self._cached += len(nfa) + 1
-        return self._states[key]
+        return state
 
     def _forget(self):
         """Drop all cached states and moves. A state a running search still holds stays

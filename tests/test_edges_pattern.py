@@ -94,6 +94,29 @@ def test_a_value_too_costly_to_check_never_passes_a_not():
     assert str(caught.value).startswith("/name: too long")
 
 
+class DroppedMidway(agentgate.Pattern):
+    """A pattern whose DFA cache is dropped, as another thread's search drops it, each time a
+    new state has just been stored and counted."""
+
+    @property
+    def _cached(self):
+        return self.__dict__.get("counted", 0)
+
+    @_cached.setter
+    def _cached(self, value):
+        self.__dict__["counted"] = value
+        if value:
+            self._states.clear()
+
+
+def test_a_search_is_right_when_another_thread_drops_the_cache_midway():
+    # Calls are judged outside the gate's lock, so two searches of one pattern run at once.
+    compiled = agentgate.compile_pattern(SLOW)
+    shared = DroppedMidway(SLOW, compiled._program, compiled._start)
+    assert shared.search(matching(500, 3)) is True
+    assert shared.search(adversarial(500)) is False
+
+
 # ---------------------------------------------------------------- the policy: never looser
 
 
