@@ -3518,7 +3518,8 @@ def _path(where, part):
 def validate(schema, value, root=None, where="", work=None):
     """Raise SchemaError naming the first place `value` does not match `schema`, or
     PatternCost when a pattern search is more than `work` (the call's, else a fresh one) can
-    pay for: a SchemaError inside anyOf, oneOf, not or if is an answer, a PatternCost never."""
+    pay for. Inside anyOf, oneOf, not and if a SchemaError is an answer; a PatternCost passes
+    through them, so a value too costly to check is never taken as not matching."""
     root = schema if root is None else root
     work = PatternWork() if work is None else work
     at = where or "the arguments"
