@@ -2923,6 +2923,9 @@ def _signal_group(pid, sig):
 # lengths, pattern, anyOf/oneOf/allOf/not, if/then/else, $ref to the schema's own
 # definitions), in draft-07 and 2020-12 spelling; `format` is ignored as most validators do.
 # Numbers compare as exact decimals. A failure names the property path and what was expected.
+# The pattern searches of one call, its schema check's and its policy's, share one bound on
+# their work (PatternWork); a value past what is left is too costly to check, which makes the
+# call invalid and never valid, at once, before any work is spent on it.
 # Refuses: a schema whose keywords have the wrong shape, and a $ref that leaves the schema.
 # =============================================================================================
 
@@ -3408,11 +3411,14 @@ class Pattern:
         return sets, matched
 
     def _state(self, nfa, prev_word, at_start):
+        # The table is read once: calls are judged outside the gate's lock, so another
+        # thread's search may drop it (_forget) between a store and a second read.
         key = (nfa, prev_word, at_start)
-        if key not in self._states:
-            self._states[key] = _DFAState(nfa, prev_word, at_start)
+        state = self._states.get(key)
+        if state is None:
+            state = self._states[key] = _DFAState(nfa, prev_word, at_start)
             self._cached += len(nfa) + 1
-        return self._states[key]
+        return state
 
     def _forget(self):
         """Drop all cached states and moves. A state a running search still holds stays
@@ -3423,17 +3429,42 @@ class Pattern:
         self._cached = 0
 
 
-PATTERN_WORK = 50_000_000  # characters times NFA states one value may cost to search
+# Characters times NFA states that all the pattern searches of one call may cost together.
+# The worst patterns meet a new DFA state at nearly every character, which costs a pass over
+# the NFA (about 0.1 microsecond per NFA state), so this is about half a second of one core.
+PATTERN_WORK = 5_000_000
 
 
-def pattern_search(pattern, text, at):
-    """Search as the schema says, within a bound on the work: a value whose search could cost
-    more (a long string against a large pattern) is refused rather than checked slowly."""
-    compiled = compile_pattern(pattern)
-    if len(text) * compiled.size > PATTERN_WORK:
-        raise SchemaError(f"{at}: too long ({len(text)} characters) to be checked against the "
-                          f"pattern {quote(pattern)}")
-    return compiled.search(text)
+class PatternCost(Exception):
+    """A search the call's pattern work cannot pay for; the message names the value's place."""
+
+
+class PatternWork:
+    """What the pattern searches of one call may still cost, and what they found.
+
+    The bound is per call, not per value: an array of long values, or one value read by many
+    patterns, draws on the same PATTERN_WORK, so a call cannot multiply it. A search is charged
+    before it starts, at its most (characters times NFA states): what cannot be paid is
+    refused without being started, and the charge depends on the call alone, never on what
+    the DFA caches happen to hold. What a search found is kept: the gate judges a call before
+    its lock and reads the call again under it and in the write transaction, at no cost.
+    """
+
+    def __init__(self):
+        self.left, self.found = PATTERN_WORK, {}
+
+    def search(self, pattern, text, at):
+        """Whether the pattern matches somewhere in text, or PatternCost naming `at`."""
+        key = (pattern, text)
+        if key not in self.found:
+            compiled = compile_pattern(pattern)
+            cost = len(text) * compiled.size
+            if cost > self.left:
+                raise PatternCost(f"{at}: too long ({len(text)} characters) to be checked "
+                                  f"against the pattern {quote(pattern)}")
+            self.left -= cost
+            self.found[key] = compiled.search(text)
+        return self.found[key]
 
 
 def _resolve(root, ref):
@@ -3492,16 +3523,20 @@ def _path(where, part):
     return f"{where}/{part}" if where else f"/{part}"
 
 
-def validate(schema, value, root=None, where=""):
-    """Raise SchemaError naming the first place `value` does not match `schema`."""
+def validate(schema, value, root=None, where="", work=None):
+    """Raise SchemaError naming the first place `value` does not match `schema`, or
+    PatternCost when a pattern search is more than `work` (the call's, else a fresh one) can
+    pay for. Inside anyOf, oneOf, not and if a SchemaError is an answer; a PatternCost passes
+    through them, so a value too costly to check is never taken as not matching."""
     root = schema if root is None else root
+    work = PatternWork() if work is None else work
     at = where or "the arguments"
     if schema is True or schema == {}:
         return
     if schema is False:
         raise SchemaError(f"{at}: no value is allowed here")
     if "$ref" in schema:
-        validate(_resolve(root, schema["$ref"]), value, root, where)
+        validate(_resolve(root, schema["$ref"]), value, root, where, work)
     kind = schema.get("type")
     if kind is not None:
         kinds = kind if isinstance(kind, list) else [kind]
@@ -3514,29 +3549,30 @@ def validate(schema, value, root=None, where=""):
     if isinstance(value, Number):
         _validate_number(schema, value, at)
     elif isinstance(value, str):
-        _validate_string(schema, value, at)
+        _validate_string(schema, value, at, work)
     elif isinstance(value, list):
-        _validate_array(schema, value, root, where)
+        _validate_array(schema, value, root, where, work)
     elif isinstance(value, dict):
-        _validate_object(schema, value, root, where)
+        _validate_object(schema, value, root, where, work)
     for sub in schema.get("allOf", []):
-        validate(sub, value, root, where)
-    if "anyOf" in schema and not any(_matches(s, value, root, where) for s in schema["anyOf"]):
+        validate(sub, value, root, where, work)
+    if "anyOf" in schema and not any(_matches(s, value, root, where, work)
+                                     for s in schema["anyOf"]):
         raise SchemaError(f"{at}: matches none of the allowed shapes (anyOf)")
-    if "oneOf" in schema and sum(_matches(s, value, root, where)
+    if "oneOf" in schema and sum(_matches(s, value, root, where, work)
                                  for s in schema["oneOf"]) != 1:
         raise SchemaError(f"{at}: must match exactly one of the allowed shapes (oneOf)")
-    if "not" in schema and _matches(schema["not"], value, root, where):
+    if "not" in schema and _matches(schema["not"], value, root, where, work):
         raise SchemaError(f"{at}: matches a shape that is not allowed (not)")
     if "if" in schema:
-        branch = "then" if _matches(schema["if"], value, root, where) else "else"
+        branch = "then" if _matches(schema["if"], value, root, where, work) else "else"
         if branch in schema:
-            validate(schema[branch], value, root, where)
+            validate(schema[branch], value, root, where, work)
 
 
-def _matches(schema, value, root, where):
+def _matches(schema, value, root, where, work):
     try:
-        validate(schema, value, root, where)
+        validate(schema, value, root, where, work)
         return True
     except SchemaError:
         return False
@@ -3565,17 +3601,17 @@ def _validate_number(schema, value, at):
             raise SchemaError(f"{at}: expected a multiple of {step.literal}")
 
 
-def _validate_string(schema, value, at):
+def _validate_string(schema, value, at, work):
     if "minLength" in schema and len(value) < schema["minLength"].exact():
         raise SchemaError(f"{at}: expected at least {schema['minLength'].literal} characters")
     if "maxLength" in schema and len(value) > schema["maxLength"].exact():
         raise SchemaError(f"{at}: expected at most {schema['maxLength'].literal} characters")
-    if "pattern" in schema and not pattern_search(schema["pattern"], value, at):
+    if "pattern" in schema and not work.search(schema["pattern"], value, at):
         raise SchemaError(f"{at}: expected text matching the pattern "
                           f"{quote(schema['pattern'])}")
 
 
-def _validate_array(schema, value, root, where):
+def _validate_array(schema, value, root, where, work):
     at = where or "the arguments"
     if "minItems" in schema and len(value) < schema["minItems"].exact():
         raise SchemaError(f"{at}: expected at least {schema['minItems'].literal} items")
@@ -3593,9 +3629,10 @@ def _validate_array(schema, value, root, where):
     for i, item in enumerate(value):
         sub = prefix[i] if i < len(prefix) else items
         if sub is not None:
-            validate(sub, item, root, _path(where, i))
+            validate(sub, item, root, _path(where, i), work)
     if "contains" in schema:
-        found = sum(_matches(schema["contains"], item, root, where) for item in value)
+        found = sum(_matches(schema["contains"], item, root, where, work)
+                    for item in value)
         least = schema["minContains"].exact() if "minContains" in schema else 1
         if found < least:
             raise SchemaError(f"{at}: expected at least {least} item(s) of the required shape "
@@ -3605,7 +3642,7 @@ def _validate_array(schema, value, root, where):
                               f"of that shape (contains)")
 
 
-def _validate_object(schema, value, root, where):
+def _validate_object(schema, value, root, where, work):
     at = where or "the arguments"
     for name in schema.get("required", []):
         if name not in value:
@@ -3621,21 +3658,21 @@ def _validate_object(schema, value, root, where):
     for name, item in value.items():
         matched = False
         if name in properties:
-            validate(properties[name], item, root, _path(where, name))
+            validate(properties[name], item, root, _path(where, name), work)
             matched = True
         for pattern, sub in patterns.items():
-            if pattern_search(pattern, name, _path(where, name)):
-                validate(sub, item, root, _path(where, name))
+            if work.search(pattern, name, _path(where, name)):
+                validate(sub, item, root, _path(where, name), work)
                 matched = True
         if not matched and extra is False:
             allowed = ", ".join(sorted(properties)) or "none"
             raise SchemaError(f"{_path(where, name)}: this property is not allowed "
                               f"(allowed: {allowed})")
         if not matched and isinstance(extra, dict):
-            validate(extra, item, root, _path(where, name))
+            validate(extra, item, root, _path(where, name), work)
     if "propertyNames" in schema:
         for name in value:
-            validate(schema["propertyNames"], name, root, _path(where, name))
+            validate(schema["propertyNames"], name, root, _path(where, name), work)
     dependencies = {**schema.get("dependencies", {}), **schema.get("dependentRequired", {}),
                     **schema.get("dependentSchemas", {})}
     for name, needed in dependencies.items():
@@ -3646,7 +3683,7 @@ def _validate_object(schema, value, root, where):
                 if other not in value:
                     raise SchemaError(f"{_path(where, other)}: required when {name} is given")
         else:
-            validate(needed, value, root, where)
+            validate(needed, value, root, where, work)
 
 
 # =============================================================================================
@@ -4335,7 +4372,8 @@ def load_all(config, while_starting=None):
 # host's self-reported name, the grants in force, and the executions inside a limit's window),
 # which the gate reads inside its write transaction and recheck reads back from the record.
 # No SQL here.
-# Promises: a condition that cannot be evaluated does not hold; numbers compare as exact
+# Promises: a condition that cannot be evaluated does not hold, and an entry other than allow
+# whose conditions are too costly to judge denies; numbers compare as exact
 # decimals from their literals, never through a float; a path lies under a directory only if
 # it does so both as written and as this machine resolves its links, and a path the gate cannot
 # resolve as a server would lies under none; a URL's host is the one a client would connect
@@ -4723,15 +4761,28 @@ class Condition:
             return [host_entry(entry, name == "host_in", where) for entry in value]
         return value  # equals: any JSON value
 
-    def holds(self, args, schema=None):
-        """Whether it holds of the arguments, an argument they lack read at the default of
-        the tool's pinned `schema`."""
+    def holds(self, args, work=None, schema=None):
+        """True or False; None when a pattern search is more than the call's pattern work
+        (else a fresh one) can pay for and no test is false: it cannot be evaluated, so it
+        does not hold, and policy_decision says what that means for an entry. An argument the
+        call lacks is read at the default of the tool's pinned `schema`."""
         value = resolve_pointer(args, self.tokens, schema)
-        for name, expected in self.tests:
-            if not (value is MISSING if name == "present" and not expected
-                    else value is not MISSING and CHECKS[name](value, expected)):
-                return False
-        return True
+        work = PatternWork() if work is None else work
+        return all_judged(self._test(name, expected, value, work)
+                          for name, expected in self.tests)
+
+    @staticmethod
+    def _test(name, expected, value, work):
+        if name == "present" and not expected:
+            return value is MISSING
+        if value is MISSING:
+            return False
+        if name == "pattern":  # the one test that draws on the call's pattern work
+            try:
+                return isinstance(value, str) and work.search(expected, value, "")
+            except PatternCost:
+                return None
+        return CHECKS[name](value, expected)
 
     def text(self):
         words = []
@@ -4746,11 +4797,16 @@ def _is_number(value):
     return isinstance(value, Number)
 
 
-def _pattern_holds(value, pattern):
-    try:
-        return isinstance(value, str) and pattern_search(pattern, value, "")
-    except SchemaError:  # too long to search within the bound: cannot be evaluated
-        return False
+def all_judged(verdicts):
+    """All of the verdicts (True, False, or None: not judged), read in order: False at the
+    first that is false, else None if one was not judged, else True."""
+    judged = True
+    for verdict in verdicts:
+        if verdict is None:
+            judged = None
+        elif not verdict:
+            return False
+    return judged
 
 
 def _host_holds(value, hosts, listed):
@@ -4770,7 +4826,6 @@ CHECKS = {
     "equals": json_equal,
     "in": lambda value, options: any(json_equal(value, o) for o in options),
     "not_in": lambda value, options: not any(json_equal(value, o) for o in options),
-    "pattern": _pattern_holds,
     "min": lambda value, bound: _is_number(value) and value.exact() >= bound,
     "max": lambda value, bound: _is_number(value) and value.exact() <= bound,
     "max_length": lambda value, bound: _length(value) <= bound,
@@ -4884,10 +4939,13 @@ class Entry:
         # (a directory, a host list).
         self.reason = _string(raw, "reason", where) or f"the operator's rule {label}"
 
-    def holds(self, args, facts, schema=None):
-        return ((self.clients is None or facts.client in self.clients)
-                and (self.during is None or self.during.holds(facts.at))
-                and all(condition.holds(args, schema) for condition in self.conditions))
+    def holds(self, args, facts, work=None, schema=None):
+        """True or False; None when a condition could not be judged (Condition.holds)."""
+        if (self.clients is not None and facts.client not in self.clients) or \
+                (self.during is not None and not self.during.holds(facts.at)):
+            return False
+        work = PatternWork() if work is None else work
+        return all_judged(condition.holds(args, work, schema) for condition in self.conditions)
 
     def text(self):
         parts = [c.text() for c in self.conditions]
@@ -4989,8 +5047,12 @@ class Grant:
         self.conditions = parse_conditions(parse(stored["conditions_json"]), f"grant {self.id}",
                                            resolved=True)
 
-    def covers(self, args, schema=None):
-        return all(condition.holds(args, schema) for condition in self.conditions)
+    def covers(self, args, work=None, schema=None):
+        """Whether the grant covers the call: a condition that could not be judged does not
+        hold, which is the safe side here, as a grant only ever loosens."""
+        work = PatternWork() if work is None else work
+        return all_judged(condition.holds(args, work, schema)
+                          for condition in self.conditions) is True
 
 
 def counted_uses(rows, tool, before):
@@ -5029,7 +5091,7 @@ def confirmed_conditions(conditions):
                         for name, expected in c.tests} for c in conditions}
 
 
-def policy_decision(config, tool, args, facts, rerun=False, approved=False):
+def policy_decision(config, tool, args, facts, rerun=False, approved=False, work=None):
     """What the policy says of one call, as a dict: outcome, reason, and `by` (what decided:
     a `when` entry, a limit, a grant, the rule's outcome or the class), with `limit` and
     `frees` when a limit decided and `grant` when a grant did.
@@ -5040,10 +5102,24 @@ def policy_decision(config, tool, args, facts, rerun=False, approved=False):
     allow into its `then` (it counts the calls a grant lets through, so a budget holds under a
     grant); with no operator at hand a question is a deny. A call an operator has approved
     (`approved`) is not counted against the limits again, nor refused for want of one.
+    `work` is the call's pattern work (PatternWork), shared with its schema check.
     """
     rule = tool.rule
+    work = PatternWork() if work is None else work
     for entry in rule.when:
-        if entry.holds(args, facts, tool.schema):
+        held = entry.holds(args, facts, work, tool.schema)
+        if held is None and entry.outcome != "allow":
+            # An entry that could not be judged (its pattern search is more than the call may
+            # cost) might have held or not: the call would get its outcome, or what the
+            # entries after it and the class decide. Passing it over, as a condition that
+            # cannot be evaluated does not hold, would let a long value slip past a deny or
+            # a question; only deny is never looser than either. An allow entry passed over
+            # can only make the decision stricter, so it is.
+            decision = {"outcome": "deny", "by": entry.label,
+                        "reason": f"the arguments are too long to be checked against the "
+                                  f"operator's rule {entry.label}"}
+            break
+        if held:
             decision = {"outcome": entry.outcome, "reason": entry.reason, "by": entry.label}
             break
     else:
@@ -5054,7 +5130,7 @@ def policy_decision(config, tool, args, facts, rerun=False, approved=False):
         return decision
     if decision["outcome"] == "require_approval":
         for grant in facts.grants():
-            if grant.covers(args, tool.schema):
+            if grant.covers(args, work, tool.schema):
                 decision = {"outcome": "allow", "by": f"grant {grant.id}", "grant": grant.id,
                             "reason": f"standing approval {grant.id} by {grant.by}"}
                 break
@@ -5258,7 +5334,7 @@ def class_outcome(config, tool):
 INTERRUPTED_REASON = "interrupted while executing; outcome unknown"
 
 
-def evaluate(config, tool, args, facts, attempt=None, approved=False):
+def evaluate(config, tool, args, facts, attempt=None, approved=False, work=None):
     """The policy's decision for one request (section 8) with, for an approval, what it
     binds (the capability) and what the operator is shown (the presentation).
 
@@ -5266,7 +5342,7 @@ def evaluate(config, tool, args, facts, attempt=None, approved=False):
     whatever the policy says short of deny: allow alone, or a grant, never runs it again.
     """
     decision = policy_decision(config, tool, args, facts, rerun=bool(attempt),
-                               approved=approved)
+                               approved=approved, work=work)
     outcome = decision["outcome"]
     if outcome == "deny" or (outcome == "allow" and not attempt):
         return decision
@@ -5329,8 +5405,9 @@ def stored_hash(row):
         return ""
 
 
-def check_arguments(tool, args):
-    """'' when the arguments may be sent, else the reason they may not (INVALID)."""
+def check_arguments(tool, args, work=None):
+    """'' when the arguments may be sent, else the reason they may not (INVALID). `work` is
+    the call's pattern work (PatternWork), shared with its policy."""
     if not isinstance(args, dict):
         return "the arguments are not a JSON object"
     for name in tool.rule.deny:
@@ -5340,8 +5417,8 @@ def check_arguments(tool, args):
         if name in args:
             return f'parameter "{name}" is fixed by the operator'
     try:
-        validate(tool.schema, args)
-    except SchemaError as err:
+        validate(tool.schema, args, work=work)
+    except (SchemaError, PatternCost) as err:
         return str(err)
     except Exception:  # a $ref loop, say: what cannot be checked is not sent
         return "the arguments cannot be checked against the schema"
@@ -5415,9 +5492,11 @@ def cap_text(text, cap):
 # Promises: nothing runs that the policy did not allow or an operator did not approve by
 # hash; what an approval binds is exactly the request that executes (the recorded request,
 # never a later call's bytes); the outcome is recorded even when the host has gone.
-# Deciding happens under one lock, so two threads never both begin the same request;
-# executing and holding happen outside it, so different requests run in parallel; across
+# Deciding happens under one lock, so two threads never both begin the same request; across
 # processes the unique open-row index does the same job, and a lost race is decided again.
+# Judging a call's arguments (the schema check, the policy's conditions and their pattern
+# work) happens before the lock, executing and holding after it, so different requests run
+# in parallel and one slow to judge delays no other.
 # A run being executed holds a lease its process renews; a run whose lease ran out (its process
 # died) is taken over, and a mutating call it cut off waits for an operator. A read the policy
 # allows with no limit or grant to consult is recorded whole with its outcome (one row of each
@@ -5440,10 +5519,12 @@ class Wait:
 class Execute:
     """A verdict: the request runs now. `step_id` is None for a read whose run is recorded
     whole with its outcome, by `record(tx, observation, ending, elapsed_ms)`, in one
-    transaction after it answers."""
+    transaction after it answers. `work` is what the call's pattern searches found, so a
+    re-run proposed after an unknown outcome is decided without searching again."""
 
-    def __init__(self, run_id, step_id, args, record=None):
+    def __init__(self, run_id, step_id, args, record=None, work=None):
         self.run_id, self.step_id, self.args, self.record = run_id, step_id, args, record
+        self.work = work
 
 
 NOTIFY_TIMEOUT = 10  # seconds a notify program may run before its process group is killed
@@ -5580,11 +5661,12 @@ class Gate:
             with self.lock:
                 return self._begin(tool, None, f"invalid:{new_id(8)}", None, invalid=invalid)
         key = request_key(tool.target, encoded)
+        work = self._judge(tool, args)
         held, races = False, 0
         while True:
             try:
                 with self.lock:
-                    verdict = self._decide(tool, args, key)
+                    verdict = self._decide(tool, args, key, work)
             except Race:
                 races += 1
                 if races > 5:
@@ -5600,6 +5682,17 @@ class Gate:
             held = True
             if not self._hold(verdict.approval, progress, cancelled):
                 return waiting_answer(verdict.approval)
+
+    def _judge(self, tool, args):
+        """The call's schema check and policy, made before the lock that orders the rules
+        across calls: they are functions of the call and of facts read in passing, so a call
+        whose patterns cost seconds delays no other call. Their searches are kept in the
+        PatternWork returned; the rules under the lock and the write transaction judge the
+        call again with it and search only what a fact changed meanwhile (a new grant)."""
+        work = PatternWork()
+        check_arguments(tool, args, work)
+        policy_decision(self.config, tool, args, self._facts(tool), work=work)
+        return work
 
     def _hold(self, approval, progress, cancelled):
         """Wait up to `hold` for the operator, telling a host that asked how long it has been.
@@ -5626,7 +5719,7 @@ class Gate:
 
     # -- the rules, under the lock -------------------------------------------------------------
 
-    def _decide(self, tool, args, key):
+    def _decide(self, tool, args, key, work):
         """The rules in order; returns an Answer, a Wait or an Execute."""
         window = self.window(tool)
         since = format_time(time.time() - window / SECOND)
@@ -5641,12 +5734,12 @@ class Gate:
         seen = next((row.run_id for row in rows if row.open), None)
         for row in rows:
             if row.status == "WAITING_FOR_APPROVAL":                        # rule 1
-                verdict = self._waiting(tool, row.run_id)
+                verdict = self._waiting(tool, row.run_id, work)
             elif row.status == "RUNNING":
                 if row.run_id in self.active or (row.owner != self.owner and
                                                  row.expires > now()):
                     return answer("IN_PROGRESS")                            # rule 2
-                verdict = self._take_over(tool, row.run_id)                 # rule 3
+                verdict = self._take_over(tool, row.run_id, work)           # rule 3
                 if verdict is None:
                     raise Race()  # it ended the run: decide again on what is there now
             elif window and row.finished >= since:                          # rules 4, 5
@@ -5660,15 +5753,15 @@ class Gate:
                 return verdict
         attempt = None if tool.read_only else self._unknown_attempt(key)   # rule 6
         decider = policy_decision(self.config, tool, args, self._facts(tool),
-                                  rerun=bool(attempt))["outcome"]
+                                  rerun=bool(attempt), work=work)["outcome"]
         needs_approval = decider == "require_approval" or (attempt and decider != "deny")
         if not tool.read_only or needs_approval:                            # rule 7
             verdict = self._session_rules(tool, key, needs_approval, decider)
             if verdict is not None:
                 return verdict
-        return self._begin(tool, args, key, seen, attempt=attempt)          # rule 8
+        return self._begin(tool, args, key, seen, attempt=attempt, work=work)  # rule 8
 
-    def _waiting(self, tool, run_id):
+    def _waiting(self, tool, run_id, work):
         """Rule 1: a run of this request waits on an approval."""
         approval = self.store.latest_approval(run_id)
         if approval is None:
@@ -5681,9 +5774,9 @@ class Gate:
             raise Race()  # the run has ended: decide again, with rules 4 to 6 on it
         if approval["status"] != "approved":
             return answer("IN_PROGRESS")
-        return self._collect(tool, approval)
+        return self._collect(tool, approval, work)
 
-    def _collect(self, tool, approval):
+    def _collect(self, tool, approval, work):
         """An approved request: check its hash, its age, its arguments and the policy again,
         then execute the recorded request (never this call's bytes)."""
         run_id, step_id = approval["run_id"], approval["step_id"]
@@ -5696,14 +5789,14 @@ class Gate:
             self._write(lambda tx: tx.expire_approval(approval["id"], run_id, step_id))
             raise Race()  # the run has ended: decide again, with rules 4 to 6 on it
         args = parse(approval["request_json"])["args"]
-        problem = check_arguments(tool, args)
+        problem = check_arguments(tool, args, work)
         if problem:
             self._write(lambda tx: self._refuse(tx, run_id, step_id, "invalid_decision",
                                                 f"invalid decision on resume: {problem}"))
             return answer("INVALID", reason=clean(problem, 1000))
         attempt = parse(approval["capability_json"]).get("interrupted")
         facts = self._facts(tool)
-        decision = evaluate(self.config, tool, args, facts, attempt, approved=True)
+        decision = evaluate(self.config, tool, args, facts, attempt, approved=True, work=work)
         if decision["outcome"] == "deny":
             def deny(tx):
                 tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
@@ -5729,9 +5822,9 @@ class Gate:
                              self.policy_id)
             tx.start_execution(run_id, step_id, tool.name, args, tool.target, approval["id"])
         self._write_active(run_id, resume)
-        return Execute(run_id, step_id, args)
+        return Execute(run_id, step_id, args, work=work)
 
-    def _take_over(self, tool, run_id):
+    def _take_over(self, tool, run_id, work):
         """Rule 3: a run left RUNNING by a process that stopped renewing its lease.
 
         A mutating call cut off while executing may have taken effect: it pauses on an
@@ -5745,7 +5838,7 @@ class Gate:
                        "ended": "cut_off"}
             args = self.store.step_decision(step_id)["args"]
             facts = self._facts(tool)
-            decision = evaluate(self.config, tool, args, facts, attempt)
+            decision = evaluate(self.config, tool, args, facts, attempt, work=work)
             if decision["outcome"] == "require_approval":
                 approval = new_approval(self.config, run_id, step_id, tool, args, decision)
 
@@ -5812,7 +5905,8 @@ class Gate:
                 self.config.session, key):
             if status == "RUNNING" and run_tool == tool.name and not (
                     owner != self.owner and expires > now()) and run_id not in self.active:
-                verdict = self._take_over(tool, run_id)
+                # Another request's arguments, judged on a pattern budget of their own.
+                verdict = self._take_over(tool, run_id, PatternWork())
                 if verdict is not None:
                     return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
                                   approval=verdict.approval["id"])
@@ -5859,7 +5953,7 @@ class Gate:
                 continue
             args = self.store.step_decision(attempt["step_id"])["args"]
             verdict = self._begin(tool, args, other_key, seen, attempt=attempt,
-                                  origin="operator")
+                                  origin="operator", work=PatternWork())
             if isinstance(verdict, Wait):
                 return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
                               approval=verdict.approval["id"])
@@ -5869,12 +5963,14 @@ class Gate:
 
     # -- beginning and executing a run ---------------------------------------------------------
 
-    def _begin(self, tool, args, key, seen, invalid=None, attempt=None, origin="model"):
+    def _begin(self, tool, args, key, seen, invalid=None, attempt=None, origin="model",
+               work=None):
         """Rule 8: begin a run for this request, decide on it (section 8) and record the
         decision in one write transaction, then act on what was decided. `invalid` (why,
-        frame) records arguments that were not usable JSON."""
+        frame) records arguments that were not usable JSON; `work` is the call's pattern
+        work (Gate._judge)."""
         run_id = f"{self.config.session}.{new_id(8)}"
-        problem = invalid[0] if invalid else check_arguments(tool, args)
+        problem = invalid[0] if invalid else check_arguments(tool, args, work)
         fast = None
         if not problem and tool.read_only and not tool.rule.limits and not attempt:
             # A read the policy allows is recorded whole in one transaction after it answers
@@ -5883,7 +5979,7 @@ class Gate:
             # this way: one with no limit to count and no grant that could be revoked
             # meanwhile.
             facts = self._facts(tool)
-            decision = evaluate(self.config, tool, args, facts)
+            decision = evaluate(self.config, tool, args, facts, work=work)
             if decision["outcome"] == "allow" and "grant" not in decision:
                 fast = (decision, facts)
         made = {}
@@ -5902,7 +5998,7 @@ class Gate:
             # Decided here, inside the transaction that starts the execution: the limits see
             # every execution committed before it, in any process, and the grants in force.
             decision, facts = fast or (None, self._facts(tool, tx.rows))
-            decision = decision or evaluate(self.config, tool, args, facts, attempt)
+            decision = decision or evaluate(self.config, tool, args, facts, attempt, work=work)
             made["decision"] = decision
             tx.record_policy(run_id, step_id, _policy_record(decision, facts), self.policy_id)
             if decision["outcome"] == "deny":
@@ -5931,7 +6027,7 @@ class Gate:
         step_id = self._write_active(run_id, begin)
         decision = made.get("decision")
         if decision and decision["outcome"] == "allow":
-            return Execute(run_id, step_id, args)
+            return Execute(run_id, step_id, args, work=work)
         self.active.discard(run_id)  # nothing of this run executes
         if problem:
             return answer("INVALID", reason=clean(problem, 1000))
@@ -5994,7 +6090,8 @@ class Gate:
                 return
             tx.finish_execution(run_id, step_id, tool.name, observation, elapsed)
             if ending in UNKNOWN_ENDINGS:
-                rerun.update(self._pause_rerun(tx, tool, run_id, step_id, args, ending))
+                rerun.update(self._pause_rerun(tx, tool, run_id, step_id, args, ending,
+                                               verdict.work))
             elif ending != "ok":
                 tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending],
                               outcome=OUTCOME_KNOWN)
@@ -6015,14 +6112,14 @@ class Gate:
                 f"duplicate" if window else ""))
         return Answer(clean(error, CONTENT_CAP), True)
 
-    def _pause_rerun(self, tx, tool, run_id, step_id, args, ending):
+    def _pause_rerun(self, tx, tool, run_id, step_id, args, ending, work):
         """An unknown outcome: propose the same request again, which the policy always sends
         to an operator (evaluate never allows a re-run), in the same transaction that records
         the attempt."""
         attempt = {"run_id": run_id, "step_id": step_id, "started_at": tx.step_started(step_id),
                    "ended": ending}
         facts = self._facts(tool, tx.rows)
-        decision = evaluate(self.config, tool, args, facts, attempt)
+        decision = evaluate(self.config, tool, args, facts, attempt, work=work)
         if decision["outcome"] == "deny":
             # The policy now denies the request outright (an entry for other hours, say): no
             # question is asked, the run ends with its outcome unknown, and the next identical

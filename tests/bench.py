@@ -351,6 +351,68 @@ def policy_figures(history):
     ]
 
 
+def slow_pattern_figures(n=10):
+    """The delay a slow pattern on one call adds to an unrelated call (issue 19): the median
+    (ms) of an allowed read's latency while another call is being checked against a pattern of
+    the slowest kind (its lazy DFA meets a new state at nearly every character), against the
+    same read with nothing else in flight. Each of `n` slow calls sends a fresh text that
+    costs nearly all the pattern work one call may spend; reads follow one another from just
+    after it is sent until it is answered."""
+    sys.path.insert(0, os.path.dirname(AGENTGATE))
+    import agentgate
+    import random
+    slow = "[ab]*a[ab]{400}c"
+    length = agentgate.PATTERN_WORK // agentgate.compile_pattern(slow).size - 1
+    directory = tempfile.mkdtemp(prefix="agentgate-bench-pattern-")
+    try:
+        spec = os.path.join(directory, "check.spec.json")
+        with open(spec, "w") as f:
+            json.dump({"tools": [{"name": "check", "description": "Check a code.", "inputSchema": {
+                "type": "object", "properties": {"code": {"type": "string", "pattern": slow}}}}]},
+                f)
+        read_only = {"side_effect": "read_only", "timeout": "10s"}
+        config = {"database": "bench.db", "session": "bench", "hold": "0s", "servers": [
+            {"name": "bank", "command": [sys.executable, AGENTGATE, "fake-payments"],
+             "manifest": "bank.manifest.json",
+             "env": [f"FAKE_PAYMENTS_LEDGER={os.path.join(directory, 'ledger')}"],
+             "rules": {"balance": read_only}},
+            {"name": "svc", "command": [sys.executable, os.path.join(HERE, "scripted_server.py"),
+                                        spec],
+             "manifest": "svc.manifest.json", "rules": {"check": read_only}}]}
+        path = os.path.join(directory, "config.json")
+        with open(path, "w") as f:
+            json.dump(config, f)
+        os.chmod(path, 0o600)
+        subprocess.run([sys.executable, AGENTGATE, "pin", "-config", path], check=True,
+                       stdout=subprocess.DEVNULL)
+        gate = Driver([sys.executable, AGENTGATE, "-config", path], directory)
+        gate.initialize()
+        read = {"name": "bank_balance", "arguments": {"account": "bench"}}
+
+        def latency():
+            start = time.perf_counter()
+            gate.request("tools/call", read)
+            return (time.perf_counter() - start) * 1000
+        rng = random.Random(19)
+        alone, beside = [], []
+        for _ in range(n):
+            alone += [latency() for _ in range(20)]
+            code = "".join(rng.choice("ab") for _ in range(length))
+            checking = gate.send("tools/call", {"name": "svc_check", "arguments": {"code": code}})
+            while checking.empty():
+                beside.append(latency())
+            answer = checking.get()["result"]["content"][0]["text"]
+            assert answer.startswith("INVALID"), answer
+        gate.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    added = statistics.median(beside) - statistics.median(alone)
+    return [
+        ("slow pattern on one call: delay of an unrelated call (ms)", f"{added:.1f}",
+         f"<= 100 ({len(beside)} reads beside {n} slow calls)"),
+    ]
+
+
 def main():
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     options.add_argument("-n", type=int, default=1000, help="sequential calls per figure")
@@ -432,6 +494,7 @@ def main():
     ]
     rows += [(name, f"{seconds:.3f}", "") for name, seconds in hostile_figures()]
     rows += policy_figures(opts.policy_history)
+    rows += slow_pattern_figures()
     width = max(len(r[0]) for r in rows)
     for name, value, target in rows:
         print(f"{name:<{width}}  {value:>20}  {target}")
