@@ -127,7 +127,8 @@ def decide(when, args, grants=()):
                           "when": when}}}]}
     config = agentgate.Config(P(doc), "/tmp/x/config.json")
     rule = config.servers[0].rules["pay"]
-    tool = types.SimpleNamespace(name="pay", rule=rule, side_effect=rule.side_effect)
+    tool = types.SimpleNamespace(name="pay", rule=rule, side_effect=rule.side_effect,
+                                 schema={"type": "object"})
     facts = agentgate.Facts(0.0, "cli", lambda: list(grants), None)
     decision = agentgate.policy_decision(config, tool, P(args), facts)
     return decision["outcome"], decision["by"]
