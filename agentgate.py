@@ -2182,8 +2182,9 @@ class Store:
 # server sent, by parse, never from the SDK's decoding, so number literals survive; what
 # agentgate sends is its own canonical encoding; no redirect is followed; a response past
 # the message cap fails its request; a request's error says whether it reached the server
-# (refused connection: it did not, so nothing executed; a connection lost after sending: it
-# may have executed). The mcp package is imported only when such a server starts.
+# (refused connection: it did not, so nothing executed; a connection lost after sending, or
+# an HTTP status of 500 or more: it may have executed). The mcp package is imported only when
+# such a server starts.
 # =============================================================================================
 
 CLIENT_INFO = {"name": "agentgate", "version": VERSION}
@@ -2805,6 +2806,13 @@ class _HttpTap:
         except Exception as err:
             upstream._deliver(ident, error=self._lost(err))
             raise
+        status = response.status_code
+        if status >= 500:
+            # A proxy's 502 or 504, or a server that failed mid-call, answers after the request
+            # was delivered: whatever its body says, the request may have executed. Decided
+            # before the body is read, so no message in it can make the outcome known.
+            upstream._deliver(ident, error=UpstreamError(
+                f"the server answered HTTP {status} after the request reached it"))
         try:
             data, too_big = await self._read(response)
         except Exception as err:
@@ -2812,7 +2820,6 @@ class _HttpTap:
             raise
         finally:
             await response.aclose()
-        status = response.status_code
         if too_big:
             upstream._deliver(ident, error=UpstreamError(
                 f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes", unusable=True))
@@ -2821,7 +2828,7 @@ class _HttpTap:
                 f"the server answered with a redirect (HTTP {status}) to "
                 f"{quote(clean(response.headers.get('location', ''), 200))}, which is not "
                 f"followed: if that is the server, make it the url", answered=True))
-        elif status >= 400:
+        elif 400 <= status < 500:
             upstream._deliver(ident, error=UpstreamError(
                 f"the server answered HTTP {status}", answered=True))
         else:  # the request reached the server, and no answer to it came back
