@@ -707,7 +707,8 @@ def log(message):
 # ways); every unknown field anywhere is refused with its path; a server whose arguments reach
 # the files the gate's decisions depend on is refused unless the operator says otherwise; a
 # server reached by url takes its header values from agentgate's environment (`${NAME}`), and
-# no message shows one. Every refusal is one sentence naming the field and what to do.
+# no message shows one, nor more of its url than scheme, host and port (shown_url). Every
+# refusal is one sentence naming the field and what to do.
 # =============================================================================================
 
 SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation", "destructive")
@@ -926,6 +927,21 @@ def _url_server(raw, where, url):
             raise ConfigError(f"{where}.headers.{name} holds a control character (a line "
                               f"break, say), which no header may carry; fix its value")
     return headers
+
+
+def shown_url(url):
+    """A url as every text shows it (errors, the record, stderr, the model's answers): its
+    scheme, host and port only. A hosted server often carries its key in the url's path or
+    query, and nothing may show that."""
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return "an address that cannot be read"
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
 
 
 class Config:
@@ -2800,8 +2816,8 @@ class _HttpTap:
             response = await self.inner.handle_async_request(request)
         except (self.httpx.ConnectError, self.httpx.ConnectTimeout) as err:
             upstream._deliver(ident, error=UpstreamError(
-                f"cannot reach {upstream.server.url} ({clean(str(err), 200) or type(err).__name__}"
-                f"), so nothing was sent", sent=False))
+                f"cannot reach {shown_url(upstream.server.url)} ("
+                f"{clean(str(err), 200) or type(err).__name__}), so nothing was sent", sent=False))
             raise
         except Exception as err:
             upstream._deliver(ident, error=self._lost(err))
@@ -2824,10 +2840,12 @@ class _HttpTap:
             upstream._deliver(ident, error=UpstreamError(
                 f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes", unusable=True))
         elif 300 <= status < 400:
+            from urllib.parse import urljoin
+            target = urljoin(str(request.url), response.headers.get("location", ""))
             upstream._deliver(ident, error=UpstreamError(
                 f"the server answered with a redirect (HTTP {status}) to "
-                f"{quote(clean(response.headers.get('location', ''), 200))}, which is not "
-                f"followed: if that is the server, make it the url", answered=True))
+                f"{clean(shown_url(target), 200)}, which is not followed: if that is the "
+                f"server, make it the url", answered=True))
         elif 400 <= status < 500:
             upstream._deliver(ident, error=UpstreamError(
                 f"the server answered HTTP {status}", answered=True))

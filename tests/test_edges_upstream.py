@@ -101,3 +101,74 @@ def test_a_4xx_stays_a_known_failure(workdir, scripted_http):
     text, error = said(gate.call("bank_pay", KIM))
     assert error and "HTTP 403" in text and not text.startswith("UNKNOWN_OUTCOME"), text
     assert approvals(workdir) == []
+
+
+# ---------------------------------------------------------------- item 4: a url's secret
+
+
+SECRET_KEY = "k3y-5e5ame-0pen"
+SECRET_PATH = "p4th-0f-the-key"
+
+
+def secret_url(url: str) -> str:
+    """The test server's url with a key in its path and in its query, as hosted servers have."""
+    return url.replace("/mcp", f"/mcp/{SECRET_PATH}/") + f"?api_key={SECRET_KEY}"
+
+
+def shows_no_secret(text: str, origin: str) -> None:
+    assert SECRET_KEY not in text and SECRET_PATH not in text and "api_key" not in text, text
+    assert origin in text, f"{origin} not in {text}"
+
+
+def test_an_unreachable_url_is_shown_as_scheme_host_and_port_only(workdir, scripted_http):
+    server = scripted_http(scripted_mcp(lambda handler, message: None))
+    url = secret_url(server.url)
+    origin = server.url.removesuffix("/mcp")
+    config = config_for(workdir, url, {"pay": rule("remote_mutation", outcome="allow")})
+    pin(config)
+    assert server.requests and server.requests[0][0] == f"/mcp/{SECRET_PATH}/?api_key={SECRET_KEY}"
+    gate = gate_host(config)
+    gate.list_tools()
+    server.close()  # nothing listens there any more
+
+    text, error = said(gate.call("bank_pay", KIM))
+    assert error and "cannot reach" in text, text
+    shows_no_secret(text, origin)
+    run_id = only_run(workdir)
+    for args in (["show", run_id], ["show", run_id, "-json"], ["runs"]):
+        done = agentgate(*args, "-config", str(config))
+        assert done.returncode == 0, done
+        shows_no_secret(done.stdout + done.stderr, origin if args[0] == "show" else "")
+    gate.close()
+    shows_no_secret(gate.stderr_text(), "")
+
+    # A gate, pin and check that start with nothing listening there say so on stderr.
+    for command in ("serve", "pin", "check"):
+        done = agentgate(command, "-config", str(config))
+        assert done.returncode == 1 and "cannot reach" in done.stderr, done
+        shows_no_secret(done.stdout + done.stderr, origin)
+    host_file = workdir / "host.json"
+    host_file.write_text(json.dumps({"mcpServers": {"bank": {"url": url}}}))
+    done = agentgate("init", "-from", str(host_file), "-config", str(workdir / "init" / "config.json"))
+    assert done.returncode == 1 and "could not be pinned" in done.stdout, done
+    shows_no_secret(done.stdout + done.stderr, origin)
+
+
+def test_a_redirect_is_shown_as_scheme_host_and_port_only(workdir, scripted_http):
+    def redirect(handler, message):
+        handler.send_response(307)
+        handler.send_header("Location", f"/mcp/{SECRET_PATH}/?api_key={SECRET_KEY}")
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    server = scripted_http(redirect)
+    done = agentgate("pin", "-config", str(config_for(workdir, server.url)))
+    assert done.returncode == 1 and "redirect (HTTP 307)" in done.stderr, done
+    shows_no_secret(done.stderr, server.url.removesuffix("/mcp"))
+
+
+def only_run(workdir) -> str:
+    from kit import all_runs
+    runs = all_runs(workdir)
+    assert len(runs) == 1, runs
+    return runs[0]["id"]
