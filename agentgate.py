@@ -2306,8 +2306,10 @@ class Upstream:
         self.stderr_done = threading.Event()
         self.protocol = None
         # Called (on the reading thread, so it must not block) when the server says its
-        # tools changed; set once the gate serves. `pinned`: its manifest's tools, from load.
+        # tools changed; set by watch_tools once the gate serves. `heard_list_changed`: such
+        # a notice came before that. `pinned`: its manifest's tools, from load.
         self.on_list_changed = None
+        self.heard_list_changed = False
         self.pinned = {}
 
     def describe(self, step, detail):
@@ -2434,8 +2436,12 @@ class Upstream:
             self._answer_server_request(message)
         elif "method" in message:
             # Of the notifications, only a change of tools is acted on (logging is not).
-            if message["method"] == "notifications/tools/list_changed" and self.on_list_changed:
-                self.on_list_changed()
+            if message["method"] == "notifications/tools/list_changed":
+                with self.lock:
+                    self.heard_list_changed = True
+                    on_list_changed = self.on_list_changed
+                if on_list_changed:
+                    on_list_changed()
         elif "error" in message:
             error = message["error"]
             text = error.get("message", "") if isinstance(error, dict) else ""
@@ -2565,6 +2571,17 @@ class Upstream:
         if slot["error"]:
             raise slot["error"]
         return slot["result"]
+
+    def watch_tools(self, on_list_changed):
+        """Call `on_list_changed` at every notice that the server's tools changed, and once now
+        if one came before: a notice sent between the start-up listing and this call (which
+        comes after loading) would otherwise be lost, and a changed tool offered all session.
+        The flag and the callback change under one lock, so a notice is never missed by both."""
+        with self.lock:
+            self.on_list_changed = on_list_changed
+            heard = self.heard_list_changed
+        if heard:
+            on_list_changed()
 
     def list_tools(self, deadline):
         """Every page of tools/list, bounded, refusing a repeating cursor or a repeated tool."""
@@ -4888,8 +4905,9 @@ PROSE = {
     "DENIED": "The policy does not allow this request: {reason}. Nothing was executed.",
     "TOOL_CHANGED": (
         "Its server now presents this tool differently from when it was reviewed (its "
-        "description, input schema or annotations changed, or it is gone), so it is not "
-        "offered until an operator reviews it again. Nothing was executed. Tell the user."),
+        "description, input schema or annotations changed, or it is gone), or said it changed "
+        "and could not be asked how, so it is not offered until it is again as it was "
+        "reviewed. Nothing was executed. Tell the user."),
     "INVALID": (
         "The arguments do not match the tool's input schema: {reason}. Nothing was executed. "
         "Correct the arguments and call again."),
@@ -5430,8 +5448,13 @@ class Gate:
         return self._collect(tool, approval)
 
     def _collect(self, tool, approval):
-        """An approved request: check its hash, its age, its arguments and the policy again,
-        then execute the recorded request (never this call's bytes)."""
+        """An approved request: check its tool is still offered, its hash, its age, its
+        arguments and the policy again, then execute the recorded request (never this call's
+        bytes)."""
+        if tool.name in self.quarantined:
+            # Its server changed it (or said so) after the call was checked on arrival, while
+            # the call was held: the approval stays, to be collected once the tool is back.
+            return answer("DENIED", "TOOL_CHANGED")
         run_id, step_id = approval["run_id"], approval["step_id"]
         if stored_hash(approval) != approval["hash"]:
             log(f"approval {approval['id']} does not match its hash; it was altered after it "
@@ -5896,10 +5919,11 @@ def operator_hint(config_file, database=""):
 # line, a batch member that is not a request, or an id that cannot be echoed as JSON gets a
 # JSON-RPC error (id null where the id cannot be echoed) and the session goes on; past the
 # bound, a request is told the gate is busy; unknown methods (server/discover among them) get
-# -32601 at once; a tool its server changed while serving is no longer offered, and the host is
-# told once; on stdin closing, SIGINT or SIGTERM no new call starts, holds end, calls in
-# flight finish and are recorded, then the upstream servers are closed and the process exits
-# 0.
+# -32601 at once; a tool its server changed while serving is no longer offered (nor, until a
+# listing succeeds, any tool of a server that said its tools changed and cannot be listed),
+# and the host is told once; on stdin closing, SIGINT or SIGTERM no new call starts, holds
+# end, calls in flight finish and are recorded, then the upstream servers are closed and the
+# process exits 0.
 # =============================================================================================
 
 SERVER_INFO = {"name": "gated-tools", "version": VERSION}
@@ -5964,6 +5988,7 @@ class Workers:
 
 
 LIST_CHANGED_INTERVAL = 2.0  # seconds: the least time between two listings of one server
+RELIST_RETRY_MAX = 60.0  # seconds: the longest wait between two tries of a failing listing
 
 
 class ToolWatch:
@@ -5976,19 +6001,22 @@ class ToolWatch:
     not touched. A change is recorded as a tools.changed event and said on stderr, and when
     what is offered changed, the host is told in one notification. A server that floods
     notifications is listed again at most every LIST_CHANGED_INTERVAL: however many arrive
-    meanwhile come to one listing.
+    meanwhile come to one listing. A listing that fails leaves the server's tools unchecked
+    after it said they changed: all of them are quarantined until a listing succeeds, tried
+    again after twice the last wait, at most RELIST_RETRY_MAX, while the gate serves.
     """
 
     def __init__(self, gate, upstreams, announce):
         self.gate, self.announce = gate, announce
         self.upstreams = {upstream.name: upstream for upstream in upstreams}
         self.pending = {}  # server name -> notifications not yet acted on
+        self.failures = {}  # server name -> listings failed in a row since the last success
         self.held = {}  # server name -> the registered names it has quarantined
         self.seen = {}  # server name -> the differences last recorded
         self.cond = threading.Condition()
-        for upstream in upstreams:
-            upstream.on_list_changed = functools.partial(self.changed, upstream.name)
         threading.Thread(target=self._run, daemon=True).start()
+        for upstream in upstreams:
+            upstream.watch_tools(functools.partial(self.changed, upstream.name))
 
     def changed(self, server):
         with self.cond:
@@ -5999,7 +6027,7 @@ class ToolWatch:
         listed = {}  # server name -> when it was last listed (monotonic)
         while not self.gate.stopping.is_set():
             with self.cond:
-                due = {name: listed.get(name, -math.inf) + LIST_CHANGED_INTERVAL
+                due = {name: listed.get(name, -math.inf) + relist_wait(self.failures.get(name, 0))
                        for name in self.pending}
                 ready = [name for name, at in due.items() if at <= time.monotonic()]
                 if not ready:
@@ -6013,9 +6041,22 @@ class ToolWatch:
                     f"again at most every {LIST_CHANGED_INTERVAL:g}s")
             try:
                 self._relist(server)
-            except (UpstreamError, StoreError) as err:
-                log(f"server {server} said its tools changed, but listing them again failed: "
+            except UpstreamError as err:
+                self._failed(server, err)
+            except StoreError as err:
+                log(f"server {server} changed its tools, but the change could not be recorded: "
                     f"{err}")
+
+    def _failed(self, server, err):
+        self.failures[server] = self.failures.get(server, 0) + 1
+        with self.cond:  # tried again without a new notice
+            self.pending.setdefault(server, 0)
+        held = sorted(tool.name for tool in self.gate.tools.values()
+                      if tool.server.name == server)
+        log(f"server {server} said its tools changed, but listing them again failed: {err}; "
+            f"not offered until a listing succeeds (next try in "
+            f"{relist_wait(self.failures[server]):g}s): {', '.join(held) or 'none'}")
+        self._hold(server, held)
 
     def _relist(self, server):
         upstream = self.upstreams[server]
@@ -6028,18 +6069,34 @@ class ToolWatch:
                    if tool.server.name == server}
         held = sorted(offered[name] for name in differences["changed"] + differences["removed"]
                       if name in offered)
-        if differences == self.seen.get(server, {"changed": [], "removed": [], "added": []}):
-            return
-        self.seen[server] = differences
-        payload = {"server": server, **differences, "not_offered": held}
-        self.gate.store.write(lambda tx: tx.event(f"{self.gate.config.session}.tools",
-                                                  "tools.changed", payload))
-        log(tools_changed_text(payload) + " (pin -diff shows how)")
+        if self.failures.pop(server, 0):
+            log(f"server {server}: its tools were listed again; not offered now: "
+                f"{', '.join(held) or 'none'}")
+        try:
+            if differences != self.seen.get(server, {"changed": [], "removed": [], "added": []}):
+                self.seen[server] = differences
+                payload = {"server": server, **differences, "not_offered": held}
+                self.gate.store.write(lambda tx: tx.event(f"{self.gate.config.session}.tools",
+                                                          "tools.changed", payload))
+                log(tools_changed_text(payload) + " (pin -diff shows how)")
+        finally:  # what is offered follows the listing even when the record cannot be written
+            self._hold(server, held)
+
+    def _hold(self, server, held):
+        """Quarantine exactly `held` of this server's tools, telling the host if that changes
+        what is offered."""
         if held != self.held.get(server, []):
             self.held[server] = held
             self.gate.quarantined = frozenset(name for names in self.held.values()
                                               for name in names)
             self.announce()
+
+
+def relist_wait(failures):
+    """Seconds from a server's listing to the next, after `failures` failed in a row: the
+    interval doubled at each failure, up to RELIST_RETRY_MAX (the exponent is bounded too, so
+    a server failing for days cannot overflow it)."""
+    return min(LIST_CHANGED_INTERVAL * 2 ** min(failures, 16), RELIST_RETRY_MAX)
 
 
 def tools_changed_text(payload):

@@ -20,24 +20,34 @@ host drives it, through the SDK's stdio client, and by its operator commands.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
+
+import agentgate as agentgate_module
 
 from conftest import wait_for
 from kit import (
     DEADLINE,
     agentgate,
+    all_runs,
     approvals,
     approval_in,
+    approve,
     expect,
     gate_host,
     only_pending,
     pin,
+    records,
     rule,
     said,
+    scripted_server,
     wait_until_past,
+    write_config,
+    write_private,
 )
 from test_http_upstream import KIM, config_for, scripted_http, scripted_mcp, send_body  # noqa: F401
+from test_list_changed import ALL, CHANGED, PINNED, Changing, names
 
 
 # ---------------------------------------------------------------- item 3: 5xx after sending
@@ -168,7 +178,90 @@ def test_a_redirect_is_shown_as_scheme_host_and_port_only(workdir, scripted_http
 
 
 def only_run(workdir) -> str:
-    from kit import all_runs
     runs = all_runs(workdir)
     assert len(runs) == 1, runs
     return runs[0]["id"]
+
+
+# ---------------------------------------------------------------- item 10: a server that changes its tools (stdio)
+
+
+def no_program_named(text: str) -> None:
+    assert not re.search(r"agentgate|\bpin\b|check|approve|\.db\b|config", text), text
+
+
+RULES = {"read_file": rule("read_only"), "write_file": rule("local_mutation"), "stat": rule("read_only"),
+         "slow": rule("read_only", "30s"), "poke": rule("read_only")}
+
+
+def test_a_change_announced_right_after_the_start_up_listing_is_acted_on(workdir):
+    # The gate's own first listing gets what was pinned; the notice follows it at once, before
+    # the gate has finished loading, and every later listing gets the change.
+    spec = {"pages": [{"tools": PINNED}, {"tools": CHANGED}], "notify_after_list": True}
+    config = write_config(workdir, [scripted_server(workdir, spec, rules=RULES)])
+    assert pin(config).returncode == 0
+    host = gate_host(config)
+    wait_for(lambda: names(host) == {"fs_slow", "fs_poke", "gate_status"}, DEADLINE,
+             message="the changed tools to be taken off the offer")
+    denied = host.call_text("fs_read_file", {"path": "/x"})
+    assert denied.startswith("DENIED:") and "differently" in denied, denied
+    no_program_named(denied)
+    assert "changed read_file, write_file" in host.stderr_text()
+
+
+def test_a_failed_listing_quarantines_the_servers_tools_until_a_listing_succeeds(workdir):
+    server = Changing(workdir)
+    host = gate_host(server.config)
+    assert names(host) == ALL
+    server.present(PINNED + [PINNED[0]])  # a tool listed twice: no listing can be used
+    before = server.lists()
+    assert host.call_text("fs_poke", {}) == "poked"
+    wait_for(lambda: names(host) == {"gate_status"}, DEADLINE,
+             message="every tool of the server to be taken off the offer")
+    denied = host.call_text("fs_read_file", {"path": "/x"})
+    assert denied.startswith("DENIED:") and "could not be asked how" in denied, denied
+    no_program_named(denied)
+    assert "listing them again failed" in host.stderr_text()
+
+    # Tried again with no new notice: once a listing succeeds, what it shows is offered.
+    server.present(PINNED)
+    wait_for(lambda: names(host) == ALL, DEADLINE, message="the tools to be offered again")
+    assert server.lists() >= before + 2
+    assert host.call_text("fs_read_file", {"path": "/x"}) == "called read_file"
+    log = host.stderr_text()
+    assert "next try in 4s" in log and "server fs: its tools were listed again; not offered now: none" in log, log
+
+
+def test_a_failing_listing_is_tried_again_less_and_less_often_up_to_a_bound():
+    waits = [agentgate_module.relist_wait(n) for n in (0, 1, 2, 3, 4, 5, 6, 10**6)]
+    assert waits == [2, 4, 8, 16, 32, 60, 60, 60]
+
+
+def test_a_call_held_for_approval_does_not_run_when_its_tool_was_quarantined_meanwhile(workdir):
+    server = Changing(workdir)
+    config = server.config
+    raw = json.loads(config.read_text())
+    raw["hold"] = "60s"  # the call waits in the gate for its approval
+    raw["servers"][0]["rules"]["write_file"] = rule("remote_mutation")
+    write_private(config, json.dumps(raw))
+    host = gate_host(config)
+    held = host.submit("fs_write_file", {"path": "/x"})
+    wait_for(lambda: "decide with:" in host.stderr_text(), DEADLINE, message="the approval to wait")
+    waiting = only_pending(workdir)
+
+    server.present(CHANGED)  # write_file's schema changed
+    assert host.call_text("fs_poke", {}) == "poked"
+    wait_for(lambda: "not offered now: fs_read_file, fs_stat, fs_write_file" in host.stderr_text(),
+             DEADLINE, message="write_file to be quarantined")
+    approve(config, waiting["run_id"], waiting["id"])
+    text, error = said(held.result())
+    assert error and text.startswith("DENIED:") and "differently" in text, text
+    no_program_named(text)
+    assert [r for r in records(server.record) if r.get("call") == "write_file"] == []
+
+    # The approval stays: once the tool is back to what was reviewed, the call collects it.
+    server.present(PINNED)
+    assert host.call_text("fs_poke", {}) == "poked"
+    wait_for(lambda: "fs_write_file" in names(host), DEADLINE, message="write_file offered again")
+    assert host.call_text("fs_write_file", {"path": "/x"}) == "called write_file"
+    assert len([r for r in records(server.record) if r.get("call") == "write_file"]) == 1
