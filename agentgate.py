@@ -707,7 +707,8 @@ def log(message):
 # ways); every unknown field anywhere is refused with its path; a server whose arguments reach
 # the files the gate's decisions depend on is refused unless the operator says otherwise; a
 # server reached by url takes its header values from agentgate's environment (`${NAME}`), and
-# no message shows one. Every refusal is one sentence naming the field and what to do.
+# no message shows one, nor more of its url than scheme, host and port (shown_url). Every
+# refusal is one sentence naming the field and what to do.
 # =============================================================================================
 
 SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation", "destructive")
@@ -926,6 +927,21 @@ def _url_server(raw, where, url):
             raise ConfigError(f"{where}.headers.{name} holds a control character (a line "
                               f"break, say), which no header may carry; fix its value")
     return headers
+
+
+def shown_url(url):
+    """A url as every text shows it (errors, the record, stderr, the model's answers): its
+    scheme, host and port only. A hosted server often carries its key in the url's path or
+    query, and nothing may show that."""
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return "an address that cannot be read"
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
 
 
 class Config:
@@ -2190,8 +2206,9 @@ class Store:
 # server sent, by parse, never from the SDK's decoding, so number literals survive; what
 # agentgate sends is its own canonical encoding; no redirect is followed; a response past
 # the message cap fails its request; a request's error says whether it reached the server
-# (refused connection: it did not, so nothing executed; a connection lost after sending: it
-# may have executed). The mcp package is imported only when such a server starts.
+# (refused connection: it did not, so nothing executed; a connection lost after sending, or
+# an HTTP status of 500 or more: it may have executed). The mcp package is imported only when
+# such a server starts.
 # =============================================================================================
 
 CLIENT_INFO = {"name": "agentgate", "version": VERSION}
@@ -2297,8 +2314,10 @@ class Upstream:
         self.stderr_done = threading.Event()
         self.protocol = None
         # Called (on the reading thread, so it must not block) when the server says its
-        # tools changed; set once the gate serves. `pinned`: its manifest's tools, from load.
+        # tools changed; set by watch_tools once the gate serves. `heard_list_changed`: such
+        # a notice came before that. `pinned`: its manifest's tools, from load.
         self.on_list_changed = None
+        self.heard_list_changed = False
         self.pinned = {}
 
     def describe(self, step, detail):
@@ -2425,8 +2444,12 @@ class Upstream:
             self._answer_server_request(message)
         elif "method" in message:
             # Of the notifications, only a change of tools is acted on (logging is not).
-            if message["method"] == "notifications/tools/list_changed" and self.on_list_changed:
-                self.on_list_changed()
+            if message["method"] == "notifications/tools/list_changed":
+                with self.lock:
+                    self.heard_list_changed = True
+                    on_list_changed = self.on_list_changed
+                if on_list_changed:
+                    on_list_changed()
         elif "error" in message:
             error = message["error"]
             text = error.get("message", "") if isinstance(error, dict) else ""
@@ -2556,6 +2579,17 @@ class Upstream:
         if slot["error"]:
             raise slot["error"]
         return slot["result"]
+
+    def watch_tools(self, on_list_changed):
+        """Call `on_list_changed` at every notice that the server's tools changed, and once now
+        if one came before: a notice sent between the start-up listing and this call (which
+        comes after loading) would otherwise be lost, and a changed tool offered all session.
+        The flag and the callback change under one lock, so a notice is never missed by both."""
+        with self.lock:
+            self.on_list_changed = on_list_changed
+            heard = self.heard_list_changed
+        if heard:
+            on_list_changed()
 
     def list_tools(self, deadline):
         """Every page of tools/list, bounded, refusing a repeating cursor or a repeated tool."""
@@ -2807,12 +2841,19 @@ class _HttpTap:
             response = await self.inner.handle_async_request(request)
         except (self.httpx.ConnectError, self.httpx.ConnectTimeout) as err:
             upstream._deliver(ident, error=UpstreamError(
-                f"cannot reach {upstream.server.url} ({clean(str(err), 200) or type(err).__name__}"
-                f"), so nothing was sent", sent=False))
+                f"cannot reach {shown_url(upstream.server.url)} ("
+                f"{clean(str(err), 200) or type(err).__name__}), so nothing was sent", sent=False))
             raise
         except Exception as err:
             upstream._deliver(ident, error=self._lost(err))
             raise
+        status = response.status_code
+        if status >= 500:
+            # A proxy's 502 or 504, or a server that failed mid-call, answers after the request
+            # was delivered: whatever its body says, the request may have executed. Decided
+            # before the body is read, so no message in it can make the outcome known.
+            upstream._deliver(ident, error=UpstreamError(
+                f"the server answered HTTP {status} after the request reached it"))
         try:
             data, too_big = await self._read(response)
         except Exception as err:
@@ -2820,16 +2861,17 @@ class _HttpTap:
             raise
         finally:
             await response.aclose()
-        status = response.status_code
         if too_big:
             upstream._deliver(ident, error=UpstreamError(
                 f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes", unusable=True))
         elif 300 <= status < 400:
+            from urllib.parse import urljoin
+            target = urljoin(str(request.url), response.headers.get("location", ""))
             upstream._deliver(ident, error=UpstreamError(
                 f"the server answered with a redirect (HTTP {status}) to "
-                f"{quote(clean(response.headers.get('location', ''), 200))}, which is not "
-                f"followed: if that is the server, make it the url", answered=True))
-        elif status >= 400:
+                f"{clean(shown_url(target), 200)}, which is not followed: if that is the "
+                f"server, make it the url", answered=True))
+        elif 400 <= status < 500:
             upstream._deliver(ident, error=UpstreamError(
                 f"the server answered HTTP {status}", answered=True))
         else:  # the request reached the server, and no answer to it came back
@@ -5231,8 +5273,9 @@ PROSE = {
     "DENIED": "The policy does not allow this request: {reason}. Nothing was executed.",
     "TOOL_CHANGED": (
         "Its server now presents this tool differently from when it was reviewed (its "
-        "description, input schema or annotations changed, or it is gone), so it is not "
-        "offered until an operator reviews it again. Nothing was executed. Tell the user."),
+        "description, input schema or annotations changed, or it is gone), or said it changed "
+        "and could not be asked how, so it is not offered until it is again as it was "
+        "reviewed. Nothing was executed. Tell the user."),
     "INVALID": (
         "The arguments do not match the tool's input schema: {reason}. Nothing was executed. "
         "Correct the arguments and call again."),
@@ -5777,8 +5820,13 @@ class Gate:
         return self._collect(tool, approval, work)
 
     def _collect(self, tool, approval, work):
-        """An approved request: check its hash, its age, its arguments and the policy again,
-        then execute the recorded request (never this call's bytes)."""
+        """An approved request: check its tool is still offered, its hash, its age, its
+        arguments and the policy again, then execute the recorded request (never this call's
+        bytes)."""
+        if tool.name in self.quarantined:
+            # Its server changed it (or said so) after the call was checked on arrival, while
+            # the call was held: the approval stays, to be collected once the tool is back.
+            return answer("DENIED", "TOOL_CHANGED")
         run_id, step_id = approval["run_id"], approval["step_id"]
         if stored_hash(approval) != approval["hash"]:
             log(f"approval {approval['id']} does not match its hash; it was altered after it "
@@ -6246,10 +6294,11 @@ def operator_hint(config_file, database=""):
 # line, a batch member that is not a request, or an id that cannot be echoed as JSON gets a
 # JSON-RPC error (id null where the id cannot be echoed) and the session goes on; past the
 # bound, a request is told the gate is busy; unknown methods (server/discover among them) get
-# -32601 at once; a tool its server changed while serving is no longer offered, and the host is
-# told once; on stdin closing, SIGINT or SIGTERM no new call starts, holds end, calls in
-# flight finish and are recorded, then the upstream servers are closed and the process exits
-# 0.
+# -32601 at once; a tool its server changed while serving is no longer offered (nor, until a
+# listing succeeds, any tool of a server that said its tools changed and cannot be listed),
+# and the host is told once; on stdin closing, SIGINT or SIGTERM no new call starts, holds
+# end, calls in flight finish and are recorded, then the upstream servers are closed and the
+# process exits 0.
 # =============================================================================================
 
 SERVER_INFO = {"name": "gated-tools", "version": VERSION}
@@ -6314,6 +6363,7 @@ class Workers:
 
 
 LIST_CHANGED_INTERVAL = 2.0  # seconds: the least time between two listings of one server
+RELIST_RETRY_MAX = 60.0  # seconds: the longest wait between two tries of a failing listing
 
 
 class ToolWatch:
@@ -6326,19 +6376,22 @@ class ToolWatch:
     not touched. A change is recorded as a tools.changed event and said on stderr, and when
     what is offered changed, the host is told in one notification. A server that floods
     notifications is listed again at most every LIST_CHANGED_INTERVAL: however many arrive
-    meanwhile come to one listing.
+    meanwhile come to one listing. A listing that fails leaves the server's tools unchecked
+    after it said they changed: all of them are quarantined until a listing succeeds, tried
+    again after twice the last wait, at most RELIST_RETRY_MAX, while the gate serves.
     """
 
     def __init__(self, gate, upstreams, announce):
         self.gate, self.announce = gate, announce
         self.upstreams = {upstream.name: upstream for upstream in upstreams}
         self.pending = {}  # server name -> notifications not yet acted on
+        self.failures = {}  # server name -> listings failed in a row since the last success
         self.held = {}  # server name -> the registered names it has quarantined
         self.seen = {}  # server name -> the differences last recorded
         self.cond = threading.Condition()
-        for upstream in upstreams:
-            upstream.on_list_changed = functools.partial(self.changed, upstream.name)
         threading.Thread(target=self._run, daemon=True).start()
+        for upstream in upstreams:
+            upstream.watch_tools(functools.partial(self.changed, upstream.name))
 
     def changed(self, server):
         with self.cond:
@@ -6349,7 +6402,7 @@ class ToolWatch:
         listed = {}  # server name -> when it was last listed (monotonic)
         while not self.gate.stopping.is_set():
             with self.cond:
-                due = {name: listed.get(name, -math.inf) + LIST_CHANGED_INTERVAL
+                due = {name: listed.get(name, -math.inf) + relist_wait(self.failures.get(name, 0))
                        for name in self.pending}
                 ready = [name for name, at in due.items() if at <= time.monotonic()]
                 if not ready:
@@ -6363,9 +6416,22 @@ class ToolWatch:
                     f"again at most every {LIST_CHANGED_INTERVAL:g}s")
             try:
                 self._relist(server)
-            except (UpstreamError, StoreError) as err:
-                log(f"server {server} said its tools changed, but listing them again failed: "
+            except UpstreamError as err:
+                self._failed(server, err)
+            except StoreError as err:
+                log(f"server {server} changed its tools, but the change could not be recorded: "
                     f"{err}")
+
+    def _failed(self, server, err):
+        self.failures[server] = self.failures.get(server, 0) + 1
+        with self.cond:  # tried again without a new notice
+            self.pending.setdefault(server, 0)
+        held = sorted(tool.name for tool in self.gate.tools.values()
+                      if tool.server.name == server)
+        log(f"server {server} said its tools changed, but listing them again failed: {err}; "
+            f"not offered until a listing succeeds (next try in "
+            f"{relist_wait(self.failures[server]):g}s): {', '.join(held) or 'none'}")
+        self._hold(server, held)
 
     def _relist(self, server):
         upstream = self.upstreams[server]
@@ -6378,18 +6444,34 @@ class ToolWatch:
                    if tool.server.name == server}
         held = sorted(offered[name] for name in differences["changed"] + differences["removed"]
                       if name in offered)
-        if differences == self.seen.get(server, {"changed": [], "removed": [], "added": []}):
-            return
-        self.seen[server] = differences
-        payload = {"server": server, **differences, "not_offered": held}
-        self.gate.store.write(lambda tx: tx.event(f"{self.gate.config.session}.tools",
-                                                  "tools.changed", payload))
-        log(tools_changed_text(payload) + " (pin -diff shows how)")
+        if self.failures.pop(server, 0):
+            log(f"server {server}: its tools were listed again; not offered now: "
+                f"{', '.join(held) or 'none'}")
+        try:
+            if differences != self.seen.get(server, {"changed": [], "removed": [], "added": []}):
+                self.seen[server] = differences
+                payload = {"server": server, **differences, "not_offered": held}
+                self.gate.store.write(lambda tx: tx.event(f"{self.gate.config.session}.tools",
+                                                          "tools.changed", payload))
+                log(tools_changed_text(payload) + " (pin -diff shows how)")
+        finally:  # what is offered follows the listing even when the record cannot be written
+            self._hold(server, held)
+
+    def _hold(self, server, held):
+        """Quarantine exactly `held` of this server's tools, telling the host if that changes
+        what is offered."""
         if held != self.held.get(server, []):
             self.held[server] = held
             self.gate.quarantined = frozenset(name for names in self.held.values()
                                               for name in names)
             self.announce()
+
+
+def relist_wait(failures):
+    """Seconds from a server's listing to the next, after `failures` failed in a row: the
+    interval doubled at each failure, up to RELIST_RETRY_MAX (the exponent is bounded too, so
+    a server failing for days cannot overflow it)."""
+    return min(LIST_CHANGED_INTERVAL * 2 ** min(failures, 16), RELIST_RETRY_MAX)
 
 
 def tools_changed_text(payload):
@@ -8268,8 +8350,7 @@ def project_server_text(file, server, why):
     if server is None:
         runs = why
     elif "url" in server:
-        place = url_place(server["url"])
-        runs = f"it would be reached at {'://'.join(place) if place else 'an unusable url'}"
+        runs = f"it would be reached at {shown_url(server['url'])}"
     else:
         runs = f"it would run {shlex.join(server['command'])}"
     return (f"a project's server is started only when init is given -from "

@@ -19,6 +19,8 @@ next. Every key is optional:
   tools             the tools of a single listing page
   tools_from        path: a JSON list of tools read at every tools/list, so a test can change
                     what the server presents while it serves (instead of tools)
+  notify_after_list true: send one notifications/tools/list_changed right after the answer to
+                    the first tools/list (the listing a gate makes as it starts)
   pages             list of tools/list results, the n-th request gets the n-th (the last repeats)
   endless           true: every page is empty and names a fresh nextCursor
   list_raw          raw JSON text of the whole tools/list result
@@ -136,6 +138,8 @@ class Script:
                 self.answer(ident, {"tools": json.load(f)})
         else:
             self.answer(ident, {"tools": spec.get("tools", [])})
+        if n == 0 and spec.get("notify_after_list"):
+            self.send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
 
     def tools_call(self, ident, params):
         name, args = params.get("name"), params.get("arguments")
