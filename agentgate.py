@@ -688,6 +688,18 @@ def prose_time(text):
     return text[:19] + "Z"
 
 
+def python_command():
+    """The interpreter running now, as a person types it: `python3` when that name finds this
+    very file on PATH, else its path. A virtual environment's python (which has the mcp
+    package) is not the python3 a terminal finds, and a command pasted with the wrong one
+    fails."""
+    import shutil
+    found = shutil.which("python3")
+    if found and os.path.abspath(found) == os.path.abspath(sys.executable):
+        return "python3"
+    return shlex.quote(sys.executable)
+
+
 def log(message):
     """One line to stderr, sanitized and prefixed; stdout carries only protocol."""
     try:
@@ -983,7 +995,7 @@ class Config:
                 raise ConfigError(f"policy.{cls} is {quote(str(outcome))}; use one of "
                                   f"{', '.join(OUTCOMES)}")
         self.policy = {**DEFAULT_POLICY, **policy}
-        self.hold = _duration(raw, "hold", where, 15 * SECOND)
+        self.hold, self.host_holds = _holds(raw, where)
         self.repeat_window = _duration(raw, "repeat_window", where, 600 * SECOND)
         max_pending = raw.get("max_pending", Number("5"))
         if not isinstance(max_pending, Number) or not max_pending.is_integer() \
@@ -1015,6 +1027,12 @@ class Config:
         if self.lease_ttl < MIN_LEASE_TTL:
             raise ConfigError(f"lease_ttl {format_duration(self.lease_ttl)} is shorter than "
                               f"{format_duration(MIN_LEASE_TTL)}; give it at least 3s")
+
+    def hold_for(self, client):
+        """How long a call waits for the operator when the host gave `client` as its name:
+        hosts give up on a call after different times, and a call held past that is lost to
+        the conversation (the model was told to wait for word that never reaches it)."""
+        return self.host_holds.get(client, self.hold)
 
     def policy_id(self):
         """The identity of exactly what the policy decides from.
@@ -1090,6 +1108,16 @@ def _duration(raw, field, where, default):
     if ns < 0:
         raise ConfigError(f"{where}.{field} must not be negative")
     return ns
+
+
+def _holds(raw, where):
+    """`hold` as (the duration for any host, {host's name: duration}): one duration, or a map
+    from the name a host gives in initialize to a duration, with "*" for the rest."""
+    given = raw.get("hold")
+    if not isinstance(given, dict):
+        return _duration(raw, "hold", where, 15 * SECOND), {}
+    holds = {host: _duration(given, host, "hold", 15 * SECOND) for host in given}
+    return holds.pop("*", 15 * SECOND), holds
 
 
 def config_path(given):
@@ -2634,6 +2662,15 @@ CLOSE_SECONDS = 2
 
 
 @functools.lru_cache(maxsize=1)
+def mcp_install_text():
+    """How to install the mcp package for the Python that runs agentgate now. Where pip may not
+    install into the system's Python (PEP 668), a virtual environment's python runs agentgate."""
+    return (f"{python_command()} -m pip install --upgrade mcp, or where pip refuses to install "
+            f"into the system's Python: python3 -m venv ~/.agentgate-venv && "
+            f"~/.agentgate-venv/bin/pip install mcp, and run agentgate with "
+            f"~/.agentgate-venv/bin/python")
+
+
 def _mcp_sdk():
     """The optional mcp package's pieces, imported on first use only: an HTTP server in the
     config must not slow a start that has none. None when it is not installed, or is older
@@ -2672,8 +2709,7 @@ class HttpUpstream(Upstream):
         self.sdk = _mcp_sdk()
         if self.sdk is None:
             raise ConfigError(f"server {quote(self.name)} has a url; HTTP servers need the "
-                              f"optional mcp package, version 2 or later: python3 -m pip "
-                              f"install --upgrade mcp")
+                              f"optional mcp package, version 2 or later: {mcp_install_text()}")
         self.loop = self.sdk["asyncio"].new_event_loop()
         self.loop.set_exception_handler(lambda loop, context: None)
         self.stop = self.loop.create_future()
@@ -3756,6 +3792,17 @@ class LoadError(Exception):
     """A server that cannot be used at all; the message says why."""
 
 
+def offered_name(server, tool, rule):
+    """The name the host sees: the rule's rename, else the tool's name after its server's, so
+    two servers' tools never clash; a name that already begins with its server's (git_add of
+    the server git) is not prefixed twice."""
+    if rule.rename:
+        return rule.rename
+    if tool == server.name or tool.startswith((f"{server.name}_", f"{server.name}-")):
+        return tool
+    return f"{server.name}_{tool}"
+
+
 class Tool:
     """An upstream tool as the gate offers it."""
 
@@ -3764,7 +3811,7 @@ class Tool:
         self.upstream = upstream
         self.upstream_name = entry["name"]
         self.rule = rule
-        self.name = rule.rename or f"{server.name}_{entry['name']}"
+        self.name = offered_name(server, entry["name"], rule)
         # What the tool is whatever it is called: requests are keyed by it, so a rename
         # neither lifts an unknown outcome nor lets a repeat through the window.
         self.target = f"{server.name}/{entry['name']}"
@@ -4241,7 +4288,7 @@ def refusal(server, entry, live, rule, found):
     mismatch = hint_mismatch(rule.side_effect, entry, live_entry)
     if mismatch and not rule.allow_hint_mismatch:
         return mismatch, ""
-    name = rule.rename or f"{server.name}_{entry['name']}"
+    name = offered_name(server, entry["name"], rule)
     if not NAME_RE.fullmatch(name):
         return (f"the name {quote(name)} does not match ^[a-zA-Z0-9_-]{{1,64}}$: set rename",
                 "")
@@ -5620,6 +5667,14 @@ class Notifier:
 STOP = "stop"  # rule 5 met an unknown outcome: look no further back, let rule 6 decide
 
 
+def repeat_window_text(tool, window, config_path):
+    """What an operator changes to let identical calls of `tool` through (never model text:
+    it names the config)."""
+    return (f"identical calls to {tool.name} are refused for {format_duration(window)} after "
+            f"one executes; to allow them, set \"repeat_window\": \"0s\" (or a shorter time) "
+            f"in the rule for {tool.upstream_name} of server {tool.server.name} in {config_path}")
+
+
 class Gate:
     """The gate of one serving process: its tools, its store, its lease, its rules."""
 
@@ -5720,7 +5775,8 @@ class Gate:
             if isinstance(verdict, Execute):
                 executed.append(True)
                 return self._execute(tool, verdict)
-            if held or not self.config.hold or cancelled.is_set() or self.stopping.is_set():
+            if held or not self.config.hold_for(self.client) or cancelled.is_set() or \
+                    self.stopping.is_set():
                 return waiting_answer(verdict.approval)
             held = True
             if not self._hold(verdict.approval, progress, cancelled):
@@ -5743,7 +5799,7 @@ class Gate:
         call is decided once more; False when the hold ran out, the host cancelled, or the
         gate is stopping: then nothing more happens for this call."""
         started = time.monotonic()
-        total = self.config.hold / SECOND
+        total = self.config.hold_for(self.client) / SECOND
         last_progress = started
         while not cancelled.is_set() and not self.stopping.is_set():
             waited = time.monotonic() - started
@@ -5930,6 +5986,9 @@ class Gate:
             return STOP
         outcome = DUPLICATE_OUTCOME[attempt.ending].format(
             text=clean(attempt.text, 500 if attempt.ending == "unrecorded" else CONTENT_CAP))
+        log(f"a call to {tool.name} was refused as a duplicate of run {run_id}, which executed "
+            f"the same request at {prose_time(attempt.finished)}: "
+            f"{repeat_window_text(tool, window, self.config.path)}")
         return answer("DUPLICATE", at=prose_time(attempt.finished),
                       window=format_duration(window), outcome=outcome)
 
@@ -6273,7 +6332,7 @@ def _policy_record(decision, facts, approved=False):
 def operator_hint(config_file, database=""):
     """The command an operator pastes: it names the database when that was named (-db), else
     the config unless it is the default one."""
-    command = f"python3 {shlex.quote(os.path.abspath(sys.argv[0]))}"
+    command = f"{python_command()} {shlex.quote(os.path.abspath(sys.argv[0]))}"
     if database:
         command += f" -db {shlex.quote(os.path.abspath(database))}"
     elif os.path.abspath(config_path(None)) != os.path.abspath(config_file):
@@ -7112,6 +7171,8 @@ def cmd_show(argv):
     print(f"created   {run['created']}")
     if run["finished"]:
         print(f"finished  {run['finished']}")
+    if repeats_refused(store, run["run"], steps):
+        print(f"repeats   {REPEATS_REFUSED}")
     late = store.late_outcomes(opts.run)
     for _, observation in late:
         print(f"LATE OUTCOME  {late_text(observation)}")
@@ -7146,6 +7207,22 @@ def cmd_show(argv):
     for seq, at, type_, _, payload in events:
         print(f"  {seq:>6}  {at}  {type_:<20} {clean(payload, 160)}")
     return 0
+
+
+REPEATS_REFUSED = ("an identical call within the tool's repeat window after this one is "
+                   "refused as DUPLICATE; to allow it, set \"repeat_window\": \"0s\" (or a "
+                   "shorter time) in the tool's rule")
+
+
+def repeats_refused(store, run_id, steps):
+    """Whether identical calls after this run are refused as duplicates: it executed a tool
+    that changes something, to a known end (an unknown one asks an operator instead)."""
+    attempt = last_attempt(store.read, run_id)
+    if attempt is None or attempt.ending in UNKNOWN_ENDINGS:
+        return False
+    step = next(s for s in steps if s["id"] == attempt.attempt["step_id"])
+    spec = store.tool_spec(step["spec_hash"]) or {}
+    return spec.get("side_effect", "read_only") != "read_only"
 
 
 def shown_value(value, full=False):
@@ -8084,7 +8161,19 @@ def print_recheck(config, reports, as_json, session):
 
 HOST_ENTRY_NAME = "gated"  # model-visible in some hosts' tool names: it names no program
 HOST_FILE_BYTES = 64 << 20  # ~/.claude.json keeps a history and grows
+SHARED_DATABASE = "agentgate.db"  # every host's config names it: limits, grants are one record
 
+# Each host is gated on a config of its own, named for it, with its name as the session. A
+# call held past the time its host waits for an answer is lost to the conversation (the model
+# was told to wait for word that never reaches it), so each host's hold is proposed below what
+# it waits, keyed by the name it gives in initialize; "*" keeps the default for another host
+# started on the same config. Claude Desktop gives a call about a minute whatever progress it
+# is sent: 50s. Claude Code waits minutes on a tool call: 10m. Cursor documents no limit; the
+# TypeScript SDK's default is 60 s, reset by progress only where a host asks for that, so
+# Cursor is given Claude Desktop's 50s.
+HOSTS = {"Claude Desktop": ("claude-desktop", {"claude-ai": "50s", "*": "15s"}),
+         "Claude Code": ("claude-code", {"claude-code": "10m", "*": "15s"}),
+         "Cursor": ("cursor", {"cursor-vscode": "50s", "*": "15s"})}
 
 def host_config_files():
     """Every host configuration this user has, read, in a fixed order."""
@@ -8169,10 +8258,9 @@ def server_from_host(name, entry):
         if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
             return None, "its headers are not a map of names to strings"
         if headers:
-            # A header's value is read from the environment, never written in the config.
-            server["headers"] = {h: v if _ENV_REFERENCE_RE.fullmatch(v) and
-                                 ENV_NAME_RE.fullmatch(v[2:-1]) else "${" + env_name(name, h) + "}"
-                                 for h, v in headers.items()}
+            # A value written in the host's file moves into the 0600 config, as env does: the
+            # gate a host starts has no variable that nobody set for it.
+            server["headers"] = dict(headers)
         return server, ""
     command, args = entry.get("command"), entry.get("args", [])
     if not isinstance(command, str) or not command:
@@ -8201,10 +8289,6 @@ def is_the_gate(argv):
     return False
 
 
-def env_name(server, header):
-    return re.sub(r"[^A-Z0-9]+", "_", f"AGENTGATE_{server}_{header}".upper()).strip("_")
-
-
 def server_name(given, taken):
     """A name agentgate can use (NAME_RE) for a host's server, unique among `taken`."""
     name = re.sub(r"[^A-Za-z0-9_-]+", "-", given).strip("-")[:60] or "server"
@@ -8216,15 +8300,20 @@ def server_name(given, taken):
 
 
 def proposed_rule(entry):
-    """The rule a tool's own hints suggest; it decides nothing until it is accepted."""
+    """The rule a tool's own hints suggest; it decides nothing until it is accepted. A
+    destructive tool is proposed to ask, not to be denied (the class's default): a proposal
+    the model meets as DENIED on every call teaches nothing but to stop asking. A tool its
+    server calls idempotent is proposed no repeat window, so an ordinary repeat (the same
+    write after a move) is not refused as a duplicate."""
     annotations = entry.get("annotations") or {}
+    rule = {"side_effect": "remote_mutation"}
     if annotations.get("readOnlyHint") is True:
-        side_effect = "read_only"
+        rule["side_effect"] = "read_only"
     elif annotations.get("destructiveHint") is True:
-        side_effect = "destructive"
-    else:
-        side_effect = "remote_mutation"
-    return {"side_effect": side_effect, "proposed": True}
+        rule = {"side_effect": "destructive", "outcome": "require_approval"}
+    if annotations.get("idempotentHint") is True and rule["side_effect"] != "read_only":
+        rule["repeat_window"] = "0s"
+    return {**rule, "proposed": True}
 
 
 def config_text(raw):
@@ -8235,15 +8324,89 @@ def config_text(raw):
 def cmd_init(argv):
     opts = parser("init", "from", "config", ("write", bool)).parse_args(argv)
     path = os.path.abspath(config_path(opts.config))
-    if os.path.lexists(path):
-        raise ConfigError(f"config {path} already exists, and init writes a new one: name "
-                          f"another with -config, or move it away first")
-    files = [HostFile("host", getattr(opts, "from"), named=True)] if getattr(opts, "from") \
-        else host_config_files()
-    if not files:
-        raise ConfigError("no host configuration was found (Claude Desktop, Claude Code, "
-                          "Cursor); name one with -from FILE")
-    # gated: (file, map, host's name) -> agentgate's server; left: (map, host's name, why)
+    if getattr(opts, "from"):
+        plans = [(path, "default", None, [HostFile("host", getattr(opts, "from"), named=True)])]
+    else:
+        files = host_config_files()
+        if not files:
+            raise ConfigError("no host configuration was found (Claude Desktop, Claude Code, "
+                              "Cursor); name one with -from FILE")
+        # One config per host, beside the default one (or the one -config names).
+        plans = [(os.path.join(os.path.dirname(path), f"{name}.json"), name, hold,
+                  [f for f in files if f.host.removesuffix(" project") == host])
+                 for host, (name, hold) in HOSTS.items()]
+        plans = [plan for plan in plans if plan[3]]
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    for file in [file for plan in plans for file in plan[3]]:
+        print(f"read {file.host} configuration {file.path}: {len(file.servers())} server(s)")
+    needs, done = set(), []
+    for config_file, session, hold, files in plans:
+        gated, left = init_host(config_file, session, hold, files, needs)
+        for where, given, why in left:
+            print(f"not gated, left in {sanitize(where)} as it is: {sanitize(given)}: "
+                  f"{sanitize(why)}")
+        if os.path.lexists(config_file):
+            done.append((config_file, files, gated))
+    if needs:
+        print(f"To gate the rest, init needs {needs_text(needs)}; then run init again: it adds "
+              f"them, and changes nothing else.")
+    if not done:
+        raise ConfigError("no server could be gated, so no config was written")
+    print("Every rule init proposed is a proposal, and nothing is offered until you have read "
+          "them, changed what you disagree with, and run:")
+    for config_file, _, _ in done:
+        print(f"    {operator_hint(config_file)} check -accept")
+        try:
+            check_reach(load_config(config_file))
+        except ConfigError as err:
+            print(f"      before serving, fix this: {err}")
+    entries = {config_file: {"command": sys.executable,
+                             "args": [os.path.abspath(sys.argv[0]), "-config", config_file]}
+               for config_file, _, _ in done}
+    changed = None
+    if opts.write:
+        edits = [(file, {(where, given) for where, given, _, _ in file.servers()
+                         if (file.path, where, given) in gated}, entries[config_file])
+                 for config_file, files, gated in done for file in files]
+        edits = [edit for edit in edits if edit[1]]
+        # The hosts may have written their files while the servers were pinned: what init
+        # writes is made from the bytes it read, so a file changed since is left to its host.
+        # (A write between this reading and the rename below is still lost: that window is
+        # one file's write, where it was every pin's time.)
+        changed = next((file for file, _, _ in edits if file.read() != file.data), None)
+        if not changed:
+            for file, taken, entry in edits:
+                written, backup = replace_in_host(file, taken, entry)
+                print(f"wrote {written}; it was kept as {backup}")
+            return 0
+    for config_file, files, _ in done:
+        print(f"Then replace the gated servers in {' and '.join(f.path for f in files)} with "
+              f"this one entry (or run init with -write to have it done, keeping a backup):")
+        print(pretty_json({"mcpServers": {HOST_ENTRY_NAME: entries[config_file]}}))
+        if any(f.host.startswith("Claude Code") for f in files):
+            print(f"    or: claude mcp add -s user {HOST_ENTRY_NAME} -- "
+                  f"{shlex.join([entries[config_file]['command'], *entries[config_file]['args']])}")
+    if changed:
+        raise ConfigError(f"{changed.host} configuration {changed.path} changed while init "
+                          f"ran, so no host's file was edited: put the entry above in by hand")
+    return 0
+
+
+def init_host(path, session, hold, files, needs):
+    """Gate the servers of one host's `files` in the config at `path`: a new config, or the
+    servers new in the files since it was written, added to it as proposals with every other
+    byte of it as it was (a person's edits are theirs). What a server needs before it can be
+    pinned (a variable, the mcp package) is added to `needs`, to be asked for once. Returns
+    (gated, left): gated maps (file, map, name) to the server that gates it; left lists
+    (map, name, why) of each server left in its host."""
+    text = read_owned(path, "config").decode("utf-8") if os.path.lexists(path) else ""
+    try:
+        existing = parse(text)["servers"] if text else []
+    except (CanonicalError, KeyError, TypeError):
+        raise ConfigError(f"config {path} has no list of servers that init can add to; fix "
+                          f"it, or name another with -config") from None
+    known = [definition(s) for s in existing if isinstance(s, dict)]
+    taken = {s.get("name") for s in existing if isinstance(s, dict)}
     servers, gated, left = [], {}, []
     for file in files:
         for where, given, entry, started in file.servers():
@@ -8251,43 +8414,38 @@ def cmd_init(argv):
             if not started:
                 left.append((where, given, project_server_text(file, server, why)))
                 continue
-            same = next((s for s in servers if server and
-                         {k: v for k, v in s.items() if k not in ("name", "manifest")} ==
-                         server), None)
-            if same:  # the same server in two hosts is gated once
-                gated[(file.path, where, given)] = same
-                continue
             if server is None:
                 left.append((where, given, why))
                 continue
-            name = server_name(given, {s["name"] for s in servers})
-            server.update(name=name, manifest=f"{name}.manifest.json")
+            same = next((s for s in servers if definition(s) == definition(server)), None)
+            if same or definition(server) in known:  # the same server twice is gated once
+                gated[(file.path, where, given)] = same or server
+                continue
+            missing = needs_of(server)
+            if missing:
+                needs.update(missing)
+                left.append((where, given, f"it needs {needs_text(missing)} first"))
+                continue
+            name = server_name(given, taken)
+            server.update(name=name, manifest=f"{session}.{name}.manifest.json")
             try:
                 Server(server, f"server {quote(name)}", os.path.dirname(path))
             except ConfigError as err:
-                moved = [value[2:-1] for header, value in server.get("headers", {}).items()
-                         if value != entry["headers"][header]]
-                left.append((where, given, str(err) if not moved else (
-                    f"its headers are written in the host's file, and agentgate reads a "
-                    f"header's value only from its environment: set {', '.join(moved)} to "
-                    f"them where agentgate runs, then run init again")))
+                left.append((where, given, str(err)))
                 continue
+            taken.add(name)
             servers.append(server)
             gated[(file.path, where, given)] = server
-    for file in files:
-        print(f"read {file.host} configuration {file.path}: "
-              f"{len(file.servers())} server(s)")
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    raw = {"database": "agentgate.db", "session": "default", "servers": servers}
     pinned = []
-    if servers:  # written before the pins: a manifest's path is relative to it
-        write_private(path, config_text(raw))
-        loaded = {server.name: server for server in load_config(path).servers}
-    for server in list(servers):
+    for server in servers:
+        if server.get("command") and os.path.basename(server["command"][0]) == "npx" and \
+                {"-y", "--yes"} & set(server["command"]):
+            print(f"server {server['name']}: npx may download its package before the server "
+                  f"starts, which can take a minute", flush=True)
         try:
-            manifest = pin(loaded[server["name"]])
+            manifest = pin(Server(server, f"server {quote(server['name'])}",
+                                  os.path.dirname(path)))
         except (UpstreamError, LoadError, ConfigError) as err:
-            servers.remove(server)
             for key in [key for key, gating in gated.items() if gating is server]:
                 gated.pop(key)
                 left.append((*key[1:], f"it could not be pinned: {err}"))
@@ -8295,53 +8453,69 @@ def cmd_init(argv):
         server["rules"] = {tool: proposed_rule(entry) for tool, entry in
                            manifest["tools"].items()}
         pinned.append((server, manifest))
-    if not servers:
-        if os.path.lexists(path):
-            os.unlink(path)
-        for where, given, why in left:
-            print(f"  {sanitize(given)} ({sanitize(where)}): not gated: {sanitize(why)}")
-        raise ConfigError("no server could be gated, so no config was written")
-    write_private(path, config_text(raw))
-    config = load_config(path)
+    if not pinned:
+        if text:
+            print(f"{path}: no server is new in {' or '.join(f.path for f in files)}; nothing "
+                  f"was added")
+        return gated, left
+    added = [server for server, _ in pinned]
+    if text:
+        write_private(path, servers_appended(text, added))
+    else:
+        raw = {"database": SHARED_DATABASE, "session": session, "servers": added}
+        if hold:
+            raw["hold"] = hold
+        write_private(path, config_text(raw))
     for server, manifest in pinned:
         print(f"server {server['name']}: {len(manifest['tools'])} tool(s) pinned; proposed "
               f"from the server's own hints:")
         for tool, entry in manifest["tools"].items():
-            print(f"  {sanitize(tool):<28} {server['rules'][tool]['side_effect']:<16} "
-                  f"({hints_text(entry)})")
-    for where, given, why in left:
-        print(f"not gated, left in {sanitize(where)} as it is: {sanitize(given)}: "
-              f"{sanitize(why)}")
-    try:
-        check_reach(config)
-    except ConfigError as err:
-        print(f"before serving, fix this: {err}")
-    print(f"wrote {path} (0600): every rule in it is a proposal, and nothing is offered until "
-          f"you have read them, changed what you disagree with, and run:")
-    print(f"    {operator_hint(config.path)} check -accept")
-    entry = {"command": sys.executable,
-             "args": [os.path.abspath(sys.argv[0]), "-config", path]}
-    if opts.write:
-        edits = [(file, {(where, given) for where, given, _, _ in file.servers()
-                         if (file.path, where, given) in gated}) for file in files]
-        edits = [(file, taken) for file, taken in edits if taken]
-        # The hosts may have written their files while the servers were pinned: what init
-        # writes is made from the bytes it read, so a file changed since is left to its host.
-        # (A write between this reading and the rename below is still lost: that window is
-        # one file's write, where it was every pin's time.)
-        changed = next((file for file, _ in edits if file.read() != file.data), None)
-        if not changed:
-            for file, taken in edits:
-                written, backup = replace_in_host(file, taken, entry)
-                print(f"wrote {written}; it was kept as {backup}")
-            return 0
-    print("Then replace the gated servers in your host with this one entry (or run init "
-          "with -write to have it done, keeping a backup):")
-    print(pretty_json({"mcpServers": {HOST_ENTRY_NAME: entry}}))
-    if opts.write:
-        raise ConfigError(f"{changed.host} configuration {changed.path} changed while init "
-                          f"ran, so no host's file was edited: put the entry above in by hand")
-    return 0
+            rule = server["rules"][tool]
+            print(f"  {sanitize(tool):<28} {rule['side_effect']:<16} "
+                  f"{rule.get('outcome', '')} ({hints_text(entry)})")
+    print(f"{'added to' if text else 'wrote'} {path} (0600): "
+          f"{', '.join(server['name'] for server in added)}")
+    return gated, left
+
+
+def definition(server):
+    """What makes a server the one it is, as a host's entry gives it (not its name)."""
+    return {k: server[k] for k in ("command", "url", "headers", "env", "cwd") if k in server}
+
+
+def needs_of(server):
+    """What a url server needs before init can pin it: the mcp package, and each variable its
+    headers name that is not set. Asked for together, once, for every server."""
+    needs = {("variable", name) for value in server.get("headers", {}).values()
+             for name in _ENV_REFERENCE_RE.findall(value) if name not in os.environ}
+    if "url" in server and _mcp_sdk() is None:
+        needs.add(("package", mcp_install_text()))
+    return needs
+
+
+def needs_text(needs):
+    variables = sorted(name for kind, name in needs if kind == "variable")
+    parts = [f"the environment variable{'s' * (len(variables) > 1)} {', '.join(variables)} set "
+             f"where agentgate runs"] if variables else []
+    parts += [f"the optional mcp package ({how})" for kind, how in needs if kind == "package"]
+    return " and ".join(parts)
+
+
+def servers_appended(text, servers):
+    """A config's text with `servers` added at the end of its list of servers, and every other
+    byte as it was. The text was parsed through the boundary check already."""
+    decoder, space = json.JSONDecoder(), re.compile(r"\s*")
+    at = space.match(text, text.index("{") + 1).end()
+    while True:
+        key, at = json.decoder.scanstring(text, at + 1)
+        at = space.match(text, space.match(text, at).end() + 1).end()  # past ':'
+        _, end = decoder.raw_decode(text, at)
+        if key == "servers":
+            break
+        at = space.match(text, space.match(text, end).end() + 1).end()  # past ','
+    last = len(text[:end - 1].rstrip())  # the end of the list's last server
+    added = "".join(",\n    " + pretty_json(server, level=2, flat=4) for server in servers)
+    return text[:last] + added + text[last:]
 
 
 def project_server_text(file, server, why):
@@ -8373,7 +8547,8 @@ def replace_in_host(file, taken, entry):
         for given in [given for place, given in taken if place == where]:
             servers.pop(given)
     target = file.maps[0][1] if file.maps else file.raw.setdefault("mcpServers", {})
-    target[server_name(HOST_ENTRY_NAME, set(target))] = entry
+    if entry not in target.values():  # init run again: the entry is there already
+        target[server_name(HOST_ENTRY_NAME, set(target))] = entry
     written = os.path.realpath(file.path)
     mode = stat.S_IMODE(os.stat(written).st_mode)
     write_private(written, pretty_json(file.raw) + "\n")

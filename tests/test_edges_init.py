@@ -33,6 +33,11 @@ def marked_bank(workdir: Path, marker: Path, before: str = "") -> dict:
             "env": {"FAKE_PAYMENTS_LEDGER": str(workdir / "ledger")}}
 
 
+def host_config(workdir: Path, host: str) -> dict:
+    """The config init writes for one host (issue 21), beside the one -config names."""
+    return json.loads((workdir / "gate" / f"{host}.json").read_text())
+
+
 def line_naming(stdout: str, name: str) -> str:
     return next(line for line in stdout.splitlines() if f": {name}: " in line)
 
@@ -52,7 +57,7 @@ def test_a_directorys_mcp_json_is_listed_with_its_command_line_and_started_only_
     no_traceback(done)
     assert not marker.exists() and not cursor_marker.exists()  # nothing of the directory's files ran
     assert "left in Cursor project as it is" in line_naming(done.stdout, "cursor-cloned")
-    assert [s["name"] for s in config_of(workdir)["servers"]] == ["bank"]
+    assert [s["name"] for s in host_config(workdir, "claude-desktop")["servers"]] == ["bank"]
     line = line_naming(done.stdout, "cloned")
     assert "left in Claude Code project as it is" in line and "-from" in line, line
     assert "it would run sh -c 'touch " in line and "fake-payments" in line, line
@@ -79,7 +84,7 @@ def test_a_claude_code_project_map_is_listed_and_started_only_with_from(workdir)
     assert done.returncode == 0, done
     no_traceback(done)
     assert not marker.exists()
-    assert [s["name"] for s in config_of(workdir)["servers"]] == ["bank"]
+    assert [s["name"] for s in host_config(workdir, "claude-code")["servers"]] == ["bank"]
     line = line_naming(done.stdout, "local")
     assert f"left in Claude Code project {project} as it is" in line, line
     assert f"-from {claude}" in line and "it would run sh -c 'touch " in line, line

@@ -71,7 +71,9 @@ def test_init_gates_a_claude_desktop_config_and_nothing_is_offered_until_accepte
                              "pay": {"side_effect": "remote_mutation", "proposed": True},
                              "refund": {"side_effect": "remote_mutation", "proposed": True}}
     assert files["rules"]["read_text_file"] == {"side_effect": "read_only", "proposed": True}
-    assert files["rules"]["write_file"] == {"side_effect": "destructive", "proposed": True}
+    # issue 21: a destructive proposal asks, and an idempotent tool is proposed no repeat window
+    assert files["rules"]["write_file"] == {"side_effect": "destructive", "outcome": "require_approval",
+                                            "repeat_window": "0s", "proposed": True}
     assert len(files["rules"]) >= 10
     for server in (bank, files):
         manifest = path.parent / server["manifest"]
@@ -125,10 +127,13 @@ def test_init_finds_the_hosts_configs_of_this_user_and_gates_a_server_once(workd
     no_traceback(done)
     for place in ("claude_desktop_config.json", ".claude.json", ".mcp.json", "mcp.json"):
         assert place in done.stdout
-    names = [s["name"] for s in config_of(workdir)["servers"]]
-    # the same bank in Claude Desktop and Cursor is one server; another with the same name gets
-    # its own; a name agentgate cannot use is made usable
-    assert names == ["bank", "my-bank", "bank-2"]
+    # issue 21: each host is gated on its own config, beside the one -config names
+    def names(host):
+        return [s["name"] for s in json.loads((workdir / "gate" / f"{host}.json").read_text())["servers"]]
+    # a name agentgate cannot use is made usable
+    assert names("claude-desktop") == ["bank", "my-bank"]
+    assert names("cursor") == ["bank"] and names("claude-code") == ["bank"]
+    assert not (workdir / "gate" / "config.json").exists()
     assert "left in Claude Code project as it is: project bank:" in done.stdout
 
 
@@ -164,8 +169,11 @@ def test_odd_host_configs_are_answered_in_one_sentence_and_write_nothing_they_sh
         line = next(line for line in done.stdout.splitlines() if f": {name}: " in line)
         assert "not gated" in line and why in line, line
 
+    # issue 21: init run again adds what is new, and here nothing is
+    before = (workdir / "gate" / "config.json").read_bytes()
     again = init(workdir, "-from", str(odd))
-    assert again.returncode == 1 and "already exists" in again.stderr, again
+    assert again.returncode == 0 and "nothing was added" in again.stdout, again
+    assert (workdir / "gate" / "config.json").read_bytes() == before
 
 
 def test_write_replaces_the_gated_servers_in_the_host_file_and_keeps_a_backup(workdir):
@@ -206,14 +214,14 @@ def test_a_url_server_is_gated_with_its_headers_read_from_the_environment(workdi
     assert done.returncode == 0, done
     no_traceback(done)
     assert SECRET not in done.stdout + done.stderr
-    (remote,) = config_of(workdir)["servers"]
+    remote, written = config_of(workdir)["servers"]
     assert remote["url"] == sdk.url and remote["headers"] == {"X-Api-Key": "${REMOTE_KEY}"}
     assert remote["rules"]["balance"] == {"side_effect": "read_only", "proposed": True}
-    written = next(line for line in done.stdout.splitlines() if ": written: " in line)
-    assert "AGENTGATE_WRITTEN_X_API_KEY" in written and "environment" in written, written
+    # issue 21: a value written in the host's file moves into the 0600 config, as env does
+    assert written["headers"] == {"X-Api-Key": SECRET}
+    assert stat.S_IMODE((workdir / "gate" / "config.json").stat().st_mode) == 0o600
     nowhere = next(line for line in done.stdout.splitlines() if ": nowhere: " in line)
     assert "could not be pinned" in nowhere, nowhere
-    assert SECRET not in (workdir / "gate" / "config.json").read_text()
 
 
 def test_accepting_keeps_every_hand_written_rule_as_it_was(workdir):
