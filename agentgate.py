@@ -6999,10 +6999,27 @@ ARG_SHOWN = 240
 
 def operator_store(opts, readonly):
     """The store an operator command works on, and the session it is about ('' with -db)."""
-    if opts.db:
-        return Store(os.path.abspath(opts.db), readonly=readonly, create=False), ""
-    config = load_config(config_path(opts.config))
+    path = config_path(opts.config)
+    database = opts.db or (not opts.config and not os.path.lexists(path) and
+                           shared_database(os.path.dirname(path)))
+    if database:
+        return Store(os.path.abspath(database), readonly=readonly, create=False), ""
+    config = load_config(path)
     return Store(config.database, readonly=readonly, create=False), config.session
+
+
+def shared_database(directory):
+    """The one database in the config directory, where init gates each host on a config of
+    its own and all of them share it: every host's runs are the operator's to decide. None
+    when there is none; more than one is refused, as the choice is the operator's."""
+    try:
+        found = sorted(name for name in os.listdir(directory) if name.endswith(".db"))
+    except OSError:
+        return None
+    if len(found) > 1:
+        raise ConfigError(f"{directory} holds {len(found)} databases ({', '.join(found)}) and "
+                          f"no config.json: name one with -db, or a config with -config")
+    return os.path.join(directory, found[0]) if found else None
 
 
 def operator_parser(command, *flags):
@@ -8518,6 +8535,29 @@ def servers_appended(text, servers):
     return text[:last] + added + text[last:]
 
 
+def host_configs(default):
+    """The configs init wrote, one per host, beside the default config when there is none:
+    a command given no -config then works on each of them."""
+    directory = os.path.dirname(os.path.abspath(default))
+    paths = [os.path.join(directory, f"{name}.json") for name, _ in HOSTS.values()]
+    return [] if os.path.lexists(default) else [p for p in paths if os.path.lexists(p)]
+
+
+def each_config(command, argv, paths):
+    """Run `command` on each config in turn, each as if named with -config; one that fails
+    does not keep the others from being read. Exits as the worst of them."""
+    status = 0
+    for path in paths:
+        print(f"== {path}", flush=True)
+        try:
+            status = max(status, command([*argv, "-config", path]))
+        except (ConfigError, LoadError, StoreError, UpstreamError) as err:
+            sys.stdout.flush()
+            sys.stderr.write(f"{PROGRAM}: error: {sanitize(str(err))}\n")
+            status = 1
+    return status
+
+
 def project_server_text(file, server, why):
     """Why a project's server is only listed, with what it would run or reach, for a person
     to read before naming the file with -from."""
@@ -9122,6 +9162,9 @@ def serving_config(path):
 
 def cmd_check(argv):
     opts = parser("check", "config", ("accept", bool)).parse_args(argv)
+    hosts = [] if opts.config else host_configs(config_path(None))
+    if hosts:
+        return each_config(cmd_check, argv, hosts)
     if opts.accept:
         accept_proposals(os.path.abspath(config_path(opts.config)))
     config = serving_config(opts.config)

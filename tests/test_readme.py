@@ -49,7 +49,7 @@ EXERCISED = {
     "python3 ~/bin/agentgate.py check -accept": "test_quickstart_from_the_servers_a_host_already_starts",
     "python3 ~/bin/agentgate.py pin -diff": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
     "python3 ~/bin/agentgate.py check": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
-    "claude mcp add gated -- python3 /home/you/bin/agentgate.py": "test_the_host_snippets_agree",
+    "claude mcp add -s user gated -- python3 /home/you/bin/agentgate.py": "test_the_host_snippets_agree",
     "python3 ~/bin/agentgate.py runs": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
     "python3 ~/bin/agentgate.py approve laptop.3f9a0c1d2e4b5a69 -approval 9c0e...":
         "test_quickstart_from_nothing_to_a_gated_filesystem_server",
@@ -546,7 +546,8 @@ def test_quickstart_from_the_servers_a_host_already_starts(tmp_path):
     desktop.write_text(json.dumps({"mcpServers": {"filesystem": {"command": argv[0], "args": argv[1:]}}}))
 
     out = ok(readme_command("python3 ~/bin/agentgate.py init"), env, home)
-    config_path = home / readme_default_config_path().removeprefix("~/")
+    # issue 21: each host is gated on a config of its own, beside the default one
+    config_path = (home / readme_default_config_path().removeprefix("~/")).parent / "claude-desktop.json"
     assert config_path.stat().st_mode & 0o777 == 0o600
     assert str(desktop) in out and "read_text_file" in out
     entry = json.loads(out[out.index('{\n  "mcpServers"'):])["mcpServers"]["gated"]
@@ -679,7 +680,8 @@ def test_the_host_snippets_agree():
     words = shlex.split(line)
     assert words[:3] == ["claude", "mcp", "add"]
     split = words.index("--")
-    assert words[3:split] == [name], "claude mcp add names the server as the JSON does, with no options"
+    # issue 21: in the user's scope, so every project's sessions have it, as init prints it
+    assert words[3:split] == ["-s", "user", name], "claude mcp add names the server as the JSON does"
     assert words[split + 1:] == [entry["command"], *entry["args"]]
     # The argument is the file the quickstart copied to ~/bin.
     assert entry["args"] == [f"{PLACEHOLDER_HOME}/bin/agentgate.py"]
