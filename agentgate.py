@@ -718,9 +718,9 @@ def log(message):
 # can write; it passes the canonical boundary check (so a repeated key cannot be read two
 # ways); every unknown field anywhere is refused with its path; a server whose arguments reach
 # the files the gate's decisions depend on is refused unless the operator says otherwise; a
-# server reached by url takes its header values from agentgate's environment (`${NAME}`), and
-# no message shows one, nor more of its url than scheme, host and port (shown_url). Every
-# refusal is one sentence naming the field and what to do.
+# server reached by url takes its header values from this 0600 file or from agentgate's
+# environment (`${NAME}`), and no message shows one, nor more of its url than scheme, host and
+# port (shown_url). Every refusal is one sentence naming the field and what to do.
 # =============================================================================================
 
 SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation", "destructive")
@@ -901,8 +901,9 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def _url_server(raw, where, url):
     """Check what only a server reached by url has; return its headers, each `${NAME}`
-    replaced by that variable of agentgate's own environment, so a secret is never written in
-    the config. No message shows a header's value: it may be a secret."""
+    replaced by that variable of agentgate's own environment (a secret need not be written in
+    the config, though only its owner can read it). No message shows a header's value: it may
+    be a secret."""
     from urllib.parse import urlsplit
     for field in ("env", "inherit_env", "cwd"):
         if field in raw:
@@ -8163,17 +8164,19 @@ def print_recheck(config, reports, as_json, session):
 # 13. Setup: from a host's configuration to a gated one
 #
 # Owns: `init`, which reads the MCP servers a person already gave their hosts (Claude Desktop,
-# Claude Code, Cursor, or a file named), writes a starter config with them, pins them and
-# proposes a rule per tool from the server's own hints; and the acceptance of those proposals.
-# Promises: the config is written 0600 and never over an existing one; a secret in a server's
-# env goes into it and into no output; a tool is offered only once its proposed rule was
-# accepted (a proposal is the server's claim about itself, not the person's policy); a
-# project's servers (a directory's file, Claude Code's map for it) are listed with what they
-# would run, and started only when -from names their file; a host's file is changed only with
-# -write, from a backup kept beside it, only if it is as init read it, where a link to it
-# leads, and only to replace the servers that were gated (each known by file, map and name) by
-# the one entry that gates them; a server that cannot be gated is left in the host as it was,
-# and said so.
+# Claude Code, Cursor, or a file named), writes a starter config for each host with its own
+# servers (one database for all), pins them and proposes a rule per tool from the server's own
+# hints; and the acceptance of those proposals.
+# Promises: a config is written 0600; run again, init adds to it the servers new in its host's
+# file and changes no other byte of it; a secret in a server's env or headers goes into it and
+# into no output; what a server needs first is asked for once; a tool is offered only once its
+# proposed rule was accepted (a proposal is the server's claim about itself, not the person's
+# policy); a project's servers (a directory's file, Claude Code's map for it) are listed with
+# what they would run, and started only when -from names their file; a host's file is changed
+# only with -write, from a backup kept beside it, only if it is as init read it, where a link
+# to it leads, and only to replace the servers that were gated (each known by file, map and
+# name) by the one entry that gates them; a server that cannot be gated is left in the host as
+# it was, and said so.
 # =============================================================================================
 
 HOST_ENTRY_NAME = "gated"  # model-visible in some hosts' tool names: it names no program
@@ -8483,13 +8486,15 @@ def init_host(path, session, hold, files, needs):
         if hold:
             raw["hold"] = hold
         write_private(path, config_text(raw))
+    policy = {**DEFAULT_POLICY, **(parse(text).get("policy") or {} if text else {})}
     for server, manifest in pinned:
         print(f"server {server['name']}: {len(manifest['tools'])} tool(s) pinned; proposed "
-              f"from the server's own hints:")
+              f"from the server's own hints (class, then what the policy would decide):")
         for tool, entry in manifest["tools"].items():
             rule = server["rules"][tool]
-            print(f"  {sanitize(tool):<28} {rule['side_effect']:<16} "
-                  f"{rule.get('outcome', '')} ({hints_text(entry)})")
+            decided = rule.get("outcome") or policy[rule["side_effect"]]
+            print(f"  {sanitize(tool):<28} {rule['side_effect']:<16} {decided:<17} "
+                  f"({hints_text(entry)})")
     print(f"{'added to' if text else 'wrote'} {path} (0600): "
           f"{', '.join(server['name'] for server in added)}")
     return gated, left

@@ -70,7 +70,7 @@ def three_hosts(workdir: Path, home: Path, url: str) -> dict:
 def test_each_host_is_gated_on_its_own_config_and_all_share_one_database(workdir, sdk_server):
     home = workdir / "home"
     sdk = sdk_server()
-    files = three_hosts(workdir, home, sdk.url)
+    three_hosts(workdir, home, sdk.url)
     done = agentgate("init", env=home_env(home), cwd=home)
     assert done.returncode == 0, done
     no_traceback(done)
