@@ -8195,6 +8195,7 @@ HOSTS = {"Claude Desktop": ("claude-desktop", {"claude-ai": "50s", "*": "15s"}),
          "Claude Code": ("claude-code", {"claude-code": "10m", "*": "15s"}),
          "Cursor": ("cursor", {"cursor-vscode": "50s", "*": "15s"})}
 
+
 def host_config_files():
     """Every host configuration this user has, read, in a fixed order."""
     home = os.path.expanduser("~")
@@ -8278,8 +8279,8 @@ def server_from_host(name, entry):
         if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
             return None, "its headers are not a map of names to strings"
         if headers:
-            # A value written in the host's file moves into the 0600 config, as env does: the
-            # gate a host starts has no variable that nobody set for it.
+            # A value written in the host's file moves into the 0600 config, as env does: a
+            # variable made up for it would be set by nobody, and the host's gate would stop.
             server["headers"] = dict(headers)
         return server, ""
     command, args = entry.get("command"), entry.get("args", [])
