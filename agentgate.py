@@ -9062,6 +9062,9 @@ def cmd_pin(argv):
     p = parser("pin", "config", ("diff", bool), ("all", bool), ("yes", bool))
     p.add_argument("-tool", "--tool", action="append", type=text_argument, default=[])
     opts = p.parse_args(argv)
+    hosts = [] if opts.config else host_configs(config_path(None))
+    if hosts:
+        return each_config(cmd_pin, argv, hosts)
     config = load_config(config_path(opts.config))
     if opts.diff:
         return pin_diff(config, opts.tool, opts.all, opts.yes)

@@ -146,6 +146,9 @@ def test_init_again_adds_the_new_servers_and_changes_no_other_byte(workdir):
     first = agentgate("init", env=home_env(home), cwd=home)
     assert first.returncode == 0, first
     path = gate_dir(home) / "claude-desktop.json"
+    # pin, given no config, reads each host's (there is no config.json)
+    diff = agentgate("pin", "-diff", env=home_env(home), cwd=home)
+    assert diff.returncode == 0 and f"== {path}" in diff.stdout and "server bank: as pinned" in diff.stdout, diff
     # The person edits the config: a rule of their own, their own layout.
     raw = json.loads(path.read_text())
     raw["servers"][0]["rules"]["pay"] = {"side_effect": "remote_mutation", "timeout": "20s"}
