@@ -36,7 +36,7 @@ Sections, in the order data flows through them:
     11. MCP server            the host side: framing, initialize, tools/list, tools/call
     12. Operator commands     runs, show, approve, reject, cancel, watch, grant, verify,
                               recheck
-    13. Setup                 init: from a host's configuration to a gated one
+    13. Setup                 init: from a host's configuration to a gated one; login
     14. Fake payment server   the demo's and the tests' upstream
     15. Demonstration         a host, a server and an operator, scripted
     16. Main                  the command line
@@ -2248,7 +2248,9 @@ class Store:
 # the message cap fails its request; a request's error says whether it reached the server
 # (refused connection: it did not, so nothing executed; a connection lost after sending, or
 # an HTTP status of 500 or more: it may have executed). The mcp package is imported only when
-# such a server starts.
+# such a server starts. A server that asks for OAuth is sent the tokens `login` kept, through
+# the package's own OAuth client, which refreshes them; the serving gate never asks a person,
+# so a server that refuses what it holds fails with LOGIN_NEEDED, and its start says to log in.
 # =============================================================================================
 
 CLIENT_INFO = {"name": "agentgate", "version": VERSION}
@@ -8229,7 +8231,9 @@ def print_recheck(config, reports, as_json, session):
 # -write, from a backup kept beside it, only if it is as init read it, where a link to it
 # leads, and only to replace the servers that were gated (each known by file, map and name) by
 # the one entry that gates them; a server that cannot be gated is left in the host as it was,
-# and said so.
+# and said so. And `login`, the OAuth authorization of a url server: the only command that
+# opens a port (on 127.0.0.1, while it waits for the browser), whose tokens go to section 5's
+# TokenFile and to no output.
 # =============================================================================================
 
 HOST_ENTRY_NAME = "gated"  # model-visible in some hosts' tool names: it names no program

@@ -339,6 +339,7 @@ def test_a_refused_refresh_is_not_served_and_says_to_run_login(workdir, oauth_se
     wait_for(lambda: "run: agentgate.py login bank" in gate.stderr_text(), timeout=DEADLINE,
              message="the gate's stderr never said to run login")
     gate.close()
+    assert_never_shown(workdir, secrets_of(workdir), gate.stderr_text(), checked.stdout + checked.stderr)
     assert "refused-refresh" in server.log()
     assert server.log().count("authorize bank") == 1  # the serving gate never asks a person
 
@@ -365,6 +366,17 @@ def test_the_oauth_field_is_checked_like_every_field(workdir):
     assert done.returncode == 1
     assert 'server "bank".oauth has an unknown field "secret"' in done.stderr, done.stderr
     assert PRE_SECRET not in done.stdout + done.stderr
+
+
+def test_tokens_others_may_read_are_refused(workdir):
+    config = config_for(workdir, "http://127.0.0.1:9/mcp")
+    tokens = workdir / "bank.tokens.json"
+    tokens.write_text(json.dumps({"tokens": {"access_token": "a-token-never-shown", "token_type": "Bearer"},
+                                  "client": {"client_id": "c"}}))
+    tokens.chmod(0o644)
+    done = check(config)
+    assert done.returncode == 1 and "lets others read them: chmod 600 it" in done.stderr, done.stderr
+    assert "a-token-never-shown" not in done.stdout + done.stderr
 
 
 def test_login_names_only_url_servers(workdir):
