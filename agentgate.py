@@ -2737,6 +2737,7 @@ class TokenFile:
     def __init__(self, sdk, server, fresh=False):
         self.records, self.server = sdk["auth_records"], server
         self.tokens = self.client = self.expires_at = None
+        self.wanted = ""  # scope a server asked for more of (403 insufficient_scope)
         if server.oauth.get("client_id"):
             secret = server.oauth.get("client_secret")
             self.client = self.records.OAuthClientInformationFull(
@@ -2753,6 +2754,7 @@ class TokenFile:
             kept = json.loads(read_owned(server.tokens, "token file"))
             self.tokens = self.records.OAuthToken.model_validate(kept["tokens"])
             self.expires_at = kept.get("expires_at")
+            self.wanted = kept.get("wanted_scope", "")
             if self.client is None:
                 self.client = self.records.OAuthClientInformationFull.model_validate(
                     kept["client"])
@@ -2766,8 +2768,16 @@ class TokenFile:
     async def set_tokens(self, tokens):
         self.tokens = tokens
         self.expires_at = time.time() + tokens.expires_in if tokens.expires_in else None
-        kept = {"tokens": tokens.model_dump(mode="json", exclude_none=True),
-                "expires_at": self.expires_at}
+        self._write()
+
+    def want(self, scope):
+        """Keep the scope a server refused a call for, so the next login asks for it too."""
+        self.wanted = union_scope(self.wanted, scope)
+        self._write()
+
+    def _write(self):
+        kept = {"tokens": self.tokens.model_dump(mode="json", exclude_none=True),
+                "expires_at": self.expires_at, "wanted_scope": self.wanted}
         if not self.server.oauth.get("client_id"):
             kept["client"] = self.client.model_dump(mode="json", exclude_none=True)
         write_private(self.server.tokens, json.dumps(kept, indent=2) + "\n")
@@ -2779,10 +2789,15 @@ class TokenFile:
         self.client = client  # kept with the tokens, once there are any
 
 
-def oauth_client(sdk, server, store, redirect_uri=NO_REDIRECT, ask=None, answer=None):
+def union_scope(*scopes):
+    """Space-separated scopes, each once, in the order first given."""
+    return " ".join(dict.fromkeys(" ".join(scope or "" for scope in scopes).split()))
+
+
+def oauth_client(sdk, server, store, ask, answer, redirect_uri=NO_REDIRECT):
     """The mcp package's OAuth client for `server` as an httpx auth. `ask` shows a person the
-    authorization address and `answer` waits for the browser's redirect: given only by login;
-    without them a lapsed authorization fails where the client would ask."""
+    authorization address and `answer` waits for the browser's redirect (login); the serving
+    gate gives one that fails, so a lapsed authorization fails where the client would ask."""
     records = sdk["auth_records"]
     metadata = records.OAuthClientMetadata(client_name=PROGRAM, redirect_uris=[redirect_uri])
     client = sdk["auth"].OAuthClientProvider(server.url, metadata, store, ask, answer)
@@ -2801,7 +2816,7 @@ class HttpUpstream(Upstream):
     def __init__(self, server):
         super().__init__(server)
         self.sdk = self.loop = self.thread = self.task = self.stop = self.writer = None
-        self.auth = None
+        self.auth = self.tokens = None
         self.unauthorized = False  # the server refused agentgate's authorization (or none)
         self.outgoing = {}  # token -> (request id or None, bytes), until _HttpTap takes it
 
@@ -2811,8 +2826,9 @@ class HttpUpstream(Upstream):
         # header is authorized by that header instead.
         if os.path.exists(self.server.tokens) and not any(
                 name.lower() == "authorization" for name in self.server.headers):
-            self.auth = oauth_client(self.sdk, self.server, TokenFile(self.sdk, self.server),
-                                     ask=self._cannot_ask)
+            self.tokens = TokenFile(self.sdk, self.server)
+            self.auth = oauth_client(self.sdk, self.server, self.tokens, self._cannot_ask,
+                                     self._cannot_ask)
         self.loop = self.sdk["asyncio"].new_event_loop()
         self.loop.set_exception_handler(lambda loop, context: None)
         self.stop = self.loop.create_future()
@@ -2832,11 +2848,12 @@ class HttpUpstream(Upstream):
             # Only the operator reads a start's failure: it may name the command.
             raise UpstreamError(f"{err}; {login_hint(self.server)}", answered=True) from None
 
-    async def _cannot_ask(self, url):
+    async def _cannot_ask(self, url=None):
         # The serving gate opens no browser and no port: the server is not served until the
         # operator runs login again, and every later call fails at once saying so.
         with self.lock:
             self.closed = self.closed or LOGIN_NEEDED
+        log(f"server {self.name}: {LOGIN_NEEDED}; {login_hint(self.server)}")
         raise UpstreamError(LOGIN_NEEDED)
 
     def _run(self, loop):
@@ -3035,9 +3052,12 @@ class _HttpTap:
                 f"the server answered with a redirect (HTTP {status}) to "
                 f"{clean(shown_url(target), 200)}, which is not followed: if that is the "
                 f"server, make it the url", answered=True))
-        elif status == 401 or status == 403 and "insufficient_scope" in \
-                response.headers.get("www-authenticate", ""):
+        elif status == 401 or (status == 403 and "insufficient_scope" in
+                               response.headers.get("www-authenticate", "")):
             upstream.unauthorized = True
+            if status == 403 and upstream.tokens:
+                upstream.tokens.want(upstream.sdk["auth"].utils.extract_scope_from_www_auth(
+                    response))
             upstream._deliver(ident, error=UpstreamError(f"{LOGIN_NEEDED} (HTTP {status})",
                                                          answered=True))
         elif 400 <= status < 500:
@@ -8575,11 +8595,15 @@ def cmd_login(argv):
         raise Usage(f"{quote(opts.server)} names no server reached by url in the config; those "
                     f"are: {sanitize(names)}")
     sdk = mcp_sdk_for(server)
+    try:
+        wanted = TokenFile(sdk, server).wanted
+    except ConfigError:
+        wanted = ""  # what cannot be read is replaced
     with LoopbackRedirect() as redirect:
         store = TokenFile(sdk, server, fresh=True)
 
         async def ask(url):
-            url = _with_scope(url, server.oauth.get("scope"))
+            url = _with_scope(url, server.oauth.get("scope"), wanted)
             print(f"Open this address to authorize agentgate with server {server.name} (a "
                   f"browser is being opened on it):\n  {sanitize(url)}", flush=True)
             await sdk["asyncio"].to_thread(_open_browser, url)
@@ -8587,7 +8611,7 @@ def cmd_login(argv):
         async def answer():
             return await sdk["asyncio"].to_thread(redirect.answer, sdk)
 
-        client = oauth_client(sdk, server, store, redirect.uri, ask, answer)
+        client = oauth_client(sdk, server, store, ask, answer, redirect.uri)
         try:
             sdk["asyncio"].run(_initialize_with(sdk, server, client))
         except BaseException as err:
@@ -8615,17 +8639,23 @@ async def _initialize_with(sdk, server, client):
             sdk["client"](server.url, http_client=http) as (reader, writer), \
             sdk["session"](reader, writer) as session:
         await session.initialize()
+        # Some servers let initialize through and ask for authorization on the next request.
+        await session.list_tools()
 
 
-def _with_scope(url, scope):
+def _with_scope(url, configured, wanted):
     """The authorization address asking for the operator's `oauth.scope` in place of the one
-    the client chose from the server's metadata: a pre-registered client knows its scope."""
-    if not scope:
+    the client chose from the server's metadata (a pre-registered client knows its scope),
+    and for what the server refused a call for since the last login (a step-up)."""
+    if not configured and not wanted:
         return url
     from urllib.parse import urlsplit, urlunsplit, parse_qsl, urlencode
     parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "scope"]
-    return urlunsplit(parts._replace(query=urlencode(query + [("scope", scope)])))
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    chosen = configured or " ".join(v for k, v in query if k == "scope")
+    query = [(k, v) for k, v in query if k != "scope"]
+    query.append(("scope", union_scope(chosen, wanted)))
+    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 def _open_browser(url):

@@ -32,14 +32,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-SCOPE = "bank"
+SCOPE, WRITE_SCOPE = "bank", "bank:write"
 PRE_ID, PRE_SECRET = "pre-registered-client", "pre-secret-3f9a-never-shown"
 
 
 # ---------------------------------------------------------------- the server, as a child
 
 
-def serve(dir: Path, preregistered: bool) -> None:
+def serve(dir: Path, preregistered: bool, step_up: bool) -> None:
     import secrets
     import socket
 
@@ -77,7 +77,10 @@ def serve(dir: Path, preregistered: bool) -> None:
             return self.clients.get(client_id)
 
         async def register_client(self, client_info):
+            # A client may later ask for any scope this server has (a step-up), as with
+            # most authorization servers; the SDK's own would hold it to the registered one.
             log("register")
+            client_info.scope = f"{SCOPE} {WRITE_SCOPE}"
             self.clients[client_info.client_id] = client_info
 
         async def authorize(self, client, params):
@@ -130,21 +133,61 @@ def serve(dir: Path, preregistered: bool) -> None:
     auth = AuthSettings(issuer_url=base, resource_server_url=f"{base}/mcp", required_scopes=[SCOPE],
                         validate_token_resource=False,
                         client_registration_options=ClientRegistrationOptions(
-                            enabled=not preregistered, valid_scopes=[SCOPE], default_scopes=[SCOPE]))
-    server = MCPServer("oauth-bank", auth_server_provider=Provider(), auth=auth)
+                            enabled=not preregistered, valid_scopes=[SCOPE, WRITE_SCOPE],
+                            default_scopes=[SCOPE]))
+    provider = Provider()
+    server = MCPServer("oauth-bank", auth_server_provider=provider, auth=auth)
 
     @server.tool()
     def balance(account: str) -> str:
         """The balance of an account."""
         return f"{account}: 120 EUR"
 
+    @server.tool()
+    def pay(to: str, amount: int) -> str:
+        """Pay someone."""
+        return f"paid {amount} to {to}"
+
+    def pay_needs_write(app):
+        """With step_up, a call to pay with a token that lacks WRITE_SCOPE is refused 403."""
+
+        async def wrapped(scope, receive, send):
+            if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/mcp" \
+                    or not step_up:
+                return await app(scope, receive, send)
+            messages, body = [], b""
+            while True:
+                message = await receive()
+                messages.append(message)
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            bearer = dict(scope["headers"]).get(b"authorization", b"").decode()[len("Bearer "):]
+            token = provider.access.get(bearer)
+            call = json.loads(body or b"{}")
+            if token and call.get("method") == "tools/call" and call["params"]["name"] == "pay" \
+                    and WRITE_SCOPE not in token.scopes:
+                challenge = f'Bearer error="insufficient_scope", scope="{SCOPE} {WRITE_SCOPE}"'
+                await send({"type": "http.response.start", "status": 403,
+                            "headers": [(b"www-authenticate", challenge.encode()),
+                                        (b"content-type", b"application/json")]})
+                await send({"type": "http.response.body", "body": b'{"error": "insufficient_scope"}'})
+                return
+
+            async def replay():
+                return messages.pop(0) if messages else await receive()
+
+            await app(scope, replay, send)
+
+        return wrapped
+
     print(f"port {sock.getsockname()[1]}", flush=True)
-    app = server.streamable_http_app()
+    app = pay_needs_write(server.streamable_http_app())
     uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["serve"]:
-    serve(Path(sys.argv[2]), "preregistered" in sys.argv[3:])
+    serve(Path(sys.argv[2]), "preregistered" in sys.argv[3:], "step-up" in sys.argv[3:])
     sys.exit(0)
 
 
@@ -175,10 +218,11 @@ with urllib.request.urlopen(sys.argv[1], timeout=60) as answer:
 class OAuthServer:
     """This file's server in its own process group; `url` once it listens."""
 
-    def __init__(self, dir: Path, preregistered: bool):
+    def __init__(self, dir: Path, preregistered: bool, step_up: bool):
         self.dir = dir
         self.stderr = open(dir / "oauth_server.stderr", "w")
-        argv = [sys.executable, __file__, "serve", str(dir)] + (["preregistered"] if preregistered else [])
+        argv = [sys.executable, __file__, "serve", str(dir)] + (["preregistered"] if preregistered else []) \
+            + (["step-up"] if step_up else [])
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr,
                                      start_new_session=True)
         lines: queue.Queue = queue.Queue()
@@ -209,8 +253,8 @@ class OAuthServer:
 def oauth_server(workdir):
     started = []
 
-    def start(preregistered: bool = False) -> OAuthServer:
-        started.append(OAuthServer(workdir, preregistered))
+    def start(preregistered: bool = False, step_up: bool = False) -> OAuthServer:
+        started.append(OAuthServer(workdir, preregistered, step_up))
         return started[-1]
 
     yield start
@@ -220,7 +264,8 @@ def oauth_server(workdir):
 
 def config_for(dir: Path, url: str, **fields) -> Path:
     return write_config(dir, [{"name": "bank", "url": url, "manifest": "bank.manifest.json",
-                               "rules": {"balance": rule("read_only")}, **fields}])
+                               "rules": {"balance": rule("read_only"), "pay": rule("local_mutation")},
+                               **fields}])
 
 
 def browser_env(dir: Path) -> dict:
@@ -293,7 +338,7 @@ def test_login_keeps_tokens_0600_and_the_gate_serves_the_server(workdir, oauth_s
     assert outputs[2].returncode == 0, outputs[2].stderr
 
     gate = gate_host(config)
-    assert offered(gate) == ["bank_balance", "gate_status"]
+    assert offered(gate) == ["bank_balance", "bank_pay", "gate_status"]
     text, error = said(gate.call("bank_balance", {"account": "A-1"}))
     assert not error and "A-1: 120 EUR" in text, text
     gate.close()
@@ -342,6 +387,32 @@ def test_a_refused_refresh_is_not_served_and_says_to_run_login(workdir, oauth_se
     assert_never_shown(workdir, secrets_of(workdir), gate.stderr_text(), checked.stdout + checked.stderr)
     assert "refused-refresh" in server.log()
     assert server.log().count("authorize bank") == 1  # the serving gate never asks a person
+
+
+def test_a_call_refused_for_scope_is_not_served_and_the_next_login_asks_for_it(workdir, oauth_server):
+    server = oauth_server(step_up=True)
+    config = config_for(workdir, server.url)
+    env = browser_env(workdir)
+    login(config, env)
+    pin(config)
+
+    gate = gate_host(config)
+    text, error = said(gate.call("bank_pay", {"to": "kim", "amount": 3}))
+    assert error and "HTTP 403" in text, text
+    assert "login" not in text and "agentgate" not in text  # the model is not told the command
+    wait_for(lambda: "run: agentgate.py login bank" in gate.stderr_text(), timeout=DEADLINE,
+             message="the gate's stderr never said to run login")
+    text, error = said(gate.call("bank_balance", {"account": "A-4"}))
+    assert error and "120 EUR" not in text, text  # the server is not served until login
+    gate.close()
+    assert kept(workdir)["wanted_scope"] == f"{SCOPE} {WRITE_SCOPE}"
+
+    login(config, env)
+    assert server.log()[-2:] == [f"authorize {SCOPE} {WRITE_SCOPE}", "code"]
+    gate = gate_host(config)
+    text, error = said(gate.call("bank_pay", {"to": "kim", "amount": 4}))  # 3 failed: no repeat
+    assert not error and "paid 4 to kim" in text, text
+    gate.close()
 
 
 def test_a_pre_registered_client_logs_in_with_its_secret(workdir, oauth_server):
