@@ -450,6 +450,17 @@ def test_tokens_others_may_read_are_refused(workdir):
     assert "a-token-never-shown" not in done.stdout + done.stderr
 
 
+def test_login_without_the_mcp_package_says_how_to_install_it(workdir):
+    fake = workdir / "fake"
+    (fake / "mcp").mkdir(parents=True)
+    (fake / "mcp" / "__init__.py").write_text('raise ImportError("this mcp is not installed")\n')
+    config = config_for(workdir, "http://127.0.0.1:9/mcp")
+    done = agentgate("login", "bank", "-config", str(config), env={"PYTHONPATH": str(fake)})
+    assert done.returncode == 1 and done.stdout == "", done.stdout
+    assert done.stderr == ('agentgate: error: server "bank" has a url; HTTP servers need the optional mcp '
+                           'package, version 2 or later: python3 -m pip install --upgrade mcp\n'), done.stderr
+
+
 def test_login_names_only_url_servers(workdir):
     config = config_for(workdir, "http://127.0.0.1:9/mcp")
     done = agentgate("login", "nobody", "-config", str(config))
