@@ -36,7 +36,7 @@ Sections, in the order data flows through them:
     11. MCP server            the host side: framing, initialize, tools/list, tools/call
     12. Operator commands     runs, show, approve, reject, cancel, watch, grant, verify,
                               recheck
-    13. Setup                 init: from a host's configuration to a gated one
+    13. Setup                 init: from a host's configuration to a gated one; login
     14. Fake payment server   the demo's and the tests' upstream
     15. Demonstration         a host, a server and an operator, scripted
     16. Main                  the command line
@@ -771,6 +771,23 @@ def _check_owned(path, what, st):
                           f"group or others write it: chmod go-w it")
 
 
+def write_private(path, text):
+    """Write a file readable only by this user, replacing any old one in one rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temp = tempfile.mkstemp(prefix=".agentgate-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temp, 0o600)
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
+
+
 class Rule:
     """The operator's classification of one upstream tool."""
 
@@ -822,8 +839,8 @@ class Rule:
 class Server:
     """One upstream MCP server, as configured: a command agentgate starts, or a url it reaches."""
 
-    FIELDS = ("name", "command", "url", "headers", "env", "inherit_env", "connect_timeout",
-              "default_timeout", "manifest", "rules", "skip_path_check", "cwd")
+    FIELDS = ("name", "command", "url", "headers", "oauth", "env", "inherit_env",
+              "connect_timeout", "default_timeout", "manifest", "rules", "skip_path_check", "cwd")
 
     def __init__(self, raw, where, base):
         if not isinstance(raw, dict):
@@ -836,18 +853,20 @@ class Server:
         where = f'server "{self.name}"'
         self.command = raw.get("command")
         self.url = _string(raw, "url", where)
-        self.headers = {}
+        self.headers, self.oauth = {}, {}
         if (self.command is None) == (not self.url):
             raise ConfigError(f"{where} needs exactly one of command (an argv list) or url (an "
                               f"http:// or https:// address)")
         if self.url:
             self.headers = _url_server(raw, where, self.url)
+            self.oauth = _oauth_client(raw, where)
         elif (not isinstance(self.command, list) or not self.command
                 or not all(isinstance(a, str) for a in self.command)):
             raise ConfigError(f'{where}.command must be a non-empty list of strings, such as '
                               f'["node", "server.js"]')
-        elif "headers" in raw:
-            raise ConfigError(f"{where}.headers is sent only to a server reached by url; give "
+        elif "headers" in raw or "oauth" in raw:
+            field = "headers" if "headers" in raw else "oauth"
+            raise ConfigError(f"{where}.{field} is sent only to a server reached by url; give "
                               f"a command server its secrets through env")
         self.env = _names(raw, "env", where)
         for entry in self.env:
@@ -871,6 +890,8 @@ class Server:
                 raise ConfigError(f"{where}.rules.{tool} must be an object")
             self.rules[tool] = Rule(tool, rule, f"{where}.rules.{tool}")
         self.skip_path_check = _bool(raw, "skip_path_check", where)
+        # What `login` obtained for a url server (section 5: TokenFile), beside the config.
+        self.tokens = os.path.join(base, f"{self.name}.tokens.json")
         # A server runs in the user's home, never in the configuration's directory, which
         # holds the config, the database and the manifests: a server that writes a relative
         # path must not edit its own policy. A configured cwd is reach-checked as an argument.
@@ -940,6 +961,25 @@ def _url_server(raw, where, url):
             raise ConfigError(f"{where}.headers.{name} holds a control character (a line "
                               f"break, say), which no header may carry; fix its value")
     return headers
+
+
+OAUTH_FIELDS = ("client_id", "client_secret", "scope")
+
+
+def _oauth_client(raw, where):
+    """A pre-registered OAuth client, for a server that does not register clients itself.
+    Its secret, like every value in this 0600 file, is never shown."""
+    given = raw.get("oauth", {})
+    if not isinstance(given, dict):
+        raise ConfigError(f'{where}.oauth must be an object such as {{"client_id": "...", '
+                          f'"client_secret": "...", "scope": "..."}}')
+    _refuse_unknown(given, OAUTH_FIELDS, f"{where}.oauth")
+    for field in OAUTH_FIELDS:
+        if field in given and (not isinstance(given[field], str) or not given[field]):
+            raise ConfigError(f"{where}.oauth.{field} must be a non-empty string")
+    if "client_secret" in given and "client_id" not in given:
+        raise ConfigError(f"{where}.oauth has a client_secret but no client_id; give both")
+    return dict(given)
 
 
 def shown_url(url):
@@ -2237,7 +2277,9 @@ class Store:
 # the message cap fails its request; a request's error says whether it reached the server
 # (refused connection: it did not, so nothing executed; a connection lost after sending, or
 # an HTTP status of 500 or more: it may have executed). The mcp package is imported only when
-# such a server starts.
+# such a server starts. A server that asks for OAuth is sent the tokens `login` kept, through
+# the package's own OAuth client, which refreshes them; the serving gate never asks a person,
+# so a server that refuses what it holds fails with LOGIN_NEEDED, and its start says to log in.
 # =============================================================================================
 
 CLIENT_INFO = {"name": "agentgate", "version": VERSION}
@@ -2678,6 +2720,9 @@ def _mcp_sdk():
     than version 2 (whose client is built on httpx2 and mcp_types, as used here)."""
     try:
         import mcp.client.streamable_http as transport
+        import mcp.client.session as session
+        import mcp.client.auth as auth
+        import mcp.shared.auth as auth_records
         import mcp.shared.message as message
         import mcp_types
         import httpx2
@@ -2692,7 +2737,111 @@ def _mcp_sdk():
         logging.getLogger(name).propagate = False
     return {"client": transport.streamable_http_client, "message": message.SessionMessage,
             "metadata": message.ClientMessageMetadata, "types": mcp_types, "httpx": httpx2,
-            "asyncio": asyncio}
+            "asyncio": asyncio, "session": session.ClientSession, "auth": auth,
+            "auth_records": auth_records}
+
+
+def mcp_sdk_for(server):
+    """The mcp package for a url server, or ConfigError saying how to install it."""
+    sdk = _mcp_sdk()
+    if sdk is None:
+        raise ConfigError(f"server {quote(server.name)} has a url; HTTP servers need the "
+                          f"optional mcp package, version 2 or later: {mcp_install_text()}")
+    return sdk
+
+
+# OAuth, through the mcp package's own client (discovery, registration, PKCE, refresh). Only
+# `login`, an operator command, ever asks a person (section 13); the serving gate attaches
+# what login left and refreshes it, and a server it cannot authorize is not served.
+LOGIN_NEEDED = "the server asks for an authorization the gate does not hold, or holds no longer"
+# Never used to receive anything: the serving gate's client has no way to ask a person.
+NO_REDIRECT = "http://127.0.0.1/"
+OAUTH_EXCHANGES = 20  # requests one OAuth flow may make (discovery tries several addresses)
+
+
+def login_hint(server):
+    """What the operator runs so a server asking for OAuth is served (operator text only)."""
+    return f"run: {PROGRAM}.py login {server.name}"
+
+
+class TokenFile:
+    """The mcp package's token storage for one server: the tokens login obtained and the
+    client they were issued to, in Server.tokens, 0600 beside the config. Not in the
+    database: the record is shown, verified and copied for audits, and a credential is no
+    fact about a call. A pre-registered client (the server's `oauth`) comes from the config
+    and is not copied here. Refreshed tokens replace the file in one rename."""
+
+    def __init__(self, sdk, server, fresh=False):
+        self.records, self.server = sdk["auth_records"], server
+        self.tokens = self.client = self.expires_at = None
+        self.wanted = ""  # scope a server asked for more of (403 insufficient_scope)
+        if server.oauth.get("client_id"):
+            secret = server.oauth.get("client_secret")
+            self.client = self.records.OAuthClientInformationFull(
+                client_id=server.oauth["client_id"], client_secret=secret,
+                token_endpoint_auth_method="client_secret_basic" if secret else "none")
+        if fresh or not os.path.exists(server.tokens):
+            return
+        mode = os.stat(server.tokens).st_mode
+        if mode & 0o077:
+            raise ConfigError(f"the tokens of server {quote(server.name)} in {server.tokens} "
+                              f"have mode {stat.filemode(mode)}, which lets others read them: "
+                              f"chmod 600 it")
+        try:
+            kept = json.loads(read_owned(server.tokens, "token file"))
+            self.tokens = self.records.OAuthToken.model_validate(kept["tokens"])
+            self.expires_at = kept.get("expires_at")
+            self.wanted = kept.get("wanted_scope", "")
+            if self.client is None:
+                self.client = self.records.OAuthClientInformationFull.model_validate(
+                    kept["client"])
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError(f"the tokens of server {quote(server.name)} in {server.tokens} "
+                              f"cannot be read; {login_hint(server)}") from None
+
+    async def get_tokens(self):
+        return self.tokens
+
+    async def set_tokens(self, tokens):
+        self.tokens = tokens
+        self.expires_at = time.time() + tokens.expires_in if tokens.expires_in else None
+        self._write()
+
+    def want(self, scope):
+        """Keep the scope a server refused a call for, so the next login asks for it too."""
+        self.wanted = union_scope(self.wanted, scope)
+        self._write()
+
+    def _write(self):
+        kept = {"tokens": self.tokens.model_dump(mode="json", exclude_none=True),
+                "expires_at": self.expires_at, "wanted_scope": self.wanted}
+        if not self.server.oauth.get("client_id"):
+            kept["client"] = self.client.model_dump(mode="json", exclude_none=True)
+        write_private(self.server.tokens, json.dumps(kept, indent=2) + "\n")
+
+    async def get_client_info(self):
+        return self.client
+
+    async def set_client_info(self, client):
+        self.client = client  # kept with the tokens, once there are any
+
+
+def union_scope(*scopes):
+    """Space-separated scopes, each once, in the order first given."""
+    return " ".join(dict.fromkeys(" ".join(scope or "" for scope in scopes).split()))
+
+
+def oauth_client(sdk, server, store, ask, answer, redirect_uri=NO_REDIRECT):
+    """The mcp package's OAuth client for `server` as an httpx auth. `ask` shows a person the
+    authorization address and `answer` waits for the browser's redirect (login); the serving
+    gate gives one that fails, so a lapsed authorization fails where the client would ask."""
+    records = sdk["auth_records"]
+    metadata = records.OAuthClientMetadata(client_name=PROGRAM, redirect_uris=[redirect_uri])
+    client = sdk["auth"].OAuthClientProvider(server.url, metadata, store, ask, answer)
+    # The client counts a stored token as valid until a server refuses it; the expiry kept
+    # with it lets an expired one be refreshed first, as it would be within one process.
+    client.context.token_expiry_time = store.expires_at
+    return client
 
 
 class HttpUpstream(Upstream):
@@ -2704,13 +2853,19 @@ class HttpUpstream(Upstream):
     def __init__(self, server):
         super().__init__(server)
         self.sdk = self.loop = self.thread = self.task = self.stop = self.writer = None
+        self.auth = self.tokens = None
+        self.unauthorized = False  # the server refused agentgate's authorization (or none)
         self.outgoing = {}  # token -> (request id or None, bytes), until _HttpTap takes it
 
     def spawn(self):
-        self.sdk = _mcp_sdk()
-        if self.sdk is None:
-            raise ConfigError(f"server {quote(self.name)} has a url; HTTP servers need the "
-                              f"optional mcp package, version 2 or later: {mcp_install_text()}")
+        self.sdk = mcp_sdk_for(self.server)
+        # OAuth is attached once login has left tokens; a server given its own Authorization
+        # header is authorized by that header instead.
+        if os.path.exists(self.server.tokens) and not any(
+                name.lower() == "authorization" for name in self.server.headers):
+            self.tokens = TokenFile(self.sdk, self.server)
+            self.auth = oauth_client(self.sdk, self.server, self.tokens, self._cannot_ask,
+                                     self._cannot_ask)
         self.loop = self.sdk["asyncio"].new_event_loop()
         self.loop.set_exception_handler(lambda loop, context: None)
         self.stop = self.loop.create_future()
@@ -2720,6 +2875,23 @@ class HttpUpstream(Upstream):
         self.thread.start()
         # Opening the client touches no network; the first request is the first connection.
         opened.wait(timeout=OWN_WRITE_SECONDS)
+
+    def handshake(self, deadline):
+        try:
+            super().handshake(deadline)
+        except UpstreamError as err:
+            if not self.unauthorized:
+                raise
+            # Only the operator reads a start's failure: it may name the command.
+            raise UpstreamError(f"{err}; {login_hint(self.server)}", answered=True) from None
+
+    async def _cannot_ask(self, url=None):
+        # The serving gate opens no browser and no port: the server is not served until the
+        # operator runs login again, and every later call fails at once saying so.
+        with self.lock:
+            self.closed = self.closed or LOGIN_NEEDED
+        log(f"server {self.name}: {LOGIN_NEEDED}; {login_hint(self.server)}")
+        raise UpstreamError(LOGIN_NEEDED)
 
     def _run(self, loop):
         try:
@@ -2732,11 +2904,15 @@ class HttpUpstream(Upstream):
     async def _session(self, opened):
         httpx, asyncio = self.sdk["httpx"], self.sdk["asyncio"]
         # No timeout of the library's own but connecting: every request waits with its own
-        # deadline, as over stdio. max_redirects=0: the SDK follows none.
+        # deadline, as over stdio. max_redirects=0: the SDK follows none. httpx counts each
+        # exchange of an auth flow (refresh, discovery) as a redirect, so OAuth needs room; a
+        # message is still never sent past a redirect (_HttpTap).
         timeout = httpx.Timeout(None, connect=self.server.connect_timeout / SECOND)
         try:
             async with httpx.AsyncClient(transport=_HttpTap(self), headers=self.server.headers,
-                                         timeout=timeout, max_redirects=0) as client, \
+                                         timeout=timeout, auth=self.auth,
+                                         max_redirects=OAUTH_EXCHANGES if self.auth else 0) \
+                    as client, \
                     self.sdk["client"](self.server.url, http_client=client,
                                        max_sse_event_size=MAX_MESSAGE_BYTES) as (reader, writer):
                 self.writer = writer
@@ -2846,6 +3022,7 @@ class _HttpTap:
         self.upstream = upstream
         self.httpx = upstream.sdk["httpx"]
         self.inner = self.httpx.AsyncHTTPTransport()
+        self.endpoint = self.httpx.URL(upstream.server.url)
 
     async def __aenter__(self):
         await self.inner.__aenter__()
@@ -2859,10 +3036,14 @@ class _HttpTap:
 
     async def handle_async_request(self, request):
         upstream = self.upstream
+        token = request.headers.get(MESSAGE_TOKEN)
+        if token is None and request.url != self.endpoint:
+            # The OAuth client's own requests (metadata, registration, token): no message of
+            # agentgate's is in them, and their answers are the client's alone.
+            return await self.inner.handle_async_request(request)
         if request.method == "GET":
             return self.httpx.Response(405, request=request)
         ident, body = None, None
-        token = request.headers.get(MESSAGE_TOKEN)
         if token is not None:
             with upstream.lock:
                 ident, body = upstream.outgoing.pop(token, (None, None))
@@ -2908,6 +3089,14 @@ class _HttpTap:
                 f"the server answered with a redirect (HTTP {status}) to "
                 f"{clean(shown_url(target), 200)}, which is not followed: if that is the "
                 f"server, make it the url", answered=True))
+        elif status == 401 or (status == 403 and "insufficient_scope" in
+                               response.headers.get("www-authenticate", "")):
+            upstream.unauthorized = True
+            if status == 403 and upstream.tokens:
+                upstream.tokens.want(upstream.sdk["auth"].utils.extract_scope_from_www_auth(
+                    response))
+            upstream._deliver(ident, error=UpstreamError(f"{LOGIN_NEEDED} (HTTP {status})",
+                                                         answered=True))
         elif 400 <= status < 500:
             upstream._deliver(ident, error=UpstreamError(
                 f"the server answered HTTP {status}", answered=True))
@@ -3945,23 +4134,6 @@ def change_lines(old, new):
     if not lines:  # the texts differ only in their spacing
         lines.append("description: only its spacing differs")
     return [sanitize(line) for line in lines]
-
-
-def write_private(path, text):
-    """Write a file readable only by this user, replacing any old one in one rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(prefix=".agentgate-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(temp, 0o600)
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
 
 
 def hints_text(entry):
@@ -8176,7 +8348,9 @@ def print_recheck(config, reports, as_json, session):
 # only with -write, from a backup kept beside it, only if it is as init read it, where a link
 # to it leads, and only to replace the servers that were gated (each known by file, map and
 # name) by the one entry that gates them; a server that cannot be gated is left in the host as
-# it was, and said so.
+# it was, and said so. And `login`, the OAuth authorization of a url server: the only command
+# that opens a port (on 127.0.0.1, while it waits for the browser), whose tokens go to section
+# 5's TokenFile and to no output.
 # =============================================================================================
 
 HOST_ENTRY_NAME = "gated"  # model-visible in some hosts' tool names: it names no program
@@ -8620,6 +8794,150 @@ def accept_proposals(path):
         print(f"  {sanitize(rule)}")
 
 
+# ---- login: OAuth with a url server ---------------------------------------------------------
+
+LOGIN_WAIT_SECONDS = 600  # how long a person has to consent in the browser
+LOGIN_PAGE = b"agentgate has the answer of the authorization; this page may be closed.\n"
+
+
+def cmd_login(argv):
+    p = parser("login", "config")
+    p.description = ("Authorize agentgate with a url server that asks for OAuth: the browser "
+                     "opens on the server's consent page (the address is printed too), the "
+                     "answer comes back to a port on 127.0.0.1 open only while this runs, and "
+                     "the tokens are kept 0600 beside the config (-config FILE, else "
+                     "$AGENTGATE_CONFIG, else the XDG path), as SERVER.tokens.json.")
+    p.add_argument("server", type=text_argument, help="the server's name in the config")
+    opts = p.parse_args(argv)
+    config = load_config(config_path(opts.config))
+    server = next((s for s in config.servers if s.name == opts.server), None)
+    if server is None or not server.url:
+        names = ", ".join(s.name for s in config.servers if s.url) or "none"
+        raise Usage(f"{quote(opts.server)} names no server reached by url in the config; those "
+                    f"are: {sanitize(names)}")
+    sdk = mcp_sdk_for(server)
+    try:
+        wanted = TokenFile(sdk, server).wanted
+    except ConfigError:
+        wanted = ""  # what cannot be read is replaced
+    with LoopbackRedirect() as redirect:
+        store = TokenFile(sdk, server, fresh=True)
+
+        async def ask(url):
+            url = _with_scope(url, server.oauth.get("scope"), wanted)
+            print(f"Open this address to authorize agentgate with server {server.name} (a "
+                  f"browser is being opened on it):\n  {sanitize(url)}", flush=True)
+            await sdk["asyncio"].to_thread(_open_browser, url)
+
+        async def answer():
+            return await sdk["asyncio"].to_thread(redirect.answer, sdk)
+
+        client = oauth_client(sdk, server, store, ask, answer, redirect.uri)
+        try:
+            sdk["asyncio"].run(_initialize_with(sdk, server, client))
+        except BaseException as err:
+            while isinstance(err, BaseExceptionGroup):  # the SDK's task groups wrap it
+                err = err.exceptions[0]
+            if isinstance(err, (KeyboardInterrupt, Usage, UpstreamError)):
+                raise err from None
+            raise UpstreamError(f"login with server {quote(server.name)} failed: "
+                                f"{clean(str(err), 500) or type(err).__name__}") from None
+    if store.tokens is None:
+        print(f"server {server.name} asked for no authorization; nothing was kept")
+        return 0
+    print(f"agentgate is authorized with server {server.name}; its tokens are kept in "
+          f"{server.tokens} (0600), and refreshed as they expire")
+    return 0
+
+
+async def _initialize_with(sdk, server, client):
+    """Initialize a session through the OAuth client, which asks for consent on the server's
+    first 401; what it obtains is kept by its storage."""
+    httpx = sdk["httpx"]
+    async with httpx.AsyncClient(auth=client, headers=server.headers,
+                                 max_redirects=OAUTH_EXCHANGES,
+                                 timeout=httpx.Timeout(server.connect_timeout / SECOND)) as http, \
+            sdk["client"](server.url, http_client=http) as (reader, writer), \
+            sdk["session"](reader, writer) as session:
+        await session.initialize()
+        # Some servers let initialize through and ask for authorization on the next request.
+        await session.list_tools()
+
+
+def _with_scope(url, configured, wanted):
+    """The authorization address asking for the operator's `oauth.scope` in place of the one
+    the client chose from the server's metadata (a pre-registered client knows its scope),
+    and for what the server refused a call for since the last login (a step-up)."""
+    if not configured and not wanted:
+        return url
+    from urllib.parse import urlsplit, urlunsplit, parse_qsl, urlencode
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    chosen = configured or " ".join(v for k, v in query if k == "scope")
+    query = [(k, v) for k, v in query if k != "scope"]
+    query.append(("scope", union_scope(chosen, wanted)))
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def _open_browser(url):
+    import webbrowser  # honours $BROWSER
+    try:
+        webbrowser.open(url)
+    except Exception:
+        pass  # the address is printed: a person can open it by hand
+
+
+class LoopbackRedirect:
+    """A port on 127.0.0.1, open only while login runs, where the browser brings the answer
+    of the authorization (RFC 8252's loopback redirect). Nothing it receives is printed."""
+
+    def __init__(self):
+        import http.server
+        answers = self.answers = queue.Queue()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                from urllib.parse import urlsplit, parse_qs
+                parts = urlsplit(self.path)
+                if parts.path != "/callback":
+                    self.send_error(404)
+                    return
+                answers.put({k: v[0] for k, v in parse_qs(parts.query).items()})
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Length", str(len(LOGIN_PAGE)))
+                self.end_headers()
+                self.wfile.write(LOGIN_PAGE)
+
+            def log_message(self, *args):
+                pass  # the query carries the code
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.uri = f"http://127.0.0.1:{self.server.server_address[1]}/callback"
+
+    def __enter__(self):
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def answer(self, sdk):
+        """The browser's redirect, as the OAuth client takes it."""
+        try:
+            got = self.answers.get(timeout=LOGIN_WAIT_SECONDS)
+        except queue.Empty:
+            raise UpstreamError(f"no answer came from the browser within "
+                                f"{format_duration(LOGIN_WAIT_SECONDS * SECOND)}") from None
+        if "error" in got:
+            raise UpstreamError(f"the authorization was refused: {clean(got['error'], 100)}"
+                                + (f" ({clean(got['error_description'], 300)})"
+                                   if "error_description" in got else ""))
+        return sdk["auth"].AuthorizationCodeResult(code=got.get("code", ""),
+                                                   state=got.get("state"), iss=got.get("iss"))
+
+
 # =============================================================================================
 # 14. Fake payment server
 #
@@ -9011,6 +9329,7 @@ def _processes_mentioning(text):
 
 USAGE = f"""usage: agentgate.py [serve] [-config FILE]
        agentgate.py init [-from FILE] [-config FILE] [-write]
+       agentgate.py login SERVER [-config FILE]   OAuth with a url server, in a browser
        agentgate.py pin|check [-config FILE]      check -accept: accept init's proposals
        agentgate.py pin -diff [-tool SERVER/TOOL ... | -all [-yes]] [-config FILE]
        agentgate.py runs|show|approve|reject|cancel|verify|recheck ... (-h for each)
@@ -9278,7 +9597,7 @@ def main(argv=None):
                 "cancel": cmd_cancel, "watch": cmd_watch, "verify": cmd_verify,
                 "recheck": cmd_recheck,
                 "grant": cmd_grant, "grants": cmd_grants, "revoke": cmd_revoke,
-                "init": cmd_init, "demo": cmd_demo,
+                "init": cmd_init, "login": cmd_login, "demo": cmd_demo,
                 "fake-payments": lambda a: fake_payments()}
     if argv and argv[0] in ("-h", "--help", "help"):
         sys.stderr.write(USAGE)

@@ -57,6 +57,8 @@ EXERCISED = {
         "test_the_policy_examples_work_as_written",
     "python3 ~/bin/agentgate.py grants": "test_the_policy_examples_work_as_written",
     "python3 ~/bin/agentgate.py revoke 019a3b4c5d6e7f80": "test_the_policy_examples_work_as_written",
+    "python3 ~/bin/agentgate.py login crm":
+        "test_oauth_login.py::test_login_keeps_tokens_0600_and_the_gate_serves_the_server",
 }
 # Commands the prose names in `inline code` (agentgate's verbs, and chmod).
 INLINE_EXERCISED = {
@@ -76,9 +78,11 @@ INLINE_EXERCISED = {
     "pin": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
     "runs": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
     "approve laptop.3f9a0c": "test_quickstart_from_the_servers_a_host_already_starts",
+    "login crm": "test_oauth_login.py::test_a_refused_refresh_is_not_served_and_says_to_run_login",
+    "login": "test_oauth_login.py::test_login_keeps_tokens_0600_and_the_gate_serves_the_server",
 }
 AGENTGATE_VERBS = {"serve", "init", "watch", "pin", "check", "runs", "show", "approve", "reject", "cancel", "verify", "recheck", "demo",
-                   "grant", "grants", "revoke"}
+                   "grant", "grants", "revoke", "login"}
 HOST_SNIPPETS = {"Claude Desktop", "Cursor"}
 APPROVAL_HINT = re.compile(r"decide with: (.*) approve (\S+) -approval ([0-9a-f]+)")
 
