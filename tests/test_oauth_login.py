@@ -458,7 +458,10 @@ def test_login_without_the_mcp_package_says_how_to_install_it(workdir):
     done = agentgate("login", "bank", "-config", str(config), env={"PYTHONPATH": str(fake)})
     assert done.returncode == 1 and done.stdout == "", done.stdout
     assert done.stderr == ('agentgate: error: server "bank" has a url; HTTP servers need the optional mcp '
-                           'package, version 2 or later: python3 -m pip install --upgrade mcp\n'), done.stderr
+                           'package, version 2 or later: python3 -m pip install --upgrade mcp, or where pip '
+                           "refuses to install into the system's Python: python3 -m venv ~/.agentgate-venv && "
+                           '~/.agentgate-venv/bin/pip install mcp, and run agentgate with '
+                           '~/.agentgate-venv/bin/python\n'), done.stderr
 
 
 def test_login_names_only_url_servers(workdir):
