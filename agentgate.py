@@ -2158,13 +2158,18 @@ class Store:
 
     def runs_page(self, session, limit):
         """Runs newest first (of one session, or all with session ''), with the approval
-        each waits on."""
-        names = ("run", "status", "reason", "steps", "created", "tool", "pending_approval")
+        each waits on and the host's name as its first decision of the policy recorded it
+        ('' for a run that never reached the policy)."""
+        names = ("run", "status", "reason", "detail", "steps", "created", "tool",
+                 "pending_approval", "host")
         return [dict(zip(names, row)) for row in self.read(
-            "SELECT r.id, r.status, r.reason, r.step_count, r.created_at, r.tool, (SELECT a.id "
-            "FROM approvals a WHERE a.run_id = r.id AND a.status='pending' ORDER BY a.rowid "
-            "DESC LIMIT 1) FROM runs r WHERE ?='' OR r.session=? ORDER BY r.rowid DESC LIMIT ?",
-            (session, session, limit))]
+            "SELECT r.id, r.status, r.reason, r.detail, r.step_count, r.created_at, r.tool, "
+            "(SELECT a.id FROM approvals a WHERE a.run_id = r.id AND a.status='pending' ORDER "
+            "BY a.rowid DESC LIMIT 1), COALESCE((SELECT COALESCE(json_extract(e.payload_json, "
+            "'$.facts.client'), json_extract(e.payload_json, '$.policy.facts.client')) FROM "
+            "events e WHERE e.run_id = r.id AND e.type IN ('step.policy', 'run.read') ORDER BY "
+            "e.seq LIMIT 1), '') FROM runs r WHERE ?='' OR r.session=? ORDER BY r.rowid DESC "
+            "LIMIT ?", (session, session, limit))]
 
     def session_runs(self, session, limit):
         """The ids of the session's newest runs."""
@@ -6134,8 +6139,7 @@ class Gate:
     def _refuse(self, tx, run_id, step_id, kind, detail):
         """End a run whose request will not execute (denied or invalid)."""
         tx.fail_step(run_id, step_id, {"kind": kind, "content": {"error": detail}}, detail)
-        how = "denied" if kind == "policy_denied" else "invalid"
-        tx.finish_run(run_id, "FAILED", "goal_failed", f"one call per run: the request was {how}")
+        tx.finish_run(run_id, "FAILED", "goal_failed", REFUSED[kind])
 
     def _closed(self, tool, run_id, reason, detail, finished, window):
         """Rules 4 and 5: a finished run of this request within the window. None: look at
@@ -6482,6 +6486,10 @@ def live_approval(config, approval):
     return False
 
 
+REFUSED = {  # why a run ended whose request was not executed, by its step's observation kind
+    "policy_denied": "one call per run: the request was denied",
+    "invalid_decision": "one call per run: the request was invalid",
+}
 CLOSING = {
     "error": "one call per run: the tool call returned an error",
     "unrecorded": "one call per run: the tool call executed and its result could not be "
@@ -7227,16 +7235,35 @@ def cmd_runs(argv):
     if not runs:
         print("no runs")
         return 0
-    table = [("RUN", "STATUS", "REASON", "STEPS", "CREATED", "WAITING APPROVAL", "TOOL")]
+    table = [("RUN", "STATE", "STEPS", "CREATED", "HOST", "WAITING APPROVAL", "TOOL")]
     for r in runs:
-        mark = "WAITING_FOR_APPROVAL *" if r["status"] == "WAITING_FOR_APPROVAL" else r["status"]
-        table.append((r["run"], mark, r["reason"], str(r["steps"]), prose_time(r["created"]),
-                      r["pending_approval"] or "", sanitize(r["tool"])))
+        table.append((r["run"], run_state(r), str(r["steps"]), prose_time(r["created"]),
+                      cut(sanitize(r["host"]), 24) or "-", r["pending_approval"] or "",
+                      sanitize(r["tool"])))
     print_table(table)
     if len(rows) > limit:
         print("... more runs; use -limit to see them")
     print_tool_changes(store, session)
     return 0
+
+
+def run_state(run):
+    """How a run stands, in the word its call's answer began with where there is one (a
+    denied call is DENIED, not FAILED for a goal), else its status."""
+    status, reason, detail = run["status"], run["reason"], run["detail"]
+    if status == "CANCELLED":
+        return {"approval_rejected": "REJECTED", "approval_expired": "EXPIRED"}.get(reason,
+                                                                                   status)
+    if status == "FAILED":
+        if detail == REFUSED["policy_denied"]:
+            return "DENIED"
+        if detail == REFUSED["invalid_decision"]:
+            return "INVALID"
+        if detail == CLOSING["error"]:
+            return "TOOL_ERROR"
+        if detail in (CLOSING["timed_out"], CLOSING["no_answer"]):
+            return "UNKNOWN_OUTCOME"
+    return status
 
 
 TOOL_CHANGES_SHOWN = 5
@@ -7337,7 +7364,7 @@ def resolve_named(store, given, session, approval=None):
 
 def cmd_show(argv):
     p = operator_parser("show", ("full", bool))
-    p.add_argument("run", type=text_argument)
+    p.add_argument("run", type=text_argument, metavar="ID", help=NAMED_RUN)
     opts = p.parse_args(argv)
     store, session = operator_store(opts, readonly=True)
     opts.run = resolve_named(store, opts.run, session)[0]
@@ -7394,8 +7421,12 @@ def cmd_show(argv):
             print(f"step {index} ran under grant {grant['id']} by {sanitize(grant['by'])}, "
                   f"{grant['created_at']} to {grant['expires_at']}{note}")
     print()
+    print("\n".join(result_lines(steps)))
+    print()
     for seq, at, type_, _, payload in events:
-        print(f"  {seq:>6}  {at}  {type_:<20} {clean(payload, 160)}")
+        print(f"  {seq:>6}  {at}  {type_}")
+        print("\n".join(f"          {piece}" for piece in wrap_columns(sanitize(payload),
+                                                                     SHOW_WIDTH)))
     return 0
 
 
@@ -7413,6 +7444,28 @@ def repeats_refused(store, run_id, steps):
     step = next(s for s in steps if s["id"] == attempt.attempt["step_id"])
     spec = store.tool_spec(step["spec_hash"]) or {}
     return spec.get("side_effect", "read_only") != "read_only"
+
+
+SHOW_WIDTH = 100  # columns of a wrapped line in show: events and the result are shown whole
+
+
+def result_lines(steps):
+    """The run's result as recorded in its last step that has one, whole and sanitized: the
+    text a tool answered (structured content as JSON), or the error its call ended in."""
+    observed = [parse(s["observation"]) for s in steps if s["observation"]]
+    if not observed:
+        return ["result    none recorded"]
+    last = observed[-1]
+    if last["kind"] == "tool_result":
+        content = last["content"]
+        head = f"result    {sanitize(last.get('summary', ''))}"
+        text = content if isinstance(content, str) else pretty_json(content)
+    else:
+        head = f"result    {last['kind']}"
+        error = last.get("content", {}).get("error", "")
+        text = error if isinstance(error, str) else policy_json(error)
+    return [head] + [f"          {piece}" for line in text.split("\n")
+                     for piece in wrap_columns(sanitize(line), SHOW_WIDTH)]
 
 
 def shown_value(value, full=False):
@@ -7541,8 +7594,9 @@ def decision_text(approval):
     return f"{approval['status']}{by}{at}"
 
 
-def confirmed(question, out, refusal="refusing without -yes or an interactive terminal"):
-    """Whether the operator typed yes at a terminal; refused without one."""
+def confirmed(question, out, refusal):
+    """Whether the operator typed yes at a terminal; without one, refused with `refusal`,
+    which names the flag that confirms instead."""
     if not sys.stdin.isatty():
         raise Usage(refusal)
     print(question, end="", file=out, flush=True)
@@ -7552,7 +7606,7 @@ def confirmed(question, out, refusal="refusing without -yes or an interactive te
 def decide(argv, command):
     flags = [("approval", str), ("yes", bool), ("note", str), ("by", str), ("full", bool)]
     p = operator_parser(command, *flags)
-    p.add_argument("run", type=text_argument)
+    p.add_argument("run", type=text_argument, metavar="ID", help=NAMED_RUN)
     opts = p.parse_args(argv)
     status = "approved" if command == "approve" else "rejected"
     if status == "rejected" and not opts.note:
@@ -7574,7 +7628,8 @@ def decide(argv, command):
                     f"before you {command}")
     if not (opts.approval or opts.yes or confirmed(
             f"{command} approval {approval['id']}? type yes to {command}: ", out,
-            "refusing without -approval, -yes, or an interactive terminal")):
+            f"refusing without -yes or a terminal to type yes at: nothing was decided; add -yes "
+            f"(or -approval {approval['id']}) to {command} the approval printed above")):
         print("nothing decided", file=out)
         return 1
     decide_shown(store, approval, status, by, opts.note or "")
@@ -7631,7 +7686,7 @@ def cmd_reject(argv):
 
 def cmd_cancel(argv):
     p = operator_parser("cancel", ("note", str), ("by", str))
-    p.add_argument("run", type=text_argument)
+    p.add_argument("run", type=text_argument, metavar="ID", help=NAMED_RUN)
     opts = p.parse_args(argv)
     by = opts.by or current_user()
     store, session = operator_store(opts, readonly=False)
@@ -7946,9 +8001,14 @@ GRANT_PROMISE = ("A call this grant covers runs without asking while it is in fo
                  "unknown, and the tool's limits still count the calls it lets through.")
 
 
+GRANT_NEEDS_YES = ("refusing without -yes or a terminal to type yes at: nothing was granted; "
+                   "add -yes to grant what is printed above")
+
+
 def cmd_grant(argv):
     p = parser("grant", "config", "if", "for", "note", "by", ("yes", bool), ("json", bool))
-    p.add_argument("tool", type=text_argument)
+    p.add_argument("tool", type=text_argument, metavar="TOOL",
+                   help="the tool as the host is offered it (check lists them)")
     opts = p.parse_args(argv)
     by = opts.by or current_user()
     if not by:
@@ -7985,7 +8045,9 @@ def cmd_grant(argv):
              "by": by, "note": opts.note or ""}
     # With -json the printout goes to stderr: stdout carries the one JSON value.
     out = sys.stderr if opts.json else sys.stdout
-    lines = [f"GRANT  {grant['id']}",
+    # The id is printed only once the grant is created: an id printed before a refusal
+    # would name a grant that does not exist.
+    lines = ["GRANT (not created until confirmed)",
              f"  tool           {sanitize(tool.name)} (server {sanitize(tool.server.name)}, "
              f"upstream tool {sanitize(tool.upstream_name)})",
              f"  session        {config.session}",
@@ -7998,7 +8060,7 @@ def cmd_grant(argv):
         lines.append(f"  note           {sanitize(grant['note'])}")
     lines.append(f"  {GRANT_PROMISE}")
     print("\n".join(lines), file=out, flush=True)
-    if not (opts.yes or confirmed("grant it? type yes to grant: ", out)):
+    if not (opts.yes or confirmed("grant it? type yes to grant: ", out, GRANT_NEEDS_YES)):
         print("nothing granted", file=out)
         return 1
     store = Store(config.database, readonly=False)  # a grant may come before the first call
@@ -8051,7 +8113,8 @@ def cmd_grants(argv):
 
 def cmd_revoke(argv):
     p = operator_parser("revoke", ("note", str), ("by", str))
-    p.add_argument("grant", type=text_argument)
+    p.add_argument("grant", type=text_argument, metavar="GRANT",
+                   help="the grant's id, or a prefix of it (6 characters or more)")
     opts = p.parse_args(argv)
     by = opts.by or current_user()
     store, _ = operator_store(opts, readonly=False)
@@ -8290,38 +8353,43 @@ def recorded_facts(store, tool, run, facts):
 
 
 def print_recheck(config, reports, as_json, session):
+    """The report, differences first: one summary line, then each run in which a decision
+    differs or could not be re-checked, in full; the runs where every decision is the same
+    are counted, one line per policy identity, unless there is just the one run (-json lists
+    them all). One difference among fifty runs must not hide among lines that say nothing
+    changed."""
     policy_id = config.policy_id()
     rechecked = sum(r["rechecked"] for r in reports)
     skipped = sum(r["not_recheckable"] for r in reports)
+    different = sum(r["differences"] for r in reports)
     differ = sum(not r["same"] for r in reports)
     if as_json:
         print_json(reports)
     else:
+        print(f"{len(reports)} run(s) re-checked under {policy_id}: {rechecked} decision(s) "
+              f"re-checked, {different} differ, {skipped} not re-checkable and skipped; "
+              f"{differ} run(s) differ")
+        same = collections.defaultdict(lambda: [0, 0])  # identity -> [runs, decisions]
         for r in reports:
             identity = {"unchanged": f'policy unchanged: "{policy_id}"',
                         "changed": f'policy changed: recorded "{r["policy_id"]}", given '
                                    f'"{policy_id}"',
                         "unknown": "policy identity unknown"}[r["identity"]]
+            if r["same"] and not r["not_recheckable"] and not r["notes"] and len(reports) > 1:
+                same[identity][0] += 1
+                same[identity][1] += r["rechecked"]
+                continue
             print(f"run {r['run_id']} {r['run_status']}: {r['differences']} of {r['rechecked']} "
                   f"re-checked evaluations differ; {identity}; {r['spec_source']} specs")
-            order = sorted(r["evaluations"], key=lambda e: e["result"] != "different")
-            for e in order:
-                mark = {"same": "same     ", "different": "DIFFERENT"}.get(e["result"],
-                                                                         "skipped  ")
-                where = f" step {e['step_index']} seq {e['seq']} {sanitize(e['tool'])}" + (
-                    " (on resume)" if e["on_resume"] else "")
-                if e["result"] == "same":
-                    body = e["recorded"]
-                elif e["result"] == "different":
-                    body = f"{e['recorded']} -> {e['rechecked'] or '?'}" + (
-                        f": {e['detail']}" if e["detail"] else "")
-                else:
-                    body = e["detail"]
-                print(cut(f"{mark}{where}: {sanitize(body)}", 240))
+            # What differs first, then what could not be re-checked, then what is the same.
+            for e in sorted(r["evaluations"], key=lambda e: {"different": 0, "same": 2}.get(
+                    e["result"], 1)):
+                print(cut(recheck_line(e), 240))
             for note in r["notes"]:
                 print(f"note: {note}")
-        print(f"{len(reports)} run(s) re-checked under {policy_id}: {rechecked} decision(s) "
-              f"re-checked, {skipped} not re-checkable and skipped; {differ} run(s) differ")
+        for identity, (runs, decisions) in same.items():
+            print(f"the same today: every decision of {runs} run(s) ({decisions} in all); "
+                  f"{identity}")
         print(RECHECK_SCOPE)
     if not reports:
         log(f'no run of session "{session}" was found, so nothing was re-checked')
@@ -8330,6 +8398,21 @@ def print_recheck(config, reports, as_json, session):
         log(f"no decision of the policy was re-checked ({skipped} not re-checkable)")
         return 1
     return 1 if differ else 0
+
+
+def recheck_line(e):
+    """One re-checked decision as a line: DIFFERENT, same, or skipped and why."""
+    mark = {"same": "same     ", "different": "DIFFERENT"}.get(e["result"], "skipped  ")
+    where = f" step {e['step_index']} seq {e['seq']} {sanitize(e['tool'])}" + (
+        " (on resume)" if e["on_resume"] else "")
+    if e["result"] == "same":
+        body = e["recorded"]
+    elif e["result"] == "different":
+        body = f"{e['recorded']} -> {e['rechecked'] or '?'}" + (
+            f": {e['detail']}" if e["detail"] else "")
+    else:
+        body = e["detail"]
+    return f"{mark}{where}: {sanitize(body)}"
 
 
 # =============================================================================================
@@ -9354,17 +9437,73 @@ class Parser(argparse.ArgumentParser):
         raise Usage(message)
 
 
+# What each flag does, as -h prints it: "command -flag" where the meaning is the command's own,
+# else the flag's name. parser() takes no flag without an entry here, so -h never lists a
+# flag without saying what it does.
+FLAG_HELP = {
+    "config": "the config file (else $AGENTGATE_CONFIG, else the default config.json)",
+    "db": "open this database directly instead of the config's",
+    "json": "print JSON and nothing else",
+    "full": "print every byte of a long value instead of its head and tail",
+    "by": "who decides, as recorded (default: your user name)",
+    "approval": "the approval to decide; naming it is your confirmation",
+    "approve -yes": "approve without asking (needed without a terminal, unless -approval)",
+    "reject -yes": "reject without asking (needed without a terminal, unless -approval)",
+    "approve -note": "a note kept with the decision",
+    "reject -note": "why (required): the model is shown it",
+    "cancel -note": "why, kept with the run",
+    "revoke -note": "why, kept with the grant",
+    "grant -note": "why, kept with the grant and listed by grants",
+    "grant -by": "who grants, as recorded (default: your user name)",
+    "revoke -by": "who revokes, as recorded (default: your user name)",
+    "cancel -by": "who cancels, as recorded (default: your user name)",
+    "grant -yes": "grant without asking (needed without a terminal)",
+    "grant -if": 'conditions the arguments must meet, as JSON: \'{"/amount": {"max": 20}}\'',
+    "grant -for": "how long it lasts, such as 30m or 8h (default 1h, at most grant_ttl)",
+    "grants -days": "list grants that ended in the last N days too (default 7)",
+    "runs -limit": "show at most N runs, newest first (default 100)",
+    "recheck -limit": "re-check at most N of the session's newest runs (default 50)",
+    "recheck -run": "re-check this run only (its id or a prefix)",
+    "recheck -session": "re-check this session's runs instead of the config's session",
+    "recheck -current-tools": "start the servers and re-check against the tools they present "
+                              "now, instead of the specs recorded",
+    "verify -from": "the first sequence number to check (default 1)",
+    "verify -to": "the last sequence number to check (default the chain's end)",
+    "verify -head": "a head kept from an earlier verify (SEQ:HASH): say whether it still matches",
+    "pin -diff": "show what each server presents now against its manifest",
+    "pin -tool": "with -diff: pin this difference again (SERVER/TOOL or TOOL; repeatable)",
+    "pin -all": "with -diff: pin every difference again",
+    "pin -yes": "with -diff -all: pin again without asking",
+    "check -accept": "mark init's proposed rules as reviewed, then check",
+    "init -from": "read this host file (or a project's .mcp.json) instead of the hosts' own",
+    "init -write": "edit each host's file to start the gate instead (a backup is kept)",
+}
+
+
+# What -h shows a flag's value as, where its name does not say it.
+FLAG_VALUE = {"config": "FILE", "db": "FILE", "init -from": "FILE", "verify -from": "SEQ",
+              "to": "SEQ", "limit": "N", "days": "N", "note": "TEXT", "by": "WHO",
+              "approval": "ID", "run": "ID", "session": "NAME", "if": "JSON",
+              "for": "DURATION", "head": "SEQ:HASH", "tool": "SERVER/TOOL"}
+
+
 def parser(command, *flags):
     p = Parser(prog=f"agentgate.py {command}", allow_abbrev=False, add_help=True)
     for flag in flags:
         name, kind = flag if isinstance(flag, tuple) else (flag, str)
+        about = FLAG_HELP.get(f"{command} -{name}") or FLAG_HELP[name]
         if kind is bool:
-            p.add_argument(f"-{name}", f"--{name}", action="store_true")
+            p.add_argument(f"-{name}", f"--{name}", action="store_true", help=about)
         else:
             # Paths are the system's own (any bytes); every other text must be UTF-8.
             text = kind is str and name not in ("config", "db")
-            p.add_argument(f"-{name}", f"--{name}", type=text_argument if text else kind)
+            value = FLAG_VALUE.get(f"{command} -{name}") or FLAG_VALUE.get(name, name.upper())
+            p.add_argument(f"-{name}", f"--{name}", type=text_argument if text else kind,
+                           metavar=value, help=about)
     return p
+
+
+NAMED_RUN = "a run's id or an approval's, or a prefix of either (6 characters or more)"
 
 
 def text_argument(value):
@@ -9379,7 +9518,8 @@ def text_argument(value):
 
 def cmd_pin(argv):
     p = parser("pin", "config", ("diff", bool), ("all", bool), ("yes", bool))
-    p.add_argument("-tool", "--tool", action="append", type=text_argument, default=[])
+    p.add_argument("-tool", "--tool", action="append", type=text_argument, default=[],
+                   metavar=FLAG_VALUE["tool"], help=FLAG_HELP["pin -tool"])
     opts = p.parse_args(argv)
     hosts = [] if opts.config else host_configs(config_path(None))
     if hosts:
@@ -9514,6 +9654,24 @@ def cmd_check(argv):
     return 0
 
 
+def load_warnings(reports):
+    """What a gate writes to the host's log of its load reports as it starts: each line that
+    says something is not as it should be (a tool refused, unclassified, unreviewed or not
+    pinned, a lint finding). The line each offered tool gets, and its rules, are check's to
+    print: fifty of them would bury the approval lines an operator looks for in that log, so
+    one line says what is served (cmd_serve)."""
+    lines = []
+    for report in reports:
+        for line in report.lines:
+            # Left to check: a registered tool's line and its rule lines (indented); a lint
+            # line is indented too, and kept.
+            said = line[len(sanitize(report.server)) + 2:]
+            if not said.startswith("registered ") and (
+                    not said.startswith("  ") or said.lstrip().startswith("lint ")):
+                lines.append(line)
+    return lines
+
+
 M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 
@@ -9545,9 +9703,8 @@ def cmd_serve(argv):
     try:
         try:
             upstreams, tools, reports = load_all(config, opener.start)
-            for report in reports:
-                for line in report.lines:
-                    log(line)
+            for line in load_warnings(reports):
+                log(line)
             opener.join()
             store = opened[0]
             if isinstance(store, Exception):
@@ -9559,7 +9716,9 @@ def cmd_serve(argv):
         ToolWatch(gate, upstreams, host.tools_changed)
         host.serve_with(gate, config.status_tool)
         serving.append(True)
-        log(f"serving session {config.session} on database {config.database}")
+        log(f"serving session {config.session} on database {config.database}: {len(tools)} "
+            f"tool(s) from {len(reports)} server(s) "
+            f"({', '.join(sanitize(r.server) for r in reports)}); check lists each tool")
         while not host.done.wait(1):
             pass
         # Shutting down: no new call starts, holds end, calls in flight finish and are

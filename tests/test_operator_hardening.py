@@ -55,7 +55,7 @@ from kit import (  # noqa: E402
 )
 
 # A line of show's event list: sequence number, time, type, payload.
-EVENT_ROW = re.compile(r"^\s*\d+\s+\d{4}-\d\d-\d\dT\S+\s+[a-z_]+\.[a-z_.]+\s")
+EVENT_ROW = re.compile(r"^\s*\d+\s+\d{4}-\d\d-\d\dT\S+\s+[a-z_]+\.[a-z_.]+(\s|$)")
 BLOCKED_PAY = {"to": "x", "amount": 1, "mode": "block"}  # the fake bank pays, then waits for release
 HIDDEN = "A" * 300 + "HIDDEN-PART" + "B" * 300  # 611 bytes: past what approve shows whole
 
@@ -180,7 +180,10 @@ def test_show_and_approve_display_the_late_outcome_of_a_run_cut_off_while_alive(
     shown = command("show", cut["id"], "-config", str(config))
     assert shown.returncode == 0, shown.stderr
     # Said in so many words, not only as the raw payload of an event in the event list.
-    told = "\n".join(line for line in shown.stdout.splitlines() if not EVENT_ROW.match(line))
+    # show lists the events last, each payload on the lines under its row: what comes before is what it says.
+    lines = shown.stdout.splitlines()
+    first_event = next(i for i, line in enumerate(lines) if EVENT_ROW.match(line))
+    told = "\n".join(lines[:first_event])
     assert "late" in told.lower() and "paid 1.00 to x" in told, shown.stdout
 
     printed = command("approve", cut["id"], "-config", str(config))  # stdin not a terminal: prints, refuses

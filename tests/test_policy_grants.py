@@ -10,6 +10,7 @@ grants), so nothing here is ported.
 """
 
 import json
+import re
 
 from kit import Bank, agentgate, event_rows, operator, release
 from kit import bankdir  # noqa: F401 (fixture)
@@ -25,7 +26,7 @@ def grant(bank, tool="bank_pay", *extra, ok=True):
 
 
 def grant_id(done) -> str:
-    return done.stdout.split("GRANT", 1)[1].split()[0]
+    return re.search(r"^grant ([0-9a-f]{16}): in force", done.stdout, re.M).group(1)
 
 
 def test_a_grant_lets_matching_calls_run_without_asking(bankdir):

@@ -785,7 +785,7 @@ def test_the_policy_examples_work_as_written(tmp_path):
         # The section's grant line, typed at a terminal: printed in full, asked, granted.
         status, shown, asked = on_terminal(readme_command("python3 ~/bin/agentgate.py grant "), qs.env, home)
         assert status == 0 and asked, shown
-        grant_id = re.search(r"GRANT  ([0-9a-f]{16})", shown).group(1)
+        grant_id = re.search(r"grant ([0-9a-f]{16}): in force", shown).group(1)
         assert "/amount is at most 20" in shown and "errands" in shown and f"grant {grant_id}: in force" in shown
         assert pay("bob", 6) == "paid 6.00 to bob"  # asked before, now covered by the grant
         assert pay("bob", 30).startswith("PENDING_APPROVAL:")

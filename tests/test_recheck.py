@@ -95,9 +95,15 @@ def approval_hash_of(workdir, run_id: str, kind: str | None = None) -> str:
     return rows[0]
 
 
-def summary_line(runs: int, identity: str, rechecked: int, skipped: int, differ: int) -> str:
+def summary_line(runs: int, identity: str, rechecked: int, skipped: int, differ: int, decisions: int = 0) -> str:
+    """The report's first line (`decisions`: how many decisions differ)."""
     return (f"{runs} run(s) re-checked under {identity}: {rechecked} decision(s) re-checked, "
-            f"{skipped} not re-checkable and skipped; {differ} run(s) differ")
+            f"{decisions} differ, {skipped} not re-checkable and skipped; {differ} run(s) differ")
+
+
+def same_line(runs: int, decisions: int, identity: str) -> str:
+    """The one line that counts the runs in which every decision is the same."""
+    return f"the same today: every decision of {runs} run(s) ({decisions} in all); {identity}"
 
 
 def assert_scope_line(stdout: str) -> None:
@@ -123,16 +129,13 @@ def test_the_same_config_rechecks_every_decision_the_same(recorded, workdir):
     evaluations = labelled(recorded, workdir)
     assert {label: len(e) for label, e in evaluations.items()} == {
         "balance": 1, "kim": 2, "refund": 1, "rex": 1, "liv": 3, "other": 1}
+    # Nothing differs: the summary, one line that counts the runs, the scope (the runs one by
+    # one are in -json, below, and with -run).
     lines = out.split("\n")
-    headers = [line for line in lines if line.startswith("run ")]
-    assert headers == [
-        f"run {recorded.runs[label]} {STATUS[label]}: 0 of {len(evaluations[label])} re-checked evaluations "
-        f'differ; policy unchanged: "{identity}"; recorded specs' for label in NEWEST_FIRST]
-    for label in NEWEST_FIRST:
-        for e in evaluations[label]:
-            assert report_line("same", e, e["outcome"]) in lines, f"no line for {e} in:\n{out}"
+    assert lines[:2] == [summary_line(5, identity, 8, 0, 0),
+                         same_line(5, 8, f'policy unchanged: "{identity}"')], out
+    assert not [line for line in lines if line.startswith("run ")], out
     assert recorded.runs["other"] not in out  # another session's run is not this session's
-    assert summary_line(5, identity, 8, 0, 0) + "\n" in out
     assert "run(s) re-checked under agentgate/sha256:" in out and "policy unchanged" in out
     assert_scope_line(out)
 
@@ -223,11 +226,11 @@ def test_tightening_a_class_names_the_decisions_now_denied(recorded, workdir):
         assert report_line("DIFFERENT", e, denied) in lines, out
     assert out.count("DIFFERENT") == 3
     assert "bank_pay (on resume): require_approval -> deny" in out
-    # The vault's pay is decided by its own rule, not the class map; the rest are unchanged.
-    for label in ("liv", "refund", "balance"):
-        for e in evaluations[label]:
-            assert report_line("same", e, e["outcome"]) in lines, out
-    assert summary_line(5, now, 8, 0, 2) + "\n" in out
+    # The vault's pay is decided by its own rule, not the class map; the rest are unchanged,
+    # and counted in one line after the differences.
+    assert not [line for line in lines if line.startswith("same ")], out
+    assert same_line(3, 5, f'policy changed: recorded "{identity}", given "{now}"') in lines, out
+    assert lines[0] == summary_line(5, now, 8, 0, 2, decisions=3), out
     assert_scope_line(out)
 
     code, reports = recheck_json(config)
@@ -260,7 +263,7 @@ def test_a_change_the_policy_does_not_read_keeps_the_identity(recorded, workdir,
     done = recheck(config)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     assert "DIFFERENT" not in done.stdout and "policy changed" not in done.stdout
-    assert done.stdout.count(f'policy unchanged: "{identity}"') == 5
+    assert same_line(5, 8, f'policy unchanged: "{identity}"') in done.stdout.split("\n")
     assert summary_line(5, identity, 8, 0, 0) in done.stdout
 
 
@@ -319,9 +322,11 @@ def test_a_change_the_policy_reads_changes_the_identity(recorded, workdir, chang
     done = recheck(config)
     assert done.returncode == code
     assert done.stdout.count("DIFFERENT") == len(differ)
-    assert done.stdout.count(f'policy changed: recorded "{identity}", given "') == 5
+    # One line for each run that differs, and one that counts the runs that do not.
     runs_differ = len({label for label, _ in differ})
-    assert f"decision(s) re-checked, 0 not re-checkable and skipped; {runs_differ} run(s) differ\n" in done.stdout
+    assert done.stdout.count(f'policy changed: recorded "{identity}", given "') == runs_differ + (runs_differ < 5)
+    assert (f"decision(s) re-checked, {len(differ)} differ, 0 not re-checkable and skipped; {runs_differ} run(s) "
+            f"differ\n") in done.stdout
 
 
 # ---------------------------------------------------------------- which runs
@@ -394,7 +399,7 @@ def test_nothing_recheckable_fails(recorded, workdir):
     (balance,) = labelled(recorded, workdir)["balance"]
     done = recheck(config, "-run", recorded.runs["balance"])
     assert done.returncode == 1
-    assert "0 decision(s) re-checked, 1 not re-checkable and skipped" in done.stdout
+    assert "0 decision(s) re-checked, 0 differ, 1 not re-checkable and skipped" in done.stdout
     assert report_line("skipped", balance, "the recorded request is missing") in done.stdout.split("\n")
     assert "no decision of the policy was re-checked (1 not re-checkable)" in done.stderr
 
@@ -408,7 +413,7 @@ def test_current_tools_sees_a_reworded_description(recorded, clean_banks):
     identity = recorded_identity(recorded, workdir)
     plain = recheck(config)
     assert plain.returncode == 0, f"{plain.stdout}\n{plain.stderr}"
-    assert "DIFFERENT" not in plain.stdout and plain.stdout.count(f'policy unchanged: "{identity}"') == 5
+    assert "DIFFERENT" not in plain.stdout and f'policy unchanged: "{identity}"' in plain.stdout
 
     done = recheck(config, "-current-tools", "-json")
     assert done.returncode == 1, f"{done.stdout}\n{done.stderr}"
