@@ -2207,8 +2207,12 @@ class Store:
 # agentgate sends is its own canonical encoding; no redirect is followed; a response past
 # the message cap fails its request; a request's error says whether it reached the server
 # (refused connection: it did not, so nothing executed; a connection lost after sending, or
-# an HTTP status of 500 or more: it may have executed). The mcp package is imported only when
-# such a server starts.
+# an HTTP status of 500 or more: it may have executed); an answer's event stream the server
+# closes after naming an event is resumed within the request's deadline, and only a stream
+# that cannot be resumed leaves its request's outcome unknown; the server's own stream is
+# listened to, with the same handling of what comes on it. The newest protocol version both
+# sides speak is asked for, and a server answering one agentgate does not speak is refused.
+# The mcp package is imported only when such a server starts.
 # =============================================================================================
 
 CLIENT_INFO = {"name": "agentgate", "version": VERSION}
@@ -2362,9 +2366,9 @@ class Upstream:
                                               "not an object"))
         chosen = result.get("protocolVersion")
         if chosen not in versions:
-            raise UpstreamError(self.describe("connect", f"the server speaks protocol version "
-                                              f"{clean(str(chosen), 40)}, and agentgate speaks "
-                                              f"{', '.join(versions)}"))
+            raise UpstreamError(self.describe("connect", f"the server answered protocol version "
+                                              f"{quote(str(chosen)[:40])}; this client "
+                                              f"speaks {', '.join(versions)}"))
         self.protocol = chosen  # HTTP names it on every later message
         self.notify("notifications/initialized", {})
 

@@ -29,6 +29,7 @@ import agentgate  # noqa: E402
 from conftest import wait_for  # noqa: E402
 from kit import (  # noqa: E402
     DEADLINE,
+    agentgate as run_agentgate,
     approval_in,
     approvals,
     expect,
@@ -191,3 +192,43 @@ def test_event_ids_are_kept_as_the_stream_names_them():
     assert stream.last_id == b"7"
     assert stream.feed(b'id:8\ndata: {"a":1}\n\nid: bad\0id\n\n') == [b'{"a":1}']
     assert stream.last_id == b"8"  # an id holding NUL is ignored, as the SSE standard says
+
+
+# A stdio server that records what initialize asked for and answers the version it is given.
+VERSIONED_SERVER = """
+import json, sys
+asked, answer = sys.argv[1], sys.argv[2]
+for line in sys.stdin:
+    message = json.loads(line)
+    if message.get("method") == "initialize":
+        open(asked, "w").write(message["params"]["protocolVersion"])
+        result = {"protocolVersion": answer, "capabilities": {"tools": {}}, "serverInfo": {"name": "v", "version": "0"}}
+    elif message.get("method") == "tools/list":
+        result = {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}
+    else:
+        continue
+    print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
+"""
+
+
+def versioned_config(workdir, answer: str):
+    script = workdir / "versioned_server.py"
+    script.write_text(VERSIONED_SERVER)
+    asked = workdir / "asked.txt"
+    config = write_config(workdir, [{"name": "v", "command": [sys.executable, str(script), str(asked), answer],
+                                     "manifest": "v.manifest.json", "rules": {"echo": rule("read_only")}}])
+    return config, asked
+
+
+def test_a_stdio_server_is_asked_the_newest_version_and_may_answer_an_older_one(workdir):
+    config, asked = versioned_config(workdir, "2025-03-26")
+    done = pin(config)
+    assert done.returncode == 0, done.stderr
+    assert asked.read_text() == agentgate.PROTOCOL_VERSIONS[-1]
+
+
+def test_a_server_answering_a_version_the_gate_does_not_speak_is_refused(workdir):
+    config, asked = versioned_config(workdir, "1999-01-01")
+    done = run_agentgate("pin", "-config", str(config))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert 'the server answered protocol version "1999-01-01"' in done.stderr, done.stderr
