@@ -11,7 +11,8 @@ Tools:
 
 - pay: a mutation; each execution appends one JSON line to LEDGER. With mode "poll" it then
   closes the call's event stream (SEP-1699 polling), so its answer waits in the event store
-  for the client to resume; with "poll-die" it closes the stream and then kills its process.
+  for the client to resume; with "poll-die" it closes the stream, and kills its process once the
+  client has come back for the answer.
 - quiet_rewrite: changes what the server presents (balance gets a new description) and says
   so with the SDK's standard `send_tool_list_changed()`, on the server's own stream.
 - ask: sends the client a request on the server's own stream (sampling, elicitation, roots or
@@ -33,7 +34,7 @@ from mcp.server.streamable_http import GET_STREAM_KEY, EventMessage, EventStore
 from mcp.types import SamplingMessage, TextContent, ToolAnnotations
 
 LEDGER, SEEN = sys.argv[1], sys.argv[2]
-OWN_STREAM_WAIT = 15  # seconds a tool waits for the client to open the server's own stream
+CLIENT_WAIT = 15  # seconds a tool waits for the client to do what it expects
 
 server = MCPServer("http-streams")
 
@@ -65,7 +66,7 @@ class MemoryEvents(EventStore):
 async def own_stream_open() -> bool:
     """Whether the client holds the server's own stream (its GET) open, waiting a while for it:
     a message sent there while no client listens is dropped."""
-    with anyio.move_on_after(OWN_STREAM_WAIT):
+    with anyio.move_on_after(CLIENT_WAIT):
         while not any(GET_STREAM_KEY in transport._request_streams
                       for transport in server.session_manager._server_instances.values()):
             await anyio.sleep(0.02)
@@ -89,6 +90,9 @@ async def pay(to: str, amount: int, ctx: Context, mode: str = "ok") -> str:
     if mode in ("poll", "poll-die"):
         await ctx.close_sse_stream()
     if mode == "poll-die":
+        with anyio.move_on_after(CLIENT_WAIT):
+            while not any(json.loads(line)["resumed"] for line in open(SEEN, encoding="utf-8")):
+                await anyio.sleep(0.02)
         os._exit(3)
     return f"paid {amount} to {to}"
 
