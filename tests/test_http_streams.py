@@ -6,12 +6,14 @@ Last-Event-ID), listens on the server's own stream (a list_changed there is acte
 there answered at once) and negotiates the newest protocol version both speak.
 
 The server is the official SDK's own (tests/http_streams_server.py) with an event store, started
-by each test as a child on 127.0.0.1; agentgate is driven as a host drives it, under the SDK's
-stdio client.
+by each test as a child on 127.0.0.1; a stream that breaks off mid-chunk comes from a small
+standard-library server inside the test (PollingHTTP). agentgate is driven as a host drives it,
+under the SDK's stdio client.
 """
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import queue
@@ -131,6 +133,105 @@ def test_a_stream_that_cannot_be_resumed_leaves_the_outcome_unknown(workdir, ser
         assert server.payments() == 1
     finally:
         gate.close()
+
+
+class PollingHTTP:
+    """A standard-library MCP server on 127.0.0.1 whose every tools/call answer is polled for:
+    the call's event stream names event "e1" and then breaks off (with `abrupt`, in the middle
+    of a chunk, as a dropped connection does), and the answer comes on a GET that resumes from
+    "e1". `calls` counts executions; `resumed` lists the Last-Event-ID of each GET."""
+
+    PAY = {"name": "pay", "inputSchema": {"type": "object", "properties": {
+        "to": {"type": "string"}, "amount": {"type": "integer"}}}}
+
+    def __init__(self, abrupt: bool):
+        self.calls, self.resumed, self.call_id = 0, [], None
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                message = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                method = message.get("method")
+                if "id" not in message:
+                    return self.reply(202, b"")
+                if method == "initialize":
+                    result = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                              "serverInfo": {"name": "polling", "version": "1"}}
+                elif method == "tools/list":
+                    result = {"tools": [outer.PAY]}
+                else:
+                    outer.calls += 1
+                    outer.call_id = message["id"]
+                    return self.poll()
+                self.reply(200, json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}).encode())
+
+            def poll(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                event = b"id: e1\nretry: 10\ndata: \n\n"
+                if abrupt:  # the chunk promises more than comes, and the connection drops
+                    self.wfile.write(b"%x\r\n" % (len(event) + 100) + event)
+                else:
+                    self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(event), event))
+                self.wfile.flush()
+                self.close_connection = True
+
+            def do_GET(self):
+                last = self.headers.get("Last-Event-ID")
+                if last is None:
+                    return self.reply(405, b"")
+                outer.resumed.append(last)
+                answer = {"jsonrpc": "2.0", "id": outer.call_id,
+                          "result": {"content": [{"type": "text", "text": "paid once"}]}}
+                body = b"id: e2\ndata: " + json.dumps(answer).encode() + b"\n\n"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def reply(self, status, body):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Mcp-Session-Id", "s1")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/mcp"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("abrupt", [False, True], ids=["closed", "dropped"])
+def test_an_answer_is_fetched_from_where_the_stream_broke_off(workdir, abrupt):
+    server = PollingHTTP(abrupt)
+    try:
+        config = write_config(workdir, [{"name": "bank", "url": server.url, "manifest": "bank.manifest.json",
+                                         "rules": {"pay": rule("remote_mutation", "60s", outcome="allow")}}])
+        pin(config)
+        gate = gate_host(config)
+        try:
+            text, error = said(gate.call("bank_pay", KIM))
+            assert not error and text == "paid once", text
+        finally:
+            gate.close()
+        assert server.calls == 1 and server.resumed == ["e1"], (server.calls, server.resumed)
+        assert approvals(workdir) == []
+    finally:
+        server.close()
 
 
 # ---------------------------------------------------------------- the server's own stream
