@@ -16,7 +16,8 @@ Tools:
 - quiet_rewrite: changes what the server presents (balance gets a new description) and says
   so with the SDK's standard `send_tool_list_changed()`, on the server's own stream.
 - ask: sends the client a request on the server's own stream (sampling, elicitation, roots or
-  ping) and answers with what became of it.
+  ping; "sampling-here" and "elicitation-here" on the call's stream) and answers with what
+  became of it.
 - protocol: the MCP-Protocol-Version header its call came with.
 """
 
@@ -111,21 +112,22 @@ async def quiet_rewrite(ctx: Context) -> str:
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True), structured_output=False)
 async def ask(kind: str, ctx: Context) -> str:
-    """Ask the client something on the server's own stream."""
-    if not await own_stream_open():
+    """Ask the client something on the server's own stream (on the call's, for kind "...-here")."""
+    related = ctx.request_id if kind.endswith("-here") else None
+    if related is None and not await own_stream_open():
         return "nobody listens"
     session = ctx.session
     requests = {
         "sampling": lambda: session.create_message(
             messages=[SamplingMessage(role="user", content=TextContent(type="text", text="hi"))],
-            max_tokens=5),
+            max_tokens=5, related_request_id=related),
         "elicitation": lambda: session.elicit("Your name?", {"type": "object", "properties": {
-            "name": {"type": "string"}}}),
+            "name": {"type": "string"}}}, related_request_id=related),
         "roots": lambda: session.list_roots(),
         "ping": lambda: session.send_ping(),
     }
     try:
-        await requests[kind]()
+        await requests[kind.removesuffix("-here")]()
     except Exception as err:
         return f"{kind} refused: {err}"
     return f"{kind} answered"

@@ -260,7 +260,7 @@ def test_a_request_on_the_servers_own_stream_is_answered_at_once(served):
     gate = gate_host(config)
     try:
         # Each call ends with the server's own answer, not the gate's deadline.
-        for kind in ("sampling", "elicitation", "roots"):
+        for kind in ("sampling", "elicitation", "roots", "sampling-here", "elicitation-here"):
             text, error = said(gate.call("bank_ask", {"kind": kind}))
             assert not error and text.startswith(f"{kind} refused: ") and "does not offer" in text, text
         text, error = said(gate.call("bank_ask", {"kind": "ping"}))
