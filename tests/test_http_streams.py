@@ -126,7 +126,7 @@ def test_a_stream_that_cannot_be_resumed_leaves_the_outcome_unknown(workdir, ser
     try:
         text = expect(gate.call("bank_pay", {**KIM, "mode": "poll-die"}), "UNKNOWN_OUTCOME", is_error=False)
         assert "may have" in text and "resuming it failed" in text, text
-        assert server.payments() == 1  # it paid, closed the stream, and died before it could be resumed
+        assert server.payments() == 1  # it paid, closed the stream, and died as the gate came back for it
         pending = only_pending(workdir)
         assert pending["kind"] == "interrupted_side_effect" and approval_in(text) == pending["id"]
         expect(gate.call("bank_pay", {**KIM, "mode": "poll-die"}), "UNKNOWN_OUTCOME", is_error=False)
