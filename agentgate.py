@@ -2281,14 +2281,22 @@ class Store:
 # agentgate sends is its own canonical encoding; no redirect is followed; a response past
 # the message cap fails its request; a request's error says whether it reached the server
 # (refused connection: it did not, so nothing executed; a connection lost after sending, or
-# an HTTP status of 500 or more: it may have executed). The mcp package is imported only when
-# such a server starts. A server that asks for OAuth is sent the tokens `login` kept, through
-# the package's own OAuth client, which refreshes them; the serving gate never asks a person,
-# so a server that refuses what it holds fails with LOGIN_NEEDED, and its start says to log in.
+# an HTTP status of 500 or more: it may have executed); an answer's event stream the server
+# closes after naming an event is resumed within the request's deadline, and only a stream
+# that cannot be resumed leaves its request's outcome unknown; the server's own stream is
+# listened to, with the same handling of what comes on it. The newest protocol version both
+# sides speak is asked for, and a server answering one agentgate does not speak is refused.
+# The mcp package is imported only when such a server starts. A server that asks for OAuth is
+# sent the tokens `login` kept, through the package's own OAuth client, which refreshes them;
+# the serving gate never asks a person, so a server that refuses what it holds fails with
+# LOGIN_NEEDED, and its start says to log in.
 # =============================================================================================
 
 CLIENT_INFO = {"name": "agentgate", "version": VERSION}
-UPSTREAM_PROTOCOL = "2025-06-18"
+# The protocol versions agentgate speaks, oldest first, on both sides: it asks a server for the
+# newest it can (over HTTP, the newest the mcp package speaks too) and accepts any of these in
+# answer; the host side answers its host from the same list, each side on its own.
+PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 STDERR_TAIL_BYTES = 4096
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_TOOL_PAGES = 100
@@ -2422,14 +2430,23 @@ class Upstream:
         threading.Thread(target=self._read_stdout, args=(self.proc.stdout,), daemon=True).start()
         threading.Thread(target=self._read_stderr, args=(self.proc.stderr,), daemon=True).start()
 
+    def protocol_versions(self):
+        return PROTOCOL_VERSIONS
+
     def handshake(self, deadline):
+        versions = self.protocol_versions()
         result = self.request("initialize", {
-            "protocolVersion": UPSTREAM_PROTOCOL, "capabilities": {}, "clientInfo": CLIENT_INFO},
+            "protocolVersion": versions[-1], "capabilities": {}, "clientInfo": CLIENT_INFO},
             deadline, "connect")
         if not isinstance(result, dict):
             raise UpstreamError(self.describe("connect", "the server's initialize answer is "
                                               "not an object"))
-        self.protocol = result.get("protocolVersion")  # HTTP names it on every later message
+        chosen = result.get("protocolVersion")
+        if chosen not in versions:
+            raise UpstreamError(self.describe("connect", f"the server answered protocol version "
+                                              f"{quote(str(chosen)[:40])}; this client "
+                                              f"speaks {', '.join(versions)}"))
+        self.protocol = chosen  # HTTP names it on every later message
         self.notify("notifications/initialized", {})
 
     def close(self):
@@ -2730,6 +2747,7 @@ def _mcp_sdk():
         import mcp.shared.auth as auth_records
         import mcp.shared.message as message
         import mcp_types
+        import mcp_types.version
         import httpx2
         import asyncio
         import logging
@@ -2740,10 +2758,26 @@ def _mcp_sdk():
     for name in ("mcp", "httpx2"):
         logging.getLogger(name).addHandler(logging.NullHandler())
         logging.getLogger(name).propagate = False
+
+    class EventRelay(httpx2.AsyncByteStream):
+        """A body passed on to the SDK as it arrives, read through `chunks` (_HttpTap._relay);
+        when the SDK closes it early, the response it reads is closed too, not left to GC."""
+
+        def __init__(self, chunks, response):
+            self.chunks, self.response = chunks, response
+
+        def __aiter__(self):
+            return self.chunks
+
+        async def aclose(self):
+            await self.chunks.aclose()
+            await self.response.aclose()
+
     return {"client": transport.streamable_http_client, "message": message.SessionMessage,
             "metadata": message.ClientMessageMetadata, "types": mcp_types, "httpx": httpx2,
             "asyncio": asyncio, "session": session.ClientSession, "auth": auth,
-            "auth_records": auth_records}
+            "auth_records": auth_records, "relay": EventRelay,
+            "versions": mcp_types.version.HANDSHAKE_PROTOCOL_VERSIONS}
 
 
 def mcp_sdk_for(server):
@@ -2898,6 +2932,9 @@ class HttpUpstream(Upstream):
         log(f"server {self.name}: {LOGIN_NEEDED}; {login_hint(self.server)}")
         raise UpstreamError(LOGIN_NEEDED)
 
+    def protocol_versions(self):
+        return tuple(v for v in PROTOCOL_VERSIONS if v in self.sdk["versions"])
+
     def _run(self, loop):
         try:
             loop.run_until_complete(self.task)
@@ -2934,11 +2971,18 @@ class HttpUpstream(Upstream):
                 self._fail_all(self.closed)
             opened.set()
 
-    @staticmethod
-    async def _drain(reader):
-        # What the SDK decoded is not used: _HttpTap has handed each answer over as bytes.
-        async for _ in reader:
-            pass
+    async def _drain(self, reader):
+        # What the SDK decoded is not used: _HttpTap has handed each message over as bytes
+        # before the SDK could read it. So an error the SDK passes on for a request that still
+        # waits is its own: it could not fetch the answer of a stream the server closed early
+        # (resuming failed, or the server gave no way to), and the request may have executed.
+        error_type = self.sdk["types"].JSONRPCError
+        async for item in reader:
+            message = getattr(item, "message", None)
+            if isinstance(message, error_type) and isinstance(message.id, int):
+                self._deliver(message.id, error=UpstreamError(
+                    "the server closed its answer's event stream before the result, and "
+                    "resuming it failed"))
 
     def _send(self, message, deadline):
         """Hand one message to the SDK by `deadline`. It reaches the server only if _HttpTap
@@ -3019,9 +3063,11 @@ class _HttpTap:
     A POST carries agentgate's canonical bytes in place of the SDK's encoding; its answer is
     read here in full (at most MAX_MESSAGE_BYTES), each JSON-RPC message in it handed to the
     upstream as bytes, then given to the SDK as read. A request whose answer holds no message
-    for it learns here what became of it, so it never waits for its deadline. No standalone
-    stream is opened (a GET is answered 405 here): a server's unprompted messages are not
-    acted on, as over stdio."""
+    for it learns here what became of it, so it never waits for its deadline, unless the
+    server closed the event stream after naming an event: then the SDK resumes it with a GET
+    (`Last-Event-ID`, after the server's `retry`), within the request's deadline. A GET (the
+    server's own stream, or a resumed one) is passed on to the SDK as it arrives, each message
+    handed over as its event completes: such a stream may stay open all session."""
 
     def __init__(self, upstream):
         self.upstream = upstream
@@ -3047,19 +3093,14 @@ class _HttpTap:
             # agentgate's is in them, and their answers are the client's alone.
             return await self.inner.handle_async_request(request)
         if request.method == "GET":
-            return self.httpx.Response(405, request=request)
+            return await self._listen(request)
         ident, body = None, None
         if token is not None:
             with upstream.lock:
                 ident, body = upstream.outgoing.pop(token, (None, None))
             if body is None:
                 return self.httpx.Response(204, request=request)  # withdrawn: never sent
-            # Read as sent: compressed bytes could not be read as they arrive.
-            headers = [(k, v) for k, v in request.headers.multi_items()
-                       if k.lower() not in (MESSAGE_TOKEN, "content-length", "accept-encoding")]
-            request = self.httpx.Request(request.method, request.url, content=body,
-                                         headers=headers + [("accept-encoding", "identity")],
-                                         extensions=request.extensions)
+            request = self._as_sent(request, body)
         try:
             response = await self.inner.handle_async_request(request)
         except (self.httpx.ConnectError, self.httpx.ConnectTimeout) as err:
@@ -3077,13 +3118,18 @@ class _HttpTap:
             # before the body is read, so no message in it can make the outcome known.
             upstream._deliver(ident, error=UpstreamError(
                 f"the server answered HTTP {status} after the request reached it"))
+        events = _EventStream() if self._is_event_stream(response) else None
+        chunks = []
         try:
-            data, too_big = await self._read(response)
+            too_big = await self._read(response, events, chunks)
         except Exception as err:
-            upstream._deliver(ident, error=self._lost(err))
-            raise
+            if not (events and events.last_id):
+                upstream._deliver(ident, error=self._lost(err))
+                raise
+            too_big = False  # lost after an event id: the SDK resumes from what came
         finally:
             await response.aclose()
+        data = b"" if too_big else b"".join(chunks)
         if too_big:
             upstream._deliver(ident, error=UpstreamError(
                 f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes", unusable=True))
@@ -3105,7 +3151,9 @@ class _HttpTap:
         elif 400 <= status < 500:
             upstream._deliver(ident, error=UpstreamError(
                 f"the server answered HTTP {status}", answered=True))
-        else:  # the request reached the server, and no answer to it came back
+        elif not (events and events.last_id):
+            # The request reached the server, and no answer to it came back. (After an event
+            # id the SDK resumes the stream; if it cannot, HttpUpstream._drain hears of it.)
             upstream._deliver(ident, error=UpstreamError(
                 "the server ended its HTTP answer without a result"))
         headers = [(k, v) for k, v in response.headers.multi_items()
@@ -3113,40 +3161,81 @@ class _HttpTap:
         return self.httpx.Response(status, headers=headers, content=data, request=request,
                                    extensions=response.extensions)
 
+    def _as_sent(self, request, body):
+        # Read as sent: compressed bytes could not be read as they arrive.
+        headers = [(k, v) for k, v in request.headers.multi_items()
+                   if k.lower() not in (MESSAGE_TOKEN, "content-length", "accept-encoding")]
+        return self.httpx.Request(request.method, request.url, content=body,
+                                  headers=headers + [("accept-encoding", "identity")],
+                                  extensions=request.extensions)
+
+    @staticmethod
+    def _is_event_stream(response):
+        return response.headers.get("content-type", "").lower().startswith("text/event-stream")
+
     @staticmethod
     def _lost(err):
         return UpstreamError(f"the connection was lost before the server answered "
                              f"({type(err).__name__})")
 
-    async def _read(self, response):
-        """The body, its messages handed over as each completes (a server's request in the
-        middle of an answer is answered at once); past the cap, nothing more is read."""
-        events = _EventStream() if response.headers.get("content-type", "").lower() \
-            .startswith("text/event-stream") else None
-        chunks, size = [], 0
+    async def _read(self, response, events, chunks):
+        """The body into `chunks`, its messages handed over as each completes (a server's
+        request in the middle of an answer is answered at once); True past the cap, where
+        nothing more is read."""
+        size = 0
         async for chunk in response.stream:
             size += len(chunk)
             if size > MAX_MESSAGE_BYTES:
-                return b"", True
+                return True
             chunks.append(chunk)
             for message in events.feed(chunk) if events else ():
                 self.upstream._dispatch(message)
-        data = b"".join(chunks)
-        for message in events.feed(b"", final=True) if events else [data]:
+        for message in events.feed(b"", final=True) if events else [b"".join(chunks)]:
             if message.strip():
                 self.upstream._dispatch(message)
-        return data, False
+        return False
+
+    async def _listen(self, request):
+        """A GET: the server's own stream (a 405 says it has none), or an answer's stream
+        resumed. Anything but an event stream goes to the SDK as it came: a refusal."""
+        response = await self.inner.handle_async_request(self._as_sent(request, None))
+        if response.status_code != 200 or not self._is_event_stream(response):
+            return response
+        relay = self.upstream.sdk["relay"](self._relay(response), response)
+        return self.httpx.Response(200, headers=response.headers, stream=relay,
+                                   request=request, extensions=response.extensions)
+
+    async def _relay(self, response):
+        # Each chunk's messages are handed over before the SDK is given the chunk, so a
+        # request's answer is always agentgate's reading of the bytes, never the SDK's. The
+        # SDK bounds an event to MAX_MESSAGE_BYTES; what is buffered here stays within it.
+        events = _EventStream()
+        async for chunk in response.stream:
+            for message in events.feed(chunk):
+                self._hand_over(message)
+            yield chunk
+        for message in events.feed(b"", final=True):
+            self._hand_over(message)
+
+    def _hand_over(self, message):
+        if len(message) > MAX_MESSAGE_BYTES:
+            self.upstream._deliver(frame_id(message[:4096]), error=UpstreamError(
+                f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes", unusable=True))
+        elif message.strip():
+            self.upstream._dispatch(message)
 
 
 class _EventStream:
     """Server-sent events fed in chunks of any size: the data of each event named `message` or
     unnamed, as bytes, the way the SDK reads them (data lines joined by \\n, comments
-    skipped); an event the stream ends inside still counts."""
+    skipped); an event the stream ends inside still counts. `last_id`: the last event id the
+    server named, from which the stream can be resumed."""
 
     _LINE_END = re.compile(rb"\r\n|\r|\n")
 
     def __init__(self):
         self.partial, self.after_cr, self.data, self.event = [], False, [], b""
+        self.last_id = b""
 
     def feed(self, chunk, final=False):
         # Only the new chunk is searched for line ends, so a long line costs its length once.
@@ -3176,6 +3265,8 @@ class _EventStream:
                 self.data.append(value[1:] if value.startswith(b" ") else value)
             elif field == b"event":
                 self.event = value.strip()
+            elif field == b"id" and b"\0" not in value:
+                self.last_id = value[1:] if value.startswith(b" ") else value
         return messages
 
 
@@ -6542,7 +6633,6 @@ def operator_hint(config_file, database=""):
 # =============================================================================================
 
 SERVER_INFO = {"name": "gated-tools", "version": VERSION}
-PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 BATCH_VERSIONS = ("2024-11-05", "2025-03-26")
 MAX_HOST_LINE = 16 * 1024 * 1024
 MAX_IN_FLIGHT = 64  # requests handled at once, each on a worker thread of its own
@@ -9356,7 +9446,7 @@ def run_demo(directory, narrator):
         server = LineClient([sys.executable, me, "fake-payments"], directory,
                             {**env, "FAKE_PAYMENTS_LEDGER": straight_ledger}, subprocess.DEVNULL)
         started.append(server.proc)
-        server.request("initialize", {"protocolVersion": UPSTREAM_PROTOCOL, "capabilities": {},
+        server.request("initialize", {"protocolVersion": PROTOCOL_VERSIONS[-1], "capabilities": {},
                                       "clientInfo": {"name": "demo-host", "version": "1"}})
         server.call("pay", groceries)
         server.call("pay", groceries)
