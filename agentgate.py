@@ -4481,8 +4481,10 @@ def served_lines(config, server, report, tools):
     else:
         lines = [f"server {name} is served: {len(offered)} tool(s) offered"]
     for tool, kind in report.kinds.items():
-        if kind == "registered":
+        if tool in offered:
             shown = f"{offered[tool].name}: {effective_decision(config, offered[tool].rule)}"
+        elif kind == "registered":  # before its server failed to load
+            shown = f"{sanitize(tool)}: not offered (its server is not served)"
         elif kind == "unreviewed":
             rule = server.rules[tool]
             shown = (f"{sanitize(tool)}: unreviewed (proposed {rule.side_effect}; accepted, "
@@ -4498,8 +4500,8 @@ def served_lines(config, server, report, tools):
 
 
 def log_reports(reports):
-    """A load's reports on stderr, as a serving gate writes them: one line for each server
-    that is not served, saying why."""
+    """A load's reports on stderr, as a serving gate writes them: its lines, and for each
+    server that is not served one line saying why."""
     for report in reports:
         for line in report.lines:
             log(line)
@@ -5486,6 +5488,7 @@ def note_text(note):
 
 
 def class_outcome(config, tool):
+    """What the rule or the class map decides of a tool (rule_outcome), and why."""
     outcome = rule_outcome(config, tool.rule)
     if tool.rule.outcome:
         return outcome, f"tool {tool.name} is {outcome} by the operator's rule"
@@ -6928,8 +6931,8 @@ def busy_error(ident):
 
 # Said by the status tool while some servers are not served: how many, never which nor why
 # (a server's name, its command and its config are the operator's).
-UNSERVED_NOTE = ("Besides: {count} of the servers behind this gate could not be served, so "
-                 "their tools are not offered; the person running the gate is told why.")
+UNSERVED_NOTE = ("Also, {count} of the servers behind this gate could not be served, so "
+                 "their tools are not offered; the person running the gate has been told why.")
 STATUS_LOOKBACK = 3600
 STATUS_ROWS = 200
 
@@ -9145,7 +9148,7 @@ def cmd_serve(argv):
             store = opened[0]
             if isinstance(store, Exception):
                 raise store
-        except (LoadError, StoreError, ConfigError) as err:
+        except (StoreError, ConfigError) as err:
             host.fail(str(err))
             raise
         gate = Gate(config, store, tools)

@@ -17,9 +17,11 @@ Everything runs through the real commands: pin, check, init, and the gate under 
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
+from conftest import everything_server_argv
 from kit import (
     agentgate as run_agentgate,
     bank_server,
@@ -177,6 +179,25 @@ def test_check_shows_decisions_and_fails_while_anything_is_refused_or_unreviewed
     assert "  echo: refused" in done.stdout.splitlines()
     assert "  every_get-env: allow" in done.stdout.splitlines()
     assert lines_with(done.stderr, "1 tool(s) refused"), done.stderr
+
+
+def test_inits_proposal_of_the_everything_servers_get_env_stands_out(workdir):
+    # The real reference server, proposed by init as a person would meet it: get-env ("Returns
+    # all environment variables") is proposed read_only, and check marks it for review.
+    argv = everything_server_argv()
+    host = workdir / "host.json"
+    host.write_text(json.dumps({"mcpServers": {"everything": {"command": argv[0], "args": argv[1:]}}}))
+    config = workdir / "gate" / "config.json"
+    done = run_agentgate("init", "-from", str(host), "-config", str(config))
+    assert done.returncode == 0, done
+    done = check(config)
+    assert done.returncode == 1, done
+    lines = done.stdout.splitlines()
+    at = lines.index("  get-env: unreviewed (proposed read_only; accepted, allow)")
+    assert lines[at + 1] == "    review: a read that may return secrets"
+    assert sum(line.startswith("    review:") for line in lines) == 1, done.stdout
+    assert lines_with(done.stderr, 'not served: server "everything": no tool registered; its rules '
+                                   'are proposals nobody reviewed'), done.stderr
 
 
 def test_no_operator_and_limits_show_in_the_decision(workdir):
