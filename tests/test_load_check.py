@@ -128,6 +128,21 @@ def test_with_no_server_served_the_status_tool_alone_is_offered(workdir):
     assert lines_with(stderr, 'not served: server "fs": no tool registered'), stderr
 
 
+def test_a_server_added_but_not_pinned_yet_hides_only_itself(workdir):
+    config = write_config(workdir, [bank_server(workdir)])
+    pin(config)
+    added = scripted_server(workdir, {"tools": [tool("a")]}, name="added", rules={"a": rule("read_only")})
+    config = write_config(workdir, [bank_server(workdir), added])
+    done = check(config)
+    assert done.returncode == 1, done
+    assert 'server "bank" is served: 3 tool(s) offered' in done.stdout
+    assert lines_with(done.stdout, 'server "added" is not served: manifest '), done.stdout
+    assert lines_with(done.stderr, "added.manifest.json does not exist; run pin"), done.stderr
+    with gate_host(config) as host:
+        assert [t.name for t in host.list_tools()] == ["bank_balance", "bank_pay", "bank_refund",
+                                                       "gate_status"]
+
+
 def test_a_config_that_is_wrong_still_stops_the_gate(workdir):
     # A tool renamed as the status tool is the config's own contradiction, not one server's.
     config = write_config(workdir, [bank_server(workdir, rules={"balance": {"rename": "gate_status"}}),
