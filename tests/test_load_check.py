@@ -49,7 +49,7 @@ def lines_with(text: str, fragment: str) -> list[str]:
     return [line for line in text.splitlines() if fragment in line]
 
 
-def four_servers(workdir, sdk):
+def bank_and_four_that_fail(workdir, sdk):
     """The fake bank, a url server that is down, one whose header names a variable that is
     not set, a command that exits while it starts, and one that registers no tool: all pinned
     while they worked. Returns the config."""
@@ -71,7 +71,7 @@ def four_servers(workdir, sdk):
 
 
 def test_servers_that_cannot_be_served_hide_only_themselves(workdir, sdk_server):
-    config = four_servers(workdir, sdk_server())
+    config = bank_and_four_that_fail(workdir, sdk_server())
     with gate_host(config) as host:  # the host's environment has no KEYED_TOKEN
         names = [t.name for t in host.list_tools()]
         assert names == ["bank_balance", "bank_pay", "bank_refund", "gate_status"]
@@ -96,7 +96,7 @@ def test_servers_that_cannot_be_served_hide_only_themselves(workdir, sdk_server)
 
 
 def test_check_lists_every_server_and_each_tools_decision(workdir, sdk_server):
-    config = four_servers(workdir, sdk_server())
+    config = bank_and_four_that_fail(workdir, sdk_server())
     done = check(config, env={"KEYED_TOKEN": None})
     assert done.returncode == 1, done
     out = done.stdout
