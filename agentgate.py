@@ -91,7 +91,16 @@ MAX_EXPONENT = 10000
 
 
 class CanonicalError(ValueError):
-    """A document the boundary check refuses; the message says why."""
+    """A document the boundary check refuses; the message says why. `place` says where a
+    document that is not JSON at all stops being JSON ("line 3 column 14", or ''): a file a
+    person edits names it (placed), while a frame's reason stays the anchor's own words."""
+
+    def __init__(self, message, place=""):
+        super().__init__(message)
+        self.place = place
+
+    def placed(self):
+        return f"{self} at {self.place}" if self.place else str(self)
 
 
 class Number:
@@ -251,8 +260,10 @@ def parse(data):
     reading.repeated = reading.overflow = reading.bound = reading.surrogate = None
     try:
         value = _DECODER.decode(text)
-    except (ValueError, RecursionError):
-        raise CanonicalError("not valid JSON") from None
+    except (ValueError, RecursionError) as err:
+        place = f"line {err.lineno} column {err.colno}" \
+            if isinstance(err, json.JSONDecodeError) else ""
+        raise CanonicalError("not valid JSON", place) from None
     surrogate = reading.surrogate or _first_surrogate(value, objects=False)
     if surrogate:
         raise CanonicalError(f"unpaired surrogate \\u{ord(surrogate):04x}")
@@ -854,11 +865,14 @@ class Server:
         self.command = raw.get("command")
         self.url = _string(raw, "url", where)
         self.headers, self.oauth = {}, {}
+        # Why this server cannot start though the config is sound ('' when it can): a problem
+        # of one server, so it is not served and the others are.
+        self.unavailable = ""
         if (self.command is None) == (not self.url):
             raise ConfigError(f"{where} needs exactly one of command (an argv list) or url (an "
                               f"http:// or https:// address)")
         if self.url:
-            self.headers = _url_server(raw, where, self.url)
+            self.headers, self.unavailable = _url_server(raw, where, self.url)
             self.oauth = _oauth_client(raw, where)
         elif (not isinstance(self.command, list) or not self.command
                 or not all(isinstance(a, str) for a in self.command)):
@@ -923,8 +937,9 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def _url_server(raw, where, url):
     """Check what only a server reached by url has; return its headers, each `${NAME}`
     replaced by that variable of agentgate's own environment (a secret need not be written in
-    the config, though only its owner can read it). No message shows a header's value: it may
-    be a secret."""
+    the config, though only its owner can read it), and why the server cannot start ('' when
+    it can): a variable that is not set is a problem of where agentgate runs, not of the
+    config. No message shows a header's value: it may be a secret."""
     from urllib.parse import urlsplit
     for field in ("env", "inherit_env", "cwd"):
         if field in raw:
@@ -944,7 +959,7 @@ def _url_server(raw, where, url):
     if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
         raise ConfigError(f'{where}.headers must be an object of header name to string, such as '
                           f'{{"Authorization": "Bearer ${{TOKEN}}"}}')
-    headers = {}
+    headers, unset = {}, ""
     for name, value in given.items():
         if not _HEADER_NAME_RE.fullmatch(name):
             raise ConfigError(f"{where}.headers: {quote(name)} is not a header name")
@@ -953,14 +968,14 @@ def _url_server(raw, where, url):
                 raise ConfigError(f"{where}.headers.{name} names {quote('${' + variable + '}')}"
                                   f"; a variable is written ${{NAME}} with letters, digits and "
                                   f"'_'")
-            if variable not in os.environ:
-                raise ConfigError(f"{where}.headers.{name} names the environment variable "
-                                  f"{variable}, which is not set: set it where agentgate runs")
-        headers[name] = _ENV_REFERENCE_RE.sub(lambda m: os.environ[m.group(1)], value)
+            if variable not in os.environ and not unset:
+                unset = (f"{where}.headers.{name} names the environment variable {variable}, "
+                         f"which is not set: set it where agentgate runs")
+        headers[name] = _ENV_REFERENCE_RE.sub(lambda m: os.environ.get(m.group(1), ""), value)
         if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", headers[name]):
             raise ConfigError(f"{where}.headers.{name} holds a control character (a line "
                               f"break, say), which no header may carry; fix its value")
-    return headers
+    return headers, unset
 
 
 OAUTH_FIELDS = ("client_id", "client_secret", "scope")
@@ -1177,7 +1192,7 @@ def load_config(path):
     try:
         raw = parse(data)
     except CanonicalError as err:
-        raise ConfigError(f"config {path} is not usable JSON: {err}") from None
+        raise ConfigError(f"config {path} is not usable JSON: {err.placed()}") from None
     try:
         return Config(raw, path)
     except ConfigError as err:
@@ -2897,7 +2912,12 @@ class HttpUpstream(Upstream):
         self.outgoing = {}  # token -> (request id or None, bytes), until _HttpTap takes it
 
     def spawn(self):
-        self.sdk = mcp_sdk_for(self.server)
+        if self.server.unavailable:
+            raise UpstreamError(self.server.unavailable, sent=False)
+        try:
+            self.sdk = mcp_sdk_for(self.server)
+        except ConfigError as err:  # a problem of this server only: the others are served
+            raise UpstreamError(str(err), sent=False) from None
         # OAuth is attached once login has left tokens; a server given its own Authorization
         # header is authorized by that header instead.
         if os.path.exists(self.server.tokens) and not any(
@@ -4063,6 +4083,14 @@ def _validate_object(schema, value, root, where, work):
 # is self-contained and usable; what the rule hides is soundly hidden. Each refusal refuses
 # only that tool and says why in the report. Server-chosen names are sanitized in every
 # report line.
+# A problem of one server hides only that server, and a problem of the config stops the
+# gate. A server that cannot start (a command that exits, a url that does not answer, a
+# header's variable that is not set, an UpstreamError of any kind), that is not pinned or
+# whose manifest is unusable or does not fit its rules (a LoadError), or that registers no
+# tool, is not served; its report says why, and the others are served. A ConfigError stops
+# every server: the config cannot be read as written (a tool named as the status tool among
+# them), or a file the decisions depend on could be changed by someone else. Hiding a server
+# never lets a call through that would otherwise be refused.
 # =============================================================================================
 
 HINT_NAMES = (("readOnlyHint", "readOnly"), ("destructiveHint", "destructive"),
@@ -4119,16 +4147,21 @@ class Tool:
 
 
 class Report:
-    """What loading one server decided, tool by tool, as lines an operator reads."""
+    """What loading one server decided, tool by tool, as lines an operator reads; `unserved`
+    says why the server is not served at all ('' while it is), `kinds` what became of each
+    tool, in order, and `review` why a proposal deserves a careful read."""
 
     def __init__(self, server):
         self.server = server
         self.registered, self.refused, self.unclassified, self.unpinned = [], [], [], []
         self.unreviewed = []
         self.lines = []
+        self.unserved = ""
+        self.kinds, self.review = {}, {}
 
     def add(self, kind, tool, text):
         getattr(self, kind).append(tool)
+        self.kinds[tool] = kind
         self.lines.append(f"{sanitize(self.server)}: {text}")
 
 
@@ -4241,17 +4274,22 @@ def hints_text(entry):
 
 
 def read_manifest(server):
+    """A server's manifest. One never written (a server not pinned yet) or not usable is that
+    server's problem (LoadError); one others could have changed is the config's (ConfigError:
+    the files the gate's decisions depend on are not the operator's alone)."""
+    where = f"server {quote(server.name)}: manifest {server.manifest}"
+    if not os.path.lexists(server.manifest):
+        raise LoadError(f"{where} does not exist; run pin")
     data = read_owned(server.manifest, "manifest")
     try:
         manifest = parse(data)
     except CanonicalError as err:
-        raise LoadError(f"manifest {server.manifest} is not usable JSON: {err}") from None
+        raise LoadError(f"{where} is not usable JSON: {err.placed()}") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("tools"), dict):
-        raise LoadError(f"manifest {server.manifest} has no tools; run pin again")
+        raise LoadError(f"{where} has no tools; run pin again")
     if manifest.get("server") != server.name:
-        raise LoadError(f"manifest {server.manifest} is for server "
-                        f"{quote(str(manifest.get('server')))}, not {quote(server.name)}; "
-                        f"run pin again or name the right manifest")
+        raise LoadError(f"{where} is for server {quote(str(manifest.get('server')))}, not "
+                        f"{quote(server.name)}; run pin again or name the right manifest")
     return manifest
 
 
@@ -4481,14 +4519,15 @@ def lint_lines(findings):
             for severity, what, where in findings]
 
 
-def load(server, manifest, upstream, live, deadline, taken, findings):
-    """Decide which of a connected server's tools are offered, and say why for each.
+def load(server, manifest, upstream, live, deadline, taken, findings, report):
+    """Decide which of a connected server's tools are offered (returned), and say why for
+    each in its report.
 
     `taken` maps registered names already offered (by earlier servers and the status tool) to
     what holds them; `findings` are the lint's, per pinned tool.
     """
     pinned = manifest["tools"]
-    report, tools = Report(server.name), []
+    tools = []
     for name in sorted(live):
         if name not in pinned:
             report.add("unpinned", name, f"unpinned {sanitize(name)}: not in the manifest")
@@ -4499,7 +4538,7 @@ def load(server, manifest, upstream, live, deadline, taken, findings):
         if tool:
             tools.append(tool)
         report.lines += [f"{sanitize(server.name)}: {line}" for line in lint_lines(found)]
-    return tools, report
+    return tools
 
 
 def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
@@ -4513,6 +4552,8 @@ def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
         report.add("unreviewed", name, f"unreviewed {sanitize(name)}: its rule "
                    f"({rule.side_effect}) was proposed from the server's own hints; read it, "
                    f"then run check -accept")
+        if rule.side_effect == "read_only" and _SECRETS_WORDS.search(entry["description"]):
+            report.review[name] = "a read that may return secrets"
         return None
     if deadline.left() <= 0:
         raise UpstreamError(upstream.describe("load", "timed out after " +
@@ -4522,9 +4563,9 @@ def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
         tool = Tool(server, upstream, entry, rule)
         if tool.name in taken:
             if taken[tool.name] is STATUS_CLASH:
-                raise LoadError(f"server {quote(server.name)}: tool {quote(name)} registers"
-                                f" as {tool.name}, the status tool's name: rename one "
-                                f"(status_tool or the rule's rename)")
+                raise ConfigError(f"server {quote(server.name)}: tool {quote(name)} "
+                                  f"registers as {tool.name}, the status tool's name: rename "
+                                  f"one (status_tool or the rule's rename)")
             reason = f"the name {quote(tool.name)} is already taken by {taken[tool.name]}"
     if reason:
         report.add("refused", name, f"refused {sanitize(name)}: {reason}")
@@ -4542,6 +4583,11 @@ def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
 
 
 STATUS_CLASH = "the status tool"
+# A read whose description speaks of these may hand the model what the person protects (an
+# environment with the tokens init just moved into the config, say): proposed read_only, it
+# would run unasked once accepted.
+_SECRETS_WORDS = re.compile(r"\b(environment|env|secrets?|credentials?|passwords?|keys?|"
+                            r"tokens?)\b", re.I)
 
 
 def refusal(server, entry, live, rule, found):
@@ -4656,69 +4702,129 @@ def hiding_problem(schema, rule):
 def load_all(config, while_starting=None):
     """Start every server at once, then decide, server by server in the config's order, what
     is offered. `while_starting` runs once the servers are spawned, while they start. Returns
-    (upstreams, tools, reports); raises LoadError, carrying the reports so far, when a server
-    cannot be used or offers nothing."""
-    upstreams, tools, reports = [], [], []
+    (upstreams, tools, reports): the servers served, their tools, and a report for every
+    server. A server that cannot be served is closed, and its report's `unserved` says why;
+    a ConfigError closes every server and is raised."""
+    upstreams = [new_upstream(server) for server in config.servers]
+    reports = [Report(server.name) for server in config.servers]
     try:
-        for server in config.servers:
-            upstreams.append(new_upstream(server))
-            upstreams[-1].spawn()
+        for upstream, report in zip(upstreams, reports):
+            _unless_unserved(report, upstream.spawn)
         if while_starting:
             while_starting()
         # The manifests are read while the servers start.
-        manifests = [read_manifest(server) for server in config.servers]
-        for server, manifest in zip(config.servers, manifests):
-            stray = sorted(set(server.rules) - set(manifest["tools"]))
-            if stray:
-                raise LoadError(f"server {quote(server.name)}: rules name tools the manifest "
-                                f"does not pin: {', '.join(sanitize(s) for s in stray)}; pin "
-                                f"again or fix the rules")
-        findings = lint_manifests({s.name: m for s, m in zip(config.servers, manifests)})
-        for upstream, manifest in zip(upstreams, manifests):
-            upstream.pinned = manifest["tools"]
+        manifests = [_unless_unserved(report, pinned_for, server)
+                     for server, report in zip(config.servers, reports)]
+        findings = lint_manifests({s.name: m for s, m in zip(config.servers, manifests) if m})
         listings = [None] * len(upstreams)
         deadlines = [Deadline(server.connect_timeout) for server in config.servers]
 
         def connect_one(i):
-            try:
-                upstreams[i].handshake(deadlines[i])
-                listings[i] = upstreams[i].list_tools(deadlines[i])
-            except UpstreamError as err:
-                listings[i] = err
+            listings[i] = _unless_unserved(reports[i], handshake_and_list, upstreams[i],
+                                           deadlines[i])
         workers = [threading.Thread(target=connect_one, args=(i,), daemon=True)
-                   for i in range(len(upstreams))]
+                   for i, report in enumerate(reports) if not report.unserved]
         for worker in workers:
             worker.start()
         for worker in workers:
             worker.join()
-        taken = {config.status_tool: STATUS_CLASH}
-        for server, manifest, upstream, live, deadline in zip(
-                config.servers, manifests, upstreams, listings, deadlines):
-            if isinstance(live, UpstreamError):
-                raise LoadError(str(live))
-            try:
-                offered, report = load(server, manifest, upstream, live, deadline, taken,
-                                       findings[server.name])
-            except UpstreamError as err:
-                raise LoadError(str(err)) from None
-            reports.append(report)
-            if not offered:
-                raise LoadError(f"server {quote(server.name)}: no tool registered; " + (
+        taken, tools = {config.status_tool: STATUS_CLASH}, []
+        for i, server in enumerate(config.servers):
+            if reports[i].unserved:
+                continue
+            upstreams[i].pinned = manifests[i]["tools"]
+            # The names a server takes are kept only if it is served.
+            names = dict(taken)
+            offered = _unless_unserved(reports[i], load, server, manifests[i], upstreams[i],
+                                       listings[i], deadlines[i], names, findings[server.name],
+                                       reports[i])
+            if offered:
+                taken = names
+                tools.extend(offered)
+            elif not reports[i].unserved:
+                reports[i].unserved = f"server {quote(server.name)}: no tool registered; " + (
                     "its rules are proposals nobody reviewed: read them, then run check "
-                    "-accept" if report.unreviewed else
-                    "classify at least one pinned tool with a rule"))
-            tools.extend(offered)
-    except (LoadError, ConfigError) as err:
-        for upstream in upstreams:
-            upstream.close()
-        failure = LoadError(str(err))
-        failure.reports = reports
-        raise failure from None
+                    "-accept" if reports[i].unreviewed else
+                    "it offered none when it was pinned" if not manifests[i]["tools"] else
+                    "classify at least one pinned tool with a rule")
     except BaseException:
         for upstream in upstreams:
             upstream.close()
         raise
-    return upstreams, tools, reports
+    served = []
+    for upstream, report in zip(upstreams, reports):
+        if report.unserved:
+            upstream.close()
+        else:
+            served.append(upstream)
+    return served, tools, reports
+
+
+def _unless_unserved(report, step, *args):
+    """One step of loading a server that is still to be served: what it returns, or None,
+    with why the server cannot be served in its report."""
+    if report.unserved:
+        return None
+    try:
+        return step(*args)
+    except (UpstreamError, LoadError) as err:
+        report.unserved = str(err)
+        return None
+
+
+def handshake_and_list(upstream, deadline):
+    upstream.handshake(deadline)
+    return upstream.list_tools(deadline)
+
+
+def pinned_for(server):
+    """A server's manifest, once its rules name only tools it pins."""
+    manifest = read_manifest(server)
+    stray = sorted(set(server.rules) - set(manifest["tools"]))
+    if stray:
+        raise LoadError(f"server {quote(server.name)}: rules name tools the manifest does not "
+                        f"pin: {', '.join(sanitize(s) for s in stray)}; pin again or fix the "
+                        f"rules")
+    return manifest
+
+
+def served_lines(config, server, report, tools):
+    """`check`'s account of one server: whether it is served (or why not), then each tool's
+    effective decision, or what keeps it from being offered."""
+    name = quote(server.name)
+    offered = {tool.upstream_name: tool for tool in tools if tool.server is server}
+    if report.unserved:
+        why = report.unserved.removeprefix(f"server {name}: ")
+        lines = [f"server {name} is not served: {sanitize(why)}"]
+    else:
+        lines = [f"server {name} is served: {len(offered)} tool(s) offered"]
+    for tool, kind in report.kinds.items():
+        if tool in offered:
+            shown = f"{offered[tool].name}: {effective_decision(config, offered[tool].rule)}"
+        elif kind == "registered":  # before its server failed to load
+            shown = f"{sanitize(tool)}: not offered (its server is not served)"
+        elif kind == "unreviewed":
+            rule = server.rules[tool]
+            shown = (f"{sanitize(tool)}: unreviewed (proposed {rule.side_effect}; accepted, "
+                     f"{effective_decision(config, rule)})")
+        else:
+            shown = f"{sanitize(tool)}: " + {"refused": "refused",
+                                            "unclassified": "not offered (no rule)",
+                                            "unpinned": "not offered (not pinned)"}[kind]
+        lines.append(f"  {shown}")
+        if tool in report.review:
+            lines.append(f"    review: {report.review[tool]}")
+    return lines
+
+
+def log_reports(reports):
+    """A load's reports on stderr, as a serving gate writes them: its lines, and for each
+    server that is not served one line saying why."""
+    for report in reports:
+        for line in report.lines:
+            log(line)
+        if report.unserved:
+            log(f"not served: {report.unserved}")
 
 
 # =============================================================================================
@@ -5525,6 +5631,25 @@ def rule_lines(rule, tool_name):
     return lines
 
 
+def rule_outcome(config, rule):
+    """The decider: the rule's own outcome, else the class map (None for no class)."""
+    return rule.outcome or config.policy.get(rule.side_effect)
+
+
+def effective_decision(config, rule):
+    """What a rule decides of a call as `check` shows it: allow, ask or deny, and what may
+    decide otherwise for some calls (its when entries; its limits, where an allow can come)."""
+    outcome = rule_outcome(config, rule)
+    others = (["when entries"] if rule.when else []) + (
+        ["limits"] if rule.limits and (rule.when or outcome == "allow") else [])
+    notes = [f"{' and '.join(others)} may decide otherwise"] if others else []
+    if outcome == "require_approval" and config.operator == "none":
+        outcome = "deny"
+        notes.insert(0, "no operator is at hand to ask")
+    word = {"allow": "allow", "require_approval": "ask"}.get(outcome, "deny")
+    return f"{word} ({'; '.join(notes)})" if notes else word
+
+
 def pointer_problem(schema, tokens, hidden):
     """Why a pointer names no property the model can send under this schema, or ''."""
     node = schema
@@ -5681,10 +5806,10 @@ def note_text(note):
 
 
 def class_outcome(config, tool):
-    """The decider: the rule's own outcome, else the class map."""
+    """What the rule or the class map decides of a tool (rule_outcome), and why."""
+    outcome = rule_outcome(config, tool.rule)
     if tool.rule.outcome:
-        return tool.rule.outcome, f"tool {tool.name} is {tool.rule.outcome} by the operator's rule"
-    outcome = config.policy.get(tool.side_effect)
+        return outcome, f"tool {tool.name} is {outcome} by the operator's rule"
     if outcome is None:
         return "deny", f'no policy for side effect "{tool.side_effect}"'
     return outcome, f"side effect {tool.side_effect} is {outcome} by policy"
@@ -6625,7 +6750,9 @@ def operator_hint(config_file, database=""):
 # line, a batch member that is not a request, or an id that cannot be echoed as JSON gets a
 # JSON-RPC error (id null where the id cannot be echoed) and the session goes on; past the
 # bound, a request is told the gate is busy; unknown methods (server/discover among them) get
-# -32601 at once; a tool its server changed while serving is no longer offered (nor, until a
+# -32601 at once; the servers load_all could not serve leave the others served, and with
+# none served the status tool alone is offered, saying how many are not (never which nor
+# why); a tool its server changed while serving is no longer offered (nor, until a
 # listing succeeds, any tool of a server that said its tools changed and cannot be listed),
 # and the host is told once; on stdin closing, SIGINT or SIGTERM no new call starts, holds
 # end, calls in flight finish and are recorded, then the upstream servers are closed and the
@@ -6824,6 +6951,7 @@ class HostServer:
         self.done = threading.Event()
         self.gate = None
         self.status_tool = None
+        self.unserved = 0
         self.protocol = PROTOCOL_VERSIONS[-1]
         self.client = ""  # the host's name from initialize: self-reported, for `client`
         self.calls = {}
@@ -6838,8 +6966,10 @@ class HostServer:
         self.frames = read_frames(self.stdin.fileno(), MAX_HOST_LINE)
         threading.Thread(target=self._read_loop, daemon=True).start()
 
-    def serve_with(self, gate, status_tool):
-        self.gate, self.status_tool = gate, status_tool
+    def serve_with(self, gate, status_tool, unserved=0):
+        """Serve the gate's tools; `unserved` servers of the config could not be served, which
+        the status tool tells the model (the reasons are the operator's, on stderr)."""
+        self.gate, self.status_tool, self.unserved = gate, status_tool, unserved
         gate.client = self.client
         self.ready.set()
 
@@ -7069,7 +7199,10 @@ class HostServer:
         if name == self.status_tool:
             if invalid:
                 return answer("INVALID", reason=clean(invalid[0], 1000)).result()
-            return status_answer(self.gate, args).result()
+            status = status_answer(self.gate, args)
+            if self.unserved and status.text.startswith("GATE_STATUS:"):
+                status.text += " " + UNSERVED_NOTE.format(count=self.unserved)
+            return status.result()
         tool = self.gate.tools.get(name) if isinstance(name, str) else None
         if tool is None:
             raise ToolNotOffered(f"unknown tool {quote(str(name))}")
@@ -7128,6 +7261,10 @@ def busy_error(ident):
                                     f"shortly")
 
 
+# Said by the status tool while some servers are not served: how many, never which nor why
+# (a server's name, its command and its config are the operator's).
+UNSERVED_NOTE = ("Also, {count} of the servers behind this gate could not be served, so "
+                 "their tools are not offered; the person running the gate has been told why.")
 STATUS_LOOKBACK = 3600
 STATUS_ROWS = 200
 
@@ -8321,9 +8458,7 @@ def cmd_recheck(argv):
         if opts.current_tools:
             check_reach(config)
             upstreams, loaded, reports = load_all(config)
-            for report in reports:
-                for line in report.lines:
-                    log(line)
+            log_reports(reports)
             tools = {tool.name: tool for tool in loaded}
         else:
             tools = configured_tools(config)
@@ -8579,7 +8714,8 @@ class HostFile:
         try:
             self.raw = parse(self.data)
         except CanonicalError as err:
-            raise ConfigError(f"{host} configuration {path} is not usable JSON: {err}") from None
+            raise ConfigError(f"{host} configuration {path} is not usable JSON: "
+                              f"{err.placed()}") from None
         if not isinstance(self.raw, dict):
             raise ConfigError(f"{host} configuration {path} is not a JSON object")
         # (where, servers, started): `where` names the map in what init prints, and keys its
@@ -9726,28 +9862,38 @@ def cmd_check(argv):
     if opts.accept:
         accept_proposals(os.path.abspath(config_path(opts.config)))
     config = serving_config(opts.config)
-    try:
-        upstreams, tools, reports = load_all(config)
-    except LoadError as err:
-        for report in getattr(err, "reports", []):
-            print("\n".join(report.lines))
-        raise
+    upstreams, tools, reports = load_all(config)
     for upstream in upstreams:
         upstream.close()
     for report in reports:
-        print("\n".join(report.lines))
+        if report.lines:
+            print("\n".join(report.lines))
+    for server, report in zip(config.servers, reports):
+        print("\n".join(served_lines(config, server, report, tools)))
     if os.path.exists(config.database):
         print_tool_changes(Store(config.database, readonly=True, create=False), config.session)
     print(f"status tool: {config.status_tool}")
     print(f"session: {config.session}")
     print(f"database: {config.database}")
-    return 0
+    # What makes check fail goes to stderr too, one line each: a server not served, and the
+    # tools that are not offered for a reason the operator must act on.
+    for report in reports:
+        if report.unserved:
+            log(f"not served: {report.unserved}")
+    refused = sum(len(report.refused) for report in reports)
+    unreviewed = sum(len(report.unreviewed) for report in reports)
+    problems = ([f"{refused} tool(s) refused, each line says why"] if refused else []) + (
+        [f"{unreviewed} tool(s) unreviewed: read their proposed rules, then run check -accept"]
+        if unreviewed else [])
+    if problems:
+        log(f"not offered: {'; '.join(problems)}")
+    return 1 if problems or any(report.unserved for report in reports) else 0
 
 
 def load_warnings(reports):
     """What a gate writes to the host's log of its load reports as it starts: each line that
     says something is not as it should be (a tool refused, unclassified, unreviewed or not
-    pinned, a lint finding). The line each offered tool gets, and its rules, are check's to
+    pinned, a lint finding), and why a server is not served. The line each offered tool gets, and its rules, are check's to
     print: fifty of them would bury the approval lines an operator looks for in that log, so
     one line says what is served (cmd_serve)."""
     lines = []
@@ -9759,6 +9905,8 @@ def load_warnings(reports):
             if not said.startswith("registered ") and (
                     not said.startswith("  ") or said.lstrip().startswith("lint ")):
                 lines.append(line)
+        if report.unserved:
+            lines.append(f"not served: {report.unserved}")
     return lines
 
 
@@ -9799,12 +9947,12 @@ def cmd_serve(argv):
             store = opened[0]
             if isinstance(store, Exception):
                 raise store
-        except (LoadError, StoreError, ConfigError) as err:
+        except (StoreError, ConfigError) as err:
             host.fail(str(err))
             raise
         gate = Gate(config, store, tools)
         ToolWatch(gate, upstreams, host.tools_changed)
-        host.serve_with(gate, config.status_tool)
+        host.serve_with(gate, config.status_tool, sum(bool(r.unserved) for r in reports))
         serving.append(True)
         log(f"serving session {config.session} on database {config.database}: {len(tools)} "
             f"tool(s) from {len(reports)} server(s) "

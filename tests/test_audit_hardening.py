@@ -60,7 +60,7 @@ def test_check_refuses_the_oddly_shaped_tool_with_a_sentence_and_serves_the_rest
     pin(config)
     done = check(config)
     assert "Traceback" not in done.stderr, done.stderr
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # a refused tool fails check
     for i in range(len(ODD_SCHEMAS)):
         assert f"refused odd{i}: the validator refuses its input schema" in done.stdout, done.stdout
     assert "registered fine as fs_fine" in done.stdout

@@ -17,7 +17,6 @@ N/A: the SDK-snapshot stateless 2026-07-28 revision (later work, per SPEC).
 
 import json
 import signal
-from contextlib import suppress
 
 import pytest
 
@@ -244,19 +243,12 @@ def test_a_host_that_closes_leaves_no_upstream_process(workdir):
         reap(upstream)
 
 
-def test_a_gate_whose_tools_cannot_load_exits_1_saying_why(workdir):
+def test_a_gate_whose_tools_cannot_load_serves_the_status_tool_saying_why(workdir):
+    # Issue 20: a server that registers nothing no longer stops the gate; with no other server,
+    # the status tool alone is offered, and stderr says why the server is not served.
     config = write_config(workdir, [scripted_server(workdir, {"tools": [tool("a")]}, rules={})])
     pin(config)
     with raw_gate(config) as raw:
-        with suppress(OSError):  # it may already have exited
-            raw.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
-        seen = []
-        while True:
-            try:
-                seen.append(raw.recv(60))
-            except EOFError:
-                break
-        assert raw.wait(60) == 1
+        listed = raw.request("tools/list", {}, timeout=60)
+        assert [t["name"] for t in listed["result"]["tools"]] == ["gate_status"], listed
         assert "no tool registered" in raw.stderr_text()
-        assert all(is_jsonrpc(message) for message in seen), seen

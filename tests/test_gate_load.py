@@ -126,7 +126,7 @@ def test_schema_change_refuses_only_that_tool(workdir):
     changed = {"type": "object", "properties": {"path": {"type": "string"}, "lines": {"type": "integer"}}}
     write_spec(spec, {"tools": fs_tools(read={"inputSchema": changed})})
     done = check(config)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # a refused tool fails check
     assert report(done) == ["fs: refused read_file: the input schema changed since the pin",
                             "fs: registered write_file as fs_write_file (local_mutation)"]
 
@@ -184,7 +184,7 @@ def test_hints_added_after_the_pin_are_read_from_the_server(workdir):
     config, spec = pinned(workdir, fs_tools(), rules)
     write_spec(spec, {"tools": fs_tools(write={"annotations": {"destructiveHint": True}})})
     done = check(config)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # a refused tool fails check
     assert "fs: refused write_file: the server now says: classified local_mutation, but the server " \
            "claims destructiveHint" in report(done)
 
@@ -203,7 +203,7 @@ def test_rename_replaces_the_prefix_and_an_unusable_name_is_refused(workdir):
              "write_file": rule("local_mutation", rename="write a file!")}
     config, _ = pinned(workdir, fs_tools(), rules)
     done = check(config)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # a refused tool fails check
     lines = report(done)
     assert lines[0] == "fs: registered read_file as read (read_only)"
     assert lines[1].startswith('fs: refused write_file: the name "write a file!" does not match')
@@ -228,7 +228,7 @@ def test_tool_the_server_dropped_is_refused(workdir):
     config, spec = pinned(workdir, fs_tools(), rules)
     write_spec(spec, {"tools": fs_tools()[1:]})
     done = check(config)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # a refused tool fails check
     assert report(done) == ["fs: refused read_file: the server no longer offers it",
                             "fs: registered write_file as fs_write_file (local_mutation)"]
 
@@ -239,7 +239,7 @@ def test_schema_the_validator_cannot_use_is_refused(workdir):
     rules = {name: rule("read_only") for name in ("bad", "text", "empty", "ok")}
     config, _ = pinned(workdir, tools, rules)
     done = check(config)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # a refused tool fails check
     lines = report(done)
     assert lines[0].startswith("fs: refused bad: the validator refuses its input schema")
     assert "minLength" in lines[0]
@@ -329,7 +329,7 @@ def test_hidden_names_must_be_sound_to_hide(workdir):
     }
     config, _ = pinned(workdir, tools, rules)
     done = check(config)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # a refused tool fails check
     lines = {line.split()[2].rstrip(":"): line for line in report(done)}
     assert 'hides "forse", which is not a top-level property' in lines["misspelt"]
     assert 'hides "nonexistent", which is not a top-level property' in lines["fixednx"]
@@ -370,7 +370,7 @@ def test_schema_that_reaches_outside_itself_is_refused(workdir):
     tools = [tool(f"out{i}", s) for i, s in enumerate(OUTSIDE)] + [tool(f"in{i}", s) for i, s in enumerate(INSIDE)]
     config, _ = pinned(workdir, tools, {t["name"]: rule("read_only") for t in tools})
     done = check(config)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # a refused tool fails check
     lines = {line.split()[2].rstrip(":"): line for line in report(done)}
     for i in range(len(OUTSIDE)):
         assert lines[f"out{i}"].startswith(f"fs: refused out{i}: the input schema's "), lines[f"out{i}"]
@@ -404,7 +404,7 @@ def test_a_name_two_servers_register_is_refused_the_second_time(workdir):
     config = write_config(workdir, [first, second])
     pin(config)
     done = check(config)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # a refused tool fails check
     assert "fs: registered read_file as read (read_only)" in done.stdout
     assert 'fs2: refused read_file: the name "read" is already taken by tool "read_file" of server "fs"' \
         in done.stdout
@@ -436,7 +436,7 @@ def test_report_escapes_what_the_server_chose(workdir):
     config, spec = pinned(workdir, tools, rules)
     write_spec(spec, {"tools": [*tools, tool(forged, READ_SCHEMA), tool("zero\u200bwidth", READ_SCHEMA)]})
     done = check(config)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # a refused tool fails check
     assert not has_raw_controls(done.stdout), repr(done.stdout)
     assert "\r" not in done.stdout
     lines = [line for line in report(done) if not line.startswith("fs:   lint ")]

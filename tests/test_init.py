@@ -10,6 +10,7 @@ nowhere. The servers here are real: the demo's fake bank and the npm filesystem 
 
 import json
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -87,7 +88,8 @@ def test_init_gates_a_claude_desktop_config_and_nothing_is_offered_until_accepte
 
     unreviewed = agentgate("check", "-config", str(path))
     assert unreviewed.returncode == 1, unreviewed
-    assert "bank: unreviewed balance" in unreviewed.stdout and "registered" not in unreviewed.stdout
+    assert "bank: unreviewed balance" in unreviewed.stdout
+    assert not re.search(r"^[\w-]+: registered ", unreviewed.stdout, re.M), unreviewed.stdout
     assert "check -accept" in unreviewed.stderr
     no_traceback(unreviewed)
 

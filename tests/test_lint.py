@@ -82,7 +82,7 @@ def test_check_refuses_a_high_finding_until_its_exact_text_is_accepted(workdir):
     config = poisoned(workdir)
     pin(config)
     done = check(config)
-    assert done.returncode == 0, done
+    assert done.returncode == 1, done  # a refused tool fails check
     for name in HIGH:
         refused = [line for line in done.stdout.splitlines() if line.startswith(f"p: refused {name}:")]
         assert refused and "accepted_description" in refused[0], (name, done.stdout)
