@@ -23,6 +23,7 @@ import uvicorn
 from mcp import types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from conformance_bridge import MemoryEvents
 
@@ -140,13 +141,30 @@ async def serve_stdio():
         await server.run(read, write, server.create_initialization_options())
 
 
+def handshake_era_only(app):
+    """Refuse the stateless revisions after 2025-11-25 as a server of that year does (a 400
+    without a JSON-RPC body), so a client falls back to `initialize`: the suite's own reference
+    server speaks up to 2025-11-25, and only there does a stream close mid-call."""
+
+    async def wrapped(scope, receive, send):
+        version = dict(scope.get("headers", [])).get(b"mcp-protocol-version")
+        if version is not None and version.decode() not in HANDSHAKE_PROTOCOL_VERSIONS:
+            await send({"type": "http.response.start", "status": 400,
+                        "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"Unsupported protocol version"})
+            return
+        await app(scope, receive, send)
+
+    return wrapped
+
+
 def serve_http():
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     print(f"port {sock.getsockname()[1]}", flush=True)
-    app = server.streamable_http_app(event_store=MemoryEvents(), retry_interval=200)
+    app = handshake_era_only(server.streamable_http_app(event_store=MemoryEvents(), retry_interval=200))
     uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
 
 
