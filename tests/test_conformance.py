@@ -183,6 +183,19 @@ def gate(tmp_path_factory, reference_http):
 # ---------------------------------------------------------------- server side
 
 
+def test_the_bridge_alone_in_front_of_the_reference_passes_every_server_scenario(tmp_path):
+    # The control: what fails below fails because of what sits between bridge and reference.
+    argv = [sys.executable, str(BRIDGE), str(tmp_path / "reference.stderr"), "--",
+            sys.executable, str(REFERENCE), "stdio"]
+    bridge = Listening(argv, tmp_path / "bridge.stderr")
+    try:
+        for scenario in SERVER_SCENARIOS:
+            (tmp_path / scenario).mkdir()
+            server_scenario(bridge.url, scenario, tmp_path / scenario)
+    finally:
+        bridge.stop()
+
+
 @pytest.mark.parametrize("scenario", SERVER_SCENARIOS)
 @pytest.mark.parametrize("upstream", ["stdio", "http"])
 def test_server_scenario_passes_through_the_gate(gate, upstream, scenario, tmp_path):
