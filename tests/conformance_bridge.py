@@ -68,7 +68,8 @@ async def run_session(command, stderr_file, transport, *, task_status):
                 async for item in read:
                     if isinstance(item, Exception):
                         continue
-                    message = json.loads(item.message.model_dump_json(by_alias=True, exclude_unset=True))
+                    wire = item.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    message = json.loads(wire)
                     token = ((message.get("params") or {}).get("_meta") or {}).get("progressToken")
                     if "id" in message and token is not None:
                         progress_requests[token] = message["id"]
@@ -143,7 +144,8 @@ def main():
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     print(f"port {sock.getsockname()[1]}", flush=True)
-    uvicorn.Server(uvicorn.Config(Bridge(command, stderr_file), log_level="warning", lifespan="on")).run(sockets=[sock])
+    app = Bridge(command, stderr_file)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
 
 
 if __name__ == "__main__":

@@ -55,7 +55,8 @@ def main(workdir: Path, url: str) -> None:
         except Exception as failure:
             sys.exit(f"tools/list failed: {failure}\nagentgate's stderr:\n{host.stderr_text()}")
         print(f"offered: {offered}", file=sys.stderr)
-        name, args = AUTH_CALL if SCENARIO.startswith("auth/") else CALLS.get(SCENARIO, (None, None))
+        auth = SCENARIO.startswith("auth/")
+        name, args = AUTH_CALL if auth else CALLS.get(SCENARIO, (None, None))
         if name is None:
             return
         result = host.call(name, args)

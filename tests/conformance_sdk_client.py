@@ -59,7 +59,8 @@ async def main(url: str) -> None:
         async with httpx2.AsyncClient() as http:
             answer = await http.get(authorization_url, follow_redirects=False)
         query = parse_qs(urlsplit(answer.headers["location"]).query)
-        codes.append(AuthorizationCodeResult(code=query["code"][0], state=query.get("state", [None])[0]))
+        state = query.get("state", [None])[0]
+        codes.append(AuthorizationCodeResult(code=query["code"][0], state=state))
 
     async def callback() -> AuthorizationCodeResult:
         return codes.pop()

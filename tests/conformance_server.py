@@ -43,9 +43,11 @@ SCHEMA_2020_12 = {
 def png_1x1() -> str:
     """A valid one-pixel PNG, base64."""
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        crc = struct.pack(">I", zlib.crc32(kind + data))
+        return struct.pack(">I", len(data)) + kind + data + crc
     header = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
-    body = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0\xff\0\0")) + chunk(b"IEND", b"")
+    pixel = zlib.compress(b"\0\xff\0\0")  # filter byte, then one red RGB pixel
+    body = chunk(b"IHDR", header) + chunk(b"IDAT", pixel) + chunk(b"IEND", b"")
     return base64.b64encode(b"\x89PNG\r\n\x1a\n" + body).decode()
 
 
@@ -105,7 +107,8 @@ TOOLS = {
     "test_image_content": ("Returns one image.", NO_ARGUMENTS, fixed(IMAGE)),
     "test_audio_content": ("Returns one audio clip.", NO_ARGUMENTS, fixed(AUDIO)),
     "test_embedded_resource": ("Returns one embedded resource.", NO_ARGUMENTS, fixed(
-        embedded("test://embedded-resource", "text/plain", "This is an embedded resource content."))),
+        embedded("test://embedded-resource", "text/plain",
+                 "This is an embedded resource content."))),
     "test_multiple_content_types": ("Returns text, an image and a resource.", NO_ARGUMENTS, fixed(
         text("Multiple content types test:"), IMAGE,
         embedded("test://mixed-content-resource", "application/json",
@@ -133,7 +136,8 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
     return await TOOLS[params.name][2](ctx, token)
 
 
-server = Server("conformance-tools", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
+server = Server("conformance-tools", version="1.0.0", on_list_tools=list_tools,
+                on_call_tool=call_tool)
 
 
 async def serve_stdio():
@@ -164,7 +168,8 @@ def serve_http():
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     print(f"port {sock.getsockname()[1]}", flush=True)
-    app = handshake_era_only(server.streamable_http_app(event_store=MemoryEvents(), retry_interval=200))
+    app = server.streamable_http_app(event_store=MemoryEvents(), retry_interval=200)
+    app = handshake_era_only(app)
     uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
 
 
