@@ -2443,8 +2443,11 @@ class Upstream:
         if "method" in message and "id" in message:
             self._answer_server_request(message)
         elif "method" in message:
-            # Of the notifications, only a change of tools is acted on (logging is not).
-            if message["method"] == "notifications/tools/list_changed":
+            # Of the notifications, a change of tools and a request's progress are acted on
+            # (logging is not).
+            if message["method"] == "notifications/progress":
+                self._progress(message.get("params"))
+            elif message["method"] == "notifications/tools/list_changed":
                 with self.lock:
                     self.heard_list_changed = True
                     on_list_changed = self.on_list_changed
@@ -2457,6 +2460,17 @@ class Upstream:
                 f"the server answered with an error: {clean(str(text), 1000)}", answered=True))
         else:
             self._deliver(int_id(message.get("id")), result=message.get("result"))
+
+    def _progress(self, params):
+        """Hand a server's progress on a request to the one who asked for it. The token is the
+        request's own id, which only agentgate wrote: progress naming any other, or a request
+        already answered, is dropped. It runs on the reading thread, before any later message
+        of the server is read, so a request's progress reaches its caller before its answer."""
+        params = params if isinstance(params, dict) else {}
+        with self.lock:
+            slot = self.slots.get(int_id(params.get("progressToken")))
+        if slot and slot["progress"]:
+            slot["progress"](params.get("progress"), params.get("total"), params.get("message"))
 
     def _answer_server_request(self, message):
         if message.get("method") == "ping":
@@ -2536,13 +2550,15 @@ class Upstream:
         except UpstreamError:
             pass
 
-    def request(self, method, params, deadline, step):
-        """Send one request and wait for its answer until `deadline` (a Deadline).
+    def request(self, method, params, deadline, step, progress=None):
+        """Send one request and wait for its answer until `deadline` (a Deadline). Given
+        `progress`, the server is asked for its progress, and each notification of it is
+        handed to progress(value, total, message) as the server wrote them.
 
         While connecting and listing, a failure names the step and carries the end of what
         the server wrote to stderr, which is usually where it says why."""
         try:
-            return self._request(method, params, deadline, step)
+            return self._request(method, params, deadline, step, progress)
         except UpstreamError as err:
             tail = self.tail() if step in ("connect", "list tools") and not err.timed_out \
                 else ""
@@ -2550,7 +2566,7 @@ class Upstream:
                                 unusable=err.unusable, sent=err.sent,
                                 answered=err.answered) from None
 
-    def _request(self, method, params, deadline, step):
+    def _request(self, method, params, deadline, step, progress):
         with self.lock:
             if self.closed:
                 raise UpstreamError(self.closed, sent=False)
@@ -2558,9 +2574,14 @@ class Upstream:
             ident = self.next_id
             # `done` is held until the answer (or a failure) is filled in, then released: a
             # wait on a bare lock, the cheapest hand-over between two threads.
-            slot = {"done": threading.Lock(), "answered": False, "result": None, "error": None}
+            slot = {"done": threading.Lock(), "answered": False, "result": None, "error": None,
+                    "progress": progress}
             slot["done"].acquire()
             self.slots[ident] = slot
+        if progress:
+            # The gate's own token, the request's id: unique among its requests in flight, as
+            # the protocol asks, whatever tokens hosts choose. The caller maps it back.
+            params = {**params, "_meta": {"progressToken": ident}}
         try:
             self._send({"jsonrpc": "2.0", "id": ident, "method": method, "params": params},
                        deadline)
@@ -5570,6 +5591,47 @@ class Execute:
         self.work = work
 
 
+PROGRESS_MESSAGE_BYTES = 1000
+
+
+class Progress:
+    """One call's progress as its host hears it, under the host's token: the gate's own while
+    it holds the call for an operator (seconds waited, of the hold), then the server's while
+    it executes. The host is sent only a value above the last it was sent, as the protocol
+    asks: the server's values and total come after the hold's last value, and one that does
+    not increase (a server repeating itself) is dropped. A server's message is server text
+    reaching the host: it is sanitized."""
+
+    def __init__(self, send):
+        self.send = send  # send(value, total, message); total and message None when absent
+        self.lock = threading.Lock()
+        self.held = decimal.Decimal(0)  # the hold's last value told: the server's start
+        self.last = None
+
+    def holding(self, waited, total, message):
+        exact = decimal.Decimal(repr(waited))
+        if self._tell(waited, exact, total, message):
+            self.held = exact
+
+    def server(self, value, total, message):
+        if not isinstance(value, Number):
+            return
+        exact = self.held + value.exact()
+        shown = value if not self.held else Number(str(exact))
+        if isinstance(total, Number) and self.held:
+            total = Number(str(self.held + total.exact()))
+        self._tell(shown, exact, total if isinstance(total, Number) else None,
+                   clean(message, PROGRESS_MESSAGE_BYTES) if isinstance(message, str) else None)
+
+    def _tell(self, value, exact, total, message):
+        with self.lock:  # told under the lock, so two values never reach the host out of order
+            if self.last is not None and exact <= self.last:
+                return False
+            self.last = exact
+            self.send(value, total, message)
+            return True
+
+
 NOTIFY_TIMEOUT = 10  # seconds a notify program may run before its process group is killed
 NOTIFY_BACKLOG = 32  # announcements waiting for the notify program; past it, one is dropped
 
@@ -5719,7 +5781,7 @@ class Gate:
                 return verdict
             if isinstance(verdict, Execute):
                 executed.append(True)
-                return self._execute(tool, verdict)
+                return self._execute(tool, verdict, progress)
             if held or not self.config.hold or cancelled.is_set() or self.stopping.is_set():
                 return waiting_answer(verdict.approval)
             held = True
@@ -5756,8 +5818,8 @@ class Gate:
                 return not (cancelled.is_set() or self.stopping.is_set())
             if progress and time.monotonic() - last_progress >= 1:
                 last_progress = time.monotonic()
-                progress(round(last_progress - started, 3), total,
-                         "waiting for an operator's approval")
+                progress.holding(round(last_progress - started, 3), total,
+                                 "waiting for an operator's approval")
         return False
 
     # -- the rules, under the lock -------------------------------------------------------------
@@ -6112,18 +6174,18 @@ class Gate:
                                     "AGENTGATE_RUN": run_id, "AGENTGATE_TOOL": tool.name,
                                     "AGENTGATE_COMMAND": command})
 
-    def _execute(self, tool, verdict):
+    def _execute(self, tool, verdict, progress=None):
         """Send the recorded request upstream and record what came of it, whatever the host
         does meanwhile: a host that cancels or times out does not stop the upstream call."""
         try:
-            return self._execute_once(tool, verdict)
+            return self._execute_once(tool, verdict, progress)
         finally:
             self.active.discard(verdict.run_id)
 
-    def _execute_once(self, tool, verdict):
+    def _execute_once(self, tool, verdict, progress):
         run_id, step_id, args = verdict.run_id, verdict.step_id, verdict.args
         started = time.monotonic()
-        observation, ending = call_upstream(tool, args)
+        observation, ending = call_upstream(tool, args, progress and progress.server)
         elapsed = int((time.monotonic() - started) * 1000)
         rerun = {}
 
@@ -6182,7 +6244,7 @@ class Gate:
         return approval
 
 
-def call_upstream(tool, args):
+def call_upstream(tool, args, progress=None):
     """Send one call upstream and classify what came back, as (observation, ending).
 
     The ending is the one place an outcome is classified: 'ok'; 'error' (the server answered
@@ -6194,7 +6256,7 @@ def call_upstream(tool, args):
     try:
         result = tool.upstream.request(
             "tools/call", {"name": tool.upstream_name, "arguments": {**args, **tool.rule.fixed}},
-            Deadline(tool.timeout), f"tool {quote(tool.upstream_name)}")
+            Deadline(tool.timeout), f"tool {quote(tool.upstream_name)}", progress)
         try:
             content, summary, error, digest = map_result(tool, result)
         except Exception as err:  # a result shaped in a way no server should send
@@ -6751,11 +6813,18 @@ class HostServer:
         with self.calls_lock:
             self.calls[_id_key(ident)] = cancelled
 
-        def progress(done, total, message):
-            if token is not None and respond:
-                self.send({"jsonrpc": "2.0", "method": "notifications/progress", "params": {
-                    "progressToken": token, "progress": done, "total": total,
-                    "message": message}})
+        def send(value, total, message):
+            # A server's progress is written here on the thread that reads that server: a
+            # host that stops reading holds up that server's answers, as it holds up every
+            # answer it is sent. A request the host cancelled is told nothing more.
+            if cancelled.is_set():
+                return
+            told = {"progressToken": token, "progress": value, "total": total,
+                    "message": message}
+            self.send({"jsonrpc": "2.0", "method": "notifications/progress",
+                       "params": {k: v for k, v in told.items() if v is not None}})
+        # A token is a string or a number, as an id is; a batch's member gets no progress.
+        progress = Progress(send) if respond and echoable_id(token) else None
         try:
             result = self.gate.call(tool, args, invalid, progress, cancelled).result()
         finally:
