@@ -3756,8 +3756,9 @@ def _validate_object(schema, value, root, where, work):
 # from it now, the lint of the texts a model reads of a tool, and the checks that decide, at
 # every start, which upstream tools the host is offered.
 # Promises: a tool is offered only if it is pinned, classified by a rule that is not an
-# unreviewed proposal, and presents today exactly the schema and description it presented at
-# the pin; its annotations do not contradict its class (unless the operator allows it); a high
+# unreviewed proposal, and presents today exactly what it presented at the pin (its schemas,
+# description, title, annotations, icons and _meta), and it is offered as pinned; its
+# annotations do not contradict its class (unless the operator allows it); a high
 # lint finding is accepted by the rule for exactly that text; its name is usable; its schema
 # is self-contained and usable; what the rule hides is soundly hidden. Each refusal refuses
 # only that tool and says why in the report. Server-chosen names are sanitized in every
@@ -3767,6 +3768,15 @@ def _validate_object(schema, value, root, where, work):
 HINT_NAMES = (("readOnlyHint", "readOnly"), ("destructiveHint", "destructive"),
               ("idempotentHint", "idempotent"), ("openWorldHint", "openWorld"))
 ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+# The parts of a tool its pin covers, as (what a person calls it, its key in a manifest
+# entry); the input schema and the description are compared by their hashes. The tool's
+# `execution` is not among them: it claims support for tasks, which the gate does not offer.
+PINNED_PARTS = (("input schema", "schema_hash"), ("description", "description_hash"),
+                ("title", "title"), ("output schema", "output_schema"),
+                ("annotations", "annotations"), ("icons", "icons"), ("_meta", "_meta"))
+# What a manifest entry pinned by agentgate 0.2.0 or older covers: it kept no title, output
+# schema, icons or _meta, and of the annotations only ANNOTATION_KEYS.
+EARLY_PARTS = ("input schema", "description", "annotations")
 _DRAFT_RE = re.compile(r"https?://json-schema\.org/(draft-0[467]/schema|draft/2019-09/schema|"
                        r"draft/2020-12/schema|schema)#?")
 _HIDING_KEYWORDS = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentRequired",
@@ -3795,6 +3805,15 @@ class Tool:
         self.timeout_given = rule.timeout or server.default_timeout
         self.timeout = self.timeout_given or DEFAULT_TOOL_TIMEOUT
         self.schema = restrict_schema(entry["input_schema"], rule.deny + list(rule.fixed))
+        # What tools/list offers: the tool as pinned, by its registered name, with the rule's
+        # description and the schema without what the rule hides; a part the server did not
+        # present (or a manifest from before it was kept) is left out.
+        offered = {"name": self.name, "title": entry.get("title"),
+                   "description": self.description, "inputSchema": self.schema,
+                   "outputSchema": entry.get("output_schema"),
+                   "annotations": entry.get("annotations"), "icons": entry.get("icons"),
+                   "_meta": entry.get("_meta")}
+        self.listing = {key: value for key, value in offered.items() if value is not None}
         self.spec = {"name": self.name, "description": self.description,
                      "input_schema": self.schema, "side_effect": self.side_effect,
                      "timeout": self.timeout}
@@ -3843,15 +3862,20 @@ def restrict_schema(schema, hidden):
 
 
 def manifest_entry(tool):
+    """A listed tool as a manifest keeps it: every part of PINNED_PARTS, as the server presented
+    it. A part it did not present, or presented as a value of the wrong kind (which a host
+    would refuse with the whole listing), is null; annotations are then left out, as they
+    always were."""
+    def kept(field, kind):
+        return tool.get(field) if isinstance(tool.get(field), kind) else None
     schema = tool.get("inputSchema")
-    description = tool.get("description") if isinstance(tool.get("description"), str) else ""
+    description = kept("description", str) or ""
     entry = {"name": tool["name"], "description": description, "input_schema": schema,
-             "schema_hash": schema_hash(schema), "description_hash": description_hash(description)}
-    annotations = tool.get("annotations")
-    if isinstance(annotations, dict):
-        kept = {k: annotations[k] for k in ANNOTATION_KEYS if k in annotations}
-        if kept:
-            entry["annotations"] = kept
+             "schema_hash": schema_hash(schema), "description_hash": description_hash(description),
+             "title": kept("title", str), "output_schema": kept("outputSchema", dict),
+             "icons": kept("icons", list), "_meta": kept("_meta", dict)}
+    if kept("annotations", dict):
+        entry["annotations"] = tool["annotations"]
     return entry
 
 
@@ -3884,15 +3908,34 @@ def pin(server):
     return manifest
 
 
+def changed_parts(pinned, live):
+    """The parts (PINNED_PARTS' names, in their order) in which a tool as its server presents
+    it now differs from its pin, both as manifest entries: the one definition of a change
+    since the pin, for the load, the watch while serving and pin -diff.
+
+    An entry pinned by agentgate 0.2.0 or older has no "title" key (every later entry has
+    it, null when the server presented none): it is compared only on the EARLY_PARTS it
+    kept, so an upgrade alone reports no tool as changed; pinning again covers the rest."""
+    early = "title" not in pinned
+    return [part for part, key in PINNED_PARTS if (not early or part in EARLY_PARTS)
+            and _compared(pinned, key, pinned) != _compared(live, key, pinned)]
+
+
+def _compared(entry, key, pinned):
+    """The value of an entry's part as it is compared with the `pinned` entry."""
+    value = entry.get(key)
+    if "title" not in pinned and key == "annotations" and isinstance(value, dict):
+        value = {k: value[k] for k in ANNOTATION_KEYS if k in value} or None
+    return value
+
+
 def tool_changes(pinned, live):
     """How what a server presents now (`live`, manifest entries) differs from what it pinned,
-    per tool: ("added", None, now), ("removed", pinned, None) or ("changed", pinned, now). A
-    description, an input schema or annotations that differ are a change."""
+    per tool: ("added", None, now), ("removed", pinned, None) or ("changed", pinned, now)."""
     changes = {}
     for name in sorted(set(pinned) | set(live)):
         old, new = pinned.get(name), live.get(name)
-        if old is None or new is None or any(old.get(key) != new.get(key) for key in (
-                "description_hash", "schema_hash", "annotations")):
+        if old is None or new is None or changed_parts(old, new):
             kind = "added" if old is None else "removed" if new is None else "changed"
             changes[name] = (kind, old, new)
     return changes
@@ -3900,24 +3943,26 @@ def tool_changes(pinned, live):
 
 def change_lines(old, new):
     """A changed tool as a person compares it: each part that differs, as a unified diff of
-    the pinned text against today's (the description wrapped, the schema indented)."""
+    the pinned text against today's (the description wrapped, the rest indented JSON)."""
     import difflib
     import textwrap
 
-    def parts(entry):
-        return {"description": textwrap.wrap(entry["description"], 88) or [""],
-                "input schema": pretty_json(entry["input_schema"]).splitlines(),
-                "annotations": pretty_json(entry.get("annotations") or {}).splitlines()}
-    before, after = parts(old), parts(new)
-    lines = []
-    for part in before:
-        if before[part] != after[part]:
-            lines.append(f"{part}:")
-            lines += list(difflib.unified_diff(before[part], after[part], "pinned", "now",
-                                               n=2, lineterm=""))
-    if not lines:  # the texts differ only in their spacing
-        lines.append("description: only its spacing differs")
-    return [sanitize(line) for line in lines]
+    def lines(entry, part, key):
+        if part == "description":
+            return textwrap.wrap(entry["description"], 88) or [""]
+        value = entry["input_schema"] if part == "input schema" else _compared(entry, key, old)
+        return pretty_json(value).splitlines()
+    changed, out = changed_parts(old, new), []
+    for part, key in PINNED_PARTS:
+        if part not in changed:
+            continue
+        before, after = lines(old, part, key), lines(new, part, key)
+        if before == after:  # the texts differ only in their spacing
+            out.append(f"{part}: only its spacing differs")
+            continue
+        out.append(f"{part}:")
+        out += list(difflib.unified_diff(before, after, "pinned", "now", n=2, lineterm=""))
+    return [sanitize(line) for line in out]
 
 
 def write_private(path, text):
@@ -4015,11 +4060,18 @@ _SELECTOR_RUN = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]{2,}")
 _READ_KEYWORDS = ("description", "title", "default", "examples", "enum", "const", "$comment")
 
 
+def tool_titles(entry):
+    """(where, text) of a tool's titles: its own and its annotations' (the older place)."""
+    annotations = entry.get("annotations") if isinstance(entry.get("annotations"), dict) else {}
+    return [(where, title) for where, title in (("title", entry.get("title")), (
+        "annotations title", annotations.get("title"))) if isinstance(title, str)]
+
+
 def lint_texts(entry):
     """(where, text) of everything the model reads of a tool but its names: the description,
-    and anywhere in its input schema the descriptions, titles, defaults, examples, enum and
-    const values, comments and x- extensions."""
-    texts = [("description", entry.get("description") or "")]
+    its titles, and anywhere in its input schema the descriptions, titles, defaults, examples,
+    enum and const values, comments and x- extensions."""
+    texts = [("description", entry.get("description") or ""), *tool_titles(entry)]
 
     def walk(node, where):
         if isinstance(node, list):
@@ -4176,9 +4228,12 @@ def lint_manifests(manifests):
 
 
 def lint_hash(entry):
-    """What a rule's accepted_description names: every text the lint reads, by hash."""
-    return content_hash({"description": entry.get("description") or "",
-                         "input_schema": entry.get("input_schema")})
+    """What a rule's accepted_description names: every text the lint reads, by hash. A tool
+    without a title is hashed as before titles were read, so what was accepted stays so."""
+    texts = {"description": entry.get("description") or "",
+             "input_schema": entry.get("input_schema")}
+    titles = dict(tool_titles(entry))
+    return content_hash({**texts, "titles": titles} if titles else texts)
 
 
 def lint_lines(findings):
@@ -4255,13 +4310,16 @@ def refusal(server, entry, live, rule, found):
     if live is None:
         return "the server no longer offers it", ""
     live_entry = manifest_entry(live)
-    if live_entry["schema_hash"] != entry.get("schema_hash"):
+    changed = changed_parts(entry, live_entry)
+    if "input schema" in changed:
         return "the input schema changed since the pin", ""
-    if live_entry["description_hash"] != entry.get("description_hash"):
+    if "description" in changed:
         return "the description changed since the pin, and a description is model input", ""
     mismatch = hint_mismatch(rule.side_effect, entry, live_entry)
     if mismatch and not rule.allow_hint_mismatch:
         return mismatch, ""
+    if changed:
+        return f"its {', '.join(changed)} changed since the pin (pin -diff shows how)", ""
     name = rule.rename or f"{server.name}_{entry['name']}"
     if not NAME_RE.fullmatch(name):
         return (f"the name {quote(name)} does not match ^[a-zA-Z0-9_-]{{1,64}}$: set rename",
@@ -6432,7 +6490,7 @@ class ToolWatch:
     """Acts on a server's notifications/tools/list_changed while the gate serves.
 
     The server is listed again (every page) on a thread of its own, never on a call's path,
-    and compared with its pin: a tool whose description, input schema or annotations changed,
+    and compared with its pin: a tool that changed in any part the pin covers (changed_parts),
     or that is gone, is quarantined (not offered, and a call to it is refused), and a new one
     is not offered; one that is back to what was pinned is offered again. Calls in flight are
     not touched. A change is recorded as a tools.changed event and said on stderr, and when
@@ -6789,8 +6847,7 @@ class HostServer:
 
     def _tool_list(self):
         quarantined = self.gate.quarantined
-        listed = [{"name": t.name, "description": t.description, "inputSchema": t.schema}
-                  for t in self.gate.tools.values() if t.name not in quarantined]
+        listed = [t.listing for t in self.gate.tools.values() if t.name not in quarantined]
         listed.append({"name": self.status_tool, "description": STATUS_DESCRIPTION,
                        "inputSchema": STATUS_SCHEMA})
         return listed
@@ -6830,6 +6887,12 @@ class HostServer:
         finally:
             with self.calls_lock:
                 self.calls.pop(_id_key(ident), None)
+        if "outputSchema" in tool.listing and "structuredContent" not in result:
+            # A tool with an output schema promises structured content in every result but an
+            # error, and a host refuses a result without it. The gate's own answers carry none
+            # (nor does a result whose structured content was not passed on): they go as
+            # errors, which a host reads as they are.
+            result["isError"] = True
         return None if cancelled.is_set() and respond else result
 
     def in_flight(self):
