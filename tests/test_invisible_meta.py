@@ -13,8 +13,12 @@ a manifest pinned before agentgate kept them still loads, and is not reported as
 
 from __future__ import annotations
 
-import decimal
+import contextlib
 import json
+import os
+import signal
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -65,6 +69,40 @@ def test_the_servers_progress_reaches_the_sdk_host_under_its_token(workdir):
         # the SDK calls the callback of the token it chose, each in a task of its own
         wait_for(lambda: len(host.progress) == 5, DEADLINE, message="five progress steps")
     assert [(p.progress, p.total) for p in host.progress] == [(i, 5) for i in range(1, 6)]
+
+
+def test_the_servers_progress_over_http_reaches_the_sdk_host_under_its_token(workdir):
+    with everything_over_http(workdir) as url:
+        server = {"name": "every", "url": url, "manifest": "every.manifest.json",
+                  "rules": {LONG: rule("read_only", "60s")}}
+        config = write_config(workdir, [server])
+        pin(config)
+        with gate_host(config) as host:
+            result = host.call(f"every_{LONG}", {"duration": 0.5, "steps": 5}, progress=True)
+            assert not result.is_error, result_text(result)
+            wait_for(lambda: len(host.progress) == 5, DEADLINE, message="five progress steps")
+    assert [(p.progress, p.total) for p in host.progress] == [(i, 5) for i in range(1, 6)]
+
+
+@contextlib.contextmanager
+def everything_over_http(workdir):
+    """The npm everything server over Streamable HTTP on a free port; its url."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = workdir / "everything.stderr"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(everything_server_argv()[:-1] + ["streamableHttp"],
+                                env={**os.environ, "PORT": str(port)}, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        wait_for(lambda: f"listening on port {port}" in log.read_text() or proc.poll() is not None,
+                 DEADLINE, message="the everything server to listen")
+        assert proc.poll() is None, log.read_text()
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(DEADLINE)
 
 
 def progress_server(workdir, steps, **call):
