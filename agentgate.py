@@ -2196,7 +2196,8 @@ class Store:
 # own process group and, on Linux, dies with agentgate even when agentgate is killed with
 # SIGKILL; connecting, listing and loading share one deadline and a timeout names its step;
 # every request the server sends agentgate gets an answer (ping a result, anything else an
-# error), never silence; an oversized or unusable message fails only the request it answers,
+# error), never silence; a server's progress reaches only the request it names by the token
+# agentgate gave it; an oversized or unusable message fails only the request it answers,
 # and no message, however shaped, ends the thread that reads them; only an integer id
 # agentgate wrote can match an answer to a request; every write has a deadline, and a server
 # that does not take in a message by it is stopped (the error says whether any byte reached
@@ -6414,9 +6415,11 @@ def operator_hint(config_file, database=""):
 # line, a batch member that is not a request, or an id that cannot be echoed as JSON gets a
 # JSON-RPC error (id null where the id cannot be echoed) and the session goes on; past the
 # bound, a request is told the gate is busy; unknown methods (server/discover among them) get
-# -32601 at once; a tool its server changed while serving is no longer offered (nor, until a
-# listing succeeds, any tool of a server that said its tools changed and cannot be listed),
-# and the host is told once; on stdin closing, SIGINT or SIGTERM no new call starts, holds
+# -32601 at once; each tool is offered as pinned; a call's progress (the gate's while it holds
+# the call, then the server's) reaches the host under the host's token, only increasing; a
+# tool its server changed while serving is no longer offered (nor, until a listing succeeds,
+# any tool of a server that said its tools changed and cannot be listed), and the host is
+# told once; on stdin closing, SIGINT or SIGTERM no new call starts, holds
 # end, calls in flight finish and are recorded, then the upstream servers are closed and the
 # process exits 0.
 # =============================================================================================
