@@ -2285,7 +2285,8 @@ class Store:
 # own process group and, on Linux, dies with agentgate even when agentgate is killed with
 # SIGKILL; connecting, listing and loading share one deadline and a timeout names its step;
 # every request the server sends agentgate gets an answer (ping a result, anything else an
-# error), never silence; an oversized or unusable message fails only the request it answers,
+# error), never silence; a server's progress reaches only the request it names by the token
+# agentgate gave it; an oversized or unusable message fails only the request it answers,
 # and no message, however shaped, ends the thread that reads them; only an integer id
 # agentgate wrote can match an answer to a request; every write has a deadline, and a server
 # that does not take in a message by it is stopped (the error says whether any byte reached
@@ -2551,8 +2552,11 @@ class Upstream:
         if "method" in message and "id" in message:
             self._answer_server_request(message)
         elif "method" in message:
-            # Of the notifications, only a change of tools is acted on (logging is not).
-            if message["method"] == "notifications/tools/list_changed":
+            # Of the notifications, a change of tools and a request's progress are acted on
+            # (logging is not).
+            if message["method"] == "notifications/progress":
+                self._progress(message.get("params"))
+            elif message["method"] == "notifications/tools/list_changed":
                 with self.lock:
                     self.heard_list_changed = True
                     on_list_changed = self.on_list_changed
@@ -2565,6 +2569,17 @@ class Upstream:
                 f"the server answered with an error: {clean(str(text), 1000)}", answered=True))
         else:
             self._deliver(int_id(message.get("id")), result=message.get("result"))
+
+    def _progress(self, params):
+        """Hand a server's progress on a request to the one who asked for it. The token is the
+        request's own id, which only agentgate wrote: progress naming any other, or a request
+        already answered, is dropped. It runs on the reading thread, before any later message
+        of the server is read, so a request's progress reaches its caller before its answer."""
+        params = params if isinstance(params, dict) else {}
+        with self.lock:
+            slot = self.slots.get(int_id(params.get("progressToken")))
+        if slot and slot["progress"]:
+            slot["progress"](params.get("progress"), params.get("total"), params.get("message"))
 
     def _answer_server_request(self, message):
         if message.get("method") == "ping":
@@ -2644,13 +2659,15 @@ class Upstream:
         except UpstreamError:
             pass
 
-    def request(self, method, params, deadline, step):
-        """Send one request and wait for its answer until `deadline` (a Deadline).
+    def request(self, method, params, deadline, step, progress=None):
+        """Send one request and wait for its answer until `deadline` (a Deadline). Given
+        `progress`, the server is asked for its progress, and each notification of it is
+        handed to progress(value, total, message) as the server wrote them.
 
         While connecting and listing, a failure names the step and carries the end of what
         the server wrote to stderr, which is usually where it says why."""
         try:
-            return self._request(method, params, deadline, step)
+            return self._request(method, params, deadline, step, progress)
         except UpstreamError as err:
             tail = self.tail() if step in ("connect", "list tools") and not err.timed_out \
                 else ""
@@ -2658,7 +2675,7 @@ class Upstream:
                                 unusable=err.unusable, sent=err.sent,
                                 answered=err.answered) from None
 
-    def _request(self, method, params, deadline, step):
+    def _request(self, method, params, deadline, step, progress):
         with self.lock:
             if self.closed:
                 raise UpstreamError(self.closed, sent=False)
@@ -2666,9 +2683,14 @@ class Upstream:
             ident = self.next_id
             # `done` is held until the answer (or a failure) is filled in, then released: a
             # wait on a bare lock, the cheapest hand-over between two threads.
-            slot = {"done": threading.Lock(), "answered": False, "result": None, "error": None}
+            slot = {"done": threading.Lock(), "answered": False, "result": None, "error": None,
+                    "progress": progress}
             slot["done"].acquire()
             self.slots[ident] = slot
+        if progress:
+            # The gate's own token, the request's id: unique among its requests in flight, as
+            # the protocol asks, whatever tokens hosts choose. The caller maps it back.
+            params = {**params, "_meta": {"progressToken": ident}}
         try:
             self._send({"jsonrpc": "2.0", "id": ident, "method": method, "params": params},
                        deadline)
@@ -4077,8 +4099,9 @@ def _validate_object(schema, value, root, where, work):
 # from it now, the lint of the texts a model reads of a tool, and the checks that decide, at
 # every start, which upstream tools the host is offered.
 # Promises: a tool is offered only if it is pinned, classified by a rule that is not an
-# unreviewed proposal, and presents today exactly the schema and description it presented at
-# the pin; its annotations do not contradict its class (unless the operator allows it); a high
+# unreviewed proposal, and presents today exactly what it presented at the pin (its schemas,
+# description, title, annotations, icons and _meta), and it is offered as pinned; its
+# annotations do not contradict its class (unless the operator allows it); a high
 # lint finding is accepted by the rule for exactly that text; its name is usable; its schema
 # is self-contained and usable; what the rule hides is soundly hidden. Each refusal refuses
 # only that tool and says why in the report. Server-chosen names are sanitized in every
@@ -4096,6 +4119,15 @@ def _validate_object(schema, value, root, where, work):
 HINT_NAMES = (("readOnlyHint", "readOnly"), ("destructiveHint", "destructive"),
               ("idempotentHint", "idempotent"), ("openWorldHint", "openWorld"))
 ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+# The parts of a tool its pin covers, as (what a person calls it, its key in a manifest
+# entry); the input schema and the description are compared by their hashes. The tool's
+# `execution` is not among them: it claims support for tasks, which the gate does not offer.
+PINNED_PARTS = (("input schema", "schema_hash"), ("description", "description_hash"),
+                ("title", "title"), ("output schema", "output_schema"),
+                ("annotations", "annotations"), ("icons", "icons"), ("_meta", "_meta"))
+# What a manifest entry pinned by agentgate 0.2.0 or older covers: it kept no title, output
+# schema, icons or _meta, and of the annotations only ANNOTATION_KEYS.
+EARLY_PARTS = ("input schema", "description", "annotations")
 _DRAFT_RE = re.compile(r"https?://json-schema\.org/(draft-0[467]/schema|draft/2019-09/schema|"
                        r"draft/2020-12/schema|schema)#?")
 _HIDING_KEYWORDS = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentRequired",
@@ -4135,6 +4167,15 @@ class Tool:
         self.timeout_given = rule.timeout or server.default_timeout
         self.timeout = self.timeout_given or DEFAULT_TOOL_TIMEOUT
         self.schema = restrict_schema(entry["input_schema"], rule.deny + list(rule.fixed))
+        # What tools/list offers: the tool as pinned, by its registered name, with the rule's
+        # description and the schema without what the rule hides; a part the server did not
+        # present (or a manifest from before it was kept) is left out.
+        offered = {"name": self.name, "title": entry.get("title"),
+                   "description": self.description, "inputSchema": self.schema,
+                   "outputSchema": entry.get("output_schema"),
+                   "annotations": entry.get("annotations"), "icons": entry.get("icons"),
+                   "_meta": entry.get("_meta")}
+        self.listing = {key: value for key, value in offered.items() if value is not None}
         self.spec = {"name": self.name, "description": self.description,
                      "input_schema": self.schema, "side_effect": self.side_effect,
                      "timeout": self.timeout}
@@ -4188,15 +4229,20 @@ def restrict_schema(schema, hidden):
 
 
 def manifest_entry(tool):
+    """A listed tool as a manifest keeps it: every part of PINNED_PARTS, as the server presented
+    it. A part it did not present, or presented as a value of the wrong kind (which a host
+    would refuse with the whole listing), is null; annotations are then left out, as they
+    always were."""
+    def kept(field, kind):
+        return tool.get(field) if isinstance(tool.get(field), kind) else None
     schema = tool.get("inputSchema")
-    description = tool.get("description") if isinstance(tool.get("description"), str) else ""
+    description = kept("description", str) or ""
     entry = {"name": tool["name"], "description": description, "input_schema": schema,
-             "schema_hash": schema_hash(schema), "description_hash": description_hash(description)}
-    annotations = tool.get("annotations")
-    if isinstance(annotations, dict):
-        kept = {k: annotations[k] for k in ANNOTATION_KEYS if k in annotations}
-        if kept:
-            entry["annotations"] = kept
+             "schema_hash": schema_hash(schema), "description_hash": description_hash(description),
+             "title": kept("title", str), "output_schema": kept("outputSchema", dict),
+             "icons": kept("icons", list), "_meta": kept("_meta", dict)}
+    if kept("annotations", dict):
+        entry["annotations"] = tool["annotations"]
     return entry
 
 
@@ -4229,15 +4275,34 @@ def pin(server):
     return manifest
 
 
+def changed_parts(pinned, live):
+    """The parts (PINNED_PARTS' names, in their order) in which a tool as its server presents
+    it now differs from its pin, both as manifest entries: the one definition of a change
+    since the pin, for the load, the watch while serving and pin -diff.
+
+    An entry pinned by agentgate 0.2.0 or older has no "title" key (every later entry has
+    it, null when the server presented none): it is compared only on the EARLY_PARTS it
+    kept, so an upgrade alone reports no tool as changed; pinning again covers the rest."""
+    early = "title" not in pinned
+    return [part for part, key in PINNED_PARTS if (not early or part in EARLY_PARTS)
+            and _compared(pinned, key, pinned) != _compared(live, key, pinned)]
+
+
+def _compared(entry, key, pinned):
+    """The value of an entry's part as it is compared with the `pinned` entry."""
+    value = entry.get(key)
+    if "title" not in pinned and key == "annotations" and isinstance(value, dict):
+        value = {k: value[k] for k in ANNOTATION_KEYS if k in value} or None
+    return value
+
+
 def tool_changes(pinned, live):
     """How what a server presents now (`live`, manifest entries) differs from what it pinned,
-    per tool: ("added", None, now), ("removed", pinned, None) or ("changed", pinned, now). A
-    description, an input schema or annotations that differ are a change."""
+    per tool: ("added", None, now), ("removed", pinned, None) or ("changed", pinned, now)."""
     changes = {}
     for name in sorted(set(pinned) | set(live)):
         old, new = pinned.get(name), live.get(name)
-        if old is None or new is None or any(old.get(key) != new.get(key) for key in (
-                "description_hash", "schema_hash", "annotations")):
+        if old is None or new is None or changed_parts(old, new):
             kind = "added" if old is None else "removed" if new is None else "changed"
             changes[name] = (kind, old, new)
     return changes
@@ -4245,24 +4310,26 @@ def tool_changes(pinned, live):
 
 def change_lines(old, new):
     """A changed tool as a person compares it: each part that differs, as a unified diff of
-    the pinned text against today's (the description wrapped, the schema indented)."""
+    the pinned text against today's (the description wrapped, the rest indented JSON)."""
     import difflib
     import textwrap
 
-    def parts(entry):
-        return {"description": textwrap.wrap(entry["description"], 88) or [""],
-                "input schema": pretty_json(entry["input_schema"]).splitlines(),
-                "annotations": pretty_json(entry.get("annotations") or {}).splitlines()}
-    before, after = parts(old), parts(new)
-    lines = []
-    for part in before:
-        if before[part] != after[part]:
-            lines.append(f"{part}:")
-            lines += list(difflib.unified_diff(before[part], after[part], "pinned", "now",
-                                               n=2, lineterm=""))
-    if not lines:  # the texts differ only in their spacing
-        lines.append("description: only its spacing differs")
-    return [sanitize(line) for line in lines]
+    def lines(entry, part, key):
+        if part == "description":
+            return textwrap.wrap(entry["description"], 88) or [""]
+        value = entry["input_schema"] if part == "input schema" else _compared(entry, key, old)
+        return pretty_json(value).splitlines()
+    changed, out = changed_parts(old, new), []
+    for part, key in PINNED_PARTS:
+        if part not in changed:
+            continue
+        before, after = lines(old, part, key), lines(new, part, key)
+        if before == after:  # the texts differ only in their spacing
+            out.append(f"{part}: only its spacing differs")
+            continue
+        out.append(f"{part}:")
+        out += list(difflib.unified_diff(before, after, "pinned", "now", n=2, lineterm=""))
+    return [sanitize(line) for line in out]
 
 
 def hints_text(entry):
@@ -4348,11 +4415,18 @@ _SELECTOR_RUN = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]{2,}")
 _READ_KEYWORDS = ("description", "title", "default", "examples", "enum", "const", "$comment")
 
 
+def tool_titles(entry):
+    """(where, text) of a tool's titles: its own and its annotations' (the older place)."""
+    annotations = entry.get("annotations") if isinstance(entry.get("annotations"), dict) else {}
+    return [(where, title) for where, title in (("title", entry.get("title")), (
+        "annotations title", annotations.get("title"))) if isinstance(title, str)]
+
+
 def lint_texts(entry):
     """(where, text) of everything the model reads of a tool but its names: the description,
-    and anywhere in its input schema the descriptions, titles, defaults, examples, enum and
-    const values, comments and x- extensions."""
-    texts = [("description", entry.get("description") or "")]
+    its titles, and anywhere in its input schema the descriptions, titles, defaults, examples,
+    enum and const values, comments and x- extensions."""
+    texts = [("description", entry.get("description") or ""), *tool_titles(entry)]
 
     def walk(node, where):
         if isinstance(node, list):
@@ -4509,9 +4583,12 @@ def lint_manifests(manifests):
 
 
 def lint_hash(entry):
-    """What a rule's accepted_description names: every text the lint reads, by hash."""
-    return content_hash({"description": entry.get("description") or "",
-                         "input_schema": entry.get("input_schema")})
+    """What a rule's accepted_description names: every text the lint reads, by hash. A tool
+    without a title is hashed as before titles were read, so what was accepted stays so."""
+    texts = {"description": entry.get("description") or "",
+             "input_schema": entry.get("input_schema")}
+    titles = dict(tool_titles(entry))
+    return content_hash({**texts, "titles": titles} if titles else texts)
 
 
 def lint_lines(findings):
@@ -4596,13 +4673,16 @@ def refusal(server, entry, live, rule, found):
     if live is None:
         return "the server no longer offers it", ""
     live_entry = manifest_entry(live)
-    if live_entry["schema_hash"] != entry.get("schema_hash"):
+    changed = changed_parts(entry, live_entry)
+    if "input schema" in changed:
         return "the input schema changed since the pin", ""
-    if live_entry["description_hash"] != entry.get("description_hash"):
+    if "description" in changed:
         return "the description changed since the pin, and a description is model input", ""
     mismatch = hint_mismatch(rule.side_effect, entry, live_entry)
     if mismatch and not rule.allow_hint_mismatch:
         return mismatch, ""
+    if changed:
+        return f"its {', '.join(changed)} changed since the pin (pin -diff shows how)", ""
     name = offered_name(server, entry["name"], rule)
     if not NAME_RE.fullmatch(name):
         return (f"the name {quote(name)} does not match ^[a-zA-Z0-9_-]{{1,64}}$: set rename",
@@ -6011,6 +6091,47 @@ class Execute:
         self.work = work
 
 
+PROGRESS_MESSAGE_BYTES = 1000
+
+
+class Progress:
+    """One call's progress as its host hears it, under the host's token: the gate's own while
+    it holds the call for an operator (seconds waited, of the hold), then the server's while
+    it executes. The host is sent only a value above the last it was sent, as the protocol
+    asks: the server's values and total come after the hold's last value, and one that does
+    not increase (a server repeating itself) is dropped. A server's message is server text
+    reaching the host: it is sanitized."""
+
+    def __init__(self, send):
+        self.send = send  # send(value, total, message); total and message None when absent
+        self.lock = threading.Lock()
+        self.held = decimal.Decimal(0)  # the hold's last value told: the server's start
+        self.last = None
+
+    def holding(self, waited, total, message):
+        exact = decimal.Decimal(repr(waited))
+        if self._tell(waited, exact, total, message):
+            self.held = exact
+
+    def server(self, value, total, message):
+        if not isinstance(value, Number):
+            return
+        exact = self.held + value.exact()
+        shown = value if not self.held else Number(str(exact))
+        if isinstance(total, Number) and self.held:
+            total = Number(str(self.held + total.exact()))
+        self._tell(shown, exact, total if isinstance(total, Number) else None,
+                   clean(message, PROGRESS_MESSAGE_BYTES) if isinstance(message, str) else None)
+
+    def _tell(self, value, exact, total, message):
+        with self.lock:  # told under the lock, so two values never reach the host out of order
+            if self.last is not None and exact <= self.last:
+                return False
+            self.last = exact
+            self.send(value, total, message)
+            return True
+
+
 NOTIFY_TIMEOUT = 10  # seconds a notify program may run before its process group is killed
 NOTIFY_BACKLOG = 32  # announcements waiting for the notify program; past it, one is dropped
 
@@ -6168,7 +6289,7 @@ class Gate:
                 return verdict
             if isinstance(verdict, Execute):
                 executed.append(True)
-                return self._execute(tool, verdict)
+                return self._execute(tool, verdict, progress)
             if held or not self.config.hold_for(self.client) or cancelled.is_set() or \
                     self.stopping.is_set():
                 return waiting_answer(verdict.approval)
@@ -6206,8 +6327,8 @@ class Gate:
                 return not (cancelled.is_set() or self.stopping.is_set())
             if progress and time.monotonic() - last_progress >= 1:
                 last_progress = time.monotonic()
-                progress(round(last_progress - started, 3), total,
-                         "waiting for an operator's approval")
+                progress.holding(round(last_progress - started, 3), total,
+                                 "waiting for an operator's approval")
         return False
 
     # -- the rules, under the lock -------------------------------------------------------------
@@ -6564,18 +6685,18 @@ class Gate:
                                     "AGENTGATE_RUN": run_id, "AGENTGATE_TOOL": tool.name,
                                     "AGENTGATE_COMMAND": command})
 
-    def _execute(self, tool, verdict):
+    def _execute(self, tool, verdict, progress=None):
         """Send the recorded request upstream and record what came of it, whatever the host
         does meanwhile: a host that cancels or times out does not stop the upstream call."""
         try:
-            return self._execute_once(tool, verdict)
+            return self._execute_once(tool, verdict, progress)
         finally:
             self.active.discard(verdict.run_id)
 
-    def _execute_once(self, tool, verdict):
+    def _execute_once(self, tool, verdict, progress):
         run_id, step_id, args = verdict.run_id, verdict.step_id, verdict.args
         started = time.monotonic()
-        observation, ending = call_upstream(tool, args)
+        observation, ending = call_upstream(tool, args, progress and progress.server)
         elapsed = int((time.monotonic() - started) * 1000)
         rerun = {}
 
@@ -6634,7 +6755,7 @@ class Gate:
         return approval
 
 
-def call_upstream(tool, args):
+def call_upstream(tool, args, progress=None):
     """Send one call upstream and classify what came back, as (observation, ending).
 
     The ending is the one place an outcome is classified: 'ok'; 'error' (the server answered
@@ -6646,7 +6767,7 @@ def call_upstream(tool, args):
     try:
         result = tool.upstream.request(
             "tools/call", {"name": tool.upstream_name, "arguments": {**args, **tool.rule.fixed}},
-            Deadline(tool.timeout), f"tool {quote(tool.upstream_name)}")
+            Deadline(tool.timeout), f"tool {quote(tool.upstream_name)}", progress)
         try:
             content, summary, error, digest = map_result(tool, result)
         except Exception as err:  # a result shaped in a way no server should send
@@ -6752,9 +6873,11 @@ def operator_hint(config_file, database=""):
 # bound, a request is told the gate is busy; unknown methods (server/discover among them) get
 # -32601 at once; the servers load_all could not serve leave the others served, and with
 # none served the status tool alone is offered, saying how many are not (never which nor
-# why); a tool its server changed while serving is no longer offered (nor, until a
-# listing succeeds, any tool of a server that said its tools changed and cannot be listed),
-# and the host is told once; on stdin closing, SIGINT or SIGTERM no new call starts, holds
+# why); each tool is offered as pinned; a call's progress (the gate's while it holds the call,
+# then the server's) reaches the host under the host's token, only increasing; a tool its
+# server changed while serving is no longer offered (nor, until a listing succeeds, any tool
+# of a server that said its tools changed and cannot be listed), and the host is told once;
+# on stdin closing, SIGINT or SIGTERM no new call starts, holds
 # end, calls in flight finish and are recorded, then the upstream servers are closed and the
 # process exits 0.
 # =============================================================================================
@@ -6827,7 +6950,7 @@ class ToolWatch:
     """Acts on a server's notifications/tools/list_changed while the gate serves.
 
     The server is listed again (every page) on a thread of its own, never on a call's path,
-    and compared with its pin: a tool whose description, input schema or annotations changed,
+    and compared with its pin: a tool that changed in any part the pin covers (changed_parts),
     or that is gone, is quarantined (not offered, and a call to it is refused), and a new one
     is not offered; one that is back to what was pinned is offered again. Calls in flight are
     not touched. A change is recorded as a tools.changed event and said on stderr, and when
@@ -7187,8 +7310,7 @@ class HostServer:
 
     def _tool_list(self):
         quarantined = self.gate.quarantined
-        listed = [{"name": t.name, "description": t.description, "inputSchema": t.schema}
-                  for t in self.gate.tools.values() if t.name not in quarantined]
+        listed = [t.listing for t in self.gate.tools.values() if t.name not in quarantined]
         listed.append({"name": self.status_tool, "description": STATUS_DESCRIPTION,
                        "inputSchema": STATUS_SCHEMA})
         return listed
@@ -7214,16 +7336,29 @@ class HostServer:
         with self.calls_lock:
             self.calls[_id_key(ident)] = cancelled
 
-        def progress(done, total, message):
-            if token is not None and respond:
-                self.send({"jsonrpc": "2.0", "method": "notifications/progress", "params": {
-                    "progressToken": token, "progress": done, "total": total,
-                    "message": message}})
+        def send(value, total, message):
+            # A server's progress is written here on the thread that reads that server: a
+            # host that stops reading holds up that server's answers, as it holds up every
+            # answer it is sent. A request the host cancelled is told nothing more.
+            if cancelled.is_set():
+                return
+            told = {"progressToken": token, "progress": value, "total": total,
+                    "message": message}
+            self.send({"jsonrpc": "2.0", "method": "notifications/progress",
+                       "params": {k: v for k, v in told.items() if v is not None}})
+        # A token is a string or a number, as an id is; a batch's member gets no progress.
+        progress = Progress(send) if respond and echoable_id(token) else None
         try:
             result = self.gate.call(tool, args, invalid, progress, cancelled).result()
         finally:
             with self.calls_lock:
                 self.calls.pop(_id_key(ident), None)
+        if "outputSchema" in tool.listing and "structuredContent" not in result:
+            # A tool with an output schema promises structured content in every result but an
+            # error, and a host refuses a result without it. The gate's own answers carry none
+            # (nor does a result whose structured content was not passed on): they go as
+            # errors, which a host reads as they are.
+            result["isError"] = True
         return None if cancelled.is_set() and respond else result
 
     def in_flight(self):

@@ -27,9 +27,11 @@ next. Every key is optional:
   calls             tool name -> action; an action is an object with one of
                       text, error, result (object), raw_result (JSON text), huge (bytes of text),
                       die, env, echo, never
-                    and optionally delay (seconds before answering) and notify_list_changed
-                    (that many notifications/tools/list_changed sent before the answer). A tool without an action
-                    answers "called <name>".
+                    and optionally delay (seconds before answering), notify_list_changed
+                    (that many notifications/tools/list_changed sent before the answer) and
+                    progress (params of notifications/progress sent before the answer, each
+                    under the call's own progressToken unless it names one). A tool without an
+                    action answers "called <name>". A call's _meta is recorded with it.
 """
 
 import json
@@ -143,8 +145,13 @@ class Script:
 
     def tools_call(self, ident, params):
         name, args = params.get("name"), params.get("arguments")
-        self.record({"call": name, "arguments": args})
+        self.record({"call": name, "arguments": args, **(
+            {"_meta": params["_meta"]} if "_meta" in params else {})})
         action = self.spec.get("calls", {}).get(name, {"text": f"called {name}"})
+        token = (params.get("_meta") or {}).get("progressToken")
+        for step in action.get("progress", []):
+            self.send({"jsonrpc": "2.0", "method": "notifications/progress",
+                       "params": {"progressToken": token, **step}})
         if action.get("delay"):
             time.sleep(action["delay"])
         for _ in range(action.get("notify_list_changed", 0)):

@@ -403,7 +403,9 @@ def test_filesystem_server_read_and_write(workdir, tmp_path):
         assert json.loads(result_text(note)) == {"content": "hello through the gate\n"}
 
         result = host.call("fs_read_file", {"path": str(files / "big.txt")})
-        assert not result.is_error
+        # an error: read_file's output schema, now offered, asks for the structured content
+        # that was not passed on, and a host would refuse the result without it
+        assert result.is_error
         text = result_text(result)  # too big as structured content, so its text, truncated
         assert result.structured_content is None
         assert text == big[: CAP - 2 - len("\\n[truncated]")] + MARKER

@@ -103,9 +103,13 @@ def test_tools_list_offers_only_classified_tools_as_the_rules_say(workdir):
         raw.initialize()
         tools = raw.request("tools/list", {}, timeout=60)["result"]["tools"]
     assert [t["name"] for t in tools] == ["bank_balance", "bank_pay", "gate_status"]
-    for entry in tools:
-        assert set(entry) == {"name", "description", "inputSchema"}, entry  # no outputSchema, no annotations
     balance, pay, status = tools
+    # each as pinned (SPEC, "A gate that is invisible when it allows"): the fake bank presents
+    # annotations and nothing else beside name, description and inputSchema
+    assert balance["annotations"] == {"readOnlyHint": True}
+    assert pay["annotations"] == {"destructiveHint": False}
+    for entry in tools:
+        assert set(entry) <= {"name", "description", "inputSchema", "annotations"}, entry
     assert balance["description"] == "The operator's own words for balance."
     assert pay["description"] == "Pay an amount to someone."
     assert set(pay["inputSchema"]["properties"]) == {"to", "amount"}
