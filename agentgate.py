@@ -5258,11 +5258,15 @@ def policy_pointer_problem(schema, rule, tool_name):
 #
 # Owns: what the model is told (every sentence of the gate's answers to a call is built here,
 # from the constants below; the status tool's are in section 11), the policy, approvals and
-# their hashes, and the checks a call's arguments and a server's result pass. Plain functions
-# of their inputs: the gate (section 10) calls them and records what they decide.
+# their hashes, the checks a call's arguments pass, and what of a server's result is passed on
+# and recorded. Plain functions of their inputs: the gate (section 10) calls them and records
+# what they decide.
 # Promises: an approval's hash covers exactly what it binds and what the operator is shown;
-# a re-run of an unknown outcome is never allowed without an operator. Nothing the model sees
-# names the operator command, the database, the config or a run id.
+# a re-run of an unknown outcome is never allowed without an operator. A result the gate lets
+# through reaches the host as the server answered it, never through the gate's prose (a
+# recorded one told again, in a DUPLICATE or by the status tool, is sanitized), and its
+# record identifies exactly what the model was given. Nothing the model sees names the operator command, the
+# database, the config or a run id.
 # =============================================================================================
 
 CONTENT_CAP = 65536  # bytes of a result's text the record keeps, and of recorded text in prose
