@@ -318,14 +318,23 @@ def test_max_result_bytes_is_checked_at_load(workdir):
 
 def test_the_record_keeps_64_kib_of_text_and_the_size_and_hash_of_the_rest(workdir):
     long = "ab" * 40000
+    many = [{"type": "text", "text": str(i)} for i in range(600)]
     config = scripted(workdir, {"long": {"result": {"content": [
-        {"type": "text", "text": long}, {"type": "text", "text": "tail"}]}}}, {"long": rule("read_only")})
+        {"type": "text", "text": long}, {"type": "text", "text": "tail"}]}}, "many": {"result": {"content": many}}},
+        {"long": rule("read_only"), "many": rule("read_only")})
     with gate_host(config) as host:
         assert result_text(host.call("up_long", {})) == long + "\ntail"  # whole, to the model
-    _, observed = read_runs(workdir)["up_long"]
-    first, second = observed["result"]["blocks"]
+        assert dumped(host.call("up_many", {}))["content"] == many
+    reads = read_runs(workdir)
+    first, second = reads["up_long"][1]["result"]["blocks"]
     assert first == {"type": "text", "text": long[:CAP], "bytes": 80000, "sha256": sha(long.encode())}
     assert second == {"type": "text", "text": "", "bytes": 4, "sha256": sha(b"tail")}
+    # A record describes 512 blocks one by one and counts the rest; its hash binds them all.
+    run_id, observed = reads["up_many"]
+    record = observed["result"]
+    assert record["blocks"] == many[:512] and record["more_blocks"] == 88
+    assert (record["bytes"], record["sha256"]) == result_hash({"content": many})
+    assert "  and 88 more blocks" in operator(config, "show", run_id).stdout
 
 
 def test_an_old_record_still_answers_a_duplicate_and_shows(workdir):
