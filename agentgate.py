@@ -5265,8 +5265,8 @@ def policy_pointer_problem(schema, rule, tool_name):
 # a re-run of an unknown outcome is never allowed without an operator. A result the gate lets
 # through reaches the host as the server answered it, never through the gate's prose (a
 # recorded one told again, in a DUPLICATE or by the status tool, is sanitized), and its
-# record identifies exactly what the model was given. Nothing the model sees names the operator command, the
-# database, the config or a run id.
+# record identifies exactly what the model was given. Nothing the model sees names the
+# operator command, the database, the config or a run id.
 # =============================================================================================
 
 CONTENT_CAP = 65536  # bytes of a result's text the record keeps, and of recorded text in prose
