@@ -21,6 +21,7 @@ from conftest import Host, everything_server_argv
 from kit import (
     HINT_RE,
     Bank,
+    approval_in,
     approve,
     bank,
     check,
@@ -259,7 +260,7 @@ def test_an_approved_call_the_server_failed_is_told_in_its_words(workdir):
     config = scripted(workdir, {"undo": {"result": TWO_ERRORS}}, {"undo": rule("remote_mutation")})
     with gate_host(config) as host:
         waiting = expect(host.call("up_undo", {}), "PENDING_APPROVAL", is_error=False)
-        approval = agentgate_approval(waiting)
+        approval = approval_in(waiting)
         (run_id, named) = HINT_RE.search(host.stderr_text()).groups()
         assert named == approval
         approve(config, run_id, approval)
@@ -268,10 +269,6 @@ def test_an_approved_call_the_server_failed_is_told_in_its_words(workdir):
     assert "APPROVED and executed, and the server reported a failure: This tool intentionally returns " \
            "an error" in status, status
     assert "bytes, error" not in status and not has_raw_controls(status)
-
-
-def agentgate_approval(text: str) -> str:
-    return text.split("(approval ", 1)[1].split(")", 1)[0]
 
 
 # ---------------------------------------------------------------- max_result_bytes
