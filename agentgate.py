@@ -31,7 +31,8 @@ Sections, in the order data flows through them:
      6. Schema validation     the subset of JSON Schema real servers use
      7. Pin and load          manifests, the load checks, the report
      8. Policy                on what a call does: conditions, entries, limits, grants
-     9. Answers               what the model is told, approvals and their hashes
+     9. Answers               what the model is told, a result passed on and its record,
+                              approvals and their hashes
     10. The gate              one call as one run, under the rules across calls
     11. MCP server            the host side: framing, initialize, tools/list, tools/call
     12. Operator commands     runs, show, approve, reject, cancel, watch, grant, verify,
