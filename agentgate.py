@@ -31,7 +31,8 @@ Sections, in the order data flows through them:
      6. Schema validation     the subset of JSON Schema real servers use
      7. Pin and load          manifests, the load checks, the report
      8. Policy                on what a call does: conditions, entries, limits, grants
-     9. Answers               what the model is told, approvals and their hashes
+     9. Answers               what the model is told, a result passed on and its record,
+                              approvals and their hashes
     10. The gate              one call as one run, under the rules across calls
     11. MCP server            the host side: framing, initialize, tools/list, tools/call
     12. Operator commands     runs, show, approve, reject, cancel, watch, grant, verify,
@@ -43,6 +44,7 @@ Sections, in the order data flows through them:
 """
 
 import argparse
+import base64
 import bisect
 import collections
 import ctypes
@@ -746,6 +748,8 @@ MIN_LEASE_TTL = 3 * SECOND
 DEFAULT_TOOL_TIMEOUT = 60 * SECOND
 DEFAULT_ARGUMENT_BYTES = 1 << 20  # what one call may bring in, canonically encoded
 MAX_ARGUMENT_BYTES = 8 << 20
+DEFAULT_RESULT_BYTES = 8 << 20  # what one result may take out, canonically encoded
+MAX_RESULT_BYTES = 16 << 20  # an upstream answer larger than this is refused whole anyway
 
 
 class ConfigError(Exception):
@@ -1017,7 +1021,7 @@ class Config:
 
     FIELDS = ("database", "session", "servers", "policy", "hold", "repeat_window",
               "max_pending", "approval_ttl", "grant_ttl", "status_tool", "lease_ttl",
-              "max_argument_bytes", "operator", "notify")
+              "max_argument_bytes", "max_result_bytes", "operator", "notify")
 
     def __init__(self, raw, path):
         self.path = path
@@ -1070,6 +1074,12 @@ class Config:
             raise ConfigError(f"max_argument_bytes must be a whole number of bytes from 1024 to "
                               f"{MAX_ARGUMENT_BYTES}")
         self.max_argument_bytes = int(cap.exact())
+        cap = raw.get("max_result_bytes", Number(str(DEFAULT_RESULT_BYTES)))
+        if not isinstance(cap, Number) or not cap.is_integer() or \
+                not 1024 <= cap.exact() <= MAX_RESULT_BYTES:
+            raise ConfigError(f"max_result_bytes must be a whole number of bytes from 1024 to "
+                              f"{MAX_RESULT_BYTES}")
+        self.max_result_bytes = int(cap.exact())
         self.operator = _string(raw, "operator", where)
         if self.operator not in ("", "none"):
             raise ConfigError(f'operator is {quote(self.operator)}; write "none" when no one is '
@@ -1359,6 +1369,11 @@ SCHEMA = [
     # that carries its step whole, with no step row and no row in the calls index. The
     # version says so to an older agentgate, which would show such a run without its step.
     "",
+    # Version 4. No new table: a server's answer is recorded as its result's record (its size
+    # and hash, its blocks by type, its text up to CONTENT_CAP; result_record) where it was
+    # its mapped content. Older records are read as they are, so nothing is rewritten (the
+    # chain binds them); the version says so to an older agentgate, which reads only those.
+    "",
 ]
 GRANT_COLUMNS = ("id", "session", "tool", "name", "conditions_json", "created_at", "expires_at",
                  "by", "note", "revoked_at", "revoked_by", "revoke_note")
@@ -1389,10 +1404,10 @@ KeyRun = collections.namedtuple("KeyRun", "run_id status reason detail finished 
 
 UNKNOWN_ENDINGS = ("timed_out", "no_answer", "cut_off")
 
-# What the newest attempt of a run's tool call came to: its ending, the result or error text,
-# when it finished, and the attempt as an interruption approval names it (run_id, step_id,
-# started_at, ended).
-Attempt = collections.namedtuple("Attempt", "ending text finished attempt")
+# What the newest attempt of a run's tool call came to: its ending, its observation as
+# recorded (None when it has none), when it finished, and the attempt as an interruption
+# approval names it (run_id, step_id, started_at, ended).
+Attempt = collections.namedtuple("Attempt", "ending observed finished attempt")
 
 
 def last_attempt(rows, run_id):
@@ -1414,20 +1429,15 @@ def last_attempt(rows, run_id):
         observed = parse(observation) if observation else {"kind": ""}
         if status == "executing" or (observed["kind"] == "interrupted" and observed[
                 "content"].get("previous_status") == "executing"):
-            return Attempt("cut_off", "", finished, {**attempt, "ended": "cut_off"})
-        if observed["kind"] == "tool_result":
-            content = observed["content"]
-            text = content if isinstance(content, str) else policy_json(content)
-            return Attempt("ok", text, finished, {**attempt, "ended": "ok"})
-        if observed["kind"] == "tool_error":
-            ending = observed["content"]["ending"]
-            return Attempt(ending, observed["content"]["error"], finished,
-                           {**attempt, "ended": ending})
+            return Attempt("cut_off", None, finished, {**attempt, "ended": "cut_off"})
+        if observed["kind"] in ("tool_result", "tool_error"):
+            ending = "ok" if observed["kind"] == "tool_result" else observed["content"]["ending"]
+            return Attempt(ending, observed, finished, {**attempt, "ended": ending})
         asked = rows("SELECT capability_json FROM approvals WHERE step_id=? AND "
                      "kind='interrupted_side_effect' ORDER BY rowid DESC LIMIT 1", (step_id,))
         if asked:
             prior = parse(asked[0][0])["interrupted"]
-            return Attempt(prior["ended"], "", finished, prior)
+            return Attempt(prior["ended"], None, finished, prior)
     return None
 
 
@@ -1486,10 +1496,13 @@ def kept_once(value):
 
 
 def outcome_fields(observation):
-    """What an event says of a tool call's outcome: its summary and content hash, or its
-    error (the step row keeps the whole observation)."""
-    if observation["kind"] == "tool_result":
-        return {"summary": observation["summary"], "content_hash": observation["content_hash"]}
+    """What an event says of a tool call's outcome: the summary, size and hash of the result
+    the server answered, or the error that came instead (the step row keeps the whole
+    observation)."""
+    if "result" in observation:
+        record = observation["result"]
+        return {"summary": observation["summary"], "bytes": record["bytes"],
+                "sha256": record["sha256"]}
     return {"error": observation["content"]["error"]}
 
 
@@ -5767,18 +5780,21 @@ def policy_pointer_problem(schema, rule, tool_name):
 #
 # Owns: what the model is told (every sentence of the gate's answers to a call is built here,
 # from the constants below; the status tool's are in section 11), the policy, approvals and
-# their hashes, and the checks a call's arguments and a server's result pass. Plain functions
-# of their inputs: the gate (section 10) calls them and records what they decide.
+# their hashes, the checks a call's arguments pass, and what of a server's result is passed on
+# and recorded. Plain functions of their inputs: the gate (section 10) calls them and records
+# what they decide.
 # Promises: an approval's hash covers exactly what it binds and what the operator is shown;
-# a re-run of an unknown outcome is never allowed without an operator. Nothing the model sees
-# names the operator command, the database, the config or a run id.
+# a re-run of an unknown outcome is never allowed without an operator. A result the gate lets
+# through reaches the host as the server answered it, never through the gate's prose (a
+# recorded one told again, in a DUPLICATE or by the status tool, is sanitized), and its
+# record identifies exactly what the model was given. Nothing the model sees names the
+# operator command, the database, the config or a run id.
 # =============================================================================================
 
-CONTENT_CAP = 65536
-TRUNCATED = "\n[truncated]"
-STRUCTURED_DROPPED = "[structured content dropped: too large]"
-OMITTED = {"image": "[image omitted]", "audio": "[audio omitted]",
-           "resource_link": "[resource link omitted]", "resource": "[embedded resource omitted]"}
+CONTENT_CAP = 65536  # bytes of a result's text the record keeps, and of recorded text in prose
+RECORDED_BLOCKS = 512  # blocks a result's record describes one by one; the rest it counts
+# What of a server's tools/call result reaches the host: every field MCP gives a result.
+RESULT_FIELDS = ("content", "structuredContent", "isError", "_meta")
 
 # Every sentence of the gate's answers to a call. {slots} are filled by answer(); server-,
 # model- and operator-chosen values are cleaned before they are put in. (The status tool's
@@ -5842,6 +5858,16 @@ PROSE = {
         "recorded ({reason}). What it did is unknown here and it may have taken effect. Do not "
         "call again to retry{window}. Tell the user."),
     "UNAVAILABLE": "The gate could not read or write its records: {what}. Tell the user.",
+    # An error result: the model did not get what the tool returns, and must not take this
+    # sentence for it.
+    "RESULT_TOO_LARGE": (
+        "The server answered this request with {what} of {size} bytes ({blocks}), more than "
+        "the {cap} bytes that are passed on, so it is not shown. {then} Tell the user."),
+}
+TOO_LARGE_THEN = {
+    "read": "A read changes nothing: asking for less (a smaller range, page or size) may fit.",
+    "mutating": "It was executed and is not executed again: do not call again to retry"
+                "{window}.",
 }
 HOW = {"timed_out": "timed out before the server answered",
        "no_answer": "failed without an answer from the server",
@@ -5851,19 +5877,21 @@ DUPLICATE_OUTCOME = {
     "unrecorded": "the server answered, but its result could not be recorded: {text}",
     "error": "it failed, with this error: {text}",
 }
-IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED", "DUPLICATE", "UNAVAILABLE"}
+IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED", "DUPLICATE", "UNAVAILABLE",
+            "RESULT_TOO_LARGE"}
 
 
 class Answer:
-    """What one tools/call returns to the host."""
+    """What one tools/call returns to the host: the gate's own prose as one text block, or a
+    server's result (`passed`) as the server answered it; `text` is then its text blocks."""
 
-    def __init__(self, text, is_error=False, structured=None):
-        self.text, self.is_error, self.structured = text, is_error, structured
+    def __init__(self, text, is_error=False, passed=None):
+        self.text, self.is_error, self.passed = text, is_error, passed
 
     def result(self):
+        if self.passed is not None:
+            return self.passed
         result = {"content": [{"type": "text", "text": self.text}]}
-        if self.structured is not None:
-            result["structuredContent"] = self.structured
         if self.is_error:
             result["isError"] = True
         return result
@@ -5875,10 +5903,11 @@ def answer(prefix, key=None, **slots):
     return Answer(f"{prefix}: {text}", prefix in IS_ERROR)
 
 
-def result_answer(content):
-    """A recorded result, passed back as data: a string as its text, anything else as JSON."""
-    text = content if isinstance(content, str) else policy_json(content)
-    return Answer(text, False, content if isinstance(content, dict) else None)
+def passed_answer(passed):
+    """A server's result, passed on whole: every block in its order, the structured content
+    beside them, isError and _meta. Nothing of it goes through the gate's prose."""
+    return Answer("\n".join(b["text"] for b in passed["content"] if b["type"] == "text" and
+                            isinstance(b.get("text"), str)), passed.get("isError") is True, passed)
 
 
 def note_text(note):
@@ -5989,59 +6018,142 @@ def check_arguments(tool, args, work=None):
     return ""
 
 
-def map_result(tool, result):
-    """An upstream tools/call result as the gate records it: (content, summary, error,
-    content hash).
-
-    The cap counts the recorded JSON encoding, escapes and marker included, so what is stored
-    and what the host is sent never exceed it. The content is encoded once for its size and
-    its hash.
-    """
-    where = f"{tool.server.name}/{tool.upstream_name}"
+def passed_result(tool, result):
+    """(what of a server's tools/call result is passed on, '') or (None, why the result
+    cannot be used)."""
     if not isinstance(result, dict):
-        return None, "", "the server's result is not an object", ""
+        return None, "the server's result is not an object"
     if result.get("resultType") == "input_required" or "inputRequests" in result:
-        return None, "", f"{tool.name}: the server asked for more input, which the gate does " \
-                         f"not support", ""
-    notes = []
-    structured = result.get("structuredContent")
-    encoded = canonical(structured) if structured is not None else None
-    if encoded is not None and len(encoded) <= CONTENT_CAP:
-        content = structured
+        return None, f"{tool.name}: the server asked for more input, which the gate does not " \
+                     f"support"
+    blocks = result.get("content")
+    if not isinstance(blocks, list) or not all(
+            isinstance(block, dict) and isinstance(block.get("type"), str) for block in blocks):
+        return None, "the server's result has no list of content blocks, each with its type"
+    return {k: result[k] for k in RESULT_FIELDS if k in result}, ""
+
+
+def result_record(passed):
+    """What the record keeps of a server's result, so it identifies exactly what the model
+    was given: the size and hash of the result's canonical form, which bind every byte of it
+    (_meta and annotations too); each block by its type and labels, with its text while the
+    result's texts come to at most CONTENT_CAP bytes (a text cut short, and every binary
+    block, as its size and hash); the structured content, whole while it fits in what is
+    left, else as its size and hash; isError."""
+    encoded = canonical(passed)
+    room = [CONTENT_CAP]
+
+    def keep(text):
+        data = text.encode("utf-8", "surrogatepass")
+        kept = data[:room[0]]
+        room[0] -= len(kept)
+        return text if len(kept) == len(data) else kept.decode("utf-8", "ignore")
+
+    blocks = passed["content"]
+    record = {"bytes": len(encoded), "sha256": sha256_hex(encoded),
+              "blocks": [recorded_block(block, keep) for block in blocks[:RECORDED_BLOCKS]]}
+    if len(blocks) > RECORDED_BLOCKS:
+        record["more_blocks"] = len(blocks) - RECORDED_BLOCKS
+    if "structuredContent" in passed:
+        structured = canonical(passed["structuredContent"])
+        record["structured"] = {"bytes": len(structured), "sha256": sha256_hex(structured)}
+        if len(structured) <= room[0]:
+            room[0] -= len(structured)
+            record["structured"]["value"] = passed["structuredContent"]
+    if passed.get("isError") is True:
+        record["is_error"] = True
+    return record
+
+
+def recorded_block(block, keep):
+    """One block of a result as its record keeps it (result_record). An image's or audio's
+    data and a resource's blob are kept as the size and hash of the bytes they encode, so a
+    file can be matched against the record; a block with no text or data of its own (a
+    resource link) as the size and hash of its canonical form."""
+    kind = block["type"]
+    entry = {"type": cut(kind, 100)}
+    source = block.get("resource") if kind == "resource" and isinstance(
+        block.get("resource"), dict) else block
+    for label in ("mimeType", "uri", "name"):
+        if isinstance(source.get(label), str):
+            entry[label] = keep(source[label])
+    text = source.get("text") if kind in ("text", "resource") else None
+    data = source.get("blob") if kind == "resource" else source.get("data") if kind in (
+        "image", "audio") else None
+    if isinstance(text, str):
+        entry["text"] = keep(text)
+        if entry["text"] != text:
+            entry.update(_size_and_hash(text.encode("utf-8", "surrogatepass")))
+    elif isinstance(data, str):
+        try:
+            entry.update(_size_and_hash(base64.b64decode(data, validate=True)))
+        except ValueError:  # not base64: what was sent is what is identified
+            entry.update(_size_and_hash(data.encode("utf-8", "surrogatepass")), base64=False)
     else:
-        blocks = result.get("content") if isinstance(result.get("content"), list) else []
-        parts = [b.get("text", "") if isinstance(b, dict) and b.get("type") == "text"
-                 and isinstance(b.get("text"), str)
-                 else OMITTED.get(b.get("type") if isinstance(b, dict) else "",
-                                  "[content omitted]") for b in blocks]
-        content = "\n".join(parts)
-        if structured is not None:
-            if not blocks:
-                content = STRUCTURED_DROPPED
-            notes.append(f"structured content of {len(encoded)} bytes dropped for the text")
-        encoded = canonical(content)
-        if len(encoded) > CONTENT_CAP:
-            content = cap_text(content, CONTENT_CAP)
-            notes.insert(0, "truncated")
-            encoded = canonical(content)
-    summary = ", ".join([f"{where}: {len(encoded)} bytes", *notes])
-    if result.get("isError") is True:
-        text = content if isinstance(content, str) else policy_json(content)
-        return None, summary, f"{summary}, error: {text}", ""
-    return content, summary, "", sha256_hex(encoded)
+        entry.update(_size_and_hash(canonical(block)))
+    return entry
 
 
-def cap_text(text, cap):
-    """The longest prefix whose JSON string, with the truncation marker, fits in `cap` bytes."""
-    cap = max(cap, len(canonical(TRUNCATED)))
-    low, high = 0, len(text)
-    while low < high:
-        mid = (low + high + 1) // 2
-        if len(canonical(text[:mid] + TRUNCATED)) <= cap:
-            low = mid
-        else:
-            high = mid - 1
-    return text[:low] + TRUNCATED
+def _size_and_hash(data):
+    return {"bytes": len(data), "sha256": sha256_hex(data)}
+
+
+def block_bytes(entry):
+    """The size of a recorded block: as recorded, or of its text when that was kept whole."""
+    return entry["bytes"] if "bytes" in entry else len(entry["text"].encode("utf-8",
+                                                                            "surrogatepass"))
+
+
+def block_labels(record):
+    """A recorded result's blocks as short labels: `[type label, N bytes]`."""
+    labels = []
+    for entry in record["blocks"]:
+        label = entry.get("mimeType") or entry.get("uri") or ""
+        labels.append(f"[{entry['type']}{' ' + label if label else ''}, "
+                      f"{block_bytes(entry)} bytes]")
+    if record.get("more_blocks"):
+        labels.append(f"[{record['more_blocks']} more blocks]")
+    return labels
+
+
+def recorded_text(record, withheld=False):
+    """A recorded result as text, for prose: the text of its text blocks and every other block
+    as its label (block_labels); of a result that was withheld, only the labels. A result of
+    structured content alone is its JSON, when it was kept."""
+    labels = block_labels(record)
+    parts = [entry["text"] if entry["type"] == "text" and "text" in entry and not withheld
+             else label for entry, label in zip(record["blocks"], labels)] + labels[
+        len(record["blocks"]):]
+    structured = record.get("structured", {})
+    if not record["blocks"] and "value" in structured and not withheld:
+        parts.append(policy_json(structured["value"]))
+    return "\n".join(parts)
+
+
+def outcome_text(observed):
+    """What a recorded outcome of a tool call says, as text: the server's result (as
+    recorded_text), the error that came instead of one, or, for a result recorded before
+    results were kept whole (schema version 4), its mapped content."""
+    if "result" in observed:
+        return recorded_text(observed["result"], observed.get("withheld", False))
+    if observed["kind"] == "tool_result":
+        content = observed["content"]
+        return content if isinstance(content, str) else policy_json(content)
+    return observed["content"]["error"]
+
+
+def result_summary(tool, record, withheld_over=0):
+    """One line on a recorded result, for the operator: where it came from and what it is."""
+    count = len(record["blocks"]) + record.get("more_blocks", 0)
+    parts = [f"{tool.server.name}/{tool.upstream_name}: {record['bytes']} bytes, {count} "
+             f"block{'s' if count != 1 else ''}"]
+    if "structured" in record:
+        parts.append("structured content")
+    if record.get("is_error"):
+        parts.append("an error")
+    if withheld_over:
+        parts.append(f"withheld: more than {withheld_over} bytes")
+    return ", ".join(parts)
 
 
 # =============================================================================================
@@ -6498,8 +6610,8 @@ class Gate:
             return None
         if unknown:
             return STOP
-        outcome = DUPLICATE_OUTCOME[attempt.ending].format(
-            text=clean(attempt.text, 500 if attempt.ending == "unrecorded" else CONTENT_CAP))
+        outcome = DUPLICATE_OUTCOME[attempt.ending].format(text=clean(
+            outcome_text(attempt.observed), 500 if attempt.ending == "unrecorded" else CONTENT_CAP))
         log(f"a call to {tool.name} was refused as a duplicate of run {run_id}, which executed "
             f"the same request at {prose_time(attempt.finished)}: "
             f"{repeat_window_text(tool, window, self.config.path)}")
@@ -6696,7 +6808,8 @@ class Gate:
     def _execute_once(self, tool, verdict, progress):
         run_id, step_id, args = verdict.run_id, verdict.step_id, verdict.args
         started = time.monotonic()
-        observation, ending = call_upstream(tool, args, progress and progress.server)
+        observation, ending, passed = call_upstream(tool, args, self.config.max_result_bytes,
+                                                    progress and progress.server)
         elapsed = int((time.monotonic() - started) * 1000)
         rerun = {}
 
@@ -6718,8 +6831,10 @@ class Gate:
                               outcome=OUTCOME_KNOWN)
 
         self.store.write(record)
-        if ending == "ok":
-            return result_answer(observation["content"])
+        if passed is not None:
+            return passed_answer(passed)
+        if observation.get("withheld"):
+            return self._too_large(tool, observation["result"])
         error = observation["content"]["error"]
         if rerun:
             log(f"a call to {tool.name} {HOW[ending]}; its outcome is unknown")
@@ -6727,11 +6842,23 @@ class Gate:
             return answer("UNKNOWN_OUTCOME", how=HOW[ending], error=f" ({clean(error, 500)})",
                           approval=rerun["id"])
         if ending == "unrecorded":
-            window = self.window(tool)
-            return answer("UNRECORDED", reason=clean(error, 500), window=(
-                f"; an identical call within {format_duration(window)} is refused as a "
-                f"duplicate" if window else ""))
+            return answer("UNRECORDED", reason=clean(error, 500), window=self._refused_for(tool))
         return Answer(clean(error, CONTENT_CAP), True)
+
+    def _refused_for(self, tool):
+        """How long an identical call is refused as a duplicate, as prose ends a sentence."""
+        window = self.window(tool)
+        return (f"; an identical call within {format_duration(window)} is refused as a "
+                f"duplicate" if window else "")
+
+    def _too_large(self, tool, record):
+        """A result past max_result_bytes: what it was, by its blocks' types and sizes, and
+        whether the request executed (a mutating one did, and is not run again)."""
+        then = TOO_LARGE_THEN["read"] if tool.read_only else \
+            TOO_LARGE_THEN["mutating"].format(window=self._refused_for(tool))
+        return answer("RESULT_TOO_LARGE", what="an error" if record.get("is_error") else
+                      "a result", size=record["bytes"], cap=self.config.max_result_bytes,
+                      blocks=clean(", ".join(block_labels(record)), 500), then=then)
 
     def _pause_rerun(self, tx, tool, run_id, step_id, args, ending, work):
         """An unknown outcome: propose the same request again, which the policy always sends
@@ -6755,36 +6882,48 @@ class Gate:
         return approval
 
 
-def call_upstream(tool, args, progress=None):
-    """Send one call upstream and classify what came back, as (observation, ending).
+def call_upstream(tool, args, cap, progress=None):
+    """Send one call upstream and classify what came back, as (observation, ending, passed):
+    `passed` is the server's result to pass on to the host as it came, or None when there is
+    none, or when it is larger than `cap` bytes (the observation then says it was withheld).
 
     The ending is the one place an outcome is classified: 'ok'; 'error' (the server answered
-    with an error, or nothing was sent: known); 'unrecorded' (the server answered, so the call
-    executed, but its answer is unusable: known, and never run again); 'timed_out' or
-    'no_answer' (it may have taken effect: unknown). A read's failure is always 'error': a
-    read has no effect for anyone to vouch for.
+    with an error result or a JSON-RPC error, or nothing was sent: known); 'unrecorded' (the
+    server answered, so the call executed, but its answer is unusable: known, and never run
+    again); 'timed_out' or 'no_answer' (it may have taken effect: unknown). A read's failure
+    is always 'error': a read has no effect for anyone to vouch for.
     """
+    passed = None
     try:
         result = tool.upstream.request(
             "tools/call", {"name": tool.upstream_name, "arguments": {**args, **tool.rule.fixed}},
             Deadline(tool.timeout), f"tool {quote(tool.upstream_name)}", progress)
+        passed, error = passed_result(tool, result)
         try:
-            content, summary, error, digest = map_result(tool, result)
+            record = result_record(passed) if passed is not None else None
         except Exception as err:  # a result shaped in a way no server should send
-            content, summary, error = None, "", f"the server's result could not be read: {err}"
-        ending = "ok" if not error else "error" if summary else "unrecorded"
+            passed, error = None, f"the server's result could not be read: {err}"
+        ending = "unrecorded" if passed is None else "error" if record.get("is_error") \
+            else "ok"
     except UpstreamError as err:
-        content, error = None, str(err)
+        error = str(err)
         ending = ("unrecorded" if err.unusable else "error" if err.answered or not err.sent
                   else "timed_out" if err.timed_out else "no_answer")
     if tool.read_only and ending != "ok":
         ending = "error"
-    if ending == "ok":
-        return {"kind": "tool_result", "content": content, "summary": summary,
-                "content_hash": digest}, ending
-    return {"kind": "tool_error", "summary": cut(f"{tool.name} {ending}: {sanitize(error)}",
-                                                 1000),
-            "content": {"tool": tool.name, "error": error, "ending": ending}}, ending
+    if passed is None:
+        return {"kind": "tool_error", "summary": cut(
+            f"{tool.name} {ending}: {sanitize(error)}", 1000), "content": {
+            "tool": tool.name, "error": error, "ending": ending}}, ending, None
+    withheld = record["bytes"] > cap
+    observation = {"kind": "tool_result" if ending == "ok" else "tool_error",
+                   "summary": result_summary(tool, record, cap if withheld else 0),
+                   "result": record}
+    if ending != "ok":
+        observation["content"] = {"tool": tool.name, "ending": ending}
+    if withheld:
+        observation["withheld"] = True
+    return observation, ending, None if withheld else passed
 
 
 RECORDED_FRAME_BYTES = 65536
@@ -7349,15 +7488,16 @@ class HostServer:
         # A token is a string or a number, as an id is; a batch's member gets no progress.
         progress = Progress(send) if respond and echoable_id(token) else None
         try:
-            result = self.gate.call(tool, args, invalid, progress, cancelled).result()
+            answered = self.gate.call(tool, args, invalid, progress, cancelled)
         finally:
             with self.calls_lock:
                 self.calls.pop(_id_key(ident), None)
-        if "outputSchema" in tool.listing and "structuredContent" not in result:
+        result = answered.result()
+        if answered.passed is None and "outputSchema" in tool.listing:
             # A tool with an output schema promises structured content in every result but an
-            # error, and a host refuses a result without it. The gate's own answers carry none
-            # (nor does a result whose structured content was not passed on): they go as
-            # errors, which a host reads as they are.
+            # error, and a host refuses a result without it. The gate's own answers carry
+            # none, so they go as errors, which a host reads as they are; a server's result
+            # passes as the server sent it.
             result["isError"] = True
         return None if cancelled.is_set() and respond else result
 
@@ -7476,7 +7616,7 @@ def approved_fate(gate, approval):
             return "APPROVED and executed, and it succeeded."
         if observed["kind"] == "tool_error":
             ending = observed["content"]["ending"]
-            error = clean(observed["content"]["error"], 500)
+            error = clean(outcome_text(observed), 500)
         else:
             ending, error = "cut_off", ""  # interrupted, or cancelled, while executing
         if ending == "unrecorded":
@@ -7782,6 +7922,14 @@ def cmd_show(argv):
             note = f": {sanitize(grant['note'])}" if grant["note"] else ""
             print(f"step {index} ran under grant {grant['id']} by {sanitize(grant['by'])}, "
                   f"{grant['created_at']} to {grant['expires_at']}{note}")
+    for s in steps:
+        observed = parse(s["observation"]) if s["observation"] else {}
+        if "result" in observed:
+            print()
+            head, rows = result_rows(s["index"], observed)
+            print(head)
+            if rows:
+                print_table(rows)
     print()
     print("\n".join(result_lines(steps)))
     print()
@@ -7813,21 +7961,44 @@ SHOW_WIDTH = 100  # columns of a wrapped line in show: events and the result are
 
 def result_lines(steps):
     """The run's result as recorded in its last step that has one, whole and sanitized: the
-    text a tool answered (structured content as JSON), or the error its call ended in."""
+    text a tool answered (outcome_text, which reads the record of every version), or the
+    error its call ended in."""
     observed = [parse(s["observation"]) for s in steps if s["observation"]]
     if not observed:
         return ["result    none recorded"]
     last = observed[-1]
-    if last["kind"] == "tool_result":
-        content = last["content"]
-        head = f"result    {sanitize(last.get('summary', ''))}"
-        text = content if isinstance(content, str) else pretty_json(content)
-    else:
-        head = f"result    {last['kind']}"
-        error = last.get("content", {}).get("error", "")
-        text = error if isinstance(error, str) else policy_json(error)
-    return [head] + [f"          {piece}" for line in text.split("\n")
-                     for piece in wrap_columns(sanitize(line), SHOW_WIDTH)]
+    summary = last.get("summary", "")
+    text = outcome_text(last)
+    text = text if isinstance(text, str) else policy_json(text)
+    return [f"result    {last['kind']}" + (f": {sanitize(summary)}" if summary else "")] + [
+        f"          {piece}" for line in text.split("\n")
+        for piece in wrap_columns(sanitize(line), SHOW_WIDTH)]
+
+
+def result_rows(index, observed):
+    """A recorded result as the operator reads it: a line with its size and hash, and a row
+    for each block with its type, size and hash, and its label or the start of its text."""
+    record = observed["result"]
+    how = (", withheld: too large to pass on" if observed.get("withheld") else "") + (
+        ", an error result" if record.get("is_error") else "")
+    head = f"result of step {index}: {record['bytes']} bytes, sha256 {record['sha256']}{how}"
+    rows = []
+    for entry in record["blocks"]:
+        digest = entry.get("sha256") or sha256_hex(entry["text"].encode("utf-8",
+                                                                        "surrogatepass"))
+        shown = quote(cut(entry["text"], 80)) if "text" in entry else sanitize(
+            entry.get("mimeType") or entry.get("uri") or "")
+        kept = " (first part kept)" if "text" in entry and "sha256" in entry else ""
+        rows.append((f"  {sanitize(entry['type'])}", f"{block_bytes(entry)} bytes",
+                     f"sha256 {digest}", shown + kept))
+    structured = record.get("structured")
+    if structured:
+        rows.append(("  structured content", f"{structured['bytes']} bytes",
+                     f"sha256 {structured['sha256']}", "" if "value" in structured else
+                     "(not kept: too large)"))
+    if record.get("more_blocks"):
+        rows.append((f"  and {record['more_blocks']} more blocks", "", "", ""))
+    return head, rows
 
 
 def shown_value(value, full=False):
@@ -7915,13 +8086,9 @@ def print_approval(approval, full=False, late=(), out=None):
 
 def late_text(observation):
     """What a cut-off attempt came to, learned after its run was taken over."""
-    if observation.get("kind") == "tool_result":
-        content = observation["content"]
-        text = content if isinstance(content, str) else policy_json(content)
-        what = f"it succeeded, with this result: {clean(text, 2 * ARG_SHOWN)}"
-    else:
-        error = observation.get("content", {}).get("error", "")
-        what = f"it failed: {clean(str(error), 2 * ARG_SHOWN)}"
+    text = clean(outcome_text(observation), 2 * ARG_SHOWN)
+    what = f"it succeeded, with this result: {text}" if observation["kind"] == "tool_result" \
+        else f"it failed: {text}"
     return f"the attempt that was cut off did finish after all, after its run was taken over: " \
         f"{what}"
 
@@ -10028,9 +10195,9 @@ def cmd_check(argv):
 def load_warnings(reports):
     """What a gate writes to the host's log of its load reports as it starts: each line that
     says something is not as it should be (a tool refused, unclassified, unreviewed or not
-    pinned, a lint finding), and why a server is not served. The line each offered tool gets, and its rules, are check's to
-    print: fifty of them would bury the approval lines an operator looks for in that log, so
-    one line says what is served (cmd_serve)."""
+    pinned, a lint finding), and why a server is not served. The line each offered tool gets,
+    and its rules, are check's to print: fifty of them would bury the approval lines an
+    operator looks for in that log, so one line says what is served (cmd_serve)."""
     lines = []
     for report in reports:
         for line in report.lines:

@@ -13,9 +13,9 @@ Ported from the reference suite (agentrt-tests.md):
 - unknown_test.go TestUnknown_UnrecordedResultCountsAsExecuted (the first call only).
 - tool_test.go: TestDeny_RemovedFromTheSchemaAndRefusedAtCall, TestFixed_RemovedFromTheSchemaAndInjectedAtCall,
   TestFixed_ACallThatSetsAFixedParameterFails, TestCall_StructuredAndTextResults,
-  TestCall_IsErrorBecomesAnError, TestCall_OversizedContentIsTruncated (at agentgate's fixed
-  64 KiB cap), TestCall_CapCountsEncodedBytes, TestCall_OversizedStructuredContentFallsBackToText,
-  TestCall_InputRequiredIsRefused.
+  TestCall_IsErrorBecomesAnError, TestCall_InputRequiredIsRefused. Issue 20 departs from the
+  reference on purpose: a result passes as the server sent it (no cap on what the model gets,
+  no text instead of structured content), and the record keeps 64 KiB of its text.
 - security_test.go TestCall_StructuredContentKeepsItsNumbers (stdio half).
 - mcp/driver_test.go TestDriver_ApprovalNamesThePrefixedTool (the capability names the prefixed
   tool; approving and resuming belongs to later work).
@@ -27,8 +27,8 @@ TestProxy_ExpiredIsNotAskedAgain, TestProxy_StaleGrantExecutesNothing,
 TestProxy_PolicyChangedToDenyBeforeCollection, TestProxy_ChangedFixedValueAsksAgain,
 TestProxy_StatusToolReportsAndNeverExecutes,
 TestProxy_StatusSaysWhetherAnApprovedRequestExecuted, TestProxy_ArgumentsTheRuntimeRefusesNeverCollect.
-N/A: TestCapText_NeverExceedsTheCap over caps 0..199 (agentgate's cap is a constant; the
-encoded-bytes rule is checked at 64 KiB below).
+N/A since issue 20: TestCapText_NeverExceedsTheCap, TestCall_OversizedContentIsTruncated,
+TestCall_CapCountsEncodedBytes, TestCall_OversizedStructuredContentFallsBackToText.
 """
 
 import json
@@ -59,7 +59,6 @@ from kit import (
 )
 
 CAP = 65536
-MARKER = "\n[truncated]"
 ALLOWED = ["run.created", "run.started", "step.started", "step.decided", "step.policy",
            "step.tool_started", "step.tool_finished", "run.finished"]
 DENIED = ["run.created", "run.started", "step.started", "step.decided", "step.policy", "step.failed",
@@ -69,11 +68,6 @@ INVALID = ["run.created", "run.started", "step.started", "step.decided", "step.f
 PENDING = ["run.created", "run.started", "step.started", "step.decided", "step.policy", "approval.requested"]
 # An allowed read is recorded whole after it answers, in one event (issue 11).
 READ = ["run.read"]
-
-
-def encoded_len(text: str) -> int:
-    """Bytes of the JSON string the gate records (no HTML characters in these texts)."""
-    return len(json.dumps(text, ensure_ascii=False).encode())
 
 
 # ---------------------------------------------------------------- the fake payment server
@@ -177,8 +171,9 @@ def test_runs_record_what_happened(workdir):
         # The event is the read's one step, whole: no step row, and no row in the calls index
         # (no later decision reads it).
         observation = payload["observation"]
-        assert (observation["kind"], observation["content"]) == ("tool_result", "account z holds 120.00 EUR")
-        assert observation["summary"] and len(observation["content_hash"]) == 64
+        assert observation["kind"] == "tool_result"
+        assert observation["result"]["blocks"] == [{"type": "text", "text": "account z holds 120.00 EUR"}]
+        assert observation["summary"] and len(observation["result"]["sha256"]) == 64
         assert steps(db, allowed) == []
         assert db.execute("SELECT count(*) FROM calls WHERE run_id=?", (allowed,)).fetchone()[0] == 0
         assert event_types(db, denied) == DENIED
@@ -208,7 +203,7 @@ def test_show_and_runs_read_an_allowed_reads_step_out_of_its_one_event(workdir):
     assert "status    COMPLETED (goal_completed)" in shown and "steps     1" in shown
     (step,) = json.loads(operator(config, "show", run_id, "-json").stdout)["steps"]
     assert (step["index"], step["status"], step["decision"]["args"]) == (0, "done", {"account": "z"})
-    assert step["observation"]["content"] == "account z holds 120.00 EUR"
+    assert step["observation"]["result"]["blocks"] == [{"type": "text", "text": "account z holds 120.00 EUR"}]
     assert step["policy"]["outcome"] == "allow" and "policy_id" not in step["policy"]
     assert run_id in operator(config, "runs").stdout
 
@@ -230,9 +225,8 @@ def test_server_text_in_prose_is_escaped_but_results_are_data(workdir):
     to = "x\x1b[2J\u202e"
     with gate_host(config) as host:
         failed = host.call("bank_pay", {"to": to, "amount": 1, "mode": "error"})
-        assert failed.is_error
-        assert "card declined" in result_text(failed)
-        assert not has_raw_controls(result_text(failed)), repr(result_text(failed))
+        assert failed.is_error  # a server's error result is data too: as the server wrote it
+        assert result_text(failed) == f"card declined for {to}"
 
         paid = host.call("bank_pay", {"to": to, "amount": 2})
         assert not paid.is_error
@@ -289,7 +283,10 @@ def test_denied_and_fixed_parameters(workdir):
         assert '"root" is fixed' in result_text(fixed)
 
 
-def test_results_are_mapped_and_capped(workdir):
+def test_results_pass_whole_and_the_record_keeps_their_text_up_to_64_kib(workdir):
+    """Issue 20 changed this test: results used to be mapped (an image to "[image omitted]",
+    structured content instead of the text, text cut at 64 KiB); now every result passes as
+    the server sent it, and only the record keeps at most 64 KiB of its text."""
     image = {"type": "image", "data": "aGk=", "mimeType": "image/png"}
     calls = {
         "structured": {"result": {"content": [{"type": "text", "text": "two"}],
@@ -298,13 +295,8 @@ def test_results_are_mapped_and_capped(workdir):
                                          {"type": "text", "text": "last"}]}},
         "failing": {"error": "no such file"},
         "long": {"text": "x" * 70000},
-        "controls": {"text": "\x01" * 70000},
         "wide": {"text": "世" * 30000},
-        "fits": {"text": "\x01" * 10000},
-        "with_text": {"result": {"content": [{"type": "text", "text": "summary text"}],
-                                 "structuredContent": {"k": "x" * 70000}}},
         "alone": {"result": {"content": [], "structuredContent": {"k": "x" * 70000}}},
-        "small": {"result": {"content": [{"type": "text", "text": "one"}], "structuredContent": {"k": 1}}},
         "asks": {"result": {"resultType": "input_required",
                             "inputRequests": {"q": {"method": "elicitation/create",
                                                     "params": {"message": "which file?"}}}}},
@@ -321,62 +313,46 @@ def test_results_are_mapped_and_capped(workdir):
 
         result, text = call("structured")
         assert not result.is_error and result.structured_content == {"lines": 2, "ok": True}
-        assert json.loads(text) == {"lines": 2, "ok": True}
+        assert text == "two"
 
         result, text = call("mixed")
-        assert text == "first\n[image omitted]\nlast"
+        assert [b.type for b in result.content] == ["text", "image", "text"]
+        assert (result.content[1].data, result.content[1].mime_type) == ("aGk=", "image/png")
+        assert text == "first\nlast"
 
         result, text = call("failing")
-        assert result.is_error and "no such file" in text and "error:" in text
+        assert result.is_error and text == "no such file"
 
-        result, text = call("long")
-        assert not result.is_error
-        assert text == "x" * (CAP - 2 - len('\\n[truncated]')) + MARKER
-        assert encoded_len(text) == CAP
-
-        for name in ("controls", "wide"):
+        for name, whole in (("long", "x" * 70000), ("wide", "世" * 30000)):
             result, text = call(name)
-            assert text.endswith(MARKER) and encoded_len(text) <= CAP, name
-            body = text.removesuffix(MARKER)
-            assert set(body) == {"\x01" if name == "controls" else "世"}
-            one_more = body + body[0] + MARKER
-            assert encoded_len(one_more) > CAP  # the longest prefix that fits
-
-        result, text = call("fits")
-        assert text == "\x01" * 10000  # 60002 encoded bytes: whole, control characters and all
-
-        result, text = call("with_text")
-        assert text == "summary text" and result.structured_content is None
+            assert not result.is_error and text == whole, name
 
         result, text = call("alone")
-        assert text == "[structured content dropped: too large]"
-
-        result, text = call("small")
-        assert result.structured_content == {"k": 1}
+        assert result.content == [] and result.structured_content == {"k": "x" * 70000}
 
         result, text = call("asks")
         assert result.is_error and "asked for more input" in text
 
         result, text = call("numbers")
-        assert text == '{"f":0.1,"id":123456789012345678901234567890,"n":9007199254740993,"s":"<b>"}'
+        assert text == "n"
         assert result.structured_content == {"id": 123456789012345678901234567890, "n": 9007199254740993,
                                              "f": 0.1, "s": "<b>"}
 
     db = open_db(workdir / "runs.db")
     try:
-        summaries = {}
-        # The reads' observations are in their run.read events, the others' in their steps.
-        observations = [json.loads(o) for (o,) in db.execute("SELECT observation_json FROM steps WHERE idx=0")]
-        observations += [json.loads(p)["observation"] for (p,) in db.execute(
-            "SELECT payload_json FROM events WHERE type='run.read'")]
-        for observation in observations:
-            summaries[observation["summary"].split(":")[0]] = observation["summary"]
-        assert summaries["fs/structured"] == "fs/structured: 21 bytes"
-        assert summaries["fs/long"] == f"fs/long: {CAP} bytes, truncated"
-        assert summaries["fs/with_text"] == \
-            "fs/with_text: 14 bytes, structured content of 70008 bytes dropped for the text"
-        assert "dropped" in summaries["fs/alone"]
-        assert summaries["fs/small"] == "fs/small: 7 bytes"
+        observations = {}
+        for (payload,) in db.execute("SELECT payload_json FROM events WHERE type='run.read'"):
+            observation = json.loads(payload)["observation"]
+            observations[observation["summary"].split(":")[0]] = observation
+        assert observations["fs/structured"]["result"]["structured"]["value"] == {"lines": 2, "ok": True}
+        assert observations["fs/structured"]["summary"].endswith("1 block, structured content")
+        long = observations["fs/long"]["result"]["blocks"][0]
+        assert long["text"] == "x" * CAP and long["bytes"] == 70000
+        wide = observations["fs/wide"]["result"]["blocks"][0]
+        assert wide["text"] == "世" * (CAP // 3) and wide["bytes"] == 90000  # whole characters only
+        alone = observations["fs/alone"]["result"]["structured"]
+        assert "value" not in alone and alone["bytes"] == len('{"k":""}') + 70000
+        assert observations["fs/failing"]["result"]["is_error"]
     finally:
         db.close()
 
@@ -396,19 +372,16 @@ def test_filesystem_server_read_and_write(workdir, tmp_path):
     config = write_config(workdir, [server])
     pin(config)
     with gate_host(config) as host:
-        # this server answers with structuredContent too, and structured content that fits is the result
+        # this server answers with structuredContent beside its text, and both pass
         note = host.call("fs_read_file", {"path": str(files / "note.txt")})
         assert not note.is_error
         assert note.structured_content == {"content": "hello through the gate\n"}
-        assert json.loads(result_text(note)) == {"content": "hello through the gate\n"}
+        assert result_text(note) == "hello through the gate\n"
 
         result = host.call("fs_read_file", {"path": str(files / "big.txt")})
-        # an error: read_file's output schema, now offered, asks for the structured content
-        # that was not passed on, and a host would refuse the result without it
-        assert result.is_error
-        text = result_text(result)  # too big as structured content, so its text, truncated
-        assert result.structured_content is None
-        assert text == big[: CAP - 2 - len("\\n[truncated]")] + MARKER
+`reject RUN -note TEXT` refuses it (the model sees your note), `cancel RUN` ends a run,
+`show RUN` shows one run with its steps and events and what the model was given (each block
+of a result by type, size and hash, and up to 64 KiB of its text), `verify` walks the tamper-evident event
 
         written = host.call("fs_write_file", {"path": str(files / "out.txt"), "content": "written by the gate"})
         assert not written.is_error, result_text(written)

@@ -269,8 +269,10 @@ def test_the_schemas_number_literal_survives_pin_load_and_call(workdir, sdk_serv
     assert check(config).returncode == 0
 
     gate = gate_host(config)
-    text, error = said(gate.call("bank_limits", {"amount": 9007199254740993}))
-    assert not error and '"amount":9007199254740993' in text and '"rate":1.10' in text, text
+    # Issue 20: the structured content passes beside the server's own text (which the gate
+    # used to replace with its JSON); the literals live on in it and in the record below.
+    result = gate.call("bank_limits", {"amount": 9007199254740993})
+    assert not result.is_error and result.structured_content["amount"] == 9007199254740993, result
     # The gate checks the call against the literal itself: one past it is refused before sending.
     expect(gate.call("bank_limits", {"amount": 9007199254740994}), "INVALID", is_error=True)
     gate.close()

@@ -471,19 +471,14 @@ def test_quickstart_from_nothing_to_a_gated_filesystem_server(tmp_path):
         listed = [t.name for t in host.list_tools()]
         assert sorted(listed) == sorted(readme_model_tools()), f"offered {listed}\n{host.stderr_text()}"
 
-        # A read answers as the server answered. This server answers with structured content
-        # (and its text); agentgate passes the structured content on as it came, and as the
-        # text the JSON of it (section 8: "a recorded result, passed back as data").
+        # A read answers as the server answered (issue 20: its text blocks and its structured
+        # content beside them, as it sent them; before, the JSON of the structured content
+        # replaced the text).
         read = host.call("fs_read_text_file", {"path": str(qs.sandbox / "hello.txt")})
         assert not read.is_error
-        if straight.structured_content is not None:
-            assert read.structured_content == straight.structured_content
-            assert json.loads(result_text(read)) == straight.structured_content
-        else:
-            assert result_text(read) == result_text(straight)
-        assert "hello from the sandbox\n" in (result_text(read) if read.structured_content is None
-                                              else json.dumps(read.structured_content, ensure_ascii=False)
-                                              .replace("\\n", "\n"))
+        assert read.structured_content == straight.structured_content
+        assert result_text(read) == result_text(straight)
+        assert "hello from the sandbox\n" in result_text(read)
 
         # A write waits for the operator (the README's config keeps the default 15 s hold).
         target = qs.sandbox / "note.txt"
