@@ -7961,14 +7961,17 @@ SHOW_WIDTH = 100  # columns of a wrapped line in show: events and the result are
 
 def result_lines(steps):
     """The run's result as recorded in its last step that has one, whole and sanitized: the
-    text a tool answered (outcome_text, which reads the record of every version), or the
-    error its call ended in."""
+    text a tool answered or the error its call ended in (outcome_text, which reads the record
+    of every version), or how the gate ended the step."""
     observed = [parse(s["observation"]) for s in steps if s["observation"]]
     if not observed:
         return ["result    none recorded"]
     last = observed[-1]
     summary = last.get("summary", "")
-    text = outcome_text(last)
+    if last["kind"] in ("tool_result", "tool_error"):
+        text = outcome_text(last)
+    else:  # the gate's own ending of the step: a denial, a cut-off, a failure
+        text = last.get("message") or policy_json(last.get("content", {}))
     text = text if isinstance(text, str) else policy_json(text)
     return [f"result    {last['kind']}" + (f": {sanitize(summary)}" if summary else "")] + [
         f"          {piece}" for line in text.split("\n")
@@ -7976,8 +7979,9 @@ def result_lines(steps):
 
 
 def result_rows(index, observed):
-    """A recorded result as the operator reads it: a line with its size and hash, and a row
-    for each block with its type, size and hash, and its label or the start of its text."""
+    """A recorded result as the operator reads it: a line with its size and hash, and rows
+    for each block: its type, size, and its label or the start of its text, then its hash
+    under them (whole: it is what identifies the block, and a line keeps to show's width)."""
     record = observed["result"]
     how = (", withheld: too large to pass on" if observed.get("withheld") else "") + (
         ", an error result" if record.get("is_error") else "")
@@ -7986,18 +7990,18 @@ def result_rows(index, observed):
     for entry in record["blocks"]:
         digest = entry.get("sha256") or sha256_hex(entry["text"].encode("utf-8",
                                                                         "surrogatepass"))
-        shown = quote(cut(entry["text"], 80)) if "text" in entry else sanitize(
-            entry.get("mimeType") or entry.get("uri") or "")
+        shown = quote(cut(entry["text"], 60)) if "text" in entry else sanitize(
+            cut(entry.get("mimeType") or entry.get("uri") or "", 60))
         kept = " (first part kept)" if "text" in entry and "sha256" in entry else ""
-        rows.append((f"  {sanitize(entry['type'])}", f"{block_bytes(entry)} bytes",
-                     f"sha256 {digest}", shown + kept))
+        rows += [(f"  {sanitize(entry['type'])}", f"{block_bytes(entry)} bytes", shown + kept),
+                 ("", "", f"sha256 {digest}")]
     structured = record.get("structured")
     if structured:
-        rows.append(("  structured content", f"{structured['bytes']} bytes",
-                     f"sha256 {structured['sha256']}", "" if "value" in structured else
-                     "(not kept: too large)"))
+        rows += [("  structured content", f"{structured['bytes']} bytes",
+                  "" if "value" in structured else "(not kept: too large)"),
+                 ("", "", f"sha256 {structured['sha256']}")]
     if record.get("more_blocks"):
-        rows.append((f"  and {record['more_blocks']} more blocks", "", "", ""))
+        rows.append((f"  and {record['more_blocks']} more blocks", "", ""))
     return head, rows
 
 

@@ -379,9 +379,8 @@ def test_filesystem_server_read_and_write(workdir, tmp_path):
         assert result_text(note) == "hello through the gate\n"
 
         result = host.call("fs_read_file", {"path": str(files / "big.txt")})
-`reject RUN -note TEXT` refuses it (the model sees your note), `cancel RUN` ends a run,
-`show RUN` shows one run with its steps and events and what the model was given (each block
-of a result by type, size and hash, and up to 64 KiB of its text), `verify` walks the tamper-evident event
+        assert not result.is_error  # whole, past the 64 KiB the record keeps of it
+        assert result_text(result) == big and result.structured_content == {"content": big}
 
         written = host.call("fs_write_file", {"path": str(files / "out.txt"), "content": "written by the gate"})
         assert not written.is_error, result_text(written)

@@ -177,8 +177,11 @@ def test_everything_servers_blocks_reach_the_host_as_the_server_sent_them(workdi
     assert record["blocks"][0] == {"type": "text", "text": "Here's the image you requested:"}
     shown = operator(config, "show", run_id).stdout
     assert f"result of step 0: {record['bytes']} bytes, sha256 {record['sha256']}" in shown, shown
-    (image_row,) = [line for line in shown.splitlines() if line.strip().startswith("image ")]
-    assert image_row.split() == ["image", str(len(png)), "bytes", "sha256", sha(png), "image/png"], image_row
+    lines = shown.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.strip().startswith("image ")]
+    image_row, hash_row = lines[at], lines[at + 1]  # a block's row, and its hash under it
+    assert image_row.split() == ["image", str(len(png)), "bytes", "image/png"], image_row
+    assert hash_row.split() == ["sha256", sha(png)], hash_row
     embedded = reads["every_get-resource-reference"][1]["result"]["blocks"][1]  # the text one
     assert embedded["type"] == "resource" and embedded["uri"].endswith("/text/2")
     assert embedded["text"] == text["content"][1]["resource"]["text"]
@@ -204,8 +207,12 @@ def test_show_prints_a_results_blocks_by_type_with_sizes_and_hashes(workdir):
     assert (observed["result"]["bytes"], observed["result"]["sha256"]) == (size, digest)
     shown = operator(config, "show", run_id).stdout
     assert f"result of step 0: {size} bytes, sha256 {digest}" in shown, shown
-    rows = [line.split() for line in shown.splitlines()[shown.splitlines().index(
-        f"result of step 0: {size} bytes, sha256 {digest}") + 1:] if line.startswith("  ") and "sha256" in line]
+    table = shown.split(f"result of step 0: {size} bytes, sha256 {digest}\n", 1)[1].split("\n\n", 1)[0]
+    # Each block is a row (type, size, label) with its hash on the line under it.
+    lines = [line.split() for line in table.splitlines()]
+    rows = [first[:first.index("bytes") + 1] + second + first[first.index("bytes") + 1:]
+            for first, second in zip(lines[::2], lines[1::2])]
+    assert all(second[0] == "sha256" for second in lines[1::2]), table
     link = agentgate.canonical(agentgate.parse(json.dumps(MIXED["content"][3]).encode()))
     assert rows == [
         ["text", "6", "bytes", "sha256", sha(b"before"), '"before"'],
