@@ -2945,6 +2945,7 @@ class HttpUpstream(Upstream):
         self.auth = self.tokens = None
         self.unauthorized = False  # the server refused agentgate's authorization (or none)
         self.outgoing = {}  # token -> (request id or None, bytes), until _HttpTap takes it
+        self.session_known = threading.Event()  # the SDK has read the initialize answer
 
     def spawn(self):
         if self.server.unavailable:
@@ -3025,6 +3026,7 @@ class HttpUpstream(Upstream):
                 self.closed = self.closed or "the connection to the server ended"
                 self._fail_all(self.closed)
             opened.set()
+            self.session_known.set()  # nothing waits for a session that has ended
 
     async def _drain(self, reader):
         # What the SDK decoded is not used: _HttpTap has handed each message over as bytes
@@ -3033,6 +3035,7 @@ class HttpUpstream(Upstream):
         # (resuming failed, or the server gave no way to), and the request may have executed.
         error_type = self.sdk["types"].JSONRPCError
         async for item in reader:
+            self.session_known.set()  # the first thing the SDK passes on: initialize's answer
             message = getattr(item, "message", None)
             if isinstance(message, error_type) and isinstance(message.id, int):
                 self._deliver(message.id, error=UpstreamError(
@@ -3042,6 +3045,14 @@ class HttpUpstream(Upstream):
     def _send(self, message, deadline):
         """Hand one message to the SDK by `deadline`. It reaches the server only if _HttpTap
         takes its bytes; a message withdrawn before that was not sent."""
+        # _HttpTap hands the initialize answer over (the handshake then sets `protocol`)
+        # before the SDK reads it and takes the session id from it. A message sent sooner would
+        # go without the session, and the SDK, starting the server's own stream at
+        # notifications/initialized, would find no session and never listen: no list_changed
+        # or request of the server's would be heard. The loop's own answers cannot wait here.
+        if self.protocol and threading.current_thread() is not self.thread and \
+                not self.session_known.wait(deadline.left()):
+            raise self._not_sent(deadline)
         with self.lock:
             writer, loop = self.writer, self.loop
             if writer is None or self.closed:
@@ -3083,9 +3094,12 @@ class HttpUpstream(Upstream):
         with self.lock:
             if self.outgoing.pop(token, None) is None:
                 return  # taken as the wait ended: it went out, and its answer is awaited
-        raise UpstreamError(self.closed or f"timed out after {format_duration(deadline.ns)}, "
-                                           f"before the message was sent", sent=False,
-                            timed_out=not self.closed)
+        raise self._not_sent(deadline)
+
+    def _not_sent(self, deadline):
+        return UpstreamError(self.closed or f"timed out after {format_duration(deadline.ns)}, "
+                                            f"before the message was sent", sent=False,
+                             timed_out=not self.closed)
 
     def close(self):
         """Fail what waits, end the session (the SDK ends it politely if it can), and never
