@@ -2774,6 +2774,8 @@ def new_upstream(server):
 # SDK's client: the bytes sent, the bytes answered, and whether a request reached the server.
 MESSAGE_TOKEN = "x-agentgate-message"  # names a message's bytes; removed before sending
 CLOSE_SECONDS = 2
+# Pauses between attempts to open a server's own stream that was refused for a while (seconds).
+OWN_STREAM_FIRST_PAUSE, OWN_STREAM_LAST_PAUSE = 0.25, 30
 
 
 @functools.lru_cache(maxsize=1)
@@ -3266,8 +3268,28 @@ class _HttpTap:
 
     async def _listen(self, request):
         """A GET: the server's own stream (a 405 says it has none), or an answer's stream
-        resumed. Anything but an event stream goes to the SDK as it came: a refusal."""
-        response = await self.inner.handle_async_request(self._as_sent(request, None))
+        resumed. Anything but an event stream goes to the SDK as it came: a refusal.
+
+        The SDK gives up the server's own stream for the whole session after two failed
+        attempts, and a list_changed or request sent there later would never be heard. So
+        opening it is tried again here, with growing pauses while the session lasts, as long
+        as the refusal may pass: a lost connection, 409 (the server still holds a stream of
+        the session that broke off), 429 or 5xx. A GET resuming from an event is left to the
+        SDK: an answer's is tried within its request's deadline, and must fail in time."""
+        resumed, pause = "last-event-id" in request.headers, OWN_STREAM_FIRST_PAUSE
+        while True:
+            try:
+                response = await self.inner.handle_async_request(self._as_sent(request, None))
+            except self.httpx.TransportError:
+                if resumed:
+                    raise
+            else:
+                status = response.status_code
+                if resumed or not (status in (409, 429) or status >= 500):
+                    break
+                await response.aclose()
+            await self.upstream.sdk["asyncio"].sleep(pause)
+            pause = min(2 * pause, OWN_STREAM_LAST_PAUSE)
         if response.status_code != 200 or not self._is_event_stream(response):
             return response
         relay = self.upstream.sdk["relay"](self._relay(response), response)

@@ -1,4 +1,6 @@
-"""The server's own stream is opened whenever the initialize answer's HTTP body ends.
+"""The server's own stream (its GET) is held open all session, so a list_changed sent there is
+heard: however late the initialize answer's HTTP body ends, and after the server refused the
+stream a while.
 
 agentgate reads an answer as its event completes, before the mcp package's client has the
 response and takes the session id from it. A message the gate sends in between (its
@@ -6,7 +8,8 @@ notifications/initialized, at once) went without the session: the server refused
 client, which opens the server's own stream when that notification passes, found no session
 and never listened all session, so a list_changed sent there was never heard. A server (or a
 proxy) whose answer's stream ends a moment after the answer makes that gap wide; the server
-here holds it open until the client's next message arrives.
+here holds it open until the client's next message arrives. The mcp package's client also gives
+the stream up for the whole session after two failed attempts to open it; agentgate tries again.
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ class LateEndingHTTP:
     """A standard-library MCP server on 127.0.0.1 whose initialize answer comes as an event
     stream that ends only once the client's next message arrived (or after HOLD). Each session
     may hold one GET stream; `rewrite` changes the description of `balance` and says so there.
-    `sessions` lists the session header of every request but initialize."""
+    `sessions` lists the session header of every request but initialize; `refusals` GETs are
+    refused with 503 before any is accepted."""
 
     def __init__(self):
         self.sessions, self.streams, self.changed = [], {}, False
+        self.refusals = 0  # GETs still to refuse with 503, as a server restarting does
         self.next_message = threading.Event()
         self.lock = threading.Lock()
         outer = self
@@ -76,6 +81,10 @@ class LateEndingHTTP:
                 session = self.headers.get("Mcp-Session-Id")
                 if session not in outer.streams:
                     return self.reply(400, b"")
+                with outer.lock:
+                    outer.refusals -= 1
+                    if outer.refusals >= 0:
+                        return self.reply(503, b"")
                 pushed: queue.Queue = queue.Queue()
                 self.start_stream(session)
                 outer.streams[session] = pushed
@@ -136,22 +145,43 @@ class LateEndingHTTP:
         self.server.server_close()
 
 
+def bank_config(workdir, server: LateEndingHTTP) -> Path:
+    config = write_config(workdir, [{"name": "bank", "url": server.url, "manifest": "bank.manifest.json",
+                                     "rules": {"balance": rule("read_only"), "rewrite": rule("read_only", "60s")}}])
+    assert pin(config).returncode == 0
+    return config
+
+
+def hears_the_change(config) -> None:
+    """A gate on `config` holds the server's own stream open and acts on the list_changed sent there."""
+    gate = gate_host(config)
+    try:
+        assert "bank_balance" in {t.name for t in gate.list_tools()}
+        text, error = said(gate.call("bank_rewrite", {}))
+        assert not error and text == "rewritten", text  # the gate held its own stream open
+        wait_for(lambda: "bank_balance" not in {t.name for t in gate.list_tools()}, DEADLINE,
+                 message="the changed tool to be withdrawn")
+        assert "changed its tools while serving" in gate.stderr_text()
+    finally:
+        gate.close()
+
+
 def test_a_list_changed_is_heard_when_the_initialize_answer_ends_late(workdir):
     server = LateEndingHTTP()
     try:
-        config = write_config(workdir, [{"name": "bank", "url": server.url, "manifest": "bank.manifest.json",
-                                         "rules": {"balance": rule("read_only"), "rewrite": rule("read_only", "60s")}}])
-        assert pin(config).returncode == 0
-        gate = gate_host(config)
-        try:
-            assert "bank_balance" in {t.name for t in gate.list_tools()}
-            text, error = said(gate.call("bank_rewrite", {}))
-            assert not error and text == "rewritten", text  # the gate held its own stream open
-            wait_for(lambda: "bank_balance" not in {t.name for t in gate.list_tools()}, DEADLINE,
-                     message="the changed tool to be withdrawn")
-            assert "changed its tools while serving" in gate.stderr_text()
-        finally:
-            gate.close()
+        hears_the_change(bank_config(workdir, server))
         assert None not in server.sessions, server.sessions  # every message went with its session
+    finally:
+        server.close()
+
+
+def test_a_list_changed_is_heard_after_the_servers_own_stream_was_refused_a_while(workdir):
+    # The SDK's client alone gives the stream up for the session after two failed attempts.
+    server = LateEndingHTTP()
+    try:
+        config = bank_config(workdir, server)
+        server.refusals = 3
+        hears_the_change(config)
+        assert server.refusals < 0  # each refusal was met, and the stream then opened
     finally:
         server.close()
