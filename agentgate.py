@@ -3037,7 +3037,7 @@ class HttpUpstream(Upstream):
         # (resuming failed, or the server gave no way to), and the request may have executed.
         error_type = self.sdk["types"].JSONRPCError
         async for item in reader:
-            self.session_known.set()  # the first thing the SDK passes on: initialize's answer
+            self.session_known.set()  # the SDK passes nothing on before initialize's answer
             message = getattr(item, "message", None)
             if isinstance(message, error_type) and isinstance(message.id, int):
                 self._deliver(message.id, error=UpstreamError(
