@@ -2774,6 +2774,8 @@ def new_upstream(server):
 # SDK's client: the bytes sent, the bytes answered, and whether a request reached the server.
 MESSAGE_TOKEN = "x-agentgate-message"  # names a message's bytes; removed before sending
 CLOSE_SECONDS = 2
+# Pauses between attempts to open a server's own stream that was refused for a while (seconds).
+OWN_STREAM_FIRST_PAUSE, OWN_STREAM_LAST_PAUSE = 0.25, 30
 
 
 @functools.lru_cache(maxsize=1)
@@ -2945,6 +2947,7 @@ class HttpUpstream(Upstream):
         self.auth = self.tokens = None
         self.unauthorized = False  # the server refused agentgate's authorization (or none)
         self.outgoing = {}  # token -> (request id or None, bytes), until _HttpTap takes it
+        self.session_known = threading.Event()  # the SDK has read the initialize answer
 
     def spawn(self):
         if self.server.unavailable:
@@ -3025,6 +3028,7 @@ class HttpUpstream(Upstream):
                 self.closed = self.closed or "the connection to the server ended"
                 self._fail_all(self.closed)
             opened.set()
+            self.session_known.set()  # nothing waits for a session that has ended
 
     async def _drain(self, reader):
         # What the SDK decoded is not used: _HttpTap has handed each message over as bytes
@@ -3033,6 +3037,7 @@ class HttpUpstream(Upstream):
         # (resuming failed, or the server gave no way to), and the request may have executed.
         error_type = self.sdk["types"].JSONRPCError
         async for item in reader:
+            self.session_known.set()  # the SDK passes nothing on before initialize's answer
             message = getattr(item, "message", None)
             if isinstance(message, error_type) and isinstance(message.id, int):
                 self._deliver(message.id, error=UpstreamError(
@@ -3042,6 +3047,14 @@ class HttpUpstream(Upstream):
     def _send(self, message, deadline):
         """Hand one message to the SDK by `deadline`. It reaches the server only if _HttpTap
         takes its bytes; a message withdrawn before that was not sent."""
+        # _HttpTap hands the initialize answer over (the handshake then sets `protocol`)
+        # before the SDK reads it and takes the session id from it. A message sent sooner would
+        # go without the session, and the SDK, starting the server's own stream at
+        # notifications/initialized, would find no session and never listen: no list_changed
+        # or request of the server's would be heard. The loop's own answers cannot wait here.
+        if self.protocol and threading.current_thread() is not self.thread and \
+                not self.session_known.wait(deadline.left()):
+            raise self._not_sent(deadline)
         with self.lock:
             writer, loop = self.writer, self.loop
             if writer is None or self.closed:
@@ -3083,9 +3096,12 @@ class HttpUpstream(Upstream):
         with self.lock:
             if self.outgoing.pop(token, None) is None:
                 return  # taken as the wait ended: it went out, and its answer is awaited
-        raise UpstreamError(self.closed or f"timed out after {format_duration(deadline.ns)}, "
-                                           f"before the message was sent", sent=False,
-                            timed_out=not self.closed)
+        raise self._not_sent(deadline)
+
+    def _not_sent(self, deadline):
+        return UpstreamError(self.closed or f"timed out after {format_duration(deadline.ns)}, "
+                                            f"before the message was sent", sent=False,
+                             timed_out=not self.closed)
 
     def close(self):
         """Fail what waits, end the session (the SDK ends it politely if it can), and never
@@ -3252,8 +3268,28 @@ class _HttpTap:
 
     async def _listen(self, request):
         """A GET: the server's own stream (a 405 says it has none), or an answer's stream
-        resumed. Anything but an event stream goes to the SDK as it came: a refusal."""
-        response = await self.inner.handle_async_request(self._as_sent(request, None))
+        resumed. Anything but an event stream goes to the SDK as it came: a refusal.
+
+        The SDK gives up the server's own stream for the whole session after two failed
+        attempts, and a list_changed or request sent there later would never be heard. So
+        opening it is tried again here, with growing pauses while the session lasts, as long
+        as the refusal may pass: a lost connection, 409 (the server still holds a stream of
+        the session that broke off), 429 or 5xx. A GET resuming from an event is left to the
+        SDK: an answer's is tried within its request's deadline, and must fail in time."""
+        resumed, pause = "last-event-id" in request.headers, OWN_STREAM_FIRST_PAUSE
+        while True:
+            try:
+                response = await self.inner.handle_async_request(self._as_sent(request, None))
+            except self.httpx.TransportError:
+                if resumed:
+                    raise
+            else:
+                status = response.status_code
+                if resumed or not (status in (409, 429) or status >= 500):
+                    break
+                await response.aclose()
+            await self.upstream.sdk["asyncio"].sleep(pause)
+            pause = min(2 * pause, OWN_STREAM_LAST_PAUSE)
         if response.status_code != 200 or not self._is_event_stream(response):
             return response
         relay = self.upstream.sdk["relay"](self._relay(response), response)
