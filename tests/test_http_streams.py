@@ -15,10 +15,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
-import queue
-import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -31,6 +27,7 @@ import agentgate  # noqa: E402
 from conftest import wait_for  # noqa: E402
 from kit import (  # noqa: E402
     DEADLINE,
+    Listening,
     agentgate as run_agentgate,
     approval_in,
     approvals,
@@ -51,40 +48,19 @@ RULES = {"balance": rule("read_only"), "quiet_rewrite": rule("read_only", "60s")
          "pay": rule("remote_mutation", "60s", outcome="allow")}
 
 
-class StreamsServer:
+class StreamsServer(Listening):
     """tests/http_streams_server.py in its own process group; `url` once it listens."""
 
     def __init__(self, dir: Path):
         self.ledger, self.seen = dir / "ledger.jsonl", dir / "seen.jsonl"
-        self.stderr = open(dir / "http_server.stderr", "w")
-        self.proc = subprocess.Popen([sys.executable, str(SERVER_SCRIPT), str(self.ledger), str(self.seen)],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     start_new_session=True)
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()
-        try:
-            line = lines.get(timeout=DEADLINE).decode()
-        except queue.Empty:
-            line = ""
-        if not line.startswith("port "):
-            self.stop()
-            raise AssertionError(f"the SDK server said {line!r}: {(dir / 'http_server.stderr').read_text()}")
-        self.url = f"http://127.0.0.1:{int(line.split()[1])}/mcp"
+        super().__init__([sys.executable, str(SERVER_SCRIPT), str(self.ledger), str(self.seen)],
+                         dir / "http_server.stderr")
 
     def payments(self) -> int:
         return len(records(self.ledger))
 
     def requests(self) -> list[dict]:
         return records(self.seen)
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=DEADLINE)
-        self.proc.stdout.close()
-        self.stderr.close()
 
 
 @pytest.fixture
