@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import fcntl
 import hashlib
+import http.server
 import json
 import os
 import queue
@@ -85,6 +86,15 @@ class Listening:
     def stop(self) -> None:
         self.kill()
         self.proc.stdout.close()
+
+
+def loopback_http(handler) -> tuple:
+    """An HTTP server of `handler` (a BaseHTTPRequestHandler class) on 127.0.0.1, serving on a
+    daemon thread: (the server, its MCP url). The caller shuts it down."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/mcp"
 
 
 # ---------------------------------------------------------------- files and configs

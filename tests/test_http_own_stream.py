@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from conftest import wait_for  # noqa: E402
-from kit import DEADLINE, gate_host, pin, rule, said, write_config  # noqa: E402
+from kit import DEADLINE, gate_host, loopback_http, pin, rule, said, write_config  # noqa: E402
 
 HOLD = 2.0  # seconds the initialize answer's stream stays open waiting for the next message
 LISTEN_WAIT = 15.0  # seconds `rewrite` waits for the caller's session to hold its stream open
@@ -115,10 +115,7 @@ class LateEndingHTTP:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/mcp"
+        self.server, self.url = loopback_http(Handler)
 
     def tools(self) -> list[dict]:
         balance = "The balance of an account, and more." if self.changed else "The balance of an account."

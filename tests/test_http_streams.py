@@ -16,7 +16,6 @@ from __future__ import annotations
 import http.server
 import json
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -33,6 +32,7 @@ from kit import (  # noqa: E402
     approvals,
     expect,
     gate_host,
+    loopback_http,
     only_pending,
     pin,
     records,
@@ -181,10 +181,7 @@ class PollingHTTP:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/mcp"
+        self.server, self.url = loopback_http(Handler)
 
     def close(self) -> None:
         self.server.shutdown()

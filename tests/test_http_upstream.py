@@ -58,6 +58,7 @@ from kit import (  # noqa: E402
     db_path,
     expect,
     gate_host,
+    loopback_http,
     has_raw_controls,
     only_pending,
     pin,
@@ -161,11 +162,7 @@ class ScriptedHTTP:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/mcp"
+        self.server, self.url = loopback_http(Handler)
 
     def close(self) -> None:
         self.release.set()
