@@ -78,6 +78,8 @@ VERSION = "0.2.0"
 # =============================================================================================
 # 1. Canonical JSON
 #
+# Reads as: decision core
+#
 # Owns: the boundary check every consumer-supplied JSON document passes (arguments, results,
 # the config, manifests), the canonical encoding that request keys and hashes are taken over,
 # and the policy form of the same values.
@@ -515,6 +517,8 @@ def dumps(value):
 # =============================================================================================
 # 2. Text: durations, the sanitizer, times
 #
+# Reads as: decision core
+#
 # Owns: Go-syntax durations (the config is written in them, prose prints them), the one
 # sanitizer every server-, model- or operator-chosen string passes before it reaches prose, a
 # log line or a terminal, and the one timestamp format of the store.
@@ -724,6 +728,8 @@ def log(message):
 
 # =============================================================================================
 # 3. Configuration
+#
+# Reads as: decision core
 #
 # Owns: reading the one JSON config file and the files it trusts (manifests, the database),
 # every field's default, and the policy identity.
@@ -1299,6 +1305,8 @@ def check_reach(config):
 
 # =============================================================================================
 # 4. Store
+#
+# Reads as: decision core
 #
 # Owns: the SQLite file and every statement run against it.
 # Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema off; files created 0600 and
@@ -2289,6 +2297,9 @@ class Store:
 
 # =============================================================================================
 # 5. Upstream client
+#
+# Reads as: decision core (the stdio client; its HTTP transport, OAuth included, reads as
+# around the core and is yet to move out of it)
 #
 # Owns: one configured server as a child process speaking newline-delimited JSON-RPC, or
 # reached by url over Streamable HTTP through the optional mcp package, and the requests
@@ -3371,6 +3382,8 @@ def _signal_group(pid, sig):
 # =============================================================================================
 # 6. Schema validation
 #
+# Reads as: decision core (its ECMA-262 matcher reads as a library, with its own differential test)
+#
 # Owns: checking a tool's input schema once when the tool is loaded, and checking each call's
 # arguments against it.
 # Promises: the keywords real servers use are honoured (type with integer, properties,
@@ -4143,6 +4156,8 @@ def _validate_object(schema, value, root, where, work):
 
 # =============================================================================================
 # 7. Pin and load
+#
+# Reads as: decision core (the lint and pin -diff in it are around the core)
 #
 # Owns: the manifest (what a server presented when the operator pinned it), what differs
 # from it now, the lint of the texts a model reads of a tool, and the checks that decide, at
@@ -4958,6 +4973,8 @@ def log_reports(reports):
 
 # =============================================================================================
 # 8. Policy on what a call does
+#
+# Reads as: decision core
 #
 # Owns: the conditions a rule's `when` entries and a grant test a call's arguments with, the
 # entries themselves, the limits, and the one decision (`policy_decision`) they make with the
@@ -5814,6 +5831,8 @@ def policy_pointer_problem(schema, rule, tool_name):
 # =============================================================================================
 # 9. Answers
 #
+# Reads as: decision core
+#
 # Owns: what the model is told (every sentence of the gate's answers to a call is built here,
 # from the constants below; the status tool's are in section 11), the policy, approvals and
 # their hashes, the checks a call's arguments pass, and what of a server's result is passed on
@@ -6194,6 +6213,8 @@ def result_summary(tool, record, withheld_over=0):
 
 # =============================================================================================
 # 10. The gate
+#
+# Reads as: decision core
 #
 # Owns: one call's whole passage (decide, begin and record, hold, execute, record the
 # outcome), and the decision, for each call, of what happens given every earlier call of the
@@ -7036,6 +7057,8 @@ def operator_hint(config_file, database=""):
 # =============================================================================================
 # 11. MCP server
 #
+# Reads as: decision core
+#
 # Owns: the host's side of the conversation over stdin and stdout: framing, the handshake,
 # tools/list, tools/call (on a pool of worker threads, at most MAX_IN_FLIGHT calls at once: the
 # thread that read a call runs it, and another takes up the reading), cancellation, a
@@ -7693,6 +7716,8 @@ def approved_fate(gate, approval):
 
 # =============================================================================================
 # 12. Operator commands
+#
+# Reads as: around the core
 #
 # Owns: what an operator does in a terminal: list runs, show one, approve, reject, cancel,
 # watch what waits, verify the event chain, re-check recorded decisions under today's policy.
@@ -8985,6 +9010,8 @@ def recheck_line(e):
 # =============================================================================================
 # 13. Setup: from a host's configuration to a gated one
 #
+# Reads as: around the core
+#
 # Owns: `init`, which reads the MCP servers a person already gave their hosts (Claude Desktop,
 # Claude Code, Cursor, or a file named), writes a starter config for each host with its own
 # servers (one database for all), pins them and proposes a rule per tool from the server's own
@@ -9592,6 +9619,8 @@ class LoopbackRedirect:
 # =============================================================================================
 # 14. Fake payment server
 #
+# Reads as: around the core
+#
 # Owns: a small stdio MCP server, `fake-payments`, that the demonstration, the example config
 # and the tests put behind the gate, so that agentgate can be seen working on a machine with
 # nothing installed. It keeps a ledger: every payment is appended, as its raw arguments, to
@@ -9706,6 +9735,8 @@ def fake_payments():
 
 # =============================================================================================
 # 15. Demonstration
+#
+# Reads as: around the core
 #
 # Owns: `agentgate.py demo`, a scripted session with no model, no network and nothing
 # installed. This process plays the host; the gate, the fake payment server and the operator
@@ -9972,6 +10003,8 @@ def _processes_mentioning(text):
 
 # =============================================================================================
 # 16. Main
+#
+# Reads as: around the core
 #
 # Owns: the command line. Go-style single-dash long flags (-config, -approval); the
 # double-dash spelling works too. Exit codes: 0 ok, 1 failure, 2 usage. No traceback reaches
