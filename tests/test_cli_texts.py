@@ -15,8 +15,8 @@ import re
 
 import pytest
 
-from conftest import Host, agentgate_argv
-from kit import POLICY_ID_RE, Bank, agentgate, query, recheck
+from conftest import Host, agentgate_argv, wait_for
+from kit import DEADLINE, POLICY_ID_RE, Bank, agentgate, query, recheck
 from kit import bankdir, recorded  # noqa: F401 (fixtures)
 
 LANDLORD = {"to": "landlord", "amount": 5}
@@ -185,6 +185,8 @@ def test_a_gate_start_writes_one_line_for_what_it_serves(bankdir):
     bank = Bank(bankdir, rules={"refund": None})  # refund unclassified: a warning of its own
     gate = bank.start()
     gate.list_tools()
+    # The start line may be written just after the host is answered: wait for it, then read.
+    wait_for(lambda: "serving session" in gate.stderr_text(), DEADLINE, message="the start line")
     log = gate.stderr_text().splitlines()
     assert not [line for line in log if " registered " in line], log
     serving = [line for line in log if "serving session" in line]
