@@ -5440,7 +5440,7 @@ CHECKS = {
     "max": lambda value, bound: _is_number(value) and value.exact() <= bound,
     "max_length": lambda value, bound: _length(value) <= bound,
     "present": lambda value, expected: True,
-    "under": path_under,
+    "under": lambda value, roots: path_under(value, roots),
     "host_in": lambda value, hosts: _host_holds(value, hosts, True),
     "host_not_in": lambda value, hosts: _host_holds(value, hosts, False),
 }
@@ -6374,7 +6374,9 @@ class Gate:
         self.active = set()
         self.stopping = threading.Event()
         self.operator_hint = operator_hint(config.path)
-        self.notifier = Notifier(config.notify) if config.notify else None
+        # The seam to the notify program (section 17), registered by serve when the config
+        # names one: it is told an approval waits, by names only.
+        self.announce = None
         # Registered names of the tools whose server changed them while serving (ToolWatch):
         # not offered, and a call to one is refused. Replaced whole, never changed in place.
         self.quarantined = frozenset()
@@ -6848,11 +6850,11 @@ class Gate:
         log(f"approval {approval['id']} ({approval['kind']}) for {tool.name} waits for an "
             f"operator: run {run_id}")
         log(f"  decide with: {command}   (or reject)")
-        if self.notifier:
+        if self.announce:
             # Names only: an argument's value never leaves the gate this way.
-            self.notifier.announce({"AGENTGATE_APPROVAL": approval["id"],
-                                    "AGENTGATE_RUN": run_id, "AGENTGATE_TOOL": tool.name,
-                                    "AGENTGATE_COMMAND": command})
+            self.announce({"AGENTGATE_APPROVAL": approval["id"],
+                           "AGENTGATE_RUN": run_id, "AGENTGATE_TOOL": tool.name,
+                           "AGENTGATE_COMMAND": command})
 
     def _execute(self, tool, verdict, progress=None):
         """Send the recorded request upstream and record what came of it, whatever the host
@@ -7287,10 +7289,12 @@ class HostServer:
         self.frames = read_frames(self.stdin.fileno(), MAX_HOST_LINE)
         threading.Thread(target=self._read_loop, daemon=True).start()
 
-    def serve_with(self, gate, status_tool, unserved=0):
-        """Serve the gate's tools; `unserved` servers of the config could not be served, which
-        the status tool tells the model (the reasons are the operator's, on stderr)."""
+    def serve_with(self, gate, status_tool, status, unserved=0):
+        """Serve the gate's tools; `status` answers the status tool (the seam to section 16);
+        `unserved` servers of the config could not be served, which the status tool tells the
+        model (the reasons are the operator's, on stderr)."""
         self.gate, self.status_tool, self.unserved = gate, status_tool, unserved
+        self.status = status
         gate.client = self.client
         self.ready.set()
 
@@ -7519,7 +7523,7 @@ class HostServer:
         if name == self.status_tool:
             if invalid:
                 return answer("INVALID", reason=clean(invalid[0], 1000)).result()
-            status = status_answer(self.gate, args)
+            status = self.status(self.gate, args)
             if self.unserved and status.text.startswith("GATE_STATUS:"):
                 status.text += " " + UNSERVED_NOTE.format(count=self.unserved)
             return status.result()
@@ -10326,8 +10330,11 @@ def cmd_serve(argv):
             host.fail(str(err))
             raise
         gate = Gate(config, store, tools)
+        if config.notify:
+            gate.announce = Notifier(config.notify).announce
         ToolWatch(gate, upstreams, host.tools_changed)
-        host.serve_with(gate, config.status_tool, sum(bool(r.unserved) for r in reports))
+        host.serve_with(gate, config.status_tool, status_answer,
+                        sum(bool(r.unserved) for r in reports))
         serving.append(True)
         log(f"serving session {config.session} on database {config.database}: {len(tools)} "
             f"tool(s) from {len(reports)} server(s) "
