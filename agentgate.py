@@ -24,7 +24,7 @@ retry. The pin covers what a server presents, not what it does.
 Sections, in the order data flows through them:
 
      1. Canonical JSON        the parser that refuses, the encoder that is hashed
-     2. Text                  durations, the sanitizer, times
+     2. Text                  durations, the sanitizer and tell, times
      3. Configuration         the file, its checks, the policy identity
      4. Store                 the only place SQL lives
      5. Upstream client       an MCP server: agentgate's child, or reached over HTTP
@@ -521,7 +521,8 @@ def dumps(value):
 #
 # Owns: Go-syntax durations (the config is written in them, prose prints them), the one
 # sanitizer every server-, model- or operator-chosen string passes before it reaches prose, a
-# log line or a terminal, and the one timestamp format of the store.
+# log line or a terminal, tell (the one way a line reaches a person, sanitized there), and the
+# one timestamp format of the store.
 # Promises: sanitized text holds no control character, no bidi override and no invisible
 # format character a terminal or a reader could be fooled by; data returned to the host as a
 # result is never sanitized (it is the server's answer, passed back as recorded).
@@ -717,11 +718,38 @@ def python_command():
     return shlex.quote(sys.executable)
 
 
+def tell(*lines, out=None, end="\n", flush=False):
+    """The one way text reaches a person's terminal or log (stdout when `out` is None): each
+    argument is one line and is sanitized whole here, so a newline inside one is a space and no
+    value can draw a line of its own. The live view of watch draws its rows through the same
+    sanitize (Screen.put). Sanitizing text twice changes nothing, so a caller that sanitized a
+    value to measure or cut it is shown the same bytes."""
+    out = sys.stdout if out is None else out
+    out.write("\n".join(sanitize(line) for line in lines or ("",)) + end)
+    if flush:
+        out.flush()
+
+
+def tell_json(value, out=None):
+    """A -json value through tell, still valid JSON that reads back as the same value: tell
+    finds nothing to change in it (_json_for_terminal)."""
+    tell(*map(_json_for_terminal, pretty_json(value).split("\n")), out=out)
+
+
+def _json_for_terminal(line):
+    """A line of JSON with each character sanitize would change written as its JSON escape:
+    the encoder escapes the controls already, so what is left is bidi and invisible
+    characters, lone surrogates and combining marks, all inside strings."""
+    if sanitize(line) == line:
+        return line
+    return "".join(json.dumps(ch)[1:-1] if _NEEDS_CARE.match(ch) or
+                   unicodedata.category(ch)[0] == "M" else ch for ch in line)
+
+
 def log(message):
-    """One line to stderr, sanitized and prefixed; stdout carries only protocol."""
+    """One line to stderr, prefixed; stdout carries only protocol."""
     try:
-        sys.stderr.write(f"{PROGRAM}: {sanitize(message)}\n")
-        sys.stderr.flush()
+        tell(f"{PROGRAM}: {message}", out=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
 
@@ -5833,8 +5861,9 @@ def policy_pointer_problem(schema, rule, tool_name):
 #
 # Reads as: decision core
 #
-# Owns: what the model is told (every sentence of the gate's answers to a call is built here,
-# from the constants below; the status tool's are in section 11), the policy, approvals and
+# Owns: what the model is told (every sentence it can read of the gate's is in the tables
+# below: the answers to a call, the status tool's words, and the words that fill their
+# slots; the gate and the host side pick among them), the policy, approvals and
 # their hashes, the checks a call's arguments pass, and what of a server's result is passed on
 # and recorded. Plain functions of their inputs: the gate (section 10) calls them and records
 # what they decide.
@@ -5853,7 +5882,7 @@ RESULT_FIELDS = ("content", "structuredContent", "isError", "_meta")
 
 # Every sentence of the gate's answers to a call. {slots} are filled by answer(); server-,
 # model- and operator-chosen values are cleaned before they are put in. (The status tool's
-# sentences are built by status_answer and describe_approval, in section 11.)
+# sentences are STATUS_PROSE, below.)
 PROSE = {
     "PENDING_APPROVAL": (
         "This request is waiting for an operator's approval (approval {approval}). Nothing has "
@@ -5932,6 +5961,82 @@ DUPLICATE_OUTCOME = {
     "unrecorded": "the server answered, but its result could not be recorded: {text}",
     "error": "it failed, with this error: {text}",
 }
+# Words that fill a sentence's slots, where a slot holds prose of its own.
+SLOT_PROSE = {
+    "limit": " It waits because a limit is reached: {limit}; {frees}.",
+    "refused_for": "; an identical call within {window} is refused as a duplicate",
+    "sent_unrecorded": "the request was sent to the server, but what came of it could not be "
+                       "recorded",
+    "nothing_executed": "nothing was executed",
+    "unreadable": "the gate could not read its records; nothing was executed",
+    "altered": "its approval record was altered after it was made",
+    "one_waits": "1 request already waits",
+    "some_wait": "{count} requests already wait",
+    "an_error": "an error",
+    "a_result": "a result",
+    "status_arguments": "the only argument is approval_id, a string",
+    "arguments_too_large": "the arguments are {size} bytes, more than the {cap} this gate accepts",
+    "unusable_arguments": "the arguments are not usable JSON: {error}",
+    "unreadable_result": "the server's result could not be read: {error}",
+    "holding": "waiting for an operator's approval",
+}
+
+# The status tool: its description, and every sentence of what it says (status_answer,
+# describe_approval and approved_fate, in section 11, pick among them).
+STATUS_DESCRIPTION = (
+    "Reports which requests of this session wait for an operator's approval, or, given the "
+    "approval id a pending answer named, what became of that request: pending, approved, "
+    "executed, rejected or expired. It only reads; it never runs or approves anything.")
+STATUS_ARGUMENT = "The approval id a pending result named."
+# Said while some servers are not served: how many, never which nor why (a server's name, its
+# command and its config are the operator's).
+UNSERVED_NOTE = ("Also, {count} of the servers behind this gate could not be served, so "
+                 "their tools are not offered; the person running the gate has been told why.")
+STATUS_PROSE = {
+    "unknown_id": "no approval {approval} is known in this session from the last hour.",
+    "none_waiting": "no request in this session is waiting for an operator's approval.",
+    "one_waiting": "1 request in this session is waiting for an operator's approval:\n{lines}",
+    "some_waiting": (
+        "{count} requests in this session are waiting for an operator's approval:\n{lines}"),
+    "head": "approval {approval} for {tool} {args}",
+    "expired_undecided": "{head}: EXPIRED without a decision. It was not executed.",
+    "outcome_unknown": (
+        "{head}: OUTCOME UNKNOWN, waiting {age} for an operator to decide whether it runs "
+        "again: an earlier attempt may have taken effect. Nothing further has been executed."),
+    "pending": (
+        "{head}: PENDING for {age}. Nothing has been executed; an operator decides outside "
+        "this conversation. Do not call again until it is approved."),
+    "rejected": "{head}: REJECTED by the operator.{note} It was not executed; do not ask again.",
+    "rejected_note": " The operator's note: {note}.",
+    "expired": "{head}: EXPIRED. It was not executed.",
+    "executing": "APPROVED and executing now.",
+    "succeeded": "APPROVED and executed, and it succeeded.",
+    "unrecorded": (
+        "APPROVED and executed, and the server answered, but its result could not be recorded "
+        "({error}); it may have taken effect."),
+    "failed": "APPROVED and executed, and the server reported a failure: {error}.",
+    "unknown": (
+        "APPROVED and executed, but it {how}, so whether it took effect is unknown: it may "
+        "have. {then}"),
+    "rerun_waits": "Approval {approval} now waits for an operator to decide whether it runs "
+                   "again.",
+    "no_rerun": "No approval to run it again is waiting now.",
+    "superseded": (
+        "APPROVED, and then a different approval was asked for the same call (approval "
+        "{approval})."),
+    "uncollected": (
+        "APPROVED, awaiting collection. Call {tool} again with exactly the same arguments to "
+        "run it and get the result."),
+    "not_executed": "APPROVED but not executed: {why}.",
+}
+NOT_EXECUTED_WHY = {
+    "operator_cancelled": "an operator cancelled it",
+    "approval_expired": "the approval expired before it was collected",
+    "denied_on_resume": "the policy denied it when it was collected",
+    "invalid_on_resume": "its arguments no longer matched the tool's schema when it was "
+                         "collected",
+    "ended": "its run ended ({reason})",
+}
 IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED", "DUPLICATE", "UNAVAILABLE",
             "RESULT_TOO_LARGE"}
 
@@ -5956,6 +6061,11 @@ def answer(prefix, key=None, **slots):
     """Every answer of the gate to a call that is not a result: `<PREFIX>: <sentence>`."""
     text = PROSE[key or prefix].format(**slots)
     return Answer(f"{prefix}: {text}", prefix in IS_ERROR)
+
+
+def gate_status(key, **slots):
+    """What the status tool says: `GATE_STATUS: <sentence>` (STATUS_PROSE), never an error."""
+    return Answer("GATE_STATUS: " + STATUS_PROSE[key].format(**slots))
 
 
 def passed_answer(passed):
@@ -6430,17 +6540,15 @@ class Gate:
             return self._call(tool, args, invalid, progress, cancelled, executed)
         except (StoreError, Race) as err:
             log(str(err) or "the records could not be written: a race was lost")
-            what = ("the request was sent to the server, but what came of it could not be "
-                    "recorded" if executed else "nothing was executed")
-            return answer("UNAVAILABLE", what=what)
+            return answer("UNAVAILABLE", what=SLOT_PROSE["sent_unrecorded" if executed else
+                                                         "nothing_executed"])
 
     def _call(self, tool, args, invalid, progress, cancelled, executed):
         args = {} if args is None else args
         encoded = None if invalid else canonical(args)  # once per call: its size and its key
         if encoded is not None and len(encoded) > self.config.max_argument_bytes:
-            invalid = (f"the arguments are {len(encoded)} bytes, more than the "
-                       f"{self.config.max_argument_bytes} this gate accepts",
-                       recorded_frame(encoded))
+            invalid = (SLOT_PROSE["arguments_too_large"].format(
+                size=len(encoded), cap=self.config.max_argument_bytes), recorded_frame(encoded))
         if invalid:
             with self.lock:
                 return self._begin(tool, None, f"invalid:{new_id(8)}", None, invalid=invalid)
@@ -6499,7 +6607,7 @@ class Gate:
             if progress and time.monotonic() - last_progress >= 1:
                 last_progress = time.monotonic()
                 progress.holding(round(last_progress - started, 3), total,
-                                 "waiting for an operator's approval")
+                                 SLOT_PROSE["holding"])
         return False
 
     # -- the rules, under the lock -------------------------------------------------------------
@@ -6573,7 +6681,7 @@ class Gate:
         if stored_hash(approval) != approval["hash"]:
             log(f"approval {approval['id']} does not match its hash; it was altered after it "
                 f"was made and will not be used")
-            return answer("DENIED", reason="its approval record was altered after it was made")
+            return answer("DENIED", reason=SLOT_PROSE["altered"])
         grant_ttl = self.config.grant_ttl
         if grant_ttl and later(approval["decided_at"], grant_ttl) < now():
             self._write(lambda tx: tx.expire_approval(approval["id"], run_id, step_id))
@@ -6723,9 +6831,8 @@ class Gate:
             if verdict is not None:
                 return verdict
         if needs_approval and waiting >= self.config.max_pending:
-            return answer("BLOCKED", "BLOCKED_PENDING", waiting=(
-                "1 request already waits" if waiting == 1 else
-                f"{waiting} requests already wait"))
+            return answer("BLOCKED", "BLOCKED_PENDING", waiting=SLOT_PROSE[
+                "one_waits" if waiting == 1 else "some_wait"].format(count=waiting))
         return None
 
     def _unknown_block(self, tool, key):
@@ -6907,16 +7014,17 @@ class Gate:
     def _refused_for(self, tool):
         """How long an identical call is refused as a duplicate, as prose ends a sentence."""
         window = self.window(tool)
-        return (f"; an identical call within {format_duration(window)} is refused as a "
-                f"duplicate" if window else "")
+        return SLOT_PROSE["refused_for"].format(window=format_duration(window)) if window \
+            else ""
 
     def _too_large(self, tool, record):
         """A result past max_result_bytes: what it was, by its blocks' types and sizes, and
         whether the request executed (a mutating one did, and is not run again)."""
         then = TOO_LARGE_THEN["read"] if tool.read_only else \
             TOO_LARGE_THEN["mutating"].format(window=self._refused_for(tool))
-        return answer("RESULT_TOO_LARGE", what="an error" if record.get("is_error") else
-                      "a result", size=record["bytes"], cap=self.config.max_result_bytes,
+        return answer("RESULT_TOO_LARGE", what=SLOT_PROSE["an_error" if record.get("is_error")
+                                                          else "a_result"],
+                      size=record["bytes"], cap=self.config.max_result_bytes,
                       blocks=clean(", ".join(block_labels(record)), 500), then=then)
 
     def _pause_rerun(self, tx, tool, run_id, step_id, args, ending, work):
@@ -6961,7 +7069,7 @@ def call_upstream(tool, args, cap, progress=None):
         try:
             record = result_record(passed) if passed is not None else None
         except Exception as err:  # a result shaped in a way no server should send
-            passed, error = None, f"the server's result could not be read: {err}"
+            passed, error = None, SLOT_PROSE["unreadable_result"].format(error=err)
         ending = "unrecorded" if passed is None else "error" if record.get("is_error") \
             else "ok"
     except UpstreamError as err:
@@ -7001,8 +7109,9 @@ def waiting_answer(approval):
     if approval["kind"] != "interrupted_side_effect":
         presentation = approval["presentation"] if "presentation" in approval else \
             parse(approval["presentation_json"])
-        limit = (f" It waits because a limit is reached: {clean(presentation['limit'], 300)}; "
-                 f"{presentation['frees']}." if "limit" in presentation else "")
+        limit = SLOT_PROSE["limit"].format(limit=clean(presentation["limit"], 300),
+                                           frees=presentation["frees"]) \
+            if "limit" in presentation else ""
         return answer("PENDING_APPROVAL", approval=approval["id"], limit=limit)
     capability = approval["capability"] if "capability" in approval else \
         parse(approval["capability_json"])
@@ -7086,12 +7195,6 @@ SERVER_INFO = {"name": "gated-tools", "version": VERSION}
 BATCH_VERSIONS = ("2024-11-05", "2025-03-26")
 MAX_HOST_LINE = 16 * 1024 * 1024
 MAX_IN_FLIGHT = 64  # requests handled at once, each on a worker thread of its own
-STATUS_DESCRIPTION = (
-    "Reports which requests of this session wait for an operator's approval, or, given the "
-    "approval id a pending answer named, what became of that request: pending, approved, "
-    "executed, rejected or expired. It only reads; it never runs or approves anything.")
-
-
 class Shutdown(Exception):
     """Raised in the main thread by SIGINT or SIGTERM before serving began."""
 
@@ -7356,7 +7459,7 @@ class HostServer:
             # A tools/call whose arguments the boundary check refuses still gets a run and an
             # INVALID answer, with the frame recorded as it came; anything else gets -32700.
             message = parse_loosely(line)
-            invalid = (f"the arguments are not usable JSON: {err}", recorded_frame(line))
+            invalid = (SLOT_PROSE["unusable_arguments"].format(error=err), recorded_frame(line))
             ident = message.get("id") if isinstance(message, dict) else None
             if not (isinstance(message, dict) and message.get("method") == "tools/call"
                     and "id" in message):
@@ -7577,7 +7680,7 @@ class ToolNotOffered(Exception):
 
 
 STATUS_SCHEMA = {"type": "object", "additionalProperties": False, "properties": {
-    "approval_id": {"type": "string", "description": "The approval id a pending result named."}}}
+    "approval_id": {"type": "string", "description": STATUS_ARGUMENT}}}
 
 
 def _id_key(ident):
@@ -7599,10 +7702,6 @@ def busy_error(ident):
                                     f"shortly")
 
 
-# Said by the status tool while some servers are not served: how many, never which nor why
-# (a server's name, its command and its config are the operator's).
-UNSERVED_NOTE = ("Also, {count} of the servers behind this gate could not be served, so "
-                 "their tools are not offered; the person running the gate has been told why.")
 STATUS_LOOKBACK = 3600
 STATUS_ROWS = 200
 
@@ -7614,29 +7713,25 @@ def status_answer(gate, args):
         args = {}
     if not isinstance(args, dict) or set(args) - {"approval_id"} or \
             not isinstance(args.get("approval_id", ""), str):
-        return answer("INVALID", reason="the only argument is approval_id, a string")
+        return answer("INVALID", reason=SLOT_PROSE["status_arguments"])
     try:
         approvals = status_approvals(gate.store, gate.config.session)
     except StoreError as err:
         log(str(err))
-        return answer("UNAVAILABLE", what="the gate could not read its records; nothing was "
-                                          "executed")
+        return answer("UNAVAILABLE", what=SLOT_PROSE["unreadable"])
     wanted = args.get("approval_id", "").strip()
     if wanted:
         for approval in approvals:
             if approval["id"] == wanted:
                 return Answer(f"GATE_STATUS: {describe_approval(gate, approval)}")
-        return Answer(f"GATE_STATUS: no approval {clean(wanted, 100)} is known in this session "
-                      f"from the last hour.")
+        return gate_status("unknown_id", approval=clean(wanted, 100))
     waiting = [a for a in approvals if a["status"] == "pending" and
                (not a["expires_at"] or a["expires_at"] > now())]
     if not waiting:
-        return Answer("GATE_STATUS: no request in this session is waiting for an operator's "
-                      "approval.")
-    head = ("1 request in this session is waiting" if len(waiting) == 1 else
-            f"{len(waiting)} requests in this session are waiting")
-    lines = [f"- {describe_approval(gate, a)}" for a in waiting]
-    return Answer(f"GATE_STATUS: {head} for an operator's approval:\n" + "\n".join(lines))
+        return gate_status("none_waiting")
+    lines = "\n".join(f"- {describe_approval(gate, a)}" for a in waiting)
+    return gate_status("one_waiting" if len(waiting) == 1 else "some_waiting",
+                       count=len(waiting), lines=lines)
 
 
 def status_approvals(store, session):
@@ -7647,25 +7742,22 @@ def status_approvals(store, session):
 def describe_approval(gate, approval):
     """One approval as the model may read it: what it asked, and what became of it."""
     capability = parse(approval["capability_json"])
-    head = (f"approval {approval['id']} for {clean(approval['tool'], 64)} "
-            f"{clean(policy_json(capability.get('args', {})), 200)}")
+    head = STATUS_PROSE["head"].format(approval=approval["id"], tool=clean(approval["tool"], 64),
+                                       args=clean(policy_json(capability.get("args", {})), 200))
     age = time_since(approval["created_at"])
     status = approval["status"]
     if status == "pending":
         if approval["expires_at"] and approval["expires_at"] <= now():
-            return f"{head}: EXPIRED without a decision. It was not executed."
+            return STATUS_PROSE["expired_undecided"].format(head=head)
         if approval["kind"] == "interrupted_side_effect":
-            return (f"{head}: OUTCOME UNKNOWN, waiting {age} for an operator to decide whether "
-                    f"it runs again: an earlier attempt may have taken effect. Nothing further "
-                    f"has been executed.")
-        return (f"{head}: PENDING for {age}. Nothing has been executed; an operator decides "
-                f"outside this conversation. Do not call again until it is approved.")
+            return STATUS_PROSE["outcome_unknown"].format(head=head, age=age)
+        return STATUS_PROSE["pending"].format(head=head, age=age)
     if status == "rejected":
-        note = f" The operator's note: {cut(quote(approval['note']), 500)}." \
+        note = STATUS_PROSE["rejected_note"].format(note=cut(quote(approval["note"]), 500)) \
             if approval["note"] else ""
-        return f"{head}: REJECTED by the operator.{note} It was not executed; do not ask again."
+        return STATUS_PROSE["rejected"].format(head=head, note=note)
     if status == "expired":
-        return f"{head}: EXPIRED. It was not executed."
+        return STATUS_PROSE["expired"].format(head=head)
     return f"{head}: {approved_fate(gate, approval)}"
 
 
@@ -7674,48 +7766,42 @@ def approved_fate(gate, approval):
     if store.executed_under(approval):
         observed = store.step_observation(step_id)
         if not observed:
-            return "APPROVED and executing now."
+            return STATUS_PROSE["executing"]
         if observed["kind"] == "tool_result":
-            return "APPROVED and executed, and it succeeded."
+            return STATUS_PROSE["succeeded"]
         if observed["kind"] == "tool_error":
             ending = observed["content"]["ending"]
             error = clean(outcome_text(observed), 500)
         else:
             ending, error = "cut_off", ""  # interrupted, or cancelled, while executing
         if ending == "unrecorded":
-            return (f"APPROVED and executed, and the server answered, but its result could not "
-                    f"be recorded ({error}); it may have taken effect.")
+            return STATUS_PROSE["unrecorded"].format(error=error)
         if ending == "error":
-            return f"APPROVED and executed, and the server reported a failure: {error}."
+            return STATUS_PROSE["failed"].format(error=error)
         waiting = [a for a in status_approvals(store, gate.config.session)
                    if a["request_key"] == approval["request_key"] and a["status"] == "pending"
                    and a["kind"] == "interrupted_side_effect" and a["id"] != approval["id"]]
-        then = (f"Approval {waiting[0]['id']} now waits for an operator to decide whether it "
-                f"runs again." if waiting else "No approval to run it again is waiting now.")
-        return (f"APPROVED and executed, but it {HOW[ending]}, so whether it took effect is "
-                f"unknown: it may have. {then}")
+        then = STATUS_PROSE["rerun_waits"].format(approval=waiting[0]["id"]) if waiting else \
+            STATUS_PROSE["no_rerun"]
+        return STATUS_PROSE["unknown"].format(how=HOW[ending], then=then)
     newer = store.latest_approval(approval["run_id"])
     if newer and newer["step_id"] == step_id and newer["id"] != approval["id"]:
-        return (f"APPROVED, and then a different approval was asked for the same call "
-                f"(approval {newer['id']}).")
+        return STATUS_PROSE["superseded"].format(approval=newer["id"])
     if approval["run_status"] == "WAITING_FOR_APPROVAL":
-        return (f"APPROVED, awaiting collection. Call {approval['tool']} again with exactly the "
-                f"same arguments to run it and get the result.")
+        return STATUS_PROSE["uncollected"].format(tool=approval["tool"])
     if approval["run_status"] not in TERMINAL:
-        return "APPROVED and executing now."
+        return STATUS_PROSE["executing"]
     observed = store.step_observation(step_id)
     error = observed["content"].get("error", "") if observed else ""
-    if approval["run_reason"] == "operator_cancelled":
-        why = "an operator cancelled it"
-    elif approval["run_reason"] == "approval_expired":
-        why = "the approval expired before it was collected"
+    if approval["run_reason"] in ("operator_cancelled", "approval_expired"):
+        why = NOT_EXECUTED_WHY[approval["run_reason"]]
     elif error.startswith("denied on resume"):
-        why = "the policy denied it when it was collected"
+        why = NOT_EXECUTED_WHY["denied_on_resume"]
     elif error.startswith("invalid decision on resume"):
-        why = "its arguments no longer matched the tool's schema when it was collected"
+        why = NOT_EXECUTED_WHY["invalid_on_resume"]
     else:
-        why = f"its run ended ({approval['run_reason']})"
-    return f"APPROVED but not executed: {why}."
+        why = NOT_EXECUTED_WHY["ended"].format(reason=approval["run_reason"])
+    return STATUS_PROSE["not_executed"].format(why=why)
 
 
 # =============================================================================================
@@ -7738,8 +7824,9 @@ def approved_fate(gate, approval):
 # one that can no longer be acted on is said to be so, and nothing else is acted on instead.
 # A value that mixes scripts or holds invisible characters is marked where it is printed.
 # -json prints one JSON value on stdout and nothing else (a printout to confirm goes to
-# stderr). Everything chosen by a server, a model or an operator is sanitized before it
-# reaches the terminal, and text given on the command line must be UTF-8.
+# stderr). Every line is written by tell (tell_json), which sanitizes it, so nothing chosen by
+# a server, a model or an operator reaches the terminal raw; text given on the command line
+# must be UTF-8.
 # =============================================================================================
 
 ARG_SHOWN = 240
@@ -7784,10 +7871,6 @@ def current_user():
         return os.environ.get("USER") or os.environ.get("USERNAME") or ""
 
 
-def print_json(value):
-    print(pretty_json(value))
-
-
 def cmd_runs(argv):
     opts = operator_parser("runs", ("limit", int)).parse_args(argv)
     limit = 100 if opts.limit is None else opts.limit
@@ -7797,10 +7880,10 @@ def cmd_runs(argv):
     rows = store.runs_page(session, limit + 1)
     runs = rows[:limit]
     if opts.json:
-        print_json(runs)
+        tell_json(runs)
         return 0
     if not runs:
-        print("no runs")
+        tell("no runs")
         return 0
     table = [("RUN", "STATE", "STEPS", "CREATED", "HOST", "WAITING APPROVAL", "TOOL")]
     for r in runs:
@@ -7809,7 +7892,7 @@ def cmd_runs(argv):
                       sanitize(r["tool"])))
     print_table(table)
     if len(rows) > limit:
-        print("... more runs; use -limit to see them")
+        tell("... more runs; use -limit to see them")
     print_tool_changes(store, session)
     return 0
 
@@ -7839,13 +7922,13 @@ TOOL_CHANGES_SHOWN = 5
 def print_tool_changes(store, session):
     """What servers said of their tools while serving, newest first (a session's only)."""
     for at, payload in store.tool_changes(session, TOOL_CHANGES_SHOWN) if session else []:
-        print(f"{prose_time(at)}  {tools_changed_text(payload)}")
+        tell(f"{prose_time(at)}  {tools_changed_text(payload)}")
 
 
 def print_table(rows):
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        tell("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
 
 
 def load_run(store, run_id):
@@ -7939,32 +8022,32 @@ def cmd_show(argv):
     steps, approvals = store.steps(opts.run), store.approvals(opts.run)
     events = store.run_events(opts.run)
     if opts.json:
-        print_json({"run": run, "steps": [{k: parse(v) if k in ("decision", "policy",
+        tell_json({"run": run, "steps": [{k: parse(v) if k in ("decision", "policy",
                                                                 "observation") and v else v
                                            for k, v in s.items()} for s in steps],
                     "approvals": [{k: v for k, v in a.items()} for a in approvals],
                     "events": [{"seq": e[0], "at": e[1], "type": e[2], "step_id": e[3],
                                 "payload": parse(e[4])} for e in events]})
         return 0
-    print(f"run       {run['run']}")
-    print(f"tool      {sanitize(run['tool'])}")
-    detail = f": {sanitize(run['detail'])}" if run["detail"] else ""
+    tell(f"run       {run['run']}")
+    tell(f"tool      {run['tool']}")
+    detail = f": {run['detail']}" if run["detail"] else ""
     reason = f" ({run['reason']})" if run["reason"] else ""
-    print(f"status    {run['status']}{reason}{detail}")
-    print(f"steps     {run['steps']}")
-    print(f"created   {run['created']}")
+    tell(f"status    {run['status']}{reason}{detail}")
+    tell(f"steps     {run['steps']}")
+    tell(f"created   {run['created']}")
     if run["finished"]:
-        print(f"finished  {run['finished']}")
+        tell(f"finished  {run['finished']}")
     if repeats_refused(store, run["run"], steps):
-        print(f"repeats   {REPEATS_REFUSED}")
+        tell(f"repeats   {REPEATS_REFUSED}")
     late = store.late_outcomes(opts.run)
     for _, observation in late:
-        print(f"LATE OUTCOME  {late_text(observation)}")
+        tell(f"LATE OUTCOME  {late_text(observation)}")
     for approval in approvals:
         if approval["status"] == "pending":
-            print()
+            tell()
             print_approval(approval, full=opts.full, late=late)
-    print()
+    tell()
     table = [("STEP", "DECISION", "STATUS", "POLICY", "OBSERVATION")]
     granted = []
     for s in steps:
@@ -7984,24 +8067,24 @@ def cmd_show(argv):
     print_table(table)
     for index, grant in granted:
         if grant:
-            note = f": {sanitize(grant['note'])}" if grant["note"] else ""
-            print(f"step {index} ran under grant {grant['id']} by {sanitize(grant['by'])}, "
-                  f"{grant['created_at']} to {grant['expires_at']}{note}")
+            note = f": {grant['note']}" if grant["note"] else ""
+            tell(f"step {index} ran under grant {grant['id']} by {grant['by']}, "
+                 f"{grant['created_at']} to {grant['expires_at']}{note}")
     for s in steps:
         observed = parse(s["observation"]) if s["observation"] else {}
         if "result" in observed:
-            print()
+            tell()
             head, rows = result_rows(s["index"], observed)
-            print(head)
+            tell(head)
             if rows:
                 print_table(rows)
-    print()
-    print("\n".join(result_lines(steps)))
-    print()
+    tell()
+    tell(*result_lines(steps))
+    tell()
     for seq, at, type_, _, payload in events:
-        print(f"  {seq:>6}  {at}  {type_}")
-        print("\n".join(f"          {piece}" for piece in wrap_columns(sanitize(payload),
-                                                                     SHOW_WIDTH)))
+        tell(f"  {seq:>6}  {at}  {type_}")
+        tell(*(f"          {piece}" for piece in wrap_columns(sanitize(payload),
+                                                                    SHOW_WIDTH)))
     return 0
 
 
@@ -8149,7 +8232,7 @@ def print_approval(approval, full=False, late=(), out=None):
     """Print an approval in full (approval_lines) to `out` (stdout when None); returns
     whether a value was shortened."""
     lines, shortened = approval_lines(approval, full, late)
-    print("\n".join(lines), file=out, flush=True)
+    tell(*lines, out=out, flush=True)
     return shortened
 
 
@@ -8197,7 +8280,7 @@ def confirmed(question, out, refusal):
     which names the flag that confirms instead."""
     if not sys.stdin.isatty():
         raise Usage(refusal)
-    print(question, end="", file=out, flush=True)
+    tell(question, end="", out=out, flush=True)
     return input().strip().lower() in ("y", "yes")
 
 
@@ -8228,19 +8311,19 @@ def decide(argv, command):
             f"{command} approval {approval['id']}? type yes to {command}: ", out,
             f"refusing without -yes or a terminal to type yes at: nothing was decided; add -yes "
             f"(or -approval {approval['id']}) to {command} the approval printed above")):
-        print("nothing decided", file=out)
+        tell("nothing decided", out=out)
         return 1
     decide_shown(store, approval, status, by, opts.note or "")
     run = load_run(store, opts.run)
     if opts.json:
-        print_json({"run": run, "approval": {"id": approval["id"], "status": status, "by": by,
+        tell_json({"run": run, "approval": {"id": approval["id"], "status": status, "by": by,
                                              "note": opts.note or "", "hash": approval["hash"]}})
         return 0
-    print(decided_text(approval, status, by))
-    print(f"run {run['run']}: {run['status']}" + (f" ({run['reason']})" if run["reason"]
-                                                  else ""))
+    tell(decided_text(approval, status, by))
+    tell(f"run {run['run']}: {run['status']}" + (f" ({run['reason']})" if run["reason"]
+                                                 else ""))
     if status == "approved":
-        print(APPROVED_NEXT)
+        tell(APPROVED_NEXT)
     return 0
 
 
@@ -8271,7 +8354,7 @@ def decide_shown(store, approval, status, by, note):
 
 
 def decided_text(approval, status, by):
-    return f"approval {approval['id']}: {status} by {sanitize(by)}"
+    return f"approval {approval['id']}: {status} by {by}"
 
 
 def cmd_approve(argv):
@@ -8302,9 +8385,9 @@ def cmd_cancel(argv):
     store.write(cancel)
     run = load_run(store, opts.run)
     if opts.json:
-        print_json({"run": run})
+        tell_json({"run": run})
     else:
-        print(f"run {run['run']}: {run['status']} ({run['reason']})")
+        tell(f"run {run['run']}: {run['status']} ({run['reason']})")
     return 0
 
 
@@ -8376,12 +8459,12 @@ def watch_lines(store, session, hint, stop):
         for approval_id, approval in waiting.items():
             if approval_id not in shown:
                 _, run_id, tool, age, args = waiting_cells(approval, 200)
-                print(f"waiting  run {run_id}  approval {approval_id}  tool {tool}  age {age}  "
-                      f"{args}  decide with: {hint} approve {run_id} -approval {approval_id}   "
-                      f"(or reject)", flush=True)
+                tell(f"waiting  run {run_id}  approval {approval_id}  tool {tool}  age {age}  "
+                     f"{args}  decide with: {hint} approve {run_id} -approval {approval_id}   "
+                     f"(or reject)", flush=True)
         for approval_id, approval in shown.items():
             if approval_id not in waiting:
-                print(f"ended    {ended_text(store, approval)}", flush=True)
+                tell(f"ended    {ended_text(store, approval)}", flush=True)
         shown = waiting
         stop.wait(WATCH_EVERY)
 
@@ -8646,20 +8729,20 @@ def cmd_grant(argv):
     # The id is printed only once the grant is created: an id printed before a refusal
     # would name a grant that does not exist.
     lines = ["GRANT (not created until confirmed)",
-             f"  tool           {sanitize(tool.name)} (server {sanitize(tool.server.name)}, "
-             f"upstream tool {sanitize(tool.upstream_name)})",
+             f"  tool           {tool.name} (server {tool.server.name}, "
+             f"upstream tool {tool.upstream_name})",
              f"  session        {config.session}",
              "  covers         calls that would wait for an operator" + (
                  ", and whose arguments:" if parsed else ", whatever their arguments")]
-    lines += [f"    {sanitize(condition.text())}" for condition in parsed]
+    lines += [f"    {condition.text()}" for condition in parsed]
     lines += [f"  in force       for {format_duration(span)} from when it is confirmed",
-              f"  by             {sanitize(by)}"]
+              f"  by             {by}"]
     if grant["note"]:
-        lines.append(f"  note           {sanitize(grant['note'])}")
+        lines.append(f"  note           {grant['note']}")
     lines.append(f"  {GRANT_PROMISE}")
-    print("\n".join(lines), file=out, flush=True)
+    tell(*lines, out=out, flush=True)
     if not (opts.yes or confirmed("grant it? type yes to grant: ", out, GRANT_NEEDS_YES)):
-        print("nothing granted", file=out)
+        tell("nothing granted", out=out)
         return 1
     store = Store(config.database, readonly=False)  # a grant may come before the first call
 
@@ -8671,10 +8754,10 @@ def cmd_grant(argv):
         tx.create_grant(grant)
     store.write(create)
     if opts.json:
-        print_json(grant_view(grant))
+        tell_json(grant_view(grant))
     else:
-        print(f"grant {grant['id']}: in force from {grant['created_at']} until "
-              f"{grant['expires_at']}")
+        tell(f"grant {grant['id']}: in force from {grant['created_at']} until "
+             f"{grant['expires_at']}")
     return 0
 
 
@@ -8694,10 +8777,10 @@ def cmd_grants(argv):
     days = 7 if opts.days is None else opts.days
     views = [grant_view(g) for g in store.grants(session, format_time(time.time() - days * 86400))]
     if opts.json:
-        print_json(views)
+        tell_json(views)
         return 0
     if not views:
-        print(f"no grant in force or ended in the last {days} days")
+        tell(f"no grant in force or ended in the last {days} days")
         return 0
     table = [("GRANT", "TOOL", "UNTIL", "STATE", "BY", "COVERS")]
     for view in views:
@@ -8723,9 +8806,9 @@ def cmd_revoke(argv):
         raise StoreError(f"grant {opts.grant} is not in force (it expired or was revoked); "
                          f"nothing changed")
     if opts.json:
-        print_json(grant_view(store.grant(opts.grant)))
+        tell_json(grant_view(store.grant(opts.grant)))
     else:
-        print(f"grant {opts.grant}: revoked by {sanitize(by)}")
+        tell(f"grant {opts.grant}: revoked by {by}")
     return 0
 
 
@@ -8746,32 +8829,32 @@ def cmd_verify(argv):
     store, _ = operator_store(opts, readonly=True)
     report = verify_chain(store, first, last)
     head = store.chain_head()
-    print(f"head: seq {head[0]} {head[1]}" if head else "head: no events")
+    tell(f"head: seq {head[0]} {head[1]}" if head else "head: no events")
     failed = False
     if report["break"]:
         seq, detail, expected, found = report["break"]
-        print(f"broken at seq {seq}: {detail}")
-        print(f"  expected: {expected}")
-        print(f"  found:    {cut(sanitize(found), 128)}")
+        tell(f"broken at seq {seq}: {detail}")
+        tell(f"  expected: {expected}")
+        tell(f"  found:    {cut(sanitize(found), 128)}")
         failed = True
     else:
-        print(f"intact: {report['checked']} event(s)" + (
+        tell(f"intact: {report['checked']} event(s)" + (
             f", seq {report['from']} to {report['to']}" if report["checked"] else ""))
         if report["checked"]:
-            print(f"last checked: seq {report['to']} {report['hash']}")
+            tell(f"last checked: seq {report['to']} {report['hash']}")
     if last is not None and not report["break"] and report["to"] < last:
-        print(f"the chain ends at seq {report['to']}, before -to {last}")
+        tell(f"the chain ends at seq {report['to']}, before -to {last}")
         failed = True
     if kept:
         found = store.event_hash_at(kept[0])
         if found is None:
-            print(f"kept head: seq {kept[0]} is not in the chain: events were removed")
+            tell(f"kept head: seq {kept[0]} is not in the chain: events were removed")
             failed = True
         elif found != kept[1] or (report["break"] and report["break"][0] <= kept[0]):
-            print(f"kept head: seq {kept[0]} does not match: the record was changed")
+            tell(f"kept head: seq {kept[0]} does not match: the record was changed")
             failed = True
         else:
-            print(f"kept head: seq {kept[0]} matches")
+            tell(f"kept head: seq {kept[0]} matches")
     return 1 if failed else 0
 
 
@@ -8960,11 +9043,11 @@ def print_recheck(config, reports, as_json, session):
     different = sum(r["differences"] for r in reports)
     differ = sum(not r["same"] for r in reports)
     if as_json:
-        print_json(reports)
+        tell_json(reports)
     else:
-        print(f"{len(reports)} run(s) re-checked under {policy_id}: {rechecked} decision(s) "
-              f"re-checked, {different} differ, {skipped} not re-checkable and skipped; "
-              f"{differ} run(s) differ")
+        tell(f"{len(reports)} run(s) re-checked under {policy_id}: {rechecked} decision(s) "
+             f"re-checked, {different} differ, {skipped} not re-checkable and skipped; "
+             f"{differ} run(s) differ")
         same = collections.defaultdict(lambda: [0, 0])  # identity -> [runs, decisions]
         for r in reports:
             identity = {"unchanged": f'policy unchanged: "{policy_id}"',
@@ -8975,18 +9058,18 @@ def print_recheck(config, reports, as_json, session):
                 same[identity][0] += 1
                 same[identity][1] += r["rechecked"]
                 continue
-            print(f"run {r['run_id']} {r['run_status']}: {r['differences']} of {r['rechecked']} "
-                  f"re-checked evaluations differ; {identity}; {r['spec_source']} specs")
+            tell(f"run {r['run_id']} {r['run_status']}: {r['differences']} of {r['rechecked']} "
+                 f"re-checked evaluations differ; {identity}; {r['spec_source']} specs")
             # What differs first, then what could not be re-checked, then what is the same.
             for e in sorted(r["evaluations"], key=lambda e: {"different": 0, "same": 2}.get(
                     e["result"], 1)):
-                print(cut(recheck_line(e), 240))
+                tell(cut(recheck_line(e), 240))
             for note in r["notes"]:
-                print(f"note: {note}")
+                tell(f"note: {note}")
         for identity, (runs, decisions) in same.items():
-            print(f"the same today: every decision of {runs} run(s) ({decisions} in all); "
-                  f"{identity}")
-        print(RECHECK_SCOPE)
+            tell(f"the same today: every decision of {runs} run(s) ({decisions} in all); "
+                 f"{identity}")
+        tell(RECHECK_SCOPE)
     if not reports:
         log(f'no run of session "{session}" was found, so nothing was re-checked')
         return 1
@@ -9215,28 +9298,27 @@ def cmd_init(argv):
         plans = [plan for plan in plans if plan[3]]
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     for file in [file for plan in plans for file in plan[3]]:
-        print(f"read {file.host} configuration {file.path}: {len(file.servers())} server(s)")
+        tell(f"read {file.host} configuration {file.path}: {len(file.servers())} server(s)")
     needs, done = set(), []
     for config_file, session, hold, files in plans:
         gated, left = init_host(config_file, session, hold, files, needs)
         for where, given, why in left:
-            print(f"not gated, left in {sanitize(where)} as it is: {sanitize(given)}: "
-                  f"{sanitize(why)}")
+            tell(f"not gated, left in {where} as it is: {given}: {why}")
         if os.path.lexists(config_file):
             done.append((config_file, files, gated))
     if needs:
-        print(f"To gate the rest, init needs {needs_text(needs)}; then run init again: it adds "
-              f"them, and changes nothing else.")
+        tell(f"To gate the rest, init needs {needs_text(needs)}; then run init again: it adds "
+             f"them, and changes nothing else.")
     if not done:
         raise ConfigError("no server could be gated, so no config was written")
-    print("Every rule init proposed is a proposal, and nothing is offered until you have read "
-          "them, changed what you disagree with, and run:")
+    tell("Every rule init proposed is a proposal, and nothing is offered until you have read "
+         "them, changed what you disagree with, and run:")
     for config_file, _, _ in done:
-        print(f"    {operator_hint(config_file)} check -accept")
+        tell(f"    {operator_hint(config_file)} check -accept")
         try:
             check_reach(load_config(config_file))
         except ConfigError as err:
-            print(f"      before serving, fix this: {err}")
+            tell(f"      before serving, fix this: {err}")
     entries = {config_file: {"command": sys.executable,
                              "args": [os.path.abspath(sys.argv[0]), "-config", config_file]}
                for config_file, _, _ in done}
@@ -9254,15 +9336,15 @@ def cmd_init(argv):
         if not changed:
             for file, taken, entry in edits:
                 written, backup = replace_in_host(file, taken, entry)
-                print(f"wrote {written}; it was kept as {backup}")
+                tell(f"wrote {written}; it was kept as {backup}")
             return 0
     for config_file, files, _ in done:
-        print(f"Then replace the gated servers in {' and '.join(f.path for f in files)} with "
-              f"this one entry (or run init with -write to have it done, keeping a backup):")
-        print(pretty_json({"mcpServers": {HOST_ENTRY_NAME: entries[config_file]}}))
+        tell(f"Then replace the gated servers in {' and '.join(f.path for f in files)} with "
+             f"this one entry (or run init with -write to have it done, keeping a backup):")
+        tell_json({"mcpServers": {HOST_ENTRY_NAME: entries[config_file]}})
         if any(f.host.startswith("Claude Code") for f in files):
-            print(f"    or: claude mcp add -s user {HOST_ENTRY_NAME} -- "
-                  f"{shlex.join([entries[config_file]['command'], *entries[config_file]['args']])}")
+            tell(f"    or: claude mcp add -s user {HOST_ENTRY_NAME} -- "
+                 f"{shlex.join([entries[config_file]['command'], *entries[config_file]['args']])}")
     if changed:
         raise ConfigError(f"{changed.host} configuration {changed.path} changed while init "
                           f"ran, so no host's file was edited: put the entry above in by hand")
@@ -9317,8 +9399,8 @@ def init_host(path, session, hold, files, needs):
     for server in servers:
         if server.get("command") and os.path.basename(server["command"][0]) == "npx" and \
                 {"-y", "--yes"} & set(server["command"]):
-            print(f"server {server['name']}: npx may download its package before the server "
-                  f"starts, which can take a minute", flush=True)
+            tell(f"server {server['name']}: npx may download its package before the server "
+                 f"starts, which can take a minute", flush=True)
         try:
             manifest = pin(Server(server, f"server {quote(server['name'])}",
                                   os.path.dirname(path)))
@@ -9332,8 +9414,8 @@ def init_host(path, session, hold, files, needs):
         pinned.append((server, manifest))
     if not pinned:
         if text:
-            print(f"{path}: no server is new in {' or '.join(f.path for f in files)}; nothing "
-                  f"was added")
+            tell(f"{path}: no server is new in {' or '.join(f.path for f in files)}; nothing "
+                 f"was added")
         return gated, left
     added = [server for server, _ in pinned]
     if text:
@@ -9345,15 +9427,15 @@ def init_host(path, session, hold, files, needs):
         write_private(path, config_text(raw))
     policy = {**DEFAULT_POLICY, **(parse(text).get("policy") or {} if text else {})}
     for server, manifest in pinned:
-        print(f"server {server['name']}: {len(manifest['tools'])} tool(s) pinned; proposed "
-              f"from the server's own hints (class, then what the policy would decide):")
+        tell(f"server {server['name']}: {len(manifest['tools'])} tool(s) pinned; proposed "
+             f"from the server's own hints (class, then what the policy would decide):")
         for tool, entry in manifest["tools"].items():
             rule = server["rules"][tool]
             decided = rule.get("outcome") or policy[rule["side_effect"]]
-            print(f"  {sanitize(tool):<28} {rule['side_effect']:<16} {decided:<17} "
-                  f"({hints_text(entry)})")
-    print(f"{'added to' if text else 'wrote'} {path} (0600): "
-          f"{', '.join(server['name'] for server in added)}")
+            tell(f"  {sanitize(tool):<28} {rule['side_effect']:<16} {decided:<17} "
+                 f"({hints_text(entry)})")
+    tell(f"{'added to' if text else 'wrote'} {path} (0600): "
+         f"{', '.join(server['name'] for server in added)}")
     return gated, left
 
 
@@ -9410,12 +9492,12 @@ def each_config(command, argv, paths):
     does not keep the others from being read. Exits as the worst of them."""
     status = 0
     for path in paths:
-        print(f"== {path}", flush=True)
+        tell(f"== {path}", flush=True)
         try:
             status = max(status, command([*argv, "-config", path]))
         except (ConfigError, LoadError, StoreError, UpstreamError) as err:
             sys.stdout.flush()
-            sys.stderr.write(f"{PROGRAM}: error: {sanitize(str(err))}\n")
+            tell(f"{PROGRAM}: error: {err}", out=sys.stderr)
             status = 1
     return status
 
@@ -9468,12 +9550,12 @@ def accept_proposals(path):
             if rule.pop("proposed", False):
                 accepted.append(f"{server['name']}/{tool} ({rule['side_effect']})")
     if not accepted:
-        print("no proposed rule to accept")
+        tell("no proposed rule to accept")
         return
     write_private(path, config_text(raw))
-    print(f"accepted {len(accepted)} proposed rule(s):")
+    tell(f"accepted {len(accepted)} proposed rule(s):")
     for rule in accepted:
-        print(f"  {sanitize(rule)}")
+        tell(f"  {rule}")
 
 
 # ---- login: OAuth with a url server ---------------------------------------------------------
@@ -9507,8 +9589,8 @@ def cmd_login(argv):
 
         async def ask(url):
             url = _with_scope(url, server.oauth.get("scope"), wanted)
-            print(f"Open this address to authorize agentgate with server {server.name} (a "
-                  f"browser is being opened on it):\n  {sanitize(url)}", flush=True)
+            tell(f"Open this address to authorize agentgate with server {server.name} (a "
+                 f"browser is being opened on it):", f"  {url}", flush=True)
             await sdk["asyncio"].to_thread(_open_browser, url)
 
         async def answer():
@@ -9525,10 +9607,10 @@ def cmd_login(argv):
             raise UpstreamError(f"login with server {quote(server.name)} failed: "
                                 f"{clean(str(err), 500) or type(err).__name__}") from None
     if store.tokens is None:
-        print(f"server {server.name} asked for no authorization; nothing was kept")
+        tell(f"server {server.name} asked for no authorization; nothing was kept")
         return 0
-    print(f"agentgate is authorized with server {server.name}; its tokens are kept in "
-          f"{server.tokens} (0600), and refreshed as they expire")
+    tell(f"agentgate is authorized with server {server.name}; its tokens are kept in "
+         f"{server.tokens} (0600), and refreshed as they expire")
     return 0
 
 
@@ -9820,8 +9902,7 @@ class Narrator:
         self.out.flush()
 
     def say(self, text):
-        self.out.write(f"  {text}\n")
-        self.out.flush()
+        tell(f"  {text}", out=self.out, flush=True)
 
     def sees(self, text, is_error):
         label = "model sees (isError)" if is_error else "model sees"
@@ -10143,22 +10224,22 @@ def cmd_pin(argv):
     findings = lint_manifests(manifests)
     for server in config.servers:
         tools = manifests[server.name]["tools"]
-        print(f"server {server.name}: {len(tools)} tools pinned in {server.manifest}, with the "
-              f"server's own hints, which classify nothing:")
+        tell(f"server {server.name}: {len(tools)} tools pinned in {server.manifest}, with the "
+             f"server's own hints, which classify nothing:")
         for name, entry in tools.items():
             description = " ".join(entry["description"].split())
-            print(f"  {sanitize(name):<28} {hints_text(entry):<26} "
-                  f"{clean(description, 72)}")
+            tell(f"  {sanitize(name):<28} {hints_text(entry):<26} "
+                 f"{clean(description, 72)}")
             found = findings[server.name][name]
             for line in lint_lines(found):
-                print(f"  {line}")
+                tell(f"  {line}")
             if any(severity == LINT_HIGH for severity, _, _ in found):
-                print(f"    the whole text the model would read of {sanitize(name)} "
-                      f"(accepted_description {lint_hash(entry)}):")
+                tell(f"    the whole text the model would read of {name} "
+                     f"(accepted_description {lint_hash(entry)}):")
                 for where, text in lint_texts(entry):
-                    print(f"      {sanitize(where)}: {sanitize(text)}")
-    print("Classify each tool you want offered with a rule (side_effect), then run check. The "
-          "lint finds the tricks known to hide instructions in a tool's texts, not all of them.")
+                    tell(f"      {where}: {text}")
+    tell("Classify each tool you want offered with a rule (side_effect), then run check. The "
+         "lint finds the tricks known to hide instructions in a tool's texts, not all of them.")
     return 0
 
 
@@ -10177,17 +10258,17 @@ def pin_diff(config, named, everything, confirmed):
     differences = {}
     for server in config.servers:
         changes = tool_changes(manifests[server.name]["tools"], lives[server.name])
-        print(f"server {server.name}: " + (f"{len(changes)} tool(s) differ from "
-                                           f"{server.manifest}" if changes else "as pinned"))
+        tell(f"server {server.name}: " + (f"{len(changes)} tool(s) differ from "
+                                          f"{server.manifest}" if changes else "as pinned"))
         for tool, (kind, old, new) in changes.items():
             differences[(server.name, tool)] = (kind, new)
-            print(f"  {kind} {sanitize(tool)}" + (f" ({hints_text(new)})" if new else ""))
+            tell(f"  {kind} {tool}" + (f" ({hints_text(new)})" if new else ""))
             if kind == "added":
-                print(f"    description: {sanitize(new['description'])}")
+                tell(f"    description: {new['description']}")
             elif kind == "changed":
-                print("\n".join(f"    {line}" for line in change_lines(old, new)))
+                tell(*(f"    {line}" for line in change_lines(old, new)))
             for line in lint_lines(findings[server.name][tool]) if new else []:
-                print(f"  {line}")
+                tell(f"  {line}")
     chosen = set(differences) if everything else set()
     for given in named:
         server, _, tool = given.rpartition("/")
@@ -10204,7 +10285,7 @@ def pin_diff(config, named, everything, confirmed):
             raise Usage("refusing to pin every difference again without -yes or an "
                         "interactive terminal")
         if input("pin all of them again? type yes to pin: ").strip().lower() not in ("y", "yes"):
-            print("nothing pinned")
+            tell("nothing pinned")
             return 1
     for server in config.servers:
         mine = sorted(tool for name, tool in chosen if name == server.name)
@@ -10219,9 +10300,9 @@ def pin_diff(config, named, everything, confirmed):
                 manifest["tools"][tool] = new
         manifest["pinned_at"] = now()
         write_private(server.manifest, pretty_json(manifest) + "\n")
-        print(f"pinned again in {server.manifest}: {', '.join(map(sanitize, mine))}")
-    print("A gate that is serving keeps the tools it loaded; restart it (restart its host) to "
-          "offer what was pinned again, after check.")
+        tell(f"pinned again in {server.manifest}: {', '.join(mine)}")
+    tell("A gate that is serving keeps the tools it loaded; restart it (restart its host) to "
+         "offer what was pinned again, after check.")
     return 0
 
 
@@ -10246,14 +10327,14 @@ def cmd_check(argv):
         upstream.close()
     for report in reports:
         if report.lines:
-            print("\n".join(report.lines))
+            tell(*report.lines)
     for server, report in zip(config.servers, reports):
-        print("\n".join(served_lines(config, server, report, tools)))
+        tell(*served_lines(config, server, report, tools))
     if os.path.exists(config.database):
         print_tool_changes(Store(config.database, readonly=True, create=False), config.session)
-    print(f"status tool: {config.status_tool}")
-    print(f"session: {config.session}")
-    print(f"database: {config.database}")
+    tell(f"status tool: {config.status_tool}")
+    tell(f"session: {config.session}")
+    tell(f"database: {config.database}")
     # What makes check fail goes to stderr too, one line each: a server not served, and the
     # tools that are not offered for a reason the operator must act on.
     for report in reports:
@@ -10379,25 +10460,25 @@ def main(argv=None):
                 "init": cmd_init, "login": cmd_login, "demo": cmd_demo,
                 "fake-payments": lambda a: fake_payments()}
     if argv and argv[0] in ("-h", "--help", "help"):
-        sys.stderr.write(USAGE)
+        tell(*USAGE.splitlines(), out=sys.stderr)
         return 0
     if argv and argv[0] in ("-version", "--version"):
-        print(f"{PROGRAM} {VERSION}")
+        tell(f"{PROGRAM} {VERSION}")
         return 0
     if len(argv) > 2 and argv[0].lstrip("-") in ("config", "db") and argv[2] in commands:
         argv = [argv[2], *argv[:2], *argv[3:]]  # `-config FILE approve ...` reads as written
     command = argv[0] if argv and not argv[0].startswith("-") else "serve"
     rest = argv[1:] if argv and not argv[0].startswith("-") else argv
     if command not in commands:
-        sys.stderr.write(f"{PROGRAM}: unknown command {quote(command)}\n{USAGE}")
+        tell(f"{PROGRAM}: unknown command {quote(command)}", *USAGE.splitlines(), out=sys.stderr)
         return 2
     try:
         return commands[command](rest)
     except Usage as err:
-        sys.stderr.write(f"{PROGRAM}: {sanitize(str(err))}\n")
+        tell(f"{PROGRAM}: {err}", out=sys.stderr)
         return 2
     except (ConfigError, LoadError, StoreError, UpstreamError) as err:
-        sys.stderr.write(f"{PROGRAM}: error: {sanitize(str(err))}\n")
+        tell(f"{PROGRAM}: error: {err}", out=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 1
