@@ -1074,18 +1074,10 @@ class Config:
         if not NAME_RE.fullmatch(self.status_tool):
             raise ConfigError(f"status_tool {quote(self.status_tool)} must be 1 to 64 letters, "
                               f"digits, '_' or '-'")
-        cap = raw.get("max_argument_bytes", Number(str(DEFAULT_ARGUMENT_BYTES)))
-        if not isinstance(cap, Number) or not cap.is_integer() or \
-                not 1024 <= cap.exact() <= MAX_ARGUMENT_BYTES:
-            raise ConfigError(f"max_argument_bytes must be a whole number of bytes from 1024 to "
-                              f"{MAX_ARGUMENT_BYTES}")
-        self.max_argument_bytes = int(cap.exact())
-        cap = raw.get("max_result_bytes", Number(str(DEFAULT_RESULT_BYTES)))
-        if not isinstance(cap, Number) or not cap.is_integer() or \
-                not 1024 <= cap.exact() <= MAX_RESULT_BYTES:
-            raise ConfigError(f"max_result_bytes must be a whole number of bytes from 1024 to "
-                              f"{MAX_RESULT_BYTES}")
-        self.max_result_bytes = int(cap.exact())
+        self.max_argument_bytes = _byte_cap(raw, "max_argument_bytes", DEFAULT_ARGUMENT_BYTES,
+                                            MAX_ARGUMENT_BYTES)
+        self.max_result_bytes = _byte_cap(raw, "max_result_bytes", DEFAULT_RESULT_BYTES,
+                                          MAX_RESULT_BYTES)
         self.operator = _string(raw, "operator", where)
         if self.operator not in ("", "none"):
             raise ConfigError(f'operator is {quote(self.operator)}; write "none" when no one is '
@@ -1164,6 +1156,13 @@ def _names(raw, field, where):
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where}.{field} must be a list of strings")
     return value
+
+
+def _byte_cap(raw, field, default, most):
+    cap = raw.get(field, Number(str(default)))
+    if not isinstance(cap, Number) or not cap.is_integer() or not 1024 <= cap.exact() <= most:
+        raise ConfigError(f"{field} must be a whole number of bytes from 1024 to {most}")
+    return int(cap.exact())
 
 
 def _duration(raw, field, where, default):
@@ -1392,8 +1391,9 @@ APPROVAL_COLUMNS = ("id", "run_id", "step_id", "kind", "capability_json", "prese
 
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
-# What a settled call index row says its run's last attempt came to.
-OUTCOME_UNSEEN, OUTCOME_NONE, OUTCOME_KNOWN, OUTCOME_UNKNOWN = 0, 1, 2, 3
+# What a settled call index row says its run's last attempt came to (0, the column's
+# default, while it is not settled).
+OUTCOME_NONE, OUTCOME_KNOWN, OUTCOME_UNKNOWN = 1, 2, 3
 
 
 class StoreError(Exception):
@@ -1724,7 +1724,7 @@ class Tx:
         return self.execute("SELECT started_at FROM steps WHERE id=?", (step_id,)).fetchone()[0]
 
     def take_over(self, run_id, lease):
-        """Take the lease of a run whose owner stopped renewing it, marking every step it cut
+        """Take the lease of a run whose owner stopped renewing it, marking every step it cut_step
         off as interrupted. Returns (step_id, started_at) of a step cut off while executing,
         or None."""
         row = self.execute("SELECT lease_owner, lease_expires_at FROM runs WHERE id=? AND "
@@ -1740,7 +1740,7 @@ class Tx:
             self.event(run_id, "lease.taken_over", {"previous_owner": row[0],
                                                     "previous_expires_at": row[1],
                                                     "owner": lease[0]})
-        cut = None
+        cut_step = None
         for step_id, status, started in self.execute(
                 "SELECT id, status, started_at FROM steps WHERE run_id=? AND status IN "
                 "('deciding', 'executing') ORDER BY idx", (run_id,)).fetchall():
@@ -1750,8 +1750,8 @@ class Tx:
                          "finished_at=? WHERE id=?", (dumps(observation), now(), step_id))
             self.event(run_id, "step.interrupted", {"previous_status": status}, step_id)
             if status == "executing":
-                cut = (step_id, started)
-        return cut
+                cut_step = (step_id, started)
+        return cut_step
 
     def decide_approval(self, approval_id, shown_hash, status, by, note):
         """An operator's decision, bound to the hash of exactly what they were shown.
@@ -2607,14 +2607,14 @@ class Upstream:
 
     def _answer_server_request(self, message):
         if message.get("method") == "ping":
-            answer = {"jsonrpc": "2.0", "id": message["id"], "result": {}}
+            reply = {"jsonrpc": "2.0", "id": message["id"], "result": {}}
         else:
             # agentgate offers no roots, sampling or elicitation: a server asking for one gets
             # a clear refusal rather than a request left hanging.
-            answer = {"jsonrpc": "2.0", "id": message["id"], "error": {
+            reply = {"jsonrpc": "2.0", "id": message["id"], "error": {
                 "code": -32601, "message": "this client does not offer that method"}}
         try:
-            self._send(answer, Deadline(OWN_WRITE_SECONDS * SECOND))
+            self._send(reply, Deadline(OWN_WRITE_SECONDS * SECOND))
         except UpstreamError:
             pass  # the server is gone or was stopped for not reading: nothing to answer
 
@@ -2691,7 +2691,7 @@ class Upstream:
         While connecting and listing, a failure names the step and carries the end of what
         the server wrote to stderr, which is usually where it says why."""
         try:
-            return self._request(method, params, deadline, step, progress)
+            return self._request(method, params, deadline, progress)
         except UpstreamError as err:
             tail = self.tail() if step in ("connect", "list tools") and not err.timed_out \
                 else ""
@@ -2699,7 +2699,7 @@ class Upstream:
                                 unusable=err.unusable, sent=err.sent,
                                 answered=err.answered) from None
 
-    def _request(self, method, params, deadline, step, progress):
+    def _request(self, method, params, deadline, progress):
         with self.lock:
             if self.closed:
                 raise UpstreamError(self.closed, sent=False)
@@ -2933,13 +2933,14 @@ def union_scope(*scopes):
     return " ".join(dict.fromkeys(" ".join(scope or "" for scope in scopes).split()))
 
 
-def oauth_client(sdk, server, store, ask, answer, redirect_uri=NO_REDIRECT):
+def oauth_client(sdk, server, store, ask, redirected, redirect_uri=NO_REDIRECT):
     """The mcp package's OAuth client for `server` as an httpx auth. `ask` shows a person the
-    authorization address and `answer` waits for the browser's redirect (login); the serving
-    gate gives one that fails, so a lapsed authorization fails where the client would ask."""
+    authorization address and `redirected` waits for the browser's redirect (login); the
+    serving gate gives one that fails, so a lapsed authorization fails where the client would
+    ask."""
     records = sdk["auth_records"]
     metadata = records.OAuthClientMetadata(client_name=PROGRAM, redirect_uris=[redirect_uri])
-    client = sdk["auth"].OAuthClientProvider(server.url, metadata, store, ask, answer)
+    client = sdk["auth"].OAuthClientProvider(server.url, metadata, store, ask, redirected)
     # The client counts a stored token as valid until a server refuses it; the expiry kept
     # with it lets an expired one be refreshed first, as it would be within one process.
     client.context.token_expiry_time = store.expires_at
@@ -3535,7 +3536,7 @@ _CACHE_BUDGET = 50000   # cached NFA positions + transitions per pattern before 
 
 # A character set is a tuple of sorted, disjoint, non-adjacent (lo, hi) code point ranges.
 _DIGIT = ((0x30, 0x39),)
-_WORD = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
+_WORD_RANGES = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
 _SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
           (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF))
 _LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
@@ -3584,7 +3585,7 @@ _DOT = _negate(_LINE_TERMINATORS)
 # What a backslash and one character stand for: a code point, or a set (\d \D \s \S \w \W).
 # Of the punctuation, u mode lets a backslash make only the syntax characters and / literal.
 _ESCAPES = {"t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D, "d": _DIGIT,
-            "D": _negate(_DIGIT), "w": _WORD, "W": _negate(_WORD), "s": _SPACE,
+            "D": _negate(_DIGIT), "w": _WORD_RANGES, "W": _negate(_WORD_RANGES), "s": _SPACE,
             "S": _negate(_SPACE)}
 _ESCAPES.update((c, ord(c)) for c in "^$\\.*+?()[]{}|/")
 _CLASS_ESCAPES = {**_ESCAPES, "b": 0x08, "-": 0x2D}   # inside [...], \b is a backspace
@@ -3789,12 +3790,12 @@ def compile_pattern(pattern):
     """Compile a JSON Schema pattern, or raise PatternError."""
     if not isinstance(pattern, str):
         raise PatternError("a pattern must be a string")
-    parser = _Parser(pattern)
-    tree = parser.disjunction()
-    if parser.pos < len(pattern):   # the top-level disjunction stops only at a stray ')'
-        raise PatternError(f"unbalanced parenthesis at offset {parser.pos}")
+    parsing = _Parser(pattern)
+    tree = parsing.disjunction()
+    if parsing.pos < len(pattern):   # the top-level disjunction stops only at a stray ')'
+        raise PatternError(f"unbalanced parenthesis at offset {parsing.pos}")
     program = [("match", None, None)]
-    return Pattern(pattern, program, _compile(tree, 0, program))
+    return Pattern(program, _compile(tree, 0, program))
 
 
 # ---- Matching: a lazily built DFA ------------------------------------------------------------
@@ -3816,8 +3817,8 @@ class _DFAState:
 class Pattern:
     """A compiled pattern. Its caches hold only derived data, so threads may share it."""
 
-    def __init__(self, source, program, start):
-        self.source, self._program, self._start = source, program, start
+    def __init__(self, program, start):
+        self._program, self._start = program, start
         self.size = len(program)  # the most work one character can cost, in NFA states
         self._states, self._cached = {}, 0
         self._initial = self._state(frozenset([start]), False, True)
@@ -4258,16 +4259,18 @@ class Report:
 
     def __init__(self, server):
         self.server = server
-        self.registered, self.refused, self.unclassified, self.unpinned = [], [], [], []
-        self.unreviewed = []
         self.lines = []
         self.unserved = ""
         self.kinds, self.review = {}, {}
 
     def add(self, kind, tool, text):
-        getattr(self, kind).append(tool)
         self.kinds[tool] = kind
         self.lines.append(f"{sanitize(self.server)}: {text}")
+
+    def count(self, kind):
+        """How many tools became `kind` (each tool is added once: a name is either live and
+        unpinned or pinned, and a pinned one ends in exactly one kind)."""
+        return sum(1 for each in self.kinds.values() if each == kind)
 
 
 def schema_hash(schema):
@@ -4473,7 +4476,7 @@ _FIRST_STEP = re.compile(r"\bbefore\b.{0,30}\b(using|calling|invoking|you use|yo
 # Words that make a mention of another tool an instruction about it (shadowing).
 _DIRECTIVE = re.compile(r"\b(must|always|never|instead|do not|don't)\b", re.I)
 _SENTENCE_END = re.compile(r"[.!?](\s|$)")
-_WORD = re.compile(r"[^\W\d_]+")
+_LETTERS_RE = re.compile(r"[^\W\d_]+")
 # Each selector hides one byte (U+FE00-FE0F: 0-15, U+E0100-E01EF: 16-255); emoji take one.
 _SELECTOR_RUN = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]{2,}")
 _READ_KEYWORDS = ("description", "title", "default", "examples", "enum", "const", "$comment")
@@ -4528,7 +4531,7 @@ def _scripts(word):
 def mixed_script_words(text):
     """The words of `text` whose letters come from more than one script (a Cyrillic а among
     Latin letters): a name made to be read as another."""
-    return sorted({word for word in _WORD.findall(text) if len(_scripts(word)) > 1})
+    return sorted({word for word in _LETTERS_RE.findall(text) if len(_scripts(word)) > 1})
 
 
 def invisible_codes(text):
@@ -4888,7 +4891,7 @@ def load_all(config, while_starting=None):
             elif not reports[i].unserved:
                 reports[i].unserved = f"server {quote(server.name)}: no tool registered; " + (
                     "its rules are proposals nobody reviewed: read them, then run check "
-                    "-accept" if reports[i].unreviewed else
+                    "-accept" if reports[i].count("unreviewed") else
                     "it offered none when it was pinned" if not manifests[i]["tools"] else
                     "classify at least one pinned tool with a rule")
     except BaseException:
@@ -6351,12 +6354,12 @@ class Notifier:
 STOP = "stop"  # rule 5 met an unknown outcome: look no further back, let rule 6 decide
 
 
-def repeat_window_text(tool, window, config_path):
+def repeat_window_text(tool, window, config_file):
     """What an operator changes to let identical calls of `tool` through (never model text:
     it names the config)."""
     return (f"identical calls to {tool.name} are refused for {format_duration(window)} after "
             f"one executes; to allow them, set \"repeat_window\": \"0s\" (or a shorter time) "
-            f"in the rule for {tool.upstream_name} of server {tool.server.name} in {config_path}")
+            f"in the rule for {tool.upstream_name} of server {tool.server.name} in {config_file}")
 
 
 class Gate:
@@ -6619,9 +6622,9 @@ class Gate:
         interruption approval and the caller is told so. Anything else is ended, and the rules
         go on as if it had finished.
         """
-        cut = self._write(lambda tx: tx.take_over(run_id, self.lease()))
-        if cut and not tool.read_only:
-            step_id, started = cut
+        cut_step = self._write(lambda tx: tx.take_over(run_id, self.lease()))
+        if cut_step and not tool.read_only:
+            step_id, started = cut_step
             attempt = {"run_id": run_id, "step_id": step_id, "started_at": started,
                        "ended": "cut_off"}
             args = self.store.step_decision(step_id)["args"]
@@ -8188,11 +8191,11 @@ def decision_text(approval):
     return f"{approval['status']}{by}{at}"
 
 
-def confirmed(question, out, refusal):
-    """Whether the operator typed yes at a terminal; without one, refused with `refusal`,
-    which names the flag that confirms instead."""
+def confirmed(question, out, without_terminal):
+    """Whether the operator typed yes at a terminal; without one, refused with
+    `without_terminal`, which names the flag that confirms instead."""
     if not sys.stdin.isatty():
-        raise Usage(refusal)
+        raise Usage(without_terminal)
     print(question, end="", file=out, flush=True)
     return input().strip().lower() in ("y", "yes")
 
@@ -8589,7 +8592,6 @@ def wrap_columns(text, width):
     return pieces + [piece]
 
 
-GRANT_DEFAULT = 3600 * SECOND
 GRANT_PROMISE = ("A call this grant covers runs without asking while it is in force. It never "
                  "turns a deny into anything else, never re-runs a call whose outcome is "
                  "unknown, and the tool's limits still count the calls it lets through.")
@@ -9115,7 +9117,7 @@ class HostFile:
                 for name, entry in servers.items()]
 
 
-def server_from_host(name, entry):
+def server_from_host(entry):
     """A host's server entry as agentgate's (without name, manifest or rules), or the reason
     it cannot be gated."""
     if not isinstance(entry, dict):
@@ -9283,7 +9285,7 @@ def init_host(path, session, hold, files, needs):
     servers, gated, left = [], {}, []
     for file in files:
         for where, given, entry, started in file.servers():
-            server, why = server_from_host(given, entry)
+            server, why = server_from_host(entry)
             if not started:
                 left.append((where, given, project_server_text(file, server, why)))
                 continue
@@ -9507,10 +9509,10 @@ def cmd_login(argv):
                   f"browser is being opened on it):\n  {sanitize(url)}", flush=True)
             await sdk["asyncio"].to_thread(_open_browser, url)
 
-        async def answer():
+        async def redirected():
             return await sdk["asyncio"].to_thread(redirect.answer, sdk)
 
-        client = oauth_client(sdk, server, store, ask, answer, redirect.uri)
+        client = oauth_client(sdk, server, store, ask, redirected, redirect.uri)
         try:
             sdk["asyncio"].run(_initialize_with(sdk, server, client))
         except BaseException as err:
@@ -9809,7 +9811,6 @@ class Narrator:
         self.out = out
         color = out.isatty() and not os.environ.get("NO_COLOR")
         self.bold = (lambda s: f"\033[1m{s}\033[0m") if color else (lambda s: s)
-        self.dim = (lambda s: f"\033[2m{s}\033[0m") if color else (lambda s: s)
 
     def step(self, title):
         self.out.write(f"\n{self.bold(title)}\n")
@@ -10158,7 +10159,7 @@ def cmd_pin(argv):
     return 0
 
 
-def pin_diff(config, named, everything, confirmed):
+def pin_diff(config, named, everything, agreed):
     """Show what each server presents now against its manifest; pin again only the tools
     named (server/tool, or tool where one server has it), or every difference with -all once
     confirmed. A gate that is serving keeps what it loaded: it is never changed under a call."""
@@ -10195,7 +10196,7 @@ def pin_diff(config, named, everything, confirmed):
         chosen.add(matches[0])
     if not chosen:
         return 0
-    if everything and not confirmed:
+    if everything and not agreed:
         if not sys.stdin.isatty():
             raise Usage("refusing to pin every difference again without -yes or an "
                         "interactive terminal")
@@ -10255,8 +10256,8 @@ def cmd_check(argv):
     for report in reports:
         if report.unserved:
             log(f"not served: {report.unserved}")
-    refused = sum(len(report.refused) for report in reports)
-    unreviewed = sum(len(report.unreviewed) for report in reports)
+    refused = sum(report.count("refused") for report in reports)
+    unreviewed = sum(report.count("unreviewed") for report in reports)
     problems = ([f"{refused} tool(s) refused, each line says why"] if refused else []) + (
         [f"{unreviewed} tool(s) unreviewed: read their proposed rules, then run check -accept"]
         if unreviewed else [])
