@@ -112,7 +112,7 @@ class DroppedMidway(agentgate.Pattern):
 def test_a_search_is_right_when_another_thread_drops_the_cache_midway():
     # Calls are judged outside the gate's lock, so two searches of one pattern run at once.
     compiled = agentgate.compile_pattern(SLOW)
-    shared = DroppedMidway(SLOW, compiled._program, compiled._start)
+    shared = DroppedMidway(compiled._program, compiled._start)
     assert shared.search(matching(500, 3)) is True
     assert shared.search(adversarial(500)) is False
 

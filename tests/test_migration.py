@@ -3,11 +3,14 @@ place the first time the gate starts on it: its chain still verifies and goes on
 head, its runs still show and re-check, and what it left open still holds (an unknown outcome
 still blocks its tool and is still decided by an operator).
 
-tests/v1_database.sql is the dump of such a database, made by the agentgate of commit 6348037
-in front of the fake bank: a read, a payment approved and executed, one rejected, and one
-approved whose re-run timed out (its outcome unknown, a question pending).
+tests/v1_database.sql.gz is the dump of such a database, made by the agentgate of commit
+6348037 in front of the fake bank: a read, a payment approved and executed, one rejected, and
+one approved whose re-run timed out (its outcome unknown, a question pending). It is kept as
+the dump's bytes, compressed: a record of what that version wrote, never edited, and not source
+that repeats the version-1 schema agentgate.py carries.
 """
 
+import gzip
 import json
 import sqlite3
 from pathlib import Path
@@ -15,13 +18,13 @@ from pathlib import Path
 from kit import Bank, operator, release
 from kit import bankdir  # noqa: F401 (fixture)
 
-DUMP = Path(__file__).resolve().parent / "v1_database.sql"
+DUMP = Path(__file__).resolve().parent / "v1_database.sql.gz"
 
 
 def old_database(workdir: Path) -> Path:
     path = workdir / "runs.db"
     db = sqlite3.connect(path)
-    db.executescript(DUMP.read_text(encoding="utf-8"))
+    db.executescript(gzip.decompress(DUMP.read_bytes()).decode("utf-8"))
     db.close()
     path.chmod(0o600)
     return path
