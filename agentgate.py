@@ -1422,13 +1422,13 @@ Attempt = collections.namedtuple("Attempt", "ending observed finished attempt")
 
 
 def step_outcome(observed):
-    """What a step's recorded observation came to: the one place a recorded outcome is
-    classified, from its fields (never from its prose), for the records of every version.
-    An ending of CALL_ENDINGS; 'cut_off' (ended by a take-over or an operator while
-    executing: its effect is unknown); or, for a request that did not execute, 'denied',
-    'invalid', 'rejected' (by an operator) or 'interrupted' (ended before it executed); ''
-    for no other kind. A denial and a rejection share the kind policy_denied: a rejection's
-    observation names its approval, a denial's carries its error."""
+    """What a step's recorded observation came to: the one place a recorded outcome is read
+    back (call_upstream classifies it as it comes), from its fields, never from its prose,
+    for the records of every version. An ending of CALL_ENDINGS; 'cut_off' (ended by a
+    take-over or an operator while executing: its effect is unknown); or, for a request that
+    did not execute, 'denied', 'invalid', 'rejected' (by an operator) or 'interrupted' (ended
+    before it executed); '' for no other kind. A denial and a rejection share the kind
+    policy_denied: a rejection's observation names its approval, a denial's its error."""
     kind, content = observed["kind"], observed.get("content", {})
     if kind == "tool_result":
         return "ok"
