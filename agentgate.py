@@ -1411,8 +1411,7 @@ KeyRun = collections.namedtuple("KeyRun", "run_id status reason detail finished 
 
 
 UNKNOWN_ENDINGS = ("timed_out", "no_answer", "cut_off")
-# What a call that reached its server came to (call_upstream's endings); with 'cut_off', what
-# an attempt may come to.
+# What a call that reached its server came to (call_upstream's endings).
 CALL_ENDINGS = ("ok", "error", "unrecorded", "timed_out", "no_answer")
 
 # What the newest attempt of a run's tool call came to: its ending, its observation as
@@ -1422,13 +1421,9 @@ Attempt = collections.namedtuple("Attempt", "ending observed finished attempt")
 
 
 def step_outcome(observed):
-    """What a step's recorded observation came to: the one place a recorded outcome is read
-    back (call_upstream classifies it as it comes), from its fields, never from its prose,
-    for the records of every version. An ending of CALL_ENDINGS; 'cut_off' (ended by a
-    take-over or an operator while executing: its effect is unknown); or, for a request that
-    did not execute, 'denied', 'invalid', 'rejected' (by an operator) or 'interrupted' (ended
-    before it executed); '' for no other kind. A denial and a rejection share the kind
-    policy_denied: a rejection's observation names its approval, a denial's its error."""
+    """What a recorded step came to, by its fields in every version (never its prose): an
+    ending of CALL_ENDINGS, 'cut_off' (taken over or cancelled while executing), or 'denied',
+    'invalid', 'rejected' (naming its approval), 'interrupted'; '' for no other kind."""
     kind, content = observed["kind"], observed.get("content", {})
     if kind == "tool_result":
         return "ok"
@@ -2123,9 +2118,9 @@ class Store:
             "ORDER BY c.id", (session, *targets, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
 
     def read_approvals(self, joined, args, extra=()):
-        """The one reader of approvals: each a dict of APPROVAL_COLUMNS, the shape new_approval
-        makes, with the columns `extra` names ((name, expression) pairs, of the tables joined)
-        after them. `joined` is the statement after the select list, approvals named a."""
+        """The one reader of approvals, as dicts of APPROVAL_COLUMNS (new_approval's shape) and
+        the joined columns `extra` names, (name, expression) pairs; `joined` follows the
+        select list, approvals named a."""
         select = ", ".join([f"a.{c}" for c in APPROVAL_COLUMNS] + [e for _, e in extra])
         names = APPROVAL_COLUMNS + tuple(name for name, _ in extra)
         return [dict(zip(names, row)) for row in self.read(f"SELECT {select} {joined}", args)]
@@ -4325,9 +4320,9 @@ def manifest_entry(tool):
 
 
 def connect(server):
-    """Start one server as load_all starts each, the one way every command starts a server:
-    new_upstream, spawn, then handshake_and_list within the server's connect_timeout. Returns
-    (the upstream, its tools as it lists them); the caller closes it."""
+    """Start a server (spawn, then handshake_and_list within its connect_timeout), as every
+    command does; load_all, for many at once. Returns (upstream, tools); the caller closes
+    it."""
     upstream = new_upstream(server)
     try:
         upstream.spawn()
@@ -4860,11 +4855,8 @@ def load_all(config, while_starting=None):
     is offered. `while_starting` runs once the servers are spawned, while they start. Returns
     (upstreams, tools, reports): the servers served, their tools, and a report for every
     server. A server that cannot be served is closed, and its report's `unserved` says why;
-    a ConfigError closes every server and is raised.
-
-    Each server starts as connect starts one, its steps spread out so the servers start at
-    once: every server is spawned here, on the main thread (Upstream.spawn says why), then
-    all are initialized and listed together, each within its connect_timeout."""
+    a ConfigError closes every server and is raised. Each starts as connect starts one, but
+    all are spawned first, on this thread (Upstream.spawn says why), to start at once."""
     upstreams = [new_upstream(server) for server in config.servers]
     reports = [Report(server.name) for server in config.servers]
     try:
@@ -4933,8 +4925,6 @@ def _unless_unserved(report, step, *args):
 
 
 def handshake_and_list(upstream, deadline):
-    """The second step of starting a spawned server (connect): initialize it, then list its
-    tools."""
     upstream.handshake(deadline)
     return upstream.list_tools(deadline)
 
@@ -6051,9 +6041,8 @@ def approval_hash(kind, capability, presentation, request):
 
 
 def new_approval(config, run_id, step_id, tool, args, decision):
-    """A pending approval of the request, in the one shape an approval has wherever it goes:
-    a dict of APPROVAL_COLUMNS as its row holds them (Store.approvals reads it back alike), its
-    JSON fields as stored text, so its hash is checked against what the operator is shown."""
+    """A pending approval, in the one shape an approval has everywhere: its row's columns
+    (APPROVAL_COLUMNS), as Store.read_approvals reads them back."""
     request = {"run_id": run_id, "step_id": step_id, "spec": tool.spec, "args": args}
     created = now()
     approval = dict.fromkeys(APPROVAL_COLUMNS, "")
@@ -6514,10 +6503,9 @@ class Gate:
             if waited >= total:
                 return False
             cancelled.wait(min(HOLD_POLL, total - waited))
-            now_is = self.store.approval(approval["id"])
-            if now_is is None or now_is["status"] != "pending" or (
-                    now_is["expires_at"] and now_is["expires_at"] <= now()) or \
-                    now_is["run_status"] in TERMINAL:
+            row = self.store.approval(approval["id"])
+            waits = row and row["status"] == "pending" and live_approval(self.config, row)
+            if not waits or row["run_status"] in TERMINAL:
                 return not (cancelled.is_set() or self.stopping.is_set())
             if progress and time.monotonic() - last_progress >= 1:
                 last_progress = time.monotonic()
@@ -7721,8 +7709,7 @@ def approved_fate(gate, approval):
                 f"same arguments to run it and get the result.")
     if approval["run_status"] not in TERMINAL:
         return "APPROVED and executing now."
-    # A refusal on an approved approval's step was made when the approval was collected: the
-    # step's first decision asked for the approval, so it refused nothing.
+    # An approved step refused was refused when collected: its first decision asked.
     observed = store.step_observation(step_id)
     refused = step_outcome(observed) if observed else ""
     if approval["run_reason"] == "operator_cancelled":
@@ -7840,8 +7827,7 @@ FAILED_STATE = {"denied": "DENIED", "invalid": "INVALID", "error": "TOOL_ERROR",
 
 def run_state(store, run):
     """How a run stands, in the word its call's answer began with where there is one (a
-    denied call is DENIED, not FAILED for a goal), else its status. A failed run is read by
-    what its last step with an observation came to (step_outcome)."""
+    denied call is DENIED, not FAILED for a goal), else its status."""
     status, reason = run["status"], run["reason"]
     if status == "CANCELLED":
         return {"approval_rejected": "REJECTED", "approval_expired": "EXPIRED"}.get(reason,
