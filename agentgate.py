@@ -1388,11 +1388,29 @@ KeyRun = collections.namedtuple("KeyRun", "run_id status reason detail finished 
 
 
 UNKNOWN_ENDINGS = ("timed_out", "no_answer", "cut_off")
+# What a call that reached its server came to (call_upstream's endings).
+CALL_ENDINGS = ("ok", "error", "unrecorded", "timed_out", "no_answer")
 
 # What the newest attempt of a run's tool call came to: its ending, its observation as
 # recorded (None when it has none), when it finished, and the attempt as an interruption
 # approval names it (run_id, step_id, started_at, ended).
 Attempt = collections.namedtuple("Attempt", "ending observed finished attempt")
+
+
+def step_outcome(observed):
+    """What a recorded step came to, by its fields in every version (never its prose): an
+    ending of CALL_ENDINGS, 'cut_off' (taken over or cancelled while executing), or 'denied',
+    'invalid', 'rejected' (naming its approval), 'interrupted'; '' for no other kind."""
+    kind, content = observed["kind"], observed.get("content", {})
+    if kind == "tool_result":
+        return "ok"
+    if kind == "tool_error":
+        return content["ending"]
+    if kind == "interrupted":
+        return "cut_off" if content.get("previous_status") == "executing" else "interrupted"
+    if kind == "policy_denied":
+        return "rejected" if "approval_id" in content else "denied"
+    return "invalid" if kind == "invalid_decision" else ""
 
 
 def last_attempt(rows, run_id):
@@ -1411,12 +1429,11 @@ def last_attempt(rows, run_id):
             "run_id=? AND json_extract(decision_json, '$.kind')='tool_call' ORDER BY idx DESC",
             (run_id,)):
         attempt = {"run_id": run_id, "step_id": step_id, "started_at": started}
-        observed = parse(observation) if observation else {"kind": ""}
-        if status == "executing" or (observed["kind"] == "interrupted" and observed[
-                "content"].get("previous_status") == "executing"):
+        observed = parse(observation) if observation else None
+        ending = step_outcome(observed) if observed else ""
+        if status == "executing" or ending == "cut_off":
             return Attempt("cut_off", None, finished, {**attempt, "ended": "cut_off"})
-        if observed["kind"] in ("tool_result", "tool_error"):
-            ending = "ok" if observed["kind"] == "tool_result" else observed["content"]["ending"]
+        if ending in CALL_ENDINGS:
             return Attempt(ending, observed, finished, {**attempt, "ended": ending})
         asked = rows("SELECT capability_json FROM approvals WHERE step_id=? AND "
                      "kind='interrupted_side_effect' ORDER BY rowid DESC LIMIT 1", (step_id,))
@@ -1640,19 +1657,15 @@ class Tx:
         if waits.rowcount != 1:
             raise Race()
         self.execute("UPDATE steps SET status='awaiting_approval' WHERE id=?", (step_id,))
-        self.execute("INSERT INTO approvals(id, run_id, step_id, kind, capability_json, "
-                     "presentation_json, request_json, hash, status, created_at, expires_at) "
-                     "VALUES(?,?,?,?,?,?,?,?,?,?,?)",
-                     (approval["id"], run_id, step_id, approval["kind"],
-                      dumps(approval["capability"]), dumps(approval["presentation"]),
-                      dumps(approval["request"]), approval["hash"], "pending",
-                      approval["created_at"], approval["expires_at"]))
+        self.execute(f"INSERT INTO approvals({', '.join(APPROVAL_COLUMNS)}) VALUES("
+                     f"{', '.join('?' * len(APPROVAL_COLUMNS))})",
+                     tuple(approval[c] for c in APPROVAL_COLUMNS))
+        capability = parse(approval["capability_json"])
+        presentation = parse(approval["presentation_json"])
         self.event(run_id, "approval.requested", {
             "approval_id": approval["id"], "kind": approval["kind"],
-            "reason": approval["presentation"].get("reason", ""),
-            "capability": kept_once(approval["capability"]),
-            "presentation": kept_once(approval["presentation"]),
-            "hash": approval["hash"]}, step_id)
+            "reason": presentation.get("reason", ""), "capability": kept_once(capability),
+            "presentation": kept_once(presentation), "hash": approval["hash"]}, step_id)
 
     def resume(self, run_id, approval_id, lease):
         """A granted run runs again, under this process's lease."""
@@ -2081,52 +2094,52 @@ class Store:
             "d.session=c.session AND d.request_key=c.request_key AND d.outcome!=?) "
             "ORDER BY c.id", (session, *targets, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
 
-    def approval_state(self, approval_id):
-        """(approval status, expires_at, run status) while a call is held."""
-        return self.read_one("SELECT a.status, a.expires_at, r.status FROM approvals a JOIN "
-                             "runs r ON r.id = a.run_id WHERE a.id=?", (approval_id,))
+    def read_approvals(self, joined, args, extra=()):
+        """The one reader of approvals, as dicts of APPROVAL_COLUMNS (new_approval's shape) and
+        the joined columns `extra` names, (name, expression) pairs; `joined` follows the
+        select list, approvals named a."""
+        select = ", ".join([f"a.{c}" for c in APPROVAL_COLUMNS] + [e for _, e in extra])
+        names = APPROVAL_COLUMNS + tuple(name for name, _ in extra)
+        return [dict(zip(names, row)) for row in self.read(f"SELECT {select} {joined}", args)]
 
     def approvals(self, run_id):
-        """A run's approvals, oldest first, as dicts of APPROVAL_COLUMNS."""
-        return [dict(zip(APPROVAL_COLUMNS, row)) for row in self.read(
-            f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE run_id=? ORDER BY rowid",
-            (run_id,))]
+        """A run's approvals, oldest first."""
+        return self.read_approvals("FROM approvals a WHERE a.run_id=? ORDER BY a.rowid",
+                                   (run_id,))
 
     def latest_approval(self, run_id):
         """The newest approval of a run; only the latest of a step can be a grant."""
-        row = self.read_one(f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE "
-                            f"run_id=? ORDER BY rowid DESC LIMIT 1", (run_id,))
-        return dict(zip(APPROVAL_COLUMNS, row)) if row else None
+        rows = self.read_approvals("FROM approvals a WHERE a.run_id=? ORDER BY a.rowid DESC "
+                                   "LIMIT 1", (run_id,))
+        return rows[0] if rows else None
 
     def recent_approvals(self, session, since, limit):
         """Every approval of the session's newest `limit` calls that are unsettled or settled
         since `since`, with its run's tool, status and reason and its request key."""
-        rows = self.read(
-            f"SELECT {', '.join('a.' + c for c in APPROVAL_COLUMNS)}, r.tool, r.status, "
-            f"r.reason, c.request_key FROM calls c JOIN runs r ON r.id = c.run_id JOIN "
-            f"approvals a ON a.run_id = r.id WHERE c.id IN (SELECT id FROM calls WHERE "
-            f"session=? AND (settled_at='' OR settled_at>=?) ORDER BY id DESC LIMIT ?) "
-            f"ORDER BY c.id DESC, a.rowid", (session, since, limit))
-        names = APPROVAL_COLUMNS + ("tool", "run_status", "run_reason", "request_key")
-        return [dict(zip(names, row)) for row in rows]
+        return self.read_approvals(
+            "FROM calls c JOIN runs r ON r.id = c.run_id JOIN approvals a ON a.run_id = r.id "
+            "WHERE c.id IN (SELECT id FROM calls WHERE session=? AND (settled_at='' OR "
+            "settled_at>=?) ORDER BY id DESC LIMIT ?) ORDER BY c.id DESC, a.rowid",
+            (session, since, limit), (("tool", "r.tool"), ("run_status", "r.status"),
+                                      ("run_reason", "r.reason"),
+                                      ("request_key", "c.request_key")))
 
     def waiting_approvals(self, session):
         """The approvals an operator may decide now (of one session, or all with session ''),
         oldest first, each with its run's tool. A waiting run's call is unsettled, so the
         calls index finds them without reading the history of approvals."""
         where = "c.settled_at=''" + (" AND c.session=?" if session else "")
-        rows = self.read(
-            f"SELECT {', '.join('a.' + c for c in APPROVAL_COLUMNS)}, r.tool FROM calls c JOIN "
-            f"runs r ON r.id = c.run_id JOIN approvals a ON a.run_id = r.id WHERE {where} AND "
-            f"r.status='WAITING_FOR_APPROVAL' AND a.status='pending' AND (a.expires_at='' OR "
-            f"a.expires_at>?) ORDER BY a.created_at, a.id", (*([session] if session else []),
-                                                              now()))
-        return [dict(zip(APPROVAL_COLUMNS + ("tool",), row)) for row in rows]
+        return self.read_approvals(
+            f"FROM calls c JOIN runs r ON r.id = c.run_id JOIN approvals a ON a.run_id = r.id "
+            f"WHERE {where} AND r.status='WAITING_FOR_APPROVAL' AND a.status='pending' AND "
+            f"(a.expires_at='' OR a.expires_at>?) ORDER BY a.created_at, a.id",
+            (*([session] if session else []), now()), (("tool", "r.tool"),))
 
     def approval(self, approval_id):
-        row = self.read_one(f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE id=?",
-                            (approval_id,))
-        return dict(zip(APPROVAL_COLUMNS, row)) if row else None
+        """An approval with its run's status, or None."""
+        rows = self.read_approvals("FROM approvals a JOIN runs r ON r.id = a.run_id WHERE "
+                                   "a.id=?", (approval_id,), (("run_status", "r.status"),))
+        return rows[0] if rows else None
 
     def executed_under(self, approval):
         """Whether the approval's step started executing under it."""
@@ -2425,10 +2438,6 @@ class Upstream:
         return f"server {quote(self.name)}: {step}: {detail}"
 
     # -- process ---------------------------------------------------------------------------
-
-    def start(self, deadline):
-        self.spawn()
-        self.handshake(deadline)
 
     def spawn(self):
         """Start the child. On Linux its parent-death signal fires when the spawning thread
@@ -4291,12 +4300,13 @@ def manifest_entry(tool):
 
 
 def connect(server):
-    """Start and initialize a server; the caller closes it."""
-    deadline = Deadline(server.connect_timeout)
+    """Start a server (spawn, then handshake_and_list within its connect_timeout), as every
+    command does; load_all, for many at once. Returns (upstream, tools); the caller closes
+    it."""
     upstream = new_upstream(server)
     try:
-        upstream.start(deadline)
-        return upstream, deadline
+        upstream.spawn()
+        return upstream, handshake_and_list(upstream, Deadline(server.connect_timeout))
     except BaseException:
         upstream.close()
         raise
@@ -4304,11 +4314,8 @@ def connect(server):
 
 def presented(server):
     """What a server presents now: connect, list every tool, close; as manifest entries."""
-    upstream, deadline = connect(server)
-    try:
-        live = upstream.list_tools(deadline)
-    finally:
-        upstream.close()
+    upstream, live = connect(server)
+    upstream.close()
     return {name: manifest_entry(tool) for name, tool in sorted(live.items())}
 
 
@@ -4828,7 +4835,8 @@ def load_all(config, while_starting=None):
     is offered. `while_starting` runs once the servers are spawned, while they start. Returns
     (upstreams, tools, reports): the servers served, their tools, and a report for every
     server. A server that cannot be served is closed, and its report's `unserved` says why;
-    a ConfigError closes every server and is raised."""
+    a ConfigError closes every server and is raised. Each starts as connect starts one, but
+    all are spawned first, on this thread (Upstream.spawn says why), to start at once."""
     upstreams = [new_upstream(server) for server in config.servers]
     reports = [Report(server.name) for server in config.servers]
     try:
@@ -6095,14 +6103,19 @@ def approval_hash(kind, capability, presentation, request):
 
 
 def new_approval(config, run_id, step_id, tool, args, decision):
+    """A pending approval, in the one shape an approval has everywhere: its row's columns
+    (APPROVAL_COLUMNS), as Store.read_approvals reads them back."""
     request = {"run_id": run_id, "step_id": step_id, "spec": tool.spec, "args": args}
     created = now()
-    approval = {"id": new_id(16), "kind": decision["kind"],
-                "capability": decision["capability"], "presentation": decision["presentation"],
-                "request": request, "created_at": created,
-                "expires_at": later(created, config.approval_ttl) if config.approval_ttl else ""}
-    approval["hash"] = approval_hash(approval["kind"], approval["capability"],
-                                     approval["presentation"], request)
+    approval = dict.fromkeys(APPROVAL_COLUMNS, "")
+    approval.update(
+        id=new_id(16), run_id=run_id, step_id=step_id, kind=decision["kind"],
+        capability_json=dumps(decision["capability"]),
+        presentation_json=dumps(decision["presentation"]), request_json=dumps(request),
+        hash=approval_hash(decision["kind"], decision["capability"], decision["presentation"],
+                           request),
+        status="pending", created_at=created,
+        expires_at=later(created, config.approval_ttl) if config.approval_ttl else "")
     return approval
 
 
@@ -6552,9 +6565,9 @@ class Gate:
             if waited >= total:
                 return False
             cancelled.wait(min(HOLD_POLL, total - waited))
-            row = self.store.approval_state(approval["id"])
-            if row is None or row[0] != "pending" or (row[1] and row[1] <= now()) or \
-                    row[2] in TERMINAL:
+            row = self.store.approval(approval["id"])
+            waits = row and row["status"] == "pending" and live_approval(self.config, row)
+            if not waits or row["run_status"] in TERMINAL:
                 return not (cancelled.is_set() or self.stopping.is_set())
             if progress and time.monotonic() - last_progress >= 1:
                 last_progress = time.monotonic()
@@ -7059,14 +7072,12 @@ def recorded_frame(data):
 def waiting_answer(approval):
     """What a call is told while its request waits on an approval."""
     if approval["kind"] != "interrupted_side_effect":
-        presentation = approval["presentation"] if "presentation" in approval else \
-            parse(approval["presentation_json"])
+        presentation = parse(approval["presentation_json"])
         limit = SLOT_PROSE["limit"].format(limit=clean(presentation["limit"], 300),
                                            frees=presentation["frees"]) \
             if "limit" in presentation else ""
         return answer("PENDING_APPROVAL", approval=approval["id"], limit=limit)
-    capability = approval["capability"] if "capability" in approval else \
-        parse(approval["capability_json"])
+    capability = parse(approval["capability_json"])
     ended = capability.get("interrupted", {}).get("ended", "cut_off")
     if ended == "cut_off":
         return answer("INTERRUPTED", approval=approval["id"])
@@ -7719,13 +7730,12 @@ def approved_fate(gate, approval):
         observed = store.step_observation(step_id)
         if not observed:
             return STATUS_PROSE["executing"]
-        if observed["kind"] == "tool_result":
+        ending = step_outcome(observed)
+        if ending == "ok":
             return STATUS_PROSE["succeeded"]
-        if observed["kind"] == "tool_error":
-            ending = observed["content"]["ending"]
-            error = clean(outcome_text(observed), 500)
-        else:
-            ending, error = "cut_off", ""  # interrupted, or cancelled, while executing
+        if ending not in CALL_ENDINGS:  # taken over or cancelled while executing
+            ending = "cut_off"
+        error = clean(outcome_text(observed), 500) if ending != "cut_off" else ""
         if ending == "unrecorded":
             return STATUS_PROSE["unrecorded"].format(error=error)
         if ending == "error":
@@ -7743,13 +7753,14 @@ def approved_fate(gate, approval):
         return STATUS_PROSE["uncollected"].format(tool=approval["tool"])
     if approval["run_status"] not in TERMINAL:
         return STATUS_PROSE["executing"]
+    # An approved step refused was refused when collected: its first decision asked.
     observed = store.step_observation(step_id)
-    error = observed["content"].get("error", "") if observed else ""
+    refused = step_outcome(observed) if observed else ""
     if approval["run_reason"] in ("operator_cancelled", "approval_expired"):
         why = NOT_EXECUTED_WHY[approval["run_reason"]]
-    elif error.startswith("denied on resume"):
+    elif refused == "denied":
         why = NOT_EXECUTED_WHY["denied_on_resume"]
-    elif error.startswith("invalid decision on resume"):
+    elif refused == "invalid":
         why = NOT_EXECUTED_WHY["invalid_on_resume"]
     else:
         why = NOT_EXECUTED_WHY["ended"].format(reason=approval["run_reason"])
@@ -7839,7 +7850,7 @@ def cmd_runs(argv):
         return 0
     table = [("RUN", "STATE", "STEPS", "CREATED", "HOST", "WAITING APPROVAL", "TOOL")]
     for r in runs:
-        table.append((r["run"], run_state(r), str(r["steps"]), prose_time(r["created"]),
+        table.append((r["run"], run_state(store, r), str(r["steps"]), prose_time(r["created"]),
                       cut(sanitize(r["host"]), 24) or "-", r["pending_approval"] or "",
                       sanitize(r["tool"])))
     print_table(table)
@@ -7849,22 +7860,21 @@ def cmd_runs(argv):
     return 0
 
 
-def run_state(run):
+FAILED_STATE = {"denied": "DENIED", "invalid": "INVALID", "error": "TOOL_ERROR",
+                "timed_out": "UNKNOWN_OUTCOME", "no_answer": "UNKNOWN_OUTCOME"}
+
+
+def run_state(store, run):
     """How a run stands, in the word its call's answer began with where there is one (a
     denied call is DENIED, not FAILED for a goal), else its status."""
-    status, reason, detail = run["status"], run["reason"], run["detail"]
+    status, reason = run["status"], run["reason"]
     if status == "CANCELLED":
         return {"approval_rejected": "REJECTED", "approval_expired": "EXPIRED"}.get(reason,
                                                                                    status)
     if status == "FAILED":
-        if detail == REFUSED["policy_denied"]:
-            return "DENIED"
-        if detail == REFUSED["invalid_decision"]:
-            return "INVALID"
-        if detail == CLOSING["error"]:
-            return "TOOL_ERROR"
-        if detail in (CLOSING["timed_out"], CLOSING["no_answer"]):
-            return "UNKNOWN_OUTCOME"
+        observed = [s["observation"] for s in store.steps(run["run"]) if s["observation"]]
+        return FAILED_STATE.get(step_outcome(parse(observed[-1])), status) if observed \
+            else status
     return status
 
 
@@ -8068,7 +8078,7 @@ def result_lines(steps):
         return ["result    none recorded"]
     last = observed[-1]
     summary = last.get("summary", "")
-    if last["kind"] in ("tool_result", "tool_error"):
+    if step_outcome(last) in CALL_ENDINGS:
         text = outcome_text(last)
     else:  # the gate's own ending of the step: a denial, a cut-off, a failure
         text = last.get("message") or policy_json(last.get("content", {}))
@@ -8191,7 +8201,7 @@ def print_approval(approval, full=False, late=(), out=None):
 def late_text(observation):
     """What a cut-off attempt came to, learned after its run was taken over."""
     text = clean(outcome_text(observation), 2 * ARG_SHOWN)
-    what = f"it succeeded, with this result: {text}" if observation["kind"] == "tool_result" \
+    what = f"it succeeded, with this result: {text}" if step_outcome(observation) == "ok" \
         else f"it failed: {text}"
     return f"the attempt that was cut off did finish after all, after its run was taken over: " \
         f"{what}"

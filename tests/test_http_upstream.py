@@ -575,8 +575,8 @@ def test_events_split_anywhere_read_the_same():
 def test_closing_is_idempotent_and_a_later_request_fails_at_once_unsent(workdir, sdk_server):
     server = sdk_server()
     config = agentgate.load_config(str(config_for(workdir, server.url)))
-    upstream, deadline = agentgate.connect(config.servers[0])
-    assert sorted(upstream.list_tools(deadline)) == ["balance", "limits", "pay", "rewrite", "whoami"]
+    upstream, live = agentgate.connect(config.servers[0])
+    assert sorted(live) == ["balance", "limits", "pay", "rewrite", "whoami"]
     upstream.close()
     upstream.close()
     assert not upstream.thread.is_alive()
