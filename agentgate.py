@@ -6261,6 +6261,9 @@ def result_summary(tool, record, withheld_over=0):
 # never a later call's bytes); the outcome is recorded even when the host has gone.
 # Deciding happens under one lock, so two threads never both begin the same request; across
 # processes the unique open-row index does the same job, and a lost race is decided again.
+# Each rule answers with one verdict, a value (Answer, Wait, Execute, or NEXT, STOP, AGAIN),
+# and a rule that must act to decide (take a run over, end an approval, begin a run) does it
+# through a step named for the act.
 # Judging a call's arguments (the schema check, the policy's conditions and their pattern
 # work) happens before the lock, executing and holding after it, so different requests run
 # in parallel and one slow to judge delays no other.
