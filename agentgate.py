@@ -4980,8 +4980,9 @@ def log_reports(reports):
 # entries themselves, the limits, and the one decision (`policy_decision`) they make with the
 # class map. Plain functions of the call and of the facts of its moment (Facts: the time, the
 # host's self-reported name, the grants in force, and the executions inside a limit's window),
-# which the gate reads inside its write transaction and recheck reads back from the record.
-# No SQL here.
+# which the gate reads inside its write transaction and recheck reads back from the record,
+# both through one builder (decision_facts). What a request's arguments say is judged once
+# for a decision and those made again with it (Judgement); the facts, at each. No SQL here.
 # Promises: a condition that cannot be evaluated does not hold, and an entry other than allow
 # whose conditions are too costly to judge denies; numbers compare as exact
 # decimals from their literals, never through a float; a path lies under a directory only if
