@@ -4968,8 +4968,9 @@ def log_reports(reports):
 # entries themselves, the limits, and the one decision (`policy_decision`) they make with the
 # class map. Plain functions of the call and of the facts of its moment (Facts: the time, the
 # host's self-reported name, the grants in force, and the executions inside a limit's window),
-# which the gate reads inside its write transaction and recheck reads back from the record.
-# No SQL here.
+# which the gate reads inside its write transaction and recheck reads back from the record,
+# both through one builder (decision_facts). What a request's arguments say is judged once
+# for a decision and those made again with it (Judgement); the facts, at each. No SQL here.
 # Promises: a condition that cannot be evaluated does not hold, and an entry other than allow
 # whose conditions are too costly to judge denies; numbers compare as exact
 # decimals from their literals, never through a float; a path lies under a directory only if
@@ -5512,6 +5513,26 @@ class During:
         return " ".join(p for p in parts if p) + f" ({self.raw['zone']})"
 
 
+class Judgement:
+    """What one request's arguments say, judged once for a pass through the gate: the schema
+    check's problem, and whether the conditions of each `when` entry and each grant hold on
+    them (all_judged's verdict). A decision made again under the rules' lock, or in the write
+    transaction, reads these, and only the facts that may change meanwhile afresh: the time,
+    the grants in force, the counted uses, a re-run. The pattern work may outlive it: a call
+    judged again after a hold searches nothing twice."""
+
+    def __init__(self, problem="", work=None):
+        self.problem, self.held = problem, {}
+        self.work = PatternWork() if work is None else work
+
+    def holds(self, key, conditions, args, schema):
+        """Whether `conditions` hold on the arguments; `key` names whose they are (an entry's
+        label, a grant's id), which stay the same for one request."""
+        if key not in self.held:
+            self.held[key] = all_judged(c.holds(args, self.work, schema) for c in conditions)
+        return self.held[key]
+
+
 class Entry:
     """One `when` entry: conditions on the call and its moment, and the outcome they give."""
 
@@ -5537,13 +5558,15 @@ class Entry:
         # (a directory, a host list).
         self.reason = _string(raw, "reason", where) or f"the operator's rule {label}"
 
-    def holds(self, args, facts, work=None, schema=None):
-        """True or False; None when a condition could not be judged (Condition.holds)."""
+    def holds(self, args, facts, judged=None, schema=None):
+        """True or False; None when a condition could not be judged (Condition.holds). The
+        moment (its time, the host) is read each time; what the arguments say is judged once
+        for a request (`judged`, a Judgement)."""
         if (self.clients is not None and facts.client not in self.clients) or \
                 (self.during is not None and not self.during.holds(facts.at)):
             return False
-        work = PatternWork() if work is None else work
-        return all_judged(condition.holds(args, work, schema) for condition in self.conditions)
+        judged = Judgement() if judged is None else judged
+        return judged.holds(self.label, self.conditions, args, schema)
 
     def text(self):
         parts = [c.text() for c in self.conditions]
@@ -5645,13 +5668,6 @@ class Grant:
         self.conditions = parse_conditions(parse(stored["conditions_json"]), f"grant {self.id}",
                                            resolved=True)
 
-    def covers(self, args, work=None, schema=None):
-        """Whether the grant covers the call: a condition that could not be judged does not
-        hold, which is the safe side here, as a grant only ever loosens."""
-        work = PatternWork() if work is None else work
-        return all_judged(condition.holds(args, work, schema)
-                          for condition in self.conditions) is True
-
 
 def counted_uses(rows, tool, before):
     """Facts.uses for a decision on `tool` made at the stored time `before`, read from the
@@ -5681,6 +5697,17 @@ def counted_uses(rows, tool, before):
     return uses
 
 
+def decision_facts(rows, session, tool, stamp, client, count):
+    """The facts of the stored time `stamp` for a decision on `tool`, read through `rows`:
+    the grants then in force (read only if the decision asks), and, when `count`, the tool's
+    executions before it (counted_uses). The gate reads them at the moment it decides,
+    recheck at the moment a decision was recorded: one builder, so the two read alike."""
+    def grants():
+        return [Grant(g) for g in grants_in_force(rows, session, tool.target, stamp)]
+    return Facts(parse_time(stamp), client, grants,
+                 counted_uses(rows, tool, stamp) if count else None)
+
+
 def confirmed_conditions(conditions):
     """A grant's conditions as it keeps them: each `under` with its directories as they were
     resolved and shown when the grant was confirmed. Resolved again at each decision, a
@@ -5689,7 +5716,7 @@ def confirmed_conditions(conditions):
                         for name, expected in c.tests} for c in conditions}
 
 
-def policy_decision(config, tool, args, facts, rerun=False, approved=False, work=None):
+def policy_decision(config, tool, args, facts, rerun=False, approved=False, judged=None):
     """What the policy says of one call, as a dict: outcome, reason, and `by` (what decided:
     a `when` entry, a limit, a grant, the rule's outcome or the class), with `limit` and
     `frees` when a limit decided and `grant` when a grant did.
@@ -5700,12 +5727,13 @@ def policy_decision(config, tool, args, facts, rerun=False, approved=False, work
     allow into its `then` (it counts the calls a grant lets through, so a budget holds under a
     grant); with no operator at hand a question is a deny. A call an operator has approved
     (`approved`) is not counted against the limits again, nor refused for want of one.
-    `work` is the call's pattern work (PatternWork), shared with its schema check.
+    `judged` is what the request's arguments were found to say (Judgement), kept between
+    the decisions made on one pass through the gate.
     """
     rule = tool.rule
-    work = PatternWork() if work is None else work
+    judged = Judgement() if judged is None else judged
     for entry in rule.when:
-        held = entry.holds(args, facts, work, tool.schema)
+        held = entry.holds(args, facts, judged, tool.schema)
         if held is None and entry.outcome != "allow":
             # An entry that could not be judged (its pattern search is more than the call may
             # cost) might have held or not: the call would get its outcome, or what the
@@ -5728,7 +5756,8 @@ def policy_decision(config, tool, args, facts, rerun=False, approved=False, work
         return decision
     if decision["outcome"] == "require_approval":
         for grant in facts.grants():
-            if grant.covers(args, work, tool.schema):
+            # A condition that could not be judged does not hold: a grant only loosens.
+            if judged.holds(f"grant {grant.id}", grant.conditions, args, tool.schema) is True:
                 decision = {"outcome": "allow", "by": f"grant {grant.id}", "grant": grant.id,
                             "reason": f"standing approval {grant.id} by {grant.by}"}
                 break
@@ -6052,7 +6081,7 @@ def class_outcome(config, tool):
 INTERRUPTED_REASON = "interrupted while executing; outcome unknown"
 
 
-def evaluate(config, tool, args, facts, attempt=None, approved=False, work=None):
+def evaluate(config, tool, args, facts, attempt=None, approved=False, judged=None):
     """The policy's decision for one request (section 8) with, for an approval, what it
     binds (the capability) and what the operator is shown (the presentation).
 
@@ -6060,7 +6089,7 @@ def evaluate(config, tool, args, facts, attempt=None, approved=False, work=None)
     whatever the policy says short of deny: allow alone, or a grant, never runs it again.
     """
     decision = policy_decision(config, tool, args, facts, rerun=bool(attempt),
-                               approved=approved, work=work)
+                               approved=approved, judged=judged)
     outcome = decision["outcome"]
     if outcome == "deny" or (outcome == "allow" and not attempt):
         return decision
@@ -6126,6 +6155,12 @@ def stored_hash(row):
                              parse(row["presentation_json"]), parse(row["request_json"]))
     except CanonicalError:
         return ""
+
+
+def judged_request(tool, args, work=None):
+    """A request's Judgement, its schema check made (on `work`, the call's PatternWork)."""
+    work = PatternWork() if work is None else work
+    return Judgement(check_arguments(tool, args, work), work)
 
 
 def check_arguments(tool, args, work=None):
@@ -6302,6 +6337,9 @@ def result_summary(tool, record, withheld_over=0):
 # never a later call's bytes); the outcome is recorded even when the host has gone.
 # Deciding happens under one lock, so two threads never both begin the same request; across
 # processes the unique open-row index does the same job, and a lost race is decided again.
+# Each rule answers with one verdict, a value (Answer, Wait, Execute, or NEXT, STOP, AGAIN),
+# and a rule that must act to decide (take a run over, end an approval, begin a run) does it
+# through a step named for the act.
 # Judging a call's arguments (the schema check, the policy's conditions and their pattern
 # work) happens before the lock, executing and holding after it, so different requests run
 # in parallel and one slow to judge delays no other.
@@ -6423,7 +6461,11 @@ class Notifier:
                 log(f"notify {program} exited with status {status}")
 
 
-STOP = "stop"  # rule 5 met an unknown outcome: look no further back, let rule 6 decide
+# What a rule says when it does not answer the call itself (as Answer, Wait and Execute do):
+NEXT = "next"    # this rule, or this earlier run, decides nothing: the next one does
+STOP = "stop"    # rule 5 met an unknown outcome: look no further back, let rule 6 decide
+AGAIN = "again"  # a rule ended a run or an approval, or a write lost a race (Race): the call
+                 # is decided again, on what is there now
 
 
 def repeat_window_text(tool, window, config_file):
@@ -6479,19 +6521,13 @@ class Gate:
         return self.config.repeat_window if rule is None else rule
 
     def _facts(self, tool, rows=None):
-        """The facts of this moment for a decision on `tool` (section 8). Read through `rows`
-        inside the write transaction that acts on the decision, where the limits are counted,
-        so racing calls in this process or another never pass a limit together; read through
-        the reader for a decision that only steers the rules, where they are not."""
-        at = time.time()
-        stamp = format_time(at)
-
-        def grants():
-            return [Grant(g) for g in grants_in_force(rows or self.store.read,
-                                                      self.config.session, tool.target, stamp)]
-        uses = counted_uses(rows, tool, stamp) if rows is not None and tool.rule.limits \
-            else None
-        return Facts(at, self.client, grants, uses)
+        """The facts of this moment for a decision on `tool` (decision_facts). Read through
+        `rows` inside the write transaction that acts on the decision, where the limits are
+        counted, so racing calls in this process or another never pass a limit together; read
+        through the reader for a decision that only steers the rules, where they are not."""
+        return decision_facts(rows or self.store.read, self.config.session, tool,
+                              format_time(time.time()), self.client,
+                              rows is not None and bool(tool.rule.limits))
 
     # -- one call ------------------------------------------------------------------------------
 
@@ -6516,15 +6552,18 @@ class Gate:
                 size=len(encoded), cap=self.config.max_argument_bytes), recorded_frame(encoded))
         if invalid:
             with self.lock:
-                return self._begin(tool, None, f"invalid:{new_id(8)}", None, invalid=invalid)
+                return self._begin(tool, None, f"invalid:{new_id(8)}", None, None,
+                                   invalid=invalid)
         key = request_key(tool.target, encoded)
-        work = self._judge(tool, args)
+        judged = self._judge(tool, args)
         held, races = False, 0
         while True:
             try:
                 with self.lock:
-                    verdict = self._decide(tool, args, key, work)
-            except Race:
+                    verdict = self._decide(tool, args, key, judged)
+            except Race:  # a write lost its race at the store: as a rule that ended something
+                verdict = AGAIN
+            if verdict is AGAIN:
                 races += 1
                 if races > 5:
                     return answer("IN_PROGRESS")
@@ -6540,17 +6579,19 @@ class Gate:
             held = True
             if not self._hold(verdict.approval, progress, cancelled):
                 return waiting_answer(verdict.approval)
+            # The operator decided meanwhile: judged again, as a path's links may have moved.
+            judged = self._judge(tool, args, judged.work)
 
-    def _judge(self, tool, args):
+    def _judge(self, tool, args, work=None):
         """The call's schema check and policy, made before the lock that orders the rules
         across calls: they are functions of the call and of facts read in passing, so a call
-        whose patterns cost seconds delays no other call. Their searches are kept in the
-        PatternWork returned; the rules under the lock and the write transaction judge the
-        call again with it and search only what a fact changed meanwhile (a new grant)."""
-        work = PatternWork()
-        check_arguments(tool, args, work)
-        policy_decision(self.config, tool, args, self._facts(tool), work=work)
-        return work
+        whose patterns cost seconds delays no other call. What its arguments say is kept in
+        the Judgement returned; the rules under the lock and the write transaction decide
+        with it, reading afresh only the facts that may have changed meanwhile (the time, the
+        grants in force, the counted uses, a re-run)."""
+        judged = judged_request(tool, args, work)
+        policy_decision(self.config, tool, args, self._facts(tool), judged=judged)
+        return judged
 
     def _hold(self, approval, progress, cancelled):
         """Wait up to `hold` for the operator, telling a host that asked how long it has been.
@@ -6577,8 +6618,8 @@ class Gate:
 
     # -- the rules, under the lock -------------------------------------------------------------
 
-    def _decide(self, tool, args, key, work):
-        """The rules in order; returns an Answer, a Wait or an Execute."""
+    def _decide(self, tool, args, key, judged):
+        """The rules in order, as one verdict: an Answer, a Wait, an Execute, or AGAIN."""
         window = self.window(tool)
         since = format_time(time.time() - window / SECOND)
         # Identical reads within the window never refuse one another, so a read needs only
@@ -6590,36 +6631,40 @@ class Gate:
         # or another) and let the same call run twice within the window.
         rows = self.store.key_runs(self.config.session, key, since, newest_only=tool.read_only)
         seen = next((row.run_id for row in rows if row.open), None)
-        for row in rows:
-            if row.status == "WAITING_FOR_APPROVAL":                        # rule 1
-                verdict = self._waiting(tool, row.run_id, work)
-            elif row.status == "RUNNING":
-                if row.run_id in self.active or (row.owner != self.owner and
-                                                 row.expires > now()):
-                    return answer("IN_PROGRESS")                            # rule 2
-                verdict = self._take_over(tool, row.run_id, work)           # rule 3
-                if verdict is None:
-                    raise Race()  # it ended the run: decide again on what is there now
-            elif window and row.finished >= since:                          # rules 4, 5
-                verdict = self._closed(tool, row.run_id, row.reason, row.detail, row.finished,
-                                       window)
-            else:
-                continue
-            if verdict is STOP:
-                break
-            if verdict is not None:
-                return verdict
+        verdict = self._earlier_runs(tool, rows, window, since, judged)     # rules 1 to 5
+        if verdict is not NEXT and verdict is not STOP:
+            return verdict
         attempt = None if tool.read_only else self._unknown_attempt(key)   # rule 6
         decider = policy_decision(self.config, tool, args, self._facts(tool),
-                                  rerun=bool(attempt), work=work)["outcome"]
+                                  rerun=bool(attempt), judged=judged)["outcome"]
         needs_approval = decider == "require_approval" or (attempt and decider != "deny")
         if not tool.read_only or needs_approval:                            # rule 7
             verdict = self._session_rules(tool, key, needs_approval, decider)
-            if verdict is not None:
+            if verdict is not NEXT:
                 return verdict
-        return self._begin(tool, args, key, seen, attempt=attempt, work=work)  # rule 8
+        return self._begin(tool, args, key, seen, judged, attempt=attempt)  # rule 8
 
-    def _waiting(self, tool, run_id, work):
+    def _earlier_runs(self, tool, rows, window, since, judged):
+        """Rules 1 to 5 on this request's runs, newest first: the first verdict one of them
+        gives, STOP, or NEXT when none decides."""
+        for row in rows:
+            verdict = self._earlier_run(tool, row, window, since, judged)
+            if verdict is not NEXT:
+                return verdict
+        return NEXT
+
+    def _earlier_run(self, tool, row, window, since, judged):
+        if row.status == "WAITING_FOR_APPROVAL":
+            return self._waiting(tool, row.run_id, judged)                  # rule 1
+        if row.status == "RUNNING":
+            if row.run_id in self.active or (row.owner != self.owner and row.expires > now()):
+                return answer("IN_PROGRESS")                                # rule 2
+            return self._take_over(tool, row.run_id, judged)                # rule 3
+        if window and row.finished >= since:                                # rules 4, 5
+            return self._closed(tool, row.run_id, row.reason, row.detail, row.finished, window)
+        return NEXT
+
+    def _waiting(self, tool, run_id, judged):
         """Rule 1: a run of this request waits on an approval."""
         approval = self.store.latest_approval(run_id)
         if approval is None:
@@ -6627,57 +6672,85 @@ class Gate:
         if approval["status"] == "pending":
             if not approval["expires_at"] or approval["expires_at"] > now():
                 return Wait(approval)
-            self._write(lambda tx: tx.expire_approval(approval["id"], run_id,
-                                                      approval["step_id"]))
-            raise Race()  # the run has ended: decide again, with rules 4 to 6 on it
+            self._expire(approval)
+            return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
         if approval["status"] != "approved":
             return answer("IN_PROGRESS")
-        return self._collect(tool, approval, work)
+        return self._collect(tool, approval, judged)
 
-    def _collect(self, tool, approval, work):
+    def _expire(self, approval):
+        """Act: end an approval past its time, and the run that waited on it."""
+        self._write(lambda tx: tx.expire_approval(approval["id"], approval["run_id"],
+                                                  approval["step_id"]))
+
+    def _collect(self, tool, approval, judged):
         """An approved request: check its tool is still offered, its hash, its age, its
         arguments and the policy again, then execute the recorded request (never this call's
-        bytes)."""
+        bytes). The recorded request is this call's (the same request key): the call's
+        judgement is the request's."""
         if tool.name in self.quarantined:
             # Its server changed it (or said so) after the call was checked on arrival, while
             # the call was held: the approval stays, to be collected once the tool is back.
             return answer("DENIED", "TOOL_CHANGED")
-        run_id, step_id = approval["run_id"], approval["step_id"]
         if stored_hash(approval) != approval["hash"]:
             log(f"approval {approval['id']} does not match its hash; it was altered after it "
                 f"was made and will not be used")
             return answer("DENIED", reason=SLOT_PROSE["altered"])
         grant_ttl = self.config.grant_ttl
         if grant_ttl and later(approval["decided_at"], grant_ttl) < now():
-            self._write(lambda tx: tx.expire_approval(approval["id"], run_id, step_id))
-            raise Race()  # the run has ended: decide again, with rules 4 to 6 on it
+            self._expire(approval)
+            return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
+        if judged.problem:
+            return self._refuse_on_resume(approval, judged.problem)
         args = parse(approval["request_json"])["args"]
-        problem = check_arguments(tool, args, work)
-        if problem:
-            self._write(lambda tx: self._refuse(tx, run_id, step_id, "invalid_decision",
-                                                f"invalid decision on resume: {problem}"))
-            return answer("INVALID", reason=clean(problem, 1000))
         attempt = parse(approval["capability_json"]).get("interrupted")
         facts = self._facts(tool)
-        decision = evaluate(self.config, tool, args, facts, attempt, approved=True, work=work)
+        decision = evaluate(self.config, tool, args, facts, attempt, approved=True,
+                            judged=judged)
         if decision["outcome"] == "deny":
-            def deny(tx):
-                tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
-                                 self.policy_id)
-                self._refuse(tx, run_id, step_id, "policy_denied",
-                             f"denied on resume: {decision['reason']}")
-            self._write(deny)
-            return answer("DENIED", reason=clean(decision["reason"], 500))
+            return self._deny_on_resume(approval, decision, facts)
         if decision["outcome"] == "require_approval":
-            fresh = new_approval(self.config, run_id, step_id, tool, args, decision)
+            fresh = new_approval(self.config, approval["run_id"], approval["step_id"], tool,
+                                 args, decision)
             if fresh["hash"] != approval["hash"]:
-                def repause(tx):
-                    tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
-                                     self.policy_id)
-                    tx.pause(run_id, step_id, fresh)
-                self._write(repause)
-                self._log_waiting(fresh, tool, run_id)
-                return Wait(fresh)
+                return self._ask_again(tool, fresh, decision, facts)
+        return self._resume(tool, approval, args, decision, facts, judged)
+
+    def _refuse_on_resume(self, approval, problem):
+        """Act: end an approved run whose arguments no longer pass the schema check."""
+        self._write(lambda tx: self._refuse(tx, approval["run_id"], approval["step_id"],
+                                            "invalid_decision",
+                                            f"invalid decision on resume: {problem}"))
+        return answer("INVALID", reason=clean(problem, 1000))
+
+    def _deny_on_resume(self, approval, decision, facts):
+        """Act: end an approved run that the policy now denies."""
+        run_id, step_id = approval["run_id"], approval["step_id"]
+
+        def deny(tx):
+            tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
+                             self.policy_id)
+            self._refuse(tx, run_id, step_id, "policy_denied",
+                         f"denied on resume: {decision['reason']}")
+        self._write(deny)
+        return answer("DENIED", reason=clean(decision["reason"], 500))
+
+    def _ask_again(self, tool, fresh, decision, facts):
+        """Act: the policy asks another question of an approved request (a limit reached
+        since, say): its run pauses on the fresh approval."""
+        run_id, step_id = fresh["request"]["run_id"], fresh["request"]["step_id"]
+
+        def repause(tx):
+            tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
+                             self.policy_id)
+            tx.pause(run_id, step_id, fresh)
+        self._write(repause)
+        self._log_waiting(fresh, tool, run_id)
+        return Wait(fresh)
+
+    def _resume(self, tool, approval, args, decision, facts, judged):
+        """Act: the approved request starts executing, bound to its approval."""
+        run_id, step_id = approval["run_id"], approval["step_id"]
 
         def resume(tx):
             tx.resume(run_id, approval["id"], self.lease())
@@ -6685,37 +6758,43 @@ class Gate:
                              self.policy_id)
             tx.start_execution(run_id, step_id, tool.name, args, tool.target, approval["id"])
         self._write_active(run_id, resume)
-        return Execute(run_id, step_id, args, work=work)
+        return Execute(run_id, step_id, args, work=judged.work)
 
-    def _take_over(self, tool, run_id, work):
-        """Rule 3: a run left RUNNING by a process that stopped renewing its lease.
-
-        A mutating call cut off while executing may have taken effect: it pauses on an
-        interruption approval and the caller is told so. Anything else is ended, and the rules
-        go on as if it had finished.
-        """
+    def _take_over(self, tool, run_id, judged):
+        """Rule 3: a run left RUNNING by a process that stopped renewing its lease. Act: take
+        it over. A mutating call cut off while executing may have taken effect: it pauses on
+        an interruption approval and the caller is told so (Wait). Anything else is ended, and
+        the call is decided again (AGAIN) as if it had finished."""
         cut_step = self._write(lambda tx: tx.take_over(run_id, self.lease()))
         if cut_step and not tool.read_only:
-            step_id, started = cut_step
-            attempt = {"run_id": run_id, "step_id": step_id, "started_at": started,
-                       "ended": "cut_off"}
-            args = self.store.step_decision(step_id)["args"]
-            facts = self._facts(tool)
-            decision = evaluate(self.config, tool, args, facts, attempt, work=work)
-            if decision["outcome"] == "require_approval":
-                approval = new_approval(self.config, run_id, step_id, tool, args, decision)
-
-                def pause(tx):
-                    tx.record_policy(run_id, step_id, _policy_record(decision, facts), "")
-                    tx.pause(run_id, step_id, approval)
-                self._write(pause)
-                log(f"a call to {tool.name} was cut off while executing; its outcome is unknown")
-                self._log_waiting(approval, tool, run_id)
-                return Wait(approval)
+            verdict = self._pause_cut_off(tool, run_id, cut_step, judged)
+            if verdict is not NEXT:
+                return verdict
         self._write(lambda tx: tx.finish_run(
             run_id, "FAILED", "goal_failed", "one call per run: taken over after an "
             "interruption, with nothing left in it to execute"))
-        return None
+        return AGAIN
+
+    def _pause_cut_off(self, tool, run_id, cut_step, judged):
+        """Act: a mutating call cut off while executing (`cut_step`: its step and when it started)
+        pauses on the question of running it again (Wait); NEXT when the policy asks none."""
+        step_id, started = cut_step
+        attempt = {"run_id": run_id, "step_id": step_id, "started_at": started,
+                   "ended": "cut_off"}
+        args = self.store.step_decision(step_id)["args"]
+        facts = self._facts(tool)
+        decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
+        if decision["outcome"] != "require_approval":
+            return NEXT
+        approval = new_approval(self.config, run_id, step_id, tool, args, decision)
+
+        def pause(tx):
+            tx.record_policy(run_id, step_id, _policy_record(decision, facts), "")
+            tx.pause(run_id, step_id, approval)
+        self._write(pause)
+        log(f"a call to {tool.name} was cut off while executing; its outcome is unknown")
+        self._log_waiting(approval, tool, run_id)
+        return Wait(approval)
 
     def _refuse(self, tx, run_id, step_id, kind, detail):
         """End a run whose request will not execute (denied or invalid)."""
@@ -6723,7 +6802,7 @@ class Gate:
         tx.finish_run(run_id, "FAILED", "goal_failed", REFUSED[kind])
 
     def _closed(self, tool, run_id, reason, detail, finished, window):
-        """Rules 4 and 5: a finished run of this request within the window. None: look at
+        """Rules 4 and 5: a finished run of this request within the window. NEXT: look at
         older runs; STOP: its outcome is unknown, so rule 6 decides."""
         def until():
             return prose_time(later(finished, window))
@@ -6739,7 +6818,7 @@ class Gate:
         if reason == "operator_cancelled":
             return answer("REJECTED", "CANCELLED", note=note_text(detail), until=until())
         if attempt is None:
-            return None
+            return NEXT
         if unknown:
             return STOP
         outcome = DUPLICATE_OUTCOME[attempt.ending].format(text=clean(
@@ -6764,15 +6843,18 @@ class Gate:
         return None
 
     def _session_rules(self, tool, key, needs_approval, decider):
-        """Rule 7: what other requests of the session say about this one."""
+        """Rule 7: what other requests of the session say about this one: BLOCKED, or NEXT.
+        It acts on what it meets, so the tool is never blocked by what nobody will settle: a
+        run of this tool whose process died is taken over, an expired question about an
+        unknown outcome of this tool is ended, and one left with no question is asked again."""
         waiting = 0
         for run_id, status, owner, expires, run_tool in self.store.unsettled_runs(
                 self.config.session, key):
             if status == "RUNNING" and run_tool == tool.name and not (
                     owner != self.owner and expires > now()) and run_id not in self.active:
                 # Another request's arguments, judged on a pattern budget of their own.
-                verdict = self._take_over(tool, run_id, PatternWork())
-                if verdict is not None:
+                verdict = self._take_over(tool, run_id, Judgement())
+                if isinstance(verdict, Wait):
                     return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
                                   approval=verdict.approval["id"])
                 continue
@@ -6787,23 +6869,23 @@ class Gate:
                 if live:
                     return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
                                   approval=approval["id"])
-                self._write(lambda tx: tx.expire_approval(approval["id"], run_id,
-                                                          approval["step_id"]))
+                self._expire(approval)
             elif live and approval["status"] == "pending":
                 waiting += 1
         if not tool.read_only and decider != "deny":
             verdict = self._unknown_block(tool, key)
-            if verdict is not None:
+            if verdict is not NEXT:
                 return verdict
         if needs_approval and waiting >= self.config.max_pending:
             return answer("BLOCKED", "BLOCKED_PENDING", waiting=SLOT_PROSE[
                 "one_waits" if waiting == 1 else "some_wait"].format(count=waiting))
-        return None
+        return NEXT
 
     def _unknown_block(self, tool, key):
         """Another request of this tool left an outcome unknown with nothing waiting for an
-        operator (its question expired, or a crash came first): ask it again in a fresh run and
-        block this call on it, so the tool is never blocked with nothing to act on."""
+        operator (its question expired, or a crash came first): act, asking it again in a
+        fresh run, and block this call on it (BLOCKED), so the tool is never blocked with
+        nothing to act on; NEXT when there is none."""
         for other_key, run_id, reason in self.store.unknown_for_tool(
                 self.config.session, (tool.target, tool.name), key):
             if reason in ("approval_rejected", "operator_cancelled"):
@@ -6816,90 +6898,106 @@ class Gate:
             if attempt is None:
                 continue
             args = self.store.step_decision(attempt["step_id"])["args"]
-            verdict = self._begin(tool, args, other_key, seen, attempt=attempt,
-                                  origin="operator", work=PatternWork())
+            verdict = self._begin(tool, args, other_key, seen, judged_request(tool, args),
+                                  attempt=attempt, origin="operator")
             if isinstance(verdict, Wait):
                 return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
                               approval=verdict.approval["id"])
             # Anything else (its arguments no longer valid, say) ended that request's run
             # with nothing executed: it blocks nothing any more.
-        return None
+        return NEXT
 
     # -- beginning and executing a run ---------------------------------------------------------
 
-    def _begin(self, tool, args, key, seen, invalid=None, attempt=None, origin="model",
-               work=None):
+    def _begin(self, tool, args, key, seen, judged, invalid=None, attempt=None, origin="model"):
         """Rule 8: begin a run for this request, decide on it (section 8) and record the
         decision in one write transaction, then act on what was decided. `invalid` (why,
-        frame) records arguments that were not usable JSON; `work` is the call's pattern
-        work (Gate._judge)."""
+        frame) records arguments that were not usable JSON (`judged` is then None); `judged`
+        is what the request's arguments say (Gate._judge)."""
         run_id = f"{self.config.session}.{new_id(8)}"
-        problem = invalid[0] if invalid else check_arguments(tool, args, work)
-        fast = None
-        if not problem and tool.read_only and not tool.rule.limits and not attempt:
-            # A read the policy allows is recorded whole in one transaction after it answers
-            # (Tx.record_read): it has no effect for a crash to leave unknown, so recording it
-            # first would only cost a second commit. Only a decision no write can change goes
-            # this way: one with no limit to count and no grant that could be revoked
-            # meanwhile.
-            facts = self._facts(tool)
-            decision = evaluate(self.config, tool, args, facts, work=work)
-            if decision["outcome"] == "allow" and "grant" not in decision:
-                fast = (decision, facts)
-        made = {}
+        problem = invalid[0] if invalid else judged.problem
+        fast = None if problem or attempt else self._read_allowed(tool, args, judged)
+        if fast:
+            return self._begin_read(tool, args, run_id, origin, *fast)
+        recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
 
         def begin(tx):
-            tx.begin_run(run_id, self.config.session, tool.name, tool.target, key,
-                         tool.side_effect, self.tool_hashes, self.lease(),
-                         ANY_ROW if tool.read_only else seen)
-            recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
-            step_id = tx.start_step(run_id, {**recorded, "kind": TOOL_CALL, "origin": origin,
-                                             "tool": tool.name}, tool)
+            step_id = self._start_run(tx, tool, run_id, key, seen, recorded, origin)
             if problem:
                 self._refuse(tx, run_id, step_id, "invalid_decision",
                              f"invalid decision: {problem}")
-                return step_id
-            # Decided here, inside the transaction that starts the execution: the limits see
-            # every execution committed before it, in any process, and the grants in force.
-            decision, facts = fast or (None, self._facts(tool, tx.rows))
-            decision = decision or evaluate(self.config, tool, args, facts, attempt, work=work)
-            made["decision"] = decision
-            tx.record_policy(run_id, step_id, _policy_record(decision, facts), self.policy_id)
-            if decision["outcome"] == "deny":
-                self._refuse(tx, run_id, step_id, "policy_denied",
-                             f"denied: {decision['reason']}")
-            elif decision["outcome"] == "require_approval":
-                made["approval"] = new_approval(self.config, run_id, step_id, tool, args,
-                                                decision)
-                tx.pause(run_id, step_id, made["approval"])
-            else:
-                tx.start_execution(run_id, step_id, tool.name, args, tool.target)
-            return step_id
+                return step_id, None
+            return step_id, self._decide_in(tx, tool, run_id, step_id, args, attempt, judged)
+        step_id, decided = self._write_active(run_id, begin)
+        return self._begun(tool, run_id, step_id, args, problem, decided, judged)
 
-        if fast:
-            decision, facts = fast
-            started = now()
+    def _read_allowed(self, tool, args, judged):
+        """(decision, facts) when the request is a read the policy allows outright, else None.
+        Such a read is recorded whole in one transaction after it answers (Tx.record_read): it
+        has no effect for a crash to leave unknown, so recording it first would only cost a
+        second commit. Only a decision no write can change goes this way: one with no limit
+        to count and no grant that could be revoked meanwhile."""
+        if not tool.read_only or tool.rule.limits:
+            return None
+        facts = self._facts(tool)
+        decision = evaluate(self.config, tool, args, facts, judged=judged)
+        if decision["outcome"] == "allow" and "grant" not in decision:
+            return decision, facts
+        return None
 
-            def record(tx, observation, ending, elapsed):
-                tx.record_read(run_id, self.config.session, tool, {
-                    "args": args, "kind": TOOL_CALL, "origin": origin, "tool": tool.name},
-                    _policy_record(decision, facts), self.policy_id, started, observation,
-                    ("COMPLETED", "goal_completed", f"terminal tool {tool.name}")
-                    if ending == "ok" else ("FAILED", "goal_failed", CLOSING[ending]), elapsed)
-            self.active.add(run_id)
-            return Execute(run_id, None, args, record)
-        step_id = self._write_active(run_id, begin)
-        decision = made.get("decision")
-        if decision and decision["outcome"] == "allow":
-            return Execute(run_id, step_id, args, work=work)
+    def _begin_read(self, tool, args, run_id, origin, decision, facts):
+        """An allowed read executes now; `record` writes its run whole with its outcome."""
+        started = now()
+
+        def record(tx, observation, ending, elapsed):
+            tx.record_read(run_id, self.config.session, tool, {
+                "args": args, "kind": TOOL_CALL, "origin": origin, "tool": tool.name},
+                _policy_record(decision, facts), self.policy_id, started, observation,
+                ("COMPLETED", "goal_completed", f"terminal tool {tool.name}")
+                if ending == "ok" else ("FAILED", "goal_failed", CLOSING[ending]), elapsed)
+        self.active.add(run_id)
+        return Execute(run_id, None, args, record)
+
+    def _start_run(self, tx, tool, run_id, key, seen, recorded, origin):
+        """Record the run and its step. The begin refuses (Race) unless `seen` is still the
+        key's open row, so no identical run began since the rules looked."""
+        tx.begin_run(run_id, self.config.session, tool.name, tool.target, key,
+                     tool.side_effect, self.tool_hashes, self.lease(),
+                     ANY_ROW if tool.read_only else seen)
+        return tx.start_step(run_id, {**recorded, "kind": TOOL_CALL, "origin": origin,
+                                      "tool": tool.name}, tool)
+
+    def _decide_in(self, tx, tool, run_id, step_id, args, attempt, judged):
+        """Decide on the request inside the transaction that starts its execution, record
+        the decision and act on it: refuse, pause on an approval, or start executing. Here
+        the limits see every execution committed before it, in any process, and the grants
+        in force. Returns (decision, the approval it waits on or None)."""
+        facts = self._facts(tool, tx.rows)
+        decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
+        tx.record_policy(run_id, step_id, _policy_record(decision, facts), self.policy_id)
+        approval = None
+        if decision["outcome"] == "deny":
+            self._refuse(tx, run_id, step_id, "policy_denied", f"denied: {decision['reason']}")
+        elif decision["outcome"] == "require_approval":
+            approval = new_approval(self.config, run_id, step_id, tool, args, decision)
+            tx.pause(run_id, step_id, approval)
+        else:
+            tx.start_execution(run_id, step_id, tool.name, args, tool.target)
+        return decision, approval
+
+    def _begun(self, tool, run_id, step_id, args, problem, decided, judged):
+        """What a begun run comes to: Execute when it was allowed, else the refusal, or the
+        approval it waits on, announced."""
+        if decided and decided[0]["outcome"] == "allow":
+            return Execute(run_id, step_id, args, work=judged.work)
         self.active.discard(run_id)  # nothing of this run executes
         if problem:
             return answer("INVALID", reason=clean(problem, 1000))
+        decision, approval = decided
         if decision["outcome"] == "deny":
             frees = frees_text(decision)
             return answer("DENIED", reason=clean(decision["reason"] + (f"; {frees}" if frees
                                                                        else ""), 500))
-        approval = made["approval"]
         self._log_waiting(approval, tool, run_id)
         return Wait(approval)
 
@@ -6942,26 +7040,27 @@ class Gate:
         observation, ending, passed = call_upstream(tool, args, self.config.max_result_bytes,
                                                     progress and progress.server)
         elapsed = int((time.monotonic() - started) * 1000)
-        rerun = {}
 
         def record(tx):
+            """Record the outcome; the approval a re-run waits on, when it is unknown."""
             if verdict.record:  # a read, recorded whole
-                return verdict.record(tx, observation, ending, elapsed)
+                verdict.record(tx, observation, ending, elapsed)
+                return None
             if tx.run_holder(run_id) != ("RUNNING", self.owner):
                 # Cancelled, or taken over after this process lost its lease: the outcome
                 # is kept as a late event and the run is left as its new owner has it.
                 tx.event(run_id, "step.tool_finished", {"tool": tool.name, "late": True,
                                                         "observation": observation}, step_id)
-                return
+                return None
             tx.finish_execution(run_id, step_id, tool.name, observation, elapsed)
             if ending in UNKNOWN_ENDINGS:
-                rerun.update(self._pause_rerun(tx, tool, run_id, step_id, args, ending,
-                                               verdict.work))
-            elif ending != "ok":
+                return self._pause_rerun(tx, tool, run_id, step_id, args, ending, verdict.work)
+            if ending != "ok":
                 tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending],
                               outcome=OUTCOME_KNOWN)
+            return None
 
-        self.store.write(record)
+        rerun = self.store.write(record)
         if passed is not None:
             return passed_answer(passed)
         if observation.get("withheld"):
@@ -6995,17 +7094,18 @@ class Gate:
     def _pause_rerun(self, tx, tool, run_id, step_id, args, ending, work):
         """An unknown outcome: propose the same request again, which the policy always sends
         to an operator (evaluate never allows a re-run), in the same transaction that records
-        the attempt."""
+        the attempt; the approval it waits on, or None. Judged again after the execution, on
+        the call's pattern work (`work`), as what the call did may have moved a path's links."""
         attempt = {"run_id": run_id, "step_id": step_id, "started_at": tx.step_started(step_id),
                    "ended": ending}
         facts = self._facts(tool, tx.rows)
-        decision = evaluate(self.config, tool, args, facts, attempt, work=work)
+        decision = evaluate(self.config, tool, args, facts, attempt, judged=Judgement(work=work))
         if decision["outcome"] == "deny":
             # The policy now denies the request outright (an entry for other hours, say): no
             # question is asked, the run ends with its outcome unknown, and the next identical
             # call is decided on that again (rule 6).
             tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending])
-            return {}
+            return None
         rerun_step = tx.start_step(run_id, {"args": args, "kind": TOOL_CALL,
                                             "origin": "operator", "tool": tool.name}, tool)
         tx.record_policy(run_id, rerun_step, _policy_record(decision, facts), self.policy_id)
@@ -8952,8 +9052,11 @@ def recheck_run(store, config, tools, run_id, current):
             tool = Tool(tool.server, None, {"name": tool.upstream_name,
                                             "input_schema": spec["input_schema"]}, tool.rule)
         moment = recorded.get("facts") or {"at": at, "client": "", "approved": on_resume}
-        now_decision = evaluate(config, tool, args, recorded_facts(store, tool, run, moment),
-                                attempt, approved=moment["approved"])
+        # The facts of the moment it was made, the executions before it counted as the gate
+        # counts them, unless an operator had decided it (then no limit counted it).
+        facts = decision_facts(store.read, run["session"], tool, moment["at"],
+                               moment.get("client", ""), not moment["approved"])
+        now_decision = evaluate(config, tool, args, facts, attempt, approved=moment["approved"])
         evaluation["rechecked"] = now_decision["outcome"]
         same = now_decision["outcome"] == recorded["outcome"]
         if same and now_decision["outcome"] == "require_approval":
@@ -8979,17 +9082,6 @@ def recheck_run(store, config, tools, run_id, current):
             "notes": notes, "evaluations": evaluations, "same": differences == 0,
             "differences": differences, "rechecked": rechecked,
             "not_recheckable": len(evaluations) - rechecked, "complete": True}
-
-
-def recorded_facts(store, tool, run, facts):
-    """The facts of the moment a recorded decision was made: its time and host, the grants
-    then in force, and the executions before it, counted as the gate counts them."""
-    at = facts["at"]
-
-    def grants():
-        return [Grant(g) for g in grants_in_force(store.read, run["session"], tool.target, at)]
-    return Facts(parse_time(at), facts.get("client", ""), grants,
-                 None if facts.get("approved") else counted_uses(store.read, tool, at))
 
 
 def print_recheck(config, reports, as_json, session):
