@@ -183,7 +183,7 @@ def _too_deep(data):
     return False
 
 
-def _number_bound(literal):
+def number_bound(literal):
     """The reason a number literal is past the bound, or ''."""
     if len(literal) > MAX_NUMBER_CHARS:
         return f"number {literal[:24]}... is longer than {MAX_NUMBER_CHARS} characters"
@@ -235,7 +235,7 @@ class _Reading:
                                 parse_constant=_read_constant).decode(text)
 
     def number(self, literal):
-        reason = _number_bound(literal)
+        reason = number_bound(literal)
         if reason and not self.bound:
             self.bound = reason
         if not reason and not self.overflow and math.isinf(float(literal)):
@@ -300,7 +300,7 @@ _HTML_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028"
 # A JSON string with the one escaping: `"`, `\` and control characters escaped (\n, \t, ... or
 # \u00XX, lower-case hex), everything else as itself: what json.dumps(s, ensure_ascii=False)
 # runs, in C.
-_encode_string = json.encoder.encode_basestring
+encode_string = json.encoder.encode_basestring
 
 
 def _html(text):
@@ -315,20 +315,20 @@ def _html(text):
 
 def _encode(value, out):
     """The one encoding, in pieces appended to `out`: keys sorted by code point (str order,
-    which is the order of their UTF-8 bytes), strings escaped by _encode_string, each Number
+    which is the order of their UTF-8 bytes), strings escaped by encode_string, each Number
     as its literal, a float that is not finite as null. Measured against the standard
     library's encoder in C (each Number marked, then replaced by its literal), this is as fast
     on a 1 MiB text result and faster on arguments (2.8 against 5.2 us) and on 1 MiB of
     numbered rows (20 against 31 ms), so it is the only one. Nesting is bounded by parse."""
     if isinstance(value, str):
-        out.append(_encode_string(value))
+        out.append(encode_string(value))
     elif isinstance(value, Number):
         out.append(value.literal)
     elif isinstance(value, dict):
         out.append("{")
         comma = ""
         for key in sorted(value):
-            out.append(comma + _encode_string(key) + ":")
+            out.append(comma + encode_string(key) + ":")
             _encode(value[key], out)
             comma = ","
         out.append("}")
@@ -380,7 +380,7 @@ def pretty_json(value, indent="  ", level=0, flat=None):
         return policy_json(value)
     if isinstance(value, dict) and value:
         inner = indent * (level + 1)
-        items = [f"{inner}{_encode_string(k)}: "
+        items = [f"{inner}{encode_string(k)}: "
                  f"{pretty_json(value[k], indent, level + 1, flat)}"
                  for k in sorted(value, key=lambda k: k.encode("utf-8", "surrogatepass"))]
         return "{\n" + ",\n".join(items) + "\n" + indent * level + "}"
@@ -430,7 +430,7 @@ def parse_loosely(data):
 _HEAD_TOKEN_RE = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
 _HEAD_ID_RE = re.compile(rb"\s*:\s*(-?(?:0|[1-9][0-9]{0,17}))[\s,}]")
 _INT_ID_RE = re.compile(r"-?(?:0|[1-9][0-9]{0,17})")
-_JSON_NUMBER_RE = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+JSON_NUMBER_RE = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
 def frame_id(head):
@@ -464,7 +464,7 @@ def echoable_id(ident):
     Infinity or NaN, which are not JSON)."""
     if isinstance(ident, str):
         return not _SURROGATE_RE.search(ident)
-    return isinstance(ident, Number) and bool(_JSON_NUMBER_RE.fullmatch(ident.literal))
+    return isinstance(ident, Number) and bool(JSON_NUMBER_RE.fullmatch(ident.literal))
 
 
 def dumps(value):
@@ -538,9 +538,9 @@ def format_duration(ns):
     return f"{sign}{seconds}s"
 
 
-_INVISIBLE = (set(range(0x202A, 0x202F)) | set(range(0x2066, 0x206A)) | {0x061C, 0x200E, 0x200F}
-              | set(range(0x200B, 0x200E)) | set(range(0x2060, 0x2065))
-              | {0xFEFF, 0x00AD, 0x180E, 0x2028, 0x2029} | set(range(0xE0000, 0xE0080)))
+INVISIBLE = (set(range(0x202A, 0x202F)) | set(range(0x2066, 0x206A)) | {0x061C, 0x200E, 0x200F}
+             | set(range(0x200B, 0x200E)) | set(range(0x2060, 0x2065))
+             | {0xFEFF, 0x00AD, 0x180E, 0x2028, 0x2029} | set(range(0xE0000, 0xE0080)))
 _NEEDS_CARE = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
                          "\u2060-\u2064\u2066-\u2069\ufeff\U000e0000-\U000e007f\ud800-\udfff]")
 MAX_COMBINING = 4
@@ -571,7 +571,7 @@ def sanitize(text):
             out.append(f"\\x{code:02x}")
         elif 0xD800 <= code <= 0xDFFF:
             out.append("\ufffd")
-        elif code in _INVISIBLE:
+        elif code in INVISIBLE:
             out.append(f"\\u{{{code:04x}}}")
         else:
             out.append(ch)
@@ -794,31 +794,31 @@ class Rule:
               "accepted_description")
 
     def __init__(self, tool, raw, where):
-        _refuse_unknown(raw, self.FIELDS, where)
+        refuse_unknown(raw, self.FIELDS, where)
         self.tool = tool
-        self.side_effect = _string(raw, "side_effect", where, required=True)
+        self.side_effect = field_string(raw, "side_effect", where, required=True)
         if self.side_effect not in SIDE_EFFECTS:
             raise ConfigError(f"{where}.side_effect is {quote(self.side_effect)}; use one of "
                               f"{', '.join(SIDE_EFFECTS)}")
-        self.timeout = _duration(raw, "timeout", where, None)
-        self.description = _string(raw, "description", where)
-        self.deny = _names(raw, "deny", where)
+        self.timeout = field_duration(raw, "timeout", where, None)
+        self.description = field_string(raw, "description", where)
+        self.deny = field_names(raw, "deny", where)
         self.fixed = raw.get("fixed", {})
         if not isinstance(self.fixed, dict):
             raise ConfigError(f"{where}.fixed must be an object of parameter name to JSON value")
-        self.rename = _string(raw, "rename", where)
-        self.allow_hint_mismatch = _bool(raw, "allow_hint_mismatch", where)
-        self.outcome = _string(raw, "outcome", where)
+        self.rename = field_string(raw, "rename", where)
+        self.allow_hint_mismatch = field_bool(raw, "allow_hint_mismatch", where)
+        self.outcome = field_string(raw, "outcome", where)
         if self.outcome and self.outcome not in OUTCOMES:
             raise ConfigError(f"{where}.outcome is {quote(self.outcome)}; use one of "
                               f"{', '.join(OUTCOMES)}")
-        self.repeat_window = _duration(raw, "repeat_window", where, None)
+        self.repeat_window = field_duration(raw, "repeat_window", where, None)
         # Written by init from the server's own hints: nothing is offered on a rule nobody
         # reviewed (check -accept marks them reviewed).
-        self.proposed = _bool(raw, "proposed", where)
+        self.proposed = field_bool(raw, "proposed", where)
         # The hash of a tool's texts that the lint finds something high in, which the operator
         # read and accepts: a text changed since (and pinned again) is refused again.
-        self.accepted_description = _string(raw, "accepted_description", where)
+        self.accepted_description = field_string(raw, "accepted_description", where)
         # Section 8 reads the policy on what a call does; its identity is the text as given.
         self.when = [Entry(entry, f"{where}.when[{i}]", f"when[{i}]")
                      for i, entry in enumerate(self._list(raw, "when", where))]
@@ -843,14 +843,14 @@ class Server:
     def __init__(self, raw, where, base):
         if not isinstance(raw, dict):
             raise ConfigError(f"{where} must be an object")
-        _refuse_unknown(raw, self.FIELDS, where)
-        self.name = _string(raw, "name", where, required=True)
+        refuse_unknown(raw, self.FIELDS, where)
+        self.name = field_string(raw, "name", where, required=True)
         if not NAME_RE.fullmatch(self.name):
             raise ConfigError(f"{where}.name {quote(self.name)} must be 1 to 64 letters, digits, "
                               f"'_' or '-'")
         where = f'server "{self.name}"'
         self.command = raw.get("command")
-        self.url = _string(raw, "url", where)
+        self.url = field_string(raw, "url", where)
         self.headers, self.oauth = {}, {}
         # Why this server cannot start though the config is sound ('' when it can): a problem
         # of one server, so it is not served and the others are.
@@ -869,18 +869,18 @@ class Server:
             field = "headers" if "headers" in raw else "oauth"
             raise ConfigError(f"{where}.{field} is sent only to a server reached by url; give "
                               f"a command server its secrets through env")
-        self.env = _names(raw, "env", where)
+        self.env = field_names(raw, "env", where)
         for entry in self.env:
             if "=" not in entry or entry.startswith("="):
                 raise ConfigError(f'{where}.env entry {quote(entry)} must read NAME=value')
-        self.inherit_env = _names(raw, "inherit_env", where)
+        self.inherit_env = field_names(raw, "inherit_env", where)
         for name in self.inherit_env:
             if not name or "=" in name:
                 raise ConfigError(f"{where}.inherit_env entry {quote(name)} must be a variable "
                                   f"name without '='")
-        self.connect_timeout = _duration(raw, "connect_timeout", where, 30 * SECOND)
-        self.default_timeout = _duration(raw, "default_timeout", where, None)
-        manifest = _string(raw, "manifest", where, required=True)
+        self.connect_timeout = field_duration(raw, "connect_timeout", where, 30 * SECOND)
+        self.default_timeout = field_duration(raw, "default_timeout", where, None)
+        manifest = field_string(raw, "manifest", where, required=True)
         self.manifest = os.path.join(base, os.path.expanduser(manifest))
         rules = raw.get("rules", {})
         if not isinstance(rules, dict):
@@ -890,13 +890,13 @@ class Server:
             if not isinstance(rule, dict):
                 raise ConfigError(f"{where}.rules.{tool} must be an object")
             self.rules[tool] = Rule(tool, rule, f"{where}.rules.{tool}")
-        self.skip_path_check = _bool(raw, "skip_path_check", where)
+        self.skip_path_check = field_bool(raw, "skip_path_check", where)
         # What `login` obtained for a url server (section 5: TokenFile), beside the config.
         self.tokens = os.path.join(base, f"{self.name}.tokens.json")
         # A server runs in the user's home, never in the configuration's directory, which
         # holds the config, the database and the manifests: a server that writes a relative
         # path must not edit its own policy. A configured cwd is reach-checked as an argument.
-        self.cwd_given = _string(raw, "cwd", where)
+        self.cwd_given = field_string(raw, "cwd", where)
         self.cwd = os.path.join(base, os.path.expanduser(self.cwd_given)) if self.cwd_given \
             else os.path.expanduser("~")
 
@@ -917,7 +917,7 @@ class Server:
 
 
 _HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-_ENV_REFERENCE_RE = re.compile(r"\$\{([^}]*)\}")
+ENV_REFERENCE_RE = re.compile(r"\$\{([^}]*)\}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -950,7 +950,7 @@ def _url_server(raw, where, url):
     for name, value in given.items():
         if not _HEADER_NAME_RE.fullmatch(name):
             raise ConfigError(f"{where}.headers: {quote(name)} is not a header name")
-        for variable in _ENV_REFERENCE_RE.findall(value):
+        for variable in ENV_REFERENCE_RE.findall(value):
             if not ENV_NAME_RE.fullmatch(variable):
                 raise ConfigError(f"{where}.headers.{name} names {quote('${' + variable + '}')}"
                                   f"; a variable is written ${{NAME}} with letters, digits and "
@@ -958,7 +958,7 @@ def _url_server(raw, where, url):
             if variable not in os.environ and not unset:
                 unset = (f"{where}.headers.{name} names the environment variable {variable}, "
                          f"which is not set: set it where agentgate runs")
-        headers[name] = _ENV_REFERENCE_RE.sub(lambda m: os.environ.get(m.group(1), ""), value)
+        headers[name] = ENV_REFERENCE_RE.sub(lambda m: os.environ.get(m.group(1), ""), value)
         if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", headers[name]):
             raise ConfigError(f"{where}.headers.{name} holds a control character (a line "
                               f"break, say), which no header may carry; fix its value")
@@ -975,7 +975,7 @@ def _oauth_client(raw, where):
     if not isinstance(given, dict):
         raise ConfigError(f'{where}.oauth must be an object such as {{"client_id": "...", '
                           f'"client_secret": "...", "scope": "..."}}')
-    _refuse_unknown(given, OAUTH_FIELDS, f"{where}.oauth")
+    refuse_unknown(given, OAUTH_FIELDS, f"{where}.oauth")
     for field in OAUTH_FIELDS:
         if field in given and (not isinstance(given[field], str) or not given[field]):
             raise ConfigError(f"{where}.oauth.{field} must be a non-empty string")
@@ -1011,11 +1011,11 @@ class Config:
         base = os.path.dirname(path)
         if not isinstance(raw, dict):
             raise ConfigError("the configuration must be a JSON object")
-        _refuse_unknown(raw, self.FIELDS, "the configuration")
+        refuse_unknown(raw, self.FIELDS, "the configuration")
         where = "the configuration"
         self.database = os.path.join(base, os.path.expanduser(
-            _string(raw, "database", where, required=True)))
-        self.session = _string(raw, "session", where, required=True)
+            field_string(raw, "database", where, required=True)))
+        self.session = field_string(raw, "session", where, required=True)
         if not SESSION_RE.fullmatch(self.session):
             raise ConfigError(f"session {quote(self.session)} must be 1 to 64 letters, digits, "
                               f"'_' or '-'")
@@ -1039,32 +1039,32 @@ class Config:
                                   f"{', '.join(OUTCOMES)}")
         self.policy = {**DEFAULT_POLICY, **policy}
         self.hold, self.host_holds = _holds(raw, where)
-        self.repeat_window = _duration(raw, "repeat_window", where, 600 * SECOND)
+        self.repeat_window = field_duration(raw, "repeat_window", where, 600 * SECOND)
         max_pending = raw.get("max_pending", Number("5"))
         if not isinstance(max_pending, Number) or not max_pending.is_integer() \
                 or max_pending.exact() < 0 or max_pending.exact() > 10**6:
             raise ConfigError("max_pending must be a whole number of at least 0 (0 means 5)")
         self.max_pending = int(max_pending.exact()) or 5
-        self.approval_ttl = _duration(raw, "approval_ttl", where, 86400 * SECOND)
-        self.grant_ttl = _duration(raw, "grant_ttl", where, 86400 * SECOND)
-        self.status_tool = _string(raw, "status_tool", where) or "gate_status"
+        self.approval_ttl = field_duration(raw, "approval_ttl", where, 86400 * SECOND)
+        self.grant_ttl = field_duration(raw, "grant_ttl", where, 86400 * SECOND)
+        self.status_tool = field_string(raw, "status_tool", where) or "gate_status"
         if not NAME_RE.fullmatch(self.status_tool):
             raise ConfigError(f"status_tool {quote(self.status_tool)} must be 1 to 64 letters, "
                               f"digits, '_' or '-'")
-        self.max_argument_bytes = _byte_cap(raw, "max_argument_bytes", DEFAULT_ARGUMENT_BYTES,
-                                            MAX_ARGUMENT_BYTES)
-        self.max_result_bytes = _byte_cap(raw, "max_result_bytes", DEFAULT_RESULT_BYTES,
-                                          MAX_RESULT_BYTES)
-        self.operator = _string(raw, "operator", where)
+        self.max_argument_bytes = field_byte_cap(raw, "max_argument_bytes", DEFAULT_ARGUMENT_BYTES,
+                                                 MAX_ARGUMENT_BYTES)
+        self.max_result_bytes = field_byte_cap(raw, "max_result_bytes", DEFAULT_RESULT_BYTES,
+                                               MAX_RESULT_BYTES)
+        self.operator = field_string(raw, "operator", where)
         if self.operator not in ("", "none"):
             raise ConfigError(f'operator is {quote(self.operator)}; write "none" when no one is '
                               f'at hand to approve (what would wait is then denied), or leave '
                               f'it out')
-        self.notify = _names(raw, "notify", where)
+        self.notify = field_names(raw, "notify", where)
         if "notify" in raw and not self.notify:
             raise ConfigError('notify must be a program and its arguments, such as '
                               '["notify-send", "agentgate", "an approval waits"], or left out')
-        self.lease_ttl = _duration(raw, "lease_ttl", where, 30 * SECOND)
+        self.lease_ttl = field_duration(raw, "lease_ttl", where, 30 * SECOND)
         if self.lease_ttl < MIN_LEASE_TTL:
             raise ConfigError(f"lease_ttl {format_duration(self.lease_ttl)} is shorter than "
                               f"{format_duration(MIN_LEASE_TTL)}; give it at least 3s")
@@ -1101,14 +1101,14 @@ class Config:
         return f"{PROGRAM}/sha256:" + content_hash(identity)
 
 
-def _refuse_unknown(raw, fields, where):
+def refuse_unknown(raw, fields, where):
     for key in raw:
         if key not in fields:
             raise ConfigError(f"{where} has an unknown field {quote(key)}; the fields are "
                               f"{', '.join(fields)}")
 
 
-def _string(raw, field, where, required=False):
+def field_string(raw, field, where, required=False):
     value = raw.get(field)
     if value is None:
         if required:
@@ -1121,28 +1121,28 @@ def _string(raw, field, where, required=False):
     return value
 
 
-def _bool(raw, field, where):
+def field_bool(raw, field, where):
     value = raw.get(field, False)
     if not isinstance(value, bool):
         raise ConfigError(f"{where}.{field} must be true or false")
     return value
 
 
-def _names(raw, field, where):
+def field_names(raw, field, where):
     value = raw.get(field, [])
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where}.{field} must be a list of strings")
     return value
 
 
-def _byte_cap(raw, field, default, most):
+def field_byte_cap(raw, field, default, most):
     cap = raw.get(field, Number(str(default)))
     if not isinstance(cap, Number) or not cap.is_integer() or not 1024 <= cap.exact() <= most:
         raise ConfigError(f"{field} must be a whole number of bytes from 1024 to {most}")
     return int(cap.exact())
 
 
-def _duration(raw, field, where, default):
+def field_duration(raw, field, where, default):
     value = raw.get(field)
     if value is None:
         return default
@@ -1163,8 +1163,8 @@ def _holds(raw, where):
     from the name a host gives in initialize to a duration, with "*" for the rest."""
     given = raw.get("hold")
     if not isinstance(given, dict):
-        return _duration(raw, "hold", where, 15 * SECOND), {}
-    holds = {host: _duration(given, host, "hold", 15 * SECOND) for host in given}
+        return field_duration(raw, "hold", where, 15 * SECOND), {}
+    holds = {host: field_duration(given, host, "hold", 15 * SECOND) for host in given}
     return holds.pop("*", 15 * SECOND), holds
 
 
@@ -2487,7 +2487,7 @@ class Upstream:
         # a descriptor number the process has reused; a write stuck on a server that does not
         # read is ended by killing the server, which breaks its pipe.
         if not self.write_lock.acquire(timeout=1):
-            _signal_group(proc.pid, signal.SIGKILL)
+            signal_group(proc.pid, signal.SIGKILL)
             self.write_lock.acquire()
         try:
             proc.stdin.close()
@@ -2498,14 +2498,14 @@ class Upstream:
         try:
             proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
-            _signal_group(proc.pid, signal.SIGTERM)
+            signal_group(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 pass
         # The group may hold descendants (a server started through npx, say) that outlive
         # their parent; they are killed even when the server itself exited politely.
-        _signal_group(proc.pid, signal.SIGKILL)
+        signal_group(proc.pid, signal.SIGKILL)
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -2660,7 +2660,7 @@ class Upstream:
         with self.lock:
             self.closed = self.closed or reason
             self._fail_all(reason)
-        _signal_group(proc.pid, signal.SIGKILL)
+        signal_group(proc.pid, signal.SIGKILL)
 
     def notify(self, method, params):
         try:
@@ -2785,7 +2785,7 @@ def mcp_install_text():
             f"~/.agentgate-venv/bin/python")
 
 
-def _mcp_sdk():
+def mcp_sdk():
     """The optional mcp package's pieces, imported on first use only: an HTTP server in the
     config must not slow a start that has none. None when it is not installed, or is older
     than version 2 (whose client is built on httpx2 and mcp_types, as used here)."""
@@ -2831,7 +2831,7 @@ def _mcp_sdk():
 
 def mcp_sdk_for(server):
     """The mcp package for a url server, or ConfigError saying how to install it."""
-    sdk = _mcp_sdk()
+    sdk = mcp_sdk()
     if sdk is None:
         raise ConfigError(f"server {quote(server.name)} has a url; HTTP servers need the "
                           f"optional mcp package, version 2 or later: {mcp_install_text()}")
@@ -3359,7 +3359,7 @@ class _EventStream:
         return messages
 
 
-def _signal_group(pid, sig):
+def signal_group(pid, sig):
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
@@ -3389,7 +3389,7 @@ _COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minPropert
                    "maxProperties", "minContains", "maxContains")
 _NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_ONE = ("additionalProperties", "not", "if", "then", "else", "contains",
                "propertyNames", "additionalItems")
 _UNCHECKED = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef")
@@ -3462,7 +3462,7 @@ def _keyword_problem(schema, root, where):
             return f"{where}/{what} {quote(pattern)} cannot be used: {err}"
     if "$ref" in schema:
         try:
-            target = _resolve(root, schema["$ref"])
+            target = resolve_ref(root, schema["$ref"])
         except SchemaError as err:
             return str(err)
         if not isinstance(target, (dict, bool)):
@@ -3478,7 +3478,7 @@ def _subschema_problem(schema, root, where):
             if not isinstance(schema[key], list) or (key != "prefixItems" and not schema[key]):
                 return f"{where}/{key} must be a non-empty list of schemas"
             subschemas += [(f"{where}/{key}/{i}", sub) for i, sub in enumerate(schema[key])]
-    for key in _SCHEMA_MAPS:
+    for key in SCHEMA_MAPS:
         if key in schema:
             if not isinstance(schema[key], dict):
                 return f"{where}/{key} must be an object of schemas"
@@ -3922,7 +3922,7 @@ class PatternWork:
         return self.found[key]
 
 
-def _resolve(root, ref):
+def resolve_ref(root, ref):
     if not isinstance(ref, str) or not ref.startswith("#"):
         raise SchemaError(f"$ref {quote(str(ref))} does not point inside the schema")
     node = root
@@ -3991,7 +3991,7 @@ def validate(schema, value, root=None, where="", work=None):
     if schema is False:
         raise SchemaError(f"{at}: no value is allowed here")
     if "$ref" in schema:
-        validate(_resolve(root, schema["$ref"]), value, root, where, work)
+        validate(resolve_ref(root, schema["$ref"]), value, root, where, work)
     kind = schema.get("type")
     if kind is not None:
         kinds = kind if isinstance(kind, list) else [kind]
@@ -4264,7 +4264,7 @@ def schema_hash(schema):
 
 
 def description_hash(description):
-    return sha256_hex(_encode_string(description))
+    return sha256_hex(encode_string(description))
 
 
 def restrict_schema(schema, hidden):
@@ -4336,10 +4336,10 @@ def changed_parts(pinned, live):
     kept, so an upgrade alone reports no tool as changed; pinning again covers the rest."""
     early = "title" not in pinned
     return [part for part, key in PINNED_PARTS if (not early or part in EARLY_PARTS)
-            and _compared(pinned, key, pinned) != _compared(live, key, pinned)]
+            and compared_part(pinned, key, pinned) != compared_part(live, key, pinned)]
 
 
-def _compared(entry, key, pinned):
+def compared_part(entry, key, pinned):
     """The value of an entry's part as it is compared with the `pinned` entry."""
     value = entry.get(key)
     if "title" not in pinned and key == "annotations" and isinstance(value, dict):
@@ -4368,7 +4368,7 @@ def change_lines(old, new):
     def lines(entry, part, key):
         if part == "description":
             return textwrap.wrap(entry["description"], 88) or [""]
-        value = entry["input_schema"] if part == "input schema" else _compared(entry, key, old)
+        value = entry["input_schema"] if part == "input schema" else compared_part(entry, key, old)
         return pretty_json(value).splitlines()
     changed, out = changed_parts(old, new), []
     for part, key in PINNED_PARTS:
@@ -4487,7 +4487,7 @@ def lint_texts(entry):
             return
         for key, value in node.items():
             at = f"{where}/{key}"
-            if key in _SCHEMA_MAPS and isinstance(value, dict):  # names here are not keywords
+            if key in SCHEMA_MAPS and isinstance(value, dict):  # names here are not keywords
                 for name, schema in value.items():
                     walk(schema, f"{at}/{name}")
             elif key in _READ_KEYWORDS or key.startswith("x-"):
@@ -4508,19 +4508,19 @@ def _strings(value):
     return []
 
 
-def _scripts(word):
+def scripts_of(word):
     return {unicodedata.name(ch, "?").split()[0] for ch in word if ch.isalpha()}
 
 
 def mixed_script_words(text):
     """The words of `text` whose letters come from more than one script (a Cyrillic а among
     Latin letters): a name made to be read as another."""
-    return sorted({word for word in _LETTERS_RE.findall(text) if len(_scripts(word)) > 1})
+    return sorted({word for word in _LETTERS_RE.findall(text) if len(scripts_of(word)) > 1})
 
 
 def invisible_codes(text):
     """The invisible, bidirectional and tag characters of `text`, as code points."""
-    return sorted({ord(ch) for ch in text if ord(ch) in _INVISIBLE})
+    return sorted({ord(ch) for ch in text if ord(ch) in INVISIBLE})
 
 
 def _schema_names(schema):
@@ -4564,7 +4564,7 @@ def lint_tool(entry, others, siblings, peer_length):
     description length of its server."""
     findings = []
     for name in (entry["name"], *_schema_names(entry.get("input_schema"))):
-        scripts = _scripts(name)
+        scripts = scripts_of(name)
         if len(scripts) > 1:
             findings.append((LINT_HIGH, "a name that mixes scripts (" +
                              ", ".join(sorted(scripts)) + ")", f"name {quote(name)}"))
@@ -5055,7 +5055,7 @@ def schema_child(schema, node, token):
     describes (a $ref of `node` followed), or None when there is none. Raises SchemaError
     for a $ref that points at nothing."""
     if isinstance(node, dict) and isinstance(node.get("$ref"), str):
-        node = _resolve(schema, node["$ref"])
+        node = resolve_ref(schema, node["$ref"])
     if not isinstance(node, dict):
         return None
     properties = node.get("properties")
@@ -5068,7 +5068,7 @@ def parse_decimal(value, where):
     """A bound written as a JSON number or a decimal string, as its exact value."""
     if isinstance(value, Number):
         return value.exact()
-    if isinstance(value, str) and _JSON_NUMBER_RE.fullmatch(value) and not _number_bound(value):
+    if isinstance(value, str) and JSON_NUMBER_RE.fullmatch(value) and not number_bound(value):
         return decimal.Decimal(value)
     raise ConfigError(f'{where} must be a number or a decimal string such as "50.00"')
 
@@ -5314,7 +5314,7 @@ class Condition:
         if not isinstance(raw, dict) or not raw:
             raise ConfigError(f"{where} must be an object with one or more of "
                               f"{', '.join(CONDITIONS)}")
-        _refuse_unknown(raw, CONDITIONS, where)
+        refuse_unknown(raw, CONDITIONS, where)
         self.raw, self.tests = raw, []
         for name, value in raw.items():
             self.tests.append((name, self._read(name, value, f"{where}.{name}", resolved)))
@@ -5459,7 +5459,7 @@ class During:
         if not isinstance(raw, dict) or not raw:
             raise ConfigError(f'{where} must be an object such as {{"days": "mon-fri", '
                               f'"hours": "09:00-18:00", "zone": "Europe/Paris"}}')
-        _refuse_unknown(raw, ("days", "hours", "zone"), where)
+        refuse_unknown(raw, ("days", "hours", "zone"), where)
         zone = raw.get("zone")
         if zone is None:
             raise ConfigError(f'{where} needs zone, the time zone its days and hours are read '
@@ -5541,14 +5541,14 @@ class Entry:
         if not isinstance(raw, dict):
             raise ConfigError(f"{where} must be an object with if, during or client, and an "
                               f"outcome")
-        _refuse_unknown(raw, ENTRY_FIELDS, where)
-        self.outcome = _string(raw, "outcome", where, required=True)
+        refuse_unknown(raw, ENTRY_FIELDS, where)
+        self.outcome = field_string(raw, "outcome", where, required=True)
         if self.outcome not in OUTCOMES:
             raise ConfigError(f"{where}.outcome is {quote(self.outcome)}; use one of "
                               f"{', '.join(OUTCOMES)}")
         self.conditions = parse_conditions(raw.get("if", {}), f"{where}.if")
         self.during = During(raw["during"], f"{where}.during") if "during" in raw else None
-        self.clients = _names(raw, "client", where) if "client" in raw else None
+        self.clients = field_names(raw, "client", where) if "client" in raw else None
         if self.clients == []:
             raise ConfigError(f"{where}.client must list at least one host name")
         if not self.conditions and self.during is None and self.clients is None:
@@ -5556,7 +5556,7 @@ class Entry:
                               f"the rule this outcome instead")
         # The reason is model input: by default it names the entry, never what it compares
         # (a directory, a host list).
-        self.reason = _string(raw, "reason", where) or f"the operator's rule {label}"
+        self.reason = field_string(raw, "reason", where) or f"the operator's rule {label}"
 
     def holds(self, args, facts, judged=None, schema=None):
         """True or False; None when a condition could not be judged (Condition.holds). The
@@ -5585,7 +5585,7 @@ class Limit:
         self.label = label
         if not isinstance(raw, dict):
             raise ConfigError(f'{where} must be an object such as {{"calls": 5, "per": "1h"}}')
-        _refuse_unknown(raw, LIMIT_FIELDS, where)
+        refuse_unknown(raw, LIMIT_FIELDS, where)
         if ("calls" in raw) == ("sum" in raw):
             raise ConfigError(f'{where} needs exactly one of calls (a count) or sum (a JSON '
                               f'Pointer to a number, with max)')
@@ -5606,10 +5606,10 @@ class Limit:
             self.max = parse_decimal(raw["max"], f"{where}.max")
             if self.max < 0:
                 raise ConfigError(f"{where}.max must not be negative")
-        self.per = _duration(raw, "per", where, None)
+        self.per = field_duration(raw, "per", where, None)
         if not self.per:
             raise ConfigError(f'{where} needs per, a window such as "1h" or "24h"')
-        self.then = _string(raw, "then", where) or "require_approval"
+        self.then = field_string(raw, "then", where) or "require_approval"
         if self.then not in ("require_approval", "deny"):
             raise ConfigError(f"{where}.then is {quote(self.then)}; a limit never loosens, so "
                               f"use require_approval or deny")
@@ -6453,7 +6453,7 @@ class Notifier:
             try:
                 status = proc.wait(NOTIFY_TIMEOUT)
             except subprocess.TimeoutExpired:
-                _signal_group(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
                 log(f"notify {program} was stopped after {NOTIFY_TIMEOUT}s")
                 continue
@@ -8276,7 +8276,7 @@ def lookalike_notes(*texts):
     notes = []
     for text in texts:
         for word in mixed_script_words(text)[:3]:
-            script = {ch: _scripts(ch).pop() for ch in word if ch.isalpha()}
+            script = {ch: scripts_of(ch).pop() for ch in word if ch.isalpha()}
             usual = collections.Counter(script.values()).most_common(1)[0][0]
             foreign = [f"U+{ord(ch):04X} {unicodedata.name(ch, '?')}" for ch in script
                        if script[ch] != usual]
@@ -9501,8 +9501,8 @@ def needs_of(server):
     """What a url server needs before init can pin it: the mcp package, and each variable its
     headers name that is not set. Asked for together, once, for every server."""
     needs = {("variable", name) for value in server.get("headers", {}).values()
-             for name in _ENV_REFERENCE_RE.findall(value) if name not in os.environ}
-    if "url" in server and _mcp_sdk() is None:
+             for name in ENV_REFERENCE_RE.findall(value) if name not in os.environ}
+    if "url" in server and mcp_sdk() is None:
         needs.add(("package", mcp_install_text()))
     return needs
 
