@@ -476,8 +476,20 @@ def run_rows(db) -> list:
 
 
 def event_types(db, run_id: str) -> list:
-    """The event types of one run, in order."""
-    return [t for (t,) in query(db, "SELECT type FROM events WHERE run_id=? ORDER BY seq", (run_id,))]
+    """The event types of one run, in order, each part of a combined event (a call's begin or
+    end, chained as one event) by its own type."""
+    return [part[0] for t, p in query(db, "SELECT type, payload_json FROM events WHERE run_id=? ORDER BY seq",
+                                      (run_id,)) for part in event_parts(t, p)]
+
+
+COMBINED_EVENTS = ("call.began", "call.changed", "call.ended")
+
+
+def event_parts(type_: str, payload_json: str) -> list:
+    """A stored event as the [type, step_id, payload] parts it records: a combined event's parts, any
+    other event as itself (its step id left empty)."""
+    payload = json.loads(payload_json)
+    return payload["parts"] if type_ in COMBINED_EVENTS else [[type_, "", payload]]
 
 
 def steps(db, run_id: str) -> list:
