@@ -1315,8 +1315,11 @@ def check_reach(config):
 # a savepoint of its own, and one sync to disk); reads use a second connection, so they never
 # wait on a writer's sync; events are hash-chained across all runs and
 # all processes (each transaction reads the head under its write lock, so two processes extend
-# one chain and a sequence number is never reused). A database migrated by a newer agentgate
-# is refused. Nothing an operator decides is ever inferred: no statement here approves.
+# one chain and a sequence number is never reused); what one transaction changes in a run is
+# one event, so a call is recorded as one event when it begins and one when it ends, and every
+# reader reads those and the single events of older versions alike (event_parts). A database
+# migrated by a newer agentgate is refused. Nothing an operator decides is ever inferred: no
+# statement here approves.
 # =============================================================================================
 
 SCHEMA = [
