@@ -1536,8 +1536,9 @@ def event_hash(prev, seq, run_id, step_id, at, type_, payload):
 
 def event_parts(type_, step_id, payload_json):
     """A stored event as the parts it records, each (type, step id, payload): an event of
-    several parts (Tx.flush) as its parts in order, any other as itself. Every reader of
-    events reads them through this, so records of either shape mean the same."""
+    several parts (Tx.flush) as its parts in order, any other as itself. Every reader of a
+    run's events reads them through this (Store.run_events), so records of either shape mean
+    the same."""
     payload = parse(payload_json)
     if type_ in COMBINED_EVENTS:
         return [tuple(part) for part in payload["parts"]]
@@ -2272,10 +2273,8 @@ class Store:
     def late_outcomes(self, run_id):
         """Outcomes of a run's attempts that arrived after another process took the run
         over, as (step id, observation), oldest first."""
-        return [(step_id, parse(payload)["observation"]) for step_id, payload in self.read(
-            "SELECT step_id, payload_json FROM events WHERE run_id=? AND "
-            "type='step.tool_finished' AND json_extract(payload_json, '$.late')=1 "
-            "ORDER BY seq", (run_id,))]
+        return [(step_id, payload["observation"]) for _, _, type_, step_id, payload
+                in self.run_events(run_id) if type_ == "step.tool_finished" and payload.get("late")]
 
     def policy_events(self, run_id):
         """A run's decisions of the policy as (seq, step id, the recorded policy, at): the
