@@ -1660,13 +1660,13 @@ class Tx:
         spec_hash = self.execute("SELECT spec_hash FROM steps WHERE id=?",
                                  (step_id,)).fetchone()[0]
         self.part(run_id, "step.policy", {**policy, "policy_id": policy_id,
-                                           "spec_hash": spec_hash}, step_id)
+                                          "spec_hash": spec_hash}, step_id)
 
     def fail_step(self, run_id, step_id, observation, detail):
         self.execute("UPDATE steps SET status='failed', observation_json=?, finished_at=? "
                      "WHERE id=?", (dumps(observation), now(), step_id))
         self.part(run_id, "step.failed", {"detail": detail, "observation": observation},
-                   step_id)
+                  step_id)
 
     def finish_run(self, run_id, status, reason, detail, extra=None, outcome=None):
         """End a run and settle its row in the calls index with what its attempt came to.
@@ -1678,7 +1678,9 @@ class Tx:
         cancel between a caller's read and this write) keeps how it ended: the caller decides
         again.
         """
-        if self.run_holder(run_id)[0] in TERMINAL:
+        current, steps = self.execute("SELECT status, step_count FROM runs WHERE id=?",
+                                      (run_id,)).fetchone()
+        if current in TERMINAL:
             raise Race()
         if outcome is None:
             attempt = last_attempt(self.rows, run_id)
@@ -1689,12 +1691,12 @@ class Tx:
                                                "origin": "operator"})
             self.execute("UPDATE steps SET status='done', finished_at=? WHERE id=?",
                          (now(), step_id))
-        steps = self.execute("SELECT step_count FROM runs WHERE id=?", (run_id,)).fetchone()[0]
+            steps += 1
         self.execute("UPDATE runs SET status=?, reason=?, detail=?, finished_at=?, "
                      "lease_owner='', lease_expires_at='' WHERE id=?",
                      (status, reason, detail, now(), run_id))
         self.part(run_id, "run.finished", {"status": status, "reason": reason,
-                                            "detail": detail, "steps": steps, **(extra or {})})
+                                           "detail": detail, "steps": steps, **(extra or {})})
         self.execute("UPDATE calls SET settled_at=?, outcome=? WHERE run_id=?",
                      (now(), outcome, run_id))
 
@@ -1753,13 +1755,13 @@ class Tx:
         self.execute("UPDATE steps SET status=?, observation_json=?, finished_at=? WHERE id=?",
                      ("done" if ok else "failed", dumps(observation), now(), step_id))
         self.part(run_id, "step.tool_finished", {"tool": tool, "duration_ms": duration_ms,
-                                                  **outcome_fields(observation)}, step_id)
+                                                 **outcome_fields(observation)}, step_id)
         if ok:
             self.finish_run(run_id, "COMPLETED", "goal_completed", f"terminal tool {tool}",
                             outcome=OUTCOME_KNOWN)
         else:
             self.part(run_id, "step.failed", {"detail": observation["summary"],
-                                               "observation": observation}, step_id)
+                                              "observation": observation}, step_id)
 
     def run_holder(self, run_id):
         """(status, lease owner) of a run, read inside the transaction that acts on it."""
@@ -1784,8 +1786,8 @@ class Tx:
                      (lease[0], lease[1], run_id))
         if row[0]:
             self.part(run_id, "lease.taken_over", {"previous_owner": row[0],
-                                                    "previous_expires_at": row[1],
-                                                    "owner": lease[0]})
+                                                   "previous_expires_at": row[1],
+                                                   "owner": lease[0]})
         cut = None
         for step_id, status, started in self.execute(
                 "SELECT id, status, started_at FROM steps WHERE run_id=? AND status IN "
@@ -1814,7 +1816,7 @@ class Tx:
         self.execute("UPDATE approvals SET status=?, decided_at=?, decided_by=?, note=? "
                      "WHERE id=?", (status, now(), by, note, approval_id))
         self.part(row[0], "approval.decided", {"approval_id": approval_id, "status": status,
-                                                "by": by, "note": note}, row[1])
+                                               "by": by, "note": note}, row[1])
         if status == "rejected":
             self.fail_step(row[0], row[1], {"kind": "policy_denied", "content": {
                 "approval_id": approval_id, "note": note}}, f"rejected by {by}")
@@ -1830,7 +1832,7 @@ class Tx:
         if changed.rowcount != 1:
             raise Race()
         self.part(run_id, "approval.decided", {"approval_id": approval_id,
-                                                "status": "expired"}, step_id)
+                                               "status": "expired"}, step_id)
         self.execute("UPDATE steps SET status='failed', finished_at=? WHERE id=? AND status="
                      "'awaiting_approval'", (now(), step_id))
         self.finish_run(run_id, "CANCELLED", "approval_expired",
@@ -1884,8 +1886,8 @@ class Tx:
             self.execute("UPDATE approvals SET status='rejected', decided_at=?, decided_by=?, "
                          "note=? WHERE id=?", (now(), by, note, approval_id))
             self.part(run_id, "approval.decided", {"approval_id": approval_id,
-                                                    "status": "rejected", "by": by,
-                                                    "note": note}, step_id)
+                                                   "status": "rejected", "by": by,
+                                                   "note": note}, step_id)
         for (step_id, status) in self.rows("SELECT id, status FROM steps WHERE run_id=? AND "
                                            "status IN ('deciding', 'awaiting_approval', "
                                            "'executing')", (run_id,)):
