@@ -1534,6 +1534,11 @@ def event_hash(prev, seq, run_id, step_id, at, type_, payload):
     return sha256_hex(b"".join(netstring(p) for p in parts))
 
 
+# The types of an event of several parts (Tx.flush): a run's beginning (for a call refused on
+# arrival, its end too), its end, or a change in between (a resume, a take-over, a question).
+COMBINED_EVENTS = ("call.began", "call.changed", "call.ended")
+
+
 def event_parts(type_, step_id, payload_json):
     """A stored event as the parts it records, each (type, step id, payload): an event of
     several parts (Tx.flush) as its parts in order, any other as itself. Every reader of a
@@ -1543,9 +1548,6 @@ def event_parts(type_, step_id, payload_json):
     if type_ in COMBINED_EVENTS:
         return [tuple(part) for part in payload["parts"]]
     return [(type_, step_id, payload)]
-
-
-COMBINED_EVENTS = ("call.began", "call.changed", "call.ended")
 
 
 class Tx:
