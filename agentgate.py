@@ -1542,7 +1542,7 @@ COMBINED_EVENTS = ("call.began", "call.changed", "call.ended")
 def event_parts(type_, step_id, payload_json):
     """A stored event as the parts it records, each (type, step id, payload): an event of
     several parts (Tx.flush) as its parts in order, any other as itself. Every reader of a
-    run's events reads them through this (Store.run_events), so records of either shape mean
+    run's events reads them through this (Store.run_parts), so records of either shape mean
     the same."""
     payload = parse(payload_json)
     if type_ in COMBINED_EVENTS:
@@ -2209,7 +2209,7 @@ class Store:
         """Whether the approval's step started executing under it."""
         return any(type_ == "step.tool_started" and step_id == approval["step_id"] and
                    payload.get("approval_id") == approval["id"]
-                   for _, _, type_, step_id, payload in self.run_events(approval["run_id"]))
+                   for _, _, type_, step_id, payload in self.run_parts(approval["run_id"]))
 
     def step_decision(self, step_id):
         return parse(self.read_one("SELECT decision_json FROM steps WHERE id=?",
@@ -2270,23 +2270,27 @@ class Store:
             (session, limit))]
 
     def run_events(self, run_id):
-        """A run's events as (seq, at, type, step id, payload), each part of a combined event
-        as an event of its own under the seq of the event that holds it."""
-        return [(seq, at, *part) for seq, at, type_, step_id, payload in self.read(
-            "SELECT seq, at, type, step_id, payload_json FROM events WHERE run_id=? ORDER BY "
-            "seq", (run_id,)) for part in event_parts(type_, step_id, payload)]
+        """A run's events as stored: (seq, at, type, step id, payload_json)."""
+        return self.read("SELECT seq, at, type, step_id, payload_json FROM events WHERE "
+                         "run_id=? ORDER BY seq", (run_id,))
+
+    def run_parts(self, run_id):
+        """What a run's events record, as (seq, at, type, step id, payload): each part of a
+        combined event as an event of its own, under the seq of the event that holds it."""
+        return [(seq, at, *part) for seq, at, type_, step_id, payload in self.run_events(run_id)
+                for part in event_parts(type_, step_id, payload)]
 
     def late_outcomes(self, run_id):
         """Outcomes of a run's attempts that arrived after another process took the run
         over, as (step id, observation), oldest first."""
         return [(step_id, payload["observation"]) for _, _, type_, step_id, payload
-                in self.run_events(run_id) if type_ == "step.tool_finished" and payload.get("late")]
+                in self.run_parts(run_id) if type_ == "step.tool_finished" and payload.get("late")]
 
     def policy_events(self, run_id):
         """A run's decisions of the policy as (seq, step id, the recorded policy, at): the
         step.policy parts, or the policy a read's one run.read event carries."""
         return [(seq, step_id, payload if type_ == "step.policy" else payload["policy"], at)
-                for seq, at, type_, step_id, payload in self.run_events(run_id)
+                for seq, at, type_, step_id, payload in self.run_parts(run_id)
                 if type_ in ("step.policy", "run.read")]
 
     def tool_spec(self, spec_hash):
@@ -7988,14 +7992,15 @@ def cmd_show(argv):
     opts.run = resolve_named(store, opts.run, session)[0]
     run = load_run(store, opts.run)
     steps, approvals = store.steps(opts.run), store.approvals(opts.run)
-    events = store.run_events(opts.run)
     if opts.json:
+        # Events as what they record: a combined event's parts each as the event it was before
+        # schema version 5, so a script reads old and new records alike.
         print_json({"run": run, "steps": [{k: parse(v) if k in ("decision", "policy",
                                                                 "observation") and v else v
                                            for k, v in s.items()} for s in steps],
                     "approvals": [{k: v for k, v in a.items()} for a in approvals],
                     "events": [{"seq": e[0], "at": e[1], "type": e[2], "step_id": e[3],
-                                "payload": e[4]} for e in events]})
+                                "payload": e[4]} for e in store.run_parts(opts.run)]})
         return 0
     print(f"run       {run['run']}")
     print(f"tool      {sanitize(run['tool'])}")
@@ -8049,10 +8054,10 @@ def cmd_show(argv):
     print()
     print("\n".join(result_lines(steps)))
     print()
-    for seq, at, type_, _, payload in events:
+    for seq, at, type_, _, payload in store.run_events(opts.run):  # whole, as verify hashes them
         print(f"  {seq:>6}  {at}  {type_}")
-        lines = wrap_columns(sanitize(dumps(payload)), SHOW_WIDTH)
-        print("\n".join(f"          {piece}" for piece in lines))
+        print("\n".join(f"          {piece}" for piece in wrap_columns(sanitize(payload),
+                                                                     SHOW_WIDTH)))
     return 0
 
 

@@ -9,6 +9,7 @@ a question pending) migrates in place, and its events, in the old shapes, read a
 """
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -62,7 +63,10 @@ def test_an_allowed_call_is_one_event_when_it_begins_and_one_when_it_ends(bankdi
     assert all(p[1] == step_id for p in began[2]["parts"][2:] + ended[2]["parts"][:1])
     assert [t for t, _, _ in stored(bank, read_run)] == ["run.read"]
 
-    # show lists each part as an event of its own; runs names the host; the chain verifies.
+    # show prints the two events whole, as chained, and in its JSON lists each part as an event
+    # of its own; runs names the host; the chain verifies.
+    text = operator(bank.config, "show", pay_run).stdout
+    assert re.findall(r"^ +\d+  \S+  (\S+)$", text, re.M) == ["call.began", "call.ended"], text
     assert [e[0] for e in shown_events(bank, pay_run)] == BEGAN + ENDED
     assert [e[2] for e in shown_events(bank, pay_run)] == [p[2] for p in began[2]["parts"] + ended[2]["parts"]]
     assert {r["run"]: r["host"] for r in bank.runs_json()}[pay_run] != ""
