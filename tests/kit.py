@@ -476,8 +476,20 @@ def run_rows(db) -> list:
 
 
 def event_types(db, run_id: str) -> list:
-    """The event types of one run, in order."""
-    return [t for (t,) in query(db, "SELECT type FROM events WHERE run_id=? ORDER BY seq", (run_id,))]
+    """The event types of one run, in order, each part of a combined event (a call's begin or
+    end, chained as one event) by its own type."""
+    return [part[0] for t, s, p in query(db, "SELECT type, step_id, payload_json FROM events WHERE run_id=? "
+                                             "ORDER BY seq", (run_id,)) for part in event_parts(t, s, p)]
+
+
+COMBINED_EVENTS = ("call.began", "call.changed", "call.ended")
+
+
+def event_parts(type_: str, step_id: str, payload_json: str) -> list:
+    """A stored event as the [type, step_id, payload] parts it records: a combined event's parts, any
+    other event as itself."""
+    payload = json.loads(payload_json)
+    return payload["parts"] if type_ in COMBINED_EVENTS else [[type_, step_id, payload]]
 
 
 def steps(db, run_id: str) -> list:
@@ -771,18 +783,22 @@ def policy_evaluations(db) -> list[dict]:
     step.policy events, and the policy an allowed read's one run.read event carries (that event
     is the read's one step, index 0: it has no row in the steps table)."""
     found, seen_steps = [], set()
-    for seq, run_id, step_id, payload, idx, tool_name, type_ in query(
-            db, "SELECT e.seq, e.run_id, e.step_id, e.payload_json, s.idx, r.tool, e.type FROM events e "
-                "LEFT JOIN steps s ON s.id = e.step_id JOIN runs r ON r.id = e.run_id "
-                "WHERE e.type IN ('step.policy', 'run.read') ORDER BY e.seq"):
+    index = dict(query(db, "SELECT id, idx FROM steps"))
+    tools = dict(query(db, "SELECT id, tool FROM runs"))
+    parts = [(seq, run_id, *part) for seq, run_id, step_id, type_, payload in query(
+        db, "SELECT seq, run_id, step_id, type, payload_json FROM events ORDER BY seq")
+        for part in event_parts(type_, step_id, payload)]
+    for seq, run_id, type_, step_id, recorded in parts:
+        if type_ not in ("step.policy", "run.read"):
+            continue
+        idx, tool_name = index.get(step_id), tools[run_id]
         assert (idx is None) == (type_ == "run.read"), f"seq {seq}: a {type_} event and its step row"
         idx = 0 if idx is None else idx
-        recorded = json.loads(payload)
         if type_ == "run.read":
             recorded = recorded["policy"]
         found.append({"seq": seq, "run_id": run_id, "step_id": step_id, "step_index": idx, "tool": tool_name,
                       "on_resume": step_id in seen_steps, "outcome": recorded["outcome"],
-                      "policy_id": recorded.get("policy_id", "")})
+                      "policy_id": recorded.get("policy_id", ""), "recorded": recorded})
         seen_steps.add(step_id)
     return found
 

@@ -52,7 +52,7 @@ def test_a_version_1_database_is_migrated_in_place_and_keeps_its_meaning(bankdir
 
     host = bank.start()
     host.list_tools()
-    assert versions(path) == [1, 2, 3, 4]
+    assert versions(path) == [1, 2, 3, 4, 5]
     verified = operator(bank.config, "verify")
     assert f"intact: {head[0]} event(s), seq 1 to {head[0]}" in verified.stdout
     assert f"head: seq {head[0]} {head[1]}" in verified.stdout

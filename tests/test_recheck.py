@@ -525,16 +525,17 @@ def test_every_policy_event_names_the_tool_spec_it_was_made_for(recorded, workdi
     evaluations = policy_evaluations(workdir / DB)
     assert any(e["tool"] == "bank_balance" for e in evaluations)  # reads are among them
     for e in evaluations:
-        (payload, spec_hash, type_) = query(workdir / DB, "SELECT e.payload_json, s.spec_hash, e.type FROM events e "
-                                                          "LEFT JOIN steps s ON s.id = e.step_id WHERE e.seq=?",
-                                            (e["seq"],))[0]
-        recorded_event = json.loads(payload)
-        if type_ == "run.read":
+        # The chained policy record: a step.policy part of its event (a call's begin, or a
+        # later change of its run), or an allowed read's one run.read event.
+        recorded_event = e["recorded"]
+        step = query(workdir / DB, "SELECT spec_hash FROM steps WHERE id=?", (e["step_id"],))
+        if not step:
             # An allowed read's decision is chained in its one run.read event, under "policy";
             # the event is its step, so the spec it names must be kept and be the tool's.
-            recorded_event = recorded_event["policy"]
             spec_hash = recorded_event["spec_hash"]
             (spec,) = query(workdir / DB, "SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,))[0]
             assert json.loads(spec)["name"] == e["tool"]
+        else:
+            spec_hash = step[0][0]
         assert recorded_event.get("policy_id") == e["policy_id"] and e["policy_id"]
-        assert recorded_event.get("spec_hash") == spec_hash, f"step.policy at seq {e['seq']}: {payload}"
+        assert recorded_event.get("spec_hash") == spec_hash, f"step.policy at seq {e['seq']}: {recorded_event}"

@@ -300,13 +300,14 @@ def test_a_change_near_the_end_of_a_long_field_is_found(recorded, clean_banks):
     db = workdir / DB
     account = "é" * 65536  # 128 KiB of UTF-8, past any one read of 64 KiB
     # A policy record keeps its request whole in its event (step.decided carries a long
-    # argument as its size and hash), so a payment that waits puts the long field in the chain.
+    # argument as its size and hash), so a payment that waits puts the long field in the chain,
+    # in the one event its call began with.
     play(config, ("bank_pay", {"to": account, "amount": 1}, "PENDING_APPROVAL"))
     rows = event_rows(db)
     assert_chained(rows)
     assert_intact(verify(config), rows)
 
-    seq, payload = next((row[0], row[5]) for row in rows if row[4] == "step.policy" and account in row[5])
+    seq, payload = next((row[0], row[5]) for row in rows if row[4] == "call.began" and account in row[5])
     assert len(payload.encode()) > 130_000
     at = payload.rindex("é")
     assert len(payload[:at].encode()) > 128 * 1024 - 10  # the change is far past the first 64 KiB
@@ -351,10 +352,9 @@ def test_concurrent_gates_keep_one_chain(clean_banks):
     for row in rows:
         runs.setdefault(row[1], []).append(row[4])
     assert len(runs) == 12
-    # Each run's events are whole: a payment's from run.created to run.finished, a read's one
-    # run.read (it is recorded whole once it answered).
-    assert all(types == ["run.read"] or (types[0] == "run.created" and types[-1] == "run.finished")
-               for types in runs.values()), runs
+    # Each run's events are whole: a payment's one event when it began and one when it ended, a
+    # read's one run.read (it is recorded whole once it answered).
+    assert all(types in (["run.read"], ["call.began", "call.ended"]) for types in runs.values()), runs
     assert sum(types == ["run.read"] for types in runs.values()) == 6
     with closing(sqlite3.connect(f"file:{workdir / DB}?mode=ro", uri=True)) as db:
         assert db.execute("SELECT seq FROM sqlite_sequence WHERE name='events'").fetchone()[0] == len(rows)
