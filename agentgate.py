@@ -6797,7 +6797,7 @@ class Gate:
     def _ask_again(self, tool, fresh, decision, facts):
         """Act: the policy asks another question of an approved request (a limit reached
         since, say): its run pauses on the fresh approval."""
-        run_id, step_id = fresh["request"]["run_id"], fresh["request"]["step_id"]
+        run_id, step_id = fresh["run_id"], fresh["step_id"]
 
         def repause(tx):
             tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),

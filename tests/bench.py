@@ -5,6 +5,9 @@ It prints a table and asserts nothing. Every figure is measured side by side in 
 (straight to the fake payment server, then through agentgate), because the machines these run
 on are shared and noisy: read the ratios and differences, not the absolute numbers. A lean
 JSON-RPC driver is used instead of an SDK so that the figures are agentgate's own.
+
+To compare versions: python3 tests/bench.py --side-by-side A/agentgate.py B/agentgate.py
+runs the per-call figures of each file in turns, round after round, and prints their medians.
 """
 
 import argparse
@@ -413,13 +416,69 @@ def slow_pattern_figures(n=10):
     ]
 
 
+def per_call_figures(path, n):
+    """The per-call ratios of the agentgate file at `path`, in a directory of their own: the
+    added read and mutation p50 over one durable commit, and the share of the straight
+    throughput with 16 calls in flight."""
+    global AGENTGATE
+    AGENTGATE = path
+    directory = tempfile.mkdtemp(prefix="agentgate-bench-ab-")
+    try:
+        config1 = write_config(directory, 1)
+        commit = durable_commit(directory)
+        ledger = {**os.environ, "FAKE_PAYMENTS_LEDGER": os.path.join(directory, "ledger")}
+        straight = Driver([sys.executable, path, "fake-payments"], directory, ledger)
+        straight.initialize()
+        gate = Driver([sys.executable, path, "-config", config1], directory)
+        gate.initialize()
+        s50, _ = sequential(straight, "balance", n)
+        g50, _ = sequential(gate, "bank_balance", n)
+        sm50, _ = sequential(straight, "pay", n, mutating=True)
+        gm50, _ = sequential(gate, "bank_pay", n, mutating=True)
+        s_rate = throughput(straight, "balance", n)
+        g_rate = throughput(gate, "bank_balance", n)
+        gate.close()
+        straight.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return {"commit p50 (ms)": commit, "read added p50 (ms)": g50 - s50,
+            "read p50 / commit": (g50 - s50) / commit,
+            "mutation added p50 (ms)": gm50 - sm50, "mutation p50 / commit": (gm50 - sm50) / commit,
+            "throughput share": g_rate / s_rate}
+
+
+def side_by_side(paths, n, rounds):
+    """Each file's per-call figures, the files taking turns round after round so that a
+    change in the machine's load falls on all of them alike; medians of the rounds."""
+    seen = {path: {} for path in paths}
+    for _ in range(rounds):
+        for path in paths:
+            for name, value in per_call_figures(path, n).items():
+                seen[path].setdefault(name, []).append(value)
+    names = list(seen[paths[0]])
+    width = max(len(name) for name in names)
+    print(f"{'':<{width}}  " + "  ".join(f"{os.path.basename(os.path.dirname(p)) or p:>14}"
+                                           for p in paths))
+    for name in names:
+        print(f"{name:<{width}}  " + "  ".join(
+            f"{statistics.median(seen[p][name]):>14.3f}" for p in paths))
+    print(f"(medians of {rounds} rounds of {n} calls; each column is the directory of its "
+          f"agentgate.py)")
+
+
 def main():
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    options.add_argument("--side-by-side", nargs="+", metavar="AGENTGATE_PY",
+                         help="only the per-call figures, of each file given, in turns")
+    options.add_argument("--rounds", type=int, default=5, help="rounds of --side-by-side")
     options.add_argument("-n", type=int, default=1000, help="sequential calls per figure")
     options.add_argument("--history", type=int, default=1000000, help="earlier runs to add")
     options.add_argument("--policy-history", type=int, default=1000000,
                          help="earlier executions for the limit check")
     opts = options.parse_args()
+    if opts.side_by_side:
+        return side_by_side([os.path.abspath(p) for p in opts.side_by_side], opts.n,
+                            opts.rounds)
     directory = tempfile.mkdtemp(prefix="agentgate-bench-")
     try:
         config1 = write_config(directory, 1)

@@ -9,8 +9,9 @@
   and ordinary text is written exactly as given.
 - -json output stays valid JSON that reads back as the same values, with nothing in it a
   terminal would act on (a bidi override in an argument used to be printed raw).
-- Every sentence of the gate's own that the model can read is in section 9's tables: no call
-  that builds an answer outside it, and none of the status tool's functions, writes one.
+- Every sentence of the gate's own that the model can read is in the Answers section's
+  tables: no call that builds an answer outside it, and none of the status tool's functions,
+  writes one.
 - Behaviour, through real processes: an escape sequence or a bidi control a server, a model
   or an operator chose, in an argument, a result, a name, a note or a tool's description,
   reaches show, approve, watch, grants, pin and check only as visible text.
@@ -58,13 +59,12 @@ TWO_WORDS = re.compile(r"[A-Za-z]{2,} [A-Za-z]{2,}")
 # ---------------------------------------------------------------- the source, read
 
 
-def section(number: int) -> range:
-    """The lines (1-based) of section `number` of agentgate.py, banner to banner."""
+def section(title: str) -> range:
+    """The lines (1-based) of the section titled `title` in agentgate.py, banner to banner."""
     starts = [i + 1 for i, line in enumerate(SOURCE_LINES) if re.match(r"# \d+\. ", line)]
-    numbers = [int(SOURCE_LINES[i - 1][2:].split(".")[0]) for i in starts]
-    begin = starts[numbers.index(number)]
-    end = starts[numbers.index(number) + 1] if number != numbers[-1] else len(SOURCE_LINES)
-    return range(begin, end)
+    titles = [SOURCE_LINES[i - 1].split(". ", 1)[1] for i in starts]
+    k = titles.index(title)
+    return range(starts[k], starts[k + 1] if k + 1 < len(starts) else len(SOURCE_LINES))
 
 
 def defined() -> dict:
@@ -143,16 +143,16 @@ def test_the_live_view_draws_only_sanitized_rows():
 # ---------------------------------------------------------------- the one table
 
 
-# Where the model's sentences live (section 9), and the functions elsewhere that choose among
-# them for an answer or the status tool.
+# Where the model's sentences live (the Answers section), and the functions elsewhere that
+# choose among them for an answer or the status tool.
 MODEL_TABLES = ("PROSE", "SLOT_PROSE", "STATUS_PROSE", "STATUS_DESCRIPTION", "STATUS_ARGUMENT",
                 "UNSERVED_NOTE", "NOT_EXECUTED_WHY", "HOW", "DUPLICATE_OUTCOME", "TOO_LARGE_THEN")
 CHOOSERS = ("status_answer", "describe_approval", "approved_fate", "waiting_answer",
             "Gate._refused_for", "Gate._too_large")
 
 
-def test_every_model_table_is_in_section_9():
-    answers = section(9)
+def test_every_model_table_is_in_the_answers_section():
+    answers = section("Answers")
     where = {target.id: node.lineno for node in TREE.body if isinstance(node, ast.Assign)
              for target in node.targets if isinstance(target, ast.Name)}
     assert {name: where.get(name) in answers for name in MODEL_TABLES} == \
@@ -160,7 +160,7 @@ def test_every_model_table_is_in_section_9():
 
 
 def test_no_answer_is_written_outside_the_table():
-    answers = section(9)
+    answers = section("Answers")
     found = []
     for node in ast.walk(TREE):
         if isinstance(node, ast.Call) and dotted(node.func) in ("answer", "Answer", "gate_status") \
