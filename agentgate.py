@@ -2178,16 +2178,6 @@ class Store:
                                       ("run_reason", "r.reason"),
                                       ("request_key", "c.request_key")))
 
-    def waiting_approvals(self, session):
-        """The approvals an operator may decide now (of one session, or all with session ''),
-        oldest first, each with its run's tool. A waiting run's call is unsettled, so the
-        calls index finds them without reading the history of approvals."""
-        where = "c.settled_at=''" + (" AND c.session=?" if session else "")
-        return self.read_approvals(
-            f"FROM calls c JOIN runs r ON r.id = c.run_id JOIN approvals a ON a.run_id = r.id "
-            f"WHERE {where} AND r.status='WAITING_FOR_APPROVAL' AND a.status='pending' AND "
-            f"(a.expires_at='' OR a.expires_at>?) ORDER BY a.created_at, a.id",
-            (*([session] if session else []), now()), (("tool", "r.tool"),))
 
     def approval(self, approval_id):
         """An approval with its run's status, or None."""
@@ -2209,55 +2199,9 @@ class Store:
         row = self.read_one("SELECT observation_json FROM steps WHERE id=?", (step_id,))
         return parse(row[0]) if row and row[0] else None
 
-    def steps(self, run_id):
-        """A run's steps, oldest first; an allowed read's one step is read out of its run.read
-        event (Tx.record_read)."""
-        names = ("id", "index", "status", "decision", "policy", "observation", "spec_hash")
-        rows = self.read("SELECT id, idx, status, decision_json, policy_json, observation_json,"
-                         " spec_hash FROM steps WHERE run_id=? ORDER BY idx", (run_id,))
-        if not rows:
-            for step_id, payload in self.read("SELECT step_id, payload_json FROM events WHERE "
-                                              "run_id=? AND type='run.read'", (run_id,)):
-                read = parse(payload)
-                if "observation" in read:  # before schema version 3 a read kept a step row
-                    policy = {k: v for k, v in read["policy"].items()
-                              if k not in ("policy_id", "spec_hash")}
-                    rows.append((step_id, 0, "done" if read["status"] == "COMPLETED" else
-                                 "failed", dumps(read["decision"]), dumps(policy),
-                                 dumps(read["observation"]), read["policy"]["spec_hash"]))
-        return [dict(zip(names, row)) for row in rows]
 
-    def run(self, run_id):
-        row = self.read_one("SELECT id, session, tool, status, reason, detail, step_count, "
-                            "created_at, finished_at, lease_owner, lease_expires_at FROM runs "
-                            "WHERE id=?", (run_id,))
-        names = ("run", "session", "tool", "status", "reason", "detail", "steps", "created",
-                 "finished", "lease_owner", "lease_expires_at")
-        return dict(zip(names, row)) if row else None
 
-    def runs_page(self, session, limit):
-        """Runs newest first (of one session, or all with session ''), with the approval
-        each waits on and the host's name as its first decision of the policy recorded it
-        ('' for a run that never reached the policy; a call's first decision is a part of the
-        event that began it)."""
-        names = ("run", "status", "reason", "detail", "steps", "created", "tool",
-                 "pending_approval", "host")
-        return [dict(zip(names, row)) for row in self.read(
-            "SELECT r.id, r.status, r.reason, r.detail, r.step_count, r.created_at, r.tool, "
-            "(SELECT a.id FROM approvals a WHERE a.run_id = r.id AND a.status='pending' ORDER "
-            "BY a.rowid DESC LIMIT 1), COALESCE((SELECT COALESCE(json_extract(e.payload_json, "
-            "'$.facts.client'), json_extract(e.payload_json, '$.policy.facts.client'), (SELECT "
-            "json_extract(p.value, '$[2].facts.client') FROM json_each(e.payload_json, "
-            "'$.parts') p WHERE json_extract(p.value, '$[0]')='step.policy' LIMIT 1)) FROM "
-            "events e WHERE e.run_id = r.id AND e.type IN ('step.policy', 'run.read', "
-            "'call.began') ORDER BY e.seq LIMIT 1), '') FROM runs r WHERE ?='' OR r.session=? "
-            "ORDER BY r.rowid DESC LIMIT ?", (session, session, limit))]
 
-    def session_runs(self, session, limit):
-        """The ids of the session's newest runs."""
-        return [row[0] for row in self.read(
-            "SELECT id FROM runs WHERE session=? ORDER BY rowid DESC LIMIT ?",
-            (session, limit))]
 
     def run_events(self, run_id):
         """A run's events as stored: (seq, at, type, step id, payload_json)."""
@@ -2276,61 +2220,15 @@ class Store:
         return [(step_id, payload["observation"]) for _, _, type_, step_id, payload
                 in self.run_parts(run_id) if type_ == "step.tool_finished" and payload.get("late")]
 
-    def policy_events(self, run_id):
-        """A run's decisions of the policy as (seq, step id, the recorded policy, at): the
-        step.policy parts, or the policy a read's one run.read event carries."""
-        return [(seq, step_id, payload if type_ == "step.policy" else payload["policy"], at)
-                for seq, at, type_, step_id, payload in self.run_parts(run_id)
-                if type_ in ("step.policy", "run.read")]
 
-    def tool_spec(self, spec_hash):
-        return tool_spec(self.read, spec_hash)
 
-    def grants(self, session, since):
-        """The grants (of one session, or all with session '') in force or ended since
-        `since`, newest first."""
-        return [dict(zip(GRANT_COLUMNS, row)) for row in self.read(
-            f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE (?='' OR session=?) AND "
-            f"(CASE WHEN revoked_at='' THEN expires_at ELSE min(revoked_at, expires_at) END)>=?"
-            f" ORDER BY created_at DESC, id DESC", (session, session, since))]
 
-    def grant(self, grant_id):
-        row = self.read_one(f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE id=?",
-                            (grant_id,))
-        return dict(zip(GRANT_COLUMNS, row)) if row else None
 
-    def ids_starting(self, table, prefix, limit):
-        """Up to `limit` ids of `table` (runs, approvals or grants) that start with `prefix`
-        (ASCII), in order: a range of the primary key."""
-        return [row[0] for row in self.read(
-            f"SELECT id FROM {table} WHERE id>=? AND id<? ORDER BY id LIMIT ?",
-            (prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1), limit))]
 
-    def run_ids_after_session(self, prefix, limit):
-        """Up to `limit` run ids whose part after the session starts with `prefix` (letters
-        and digits only), in any session: a scan, for an operator who gave no session."""
-        return [row[0] for row in self.read(
-            "SELECT id FROM runs WHERE substr(id, instr(id, '.') + 1) GLOB ? ORDER BY id "
-            "LIMIT ?", (prefix + "*", limit))]
 
-    def tool_changes(self, session, limit):
-        """The newest tools.changed events of a session, as (at, payload), newest first."""
-        return [(at, parse(payload)) for at, payload in self.read(
-            "SELECT at, payload_json FROM events WHERE run_id=? AND type='tools.changed' "
-            "ORDER BY seq DESC LIMIT ?", (f"{session}.tools", limit))]
 
-    def chain_head(self):
-        return self.read_one("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
 
-    def event_hash_at(self, seq):
-        row = self.read_one("SELECT hash FROM events WHERE seq=?", (seq,))
-        return row[0] if row else None
 
-    def events_after(self, seq, last, limit):
-        """Up to `limit` events after `seq` (and at most `last`), as stored, in seq order."""
-        return self.read("SELECT seq, run_id, step_id, at, type, payload_json, hash FROM "
-                         "events WHERE seq>? AND seq<=? ORDER BY seq LIMIT ?",
-                         (seq, last if last is not None else 2**62, limit))
 
     def read(self, sql, args=()):
         with self.read_lock:
@@ -7828,6 +7726,130 @@ STATUS_LOOKBACK = 3600
 STATUS_ROWS = 200
 
 
+
+class Ledger(Store):
+    """The record as people read it: the runs, steps and grants the operator commands list,
+    and the event chain verify walks. Only SELECTs, on the read connection; every statement
+    that changes the record is Store's."""
+
+    def waiting_approvals(self, session):
+        """The approvals an operator may decide now (of one session, or all with session ''),
+        oldest first, each with its run's tool. A waiting run's call is unsettled, so the
+        calls index finds them without reading the history of approvals."""
+        where = "c.settled_at=''" + (" AND c.session=?" if session else "")
+        return self.read_approvals(
+            f"FROM calls c JOIN runs r ON r.id = c.run_id JOIN approvals a ON a.run_id = r.id "
+            f"WHERE {where} AND r.status='WAITING_FOR_APPROVAL' AND a.status='pending' AND "
+            f"(a.expires_at='' OR a.expires_at>?) ORDER BY a.created_at, a.id",
+            (*([session] if session else []), now()), (("tool", "r.tool"),))
+
+    def steps(self, run_id):
+        """A run's steps, oldest first; an allowed read's one step is read out of its run.read
+        event (Tx.record_read)."""
+        names = ("id", "index", "status", "decision", "policy", "observation", "spec_hash")
+        rows = self.read("SELECT id, idx, status, decision_json, policy_json, observation_json,"
+                         " spec_hash FROM steps WHERE run_id=? ORDER BY idx", (run_id,))
+        if not rows:
+            for step_id, payload in self.read("SELECT step_id, payload_json FROM events WHERE "
+                                              "run_id=? AND type='run.read'", (run_id,)):
+                read = parse(payload)
+                if "observation" in read:  # before schema version 3 a read kept a step row
+                    policy = {k: v for k, v in read["policy"].items()
+                              if k not in ("policy_id", "spec_hash")}
+                    rows.append((step_id, 0, "done" if read["status"] == "COMPLETED" else
+                                 "failed", dumps(read["decision"]), dumps(policy),
+                                 dumps(read["observation"]), read["policy"]["spec_hash"]))
+        return [dict(zip(names, row)) for row in rows]
+
+    def run(self, run_id):
+        row = self.read_one("SELECT id, session, tool, status, reason, detail, step_count, "
+                            "created_at, finished_at, lease_owner, lease_expires_at FROM runs "
+                            "WHERE id=?", (run_id,))
+        names = ("run", "session", "tool", "status", "reason", "detail", "steps", "created",
+                 "finished", "lease_owner", "lease_expires_at")
+        return dict(zip(names, row)) if row else None
+
+    def runs_page(self, session, limit):
+        """Runs newest first (of one session, or all with session ''), with the approval
+        each waits on and the host's name as its first decision of the policy recorded it
+        ('' for a run that never reached the policy; a call's first decision is a part of the
+        event that began it)."""
+        names = ("run", "status", "reason", "detail", "steps", "created", "tool",
+                 "pending_approval", "host")
+        return [dict(zip(names, row)) for row in self.read(
+            "SELECT r.id, r.status, r.reason, r.detail, r.step_count, r.created_at, r.tool, "
+            "(SELECT a.id FROM approvals a WHERE a.run_id = r.id AND a.status='pending' ORDER "
+            "BY a.rowid DESC LIMIT 1), COALESCE((SELECT COALESCE(json_extract(e.payload_json, "
+            "'$.facts.client'), json_extract(e.payload_json, '$.policy.facts.client'), (SELECT "
+            "json_extract(p.value, '$[2].facts.client') FROM json_each(e.payload_json, "
+            "'$.parts') p WHERE json_extract(p.value, '$[0]')='step.policy' LIMIT 1)) FROM "
+            "events e WHERE e.run_id = r.id AND e.type IN ('step.policy', 'run.read', "
+            "'call.began') ORDER BY e.seq LIMIT 1), '') FROM runs r WHERE ?='' OR r.session=? "
+            "ORDER BY r.rowid DESC LIMIT ?", (session, session, limit))]
+
+    def session_runs(self, session, limit):
+        """The ids of the session's newest runs."""
+        return [row[0] for row in self.read(
+            "SELECT id FROM runs WHERE session=? ORDER BY rowid DESC LIMIT ?",
+            (session, limit))]
+
+    def policy_events(self, run_id):
+        """A run's decisions of the policy as (seq, step id, the recorded policy, at): the
+        step.policy parts, or the policy a read's one run.read event carries."""
+        return [(seq, step_id, payload if type_ == "step.policy" else payload["policy"], at)
+                for seq, at, type_, step_id, payload in self.run_parts(run_id)
+                if type_ in ("step.policy", "run.read")]
+
+    def tool_spec(self, spec_hash):
+        return tool_spec(self.read, spec_hash)
+
+    def grants(self, session, since):
+        """The grants (of one session, or all with session '') in force or ended since
+        `since`, newest first."""
+        return [dict(zip(GRANT_COLUMNS, row)) for row in self.read(
+            f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE (?='' OR session=?) AND "
+            f"(CASE WHEN revoked_at='' THEN expires_at ELSE min(revoked_at, expires_at) END)>=?"
+            f" ORDER BY created_at DESC, id DESC", (session, session, since))]
+
+    def grant(self, grant_id):
+        row = self.read_one(f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE id=?",
+                            (grant_id,))
+        return dict(zip(GRANT_COLUMNS, row)) if row else None
+
+    def ids_starting(self, table, prefix, limit):
+        """Up to `limit` ids of `table` (runs, approvals or grants) that start with `prefix`
+        (ASCII), in order: a range of the primary key."""
+        return [row[0] for row in self.read(
+            f"SELECT id FROM {table} WHERE id>=? AND id<? ORDER BY id LIMIT ?",
+            (prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1), limit))]
+
+    def run_ids_after_session(self, prefix, limit):
+        """Up to `limit` run ids whose part after the session starts with `prefix` (letters
+        and digits only), in any session: a scan, for an operator who gave no session."""
+        return [row[0] for row in self.read(
+            "SELECT id FROM runs WHERE substr(id, instr(id, '.') + 1) GLOB ? ORDER BY id "
+            "LIMIT ?", (prefix + "*", limit))]
+
+    def tool_changes(self, session, limit):
+        """The newest tools.changed events of a session, as (at, payload), newest first."""
+        return [(at, parse(payload)) for at, payload in self.read(
+            "SELECT at, payload_json FROM events WHERE run_id=? AND type='tools.changed' "
+            "ORDER BY seq DESC LIMIT ?", (f"{session}.tools", limit))]
+
+    def chain_head(self):
+        return self.read_one("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
+
+    def event_hash_at(self, seq):
+        row = self.read_one("SELECT hash FROM events WHERE seq=?", (seq,))
+        return row[0] if row else None
+
+    def events_after(self, seq, last, limit):
+        """Up to `limit` events after `seq` (and at most `last`), as stored, in seq order."""
+        return self.read("SELECT seq, run_id, step_id, at, type, payload_json, hash FROM "
+                         "events WHERE seq>? AND seq<=? ORDER BY seq LIMIT ?",
+                         (seq, last if last is not None else 2**62, limit))
+
+
 def status_answer(gate, args):
     """The status tool: what waits for an operator, or what became of one approval. It reads
     only, is not recorded as a run, and never executes or decides anything."""
@@ -7960,9 +7982,9 @@ def operator_store(opts, readonly):
     database = opts.db or (not opts.config and not os.path.lexists(path) and
                            shared_database(os.path.dirname(path)))
     if database:
-        return Store(os.path.abspath(database), readonly=readonly, create=False), ""
+        return Ledger(os.path.abspath(database), readonly=readonly, create=False), ""
     config = load_config(path)
-    return Store(config.database, readonly=readonly, create=False), config.session
+    return Ledger(config.database, readonly=readonly, create=False), config.session
 
 
 def shared_database(directory):
@@ -8865,7 +8887,7 @@ def cmd_grant(argv):
     if not (opts.yes or confirmed("grant it? type yes to grant: ", out, GRANT_NEEDS_YES)):
         tell("nothing granted", out=out)
         return 1
-    store = Store(config.database, readonly=False)  # a grant may come before the first call
+    store = Ledger(config.database, readonly=False)  # a grant may come before the first call
 
     def create(tx):
         # It starts inside the transaction that records it: a call decided before could not
@@ -9027,7 +9049,7 @@ def cmd_recheck(argv):
         raise Usage("-limit must be at least 1")
     config = load_config(config_path(opts.config))
     check_database_path(config.database)
-    store = Store(config.database, readonly=True, create=False)
+    store = Ledger(config.database, readonly=True, create=False)
     upstreams = []
     try:
         if opts.current_tools:
@@ -10443,7 +10465,8 @@ def cmd_check(argv):
     for server, report in zip(config.servers, reports):
         tell(*served_lines(config, server, report, tools))
     if os.path.exists(config.database):
-        print_tool_changes(Store(config.database, readonly=True, create=False), config.session)
+        print_tool_changes(Ledger(config.database, readonly=True, create=False),
+                           config.session)
     tell(f"status tool: {config.status_tool}")
     tell(f"session: {config.session}")
     tell(f"database: {config.database}")
