@@ -21,26 +21,57 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections, in the order data flows through them:
+Sections (5465 lines of decision core, read first; then the libraries it relies on, each
+behind a contract its header states; then what surrounds the core, each naming the core
+functions it calls):
 
-     1. Canonical JSON        the parser that refuses, the encoder that is hashed
-     2. Text                  durations, the sanitizer and tell, times
-     3. Configuration         the file, its checks, the policy identity
-     4. Store                 the only place SQL lives
-     5. Upstream client       an MCP server: agentgate's child, or reached over HTTP
-     6. Schema validation     the subset of JSON Schema real servers use
-     7. Pin and load          manifests, the load checks, the report
-     8. Policy                on what a call does: conditions, entries, limits, grants
-     9. Answers               what the model is told, a result passed on and its record,
-                              approvals and their hashes
-    10. The gate              one call as one run, under the rules across calls
-    11. MCP server            the host side: framing, initialize, tools/list, tools/call
-    12. Operator commands     runs, show, approve, reject, cancel, watch, grant, verify,
-                              recheck
-    13. Setup                 init: from a host's configuration to a gated one; login
-    14. Fake payment server   the demo's and the tests' upstream
-    15. Demonstration         a host, a server and an operator, scripted
-    16. Main                  the command line
+     1. Framing and canonical JSON                   decision core      435
+     2. Text, times and fields                       decision core      319
+     3. The schema check                             decision core      352
+     4. Policy on what a call does                   decision core      739
+     5. Configuration and its trust                  decision core      513
+     6. Tools, as pinned                             decision core      447
+     7. Answers                                      decision core      468
+     8. The record                                   decision core      917
+     9. The gate                                     decision core      858
+    10. The host side                                decision core      417
+    11. ECMA-262 patterns                            library            436
+    12. Hosts in URLs                                library            110
+    13. Paths as the kernel resolves them            library             99
+    14. The lint                                     around the core    219
+    15. Upstream servers                             around the core   1091
+    16. Reading the record                           around the core    137
+    17. Tool changes while serving                   around the core    135
+    18. The status tool                              around the core    114
+    19. Notify                                       around the core     59
+    20. Pins and load reports                        around the core    108
+    21. The command line's flags                     around the core    116
+    22. Operator commands                            around the core   1283
+    23. Setup                                        around the core    605
+    24. Pin and check                                around the core    182
+    25. Fake payment server                          around the core    118
+    26. Demonstration                                around the core    268
+    27. Main                                         around the core    124
+
+One tools/call through the core (the section of each step in brackets):
+
+    HostServer._read_loop      read_frames: one frame per \n byte off stdin            [1]
+      HostServer._frame        parse: the boundary check; number literals kept          [1]
+      HostServer._message      at most MAX_IN_FLIGHT calls, each on a worker            [10]
+        HostServer._call       the tool the name offers, as pinned (Tool, load)        [10, 6]
+          Gate.call            canonical, request_key: the request's identity           [9, 1]
+            Gate._judge        judged_request: check_arguments and validate, and the
+                               policy's conditions, once, before the lock (Judgement)  [9, 7, 3, 4]
+            Gate._decide       under the gate's lock, rules 1 to 7 over the request's
+                               earlier runs (Store.key_runs); each returns a verdict     [9, 8]
+            Gate._begin        rule 8: policy_decision in the write transaction that
+                               records the run (Tx.begin_run ... Tx.start_execution)     [9, 4, 8]
+            Gate._hold         a Wait: the operator decides elsewhere, bound by hash     [9]
+            Gate._execute      call_upstream, with the rule's timeout; passed_result,
+                               result_record: what the host gets, what the record keeps [9, 7]
+                               Tx.finish_execution, committed before the answer         [8]
+          passed_answer        the server's result as sent, or answer(...) from PROSE   [7]
+      HostServer.send          one JSON-RPC line on stdout, written as bytes             [10]
 """
 
 import argparse
@@ -76,17 +107,19 @@ VERSION = "0.2.0"
 
 
 # =============================================================================================
-# 1. Canonical JSON
+# 1. Framing and canonical JSON
 #
 # Reads as: decision core
 #
-# Owns: the boundary check every consumer-supplied JSON document passes (arguments, results,
-# the config, manifests), the canonical encoding that request keys and hashes are taken over,
-# and the policy form of the same values.
-# Promises: a document is accepted only if it is exactly one RFC 8259 value, valid UTF-8,
-# nested at most 256 deep, with no repeated key, no unpaired surrogate escape and no number
-# literal past the bound; number literals are kept exactly as written, so `10`, `10.0` and
-# `1e1` are three different requests and no float ever rounds an amount.
+# Owns: the bytes a call arrives as and the values they hold: splitting a stream into frames on
+# `\n`, the boundary check every consumer-supplied JSON document passes (a frame's params, a
+# result, the config, a manifest), the canonical encoding request keys and hashes are taken
+# over, and the policy form of the same values.
+# Promises: a frame is split on `\n` bytes only (never on U+2028/U+2029) and never held past its
+# cap; a document is accepted only if it is exactly one RFC 8259 value, valid UTF-8, nested at
+# most 256 deep, with no repeated key, no unpaired surrogate escape and no number literal past
+# the bound; number literals are kept exactly as written, so `10`, `10.0` and `1e1` are three
+# different requests and no float ever rounds an amount.
 # =============================================================================================
 
 MAX_DEPTH = 256
@@ -472,15 +505,50 @@ def dumps(value):
     return canonical(value).decode("utf-8")
 
 
+def read_frames(fd, cap):
+    """Newline-delimited frames from a file descriptor, for both sides of agentgate.
+
+    Yields (frame, head): a frame of at most `cap` bytes, or (None, its first 4 KiB) for a
+    frame past the cap, whose rest is skipped so the stream goes on. It reads with os.read,
+    never through a buffered file object, so no reader thread can hold a lock that the
+    interpreter needs at exit; it splits only on the byte \\n, never on U+2028 or U+2029.
+    """
+    pending, size, skipping, head = [], 0, False, b""
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            if pending and not skipping:
+                yield b"".join(pending), b""
+            return
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end + 1]
+            if not skipping:
+                if size + len(piece) > cap + 1:
+                    head = (b"".join(pending) + piece)[:4096]
+                    skipping, pending, size = True, [], 0
+                else:
+                    pending.append(piece)
+                    size += len(piece)
+            if end < 0:
+                break
+            start = end + 1
+            yield (None, head) if skipping else (b"".join(pending), b"")
+            pending, size, skipping = [], 0, False
+
+
 # =============================================================================================
-# 2. Text: durations, the sanitizer, times
+# 2. Text, times and fields
 #
 # Reads as: decision core
 #
 # Owns: Go-syntax durations (the config is written in them, prose prints them), the one
 # sanitizer every server-, model- or operator-chosen string passes before it reaches prose, a
-# log line or a terminal, tell (the one way a line reaches a person, sanitized there), and the
-# one timestamp format of the store.
+# log line or a terminal, and the one timestamp format of the store.
 # Promises: sanitized text holds no control character, no bidi override and no invisible
 # format character a terminal or a reader could be fooled by; data returned to the host as a
 # result is never sanitized (it is the server's answer, passed back as recorded).
@@ -703,8 +771,1188 @@ def log(message):
         pass
 
 
+
+SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation", "destructive")
+OUTCOMES = ("allow", "require_approval", "deny")
+
+
+class ConfigError(Exception):
+    """A configuration the gate will not run with; the message says what to change."""
+
+
+def refuse_unknown(raw, fields, where):
+    for key in raw:
+        if key not in fields:
+            raise ConfigError(f"{where} has an unknown field {quote(key)}; the fields are "
+                              f"{', '.join(fields)}")
+
+
+def field_string(raw, field, where, required=False):
+    value = raw.get(field)
+    if value is None:
+        if required:
+            raise ConfigError(f"{where} needs {field}")
+        return ""
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}.{field} must be a string")
+    if required and not value:
+        raise ConfigError(f"{where}.{field} must not be empty")
+    return value
+
+
+def field_bool(raw, field, where):
+    value = raw.get(field, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}.{field} must be true or false")
+    return value
+
+
+def field_names(raw, field, where):
+    value = raw.get(field, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}.{field} must be a list of strings")
+    return value
+
+
+def field_byte_cap(raw, field, default, most):
+    cap = raw.get(field, Number(str(default)))
+    if not isinstance(cap, Number) or not cap.is_integer() or not 1024 <= cap.exact() <= most:
+        raise ConfigError(f"{field} must be a whole number of bytes from 1024 to {most}")
+    return int(cap.exact())
+
+
+def field_duration(raw, field, where, default):
+    value = raw.get(field)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ConfigError(f'{where}.{field}: a duration is a string such as "15s"')
+    try:
+        ns = parse_duration(value)
+    except ValueError:
+        raise ConfigError(f'{where}.{field} {quote(value)} is not a duration; write it like '
+                          f'"15s", "300ms" or "1h30m"') from None
+    if ns < 0:
+        raise ConfigError(f"{where}.{field} must not be negative")
+    return ns
+
+
+def new_id(size):
+    """A fresh id of `size` bytes as hex: the time in milliseconds first, then randomness.
+
+    Ids that grow with time land at the right edge of their indexes, so recording a call
+    touches the same few pages whether the database holds a hundred runs or a million; the
+    random part keeps two ids made in the same millisecond apart (a clash, however unlikely,
+    is refused by the primary key and decided again).
+    """
+    stamp = (time.time_ns() // 1_000_000) & 0xFFFFFFFFFF
+    return f"{stamp:010x}" + secrets.token_hex(size - 5)
+
+
+class Deadline:
+    """A point on the monotonic clock, remembering the bound it was set with for messages."""
+
+    def __init__(self, ns):
+        self.ns = ns
+        self.at = time.monotonic() + ns / SECOND
+
+    def left(self):
+        return max(0.0, self.at - time.monotonic())
+
+
 # =============================================================================================
-# 3. Configuration
+# 3. The schema check
+#
+# Reads as: decision core
+#
+# Owns: checking a tool's input schema once when the tool is loaded, and checking each call's
+# arguments against it.
+# Promises: the keywords real servers use are honoured (type with integer, properties,
+# required, additionalProperties, patternProperties, enum, const, items, prefixItems, min/max,
+# lengths, pattern, anyOf/oneOf/allOf/not, if/then/else, $ref to the schema's own
+# definitions), in draft-07 and 2020-12 spelling; `format` is ignored as most validators do.
+# Numbers compare as exact decimals. A failure names the property path and what was expected.
+# The pattern searches of one call, its schema check's and its policy's, share one bound on
+# their work (PatternWork, section 11); a value past what is left is too costly to check, which
+# makes the call invalid and never valid, at once, before any work is spent on it.
+# Refuses: a schema whose keywords have the wrong shape, and a $ref that leaves the schema.
+# =============================================================================================
+
+JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+_COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties",
+                   "maxProperties", "minContains", "maxContains")
+_NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_ONE = ("additionalProperties", "not", "if", "then", "else", "contains",
+               "propertyNames", "additionalItems")
+_UNCHECKED = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef")
+
+
+class SchemaError(Exception):
+    """Arguments that do not match the schema; the message names where and what."""
+
+
+def schema_problem(schema, root=None, where="#"):
+    """Why the validator cannot use this schema, or '' when it can. Every keyword it reads is
+    checked for its shape here, once, so validating a call never meets a shape it cannot
+    read."""
+    root = schema if root is None else root
+    if isinstance(schema, bool):
+        return ""
+    if not isinstance(schema, dict):
+        return f"{where} is not a schema (an object or a boolean)"
+    return _keyword_problem(schema, root, where) or _subschema_problem(schema, root, where)
+
+
+def _is_count(value):
+    return isinstance(value, Number) and value.is_integer() and value.exact() >= 0
+
+
+def _is_names(value):
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _keyword_problem(schema, root, where):
+    """The keywords that hold values, not schemas."""
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
+    if any(not isinstance(k, str) or k not in JSON_TYPES for k in kinds) or kind == []:
+        return f"{where}/type names an unknown type"
+    for key in _UNCHECKED:
+        if key in schema:
+            return f"{where} uses {key}, which this validator does not check"
+    for key in _COUNT_KEYWORDS:
+        if key in schema and not _is_count(schema[key]):
+            return f"{where}/{key} must be a non-negative integer"
+    for key in _NUMBER_KEYWORDS:
+        value = schema.get(key)
+        if key in schema and not isinstance(value, Number) and not (
+                key.startswith("exclusive") and isinstance(value, bool)):
+            return f"{where}/{key} must be a number"
+    if "multipleOf" in schema and schema["multipleOf"].exact() <= 0:
+        return f"{where}/multipleOf must be greater than 0"
+    if "required" in schema and not _is_names(schema["required"]):
+        return f"{where}/required must be a list of strings"
+    if "enum" in schema and not isinstance(schema["enum"], list):
+        return f"{where}/enum must be a list"
+    if "uniqueItems" in schema and not isinstance(schema["uniqueItems"], bool):
+        return f"{where}/uniqueItems must be true or false"
+    for key in ("dependentRequired", "dependencies"):
+        if key in schema and not isinstance(schema[key], dict):
+            return f"{where}/{key} must be an object"
+    for name, needed in schema.get("dependentRequired", {}).items():
+        if not _is_names(needed):
+            return f"{where}/dependentRequired/{name} must be a list of strings"
+    patterns = [("pattern", schema["pattern"])] if "pattern" in schema else []
+    if isinstance(schema.get("patternProperties"), dict):
+        patterns += [("patternProperties key", key) for key in schema["patternProperties"]]
+    for what, pattern in patterns:
+        if not isinstance(pattern, str):
+            return f"{where}/{what} must be a string"
+        try:
+            compile_pattern(pattern)
+        except PatternError as err:
+            return f"{where}/{what} {quote(pattern)} cannot be used: {err}"
+    if "$ref" in schema:
+        try:
+            target = resolve_ref(root, schema["$ref"])
+        except SchemaError as err:
+            return str(err)
+        if not isinstance(target, (dict, bool)):
+            return f"{where}/$ref points at something that is not a schema"
+    return ""
+
+
+def _subschema_problem(schema, root, where):
+    """The keywords that hold schemas, each checked in turn."""
+    subschemas = []
+    for key in _SCHEMA_LISTS:
+        if key in schema:
+            if not isinstance(schema[key], list) or (key != "prefixItems" and not schema[key]):
+                return f"{where}/{key} must be a non-empty list of schemas"
+            subschemas += [(f"{where}/{key}/{i}", sub) for i, sub in enumerate(schema[key])]
+    for key in SCHEMA_MAPS:
+        if key in schema:
+            if not isinstance(schema[key], dict):
+                return f"{where}/{key} must be an object of schemas"
+            subschemas += [(f"{where}/{key}/{name}", sub) for name, sub in schema[key].items()]
+    subschemas += [(f"{where}/{key}", schema[key]) for key in _SCHEMA_ONE if key in schema]
+    items = schema.get("items")
+    if isinstance(items, list):
+        subschemas += [(f"{where}/items/{i}", sub) for i, sub in enumerate(items)]
+    elif "items" in schema:
+        subschemas.append((f"{where}/items", items))
+    subschemas += [(f"{where}/dependencies/{name}", needed)
+                   for name, needed in schema.get("dependencies", {}).items()
+                   if not _is_names(needed)]
+    for at, sub in subschemas:
+        problem = schema_problem(sub, root, at)
+        if problem:
+            return problem
+    return ""
+
+
+def resolve_ref(root, ref):
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        raise SchemaError(f"$ref {quote(str(ref))} does not point inside the schema")
+    node = root
+    for part in [p for p in ref[1:].split("/") if p]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise SchemaError(f"$ref {quote(ref)} points at nothing in the schema")
+    return node
+
+
+def _type_of(value):
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, Number):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _has_type(value, kind):
+    actual = _type_of(value)
+    if kind == "integer":
+        return actual == "number" and value.is_integer()
+    return actual == kind
+
+
+def json_equal(a, b):
+    if isinstance(a, Number) and isinstance(b, Number):
+        return a.exact() == b.exact()
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a is b
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _show(value):
+    return cut(policy_json(value), 80)
+
+
+def _path(where, part):
+    return f"{where}/{part}" if where else f"/{part}"
+
+
+def validate(schema, value, root=None, where="", work=None):
+    """Raise SchemaError naming the first place `value` does not match `schema`, or
+    PatternCost when a pattern search is more than `work` (the call's, else a fresh one) can
+    pay for. Inside anyOf, oneOf, not and if a SchemaError is an answer; a PatternCost passes
+    through them, so a value too costly to check is never taken as not matching."""
+    root = schema if root is None else root
+    work = PatternWork() if work is None else work
+    at = where or "the arguments"
+    if schema is True or schema == {}:
+        return
+    if schema is False:
+        raise SchemaError(f"{at}: no value is allowed here")
+    if "$ref" in schema:
+        validate(resolve_ref(root, schema["$ref"]), value, root, where, work)
+    kind = schema.get("type")
+    if kind is not None:
+        kinds = kind if isinstance(kind, list) else [kind]
+        if not any(_has_type(value, k) for k in kinds):
+            raise SchemaError(f"{at}: expected {' or '.join(kinds)}, got {_type_of(value)}")
+    if "const" in schema and not json_equal(schema["const"], value):
+        raise SchemaError(f"{at}: expected exactly {_show(schema['const'])}")
+    if "enum" in schema and not any(json_equal(option, value) for option in schema["enum"]):
+        raise SchemaError(f"{at}: expected one of {_show(schema['enum'])}")
+    if isinstance(value, Number):
+        _validate_number(schema, value, at)
+    elif isinstance(value, str):
+        _validate_string(schema, value, at, work)
+    elif isinstance(value, list):
+        _validate_array(schema, value, root, where, work)
+    elif isinstance(value, dict):
+        _validate_object(schema, value, root, where, work)
+    for sub in schema.get("allOf", []):
+        validate(sub, value, root, where, work)
+    if "anyOf" in schema and not any(_matches(s, value, root, where, work)
+                                     for s in schema["anyOf"]):
+        raise SchemaError(f"{at}: matches none of the allowed shapes (anyOf)")
+    if "oneOf" in schema and sum(_matches(s, value, root, where, work)
+                                 for s in schema["oneOf"]) != 1:
+        raise SchemaError(f"{at}: must match exactly one of the allowed shapes (oneOf)")
+    if "not" in schema and _matches(schema["not"], value, root, where, work):
+        raise SchemaError(f"{at}: matches a shape that is not allowed (not)")
+    if "if" in schema:
+        branch = "then" if _matches(schema["if"], value, root, where, work) else "else"
+        if branch in schema:
+            validate(schema[branch], value, root, where, work)
+
+
+def _matches(schema, value, root, where, work):
+    try:
+        validate(schema, value, root, where, work)
+        return True
+    except SchemaError:
+        return False
+
+
+def _validate_number(schema, value, at):
+    exact = value.exact()
+    for key, fails, word in (("minimum", lambda b: exact < b, "at least"),
+                             ("maximum", lambda b: exact > b, "at most"),
+                             ("exclusiveMinimum", lambda b: exact <= b, "greater than"),
+                             ("exclusiveMaximum", lambda b: exact >= b, "less than")):
+        bound = schema.get(key)
+        if isinstance(bound, bool):  # draft-04: exclusiveMinimum true tightens minimum
+            other = schema.get("minimum" if key == "exclusiveMinimum" else "maximum")
+            if bound and isinstance(other, Number) and exact == other.exact():
+                raise SchemaError(f"{at}: expected a number {word} {other.literal}")
+        elif isinstance(bound, Number) and fails(bound.exact()):
+            raise SchemaError(f"{at}: expected a number {word} {bound.literal}")
+    step = schema.get("multipleOf")
+    if isinstance(step, Number):
+        try:
+            remainder = exact % step.exact()
+        except decimal.InvalidOperation:
+            remainder = 1  # too far apart to divide exactly: not a multiple we can vouch for
+        if remainder != 0:
+            raise SchemaError(f"{at}: expected a multiple of {step.literal}")
+
+
+def _validate_string(schema, value, at, work):
+    if "minLength" in schema and len(value) < schema["minLength"].exact():
+        raise SchemaError(f"{at}: expected at least {schema['minLength'].literal} characters")
+    if "maxLength" in schema and len(value) > schema["maxLength"].exact():
+        raise SchemaError(f"{at}: expected at most {schema['maxLength'].literal} characters")
+    if "pattern" in schema and not work.search(schema["pattern"], value, at):
+        raise SchemaError(f"{at}: expected text matching the pattern "
+                          f"{quote(schema['pattern'])}")
+
+
+def _validate_array(schema, value, root, where, work):
+    at = where or "the arguments"
+    if "minItems" in schema and len(value) < schema["minItems"].exact():
+        raise SchemaError(f"{at}: expected at least {schema['minItems'].literal} items")
+    if "maxItems" in schema and len(value) > schema["maxItems"].exact():
+        raise SchemaError(f"{at}: expected at most {schema['maxItems'].literal} items")
+    if schema.get("uniqueItems") is True:
+        for i, item in enumerate(value):
+            if any(json_equal(item, other) for other in value[:i]):
+                raise SchemaError(f"{at}: expected items that are all different")
+    prefix = schema.get("prefixItems")
+    items = schema.get("items")
+    if isinstance(items, list):  # draft-07 tuple form
+        prefix, items = items, schema.get("additionalItems")
+    prefix = prefix or []
+    for i, item in enumerate(value):
+        sub = prefix[i] if i < len(prefix) else items
+        if sub is not None:
+            validate(sub, item, root, _path(where, i), work)
+    if "contains" in schema:
+        found = sum(_matches(schema["contains"], item, root, where, work)
+                    for item in value)
+        least = schema["minContains"].exact() if "minContains" in schema else 1
+        if found < least:
+            raise SchemaError(f"{at}: expected at least {least} item(s) of the required shape "
+                              f"(contains)")
+        if "maxContains" in schema and found > schema["maxContains"].exact():
+            raise SchemaError(f"{at}: expected at most {schema['maxContains'].literal} item(s) "
+                              f"of that shape (contains)")
+
+
+def _validate_object(schema, value, root, where, work):
+    at = where or "the arguments"
+    for name in schema.get("required", []):
+        if name not in value:
+            raise SchemaError(f"{_path(where, name)}: this property is required")
+    if "minProperties" in schema and len(value) < schema["minProperties"].exact():
+        raise SchemaError(f"{at}: expected at least {schema['minProperties'].literal} "
+                          f"properties")
+    if "maxProperties" in schema and len(value) > schema["maxProperties"].exact():
+        raise SchemaError(f"{at}: expected at most {schema['maxProperties'].literal} properties")
+    properties = schema.get("properties", {})
+    patterns = schema.get("patternProperties", {})
+    extra = schema.get("additionalProperties")
+    for name, item in value.items():
+        matched = False
+        if name in properties:
+            validate(properties[name], item, root, _path(where, name), work)
+            matched = True
+        for pattern, sub in patterns.items():
+            if work.search(pattern, name, _path(where, name)):
+                validate(sub, item, root, _path(where, name), work)
+                matched = True
+        if not matched and extra is False:
+            allowed = ", ".join(sorted(properties)) or "none"
+            raise SchemaError(f"{_path(where, name)}: this property is not allowed "
+                              f"(allowed: {allowed})")
+        if not matched and isinstance(extra, dict):
+            validate(extra, item, root, _path(where, name), work)
+    if "propertyNames" in schema:
+        for name in value:
+            validate(schema["propertyNames"], name, root, _path(where, name), work)
+    dependencies = {**schema.get("dependencies", {}), **schema.get("dependentRequired", {}),
+                    **schema.get("dependentSchemas", {})}
+    for name, needed in dependencies.items():
+        if name not in value:
+            continue
+        if isinstance(needed, list):
+            for other in needed:
+                if other not in value:
+                    raise SchemaError(f"{_path(where, other)}: required when {name} is given")
+        else:
+            validate(needed, value, root, where, work)
+
+
+# =============================================================================================
+# 4. Policy on what a call does
+#
+# Reads as: decision core
+#
+# Owns: the conditions a rule's `when` entries and a grant test a call's arguments with, the
+# entries themselves, the limits, and the one decision (`policy_decision`) they make with the
+# class map. Plain functions of the call and of the facts of its moment (Facts: the time, the
+# host's self-reported name, the grants in force, and the executions inside a limit's window),
+# which the gate reads inside its write transaction and recheck reads back from the record.
+# No SQL here. A URL's host and a path's place are read by the libraries of sections 12 and 13.
+# Promises: a condition that cannot be evaluated does not hold, and an entry other than allow
+# whose conditions are too costly to judge denies; numbers compare as exact decimals from their
+# literals, never through a float; a limit never loosens a decision; a grant answers only what
+# would wait for an operator (never a deny, never a re-run of an unknown outcome); every
+# mistake in a policy is refused at load with one sentence naming the tool, the entry and the
+# fix. A pointer reads what the server will: an argument the call omits, at the default the
+# tool's pinned schema gives it. A limit counts each execution by the arguments it was recorded
+# with, so a limit added or changed within its window counts what ran before it.
+# =============================================================================================
+
+GRANT_COLUMNS = ("id", "session", "tool", "name", "conditions_json", "created_at", "expires_at",
+                 "by", "note", "revoked_at", "revoked_by", "revoke_note")
+
+
+def executions(rows, target, since, before):
+    """A tool's executions after `since` and before `before` (stored times), oldest first,
+    as (time, its step's decision as recorded, the hash of the spec it was decided under),
+    read through `rows` (Store.read or Tx.rows)."""
+    return rows("SELECT e.at, s.decision_json, s.spec_hash FROM executions e JOIN steps s ON "
+                "s.id=e.step_id WHERE e.tool=? AND e.at>? AND e.at<? ORDER BY e.at, e.id",
+                (target, since, before))
+
+
+def tool_spec(rows, spec_hash):
+    """The tool spec stored under a hash, or None, read through `rows`."""
+    found = rows("SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,))
+    return parse(found[0][0]) if found else None
+
+
+def grants_in_force(rows, session, target, at):
+    """The grants of a tool in force at the stored time `at`, oldest first, as dicts of
+    GRANT_COLUMNS, read through `rows`."""
+    return [dict(zip(GRANT_COLUMNS, row)) for row in rows(
+        f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? AND tool=? AND "
+        f"expires_at>? AND created_at<=? AND (revoked_at='' OR revoked_at>?) ORDER BY "
+        f"created_at, id", (session, target, at, at, at))]
+
+
+CONDITIONS = ("equals", "in", "not_in", "pattern", "min", "max", "max_length", "present",
+              "under", "host_in", "host_not_in")
+ENTRY_FIELDS = ("if", "during", "client", "outcome", "reason")
+LIMIT_FIELDS = ("calls", "sum", "max", "per", "then")
+DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+MISSING = object()  # what a pointer finds where the arguments have nothing
+NEVER = math.inf    # when a limit frees up for a call that is alone above it
+_INDEX_RE = re.compile(r"0|[1-9][0-9]{0,8}")
+_CLOCK_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])|24:00")
+
+_SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
+# Sums are exact: the precision spans any literal the parser admits (its digits, exponents to
+# ±MAX_EXPONENT), and a result that would still round raises rather than rounds.
+EXACT = decimal.Context(prec=2 * MAX_EXPONENT + MAX_NUMBER_CHARS + 64, Emax=10 * MAX_EXPONENT,
+                        Emin=-10 * MAX_EXPONENT, traps=[decimal.Inexact, decimal.Overflow,
+                                                        decimal.InvalidOperation])
+
+# The facts a decision depends on beyond the call itself. at: seconds since the epoch.
+# client: the name the host gave in initialize. grants(): the Grant objects in force for the
+# tool (read only when a decision would wait for an operator). uses(since): the tool's
+# executions after `since` and before this call, as (seconds, amounts) oldest first, where
+# amounts maps a sum limit's pointer to the number executed (counted_uses); None when no limit
+# is counted (the decision only steers the rules, or an operator has already decided the call).
+Facts = collections.namedtuple("Facts", "at client grants uses")
+
+
+def parse_pointer(text, where):
+    """A JSON Pointer (RFC 6901) into the arguments, as its unescaped tokens."""
+    if not isinstance(text, str) or not text.startswith("/"):
+        raise ConfigError(f'{where}: {quote(str(text))} is not a JSON Pointer into the '
+                          f'arguments; write it like "/amount" or "/payee/name"')
+    if re.search("~(?![01])", text):
+        raise ConfigError(f"{where}: {quote(text)} has a '~' that is not ~0 or ~1; write ~0 "
+                          f"for '~' and ~1 for '/'")
+    return tuple(t.replace("~1", "/").replace("~0", "~") for t in text[1:].split("/"))
+
+
+def resolve_pointer(args, tokens, schema):
+    """The value at a pointer into the arguments as the server reads it: where the arguments
+    lack it but hold the object it belongs in, the default the tool's pinned `schema` gives
+    it there, since the server fills that in (an omitted amount is paid at its default);
+    MISSING when there is neither. A schema of None gives no defaults."""
+    value, node = args, schema
+    for token in tokens:
+        parent = value
+        if isinstance(value, dict) and token in value:
+            value = value[token]
+        elif isinstance(value, list) and _INDEX_RE.fullmatch(token) and int(token) < len(value):
+            value = value[int(token)]
+        else:
+            value = MISSING
+        try:
+            node = schema_child(schema, node, token)
+        except SchemaError:  # a default behind a $ref that points at nothing is no default
+            node = None
+        if value is MISSING:
+            if not isinstance(parent, dict) or not isinstance(node, dict) or \
+                    "default" not in node:
+                return MISSING
+            value = node["default"]
+    return value
+
+
+def schema_child(schema, node, token):
+    """The part of `schema` that describes the value at `token` inside a value that `node`
+    describes (a $ref of `node` followed), or None when there is none. Raises SchemaError
+    for a $ref that points at nothing."""
+    if isinstance(node, dict) and isinstance(node.get("$ref"), str):
+        node = resolve_ref(schema, node["$ref"])
+    if not isinstance(node, dict):
+        return None
+    properties = node.get("properties")
+    if isinstance(properties, dict) and token in properties:
+        return properties[token]
+    return node["items"] if "items" in node and _INDEX_RE.fullmatch(token) else None
+
+
+def parse_decimal(value, where):
+    """A bound written as a JSON number or a decimal string, as its exact value."""
+    if isinstance(value, Number):
+        return value.exact()
+    if isinstance(value, str) and JSON_NUMBER_RE.fullmatch(value) and not number_bound(value):
+        return decimal.Decimal(value)
+    raise ConfigError(f'{where} must be a number or a decimal string such as "50.00"')
+
+
+def number_text(value):
+    """An exact decimal as people write it: 50.00 stays 50.00, 1E+2 reads 100."""
+    text = format(value, "f")
+    return text if len(text) <= 40 else str(value)
+
+
+def host_matches(scheme, host, entries):
+    """Whether a host (reached by `scheme`) is one of the entries: a host, `.` and a domain
+    for its subdomains, either after `scheme://` when only that scheme will do."""
+    for entry in entries:
+        wanted, sep, name = entry.partition("://")
+        if not sep:
+            wanted, name = scheme, entry
+        if wanted == scheme and (host.endswith(name) if name.startswith(".") else host == name):
+            return True
+    return False
+
+
+def host_entry(entry, with_scheme, where):
+    """A host_in or host_not_in entry as it is compared. Only host_in takes a scheme
+    (`https://example.com`): in host_not_in it would let the same host through under every
+    other scheme."""
+    scheme, sep, name = entry.partition("://") if isinstance(entry, str) else ("", "", entry)
+    scheme, name = (scheme.lower(), name) if sep else ("", entry)
+    dot = "." if isinstance(name, str) and name.startswith(".") else ""
+    host = normal_host(name[1:] if dot else name) if isinstance(name, str) else None
+    if host is None or (dot and ":" in host) or (scheme and not _SCHEME_RE.fullmatch(scheme)):
+        raise ConfigError(f"{where}: {quote(str(entry))} is not a host name; write it like "
+                          f'"example.com", or ".example.com" for its subdomains')
+    if scheme and not with_scheme:
+        raise ConfigError(f"{where}: {quote(entry)} names a scheme, which only host_in may "
+                          f'require (as "https://example.com"); write host_not_in entries like '
+                          f'"example.com"')
+    return scheme + sep + dot + host
+
+
+def resolved_root(text, where):
+    """A directory an `under` condition names, resolved once, at load."""
+    if not isinstance(text, str) or not text or "\x00" in text:
+        raise ConfigError(f"{where}: under lists directories as non-empty strings")
+    path = os.path.expanduser("~") + text[1:] if text == "~" or text.startswith("~/") else text
+    if not path.startswith("/"):
+        raise ConfigError(f"{where}: {quote(text)} is relative; write the directory as an "
+                          f"absolute path or one starting with ~/")
+    root = resolved_path(os.path.normpath(path))
+    if root is None:
+        raise ConfigError(f"{where}: {quote(text)} cannot be resolved as a server would (it "
+                          f"goes through /proc, a loop or too many links, or is named two "
+                          f"ways); name the directory itself")
+    return root
+
+
+class Condition:
+    """What the value at one JSON Pointer into the arguments must be."""
+
+    def __init__(self, pointer, raw, where, resolved=False):
+        """`resolved`: the directories of `under` are taken as they are, as a grant keeps
+        them (resolved when it was confirmed), and not resolved again."""
+        self.pointer, self.tokens = pointer, parse_pointer(pointer, where)
+        where = f"{where} {quote(pointer)}"
+        if not isinstance(raw, dict) or not raw:
+            raise ConfigError(f"{where} must be an object with one or more of "
+                              f"{', '.join(CONDITIONS)}")
+        refuse_unknown(raw, CONDITIONS, where)
+        self.raw, self.tests = raw, []
+        for name, value in raw.items():
+            self.tests.append((name, self._read(name, value, f"{where}.{name}", resolved)))
+        bounds = dict(self.tests)
+        if "min" in bounds and "max" in bounds and bounds["min"] > bounds["max"]:
+            raise ConfigError(f"{where}: min {number_text(bounds['min'])} is above max "
+                              f"{number_text(bounds['max'])}, so it never holds; swap them")
+        if raw.get("present") is False and len(raw) > 1:
+            raise ConfigError(f"{where}: present false holds only when there is no value, so "
+                              f"nothing else can be asked of it; give it its own entry")
+
+    @staticmethod
+    def _read(name, value, where, resolved):
+        if name in ("in", "not_in"):
+            if not isinstance(value, list) or not value:
+                raise ConfigError(f"{where} must be a non-empty list of JSON values")
+            return value
+        if name == "pattern":
+            if not isinstance(value, str):
+                raise ConfigError(f"{where} must be a string, an ECMA-262 pattern")
+            try:
+                compile_pattern(value)
+            except PatternError as err:
+                raise ConfigError(f"{where} cannot be used ({err}): write an ECMA-262 pattern "
+                                  f"without backreferences, lookaround or \\p{{...}}") from None
+            return value
+        if name in ("min", "max"):
+            return parse_decimal(value, where)
+        if name == "max_length":
+            if not isinstance(value, Number) or not value.is_integer() or value.exact() < 0:
+                raise ConfigError(f"{where} must be a whole number of at least 0")
+            return int(value.exact())
+        if name == "present":
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where} must be true or false")
+            return value
+        if name in ("under", "host_in", "host_not_in"):
+            if not isinstance(value, list) or not value:
+                raise ConfigError(f"{where} must be a non-empty list of strings")
+            if name == "under":
+                return list(value) if resolved else [resolved_root(root, where)
+                                                     for root in value]
+            return [host_entry(entry, name == "host_in", where) for entry in value]
+        return value  # equals: any JSON value
+
+    def holds(self, args, work=None, schema=None):
+        """True or False; None when a pattern search is more than the call's pattern work
+        (else a fresh one) can pay for and no test is false: it cannot be evaluated, so it
+        does not hold, and policy_decision says what that means for an entry. An argument the
+        call lacks is read at the default of the tool's pinned `schema`."""
+        value = resolve_pointer(args, self.tokens, schema)
+        work = PatternWork() if work is None else work
+        return all_judged(self._test(name, expected, value, work)
+                          for name, expected in self.tests)
+
+    @staticmethod
+    def _test(name, expected, value, work):
+        if name == "present" and not expected:
+            return value is MISSING
+        if value is MISSING:
+            return False
+        if name == "pattern":  # the one test that draws on the call's pattern work
+            try:
+                return isinstance(value, str) and work.search(expected, value, "")
+            except PatternCost:
+                return None
+        return CHECKS[name](value, expected)
+
+    def text(self):
+        words = []
+        for name, expected in self.tests:
+            shown = (number_text(expected) if name in ("min", "max") else
+                     cut(policy_json(expected), 120))
+            words.append(CONDITION_WORDS[name].format(shown))
+        return f"{self.pointer} " + " and ".join(words)
+
+
+def _is_number(value):
+    return isinstance(value, Number)
+
+
+def all_judged(verdicts):
+    """All of the verdicts (True, False, or None: not judged), read in order: False at the
+    first that is false, else None if one was not judged, else True."""
+    judged = True
+    for verdict in verdicts:
+        if verdict is None:
+            judged = None
+        elif not verdict:
+            return False
+    return judged
+
+
+def _host_holds(value, hosts, listed):
+    """Whether the URL's host is (`listed`) or is not among the hosts; never for no host, so
+    an entry that allows on either condition never allows a URL whose host cannot be read one
+    way. An entry that denies on host_in does not catch it either: what follows it decides
+    (the class, at the end), which is why a host policy is safest written as what it allows."""
+    place = url_place(value)
+    return place is not None and host_matches(*place, hosts) == listed
+
+
+def _length(value):
+    return len(value) if isinstance(value, (str, list)) else math.inf
+
+
+CHECKS = {
+    "equals": json_equal,
+    "in": lambda value, options: any(json_equal(value, o) for o in options),
+    "not_in": lambda value, options: not any(json_equal(value, o) for o in options),
+    "min": lambda value, bound: _is_number(value) and value.exact() >= bound,
+    "max": lambda value, bound: _is_number(value) and value.exact() <= bound,
+    "max_length": lambda value, bound: _length(value) <= bound,
+    "present": lambda value, expected: True,
+    "under": lambda value, roots: path_under(value, roots),
+    "host_in": lambda value, hosts: _host_holds(value, hosts, True),
+    "host_not_in": lambda value, hosts: _host_holds(value, hosts, False),
+}
+CONDITION_WORDS = {
+    "equals": "equals {}", "in": "is one of {}", "not_in": "is none of {}",
+    "pattern": "matches {}", "min": "is at least {}", "max": "is at most {}",
+    "max_length": "is at most {} long", "present": "present is {}", "under": "lies under {}",
+    "host_in": "has a host in {}", "host_not_in": "has a host not in {}",
+}
+
+
+def parse_conditions(raw, where, resolved=False):
+    """An `if` object (or a grant's -if): JSON Pointers to conditions, all of which must
+    hold. `resolved`: a grant's, whose directories were resolved when it was confirmed."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f'{where} must be an object of JSON Pointer to condition, such as '
+                          f'{{"/amount": {{"max": "50.00"}}}}')
+    return [Condition(pointer, condition, where, resolved) for pointer, condition in
+            raw.items()]
+
+
+class During:
+    """Days of the week and hours of the day, in a named time zone."""
+
+    def __init__(self, raw, where):
+        import zoneinfo  # only a policy with `during` needs the time zone database
+        if not isinstance(raw, dict) or not raw:
+            raise ConfigError(f'{where} must be an object such as {{"days": "mon-fri", '
+                              f'"hours": "09:00-18:00", "zone": "Europe/Paris"}}')
+        refuse_unknown(raw, ("days", "hours", "zone"), where)
+        zone = raw.get("zone")
+        if zone is None:
+            raise ConfigError(f'{where} needs zone, the time zone its days and hours are read '
+                              f'in, such as "Europe/Paris" or "UTC"')
+        try:
+            self.zone = zoneinfo.ZoneInfo(zone)
+        except (TypeError, ValueError, zoneinfo.ZoneInfoNotFoundError):
+            raise ConfigError(f'{where}.zone {quote(str(zone))} is not a time zone this machine '
+                              f'knows; name one such as "Europe/Paris" or "UTC"') from None
+        self.raw, self.days, self.hours = raw, set(range(7)), None
+        if "days" in raw:
+            self.days = self._days(raw["days"], f"{where}.days")
+        if "hours" in raw:
+            self.hours = self._hours(raw["hours"], f"{where}.hours")
+        if "days" not in raw and "hours" not in raw:
+            raise ConfigError(f"{where} needs days, hours or both")
+
+    @staticmethod
+    def _days(text, where):
+        days = set()
+        for part in text.split(",") if isinstance(text, str) else [None]:
+            first, dash, last = (part or "").strip().lower().partition("-")
+            if first not in DAYS or (dash and last not in DAYS):
+                raise ConfigError(f'{where} must read like "mon-fri" or "sat,sun"')
+            start, end = DAYS.index(first), DAYS.index(last or first)
+            days.update(d % 7 for d in range(start, end + (7 if end < start else 0) + 1))
+        return days
+
+    @staticmethod
+    def _hours(text, where):
+        first, _, last = text.partition("-") if isinstance(text, str) else ("", "", "")
+        if not _CLOCK_RE.fullmatch(first.strip()) or not _CLOCK_RE.fullmatch(last.strip()) \
+                or first.strip() == last.strip() or first.strip() == "24:00":
+            raise ConfigError(f'{where} must read like "09:00-18:00" (a range past midnight, '
+                              f'like "22:00-06:00", is allowed)')
+        start, end = (int(t[:2]) * 60 + int(t[3:5]) for t in (first.strip(), last.strip()))
+        return start, end
+
+    def holds(self, at):
+        local = datetime.datetime.fromtimestamp(at, self.zone)
+        if local.weekday() not in self.days:
+            return False
+        if self.hours is None:
+            return True
+        minute, (start, end) = local.hour * 60 + local.minute, self.hours
+        return start <= minute < end if start < end else minute >= start or minute < end
+
+    def text(self):
+        parts = [f"on {self.raw['days']}" if "days" in self.raw else "",
+                 f"from {self.raw['hours']}" if "hours" in self.raw else ""]
+        return " ".join(p for p in parts if p) + f" ({self.raw['zone']})"
+
+
+class Judgement:
+    """What one request's arguments say, judged once for a pass through the gate: the schema
+    check's problem, and whether the conditions of each `when` entry and each grant hold on
+    them (all_judged's verdict). A decision made again under the rules' lock, or in the write
+    transaction, reads these, and only the facts that may change meanwhile afresh: the time,
+    the grants in force, the counted uses, a re-run. The pattern work may outlive it: a call
+    judged again after a hold searches nothing twice."""
+
+    def __init__(self, problem="", work=None):
+        self.problem, self.held = problem, {}
+        self.work = PatternWork() if work is None else work
+
+    def holds(self, key, conditions, args, schema):
+        """Whether `conditions` hold on the arguments; `key` names whose they are (an entry's
+        label, a grant's id), which stay the same for one request."""
+        if key not in self.held:
+            self.held[key] = all_judged(c.holds(args, self.work, schema) for c in conditions)
+        return self.held[key]
+
+
+class Entry:
+    """One `when` entry: conditions on the call and its moment, and the outcome they give."""
+
+    def __init__(self, raw, where, label):
+        self.label = label
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where} must be an object with if, during or client, and an "
+                              f"outcome")
+        refuse_unknown(raw, ENTRY_FIELDS, where)
+        self.outcome = field_string(raw, "outcome", where, required=True)
+        if self.outcome not in OUTCOMES:
+            raise ConfigError(f"{where}.outcome is {quote(self.outcome)}; use one of "
+                              f"{', '.join(OUTCOMES)}")
+        self.conditions = parse_conditions(raw.get("if", {}), f"{where}.if")
+        self.during = During(raw["during"], f"{where}.during") if "during" in raw else None
+        self.clients = field_names(raw, "client", where) if "client" in raw else None
+        if self.clients == []:
+            raise ConfigError(f"{where}.client must list at least one host name")
+        if not self.conditions and self.during is None and self.clients is None:
+            raise ConfigError(f"{where} has no if, during or client, so it always holds: give "
+                              f"the rule this outcome instead")
+        # The reason is model input: by default it names the entry, never what it compares
+        # (a directory, a host list).
+        self.reason = field_string(raw, "reason", where) or f"the operator's rule {label}"
+
+    def holds(self, args, facts, judged=None, schema=None):
+        """True or False; None when a condition could not be judged (Condition.holds). The
+        moment (its time, the host) is read each time; what the arguments say is judged once
+        for a request (`judged`, a Judgement)."""
+        if (self.clients is not None and facts.client not in self.clients) or \
+                (self.during is not None and not self.during.holds(facts.at)):
+            return False
+        judged = Judgement() if judged is None else judged
+        return judged.holds(self.label, self.conditions, args, schema)
+
+    def text(self):
+        parts = [c.text() for c in self.conditions]
+        if self.during:
+            parts.append(self.during.text())
+        if self.clients is not None:
+            parts.append(f"the host is one of {policy_json(self.clients)}")
+        return " and ".join(parts)
+
+
+class Limit:
+    """At most `calls` executions, or at most `max` as the sum of the number at `sum`, of one
+    tool within `per`, counted across every session; past it, `then`."""
+
+    def __init__(self, raw, where, label):
+        self.label = label
+        if not isinstance(raw, dict):
+            raise ConfigError(f'{where} must be an object such as {{"calls": 5, "per": "1h"}}')
+        refuse_unknown(raw, LIMIT_FIELDS, where)
+        if ("calls" in raw) == ("sum" in raw):
+            raise ConfigError(f'{where} needs exactly one of calls (a count) or sum (a JSON '
+                              f'Pointer to a number, with max)')
+        self.calls = self.sum = self.tokens = self.max = None
+        if "calls" in raw:
+            calls = raw["calls"]
+            if not isinstance(calls, Number) or not calls.is_integer() or calls.exact() < 1 \
+                    or calls.exact() > 10**9:
+                raise ConfigError(f"{where}.calls must be a whole number of at least 1")
+            if "max" in raw:
+                raise ConfigError(f"{where}: max goes with sum; a calls limit is its own count")
+            self.calls = int(calls.exact())
+        else:
+            self.sum = raw["sum"]
+            self.tokens = parse_pointer(self.sum, f"{where}.sum")
+            if "max" not in raw:
+                raise ConfigError(f"{where} needs max, the most the sum may reach")
+            self.max = parse_decimal(raw["max"], f"{where}.max")
+            if self.max < 0:
+                raise ConfigError(f"{where}.max must not be negative")
+        self.per = field_duration(raw, "per", where, None)
+        if not self.per:
+            raise ConfigError(f'{where} needs per, a window such as "1h" or "24h"')
+        self.then = field_string(raw, "then", where) or "require_approval"
+        if self.then not in ("require_approval", "deny"):
+            raise ConfigError(f"{where}.then is {quote(self.then)}; a limit never loosens, so "
+                              f"use require_approval or deny")
+
+    def amount(self, args, schema=None):
+        """What a call adds to the sum: the size of the number at the pointer, or of the
+        default `schema` gives it (a negative amount is no credit), 0 when there is none,
+        None when it is not a number."""
+        value = resolve_pointer(args, self.tokens, schema)
+        if value is MISSING:
+            return decimal.Decimal(0)
+        return value.exact().copy_abs() if isinstance(value, Number) else None  # never rounds
+
+    def frees(self, args, uses, at, schema=None):
+        """None when this call stays within the limit; else when it would (NEVER when it is
+        alone above it), in seconds since the epoch."""
+        rows = uses(at - self.per / SECOND)
+        if self.calls is not None:
+            if len(rows) < self.calls:
+                return None
+            return rows[len(rows) - self.calls][0] + self.per / SECOND
+        this = self.amount(args, schema)
+        if this is None or this > self.max:
+            return NEVER
+        try:
+            with decimal.localcontext(EXACT):
+                sizes = [amounts.get(self.sum, decimal.Decimal(0)).copy_abs()
+                         for _, amounts in rows]
+                total = sum(sizes, this)
+                if total <= self.max:
+                    return None
+                for (moment, _), size in zip(rows, sizes):
+                    total -= size
+                    if total <= self.max:
+                        return moment + self.per / SECOND
+        except decimal.DecimalException:  # cannot be summed exactly: cannot be passed
+            return NEVER
+        return NEVER
+
+    def text(self, tool_name):
+        span = format_duration(self.per)
+        if self.calls is not None:
+            return f"at most {self.calls} call{'s' if self.calls != 1 else ''} to {tool_name} " \
+                   f"per {span}"
+        return f"a sum of {self.sum} of at most {number_text(self.max)} for {tool_name} per " \
+               f"{span}"
+
+
+class Grant:
+    """An operator's standing approval: calls to one tool that match its conditions, and
+    would wait for an operator, run without asking while it is in force."""
+
+    def __init__(self, stored):
+        """From the grant as the store keeps it (a dict of GRANT_COLUMNS)."""
+        self.id, self.by = stored["id"], stored["by"]
+        self.conditions = parse_conditions(parse(stored["conditions_json"]), f"grant {self.id}",
+                                           resolved=True)
+
+
+def counted_uses(rows, tool, before):
+    """Facts.uses for a decision on `tool` made at the stored time `before`, read from the
+    record through `rows`: Tx.rows in the gate's write transaction, Store.read in recheck,
+    so the two count alike. What an execution adds to a sum is read from the arguments its
+    step recorded, under the schema it was decided under: a limit added or re-pointed
+    within its window counts the executions before it at what they were."""
+    sums = [limit for limit in tool.rule.limits if limit.sum]
+    schemas = {tool.spec_hash: tool.schema}
+
+    def uses(since):
+        found = []
+        for moment, decision, spec_hash in executions(rows, tool.target, format_time(since),
+                                                      before):
+            amounts = {}
+            if sums:  # a calls limit needs no arguments: they are not read
+                args = parse(decision)["args"]
+                if spec_hash not in schemas:
+                    spec = tool_spec(rows, spec_hash)
+                    schemas[spec_hash] = spec["input_schema"] if spec else None
+                for limit in sums:
+                    amount = limit.amount(args, schemas[spec_hash])
+                    if amount is not None:
+                        amounts[limit.sum] = amount
+            found.append((parse_time(moment), amounts))
+        return found
+    return uses
+
+
+def decision_facts(rows, session, tool, stamp, client, count):
+    """The facts of the stored time `stamp` for a decision on `tool`, read through `rows`:
+    the grants then in force (read only if the decision asks), and, when `count`, the tool's
+    executions before it (counted_uses). The gate reads them at the moment it decides,
+    recheck at the moment a decision was recorded: one builder, so the two read alike."""
+    def grants():
+        return [Grant(g) for g in grants_in_force(rows, session, tool.target, stamp)]
+    return Facts(parse_time(stamp), client, grants,
+                 counted_uses(rows, tool, stamp) if count else None)
+
+
+def confirmed_conditions(conditions):
+    """A grant's conditions as it keeps them: each `under` with its directories as they were
+    resolved and shown when the grant was confirmed. Resolved again at each decision, a
+    directory replaced by a link since would take the grant to a place it never named."""
+    return {c.pointer: {name: expected if name == "under" else c.raw[name]
+                        for name, expected in c.tests} for c in conditions}
+
+
+def policy_decision(config, tool, args, facts, rerun=False, approved=False, judged=None):
+    """What the policy says of one call, as a dict: outcome, reason, and `by` (what decided:
+    a `when` entry, a limit, a grant, the rule's outcome or the class), with `limit` and
+    `frees` when a limit decided and `grant` when a grant did.
+
+    The first `when` entry that holds decides, else the class map. Then, in this order: a
+    re-run of an unknown outcome goes back to the caller as it is (it always needs an
+    operator); a grant may answer a question an operator would be asked; a limit may turn an
+    allow into its `then` (it counts the calls a grant lets through, so a budget holds under a
+    grant); with no operator at hand a question is a deny. A call an operator has approved
+    (`approved`) is not counted against the limits again, nor refused for want of one.
+    `judged` is what the request's arguments were found to say (Judgement), kept between
+    the decisions made on one pass through the gate.
+    """
+    rule = tool.rule
+    judged = Judgement() if judged is None else judged
+    for entry in rule.when:
+        held = entry.holds(args, facts, judged, tool.schema)
+        if held is None and entry.outcome != "allow":
+            # An entry that could not be judged (its pattern search is more than the call may
+            # cost) might have held or not: the call would get its outcome, or what the
+            # entries after it and the class decide. Passing it over, as a condition that
+            # cannot be evaluated does not hold, would let a long value slip past a deny or
+            # a question; only deny is never looser than either. An allow entry passed over
+            # can only make the decision stricter, so it is.
+            decision = {"outcome": "deny", "by": entry.label,
+                        "reason": f"the arguments are too long to be checked against the "
+                                  f"operator's rule {entry.label}"}
+            break
+        if held:
+            decision = {"outcome": entry.outcome, "reason": entry.reason, "by": entry.label}
+            break
+    else:
+        outcome, reason = class_outcome(config, tool)
+        decision = {"outcome": outcome, "reason": reason,
+                    "by": "rule outcome" if rule.outcome else "class"}
+    if decision["outcome"] == "deny" or rerun or approved:
+        return decision
+    if decision["outcome"] == "require_approval":
+        for grant in facts.grants():
+            # A condition that could not be judged does not hold: a grant only loosens.
+            if judged.holds(f"grant {grant.id}", grant.conditions, args, tool.schema) is True:
+                decision = {"outcome": "allow", "by": f"grant {grant.id}", "grant": grant.id,
+                            "reason": f"standing approval {grant.id} by {grant.by}"}
+                break
+    if decision["outcome"] == "allow" and facts.uses is not None:
+        for limit in rule.limits:
+            frees = limit.frees(args, facts.uses, facts.at, tool.schema)
+            if frees is not None:
+                text = limit.text(tool.name)
+                decision = {"outcome": limit.then, "by": limit.label, "limit": text,
+                            "frees": frees, "reason": f"a limit is reached: {text}"}
+                break
+    if decision["outcome"] == "require_approval" and config.operator == "none":
+        decision = {**decision, "outcome": "deny",
+                    "reason": f"{decision['reason']}; no operator is at hand to approve it"}
+    return decision
+
+
+def frees_text(decision):
+    """When a limit that decided frees up, as people read it ('' when no limit decided):
+    rounded up to the second, so a call made at that time is within it."""
+    if "frees" not in decision:
+        return ""
+    if decision["frees"] is NEVER:
+        return "this call alone is above it"
+    return f"it frees up at {prose_time(format_time(math.ceil(decision['frees'])))}"
+
+
+def rule_lines(rule, tool_name):
+    """A rule's entries and limits, one readable line each, as `check` prints them."""
+    lines = [f"{e.label}: if {e.text()} -> {e.outcome} ({cut(sanitize(e.reason), 120)})"
+             for e in rule.when]
+    lines += [f"{limit.label}: {limit.text(tool_name)}, then {limit.then}"
+              for limit in rule.limits]
+    return lines
+
+
+def rule_outcome(config, rule):
+    """The decider: the rule's own outcome, else the class map (None for no class)."""
+    return rule.outcome or config.policy.get(rule.side_effect)
+
+
+def effective_decision(config, rule):
+    """What a rule decides of a call as `check` shows it: allow, ask or deny, and what may
+    decide otherwise for some calls (its when entries; its limits, where an allow can come)."""
+    outcome = rule_outcome(config, rule)
+    others = (["when entries"] if rule.when else []) + (
+        ["limits"] if rule.limits and (rule.when or outcome == "allow") else [])
+    notes = [f"{' and '.join(others)} may decide otherwise"] if others else []
+    if outcome == "require_approval" and config.operator == "none":
+        outcome = "deny"
+        notes.insert(0, "no operator is at hand to ask")
+    word = {"allow": "allow", "require_approval": "ask"}.get(outcome, "deny")
+    return f"{word} ({'; '.join(notes)})" if notes else word
+
+
+def pointer_problem(schema, tokens, hidden):
+    """Why a pointer names no property the model can send under this schema, or ''."""
+    node = schema
+    for depth, token in enumerate(tokens):
+        if depth == 0 and token in hidden:
+            return f"the rule hides {quote(token)}, so the model never sends it"
+        try:
+            node = schema_child(schema, node, token)
+        except SchemaError:
+            return "it passes through a $ref that points at nothing"
+        if node is None:
+            return "the schema has no such property"
+    return ""
+
+
+def policy_pointer_problem(schema, rule, tool_name):
+    """The first `when` condition or sum limit whose pointer misses the pinned schema, as
+    the sentence that refuses the tool, or ''."""
+    hidden = set(rule.deny) | set(rule.fixed)
+    pointers = [(entry.label, c.pointer, c.tokens) for entry in rule.when
+                for c in entry.conditions]
+    pointers += [(limit.label, limit.sum, limit.tokens) for limit in rule.limits if limit.sum]
+    for label, pointer, tokens in pointers:
+        problem = pointer_problem(schema, tokens, hidden)
+        if problem:
+            names = sorted(n for n in (schema.get("properties") if isinstance(
+                schema.get("properties"), dict) else {}) if n not in hidden)
+            return (f"{label} of {tool_name} points at {quote(pointer)}, but {problem}; point "
+                    f"at one of: {', '.join('/' + sanitize(n) for n in names) or 'nothing'}")
+    return ""
+
+
+def class_outcome(config, tool):
+    """What the rule or the class map decides of a tool (rule_outcome), and why."""
+    outcome = rule_outcome(config, tool.rule)
+    if tool.rule.outcome:
+        return outcome, f"tool {tool.name} is {outcome} by the operator's rule"
+    if outcome is None:
+        return "deny", f'no policy for side effect "{tool.side_effect}"'
+    return outcome, f"side effect {tool.side_effect} is {outcome} by policy"
+
+
+# =============================================================================================
+# 5. Configuration and its trust
 #
 # Reads as: decision core
 #
@@ -719,8 +1967,6 @@ def log(message):
 # port (shown_url). Every refusal is one sentence naming the field and what to do.
 # =============================================================================================
 
-SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation", "destructive")
-OUTCOMES = ("allow", "require_approval", "deny")
 DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
                   "remote_mutation": "require_approval", "destructive": "deny"}
 NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -733,10 +1979,6 @@ DEFAULT_ARGUMENT_BYTES = 1 << 20  # what one call may bring in, canonically enco
 MAX_ARGUMENT_BYTES = 8 << 20
 DEFAULT_RESULT_BYTES = 8 << 20  # what one result may take out, canonically encoded
 MAX_RESULT_BYTES = 16 << 20  # an upstream answer larger than this is refused whole anyway
-
-
-class ConfigError(Exception):
-    """A configuration the gate will not run with; the message says what to change."""
 
 
 def read_owned(path, what):
@@ -819,7 +2061,7 @@ class Rule:
         # The hash of a tool's texts that the lint finds something high in, which the operator
         # read and accepts: a text changed since (and pinned again) is refused again.
         self.accepted_description = field_string(raw, "accepted_description", where)
-        # Section 8 reads the policy on what a call does; its identity is the text as given.
+        # Section 4 reads the policy on what a call does; its identity is the text as given.
         self.when = [Entry(entry, f"{where}.when[{i}]", f"when[{i}]")
                      for i, entry in enumerate(self._list(raw, "when", where))]
         self.limits = [Limit(limit, f"{where}.limits[{i}]", f"limits[{i}]")
@@ -891,7 +2133,7 @@ class Server:
                 raise ConfigError(f"{where}.rules.{tool} must be an object")
             self.rules[tool] = Rule(tool, rule, f"{where}.rules.{tool}")
         self.skip_path_check = field_bool(raw, "skip_path_check", where)
-        # What `login` obtained for a url server (section 5: TokenFile), beside the config.
+        # What `login` obtained for a url server (section 15: TokenFile), beside the config.
         self.tokens = os.path.join(base, f"{self.name}.tokens.json")
         # A server runs in the user's home, never in the configuration's directory, which
         # holds the config, the database and the manifests: a server that writes a relative
@@ -1101,63 +2343,6 @@ class Config:
         return f"{PROGRAM}/sha256:" + content_hash(identity)
 
 
-def refuse_unknown(raw, fields, where):
-    for key in raw:
-        if key not in fields:
-            raise ConfigError(f"{where} has an unknown field {quote(key)}; the fields are "
-                              f"{', '.join(fields)}")
-
-
-def field_string(raw, field, where, required=False):
-    value = raw.get(field)
-    if value is None:
-        if required:
-            raise ConfigError(f"{where} needs {field}")
-        return ""
-    if not isinstance(value, str):
-        raise ConfigError(f"{where}.{field} must be a string")
-    if required and not value:
-        raise ConfigError(f"{where}.{field} must not be empty")
-    return value
-
-
-def field_bool(raw, field, where):
-    value = raw.get(field, False)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{where}.{field} must be true or false")
-    return value
-
-
-def field_names(raw, field, where):
-    value = raw.get(field, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{where}.{field} must be a list of strings")
-    return value
-
-
-def field_byte_cap(raw, field, default, most):
-    cap = raw.get(field, Number(str(default)))
-    if not isinstance(cap, Number) or not cap.is_integer() or not 1024 <= cap.exact() <= most:
-        raise ConfigError(f"{field} must be a whole number of bytes from 1024 to {most}")
-    return int(cap.exact())
-
-
-def field_duration(raw, field, where, default):
-    value = raw.get(field)
-    if value is None:
-        return default
-    if not isinstance(value, str):
-        raise ConfigError(f'{where}.{field}: a duration is a string such as "15s"')
-    try:
-        ns = parse_duration(value)
-    except ValueError:
-        raise ConfigError(f'{where}.{field} {quote(value)} is not a duration; write it like '
-                          f'"15s", "300ms" or "1h30m"') from None
-    if ns < 0:
-        raise ConfigError(f"{where}.{field} must not be negative")
-    return ns
-
-
 def _holds(raw, where):
     """`hold` as (the duration for any host, {host's name: duration}): one duration, or a map
     from the name a host gives in initialize to a duration, with "*" for the rest."""
@@ -1280,7 +2465,922 @@ def check_reach(config):
 
 
 # =============================================================================================
-# 4. Store
+# 6. Tools, as pinned
+#
+# Reads as: decision core
+#
+# Owns: which tool a call names: the manifest (what a server presented when the operator pinned
+# it), what differs from it now (changed_parts, the one definition), and the checks that decide,
+# at every start, which upstream tools the host is offered (load_all, load, refusal).
+# Promises: a tool is offered only if it is pinned, classified by a rule that is not an
+# unreviewed proposal, and presents today exactly what it presented at the pin (its schemas,
+# description, title, annotations, icons and _meta), and it is offered as pinned; its
+# annotations do not contradict its class (unless the operator allows it); a high lint finding
+# is accepted by the rule for exactly that text; its name is usable; its schema is
+# self-contained and usable; what the rule hides is soundly hidden. Each refusal refuses only
+# that tool and says why in the report.
+# A problem of one server hides only that server, and a problem of the config stops the gate.
+# A server that cannot start, is not pinned, whose manifest is unusable or does not fit its
+# rules, or that registers no tool, is not served; its report says why, and the others are
+# served. A ConfigError stops every server. Hiding a server never lets a call through that
+# would otherwise be refused.
+# =============================================================================================
+
+class UpstreamError(Exception):
+    """A request to an upstream server failed. What is known of it decides how its outcome is
+    classified (call_upstream): `sent` False means no byte of it reached the server, so
+    nothing executed; `answered` means the server answered with a JSON-RPC error; `unusable`
+    means it answered with something that cannot be read; `timed_out` says a deadline fired."""
+
+    def __init__(self, message, timed_out=False, unusable=False, sent=True, answered=False):
+        super().__init__(message)
+        self.timed_out = timed_out
+        self.unusable = unusable
+        self.sent = sent
+        self.answered = answered
+
+
+HINT_NAMES = (("readOnlyHint", "readOnly"), ("destructiveHint", "destructive"),
+              ("idempotentHint", "idempotent"), ("openWorldHint", "openWorld"))
+ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+# The parts of a tool its pin covers, as (what a person calls it, its key in a manifest
+# entry); the input schema and the description are compared by their hashes. The tool's
+# `execution` is not among them: it claims support for tasks, which the gate does not offer.
+PINNED_PARTS = (("input schema", "schema_hash"), ("description", "description_hash"),
+                ("title", "title"), ("output schema", "output_schema"),
+                ("annotations", "annotations"), ("icons", "icons"), ("_meta", "_meta"))
+# What a manifest entry pinned by agentgate 0.2.0 or older covers: it kept no title, output
+# schema, icons or _meta, and of the annotations only ANNOTATION_KEYS.
+EARLY_PARTS = ("input schema", "description", "annotations")
+_DRAFT_RE = re.compile(r"https?://json-schema\.org/(draft-0[467]/schema|draft/2019-09/schema|"
+                       r"draft/2020-12/schema|schema)#?")
+_HIDING_KEYWORDS = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentRequired",
+                    "dependentSchemas", "dependencies", "$defs", "definitions")
+
+
+class LoadError(Exception):
+    """A server that cannot be used at all; the message says why."""
+
+
+def offered_name(server, tool, rule):
+    """The name the host sees: the rule's rename, else the tool's name after its server's, so
+    two servers' tools never clash; a name that already begins with its server's (git_add of
+    the server git) is not prefixed twice."""
+    if rule.rename:
+        return rule.rename
+    if tool == server.name or tool.startswith((f"{server.name}_", f"{server.name}-")):
+        return tool
+    return f"{server.name}_{tool}"
+
+
+class Tool:
+    """An upstream tool as the gate offers it."""
+
+    def __init__(self, server, upstream, entry, rule):
+        self.server = server
+        self.upstream = upstream
+        self.upstream_name = entry["name"]
+        self.rule = rule
+        self.name = offered_name(server, entry["name"], rule)
+        # What the tool is whatever it is called: requests are keyed by it, so a rename
+        # neither lifts an unknown outcome nor lets a repeat through the window.
+        self.target = f"{server.name}/{entry['name']}"
+        self.description = rule.description or entry.get("description", "")
+        self.side_effect = rule.side_effect
+        # A timeout that nobody set is the default one: check says which tools run on it.
+        self.timeout_given = rule.timeout or server.default_timeout
+        self.timeout = self.timeout_given or DEFAULT_TOOL_TIMEOUT
+        self.schema = restrict_schema(entry["input_schema"], rule.deny + list(rule.fixed))
+        # What tools/list offers: the tool as pinned, by its registered name, with the rule's
+        # description and the schema without what the rule hides; a part the server did not
+        # present (or a manifest from before it was kept) is left out.
+        offered = {"name": self.name, "title": entry.get("title"),
+                   "description": self.description, "inputSchema": self.schema,
+                   "outputSchema": entry.get("output_schema"),
+                   "annotations": entry.get("annotations"), "icons": entry.get("icons"),
+                   "_meta": entry.get("_meta")}
+        self.listing = {key: value for key, value in offered.items() if value is not None}
+        self.spec = {"name": self.name, "description": self.description,
+                     "input_schema": self.schema, "side_effect": self.side_effect,
+                     "timeout": self.timeout}
+        self.spec_json = dumps(self.spec)  # encoded once: a step names its spec by this hash
+        self.spec_hash = sha256_hex(self.spec_json)
+
+    @property
+    def read_only(self):
+        return self.side_effect == "read_only"
+
+
+class Report:
+    """What loading one server decided, tool by tool, as lines an operator reads; `unserved`
+    says why the server is not served at all ('' while it is), `kinds` what became of each
+    tool, in order, and `review` why a proposal deserves a careful read."""
+
+    def __init__(self, server):
+        self.server = server
+        self.lines = []
+        self.unserved = ""
+        self.kinds, self.review = {}, {}
+
+    def add(self, kind, tool, text):
+        self.kinds[tool] = kind
+        self.lines.append(f"{sanitize(self.server)}: {text}")
+
+    def count(self, kind):
+        """How many tools became `kind` (each tool is added once: a name is either live and
+        unpinned or pinned, and a pinned one ends in exactly one kind)."""
+        return sum(1 for each in self.kinds.values() if each == kind)
+
+
+def schema_hash(schema):
+    return content_hash(schema)
+
+
+def description_hash(description):
+    return sha256_hex(encode_string(description))
+
+
+def restrict_schema(schema, hidden):
+    """The schema the host is offered: hidden parameters gone from properties and required."""
+    if not hidden:
+        return schema
+    restricted = dict(schema)
+    restricted["properties"] = {k: v for k, v in schema.get("properties", {}).items()
+                                if k not in hidden}
+    required = [r for r in schema.get("required", []) if r not in hidden]
+    restricted.pop("required", None)
+    if required:
+        restricted["required"] = required
+    return restricted
+
+
+def manifest_entry(tool):
+    """A listed tool as a manifest keeps it: every part of PINNED_PARTS, as the server presented
+    it. A part it did not present, or presented as a value of the wrong kind (which a host
+    would refuse with the whole listing), is null; annotations are then left out, as they
+    always were."""
+    def kept(field, kind):
+        return tool.get(field) if isinstance(tool.get(field), kind) else None
+    schema = tool.get("inputSchema")
+    description = kept("description", str) or ""
+    entry = {"name": tool["name"], "description": description, "input_schema": schema,
+             "schema_hash": schema_hash(schema), "description_hash": description_hash(description),
+             "title": kept("title", str), "output_schema": kept("outputSchema", dict),
+             "icons": kept("icons", list), "_meta": kept("_meta", dict)}
+    if kept("annotations", dict):
+        entry["annotations"] = tool["annotations"]
+    return entry
+
+
+def changed_parts(pinned, live):
+    """The parts (PINNED_PARTS' names, in their order) in which a tool as its server presents
+    it now differs from its pin, both as manifest entries: the one definition of a change
+    since the pin, for the load, the watch while serving and pin -diff.
+
+    An entry pinned by agentgate 0.2.0 or older has no "title" key (every later entry has
+    it, null when the server presented none): it is compared only on the EARLY_PARTS it
+    kept, so an upgrade alone reports no tool as changed; pinning again covers the rest."""
+    early = "title" not in pinned
+    return [part for part, key in PINNED_PARTS if (not early or part in EARLY_PARTS)
+            and compared_part(pinned, key, pinned) != compared_part(live, key, pinned)]
+
+
+def compared_part(entry, key, pinned):
+    """The value of an entry's part as it is compared with the `pinned` entry."""
+    value = entry.get(key)
+    if "title" not in pinned and key == "annotations" and isinstance(value, dict):
+        value = {k: value[k] for k in ANNOTATION_KEYS if k in value} or None
+    return value
+
+
+def tool_changes(pinned, live):
+    """How what a server presents now (`live`, manifest entries) differs from what it pinned,
+    per tool: ("added", None, now), ("removed", pinned, None) or ("changed", pinned, now)."""
+    changes = {}
+    for name in sorted(set(pinned) | set(live)):
+        old, new = pinned.get(name), live.get(name)
+        if old is None or new is None or changed_parts(old, new):
+            kind = "added" if old is None else "removed" if new is None else "changed"
+            changes[name] = (kind, old, new)
+    return changes
+
+
+def read_manifest(server):
+    """A server's manifest. One never written (a server not pinned yet) or not usable is that
+    server's problem (LoadError); one others could have changed is the config's (ConfigError:
+    the files the gate's decisions depend on are not the operator's alone)."""
+    where = f"server {quote(server.name)}: manifest {server.manifest}"
+    if not os.path.lexists(server.manifest):
+        raise LoadError(f"{where} does not exist; run pin")
+    data = read_owned(server.manifest, "manifest")
+    try:
+        manifest = parse(data)
+    except CanonicalError as err:
+        raise LoadError(f"{where} is not usable JSON: {err.placed()}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("tools"), dict):
+        raise LoadError(f"{where} has no tools; run pin again")
+    if manifest.get("server") != server.name:
+        raise LoadError(f"{where} is for server {quote(str(manifest.get('server')))}, not "
+                        f"{quote(server.name)}; run pin again or name the right manifest")
+    return manifest
+
+
+# Description lint. A tool's description, its schema's texts and its parameters' names are
+# read by the model on every tools/list, so they are where tool poisoning hides instructions.
+# The lint finds the tricks known to be used (invisible characters, terminal escapes, bytes
+# smuggled in variation selectors, tag-like blocks and HTML comments, text that speaks to the
+# model, secrets' places and variables, names that mix scripts, instructions about other
+# servers' tools, paths, URLs, a text far longer than its peers); it cannot find them all,
+# and says so in the README. Advice to call a tool of the same server first is how public
+# servers sequence their tools, not an injection: it stays medium.
+LINT_HIGH, LINT_MEDIUM = "high", "medium"
+
+
+def tool_titles(entry):
+    """(where, text) of a tool's titles: its own and its annotations' (the older place)."""
+    annotations = entry.get("annotations") if isinstance(entry.get("annotations"), dict) else {}
+    return [(where, title) for where, title in (("title", entry.get("title")), (
+        "annotations title", annotations.get("title"))) if isinstance(title, str)]
+
+
+def lint_hash(entry):
+    """What a rule's accepted_description names: every text the lint reads, by hash. A tool
+    without a title is hashed as before titles were read, so what was accepted stays so."""
+    texts = {"description": entry.get("description") or "",
+             "input_schema": entry.get("input_schema")}
+    titles = dict(tool_titles(entry))
+    return content_hash({**texts, "titles": titles} if titles else texts)
+
+
+def lint_lines(findings):
+    return [f"  lint {severity}: {what} (in the {sanitize(where)})"
+            for severity, what, where in findings]
+
+
+def load(server, manifest, upstream, live, deadline, taken, findings, report):
+    """Decide which of a connected server's tools are offered (returned), and say why for
+    each in its report.
+
+    `taken` maps registered names already offered (by earlier servers and the status tool) to
+    what holds them; `findings` are the lint's, per pinned tool.
+    """
+    pinned = manifest["tools"]
+    tools = []
+    for name in sorted(live):
+        if name not in pinned:
+            report.add("unpinned", name, f"unpinned {sanitize(name)}: not in the manifest")
+    for name in sorted(pinned):
+        found = findings.get(name, [])
+        tool = _load_tool(server, upstream, pinned[name], live.get(name), deadline, taken,
+                          report, found)
+        if tool:
+            tools.append(tool)
+        report.lines += [f"{sanitize(server.name)}: {line}" for line in lint_lines(found)]
+    return tools
+
+
+def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
+    """One pinned tool: registered (returned, and `taken` updated) or said why not."""
+    name = entry["name"]
+    rule = server.rules.get(name)
+    if rule is None:
+        report.add("unclassified", name, f"unclassified {sanitize(name)}: no rule")
+        return None
+    if rule.proposed:
+        report.add("unreviewed", name, f"unreviewed {sanitize(name)}: its rule "
+                   f"({rule.side_effect}) was proposed from the server's own hints; read it, "
+                   f"then run check -accept")
+        if rule.side_effect == "read_only" and _SECRETS_WORDS.search(entry["description"]):
+            report.review[name] = "a read that may return secrets"
+        return None
+    if deadline.left() <= 0:
+        raise UpstreamError(upstream.describe("load", "timed out after " +
+                                              format_duration(deadline.ns)))
+    reason, mismatch = refusal(server, entry, live, rule, found)
+    if not reason:
+        tool = Tool(server, upstream, entry, rule)
+        if tool.name in taken:
+            if taken[tool.name] is STATUS_CLASH:
+                raise ConfigError(f"server {quote(server.name)}: tool {quote(name)} "
+                                  f"registers as {tool.name}, the status tool's name: rename "
+                                  f"one (status_tool or the rule's rename)")
+            reason = f"the name {quote(tool.name)} is already taken by {taken[tool.name]}"
+    if reason:
+        report.add("refused", name, f"refused {sanitize(name)}: {reason}")
+        return None
+    taken[tool.name] = f"tool {quote(name)} of server {quote(server.name)}"
+    extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
+    if not tool.timeout_given:
+        extra += (f" [no timeout set: the default {format_duration(DEFAULT_TOOL_TIMEOUT)} "
+                  f"applies]")
+    report.add("registered", name, f"registered {sanitize(name)} as {tool.name} "
+                                   f"({tool.side_effect}){extra}")
+    report.lines += [f"{sanitize(server.name)}:   {sanitize(line)}"
+                     for line in rule_lines(rule, tool.name)]
+    return tool
+
+
+STATUS_CLASH = "the status tool"
+# A read whose description speaks of these may hand the model what the person protects (an
+# environment with the tokens init just moved into the config, say): proposed read_only, it
+# would run unasked once accepted.
+_SECRETS_WORDS = re.compile(r"\b(environment|env|secrets?|credentials?|passwords?|keys?|"
+                            r"tokens?)\b", re.I)
+
+
+def refusal(server, entry, live, rule, found):
+    """Why a classified tool is not offered ('' when it is), and any allowed hint mismatch.
+    `found`: the lint's findings on the pinned entry."""
+    if live is None:
+        return "the server no longer offers it", ""
+    live_entry = manifest_entry(live)
+    changed = changed_parts(entry, live_entry)
+    if "input schema" in changed:
+        return "the input schema changed since the pin", ""
+    if "description" in changed:
+        return "the description changed since the pin, and a description is model input", ""
+    mismatch = hint_mismatch(rule.side_effect, entry, live_entry)
+    if mismatch and not rule.allow_hint_mismatch:
+        return mismatch, ""
+    if changed:
+        return f"its {', '.join(changed)} changed since the pin (pin -diff shows how)", ""
+    name = offered_name(server, entry["name"], rule)
+    if not NAME_RE.fullmatch(name):
+        return (f"the name {quote(name)} does not match ^[a-zA-Z0-9_-]{{1,64}}$: set rename",
+                "")
+    schema = entry.get("input_schema")
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return 'its input schema is not an object schema ("type": "object")', ""
+    outside = reaches_outside(schema)
+    if outside:
+        return outside, ""
+    high = [f"{what} in the {where}" for severity, what, where in found if severity == LINT_HIGH]
+    if high and rule.accepted_description != lint_hash(entry):
+        return (f"the lint finds what may be instructions hidden from you ({sanitize(high[0])}"
+                f"{f', and {len(high) - 1} more' if len(high) > 1 else ''}); read the whole text "
+                f"pin printed, and if the model may read it, set the rule's accepted_description "
+                f"to \"{lint_hash(entry)}\""), ""
+    try:
+        hiding = hiding_problem(schema, rule)
+        problem = "" if hiding else schema_problem(schema) or schema_problem(
+            restrict_schema(schema, rule.deny + list(rule.fixed)))
+    except Exception as err:  # a shape no check foresaw: refuse the tool, never the gate
+        hiding, problem = "", f"it could not be read ({type(err).__name__})"
+    if hiding:
+        return hiding, ""
+    if problem:
+        return f"the validator refuses its input schema: {sanitize(problem)}", ""
+    return policy_pointer_problem(schema, rule, name), mismatch
+
+
+def hint_mismatch(side_effect, entry, live_entry):
+    annotations, prefix = entry.get("annotations"), ""
+    if annotations is None and live_entry.get("annotations") is not None:
+        annotations, prefix = live_entry["annotations"], "the server now says: "
+    if annotations is None:
+        return ""
+    if side_effect == "read_only" and annotations.get("readOnlyHint") is not True:
+        return f"{prefix}classified read_only, but the server does not claim readOnlyHint"
+    if side_effect != "destructive" and annotations.get("readOnlyHint") is not True \
+            and annotations.get("destructiveHint") is True:
+        return f"{prefix}classified {side_effect}, but the server claims destructiveHint"
+    return ""
+
+
+def reaches_outside(schema, pointer=""):
+    """Why the schema could make a validator read outside it, or ''."""
+    if isinstance(schema, list):
+        for i, item in enumerate(schema):
+            found = reaches_outside(item, f"{pointer}/{i}")
+            if found:
+                return found
+        return ""
+    if not isinstance(schema, dict):
+        return ""
+    for key, value in schema.items():
+        bad = isinstance(value, str) and (
+            (key in ("$ref", "$dynamicRef", "$recursiveRef") and not value.startswith("#"))
+            or (key == "$id" and not value.startswith("#") and not _DRAFT_RE.fullmatch(value))
+            or (key == "$schema" and not _DRAFT_RE.fullmatch(value))
+            or (key == "id" and _is_draft4(schema) and (":" in value or value.startswith("//"))))
+        if bad:
+            return (f"the input schema's {key} at {pointer or '/'} is {quote(value)}, which "
+                    f"could make a validator read outside it")
+        found = reaches_outside(value, f"{pointer}/{key}")
+        if found:
+            return found
+    return ""
+
+
+def _is_draft4(schema):
+    return isinstance(schema.get("$schema"), str) and "draft-04" in schema["$schema"]
+
+
+def _mentions(value, name):
+    if isinstance(value, dict):
+        return name in value or any(_mentions(v, name) for v in value.values())
+    if isinstance(value, list):
+        return any(_mentions(v, name) for v in value)
+    return value == name
+
+
+def hiding_problem(schema, rule):
+    hidden = rule.deny + list(rule.fixed)
+    properties = schema.get("properties", {})
+    for name in hidden:
+        if not isinstance(properties, dict) or name not in properties:
+            return f"the rule hides {quote(name)}, which is not a top-level property of the " \
+                   f"input schema"
+        if "patternProperties" in schema:
+            return f"the rule hides {quote(name)}, but the input schema has patternProperties"
+        for keyword in _HIDING_KEYWORDS:
+            if keyword in schema and _mentions(schema[keyword], name):
+                return f"the rule hides {quote(name)} and the input schema's {keyword} " \
+                       f"mentions it"
+    return ""
+
+
+def pinned_for(server):
+    """A server's manifest, once its rules name only tools it pins."""
+    manifest = read_manifest(server)
+    stray = sorted(set(server.rules) - set(manifest["tools"]))
+    if stray:
+        raise LoadError(f"server {quote(server.name)}: rules name tools the manifest does not "
+                        f"pin: {', '.join(sanitize(s) for s in stray)}; pin again or fix the "
+                        f"rules")
+    return manifest
+
+
+# =============================================================================================
+# 7. Answers
+#
+# Reads as: decision core
+#
+# Owns: what the model is told (every sentence of the gate's answers to a call is built here,
+# from the constants below), the policy's evaluation of one call, approvals and their hashes,
+# the checks a call's arguments pass, and what of a server's result is passed on and recorded.
+# Plain functions of their inputs: the gate (section 9) calls them and records what they decide.
+# Promises: an approval's hash covers exactly what it binds and what the operator is shown;
+# a re-run of an unknown outcome is never allowed without an operator. A result the gate lets
+# through reaches the host as the server answered it, never through the gate's prose (a
+# recorded one told again, in a DUPLICATE or by the status tool, is sanitized), and its
+# record identifies exactly what the model was given. Nothing the model sees names the
+# operator command, the database, the config or a run id.
+# =============================================================================================
+
+APPROVAL_COLUMNS = ("id", "run_id", "step_id", "kind", "capability_json", "presentation_json",
+                    "request_json", "hash", "status", "created_at", "expires_at", "decided_at",
+                    "decided_by", "note")
+
+CONTENT_CAP = 65536  # bytes of a result's text the record keeps, and of recorded text in prose
+RECORDED_BLOCKS = 512  # blocks a result's record describes one by one; the rest it counts
+# What of a server's tools/call result reaches the host: every field MCP gives a result.
+RESULT_FIELDS = ("content", "structuredContent", "isError", "_meta")
+
+# Every sentence of the gate's answers to a call. {slots} are filled by answer(); server-,
+# model- and operator-chosen values are cleaned before they are put in. (The status tool's
+# sentences are STATUS_PROSE, below.)
+PROSE = {
+    "PENDING_APPROVAL": (
+        "This request is waiting for an operator's approval (approval {approval}). Nothing has "
+        "been executed. Do not call this tool again until you are told the request was "
+        "approved, and do not try another tool to do the same thing. Do not ask the user to "
+        "approve it: an operator decides outside this conversation. Tell the user it is "
+        "waiting. Once it is approved, call the tool again with exactly the same arguments to "
+        "run it and get the result.{limit}"),
+    "DENIED": "The policy does not allow this request: {reason}. Nothing was executed.",
+    "TOOL_CHANGED": (
+        "Its server now presents this tool differently from when it was reviewed (its "
+        "description, input schema or annotations changed, or it is gone), or said it changed "
+        "and could not be asked how, so it is not offered until it is again as it was "
+        "reviewed. Nothing was executed. Tell the user."),
+    "INVALID": (
+        "The arguments do not match the tool's input schema: {reason}. Nothing was executed. "
+        "Correct the arguments and call again."),
+    "REJECTED": (
+        "An operator rejected this exact request (approval {approval}){note}. It was not "
+        "executed. An identical request is refused until {until}. Do not ask again; tell the "
+        "user."),
+    "CANCELLED": (
+        "An operator cancelled this exact request{note}. Nothing further was executed. An "
+        "identical request is refused until {until}. Tell the user."),
+    "EXPIRED": (
+        "The approval for this exact request (approval {approval}) expired before it was used. "
+        "It was not executed. An identical request is refused until {until}. Tell the user."),
+    "DUPLICATE": (
+        "This exact request already executed at {at} and is not executed again: an identical "
+        "call to this tool within {window} of an earlier one is refused, whether or not it is a "
+        "retry. Its outcome was: {outcome}"),
+    "IN_PROGRESS": (
+        "This exact request is already executing, or the outcome of an attempt is not yet "
+        "known. Nothing new was started. Wait a little, then call again with exactly the same "
+        "arguments."),
+    "BLOCKED_PENDING": (
+        "{waiting} for an operator's approval, the most this session allows. Nothing was "
+        "executed and no approval was requested. Tell the user and wait for the operator."),
+    "UNKNOWN_OUTCOME": (
+        "An attempt of this exact request {how}{error}, so whether it took effect is unknown: "
+        "it may have. An operator must decide whether it runs again (approval {approval}). "
+        "Nothing further was executed. Do not call again until you are told "
+        "it was approved, and do not use another tool to do the same thing; tell the user. If "
+        "it is approved, call again with exactly the same arguments."),
+    "INTERRUPTED": (
+        "An earlier attempt of this exact request was cut off while it was executing, and its "
+        "outcome is unknown: it may have taken effect. An operator decides whether it runs "
+        "again (approval {approval}). Nothing further was executed. Do not call again until "
+        "you are told it was approved, and do not use another tool to do the same thing; tell "
+        "the user. If it is approved, call again with exactly the same arguments."),
+    "BLOCKED_UNKNOWN": (
+        "An earlier call to {tool} may have taken effect and its outcome is unknown (approval "
+        "{approval}), so no other call to {tool} that changes anything runs until an operator "
+        "decides. Nothing was executed. Tell the user."),
+    "UNRECORDED": (
+        "The server answered this request, so it executed, but its answer could not be "
+        "recorded ({reason}). What it did is unknown here and it may have taken effect. Do not "
+        "call again to retry{window}. Tell the user."),
+    "UNAVAILABLE": "The gate could not read or write its records: {what}. Tell the user.",
+    # An error result: the model did not get what the tool returns, and must not take this
+    # sentence for it.
+    "RESULT_TOO_LARGE": (
+        "The server answered this request with {what} of {size} bytes ({blocks}), more than "
+        "the {cap} bytes that are passed on, so it is not shown. {then} Tell the user."),
+}
+TOO_LARGE_THEN = {
+    "read": "A read changes nothing: asking for less (a smaller range, page or size) may fit.",
+    "mutating": "It was executed and is not executed again: do not call again to retry"
+                "{window}.",
+}
+HOW = {"timed_out": "timed out before the server answered",
+       "no_answer": "failed without an answer from the server",
+       "cut_off": "was cut off before its outcome was recorded"}
+DUPLICATE_OUTCOME = {
+    "ok": "it succeeded, with this result: {text}",
+    "unrecorded": "the server answered, but its result could not be recorded: {text}",
+    "error": "it failed, with this error: {text}",
+}
+# Words that fill a sentence's slots, where a slot holds prose of its own.
+SLOT_PROSE = {
+    "limit": " It waits because a limit is reached: {limit}; {frees}.",
+    "refused_for": "; an identical call within {window} is refused as a duplicate",
+    "sent_unrecorded": "the request was sent to the server, but what came of it could not be "
+                       "recorded",
+    "nothing_executed": "nothing was executed",
+    "unreadable": "the gate could not read its records; nothing was executed",
+    "altered": "its approval record was altered after it was made",
+    "one_waits": "1 request already waits",
+    "some_wait": "{count} requests already wait",
+    "an_error": "an error",
+    "a_result": "a result",
+    "status_arguments": "the only argument is approval_id, a string",
+    "arguments_too_large": "the arguments are {size} bytes, more than the {cap} this gate accepts",
+    "unusable_arguments": "the arguments are not usable JSON: {error}",
+    "unreadable_result": "the server's result could not be read: {error}",
+    "holding": "waiting for an operator's approval",
+}
+
+# The status tool: its description, and every sentence of what it says (status_answer,
+# describe_approval and approved_fate, in section 18, pick among them).
+STATUS_DESCRIPTION = (
+    "Reports which requests of this session wait for an operator's approval, or, given the "
+    "approval id a pending answer named, what became of that request: pending, approved, "
+    "executed, rejected or expired. It only reads; it never runs or approves anything.")
+STATUS_ARGUMENT = "The approval id a pending result named."
+# Said while some servers are not served: how many, never which nor why (a server's name, its
+# command and its config are the operator's).
+UNSERVED_NOTE = ("Also, {count} of the servers behind this gate could not be served, so "
+                 "their tools are not offered; the person running the gate has been told why.")
+STATUS_PROSE = {
+    "unknown_id": "no approval {approval} is known in this session from the last hour.",
+    "none_waiting": "no request in this session is waiting for an operator's approval.",
+    "one_waiting": "1 request in this session is waiting for an operator's approval:\n{lines}",
+    "some_waiting": (
+        "{count} requests in this session are waiting for an operator's approval:\n{lines}"),
+    "head": "approval {approval} for {tool} {args}",
+    "expired_undecided": "{head}: EXPIRED without a decision. It was not executed.",
+    "outcome_unknown": (
+        "{head}: OUTCOME UNKNOWN, waiting {age} for an operator to decide whether it runs "
+        "again: an earlier attempt may have taken effect. Nothing further has been executed."),
+    "pending": (
+        "{head}: PENDING for {age}. Nothing has been executed; an operator decides outside "
+        "this conversation. Do not call again until it is approved."),
+    "rejected": "{head}: REJECTED by the operator.{note} It was not executed; do not ask again.",
+    "rejected_note": " The operator's note: {note}.",
+    "expired": "{head}: EXPIRED. It was not executed.",
+    "executing": "APPROVED and executing now.",
+    "succeeded": "APPROVED and executed, and it succeeded.",
+    "unrecorded": (
+        "APPROVED and executed, and the server answered, but its result could not be recorded "
+        "({error}); it may have taken effect."),
+    "failed": "APPROVED and executed, and the server reported a failure: {error}.",
+    "unknown": (
+        "APPROVED and executed, but it {how}, so whether it took effect is unknown: it may "
+        "have. {then}"),
+    "rerun_waits": "Approval {approval} now waits for an operator to decide whether it runs "
+                   "again.",
+    "no_rerun": "No approval to run it again is waiting now.",
+    "superseded": (
+        "APPROVED, and then a different approval was asked for the same call (approval "
+        "{approval})."),
+    "uncollected": (
+        "APPROVED, awaiting collection. Call {tool} again with exactly the same arguments to "
+        "run it and get the result."),
+    "not_executed": "APPROVED but not executed: {why}.",
+}
+NOT_EXECUTED_WHY = {
+    "operator_cancelled": "an operator cancelled it",
+    "approval_expired": "the approval expired before it was collected",
+    "denied_on_resume": "the policy denied it when it was collected",
+    "invalid_on_resume": "its arguments no longer matched the tool's schema when it was "
+                         "collected",
+    "ended": "its run ended ({reason})",
+}
+IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED", "DUPLICATE", "UNAVAILABLE",
+            "RESULT_TOO_LARGE"}
+
+
+class Answer:
+    """What one tools/call returns to the host: the gate's own prose as one text block, or a
+    server's result (`passed`) as the server answered it; `text` is then its text blocks."""
+
+    def __init__(self, text, is_error=False, passed=None):
+        self.text, self.is_error, self.passed = text, is_error, passed
+
+    def result(self):
+        if self.passed is not None:
+            return self.passed
+        result = {"content": [{"type": "text", "text": self.text}]}
+        if self.is_error:
+            result["isError"] = True
+        return result
+
+
+def answer(prefix, key=None, **slots):
+    """Every answer of the gate to a call that is not a result: `<PREFIX>: <sentence>`."""
+    text = PROSE[key or prefix].format(**slots)
+    return Answer(f"{prefix}: {text}", prefix in IS_ERROR)
+
+
+def gate_status(key, **slots):
+    """What the status tool says: `GATE_STATUS: <sentence>` (STATUS_PROSE), never an error."""
+    return Answer("GATE_STATUS: " + STATUS_PROSE[key].format(**slots))
+
+
+def passed_answer(passed):
+    """A server's result, passed on whole: every block in its order, the structured content
+    beside them, isError and _meta. Nothing of it goes through the gate's prose."""
+    return Answer("\n".join(b["text"] for b in passed["content"] if b["type"] == "text" and
+                            isinstance(b.get("text"), str)), passed.get("isError") is True, passed)
+
+
+def note_text(note):
+    return f", with this note: {cut(quote(note), 500)}" if note else ""
+
+
+INTERRUPTED_REASON = "interrupted while executing; outcome unknown"
+
+
+def evaluate(config, tool, args, facts, attempt=None, approved=False, judged=None):
+    """The policy's decision for one request (section 4) with, for an approval, what it
+    binds (the capability) and what the operator is shown (the presentation).
+
+    A request that re-runs an attempt whose outcome is unknown always needs an operator,
+    whatever the policy says short of deny: allow alone, or a grant, never runs it again.
+    """
+    decision = policy_decision(config, tool, args, facts, rerun=bool(attempt),
+                               approved=approved, judged=judged)
+    outcome = decision["outcome"]
+    if outcome == "deny" or (outcome == "allow" and not attempt):
+        return decision
+    capability = {"server": tool.server.name, "tool": tool.upstream_name, "name": tool.name,
+                  "side_effect": tool.side_effect, "args": args}
+    if tool.rule.fixed:
+        capability["fixed"] = tool.rule.fixed
+    if attempt:
+        # The reason is a constant so the decision at the pause and at collection hash alike.
+        capability["interrupted"] = attempt
+        notice = (f"An earlier attempt started at {attempt['started_at']} in run "
+                  f"{attempt['run_id']} {HOW[attempt['ended']]}, so it may have taken effect. "
+                  f"Approving runs it again when the model calls again; rejecting ends this "
+                  f"request, and a later identical call asks an operator again whatever the "
+                  f"policy says.")
+        decision = {"outcome": "require_approval", "reason": INTERRUPTED_REASON,
+                    "by": decision["by"], "kind": "interrupted_side_effect",
+                    "capability": capability,
+                    "presentation": {**capability, "notice": notice,
+                                     "reason": INTERRUPTED_REASON, "question": (
+                                         f"Run {tool.upstream_name} on server "
+                                         f"{tool.server.name} again with these arguments?")}}
+        return decision
+    question = (f"May the model call {tool.upstream_name} on server {tool.server.name} with "
+                f"these arguments?")
+    presentation = {**capability, "question": question, "reason": decision["reason"]}
+    if decision["by"] not in ("class", "rule outcome"):
+        # What decided is part of what the operator approves. When a limit frees up is fixed
+        # by the history before the decision, so recheck, reading that history, hashes alike.
+        presentation["decided_by"] = decision["by"]
+        if "limit" in decision:
+            presentation.update(limit=decision["limit"], frees=frees_text(decision))
+    decision.update(kind=tool.side_effect, capability=capability, presentation=presentation)
+    return decision
+
+
+def approval_hash(kind, capability, presentation, request):
+    return content_hash({"kind": kind, "capability": capability, "presentation": presentation,
+                         "request": request})
+
+
+def new_approval(config, run_id, step_id, tool, args, decision):
+    """A pending approval, in the one shape an approval has everywhere: its row's columns
+    (APPROVAL_COLUMNS), as Store.read_approvals reads them back."""
+    request = {"run_id": run_id, "step_id": step_id, "spec": tool.spec, "args": args}
+    created = now()
+    approval = dict.fromkeys(APPROVAL_COLUMNS, "")
+    approval.update(
+        id=new_id(16), run_id=run_id, step_id=step_id, kind=decision["kind"],
+        capability_json=dumps(decision["capability"]),
+        presentation_json=dumps(decision["presentation"]), request_json=dumps(request),
+        hash=approval_hash(decision["kind"], decision["capability"], decision["presentation"],
+                           request),
+        status="pending", created_at=created,
+        expires_at=later(created, config.approval_ttl) if config.approval_ttl else "")
+    return approval
+
+
+def stored_hash(row):
+    """Recompute an approval row's hash from its stored fields; a tampered row differs."""
+    try:
+        return approval_hash(row["kind"], parse(row["capability_json"]),
+                             parse(row["presentation_json"]), parse(row["request_json"]))
+    except CanonicalError:
+        return ""
+
+
+def judged_request(tool, args, work=None):
+    """A request's Judgement, its schema check made (on `work`, the call's PatternWork)."""
+    work = PatternWork() if work is None else work
+    return Judgement(check_arguments(tool, args, work), work)
+
+
+def check_arguments(tool, args, work=None):
+    """'' when the arguments may be sent, else the reason they may not (INVALID). `work` is
+    the call's pattern work (PatternWork), shared with its policy."""
+    if not isinstance(args, dict):
+        return "the arguments are not a JSON object"
+    for name in tool.rule.deny:
+        if name in args:
+            return f'parameter "{name}" is denied by the operator'
+    for name in tool.rule.fixed:
+        if name in args:
+            return f'parameter "{name}" is fixed by the operator'
+    try:
+        validate(tool.schema, args, work=work)
+    except (SchemaError, PatternCost) as err:
+        return str(err)
+    except Exception:  # a $ref loop, say: what cannot be checked is not sent
+        return "the arguments cannot be checked against the schema"
+    return ""
+
+
+def passed_result(tool, result):
+    """(what of a server's tools/call result is passed on, '') or (None, why the result
+    cannot be used)."""
+    if not isinstance(result, dict):
+        return None, "the server's result is not an object"
+    if result.get("resultType") == "input_required" or "inputRequests" in result:
+        return None, f"{tool.name}: the server asked for more input, which the gate does not " \
+                     f"support"
+    blocks = result.get("content")
+    if not isinstance(blocks, list) or not all(
+            isinstance(block, dict) and isinstance(block.get("type"), str) for block in blocks):
+        return None, "the server's result has no list of content blocks, each with its type"
+    return {k: result[k] for k in RESULT_FIELDS if k in result}, ""
+
+
+def result_record(passed):
+    """What the record keeps of a server's result, so it identifies exactly what the model
+    was given: the size and hash of the result's canonical form, which bind every byte of it
+    (_meta and annotations too); each block by its type and labels, with its text while the
+    result's texts come to at most CONTENT_CAP bytes (a text cut short, and every binary
+    block, as its size and hash); the structured content, whole while it fits in what is
+    left, else as its size and hash; isError."""
+    encoded = canonical(passed)
+    room = [CONTENT_CAP]
+
+    def keep(text):
+        data = text.encode("utf-8", "surrogatepass")
+        kept = data[:room[0]]
+        room[0] -= len(kept)
+        return text if len(kept) == len(data) else kept.decode("utf-8", "ignore")
+
+    blocks = passed["content"]
+    record = {"bytes": len(encoded), "sha256": sha256_hex(encoded),
+              "blocks": [recorded_block(block, keep) for block in blocks[:RECORDED_BLOCKS]]}
+    if len(blocks) > RECORDED_BLOCKS:
+        record["more_blocks"] = len(blocks) - RECORDED_BLOCKS
+    if "structuredContent" in passed:
+        structured = canonical(passed["structuredContent"])
+        record["structured"] = {"bytes": len(structured), "sha256": sha256_hex(structured)}
+        if len(structured) <= room[0]:
+            room[0] -= len(structured)
+            record["structured"]["value"] = passed["structuredContent"]
+    if passed.get("isError") is True:
+        record["is_error"] = True
+    return record
+
+
+def recorded_block(block, keep):
+    """One block of a result as its record keeps it (result_record). An image's or audio's
+    data and a resource's blob are kept as the size and hash of the bytes they encode, so a
+    file can be matched against the record; a block with no text or data of its own (a
+    resource link) as the size and hash of its canonical form."""
+    kind = block["type"]
+    entry = {"type": cut(kind, 100)}
+    source = block.get("resource") if kind == "resource" and isinstance(
+        block.get("resource"), dict) else block
+    for label in ("mimeType", "uri", "name"):
+        if isinstance(source.get(label), str):
+            entry[label] = keep(source[label])
+    text = source.get("text") if kind in ("text", "resource") else None
+    data = source.get("blob") if kind == "resource" else source.get("data") if kind in (
+        "image", "audio") else None
+    if isinstance(text, str):
+        entry["text"] = keep(text)
+        if entry["text"] != text:
+            entry.update(_size_and_hash(text.encode("utf-8", "surrogatepass")))
+    elif isinstance(data, str):
+        try:
+            entry.update(_size_and_hash(base64.b64decode(data, validate=True)))
+        except ValueError:  # not base64: what was sent is what is identified
+            entry.update(_size_and_hash(data.encode("utf-8", "surrogatepass")), base64=False)
+    else:
+        entry.update(_size_and_hash(canonical(block)))
+    return entry
+
+
+def _size_and_hash(data):
+    return {"bytes": len(data), "sha256": sha256_hex(data)}
+
+
+def block_bytes(entry):
+    """The size of a recorded block: as recorded, or of its text when that was kept whole."""
+    return entry["bytes"] if "bytes" in entry else len(entry["text"].encode("utf-8",
+                                                                            "surrogatepass"))
+
+
+def block_labels(record):
+    """A recorded result's blocks as short labels: `[type label, N bytes]`."""
+    labels = []
+    for entry in record["blocks"]:
+        label = entry.get("mimeType") or entry.get("uri") or ""
+        labels.append(f"[{entry['type']}{' ' + label if label else ''}, "
+                      f"{block_bytes(entry)} bytes]")
+    if record.get("more_blocks"):
+        labels.append(f"[{record['more_blocks']} more blocks]")
+    return labels
+
+
+def recorded_text(record, withheld=False):
+    """A recorded result as text, for prose: the text of its text blocks and every other block
+    as its label (block_labels); of a result that was withheld, only the labels. A result of
+    structured content alone is its JSON, when it was kept."""
+    labels = block_labels(record)
+    parts = [entry["text"] if entry["type"] == "text" and "text" in entry and not withheld
+             else label for entry, label in zip(record["blocks"], labels)] + labels[
+        len(record["blocks"]):]
+    structured = record.get("structured", {})
+    if not record["blocks"] and "value" in structured and not withheld:
+        parts.append(policy_json(structured["value"]))
+    return "\n".join(parts)
+
+
+def outcome_text(observed):
+    """What a recorded outcome of a tool call says, as text: the server's result (as
+    recorded_text), the error that came instead of one, or, for a result recorded before
+    results were kept whole (schema version 4), its mapped content."""
+    if "result" in observed:
+        return recorded_text(observed["result"], observed.get("withheld", False))
+    if observed["kind"] == "tool_result":
+        content = observed["content"]
+        return content if isinstance(content, str) else policy_json(content)
+    return observed["content"]["error"]
+
+
+def result_summary(tool, record, withheld_over=0):
+    """One line on a recorded result, for the operator: where it came from and what it is."""
+    count = len(record["blocks"]) + record.get("more_blocks", 0)
+    parts = [f"{tool.server.name}/{tool.upstream_name}: {record['bytes']} bytes, {count} "
+             f"block{'s' if count != 1 else ''}"]
+    if "structured" in record:
+        parts.append("structured content")
+    if record.get("is_error"):
+        parts.append("an error")
+    if withheld_over:
+        parts.append(f"withheld: more than {withheld_over} bytes")
+    return ", ".join(parts)
+
+
+# =============================================================================================
+# 8. The record
 #
 # Reads as: decision core
 #
@@ -1289,13 +3389,10 @@ def check_reach(config):
 # refused when others can write them; every state change is written inside a BEGIN IMMEDIATE
 # transaction together with its events (changes that threads queue meanwhile share it, each in
 # a savepoint of its own, and one sync to disk); reads use a second connection, so they never
-# wait on a writer's sync; events are hash-chained across all runs and
-# all processes (each transaction reads the head under its write lock, so two processes extend
-# one chain and a sequence number is never reused); what one transaction changes in a run is
-# one event, so a call is recorded as one event when it begins and one when it ends, and every
-# reader reads those and the single events of older versions alike (event_parts). A database
-# migrated by a newer agentgate is refused. Nothing an operator decides is ever inferred: no
-# statement here approves.
+# wait on a writer's sync; events are hash-chained across all runs and all processes (each
+# transaction reads the head under its write lock, so two processes extend one chain and a
+# sequence number is never reused). A database migrated by a newer agentgate is refused.
+# Nothing an operator decides is ever inferred: no statement here approves.
 # =============================================================================================
 
 SCHEMA = [
@@ -1368,13 +3465,6 @@ SCHEMA = [
     # the version says so to an older agentgate, which would not read the combined events.
     "",
 ]
-GRANT_COLUMNS = ("id", "session", "tool", "name", "conditions_json", "created_at", "expires_at",
-                 "by", "note", "revoked_at", "revoked_by", "revoke_note")
-
-APPROVAL_COLUMNS = ("id", "run_id", "step_id", "kind", "capability_json", "presentation_json",
-                    "request_json", "hash", "status", "created_at", "expires_at", "decided_at",
-                    "decided_by", "note")
-
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 # What a settled call index row says its run's last attempt came to (0, the column's
@@ -1450,42 +3540,6 @@ def last_attempt(rows, run_id):
             prior = parse(asked[0][0])["interrupted"]
             return Attempt(prior["ended"], None, finished, prior)
     return None
-
-
-def executions(rows, target, since, before):
-    """A tool's executions after `since` and before `before` (stored times), oldest first,
-    as (time, its step's decision as recorded, the hash of the spec it was decided under),
-    read through `rows` (Store.read or Tx.rows)."""
-    return rows("SELECT e.at, s.decision_json, s.spec_hash FROM executions e JOIN steps s ON "
-                "s.id=e.step_id WHERE e.tool=? AND e.at>? AND e.at<? ORDER BY e.at, e.id",
-                (target, since, before))
-
-
-def tool_spec(rows, spec_hash):
-    """The tool spec stored under a hash, or None, read through `rows`."""
-    found = rows("SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,))
-    return parse(found[0][0]) if found else None
-
-
-def grants_in_force(rows, session, target, at):
-    """The grants of a tool in force at the stored time `at`, oldest first, as dicts of
-    GRANT_COLUMNS, read through `rows`."""
-    return [dict(zip(GRANT_COLUMNS, row)) for row in rows(
-        f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? AND tool=? AND "
-        f"expires_at>? AND created_at<=? AND (revoked_at='' OR revoked_at>?) ORDER BY "
-        f"created_at, id", (session, target, at, at, at))]
-
-
-def new_id(size):
-    """A fresh id of `size` bytes as hex: the time in milliseconds first, then randomness.
-
-    Ids that grow with time land at the right edge of their indexes, so recording a call
-    touches the same few pages whether the database holds a hundred runs or a million; the
-    random part keeps two ids made in the same millisecond apart (a clash, however unlikely,
-    is refused by the primary key and decided again).
-    """
-    stamp = (time.time_ns() // 1_000_000) & 0xFFFFFFFFFF
-    return f"{stamp:010x}" + secrets.token_hex(size - 5)
 
 
 LARGE_VALUE_BYTES = 4096
@@ -2243,15 +4297,2154 @@ class Store:
 
 
 # =============================================================================================
-# 5. Upstream client
+# 9. The gate
 #
-# Reads as: decision core (the stdio client; its HTTP transport, OAuth included, reads as
-# around the core and is yet to move out of it)
+# Reads as: decision core
+#
+# Owns: one call's whole passage (decide, begin and record, hold, execute, record the
+# outcome), and the decision, for each call, of what happens given every earlier call of the
+# same request (same upstream tool, same canonical arguments) and of the session: collect a
+# granted approval, wait on a pending one, refuse a request that is executing, was rejected,
+# expired or already executed within the repeat window, cap the approvals waiting, or begin a
+# run.
+# Promises: nothing runs that the policy did not allow or an operator did not approve by
+# hash; what an approval binds is exactly the request that executes (the recorded request,
+# never a later call's bytes); the outcome is recorded even when the host has gone.
+# Deciding happens under one lock, so two threads never both begin the same request; across
+# processes the unique open-row index does the same job, and a lost race is decided again.
+# Judging a call's arguments (the schema check, the policy's conditions and their pattern
+# work) happens before the lock, executing and holding after it, so different requests run
+# in parallel and one slow to judge delays no other.
+# A run being executed holds a lease its process renews; a run whose lease ran out (its process
+# died) is taken over, and a mutating call it cut off waits for an operator. Everything is
+# recorded before it is sent, except a read the policy allows with no limit or grant to
+# consult, recorded whole with its outcome in one transaction after it answers. Limits are
+# decided inside the transaction that starts the execution.
+# Reaches out through two seams only: the upstream's `call` (section 15) and the announcement of
+# a waiting approval (`announce`, registered at start).
+# =============================================================================================
+
+HOLD_POLL = 0.2
+TOOL_CALL = "tool_call"
+
+
+class Wait:
+    """A verdict: the request waits on this approval."""
+
+    def __init__(self, approval):
+        self.approval = approval
+
+
+class Execute:
+    """A verdict: the request runs now. `step_id` is None for a read whose run is recorded
+    whole with its outcome, by `record(tx, observation, ending, elapsed_ms)`, in one
+    transaction after it answers. `work` is what the call's pattern searches found, so a
+    re-run proposed after an unknown outcome is decided without searching again."""
+
+    def __init__(self, run_id, step_id, args, record=None, work=None):
+        self.run_id, self.step_id, self.args, self.record = run_id, step_id, args, record
+        self.work = work
+
+
+PROGRESS_MESSAGE_BYTES = 1000
+
+
+class Progress:
+    """One call's progress as its host hears it, under the host's token: the gate's own while
+    it holds the call for an operator (seconds waited, of the hold), then the server's while
+    it executes. The host is sent only a value above the last it was sent, as the protocol
+    asks: the server's values and total come after the hold's last value, and one that does
+    not increase (a server repeating itself) is dropped. A server's message is server text
+    reaching the host: it is sanitized."""
+
+    def __init__(self, send):
+        self.send = send  # send(value, total, message); total and message None when absent
+        self.lock = threading.Lock()
+        self.held = decimal.Decimal(0)  # the hold's last value told: the server's start
+        self.last = None
+
+    def holding(self, waited, total, message):
+        exact = decimal.Decimal(repr(waited))
+        if self._tell(waited, exact, total, message):
+            self.held = exact
+
+    def server(self, value, total, message):
+        if not isinstance(value, Number):
+            return
+        exact = self.held + value.exact()
+        shown = value if not self.held else Number(str(exact))
+        if isinstance(total, Number) and self.held:
+            total = Number(str(self.held + total.exact()))
+        self._tell(shown, exact, total if isinstance(total, Number) else None,
+                   clean(message, PROGRESS_MESSAGE_BYTES) if isinstance(message, str) else None)
+
+    def _tell(self, value, exact, total, message):
+        with self.lock:  # told under the lock, so two values never reach the host out of order
+            if self.last is not None and exact <= self.last:
+                return False
+            self.last = exact
+            self.send(value, total, message)
+            return True
+
+
+# What a rule says when it does not answer the call itself (as Answer, Wait and Execute do):
+NEXT = "next"    # this rule, or this earlier run, decides nothing: the next one does
+STOP = "stop"    # rule 5 met an unknown outcome: look no further back, let rule 6 decide
+AGAIN = "again"  # a rule ended a run or an approval, or a write lost a race (Race): the call
+                 # is decided again, on what is there now
+
+
+def repeat_window_text(tool, window, config_file):
+    """What an operator changes to let identical calls of `tool` through (never model text:
+    it names the config)."""
+    return (f"identical calls to {tool.name} are refused for {format_duration(window)} after "
+            f"one executes; to allow them, set \"repeat_window\": \"0s\" (or a shorter time) "
+            f"in the rule for {tool.upstream_name} of server {tool.server.name} in {config_file}")
+
+
+class Gate:
+    """The gate of one serving process: its tools, its store, its lease, its rules."""
+
+    def __init__(self, config, store, tools):
+        self.config, self.store = config, store
+        self.tools = {tool.name: tool for tool in tools}
+        self.policy_id = config.policy_id()
+        self.tool_hashes = [tool.spec_hash for tool in sorted(tools, key=lambda t: t.name)]
+        self.owner = f"{PROGRAM}:{config.session}/{secrets.token_hex(6)}"
+        self.lock = threading.Lock()
+        # The runs this process is executing. Only these have their leases renewed, and a
+        # run listed here is never taken over by this process, whatever its lease says.
+        self.active = set()
+        self.stopping = threading.Event()
+        self.operator_hint = operator_hint(config.path)
+        # The seam to the notify program (section 19), registered by serve when the config
+        # names one: it is told an approval waits, by names only.
+        self.announce = None
+        # Registered names of the tools whose server changed them while serving (ToolWatch):
+        # not offered, and a call to one is refused. Replaced whole, never changed in place.
+        self.quarantined = frozenset()
+        self.client = ""  # set by the host side from initialize
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+
+    def lease(self):
+        return self.owner, later(now(), self.config.lease_ttl)
+
+    def _heartbeat(self):
+        """Renew the leases of the runs this process executes, every third of their life. A
+        run stranded by a failed write is not renewed, so its lease runs out and the next
+        identical call takes it over."""
+        while not self.stopping.wait(self.config.lease_ttl / SECOND / 3):
+            try:
+                # set.copy is one step for the interpreter: calls that start or end meanwhile
+                # cannot change the set under the iteration.
+                self.store.renew_leases(self.owner, later(now(), self.config.lease_ttl),
+                                        sorted(self.active.copy()))
+            except Exception as err:  # the heartbeat outlives any one failure
+                log(f"could not renew leases: {err}")
+
+    def window(self, tool):
+        rule = tool.rule.repeat_window
+        return self.config.repeat_window if rule is None else rule
+
+    def _facts(self, tool, rows=None):
+        """The facts of this moment for a decision on `tool` (decision_facts). Read through
+        `rows` inside the write transaction that acts on the decision, where the limits are
+        counted, so racing calls in this process or another never pass a limit together; read
+        through the reader for a decision that only steers the rules, where they are not."""
+        return decision_facts(rows or self.store.read, self.config.session, tool,
+                              format_time(time.time()), self.client,
+                              rows is not None and bool(tool.rule.limits))
+
+    # -- one call ------------------------------------------------------------------------------
+
+    def call(self, tool, args, invalid="", progress=None, cancelled=None):
+        """Decide, then execute, hold or refuse one tools/call; always returns an Answer.
+        `invalid` is set (why, and the frame as received) when the arguments were not
+        usable JSON."""
+        cancelled = cancelled or threading.Event()
+        executed = []
+        try:
+            return self._call(tool, args, invalid, progress, cancelled, executed)
+        except (StoreError, Race) as err:
+            log(str(err) or "the records could not be written: a race was lost")
+            return answer("UNAVAILABLE", what=SLOT_PROSE["sent_unrecorded" if executed else
+                                                         "nothing_executed"])
+
+    def _call(self, tool, args, invalid, progress, cancelled, executed):
+        args = {} if args is None else args
+        encoded = None if invalid else canonical(args)  # once per call: its size and its key
+        if encoded is not None and len(encoded) > self.config.max_argument_bytes:
+            invalid = (SLOT_PROSE["arguments_too_large"].format(
+                size=len(encoded), cap=self.config.max_argument_bytes), recorded_frame(encoded))
+        if invalid:
+            with self.lock:
+                return self._begin(tool, None, f"invalid:{new_id(8)}", None, None,
+                                   invalid=invalid)
+        key = request_key(tool.target, encoded)
+        judged = self._judge(tool, args)
+        held, races = False, 0
+        while True:
+            try:
+                with self.lock:
+                    verdict = self._decide(tool, args, key, judged)
+            except Race:  # a write lost its race at the store: as a rule that ended something
+                verdict = AGAIN
+            if verdict is AGAIN:
+                races += 1
+                if races > 5:
+                    return answer("IN_PROGRESS")
+                continue
+            if isinstance(verdict, Answer):
+                return verdict
+            if isinstance(verdict, Execute):
+                executed.append(True)
+                return self._execute(tool, verdict, progress)
+            if held or not self.config.hold_for(self.client) or cancelled.is_set() or \
+                    self.stopping.is_set():
+                return waiting_answer(verdict.approval)
+            held = True
+            if not self._hold(verdict.approval, progress, cancelled):
+                return waiting_answer(verdict.approval)
+            # The operator decided meanwhile: judged again, as a path's links may have moved.
+            judged = self._judge(tool, args, judged.work)
+
+    def _judge(self, tool, args, work=None):
+        """The call's schema check and policy, made before the lock that orders the rules
+        across calls: they are functions of the call and of facts read in passing, so a call
+        whose patterns cost seconds delays no other call. What its arguments say is kept in
+        the Judgement returned; the rules under the lock and the write transaction decide
+        with it, reading afresh only the facts that may have changed meanwhile (the time, the
+        grants in force, the counted uses, a re-run)."""
+        judged = judged_request(tool, args, work)
+        policy_decision(self.config, tool, args, self._facts(tool), judged=judged)
+        return judged
+
+    def _hold(self, approval, progress, cancelled):
+        """Wait up to `hold` for the operator, telling a host that asked how long it has been.
+        True when the approval was decided (or expired, or its run ended) meanwhile, so the
+        call is decided once more; False when the hold ran out, the host cancelled, or the
+        gate is stopping: then nothing more happens for this call."""
+        started = time.monotonic()
+        total = self.config.hold_for(self.client) / SECOND
+        last_progress = started
+        while not cancelled.is_set() and not self.stopping.is_set():
+            waited = time.monotonic() - started
+            if waited >= total:
+                return False
+            cancelled.wait(min(HOLD_POLL, total - waited))
+            row = self.store.approval(approval["id"])
+            waits = row and row["status"] == "pending" and live_approval(self.config, row)
+            if not waits or row["run_status"] in TERMINAL:
+                return not (cancelled.is_set() or self.stopping.is_set())
+            if progress and time.monotonic() - last_progress >= 1:
+                last_progress = time.monotonic()
+                progress.holding(round(last_progress - started, 3), total,
+                                 SLOT_PROSE["holding"])
+        return False
+
+    # -- the rules, under the lock -------------------------------------------------------------
+
+    def _decide(self, tool, args, key, judged):
+        """The rules in order, as one verdict: an Answer, a Wait, an Execute, or AGAIN."""
+        window = self.window(tool)
+        since = format_time(time.time() - window / SECOND)
+        # Identical reads within the window never refuse one another, so a read needs only
+        # its newest row: an approval it waits on, or an operator's refusal, stops every
+        # identical read that comes after it from beginning a run of its own.
+        # The open row is read in the same statement as the runs the rules look at, and the
+        # begin refuses unless it is still the key's open row: so no run of this request can
+        # begin, execute and finish unseen between this view and the begin (in this process
+        # or another) and let the same call run twice within the window.
+        rows = self.store.key_runs(self.config.session, key, since, newest_only=tool.read_only)
+        seen = next((row.run_id for row in rows if row.open), None)
+        verdict = self._earlier_runs(tool, rows, window, since, judged)     # rules 1 to 5
+        if verdict is not NEXT and verdict is not STOP:
+            return verdict
+        attempt = None if tool.read_only else self._unknown_attempt(key)   # rule 6
+        decider = policy_decision(self.config, tool, args, self._facts(tool),
+                                  rerun=bool(attempt), judged=judged)["outcome"]
+        needs_approval = decider == "require_approval" or (attempt and decider != "deny")
+        if not tool.read_only or needs_approval:                            # rule 7
+            verdict = self._session_rules(tool, key, needs_approval, decider)
+            if verdict is not NEXT:
+                return verdict
+        return self._begin(tool, args, key, seen, judged, attempt=attempt)  # rule 8
+
+    def _earlier_runs(self, tool, rows, window, since, judged):
+        """Rules 1 to 5 on this request's runs, newest first: the first verdict one of them
+        gives, STOP, or NEXT when none decides."""
+        for row in rows:
+            verdict = self._earlier_run(tool, row, window, since, judged)
+            if verdict is not NEXT:
+                return verdict
+        return NEXT
+
+    def _earlier_run(self, tool, row, window, since, judged):
+        if row.status == "WAITING_FOR_APPROVAL":
+            return self._waiting(tool, row.run_id, judged)                  # rule 1
+        if row.status == "RUNNING":
+            if row.run_id in self.active or (row.owner != self.owner and row.expires > now()):
+                return answer("IN_PROGRESS")                                # rule 2
+            return self._take_over(tool, row.run_id, judged)                # rule 3
+        if window and row.finished >= since:                                # rules 4, 5
+            return self._closed(tool, row.run_id, row.reason, row.detail, row.finished, window)
+        return NEXT
+
+    def _waiting(self, tool, run_id, judged):
+        """Rule 1: a run of this request waits on an approval."""
+        approval = self.store.latest_approval(run_id)
+        if approval is None:
+            return answer("IN_PROGRESS")
+        if approval["status"] == "pending":
+            if not approval["expires_at"] or approval["expires_at"] > now():
+                return Wait(approval)
+            self._expire(approval)
+            return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
+        if approval["status"] != "approved":
+            return answer("IN_PROGRESS")
+        return self._collect(tool, approval, judged)
+
+    def _expire(self, approval):
+        """Act: end an approval past its time, and the run that waited on it."""
+        self._write(lambda tx: tx.expire_approval(approval["id"], approval["run_id"],
+                                                  approval["step_id"]))
+
+    def _collect(self, tool, approval, judged):
+        """An approved request: check its tool is still offered, its hash, its age, its
+        arguments and the policy again, then execute the recorded request (never this call's
+        bytes). The recorded request is this call's (the same request key): the call's
+        judgement is the request's."""
+        if tool.name in self.quarantined:
+            # Its server changed it (or said so) after the call was checked on arrival, while
+            # the call was held: the approval stays, to be collected once the tool is back.
+            return answer("DENIED", "TOOL_CHANGED")
+        if stored_hash(approval) != approval["hash"]:
+            log(f"approval {approval['id']} does not match its hash; it was altered after it "
+                f"was made and will not be used")
+            return answer("DENIED", reason=SLOT_PROSE["altered"])
+        grant_ttl = self.config.grant_ttl
+        if grant_ttl and later(approval["decided_at"], grant_ttl) < now():
+            self._expire(approval)
+            return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
+        if judged.problem:
+            return self._refuse_on_resume(approval, judged.problem)
+        args = parse(approval["request_json"])["args"]
+        attempt = parse(approval["capability_json"]).get("interrupted")
+        facts = self._facts(tool)
+        decision = evaluate(self.config, tool, args, facts, attempt, approved=True,
+                            judged=judged)
+        if decision["outcome"] == "deny":
+            return self._deny_on_resume(approval, decision, facts)
+        if decision["outcome"] == "require_approval":
+            fresh = new_approval(self.config, approval["run_id"], approval["step_id"], tool,
+                                 args, decision)
+            if fresh["hash"] != approval["hash"]:
+                return self._ask_again(tool, fresh, decision, facts)
+        return self._resume(tool, approval, args, decision, facts, judged)
+
+    def _refuse_on_resume(self, approval, problem):
+        """Act: end an approved run whose arguments no longer pass the schema check."""
+        self._write(lambda tx: self._refuse(tx, approval["run_id"], approval["step_id"],
+                                            "invalid_decision",
+                                            f"invalid decision on resume: {problem}"))
+        return answer("INVALID", reason=clean(problem, 1000))
+
+    def _deny_on_resume(self, approval, decision, facts):
+        """Act: end an approved run that the policy now denies."""
+        run_id, step_id = approval["run_id"], approval["step_id"]
+
+        def deny(tx):
+            tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
+                             self.policy_id)
+            self._refuse(tx, run_id, step_id, "policy_denied",
+                         f"denied on resume: {decision['reason']}")
+        self._write(deny)
+        return answer("DENIED", reason=clean(decision["reason"], 500))
+
+    def _ask_again(self, tool, fresh, decision, facts):
+        """Act: the policy asks another question of an approved request (a limit reached
+        since, say): its run pauses on the fresh approval."""
+        run_id, step_id = fresh["run_id"], fresh["step_id"]
+
+        def repause(tx):
+            tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
+                             self.policy_id)
+            tx.pause(run_id, step_id, fresh)
+        self._write(repause)
+        self._log_waiting(fresh, tool, run_id)
+        return Wait(fresh)
+
+    def _resume(self, tool, approval, args, decision, facts, judged):
+        """Act: the approved request starts executing, bound to its approval."""
+        run_id, step_id = approval["run_id"], approval["step_id"]
+
+        def resume(tx):
+            tx.resume(run_id, approval["id"], self.lease())
+            tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
+                             self.policy_id)
+            tx.start_execution(run_id, step_id, tool.name, args, tool.target, approval["id"])
+        self._write_active(run_id, resume)
+        return Execute(run_id, step_id, args, work=judged.work)
+
+    def _take_over(self, tool, run_id, judged):
+        """Rule 3: a run left RUNNING by a process that stopped renewing its lease. Act: take
+        it over. A mutating call cut off while executing may have taken effect: it pauses on
+        an interruption approval and the caller is told so (Wait). Anything else is ended, and
+        the call is decided again (AGAIN) as if it had finished."""
+        cut_step = self._write(lambda tx: tx.take_over(run_id, self.lease()))
+        if cut_step and not tool.read_only:
+            verdict = self._pause_cut_off(tool, run_id, cut_step, judged)
+            if verdict is not NEXT:
+                return verdict
+        self._write(lambda tx: tx.finish_run(
+            run_id, "FAILED", "goal_failed", "one call per run: taken over after an "
+            "interruption, with nothing left in it to execute"))
+        return AGAIN
+
+    def _pause_cut_off(self, tool, run_id, cut_step, judged):
+        """Act: a mutating call cut off while executing (`cut_step`: its step and when it started)
+        pauses on the question of running it again (Wait); NEXT when the policy asks none."""
+        step_id, started = cut_step
+        attempt = {"run_id": run_id, "step_id": step_id, "started_at": started,
+                   "ended": "cut_off"}
+        args = self.store.step_decision(step_id)["args"]
+        facts = self._facts(tool)
+        decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
+        if decision["outcome"] != "require_approval":
+            return NEXT
+        approval = new_approval(self.config, run_id, step_id, tool, args, decision)
+
+        def pause(tx):
+            tx.record_policy(run_id, step_id, _policy_record(decision, facts), "")
+            tx.pause(run_id, step_id, approval)
+        self._write(pause)
+        log(f"a call to {tool.name} was cut off while executing; its outcome is unknown")
+        self._log_waiting(approval, tool, run_id)
+        return Wait(approval)
+
+    def _refuse(self, tx, run_id, step_id, kind, detail):
+        """End a run whose request will not execute (denied or invalid)."""
+        tx.fail_step(run_id, step_id, {"kind": kind, "content": {"error": detail}}, detail)
+        tx.finish_run(run_id, "FAILED", "goal_failed", REFUSED[kind])
+
+    def _closed(self, tool, run_id, reason, detail, finished, window):
+        """Rules 4 and 5: a finished run of this request within the window. NEXT: look at
+        older runs; STOP: its outcome is unknown, so rule 6 decides."""
+        def until():
+            return prose_time(later(finished, window))
+        if reason == "approval_rejected":
+            approval = self.store.latest_approval(run_id)
+            return answer("REJECTED", approval=approval["id"],
+                          note=note_text(approval["note"]), until=until())
+        attempt = None if tool.read_only else last_attempt(self.store.read, run_id)
+        unknown = attempt is not None and attempt.ending in UNKNOWN_ENDINGS
+        if reason == "approval_expired":
+            return STOP if unknown else answer(
+                "EXPIRED", approval=self.store.latest_approval(run_id)["id"], until=until())
+        if reason == "operator_cancelled":
+            return answer("REJECTED", "CANCELLED", note=note_text(detail), until=until())
+        if attempt is None:
+            return NEXT
+        if unknown:
+            return STOP
+        outcome = DUPLICATE_OUTCOME[attempt.ending].format(text=clean(
+            outcome_text(attempt.observed), 500 if attempt.ending == "unrecorded" else CONTENT_CAP))
+        log(f"a call to {tool.name} was refused as a duplicate of run {run_id}, which executed "
+            f"the same request at {prose_time(attempt.finished)}: "
+            f"{repeat_window_text(tool, window, self.config.path)}")
+        return answer("DUPLICATE", at=prose_time(attempt.finished),
+                      window=format_duration(window), outcome=outcome)
+
+    def _unknown_attempt(self, key):
+        """Rule 6: the attempt to run again if this request's newest finished run left its
+        outcome unknown. A rejection of a re-run does not resolve it: only an operator who
+        approves a re-run that then comes to a known outcome does."""
+        for run_id, status in self.store.attempt_runs(self.config.session, key):
+            if status not in TERMINAL:
+                continue
+            attempt = last_attempt(self.store.read, run_id)
+            if attempt is None:
+                continue
+            return attempt.attempt if attempt.ending in UNKNOWN_ENDINGS else None
+        return None
+
+    def _session_rules(self, tool, key, needs_approval, decider):
+        """Rule 7: what other requests of the session say about this one: BLOCKED, or NEXT.
+        It acts on what it meets, so the tool is never blocked by what nobody will settle: a
+        run of this tool whose process died is taken over, an expired question about an
+        unknown outcome of this tool is ended, and one left with no question is asked again."""
+        waiting = 0
+        for run_id, status, owner, expires, run_tool in self.store.unsettled_runs(
+                self.config.session, key):
+            if status == "RUNNING" and run_tool == tool.name and not (
+                    owner != self.owner and expires > now()) and run_id not in self.active:
+                # Another request's arguments, judged on a pattern budget of their own.
+                verdict = self._take_over(tool, run_id, Judgement())
+                if isinstance(verdict, Wait):
+                    return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
+                                  approval=verdict.approval["id"])
+                continue
+            if status != "WAITING_FOR_APPROVAL":
+                continue
+            approval = self.store.latest_approval(run_id)
+            if approval is None:
+                continue
+            live = live_approval(self.config, approval)
+            if approval["kind"] == "interrupted_side_effect" and not tool.read_only and \
+                    run_tool == tool.name:
+                if live:
+                    return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
+                                  approval=approval["id"])
+                self._expire(approval)
+            elif live and approval["status"] == "pending":
+                waiting += 1
+        if not tool.read_only and decider != "deny":
+            verdict = self._unknown_block(tool, key)
+            if verdict is not NEXT:
+                return verdict
+        if needs_approval and waiting >= self.config.max_pending:
+            return answer("BLOCKED", "BLOCKED_PENDING", waiting=SLOT_PROSE[
+                "one_waits" if waiting == 1 else "some_wait"].format(count=waiting))
+        return NEXT
+
+    def _unknown_block(self, tool, key):
+        """Another request of this tool left an outcome unknown with nothing waiting for an
+        operator (its question expired, or a crash came first): act, asking it again in a
+        fresh run, and block this call on it (BLOCKED), so the tool is never blocked with
+        nothing to act on; NEXT when there is none."""
+        for other_key, run_id, reason in self.store.unknown_for_tool(
+                self.config.session, (tool.target, tool.name), key):
+            if reason in ("approval_rejected", "operator_cancelled"):
+                continue
+            # The open row first, then the attempt: a re-run of that request that begins and
+            # settles the question after this read makes the begin below refuse, so a question
+            # that was answered meanwhile is never asked again.
+            seen = self.store.open_run(self.config.session, other_key)
+            attempt = self._unknown_attempt(other_key)
+            if attempt is None:
+                continue
+            args = self.store.step_decision(attempt["step_id"])["args"]
+            verdict = self._begin(tool, args, other_key, seen, judged_request(tool, args),
+                                  attempt=attempt, origin="operator")
+            if isinstance(verdict, Wait):
+                return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
+                              approval=verdict.approval["id"])
+            # Anything else (its arguments no longer valid, say) ended that request's run
+            # with nothing executed: it blocks nothing any more.
+        return NEXT
+
+    # -- beginning and executing a run ---------------------------------------------------------
+
+    def _begin(self, tool, args, key, seen, judged, invalid=None, attempt=None, origin="model"):
+        """Rule 8: begin a run for this request, decide on it (section 4) and record the
+        decision in one write transaction, then act on what was decided. `invalid` (why,
+        frame) records arguments that were not usable JSON (`judged` is then None); `judged`
+        is what the request's arguments say (Gate._judge)."""
+        run_id = f"{self.config.session}.{new_id(8)}"
+        problem = invalid[0] if invalid else judged.problem
+        fast = None if problem or attempt else self._read_allowed(tool, args, judged)
+        if fast:
+            return self._begin_read(tool, args, run_id, origin, *fast)
+        recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
+
+        def begin(tx):
+            step_id = self._start_run(tx, tool, run_id, key, seen, recorded, origin)
+            if problem:
+                self._refuse(tx, run_id, step_id, "invalid_decision",
+                             f"invalid decision: {problem}")
+                return step_id, None
+            return step_id, self._decide_in(tx, tool, run_id, step_id, args, attempt, judged)
+        step_id, decided = self._write_active(run_id, begin)
+        return self._begun(tool, run_id, step_id, args, problem, decided, judged)
+
+    def _read_allowed(self, tool, args, judged):
+        """(decision, facts) when the request is a read the policy allows outright, else None.
+        Such a read is recorded whole in one transaction after it answers (Tx.record_read): it
+        has no effect for a crash to leave unknown, so recording it first would only cost a
+        second commit. Only a decision no write can change goes this way: one with no limit
+        to count and no grant that could be revoked meanwhile."""
+        if not tool.read_only or tool.rule.limits:
+            return None
+        facts = self._facts(tool)
+        decision = evaluate(self.config, tool, args, facts, judged=judged)
+        if decision["outcome"] == "allow" and "grant" not in decision:
+            return decision, facts
+        return None
+
+    def _begin_read(self, tool, args, run_id, origin, decision, facts):
+        """An allowed read executes now; `record` writes its run whole with its outcome."""
+        started = now()
+
+        def record(tx, observation, ending, elapsed):
+            tx.record_read(run_id, self.config.session, tool, {
+                "args": args, "kind": TOOL_CALL, "origin": origin, "tool": tool.name},
+                _policy_record(decision, facts), self.policy_id, started, observation,
+                ("COMPLETED", "goal_completed", f"terminal tool {tool.name}")
+                if ending == "ok" else ("FAILED", "goal_failed", CLOSING[ending]), elapsed)
+        self.active.add(run_id)
+        return Execute(run_id, None, args, record)
+
+    def _start_run(self, tx, tool, run_id, key, seen, recorded, origin):
+        """Record the run and its step. The begin refuses (Race) unless `seen` is still the
+        key's open row, so no identical run began since the rules looked."""
+        tx.begin_run(run_id, self.config.session, tool.name, tool.target, key,
+                     tool.side_effect, self.tool_hashes, self.lease(),
+                     ANY_ROW if tool.read_only else seen)
+        return tx.start_step(run_id, {**recorded, "kind": TOOL_CALL, "origin": origin,
+                                      "tool": tool.name}, tool)
+
+    def _decide_in(self, tx, tool, run_id, step_id, args, attempt, judged):
+        """Decide on the request inside the transaction that starts its execution, record
+        the decision and act on it: refuse, pause on an approval, or start executing. Here
+        the limits see every execution committed before it, in any process, and the grants
+        in force. Returns (decision, the approval it waits on or None)."""
+        facts = self._facts(tool, tx.rows)
+        decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
+        tx.record_policy(run_id, step_id, _policy_record(decision, facts), self.policy_id)
+        approval = None
+        if decision["outcome"] == "deny":
+            self._refuse(tx, run_id, step_id, "policy_denied", f"denied: {decision['reason']}")
+        elif decision["outcome"] == "require_approval":
+            approval = new_approval(self.config, run_id, step_id, tool, args, decision)
+            tx.pause(run_id, step_id, approval)
+        else:
+            tx.start_execution(run_id, step_id, tool.name, args, tool.target)
+        return decision, approval
+
+    def _begun(self, tool, run_id, step_id, args, problem, decided, judged):
+        """What a begun run comes to: Execute when it was allowed, else the refusal, or the
+        approval it waits on, announced."""
+        if decided and decided[0]["outcome"] == "allow":
+            return Execute(run_id, step_id, args, work=judged.work)
+        self.active.discard(run_id)  # nothing of this run executes
+        if problem:
+            return answer("INVALID", reason=clean(problem, 1000))
+        decision, approval = decided
+        if decision["outcome"] == "deny":
+            frees = frees_text(decision)
+            return answer("DENIED", reason=clean(decision["reason"] + (f"; {frees}" if frees
+                                                                       else ""), 500))
+        self._log_waiting(approval, tool, run_id)
+        return Wait(approval)
+
+    def _write(self, fn):
+        """A write whose lost race (Race) is decided again by the caller's loop."""
+        return self.store.write(fn)
+
+    def _write_active(self, run_id, fn):
+        """The write that starts a run executing: the run counts as this process's own from
+        before the write, so no identical call can take it over in between."""
+        self.active.add(run_id)
+        try:
+            return self._write(fn)
+        except BaseException:
+            self.active.discard(run_id)
+            raise
+
+    def _log_waiting(self, approval, tool, run_id):
+        command = f"{self.operator_hint} approve {run_id} -approval {approval['id']}"
+        log(f"approval {approval['id']} ({approval['kind']}) for {tool.name} waits for an "
+            f"operator: run {run_id}")
+        log(f"  decide with: {command}   (or reject)")
+        if self.announce:
+            # Names only: an argument's value never leaves the gate this way.
+            self.announce({"AGENTGATE_APPROVAL": approval["id"],
+                           "AGENTGATE_RUN": run_id, "AGENTGATE_TOOL": tool.name,
+                           "AGENTGATE_COMMAND": command})
+
+    def _execute(self, tool, verdict, progress=None):
+        """Send the recorded request upstream and record what came of it, whatever the host
+        does meanwhile: a host that cancels or times out does not stop the upstream call."""
+        try:
+            return self._execute_once(tool, verdict, progress)
+        finally:
+            self.active.discard(verdict.run_id)
+
+    def _execute_once(self, tool, verdict, progress):
+        run_id, step_id, args = verdict.run_id, verdict.step_id, verdict.args
+        started = time.monotonic()
+        observation, ending, passed = call_upstream(tool, args, self.config.max_result_bytes,
+                                                    progress and progress.server)
+        elapsed = int((time.monotonic() - started) * 1000)
+
+        def record(tx):
+            """Record the outcome; the approval a re-run waits on, when it is unknown."""
+            if verdict.record:  # a read, recorded whole
+                verdict.record(tx, observation, ending, elapsed)
+                return None
+            if tx.run_holder(run_id) != ("RUNNING", self.owner):
+                # Cancelled, or taken over after this process lost its lease: the outcome
+                # is kept as a late event and the run is left as its new owner has it.
+                tx.event(run_id, "step.tool_finished", {"tool": tool.name, "late": True,
+                                                        "observation": observation}, step_id)
+                return None
+            tx.finish_execution(run_id, step_id, tool.name, observation, elapsed)
+            if ending in UNKNOWN_ENDINGS:
+                return self._pause_rerun(tx, tool, run_id, step_id, args, ending, verdict.work)
+            if ending != "ok":
+                tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending],
+                              outcome=OUTCOME_KNOWN)
+            return None
+
+        rerun = self.store.write(record)
+        if passed is not None:
+            return passed_answer(passed)
+        if observation.get("withheld"):
+            return self._too_large(tool, observation["result"])
+        error = observation["content"]["error"]
+        if rerun:
+            log(f"a call to {tool.name} {HOW[ending]}; its outcome is unknown")
+            self._log_waiting(rerun, tool, run_id)
+            return answer("UNKNOWN_OUTCOME", how=HOW[ending], error=f" ({clean(error, 500)})",
+                          approval=rerun["id"])
+        if ending == "unrecorded":
+            return answer("UNRECORDED", reason=clean(error, 500), window=self._refused_for(tool))
+        return Answer(clean(error, CONTENT_CAP), True)
+
+    def _refused_for(self, tool):
+        """How long an identical call is refused as a duplicate, as prose ends a sentence."""
+        window = self.window(tool)
+        return SLOT_PROSE["refused_for"].format(window=format_duration(window)) if window \
+            else ""
+
+    def _too_large(self, tool, record):
+        """A result past max_result_bytes: what it was, by its blocks' types and sizes, and
+        whether the request executed (a mutating one did, and is not run again)."""
+        then = TOO_LARGE_THEN["read"] if tool.read_only else \
+            TOO_LARGE_THEN["mutating"].format(window=self._refused_for(tool))
+        return answer("RESULT_TOO_LARGE", what=SLOT_PROSE["an_error" if record.get("is_error")
+                                                          else "a_result"],
+                      size=record["bytes"], cap=self.config.max_result_bytes,
+                      blocks=clean(", ".join(block_labels(record)), 500), then=then)
+
+    def _pause_rerun(self, tx, tool, run_id, step_id, args, ending, work):
+        """An unknown outcome: propose the same request again, which the policy always sends
+        to an operator (evaluate never allows a re-run), in the same transaction that records
+        the attempt; the approval it waits on, or None. Judged again after the execution, on
+        the call's pattern work (`work`), as what the call did may have moved a path's links."""
+        attempt = {"run_id": run_id, "step_id": step_id, "started_at": tx.step_started(step_id),
+                   "ended": ending}
+        facts = self._facts(tool, tx.rows)
+        decision = evaluate(self.config, tool, args, facts, attempt, judged=Judgement(work=work))
+        if decision["outcome"] == "deny":
+            # The policy now denies the request outright (an entry for other hours, say): no
+            # question is asked, the run ends with its outcome unknown, and the next identical
+            # call is decided on that again (rule 6).
+            tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending])
+            return None
+        rerun_step = tx.start_step(run_id, {"args": args, "kind": TOOL_CALL,
+                                            "origin": "operator", "tool": tool.name}, tool)
+        tx.record_policy(run_id, rerun_step, _policy_record(decision, facts), self.policy_id)
+        approval = new_approval(self.config, run_id, rerun_step, tool, args, decision)
+        tx.pause(run_id, rerun_step, approval)
+        return approval
+
+
+def call_upstream(tool, args, cap, progress=None):
+    """Send one call upstream and classify what came back, as (observation, ending, passed):
+    `passed` is the server's result to pass on to the host as it came, or None when there is
+    none, or when it is larger than `cap` bytes (the observation then says it was withheld).
+
+    The ending is the one place an outcome is classified: 'ok'; 'error' (the server answered
+    with an error result or a JSON-RPC error, or nothing was sent: known); 'unrecorded' (the
+    server answered, so the call executed, but its answer is unusable: known, and never run
+    again); 'timed_out' or 'no_answer' (it may have taken effect: unknown). A read's failure
+    is always 'error': a read has no effect for anyone to vouch for.
+    """
+    passed = None
+    try:
+        result = tool.upstream.request(
+            "tools/call", {"name": tool.upstream_name, "arguments": {**args, **tool.rule.fixed}},
+            Deadline(tool.timeout), f"tool {quote(tool.upstream_name)}", progress)
+        passed, error = passed_result(tool, result)
+        try:
+            record = result_record(passed) if passed is not None else None
+        except Exception as err:  # a result shaped in a way no server should send
+            passed, error = None, SLOT_PROSE["unreadable_result"].format(error=err)
+        ending = "unrecorded" if passed is None else "error" if record.get("is_error") \
+            else "ok"
+    except UpstreamError as err:
+        error = str(err)
+        ending = ("unrecorded" if err.unusable else "error" if err.answered or not err.sent
+                  else "timed_out" if err.timed_out else "no_answer")
+    if tool.read_only and ending != "ok":
+        ending = "error"
+    if passed is None:
+        return {"kind": "tool_error", "summary": cut(
+            f"{tool.name} {ending}: {sanitize(error)}", 1000), "content": {
+            "tool": tool.name, "error": error, "ending": ending}}, ending, None
+    withheld = record["bytes"] > cap
+    observation = {"kind": "tool_result" if ending == "ok" else "tool_error",
+                   "summary": result_summary(tool, record, cap if withheld else 0),
+                   "result": record}
+    if ending != "ok":
+        observation["content"] = {"tool": tool.name, "ending": ending}
+    if withheld:
+        observation["withheld"] = True
+    return observation, ending, None if withheld else passed
+
+
+RECORDED_FRAME_BYTES = 65536
+
+
+def recorded_frame(data):
+    """What an INVALID run keeps of arguments it refused: the bytes as received, or, past
+    RECORDED_FRAME_BYTES, their size and hash, so a hostile frame cannot fill the database."""
+    if len(data) <= RECORDED_FRAME_BYTES:
+        return data.decode("utf-8", "backslashreplace")
+    return value_digest(data)
+
+
+def waiting_answer(approval):
+    """What a call is told while its request waits on an approval."""
+    if approval["kind"] != "interrupted_side_effect":
+        presentation = parse(approval["presentation_json"])
+        limit = SLOT_PROSE["limit"].format(limit=clean(presentation["limit"], 300),
+                                           frees=presentation["frees"]) \
+            if "limit" in presentation else ""
+        return answer("PENDING_APPROVAL", approval=approval["id"], limit=limit)
+    capability = parse(approval["capability_json"])
+    ended = capability.get("interrupted", {}).get("ended", "cut_off")
+    if ended == "cut_off":
+        return answer("INTERRUPTED", approval=approval["id"])
+    return answer("UNKNOWN_OUTCOME", how=HOW[ended], error="", approval=approval["id"])
+
+
+def live_approval(config, approval):
+    """Pending and unexpired, or granted and still collectable."""
+    if approval["status"] == "pending":
+        return not approval["expires_at"] or approval["expires_at"] > now()
+    if approval["status"] == "approved":
+        return not config.grant_ttl or later(approval["decided_at"], config.grant_ttl) > now()
+    return False
+
+
+REFUSED = {  # why a run ended whose request was not executed, by its step's observation kind
+    "policy_denied": "one call per run: the request was denied",
+    "invalid_decision": "one call per run: the request was invalid",
+}
+CLOSING = {
+    "error": "one call per run: the tool call returned an error",
+    "unrecorded": "one call per run: the tool call executed and its result could not be "
+                  "recorded",
+    "timed_out": "one call per run: the tool call timed out; its outcome is unknown",
+    "no_answer": "one call per run: the tool call failed without an answer; its outcome is "
+                 "unknown",
+}
+
+
+def _policy_record(decision, facts, approved=False):
+    """A decision as the record keeps it, with the facts recheck needs to make it again
+    (`approved`: made when collecting an operator's approval, so no limit counted it)."""
+    record = {k: decision[k] for k in ("outcome", "reason", "by", "grant", "limit", "kind",
+                                       "capability", "presentation") if k in decision}
+    record["facts"] = {"at": format_time(facts.at), "client": facts.client,
+                       "approved": approved}
+    return record
+
+
+def operator_hint(config_file, database=""):
+    """The command an operator pastes: it names the database when that was named (-db), else
+    the config unless it is the default one."""
+    command = f"{python_command()} {shlex.quote(os.path.abspath(sys.argv[0]))}"
+    if database:
+        command += f" -db {shlex.quote(os.path.abspath(database))}"
+    elif os.path.abspath(config_path(None)) != os.path.abspath(config_file):
+        command += f" -config {shlex.quote(os.path.abspath(config_file))}"
+    return command
+
+
+# =============================================================================================
+# 10. The host side
+#
+# Reads as: decision core
+#
+# Owns: the host's side of the conversation over stdin and stdout: the handshake, tools/list,
+# tools/call (on a pool of worker threads, at most MAX_IN_FLIGHT calls at once: the thread that
+# read a call runs it, and another takes up the reading), cancellation, and shutdown.
+# Promises: stdout carries only protocol, one JSON-RPC message per line, written as bytes under
+# one lock; the first request is answered at once, even while the upstream servers are still
+# being started; every request gets exactly one well-formed answer: a malformed or oversized
+# line, a batch member that is not a request, or an id that cannot be echoed as JSON gets a
+# JSON-RPC error (id null where the id cannot be echoed) and the session goes on; past the
+# bound, a request is told the gate is busy; unknown methods get -32601 at once; with no
+# server served the status tool alone is offered; each tool is offered as pinned; a call's
+# progress (the gate's while it holds the call, then the server's) reaches the host under the
+# host's token, only increasing; a tool its server changed while serving is no longer offered
+# (section 17 says so), and the host is told once; on stdin closing, SIGINT or SIGTERM no new
+# call starts, holds end, calls in flight finish and are recorded, then the upstream servers are
+# closed and the process exits 0.
+# =============================================================================================
+
+# The protocol versions agentgate speaks, oldest first, on both sides: it asks a server for the
+# newest it can (over HTTP, the newest the mcp package speaks too) and accepts any of these in
+# answer; the host side answers its host from the same list, each side on its own.
+PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+
+SERVER_INFO = {"name": "gated-tools", "version": VERSION}
+BATCH_VERSIONS = ("2024-11-05", "2025-03-26")
+MAX_HOST_LINE = 16 * 1024 * 1024
+MAX_IN_FLIGHT = 64  # requests handled at once, each on a worker thread of its own
+class Shutdown(Exception):
+    """Raised in the main thread by SIGINT or SIGTERM before serving began."""
+
+
+class Workers:
+    """The threads requests are handled on: an idle one takes the next request, and a new one
+    is started only when none is idle, so a busy host does not pay a thread's start per call,
+    and there are never more threads than requests once handled at the same time, plus the
+    one reading the host (at most MAX_IN_FLIGHT requests, which the host side admits). A
+    thread idle for IDLE_SECONDS ends."""
+
+    IDLE_SECONDS = 2.0
+
+    def __init__(self):
+        self.tasks = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.idle = 0
+
+    def submit(self, task):
+        # Each task either claims an idle thread or starts one, under the lock, so every task
+        # on the queue has a waiting thread that will take it; `idle` counts the waiting
+        # threads no task has claimed.
+        with self.lock:
+            claimed = self.idle > 0
+            if claimed:
+                self.idle -= 1
+        self.tasks.put(task)
+        if not claimed:
+            threading.Thread(target=self._work, daemon=True).start()
+
+    def _work(self):
+        while True:
+            try:
+                task = self.tasks.get(timeout=self.IDLE_SECONDS)
+            except queue.Empty:
+                with self.lock:
+                    # Only an unclaimed thread may end: with none left, a task is on its
+                    # way to this one.
+                    if self.idle > 0:
+                        self.idle -= 1
+                        return
+                continue
+            try:
+                task()
+            except BaseException as err:  # a task handles its own errors; this is a bug
+                log(f"internal error in a worker: {type(err).__name__}: {err}")
+            with self.lock:
+                self.idle += 1
+
+
+class HostServer:
+    """One host session on stdin/stdout."""
+
+    def __init__(self, config, stdin, stdout):
+        self.config = config
+        self.stdin, self.stdout = stdin, stdout
+        self.write_lock = threading.Lock()
+        self.ready = threading.Event()
+        self.done = threading.Event()
+        self.gate = None
+        self.status_tool = None
+        self.unserved = 0
+        self.protocol = PROTOCOL_VERSIONS[-1]
+        self.client = ""  # the host's name from initialize: self-reported, for `client`
+        self.calls = {}
+        self.calls_lock = threading.Lock()
+        self.running = 0  # accepted requests not yet answered
+        self.workers = Workers()
+        self.stopping = False
+        self.failed = ""
+        self.initialized = False  # the host said notifications/initialized
+
+    def start(self):
+        self.frames = read_frames(self.stdin.fileno(), MAX_HOST_LINE)
+        threading.Thread(target=self._read_loop, daemon=True).start()
+
+    def serve_with(self, gate, status_tool, status, unserved=0):
+        """Serve the gate's tools; `status` answers the status tool (the seam to section 18);
+        `unserved` servers of the config could not be served, which the status tool tells the
+        model (the reasons are the operator's, on stderr)."""
+        self.gate, self.status_tool, self.unserved = gate, status_tool, unserved
+        self.status = status
+        gate.client = self.client
+        self.ready.set()
+
+    def fail(self, reason):
+        self.failed = reason
+        self.ready.set()
+
+    # -- framing ---------------------------------------------------------------------------
+
+    def send(self, message):
+        """Write one message, or a batch's list of answers, as one line."""
+        try:
+            data = canonical(message) + b"\n"
+        except (UnicodeEncodeError, TypeError) as err:  # never expected: ids are checked
+            log(f"internal error: an answer could not be encoded ({err})")
+            data = canonical(invalid_request(None, "the answer could not be encoded")) + b"\n"
+        with self.write_lock:
+            try:
+                self.stdout.write(data)
+                self.stdout.flush()
+            except (OSError, ValueError):
+                self.done.set()
+
+    def error(self, ident, code, message):
+        self.send(rpc_error(ident, code, message))
+
+    def _read_loop(self):
+        """Read and handle frames until one hands back a request to run. The thread that read
+        a request runs it, and the reading goes on on another worker: a call starts without
+        waiting for a thread to wake, and the reader is never held up by a call. The frames
+        come from one generator, which the next reader takes up where this one stopped (it
+        is never resumed by two threads at once: the hand-over happens after it yielded)."""
+        for frame, head in self.frames:
+            # One frame, however it is shaped, never ends the reader: everything after it
+            # would go unanswered, and closing stdin would no longer stop the gate.
+            try:
+                if frame is None:
+                    ident = frame_id(head)
+                    self.error(None if ident is None else Number(str(ident)), -32600,
+                               f"the message is larger than {MAX_HOST_LINE} bytes")
+                    continue
+                request = self._frame(frame) if frame.strip() else None
+            except Exception as err:
+                log(f"internal error: a message could not be handled ({type(err).__name__}: "
+                    f"{err})")
+                self.error(None, -32603, "the message could not be handled")
+                continue
+            if request is not None:
+                self.workers.submit(self._read_loop)
+                request()
+                return
+        self.done.set()
+
+    def _frame(self, line):
+        invalid = None
+        try:
+            message = parse(line)
+        except CanonicalError as err:
+            # A tools/call whose arguments the boundary check refuses still gets a run and an
+            # INVALID answer, with the frame recorded as it came; anything else gets -32700.
+            message = parse_loosely(line)
+            invalid = (SLOT_PROSE["unusable_arguments"].format(error=err), recorded_frame(line))
+            ident = message.get("id") if isinstance(message, dict) else None
+            if not (isinstance(message, dict) and message.get("method") == "tools/call"
+                    and "id" in message):
+                self.error(ident if echoable_id(ident) else None, -32700,
+                           f"the message is not usable JSON: {err}")
+                return
+        if isinstance(message, list):
+            self._batch(message)
+        elif isinstance(message, dict):
+            return self._message(message, invalid)
+        else:
+            self.send(invalid_request(None, "a message must be a JSON-RPC object"))
+
+    def _batch(self, messages):
+        if self.protocol not in BATCH_VERSIONS or not messages:
+            self.error(None, -32600, f"batches are not part of protocol version {self.protocol}")
+            return
+        # A batch is one request in flight, its members handled in order on one thread.
+        if not self._admit():
+            self.send([busy_error(m.get("id") if isinstance(m, dict) and echoable_id(
+                m.get("id")) else None) for m in messages])
+            return
+
+        def run():
+            try:
+                answers = [invalid_request(None, "a batch member must be a JSON-RPC object")
+                           if not isinstance(m, dict) else
+                           self._message(m, None, respond=False, admitted=True)
+                           for m in messages]
+                answers = [a for a in answers if a]
+                if answers:
+                    self.send(answers)
+            finally:
+                self._release()
+        threading.Thread(target=run, daemon=True).start()
+
+    def _admit(self):
+        """Take a place for a request in flight; False when the gate is at its bound."""
+        with self.calls_lock:
+            if self.running >= MAX_IN_FLIGHT:
+                return False
+            self.running += 1
+            return True
+
+    def _release(self):
+        with self.calls_lock:
+            self.running -= 1
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def _message(self, message, invalid, respond=True, admitted=False):
+        """Handle one request or notification; with respond=False return the response.
+        `admitted`: a batch member, already counted in flight with its batch."""
+        method, ident = message.get("method"), message.get("id")
+        params = message.get("params") if isinstance(message.get("params"), dict) else {}
+        if not isinstance(method, str):
+            if "id" in message and ("result" in message or "error" in message):
+                return None  # a response to a request agentgate never sends
+            return self._reply(respond, invalid_request(
+                ident if echoable_id(ident) else None, "a request needs a method"))
+        if "id" not in message:
+            if method == "notifications/initialized":
+                self.initialized = True
+            if method == "notifications/cancelled":
+                with self.calls_lock:
+                    cancelled = self.calls.get(_id_key(params.get("requestId")))
+                if cancelled:
+                    cancelled.set()
+            return None
+        if not echoable_id(ident):
+            # Checked before anything is recorded: an id that cannot be echoed as JSON gets
+            # the answer JSON-RPC gives an invalid request, and no run.
+            return self._reply(respond, invalid_request(
+                None, "the id must be a string or a number that can be written as JSON"))
+        if method == "initialize":
+            return self._reply(respond, self._initialize(ident, params))
+        if method == "ping":
+            return self._reply(respond, {"jsonrpc": "2.0", "id": ident, "result": {}})
+        if method == "tools/list":
+            return self._after_ready(respond, ident, lambda: {"tools": self._tool_list()},
+                                     admitted)
+        if method == "tools/call":
+            return self._after_ready(respond, ident,
+                                     lambda: self._call(ident, params, invalid, respond),
+                                     admitted)
+        return self._reply(respond, rpc_error(ident, -32601,
+                                              f"method {quote(method)} is not offered"))
+
+    def _reply(self, respond, response):
+        if respond:
+            self.send(response)
+            return None
+        return response
+
+    def _initialize(self, ident, params):
+        requested = params.get("protocolVersion")
+        self.protocol = requested if requested in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[-1]
+        info = params.get("clientInfo")
+        name = info.get("name") if isinstance(info, dict) else None
+        self.client = name[:200] if isinstance(name, str) else ""
+        if self.gate is not None:
+            self.gate.client = self.client
+        return {"jsonrpc": "2.0", "id": ident, "result": {
+            "protocolVersion": self.protocol, "capabilities": {"tools": {"listChanged": True}},
+            "serverInfo": SERVER_INFO}}
+
+    def _after_ready(self, respond, ident, work, admitted):
+        """Requests that need the upstream servers are handled once the servers are ready,
+        each on a thread of its own (the one that read it, while another reads on); at most
+        MAX_IN_FLIGHT at once, and past that the host is told the gate is busy, so a flood
+        (identical held calls, say) cannot grow threads without bound. Whether a request is
+        accepted is decided here, on the reader thread, so a call read before stdin closed is
+        served even while the gate shuts down. Returns the work to run (with respond), or
+        the response (a batch member, run here)."""
+        accepted = not self.stopping
+        if accepted and not admitted and not self._admit():
+            return self._reply(respond, busy_error(ident))
+
+        def run():
+            try:
+                self.ready.wait()
+                if self.failed or not accepted:
+                    reason = ("the gate is shutting down" if not accepted else
+                              "the gate's tools could not be loaded")
+                    response = rpc_error(ident, -32603, reason)
+                else:
+                    try:
+                        result = work()
+                    except ToolNotOffered as err:
+                        response = rpc_error(ident, -32602, str(err))
+                    except Exception as err:  # a bug: say so plainly, keep the session
+                        log(f"internal error: {type(err).__name__}: {err}")
+                        response = rpc_error(ident, -32603, "the gate failed while handling "
+                                             "this request and cannot say whether it "
+                                             "executed; tell the user before calling again")
+                    else:
+                        if result is None:
+                            return None
+                        response = {"jsonrpc": "2.0", "id": ident, "result": result}
+                return self._reply(respond, response)
+            finally:
+                if accepted and not admitted:
+                    self._release()
+        # The reader that read the request runs it (_read_loop); a batch's thread runs its
+        # members in order.
+        return run if respond else run()
+
+    def tools_changed(self):
+        """Tell the host the offered tools changed, once it may be told (after initialized:
+        before it, its first tools/list sees the change anyway)."""
+        if self.initialized:
+            self.send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+
+    def _tool_list(self):
+        quarantined = self.gate.quarantined
+        listed = [t.listing for t in self.gate.tools.values() if t.name not in quarantined]
+        listed.append({"name": self.status_tool, "description": STATUS_DESCRIPTION,
+                       "inputSchema": STATUS_SCHEMA})
+        return listed
+
+    def _call(self, ident, params, invalid, respond):
+        name = params.get("name")
+        args = params.get("arguments")
+        if name == self.status_tool:
+            if invalid:
+                return answer("INVALID", reason=clean(invalid[0], 1000)).result()
+            status = self.status(self.gate, args)
+            if self.unserved and status.text.startswith("GATE_STATUS:"):
+                status.text += " " + UNSERVED_NOTE.format(count=self.unserved)
+            return status.result()
+        tool = self.gate.tools.get(name) if isinstance(name, str) else None
+        if tool is None:
+            raise ToolNotOffered(f"unknown tool {quote(str(name))}")
+        if tool.name in self.gate.quarantined:
+            return answer("DENIED", "TOOL_CHANGED").result()
+        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+        token = meta.get("progressToken")
+        cancelled = threading.Event()
+        with self.calls_lock:
+            self.calls[_id_key(ident)] = cancelled
+
+        def send(value, total, message):
+            # A server's progress is written here on the thread that reads that server: a
+            # host that stops reading holds up that server's answers, as it holds up every
+            # answer it is sent. A request the host cancelled is told nothing more.
+            if cancelled.is_set():
+                return
+            told = {"progressToken": token, "progress": value, "total": total,
+                    "message": message}
+            self.send({"jsonrpc": "2.0", "method": "notifications/progress",
+                       "params": {k: v for k, v in told.items() if v is not None}})
+        # A token is a string or a number, as an id is; a batch's member gets no progress.
+        progress = Progress(send) if respond and echoable_id(token) else None
+        try:
+            answered = self.gate.call(tool, args, invalid, progress, cancelled)
+        finally:
+            with self.calls_lock:
+                self.calls.pop(_id_key(ident), None)
+        result = answered.result()
+        if answered.passed is None and "outputSchema" in tool.listing:
+            # A tool with an output schema promises structured content in every result but an
+            # error, and a host refuses a result without it. The gate's own answers carry
+            # none, so they go as errors, which a host reads as they are; a server's result
+            # passes as the server sent it.
+            result["isError"] = True
+        return None if cancelled.is_set() and respond else result
+
+    def in_flight(self):
+        with self.calls_lock:
+            return self.running
+
+    def stop_accepting(self):
+        self.stopping = True
+
+
+class ToolNotOffered(Exception):
+    """A tools/call naming a tool the gate does not offer."""
+
+
+STATUS_SCHEMA = {"type": "object", "additionalProperties": False, "properties": {
+    "approval_id": {"type": "string", "description": STATUS_ARGUMENT}}}
+
+
+def _id_key(ident):
+    return canonical(ident) if echoable_id(ident) else None
+
+
+def rpc_error(ident, code, message):
+    """Every JSON-RPC error answer the host is sent."""
+    return {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}}
+
+
+def invalid_request(ident, message):
+    return rpc_error(ident, -32600, message)
+
+
+def busy_error(ident):
+    return rpc_error(ident, -32000, f"the gate is busy: {MAX_IN_FLIGHT} requests are already "
+                                    f"in flight, and this one was not started; try again "
+                                    f"shortly")
+
+
+# =============================================================================================
+# 11. ECMA-262 patterns
+#
+# Reads as: library
+#
+# Contract: compile_pattern(text) accepts the ECMA-262 (u-mode) patterns JSON Schema's `pattern`
+# and `patternProperties` are written in, or raises PatternError naming why; Pattern.search
+# answers as a JavaScript engine's RegExp.prototype.test would, in time linear in the text (a
+# lazily built DFA over an NFA, no backtracking), and PatternWork bounds the work of one call's
+# searches in characters x pattern size. Differential test: tests/test_patterns.py gives every
+# text the answer node's RegExp gives, and refuses what node rejects.
+# =============================================================================================
+
+# -- patterns ------------------------------------------------------------------------------
+# JSON Schema's `pattern` is ECMA-262 (read here with the u flag, no other flags), searched as
+# RegExp.test searches: compile_pattern(p).search(text) is True iff new RegExp(p, "u").test(text).
+# Python's re is neither that dialect (its \s, ., $ and {,2} mean other things, so a verdict
+# could let through what the server's own validator refuses) nor bounded in time (it
+# backtracks: ^(a+)+$ doubles its work per character while holding the interpreter's lock).
+# So a pattern is parsed to a tree of tuples, compiled to a Thompson NFA, and run as a DFA
+# built lazily from it, one cached transition per (state, character): nothing backtracks, and
+# the time is linear in the text. Refused at compile, with a PatternError: whatever ECMA-262
+# calls a SyntaxError, and the valid forms a DFA cannot run or bound: backreferences (\1,
+# \k<name>), lookaround ((?= (?! (?<= (?<!), property escapes (\p{..}), group names written
+# with escapes, repetition counts above 1000, groups nested more than 100 deep, and patterns
+# that compile to more than 10,000 NFA states. The text is read as code points, as the u flag
+# reads it.
+
+_MAX_CODE_POINT = 0x10FFFF
+_MAX_COUNT = 1000       # largest n or m accepted in {n,m}
+_MAX_STATES = 10000     # largest NFA accepted: bounds compile time and the cost of one DFA step
+_PATTERN_DEPTH = 100    # deepest group nesting accepted: keeps recursion far from Python's limit
+_CACHE_BUDGET = 50000   # cached NFA positions + transitions per pattern before the DFA is dropped
+
+# A character set is a tuple of sorted, disjoint, non-adjacent (lo, hi) code point ranges.
+_DIGIT = ((0x30, 0x39),)
+_WORD_RANGES = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
+_SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
+          (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF))
+_LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
+_WORD_CHARS = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz")
+_ASSERTIONS = (("^", "^"), ("$", "$"), ("\\b", "b"), ("\\B", "B"))
+_LOOKAROUND = (("(?=", "lookahead"), ("(?!", "lookahead"),
+               ("(?<=", "lookbehind"), ("(?<!", "lookbehind"))
+_QUANTIFIER = re.compile(r"(?:([*+?])|\{([0-9]+)(,([0-9]*))?\})\??")   # a lazy ? changes nothing
+_SURROGATE_PAIR = re.compile(r"\\u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})")
+_HEX_ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|u\{([0-9a-fA-F]+)\})")
+
+
+class PatternError(ValueError):
+    """A pattern refused at compile; the message is one sentence saying what is wrong."""
+
+
+def _negate(ranges):
+    out, lo = [], 0
+    for a, b in ranges:
+        if a > lo:
+            out.append((lo, a - 1))
+        lo = b + 1
+    return tuple(out + [(lo, _MAX_CODE_POINT)] if lo <= _MAX_CODE_POINT else out)
+
+
+def _normalize(ranges):
+    out = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(hi, out[-1][1]))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+def _contains(ranges, cp):
+    i = bisect.bisect_right(ranges, (cp, _MAX_CODE_POINT)) - 1   # the last range starting <= cp
+    return i >= 0 and cp <= ranges[i][1]
+
+
+def _as_ranges(member):   # a code point (int) or already a set
+    return ((member, member),) if isinstance(member, int) else member
+
+
+_DOT = _negate(_LINE_TERMINATORS)
+# What a backslash and one character stand for: a code point, or a set (\d \D \s \S \w \W).
+# Of the punctuation, u mode lets a backslash make only the syntax characters and / literal.
+_ESCAPES = {"t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D, "d": _DIGIT,
+            "D": _negate(_DIGIT), "w": _WORD_RANGES, "W": _negate(_WORD_RANGES), "s": _SPACE,
+            "S": _negate(_SPACE)}
+_ESCAPES.update((c, ord(c)) for c in "^$\\.*+?()[]{}|/")
+_CLASS_ESCAPES = {**_ESCAPES, "b": 0x08, "-": 0x2D}   # inside [...], \b is a backspace
+
+
+# ---- Parsing: ECMA-262 Pattern[+UnicodeMode] to a tree ---------------------------------------
+# ('set', ranges) one character in ranges        ('assert', '^' or '$' or 'b' or 'B')
+# ('cat', [node, ...]) a sequence, maybe empty   ('alt', [node, ...]) alternatives
+# ('rep', node, lo, hi) lo to hi copies, hi None for no bound. Groups leave no node of their
+# own, and lazy quantifiers read like greedy ones: a yes/no search cannot tell them apart.
+
+class _Parser:
+    def __init__(self, source):
+        self.src, self.pos, self.depth, self.names = source, 0, 0, set()
+
+    def peek(self, ahead=0):   # "" past the end
+        return self.src[self.pos + ahead:self.pos + ahead + 1]
+
+    def take(self, text):
+        if self.src.startswith(text, self.pos):
+            self.pos += len(text)
+            return True
+        return False
+
+    def disjunction(self):
+        alternatives = [[]]
+        while self.peek() not in ("", ")"):
+            if self.take("|"):
+                alternatives.append([])
+            else:
+                alternatives[-1].append(self.term())
+        nodes = [("cat", terms) for terms in alternatives]
+        return nodes[0] if len(nodes) == 1 else ("alt", nodes)
+
+    def term(self):
+        for text, kind in _ASSERTIONS:
+            if self.take(text):
+                if _QUANTIFIER.match(self.src, self.pos):   # u mode: assertions cannot repeat
+                    raise PatternError(f"nothing to repeat at offset {self.pos}")
+                return ("assert", kind)
+        atom = self.atom()
+        bounds = self.quantifier()
+        return ("rep", atom) + bounds if bounds else atom
+
+    def quantifier(self):
+        """Consume * + ? {n} {n,} {n,m} if next; return (lo, hi), hi None when unbounded."""
+        m = _QUANTIFIER.match(self.src, self.pos)
+        if not m:
+            return None
+        simple, lo, comma, hi = m.groups()
+        if simple:
+            self.pos = m.end()
+            return {"*": (0, None), "+": (1, None), "?": (0, 1)}[simple]
+        hi = lo if comma is None else hi or None
+        if len(lo) > 4 or int(lo) > _MAX_COUNT or (hi and (len(hi) > 4 or int(hi) > _MAX_COUNT)):
+            raise PatternError(f"repetition counts above {_MAX_COUNT} are not supported")
+        if hi and int(hi) < int(lo):
+            raise PatternError(f"the numbers in the quantifier at offset {self.pos} are out "
+                               f"of order")
+        self.pos = m.end()
+        return int(lo), None if hi is None else int(hi)
+
+    def atom(self):
+        c, at = self.peek(), self.pos
+        if c == "(":
+            return self.group()
+        if c == "\\":
+            return ("set", _as_ranges(self.escape(in_class=False)))
+        if _QUANTIFIER.match(self.src, at):
+            raise PatternError(f"nothing to repeat at offset {at}")
+        if c in ("{", "}", "]"):
+            raise PatternError(f"a lone {c} is not allowed (write \\{c})")
+        self.pos += 1
+        if c == "[":
+            return ("set", self.character_class(at))
+        return ("set", _DOT if c == "." else ((ord(c), ord(c)),))
+
+    def group(self):
+        at = self.pos
+        for text, kind in _LOOKAROUND:
+            if self.src.startswith(text, at):
+                raise PatternError(f"{kind} {text} is not supported")
+        self.pos += 1
+        if self.take("?<"):
+            self.group_name()
+        elif self.take("?") and not self.take(":"):
+            raise PatternError(f"the group at offset {at} has an unknown (? form")
+        self.depth += 1
+        if self.depth > _PATTERN_DEPTH:
+            raise PatternError(f"groups nested more than {_PATTERN_DEPTH} deep are not supported")
+        node = self.disjunction()
+        self.depth -= 1
+        if not self.take(")"):
+            raise PatternError(f"unbalanced parenthesis at offset {at}")
+        return node
+
+    def group_name(self):
+        end = self.src.find(">", self.pos)
+        name = self.src[self.pos:end] if end >= 0 else ""
+        if not name.replace("$", "_").isidentifier():   # so escapes like \u0061 are refused
+            raise PatternError(f"the group name at offset {self.pos} is not a plain identifier")
+        if name in self.names:
+            raise PatternError(f"the group name {name} is used twice")
+        self.names.add(name)
+        self.pos = end + 1
+
+    def character_class(self, at):
+        negated, ranges = self.take("^"), []
+        while not self.take("]"):
+            if self.pos >= len(self.src):
+                raise PatternError(f"the character class at offset {at} is not closed")
+            first = self.class_member()
+            if self.peek() == "-" and self.peek(1) not in ("", "]"):   # a range first-last
+                self.pos += 1
+                last = self.class_member()
+                if not (isinstance(first, int) and isinstance(last, int)):
+                    raise PatternError(f"a range in the class at offset {at} uses \\d, \\s or \\w")
+                if first > last:
+                    raise PatternError(f"a range in the class at offset {at} is out of order")
+                ranges.append((first, last))
+            else:
+                ranges.extend(_as_ranges(first))
+        ranges = _normalize(ranges)
+        return _negate(ranges) if negated else ranges
+
+    def class_member(self):
+        if self.peek() == "\\":
+            return self.escape(in_class=True)
+        self.pos += 1
+        return ord(self.src[self.pos - 1])
+
+    def escape(self, in_class):
+        """Consume a backslash escape; return its code point (int), or the ranges of \\d etc."""
+        at, c, after = self.pos, self.peek(1), self.peek(2)
+        pair, number = _SURROGATE_PAIR.match(self.src, at), _HEX_ESCAPE.match(self.src, at)
+        self.pos += 2
+        if pair:   # \uD83D\uDE00 is one code point in u mode
+            self.pos = pair.end()
+            return 0x10000 + ((int(pair[1], 16) - 0xD800) << 10) + int(pair[2], 16) - 0xDC00
+        if number and int(number[number.lastindex], 16) <= _MAX_CODE_POINT:
+            self.pos = number.end()   # lastindex: the one group that matched
+            return int(number[number.lastindex], 16)
+        if c == "":
+            raise PatternError("the pattern ends with a lone backslash")
+        if c in "123456789k":
+            raise PatternError("backreferences are not supported")
+        if c in "pP":
+            raise PatternError("Unicode property escapes \\p{...} are not supported")
+        if c in (_CLASS_ESCAPES if in_class else _ESCAPES):
+            return _CLASS_ESCAPES[c]
+        if c == "0" and not ("0" <= after <= "9"):
+            return 0
+        if c == "c" and after.isascii() and after.isalpha():
+            self.pos += 1
+            return ord(after) % 32
+        raise PatternError(f"the escape \\{c} at offset {at} is not allowed")
+
+
+# ---- Compiling: tree to Thompson NFA ---------------------------------------------------------
+# The program is a list of states (kind, arg, out): ('set', ranges, out) consumes a character
+# in ranges; ('assert', kind, out) and ('split', [targets], None) consume nothing. State 0 is
+# the match. Every _compile call emits at least one state, so expanding counted repeats
+# ((a{1000}){1000}) stops at the cap instead of running on.
+
+def _emit(program, state):
+    if len(program) >= _MAX_STATES:
+        raise PatternError(f"the pattern is too large (more than {_MAX_STATES} states)")
+    program.append(state)
+    return len(program) - 1
+
+
+def _compile(node, out, program):
+    """Emit the states for node, continuing to state out; return node's entry state."""
+    kind = node[0]
+    if kind in ("set", "assert"):
+        return _emit(program, (kind, node[1], out))
+    if kind == "alt":
+        return _emit(program, ("split", [_compile(n, out, program) for n in node[1]], None))
+    if kind == "cat":
+        if not node[1]:
+            return _emit(program, ("split", [out], None))
+        for child in reversed(node[1]):
+            out = _compile(child, out, program)
+        return out
+    _, body, lo, hi = node
+    if hi == 0:
+        return _emit(program, ("split", [out], None))
+    if hi is None:   # a loop: the split enters the body, which comes back to it, or leaves
+        entry = _emit(program, ("split", [], None))
+        program[entry][1].extend([_compile(body, entry, program), out])
+    else:            # hi - lo optional copies, nested: (body (body)?)?
+        entry = out
+        for _ in range(hi - lo):
+            entry = _emit(program, ("split", [_compile(body, entry, program), out], None))
+    for _ in range(lo):
+        entry = _compile(body, entry, program)
+    return entry
+
+
+@functools.lru_cache(maxsize=512)
+def compile_pattern(pattern):
+    """Compile a JSON Schema pattern, or raise PatternError."""
+    if not isinstance(pattern, str):
+        raise PatternError("a pattern must be a string")
+    parsing = _Parser(pattern)
+    tree = parsing.disjunction()
+    if parsing.pos < len(pattern):   # the top-level disjunction stops only at a stray ')'
+        raise PatternError(f"unbalanced parenthesis at offset {parsing.pos}")
+    program = [("match", None, None)]
+    return Pattern(program, _compile(tree, 0, program))
+
+
+# ---- Matching: a lazily built DFA ------------------------------------------------------------
+# A DFA state holds the NFA states that the characters read so far lead to, before their
+# epsilon edges are followed, and what assertions need: whether the previous character was a
+# word character, and whether nothing has been read yet. Epsilon edges are followed only once
+# the next character (or the end) is known, because only then are ^ $ \b \B decided. Once
+# cached, a character costs one dict lookup; uncached, one pass over at most _MAX_STATES NFA
+# states. Either way the time is linear in the text, and the cache is bounded.
+
+class _DFAState:
+    __slots__ = ("nfa", "prev_word", "at_start", "moves")
+
+    def __init__(self, nfa, prev_word, at_start):
+        self.nfa, self.prev_word, self.at_start = nfa, prev_word, at_start
+        self.moves = {}   # character (None for the end) -> _DFAState, or True/False if decided
+
+
+class Pattern:
+    """A compiled pattern. Its caches hold only derived data, so threads may share it."""
+
+    def __init__(self, program, start):
+        self._program, self._start = program, start
+        self.size = len(program)  # the most work one character can cost, in NFA states
+        self._states, self._cached = {}, 0
+        self._initial = self._state(frozenset([start]), False, True)
+        # A search restarts the pattern at every position, unless the start state reaches
+        # nothing away from the text's start (the pattern begins with ^): then an empty NFA
+        # set can never match and the search stops there.
+        sets, matched = self._closure([start], {"^": False, "$": True, "b": True, "B": True})
+        self._restart = bool(sets) or matched
+
+    def search(self, text):
+        """True iff the pattern matches somewhere in text, like ECMA's RegExp test()."""
+        state = self._initial
+        for ch in text:
+            move = state.moves.get(ch)
+            if move is None:
+                move = self._move(state, ch)
+            if move is True or move is False:
+                return move
+            state = move
+        move = state.moves.get(None)
+        return self._move(state, None) if move is None else move
+
+    def _move(self, state, ch):
+        """Build and cache the move from state on ch (None: the end of the text)."""
+        if self._cached > _CACHE_BUDGET:
+            self._forget()
+        next_word = ch in _WORD_CHARS
+        truth = {"^": state.at_start, "$": ch is None,
+                 "b": state.prev_word != next_word, "B": state.prev_word == next_word}
+        sets, matched = self._closure(state.nfa, truth)
+        if matched or ch is None:
+            move = matched
+        else:
+            cp = ord(ch)
+            nfa = {self._program[s][2] for s in sets if _contains(self._program[s][1], cp)}
+            if self._restart:
+                nfa.add(self._start)
+            move = self._state(frozenset(nfa), next_word, False) if nfa else False
+        state.moves[ch] = move   # True and False are final: search returns them
+        self._cached += 1
+        return move
+
+    def _closure(self, pending, truth):
+        """Follow epsilon edges from pending, crossing an assertion only if truth says it holds;
+        return the 'set' states reached and whether the match state was reached."""
+        seen, stack, sets, matched = set(), list(pending), [], False
+        while stack:
+            s = stack.pop()
+            if s not in seen:
+                seen.add(s)
+                kind, arg, out = self._program[s]
+                if kind == "split":
+                    stack.extend(arg)
+                elif kind == "assert" and truth[arg]:
+                    stack.append(out)
+                elif kind == "set":
+                    sets.append(s)
+                matched = matched or kind == "match"
+        return sets, matched
+
+    def _state(self, nfa, prev_word, at_start):
+        # The table is read once: calls are judged outside the gate's lock, so another
+        # thread's search may drop it (_forget) between a store and a second read.
+        key = (nfa, prev_word, at_start)
+        state = self._states.get(key)
+        if state is None:
+            state = self._states[key] = _DFAState(nfa, prev_word, at_start)
+            self._cached += len(nfa) + 1
+        return state
+
+    def _forget(self):
+        """Drop all cached states and moves. A state a running search still holds stays
+        correct: it only loses its cached moves, which are rebuilt on demand."""
+        for state in list(self._states.values()):
+            state.moves.clear()
+        self._states.clear()
+        self._cached = 0
+
+
+# Characters times NFA states that all the pattern searches of one call may cost together.
+# The worst patterns meet a new DFA state at nearly every character, which costs a pass over
+# the NFA (about 0.1 microsecond per NFA state), so this is about half a second of one core.
+PATTERN_WORK = 5_000_000
+
+
+class PatternCost(Exception):
+    """A search the call's pattern work cannot pay for; the message names the value's place."""
+
+
+class PatternWork:
+    """What the pattern searches of one call may still cost, and what they found.
+
+    The bound is per call, not per value: an array of long values, or one value read by many
+    patterns, draws on the same PATTERN_WORK, so a call cannot multiply it. A search is charged
+    before it starts, at its most (characters times NFA states): what cannot be paid is
+    refused without being started, and the charge depends on the call alone, never on what
+    the DFA caches happen to hold. What a search found is kept: the gate judges a call before
+    its lock and reads the call again under it and in the write transaction, at no cost.
+    """
+
+    def __init__(self):
+        self.left, self.found = PATTERN_WORK, {}
+
+    def search(self, pattern, text, at):
+        """Whether the pattern matches somewhere in text, or PatternCost naming `at`."""
+        key = (pattern, text)
+        if key not in self.found:
+            compiled = compile_pattern(pattern)
+            cost = len(text) * compiled.size
+            if cost > self.left:
+                raise PatternCost(f"{at}: too long ({len(text)} characters) to be checked "
+                                  f"against the pattern {quote(pattern)}")
+            self.left -= cost
+            self.found[key] = compiled.search(text)
+        return self.found[key]
+
+
+# =============================================================================================
+# 12. Hosts in URLs
+#
+# Reads as: library
+#
+# Contract: url_place(value) reads a URL as a WHATWG parser (browsers, node) would, and returns
+# its scheme and host, or nothing where the host could be read two ways (one_reading: a
+# non-ASCII host that is not stable under case folding and NFKC, letters outside Unicode 3.2,
+# right-to-left letters, a leading combining mark, the letters node ignores). Differential
+# test: tests/test_edges_paths.py reads every code point of planes 0, 1 and 14 in a host as
+# node's URL does, and finds no host read as another.
+# =============================================================================================
+
+_LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
+_NUMERIC_LABEL_RE = re.compile(r"0x[0-9a-f]*|[0-9]+")
+_URL_UNSAFE_RE = re.compile(r"[\x00-\x20\x7f\\]")
+
+
+def normal_host(host):
+    """A host as it is compared, or None when it is no host a client would reach one way
+    only: lower-case, IDNA-encoded, one trailing dot dropped, an IP address in its standard
+    form. A label a client reads as a number must make a whole dotted-quad address (so no
+    octal, hex or short forms), and a name must read the same through Python's IDNA 2003
+    codec and the UTS #46 mapping browsers and node apply (one_reading)."""
+    import ipaddress
+    if not isinstance(host, str) or not host or "%" in host:
+        return None
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if ":" in host:
+        try:
+            address = ipaddress.IPv6Address(host)
+        except ValueError:
+            return None
+        # An IPv4 address written as IPv6 reaches the IPv4 host: it is compared as that one.
+        return str(address.ipv4_mapped) if address.ipv4_mapped else address.compressed
+    host = host[:-1] if host.endswith(".") else host
+    lowered = host.lower()
+    try:
+        # An xn-- label is read as the name it encodes, and that name must read one way too.
+        name = lowered.encode("ascii").decode("idna") if lowered.isascii() else lowered
+        if not (name.isascii() or one_reading(host, name)):
+            return None
+        encoded = name.encode("idna").decode("ascii")
+        if not name.isascii() and encoded.encode("ascii").decode("idna") != name:
+            return None
+    except UnicodeError:
+        return None
+    labels = encoded.split(".")
+    if not all(_LABEL_RE.fullmatch(label) for label in labels):
+        return None
+    if _NUMERIC_LABEL_RE.fullmatch(labels[-1]):
+        try:
+            return str(ipaddress.IPv4Address(encoded))
+        except ValueError:
+            return None
+    return encoded
+
+
+def one_reading(written, name):
+    """Whether a non-ASCII host name (`written`, and `name`, the same lower-cased or decoded
+    from its xn-- form) reads as the same name to every client. Python's IDNA 2003 codec
+    knows Unicode 3.2 and maps little; UTS #46 (browsers, node's URL) knows today's Unicode
+    and maps every compatibility form: node reads `loc\u1d43lhost` as localhost, and
+    `127.0.0.\U0001fbf1` as 127.0.0.1, where the codec passes both through. So each
+    character must be assigned in Unicode 3.2, the name must be its own case fold and NFKC
+    form (written upper-case, it must lower to that), no label may begin with a combining
+    mark, and no character may be right-to-left or an Arabic digit, whose rules the two
+    read differently. Anything else is no host, for host_in and host_not_in alike."""
+    if unicodedata.normalize("NFKC", name.casefold()) != name or \
+            unicodedata.normalize("NFKC", written.casefold()) != written.lower():
+        return False
+    return all(char.isascii() or (unicodedata.ucd_3_2_0.category(char) != "Cn"
+                                  and unicodedata.bidirectional(char) not in ("R", "AL", "AN")
+                                  and char not in _IGNORED_LETTERS)
+               for char in name) and \
+        not any(unicodedata.category(label[:1]).startswith("M") for label in name.split("."))
+
+
+# Letters Unicode says to ignore, which UTS #46 refuses and IDNA 2003 keeps.
+_IGNORED_LETTERS = "\u115f\u1160\u17b4\u17b5"
+
+
+# The schemes whose host URL parsers read as a domain (WHATWG's special schemes); in any
+# other a parser keeps the host as opaque text, percent-encoding what is not ASCII.
+DOMAIN_SCHEMES = ("http", "https", "ws", "wss", "ftp", "file")
+
+
+def url_place(value):
+    """(scheme, host) of a URL, its host normalised (userinfo and port aside), or None when
+    it names no host a client would read one way."""
+    from urllib.parse import urlsplit
+    if not isinstance(value, str) or len(value) > 8192 or _URL_UNSAFE_RE.search(value):
+        return None
+    try:
+        parts = urlsplit(value)
+        parts.port  # a port that is not a number makes the URL unusable
+    except ValueError:
+        return None
+    if not parts.scheme or not parts.netloc:
+        return None
+    written = parts.netloc.rpartition("@")[2]
+    written = written[:written.find("]") + 1] if written.startswith("[") else \
+        written.partition(":")[0]
+    if not written.isascii() and parts.scheme not in DOMAIN_SCHEMES:
+        return None
+    host = normal_host(written)
+    return None if host is None else (parts.scheme, host)
+
+
+# =============================================================================================
+# 13. Paths as the kernel resolves them
+#
+# Reads as: library
+#
+# Contract: resolved_path(path) resolves a path as the kernel would for a server, following
+# links one component at a time (at most MAX_LINKS), without realpath; /proc, a loop, too many
+# links, a file used as a directory, and a name another entry of its directory equals under
+# NFKC resolve to nothing, and such a path lies under no directory (path_under). Differential
+# test: tests/test_edges_paths.py writes generated paths through the kernel and through the npm
+# filesystem server and checks none lands outside what path_under allowed.
+# =============================================================================================
+
+PATH_MAX = 4096  # the longest path the kernel opens; no server reaches a longer one
+MAX_LINKS = 40   # links followed in one lookup, as the kernel bounds them
+
+
+def path_under(value, roots):
+    """Whether a path lies inside one of the (already resolved) roots, both as written and as
+    this machine resolves it: `~` expanded, `.`, `..`, repeated and trailing slashes
+    normalised, and symbolic links followed where the path or a parent of it exists. A
+    relative path could be read against any directory, and a path the gate cannot resolve the
+    way a server will (resolved_path) could land anywhere: either lies under none."""
+    if not isinstance(value, str) or not value or "\x00" in value:
+        return False
+    if value == "~" or value.startswith("~/"):
+        value = os.path.expanduser("~") + value[1:]
+    if not value.startswith("/") or len(value.encode("utf-8", "surrogatepass")) > PATH_MAX:
+        return False
+    places = {resolved_path(os.path.normpath(value)), resolved_path(value)}
+    return None not in places and all(
+        any(place == root or place.startswith(root.rstrip("/") + "/") for root in roots)
+        for place in places)
+
+
+def resolved_path(path):
+    """Where an absolute path leads on this machine, its links followed one component at a
+    time (and `..` taken after the link before it, as the kernel does), or None when the gate
+    cannot judge it the way a server will. Such a path is:
+    - one through /proc: its self, thread-self, cwd and fd links are read in the process
+      that opens the path, the server, not the gate;
+    - one that follows more than MAX_LINKS links, which is also how a loop ends (the kernel
+      answers ELOOP);
+    - one that goes through a file as a directory, or a directory the gate may not read;
+    - one with a component a server could take for another entry: servers match names after
+      Unicode normalisation (the filesystem server finds `li\u0308nk` as the entry `l\u00efnk`,
+      a link that leads elsewhere), so a component that does not exist byte for byte, and
+      one that is not ASCII, must have no other entry of its directory equal to it under NFKC
+      (which equates all that NFC and NFD equate, and the Kelvin sign with K).
+    Written out rather than left to os.path.realpath, whose reading of a loop followed by
+    more components changed between Python versions, and which recurses once per link."""
+    resolved, pending, links = [], path.split("/")[::-1], 0
+    while pending:
+        name = pending.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            del resolved[-1:]
+            continue
+        if not resolved and name == "proc":
+            return None
+        here = "/" + "/".join(resolved + [name])
+        try:
+            mode = os.lstat(here).st_mode
+        except FileNotFoundError:
+            mode = None
+        except (OSError, ValueError):
+            return None
+        if (mode is None or not name.isascii()) and _named_two_ways(resolved, name):
+            return None
+        if mode is not None and stat.S_ISLNK(mode):
+            links += 1
+            if links > MAX_LINKS:
+                return None
+            try:
+                target = os.readlink(here)
+            except OSError:
+                return None
+            if target.startswith("/"):
+                resolved = []
+            pending.extend(target.split("/")[::-1])
+            continue
+        resolved.append(name)
+    return "/" + "/".join(resolved)
+
+
+def _named_two_ways(parents, name):
+    """Whether another entry of the directory `parents` names could be taken for `name`."""
+    try:
+        entries = os.listdir("/" + "/".join(parents))
+    except FileNotFoundError:
+        return False  # nothing there yet, so nothing to mistake it for
+    except OSError:
+        return True
+    key = unicodedata.normalize("NFKC", name)
+    return any(entry != name and unicodedata.normalize("NFKC", entry) == key
+               for entry in entries)
+
+
+# =============================================================================================
+# 14. The lint
+#
+# Reads as: around the core
+#
+# Owns: the lint of the texts a model reads of a tool (description, titles, the schema's
+# texts and names): the findings load_all hands the load check, which refuses a tool with a
+# high finding unless its rule accepts exactly that text (lint_hash, section 6).
+# Promises: a finding names what it found and where, sanitized; it never changes what a tool
+# presents.
+# Core it calls: tool_titles.
+# =============================================================================================
+
+LINT_LONG = 1024  # a description is far longer than its peers past this and four times theirs
+
+_LINT_PHRASES = [(re.compile(pattern, re.I | re.S), severity, what)
+                 for pattern, severity, what in (
+    (r"<\s*/?\s*(important|system|instructions?|secret|hidden|admin|context|critical)\b[^>]*>",
+     LINT_HIGH, "a tag-like block"),
+    (r"<!--", LINT_HIGH, "an HTML comment, which rendered text hides"),
+    (r"\b(ignore|disregard|forget|override)\b.{0,40}\b(instructions?|prompts?|rules|guidelines|"
+     r"guidance|directions|directives)\b", LINT_HIGH,
+     "text telling the model to ignore its instructions"),
+    (r"\b(system prompt|(previous|earlier|prior) instructions|you are now|new instructions|"
+     r"as an ai)\b", LINT_HIGH, "text aimed at the model's instructions"),
+    (r"\b(do not|don't|never|without)\b.{0,40}\b(tell|telling|inform|informing|mention|"
+     r"mentioning|reveal|revealing|alert|alerting|notify|notifying|let|letting)\b.{0,40}"
+     r"\b(user|human|operator|person|people|anyone)|\b(hide|hiding|conceal|concealing|keep|"
+     r"keeping)\b.{0,40}\bfrom\b.{0,20}\b(user|human|operator|person|people|anyone)|\bwithout\b"
+     r".{0,20}\b(user|human|operator|person)('s)?\s+(knowing|knowledge|noticing|consent)",
+     LINT_HIGH, "text telling the model to keep something from the user"),
+    (r"\b(when|whenever|every time)\b.{0,60}\b(any|every|all|other|another)\b"
+     r".{0,20}\b(tools?|commands?|calls?|requests?)\b.{0,80}\b(must|always|never)\b", LINT_HIGH,
+     "instructions for the model's other calls"),
+    (r"((?<![\w.])\.ssh\b|\bid[_ ](rsa|dsa|ecdsa|ed25519)\b|\.aws/credentials|/etc/(passwd|"
+     r"shadow)|(^|[\s/'\"`])\.env\b|\.netrc\b|\.pgpass\b|\.git-credentials|\.npmrc\b|"
+     r"\.pypirc\b|\.kube/config|\.docker/config\.json|\bmcp\.json\b|"
+     r"claude_desktop_config\.json)", LINT_HIGH, "the place of a secret"),
+    # Case matters: AWS_SECRET_ACCESS_KEY names a secret, an access_token parameter does not.
+    (r"(?-i:\b[A-Z][A-Z0-9_]*_(SECRET|TOKEN|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|"
+     r"PRIVATE_KEY|CREDENTIALS?)[A-Z0-9_]*\b)", LINT_HIGH, "a secret named by its variable"),
+    (r"[\x1b\x9b]", LINT_HIGH, "terminal escape sequences, which can hide text on a screen"),
+    (r"\b(other|another|different)\s+(tools?|servers?|functions?)\b", LINT_MEDIUM,
+     "a reference to other tools or servers"),
+    (r"\b[a-z][a-z0-9+.-]*://\S+", LINT_MEDIUM, "a URL"),
+    (r"(^|[\s'\"`(=])(~/|/(etc|home|root|users|var|tmp|usr|opt)/|[a-z]:\\)\S*", LINT_MEDIUM,
+     "a file path"),
+)]
+_FIRST_STEP = re.compile(r"\bbefore\b.{0,30}\b(using|calling|invoking|you use|you call)\b.{0,120}"
+                         r"\b(read|call|send|run|fetch|open|pass|include|upload)\b", re.I | re.S)
+# Words that make a mention of another tool an instruction about it (shadowing).
+_DIRECTIVE = re.compile(r"\b(must|always|never|instead|do not|don't)\b", re.I)
+_SENTENCE_END = re.compile(r"[.!?](\s|$)")
+_LETTERS_RE = re.compile(r"[^\W\d_]+")
+# Each selector hides one byte (U+FE00-FE0F: 0-15, U+E0100-E01EF: 16-255); emoji take one.
+_SELECTOR_RUN = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]{2,}")
+_READ_KEYWORDS = ("description", "title", "default", "examples", "enum", "const", "$comment")
+
+
+def lint_texts(entry):
+    """(where, text) of everything the model reads of a tool but its names: the description,
+    its titles, and anywhere in its input schema the descriptions, titles, defaults, examples,
+    enum and const values, comments and x- extensions."""
+    texts = [("description", entry.get("description") or ""), *tool_titles(entry)]
+
+    def walk(node, where):
+        if isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{where}/{i}")
+        if not isinstance(node, dict):
+            return
+        for key, value in node.items():
+            at = f"{where}/{key}"
+            if key in SCHEMA_MAPS and isinstance(value, dict):  # names here are not keywords
+                for name, schema in value.items():
+                    walk(schema, f"{at}/{name}")
+            elif key in _READ_KEYWORDS or key.startswith("x-"):
+                texts.extend((f"input schema {at}", text) for text in _strings(value))
+            else:
+                walk(value, at)
+    walk(entry.get("input_schema"), "")
+    return texts
+
+
+def _strings(value):
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [s for item in value for s in _strings(item)]
+    if isinstance(value, dict):
+        return [s for item in value.values() for s in _strings(item)]
+    return []
+
+
+def scripts_of(word):
+    return {unicodedata.name(ch, "?").split()[0] for ch in word if ch.isalpha()}
+
+
+def mixed_script_words(text):
+    """The words of `text` whose letters come from more than one script (a Cyrillic а among
+    Latin letters): a name made to be read as another."""
+    return sorted({word for word in _LETTERS_RE.findall(text) if len(scripts_of(word)) > 1})
+
+
+def invisible_codes(text):
+    """The invisible, bidirectional and tag characters of `text`, as code points."""
+    return sorted({ord(ch) for ch in text if ord(ch) in INVISIBLE})
+
+
+def _schema_names(schema):
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key == "properties" and isinstance(value, dict):
+                yield from value
+            yield from _schema_names(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            yield from _schema_names(value)
+
+
+def _name_words(name):
+    """A name as the model reads it: content_from_reading_ssh_id_rsa, readSshKey -> words."""
+    return re.sub(r"[_.-]+|(?<=[a-z0-9])(?=[A-Z])", " ", name)
+
+
+def _named(names, text):
+    return sorted(name for name in names if re.search(
+        rf"(?<![\w-]){re.escape(name)}(?![\w-])", text))
+
+
+def _sentence_from(text, start):
+    end = _SENTENCE_END.search(text, start)
+    return text[start:end.end() if end else len(text)]
+
+
+def _smuggled(text):
+    """What runs of variation selectors spell, decoded as bytes ('' when there are none)."""
+    spelled = bytearray()
+    for run in _SELECTOR_RUN.findall(text):
+        spelled += bytes(ord(ch) - 0xFE00 if ord(ch) < 0xFF00 else ord(ch) - 0xE0100 + 16
+                         for ch in run)
+    return spelled.decode("utf-8", "replace")
+
+
+def lint_tool(entry, others, siblings, peer_length):
+    """A tool's findings as (severity, what, where), the high ones first. `others`: names of
+    other servers' tools; `siblings`: of its own server's; `peer_length`: the median
+    description length of its server."""
+    findings = []
+    for name in (entry["name"], *_schema_names(entry.get("input_schema"))):
+        scripts = scripts_of(name)
+        if len(scripts) > 1:
+            findings.append((LINT_HIGH, "a name that mixes scripts (" +
+                             ", ".join(sorted(scripts)) + ")", f"name {quote(name)}"))
+        words = _name_words(name)
+        findings += [(severity, what, f"name {quote(name)}")
+                     for pattern, severity, what in _LINT_PHRASES if pattern.search(words)]
+    for where, text in lint_texts(entry):
+        findings += [(severity, what, where) for severity, what in _text_findings(
+            text, others, set(siblings) - {entry["name"]})]
+    length = len(entry.get("description") or "")
+    if length > max(LINT_LONG, 4 * peer_length):
+        findings.append((LINT_MEDIUM, f"{length} characters long, far longer than its peers",
+                         "description"))
+    return sorted(findings, key=lambda f: f[0] != LINT_HIGH)
+
+
+def _text_findings(text, others, siblings):
+    """(severity, what) of one text the model reads."""
+    found = []
+    hidden = invisible_codes(text)
+    if hidden:
+        # Tag characters mirror ASCII: what they spell is what the model may read.
+        spelled = "".join(chr(ord(ch) - 0xE0000) for ch in text if 0xE0020 <= ord(ch) < 0xE007F)
+        found.append((LINT_HIGH, "invisible, bidirectional or tag characters (" +
+                      ", ".join(f"U+{code:04X}" for code in hidden[:5]) + ")" +
+                      (f" spelling {quote(cut(spelled, 200))}" if spelled else "")))
+    smuggled = _smuggled(text)
+    if smuggled:
+        found.append((LINT_HIGH, f"variation selectors hiding bytes that spell "
+                                 f"{quote(cut(smuggled, 200))}"))
+    found += [(severity, what) for pattern, severity, what in _LINT_PHRASES
+              if pattern.search(text)]
+    step = _FIRST_STEP.search(text)
+    if step and _named(siblings, _sentence_from(text, step.start())):
+        found.append((LINT_MEDIUM, "a step the model is told to take first, with a tool of "
+                                   "its own server"))
+    elif step:
+        found.append((LINT_HIGH, "a step the model is told to take first"))
+    mixed = mixed_script_words(text)
+    if mixed:
+        found.append((LINT_HIGH, f"words that mix scripts ({', '.join(mixed[:3])})"))
+    named = _named(others, text)
+    if named and _DIRECTIVE.search(text):
+        found.append((LINT_HIGH, f"instructions about other servers' tools "
+                                 f"({', '.join(named[:3])})"))
+    elif named:
+        found.append((LINT_MEDIUM, f"names other servers' tools ({', '.join(named[:3])})"))
+    return found
+
+
+def lint_manifests(manifests):
+    """{server name: {tool: findings}} over pinned manifests, each tool read against the
+    other servers' tools, its own server's tools and its own server's description lengths."""
+    # A short plain name (add, search) is an ordinary word in prose, not a mention of a tool.
+    names = {server: {name for name in manifest["tools"]
+                      if len(name) >= 8 or "_" in name or "-" in name}
+             for server, manifest in manifests.items()}
+    found = {}
+    for server, manifest in manifests.items():
+        others = {name for other, tools in names.items() if other != server
+                  for name in tools} - set(manifest["tools"])
+        lengths = sorted(len(e.get("description") or "") for e in manifest["tools"].values())
+        median = lengths[len(lengths) // 2] if lengths else 0
+        found[server] = {tool: lint_tool(entry, others, names[server], median)
+                         for tool, entry in manifest["tools"].items()}
+    return found
+
+
+# =============================================================================================
+# 15. Upstream servers
+#
+# Reads as: around the core
 #
 # Owns: one configured server as a child process speaking newline-delimited JSON-RPC, or
 # reached by url over Streamable HTTP through the optional mcp package, and the requests
-# agentgate sends it. Both present one interface (start, list_tools, request, close), so the
-# sections below cannot tell them apart.
+# agentgate sends it. Both present one interface (start, list_tools, request, call, close).
+# Core it calls: read_frames, shown_url, read_owned, write_private; and, for load_all (the
+# start of every server at once), pinned_for, load and Report.
 # Promises: the child gets only PATH, HOME, TMPDIR and what the operator names; it runs in its
 # own process group and, on Linux, dies with agentgate even when agentgate is killed with
 # SIGKILL; connecting, listing and loading share one deadline and a timeout names its step;
@@ -2262,28 +6455,20 @@ class Store:
 # agentgate wrote can match an answer to a request; every write has a deadline, and a server
 # that does not take in a message by it is stopped (the error says whether any byte reached
 # it); a dead server fails every later call at once, naming the server. Closing is
-# idempotent and never waits on a server: stdin closed, a short wait, SIGTERM, then SIGKILL
-# to the whole group. Over HTTP the same holds, and: every answer is read from the bytes the
-# server sent, by parse, never from the SDK's decoding, so number literals survive; what
-# agentgate sends is its own canonical encoding; no redirect is followed; a response past
-# the message cap fails its request; a request's error says whether it reached the server
-# (refused connection: it did not, so nothing executed; a connection lost after sending, or
-# an HTTP status of 500 or more: it may have executed); an answer's event stream the server
-# closes after naming an event is resumed within the request's deadline, and only a stream
-# that cannot be resumed leaves its request's outcome unknown; the server's own stream is
-# listened to, with the same handling of what comes on it. The newest protocol version both
-# sides speak is asked for, and a server answering one agentgate does not speak is refused.
-# The mcp package is imported only when such a server starts. A server that asks for OAuth is
-# sent the tokens `login` kept, through the package's own OAuth client, which refreshes them;
-# the serving gate never asks a person, so a server that refuses what it holds fails with
-# LOGIN_NEEDED, and its start says to log in.
+# idempotent and never waits on a server. Over HTTP the same holds, and: every answer is read
+# from the bytes the server sent, by parse, never from the SDK's decoding, so number literals
+# survive; what agentgate sends is its own canonical encoding; no redirect is followed; a
+# request's error says whether it reached the server (refused connection: it did not; a
+# connection lost after sending, or an HTTP status of 500 or more: it may have executed); a
+# stream the server closes after naming an event is resumed within the request's deadline;
+# the server's own stream is listened to. The newest protocol version both sides speak is
+# asked for. The mcp package is imported only when such a server starts. A server that asks
+# for OAuth is sent the tokens `login` kept; the serving gate never asks a person, so a server
+# that refuses what it holds fails with LOGIN_NEEDED.
 # =============================================================================================
 
 CLIENT_INFO = {"name": "agentgate", "version": VERSION}
-# The protocol versions agentgate speaks, oldest first, on both sides: it asks a server for the
-# newest it can (over HTTP, the newest the mcp package speaks too) and accepts any of these in
-# answer; the host side answers its host from the same list, each side on its own.
-PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+
 STDERR_TAIL_BYTES = 4096
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_TOOL_PAGES = 100
@@ -2292,67 +6477,6 @@ PR_SET_PDEATHSIG = 1
 # How long a message agentgate writes on its own (an answer to the server's ping, a cancel
 # notice) may wait for the server to read it; a request waits as long as its own deadline.
 OWN_WRITE_SECONDS = 5
-
-
-def read_frames(fd, cap):
-    """Newline-delimited frames from a file descriptor, for both sides of agentgate.
-
-    Yields (frame, head): a frame of at most `cap` bytes, or (None, its first 4 KiB) for a
-    frame past the cap, whose rest is skipped so the stream goes on. It reads with os.read,
-    never through a buffered file object, so no reader thread can hold a lock that the
-    interpreter needs at exit; it splits only on the byte \\n, never on U+2028 or U+2029.
-    """
-    pending, size, skipping, head = [], 0, False, b""
-    while True:
-        try:
-            chunk = os.read(fd, 1 << 16)
-        except OSError:
-            chunk = b""
-        if not chunk:
-            if pending and not skipping:
-                yield b"".join(pending), b""
-            return
-        start = 0
-        while True:
-            end = chunk.find(b"\n", start)
-            piece = chunk[start:] if end < 0 else chunk[start:end + 1]
-            if not skipping:
-                if size + len(piece) > cap + 1:
-                    head = (b"".join(pending) + piece)[:4096]
-                    skipping, pending, size = True, [], 0
-                else:
-                    pending.append(piece)
-                    size += len(piece)
-            if end < 0:
-                break
-            start = end + 1
-            yield (None, head) if skipping else (b"".join(pending), b"")
-            pending, size, skipping = [], 0, False
-
-
-class UpstreamError(Exception):
-    """A request to an upstream server failed. What is known of it decides how its outcome is
-    classified (call_upstream): `sent` False means no byte of it reached the server, so
-    nothing executed; `answered` means the server answered with a JSON-RPC error; `unusable`
-    means it answered with something that cannot be read; `timed_out` says a deadline fired."""
-
-    def __init__(self, message, timed_out=False, unusable=False, sent=True, answered=False):
-        super().__init__(message)
-        self.timed_out = timed_out
-        self.unusable = unusable
-        self.sent = sent
-        self.answered = answered
-
-
-class Deadline:
-    """A point on the monotonic clock, remembering the bound it was set with for messages."""
-
-    def __init__(self, ns):
-        self.ns = ns
-        self.at = time.monotonic() + ns / SECOND
-
-    def left(self):
-        return max(0.0, self.at - time.monotonic())
 
 
 @functools.lru_cache(maxsize=1)
@@ -2796,7 +6920,7 @@ def mcp_sdk_for(server):
 
 
 # OAuth, through the mcp package's own client (discovery, registration, PKCE, refresh). Only
-# `login`, an operator command, ever asks a person (section 13); the serving gate attaches
+# `login`, an operator command, ever asks a person (section 23); the serving gate attaches
 # what login left and refreshes it, and a server it cannot authorize is not served.
 LOGIN_NEEDED = "the server asks for an authorization the gate does not hold, or holds no longer"
 # Never used to receive anything: the serving gate's client has no way to ask a person.
@@ -3323,1470 +7447,6 @@ def signal_group(pid, sig):
         pass
 
 
-# =============================================================================================
-# 6. Schema validation
-#
-# Reads as: decision core (its ECMA-262 matcher reads as a library, with its own differential test)
-#
-# Owns: checking a tool's input schema once when the tool is loaded, and checking each call's
-# arguments against it.
-# Promises: the keywords real servers use are honoured (type with integer, properties,
-# required, additionalProperties, patternProperties, enum, const, items, prefixItems, min/max,
-# lengths, pattern, anyOf/oneOf/allOf/not, if/then/else, $ref to the schema's own
-# definitions), in draft-07 and 2020-12 spelling; `format` is ignored as most validators do.
-# Numbers compare as exact decimals. A failure names the property path and what was expected.
-# The pattern searches of one call, its schema check's and its policy's, share one bound on
-# their work (PatternWork); a value past what is left is too costly to check, which makes the
-# call invalid and never valid, at once, before any work is spent on it.
-# Refuses: a schema whose keywords have the wrong shape, and a $ref that leaves the schema.
-# =============================================================================================
-
-JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
-_COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties",
-                   "maxProperties", "minContains", "maxContains")
-_NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
-_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_ONE = ("additionalProperties", "not", "if", "then", "else", "contains",
-               "propertyNames", "additionalItems")
-_UNCHECKED = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef")
-
-
-class SchemaError(Exception):
-    """Arguments that do not match the schema; the message names where and what."""
-
-
-def schema_problem(schema, root=None, where="#"):
-    """Why the validator cannot use this schema, or '' when it can. Every keyword it reads is
-    checked for its shape here, once, so validating a call never meets a shape it cannot
-    read."""
-    root = schema if root is None else root
-    if isinstance(schema, bool):
-        return ""
-    if not isinstance(schema, dict):
-        return f"{where} is not a schema (an object or a boolean)"
-    return _keyword_problem(schema, root, where) or _subschema_problem(schema, root, where)
-
-
-def _is_count(value):
-    return isinstance(value, Number) and value.is_integer() and value.exact() >= 0
-
-
-def _is_names(value):
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
-
-
-def _keyword_problem(schema, root, where):
-    """The keywords that hold values, not schemas."""
-    kind = schema.get("type")
-    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
-    if any(not isinstance(k, str) or k not in JSON_TYPES for k in kinds) or kind == []:
-        return f"{where}/type names an unknown type"
-    for key in _UNCHECKED:
-        if key in schema:
-            return f"{where} uses {key}, which this validator does not check"
-    for key in _COUNT_KEYWORDS:
-        if key in schema and not _is_count(schema[key]):
-            return f"{where}/{key} must be a non-negative integer"
-    for key in _NUMBER_KEYWORDS:
-        value = schema.get(key)
-        if key in schema and not isinstance(value, Number) and not (
-                key.startswith("exclusive") and isinstance(value, bool)):
-            return f"{where}/{key} must be a number"
-    if "multipleOf" in schema and schema["multipleOf"].exact() <= 0:
-        return f"{where}/multipleOf must be greater than 0"
-    if "required" in schema and not _is_names(schema["required"]):
-        return f"{where}/required must be a list of strings"
-    if "enum" in schema and not isinstance(schema["enum"], list):
-        return f"{where}/enum must be a list"
-    if "uniqueItems" in schema and not isinstance(schema["uniqueItems"], bool):
-        return f"{where}/uniqueItems must be true or false"
-    for key in ("dependentRequired", "dependencies"):
-        if key in schema and not isinstance(schema[key], dict):
-            return f"{where}/{key} must be an object"
-    for name, needed in schema.get("dependentRequired", {}).items():
-        if not _is_names(needed):
-            return f"{where}/dependentRequired/{name} must be a list of strings"
-    patterns = [("pattern", schema["pattern"])] if "pattern" in schema else []
-    if isinstance(schema.get("patternProperties"), dict):
-        patterns += [("patternProperties key", key) for key in schema["patternProperties"]]
-    for what, pattern in patterns:
-        if not isinstance(pattern, str):
-            return f"{where}/{what} must be a string"
-        try:
-            compile_pattern(pattern)
-        except PatternError as err:
-            return f"{where}/{what} {quote(pattern)} cannot be used: {err}"
-    if "$ref" in schema:
-        try:
-            target = resolve_ref(root, schema["$ref"])
-        except SchemaError as err:
-            return str(err)
-        if not isinstance(target, (dict, bool)):
-            return f"{where}/$ref points at something that is not a schema"
-    return ""
-
-
-def _subschema_problem(schema, root, where):
-    """The keywords that hold schemas, each checked in turn."""
-    subschemas = []
-    for key in _SCHEMA_LISTS:
-        if key in schema:
-            if not isinstance(schema[key], list) or (key != "prefixItems" and not schema[key]):
-                return f"{where}/{key} must be a non-empty list of schemas"
-            subschemas += [(f"{where}/{key}/{i}", sub) for i, sub in enumerate(schema[key])]
-    for key in SCHEMA_MAPS:
-        if key in schema:
-            if not isinstance(schema[key], dict):
-                return f"{where}/{key} must be an object of schemas"
-            subschemas += [(f"{where}/{key}/{name}", sub) for name, sub in schema[key].items()]
-    subschemas += [(f"{where}/{key}", schema[key]) for key in _SCHEMA_ONE if key in schema]
-    items = schema.get("items")
-    if isinstance(items, list):
-        subschemas += [(f"{where}/items/{i}", sub) for i, sub in enumerate(items)]
-    elif "items" in schema:
-        subschemas.append((f"{where}/items", items))
-    subschemas += [(f"{where}/dependencies/{name}", needed)
-                   for name, needed in schema.get("dependencies", {}).items()
-                   if not _is_names(needed)]
-    for at, sub in subschemas:
-        problem = schema_problem(sub, root, at)
-        if problem:
-            return problem
-    return ""
-
-
-# -- patterns ------------------------------------------------------------------------------
-# JSON Schema's `pattern` is ECMA-262 (read here with the u flag, no other flags), searched as
-# RegExp.test searches: compile_pattern(p).search(text) is True iff new RegExp(p, "u").test(text).
-# Python's re is neither that dialect (its \s, ., $ and {,2} mean other things, so a verdict
-# could let through what the server's own validator refuses) nor bounded in time (it
-# backtracks: ^(a+)+$ doubles its work per character while holding the interpreter's lock).
-# So a pattern is parsed to a tree of tuples, compiled to a Thompson NFA, and run as a DFA
-# built lazily from it, one cached transition per (state, character): nothing backtracks, and
-# the time is linear in the text. Refused at compile, with a PatternError: whatever ECMA-262
-# calls a SyntaxError, and the valid forms a DFA cannot run or bound: backreferences (\1,
-# \k<name>), lookaround ((?= (?! (?<= (?<!), property escapes (\p{..}), group names written
-# with escapes, repetition counts above 1000, groups nested more than 100 deep, and patterns
-# that compile to more than 10,000 NFA states. The text is read as code points, as the u flag
-# reads it.
-
-_MAX_CODE_POINT = 0x10FFFF
-_MAX_COUNT = 1000       # largest n or m accepted in {n,m}
-_MAX_STATES = 10000     # largest NFA accepted: bounds compile time and the cost of one DFA step
-_PATTERN_DEPTH = 100    # deepest group nesting accepted: keeps recursion far from Python's limit
-_CACHE_BUDGET = 50000   # cached NFA positions + transitions per pattern before the DFA is dropped
-
-# A character set is a tuple of sorted, disjoint, non-adjacent (lo, hi) code point ranges.
-_DIGIT = ((0x30, 0x39),)
-_WORD_RANGES = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
-_SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
-          (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF))
-_LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
-_WORD_CHARS = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz")
-_ASSERTIONS = (("^", "^"), ("$", "$"), ("\\b", "b"), ("\\B", "B"))
-_LOOKAROUND = (("(?=", "lookahead"), ("(?!", "lookahead"),
-               ("(?<=", "lookbehind"), ("(?<!", "lookbehind"))
-_QUANTIFIER = re.compile(r"(?:([*+?])|\{([0-9]+)(,([0-9]*))?\})\??")   # a lazy ? changes nothing
-_SURROGATE_PAIR = re.compile(r"\\u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})")
-_HEX_ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|u\{([0-9a-fA-F]+)\})")
-
-
-class PatternError(ValueError):
-    """A pattern refused at compile; the message is one sentence saying what is wrong."""
-
-
-def _negate(ranges):
-    out, lo = [], 0
-    for a, b in ranges:
-        if a > lo:
-            out.append((lo, a - 1))
-        lo = b + 1
-    return tuple(out + [(lo, _MAX_CODE_POINT)] if lo <= _MAX_CODE_POINT else out)
-
-
-def _normalize(ranges):
-    out = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1] + 1:
-            out[-1] = (out[-1][0], max(hi, out[-1][1]))
-        else:
-            out.append((lo, hi))
-    return tuple(out)
-
-
-def _contains(ranges, cp):
-    i = bisect.bisect_right(ranges, (cp, _MAX_CODE_POINT)) - 1   # the last range starting <= cp
-    return i >= 0 and cp <= ranges[i][1]
-
-
-def _as_ranges(member):   # a code point (int) or already a set
-    return ((member, member),) if isinstance(member, int) else member
-
-
-_DOT = _negate(_LINE_TERMINATORS)
-# What a backslash and one character stand for: a code point, or a set (\d \D \s \S \w \W).
-# Of the punctuation, u mode lets a backslash make only the syntax characters and / literal.
-_ESCAPES = {"t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D, "d": _DIGIT,
-            "D": _negate(_DIGIT), "w": _WORD_RANGES, "W": _negate(_WORD_RANGES), "s": _SPACE,
-            "S": _negate(_SPACE)}
-_ESCAPES.update((c, ord(c)) for c in "^$\\.*+?()[]{}|/")
-_CLASS_ESCAPES = {**_ESCAPES, "b": 0x08, "-": 0x2D}   # inside [...], \b is a backspace
-
-
-# ---- Parsing: ECMA-262 Pattern[+UnicodeMode] to a tree ---------------------------------------
-# ('set', ranges) one character in ranges        ('assert', '^' or '$' or 'b' or 'B')
-# ('cat', [node, ...]) a sequence, maybe empty   ('alt', [node, ...]) alternatives
-# ('rep', node, lo, hi) lo to hi copies, hi None for no bound. Groups leave no node of their
-# own, and lazy quantifiers read like greedy ones: a yes/no search cannot tell them apart.
-
-class _Parser:
-    def __init__(self, source):
-        self.src, self.pos, self.depth, self.names = source, 0, 0, set()
-
-    def peek(self, ahead=0):   # "" past the end
-        return self.src[self.pos + ahead:self.pos + ahead + 1]
-
-    def take(self, text):
-        if self.src.startswith(text, self.pos):
-            self.pos += len(text)
-            return True
-        return False
-
-    def disjunction(self):
-        alternatives = [[]]
-        while self.peek() not in ("", ")"):
-            if self.take("|"):
-                alternatives.append([])
-            else:
-                alternatives[-1].append(self.term())
-        nodes = [("cat", terms) for terms in alternatives]
-        return nodes[0] if len(nodes) == 1 else ("alt", nodes)
-
-    def term(self):
-        for text, kind in _ASSERTIONS:
-            if self.take(text):
-                if _QUANTIFIER.match(self.src, self.pos):   # u mode: assertions cannot repeat
-                    raise PatternError(f"nothing to repeat at offset {self.pos}")
-                return ("assert", kind)
-        atom = self.atom()
-        bounds = self.quantifier()
-        return ("rep", atom) + bounds if bounds else atom
-
-    def quantifier(self):
-        """Consume * + ? {n} {n,} {n,m} if next; return (lo, hi), hi None when unbounded."""
-        m = _QUANTIFIER.match(self.src, self.pos)
-        if not m:
-            return None
-        simple, lo, comma, hi = m.groups()
-        if simple:
-            self.pos = m.end()
-            return {"*": (0, None), "+": (1, None), "?": (0, 1)}[simple]
-        hi = lo if comma is None else hi or None
-        if len(lo) > 4 or int(lo) > _MAX_COUNT or (hi and (len(hi) > 4 or int(hi) > _MAX_COUNT)):
-            raise PatternError(f"repetition counts above {_MAX_COUNT} are not supported")
-        if hi and int(hi) < int(lo):
-            raise PatternError(f"the numbers in the quantifier at offset {self.pos} are out "
-                               f"of order")
-        self.pos = m.end()
-        return int(lo), None if hi is None else int(hi)
-
-    def atom(self):
-        c, at = self.peek(), self.pos
-        if c == "(":
-            return self.group()
-        if c == "\\":
-            return ("set", _as_ranges(self.escape(in_class=False)))
-        if _QUANTIFIER.match(self.src, at):
-            raise PatternError(f"nothing to repeat at offset {at}")
-        if c in ("{", "}", "]"):
-            raise PatternError(f"a lone {c} is not allowed (write \\{c})")
-        self.pos += 1
-        if c == "[":
-            return ("set", self.character_class(at))
-        return ("set", _DOT if c == "." else ((ord(c), ord(c)),))
-
-    def group(self):
-        at = self.pos
-        for text, kind in _LOOKAROUND:
-            if self.src.startswith(text, at):
-                raise PatternError(f"{kind} {text} is not supported")
-        self.pos += 1
-        if self.take("?<"):
-            self.group_name()
-        elif self.take("?") and not self.take(":"):
-            raise PatternError(f"the group at offset {at} has an unknown (? form")
-        self.depth += 1
-        if self.depth > _PATTERN_DEPTH:
-            raise PatternError(f"groups nested more than {_PATTERN_DEPTH} deep are not supported")
-        node = self.disjunction()
-        self.depth -= 1
-        if not self.take(")"):
-            raise PatternError(f"unbalanced parenthesis at offset {at}")
-        return node
-
-    def group_name(self):
-        end = self.src.find(">", self.pos)
-        name = self.src[self.pos:end] if end >= 0 else ""
-        if not name.replace("$", "_").isidentifier():   # so escapes like \u0061 are refused
-            raise PatternError(f"the group name at offset {self.pos} is not a plain identifier")
-        if name in self.names:
-            raise PatternError(f"the group name {name} is used twice")
-        self.names.add(name)
-        self.pos = end + 1
-
-    def character_class(self, at):
-        negated, ranges = self.take("^"), []
-        while not self.take("]"):
-            if self.pos >= len(self.src):
-                raise PatternError(f"the character class at offset {at} is not closed")
-            first = self.class_member()
-            if self.peek() == "-" and self.peek(1) not in ("", "]"):   # a range first-last
-                self.pos += 1
-                last = self.class_member()
-                if not (isinstance(first, int) and isinstance(last, int)):
-                    raise PatternError(f"a range in the class at offset {at} uses \\d, \\s or \\w")
-                if first > last:
-                    raise PatternError(f"a range in the class at offset {at} is out of order")
-                ranges.append((first, last))
-            else:
-                ranges.extend(_as_ranges(first))
-        ranges = _normalize(ranges)
-        return _negate(ranges) if negated else ranges
-
-    def class_member(self):
-        if self.peek() == "\\":
-            return self.escape(in_class=True)
-        self.pos += 1
-        return ord(self.src[self.pos - 1])
-
-    def escape(self, in_class):
-        """Consume a backslash escape; return its code point (int), or the ranges of \\d etc."""
-        at, c, after = self.pos, self.peek(1), self.peek(2)
-        pair, number = _SURROGATE_PAIR.match(self.src, at), _HEX_ESCAPE.match(self.src, at)
-        self.pos += 2
-        if pair:   # \uD83D\uDE00 is one code point in u mode
-            self.pos = pair.end()
-            return 0x10000 + ((int(pair[1], 16) - 0xD800) << 10) + int(pair[2], 16) - 0xDC00
-        if number and int(number[number.lastindex], 16) <= _MAX_CODE_POINT:
-            self.pos = number.end()   # lastindex: the one group that matched
-            return int(number[number.lastindex], 16)
-        if c == "":
-            raise PatternError("the pattern ends with a lone backslash")
-        if c in "123456789k":
-            raise PatternError("backreferences are not supported")
-        if c in "pP":
-            raise PatternError("Unicode property escapes \\p{...} are not supported")
-        if c in (_CLASS_ESCAPES if in_class else _ESCAPES):
-            return _CLASS_ESCAPES[c]
-        if c == "0" and not ("0" <= after <= "9"):
-            return 0
-        if c == "c" and after.isascii() and after.isalpha():
-            self.pos += 1
-            return ord(after) % 32
-        raise PatternError(f"the escape \\{c} at offset {at} is not allowed")
-
-
-# ---- Compiling: tree to Thompson NFA ---------------------------------------------------------
-# The program is a list of states (kind, arg, out): ('set', ranges, out) consumes a character
-# in ranges; ('assert', kind, out) and ('split', [targets], None) consume nothing. State 0 is
-# the match. Every _compile call emits at least one state, so expanding counted repeats
-# ((a{1000}){1000}) stops at the cap instead of running on.
-
-def _emit(program, state):
-    if len(program) >= _MAX_STATES:
-        raise PatternError(f"the pattern is too large (more than {_MAX_STATES} states)")
-    program.append(state)
-    return len(program) - 1
-
-
-def _compile(node, out, program):
-    """Emit the states for node, continuing to state out; return node's entry state."""
-    kind = node[0]
-    if kind in ("set", "assert"):
-        return _emit(program, (kind, node[1], out))
-    if kind == "alt":
-        return _emit(program, ("split", [_compile(n, out, program) for n in node[1]], None))
-    if kind == "cat":
-        if not node[1]:
-            return _emit(program, ("split", [out], None))
-        for child in reversed(node[1]):
-            out = _compile(child, out, program)
-        return out
-    _, body, lo, hi = node
-    if hi == 0:
-        return _emit(program, ("split", [out], None))
-    if hi is None:   # a loop: the split enters the body, which comes back to it, or leaves
-        entry = _emit(program, ("split", [], None))
-        program[entry][1].extend([_compile(body, entry, program), out])
-    else:            # hi - lo optional copies, nested: (body (body)?)?
-        entry = out
-        for _ in range(hi - lo):
-            entry = _emit(program, ("split", [_compile(body, entry, program), out], None))
-    for _ in range(lo):
-        entry = _compile(body, entry, program)
-    return entry
-
-
-@functools.lru_cache(maxsize=512)
-def compile_pattern(pattern):
-    """Compile a JSON Schema pattern, or raise PatternError."""
-    if not isinstance(pattern, str):
-        raise PatternError("a pattern must be a string")
-    parsing = _Parser(pattern)
-    tree = parsing.disjunction()
-    if parsing.pos < len(pattern):   # the top-level disjunction stops only at a stray ')'
-        raise PatternError(f"unbalanced parenthesis at offset {parsing.pos}")
-    program = [("match", None, None)]
-    return Pattern(program, _compile(tree, 0, program))
-
-
-# ---- Matching: a lazily built DFA ------------------------------------------------------------
-# A DFA state holds the NFA states that the characters read so far lead to, before their
-# epsilon edges are followed, and what assertions need: whether the previous character was a
-# word character, and whether nothing has been read yet. Epsilon edges are followed only once
-# the next character (or the end) is known, because only then are ^ $ \b \B decided. Once
-# cached, a character costs one dict lookup; uncached, one pass over at most _MAX_STATES NFA
-# states. Either way the time is linear in the text, and the cache is bounded.
-
-class _DFAState:
-    __slots__ = ("nfa", "prev_word", "at_start", "moves")
-
-    def __init__(self, nfa, prev_word, at_start):
-        self.nfa, self.prev_word, self.at_start = nfa, prev_word, at_start
-        self.moves = {}   # character (None for the end) -> _DFAState, or True/False if decided
-
-
-class Pattern:
-    """A compiled pattern. Its caches hold only derived data, so threads may share it."""
-
-    def __init__(self, program, start):
-        self._program, self._start = program, start
-        self.size = len(program)  # the most work one character can cost, in NFA states
-        self._states, self._cached = {}, 0
-        self._initial = self._state(frozenset([start]), False, True)
-        # A search restarts the pattern at every position, unless the start state reaches
-        # nothing away from the text's start (the pattern begins with ^): then an empty NFA
-        # set can never match and the search stops there.
-        sets, matched = self._closure([start], {"^": False, "$": True, "b": True, "B": True})
-        self._restart = bool(sets) or matched
-
-    def search(self, text):
-        """True iff the pattern matches somewhere in text, like ECMA's RegExp test()."""
-        state = self._initial
-        for ch in text:
-            move = state.moves.get(ch)
-            if move is None:
-                move = self._move(state, ch)
-            if move is True or move is False:
-                return move
-            state = move
-        move = state.moves.get(None)
-        return self._move(state, None) if move is None else move
-
-    def _move(self, state, ch):
-        """Build and cache the move from state on ch (None: the end of the text)."""
-        if self._cached > _CACHE_BUDGET:
-            self._forget()
-        next_word = ch in _WORD_CHARS
-        truth = {"^": state.at_start, "$": ch is None,
-                 "b": state.prev_word != next_word, "B": state.prev_word == next_word}
-        sets, matched = self._closure(state.nfa, truth)
-        if matched or ch is None:
-            move = matched
-        else:
-            cp = ord(ch)
-            nfa = {self._program[s][2] for s in sets if _contains(self._program[s][1], cp)}
-            if self._restart:
-                nfa.add(self._start)
-            move = self._state(frozenset(nfa), next_word, False) if nfa else False
-        state.moves[ch] = move   # True and False are final: search returns them
-        self._cached += 1
-        return move
-
-    def _closure(self, pending, truth):
-        """Follow epsilon edges from pending, crossing an assertion only if truth says it holds;
-        return the 'set' states reached and whether the match state was reached."""
-        seen, stack, sets, matched = set(), list(pending), [], False
-        while stack:
-            s = stack.pop()
-            if s not in seen:
-                seen.add(s)
-                kind, arg, out = self._program[s]
-                if kind == "split":
-                    stack.extend(arg)
-                elif kind == "assert" and truth[arg]:
-                    stack.append(out)
-                elif kind == "set":
-                    sets.append(s)
-                matched = matched or kind == "match"
-        return sets, matched
-
-    def _state(self, nfa, prev_word, at_start):
-        # The table is read once: calls are judged outside the gate's lock, so another
-        # thread's search may drop it (_forget) between a store and a second read.
-        key = (nfa, prev_word, at_start)
-        state = self._states.get(key)
-        if state is None:
-            state = self._states[key] = _DFAState(nfa, prev_word, at_start)
-            self._cached += len(nfa) + 1
-        return state
-
-    def _forget(self):
-        """Drop all cached states and moves. A state a running search still holds stays
-        correct: it only loses its cached moves, which are rebuilt on demand."""
-        for state in list(self._states.values()):
-            state.moves.clear()
-        self._states.clear()
-        self._cached = 0
-
-
-# Characters times NFA states that all the pattern searches of one call may cost together.
-# The worst patterns meet a new DFA state at nearly every character, which costs a pass over
-# the NFA (about 0.1 microsecond per NFA state), so this is about half a second of one core.
-PATTERN_WORK = 5_000_000
-
-
-class PatternCost(Exception):
-    """A search the call's pattern work cannot pay for; the message names the value's place."""
-
-
-class PatternWork:
-    """What the pattern searches of one call may still cost, and what they found.
-
-    The bound is per call, not per value: an array of long values, or one value read by many
-    patterns, draws on the same PATTERN_WORK, so a call cannot multiply it. A search is charged
-    before it starts, at its most (characters times NFA states): what cannot be paid is
-    refused without being started, and the charge depends on the call alone, never on what
-    the DFA caches happen to hold. What a search found is kept: the gate judges a call before
-    its lock and reads the call again under it and in the write transaction, at no cost.
-    """
-
-    def __init__(self):
-        self.left, self.found = PATTERN_WORK, {}
-
-    def search(self, pattern, text, at):
-        """Whether the pattern matches somewhere in text, or PatternCost naming `at`."""
-        key = (pattern, text)
-        if key not in self.found:
-            compiled = compile_pattern(pattern)
-            cost = len(text) * compiled.size
-            if cost > self.left:
-                raise PatternCost(f"{at}: too long ({len(text)} characters) to be checked "
-                                  f"against the pattern {quote(pattern)}")
-            self.left -= cost
-            self.found[key] = compiled.search(text)
-        return self.found[key]
-
-
-def resolve_ref(root, ref):
-    if not isinstance(ref, str) or not ref.startswith("#"):
-        raise SchemaError(f"$ref {quote(str(ref))} does not point inside the schema")
-    node = root
-    for part in [p for p in ref[1:].split("/") if p]:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            raise SchemaError(f"$ref {quote(ref)} points at nothing in the schema")
-    return node
-
-
-def _type_of(value):
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, Number):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list) else "object"
-
-
-def _has_type(value, kind):
-    actual = _type_of(value)
-    if kind == "integer":
-        return actual == "number" and value.is_integer()
-    return actual == kind
-
-
-def json_equal(a, b):
-    if isinstance(a, Number) and isinstance(b, Number):
-        return a.exact() == b.exact()
-    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
-        return a is b
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, list):
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
-    return a == b
-
-
-def _show(value):
-    return cut(policy_json(value), 80)
-
-
-def _path(where, part):
-    return f"{where}/{part}" if where else f"/{part}"
-
-
-def validate(schema, value, root=None, where="", work=None):
-    """Raise SchemaError naming the first place `value` does not match `schema`, or
-    PatternCost when a pattern search is more than `work` (the call's, else a fresh one) can
-    pay for. Inside anyOf, oneOf, not and if a SchemaError is an answer; a PatternCost passes
-    through them, so a value too costly to check is never taken as not matching."""
-    root = schema if root is None else root
-    work = PatternWork() if work is None else work
-    at = where or "the arguments"
-    if schema is True or schema == {}:
-        return
-    if schema is False:
-        raise SchemaError(f"{at}: no value is allowed here")
-    if "$ref" in schema:
-        validate(resolve_ref(root, schema["$ref"]), value, root, where, work)
-    kind = schema.get("type")
-    if kind is not None:
-        kinds = kind if isinstance(kind, list) else [kind]
-        if not any(_has_type(value, k) for k in kinds):
-            raise SchemaError(f"{at}: expected {' or '.join(kinds)}, got {_type_of(value)}")
-    if "const" in schema and not json_equal(schema["const"], value):
-        raise SchemaError(f"{at}: expected exactly {_show(schema['const'])}")
-    if "enum" in schema and not any(json_equal(option, value) for option in schema["enum"]):
-        raise SchemaError(f"{at}: expected one of {_show(schema['enum'])}")
-    if isinstance(value, Number):
-        _validate_number(schema, value, at)
-    elif isinstance(value, str):
-        _validate_string(schema, value, at, work)
-    elif isinstance(value, list):
-        _validate_array(schema, value, root, where, work)
-    elif isinstance(value, dict):
-        _validate_object(schema, value, root, where, work)
-    for sub in schema.get("allOf", []):
-        validate(sub, value, root, where, work)
-    if "anyOf" in schema and not any(_matches(s, value, root, where, work)
-                                     for s in schema["anyOf"]):
-        raise SchemaError(f"{at}: matches none of the allowed shapes (anyOf)")
-    if "oneOf" in schema and sum(_matches(s, value, root, where, work)
-                                 for s in schema["oneOf"]) != 1:
-        raise SchemaError(f"{at}: must match exactly one of the allowed shapes (oneOf)")
-    if "not" in schema and _matches(schema["not"], value, root, where, work):
-        raise SchemaError(f"{at}: matches a shape that is not allowed (not)")
-    if "if" in schema:
-        branch = "then" if _matches(schema["if"], value, root, where, work) else "else"
-        if branch in schema:
-            validate(schema[branch], value, root, where, work)
-
-
-def _matches(schema, value, root, where, work):
-    try:
-        validate(schema, value, root, where, work)
-        return True
-    except SchemaError:
-        return False
-
-
-def _validate_number(schema, value, at):
-    exact = value.exact()
-    for key, fails, word in (("minimum", lambda b: exact < b, "at least"),
-                             ("maximum", lambda b: exact > b, "at most"),
-                             ("exclusiveMinimum", lambda b: exact <= b, "greater than"),
-                             ("exclusiveMaximum", lambda b: exact >= b, "less than")):
-        bound = schema.get(key)
-        if isinstance(bound, bool):  # draft-04: exclusiveMinimum true tightens minimum
-            other = schema.get("minimum" if key == "exclusiveMinimum" else "maximum")
-            if bound and isinstance(other, Number) and exact == other.exact():
-                raise SchemaError(f"{at}: expected a number {word} {other.literal}")
-        elif isinstance(bound, Number) and fails(bound.exact()):
-            raise SchemaError(f"{at}: expected a number {word} {bound.literal}")
-    step = schema.get("multipleOf")
-    if isinstance(step, Number):
-        try:
-            remainder = exact % step.exact()
-        except decimal.InvalidOperation:
-            remainder = 1  # too far apart to divide exactly: not a multiple we can vouch for
-        if remainder != 0:
-            raise SchemaError(f"{at}: expected a multiple of {step.literal}")
-
-
-def _validate_string(schema, value, at, work):
-    if "minLength" in schema and len(value) < schema["minLength"].exact():
-        raise SchemaError(f"{at}: expected at least {schema['minLength'].literal} characters")
-    if "maxLength" in schema and len(value) > schema["maxLength"].exact():
-        raise SchemaError(f"{at}: expected at most {schema['maxLength'].literal} characters")
-    if "pattern" in schema and not work.search(schema["pattern"], value, at):
-        raise SchemaError(f"{at}: expected text matching the pattern "
-                          f"{quote(schema['pattern'])}")
-
-
-def _validate_array(schema, value, root, where, work):
-    at = where or "the arguments"
-    if "minItems" in schema and len(value) < schema["minItems"].exact():
-        raise SchemaError(f"{at}: expected at least {schema['minItems'].literal} items")
-    if "maxItems" in schema and len(value) > schema["maxItems"].exact():
-        raise SchemaError(f"{at}: expected at most {schema['maxItems'].literal} items")
-    if schema.get("uniqueItems") is True:
-        for i, item in enumerate(value):
-            if any(json_equal(item, other) for other in value[:i]):
-                raise SchemaError(f"{at}: expected items that are all different")
-    prefix = schema.get("prefixItems")
-    items = schema.get("items")
-    if isinstance(items, list):  # draft-07 tuple form
-        prefix, items = items, schema.get("additionalItems")
-    prefix = prefix or []
-    for i, item in enumerate(value):
-        sub = prefix[i] if i < len(prefix) else items
-        if sub is not None:
-            validate(sub, item, root, _path(where, i), work)
-    if "contains" in schema:
-        found = sum(_matches(schema["contains"], item, root, where, work)
-                    for item in value)
-        least = schema["minContains"].exact() if "minContains" in schema else 1
-        if found < least:
-            raise SchemaError(f"{at}: expected at least {least} item(s) of the required shape "
-                              f"(contains)")
-        if "maxContains" in schema and found > schema["maxContains"].exact():
-            raise SchemaError(f"{at}: expected at most {schema['maxContains'].literal} item(s) "
-                              f"of that shape (contains)")
-
-
-def _validate_object(schema, value, root, where, work):
-    at = where or "the arguments"
-    for name in schema.get("required", []):
-        if name not in value:
-            raise SchemaError(f"{_path(where, name)}: this property is required")
-    if "minProperties" in schema and len(value) < schema["minProperties"].exact():
-        raise SchemaError(f"{at}: expected at least {schema['minProperties'].literal} "
-                          f"properties")
-    if "maxProperties" in schema and len(value) > schema["maxProperties"].exact():
-        raise SchemaError(f"{at}: expected at most {schema['maxProperties'].literal} properties")
-    properties = schema.get("properties", {})
-    patterns = schema.get("patternProperties", {})
-    extra = schema.get("additionalProperties")
-    for name, item in value.items():
-        matched = False
-        if name in properties:
-            validate(properties[name], item, root, _path(where, name), work)
-            matched = True
-        for pattern, sub in patterns.items():
-            if work.search(pattern, name, _path(where, name)):
-                validate(sub, item, root, _path(where, name), work)
-                matched = True
-        if not matched and extra is False:
-            allowed = ", ".join(sorted(properties)) or "none"
-            raise SchemaError(f"{_path(where, name)}: this property is not allowed "
-                              f"(allowed: {allowed})")
-        if not matched and isinstance(extra, dict):
-            validate(extra, item, root, _path(where, name), work)
-    if "propertyNames" in schema:
-        for name in value:
-            validate(schema["propertyNames"], name, root, _path(where, name), work)
-    dependencies = {**schema.get("dependencies", {}), **schema.get("dependentRequired", {}),
-                    **schema.get("dependentSchemas", {})}
-    for name, needed in dependencies.items():
-        if name not in value:
-            continue
-        if isinstance(needed, list):
-            for other in needed:
-                if other not in value:
-                    raise SchemaError(f"{_path(where, other)}: required when {name} is given")
-        else:
-            validate(needed, value, root, where, work)
-
-
-# =============================================================================================
-# 7. Pin and load
-#
-# Reads as: decision core (the lint and pin -diff in it are around the core)
-#
-# Owns: the manifest (what a server presented when the operator pinned it), what differs
-# from it now, the lint of the texts a model reads of a tool, and the checks that decide, at
-# every start, which upstream tools the host is offered.
-# Promises: a tool is offered only if it is pinned, classified by a rule that is not an
-# unreviewed proposal, and presents today exactly what it presented at the pin (its schemas,
-# description, title, annotations, icons and _meta), and it is offered as pinned; its
-# annotations do not contradict its class (unless the operator allows it); a high
-# lint finding is accepted by the rule for exactly that text; its name is usable; its schema
-# is self-contained and usable; what the rule hides is soundly hidden. Each refusal refuses
-# only that tool and says why in the report. Server-chosen names are sanitized in every
-# report line.
-# A problem of one server hides only that server, and a problem of the config stops the
-# gate. A server that cannot start (a command that exits, a url that does not answer, a
-# header's variable that is not set, an UpstreamError of any kind), that is not pinned or
-# whose manifest is unusable or does not fit its rules (a LoadError), or that registers no
-# tool, is not served; its report says why, and the others are served. A ConfigError stops
-# every server: the config cannot be read as written (a tool named as the status tool among
-# them), or a file the decisions depend on could be changed by someone else. Hiding a server
-# never lets a call through that would otherwise be refused.
-# =============================================================================================
-
-HINT_NAMES = (("readOnlyHint", "readOnly"), ("destructiveHint", "destructive"),
-              ("idempotentHint", "idempotent"), ("openWorldHint", "openWorld"))
-ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
-# The parts of a tool its pin covers, as (what a person calls it, its key in a manifest
-# entry); the input schema and the description are compared by their hashes. The tool's
-# `execution` is not among them: it claims support for tasks, which the gate does not offer.
-PINNED_PARTS = (("input schema", "schema_hash"), ("description", "description_hash"),
-                ("title", "title"), ("output schema", "output_schema"),
-                ("annotations", "annotations"), ("icons", "icons"), ("_meta", "_meta"))
-# What a manifest entry pinned by agentgate 0.2.0 or older covers: it kept no title, output
-# schema, icons or _meta, and of the annotations only ANNOTATION_KEYS.
-EARLY_PARTS = ("input schema", "description", "annotations")
-_DRAFT_RE = re.compile(r"https?://json-schema\.org/(draft-0[467]/schema|draft/2019-09/schema|"
-                       r"draft/2020-12/schema|schema)#?")
-_HIDING_KEYWORDS = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentRequired",
-                    "dependentSchemas", "dependencies", "$defs", "definitions")
-
-
-class LoadError(Exception):
-    """A server that cannot be used at all; the message says why."""
-
-
-def offered_name(server, tool, rule):
-    """The name the host sees: the rule's rename, else the tool's name after its server's, so
-    two servers' tools never clash; a name that already begins with its server's (git_add of
-    the server git) is not prefixed twice."""
-    if rule.rename:
-        return rule.rename
-    if tool == server.name or tool.startswith((f"{server.name}_", f"{server.name}-")):
-        return tool
-    return f"{server.name}_{tool}"
-
-
-class Tool:
-    """An upstream tool as the gate offers it."""
-
-    def __init__(self, server, upstream, entry, rule):
-        self.server = server
-        self.upstream = upstream
-        self.upstream_name = entry["name"]
-        self.rule = rule
-        self.name = offered_name(server, entry["name"], rule)
-        # What the tool is whatever it is called: requests are keyed by it, so a rename
-        # neither lifts an unknown outcome nor lets a repeat through the window.
-        self.target = f"{server.name}/{entry['name']}"
-        self.description = rule.description or entry.get("description", "")
-        self.side_effect = rule.side_effect
-        # A timeout that nobody set is the default one: check says which tools run on it.
-        self.timeout_given = rule.timeout or server.default_timeout
-        self.timeout = self.timeout_given or DEFAULT_TOOL_TIMEOUT
-        self.schema = restrict_schema(entry["input_schema"], rule.deny + list(rule.fixed))
-        # What tools/list offers: the tool as pinned, by its registered name, with the rule's
-        # description and the schema without what the rule hides; a part the server did not
-        # present (or a manifest from before it was kept) is left out.
-        offered = {"name": self.name, "title": entry.get("title"),
-                   "description": self.description, "inputSchema": self.schema,
-                   "outputSchema": entry.get("output_schema"),
-                   "annotations": entry.get("annotations"), "icons": entry.get("icons"),
-                   "_meta": entry.get("_meta")}
-        self.listing = {key: value for key, value in offered.items() if value is not None}
-        self.spec = {"name": self.name, "description": self.description,
-                     "input_schema": self.schema, "side_effect": self.side_effect,
-                     "timeout": self.timeout}
-        self.spec_json = dumps(self.spec)  # encoded once: a step names its spec by this hash
-        self.spec_hash = sha256_hex(self.spec_json)
-
-    @property
-    def read_only(self):
-        return self.side_effect == "read_only"
-
-
-class Report:
-    """What loading one server decided, tool by tool, as lines an operator reads; `unserved`
-    says why the server is not served at all ('' while it is), `kinds` what became of each
-    tool, in order, and `review` why a proposal deserves a careful read."""
-
-    def __init__(self, server):
-        self.server = server
-        self.lines = []
-        self.unserved = ""
-        self.kinds, self.review = {}, {}
-
-    def add(self, kind, tool, text):
-        self.kinds[tool] = kind
-        self.lines.append(f"{sanitize(self.server)}: {text}")
-
-    def count(self, kind):
-        """How many tools became `kind` (each tool is added once: a name is either live and
-        unpinned or pinned, and a pinned one ends in exactly one kind)."""
-        return sum(1 for each in self.kinds.values() if each == kind)
-
-
-def schema_hash(schema):
-    return content_hash(schema)
-
-
-def description_hash(description):
-    return sha256_hex(encode_string(description))
-
-
-def restrict_schema(schema, hidden):
-    """The schema the host is offered: hidden parameters gone from properties and required."""
-    if not hidden:
-        return schema
-    restricted = dict(schema)
-    restricted["properties"] = {k: v for k, v in schema.get("properties", {}).items()
-                                if k not in hidden}
-    required = [r for r in schema.get("required", []) if r not in hidden]
-    restricted.pop("required", None)
-    if required:
-        restricted["required"] = required
-    return restricted
-
-
-def manifest_entry(tool):
-    """A listed tool as a manifest keeps it: every part of PINNED_PARTS, as the server presented
-    it. A part it did not present, or presented as a value of the wrong kind (which a host
-    would refuse with the whole listing), is null; annotations are then left out, as they
-    always were."""
-    def kept(field, kind):
-        return tool.get(field) if isinstance(tool.get(field), kind) else None
-    schema = tool.get("inputSchema")
-    description = kept("description", str) or ""
-    entry = {"name": tool["name"], "description": description, "input_schema": schema,
-             "schema_hash": schema_hash(schema), "description_hash": description_hash(description),
-             "title": kept("title", str), "output_schema": kept("outputSchema", dict),
-             "icons": kept("icons", list), "_meta": kept("_meta", dict)}
-    if kept("annotations", dict):
-        entry["annotations"] = tool["annotations"]
-    return entry
-
-
-def connect(server):
-    """Start a server (spawn, then handshake_and_list within its connect_timeout), as every
-    command does; load_all, for many at once. Returns (upstream, tools); the caller closes
-    it."""
-    upstream = new_upstream(server)
-    try:
-        upstream.spawn()
-        return upstream, handshake_and_list(upstream, Deadline(server.connect_timeout))
-    except BaseException:
-        upstream.close()
-        raise
-
-
-def presented(server):
-    """What a server presents now: connect, list every tool, close; as manifest entries."""
-    upstream, live = connect(server)
-    upstream.close()
-    return {name: manifest_entry(tool) for name, tool in sorted(live.items())}
-
-
-def pin(server):
-    """Connect, list every tool, and write the server's manifest (0600)."""
-    manifest = {"server": server.name, "pinned_at": now(), "tools": presented(server)}
-    write_private(server.manifest, pretty_json(manifest) + "\n")
-    return manifest
-
-
-def changed_parts(pinned, live):
-    """The parts (PINNED_PARTS' names, in their order) in which a tool as its server presents
-    it now differs from its pin, both as manifest entries: the one definition of a change
-    since the pin, for the load, the watch while serving and pin -diff.
-
-    An entry pinned by agentgate 0.2.0 or older has no "title" key (every later entry has
-    it, null when the server presented none): it is compared only on the EARLY_PARTS it
-    kept, so an upgrade alone reports no tool as changed; pinning again covers the rest."""
-    early = "title" not in pinned
-    return [part for part, key in PINNED_PARTS if (not early or part in EARLY_PARTS)
-            and compared_part(pinned, key, pinned) != compared_part(live, key, pinned)]
-
-
-def compared_part(entry, key, pinned):
-    """The value of an entry's part as it is compared with the `pinned` entry."""
-    value = entry.get(key)
-    if "title" not in pinned and key == "annotations" and isinstance(value, dict):
-        value = {k: value[k] for k in ANNOTATION_KEYS if k in value} or None
-    return value
-
-
-def tool_changes(pinned, live):
-    """How what a server presents now (`live`, manifest entries) differs from what it pinned,
-    per tool: ("added", None, now), ("removed", pinned, None) or ("changed", pinned, now)."""
-    changes = {}
-    for name in sorted(set(pinned) | set(live)):
-        old, new = pinned.get(name), live.get(name)
-        if old is None or new is None or changed_parts(old, new):
-            kind = "added" if old is None else "removed" if new is None else "changed"
-            changes[name] = (kind, old, new)
-    return changes
-
-
-def change_lines(old, new):
-    """A changed tool as a person compares it: each part that differs, as a unified diff of
-    the pinned text against today's (the description wrapped, the rest indented JSON)."""
-    import difflib
-    import textwrap
-
-    def lines(entry, part, key):
-        if part == "description":
-            return textwrap.wrap(entry["description"], 88) or [""]
-        value = entry["input_schema"] if part == "input schema" else compared_part(entry, key, old)
-        return pretty_json(value).splitlines()
-    changed, out = changed_parts(old, new), []
-    for part, key in PINNED_PARTS:
-        if part not in changed:
-            continue
-        before, after = lines(old, part, key), lines(new, part, key)
-        if before == after:  # the texts differ only in their spacing
-            out.append(f"{part}: only its spacing differs")
-            continue
-        out.append(f"{part}:")
-        out += list(difflib.unified_diff(before, after, "pinned", "now", n=2, lineterm=""))
-    return [sanitize(line) for line in out]
-
-
-def hints_text(entry):
-    annotations = entry.get("annotations")
-    if annotations is None:
-        return "no annotations"
-    claimed = [word for key, word in HINT_NAMES if annotations.get(key) is True]
-    return ", ".join(claimed) or "claims nothing"
-
-
-def read_manifest(server):
-    """A server's manifest. One never written (a server not pinned yet) or not usable is that
-    server's problem (LoadError); one others could have changed is the config's (ConfigError:
-    the files the gate's decisions depend on are not the operator's alone)."""
-    where = f"server {quote(server.name)}: manifest {server.manifest}"
-    if not os.path.lexists(server.manifest):
-        raise LoadError(f"{where} does not exist; run pin")
-    data = read_owned(server.manifest, "manifest")
-    try:
-        manifest = parse(data)
-    except CanonicalError as err:
-        raise LoadError(f"{where} is not usable JSON: {err.placed()}") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("tools"), dict):
-        raise LoadError(f"{where} has no tools; run pin again")
-    if manifest.get("server") != server.name:
-        raise LoadError(f"{where} is for server {quote(str(manifest.get('server')))}, not "
-                        f"{quote(server.name)}; run pin again or name the right manifest")
-    return manifest
-
-
-# Description lint. A tool's description, its schema's texts and its parameters' names are
-# read by the model on every tools/list, so they are where tool poisoning hides instructions.
-# The lint finds the tricks known to be used (invisible characters, terminal escapes, bytes
-# smuggled in variation selectors, tag-like blocks and HTML comments, text that speaks to the
-# model, secrets' places and variables, names that mix scripts, instructions about other
-# servers' tools, paths, URLs, a text far longer than its peers); it cannot find them all,
-# and says so in the README. Advice to call a tool of the same server first is how public
-# servers sequence their tools, not an injection: it stays medium.
-LINT_HIGH, LINT_MEDIUM = "high", "medium"
-LINT_LONG = 1024  # a description is far longer than its peers past this and four times theirs
-
-_LINT_PHRASES = [(re.compile(pattern, re.I | re.S), severity, what)
-                 for pattern, severity, what in (
-    (r"<\s*/?\s*(important|system|instructions?|secret|hidden|admin|context|critical)\b[^>]*>",
-     LINT_HIGH, "a tag-like block"),
-    (r"<!--", LINT_HIGH, "an HTML comment, which rendered text hides"),
-    (r"\b(ignore|disregard|forget|override)\b.{0,40}\b(instructions?|prompts?|rules|guidelines|"
-     r"guidance|directions|directives)\b", LINT_HIGH,
-     "text telling the model to ignore its instructions"),
-    (r"\b(system prompt|(previous|earlier|prior) instructions|you are now|new instructions|"
-     r"as an ai)\b", LINT_HIGH, "text aimed at the model's instructions"),
-    (r"\b(do not|don't|never|without)\b.{0,40}\b(tell|telling|inform|informing|mention|"
-     r"mentioning|reveal|revealing|alert|alerting|notify|notifying|let|letting)\b.{0,40}"
-     r"\b(user|human|operator|person|people|anyone)|\b(hide|hiding|conceal|concealing|keep|"
-     r"keeping)\b.{0,40}\bfrom\b.{0,20}\b(user|human|operator|person|people|anyone)|\bwithout\b"
-     r".{0,20}\b(user|human|operator|person)('s)?\s+(knowing|knowledge|noticing|consent)",
-     LINT_HIGH, "text telling the model to keep something from the user"),
-    (r"\b(when|whenever|every time)\b.{0,60}\b(any|every|all|other|another)\b"
-     r".{0,20}\b(tools?|commands?|calls?|requests?)\b.{0,80}\b(must|always|never)\b", LINT_HIGH,
-     "instructions for the model's other calls"),
-    (r"((?<![\w.])\.ssh\b|\bid[_ ](rsa|dsa|ecdsa|ed25519)\b|\.aws/credentials|/etc/(passwd|"
-     r"shadow)|(^|[\s/'\"`])\.env\b|\.netrc\b|\.pgpass\b|\.git-credentials|\.npmrc\b|"
-     r"\.pypirc\b|\.kube/config|\.docker/config\.json|\bmcp\.json\b|"
-     r"claude_desktop_config\.json)", LINT_HIGH, "the place of a secret"),
-    # Case matters: AWS_SECRET_ACCESS_KEY names a secret, an access_token parameter does not.
-    (r"(?-i:\b[A-Z][A-Z0-9_]*_(SECRET|TOKEN|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|"
-     r"PRIVATE_KEY|CREDENTIALS?)[A-Z0-9_]*\b)", LINT_HIGH, "a secret named by its variable"),
-    (r"[\x1b\x9b]", LINT_HIGH, "terminal escape sequences, which can hide text on a screen"),
-    (r"\b(other|another|different)\s+(tools?|servers?|functions?)\b", LINT_MEDIUM,
-     "a reference to other tools or servers"),
-    (r"\b[a-z][a-z0-9+.-]*://\S+", LINT_MEDIUM, "a URL"),
-    (r"(^|[\s'\"`(=])(~/|/(etc|home|root|users|var|tmp|usr|opt)/|[a-z]:\\)\S*", LINT_MEDIUM,
-     "a file path"),
-)]
-_FIRST_STEP = re.compile(r"\bbefore\b.{0,30}\b(using|calling|invoking|you use|you call)\b.{0,120}"
-                         r"\b(read|call|send|run|fetch|open|pass|include|upload)\b", re.I | re.S)
-# Words that make a mention of another tool an instruction about it (shadowing).
-_DIRECTIVE = re.compile(r"\b(must|always|never|instead|do not|don't)\b", re.I)
-_SENTENCE_END = re.compile(r"[.!?](\s|$)")
-_LETTERS_RE = re.compile(r"[^\W\d_]+")
-# Each selector hides one byte (U+FE00-FE0F: 0-15, U+E0100-E01EF: 16-255); emoji take one.
-_SELECTOR_RUN = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]{2,}")
-_READ_KEYWORDS = ("description", "title", "default", "examples", "enum", "const", "$comment")
-
-
-def tool_titles(entry):
-    """(where, text) of a tool's titles: its own and its annotations' (the older place)."""
-    annotations = entry.get("annotations") if isinstance(entry.get("annotations"), dict) else {}
-    return [(where, title) for where, title in (("title", entry.get("title")), (
-        "annotations title", annotations.get("title"))) if isinstance(title, str)]
-
-
-def lint_texts(entry):
-    """(where, text) of everything the model reads of a tool but its names: the description,
-    its titles, and anywhere in its input schema the descriptions, titles, defaults, examples,
-    enum and const values, comments and x- extensions."""
-    texts = [("description", entry.get("description") or ""), *tool_titles(entry)]
-
-    def walk(node, where):
-        if isinstance(node, list):
-            for i, value in enumerate(node):
-                walk(value, f"{where}/{i}")
-        if not isinstance(node, dict):
-            return
-        for key, value in node.items():
-            at = f"{where}/{key}"
-            if key in SCHEMA_MAPS and isinstance(value, dict):  # names here are not keywords
-                for name, schema in value.items():
-                    walk(schema, f"{at}/{name}")
-            elif key in _READ_KEYWORDS or key.startswith("x-"):
-                texts.extend((f"input schema {at}", text) for text in _strings(value))
-            else:
-                walk(value, at)
-    walk(entry.get("input_schema"), "")
-    return texts
-
-
-def _strings(value):
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list):
-        return [s for item in value for s in _strings(item)]
-    if isinstance(value, dict):
-        return [s for item in value.values() for s in _strings(item)]
-    return []
-
-
-def scripts_of(word):
-    return {unicodedata.name(ch, "?").split()[0] for ch in word if ch.isalpha()}
-
-
-def mixed_script_words(text):
-    """The words of `text` whose letters come from more than one script (a Cyrillic а among
-    Latin letters): a name made to be read as another."""
-    return sorted({word for word in _LETTERS_RE.findall(text) if len(scripts_of(word)) > 1})
-
-
-def invisible_codes(text):
-    """The invisible, bidirectional and tag characters of `text`, as code points."""
-    return sorted({ord(ch) for ch in text if ord(ch) in INVISIBLE})
-
-
-def _schema_names(schema):
-    if isinstance(schema, dict):
-        for key, value in schema.items():
-            if key == "properties" and isinstance(value, dict):
-                yield from value
-            yield from _schema_names(value)
-    elif isinstance(schema, list):
-        for value in schema:
-            yield from _schema_names(value)
-
-
-def _name_words(name):
-    """A name as the model reads it: content_from_reading_ssh_id_rsa, readSshKey -> words."""
-    return re.sub(r"[_.-]+|(?<=[a-z0-9])(?=[A-Z])", " ", name)
-
-
-def _named(names, text):
-    return sorted(name for name in names if re.search(
-        rf"(?<![\w-]){re.escape(name)}(?![\w-])", text))
-
-
-def _sentence_from(text, start):
-    end = _SENTENCE_END.search(text, start)
-    return text[start:end.end() if end else len(text)]
-
-
-def _smuggled(text):
-    """What runs of variation selectors spell, decoded as bytes ('' when there are none)."""
-    spelled = bytearray()
-    for run in _SELECTOR_RUN.findall(text):
-        spelled += bytes(ord(ch) - 0xFE00 if ord(ch) < 0xFF00 else ord(ch) - 0xE0100 + 16
-                         for ch in run)
-    return spelled.decode("utf-8", "replace")
-
-
-def lint_tool(entry, others, siblings, peer_length):
-    """A tool's findings as (severity, what, where), the high ones first. `others`: names of
-    other servers' tools; `siblings`: of its own server's; `peer_length`: the median
-    description length of its server."""
-    findings = []
-    for name in (entry["name"], *_schema_names(entry.get("input_schema"))):
-        scripts = scripts_of(name)
-        if len(scripts) > 1:
-            findings.append((LINT_HIGH, "a name that mixes scripts (" +
-                             ", ".join(sorted(scripts)) + ")", f"name {quote(name)}"))
-        words = _name_words(name)
-        findings += [(severity, what, f"name {quote(name)}")
-                     for pattern, severity, what in _LINT_PHRASES if pattern.search(words)]
-    for where, text in lint_texts(entry):
-        findings += [(severity, what, where) for severity, what in _text_findings(
-            text, others, set(siblings) - {entry["name"]})]
-    length = len(entry.get("description") or "")
-    if length > max(LINT_LONG, 4 * peer_length):
-        findings.append((LINT_MEDIUM, f"{length} characters long, far longer than its peers",
-                         "description"))
-    return sorted(findings, key=lambda f: f[0] != LINT_HIGH)
-
-
-def _text_findings(text, others, siblings):
-    """(severity, what) of one text the model reads."""
-    found = []
-    hidden = invisible_codes(text)
-    if hidden:
-        # Tag characters mirror ASCII: what they spell is what the model may read.
-        spelled = "".join(chr(ord(ch) - 0xE0000) for ch in text if 0xE0020 <= ord(ch) < 0xE007F)
-        found.append((LINT_HIGH, "invisible, bidirectional or tag characters (" +
-                      ", ".join(f"U+{code:04X}" for code in hidden[:5]) + ")" +
-                      (f" spelling {quote(cut(spelled, 200))}" if spelled else "")))
-    smuggled = _smuggled(text)
-    if smuggled:
-        found.append((LINT_HIGH, f"variation selectors hiding bytes that spell "
-                                 f"{quote(cut(smuggled, 200))}"))
-    found += [(severity, what) for pattern, severity, what in _LINT_PHRASES
-              if pattern.search(text)]
-    step = _FIRST_STEP.search(text)
-    if step and _named(siblings, _sentence_from(text, step.start())):
-        found.append((LINT_MEDIUM, "a step the model is told to take first, with a tool of "
-                                   "its own server"))
-    elif step:
-        found.append((LINT_HIGH, "a step the model is told to take first"))
-    mixed = mixed_script_words(text)
-    if mixed:
-        found.append((LINT_HIGH, f"words that mix scripts ({', '.join(mixed[:3])})"))
-    named = _named(others, text)
-    if named and _DIRECTIVE.search(text):
-        found.append((LINT_HIGH, f"instructions about other servers' tools "
-                                 f"({', '.join(named[:3])})"))
-    elif named:
-        found.append((LINT_MEDIUM, f"names other servers' tools ({', '.join(named[:3])})"))
-    return found
-
-
-def lint_manifests(manifests):
-    """{server name: {tool: findings}} over pinned manifests, each tool read against the
-    other servers' tools, its own server's tools and its own server's description lengths."""
-    # A short plain name (add, search) is an ordinary word in prose, not a mention of a tool.
-    names = {server: {name for name in manifest["tools"]
-                      if len(name) >= 8 or "_" in name or "-" in name}
-             for server, manifest in manifests.items()}
-    found = {}
-    for server, manifest in manifests.items():
-        others = {name for other, tools in names.items() if other != server
-                  for name in tools} - set(manifest["tools"])
-        lengths = sorted(len(e.get("description") or "") for e in manifest["tools"].values())
-        median = lengths[len(lengths) // 2] if lengths else 0
-        found[server] = {tool: lint_tool(entry, others, names[server], median)
-                         for tool, entry in manifest["tools"].items()}
-    return found
-
-
-def lint_hash(entry):
-    """What a rule's accepted_description names: every text the lint reads, by hash. A tool
-    without a title is hashed as before titles were read, so what was accepted stays so."""
-    texts = {"description": entry.get("description") or "",
-             "input_schema": entry.get("input_schema")}
-    titles = dict(tool_titles(entry))
-    return content_hash({**texts, "titles": titles} if titles else texts)
-
-
-def lint_lines(findings):
-    return [f"  lint {severity}: {what} (in the {sanitize(where)})"
-            for severity, what, where in findings]
-
-
-def load(server, manifest, upstream, live, deadline, taken, findings, report):
-    """Decide which of a connected server's tools are offered (returned), and say why for
-    each in its report.
-
-    `taken` maps registered names already offered (by earlier servers and the status tool) to
-    what holds them; `findings` are the lint's, per pinned tool.
-    """
-    pinned = manifest["tools"]
-    tools = []
-    for name in sorted(live):
-        if name not in pinned:
-            report.add("unpinned", name, f"unpinned {sanitize(name)}: not in the manifest")
-    for name in sorted(pinned):
-        found = findings.get(name, [])
-        tool = _load_tool(server, upstream, pinned[name], live.get(name), deadline, taken,
-                          report, found)
-        if tool:
-            tools.append(tool)
-        report.lines += [f"{sanitize(server.name)}: {line}" for line in lint_lines(found)]
-    return tools
-
-
-def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
-    """One pinned tool: registered (returned, and `taken` updated) or said why not."""
-    name = entry["name"]
-    rule = server.rules.get(name)
-    if rule is None:
-        report.add("unclassified", name, f"unclassified {sanitize(name)}: no rule")
-        return None
-    if rule.proposed:
-        report.add("unreviewed", name, f"unreviewed {sanitize(name)}: its rule "
-                   f"({rule.side_effect}) was proposed from the server's own hints; read it, "
-                   f"then run check -accept")
-        if rule.side_effect == "read_only" and _SECRETS_WORDS.search(entry["description"]):
-            report.review[name] = "a read that may return secrets"
-        return None
-    if deadline.left() <= 0:
-        raise UpstreamError(upstream.describe("load", "timed out after " +
-                                              format_duration(deadline.ns)))
-    reason, mismatch = refusal(server, entry, live, rule, found)
-    if not reason:
-        tool = Tool(server, upstream, entry, rule)
-        if tool.name in taken:
-            if taken[tool.name] is STATUS_CLASH:
-                raise ConfigError(f"server {quote(server.name)}: tool {quote(name)} "
-                                  f"registers as {tool.name}, the status tool's name: rename "
-                                  f"one (status_tool or the rule's rename)")
-            reason = f"the name {quote(tool.name)} is already taken by {taken[tool.name]}"
-    if reason:
-        report.add("refused", name, f"refused {sanitize(name)}: {reason}")
-        return None
-    taken[tool.name] = f"tool {quote(name)} of server {quote(server.name)}"
-    extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
-    if not tool.timeout_given:
-        extra += (f" [no timeout set: the default {format_duration(DEFAULT_TOOL_TIMEOUT)} "
-                  f"applies]")
-    report.add("registered", name, f"registered {sanitize(name)} as {tool.name} "
-                                   f"({tool.side_effect}){extra}")
-    report.lines += [f"{sanitize(server.name)}:   {sanitize(line)}"
-                     for line in rule_lines(rule, tool.name)]
-    return tool
-
-
-STATUS_CLASH = "the status tool"
-# A read whose description speaks of these may hand the model what the person protects (an
-# environment with the tokens init just moved into the config, say): proposed read_only, it
-# would run unasked once accepted.
-_SECRETS_WORDS = re.compile(r"\b(environment|env|secrets?|credentials?|passwords?|keys?|"
-                            r"tokens?)\b", re.I)
-
-
-def refusal(server, entry, live, rule, found):
-    """Why a classified tool is not offered ('' when it is), and any allowed hint mismatch.
-    `found`: the lint's findings on the pinned entry."""
-    if live is None:
-        return "the server no longer offers it", ""
-    live_entry = manifest_entry(live)
-    changed = changed_parts(entry, live_entry)
-    if "input schema" in changed:
-        return "the input schema changed since the pin", ""
-    if "description" in changed:
-        return "the description changed since the pin, and a description is model input", ""
-    mismatch = hint_mismatch(rule.side_effect, entry, live_entry)
-    if mismatch and not rule.allow_hint_mismatch:
-        return mismatch, ""
-    if changed:
-        return f"its {', '.join(changed)} changed since the pin (pin -diff shows how)", ""
-    name = offered_name(server, entry["name"], rule)
-    if not NAME_RE.fullmatch(name):
-        return (f"the name {quote(name)} does not match ^[a-zA-Z0-9_-]{{1,64}}$: set rename",
-                "")
-    schema = entry.get("input_schema")
-    if not isinstance(schema, dict) or schema.get("type") != "object":
-        return 'its input schema is not an object schema ("type": "object")', ""
-    outside = reaches_outside(schema)
-    if outside:
-        return outside, ""
-    high = [f"{what} in the {where}" for severity, what, where in found if severity == LINT_HIGH]
-    if high and rule.accepted_description != lint_hash(entry):
-        return (f"the lint finds what may be instructions hidden from you ({sanitize(high[0])}"
-                f"{f', and {len(high) - 1} more' if len(high) > 1 else ''}); read the whole text "
-                f"pin printed, and if the model may read it, set the rule's accepted_description "
-                f"to \"{lint_hash(entry)}\""), ""
-    try:
-        hiding = hiding_problem(schema, rule)
-        problem = "" if hiding else schema_problem(schema) or schema_problem(
-            restrict_schema(schema, rule.deny + list(rule.fixed)))
-    except Exception as err:  # a shape no check foresaw: refuse the tool, never the gate
-        hiding, problem = "", f"it could not be read ({type(err).__name__})"
-    if hiding:
-        return hiding, ""
-    if problem:
-        return f"the validator refuses its input schema: {sanitize(problem)}", ""
-    return policy_pointer_problem(schema, rule, name), mismatch
-
-
-def hint_mismatch(side_effect, entry, live_entry):
-    annotations, prefix = entry.get("annotations"), ""
-    if annotations is None and live_entry.get("annotations") is not None:
-        annotations, prefix = live_entry["annotations"], "the server now says: "
-    if annotations is None:
-        return ""
-    if side_effect == "read_only" and annotations.get("readOnlyHint") is not True:
-        return f"{prefix}classified read_only, but the server does not claim readOnlyHint"
-    if side_effect != "destructive" and annotations.get("readOnlyHint") is not True \
-            and annotations.get("destructiveHint") is True:
-        return f"{prefix}classified {side_effect}, but the server claims destructiveHint"
-    return ""
-
-
-def reaches_outside(schema, pointer=""):
-    """Why the schema could make a validator read outside it, or ''."""
-    if isinstance(schema, list):
-        for i, item in enumerate(schema):
-            found = reaches_outside(item, f"{pointer}/{i}")
-            if found:
-                return found
-        return ""
-    if not isinstance(schema, dict):
-        return ""
-    for key, value in schema.items():
-        bad = isinstance(value, str) and (
-            (key in ("$ref", "$dynamicRef", "$recursiveRef") and not value.startswith("#"))
-            or (key == "$id" and not value.startswith("#") and not _DRAFT_RE.fullmatch(value))
-            or (key == "$schema" and not _DRAFT_RE.fullmatch(value))
-            or (key == "id" and _is_draft4(schema) and (":" in value or value.startswith("//"))))
-        if bad:
-            return (f"the input schema's {key} at {pointer or '/'} is {quote(value)}, which "
-                    f"could make a validator read outside it")
-        found = reaches_outside(value, f"{pointer}/{key}")
-        if found:
-            return found
-    return ""
-
-
-def _is_draft4(schema):
-    return isinstance(schema.get("$schema"), str) and "draft-04" in schema["$schema"]
-
-
-def _mentions(value, name):
-    if isinstance(value, dict):
-        return name in value or any(_mentions(v, name) for v in value.values())
-    if isinstance(value, list):
-        return any(_mentions(v, name) for v in value)
-    return value == name
-
-
-def hiding_problem(schema, rule):
-    hidden = rule.deny + list(rule.fixed)
-    properties = schema.get("properties", {})
-    for name in hidden:
-        if not isinstance(properties, dict) or name not in properties:
-            return f"the rule hides {quote(name)}, which is not a top-level property of the " \
-                   f"input schema"
-        if "patternProperties" in schema:
-            return f"the rule hides {quote(name)}, but the input schema has patternProperties"
-        for keyword in _HIDING_KEYWORDS:
-            if keyword in schema and _mentions(schema[keyword], name):
-                return f"the rule hides {quote(name)} and the input schema's {keyword} " \
-                       f"mentions it"
-    return ""
-
-
 def load_all(config, while_starting=None):
     """Start every server at once, then decide, server by server in the config's order, what
     is offered. `while_starting` runs once the servers are spawned, while they start. Returns
@@ -4866,2866 +7526,19 @@ def handshake_and_list(upstream, deadline):
     return upstream.list_tools(deadline)
 
 
-def pinned_for(server):
-    """A server's manifest, once its rules name only tools it pins."""
-    manifest = read_manifest(server)
-    stray = sorted(set(server.rules) - set(manifest["tools"]))
-    if stray:
-        raise LoadError(f"server {quote(server.name)}: rules name tools the manifest does not "
-                        f"pin: {', '.join(sanitize(s) for s in stray)}; pin again or fix the "
-                        f"rules")
-    return manifest
-
-
-def served_lines(config, server, report, tools):
-    """`check`'s account of one server: whether it is served (or why not), then each tool's
-    effective decision, or what keeps it from being offered."""
-    name = quote(server.name)
-    offered = {tool.upstream_name: tool for tool in tools if tool.server is server}
-    if report.unserved:
-        why = report.unserved.removeprefix(f"server {name}: ")
-        lines = [f"server {name} is not served: {sanitize(why)}"]
-    else:
-        lines = [f"server {name} is served: {len(offered)} tool(s) offered"]
-    for tool, kind in report.kinds.items():
-        if tool in offered:
-            shown = f"{offered[tool].name}: {effective_decision(config, offered[tool].rule)}"
-        elif kind == "registered":  # before its server failed to load
-            shown = f"{sanitize(tool)}: not offered (its server is not served)"
-        elif kind == "unreviewed":
-            rule = server.rules[tool]
-            shown = (f"{sanitize(tool)}: unreviewed (proposed {rule.side_effect}; accepted, "
-                     f"{effective_decision(config, rule)})")
-        else:
-            shown = f"{sanitize(tool)}: " + {"refused": "refused",
-                                            "unclassified": "not offered (no rule)",
-                                            "unpinned": "not offered (not pinned)"}[kind]
-        lines.append(f"  {shown}")
-        if tool in report.review:
-            lines.append(f"    review: {report.review[tool]}")
-    return lines
-
-
-def log_reports(reports):
-    """A load's reports on stderr, as a serving gate writes them: its lines, and for each
-    server that is not served one line saying why."""
-    for report in reports:
-        for line in report.lines:
-            log(line)
-        if report.unserved:
-            log(f"not served: {report.unserved}")
-
-
 # =============================================================================================
-# 8. Policy on what a call does
+# 16. Reading the record
 #
-# Reads as: decision core
+# Reads as: around the core
 #
-# Owns: the conditions a rule's `when` entries and a grant test a call's arguments with, the
-# entries themselves, the limits, and the one decision (`policy_decision`) they make with the
-# class map. Plain functions of the call and of the facts of its moment (Facts: the time, the
-# host's self-reported name, the grants in force, and the executions inside a limit's window),
-# which the gate reads inside its write transaction and recheck reads back from the record,
-# both through one builder (decision_facts). What a request's arguments say is judged once
-# for a decision and those made again with it (Judgement); the facts, at each. No SQL here.
-# Promises: a condition that cannot be evaluated does not hold, and an entry other than allow
-# whose conditions are too costly to judge denies; numbers compare as exact
-# decimals from their literals, never through a float; a path lies under a directory only if
-# it does so both as written and as this machine resolves its links, and a path the gate cannot
-# resolve as a server would lies under none; a URL's host is the one a client would connect
-# to, and a host that could be read two ways is no host; a limit never loosens a decision; a
-# grant answers only what would wait for an operator (never a deny, never a re-run of an
-# unknown outcome); every mistake in a policy is refused at load with one sentence naming the
-# tool, the entry and the fix.
-# A pointer reads what the server will: an argument the call omits, at the default the tool's
-# pinned schema gives it. A limit counts each execution by the arguments it was recorded with,
-# so a limit added or changed within its window counts what ran before it.
+# Owns: the reads people make of the record: the runs and steps the operator commands list, the
+# grants, the tool changes, and the event chain verify walks (Ledger, a Store the operator
+# commands open).
+# Core it calls: Store, whose read connection it reads through, and tool_spec; it writes
+# nothing.
+# Promises: only SELECTs: every statement that changes the record is section 8's, and what an
+# approval shows an operator (its row, its late outcomes) is read by Store itself.
 # =============================================================================================
-
-CONDITIONS = ("equals", "in", "not_in", "pattern", "min", "max", "max_length", "present",
-              "under", "host_in", "host_not_in")
-ENTRY_FIELDS = ("if", "during", "client", "outcome", "reason")
-LIMIT_FIELDS = ("calls", "sum", "max", "per", "then")
-DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
-MISSING = object()  # what a pointer finds where the arguments have nothing
-NEVER = math.inf    # when a limit frees up for a call that is alone above it
-_INDEX_RE = re.compile(r"0|[1-9][0-9]{0,8}")
-_CLOCK_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])|24:00")
-_LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
-_NUMERIC_LABEL_RE = re.compile(r"0x[0-9a-f]*|[0-9]+")
-_URL_UNSAFE_RE = re.compile(r"[\x00-\x20\x7f\\]")
-_SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
-# Sums are exact: the precision spans any literal the parser admits (its digits, exponents to
-# ±MAX_EXPONENT), and a result that would still round raises rather than rounds.
-EXACT = decimal.Context(prec=2 * MAX_EXPONENT + MAX_NUMBER_CHARS + 64, Emax=10 * MAX_EXPONENT,
-                        Emin=-10 * MAX_EXPONENT, traps=[decimal.Inexact, decimal.Overflow,
-                                                        decimal.InvalidOperation])
-
-# The facts a decision depends on beyond the call itself. at: seconds since the epoch.
-# client: the name the host gave in initialize. grants(): the Grant objects in force for the
-# tool (read only when a decision would wait for an operator). uses(since): the tool's
-# executions after `since` and before this call, as (seconds, amounts) oldest first, where
-# amounts maps a sum limit's pointer to the number executed (counted_uses); None when no limit
-# is counted (the decision only steers the rules, or an operator has already decided the call).
-Facts = collections.namedtuple("Facts", "at client grants uses")
-
-
-def parse_pointer(text, where):
-    """A JSON Pointer (RFC 6901) into the arguments, as its unescaped tokens."""
-    if not isinstance(text, str) or not text.startswith("/"):
-        raise ConfigError(f'{where}: {quote(str(text))} is not a JSON Pointer into the '
-                          f'arguments; write it like "/amount" or "/payee/name"')
-    if re.search("~(?![01])", text):
-        raise ConfigError(f"{where}: {quote(text)} has a '~' that is not ~0 or ~1; write ~0 "
-                          f"for '~' and ~1 for '/'")
-    return tuple(t.replace("~1", "/").replace("~0", "~") for t in text[1:].split("/"))
-
-
-def resolve_pointer(args, tokens, schema):
-    """The value at a pointer into the arguments as the server reads it: where the arguments
-    lack it but hold the object it belongs in, the default the tool's pinned `schema` gives
-    it there, since the server fills that in (an omitted amount is paid at its default);
-    MISSING when there is neither. A schema of None gives no defaults."""
-    value, node = args, schema
-    for token in tokens:
-        parent = value
-        if isinstance(value, dict) and token in value:
-            value = value[token]
-        elif isinstance(value, list) and _INDEX_RE.fullmatch(token) and int(token) < len(value):
-            value = value[int(token)]
-        else:
-            value = MISSING
-        try:
-            node = schema_child(schema, node, token)
-        except SchemaError:  # a default behind a $ref that points at nothing is no default
-            node = None
-        if value is MISSING:
-            if not isinstance(parent, dict) or not isinstance(node, dict) or \
-                    "default" not in node:
-                return MISSING
-            value = node["default"]
-    return value
-
-
-def schema_child(schema, node, token):
-    """The part of `schema` that describes the value at `token` inside a value that `node`
-    describes (a $ref of `node` followed), or None when there is none. Raises SchemaError
-    for a $ref that points at nothing."""
-    if isinstance(node, dict) and isinstance(node.get("$ref"), str):
-        node = resolve_ref(schema, node["$ref"])
-    if not isinstance(node, dict):
-        return None
-    properties = node.get("properties")
-    if isinstance(properties, dict) and token in properties:
-        return properties[token]
-    return node["items"] if "items" in node and _INDEX_RE.fullmatch(token) else None
-
-
-def parse_decimal(value, where):
-    """A bound written as a JSON number or a decimal string, as its exact value."""
-    if isinstance(value, Number):
-        return value.exact()
-    if isinstance(value, str) and JSON_NUMBER_RE.fullmatch(value) and not number_bound(value):
-        return decimal.Decimal(value)
-    raise ConfigError(f'{where} must be a number or a decimal string such as "50.00"')
-
-
-def number_text(value):
-    """An exact decimal as people write it: 50.00 stays 50.00, 1E+2 reads 100."""
-    text = format(value, "f")
-    return text if len(text) <= 40 else str(value)
-
-
-def normal_host(host):
-    """A host as it is compared, or None when it is no host a client would reach one way
-    only: lower-case, IDNA-encoded, one trailing dot dropped, an IP address in its standard
-    form. A label a client reads as a number must make a whole dotted-quad address (so no
-    octal, hex or short forms), and a name must read the same through Python's IDNA 2003
-    codec and the UTS #46 mapping browsers and node apply (one_reading)."""
-    import ipaddress
-    if not isinstance(host, str) or not host or "%" in host:
-        return None
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if ":" in host:
-        try:
-            address = ipaddress.IPv6Address(host)
-        except ValueError:
-            return None
-        # An IPv4 address written as IPv6 reaches the IPv4 host: it is compared as that one.
-        return str(address.ipv4_mapped) if address.ipv4_mapped else address.compressed
-    host = host[:-1] if host.endswith(".") else host
-    lowered = host.lower()
-    try:
-        # An xn-- label is read as the name it encodes, and that name must read one way too.
-        name = lowered.encode("ascii").decode("idna") if lowered.isascii() else lowered
-        if not (name.isascii() or one_reading(host, name)):
-            return None
-        encoded = name.encode("idna").decode("ascii")
-        if not name.isascii() and encoded.encode("ascii").decode("idna") != name:
-            return None
-    except UnicodeError:
-        return None
-    labels = encoded.split(".")
-    if not all(_LABEL_RE.fullmatch(label) for label in labels):
-        return None
-    if _NUMERIC_LABEL_RE.fullmatch(labels[-1]):
-        try:
-            return str(ipaddress.IPv4Address(encoded))
-        except ValueError:
-            return None
-    return encoded
-
-
-def one_reading(written, name):
-    """Whether a non-ASCII host name (`written`, and `name`, the same lower-cased or decoded
-    from its xn-- form) reads as the same name to every client. Python's IDNA 2003 codec
-    knows Unicode 3.2 and maps little; UTS #46 (browsers, node's URL) knows today's Unicode
-    and maps every compatibility form: node reads `loc\u1d43lhost` as localhost, and
-    `127.0.0.\U0001fbf1` as 127.0.0.1, where the codec passes both through. So each
-    character must be assigned in Unicode 3.2, the name must be its own case fold and NFKC
-    form (written upper-case, it must lower to that), no label may begin with a combining
-    mark, and no character may be right-to-left or an Arabic digit, whose rules the two
-    read differently. Anything else is no host, for host_in and host_not_in alike."""
-    if unicodedata.normalize("NFKC", name.casefold()) != name or \
-            unicodedata.normalize("NFKC", written.casefold()) != written.lower():
-        return False
-    return all(char.isascii() or (unicodedata.ucd_3_2_0.category(char) != "Cn"
-                                  and unicodedata.bidirectional(char) not in ("R", "AL", "AN")
-                                  and char not in _IGNORED_LETTERS)
-               for char in name) and \
-        not any(unicodedata.category(label[:1]).startswith("M") for label in name.split("."))
-
-
-# Letters Unicode says to ignore, which UTS #46 refuses and IDNA 2003 keeps.
-_IGNORED_LETTERS = "\u115f\u1160\u17b4\u17b5"
-
-
-# The schemes whose host URL parsers read as a domain (WHATWG's special schemes); in any
-# other a parser keeps the host as opaque text, percent-encoding what is not ASCII.
-DOMAIN_SCHEMES = ("http", "https", "ws", "wss", "ftp", "file")
-
-
-def url_place(value):
-    """(scheme, host) of a URL, its host normalised (userinfo and port aside), or None when
-    it names no host a client would read one way."""
-    from urllib.parse import urlsplit
-    if not isinstance(value, str) or len(value) > 8192 or _URL_UNSAFE_RE.search(value):
-        return None
-    try:
-        parts = urlsplit(value)
-        parts.port  # a port that is not a number makes the URL unusable
-    except ValueError:
-        return None
-    if not parts.scheme or not parts.netloc:
-        return None
-    written = parts.netloc.rpartition("@")[2]
-    written = written[:written.find("]") + 1] if written.startswith("[") else \
-        written.partition(":")[0]
-    if not written.isascii() and parts.scheme not in DOMAIN_SCHEMES:
-        return None
-    host = normal_host(written)
-    return None if host is None else (parts.scheme, host)
-
-
-def host_matches(scheme, host, entries):
-    """Whether a host (reached by `scheme`) is one of the entries: a host, `.` and a domain
-    for its subdomains, either after `scheme://` when only that scheme will do."""
-    for entry in entries:
-        wanted, sep, name = entry.partition("://")
-        if not sep:
-            wanted, name = scheme, entry
-        if wanted == scheme and (host.endswith(name) if name.startswith(".") else host == name):
-            return True
-    return False
-
-
-def host_entry(entry, with_scheme, where):
-    """A host_in or host_not_in entry as it is compared. Only host_in takes a scheme
-    (`https://example.com`): in host_not_in it would let the same host through under every
-    other scheme."""
-    scheme, sep, name = entry.partition("://") if isinstance(entry, str) else ("", "", entry)
-    scheme, name = (scheme.lower(), name) if sep else ("", entry)
-    dot = "." if isinstance(name, str) and name.startswith(".") else ""
-    host = normal_host(name[1:] if dot else name) if isinstance(name, str) else None
-    if host is None or (dot and ":" in host) or (scheme and not _SCHEME_RE.fullmatch(scheme)):
-        raise ConfigError(f"{where}: {quote(str(entry))} is not a host name; write it like "
-                          f'"example.com", or ".example.com" for its subdomains')
-    if scheme and not with_scheme:
-        raise ConfigError(f"{where}: {quote(entry)} names a scheme, which only host_in may "
-                          f'require (as "https://example.com"); write host_not_in entries like '
-                          f'"example.com"')
-    return scheme + sep + dot + host
-
-
-PATH_MAX = 4096  # the longest path the kernel opens; no server reaches a longer one
-MAX_LINKS = 40   # links followed in one lookup, as the kernel bounds them
-
-
-def path_under(value, roots):
-    """Whether a path lies inside one of the (already resolved) roots, both as written and as
-    this machine resolves it: `~` expanded, `.`, `..`, repeated and trailing slashes
-    normalised, and symbolic links followed where the path or a parent of it exists. A
-    relative path could be read against any directory, and a path the gate cannot resolve the
-    way a server will (resolved_path) could land anywhere: either lies under none."""
-    if not isinstance(value, str) or not value or "\x00" in value:
-        return False
-    if value == "~" or value.startswith("~/"):
-        value = os.path.expanduser("~") + value[1:]
-    if not value.startswith("/") or len(value.encode("utf-8", "surrogatepass")) > PATH_MAX:
-        return False
-    places = {resolved_path(os.path.normpath(value)), resolved_path(value)}
-    return None not in places and all(
-        any(place == root or place.startswith(root.rstrip("/") + "/") for root in roots)
-        for place in places)
-
-
-def resolved_path(path):
-    """Where an absolute path leads on this machine, its links followed one component at a
-    time (and `..` taken after the link before it, as the kernel does), or None when the gate
-    cannot judge it the way a server will. Such a path is:
-    - one through /proc: its self, thread-self, cwd and fd links are read in the process
-      that opens the path, the server, not the gate;
-    - one that follows more than MAX_LINKS links, which is also how a loop ends (the kernel
-      answers ELOOP);
-    - one that goes through a file as a directory, or a directory the gate may not read;
-    - one with a component a server could take for another entry: servers match names after
-      Unicode normalisation (the filesystem server finds `li\u0308nk` as the entry `l\u00efnk`,
-      a link that leads elsewhere), so a component that does not exist byte for byte, and
-      one that is not ASCII, must have no other entry of its directory equal to it under NFKC
-      (which equates all that NFC and NFD equate, and the Kelvin sign with K).
-    Written out rather than left to os.path.realpath, whose reading of a loop followed by
-    more components changed between Python versions, and which recurses once per link."""
-    resolved, pending, links = [], path.split("/")[::-1], 0
-    while pending:
-        name = pending.pop()
-        if name in ("", "."):
-            continue
-        if name == "..":
-            del resolved[-1:]
-            continue
-        if not resolved and name == "proc":
-            return None
-        here = "/" + "/".join(resolved + [name])
-        try:
-            mode = os.lstat(here).st_mode
-        except FileNotFoundError:
-            mode = None
-        except (OSError, ValueError):
-            return None
-        if (mode is None or not name.isascii()) and _named_two_ways(resolved, name):
-            return None
-        if mode is not None and stat.S_ISLNK(mode):
-            links += 1
-            if links > MAX_LINKS:
-                return None
-            try:
-                target = os.readlink(here)
-            except OSError:
-                return None
-            if target.startswith("/"):
-                resolved = []
-            pending.extend(target.split("/")[::-1])
-            continue
-        resolved.append(name)
-    return "/" + "/".join(resolved)
-
-
-def _named_two_ways(parents, name):
-    """Whether another entry of the directory `parents` names could be taken for `name`."""
-    try:
-        entries = os.listdir("/" + "/".join(parents))
-    except FileNotFoundError:
-        return False  # nothing there yet, so nothing to mistake it for
-    except OSError:
-        return True
-    key = unicodedata.normalize("NFKC", name)
-    return any(entry != name and unicodedata.normalize("NFKC", entry) == key
-               for entry in entries)
-
-
-def resolved_root(text, where):
-    """A directory an `under` condition names, resolved once, at load."""
-    if not isinstance(text, str) or not text or "\x00" in text:
-        raise ConfigError(f"{where}: under lists directories as non-empty strings")
-    path = os.path.expanduser("~") + text[1:] if text == "~" or text.startswith("~/") else text
-    if not path.startswith("/"):
-        raise ConfigError(f"{where}: {quote(text)} is relative; write the directory as an "
-                          f"absolute path or one starting with ~/")
-    root = resolved_path(os.path.normpath(path))
-    if root is None:
-        raise ConfigError(f"{where}: {quote(text)} cannot be resolved as a server would (it "
-                          f"goes through /proc, a loop or too many links, or is named two "
-                          f"ways); name the directory itself")
-    return root
-
-
-class Condition:
-    """What the value at one JSON Pointer into the arguments must be."""
-
-    def __init__(self, pointer, raw, where, resolved=False):
-        """`resolved`: the directories of `under` are taken as they are, as a grant keeps
-        them (resolved when it was confirmed), and not resolved again."""
-        self.pointer, self.tokens = pointer, parse_pointer(pointer, where)
-        where = f"{where} {quote(pointer)}"
-        if not isinstance(raw, dict) or not raw:
-            raise ConfigError(f"{where} must be an object with one or more of "
-                              f"{', '.join(CONDITIONS)}")
-        refuse_unknown(raw, CONDITIONS, where)
-        self.raw, self.tests = raw, []
-        for name, value in raw.items():
-            self.tests.append((name, self._read(name, value, f"{where}.{name}", resolved)))
-        bounds = dict(self.tests)
-        if "min" in bounds and "max" in bounds and bounds["min"] > bounds["max"]:
-            raise ConfigError(f"{where}: min {number_text(bounds['min'])} is above max "
-                              f"{number_text(bounds['max'])}, so it never holds; swap them")
-        if raw.get("present") is False and len(raw) > 1:
-            raise ConfigError(f"{where}: present false holds only when there is no value, so "
-                              f"nothing else can be asked of it; give it its own entry")
-
-    @staticmethod
-    def _read(name, value, where, resolved):
-        if name in ("in", "not_in"):
-            if not isinstance(value, list) or not value:
-                raise ConfigError(f"{where} must be a non-empty list of JSON values")
-            return value
-        if name == "pattern":
-            if not isinstance(value, str):
-                raise ConfigError(f"{where} must be a string, an ECMA-262 pattern")
-            try:
-                compile_pattern(value)
-            except PatternError as err:
-                raise ConfigError(f"{where} cannot be used ({err}): write an ECMA-262 pattern "
-                                  f"without backreferences, lookaround or \\p{{...}}") from None
-            return value
-        if name in ("min", "max"):
-            return parse_decimal(value, where)
-        if name == "max_length":
-            if not isinstance(value, Number) or not value.is_integer() or value.exact() < 0:
-                raise ConfigError(f"{where} must be a whole number of at least 0")
-            return int(value.exact())
-        if name == "present":
-            if not isinstance(value, bool):
-                raise ConfigError(f"{where} must be true or false")
-            return value
-        if name in ("under", "host_in", "host_not_in"):
-            if not isinstance(value, list) or not value:
-                raise ConfigError(f"{where} must be a non-empty list of strings")
-            if name == "under":
-                return list(value) if resolved else [resolved_root(root, where)
-                                                     for root in value]
-            return [host_entry(entry, name == "host_in", where) for entry in value]
-        return value  # equals: any JSON value
-
-    def holds(self, args, work=None, schema=None):
-        """True or False; None when a pattern search is more than the call's pattern work
-        (else a fresh one) can pay for and no test is false: it cannot be evaluated, so it
-        does not hold, and policy_decision says what that means for an entry. An argument the
-        call lacks is read at the default of the tool's pinned `schema`."""
-        value = resolve_pointer(args, self.tokens, schema)
-        work = PatternWork() if work is None else work
-        return all_judged(self._test(name, expected, value, work)
-                          for name, expected in self.tests)
-
-    @staticmethod
-    def _test(name, expected, value, work):
-        if name == "present" and not expected:
-            return value is MISSING
-        if value is MISSING:
-            return False
-        if name == "pattern":  # the one test that draws on the call's pattern work
-            try:
-                return isinstance(value, str) and work.search(expected, value, "")
-            except PatternCost:
-                return None
-        return CHECKS[name](value, expected)
-
-    def text(self):
-        words = []
-        for name, expected in self.tests:
-            shown = (number_text(expected) if name in ("min", "max") else
-                     cut(policy_json(expected), 120))
-            words.append(CONDITION_WORDS[name].format(shown))
-        return f"{self.pointer} " + " and ".join(words)
-
-
-def _is_number(value):
-    return isinstance(value, Number)
-
-
-def all_judged(verdicts):
-    """All of the verdicts (True, False, or None: not judged), read in order: False at the
-    first that is false, else None if one was not judged, else True."""
-    judged = True
-    for verdict in verdicts:
-        if verdict is None:
-            judged = None
-        elif not verdict:
-            return False
-    return judged
-
-
-def _host_holds(value, hosts, listed):
-    """Whether the URL's host is (`listed`) or is not among the hosts; never for no host, so
-    an entry that allows on either condition never allows a URL whose host cannot be read one
-    way. An entry that denies on host_in does not catch it either: what follows it decides
-    (the class, at the end), which is why a host policy is safest written as what it allows."""
-    place = url_place(value)
-    return place is not None and host_matches(*place, hosts) == listed
-
-
-def _length(value):
-    return len(value) if isinstance(value, (str, list)) else math.inf
-
-
-CHECKS = {
-    "equals": json_equal,
-    "in": lambda value, options: any(json_equal(value, o) for o in options),
-    "not_in": lambda value, options: not any(json_equal(value, o) for o in options),
-    "min": lambda value, bound: _is_number(value) and value.exact() >= bound,
-    "max": lambda value, bound: _is_number(value) and value.exact() <= bound,
-    "max_length": lambda value, bound: _length(value) <= bound,
-    "present": lambda value, expected: True,
-    "under": lambda value, roots: path_under(value, roots),
-    "host_in": lambda value, hosts: _host_holds(value, hosts, True),
-    "host_not_in": lambda value, hosts: _host_holds(value, hosts, False),
-}
-CONDITION_WORDS = {
-    "equals": "equals {}", "in": "is one of {}", "not_in": "is none of {}",
-    "pattern": "matches {}", "min": "is at least {}", "max": "is at most {}",
-    "max_length": "is at most {} long", "present": "present is {}", "under": "lies under {}",
-    "host_in": "has a host in {}", "host_not_in": "has a host not in {}",
-}
-
-
-def parse_conditions(raw, where, resolved=False):
-    """An `if` object (or a grant's -if): JSON Pointers to conditions, all of which must
-    hold. `resolved`: a grant's, whose directories were resolved when it was confirmed."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f'{where} must be an object of JSON Pointer to condition, such as '
-                          f'{{"/amount": {{"max": "50.00"}}}}')
-    return [Condition(pointer, condition, where, resolved) for pointer, condition in
-            raw.items()]
-
-
-class During:
-    """Days of the week and hours of the day, in a named time zone."""
-
-    def __init__(self, raw, where):
-        import zoneinfo  # only a policy with `during` needs the time zone database
-        if not isinstance(raw, dict) or not raw:
-            raise ConfigError(f'{where} must be an object such as {{"days": "mon-fri", '
-                              f'"hours": "09:00-18:00", "zone": "Europe/Paris"}}')
-        refuse_unknown(raw, ("days", "hours", "zone"), where)
-        zone = raw.get("zone")
-        if zone is None:
-            raise ConfigError(f'{where} needs zone, the time zone its days and hours are read '
-                              f'in, such as "Europe/Paris" or "UTC"')
-        try:
-            self.zone = zoneinfo.ZoneInfo(zone)
-        except (TypeError, ValueError, zoneinfo.ZoneInfoNotFoundError):
-            raise ConfigError(f'{where}.zone {quote(str(zone))} is not a time zone this machine '
-                              f'knows; name one such as "Europe/Paris" or "UTC"') from None
-        self.raw, self.days, self.hours = raw, set(range(7)), None
-        if "days" in raw:
-            self.days = self._days(raw["days"], f"{where}.days")
-        if "hours" in raw:
-            self.hours = self._hours(raw["hours"], f"{where}.hours")
-        if "days" not in raw and "hours" not in raw:
-            raise ConfigError(f"{where} needs days, hours or both")
-
-    @staticmethod
-    def _days(text, where):
-        days = set()
-        for part in text.split(",") if isinstance(text, str) else [None]:
-            first, dash, last = (part or "").strip().lower().partition("-")
-            if first not in DAYS or (dash and last not in DAYS):
-                raise ConfigError(f'{where} must read like "mon-fri" or "sat,sun"')
-            start, end = DAYS.index(first), DAYS.index(last or first)
-            days.update(d % 7 for d in range(start, end + (7 if end < start else 0) + 1))
-        return days
-
-    @staticmethod
-    def _hours(text, where):
-        first, _, last = text.partition("-") if isinstance(text, str) else ("", "", "")
-        if not _CLOCK_RE.fullmatch(first.strip()) or not _CLOCK_RE.fullmatch(last.strip()) \
-                or first.strip() == last.strip() or first.strip() == "24:00":
-            raise ConfigError(f'{where} must read like "09:00-18:00" (a range past midnight, '
-                              f'like "22:00-06:00", is allowed)')
-        start, end = (int(t[:2]) * 60 + int(t[3:5]) for t in (first.strip(), last.strip()))
-        return start, end
-
-    def holds(self, at):
-        local = datetime.datetime.fromtimestamp(at, self.zone)
-        if local.weekday() not in self.days:
-            return False
-        if self.hours is None:
-            return True
-        minute, (start, end) = local.hour * 60 + local.minute, self.hours
-        return start <= minute < end if start < end else minute >= start or minute < end
-
-    def text(self):
-        parts = [f"on {self.raw['days']}" if "days" in self.raw else "",
-                 f"from {self.raw['hours']}" if "hours" in self.raw else ""]
-        return " ".join(p for p in parts if p) + f" ({self.raw['zone']})"
-
-
-class Judgement:
-    """What one request's arguments say, judged once for a pass through the gate: the schema
-    check's problem, and whether the conditions of each `when` entry and each grant hold on
-    them (all_judged's verdict). A decision made again under the rules' lock, or in the write
-    transaction, reads these, and only the facts that may change meanwhile afresh: the time,
-    the grants in force, the counted uses, a re-run. The pattern work may outlive it: a call
-    judged again after a hold searches nothing twice."""
-
-    def __init__(self, problem="", work=None):
-        self.problem, self.held = problem, {}
-        self.work = PatternWork() if work is None else work
-
-    def holds(self, key, conditions, args, schema):
-        """Whether `conditions` hold on the arguments; `key` names whose they are (an entry's
-        label, a grant's id), which stay the same for one request."""
-        if key not in self.held:
-            self.held[key] = all_judged(c.holds(args, self.work, schema) for c in conditions)
-        return self.held[key]
-
-
-class Entry:
-    """One `when` entry: conditions on the call and its moment, and the outcome they give."""
-
-    def __init__(self, raw, where, label):
-        self.label = label
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{where} must be an object with if, during or client, and an "
-                              f"outcome")
-        refuse_unknown(raw, ENTRY_FIELDS, where)
-        self.outcome = field_string(raw, "outcome", where, required=True)
-        if self.outcome not in OUTCOMES:
-            raise ConfigError(f"{where}.outcome is {quote(self.outcome)}; use one of "
-                              f"{', '.join(OUTCOMES)}")
-        self.conditions = parse_conditions(raw.get("if", {}), f"{where}.if")
-        self.during = During(raw["during"], f"{where}.during") if "during" in raw else None
-        self.clients = field_names(raw, "client", where) if "client" in raw else None
-        if self.clients == []:
-            raise ConfigError(f"{where}.client must list at least one host name")
-        if not self.conditions and self.during is None and self.clients is None:
-            raise ConfigError(f"{where} has no if, during or client, so it always holds: give "
-                              f"the rule this outcome instead")
-        # The reason is model input: by default it names the entry, never what it compares
-        # (a directory, a host list).
-        self.reason = field_string(raw, "reason", where) or f"the operator's rule {label}"
-
-    def holds(self, args, facts, judged=None, schema=None):
-        """True or False; None when a condition could not be judged (Condition.holds). The
-        moment (its time, the host) is read each time; what the arguments say is judged once
-        for a request (`judged`, a Judgement)."""
-        if (self.clients is not None and facts.client not in self.clients) or \
-                (self.during is not None and not self.during.holds(facts.at)):
-            return False
-        judged = Judgement() if judged is None else judged
-        return judged.holds(self.label, self.conditions, args, schema)
-
-    def text(self):
-        parts = [c.text() for c in self.conditions]
-        if self.during:
-            parts.append(self.during.text())
-        if self.clients is not None:
-            parts.append(f"the host is one of {policy_json(self.clients)}")
-        return " and ".join(parts)
-
-
-class Limit:
-    """At most `calls` executions, or at most `max` as the sum of the number at `sum`, of one
-    tool within `per`, counted across every session; past it, `then`."""
-
-    def __init__(self, raw, where, label):
-        self.label = label
-        if not isinstance(raw, dict):
-            raise ConfigError(f'{where} must be an object such as {{"calls": 5, "per": "1h"}}')
-        refuse_unknown(raw, LIMIT_FIELDS, where)
-        if ("calls" in raw) == ("sum" in raw):
-            raise ConfigError(f'{where} needs exactly one of calls (a count) or sum (a JSON '
-                              f'Pointer to a number, with max)')
-        self.calls = self.sum = self.tokens = self.max = None
-        if "calls" in raw:
-            calls = raw["calls"]
-            if not isinstance(calls, Number) or not calls.is_integer() or calls.exact() < 1 \
-                    or calls.exact() > 10**9:
-                raise ConfigError(f"{where}.calls must be a whole number of at least 1")
-            if "max" in raw:
-                raise ConfigError(f"{where}: max goes with sum; a calls limit is its own count")
-            self.calls = int(calls.exact())
-        else:
-            self.sum = raw["sum"]
-            self.tokens = parse_pointer(self.sum, f"{where}.sum")
-            if "max" not in raw:
-                raise ConfigError(f"{where} needs max, the most the sum may reach")
-            self.max = parse_decimal(raw["max"], f"{where}.max")
-            if self.max < 0:
-                raise ConfigError(f"{where}.max must not be negative")
-        self.per = field_duration(raw, "per", where, None)
-        if not self.per:
-            raise ConfigError(f'{where} needs per, a window such as "1h" or "24h"')
-        self.then = field_string(raw, "then", where) or "require_approval"
-        if self.then not in ("require_approval", "deny"):
-            raise ConfigError(f"{where}.then is {quote(self.then)}; a limit never loosens, so "
-                              f"use require_approval or deny")
-
-    def amount(self, args, schema=None):
-        """What a call adds to the sum: the size of the number at the pointer, or of the
-        default `schema` gives it (a negative amount is no credit), 0 when there is none,
-        None when it is not a number."""
-        value = resolve_pointer(args, self.tokens, schema)
-        if value is MISSING:
-            return decimal.Decimal(0)
-        return value.exact().copy_abs() if isinstance(value, Number) else None  # never rounds
-
-    def frees(self, args, uses, at, schema=None):
-        """None when this call stays within the limit; else when it would (NEVER when it is
-        alone above it), in seconds since the epoch."""
-        rows = uses(at - self.per / SECOND)
-        if self.calls is not None:
-            if len(rows) < self.calls:
-                return None
-            return rows[len(rows) - self.calls][0] + self.per / SECOND
-        this = self.amount(args, schema)
-        if this is None or this > self.max:
-            return NEVER
-        try:
-            with decimal.localcontext(EXACT):
-                sizes = [amounts.get(self.sum, decimal.Decimal(0)).copy_abs()
-                         for _, amounts in rows]
-                total = sum(sizes, this)
-                if total <= self.max:
-                    return None
-                for (moment, _), size in zip(rows, sizes):
-                    total -= size
-                    if total <= self.max:
-                        return moment + self.per / SECOND
-        except decimal.DecimalException:  # cannot be summed exactly: cannot be passed
-            return NEVER
-        return NEVER
-
-    def text(self, tool_name):
-        span = format_duration(self.per)
-        if self.calls is not None:
-            return f"at most {self.calls} call{'s' if self.calls != 1 else ''} to {tool_name} " \
-                   f"per {span}"
-        return f"a sum of {self.sum} of at most {number_text(self.max)} for {tool_name} per " \
-               f"{span}"
-
-
-class Grant:
-    """An operator's standing approval: calls to one tool that match its conditions, and
-    would wait for an operator, run without asking while it is in force."""
-
-    def __init__(self, stored):
-        """From the grant as the store keeps it (a dict of GRANT_COLUMNS)."""
-        self.id, self.by = stored["id"], stored["by"]
-        self.conditions = parse_conditions(parse(stored["conditions_json"]), f"grant {self.id}",
-                                           resolved=True)
-
-
-def counted_uses(rows, tool, before):
-    """Facts.uses for a decision on `tool` made at the stored time `before`, read from the
-    record through `rows`: Tx.rows in the gate's write transaction, Store.read in recheck,
-    so the two count alike. What an execution adds to a sum is read from the arguments its
-    step recorded, under the schema it was decided under: a limit added or re-pointed
-    within its window counts the executions before it at what they were."""
-    sums = [limit for limit in tool.rule.limits if limit.sum]
-    schemas = {tool.spec_hash: tool.schema}
-
-    def uses(since):
-        found = []
-        for moment, decision, spec_hash in executions(rows, tool.target, format_time(since),
-                                                      before):
-            amounts = {}
-            if sums:  # a calls limit needs no arguments: they are not read
-                args = parse(decision)["args"]
-                if spec_hash not in schemas:
-                    spec = tool_spec(rows, spec_hash)
-                    schemas[spec_hash] = spec["input_schema"] if spec else None
-                for limit in sums:
-                    amount = limit.amount(args, schemas[spec_hash])
-                    if amount is not None:
-                        amounts[limit.sum] = amount
-            found.append((parse_time(moment), amounts))
-        return found
-    return uses
-
-
-def decision_facts(rows, session, tool, stamp, client, count):
-    """The facts of the stored time `stamp` for a decision on `tool`, read through `rows`:
-    the grants then in force (read only if the decision asks), and, when `count`, the tool's
-    executions before it (counted_uses). The gate reads them at the moment it decides,
-    recheck at the moment a decision was recorded: one builder, so the two read alike."""
-    def grants():
-        return [Grant(g) for g in grants_in_force(rows, session, tool.target, stamp)]
-    return Facts(parse_time(stamp), client, grants,
-                 counted_uses(rows, tool, stamp) if count else None)
-
-
-def confirmed_conditions(conditions):
-    """A grant's conditions as it keeps them: each `under` with its directories as they were
-    resolved and shown when the grant was confirmed. Resolved again at each decision, a
-    directory replaced by a link since would take the grant to a place it never named."""
-    return {c.pointer: {name: expected if name == "under" else c.raw[name]
-                        for name, expected in c.tests} for c in conditions}
-
-
-def policy_decision(config, tool, args, facts, rerun=False, approved=False, judged=None):
-    """What the policy says of one call, as a dict: outcome, reason, and `by` (what decided:
-    a `when` entry, a limit, a grant, the rule's outcome or the class), with `limit` and
-    `frees` when a limit decided and `grant` when a grant did.
-
-    The first `when` entry that holds decides, else the class map. Then, in this order: a
-    re-run of an unknown outcome goes back to the caller as it is (it always needs an
-    operator); a grant may answer a question an operator would be asked; a limit may turn an
-    allow into its `then` (it counts the calls a grant lets through, so a budget holds under a
-    grant); with no operator at hand a question is a deny. A call an operator has approved
-    (`approved`) is not counted against the limits again, nor refused for want of one.
-    `judged` is what the request's arguments were found to say (Judgement), kept between
-    the decisions made on one pass through the gate.
-    """
-    rule = tool.rule
-    judged = Judgement() if judged is None else judged
-    for entry in rule.when:
-        held = entry.holds(args, facts, judged, tool.schema)
-        if held is None and entry.outcome != "allow":
-            # An entry that could not be judged (its pattern search is more than the call may
-            # cost) might have held or not: the call would get its outcome, or what the
-            # entries after it and the class decide. Passing it over, as a condition that
-            # cannot be evaluated does not hold, would let a long value slip past a deny or
-            # a question; only deny is never looser than either. An allow entry passed over
-            # can only make the decision stricter, so it is.
-            decision = {"outcome": "deny", "by": entry.label,
-                        "reason": f"the arguments are too long to be checked against the "
-                                  f"operator's rule {entry.label}"}
-            break
-        if held:
-            decision = {"outcome": entry.outcome, "reason": entry.reason, "by": entry.label}
-            break
-    else:
-        outcome, reason = class_outcome(config, tool)
-        decision = {"outcome": outcome, "reason": reason,
-                    "by": "rule outcome" if rule.outcome else "class"}
-    if decision["outcome"] == "deny" or rerun or approved:
-        return decision
-    if decision["outcome"] == "require_approval":
-        for grant in facts.grants():
-            # A condition that could not be judged does not hold: a grant only loosens.
-            if judged.holds(f"grant {grant.id}", grant.conditions, args, tool.schema) is True:
-                decision = {"outcome": "allow", "by": f"grant {grant.id}", "grant": grant.id,
-                            "reason": f"standing approval {grant.id} by {grant.by}"}
-                break
-    if decision["outcome"] == "allow" and facts.uses is not None:
-        for limit in rule.limits:
-            frees = limit.frees(args, facts.uses, facts.at, tool.schema)
-            if frees is not None:
-                text = limit.text(tool.name)
-                decision = {"outcome": limit.then, "by": limit.label, "limit": text,
-                            "frees": frees, "reason": f"a limit is reached: {text}"}
-                break
-    if decision["outcome"] == "require_approval" and config.operator == "none":
-        decision = {**decision, "outcome": "deny",
-                    "reason": f"{decision['reason']}; no operator is at hand to approve it"}
-    return decision
-
-
-def frees_text(decision):
-    """When a limit that decided frees up, as people read it ('' when no limit decided):
-    rounded up to the second, so a call made at that time is within it."""
-    if "frees" not in decision:
-        return ""
-    if decision["frees"] is NEVER:
-        return "this call alone is above it"
-    return f"it frees up at {prose_time(format_time(math.ceil(decision['frees'])))}"
-
-
-def rule_lines(rule, tool_name):
-    """A rule's entries and limits, one readable line each, as `check` prints them."""
-    lines = [f"{e.label}: if {e.text()} -> {e.outcome} ({cut(sanitize(e.reason), 120)})"
-             for e in rule.when]
-    lines += [f"{limit.label}: {limit.text(tool_name)}, then {limit.then}"
-              for limit in rule.limits]
-    return lines
-
-
-def rule_outcome(config, rule):
-    """The decider: the rule's own outcome, else the class map (None for no class)."""
-    return rule.outcome or config.policy.get(rule.side_effect)
-
-
-def effective_decision(config, rule):
-    """What a rule decides of a call as `check` shows it: allow, ask or deny, and what may
-    decide otherwise for some calls (its when entries; its limits, where an allow can come)."""
-    outcome = rule_outcome(config, rule)
-    others = (["when entries"] if rule.when else []) + (
-        ["limits"] if rule.limits and (rule.when or outcome == "allow") else [])
-    notes = [f"{' and '.join(others)} may decide otherwise"] if others else []
-    if outcome == "require_approval" and config.operator == "none":
-        outcome = "deny"
-        notes.insert(0, "no operator is at hand to ask")
-    word = {"allow": "allow", "require_approval": "ask"}.get(outcome, "deny")
-    return f"{word} ({'; '.join(notes)})" if notes else word
-
-
-def pointer_problem(schema, tokens, hidden):
-    """Why a pointer names no property the model can send under this schema, or ''."""
-    node = schema
-    for depth, token in enumerate(tokens):
-        if depth == 0 and token in hidden:
-            return f"the rule hides {quote(token)}, so the model never sends it"
-        try:
-            node = schema_child(schema, node, token)
-        except SchemaError:
-            return "it passes through a $ref that points at nothing"
-        if node is None:
-            return "the schema has no such property"
-    return ""
-
-
-def policy_pointer_problem(schema, rule, tool_name):
-    """The first `when` condition or sum limit whose pointer misses the pinned schema, as
-    the sentence that refuses the tool, or ''."""
-    hidden = set(rule.deny) | set(rule.fixed)
-    pointers = [(entry.label, c.pointer, c.tokens) for entry in rule.when
-                for c in entry.conditions]
-    pointers += [(limit.label, limit.sum, limit.tokens) for limit in rule.limits if limit.sum]
-    for label, pointer, tokens in pointers:
-        problem = pointer_problem(schema, tokens, hidden)
-        if problem:
-            names = sorted(n for n in (schema.get("properties") if isinstance(
-                schema.get("properties"), dict) else {}) if n not in hidden)
-            return (f"{label} of {tool_name} points at {quote(pointer)}, but {problem}; point "
-                    f"at one of: {', '.join('/' + sanitize(n) for n in names) or 'nothing'}")
-    return ""
-
-
-# =============================================================================================
-# 9. Answers
-#
-# Reads as: decision core
-#
-# Owns: what the model is told (every sentence it can read of the gate's is in the tables
-# below: the answers to a call, the status tool's words, and the words that fill their
-# slots; the gate and the host side pick among them), the policy, approvals and
-# their hashes, the checks a call's arguments pass, and what of a server's result is passed on
-# and recorded. Plain functions of their inputs: the gate (section 10) calls them and records
-# what they decide.
-# Promises: an approval's hash covers exactly what it binds and what the operator is shown;
-# a re-run of an unknown outcome is never allowed without an operator. A result the gate lets
-# through reaches the host as the server answered it, never through the gate's prose (a
-# recorded one told again, in a DUPLICATE or by the status tool, is sanitized), and its
-# record identifies exactly what the model was given. Nothing the model sees names the
-# operator command, the database, the config or a run id.
-# =============================================================================================
-
-CONTENT_CAP = 65536  # bytes of a result's text the record keeps, and of recorded text in prose
-RECORDED_BLOCKS = 512  # blocks a result's record describes one by one; the rest it counts
-# What of a server's tools/call result reaches the host: every field MCP gives a result.
-RESULT_FIELDS = ("content", "structuredContent", "isError", "_meta")
-
-# Every sentence of the gate's answers to a call. {slots} are filled by answer(); server-,
-# model- and operator-chosen values are cleaned before they are put in. (The status tool's
-# sentences are STATUS_PROSE, below.)
-PROSE = {
-    "PENDING_APPROVAL": (
-        "This request is waiting for an operator's approval (approval {approval}). Nothing has "
-        "been executed. Do not call this tool again until you are told the request was "
-        "approved, and do not try another tool to do the same thing. Do not ask the user to "
-        "approve it: an operator decides outside this conversation. Tell the user it is "
-        "waiting. Once it is approved, call the tool again with exactly the same arguments to "
-        "run it and get the result.{limit}"),
-    "DENIED": "The policy does not allow this request: {reason}. Nothing was executed.",
-    "TOOL_CHANGED": (
-        "Its server now presents this tool differently from when it was reviewed (its "
-        "description, input schema or annotations changed, or it is gone), or said it changed "
-        "and could not be asked how, so it is not offered until it is again as it was "
-        "reviewed. Nothing was executed. Tell the user."),
-    "INVALID": (
-        "The arguments do not match the tool's input schema: {reason}. Nothing was executed. "
-        "Correct the arguments and call again."),
-    "REJECTED": (
-        "An operator rejected this exact request (approval {approval}){note}. It was not "
-        "executed. An identical request is refused until {until}. Do not ask again; tell the "
-        "user."),
-    "CANCELLED": (
-        "An operator cancelled this exact request{note}. Nothing further was executed. An "
-        "identical request is refused until {until}. Tell the user."),
-    "EXPIRED": (
-        "The approval for this exact request (approval {approval}) expired before it was used. "
-        "It was not executed. An identical request is refused until {until}. Tell the user."),
-    "DUPLICATE": (
-        "This exact request already executed at {at} and is not executed again: an identical "
-        "call to this tool within {window} of an earlier one is refused, whether or not it is a "
-        "retry. Its outcome was: {outcome}"),
-    "IN_PROGRESS": (
-        "This exact request is already executing, or the outcome of an attempt is not yet "
-        "known. Nothing new was started. Wait a little, then call again with exactly the same "
-        "arguments."),
-    "BLOCKED_PENDING": (
-        "{waiting} for an operator's approval, the most this session allows. Nothing was "
-        "executed and no approval was requested. Tell the user and wait for the operator."),
-    "UNKNOWN_OUTCOME": (
-        "An attempt of this exact request {how}{error}, so whether it took effect is unknown: "
-        "it may have. An operator must decide whether it runs again (approval {approval}). "
-        "Nothing further was executed. Do not call again until you are told "
-        "it was approved, and do not use another tool to do the same thing; tell the user. If "
-        "it is approved, call again with exactly the same arguments."),
-    "INTERRUPTED": (
-        "An earlier attempt of this exact request was cut off while it was executing, and its "
-        "outcome is unknown: it may have taken effect. An operator decides whether it runs "
-        "again (approval {approval}). Nothing further was executed. Do not call again until "
-        "you are told it was approved, and do not use another tool to do the same thing; tell "
-        "the user. If it is approved, call again with exactly the same arguments."),
-    "BLOCKED_UNKNOWN": (
-        "An earlier call to {tool} may have taken effect and its outcome is unknown (approval "
-        "{approval}), so no other call to {tool} that changes anything runs until an operator "
-        "decides. Nothing was executed. Tell the user."),
-    "UNRECORDED": (
-        "The server answered this request, so it executed, but its answer could not be "
-        "recorded ({reason}). What it did is unknown here and it may have taken effect. Do not "
-        "call again to retry{window}. Tell the user."),
-    "UNAVAILABLE": "The gate could not read or write its records: {what}. Tell the user.",
-    # An error result: the model did not get what the tool returns, and must not take this
-    # sentence for it.
-    "RESULT_TOO_LARGE": (
-        "The server answered this request with {what} of {size} bytes ({blocks}), more than "
-        "the {cap} bytes that are passed on, so it is not shown. {then} Tell the user."),
-}
-TOO_LARGE_THEN = {
-    "read": "A read changes nothing: asking for less (a smaller range, page or size) may fit.",
-    "mutating": "It was executed and is not executed again: do not call again to retry"
-                "{window}.",
-}
-HOW = {"timed_out": "timed out before the server answered",
-       "no_answer": "failed without an answer from the server",
-       "cut_off": "was cut off before its outcome was recorded"}
-DUPLICATE_OUTCOME = {
-    "ok": "it succeeded, with this result: {text}",
-    "unrecorded": "the server answered, but its result could not be recorded: {text}",
-    "error": "it failed, with this error: {text}",
-}
-# Words that fill a sentence's slots, where a slot holds prose of its own.
-SLOT_PROSE = {
-    "limit": " It waits because a limit is reached: {limit}; {frees}.",
-    "refused_for": "; an identical call within {window} is refused as a duplicate",
-    "sent_unrecorded": "the request was sent to the server, but what came of it could not be "
-                       "recorded",
-    "nothing_executed": "nothing was executed",
-    "unreadable": "the gate could not read its records; nothing was executed",
-    "altered": "its approval record was altered after it was made",
-    "one_waits": "1 request already waits",
-    "some_wait": "{count} requests already wait",
-    "an_error": "an error",
-    "a_result": "a result",
-    "status_arguments": "the only argument is approval_id, a string",
-    "arguments_too_large": "the arguments are {size} bytes, more than the {cap} this gate accepts",
-    "unusable_arguments": "the arguments are not usable JSON: {error}",
-    "unreadable_result": "the server's result could not be read: {error}",
-    "holding": "waiting for an operator's approval",
-}
-
-# The status tool: its description, and every sentence of what it says (status_answer,
-# describe_approval and approved_fate, in section 11, pick among them).
-STATUS_DESCRIPTION = (
-    "Reports which requests of this session wait for an operator's approval, or, given the "
-    "approval id a pending answer named, what became of that request: pending, approved, "
-    "executed, rejected or expired. It only reads; it never runs or approves anything.")
-STATUS_ARGUMENT = "The approval id a pending result named."
-# Said while some servers are not served: how many, never which nor why (a server's name, its
-# command and its config are the operator's).
-UNSERVED_NOTE = ("Also, {count} of the servers behind this gate could not be served, so "
-                 "their tools are not offered; the person running the gate has been told why.")
-STATUS_PROSE = {
-    "unknown_id": "no approval {approval} is known in this session from the last hour.",
-    "none_waiting": "no request in this session is waiting for an operator's approval.",
-    "one_waiting": "1 request in this session is waiting for an operator's approval:\n{lines}",
-    "some_waiting": (
-        "{count} requests in this session are waiting for an operator's approval:\n{lines}"),
-    "head": "approval {approval} for {tool} {args}",
-    "expired_undecided": "{head}: EXPIRED without a decision. It was not executed.",
-    "outcome_unknown": (
-        "{head}: OUTCOME UNKNOWN, waiting {age} for an operator to decide whether it runs "
-        "again: an earlier attempt may have taken effect. Nothing further has been executed."),
-    "pending": (
-        "{head}: PENDING for {age}. Nothing has been executed; an operator decides outside "
-        "this conversation. Do not call again until it is approved."),
-    "rejected": "{head}: REJECTED by the operator.{note} It was not executed; do not ask again.",
-    "rejected_note": " The operator's note: {note}.",
-    "expired": "{head}: EXPIRED. It was not executed.",
-    "executing": "APPROVED and executing now.",
-    "succeeded": "APPROVED and executed, and it succeeded.",
-    "unrecorded": (
-        "APPROVED and executed, and the server answered, but its result could not be recorded "
-        "({error}); it may have taken effect."),
-    "failed": "APPROVED and executed, and the server reported a failure: {error}.",
-    "unknown": (
-        "APPROVED and executed, but it {how}, so whether it took effect is unknown: it may "
-        "have. {then}"),
-    "rerun_waits": "Approval {approval} now waits for an operator to decide whether it runs "
-                   "again.",
-    "no_rerun": "No approval to run it again is waiting now.",
-    "superseded": (
-        "APPROVED, and then a different approval was asked for the same call (approval "
-        "{approval})."),
-    "uncollected": (
-        "APPROVED, awaiting collection. Call {tool} again with exactly the same arguments to "
-        "run it and get the result."),
-    "not_executed": "APPROVED but not executed: {why}.",
-}
-NOT_EXECUTED_WHY = {
-    "operator_cancelled": "an operator cancelled it",
-    "approval_expired": "the approval expired before it was collected",
-    "denied_on_resume": "the policy denied it when it was collected",
-    "invalid_on_resume": "its arguments no longer matched the tool's schema when it was "
-                         "collected",
-    "ended": "its run ended ({reason})",
-}
-IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED", "DUPLICATE", "UNAVAILABLE",
-            "RESULT_TOO_LARGE"}
-
-
-class Answer:
-    """What one tools/call returns to the host: the gate's own prose as one text block, or a
-    server's result (`passed`) as the server answered it; `text` is then its text blocks."""
-
-    def __init__(self, text, is_error=False, passed=None):
-        self.text, self.is_error, self.passed = text, is_error, passed
-
-    def result(self):
-        if self.passed is not None:
-            return self.passed
-        result = {"content": [{"type": "text", "text": self.text}]}
-        if self.is_error:
-            result["isError"] = True
-        return result
-
-
-def answer(prefix, key=None, **slots):
-    """Every answer of the gate to a call that is not a result: `<PREFIX>: <sentence>`."""
-    text = PROSE[key or prefix].format(**slots)
-    return Answer(f"{prefix}: {text}", prefix in IS_ERROR)
-
-
-def gate_status(key, **slots):
-    """What the status tool says: `GATE_STATUS: <sentence>` (STATUS_PROSE), never an error."""
-    return Answer("GATE_STATUS: " + STATUS_PROSE[key].format(**slots))
-
-
-def passed_answer(passed):
-    """A server's result, passed on whole: every block in its order, the structured content
-    beside them, isError and _meta. Nothing of it goes through the gate's prose."""
-    return Answer("\n".join(b["text"] for b in passed["content"] if b["type"] == "text" and
-                            isinstance(b.get("text"), str)), passed.get("isError") is True, passed)
-
-
-def note_text(note):
-    return f", with this note: {cut(quote(note), 500)}" if note else ""
-
-
-def class_outcome(config, tool):
-    """What the rule or the class map decides of a tool (rule_outcome), and why."""
-    outcome = rule_outcome(config, tool.rule)
-    if tool.rule.outcome:
-        return outcome, f"tool {tool.name} is {outcome} by the operator's rule"
-    if outcome is None:
-        return "deny", f'no policy for side effect "{tool.side_effect}"'
-    return outcome, f"side effect {tool.side_effect} is {outcome} by policy"
-
-
-INTERRUPTED_REASON = "interrupted while executing; outcome unknown"
-
-
-def evaluate(config, tool, args, facts, attempt=None, approved=False, judged=None):
-    """The policy's decision for one request (section 8) with, for an approval, what it
-    binds (the capability) and what the operator is shown (the presentation).
-
-    A request that re-runs an attempt whose outcome is unknown always needs an operator,
-    whatever the policy says short of deny: allow alone, or a grant, never runs it again.
-    """
-    decision = policy_decision(config, tool, args, facts, rerun=bool(attempt),
-                               approved=approved, judged=judged)
-    outcome = decision["outcome"]
-    if outcome == "deny" or (outcome == "allow" and not attempt):
-        return decision
-    capability = {"server": tool.server.name, "tool": tool.upstream_name, "name": tool.name,
-                  "side_effect": tool.side_effect, "args": args}
-    if tool.rule.fixed:
-        capability["fixed"] = tool.rule.fixed
-    if attempt:
-        # The reason is a constant so the decision at the pause and at collection hash alike.
-        capability["interrupted"] = attempt
-        notice = (f"An earlier attempt started at {attempt['started_at']} in run "
-                  f"{attempt['run_id']} {HOW[attempt['ended']]}, so it may have taken effect. "
-                  f"Approving runs it again when the model calls again; rejecting ends this "
-                  f"request, and a later identical call asks an operator again whatever the "
-                  f"policy says.")
-        decision = {"outcome": "require_approval", "reason": INTERRUPTED_REASON,
-                    "by": decision["by"], "kind": "interrupted_side_effect",
-                    "capability": capability,
-                    "presentation": {**capability, "notice": notice,
-                                     "reason": INTERRUPTED_REASON, "question": (
-                                         f"Run {tool.upstream_name} on server "
-                                         f"{tool.server.name} again with these arguments?")}}
-        return decision
-    question = (f"May the model call {tool.upstream_name} on server {tool.server.name} with "
-                f"these arguments?")
-    presentation = {**capability, "question": question, "reason": decision["reason"]}
-    if decision["by"] not in ("class", "rule outcome"):
-        # What decided is part of what the operator approves. When a limit frees up is fixed
-        # by the history before the decision, so recheck, reading that history, hashes alike.
-        presentation["decided_by"] = decision["by"]
-        if "limit" in decision:
-            presentation.update(limit=decision["limit"], frees=frees_text(decision))
-    decision.update(kind=tool.side_effect, capability=capability, presentation=presentation)
-    return decision
-
-
-def approval_hash(kind, capability, presentation, request):
-    return content_hash({"kind": kind, "capability": capability, "presentation": presentation,
-                         "request": request})
-
-
-def new_approval(config, run_id, step_id, tool, args, decision):
-    """A pending approval, in the one shape an approval has everywhere: its row's columns
-    (APPROVAL_COLUMNS), as Store.read_approvals reads them back."""
-    request = {"run_id": run_id, "step_id": step_id, "spec": tool.spec, "args": args}
-    created = now()
-    approval = dict.fromkeys(APPROVAL_COLUMNS, "")
-    approval.update(
-        id=new_id(16), run_id=run_id, step_id=step_id, kind=decision["kind"],
-        capability_json=dumps(decision["capability"]),
-        presentation_json=dumps(decision["presentation"]), request_json=dumps(request),
-        hash=approval_hash(decision["kind"], decision["capability"], decision["presentation"],
-                           request),
-        status="pending", created_at=created,
-        expires_at=later(created, config.approval_ttl) if config.approval_ttl else "")
-    return approval
-
-
-def stored_hash(row):
-    """Recompute an approval row's hash from its stored fields; a tampered row differs."""
-    try:
-        return approval_hash(row["kind"], parse(row["capability_json"]),
-                             parse(row["presentation_json"]), parse(row["request_json"]))
-    except CanonicalError:
-        return ""
-
-
-def judged_request(tool, args, work=None):
-    """A request's Judgement, its schema check made (on `work`, the call's PatternWork)."""
-    work = PatternWork() if work is None else work
-    return Judgement(check_arguments(tool, args, work), work)
-
-
-def check_arguments(tool, args, work=None):
-    """'' when the arguments may be sent, else the reason they may not (INVALID). `work` is
-    the call's pattern work (PatternWork), shared with its policy."""
-    if not isinstance(args, dict):
-        return "the arguments are not a JSON object"
-    for name in tool.rule.deny:
-        if name in args:
-            return f'parameter "{name}" is denied by the operator'
-    for name in tool.rule.fixed:
-        if name in args:
-            return f'parameter "{name}" is fixed by the operator'
-    try:
-        validate(tool.schema, args, work=work)
-    except (SchemaError, PatternCost) as err:
-        return str(err)
-    except Exception:  # a $ref loop, say: what cannot be checked is not sent
-        return "the arguments cannot be checked against the schema"
-    return ""
-
-
-def passed_result(tool, result):
-    """(what of a server's tools/call result is passed on, '') or (None, why the result
-    cannot be used)."""
-    if not isinstance(result, dict):
-        return None, "the server's result is not an object"
-    if result.get("resultType") == "input_required" or "inputRequests" in result:
-        return None, f"{tool.name}: the server asked for more input, which the gate does not " \
-                     f"support"
-    blocks = result.get("content")
-    if not isinstance(blocks, list) or not all(
-            isinstance(block, dict) and isinstance(block.get("type"), str) for block in blocks):
-        return None, "the server's result has no list of content blocks, each with its type"
-    return {k: result[k] for k in RESULT_FIELDS if k in result}, ""
-
-
-def result_record(passed):
-    """What the record keeps of a server's result, so it identifies exactly what the model
-    was given: the size and hash of the result's canonical form, which bind every byte of it
-    (_meta and annotations too); each block by its type and labels, with its text while the
-    result's texts come to at most CONTENT_CAP bytes (a text cut short, and every binary
-    block, as its size and hash); the structured content, whole while it fits in what is
-    left, else as its size and hash; isError."""
-    encoded = canonical(passed)
-    room = [CONTENT_CAP]
-
-    def keep(text):
-        data = text.encode("utf-8", "surrogatepass")
-        kept = data[:room[0]]
-        room[0] -= len(kept)
-        return text if len(kept) == len(data) else kept.decode("utf-8", "ignore")
-
-    blocks = passed["content"]
-    record = {"bytes": len(encoded), "sha256": sha256_hex(encoded),
-              "blocks": [recorded_block(block, keep) for block in blocks[:RECORDED_BLOCKS]]}
-    if len(blocks) > RECORDED_BLOCKS:
-        record["more_blocks"] = len(blocks) - RECORDED_BLOCKS
-    if "structuredContent" in passed:
-        structured = canonical(passed["structuredContent"])
-        record["structured"] = {"bytes": len(structured), "sha256": sha256_hex(structured)}
-        if len(structured) <= room[0]:
-            room[0] -= len(structured)
-            record["structured"]["value"] = passed["structuredContent"]
-    if passed.get("isError") is True:
-        record["is_error"] = True
-    return record
-
-
-def recorded_block(block, keep):
-    """One block of a result as its record keeps it (result_record). An image's or audio's
-    data and a resource's blob are kept as the size and hash of the bytes they encode, so a
-    file can be matched against the record; a block with no text or data of its own (a
-    resource link) as the size and hash of its canonical form."""
-    kind = block["type"]
-    entry = {"type": cut(kind, 100)}
-    source = block.get("resource") if kind == "resource" and isinstance(
-        block.get("resource"), dict) else block
-    for label in ("mimeType", "uri", "name"):
-        if isinstance(source.get(label), str):
-            entry[label] = keep(source[label])
-    text = source.get("text") if kind in ("text", "resource") else None
-    data = source.get("blob") if kind == "resource" else source.get("data") if kind in (
-        "image", "audio") else None
-    if isinstance(text, str):
-        entry["text"] = keep(text)
-        if entry["text"] != text:
-            entry.update(_size_and_hash(text.encode("utf-8", "surrogatepass")))
-    elif isinstance(data, str):
-        try:
-            entry.update(_size_and_hash(base64.b64decode(data, validate=True)))
-        except ValueError:  # not base64: what was sent is what is identified
-            entry.update(_size_and_hash(data.encode("utf-8", "surrogatepass")), base64=False)
-    else:
-        entry.update(_size_and_hash(canonical(block)))
-    return entry
-
-
-def _size_and_hash(data):
-    return {"bytes": len(data), "sha256": sha256_hex(data)}
-
-
-def block_bytes(entry):
-    """The size of a recorded block: as recorded, or of its text when that was kept whole."""
-    return entry["bytes"] if "bytes" in entry else len(entry["text"].encode("utf-8",
-                                                                            "surrogatepass"))
-
-
-def block_labels(record):
-    """A recorded result's blocks as short labels: `[type label, N bytes]`."""
-    labels = []
-    for entry in record["blocks"]:
-        label = entry.get("mimeType") or entry.get("uri") or ""
-        labels.append(f"[{entry['type']}{' ' + label if label else ''}, "
-                      f"{block_bytes(entry)} bytes]")
-    if record.get("more_blocks"):
-        labels.append(f"[{record['more_blocks']} more blocks]")
-    return labels
-
-
-def recorded_text(record, withheld=False):
-    """A recorded result as text, for prose: the text of its text blocks and every other block
-    as its label (block_labels); of a result that was withheld, only the labels. A result of
-    structured content alone is its JSON, when it was kept."""
-    labels = block_labels(record)
-    parts = [entry["text"] if entry["type"] == "text" and "text" in entry and not withheld
-             else label for entry, label in zip(record["blocks"], labels)] + labels[
-        len(record["blocks"]):]
-    structured = record.get("structured", {})
-    if not record["blocks"] and "value" in structured and not withheld:
-        parts.append(policy_json(structured["value"]))
-    return "\n".join(parts)
-
-
-def outcome_text(observed):
-    """What a recorded outcome of a tool call says, as text: the server's result (as
-    recorded_text), the error that came instead of one, or, for a result recorded before
-    results were kept whole (schema version 4), its mapped content."""
-    if "result" in observed:
-        return recorded_text(observed["result"], observed.get("withheld", False))
-    if observed["kind"] == "tool_result":
-        content = observed["content"]
-        return content if isinstance(content, str) else policy_json(content)
-    return observed["content"]["error"]
-
-
-def result_summary(tool, record, withheld_over=0):
-    """One line on a recorded result, for the operator: where it came from and what it is."""
-    count = len(record["blocks"]) + record.get("more_blocks", 0)
-    parts = [f"{tool.server.name}/{tool.upstream_name}: {record['bytes']} bytes, {count} "
-             f"block{'s' if count != 1 else ''}"]
-    if "structured" in record:
-        parts.append("structured content")
-    if record.get("is_error"):
-        parts.append("an error")
-    if withheld_over:
-        parts.append(f"withheld: more than {withheld_over} bytes")
-    return ", ".join(parts)
-
-
-# =============================================================================================
-# 10. The gate
-#
-# Reads as: decision core
-#
-# Owns: one call's whole passage (decide, begin and record, hold, execute, record the
-# outcome), and the decision, for each call, of what happens given every earlier call of the
-# same request (same upstream tool, same canonical arguments) and of the session: collect a
-# granted approval, wait on a pending one, refuse a request that is executing, was rejected,
-# expired or already executed within the repeat window, cap the approvals waiting, or begin a
-# run.
-# Promises: nothing runs that the policy did not allow or an operator did not approve by
-# hash; what an approval binds is exactly the request that executes (the recorded request,
-# never a later call's bytes); the outcome is recorded even when the host has gone.
-# Deciding happens under one lock, so two threads never both begin the same request; across
-# processes the unique open-row index does the same job, and a lost race is decided again.
-# Each rule answers with one verdict, a value (Answer, Wait, Execute, or NEXT, STOP, AGAIN),
-# and a rule that must act to decide (take a run over, end an approval, begin a run) does it
-# through a step named for the act.
-# Judging a call's arguments (the schema check, the policy's conditions and their pattern
-# work) happens before the lock, executing and holding after it, so different requests run
-# in parallel and one slow to judge delays no other.
-# A run being executed holds a lease its process renews; a run whose lease ran out (its process
-# died) is taken over, and a mutating call it cut off waits for an operator. A read the policy
-# allows with no limit or grant to consult is recorded whole with its outcome (one row of each
-# table, one event), in one transaction, after it answers; everything else is recorded before
-# it is sent. Limits are decided inside the transaction that starts the execution. An approval
-# that starts waiting is announced on stderr and, if configured, to the notify program.
-# =============================================================================================
-
-HOLD_POLL = 0.2
-TOOL_CALL = "tool_call"
-
-
-class Wait:
-    """A verdict: the request waits on this approval."""
-
-    def __init__(self, approval):
-        self.approval = approval
-
-
-class Execute:
-    """A verdict: the request runs now. `step_id` is None for a read whose run is recorded
-    whole with its outcome, by `record(tx, observation, ending, elapsed_ms)`, in one
-    transaction after it answers. `work` is what the call's pattern searches found, so a
-    re-run proposed after an unknown outcome is decided without searching again."""
-
-    def __init__(self, run_id, step_id, args, record=None, work=None):
-        self.run_id, self.step_id, self.args, self.record = run_id, step_id, args, record
-        self.work = work
-
-
-PROGRESS_MESSAGE_BYTES = 1000
-
-
-class Progress:
-    """One call's progress as its host hears it, under the host's token: the gate's own while
-    it holds the call for an operator (seconds waited, of the hold), then the server's while
-    it executes. The host is sent only a value above the last it was sent, as the protocol
-    asks: the server's values and total come after the hold's last value, and one that does
-    not increase (a server repeating itself) is dropped. A server's message is server text
-    reaching the host: it is sanitized."""
-
-    def __init__(self, send):
-        self.send = send  # send(value, total, message); total and message None when absent
-        self.lock = threading.Lock()
-        self.held = decimal.Decimal(0)  # the hold's last value told: the server's start
-        self.last = None
-
-    def holding(self, waited, total, message):
-        exact = decimal.Decimal(repr(waited))
-        if self._tell(waited, exact, total, message):
-            self.held = exact
-
-    def server(self, value, total, message):
-        if not isinstance(value, Number):
-            return
-        exact = self.held + value.exact()
-        shown = value if not self.held else Number(str(exact))
-        if isinstance(total, Number) and self.held:
-            total = Number(str(self.held + total.exact()))
-        self._tell(shown, exact, total if isinstance(total, Number) else None,
-                   clean(message, PROGRESS_MESSAGE_BYTES) if isinstance(message, str) else None)
-
-    def _tell(self, value, exact, total, message):
-        with self.lock:  # told under the lock, so two values never reach the host out of order
-            if self.last is not None and exact <= self.last:
-                return False
-            self.last = exact
-            self.send(value, total, message)
-            return True
-
-
-NOTIFY_TIMEOUT = 10  # seconds a notify program may run before its process group is killed
-NOTIFY_BACKLOG = 32  # announcements waiting for the notify program; past it, one is dropped
-
-
-class Notifier:
-    """Runs the operator's notify program when an approval starts waiting.
-
-    The program runs on a thread of its own, one at a time, so a call never waits for it and
-    a failing, missing or hanging program costs the call nothing: it is stopped after
-    NOTIFY_TIMEOUT, and its failure is a line on stderr. It gets the gate's environment plus
-    the approval id, the run, the tool's name and the command that decides it.
-    """
-
-    def __init__(self, argv):
-        self.argv = argv
-        self.backlog = queue.Queue(NOTIFY_BACKLOG)
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def announce(self, names):
-        try:
-            self.backlog.put_nowait(names)
-        except queue.Full:
-            log(f"notify is {NOTIFY_BACKLOG} approvals behind; approval "
-                f"{names['AGENTGATE_APPROVAL']} is not announced")
-
-    def _run(self):
-        program = self.argv[0]
-        while True:
-            names = self.backlog.get()
-            try:
-                proc = subprocess.Popen(self.argv, env={**os.environ, **names},
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
-            except OSError as err:
-                log(f"notify could not run {program}: {err.strerror}")
-                continue
-            try:
-                status = proc.wait(NOTIFY_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                signal_group(proc.pid, signal.SIGKILL)
-                proc.wait()
-                log(f"notify {program} was stopped after {NOTIFY_TIMEOUT}s")
-                continue
-            if status:
-                log(f"notify {program} exited with status {status}")
-
-
-# What a rule says when it does not answer the call itself (as Answer, Wait and Execute do):
-NEXT = "next"    # this rule, or this earlier run, decides nothing: the next one does
-STOP = "stop"    # rule 5 met an unknown outcome: look no further back, let rule 6 decide
-AGAIN = "again"  # a rule ended a run or an approval, or a write lost a race (Race): the call
-                 # is decided again, on what is there now
-
-
-def repeat_window_text(tool, window, config_file):
-    """What an operator changes to let identical calls of `tool` through (never model text:
-    it names the config)."""
-    return (f"identical calls to {tool.name} are refused for {format_duration(window)} after "
-            f"one executes; to allow them, set \"repeat_window\": \"0s\" (or a shorter time) "
-            f"in the rule for {tool.upstream_name} of server {tool.server.name} in {config_file}")
-
-
-class Gate:
-    """The gate of one serving process: its tools, its store, its lease, its rules."""
-
-    def __init__(self, config, store, tools):
-        self.config, self.store = config, store
-        self.tools = {tool.name: tool for tool in tools}
-        self.policy_id = config.policy_id()
-        self.tool_hashes = [tool.spec_hash for tool in sorted(tools, key=lambda t: t.name)]
-        self.owner = f"{PROGRAM}:{config.session}/{secrets.token_hex(6)}"
-        self.lock = threading.Lock()
-        # The runs this process is executing. Only these have their leases renewed, and a
-        # run listed here is never taken over by this process, whatever its lease says.
-        self.active = set()
-        self.stopping = threading.Event()
-        self.operator_hint = operator_hint(config.path)
-        # The seam to the notify program (section 17), registered by serve when the config
-        # names one: it is told an approval waits, by names only.
-        self.announce = None
-        # Registered names of the tools whose server changed them while serving (ToolWatch):
-        # not offered, and a call to one is refused. Replaced whole, never changed in place.
-        self.quarantined = frozenset()
-        self.client = ""  # set by the host side from initialize
-        threading.Thread(target=self._heartbeat, daemon=True).start()
-
-    def lease(self):
-        return self.owner, later(now(), self.config.lease_ttl)
-
-    def _heartbeat(self):
-        """Renew the leases of the runs this process executes, every third of their life. A
-        run stranded by a failed write is not renewed, so its lease runs out and the next
-        identical call takes it over."""
-        while not self.stopping.wait(self.config.lease_ttl / SECOND / 3):
-            try:
-                # set.copy is one step for the interpreter: calls that start or end meanwhile
-                # cannot change the set under the iteration.
-                self.store.renew_leases(self.owner, later(now(), self.config.lease_ttl),
-                                        sorted(self.active.copy()))
-            except Exception as err:  # the heartbeat outlives any one failure
-                log(f"could not renew leases: {err}")
-
-    def window(self, tool):
-        rule = tool.rule.repeat_window
-        return self.config.repeat_window if rule is None else rule
-
-    def _facts(self, tool, rows=None):
-        """The facts of this moment for a decision on `tool` (decision_facts). Read through
-        `rows` inside the write transaction that acts on the decision, where the limits are
-        counted, so racing calls in this process or another never pass a limit together; read
-        through the reader for a decision that only steers the rules, where they are not."""
-        return decision_facts(rows or self.store.read, self.config.session, tool,
-                              format_time(time.time()), self.client,
-                              rows is not None and bool(tool.rule.limits))
-
-    # -- one call ------------------------------------------------------------------------------
-
-    def call(self, tool, args, invalid="", progress=None, cancelled=None):
-        """Decide, then execute, hold or refuse one tools/call; always returns an Answer.
-        `invalid` is set (why, and the frame as received) when the arguments were not
-        usable JSON."""
-        cancelled = cancelled or threading.Event()
-        executed = []
-        try:
-            return self._call(tool, args, invalid, progress, cancelled, executed)
-        except (StoreError, Race) as err:
-            log(str(err) or "the records could not be written: a race was lost")
-            return answer("UNAVAILABLE", what=SLOT_PROSE["sent_unrecorded" if executed else
-                                                         "nothing_executed"])
-
-    def _call(self, tool, args, invalid, progress, cancelled, executed):
-        args = {} if args is None else args
-        encoded = None if invalid else canonical(args)  # once per call: its size and its key
-        if encoded is not None and len(encoded) > self.config.max_argument_bytes:
-            invalid = (SLOT_PROSE["arguments_too_large"].format(
-                size=len(encoded), cap=self.config.max_argument_bytes), recorded_frame(encoded))
-        if invalid:
-            with self.lock:
-                return self._begin(tool, None, f"invalid:{new_id(8)}", None, None,
-                                   invalid=invalid)
-        key = request_key(tool.target, encoded)
-        judged = self._judge(tool, args)
-        held, races = False, 0
-        while True:
-            try:
-                with self.lock:
-                    verdict = self._decide(tool, args, key, judged)
-            except Race:  # a write lost its race at the store: as a rule that ended something
-                verdict = AGAIN
-            if verdict is AGAIN:
-                races += 1
-                if races > 5:
-                    return answer("IN_PROGRESS")
-                continue
-            if isinstance(verdict, Answer):
-                return verdict
-            if isinstance(verdict, Execute):
-                executed.append(True)
-                return self._execute(tool, verdict, progress)
-            if held or not self.config.hold_for(self.client) or cancelled.is_set() or \
-                    self.stopping.is_set():
-                return waiting_answer(verdict.approval)
-            held = True
-            if not self._hold(verdict.approval, progress, cancelled):
-                return waiting_answer(verdict.approval)
-            # The operator decided meanwhile: judged again, as a path's links may have moved.
-            judged = self._judge(tool, args, judged.work)
-
-    def _judge(self, tool, args, work=None):
-        """The call's schema check and policy, made before the lock that orders the rules
-        across calls: they are functions of the call and of facts read in passing, so a call
-        whose patterns cost seconds delays no other call. What its arguments say is kept in
-        the Judgement returned; the rules under the lock and the write transaction decide
-        with it, reading afresh only the facts that may have changed meanwhile (the time, the
-        grants in force, the counted uses, a re-run)."""
-        judged = judged_request(tool, args, work)
-        policy_decision(self.config, tool, args, self._facts(tool), judged=judged)
-        return judged
-
-    def _hold(self, approval, progress, cancelled):
-        """Wait up to `hold` for the operator, telling a host that asked how long it has been.
-        True when the approval was decided (or expired, or its run ended) meanwhile, so the
-        call is decided once more; False when the hold ran out, the host cancelled, or the
-        gate is stopping: then nothing more happens for this call."""
-        started = time.monotonic()
-        total = self.config.hold_for(self.client) / SECOND
-        last_progress = started
-        while not cancelled.is_set() and not self.stopping.is_set():
-            waited = time.monotonic() - started
-            if waited >= total:
-                return False
-            cancelled.wait(min(HOLD_POLL, total - waited))
-            row = self.store.approval(approval["id"])
-            waits = row and row["status"] == "pending" and live_approval(self.config, row)
-            if not waits or row["run_status"] in TERMINAL:
-                return not (cancelled.is_set() or self.stopping.is_set())
-            if progress and time.monotonic() - last_progress >= 1:
-                last_progress = time.monotonic()
-                progress.holding(round(last_progress - started, 3), total,
-                                 SLOT_PROSE["holding"])
-        return False
-
-    # -- the rules, under the lock -------------------------------------------------------------
-
-    def _decide(self, tool, args, key, judged):
-        """The rules in order, as one verdict: an Answer, a Wait, an Execute, or AGAIN."""
-        window = self.window(tool)
-        since = format_time(time.time() - window / SECOND)
-        # Identical reads within the window never refuse one another, so a read needs only
-        # its newest row: an approval it waits on, or an operator's refusal, stops every
-        # identical read that comes after it from beginning a run of its own.
-        # The open row is read in the same statement as the runs the rules look at, and the
-        # begin refuses unless it is still the key's open row: so no run of this request can
-        # begin, execute and finish unseen between this view and the begin (in this process
-        # or another) and let the same call run twice within the window.
-        rows = self.store.key_runs(self.config.session, key, since, newest_only=tool.read_only)
-        seen = next((row.run_id for row in rows if row.open), None)
-        verdict = self._earlier_runs(tool, rows, window, since, judged)     # rules 1 to 5
-        if verdict is not NEXT and verdict is not STOP:
-            return verdict
-        attempt = None if tool.read_only else self._unknown_attempt(key)   # rule 6
-        decider = policy_decision(self.config, tool, args, self._facts(tool),
-                                  rerun=bool(attempt), judged=judged)["outcome"]
-        needs_approval = decider == "require_approval" or (attempt and decider != "deny")
-        if not tool.read_only or needs_approval:                            # rule 7
-            verdict = self._session_rules(tool, key, needs_approval, decider)
-            if verdict is not NEXT:
-                return verdict
-        return self._begin(tool, args, key, seen, judged, attempt=attempt)  # rule 8
-
-    def _earlier_runs(self, tool, rows, window, since, judged):
-        """Rules 1 to 5 on this request's runs, newest first: the first verdict one of them
-        gives, STOP, or NEXT when none decides."""
-        for row in rows:
-            verdict = self._earlier_run(tool, row, window, since, judged)
-            if verdict is not NEXT:
-                return verdict
-        return NEXT
-
-    def _earlier_run(self, tool, row, window, since, judged):
-        if row.status == "WAITING_FOR_APPROVAL":
-            return self._waiting(tool, row.run_id, judged)                  # rule 1
-        if row.status == "RUNNING":
-            if row.run_id in self.active or (row.owner != self.owner and row.expires > now()):
-                return answer("IN_PROGRESS")                                # rule 2
-            return self._take_over(tool, row.run_id, judged)                # rule 3
-        if window and row.finished >= since:                                # rules 4, 5
-            return self._closed(tool, row.run_id, row.reason, row.detail, row.finished, window)
-        return NEXT
-
-    def _waiting(self, tool, run_id, judged):
-        """Rule 1: a run of this request waits on an approval."""
-        approval = self.store.latest_approval(run_id)
-        if approval is None:
-            return answer("IN_PROGRESS")
-        if approval["status"] == "pending":
-            if not approval["expires_at"] or approval["expires_at"] > now():
-                return Wait(approval)
-            self._expire(approval)
-            return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
-        if approval["status"] != "approved":
-            return answer("IN_PROGRESS")
-        return self._collect(tool, approval, judged)
-
-    def _expire(self, approval):
-        """Act: end an approval past its time, and the run that waited on it."""
-        self._write(lambda tx: tx.expire_approval(approval["id"], approval["run_id"],
-                                                  approval["step_id"]))
-
-    def _collect(self, tool, approval, judged):
-        """An approved request: check its tool is still offered, its hash, its age, its
-        arguments and the policy again, then execute the recorded request (never this call's
-        bytes). The recorded request is this call's (the same request key): the call's
-        judgement is the request's."""
-        if tool.name in self.quarantined:
-            # Its server changed it (or said so) after the call was checked on arrival, while
-            # the call was held: the approval stays, to be collected once the tool is back.
-            return answer("DENIED", "TOOL_CHANGED")
-        if stored_hash(approval) != approval["hash"]:
-            log(f"approval {approval['id']} does not match its hash; it was altered after it "
-                f"was made and will not be used")
-            return answer("DENIED", reason=SLOT_PROSE["altered"])
-        grant_ttl = self.config.grant_ttl
-        if grant_ttl and later(approval["decided_at"], grant_ttl) < now():
-            self._expire(approval)
-            return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
-        if judged.problem:
-            return self._refuse_on_resume(approval, judged.problem)
-        args = parse(approval["request_json"])["args"]
-        attempt = parse(approval["capability_json"]).get("interrupted")
-        facts = self._facts(tool)
-        decision = evaluate(self.config, tool, args, facts, attempt, approved=True,
-                            judged=judged)
-        if decision["outcome"] == "deny":
-            return self._deny_on_resume(approval, decision, facts)
-        if decision["outcome"] == "require_approval":
-            fresh = new_approval(self.config, approval["run_id"], approval["step_id"], tool,
-                                 args, decision)
-            if fresh["hash"] != approval["hash"]:
-                return self._ask_again(tool, fresh, decision, facts)
-        return self._resume(tool, approval, args, decision, facts, judged)
-
-    def _refuse_on_resume(self, approval, problem):
-        """Act: end an approved run whose arguments no longer pass the schema check."""
-        self._write(lambda tx: self._refuse(tx, approval["run_id"], approval["step_id"],
-                                            "invalid_decision",
-                                            f"invalid decision on resume: {problem}"))
-        return answer("INVALID", reason=clean(problem, 1000))
-
-    def _deny_on_resume(self, approval, decision, facts):
-        """Act: end an approved run that the policy now denies."""
-        run_id, step_id = approval["run_id"], approval["step_id"]
-
-        def deny(tx):
-            tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
-                             self.policy_id)
-            self._refuse(tx, run_id, step_id, "policy_denied",
-                         f"denied on resume: {decision['reason']}")
-        self._write(deny)
-        return answer("DENIED", reason=clean(decision["reason"], 500))
-
-    def _ask_again(self, tool, fresh, decision, facts):
-        """Act: the policy asks another question of an approved request (a limit reached
-        since, say): its run pauses on the fresh approval."""
-        run_id, step_id = fresh["run_id"], fresh["step_id"]
-
-        def repause(tx):
-            tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
-                             self.policy_id)
-            tx.pause(run_id, step_id, fresh)
-        self._write(repause)
-        self._log_waiting(fresh, tool, run_id)
-        return Wait(fresh)
-
-    def _resume(self, tool, approval, args, decision, facts, judged):
-        """Act: the approved request starts executing, bound to its approval."""
-        run_id, step_id = approval["run_id"], approval["step_id"]
-
-        def resume(tx):
-            tx.resume(run_id, approval["id"], self.lease())
-            tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
-                             self.policy_id)
-            tx.start_execution(run_id, step_id, tool.name, args, tool.target, approval["id"])
-        self._write_active(run_id, resume)
-        return Execute(run_id, step_id, args, work=judged.work)
-
-    def _take_over(self, tool, run_id, judged):
-        """Rule 3: a run left RUNNING by a process that stopped renewing its lease. Act: take
-        it over. A mutating call cut off while executing may have taken effect: it pauses on
-        an interruption approval and the caller is told so (Wait). Anything else is ended, and
-        the call is decided again (AGAIN) as if it had finished."""
-        cut_step = self._write(lambda tx: tx.take_over(run_id, self.lease()))
-        if cut_step and not tool.read_only:
-            verdict = self._pause_cut_off(tool, run_id, cut_step, judged)
-            if verdict is not NEXT:
-                return verdict
-        self._write(lambda tx: tx.finish_run(
-            run_id, "FAILED", "goal_failed", "one call per run: taken over after an "
-            "interruption, with nothing left in it to execute"))
-        return AGAIN
-
-    def _pause_cut_off(self, tool, run_id, cut_step, judged):
-        """Act: a mutating call cut off while executing (`cut_step`: its step and when it started)
-        pauses on the question of running it again (Wait); NEXT when the policy asks none."""
-        step_id, started = cut_step
-        attempt = {"run_id": run_id, "step_id": step_id, "started_at": started,
-                   "ended": "cut_off"}
-        args = self.store.step_decision(step_id)["args"]
-        facts = self._facts(tool)
-        decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
-        if decision["outcome"] != "require_approval":
-            return NEXT
-        approval = new_approval(self.config, run_id, step_id, tool, args, decision)
-
-        def pause(tx):
-            tx.record_policy(run_id, step_id, _policy_record(decision, facts), "")
-            tx.pause(run_id, step_id, approval)
-        self._write(pause)
-        log(f"a call to {tool.name} was cut off while executing; its outcome is unknown")
-        self._log_waiting(approval, tool, run_id)
-        return Wait(approval)
-
-    def _refuse(self, tx, run_id, step_id, kind, detail):
-        """End a run whose request will not execute (denied or invalid)."""
-        tx.fail_step(run_id, step_id, {"kind": kind, "content": {"error": detail}}, detail)
-        tx.finish_run(run_id, "FAILED", "goal_failed", REFUSED[kind])
-
-    def _closed(self, tool, run_id, reason, detail, finished, window):
-        """Rules 4 and 5: a finished run of this request within the window. NEXT: look at
-        older runs; STOP: its outcome is unknown, so rule 6 decides."""
-        def until():
-            return prose_time(later(finished, window))
-        if reason == "approval_rejected":
-            approval = self.store.latest_approval(run_id)
-            return answer("REJECTED", approval=approval["id"],
-                          note=note_text(approval["note"]), until=until())
-        attempt = None if tool.read_only else last_attempt(self.store.read, run_id)
-        unknown = attempt is not None and attempt.ending in UNKNOWN_ENDINGS
-        if reason == "approval_expired":
-            return STOP if unknown else answer(
-                "EXPIRED", approval=self.store.latest_approval(run_id)["id"], until=until())
-        if reason == "operator_cancelled":
-            return answer("REJECTED", "CANCELLED", note=note_text(detail), until=until())
-        if attempt is None:
-            return NEXT
-        if unknown:
-            return STOP
-        outcome = DUPLICATE_OUTCOME[attempt.ending].format(text=clean(
-            outcome_text(attempt.observed), 500 if attempt.ending == "unrecorded" else CONTENT_CAP))
-        log(f"a call to {tool.name} was refused as a duplicate of run {run_id}, which executed "
-            f"the same request at {prose_time(attempt.finished)}: "
-            f"{repeat_window_text(tool, window, self.config.path)}")
-        return answer("DUPLICATE", at=prose_time(attempt.finished),
-                      window=format_duration(window), outcome=outcome)
-
-    def _unknown_attempt(self, key):
-        """Rule 6: the attempt to run again if this request's newest finished run left its
-        outcome unknown. A rejection of a re-run does not resolve it: only an operator who
-        approves a re-run that then comes to a known outcome does."""
-        for run_id, status in self.store.attempt_runs(self.config.session, key):
-            if status not in TERMINAL:
-                continue
-            attempt = last_attempt(self.store.read, run_id)
-            if attempt is None:
-                continue
-            return attempt.attempt if attempt.ending in UNKNOWN_ENDINGS else None
-        return None
-
-    def _session_rules(self, tool, key, needs_approval, decider):
-        """Rule 7: what other requests of the session say about this one: BLOCKED, or NEXT.
-        It acts on what it meets, so the tool is never blocked by what nobody will settle: a
-        run of this tool whose process died is taken over, an expired question about an
-        unknown outcome of this tool is ended, and one left with no question is asked again."""
-        waiting = 0
-        for run_id, status, owner, expires, run_tool in self.store.unsettled_runs(
-                self.config.session, key):
-            if status == "RUNNING" and run_tool == tool.name and not (
-                    owner != self.owner and expires > now()) and run_id not in self.active:
-                # Another request's arguments, judged on a pattern budget of their own.
-                verdict = self._take_over(tool, run_id, Judgement())
-                if isinstance(verdict, Wait):
-                    return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
-                                  approval=verdict.approval["id"])
-                continue
-            if status != "WAITING_FOR_APPROVAL":
-                continue
-            approval = self.store.latest_approval(run_id)
-            if approval is None:
-                continue
-            live = live_approval(self.config, approval)
-            if approval["kind"] == "interrupted_side_effect" and not tool.read_only and \
-                    run_tool == tool.name:
-                if live:
-                    return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
-                                  approval=approval["id"])
-                self._expire(approval)
-            elif live and approval["status"] == "pending":
-                waiting += 1
-        if not tool.read_only and decider != "deny":
-            verdict = self._unknown_block(tool, key)
-            if verdict is not NEXT:
-                return verdict
-        if needs_approval and waiting >= self.config.max_pending:
-            return answer("BLOCKED", "BLOCKED_PENDING", waiting=SLOT_PROSE[
-                "one_waits" if waiting == 1 else "some_wait"].format(count=waiting))
-        return NEXT
-
-    def _unknown_block(self, tool, key):
-        """Another request of this tool left an outcome unknown with nothing waiting for an
-        operator (its question expired, or a crash came first): act, asking it again in a
-        fresh run, and block this call on it (BLOCKED), so the tool is never blocked with
-        nothing to act on; NEXT when there is none."""
-        for other_key, run_id, reason in self.store.unknown_for_tool(
-                self.config.session, (tool.target, tool.name), key):
-            if reason in ("approval_rejected", "operator_cancelled"):
-                continue
-            # The open row first, then the attempt: a re-run of that request that begins and
-            # settles the question after this read makes the begin below refuse, so a question
-            # that was answered meanwhile is never asked again.
-            seen = self.store.open_run(self.config.session, other_key)
-            attempt = self._unknown_attempt(other_key)
-            if attempt is None:
-                continue
-            args = self.store.step_decision(attempt["step_id"])["args"]
-            verdict = self._begin(tool, args, other_key, seen, judged_request(tool, args),
-                                  attempt=attempt, origin="operator")
-            if isinstance(verdict, Wait):
-                return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
-                              approval=verdict.approval["id"])
-            # Anything else (its arguments no longer valid, say) ended that request's run
-            # with nothing executed: it blocks nothing any more.
-        return NEXT
-
-    # -- beginning and executing a run ---------------------------------------------------------
-
-    def _begin(self, tool, args, key, seen, judged, invalid=None, attempt=None, origin="model"):
-        """Rule 8: begin a run for this request, decide on it (section 8) and record the
-        decision in one write transaction, then act on what was decided. `invalid` (why,
-        frame) records arguments that were not usable JSON (`judged` is then None); `judged`
-        is what the request's arguments say (Gate._judge)."""
-        run_id = f"{self.config.session}.{new_id(8)}"
-        problem = invalid[0] if invalid else judged.problem
-        fast = None if problem or attempt else self._read_allowed(tool, args, judged)
-        if fast:
-            return self._begin_read(tool, args, run_id, origin, *fast)
-        recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
-
-        def begin(tx):
-            step_id = self._start_run(tx, tool, run_id, key, seen, recorded, origin)
-            if problem:
-                self._refuse(tx, run_id, step_id, "invalid_decision",
-                             f"invalid decision: {problem}")
-                return step_id, None
-            return step_id, self._decide_in(tx, tool, run_id, step_id, args, attempt, judged)
-        step_id, decided = self._write_active(run_id, begin)
-        return self._begun(tool, run_id, step_id, args, problem, decided, judged)
-
-    def _read_allowed(self, tool, args, judged):
-        """(decision, facts) when the request is a read the policy allows outright, else None.
-        Such a read is recorded whole in one transaction after it answers (Tx.record_read): it
-        has no effect for a crash to leave unknown, so recording it first would only cost a
-        second commit. Only a decision no write can change goes this way: one with no limit
-        to count and no grant that could be revoked meanwhile."""
-        if not tool.read_only or tool.rule.limits:
-            return None
-        facts = self._facts(tool)
-        decision = evaluate(self.config, tool, args, facts, judged=judged)
-        if decision["outcome"] == "allow" and "grant" not in decision:
-            return decision, facts
-        return None
-
-    def _begin_read(self, tool, args, run_id, origin, decision, facts):
-        """An allowed read executes now; `record` writes its run whole with its outcome."""
-        started = now()
-
-        def record(tx, observation, ending, elapsed):
-            tx.record_read(run_id, self.config.session, tool, {
-                "args": args, "kind": TOOL_CALL, "origin": origin, "tool": tool.name},
-                _policy_record(decision, facts), self.policy_id, started, observation,
-                ("COMPLETED", "goal_completed", f"terminal tool {tool.name}")
-                if ending == "ok" else ("FAILED", "goal_failed", CLOSING[ending]), elapsed)
-        self.active.add(run_id)
-        return Execute(run_id, None, args, record)
-
-    def _start_run(self, tx, tool, run_id, key, seen, recorded, origin):
-        """Record the run and its step. The begin refuses (Race) unless `seen` is still the
-        key's open row, so no identical run began since the rules looked."""
-        tx.begin_run(run_id, self.config.session, tool.name, tool.target, key,
-                     tool.side_effect, self.tool_hashes, self.lease(),
-                     ANY_ROW if tool.read_only else seen)
-        return tx.start_step(run_id, {**recorded, "kind": TOOL_CALL, "origin": origin,
-                                      "tool": tool.name}, tool)
-
-    def _decide_in(self, tx, tool, run_id, step_id, args, attempt, judged):
-        """Decide on the request inside the transaction that starts its execution, record
-        the decision and act on it: refuse, pause on an approval, or start executing. Here
-        the limits see every execution committed before it, in any process, and the grants
-        in force. Returns (decision, the approval it waits on or None)."""
-        facts = self._facts(tool, tx.rows)
-        decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
-        tx.record_policy(run_id, step_id, _policy_record(decision, facts), self.policy_id)
-        approval = None
-        if decision["outcome"] == "deny":
-            self._refuse(tx, run_id, step_id, "policy_denied", f"denied: {decision['reason']}")
-        elif decision["outcome"] == "require_approval":
-            approval = new_approval(self.config, run_id, step_id, tool, args, decision)
-            tx.pause(run_id, step_id, approval)
-        else:
-            tx.start_execution(run_id, step_id, tool.name, args, tool.target)
-        return decision, approval
-
-    def _begun(self, tool, run_id, step_id, args, problem, decided, judged):
-        """What a begun run comes to: Execute when it was allowed, else the refusal, or the
-        approval it waits on, announced."""
-        if decided and decided[0]["outcome"] == "allow":
-            return Execute(run_id, step_id, args, work=judged.work)
-        self.active.discard(run_id)  # nothing of this run executes
-        if problem:
-            return answer("INVALID", reason=clean(problem, 1000))
-        decision, approval = decided
-        if decision["outcome"] == "deny":
-            frees = frees_text(decision)
-            return answer("DENIED", reason=clean(decision["reason"] + (f"; {frees}" if frees
-                                                                       else ""), 500))
-        self._log_waiting(approval, tool, run_id)
-        return Wait(approval)
-
-    def _write(self, fn):
-        """A write whose lost race (Race) is decided again by the caller's loop."""
-        return self.store.write(fn)
-
-    def _write_active(self, run_id, fn):
-        """The write that starts a run executing: the run counts as this process's own from
-        before the write, so no identical call can take it over in between."""
-        self.active.add(run_id)
-        try:
-            return self._write(fn)
-        except BaseException:
-            self.active.discard(run_id)
-            raise
-
-    def _log_waiting(self, approval, tool, run_id):
-        command = f"{self.operator_hint} approve {run_id} -approval {approval['id']}"
-        log(f"approval {approval['id']} ({approval['kind']}) for {tool.name} waits for an "
-            f"operator: run {run_id}")
-        log(f"  decide with: {command}   (or reject)")
-        if self.announce:
-            # Names only: an argument's value never leaves the gate this way.
-            self.announce({"AGENTGATE_APPROVAL": approval["id"],
-                           "AGENTGATE_RUN": run_id, "AGENTGATE_TOOL": tool.name,
-                           "AGENTGATE_COMMAND": command})
-
-    def _execute(self, tool, verdict, progress=None):
-        """Send the recorded request upstream and record what came of it, whatever the host
-        does meanwhile: a host that cancels or times out does not stop the upstream call."""
-        try:
-            return self._execute_once(tool, verdict, progress)
-        finally:
-            self.active.discard(verdict.run_id)
-
-    def _execute_once(self, tool, verdict, progress):
-        run_id, step_id, args = verdict.run_id, verdict.step_id, verdict.args
-        started = time.monotonic()
-        observation, ending, passed = call_upstream(tool, args, self.config.max_result_bytes,
-                                                    progress and progress.server)
-        elapsed = int((time.monotonic() - started) * 1000)
-
-        def record(tx):
-            """Record the outcome; the approval a re-run waits on, when it is unknown."""
-            if verdict.record:  # a read, recorded whole
-                verdict.record(tx, observation, ending, elapsed)
-                return None
-            if tx.run_holder(run_id) != ("RUNNING", self.owner):
-                # Cancelled, or taken over after this process lost its lease: the outcome
-                # is kept as a late event and the run is left as its new owner has it.
-                tx.event(run_id, "step.tool_finished", {"tool": tool.name, "late": True,
-                                                        "observation": observation}, step_id)
-                return None
-            tx.finish_execution(run_id, step_id, tool.name, observation, elapsed)
-            if ending in UNKNOWN_ENDINGS:
-                return self._pause_rerun(tx, tool, run_id, step_id, args, ending, verdict.work)
-            if ending != "ok":
-                tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending],
-                              outcome=OUTCOME_KNOWN)
-            return None
-
-        rerun = self.store.write(record)
-        if passed is not None:
-            return passed_answer(passed)
-        if observation.get("withheld"):
-            return self._too_large(tool, observation["result"])
-        error = observation["content"]["error"]
-        if rerun:
-            log(f"a call to {tool.name} {HOW[ending]}; its outcome is unknown")
-            self._log_waiting(rerun, tool, run_id)
-            return answer("UNKNOWN_OUTCOME", how=HOW[ending], error=f" ({clean(error, 500)})",
-                          approval=rerun["id"])
-        if ending == "unrecorded":
-            return answer("UNRECORDED", reason=clean(error, 500), window=self._refused_for(tool))
-        return Answer(clean(error, CONTENT_CAP), True)
-
-    def _refused_for(self, tool):
-        """How long an identical call is refused as a duplicate, as prose ends a sentence."""
-        window = self.window(tool)
-        return SLOT_PROSE["refused_for"].format(window=format_duration(window)) if window \
-            else ""
-
-    def _too_large(self, tool, record):
-        """A result past max_result_bytes: what it was, by its blocks' types and sizes, and
-        whether the request executed (a mutating one did, and is not run again)."""
-        then = TOO_LARGE_THEN["read"] if tool.read_only else \
-            TOO_LARGE_THEN["mutating"].format(window=self._refused_for(tool))
-        return answer("RESULT_TOO_LARGE", what=SLOT_PROSE["an_error" if record.get("is_error")
-                                                          else "a_result"],
-                      size=record["bytes"], cap=self.config.max_result_bytes,
-                      blocks=clean(", ".join(block_labels(record)), 500), then=then)
-
-    def _pause_rerun(self, tx, tool, run_id, step_id, args, ending, work):
-        """An unknown outcome: propose the same request again, which the policy always sends
-        to an operator (evaluate never allows a re-run), in the same transaction that records
-        the attempt; the approval it waits on, or None. Judged again after the execution, on
-        the call's pattern work (`work`), as what the call did may have moved a path's links."""
-        attempt = {"run_id": run_id, "step_id": step_id, "started_at": tx.step_started(step_id),
-                   "ended": ending}
-        facts = self._facts(tool, tx.rows)
-        decision = evaluate(self.config, tool, args, facts, attempt, judged=Judgement(work=work))
-        if decision["outcome"] == "deny":
-            # The policy now denies the request outright (an entry for other hours, say): no
-            # question is asked, the run ends with its outcome unknown, and the next identical
-            # call is decided on that again (rule 6).
-            tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending])
-            return None
-        rerun_step = tx.start_step(run_id, {"args": args, "kind": TOOL_CALL,
-                                            "origin": "operator", "tool": tool.name}, tool)
-        tx.record_policy(run_id, rerun_step, _policy_record(decision, facts), self.policy_id)
-        approval = new_approval(self.config, run_id, rerun_step, tool, args, decision)
-        tx.pause(run_id, rerun_step, approval)
-        return approval
-
-
-def call_upstream(tool, args, cap, progress=None):
-    """Send one call upstream and classify what came back, as (observation, ending, passed):
-    `passed` is the server's result to pass on to the host as it came, or None when there is
-    none, or when it is larger than `cap` bytes (the observation then says it was withheld).
-
-    The ending is the one place an outcome is classified: 'ok'; 'error' (the server answered
-    with an error result or a JSON-RPC error, or nothing was sent: known); 'unrecorded' (the
-    server answered, so the call executed, but its answer is unusable: known, and never run
-    again); 'timed_out' or 'no_answer' (it may have taken effect: unknown). A read's failure
-    is always 'error': a read has no effect for anyone to vouch for.
-    """
-    passed = None
-    try:
-        result = tool.upstream.request(
-            "tools/call", {"name": tool.upstream_name, "arguments": {**args, **tool.rule.fixed}},
-            Deadline(tool.timeout), f"tool {quote(tool.upstream_name)}", progress)
-        passed, error = passed_result(tool, result)
-        try:
-            record = result_record(passed) if passed is not None else None
-        except Exception as err:  # a result shaped in a way no server should send
-            passed, error = None, SLOT_PROSE["unreadable_result"].format(error=err)
-        ending = "unrecorded" if passed is None else "error" if record.get("is_error") \
-            else "ok"
-    except UpstreamError as err:
-        error = str(err)
-        ending = ("unrecorded" if err.unusable else "error" if err.answered or not err.sent
-                  else "timed_out" if err.timed_out else "no_answer")
-    if tool.read_only and ending != "ok":
-        ending = "error"
-    if passed is None:
-        return {"kind": "tool_error", "summary": cut(
-            f"{tool.name} {ending}: {sanitize(error)}", 1000), "content": {
-            "tool": tool.name, "error": error, "ending": ending}}, ending, None
-    withheld = record["bytes"] > cap
-    observation = {"kind": "tool_result" if ending == "ok" else "tool_error",
-                   "summary": result_summary(tool, record, cap if withheld else 0),
-                   "result": record}
-    if ending != "ok":
-        observation["content"] = {"tool": tool.name, "ending": ending}
-    if withheld:
-        observation["withheld"] = True
-    return observation, ending, None if withheld else passed
-
-
-RECORDED_FRAME_BYTES = 65536
-
-
-def recorded_frame(data):
-    """What an INVALID run keeps of arguments it refused: the bytes as received, or, past
-    RECORDED_FRAME_BYTES, their size and hash, so a hostile frame cannot fill the database."""
-    if len(data) <= RECORDED_FRAME_BYTES:
-        return data.decode("utf-8", "backslashreplace")
-    return value_digest(data)
-
-
-def waiting_answer(approval):
-    """What a call is told while its request waits on an approval."""
-    if approval["kind"] != "interrupted_side_effect":
-        presentation = parse(approval["presentation_json"])
-        limit = SLOT_PROSE["limit"].format(limit=clean(presentation["limit"], 300),
-                                           frees=presentation["frees"]) \
-            if "limit" in presentation else ""
-        return answer("PENDING_APPROVAL", approval=approval["id"], limit=limit)
-    capability = parse(approval["capability_json"])
-    ended = capability.get("interrupted", {}).get("ended", "cut_off")
-    if ended == "cut_off":
-        return answer("INTERRUPTED", approval=approval["id"])
-    return answer("UNKNOWN_OUTCOME", how=HOW[ended], error="", approval=approval["id"])
-
-
-def live_approval(config, approval):
-    """Pending and unexpired, or granted and still collectable."""
-    if approval["status"] == "pending":
-        return not approval["expires_at"] or approval["expires_at"] > now()
-    if approval["status"] == "approved":
-        return not config.grant_ttl or later(approval["decided_at"], config.grant_ttl) > now()
-    return False
-
-
-REFUSED = {  # why a run ended whose request was not executed, by its step's observation kind
-    "policy_denied": "one call per run: the request was denied",
-    "invalid_decision": "one call per run: the request was invalid",
-}
-CLOSING = {
-    "error": "one call per run: the tool call returned an error",
-    "unrecorded": "one call per run: the tool call executed and its result could not be "
-                  "recorded",
-    "timed_out": "one call per run: the tool call timed out; its outcome is unknown",
-    "no_answer": "one call per run: the tool call failed without an answer; its outcome is "
-                 "unknown",
-}
-
-
-def _policy_record(decision, facts, approved=False):
-    """A decision as the record keeps it, with the facts recheck needs to make it again
-    (`approved`: made when collecting an operator's approval, so no limit counted it)."""
-    record = {k: decision[k] for k in ("outcome", "reason", "by", "grant", "limit", "kind",
-                                       "capability", "presentation") if k in decision}
-    record["facts"] = {"at": format_time(facts.at), "client": facts.client,
-                       "approved": approved}
-    return record
-
-
-def operator_hint(config_file, database=""):
-    """The command an operator pastes: it names the database when that was named (-db), else
-    the config unless it is the default one."""
-    command = f"{python_command()} {shlex.quote(os.path.abspath(sys.argv[0]))}"
-    if database:
-        command += f" -db {shlex.quote(os.path.abspath(database))}"
-    elif os.path.abspath(config_path(None)) != os.path.abspath(config_file):
-        command += f" -config {shlex.quote(os.path.abspath(config_file))}"
-    return command
-
-
-# =============================================================================================
-# 11. MCP server
-#
-# Reads as: decision core
-#
-# Owns: the host's side of the conversation over stdin and stdout: framing, the handshake,
-# tools/list, tools/call (on a pool of worker threads, at most MAX_IN_FLIGHT calls at once: the
-# thread that read a call runs it, and another takes up the reading), cancellation, a
-# server's change of its tools while serving (ToolWatch), and shutdown.
-# Promises: stdout carries only protocol, one JSON-RPC message per line, written as bytes under
-# one lock; the first request is answered at once, even while the upstream servers are still
-# being started; every request gets exactly one well-formed answer: a malformed or oversized
-# line, a batch member that is not a request, or an id that cannot be echoed as JSON gets a
-# JSON-RPC error (id null where the id cannot be echoed) and the session goes on; past the
-# bound, a request is told the gate is busy; unknown methods (server/discover among them) get
-# -32601 at once; the servers load_all could not serve leave the others served, and with
-# none served the status tool alone is offered, saying how many are not (never which nor
-# why); each tool is offered as pinned; a call's progress (the gate's while it holds the call,
-# then the server's) reaches the host under the host's token, only increasing; a tool its
-# server changed while serving is no longer offered (nor, until a listing succeeds, any tool
-# of a server that said its tools changed and cannot be listed), and the host is told once;
-# on stdin closing, SIGINT or SIGTERM no new call starts, holds
-# end, calls in flight finish and are recorded, then the upstream servers are closed and the
-# process exits 0.
-# =============================================================================================
-
-SERVER_INFO = {"name": "gated-tools", "version": VERSION}
-BATCH_VERSIONS = ("2024-11-05", "2025-03-26")
-MAX_HOST_LINE = 16 * 1024 * 1024
-MAX_IN_FLIGHT = 64  # requests handled at once, each on a worker thread of its own
-class Shutdown(Exception):
-    """Raised in the main thread by SIGINT or SIGTERM before serving began."""
-
-
-class Workers:
-    """The threads requests are handled on: an idle one takes the next request, and a new one
-    is started only when none is idle, so a busy host does not pay a thread's start per call,
-    and there are never more threads than requests once handled at the same time, plus the
-    one reading the host (at most MAX_IN_FLIGHT requests, which the host side admits). A
-    thread idle for IDLE_SECONDS ends."""
-
-    IDLE_SECONDS = 2.0
-
-    def __init__(self):
-        self.tasks = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.idle = 0
-
-    def submit(self, task):
-        # Each task either claims an idle thread or starts one, under the lock, so every task
-        # on the queue has a waiting thread that will take it; `idle` counts the waiting
-        # threads no task has claimed.
-        with self.lock:
-            claimed = self.idle > 0
-            if claimed:
-                self.idle -= 1
-        self.tasks.put(task)
-        if not claimed:
-            threading.Thread(target=self._work, daemon=True).start()
-
-    def _work(self):
-        while True:
-            try:
-                task = self.tasks.get(timeout=self.IDLE_SECONDS)
-            except queue.Empty:
-                with self.lock:
-                    # Only an unclaimed thread may end: with none left, a task is on its
-                    # way to this one.
-                    if self.idle > 0:
-                        self.idle -= 1
-                        return
-                continue
-            try:
-                task()
-            except BaseException as err:  # a task handles its own errors; this is a bug
-                log(f"internal error in a worker: {type(err).__name__}: {err}")
-            with self.lock:
-                self.idle += 1
-
-
-LIST_CHANGED_INTERVAL = 2.0  # seconds: the least time between two listings of one server
-RELIST_RETRY_MAX = 60.0  # seconds: the longest wait between two tries of a failing listing
-
-
-class ToolWatch:
-    """Acts on a server's notifications/tools/list_changed while the gate serves.
-
-    The server is listed again (every page) on a thread of its own, never on a call's path,
-    and compared with its pin: a tool that changed in any part the pin covers (changed_parts),
-    or that is gone, is quarantined (not offered, and a call to it is refused), and a new one
-    is not offered; one that is back to what was pinned is offered again. Calls in flight are
-    not touched. A change is recorded as a tools.changed event and said on stderr, and when
-    what is offered changed, the host is told in one notification. A server that floods
-    notifications is listed again at most every LIST_CHANGED_INTERVAL: however many arrive
-    meanwhile come to one listing. A listing that fails leaves the server's tools unchecked
-    after it said they changed: all of them are quarantined until a listing succeeds, tried
-    again after twice the last wait, at most RELIST_RETRY_MAX, while the gate serves.
-    """
-
-    def __init__(self, gate, upstreams, announce):
-        self.gate, self.announce = gate, announce
-        self.upstreams = {upstream.name: upstream for upstream in upstreams}
-        self.pending = {}  # server name -> notifications not yet acted on
-        self.failures = {}  # server name -> listings failed in a row since the last success
-        self.held = {}  # server name -> the registered names it has quarantined
-        self.seen = {}  # server name -> the differences last recorded
-        self.cond = threading.Condition()
-        threading.Thread(target=self._run, daemon=True).start()
-        for upstream in upstreams:
-            upstream.watch_tools(functools.partial(self.changed, upstream.name))
-
-    def changed(self, server):
-        with self.cond:
-            self.pending[server] = self.pending.get(server, 0) + 1
-            self.cond.notify()
-
-    def _run(self):
-        listed = {}  # server name -> when it was last listed (monotonic)
-        while not self.gate.stopping.is_set():
-            with self.cond:
-                due = {name: listed.get(name, -math.inf) + relist_wait(self.failures.get(name, 0))
-                       for name in self.pending}
-                ready = [name for name, at in due.items() if at <= time.monotonic()]
-                if not ready:
-                    self.cond.wait(min(due.values(), default=time.monotonic() + 1)
-                                   - time.monotonic())
-                    continue
-                server, count = ready[0], self.pending.pop(ready[0])
-            listed[server] = time.monotonic()
-            if count > 1:
-                log(f"server {server} said {count} times that its tools changed; it is listed "
-                    f"again at most every {LIST_CHANGED_INTERVAL:g}s")
-            try:
-                self._relist(server)
-            except UpstreamError as err:
-                self._failed(server, err)
-            except StoreError as err:
-                log(f"server {server} changed its tools, but the change could not be recorded: "
-                    f"{err}")
-
-    def _failed(self, server, err):
-        self.failures[server] = self.failures.get(server, 0) + 1
-        with self.cond:  # tried again without a new notice
-            self.pending.setdefault(server, 0)
-        held = sorted(tool.name for tool in self.gate.tools.values()
-                      if tool.server.name == server)
-        log(f"server {server} said its tools changed, but listing them again failed: {err}; "
-            f"not offered until a listing succeeds (next try in "
-            f"{relist_wait(self.failures[server]):g}s): {', '.join(held) or 'none'}")
-        self._hold(server, held)
-
-    def _relist(self, server):
-        upstream = self.upstreams[server]
-        listed = upstream.list_tools(Deadline(upstream.server.connect_timeout))
-        changes = tool_changes(upstream.pinned, {name: manifest_entry(tool)
-                                                 for name, tool in listed.items()})
-        differences = {kind: sorted(name for name, (k, _, _) in changes.items() if k == kind)
-                       for kind in ("changed", "removed", "added")}
-        offered = {tool.upstream_name: tool.name for tool in self.gate.tools.values()
-                   if tool.server.name == server}
-        held = sorted(offered[name] for name in differences["changed"] + differences["removed"]
-                      if name in offered)
-        if self.failures.pop(server, 0):
-            log(f"server {server}: its tools were listed again; not offered now: "
-                f"{', '.join(held) or 'none'}")
-        try:
-            if differences != self.seen.get(server, {"changed": [], "removed": [], "added": []}):
-                self.seen[server] = differences
-                payload = {"server": server, **differences, "not_offered": held}
-                self.gate.store.write(lambda tx: tx.event(f"{self.gate.config.session}.tools",
-                                                          "tools.changed", payload))
-                log(tools_changed_text(payload) + " (pin -diff shows how)")
-        finally:  # what is offered follows the listing even when the record cannot be written
-            self._hold(server, held)
-
-    def _hold(self, server, held):
-        """Quarantine exactly `held` of this server's tools, telling the host if that changes
-        what is offered."""
-        if held != self.held.get(server, []):
-            self.held[server] = held
-            self.gate.quarantined = frozenset(name for names in self.held.values()
-                                              for name in names)
-            self.announce()
-
-
-def relist_wait(failures):
-    """Seconds from a server's listing to the next, after `failures` failed in a row: the
-    interval doubled at each failure, up to RELIST_RETRY_MAX (the exponent is bounded too, so
-    a server failing for days cannot overflow it)."""
-    return min(LIST_CHANGED_INTERVAL * 2 ** min(failures, 16), RELIST_RETRY_MAX)
-
-
-def tools_changed_text(payload):
-    """A tools.changed event as the operator reads it."""
-    parts = [f"{kind} {', '.join(map(sanitize, payload[kind]))}"
-             for kind in ("changed", "removed", "added") if payload[kind]]
-    held = ", ".join(payload["not_offered"]) or "none"
-    return (f"server {payload['server']} changed its tools while serving: "
-            f"{'; '.join(parts) or 'back to what was pinned'}; not offered now: {held}")
-
-
-class HostServer:
-    """One host session on stdin/stdout."""
-
-    def __init__(self, config, stdin, stdout):
-        self.config = config
-        self.stdin, self.stdout = stdin, stdout
-        self.write_lock = threading.Lock()
-        self.ready = threading.Event()
-        self.done = threading.Event()
-        self.gate = None
-        self.status_tool = None
-        self.unserved = 0
-        self.protocol = PROTOCOL_VERSIONS[-1]
-        self.client = ""  # the host's name from initialize: self-reported, for `client`
-        self.calls = {}
-        self.calls_lock = threading.Lock()
-        self.running = 0  # accepted requests not yet answered
-        self.workers = Workers()
-        self.stopping = False
-        self.failed = ""
-        self.initialized = False  # the host said notifications/initialized
-
-    def start(self):
-        self.frames = read_frames(self.stdin.fileno(), MAX_HOST_LINE)
-        threading.Thread(target=self._read_loop, daemon=True).start()
-
-    def serve_with(self, gate, status_tool, status, unserved=0):
-        """Serve the gate's tools; `status` answers the status tool (the seam to section 16);
-        `unserved` servers of the config could not be served, which the status tool tells the
-        model (the reasons are the operator's, on stderr)."""
-        self.gate, self.status_tool, self.unserved = gate, status_tool, unserved
-        self.status = status
-        gate.client = self.client
-        self.ready.set()
-
-    def fail(self, reason):
-        self.failed = reason
-        self.ready.set()
-
-    # -- framing ---------------------------------------------------------------------------
-
-    def send(self, message):
-        """Write one message, or a batch's list of answers, as one line."""
-        try:
-            data = canonical(message) + b"\n"
-        except (UnicodeEncodeError, TypeError) as err:  # never expected: ids are checked
-            log(f"internal error: an answer could not be encoded ({err})")
-            data = canonical(invalid_request(None, "the answer could not be encoded")) + b"\n"
-        with self.write_lock:
-            try:
-                self.stdout.write(data)
-                self.stdout.flush()
-            except (OSError, ValueError):
-                self.done.set()
-
-    def error(self, ident, code, message):
-        self.send(rpc_error(ident, code, message))
-
-    def _read_loop(self):
-        """Read and handle frames until one hands back a request to run. The thread that read
-        a request runs it, and the reading goes on on another worker: a call starts without
-        waiting for a thread to wake, and the reader is never held up by a call. The frames
-        come from one generator, which the next reader takes up where this one stopped (it
-        is never resumed by two threads at once: the hand-over happens after it yielded)."""
-        for frame, head in self.frames:
-            # One frame, however it is shaped, never ends the reader: everything after it
-            # would go unanswered, and closing stdin would no longer stop the gate.
-            try:
-                if frame is None:
-                    ident = frame_id(head)
-                    self.error(None if ident is None else Number(str(ident)), -32600,
-                               f"the message is larger than {MAX_HOST_LINE} bytes")
-                    continue
-                request = self._frame(frame) if frame.strip() else None
-            except Exception as err:
-                log(f"internal error: a message could not be handled ({type(err).__name__}: "
-                    f"{err})")
-                self.error(None, -32603, "the message could not be handled")
-                continue
-            if request is not None:
-                self.workers.submit(self._read_loop)
-                request()
-                return
-        self.done.set()
-
-    def _frame(self, line):
-        invalid = None
-        try:
-            message = parse(line)
-        except CanonicalError as err:
-            # A tools/call whose arguments the boundary check refuses still gets a run and an
-            # INVALID answer, with the frame recorded as it came; anything else gets -32700.
-            message = parse_loosely(line)
-            invalid = (SLOT_PROSE["unusable_arguments"].format(error=err), recorded_frame(line))
-            ident = message.get("id") if isinstance(message, dict) else None
-            if not (isinstance(message, dict) and message.get("method") == "tools/call"
-                    and "id" in message):
-                self.error(ident if echoable_id(ident) else None, -32700,
-                           f"the message is not usable JSON: {err}")
-                return
-        if isinstance(message, list):
-            self._batch(message)
-        elif isinstance(message, dict):
-            return self._message(message, invalid)
-        else:
-            self.send(invalid_request(None, "a message must be a JSON-RPC object"))
-
-    def _batch(self, messages):
-        if self.protocol not in BATCH_VERSIONS or not messages:
-            self.error(None, -32600, f"batches are not part of protocol version {self.protocol}")
-            return
-        # A batch is one request in flight, its members handled in order on one thread.
-        if not self._admit():
-            self.send([busy_error(m.get("id") if isinstance(m, dict) and echoable_id(
-                m.get("id")) else None) for m in messages])
-            return
-
-        def run():
-            try:
-                answers = [invalid_request(None, "a batch member must be a JSON-RPC object")
-                           if not isinstance(m, dict) else
-                           self._message(m, None, respond=False, admitted=True)
-                           for m in messages]
-                answers = [a for a in answers if a]
-                if answers:
-                    self.send(answers)
-            finally:
-                self._release()
-        threading.Thread(target=run, daemon=True).start()
-
-    def _admit(self):
-        """Take a place for a request in flight; False when the gate is at its bound."""
-        with self.calls_lock:
-            if self.running >= MAX_IN_FLIGHT:
-                return False
-            self.running += 1
-            return True
-
-    def _release(self):
-        with self.calls_lock:
-            self.running -= 1
-
-    # -- messages ------------------------------------------------------------------------------
-
-    def _message(self, message, invalid, respond=True, admitted=False):
-        """Handle one request or notification; with respond=False return the response.
-        `admitted`: a batch member, already counted in flight with its batch."""
-        method, ident = message.get("method"), message.get("id")
-        params = message.get("params") if isinstance(message.get("params"), dict) else {}
-        if not isinstance(method, str):
-            if "id" in message and ("result" in message or "error" in message):
-                return None  # a response to a request agentgate never sends
-            return self._reply(respond, invalid_request(
-                ident if echoable_id(ident) else None, "a request needs a method"))
-        if "id" not in message:
-            if method == "notifications/initialized":
-                self.initialized = True
-            if method == "notifications/cancelled":
-                with self.calls_lock:
-                    cancelled = self.calls.get(_id_key(params.get("requestId")))
-                if cancelled:
-                    cancelled.set()
-            return None
-        if not echoable_id(ident):
-            # Checked before anything is recorded: an id that cannot be echoed as JSON gets
-            # the answer JSON-RPC gives an invalid request, and no run.
-            return self._reply(respond, invalid_request(
-                None, "the id must be a string or a number that can be written as JSON"))
-        if method == "initialize":
-            return self._reply(respond, self._initialize(ident, params))
-        if method == "ping":
-            return self._reply(respond, {"jsonrpc": "2.0", "id": ident, "result": {}})
-        if method == "tools/list":
-            return self._after_ready(respond, ident, lambda: {"tools": self._tool_list()},
-                                     admitted)
-        if method == "tools/call":
-            return self._after_ready(respond, ident,
-                                     lambda: self._call(ident, params, invalid, respond),
-                                     admitted)
-        return self._reply(respond, rpc_error(ident, -32601,
-                                              f"method {quote(method)} is not offered"))
-
-    def _reply(self, respond, response):
-        if respond:
-            self.send(response)
-            return None
-        return response
-
-    def _initialize(self, ident, params):
-        requested = params.get("protocolVersion")
-        self.protocol = requested if requested in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[-1]
-        info = params.get("clientInfo")
-        name = info.get("name") if isinstance(info, dict) else None
-        self.client = name[:200] if isinstance(name, str) else ""
-        if self.gate is not None:
-            self.gate.client = self.client
-        return {"jsonrpc": "2.0", "id": ident, "result": {
-            "protocolVersion": self.protocol, "capabilities": {"tools": {"listChanged": True}},
-            "serverInfo": SERVER_INFO}}
-
-    def _after_ready(self, respond, ident, work, admitted):
-        """Requests that need the upstream servers are handled once the servers are ready,
-        each on a thread of its own (the one that read it, while another reads on); at most
-        MAX_IN_FLIGHT at once, and past that the host is told the gate is busy, so a flood
-        (identical held calls, say) cannot grow threads without bound. Whether a request is
-        accepted is decided here, on the reader thread, so a call read before stdin closed is
-        served even while the gate shuts down. Returns the work to run (with respond), or
-        the response (a batch member, run here)."""
-        accepted = not self.stopping
-        if accepted and not admitted and not self._admit():
-            return self._reply(respond, busy_error(ident))
-
-        def run():
-            try:
-                self.ready.wait()
-                if self.failed or not accepted:
-                    reason = ("the gate is shutting down" if not accepted else
-                              "the gate's tools could not be loaded")
-                    response = rpc_error(ident, -32603, reason)
-                else:
-                    try:
-                        result = work()
-                    except ToolNotOffered as err:
-                        response = rpc_error(ident, -32602, str(err))
-                    except Exception as err:  # a bug: say so plainly, keep the session
-                        log(f"internal error: {type(err).__name__}: {err}")
-                        response = rpc_error(ident, -32603, "the gate failed while handling "
-                                             "this request and cannot say whether it "
-                                             "executed; tell the user before calling again")
-                    else:
-                        if result is None:
-                            return None
-                        response = {"jsonrpc": "2.0", "id": ident, "result": result}
-                return self._reply(respond, response)
-            finally:
-                if accepted and not admitted:
-                    self._release()
-        # The reader that read the request runs it (_read_loop); a batch's thread runs its
-        # members in order.
-        return run if respond else run()
-
-    def tools_changed(self):
-        """Tell the host the offered tools changed, once it may be told (after initialized:
-        before it, its first tools/list sees the change anyway)."""
-        if self.initialized:
-            self.send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
-
-    def _tool_list(self):
-        quarantined = self.gate.quarantined
-        listed = [t.listing for t in self.gate.tools.values() if t.name not in quarantined]
-        listed.append({"name": self.status_tool, "description": STATUS_DESCRIPTION,
-                       "inputSchema": STATUS_SCHEMA})
-        return listed
-
-    def _call(self, ident, params, invalid, respond):
-        name = params.get("name")
-        args = params.get("arguments")
-        if name == self.status_tool:
-            if invalid:
-                return answer("INVALID", reason=clean(invalid[0], 1000)).result()
-            status = self.status(self.gate, args)
-            if self.unserved and status.text.startswith("GATE_STATUS:"):
-                status.text += " " + UNSERVED_NOTE.format(count=self.unserved)
-            return status.result()
-        tool = self.gate.tools.get(name) if isinstance(name, str) else None
-        if tool is None:
-            raise ToolNotOffered(f"unknown tool {quote(str(name))}")
-        if tool.name in self.gate.quarantined:
-            return answer("DENIED", "TOOL_CHANGED").result()
-        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-        token = meta.get("progressToken")
-        cancelled = threading.Event()
-        with self.calls_lock:
-            self.calls[_id_key(ident)] = cancelled
-
-        def send(value, total, message):
-            # A server's progress is written here on the thread that reads that server: a
-            # host that stops reading holds up that server's answers, as it holds up every
-            # answer it is sent. A request the host cancelled is told nothing more.
-            if cancelled.is_set():
-                return
-            told = {"progressToken": token, "progress": value, "total": total,
-                    "message": message}
-            self.send({"jsonrpc": "2.0", "method": "notifications/progress",
-                       "params": {k: v for k, v in told.items() if v is not None}})
-        # A token is a string or a number, as an id is; a batch's member gets no progress.
-        progress = Progress(send) if respond and echoable_id(token) else None
-        try:
-            answered = self.gate.call(tool, args, invalid, progress, cancelled)
-        finally:
-            with self.calls_lock:
-                self.calls.pop(_id_key(ident), None)
-        result = answered.result()
-        if answered.passed is None and "outputSchema" in tool.listing:
-            # A tool with an output schema promises structured content in every result but an
-            # error, and a host refuses a result without it. The gate's own answers carry
-            # none, so they go as errors, which a host reads as they are; a server's result
-            # passes as the server sent it.
-            result["isError"] = True
-        return None if cancelled.is_set() and respond else result
-
-    def in_flight(self):
-        with self.calls_lock:
-            return self.running
-
-    def stop_accepting(self):
-        self.stopping = True
-
-
-class ToolNotOffered(Exception):
-    """A tools/call naming a tool the gate does not offer."""
-
-
-STATUS_SCHEMA = {"type": "object", "additionalProperties": False, "properties": {
-    "approval_id": {"type": "string", "description": STATUS_ARGUMENT}}}
-
-
-def _id_key(ident):
-    return canonical(ident) if echoable_id(ident) else None
-
-
-def rpc_error(ident, code, message):
-    """Every JSON-RPC error answer the host is sent."""
-    return {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}}
-
-
-def invalid_request(ident, message):
-    return rpc_error(ident, -32600, message)
-
-
-def busy_error(ident):
-    return rpc_error(ident, -32000, f"the gate is busy: {MAX_IN_FLIGHT} requests are already "
-                                    f"in flight, and this one was not started; try again "
-                                    f"shortly")
-
-
-STATUS_LOOKBACK = 3600
-STATUS_ROWS = 200
-
-
 
 class Ledger(Store):
     """The record as people read it: the runs, steps and grants the operator commands list,
@@ -7850,6 +7663,157 @@ class Ledger(Store):
                          (seq, last if last is not None else 2**62, limit))
 
 
+# =============================================================================================
+# 17. Tool changes while serving
+#
+# Reads as: around the core
+#
+# Owns: a server's change of its tools while the gate serves (notifications/tools/list_changed):
+# the tools are listed again and compared with the pin by changed_parts (section 6).
+# Core it calls: manifest_entry, tool_changes; it writes only the gate's `quarantined` set and
+# calls the host's tools_changed notice, both handed to it by serve.
+# Promises: a tool whose server changed it is no longer offered and a call to it is refused
+# TOOL_CHANGED; a listing that fails quarantines the server's tools and is retried at 4, 8, 16,
+# 32 s, then every 60 s.
+# =============================================================================================
+
+LIST_CHANGED_INTERVAL = 2.0  # seconds: the least time between two listings of one server
+RELIST_RETRY_MAX = 60.0  # seconds: the longest wait between two tries of a failing listing
+
+
+class ToolWatch:
+    """Acts on a server's notifications/tools/list_changed while the gate serves.
+
+    The server is listed again (every page) on a thread of its own, never on a call's path,
+    and compared with its pin: a tool that changed in any part the pin covers (changed_parts),
+    or that is gone, is quarantined (not offered, and a call to it is refused), and a new one
+    is not offered; one that is back to what was pinned is offered again. Calls in flight are
+    not touched. A change is recorded as a tools.changed event and said on stderr, and when
+    what is offered changed, the host is told in one notification. A server that floods
+    notifications is listed again at most every LIST_CHANGED_INTERVAL: however many arrive
+    meanwhile come to one listing. A listing that fails leaves the server's tools unchecked
+    after it said they changed: all of them are quarantined until a listing succeeds, tried
+    again after twice the last wait, at most RELIST_RETRY_MAX, while the gate serves.
+    """
+
+    def __init__(self, gate, upstreams, announce):
+        self.gate, self.announce = gate, announce
+        self.upstreams = {upstream.name: upstream for upstream in upstreams}
+        self.pending = {}  # server name -> notifications not yet acted on
+        self.failures = {}  # server name -> listings failed in a row since the last success
+        self.held = {}  # server name -> the registered names it has quarantined
+        self.seen = {}  # server name -> the differences last recorded
+        self.cond = threading.Condition()
+        threading.Thread(target=self._run, daemon=True).start()
+        for upstream in upstreams:
+            upstream.watch_tools(functools.partial(self.changed, upstream.name))
+
+    def changed(self, server):
+        with self.cond:
+            self.pending[server] = self.pending.get(server, 0) + 1
+            self.cond.notify()
+
+    def _run(self):
+        listed = {}  # server name -> when it was last listed (monotonic)
+        while not self.gate.stopping.is_set():
+            with self.cond:
+                due = {name: listed.get(name, -math.inf) + relist_wait(self.failures.get(name, 0))
+                       for name in self.pending}
+                ready = [name for name, at in due.items() if at <= time.monotonic()]
+                if not ready:
+                    self.cond.wait(min(due.values(), default=time.monotonic() + 1)
+                                   - time.monotonic())
+                    continue
+                server, count = ready[0], self.pending.pop(ready[0])
+            listed[server] = time.monotonic()
+            if count > 1:
+                log(f"server {server} said {count} times that its tools changed; it is listed "
+                    f"again at most every {LIST_CHANGED_INTERVAL:g}s")
+            try:
+                self._relist(server)
+            except UpstreamError as err:
+                self._failed(server, err)
+            except StoreError as err:
+                log(f"server {server} changed its tools, but the change could not be recorded: "
+                    f"{err}")
+
+    def _failed(self, server, err):
+        self.failures[server] = self.failures.get(server, 0) + 1
+        with self.cond:  # tried again without a new notice
+            self.pending.setdefault(server, 0)
+        held = sorted(tool.name for tool in self.gate.tools.values()
+                      if tool.server.name == server)
+        log(f"server {server} said its tools changed, but listing them again failed: {err}; "
+            f"not offered until a listing succeeds (next try in "
+            f"{relist_wait(self.failures[server]):g}s): {', '.join(held) or 'none'}")
+        self._hold(server, held)
+
+    def _relist(self, server):
+        upstream = self.upstreams[server]
+        listed = upstream.list_tools(Deadline(upstream.server.connect_timeout))
+        changes = tool_changes(upstream.pinned, {name: manifest_entry(tool)
+                                                 for name, tool in listed.items()})
+        differences = {kind: sorted(name for name, (k, _, _) in changes.items() if k == kind)
+                       for kind in ("changed", "removed", "added")}
+        offered = {tool.upstream_name: tool.name for tool in self.gate.tools.values()
+                   if tool.server.name == server}
+        held = sorted(offered[name] for name in differences["changed"] + differences["removed"]
+                      if name in offered)
+        if self.failures.pop(server, 0):
+            log(f"server {server}: its tools were listed again; not offered now: "
+                f"{', '.join(held) or 'none'}")
+        try:
+            if differences != self.seen.get(server, {"changed": [], "removed": [], "added": []}):
+                self.seen[server] = differences
+                payload = {"server": server, **differences, "not_offered": held}
+                self.gate.store.write(lambda tx: tx.event(f"{self.gate.config.session}.tools",
+                                                          "tools.changed", payload))
+                log(tools_changed_text(payload) + " (pin -diff shows how)")
+        finally:  # what is offered follows the listing even when the record cannot be written
+            self._hold(server, held)
+
+    def _hold(self, server, held):
+        """Quarantine exactly `held` of this server's tools, telling the host if that changes
+        what is offered."""
+        if held != self.held.get(server, []):
+            self.held[server] = held
+            self.gate.quarantined = frozenset(name for names in self.held.values()
+                                              for name in names)
+            self.announce()
+
+
+def relist_wait(failures):
+    """Seconds from a server's listing to the next, after `failures` failed in a row: the
+    interval doubled at each failure, up to RELIST_RETRY_MAX (the exponent is bounded too, so
+    a server failing for days cannot overflow it)."""
+    return min(LIST_CHANGED_INTERVAL * 2 ** min(failures, 16), RELIST_RETRY_MAX)
+
+
+def tools_changed_text(payload):
+    """A tools.changed event as the operator reads it."""
+    parts = [f"{kind} {', '.join(map(sanitize, payload[kind]))}"
+             for kind in ("changed", "removed", "added") if payload[kind]]
+    held = ", ".join(payload["not_offered"]) or "none"
+    return (f"server {payload['server']} changed its tools while serving: "
+            f"{'; '.join(parts) or 'back to what was pinned'}; not offered now: {held}")
+
+
+# =============================================================================================
+# 18. The status tool
+#
+# Reads as: around the core
+#
+# Owns: the status tool's answer: the approvals of this session and what became of them.
+# Core it calls: Store's reads, step_outcome, outcome_text, and Answer, answer and
+# gate_status to build its answer from section 7's tables.
+# Promises: it tells the model what waits and what was decided, never a command, the database,
+# the config or a run id; recorded text from servers is sanitized.
+# =============================================================================================
+
+STATUS_LOOKBACK = 3600
+STATUS_ROWS = 200
+
+
 def status_answer(gate, args):
     """The status tool: what waits for an operator, or what became of one approval. It reads
     only, is not recorded as a run, and never executes or decides anything."""
@@ -7949,28 +7913,313 @@ def approved_fate(gate, approval):
 
 
 # =============================================================================================
-# 12. Operator commands
+# 19. Notify
+#
+# Reads as: around the core
+#
+# Owns: announcing an approval that starts waiting to the operator's notify program.
+# Promises: the program runs in its own process group with a deadline, never blocks a call, and
+# past a backlog the oldest announcement is dropped and said so.
+# Core it calls: nothing but log; the gate calls its announce through the seam serve
+# registers.
+# =============================================================================================
+
+NOTIFY_TIMEOUT = 10  # seconds a notify program may run before its process group is killed
+NOTIFY_BACKLOG = 32  # announcements waiting for the notify program; past it, one is dropped
+
+
+class Notifier:
+    """Runs the operator's notify program when an approval starts waiting.
+
+    The program runs on a thread of its own, one at a time, so a call never waits for it and
+    a failing, missing or hanging program costs the call nothing: it is stopped after
+    NOTIFY_TIMEOUT, and its failure is a line on stderr. It gets the gate's environment plus
+    the approval id, the run, the tool's name and the command that decides it.
+    """
+
+    def __init__(self, argv):
+        self.argv = argv
+        self.backlog = queue.Queue(NOTIFY_BACKLOG)
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def announce(self, names):
+        try:
+            self.backlog.put_nowait(names)
+        except queue.Full:
+            log(f"notify is {NOTIFY_BACKLOG} approvals behind; approval "
+                f"{names['AGENTGATE_APPROVAL']} is not announced")
+
+    def _run(self):
+        program = self.argv[0]
+        while True:
+            names = self.backlog.get()
+            try:
+                proc = subprocess.Popen(self.argv, env={**os.environ, **names},
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+            except OSError as err:
+                log(f"notify could not run {program}: {err.strerror}")
+                continue
+            try:
+                status = proc.wait(NOTIFY_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+                log(f"notify {program} was stopped after {NOTIFY_TIMEOUT}s")
+                continue
+            if status:
+                log(f"notify {program} exited with status {status}")
+
+
+# =============================================================================================
+# 20. Pins and load reports
+#
+# Reads as: around the core
+#
+# Owns: writing a server's manifest (pin), and the lines of a load report and of a change.
+# Core it calls: manifest_entry, changed_parts, compared_part, effective_decision, write_private.
+# Promises: server-chosen names are sanitized in every report line.
+# =============================================================================================
+
+def connect(server):
+    """Start a server (spawn, then handshake_and_list within its connect_timeout), as every
+    command does; load_all, for many at once. Returns (upstream, tools); the caller closes
+    it."""
+    upstream = new_upstream(server)
+    try:
+        upstream.spawn()
+        return upstream, handshake_and_list(upstream, Deadline(server.connect_timeout))
+    except BaseException:
+        upstream.close()
+        raise
+
+
+def presented(server):
+    """What a server presents now: connect, list every tool, close; as manifest entries."""
+    upstream, live = connect(server)
+    upstream.close()
+    return {name: manifest_entry(tool) for name, tool in sorted(live.items())}
+
+
+def pin(server):
+    """Connect, list every tool, and write the server's manifest (0600)."""
+    manifest = {"server": server.name, "pinned_at": now(), "tools": presented(server)}
+    write_private(server.manifest, pretty_json(manifest) + "\n")
+    return manifest
+
+
+def change_lines(old, new):
+    """A changed tool as a person compares it: each part that differs, as a unified diff of
+    the pinned text against today's (the description wrapped, the rest indented JSON)."""
+    import difflib
+    import textwrap
+
+    def lines(entry, part, key):
+        if part == "description":
+            return textwrap.wrap(entry["description"], 88) or [""]
+        value = entry["input_schema"] if part == "input schema" else compared_part(entry, key, old)
+        return pretty_json(value).splitlines()
+    changed, out = changed_parts(old, new), []
+    for part, key in PINNED_PARTS:
+        if part not in changed:
+            continue
+        before, after = lines(old, part, key), lines(new, part, key)
+        if before == after:  # the texts differ only in their spacing
+            out.append(f"{part}: only its spacing differs")
+            continue
+        out.append(f"{part}:")
+        out += list(difflib.unified_diff(before, after, "pinned", "now", n=2, lineterm=""))
+    return [sanitize(line) for line in out]
+
+
+def hints_text(entry):
+    annotations = entry.get("annotations")
+    if annotations is None:
+        return "no annotations"
+    claimed = [word for key, word in HINT_NAMES if annotations.get(key) is True]
+    return ", ".join(claimed) or "claims nothing"
+
+
+def served_lines(config, server, report, tools):
+    """`check`'s account of one server: whether it is served (or why not), then each tool's
+    effective decision, or what keeps it from being offered."""
+    name = quote(server.name)
+    offered = {tool.upstream_name: tool for tool in tools if tool.server is server}
+    if report.unserved:
+        why = report.unserved.removeprefix(f"server {name}: ")
+        lines = [f"server {name} is not served: {sanitize(why)}"]
+    else:
+        lines = [f"server {name} is served: {len(offered)} tool(s) offered"]
+    for tool, kind in report.kinds.items():
+        if tool in offered:
+            shown = f"{offered[tool].name}: {effective_decision(config, offered[tool].rule)}"
+        elif kind == "registered":  # before its server failed to load
+            shown = f"{sanitize(tool)}: not offered (its server is not served)"
+        elif kind == "unreviewed":
+            rule = server.rules[tool]
+            shown = (f"{sanitize(tool)}: unreviewed (proposed {rule.side_effect}; accepted, "
+                     f"{effective_decision(config, rule)})")
+        else:
+            shown = f"{sanitize(tool)}: " + {"refused": "refused",
+                                            "unclassified": "not offered (no rule)",
+                                            "unpinned": "not offered (not pinned)"}[kind]
+        lines.append(f"  {shown}")
+        if tool in report.review:
+            lines.append(f"    review: {report.review[tool]}")
+    return lines
+
+
+def log_reports(reports):
+    """A load's reports on stderr, as a serving gate writes them: its lines, and for each
+    server that is not served one line saying why."""
+    for report in reports:
+        for line in report.lines:
+            log(line)
+        if report.unserved:
+            log(f"not served: {report.unserved}")
+
+
+# =============================================================================================
+# 21. The command line's flags
+#
+# Reads as: around the core
+#
+# Owns: the single-dash flags every command shares, their help, and the reading of a text
+# argument (UTF-8 only).
+# Core it calls: nothing but the text helpers.
+# =============================================================================================
+
+USAGE = f"""usage: agentgate.py [serve] [-config FILE]
+       agentgate.py init [-from FILE] [-config FILE] [-write]
+       agentgate.py login SERVER [-config FILE]   OAuth with a url server, in a browser
+       agentgate.py pin|check [-config FILE]      check -accept: accept init's proposals
+       agentgate.py pin -diff [-tool SERVER/TOOL ... | -all [-yes]] [-config FILE]
+       agentgate.py runs|show|approve|reject|cancel|verify|recheck ... (-h for each)
+       agentgate.py watch [-config FILE] [-db FILE] [-by WHO]
+       agentgate.py grant|grants|revoke ... (-h for each)
+       agentgate.py demo
+       agentgate.py -version
+
+{__doc__.split("Sections,")[0].split("Scope.")[1].strip()}
+
+Where the config comes from: -config FILE, else $AGENTGATE_CONFIG, else
+$XDG_CONFIG_HOME/agentgate/config.json (default ~/.config/agentgate/config.json).
+"""
+
+
+class Usage(Exception):
+    """A command line that cannot be carried out as written (exit 2)."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise Usage(message)
+
+
+# What each flag does, as -h prints it: "command -flag" where the meaning is the command's own,
+# else the flag's name. parser() takes no flag without an entry here, so -h never lists a
+# flag without saying what it does.
+FLAG_HELP = {
+    "config": "the config file (else $AGENTGATE_CONFIG, else the default config.json)",
+    "db": "open this database directly instead of the config's",
+    "json": "print JSON and nothing else",
+    "full": "print every byte of a long value instead of its head and tail",
+    "by": "who decides, as recorded (default: your user name)",
+    "approval": "the approval to decide; naming it is your confirmation",
+    "approve -yes": "approve without asking (needed without a terminal, unless -approval)",
+    "reject -yes": "reject without asking (needed without a terminal, unless -approval)",
+    "approve -note": "a note kept with the decision",
+    "reject -note": "why (required): the model is shown it",
+    "cancel -note": "why, kept with the run",
+    "revoke -note": "why, kept with the grant",
+    "grant -note": "why, kept with the grant and listed by grants",
+    "grant -by": "who grants, as recorded (default: your user name)",
+    "revoke -by": "who revokes, as recorded (default: your user name)",
+    "cancel -by": "who cancels, as recorded (default: your user name)",
+    "grant -yes": "grant without asking (needed without a terminal)",
+    "grant -if": 'conditions the arguments must meet, as JSON: \'{"/amount": {"max": 20}}\'',
+    "grant -for": "how long it lasts, such as 30m or 8h (default 1h, at most grant_ttl)",
+    "grants -days": "list grants that ended in the last N days too (default 7)",
+    "runs -limit": "show at most N runs, newest first (default 100)",
+    "recheck -limit": "re-check at most N of the session's newest runs (default 50)",
+    "recheck -run": "re-check this run only (its id or a prefix)",
+    "recheck -session": "re-check this session's runs instead of the config's session",
+    "recheck -current-tools": "start the servers and re-check against the tools they present "
+                              "now, instead of the specs recorded",
+    "verify -from": "the first sequence number to check (default 1)",
+    "verify -to": "the last sequence number to check (default the chain's end)",
+    "verify -head": "a head kept from an earlier verify (SEQ:HASH): say whether it still matches",
+    "pin -diff": "show what each server presents now against its manifest",
+    "pin -tool": "with -diff: pin this difference again (SERVER/TOOL or TOOL; repeatable)",
+    "pin -all": "with -diff: pin every difference again",
+    "pin -yes": "with -diff -all: pin again without asking",
+    "check -accept": "mark init's proposed rules as reviewed, then check",
+    "init -from": "read this host file (or a project's .mcp.json) instead of the hosts' own",
+    "init -write": "edit each host's file to start the gate instead (a backup is kept)",
+}
+
+
+# What -h shows a flag's value as, where its name does not say it.
+FLAG_VALUE = {"config": "FILE", "db": "FILE", "init -from": "FILE", "verify -from": "SEQ",
+              "to": "SEQ", "limit": "N", "days": "N", "note": "TEXT", "by": "WHO",
+              "approval": "ID", "run": "ID", "session": "NAME", "if": "JSON",
+              "for": "DURATION", "head": "SEQ:HASH", "tool": "SERVER/TOOL"}
+
+
+def parser(command, *flags):
+    p = Parser(prog=f"agentgate.py {command}", allow_abbrev=False, add_help=True)
+    for flag in flags:
+        name, kind = flag if isinstance(flag, tuple) else (flag, str)
+        about = FLAG_HELP.get(f"{command} -{name}") or FLAG_HELP[name]
+        if kind is bool:
+            p.add_argument(f"-{name}", f"--{name}", action="store_true", help=about)
+        else:
+            # Paths are the system's own (any bytes); every other text must be UTF-8.
+            text = kind is str and name not in ("config", "db")
+            value = FLAG_VALUE.get(f"{command} -{name}") or FLAG_VALUE.get(name, name.upper())
+            p.add_argument(f"-{name}", f"--{name}", type=text_argument if text else kind,
+                           metavar=value, help=about)
+    return p
+
+
+NAMED_RUN = "a run's id or an approval's, or a prefix of either (6 characters or more)"
+
+
+def text_argument(value):
+    """A text flag as given: it must be UTF-8, since it is recorded and may be shown to the
+    model (the system hands bytes that are not UTF-8 over as lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError("is not valid UTF-8 text") from None
+    return value
+
+
+# =============================================================================================
+# 22. Operator commands
 #
 # Reads as: around the core
 #
 # Owns: what an operator does in a terminal: list runs, show one, approve, reject, cancel,
-# watch what waits, verify the event chain, re-check recorded decisions under today's policy.
-# The database is found from the config (-config, $AGENTGATE_CONFIG, the default path) or
-# named with -db; it is opened as it is, never created or migrated, and read-only where
+# watch what waits, grant, verify the event chain, re-check recorded decisions under today's
+# policy. The database is found from the config (-config, $AGENTGATE_CONFIG, the default path)
+# or named with -db; it is opened as it is, never created or migrated, and read-only where
 # nothing is decided.
+# Core it calls: Store (its reads, and decide_approval, cancel_run, create_grant,
+# revoke_grant), load_config, config_path, check_database_path, check_reach, operator_hint,
+# read_manifest, Tool, check_arguments, evaluate, approval_hash, decision_facts, last_attempt,
+# confirmed_conditions, parse_conditions, pointer_problem, step_outcome, outcome_text, stored_hash,
+# block_bytes, event_hash.
 # Promises: approve and reject print the approval in full and decide bound to the hash of
 # exactly what they printed, so a row that changed after it was shown is refused; a printout
 # that shortened a long value decides nothing until -full shows every byte; the late outcome
 # of an attempt cut off while its process lived is printed beside the question it bears on;
 # they decide without asking only with -approval or -yes, and otherwise only after a "yes"
 # typed at a terminal; watch shows the same printout and decides through the same write.
-# An id, whole or a prefix, names one run or approval among all of them whatever their state:
-# one that can no longer be acted on is said to be so, and nothing else is acted on instead.
+# An id, whole or a prefix, names one run or approval among all of them whatever their state.
 # A value that mixes scripts or holds invisible characters is marked where it is printed.
-# -json prints one JSON value on stdout and nothing else (a printout to confirm goes to
-# stderr). Every line is written by tell (tell_json), which sanitizes it, so nothing chosen by
-# a server, a model or an operator reaches the terminal raw; text given on the command line
-# must be UTF-8.
+# -json prints one JSON value on stdout and nothing else. Everything chosen by a server, a
+# model or an operator is sanitized before it reaches the terminal.
 # =============================================================================================
 
 ARG_SHOWN = 240
@@ -9230,26 +9479,23 @@ def recheck_line(e):
 
 
 # =============================================================================================
-# 13. Setup: from a host's configuration to a gated one
+# 23. Setup
 #
 # Reads as: around the core
 #
 # Owns: `init`, which reads the MCP servers a person already gave their hosts (Claude Desktop,
 # Claude Code, Cursor, or a file named), writes a starter config for each host with its own
 # servers (one database for all), pins them and proposes a rule per tool from the server's own
-# hints; and the acceptance of those proposals.
-# Promises: a config is written 0600; run again, init adds to it the servers new in its host's
-# file and changes no other byte of it; a secret in a server's env or headers goes into it and
-# into no output; what a server needs first is asked for once; a tool is offered only once its
-# proposed rule was accepted (a proposal is the server's claim about itself, not the person's
-# policy); a project's servers (a directory's file, Claude Code's map for it) are listed with
-# what they would run, and started only when -from names their file; a host's file is changed
-# only with -write, from a backup kept beside it, only if it is as init read it, where a link
-# to it leads, and only to replace the servers that were gated (each known by file, map and
-# name) by the one entry that gates them; a server that cannot be gated is left in the host as
-# it was, and said so. And `login`, the OAuth authorization of a url server: the only command
-# that opens a port (on 127.0.0.1, while it waits for the browser), whose tokens go to section
-# 5's TokenFile and to no output.
+# hints; and the acceptance of those proposals. And `login`, the OAuth authorization of a url
+# server: the only command that opens a port (on 127.0.0.1, while it waits for the browser).
+# Core it calls: load_config, config_path, Server, check_reach, read_owned, write_private,
+# shown_url, operator_hint; section 20's pin.
+# Promises: a config is written 0600; run again, init adds the servers new in its host's file
+# and changes no other byte; a secret in a server's env or headers goes into the config and into
+# no output; a tool is offered only once its proposed rule was accepted; a project's servers
+# are started only when -from names their file; a host's file is changed only with -write, from
+# a backup kept beside it, only if it is as init read it, and only to replace the servers that
+# were gated by the one entry that gates them.
 # =============================================================================================
 
 HOST_ENTRY_NAME = "gated"  # model-visible in some hosts' tool names: it names no program
@@ -9838,7 +10084,189 @@ class LoopbackRedirect:
 
 
 # =============================================================================================
-# 14. Fake payment server
+# 24. Pin and check
+#
+# Reads as: around the core
+#
+# Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin, and each
+# server's and tool's standing, before any host is pointed at the gate.
+# Core it calls: load_config, config_path, check_database_path, check_reach, Store,
+# read_manifest, tool_changes, lint_hash, lint_lines, write_private; load_all (section 15).
+# Promises: pin -diff changes a manifest only after a yes; check exits 1 while anything is
+# refused, unreviewed or unserved.
+# =============================================================================================
+
+def cmd_pin(argv):
+    p = parser("pin", "config", ("diff", bool), ("all", bool), ("yes", bool))
+    p.add_argument("-tool", "--tool", action="append", type=text_argument, default=[],
+                   metavar=FLAG_VALUE["tool"], help=FLAG_HELP["pin -tool"])
+    opts = p.parse_args(argv)
+    hosts = [] if opts.config else host_configs(config_path(None))
+    if hosts:
+        return each_config(cmd_pin, argv, hosts)
+    config = load_config(config_path(opts.config))
+    if opts.diff:
+        return pin_diff(config, opts.tool, opts.all, opts.yes)
+    if opts.tool or opts.all:
+        raise Usage("-tool and -all choose what pin -diff pins again; give -diff too")
+    manifests = {}
+    for server in config.servers:
+        try:
+            manifests[server.name] = pin(server)
+        except UpstreamError as err:
+            raise LoadError(str(err)) from None
+    findings = lint_manifests(manifests)
+    for server in config.servers:
+        tools = manifests[server.name]["tools"]
+        tell(f"server {server.name}: {len(tools)} tools pinned in {server.manifest}, with the "
+             f"server's own hints, which classify nothing:")
+        for name, entry in tools.items():
+            description = " ".join(entry["description"].split())
+            tell(f"  {sanitize(name):<28} {hints_text(entry):<26} "
+                 f"{clean(description, 72)}")
+            found = findings[server.name][name]
+            for line in lint_lines(found):
+                tell(f"  {line}")
+            if any(severity == LINT_HIGH for severity, _, _ in found):
+                tell(f"    the whole text the model would read of {name} "
+                     f"(accepted_description {lint_hash(entry)}):")
+                for where, text in lint_texts(entry):
+                    tell(f"      {where}: {text}")
+    tell("Classify each tool you want offered with a rule (side_effect), then run check. The "
+         "lint finds the tricks known to hide instructions in a tool's texts, not all of them.")
+    return 0
+
+
+def pin_diff(config, named, everything, agreed):
+    """Show what each server presents now against its manifest; pin again only the tools
+    named (server/tool, or tool where one server has it), or every difference with -all once
+    confirmed. A gate that is serving keeps what it loaded: it is never changed under a call."""
+    manifests, lives = {}, {}
+    for server in config.servers:
+        manifests[server.name] = read_manifest(server)
+        try:
+            lives[server.name] = presented(server)
+        except UpstreamError as err:
+            raise LoadError(str(err)) from None
+    findings = lint_manifests({name: {"tools": live} for name, live in lives.items()})
+    differences = {}
+    for server in config.servers:
+        changes = tool_changes(manifests[server.name]["tools"], lives[server.name])
+        tell(f"server {server.name}: " + (f"{len(changes)} tool(s) differ from "
+                                          f"{server.manifest}" if changes else "as pinned"))
+        for tool, (kind, old, new) in changes.items():
+            differences[(server.name, tool)] = (kind, new)
+            tell(f"  {kind} {tool}" + (f" ({hints_text(new)})" if new else ""))
+            if kind == "added":
+                tell(f"    description: {new['description']}")
+            elif kind == "changed":
+                tell(*(f"    {line}" for line in change_lines(old, new)))
+            for line in lint_lines(findings[server.name][tool]) if new else []:
+                tell(f"  {line}")
+    chosen = set(differences) if everything else set()
+    for given in named:
+        server, _, tool = given.rpartition("/")
+        matches = [key for key in differences if key[1] == tool and server in ("", key[0])]
+        if len(matches) != 1:
+            listed = ", ".join(f"{s}/{t}" for s, t in differences) or "none"
+            raise Usage(f"-tool {quote(given)} names {'no' if not matches else 'more than one'} "
+                        f"difference; the differences are: {sanitize(listed)}")
+        chosen.add(matches[0])
+    if not chosen:
+        return 0
+    if everything and not agreed:
+        if not sys.stdin.isatty():
+            raise Usage("refusing to pin every difference again without -yes or an "
+                        "interactive terminal")
+        if input("pin all of them again? type yes to pin: ").strip().lower() not in ("y", "yes"):
+            tell("nothing pinned")
+            return 1
+    for server in config.servers:
+        mine = sorted(tool for name, tool in chosen if name == server.name)
+        if not mine:
+            continue
+        manifest = manifests[server.name]
+        for tool in mine:
+            kind, new = differences[(server.name, tool)]
+            if kind == "removed":
+                del manifest["tools"][tool]
+            else:
+                manifest["tools"][tool] = new
+        manifest["pinned_at"] = now()
+        write_private(server.manifest, pretty_json(manifest) + "\n")
+        tell(f"pinned again in {server.manifest}: {', '.join(mine)}")
+    tell("A gate that is serving keeps the tools it loaded; restart it (restart its host) to "
+         "offer what was pinned again, after check.")
+    return 0
+
+
+def serving_config(path):
+    """The config, with the checks every command that starts the servers makes first."""
+    config = load_config(config_path(path))
+    check_database_path(config.database)
+    check_reach(config)
+    return config
+
+
+def cmd_check(argv):
+    opts = parser("check", "config", ("accept", bool)).parse_args(argv)
+    hosts = [] if opts.config else host_configs(config_path(None))
+    if hosts:
+        return each_config(cmd_check, argv, hosts)
+    if opts.accept:
+        accept_proposals(os.path.abspath(config_path(opts.config)))
+    config = serving_config(opts.config)
+    upstreams, tools, reports = load_all(config)
+    for upstream in upstreams:
+        upstream.close()
+    for report in reports:
+        if report.lines:
+            tell(*report.lines)
+    for server, report in zip(config.servers, reports):
+        tell(*served_lines(config, server, report, tools))
+    if os.path.exists(config.database):
+        print_tool_changes(Ledger(config.database, readonly=True, create=False),
+                           config.session)
+    tell(f"status tool: {config.status_tool}")
+    tell(f"session: {config.session}")
+    tell(f"database: {config.database}")
+    # What makes check fail goes to stderr too, one line each: a server not served, and the
+    # tools that are not offered for a reason the operator must act on.
+    for report in reports:
+        if report.unserved:
+            log(f"not served: {report.unserved}")
+    refused = sum(report.count("refused") for report in reports)
+    unreviewed = sum(report.count("unreviewed") for report in reports)
+    problems = ([f"{refused} tool(s) refused, each line says why"] if refused else []) + (
+        [f"{unreviewed} tool(s) unreviewed: read their proposed rules, then run check -accept"]
+        if unreviewed else [])
+    if problems:
+        log(f"not offered: {'; '.join(problems)}")
+    return 1 if problems or any(report.unserved for report in reports) else 0
+
+
+def load_warnings(reports):
+    """What a gate writes to the host's log of its load reports as it starts: each line that
+    says something is not as it should be (a tool refused, unclassified, unreviewed or not
+    pinned, a lint finding), and why a server is not served. The line each offered tool gets,
+    and its rules, are check's to print: fifty of them would bury the approval lines an
+    operator looks for in that log, so one line says what is served (cmd_serve)."""
+    lines = []
+    for report in reports:
+        for line in report.lines:
+            # Left to check: a registered tool's line and its rule lines (indented); a lint
+            # line is indented too, and kept.
+            said = line[len(sanitize(report.server)) + 2:]
+            if not said.startswith("registered ") and (
+                    not said.startswith("  ") or said.lstrip().startswith("lint ")):
+                lines.append(line)
+        if report.unserved:
+            lines.append(f"not served: {report.unserved}")
+    return lines
+
+
+# =============================================================================================
+# 25. Fake payment server
 #
 # Reads as: around the core
 #
@@ -9847,6 +10275,7 @@ class LoopbackRedirect:
 # nothing installed. It keeps a ledger: every payment is appended, as its raw arguments, to
 # the file named by FAKE_PAYMENTS_LEDGER and synced to disk before the answer is sent, so a
 # count of the ledger's lines is a count of payments made.
+# Core it calls: nothing: it is a server of its own, run as a child process.
 # =============================================================================================
 
 FAKE_TOOLS = [
@@ -9955,7 +10384,7 @@ def fake_payments():
 
 
 # =============================================================================================
-# 15. Demonstration
+# 26. Demonstration
 #
 # Reads as: around the core
 #
@@ -9964,6 +10393,8 @@ def fake_payments():
 # run as separate processes in a temporary directory, as they would for a person.
 # Promises: every step says what the model sees; the demo exits non-zero if any step did not
 # behave as narrated, and it ends only after every process it started has exited.
+# Core it calls: write_private; everything else it runs as agentgate's own commands, in
+# processes.
 # =============================================================================================
 
 class DemoFailure(Exception):
@@ -10221,289 +10652,17 @@ def _processes_mentioning(text):
 
 
 # =============================================================================================
-# 16. Main
+# 27. Main
 #
 # Reads as: around the core
 #
-# Owns: the command line. Go-style single-dash long flags (-config, -approval); the
-# double-dash spelling works too. Exit codes: 0 ok, 1 failure, 2 usage. No traceback reaches
-# a user: every expected failure is one sentence on stderr.
+# Owns: the command line and `serve`, which puts the sections together: the config, the store,
+# the upstreams, the gate, the host side and the seams around them. Go-style single-dash long
+# flags (-config, -approval); the double-dash spelling works too. Exit codes: 0 ok, 1 failure,
+# 2 usage. No traceback reaches a user: every expected failure is one sentence on stderr.
+# Core it calls: load_config, Store, Gate, HostServer, Shutdown, and the seams: the gate's
+# `announce` (section 19's Notifier) and the host's `status` (section 18's status_answer).
 # =============================================================================================
-
-USAGE = f"""usage: agentgate.py [serve] [-config FILE]
-       agentgate.py init [-from FILE] [-config FILE] [-write]
-       agentgate.py login SERVER [-config FILE]   OAuth with a url server, in a browser
-       agentgate.py pin|check [-config FILE]      check -accept: accept init's proposals
-       agentgate.py pin -diff [-tool SERVER/TOOL ... | -all [-yes]] [-config FILE]
-       agentgate.py runs|show|approve|reject|cancel|verify|recheck ... (-h for each)
-       agentgate.py watch [-config FILE] [-db FILE] [-by WHO]
-       agentgate.py grant|grants|revoke ... (-h for each)
-       agentgate.py demo
-       agentgate.py -version
-
-{__doc__.split("Sections,")[0].split("Scope.")[1].strip()}
-
-Where the config comes from: -config FILE, else $AGENTGATE_CONFIG, else
-$XDG_CONFIG_HOME/agentgate/config.json (default ~/.config/agentgate/config.json).
-"""
-
-
-class Usage(Exception):
-    """A command line that cannot be carried out as written (exit 2)."""
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise Usage(message)
-
-
-# What each flag does, as -h prints it: "command -flag" where the meaning is the command's own,
-# else the flag's name. parser() takes no flag without an entry here, so -h never lists a
-# flag without saying what it does.
-FLAG_HELP = {
-    "config": "the config file (else $AGENTGATE_CONFIG, else the default config.json)",
-    "db": "open this database directly instead of the config's",
-    "json": "print JSON and nothing else",
-    "full": "print every byte of a long value instead of its head and tail",
-    "by": "who decides, as recorded (default: your user name)",
-    "approval": "the approval to decide; naming it is your confirmation",
-    "approve -yes": "approve without asking (needed without a terminal, unless -approval)",
-    "reject -yes": "reject without asking (needed without a terminal, unless -approval)",
-    "approve -note": "a note kept with the decision",
-    "reject -note": "why (required): the model is shown it",
-    "cancel -note": "why, kept with the run",
-    "revoke -note": "why, kept with the grant",
-    "grant -note": "why, kept with the grant and listed by grants",
-    "grant -by": "who grants, as recorded (default: your user name)",
-    "revoke -by": "who revokes, as recorded (default: your user name)",
-    "cancel -by": "who cancels, as recorded (default: your user name)",
-    "grant -yes": "grant without asking (needed without a terminal)",
-    "grant -if": 'conditions the arguments must meet, as JSON: \'{"/amount": {"max": 20}}\'',
-    "grant -for": "how long it lasts, such as 30m or 8h (default 1h, at most grant_ttl)",
-    "grants -days": "list grants that ended in the last N days too (default 7)",
-    "runs -limit": "show at most N runs, newest first (default 100)",
-    "recheck -limit": "re-check at most N of the session's newest runs (default 50)",
-    "recheck -run": "re-check this run only (its id or a prefix)",
-    "recheck -session": "re-check this session's runs instead of the config's session",
-    "recheck -current-tools": "start the servers and re-check against the tools they present "
-                              "now, instead of the specs recorded",
-    "verify -from": "the first sequence number to check (default 1)",
-    "verify -to": "the last sequence number to check (default the chain's end)",
-    "verify -head": "a head kept from an earlier verify (SEQ:HASH): say whether it still matches",
-    "pin -diff": "show what each server presents now against its manifest",
-    "pin -tool": "with -diff: pin this difference again (SERVER/TOOL or TOOL; repeatable)",
-    "pin -all": "with -diff: pin every difference again",
-    "pin -yes": "with -diff -all: pin again without asking",
-    "check -accept": "mark init's proposed rules as reviewed, then check",
-    "init -from": "read this host file (or a project's .mcp.json) instead of the hosts' own",
-    "init -write": "edit each host's file to start the gate instead (a backup is kept)",
-}
-
-
-# What -h shows a flag's value as, where its name does not say it.
-FLAG_VALUE = {"config": "FILE", "db": "FILE", "init -from": "FILE", "verify -from": "SEQ",
-              "to": "SEQ", "limit": "N", "days": "N", "note": "TEXT", "by": "WHO",
-              "approval": "ID", "run": "ID", "session": "NAME", "if": "JSON",
-              "for": "DURATION", "head": "SEQ:HASH", "tool": "SERVER/TOOL"}
-
-
-def parser(command, *flags):
-    p = Parser(prog=f"agentgate.py {command}", allow_abbrev=False, add_help=True)
-    for flag in flags:
-        name, kind = flag if isinstance(flag, tuple) else (flag, str)
-        about = FLAG_HELP.get(f"{command} -{name}") or FLAG_HELP[name]
-        if kind is bool:
-            p.add_argument(f"-{name}", f"--{name}", action="store_true", help=about)
-        else:
-            # Paths are the system's own (any bytes); every other text must be UTF-8.
-            text = kind is str and name not in ("config", "db")
-            value = FLAG_VALUE.get(f"{command} -{name}") or FLAG_VALUE.get(name, name.upper())
-            p.add_argument(f"-{name}", f"--{name}", type=text_argument if text else kind,
-                           metavar=value, help=about)
-    return p
-
-
-NAMED_RUN = "a run's id or an approval's, or a prefix of either (6 characters or more)"
-
-
-def text_argument(value):
-    """A text flag as given: it must be UTF-8, since it is recorded and may be shown to the
-    model (the system hands bytes that are not UTF-8 over as lone surrogates)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise argparse.ArgumentTypeError("is not valid UTF-8 text") from None
-    return value
-
-
-def cmd_pin(argv):
-    p = parser("pin", "config", ("diff", bool), ("all", bool), ("yes", bool))
-    p.add_argument("-tool", "--tool", action="append", type=text_argument, default=[],
-                   metavar=FLAG_VALUE["tool"], help=FLAG_HELP["pin -tool"])
-    opts = p.parse_args(argv)
-    hosts = [] if opts.config else host_configs(config_path(None))
-    if hosts:
-        return each_config(cmd_pin, argv, hosts)
-    config = load_config(config_path(opts.config))
-    if opts.diff:
-        return pin_diff(config, opts.tool, opts.all, opts.yes)
-    if opts.tool or opts.all:
-        raise Usage("-tool and -all choose what pin -diff pins again; give -diff too")
-    manifests = {}
-    for server in config.servers:
-        try:
-            manifests[server.name] = pin(server)
-        except UpstreamError as err:
-            raise LoadError(str(err)) from None
-    findings = lint_manifests(manifests)
-    for server in config.servers:
-        tools = manifests[server.name]["tools"]
-        tell(f"server {server.name}: {len(tools)} tools pinned in {server.manifest}, with the "
-             f"server's own hints, which classify nothing:")
-        for name, entry in tools.items():
-            description = " ".join(entry["description"].split())
-            tell(f"  {sanitize(name):<28} {hints_text(entry):<26} "
-                 f"{clean(description, 72)}")
-            found = findings[server.name][name]
-            for line in lint_lines(found):
-                tell(f"  {line}")
-            if any(severity == LINT_HIGH for severity, _, _ in found):
-                tell(f"    the whole text the model would read of {name} "
-                     f"(accepted_description {lint_hash(entry)}):")
-                for where, text in lint_texts(entry):
-                    tell(f"      {where}: {text}")
-    tell("Classify each tool you want offered with a rule (side_effect), then run check. The "
-         "lint finds the tricks known to hide instructions in a tool's texts, not all of them.")
-    return 0
-
-
-def pin_diff(config, named, everything, agreed):
-    """Show what each server presents now against its manifest; pin again only the tools
-    named (server/tool, or tool where one server has it), or every difference with -all once
-    confirmed. A gate that is serving keeps what it loaded: it is never changed under a call."""
-    manifests, lives = {}, {}
-    for server in config.servers:
-        manifests[server.name] = read_manifest(server)
-        try:
-            lives[server.name] = presented(server)
-        except UpstreamError as err:
-            raise LoadError(str(err)) from None
-    findings = lint_manifests({name: {"tools": live} for name, live in lives.items()})
-    differences = {}
-    for server in config.servers:
-        changes = tool_changes(manifests[server.name]["tools"], lives[server.name])
-        tell(f"server {server.name}: " + (f"{len(changes)} tool(s) differ from "
-                                          f"{server.manifest}" if changes else "as pinned"))
-        for tool, (kind, old, new) in changes.items():
-            differences[(server.name, tool)] = (kind, new)
-            tell(f"  {kind} {tool}" + (f" ({hints_text(new)})" if new else ""))
-            if kind == "added":
-                tell(f"    description: {new['description']}")
-            elif kind == "changed":
-                tell(*(f"    {line}" for line in change_lines(old, new)))
-            for line in lint_lines(findings[server.name][tool]) if new else []:
-                tell(f"  {line}")
-    chosen = set(differences) if everything else set()
-    for given in named:
-        server, _, tool = given.rpartition("/")
-        matches = [key for key in differences if key[1] == tool and server in ("", key[0])]
-        if len(matches) != 1:
-            listed = ", ".join(f"{s}/{t}" for s, t in differences) or "none"
-            raise Usage(f"-tool {quote(given)} names {'no' if not matches else 'more than one'} "
-                        f"difference; the differences are: {sanitize(listed)}")
-        chosen.add(matches[0])
-    if not chosen:
-        return 0
-    if everything and not agreed:
-        if not sys.stdin.isatty():
-            raise Usage("refusing to pin every difference again without -yes or an "
-                        "interactive terminal")
-        if input("pin all of them again? type yes to pin: ").strip().lower() not in ("y", "yes"):
-            tell("nothing pinned")
-            return 1
-    for server in config.servers:
-        mine = sorted(tool for name, tool in chosen if name == server.name)
-        if not mine:
-            continue
-        manifest = manifests[server.name]
-        for tool in mine:
-            kind, new = differences[(server.name, tool)]
-            if kind == "removed":
-                del manifest["tools"][tool]
-            else:
-                manifest["tools"][tool] = new
-        manifest["pinned_at"] = now()
-        write_private(server.manifest, pretty_json(manifest) + "\n")
-        tell(f"pinned again in {server.manifest}: {', '.join(mine)}")
-    tell("A gate that is serving keeps the tools it loaded; restart it (restart its host) to "
-         "offer what was pinned again, after check.")
-    return 0
-
-
-def serving_config(path):
-    """The config, with the checks every command that starts the servers makes first."""
-    config = load_config(config_path(path))
-    check_database_path(config.database)
-    check_reach(config)
-    return config
-
-
-def cmd_check(argv):
-    opts = parser("check", "config", ("accept", bool)).parse_args(argv)
-    hosts = [] if opts.config else host_configs(config_path(None))
-    if hosts:
-        return each_config(cmd_check, argv, hosts)
-    if opts.accept:
-        accept_proposals(os.path.abspath(config_path(opts.config)))
-    config = serving_config(opts.config)
-    upstreams, tools, reports = load_all(config)
-    for upstream in upstreams:
-        upstream.close()
-    for report in reports:
-        if report.lines:
-            tell(*report.lines)
-    for server, report in zip(config.servers, reports):
-        tell(*served_lines(config, server, report, tools))
-    if os.path.exists(config.database):
-        print_tool_changes(Ledger(config.database, readonly=True, create=False),
-                           config.session)
-    tell(f"status tool: {config.status_tool}")
-    tell(f"session: {config.session}")
-    tell(f"database: {config.database}")
-    # What makes check fail goes to stderr too, one line each: a server not served, and the
-    # tools that are not offered for a reason the operator must act on.
-    for report in reports:
-        if report.unserved:
-            log(f"not served: {report.unserved}")
-    refused = sum(report.count("refused") for report in reports)
-    unreviewed = sum(report.count("unreviewed") for report in reports)
-    problems = ([f"{refused} tool(s) refused, each line says why"] if refused else []) + (
-        [f"{unreviewed} tool(s) unreviewed: read their proposed rules, then run check -accept"]
-        if unreviewed else [])
-    if problems:
-        log(f"not offered: {'; '.join(problems)}")
-    return 1 if problems or any(report.unserved for report in reports) else 0
-
-
-def load_warnings(reports):
-    """What a gate writes to the host's log of its load reports as it starts: each line that
-    says something is not as it should be (a tool refused, unclassified, unreviewed or not
-    pinned, a lint finding), and why a server is not served. The line each offered tool gets,
-    and its rules, are check's to print: fifty of them would bury the approval lines an
-    operator looks for in that log, so one line says what is served (cmd_serve)."""
-    lines = []
-    for report in reports:
-        for line in report.lines:
-            # Left to check: a registered tool's line and its rule lines (indented); a lint
-            # line is indented too, and kept.
-            said = line[len(sanitize(report.server)) + 2:]
-            if not said.startswith("registered ") and (
-                    not said.startswith("  ") or said.lstrip().startswith("lint ")):
-                lines.append(line)
-        if report.unserved:
-            lines.append(f"not served: {report.unserved}")
-    return lines
-
 
 def cmd_serve(argv):
     config = serving_config(parser("serve", "config").parse_args(argv).config)
