@@ -416,6 +416,16 @@ def slow_pattern_figures(n=10):
     ]
 
 
+def both_ends(directory, config):
+    """The fake payment server alone, and agentgate in front of it, both initialized."""
+    ledger = {**os.environ, "FAKE_PAYMENTS_LEDGER": os.path.join(directory, "ledger")}
+    straight = Driver([sys.executable, AGENTGATE, "fake-payments"], directory, ledger)
+    straight.initialize()
+    gate = Driver([sys.executable, AGENTGATE, "-config", config], directory)
+    gate.initialize()
+    return straight, gate
+
+
 def per_call_figures(path, n):
     """The per-call ratios of the agentgate file at `path`, in a directory of their own: the
     added read and mutation p50 over one durable commit, and the share of the straight
@@ -424,13 +434,8 @@ def per_call_figures(path, n):
     AGENTGATE = path
     directory = tempfile.mkdtemp(prefix="agentgate-bench-ab-")
     try:
-        config1 = write_config(directory, 1)
         commit = durable_commit(directory)
-        ledger = {**os.environ, "FAKE_PAYMENTS_LEDGER": os.path.join(directory, "ledger")}
-        straight = Driver([sys.executable, path, "fake-payments"], directory, ledger)
-        straight.initialize()
-        gate = Driver([sys.executable, path, "-config", config1], directory)
-        gate.initialize()
+        straight, gate = both_ends(directory, write_config(directory, 1))
         s50, _ = sequential(straight, "balance", n)
         g50, _ = sequential(gate, "bank_balance", n)
         sm50, _ = sequential(straight, "pay", n, mutating=True)
@@ -484,11 +489,7 @@ def main():
         config1 = write_config(directory, 1)
         config3 = write_config(directory, 3)
         commit = durable_commit(directory)
-        ledger = {**os.environ, "FAKE_PAYMENTS_LEDGER": os.path.join(directory, "ledger")}
-        straight = Driver([sys.executable, AGENTGATE, "fake-payments"], directory, ledger)
-        straight.initialize()
-        gate = Driver([sys.executable, AGENTGATE, "-config", config1], directory)
-        gate.initialize()
+        straight, gate = both_ends(directory, config1)
         s50, s99 = sequential(straight, "balance", opts.n)
         size_before = db_bytes(directory)
         g50, g99 = sequential(gate, "bank_balance", opts.n)

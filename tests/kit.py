@@ -20,6 +20,7 @@ import queue
 import re
 import shutil
 import signal
+import gzip
 import sqlite3
 import subprocess
 import sys
@@ -473,6 +474,44 @@ def query(db, sql: str, args=()) -> list:
 def run_rows(db) -> list:
     """(id, tool, status, reason, detail) of every run, oldest first."""
     return query(db, "SELECT id, tool, status, reason, detail FROM runs ORDER BY created_at, rowid")
+
+
+def database_from_dump(workdir: Path, dump: Path) -> Path:
+    """runs.db in `workdir`, made from a gzipped SQL dump of a database an earlier agentgate
+    wrote (kept compressed: a record of what that version wrote, not source that repeats its
+    schema)."""
+    path = workdir / "runs.db"
+    db = sqlite3.connect(path)
+    db.executescript(gzip.decompress(dump.read_bytes()).decode("utf-8"))
+    db.close()
+    path.chmod(0o600)
+    return path
+
+
+def schema_versions(path) -> list[int]:
+    """The migrations a database records, in order."""
+    db = sqlite3.connect(path)
+    try:
+        return [row[0] for row in db.execute("SELECT version FROM schema_migrations ORDER BY 1")]
+    finally:
+        db.close()
+
+
+def settle_old_unknown(bank, host, workdir, runs: dict) -> str:
+    """An old database's payment with an unknown outcome, still waiting: it blocks another
+    payment, its own request is told UNKNOWN_OUTCOME, and once the bank is released and an
+    operator approves, it pays. `runs` maps the old runs to their `runs -json` rows; the
+    run's id is returned."""
+    blocked = bank.call(host, {"to": "lou", "amount": 1})
+    assert blocked.prefix == "BLOCKED", blocked
+    kim = {"to": "kim", "amount": 1, "mode": "block"}
+    waiting = bank.call(host, kim)
+    assert waiting.prefix == "UNKNOWN_OUTCOME", waiting
+    (unknown,) = [run for run, row in runs.items() if row["status"] == "WAITING_FOR_APPROVAL"]
+    release(workdir)
+    bank.approve(unknown, waiting.approval_id())
+    assert bank.call(host, kim).text == "paid 1.00 to kim"
+    return unknown
 
 
 def event_types(db, run_id: str) -> list:

@@ -2,7 +2,7 @@
 so a call is recorded as one event when it begins and one when it ends, carrying what the six and
 the two events of earlier versions carried; verify, show and recheck read it with the same meaning.
 
-A database of the previous version (tests/v4_database.sql, schema version 4, made by the agentgate
+A database of the previous version (tests/v4_database.sql.gz, schema version 4, made by the agentgate
 of commit fd9a2b1 in front of the fake bank: a read, a payment approved and executed, one
 rejected, one refused as invalid, and one approved whose re-run timed out, its outcome unknown and
 a question pending) migrates in place, and its events, in the old shapes, read as they did.
@@ -10,13 +10,12 @@ a question pending) migrates in place, and its events, in the old shapes, read a
 
 import json
 import re
-import sqlite3
 from pathlib import Path
 
-from kit import Bank, event_parts, operator, release
+from kit import Bank, database_from_dump, operator, schema_versions, settle_old_unknown
 from kit import bankdir  # noqa: F401 (fixture)
 
-DUMP = Path(__file__).resolve().parent / "v4_database.sql"
+DUMP = Path(__file__).resolve().parent / "v4_database.sql.gz"
 BEGAN = ["run.created", "run.started", "step.started", "step.decided", "step.policy", "step.tool_started"]
 ENDED = ["step.tool_finished", "run.finished"]
 
@@ -30,14 +29,6 @@ def stored(bank, run_id: str) -> list:
 def shown_events(bank, run_id: str) -> list:
     """(type, step_id, payload) of the events `show -json` lists for a run."""
     return [(e["type"], e["step_id"], e["payload"]) for e in bank.show(run_id)["events"]]
-
-
-def versions(path) -> list[int]:
-    db = sqlite3.connect(path)
-    try:
-        return [row[0] for row in db.execute("SELECT version FROM schema_migrations ORDER BY 1")]
-    finally:
-        db.close()
 
 
 def test_an_allowed_call_is_one_event_when_it_begins_and_one_when_it_ends(bankdir):
@@ -76,13 +67,9 @@ def test_an_allowed_call_is_one_event_when_it_begins_and_one_when_it_ends(bankdi
 
 
 def test_a_version_4_database_migrates_and_its_old_events_read_as_they_did(bankdir):
-    path = bankdir / "runs.db"
-    db = sqlite3.connect(path)
-    db.executescript(DUMP.read_text(encoding="utf-8"))
-    db.close()
-    path.chmod(0o600)
+    path = database_from_dump(bankdir, DUMP)
     bank = Bank(bankdir, rules={"pay": {"timeout": "2s"}}, session="old4", hold="0s")
-    assert bank.db_path == path and versions(path) == [1, 2, 3, 4]
+    assert bank.db_path == path and schema_versions(path) == [1, 2, 3, 4]
     old_runs = [r for (r,) in bank.query("SELECT id FROM runs ORDER BY rowid")]
     old_events = {run: stored(bank, run) for run in old_runs}
     head = bank.query("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")[0]
@@ -90,7 +77,7 @@ def test_a_version_4_database_migrates_and_its_old_events_read_as_they_did(bankd
 
     host = bank.start()
     host.list_tools()
-    assert versions(path) == [1, 2, 3, 4, 5]
+    assert schema_versions(path) == [1, 2, 3, 4, 5]
     assert f"intact: {head[0]} event(s), seq 1 to {head[0]}" in operator(bank.config, "verify").stdout
 
     # Every reader reads the old shapes as they are: show lists each stored event, runs the
@@ -108,14 +95,7 @@ def test_a_version_4_database_migrates_and_its_old_events_read_as_they_did(bankd
 
     # The unknown outcome it left still blocks, and its re-run, approved now, is recorded in
     # the new shape after the old events of its run; the chain goes on from the old head.
-    assert bank.call(host, {"to": "lou", "amount": 1}).prefix == "BLOCKED"
-    kim = {"to": "kim", "amount": 1, "mode": "block"}
-    waiting = bank.call(host, kim)
-    assert waiting.prefix == "UNKNOWN_OUTCOME", waiting
-    (unknown,) = [r for r in old_runs if listed[r]["status"] == "WAITING_FOR_APPROVAL"]
-    release(bankdir)
-    bank.approve(unknown, waiting.approval_id())
-    assert bank.call(host, kim).text == "paid 1.00 to kim"
+    unknown = settle_old_unknown(bank, host, bankdir, {r: listed[r] for r in old_runs})
     events = stored(bank, unknown)
     assert events[:len(old_events[unknown])] == old_events[unknown]
     assert [t for t, _, _ in events[len(old_events[unknown]):]] == ["approval.decided", "call.changed",

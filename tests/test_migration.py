@@ -10,39 +10,24 @@ the dump's bytes, compressed: a record of what that version wrote, never edited,
 that repeats the version-1 schema agentgate.py carries.
 """
 
-import gzip
 import json
-import sqlite3
 from pathlib import Path
 
-from kit import Bank, operator, release
+from kit import Bank, database_from_dump, operator, schema_versions, settle_old_unknown
 from kit import bankdir  # noqa: F401 (fixture)
 
 DUMP = Path(__file__).resolve().parent / "v1_database.sql.gz"
 
 
 def old_database(workdir: Path) -> Path:
-    path = workdir / "runs.db"
-    db = sqlite3.connect(path)
-    db.executescript(gzip.decompress(DUMP.read_bytes()).decode("utf-8"))
-    db.close()
-    path.chmod(0o600)
-    return path
-
-
-def versions(path) -> list[int]:
-    db = sqlite3.connect(path)
-    try:
-        return [row[0] for row in db.execute("SELECT version FROM schema_migrations ORDER BY 1")]
-    finally:
-        db.close()
+    return database_from_dump(workdir, DUMP)
 
 
 def test_a_version_1_database_is_migrated_in_place_and_keeps_its_meaning(bankdir):
     workdir = bankdir
     path = old_database(workdir)
     bank = Bank(workdir, rules={"pay": {"timeout": "2s"}}, session="old", hold="0s")
-    assert bank.db_path == path and versions(path) == [1]
+    assert bank.db_path == path and schema_versions(path) == [1]
     old_runs = [row[0] for row in bank.query("SELECT id FROM runs ORDER BY rowid")]
     head = bank.query("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")[0]
 
@@ -52,7 +37,7 @@ def test_a_version_1_database_is_migrated_in_place_and_keeps_its_meaning(bankdir
 
     host = bank.start()
     host.list_tools()
-    assert versions(path) == [1, 2, 3, 4, 5]
+    assert schema_versions(path) == [1, 2, 3, 4, 5]
     verified = operator(bank.config, "verify")
     assert f"intact: {head[0]} event(s), seq 1 to {head[0]}" in verified.stdout
     assert f"head: seq {head[0]} {head[1]}" in verified.stdout
@@ -69,15 +54,7 @@ def test_a_version_1_database_is_migrated_in_place_and_keeps_its_meaning(bankdir
     assert all(r["same"] for r in json.loads(rechecked.stdout))
 
     # The unknown outcome it left still blocks every other payment, and still waits.
-    blocked = bank.call(host, {"to": "lou", "amount": 1})
-    assert blocked.prefix == "BLOCKED", blocked
-    kim = {"to": "kim", "amount": 1, "mode": "block"}
-    waiting = bank.call(host, kim)
-    assert waiting.prefix == "UNKNOWN_OUTCOME", waiting
-    (unknown,) = [run for run in old_runs if listed[run]["status"] == "WAITING_FOR_APPROVAL"]
-    release(workdir)
-    bank.approve(unknown, waiting.approval_id())
-    assert bank.call(host, kim).text == "paid 1.00 to kim"
+    settle_old_unknown(bank, host, workdir, {run: listed[run] for run in old_runs})
     assert bank.call(host, {"account": "A-1"}, tool="bank_balance").text == \
         "account A-1 holds 120.00 EUR"
 
