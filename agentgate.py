@@ -23,7 +23,9 @@ retry. The pin covers what a server presents, not what it does.
 
 Sections (5465 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming the core
-functions it calls):
+functions it calls). A section uses only the sections above it and the libraries, so the
+core reads top to bottom: the schema check and the policy come before the configuration
+because the configuration is read with their parsers.
 
      1. Framing and canonical JSON                   decision core      435
      2. Text, times and fields                       decision core      319
@@ -53,25 +55,25 @@ functions it calls):
     26. Demonstration                                around the core    268
     27. Main                                         around the core    124
 
-One tools/call through the core (the section of each step in brackets):
+One tools/call through the core, with the section of each step:
 
-    HostServer._read_loop      read_frames: one frame per \n byte off stdin            [1]
-      HostServer._frame        parse: the boundary check; number literals kept          [1]
-      HostServer._message      at most MAX_IN_FLIGHT calls, each on a worker            [10]
-        HostServer._call       the tool the name offers, as pinned (Tool, load)        [10, 6]
-          Gate.call            canonical, request_key: the request's identity           [9, 1]
-            Gate._judge        judged_request: check_arguments and validate, and the
-                               policy's conditions, once, before the lock (Judgement)  [9, 7, 3, 4]
-            Gate._decide       under the gate's lock, rules 1 to 7 over the request's
-                               earlier runs (Store.key_runs); each returns a verdict     [9, 8]
-            Gate._begin        rule 8: policy_decision in the write transaction that
-                               records the run (Tx.begin_run ... Tx.start_execution)     [9, 4, 8]
-            Gate._hold         a Wait: the operator decides elsewhere, bound by hash     [9]
-            Gate._execute      call_upstream, with the rule's timeout; passed_result,
-                               result_record: what the host gets, what the record keeps [9, 7]
-                               Tx.finish_execution, committed before the answer         [8]
-          passed_answer        the server's result as sent, or answer(...) from PROSE   [7]
-      HostServer.send          one JSON-RPC line on stdout, written as bytes             [10]
+    HostServer._read_loop    read_frames: one frame per newline byte off stdin           1
+      HostServer._frame      parse: the boundary check, number literals kept as written  1
+      HostServer._message    a worker thread, at most MAX_IN_FLIGHT calls at once       10
+        HostServer._call     the tool the name offers, as pinned (Tool, load)         10, 6
+          Gate.call          canonical, request_key: the request's identity            9, 1
+          Gate._judge        judged_request: check_arguments (validate) and the
+                             policy's conditions, judged once, before the lock   9, 7, 3, 4
+          Gate._decide       under the gate's lock, rules 1 to 7 over the request's
+                             earlier runs (Store.key_runs), each rule a verdict         9, 8
+          Gate._begin        rule 8: policy_decision in the write transaction that
+                             records the run (Tx.begin_run ... Tx.start_execution)   9, 4, 8
+          Gate._hold         a Wait: an operator decides elsewhere, bound by hash          9
+          Gate._execute      call_upstream with the rule's timeout; passed_result and
+                             result_record: what the host gets, what the record keeps  9, 7
+                             Tx.finish_execution, committed before the answer is sent     8
+        passed_answer        the server's result as it sent it, or answer() from PROSE    7
+      HostServer.send        one JSON-RPC line on stdout, written as bytes               10
 """
 
 import argparse
