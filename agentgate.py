@@ -21,18 +21,18 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5465 lines of decision core, read first; then the libraries it relies on, each
+Sections (5418 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming the core
 functions it calls). A section uses only the sections above it and the libraries, so the
 core reads top to bottom: the schema check and the policy come before the configuration
 because the configuration is read with their parsers.
 
-     1. Framing and canonical JSON                   decision core      435
-     2. Text, times and fields                       decision core      319
+     1. Framing and canonical JSON                   decision core      427
+     2. Text, times and fields                       decision core      314
      3. The schema check                             decision core      352
-     4. Policy on what a call does                   decision core      739
+     4. Policy on what a call does                   decision core      717
      5. Configuration and its trust                  decision core      513
-     6. Tools, as pinned                             decision core      447
+     6. Tools, as pinned                             decision core      435
      7. Answers                                      decision core      468
      8. The record                                   decision core      917
      9. The gate                                     decision core      858
@@ -41,16 +41,16 @@ because the configuration is read with their parsers.
     12. Hosts in URLs                                library            110
     13. Paths as the kernel resolves them            library             99
     14. The lint                                     around the core    219
-    15. Upstream servers                             around the core   1091
+    15. Upstream servers                             around the core   1102
     16. Reading the record                           around the core    137
-    17. Tool changes while serving                   around the core    135
-    18. The status tool                              around the core    114
+    17. Tool changes while serving                   around the core    147
+    18. The status tool                              around the core    119
     19. Notify                                       around the core     59
-    20. Pins and load reports                        around the core    108
+    20. Pins and load reports                        around the core    122
     21. The command line's flags                     around the core    116
-    22. Operator commands                            around the core   1283
+    22. Operator commands                            around the core   1291
     23. Setup                                        around the core    605
-    24. Pin and check                                around the core    182
+    24. Pin and check                                around the core    183
     25. Fake payment server                          around the core    118
     26. Demonstration                                around the core    268
     27. Main                                         around the core    124
@@ -464,7 +464,7 @@ def parse_loosely(data):
 
 _HEAD_TOKEN_RE = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
 _HEAD_ID_RE = re.compile(rb"\s*:\s*(-?(?:0|[1-9][0-9]{0,17}))[\s,}]")
-_INT_ID_RE = re.compile(r"-?(?:0|[1-9][0-9]{0,17})")
+
 JSON_NUMBER_RE = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
@@ -482,14 +482,6 @@ def frame_id(head):
         elif depth == 1 and token == b'"id"':
             value = _HEAD_ID_RE.match(head, match.end())
             return int(value.group(1)) if value else None
-    return None
-
-
-def int_id(value):
-    """An id as agentgate writes its own requests' ids: an integer literal of at most 18
-    digits, or None. No other value (3.9, 1e1000000, Infinity) can name one of them."""
-    if isinstance(value, Number) and _INT_ID_RE.fullmatch(value.literal):
-        return int(value.literal)
     return None
 
 
@@ -713,11 +705,6 @@ def parse_time(text):
 def later(text, ns):
     """The stored time `ns` nanoseconds after the stored time `text`."""
     return format_time(parse_time(text) + ns / SECOND)
-
-
-def time_since(text):
-    """How long ago the stored time `text` was, to the second, as a duration."""
-    return format_duration(int(time.time() - parse_time(text)) * SECOND)
 
 
 def prose_time(text):
@@ -1806,14 +1793,6 @@ def decision_facts(rows, session, tool, stamp, client, count):
                  counted_uses(rows, tool, stamp) if count else None)
 
 
-def confirmed_conditions(conditions):
-    """A grant's conditions as it keeps them: each `under` with its directories as they were
-    resolved and shown when the grant was confirmed. Resolved again at each decision, a
-    directory replaced by a link since would take the grant to a place it never named."""
-    return {c.pointer: {name: expected if name == "under" else c.raw[name]
-                        for name, expected in c.tests} for c in conditions}
-
-
 def policy_decision(config, tool, args, facts, rerun=False, approved=False, judged=None):
     """What the policy says of one call, as a dict: outcome, reason, and `by` (what decided:
     a `when` entry, a limit, a grant, the rule's outcome or the class), with `limit` and
@@ -1895,20 +1874,6 @@ def rule_lines(rule, tool_name):
 def rule_outcome(config, rule):
     """The decider: the rule's own outcome, else the class map (None for no class)."""
     return rule.outcome or config.policy.get(rule.side_effect)
-
-
-def effective_decision(config, rule):
-    """What a rule decides of a call as `check` shows it: allow, ask or deny, and what may
-    decide otherwise for some calls (its when entries; its limits, where an allow can come)."""
-    outcome = rule_outcome(config, rule)
-    others = (["when entries"] if rule.when else []) + (
-        ["limits"] if rule.limits and (rule.when or outcome == "allow") else [])
-    notes = [f"{' and '.join(others)} may decide otherwise"] if others else []
-    if outcome == "require_approval" and config.operator == "none":
-        outcome = "deny"
-        notes.insert(0, "no operator is at hand to ask")
-    word = {"allow": "allow", "require_approval": "ask"}.get(outcome, "deny")
-    return f"{word} ({'; '.join(notes)})" if notes else word
 
 
 def pointer_problem(schema, tokens, hidden):
@@ -2653,18 +2618,6 @@ def compared_part(entry, key, pinned):
     if "title" not in pinned and key == "annotations" and isinstance(value, dict):
         value = {k: value[k] for k in ANNOTATION_KEYS if k in value} or None
     return value
-
-
-def tool_changes(pinned, live):
-    """How what a server presents now (`live`, manifest entries) differs from what it pinned,
-    per tool: ("added", None, now), ("removed", pinned, None) or ("changed", pinned, now)."""
-    changes = {}
-    for name in sorted(set(pinned) | set(live)):
-        old, new = pinned.get(name), live.get(name)
-        if old is None or new is None or changed_parts(old, new):
-            kind = "added" if old is None else "removed" if new is None else "changed"
-            changes[name] = (kind, old, new)
-    return changes
 
 
 def read_manifest(server):
@@ -6469,6 +6422,17 @@ def lint_manifests(manifests):
 # that refuses what it holds fails with LOGIN_NEEDED.
 # =============================================================================================
 
+_INT_ID_RE = re.compile(r"-?(?:0|[1-9][0-9]{0,17})")
+
+
+def int_id(value):
+    """An id as agentgate writes its own requests' ids: an integer literal of at most 18
+    digits, or None. No other value (3.9, 1e1000000, Infinity) can name one of them."""
+    if isinstance(value, Number) and _INT_ID_RE.fullmatch(value.literal):
+        return int(value.literal)
+    return None
+
+
 CLIENT_INFO = {"name": "agentgate", "version": VERSION}
 
 STDERR_TAIL_BYTES = 4096
@@ -7672,12 +7636,24 @@ class Ledger(Store):
 #
 # Owns: a server's change of its tools while the gate serves (notifications/tools/list_changed):
 # the tools are listed again and compared with the pin by changed_parts (section 6).
-# Core it calls: manifest_entry, tool_changes; it writes only the gate's `quarantined` set and
+# Core it calls: manifest_entry, changed_parts; it writes only the gate's `quarantined` set and
 # calls the host's tools_changed notice, both handed to it by serve.
 # Promises: a tool whose server changed it is no longer offered and a call to it is refused
 # TOOL_CHANGED; a listing that fails quarantines the server's tools and is retried at 4, 8, 16,
 # 32 s, then every 60 s.
 # =============================================================================================
+
+def tool_changes(pinned, live):
+    """How what a server presents now (`live`, manifest entries) differs from what it pinned,
+    per tool: ("added", None, now), ("removed", pinned, None) or ("changed", pinned, now)."""
+    changes = {}
+    for name in sorted(set(pinned) | set(live)):
+        old, new = pinned.get(name), live.get(name)
+        if old is None or new is None or changed_parts(old, new):
+            kind = "added" if old is None else "removed" if new is None else "changed"
+            changes[name] = (kind, old, new)
+    return changes
+
 
 LIST_CHANGED_INTERVAL = 2.0  # seconds: the least time between two listings of one server
 RELIST_RETRY_MAX = 60.0  # seconds: the longest wait between two tries of a failing listing
@@ -7811,6 +7787,11 @@ def tools_changed_text(payload):
 # Promises: it tells the model what waits and what was decided, never a command, the database,
 # the config or a run id; recorded text from servers is sanitized.
 # =============================================================================================
+
+def time_since(text):
+    """How long ago the stored time `text` was, to the second, as a duration."""
+    return format_duration(int(time.time() - parse_time(text)) * SECOND)
+
 
 STATUS_LOOKBACK = 3600
 STATUS_ROWS = 200
@@ -7979,9 +7960,23 @@ class Notifier:
 # Reads as: around the core
 #
 # Owns: writing a server's manifest (pin), and the lines of a load report and of a change.
-# Core it calls: manifest_entry, changed_parts, compared_part, effective_decision, write_private.
+# Core it calls: manifest_entry, changed_parts, compared_part, rule_outcome, write_private.
 # Promises: server-chosen names are sanitized in every report line.
 # =============================================================================================
+
+def effective_decision(config, rule):
+    """What a rule decides of a call as `check` shows it: allow, ask or deny, and what may
+    decide otherwise for some calls (its when entries; its limits, where an allow can come)."""
+    outcome = rule_outcome(config, rule)
+    others = (["when entries"] if rule.when else []) + (
+        ["limits"] if rule.limits and (rule.when or outcome == "allow") else [])
+    notes = [f"{' and '.join(others)} may decide otherwise"] if others else []
+    if outcome == "require_approval" and config.operator == "none":
+        outcome = "deny"
+        notes.insert(0, "no operator is at hand to ask")
+    word = {"allow": "allow", "require_approval": "ask"}.get(outcome, "deny")
+    return f"{word} ({'; '.join(notes)})" if notes else word
+
 
 def connect(server):
     """Start a server (spawn, then handshake_and_list within its connect_timeout), as every
@@ -8223,6 +8218,14 @@ def text_argument(value):
 # -json prints one JSON value on stdout and nothing else. Everything chosen by a server, a
 # model or an operator is sanitized before it reaches the terminal.
 # =============================================================================================
+
+def confirmed_conditions(conditions):
+    """A grant's conditions as it keeps them: each `under` with its directories as they were
+    resolved and shown when the grant was confirmed. Resolved again at each decision, a
+    directory replaced by a link since would take the grant to a place it never named."""
+    return {c.pointer: {name: expected if name == "under" else c.raw[name]
+                        for name, expected in c.tests} for c in conditions}
+
 
 ARG_SHOWN = 240
 
@@ -10093,7 +10096,8 @@ class LoopbackRedirect:
 # Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin, and each
 # server's and tool's standing, before any host is pointed at the gate.
 # Core it calls: load_config, config_path, check_database_path, check_reach, Store,
-# read_manifest, tool_changes, lint_hash, lint_lines, write_private; load_all (section 15).
+# read_manifest, lint_hash, lint_lines, write_private; load_all (section 15) and
+# tool_changes (section 17).
 # Promises: pin -diff changes a manifest only after a yes; check exits 1 while anything is
 # refused, unreviewed or unserved.
 # =============================================================================================
