@@ -22,10 +22,11 @@ deliberate identical repeat of a mutating call within the repeat window, as it r
 retry. The pin covers what a server presents, not what it does.
 
 Sections (5418 lines of decision core, read first; then the libraries it relies on, each
-behind a contract its header states; then what surrounds the core, each naming the core
-functions it calls). A section uses only the sections above it and the libraries, so the
-core reads top to bottom: the schema check and the policy come before the configuration
-because the configuration is read with their parsers.
+behind a contract its header states; then what surrounds the core, each naming in its header
+the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
+and exception classes). A section of the core uses only the sections above it and the
+libraries, so the core reads top to bottom: the schema check and the policy come before the
+configuration because the configuration is read with their parsers.
 
      1. Framing and canonical JSON                   decision core      427
      2. Text, times and fields                       decision core      314
@@ -37,7 +38,7 @@ because the configuration is read with their parsers.
      8. The record                                   decision core      917
      9. The gate                                     decision core      858
     10. The host side                                decision core      417
-    11. ECMA-262 patterns                            library            436
+    11. ECMA-262 patterns                            library            435
     12. Hosts in URLs                                library            110
     13. Paths as the kernel resolves them            library             99
     14. The lint                                     around the core    219
@@ -5539,7 +5540,6 @@ def busy_error(ident):
 # text the answer node's RegExp gives, and refuses what node rejects.
 # =============================================================================================
 
-# -- patterns ------------------------------------------------------------------------------
 # JSON Schema's `pattern` is ECMA-262 (read here with the u flag, no other flags), searched as
 # RegExp.test searches: compile_pattern(p).search(text) is True iff new RegExp(p, "u").test(text).
 # Python's re is neither that dialect (its \s, ., $ and {,2} mean other things, so a verdict
