@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5418 lines of decision core, read first; then the libraries it relies on, each
+Sections (5430 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -29,14 +29,14 @@ libraries, so the core reads top to bottom: the schema check and the policy come
 configuration because the configuration is read with their parsers.
 
      1. Framing and canonical JSON                   decision core      427
-     2. Text, times and fields                       decision core      314
+     2. Text, times and fields                       decision core      316
      3. The schema check                             decision core      352
-     4. Policy on what a call does                   decision core      717
+     4. Policy on what a call does                   decision core      719
      5. Configuration and its trust                  decision core      513
      6. Tools, as pinned                             decision core      435
-     7. Answers                                      decision core      468
-     8. The record                                   decision core      917
-     9. The gate                                     decision core      858
+     7. Answers                                      decision core      470
+     8. The record                                   decision core      920
+     9. The gate                                     decision core      861
     10. The host side                                decision core      417
     11. ECMA-262 patterns                            library            435
     12. Hosts in URLs                                library            110
@@ -49,7 +49,7 @@ configuration because the configuration is read with their parsers.
     19. Notify                                       around the core     59
     20. Pins and load reports                        around the core    122
     21. The command line's flags                     around the core    116
-    22. Operator commands                            around the core   1291
+    22. Operator commands                            around the core   1292
     23. Setup                                        around the core    605
     24. Pin and check                                around the core    183
     25. Fake payment server                          around the core    118
@@ -543,7 +543,9 @@ def read_frames(fd, cap):
 #
 # Owns: Go-syntax durations (the config is written in them, prose prints them), the one
 # sanitizer every server-, model- or operator-chosen string passes before it reaches prose, a
-# log line or a terminal, and the one timestamp format of the store.
+# log line or a terminal, tell and tell_json (the one way a line reaches a person, sanitized
+# there), the one timestamp format of the store, ids, deadlines, and the readers of a config
+# field that sections 4 and 5 share.
 # Promises: sanitized text holds no control character, no bidi override and no invisible
 # format character a terminal or a reader could be fooled by; data returned to the host as a
 # result is never sanitized (it is the server's answer, passed back as recorded).
@@ -1211,8 +1213,10 @@ def _validate_object(schema, value, root, where, work):
 # entries themselves, the limits, and the one decision (`policy_decision`) they make with the
 # class map. Plain functions of the call and of the facts of its moment (Facts: the time, the
 # host's self-reported name, the grants in force, and the executions inside a limit's window),
-# which the gate reads inside its write transaction and recheck reads back from the record.
-# No SQL here. A URL's host and a path's place are read by the libraries of sections 12 and 13.
+# which the gate reads inside its write transaction and recheck reads back from the record,
+# both through one builder (decision_facts). What a request's arguments say is judged once
+# for a decision and those made again with it (Judgement); the facts, at each. No SQL here.
+# A URL's host and a path's place are read by the libraries of sections 12 and 13.
 # Promises: a condition that cannot be evaluated does not hold, and an entry other than allow
 # whose conditions are too costly to judge denies; numbers compare as exact decimals from their
 # literals, never through a float; a limit never loosens a decision; a grant answers only what
@@ -2872,9 +2876,11 @@ def pinned_for(server):
 #
 # Reads as: decision core
 #
-# Owns: what the model is told (every sentence of the gate's answers to a call is built here,
-# from the constants below), the policy's evaluation of one call, approvals and their hashes,
-# the checks a call's arguments pass, and what of a server's result is passed on and recorded.
+# Owns: what the model is told (every sentence it can read of the gate's is in the tables
+# below: the answers to a call, the status tool's words, and the words that fill their
+# slots; the gate and the host side pick among them), the policy's evaluation of one call,
+# approvals and their hashes, the checks a call's arguments pass, and what of a server's
+# result is passed on and recorded.
 # Plain functions of their inputs: the gate (section 9) calls them and records what they decide.
 # Promises: an approval's hash covers exactly what it binds and what the operator is shown;
 # a re-run of an unknown outcome is never allowed without an operator. A result the gate lets
@@ -3347,8 +3353,11 @@ def result_summary(tool, record, withheld_over=0):
 # a savepoint of its own, and one sync to disk); reads use a second connection, so they never
 # wait on a writer's sync; events are hash-chained across all runs and all processes (each
 # transaction reads the head under its write lock, so two processes extend one chain and a
-# sequence number is never reused). A database migrated by a newer agentgate is refused.
-# Nothing an operator decides is ever inferred: no statement here approves.
+# sequence number is never reused); what one transaction changes in a run is one event, so a
+# call is recorded as one event when it begins and one when it ends, and every reader reads
+# those and the single events of older versions alike (event_parts). A database migrated by a
+# newer agentgate is refused. Nothing an operator decides is ever inferred: no statement here
+# approves.
 # =============================================================================================
 
 SCHEMA = [
@@ -4271,6 +4280,9 @@ class Store:
 # Judging a call's arguments (the schema check, the policy's conditions and their pattern
 # work) happens before the lock, executing and holding after it, so different requests run
 # in parallel and one slow to judge delays no other.
+# Each rule answers with one verdict, a value (Answer, Wait, Execute, or NEXT, STOP, AGAIN),
+# and a rule that must act to decide (take a run over, end an approval, begin a run) does it
+# through a step named for the act.
 # A run being executed holds a lease its process renews; a run whose lease ran out (its process
 # died) is taken over, and a mutating call it cut off waits for an operator. Everything is
 # recorded before it is sent, except a read the policy allows with no limit or grant to
@@ -8215,8 +8227,9 @@ def text_argument(value):
 # typed at a terminal; watch shows the same printout and decides through the same write.
 # An id, whole or a prefix, names one run or approval among all of them whatever their state.
 # A value that mixes scripts or holds invisible characters is marked where it is printed.
-# -json prints one JSON value on stdout and nothing else. Everything chosen by a server, a
-# model or an operator is sanitized before it reaches the terminal.
+# -json prints one JSON value on stdout and nothing else. Every line is written by tell
+# (tell_json), which sanitizes it, so nothing chosen by a server, a model or an operator
+# reaches the terminal raw; text given on the command line must be UTF-8.
 # =============================================================================================
 
 def confirmed_conditions(conditions):
