@@ -4,7 +4,8 @@ An auditor reads agentgate.py's decision core first and may stop there: so every
 how it reads, the core comes first, then the libraries, then what surrounds the core; no
 section of the core reaches into a section below it except a library (whose contract its
 header states); and the docstring's table of contents tells the truth about each section's
-label and length. These read the file as text and its syntax tree; they run nothing.
+label and length. These read the file as text and its syntax tree; they run nothing. After
+an edit that changes a section's length, `python3 tests/update_toc.py` writes the new counts.
 """
 
 from __future__ import annotations
