@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5430 lines of decision core, read first; then the libraries it relies on, each
+Sections (5431 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -33,7 +33,7 @@ configuration because the configuration is read with their parsers.
      3. The schema check                             decision core      352
      4. Policy on what a call does                   decision core      719
      5. Configuration and its trust                  decision core      513
-     6. Tools, as pinned                             decision core      435
+     6. Tools, as pinned                             decision core      436
      7. Answers                                      decision core      470
      8. The record                                   decision core      920
      9. The gate                                     decision core      861
@@ -2443,7 +2443,8 @@ def check_reach(config):
 #
 # Owns: which tool a call names: the manifest (what a server presented when the operator pinned
 # it), what differs from it now (changed_parts, the one definition), and the checks that decide,
-# at every start, which upstream tools the host is offered (load_all, load, refusal).
+# at every start, which upstream tools the host is offered (load and refusal, which load_all,
+# around the core, calls for each server it starts).
 # Promises: a tool is offered only if it is pinned, classified by a rule that is not an
 # unreviewed proposal, and presents today exactly what it presented at the pin (its schemas,
 # description, title, annotations, icons and _meta), and it is offered as pinned; its
