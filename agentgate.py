@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5431 lines of decision core, read first; then the libraries it relies on, each
+Sections (5436 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -34,10 +34,10 @@ configuration because the configuration is read with their parsers.
      4. Policy on what a call does                   decision core      719
      5. Configuration and its trust                  decision core      513
      6. Tools, as pinned                             decision core      436
-     7. Answers                                      decision core      470
+     7. Answers                                      decision core      480
      8. The record                                   decision core      920
      9. The gate                                     decision core      861
-    10. The host side                                decision core      417
+    10. The host side                                decision core      412
     11. ECMA-262 patterns                            library            435
     12. Hosts in URLs                                library            110
     13. Paths as the kernel resolves them            library             99
@@ -3057,6 +3057,16 @@ NOT_EXECUTED_WHY = {
                          "collected",
     "ended": "its run ended ({reason})",
 }
+# The JSON-RPC errors a tools/call can be answered with: a host shows their message to the model.
+CALL_ERRORS = {
+    "failed": "the gate failed while handling this request and cannot say whether it executed; "
+              "tell the user before calling again",
+    "unknown_tool": "unknown tool {name}",
+    "busy": "the gate is busy: {limit} requests are already in flight, and this one was not "
+            "started; try again shortly",
+    "stopping": "the gate is shutting down",
+    "unloaded": "the gate's tools could not be loaded",
+}
 IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED", "DUPLICATE", "UNAVAILABLE",
             "RESULT_TOO_LARGE"}
 
@@ -5420,8 +5430,7 @@ class HostServer:
             try:
                 self.ready.wait()
                 if self.failed or not accepted:
-                    reason = ("the gate is shutting down" if not accepted else
-                              "the gate's tools could not be loaded")
+                    reason = CALL_ERRORS["stopping" if not accepted else "unloaded"]
                     response = rpc_error(ident, -32603, reason)
                 else:
                     try:
@@ -5430,9 +5439,7 @@ class HostServer:
                         response = rpc_error(ident, -32602, str(err))
                     except Exception as err:  # a bug: say so plainly, keep the session
                         log(f"internal error: {type(err).__name__}: {err}")
-                        response = rpc_error(ident, -32603, "the gate failed while handling "
-                                             "this request and cannot say whether it "
-                                             "executed; tell the user before calling again")
+                        response = rpc_error(ident, -32603, CALL_ERRORS["failed"])
                     else:
                         if result is None:
                             return None
@@ -5470,7 +5477,7 @@ class HostServer:
             return status.result()
         tool = self.gate.tools.get(name) if isinstance(name, str) else None
         if tool is None:
-            raise ToolNotOffered(f"unknown tool {quote(str(name))}")
+            raise ToolNotOffered(CALL_ERRORS["unknown_tool"].format(name=quote(str(name))))
         if tool.name in self.gate.quarantined:
             return answer("DENIED", "TOOL_CHANGED").result()
         meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
@@ -5535,9 +5542,7 @@ def invalid_request(ident, message):
 
 
 def busy_error(ident):
-    return rpc_error(ident, -32000, f"the gate is busy: {MAX_IN_FLIGHT} requests are already "
-                                    f"in flight, and this one was not started; try again "
-                                    f"shortly")
+    return rpc_error(ident, -32000, CALL_ERRORS["busy"].format(limit=MAX_IN_FLIGHT))
 
 
 # =============================================================================================

@@ -146,7 +146,8 @@ def test_the_live_view_draws_only_sanitized_rows():
 # Where the model's sentences live (the Answers section), and the functions elsewhere that
 # choose among them for an answer or the status tool.
 MODEL_TABLES = ("PROSE", "SLOT_PROSE", "STATUS_PROSE", "STATUS_DESCRIPTION", "STATUS_ARGUMENT",
-                "UNSERVED_NOTE", "NOT_EXECUTED_WHY", "HOW", "DUPLICATE_OUTCOME", "TOO_LARGE_THEN")
+                "UNSERVED_NOTE", "NOT_EXECUTED_WHY", "HOW", "DUPLICATE_OUTCOME", "TOO_LARGE_THEN",
+                "CALL_ERRORS")
 CHOOSERS = ("status_answer", "describe_approval", "approved_fate", "waiting_answer",
             "Gate._refused_for", "Gate._too_large")
 
