@@ -12,46 +12,21 @@ request a `notifications/progress` belongs to, taken from the request that gave 
 it travels on that request's event stream. Ending the session (DELETE) closes COMMAND's stdin.
 """
 
-import itertools
 import json
-import socket
 import subprocess
 import sys
 from uuid import uuid4
 
 import anyio
-import uvicorn
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from mcp import types
-from mcp.server.streamable_http import EventMessage, EventStore, StreamableHTTPServerTransport
+from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
+from loopback_asgi import MemoryEvents, serve_on_loopback
+
 MAX_LINE = 64 * 1024 * 1024
-
-
-class MemoryEvents(EventStore):
-    """Every event of every stream, in order, for replay after a given one."""
-
-    def __init__(self):
-        self.events: list[tuple[str, str, object]] = []
-        self.ids = itertools.count(1)
-
-    async def store_event(self, stream_id, message):
-        event_id = str(next(self.ids))
-        self.events.append((event_id, stream_id, message))
-        return event_id
-
-    async def replay_events_after(self, last_event_id, send_callback):
-        stream = next((s for e, s, _ in self.events if e == last_event_id), None)
-        if stream is None:
-            return None
-        after = False
-        for event_id, stream_id, message in list(self.events):
-            if after and stream_id == stream and message is not None:
-                await send_callback(EventMessage(message, event_id))
-            after = after or event_id == last_event_id
-        return stream
 
 
 async def run_session(command, stderr_file, transport, *, task_status):
@@ -139,13 +114,7 @@ class Bridge:
 
 def main():
     stderr_file, command = sys.argv[1], sys.argv[sys.argv.index("--") + 1:]
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    print(f"port {sock.getsockname()[1]}", flush=True)
-    app = Bridge(command, stderr_file)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
+    serve_on_loopback(Bridge(command, stderr_file))
 
 
 if __name__ == "__main__":

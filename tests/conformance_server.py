@@ -12,20 +12,18 @@ careful client survives by reconnecting (SEP-1699), and is offered over HTTP onl
 """
 
 import base64
-import socket
 import struct
 import sys
 import zlib
 
 import anyio
-import uvicorn
 
 from mcp import types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from conformance_bridge import MemoryEvents
+from loopback_asgi import MemoryEvents, serve_on_loopback
 
 HTTP = sys.argv[1:] == ["http"]
 CLOSED = "closed a call's event stream before its answer"
@@ -163,14 +161,8 @@ def handshake_era_only(app):
 
 
 def serve_http():
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    print(f"port {sock.getsockname()[1]}", flush=True)
-    app = server.streamable_http_app(event_store=MemoryEvents(), retry_interval=200)
-    app = handshake_era_only(app)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
+    serve_on_loopback(handshake_era_only(
+        server.streamable_http_app(event_store=MemoryEvents(), retry_interval=200)))
 
 
 if __name__ == "__main__":

@@ -21,15 +21,15 @@ with plain JSON bodies instead of event streams. Tools:
 import hashlib
 import json
 import os
-import socket
 import sys
 from typing import Annotated
 
-import uvicorn
 from pydantic import Field
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations, ToolListChangedNotification
+
+from loopback_asgi import serve_on_loopback
 
 LEDGER = sys.argv[1]
 JSON = "json" in sys.argv[2:]
@@ -99,13 +99,7 @@ def literal_numbers(app):
 
 
 def main():
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    print(f"port {sock.getsockname()[1]}", flush=True)
-    app = literal_numbers(server.streamable_http_app(json_response=JSON))
-    uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
+    serve_on_loopback(literal_numbers(server.streamable_http_app(json_response=JSON)))
 
 
 if __name__ == "__main__":

@@ -21,47 +21,22 @@ Tools:
 - protocol: the MCP-Protocol-Version header its call came with.
 """
 
-import itertools
 import json
 import os
-import socket
 import sys
 
 import anyio
-import uvicorn
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.streamable_http import GET_STREAM_KEY, EventMessage, EventStore
+from mcp.server.streamable_http import GET_STREAM_KEY
 from mcp.types import SamplingMessage, TextContent, ToolAnnotations
+
+from loopback_asgi import MemoryEvents, serve_on_loopback
 
 LEDGER, SEEN = sys.argv[1], sys.argv[2]
 CLIENT_WAIT = 15  # seconds a tool waits for the client to do what it expects
 
 server = MCPServer("http-streams")
-
-
-class MemoryEvents(EventStore):
-    """Every event of every stream, in order, so a stream resumes after any event it sent."""
-
-    def __init__(self):
-        self.events = []  # (event id, stream id, message or None)
-        self.ids = itertools.count(1)
-
-    async def store_event(self, stream_id, message):
-        event_id = str(next(self.ids))
-        self.events.append((event_id, stream_id, message))
-        return event_id
-
-    async def replay_events_after(self, last_event_id, send_callback):
-        stream = next((s for e, s, _ in self.events if e == last_event_id), None)
-        if stream is None:
-            return None
-        after = False
-        for event_id, stream_id, message in self.events:
-            if after and stream_id == stream and message is not None:
-                await send_callback(EventMessage(message, event_id))
-            after = after or event_id == last_event_id
-        return stream
 
 
 async def own_stream_open() -> bool:
@@ -155,13 +130,8 @@ def seen(app):
 
 
 def main():
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    print(f"port {sock.getsockname()[1]}", flush=True)
-    app = seen(server.streamable_http_app(event_store=MemoryEvents(), retry_interval=50))
-    uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
+    serve_on_loopback(seen(server.streamable_http_app(event_store=MemoryEvents(),
+                                                      retry_interval=50)))
 
 
 if __name__ == "__main__":
