@@ -37,7 +37,7 @@ because the configuration is read with its parser.
      7. The record                                   decision core      920
      8. The gate                                     decision core      861
      9. The host side                                decision core      412
-    10. Canonical JSON                               library            322
+    10. Canonical JSON                               library            323
     11. ECMA-262 patterns                            library            435
     12. JSON Schema                                  library            362
     13. Hosts in URLs                                library            110
@@ -4880,9 +4880,10 @@ def busy_error(ident):
 # with `"`, `\`, control characters (\n, \t, ... or \u00xx, lower-case), `<`, `>`, `&`, U+2028
 # and U+2029 escaped and every other character as itself; policy_json is the same without the
 # five \u escapes after the control characters, pretty_json the same indented for people.
-# Differential test: tests/test_canonical.py parses a generated corpus spelled with random
-# whitespace and escapes and compares each encoding with one written from the reference in
-# the test, and each parse's acceptance with node's JSON.parse on mutated documents.
+# Differential test: tests/test_canonical.py encodes a generated corpus, spelled with random
+# whitespace and escapes, and compares each form with an encoder written from the reference in
+# the test; it mutates the corpus byte by byte and finds parse refusing as not UTF-8 or not
+# JSON exactly what node's TextDecoder and JSON.parse refuse.
 # =============================================================================================
 
 MAX_DEPTH = 256

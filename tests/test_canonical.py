@@ -1,4 +1,5 @@
-"""Canonical JSON, request keys, durations and the sanitizer (agentgate sections 1 and 2).
+"""Canonical JSON (agentgate section 10), request keys (section 1), durations and the sanitizer
+(section 2).
 
 Specification: reference sections 3.1-3.3 (the boundary check, the canonical encoding, the
 request key), 13 (durations) and 8.3 (sanitizing). Ported from the reference suite:
@@ -10,11 +11,15 @@ mcp/listing_test.go (agentgate pins over the section-3 encoding, SPEC "differs o
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import random
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from decimal import Decimal
 from pathlib import Path
 
@@ -398,6 +403,135 @@ def test_what_json_cannot_write_is_written_as_before():
     assert canonical([float("nan"), float("inf"), 1.5, 2, (3, "4")]) == b'[null,null,1.5,2,[3,"4"]]'
     with pytest.raises(TypeError):
         canonical({"a": object()})
+
+
+# ---------------------------------------------------------------- differential: node's JSON.parse
+
+# Which bytes are a JSON document is judged by another implementation: node's TextDecoder
+# (fatal, the byte-order mark kept) and JSON.parse, over corpus documents mutated byte by byte.
+# Where node accepts, the anchor's further refusals are worked out here from the spec
+# (node keeps neither repeated keys nor literals): an unpaired surrogate, then a repeated key,
+# then a float64 overflow inside a container (node reads it as Infinity), then the bound.
+
+JSON_PARSE_SCRIPT = r"""
+const fs = require('fs');
+const docs = JSON.parse(fs.readFileSync(process.argv[1], 'utf8'));
+const decoder = new TextDecoder('utf-8', {fatal: true, ignoreBOM: true});
+function lone(v) {
+  if (typeof v === 'string') return !v.isWellFormed();
+  if (v && typeof v === 'object')
+    return Object.entries(v).some(([k, x]) => !k.isWellFormed() || lone(x));
+  return false;
+}
+function overflow(v) {
+  if (typeof v === 'number') return !isFinite(v);
+  if (v && typeof v === 'object') return Object.values(v).some(overflow);
+  return false;
+}
+const out = docs.map(b64 => {
+  let text;
+  try { text = decoder.decode(Buffer.from(b64, 'base64')); } catch (e) { return 'utf8'; }
+  let value;
+  try { value = JSON.parse(text); } catch (e) { return 'json'; }
+  return {lone: lone(value), overflow: typeof value === 'object' && overflow(value)};
+});
+fs.writeFileSync(process.argv[2], JSON.stringify(out));
+"""
+
+MUTATION_PIECES = [bytes([b]) for b in b'[]{},:"\\ 0123456789eE.+-tfnu\x00\x7f\xc3\xa9\xff']
+MUTATION_PIECES += [b"\\ud800", b"\\udc00", b"\\ud83d\\ude00", b"e999", b"1e400", b'"":0,']
+PLANTED = {b'"': b"\\udc00", b"[": b"1e400,", b"{": b'"":0,"":1,'}
+
+
+def mutate(rng: random.Random, data: bytes) -> bytes:
+    for _ in range(rng.randint(1, 2)):
+        at = rng.randint(0, len(data))
+        how = rng.choice(["delete", "insert", "replace", "repeat", "plant"])
+        opening = [i + 1 for i, byte in enumerate(data) if byte in b'"[{']
+        if how == "plant" and opening:
+            # what only the anchor refuses, where it keeps the document JSON
+            at = rng.choice(opening)
+            data = data[:at] + PLANTED[data[at - 1:at]] + data[at:]
+        elif how == "delete":
+            data = data[:at] + data[at + 1:]
+        elif how == "insert":
+            data = data[:at] + rng.choice(MUTATION_PIECES) + data[at:]
+        elif how == "replace":
+            data = data[:at] + rng.choice(MUTATION_PIECES) + data[at + 1:]
+        else:
+            end = rng.randint(at, min(len(data), at + 12))
+            data = data[:end] + data[at:end] + data[end:]
+    return data
+
+
+def node_verdicts(documents):
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = f"{tmp}/in.json", f"{tmp}/out.json"
+        with open(src, "w") as f:
+            json.dump([base64.b64encode(d).decode() for d in documents], f)
+        subprocess.run(["node", "-e", JSON_PARSE_SCRIPT, src, dst], check=True, timeout=60)
+        with open(dst) as f:
+            return json.load(f)
+
+
+def further_refusal(data: bytes, node_says) -> str:
+    """For a document node accepts, the anchor's first further refusal, or ''."""
+    if node_says["lone"]:
+        return "unpaired surrogate"
+    repeated, literals = [], []
+
+    def pairs(items):
+        keys = [k for k, _ in items]
+        repeated.extend(k for i, k in enumerate(keys) if k in keys[:i])
+        return dict(items)
+
+    def literal(text):
+        literals.append(text)
+        return 0
+    value = json.loads(data, object_pairs_hook=pairs, parse_int=literal, parse_float=literal)
+    if repeated:
+        return "duplicate key"
+
+    def past_bound(text):
+        exponent = re.search(r"[eE]([+-]?\d+)$", text)
+        return len(text) > 10000 or bool(exponent and abs(int(exponent.group(1))) > 10000)
+    overflowing = [x for x in literals if isinstance(value, (dict, list)) and float(x) in
+                   (float("inf"), float("-inf"))]
+    assert node_says["overflow"] == bool(overflowing)
+    # A literal past the bound is refused for the bound, even where it overflows a float64.
+    if any(not past_bound(x) for x in overflowing):
+        return "beyond the range of a float64"
+    return "number " if any(map(past_bound, literals)) else ""
+
+
+def test_what_is_json_is_what_node_reads_as_json():
+    if not shutil.which("node"):
+        pytest.skip("node is not installed")
+    rng = random.Random(2026)
+    documents = []
+    for seed in range(8):
+        for _, doc in corpus(seed, 150):
+            data = doc.encode("utf-8")
+            documents += [data, mutate(rng, data), mutate(rng, data)]
+    mismatches, refused = [], {"utf8": 0, "json": 0, "further": 0}
+    for data, node_says in zip(documents, node_verdicts(documents)):
+        try:
+            parse(data)
+            ours = ""
+        except CanonicalError as err:
+            ours = str(err)
+        if node_says in ("utf8", "json"):
+            refused[node_says] += 1
+            expected = {"utf8": UTF8, "json": JSON}[node_says]
+            if ours != expected:
+                mismatches.append((data, node_says, ours))
+            continue
+        expected = further_refusal(data, node_says)
+        refused["further"] += bool(expected)
+        if (expected == "") != (ours == "") or expected not in ours:
+            mismatches.append((data, expected, ours))
+    assert mismatches == [], mismatches[:5]
+    assert len(documents) == 3600 and min(refused.values()) >= 100, refused
 
 
 @pytest.mark.parametrize("seed", range(4))
