@@ -37,9 +37,9 @@ because the configuration is read with its parser.
      7. The record                                   decision core      920
      8. The gate                                     decision core      861
      9. The host side                                decision core      412
-    10. Canonical JSON                               library            323
+    10. Canonical JSON                               library            315
     11. ECMA-262 patterns                            library            435
-    12. JSON Schema                                  library            362
+    12. JSON Schema                                  library            356
     13. Hosts in URLs                                library            110
     14. Paths as the kernel resolves them            library             99
     15. The lint                                     around the core    219
@@ -4869,17 +4869,16 @@ def busy_error(ident):
 #
 # Reads as: library
 #
-# Contract: parse(data) takes bytes (or text) and returns one JSON value, objects as dicts,
-# arrays as lists, each number as a Number holding its literal exactly as written (`10`, `10.0`
-# and `1e1` stay three values; no float ever rounds an amount). It raises CanonicalError, with
-# the first reason in this order, unless the document is exactly one RFC 8259 value: nested at
-# most 256 deep, valid UTF-8, valid JSON, no unpaired surrogate escape, no repeated key, no
-# float64 overflow inside a container, no number literal over 10,000 characters or with an
-# exponent past ±10,000. canonical(value) is the one encoding hashes and request keys are
-# taken over: no whitespace, keys sorted by code point, each Number as its literal, strings
-# with `"`, `\`, control characters (\n, \t, ... or \u00xx, lower-case), `<`, `>`, `&`, U+2028
-# and U+2029 escaped and every other character as itself; policy_json is the same without the
-# five \u escapes after the control characters, pretty_json the same indented for people.
+# Contract: parse(data), bytes or text, returns one JSON value: objects as dicts, arrays as
+# lists, each number a Number holding its literal as written (`10`, `10.0` and `1e1` stay three
+# values; no float rounds an amount). It raises CanonicalError with the first reason, in this
+# order, unless the document is nested at most 256 deep, valid UTF-8, one RFC 8259 value, and
+# free of unpaired surrogate escapes, repeated keys, float64 overflow inside a container and
+# number literals over 10,000 characters or with an exponent past ±10,000. canonical(value),
+# the form hashes and request keys are taken over, has no whitespace, keys sorted by code
+# point, each Number as its literal, and in strings `"`, `\`, control characters (\n, \t, ...
+# or lower-case \u00xx), `<`, `>`, `&`, U+2028 and U+2029 escaped, the rest as itself;
+# policy_json is it without the last five escapes, pretty_json that indented for people.
 # Differential test: tests/test_canonical.py encodes a generated corpus, spelled with random
 # whitespace and escapes, and compares each form with an encoder written from the reference in
 # the test; it mutates the corpus byte by byte and finds parse refusing as not UTF-8 or not
@@ -4940,15 +4939,13 @@ _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 
 def _too_deep(data):
-    """Whether the document nests past MAX_DEPTH, counting brackets outside strings.
-
-    Every step is a C scan that is fast per byte, or one turn of a Python loop over what is
-    left, so a hostile 16 MB frame costs time in proportion to its size and never holds the
-    interpreter's lock in one long call: the lease heartbeat still runs.
+    """Whether the document nests past MAX_DEPTH, counting brackets outside strings. Each step
+    is a C scan or one turn of a Python loop over what is left, so a hostile 16 MB frame costs
+    time in proportion to its size and never holds the interpreter's lock from the heartbeat.
 
     Why the answer is exact for a valid document (the direction that matters: a document this
-    passes is handed to the decoder, which would accept nesting past the bound). A document
-    that is not JSON is refused whichever answer it gets, so for it only the reason varies.
+    passes goes to a decoder that would accept nesting past the bound; one that is not JSON is
+    refused either way, only its reason varies):
     1. A document's depth is at most its count of opening brackets, strings included.
     2. Outside strings valid JSON has no backslash, and inside one, the first backslash of a
        run begins an escape. replace() pairs a run's backslashes from its start, as escapes
@@ -4957,11 +4954,10 @@ def _too_deep(data):
     3. Every quote left opens or closes a string, so _STRING_RE, matching from the first,
        removes exactly the strings; what is left are the structural brackets, properly nested,
        and folding `{}` into `[]` keeps each one's depth.
-    4. Each `[]` is a pair that holds nothing, and two cannot overlap, so a pass removes all of
-       them at once and no other pair's depth changes. Every pair at the deepest level holds
-       nothing, and each holder of one remains: a pass makes the depth exactly one less.
-       After `passes` passes, the document is too deep exactly when what is left is deeper
-       than MAX_DEPTH - passes; the passes only shorten the Python loop that counts it.
+    4. Each `[]` holds nothing and no two overlap, so a pass removes all of them and changes no
+       other pair's depth; every deepest pair is one, and each holder of one remains, so a pass
+       lowers the depth by exactly one. After `passes` passes the document is too deep exactly
+       when what is left is deeper than MAX_DEPTH - passes.
     """
     if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
         return False  # too few openings to be too deep (1): the common case
@@ -5027,8 +5023,7 @@ class _Reading:
         self.repeated = self.overflow = self.bound = self.surrogate = None
 
     def decode(self, text):
-        # The decoder is not kept: it holds this record's hooks, and the record holding it
-        # would make a cycle only the garbage collector frees.
+        # Not kept: the decoder holds this record's hooks, a cycle only the collector frees.
         return json.JSONDecoder(object_pairs_hook=self.pairs, parse_int=self.number,
                                 parse_float=self.number,
                                 parse_constant=_read_constant).decode(text)
@@ -5042,8 +5037,7 @@ class _Reading:
         return Number(literal)
 
     def pairs(self, items):
-        # Every pair is seen here, even one a repeated key later replaces, so a surrogate in a
-        # replaced value is still found (and reported before the repeated key).
+        # Every pair is seen, even one a repeated key replaces: its surrogate is reported first.
         obj = {}
         for key, value in items:
             if not self.surrogate:
@@ -5081,8 +5075,7 @@ def parse(data):
         raise CanonicalError(f"unpaired surrogate \\u{ord(surrogate):04x}")
     if reading.repeated is not None:
         raise CanonicalError(f"duplicate key {json.dumps(reading.repeated, ensure_ascii=False)}")
-    # A float64 overflow inside a container is refused (the anchor's decoder fails on it);
-    # the same literal as the whole document is accepted.
+    # The anchor's decoder fails on a float64 overflow inside a container, not on a whole one.
     if reading.overflow and not isinstance(value, Number):
         raise CanonicalError(f"number {reading.overflow[:24]} is beyond the range of a float64")
     if reading.bound:
@@ -5097,8 +5090,8 @@ encode_string = json.encoder.encode_basestring
 
 
 def _html(text):
-    """An encoding with _HTML_ESCAPES applied. Those characters stand only inside strings and
-    no escape writes one, so replacing them in the whole encoding escapes exactly its strings'."""
+    """_HTML_ESCAPES applied to an encoding: those characters stand only inside strings and no
+    escape writes one, so this escapes exactly the strings'."""
     for ch, escape in _HTML_ESCAPES:
         if ch in text:
             text = text.replace(ch, escape)
@@ -5106,9 +5099,8 @@ def _html(text):
 
 
 def _encode(value, out):
-    """The encoding in pieces appended to `out`; a float that is not finite as null. Measured
-    no slower than the standard library's C encoder with each Number marked and replaced (and
-    faster on arguments), so it is the only encoder. Nesting is bounded by parse."""
+    """The encoding, in pieces appended to `out`. Measured no slower than the standard
+    library's C encoder with each Number marked and replaced, so it is the only encoder."""
     if isinstance(value, str):
         out.append(encode_string(value))
     elif isinstance(value, Number):
@@ -5627,30 +5619,24 @@ class PatternWork:
 #
 # Reads as: library
 #
-# Contract: schema_problem(schema) says why this validator cannot use a schema, or '': a
-# keyword of the wrong shape, a pattern section 11 refuses, a $ref that leaves the schema or
-# points at nothing, or a keyword it does not check (unevaluatedProperties, unevaluatedItems,
-# $dynamicRef, $recursiveRef). validate(schema, value), for a schema schema_problem accepts and
-# a value parse returns, raises SchemaError naming the first failing property path and what
-# was expected. Keywords, as draft 2020-12 means them, with the draft-07 and draft-04
-# spellings too: type (an integer is a number with no fraction), enum, const, properties,
-# required, additionalProperties, patternProperties, propertyNames, min/maxProperties,
-# dependentRequired, dependentSchemas, dependencies, items, prefixItems, additionalItems,
-# contains, min/maxContains, min/maxItems, uniqueItems, minimum, maximum, exclusiveMinimum,
-# exclusiveMaximum (numbers, or draft-04's booleans), multipleOf, min/maxLength (in code
-# points), pattern, allOf, anyOf, oneOf, not, if/then/else, and $ref inside the schema, applied
-# beside the keywords next to it. `format` and unknown keywords are ignored. Numbers compare
-# as exact decimals of their literals, and enum, const and uniqueItems compare JSON values.
-# `pattern` and patternProperties search as ECMA-262 does (section 11); the searches of one
-# call, its schema check's and its policy's, share one PatternWork, and a search it cannot pay
-# for raises PatternCost, which passes through anyOf, oneOf, not and if: a value too costly to
-# check is never taken for one that does not match. A $ref cycle that reads no deeper into
-# the value raises RecursionError.
+# Contract: validate(schema, value) raises SchemaError naming the first failing property path
+# and what was expected. It checks draft 2020-12's applicator and validation vocabularies,
+# `$ref` to a JSON Pointer inside the schema (applied beside its sibling keywords), and the
+# older spellings (items as a list, additionalItems, dependencies, draft-04's boolean
+# exclusiveMinimum/Maximum); `format` and unknown keywords are ignored. schema_problem(schema)
+# says why validate cannot use a schema, or '': a keyword of the wrong shape, a pattern
+# section 11 refuses, a $ref that finds nothing, or unevaluatedProperties, unevaluatedItems,
+# $dynamicRef or $recursiveRef. Numbers compare as exact decimals of their literals (an
+# integer is a number with no fraction); enum, const and uniqueItems compare JSON values.
+# `pattern` searches as ECMA-262 does (section 11); one call's searches, its schema check's and
+# its policy's, share one PatternWork, and a search it cannot pay for raises PatternCost,
+# which passes through anyOf, oneOf, not and if: a value too costly to check is never taken
+# for one that does not match. A $ref cycle that reads no deeper into the value raises
+# RecursionError.
 # Differential test: tests/test_schema_differential.py gives a seeded corpus of 2020-12
-# schemas and values to this validator and to the jsonschema package's Draft202012Validator,
-# and finds the same accept or reject for each; what differs on purpose (exact decimals
-# against floats, ECMA-262 against Python's re, the older spellings) is kept out of the corpus
-# and said in the test.
+# schemas and values to validate and to the jsonschema package's Draft202012Validator and
+# finds the same accept or reject for each; what differs on purpose (exact decimals, ECMA-262
+# patterns, the older spellings) is kept out of the corpus and said there.
 # =============================================================================================
 
 JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")

@@ -139,9 +139,9 @@ def core_calls(text):
 
 
 def test_what_surrounds_the_core_reaches_it_only_through_what_its_header_names():
-    """Past the JSON and text helpers of the first two sections, an exception class or a
-    constant, a section around the core uses only the core functions and classes its header
-    lists; and no section uses another's private name."""
+    """Past the framing and text helpers of the first two sections (the JSON helpers are a
+    library), an exception class or a constant, a section around the core uses only the core
+    functions and classes its header lists; and no section uses another's private name."""
     _, lines, tree = read()
     found = sections(lines)
 
