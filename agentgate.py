@@ -57,7 +57,7 @@ because the configuration is read with its parser.
     27. Demonstration                                around the core    268
     28. Main                                         around the core    124
 
-One tools/call through the core, with the section of each step:
+One tools/call through the core, with the section of each step (10 and 12 are libraries):
 
     HostServer._read_loop    read_frames: one frame per newline byte off stdin           1
       HostServer._frame      parse: the boundary check, number literals kept as written 10
