@@ -37,7 +37,7 @@ because the configuration is read with its parser.
      7. The record                                   decision core      920
      8. The gate                                     decision core      861
      9. The host side                                decision core      412
-    10. Canonical JSON                               library            315
+    10. Canonical JSON                               library            314
     11. ECMA-262 patterns                            library            435
     12. JSON Schema                                  library            356
     13. Hosts in URLs                                library            110
@@ -57,7 +57,7 @@ because the configuration is read with its parser.
     27. Demonstration                                around the core    268
     28. Main                                         around the core    124
 
-One tools/call through the core, with the section of each step (10 and 12 are libraries):
+One tools/call through the core, with the section of each step (10, 12: libraries):
 
     HostServer._read_loop    read_frames: one frame per newline byte off stdin           1
       HostServer._frame      parse: the boundary check, number literals kept as written 10
@@ -4896,9 +4896,8 @@ EXACT = decimal.Context(prec=2 * MAX_EXPONENT + MAX_NUMBER_CHARS + 64, Emax=10 *
 
 
 class CanonicalError(ValueError):
-    """A document parse refuses. `place` ("line 3 column 14", or '') is where a document that
-    is not JSON stops being JSON: a file a person edits names it (placed), while a frame's
-    reason stays the anchor's own words."""
+    """A document parse refuses; `place` ("line 3 column 14", or '') is where one that is not
+    JSON stops being so, for placed() to name in a file a person edits."""
 
     def __init__(self, message, place=""):
         super().__init__(message)
@@ -5143,8 +5142,8 @@ def _encoded(value, html):
 
 
 def canonical(value):
-    """The form every hash is taken over, as bytes; _HTML_ESCAPES keep the bytes the same
-    whatever tool later embeds them in HTML or JavaScript."""
+    """_HTML_ESCAPES keep these bytes the same whatever tool embeds them in HTML or
+    JavaScript."""
     return _encoded(value, True).encode("utf-8")
 
 
