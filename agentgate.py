@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5436 lines of decision core, read first; then the libraries it relies on, each
+Sections (5261 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -32,7 +32,7 @@ configuration because the configuration is read with their parsers.
      2. Text, times and fields                       decision core      316
      3. The schema check                             decision core      352
      4. Policy on what a call does                   decision core      719
-     5. Configuration and its trust                  decision core      513
+     5. Configuration and its trust                  decision core      338
      6. Tools, as pinned                             decision core      436
      7. Answers                                      decision core      480
      8. The record                                   decision core      920
@@ -42,19 +42,19 @@ configuration because the configuration is read with their parsers.
     12. Hosts in URLs                                library            110
     13. Paths as the kernel resolves them            library             99
     14. The lint                                     around the core    219
-    15. Upstream servers                             around the core   1102
+    15. Upstream servers                             around the core   1263
     16. Reading the record                           around the core    137
     17. Tool changes while serving                   around the core    147
     18. The status tool                              around the core    119
     19. Notify                                       around the core     59
-    20. Pins and load reports                        around the core    122
+    20. Pins and load reports                        around the core    123
     21. The command line's flags                     around the core    116
     22. Operator commands                            around the core   1292
     23. Setup                                        around the core    605
     24. Pin and check                                around the core    183
     25. Fake payment server                          around the core    118
     26. Demonstration                                around the core    268
-    27. Main                                         around the core    124
+    27. Main                                         around the core    125
 
 One tools/call through the core, with the section of each step:
 
@@ -1929,14 +1929,14 @@ def class_outcome(config, tool):
 # Reads as: decision core
 #
 # Owns: reading the one JSON config file and the files it trusts (manifests, the database),
-# every field's default, and the policy identity.
+# the default of every field that decides, and the policy identity. How a server is reached
+# (command, env, cwd, url, headers, OAuth) decides nothing about a call: the `transport` that
+# section 15's load_config hands read_config reads it, in the same pass.
 # Promises: a config is used only if it is a regular file owned by this user that nobody else
 # can write; it passes the canonical boundary check (so a repeated key cannot be read two
 # ways); every unknown field anywhere is refused with its path; a server whose arguments reach
-# the files the gate's decisions depend on is refused unless the operator says otherwise; a
-# server reached by url takes its header values from this 0600 file or from agentgate's
-# environment (`${NAME}`), and no message shows one, nor more of its url than scheme, host and
-# port (shown_url). Every refusal is one sentence naming the field and what to do.
+# the files the gate's decisions depend on is refused unless the operator says otherwise.
+# Every refusal is one sentence naming the field and what to do.
 # =============================================================================================
 
 DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
@@ -1944,13 +1944,13 @@ DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
 NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 SESSION_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MIN_LEASE_TTL = 3 * SECOND
-# How long a tool call may run when neither its rule nor its server sets a timeout: long enough
-# for a slow search or a build, short enough that a hung server is noticed within the minute.
+# Long enough for a slow search or a build, short enough that a hung server is noticed.
 DEFAULT_TOOL_TIMEOUT = 60 * SECOND
-DEFAULT_ARGUMENT_BYTES = 1 << 20  # what one call may bring in, canonically encoded
+# What one call may bring in and one result take out, canonically encoded.
+DEFAULT_ARGUMENT_BYTES = 1 << 20
 MAX_ARGUMENT_BYTES = 8 << 20
-DEFAULT_RESULT_BYTES = 8 << 20  # what one result may take out, canonically encoded
-MAX_RESULT_BYTES = 16 << 20  # an upstream answer larger than this is refused whole anyway
+DEFAULT_RESULT_BYTES = 8 << 20
+MAX_RESULT_BYTES = 16 << 20
 
 
 def read_owned(path, what):
@@ -1983,23 +1983,6 @@ def _check_owned(path, what, st):
                           f"group or others write it: chmod go-w it")
 
 
-def write_private(path, text):
-    """Write a file readable only by this user, replacing any old one in one rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(prefix=".agentgate-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(temp, 0o600)
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
-
-
 class Rule:
     """The operator's classification of one upstream tool."""
 
@@ -2027,18 +2010,17 @@ class Rule:
             raise ConfigError(f"{where}.outcome is {quote(self.outcome)}; use one of "
                               f"{', '.join(OUTCOMES)}")
         self.repeat_window = field_duration(raw, "repeat_window", where, None)
-        # Written by init from the server's own hints: nothing is offered on a rule nobody
-        # reviewed (check -accept marks them reviewed).
+        # Set by init from the server's own hints: nothing is offered on a rule nobody reviewed.
         self.proposed = field_bool(raw, "proposed", where)
-        # The hash of a tool's texts that the lint finds something high in, which the operator
-        # read and accepts: a text changed since (and pinned again) is refused again.
+        # The hash of texts the lint finds something high in, which the operator accepted.
         self.accepted_description = field_string(raw, "accepted_description", where)
-        # Section 4 reads the policy on what a call does; its identity is the text as given.
         self.when = [Entry(entry, f"{where}.when[{i}]", f"when[{i}]")
                      for i, entry in enumerate(self._list(raw, "when", where))]
         self.limits = [Limit(limit, f"{where}.limits[{i}]", f"limits[{i}]")
                        for i, limit in enumerate(self._list(raw, "limits", where))]
-        self.policy = {k: raw[k] for k in ("when", "limits") if raw.get(k)}
+        # What the policy decides from, as given: the rule's part of policy_id.
+        self.policy = {k: raw[k] for k in ("side_effect", "outcome", "fixed", "rename", "when",
+                                           "limits") if raw.get(k)}
 
     @staticmethod
     def _list(raw, field, where):
@@ -2049,12 +2031,13 @@ class Rule:
 
 
 class Server:
-    """One upstream MCP server, as configured: a command agentgate starts, or a url it reaches."""
+    """One upstream MCP server, as configured. `transport` (section 15) reads how it is
+    reached onto it: command, url, env, cwd and the rest."""
 
     FIELDS = ("name", "command", "url", "headers", "oauth", "env", "inherit_env",
               "connect_timeout", "default_timeout", "manifest", "rules", "skip_path_check", "cwd")
 
-    def __init__(self, raw, where, base):
+    def __init__(self, raw, where, base, transport=None):
         if not isinstance(raw, dict):
             raise ConfigError(f"{where} must be an object")
         refuse_unknown(raw, self.FIELDS, where)
@@ -2063,36 +2046,8 @@ class Server:
             raise ConfigError(f"{where}.name {quote(self.name)} must be 1 to 64 letters, digits, "
                               f"'_' or '-'")
         where = f'server "{self.name}"'
-        self.command = raw.get("command")
-        self.url = field_string(raw, "url", where)
-        self.headers, self.oauth = {}, {}
-        # Why this server cannot start though the config is sound ('' when it can): a problem
-        # of one server, so it is not served and the others are.
-        self.unavailable = ""
-        if (self.command is None) == (not self.url):
-            raise ConfigError(f"{where} needs exactly one of command (an argv list) or url (an "
-                              f"http:// or https:// address)")
-        if self.url:
-            self.headers, self.unavailable = _url_server(raw, where, self.url)
-            self.oauth = _oauth_client(raw, where)
-        elif (not isinstance(self.command, list) or not self.command
-                or not all(isinstance(a, str) for a in self.command)):
-            raise ConfigError(f'{where}.command must be a non-empty list of strings, such as '
-                              f'["node", "server.js"]')
-        elif "headers" in raw or "oauth" in raw:
-            field = "headers" if "headers" in raw else "oauth"
-            raise ConfigError(f"{where}.{field} is sent only to a server reached by url; give "
-                              f"a command server its secrets through env")
-        self.env = field_names(raw, "env", where)
-        for entry in self.env:
-            if "=" not in entry or entry.startswith("="):
-                raise ConfigError(f'{where}.env entry {quote(entry)} must read NAME=value')
-        self.inherit_env = field_names(raw, "inherit_env", where)
-        for name in self.inherit_env:
-            if not name or "=" in name:
-                raise ConfigError(f"{where}.inherit_env entry {quote(name)} must be a variable "
-                                  f"name without '='")
-        self.connect_timeout = field_duration(raw, "connect_timeout", where, 30 * SECOND)
+        if transport:
+            transport(self, raw, where, base)
         self.default_timeout = field_duration(raw, "default_timeout", where, None)
         manifest = field_string(raw, "manifest", where, required=True)
         self.manifest = os.path.join(base, os.path.expanduser(manifest))
@@ -2105,112 +2060,6 @@ class Server:
                 raise ConfigError(f"{where}.rules.{tool} must be an object")
             self.rules[tool] = Rule(tool, rule, f"{where}.rules.{tool}")
         self.skip_path_check = field_bool(raw, "skip_path_check", where)
-        # What `login` obtained for a url server (section 15: TokenFile), beside the config.
-        self.tokens = os.path.join(base, f"{self.name}.tokens.json")
-        # A server runs in the user's home, never in the configuration's directory, which
-        # holds the config, the database and the manifests: a server that writes a relative
-        # path must not edit its own policy. A configured cwd is reach-checked as an argument.
-        self.cwd_given = field_string(raw, "cwd", where)
-        self.cwd = os.path.join(base, os.path.expanduser(self.cwd_given)) if self.cwd_given \
-            else os.path.expanduser("~")
-
-    def child_env(self, environ=None):
-        """The child's whole environment: PATH, HOME, TMPDIR, inherit_env, then env entries.
-
-        A secret in the gate's environment reaches a server only if the operator names it.
-        """
-        environ = os.environ if environ is None else environ
-        env = {}
-        for name in ("PATH", "HOME", "TMPDIR", *self.inherit_env):
-            if name in environ:
-                env[name] = environ[name]
-        for entry in self.env:
-            name, _, value = entry.partition("=")
-            env[name] = value
-        return env
-
-
-_HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-ENV_REFERENCE_RE = re.compile(r"\$\{([^}]*)\}")
-ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _url_server(raw, where, url):
-    """Check what only a server reached by url has; return its headers, each `${NAME}`
-    replaced by that variable of agentgate's own environment (a secret need not be written in
-    the config, though only its owner can read it), and why the server cannot start ('' when
-    it can): a variable that is not set is a problem of where agentgate runs, not of the
-    config. No message shows a header's value: it may be a secret."""
-    from urllib.parse import urlsplit
-    for field in ("env", "inherit_env", "cwd"):
-        if field in raw:
-            raise ConfigError(f"{where}.{field} means nothing for a server reached by url (no "
-                              f"process is started); remove it, and send secrets as headers")
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        parts = None
-    if not parts or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{where}.url must be an http:// or https:// address, such as "
-                          f'"http://127.0.0.1:8000/mcp"')
-    if "@" in parts.netloc:  # the url is shown in messages; a password in it would be too
-        raise ConfigError(f"{where}.url must not carry a user or password; send credentials "
-                          f"as a header whose value names an environment variable")
-    given = raw.get("headers", {})
-    if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
-        raise ConfigError(f'{where}.headers must be an object of header name to string, such as '
-                          f'{{"Authorization": "Bearer ${{TOKEN}}"}}')
-    headers, unset = {}, ""
-    for name, value in given.items():
-        if not _HEADER_NAME_RE.fullmatch(name):
-            raise ConfigError(f"{where}.headers: {quote(name)} is not a header name")
-        for variable in ENV_REFERENCE_RE.findall(value):
-            if not ENV_NAME_RE.fullmatch(variable):
-                raise ConfigError(f"{where}.headers.{name} names {quote('${' + variable + '}')}"
-                                  f"; a variable is written ${{NAME}} with letters, digits and "
-                                  f"'_'")
-            if variable not in os.environ and not unset:
-                unset = (f"{where}.headers.{name} names the environment variable {variable}, "
-                         f"which is not set: set it where agentgate runs")
-        headers[name] = ENV_REFERENCE_RE.sub(lambda m: os.environ.get(m.group(1), ""), value)
-        if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", headers[name]):
-            raise ConfigError(f"{where}.headers.{name} holds a control character (a line "
-                              f"break, say), which no header may carry; fix its value")
-    return headers, unset
-
-
-OAUTH_FIELDS = ("client_id", "client_secret", "scope")
-
-
-def _oauth_client(raw, where):
-    """A pre-registered OAuth client, for a server that does not register clients itself.
-    Its secret, like every value in this 0600 file, is never shown."""
-    given = raw.get("oauth", {})
-    if not isinstance(given, dict):
-        raise ConfigError(f'{where}.oauth must be an object such as {{"client_id": "...", '
-                          f'"client_secret": "...", "scope": "..."}}')
-    refuse_unknown(given, OAUTH_FIELDS, f"{where}.oauth")
-    for field in OAUTH_FIELDS:
-        if field in given and (not isinstance(given[field], str) or not given[field]):
-            raise ConfigError(f"{where}.oauth.{field} must be a non-empty string")
-    if "client_secret" in given and "client_id" not in given:
-        raise ConfigError(f"{where}.oauth has a client_secret but no client_id; give both")
-    return dict(given)
-
-
-def shown_url(url):
-    """A url as every text shows it (errors, the record, stderr, the model's answers): its
-    scheme, host and port only. A hosted server often carries its key in the url's path or
-    query, and nothing may show that."""
-    from urllib.parse import urlsplit
-    try:
-        parts = urlsplit(url)
-        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
-    except ValueError:
-        return "an address that cannot be read"
-    host = parts.hostname or ""
-    host = f"[{host}]" if ":" in host else host
-    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
 
 
 class Config:
@@ -2220,13 +2069,13 @@ class Config:
               "max_pending", "approval_ttl", "grant_ttl", "status_tool", "lease_ttl",
               "max_argument_bytes", "max_result_bytes", "operator", "notify")
 
-    def __init__(self, raw, path):
+    def __init__(self, raw, path, transport=None):
         self.path = path
         base = os.path.dirname(path)
         if not isinstance(raw, dict):
             raise ConfigError("the configuration must be a JSON object")
-        refuse_unknown(raw, self.FIELDS, "the configuration")
         where = "the configuration"
+        refuse_unknown(raw, self.FIELDS, where)
         self.database = os.path.join(base, os.path.expanduser(
             field_string(raw, "database", where, required=True)))
         self.session = field_string(raw, "session", where, required=True)
@@ -2236,7 +2085,8 @@ class Config:
         servers = raw.get("servers")
         if not isinstance(servers, list) or not servers:
             raise ConfigError("servers must be a list of at least one server")
-        self.servers = [Server(s, f"servers[{i}]", base) for i, s in enumerate(servers)]
+        self.servers = [Server(s, f"servers[{i}]", base, transport)
+                        for i, s in enumerate(servers)]
         names = [s.name for s in self.servers]
         for name in names:
             if names.count(name) > 1:
@@ -2284,31 +2134,16 @@ class Config:
                               f"{format_duration(MIN_LEASE_TTL)}; give it at least 3s")
 
     def hold_for(self, client):
-        """How long a call waits for the operator when the host gave `client` as its name:
-        hosts give up on a call after different times, and a call held past that is lost to
-        the conversation (the model was told to wait for word that never reaches it)."""
+        """How long a call waits for the operator when the host is `client`: hosts give up on
+        a call after different times, and a call held past that is lost to the conversation."""
         return self.host_holds.get(client, self.hold)
 
     def policy_id(self):
-        """The identity of exactly what the policy decides from.
-
-        Hold, windows, TTLs, timeouts, commands, descriptions and the database can change
-        without changing it; a class, an outcome, a fixed value, a rename, an entry, a limit
-        or the absence of an operator cannot.
-        """
-        servers = []
-        for server in sorted(self.servers, key=lambda s: s.name):
-            rules = {}
-            for tool, rule in server.rules.items():
-                entry = {"side_effect": rule.side_effect}
-                if rule.outcome:
-                    entry["outcome"] = rule.outcome
-                if rule.fixed:
-                    entry["fixed"] = rule.fixed
-                if rule.rename:
-                    entry["rename"] = rule.rename
-                rules[tool] = {**entry, **rule.policy}
-            servers.append({"name": server.name, "rules": rules})
+        """The identity of exactly what the policy decides from: a class, an outcome, a fixed
+        value, a rename, an entry, a limit or the absence of an operator changes it; hold,
+        windows, TTLs, timeouts, commands, descriptions and the database do not."""
+        servers = [{"name": s.name, "rules": {tool: r.policy for tool, r in s.rules.items()}}
+                   for s in sorted(self.servers, key=lambda s: s.name)]
         identity = {"policy": self.policy, "servers": servers}
         if self.operator:
             identity["operator"] = self.operator
@@ -2326,7 +2161,7 @@ def _holds(raw, where):
 
 
 def config_path(given):
-    """Where the config comes from: -config, else $AGENTGATE_CONFIG, else the XDG path."""
+    """-config, else $AGENTGATE_CONFIG, else the XDG path."""
     if given:
         return given
     if os.environ.get("AGENTGATE_CONFIG"):
@@ -2335,7 +2170,7 @@ def config_path(given):
     return os.path.join(xdg, PROGRAM, "config.json")
 
 
-def load_config(path):
+def read_config(path, transport):
     path = os.path.abspath(path)
     data = read_owned(path, "config")
     try:
@@ -2343,7 +2178,7 @@ def load_config(path):
     except CanonicalError as err:
         raise ConfigError(f"config {path} is not usable JSON: {err.placed()}") from None
     try:
-        return Config(raw, path)
+        return Config(raw, path, transport)
     except ConfigError as err:
         raise ConfigError(f"config {path}: {err}") from None
 
@@ -2387,32 +2222,22 @@ def _protected(config):
 
 
 def _reach_candidates(arg):
-    candidates = [arg]
-    for sep in ("=", ":"):
-        if sep in arg:
-            candidates.append(arg.split(sep, 1)[1])
+    from urllib.parse import unquote
+    candidates = [arg] + [arg.split(sep, 1)[1] for sep in "=:" if sep in arg]
     if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:
         candidates.append(arg[2:])
     for candidate in list(candidates):
         if candidate.startswith("file:"):
-            from urllib.parse import unquote
-            path = unquote(re.sub(r"^file:(//[^/]*)?", "", candidate))
-            candidates.append(path or "/")
-    expanded = []
-    for candidate in candidates:
-        if candidate == "~" or candidate.startswith("~/"):
-            candidate = os.path.expanduser("~") + candidate[1:]
-        expanded.append(candidate)
-    return [c for c in expanded if c]
+            candidates.append(unquote(re.sub(r"^file:(//[^/]*)?", "", candidate)) or "/")
+    home = os.path.expanduser("~")
+    return [home + c[1:] if c == "~" or c.startswith("~/") else c for c in candidates if c]
 
 
 def check_reach(config):
-    """Refuse a server whose arguments name the config, the database, a manifest, or a
-    directory above one of them: a server that can write there could change its own policy.
-
-    This is a guard against a plain mistake, not a boundary: a server can reach anything its
-    user can, whatever its arguments say.
-    """
+    """Refuse a server whose cwd or arguments (read by its transport) name the config, the
+    database, a manifest, or a directory above one: a server that can write there could change
+    its own policy. A guard against a plain mistake, not a boundary: a server can reach
+    anything its user can."""
     identities, missing = _protected(config)
 
     def reaches(path):
@@ -6416,8 +6241,8 @@ def lint_manifests(manifests):
 # Owns: one configured server as a child process speaking newline-delimited JSON-RPC, or
 # reached by url over Streamable HTTP through the optional mcp package, and the requests
 # agentgate sends it. Both present one interface (start, list_tools, request, call, close).
-# Core it calls: read_frames, shown_url, read_owned, write_private; and, for load_all (the
-# start of every server at once), pinned_for, load and Report.
+# Core it calls: read_config (given read_transport), Server, read_frames, read_owned; and, for
+# load_all (the start of every server at once), pinned_for, load and Report.
 # Promises: the child gets only PATH, HOME, TMPDIR and what the operator names; it runs in its
 # own process group and, on Linux, dies with agentgate even when agentgate is killed with
 # SIGKILL; connecting, listing and loading share one deadline and a timeout names its step;
@@ -6439,6 +6264,167 @@ def lint_manifests(manifests):
 # for OAuth is sent the tokens `login` kept; the serving gate never asks a person, so a server
 # that refuses what it holds fails with LOGIN_NEEDED.
 # =============================================================================================
+
+# ---- Reaching a server: the config's transport fields ---------------------------------------
+#
+# A server reached by url takes its header values from the 0600 config or from agentgate's
+# environment (`${NAME}`), and no message shows one, nor more of its url than scheme, host and
+# port (shown_url).
+
+_HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+ENV_REFERENCE_RE = re.compile(r"\$\{([^}]*)\}")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+OAUTH_FIELDS = ("client_id", "client_secret", "scope")
+
+
+def load_config(path):
+    """The config as every command loads it: read_config with each server's transport read in
+    the same pass, so a config is refused at the same moment whatever is wrong in it."""
+    return read_config(path, read_transport)
+
+
+def read_transport(server, raw, where, base):
+    """How `server` is reached, read onto it: a command agentgate starts, or a url."""
+    server.command = raw.get("command")
+    server.url = field_string(raw, "url", where)
+    server.headers, server.oauth = {}, {}
+    # Why this server cannot start though the config is sound ('' when it can): a problem
+    # of one server, so it is not served and the others are.
+    server.unavailable = ""
+    if (server.command is None) == (not server.url):
+        raise ConfigError(f"{where} needs exactly one of command (an argv list) or url (an "
+                          f"http:// or https:// address)")
+    if server.url:
+        server.headers, server.unavailable = _url_server(raw, where, server.url)
+        server.oauth = _oauth_client(raw, where)
+    elif (not isinstance(server.command, list) or not server.command
+            or not all(isinstance(a, str) for a in server.command)):
+        raise ConfigError(f'{where}.command must be a non-empty list of strings, such as '
+                          f'["node", "server.js"]')
+    elif "headers" in raw or "oauth" in raw:
+        field = "headers" if "headers" in raw else "oauth"
+        raise ConfigError(f"{where}.{field} is sent only to a server reached by url; give "
+                          f"a command server its secrets through env")
+    server.env = field_names(raw, "env", where)
+    for entry in server.env:
+        if "=" not in entry or entry.startswith("="):
+            raise ConfigError(f'{where}.env entry {quote(entry)} must read NAME=value')
+    server.inherit_env = field_names(raw, "inherit_env", where)
+    for name in server.inherit_env:
+        if not name or "=" in name:
+            raise ConfigError(f"{where}.inherit_env entry {quote(name)} must be a variable "
+                              f"name without '='")
+    server.connect_timeout = field_duration(raw, "connect_timeout", where, 30 * SECOND)
+    server.tokens = os.path.join(base, f"{server.name}.tokens.json")  # what login obtained
+    # A server runs in the user's home, never in the config's directory (the config, the
+    # database, the manifests): a server writing a relative path must not edit its own policy.
+    # A configured cwd is reach-checked as an argument is (check_reach).
+    server.cwd_given = field_string(raw, "cwd", where)
+    server.cwd = os.path.join(base, os.path.expanduser(server.cwd_given)) if server.cwd_given \
+        else os.path.expanduser("~")
+
+
+def child_env(server):
+    """The child's whole environment: PATH, HOME, TMPDIR, inherit_env, then env entries. A
+    secret in the gate's environment reaches a server only if the operator names it."""
+    env = {}
+    for name in ("PATH", "HOME", "TMPDIR", *server.inherit_env):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    for entry in server.env:
+        name, _, value = entry.partition("=")
+        env[name] = value
+    return env
+
+
+def _url_server(raw, where, url):
+    """Check what only a server reached by url has; return its headers, each `${NAME}`
+    replaced by that variable of agentgate's own environment, and why the server cannot start
+    ('' when it can): a variable that is not set is a problem of where agentgate runs, not of
+    the config. No message shows a header's value: it may be a secret."""
+    from urllib.parse import urlsplit
+    for field in ("env", "inherit_env", "cwd"):
+        if field in raw:
+            raise ConfigError(f"{where}.{field} means nothing for a server reached by url (no "
+                              f"process is started); remove it, and send secrets as headers")
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        parts = None
+    if not parts or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}.url must be an http:// or https:// address, such as "
+                          f'"http://127.0.0.1:8000/mcp"')
+    if "@" in parts.netloc:  # the url is shown in messages; a password in it would be too
+        raise ConfigError(f"{where}.url must not carry a user or password; send credentials "
+                          f"as a header whose value names an environment variable")
+    given = raw.get("headers", {})
+    if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
+        raise ConfigError(f'{where}.headers must be an object of header name to string, such as '
+                          f'{{"Authorization": "Bearer ${{TOKEN}}"}}')
+    headers, unset = {}, ""
+    for name, value in given.items():
+        if not _HEADER_NAME_RE.fullmatch(name):
+            raise ConfigError(f"{where}.headers: {quote(name)} is not a header name")
+        for variable in ENV_REFERENCE_RE.findall(value):
+            if not ENV_NAME_RE.fullmatch(variable):
+                raise ConfigError(f"{where}.headers.{name} names {quote('${' + variable + '}')}"
+                                  f"; a variable is written ${{NAME}} with letters, digits and "
+                                  f"'_'")
+            if variable not in os.environ and not unset:
+                unset = (f"{where}.headers.{name} names the environment variable {variable}, "
+                         f"which is not set: set it where agentgate runs")
+        headers[name] = ENV_REFERENCE_RE.sub(lambda m: os.environ.get(m.group(1), ""), value)
+        if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", headers[name]):
+            raise ConfigError(f"{where}.headers.{name} holds a control character (a line "
+                              f"break, say), which no header may carry; fix its value")
+    return headers, unset
+
+
+def _oauth_client(raw, where):
+    """A pre-registered OAuth client, for a server that does not register clients itself."""
+    given = raw.get("oauth", {})
+    if not isinstance(given, dict):
+        raise ConfigError(f'{where}.oauth must be an object such as {{"client_id": "...", '
+                          f'"client_secret": "...", "scope": "..."}}')
+    refuse_unknown(given, OAUTH_FIELDS, f"{where}.oauth")
+    for field in OAUTH_FIELDS:
+        if field in given and (not isinstance(given[field], str) or not given[field]):
+            raise ConfigError(f"{where}.oauth.{field} must be a non-empty string")
+    if "client_secret" in given and "client_id" not in given:
+        raise ConfigError(f"{where}.oauth has a client_secret but no client_id; give both")
+    return dict(given)
+
+
+def shown_url(url):
+    """A url as every text shows it: its scheme, host and port only. A hosted server often
+    carries its key in the url's path or query."""
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return "an address that cannot be read"
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
+
+
+def write_private(path, text):
+    """Write a file readable only by this user, replacing any old one in one rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temp = tempfile.mkstemp(prefix=".agentgate-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temp, 0o600)
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
+
 
 _INT_ID_RE = re.compile(r"-?(?:0|[1-9][0-9]{0,17})")
 
@@ -6512,7 +6498,7 @@ class Upstream:
             # never waits to flush into a pipe nobody reads.
             self.proc = subprocess.Popen(
                 self.server.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=self.server.child_env(), start_new_session=True,
+                stderr=subprocess.PIPE, env=child_env(self.server), start_new_session=True,
                 cwd=self.server.cwd, bufsize=0, preexec_fn=_parent_death_request())
         except OSError as err:
             raise UpstreamError(self.describe("connect", f"cannot start "
@@ -7978,7 +7964,8 @@ class Notifier:
 # Reads as: around the core
 #
 # Owns: writing a server's manifest (pin), and the lines of a load report and of a change.
-# Core it calls: manifest_entry, changed_parts, compared_part, rule_outcome, write_private.
+# Core it calls: manifest_entry, changed_parts, compared_part, rule_outcome; section 15's
+# write_private.
 # Promises: server-chosen names are sanitized in every report line.
 # =============================================================================================
 
@@ -8221,10 +8208,10 @@ def text_argument(value):
 # or named with -db; it is opened as it is, never created or migrated, and read-only where
 # nothing is decided.
 # Core it calls: Store (its reads, and decide_approval, cancel_run, create_grant,
-# revoke_grant), load_config, config_path, check_database_path, check_reach, operator_hint,
-# read_manifest, Tool, check_arguments, evaluate, approval_hash, decision_facts, last_attempt,
+# revoke_grant), config_path, check_database_path, check_reach, operator_hint, read_manifest,
+# Tool, check_arguments, evaluate, approval_hash, decision_facts, last_attempt,
 # confirmed_conditions, parse_conditions, pointer_problem, step_outcome, outcome_text, stored_hash,
-# block_bytes, event_hash.
+# block_bytes, event_hash; section 15's load_config.
 # Promises: approve and reject print the approval in full and decide bound to the hash of
 # exactly what they printed, so a row that changed after it was shown is refused; a printout
 # that shortened a long value decides nothing until -full shows every byte; the late outcome
@@ -9512,8 +9499,8 @@ def recheck_line(e):
 # servers (one database for all), pins them and proposes a rule per tool from the server's own
 # hints; and the acceptance of those proposals. And `login`, the OAuth authorization of a url
 # server: the only command that opens a port (on 127.0.0.1, while it waits for the browser).
-# Core it calls: load_config, config_path, Server, check_reach, read_owned, write_private,
-# shown_url, operator_hint; section 20's pin.
+# Core it calls: config_path, Server, check_reach, read_owned, operator_hint; section 15's
+# load_config, read_transport, shown_url and write_private; section 20's pin.
 # Promises: a config is written 0600; run again, init adds the servers new in its host's file
 # and changes no other byte; a secret in a server's env or headers goes into the config and into
 # no output; a tool is offered only once its proposed rule was accepted; a project's servers
@@ -9793,7 +9780,7 @@ def init_host(path, session, hold, files, needs):
             name = server_name(given, taken)
             server.update(name=name, manifest=f"{session}.{name}.manifest.json")
             try:
-                Server(server, f"server {quote(name)}", os.path.dirname(path))
+                Server(server, f"server {quote(name)}", os.path.dirname(path), read_transport)
             except ConfigError as err:
                 left.append((where, given, str(err)))
                 continue
@@ -9808,7 +9795,7 @@ def init_host(path, session, hold, files, needs):
                  f"starts, which can take a minute", flush=True)
         try:
             manifest = pin(Server(server, f"server {quote(server['name'])}",
-                                  os.path.dirname(path)))
+                                  os.path.dirname(path), read_transport))
         except (UpstreamError, LoadError, ConfigError) as err:
             for key in [key for key, gating in gated.items() if gating is server]:
                 gated.pop(key)
@@ -10114,8 +10101,8 @@ class LoopbackRedirect:
 #
 # Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin, and each
 # server's and tool's standing, before any host is pointed at the gate.
-# Core it calls: load_config, config_path, check_database_path, check_reach, Store,
-# read_manifest, lint_hash, lint_lines, write_private; load_all (section 15) and
+# Core it calls: config_path, check_database_path, check_reach, Store, read_manifest,
+# lint_hash, lint_lines; load_config, load_all and write_private (section 15) and
 # tool_changes (section 17).
 # Promises: pin -diff changes a manifest only after a yes; check exits 1 while anything is
 # refused, unreviewed or unserved.
@@ -10418,8 +10405,8 @@ def fake_payments():
 # run as separate processes in a temporary directory, as they would for a person.
 # Promises: every step says what the model sees; the demo exits non-zero if any step did not
 # behave as narrated, and it ends only after every process it started has exited.
-# Core it calls: write_private; everything else it runs as agentgate's own commands, in
-# processes.
+# Core it calls: nothing: it writes with section 15's write_private and runs everything else
+# as agentgate's own commands, in processes.
 # =============================================================================================
 
 class DemoFailure(Exception):
@@ -10685,8 +10672,9 @@ def _processes_mentioning(text):
 # the upstreams, the gate, the host side and the seams around them. Go-style single-dash long
 # flags (-config, -approval); the double-dash spelling works too. Exit codes: 0 ok, 1 failure,
 # 2 usage. No traceback reaches a user: every expected failure is one sentence on stderr.
-# Core it calls: load_config, Store, Gate, HostServer, Shutdown, and the seams: the gate's
-# `announce` (section 19's Notifier) and the host's `status` (section 18's status_answer).
+# Core it calls: Store, Gate, HostServer, Shutdown, and the seams: the gate's `announce`
+# (section 19's Notifier) and the host's `status` (section 18's status_answer); it loads the
+# config with section 15's load_config.
 # =============================================================================================
 
 def cmd_serve(argv):
