@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5261 lines of decision core, read first; then the libraries it relies on, each
+Sections (5230 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -29,7 +29,7 @@ libraries, so the core reads top to bottom: the schema check and the policy come
 configuration because the configuration is read with their parsers.
 
      1. Framing and canonical JSON                   decision core      427
-     2. Text, times and fields                       decision core      316
+     2. Text, times and fields                       decision core      285
      3. The schema check                             decision core      352
      4. Policy on what a call does                   decision core      719
      5. Configuration and its trust                  decision core      338
@@ -49,7 +49,7 @@ configuration because the configuration is read with their parsers.
     19. Notify                                       around the core     59
     20. Pins and load reports                        around the core    123
     21. The command line's flags                     around the core    116
-    22. Operator commands                            around the core   1292
+    22. Operator commands                            around the core   1307
     23. Setup                                        around the core    605
     24. Pin and check                                around the core    183
     25. Fake payment server                          around the core    118
@@ -543,9 +543,8 @@ def read_frames(fd, cap):
 #
 # Owns: Go-syntax durations (the config is written in them, prose prints them), the one
 # sanitizer every server-, model- or operator-chosen string passes before it reaches prose, a
-# log line or a terminal, tell and tell_json (the one way a line reaches a person, sanitized
-# there), the one timestamp format of the store, ids, deadlines, and the readers of a config
-# field that sections 4 and 5 share.
+# log line or a terminal, tell (the one way a line reaches a person, sanitized there), the one
+# timestamp format of the store, ids, deadlines, and the readers of a config field.
 # Promises: sanitized text holds no control character, no bidi override and no invisible
 # format character a terminal or a reader could be fooled by; data returned to the host as a
 # result is never sanitized (it is the server's answer, passed back as recorded).
@@ -612,7 +611,7 @@ MAX_COMBINING = 4
 
 
 def sanitize(text):
-    """Make server-, model- or operator-chosen text safe for prose, logs and terminals."""
+    """Server-, model- or operator-chosen text made safe for prose, logs and terminals."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     if not _NEEDS_CARE.search(text) and not _has_long_combining_run(text):
@@ -645,8 +644,8 @@ def sanitize(text):
     return "".join(out)
 
 
-# Runs of characters at or above U+0300, where every combining mark lives: only these are
-# looked at character by character, so plain text costs one scan in C.
+# Every combining mark is at or above U+0300: only runs of such characters are looked at one
+# by one, so plain text costs one scan in C.
 _MAYBE_MARKS = re.compile("[\u0300-\U0010ffff]{%d,}" % (MAX_COMBINING + 1))
 
 
@@ -661,7 +660,7 @@ def _has_long_combining_run(text):
 
 
 def cut(text, limit):
-    """Cut to at most `limit` UTF-8 bytes on a character boundary, marking the cut with '…'."""
+    """At most `limit` UTF-8 bytes on a character boundary, the cut marked with '…'."""
     data = text.encode("utf-8", "surrogatepass")
     if len(data) <= limit:
         return text
@@ -672,14 +671,12 @@ def cut(text, limit):
 
 
 def clean(text, limit):
-    """Sanitize, then cut: the form every chosen string takes inside prose. The text is cut
-    once before it is sanitized too, so a long one costs no more than its first `limit`
-    characters."""
+    """A chosen string as prose holds it: cut once before it is sanitized too, so a long one
+    costs no more than its first `limit` characters."""
     return cut(sanitize(cut(text[:limit + 1], limit)), limit)
 
 
 def quote(text):
-    """An operator's or server's words inside prose: sanitized and in double quotes."""
     return '"' + sanitize(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
@@ -690,8 +687,7 @@ def now():
 
 
 def format_time(seconds):
-    """A time as the store keeps it. The microseconds are rounded as datetime rounds them
-    (half to even)."""
+    """Microseconds rounded as datetime rounds them (half to even)."""
     fraction, whole = math.modf(seconds)
     micros = round(fraction * 1e6)
     if micros >= 1_000_000:
@@ -706,20 +702,16 @@ def parse_time(text):
 
 
 def later(text, ns):
-    """The stored time `ns` nanoseconds after the stored time `text`."""
     return format_time(parse_time(text) + ns / SECOND)
 
 
 def prose_time(text):
-    """A stored time as people read it in prose: UTC, to the second."""
     return text[:19] + "Z"
 
 
 def python_command():
-    """The interpreter running now, as a person types it: `python3` when that name finds this
-    very file on PATH, else its path. A virtual environment's python (which has the mcp
-    package) is not the python3 a terminal finds, and a command pasted with the wrong one
-    fails."""
+    """`python3` when that name finds this interpreter on PATH, else its path: a virtual
+    environment's python (which has the mcp package) is not the python3 a terminal finds."""
     import shutil
     found = shutil.which("python3")
     if found and os.path.abspath(found) == os.path.abspath(sys.executable):
@@ -728,40 +720,21 @@ def python_command():
 
 
 def tell(*lines, out=None, end="\n", flush=False):
-    """The one way text reaches a person's terminal or log (stdout when `out` is None): each
-    argument is one line and is sanitized whole here, so a newline inside one is a space and no
-    value can draw a line of its own. The live view of watch draws its rows through the same
-    sanitize (Screen.put). Sanitizing text twice changes nothing, so a caller that sanitized a
-    value to measure or cut it is shown the same bytes."""
+    """The one way text reaches a person's terminal or log (stdout by default): each argument
+    is one line, sanitized whole, so no value can draw a line of its own. Sanitizing twice
+    changes nothing, so a caller that sanitized a value to cut it is shown the same bytes."""
     out = sys.stdout if out is None else out
     out.write("\n".join(sanitize(line) for line in lines or ("",)) + end)
     if flush:
         out.flush()
 
 
-def tell_json(value, out=None):
-    """A -json value through tell, still valid JSON that reads back as the same value: tell
-    finds nothing to change in it (_json_for_terminal)."""
-    tell(*map(_json_for_terminal, pretty_json(value).split("\n")), out=out)
-
-
-def _json_for_terminal(line):
-    """A line of JSON with each character sanitize would change written as its JSON escape:
-    the encoder escapes the controls already, so what is left is bidi and invisible
-    characters, lone surrogates and combining marks, all inside strings."""
-    if sanitize(line) == line:
-        return line
-    return "".join(json.dumps(ch)[1:-1] if _NEEDS_CARE.match(ch) or
-                   unicodedata.category(ch)[0] == "M" else ch for ch in line)
-
-
 def log(message):
-    """One line to stderr, prefixed; stdout carries only protocol."""
+    """One line to stderr; stdout carries only protocol."""
     try:
         tell(f"{PROGRAM}: {message}", out=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
-
 
 
 SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation", "destructive")
@@ -830,13 +803,9 @@ def field_duration(raw, field, where, default):
 
 
 def new_id(size):
-    """A fresh id of `size` bytes as hex: the time in milliseconds first, then randomness.
-
-    Ids that grow with time land at the right edge of their indexes, so recording a call
-    touches the same few pages whether the database holds a hundred runs or a million; the
-    random part keeps two ids made in the same millisecond apart (a clash, however unlikely,
-    is refused by the primary key and decided again).
-    """
+    """`size` bytes as hex: the time in milliseconds, then randomness. Ids that grow with time
+    land at the right edge of their indexes, so recording a call touches the same few pages
+    however large the database; a clash is refused by the primary key and decided again."""
     stamp = (time.time_ns() // 1_000_000) & 0xFFFFFFFFFF
     return f"{stamp:010x}" + secrets.token_hex(size - 5)
 
@@ -8224,6 +8193,21 @@ def text_argument(value):
 # (tell_json), which sanitizes it, so nothing chosen by a server, a model or an operator
 # reaches the terminal raw; text given on the command line must be UTF-8.
 # =============================================================================================
+
+def tell_json(value, out=None):
+    """A -json value through tell, still valid JSON that reads back as the same value: each
+    character sanitize would change is written as its JSON escape, so tell finds nothing to
+    change (the encoder escapes the controls already; this is left to bidi and invisible
+    characters, lone surrogates and combining marks, all inside strings)."""
+    tell(*map(_json_for_terminal, pretty_json(value).split("\n")), out=out)
+
+
+def _json_for_terminal(line):
+    if sanitize(line) == line:
+        return line
+    return "".join(json.dumps(ch)[1:-1] if sanitize(ch) != ch or
+                   unicodedata.category(ch)[0] == "M" else ch for ch in line)
+
 
 def confirmed_conditions(conditions):
     """A grant's conditions as it keeps them: each `under` with its directories as they were
