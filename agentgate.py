@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5230 lines of decision core, read first; then the libraries it relies on, each
+Sections (5212 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -29,10 +29,10 @@ libraries, so the core reads top to bottom: the schema check and the policy come
 configuration because the configuration is read with their parsers.
 
      1. Framing and canonical JSON                   decision core      427
-     2. Text, times and fields                       decision core      285
+     2. Text, times and fields                       decision core      280
      3. The schema check                             decision core      352
      4. Policy on what a call does                   decision core      719
-     5. Configuration and its trust                  decision core      338
+     5. Configuration and its trust                  decision core      325
      6. Tools, as pinned                             decision core      436
      7. Answers                                      decision core      480
      8. The record                                   decision core      920
@@ -42,14 +42,14 @@ configuration because the configuration is read with their parsers.
     12. Hosts in URLs                                library            110
     13. Paths as the kernel resolves them            library             99
     14. The lint                                     around the core    219
-    15. Upstream servers                             around the core   1263
+    15. Upstream servers                             around the core   1255
     16. Reading the record                           around the core    137
     17. Tool changes while serving                   around the core    147
     18. The status tool                              around the core    119
     19. Notify                                       around the core     59
     20. Pins and load reports                        around the core    123
     21. The command line's flags                     around the core    116
-    22. Operator commands                            around the core   1307
+    22. Operator commands                            around the core   1305
     23. Setup                                        around the core    605
     24. Pin and check                                around the core    183
     25. Fake payment server                          around the core    118
@@ -541,10 +541,9 @@ def read_frames(fd, cap):
 #
 # Reads as: decision core
 #
-# Owns: Go-syntax durations (the config is written in them, prose prints them), the one
-# sanitizer every server-, model- or operator-chosen string passes before it reaches prose, a
-# log line or a terminal, tell (the one way a line reaches a person, sanitized there), the one
-# timestamp format of the store, ids, deadlines, and the readers of a config field.
+# Owns: Go-syntax durations, the one sanitizer every chosen string passes before prose, a log
+# or a terminal, tell (the one way a line reaches a person), the store's one timestamp format,
+# ids, deadlines, and the readers of a config field.
 # Promises: sanitized text holds no control character, no bidi override and no invisible
 # format character a terminal or a reader could be fooled by; data returned to the host as a
 # result is never sanitized (it is the server's answer, passed back as recorded).
@@ -671,8 +670,7 @@ def cut(text, limit):
 
 
 def clean(text, limit):
-    """A chosen string as prose holds it: cut once before it is sanitized too, so a long one
-    costs no more than its first `limit` characters."""
+    """Cut before it is sanitized too: a long string costs no more than its first `limit`."""
     return cut(sanitize(cut(text[:limit + 1], limit)), limit)
 
 
@@ -681,8 +679,7 @@ def quote(text):
 
 
 def now():
-    """The store's one time format: fixed-width UTC with microseconds, so text order is time
-    order and leases and windows compare as strings."""
+    """Fixed-width UTC with microseconds: leases and windows compare as strings."""
     return format_time(time.time())
 
 
@@ -720,9 +717,8 @@ def python_command():
 
 
 def tell(*lines, out=None, end="\n", flush=False):
-    """The one way text reaches a person's terminal or log (stdout by default): each argument
-    is one line, sanitized whole, so no value can draw a line of its own. Sanitizing twice
-    changes nothing, so a caller that sanitized a value to cut it is shown the same bytes."""
+    """The one way text reaches a person: each argument one line, sanitized whole, so no value
+    draws a line of its own (sanitizing twice changes nothing)."""
     out = sys.stdout if out is None else out
     out.write("\n".join(sanitize(line) for line in lines or ("",)) + end)
     if flush:
@@ -803,9 +799,8 @@ def field_duration(raw, field, where, default):
 
 
 def new_id(size):
-    """`size` bytes as hex: the time in milliseconds, then randomness. Ids that grow with time
-    land at the right edge of their indexes, so recording a call touches the same few pages
-    however large the database; a clash is refused by the primary key and decided again."""
+    """The time in milliseconds, then randomness: ids land at their indexes' right edge, so a
+    write touches the same pages however large the database; a clash is decided again."""
     stamp = (time.time_ns() // 1_000_000) & 0xFFFFFFFFFF
     return f"{stamp:010x}" + secrets.token_hex(size - 5)
 
@@ -1897,10 +1892,9 @@ def class_outcome(config, tool):
 #
 # Reads as: decision core
 #
-# Owns: reading the one JSON config file and the files it trusts (manifests, the database),
-# the default of every field that decides, and the policy identity. How a server is reached
-# (command, env, cwd, url, headers, OAuth) decides nothing about a call: the `transport` that
-# section 15's load_config hands read_config reads it, in the same pass.
+# Owns: reading the config file and the files it trusts (manifests, the database), the fields
+# that decide and their defaults, and the policy identity. How a server is reached decides
+# nothing: the `transport` section 15's load_config hands read_config reads it, in one pass.
 # Promises: a config is used only if it is a regular file owned by this user that nobody else
 # can write; it passes the canonical boundary check (so a repeated key cannot be read two
 # ways); every unknown field anywhere is refused with its path; a server whose arguments reach
@@ -1911,7 +1905,6 @@ def class_outcome(config, tool):
 DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
                   "remote_mutation": "require_approval", "destructive": "deny"}
 NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
-SESSION_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MIN_LEASE_TTL = 3 * SECOND
 # Long enough for a slow search or a build, short enough that a hung server is noticed.
 DEFAULT_TOOL_TIMEOUT = 60 * SECOND
@@ -2000,8 +1993,7 @@ class Rule:
 
 
 class Server:
-    """One upstream MCP server, as configured. `transport` (section 15) reads how it is
-    reached onto it: command, url, env, cwd and the rest."""
+    """One upstream MCP server; `transport` (section 15) reads how it is reached onto it."""
 
     FIELDS = ("name", "command", "url", "headers", "oauth", "env", "inherit_env",
               "connect_timeout", "default_timeout", "manifest", "rules", "skip_path_check", "cwd")
@@ -2011,9 +2003,7 @@ class Server:
             raise ConfigError(f"{where} must be an object")
         refuse_unknown(raw, self.FIELDS, where)
         self.name = field_string(raw, "name", where, required=True)
-        if not NAME_RE.fullmatch(self.name):
-            raise ConfigError(f"{where}.name {quote(self.name)} must be 1 to 64 letters, digits, "
-                              f"'_' or '-'")
+        _check_name(self.name, f"{where}.name")
         where = f'server "{self.name}"'
         if transport:
             transport(self, raw, where, base)
@@ -2048,9 +2038,7 @@ class Config:
         self.database = os.path.join(base, os.path.expanduser(
             field_string(raw, "database", where, required=True)))
         self.session = field_string(raw, "session", where, required=True)
-        if not SESSION_RE.fullmatch(self.session):
-            raise ConfigError(f"session {quote(self.session)} must be 1 to 64 letters, digits, "
-                              f"'_' or '-'")
+        _check_name(self.session, "session")
         servers = raw.get("servers")
         if not isinstance(servers, list) or not servers:
             raise ConfigError("servers must be a list of at least one server")
@@ -2081,9 +2069,7 @@ class Config:
         self.approval_ttl = field_duration(raw, "approval_ttl", where, 86400 * SECOND)
         self.grant_ttl = field_duration(raw, "grant_ttl", where, 86400 * SECOND)
         self.status_tool = field_string(raw, "status_tool", where) or "gate_status"
-        if not NAME_RE.fullmatch(self.status_tool):
-            raise ConfigError(f"status_tool {quote(self.status_tool)} must be 1 to 64 letters, "
-                              f"digits, '_' or '-'")
+        _check_name(self.status_tool, "status_tool")
         self.max_argument_bytes = field_byte_cap(raw, "max_argument_bytes", DEFAULT_ARGUMENT_BYTES,
                                                  MAX_ARGUMENT_BYTES)
         self.max_result_bytes = field_byte_cap(raw, "max_result_bytes", DEFAULT_RESULT_BYTES,
@@ -2108,9 +2094,8 @@ class Config:
         return self.host_holds.get(client, self.hold)
 
     def policy_id(self):
-        """The identity of exactly what the policy decides from: a class, an outcome, a fixed
-        value, a rename, an entry, a limit or the absence of an operator changes it; hold,
-        windows, TTLs, timeouts, commands, descriptions and the database do not."""
+        """The identity of exactly what the policy decides from (Rule.policy, the classes'
+        outcomes, the absence of an operator), not of hold, windows, TTLs or timeouts."""
         servers = [{"name": s.name, "rules": {tool: r.policy for tool, r in s.rules.items()}}
                    for s in sorted(self.servers, key=lambda s: s.name)]
         identity = {"policy": self.policy, "servers": servers}
@@ -2119,9 +2104,13 @@ class Config:
         return f"{PROGRAM}/sha256:" + content_hash(identity)
 
 
+def _check_name(value, what):
+    if not NAME_RE.fullmatch(value):
+        raise ConfigError(f"{what} {quote(value)} must be 1 to 64 letters, digits, '_' or '-'")
+
+
 def _holds(raw, where):
-    """`hold` as (the duration for any host, {host's name: duration}): one duration, or a map
-    from the name a host gives in initialize to a duration, with "*" for the rest."""
+    """(any host's hold, {a host's name in initialize: its hold}), "*" naming the rest."""
     given = raw.get("hold")
     if not isinstance(given, dict):
         return field_duration(raw, "hold", where, 15 * SECOND), {}
@@ -2166,17 +2155,16 @@ def check_database_path(path):
 def _file_identity(path):
     try:
         st = os.stat(path)
-        return (st.st_dev, st.st_ino)
     except OSError:
         return None
+    return (st.st_dev, st.st_ino)
 
 
 def _protected(config):
     """Every file the gate's decisions depend on, and every directory above each of them."""
     identities, missing = set(), set()
     for path in (config.path, config.database, *(s.manifest for s in config.servers)):
-        for chain in (os.path.abspath(path), os.path.realpath(path)):
-            current = chain
+        for current in (os.path.abspath(path), os.path.realpath(path)):
             while True:
                 identity = _file_identity(current)
                 if identity:
@@ -2197,37 +2185,31 @@ def _reach_candidates(arg):
         candidates.append(arg[2:])
     for candidate in list(candidates):
         if candidate.startswith("file:"):
-            candidates.append(unquote(re.sub(r"^file:(//[^/]*)?", "", candidate)) or "/")
+            path = unquote(re.sub(r"^file:(//[^/]*)?", "", candidate))
+            candidates.append(path or "/")
     home = os.path.expanduser("~")
     return [home + c[1:] if c == "~" or c.startswith("~/") else c for c in candidates if c]
 
 
 def check_reach(config):
-    """Refuse a server whose cwd or arguments (read by its transport) name the config, the
-    database, a manifest, or a directory above one: a server that can write there could change
-    its own policy. A guard against a plain mistake, not a boundary: a server can reach
-    anything its user can."""
+    """Refuse a server whose cwd or arguments name a file its policy depends on, or a directory
+    above one: a guard against a plain mistake, not a boundary (a server can reach anything
+    its user can)."""
     identities, missing = _protected(config)
-
-    def reaches(path):
-        identity = _file_identity(path)
-        return (identity and identity in identities) or os.path.realpath(path) in missing
-
-    def refuse(what, path):
-        raise ConfigError(
-            f"server {quote(server.name)}: its {what} reaches {os.path.realpath(path)}, which "
-            f"the gate's policy and approvals depend on: point the server elsewhere, or set "
-            f"skip_path_check on it if it cannot write there")
     for server in config.servers:
         if server.skip_path_check:
             continue
-        if server.cwd_given and reaches(server.cwd):
-            refuse(f"cwd {quote(server.cwd_given)}", server.cwd)
-        for arg in (server.command or [])[1:]:  # a server reached by url has no arguments
-            for candidate in _reach_candidates(arg):
-                candidate = os.path.join(server.cwd, candidate)
-                if reaches(candidate):
-                    refuse(f"argument {quote(arg)}", candidate)
+        named = [(f"cwd {quote(server.cwd_given)}", server.cwd)] if server.cwd_given else []
+        named += [(f"argument {quote(arg)}", os.path.join(server.cwd, candidate))
+                  for arg in (server.command or [])[1:]  # a url server has no arguments
+                  for candidate in _reach_candidates(arg)]
+        for what, path in named:
+            identity = _file_identity(path)
+            if (identity and identity in identities) or os.path.realpath(path) in missing:
+                raise ConfigError(
+                    f"server {quote(server.name)}: its {what} reaches {os.path.realpath(path)}, "
+                    f"which the gate's policy and approvals depend on: point the server "
+                    f"elsewhere, or set skip_path_check on it if it cannot write there")
 
 
 # =============================================================================================
@@ -6236,9 +6218,8 @@ def lint_manifests(manifests):
 
 # ---- Reaching a server: the config's transport fields ---------------------------------------
 #
-# A server reached by url takes its header values from the 0600 config or from agentgate's
-# environment (`${NAME}`), and no message shows one, nor more of its url than scheme, host and
-# port (shown_url).
+# A url server's header values come from the 0600 config or agentgate's environment (`${NAME}`);
+# no message shows one, nor more of its url than shown_url.
 
 _HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 ENV_REFERENCE_RE = re.compile(r"\$\{([^}]*)\}")
@@ -6247,8 +6228,7 @@ OAUTH_FIELDS = ("client_id", "client_secret", "scope")
 
 
 def load_config(path):
-    """The config as every command loads it: read_config with each server's transport read in
-    the same pass, so a config is refused at the same moment whatever is wrong in it."""
+    """The config as every command loads it, each server's transport read in the same pass."""
     return read_config(path, read_transport)
 
 
@@ -6257,8 +6237,7 @@ def read_transport(server, raw, where, base):
     server.command = raw.get("command")
     server.url = field_string(raw, "url", where)
     server.headers, server.oauth = {}, {}
-    # Why this server cannot start though the config is sound ('' when it can): a problem
-    # of one server, so it is not served and the others are.
+    # Why this sound config's server cannot start (''): it is not served, the others are.
     server.unavailable = ""
     if (server.command is None) == (not server.url):
         raise ConfigError(f"{where} needs exactly one of command (an argv list) or url (an "
@@ -6285,17 +6264,15 @@ def read_transport(server, raw, where, base):
                               f"name without '='")
     server.connect_timeout = field_duration(raw, "connect_timeout", where, 30 * SECOND)
     server.tokens = os.path.join(base, f"{server.name}.tokens.json")  # what login obtained
-    # A server runs in the user's home, never in the config's directory (the config, the
-    # database, the manifests): a server writing a relative path must not edit its own policy.
-    # A configured cwd is reach-checked as an argument is (check_reach).
+    # A server runs in the user's home, not beside the config and database: writing a relative
+    # path must not edit its own policy. A configured cwd is reach-checked (check_reach).
     server.cwd_given = field_string(raw, "cwd", where)
     server.cwd = os.path.join(base, os.path.expanduser(server.cwd_given)) if server.cwd_given \
         else os.path.expanduser("~")
 
 
 def child_env(server):
-    """The child's whole environment: PATH, HOME, TMPDIR, inherit_env, then env entries. A
-    secret in the gate's environment reaches a server only if the operator names it."""
+    """PATH, HOME, TMPDIR, inherit_env, env: a secret of ours reaches only a server named."""
     env = {}
     for name in ("PATH", "HOME", "TMPDIR", *server.inherit_env):
         if name in os.environ:
@@ -6307,10 +6284,8 @@ def child_env(server):
 
 
 def _url_server(raw, where, url):
-    """Check what only a server reached by url has; return its headers, each `${NAME}`
-    replaced by that variable of agentgate's own environment, and why the server cannot start
-    ('' when it can): a variable that is not set is a problem of where agentgate runs, not of
-    the config. No message shows a header's value: it may be a secret."""
+    """Its headers, each `${NAME}` replaced from our environment, and why it cannot start (an
+    unset variable is a problem of where agentgate runs, not of the config). No value shown."""
     from urllib.parse import urlsplit
     for field in ("env", "inherit_env", "cwd"):
         if field in raw:
@@ -6365,8 +6340,7 @@ def _oauth_client(raw, where):
 
 
 def shown_url(url):
-    """A url as every text shows it: its scheme, host and port only. A hosted server often
-    carries its key in the url's path or query."""
+    """Scheme, host and port only: a hosted server often carries its key in path or query."""
     from urllib.parse import urlsplit
     try:
         parts = urlsplit(url)
@@ -8195,10 +8169,8 @@ def text_argument(value):
 # =============================================================================================
 
 def tell_json(value, out=None):
-    """A -json value through tell, still valid JSON that reads back as the same value: each
-    character sanitize would change is written as its JSON escape, so tell finds nothing to
-    change (the encoder escapes the controls already; this is left to bidi and invisible
-    characters, lone surrogates and combining marks, all inside strings)."""
+    """A -json value through tell, valid JSON that reads back the same: each character
+    sanitize would change is written as its JSON escape, so tell finds nothing to change."""
     tell(*map(_json_for_terminal, pretty_json(value).split("\n")), out=out)
 
 
