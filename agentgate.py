@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5212 lines of decision core, read first; then the libraries it relies on, each
+Sections (5202 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -29,10 +29,10 @@ libraries, so the core reads top to bottom: the schema check and the policy come
 configuration because the configuration is read with their parsers.
 
      1. Framing and canonical JSON                   decision core      427
-     2. Text, times and fields                       decision core      280
+     2. Text, times and fields                       decision core      279
      3. The schema check                             decision core      352
      4. Policy on what a call does                   decision core      719
-     5. Configuration and its trust                  decision core      325
+     5. Configuration and its trust                  decision core      316
      6. Tools, as pinned                             decision core      436
      7. Answers                                      decision core      480
      8. The record                                   decision core      920
@@ -610,7 +610,6 @@ MAX_COMBINING = 4
 
 
 def sanitize(text):
-    """Server-, model- or operator-chosen text made safe for prose, logs and terminals."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     if not _NEEDS_CARE.search(text) and not _has_long_combining_run(text):
@@ -742,6 +741,8 @@ class ConfigError(Exception):
 
 
 def refuse_unknown(raw, fields, where):
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be an object")
     for key in raw:
         if key not in fields:
             raise ConfigError(f"{where} has an unknown field {quote(key)}; the fields are "
@@ -806,8 +807,6 @@ def new_id(size):
 
 
 class Deadline:
-    """A point on the monotonic clock, remembering the bound it was set with for messages."""
-
     def __init__(self, ns):
         self.ns = ns
         self.at = time.monotonic() + ns / SECOND
@@ -1999,8 +1998,6 @@ class Server:
               "connect_timeout", "default_timeout", "manifest", "rules", "skip_path_check", "cwd")
 
     def __init__(self, raw, where, base, transport=None):
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{where} must be an object")
         refuse_unknown(raw, self.FIELDS, where)
         self.name = field_string(raw, "name", where, required=True)
         _check_name(self.name, f"{where}.name")
@@ -2013,17 +2010,12 @@ class Server:
         rules = raw.get("rules", {})
         if not isinstance(rules, dict):
             raise ConfigError(f"{where}.rules must be an object of upstream tool name to rule")
-        self.rules = {}
-        for tool, rule in rules.items():
-            if not isinstance(rule, dict):
-                raise ConfigError(f"{where}.rules.{tool} must be an object")
-            self.rules[tool] = Rule(tool, rule, f"{where}.rules.{tool}")
+        self.rules = {tool: Rule(tool, rule, f"{where}.rules.{tool}")
+                      for tool, rule in rules.items()}
         self.skip_path_check = field_bool(raw, "skip_path_check", where)
 
 
 class Config:
-    """The whole configuration, with defaults applied and paths made absolute."""
-
     FIELDS = ("database", "session", "servers", "policy", "hold", "repeat_window",
               "max_pending", "approval_ttl", "grant_ttl", "status_tool", "lease_ttl",
               "max_argument_bytes", "max_result_bytes", "operator", "notify")
@@ -2119,7 +2111,6 @@ def _holds(raw, where):
 
 
 def config_path(given):
-    """-config, else $AGENTGATE_CONFIG, else the XDG path."""
     if given:
         return given
     if os.environ.get("AGENTGATE_CONFIG"):
@@ -2142,7 +2133,6 @@ def read_config(path, transport):
 
 
 def check_database_path(path):
-    """The database must be the file itself, a regular file only this user can change."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
