@@ -42,7 +42,7 @@ configuration because the configuration is read with their parsers.
     12. Hosts in URLs                                library            110
     13. Paths as the kernel resolves them            library             99
     14. The lint                                     around the core    219
-    15. Upstream servers                             around the core   1255
+    15. Upstream servers                             around the core   1257
     16. Reading the record                           around the core    137
     17. Tool changes while serving                   around the core    147
     18. The status tool                              around the core    119
@@ -6179,11 +6179,13 @@ def lint_manifests(manifests):
 #
 # Reads as: around the core
 #
-# Owns: one configured server as a child process speaking newline-delimited JSON-RPC, or
-# reached by url over Streamable HTTP through the optional mcp package, and the requests
-# agentgate sends it. Both present one interface (start, list_tools, request, call, close).
-# Core it calls: read_config (given read_transport), Server, read_frames, read_owned; and, for
-# load_all (the start of every server at once), pinned_for, load and Report.
+# Owns: how the config says a server is reached (read_transport: command, env, cwd, url,
+# headers, OAuth client); one configured server as a child process speaking newline-delimited
+# JSON-RPC, or reached by url over Streamable HTTP through the optional mcp package, and the
+# requests agentgate sends it. Both present one interface (start, list_tools, request, call,
+# close).
+# Core it calls: read_config (load_config hands it read_transport), read_frames, read_owned;
+# and, for load_all (the start of every server at once), pinned_for, load and Report.
 # Promises: the child gets only PATH, HOME, TMPDIR and what the operator names; it runs in its
 # own process group and, on Linux, dies with agentgate even when agentgate is killed with
 # SIGKILL; connecting, listing and loading share one deadline and a timeout names its step;
