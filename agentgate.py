@@ -54,7 +54,7 @@ configuration because the configuration is read with their parsers.
     24. Pin and check                                around the core    183
     25. Fake payment server                          around the core    118
     26. Demonstration                                around the core    268
-    27. Main                                         around the core    125
+    27. Main                                         around the core    124
 
 One tools/call through the core, with the section of each step:
 
@@ -10621,8 +10621,7 @@ def _processes_mentioning(text):
 # flags (-config, -approval); the double-dash spelling works too. Exit codes: 0 ok, 1 failure,
 # 2 usage. No traceback reaches a user: every expected failure is one sentence on stderr.
 # Core it calls: Store, Gate, HostServer, Shutdown, and the seams: the gate's `announce`
-# (section 19's Notifier) and the host's `status` (section 18's status_answer); it loads the
-# config with section 15's load_config.
+# (section 19's Notifier) and the host's `status` (section 18's status_answer).
 # =============================================================================================
 
 def cmd_serve(argv):
