@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5436 lines of decision core, read first; then the libraries it relies on, each
+Sections (5391 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -31,7 +31,7 @@ configuration because the configuration is read with their parsers.
      1. Framing and canonical JSON                   decision core      427
      2. Text, times and fields                       decision core      316
      3. The schema check                             decision core      352
-     4. Policy on what a call does                   decision core      719
+     4. Policy on what a call does                   decision core      674
      5. Configuration and its trust                  decision core      513
      6. Tools, as pinned                             decision core      436
      7. Answers                                      decision core      480
@@ -1209,22 +1209,19 @@ def _validate_object(schema, value, root, where, work):
 #
 # Reads as: decision core
 #
-# Owns: the conditions a rule's `when` entries and a grant test a call's arguments with, the
-# entries themselves, the limits, and the one decision (`policy_decision`) they make with the
-# class map. Plain functions of the call and of the facts of its moment (Facts: the time, the
-# host's self-reported name, the grants in force, and the executions inside a limit's window),
-# which the gate reads inside its write transaction and recheck reads back from the record,
-# both through one builder (decision_facts). What a request's arguments say is judged once
-# for a decision and those made again with it (Judgement); the facts, at each. No SQL here.
-# A URL's host and a path's place are read by the libraries of sections 12 and 13.
+# Owns: the conditions of a rule's `when` entries and of a grant, the entries, the limits, and
+# the one decision (`policy_decision`) they make with the class map, as plain functions of the
+# call and of the facts of its moment (Facts), which the gate and recheck both build through
+# decision_facts. What the arguments say is judged once per request (Judgement); the facts, at
+# each decision. Its only SQL is the three reads the facts are built from, through `rows`.
 # Promises: a condition that cannot be evaluated does not hold, and an entry other than allow
-# whose conditions are too costly to judge denies; numbers compare as exact decimals from their
-# literals, never through a float; a limit never loosens a decision; a grant answers only what
-# would wait for an operator (never a deny, never a re-run of an unknown outcome); every
-# mistake in a policy is refused at load with one sentence naming the tool, the entry and the
-# fix. A pointer reads what the server will: an argument the call omits, at the default the
-# tool's pinned schema gives it. A limit counts each execution by the arguments it was recorded
-# with, so a limit added or changed within its window counts what ran before it.
+# whose conditions are too costly to judge denies; numbers compare as exact decimals, never
+# through a float; a limit never loosens a decision; a grant answers only what would wait for
+# an operator (never a deny, never a re-run of an unknown outcome); a mistake in a policy is
+# refused at load with one sentence naming the tool, the entry and the fix. A pointer reads
+# what the server will: an omitted argument at its pinned schema's default. A limit counts
+# each execution by the arguments it was recorded with, so a limit added within its window
+# counts what ran before it.
 # =============================================================================================
 
 GRANT_COLUMNS = ("id", "session", "tool", "name", "conditions_json", "created_at", "expires_at",
@@ -1232,23 +1229,18 @@ GRANT_COLUMNS = ("id", "session", "tool", "name", "conditions_json", "created_at
 
 
 def executions(rows, target, since, before):
-    """A tool's executions after `since` and before `before` (stored times), oldest first,
-    as (time, its step's decision as recorded, the hash of the spec it was decided under),
-    read through `rows` (Store.read or Tx.rows)."""
+    """A tool's executions in (since, before), oldest first: (time, decision_json, spec_hash)."""
     return rows("SELECT e.at, s.decision_json, s.spec_hash FROM executions e JOIN steps s ON "
                 "s.id=e.step_id WHERE e.tool=? AND e.at>? AND e.at<? ORDER BY e.at, e.id",
                 (target, since, before))
 
 
 def tool_spec(rows, spec_hash):
-    """The tool spec stored under a hash, or None, read through `rows`."""
     found = rows("SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,))
     return parse(found[0][0]) if found else None
 
 
 def grants_in_force(rows, session, target, at):
-    """The grants of a tool in force at the stored time `at`, oldest first, as dicts of
-    GRANT_COLUMNS, read through `rows`."""
     return [dict(zip(GRANT_COLUMNS, row)) for row in rows(
         f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? AND tool=? AND "
         f"expires_at>? AND created_at<=? AND (revoked_at='' OR revoked_at>?) ORDER BY "
@@ -1266,18 +1258,16 @@ _INDEX_RE = re.compile(r"0|[1-9][0-9]{0,8}")
 _CLOCK_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])|24:00")
 
 _SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
-# Sums are exact: the precision spans any literal the parser admits (its digits, exponents to
-# ±MAX_EXPONENT), and a result that would still round raises rather than rounds.
+# Sums are exact: the precision spans any literal the parser admits, and a result that would
+# still round raises rather than rounds.
 EXACT = decimal.Context(prec=2 * MAX_EXPONENT + MAX_NUMBER_CHARS + 64, Emax=10 * MAX_EXPONENT,
                         Emin=-10 * MAX_EXPONENT, traps=[decimal.Inexact, decimal.Overflow,
                                                         decimal.InvalidOperation])
 
-# The facts a decision depends on beyond the call itself. at: seconds since the epoch.
-# client: the name the host gave in initialize. grants(): the Grant objects in force for the
-# tool (read only when a decision would wait for an operator). uses(since): the tool's
-# executions after `since` and before this call, as (seconds, amounts) oldest first, where
-# amounts maps a sum limit's pointer to the number executed (counted_uses); None when no limit
-# is counted (the decision only steers the rules, or an operator has already decided the call).
+# What a decision depends on beyond the call. at: seconds since the epoch; client: the host's
+# name from initialize; grants(): the Grants in force (read only when a decision would wait);
+# uses(since): the tool's executions after `since`, as (seconds, {sum pointer: amount}), or
+# None when no limit is counted (the decision only steers the rules, or an operator decided).
 Facts = collections.namedtuple("Facts", "at client grants uses")
 
 
@@ -1293,10 +1283,9 @@ def parse_pointer(text, where):
 
 
 def resolve_pointer(args, tokens, schema):
-    """The value at a pointer into the arguments as the server reads it: where the arguments
-    lack it but hold the object it belongs in, the default the tool's pinned `schema` gives
-    it there, since the server fills that in (an omitted amount is paid at its default);
-    MISSING when there is neither. A schema of None gives no defaults."""
+    """The value at a pointer as the server reads it: where the arguments lack it but hold
+    its parent object, the default `schema` gives it (an omitted amount is paid at its
+    default); else MISSING."""
     value, node = args, schema
     for token in tokens:
         parent = value
@@ -1319,9 +1308,8 @@ def resolve_pointer(args, tokens, schema):
 
 
 def schema_child(schema, node, token):
-    """The part of `schema` that describes the value at `token` inside a value that `node`
-    describes (a $ref of `node` followed), or None when there is none. Raises SchemaError
-    for a $ref that points at nothing."""
+    """The part of `schema` describing `token` inside what `node` describes, or None; raises
+    SchemaError for a $ref that points at nothing."""
     if isinstance(node, dict) and isinstance(node.get("$ref"), str):
         node = resolve_ref(schema, node["$ref"])
     if not isinstance(node, dict):
@@ -1333,7 +1321,6 @@ def schema_child(schema, node, token):
 
 
 def parse_decimal(value, where):
-    """A bound written as a JSON number or a decimal string, as its exact value."""
     if isinstance(value, Number):
         return value.exact()
     if isinstance(value, str) and JSON_NUMBER_RE.fullmatch(value) and not number_bound(value):
@@ -1348,8 +1335,6 @@ def number_text(value):
 
 
 def host_matches(scheme, host, entries):
-    """Whether a host (reached by `scheme`) is one of the entries: a host, `.` and a domain
-    for its subdomains, either after `scheme://` when only that scheme will do."""
     for entry in entries:
         wanted, sep, name = entry.partition("://")
         if not sep:
@@ -1360,9 +1345,8 @@ def host_matches(scheme, host, entries):
 
 
 def host_entry(entry, with_scheme, where):
-    """A host_in or host_not_in entry as it is compared. Only host_in takes a scheme
-    (`https://example.com`): in host_not_in it would let the same host through under every
-    other scheme."""
+    """A host_in or host_not_in entry as it is compared. Only host_in takes a scheme: in
+    host_not_in it would let the same host through under every other scheme."""
     scheme, sep, name = entry.partition("://") if isinstance(entry, str) else ("", "", entry)
     scheme, name = (scheme.lower(), name) if sep else ("", entry)
     dot = "." if isinstance(name, str) and name.startswith(".") else ""
@@ -1394,11 +1378,10 @@ def resolved_root(text, where):
 
 
 class Condition:
-    """What the value at one JSON Pointer into the arguments must be."""
+    """What the value at one JSON Pointer into the arguments must be. `resolved`: the
+    directories of `under` are a grant's, resolved when it was confirmed, and kept as they are."""
 
     def __init__(self, pointer, raw, where, resolved=False):
-        """`resolved`: the directories of `under` are taken as they are, as a grant keeps
-        them (resolved when it was confirmed), and not resolved again."""
         self.pointer, self.tokens = pointer, parse_pointer(pointer, where)
         where = f"{where} {quote(pointer)}"
         if not isinstance(raw, dict) or not raw:
@@ -1451,10 +1434,9 @@ class Condition:
         return value  # equals: any JSON value
 
     def holds(self, args, work=None, schema=None):
-        """True or False; None when a pattern search is more than the call's pattern work
-        (else a fresh one) can pay for and no test is false: it cannot be evaluated, so it
-        does not hold, and policy_decision says what that means for an entry. An argument the
-        call lacks is read at the default of the tool's pinned `schema`."""
+        """True, False, or None when a pattern search costs more than `work` can pay and no
+        test is false: it cannot be evaluated, so it does not hold (policy_decision says what
+        that means for an entry)."""
         value = resolve_pointer(args, self.tokens, schema)
         work = PatternWork() if work is None else work
         return all_judged(self._test(name, expected, value, work)
@@ -1482,13 +1464,9 @@ class Condition:
         return f"{self.pointer} " + " and ".join(words)
 
 
-def _is_number(value):
-    return isinstance(value, Number)
-
-
 def all_judged(verdicts):
-    """All of the verdicts (True, False, or None: not judged), read in order: False at the
-    first that is false, else None if one was not judged, else True."""
+    """False at the first false verdict (the rest are not judged: no pattern work is spent on
+    them), else None if one was not judged, else True."""
     judged = True
     for verdict in verdicts:
         if verdict is None:
@@ -1499,25 +1477,20 @@ def all_judged(verdicts):
 
 
 def _host_holds(value, hosts, listed):
-    """Whether the URL's host is (`listed`) or is not among the hosts; never for no host, so
-    an entry that allows on either condition never allows a URL whose host cannot be read one
-    way. An entry that denies on host_in does not catch it either: what follows it decides
-    (the class, at the end), which is why a host policy is safest written as what it allows."""
+    """Never for a URL whose host cannot be read, so neither host_in nor host_not_in allows
+    it; a deny on host_in does not catch it either (what follows decides), which is why a host
+    policy is safest written as what it allows."""
     place = url_place(value)
     return place is not None and host_matches(*place, hosts) == listed
-
-
-def _length(value):
-    return len(value) if isinstance(value, (str, list)) else math.inf
 
 
 CHECKS = {
     "equals": json_equal,
     "in": lambda value, options: any(json_equal(value, o) for o in options),
     "not_in": lambda value, options: not any(json_equal(value, o) for o in options),
-    "min": lambda value, bound: _is_number(value) and value.exact() >= bound,
-    "max": lambda value, bound: _is_number(value) and value.exact() <= bound,
-    "max_length": lambda value, bound: _length(value) <= bound,
+    "min": lambda value, bound: isinstance(value, Number) and value.exact() >= bound,
+    "max": lambda value, bound: isinstance(value, Number) and value.exact() <= bound,
+    "max_length": lambda value, bound: isinstance(value, (str, list)) and len(value) <= bound,
     "present": lambda value, expected: True,
     "under": lambda value, roots: path_under(value, roots),
     "host_in": lambda value, hosts: _host_holds(value, hosts, True),
@@ -1532,8 +1505,7 @@ CONDITION_WORDS = {
 
 
 def parse_conditions(raw, where, resolved=False):
-    """An `if` object (or a grant's -if): JSON Pointers to conditions, all of which must
-    hold. `resolved`: a grant's, whose directories were resolved when it was confirmed."""
+    """An `if` object (or a grant's -if): JSON Pointers to conditions, all of which must hold."""
     if not isinstance(raw, dict):
         raise ConfigError(f'{where} must be an object of JSON Pointer to condition, such as '
                           f'{{"/amount": {{"max": "50.00"}}}}')
@@ -1581,12 +1553,12 @@ class During:
     @staticmethod
     def _hours(text, where):
         first, _, last = text.partition("-") if isinstance(text, str) else ("", "", "")
-        if not _CLOCK_RE.fullmatch(first.strip()) or not _CLOCK_RE.fullmatch(last.strip()) \
-                or first.strip() == last.strip() or first.strip() == "24:00":
+        first, last = first.strip(), last.strip()
+        if not _CLOCK_RE.fullmatch(first) or not _CLOCK_RE.fullmatch(last) or first == last \
+                or first == "24:00":
             raise ConfigError(f'{where} must read like "09:00-18:00" (a range past midnight, '
                               f'like "22:00-06:00", is allowed)')
-        start, end = (int(t[:2]) * 60 + int(t[3:5]) for t in (first.strip(), last.strip()))
-        return start, end
+        return tuple(int(t[:2]) * 60 + int(t[3:5]) for t in (first, last))
 
     def holds(self, at):
         local = datetime.datetime.fromtimestamp(at, self.zone)
@@ -1605,19 +1577,16 @@ class During:
 
 class Judgement:
     """What one request's arguments say, judged once for a pass through the gate: the schema
-    check's problem, and whether the conditions of each `when` entry and each grant hold on
-    them (all_judged's verdict). A decision made again under the rules' lock, or in the write
-    transaction, reads these, and only the facts that may change meanwhile afresh: the time,
-    the grants in force, the counted uses, a re-run. The pattern work may outlive it: a call
-    judged again after a hold searches nothing twice."""
+    check's problem and the verdict of each entry's and grant's conditions (keyed by label or
+    grant id). Decisions made again under the lock or in the write transaction reuse it and
+    read afresh only what may change meanwhile (the moment, grants, uses, a re-run). The
+    pattern work may outlive it: a call judged again after a hold searches nothing twice."""
 
     def __init__(self, problem="", work=None):
         self.problem, self.held = problem, {}
         self.work = PatternWork() if work is None else work
 
     def holds(self, key, conditions, args, schema):
-        """Whether `conditions` hold on the arguments; `key` names whose they are (an entry's
-        label, a grant's id), which stay the same for one request."""
         if key not in self.held:
             self.held[key] = all_judged(c.holds(args, self.work, schema) for c in conditions)
         return self.held[key]
@@ -1644,14 +1613,11 @@ class Entry:
         if not self.conditions and self.during is None and self.clients is None:
             raise ConfigError(f"{where} has no if, during or client, so it always holds: give "
                               f"the rule this outcome instead")
-        # The reason is model input: by default it names the entry, never what it compares
-        # (a directory, a host list).
+        # The reason is model input: by default it names the entry, never what it compares.
         self.reason = field_string(raw, "reason", where) or f"the operator's rule {label}"
 
     def holds(self, args, facts, judged=None, schema=None):
-        """True or False; None when a condition could not be judged (Condition.holds). The
-        moment (its time, the host) is read each time; what the arguments say is judged once
-        for a request (`judged`, a Judgement)."""
+        """Like Condition.holds; the moment is read each time, the arguments judged once."""
         if (self.clients is not None and facts.client not in self.clients) or \
                 (self.during is not None and not self.during.holds(facts.at)):
             return False
@@ -1705,22 +1671,22 @@ class Limit:
                               f"use require_approval or deny")
 
     def amount(self, args, schema=None):
-        """What a call adds to the sum: the size of the number at the pointer, or of the
-        default `schema` gives it (a negative amount is no credit), 0 when there is none,
-        None when it is not a number."""
+        """What a call adds to the sum: the size of its number (a negative amount is no
+        credit), 0 when there is none, None when it is not a number."""
         value = resolve_pointer(args, self.tokens, schema)
         if value is MISSING:
             return decimal.Decimal(0)
         return value.exact().copy_abs() if isinstance(value, Number) else None  # never rounds
 
     def frees(self, args, uses, at, schema=None):
-        """None when this call stays within the limit; else when it would (NEVER when it is
-        alone above it), in seconds since the epoch."""
-        rows = uses(at - self.per / SECOND)
+        """None when this call stays within the limit; else when it would, in seconds since
+        the epoch (NEVER when it is alone above it)."""
+        window = self.per / SECOND
+        rows = uses(at - window)
         if self.calls is not None:
             if len(rows) < self.calls:
                 return None
-            return rows[len(rows) - self.calls][0] + self.per / SECOND
+            return rows[len(rows) - self.calls][0] + window
         this = self.amount(args, schema)
         if this is None or this > self.max:
             return NEVER
@@ -1734,9 +1700,9 @@ class Limit:
                 for (moment, _), size in zip(rows, sizes):
                     total -= size
                     if total <= self.max:
-                        return moment + self.per / SECOND
+                        return moment + window
         except decimal.DecimalException:  # cannot be summed exactly: cannot be passed
-            return NEVER
+            pass
         return NEVER
 
     def text(self, tool_name):
@@ -1753,18 +1719,15 @@ class Grant:
     would wait for an operator, run without asking while it is in force."""
 
     def __init__(self, stored):
-        """From the grant as the store keeps it (a dict of GRANT_COLUMNS)."""
         self.id, self.by = stored["id"], stored["by"]
         self.conditions = parse_conditions(parse(stored["conditions_json"]), f"grant {self.id}",
                                            resolved=True)
 
 
 def counted_uses(rows, tool, before):
-    """Facts.uses for a decision on `tool` made at the stored time `before`, read from the
-    record through `rows`: Tx.rows in the gate's write transaction, Store.read in recheck,
-    so the two count alike. What an execution adds to a sum is read from the arguments its
-    step recorded, under the schema it was decided under: a limit added or re-pointed
-    within its window counts the executions before it at what they were."""
+    """Facts.uses for a decision on `tool` at the stored time `before`. An execution adds to
+    a sum what its recorded arguments hold, under the schema it was decided under, so a
+    limit added or re-pointed within its window counts what ran before it as it was."""
     sums = [limit for limit in tool.rule.limits if limit.sum]
     schemas = {tool.spec_hash: tool.schema}
 
@@ -1788,10 +1751,9 @@ def counted_uses(rows, tool, before):
 
 
 def decision_facts(rows, session, tool, stamp, client, count):
-    """The facts of the stored time `stamp` for a decision on `tool`, read through `rows`:
-    the grants then in force (read only if the decision asks), and, when `count`, the tool's
-    executions before it (counted_uses). The gate reads them at the moment it decides,
-    recheck at the moment a decision was recorded: one builder, so the two read alike."""
+    """The Facts of the stored time `stamp`, read through `rows`: the gate at the moment it
+    decides (Tx.rows), recheck at the moment a decision was recorded (Store.read). One
+    builder, so the two read alike; the uses are counted only when `count`."""
     def grants():
         return [Grant(g) for g in grants_in_force(rows, session, tool.target, stamp)]
     return Facts(parse_time(stamp), client, grants,
@@ -1799,30 +1761,24 @@ def decision_facts(rows, session, tool, stamp, client, count):
 
 
 def policy_decision(config, tool, args, facts, rerun=False, approved=False, judged=None):
-    """What the policy says of one call, as a dict: outcome, reason, and `by` (what decided:
-    a `when` entry, a limit, a grant, the rule's outcome or the class), with `limit` and
-    `frees` when a limit decided and `grant` when a grant did.
+    """What the policy says of one call: {outcome, reason, by} (by: the `when` entry, limit,
+    grant, "rule outcome" or "class" that decided), with `limit` and `frees` when a limit
+    decided and `grant` when a grant did.
 
-    The first `when` entry that holds decides, else the class map. Then, in this order: a
-    re-run of an unknown outcome goes back to the caller as it is (it always needs an
-    operator); a grant may answer a question an operator would be asked; a limit may turn an
-    allow into its `then` (it counts the calls a grant lets through, so a budget holds under a
-    grant); with no operator at hand a question is a deny. A call an operator has approved
-    (`approved`) is not counted against the limits again, nor refused for want of one.
-    `judged` is what the request's arguments were found to say (Judgement), kept between
-    the decisions made on one pass through the gate.
+    The first `when` entry that holds decides, else the class map. Then, in order: a deny, a
+    re-run of an unknown outcome (it always needs an operator) and a call an operator
+    `approved` (not counted again) stand; a grant may answer what would wait; a limit may turn
+    an allow into its `then` (it counts what grants let through, so a budget holds under a
+    grant); with no operator at hand, what would wait is denied.
     """
     rule = tool.rule
     judged = Judgement() if judged is None else judged
     for entry in rule.when:
         held = entry.holds(args, facts, judged, tool.schema)
         if held is None and entry.outcome != "allow":
-            # An entry that could not be judged (its pattern search is more than the call may
-            # cost) might have held or not: the call would get its outcome, or what the
-            # entries after it and the class decide. Passing it over, as a condition that
-            # cannot be evaluated does not hold, would let a long value slip past a deny or
-            # a question; only deny is never looser than either. An allow entry passed over
-            # can only make the decision stricter, so it is.
+            # Not judged (too costly), the entry might have held. Passing it over could let a
+            # long value slip past a deny or a question; deny is never looser than either. An
+            # allow entry passed over can only make the decision stricter, so it is.
             decision = {"outcome": "deny", "by": entry.label,
                         "reason": f"the arguments are too long to be checked against the "
                                   f"operator's rule {entry.label}"}
@@ -1858,8 +1814,8 @@ def policy_decision(config, tool, args, facts, rerun=False, approved=False, judg
 
 
 def frees_text(decision):
-    """When a limit that decided frees up, as people read it ('' when no limit decided):
-    rounded up to the second, so a call made at that time is within it."""
+    """When the limit that decided frees up ('' when none did), rounded up to the second so
+    a call made then is within it."""
     if "frees" not in decision:
         return ""
     if decision["frees"] is NEVER:
@@ -1868,7 +1824,7 @@ def frees_text(decision):
 
 
 def rule_lines(rule, tool_name):
-    """A rule's entries and limits, one readable line each, as `check` prints them."""
+    """A rule's entries and limits, one line each, for the load report."""
     lines = [f"{e.label}: if {e.text()} -> {e.outcome} ({cut(sanitize(e.reason), 120)})"
              for e in rule.when]
     lines += [f"{limit.label}: {limit.text(tool_name)}, then {limit.then}"
@@ -1877,7 +1833,7 @@ def rule_lines(rule, tool_name):
 
 
 def rule_outcome(config, rule):
-    """The decider: the rule's own outcome, else the class map (None for no class)."""
+    """The rule's own outcome, else the class map's (None for no class)."""
     return rule.outcome or config.policy.get(rule.side_effect)
 
 
@@ -1897,8 +1853,8 @@ def pointer_problem(schema, tokens, hidden):
 
 
 def policy_pointer_problem(schema, rule, tool_name):
-    """The first `when` condition or sum limit whose pointer misses the pinned schema, as
-    the sentence that refuses the tool, or ''."""
+    """The sentence refusing the tool for the first `when` condition or sum limit whose
+    pointer misses the pinned schema, or ''."""
     hidden = set(rule.deny) | set(rule.fixed)
     pointers = [(entry.label, c.pointer, c.tokens) for entry in rule.when
                 for c in entry.conditions]
@@ -1914,7 +1870,6 @@ def policy_pointer_problem(schema, rule, tool_name):
 
 
 def class_outcome(config, tool):
-    """What the rule or the class map decides of a tool (rule_outcome), and why."""
     outcome = rule_outcome(config, tool.rule)
     if tool.rule.outcome:
         return outcome, f"tool {tool.name} is {outcome} by the operator's rule"
