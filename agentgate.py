@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5391 lines of decision core, read first; then the libraries it relies on, each
+Sections (5386 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -31,7 +31,7 @@ configuration because the configuration is read with their parsers.
      1. Framing and canonical JSON                   decision core      427
      2. Text, times and fields                       decision core      316
      3. The schema check                             decision core      352
-     4. Policy on what a call does                   decision core      674
+     4. Policy on what a call does                   decision core      669
      5. Configuration and its trust                  decision core      513
      6. Tools, as pinned                             decision core      436
      7. Answers                                      decision core      480
@@ -1209,19 +1209,17 @@ def _validate_object(schema, value, root, where, work):
 #
 # Reads as: decision core
 #
-# Owns: the conditions of a rule's `when` entries and of a grant, the entries, the limits, and
-# the one decision (`policy_decision`) they make with the class map, as plain functions of the
-# call and of the facts of its moment (Facts), which the gate and recheck both build through
-# decision_facts. What the arguments say is judged once per request (Judgement); the facts, at
-# each decision. Its only SQL is the three reads the facts are built from, through `rows`.
+# Owns: conditions, `when` entries, limits and grants, and the one decision they make with the
+# class map (policy_decision): a function of the call, of what its arguments were judged to say
+# (Judgement, once per request) and of the facts of its moment (Facts, built by decision_facts
+# for the gate and for recheck alike, through `rows`: its only SQL).
 # Promises: a condition that cannot be evaluated does not hold, and an entry other than allow
-# whose conditions are too costly to judge denies; numbers compare as exact decimals, never
-# through a float; a limit never loosens a decision; a grant answers only what would wait for
-# an operator (never a deny, never a re-run of an unknown outcome); a mistake in a policy is
-# refused at load with one sentence naming the tool, the entry and the fix. A pointer reads
-# what the server will: an omitted argument at its pinned schema's default. A limit counts
-# each execution by the arguments it was recorded with, so a limit added within its window
-# counts what ran before it.
+# that cannot be judged denies; numbers compare exactly, never through a float; a limit never
+# loosens; a grant answers only what would wait for an operator (never a deny, never a re-run
+# of an unknown outcome); a policy mistake is refused at load naming the tool, the entry and
+# the fix. A pointer reads an omitted argument at its pinned schema's default, as the server
+# does. A limit counts each execution by its recorded arguments, so a limit added within its
+# window counts what ran before it.
 # =============================================================================================
 
 GRANT_COLUMNS = ("id", "session", "tool", "name", "conditions_json", "created_at", "expires_at",
@@ -1256,7 +1254,6 @@ MISSING = object()  # what a pointer finds where the arguments have nothing
 NEVER = math.inf    # when a limit frees up for a call that is alone above it
 _INDEX_RE = re.compile(r"0|[1-9][0-9]{0,8}")
 _CLOCK_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])|24:00")
-
 _SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
 # Sums are exact: the precision spans any literal the parser admits, and a result that would
 # still round raises rather than rounds.
@@ -1401,9 +1398,14 @@ class Condition:
 
     @staticmethod
     def _read(name, value, where, resolved):
-        if name in ("in", "not_in"):
+        if name in ("in", "not_in", "under", "host_in", "host_not_in"):
             if not isinstance(value, list) or not value:
-                raise ConfigError(f"{where} must be a non-empty list of JSON values")
+                kind = "JSON values" if name in ("in", "not_in") else "strings"
+                raise ConfigError(f"{where} must be a non-empty list of {kind}")
+            if name == "under":
+                return list(value) if resolved else [resolved_root(r, where) for r in value]
+            if name in ("host_in", "host_not_in"):
+                return [host_entry(entry, name == "host_in", where) for entry in value]
             return value
         if name == "pattern":
             if not isinstance(value, str):
@@ -1424,13 +1426,6 @@ class Condition:
             if not isinstance(value, bool):
                 raise ConfigError(f"{where} must be true or false")
             return value
-        if name in ("under", "host_in", "host_not_in"):
-            if not isinstance(value, list) or not value:
-                raise ConfigError(f"{where} must be a non-empty list of strings")
-            if name == "under":
-                return list(value) if resolved else [resolved_root(root, where)
-                                                     for root in value]
-            return [host_entry(entry, name == "host_in", where) for entry in value]
         return value  # equals: any JSON value
 
     def holds(self, args, work=None, schema=None):
