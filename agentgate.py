@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5436 lines of decision core, read first; then the libraries it relies on, each
+Sections (5361 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -33,7 +33,7 @@ configuration because the configuration is read with their parsers.
      3. The schema check                             decision core      352
      4. Policy on what a call does                   decision core      719
      5. Configuration and its trust                  decision core      513
-     6. Tools, as pinned                             decision core      436
+     6. Tools, as pinned                             decision core      361
      7. Answers                                      decision core      480
      8. The record                                   decision core      920
      9. The gate                                     decision core      861
@@ -41,13 +41,13 @@ configuration because the configuration is read with their parsers.
     11. ECMA-262 patterns                            library            435
     12. Hosts in URLs                                library            110
     13. Paths as the kernel resolves them            library             99
-    14. The lint                                     around the core    219
+    14. The lint                                     around the core    232
     15. Upstream servers                             around the core   1102
     16. Reading the record                           around the core    137
     17. Tool changes while serving                   around the core    147
     18. The status tool                              around the core    119
     19. Notify                                       around the core     59
-    20. Pins and load reports                        around the core    122
+    20. Pins and load reports                        around the core    186
     21. The command line's flags                     around the core    116
     22. Operator commands                            around the core   1292
     23. Setup                                        around the core    605
@@ -2441,29 +2441,23 @@ def check_reach(config):
 #
 # Reads as: decision core
 #
-# Owns: which tool a call names: the manifest (what a server presented when the operator pinned
-# it), what differs from it now (changed_parts, the one definition), and the checks that decide,
-# at every start, which upstream tools the host is offered (load and refusal, which load_all,
-# around the core, calls for each server it starts).
+# Owns: which tool a call names: the manifest (what a server presented at its pin), what
+# differs from it now (changed_parts, the one definition, for the load, the watch while serving
+# and pin -diff), and load: at every start, which of a server's tools the host is offered.
 # Promises: a tool is offered only if it is pinned, classified by a rule that is not an
-# unreviewed proposal, and presents today exactly what it presented at the pin (its schemas,
-# description, title, annotations, icons and _meta), and it is offered as pinned; its
-# annotations do not contradict its class (unless the operator allows it); a high lint finding
-# is accepted by the rule for exactly that text; its name is usable; its schema is
-# self-contained and usable; what the rule hides is soundly hidden. Each refusal refuses only
-# that tool and says why in the report.
-# A problem of one server hides only that server, and a problem of the config stops the gate.
-# A server that cannot start, is not pinned, whose manifest is unusable or does not fit its
-# rules, or that registers no tool, is not served; its report says why, and the others are
-# served. A ConfigError stops every server. Hiding a server never lets a call through that
-# would otherwise be refused.
+# unreviewed proposal, and presents exactly what it presented at the pin (PINNED_PARTS), and it
+# is offered as pinned; its annotations do not contradict its class (unless the rule allows
+# it); a high lint finding is accepted by the rule for exactly that text; its name is usable;
+# its schema is self-contained, usable, and soundly hides what the rule hides. A refusal
+# refuses only that tool; the report load_all passes in (Report, section 20) says why.
+# A problem of one server (LoadError) hides only that server; a ConfigError stops every server.
+# Hiding a server never lets a call through that would otherwise be refused.
 # =============================================================================================
 
 class UpstreamError(Exception):
-    """A request to an upstream server failed. What is known of it decides how its outcome is
-    classified (call_upstream): `sent` False means no byte of it reached the server, so
-    nothing executed; `answered` means the server answered with a JSON-RPC error; `unusable`
-    means it answered with something that cannot be read; `timed_out` says a deadline fired."""
+    """A request to an upstream server failed; call_upstream classifies its outcome by what is
+    known: `sent` False means no byte reached the server, so nothing executed; `answered`, a
+    JSON-RPC error; `unusable`, an answer that cannot be read; `timed_out`, a deadline fired."""
 
     def __init__(self, message, timed_out=False, unusable=False, sent=True, answered=False):
         super().__init__(message)
@@ -2473,32 +2467,23 @@ class UpstreamError(Exception):
         self.answered = answered
 
 
-HINT_NAMES = (("readOnlyHint", "readOnly"), ("destructiveHint", "destructive"),
-              ("idempotentHint", "idempotent"), ("openWorldHint", "openWorld"))
-ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
-# The parts of a tool its pin covers, as (what a person calls it, its key in a manifest
-# entry); the input schema and the description are compared by their hashes. The tool's
-# `execution` is not among them: it claims support for tasks, which the gate does not offer.
-PINNED_PARTS = (("input schema", "schema_hash"), ("description", "description_hash"),
-                ("title", "title"), ("output schema", "output_schema"),
-                ("annotations", "annotations"), ("icons", "icons"), ("_meta", "_meta"))
-# What a manifest entry pinned by agentgate 0.2.0 or older covers: it kept no title, output
-# schema, icons or _meta, and of the annotations only ANNOTATION_KEYS.
-EARLY_PARTS = ("input schema", "description", "annotations")
-_DRAFT_RE = re.compile(r"https?://json-schema\.org/(draft-0[467]/schema|draft/2019-09/schema|"
-                       r"draft/2020-12/schema|schema)#?")
-_HIDING_KEYWORDS = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentRequired",
-                    "dependentSchemas", "dependencies", "$defs", "definitions")
-
-
 class LoadError(Exception):
     """A server that cannot be used at all; the message says why."""
 
 
+ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+# The parts of a tool its pin covers, as (what a person calls it, its key in a manifest entry).
+# Not `execution`: it claims support for tasks, which the gate does not offer.
+PINNED_PARTS = (("input schema", "schema_hash"), ("description", "description_hash"),
+                ("title", "title"), ("output schema", "output_schema"),
+                ("annotations", "annotations"), ("icons", "icons"), ("_meta", "_meta"))
+# What an entry pinned by agentgate 0.2.0 or older covers (of annotations, ANNOTATION_KEYS).
+EARLY_PARTS = ("input schema", "description", "annotations")
+
+
 def offered_name(server, tool, rule):
-    """The name the host sees: the rule's rename, else the tool's name after its server's, so
-    two servers' tools never clash; a name that already begins with its server's (git_add of
-    the server git) is not prefixed twice."""
+    """The rule's rename, else the tool's name after its server's, so two servers' tools never
+    clash; git_add of the server git is not prefixed twice."""
     if rule.rename:
         return rule.rename
     if tool == server.name or tool.startswith((f"{server.name}_", f"{server.name}-")):
@@ -2515,18 +2500,17 @@ class Tool:
         self.upstream_name = entry["name"]
         self.rule = rule
         self.name = offered_name(server, entry["name"], rule)
-        # What the tool is whatever it is called: requests are keyed by it, so a rename
-        # neither lifts an unknown outcome nor lets a repeat through the window.
+        # Requests are keyed by what the tool is, not what it is called: a rename neither
+        # lifts an unknown outcome nor lets a repeat through the window.
         self.target = f"{server.name}/{entry['name']}"
         self.description = rule.description or entry.get("description", "")
         self.side_effect = rule.side_effect
-        # A timeout that nobody set is the default one: check says which tools run on it.
+        # A timeout nobody set is the default one: check says which tools run on it.
         self.timeout_given = rule.timeout or server.default_timeout
         self.timeout = self.timeout_given or DEFAULT_TOOL_TIMEOUT
         self.schema = restrict_schema(entry["input_schema"], rule.deny + list(rule.fixed))
-        # What tools/list offers: the tool as pinned, by its registered name, with the rule's
-        # description and the schema without what the rule hides; a part the server did not
-        # present (or a manifest from before it was kept) is left out.
+        # tools/list offers the tool as pinned, with the rule's description and without what
+        # the rule hides; a part not presented (or not kept at the pin) is left out.
         offered = {"name": self.name, "title": entry.get("title"),
                    "description": self.description, "inputSchema": self.schema,
                    "outputSchema": entry.get("output_schema"),
@@ -2544,35 +2528,6 @@ class Tool:
         return self.side_effect == "read_only"
 
 
-class Report:
-    """What loading one server decided, tool by tool, as lines an operator reads; `unserved`
-    says why the server is not served at all ('' while it is), `kinds` what became of each
-    tool, in order, and `review` why a proposal deserves a careful read."""
-
-    def __init__(self, server):
-        self.server = server
-        self.lines = []
-        self.unserved = ""
-        self.kinds, self.review = {}, {}
-
-    def add(self, kind, tool, text):
-        self.kinds[tool] = kind
-        self.lines.append(f"{sanitize(self.server)}: {text}")
-
-    def count(self, kind):
-        """How many tools became `kind` (each tool is added once: a name is either live and
-        unpinned or pinned, and a pinned one ends in exactly one kind)."""
-        return sum(1 for each in self.kinds.values() if each == kind)
-
-
-def schema_hash(schema):
-    return content_hash(schema)
-
-
-def description_hash(description):
-    return sha256_hex(encode_string(description))
-
-
 def restrict_schema(schema, hidden):
     """The schema the host is offered: hidden parameters gone from properties and required."""
     if not hidden:
@@ -2588,16 +2543,16 @@ def restrict_schema(schema, hidden):
 
 
 def manifest_entry(tool):
-    """A listed tool as a manifest keeps it: every part of PINNED_PARTS, as the server presented
-    it. A part it did not present, or presented as a value of the wrong kind (which a host
-    would refuse with the whole listing), is null; annotations are then left out, as they
-    always were."""
+    """A listed tool as a manifest keeps it (PINNED_PARTS). A part not presented, or presented
+    as a value of the wrong kind (which a host would refuse with the whole listing), is null;
+    annotations are then left out, as they always were."""
     def kept(field, kind):
         return tool.get(field) if isinstance(tool.get(field), kind) else None
     schema = tool.get("inputSchema")
     description = kept("description", str) or ""
     entry = {"name": tool["name"], "description": description, "input_schema": schema,
-             "schema_hash": schema_hash(schema), "description_hash": description_hash(description),
+             "schema_hash": content_hash(schema),
+             "description_hash": sha256_hex(encode_string(description)),
              "title": kept("title", str), "output_schema": kept("outputSchema", dict),
              "icons": kept("icons", list), "_meta": kept("_meta", dict)}
     if kept("annotations", dict):
@@ -2606,13 +2561,11 @@ def manifest_entry(tool):
 
 
 def changed_parts(pinned, live):
-    """The parts (PINNED_PARTS' names, in their order) in which a tool as its server presents
-    it now differs from its pin, both as manifest entries: the one definition of a change
-    since the pin, for the load, the watch while serving and pin -diff.
-
-    An entry pinned by agentgate 0.2.0 or older has no "title" key (every later entry has
-    it, null when the server presented none): it is compared only on the EARLY_PARTS it
-    kept, so an upgrade alone reports no tool as changed; pinning again covers the rest."""
+    """The parts (PINNED_PARTS' names, in order) in which a tool as presented now differs from
+    its pin, both as manifest entries: the one definition of a change since the pin.
+    An entry pinned by agentgate 0.2.0 or older has no "title" key (later ones have it, null
+    when there is none): it is compared only on EARLY_PARTS, so an upgrade alone changes no
+    tool; pinning again covers the rest."""
     early = "title" not in pinned
     return [part for part, key in PINNED_PARTS if (not early or part in EARLY_PARTS)
             and compared_part(pinned, key, pinned) != compared_part(live, key, pinned)]
@@ -2627,9 +2580,8 @@ def compared_part(entry, key, pinned):
 
 
 def read_manifest(server):
-    """A server's manifest. One never written (a server not pinned yet) or not usable is that
-    server's problem (LoadError); one others could have changed is the config's (ConfigError:
-    the files the gate's decisions depend on are not the operator's alone)."""
+    """A server's manifest. One missing or unusable is that server's problem (LoadError); one
+    others could have changed is the config's (ConfigError, from read_owned)."""
     where = f"server {quote(server.name)}: manifest {server.manifest}"
     if not os.path.lexists(server.manifest):
         raise LoadError(f"{where} does not exist; run pin")
@@ -2646,14 +2598,19 @@ def read_manifest(server):
     return manifest
 
 
-# Description lint. A tool's description, its schema's texts and its parameters' names are
-# read by the model on every tools/list, so they are where tool poisoning hides instructions.
-# The lint finds the tricks known to be used (invisible characters, terminal escapes, bytes
-# smuggled in variation selectors, tag-like blocks and HTML comments, text that speaks to the
-# model, secrets' places and variables, names that mix scripts, instructions about other
-# servers' tools, paths, URLs, a text far longer than its peers); it cannot find them all,
-# and says so in the README. Advice to call a tool of the same server first is how public
-# servers sequence their tools, not an injection: it stays medium.
+def pinned_for(server):
+    """A server's manifest, once its rules name only tools it pins."""
+    manifest = read_manifest(server)
+    stray = sorted(set(server.rules) - set(manifest["tools"]))
+    if stray:
+        raise LoadError(f"server {quote(server.name)}: rules name tools the manifest does not "
+                        f"pin: {', '.join(sanitize(s) for s in stray)}; pin again or fix the "
+                        f"rules")
+    return manifest
+
+
+# The lint's severities (section 14 finds them): a high finding refuses a tool unless its
+# rule's accepted_description is the lint_hash of exactly the texts it read.
 LINT_HIGH, LINT_MEDIUM = "high", "medium"
 
 
@@ -2665,59 +2622,50 @@ def tool_titles(entry):
 
 
 def lint_hash(entry):
-    """What a rule's accepted_description names: every text the lint reads, by hash. A tool
-    without a title is hashed as before titles were read, so what was accepted stays so."""
+    """Every text the lint reads, by hash. A tool without a title is hashed as before titles
+    were read, so what was accepted stays so."""
     texts = {"description": entry.get("description") or "",
              "input_schema": entry.get("input_schema")}
     titles = dict(tool_titles(entry))
     return content_hash({**texts, "titles": titles} if titles else texts)
 
 
-def lint_lines(findings):
-    return [f"  lint {severity}: {what} (in the {sanitize(where)})"
-            for severity, what, where in findings]
+STATUS_CLASH = "the status tool"
 
 
 def load(server, manifest, upstream, live, deadline, taken, findings, report):
-    """Decide which of a connected server's tools are offered (returned), and say why for
-    each in its report.
-
-    `taken` maps registered names already offered (by earlier servers and the status tool) to
-    what holds them; `findings` are the lint's, per pinned tool.
-    """
+    """The tools of a connected server that are offered; `report` (a Report from load_all) is
+    told what became of each. `taken` maps registered names already offered (by earlier
+    servers and the status tool) to what holds them; `findings` are the lint's, per tool."""
     pinned = manifest["tools"]
+    for name in sorted(set(live) - set(pinned)):
+        report.unpinned(name)
     tools = []
-    for name in sorted(live):
-        if name not in pinned:
-            report.add("unpinned", name, f"unpinned {sanitize(name)}: not in the manifest")
     for name in sorted(pinned):
         found = findings.get(name, [])
         tool = _load_tool(server, upstream, pinned[name], live.get(name), deadline, taken,
                           report, found)
         if tool:
             tools.append(tool)
-        report.lines += [f"{sanitize(server.name)}: {line}" for line in lint_lines(found)]
+        report.lint(found)
     return tools
 
 
 def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
-    """One pinned tool: registered (returned, and `taken` updated) or said why not."""
+    """One pinned tool: registered (returned, and `taken` updated) or reported why not."""
     name = entry["name"]
     rule = server.rules.get(name)
     if rule is None:
-        report.add("unclassified", name, f"unclassified {sanitize(name)}: no rule")
+        report.unclassified(name)
         return None
     if rule.proposed:
-        report.add("unreviewed", name, f"unreviewed {sanitize(name)}: its rule "
-                   f"({rule.side_effect}) was proposed from the server's own hints; read it, "
-                   f"then run check -accept")
-        if rule.side_effect == "read_only" and _SECRETS_WORDS.search(entry["description"]):
-            report.review[name] = "a read that may return secrets"
+        report.unreviewed(entry, rule)
         return None
     if deadline.left() <= 0:
         raise UpstreamError(upstream.describe("load", "timed out after " +
                                               format_duration(deadline.ns)))
-    reason, mismatch = refusal(server, entry, live, rule, found)
+    live_entry = None if live is None else manifest_entry(live)
+    reason = refusal(server, entry, live_entry, rule, found)
     if not reason:
         tool = Tool(server, upstream, entry, rule)
         if tool.name in taken:
@@ -2727,71 +2675,53 @@ def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
                                   f"one (status_tool or the rule's rename)")
             reason = f"the name {quote(tool.name)} is already taken by {taken[tool.name]}"
     if reason:
-        report.add("refused", name, f"refused {sanitize(name)}: {reason}")
+        report.refused(name, reason)
         return None
     taken[tool.name] = f"tool {quote(name)} of server {quote(server.name)}"
-    extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
-    if not tool.timeout_given:
-        extra += (f" [no timeout set: the default {format_duration(DEFAULT_TOOL_TIMEOUT)} "
-                  f"applies]")
-    report.add("registered", name, f"registered {sanitize(name)} as {tool.name} "
-                                   f"({tool.side_effect}){extra}")
-    report.lines += [f"{sanitize(server.name)}:   {sanitize(line)}"
-                     for line in rule_lines(rule, tool.name)]
+    report.registered(tool, hint_mismatch(rule.side_effect, entry, live_entry))
     return tool
 
 
-STATUS_CLASH = "the status tool"
-# A read whose description speaks of these may hand the model what the person protects (an
-# environment with the tokens init just moved into the config, say): proposed read_only, it
-# would run unasked once accepted.
-_SECRETS_WORDS = re.compile(r"\b(environment|env|secrets?|credentials?|passwords?|keys?|"
-                            r"tokens?)\b", re.I)
-
-
-def refusal(server, entry, live, rule, found):
-    """Why a classified tool is not offered ('' when it is), and any allowed hint mismatch.
-    `found`: the lint's findings on the pinned entry."""
-    if live is None:
-        return "the server no longer offers it", ""
-    live_entry = manifest_entry(live)
+def refusal(server, entry, live_entry, rule, found):
+    """Why a classified tool is not offered, or ''. `found`: the lint's findings on its pin."""
+    if live_entry is None:
+        return "the server no longer offers it"
     changed = changed_parts(entry, live_entry)
     if "input schema" in changed:
-        return "the input schema changed since the pin", ""
+        return "the input schema changed since the pin"
     if "description" in changed:
-        return "the description changed since the pin, and a description is model input", ""
+        return "the description changed since the pin, and a description is model input"
     mismatch = hint_mismatch(rule.side_effect, entry, live_entry)
     if mismatch and not rule.allow_hint_mismatch:
-        return mismatch, ""
+        return mismatch
     if changed:
-        return f"its {', '.join(changed)} changed since the pin (pin -diff shows how)", ""
+        return f"its {', '.join(changed)} changed since the pin (pin -diff shows how)"
     name = offered_name(server, entry["name"], rule)
     if not NAME_RE.fullmatch(name):
-        return (f"the name {quote(name)} does not match ^[a-zA-Z0-9_-]{{1,64}}$: set rename",
-                "")
+        return f"the name {quote(name)} does not match ^[a-zA-Z0-9_-]{{1,64}}$: set rename"
     schema = entry.get("input_schema")
     if not isinstance(schema, dict) or schema.get("type") != "object":
-        return 'its input schema is not an object schema ("type": "object")', ""
+        return 'its input schema is not an object schema ("type": "object")'
     outside = reaches_outside(schema)
     if outside:
-        return outside, ""
+        return outside
     high = [f"{what} in the {where}" for severity, what, where in found if severity == LINT_HIGH]
     if high and rule.accepted_description != lint_hash(entry):
         return (f"the lint finds what may be instructions hidden from you ({sanitize(high[0])}"
                 f"{f', and {len(high) - 1} more' if len(high) > 1 else ''}); read the whole text "
                 f"pin printed, and if the model may read it, set the rule's accepted_description "
-                f"to \"{lint_hash(entry)}\""), ""
+                f"to \"{lint_hash(entry)}\"")
     try:
         hiding = hiding_problem(schema, rule)
-        problem = "" if hiding else schema_problem(schema) or schema_problem(
+        if hiding:
+            return hiding
+        problem = schema_problem(schema) or schema_problem(
             restrict_schema(schema, rule.deny + list(rule.fixed)))
     except Exception as err:  # a shape no check foresaw: refuse the tool, never the gate
-        hiding, problem = "", f"it could not be read ({type(err).__name__})"
-    if hiding:
-        return hiding, ""
+        problem = f"it could not be read ({type(err).__name__})"
     if problem:
-        return f"the validator refuses its input schema: {sanitize(problem)}", ""
-    return policy_pointer_problem(schema, rule, name), mismatch
+        return f"the validator refuses its input schema: {sanitize(problem)}"
+    return policy_pointer_problem(schema, rule, name)
 
 
 def hint_mismatch(side_effect, entry, live_entry):
@@ -2808,17 +2738,19 @@ def hint_mismatch(side_effect, entry, live_entry):
     return ""
 
 
+_DRAFT_RE = re.compile(r"https?://json-schema\.org/(draft-0[467]/schema|draft/2019-09/schema|"
+                       r"draft/2020-12/schema|schema)#?")
+
+
 def reaches_outside(schema, pointer=""):
     """Why the schema could make a validator read outside it, or ''."""
-    if isinstance(schema, list):
-        for i, item in enumerate(schema):
-            found = reaches_outside(item, f"{pointer}/{i}")
-            if found:
-                return found
+    if isinstance(schema, dict):
+        items = schema.items()
+    elif isinstance(schema, list):
+        items = enumerate(schema)  # an index is no keyword: only the walk below applies
+    else:
         return ""
-    if not isinstance(schema, dict):
-        return ""
-    for key, value in schema.items():
+    for key, value in items:
         bad = isinstance(value, str) and (
             (key in ("$ref", "$dynamicRef", "$recursiveRef") and not value.startswith("#"))
             or (key == "$id" and not value.startswith("#") and not _DRAFT_RE.fullmatch(value))
@@ -2837,12 +2769,8 @@ def _is_draft4(schema):
     return isinstance(schema.get("$schema"), str) and "draft-04" in schema["$schema"]
 
 
-def _mentions(value, name):
-    if isinstance(value, dict):
-        return name in value or any(_mentions(v, name) for v in value.values())
-    if isinstance(value, list):
-        return any(_mentions(v, name) for v in value)
-    return value == name
+_HIDING_KEYWORDS = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentRequired",
+                    "dependentSchemas", "dependencies", "$defs", "definitions")
 
 
 def hiding_problem(schema, rule):
@@ -2861,15 +2789,12 @@ def hiding_problem(schema, rule):
     return ""
 
 
-def pinned_for(server):
-    """A server's manifest, once its rules name only tools it pins."""
-    manifest = read_manifest(server)
-    stray = sorted(set(server.rules) - set(manifest["tools"]))
-    if stray:
-        raise LoadError(f"server {quote(server.name)}: rules name tools the manifest does not "
-                        f"pin: {', '.join(sanitize(s) for s in stray)}; pin again or fix the "
-                        f"rules")
-    return manifest
+def _mentions(value, name):
+    if isinstance(value, dict):
+        return name in value or any(_mentions(v, name) for v in value.values())
+    if isinstance(value, list):
+        return any(_mentions(v, name) for v in value)
+    return value == name
 
 
 # =============================================================================================
@@ -6202,6 +6127,14 @@ def _named_two_ways(parents, name):
 # Core it calls: tool_titles.
 # =============================================================================================
 
+# A tool's description, its schema's texts and its parameters' names are read by the model on
+# every tools/list, so they are where tool poisoning hides instructions. The lint finds the
+# tricks known to be used (invisible characters, terminal escapes, bytes smuggled in variation
+# selectors, tag-like blocks and HTML comments, text that speaks to the model, secrets' places
+# and variables, names that mix scripts, instructions about other servers' tools, paths, URLs,
+# a text far longer than its peers); it cannot find them all, and says so in the README.
+# Advice to call a tool of the same server first is how public servers sequence their tools,
+# not an injection: it stays medium.
 LINT_LONG = 1024  # a description is far longer than its peers past this and four times theirs
 
 _LINT_PHRASES = [(re.compile(pattern, re.I | re.S), severity, what)
@@ -6388,6 +6321,11 @@ def _text_findings(text, others, siblings):
     elif named:
         found.append((LINT_MEDIUM, f"names other servers' tools ({', '.join(named[:3])})"))
     return found
+
+
+def lint_lines(findings):
+    return [f"  lint {severity}: {what} (in the {sanitize(where)})"
+            for severity, what, where in findings]
 
 
 def lint_manifests(manifests):
@@ -7977,8 +7915,10 @@ class Notifier:
 #
 # Reads as: around the core
 #
-# Owns: writing a server's manifest (pin), and the lines of a load report and of a change.
-# Core it calls: manifest_entry, changed_parts, compared_part, rule_outcome, write_private.
+# Owns: writing a server's manifest (pin), and the lines of a load report (Report, which load
+# tells what became of each tool) and of a change.
+# Core it calls: manifest_entry, changed_parts, compared_part, rule_outcome, rule_lines,
+# write_private.
 # Promises: server-chosen names are sanitized in every report line.
 # =============================================================================================
 
@@ -8047,12 +7987,74 @@ def change_lines(old, new):
     return [sanitize(line) for line in out]
 
 
+HINT_NAMES = (("readOnlyHint", "readOnly"), ("destructiveHint", "destructive"),
+              ("idempotentHint", "idempotent"), ("openWorldHint", "openWorld"))
+
+
 def hints_text(entry):
     annotations = entry.get("annotations")
     if annotations is None:
         return "no annotations"
     claimed = [word for key, word in HINT_NAMES if annotations.get(key) is True]
     return ", ".join(claimed) or "claims nothing"
+
+
+class Report:
+    """What loading one server decided (load tells it, tool by tool), as lines an operator
+    reads; `unserved` says why the server is not served ('' while it is), `kinds` what became
+    of each tool, in order, and `review` why a proposal deserves a careful read."""
+
+    def __init__(self, server):
+        self.server = server
+        self.lines = []
+        self.unserved = ""
+        self.kinds, self.review = {}, {}
+
+    def add(self, kind, tool, text):
+        self.kinds[tool] = kind
+        self.lines.append(f"{sanitize(self.server)}: {text}")
+
+    def count(self, kind):
+        """How many tools became `kind` (load tells each tool's end once)."""
+        return sum(1 for each in self.kinds.values() if each == kind)
+
+    def unpinned(self, name):
+        self.add("unpinned", name, f"unpinned {sanitize(name)}: not in the manifest")
+
+    def unclassified(self, name):
+        self.add("unclassified", name, f"unclassified {sanitize(name)}: no rule")
+
+    def unreviewed(self, entry, rule):
+        name = entry["name"]
+        self.add("unreviewed", name, f"unreviewed {sanitize(name)}: its rule "
+                 f"({rule.side_effect}) was proposed from the server's own hints; read it, "
+                 f"then run check -accept")
+        if rule.side_effect == "read_only" and _SECRETS_WORDS.search(entry["description"]):
+            self.review[name] = "a read that may return secrets"
+
+    def refused(self, name, reason):
+        self.add("refused", name, f"refused {sanitize(name)}: {reason}")
+
+    def registered(self, tool, mismatch):
+        extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
+        if not tool.timeout_given:
+            extra += (f" [no timeout set: the default {format_duration(DEFAULT_TOOL_TIMEOUT)} "
+                      f"applies]")
+        name = tool.upstream_name
+        self.add("registered", name, f"registered {sanitize(name)} as {tool.name} "
+                                     f"({tool.side_effect}){extra}")
+        self.lines += [f"{sanitize(self.server)}:   {sanitize(line)}"
+                       for line in rule_lines(tool.rule, tool.name)]
+
+    def lint(self, found):
+        self.lines += [f"{sanitize(self.server)}: {line}" for line in lint_lines(found)]
+
+
+# A read whose description speaks of these may hand the model what the person protects (an
+# environment with the tokens init just moved into the config, say): proposed read_only, it
+# would run unasked once accepted.
+_SECRETS_WORDS = re.compile(r"\b(environment|env|secrets?|credentials?|passwords?|keys?|"
+                            r"tokens?)\b", re.I)
 
 
 def served_lines(config, server, report, tools):
@@ -10115,8 +10117,8 @@ class LoopbackRedirect:
 # Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin, and each
 # server's and tool's standing, before any host is pointed at the gate.
 # Core it calls: load_config, config_path, check_database_path, check_reach, Store,
-# read_manifest, lint_hash, lint_lines, write_private; load_all (section 15) and
-# tool_changes (section 17).
+# read_manifest, lint_hash, write_private; load_all (section 15) and tool_changes (section
+# 17).
 # Promises: pin -diff changes a manifest only after a yes; check exits 1 while anything is
 # refused, unreviewed or unserved.
 # =============================================================================================
