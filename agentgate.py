@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5361 lines of decision core, read first; then the libraries it relies on, each
+Sections (5349 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -34,7 +34,7 @@ configuration because the configuration is read with their parsers.
      4. Policy on what a call does                   decision core      719
      5. Configuration and its trust                  decision core      513
      6. Tools, as pinned                             decision core      361
-     7. Answers                                      decision core      480
+     7. Answers                                      decision core      468
      8. The record                                   decision core      920
      9. The gate                                     decision core      861
     10. The host side                                decision core      412
@@ -2802,18 +2802,17 @@ def _mentions(value, name):
 #
 # Reads as: decision core
 #
-# Owns: what the model is told (every sentence it can read of the gate's is in the tables
-# below: the answers to a call, the status tool's words, and the words that fill their
-# slots; the gate and the host side pick among them), the policy's evaluation of one call,
-# approvals and their hashes, the checks a call's arguments pass, and what of a server's
-# result is passed on and recorded.
-# Plain functions of their inputs: the gate (section 9) calls them and records what they decide.
+# Owns: every sentence of the gate's the model can read (the tables below: the answers to a
+# call, the status tool's words and the words that fill their slots; the gate, the host side
+# and the status tool pick among them), the policy's evaluation of one call with its approval
+# and hash, the check of a call's arguments, and what of a server's result is passed on and
+# recorded: plain functions of their inputs, which the gate calls and records.
 # Promises: an approval's hash covers exactly what it binds and what the operator is shown;
-# a re-run of an unknown outcome is never allowed without an operator. A result the gate lets
-# through reaches the host as the server answered it, never through the gate's prose (a
-# recorded one told again, in a DUPLICATE or by the status tool, is sanitized), and its
-# record identifies exactly what the model was given. Nothing the model sees names the
-# operator command, the database, the config or a run id.
+# a re-run of an unknown outcome is never allowed without an operator. A server's result
+# reaches the host as the server answered it, never through the gate's prose (one told again,
+# in a DUPLICATE or by the status tool, is sanitized), and its record identifies exactly what
+# the model was given. Nothing the model sees names the operator command, the database, the
+# config or a run id.
 # =============================================================================================
 
 APPROVAL_COLUMNS = ("id", "run_id", "step_id", "kind", "capability_json", "presentation_json",
@@ -2825,9 +2824,8 @@ RECORDED_BLOCKS = 512  # blocks a result's record describes one by one; the rest
 # What of a server's tools/call result reaches the host: every field MCP gives a result.
 RESULT_FIELDS = ("content", "structuredContent", "isError", "_meta")
 
-# Every sentence of the gate's answers to a call. {slots} are filled by answer(); server-,
-# model- and operator-chosen values are cleaned before they are put in. (The status tool's
-# sentences are STATUS_PROSE, below.)
+# The gate's answers to a call; answer() fills the {slots}, with what a server, the model or an
+# operator chose cleaned first.
 PROSE = {
     "PENDING_APPROVAL": (
         "This request is waiting for an operator's approval (approval {approval}). Nothing has "
@@ -3024,8 +3022,7 @@ def gate_status(key, **slots):
 
 
 def passed_answer(passed):
-    """A server's result, passed on whole: every block in its order, the structured content
-    beside them, isError and _meta. Nothing of it goes through the gate's prose."""
+    """A server's result, passed on whole: nothing of it goes through the gate's prose."""
     return Answer("\n".join(b["text"] for b in passed["content"] if b["type"] == "text" and
                             isinstance(b.get("text"), str)), passed.get("isError") is True, passed)
 
@@ -3034,16 +3031,15 @@ def note_text(note):
     return f", with this note: {cut(quote(note), 500)}" if note else ""
 
 
+# A constant, so the decision at the pause and at collection hash alike.
 INTERRUPTED_REASON = "interrupted while executing; outcome unknown"
 
 
 def evaluate(config, tool, args, facts, attempt=None, approved=False, judged=None):
-    """The policy's decision for one request (section 4) with, for an approval, what it
-    binds (the capability) and what the operator is shown (the presentation).
-
-    A request that re-runs an attempt whose outcome is unknown always needs an operator,
-    whatever the policy says short of deny: allow alone, or a grant, never runs it again.
-    """
+    """The policy's decision for one request (section 4) with, for an approval, what it binds
+    (the capability) and what the operator is shown (the presentation). A re-run of an
+    attempt whose outcome is unknown (`attempt`) always needs an operator, whatever the policy
+    says short of deny: neither allow nor a grant runs it again."""
     decision = policy_decision(config, tool, args, facts, rerun=bool(attempt),
                                approved=approved, judged=judged)
     outcome = decision["outcome"]
@@ -3054,21 +3050,19 @@ def evaluate(config, tool, args, facts, attempt=None, approved=False, judged=Non
     if tool.rule.fixed:
         capability["fixed"] = tool.rule.fixed
     if attempt:
-        # The reason is a constant so the decision at the pause and at collection hash alike.
         capability["interrupted"] = attempt
         notice = (f"An earlier attempt started at {attempt['started_at']} in run "
                   f"{attempt['run_id']} {HOW[attempt['ended']]}, so it may have taken effect. "
                   f"Approving runs it again when the model calls again; rejecting ends this "
                   f"request, and a later identical call asks an operator again whatever the "
                   f"policy says.")
-        decision = {"outcome": "require_approval", "reason": INTERRUPTED_REASON,
-                    "by": decision["by"], "kind": "interrupted_side_effect",
-                    "capability": capability,
-                    "presentation": {**capability, "notice": notice,
-                                     "reason": INTERRUPTED_REASON, "question": (
-                                         f"Run {tool.upstream_name} on server "
-                                         f"{tool.server.name} again with these arguments?")}}
-        return decision
+        return {"outcome": "require_approval", "reason": INTERRUPTED_REASON,
+                "by": decision["by"], "kind": "interrupted_side_effect",
+                "capability": capability,
+                "presentation": {**capability, "notice": notice,
+                                 "reason": INTERRUPTED_REASON, "question": (
+                                     f"Run {tool.upstream_name} on server "
+                                     f"{tool.server.name} again with these arguments?")}}
     question = (f"May the model call {tool.upstream_name} on server {tool.server.name} with "
                 f"these arguments?")
     presentation = {**capability, "question": question, "reason": decision["reason"]}
@@ -3088,8 +3082,8 @@ def approval_hash(kind, capability, presentation, request):
 
 
 def new_approval(config, run_id, step_id, tool, args, decision):
-    """A pending approval, in the one shape an approval has everywhere: its row's columns
-    (APPROVAL_COLUMNS), as Store.read_approvals reads them back."""
+    """A pending approval in its one shape: its row's columns, as Store.read_approvals reads
+    them back."""
     request = {"run_id": run_id, "step_id": step_id, "spec": tool.spec, "args": args}
     created = now()
     approval = dict.fromkeys(APPROVAL_COLUMNS, "")
@@ -3105,7 +3099,7 @@ def new_approval(config, run_id, step_id, tool, args, decision):
 
 
 def stored_hash(row):
-    """Recompute an approval row's hash from its stored fields; a tampered row differs."""
+    """An approval row's hash recomputed from its stored fields; a tampered row differs."""
     try:
         return approval_hash(row["kind"], parse(row["capability_json"]),
                              parse(row["presentation_json"]), parse(row["request_json"]))
@@ -3120,8 +3114,7 @@ def judged_request(tool, args, work=None):
 
 
 def check_arguments(tool, args, work=None):
-    """'' when the arguments may be sent, else the reason they may not (INVALID). `work` is
-    the call's pattern work (PatternWork), shared with its policy."""
+    """'' when the arguments may be sent, else why not (INVALID)."""
     if not isinstance(args, dict):
         return "the arguments are not a JSON object"
     for name in tool.rule.deny:
@@ -3140,8 +3133,7 @@ def check_arguments(tool, args, work=None):
 
 
 def passed_result(tool, result):
-    """(what of a server's tools/call result is passed on, '') or (None, why the result
-    cannot be used)."""
+    """(what of a server's result is passed on, '') or (None, why it cannot be used)."""
     if not isinstance(result, dict):
         return None, "the server's result is not an object"
     if result.get("resultType") == "input_required" or "inputRequests" in result:
@@ -3156,11 +3148,10 @@ def passed_result(tool, result):
 
 def result_record(passed):
     """What the record keeps of a server's result, so it identifies exactly what the model
-    was given: the size and hash of the result's canonical form, which bind every byte of it
-    (_meta and annotations too); each block by its type and labels, with its text while the
-    result's texts come to at most CONTENT_CAP bytes (a text cut short, and every binary
-    block, as its size and hash); the structured content, whole while it fits in what is
-    left, else as its size and hash; isError."""
+    was given: the size and hash of its canonical form (which bind every byte of it); each
+    block by its type and labels, with its text while the texts come to at most CONTENT_CAP
+    bytes (else its size and hash); the structured content, whole while it fits in what is
+    left, else its size and hash; isError."""
     encoded = canonical(passed)
     room = [CONTENT_CAP]
 
@@ -3177,7 +3168,7 @@ def result_record(passed):
         record["more_blocks"] = len(blocks) - RECORDED_BLOCKS
     if "structuredContent" in passed:
         structured = canonical(passed["structuredContent"])
-        record["structured"] = {"bytes": len(structured), "sha256": sha256_hex(structured)}
+        record["structured"] = _size_and_hash(structured)
         if len(structured) <= room[0]:
             room[0] -= len(structured)
             record["structured"]["value"] = passed["structuredContent"]
@@ -3187,10 +3178,9 @@ def result_record(passed):
 
 
 def recorded_block(block, keep):
-    """One block of a result as its record keeps it (result_record). An image's or audio's
-    data and a resource's blob are kept as the size and hash of the bytes they encode, so a
-    file can be matched against the record; a block with no text or data of its own (a
-    resource link) as the size and hash of its canonical form."""
+    """One block as its record keeps it. An image's or audio's data and a resource's blob as
+    the size and hash of the bytes they encode, so a file can be matched against the record;
+    a block with no text or data of its own (a resource link) as those of its canonical form."""
     kind = block["type"]
     entry = {"type": cut(kind, 100)}
     source = block.get("resource") if kind == "resource" and isinstance(
@@ -3220,7 +3210,7 @@ def _size_and_hash(data):
 
 
 def block_bytes(entry):
-    """The size of a recorded block: as recorded, or of its text when that was kept whole."""
+    """A recorded block's size: as recorded, or of its text when that was kept whole."""
     return entry["bytes"] if "bytes" in entry else len(entry["text"].encode("utf-8",
                                                                             "surrogatepass"))
 
@@ -3238,9 +3228,8 @@ def block_labels(record):
 
 
 def recorded_text(record, withheld=False):
-    """A recorded result as text, for prose: the text of its text blocks and every other block
-    as its label (block_labels); of a result that was withheld, only the labels. A result of
-    structured content alone is its JSON, when it was kept."""
+    """A recorded result as text: its text blocks' text and every other block's label; of a
+    withheld result, only the labels. Structured content alone is its JSON, when kept."""
     labels = block_labels(record)
     parts = [entry["text"] if entry["type"] == "text" and "text" in entry and not withheld
              else label for entry, label in zip(record["blocks"], labels)] + labels[
@@ -3252,9 +3241,8 @@ def recorded_text(record, withheld=False):
 
 
 def outcome_text(observed):
-    """What a recorded outcome of a tool call says, as text: the server's result (as
-    recorded_text), the error that came instead of one, or, for a result recorded before
-    results were kept whole (schema version 4), its mapped content."""
+    """A recorded outcome as text: the result (recorded_text), the error that came instead,
+    or a result recorded before results were kept whole (schema version 4), as mapped."""
     if "result" in observed:
         return recorded_text(observed["result"], observed.get("withheld", False))
     if observed["kind"] == "tool_result":
