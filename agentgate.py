@@ -3211,8 +3211,9 @@ def _size_and_hash(data):
 
 def block_bytes(entry):
     """A recorded block's size: as recorded, or of its text when that was kept whole."""
-    return entry["bytes"] if "bytes" in entry else len(entry["text"].encode("utf-8",
-                                                                            "surrogatepass"))
+    if "bytes" in entry:
+        return entry["bytes"]
+    return len(entry["text"].encode("utf-8", "surrogatepass"))
 
 
 def block_labels(record):
@@ -3230,12 +3231,11 @@ def block_labels(record):
 def recorded_text(record, withheld=False):
     """A recorded result as text: its text blocks' text and every other block's label; of a
     withheld result, only the labels. Structured content alone is its JSON, when kept."""
-    labels = block_labels(record)
+    blocks, labels = record["blocks"], block_labels(record)
     parts = [entry["text"] if entry["type"] == "text" and "text" in entry and not withheld
-             else label for entry, label in zip(record["blocks"], labels)] + labels[
-        len(record["blocks"]):]
+             else label for entry, label in zip(blocks, labels)] + labels[len(blocks):]
     structured = record.get("structured", {})
-    if not record["blocks"] and "value" in structured and not withheld:
+    if not blocks and "value" in structured and not withheld:
         parts.append(policy_json(structured["value"]))
     return "\n".join(parts)
 
