@@ -6343,7 +6343,7 @@ def lint_manifests(manifests):
 # reached by url over Streamable HTTP through the optional mcp package, and the requests
 # agentgate sends it. Both present one interface (start, list_tools, request, call, close).
 # Core it calls: read_frames, shown_url, read_owned, write_private; and, for load_all (the
-# start of every server at once), pinned_for, load and Report.
+# start of every server at once), pinned_for and load, which tells each server's Report.
 # Promises: the child gets only PATH, HOME, TMPDIR and what the operator names; it runs in its
 # own process group and, on Linux, dies with agentgate even when agentgate is killed with
 # SIGKILL; connecting, listing and loading share one deadline and a timeout names its step;
