@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5436 lines of decision core, read first; then the libraries it relies on, each
+Sections (5292 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -35,7 +35,7 @@ configuration because the configuration is read with their parsers.
      5. Configuration and its trust                  decision core      513
      6. Tools, as pinned                             decision core      436
      7. Answers                                      decision core      480
-     8. The record                                   decision core      920
+     8. The record                                   decision core      776
      9. The gate                                     decision core      861
     10. The host side                                decision core      412
     11. ECMA-262 patterns                            library            435
@@ -43,9 +43,9 @@ configuration because the configuration is read with their parsers.
     13. Paths as the kernel resolves them            library             99
     14. The lint                                     around the core    219
     15. Upstream servers                             around the core   1102
-    16. Reading the record                           around the core    137
+    16. Reading the record                           around the core    192
     17. Tool changes while serving                   around the core    147
-    18. The status tool                              around the core    119
+    18. The status tool                              around the core    120
     19. Notify                                       around the core     59
     20. Pins and load reports                        around the core    122
     21. The command line's flags                     around the core    116
@@ -54,7 +54,7 @@ configuration because the configuration is read with their parsers.
     24. Pin and check                                around the core    183
     25. Fake payment server                          around the core    118
     26. Demonstration                                around the core    268
-    27. Main                                         around the core    124
+    27. Main                                         around the core    125
 
 One tools/call through the core, with the section of each step:
 
@@ -3357,26 +3357,25 @@ def result_summary(tool, record, withheld_over=0):
 #
 # Reads as: decision core
 #
-# Owns: the SQLite file and every statement run against it.
+# Owns: the SQLite file, every statement that changes it, and the reads the gate decides with
+# (what people read besides is section 16's Ledger).
 # Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema off; files created 0600 and
-# refused when others can write them; every state change is written inside a BEGIN IMMEDIATE
-# transaction together with its events (changes that threads queue meanwhile share it, each in
-# a savepoint of its own, and one sync to disk); reads use a second connection, so they never
-# wait on a writer's sync; events are hash-chained across all runs and all processes (each
-# transaction reads the head under its write lock, so two processes extend one chain and a
-# sequence number is never reused); what one transaction changes in a run is one event, so a
-# call is recorded as one event when it begins and one when it ends, and every reader reads
-# those and the single events of older versions alike (event_parts). A database migrated by a
-# newer agentgate is refused. Nothing an operator decides is ever inferred: no statement here
-# approves.
+# refused when others can write them; every state change is written in a BEGIN IMMEDIATE
+# transaction together with its events, hash-chained across all runs and all processes; what
+# one transaction changes in a run is one event. Nothing an operator decides is ever inferred:
+# no statement here approves. A database migrated by a newer agentgate is refused.
+# The migration of an older database stays here, as data: SCHEMA is the list of versions, and
+# a new database is migrated from version 0 by the same statements, so no second path creates
+# the tables. Versions 3 to 5 add no table; the readers of the shapes they changed read the
+# older shapes too (Ledger.steps, event_parts), and tests/test_migration.py and
+# tests/test_compact_record.py migrate dumps of versions 1 and 4.
 # =============================================================================================
 
 SCHEMA = [
     # Version 1. A run is one tools/call; a step is one proposal inside it (the model's call,
-    # the gate's own re-run of an unknown outcome, the closing decision). The calls table is
-    # an index and a cache over runs: truth is always read from the run and its steps.
-    # (A database made before version 5 has runs.result_json, no longer written or read: a
-    # result is kept once, in its step.)
+    # a re-run of an unknown outcome, the closing decision). The calls table indexes runs by
+    # request: truth is read from the run and its steps. (Databases made before version 5
+    # also have runs.result_json, no longer written or read.)
     """
     CREATE TABLE runs(id TEXT PRIMARY KEY, session TEXT NOT NULL, tool TEXT NOT NULL,
         status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', detail TEXT NOT NULL DEFAULT '',
@@ -3410,11 +3409,9 @@ SCHEMA = [
         payload_json TEXT NOT NULL, hash TEXT NOT NULL);
     CREATE INDEX events_run ON events(run_id, seq);
     """,
-    # Version 2. What the limits count, and the operators' standing approvals. A row of
-    # executions is written in the transaction that starts a step executing; limits read it
-    # through its index, a window at a time, so the history before a window costs nothing.
-    # (executions.amounts_json is no longer written: a sum reads the executed step's
-    # arguments, so a limit added later counts what ran before it.)
+    # Version 2. What the limits count (a row per execution, read a window at a time through
+    # its index; amounts_json is no longer written: a sum reads the executed step's
+    # arguments), and the operators' standing approvals.
     """
     CREATE TABLE executions(id INTEGER PRIMARY KEY, tool TEXT NOT NULL, at TEXT NOT NULL,
         run_id TEXT NOT NULL, step_id TEXT NOT NULL, amounts_json TEXT NOT NULL DEFAULT '{}');
@@ -3426,25 +3423,13 @@ SCHEMA = [
         revoke_note TEXT NOT NULL DEFAULT '');
     CREATE INDEX grants_tool ON grants(session, tool, expires_at);
     """,
-    # Version 3. No new table: an allowed read is recorded as its run and one run.read event
-    # that carries its step whole, with no step row and no row in the calls index. The
-    # version says so to an older agentgate, which would show such a run without its step.
-    "",
-    # Version 4. No new table: a server's answer is recorded as its result's record (its size
-    # and hash, its blocks by type, its text up to CONTENT_CAP; result_record) where it was
-    # its mapped content. Older records are read as they are, so nothing is rewritten (the
-    # chain binds them); the version says so to an older agentgate, which reads only those.
-    "",
-    # Version 5. No new table: what one transaction changes in a run is chained as one event
-    # (Tx.flush), so a call is recorded as one event when it begins and one when it ends.
-    # Older events stay as they are (the chain binds them) and read the same (event_parts);
-    # the version says so to an older agentgate, which would not read the combined events.
-    "",
+    "",  # 3: an allowed read is its run and one run.read event: no step row, no calls row
+    "",  # 4: an answer is kept as its result_record; older records are read as they are
+    "",  # 5: one event per run per transaction (Tx.flush); older events read the same
 ]
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
-# What a settled call index row says its run's last attempt came to (0, the column's
-# default, while it is not settled).
+# What a settled calls row says its run's last attempt came to (0 while it is not settled).
 OUTCOME_NONE, OUTCOME_KNOWN, OUTCOME_UNKNOWN = 1, 2, 3
 
 
@@ -3461,21 +3446,17 @@ ANY_ROW = "any open row"  # a read replaces whatever row is open: reads never ra
 KeyRun = collections.namedtuple("KeyRun", "run_id status reason detail finished owner expires "
                                           "open")
 
-
 UNKNOWN_ENDINGS = ("timed_out", "no_answer", "cut_off")
-# What a call that reached its server came to (call_upstream's endings).
-CALL_ENDINGS = ("ok", "error", "unrecorded", "timed_out", "no_answer")
+CALL_ENDINGS = ("ok", "error", "unrecorded", "timed_out", "no_answer")  # call_upstream's
 
-# What the newest attempt of a run's tool call came to: its ending, its observation as
-# recorded (None when it has none), when it finished, and the attempt as an interruption
-# approval names it (run_id, step_id, started_at, ended).
+# The newest attempt of a run's tool call: its ending, its observation (or None), when it
+# finished, and the attempt as an interruption approval names it.
 Attempt = collections.namedtuple("Attempt", "ending observed finished attempt")
 
 
 def step_outcome(observed):
     """What a recorded step came to, by its fields in every version (never its prose): an
-    ending of CALL_ENDINGS, 'cut_off' (taken over or cancelled while executing), or 'denied',
-    'invalid', 'rejected' (naming its approval), 'interrupted'; '' for no other kind."""
+    ending of CALL_ENDINGS, 'cut_off', 'denied', 'invalid', 'rejected', 'interrupted' or ''."""
     kind, content = observed["kind"], observed.get("content", {})
     if kind == "tool_result":
         return "ok"
@@ -3489,16 +3470,10 @@ def step_outcome(observed):
 
 
 def last_attempt(rows, run_id):
-    """What the newest attempt of a run's tool call came to, read through `rows(sql, args)`
-    (Store.read, or Tx.rows inside a transaction): an Attempt with ending 'ok', 'error',
-    'unrecorded', 'timed_out', 'no_answer' or 'cut_off'; None when no tool call of the run
-    ever started.
-
-    A step whose re-run was asked of an operator and not carried out (rejected, expired,
-    cancelled) still stands for the attempt its interruption approval names: nothing an
-    operator decides, short of approving a re-run that then comes to a known end, makes an
-    unknown outcome known.
-    """
+    """The newest attempt of a run's tool call, read through `rows(sql, args)`, as an Attempt
+    (ending 'ok', 'error', 'unrecorded', 'timed_out', 'no_answer' or 'cut_off'), or None when
+    none started. A re-run asked of an operator and not carried out still stands for the
+    attempt its approval names: only a re-run that comes to a known end makes it known."""
     for step_id, status, observation, started, finished in rows(
             "SELECT id, status, observation_json, started_at, finished_at FROM steps WHERE "
             "run_id=? AND json_extract(decision_json, '$.kind')='tool_call' ORDER BY idx DESC",
@@ -3522,10 +3497,8 @@ LARGE_VALUE_BYTES = 4096
 
 
 def kept_once(value):
-    """A value as an event carries it: a string longer than LARGE_VALUE_BYTES is replaced by
-    its size and hash, since the step or approval row the event belongs to keeps it whole.
-    The chain still binds every byte (through the hash), and a large argument is stored once
-    instead of once per event that mentions it."""
+    """A value as an event carries it: a string past LARGE_VALUE_BYTES as its size and hash,
+    since its step or approval row keeps it whole; the chain still binds every byte."""
     if isinstance(value, str):
         data = value.encode("utf-8", "surrogatepass")
         return value_digest(data) if len(data) > LARGE_VALUE_BYTES else value
@@ -3537,9 +3510,7 @@ def kept_once(value):
 
 
 def outcome_fields(observation):
-    """What an event says of a tool call's outcome: the summary, size and hash of the result
-    the server answered, or the error that came instead (the step row keeps the whole
-    observation)."""
+    """An outcome as an event says it (the step row keeps it whole)."""
     if "result" in observation:
         record = observation["result"]
         return {"summary": observation["summary"], "bytes": record["bytes"],
@@ -3558,22 +3529,6 @@ def event_hash(prev, seq, run_id, step_id, at, type_, payload):
     return sha256_hex(b"".join(netstring(p) for p in parts))
 
 
-# The types of an event of several parts (Tx.flush): a run's beginning (for a call refused on
-# arrival, its end too), its end, or a change in between (a resume, a take-over, a question).
-COMBINED_EVENTS = ("call.began", "call.changed", "call.ended")
-
-
-def event_parts(type_, step_id, payload_json):
-    """A stored event as the parts it records, each (type, step id, payload): an event of
-    several parts (Tx.flush) as its parts in order, any other as itself. Every reader of a
-    run's events reads them through this (Store.run_parts), so records of either shape mean
-    the same."""
-    payload = parse(payload_json)
-    if type_ in COMBINED_EVENTS:
-        return [tuple(part) for part in payload["parts"]]
-    return [(type_, step_id, payload)]
-
-
 class Tx:
     """One write transaction: statements, and the events that commit with them."""
 
@@ -3590,8 +3545,8 @@ class Tx:
 
     def event(self, run_id, type_, payload, step_id=""):
         if self.head is None:
-            # The next seq follows every seq ever used (a deleted tail leaves a gap that
-            # verify reports), and chains onto the newest event still stored.
+            # Read under the write lock, so two processes extend one chain. The next seq
+            # follows every seq ever used (a deleted tail leaves a gap verify reports).
             used, newest, digest = self.db.execute(
                 "SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'), (SELECT seq "
                 "FROM events ORDER BY seq DESC LIMIT 1), (SELECT hash FROM events ORDER BY "
@@ -3605,14 +3560,11 @@ class Tx:
         self.head = (seq, digest)
 
     def part(self, run_id, type_, payload, step_id=""):
-        """One part of what this transaction changes in a run; the parts of a run are chained
-        as one event when the transaction ends (flush)."""
         self.parts.setdefault(run_id, []).append([type_, step_id, payload])
 
     def flush(self):
         """Chain each run's parts as one event: a part alone as itself, several as one
-        combined event (event_parts reads both back). A call is so recorded as one event
-        when it begins and one when it ends, and each costs one hash and one row."""
+        call.began, call.changed or call.ended event (event_parts, section 16, reads both)."""
         for run_id, parts in self.parts.items():
             if len(parts) == 1:
                 type_, step_id, payload = parts[0]
@@ -3626,20 +3578,14 @@ class Tx:
                        next((part[1] for part in parts if part[1]), ""))
         self.parts = {}
 
-
     # -- state changes: each writes its rows and its events, inside the caller's transaction --
 
     def begin_run(self, run_id, session, tool, target, key, side_effect, tool_hashes, lease,
                   seen):
-        """Claim the request's row in the calls index and begin its run, in one transaction.
-
-        The row and the run appear together or not at all, so a crash can never leave a row
-        that names a run nobody began. The open row must still be the one the caller decided
-        on (`seen`, a run id or None) and its run must have finished; otherwise another caller
-        got there first and this one decides again. Since a key's open row is always its
-        newest, this refuses whenever any run of the key began after the caller's view was
-        read, in this process or another; the unique open-row index backs it up.
-        """
+        """Claim the request's row in the calls index and begin its run: both or neither, so
+        a crash never leaves a row naming a run nobody began. Refused (Race) unless the open
+        row is still `seen` and its run ended: a key's open row is its newest, so this refuses
+        whenever a run of the key began after the caller's view, in any process."""
         at = now()
         row = self.execute("SELECT c.run_id, r.status FROM calls c JOIN runs r ON r.id = "
                            "c.run_id WHERE c.session=? AND c.request_key=? AND c.open=1",
@@ -3659,14 +3605,12 @@ class Tx:
         self.part(run_id, "run.started", {})
 
     def keep_spec(self, tool):
-        """The tool spec a step was decided under, stored once by its hash."""
         self.execute("INSERT OR IGNORE INTO tool_specs(hash, spec_json) VALUES(?,?)",
                      (tool.spec_hash, tool.spec_json))
         return tool.spec_hash
 
     def start_step(self, run_id, decision, tool=None):
-        """A new step holding one decision: the model's call, a re-run, or the closing one;
-        `tool` names the spec a call's step is decided under."""
+        """A new step holding one decision, under the spec of `tool` when it is a call."""
         step_id = new_id(16)
         index = self.execute("SELECT step_count FROM runs WHERE id=?", (run_id,)).fetchone()[0]
         self.execute("UPDATE runs SET step_count=step_count+1 WHERE id=?", (run_id,))
@@ -3679,8 +3623,7 @@ class Tx:
         return step_id
 
     def record_policy(self, run_id, step_id, policy, policy_id):
-        """A decision of the policy, chained with the identity of the policy that made it and
-        the hash of the tool spec it was made for, so the chain binds both."""
+        """A decision of the policy, chained with the policy's identity and the spec's hash."""
         self.execute("UPDATE steps SET policy_json=?, policy_id=? WHERE id=?",
                      (dumps(policy), policy_id, step_id))
         spec_hash = self.execute("SELECT spec_hash FROM steps WHERE id=?",
@@ -3695,15 +3638,10 @@ class Tx:
                   step_id)
 
     def finish_run(self, run_id, status, reason, detail, extra=None, outcome=None):
-        """End a run and settle its row in the calls index with what its attempt came to.
-
-        A run that did not complete gets a closing step first, so every run's steps say how
-        it ended. Without an outcome given, nothing executed in this step, so the run's
-        outcome is unknown if an earlier attempt in it was, and none otherwise: a rejected or
-        expired re-run leaves the question open. A run that already ended (an operator's
-        cancel between a caller's read and this write) keeps how it ended: the caller decides
-        again.
-        """
+        """End a run, a closing step first unless it completed, and settle its calls row.
+        Without `outcome`, nothing executed in this step: the outcome is unknown if the last
+        attempt's was, so a rejected or expired re-run leaves the question open. A run that
+        already ended (an operator's cancel since the caller read) raises Race."""
         current, steps = self.execute("SELECT status, step_count FROM runs WHERE id=?",
                                       (run_id,)).fetchone()
         if current in TERMINAL:
@@ -3727,10 +3665,8 @@ class Tx:
                      (now(), outcome, run_id))
 
     def pause(self, run_id, step_id, approval):
-        """Wait for an operator: the step awaits, the run waits with no lease, the approval
-        row is written with its hash. Only a run still under way can wait: one that an
-        operator ended meanwhile (a cancel between two transactions of a take-over) stays
-        ended, and the caller decides again."""
+        """Wait for an operator: the run without a lease, the approval row with its hash. A
+        run an operator ended meanwhile stays ended (Race)."""
         waits = self.execute("UPDATE runs SET status='WAITING_FOR_APPROVAL', lease_owner='', "
                              "lease_expires_at='' WHERE id=? AND status IN ('RUNNING', "
                              "'WAITING_FOR_APPROVAL')", (run_id,))
@@ -3748,7 +3684,7 @@ class Tx:
             "presentation": kept_once(presentation), "hash": approval["hash"]}, step_id)
 
     def resume(self, run_id, approval_id, lease):
-        """A granted run runs again, under this process's lease."""
+        """A run whose newest approval was granted runs again, under this process's lease."""
         changed = self.execute("UPDATE runs SET status='RUNNING', lease_owner=?, "
                                "lease_expires_at=? WHERE id=? AND status='WAITING_FOR_APPROVAL'"
                                " AND (SELECT id FROM approvals WHERE run_id=? ORDER BY rowid "
@@ -3760,9 +3696,8 @@ class Tx:
         self.part(run_id, "run.resumed", {"approval_id": approval_id})
 
     def start_execution(self, run_id, step_id, tool, args, target, approval_id=""):
-        """Mark the step executing; from here on its outcome may be unknown. `target` is the
-        tool as the limits count it, written where the limits of every process count it
-        from this commit on."""
+        """From here the step's outcome may be unknown; the execution row makes every
+        process's limits count it (as `target`) from this commit on."""
         self.execute("UPDATE steps SET status='executing' WHERE id=?", (step_id,))
         self.execute("INSERT INTO executions(tool, at, run_id, step_id) VALUES(?,?,?,?)",
                      (target, now(), run_id, step_id))
@@ -3773,17 +3708,15 @@ class Tx:
 
     def finish_execution(self, run_id, step_id, tool, observation, duration_ms):
         """Record what the tool call came to; a success completes the run."""
-        ok = observation["kind"] == "tool_result"
-        self.execute("UPDATE steps SET status=?, observation_json=?, finished_at=? WHERE id=?",
-                     ("done" if ok else "failed", dumps(observation), now(), step_id))
         self.part(run_id, "step.tool_finished", {"tool": tool, "duration_ms": duration_ms,
                                                  **outcome_fields(observation)}, step_id)
-        if ok:
-            self.finish_run(run_id, "COMPLETED", "goal_completed", f"terminal tool {tool}",
-                            outcome=OUTCOME_KNOWN)
-        else:
-            self.part(run_id, "step.failed", {"detail": observation["summary"],
-                                              "observation": observation}, step_id)
+        if observation["kind"] != "tool_result":
+            self.fail_step(run_id, step_id, observation, observation["summary"])
+            return
+        self.execute("UPDATE steps SET status='done', observation_json=?, finished_at=? "
+                     "WHERE id=?", (dumps(observation), now(), step_id))
+        self.finish_run(run_id, "COMPLETED", "goal_completed", f"terminal tool {tool}",
+                        outcome=OUTCOME_KNOWN)
 
     def run_holder(self, run_id):
         """(status, lease owner) of a run, read inside the transaction that acts on it."""
@@ -3794,14 +3727,13 @@ class Tx:
         return self.execute("SELECT started_at FROM steps WHERE id=?", (step_id,)).fetchone()[0]
 
     def take_over(self, run_id, lease):
-        """Take the lease of a run whose owner stopped renewing it, marking every step it cut
-        off as interrupted. Returns (step_id, started_at) of a step cut off while executing,
-        or None."""
+        """Take the lease of a run whose owner stopped renewing it, every step it cut off
+        marked interrupted; (step_id, started_at) of one cut off executing, or None."""
         row = self.execute("SELECT lease_owner, lease_expires_at FROM runs WHERE id=? AND "
                            "status='RUNNING'", (run_id,)).fetchone()
-        # A live lease of another process is refused. This process's own live lease is not:
-        # the gate takes over only runs it is not executing (Gate.active), so its own lease
-        # on such a run means a write failed and stranded it.
+        # Another process's live lease is refused; this process's own is not: it takes over
+        # only runs it is not executing (Gate.active), so its lease there means a failed
+        # write stranded the run.
         if row is None or (row[0] and row[1] > now() and row[0] != lease[0]):
             raise Race()
         self.execute("UPDATE runs SET lease_owner=?, lease_expires_at=? WHERE id=?",
@@ -3824,8 +3756,8 @@ class Tx:
         return cut_step
 
     def decide_approval(self, approval_id, shown_hash, status, by, note):
-        """An operator's decision, bound to the hash of exactly what they were shown.
-        Returns 'decided', 'changed' (not pending, or not what was shown) or 'expired'."""
+        """An operator's decision, bound to the hash of exactly what they were shown:
+        'decided', 'changed' (not pending, or not what was shown) or 'expired'."""
         row = self.execute("SELECT a.run_id, a.step_id, a.expires_at FROM approvals a JOIN "
                            "runs r ON r.id = a.run_id WHERE a.id=? AND a.status='pending' AND "
                            "a.hash=? AND r.status='WAITING_FOR_APPROVAL'",
@@ -3862,15 +3794,11 @@ class Tx:
 
     def record_read(self, run_id, session, tool, decision, policy, policy_id, started,
                     observation, ended, duration_ms):
-        """A read the policy allowed, recorded whole once it answered: its run, and one
-        chained event that is also its one step (Store.steps reads it back): the request,
-        the decision with its policy identity and spec hash, and the whole observation. It
-        has no effect for a crash to leave unknown, so nothing of it is recorded before it
-        runs, and no later decision reads it: it takes no row in the calls index (an
-        identical read that comes after is decided on the runs that could stop it) and no
-        execution row (it comes this way only when its tool has no limit; a limit later
-        given to a read tool counts from then on). `ended` is (status, reason, detail) of
-        the run."""
+        """A read the policy allowed, recorded whole once it answered, as its run and one
+        run.read event that is also its step. Nothing of it is recorded before it runs and
+        no decision reads it later: it has no effect for a crash to leave unknown, so it
+        takes no calls row, and no execution row (it comes here only when its tool has no
+        limit). `ended` is the run's (status, reason, detail)."""
         status, reason, detail = ended
         at = now()
         self.execute("INSERT INTO runs(id, session, tool, status, reason, detail, step_count, "
@@ -3882,7 +3810,6 @@ class Tx:
             "started_at": started, "observation": observation}, new_id(16))
 
     def create_grant(self, grant):
-        """An operator's standing approval, chained like their other decisions."""
         self.execute(f"INSERT INTO grants({', '.join(GRANT_COLUMNS[:9])}) VALUES(?,?,?,?,?,?,?,"
                      f"?,?)", tuple(grant[c] for c in GRANT_COLUMNS[:9]))
         self.part(grant["id"], "grant.created", {
@@ -3919,9 +3846,8 @@ class Tx:
 
 
 def _unique_violation(err):
-    """Whether SQLite refused a row because a unique index (the open row of a request, an id)
-    already holds another: the mark of a lost race. Python before 3.11 names no error code,
-    so there the message is read."""
+    """Whether a unique index (a request's open row, an id) refused a row: a lost race.
+    Python before 3.11 names no error code, so there the message is read."""
     if not isinstance(err, sqlite3.IntegrityError):
         return False
     name = getattr(err, "sqlite_errorname", None)
@@ -3957,14 +3883,12 @@ class Store:
                 self._wal()
                 self.db.execute("PRAGMA synchronous=FULL")
             self._check_schema(migrate=create and not readonly)
-            # Reads go through a second connection: with WAL they see every committed change
-            # without waiting while a writer syncs to disk, and a decision that read a state
-            # another change has since replaced is caught inside its own write transaction.
+            # Reads use a second connection, so they never wait on a writer's sync; a decision
+            # made on a stale read is caught inside its own write transaction.
             self.reader = self.db if readonly else self._connect(uri)
             self.read_lock = self.lock if readonly else threading.Lock()
-            # The heartbeat writes on a connection of its own, so a renewal never queues
-            # behind the calls' group commits (or a stalled one): a live call's lease is
-            # renewed as long as the process runs at all.
+            # The heartbeat writes on a third, so a lease is renewed even while the calls'
+            # group commit stalls: a live call's lease never runs out while its process runs.
             self.lease_db = None if readonly else self._connect(uri)
             self.lease_lock = threading.Lock()
         except sqlite3.Error as err:
@@ -4055,17 +3979,12 @@ class Store:
     # -- the one place transactions are opened --------------------------------------------
 
     def write(self, fn):
-        """Run fn(tx) inside a BEGIN IMMEDIATE transaction and return its result once the
-        transaction is durable.
-
-        Group commit: while one thread commits, others queue their changes; the next thread
-        to hold the lock commits every queued change in one transaction, each inside its own
-        savepoint, so one change that fails is rolled back alone and reported to its caller
-        only. A caller returns only after its own change is committed, so nothing is answered
-        before it is recorded; many calls in flight share one sync to disk. (It stays because
-        it was measured: with 16 calls in flight, one transaction per change at a time served
-        13-39% fewer calls per second, on disk and in memory alike.)
-        """
+        """Run fn(tx) in a BEGIN IMMEDIATE transaction; return its result once durable.
+        Group commit: changes queued while one thread commits are committed together by the
+        next, each in a savepoint, so one that fails rolls back alone. A caller returns only
+        after its own change is committed: nothing is answered before it is recorded. (It
+        was measured: with 16 calls in flight, a transaction per change served 13-39% fewer
+        calls per second.)"""
         job = {"fn": fn, "done": False, "result": None, "error": None}
         with self.jobs_lock:
             self.jobs.append(job)
@@ -4091,8 +4010,7 @@ class Store:
                     tx.flush()
                 except Exception as err:
                     self.db.execute("ROLLBACK" if alone else "ROLLBACK TO change")
-                    # The one way a lost race is said: a unique index that refused the row
-                    # another caller wrote first is a Race, as a stale read is.
+                    # A unique index that refused a row another caller wrote first is a Race.
                     job["error"] = (Race() if _unique_violation(err) else
                                     StoreError(f"the records could not be written: {err}")
                                     if isinstance(err, sqlite3.Error) else err)
@@ -4119,13 +4037,13 @@ class Store:
                 job["done"] = True
 
     def renew_leases(self, owner, until, run_ids):
-        """The heartbeat: extend the leases of the runs this process is executing."""
+        """The heartbeat: extend the leases of the runs this process is executing. Not
+        chained in events: a renewal changes no decision."""
         if not run_ids:
             return
         marks = ", ".join("?" * len(run_ids))
         with self.lease_lock:
             try:
-                # A lease is not chained in events: a renewal changes no decision.
                 self.lease_db.execute("BEGIN IMMEDIATE")
                 self.lease_db.execute(
                     f"UPDATE runs SET lease_expires_at=? WHERE lease_owner=? AND "
@@ -4136,12 +4054,12 @@ class Store:
                     self.lease_db.execute("ROLLBACK")
                 raise StoreError(f"the leases could not be renewed: {err}") from None
 
-    # -- reads: every question the rules, the status tool and the operator commands ask ---
+    # -- the reads the gate decides with -----------------------------------------------------
 
     def key_runs(self, session, key, since, newest_only):
-        """A request's runs that are unfinished, finished since `since`, or hold its open row
-        in the calls index, newest first, as KeyRun rows. One statement, so one consistent
-        view: the open row it names is the newest row of the key as of every other row read."""
+        """A request's runs that are unfinished, finished since `since`, or hold its open
+        calls row, newest first. One statement, so the open row it names is the key's newest
+        as of every other row read."""
         return [KeyRun(*row) for row in self.read(
             "SELECT r.id, r.status, r.reason, r.detail, r.finished_at, r.lease_owner, "
             "r.lease_expires_at, c.open FROM calls c JOIN runs r ON r.id = c.run_id WHERE "
@@ -4150,7 +4068,6 @@ class Store:
             (session, key, since))]
 
     def open_run(self, session, key):
-        """The run of a request's open row in the calls index, or None."""
         row = self.read_one("SELECT run_id FROM calls WHERE session=? AND request_key=? AND "
                             "open=1", (session, key))
         return row[0] if row else None
@@ -4168,9 +4085,8 @@ class Store:
                          "c.settled_at='' AND c.request_key!=? ORDER BY c.id", (session, key))
 
     def unknown_for_tool(self, session, targets, key):
-        """Other requests of an upstream tool whose newest attempt ended with its outcome
-        unknown. `targets` names the tool as the calls index may hold it: "server/tool", and
-        the registered name that databases from before version 0.2 hold."""
+        """Other requests of an upstream tool whose newest attempt's outcome is unknown;
+        `targets` is "server/tool" and the registered name databases before 0.2 hold."""
         return self.read(
             "SELECT c.request_key, c.run_id, r.reason FROM calls c JOIN runs r ON r.id = "
             "c.run_id WHERE c.session=? AND c.tool IN (?, ?) AND c.request_key!=? AND "
@@ -4179,35 +4095,16 @@ class Store:
             "ORDER BY c.id", (session, *targets, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
 
     def read_approvals(self, joined, args, extra=()):
-        """The one reader of approvals, as dicts of APPROVAL_COLUMNS (new_approval's shape) and
-        the joined columns `extra` names, (name, expression) pairs; `joined` follows the
-        select list, approvals named a."""
+        """The one reader of approvals, as dicts of APPROVAL_COLUMNS and `extra`'s (name,
+        expression) pairs; `joined` follows the select list, approvals named a."""
         select = ", ".join([f"a.{c}" for c in APPROVAL_COLUMNS] + [e for _, e in extra])
         names = APPROVAL_COLUMNS + tuple(name for name, _ in extra)
         return [dict(zip(names, row)) for row in self.read(f"SELECT {select} {joined}", args)]
 
-    def approvals(self, run_id):
-        """A run's approvals, oldest first."""
-        return self.read_approvals("FROM approvals a WHERE a.run_id=? ORDER BY a.rowid",
-                                   (run_id,))
-
     def latest_approval(self, run_id):
-        """The newest approval of a run; only the latest of a step can be a grant."""
         rows = self.read_approvals("FROM approvals a WHERE a.run_id=? ORDER BY a.rowid DESC "
                                    "LIMIT 1", (run_id,))
         return rows[0] if rows else None
-
-    def recent_approvals(self, session, since, limit):
-        """Every approval of the session's newest `limit` calls that are unsettled or settled
-        since `since`, with its run's tool, status and reason and its request key."""
-        return self.read_approvals(
-            "FROM calls c JOIN runs r ON r.id = c.run_id JOIN approvals a ON a.run_id = r.id "
-            "WHERE c.id IN (SELECT id FROM calls WHERE session=? AND (settled_at='' OR "
-            "settled_at>=?) ORDER BY id DESC LIMIT ?) ORDER BY c.id DESC, a.rowid",
-            (session, since, limit), (("tool", "r.tool"), ("run_status", "r.status"),
-                                      ("run_reason", "r.reason"),
-                                      ("request_key", "c.request_key")))
-
 
     def approval(self, approval_id):
         """An approval with its run's status, or None."""
@@ -4215,50 +4112,9 @@ class Store:
                                    "a.id=?", (approval_id,), (("run_status", "r.status"),))
         return rows[0] if rows else None
 
-    def executed_under(self, approval):
-        """Whether the approval's step started executing under it."""
-        return any(type_ == "step.tool_started" and step_id == approval["step_id"] and
-                   payload.get("approval_id") == approval["id"]
-                   for _, _, type_, step_id, payload in self.run_parts(approval["run_id"]))
-
     def step_decision(self, step_id):
         return parse(self.read_one("SELECT decision_json FROM steps WHERE id=?",
                                    (step_id,))[0])
-
-    def step_observation(self, step_id):
-        row = self.read_one("SELECT observation_json FROM steps WHERE id=?", (step_id,))
-        return parse(row[0]) if row and row[0] else None
-
-
-
-
-
-    def run_events(self, run_id):
-        """A run's events as stored: (seq, at, type, step id, payload_json)."""
-        return self.read("SELECT seq, at, type, step_id, payload_json FROM events WHERE "
-                         "run_id=? ORDER BY seq", (run_id,))
-
-    def run_parts(self, run_id):
-        """What a run's events record, as (seq, at, type, step id, payload): each part of a
-        combined event as an event of its own, under the seq of the event that holds it."""
-        return [(seq, at, *part) for seq, at, type_, step_id, payload in self.run_events(run_id)
-                for part in event_parts(type_, step_id, payload)]
-
-    def late_outcomes(self, run_id):
-        """Outcomes of a run's attempts that arrived after another process took the run
-        over, as (step id, observation), oldest first."""
-        return [(step_id, payload["observation"]) for _, _, type_, step_id, payload
-                in self.run_parts(run_id) if type_ == "step.tool_finished" and payload.get("late")]
-
-
-
-
-
-
-
-
-
-
 
     def read(self, sql, args=()):
         with self.read_lock:
@@ -7520,14 +7376,69 @@ def handshake_and_list(upstream, deadline):
 # commands open).
 # Core it calls: Store, whose read connection it reads through, and tool_spec; it writes
 # nothing.
-# Promises: only SELECTs: every statement that changes the record is section 8's, and what an
-# approval shows an operator (its row, its late outcomes) is read by Store itself.
+# Promises: only SELECTs: every statement that changes the record is section 8's, and an
+# approval's row is read by Store itself. A run's events read the same in either shape Tx.flush
+# has written (event_parts). The status tool reads through the Ledger serve opens.
 # =============================================================================================
 
+COMBINED_EVENTS = ("call.began", "call.changed", "call.ended")  # Tx.flush's events of parts
+
+
+def event_parts(type_, step_id, payload_json):
+    """A stored event as the parts it records, each (type, step id, payload): a combined event
+    as its parts in order, any other as itself."""
+    payload = parse(payload_json)
+    if type_ in COMBINED_EVENTS:
+        return [tuple(part) for part in payload["parts"]]
+    return [(type_, step_id, payload)]
+
+
 class Ledger(Store):
-    """The record as people read it: the runs, steps and grants the operator commands list,
-    and the event chain verify walks. Only SELECTs, on the read connection; every statement
-    that changes the record is Store's."""
+    """The record as people read it: the runs, steps, approvals and grants the operator
+    commands and the status tool list, and the event chain verify walks."""
+
+    def approvals(self, run_id):
+        """A run's approvals, oldest first."""
+        return self.read_approvals("FROM approvals a WHERE a.run_id=? ORDER BY a.rowid",
+                                   (run_id,))
+
+    def recent_approvals(self, session, since, limit):
+        """Every approval of the session's newest `limit` calls that are unsettled or settled
+        since `since`, with its run's tool, status and reason and its request key."""
+        return self.read_approvals(
+            "FROM calls c JOIN runs r ON r.id = c.run_id JOIN approvals a ON a.run_id = r.id "
+            "WHERE c.id IN (SELECT id FROM calls WHERE session=? AND (settled_at='' OR "
+            "settled_at>=?) ORDER BY id DESC LIMIT ?) ORDER BY c.id DESC, a.rowid",
+            (session, since, limit), (("tool", "r.tool"), ("run_status", "r.status"),
+                                      ("run_reason", "r.reason"),
+                                      ("request_key", "c.request_key")))
+
+    def executed_under(self, approval):
+        """Whether the approval's step started executing under it."""
+        return any(type_ == "step.tool_started" and step_id == approval["step_id"] and
+                   payload.get("approval_id") == approval["id"]
+                   for _, _, type_, step_id, payload in self.run_parts(approval["run_id"]))
+
+    def step_observation(self, step_id):
+        row = self.read_one("SELECT observation_json FROM steps WHERE id=?", (step_id,))
+        return parse(row[0]) if row and row[0] else None
+
+    def run_events(self, run_id):
+        """A run's events as stored: (seq, at, type, step id, payload_json)."""
+        return self.read("SELECT seq, at, type, step_id, payload_json FROM events WHERE "
+                         "run_id=? ORDER BY seq", (run_id,))
+
+    def run_parts(self, run_id):
+        """What a run's events record, as (seq, at, type, step id, payload): each part of a
+        combined event as an event of its own, under the seq of the event that holds it."""
+        return [(seq, at, *part) for seq, at, type_, step_id, payload in self.run_events(run_id)
+                for part in event_parts(type_, step_id, payload)]
+
+    def late_outcomes(self, run_id):
+        """Outcomes of a run's attempts that arrived after another process took the run
+        over, as (step id, observation), oldest first."""
+        return [(step_id, payload["observation"]) for _, _, type_, step_id, payload
+                in self.run_parts(run_id) if type_ == "step.tool_finished" and payload.get("late")]
 
     def waiting_approvals(self, session):
         """The approvals an operator may decide now (of one session, or all with session ''),
@@ -7800,8 +7711,9 @@ def tools_changed_text(payload):
 # Reads as: around the core
 #
 # Owns: the status tool's answer: the approvals of this session and what became of them.
-# Core it calls: Store's reads, step_outcome, outcome_text, and Answer, answer and
-# gate_status to build its answer from section 7's tables.
+# Core it calls: Store.latest_approval, step_outcome, outcome_text, and Answer, answer and
+# gate_status to build its answer from section 7's tables; it reads the rest through the
+# Ledger (section 16) serve opens.
 # Promises: it tells the model what waits and what was decided, never a command, the database,
 # the config or a run id; recorded text from servers is sanitized.
 # =============================================================================================
@@ -10685,8 +10597,9 @@ def _processes_mentioning(text):
 # the upstreams, the gate, the host side and the seams around them. Go-style single-dash long
 # flags (-config, -approval); the double-dash spelling works too. Exit codes: 0 ok, 1 failure,
 # 2 usage. No traceback reaches a user: every expected failure is one sentence on stderr.
-# Core it calls: load_config, Store, Gate, HostServer, Shutdown, and the seams: the gate's
-# `announce` (section 19's Notifier) and the host's `status` (section 18's status_answer).
+# Core it calls: load_config, Store (opened as section 16's Ledger, which the status tool
+# reads), Gate, HostServer, Shutdown, and the seams: the gate's `announce` (section 19's
+# Notifier) and the host's `status` (section 18's status_answer).
 # =============================================================================================
 
 def cmd_serve(argv):
@@ -10755,7 +10668,7 @@ def cmd_serve(argv):
 
 def _open_store(path):
     try:
-        return Store(path)
+        return Ledger(path)
     except (StoreError, ConfigError) as err:
         return err
 
