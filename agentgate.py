@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5292 lines of decision core, read first; then the libraries it relies on, each
+Sections (5290 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -35,7 +35,7 @@ configuration because the configuration is read with their parsers.
      5. Configuration and its trust                  decision core      513
      6. Tools, as pinned                             decision core      436
      7. Answers                                      decision core      480
-     8. The record                                   decision core      776
+     8. The record                                   decision core      774
      9. The gate                                     decision core      861
     10. The host side                                decision core      412
     11. ECMA-262 patterns                            library            435
@@ -3364,11 +3364,10 @@ def result_summary(tool, record, withheld_over=0):
 # transaction together with its events, hash-chained across all runs and all processes; what
 # one transaction changes in a run is one event. Nothing an operator decides is ever inferred:
 # no statement here approves. A database migrated by a newer agentgate is refused.
-# The migration of an older database stays here, as data: SCHEMA is the list of versions, and
-# a new database is migrated from version 0 by the same statements, so no second path creates
-# the tables. Versions 3 to 5 add no table; the readers of the shapes they changed read the
-# older shapes too (Ledger.steps, event_parts), and tests/test_migration.py and
-# tests/test_compact_record.py migrate dumps of versions 1 and 4.
+# Migration stays here, as data: a new database is migrated from version 0 by the same SCHEMA
+# statements as an old one, so no second path makes the tables the gate decides with. Versions
+# 3 to 5 add no table; their older shapes are read by Ledger.steps and event_parts (section 16).
+# tests/test_migration.py and tests/test_compact_record.py migrate dumps of versions 1 and 4.
 # =============================================================================================
 
 SCHEMA = [
@@ -3610,7 +3609,6 @@ class Tx:
         return tool.spec_hash
 
     def start_step(self, run_id, decision, tool=None):
-        """A new step holding one decision, under the spec of `tool` when it is a call."""
         step_id = new_id(16)
         index = self.execute("SELECT step_count FROM runs WHERE id=?", (run_id,)).fetchone()[0]
         self.execute("UPDATE runs SET step_count=step_count+1 WHERE id=?", (run_id,))
@@ -3707,7 +3705,6 @@ class Tx:
         self.part(run_id, "step.tool_started", payload, step_id)
 
     def finish_execution(self, run_id, step_id, tool, observation, duration_ms):
-        """Record what the tool call came to; a success completes the run."""
         self.part(run_id, "step.tool_finished", {"tool": tool, "duration_ms": duration_ms,
                                                  **outcome_fields(observation)}, step_id)
         if observation["kind"] != "tool_result":
@@ -3767,15 +3764,18 @@ class Tx:
         if row[2] and row[2] <= now():
             self.expire_approval(approval_id, row[0], row[1])
             return "expired"
-        self.execute("UPDATE approvals SET status=?, decided_at=?, decided_by=?, note=? "
-                     "WHERE id=?", (status, now(), by, note, approval_id))
-        self.part(row[0], "approval.decided", {"approval_id": approval_id, "status": status,
-                                               "by": by, "note": note}, row[1])
+        self._close_approval(row[0], row[1], approval_id, status, by, note)
         if status == "rejected":
             self.fail_step(row[0], row[1], {"kind": "policy_denied", "content": {
                 "approval_id": approval_id, "note": note}}, f"rejected by {by}")
             self.finish_run(row[0], "CANCELLED", "approval_rejected", note)
         return "decided"
+
+    def _close_approval(self, run_id, step_id, approval_id, status, by, note):
+        self.execute("UPDATE approvals SET status=?, decided_at=?, decided_by=?, note=? "
+                     "WHERE id=?", (status, now(), by, note, approval_id))
+        self.part(run_id, "approval.decided", {"approval_id": approval_id, "status": status,
+                                               "by": by, "note": note}, step_id)
 
     def expire_approval(self, approval_id, run_id, step_id):
         """A question nobody answered in time, or a grant nobody collected in time."""
@@ -3832,11 +3832,7 @@ class Tx:
         outcome stays unknown; a question the run was waiting on is closed as rejected."""
         for (approval_id, step_id) in self.rows("SELECT id, step_id FROM approvals WHERE "
                                                 "run_id=? AND status='pending'", (run_id,)):
-            self.execute("UPDATE approvals SET status='rejected', decided_at=?, decided_by=?, "
-                         "note=? WHERE id=?", (now(), by, note, approval_id))
-            self.part(run_id, "approval.decided", {"approval_id": approval_id,
-                                                   "status": "rejected", "by": by,
-                                                   "note": note}, step_id)
+            self._close_approval(run_id, step_id, approval_id, "rejected", by, note)
         for (step_id, status) in self.rows("SELECT id, status FROM steps WHERE run_id=? AND "
                                            "status IN ('deciding', 'awaiting_approval', "
                                            "'executing')", (run_id,)):
@@ -3857,7 +3853,8 @@ def _unique_violation(err):
 
 
 class Store:
-    """The one SQLite connection of a process, shared by its threads under one lock."""
+    """The record as one process writes it: a writer, a reader and the heartbeat's
+    connection, each under a lock of its own."""
 
     def __init__(self, path, readonly=False, create=True):
         self.path = path
@@ -3893,6 +3890,7 @@ class Store:
             self.lease_lock = threading.Lock()
         except sqlite3.Error as err:
             raise StoreError(f"database {path} cannot be opened: {err}") from None
+        # Checked again once open, so a file swapped in meanwhile is refused.
         self._check_files(tighten=not readonly)
         check_database_path(path)
 
@@ -3955,6 +3953,7 @@ class Store:
                              f"this agentgate's {len(SCHEMA)}; start the gate once to migrate it")
         self.db.execute("BEGIN IMMEDIATE")
         try:
+            # Read again under the write lock: another process may have migrated meanwhile.
             self.db.execute("CREATE TABLE IF NOT EXISTS schema_migrations(version INTEGER "
                             "PRIMARY KEY, applied_at TEXT NOT NULL)")
             current = self.db.execute("SELECT max(version) FROM schema_migrations"
@@ -4107,7 +4106,6 @@ class Store:
         return rows[0] if rows else None
 
     def approval(self, approval_id):
-        """An approval with its run's status, or None."""
         rows = self.read_approvals("FROM approvals a JOIN runs r ON r.id = a.run_id WHERE "
                                    "a.id=?", (approval_id,), (("run_status", "r.status"),))
         return rows[0] if rows else None
@@ -7371,9 +7369,9 @@ def handshake_and_list(upstream, deadline):
 #
 # Reads as: around the core
 #
-# Owns: the reads people make of the record: the runs and steps the operator commands list, the
-# grants, the tool changes, and the event chain verify walks (Ledger, a Store the operator
-# commands open).
+# Owns: the reads people make of the record: the runs, steps and approvals the operator
+# commands and the status tool list, the grants, the tool changes, and the event chain verify
+# walks (Ledger, the Store the operator commands and serve open).
 # Core it calls: Store, whose read connection it reads through, and tool_spec; it writes
 # nothing.
 # Promises: only SELECTs: every statement that changes the record is section 8's, and an
