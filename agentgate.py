@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5290 lines of decision core, read first; then the libraries it relies on, each
+Sections (5291 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -35,7 +35,7 @@ configuration because the configuration is read with their parsers.
      5. Configuration and its trust                  decision core      513
      6. Tools, as pinned                             decision core      436
      7. Answers                                      decision core      480
-     8. The record                                   decision core      774
+     8. The record                                   decision core      775
      9. The gate                                     decision core      861
     10. The host side                                decision core      412
     11. ECMA-262 patterns                            library            435
@@ -3366,8 +3366,9 @@ def result_summary(tool, record, withheld_over=0):
 # no statement here approves. A database migrated by a newer agentgate is refused.
 # Migration stays here, as data: a new database is migrated from version 0 by the same SCHEMA
 # statements as an old one, so no second path makes the tables the gate decides with. Versions
-# 3 to 5 add no table; their older shapes are read by Ledger.steps and event_parts (section 16).
-# tests/test_migration.py and tests/test_compact_record.py migrate dumps of versions 1 and 4.
+# 3 to 5 add no table and rewrite nothing (the chain binds the old rows); Ledger.steps and
+# event_parts (section 16) read the older shapes. tests/test_migration.py and
+# tests/test_compact_record.py migrate dumps of versions 1 and 4.
 # =============================================================================================
 
 SCHEMA = [
