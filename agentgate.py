@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5436 lines of decision core, read first; then the libraries it relies on, each
+Sections (5313 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -36,7 +36,7 @@ configuration because the configuration is read with their parsers.
      6. Tools, as pinned                             decision core      436
      7. Answers                                      decision core      480
      8. The record                                   decision core      920
-     9. The gate                                     decision core      861
+     9. The gate                                     decision core      738
     10. The host side                                decision core      412
     11. ECMA-262 patterns                            library            435
     12. Hosts in URLs                                library            110
@@ -46,7 +46,7 @@ configuration because the configuration is read with their parsers.
     16. Reading the record                           around the core    137
     17. Tool changes while serving                   around the core    147
     18. The status tool                              around the core    119
-    19. Notify                                       around the core     59
+    19. Notify                                       around the core     89
     20. Pins and load reports                        around the core    122
     21. The command line's flags                     around the core    116
     22. Operator commands                            around the core   1292
@@ -54,7 +54,7 @@ configuration because the configuration is read with their parsers.
     24. Pin and check                                around the core    183
     25. Fake payment server                          around the core    118
     26. Demonstration                                around the core    268
-    27. Main                                         around the core    124
+    27. Main                                         around the core    123
 
 One tools/call through the core, with the section of each step:
 
@@ -4277,23 +4277,17 @@ class Store:
 #
 # Reads as: decision core
 #
-# Owns: one call's whole passage (decide, begin and record, hold, execute, record the
-# outcome), and the decision, for each call, of what happens given every earlier call of the
-# same request (same upstream tool, same canonical arguments) and of the session: collect a
-# granted approval, wait on a pending one, refuse a request that is executing, was rejected,
-# expired or already executed within the repeat window, cap the approvals waiting, or begin a
-# run.
+# Owns: one call's whole passage (judge, decide, begin and record, hold, execute, record the
+# outcome), and the rules across calls: what a call comes to given every earlier run of the
+# same request (same upstream tool, same canonical arguments) and of the session.
 # Promises: nothing runs that the policy did not allow or an operator did not approve by
 # hash; what an approval binds is exactly the request that executes (the recorded request,
 # never a later call's bytes); the outcome is recorded even when the host has gone.
 # Deciding happens under one lock, so two threads never both begin the same request; across
 # processes the unique open-row index does the same job, and a lost race is decided again.
-# Judging a call's arguments (the schema check, the policy's conditions and their pattern
-# work) happens before the lock, executing and holding after it, so different requests run
-# in parallel and one slow to judge delays no other.
-# Each rule answers with one verdict, a value (Answer, Wait, Execute, or NEXT, STOP, AGAIN),
-# and a rule that must act to decide (take a run over, end an approval, begin a run) does it
-# through a step named for the act.
+# Judging (the schema check, the policy's conditions) happens before the lock, executing and
+# holding after it, so one request slow to judge delays no other.
+# Each rule answers with one verdict, a value (Answer, Wait, Execute, or NEXT, STOP, AGAIN).
 # A run being executed holds a lease its process renews; a run whose lease ran out (its process
 # died) is taken over, and a mutating call it cut off waits for an operator. Everything is
 # recorded before it is sent, except a read the policy allows with no limit or grant to
@@ -4306,35 +4300,25 @@ class Store:
 HOLD_POLL = 0.2
 TOOL_CALL = "tool_call"
 
+# The verdicts that answer a call other than an Answer. An Execute's `step_id` is None for a
+# read recorded whole by `record(tx, observation, ending, elapsed_ms)` after it answers; its
+# `work` is the call's pattern work, so a re-run after an unknown outcome is not searched again.
+Wait = collections.namedtuple("Wait", "approval")
+Execute = collections.namedtuple("Execute", "run_id step_id args record work",
+                                 defaults=(None, None))
 
-class Wait:
-    """A verdict: the request waits on this approval."""
-
-    def __init__(self, approval):
-        self.approval = approval
-
-
-class Execute:
-    """A verdict: the request runs now. `step_id` is None for a read whose run is recorded
-    whole with its outcome, by `record(tx, observation, ending, elapsed_ms)`, in one
-    transaction after it answers. `work` is what the call's pattern searches found, so a
-    re-run proposed after an unknown outcome is decided without searching again."""
-
-    def __init__(self, run_id, step_id, args, record=None, work=None):
-        self.run_id, self.step_id, self.args, self.record = run_id, step_id, args, record
-        self.work = work
-
+# What a rule says when it does not answer the call itself:
+NEXT = "next"    # this rule, or this earlier run, decides nothing: the next one does
+STOP = "stop"    # rule 5 met an unknown outcome: look no further back, let rule 6 decide
+AGAIN = "again"  # a rule ended a run or an approval, or a write lost a race (Race): the call
+                 # is decided again, on what is there now
 
 PROGRESS_MESSAGE_BYTES = 1000
 
 
 class Progress:
-    """One call's progress as its host hears it, under the host's token: the gate's own while
-    it holds the call for an operator (seconds waited, of the hold), then the server's while
-    it executes. The host is sent only a value above the last it was sent, as the protocol
-    asks: the server's values and total come after the hold's last value, and one that does
-    not increase (a server repeating itself) is dropped. A server's message is server text
-    reaching the host: it is sanitized."""
+    """One call's progress as its host hears it: the hold's seconds, then the server's values
+    after them. Only a value above the last one told is sent, as the protocol asks."""
 
     def __init__(self, send):
         self.send = send  # send(value, total, message); total and message None when absent
@@ -4366,16 +4350,9 @@ class Progress:
             return True
 
 
-# What a rule says when it does not answer the call itself (as Answer, Wait and Execute do):
-NEXT = "next"    # this rule, or this earlier run, decides nothing: the next one does
-STOP = "stop"    # rule 5 met an unknown outcome: look no further back, let rule 6 decide
-AGAIN = "again"  # a rule ended a run or an approval, or a write lost a race (Race): the call
-                 # is decided again, on what is there now
-
-
 def repeat_window_text(tool, window, config_file):
-    """What an operator changes to let identical calls of `tool` through (never model text:
-    it names the config)."""
+    """What an operator changes to let identical calls of `tool` through (it names the config:
+    never model text)."""
     return (f"identical calls to {tool.name} are refused for {format_duration(window)} after "
             f"one executes; to allow them, set \"repeat_window\": \"0s\" (or a shorter time) "
             f"in the rule for {tool.upstream_name} of server {tool.server.name} in {config_file}")
@@ -4395,10 +4372,9 @@ class Gate:
         # run listed here is never taken over by this process, whatever its lease says.
         self.active = set()
         self.stopping = threading.Event()
-        self.operator_hint = operator_hint(config.path)
-        # The seam to the notify program (section 19), registered by serve when the config
-        # names one: it is told an approval waits, by names only.
-        self.announce = None
+        # The seam to what tells the operator an approval waits (section 19), registered by
+        # serve: announce(approval, tool, run_id).
+        self.announce = lambda approval, tool, run_id: None
         # Registered names of the tools whose server changed them while serving (ToolWatch):
         # not offered, and a call to one is refused. Replaced whole, never changed in place.
         self.quarantined = frozenset()
@@ -4410,8 +4386,8 @@ class Gate:
 
     def _heartbeat(self):
         """Renew the leases of the runs this process executes, every third of their life. A
-        run stranded by a failed write is not renewed, so its lease runs out and the next
-        identical call takes it over."""
+        run stranded by a failed write is not renewed, so the next identical call takes it
+        over."""
         while not self.stopping.wait(self.config.lease_ttl / SECOND / 3):
             try:
                 # set.copy is one step for the interpreter: calls that start or end meanwhile
@@ -4426,10 +4402,9 @@ class Gate:
         return self.config.repeat_window if rule is None else rule
 
     def _facts(self, tool, rows=None):
-        """The facts of this moment for a decision on `tool` (decision_facts). Read through
-        `rows` inside the write transaction that acts on the decision, where the limits are
-        counted, so racing calls in this process or another never pass a limit together; read
-        through the reader for a decision that only steers the rules, where they are not."""
+        """The facts of this moment (decision_facts). The limits are counted only when read
+        through `rows` of the write transaction that acts on the decision, so racing calls in
+        any process never pass a limit together."""
         return decision_facts(rows or self.store.read, self.config.session, tool,
                               format_time(time.time()), self.client,
                               rows is not None and bool(tool.rule.limits))
@@ -4437,72 +4412,65 @@ class Gate:
     # -- one call ------------------------------------------------------------------------------
 
     def call(self, tool, args, invalid="", progress=None, cancelled=None):
-        """Decide, then execute, hold or refuse one tools/call; always returns an Answer.
-        `invalid` is set (why, and the frame as received) when the arguments were not
-        usable JSON."""
+        """Decide, then execute, hold or refuse one tools/call; always an Answer. `invalid`
+        (why, the frame as received) is set when the arguments were not usable JSON."""
         cancelled = cancelled or threading.Event()
-        executed = []
+        executing = False
         try:
-            return self._call(tool, args, invalid, progress, cancelled, executed)
+            args = {} if args is None else args
+            encoded = None if invalid else canonical(args)  # once per call: its size, its key
+            if encoded is not None and len(encoded) > self.config.max_argument_bytes:
+                invalid = (SLOT_PROSE["arguments_too_large"].format(
+                    size=len(encoded), cap=self.config.max_argument_bytes),
+                    recorded_frame(encoded))
+            if invalid:
+                with self.lock:
+                    return self._begin(tool, None, f"invalid:{new_id(8)}", None, None,
+                                       invalid=invalid)
+            key = request_key(tool.target, encoded)
+            judged = self._judge(tool, args)
+            held, races = False, 0
+            while True:
+                try:
+                    with self.lock:
+                        verdict = self._decide(tool, args, key, judged)
+                except Race:  # a write lost its race at the store: decided again
+                    verdict = AGAIN
+                if verdict is AGAIN:
+                    races += 1
+                    if races > 5:
+                        return answer("IN_PROGRESS")
+                    continue
+                if isinstance(verdict, Answer):
+                    return verdict
+                if isinstance(verdict, Execute):
+                    executing = True
+                    return self._execute(tool, verdict, progress)
+                if held or not self.config.hold_for(self.client) or cancelled.is_set() or \
+                        self.stopping.is_set():
+                    return waiting_answer(verdict.approval)
+                held = True
+                if not self._hold(verdict.approval, progress, cancelled):
+                    return waiting_answer(verdict.approval)
+                # The operator decided meanwhile: judged again, as a path's links may have moved.
+                judged = self._judge(tool, args, judged.work)
         except (StoreError, Race) as err:
             log(str(err) or "the records could not be written: a race was lost")
-            return answer("UNAVAILABLE", what=SLOT_PROSE["sent_unrecorded" if executed else
+            return answer("UNAVAILABLE", what=SLOT_PROSE["sent_unrecorded" if executing else
                                                          "nothing_executed"])
 
-    def _call(self, tool, args, invalid, progress, cancelled, executed):
-        args = {} if args is None else args
-        encoded = None if invalid else canonical(args)  # once per call: its size and its key
-        if encoded is not None and len(encoded) > self.config.max_argument_bytes:
-            invalid = (SLOT_PROSE["arguments_too_large"].format(
-                size=len(encoded), cap=self.config.max_argument_bytes), recorded_frame(encoded))
-        if invalid:
-            with self.lock:
-                return self._begin(tool, None, f"invalid:{new_id(8)}", None, None,
-                                   invalid=invalid)
-        key = request_key(tool.target, encoded)
-        judged = self._judge(tool, args)
-        held, races = False, 0
-        while True:
-            try:
-                with self.lock:
-                    verdict = self._decide(tool, args, key, judged)
-            except Race:  # a write lost its race at the store: as a rule that ended something
-                verdict = AGAIN
-            if verdict is AGAIN:
-                races += 1
-                if races > 5:
-                    return answer("IN_PROGRESS")
-                continue
-            if isinstance(verdict, Answer):
-                return verdict
-            if isinstance(verdict, Execute):
-                executed.append(True)
-                return self._execute(tool, verdict, progress)
-            if held or not self.config.hold_for(self.client) or cancelled.is_set() or \
-                    self.stopping.is_set():
-                return waiting_answer(verdict.approval)
-            held = True
-            if not self._hold(verdict.approval, progress, cancelled):
-                return waiting_answer(verdict.approval)
-            # The operator decided meanwhile: judged again, as a path's links may have moved.
-            judged = self._judge(tool, args, judged.work)
-
     def _judge(self, tool, args, work=None):
-        """The call's schema check and policy, made before the lock that orders the rules
-        across calls: they are functions of the call and of facts read in passing, so a call
-        whose patterns cost seconds delays no other call. What its arguments say is kept in
-        the Judgement returned; the rules under the lock and the write transaction decide
-        with it, reading afresh only the facts that may have changed meanwhile (the time, the
-        grants in force, the counted uses, a re-run)."""
+        """The schema check and the policy's conditions, before the lock: a call whose patterns
+        cost seconds delays no other. The Judgement is kept; the rules and the write
+        transaction read afresh only the facts that may change (time, grants, uses, re-runs)."""
         judged = judged_request(tool, args, work)
         policy_decision(self.config, tool, args, self._facts(tool), judged=judged)
         return judged
 
     def _hold(self, approval, progress, cancelled):
-        """Wait up to `hold` for the operator, telling a host that asked how long it has been.
-        True when the approval was decided (or expired, or its run ended) meanwhile, so the
-        call is decided once more; False when the hold ran out, the host cancelled, or the
-        gate is stopping: then nothing more happens for this call."""
+        """Wait up to `hold` for the operator. True when the approval was decided (or expired,
+        or its run ended) meanwhile, so the call is decided once more; False when the hold ran
+        out, the host cancelled, or the gate is stopping."""
         started = time.monotonic()
         total = self.config.hold_for(self.client) / SECOND
         last_progress = started
@@ -4536,9 +4504,12 @@ class Gate:
         # or another) and let the same call run twice within the window.
         rows = self.store.key_runs(self.config.session, key, since, newest_only=tool.read_only)
         seen = next((row.run_id for row in rows if row.open), None)
-        verdict = self._earlier_runs(tool, rows, window, since, judged)     # rules 1 to 5
-        if verdict is not NEXT and verdict is not STOP:
-            return verdict
+        for row in rows:                                                    # rules 1 to 5
+            verdict = self._earlier_run(tool, row, window, since, judged)
+            if verdict is STOP:
+                break
+            if verdict is not NEXT:
+                return verdict
         attempt = None if tool.read_only else self._unknown_attempt(key)   # rule 6
         decider = policy_decision(self.config, tool, args, self._facts(tool),
                                   rerun=bool(attempt), judged=judged)["outcome"]
@@ -4548,15 +4519,6 @@ class Gate:
             if verdict is not NEXT:
                 return verdict
         return self._begin(tool, args, key, seen, judged, attempt=attempt)  # rule 8
-
-    def _earlier_runs(self, tool, rows, window, since, judged):
-        """Rules 1 to 5 on this request's runs, newest first: the first verdict one of them
-        gives, STOP, or NEXT when none decides."""
-        for row in rows:
-            verdict = self._earlier_run(tool, row, window, since, judged)
-            if verdict is not NEXT:
-                return verdict
-        return NEXT
 
     def _earlier_run(self, tool, row, window, since, judged):
         if row.status == "WAITING_FOR_APPROVAL":
@@ -4584,15 +4546,14 @@ class Gate:
         return self._collect(tool, approval, judged)
 
     def _expire(self, approval):
-        """Act: end an approval past its time, and the run that waited on it."""
-        self._write(lambda tx: tx.expire_approval(approval["id"], approval["run_id"],
-                                                  approval["step_id"]))
+        self.store.write(lambda tx: tx.expire_approval(approval["id"], approval["run_id"],
+                                                       approval["step_id"]))
 
     def _collect(self, tool, approval, judged):
-        """An approved request: check its tool is still offered, its hash, its age, its
-        arguments and the policy again, then execute the recorded request (never this call's
-        bytes). The recorded request is this call's (the same request key): the call's
-        judgement is the request's."""
+        """An approved request: its tool, hash, age, arguments and policy checked again, then
+        the recorded request executes (never this call's bytes; it has the same request key,
+        so the call's judgement is the request's)."""
+        run_id, step_id = approval["run_id"], approval["step_id"]
         if tool.name in self.quarantined:
             # Its server changed it (or said so) after the call was checked on arrival, while
             # the call was held: the approval stays, to be collected once the tool is back.
@@ -4606,100 +4567,68 @@ class Gate:
             self._expire(approval)
             return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
         if judged.problem:
-            return self._refuse_on_resume(approval, judged.problem)
+            self.store.write(lambda tx: self._refuse(
+                tx, run_id, step_id, "invalid_decision",
+                f"invalid decision on resume: {judged.problem}"))
+            return answer("INVALID", reason=clean(judged.problem, 1000))
         args = parse(approval["request_json"])["args"]
         attempt = parse(approval["capability_json"]).get("interrupted")
         facts = self._facts(tool)
         decision = evaluate(self.config, tool, args, facts, attempt, approved=True,
                             judged=judged)
+        record = _policy_record(decision, facts, True)
         if decision["outcome"] == "deny":
-            return self._deny_on_resume(approval, decision, facts)
+            def deny(tx):
+                tx.record_policy(run_id, step_id, record, self.policy_id)
+                self._refuse(tx, run_id, step_id, "policy_denied",
+                             f"denied on resume: {decision['reason']}")
+            self.store.write(deny)
+            return answer("DENIED", reason=clean(decision["reason"], 500))
         if decision["outcome"] == "require_approval":
-            fresh = new_approval(self.config, approval["run_id"], approval["step_id"], tool,
-                                 args, decision)
+            # The policy may ask another question (a limit reached since, say).
+            fresh = new_approval(self.config, run_id, step_id, tool, args, decision)
             if fresh["hash"] != approval["hash"]:
-                return self._ask_again(tool, fresh, decision, facts)
-        return self._resume(tool, approval, args, decision, facts, judged)
-
-    def _refuse_on_resume(self, approval, problem):
-        """Act: end an approved run whose arguments no longer pass the schema check."""
-        self._write(lambda tx: self._refuse(tx, approval["run_id"], approval["step_id"],
-                                            "invalid_decision",
-                                            f"invalid decision on resume: {problem}"))
-        return answer("INVALID", reason=clean(problem, 1000))
-
-    def _deny_on_resume(self, approval, decision, facts):
-        """Act: end an approved run that the policy now denies."""
-        run_id, step_id = approval["run_id"], approval["step_id"]
-
-        def deny(tx):
-            tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
-                             self.policy_id)
-            self._refuse(tx, run_id, step_id, "policy_denied",
-                         f"denied on resume: {decision['reason']}")
-        self._write(deny)
-        return answer("DENIED", reason=clean(decision["reason"], 500))
-
-    def _ask_again(self, tool, fresh, decision, facts):
-        """Act: the policy asks another question of an approved request (a limit reached
-        since, say): its run pauses on the fresh approval."""
-        run_id, step_id = fresh["run_id"], fresh["step_id"]
-
-        def repause(tx):
-            tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
-                             self.policy_id)
-            tx.pause(run_id, step_id, fresh)
-        self._write(repause)
-        self._log_waiting(fresh, tool, run_id)
-        return Wait(fresh)
-
-    def _resume(self, tool, approval, args, decision, facts, judged):
-        """Act: the approved request starts executing, bound to its approval."""
-        run_id, step_id = approval["run_id"], approval["step_id"]
+                def repause(tx):
+                    tx.record_policy(run_id, step_id, record, self.policy_id)
+                    tx.pause(run_id, step_id, fresh)
+                self.store.write(repause)
+                self.announce(fresh, tool, run_id)
+                return Wait(fresh)
 
         def resume(tx):
             tx.resume(run_id, approval["id"], self.lease())
-            tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
-                             self.policy_id)
+            tx.record_policy(run_id, step_id, record, self.policy_id)
             tx.start_execution(run_id, step_id, tool.name, args, tool.target, approval["id"])
         self._write_active(run_id, resume)
         return Execute(run_id, step_id, args, work=judged.work)
 
     def _take_over(self, tool, run_id, judged):
-        """Rule 3: a run left RUNNING by a process that stopped renewing its lease. Act: take
-        it over. A mutating call cut off while executing may have taken effect: it pauses on
-        an interruption approval and the caller is told so (Wait). Anything else is ended, and
-        the call is decided again (AGAIN) as if it had finished."""
-        cut_step = self._write(lambda tx: tx.take_over(run_id, self.lease()))
+        """Rule 3: take over a run left RUNNING by a process that stopped renewing its lease.
+        A mutating call cut off while executing may have taken effect: it pauses on the
+        question of running it again (Wait). Anything else is ended, and the call is decided
+        again (AGAIN) as if it had finished."""
+        cut_step = self.store.write(lambda tx: tx.take_over(run_id, self.lease()))
         if cut_step and not tool.read_only:
-            verdict = self._pause_cut_off(tool, run_id, cut_step, judged)
-            if verdict is not NEXT:
-                return verdict
-        self._write(lambda tx: tx.finish_run(
+            step_id, started = cut_step
+            attempt = {"run_id": run_id, "step_id": step_id, "started_at": started,
+                       "ended": "cut_off"}
+            args = self.store.step_decision(step_id)["args"]
+            facts = self._facts(tool)
+            decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
+            if decision["outcome"] == "require_approval":
+                approval = new_approval(self.config, run_id, step_id, tool, args, decision)
+
+                def pause(tx):
+                    tx.record_policy(run_id, step_id, _policy_record(decision, facts), "")
+                    tx.pause(run_id, step_id, approval)
+                self.store.write(pause)
+                log(f"a call to {tool.name} was cut off while executing; its outcome is unknown")
+                self.announce(approval, tool, run_id)
+                return Wait(approval)
+        self.store.write(lambda tx: tx.finish_run(
             run_id, "FAILED", "goal_failed", "one call per run: taken over after an "
             "interruption, with nothing left in it to execute"))
         return AGAIN
-
-    def _pause_cut_off(self, tool, run_id, cut_step, judged):
-        """Act: a mutating call cut off while executing (`cut_step`: its step and when it started)
-        pauses on the question of running it again (Wait); NEXT when the policy asks none."""
-        step_id, started = cut_step
-        attempt = {"run_id": run_id, "step_id": step_id, "started_at": started,
-                   "ended": "cut_off"}
-        args = self.store.step_decision(step_id)["args"]
-        facts = self._facts(tool)
-        decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
-        if decision["outcome"] != "require_approval":
-            return NEXT
-        approval = new_approval(self.config, run_id, step_id, tool, args, decision)
-
-        def pause(tx):
-            tx.record_policy(run_id, step_id, _policy_record(decision, facts), "")
-            tx.pause(run_id, step_id, approval)
-        self._write(pause)
-        log(f"a call to {tool.name} was cut off while executing; its outcome is unknown")
-        self._log_waiting(approval, tool, run_id)
-        return Wait(approval)
 
     def _refuse(self, tx, run_id, step_id, kind, detail):
         """End a run whose request will not execute (denied or invalid)."""
@@ -4736,8 +4665,8 @@ class Gate:
 
     def _unknown_attempt(self, key):
         """Rule 6: the attempt to run again if this request's newest finished run left its
-        outcome unknown. A rejection of a re-run does not resolve it: only an operator who
-        approves a re-run that then comes to a known outcome does."""
+        outcome unknown. A rejected re-run does not resolve it: only an approved re-run that
+        comes to a known outcome does."""
         for run_id, status in self.store.attempt_runs(self.config.session, key):
             if status not in TERMINAL:
                 continue
@@ -4787,10 +4716,9 @@ class Gate:
         return NEXT
 
     def _unknown_block(self, tool, key):
-        """Another request of this tool left an outcome unknown with nothing waiting for an
-        operator (its question expired, or a crash came first): act, asking it again in a
-        fresh run, and block this call on it (BLOCKED), so the tool is never blocked with
-        nothing to act on; NEXT when there is none."""
+        """Another request of this tool left an outcome unknown with no question waiting (it
+        expired, or a crash came first): ask it again in a fresh run and block this call on
+        it (BLOCKED); NEXT when there is none."""
         for other_key, run_id, reason in self.store.unknown_for_tool(
                 self.config.session, (tool.target, tool.name), key):
             if reason in ("approval_rejected", "operator_cancelled"):
@@ -4816,39 +4744,59 @@ class Gate:
 
     def _begin(self, tool, args, key, seen, judged, invalid=None, attempt=None, origin="model"):
         """Rule 8: begin a run for this request, decide on it (section 4) and record the
-        decision in one write transaction, then act on what was decided. `invalid` (why,
-        frame) records arguments that were not usable JSON (`judged` is then None); `judged`
-        is what the request's arguments say (Gate._judge)."""
+        decision in one write transaction, then act on it. `invalid` (why, frame) records
+        arguments that were not usable JSON (`judged` is then None)."""
         run_id = f"{self.config.session}.{new_id(8)}"
         problem = invalid[0] if invalid else judged.problem
-        fast = None if problem or attempt else self._read_allowed(tool, args, judged)
-        if fast:
-            return self._begin_read(tool, args, run_id, origin, *fast)
+        if not (problem or attempt) and tool.read_only and not tool.rule.limits:
+            # A read the policy allows outright, with no limit to count and no grant that
+            # could be revoked meanwhile, has no effect for a crash to leave unknown: it is
+            # recorded whole with its outcome after it answers, in one commit, not two.
+            facts = self._facts(tool)
+            decision = evaluate(self.config, tool, args, facts, judged=judged)
+            if decision["outcome"] == "allow" and "grant" not in decision:
+                return self._begin_read(tool, args, run_id, origin, decision, facts)
         recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
 
         def begin(tx):
-            step_id = self._start_run(tx, tool, run_id, key, seen, recorded, origin)
+            # The begin refuses (Race) unless `seen` is still the key's open row, so no
+            # identical run began since the rules looked.
+            tx.begin_run(run_id, self.config.session, tool.name, tool.target, key,
+                         tool.side_effect, self.tool_hashes, self.lease(),
+                         ANY_ROW if tool.read_only else seen)
+            step_id = tx.start_step(run_id, {**recorded, "kind": TOOL_CALL, "origin": origin,
+                                             "tool": tool.name}, tool)
             if problem:
                 self._refuse(tx, run_id, step_id, "invalid_decision",
                              f"invalid decision: {problem}")
-                return step_id, None
-            return step_id, self._decide_in(tx, tool, run_id, step_id, args, attempt, judged)
-        step_id, decided = self._write_active(run_id, begin)
-        return self._begun(tool, run_id, step_id, args, problem, decided, judged)
-
-    def _read_allowed(self, tool, args, judged):
-        """(decision, facts) when the request is a read the policy allows outright, else None.
-        Such a read is recorded whole in one transaction after it answers (Tx.record_read): it
-        has no effect for a crash to leave unknown, so recording it first would only cost a
-        second commit. Only a decision no write can change goes this way: one with no limit
-        to count and no grant that could be revoked meanwhile."""
-        if not tool.read_only or tool.rule.limits:
-            return None
-        facts = self._facts(tool)
-        decision = evaluate(self.config, tool, args, facts, judged=judged)
-        if decision["outcome"] == "allow" and "grant" not in decision:
-            return decision, facts
-        return None
+                return step_id, None, None
+            # Decided here, where the limits see every execution committed before it, in any
+            # process, and the grants in force.
+            facts = self._facts(tool, tx.rows)
+            decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
+            tx.record_policy(run_id, step_id, _policy_record(decision, facts), self.policy_id)
+            approval = None
+            if decision["outcome"] == "deny":
+                self._refuse(tx, run_id, step_id, "policy_denied",
+                             f"denied: {decision['reason']}")
+            elif decision["outcome"] == "require_approval":
+                approval = new_approval(self.config, run_id, step_id, tool, args, decision)
+                tx.pause(run_id, step_id, approval)
+            else:
+                tx.start_execution(run_id, step_id, tool.name, args, tool.target)
+            return step_id, decision, approval
+        step_id, decision, approval = self._write_active(run_id, begin)
+        if decision and decision["outcome"] == "allow":
+            return Execute(run_id, step_id, args, work=judged.work)
+        self.active.discard(run_id)  # nothing of this run executes
+        if problem:
+            return answer("INVALID", reason=clean(problem, 1000))
+        if decision["outcome"] == "deny":
+            frees = frees_text(decision)
+            return answer("DENIED", reason=clean(decision["reason"] + (f"; {frees}" if frees
+                                                                       else ""), 500))
+        self.announce(approval, tool, run_id)
+        return Wait(approval)
 
     def _begin_read(self, tool, args, run_id, origin, decision, facts):
         """An allowed read executes now; `record` writes its run whole with its outcome."""
@@ -4863,109 +4811,50 @@ class Gate:
         self.active.add(run_id)
         return Execute(run_id, None, args, record)
 
-    def _start_run(self, tx, tool, run_id, key, seen, recorded, origin):
-        """Record the run and its step. The begin refuses (Race) unless `seen` is still the
-        key's open row, so no identical run began since the rules looked."""
-        tx.begin_run(run_id, self.config.session, tool.name, tool.target, key,
-                     tool.side_effect, self.tool_hashes, self.lease(),
-                     ANY_ROW if tool.read_only else seen)
-        return tx.start_step(run_id, {**recorded, "kind": TOOL_CALL, "origin": origin,
-                                      "tool": tool.name}, tool)
-
-    def _decide_in(self, tx, tool, run_id, step_id, args, attempt, judged):
-        """Decide on the request inside the transaction that starts its execution, record
-        the decision and act on it: refuse, pause on an approval, or start executing. Here
-        the limits see every execution committed before it, in any process, and the grants
-        in force. Returns (decision, the approval it waits on or None)."""
-        facts = self._facts(tool, tx.rows)
-        decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
-        tx.record_policy(run_id, step_id, _policy_record(decision, facts), self.policy_id)
-        approval = None
-        if decision["outcome"] == "deny":
-            self._refuse(tx, run_id, step_id, "policy_denied", f"denied: {decision['reason']}")
-        elif decision["outcome"] == "require_approval":
-            approval = new_approval(self.config, run_id, step_id, tool, args, decision)
-            tx.pause(run_id, step_id, approval)
-        else:
-            tx.start_execution(run_id, step_id, tool.name, args, tool.target)
-        return decision, approval
-
-    def _begun(self, tool, run_id, step_id, args, problem, decided, judged):
-        """What a begun run comes to: Execute when it was allowed, else the refusal, or the
-        approval it waits on, announced."""
-        if decided and decided[0]["outcome"] == "allow":
-            return Execute(run_id, step_id, args, work=judged.work)
-        self.active.discard(run_id)  # nothing of this run executes
-        if problem:
-            return answer("INVALID", reason=clean(problem, 1000))
-        decision, approval = decided
-        if decision["outcome"] == "deny":
-            frees = frees_text(decision)
-            return answer("DENIED", reason=clean(decision["reason"] + (f"; {frees}" if frees
-                                                                       else ""), 500))
-        self._log_waiting(approval, tool, run_id)
-        return Wait(approval)
-
-    def _write(self, fn):
-        """A write whose lost race (Race) is decided again by the caller's loop."""
-        return self.store.write(fn)
-
     def _write_active(self, run_id, fn):
         """The write that starts a run executing: the run counts as this process's own from
         before the write, so no identical call can take it over in between."""
         self.active.add(run_id)
         try:
-            return self._write(fn)
+            return self.store.write(fn)
         except BaseException:
             self.active.discard(run_id)
             raise
 
-    def _log_waiting(self, approval, tool, run_id):
-        command = f"{self.operator_hint} approve {run_id} -approval {approval['id']}"
-        log(f"approval {approval['id']} ({approval['kind']}) for {tool.name} waits for an "
-            f"operator: run {run_id}")
-        log(f"  decide with: {command}   (or reject)")
-        if self.announce:
-            # Names only: an argument's value never leaves the gate this way.
-            self.announce({"AGENTGATE_APPROVAL": approval["id"],
-                           "AGENTGATE_RUN": run_id, "AGENTGATE_TOOL": tool.name,
-                           "AGENTGATE_COMMAND": command})
-
     def _execute(self, tool, verdict, progress=None):
         """Send the recorded request upstream and record what came of it, whatever the host
         does meanwhile: a host that cancels or times out does not stop the upstream call."""
-        try:
-            return self._execute_once(tool, verdict, progress)
-        finally:
-            self.active.discard(verdict.run_id)
-
-    def _execute_once(self, tool, verdict, progress):
         run_id, step_id, args = verdict.run_id, verdict.step_id, verdict.args
-        started = time.monotonic()
-        observation, ending, passed = call_upstream(tool, args, self.config.max_result_bytes,
-                                                    progress and progress.server)
-        elapsed = int((time.monotonic() - started) * 1000)
+        try:
+            started = time.monotonic()
+            observation, ending, passed = call_upstream(
+                tool, args, self.config.max_result_bytes, progress and progress.server)
+            elapsed = int((time.monotonic() - started) * 1000)
 
-        def record(tx):
-            """Record the outcome; the approval a re-run waits on, when it is unknown."""
-            if verdict.record:  # a read, recorded whole
-                verdict.record(tx, observation, ending, elapsed)
+            def record(tx):
+                """Record the outcome; the approval a re-run waits on, when it is unknown."""
+                if verdict.record:  # a read, recorded whole
+                    verdict.record(tx, observation, ending, elapsed)
+                    return None
+                if tx.run_holder(run_id) != ("RUNNING", self.owner):
+                    # Cancelled, or taken over after this process lost its lease: the outcome
+                    # is kept as a late event and the run is left as its new owner has it.
+                    tx.event(run_id, "step.tool_finished", {"tool": tool.name, "late": True,
+                                                            "observation": observation},
+                             step_id)
+                    return None
+                tx.finish_execution(run_id, step_id, tool.name, observation, elapsed)
+                if ending in UNKNOWN_ENDINGS:
+                    return self._pause_rerun(tx, tool, run_id, step_id, args, ending,
+                                             verdict.work)
+                if ending != "ok":
+                    tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending],
+                                  outcome=OUTCOME_KNOWN)
                 return None
-            if tx.run_holder(run_id) != ("RUNNING", self.owner):
-                # Cancelled, or taken over after this process lost its lease: the outcome
-                # is kept as a late event and the run is left as its new owner has it.
-                tx.event(run_id, "step.tool_finished", {"tool": tool.name, "late": True,
-                                                        "observation": observation}, step_id)
-                return None
-            tx.finish_execution(run_id, step_id, tool.name, observation, elapsed)
-            if ending in UNKNOWN_ENDINGS:
-                return self._pause_rerun(tx, tool, run_id, step_id, args, ending, verdict.work)
-            if ending != "ok":
-                tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending],
-                              outcome=OUTCOME_KNOWN)
-            return None
 
-        rerun = self.store.write(record)
+            rerun = self.store.write(record)
+        finally:
+            self.active.discard(run_id)
         if passed is not None:
             return passed_answer(passed)
         if observation.get("withheld"):
@@ -4973,7 +4862,7 @@ class Gate:
         error = observation["content"]["error"]
         if rerun:
             log(f"a call to {tool.name} {HOW[ending]}; its outcome is unknown")
-            self._log_waiting(rerun, tool, run_id)
+            self.announce(rerun, tool, run_id)
             return answer("UNKNOWN_OUTCOME", how=HOW[ending], error=f" ({clean(error, 500)})",
                           approval=rerun["id"])
         if ending == "unrecorded":
@@ -4987,8 +4876,8 @@ class Gate:
             else ""
 
     def _too_large(self, tool, record):
-        """A result past max_result_bytes: what it was, by its blocks' types and sizes, and
-        whether the request executed (a mutating one did, and is not run again)."""
+        """A result past max_result_bytes: its blocks' types and sizes, and whether the request
+        executed (a mutating one did, and is not run again)."""
         then = TOO_LARGE_THEN["read"] if tool.read_only else \
             TOO_LARGE_THEN["mutating"].format(window=self._refused_for(tool))
         return answer("RESULT_TOO_LARGE", what=SLOT_PROSE["an_error" if record.get("is_error")
@@ -4997,10 +4886,9 @@ class Gate:
                       blocks=clean(", ".join(block_labels(record)), 500), then=then)
 
     def _pause_rerun(self, tx, tool, run_id, step_id, args, ending, work):
-        """An unknown outcome: propose the same request again, which the policy always sends
-        to an operator (evaluate never allows a re-run), in the same transaction that records
-        the attempt; the approval it waits on, or None. Judged again after the execution, on
-        the call's pattern work (`work`), as what the call did may have moved a path's links."""
+        """An unknown outcome: the same request proposed again, in the transaction that records
+        the attempt; the approval it waits on, or None. The policy never allows a re-run (it
+        asks an operator); judged again on `work`, as the call may have moved a path's links."""
         attempt = {"run_id": run_id, "step_id": step_id, "started_at": tx.step_started(step_id),
                    "ended": ending}
         facts = self._facts(tool, tx.rows)
@@ -5021,8 +4909,8 @@ class Gate:
 
 def call_upstream(tool, args, cap, progress=None):
     """Send one call upstream and classify what came back, as (observation, ending, passed):
-    `passed` is the server's result to pass on to the host as it came, or None when there is
-    none, or when it is larger than `cap` bytes (the observation then says it was withheld).
+    `passed` is the server's result to pass on as it came, or None when there is none or it
+    is larger than `cap` bytes (the observation then says it was withheld).
 
     The ending is the one place an outcome is classified: 'ok'; 'error' (the server answered
     with an error result or a JSON-RPC error, or nothing was sent: known); 'unrecorded' (the
@@ -5120,17 +5008,6 @@ def _policy_record(decision, facts, approved=False):
     record["facts"] = {"at": format_time(facts.at), "client": facts.client,
                        "approved": approved}
     return record
-
-
-def operator_hint(config_file, database=""):
-    """The command an operator pastes: it names the database when that was named (-db), else
-    the config unless it is the default one."""
-    command = f"{python_command()} {shlex.quote(os.path.abspath(sys.argv[0]))}"
-    if database:
-        command += f" -db {shlex.quote(os.path.abspath(database))}"
-    elif os.path.abspath(config_path(None)) != os.path.abspath(config_file):
-        command += f" -config {shlex.quote(os.path.abspath(config_file))}"
-    return command
 
 
 # =============================================================================================
@@ -7918,12 +7795,42 @@ def approved_fate(gate, approval):
 #
 # Reads as: around the core
 #
-# Owns: announcing an approval that starts waiting to the operator's notify program.
+# Owns: telling the operator an approval starts waiting: the lines on stderr with the command
+# that decides it, and the operator's notify program.
 # Promises: the program runs in its own process group with a deadline, never blocks a call, and
 # past a backlog the oldest announcement is dropped and said so.
-# Core it calls: nothing but log; the gate calls its announce through the seam serve
+# Core it calls: config_path; the gate calls announce_waiting's announce through the seam serve
 # registers.
 # =============================================================================================
+
+
+def operator_hint(config_file, database=""):
+    """The command an operator pastes: it names the database when that was named (-db), else
+    the config unless it is the default one."""
+    command = f"{python_command()} {shlex.quote(os.path.abspath(sys.argv[0]))}"
+    if database:
+        command += f" -db {shlex.quote(os.path.abspath(database))}"
+    elif os.path.abspath(config_path(None)) != os.path.abspath(config_file):
+        command += f" -config {shlex.quote(os.path.abspath(config_file))}"
+    return command
+
+
+def announce_waiting(config, notifier=None):
+    """The gate's announce, as serve registers it."""
+    hint = operator_hint(config.path)
+
+    def announce(approval, tool, run_id):
+        command = f"{hint} approve {run_id} -approval {approval['id']}"
+        log(f"approval {approval['id']} ({approval['kind']}) for {tool.name} waits for an "
+            f"operator: run {run_id}")
+        log(f"  decide with: {command}   (or reject)")
+        if notifier:
+            # Names only: an argument's value never leaves the gate this way.
+            notifier.announce({"AGENTGATE_APPROVAL": approval["id"],
+                               "AGENTGATE_RUN": run_id, "AGENTGATE_TOOL": tool.name,
+                               "AGENTGATE_COMMAND": command})
+    return announce
+
 
 NOTIFY_TIMEOUT = 10  # seconds a notify program may run before its process group is killed
 NOTIFY_BACKLOG = 32  # announcements waiting for the notify program; past it, one is dropped
@@ -8221,7 +8128,7 @@ def text_argument(value):
 # or named with -db; it is opened as it is, never created or migrated, and read-only where
 # nothing is decided.
 # Core it calls: Store (its reads, and decide_approval, cancel_run, create_grant,
-# revoke_grant), load_config, config_path, check_database_path, check_reach, operator_hint,
+# revoke_grant), load_config, config_path, check_database_path, check_reach,
 # read_manifest, Tool, check_arguments, evaluate, approval_hash, decision_facts, last_attempt,
 # confirmed_conditions, parse_conditions, pointer_problem, step_outcome, outcome_text, stored_hash,
 # block_bytes, event_hash.
@@ -9513,7 +9420,7 @@ def recheck_line(e):
 # hints; and the acceptance of those proposals. And `login`, the OAuth authorization of a url
 # server: the only command that opens a port (on 127.0.0.1, while it waits for the browser).
 # Core it calls: load_config, config_path, Server, check_reach, read_owned, write_private,
-# shown_url, operator_hint; section 20's pin.
+# shown_url; section 20's pin.
 # Promises: a config is written 0600; run again, init adds the servers new in its host's file
 # and changes no other byte; a secret in a server's env or headers goes into the config and into
 # no output; a tool is offered only once its proposed rule was accepted; a project's servers
@@ -10686,7 +10593,7 @@ def _processes_mentioning(text):
 # flags (-config, -approval); the double-dash spelling works too. Exit codes: 0 ok, 1 failure,
 # 2 usage. No traceback reaches a user: every expected failure is one sentence on stderr.
 # Core it calls: load_config, Store, Gate, HostServer, Shutdown, and the seams: the gate's
-# `announce` (section 19's Notifier) and the host's `status` (section 18's status_answer).
+# `announce` (section 19's announce_waiting) and the host's `status` (section 18's status_answer).
 # =============================================================================================
 
 def cmd_serve(argv):
@@ -10721,8 +10628,7 @@ def cmd_serve(argv):
             host.fail(str(err))
             raise
         gate = Gate(config, store, tools)
-        if config.notify:
-            gate.announce = Notifier(config.notify).announce
+        gate.announce = announce_waiting(config, config.notify and Notifier(config.notify))
         ToolWatch(gate, upstreams, host.tools_changed)
         host.serve_with(gate, config.status_tool, status_answer,
                         sum(bool(r.unserved) for r in reports))
