@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5313 lines of decision core, read first; then the libraries it relies on, each
+Sections (5298 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -36,7 +36,7 @@ configuration because the configuration is read with their parsers.
      6. Tools, as pinned                             decision core      436
      7. Answers                                      decision core      480
      8. The record                                   decision core      920
-     9. The gate                                     decision core      738
+     9. The gate                                     decision core      723
     10. The host side                                decision core      412
     11. ECMA-262 patterns                            library            435
     12. Hosts in URLs                                library            110
@@ -4278,23 +4278,20 @@ class Store:
 # Reads as: decision core
 #
 # Owns: one call's whole passage (judge, decide, begin and record, hold, execute, record the
-# outcome), and the rules across calls: what a call comes to given every earlier run of the
+# outcome) and the rules across calls: what a call comes to given the earlier runs of the
 # same request (same upstream tool, same canonical arguments) and of the session.
 # Promises: nothing runs that the policy did not allow or an operator did not approve by
-# hash; what an approval binds is exactly the request that executes (the recorded request,
-# never a later call's bytes); the outcome is recorded even when the host has gone.
+# hash; an approval binds exactly the request that executes (the recorded request, never a
+# later call's bytes); the outcome is recorded even when the host has gone.
 # Deciding happens under one lock, so two threads never both begin the same request; across
 # processes the unique open-row index does the same job, and a lost race is decided again.
-# Judging (the schema check, the policy's conditions) happens before the lock, executing and
-# holding after it, so one request slow to judge delays no other.
-# Each rule answers with one verdict, a value (Answer, Wait, Execute, or NEXT, STOP, AGAIN).
-# A run being executed holds a lease its process renews; a run whose lease ran out (its process
-# died) is taken over, and a mutating call it cut off waits for an operator. Everything is
-# recorded before it is sent, except a read the policy allows with no limit or grant to
-# consult, recorded whole with its outcome in one transaction after it answers. Limits are
-# decided inside the transaction that starts the execution.
-# Reaches out through two seams only: the upstream's `call` (section 15) and the announcement of
-# a waiting approval (`announce`, registered at start).
+# Judging happens before the lock, executing and holding after it, so one request slow to
+# judge delays no other. Each rule answers with one verdict, a value.
+# A run being executed holds a lease its process renews; a run whose lease ran out is taken
+# over, and a mutating call it cut off waits for an operator. Everything is recorded before it
+# is sent, except a read allowed with no limit or grant to consult, recorded whole after it
+# answers. Limits are decided inside the transaction that starts the execution.
+# Reaches out through two seams only: the upstream's `call` (section 15) and `announce`.
 # =============================================================================================
 
 HOLD_POLL = 0.2
@@ -4460,9 +4457,8 @@ class Gate:
                                                          "nothing_executed"])
 
     def _judge(self, tool, args, work=None):
-        """The schema check and the policy's conditions, before the lock: a call whose patterns
-        cost seconds delays no other. The Judgement is kept; the rules and the write
-        transaction read afresh only the facts that may change (time, grants, uses, re-runs)."""
+        """The schema check and the policy's conditions, before the lock; the rules and the
+        write transaction reuse the Judgement, reading afresh only the facts that may change."""
         judged = judged_request(tool, args, work)
         policy_decision(self.config, tool, args, self._facts(tool), judged=judged)
         return judged
@@ -4550,9 +4546,8 @@ class Gate:
                                                        approval["step_id"]))
 
     def _collect(self, tool, approval, judged):
-        """An approved request: its tool, hash, age, arguments and policy checked again, then
-        the recorded request executes (never this call's bytes; it has the same request key,
-        so the call's judgement is the request's)."""
+        """An approved request, checked again, executes as recorded (never this call's bytes;
+        the same request key, so the call's judgement is the request's)."""
         run_id, step_id = approval["run_id"], approval["step_id"]
         if tool.name in self.quarantined:
             # Its server changed it (or said so) after the call was checked on arrival, while
@@ -4603,10 +4598,9 @@ class Gate:
         return Execute(run_id, step_id, args, work=judged.work)
 
     def _take_over(self, tool, run_id, judged):
-        """Rule 3: take over a run left RUNNING by a process that stopped renewing its lease.
-        A mutating call cut off while executing may have taken effect: it pauses on the
-        question of running it again (Wait). Anything else is ended, and the call is decided
-        again (AGAIN) as if it had finished."""
+        """Rule 3: take over a run whose lease ran out. A mutating call it cut off may have
+        taken effect: it waits on the question of running it again (Wait). Anything else is
+        ended, and the call is decided again (AGAIN)."""
         cut_step = self.store.write(lambda tx: tx.take_over(run_id, self.lease()))
         if cut_step and not tool.read_only:
             step_id, started = cut_step
@@ -4665,8 +4659,7 @@ class Gate:
 
     def _unknown_attempt(self, key):
         """Rule 6: the attempt to run again if this request's newest finished run left its
-        outcome unknown. A rejected re-run does not resolve it: only an approved re-run that
-        comes to a known outcome does."""
+        outcome unknown; only an approved re-run that comes to a known outcome resolves it."""
         for run_id, status in self.store.attempt_runs(self.config.session, key):
             if status not in TERMINAL:
                 continue
@@ -4678,9 +4671,8 @@ class Gate:
 
     def _session_rules(self, tool, key, needs_approval, decider):
         """Rule 7: what other requests of the session say about this one: BLOCKED, or NEXT.
-        It acts on what it meets, so the tool is never blocked by what nobody will settle: a
-        run of this tool whose process died is taken over, an expired question about an
-        unknown outcome of this tool is ended, and one left with no question is asked again."""
+        It acts on what it meets, so a tool is never blocked by what nobody will settle: a dead
+        run is taken over, an expired question ended, an unasked one asked again."""
         waiting = 0
         for run_id, status, owner, expires, run_tool in self.store.unsettled_runs(
                 self.config.session, key):
@@ -4716,9 +4708,8 @@ class Gate:
         return NEXT
 
     def _unknown_block(self, tool, key):
-        """Another request of this tool left an outcome unknown with no question waiting (it
-        expired, or a crash came first): ask it again in a fresh run and block this call on
-        it (BLOCKED); NEXT when there is none."""
+        """Another request of this tool left an outcome unknown with no question waiting: ask
+        it again in a fresh run and block this call on it (BLOCKED); NEXT when there is none."""
         for other_key, run_id, reason in self.store.unknown_for_tool(
                 self.config.session, (tool.target, tool.name), key):
             if reason in ("approval_rejected", "operator_cancelled"):
@@ -4743,9 +4734,8 @@ class Gate:
     # -- beginning and executing a run ---------------------------------------------------------
 
     def _begin(self, tool, args, key, seen, judged, invalid=None, attempt=None, origin="model"):
-        """Rule 8: begin a run for this request, decide on it (section 4) and record the
-        decision in one write transaction, then act on it. `invalid` (why, frame) records
-        arguments that were not usable JSON (`judged` is then None)."""
+        """Rule 8: begin a run, decide on it and record the decision in one write transaction,
+        then act on it. `invalid` (why, frame): arguments not usable JSON (`judged` is None)."""
         run_id = f"{self.config.session}.{new_id(8)}"
         problem = invalid[0] if invalid else judged.problem
         if not (problem or attempt) and tool.read_only and not tool.rule.limits:
@@ -4831,8 +4821,7 @@ class Gate:
                 tool, args, self.config.max_result_bytes, progress and progress.server)
             elapsed = int((time.monotonic() - started) * 1000)
 
-            def record(tx):
-                """Record the outcome; the approval a re-run waits on, when it is unknown."""
+            def record(tx):  # the approval a re-run waits on, when the outcome is unknown
                 if verdict.record:  # a read, recorded whole
                     verdict.record(tx, observation, ending, elapsed)
                     return None
@@ -4876,8 +4865,8 @@ class Gate:
             else ""
 
     def _too_large(self, tool, record):
-        """A result past max_result_bytes: its blocks' types and sizes, and whether the request
-        executed (a mutating one did, and is not run again)."""
+        """A result past max_result_bytes: its blocks' types and sizes, and whether it ran."""
+
         then = TOO_LARGE_THEN["read"] if tool.read_only else \
             TOO_LARGE_THEN["mutating"].format(window=self._refused_for(tool))
         return answer("RESULT_TOO_LARGE", what=SLOT_PROSE["an_error" if record.get("is_error")
@@ -4908,16 +4897,12 @@ class Gate:
 
 
 def call_upstream(tool, args, cap, progress=None):
-    """Send one call upstream and classify what came back, as (observation, ending, passed):
-    `passed` is the server's result to pass on as it came, or None when there is none or it
-    is larger than `cap` bytes (the observation then says it was withheld).
-
-    The ending is the one place an outcome is classified: 'ok'; 'error' (the server answered
-    with an error result or a JSON-RPC error, or nothing was sent: known); 'unrecorded' (the
-    server answered, so the call executed, but its answer is unusable: known, and never run
-    again); 'timed_out' or 'no_answer' (it may have taken effect: unknown). A read's failure
-    is always 'error': a read has no effect for anyone to vouch for.
-    """
+    """Send one call upstream: (observation, ending, passed), `passed` the server's result
+    as it came, or None (none, or past `cap` bytes: the observation says it was withheld).
+    The ending is the one place an outcome is classified: 'ok'; 'error' (an error result or
+    JSON-RPC error, or nothing sent: known); 'unrecorded' (executed, answer unusable: known,
+    never run again); 'timed_out' or 'no_answer' (it may have taken effect: unknown). A
+    read's failure is always 'error': a read has no effect for anyone to vouch for."""
     passed = None
     try:
         result = tool.upstream.request(
