@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5298 lines of decision core, read first; then the libraries it relies on, each
+Sections (5294 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -36,7 +36,7 @@ configuration because the configuration is read with their parsers.
      6. Tools, as pinned                             decision core      436
      7. Answers                                      decision core      480
      8. The record                                   decision core      920
-     9. The gate                                     decision core      723
+     9. The gate                                     decision core      719
     10. The host side                                decision core      412
     11. ECMA-262 patterns                            library            435
     12. Hosts in URLs                                library            110
@@ -4443,12 +4443,10 @@ class Gate:
                 if isinstance(verdict, Execute):
                     executing = True
                     return self._execute(tool, verdict, progress)
-                if held or not self.config.hold_for(self.client) or cancelled.is_set() or \
-                        self.stopping.is_set():
+                if held or not self._hold(verdict.approval, progress, cancelled):
                     return waiting_answer(verdict.approval)
                 held = True
-                if not self._hold(verdict.approval, progress, cancelled):
-                    return waiting_answer(verdict.approval)
+
                 # The operator decided meanwhile: judged again, as a path's links may have moved.
                 judged = self._judge(tool, args, judged.work)
         except (StoreError, Race) as err:
@@ -4491,13 +4489,11 @@ class Gate:
         """The rules in order, as one verdict: an Answer, a Wait, an Execute, or AGAIN."""
         window = self.window(tool)
         since = format_time(time.time() - window / SECOND)
-        # Identical reads within the window never refuse one another, so a read needs only
-        # its newest row: an approval it waits on, or an operator's refusal, stops every
-        # identical read that comes after it from beginning a run of its own.
-        # The open row is read in the same statement as the runs the rules look at, and the
-        # begin refuses unless it is still the key's open row: so no run of this request can
-        # begin, execute and finish unseen between this view and the begin (in this process
-        # or another) and let the same call run twice within the window.
+        # A read needs only its newest row: identical reads never refuse one another, and an
+        # approval it waits on or an operator's refusal stops every identical read after it.
+        # The open row is read in the same statement, and the begin refuses unless it is still
+        # the key's open row: no run of this request can begin, execute and finish unseen in
+        # between (in any process) and let the same call run twice within the window.
         rows = self.store.key_runs(self.config.session, key, since, newest_only=tool.read_only)
         seen = next((row.run_id for row in rows if row.open), None)
         for row in rows:                                                    # rules 1 to 5
@@ -4557,8 +4553,8 @@ class Gate:
             log(f"approval {approval['id']} does not match its hash; it was altered after it "
                 f"was made and will not be used")
             return answer("DENIED", reason=SLOT_PROSE["altered"])
-        grant_ttl = self.config.grant_ttl
-        if grant_ttl and later(approval["decided_at"], grant_ttl) < now():
+        if self.config.grant_ttl and later(approval["decided_at"], self.config.grant_ttl) < now():
+
             self._expire(approval)
             return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
         if judged.problem:
