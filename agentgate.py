@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5294 lines of decision core, read first; then the libraries it relies on, each
+Sections (5293 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -36,7 +36,7 @@ configuration because the configuration is read with their parsers.
      6. Tools, as pinned                             decision core      436
      7. Answers                                      decision core      480
      8. The record                                   decision core      920
-     9. The gate                                     decision core      719
+     9. The gate                                     decision core      718
     10. The host side                                decision core      412
     11. ECMA-262 patterns                            library            435
     12. Hosts in URLs                                library            110
@@ -4862,7 +4862,6 @@ class Gate:
 
     def _too_large(self, tool, record):
         """A result past max_result_bytes: its blocks' types and sizes, and whether it ran."""
-
         then = TOO_LARGE_THEN["read"] if tool.read_only else \
             TOO_LARGE_THEN["mutating"].format(window=self._refused_for(tool))
         return answer("RESULT_TOO_LARGE", what=SLOT_PROSE["an_error" if record.get("is_error")
