@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5436 lines of decision core, read first; then the libraries it relies on, each
+Sections (5391 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -37,7 +37,7 @@ configuration because the configuration is read with their parsers.
      7. Answers                                      decision core      480
      8. The record                                   decision core      920
      9. The gate                                     decision core      861
-    10. The host side                                decision core      412
+    10. The host side                                decision core      367
     11. ECMA-262 patterns                            library            435
     12. Hosts in URLs                                library            110
     13. Paths as the kernel resolves them            library             99
@@ -46,15 +46,16 @@ configuration because the configuration is read with their parsers.
     16. Reading the record                           around the core    137
     17. Tool changes while serving                   around the core    147
     18. The status tool                              around the core    119
-    19. Notify                                       around the core     59
-    20. Pins and load reports                        around the core    122
-    21. The command line's flags                     around the core    116
-    22. Operator commands                            around the core   1292
-    23. Setup                                        around the core    605
-    24. Pin and check                                around the core    183
-    25. Fake payment server                          around the core    118
-    26. Demonstration                                around the core    268
-    27. Main                                         around the core    124
+    19. The host's other requests                    around the core     65
+    20. Notify                                       around the core     59
+    21. Pins and load reports                        around the core    122
+    22. The command line's flags                     around the core    116
+    23. Operator commands                            around the core   1292
+    24. Setup                                        around the core    605
+    25. Pin and check                                around the core    183
+    26. Fake payment server                          around the core    118
+    27. Demonstration                                around the core    268
+    28. Main                                         around the core    130
 
 One tools/call through the core, with the section of each step:
 
@@ -4396,7 +4397,7 @@ class Gate:
         self.active = set()
         self.stopping = threading.Event()
         self.operator_hint = operator_hint(config.path)
-        # The seam to the notify program (section 19), registered by serve when the config
+        # The seam to the notify program (section 20), registered by serve when the config
         # names one: it is told an approval waits, by names only.
         self.announce = None
         # Registered names of the tools whose server changed them while serving (ToolWatch):
@@ -5138,42 +5139,34 @@ def operator_hint(config_file, database=""):
 #
 # Reads as: decision core
 #
-# Owns: the host's side of the conversation over stdin and stdout: the handshake, tools/list,
-# tools/call (on a pool of worker threads, at most MAX_IN_FLIGHT calls at once: the thread that
-# read a call runs it, and another takes up the reading), cancellation, and shutdown.
+# Owns: the host's side of the conversation over stdin and stdout as far as it decides calls:
+# framing, batches, tools/list, tools/call (on a pool of worker threads, at most MAX_IN_FLIGHT
+# requests at once), cancellation and shutdown. What decides no call (initialize's answer,
+# ping, other notifications, progress, the status tool) is section 19's, handed in by serve.
 # Promises: stdout carries only protocol, one JSON-RPC message per line, written as bytes under
 # one lock; the first request is answered at once, even while the upstream servers are still
 # being started; every request gets exactly one well-formed answer: a malformed or oversized
 # line, a batch member that is not a request, or an id that cannot be echoed as JSON gets a
 # JSON-RPC error (id null where the id cannot be echoed) and the session goes on; past the
 # bound, a request is told the gate is busy; unknown methods get -32601 at once; with no
-# server served the status tool alone is offered; each tool is offered as pinned; a call's
-# progress (the gate's while it holds the call, then the server's) reaches the host under the
-# host's token, only increasing; a tool its server changed while serving is no longer offered
-# (section 17 says so), and the host is told once; on stdin closing, SIGINT or SIGTERM no new
+# server served the status tool alone is offered; each tool is offered as pinned, and not once
+# its server changed it while serving (section 17); on stdin closing, SIGINT or SIGTERM no new
 # call starts, holds end, calls in flight finish and are recorded, then the upstream servers are
 # closed and the process exits 0.
 # =============================================================================================
 
-# The protocol versions agentgate speaks, oldest first, on both sides: it asks a server for the
-# newest it can (over HTTP, the newest the mcp package speaks too) and accepts any of these in
-# answer; the host side answers its host from the same list, each side on its own.
+# The protocol versions agentgate speaks, oldest first, on both sides, each side negotiating on
+# its own (over HTTP, only those the mcp package speaks too).
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
-
-SERVER_INFO = {"name": "gated-tools", "version": VERSION}
 BATCH_VERSIONS = ("2024-11-05", "2025-03-26")
 MAX_HOST_LINE = 16 * 1024 * 1024
 MAX_IN_FLIGHT = 64  # requests handled at once, each on a worker thread of its own
-class Shutdown(Exception):
-    """Raised in the main thread by SIGINT or SIGTERM before serving began."""
 
 
 class Workers:
-    """The threads requests are handled on: an idle one takes the next request, and a new one
-    is started only when none is idle, so a busy host does not pay a thread's start per call,
-    and there are never more threads than requests once handled at the same time, plus the
-    one reading the host (at most MAX_IN_FLIGHT requests, which the host side admits). A
-    thread idle for IDLE_SECONDS ends."""
+    """Threads for requests: an idle one takes the next task and a new one starts only when
+    none is idle, so there are never more threads than requests once in flight together, plus
+    the reader. A thread idle for IDLE_SECONDS ends."""
 
     IDLE_SECONDS = 2.0
 
@@ -5183,9 +5176,8 @@ class Workers:
         self.idle = 0
 
     def submit(self, task):
-        # Each task either claims an idle thread or starts one, under the lock, so every task
-        # on the queue has a waiting thread that will take it; `idle` counts the waiting
-        # threads no task has claimed.
+        # Under the lock each task claims an idle thread or starts one, so every queued task
+        # has a thread that will take it; `idle` counts the waiting threads no task claimed.
         with self.lock:
             claimed = self.idle > 0
             if claimed:
@@ -5215,17 +5207,16 @@ class Workers:
 
 
 class HostServer:
-    """One host session on stdin/stdout."""
+    """One host session on stdin/stdout. `around` (section 19's HostAround) answers the
+    requests and notifications not about tools and relays a call's progress."""
 
-    def __init__(self, config, stdin, stdout):
-        self.config = config
-        self.stdin, self.stdout = stdin, stdout
+    def __init__(self, stdin, stdout, around):
+        self.stdin, self.stdout, self.around = stdin, stdout, around
         self.write_lock = threading.Lock()
         self.ready = threading.Event()
         self.done = threading.Event()
         self.gate = None
         self.status_tool = None
-        self.unserved = 0
         self.protocol = PROTOCOL_VERSIONS[-1]
         self.client = ""  # the host's name from initialize: self-reported, for `client`
         self.calls = {}
@@ -5234,26 +5225,22 @@ class HostServer:
         self.workers = Workers()
         self.stopping = False
         self.failed = ""
-        self.initialized = False  # the host said notifications/initialized
 
     def start(self):
         self.frames = read_frames(self.stdin.fileno(), MAX_HOST_LINE)
         threading.Thread(target=self._read_loop, daemon=True).start()
 
-    def serve_with(self, gate, status_tool, status, unserved=0):
-        """Serve the gate's tools; `status` answers the status tool (the seam to section 18);
-        `unserved` servers of the config could not be served, which the status tool tells the
-        model (the reasons are the operator's, on stderr)."""
-        self.gate, self.status_tool, self.unserved = gate, status_tool, unserved
-        self.status = status
+    def serve_with(self, gate, status_tool, status):
+        """Serve the gate's tools; `status(args, invalid)` answers the status tool."""
+        # `gate` is stored before `client` is read, and _initialize stores `client` before it
+        # reads `gate`: either way the gate gets the host's name.
+        self.gate, self.status_tool, self.status = gate, status_tool, status
         gate.client = self.client
         self.ready.set()
 
     def fail(self, reason):
         self.failed = reason
         self.ready.set()
-
-    # -- framing ---------------------------------------------------------------------------
 
     def send(self, message):
         """Write one message, or a batch's list of answers, as one line."""
@@ -5273,14 +5260,12 @@ class HostServer:
         self.send(rpc_error(ident, code, message))
 
     def _read_loop(self):
-        """Read and handle frames until one hands back a request to run. The thread that read
-        a request runs it, and the reading goes on on another worker: a call starts without
-        waiting for a thread to wake, and the reader is never held up by a call. The frames
-        come from one generator, which the next reader takes up where this one stopped (it
-        is never resumed by two threads at once: the hand-over happens after it yielded)."""
+        """Read frames until one is a request to run: this thread runs it while another worker
+        reads on, so a call never waits for a thread to wake nor holds up the reader. The next
+        reader resumes the one generator only after it yielded: never two threads at once."""
         for frame, head in self.frames:
-            # One frame, however it is shaped, never ends the reader: everything after it
-            # would go unanswered, and closing stdin would no longer stop the gate.
+            # No frame ends the reader: what follows would go unanswered, and closing stdin
+            # would no longer stop the gate.
             try:
                 if frame is None:
                     ident = frame_id(head)
@@ -5345,7 +5330,6 @@ class HostServer:
         threading.Thread(target=run, daemon=True).start()
 
     def _admit(self):
-        """Take a place for a request in flight; False when the gate is at its bound."""
         with self.calls_lock:
             if self.running >= MAX_IN_FLIGHT:
                 return False
@@ -5355,8 +5339,6 @@ class HostServer:
     def _release(self):
         with self.calls_lock:
             self.running -= 1
-
-    # -- messages ------------------------------------------------------------------------------
 
     def _message(self, message, invalid, respond=True, admitted=False):
         """Handle one request or notification; with respond=False return the response.
@@ -5369,32 +5351,33 @@ class HostServer:
             return self._reply(respond, invalid_request(
                 ident if echoable_id(ident) else None, "a request needs a method"))
         if "id" not in message:
-            if method == "notifications/initialized":
-                self.initialized = True
             if method == "notifications/cancelled":
                 with self.calls_lock:
                     cancelled = self.calls.get(_id_key(params.get("requestId")))
                 if cancelled:
                     cancelled.set()
+            elif method in self.around.notifications:
+                self.around.notifications[method](self, params)
             return None
         if not echoable_id(ident):
-            # Checked before anything is recorded: an id that cannot be echoed as JSON gets
-            # the answer JSON-RPC gives an invalid request, and no run.
+            # Checked before anything is recorded: no run for an id that cannot be echoed.
             return self._reply(respond, invalid_request(
                 None, "the id must be a string or a number that can be written as JSON"))
-        if method == "initialize":
-            return self._reply(respond, self._initialize(ident, params))
-        if method == "ping":
-            return self._reply(respond, {"jsonrpc": "2.0", "id": ident, "result": {}})
-        if method == "tools/list":
-            return self._after_ready(respond, ident, lambda: {"tools": self._tool_list()},
-                                     admitted)
         if method == "tools/call":
             return self._after_ready(respond, ident,
                                      lambda: self._call(ident, params, invalid, respond),
                                      admitted)
-        return self._reply(respond, rpc_error(ident, -32601,
-                                              f"method {quote(method)} is not offered"))
+        if method == "tools/list":
+            return self._after_ready(respond, ident, lambda: {"tools": self._tool_list()},
+                                     admitted)
+        if method == "initialize":
+            self._initialize(params)
+        handler = self.around.requests.get(method)
+        if handler is None:
+            return self._reply(respond, rpc_error(ident, -32601,
+                                                  f"method {quote(method)} is not offered"))
+        return self._reply(respond, {"jsonrpc": "2.0", "id": ident,
+                                     "result": handler(self, params)})
 
     def _reply(self, respond, response):
         if respond:
@@ -5402,7 +5385,9 @@ class HostServer:
             return None
         return response
 
-    def _initialize(self, ident, params):
+    def _initialize(self, params):
+        # What initialize tells the gate: the protocol, which decides whether batches are
+        # read, and the host's name, which the policy reads as `client`.
         requested = params.get("protocolVersion")
         self.protocol = requested if requested in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[-1]
         info = params.get("clientInfo")
@@ -5410,18 +5395,13 @@ class HostServer:
         self.client = name[:200] if isinstance(name, str) else ""
         if self.gate is not None:
             self.gate.client = self.client
-        return {"jsonrpc": "2.0", "id": ident, "result": {
-            "protocolVersion": self.protocol, "capabilities": {"tools": {"listChanged": True}},
-            "serverInfo": SERVER_INFO}}
 
     def _after_ready(self, respond, ident, work, admitted):
-        """Requests that need the upstream servers are handled once the servers are ready,
-        each on a thread of its own (the one that read it, while another reads on); at most
-        MAX_IN_FLIGHT at once, and past that the host is told the gate is busy, so a flood
-        (identical held calls, say) cannot grow threads without bound. Whether a request is
-        accepted is decided here, on the reader thread, so a call read before stdin closed is
-        served even while the gate shuts down. Returns the work to run (with respond), or
-        the response (a batch member, run here)."""
+        """Run `work` once the servers are ready, at most MAX_IN_FLIGHT at once: past that the
+        host is told the gate is busy, so a flood cannot grow threads without bound. Whether a
+        request is accepted is decided here, on the reader, so a call read before stdin closed
+        is served even while the gate shuts down. Returns the work for the reader to run, or
+        (a batch member, on its batch's thread) runs it and returns the response."""
         accepted = not self.stopping
         if accepted and not admitted and not self._admit():
             return self._reply(respond, busy_error(ident))
@@ -5448,15 +5428,7 @@ class HostServer:
             finally:
                 if accepted and not admitted:
                     self._release()
-        # The reader that read the request runs it (_read_loop); a batch's thread runs its
-        # members in order.
         return run if respond else run()
-
-    def tools_changed(self):
-        """Tell the host the offered tools changed, once it may be told (after initialized:
-        before it, its first tools/list sees the change anyway)."""
-        if self.initialized:
-            self.send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
 
     def _tool_list(self):
         quarantined = self.gate.quarantined
@@ -5469,12 +5441,7 @@ class HostServer:
         name = params.get("name")
         args = params.get("arguments")
         if name == self.status_tool:
-            if invalid:
-                return answer("INVALID", reason=clean(invalid[0], 1000)).result()
-            status = self.status(self.gate, args)
-            if self.unserved and status.text.startswith("GATE_STATUS:"):
-                status.text += " " + UNSERVED_NOTE.format(count=self.unserved)
-            return status.result()
+            return self.status(args, invalid)
         tool = self.gate.tools.get(name) if isinstance(name, str) else None
         if tool is None:
             raise ToolNotOffered(CALL_ERRORS["unknown_tool"].format(name=quote(str(name))))
@@ -5485,19 +5452,9 @@ class HostServer:
         cancelled = threading.Event()
         with self.calls_lock:
             self.calls[_id_key(ident)] = cancelled
-
-        def send(value, total, message):
-            # A server's progress is written here on the thread that reads that server: a
-            # host that stops reading holds up that server's answers, as it holds up every
-            # answer it is sent. A request the host cancelled is told nothing more.
-            if cancelled.is_set():
-                return
-            told = {"progressToken": token, "progress": value, "total": total,
-                    "message": message}
-            self.send({"jsonrpc": "2.0", "method": "notifications/progress",
-                       "params": {k: v for k, v in told.items() if v is not None}})
         # A token is a string or a number, as an id is; a batch's member gets no progress.
-        progress = Progress(send) if respond and echoable_id(token) else None
+        progress = self.around.progress(self, token, cancelled) \
+            if respond and echoable_id(token) else None
         try:
             answered = self.gate.call(tool, args, invalid, progress, cancelled)
         finally:
@@ -5506,9 +5463,8 @@ class HostServer:
         result = answered.result()
         if answered.passed is None and "outputSchema" in tool.listing:
             # A tool with an output schema promises structured content in every result but an
-            # error, and a host refuses a result without it. The gate's own answers carry
-            # none, so they go as errors, which a host reads as they are; a server's result
-            # passes as the server sent it.
+            # error, and a host refuses a result without it: the gate's own answers carry none,
+            # so they go as errors; a server's result passes as the server sent it.
             result["isError"] = True
         return None if cancelled.is_set() and respond else result
 
@@ -6904,7 +6860,7 @@ def mcp_sdk_for(server):
 
 
 # OAuth, through the mcp package's own client (discovery, registration, PKCE, refresh). Only
-# `login`, an operator command, ever asks a person (section 23); the serving gate attaches
+# `login`, an operator command, ever asks a person (section 24); the serving gate attaches
 # what login left and refreshes it, and a server it cannot authorize is not served.
 LOGIN_NEEDED = "the server asks for an authorization the gate does not hold, or holds no longer"
 # Never used to receive anything: the serving gate's client has no way to ask a person.
@@ -7914,7 +7870,72 @@ def approved_fate(gate, approval):
 
 
 # =============================================================================================
-# 19. Notify
+# 19. The host's other requests
+#
+# Reads as: around the core
+#
+# Owns: what the host side hands on because it decides no call: initialize's answer, ping,
+# notifications/initialized and the tools-changed notice it allows, a call's progress as the
+# host hears it, and the status tool's call. Serve hands HostServer a HostAround at start and
+# the status tool's call (status_call) once serving.
+# Core it calls: Progress, answer, and HostServer's send and protocol.
+# Promises: a call's progress (the gate's while it holds the call, then the server's) reaches
+# the host under the host's token, only increasing, and nothing more once the host cancelled
+# the call; the host is told once of a tool its server changed while serving (section 17), and
+# only after it said notifications/initialized (before, its first tools/list sees the change).
+# =============================================================================================
+
+SERVER_INFO = {"name": "gated-tools", "version": VERSION}
+
+
+class HostAround:
+    """The seam HostServer reaches this section by: `requests` and `notifications` map a
+    method to its handler(host, params); a request's handler returns its result."""
+
+    def __init__(self):
+        self.initialized = False
+        self.requests = {"initialize": self.initialize, "ping": lambda host, params: {}}
+        self.notifications = {"notifications/initialized": self._initialized}
+
+    @staticmethod
+    def initialize(host, params):
+        return {"protocolVersion": host.protocol, "capabilities": {"tools": {"listChanged": True}},
+                "serverInfo": SERVER_INFO}
+
+    def _initialized(self, host, params):
+        self.initialized = True
+
+    def tools_changed(self, host):
+        if self.initialized:
+            host.send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+
+    @staticmethod
+    def progress(host, token, cancelled):
+        def send(value, total, message):
+            # Written on the thread that reads the server: a host that stops reading holds up
+            # that server's answers, as it holds up every answer it is sent.
+            if cancelled.is_set():
+                return
+            told = {"progressToken": token, "progress": value, "total": total,
+                    "message": message}
+            host.send({"jsonrpc": "2.0", "method": "notifications/progress",
+                       "params": {k: v for k, v in told.items() if v is not None}})
+        return Progress(send)
+
+
+def status_call(gate, unserved, args, invalid):
+    """The status tool's call; `unserved` servers of the config could not be served, which the
+    model is told (the reasons are the operator's, on stderr)."""
+    if invalid:
+        return answer("INVALID", reason=clean(invalid[0], 1000)).result()
+    status = status_answer(gate, args)
+    if unserved and status.text.startswith("GATE_STATUS:"):
+        status.text += " " + UNSERVED_NOTE.format(count=unserved)
+    return status.result()
+
+
+# =============================================================================================
+# 20. Notify
 #
 # Reads as: around the core
 #
@@ -7973,7 +7994,7 @@ class Notifier:
 
 
 # =============================================================================================
-# 20. Pins and load reports
+# 21. Pins and load reports
 #
 # Reads as: around the core
 #
@@ -8095,7 +8116,7 @@ def log_reports(reports):
 
 
 # =============================================================================================
-# 21. The command line's flags
+# 22. The command line's flags
 #
 # Reads as: around the core
 #
@@ -8211,7 +8232,7 @@ def text_argument(value):
 
 
 # =============================================================================================
-# 22. Operator commands
+# 23. Operator commands
 #
 # Reads as: around the core
 #
@@ -9503,7 +9524,7 @@ def recheck_line(e):
 
 
 # =============================================================================================
-# 23. Setup
+# 24. Setup
 #
 # Reads as: around the core
 #
@@ -9513,7 +9534,7 @@ def recheck_line(e):
 # hints; and the acceptance of those proposals. And `login`, the OAuth authorization of a url
 # server: the only command that opens a port (on 127.0.0.1, while it waits for the browser).
 # Core it calls: load_config, config_path, Server, check_reach, read_owned, write_private,
-# shown_url, operator_hint; section 20's pin.
+# shown_url, operator_hint; section 21's pin.
 # Promises: a config is written 0600; run again, init adds the servers new in its host's file
 # and changes no other byte; a secret in a server's env or headers goes into the config and into
 # no output; a tool is offered only once its proposed rule was accepted; a project's servers
@@ -10108,7 +10129,7 @@ class LoopbackRedirect:
 
 
 # =============================================================================================
-# 24. Pin and check
+# 25. Pin and check
 #
 # Reads as: around the core
 #
@@ -10291,7 +10312,7 @@ def load_warnings(reports):
 
 
 # =============================================================================================
-# 25. Fake payment server
+# 26. Fake payment server
 #
 # Reads as: around the core
 #
@@ -10409,7 +10430,7 @@ def fake_payments():
 
 
 # =============================================================================================
-# 26. Demonstration
+# 27. Demonstration
 #
 # Reads as: around the core
 #
@@ -10677,7 +10698,7 @@ def _processes_mentioning(text):
 
 
 # =============================================================================================
-# 27. Main
+# 28. Main
 #
 # Reads as: around the core
 #
@@ -10685,13 +10706,19 @@ def _processes_mentioning(text):
 # the upstreams, the gate, the host side and the seams around them. Go-style single-dash long
 # flags (-config, -approval); the double-dash spelling works too. Exit codes: 0 ok, 1 failure,
 # 2 usage. No traceback reaches a user: every expected failure is one sentence on stderr.
-# Core it calls: load_config, Store, Gate, HostServer, Shutdown, and the seams: the gate's
-# `announce` (section 19's Notifier) and the host's `status` (section 18's status_answer).
+# Core it calls: load_config, Store, Gate, HostServer, and the seams: the gate's `announce`
+# (section 20's Notifier), the host's `around` (section 19's HostAround) and `status` (section
+# 19's status_call).
 # =============================================================================================
+
+class Shutdown(Exception):
+    """Raised in the main thread by SIGINT or SIGTERM before serving began."""
+
 
 def cmd_serve(argv):
     config = serving_config(parser("serve", "config").parse_args(argv).config)
-    host = HostServer(config, sys.stdin.buffer, sys.stdout.buffer)
+    around = HostAround()
+    host = HostServer(sys.stdin.buffer, sys.stdout.buffer, around)
     serving = []
 
     def stop(signum, frame):
@@ -10723,9 +10750,9 @@ def cmd_serve(argv):
         gate = Gate(config, store, tools)
         if config.notify:
             gate.announce = Notifier(config.notify).announce
-        ToolWatch(gate, upstreams, host.tools_changed)
-        host.serve_with(gate, config.status_tool, status_answer,
-                        sum(bool(r.unserved) for r in reports))
+        ToolWatch(gate, upstreams, functools.partial(around.tools_changed, host))
+        host.serve_with(gate, config.status_tool, functools.partial(
+            status_call, gate, sum(bool(r.unserved) for r in reports)))
         serving.append(True)
         log(f"serving session {config.session} on database {config.database}: {len(tools)} "
             f"tool(s) from {len(reports)} server(s) "
