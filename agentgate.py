@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (5391 lines of decision core, read first; then the libraries it relies on, each
+Sections (5379 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the JSON and text helpers of sections 1 and 2, constants
 and exception classes). A section of the core uses only the sections above it and the
@@ -37,7 +37,7 @@ configuration because the configuration is read with their parsers.
      7. Answers                                      decision core      480
      8. The record                                   decision core      920
      9. The gate                                     decision core      861
-    10. The host side                                decision core      367
+    10. The host side                                decision core      355
     11. ECMA-262 patterns                            library            435
     12. Hosts in URLs                                library            110
     13. Paths as the kernel resolves them            library             99
@@ -46,7 +46,7 @@ configuration because the configuration is read with their parsers.
     16. Reading the record                           around the core    137
     17. Tool changes while serving                   around the core    147
     18. The status tool                              around the core    119
-    19. The host's other requests                    around the core     65
+    19. The host's other requests                    around the core     76
     20. Notify                                       around the core     59
     21. Pins and load reports                        around the core    122
     22. The command line's flags                     around the core    116
@@ -5139,20 +5139,18 @@ def operator_hint(config_file, database=""):
 #
 # Reads as: decision core
 #
-# Owns: the host's side of the conversation over stdin and stdout as far as it decides calls:
-# framing, batches, tools/list, tools/call (on a pool of worker threads, at most MAX_IN_FLIGHT
-# requests at once), cancellation and shutdown. What decides no call (initialize's answer,
-# ping, other notifications, progress, the status tool) is section 19's, handed in by serve.
-# Promises: stdout carries only protocol, one JSON-RPC message per line, written as bytes under
-# one lock; the first request is answered at once, even while the upstream servers are still
-# being started; every request gets exactly one well-formed answer: a malformed or oversized
-# line, a batch member that is not a request, or an id that cannot be echoed as JSON gets a
-# JSON-RPC error (id null where the id cannot be echoed) and the session goes on; past the
-# bound, a request is told the gate is busy; unknown methods get -32601 at once; with no
-# server served the status tool alone is offered; each tool is offered as pinned, and not once
-# its server changed it while serving (section 17); on stdin closing, SIGINT or SIGTERM no new
-# call starts, holds end, calls in flight finish and are recorded, then the upstream servers are
-# closed and the process exits 0.
+# Owns: the host's conversation on stdin and stdout as far as it decides calls: framing,
+# batches, tools/list, tools/call on at most MAX_IN_FLIGHT worker threads, cancellation and
+# shutdown. What decides no call (initialize's answer, ping, progress, the status tool) is
+# section 19's, handed in by serve.
+# Promises: stdout carries only protocol, one JSON-RPC message per line, written under one
+# lock; the first request is answered at once, even while the servers start; every request
+# gets exactly one well-formed answer: a malformed or oversized line, a batch member that is
+# not a request or an id that cannot be echoed gets a JSON-RPC error (id null then), and the
+# session goes on; past the bound a request is told the gate is busy; unknown methods get
+# -32601; each tool is offered as pinned, not once its server changed it while serving, and
+# the status tool always; on stdin closing, SIGINT or SIGTERM no new call starts, holds end,
+# calls in flight finish and are recorded, then the servers close and the process exits 0.
 # =============================================================================================
 
 # The protocol versions agentgate speaks, oldest first, on both sides, each side negotiating on
@@ -5165,8 +5163,8 @@ MAX_IN_FLIGHT = 64  # requests handled at once, each on a worker thread of its o
 
 class Workers:
     """Threads for requests: an idle one takes the next task and a new one starts only when
-    none is idle, so there are never more threads than requests once in flight together, plus
-    the reader. A thread idle for IDLE_SECONDS ends."""
+    none is idle, so threads never outnumber the requests once in flight together, plus the
+    reader. One idle for IDLE_SECONDS ends."""
 
     IDLE_SECONDS = 2.0
 
@@ -5207,8 +5205,8 @@ class Workers:
 
 
 class HostServer:
-    """One host session on stdin/stdout. `around` (section 19's HostAround) answers the
-    requests and notifications not about tools and relays a call's progress."""
+    """One host session. `around` (section 19's HostAround) answers the requests and
+    notifications not about tools and relays a call's progress."""
 
     def __init__(self, stdin, stdout, around):
         self.stdin, self.stdout, self.around = stdin, stdout, around
@@ -5216,7 +5214,6 @@ class HostServer:
         self.ready = threading.Event()
         self.done = threading.Event()
         self.gate = None
-        self.status_tool = None
         self.protocol = PROTOCOL_VERSIONS[-1]
         self.client = ""  # the host's name from initialize: self-reported, for `client`
         self.calls = {}
@@ -5230,11 +5227,10 @@ class HostServer:
         self.frames = read_frames(self.stdin.fileno(), MAX_HOST_LINE)
         threading.Thread(target=self._read_loop, daemon=True).start()
 
-    def serve_with(self, gate, status_tool, status):
-        """Serve the gate's tools; `status(args, invalid)` answers the status tool."""
+    def serve_with(self, gate, status):
         # `gate` is stored before `client` is read, and _initialize stores `client` before it
         # reads `gate`: either way the gate gets the host's name.
-        self.gate, self.status_tool, self.status = gate, status_tool, status
+        self.gate, self.status, self.status_tool = gate, status, status.listing["name"]
         gate.client = self.client
         self.ready.set()
 
@@ -5256,9 +5252,6 @@ class HostServer:
             except (OSError, ValueError):
                 self.done.set()
 
-    def error(self, ident, code, message):
-        self.send(rpc_error(ident, code, message))
-
     def _read_loop(self):
         """Read frames until one is a request to run: this thread runs it while another worker
         reads on, so a call never waits for a thread to wake nor holds up the reader. The next
@@ -5269,14 +5262,14 @@ class HostServer:
             try:
                 if frame is None:
                     ident = frame_id(head)
-                    self.error(None if ident is None else Number(str(ident)), -32600,
-                               f"the message is larger than {MAX_HOST_LINE} bytes")
+                    self.send(rpc_error(None if ident is None else Number(str(ident)), -32600,
+                                        f"the message is larger than {MAX_HOST_LINE} bytes"))
                     continue
                 request = self._frame(frame) if frame.strip() else None
             except Exception as err:
                 log(f"internal error: a message could not be handled ({type(err).__name__}: "
                     f"{err})")
-                self.error(None, -32603, "the message could not be handled")
+                self.send(rpc_error(None, -32603, "the message could not be handled"))
                 continue
             if request is not None:
                 self.workers.submit(self._read_loop)
@@ -5296,8 +5289,8 @@ class HostServer:
             ident = message.get("id") if isinstance(message, dict) else None
             if not (isinstance(message, dict) and message.get("method") == "tools/call"
                     and "id" in message):
-                self.error(ident if echoable_id(ident) else None, -32700,
-                           f"the message is not usable JSON: {err}")
+                self.send(rpc_error(ident if echoable_id(ident) else None, -32700,
+                                    f"the message is not usable JSON: {err}"))
                 return
         if isinstance(message, list):
             self._batch(message)
@@ -5308,7 +5301,8 @@ class HostServer:
 
     def _batch(self, messages):
         if self.protocol not in BATCH_VERSIONS or not messages:
-            self.error(None, -32600, f"batches are not part of protocol version {self.protocol}")
+            self.send(invalid_request(
+                None, f"batches are not part of protocol version {self.protocol}"))
             return
         # A batch is one request in flight, its members handled in order on one thread.
         if not self._admit():
@@ -5397,11 +5391,10 @@ class HostServer:
             self.gate.client = self.client
 
     def _after_ready(self, respond, ident, work, admitted):
-        """Run `work` once the servers are ready, at most MAX_IN_FLIGHT at once: past that the
-        host is told the gate is busy, so a flood cannot grow threads without bound. Whether a
-        request is accepted is decided here, on the reader, so a call read before stdin closed
-        is served even while the gate shuts down. Returns the work for the reader to run, or
-        (a batch member, on its batch's thread) runs it and returns the response."""
+        """Run `work` once the servers are ready, at most MAX_IN_FLIGHT at once, so a flood
+        cannot grow threads without bound. Accepted or not is decided here, on the reader, so
+        a call read before stdin closed is served while the gate shuts down. Returns the work
+        for the reader to run, or (a batch member) runs it and returns the response."""
         accepted = not self.stopping
         if accepted and not admitted and not self._admit():
             return self._reply(respond, busy_error(ident))
@@ -5433,15 +5426,14 @@ class HostServer:
     def _tool_list(self):
         quarantined = self.gate.quarantined
         listed = [t.listing for t in self.gate.tools.values() if t.name not in quarantined]
-        listed.append({"name": self.status_tool, "description": STATUS_DESCRIPTION,
-                       "inputSchema": STATUS_SCHEMA})
+        listed.append(self.status.listing)
         return listed
 
     def _call(self, ident, params, invalid, respond):
         name = params.get("name")
         args = params.get("arguments")
         if name == self.status_tool:
-            return self.status(args, invalid)
+            return self.status.call(args, invalid)
         tool = self.gate.tools.get(name) if isinstance(name, str) else None
         if tool is None:
             raise ToolNotOffered(CALL_ERRORS["unknown_tool"].format(name=quote(str(name))))
@@ -5478,10 +5470,6 @@ class HostServer:
 
 class ToolNotOffered(Exception):
     """A tools/call naming a tool the gate does not offer."""
-
-
-STATUS_SCHEMA = {"type": "object", "additionalProperties": False, "properties": {
-    "approval_id": {"type": "string", "description": STATUS_ARGUMENT}}}
 
 
 def _id_key(ident):
@@ -7876,8 +7864,8 @@ def approved_fate(gate, approval):
 #
 # Owns: what the host side hands on because it decides no call: initialize's answer, ping,
 # notifications/initialized and the tools-changed notice it allows, a call's progress as the
-# host hears it, and the status tool's call. Serve hands HostServer a HostAround at start and
-# the status tool's call (status_call) once serving.
+# host hears it, and the status tool. Serve hands HostServer a HostAround at start and a
+# StatusTool once serving.
 # Core it calls: Progress, answer, and HostServer's send and protocol.
 # Promises: a call's progress (the gate's while it holds the call, then the server's) reaches
 # the host under the host's token, only increasing, and nothing more once the host cancelled
@@ -7923,15 +7911,26 @@ class HostAround:
         return Progress(send)
 
 
-def status_call(gate, unserved, args, invalid):
-    """The status tool's call; `unserved` servers of the config could not be served, which the
-    model is told (the reasons are the operator's, on stderr)."""
-    if invalid:
-        return answer("INVALID", reason=clean(invalid[0], 1000)).result()
-    status = status_answer(gate, args)
-    if unserved and status.text.startswith("GATE_STATUS:"):
-        status.text += " " + UNSERVED_NOTE.format(count=unserved)
-    return status.result()
+STATUS_SCHEMA = {"type": "object", "additionalProperties": False, "properties": {
+    "approval_id": {"type": "string", "description": STATUS_ARGUMENT}}}
+
+
+class StatusTool:
+    """The status tool as the host side offers and calls it; `unserved` servers of the config
+    could not be served, which the model is told (the reasons are the operator's, on stderr)."""
+
+    def __init__(self, gate, name, unserved):
+        self.gate, self.unserved = gate, unserved
+        self.listing = {"name": name, "description": STATUS_DESCRIPTION,
+                        "inputSchema": STATUS_SCHEMA}
+
+    def call(self, args, invalid):
+        if invalid:
+            return answer("INVALID", reason=clean(invalid[0], 1000)).result()
+        status = status_answer(self.gate, args)
+        if self.unserved and status.text.startswith("GATE_STATUS:"):
+            status.text += " " + UNSERVED_NOTE.format(count=self.unserved)
+        return status.result()
 
 
 # =============================================================================================
@@ -10707,8 +10706,8 @@ def _processes_mentioning(text):
 # flags (-config, -approval); the double-dash spelling works too. Exit codes: 0 ok, 1 failure,
 # 2 usage. No traceback reaches a user: every expected failure is one sentence on stderr.
 # Core it calls: load_config, Store, Gate, HostServer, and the seams: the gate's `announce`
-# (section 20's Notifier), the host's `around` (section 19's HostAround) and `status` (section
-# 19's status_call).
+# (section 20's Notifier), the host's `around` and `status` (section 19's HostAround and
+# StatusTool).
 # =============================================================================================
 
 class Shutdown(Exception):
@@ -10751,8 +10750,8 @@ def cmd_serve(argv):
         if config.notify:
             gate.announce = Notifier(config.notify).announce
         ToolWatch(gate, upstreams, functools.partial(around.tools_changed, host))
-        host.serve_with(gate, config.status_tool, functools.partial(
-            status_call, gate, sum(bool(r.unserved) for r in reports)))
+        host.serve_with(gate, StatusTool(gate, config.status_tool,
+                                         sum(bool(r.unserved) for r in reports)))
         serving.append(True)
         log(f"serving session {config.session} on database {config.database}: {len(tools)} "
             f"tool(s) from {len(reports)} server(s) "
