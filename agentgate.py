@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (4754 lines of decision core, read first; then the libraries it relies on, each
+Sections (4038 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -29,33 +29,34 @@ the libraries, so the core reads top to bottom: the policy comes before the conf
 because the configuration is read with its parser.
 
      1. Framing                                      decision core      102
-     2. Text, times and fields                       decision core      316
-     3. Policy on what a call does                   decision core      714
-     4. Configuration and its trust                  decision core      513
-     5. Tools, as pinned                             decision core      436
-     6. Answers                                      decision core      480
-     7. The record                                   decision core      920
-     8. The gate                                     decision core      861
-     9. The host side                                decision core      412
+     2. Text, times and fields                       decision core      279
+     3. Policy on what a call does                   decision core      664
+     4. Configuration and its trust                  decision core      316
+     5. Tools, as pinned                             decision core      361
+     6. Answers                                      decision core      468
+     7. The record                                   decision core      775
+     8. The gate                                     decision core      718
+     9. The host side                                decision core      355
     10. Canonical JSON                               library            314
     11. ECMA-262 patterns                            library            435
     12. JSON Schema                                  library            356
     13. Hosts in URLs                                library            110
     14. Paths as the kernel resolves them            library             99
-    15. The lint                                     around the core    219
-    16. Upstream servers                             around the core   1102
-    17. Reading the record                           around the core    137
+    15. The lint                                     around the core    232
+    16. Upstream servers                             around the core   1258
+    17. Reading the record                           around the core    192
     18. Tool changes while serving                   around the core    147
-    19. The status tool                              around the core    119
-    20. Notify                                       around the core     59
-    21. Pins and load reports                        around the core    122
-    22. The command line's flags                     around the core    116
-    23. Operator commands                            around the core   1292
-    24. Setup                                        around the core    605
-    25. Pin and check                                around the core    183
-    26. Fake payment server                          around the core    118
-    27. Demonstration                                around the core    268
-    28. Main                                         around the core    124
+    19. The status tool                              around the core    120
+    20. The host's other requests                    around the core     76
+    21. Notify                                       around the core     89
+    22. Pins and load reports                        around the core    186
+    23. The command line's flags                     around the core    116
+    24. Operator commands                            around the core   1305
+    25. Setup                                        around the core    605
+    26. Pin and check                                around the core    183
+    27. Fake payment server                          around the core    118
+    28. Demonstration                                around the core    268
+    29. Main                                         around the core    129
 
 One tools/call through the core, with the section of each step (10, 12: libraries):
 
@@ -217,11 +218,9 @@ def request_key(tool_name, args):
 #
 # Reads as: decision core
 #
-# Owns: Go-syntax durations (the config is written in them, prose prints them), the one
-# sanitizer every server-, model- or operator-chosen string passes before it reaches prose, a
-# log line or a terminal, tell and tell_json (the one way a line reaches a person, sanitized
-# there), the one timestamp format of the store, ids, deadlines, and the readers of a config
-# field that sections 3 and 4 share.
+# Owns: Go-syntax durations, the one sanitizer every chosen string passes before prose, a log
+# or a terminal, tell (the one way a line reaches a person), the store's one timestamp format,
+# ids, deadlines, and the readers of a config field.
 # Promises: sanitized text holds no control character, no bidi override and no invisible
 # format character a terminal or a reader could be fooled by; data returned to the host as a
 # result is never sanitized (it is the server's answer, passed back as recorded).
@@ -288,7 +287,6 @@ MAX_COMBINING = 4
 
 
 def sanitize(text):
-    """Make server-, model- or operator-chosen text safe for prose, logs and terminals."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     if not _NEEDS_CARE.search(text) and not _has_long_combining_run(text):
@@ -321,8 +319,8 @@ def sanitize(text):
     return "".join(out)
 
 
-# Runs of characters at or above U+0300, where every combining mark lives: only these are
-# looked at character by character, so plain text costs one scan in C.
+# Every combining mark is at or above U+0300: only runs of such characters are looked at one
+# by one, so plain text costs one scan in C.
 _MAYBE_MARKS = re.compile("[\u0300-\U0010ffff]{%d,}" % (MAX_COMBINING + 1))
 
 
@@ -337,7 +335,7 @@ def _has_long_combining_run(text):
 
 
 def cut(text, limit):
-    """Cut to at most `limit` UTF-8 bytes on a character boundary, marking the cut with '…'."""
+    """At most `limit` UTF-8 bytes on a character boundary, the cut marked with '…'."""
     data = text.encode("utf-8", "surrogatepass")
     if len(data) <= limit:
         return text
@@ -348,26 +346,21 @@ def cut(text, limit):
 
 
 def clean(text, limit):
-    """Sanitize, then cut: the form every chosen string takes inside prose. The text is cut
-    once before it is sanitized too, so a long one costs no more than its first `limit`
-    characters."""
+    """Cut before it is sanitized too: a long string costs no more than its first `limit`."""
     return cut(sanitize(cut(text[:limit + 1], limit)), limit)
 
 
 def quote(text):
-    """An operator's or server's words inside prose: sanitized and in double quotes."""
     return '"' + sanitize(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def now():
-    """The store's one time format: fixed-width UTC with microseconds, so text order is time
-    order and leases and windows compare as strings."""
+    """Fixed-width UTC with microseconds: leases and windows compare as strings."""
     return format_time(time.time())
 
 
 def format_time(seconds):
-    """A time as the store keeps it. The microseconds are rounded as datetime rounds them
-    (half to even)."""
+    """Microseconds rounded as datetime rounds them (half to even)."""
     fraction, whole = math.modf(seconds)
     micros = round(fraction * 1e6)
     if micros >= 1_000_000:
@@ -382,20 +375,16 @@ def parse_time(text):
 
 
 def later(text, ns):
-    """The stored time `ns` nanoseconds after the stored time `text`."""
     return format_time(parse_time(text) + ns / SECOND)
 
 
 def prose_time(text):
-    """A stored time as people read it in prose: UTC, to the second."""
     return text[:19] + "Z"
 
 
 def python_command():
-    """The interpreter running now, as a person types it: `python3` when that name finds this
-    very file on PATH, else its path. A virtual environment's python (which has the mcp
-    package) is not the python3 a terminal finds, and a command pasted with the wrong one
-    fails."""
+    """`python3` when that name finds this interpreter on PATH, else its path: a virtual
+    environment's python (which has the mcp package) is not the python3 a terminal finds."""
     import shutil
     found = shutil.which("python3")
     if found and os.path.abspath(found) == os.path.abspath(sys.executable):
@@ -404,40 +393,20 @@ def python_command():
 
 
 def tell(*lines, out=None, end="\n", flush=False):
-    """The one way text reaches a person's terminal or log (stdout when `out` is None): each
-    argument is one line and is sanitized whole here, so a newline inside one is a space and no
-    value can draw a line of its own. The live view of watch draws its rows through the same
-    sanitize (Screen.put). Sanitizing text twice changes nothing, so a caller that sanitized a
-    value to measure or cut it is shown the same bytes."""
+    """The one way text reaches a person: each argument one line, sanitized whole, so no value
+    draws a line of its own (sanitizing twice changes nothing)."""
     out = sys.stdout if out is None else out
     out.write("\n".join(sanitize(line) for line in lines or ("",)) + end)
     if flush:
         out.flush()
 
 
-def tell_json(value, out=None):
-    """A -json value through tell, still valid JSON that reads back as the same value: tell
-    finds nothing to change in it (_json_for_terminal)."""
-    tell(*map(_json_for_terminal, pretty_json(value).split("\n")), out=out)
-
-
-def _json_for_terminal(line):
-    """A line of JSON with each character sanitize would change written as its JSON escape:
-    the encoder escapes the controls already, so what is left is bidi and invisible
-    characters, lone surrogates and combining marks, all inside strings."""
-    if sanitize(line) == line:
-        return line
-    return "".join(json.dumps(ch)[1:-1] if _NEEDS_CARE.match(ch) or
-                   unicodedata.category(ch)[0] == "M" else ch for ch in line)
-
-
 def log(message):
-    """One line to stderr, prefixed; stdout carries only protocol."""
+    """One line to stderr; stdout carries only protocol."""
     try:
         tell(f"{PROGRAM}: {message}", out=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
-
 
 
 SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation", "destructive")
@@ -449,6 +418,8 @@ class ConfigError(Exception):
 
 
 def refuse_unknown(raw, fields, where):
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be an object")
     for key in raw:
         if key not in fields:
             raise ConfigError(f"{where} has an unknown field {quote(key)}; the fields are "
@@ -506,20 +477,13 @@ def field_duration(raw, field, where, default):
 
 
 def new_id(size):
-    """A fresh id of `size` bytes as hex: the time in milliseconds first, then randomness.
-
-    Ids that grow with time land at the right edge of their indexes, so recording a call
-    touches the same few pages whether the database holds a hundred runs or a million; the
-    random part keeps two ids made in the same millisecond apart (a clash, however unlikely,
-    is refused by the primary key and decided again).
-    """
+    """The time in milliseconds, then randomness: ids land at their indexes' right edge, so a
+    write touches the same pages however large the database; a clash is decided again."""
     stamp = (time.time_ns() // 1_000_000) & 0xFFFFFFFFFF
     return f"{stamp:010x}" + secrets.token_hex(size - 5)
 
 
 class Deadline:
-    """A point on the monotonic clock, remembering the bound it was set with for messages."""
-
     def __init__(self, ns):
         self.ns = ns
         self.at = time.monotonic() + ns / SECOND
@@ -533,22 +497,17 @@ class Deadline:
 #
 # Reads as: decision core
 #
-# Owns: the conditions a rule's `when` entries and a grant test a call's arguments with, the
-# entries themselves, the limits, and the one decision (`policy_decision`) they make with the
-# class map. Plain functions of the call and of the facts of its moment (Facts: the time, the
-# host's self-reported name, the grants in force, and the executions inside a limit's window),
-# which the gate reads inside its write transaction and recheck reads back from the record,
-# both through one builder (decision_facts). What a request's arguments say is judged once
-# for a decision and those made again with it (Judgement); the facts, at each. No SQL here.
-# A URL's host and a path's place are read by the libraries of sections 13 and 14.
+# Owns: conditions, `when` entries, limits and grants, and the one decision they make with the
+# class map (policy_decision): a function of the call, of what its arguments were judged to say
+# (Judgement, once per request) and of the facts of its moment (Facts, built by decision_facts
+# for the gate and for recheck alike, through `rows`: its only SQL).
 # Promises: a condition that cannot be evaluated does not hold, and an entry other than allow
-# whose conditions are too costly to judge denies; numbers compare as exact decimals from their
-# literals, never through a float; a limit never loosens a decision; a grant answers only what
-# would wait for an operator (never a deny, never a re-run of an unknown outcome); every
-# mistake in a policy is refused at load with one sentence naming the tool, the entry and the
-# fix. A pointer reads what the server will: an argument the call omits, at the default the
-# tool's pinned schema gives it. A limit counts each execution by the arguments it was recorded
-# with, so a limit added or changed within its window counts what ran before it.
+# that cannot be judged denies; numbers compare exactly, never through a float; a limit never
+# loosens; a grant answers only what would wait for an operator (never a deny, never a re-run
+# of an unknown outcome); a policy mistake is refused at load naming the tool, the entry and
+# the fix. A pointer reads an omitted argument at its pinned schema's default, as the server
+# does. A limit counts each execution by its recorded arguments, so a limit added within its
+# window counts what ran before it.
 # =============================================================================================
 
 GRANT_COLUMNS = ("id", "session", "tool", "name", "conditions_json", "created_at", "expires_at",
@@ -556,23 +515,18 @@ GRANT_COLUMNS = ("id", "session", "tool", "name", "conditions_json", "created_at
 
 
 def executions(rows, target, since, before):
-    """A tool's executions after `since` and before `before` (stored times), oldest first,
-    as (time, its step's decision as recorded, the hash of the spec it was decided under),
-    read through `rows` (Store.read or Tx.rows)."""
+    """A tool's executions in (since, before), oldest first: (time, decision_json, spec_hash)."""
     return rows("SELECT e.at, s.decision_json, s.spec_hash FROM executions e JOIN steps s ON "
                 "s.id=e.step_id WHERE e.tool=? AND e.at>? AND e.at<? ORDER BY e.at, e.id",
                 (target, since, before))
 
 
 def tool_spec(rows, spec_hash):
-    """The tool spec stored under a hash, or None, read through `rows`."""
     found = rows("SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,))
     return parse(found[0][0]) if found else None
 
 
 def grants_in_force(rows, session, target, at):
-    """The grants of a tool in force at the stored time `at`, oldest first, as dicts of
-    GRANT_COLUMNS, read through `rows`."""
     return [dict(zip(GRANT_COLUMNS, row)) for row in rows(
         f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? AND tool=? AND "
         f"expires_at>? AND created_at<=? AND (revoked_at='' OR revoked_at>?) ORDER BY "
@@ -588,15 +542,12 @@ MISSING = object()  # what a pointer finds where the arguments have nothing
 NEVER = math.inf    # when a limit frees up for a call that is alone above it
 _INDEX_RE = re.compile(r"0|[1-9][0-9]{0,8}")
 _CLOCK_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])|24:00")
-
 _SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
 
-# The facts a decision depends on beyond the call itself. at: seconds since the epoch.
-# client: the name the host gave in initialize. grants(): the Grant objects in force for the
-# tool (read only when a decision would wait for an operator). uses(since): the tool's
-# executions after `since` and before this call, as (seconds, amounts) oldest first, where
-# amounts maps a sum limit's pointer to the number executed (counted_uses); None when no limit
-# is counted (the decision only steers the rules, or an operator has already decided the call).
+# What a decision depends on beyond the call. at: seconds since the epoch; client: the host's
+# name from initialize; grants(): the Grants in force (read only when a decision would wait);
+# uses(since): the tool's executions after `since`, as (seconds, {sum pointer: amount}), or
+# None when no limit is counted (the decision only steers the rules, or an operator decided).
 Facts = collections.namedtuple("Facts", "at client grants uses")
 
 
@@ -612,10 +563,9 @@ def parse_pointer(text, where):
 
 
 def resolve_pointer(args, tokens, schema):
-    """The value at a pointer into the arguments as the server reads it: where the arguments
-    lack it but hold the object it belongs in, the default the tool's pinned `schema` gives
-    it there, since the server fills that in (an omitted amount is paid at its default);
-    MISSING when there is neither. A schema of None gives no defaults."""
+    """The value at a pointer as the server reads it: where the arguments lack it but hold
+    its parent object, the default `schema` gives it (an omitted amount is paid at its
+    default); else MISSING."""
     value, node = args, schema
     for token in tokens:
         parent = value
@@ -638,9 +588,8 @@ def resolve_pointer(args, tokens, schema):
 
 
 def schema_child(schema, node, token):
-    """The part of `schema` that describes the value at `token` inside a value that `node`
-    describes (a $ref of `node` followed), or None when there is none. Raises SchemaError
-    for a $ref that points at nothing."""
+    """The part of `schema` describing `token` inside what `node` describes, or None; raises
+    SchemaError for a $ref that points at nothing."""
     if isinstance(node, dict) and isinstance(node.get("$ref"), str):
         node = resolve_ref(schema, node["$ref"])
     if not isinstance(node, dict):
@@ -652,7 +601,6 @@ def schema_child(schema, node, token):
 
 
 def parse_decimal(value, where):
-    """A bound written as a JSON number or a decimal string, as its exact value."""
     if isinstance(value, Number):
         return value.exact()
     if isinstance(value, str) and JSON_NUMBER_RE.fullmatch(value) and not number_bound(value):
@@ -667,8 +615,6 @@ def number_text(value):
 
 
 def host_matches(scheme, host, entries):
-    """Whether a host (reached by `scheme`) is one of the entries: a host, `.` and a domain
-    for its subdomains, either after `scheme://` when only that scheme will do."""
     for entry in entries:
         wanted, sep, name = entry.partition("://")
         if not sep:
@@ -679,9 +625,8 @@ def host_matches(scheme, host, entries):
 
 
 def host_entry(entry, with_scheme, where):
-    """A host_in or host_not_in entry as it is compared. Only host_in takes a scheme
-    (`https://example.com`): in host_not_in it would let the same host through under every
-    other scheme."""
+    """A host_in or host_not_in entry as it is compared. Only host_in takes a scheme: in
+    host_not_in it would let the same host through under every other scheme."""
     scheme, sep, name = entry.partition("://") if isinstance(entry, str) else ("", "", entry)
     scheme, name = (scheme.lower(), name) if sep else ("", entry)
     dot = "." if isinstance(name, str) and name.startswith(".") else ""
@@ -713,11 +658,10 @@ def resolved_root(text, where):
 
 
 class Condition:
-    """What the value at one JSON Pointer into the arguments must be."""
+    """What the value at one JSON Pointer into the arguments must be. `resolved`: the
+    directories of `under` are a grant's, resolved when it was confirmed, and kept as they are."""
 
     def __init__(self, pointer, raw, where, resolved=False):
-        """`resolved`: the directories of `under` are taken as they are, as a grant keeps
-        them (resolved when it was confirmed), and not resolved again."""
         self.pointer, self.tokens = pointer, parse_pointer(pointer, where)
         where = f"{where} {quote(pointer)}"
         if not isinstance(raw, dict) or not raw:
@@ -737,9 +681,14 @@ class Condition:
 
     @staticmethod
     def _read(name, value, where, resolved):
-        if name in ("in", "not_in"):
+        if name in ("in", "not_in", "under", "host_in", "host_not_in"):
             if not isinstance(value, list) or not value:
-                raise ConfigError(f"{where} must be a non-empty list of JSON values")
+                kind = "JSON values" if name in ("in", "not_in") else "strings"
+                raise ConfigError(f"{where} must be a non-empty list of {kind}")
+            if name == "under":
+                return list(value) if resolved else [resolved_root(r, where) for r in value]
+            if name in ("host_in", "host_not_in"):
+                return [host_entry(entry, name == "host_in", where) for entry in value]
             return value
         if name == "pattern":
             if not isinstance(value, str):
@@ -760,20 +709,12 @@ class Condition:
             if not isinstance(value, bool):
                 raise ConfigError(f"{where} must be true or false")
             return value
-        if name in ("under", "host_in", "host_not_in"):
-            if not isinstance(value, list) or not value:
-                raise ConfigError(f"{where} must be a non-empty list of strings")
-            if name == "under":
-                return list(value) if resolved else [resolved_root(root, where)
-                                                     for root in value]
-            return [host_entry(entry, name == "host_in", where) for entry in value]
         return value  # equals: any JSON value
 
     def holds(self, args, work=None, schema=None):
-        """True or False; None when a pattern search is more than the call's pattern work
-        (else a fresh one) can pay for and no test is false: it cannot be evaluated, so it
-        does not hold, and policy_decision says what that means for an entry. An argument the
-        call lacks is read at the default of the tool's pinned `schema`."""
+        """True, False, or None when a pattern search costs more than `work` can pay and no
+        test is false: it cannot be evaluated, so it does not hold (policy_decision says what
+        that means for an entry)."""
         value = resolve_pointer(args, self.tokens, schema)
         work = PatternWork() if work is None else work
         return all_judged(self._test(name, expected, value, work)
@@ -801,13 +742,9 @@ class Condition:
         return f"{self.pointer} " + " and ".join(words)
 
 
-def _is_number(value):
-    return isinstance(value, Number)
-
-
 def all_judged(verdicts):
-    """All of the verdicts (True, False, or None: not judged), read in order: False at the
-    first that is false, else None if one was not judged, else True."""
+    """False at the first false verdict (the rest are not judged: no pattern work is spent on
+    them), else None if one was not judged, else True."""
     judged = True
     for verdict in verdicts:
         if verdict is None:
@@ -818,25 +755,20 @@ def all_judged(verdicts):
 
 
 def _host_holds(value, hosts, listed):
-    """Whether the URL's host is (`listed`) or is not among the hosts; never for no host, so
-    an entry that allows on either condition never allows a URL whose host cannot be read one
-    way. An entry that denies on host_in does not catch it either: what follows it decides
-    (the class, at the end), which is why a host policy is safest written as what it allows."""
+    """Never for a URL whose host cannot be read, so neither host_in nor host_not_in allows
+    it; a deny on host_in does not catch it either (what follows decides), which is why a host
+    policy is safest written as what it allows."""
     place = url_place(value)
     return place is not None and host_matches(*place, hosts) == listed
-
-
-def _length(value):
-    return len(value) if isinstance(value, (str, list)) else math.inf
 
 
 CHECKS = {
     "equals": lambda value, expected: json_equal(value, expected),
     "in": lambda value, options: any(json_equal(value, o) for o in options),
     "not_in": lambda value, options: not any(json_equal(value, o) for o in options),
-    "min": lambda value, bound: _is_number(value) and value.exact() >= bound,
-    "max": lambda value, bound: _is_number(value) and value.exact() <= bound,
-    "max_length": lambda value, bound: _length(value) <= bound,
+    "min": lambda value, bound: isinstance(value, Number) and value.exact() >= bound,
+    "max": lambda value, bound: isinstance(value, Number) and value.exact() <= bound,
+    "max_length": lambda value, bound: isinstance(value, (str, list)) and len(value) <= bound,
     "present": lambda value, expected: True,
     "under": lambda value, roots: path_under(value, roots),
     "host_in": lambda value, hosts: _host_holds(value, hosts, True),
@@ -851,8 +783,7 @@ CONDITION_WORDS = {
 
 
 def parse_conditions(raw, where, resolved=False):
-    """An `if` object (or a grant's -if): JSON Pointers to conditions, all of which must
-    hold. `resolved`: a grant's, whose directories were resolved when it was confirmed."""
+    """An `if` object (or a grant's -if): JSON Pointers to conditions, all of which must hold."""
     if not isinstance(raw, dict):
         raise ConfigError(f'{where} must be an object of JSON Pointer to condition, such as '
                           f'{{"/amount": {{"max": "50.00"}}}}')
@@ -900,12 +831,12 @@ class During:
     @staticmethod
     def _hours(text, where):
         first, _, last = text.partition("-") if isinstance(text, str) else ("", "", "")
-        if not _CLOCK_RE.fullmatch(first.strip()) or not _CLOCK_RE.fullmatch(last.strip()) \
-                or first.strip() == last.strip() or first.strip() == "24:00":
+        first, last = first.strip(), last.strip()
+        if not _CLOCK_RE.fullmatch(first) or not _CLOCK_RE.fullmatch(last) or first == last \
+                or first == "24:00":
             raise ConfigError(f'{where} must read like "09:00-18:00" (a range past midnight, '
                               f'like "22:00-06:00", is allowed)')
-        start, end = (int(t[:2]) * 60 + int(t[3:5]) for t in (first.strip(), last.strip()))
-        return start, end
+        return tuple(int(t[:2]) * 60 + int(t[3:5]) for t in (first, last))
 
     def holds(self, at):
         local = datetime.datetime.fromtimestamp(at, self.zone)
@@ -924,19 +855,16 @@ class During:
 
 class Judgement:
     """What one request's arguments say, judged once for a pass through the gate: the schema
-    check's problem, and whether the conditions of each `when` entry and each grant hold on
-    them (all_judged's verdict). A decision made again under the rules' lock, or in the write
-    transaction, reads these, and only the facts that may change meanwhile afresh: the time,
-    the grants in force, the counted uses, a re-run. The pattern work may outlive it: a call
-    judged again after a hold searches nothing twice."""
+    check's problem and the verdict of each entry's and grant's conditions (keyed by label or
+    grant id). Decisions made again under the lock or in the write transaction reuse it and
+    read afresh only what may change meanwhile (the moment, grants, uses, a re-run). The
+    pattern work may outlive it: a call judged again after a hold searches nothing twice."""
 
     def __init__(self, problem="", work=None):
         self.problem, self.held = problem, {}
         self.work = PatternWork() if work is None else work
 
     def holds(self, key, conditions, args, schema):
-        """Whether `conditions` hold on the arguments; `key` names whose they are (an entry's
-        label, a grant's id), which stay the same for one request."""
         if key not in self.held:
             self.held[key] = all_judged(c.holds(args, self.work, schema) for c in conditions)
         return self.held[key]
@@ -963,14 +891,11 @@ class Entry:
         if not self.conditions and self.during is None and self.clients is None:
             raise ConfigError(f"{where} has no if, during or client, so it always holds: give "
                               f"the rule this outcome instead")
-        # The reason is model input: by default it names the entry, never what it compares
-        # (a directory, a host list).
+        # The reason is model input: by default it names the entry, never what it compares.
         self.reason = field_string(raw, "reason", where) or f"the operator's rule {label}"
 
     def holds(self, args, facts, judged=None, schema=None):
-        """True or False; None when a condition could not be judged (Condition.holds). The
-        moment (its time, the host) is read each time; what the arguments say is judged once
-        for a request (`judged`, a Judgement)."""
+        """Like Condition.holds; the moment is read each time, the arguments judged once."""
         if (self.clients is not None and facts.client not in self.clients) or \
                 (self.during is not None and not self.during.holds(facts.at)):
             return False
@@ -1024,22 +949,22 @@ class Limit:
                               f"use require_approval or deny")
 
     def amount(self, args, schema=None):
-        """What a call adds to the sum: the size of the number at the pointer, or of the
-        default `schema` gives it (a negative amount is no credit), 0 when there is none,
-        None when it is not a number."""
+        """What a call adds to the sum: the size of its number (a negative amount is no
+        credit), 0 when there is none, None when it is not a number."""
         value = resolve_pointer(args, self.tokens, schema)
         if value is MISSING:
             return decimal.Decimal(0)
         return value.exact().copy_abs() if isinstance(value, Number) else None  # never rounds
 
     def frees(self, args, uses, at, schema=None):
-        """None when this call stays within the limit; else when it would (NEVER when it is
-        alone above it), in seconds since the epoch."""
-        rows = uses(at - self.per / SECOND)
+        """None when this call stays within the limit; else when it would, in seconds since
+        the epoch (NEVER when it is alone above it)."""
+        window = self.per / SECOND
+        rows = uses(at - window)
         if self.calls is not None:
             if len(rows) < self.calls:
                 return None
-            return rows[len(rows) - self.calls][0] + self.per / SECOND
+            return rows[len(rows) - self.calls][0] + window
         this = self.amount(args, schema)
         if this is None or this > self.max:
             return NEVER
@@ -1053,9 +978,9 @@ class Limit:
                 for (moment, _), size in zip(rows, sizes):
                     total -= size
                     if total <= self.max:
-                        return moment + self.per / SECOND
+                        return moment + window
         except decimal.DecimalException:  # cannot be summed exactly: cannot be passed
-            return NEVER
+            pass
         return NEVER
 
     def text(self, tool_name):
@@ -1072,18 +997,15 @@ class Grant:
     would wait for an operator, run without asking while it is in force."""
 
     def __init__(self, stored):
-        """From the grant as the store keeps it (a dict of GRANT_COLUMNS)."""
         self.id, self.by = stored["id"], stored["by"]
         self.conditions = parse_conditions(parse(stored["conditions_json"]), f"grant {self.id}",
                                            resolved=True)
 
 
 def counted_uses(rows, tool, before):
-    """Facts.uses for a decision on `tool` made at the stored time `before`, read from the
-    record through `rows`: Tx.rows in the gate's write transaction, Store.read in recheck,
-    so the two count alike. What an execution adds to a sum is read from the arguments its
-    step recorded, under the schema it was decided under: a limit added or re-pointed
-    within its window counts the executions before it at what they were."""
+    """Facts.uses for a decision on `tool` at the stored time `before`. An execution adds to
+    a sum what its recorded arguments hold, under the schema it was decided under, so a
+    limit added or re-pointed within its window counts what ran before it as it was."""
     sums = [limit for limit in tool.rule.limits if limit.sum]
     schemas = {tool.spec_hash: tool.schema}
 
@@ -1107,10 +1029,9 @@ def counted_uses(rows, tool, before):
 
 
 def decision_facts(rows, session, tool, stamp, client, count):
-    """The facts of the stored time `stamp` for a decision on `tool`, read through `rows`:
-    the grants then in force (read only if the decision asks), and, when `count`, the tool's
-    executions before it (counted_uses). The gate reads them at the moment it decides,
-    recheck at the moment a decision was recorded: one builder, so the two read alike."""
+    """The Facts of the stored time `stamp`, read through `rows`: the gate at the moment it
+    decides (Tx.rows), recheck at the moment a decision was recorded (Store.read). One
+    builder, so the two read alike; the uses are counted only when `count`."""
     def grants():
         return [Grant(g) for g in grants_in_force(rows, session, tool.target, stamp)]
     return Facts(parse_time(stamp), client, grants,
@@ -1118,30 +1039,24 @@ def decision_facts(rows, session, tool, stamp, client, count):
 
 
 def policy_decision(config, tool, args, facts, rerun=False, approved=False, judged=None):
-    """What the policy says of one call, as a dict: outcome, reason, and `by` (what decided:
-    a `when` entry, a limit, a grant, the rule's outcome or the class), with `limit` and
-    `frees` when a limit decided and `grant` when a grant did.
+    """What the policy says of one call: {outcome, reason, by} (by: the `when` entry, limit,
+    grant, "rule outcome" or "class" that decided), with `limit` and `frees` when a limit
+    decided and `grant` when a grant did.
 
-    The first `when` entry that holds decides, else the class map. Then, in this order: a
-    re-run of an unknown outcome goes back to the caller as it is (it always needs an
-    operator); a grant may answer a question an operator would be asked; a limit may turn an
-    allow into its `then` (it counts the calls a grant lets through, so a budget holds under a
-    grant); with no operator at hand a question is a deny. A call an operator has approved
-    (`approved`) is not counted against the limits again, nor refused for want of one.
-    `judged` is what the request's arguments were found to say (Judgement), kept between
-    the decisions made on one pass through the gate.
+    The first `when` entry that holds decides, else the class map. Then, in order: a deny, a
+    re-run of an unknown outcome (it always needs an operator) and a call an operator
+    `approved` (not counted again) stand; a grant may answer what would wait; a limit may turn
+    an allow into its `then` (it counts what grants let through, so a budget holds under a
+    grant); with no operator at hand, what would wait is denied.
     """
     rule = tool.rule
     judged = Judgement() if judged is None else judged
     for entry in rule.when:
         held = entry.holds(args, facts, judged, tool.schema)
         if held is None and entry.outcome != "allow":
-            # An entry that could not be judged (its pattern search is more than the call may
-            # cost) might have held or not: the call would get its outcome, or what the
-            # entries after it and the class decide. Passing it over, as a condition that
-            # cannot be evaluated does not hold, would let a long value slip past a deny or
-            # a question; only deny is never looser than either. An allow entry passed over
-            # can only make the decision stricter, so it is.
+            # Not judged (too costly), the entry might have held. Passing it over could let a
+            # long value slip past a deny or a question; deny is never looser than either. An
+            # allow entry passed over can only make the decision stricter, so it is.
             decision = {"outcome": "deny", "by": entry.label,
                         "reason": f"the arguments are too long to be checked against the "
                                   f"operator's rule {entry.label}"}
@@ -1177,8 +1092,8 @@ def policy_decision(config, tool, args, facts, rerun=False, approved=False, judg
 
 
 def frees_text(decision):
-    """When a limit that decided frees up, as people read it ('' when no limit decided):
-    rounded up to the second, so a call made at that time is within it."""
+    """When the limit that decided frees up ('' when none did), rounded up to the second so
+    a call made then is within it."""
     if "frees" not in decision:
         return ""
     if decision["frees"] is NEVER:
@@ -1187,7 +1102,7 @@ def frees_text(decision):
 
 
 def rule_lines(rule, tool_name):
-    """A rule's entries and limits, one readable line each, as `check` prints them."""
+    """A rule's entries and limits, one line each, for the load report."""
     lines = [f"{e.label}: if {e.text()} -> {e.outcome} ({cut(sanitize(e.reason), 120)})"
              for e in rule.when]
     lines += [f"{limit.label}: {limit.text(tool_name)}, then {limit.then}"
@@ -1196,7 +1111,7 @@ def rule_lines(rule, tool_name):
 
 
 def rule_outcome(config, rule):
-    """The decider: the rule's own outcome, else the class map (None for no class)."""
+    """The rule's own outcome, else the class map's (None for no class)."""
     return rule.outcome or config.policy.get(rule.side_effect)
 
 
@@ -1216,8 +1131,8 @@ def pointer_problem(schema, tokens, hidden):
 
 
 def policy_pointer_problem(schema, rule, tool_name):
-    """The first `when` condition or sum limit whose pointer misses the pinned schema, as
-    the sentence that refuses the tool, or ''."""
+    """The sentence refusing the tool for the first `when` condition or sum limit whose
+    pointer misses the pinned schema, or ''."""
     hidden = set(rule.deny) | set(rule.fixed)
     pointers = [(entry.label, c.pointer, c.tokens) for entry in rule.when
                 for c in entry.conditions]
@@ -1233,7 +1148,6 @@ def policy_pointer_problem(schema, rule, tool_name):
 
 
 def class_outcome(config, tool):
-    """What the rule or the class map decides of a tool (rule_outcome), and why."""
     outcome = rule_outcome(config, tool.rule)
     if tool.rule.outcome:
         return outcome, f"tool {tool.name} is {outcome} by the operator's rule"
@@ -1247,29 +1161,27 @@ def class_outcome(config, tool):
 #
 # Reads as: decision core
 #
-# Owns: reading the one JSON config file and the files it trusts (manifests, the database),
-# every field's default, and the policy identity.
+# Owns: reading the config file and the files it trusts (manifests, the database), the fields
+# that decide and their defaults, and the policy identity. How a server is reached decides
+# nothing: the `transport` section 16's load_config hands read_config reads it, in one pass.
 # Promises: a config is used only if it is a regular file owned by this user that nobody else
 # can write; it passes the canonical boundary check (so a repeated key cannot be read two
 # ways); every unknown field anywhere is refused with its path; a server whose arguments reach
-# the files the gate's decisions depend on is refused unless the operator says otherwise; a
-# server reached by url takes its header values from this 0600 file or from agentgate's
-# environment (`${NAME}`), and no message shows one, nor more of its url than scheme, host and
-# port (shown_url). Every refusal is one sentence naming the field and what to do.
+# the files the gate's decisions depend on is refused unless the operator says otherwise.
+# Every refusal is one sentence naming the field and what to do.
 # =============================================================================================
 
 DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
                   "remote_mutation": "require_approval", "destructive": "deny"}
 NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
-SESSION_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MIN_LEASE_TTL = 3 * SECOND
-# How long a tool call may run when neither its rule nor its server sets a timeout: long enough
-# for a slow search or a build, short enough that a hung server is noticed within the minute.
+# Long enough for a slow search or a build, short enough that a hung server is noticed.
 DEFAULT_TOOL_TIMEOUT = 60 * SECOND
-DEFAULT_ARGUMENT_BYTES = 1 << 20  # what one call may bring in, canonically encoded
+# What one call may bring in and one result take out, canonically encoded.
+DEFAULT_ARGUMENT_BYTES = 1 << 20
 MAX_ARGUMENT_BYTES = 8 << 20
-DEFAULT_RESULT_BYTES = 8 << 20  # what one result may take out, canonically encoded
-MAX_RESULT_BYTES = 16 << 20  # an upstream answer larger than this is refused whole anyway
+DEFAULT_RESULT_BYTES = 8 << 20
+MAX_RESULT_BYTES = 16 << 20
 
 
 def read_owned(path, what):
@@ -1302,23 +1214,6 @@ def _check_owned(path, what, st):
                           f"group or others write it: chmod go-w it")
 
 
-def write_private(path, text):
-    """Write a file readable only by this user, replacing any old one in one rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(prefix=".agentgate-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(temp, 0o600)
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
-
-
 class Rule:
     """The operator's classification of one upstream tool."""
 
@@ -1346,18 +1241,17 @@ class Rule:
             raise ConfigError(f"{where}.outcome is {quote(self.outcome)}; use one of "
                               f"{', '.join(OUTCOMES)}")
         self.repeat_window = field_duration(raw, "repeat_window", where, None)
-        # Written by init from the server's own hints: nothing is offered on a rule nobody
-        # reviewed (check -accept marks them reviewed).
+        # Set by init from the server's own hints: nothing is offered on a rule nobody reviewed.
         self.proposed = field_bool(raw, "proposed", where)
-        # The hash of a tool's texts that the lint finds something high in, which the operator
-        # read and accepts: a text changed since (and pinned again) is refused again.
+        # The hash of texts the lint finds something high in, which the operator accepted.
         self.accepted_description = field_string(raw, "accepted_description", where)
-        # Section 3 reads the policy on what a call does; its identity is the text as given.
         self.when = [Entry(entry, f"{where}.when[{i}]", f"when[{i}]")
                      for i, entry in enumerate(self._list(raw, "when", where))]
         self.limits = [Limit(limit, f"{where}.limits[{i}]", f"limits[{i}]")
                        for i, limit in enumerate(self._list(raw, "limits", where))]
-        self.policy = {k: raw[k] for k in ("when", "limits") if raw.get(k)}
+        # What the policy decides from, as given: the rule's part of policy_id.
+        self.policy = {k: raw[k] for k in ("side_effect", "outcome", "fixed", "rename", "when",
+                                           "limits") if raw.get(k)}
 
     @staticmethod
     def _list(raw, field, where):
@@ -1368,194 +1262,50 @@ class Rule:
 
 
 class Server:
-    """One upstream MCP server, as configured: a command agentgate starts, or a url it reaches."""
+    """One upstream MCP server; `transport` (section 16) reads how it is reached onto it."""
 
     FIELDS = ("name", "command", "url", "headers", "oauth", "env", "inherit_env",
               "connect_timeout", "default_timeout", "manifest", "rules", "skip_path_check", "cwd")
 
-    def __init__(self, raw, where, base):
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{where} must be an object")
+    def __init__(self, raw, where, base, transport=None):
         refuse_unknown(raw, self.FIELDS, where)
         self.name = field_string(raw, "name", where, required=True)
-        if not NAME_RE.fullmatch(self.name):
-            raise ConfigError(f"{where}.name {quote(self.name)} must be 1 to 64 letters, digits, "
-                              f"'_' or '-'")
+        _check_name(self.name, f"{where}.name")
         where = f'server "{self.name}"'
-        self.command = raw.get("command")
-        self.url = field_string(raw, "url", where)
-        self.headers, self.oauth = {}, {}
-        # Why this server cannot start though the config is sound ('' when it can): a problem
-        # of one server, so it is not served and the others are.
-        self.unavailable = ""
-        if (self.command is None) == (not self.url):
-            raise ConfigError(f"{where} needs exactly one of command (an argv list) or url (an "
-                              f"http:// or https:// address)")
-        if self.url:
-            self.headers, self.unavailable = _url_server(raw, where, self.url)
-            self.oauth = _oauth_client(raw, where)
-        elif (not isinstance(self.command, list) or not self.command
-                or not all(isinstance(a, str) for a in self.command)):
-            raise ConfigError(f'{where}.command must be a non-empty list of strings, such as '
-                              f'["node", "server.js"]')
-        elif "headers" in raw or "oauth" in raw:
-            field = "headers" if "headers" in raw else "oauth"
-            raise ConfigError(f"{where}.{field} is sent only to a server reached by url; give "
-                              f"a command server its secrets through env")
-        self.env = field_names(raw, "env", where)
-        for entry in self.env:
-            if "=" not in entry or entry.startswith("="):
-                raise ConfigError(f'{where}.env entry {quote(entry)} must read NAME=value')
-        self.inherit_env = field_names(raw, "inherit_env", where)
-        for name in self.inherit_env:
-            if not name or "=" in name:
-                raise ConfigError(f"{where}.inherit_env entry {quote(name)} must be a variable "
-                                  f"name without '='")
-        self.connect_timeout = field_duration(raw, "connect_timeout", where, 30 * SECOND)
+        if transport:
+            transport(self, raw, where, base)
         self.default_timeout = field_duration(raw, "default_timeout", where, None)
         manifest = field_string(raw, "manifest", where, required=True)
         self.manifest = os.path.join(base, os.path.expanduser(manifest))
         rules = raw.get("rules", {})
         if not isinstance(rules, dict):
             raise ConfigError(f"{where}.rules must be an object of upstream tool name to rule")
-        self.rules = {}
-        for tool, rule in rules.items():
-            if not isinstance(rule, dict):
-                raise ConfigError(f"{where}.rules.{tool} must be an object")
-            self.rules[tool] = Rule(tool, rule, f"{where}.rules.{tool}")
+        self.rules = {tool: Rule(tool, rule, f"{where}.rules.{tool}")
+                      for tool, rule in rules.items()}
         self.skip_path_check = field_bool(raw, "skip_path_check", where)
-        # What `login` obtained for a url server (section 16: TokenFile), beside the config.
-        self.tokens = os.path.join(base, f"{self.name}.tokens.json")
-        # A server runs in the user's home, never in the configuration's directory, which
-        # holds the config, the database and the manifests: a server that writes a relative
-        # path must not edit its own policy. A configured cwd is reach-checked as an argument.
-        self.cwd_given = field_string(raw, "cwd", where)
-        self.cwd = os.path.join(base, os.path.expanduser(self.cwd_given)) if self.cwd_given \
-            else os.path.expanduser("~")
-
-    def child_env(self, environ=None):
-        """The child's whole environment: PATH, HOME, TMPDIR, inherit_env, then env entries.
-
-        A secret in the gate's environment reaches a server only if the operator names it.
-        """
-        environ = os.environ if environ is None else environ
-        env = {}
-        for name in ("PATH", "HOME", "TMPDIR", *self.inherit_env):
-            if name in environ:
-                env[name] = environ[name]
-        for entry in self.env:
-            name, _, value = entry.partition("=")
-            env[name] = value
-        return env
-
-
-_HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-ENV_REFERENCE_RE = re.compile(r"\$\{([^}]*)\}")
-ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _url_server(raw, where, url):
-    """Check what only a server reached by url has; return its headers, each `${NAME}`
-    replaced by that variable of agentgate's own environment (a secret need not be written in
-    the config, though only its owner can read it), and why the server cannot start ('' when
-    it can): a variable that is not set is a problem of where agentgate runs, not of the
-    config. No message shows a header's value: it may be a secret."""
-    from urllib.parse import urlsplit
-    for field in ("env", "inherit_env", "cwd"):
-        if field in raw:
-            raise ConfigError(f"{where}.{field} means nothing for a server reached by url (no "
-                              f"process is started); remove it, and send secrets as headers")
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        parts = None
-    if not parts or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{where}.url must be an http:// or https:// address, such as "
-                          f'"http://127.0.0.1:8000/mcp"')
-    if "@" in parts.netloc:  # the url is shown in messages; a password in it would be too
-        raise ConfigError(f"{where}.url must not carry a user or password; send credentials "
-                          f"as a header whose value names an environment variable")
-    given = raw.get("headers", {})
-    if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
-        raise ConfigError(f'{where}.headers must be an object of header name to string, such as '
-                          f'{{"Authorization": "Bearer ${{TOKEN}}"}}')
-    headers, unset = {}, ""
-    for name, value in given.items():
-        if not _HEADER_NAME_RE.fullmatch(name):
-            raise ConfigError(f"{where}.headers: {quote(name)} is not a header name")
-        for variable in ENV_REFERENCE_RE.findall(value):
-            if not ENV_NAME_RE.fullmatch(variable):
-                raise ConfigError(f"{where}.headers.{name} names {quote('${' + variable + '}')}"
-                                  f"; a variable is written ${{NAME}} with letters, digits and "
-                                  f"'_'")
-            if variable not in os.environ and not unset:
-                unset = (f"{where}.headers.{name} names the environment variable {variable}, "
-                         f"which is not set: set it where agentgate runs")
-        headers[name] = ENV_REFERENCE_RE.sub(lambda m: os.environ.get(m.group(1), ""), value)
-        if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", headers[name]):
-            raise ConfigError(f"{where}.headers.{name} holds a control character (a line "
-                              f"break, say), which no header may carry; fix its value")
-    return headers, unset
-
-
-OAUTH_FIELDS = ("client_id", "client_secret", "scope")
-
-
-def _oauth_client(raw, where):
-    """A pre-registered OAuth client, for a server that does not register clients itself.
-    Its secret, like every value in this 0600 file, is never shown."""
-    given = raw.get("oauth", {})
-    if not isinstance(given, dict):
-        raise ConfigError(f'{where}.oauth must be an object such as {{"client_id": "...", '
-                          f'"client_secret": "...", "scope": "..."}}')
-    refuse_unknown(given, OAUTH_FIELDS, f"{where}.oauth")
-    for field in OAUTH_FIELDS:
-        if field in given and (not isinstance(given[field], str) or not given[field]):
-            raise ConfigError(f"{where}.oauth.{field} must be a non-empty string")
-    if "client_secret" in given and "client_id" not in given:
-        raise ConfigError(f"{where}.oauth has a client_secret but no client_id; give both")
-    return dict(given)
-
-
-def shown_url(url):
-    """A url as every text shows it (errors, the record, stderr, the model's answers): its
-    scheme, host and port only. A hosted server often carries its key in the url's path or
-    query, and nothing may show that."""
-    from urllib.parse import urlsplit
-    try:
-        parts = urlsplit(url)
-        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
-    except ValueError:
-        return "an address that cannot be read"
-    host = parts.hostname or ""
-    host = f"[{host}]" if ":" in host else host
-    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
 
 
 class Config:
-    """The whole configuration, with defaults applied and paths made absolute."""
-
     FIELDS = ("database", "session", "servers", "policy", "hold", "repeat_window",
               "max_pending", "approval_ttl", "grant_ttl", "status_tool", "lease_ttl",
               "max_argument_bytes", "max_result_bytes", "operator", "notify")
 
-    def __init__(self, raw, path):
+    def __init__(self, raw, path, transport=None):
         self.path = path
         base = os.path.dirname(path)
         if not isinstance(raw, dict):
             raise ConfigError("the configuration must be a JSON object")
-        refuse_unknown(raw, self.FIELDS, "the configuration")
         where = "the configuration"
+        refuse_unknown(raw, self.FIELDS, where)
         self.database = os.path.join(base, os.path.expanduser(
             field_string(raw, "database", where, required=True)))
         self.session = field_string(raw, "session", where, required=True)
-        if not SESSION_RE.fullmatch(self.session):
-            raise ConfigError(f"session {quote(self.session)} must be 1 to 64 letters, digits, "
-                              f"'_' or '-'")
+        _check_name(self.session, "session")
         servers = raw.get("servers")
         if not isinstance(servers, list) or not servers:
             raise ConfigError("servers must be a list of at least one server")
-        self.servers = [Server(s, f"servers[{i}]", base) for i, s in enumerate(servers)]
+        self.servers = [Server(s, f"servers[{i}]", base, transport)
+                        for i, s in enumerate(servers)]
         names = [s.name for s in self.servers]
         for name in names:
             if names.count(name) > 1:
@@ -1581,9 +1331,7 @@ class Config:
         self.approval_ttl = field_duration(raw, "approval_ttl", where, 86400 * SECOND)
         self.grant_ttl = field_duration(raw, "grant_ttl", where, 86400 * SECOND)
         self.status_tool = field_string(raw, "status_tool", where) or "gate_status"
-        if not NAME_RE.fullmatch(self.status_tool):
-            raise ConfigError(f"status_tool {quote(self.status_tool)} must be 1 to 64 letters, "
-                              f"digits, '_' or '-'")
+        _check_name(self.status_tool, "status_tool")
         self.max_argument_bytes = field_byte_cap(raw, "max_argument_bytes", DEFAULT_ARGUMENT_BYTES,
                                                  MAX_ARGUMENT_BYTES)
         self.max_result_bytes = field_byte_cap(raw, "max_result_bytes", DEFAULT_RESULT_BYTES,
@@ -1603,40 +1351,28 @@ class Config:
                               f"{format_duration(MIN_LEASE_TTL)}; give it at least 3s")
 
     def hold_for(self, client):
-        """How long a call waits for the operator when the host gave `client` as its name:
-        hosts give up on a call after different times, and a call held past that is lost to
-        the conversation (the model was told to wait for word that never reaches it)."""
+        """How long a call waits for the operator when the host is `client`: hosts give up on
+        a call after different times, and a call held past that is lost to the conversation."""
         return self.host_holds.get(client, self.hold)
 
     def policy_id(self):
-        """The identity of exactly what the policy decides from.
-
-        Hold, windows, TTLs, timeouts, commands, descriptions and the database can change
-        without changing it; a class, an outcome, a fixed value, a rename, an entry, a limit
-        or the absence of an operator cannot.
-        """
-        servers = []
-        for server in sorted(self.servers, key=lambda s: s.name):
-            rules = {}
-            for tool, rule in server.rules.items():
-                entry = {"side_effect": rule.side_effect}
-                if rule.outcome:
-                    entry["outcome"] = rule.outcome
-                if rule.fixed:
-                    entry["fixed"] = rule.fixed
-                if rule.rename:
-                    entry["rename"] = rule.rename
-                rules[tool] = {**entry, **rule.policy}
-            servers.append({"name": server.name, "rules": rules})
+        """The identity of exactly what the policy decides from (Rule.policy, the classes'
+        outcomes, the absence of an operator), not of hold, windows, TTLs or timeouts."""
+        servers = [{"name": s.name, "rules": {tool: r.policy for tool, r in s.rules.items()}}
+                   for s in sorted(self.servers, key=lambda s: s.name)]
         identity = {"policy": self.policy, "servers": servers}
         if self.operator:
             identity["operator"] = self.operator
         return f"{PROGRAM}/sha256:" + content_hash(identity)
 
 
+def _check_name(value, what):
+    if not NAME_RE.fullmatch(value):
+        raise ConfigError(f"{what} {quote(value)} must be 1 to 64 letters, digits, '_' or '-'")
+
+
 def _holds(raw, where):
-    """`hold` as (the duration for any host, {host's name: duration}): one duration, or a map
-    from the name a host gives in initialize to a duration, with "*" for the rest."""
+    """(any host's hold, {a host's name in initialize: its hold}), "*" naming the rest."""
     given = raw.get("hold")
     if not isinstance(given, dict):
         return field_duration(raw, "hold", where, 15 * SECOND), {}
@@ -1645,7 +1381,6 @@ def _holds(raw, where):
 
 
 def config_path(given):
-    """Where the config comes from: -config, else $AGENTGATE_CONFIG, else the XDG path."""
     if given:
         return given
     if os.environ.get("AGENTGATE_CONFIG"):
@@ -1654,7 +1389,7 @@ def config_path(given):
     return os.path.join(xdg, PROGRAM, "config.json")
 
 
-def load_config(path):
+def read_config(path, transport):
     path = os.path.abspath(path)
     data = read_owned(path, "config")
     try:
@@ -1662,13 +1397,12 @@ def load_config(path):
     except CanonicalError as err:
         raise ConfigError(f"config {path} is not usable JSON: {err.placed()}") from None
     try:
-        return Config(raw, path)
+        return Config(raw, path, transport)
     except ConfigError as err:
         raise ConfigError(f"config {path}: {err}") from None
 
 
 def check_database_path(path):
-    """The database must be the file itself, a regular file only this user can change."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -1681,17 +1415,16 @@ def check_database_path(path):
 def _file_identity(path):
     try:
         st = os.stat(path)
-        return (st.st_dev, st.st_ino)
     except OSError:
         return None
+    return (st.st_dev, st.st_ino)
 
 
 def _protected(config):
     """Every file the gate's decisions depend on, and every directory above each of them."""
     identities, missing = set(), set()
     for path in (config.path, config.database, *(s.manifest for s in config.servers)):
-        for chain in (os.path.abspath(path), os.path.realpath(path)):
-            current = chain
+        for current in (os.path.abspath(path), os.path.realpath(path)):
             while True:
                 identity = _file_identity(current)
                 if identity:
@@ -1706,53 +1439,37 @@ def _protected(config):
 
 
 def _reach_candidates(arg):
-    candidates = [arg]
-    for sep in ("=", ":"):
-        if sep in arg:
-            candidates.append(arg.split(sep, 1)[1])
+    from urllib.parse import unquote
+    candidates = [arg] + [arg.split(sep, 1)[1] for sep in "=:" if sep in arg]
     if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:
         candidates.append(arg[2:])
     for candidate in list(candidates):
         if candidate.startswith("file:"):
-            from urllib.parse import unquote
             path = unquote(re.sub(r"^file:(//[^/]*)?", "", candidate))
             candidates.append(path or "/")
-    expanded = []
-    for candidate in candidates:
-        if candidate == "~" or candidate.startswith("~/"):
-            candidate = os.path.expanduser("~") + candidate[1:]
-        expanded.append(candidate)
-    return [c for c in expanded if c]
+    home = os.path.expanduser("~")
+    return [home + c[1:] if c == "~" or c.startswith("~/") else c for c in candidates if c]
 
 
 def check_reach(config):
-    """Refuse a server whose arguments name the config, the database, a manifest, or a
-    directory above one of them: a server that can write there could change its own policy.
-
-    This is a guard against a plain mistake, not a boundary: a server can reach anything its
-    user can, whatever its arguments say.
-    """
+    """Refuse a server whose cwd or arguments name a file its policy depends on, or a directory
+    above one: a guard against a plain mistake, not a boundary (a server can reach anything
+    its user can)."""
     identities, missing = _protected(config)
-
-    def reaches(path):
-        identity = _file_identity(path)
-        return (identity and identity in identities) or os.path.realpath(path) in missing
-
-    def refuse(what, path):
-        raise ConfigError(
-            f"server {quote(server.name)}: its {what} reaches {os.path.realpath(path)}, which "
-            f"the gate's policy and approvals depend on: point the server elsewhere, or set "
-            f"skip_path_check on it if it cannot write there")
     for server in config.servers:
         if server.skip_path_check:
             continue
-        if server.cwd_given and reaches(server.cwd):
-            refuse(f"cwd {quote(server.cwd_given)}", server.cwd)
-        for arg in (server.command or [])[1:]:  # a server reached by url has no arguments
-            for candidate in _reach_candidates(arg):
-                candidate = os.path.join(server.cwd, candidate)
-                if reaches(candidate):
-                    refuse(f"argument {quote(arg)}", candidate)
+        named = [(f"cwd {quote(server.cwd_given)}", server.cwd)] if server.cwd_given else []
+        named += [(f"argument {quote(arg)}", os.path.join(server.cwd, candidate))
+                  for arg in (server.command or [])[1:]  # a url server has no arguments
+                  for candidate in _reach_candidates(arg)]
+        for what, path in named:
+            identity = _file_identity(path)
+            if (identity and identity in identities) or os.path.realpath(path) in missing:
+                raise ConfigError(
+                    f"server {quote(server.name)}: its {what} reaches {os.path.realpath(path)}, "
+                    f"which the gate's policy and approvals depend on: point the server "
+                    f"elsewhere, or set skip_path_check on it if it cannot write there")
 
 
 # =============================================================================================
@@ -1760,29 +1477,23 @@ def check_reach(config):
 #
 # Reads as: decision core
 #
-# Owns: which tool a call names: the manifest (what a server presented when the operator pinned
-# it), what differs from it now (changed_parts, the one definition), and the checks that decide,
-# at every start, which upstream tools the host is offered (load and refusal, which load_all,
-# around the core, calls for each server it starts).
+# Owns: which tool a call names: the manifest (what a server presented at its pin), what
+# differs from it now (changed_parts, the one definition, for the load, the watch while serving
+# and pin -diff), and load: at every start, which of a server's tools the host is offered.
 # Promises: a tool is offered only if it is pinned, classified by a rule that is not an
-# unreviewed proposal, and presents today exactly what it presented at the pin (its schemas,
-# description, title, annotations, icons and _meta), and it is offered as pinned; its
-# annotations do not contradict its class (unless the operator allows it); a high lint finding
-# is accepted by the rule for exactly that text; its name is usable; its schema is
-# self-contained and usable; what the rule hides is soundly hidden. Each refusal refuses only
-# that tool and says why in the report.
-# A problem of one server hides only that server, and a problem of the config stops the gate.
-# A server that cannot start, is not pinned, whose manifest is unusable or does not fit its
-# rules, or that registers no tool, is not served; its report says why, and the others are
-# served. A ConfigError stops every server. Hiding a server never lets a call through that
-# would otherwise be refused.
+# unreviewed proposal, and presents exactly what it presented at the pin (PINNED_PARTS), and it
+# is offered as pinned; its annotations do not contradict its class (unless the rule allows
+# it); a high lint finding is accepted by the rule for exactly that text; its name is usable;
+# its schema is self-contained, usable, and soundly hides what the rule hides. A refusal
+# refuses only that tool; the report load_all passes in (Report, section 22) says why.
+# A problem of one server (LoadError) hides only that server; a ConfigError stops every server.
+# Hiding a server never lets a call through that would otherwise be refused.
 # =============================================================================================
 
 class UpstreamError(Exception):
-    """A request to an upstream server failed. What is known of it decides how its outcome is
-    classified (call_upstream): `sent` False means no byte of it reached the server, so
-    nothing executed; `answered` means the server answered with a JSON-RPC error; `unusable`
-    means it answered with something that cannot be read; `timed_out` says a deadline fired."""
+    """A request to an upstream server failed; call_upstream classifies its outcome by what is
+    known: `sent` False means no byte reached the server, so nothing executed; `answered`, a
+    JSON-RPC error; `unusable`, an answer that cannot be read; `timed_out`, a deadline fired."""
 
     def __init__(self, message, timed_out=False, unusable=False, sent=True, answered=False):
         super().__init__(message)
@@ -1792,32 +1503,23 @@ class UpstreamError(Exception):
         self.answered = answered
 
 
-HINT_NAMES = (("readOnlyHint", "readOnly"), ("destructiveHint", "destructive"),
-              ("idempotentHint", "idempotent"), ("openWorldHint", "openWorld"))
-ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
-# The parts of a tool its pin covers, as (what a person calls it, its key in a manifest
-# entry); the input schema and the description are compared by their hashes. The tool's
-# `execution` is not among them: it claims support for tasks, which the gate does not offer.
-PINNED_PARTS = (("input schema", "schema_hash"), ("description", "description_hash"),
-                ("title", "title"), ("output schema", "output_schema"),
-                ("annotations", "annotations"), ("icons", "icons"), ("_meta", "_meta"))
-# What a manifest entry pinned by agentgate 0.2.0 or older covers: it kept no title, output
-# schema, icons or _meta, and of the annotations only ANNOTATION_KEYS.
-EARLY_PARTS = ("input schema", "description", "annotations")
-_DRAFT_RE = re.compile(r"https?://json-schema\.org/(draft-0[467]/schema|draft/2019-09/schema|"
-                       r"draft/2020-12/schema|schema)#?")
-_HIDING_KEYWORDS = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentRequired",
-                    "dependentSchemas", "dependencies", "$defs", "definitions")
-
-
 class LoadError(Exception):
     """A server that cannot be used at all; the message says why."""
 
 
+ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+# The parts of a tool its pin covers, as (what a person calls it, its key in a manifest entry).
+# Not `execution`: it claims support for tasks, which the gate does not offer.
+PINNED_PARTS = (("input schema", "schema_hash"), ("description", "description_hash"),
+                ("title", "title"), ("output schema", "output_schema"),
+                ("annotations", "annotations"), ("icons", "icons"), ("_meta", "_meta"))
+# What an entry pinned by agentgate 0.2.0 or older covers (of annotations, ANNOTATION_KEYS).
+EARLY_PARTS = ("input schema", "description", "annotations")
+
+
 def offered_name(server, tool, rule):
-    """The name the host sees: the rule's rename, else the tool's name after its server's, so
-    two servers' tools never clash; a name that already begins with its server's (git_add of
-    the server git) is not prefixed twice."""
+    """The rule's rename, else the tool's name after its server's, so two servers' tools never
+    clash; git_add of the server git is not prefixed twice."""
     if rule.rename:
         return rule.rename
     if tool == server.name or tool.startswith((f"{server.name}_", f"{server.name}-")):
@@ -1834,18 +1536,17 @@ class Tool:
         self.upstream_name = entry["name"]
         self.rule = rule
         self.name = offered_name(server, entry["name"], rule)
-        # What the tool is whatever it is called: requests are keyed by it, so a rename
-        # neither lifts an unknown outcome nor lets a repeat through the window.
+        # Requests are keyed by what the tool is, not what it is called: a rename neither
+        # lifts an unknown outcome nor lets a repeat through the window.
         self.target = f"{server.name}/{entry['name']}"
         self.description = rule.description or entry.get("description", "")
         self.side_effect = rule.side_effect
-        # A timeout that nobody set is the default one: check says which tools run on it.
+        # A timeout nobody set is the default one: check says which tools run on it.
         self.timeout_given = rule.timeout or server.default_timeout
         self.timeout = self.timeout_given or DEFAULT_TOOL_TIMEOUT
         self.schema = restrict_schema(entry["input_schema"], rule.deny + list(rule.fixed))
-        # What tools/list offers: the tool as pinned, by its registered name, with the rule's
-        # description and the schema without what the rule hides; a part the server did not
-        # present (or a manifest from before it was kept) is left out.
+        # tools/list offers the tool as pinned, with the rule's description and without what
+        # the rule hides; a part not presented (or not kept at the pin) is left out.
         offered = {"name": self.name, "title": entry.get("title"),
                    "description": self.description, "inputSchema": self.schema,
                    "outputSchema": entry.get("output_schema"),
@@ -1863,35 +1564,6 @@ class Tool:
         return self.side_effect == "read_only"
 
 
-class Report:
-    """What loading one server decided, tool by tool, as lines an operator reads; `unserved`
-    says why the server is not served at all ('' while it is), `kinds` what became of each
-    tool, in order, and `review` why a proposal deserves a careful read."""
-
-    def __init__(self, server):
-        self.server = server
-        self.lines = []
-        self.unserved = ""
-        self.kinds, self.review = {}, {}
-
-    def add(self, kind, tool, text):
-        self.kinds[tool] = kind
-        self.lines.append(f"{sanitize(self.server)}: {text}")
-
-    def count(self, kind):
-        """How many tools became `kind` (each tool is added once: a name is either live and
-        unpinned or pinned, and a pinned one ends in exactly one kind)."""
-        return sum(1 for each in self.kinds.values() if each == kind)
-
-
-def schema_hash(schema):
-    return content_hash(schema)
-
-
-def description_hash(description):
-    return sha256_hex(encode_string(description))
-
-
 def restrict_schema(schema, hidden):
     """The schema the host is offered: hidden parameters gone from properties and required."""
     if not hidden:
@@ -1907,16 +1579,16 @@ def restrict_schema(schema, hidden):
 
 
 def manifest_entry(tool):
-    """A listed tool as a manifest keeps it: every part of PINNED_PARTS, as the server presented
-    it. A part it did not present, or presented as a value of the wrong kind (which a host
-    would refuse with the whole listing), is null; annotations are then left out, as they
-    always were."""
+    """A listed tool as a manifest keeps it (PINNED_PARTS). A part not presented, or presented
+    as a value of the wrong kind (which a host would refuse with the whole listing), is null;
+    annotations are then left out, as they always were."""
     def kept(field, kind):
         return tool.get(field) if isinstance(tool.get(field), kind) else None
     schema = tool.get("inputSchema")
     description = kept("description", str) or ""
     entry = {"name": tool["name"], "description": description, "input_schema": schema,
-             "schema_hash": schema_hash(schema), "description_hash": description_hash(description),
+             "schema_hash": content_hash(schema),
+             "description_hash": sha256_hex(encode_string(description)),
              "title": kept("title", str), "output_schema": kept("outputSchema", dict),
              "icons": kept("icons", list), "_meta": kept("_meta", dict)}
     if kept("annotations", dict):
@@ -1925,13 +1597,11 @@ def manifest_entry(tool):
 
 
 def changed_parts(pinned, live):
-    """The parts (PINNED_PARTS' names, in their order) in which a tool as its server presents
-    it now differs from its pin, both as manifest entries: the one definition of a change
-    since the pin, for the load, the watch while serving and pin -diff.
-
-    An entry pinned by agentgate 0.2.0 or older has no "title" key (every later entry has
-    it, null when the server presented none): it is compared only on the EARLY_PARTS it
-    kept, so an upgrade alone reports no tool as changed; pinning again covers the rest."""
+    """The parts (PINNED_PARTS' names, in order) in which a tool as presented now differs from
+    its pin, both as manifest entries: the one definition of a change since the pin.
+    An entry pinned by agentgate 0.2.0 or older has no "title" key (later ones have it, null
+    when there is none): it is compared only on EARLY_PARTS, so an upgrade alone changes no
+    tool; pinning again covers the rest."""
     early = "title" not in pinned
     return [part for part, key in PINNED_PARTS if (not early or part in EARLY_PARTS)
             and compared_part(pinned, key, pinned) != compared_part(live, key, pinned)]
@@ -1946,9 +1616,8 @@ def compared_part(entry, key, pinned):
 
 
 def read_manifest(server):
-    """A server's manifest. One never written (a server not pinned yet) or not usable is that
-    server's problem (LoadError); one others could have changed is the config's (ConfigError:
-    the files the gate's decisions depend on are not the operator's alone)."""
+    """A server's manifest. One missing or unusable is that server's problem (LoadError); one
+    others could have changed is the config's (ConfigError, from read_owned)."""
     where = f"server {quote(server.name)}: manifest {server.manifest}"
     if not os.path.lexists(server.manifest):
         raise LoadError(f"{where} does not exist; run pin")
@@ -1965,14 +1634,19 @@ def read_manifest(server):
     return manifest
 
 
-# Description lint. A tool's description, its schema's texts and its parameters' names are
-# read by the model on every tools/list, so they are where tool poisoning hides instructions.
-# The lint finds the tricks known to be used (invisible characters, terminal escapes, bytes
-# smuggled in variation selectors, tag-like blocks and HTML comments, text that speaks to the
-# model, secrets' places and variables, names that mix scripts, instructions about other
-# servers' tools, paths, URLs, a text far longer than its peers); it cannot find them all,
-# and says so in the README. Advice to call a tool of the same server first is how public
-# servers sequence their tools, not an injection: it stays medium.
+def pinned_for(server):
+    """A server's manifest, once its rules name only tools it pins."""
+    manifest = read_manifest(server)
+    stray = sorted(set(server.rules) - set(manifest["tools"]))
+    if stray:
+        raise LoadError(f"server {quote(server.name)}: rules name tools the manifest does not "
+                        f"pin: {', '.join(sanitize(s) for s in stray)}; pin again or fix the "
+                        f"rules")
+    return manifest
+
+
+# The lint's severities (section 15 finds them): a high finding refuses a tool unless its
+# rule's accepted_description is the lint_hash of exactly the texts it read.
 LINT_HIGH, LINT_MEDIUM = "high", "medium"
 
 
@@ -1984,59 +1658,50 @@ def tool_titles(entry):
 
 
 def lint_hash(entry):
-    """What a rule's accepted_description names: every text the lint reads, by hash. A tool
-    without a title is hashed as before titles were read, so what was accepted stays so."""
+    """Every text the lint reads, by hash. A tool without a title is hashed as before titles
+    were read, so what was accepted stays so."""
     texts = {"description": entry.get("description") or "",
              "input_schema": entry.get("input_schema")}
     titles = dict(tool_titles(entry))
     return content_hash({**texts, "titles": titles} if titles else texts)
 
 
-def lint_lines(findings):
-    return [f"  lint {severity}: {what} (in the {sanitize(where)})"
-            for severity, what, where in findings]
+STATUS_CLASH = "the status tool"
 
 
 def load(server, manifest, upstream, live, deadline, taken, findings, report):
-    """Decide which of a connected server's tools are offered (returned), and say why for
-    each in its report.
-
-    `taken` maps registered names already offered (by earlier servers and the status tool) to
-    what holds them; `findings` are the lint's, per pinned tool.
-    """
+    """The tools of a connected server that are offered; `report` (a Report from load_all) is
+    told what became of each. `taken` maps registered names already offered (by earlier
+    servers and the status tool) to what holds them; `findings` are the lint's, per tool."""
     pinned = manifest["tools"]
+    for name in sorted(set(live) - set(pinned)):
+        report.unpinned(name)
     tools = []
-    for name in sorted(live):
-        if name not in pinned:
-            report.add("unpinned", name, f"unpinned {sanitize(name)}: not in the manifest")
     for name in sorted(pinned):
         found = findings.get(name, [])
         tool = _load_tool(server, upstream, pinned[name], live.get(name), deadline, taken,
                           report, found)
         if tool:
             tools.append(tool)
-        report.lines += [f"{sanitize(server.name)}: {line}" for line in lint_lines(found)]
+        report.lint(found)
     return tools
 
 
 def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
-    """One pinned tool: registered (returned, and `taken` updated) or said why not."""
+    """One pinned tool: registered (returned, and `taken` updated) or reported why not."""
     name = entry["name"]
     rule = server.rules.get(name)
     if rule is None:
-        report.add("unclassified", name, f"unclassified {sanitize(name)}: no rule")
+        report.unclassified(name)
         return None
     if rule.proposed:
-        report.add("unreviewed", name, f"unreviewed {sanitize(name)}: its rule "
-                   f"({rule.side_effect}) was proposed from the server's own hints; read it, "
-                   f"then run check -accept")
-        if rule.side_effect == "read_only" and _SECRETS_WORDS.search(entry["description"]):
-            report.review[name] = "a read that may return secrets"
+        report.unreviewed(entry, rule)
         return None
     if deadline.left() <= 0:
         raise UpstreamError(upstream.describe("load", "timed out after " +
                                               format_duration(deadline.ns)))
-    reason, mismatch = refusal(server, entry, live, rule, found)
+    live_entry = None if live is None else manifest_entry(live)
+    reason = refusal(server, entry, live_entry, rule, found)
     if not reason:
         tool = Tool(server, upstream, entry, rule)
         if tool.name in taken:
@@ -2046,71 +1711,53 @@ def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
                                   f"one (status_tool or the rule's rename)")
             reason = f"the name {quote(tool.name)} is already taken by {taken[tool.name]}"
     if reason:
-        report.add("refused", name, f"refused {sanitize(name)}: {reason}")
+        report.refused(name, reason)
         return None
     taken[tool.name] = f"tool {quote(name)} of server {quote(server.name)}"
-    extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
-    if not tool.timeout_given:
-        extra += (f" [no timeout set: the default {format_duration(DEFAULT_TOOL_TIMEOUT)} "
-                  f"applies]")
-    report.add("registered", name, f"registered {sanitize(name)} as {tool.name} "
-                                   f"({tool.side_effect}){extra}")
-    report.lines += [f"{sanitize(server.name)}:   {sanitize(line)}"
-                     for line in rule_lines(rule, tool.name)]
+    report.registered(tool, hint_mismatch(rule.side_effect, entry, live_entry))
     return tool
 
 
-STATUS_CLASH = "the status tool"
-# A read whose description speaks of these may hand the model what the person protects (an
-# environment with the tokens init just moved into the config, say): proposed read_only, it
-# would run unasked once accepted.
-_SECRETS_WORDS = re.compile(r"\b(environment|env|secrets?|credentials?|passwords?|keys?|"
-                            r"tokens?)\b", re.I)
-
-
-def refusal(server, entry, live, rule, found):
-    """Why a classified tool is not offered ('' when it is), and any allowed hint mismatch.
-    `found`: the lint's findings on the pinned entry."""
-    if live is None:
-        return "the server no longer offers it", ""
-    live_entry = manifest_entry(live)
+def refusal(server, entry, live_entry, rule, found):
+    """Why a classified tool is not offered, or ''. `found`: the lint's findings on its pin."""
+    if live_entry is None:
+        return "the server no longer offers it"
     changed = changed_parts(entry, live_entry)
     if "input schema" in changed:
-        return "the input schema changed since the pin", ""
+        return "the input schema changed since the pin"
     if "description" in changed:
-        return "the description changed since the pin, and a description is model input", ""
+        return "the description changed since the pin, and a description is model input"
     mismatch = hint_mismatch(rule.side_effect, entry, live_entry)
     if mismatch and not rule.allow_hint_mismatch:
-        return mismatch, ""
+        return mismatch
     if changed:
-        return f"its {', '.join(changed)} changed since the pin (pin -diff shows how)", ""
+        return f"its {', '.join(changed)} changed since the pin (pin -diff shows how)"
     name = offered_name(server, entry["name"], rule)
     if not NAME_RE.fullmatch(name):
-        return (f"the name {quote(name)} does not match ^[a-zA-Z0-9_-]{{1,64}}$: set rename",
-                "")
+        return f"the name {quote(name)} does not match ^[a-zA-Z0-9_-]{{1,64}}$: set rename"
     schema = entry.get("input_schema")
     if not isinstance(schema, dict) or schema.get("type") != "object":
-        return 'its input schema is not an object schema ("type": "object")', ""
+        return 'its input schema is not an object schema ("type": "object")'
     outside = reaches_outside(schema)
     if outside:
-        return outside, ""
+        return outside
     high = [f"{what} in the {where}" for severity, what, where in found if severity == LINT_HIGH]
     if high and rule.accepted_description != lint_hash(entry):
         return (f"the lint finds what may be instructions hidden from you ({sanitize(high[0])}"
                 f"{f', and {len(high) - 1} more' if len(high) > 1 else ''}); read the whole text "
                 f"pin printed, and if the model may read it, set the rule's accepted_description "
-                f"to \"{lint_hash(entry)}\""), ""
+                f"to \"{lint_hash(entry)}\"")
     try:
         hiding = hiding_problem(schema, rule)
-        problem = "" if hiding else schema_problem(schema) or schema_problem(
+        if hiding:
+            return hiding
+        problem = schema_problem(schema) or schema_problem(
             restrict_schema(schema, rule.deny + list(rule.fixed)))
     except Exception as err:  # a shape no check foresaw: refuse the tool, never the gate
-        hiding, problem = "", f"it could not be read ({type(err).__name__})"
-    if hiding:
-        return hiding, ""
+        problem = f"it could not be read ({type(err).__name__})"
     if problem:
-        return f"the validator refuses its input schema: {sanitize(problem)}", ""
-    return policy_pointer_problem(schema, rule, name), mismatch
+        return f"the validator refuses its input schema: {sanitize(problem)}"
+    return policy_pointer_problem(schema, rule, name)
 
 
 def hint_mismatch(side_effect, entry, live_entry):
@@ -2127,17 +1774,19 @@ def hint_mismatch(side_effect, entry, live_entry):
     return ""
 
 
+_DRAFT_RE = re.compile(r"https?://json-schema\.org/(draft-0[467]/schema|draft/2019-09/schema|"
+                       r"draft/2020-12/schema|schema)#?")
+
+
 def reaches_outside(schema, pointer=""):
     """Why the schema could make a validator read outside it, or ''."""
-    if isinstance(schema, list):
-        for i, item in enumerate(schema):
-            found = reaches_outside(item, f"{pointer}/{i}")
-            if found:
-                return found
+    if isinstance(schema, dict):
+        items = schema.items()
+    elif isinstance(schema, list):
+        items = enumerate(schema)  # an index is no keyword: only the walk below applies
+    else:
         return ""
-    if not isinstance(schema, dict):
-        return ""
-    for key, value in schema.items():
+    for key, value in items:
         bad = isinstance(value, str) and (
             (key in ("$ref", "$dynamicRef", "$recursiveRef") and not value.startswith("#"))
             or (key == "$id" and not value.startswith("#") and not _DRAFT_RE.fullmatch(value))
@@ -2156,12 +1805,8 @@ def _is_draft4(schema):
     return isinstance(schema.get("$schema"), str) and "draft-04" in schema["$schema"]
 
 
-def _mentions(value, name):
-    if isinstance(value, dict):
-        return name in value or any(_mentions(v, name) for v in value.values())
-    if isinstance(value, list):
-        return any(_mentions(v, name) for v in value)
-    return value == name
+_HIDING_KEYWORDS = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentRequired",
+                    "dependentSchemas", "dependencies", "$defs", "definitions")
 
 
 def hiding_problem(schema, rule):
@@ -2180,15 +1825,12 @@ def hiding_problem(schema, rule):
     return ""
 
 
-def pinned_for(server):
-    """A server's manifest, once its rules name only tools it pins."""
-    manifest = read_manifest(server)
-    stray = sorted(set(server.rules) - set(manifest["tools"]))
-    if stray:
-        raise LoadError(f"server {quote(server.name)}: rules name tools the manifest does not "
-                        f"pin: {', '.join(sanitize(s) for s in stray)}; pin again or fix the "
-                        f"rules")
-    return manifest
+def _mentions(value, name):
+    if isinstance(value, dict):
+        return name in value or any(_mentions(v, name) for v in value.values())
+    if isinstance(value, list):
+        return any(_mentions(v, name) for v in value)
+    return value == name
 
 
 # =============================================================================================
@@ -2196,18 +1838,17 @@ def pinned_for(server):
 #
 # Reads as: decision core
 #
-# Owns: what the model is told (every sentence it can read of the gate's is in the tables
-# below: the answers to a call, the status tool's words, and the words that fill their
-# slots; the gate and the host side pick among them), the policy's evaluation of one call,
-# approvals and their hashes, the checks a call's arguments pass, and what of a server's
-# result is passed on and recorded.
-# Plain functions of their inputs: the gate (section 8) calls them and records what they decide.
+# Owns: every sentence of the gate's the model can read (the tables below: the answers to a
+# call, the status tool's words and the words that fill their slots; the gate, the host side
+# and the status tool pick among them), the policy's evaluation of one call with its approval
+# and hash, the check of a call's arguments, and what of a server's result is passed on and
+# recorded: plain functions of their inputs, which the gate calls and records.
 # Promises: an approval's hash covers exactly what it binds and what the operator is shown;
-# a re-run of an unknown outcome is never allowed without an operator. A result the gate lets
-# through reaches the host as the server answered it, never through the gate's prose (a
-# recorded one told again, in a DUPLICATE or by the status tool, is sanitized), and its
-# record identifies exactly what the model was given. Nothing the model sees names the
-# operator command, the database, the config or a run id.
+# a re-run of an unknown outcome is never allowed without an operator. A server's result
+# reaches the host as the server answered it, never through the gate's prose (one told again,
+# in a DUPLICATE or by the status tool, is sanitized), and its record identifies exactly what
+# the model was given. Nothing the model sees names the operator command, the database, the
+# config or a run id.
 # =============================================================================================
 
 APPROVAL_COLUMNS = ("id", "run_id", "step_id", "kind", "capability_json", "presentation_json",
@@ -2219,9 +1860,8 @@ RECORDED_BLOCKS = 512  # blocks a result's record describes one by one; the rest
 # What of a server's tools/call result reaches the host: every field MCP gives a result.
 RESULT_FIELDS = ("content", "structuredContent", "isError", "_meta")
 
-# Every sentence of the gate's answers to a call. {slots} are filled by answer(); server-,
-# model- and operator-chosen values are cleaned before they are put in. (The status tool's
-# sentences are STATUS_PROSE, below.)
+# The gate's answers to a call; answer() fills the {slots}, with what a server, the model or an
+# operator chose cleaned first.
 PROSE = {
     "PENDING_APPROVAL": (
         "This request is waiting for an operator's approval (approval {approval}). Nothing has "
@@ -2418,8 +2058,7 @@ def gate_status(key, **slots):
 
 
 def passed_answer(passed):
-    """A server's result, passed on whole: every block in its order, the structured content
-    beside them, isError and _meta. Nothing of it goes through the gate's prose."""
+    """A server's result, passed on whole: nothing of it goes through the gate's prose."""
     return Answer("\n".join(b["text"] for b in passed["content"] if b["type"] == "text" and
                             isinstance(b.get("text"), str)), passed.get("isError") is True, passed)
 
@@ -2428,16 +2067,15 @@ def note_text(note):
     return f", with this note: {cut(quote(note), 500)}" if note else ""
 
 
+# A constant, so the decision at the pause and at collection hash alike.
 INTERRUPTED_REASON = "interrupted while executing; outcome unknown"
 
 
 def evaluate(config, tool, args, facts, attempt=None, approved=False, judged=None):
-    """The policy's decision for one request (section 3) with, for an approval, what it
-    binds (the capability) and what the operator is shown (the presentation).
-
-    A request that re-runs an attempt whose outcome is unknown always needs an operator,
-    whatever the policy says short of deny: allow alone, or a grant, never runs it again.
-    """
+    """The policy's decision for one request (section 3) with, for an approval, what it binds
+    (the capability) and what the operator is shown (the presentation). A re-run of an
+    attempt whose outcome is unknown (`attempt`) always needs an operator, whatever the policy
+    says short of deny: neither allow nor a grant runs it again."""
     decision = policy_decision(config, tool, args, facts, rerun=bool(attempt),
                                approved=approved, judged=judged)
     outcome = decision["outcome"]
@@ -2448,21 +2086,19 @@ def evaluate(config, tool, args, facts, attempt=None, approved=False, judged=Non
     if tool.rule.fixed:
         capability["fixed"] = tool.rule.fixed
     if attempt:
-        # The reason is a constant so the decision at the pause and at collection hash alike.
         capability["interrupted"] = attempt
         notice = (f"An earlier attempt started at {attempt['started_at']} in run "
                   f"{attempt['run_id']} {HOW[attempt['ended']]}, so it may have taken effect. "
                   f"Approving runs it again when the model calls again; rejecting ends this "
                   f"request, and a later identical call asks an operator again whatever the "
                   f"policy says.")
-        decision = {"outcome": "require_approval", "reason": INTERRUPTED_REASON,
-                    "by": decision["by"], "kind": "interrupted_side_effect",
-                    "capability": capability,
-                    "presentation": {**capability, "notice": notice,
-                                     "reason": INTERRUPTED_REASON, "question": (
-                                         f"Run {tool.upstream_name} on server "
-                                         f"{tool.server.name} again with these arguments?")}}
-        return decision
+        return {"outcome": "require_approval", "reason": INTERRUPTED_REASON,
+                "by": decision["by"], "kind": "interrupted_side_effect",
+                "capability": capability,
+                "presentation": {**capability, "notice": notice,
+                                 "reason": INTERRUPTED_REASON, "question": (
+                                     f"Run {tool.upstream_name} on server "
+                                     f"{tool.server.name} again with these arguments?")}}
     question = (f"May the model call {tool.upstream_name} on server {tool.server.name} with "
                 f"these arguments?")
     presentation = {**capability, "question": question, "reason": decision["reason"]}
@@ -2482,8 +2118,8 @@ def approval_hash(kind, capability, presentation, request):
 
 
 def new_approval(config, run_id, step_id, tool, args, decision):
-    """A pending approval, in the one shape an approval has everywhere: its row's columns
-    (APPROVAL_COLUMNS), as Store.read_approvals reads them back."""
+    """A pending approval in its one shape: its row's columns, as Store.read_approvals reads
+    them back."""
     request = {"run_id": run_id, "step_id": step_id, "spec": tool.spec, "args": args}
     created = now()
     approval = dict.fromkeys(APPROVAL_COLUMNS, "")
@@ -2499,7 +2135,7 @@ def new_approval(config, run_id, step_id, tool, args, decision):
 
 
 def stored_hash(row):
-    """Recompute an approval row's hash from its stored fields; a tampered row differs."""
+    """An approval row's hash recomputed from its stored fields; a tampered row differs."""
     try:
         return approval_hash(row["kind"], parse(row["capability_json"]),
                              parse(row["presentation_json"]), parse(row["request_json"]))
@@ -2514,8 +2150,7 @@ def judged_request(tool, args, work=None):
 
 
 def check_arguments(tool, args, work=None):
-    """'' when the arguments may be sent, else the reason they may not (INVALID). `work` is
-    the call's pattern work (PatternWork), shared with its policy."""
+    """'' when the arguments may be sent, else why not (INVALID)."""
     if not isinstance(args, dict):
         return "the arguments are not a JSON object"
     for name in tool.rule.deny:
@@ -2534,8 +2169,7 @@ def check_arguments(tool, args, work=None):
 
 
 def passed_result(tool, result):
-    """(what of a server's tools/call result is passed on, '') or (None, why the result
-    cannot be used)."""
+    """(what of a server's result is passed on, '') or (None, why it cannot be used)."""
     if not isinstance(result, dict):
         return None, "the server's result is not an object"
     if result.get("resultType") == "input_required" or "inputRequests" in result:
@@ -2550,11 +2184,10 @@ def passed_result(tool, result):
 
 def result_record(passed):
     """What the record keeps of a server's result, so it identifies exactly what the model
-    was given: the size and hash of the result's canonical form, which bind every byte of it
-    (_meta and annotations too); each block by its type and labels, with its text while the
-    result's texts come to at most CONTENT_CAP bytes (a text cut short, and every binary
-    block, as its size and hash); the structured content, whole while it fits in what is
-    left, else as its size and hash; isError."""
+    was given: the size and hash of its canonical form (which bind every byte of it); each
+    block by its type and labels, with its text while the texts come to at most CONTENT_CAP
+    bytes (else its size and hash); the structured content, whole while it fits in what is
+    left, else its size and hash; isError."""
     encoded = canonical(passed)
     room = [CONTENT_CAP]
 
@@ -2571,7 +2204,7 @@ def result_record(passed):
         record["more_blocks"] = len(blocks) - RECORDED_BLOCKS
     if "structuredContent" in passed:
         structured = canonical(passed["structuredContent"])
-        record["structured"] = {"bytes": len(structured), "sha256": sha256_hex(structured)}
+        record["structured"] = _size_and_hash(structured)
         if len(structured) <= room[0]:
             room[0] -= len(structured)
             record["structured"]["value"] = passed["structuredContent"]
@@ -2581,10 +2214,9 @@ def result_record(passed):
 
 
 def recorded_block(block, keep):
-    """One block of a result as its record keeps it (result_record). An image's or audio's
-    data and a resource's blob are kept as the size and hash of the bytes they encode, so a
-    file can be matched against the record; a block with no text or data of its own (a
-    resource link) as the size and hash of its canonical form."""
+    """One block as its record keeps it. An image's or audio's data and a resource's blob as
+    the size and hash of the bytes they encode, so a file can be matched against the record;
+    a block with no text or data of its own (a resource link) as those of its canonical form."""
     kind = block["type"]
     entry = {"type": cut(kind, 100)}
     source = block.get("resource") if kind == "resource" and isinstance(
@@ -2614,9 +2246,10 @@ def _size_and_hash(data):
 
 
 def block_bytes(entry):
-    """The size of a recorded block: as recorded, or of its text when that was kept whole."""
-    return entry["bytes"] if "bytes" in entry else len(entry["text"].encode("utf-8",
-                                                                            "surrogatepass"))
+    """A recorded block's size: as recorded, or of its text when that was kept whole."""
+    if "bytes" in entry:
+        return entry["bytes"]
+    return len(entry["text"].encode("utf-8", "surrogatepass"))
 
 
 def block_labels(record):
@@ -2632,23 +2265,20 @@ def block_labels(record):
 
 
 def recorded_text(record, withheld=False):
-    """A recorded result as text, for prose: the text of its text blocks and every other block
-    as its label (block_labels); of a result that was withheld, only the labels. A result of
-    structured content alone is its JSON, when it was kept."""
-    labels = block_labels(record)
+    """A recorded result as text: its text blocks' text and every other block's label; of a
+    withheld result, only the labels. Structured content alone is its JSON, when kept."""
+    blocks, labels = record["blocks"], block_labels(record)
     parts = [entry["text"] if entry["type"] == "text" and "text" in entry and not withheld
-             else label for entry, label in zip(record["blocks"], labels)] + labels[
-        len(record["blocks"]):]
+             else label for entry, label in zip(blocks, labels)] + labels[len(blocks):]
     structured = record.get("structured", {})
-    if not record["blocks"] and "value" in structured and not withheld:
+    if not blocks and "value" in structured and not withheld:
         parts.append(policy_json(structured["value"]))
     return "\n".join(parts)
 
 
 def outcome_text(observed):
-    """What a recorded outcome of a tool call says, as text: the server's result (as
-    recorded_text), the error that came instead of one, or, for a result recorded before
-    results were kept whole (schema version 4), its mapped content."""
+    """A recorded outcome as text: the result (recorded_text), the error that came instead,
+    or a result recorded before results were kept whole (schema version 4), as mapped."""
     if "result" in observed:
         return recorded_text(observed["result"], observed.get("withheld", False))
     if observed["kind"] == "tool_result":
@@ -2676,26 +2306,25 @@ def result_summary(tool, record, withheld_over=0):
 #
 # Reads as: decision core
 #
-# Owns: the SQLite file and every statement run against it.
+# Owns: the SQLite file, every statement that changes it, and the reads the gate decides with
+# (what people read besides is section 17's Ledger).
 # Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema off; files created 0600 and
-# refused when others can write them; every state change is written inside a BEGIN IMMEDIATE
-# transaction together with its events (changes that threads queue meanwhile share it, each in
-# a savepoint of its own, and one sync to disk); reads use a second connection, so they never
-# wait on a writer's sync; events are hash-chained across all runs and all processes (each
-# transaction reads the head under its write lock, so two processes extend one chain and a
-# sequence number is never reused); what one transaction changes in a run is one event, so a
-# call is recorded as one event when it begins and one when it ends, and every reader reads
-# those and the single events of older versions alike (event_parts). A database migrated by a
-# newer agentgate is refused. Nothing an operator decides is ever inferred: no statement here
-# approves.
+# refused when others can write them; every state change is written in a BEGIN IMMEDIATE
+# transaction together with its events, hash-chained across all runs and all processes; what
+# one transaction changes in a run is one event. Nothing an operator decides is ever inferred:
+# no statement here approves. A database migrated by a newer agentgate is refused.
+# Migration stays here, as data: a new database is migrated from version 0 by the same SCHEMA
+# statements as an old one, so no second path makes the tables the gate decides with. Versions
+# 3 to 5 add no table and rewrite nothing (the chain binds the old rows); Ledger.steps and
+# event_parts (section 17) read the older shapes. tests/test_migration.py and
+# tests/test_compact_record.py migrate dumps of versions 1 and 4.
 # =============================================================================================
 
 SCHEMA = [
     # Version 1. A run is one tools/call; a step is one proposal inside it (the model's call,
-    # the gate's own re-run of an unknown outcome, the closing decision). The calls table is
-    # an index and a cache over runs: truth is always read from the run and its steps.
-    # (A database made before version 5 has runs.result_json, no longer written or read: a
-    # result is kept once, in its step.)
+    # a re-run of an unknown outcome, the closing decision). The calls table indexes runs by
+    # request: truth is read from the run and its steps. (Databases made before version 5
+    # also have runs.result_json, no longer written or read.)
     """
     CREATE TABLE runs(id TEXT PRIMARY KEY, session TEXT NOT NULL, tool TEXT NOT NULL,
         status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', detail TEXT NOT NULL DEFAULT '',
@@ -2729,11 +2358,9 @@ SCHEMA = [
         payload_json TEXT NOT NULL, hash TEXT NOT NULL);
     CREATE INDEX events_run ON events(run_id, seq);
     """,
-    # Version 2. What the limits count, and the operators' standing approvals. A row of
-    # executions is written in the transaction that starts a step executing; limits read it
-    # through its index, a window at a time, so the history before a window costs nothing.
-    # (executions.amounts_json is no longer written: a sum reads the executed step's
-    # arguments, so a limit added later counts what ran before it.)
+    # Version 2. What the limits count (a row per execution, read a window at a time through
+    # its index; amounts_json is no longer written: a sum reads the executed step's
+    # arguments), and the operators' standing approvals.
     """
     CREATE TABLE executions(id INTEGER PRIMARY KEY, tool TEXT NOT NULL, at TEXT NOT NULL,
         run_id TEXT NOT NULL, step_id TEXT NOT NULL, amounts_json TEXT NOT NULL DEFAULT '{}');
@@ -2745,25 +2372,13 @@ SCHEMA = [
         revoke_note TEXT NOT NULL DEFAULT '');
     CREATE INDEX grants_tool ON grants(session, tool, expires_at);
     """,
-    # Version 3. No new table: an allowed read is recorded as its run and one run.read event
-    # that carries its step whole, with no step row and no row in the calls index. The
-    # version says so to an older agentgate, which would show such a run without its step.
-    "",
-    # Version 4. No new table: a server's answer is recorded as its result's record (its size
-    # and hash, its blocks by type, its text up to CONTENT_CAP; result_record) where it was
-    # its mapped content. Older records are read as they are, so nothing is rewritten (the
-    # chain binds them); the version says so to an older agentgate, which reads only those.
-    "",
-    # Version 5. No new table: what one transaction changes in a run is chained as one event
-    # (Tx.flush), so a call is recorded as one event when it begins and one when it ends.
-    # Older events stay as they are (the chain binds them) and read the same (event_parts);
-    # the version says so to an older agentgate, which would not read the combined events.
-    "",
+    "",  # 3: an allowed read is its run and one run.read event: no step row, no calls row
+    "",  # 4: an answer is kept as its result_record; older records are read as they are
+    "",  # 5: one event per run per transaction (Tx.flush); older events read the same
 ]
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
-# What a settled call index row says its run's last attempt came to (0, the column's
-# default, while it is not settled).
+# What a settled calls row says its run's last attempt came to (0 while it is not settled).
 OUTCOME_NONE, OUTCOME_KNOWN, OUTCOME_UNKNOWN = 1, 2, 3
 
 
@@ -2780,21 +2395,17 @@ ANY_ROW = "any open row"  # a read replaces whatever row is open: reads never ra
 KeyRun = collections.namedtuple("KeyRun", "run_id status reason detail finished owner expires "
                                           "open")
 
-
 UNKNOWN_ENDINGS = ("timed_out", "no_answer", "cut_off")
-# What a call that reached its server came to (call_upstream's endings).
-CALL_ENDINGS = ("ok", "error", "unrecorded", "timed_out", "no_answer")
+CALL_ENDINGS = ("ok", "error", "unrecorded", "timed_out", "no_answer")  # call_upstream's
 
-# What the newest attempt of a run's tool call came to: its ending, its observation as
-# recorded (None when it has none), when it finished, and the attempt as an interruption
-# approval names it (run_id, step_id, started_at, ended).
+# The newest attempt of a run's tool call: its ending, its observation (or None), when it
+# finished, and the attempt as an interruption approval names it.
 Attempt = collections.namedtuple("Attempt", "ending observed finished attempt")
 
 
 def step_outcome(observed):
     """What a recorded step came to, by its fields in every version (never its prose): an
-    ending of CALL_ENDINGS, 'cut_off' (taken over or cancelled while executing), or 'denied',
-    'invalid', 'rejected' (naming its approval), 'interrupted'; '' for no other kind."""
+    ending of CALL_ENDINGS, 'cut_off', 'denied', 'invalid', 'rejected', 'interrupted' or ''."""
     kind, content = observed["kind"], observed.get("content", {})
     if kind == "tool_result":
         return "ok"
@@ -2808,16 +2419,10 @@ def step_outcome(observed):
 
 
 def last_attempt(rows, run_id):
-    """What the newest attempt of a run's tool call came to, read through `rows(sql, args)`
-    (Store.read, or Tx.rows inside a transaction): an Attempt with ending 'ok', 'error',
-    'unrecorded', 'timed_out', 'no_answer' or 'cut_off'; None when no tool call of the run
-    ever started.
-
-    A step whose re-run was asked of an operator and not carried out (rejected, expired,
-    cancelled) still stands for the attempt its interruption approval names: nothing an
-    operator decides, short of approving a re-run that then comes to a known end, makes an
-    unknown outcome known.
-    """
+    """The newest attempt of a run's tool call, read through `rows(sql, args)`, as an Attempt
+    (ending 'ok', 'error', 'unrecorded', 'timed_out', 'no_answer' or 'cut_off'), or None when
+    none started. A re-run asked of an operator and not carried out still stands for the
+    attempt its approval names: only a re-run that comes to a known end makes it known."""
     for step_id, status, observation, started, finished in rows(
             "SELECT id, status, observation_json, started_at, finished_at FROM steps WHERE "
             "run_id=? AND json_extract(decision_json, '$.kind')='tool_call' ORDER BY idx DESC",
@@ -2841,10 +2446,8 @@ LARGE_VALUE_BYTES = 4096
 
 
 def kept_once(value):
-    """A value as an event carries it: a string longer than LARGE_VALUE_BYTES is replaced by
-    its size and hash, since the step or approval row the event belongs to keeps it whole.
-    The chain still binds every byte (through the hash), and a large argument is stored once
-    instead of once per event that mentions it."""
+    """A value as an event carries it: a string past LARGE_VALUE_BYTES as its size and hash,
+    since its step or approval row keeps it whole; the chain still binds every byte."""
     if isinstance(value, str):
         data = value.encode("utf-8", "surrogatepass")
         return value_digest(data) if len(data) > LARGE_VALUE_BYTES else value
@@ -2856,9 +2459,7 @@ def kept_once(value):
 
 
 def outcome_fields(observation):
-    """What an event says of a tool call's outcome: the summary, size and hash of the result
-    the server answered, or the error that came instead (the step row keeps the whole
-    observation)."""
+    """An outcome as an event says it (the step row keeps it whole)."""
     if "result" in observation:
         record = observation["result"]
         return {"summary": observation["summary"], "bytes": record["bytes"],
@@ -2877,22 +2478,6 @@ def event_hash(prev, seq, run_id, step_id, at, type_, payload):
     return sha256_hex(b"".join(netstring(p) for p in parts))
 
 
-# The types of an event of several parts (Tx.flush): a run's beginning (for a call refused on
-# arrival, its end too), its end, or a change in between (a resume, a take-over, a question).
-COMBINED_EVENTS = ("call.began", "call.changed", "call.ended")
-
-
-def event_parts(type_, step_id, payload_json):
-    """A stored event as the parts it records, each (type, step id, payload): an event of
-    several parts (Tx.flush) as its parts in order, any other as itself. Every reader of a
-    run's events reads them through this (Store.run_parts), so records of either shape mean
-    the same."""
-    payload = parse(payload_json)
-    if type_ in COMBINED_EVENTS:
-        return [tuple(part) for part in payload["parts"]]
-    return [(type_, step_id, payload)]
-
-
 class Tx:
     """One write transaction: statements, and the events that commit with them."""
 
@@ -2909,8 +2494,8 @@ class Tx:
 
     def event(self, run_id, type_, payload, step_id=""):
         if self.head is None:
-            # The next seq follows every seq ever used (a deleted tail leaves a gap that
-            # verify reports), and chains onto the newest event still stored.
+            # Read under the write lock, so two processes extend one chain. The next seq
+            # follows every seq ever used (a deleted tail leaves a gap verify reports).
             used, newest, digest = self.db.execute(
                 "SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'), (SELECT seq "
                 "FROM events ORDER BY seq DESC LIMIT 1), (SELECT hash FROM events ORDER BY "
@@ -2924,14 +2509,11 @@ class Tx:
         self.head = (seq, digest)
 
     def part(self, run_id, type_, payload, step_id=""):
-        """One part of what this transaction changes in a run; the parts of a run are chained
-        as one event when the transaction ends (flush)."""
         self.parts.setdefault(run_id, []).append([type_, step_id, payload])
 
     def flush(self):
         """Chain each run's parts as one event: a part alone as itself, several as one
-        combined event (event_parts reads both back). A call is so recorded as one event
-        when it begins and one when it ends, and each costs one hash and one row."""
+        call.began, call.changed or call.ended event (event_parts, section 17, reads both)."""
         for run_id, parts in self.parts.items():
             if len(parts) == 1:
                 type_, step_id, payload = parts[0]
@@ -2945,20 +2527,14 @@ class Tx:
                        next((part[1] for part in parts if part[1]), ""))
         self.parts = {}
 
-
     # -- state changes: each writes its rows and its events, inside the caller's transaction --
 
     def begin_run(self, run_id, session, tool, target, key, side_effect, tool_hashes, lease,
                   seen):
-        """Claim the request's row in the calls index and begin its run, in one transaction.
-
-        The row and the run appear together or not at all, so a crash can never leave a row
-        that names a run nobody began. The open row must still be the one the caller decided
-        on (`seen`, a run id or None) and its run must have finished; otherwise another caller
-        got there first and this one decides again. Since a key's open row is always its
-        newest, this refuses whenever any run of the key began after the caller's view was
-        read, in this process or another; the unique open-row index backs it up.
-        """
+        """Claim the request's row in the calls index and begin its run: both or neither, so
+        a crash never leaves a row naming a run nobody began. Refused (Race) unless the open
+        row is still `seen` and its run ended: a key's open row is its newest, so this refuses
+        whenever a run of the key began after the caller's view, in any process."""
         at = now()
         row = self.execute("SELECT c.run_id, r.status FROM calls c JOIN runs r ON r.id = "
                            "c.run_id WHERE c.session=? AND c.request_key=? AND c.open=1",
@@ -2978,14 +2554,11 @@ class Tx:
         self.part(run_id, "run.started", {})
 
     def keep_spec(self, tool):
-        """The tool spec a step was decided under, stored once by its hash."""
         self.execute("INSERT OR IGNORE INTO tool_specs(hash, spec_json) VALUES(?,?)",
                      (tool.spec_hash, tool.spec_json))
         return tool.spec_hash
 
     def start_step(self, run_id, decision, tool=None):
-        """A new step holding one decision: the model's call, a re-run, or the closing one;
-        `tool` names the spec a call's step is decided under."""
         step_id = new_id(16)
         index = self.execute("SELECT step_count FROM runs WHERE id=?", (run_id,)).fetchone()[0]
         self.execute("UPDATE runs SET step_count=step_count+1 WHERE id=?", (run_id,))
@@ -2998,8 +2571,7 @@ class Tx:
         return step_id
 
     def record_policy(self, run_id, step_id, policy, policy_id):
-        """A decision of the policy, chained with the identity of the policy that made it and
-        the hash of the tool spec it was made for, so the chain binds both."""
+        """A decision of the policy, chained with the policy's identity and the spec's hash."""
         self.execute("UPDATE steps SET policy_json=?, policy_id=? WHERE id=?",
                      (dumps(policy), policy_id, step_id))
         spec_hash = self.execute("SELECT spec_hash FROM steps WHERE id=?",
@@ -3014,15 +2586,10 @@ class Tx:
                   step_id)
 
     def finish_run(self, run_id, status, reason, detail, extra=None, outcome=None):
-        """End a run and settle its row in the calls index with what its attempt came to.
-
-        A run that did not complete gets a closing step first, so every run's steps say how
-        it ended. Without an outcome given, nothing executed in this step, so the run's
-        outcome is unknown if an earlier attempt in it was, and none otherwise: a rejected or
-        expired re-run leaves the question open. A run that already ended (an operator's
-        cancel between a caller's read and this write) keeps how it ended: the caller decides
-        again.
-        """
+        """End a run, a closing step first unless it completed, and settle its calls row.
+        Without `outcome`, nothing executed in this step: the outcome is unknown if the last
+        attempt's was, so a rejected or expired re-run leaves the question open. A run that
+        already ended (an operator's cancel since the caller read) raises Race."""
         current, steps = self.execute("SELECT status, step_count FROM runs WHERE id=?",
                                       (run_id,)).fetchone()
         if current in TERMINAL:
@@ -3046,10 +2613,8 @@ class Tx:
                      (now(), outcome, run_id))
 
     def pause(self, run_id, step_id, approval):
-        """Wait for an operator: the step awaits, the run waits with no lease, the approval
-        row is written with its hash. Only a run still under way can wait: one that an
-        operator ended meanwhile (a cancel between two transactions of a take-over) stays
-        ended, and the caller decides again."""
+        """Wait for an operator: the run without a lease, the approval row with its hash. A
+        run an operator ended meanwhile stays ended (Race)."""
         waits = self.execute("UPDATE runs SET status='WAITING_FOR_APPROVAL', lease_owner='', "
                              "lease_expires_at='' WHERE id=? AND status IN ('RUNNING', "
                              "'WAITING_FOR_APPROVAL')", (run_id,))
@@ -3067,7 +2632,7 @@ class Tx:
             "presentation": kept_once(presentation), "hash": approval["hash"]}, step_id)
 
     def resume(self, run_id, approval_id, lease):
-        """A granted run runs again, under this process's lease."""
+        """A run whose newest approval was granted runs again, under this process's lease."""
         changed = self.execute("UPDATE runs SET status='RUNNING', lease_owner=?, "
                                "lease_expires_at=? WHERE id=? AND status='WAITING_FOR_APPROVAL'"
                                " AND (SELECT id FROM approvals WHERE run_id=? ORDER BY rowid "
@@ -3079,9 +2644,8 @@ class Tx:
         self.part(run_id, "run.resumed", {"approval_id": approval_id})
 
     def start_execution(self, run_id, step_id, tool, args, target, approval_id=""):
-        """Mark the step executing; from here on its outcome may be unknown. `target` is the
-        tool as the limits count it, written where the limits of every process count it
-        from this commit on."""
+        """From here the step's outcome may be unknown; the execution row makes every
+        process's limits count it (as `target`) from this commit on."""
         self.execute("UPDATE steps SET status='executing' WHERE id=?", (step_id,))
         self.execute("INSERT INTO executions(tool, at, run_id, step_id) VALUES(?,?,?,?)",
                      (target, now(), run_id, step_id))
@@ -3091,18 +2655,15 @@ class Tx:
         self.part(run_id, "step.tool_started", payload, step_id)
 
     def finish_execution(self, run_id, step_id, tool, observation, duration_ms):
-        """Record what the tool call came to; a success completes the run."""
-        ok = observation["kind"] == "tool_result"
-        self.execute("UPDATE steps SET status=?, observation_json=?, finished_at=? WHERE id=?",
-                     ("done" if ok else "failed", dumps(observation), now(), step_id))
         self.part(run_id, "step.tool_finished", {"tool": tool, "duration_ms": duration_ms,
                                                  **outcome_fields(observation)}, step_id)
-        if ok:
-            self.finish_run(run_id, "COMPLETED", "goal_completed", f"terminal tool {tool}",
-                            outcome=OUTCOME_KNOWN)
-        else:
-            self.part(run_id, "step.failed", {"detail": observation["summary"],
-                                              "observation": observation}, step_id)
+        if observation["kind"] != "tool_result":
+            self.fail_step(run_id, step_id, observation, observation["summary"])
+            return
+        self.execute("UPDATE steps SET status='done', observation_json=?, finished_at=? "
+                     "WHERE id=?", (dumps(observation), now(), step_id))
+        self.finish_run(run_id, "COMPLETED", "goal_completed", f"terminal tool {tool}",
+                        outcome=OUTCOME_KNOWN)
 
     def run_holder(self, run_id):
         """(status, lease owner) of a run, read inside the transaction that acts on it."""
@@ -3113,14 +2674,13 @@ class Tx:
         return self.execute("SELECT started_at FROM steps WHERE id=?", (step_id,)).fetchone()[0]
 
     def take_over(self, run_id, lease):
-        """Take the lease of a run whose owner stopped renewing it, marking every step it cut
-        off as interrupted. Returns (step_id, started_at) of a step cut off while executing,
-        or None."""
+        """Take the lease of a run whose owner stopped renewing it, every step it cut off
+        marked interrupted; (step_id, started_at) of one cut off executing, or None."""
         row = self.execute("SELECT lease_owner, lease_expires_at FROM runs WHERE id=? AND "
                            "status='RUNNING'", (run_id,)).fetchone()
-        # A live lease of another process is refused. This process's own live lease is not:
-        # the gate takes over only runs it is not executing (Gate.active), so its own lease
-        # on such a run means a write failed and stranded it.
+        # Another process's live lease is refused; this process's own is not: it takes over
+        # only runs it is not executing (Gate.active), so its lease there means a failed
+        # write stranded the run.
         if row is None or (row[0] and row[1] > now() and row[0] != lease[0]):
             raise Race()
         self.execute("UPDATE runs SET lease_owner=?, lease_expires_at=? WHERE id=?",
@@ -3143,8 +2703,8 @@ class Tx:
         return cut_step
 
     def decide_approval(self, approval_id, shown_hash, status, by, note):
-        """An operator's decision, bound to the hash of exactly what they were shown.
-        Returns 'decided', 'changed' (not pending, or not what was shown) or 'expired'."""
+        """An operator's decision, bound to the hash of exactly what they were shown:
+        'decided', 'changed' (not pending, or not what was shown) or 'expired'."""
         row = self.execute("SELECT a.run_id, a.step_id, a.expires_at FROM approvals a JOIN "
                            "runs r ON r.id = a.run_id WHERE a.id=? AND a.status='pending' AND "
                            "a.hash=? AND r.status='WAITING_FOR_APPROVAL'",
@@ -3154,15 +2714,18 @@ class Tx:
         if row[2] and row[2] <= now():
             self.expire_approval(approval_id, row[0], row[1])
             return "expired"
-        self.execute("UPDATE approvals SET status=?, decided_at=?, decided_by=?, note=? "
-                     "WHERE id=?", (status, now(), by, note, approval_id))
-        self.part(row[0], "approval.decided", {"approval_id": approval_id, "status": status,
-                                               "by": by, "note": note}, row[1])
+        self._close_approval(row[0], row[1], approval_id, status, by, note)
         if status == "rejected":
             self.fail_step(row[0], row[1], {"kind": "policy_denied", "content": {
                 "approval_id": approval_id, "note": note}}, f"rejected by {by}")
             self.finish_run(row[0], "CANCELLED", "approval_rejected", note)
         return "decided"
+
+    def _close_approval(self, run_id, step_id, approval_id, status, by, note):
+        self.execute("UPDATE approvals SET status=?, decided_at=?, decided_by=?, note=? "
+                     "WHERE id=?", (status, now(), by, note, approval_id))
+        self.part(run_id, "approval.decided", {"approval_id": approval_id, "status": status,
+                                               "by": by, "note": note}, step_id)
 
     def expire_approval(self, approval_id, run_id, step_id):
         """A question nobody answered in time, or a grant nobody collected in time."""
@@ -3181,15 +2744,11 @@ class Tx:
 
     def record_read(self, run_id, session, tool, decision, policy, policy_id, started,
                     observation, ended, duration_ms):
-        """A read the policy allowed, recorded whole once it answered: its run, and one
-        chained event that is also its one step (Store.steps reads it back): the request,
-        the decision with its policy identity and spec hash, and the whole observation. It
-        has no effect for a crash to leave unknown, so nothing of it is recorded before it
-        runs, and no later decision reads it: it takes no row in the calls index (an
-        identical read that comes after is decided on the runs that could stop it) and no
-        execution row (it comes this way only when its tool has no limit; a limit later
-        given to a read tool counts from then on). `ended` is (status, reason, detail) of
-        the run."""
+        """A read the policy allowed, recorded whole once it answered, as its run and one
+        run.read event that is also its step. Nothing of it is recorded before it runs and
+        no decision reads it later: it has no effect for a crash to leave unknown, so it
+        takes no calls row, and no execution row (it comes here only when its tool has no
+        limit). `ended` is the run's (status, reason, detail)."""
         status, reason, detail = ended
         at = now()
         self.execute("INSERT INTO runs(id, session, tool, status, reason, detail, step_count, "
@@ -3201,7 +2760,6 @@ class Tx:
             "started_at": started, "observation": observation}, new_id(16))
 
     def create_grant(self, grant):
-        """An operator's standing approval, chained like their other decisions."""
         self.execute(f"INSERT INTO grants({', '.join(GRANT_COLUMNS[:9])}) VALUES(?,?,?,?,?,?,?,"
                      f"?,?)", tuple(grant[c] for c in GRANT_COLUMNS[:9]))
         self.part(grant["id"], "grant.created", {
@@ -3224,11 +2782,7 @@ class Tx:
         outcome stays unknown; a question the run was waiting on is closed as rejected."""
         for (approval_id, step_id) in self.rows("SELECT id, step_id FROM approvals WHERE "
                                                 "run_id=? AND status='pending'", (run_id,)):
-            self.execute("UPDATE approvals SET status='rejected', decided_at=?, decided_by=?, "
-                         "note=? WHERE id=?", (now(), by, note, approval_id))
-            self.part(run_id, "approval.decided", {"approval_id": approval_id,
-                                                   "status": "rejected", "by": by,
-                                                   "note": note}, step_id)
+            self._close_approval(run_id, step_id, approval_id, "rejected", by, note)
         for (step_id, status) in self.rows("SELECT id, status FROM steps WHERE run_id=? AND "
                                            "status IN ('deciding', 'awaiting_approval', "
                                            "'executing')", (run_id,)):
@@ -3238,9 +2792,8 @@ class Tx:
 
 
 def _unique_violation(err):
-    """Whether SQLite refused a row because a unique index (the open row of a request, an id)
-    already holds another: the mark of a lost race. Python before 3.11 names no error code,
-    so there the message is read."""
+    """Whether a unique index (a request's open row, an id) refused a row: a lost race.
+    Python before 3.11 names no error code, so there the message is read."""
     if not isinstance(err, sqlite3.IntegrityError):
         return False
     name = getattr(err, "sqlite_errorname", None)
@@ -3250,7 +2803,8 @@ def _unique_violation(err):
 
 
 class Store:
-    """The one SQLite connection of a process, shared by its threads under one lock."""
+    """The record as one process writes it: a writer, a reader and the heartbeat's
+    connection, each under a lock of its own."""
 
     def __init__(self, path, readonly=False, create=True):
         self.path = path
@@ -3276,18 +2830,17 @@ class Store:
                 self._wal()
                 self.db.execute("PRAGMA synchronous=FULL")
             self._check_schema(migrate=create and not readonly)
-            # Reads go through a second connection: with WAL they see every committed change
-            # without waiting while a writer syncs to disk, and a decision that read a state
-            # another change has since replaced is caught inside its own write transaction.
+            # Reads use a second connection, so they never wait on a writer's sync; a decision
+            # made on a stale read is caught inside its own write transaction.
             self.reader = self.db if readonly else self._connect(uri)
             self.read_lock = self.lock if readonly else threading.Lock()
-            # The heartbeat writes on a connection of its own, so a renewal never queues
-            # behind the calls' group commits (or a stalled one): a live call's lease is
-            # renewed as long as the process runs at all.
+            # The heartbeat writes on a third, so a lease is renewed even while the calls'
+            # group commit stalls: a live call's lease never runs out while its process runs.
             self.lease_db = None if readonly else self._connect(uri)
             self.lease_lock = threading.Lock()
         except sqlite3.Error as err:
             raise StoreError(f"database {path} cannot be opened: {err}") from None
+        # Checked again once open, so a file swapped in meanwhile is refused.
         self._check_files(tighten=not readonly)
         check_database_path(path)
 
@@ -3350,6 +2903,7 @@ class Store:
                              f"this agentgate's {len(SCHEMA)}; start the gate once to migrate it")
         self.db.execute("BEGIN IMMEDIATE")
         try:
+            # Read again under the write lock: another process may have migrated meanwhile.
             self.db.execute("CREATE TABLE IF NOT EXISTS schema_migrations(version INTEGER "
                             "PRIMARY KEY, applied_at TEXT NOT NULL)")
             current = self.db.execute("SELECT max(version) FROM schema_migrations"
@@ -3374,17 +2928,12 @@ class Store:
     # -- the one place transactions are opened --------------------------------------------
 
     def write(self, fn):
-        """Run fn(tx) inside a BEGIN IMMEDIATE transaction and return its result once the
-        transaction is durable.
-
-        Group commit: while one thread commits, others queue their changes; the next thread
-        to hold the lock commits every queued change in one transaction, each inside its own
-        savepoint, so one change that fails is rolled back alone and reported to its caller
-        only. A caller returns only after its own change is committed, so nothing is answered
-        before it is recorded; many calls in flight share one sync to disk. (It stays because
-        it was measured: with 16 calls in flight, one transaction per change at a time served
-        13-39% fewer calls per second, on disk and in memory alike.)
-        """
+        """Run fn(tx) in a BEGIN IMMEDIATE transaction; return its result once durable.
+        Group commit: changes queued while one thread commits are committed together by the
+        next, each in a savepoint, so one that fails rolls back alone. A caller returns only
+        after its own change is committed: nothing is answered before it is recorded. (It
+        was measured: with 16 calls in flight, a transaction per change served 13-39% fewer
+        calls per second.)"""
         job = {"fn": fn, "done": False, "result": None, "error": None}
         with self.jobs_lock:
             self.jobs.append(job)
@@ -3410,8 +2959,7 @@ class Store:
                     tx.flush()
                 except Exception as err:
                     self.db.execute("ROLLBACK" if alone else "ROLLBACK TO change")
-                    # The one way a lost race is said: a unique index that refused the row
-                    # another caller wrote first is a Race, as a stale read is.
+                    # A unique index that refused a row another caller wrote first is a Race.
                     job["error"] = (Race() if _unique_violation(err) else
                                     StoreError(f"the records could not be written: {err}")
                                     if isinstance(err, sqlite3.Error) else err)
@@ -3438,13 +2986,13 @@ class Store:
                 job["done"] = True
 
     def renew_leases(self, owner, until, run_ids):
-        """The heartbeat: extend the leases of the runs this process is executing."""
+        """The heartbeat: extend the leases of the runs this process is executing. Not
+        chained in events: a renewal changes no decision."""
         if not run_ids:
             return
         marks = ", ".join("?" * len(run_ids))
         with self.lease_lock:
             try:
-                # A lease is not chained in events: a renewal changes no decision.
                 self.lease_db.execute("BEGIN IMMEDIATE")
                 self.lease_db.execute(
                     f"UPDATE runs SET lease_expires_at=? WHERE lease_owner=? AND "
@@ -3455,12 +3003,12 @@ class Store:
                     self.lease_db.execute("ROLLBACK")
                 raise StoreError(f"the leases could not be renewed: {err}") from None
 
-    # -- reads: every question the rules, the status tool and the operator commands ask ---
+    # -- the reads the gate decides with -----------------------------------------------------
 
     def key_runs(self, session, key, since, newest_only):
-        """A request's runs that are unfinished, finished since `since`, or hold its open row
-        in the calls index, newest first, as KeyRun rows. One statement, so one consistent
-        view: the open row it names is the newest row of the key as of every other row read."""
+        """A request's runs that are unfinished, finished since `since`, or hold its open
+        calls row, newest first. One statement, so the open row it names is the key's newest
+        as of every other row read."""
         return [KeyRun(*row) for row in self.read(
             "SELECT r.id, r.status, r.reason, r.detail, r.finished_at, r.lease_owner, "
             "r.lease_expires_at, c.open FROM calls c JOIN runs r ON r.id = c.run_id WHERE "
@@ -3469,7 +3017,6 @@ class Store:
             (session, key, since))]
 
     def open_run(self, session, key):
-        """The run of a request's open row in the calls index, or None."""
         row = self.read_one("SELECT run_id FROM calls WHERE session=? AND request_key=? AND "
                             "open=1", (session, key))
         return row[0] if row else None
@@ -3487,9 +3034,8 @@ class Store:
                          "c.settled_at='' AND c.request_key!=? ORDER BY c.id", (session, key))
 
     def unknown_for_tool(self, session, targets, key):
-        """Other requests of an upstream tool whose newest attempt ended with its outcome
-        unknown. `targets` names the tool as the calls index may hold it: "server/tool", and
-        the registered name that databases from before version 0.2 hold."""
+        """Other requests of an upstream tool whose newest attempt's outcome is unknown;
+        `targets` is "server/tool" and the registered name databases before 0.2 hold."""
         return self.read(
             "SELECT c.request_key, c.run_id, r.reason FROM calls c JOIN runs r ON r.id = "
             "c.run_id WHERE c.session=? AND c.tool IN (?, ?) AND c.request_key!=? AND "
@@ -3498,86 +3044,25 @@ class Store:
             "ORDER BY c.id", (session, *targets, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
 
     def read_approvals(self, joined, args, extra=()):
-        """The one reader of approvals, as dicts of APPROVAL_COLUMNS (new_approval's shape) and
-        the joined columns `extra` names, (name, expression) pairs; `joined` follows the
-        select list, approvals named a."""
+        """The one reader of approvals, as dicts of APPROVAL_COLUMNS and `extra`'s (name,
+        expression) pairs; `joined` follows the select list, approvals named a."""
         select = ", ".join([f"a.{c}" for c in APPROVAL_COLUMNS] + [e for _, e in extra])
         names = APPROVAL_COLUMNS + tuple(name for name, _ in extra)
         return [dict(zip(names, row)) for row in self.read(f"SELECT {select} {joined}", args)]
 
-    def approvals(self, run_id):
-        """A run's approvals, oldest first."""
-        return self.read_approvals("FROM approvals a WHERE a.run_id=? ORDER BY a.rowid",
-                                   (run_id,))
-
     def latest_approval(self, run_id):
-        """The newest approval of a run; only the latest of a step can be a grant."""
         rows = self.read_approvals("FROM approvals a WHERE a.run_id=? ORDER BY a.rowid DESC "
                                    "LIMIT 1", (run_id,))
         return rows[0] if rows else None
 
-    def recent_approvals(self, session, since, limit):
-        """Every approval of the session's newest `limit` calls that are unsettled or settled
-        since `since`, with its run's tool, status and reason and its request key."""
-        return self.read_approvals(
-            "FROM calls c JOIN runs r ON r.id = c.run_id JOIN approvals a ON a.run_id = r.id "
-            "WHERE c.id IN (SELECT id FROM calls WHERE session=? AND (settled_at='' OR "
-            "settled_at>=?) ORDER BY id DESC LIMIT ?) ORDER BY c.id DESC, a.rowid",
-            (session, since, limit), (("tool", "r.tool"), ("run_status", "r.status"),
-                                      ("run_reason", "r.reason"),
-                                      ("request_key", "c.request_key")))
-
-
     def approval(self, approval_id):
-        """An approval with its run's status, or None."""
         rows = self.read_approvals("FROM approvals a JOIN runs r ON r.id = a.run_id WHERE "
                                    "a.id=?", (approval_id,), (("run_status", "r.status"),))
         return rows[0] if rows else None
 
-    def executed_under(self, approval):
-        """Whether the approval's step started executing under it."""
-        return any(type_ == "step.tool_started" and step_id == approval["step_id"] and
-                   payload.get("approval_id") == approval["id"]
-                   for _, _, type_, step_id, payload in self.run_parts(approval["run_id"]))
-
     def step_decision(self, step_id):
         return parse(self.read_one("SELECT decision_json FROM steps WHERE id=?",
                                    (step_id,))[0])
-
-    def step_observation(self, step_id):
-        row = self.read_one("SELECT observation_json FROM steps WHERE id=?", (step_id,))
-        return parse(row[0]) if row and row[0] else None
-
-
-
-
-
-    def run_events(self, run_id):
-        """A run's events as stored: (seq, at, type, step id, payload_json)."""
-        return self.read("SELECT seq, at, type, step_id, payload_json FROM events WHERE "
-                         "run_id=? ORDER BY seq", (run_id,))
-
-    def run_parts(self, run_id):
-        """What a run's events record, as (seq, at, type, step id, payload): each part of a
-        combined event as an event of its own, under the seq of the event that holds it."""
-        return [(seq, at, *part) for seq, at, type_, step_id, payload in self.run_events(run_id)
-                for part in event_parts(type_, step_id, payload)]
-
-    def late_outcomes(self, run_id):
-        """Outcomes of a run's attempts that arrived after another process took the run
-        over, as (step id, observation), oldest first."""
-        return [(step_id, payload["observation"]) for _, _, type_, step_id, payload
-                in self.run_parts(run_id) if type_ == "step.tool_finished" and payload.get("late")]
-
-
-
-
-
-
-
-
-
-
 
     def read(self, sql, args=()):
         with self.read_lock:
@@ -3596,64 +3081,45 @@ class Store:
 #
 # Reads as: decision core
 #
-# Owns: one call's whole passage (decide, begin and record, hold, execute, record the
-# outcome), and the decision, for each call, of what happens given every earlier call of the
-# same request (same upstream tool, same canonical arguments) and of the session: collect a
-# granted approval, wait on a pending one, refuse a request that is executing, was rejected,
-# expired or already executed within the repeat window, cap the approvals waiting, or begin a
-# run.
+# Owns: one call's whole passage (judge, decide, begin and record, hold, execute, record the
+# outcome) and the rules across calls: what a call comes to given the earlier runs of the
+# same request (same upstream tool, same canonical arguments) and of the session.
 # Promises: nothing runs that the policy did not allow or an operator did not approve by
-# hash; what an approval binds is exactly the request that executes (the recorded request,
-# never a later call's bytes); the outcome is recorded even when the host has gone.
+# hash; an approval binds exactly the request that executes (the recorded request, never a
+# later call's bytes); the outcome is recorded even when the host has gone.
 # Deciding happens under one lock, so two threads never both begin the same request; across
 # processes the unique open-row index does the same job, and a lost race is decided again.
-# Judging a call's arguments (the schema check, the policy's conditions and their pattern
-# work) happens before the lock, executing and holding after it, so different requests run
-# in parallel and one slow to judge delays no other.
-# Each rule answers with one verdict, a value (Answer, Wait, Execute, or NEXT, STOP, AGAIN),
-# and a rule that must act to decide (take a run over, end an approval, begin a run) does it
-# through a step named for the act.
-# A run being executed holds a lease its process renews; a run whose lease ran out (its process
-# died) is taken over, and a mutating call it cut off waits for an operator. Everything is
-# recorded before it is sent, except a read the policy allows with no limit or grant to
-# consult, recorded whole with its outcome in one transaction after it answers. Limits are
-# decided inside the transaction that starts the execution.
-# Reaches out through two seams only: the upstream's `call` (section 16) and the announcement of
-# a waiting approval (`announce`, registered at start).
+# Judging happens before the lock, executing and holding after it, so one request slow to
+# judge delays no other. Each rule answers with one verdict, a value.
+# A run being executed holds a lease its process renews; a run whose lease ran out is taken
+# over, and a mutating call it cut off waits for an operator. Everything is recorded before it
+# is sent, except a read allowed with no limit or grant to consult, recorded whole after it
+# answers. Limits are decided inside the transaction that starts the execution.
+# Reaches out through two seams only: the upstream's `call` (section 16) and `announce`.
 # =============================================================================================
 
 HOLD_POLL = 0.2
 TOOL_CALL = "tool_call"
 
+# The verdicts that answer a call other than an Answer. An Execute's `step_id` is None for a
+# read recorded whole by `record(tx, observation, ending, elapsed_ms)` after it answers; its
+# `work` is the call's pattern work, so a re-run after an unknown outcome is not searched again.
+Wait = collections.namedtuple("Wait", "approval")
+Execute = collections.namedtuple("Execute", "run_id step_id args record work",
+                                 defaults=(None, None))
 
-class Wait:
-    """A verdict: the request waits on this approval."""
-
-    def __init__(self, approval):
-        self.approval = approval
-
-
-class Execute:
-    """A verdict: the request runs now. `step_id` is None for a read whose run is recorded
-    whole with its outcome, by `record(tx, observation, ending, elapsed_ms)`, in one
-    transaction after it answers. `work` is what the call's pattern searches found, so a
-    re-run proposed after an unknown outcome is decided without searching again."""
-
-    def __init__(self, run_id, step_id, args, record=None, work=None):
-        self.run_id, self.step_id, self.args, self.record = run_id, step_id, args, record
-        self.work = work
-
+# What a rule says when it does not answer the call itself:
+NEXT = "next"    # this rule, or this earlier run, decides nothing: the next one does
+STOP = "stop"    # rule 5 met an unknown outcome: look no further back, let rule 6 decide
+AGAIN = "again"  # a rule ended a run or an approval, or a write lost a race (Race): the call
+                 # is decided again, on what is there now
 
 PROGRESS_MESSAGE_BYTES = 1000
 
 
 class Progress:
-    """One call's progress as its host hears it, under the host's token: the gate's own while
-    it holds the call for an operator (seconds waited, of the hold), then the server's while
-    it executes. The host is sent only a value above the last it was sent, as the protocol
-    asks: the server's values and total come after the hold's last value, and one that does
-    not increase (a server repeating itself) is dropped. A server's message is server text
-    reaching the host: it is sanitized."""
+    """One call's progress as its host hears it: the hold's seconds, then the server's values
+    after them. Only a value above the last one told is sent, as the protocol asks."""
 
     def __init__(self, send):
         self.send = send  # send(value, total, message); total and message None when absent
@@ -3685,16 +3151,9 @@ class Progress:
             return True
 
 
-# What a rule says when it does not answer the call itself (as Answer, Wait and Execute do):
-NEXT = "next"    # this rule, or this earlier run, decides nothing: the next one does
-STOP = "stop"    # rule 5 met an unknown outcome: look no further back, let rule 6 decide
-AGAIN = "again"  # a rule ended a run or an approval, or a write lost a race (Race): the call
-                 # is decided again, on what is there now
-
-
 def repeat_window_text(tool, window, config_file):
-    """What an operator changes to let identical calls of `tool` through (never model text:
-    it names the config)."""
+    """What an operator changes to let identical calls of `tool` through (it names the config:
+    never model text)."""
     return (f"identical calls to {tool.name} are refused for {format_duration(window)} after "
             f"one executes; to allow them, set \"repeat_window\": \"0s\" (or a shorter time) "
             f"in the rule for {tool.upstream_name} of server {tool.server.name} in {config_file}")
@@ -3714,10 +3173,9 @@ class Gate:
         # run listed here is never taken over by this process, whatever its lease says.
         self.active = set()
         self.stopping = threading.Event()
-        self.operator_hint = operator_hint(config.path)
-        # The seam to the notify program (section 20), registered by serve when the config
-        # names one: it is told an approval waits, by names only.
-        self.announce = None
+        # The seam to what tells the operator an approval waits (section 21), registered by
+        # serve: announce(approval, tool, run_id).
+        self.announce = lambda approval, tool, run_id: None
         # Registered names of the tools whose server changed them while serving (ToolWatch):
         # not offered, and a call to one is refused. Replaced whole, never changed in place.
         self.quarantined = frozenset()
@@ -3729,8 +3187,8 @@ class Gate:
 
     def _heartbeat(self):
         """Renew the leases of the runs this process executes, every third of their life. A
-        run stranded by a failed write is not renewed, so its lease runs out and the next
-        identical call takes it over."""
+        run stranded by a failed write is not renewed, so the next identical call takes it
+        over."""
         while not self.stopping.wait(self.config.lease_ttl / SECOND / 3):
             try:
                 # set.copy is one step for the interpreter: calls that start or end meanwhile
@@ -3745,10 +3203,9 @@ class Gate:
         return self.config.repeat_window if rule is None else rule
 
     def _facts(self, tool, rows=None):
-        """The facts of this moment for a decision on `tool` (decision_facts). Read through
-        `rows` inside the write transaction that acts on the decision, where the limits are
-        counted, so racing calls in this process or another never pass a limit together; read
-        through the reader for a decision that only steers the rules, where they are not."""
+        """The facts of this moment (decision_facts). The limits are counted only when read
+        through `rows` of the write transaction that acts on the decision, so racing calls in
+        any process never pass a limit together."""
         return decision_facts(rows or self.store.read, self.config.session, tool,
                               format_time(time.time()), self.client,
                               rows is not None and bool(tool.rule.limits))
@@ -3756,72 +3213,62 @@ class Gate:
     # -- one call ------------------------------------------------------------------------------
 
     def call(self, tool, args, invalid="", progress=None, cancelled=None):
-        """Decide, then execute, hold or refuse one tools/call; always returns an Answer.
-        `invalid` is set (why, and the frame as received) when the arguments were not
-        usable JSON."""
+        """Decide, then execute, hold or refuse one tools/call; always an Answer. `invalid`
+        (why, the frame as received) is set when the arguments were not usable JSON."""
         cancelled = cancelled or threading.Event()
-        executed = []
+        executing = False
         try:
-            return self._call(tool, args, invalid, progress, cancelled, executed)
+            args = {} if args is None else args
+            encoded = None if invalid else canonical(args)  # once per call: its size, its key
+            if encoded is not None and len(encoded) > self.config.max_argument_bytes:
+                invalid = (SLOT_PROSE["arguments_too_large"].format(
+                    size=len(encoded), cap=self.config.max_argument_bytes),
+                    recorded_frame(encoded))
+            if invalid:
+                with self.lock:
+                    return self._begin(tool, None, f"invalid:{new_id(8)}", None, None,
+                                       invalid=invalid)
+            key = request_key(tool.target, encoded)
+            judged = self._judge(tool, args)
+            held, races = False, 0
+            while True:
+                try:
+                    with self.lock:
+                        verdict = self._decide(tool, args, key, judged)
+                except Race:  # a write lost its race at the store: decided again
+                    verdict = AGAIN
+                if verdict is AGAIN:
+                    races += 1
+                    if races > 5:
+                        return answer("IN_PROGRESS")
+                    continue
+                if isinstance(verdict, Answer):
+                    return verdict
+                if isinstance(verdict, Execute):
+                    executing = True
+                    return self._execute(tool, verdict, progress)
+                if held or not self._hold(verdict.approval, progress, cancelled):
+                    return waiting_answer(verdict.approval)
+                held = True
+
+                # The operator decided meanwhile: judged again, as a path's links may have moved.
+                judged = self._judge(tool, args, judged.work)
         except (StoreError, Race) as err:
             log(str(err) or "the records could not be written: a race was lost")
-            return answer("UNAVAILABLE", what=SLOT_PROSE["sent_unrecorded" if executed else
+            return answer("UNAVAILABLE", what=SLOT_PROSE["sent_unrecorded" if executing else
                                                          "nothing_executed"])
 
-    def _call(self, tool, args, invalid, progress, cancelled, executed):
-        args = {} if args is None else args
-        encoded = None if invalid else canonical(args)  # once per call: its size and its key
-        if encoded is not None and len(encoded) > self.config.max_argument_bytes:
-            invalid = (SLOT_PROSE["arguments_too_large"].format(
-                size=len(encoded), cap=self.config.max_argument_bytes), recorded_frame(encoded))
-        if invalid:
-            with self.lock:
-                return self._begin(tool, None, f"invalid:{new_id(8)}", None, None,
-                                   invalid=invalid)
-        key = request_key(tool.target, encoded)
-        judged = self._judge(tool, args)
-        held, races = False, 0
-        while True:
-            try:
-                with self.lock:
-                    verdict = self._decide(tool, args, key, judged)
-            except Race:  # a write lost its race at the store: as a rule that ended something
-                verdict = AGAIN
-            if verdict is AGAIN:
-                races += 1
-                if races > 5:
-                    return answer("IN_PROGRESS")
-                continue
-            if isinstance(verdict, Answer):
-                return verdict
-            if isinstance(verdict, Execute):
-                executed.append(True)
-                return self._execute(tool, verdict, progress)
-            if held or not self.config.hold_for(self.client) or cancelled.is_set() or \
-                    self.stopping.is_set():
-                return waiting_answer(verdict.approval)
-            held = True
-            if not self._hold(verdict.approval, progress, cancelled):
-                return waiting_answer(verdict.approval)
-            # The operator decided meanwhile: judged again, as a path's links may have moved.
-            judged = self._judge(tool, args, judged.work)
-
     def _judge(self, tool, args, work=None):
-        """The call's schema check and policy, made before the lock that orders the rules
-        across calls: they are functions of the call and of facts read in passing, so a call
-        whose patterns cost seconds delays no other call. What its arguments say is kept in
-        the Judgement returned; the rules under the lock and the write transaction decide
-        with it, reading afresh only the facts that may have changed meanwhile (the time, the
-        grants in force, the counted uses, a re-run)."""
+        """The schema check and the policy's conditions, before the lock; the rules and the
+        write transaction reuse the Judgement, reading afresh only the facts that may change."""
         judged = judged_request(tool, args, work)
         policy_decision(self.config, tool, args, self._facts(tool), judged=judged)
         return judged
 
     def _hold(self, approval, progress, cancelled):
-        """Wait up to `hold` for the operator, telling a host that asked how long it has been.
-        True when the approval was decided (or expired, or its run ended) meanwhile, so the
-        call is decided once more; False when the hold ran out, the host cancelled, or the
-        gate is stopping: then nothing more happens for this call."""
+        """Wait up to `hold` for the operator. True when the approval was decided (or expired,
+        or its run ended) meanwhile, so the call is decided once more; False when the hold ran
+        out, the host cancelled, or the gate is stopping."""
         started = time.monotonic()
         total = self.config.hold_for(self.client) / SECOND
         last_progress = started
@@ -3846,18 +3293,19 @@ class Gate:
         """The rules in order, as one verdict: an Answer, a Wait, an Execute, or AGAIN."""
         window = self.window(tool)
         since = format_time(time.time() - window / SECOND)
-        # Identical reads within the window never refuse one another, so a read needs only
-        # its newest row: an approval it waits on, or an operator's refusal, stops every
-        # identical read that comes after it from beginning a run of its own.
-        # The open row is read in the same statement as the runs the rules look at, and the
-        # begin refuses unless it is still the key's open row: so no run of this request can
-        # begin, execute and finish unseen between this view and the begin (in this process
-        # or another) and let the same call run twice within the window.
+        # A read needs only its newest row: identical reads never refuse one another, and an
+        # approval it waits on or an operator's refusal stops every identical read after it.
+        # The open row is read in the same statement, and the begin refuses unless it is still
+        # the key's open row: no run of this request can begin, execute and finish unseen in
+        # between (in any process) and let the same call run twice within the window.
         rows = self.store.key_runs(self.config.session, key, since, newest_only=tool.read_only)
         seen = next((row.run_id for row in rows if row.open), None)
-        verdict = self._earlier_runs(tool, rows, window, since, judged)     # rules 1 to 5
-        if verdict is not NEXT and verdict is not STOP:
-            return verdict
+        for row in rows:                                                    # rules 1 to 5
+            verdict = self._earlier_run(tool, row, window, since, judged)
+            if verdict is STOP:
+                break
+            if verdict is not NEXT:
+                return verdict
         attempt = None if tool.read_only else self._unknown_attempt(key)   # rule 6
         decider = policy_decision(self.config, tool, args, self._facts(tool),
                                   rerun=bool(attempt), judged=judged)["outcome"]
@@ -3867,15 +3315,6 @@ class Gate:
             if verdict is not NEXT:
                 return verdict
         return self._begin(tool, args, key, seen, judged, attempt=attempt)  # rule 8
-
-    def _earlier_runs(self, tool, rows, window, since, judged):
-        """Rules 1 to 5 on this request's runs, newest first: the first verdict one of them
-        gives, STOP, or NEXT when none decides."""
-        for row in rows:
-            verdict = self._earlier_run(tool, row, window, since, judged)
-            if verdict is not NEXT:
-                return verdict
-        return NEXT
 
     def _earlier_run(self, tool, row, window, since, judged):
         if row.status == "WAITING_FOR_APPROVAL":
@@ -3903,15 +3342,13 @@ class Gate:
         return self._collect(tool, approval, judged)
 
     def _expire(self, approval):
-        """Act: end an approval past its time, and the run that waited on it."""
-        self._write(lambda tx: tx.expire_approval(approval["id"], approval["run_id"],
-                                                  approval["step_id"]))
+        self.store.write(lambda tx: tx.expire_approval(approval["id"], approval["run_id"],
+                                                       approval["step_id"]))
 
     def _collect(self, tool, approval, judged):
-        """An approved request: check its tool is still offered, its hash, its age, its
-        arguments and the policy again, then execute the recorded request (never this call's
-        bytes). The recorded request is this call's (the same request key): the call's
-        judgement is the request's."""
+        """An approved request, checked again, executes as recorded (never this call's bytes;
+        the same request key, so the call's judgement is the request's)."""
+        run_id, step_id = approval["run_id"], approval["step_id"]
         if tool.name in self.quarantined:
             # Its server changed it (or said so) after the call was checked on arrival, while
             # the call was held: the approval stays, to be collected once the tool is back.
@@ -3920,105 +3357,72 @@ class Gate:
             log(f"approval {approval['id']} does not match its hash; it was altered after it "
                 f"was made and will not be used")
             return answer("DENIED", reason=SLOT_PROSE["altered"])
-        grant_ttl = self.config.grant_ttl
-        if grant_ttl and later(approval["decided_at"], grant_ttl) < now():
+        if self.config.grant_ttl and later(approval["decided_at"], self.config.grant_ttl) < now():
+
             self._expire(approval)
             return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
         if judged.problem:
-            return self._refuse_on_resume(approval, judged.problem)
+            self.store.write(lambda tx: self._refuse(
+                tx, run_id, step_id, "invalid_decision",
+                f"invalid decision on resume: {judged.problem}"))
+            return answer("INVALID", reason=clean(judged.problem, 1000))
         args = parse(approval["request_json"])["args"]
         attempt = parse(approval["capability_json"]).get("interrupted")
         facts = self._facts(tool)
         decision = evaluate(self.config, tool, args, facts, attempt, approved=True,
                             judged=judged)
+        record = _policy_record(decision, facts, True)
         if decision["outcome"] == "deny":
-            return self._deny_on_resume(approval, decision, facts)
+            def deny(tx):
+                tx.record_policy(run_id, step_id, record, self.policy_id)
+                self._refuse(tx, run_id, step_id, "policy_denied",
+                             f"denied on resume: {decision['reason']}")
+            self.store.write(deny)
+            return answer("DENIED", reason=clean(decision["reason"], 500))
         if decision["outcome"] == "require_approval":
-            fresh = new_approval(self.config, approval["run_id"], approval["step_id"], tool,
-                                 args, decision)
+            # The policy may ask another question (a limit reached since, say).
+            fresh = new_approval(self.config, run_id, step_id, tool, args, decision)
             if fresh["hash"] != approval["hash"]:
-                return self._ask_again(tool, fresh, decision, facts)
-        return self._resume(tool, approval, args, decision, facts, judged)
-
-    def _refuse_on_resume(self, approval, problem):
-        """Act: end an approved run whose arguments no longer pass the schema check."""
-        self._write(lambda tx: self._refuse(tx, approval["run_id"], approval["step_id"],
-                                            "invalid_decision",
-                                            f"invalid decision on resume: {problem}"))
-        return answer("INVALID", reason=clean(problem, 1000))
-
-    def _deny_on_resume(self, approval, decision, facts):
-        """Act: end an approved run that the policy now denies."""
-        run_id, step_id = approval["run_id"], approval["step_id"]
-
-        def deny(tx):
-            tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
-                             self.policy_id)
-            self._refuse(tx, run_id, step_id, "policy_denied",
-                         f"denied on resume: {decision['reason']}")
-        self._write(deny)
-        return answer("DENIED", reason=clean(decision["reason"], 500))
-
-    def _ask_again(self, tool, fresh, decision, facts):
-        """Act: the policy asks another question of an approved request (a limit reached
-        since, say): its run pauses on the fresh approval."""
-        run_id, step_id = fresh["run_id"], fresh["step_id"]
-
-        def repause(tx):
-            tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
-                             self.policy_id)
-            tx.pause(run_id, step_id, fresh)
-        self._write(repause)
-        self._log_waiting(fresh, tool, run_id)
-        return Wait(fresh)
-
-    def _resume(self, tool, approval, args, decision, facts, judged):
-        """Act: the approved request starts executing, bound to its approval."""
-        run_id, step_id = approval["run_id"], approval["step_id"]
+                def repause(tx):
+                    tx.record_policy(run_id, step_id, record, self.policy_id)
+                    tx.pause(run_id, step_id, fresh)
+                self.store.write(repause)
+                self.announce(fresh, tool, run_id)
+                return Wait(fresh)
 
         def resume(tx):
             tx.resume(run_id, approval["id"], self.lease())
-            tx.record_policy(run_id, step_id, _policy_record(decision, facts, True),
-                             self.policy_id)
+            tx.record_policy(run_id, step_id, record, self.policy_id)
             tx.start_execution(run_id, step_id, tool.name, args, tool.target, approval["id"])
         self._write_active(run_id, resume)
         return Execute(run_id, step_id, args, work=judged.work)
 
     def _take_over(self, tool, run_id, judged):
-        """Rule 3: a run left RUNNING by a process that stopped renewing its lease. Act: take
-        it over. A mutating call cut off while executing may have taken effect: it pauses on
-        an interruption approval and the caller is told so (Wait). Anything else is ended, and
-        the call is decided again (AGAIN) as if it had finished."""
-        cut_step = self._write(lambda tx: tx.take_over(run_id, self.lease()))
+        """Rule 3: take over a run whose lease ran out. A mutating call it cut off may have
+        taken effect: it waits on the question of running it again (Wait). Anything else is
+        ended, and the call is decided again (AGAIN)."""
+        cut_step = self.store.write(lambda tx: tx.take_over(run_id, self.lease()))
         if cut_step and not tool.read_only:
-            verdict = self._pause_cut_off(tool, run_id, cut_step, judged)
-            if verdict is not NEXT:
-                return verdict
-        self._write(lambda tx: tx.finish_run(
+            step_id, started = cut_step
+            attempt = {"run_id": run_id, "step_id": step_id, "started_at": started,
+                       "ended": "cut_off"}
+            args = self.store.step_decision(step_id)["args"]
+            facts = self._facts(tool)
+            decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
+            if decision["outcome"] == "require_approval":
+                approval = new_approval(self.config, run_id, step_id, tool, args, decision)
+
+                def pause(tx):
+                    tx.record_policy(run_id, step_id, _policy_record(decision, facts), "")
+                    tx.pause(run_id, step_id, approval)
+                self.store.write(pause)
+                log(f"a call to {tool.name} was cut off while executing; its outcome is unknown")
+                self.announce(approval, tool, run_id)
+                return Wait(approval)
+        self.store.write(lambda tx: tx.finish_run(
             run_id, "FAILED", "goal_failed", "one call per run: taken over after an "
             "interruption, with nothing left in it to execute"))
         return AGAIN
-
-    def _pause_cut_off(self, tool, run_id, cut_step, judged):
-        """Act: a mutating call cut off while executing (`cut_step`: its step and when it started)
-        pauses on the question of running it again (Wait); NEXT when the policy asks none."""
-        step_id, started = cut_step
-        attempt = {"run_id": run_id, "step_id": step_id, "started_at": started,
-                   "ended": "cut_off"}
-        args = self.store.step_decision(step_id)["args"]
-        facts = self._facts(tool)
-        decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
-        if decision["outcome"] != "require_approval":
-            return NEXT
-        approval = new_approval(self.config, run_id, step_id, tool, args, decision)
-
-        def pause(tx):
-            tx.record_policy(run_id, step_id, _policy_record(decision, facts), "")
-            tx.pause(run_id, step_id, approval)
-        self._write(pause)
-        log(f"a call to {tool.name} was cut off while executing; its outcome is unknown")
-        self._log_waiting(approval, tool, run_id)
-        return Wait(approval)
 
     def _refuse(self, tx, run_id, step_id, kind, detail):
         """End a run whose request will not execute (denied or invalid)."""
@@ -4055,8 +3459,7 @@ class Gate:
 
     def _unknown_attempt(self, key):
         """Rule 6: the attempt to run again if this request's newest finished run left its
-        outcome unknown. A rejection of a re-run does not resolve it: only an operator who
-        approves a re-run that then comes to a known outcome does."""
+        outcome unknown; only an approved re-run that comes to a known outcome resolves it."""
         for run_id, status in self.store.attempt_runs(self.config.session, key):
             if status not in TERMINAL:
                 continue
@@ -4068,9 +3471,8 @@ class Gate:
 
     def _session_rules(self, tool, key, needs_approval, decider):
         """Rule 7: what other requests of the session say about this one: BLOCKED, or NEXT.
-        It acts on what it meets, so the tool is never blocked by what nobody will settle: a
-        run of this tool whose process died is taken over, an expired question about an
-        unknown outcome of this tool is ended, and one left with no question is asked again."""
+        It acts on what it meets, so a tool is never blocked by what nobody will settle: a dead
+        run is taken over, an expired question ended, an unasked one asked again."""
         waiting = 0
         for run_id, status, owner, expires, run_tool in self.store.unsettled_runs(
                 self.config.session, key):
@@ -4106,10 +3508,8 @@ class Gate:
         return NEXT
 
     def _unknown_block(self, tool, key):
-        """Another request of this tool left an outcome unknown with nothing waiting for an
-        operator (its question expired, or a crash came first): act, asking it again in a
-        fresh run, and block this call on it (BLOCKED), so the tool is never blocked with
-        nothing to act on; NEXT when there is none."""
+        """Another request of this tool left an outcome unknown with no question waiting: ask
+        it again in a fresh run and block this call on it (BLOCKED); NEXT when there is none."""
         for other_key, run_id, reason in self.store.unknown_for_tool(
                 self.config.session, (tool.target, tool.name), key):
             if reason in ("approval_rejected", "operator_cancelled"):
@@ -4134,40 +3534,59 @@ class Gate:
     # -- beginning and executing a run ---------------------------------------------------------
 
     def _begin(self, tool, args, key, seen, judged, invalid=None, attempt=None, origin="model"):
-        """Rule 8: begin a run for this request, decide on it (section 3) and record the
-        decision in one write transaction, then act on what was decided. `invalid` (why,
-        frame) records arguments that were not usable JSON (`judged` is then None); `judged`
-        is what the request's arguments say (Gate._judge)."""
+        """Rule 8: begin a run, decide on it and record the decision in one write transaction,
+        then act on it. `invalid` (why, frame): arguments not usable JSON (`judged` is None)."""
         run_id = f"{self.config.session}.{new_id(8)}"
         problem = invalid[0] if invalid else judged.problem
-        fast = None if problem or attempt else self._read_allowed(tool, args, judged)
-        if fast:
-            return self._begin_read(tool, args, run_id, origin, *fast)
+        if not (problem or attempt) and tool.read_only and not tool.rule.limits:
+            # A read the policy allows outright, with no limit to count and no grant that
+            # could be revoked meanwhile, has no effect for a crash to leave unknown: it is
+            # recorded whole with its outcome after it answers, in one commit, not two.
+            facts = self._facts(tool)
+            decision = evaluate(self.config, tool, args, facts, judged=judged)
+            if decision["outcome"] == "allow" and "grant" not in decision:
+                return self._begin_read(tool, args, run_id, origin, decision, facts)
         recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
 
         def begin(tx):
-            step_id = self._start_run(tx, tool, run_id, key, seen, recorded, origin)
+            # The begin refuses (Race) unless `seen` is still the key's open row, so no
+            # identical run began since the rules looked.
+            tx.begin_run(run_id, self.config.session, tool.name, tool.target, key,
+                         tool.side_effect, self.tool_hashes, self.lease(),
+                         ANY_ROW if tool.read_only else seen)
+            step_id = tx.start_step(run_id, {**recorded, "kind": TOOL_CALL, "origin": origin,
+                                             "tool": tool.name}, tool)
             if problem:
                 self._refuse(tx, run_id, step_id, "invalid_decision",
                              f"invalid decision: {problem}")
-                return step_id, None
-            return step_id, self._decide_in(tx, tool, run_id, step_id, args, attempt, judged)
-        step_id, decided = self._write_active(run_id, begin)
-        return self._begun(tool, run_id, step_id, args, problem, decided, judged)
-
-    def _read_allowed(self, tool, args, judged):
-        """(decision, facts) when the request is a read the policy allows outright, else None.
-        Such a read is recorded whole in one transaction after it answers (Tx.record_read): it
-        has no effect for a crash to leave unknown, so recording it first would only cost a
-        second commit. Only a decision no write can change goes this way: one with no limit
-        to count and no grant that could be revoked meanwhile."""
-        if not tool.read_only or tool.rule.limits:
-            return None
-        facts = self._facts(tool)
-        decision = evaluate(self.config, tool, args, facts, judged=judged)
-        if decision["outcome"] == "allow" and "grant" not in decision:
-            return decision, facts
-        return None
+                return step_id, None, None
+            # Decided here, where the limits see every execution committed before it, in any
+            # process, and the grants in force.
+            facts = self._facts(tool, tx.rows)
+            decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
+            tx.record_policy(run_id, step_id, _policy_record(decision, facts), self.policy_id)
+            approval = None
+            if decision["outcome"] == "deny":
+                self._refuse(tx, run_id, step_id, "policy_denied",
+                             f"denied: {decision['reason']}")
+            elif decision["outcome"] == "require_approval":
+                approval = new_approval(self.config, run_id, step_id, tool, args, decision)
+                tx.pause(run_id, step_id, approval)
+            else:
+                tx.start_execution(run_id, step_id, tool.name, args, tool.target)
+            return step_id, decision, approval
+        step_id, decision, approval = self._write_active(run_id, begin)
+        if decision and decision["outcome"] == "allow":
+            return Execute(run_id, step_id, args, work=judged.work)
+        self.active.discard(run_id)  # nothing of this run executes
+        if problem:
+            return answer("INVALID", reason=clean(problem, 1000))
+        if decision["outcome"] == "deny":
+            frees = frees_text(decision)
+            return answer("DENIED", reason=clean(decision["reason"] + (f"; {frees}" if frees
+                                                                       else ""), 500))
+        self.announce(approval, tool, run_id)
+        return Wait(approval)
 
     def _begin_read(self, tool, args, run_id, origin, decision, facts):
         """An allowed read executes now; `record` writes its run whole with its outcome."""
@@ -4182,109 +3601,49 @@ class Gate:
         self.active.add(run_id)
         return Execute(run_id, None, args, record)
 
-    def _start_run(self, tx, tool, run_id, key, seen, recorded, origin):
-        """Record the run and its step. The begin refuses (Race) unless `seen` is still the
-        key's open row, so no identical run began since the rules looked."""
-        tx.begin_run(run_id, self.config.session, tool.name, tool.target, key,
-                     tool.side_effect, self.tool_hashes, self.lease(),
-                     ANY_ROW if tool.read_only else seen)
-        return tx.start_step(run_id, {**recorded, "kind": TOOL_CALL, "origin": origin,
-                                      "tool": tool.name}, tool)
-
-    def _decide_in(self, tx, tool, run_id, step_id, args, attempt, judged):
-        """Decide on the request inside the transaction that starts its execution, record
-        the decision and act on it: refuse, pause on an approval, or start executing. Here
-        the limits see every execution committed before it, in any process, and the grants
-        in force. Returns (decision, the approval it waits on or None)."""
-        facts = self._facts(tool, tx.rows)
-        decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
-        tx.record_policy(run_id, step_id, _policy_record(decision, facts), self.policy_id)
-        approval = None
-        if decision["outcome"] == "deny":
-            self._refuse(tx, run_id, step_id, "policy_denied", f"denied: {decision['reason']}")
-        elif decision["outcome"] == "require_approval":
-            approval = new_approval(self.config, run_id, step_id, tool, args, decision)
-            tx.pause(run_id, step_id, approval)
-        else:
-            tx.start_execution(run_id, step_id, tool.name, args, tool.target)
-        return decision, approval
-
-    def _begun(self, tool, run_id, step_id, args, problem, decided, judged):
-        """What a begun run comes to: Execute when it was allowed, else the refusal, or the
-        approval it waits on, announced."""
-        if decided and decided[0]["outcome"] == "allow":
-            return Execute(run_id, step_id, args, work=judged.work)
-        self.active.discard(run_id)  # nothing of this run executes
-        if problem:
-            return answer("INVALID", reason=clean(problem, 1000))
-        decision, approval = decided
-        if decision["outcome"] == "deny":
-            frees = frees_text(decision)
-            return answer("DENIED", reason=clean(decision["reason"] + (f"; {frees}" if frees
-                                                                       else ""), 500))
-        self._log_waiting(approval, tool, run_id)
-        return Wait(approval)
-
-    def _write(self, fn):
-        """A write whose lost race (Race) is decided again by the caller's loop."""
-        return self.store.write(fn)
-
     def _write_active(self, run_id, fn):
         """The write that starts a run executing: the run counts as this process's own from
         before the write, so no identical call can take it over in between."""
         self.active.add(run_id)
         try:
-            return self._write(fn)
+            return self.store.write(fn)
         except BaseException:
             self.active.discard(run_id)
             raise
 
-    def _log_waiting(self, approval, tool, run_id):
-        command = f"{self.operator_hint} approve {run_id} -approval {approval['id']}"
-        log(f"approval {approval['id']} ({approval['kind']}) for {tool.name} waits for an "
-            f"operator: run {run_id}")
-        log(f"  decide with: {command}   (or reject)")
-        if self.announce:
-            # Names only: an argument's value never leaves the gate this way.
-            self.announce({"AGENTGATE_APPROVAL": approval["id"],
-                           "AGENTGATE_RUN": run_id, "AGENTGATE_TOOL": tool.name,
-                           "AGENTGATE_COMMAND": command})
-
     def _execute(self, tool, verdict, progress=None):
         """Send the recorded request upstream and record what came of it, whatever the host
         does meanwhile: a host that cancels or times out does not stop the upstream call."""
-        try:
-            return self._execute_once(tool, verdict, progress)
-        finally:
-            self.active.discard(verdict.run_id)
-
-    def _execute_once(self, tool, verdict, progress):
         run_id, step_id, args = verdict.run_id, verdict.step_id, verdict.args
-        started = time.monotonic()
-        observation, ending, passed = call_upstream(tool, args, self.config.max_result_bytes,
-                                                    progress and progress.server)
-        elapsed = int((time.monotonic() - started) * 1000)
+        try:
+            started = time.monotonic()
+            observation, ending, passed = call_upstream(
+                tool, args, self.config.max_result_bytes, progress and progress.server)
+            elapsed = int((time.monotonic() - started) * 1000)
 
-        def record(tx):
-            """Record the outcome; the approval a re-run waits on, when it is unknown."""
-            if verdict.record:  # a read, recorded whole
-                verdict.record(tx, observation, ending, elapsed)
+            def record(tx):  # the approval a re-run waits on, when the outcome is unknown
+                if verdict.record:  # a read, recorded whole
+                    verdict.record(tx, observation, ending, elapsed)
+                    return None
+                if tx.run_holder(run_id) != ("RUNNING", self.owner):
+                    # Cancelled, or taken over after this process lost its lease: the outcome
+                    # is kept as a late event and the run is left as its new owner has it.
+                    tx.event(run_id, "step.tool_finished", {"tool": tool.name, "late": True,
+                                                            "observation": observation},
+                             step_id)
+                    return None
+                tx.finish_execution(run_id, step_id, tool.name, observation, elapsed)
+                if ending in UNKNOWN_ENDINGS:
+                    return self._pause_rerun(tx, tool, run_id, step_id, args, ending,
+                                             verdict.work)
+                if ending != "ok":
+                    tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending],
+                                  outcome=OUTCOME_KNOWN)
                 return None
-            if tx.run_holder(run_id) != ("RUNNING", self.owner):
-                # Cancelled, or taken over after this process lost its lease: the outcome
-                # is kept as a late event and the run is left as its new owner has it.
-                tx.event(run_id, "step.tool_finished", {"tool": tool.name, "late": True,
-                                                        "observation": observation}, step_id)
-                return None
-            tx.finish_execution(run_id, step_id, tool.name, observation, elapsed)
-            if ending in UNKNOWN_ENDINGS:
-                return self._pause_rerun(tx, tool, run_id, step_id, args, ending, verdict.work)
-            if ending != "ok":
-                tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending],
-                              outcome=OUTCOME_KNOWN)
-            return None
 
-        rerun = self.store.write(record)
+            rerun = self.store.write(record)
+        finally:
+            self.active.discard(run_id)
         if passed is not None:
             return passed_answer(passed)
         if observation.get("withheld"):
@@ -4292,7 +3651,7 @@ class Gate:
         error = observation["content"]["error"]
         if rerun:
             log(f"a call to {tool.name} {HOW[ending]}; its outcome is unknown")
-            self._log_waiting(rerun, tool, run_id)
+            self.announce(rerun, tool, run_id)
             return answer("UNKNOWN_OUTCOME", how=HOW[ending], error=f" ({clean(error, 500)})",
                           approval=rerun["id"])
         if ending == "unrecorded":
@@ -4306,8 +3665,7 @@ class Gate:
             else ""
 
     def _too_large(self, tool, record):
-        """A result past max_result_bytes: what it was, by its blocks' types and sizes, and
-        whether the request executed (a mutating one did, and is not run again)."""
+        """A result past max_result_bytes: its blocks' types and sizes, and whether it ran."""
         then = TOO_LARGE_THEN["read"] if tool.read_only else \
             TOO_LARGE_THEN["mutating"].format(window=self._refused_for(tool))
         return answer("RESULT_TOO_LARGE", what=SLOT_PROSE["an_error" if record.get("is_error")
@@ -4316,10 +3674,9 @@ class Gate:
                       blocks=clean(", ".join(block_labels(record)), 500), then=then)
 
     def _pause_rerun(self, tx, tool, run_id, step_id, args, ending, work):
-        """An unknown outcome: propose the same request again, which the policy always sends
-        to an operator (evaluate never allows a re-run), in the same transaction that records
-        the attempt; the approval it waits on, or None. Judged again after the execution, on
-        the call's pattern work (`work`), as what the call did may have moved a path's links."""
+        """An unknown outcome: the same request proposed again, in the transaction that records
+        the attempt; the approval it waits on, or None. The policy never allows a re-run (it
+        asks an operator); judged again on `work`, as the call may have moved a path's links."""
         attempt = {"run_id": run_id, "step_id": step_id, "started_at": tx.step_started(step_id),
                    "ended": ending}
         facts = self._facts(tool, tx.rows)
@@ -4339,16 +3696,12 @@ class Gate:
 
 
 def call_upstream(tool, args, cap, progress=None):
-    """Send one call upstream and classify what came back, as (observation, ending, passed):
-    `passed` is the server's result to pass on to the host as it came, or None when there is
-    none, or when it is larger than `cap` bytes (the observation then says it was withheld).
-
-    The ending is the one place an outcome is classified: 'ok'; 'error' (the server answered
-    with an error result or a JSON-RPC error, or nothing was sent: known); 'unrecorded' (the
-    server answered, so the call executed, but its answer is unusable: known, and never run
-    again); 'timed_out' or 'no_answer' (it may have taken effect: unknown). A read's failure
-    is always 'error': a read has no effect for anyone to vouch for.
-    """
+    """Send one call upstream: (observation, ending, passed), `passed` the server's result
+    as it came, or None (none, or past `cap` bytes: the observation says it was withheld).
+    The ending is the one place an outcome is classified: 'ok'; 'error' (an error result or
+    JSON-RPC error, or nothing sent: known); 'unrecorded' (executed, answer unusable: known,
+    never run again); 'timed_out' or 'no_answer' (it may have taken effect: unknown). A
+    read's failure is always 'error': a read has no effect for anyone to vouch for."""
     passed = None
     try:
         result = tool.upstream.request(
@@ -4441,58 +3794,37 @@ def _policy_record(decision, facts, approved=False):
     return record
 
 
-def operator_hint(config_file, database=""):
-    """The command an operator pastes: it names the database when that was named (-db), else
-    the config unless it is the default one."""
-    command = f"{python_command()} {shlex.quote(os.path.abspath(sys.argv[0]))}"
-    if database:
-        command += f" -db {shlex.quote(os.path.abspath(database))}"
-    elif os.path.abspath(config_path(None)) != os.path.abspath(config_file):
-        command += f" -config {shlex.quote(os.path.abspath(config_file))}"
-    return command
-
-
 # =============================================================================================
 # 9. The host side
 #
 # Reads as: decision core
 #
-# Owns: the host's side of the conversation over stdin and stdout: the handshake, tools/list,
-# tools/call (on a pool of worker threads, at most MAX_IN_FLIGHT calls at once: the thread that
-# read a call runs it, and another takes up the reading), cancellation, and shutdown.
-# Promises: stdout carries only protocol, one JSON-RPC message per line, written as bytes under
-# one lock; the first request is answered at once, even while the upstream servers are still
-# being started; every request gets exactly one well-formed answer: a malformed or oversized
-# line, a batch member that is not a request, or an id that cannot be echoed as JSON gets a
-# JSON-RPC error (id null where the id cannot be echoed) and the session goes on; past the
-# bound, a request is told the gate is busy; unknown methods get -32601 at once; with no
-# server served the status tool alone is offered; each tool is offered as pinned; a call's
-# progress (the gate's while it holds the call, then the server's) reaches the host under the
-# host's token, only increasing; a tool its server changed while serving is no longer offered
-# (section 18 says so), and the host is told once; on stdin closing, SIGINT or SIGTERM no new
-# call starts, holds end, calls in flight finish and are recorded, then the upstream servers are
-# closed and the process exits 0.
+# Owns: the host's conversation on stdin and stdout as far as it decides calls: framing,
+# batches, tools/list, tools/call on at most MAX_IN_FLIGHT worker threads, cancellation and
+# shutdown. What decides no call (initialize's answer, ping, progress, the status tool) is
+# section 20's, handed in by serve.
+# Promises: stdout carries only protocol, one JSON-RPC message per line, written under one
+# lock; the first request is answered at once, even while the servers start; every request
+# gets exactly one well-formed answer: a malformed or oversized line, a batch member that is
+# not a request or an id that cannot be echoed gets a JSON-RPC error (id null then), and the
+# session goes on; past the bound a request is told the gate is busy; unknown methods get
+# -32601; each tool is offered as pinned, not once its server changed it while serving, and
+# the status tool always; on stdin closing, SIGINT or SIGTERM no new call starts, holds end,
+# calls in flight finish and are recorded, then the servers close and the process exits 0.
 # =============================================================================================
 
-# The protocol versions agentgate speaks, oldest first, on both sides: it asks a server for the
-# newest it can (over HTTP, the newest the mcp package speaks too) and accepts any of these in
-# answer; the host side answers its host from the same list, each side on its own.
+# The protocol versions agentgate speaks, oldest first, on both sides, each side negotiating on
+# its own (over HTTP, only those the mcp package speaks too).
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
-
-SERVER_INFO = {"name": "gated-tools", "version": VERSION}
 BATCH_VERSIONS = ("2024-11-05", "2025-03-26")
 MAX_HOST_LINE = 16 * 1024 * 1024
 MAX_IN_FLIGHT = 64  # requests handled at once, each on a worker thread of its own
-class Shutdown(Exception):
-    """Raised in the main thread by SIGINT or SIGTERM before serving began."""
 
 
 class Workers:
-    """The threads requests are handled on: an idle one takes the next request, and a new one
-    is started only when none is idle, so a busy host does not pay a thread's start per call,
-    and there are never more threads than requests once handled at the same time, plus the
-    one reading the host (at most MAX_IN_FLIGHT requests, which the host side admits). A
-    thread idle for IDLE_SECONDS ends."""
+    """Threads for requests: an idle one takes the next task and a new one starts only when
+    none is idle, so threads never outnumber the requests once in flight together, plus the
+    reader. One idle for IDLE_SECONDS ends."""
 
     IDLE_SECONDS = 2.0
 
@@ -4502,9 +3834,8 @@ class Workers:
         self.idle = 0
 
     def submit(self, task):
-        # Each task either claims an idle thread or starts one, under the lock, so every task
-        # on the queue has a waiting thread that will take it; `idle` counts the waiting
-        # threads no task has claimed.
+        # Under the lock each task claims an idle thread or starts one, so every queued task
+        # has a thread that will take it; `idle` counts the waiting threads no task claimed.
         with self.lock:
             claimed = self.idle > 0
             if claimed:
@@ -4534,17 +3865,15 @@ class Workers:
 
 
 class HostServer:
-    """One host session on stdin/stdout."""
+    """One host session. `around` (section 20's HostAround) answers the requests and
+    notifications not about tools and relays a call's progress."""
 
-    def __init__(self, config, stdin, stdout):
-        self.config = config
-        self.stdin, self.stdout = stdin, stdout
+    def __init__(self, stdin, stdout, around):
+        self.stdin, self.stdout, self.around = stdin, stdout, around
         self.write_lock = threading.Lock()
         self.ready = threading.Event()
         self.done = threading.Event()
         self.gate = None
-        self.status_tool = None
-        self.unserved = 0
         self.protocol = PROTOCOL_VERSIONS[-1]
         self.client = ""  # the host's name from initialize: self-reported, for `client`
         self.calls = {}
@@ -4553,26 +3882,21 @@ class HostServer:
         self.workers = Workers()
         self.stopping = False
         self.failed = ""
-        self.initialized = False  # the host said notifications/initialized
 
     def start(self):
         self.frames = read_frames(self.stdin.fileno(), MAX_HOST_LINE)
         threading.Thread(target=self._read_loop, daemon=True).start()
 
-    def serve_with(self, gate, status_tool, status, unserved=0):
-        """Serve the gate's tools; `status` answers the status tool (the seam to section 19);
-        `unserved` servers of the config could not be served, which the status tool tells the
-        model (the reasons are the operator's, on stderr)."""
-        self.gate, self.status_tool, self.unserved = gate, status_tool, unserved
-        self.status = status
+    def serve_with(self, gate, status):
+        # `gate` is stored before `client` is read, and _initialize stores `client` before it
+        # reads `gate`: either way the gate gets the host's name.
+        self.gate, self.status, self.status_tool = gate, status, status.listing["name"]
         gate.client = self.client
         self.ready.set()
 
     def fail(self, reason):
         self.failed = reason
         self.ready.set()
-
-    # -- framing ---------------------------------------------------------------------------
 
     def send(self, message):
         """Write one message, or a batch's list of answers, as one line."""
@@ -4588,29 +3912,24 @@ class HostServer:
             except (OSError, ValueError):
                 self.done.set()
 
-    def error(self, ident, code, message):
-        self.send(rpc_error(ident, code, message))
-
     def _read_loop(self):
-        """Read and handle frames until one hands back a request to run. The thread that read
-        a request runs it, and the reading goes on on another worker: a call starts without
-        waiting for a thread to wake, and the reader is never held up by a call. The frames
-        come from one generator, which the next reader takes up where this one stopped (it
-        is never resumed by two threads at once: the hand-over happens after it yielded)."""
+        """Read frames until one is a request to run: this thread runs it while another worker
+        reads on, so a call never waits for a thread to wake nor holds up the reader. The next
+        reader resumes the one generator only after it yielded: never two threads at once."""
         for frame, head in self.frames:
-            # One frame, however it is shaped, never ends the reader: everything after it
-            # would go unanswered, and closing stdin would no longer stop the gate.
+            # No frame ends the reader: what follows would go unanswered, and closing stdin
+            # would no longer stop the gate.
             try:
                 if frame is None:
                     ident = frame_id(head)
-                    self.error(None if ident is None else Number(str(ident)), -32600,
-                               f"the message is larger than {MAX_HOST_LINE} bytes")
+                    self.send(rpc_error(None if ident is None else Number(str(ident)), -32600,
+                                        f"the message is larger than {MAX_HOST_LINE} bytes"))
                     continue
                 request = self._frame(frame) if frame.strip() else None
             except Exception as err:
                 log(f"internal error: a message could not be handled ({type(err).__name__}: "
                     f"{err})")
-                self.error(None, -32603, "the message could not be handled")
+                self.send(rpc_error(None, -32603, "the message could not be handled"))
                 continue
             if request is not None:
                 self.workers.submit(self._read_loop)
@@ -4630,8 +3949,8 @@ class HostServer:
             ident = message.get("id") if isinstance(message, dict) else None
             if not (isinstance(message, dict) and message.get("method") == "tools/call"
                     and "id" in message):
-                self.error(ident if echoable_id(ident) else None, -32700,
-                           f"the message is not usable JSON: {err}")
+                self.send(rpc_error(ident if echoable_id(ident) else None, -32700,
+                                    f"the message is not usable JSON: {err}"))
                 return
         if isinstance(message, list):
             self._batch(message)
@@ -4642,7 +3961,8 @@ class HostServer:
 
     def _batch(self, messages):
         if self.protocol not in BATCH_VERSIONS or not messages:
-            self.error(None, -32600, f"batches are not part of protocol version {self.protocol}")
+            self.send(invalid_request(
+                None, f"batches are not part of protocol version {self.protocol}"))
             return
         # A batch is one request in flight, its members handled in order on one thread.
         if not self._admit():
@@ -4664,7 +3984,6 @@ class HostServer:
         threading.Thread(target=run, daemon=True).start()
 
     def _admit(self):
-        """Take a place for a request in flight; False when the gate is at its bound."""
         with self.calls_lock:
             if self.running >= MAX_IN_FLIGHT:
                 return False
@@ -4674,8 +3993,6 @@ class HostServer:
     def _release(self):
         with self.calls_lock:
             self.running -= 1
-
-    # -- messages ------------------------------------------------------------------------------
 
     def _message(self, message, invalid, respond=True, admitted=False):
         """Handle one request or notification; with respond=False return the response.
@@ -4688,32 +4005,33 @@ class HostServer:
             return self._reply(respond, invalid_request(
                 ident if echoable_id(ident) else None, "a request needs a method"))
         if "id" not in message:
-            if method == "notifications/initialized":
-                self.initialized = True
             if method == "notifications/cancelled":
                 with self.calls_lock:
                     cancelled = self.calls.get(_id_key(params.get("requestId")))
                 if cancelled:
                     cancelled.set()
+            elif method in self.around.notifications:
+                self.around.notifications[method](self, params)
             return None
         if not echoable_id(ident):
-            # Checked before anything is recorded: an id that cannot be echoed as JSON gets
-            # the answer JSON-RPC gives an invalid request, and no run.
+            # Checked before anything is recorded: no run for an id that cannot be echoed.
             return self._reply(respond, invalid_request(
                 None, "the id must be a string or a number that can be written as JSON"))
-        if method == "initialize":
-            return self._reply(respond, self._initialize(ident, params))
-        if method == "ping":
-            return self._reply(respond, {"jsonrpc": "2.0", "id": ident, "result": {}})
-        if method == "tools/list":
-            return self._after_ready(respond, ident, lambda: {"tools": self._tool_list()},
-                                     admitted)
         if method == "tools/call":
             return self._after_ready(respond, ident,
                                      lambda: self._call(ident, params, invalid, respond),
                                      admitted)
-        return self._reply(respond, rpc_error(ident, -32601,
-                                              f"method {quote(method)} is not offered"))
+        if method == "tools/list":
+            return self._after_ready(respond, ident, lambda: {"tools": self._tool_list()},
+                                     admitted)
+        if method == "initialize":
+            self._initialize(params)
+        handler = self.around.requests.get(method)
+        if handler is None:
+            return self._reply(respond, rpc_error(ident, -32601,
+                                                  f"method {quote(method)} is not offered"))
+        return self._reply(respond, {"jsonrpc": "2.0", "id": ident,
+                                     "result": handler(self, params)})
 
     def _reply(self, respond, response):
         if respond:
@@ -4721,7 +4039,9 @@ class HostServer:
             return None
         return response
 
-    def _initialize(self, ident, params):
+    def _initialize(self, params):
+        # What initialize tells the gate: the protocol, which decides whether batches are
+        # read, and the host's name, which the policy reads as `client`.
         requested = params.get("protocolVersion")
         self.protocol = requested if requested in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[-1]
         info = params.get("clientInfo")
@@ -4729,18 +4049,12 @@ class HostServer:
         self.client = name[:200] if isinstance(name, str) else ""
         if self.gate is not None:
             self.gate.client = self.client
-        return {"jsonrpc": "2.0", "id": ident, "result": {
-            "protocolVersion": self.protocol, "capabilities": {"tools": {"listChanged": True}},
-            "serverInfo": SERVER_INFO}}
 
     def _after_ready(self, respond, ident, work, admitted):
-        """Requests that need the upstream servers are handled once the servers are ready,
-        each on a thread of its own (the one that read it, while another reads on); at most
-        MAX_IN_FLIGHT at once, and past that the host is told the gate is busy, so a flood
-        (identical held calls, say) cannot grow threads without bound. Whether a request is
-        accepted is decided here, on the reader thread, so a call read before stdin closed is
-        served even while the gate shuts down. Returns the work to run (with respond), or
-        the response (a batch member, run here)."""
+        """Run `work` once the servers are ready, at most MAX_IN_FLIGHT at once, so a flood
+        cannot grow threads without bound. Accepted or not is decided here, on the reader, so
+        a call read before stdin closed is served while the gate shuts down. Returns the work
+        for the reader to run, or (a batch member) runs it and returns the response."""
         accepted = not self.stopping
         if accepted and not admitted and not self._admit():
             return self._reply(respond, busy_error(ident))
@@ -4767,33 +4081,19 @@ class HostServer:
             finally:
                 if accepted and not admitted:
                     self._release()
-        # The reader that read the request runs it (_read_loop); a batch's thread runs its
-        # members in order.
         return run if respond else run()
-
-    def tools_changed(self):
-        """Tell the host the offered tools changed, once it may be told (after initialized:
-        before it, its first tools/list sees the change anyway)."""
-        if self.initialized:
-            self.send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
 
     def _tool_list(self):
         quarantined = self.gate.quarantined
         listed = [t.listing for t in self.gate.tools.values() if t.name not in quarantined]
-        listed.append({"name": self.status_tool, "description": STATUS_DESCRIPTION,
-                       "inputSchema": STATUS_SCHEMA})
+        listed.append(self.status.listing)
         return listed
 
     def _call(self, ident, params, invalid, respond):
         name = params.get("name")
         args = params.get("arguments")
         if name == self.status_tool:
-            if invalid:
-                return answer("INVALID", reason=clean(invalid[0], 1000)).result()
-            status = self.status(self.gate, args)
-            if self.unserved and status.text.startswith("GATE_STATUS:"):
-                status.text += " " + UNSERVED_NOTE.format(count=self.unserved)
-            return status.result()
+            return self.status.call(args, invalid)
         tool = self.gate.tools.get(name) if isinstance(name, str) else None
         if tool is None:
             raise ToolNotOffered(CALL_ERRORS["unknown_tool"].format(name=quote(str(name))))
@@ -4804,19 +4104,9 @@ class HostServer:
         cancelled = threading.Event()
         with self.calls_lock:
             self.calls[_id_key(ident)] = cancelled
-
-        def send(value, total, message):
-            # A server's progress is written here on the thread that reads that server: a
-            # host that stops reading holds up that server's answers, as it holds up every
-            # answer it is sent. A request the host cancelled is told nothing more.
-            if cancelled.is_set():
-                return
-            told = {"progressToken": token, "progress": value, "total": total,
-                    "message": message}
-            self.send({"jsonrpc": "2.0", "method": "notifications/progress",
-                       "params": {k: v for k, v in told.items() if v is not None}})
         # A token is a string or a number, as an id is; a batch's member gets no progress.
-        progress = Progress(send) if respond and echoable_id(token) else None
+        progress = self.around.progress(self, token, cancelled) \
+            if respond and echoable_id(token) else None
         try:
             answered = self.gate.call(tool, args, invalid, progress, cancelled)
         finally:
@@ -4825,9 +4115,8 @@ class HostServer:
         result = answered.result()
         if answered.passed is None and "outputSchema" in tool.listing:
             # A tool with an output schema promises structured content in every result but an
-            # error, and a host refuses a result without it. The gate's own answers carry
-            # none, so they go as errors, which a host reads as they are; a server's result
-            # passes as the server sent it.
+            # error, and a host refuses a result without it: the gate's own answers carry none,
+            # so they go as errors; a server's result passes as the server sent it.
             result["isError"] = True
         return None if cancelled.is_set() and respond else result
 
@@ -4841,10 +4130,6 @@ class HostServer:
 
 class ToolNotOffered(Exception):
     """A tools/call naming a tool the gate does not offer."""
-
-
-STATUS_SCHEMA = {"type": "object", "additionalProperties": False, "properties": {
-    "approval_id": {"type": "string", "description": STATUS_ARGUMENT}}}
 
 
 def _id_key(ident):
@@ -6191,6 +5476,14 @@ def _named_two_ways(parents, name):
 # Core it calls: tool_titles.
 # =============================================================================================
 
+# A tool's description, its schema's texts and its parameters' names are read by the model on
+# every tools/list, so they are where tool poisoning hides instructions. The lint finds the
+# tricks known to be used (invisible characters, terminal escapes, bytes smuggled in variation
+# selectors, tag-like blocks and HTML comments, text that speaks to the model, secrets' places
+# and variables, names that mix scripts, instructions about other servers' tools, paths, URLs,
+# a text far longer than its peers); it cannot find them all, and says so in the README.
+# Advice to call a tool of the same server first is how public servers sequence their tools,
+# not an injection: it stays medium.
 LINT_LONG = 1024  # a description is far longer than its peers past this and four times theirs
 
 _LINT_PHRASES = [(re.compile(pattern, re.I | re.S), severity, what)
@@ -6379,6 +5672,11 @@ def _text_findings(text, others, siblings):
     return found
 
 
+def lint_lines(findings):
+    return [f"  lint {severity}: {what} (in the {sanitize(where)})"
+            for severity, what, where in findings]
+
+
 def lint_manifests(manifests):
     """{server name: {tool: findings}} over pinned manifests, each tool read against the
     other servers' tools, its own server's tools and its own server's description lengths."""
@@ -6402,11 +5700,14 @@ def lint_manifests(manifests):
 #
 # Reads as: around the core
 #
-# Owns: one configured server as a child process speaking newline-delimited JSON-RPC, or
-# reached by url over Streamable HTTP through the optional mcp package, and the requests
-# agentgate sends it. Both present one interface (start, list_tools, request, call, close).
-# Core it calls: read_frames, shown_url, read_owned, write_private; and, for load_all (the
-# start of every server at once), pinned_for, load and Report.
+# Owns: how the config says a server is reached (read_transport: command, env, cwd, url,
+# headers, OAuth client); one configured server as a child process speaking newline-delimited
+# JSON-RPC, or reached by url over Streamable HTTP through the optional mcp package, and the
+# requests agentgate sends it. Both present one interface (start, list_tools, request, call,
+# close).
+# Core it calls: read_config (load_config hands it read_transport), read_frames, read_owned;
+# and, for load_all (the start of every server at once), pinned_for and load, which tells
+# each server's Report.
 # Promises: the child gets only PATH, HOME, TMPDIR and what the operator names; it runs in its
 # own process group and, on Linux, dies with agentgate even when agentgate is killed with
 # SIGKILL; connecting, listing and loading share one deadline and a timeout names its step;
@@ -6428,6 +5729,159 @@ def lint_manifests(manifests):
 # for OAuth is sent the tokens `login` kept; the serving gate never asks a person, so a server
 # that refuses what it holds fails with LOGIN_NEEDED.
 # =============================================================================================
+
+# ---- Reaching a server: the config's transport fields ---------------------------------------
+#
+# A url server's header values come from the 0600 config or agentgate's environment (`${NAME}`);
+# no message shows one, nor more of its url than shown_url.
+
+_HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+ENV_REFERENCE_RE = re.compile(r"\$\{([^}]*)\}")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+OAUTH_FIELDS = ("client_id", "client_secret", "scope")
+
+
+def load_config(path):
+    """The config as every command loads it, each server's transport read in the same pass."""
+    return read_config(path, read_transport)
+
+
+def read_transport(server, raw, where, base):
+    """How `server` is reached, read onto it: a command agentgate starts, or a url."""
+    server.command = raw.get("command")
+    server.url = field_string(raw, "url", where)
+    server.headers, server.oauth = {}, {}
+    # Why this sound config's server cannot start (''): it is not served, the others are.
+    server.unavailable = ""
+    if (server.command is None) == (not server.url):
+        raise ConfigError(f"{where} needs exactly one of command (an argv list) or url (an "
+                          f"http:// or https:// address)")
+    if server.url:
+        server.headers, server.unavailable = _url_server(raw, where, server.url)
+        server.oauth = _oauth_client(raw, where)
+    elif (not isinstance(server.command, list) or not server.command
+            or not all(isinstance(a, str) for a in server.command)):
+        raise ConfigError(f'{where}.command must be a non-empty list of strings, such as '
+                          f'["node", "server.js"]')
+    elif "headers" in raw or "oauth" in raw:
+        field = "headers" if "headers" in raw else "oauth"
+        raise ConfigError(f"{where}.{field} is sent only to a server reached by url; give "
+                          f"a command server its secrets through env")
+    server.env = field_names(raw, "env", where)
+    for entry in server.env:
+        if "=" not in entry or entry.startswith("="):
+            raise ConfigError(f'{where}.env entry {quote(entry)} must read NAME=value')
+    server.inherit_env = field_names(raw, "inherit_env", where)
+    for name in server.inherit_env:
+        if not name or "=" in name:
+            raise ConfigError(f"{where}.inherit_env entry {quote(name)} must be a variable "
+                              f"name without '='")
+    server.connect_timeout = field_duration(raw, "connect_timeout", where, 30 * SECOND)
+    server.tokens = os.path.join(base, f"{server.name}.tokens.json")  # what login obtained
+    # A server runs in the user's home, not beside the config and database: writing a relative
+    # path must not edit its own policy. A configured cwd is reach-checked (check_reach).
+    server.cwd_given = field_string(raw, "cwd", where)
+    server.cwd = os.path.join(base, os.path.expanduser(server.cwd_given)) if server.cwd_given \
+        else os.path.expanduser("~")
+
+
+def child_env(server):
+    """PATH, HOME, TMPDIR, inherit_env, env: a secret of ours reaches only a server named."""
+    env = {}
+    for name in ("PATH", "HOME", "TMPDIR", *server.inherit_env):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    for entry in server.env:
+        name, _, value = entry.partition("=")
+        env[name] = value
+    return env
+
+
+def _url_server(raw, where, url):
+    """Its headers, each `${NAME}` replaced from our environment, and why it cannot start (an
+    unset variable is a problem of where agentgate runs, not of the config). No value shown."""
+    from urllib.parse import urlsplit
+    for field in ("env", "inherit_env", "cwd"):
+        if field in raw:
+            raise ConfigError(f"{where}.{field} means nothing for a server reached by url (no "
+                              f"process is started); remove it, and send secrets as headers")
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        parts = None
+    if not parts or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}.url must be an http:// or https:// address, such as "
+                          f'"http://127.0.0.1:8000/mcp"')
+    if "@" in parts.netloc:  # the url is shown in messages; a password in it would be too
+        raise ConfigError(f"{where}.url must not carry a user or password; send credentials "
+                          f"as a header whose value names an environment variable")
+    given = raw.get("headers", {})
+    if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
+        raise ConfigError(f'{where}.headers must be an object of header name to string, such as '
+                          f'{{"Authorization": "Bearer ${{TOKEN}}"}}')
+    headers, unset = {}, ""
+    for name, value in given.items():
+        if not _HEADER_NAME_RE.fullmatch(name):
+            raise ConfigError(f"{where}.headers: {quote(name)} is not a header name")
+        for variable in ENV_REFERENCE_RE.findall(value):
+            if not ENV_NAME_RE.fullmatch(variable):
+                raise ConfigError(f"{where}.headers.{name} names {quote('${' + variable + '}')}"
+                                  f"; a variable is written ${{NAME}} with letters, digits and "
+                                  f"'_'")
+            if variable not in os.environ and not unset:
+                unset = (f"{where}.headers.{name} names the environment variable {variable}, "
+                         f"which is not set: set it where agentgate runs")
+        headers[name] = ENV_REFERENCE_RE.sub(lambda m: os.environ.get(m.group(1), ""), value)
+        if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", headers[name]):
+            raise ConfigError(f"{where}.headers.{name} holds a control character (a line "
+                              f"break, say), which no header may carry; fix its value")
+    return headers, unset
+
+
+def _oauth_client(raw, where):
+    """A pre-registered OAuth client, for a server that does not register clients itself."""
+    given = raw.get("oauth", {})
+    if not isinstance(given, dict):
+        raise ConfigError(f'{where}.oauth must be an object such as {{"client_id": "...", '
+                          f'"client_secret": "...", "scope": "..."}}')
+    refuse_unknown(given, OAUTH_FIELDS, f"{where}.oauth")
+    for field in OAUTH_FIELDS:
+        if field in given and (not isinstance(given[field], str) or not given[field]):
+            raise ConfigError(f"{where}.oauth.{field} must be a non-empty string")
+    if "client_secret" in given and "client_id" not in given:
+        raise ConfigError(f"{where}.oauth has a client_secret but no client_id; give both")
+    return dict(given)
+
+
+def shown_url(url):
+    """Scheme, host and port only: a hosted server often carries its key in path or query."""
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return "an address that cannot be read"
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
+
+
+def write_private(path, text):
+    """Write a file readable only by this user, replacing any old one in one rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temp = tempfile.mkstemp(prefix=".agentgate-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temp, 0o600)
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
+
 
 _INT_ID_RE = re.compile(r"-?(?:0|[1-9][0-9]{0,17})")
 
@@ -6501,7 +5955,7 @@ class Upstream:
             # never waits to flush into a pipe nobody reads.
             self.proc = subprocess.Popen(
                 self.server.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=self.server.child_env(), start_new_session=True,
+                stderr=subprocess.PIPE, env=child_env(self.server), start_new_session=True,
                 cwd=self.server.cwd, bufsize=0, preexec_fn=_parent_death_request())
         except OSError as err:
             raise UpstreamError(self.describe("connect", f"cannot start "
@@ -6893,7 +6347,7 @@ def mcp_sdk_for(server):
 
 
 # OAuth, through the mcp package's own client (discovery, registration, PKCE, refresh). Only
-# `login`, an operator command, ever asks a person (section 24); the serving gate attaches
+# `login`, an operator command, ever asks a person (section 25); the serving gate attaches
 # what login left and refreshes it, and a server it cannot authorize is not served.
 LOGIN_NEEDED = "the server asks for an authorization the gate does not hold, or holds no longer"
 # Never used to receive anything: the serving gate's client has no way to ask a person.
@@ -7504,19 +6958,74 @@ def handshake_and_list(upstream, deadline):
 #
 # Reads as: around the core
 #
-# Owns: the reads people make of the record: the runs and steps the operator commands list, the
-# grants, the tool changes, and the event chain verify walks (Ledger, a Store the operator
-# commands open).
+# Owns: the reads people make of the record: the runs, steps and approvals the operator
+# commands and the status tool list, the grants, the tool changes, and the event chain verify
+# walks (Ledger, the Store the operator commands and serve open).
 # Core it calls: Store, whose read connection it reads through, and tool_spec; it writes
 # nothing.
-# Promises: only SELECTs: every statement that changes the record is section 7's, and what an
-# approval shows an operator (its row, its late outcomes) is read by Store itself.
+# Promises: only SELECTs: every statement that changes the record is section 7's, and an
+# approval's row is read by Store itself. A run's events read the same in either shape Tx.flush
+# has written (event_parts). The status tool reads through the Ledger serve opens.
 # =============================================================================================
 
+COMBINED_EVENTS = ("call.began", "call.changed", "call.ended")  # Tx.flush's events of parts
+
+
+def event_parts(type_, step_id, payload_json):
+    """A stored event as the parts it records, each (type, step id, payload): a combined event
+    as its parts in order, any other as itself."""
+    payload = parse(payload_json)
+    if type_ in COMBINED_EVENTS:
+        return [tuple(part) for part in payload["parts"]]
+    return [(type_, step_id, payload)]
+
+
 class Ledger(Store):
-    """The record as people read it: the runs, steps and grants the operator commands list,
-    and the event chain verify walks. Only SELECTs, on the read connection; every statement
-    that changes the record is Store's."""
+    """The record as people read it: the runs, steps, approvals and grants the operator
+    commands and the status tool list, and the event chain verify walks."""
+
+    def approvals(self, run_id):
+        """A run's approvals, oldest first."""
+        return self.read_approvals("FROM approvals a WHERE a.run_id=? ORDER BY a.rowid",
+                                   (run_id,))
+
+    def recent_approvals(self, session, since, limit):
+        """Every approval of the session's newest `limit` calls that are unsettled or settled
+        since `since`, with its run's tool, status and reason and its request key."""
+        return self.read_approvals(
+            "FROM calls c JOIN runs r ON r.id = c.run_id JOIN approvals a ON a.run_id = r.id "
+            "WHERE c.id IN (SELECT id FROM calls WHERE session=? AND (settled_at='' OR "
+            "settled_at>=?) ORDER BY id DESC LIMIT ?) ORDER BY c.id DESC, a.rowid",
+            (session, since, limit), (("tool", "r.tool"), ("run_status", "r.status"),
+                                      ("run_reason", "r.reason"),
+                                      ("request_key", "c.request_key")))
+
+    def executed_under(self, approval):
+        """Whether the approval's step started executing under it."""
+        return any(type_ == "step.tool_started" and step_id == approval["step_id"] and
+                   payload.get("approval_id") == approval["id"]
+                   for _, _, type_, step_id, payload in self.run_parts(approval["run_id"]))
+
+    def step_observation(self, step_id):
+        row = self.read_one("SELECT observation_json FROM steps WHERE id=?", (step_id,))
+        return parse(row[0]) if row and row[0] else None
+
+    def run_events(self, run_id):
+        """A run's events as stored: (seq, at, type, step id, payload_json)."""
+        return self.read("SELECT seq, at, type, step_id, payload_json FROM events WHERE "
+                         "run_id=? ORDER BY seq", (run_id,))
+
+    def run_parts(self, run_id):
+        """What a run's events record, as (seq, at, type, step id, payload): each part of a
+        combined event as an event of its own, under the seq of the event that holds it."""
+        return [(seq, at, *part) for seq, at, type_, step_id, payload in self.run_events(run_id)
+                for part in event_parts(type_, step_id, payload)]
+
+    def late_outcomes(self, run_id):
+        """Outcomes of a run's attempts that arrived after another process took the run
+        over, as (step id, observation), oldest first."""
+        return [(step_id, payload["observation"]) for _, _, type_, step_id, payload
+                in self.run_parts(run_id) if type_ == "step.tool_finished" and payload.get("late")]
 
     def waiting_approvals(self, session):
         """The approvals an operator may decide now (of one session, or all with session ''),
@@ -7789,8 +7298,9 @@ def tools_changed_text(payload):
 # Reads as: around the core
 #
 # Owns: the status tool's answer: the approvals of this session and what became of them.
-# Core it calls: Store's reads, step_outcome, outcome_text, and Answer, answer and
-# gate_status to build its answer from section 6's tables.
+# Core it calls: Store.latest_approval, step_outcome, outcome_text, and Answer, answer and
+# gate_status to build its answer from section 6's tables; it reads the rest through the
+# Ledger (section 17) serve opens.
 # Promises: it tells the model what waits and what was decided, never a command, the database,
 # the config or a run id; recorded text from servers is sanitized.
 # =============================================================================================
@@ -7903,16 +7413,122 @@ def approved_fate(gate, approval):
 
 
 # =============================================================================================
-# 20. Notify
+# 20. The host's other requests
 #
 # Reads as: around the core
 #
-# Owns: announcing an approval that starts waiting to the operator's notify program.
+# Owns: what the host side hands on because it decides no call: initialize's answer, ping,
+# notifications/initialized and the tools-changed notice it allows, a call's progress as the
+# host hears it, and the status tool. Serve hands HostServer a HostAround at start and a
+# StatusTool once serving.
+# Core it calls: Progress, answer, and HostServer's send and protocol.
+# Promises: a call's progress (the gate's while it holds the call, then the server's) reaches
+# the host under the host's token, only increasing, and nothing more once the host cancelled
+# the call; the host is told once of a tool its server changed while serving (section 18), and
+# only after it said notifications/initialized (before, its first tools/list sees the change).
+# =============================================================================================
+
+SERVER_INFO = {"name": "gated-tools", "version": VERSION}
+
+
+class HostAround:
+    """The seam HostServer reaches this section by: `requests` and `notifications` map a
+    method to its handler(host, params); a request's handler returns its result."""
+
+    def __init__(self):
+        self.initialized = False
+        self.requests = {"initialize": self.initialize, "ping": lambda host, params: {}}
+        self.notifications = {"notifications/initialized": self._initialized}
+
+    @staticmethod
+    def initialize(host, params):
+        return {"protocolVersion": host.protocol, "capabilities": {"tools": {"listChanged": True}},
+                "serverInfo": SERVER_INFO}
+
+    def _initialized(self, host, params):
+        self.initialized = True
+
+    def tools_changed(self, host):
+        if self.initialized:
+            host.send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+
+    @staticmethod
+    def progress(host, token, cancelled):
+        def send(value, total, message):
+            # Written on the thread that reads the server: a host that stops reading holds up
+            # that server's answers, as it holds up every answer it is sent.
+            if cancelled.is_set():
+                return
+            told = {"progressToken": token, "progress": value, "total": total,
+                    "message": message}
+            host.send({"jsonrpc": "2.0", "method": "notifications/progress",
+                       "params": {k: v for k, v in told.items() if v is not None}})
+        return Progress(send)
+
+
+STATUS_SCHEMA = {"type": "object", "additionalProperties": False, "properties": {
+    "approval_id": {"type": "string", "description": STATUS_ARGUMENT}}}
+
+
+class StatusTool:
+    """The status tool as the host side offers and calls it; `unserved` servers of the config
+    could not be served, which the model is told (the reasons are the operator's, on stderr)."""
+
+    def __init__(self, gate, name, unserved):
+        self.gate, self.unserved = gate, unserved
+        self.listing = {"name": name, "description": STATUS_DESCRIPTION,
+                        "inputSchema": STATUS_SCHEMA}
+
+    def call(self, args, invalid):
+        if invalid:
+            return answer("INVALID", reason=clean(invalid[0], 1000)).result()
+        status = status_answer(self.gate, args)
+        if self.unserved and status.text.startswith("GATE_STATUS:"):
+            status.text += " " + UNSERVED_NOTE.format(count=self.unserved)
+        return status.result()
+
+
+# =============================================================================================
+# 21. Notify
+#
+# Reads as: around the core
+#
+# Owns: telling the operator an approval starts waiting: the lines on stderr with the command
+# that decides it, and the operator's notify program.
 # Promises: the program runs in its own process group with a deadline, never blocks a call, and
 # past a backlog the oldest announcement is dropped and said so.
-# Core it calls: nothing but log; the gate calls its announce through the seam serve
+# Core it calls: config_path; the gate calls announce_waiting's announce through the seam serve
 # registers.
 # =============================================================================================
+
+
+def operator_hint(config_file, database=""):
+    """The command an operator pastes: it names the database when that was named (-db), else
+    the config unless it is the default one."""
+    command = f"{python_command()} {shlex.quote(os.path.abspath(sys.argv[0]))}"
+    if database:
+        command += f" -db {shlex.quote(os.path.abspath(database))}"
+    elif os.path.abspath(config_path(None)) != os.path.abspath(config_file):
+        command += f" -config {shlex.quote(os.path.abspath(config_file))}"
+    return command
+
+
+def announce_waiting(config, notifier=None):
+    """The gate's announce, as serve registers it."""
+    hint = operator_hint(config.path)
+
+    def announce(approval, tool, run_id):
+        command = f"{hint} approve {run_id} -approval {approval['id']}"
+        log(f"approval {approval['id']} ({approval['kind']}) for {tool.name} waits for an "
+            f"operator: run {run_id}")
+        log(f"  decide with: {command}   (or reject)")
+        if notifier:
+            # Names only: an argument's value never leaves the gate this way.
+            notifier.announce({"AGENTGATE_APPROVAL": approval["id"],
+                               "AGENTGATE_RUN": run_id, "AGENTGATE_TOOL": tool.name,
+                               "AGENTGATE_COMMAND": command})
+    return announce
+
 
 NOTIFY_TIMEOUT = 10  # seconds a notify program may run before its process group is killed
 NOTIFY_BACKLOG = 32  # announcements waiting for the notify program; past it, one is dropped
@@ -7962,12 +7578,14 @@ class Notifier:
 
 
 # =============================================================================================
-# 21. Pins and load reports
+# 22. Pins and load reports
 #
 # Reads as: around the core
 #
-# Owns: writing a server's manifest (pin), and the lines of a load report and of a change.
-# Core it calls: manifest_entry, changed_parts, compared_part, rule_outcome, write_private.
+# Owns: writing a server's manifest (pin), and the lines of a load report (Report, which load
+# tells what became of each tool) and of a change.
+# Core it calls: manifest_entry, changed_parts, compared_part, rule_outcome, rule_lines;
+# section 16's write_private.
 # Promises: server-chosen names are sanitized in every report line.
 # =============================================================================================
 
@@ -8036,12 +7654,74 @@ def change_lines(old, new):
     return [sanitize(line) for line in out]
 
 
+HINT_NAMES = (("readOnlyHint", "readOnly"), ("destructiveHint", "destructive"),
+              ("idempotentHint", "idempotent"), ("openWorldHint", "openWorld"))
+
+
 def hints_text(entry):
     annotations = entry.get("annotations")
     if annotations is None:
         return "no annotations"
     claimed = [word for key, word in HINT_NAMES if annotations.get(key) is True]
     return ", ".join(claimed) or "claims nothing"
+
+
+class Report:
+    """What loading one server decided (load tells it, tool by tool), as lines an operator
+    reads; `unserved` says why the server is not served ('' while it is), `kinds` what became
+    of each tool, in order, and `review` why a proposal deserves a careful read."""
+
+    def __init__(self, server):
+        self.server = server
+        self.lines = []
+        self.unserved = ""
+        self.kinds, self.review = {}, {}
+
+    def add(self, kind, tool, text):
+        self.kinds[tool] = kind
+        self.lines.append(f"{sanitize(self.server)}: {text}")
+
+    def count(self, kind):
+        """How many tools became `kind` (load tells each tool's end once)."""
+        return sum(1 for each in self.kinds.values() if each == kind)
+
+    def unpinned(self, name):
+        self.add("unpinned", name, f"unpinned {sanitize(name)}: not in the manifest")
+
+    def unclassified(self, name):
+        self.add("unclassified", name, f"unclassified {sanitize(name)}: no rule")
+
+    def unreviewed(self, entry, rule):
+        name = entry["name"]
+        self.add("unreviewed", name, f"unreviewed {sanitize(name)}: its rule "
+                 f"({rule.side_effect}) was proposed from the server's own hints; read it, "
+                 f"then run check -accept")
+        if rule.side_effect == "read_only" and _SECRETS_WORDS.search(entry["description"]):
+            self.review[name] = "a read that may return secrets"
+
+    def refused(self, name, reason):
+        self.add("refused", name, f"refused {sanitize(name)}: {reason}")
+
+    def registered(self, tool, mismatch):
+        extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
+        if not tool.timeout_given:
+            extra += (f" [no timeout set: the default {format_duration(DEFAULT_TOOL_TIMEOUT)} "
+                      f"applies]")
+        name = tool.upstream_name
+        self.add("registered", name, f"registered {sanitize(name)} as {tool.name} "
+                                     f"({tool.side_effect}){extra}")
+        self.lines += [f"{sanitize(self.server)}:   {sanitize(line)}"
+                       for line in rule_lines(tool.rule, tool.name)]
+
+    def lint(self, found):
+        self.lines += [f"{sanitize(self.server)}: {line}" for line in lint_lines(found)]
+
+
+# A read whose description speaks of these may hand the model what the person protects (an
+# environment with the tokens init just moved into the config, say): proposed read_only, it
+# would run unasked once accepted.
+_SECRETS_WORDS = re.compile(r"\b(environment|env|secrets?|credentials?|passwords?|keys?|"
+                            r"tokens?)\b", re.I)
 
 
 def served_lines(config, server, report, tools):
@@ -8084,7 +7764,7 @@ def log_reports(reports):
 
 
 # =============================================================================================
-# 22. The command line's flags
+# 23. The command line's flags
 #
 # Reads as: around the core
 #
@@ -8200,7 +7880,7 @@ def text_argument(value):
 
 
 # =============================================================================================
-# 23. Operator commands
+# 24. Operator commands
 #
 # Reads as: around the core
 #
@@ -8210,10 +7890,10 @@ def text_argument(value):
 # or named with -db; it is opened as it is, never created or migrated, and read-only where
 # nothing is decided.
 # Core it calls: Store (its reads, and decide_approval, cancel_run, create_grant,
-# revoke_grant), load_config, config_path, check_database_path, check_reach, operator_hint,
-# read_manifest, Tool, check_arguments, evaluate, approval_hash, decision_facts, last_attempt,
+# revoke_grant), config_path, check_database_path, check_reach, read_manifest,
+# Tool, check_arguments, evaluate, approval_hash, decision_facts, last_attempt,
 # confirmed_conditions, parse_conditions, pointer_problem, step_outcome, outcome_text, stored_hash,
-# block_bytes, event_hash.
+# block_bytes, event_hash; section 16's load_config.
 # Promises: approve and reject print the approval in full and decide bound to the hash of
 # exactly what they printed, so a row that changed after it was shown is refused; a printout
 # that shortened a long value decides nothing until -full shows every byte; the late outcome
@@ -8226,6 +7906,19 @@ def text_argument(value):
 # (tell_json), which sanitizes it, so nothing chosen by a server, a model or an operator
 # reaches the terminal raw; text given on the command line must be UTF-8.
 # =============================================================================================
+
+def tell_json(value, out=None):
+    """A -json value through tell, valid JSON that reads back the same: each character
+    sanitize would change is written as its JSON escape, so tell finds nothing to change."""
+    tell(*map(_json_for_terminal, pretty_json(value).split("\n")), out=out)
+
+
+def _json_for_terminal(line):
+    if sanitize(line) == line:
+        return line
+    return "".join(json.dumps(ch)[1:-1] if sanitize(ch) != ch or
+                   unicodedata.category(ch)[0] == "M" else ch for ch in line)
+
 
 def confirmed_conditions(conditions):
     """A grant's conditions as it keeps them: each `under` with its directories as they were
@@ -9492,7 +9185,7 @@ def recheck_line(e):
 
 
 # =============================================================================================
-# 24. Setup
+# 25. Setup
 #
 # Reads as: around the core
 #
@@ -9501,8 +9194,8 @@ def recheck_line(e):
 # servers (one database for all), pins them and proposes a rule per tool from the server's own
 # hints; and the acceptance of those proposals. And `login`, the OAuth authorization of a url
 # server: the only command that opens a port (on 127.0.0.1, while it waits for the browser).
-# Core it calls: load_config, config_path, Server, check_reach, read_owned, write_private,
-# shown_url, operator_hint; section 21's pin.
+# Core it calls: config_path, Server, check_reach, read_owned; section 16's load_config,
+# read_transport, shown_url and write_private; section 21's operator_hint; section 22's pin.
 # Promises: a config is written 0600; run again, init adds the servers new in its host's file
 # and changes no other byte; a secret in a server's env or headers goes into the config and into
 # no output; a tool is offered only once its proposed rule was accepted; a project's servers
@@ -9782,7 +9475,7 @@ def init_host(path, session, hold, files, needs):
             name = server_name(given, taken)
             server.update(name=name, manifest=f"{session}.{name}.manifest.json")
             try:
-                Server(server, f"server {quote(name)}", os.path.dirname(path))
+                Server(server, f"server {quote(name)}", os.path.dirname(path), read_transport)
             except ConfigError as err:
                 left.append((where, given, str(err)))
                 continue
@@ -9797,7 +9490,7 @@ def init_host(path, session, hold, files, needs):
                  f"starts, which can take a minute", flush=True)
         try:
             manifest = pin(Server(server, f"server {quote(server['name'])}",
-                                  os.path.dirname(path)))
+                                  os.path.dirname(path), read_transport))
         except (UpstreamError, LoadError, ConfigError) as err:
             for key in [key for key, gating in gated.items() if gating is server]:
                 gated.pop(key)
@@ -10097,15 +9790,15 @@ class LoopbackRedirect:
 
 
 # =============================================================================================
-# 25. Pin and check
+# 26. Pin and check
 #
 # Reads as: around the core
 #
 # Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin, and each
 # server's and tool's standing, before any host is pointed at the gate.
-# Core it calls: load_config, config_path, check_database_path, check_reach, Store,
-# read_manifest, lint_hash, lint_lines, write_private; load_all (section 16) and
-# tool_changes (section 18).
+# Core it calls: config_path, check_database_path, check_reach, Store, read_manifest,
+# lint_hash; load_config, load_all and write_private (section 16), lint_lines (section 15)
+# and tool_changes (section 18).
 # Promises: pin -diff changes a manifest only after a yes; check exits 1 while anything is
 # refused, unreviewed or unserved.
 # =============================================================================================
@@ -10280,7 +9973,7 @@ def load_warnings(reports):
 
 
 # =============================================================================================
-# 26. Fake payment server
+# 27. Fake payment server
 #
 # Reads as: around the core
 #
@@ -10398,7 +10091,7 @@ def fake_payments():
 
 
 # =============================================================================================
-# 27. Demonstration
+# 28. Demonstration
 #
 # Reads as: around the core
 #
@@ -10407,8 +10100,8 @@ def fake_payments():
 # run as separate processes in a temporary directory, as they would for a person.
 # Promises: every step says what the model sees; the demo exits non-zero if any step did not
 # behave as narrated, and it ends only after every process it started has exited.
-# Core it calls: write_private; everything else it runs as agentgate's own commands, in
-# processes.
+# Core it calls: nothing: it writes with section 16's write_private and runs everything else
+# as agentgate's own commands, in processes.
 # =============================================================================================
 
 class DemoFailure(Exception):
@@ -10666,7 +10359,7 @@ def _processes_mentioning(text):
 
 
 # =============================================================================================
-# 28. Main
+# 29. Main
 #
 # Reads as: around the core
 #
@@ -10674,13 +10367,19 @@ def _processes_mentioning(text):
 # the upstreams, the gate, the host side and the seams around them. Go-style single-dash long
 # flags (-config, -approval); the double-dash spelling works too. Exit codes: 0 ok, 1 failure,
 # 2 usage. No traceback reaches a user: every expected failure is one sentence on stderr.
-# Core it calls: load_config, Store, Gate, HostServer, Shutdown, and the seams: the gate's
-# `announce` (section 20's Notifier) and the host's `status` (section 19's status_answer).
+# Core it calls: Store (opened as section 17's Ledger, which the status tool reads), Gate,
+# HostServer, and the seams: the gate's `announce` (section 21's announce_waiting) and the
+# host's `around` and `status` (section 20's HostAround and StatusTool).
 # =============================================================================================
+
+class Shutdown(Exception):
+    """Raised in the main thread by SIGINT or SIGTERM before serving began."""
+
 
 def cmd_serve(argv):
     config = serving_config(parser("serve", "config").parse_args(argv).config)
-    host = HostServer(config, sys.stdin.buffer, sys.stdout.buffer)
+    around = HostAround()
+    host = HostServer(sys.stdin.buffer, sys.stdout.buffer, around)
     serving = []
 
     def stop(signum, frame):
@@ -10710,11 +10409,10 @@ def cmd_serve(argv):
             host.fail(str(err))
             raise
         gate = Gate(config, store, tools)
-        if config.notify:
-            gate.announce = Notifier(config.notify).announce
-        ToolWatch(gate, upstreams, host.tools_changed)
-        host.serve_with(gate, config.status_tool, status_answer,
-                        sum(bool(r.unserved) for r in reports))
+        gate.announce = announce_waiting(config, config.notify and Notifier(config.notify))
+        ToolWatch(gate, upstreams, functools.partial(around.tools_changed, host))
+        host.serve_with(gate, StatusTool(gate, config.status_tool,
+                                         sum(bool(r.unserved) for r in reports)))
         serving.append(True)
         log(f"serving session {config.session} on database {config.database}: {len(tools)} "
             f"tool(s) from {len(reports)} server(s) "
@@ -10744,7 +10442,7 @@ def cmd_serve(argv):
 
 def _open_store(path):
     try:
-        return Store(path)
+        return Ledger(path)
     except (StoreError, ConfigError) as err:
         return err
 
