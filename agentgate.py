@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (4038 lines of decision core, read first; then the libraries it relies on, each
+Sections (3961 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -29,7 +29,7 @@ the libraries, so the core reads top to bottom: the policy comes before the conf
 because the configuration is read with its parser.
 
      1. Framing                                      decision core      102
-     2. Text, times and fields                       decision core      279
+     2. Text, times and fields                       decision core      202
      3. Policy on what a call does                   decision core      664
      4. Configuration and its trust                  decision core      316
      5. Tools, as pinned                             decision core      361
@@ -38,27 +38,28 @@ because the configuration is read with its parser.
      8. The gate                                     decision core      718
      9. The host side                                decision core      355
     10. Canonical JSON                               library            314
-    11. ECMA-262 patterns                            library            435
-    12. JSON Schema                                  library            356
-    13. Hosts in URLs                                library            110
-    14. Paths as the kernel resolves them            library             99
-    15. The lint                                     around the core    232
-    16. Upstream servers                             around the core   1258
-    17. Reading the record                           around the core    192
-    18. Tool changes while serving                   around the core    147
-    19. The status tool                              around the core    120
-    20. The host's other requests                    around the core     76
-    21. Notify                                       around the core     89
-    22. Pins and load reports                        around the core    186
-    23. The command line's flags                     around the core    116
-    24. Operator commands                            around the core   1305
-    25. Setup                                        around the core    605
-    26. Pin and check                                around the core    183
-    27. Fake payment server                          around the core    118
-    28. Demonstration                                around the core    268
-    29. Main                                         around the core    129
+    11. Text safe to show                            library             97
+    12. ECMA-262 patterns                            library            435
+    13. JSON Schema                                  library            356
+    14. Hosts in URLs                                library            110
+    15. Paths as the kernel resolves them            library             99
+    16. The lint                                     around the core    232
+    17. Upstream servers                             around the core   1258
+    18. Reading the record                           around the core    192
+    19. Tool changes while serving                   around the core    147
+    20. The status tool                              around the core    120
+    21. The host's other requests                    around the core     76
+    22. Notify                                       around the core     89
+    23. Pins and load reports                        around the core    186
+    24. The command line's flags                     around the core    116
+    25. Operator commands                            around the core   1305
+    26. Setup                                        around the core    605
+    27. Pin and check                                around the core    183
+    28. Fake payment server                          around the core    118
+    29. Demonstration                                around the core    268
+    30. Main                                         around the core    129
 
-One tools/call through the core, with the section of each step (10, 12: libraries):
+One tools/call through the core, with the section of each step (10, 13: libraries):
 
     HostServer._read_loop    read_frames: one frame per newline byte off stdin           1
       HostServer._frame      parse: the boundary check, number literals kept as written 10
@@ -66,7 +67,7 @@ One tools/call through the core, with the section of each step (10, 12: librarie
         HostServer._call     the tool the name offers, as pinned (Tool, load)          9, 5
           Gate.call          canonical, request_key: the request's identity        8, 10, 1
           Gate._judge        judged_request: check_arguments (validate) and the
-                             policy's conditions, judged once, before the lock  8, 6, 12, 3
+                             policy's conditions, judged once, before the lock  8, 6, 13, 3
           Gate._decide       under the gate's lock, rules 1 to 7 over the request's
                              earlier runs (Store.key_runs), each rule a verdict         8, 7
           Gate._begin        rule 8: policy_decision in the write transaction that
@@ -218,12 +219,11 @@ def request_key(tool_name, args):
 #
 # Reads as: decision core
 #
-# Owns: Go-syntax durations, the one sanitizer every chosen string passes before prose, a log
-# or a terminal, tell (the one way a line reaches a person), the store's one timestamp format,
-# ids, deadlines, and the readers of a config field.
-# Promises: sanitized text holds no control character, no bidi override and no invisible
-# format character a terminal or a reader could be fooled by; data returned to the host as a
-# result is never sanitized (it is the server's answer, passed back as recorded).
+# Owns: Go-syntax durations, tell (the one way a line reaches a person), the store's one
+# timestamp format, ids, deadlines, and the readers of a config field.
+# Promises: every chosen string passes section 11's sanitize before prose, a log or a
+# terminal; data returned to the host as a result is never sanitized (it is the server's
+# answer, passed back as recorded).
 # =============================================================================================
 
 _DURATION_UNITS = {"ns": 1, "us": 1000, "µs": 1000, "μs": 1000, "ms": 10**6, "s": 10**9,
@@ -276,82 +276,6 @@ def format_duration(ns):
     if minutes:
         return f"{sign}{minutes}m{seconds}s"
     return f"{sign}{seconds}s"
-
-
-INVISIBLE = (set(range(0x202A, 0x202F)) | set(range(0x2066, 0x206A)) | {0x061C, 0x200E, 0x200F}
-             | set(range(0x200B, 0x200E)) | set(range(0x2060, 0x2065))
-             | {0xFEFF, 0x00AD, 0x180E, 0x2028, 0x2029} | set(range(0xE0000, 0xE0080)))
-_NEEDS_CARE = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
-                         "\u2060-\u2064\u2066-\u2069\ufeff\U000e0000-\U000e007f\ud800-\udfff]")
-MAX_COMBINING = 4
-
-
-def sanitize(text):
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    if not _NEEDS_CARE.search(text) and not _has_long_combining_run(text):
-        return text
-    out, marks, dropped = [], 0, 0
-    for ch in text:
-        code = ord(ch)
-        if unicodedata.category(ch).startswith("M"):
-            marks += 1
-            if marks > MAX_COMBINING:
-                dropped += 1
-                continue
-            out.append(ch)
-            continue
-        if dropped:
-            out.append(f"[+{dropped} combining marks dropped]")
-        marks, dropped = 0, 0
-        if ch in "\r\n":
-            out.append(" ")
-        elif code < 0x20 or 0x7F <= code <= 0x9F:
-            out.append(f"\\x{code:02x}")
-        elif 0xD800 <= code <= 0xDFFF:
-            out.append("\ufffd")
-        elif code in INVISIBLE:
-            out.append(f"\\u{{{code:04x}}}")
-        else:
-            out.append(ch)
-    if dropped:
-        out.append(f"[+{dropped} combining marks dropped]")
-    return "".join(out)
-
-
-# Every combining mark is at or above U+0300: only runs of such characters are looked at one
-# by one, so plain text costs one scan in C.
-_MAYBE_MARKS = re.compile("[\u0300-\U0010ffff]{%d,}" % (MAX_COMBINING + 1))
-
-
-def _has_long_combining_run(text):
-    for candidate in _MAYBE_MARKS.finditer(text):
-        run = 0
-        for ch in candidate.group():
-            run = run + 1 if unicodedata.category(ch).startswith("M") else 0
-            if run > MAX_COMBINING:
-                return True
-    return False
-
-
-def cut(text, limit):
-    """At most `limit` UTF-8 bytes on a character boundary, the cut marked with '…'."""
-    data = text.encode("utf-8", "surrogatepass")
-    if len(data) <= limit:
-        return text
-    marker = "…".encode("utf-8")
-    room = limit - len(marker) if limit >= len(marker) else limit
-    head = data[:room].decode("utf-8", "ignore")
-    return head + ("…" if limit >= len(marker) else "")
-
-
-def clean(text, limit):
-    """Cut before it is sanitized too: a long string costs no more than its first `limit`."""
-    return cut(sanitize(cut(text[:limit + 1], limit)), limit)
-
-
-def quote(text):
-    return '"' + sanitize(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def now():
@@ -1163,7 +1087,7 @@ def class_outcome(config, tool):
 #
 # Owns: reading the config file and the files it trusts (manifests, the database), the fields
 # that decide and their defaults, and the policy identity. How a server is reached decides
-# nothing: the `transport` section 16's load_config hands read_config reads it, in one pass.
+# nothing: the `transport` section 17's load_config hands read_config reads it, in one pass.
 # Promises: a config is used only if it is a regular file owned by this user that nobody else
 # can write; it passes the canonical boundary check (so a repeated key cannot be read two
 # ways); every unknown field anywhere is refused with its path; a server whose arguments reach
@@ -1262,7 +1186,7 @@ class Rule:
 
 
 class Server:
-    """One upstream MCP server; `transport` (section 16) reads how it is reached onto it."""
+    """One upstream MCP server; `transport` (section 17) reads how it is reached onto it."""
 
     FIELDS = ("name", "command", "url", "headers", "oauth", "env", "inherit_env",
               "connect_timeout", "default_timeout", "manifest", "rules", "skip_path_check", "cwd")
@@ -1485,7 +1409,7 @@ def check_reach(config):
 # is offered as pinned; its annotations do not contradict its class (unless the rule allows
 # it); a high lint finding is accepted by the rule for exactly that text; its name is usable;
 # its schema is self-contained, usable, and soundly hides what the rule hides. A refusal
-# refuses only that tool; the report load_all passes in (Report, section 22) says why.
+# refuses only that tool; the report load_all passes in (Report, section 23) says why.
 # A problem of one server (LoadError) hides only that server; a ConfigError stops every server.
 # Hiding a server never lets a call through that would otherwise be refused.
 # =============================================================================================
@@ -1645,7 +1569,7 @@ def pinned_for(server):
     return manifest
 
 
-# The lint's severities (section 15 finds them): a high finding refuses a tool unless its
+# The lint's severities (section 16 finds them): a high finding refuses a tool unless its
 # rule's accepted_description is the lint_hash of exactly the texts it read.
 LINT_HIGH, LINT_MEDIUM = "high", "medium"
 
@@ -1961,7 +1885,7 @@ SLOT_PROSE = {
 }
 
 # The status tool: its description, and every sentence of what it says (status_answer,
-# describe_approval and approved_fate, in section 19, pick among them).
+# describe_approval and approved_fate, in section 20, pick among them).
 STATUS_DESCRIPTION = (
     "Reports which requests of this session wait for an operator's approval, or, given the "
     "approval id a pending answer named, what became of that request: pending, approved, "
@@ -2307,7 +2231,7 @@ def result_summary(tool, record, withheld_over=0):
 # Reads as: decision core
 #
 # Owns: the SQLite file, every statement that changes it, and the reads the gate decides with
-# (what people read besides is section 17's Ledger).
+# (what people read besides is section 18's Ledger).
 # Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema off; files created 0600 and
 # refused when others can write them; every state change is written in a BEGIN IMMEDIATE
 # transaction together with its events, hash-chained across all runs and all processes; what
@@ -2316,7 +2240,7 @@ def result_summary(tool, record, withheld_over=0):
 # Migration stays here, as data: a new database is migrated from version 0 by the same SCHEMA
 # statements as an old one, so no second path makes the tables the gate decides with. Versions
 # 3 to 5 add no table and rewrite nothing (the chain binds the old rows); Ledger.steps and
-# event_parts (section 17) read the older shapes. tests/test_migration.py and
+# event_parts (section 18) read the older shapes. tests/test_migration.py and
 # tests/test_compact_record.py migrate dumps of versions 1 and 4.
 # =============================================================================================
 
@@ -2513,7 +2437,7 @@ class Tx:
 
     def flush(self):
         """Chain each run's parts as one event: a part alone as itself, several as one
-        call.began, call.changed or call.ended event (event_parts, section 17, reads both)."""
+        call.began, call.changed or call.ended event (event_parts, section 18, reads both)."""
         for run_id, parts in self.parts.items():
             if len(parts) == 1:
                 type_, step_id, payload = parts[0]
@@ -3095,7 +3019,7 @@ class Store:
 # over, and a mutating call it cut off waits for an operator. Everything is recorded before it
 # is sent, except a read allowed with no limit or grant to consult, recorded whole after it
 # answers. Limits are decided inside the transaction that starts the execution.
-# Reaches out through two seams only: the upstream's `call` (section 16) and `announce`.
+# Reaches out through two seams only: the upstream's `call` (section 17) and `announce`.
 # =============================================================================================
 
 HOLD_POLL = 0.2
@@ -3173,7 +3097,7 @@ class Gate:
         # run listed here is never taken over by this process, whatever its lease says.
         self.active = set()
         self.stopping = threading.Event()
-        # The seam to what tells the operator an approval waits (section 21), registered by
+        # The seam to what tells the operator an approval waits (section 22), registered by
         # serve: announce(approval, tool, run_id).
         self.announce = lambda approval, tool, run_id: None
         # Registered names of the tools whose server changed them while serving (ToolWatch):
@@ -3802,7 +3726,7 @@ def _policy_record(decision, facts, approved=False):
 # Owns: the host's conversation on stdin and stdout as far as it decides calls: framing,
 # batches, tools/list, tools/call on at most MAX_IN_FLIGHT worker threads, cancellation and
 # shutdown. What decides no call (initialize's answer, ping, progress, the status tool) is
-# section 20's, handed in by serve.
+# section 21's, handed in by serve.
 # Promises: stdout carries only protocol, one JSON-RPC message per line, written under one
 # lock; the first request is answered at once, even while the servers start; every request
 # gets exactly one well-formed answer: a malformed or oversized line, a batch member that is
@@ -3865,7 +3789,7 @@ class Workers:
 
 
 class HostServer:
-    """One host session. `around` (section 20's HostAround) answers the requests and
+    """One host session. `around` (section 21's HostAround) answers the requests and
     notifications not about tools and relays a call's progress."""
 
     def __init__(self, stdin, stdout, around):
@@ -4464,7 +4388,104 @@ def pretty_json(value, indent="  ", level=0, flat=None):
 
 
 # =============================================================================================
-# 11. ECMA-262 patterns
+# 11. Text safe to show
+#
+# Reads as: library
+#
+# Contract: sanitize(text), text or UTF-8 bytes (an invalid byte reads U+FFFD), returns it as
+# it is unless it holds one of these, each then shown as visible ASCII, so that nothing a
+# server, a model or a file chose can move the cursor, reorder a line, hide text or draw a
+# line of its own: \r and \n become a space; the other C0 and C1 controls and DEL read \xNN;
+# a lone surrogate reads U+FFFD; the bidi controls, the zero-width and joining characters, the
+# soft hyphen, U+180E, U+FEFF, the line and paragraph separators and the tag characters
+# (INVISIBLE) read \u{XXXX}; a run of more than MAX_COMBINING combining marks keeps its first
+# ones, the rest counted as "[+N combining marks dropped]". It drops or reorders nothing else,
+# and sanitizing twice changes nothing. cut(text, limit) keeps at most `limit` UTF-8 bytes, cut
+# on a character boundary and marked with '…'; clean(text, limit) sanitizes and cuts at the
+# cost of `limit`; quote(text) sanitizes into double quotes, escaping `"` and `\`.
+# Differential test: tests/test_sanitize_differential.py sanitizes every code point assigned
+# in both Python's and node's Unicode, alone and in a run, and finds it kept, escaped or
+# counted as node's Unicode properties say (the list is in the test), save the few it names.
+# =============================================================================================
+
+INVISIBLE = (set(range(0x202A, 0x202F)) | set(range(0x2066, 0x206A)) | {0x061C, 0x200E, 0x200F}
+             | set(range(0x200B, 0x200E)) | set(range(0x2060, 0x2065))
+             | {0xFEFF, 0x00AD, 0x180E, 0x2028, 0x2029} | set(range(0xE0000, 0xE0080)))
+_NEEDS_CARE = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
+                         "\u2060-\u2064\u2066-\u2069\ufeff\U000e0000-\U000e007f\ud800-\udfff]")
+MAX_COMBINING = 4
+
+
+def sanitize(text):
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if not _NEEDS_CARE.search(text) and not _has_long_combining_run(text):
+        return text
+    out, marks, dropped = [], 0, 0
+    for ch in text:
+        code = ord(ch)
+        if unicodedata.category(ch).startswith("M"):
+            marks += 1
+            if marks > MAX_COMBINING:
+                dropped += 1
+                continue
+            out.append(ch)
+            continue
+        if dropped:
+            out.append(f"[+{dropped} combining marks dropped]")
+        marks, dropped = 0, 0
+        if ch in "\r\n":
+            out.append(" ")
+        elif code < 0x20 or 0x7F <= code <= 0x9F:
+            out.append(f"\\x{code:02x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append("\ufffd")
+        elif code in INVISIBLE:
+            out.append(f"\\u{{{code:04x}}}")
+        else:
+            out.append(ch)
+    if dropped:
+        out.append(f"[+{dropped} combining marks dropped]")
+    return "".join(out)
+
+
+# Every combining mark is at or above U+0300: only runs of such characters are looked at one
+# by one, so plain text costs one scan in C.
+_MAYBE_MARKS = re.compile("[\u0300-\U0010ffff]{%d,}" % (MAX_COMBINING + 1))
+
+
+def _has_long_combining_run(text):
+    for candidate in _MAYBE_MARKS.finditer(text):
+        run = 0
+        for ch in candidate.group():
+            run = run + 1 if unicodedata.category(ch).startswith("M") else 0
+            if run > MAX_COMBINING:
+                return True
+    return False
+
+
+def cut(text, limit):
+    """At most `limit` UTF-8 bytes on a character boundary, the cut marked with '…'."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    marker = "…".encode("utf-8")
+    room = limit - len(marker) if limit >= len(marker) else limit
+    head = data[:room].decode("utf-8", "ignore")
+    return head + ("…" if limit >= len(marker) else "")
+
+
+def clean(text, limit):
+    """Cut before it is sanitized too: a long string costs no more than its first `limit`."""
+    return cut(sanitize(cut(text[:limit + 1], limit)), limit)
+
+
+def quote(text):
+    return '"' + sanitize(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+# =============================================================================================
+# 12. ECMA-262 patterns
 #
 # Reads as: library
 #
@@ -4899,7 +4920,7 @@ class PatternWork:
 
 
 # =============================================================================================
-# 12. JSON Schema
+# 13. JSON Schema
 #
 # Reads as: library
 #
@@ -4909,10 +4930,10 @@ class PatternWork:
 # older spellings (items as a list, additionalItems, dependencies, draft-04's boolean
 # exclusiveMinimum/Maximum); `format` and unknown keywords are ignored. schema_problem(schema)
 # says why validate cannot use a schema, or '': a keyword of the wrong shape, a pattern
-# section 11 refuses, a $ref that finds nothing, or unevaluatedProperties, unevaluatedItems,
+# section 12 refuses, a $ref that finds nothing, or unevaluatedProperties, unevaluatedItems,
 # $dynamicRef or $recursiveRef. Numbers compare as exact decimals of their literals (an
 # integer is a number with no fraction); enum, const and uniqueItems compare JSON values.
-# `pattern` searches as ECMA-262 does (section 11); one call's searches, its schema check's and
+# `pattern` searches as ECMA-262 does (section 12); one call's searches, its schema check's and
 # its policy's, share one PatternWork, and a search it cannot pay for raises PatternCost,
 # which passes through anyOf, oneOf, not and if: a value too costly to check is never taken
 # for one that does not match. A $ref cycle that reads no deeper into the value raises
@@ -5255,7 +5276,7 @@ def _validate_object(schema, value, root, where, work):
 
 
 # =============================================================================================
-# 13. Hosts in URLs
+# 14. Hosts in URLs
 #
 # Reads as: library
 #
@@ -5365,7 +5386,7 @@ def url_place(value):
 
 
 # =============================================================================================
-# 14. Paths as the kernel resolves them
+# 15. Paths as the kernel resolves them
 #
 # Reads as: library
 #
@@ -5464,7 +5485,7 @@ def _named_two_ways(parents, name):
 
 
 # =============================================================================================
-# 15. The lint
+# 16. The lint
 #
 # Reads as: around the core
 #
@@ -5696,7 +5717,7 @@ def lint_manifests(manifests):
 
 
 # =============================================================================================
-# 16. Upstream servers
+# 17. Upstream servers
 #
 # Reads as: around the core
 #
@@ -6347,7 +6368,7 @@ def mcp_sdk_for(server):
 
 
 # OAuth, through the mcp package's own client (discovery, registration, PKCE, refresh). Only
-# `login`, an operator command, ever asks a person (section 25); the serving gate attaches
+# `login`, an operator command, ever asks a person (section 26); the serving gate attaches
 # what login left and refreshes it, and a server it cannot authorize is not served.
 LOGIN_NEEDED = "the server asks for an authorization the gate does not hold, or holds no longer"
 # Never used to receive anything: the serving gate's client has no way to ask a person.
@@ -6954,7 +6975,7 @@ def handshake_and_list(upstream, deadline):
 
 
 # =============================================================================================
-# 17. Reading the record
+# 18. Reading the record
 #
 # Reads as: around the core
 #
@@ -7146,7 +7167,7 @@ class Ledger(Store):
 
 
 # =============================================================================================
-# 18. Tool changes while serving
+# 19. Tool changes while serving
 #
 # Reads as: around the core
 #
@@ -7293,14 +7314,14 @@ def tools_changed_text(payload):
 
 
 # =============================================================================================
-# 19. The status tool
+# 20. The status tool
 #
 # Reads as: around the core
 #
 # Owns: the status tool's answer: the approvals of this session and what became of them.
 # Core it calls: Store.latest_approval, step_outcome, outcome_text, and Answer, answer and
 # gate_status to build its answer from section 6's tables; it reads the rest through the
-# Ledger (section 17) serve opens.
+# Ledger (section 18) serve opens.
 # Promises: it tells the model what waits and what was decided, never a command, the database,
 # the config or a run id; recorded text from servers is sanitized.
 # =============================================================================================
@@ -7413,7 +7434,7 @@ def approved_fate(gate, approval):
 
 
 # =============================================================================================
-# 20. The host's other requests
+# 21. The host's other requests
 #
 # Reads as: around the core
 #
@@ -7424,7 +7445,7 @@ def approved_fate(gate, approval):
 # Core it calls: Progress, answer, and HostServer's send and protocol.
 # Promises: a call's progress (the gate's while it holds the call, then the server's) reaches
 # the host under the host's token, only increasing, and nothing more once the host cancelled
-# the call; the host is told once of a tool its server changed while serving (section 18), and
+# the call; the host is told once of a tool its server changed while serving (section 19), and
 # only after it said notifications/initialized (before, its first tools/list sees the change).
 # =============================================================================================
 
@@ -7489,7 +7510,7 @@ class StatusTool:
 
 
 # =============================================================================================
-# 21. Notify
+# 22. Notify
 #
 # Reads as: around the core
 #
@@ -7578,14 +7599,14 @@ class Notifier:
 
 
 # =============================================================================================
-# 22. Pins and load reports
+# 23. Pins and load reports
 #
 # Reads as: around the core
 #
 # Owns: writing a server's manifest (pin), and the lines of a load report (Report, which load
 # tells what became of each tool) and of a change.
 # Core it calls: manifest_entry, changed_parts, compared_part, rule_outcome, rule_lines;
-# section 16's write_private.
+# section 17's write_private.
 # Promises: server-chosen names are sanitized in every report line.
 # =============================================================================================
 
@@ -7764,7 +7785,7 @@ def log_reports(reports):
 
 
 # =============================================================================================
-# 23. The command line's flags
+# 24. The command line's flags
 #
 # Reads as: around the core
 #
@@ -7880,7 +7901,7 @@ def text_argument(value):
 
 
 # =============================================================================================
-# 24. Operator commands
+# 25. Operator commands
 #
 # Reads as: around the core
 #
@@ -7893,7 +7914,7 @@ def text_argument(value):
 # revoke_grant), config_path, check_database_path, check_reach, read_manifest,
 # Tool, check_arguments, evaluate, approval_hash, decision_facts, last_attempt,
 # confirmed_conditions, parse_conditions, pointer_problem, step_outcome, outcome_text, stored_hash,
-# block_bytes, event_hash; section 16's load_config.
+# block_bytes, event_hash; section 17's load_config.
 # Promises: approve and reject print the approval in full and decide bound to the hash of
 # exactly what they printed, so a row that changed after it was shown is refused; a printout
 # that shortened a long value decides nothing until -full shows every byte; the late outcome
@@ -9185,7 +9206,7 @@ def recheck_line(e):
 
 
 # =============================================================================================
-# 25. Setup
+# 26. Setup
 #
 # Reads as: around the core
 #
@@ -9194,8 +9215,8 @@ def recheck_line(e):
 # servers (one database for all), pins them and proposes a rule per tool from the server's own
 # hints; and the acceptance of those proposals. And `login`, the OAuth authorization of a url
 # server: the only command that opens a port (on 127.0.0.1, while it waits for the browser).
-# Core it calls: config_path, Server, check_reach, read_owned; section 16's load_config,
-# read_transport, shown_url and write_private; section 21's operator_hint; section 22's pin.
+# Core it calls: config_path, Server, check_reach, read_owned; section 17's load_config,
+# read_transport, shown_url and write_private; section 22's operator_hint; section 23's pin.
 # Promises: a config is written 0600; run again, init adds the servers new in its host's file
 # and changes no other byte; a secret in a server's env or headers goes into the config and into
 # no output; a tool is offered only once its proposed rule was accepted; a project's servers
@@ -9790,15 +9811,15 @@ class LoopbackRedirect:
 
 
 # =============================================================================================
-# 26. Pin and check
+# 27. Pin and check
 #
 # Reads as: around the core
 #
 # Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin, and each
 # server's and tool's standing, before any host is pointed at the gate.
 # Core it calls: config_path, check_database_path, check_reach, Store, read_manifest,
-# lint_hash; load_config, load_all and write_private (section 16), lint_lines (section 15)
-# and tool_changes (section 18).
+# lint_hash; load_config, load_all and write_private (section 17), lint_lines (section 16)
+# and tool_changes (section 19).
 # Promises: pin -diff changes a manifest only after a yes; check exits 1 while anything is
 # refused, unreviewed or unserved.
 # =============================================================================================
@@ -9973,7 +9994,7 @@ def load_warnings(reports):
 
 
 # =============================================================================================
-# 27. Fake payment server
+# 28. Fake payment server
 #
 # Reads as: around the core
 #
@@ -10091,7 +10112,7 @@ def fake_payments():
 
 
 # =============================================================================================
-# 28. Demonstration
+# 29. Demonstration
 #
 # Reads as: around the core
 #
@@ -10100,7 +10121,7 @@ def fake_payments():
 # run as separate processes in a temporary directory, as they would for a person.
 # Promises: every step says what the model sees; the demo exits non-zero if any step did not
 # behave as narrated, and it ends only after every process it started has exited.
-# Core it calls: nothing: it writes with section 16's write_private and runs everything else
+# Core it calls: nothing: it writes with section 17's write_private and runs everything else
 # as agentgate's own commands, in processes.
 # =============================================================================================
 
@@ -10359,7 +10380,7 @@ def _processes_mentioning(text):
 
 
 # =============================================================================================
-# 29. Main
+# 30. Main
 #
 # Reads as: around the core
 #
@@ -10367,9 +10388,9 @@ def _processes_mentioning(text):
 # the upstreams, the gate, the host side and the seams around them. Go-style single-dash long
 # flags (-config, -approval); the double-dash spelling works too. Exit codes: 0 ok, 1 failure,
 # 2 usage. No traceback reaches a user: every expected failure is one sentence on stderr.
-# Core it calls: Store (opened as section 17's Ledger, which the status tool reads), Gate,
-# HostServer, and the seams: the gate's `announce` (section 21's announce_waiting) and the
-# host's `around` and `status` (section 20's HostAround and StatusTool).
+# Core it calls: Store (opened as section 18's Ledger, which the status tool reads), Gate,
+# HostServer, and the seams: the gate's `announce` (section 22's announce_waiting) and the
+# host's `around` and `status` (section 21's HostAround and StatusTool).
 # =============================================================================================
 
 class Shutdown(Exception):
