@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3961 lines of decision core, read first; then the libraries it relies on, each
+Sections (3917 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -30,7 +30,7 @@ because the configuration is read with its parser.
 
      1. Framing                                      decision core      102
      2. Text, times and fields                       decision core      202
-     3. Policy on what a call does                   decision core      664
+     3. Policy on what a call does                   decision core      620
      4. Configuration and its trust                  decision core      316
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
@@ -41,8 +41,8 @@ because the configuration is read with its parser.
     11. Text safe to show                            library             97
     12. ECMA-262 patterns                            library            435
     13. JSON Schema                                  library            356
-    14. Hosts in URLs                                library            110
-    15. Paths as the kernel resolves them            library             99
+    14. Hosts in URLs                                library            145
+    15. Paths as the kernel resolves them            library            118
     16. The lint                                     around the core    232
     17. Upstream servers                             around the core   1258
     18. Reading the record                           around the core    192
@@ -466,7 +466,6 @@ MISSING = object()  # what a pointer finds where the arguments have nothing
 NEVER = math.inf    # when a limit frees up for a call that is alone above it
 _INDEX_RE = re.compile(r"0|[1-9][0-9]{0,8}")
 _CLOCK_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])|24:00")
-_SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
 
 # What a decision depends on beyond the call. at: seconds since the epoch; client: the host's
 # name from initialize; grants(): the Grants in force (read only when a decision would wait);
@@ -536,49 +535,6 @@ def number_text(value):
     """An exact decimal as people write it: 50.00 stays 50.00, 1E+2 reads 100."""
     text = format(value, "f")
     return text if len(text) <= 40 else str(value)
-
-
-def host_matches(scheme, host, entries):
-    for entry in entries:
-        wanted, sep, name = entry.partition("://")
-        if not sep:
-            wanted, name = scheme, entry
-        if wanted == scheme and (host.endswith(name) if name.startswith(".") else host == name):
-            return True
-    return False
-
-
-def host_entry(entry, with_scheme, where):
-    """A host_in or host_not_in entry as it is compared. Only host_in takes a scheme: in
-    host_not_in it would let the same host through under every other scheme."""
-    scheme, sep, name = entry.partition("://") if isinstance(entry, str) else ("", "", entry)
-    scheme, name = (scheme.lower(), name) if sep else ("", entry)
-    dot = "." if isinstance(name, str) and name.startswith(".") else ""
-    host = normal_host(name[1:] if dot else name) if isinstance(name, str) else None
-    if host is None or (dot and ":" in host) or (scheme and not _SCHEME_RE.fullmatch(scheme)):
-        raise ConfigError(f"{where}: {quote(str(entry))} is not a host name; write it like "
-                          f'"example.com", or ".example.com" for its subdomains')
-    if scheme and not with_scheme:
-        raise ConfigError(f"{where}: {quote(entry)} names a scheme, which only host_in may "
-                          f'require (as "https://example.com"); write host_not_in entries like '
-                          f'"example.com"')
-    return scheme + sep + dot + host
-
-
-def resolved_root(text, where):
-    """A directory an `under` condition names, resolved once, at load."""
-    if not isinstance(text, str) or not text or "\x00" in text:
-        raise ConfigError(f"{where}: under lists directories as non-empty strings")
-    path = os.path.expanduser("~") + text[1:] if text == "~" or text.startswith("~/") else text
-    if not path.startswith("/"):
-        raise ConfigError(f"{where}: {quote(text)} is relative; write the directory as an "
-                          f"absolute path or one starting with ~/")
-    root = resolved_path(os.path.normpath(path))
-    if root is None:
-        raise ConfigError(f"{where}: {quote(text)} cannot be resolved as a server would (it "
-                          f"goes through /proc, a loop or too many links, or is named two "
-                          f"ways); name the directory itself")
-    return root
 
 
 class Condition:
@@ -5283,9 +5239,14 @@ def _validate_object(schema, value, root, where, work):
 # Contract: url_place(value) reads a URL as a WHATWG parser (browsers, node) would, and returns
 # its scheme and host, or nothing where the host could be read two ways (one_reading: a
 # non-ASCII host that is not stable under case folding and NFKC, letters outside Unicode 3.2,
-# right-to-left letters, a leading combining mark, the letters node ignores). Differential
-# test: tests/test_edges_paths.py reads every code point of planes 0, 1 and 14 in a host as
-# node's URL does, and finds no host read as another.
+# right-to-left letters, a leading combining mark, the letters node ignores). host_entry
+# reads a host_in or host_not_in entry ("example.com", ".example.com" for its subdomains only,
+# "https://example.com" where a scheme may be required) in that same form, or raises
+# ConfigError; host_matches(scheme, host, entries) holds when the host equals an entry or is a
+# subdomain of a dotted one, under the entry's scheme if it names one. Differential test:
+# tests/test_edges_paths.py reads every code point of planes 0, 1 and 14 in a host as node's
+# URL does, and finds no host read as another; and host_matches answers for generated URLs
+# and entries as comparing node's readings of both does.
 # =============================================================================================
 
 _LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
@@ -5385,6 +5346,36 @@ def url_place(value):
     return None if host is None else (parts.scheme, host)
 
 
+_SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
+
+
+def host_matches(scheme, host, entries):
+    for entry in entries:
+        wanted, sep, name = entry.partition("://")
+        if not sep:
+            wanted, name = scheme, entry
+        if wanted == scheme and (host.endswith(name) if name.startswith(".") else host == name):
+            return True
+    return False
+
+
+def host_entry(entry, with_scheme, where):
+    """A host_in or host_not_in entry as it is compared. Only host_in takes a scheme: in
+    host_not_in it would let the same host through under every other scheme."""
+    scheme, sep, name = entry.partition("://") if isinstance(entry, str) else ("", "", entry)
+    scheme, name = (scheme.lower(), name) if sep else ("", entry)
+    dot = "." if isinstance(name, str) and name.startswith(".") else ""
+    host = normal_host(name[1:] if dot else name) if isinstance(name, str) else None
+    if host is None or (dot and ":" in host) or (scheme and not _SCHEME_RE.fullmatch(scheme)):
+        raise ConfigError(f"{where}: {quote(str(entry))} is not a host name; write it like "
+                          f'"example.com", or ".example.com" for its subdomains')
+    if scheme and not with_scheme:
+        raise ConfigError(f"{where}: {quote(entry)} names a scheme, which only host_in may "
+                          f'require (as "https://example.com"); write host_not_in entries like '
+                          f'"example.com"')
+    return scheme + sep + dot + host
+
+
 # =============================================================================================
 # 15. Paths as the kernel resolves them
 #
@@ -5393,9 +5384,12 @@ def url_place(value):
 # Contract: resolved_path(path) resolves a path as the kernel would for a server, following
 # links one component at a time (at most MAX_LINKS), without realpath; /proc, a loop, too many
 # links, a file used as a directory, and a name another entry of its directory equals under
-# NFKC resolve to nothing, and such a path lies under no directory (path_under). Differential
-# test: tests/test_edges_paths.py writes generated paths through the kernel and through the npm
-# filesystem server and checks none lands outside what path_under allowed.
+# NFKC resolve to nothing, and such a path lies under no directory (path_under).
+# resolved_root(text, where) reads a directory an `under` condition names, absolute or from
+# `~/`, normalised as written and then resolved so, or raises ConfigError. Differential test:
+# tests/test_edges_paths.py writes generated paths through the kernel and through the npm
+# filesystem server and checks none lands outside what path_under allowed, and finds each
+# generated root resolved where the kernel resolves it, or refused.
 # =============================================================================================
 
 PATH_MAX = 4096  # the longest path the kernel opens; no server reaches a longer one
@@ -5482,6 +5476,22 @@ def _named_two_ways(parents, name):
     key = unicodedata.normalize("NFKC", name)
     return any(entry != name and unicodedata.normalize("NFKC", entry) == key
                for entry in entries)
+
+
+def resolved_root(text, where):
+    """A directory an `under` condition names, resolved once, at load."""
+    if not isinstance(text, str) or not text or "\x00" in text:
+        raise ConfigError(f"{where}: under lists directories as non-empty strings")
+    path = os.path.expanduser("~") + text[1:] if text == "~" or text.startswith("~/") else text
+    if not path.startswith("/"):
+        raise ConfigError(f"{where}: {quote(text)} is relative; write the directory as an "
+                          f"absolute path or one starting with ~/")
+    root = resolved_path(os.path.normpath(path))
+    if root is None:
+        raise ConfigError(f"{where}: {quote(text)} cannot be resolved as a server would (it "
+                          f"goes through /proc, a loop or too many links, or is named two "
+                          f"ways); name the directory itself")
+    return root
 
 
 # =============================================================================================
