@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3917 lines of decision core, read first; then the libraries it relies on, each
+Sections (3866 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -30,7 +30,7 @@ because the configuration is read with its parser.
 
      1. Framing                                      decision core      102
      2. Text, times and fields                       decision core      202
-     3. Policy on what a call does                   decision core      620
+     3. Policy on what a call does                   decision core      569
      4. Configuration and its trust                  decision core      316
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
@@ -40,7 +40,7 @@ because the configuration is read with its parser.
     10. Canonical JSON                               library            314
     11. Text safe to show                            library             97
     12. ECMA-262 patterns                            library            435
-    13. JSON Schema                                  library            356
+    13. JSON Schema                                  library            417
     14. Hosts in URLs                                library            145
     15. Paths as the kernel resolves them            library            118
     16. The lint                                     around the core    232
@@ -462,9 +462,7 @@ CONDITIONS = ("equals", "in", "not_in", "pattern", "min", "max", "max_length", "
 ENTRY_FIELDS = ("if", "during", "client", "outcome", "reason")
 LIMIT_FIELDS = ("calls", "sum", "max", "per", "then")
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
-MISSING = object()  # what a pointer finds where the arguments have nothing
-NEVER = math.inf    # when a limit frees up for a call that is alone above it
-_INDEX_RE = re.compile(r"0|[1-9][0-9]{0,8}")
+NEVER = math.inf  # when a limit frees up for a call that is alone above it
 _CLOCK_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])|24:00")
 
 # What a decision depends on beyond the call. at: seconds since the epoch; client: the host's
@@ -472,55 +470,6 @@ _CLOCK_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])|24:00")
 # uses(since): the tool's executions after `since`, as (seconds, {sum pointer: amount}), or
 # None when no limit is counted (the decision only steers the rules, or an operator decided).
 Facts = collections.namedtuple("Facts", "at client grants uses")
-
-
-def parse_pointer(text, where):
-    """A JSON Pointer (RFC 6901) into the arguments, as its unescaped tokens."""
-    if not isinstance(text, str) or not text.startswith("/"):
-        raise ConfigError(f'{where}: {quote(str(text))} is not a JSON Pointer into the '
-                          f'arguments; write it like "/amount" or "/payee/name"')
-    if re.search("~(?![01])", text):
-        raise ConfigError(f"{where}: {quote(text)} has a '~' that is not ~0 or ~1; write ~0 "
-                          f"for '~' and ~1 for '/'")
-    return tuple(t.replace("~1", "/").replace("~0", "~") for t in text[1:].split("/"))
-
-
-def resolve_pointer(args, tokens, schema):
-    """The value at a pointer as the server reads it: where the arguments lack it but hold
-    its parent object, the default `schema` gives it (an omitted amount is paid at its
-    default); else MISSING."""
-    value, node = args, schema
-    for token in tokens:
-        parent = value
-        if isinstance(value, dict) and token in value:
-            value = value[token]
-        elif isinstance(value, list) and _INDEX_RE.fullmatch(token) and int(token) < len(value):
-            value = value[int(token)]
-        else:
-            value = MISSING
-        try:
-            node = schema_child(schema, node, token)
-        except SchemaError:  # a default behind a $ref that points at nothing is no default
-            node = None
-        if value is MISSING:
-            if not isinstance(parent, dict) or not isinstance(node, dict) or \
-                    "default" not in node:
-                return MISSING
-            value = node["default"]
-    return value
-
-
-def schema_child(schema, node, token):
-    """The part of `schema` describing `token` inside what `node` describes, or None; raises
-    SchemaError for a $ref that points at nothing."""
-    if isinstance(node, dict) and isinstance(node.get("$ref"), str):
-        node = resolve_ref(schema, node["$ref"])
-    if not isinstance(node, dict):
-        return None
-    properties = node.get("properties")
-    if isinstance(properties, dict) and token in properties:
-        return properties[token]
-    return node["items"] if "items" in node and _INDEX_RE.fullmatch(token) else None
 
 
 def parse_decimal(value, where):
@@ -4894,10 +4843,18 @@ class PatternWork:
 # which passes through anyOf, oneOf, not and if: a value too costly to check is never taken
 # for one that does not match. A $ref cycle that reads no deeper into the value raises
 # RecursionError.
-# Differential test: tests/test_schema_differential.py gives a seeded corpus of 2020-12
+# JSON Pointers (RFC 6901): parse_pointer(text, where) reads one into its tokens (`~1` is `/`,
+# `~0` is `~`), or raises ConfigError for one that does not begin with `/` or has another `~`;
+# resolve_pointer(value, tokens, schema) finds an object's member, or an array's item at an
+# index written without a leading zero; where it is missing but its parent is an object, the
+# default of the schema's part for it (schema_child: through properties, items and $ref),
+# else MISSING.
+# Differential tests: tests/test_schema_differential.py gives a seeded corpus of 2020-12
 # schemas and values to validate and to the jsonschema package's Draft202012Validator and
 # finds the same accept or reject for each; what differs on purpose (exact decimals, ECMA-262
-# patterns, the older spellings) is kept out of the corpus and said there.
+# patterns, the older spellings) is kept out of the corpus and said there;
+# tests/test_pointer_differential.py resolves generated pointers (escapes, indexes, missing
+# paths) into generated documents, and $refs in schemas, as the referencing package does.
 # =============================================================================================
 
 JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
@@ -5027,6 +4984,59 @@ def resolve_ref(root, ref):
         else:
             raise SchemaError(f"$ref {quote(ref)} points at nothing in the schema")
     return node
+
+
+MISSING = object()  # what a pointer finds where the arguments have nothing
+_INDEX_RE = re.compile(r"0|[1-9][0-9]{0,8}")
+
+
+def parse_pointer(text, where):
+    """A JSON Pointer (RFC 6901) into the arguments, as its unescaped tokens."""
+    if not isinstance(text, str) or not text.startswith("/"):
+        raise ConfigError(f'{where}: {quote(str(text))} is not a JSON Pointer into the '
+                          f'arguments; write it like "/amount" or "/payee/name"')
+    if re.search("~(?![01])", text):
+        raise ConfigError(f"{where}: {quote(text)} has a '~' that is not ~0 or ~1; write ~0 "
+                          f"for '~' and ~1 for '/'")
+    return tuple(t.replace("~1", "/").replace("~0", "~") for t in text[1:].split("/"))
+
+
+def resolve_pointer(args, tokens, schema):
+    """The value at a pointer as the server reads it: where the arguments lack it but hold
+    its parent object, the default `schema` gives it (an omitted amount is paid at its
+    default); else MISSING."""
+    value, node = args, schema
+    for token in tokens:
+        parent = value
+        if isinstance(value, dict) and token in value:
+            value = value[token]
+        elif isinstance(value, list) and _INDEX_RE.fullmatch(token) and int(token) < len(value):
+            value = value[int(token)]
+        else:
+            value = MISSING
+        try:
+            node = schema_child(schema, node, token)
+        except SchemaError:  # a default behind a $ref that points at nothing is no default
+            node = None
+        if value is MISSING:
+            if not isinstance(parent, dict) or not isinstance(node, dict) or \
+                    "default" not in node:
+                return MISSING
+            value = node["default"]
+    return value
+
+
+def schema_child(schema, node, token):
+    """The part of `schema` describing `token` inside what `node` describes, or None; raises
+    SchemaError for a $ref that points at nothing."""
+    if isinstance(node, dict) and isinstance(node.get("$ref"), str):
+        node = resolve_ref(schema, node["$ref"])
+    if not isinstance(node, dict):
+        return None
+    properties = node.get("properties")
+    if isinstance(properties, dict) and token in properties:
+        return properties[token]
+    return node["items"] if "items" in node and _INDEX_RE.fullmatch(token) else None
 
 
 def _type_of(value):
