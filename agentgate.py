@@ -38,11 +38,11 @@ because the configuration is read with its parser.
      8. The gate                                     decision core      718
      9. The host side                                decision core      355
     10. Canonical JSON                               library            314
-    11. Text safe to show                            library             97
-    12. ECMA-262 patterns                            library            435
-    13. JSON Schema                                  library            417
-    14. Hosts in URLs                                library            145
-    15. Paths as the kernel resolves them            library            118
+    11. Text safe to show                            library             91
+    12. ECMA-262 patterns                            library            429
+    13. JSON Schema                                  library            411
+    14. Hosts in URLs                                library            138
+    15. Paths as the kernel resolves them            library            109
     16. The lint                                     around the core    232
     17. Upstream servers                             around the core   1258
     18. Reading the record                           around the core    192
@@ -4297,20 +4297,15 @@ def pretty_json(value, indent="  ", level=0, flat=None):
 #
 # Reads as: library
 #
-# Contract: sanitize(text), text or UTF-8 bytes (an invalid byte reads U+FFFD), returns it as
-# it is unless it holds one of these, each then shown as visible ASCII, so that nothing a
-# server, a model or a file chose can move the cursor, reorder a line, hide text or draw a
-# line of its own: \r and \n become a space; the other C0 and C1 controls and DEL read \xNN;
-# a lone surrogate reads U+FFFD; the bidi controls, the zero-width and joining characters, the
-# soft hyphen, U+180E, U+FEFF, the line and paragraph separators and the tag characters
-# (INVISIBLE) read \u{XXXX}; a run of more than MAX_COMBINING combining marks keeps its first
-# ones, the rest counted as "[+N combining marks dropped]". It drops or reorders nothing else,
-# and sanitizing twice changes nothing. cut(text, limit) keeps at most `limit` UTF-8 bytes, cut
-# on a character boundary and marked with '…'; clean(text, limit) sanitizes and cuts at the
-# cost of `limit`; quote(text) sanitizes into double quotes, escaping `"` and `\`.
-# Differential test: tests/test_sanitize_differential.py sanitizes every code point assigned
-# in both Python's and node's Unicode, alone and in a run, and finds it kept, escaped or
-# counted as node's Unicode properties say (the list is in the test), save the few it names.
+# Contract: sanitize(text or UTF-8 bytes) shows as ASCII what could move the cursor, reorder
+# or hide text, or draw a line: \r and \n as a space, other C0/C1 controls and DEL as \xNN,
+# a lone surrogate (or invalid byte) as U+FFFD, the INVISIBLE characters (bidi controls,
+# zero-width, soft hyphen, U+180E, U+FEFF, U+2028/9, tags) as \u{XXXX}; past MAX_COMBINING
+# combining marks in a row, the rest are counted, not kept. Nothing else changes, and a second
+# pass changes nothing. cut keeps at most `limit` UTF-8 bytes, on a character boundary, marked
+# '…'; clean is both; quote puts sanitized text in double quotes, `"` and `\` escaped.
+# Differential test: tests/test_sanitize_differential.py finds every code point assigned in
+# Python's and node's Unicode kept, escaped or counted as node's Unicode properties say.
 # =============================================================================================
 
 INVISIBLE = (set(range(0x202A, 0x202F)) | set(range(0x2066, 0x206A)) | {0x061C, 0x200E, 0x200F}
@@ -4370,7 +4365,6 @@ def _has_long_combining_run(text):
 
 
 def cut(text, limit):
-    """At most `limit` UTF-8 bytes on a character boundary, the cut marked with '…'."""
     data = text.encode("utf-8", "surrogatepass")
     if len(data) <= limit:
         return text
@@ -4402,19 +4396,13 @@ def quote(text):
 # text the answer node's RegExp gives, and refuses what node rejects.
 # =============================================================================================
 
-# JSON Schema's `pattern` is ECMA-262 (read here with the u flag, no other flags), searched as
-# RegExp.test searches: compile_pattern(p).search(text) is True iff new RegExp(p, "u").test(text).
-# Python's re is neither that dialect (its \s, ., $ and {,2} mean other things, so a verdict
-# could let through what the server's own validator refuses) nor bounded in time (it
-# backtracks: ^(a+)+$ doubles its work per character while holding the interpreter's lock).
-# So a pattern is parsed to a tree of tuples, compiled to a Thompson NFA, and run as a DFA
-# built lazily from it, one cached transition per (state, character): nothing backtracks, and
-# the time is linear in the text. Refused at compile, with a PatternError: whatever ECMA-262
-# calls a SyntaxError, and the valid forms a DFA cannot run or bound: backreferences (\1,
-# \k<name>), lookaround ((?= (?! (?<= (?<!), property escapes (\p{..}), group names written
-# with escapes, repetition counts above 1000, groups nested more than 100 deep, and patterns
-# that compile to more than 10,000 NFA states. The text is read as code points, as the u flag
-# reads it.
+# Not Python's re: its dialect differs (\s, ., $, {,2}), so a verdict could pass what the
+# server's validator refuses, and it backtracks (^(a+)+$ doubles its work per character,
+# holding the interpreter's lock). A pattern is parsed to a tree of tuples, compiled to a
+# Thompson NFA and run as a DFA built lazily, one cached transition per (state, character),
+# over code points as the u flag reads them. Refused besides ECMA-262's SyntaxErrors, as a
+# DFA cannot run or bound them: backreferences, lookaround, \p{..}, escaped group names,
+# counts above 1000, groups nested over 100 deep, more than 10,000 NFA states.
 
 _MAX_CODE_POINT = 0x10FFFF
 _MAX_COUNT = 1000       # largest n or m accepted in {n,m}
@@ -4843,18 +4831,13 @@ class PatternWork:
 # which passes through anyOf, oneOf, not and if: a value too costly to check is never taken
 # for one that does not match. A $ref cycle that reads no deeper into the value raises
 # RecursionError.
-# JSON Pointers (RFC 6901): parse_pointer(text, where) reads one into its tokens (`~1` is `/`,
-# `~0` is `~`), or raises ConfigError for one that does not begin with `/` or has another `~`;
-# resolve_pointer(value, tokens, schema) finds an object's member, or an array's item at an
-# index written without a leading zero; where it is missing but its parent is an object, the
-# default of the schema's part for it (schema_child: through properties, items and $ref),
-# else MISSING.
-# Differential tests: tests/test_schema_differential.py gives a seeded corpus of 2020-12
-# schemas and values to validate and to the jsonschema package's Draft202012Validator and
-# finds the same accept or reject for each; what differs on purpose (exact decimals, ECMA-262
-# patterns, the older spellings) is kept out of the corpus and said there;
-# tests/test_pointer_differential.py resolves generated pointers (escapes, indexes, missing
-# paths) into generated documents, and $refs in schemas, as the referencing package does.
+# JSON Pointers (RFC 6901): parse_pointer reads one into tokens or raises ConfigError;
+# resolve_pointer finds a member, or an item at an index with no leading zero, else (under an
+# object) the default schema_child finds for it, else MISSING.
+# Differential tests: tests/test_schema_differential.py finds validate accepting and refusing
+# a seeded corpus as the jsonschema package's Draft202012Validator does (what differs on
+# purpose is kept out and said there); tests/test_pointer_differential.py finds pointers and
+# $refs resolved as the referencing package resolves them.
 # =============================================================================================
 
 JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
@@ -5002,9 +4985,8 @@ def parse_pointer(text, where):
 
 
 def resolve_pointer(args, tokens, schema):
-    """The value at a pointer as the server reads it: where the arguments lack it but hold
-    its parent object, the default `schema` gives it (an omitted amount is paid at its
-    default); else MISSING."""
+    """The value at a pointer as the server reads it (an omitted amount is paid at its
+    default)."""
     value, node = args, schema
     for token in tokens:
         parent = value
@@ -5250,13 +5232,11 @@ def _validate_object(schema, value, root, where, work):
 # its scheme and host, or nothing where the host could be read two ways (one_reading: a
 # non-ASCII host that is not stable under case folding and NFKC, letters outside Unicode 3.2,
 # right-to-left letters, a leading combining mark, the letters node ignores). host_entry
-# reads a host_in or host_not_in entry ("example.com", ".example.com" for its subdomains only,
-# "https://example.com" where a scheme may be required) in that same form, or raises
-# ConfigError; host_matches(scheme, host, entries) holds when the host equals an entry or is a
-# subdomain of a dotted one, under the entry's scheme if it names one. Differential test:
-# tests/test_edges_paths.py reads every code point of planes 0, 1 and 14 in a host as node's
-# URL does, and finds no host read as another; and host_matches answers for generated URLs
-# and entries as comparing node's readings of both does.
+# reads an entry ("example.com", ".example.com", "https://example.com") so, or raises
+# ConfigError; host_matches: the host is an entry or under a dotted one, in its scheme if any.
+# Differential test: tests/test_edges_paths.py reads every code point of planes 0, 1 and 14
+# in a host as node's URL does, finds no host read as another, and host_matches agreeing
+# with node's readings of generated URLs and entries.
 # =============================================================================================
 
 _LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
@@ -5265,11 +5245,10 @@ _URL_UNSAFE_RE = re.compile(r"[\x00-\x20\x7f\\]")
 
 
 def normal_host(host):
-    """A host as it is compared, or None when it is no host a client would reach one way
-    only: lower-case, IDNA-encoded, one trailing dot dropped, an IP address in its standard
-    form. A label a client reads as a number must make a whole dotted-quad address (so no
-    octal, hex or short forms), and a name must read the same through Python's IDNA 2003
-    codec and the UTS #46 mapping browsers and node apply (one_reading)."""
+    """A host as compared (lower-case, IDNA-encoded, one trailing dot dropped, an IP address
+    in its standard form), or None if a client could reach another: a numeric label must
+    make a whole dotted quad (no octal, hex or short forms), and a name must read one way
+    through IDNA 2003 and UTS #46 (one_reading)."""
     import ipaddress
     if not isinstance(host, str) or not host or "%" in host:
         return None
@@ -5306,15 +5285,11 @@ def normal_host(host):
 
 
 def one_reading(written, name):
-    """Whether a non-ASCII host name (`written`, and `name`, the same lower-cased or decoded
-    from its xn-- form) reads as the same name to every client. Python's IDNA 2003 codec
-    knows Unicode 3.2 and maps little; UTS #46 (browsers, node's URL) knows today's Unicode
-    and maps every compatibility form: node reads `loc\u1d43lhost` as localhost, and
-    `127.0.0.\U0001fbf1` as 127.0.0.1, where the codec passes both through. So each
-    character must be assigned in Unicode 3.2, the name must be its own case fold and NFKC
-    form (written upper-case, it must lower to that), no label may begin with a combining
-    mark, and no character may be right-to-left or an Arabic digit, whose rules the two
-    read differently. Anything else is no host, for host_in and host_not_in alike."""
+    """Whether a non-ASCII host name (`written`; `name`, lower-cased or decoded from xn--)
+    reads as one name to every client. Python's IDNA 2003 codec knows Unicode 3.2 and maps
+    little; UTS #46 (node, browsers) maps every compatibility form (`loc\u1d43lhost` is
+    localhost). So: assigned in Unicode 3.2, its own case fold and NFKC form, no label led
+    by a combining mark, nothing right-to-left or an Arabic digit (read differently)."""
     if unicodedata.normalize("NFKC", name.casefold()) != name or \
             unicodedata.normalize("NFKC", written.casefold()) != written.lower():
         return False
@@ -5394,11 +5369,10 @@ def host_entry(entry, with_scheme, where):
 # Contract: resolved_path(path) resolves a path as the kernel would for a server, following
 # links one component at a time (at most MAX_LINKS), without realpath; /proc, a loop, too many
 # links, a file used as a directory, and a name another entry of its directory equals under
-# NFKC resolve to nothing, and such a path lies under no directory (path_under).
-# resolved_root(text, where) reads a directory an `under` condition names, absolute or from
-# `~/`, normalised as written and then resolved so, or raises ConfigError. Differential test:
-# tests/test_edges_paths.py writes generated paths through the kernel and through the npm
-# filesystem server and checks none lands outside what path_under allowed, and finds each
+# NFKC resolve to nothing, and such a path lies under no directory (path_under);
+# resolved_root reads an `under` root so, normalised as written, or raises ConfigError.
+# Differential test: tests/test_edges_paths.py writes generated paths through the kernel and
+# the npm filesystem server, none landing outside what path_under allowed, and finds each
 # generated root resolved where the kernel resolves it, or refused.
 # =============================================================================================
 
@@ -5407,11 +5381,9 @@ MAX_LINKS = 40   # links followed in one lookup, as the kernel bounds them
 
 
 def path_under(value, roots):
-    """Whether a path lies inside one of the (already resolved) roots, both as written and as
-    this machine resolves it: `~` expanded, `.`, `..`, repeated and trailing slashes
-    normalised, and symbolic links followed where the path or a parent of it exists. A
-    relative path could be read against any directory, and a path the gate cannot resolve the
-    way a server will (resolved_path) could land anywhere: either lies under none."""
+    """Whether a path lies inside one of the resolved roots both as written (normalised,
+    `~` expanded) and as resolved_path reads it. A relative path, or one a server may read
+    otherwise, could land anywhere: it lies under none."""
     if not isinstance(value, str) or not value or "\x00" in value:
         return False
     if value == "~" or value.startswith("~/"):
@@ -5425,21 +5397,15 @@ def path_under(value, roots):
 
 
 def resolved_path(path):
-    """Where an absolute path leads on this machine, its links followed one component at a
-    time (and `..` taken after the link before it, as the kernel does), or None when the gate
-    cannot judge it the way a server will. Such a path is:
-    - one through /proc: its self, thread-self, cwd and fd links are read in the process
-      that opens the path, the server, not the gate;
-    - one that follows more than MAX_LINKS links, which is also how a loop ends (the kernel
-      answers ELOOP);
-    - one that goes through a file as a directory, or a directory the gate may not read;
-    - one with a component a server could take for another entry: servers match names after
-      Unicode normalisation (the filesystem server finds `li\u0308nk` as the entry `l\u00efnk`,
-      a link that leads elsewhere), so a component that does not exist byte for byte, and
-      one that is not ASCII, must have no other entry of its directory equal to it under NFKC
-      (which equates all that NFC and NFD equate, and the Kelvin sign with K).
-    Written out rather than left to os.path.realpath, whose reading of a loop followed by
-    more components changed between Python versions, and which recurses once per link."""
+    """Where an absolute path leads here, links followed one component at a time (`..` after
+    the link before it, as the kernel does), or None when a server may read it otherwise:
+    - through /proc: its self, cwd and fd links are the opening process's, the server's;
+    - past MAX_LINKS links, which is also how a loop ends (the kernel's ELOOP);
+    - through a file as a directory, or a directory the gate may not read;
+    - with a component that is not ASCII or not there byte for byte, and another entry of
+      its directory equal to it under NFKC: servers match names normalised (the filesystem
+      server finds `li\u0308nk` as the link `l\u00efnk`).
+    Not os.path.realpath: its reading of a loop changed between versions, and it recurses."""
     resolved, pending, links = [], path.split("/")[::-1], 0
     while pending:
         name = pending.pop()
