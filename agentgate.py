@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (4038 lines of decision core, read first; then the libraries it relies on, each
+Sections (3997 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -30,7 +30,7 @@ because the configuration is read with its parser.
 
      1. Framing                                      decision core      102
      2. Text, times and fields                       decision core      279
-     3. Policy on what a call does                   decision core      664
+     3. Policy on what a call does                   decision core      623
      4. Configuration and its trust                  decision core      316
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
@@ -49,7 +49,7 @@ because the configuration is read with its parser.
     19. The status tool                              around the core    120
     20. The host's other requests                    around the core     76
     21. Notify                                       around the core     89
-    22. Pins and load reports                        around the core    186
+    22. Pins and load reports                        around the core    204
     23. The command line's flags                     around the core    116
     24. Operator commands                            around the core   1305
     25. Setup                                        around the core    605
@@ -514,29 +514,13 @@ GRANT_COLUMNS = ("id", "session", "tool", "name", "conditions_json", "created_at
                  "by", "note", "revoked_at", "revoked_by", "revoke_note")
 
 
-def executions(rows, target, since, before):
-    """A tool's executions in (since, before), oldest first: (time, decision_json, spec_hash)."""
-    return rows("SELECT e.at, s.decision_json, s.spec_hash FROM executions e JOIN steps s ON "
-                "s.id=e.step_id WHERE e.tool=? AND e.at>? AND e.at<? ORDER BY e.at, e.id",
-                (target, since, before))
-
-
 def tool_spec(rows, spec_hash):
     found = rows("SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,))
     return parse(found[0][0]) if found else None
 
 
-def grants_in_force(rows, session, target, at):
-    return [dict(zip(GRANT_COLUMNS, row)) for row in rows(
-        f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? AND tool=? AND "
-        f"expires_at>? AND created_at<=? AND (revoked_at='' OR revoked_at>?) ORDER BY "
-        f"created_at, id", (session, target, at, at, at))]
-
-
 CONDITIONS = ("equals", "in", "not_in", "pattern", "min", "max", "max_length", "present",
               "under", "host_in", "host_not_in")
-ENTRY_FIELDS = ("if", "during", "client", "outcome", "reason")
-LIMIT_FIELDS = ("calls", "sum", "max", "per", "then")
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 MISSING = object()  # what a pointer finds where the arguments have nothing
 NEVER = math.inf    # when a limit frees up for a call that is alone above it
@@ -608,6 +592,19 @@ def parse_decimal(value, where):
     raise ConfigError(f'{where} must be a number or a decimal string such as "50.00"')
 
 
+def whole_number(value, where, least, most=math.inf):
+    if not isinstance(value, Number) or not value.is_integer() \
+            or not least <= value.exact() <= most:
+        raise ConfigError(f"{where} must be a whole number of at least {least}")
+    return int(value.exact())
+
+
+def one_of(value, choices, where):
+    if value not in choices:
+        raise ConfigError(f"{where} is {quote(str(value))}; use one of {', '.join(choices)}")
+    return value
+
+
 def number_text(value):
     """An exact decimal as people write it: 50.00 stays 50.00, 1E+2 reads 100."""
     text = format(value, "f")
@@ -668,9 +665,9 @@ class Condition:
             raise ConfigError(f"{where} must be an object with one or more of "
                               f"{', '.join(CONDITIONS)}")
         refuse_unknown(raw, CONDITIONS, where)
-        self.raw, self.tests = raw, []
-        for name, value in raw.items():
-            self.tests.append((name, self._read(name, value, f"{where}.{name}", resolved)))
+        self.raw = raw
+        self.tests = [(name, self._read(name, value, f"{where}.{name}", resolved))
+                      for name, value in raw.items()]
         bounds = dict(self.tests)
         if "min" in bounds and "max" in bounds and bounds["min"] > bounds["max"]:
             raise ConfigError(f"{where}: min {number_text(bounds['min'])} is above max "
@@ -702,9 +699,7 @@ class Condition:
         if name in ("min", "max"):
             return parse_decimal(value, where)
         if name == "max_length":
-            if not isinstance(value, Number) or not value.is_integer() or value.exact() < 0:
-                raise ConfigError(f"{where} must be a whole number of at least 0")
-            return int(value.exact())
+            return whole_number(value, where, 0)
         if name == "present":
             if not isinstance(value, bool):
                 raise ConfigError(f"{where} must be true or false")
@@ -712,9 +707,8 @@ class Condition:
         return value  # equals: any JSON value
 
     def holds(self, args, work=None, schema=None):
-        """True, False, or None when a pattern search costs more than `work` can pay and no
-        test is false: it cannot be evaluated, so it does not hold (policy_decision says what
-        that means for an entry)."""
+        """True, False, or None when no test is false but a pattern search costs more than
+        `work` can pay: then it does not hold (policy_decision: what that means for an entry)."""
         value = resolve_pointer(args, self.tokens, schema)
         work = PatternWork() if work is None else work
         return all_judged(self._test(name, expected, value, work)
@@ -809,13 +803,11 @@ class During:
         except (TypeError, ValueError, zoneinfo.ZoneInfoNotFoundError):
             raise ConfigError(f'{where}.zone {quote(str(zone))} is not a time zone this machine '
                               f'knows; name one such as "Europe/Paris" or "UTC"') from None
-        self.raw, self.days, self.hours = raw, set(range(7)), None
-        if "days" in raw:
-            self.days = self._days(raw["days"], f"{where}.days")
-        if "hours" in raw:
-            self.hours = self._hours(raw["hours"], f"{where}.hours")
         if "days" not in raw and "hours" not in raw:
             raise ConfigError(f"{where} needs days, hours or both")
+        self.raw = raw  # as written, for the load report
+        self.days = self._days(raw["days"], f"{where}.days") if "days" in raw else set(range(7))
+        self.hours = self._hours(raw["hours"], f"{where}.hours") if "hours" in raw else None
 
     @staticmethod
     def _days(text, where):
@@ -847,18 +839,13 @@ class During:
         minute, (start, end) = local.hour * 60 + local.minute, self.hours
         return start <= minute < end if start < end else minute >= start or minute < end
 
-    def text(self):
-        parts = [f"on {self.raw['days']}" if "days" in self.raw else "",
-                 f"from {self.raw['hours']}" if "hours" in self.raw else ""]
-        return " ".join(p for p in parts if p) + f" ({self.raw['zone']})"
-
 
 class Judgement:
-    """What one request's arguments say, judged once for a pass through the gate: the schema
-    check's problem and the verdict of each entry's and grant's conditions (keyed by label or
-    grant id). Decisions made again under the lock or in the write transaction reuse it and
-    read afresh only what may change meanwhile (the moment, grants, uses, a re-run). The
-    pattern work may outlive it: a call judged again after a hold searches nothing twice."""
+    """What one request's arguments say, judged once per pass through the gate: the schema
+    check's problem and each entry's and grant's verdict. A decision made again (under the
+    lock, in the write transaction) reuses it and reads afresh only what may change meanwhile
+    (the moment, grants, uses, a re-run). Its pattern work outlives it: judged again after a
+    hold, a call searches nothing twice."""
 
     def __init__(self, problem="", work=None):
         self.problem, self.held = problem, {}
@@ -878,11 +865,9 @@ class Entry:
         if not isinstance(raw, dict):
             raise ConfigError(f"{where} must be an object with if, during or client, and an "
                               f"outcome")
-        refuse_unknown(raw, ENTRY_FIELDS, where)
-        self.outcome = field_string(raw, "outcome", where, required=True)
-        if self.outcome not in OUTCOMES:
-            raise ConfigError(f"{where}.outcome is {quote(self.outcome)}; use one of "
-                              f"{', '.join(OUTCOMES)}")
+        refuse_unknown(raw, ("if", "during", "client", "outcome", "reason"), where)
+        self.outcome = one_of(field_string(raw, "outcome", where, required=True), OUTCOMES,
+                              f"{where}.outcome")
         self.conditions = parse_conditions(raw.get("if", {}), f"{where}.if")
         self.during = During(raw["during"], f"{where}.during") if "during" in raw else None
         self.clients = field_names(raw, "client", where) if "client" in raw else None
@@ -902,14 +887,6 @@ class Entry:
         judged = Judgement() if judged is None else judged
         return judged.holds(self.label, self.conditions, args, schema)
 
-    def text(self):
-        parts = [c.text() for c in self.conditions]
-        if self.during:
-            parts.append(self.during.text())
-        if self.clients is not None:
-            parts.append(f"the host is one of {policy_json(self.clients)}")
-        return " and ".join(parts)
-
 
 class Limit:
     """At most `calls` executions, or at most `max` as the sum of the number at `sum`, of one
@@ -919,19 +896,15 @@ class Limit:
         self.label = label
         if not isinstance(raw, dict):
             raise ConfigError(f'{where} must be an object such as {{"calls": 5, "per": "1h"}}')
-        refuse_unknown(raw, LIMIT_FIELDS, where)
+        refuse_unknown(raw, ("calls", "sum", "max", "per", "then"), where)
         if ("calls" in raw) == ("sum" in raw):
             raise ConfigError(f'{where} needs exactly one of calls (a count) or sum (a JSON '
                               f'Pointer to a number, with max)')
         self.calls = self.sum = self.tokens = self.max = None
         if "calls" in raw:
-            calls = raw["calls"]
-            if not isinstance(calls, Number) or not calls.is_integer() or calls.exact() < 1 \
-                    or calls.exact() > 10**9:
-                raise ConfigError(f"{where}.calls must be a whole number of at least 1")
+            self.calls = whole_number(raw["calls"], f"{where}.calls", 1, 10**9)
             if "max" in raw:
                 raise ConfigError(f"{where}: max goes with sum; a calls limit is its own count")
-            self.calls = int(calls.exact())
         else:
             self.sum = raw["sum"]
             self.tokens = parse_pointer(self.sum, f"{where}.sum")
@@ -962,9 +935,7 @@ class Limit:
         window = self.per / SECOND
         rows = uses(at - window)
         if self.calls is not None:
-            if len(rows) < self.calls:
-                return None
-            return rows[len(rows) - self.calls][0] + window
+            return None if len(rows) < self.calls else rows[-self.calls][0] + window
         this = self.amount(args, schema)
         if this is None or this > self.max:
             return NEVER
@@ -1003,16 +974,17 @@ class Grant:
 
 
 def counted_uses(rows, tool, before):
-    """Facts.uses for a decision on `tool` at the stored time `before`. An execution adds to
-    a sum what its recorded arguments hold, under the schema it was decided under, so a
-    limit added or re-pointed within its window counts what ran before it as it was."""
+    """Facts.uses for a decision on `tool` at the stored time `before`: each execution's
+    recorded arguments, read under the schema it was decided under."""
     sums = [limit for limit in tool.rule.limits if limit.sum]
     schemas = {tool.spec_hash: tool.schema}
 
     def uses(since):
         found = []
-        for moment, decision, spec_hash in executions(rows, tool.target, format_time(since),
-                                                      before):
+        for moment, decision, spec_hash in rows(
+                "SELECT e.at, s.decision_json, s.spec_hash FROM executions e JOIN steps s ON "
+                "s.id=e.step_id WHERE e.tool=? AND e.at>? AND e.at<? ORDER BY e.at, e.id",
+                (tool.target, format_time(since), before)):
             amounts = {}
             if sums:  # a calls limit needs no arguments: they are not read
                 args = parse(decision)["args"]
@@ -1033,7 +1005,10 @@ def decision_facts(rows, session, tool, stamp, client, count):
     decides (Tx.rows), recheck at the moment a decision was recorded (Store.read). One
     builder, so the two read alike; the uses are counted only when `count`."""
     def grants():
-        return [Grant(g) for g in grants_in_force(rows, session, tool.target, stamp)]
+        return [Grant(dict(zip(GRANT_COLUMNS, row))) for row in rows(
+            f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? AND tool=? AND "
+            f"expires_at>? AND created_at<=? AND (revoked_at='' OR revoked_at>?) ORDER BY "
+            f"created_at, id", (session, tool.target, stamp, stamp, stamp))]
     return Facts(parse_time(stamp), client, grants,
                  counted_uses(rows, tool, stamp) if count else None)
 
@@ -1065,7 +1040,9 @@ def policy_decision(config, tool, args, facts, rerun=False, approved=False, judg
             decision = {"outcome": entry.outcome, "reason": entry.reason, "by": entry.label}
             break
     else:
-        outcome, reason = class_outcome(config, tool)
+        outcome = rule_outcome(config, rule)
+        reason = (f"tool {tool.name} is {outcome} by the operator's rule" if rule.outcome else
+                  f"side effect {tool.side_effect} is {outcome} by policy")
         decision = {"outcome": outcome, "reason": reason,
                     "by": "rule outcome" if rule.outcome else "class"}
     if decision["outcome"] == "deny" or rerun or approved:
@@ -1101,18 +1078,9 @@ def frees_text(decision):
     return f"it frees up at {prose_time(format_time(math.ceil(decision['frees'])))}"
 
 
-def rule_lines(rule, tool_name):
-    """A rule's entries and limits, one line each, for the load report."""
-    lines = [f"{e.label}: if {e.text()} -> {e.outcome} ({cut(sanitize(e.reason), 120)})"
-             for e in rule.when]
-    lines += [f"{limit.label}: {limit.text(tool_name)}, then {limit.then}"
-              for limit in rule.limits]
-    return lines
-
-
 def rule_outcome(config, rule):
-    """The rule's own outcome, else the class map's (None for no class)."""
-    return rule.outcome or config.policy.get(rule.side_effect)
+    """The rule's own outcome, else its class's (Config.policy maps every class)."""
+    return rule.outcome or config.policy[rule.side_effect]
 
 
 def pointer_problem(schema, tokens, hidden):
@@ -1145,15 +1113,6 @@ def policy_pointer_problem(schema, rule, tool_name):
             return (f"{label} of {tool_name} points at {quote(pointer)}, but {problem}; point "
                     f"at one of: {', '.join('/' + sanitize(n) for n in names) or 'nothing'}")
     return ""
-
-
-def class_outcome(config, tool):
-    outcome = rule_outcome(config, tool.rule)
-    if tool.rule.outcome:
-        return outcome, f"tool {tool.name} is {outcome} by the operator's rule"
-    if outcome is None:
-        return "deny", f'no policy for side effect "{tool.side_effect}"'
-    return outcome, f"side effect {tool.side_effect} is {outcome} by policy"
 
 
 # =============================================================================================
@@ -7584,7 +7543,7 @@ class Notifier:
 #
 # Owns: writing a server's manifest (pin), and the lines of a load report (Report, which load
 # tells what became of each tool) and of a change.
-# Core it calls: manifest_entry, changed_parts, compared_part, rule_outcome, rule_lines;
+# Core it calls: manifest_entry, changed_parts, compared_part, rule_outcome;
 # section 16's write_private.
 # Promises: server-chosen names are sanitized in every report line.
 # =============================================================================================
@@ -7601,6 +7560,24 @@ def effective_decision(config, rule):
         notes.insert(0, "no operator is at hand to ask")
     word = {"allow": "allow", "require_approval": "ask"}.get(outcome, "deny")
     return f"{word} ({'; '.join(notes)})" if notes else word
+
+
+def rule_lines(rule, tool_name):
+    """A rule's entries and limits, one line each, for the load report."""
+    lines = []
+    for entry in rule.when:
+        held = [condition.text() for condition in entry.conditions]
+        during = entry.during and entry.during.raw
+        if during:
+            spans = [f"{word} {during[key]}" for word, key in (("on", "days"), ("from", "hours"))
+                     if key in during]
+            held.append(f"{' '.join(spans)} ({during['zone']})")
+        if entry.clients is not None:
+            held.append(f"the host is one of {policy_json(entry.clients)}")
+        lines.append(f"{entry.label}: if {' and '.join(held)} -> {entry.outcome} "
+                     f"({cut(sanitize(entry.reason), 120)})")
+    return lines + [f"{limit.label}: {limit.text(tool_name)}, then {limit.then}"
+                    for limit in rule.limits]
 
 
 def connect(server):
