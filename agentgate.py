@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3997 lines of decision core, read first; then the libraries it relies on, each
+Sections (3982 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -31,7 +31,7 @@ because the configuration is read with its parser.
      1. Framing                                      decision core      102
      2. Text, times and fields                       decision core      279
      3. Policy on what a call does                   decision core      623
-     4. Configuration and its trust                  decision core      316
+     4. Configuration and its trust                  decision core      301
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
      7. The record                                   decision core      775
@@ -1147,8 +1147,7 @@ def read_owned(path, what):
     """The bytes of a file only this user can change, or ConfigError saying how to fix it."""
     try:
         # O_NONBLOCK: a FIFO planted at the path must not hang the open before it is refused.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK |
-                     getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # not inherited
     except OSError as err:
         if err.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
             raise ConfigError(f"{what} {path} is a symbolic link; name the file itself") from None
@@ -1183,10 +1182,8 @@ class Rule:
     def __init__(self, tool, raw, where):
         refuse_unknown(raw, self.FIELDS, where)
         self.tool = tool
-        self.side_effect = field_string(raw, "side_effect", where, required=True)
-        if self.side_effect not in SIDE_EFFECTS:
-            raise ConfigError(f"{where}.side_effect is {quote(self.side_effect)}; use one of "
-                              f"{', '.join(SIDE_EFFECTS)}")
+        self.side_effect = one_of(field_string(raw, "side_effect", where, required=True),
+                                  SIDE_EFFECTS, f"{where}.side_effect")
         self.timeout = field_duration(raw, "timeout", where, None)
         self.description = field_string(raw, "description", where)
         self.deny = field_names(raw, "deny", where)
@@ -1196,9 +1193,8 @@ class Rule:
         self.rename = field_string(raw, "rename", where)
         self.allow_hint_mismatch = field_bool(raw, "allow_hint_mismatch", where)
         self.outcome = field_string(raw, "outcome", where)
-        if self.outcome and self.outcome not in OUTCOMES:
-            raise ConfigError(f"{where}.outcome is {quote(self.outcome)}; use one of "
-                              f"{', '.join(OUTCOMES)}")
+        if self.outcome:
+            one_of(self.outcome, OUTCOMES, f"{where}.outcome")
         self.repeat_window = field_duration(raw, "repeat_window", where, None)
         # Set by init from the server's own hints: nothing is offered on a rule nobody reviewed.
         self.proposed = field_bool(raw, "proposed", where)
@@ -1276,15 +1272,13 @@ class Config:
             if cls not in SIDE_EFFECTS:
                 raise ConfigError(f"policy names {quote(cls)}; the classes are "
                                   f"{', '.join(SIDE_EFFECTS)}")
-            if outcome not in OUTCOMES:
-                raise ConfigError(f"policy.{cls} is {quote(str(outcome))}; use one of "
-                                  f"{', '.join(OUTCOMES)}")
+            one_of(outcome, OUTCOMES, f"policy.{cls}")
         self.policy = {**DEFAULT_POLICY, **policy}
         self.hold, self.host_holds = _holds(raw, where)
         self.repeat_window = field_duration(raw, "repeat_window", where, 600 * SECOND)
         max_pending = raw.get("max_pending", Number("5"))
         if not isinstance(max_pending, Number) or not max_pending.is_integer() \
-                or max_pending.exact() < 0 or max_pending.exact() > 10**6:
+                or not 0 <= max_pending.exact() <= 10**6:
             raise ConfigError("max_pending must be a whole number of at least 0 (0 means 5)")
         self.max_pending = int(max_pending.exact()) or 5
         self.approval_ttl = field_duration(raw, "approval_ttl", where, 86400 * SECOND)
@@ -1340,19 +1334,15 @@ def _holds(raw, where):
 
 
 def config_path(given):
-    if given:
-        return given
-    if os.environ.get("AGENTGATE_CONFIG"):
-        return os.environ["AGENTGATE_CONFIG"]
     xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return os.path.join(xdg, PROGRAM, "config.json")
+    default = os.path.join(xdg, PROGRAM, "config.json")
+    return given or os.environ.get("AGENTGATE_CONFIG") or default
 
 
 def read_config(path, transport):
     path = os.path.abspath(path)
-    data = read_owned(path, "config")
     try:
-        raw = parse(data)
+        raw = parse(read_owned(path, "config"))
     except CanonicalError as err:
         raise ConfigError(f"config {path} is not usable JSON: {err.placed()}") from None
     try:
@@ -1384,16 +1374,13 @@ def _protected(config):
     identities, missing = set(), set()
     for path in (config.path, config.database, *(s.manifest for s in config.servers)):
         for current in (os.path.abspath(path), os.path.realpath(path)):
-            while True:
+            while current:
                 identity = _file_identity(current)
                 if identity:
                     identities.add(identity)
                 else:
                     missing.add(os.path.realpath(current))
-                parent = os.path.dirname(current)
-                if parent == current:
-                    break
-                current = parent
+                current = os.path.dirname(current) if current != "/" else ""
     return identities, missing
 
 
@@ -1402,10 +1389,8 @@ def _reach_candidates(arg):
     candidates = [arg] + [arg.split(sep, 1)[1] for sep in "=:" if sep in arg]
     if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:
         candidates.append(arg[2:])
-    for candidate in list(candidates):
-        if candidate.startswith("file:"):
-            path = unquote(re.sub(r"^file:(//[^/]*)?", "", candidate))
-            candidates.append(path or "/")
+    candidates += [unquote(re.sub(r"^file:(//[^/]*)?", "", c)) or "/" for c in candidates
+                   if c.startswith("file:")]
     home = os.path.expanduser("~")
     return [home + c[1:] if c == "~" or c.startswith("~/") else c for c in candidates if c]
 
