@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3982 lines of decision core, read first; then the libraries it relies on, each
+Sections (3926 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -31,7 +31,7 @@ because the configuration is read with its parser.
      1. Framing                                      decision core      102
      2. Text, times and fields                       decision core      279
      3. Policy on what a call does                   decision core      623
-     4. Configuration and its trust                  decision core      301
+     4. Configuration and its trust                  decision core      245
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
      7. The record                                   decision core      775
@@ -43,7 +43,7 @@ because the configuration is read with its parser.
     13. Hosts in URLs                                library            110
     14. Paths as the kernel resolves them            library             99
     15. The lint                                     around the core    232
-    16. Upstream servers                             around the core   1258
+    16. Upstream servers                             around the core   1314
     17. Reading the record                           around the core    192
     18. Tool changes while serving                   around the core    147
     19. The status tool                              around the core    120
@@ -1125,9 +1125,8 @@ def policy_pointer_problem(schema, rule, tool_name):
 # nothing: the `transport` section 16's load_config hands read_config reads it, in one pass.
 # Promises: a config is used only if it is a regular file owned by this user that nobody else
 # can write; it passes the canonical boundary check (so a repeated key cannot be read two
-# ways); every unknown field anywhere is refused with its path; a server whose arguments reach
-# the files the gate's decisions depend on is refused unless the operator says otherwise.
-# Every refusal is one sentence naming the field and what to do.
+# ways); every unknown field anywhere is refused with its path. Every refusal is one sentence
+# naming the field and what to do.
 # =============================================================================================
 
 DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
@@ -1359,61 +1358,6 @@ def check_database_path(path):
     if stat.S_ISLNK(st.st_mode):
         raise ConfigError(f"database {path} is a symbolic link; name the database file itself")
     _check_owned(path, "database", st)
-
-
-def _file_identity(path):
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
-
-
-def _protected(config):
-    """Every file the gate's decisions depend on, and every directory above each of them."""
-    identities, missing = set(), set()
-    for path in (config.path, config.database, *(s.manifest for s in config.servers)):
-        for current in (os.path.abspath(path), os.path.realpath(path)):
-            while current:
-                identity = _file_identity(current)
-                if identity:
-                    identities.add(identity)
-                else:
-                    missing.add(os.path.realpath(current))
-                current = os.path.dirname(current) if current != "/" else ""
-    return identities, missing
-
-
-def _reach_candidates(arg):
-    from urllib.parse import unquote
-    candidates = [arg] + [arg.split(sep, 1)[1] for sep in "=:" if sep in arg]
-    if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:
-        candidates.append(arg[2:])
-    candidates += [unquote(re.sub(r"^file:(//[^/]*)?", "", c)) or "/" for c in candidates
-                   if c.startswith("file:")]
-    home = os.path.expanduser("~")
-    return [home + c[1:] if c == "~" or c.startswith("~/") else c for c in candidates if c]
-
-
-def check_reach(config):
-    """Refuse a server whose cwd or arguments name a file its policy depends on, or a directory
-    above one: a guard against a plain mistake, not a boundary (a server can reach anything
-    its user can)."""
-    identities, missing = _protected(config)
-    for server in config.servers:
-        if server.skip_path_check:
-            continue
-        named = [(f"cwd {quote(server.cwd_given)}", server.cwd)] if server.cwd_given else []
-        named += [(f"argument {quote(arg)}", os.path.join(server.cwd, candidate))
-                  for arg in (server.command or [])[1:]  # a url server has no arguments
-                  for candidate in _reach_candidates(arg)]
-        for what, path in named:
-            identity = _file_identity(path)
-            if (identity and identity in identities) or os.path.realpath(path) in missing:
-                raise ConfigError(
-                    f"server {quote(server.name)}: its {what} reaches {os.path.realpath(path)}, "
-                    f"which the gate's policy and approvals depend on: point the server "
-                    f"elsewhere, or set skip_path_check on it if it cannot write there")
 
 
 # =============================================================================================
@@ -5645,10 +5589,11 @@ def lint_manifests(manifests):
 # Reads as: around the core
 #
 # Owns: how the config says a server is reached (read_transport: command, env, cwd, url,
-# headers, OAuth client); one configured server as a child process speaking newline-delimited
-# JSON-RPC, or reached by url over Streamable HTTP through the optional mcp package, and the
-# requests agentgate sends it. Both present one interface (start, list_tools, request, call,
-# close).
+# headers, OAuth client) and whether that reaches the files the gate's decisions depend on
+# (check_reach, unless skip_path_check); one configured server as a child process speaking
+# newline-delimited JSON-RPC, or reached by url over Streamable HTTP through the optional mcp
+# package, and the requests agentgate sends it. Both present one interface (start,
+# list_tools, request, call, close).
 # Core it calls: read_config (load_config hands it read_transport), read_frames, read_owned;
 # and, for load_all (the start of every server at once), pinned_for and load, which tells
 # each server's Report.
@@ -5727,6 +5672,61 @@ def read_transport(server, raw, where, base):
     server.cwd_given = field_string(raw, "cwd", where)
     server.cwd = os.path.join(base, os.path.expanduser(server.cwd_given)) if server.cwd_given \
         else os.path.expanduser("~")
+
+
+def _file_identity(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _protected(config):
+    """Every file the gate's decisions depend on, and every directory above each of them."""
+    identities, missing = set(), set()
+    for path in (config.path, config.database, *(s.manifest for s in config.servers)):
+        for current in (os.path.abspath(path), os.path.realpath(path)):
+            while current:
+                identity = _file_identity(current)
+                if identity:
+                    identities.add(identity)
+                else:
+                    missing.add(os.path.realpath(current))
+                current = os.path.dirname(current) if current != "/" else ""
+    return identities, missing
+
+
+def _reach_candidates(arg):
+    from urllib.parse import unquote
+    candidates = [arg] + [arg.split(sep, 1)[1] for sep in "=:" if sep in arg]
+    if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:
+        candidates.append(arg[2:])
+    candidates += [unquote(re.sub(r"^file:(//[^/]*)?", "", c)) or "/" for c in candidates
+                   if c.startswith("file:")]
+    home = os.path.expanduser("~")
+    return [home + c[1:] if c == "~" or c.startswith("~/") else c for c in candidates if c]
+
+
+def check_reach(config):
+    """Refuse a server whose cwd or arguments name a file its policy depends on, or a directory
+    above one: a guard against a plain mistake, not a boundary (a server can reach anything
+    its user can)."""
+    identities, missing = _protected(config)
+    for server in config.servers:
+        if server.skip_path_check:
+            continue
+        named = [(f"cwd {quote(server.cwd_given)}", server.cwd)] if server.cwd_given else []
+        named += [(f"argument {quote(arg)}", os.path.join(server.cwd, candidate))
+                  for arg in (server.command or [])[1:]  # a url server has no arguments
+                  for candidate in _reach_candidates(arg)]
+        for what, path in named:
+            identity = _file_identity(path)
+            if (identity and identity in identities) or os.path.realpath(path) in missing:
+                raise ConfigError(
+                    f"server {quote(server.name)}: its {what} reaches {os.path.realpath(path)}, "
+                    f"which the gate's policy and approvals depend on: point the server "
+                    f"elsewhere, or set skip_path_check on it if it cannot write there")
 
 
 def child_env(server):
@@ -7852,10 +7852,10 @@ def text_argument(value):
 # or named with -db; it is opened as it is, never created or migrated, and read-only where
 # nothing is decided.
 # Core it calls: Store (its reads, and decide_approval, cancel_run, create_grant,
-# revoke_grant), config_path, check_database_path, check_reach, read_manifest,
+# revoke_grant), config_path, check_database_path, read_manifest,
 # Tool, check_arguments, evaluate, approval_hash, decision_facts, last_attempt,
 # confirmed_conditions, parse_conditions, pointer_problem, step_outcome, outcome_text, stored_hash,
-# block_bytes, event_hash; section 16's load_config.
+# block_bytes, event_hash; section 16's load_config and check_reach.
 # Promises: approve and reject print the approval in full and decide bound to the hash of
 # exactly what they printed, so a row that changed after it was shown is refused; a printout
 # that shortened a long value decides nothing until -full shows every byte; the late outcome
@@ -9156,7 +9156,7 @@ def recheck_line(e):
 # servers (one database for all), pins them and proposes a rule per tool from the server's own
 # hints; and the acceptance of those proposals. And `login`, the OAuth authorization of a url
 # server: the only command that opens a port (on 127.0.0.1, while it waits for the browser).
-# Core it calls: config_path, Server, check_reach, read_owned; section 16's load_config,
+# Core it calls: config_path, Server, read_owned; section 16's load_config, check_reach,
 # read_transport, shown_url and write_private; section 21's operator_hint; section 22's pin.
 # Promises: a config is written 0600; run again, init adds the servers new in its host's file
 # and changes no other byte; a secret in a server's env or headers goes into the config and into
@@ -9758,9 +9758,9 @@ class LoopbackRedirect:
 #
 # Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin, and each
 # server's and tool's standing, before any host is pointed at the gate.
-# Core it calls: config_path, check_database_path, check_reach, Store, read_manifest,
-# lint_hash; load_config, load_all and write_private (section 16), lint_lines (section 15)
-# and tool_changes (section 18).
+# Core it calls: config_path, check_database_path, Store, read_manifest,
+# lint_hash; load_config, check_reach, load_all and write_private (section 16), lint_lines
+# (section 15) and tool_changes (section 18).
 # Promises: pin -diff changes a manifest only after a yes; check exits 1 while anything is
 # refused, unreviewed or unserved.
 # =============================================================================================
