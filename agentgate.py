@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3926 lines of decision core, read first; then the libraries it relies on, each
+Sections (3918 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -30,7 +30,7 @@ because the configuration is read with its parser.
 
      1. Framing                                      decision core      102
      2. Text, times and fields                       decision core      279
-     3. Policy on what a call does                   decision core      623
+     3. Policy on what a call does                   decision core      615
      4. Configuration and its trust                  decision core      245
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
@@ -519,8 +519,12 @@ def tool_spec(rows, spec_hash):
     return parse(found[0][0]) if found else None
 
 
-CONDITIONS = ("equals", "in", "not_in", "pattern", "min", "max", "max_length", "present",
-              "under", "host_in", "host_not_in")
+CONDITIONS = {  # each condition, and how Condition.text reads it
+    "equals": "equals {}", "in": "is one of {}", "not_in": "is none of {}",
+    "pattern": "matches {}", "min": "is at least {}", "max": "is at most {}",
+    "max_length": "is at most {} long", "present": "present is {}", "under": "lies under {}",
+    "host_in": "has a host in {}", "host_not_in": "has a host not in {}",
+}
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 MISSING = object()  # what a pointer finds where the arguments have nothing
 NEVER = math.inf    # when a limit frees up for a call that is alone above it
@@ -700,11 +704,9 @@ class Condition:
             return parse_decimal(value, where)
         if name == "max_length":
             return whole_number(value, where, 0)
-        if name == "present":
-            if not isinstance(value, bool):
-                raise ConfigError(f"{where} must be true or false")
-            return value
-        return value  # equals: any JSON value
+        if name == "present" and not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false")
+        return value  # present: true or false; equals: any JSON value
 
     def holds(self, args, work=None, schema=None):
         """True, False, or None when no test is false but a pattern search costs more than
@@ -732,7 +734,7 @@ class Condition:
         for name, expected in self.tests:
             shown = (number_text(expected) if name in ("min", "max") else
                      cut(policy_json(expected), 120))
-            words.append(CONDITION_WORDS[name].format(shown))
+            words.append(CONDITIONS[name].format(shown))
         return f"{self.pointer} " + " and ".join(words)
 
 
@@ -767,12 +769,6 @@ CHECKS = {
     "under": lambda value, roots: path_under(value, roots),
     "host_in": lambda value, hosts: _host_holds(value, hosts, True),
     "host_not_in": lambda value, hosts: _host_holds(value, hosts, False),
-}
-CONDITION_WORDS = {
-    "equals": "equals {}", "in": "is one of {}", "not_in": "is none of {}",
-    "pattern": "matches {}", "min": "is at least {}", "max": "is at most {}",
-    "max_length": "is at most {} long", "present": "present is {}", "under": "lies under {}",
-    "host_in": "has a host in {}", "host_not_in": "has a host not in {}",
 }
 
 
@@ -884,8 +880,7 @@ class Entry:
         if (self.clients is not None and facts.client not in self.clients) or \
                 (self.during is not None and not self.during.holds(facts.at)):
             return False
-        judged = Judgement() if judged is None else judged
-        return judged.holds(self.label, self.conditions, args, schema)
+        return (judged or Judgement()).holds(self.label, self.conditions, args, schema)
 
 
 class Limit:
@@ -1001,9 +996,8 @@ def counted_uses(rows, tool, before):
 
 
 def decision_facts(rows, session, tool, stamp, client, count):
-    """The Facts of the stored time `stamp`, read through `rows`: the gate at the moment it
-    decides (Tx.rows), recheck at the moment a decision was recorded (Store.read). One
-    builder, so the two read alike; the uses are counted only when `count`."""
+    """The Facts of the stored time `stamp`, read through `rows`: the gate's (Tx.rows) and
+    recheck's (Store.read) alike; the uses are counted only when `count`."""
     def grants():
         return [Grant(dict(zip(GRANT_COLUMNS, row))) for row in rows(
             f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? AND tool=? AND "
@@ -1014,10 +1008,8 @@ def decision_facts(rows, session, tool, stamp, client, count):
 
 
 def policy_decision(config, tool, args, facts, rerun=False, approved=False, judged=None):
-    """What the policy says of one call: {outcome, reason, by} (by: the `when` entry, limit,
-    grant, "rule outcome" or "class" that decided), with `limit` and `frees` when a limit
-    decided and `grant` when a grant did.
-
+    """{outcome, reason, by} (by: the `when` entry, limit, grant, "rule outcome" or "class"
+    that decided), with `limit` and `frees` when a limit decided, `grant` when a grant did.
     The first `when` entry that holds decides, else the class map. Then, in order: a deny, a
     re-run of an unknown outcome (it always needs an operator) and a call an operator
     `approved` (not counted again) stand; a grant may answer what would wait; a limit may turn
