@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3918 lines of decision core, read first; then the libraries it relies on, each
+Sections (3905 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -30,8 +30,8 @@ because the configuration is read with its parser.
 
      1. Framing                                      decision core      102
      2. Text, times and fields                       decision core      279
-     3. Policy on what a call does                   decision core      615
-     4. Configuration and its trust                  decision core      245
+     3. Policy on what a call does                   decision core      604
+     4. Configuration and its trust                  decision core      243
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
      7. The record                                   decision core      775
@@ -43,7 +43,7 @@ because the configuration is read with its parser.
     13. Hosts in URLs                                library            110
     14. Paths as the kernel resolves them            library             99
     15. The lint                                     around the core    232
-    16. Upstream servers                             around the core   1314
+    16. Upstream servers                             around the core   1313
     17. Reading the record                           around the core    192
     18. Tool changes while serving                   around the core    147
     19. The status tool                              around the core    120
@@ -498,9 +498,8 @@ class Deadline:
 # Reads as: decision core
 #
 # Owns: conditions, `when` entries, limits and grants, and the one decision they make with the
-# class map (policy_decision): a function of the call, of what its arguments were judged to say
-# (Judgement, once per request) and of the facts of its moment (Facts, built by decision_facts
-# for the gate and for recheck alike, through `rows`: its only SQL).
+# class map (policy_decision), from the call, its Judgement (once per request) and the Facts
+# of its moment (decision_facts, for the gate and recheck alike; `rows` is its only SQL).
 # Promises: a condition that cannot be evaluated does not hold, and an entry other than allow
 # that cannot be judged denies; numbers compare exactly, never through a float; a limit never
 # loosens; a grant answers only what would wait for an operator (never a deny, never a re-run
@@ -519,7 +518,7 @@ def tool_spec(rows, spec_hash):
     return parse(found[0][0]) if found else None
 
 
-CONDITIONS = {  # each condition, and how Condition.text reads it
+CONDITIONS = {  # and how Condition.text reads each
     "equals": "equals {}", "in": "is one of {}", "not_in": "is none of {}",
     "pattern": "matches {}", "min": "is at least {}", "max": "is at most {}",
     "max_length": "is at most {} long", "present": "present is {}", "under": "lies under {}",
@@ -659,8 +658,7 @@ def resolved_root(text, where):
 
 
 class Condition:
-    """What the value at one JSON Pointer into the arguments must be. `resolved`: the
-    directories of `under` are a grant's, resolved when it was confirmed, and kept as they are."""
+    """`resolved`: the directories of `under` are a grant's, resolved when it was confirmed."""
 
     def __init__(self, pointer, raw, where, resolved=False):
         self.pointer, self.tokens = pointer, parse_pointer(pointer, where)
@@ -751,9 +749,8 @@ def all_judged(verdicts):
 
 
 def _host_holds(value, hosts, listed):
-    """Never for a URL whose host cannot be read, so neither host_in nor host_not_in allows
-    it; a deny on host_in does not catch it either (what follows decides), which is why a host
-    policy is safest written as what it allows."""
+    """Never for a URL whose host cannot be read: neither host_in nor host_not_in allows it,
+    nor does a deny on host_in catch it, so a host policy is safest written as what it allows."""
     place = url_place(value)
     return place is not None and host_matches(*place, hosts) == listed
 
@@ -773,7 +770,6 @@ CHECKS = {
 
 
 def parse_conditions(raw, where, resolved=False):
-    """An `if` object (or a grant's -if): JSON Pointers to conditions, all of which must hold."""
     if not isinstance(raw, dict):
         raise ConfigError(f'{where} must be an object of JSON Pointer to condition, such as '
                           f'{{"/amount": {{"max": "50.00"}}}}')
@@ -801,9 +797,11 @@ class During:
                               f'knows; name one such as "Europe/Paris" or "UTC"') from None
         if "days" not in raw and "hours" not in raw:
             raise ConfigError(f"{where} needs days, hours or both")
-        self.raw = raw  # as written, for the load report
-        self.days = self._days(raw["days"], f"{where}.days") if "days" in raw else set(range(7))
-        self.hours = self._hours(raw["hours"], f"{where}.hours") if "hours" in raw else None
+        self.raw, self.days, self.hours = raw, set(range(7)), None  # raw: for the load report
+        if "days" in raw:
+            self.days = self._days(raw["days"], f"{where}.days")
+        if "hours" in raw:
+            self.hours = self._hours(raw["hours"], f"{where}.hours")
 
     @staticmethod
     def _days(text, where):
@@ -837,11 +835,9 @@ class During:
 
 
 class Judgement:
-    """What one request's arguments say, judged once per pass through the gate: the schema
-    check's problem and each entry's and grant's verdict. A decision made again (under the
-    lock, in the write transaction) reuses it and reads afresh only what may change meanwhile
-    (the moment, grants, uses, a re-run). Its pattern work outlives it: judged again after a
-    hold, a call searches nothing twice."""
+    """A request's schema problem and each entry's and grant's verdict, judged once per pass
+    through the gate: a decision made again reads afresh only the moment, grants, uses and a
+    re-run. Its pattern work outlives it: after a hold, a call searches nothing twice."""
 
     def __init__(self, problem="", work=None):
         self.problem, self.held = problem, {}
@@ -854,8 +850,6 @@ class Judgement:
 
 
 class Entry:
-    """One `when` entry: conditions on the call and its moment, and the outcome they give."""
-
     def __init__(self, raw, where, label):
         self.label = label
         if not isinstance(raw, dict):
@@ -876,7 +870,6 @@ class Entry:
         self.reason = field_string(raw, "reason", where) or f"the operator's rule {label}"
 
     def holds(self, args, facts, judged=None, schema=None):
-        """Like Condition.holds; the moment is read each time, the arguments judged once."""
         if (self.clients is not None and facts.client not in self.clients) or \
                 (self.during is not None and not self.during.holds(facts.at)):
             return False
@@ -884,8 +877,8 @@ class Entry:
 
 
 class Limit:
-    """At most `calls` executions, or at most `max` as the sum of the number at `sum`, of one
-    tool within `per`, counted across every session; past it, `then`."""
+    """At most `calls` executions of one tool, or a `sum` up to `max`, within `per` and across
+    sessions; past it, `then`."""
 
     def __init__(self, raw, where, label):
         self.label = label
@@ -925,12 +918,13 @@ class Limit:
         return value.exact().copy_abs() if isinstance(value, Number) else None  # never rounds
 
     def frees(self, args, uses, at, schema=None):
-        """None when this call stays within the limit; else when it would, in seconds since
-        the epoch (NEVER when it is alone above it)."""
+        """None when this call stays within the limit, else when it would, in epoch seconds."""
         window = self.per / SECOND
         rows = uses(at - window)
         if self.calls is not None:
-            return None if len(rows) < self.calls else rows[-self.calls][0] + window
+            if len(rows) < self.calls:
+                return None
+            return rows[-self.calls][0] + window
         this = self.amount(args, schema)
         if this is None or this > self.max:
             return NEVER
@@ -959,9 +953,6 @@ class Limit:
 
 
 class Grant:
-    """An operator's standing approval: calls to one tool that match its conditions, and
-    would wait for an operator, run without asking while it is in force."""
-
     def __init__(self, stored):
         self.id, self.by = stored["id"], stored["by"]
         self.conditions = parse_conditions(parse(stored["conditions_json"]), f"grant {self.id}",
@@ -1014,16 +1005,14 @@ def policy_decision(config, tool, args, facts, rerun=False, approved=False, judg
     re-run of an unknown outcome (it always needs an operator) and a call an operator
     `approved` (not counted again) stand; a grant may answer what would wait; a limit may turn
     an allow into its `then` (it counts what grants let through, so a budget holds under a
-    grant); with no operator at hand, what would wait is denied.
-    """
+    grant); with no operator at hand, what would wait is denied."""
     rule = tool.rule
     judged = Judgement() if judged is None else judged
     for entry in rule.when:
         held = entry.holds(args, facts, judged, tool.schema)
         if held is None and entry.outcome != "allow":
-            # Not judged (too costly), the entry might have held. Passing it over could let a
-            # long value slip past a deny or a question; deny is never looser than either. An
-            # allow entry passed over can only make the decision stricter, so it is.
+            # Not judged (too costly): passed over, a long value could slip past a deny or a
+            # question, so it denies. An allow entry passed over only makes it stricter.
             decision = {"outcome": "deny", "by": entry.label,
                         "reason": f"the arguments are too long to be checked against the "
                                   f"operator's rule {entry.label}"}
@@ -1114,7 +1103,7 @@ def policy_pointer_problem(schema, rule, tool_name):
 #
 # Owns: reading the config file and the files it trusts (manifests, the database), the fields
 # that decide and their defaults, and the policy identity. How a server is reached decides
-# nothing: the `transport` section 16's load_config hands read_config reads it, in one pass.
+# nothing: section 16's read_transport reads it, in the same pass.
 # Promises: a config is used only if it is a regular file owned by this user that nobody else
 # can write; it passes the canonical boundary check (so a repeated key cannot be read two
 # ways); every unknown field anywhere is refused with its path. Every refusal is one sentence
@@ -1138,7 +1127,7 @@ def read_owned(path, what):
     """The bytes of a file only this user can change, or ConfigError saying how to fix it."""
     try:
         # O_NONBLOCK: a FIFO planted at the path must not hang the open before it is refused.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # not inherited
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as err:
         if err.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
             raise ConfigError(f"{what} {path} is a symbolic link; name the file itself") from None
@@ -1208,8 +1197,6 @@ class Rule:
 
 
 class Server:
-    """One upstream MCP server; `transport` (section 16) reads how it is reached onto it."""
-
     FIELDS = ("name", "command", "url", "headers", "oauth", "env", "inherit_env",
               "connect_timeout", "default_timeout", "manifest", "rules", "skip_path_check", "cwd")
 
@@ -5581,11 +5568,10 @@ def lint_manifests(manifests):
 # Reads as: around the core
 #
 # Owns: how the config says a server is reached (read_transport: command, env, cwd, url,
-# headers, OAuth client) and whether that reaches the files the gate's decisions depend on
-# (check_reach, unless skip_path_check); one configured server as a child process speaking
-# newline-delimited JSON-RPC, or reached by url over Streamable HTTP through the optional mcp
-# package, and the requests agentgate sends it. Both present one interface (start,
-# list_tools, request, call, close).
+# headers, OAuth client) and whether that reaches what the gate depends on (check_reach); one
+# configured server as a child process speaking newline-delimited JSON-RPC, or reached by url
+# over Streamable HTTP through the optional mcp package, and the requests agentgate sends it.
+# Both present one interface (start, list_tools, request, call, close).
 # Core it calls: read_config (load_config hands it read_transport), read_frames, read_owned;
 # and, for load_all (the start of every server at once), pinned_for and load, which tells
 # each server's Report.
