@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (4038 lines of decision core, read first; then the libraries it relies on, each
+Sections (3978 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -34,7 +34,7 @@ because the configuration is read with its parser.
      4. Configuration and its trust                  decision core      316
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
-     7. The record                                   decision core      775
+     7. The record                                   decision core      715
      8. The gate                                     decision core      718
      9. The host side                                decision core      355
     10. Canonical JSON                               library            314
@@ -2311,20 +2311,15 @@ def result_summary(tool, record, withheld_over=0):
 # Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema off; files created 0600 and
 # refused when others can write them; every state change is written in a BEGIN IMMEDIATE
 # transaction together with its events, hash-chained across all runs and all processes; what
-# one transaction changes in a run is one event. Nothing an operator decides is ever inferred:
-# no statement here approves. A database migrated by a newer agentgate is refused.
-# Migration stays here, as data: a new database is migrated from version 0 by the same SCHEMA
-# statements as an old one, so no second path makes the tables the gate decides with. Versions
-# 3 to 5 add no table and rewrite nothing (the chain binds the old rows); Ledger.steps and
-# event_parts (section 17) read the older shapes. tests/test_migration.py and
-# tests/test_compact_record.py migrate dumps of versions 1 and 4.
+# one transaction changes in a run is one event. No statement here approves. A database
+# migrated by a newer agentgate is refused; a new one is migrated from version 0 by the same
+# SCHEMA as an old one. Versions 3 to 5 rewrite nothing (the chain binds the old rows).
 # =============================================================================================
 
 SCHEMA = [
     # Version 1. A run is one tools/call; a step is one proposal inside it (the model's call,
-    # a re-run of an unknown outcome, the closing decision). The calls table indexes runs by
-    # request: truth is read from the run and its steps. (Databases made before version 5
-    # also have runs.result_json, no longer written or read.)
+    # a re-run, the closing decision). The calls table indexes runs by request: truth is read
+    # from the run and its steps. (Runs before version 5 also have an unread result_json.)
     """
     CREATE TABLE runs(id TEXT PRIMARY KEY, session TEXT NOT NULL, tool TEXT NOT NULL,
         status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', detail TEXT NOT NULL DEFAULT '',
@@ -2358,9 +2353,8 @@ SCHEMA = [
         payload_json TEXT NOT NULL, hash TEXT NOT NULL);
     CREATE INDEX events_run ON events(run_id, seq);
     """,
-    # Version 2. What the limits count (a row per execution, read a window at a time through
-    # its index; amounts_json is no longer written: a sum reads the executed step's
-    # arguments), and the operators' standing approvals.
+    # Version 2. What the limits count (a row per execution; amounts_json is no longer
+    # written: a sum reads the step's arguments), and the operators' standing approvals.
     """
     CREATE TABLE executions(id INTEGER PRIMARY KEY, tool TEXT NOT NULL, at TEXT NOT NULL,
         run_id TEXT NOT NULL, step_id TEXT NOT NULL, amounts_json TEXT NOT NULL DEFAULT '{}');
@@ -2391,10 +2385,7 @@ class Race(Exception):
 
 
 ANY_ROW = "any open row"  # a read replaces whatever row is open: reads never race for a key
-
-KeyRun = collections.namedtuple("KeyRun", "run_id status reason detail finished owner expires "
-                                          "open")
-
+KeyRun = collections.namedtuple("KeyRun", "run_id status reason detail finished owner expires open")
 UNKNOWN_ENDINGS = ("timed_out", "no_answer", "cut_off")
 CALL_ENDINGS = ("ok", "error", "unrecorded", "timed_out", "no_answer")  # call_upstream's
 
@@ -2419,10 +2410,8 @@ def step_outcome(observed):
 
 
 def last_attempt(rows, run_id):
-    """The newest attempt of a run's tool call, read through `rows(sql, args)`, as an Attempt
-    (ending 'ok', 'error', 'unrecorded', 'timed_out', 'no_answer' or 'cut_off'), or None when
-    none started. A re-run asked of an operator and not carried out still stands for the
-    attempt its approval names: only a re-run that comes to a known end makes it known."""
+    """The newest attempt of a run's tool call, read through `rows(sql, args)`, or None. A
+    re-run asked of an operator and not carried out stands for the attempt its approval names."""
     for step_id, status, observation, started, finished in rows(
             "SELECT id, status, observation_json, started_at, finished_at FROM steps WHERE "
             "run_id=? AND json_extract(decision_json, '$.kind')='tool_call' ORDER BY idx DESC",
@@ -2458,15 +2447,6 @@ def kept_once(value):
     return value
 
 
-def outcome_fields(observation):
-    """An outcome as an event says it (the step row keeps it whole)."""
-    if "result" in observation:
-        record = observation["result"]
-        return {"summary": observation["summary"], "bytes": record["bytes"],
-                "sha256": record["sha256"]}
-    return {"error": observation["content"]["error"]}
-
-
 def netstring(text):
     data = text.encode("utf-8", "surrogatepass")
     return str(len(data)).encode() + b":" + data + b","
@@ -2483,24 +2463,20 @@ class Tx:
 
     def __init__(self, db):
         self.db = db
-        self.head = None
+        self.execute = db.execute  # every statement runs in the writer's open transaction
         self.parts = {}  # run id -> the parts of its record this transaction holds so far
-
-    def execute(self, sql, args=()):
-        return self.db.execute(sql, args)
+        # Read under the write lock, so two processes extend one chain. The next seq follows
+        # every seq ever used (a deleted tail leaves a gap verify reports).
+        used, newest, digest = db.execute(
+            "SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'), "
+            "(SELECT seq FROM events ORDER BY seq DESC LIMIT 1), "
+            "(SELECT hash FROM events ORDER BY seq DESC LIMIT 1)").fetchone()
+        self.head = (max(used or 0, newest or 0), digest or "")
 
     def rows(self, sql, args=()):
         return self.db.execute(sql, args).fetchall()
 
     def event(self, run_id, type_, payload, step_id=""):
-        if self.head is None:
-            # Read under the write lock, so two processes extend one chain. The next seq
-            # follows every seq ever used (a deleted tail leaves a gap verify reports).
-            used, newest, digest = self.db.execute(
-                "SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'), (SELECT seq "
-                "FROM events ORDER BY seq DESC LIMIT 1), (SELECT hash FROM events ORDER BY "
-                "seq DESC LIMIT 1)").fetchone()
-            self.head = (max(used or 0, newest or 0), digest or "")
         seq, prev = self.head[0] + 1, self.head[1]
         at, body = now(), dumps(payload)
         digest = event_hash(prev, seq, run_id, step_id, at, type_, body)
@@ -2531,10 +2507,9 @@ class Tx:
 
     def begin_run(self, run_id, session, tool, target, key, side_effect, tool_hashes, lease,
                   seen):
-        """Claim the request's row in the calls index and begin its run: both or neither, so
-        a crash never leaves a row naming a run nobody began. Refused (Race) unless the open
-        row is still `seen` and its run ended: a key's open row is its newest, so this refuses
-        whenever a run of the key began after the caller's view, in any process."""
+        """Claim the request's calls row and begin its run, both or neither: no row names a run
+        nobody began. Race unless the open row (the key's newest) is still `seen` and its run
+        ended, so a run of the key begun since the caller read, in any process, refuses it."""
         at = now()
         row = self.execute("SELECT c.run_id, r.status FROM calls c JOIN runs r ON r.id = "
                            "c.run_id WHERE c.session=? AND c.request_key=? AND c.open=1",
@@ -2571,7 +2546,6 @@ class Tx:
         return step_id
 
     def record_policy(self, run_id, step_id, policy, policy_id):
-        """A decision of the policy, chained with the policy's identity and the spec's hash."""
         self.execute("UPDATE steps SET policy_json=?, policy_id=? WHERE id=?",
                      (dumps(policy), policy_id, step_id))
         spec_hash = self.execute("SELECT spec_hash FROM steps WHERE id=?",
@@ -2579,17 +2553,19 @@ class Tx:
         self.part(run_id, "step.policy", {**policy, "policy_id": policy_id,
                                           "spec_hash": spec_hash}, step_id)
 
+    def end_step(self, step_id, status, observation=None):
+        self.execute("UPDATE steps SET status=?, observation_json=?, finished_at=? WHERE id=?",
+                     (status, dumps(observation) if observation else "", now(), step_id))
+
     def fail_step(self, run_id, step_id, observation, detail):
-        self.execute("UPDATE steps SET status='failed', observation_json=?, finished_at=? "
-                     "WHERE id=?", (dumps(observation), now(), step_id))
+        self.end_step(step_id, "failed", observation)
         self.part(run_id, "step.failed", {"detail": detail, "observation": observation},
                   step_id)
 
     def finish_run(self, run_id, status, reason, detail, extra=None, outcome=None):
-        """End a run, a closing step first unless it completed, and settle its calls row.
-        Without `outcome`, nothing executed in this step: the outcome is unknown if the last
-        attempt's was, so a rejected or expired re-run leaves the question open. A run that
-        already ended (an operator's cancel since the caller read) raises Race."""
+        """End a run (a closing step first unless it completed) and settle its calls row.
+        Without `outcome` nothing executed: it is the last attempt's, so a rejected or expired
+        re-run leaves an unknown outcome open. A run already ended (a cancel) raises Race."""
         current, steps = self.execute("SELECT status, step_count FROM runs WHERE id=?",
                                       (run_id,)).fetchone()
         if current in TERMINAL:
@@ -2601,8 +2577,7 @@ class Tx:
         if status != "COMPLETED":
             step_id = self.start_step(run_id, {"kind": "fail", "message": detail,
                                                "origin": "operator"})
-            self.execute("UPDATE steps SET status='done', finished_at=? WHERE id=?",
-                         (now(), step_id))
+            self.end_step(step_id, "done")
             steps += 1
         self.execute("UPDATE runs SET status=?, reason=?, detail=?, finished_at=?, "
                      "lease_owner='', lease_expires_at='' WHERE id=?",
@@ -2624,21 +2599,20 @@ class Tx:
         self.execute(f"INSERT INTO approvals({', '.join(APPROVAL_COLUMNS)}) VALUES("
                      f"{', '.join('?' * len(APPROVAL_COLUMNS))})",
                      tuple(approval[c] for c in APPROVAL_COLUMNS))
-        capability = parse(approval["capability_json"])
         presentation = parse(approval["presentation_json"])
         self.part(run_id, "approval.requested", {
             "approval_id": approval["id"], "kind": approval["kind"],
-            "reason": presentation.get("reason", ""), "capability": kept_once(capability),
+            "reason": presentation.get("reason", ""),
+            "capability": kept_once(parse(approval["capability_json"])),
             "presentation": kept_once(presentation), "hash": approval["hash"]}, step_id)
 
     def resume(self, run_id, approval_id, lease):
         """A run whose newest approval was granted runs again, under this process's lease."""
-        changed = self.execute("UPDATE runs SET status='RUNNING', lease_owner=?, "
-                               "lease_expires_at=? WHERE id=? AND status='WAITING_FOR_APPROVAL'"
-                               " AND (SELECT id FROM approvals WHERE run_id=? ORDER BY rowid "
-                               "DESC LIMIT 1)=? AND EXISTS (SELECT 1 FROM approvals WHERE id=? "
-                               "AND status='approved')",
-                               (lease[0], lease[1], run_id, run_id, approval_id, approval_id))
+        changed = self.execute(
+            "UPDATE runs SET status='RUNNING', lease_owner=?, lease_expires_at=? "
+            "WHERE id=? AND status='WAITING_FOR_APPROVAL' AND (SELECT id, status FROM approvals "
+            "WHERE run_id=? ORDER BY rowid DESC LIMIT 1) = (?, 'approved')",
+            (*lease, run_id, run_id, approval_id))
         if changed.rowcount != 1:
             raise Race()
         self.part(run_id, "run.resumed", {"approval_id": approval_id})
@@ -2655,13 +2629,17 @@ class Tx:
         self.part(run_id, "step.tool_started", payload, step_id)
 
     def finish_execution(self, run_id, step_id, tool, observation, duration_ms):
+        # The event names the outcome; the step row keeps it whole.
+        record = observation.get("result")
+        said = ({"summary": observation["summary"], "bytes": record["bytes"],
+                 "sha256": record["sha256"]} if record else
+                {"error": observation["content"]["error"]})
         self.part(run_id, "step.tool_finished", {"tool": tool, "duration_ms": duration_ms,
-                                                 **outcome_fields(observation)}, step_id)
+                                                 **said}, step_id)
         if observation["kind"] != "tool_result":
             self.fail_step(run_id, step_id, observation, observation["summary"])
             return
-        self.execute("UPDATE steps SET status='done', observation_json=?, finished_at=? "
-                     "WHERE id=?", (dumps(observation), now(), step_id))
+        self.end_step(step_id, "done", observation)
         self.finish_run(run_id, "COMPLETED", "goal_completed", f"terminal tool {tool}",
                         outcome=OUTCOME_KNOWN)
 
@@ -2678,25 +2656,22 @@ class Tx:
         marked interrupted; (step_id, started_at) of one cut off executing, or None."""
         row = self.execute("SELECT lease_owner, lease_expires_at FROM runs WHERE id=? AND "
                            "status='RUNNING'", (run_id,)).fetchone()
-        # Another process's live lease is refused; this process's own is not: it takes over
-        # only runs it is not executing (Gate.active), so its lease there means a failed
-        # write stranded the run.
+        # Another process's live lease is refused, not this one's: it takes over only runs it
+        # is not executing (Gate.active), so its own lease means a failed write stranded it.
         if row is None or (row[0] and row[1] > now() and row[0] != lease[0]):
             raise Race()
         self.execute("UPDATE runs SET lease_owner=?, lease_expires_at=? WHERE id=?",
                      (lease[0], lease[1], run_id))
         if row[0]:
-            self.part(run_id, "lease.taken_over", {"previous_owner": row[0],
-                                                   "previous_expires_at": row[1],
-                                                   "owner": lease[0]})
+            self.part(run_id, "lease.taken_over", {
+                "previous_owner": row[0], "previous_expires_at": row[1], "owner": lease[0]})
         cut_step = None
         for step_id, status, started in self.execute(
                 "SELECT id, status, started_at FROM steps WHERE run_id=? AND status IN "
                 "('deciding', 'executing') ORDER BY idx", (run_id,)).fetchall():
             observation = {"kind": "interrupted", "content": {"previous_status": status},
                            "summary": f"step interrupted while {status}"}
-            self.execute("UPDATE steps SET status='interrupted', observation_json=?, "
-                         "finished_at=? WHERE id=?", (dumps(observation), now(), step_id))
+            self.end_step(step_id, "interrupted", observation)
             self.part(run_id, "step.interrupted", {"previous_status": status}, step_id)
             if status == "executing":
                 cut_step = (step_id, started)
@@ -2729,10 +2704,10 @@ class Tx:
 
     def expire_approval(self, approval_id, run_id, step_id):
         """A question nobody answered in time, or a grant nobody collected in time."""
-        changed = self.execute("UPDATE approvals SET status='expired', decided_at=CASE WHEN "
-                               "decided_at='' THEN ? ELSE decided_at END, note=CASE WHEN "
-                               "note='' THEN 'expired' ELSE note END WHERE id=? AND status IN "
-                               "('pending', 'approved')", (now(), approval_id))
+        changed = self.execute(
+            "UPDATE approvals SET status='expired', decided_at=coalesce(nullif(decided_at, ''), ?),"
+            " note=coalesce(nullif(note, ''), 'expired') "
+            "WHERE id=? AND status IN ('pending', 'approved')", (now(), approval_id))
         if changed.rowcount != 1:
             raise Race()
         self.part(run_id, "approval.decided", {"approval_id": approval_id,
@@ -2744,16 +2719,13 @@ class Tx:
 
     def record_read(self, run_id, session, tool, decision, policy, policy_id, started,
                     observation, ended, duration_ms):
-        """A read the policy allowed, recorded whole once it answered, as its run and one
-        run.read event that is also its step. Nothing of it is recorded before it runs and
-        no decision reads it later: it has no effect for a crash to leave unknown, so it
-        takes no calls row, and no execution row (it comes here only when its tool has no
-        limit). `ended` is the run's (status, reason, detail)."""
+        """A read the policy allowed, recorded once it answered as its run and one run.read
+        event that is also its step: no decision reads it and it has no effect a crash could
+        leave unknown, so no calls row, and no execution row (its tool has no limit)."""
         status, reason, detail = ended
-        at = now()
         self.execute("INSERT INTO runs(id, session, tool, status, reason, detail, step_count, "
                      "created_at, finished_at) VALUES(?,?,?,?,?,?,1,?,?)",
-                     (run_id, session, tool.name, status, reason, detail, started, at))
+                     (run_id, session, tool.name, status, reason, detail, started, now()))
         self.part(run_id, "run.read", {
             "decision": decision, "duration_ms": duration_ms, "status": status,
             "policy": {**policy, "policy_id": policy_id, "spec_hash": self.keep_spec(tool)},
@@ -2791,17 +2763,6 @@ class Tx:
         self.finish_run(run_id, "CANCELLED", "operator_cancelled", note, extra={"by": by})
 
 
-def _unique_violation(err):
-    """Whether a unique index (a request's open row, an id) refused a row: a lost race.
-    Python before 3.11 names no error code, so there the message is read."""
-    if not isinstance(err, sqlite3.IntegrityError):
-        return False
-    name = getattr(err, "sqlite_errorname", None)
-    if name is None:
-        return str(err).startswith("UNIQUE constraint failed")
-    return name in ("SQLITE_CONSTRAINT_UNIQUE", "SQLITE_CONSTRAINT_PRIMARYKEY")
-
-
 class Store:
     """The record as one process writes it: a writer, a reader and the heartbeat's
     connection, each under a lock of its own."""
@@ -2810,7 +2771,7 @@ class Store:
         self.path = path
         self.lock = threading.RLock()
         self.jobs, self.jobs_lock = [], threading.Lock()
-        check_database_path(path)
+        self._check_files(tighten=not readonly)
         if create and not readonly and not os.path.exists(path):
             try:
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
@@ -2821,7 +2782,6 @@ class Store:
         elif not os.path.exists(path):
             raise StoreError(f"database {path} does not exist; start the gate once to create it,"
                              f" or name the right file with -db")
-        self._check_files(tighten=not readonly)
         uri = "file:" + path.replace("?", "%3f").replace("#", "%23") + ("?mode=ro" if readonly
                                                                         else "")
         try:
@@ -2830,25 +2790,21 @@ class Store:
                 self._wal()
                 self.db.execute("PRAGMA synchronous=FULL")
             self._check_schema(migrate=create and not readonly)
-            # Reads use a second connection, so they never wait on a writer's sync; a decision
-            # made on a stale read is caught inside its own write transaction.
+            # Reads never wait on a writer's sync: a stale read is caught by its write's checks.
             self.reader = self.db if readonly else self._connect(uri)
             self.read_lock = self.lock if readonly else threading.Lock()
-            # The heartbeat writes on a third, so a lease is renewed even while the calls'
-            # group commit stalls: a live call's lease never runs out while its process runs.
+            # The heartbeat writes on a third: a live call's lease is renewed while commits stall.
             self.lease_db = None if readonly else self._connect(uri)
             self.lease_lock = threading.Lock()
         except sqlite3.Error as err:
             raise StoreError(f"database {path} cannot be opened: {err}") from None
         # Checked again once open, so a file swapped in meanwhile is refused.
         self._check_files(tighten=not readonly)
-        check_database_path(path)
 
     @staticmethod
     def _connect(uri):
         db = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=5.0,
                              check_same_thread=False)
-        db.execute("PRAGMA busy_timeout=5000")
         db.execute("PRAGMA trusted_schema=OFF")
         db.execute("PRAGMA foreign_keys=ON")
         if hasattr(db, "setconfig"):
@@ -2859,14 +2815,14 @@ class Store:
         deadline = time.monotonic() + 5
         while True:
             try:
-                self.db.execute("PRAGMA journal_mode=WAL")
-                return
+                return self.db.execute("PRAGMA journal_mode=WAL")
             except sqlite3.OperationalError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
 
     def _check_files(self, tighten):
+        check_database_path(self.path)
         owner = os.lstat(self.path).st_uid if os.path.exists(self.path) else os.geteuid()
         for path in (self.path, self.path + "-wal", self.path + "-shm"):
             try:
@@ -2902,21 +2858,16 @@ class Store:
             raise StoreError(f"database {self.path} has schema version {version}, older than "
                              f"this agentgate's {len(SCHEMA)}; start the gate once to migrate it")
         self.db.execute("BEGIN IMMEDIATE")
-        try:
+        with self.db:  # commits, or rolls back whatever stops it
             # Read again under the write lock: another process may have migrated meanwhile.
             self.db.execute("CREATE TABLE IF NOT EXISTS schema_migrations(version INTEGER "
                             "PRIMARY KEY, applied_at TEXT NOT NULL)")
             current = self.db.execute("SELECT max(version) FROM schema_migrations"
                                       ).fetchone()[0] or 0
             for number in range(current + 1, len(SCHEMA) + 1):
-                for statement in SCHEMA[number - 1].split(";"):
-                    if statement.strip():
-                        self.db.execute(statement)
+                for statement in filter(str.strip, SCHEMA[number - 1].split(";")):
+                    self.db.execute(statement)
                 self.db.execute("INSERT INTO schema_migrations VALUES(?, ?)", (number, now()))
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
 
     def close(self):
         with self.lock, self.read_lock, self.lease_lock:
@@ -2928,12 +2879,10 @@ class Store:
     # -- the one place transactions are opened --------------------------------------------
 
     def write(self, fn):
-        """Run fn(tx) in a BEGIN IMMEDIATE transaction; return its result once durable.
-        Group commit: changes queued while one thread commits are committed together by the
-        next, each in a savepoint, so one that fails rolls back alone. A caller returns only
-        after its own change is committed: nothing is answered before it is recorded. (It
-        was measured: with 16 calls in flight, a transaction per change served 13-39% fewer
-        calls per second.)"""
+        """Run fn(tx) in a BEGIN IMMEDIATE transaction; return its result once durable, so
+        nothing is answered before it is recorded. Changes queued meanwhile commit together,
+        each in a savepoint, so one that fails rolls back alone (13-39% more calls per second
+        at 16 in flight)."""
         job = {"fn": fn, "done": False, "result": None, "error": None}
         with self.jobs_lock:
             self.jobs.append(job)
@@ -2949,27 +2898,25 @@ class Store:
     def _commit(self, batch):
         try:
             self.db.execute("BEGIN IMMEDIATE")
-            alone = len(batch) == 1  # a change alone needs no savepoint: it rolls back whole
             for job in batch:
-                if not alone:
-                    self.db.execute("SAVEPOINT change")
+                self.db.execute("SAVEPOINT change")
                 try:
                     tx = Tx(self.db)
                     job["result"] = job["fn"](tx)
                     tx.flush()
                 except Exception as err:
-                    self.db.execute("ROLLBACK" if alone else "ROLLBACK TO change")
-                    # A unique index that refused a row another caller wrote first is a Race.
-                    job["error"] = (Race() if _unique_violation(err) else
+                    self.db.execute("ROLLBACK TO change")
+                    # A unique index (a key's open row, an id) that refused a row another
+                    # caller wrote first is a lost race (Python before 3.11 names no code).
+                    lost = (isinstance(err, sqlite3.IntegrityError)
+                            and str(err).startswith("UNIQUE constraint failed"))
+                    job["error"] = (Race() if lost else
                                     StoreError(f"the records could not be written: {err}")
                                     if isinstance(err, sqlite3.Error) else err)
-                if not alone:
-                    self.db.execute("RELEASE change")
-            if self.db.in_transaction:  # not when a change alone was rolled back
-                self.db.execute("COMMIT")
+                self.db.execute("RELEASE change")
+            self.db.execute("COMMIT")
         except BaseException as err:
-            # Nothing of the batch committed: every caller in it hears so, whatever stopped
-            # the commit (a disk error, or an exception that interrupted this thread).
+            # Nothing of the batch committed: every caller in it hears so, whatever stopped it.
             try:
                 if self.db.in_transaction:
                     self.db.execute("ROLLBACK")
@@ -2986,29 +2933,22 @@ class Store:
                 job["done"] = True
 
     def renew_leases(self, owner, until, run_ids):
-        """The heartbeat: extend the leases of the runs this process is executing. Not
-        chained in events: a renewal changes no decision."""
+        """The heartbeat (no event: a renewal changes no decision)."""
         if not run_ids:
             return
-        marks = ", ".join("?" * len(run_ids))
         with self.lease_lock:
-            try:
-                self.lease_db.execute("BEGIN IMMEDIATE")
+            try:  # one statement, so its own transaction
                 self.lease_db.execute(
-                    f"UPDATE runs SET lease_expires_at=? WHERE lease_owner=? AND "
-                    f"status='RUNNING' AND id IN ({marks})", (until, owner, *run_ids))
-                self.lease_db.execute("COMMIT")
+                    f"UPDATE runs SET lease_expires_at=? WHERE lease_owner=? AND status='RUNNING'"
+                    f" AND id IN ({', '.join('?' * len(run_ids))})", (until, owner, *run_ids))
             except sqlite3.Error as err:
-                if self.lease_db.in_transaction:
-                    self.lease_db.execute("ROLLBACK")
                 raise StoreError(f"the leases could not be renewed: {err}") from None
 
     # -- the reads the gate decides with -----------------------------------------------------
 
     def key_runs(self, session, key, since, newest_only):
-        """A request's runs that are unfinished, finished since `since`, or hold its open
-        calls row, newest first. One statement, so the open row it names is the key's newest
-        as of every other row read."""
+        """A request's runs unfinished, finished since `since` or holding its open calls row,
+        newest first; one statement, so its open row is the newest as of every row read."""
         return [KeyRun(*row) for row in self.read(
             "SELECT r.id, r.status, r.reason, r.detail, r.finished_at, r.lease_owner, "
             "r.lease_expires_at, c.open FROM calls c JOIN runs r ON r.id = c.run_id WHERE "
