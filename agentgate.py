@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3978 lines of decision core, read first; then the libraries it relies on, each
+Sections (3972 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -34,7 +34,7 @@ because the configuration is read with its parser.
      4. Configuration and its trust                  decision core      316
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
-     7. The record                                   decision core      715
+     7. The record                                   decision core      709
      8. The gate                                     decision core      718
      9. The host side                                decision core      355
     10. Canonical JSON                               library            314
@@ -2388,15 +2388,15 @@ ANY_ROW = "any open row"  # a read replaces whatever row is open: reads never ra
 KeyRun = collections.namedtuple("KeyRun", "run_id status reason detail finished owner expires open")
 UNKNOWN_ENDINGS = ("timed_out", "no_answer", "cut_off")
 CALL_ENDINGS = ("ok", "error", "unrecorded", "timed_out", "no_answer")  # call_upstream's
+LARGE_VALUE_BYTES = 4096
 
-# The newest attempt of a run's tool call: its ending, its observation (or None), when it
-# finished, and the attempt as an interruption approval names it.
+# A run's newest attempt: its ending, observation (or None), when it finished, and the
+# attempt as an interruption approval names it.
 Attempt = collections.namedtuple("Attempt", "ending observed finished attempt")
 
 
 def step_outcome(observed):
-    """What a recorded step came to, by its fields in every version (never its prose): an
-    ending of CALL_ENDINGS, 'cut_off', 'denied', 'invalid', 'rejected', 'interrupted' or ''."""
+    """What a recorded step came to, read from its fields in every version, never its prose."""
     kind, content = observed["kind"], observed.get("content", {})
     if kind == "tool_result":
         return "ok"
@@ -2431,9 +2431,6 @@ def last_attempt(rows, run_id):
     return None
 
 
-LARGE_VALUE_BYTES = 4096
-
-
 def kept_once(value):
     """A value as an event carries it: a string past LARGE_VALUE_BYTES as its size and hash,
     since its step or approval row keeps it whole; the chain still binds every byte."""
@@ -2463,8 +2460,8 @@ class Tx:
 
     def __init__(self, db):
         self.db = db
-        self.execute = db.execute  # every statement runs in the writer's open transaction
-        self.parts = {}  # run id -> the parts of its record this transaction holds so far
+        self.execute = db.execute  # inside the writer's open transaction
+        self.parts = {}  # run id -> its parts of the record so far
         # Read under the write lock, so two processes extend one chain. The next seq follows
         # every seq ever used (a deleted tail leaves a gap verify reports).
         used, newest, digest = db.execute(
@@ -2501,7 +2498,6 @@ class Tx:
                      "call.changed")
             self.event(run_id, type_, {"parts": parts},
                        next((part[1] for part in parts if part[1]), ""))
-        self.parts = {}
 
     # -- state changes: each writes its rows and its events, inside the caller's transaction --
 
@@ -2719,9 +2715,8 @@ class Tx:
 
     def record_read(self, run_id, session, tool, decision, policy, policy_id, started,
                     observation, ended, duration_ms):
-        """A read the policy allowed, recorded once it answered as its run and one run.read
-        event that is also its step: no decision reads it and it has no effect a crash could
-        leave unknown, so no calls row, and no execution row (its tool has no limit)."""
+        """An allowed read, recorded once it answered as its run and one run.read event: a crash
+        leaves nothing of it unknown (no calls row); its tool has no limit (no execution row)."""
         status, reason, detail = ended
         self.execute("INSERT INTO runs(id, session, tool, status, reason, detail, step_count, "
                      "created_at, finished_at) VALUES(?,?,?,?,?,?,1,?,?)",
@@ -2906,8 +2901,7 @@ class Store:
                     tx.flush()
                 except Exception as err:
                     self.db.execute("ROLLBACK TO change")
-                    # A unique index (a key's open row, an id) that refused a row another
-                    # caller wrote first is a lost race (Python before 3.11 names no code).
+                    # A unique index refusing a row is a lost race (by message: 3.9 has no code).
                     lost = (isinstance(err, sqlite3.IntegrityError)
                             and str(err).startswith("UNIQUE constraint failed"))
                     job["error"] = (Race() if lost else
