@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (4038 lines of decision core, read first; then the libraries it relies on, each
+Sections (4008 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -33,7 +33,7 @@ because the configuration is read with its parser.
      3. Policy on what a call does                   decision core      664
      4. Configuration and its trust                  decision core      316
      5. Tools, as pinned                             decision core      361
-     6. Answers                                      decision core      468
+     6. Answers                                      decision core      438
      7. The record                                   decision core      775
      8. The gate                                     decision core      718
      9. The host side                                decision core      355
@@ -1838,17 +1838,15 @@ def _mentions(value, name):
 #
 # Reads as: decision core
 #
-# Owns: every sentence of the gate's the model can read (the tables below: the answers to a
-# call, the status tool's words and the words that fill their slots; the gate, the host side
-# and the status tool pick among them), the policy's evaluation of one call with its approval
-# and hash, the check of a call's arguments, and what of a server's result is passed on and
-# recorded: plain functions of their inputs, which the gate calls and records.
+# Owns: every sentence of the gate's the model can read (the tables below; the gate, the host
+# side and the status tool pick among them), the policy's evaluation of one call with its
+# approval and hash, the check of a call's arguments, and what of a server's result is passed
+# on and recorded: plain functions of their inputs.
 # Promises: an approval's hash covers exactly what it binds and what the operator is shown;
 # a re-run of an unknown outcome is never allowed without an operator. A server's result
-# reaches the host as the server answered it, never through the gate's prose (one told again,
-# in a DUPLICATE or by the status tool, is sanitized), and its record identifies exactly what
-# the model was given. Nothing the model sees names the operator command, the database, the
-# config or a run id.
+# reaches the host as the server answered it, never through the gate's prose (one told again
+# is sanitized), and its record identifies exactly what the model was given. Nothing the model
+# sees names the operator command, the database, the config or a run id.
 # =============================================================================================
 
 APPROVAL_COLUMNS = ("id", "run_id", "step_id", "kind", "capability_json", "presentation_json",
@@ -1871,32 +1869,26 @@ PROSE = {
         "waiting. Once it is approved, call the tool again with exactly the same arguments to "
         "run it and get the result.{limit}"),
     "DENIED": "The policy does not allow this request: {reason}. Nothing was executed.",
-    "TOOL_CHANGED": (
-        "Its server now presents this tool differently from when it was reviewed (its "
-        "description, input schema or annotations changed, or it is gone), or said it changed "
-        "and could not be asked how, so it is not offered until it is again as it was "
-        "reviewed. Nothing was executed. Tell the user."),
-    "INVALID": (
-        "The arguments do not match the tool's input schema: {reason}. Nothing was executed. "
-        "Correct the arguments and call again."),
-    "REJECTED": (
-        "An operator rejected this exact request (approval {approval}){note}. It was not "
-        "executed. An identical request is refused until {until}. Do not ask again; tell the "
-        "user."),
-    "CANCELLED": (
-        "An operator cancelled this exact request{note}. Nothing further was executed. An "
-        "identical request is refused until {until}. Tell the user."),
+    "TOOL_CHANGED": "Its server now presents this tool differently from when it was reviewed (its "
+                    "description, input schema or annotations changed, or it is gone), or said it "
+                    "changed and could not be asked how, so it is not offered until it is again as "
+                    "it was reviewed. Nothing was executed. Tell the user.",
+    "INVALID": "The arguments do not match the tool's input schema: {reason}. Nothing was "
+               "executed. Correct the arguments and call again.",
+    "REJECTED": "An operator rejected this exact request (approval {approval}){note}. It was not "
+                "executed. An identical request is refused until {until}. Do not ask again; tell "
+                "the user.",
+    "CANCELLED": "An operator cancelled this exact request{note}. Nothing further was executed. An "
+                 "identical request is refused until {until}. Tell the user.",
     "EXPIRED": (
         "The approval for this exact request (approval {approval}) expired before it was used. "
         "It was not executed. An identical request is refused until {until}. Tell the user."),
-    "DUPLICATE": (
-        "This exact request already executed at {at} and is not executed again: an identical "
-        "call to this tool within {window} of an earlier one is refused, whether or not it is a "
-        "retry. Its outcome was: {outcome}"),
-    "IN_PROGRESS": (
-        "This exact request is already executing, or the outcome of an attempt is not yet "
-        "known. Nothing new was started. Wait a little, then call again with exactly the same "
-        "arguments."),
+    "DUPLICATE": "This exact request already executed at {at} and is not executed again: an "
+                 "identical call to this tool within {window} of an earlier one is refused, "
+                 "whether or not it is a retry. Its outcome was: {outcome}",
+    "IN_PROGRESS": "This exact request is already executing, or the outcome of an attempt is not "
+                   "yet known. Nothing new was started. Wait a little, then call again with "
+                   "exactly the same arguments.",
     "BLOCKED_PENDING": (
         "{waiting} for an operator's approval, the most this session allows. Nothing was "
         "executed and no approval was requested. Tell the user and wait for the operator."),
@@ -1912,14 +1904,12 @@ PROSE = {
         "again (approval {approval}). Nothing further was executed. Do not call again until "
         "you are told it was approved, and do not use another tool to do the same thing; tell "
         "the user. If it is approved, call again with exactly the same arguments."),
-    "BLOCKED_UNKNOWN": (
-        "An earlier call to {tool} may have taken effect and its outcome is unknown (approval "
-        "{approval}), so no other call to {tool} that changes anything runs until an operator "
-        "decides. Nothing was executed. Tell the user."),
-    "UNRECORDED": (
-        "The server answered this request, so it executed, but its answer could not be "
-        "recorded ({reason}). What it did is unknown here and it may have taken effect. Do not "
-        "call again to retry{window}. Tell the user."),
+    "BLOCKED_UNKNOWN": "An earlier call to {tool} may have taken effect and its outcome is unknown "
+                       "(approval {approval}), so no other call to {tool} that changes anything "
+                       "runs until an operator decides. Nothing was executed. Tell the user.",
+    "UNRECORDED": "The server answered this request, so it executed, but its answer could not be "
+                  "recorded ({reason}). What it did is unknown here and it may have taken effect. "
+                  "Do not call again to retry{window}. Tell the user.",
     "UNAVAILABLE": "The gate could not read or write its records: {what}. Tell the user.",
     # An error result: the model did not get what the tool returns, and must not take this
     # sentence for it.
@@ -1929,8 +1919,7 @@ PROSE = {
 }
 TOO_LARGE_THEN = {
     "read": "A read changes nothing: asking for less (a smaller range, page or size) may fit.",
-    "mutating": "It was executed and is not executed again: do not call again to retry"
-                "{window}.",
+    "mutating": "It was executed and is not executed again: do not call again to retry{window}.",
 }
 HOW = {"timed_out": "timed out before the server answered",
        "no_answer": "failed without an answer from the server",
@@ -1982,38 +1971,31 @@ STATUS_PROSE = {
     "outcome_unknown": (
         "{head}: OUTCOME UNKNOWN, waiting {age} for an operator to decide whether it runs "
         "again: an earlier attempt may have taken effect. Nothing further has been executed."),
-    "pending": (
-        "{head}: PENDING for {age}. Nothing has been executed; an operator decides outside "
-        "this conversation. Do not call again until it is approved."),
+    "pending": "{head}: PENDING for {age}. Nothing has been executed; an operator decides outside "
+               "this conversation. Do not call again until it is approved.",
     "rejected": "{head}: REJECTED by the operator.{note} It was not executed; do not ask again.",
     "rejected_note": " The operator's note: {note}.",
     "expired": "{head}: EXPIRED. It was not executed.",
     "executing": "APPROVED and executing now.",
     "succeeded": "APPROVED and executed, and it succeeded.",
-    "unrecorded": (
-        "APPROVED and executed, and the server answered, but its result could not be recorded "
-        "({error}); it may have taken effect."),
+    "unrecorded": "APPROVED and executed, and the server answered, but its result could not be "
+                  "recorded ({error}); it may have taken effect.",
     "failed": "APPROVED and executed, and the server reported a failure: {error}.",
-    "unknown": (
-        "APPROVED and executed, but it {how}, so whether it took effect is unknown: it may "
-        "have. {then}"),
-    "rerun_waits": "Approval {approval} now waits for an operator to decide whether it runs "
-                   "again.",
+    "unknown": "APPROVED and executed, but it {how}, so whether it took effect is unknown: it may "
+               "have. {then}",
+    "rerun_waits": "Approval {approval} now waits for an operator to decide whether it runs again.",
     "no_rerun": "No approval to run it again is waiting now.",
-    "superseded": (
-        "APPROVED, and then a different approval was asked for the same call (approval "
-        "{approval})."),
-    "uncollected": (
-        "APPROVED, awaiting collection. Call {tool} again with exactly the same arguments to "
-        "run it and get the result."),
+    "superseded": "APPROVED, and then a different approval was asked for the same call (approval "
+                  "{approval}).",
+    "uncollected": "APPROVED, awaiting collection. Call {tool} again with exactly the same "
+                   "arguments to run it and get the result.",
     "not_executed": "APPROVED but not executed: {why}.",
 }
 NOT_EXECUTED_WHY = {
     "operator_cancelled": "an operator cancelled it",
     "approval_expired": "the approval expired before it was collected",
     "denied_on_resume": "the policy denied it when it was collected",
-    "invalid_on_resume": "its arguments no longer matched the tool's schema when it was "
-                         "collected",
+    "invalid_on_resume": "its arguments no longer matched the tool's schema when it was collected",
     "ended": "its run ended ({reason})",
 }
 # The JSON-RPC errors a tools/call can be answered with: a host shows their message to the model.
@@ -2031,8 +2013,8 @@ IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED", "DUPLICATE", 
 
 
 class Answer:
-    """What one tools/call returns to the host: the gate's own prose as one text block, or a
-    server's result (`passed`) as the server answered it; `text` is then its text blocks."""
+    """What a tools/call returns: the gate's prose as one text block, or a server's result
+    (`passed`) as the server answered it, `text` then its text blocks."""
 
     def __init__(self, text, is_error=False, passed=None):
         self.text, self.is_error, self.passed = text, is_error, passed
@@ -2092,13 +2074,12 @@ def evaluate(config, tool, args, facts, attempt=None, approved=False, judged=Non
                   f"Approving runs it again when the model calls again; rejecting ends this "
                   f"request, and a later identical call asks an operator again whatever the "
                   f"policy says.")
+        question = f"Run {tool.upstream_name} on server {tool.server.name} again with these " \
+                   f"arguments?"
         return {"outcome": "require_approval", "reason": INTERRUPTED_REASON,
-                "by": decision["by"], "kind": "interrupted_side_effect",
-                "capability": capability,
-                "presentation": {**capability, "notice": notice,
-                                 "reason": INTERRUPTED_REASON, "question": (
-                                     f"Run {tool.upstream_name} on server "
-                                     f"{tool.server.name} again with these arguments?")}}
+                "by": decision["by"], "kind": "interrupted_side_effect", "capability": capability,
+                "presentation": {**capability, "notice": notice, "reason": INTERRUPTED_REASON,
+                                 "question": question}}
     question = (f"May the model call {tool.upstream_name} on server {tool.server.name} with "
                 f"these arguments?")
     presentation = {**capability, "question": question, "reason": decision["reason"]}
@@ -2118,20 +2099,18 @@ def approval_hash(kind, capability, presentation, request):
 
 
 def new_approval(config, run_id, step_id, tool, args, decision):
-    """A pending approval in its one shape: its row's columns, as Store.read_approvals reads
-    them back."""
+    """A pending approval in its one shape: its row as Store.read_approvals reads it back."""
     request = {"run_id": run_id, "step_id": step_id, "spec": tool.spec, "args": args}
     created = now()
-    approval = dict.fromkeys(APPROVAL_COLUMNS, "")
-    approval.update(
-        id=new_id(16), run_id=run_id, step_id=step_id, kind=decision["kind"],
-        capability_json=dumps(decision["capability"]),
+    return dict(
+        dict.fromkeys(APPROVAL_COLUMNS, ""), id=new_id(16), run_id=run_id, step_id=step_id,
+        kind=decision["kind"], capability_json=dumps(decision["capability"]),
         presentation_json=dumps(decision["presentation"]), request_json=dumps(request),
         hash=approval_hash(decision["kind"], decision["capability"], decision["presentation"],
                            request),
         status="pending", created_at=created,
         expires_at=later(created, config.approval_ttl) if config.approval_ttl else "")
-    return approval
+
 
 
 def stored_hash(row):
@@ -2153,12 +2132,10 @@ def check_arguments(tool, args, work=None):
     """'' when the arguments may be sent, else why not (INVALID)."""
     if not isinstance(args, dict):
         return "the arguments are not a JSON object"
-    for name in tool.rule.deny:
+    for name in [*tool.rule.deny, *tool.rule.fixed]:
         if name in args:
-            return f'parameter "{name}" is denied by the operator'
-    for name in tool.rule.fixed:
-        if name in args:
-            return f'parameter "{name}" is fixed by the operator'
+            how = "denied" if name in tool.rule.deny else "fixed"
+            return f'parameter "{name}" is {how} by the operator'
     try:
         validate(tool.schema, args, work=work)
     except (SchemaError, PatternCost) as err:
@@ -2183,12 +2160,10 @@ def passed_result(tool, result):
 
 
 def result_record(passed):
-    """What the record keeps of a server's result, so it identifies exactly what the model
-    was given: the size and hash of its canonical form (which bind every byte of it); each
-    block by its type and labels, with its text while the texts come to at most CONTENT_CAP
-    bytes (else its size and hash); the structured content, whole while it fits in what is
-    left, else its size and hash; isError."""
-    encoded = canonical(passed)
+    """What the record keeps of a server's result, to identify exactly what the model was
+    given: its canonical form's size and hash (binding every byte); each block by type and
+    labels, with its text while the texts total at most CONTENT_CAP bytes (else its size and
+    hash); the structured content, whole while it fits in what is left; isError."""
     room = [CONTENT_CAP]
 
     def keep(text):
@@ -2198,7 +2173,7 @@ def result_record(passed):
         return text if len(kept) == len(data) else kept.decode("utf-8", "ignore")
 
     blocks = passed["content"]
-    record = {"bytes": len(encoded), "sha256": sha256_hex(encoded),
+    record = {**_size_and_hash(canonical(passed)),
               "blocks": [recorded_block(block, keep) for block in blocks[:RECORDED_BLOCKS]]}
     if len(blocks) > RECORDED_BLOCKS:
         record["more_blocks"] = len(blocks) - RECORDED_BLOCKS
@@ -2206,7 +2181,6 @@ def result_record(passed):
         structured = canonical(passed["structuredContent"])
         record["structured"] = _size_and_hash(structured)
         if len(structured) <= room[0]:
-            room[0] -= len(structured)
             record["structured"]["value"] = passed["structuredContent"]
     if passed.get("isError") is True:
         record["is_error"] = True
@@ -2225,8 +2199,7 @@ def recorded_block(block, keep):
         if isinstance(source.get(label), str):
             entry[label] = keep(source[label])
     text = source.get("text") if kind in ("text", "resource") else None
-    data = source.get("blob") if kind == "resource" else source.get("data") if kind in (
-        "image", "audio") else None
+    data = source.get({"resource": "blob", "image": "data", "audio": "data"}.get(kind))
     if isinstance(text, str):
         entry["text"] = keep(text)
         if entry["text"] != text:
@@ -2256,17 +2229,25 @@ def block_labels(record):
     """A recorded result's blocks as short labels: `[type label, N bytes]`."""
     labels = []
     for entry in record["blocks"]:
-        label = entry.get("mimeType") or entry.get("uri") or ""
-        labels.append(f"[{entry['type']}{' ' + label if label else ''}, "
-                      f"{block_bytes(entry)} bytes]")
+        label = entry.get("mimeType") or entry.get("uri")
+        label = f"{entry['type']} {label}" if label else entry["type"]
+        labels.append(f"[{label}, {block_bytes(entry)} bytes]")
     if record.get("more_blocks"):
         labels.append(f"[{record['more_blocks']} more blocks]")
     return labels
 
 
-def recorded_text(record, withheld=False):
-    """A recorded result as text: its text blocks' text and every other block's label; of a
-    withheld result, only the labels. Structured content alone is its JSON, when kept."""
+def outcome_text(observed):
+    """A recorded outcome as text: a result's text blocks' text and every other block's label
+    (of a withheld result only the labels; structured content alone is its JSON, when kept),
+    the error that came instead, or a result recorded before results were kept whole (schema
+    version 4), as mapped."""
+    if "result" not in observed:
+        content = observed["content"]
+        if observed["kind"] != "tool_result":
+            return content["error"]
+        return content if isinstance(content, str) else policy_json(content)
+    record, withheld = observed["result"], observed.get("withheld", False)
     blocks, labels = record["blocks"], block_labels(record)
     parts = [entry["text"] if entry["type"] == "text" and "text" in entry and not withheld
              else label for entry, label in zip(blocks, labels)] + labels[len(blocks):]
@@ -2274,17 +2255,6 @@ def recorded_text(record, withheld=False):
     if not blocks and "value" in structured and not withheld:
         parts.append(policy_json(structured["value"]))
     return "\n".join(parts)
-
-
-def outcome_text(observed):
-    """A recorded outcome as text: the result (recorded_text), the error that came instead,
-    or a result recorded before results were kept whole (schema version 4), as mapped."""
-    if "result" in observed:
-        return recorded_text(observed["result"], observed.get("withheld", False))
-    if observed["kind"] == "tool_result":
-        content = observed["content"]
-        return content if isinstance(content, str) else policy_json(content)
-    return observed["content"]["error"]
 
 
 def result_summary(tool, record, withheld_over=0):
