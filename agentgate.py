@@ -21,19 +21,19 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (4008 lines of decision core, read first; then the libraries it relies on, each
+Sections (3953 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
 the libraries, so the core reads top to bottom: the policy comes before the configuration
 because the configuration is read with its parser.
 
-     1. Framing                                      decision core      102
+     1. Framing                                      decision core       88
      2. Text, times and fields                       decision core      279
      3. Policy on what a call does                   decision core      664
      4. Configuration and its trust                  decision core      316
-     5. Tools, as pinned                             decision core      361
-     6. Answers                                      decision core      438
+     5. Tools, as pinned                             decision core      337
+     6. Answers                                      decision core      421
      7. The record                                   decision core      775
      8. The gate                                     decision core      718
      9. The host side                                decision core      355
@@ -116,18 +116,17 @@ VERSION = "0.2.0"
 #
 # Reads as: decision core
 #
-# Owns: the byte streams of both sides cut into frames, whom to answer when a frame is refused,
-# and the hashes a request's identity is taken over (over the encoding of section 10).
+# Owns: both sides' byte streams cut into frames, whom to answer when a frame is refused, and
+# the hashes of a request's identity (over section 10's encoding).
 # Promises: a frame is split on `\n` bytes only (never on U+2028/U+2029) and never held past
 # its cap; the id read from a refused frame is only ever its own top-level one.
 # =============================================================================================
 
 def read_frames(fd, cap):
     """Newline-delimited frames from a file descriptor: (frame, b"") for a frame of at most
-    `cap` bytes, or (None, its first 4 KiB) for one past the cap, whose rest is skipped so the
-    stream goes on. os.read, never a buffered file object: a reader thread then holds no lock
-    the interpreter needs at exit."""
-    pending, size, skipping, head = [], 0, False, b""
+    `cap` bytes, or (None, its first 4 KiB) for one past the cap, whose rest is skipped. os.read,
+    not a buffered file: a reader thread then holds no lock the interpreter needs at exit."""
+    pending, skipping, head = bytearray(), False, b""
     while True:
         try:
             chunk = os.read(fd, 1 << 16)
@@ -135,29 +134,21 @@ def read_frames(fd, cap):
             chunk = b""
         if not chunk:
             if pending and not skipping:
-                yield b"".join(pending), b""
+                yield bytes(pending), b""
             return
-        start = 0
-        while True:
-            end = chunk.find(b"\n", start)
-            piece = chunk[start:] if end < 0 else chunk[start:end + 1]
-            if not skipping:
-                if size + len(piece) > cap + 1:
-                    head = (b"".join(pending) + piece)[:4096]
-                    skipping, pending, size = True, [], 0
-                else:
-                    pending.append(piece)
-                    size += len(piece)
-            if end < 0:
-                break
-            start = end + 1
-            yield (None, head) if skipping else (b"".join(pending), b"")
-            pending, size, skipping = [], 0, False
+        for piece in re.findall(rb"[^\n]*\n|[^\n]+", chunk):
+            if not skipping and len(pending) + len(piece) > cap + 1:
+                head, skipping, pending = bytes(pending + piece)[:4096], True, bytearray()
+            elif not skipping:
+                pending += piece
+            if piece.endswith(b"\n"):
+                yield (None, head) if skipping else (bytes(pending), b"")
+                pending, skipping = bytearray(), False
 
 
 def parse_loosely(data):
-    """A refused message read leniently, only to find whom to answer (its id and method),
-    never for what a call sends or what is recorded; None when even that cannot be read."""
+    """A refused message read leniently, only to find whom to answer (its id and method), never
+    for what a call sends or records; None when even that cannot be read."""
     try:
         return json.loads(data.decode("utf-8", "replace"), parse_int=Number, parse_float=Number,
                           parse_constant=Number)
@@ -175,19 +166,15 @@ def frame_id(head):
     depth = 0
     for match in _HEAD_TOKEN_RE.finditer(head):
         token = match.group()
-        if token in (b"[", b"{"):
-            depth += 1
-        elif token in (b"]", b"}"):
-            depth -= 1
-        elif depth == 1 and token == b'"id"':
+        depth += {b"[": 1, b"{": 1, b"]": -1, b"}": -1}.get(token, 0)
+        if depth == 1 and token == b'"id"':
             value = _HEAD_ID_RE.match(head, match.end())
             return int(value.group(1)) if value else None
     return None
 
 
 def echoable_id(ident):
-    """Whether a request id can be echoed as JSON: a lenient read can yield a lone surrogate,
-    Infinity or NaN."""
+    """Whether an id can be echoed as JSON (a lenient read yields lone surrogates, NaN, ...)."""
     if isinstance(ident, str):
         return not SURROGATE_RE.search(ident)
     return isinstance(ident, Number) and bool(JSON_NUMBER_RE.fullmatch(ident.literal))
@@ -198,7 +185,7 @@ def sha256_hex(data):
 
 
 def value_digest(data):
-    """A value too large to keep again, as its size and hash (bytes in, text out)."""
+    """A value too large to keep again, as its size and hash."""
     return f"[{len(data)} bytes, sha256 {sha256_hex(data)}]"
 
 
@@ -207,8 +194,7 @@ def content_hash(value):
 
 
 def request_key(tool_name, args):
-    """The identity of a request: the tool's name and its canonical arguments (a value, or
-    already encoded)."""
+    """A request's identity: the tool's name and its canonical arguments (value or bytes)."""
     encoded = args if isinstance(args, bytes) else canonical(args)
     return sha256_hex(tool_name.encode("utf-8") + b"\x00" + encoded)
 
@@ -1478,16 +1464,14 @@ def check_reach(config):
 # Reads as: decision core
 #
 # Owns: which tool a call names: the manifest (what a server presented at its pin), what
-# differs from it now (changed_parts, the one definition, for the load, the watch while serving
-# and pin -diff), and load: at every start, which of a server's tools the host is offered.
-# Promises: a tool is offered only if it is pinned, classified by a rule that is not an
-# unreviewed proposal, and presents exactly what it presented at the pin (PINNED_PARTS), and it
-# is offered as pinned; its annotations do not contradict its class (unless the rule allows
-# it); a high lint finding is accepted by the rule for exactly that text; its name is usable;
-# its schema is self-contained, usable, and soundly hides what the rule hides. A refusal
-# refuses only that tool; the report load_all passes in (Report, section 22) says why.
-# A problem of one server (LoadError) hides only that server; a ConfigError stops every server.
-# Hiding a server never lets a call through that would otherwise be refused.
+# differs from it now (changed_parts, the one definition: load, the watch, pin -diff), and
+# load: at every start, which of a server's tools the host is offered.
+# Promises: a tool is offered, as pinned, only if it is pinned, classified by a reviewed rule,
+# and presents exactly what it presented at the pin (PINNED_PARTS); its annotations do not
+# contradict its class (unless the rule allows it); a high lint finding is accepted for exactly
+# that text; its name is usable; its schema is self-contained, usable, and soundly hides what
+# the rule hides. A refusal refuses only that tool, a LoadError only that server, a
+# ConfigError every server; hiding a server never lets through a call otherwise refused.
 # =============================================================================================
 
 class UpstreamError(Exception):
@@ -1528,8 +1512,6 @@ def offered_name(server, tool, rule):
 
 
 class Tool:
-    """An upstream tool as the gate offers it."""
-
     def __init__(self, server, upstream, entry, rule):
         self.server = server
         self.upstream = upstream
@@ -1541,12 +1523,12 @@ class Tool:
         self.target = f"{server.name}/{entry['name']}"
         self.description = rule.description or entry.get("description", "")
         self.side_effect = rule.side_effect
+        self.read_only = rule.side_effect == "read_only"
         # A timeout nobody set is the default one: check says which tools run on it.
         self.timeout_given = rule.timeout or server.default_timeout
         self.timeout = self.timeout_given or DEFAULT_TOOL_TIMEOUT
         self.schema = restrict_schema(entry["input_schema"], rule.deny + list(rule.fixed))
-        # tools/list offers the tool as pinned, with the rule's description and without what
-        # the rule hides; a part not presented (or not kept at the pin) is left out.
+        # Offered as pinned, as the rule shows it; a part not presented (or kept) is left out.
         offered = {"name": self.name, "title": entry.get("title"),
                    "description": self.description, "inputSchema": self.schema,
                    "outputSchema": entry.get("output_schema"),
@@ -1559,20 +1541,14 @@ class Tool:
         self.spec_json = dumps(self.spec)  # encoded once: a step names its spec by this hash
         self.spec_hash = sha256_hex(self.spec_json)
 
-    @property
-    def read_only(self):
-        return self.side_effect == "read_only"
-
 
 def restrict_schema(schema, hidden):
-    """The schema the host is offered: hidden parameters gone from properties and required."""
     if not hidden:
         return schema
-    restricted = dict(schema)
+    restricted = {k: v for k, v in schema.items() if k != "required"}
     restricted["properties"] = {k: v for k, v in schema.get("properties", {}).items()
                                 if k not in hidden}
     required = [r for r in schema.get("required", []) if r not in hidden]
-    restricted.pop("required", None)
     if required:
         restricted["required"] = required
     return restricted
@@ -1597,18 +1573,15 @@ def manifest_entry(tool):
 
 
 def changed_parts(pinned, live):
-    """The parts (PINNED_PARTS' names, in order) in which a tool as presented now differs from
-    its pin, both as manifest entries: the one definition of a change since the pin.
-    An entry pinned by agentgate 0.2.0 or older has no "title" key (later ones have it, null
-    when there is none): it is compared only on EARLY_PARTS, so an upgrade alone changes no
-    tool; pinning again covers the rest."""
+    """The parts (PINNED_PARTS' names) in which a tool as presented now (a manifest entry)
+    differs from its pin: the one definition of a change since the pin. An entry pinned by
+    0.2.0 or older (no "title" key) is compared on EARLY_PARTS only: an upgrade changes no tool."""
     early = "title" not in pinned
     return [part for part, key in PINNED_PARTS if (not early or part in EARLY_PARTS)
             and compared_part(pinned, key, pinned) != compared_part(live, key, pinned)]
 
 
 def compared_part(entry, key, pinned):
-    """The value of an entry's part as it is compared with the `pinned` entry."""
     value = entry.get(key)
     if "title" not in pinned and key == "annotations" and isinstance(value, dict):
         value = {k: value[k] for k in ANNOTATION_KEYS if k in value} or None
@@ -1621,9 +1594,8 @@ def read_manifest(server):
     where = f"server {quote(server.name)}: manifest {server.manifest}"
     if not os.path.lexists(server.manifest):
         raise LoadError(f"{where} does not exist; run pin")
-    data = read_owned(server.manifest, "manifest")
     try:
-        manifest = parse(data)
+        manifest = parse(read_owned(server.manifest, "manifest"))
     except CanonicalError as err:
         raise LoadError(f"{where} is not usable JSON: {err.placed()}") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("tools"), dict):
@@ -1670,9 +1642,8 @@ STATUS_CLASH = "the status tool"
 
 
 def load(server, manifest, upstream, live, deadline, taken, findings, report):
-    """The tools of a connected server that are offered; `report` (a Report from load_all) is
-    told what became of each. `taken` maps registered names already offered (by earlier
-    servers and the status tool) to what holds them; `findings` are the lint's, per tool."""
+    """The tools of a connected server that are offered; `report` is told what became of each.
+    `taken`: the names already offered (by earlier servers, the status tool) to their holders."""
     pinned = manifest["tools"]
     for name in sorted(set(live) - set(pinned)):
         report.unpinned(name)
@@ -1701,7 +1672,8 @@ def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
         raise UpstreamError(upstream.describe("load", "timed out after " +
                                               format_duration(deadline.ns)))
     live_entry = None if live is None else manifest_entry(live)
-    reason = refusal(server, entry, live_entry, rule, found)
+    mismatch = hint_mismatch(rule.side_effect, entry, live_entry) if live_entry else ""
+    reason = refusal(server, entry, live_entry, rule, found, mismatch)
     if not reason:
         tool = Tool(server, upstream, entry, rule)
         if tool.name in taken:
@@ -1714,11 +1686,11 @@ def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
         report.refused(name, reason)
         return None
     taken[tool.name] = f"tool {quote(name)} of server {quote(server.name)}"
-    report.registered(tool, hint_mismatch(rule.side_effect, entry, live_entry))
+    report.registered(tool, mismatch)
     return tool
 
 
-def refusal(server, entry, live_entry, rule, found):
+def refusal(server, entry, live_entry, rule, found, mismatch):
     """Why a classified tool is not offered, or ''. `found`: the lint's findings on its pin."""
     if live_entry is None:
         return "the server no longer offers it"
@@ -1727,7 +1699,6 @@ def refusal(server, entry, live_entry, rule, found):
         return "the input schema changed since the pin"
     if "description" in changed:
         return "the description changed since the pin, and a description is model input"
-    mismatch = hint_mismatch(rule.side_effect, entry, live_entry)
     if mismatch and not rule.allow_hint_mismatch:
         return mismatch
     if changed:
@@ -1778,31 +1749,29 @@ _DRAFT_RE = re.compile(r"https?://json-schema\.org/(draft-0[467]/schema|draft/20
                        r"draft/2020-12/schema|schema)#?")
 
 
-def reaches_outside(schema, pointer=""):
+def _members(value, pointer=""):
+    """(container, key, member, the container's pointer) of every member within a JSON value,
+    in document order. A list's key is its index, which is no keyword."""
+    items = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, list) else ()
+    for key, member in items:
+        yield value, key, member, pointer
+        yield from _members(member, f"{pointer}/{key}")
+
+
+def reaches_outside(schema):
     """Why the schema could make a validator read outside it, or ''."""
-    if isinstance(schema, dict):
-        items = schema.items()
-    elif isinstance(schema, list):
-        items = enumerate(schema)  # an index is no keyword: only the walk below applies
-    else:
-        return ""
-    for key, value in items:
+    for parent, key, value, pointer in _members(schema):
         bad = isinstance(value, str) and (
             (key in ("$ref", "$dynamicRef", "$recursiveRef") and not value.startswith("#"))
             or (key == "$id" and not value.startswith("#") and not _DRAFT_RE.fullmatch(value))
             or (key == "$schema" and not _DRAFT_RE.fullmatch(value))
-            or (key == "id" and _is_draft4(schema) and (":" in value or value.startswith("//"))))
+            or (key == "id" and isinstance(parent.get("$schema"), str)
+                and "draft-04" in parent["$schema"] and (":" in value or value.startswith("//"))))
         if bad:
             return (f"the input schema's {key} at {pointer or '/'} is {quote(value)}, which "
                     f"could make a validator read outside it")
-        found = reaches_outside(value, f"{pointer}/{key}")
-        if found:
-            return found
     return ""
-
-
-def _is_draft4(schema):
-    return isinstance(schema.get("$schema"), str) and "draft-04" in schema["$schema"]
 
 
 _HIDING_KEYWORDS = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentRequired",
@@ -1819,18 +1788,11 @@ def hiding_problem(schema, rule):
         if "patternProperties" in schema:
             return f"the rule hides {quote(name)}, but the input schema has patternProperties"
         for keyword in _HIDING_KEYWORDS:
-            if keyword in schema and _mentions(schema[keyword], name):
+            if keyword in schema and (schema[keyword] == name or any(
+                    name in (key, member) for _, key, member, _ in _members(schema[keyword]))):
                 return f"the rule hides {quote(name)} and the input schema's {keyword} " \
                        f"mentions it"
     return ""
-
-
-def _mentions(value, name):
-    if isinstance(value, dict):
-        return name in value or any(_mentions(v, name) for v in value.values())
-    if isinstance(value, list):
-        return any(_mentions(v, name) for v in value)
-    return value == name
 
 
 # =============================================================================================
@@ -1838,15 +1800,13 @@ def _mentions(value, name):
 #
 # Reads as: decision core
 #
-# Owns: every sentence of the gate's the model can read (the tables below; the gate, the host
-# side and the status tool pick among them), the policy's evaluation of one call with its
-# approval and hash, the check of a call's arguments, and what of a server's result is passed
-# on and recorded: plain functions of their inputs.
-# Promises: an approval's hash covers exactly what it binds and what the operator is shown;
-# a re-run of an unknown outcome is never allowed without an operator. A server's result
-# reaches the host as the server answered it, never through the gate's prose (one told again
-# is sanitized), and its record identifies exactly what the model was given. Nothing the model
-# sees names the operator command, the database, the config or a run id.
+# Owns: every sentence of the gate's the model can read (the tables), a call's evaluation with
+# its approval and hash, the check of its arguments, and what of a result is passed on and kept.
+# Promises: an approval's hash covers exactly what it binds and what the operator is shown; a
+# re-run of an unknown outcome always needs an operator. A server's result reaches the host as
+# the server answered it (told again, sanitized), and its record identifies exactly what the
+# model was given. Nothing the model sees names the operator command, the database, the config
+# or a run id.
 # =============================================================================================
 
 APPROVAL_COLUMNS = ("id", "run_id", "step_id", "kind", "capability_json", "presentation_json",
@@ -1858,8 +1818,7 @@ RECORDED_BLOCKS = 512  # blocks a result's record describes one by one; the rest
 # What of a server's tools/call result reaches the host: every field MCP gives a result.
 RESULT_FIELDS = ("content", "structuredContent", "isError", "_meta")
 
-# The gate's answers to a call; answer() fills the {slots}, with what a server, the model or an
-# operator chose cleaned first.
+# The gate's answers to a call; what a server, the model or an operator chose is cleaned first.
 PROSE = {
     "PENDING_APPROVAL": (
         "This request is waiting for an operator's approval (approval {approval}). Nothing has "
@@ -1911,8 +1870,7 @@ PROSE = {
                   "recorded ({reason}). What it did is unknown here and it may have taken effect. "
                   "Do not call again to retry{window}. Tell the user.",
     "UNAVAILABLE": "The gate could not read or write its records: {what}. Tell the user.",
-    # An error result: the model did not get what the tool returns, and must not take this
-    # sentence for it.
+    # An error result, so the model never takes it for what the tool returns.
     "RESULT_TOO_LARGE": (
         "The server answered this request with {what} of {size} bytes ({blocks}), more than "
         "the {cap} bytes that are passed on, so it is not shown. {then} Tell the user."),
@@ -1929,7 +1887,6 @@ DUPLICATE_OUTCOME = {
     "unrecorded": "the server answered, but its result could not be recorded: {text}",
     "error": "it failed, with this error: {text}",
 }
-# Words that fill a sentence's slots, where a slot holds prose of its own.
 SLOT_PROSE = {
     "limit": " It waits because a limit is reached: {limit}; {frees}.",
     "refused_for": "; an identical call within {window} is refused as a duplicate",
@@ -1949,15 +1906,13 @@ SLOT_PROSE = {
     "holding": "waiting for an operator's approval",
 }
 
-# The status tool: its description, and every sentence of what it says (status_answer,
-# describe_approval and approved_fate, in section 19, pick among them).
+# The status tool's words (section 19 picks among them).
 STATUS_DESCRIPTION = (
     "Reports which requests of this session wait for an operator's approval, or, given the "
     "approval id a pending answer named, what became of that request: pending, approved, "
     "executed, rejected or expired. It only reads; it never runs or approves anything.")
 STATUS_ARGUMENT = "The approval id a pending result named."
-# Said while some servers are not served: how many, never which nor why (a server's name, its
-# command and its config are the operator's).
+# How many servers are not served, never which nor why (those are the operator's).
 UNSERVED_NOTE = ("Also, {count} of the servers behind this gate could not be served, so "
                  "their tools are not offered; the person running the gate has been told why.")
 STATUS_PROSE = {
@@ -2029,13 +1984,11 @@ class Answer:
 
 
 def answer(prefix, key=None, **slots):
-    """Every answer of the gate to a call that is not a result: `<PREFIX>: <sentence>`."""
     text = PROSE[key or prefix].format(**slots)
     return Answer(f"{prefix}: {text}", prefix in IS_ERROR)
 
 
 def gate_status(key, **slots):
-    """What the status tool says: `GATE_STATUS: <sentence>` (STATUS_PROSE), never an error."""
     return Answer("GATE_STATUS: " + STATUS_PROSE[key].format(**slots))
 
 
@@ -2054,10 +2007,9 @@ INTERRUPTED_REASON = "interrupted while executing; outcome unknown"
 
 
 def evaluate(config, tool, args, facts, attempt=None, approved=False, judged=None):
-    """The policy's decision for one request (section 3) with, for an approval, what it binds
-    (the capability) and what the operator is shown (the presentation). A re-run of an
-    attempt whose outcome is unknown (`attempt`) always needs an operator, whatever the policy
-    says short of deny: neither allow nor a grant runs it again."""
+    """The policy's decision (section 3) with, for an approval, what it binds (capability) and
+    what the operator is shown (presentation). A re-run of an `attempt` whose outcome is unknown
+    always needs an operator, whatever the policy says short of deny."""
     decision = policy_decision(config, tool, args, facts, rerun=bool(attempt),
                                approved=approved, judged=judged)
     outcome = decision["outcome"]
@@ -2112,7 +2064,6 @@ def new_approval(config, run_id, step_id, tool, args, decision):
         expires_at=later(created, config.approval_ttl) if config.approval_ttl else "")
 
 
-
 def stored_hash(row):
     """An approval row's hash recomputed from its stored fields; a tampered row differs."""
     try:
@@ -2160,10 +2111,9 @@ def passed_result(tool, result):
 
 
 def result_record(passed):
-    """What the record keeps of a server's result, to identify exactly what the model was
-    given: its canonical form's size and hash (binding every byte); each block by type and
-    labels, with its text while the texts total at most CONTENT_CAP bytes (else its size and
-    hash); the structured content, whole while it fits in what is left; isError."""
+    """What the record keeps of a result, identifying exactly what the model was given: its
+    canonical size and hash; each block, with its text while the texts total CONTENT_CAP bytes
+    at most (else its size and hash); structured content whole if it fits what is left."""
     room = [CONTENT_CAP]
 
     def keep(text):
@@ -2188,9 +2138,8 @@ def result_record(passed):
 
 
 def recorded_block(block, keep):
-    """One block as its record keeps it. An image's or audio's data and a resource's blob as
-    the size and hash of the bytes they encode, so a file can be matched against the record;
-    a block with no text or data of its own (a resource link) as those of its canonical form."""
+    """One block as its record keeps it: data or a blob as the size and hash of the bytes it
+    encodes (a file can be matched); a block without text or data as its canonical form's."""
     kind = block["type"]
     entry = {"type": cut(kind, 100)}
     source = block.get("resource") if kind == "resource" and isinstance(
@@ -2219,14 +2168,12 @@ def _size_and_hash(data):
 
 
 def block_bytes(entry):
-    """A recorded block's size: as recorded, or of its text when that was kept whole."""
     if "bytes" in entry:
         return entry["bytes"]
     return len(entry["text"].encode("utf-8", "surrogatepass"))
 
 
 def block_labels(record):
-    """A recorded result's blocks as short labels: `[type label, N bytes]`."""
     labels = []
     for entry in record["blocks"]:
         label = entry.get("mimeType") or entry.get("uri")
@@ -2238,10 +2185,8 @@ def block_labels(record):
 
 
 def outcome_text(observed):
-    """A recorded outcome as text: a result's text blocks' text and every other block's label
-    (of a withheld result only the labels; structured content alone is its JSON, when kept),
-    the error that came instead, or a result recorded before results were kept whole (schema
-    version 4), as mapped."""
+    """A recorded outcome as text: a result's text blocks and other blocks' labels (withheld:
+    only labels; structured content alone: its JSON), the error instead, or a schema 4 result."""
     if "result" not in observed:
         content = observed["content"]
         if observed["kind"] != "tool_result":
@@ -2258,7 +2203,7 @@ def outcome_text(observed):
 
 
 def result_summary(tool, record, withheld_over=0):
-    """One line on a recorded result, for the operator: where it came from and what it is."""
+    """One line on a recorded result, for the operator."""
     count = len(record["blocks"]) + record.get("more_blocks", 0)
     parts = [f"{tool.server.name}/{tool.upstream_name}: {record['bytes']} bytes, {count} "
              f"block{'s' if count != 1 else ''}"]
