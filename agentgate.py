@@ -21,19 +21,19 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3953 lines of decision core, read first; then the libraries it relies on, each
+Sections (3948 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
 the libraries, so the core reads top to bottom: the policy comes before the configuration
 because the configuration is read with its parser.
 
-     1. Framing                                      decision core       88
+     1. Framing                                      decision core       87
      2. Text, times and fields                       decision core      279
      3. Policy on what a call does                   decision core      664
      4. Configuration and its trust                  decision core      316
-     5. Tools, as pinned                             decision core      337
-     6. Answers                                      decision core      421
+     5. Tools, as pinned                             decision core      331
+     6. Answers                                      decision core      423
      7. The record                                   decision core      775
      8. The gate                                     decision core      718
      9. The host side                                decision core      355
@@ -123,9 +123,8 @@ VERSION = "0.2.0"
 # =============================================================================================
 
 def read_frames(fd, cap):
-    """Newline-delimited frames from a file descriptor: (frame, b"") for a frame of at most
-    `cap` bytes, or (None, its first 4 KiB) for one past the cap, whose rest is skipped. os.read,
-    not a buffered file: a reader thread then holds no lock the interpreter needs at exit."""
+    """Newline-delimited frames off `fd`: (frame, b"") up to `cap` bytes, else (None, its first
+    4 KiB) with the rest skipped. os.read, unbuffered: a reader thread holds no lock at exit."""
     pending, skipping, head = bytearray(), False, b""
     while True:
         try:
@@ -147,8 +146,8 @@ def read_frames(fd, cap):
 
 
 def parse_loosely(data):
-    """A refused message read leniently, only to find whom to answer (its id and method), never
-    for what a call sends or records; None when even that cannot be read."""
+    """A refused message read leniently, only for whom to answer (never what is sent or
+    recorded); None if even that fails."""
     try:
         return json.loads(data.decode("utf-8", "replace"), parse_int=Number, parse_float=Number,
                           parse_constant=Number)
@@ -161,8 +160,8 @@ _HEAD_ID_RE = re.compile(rb"\s*:\s*(-?(?:0|[1-9][0-9]{0,17}))[\s,}]")
 
 
 def frame_id(head):
-    """The integer id of a message too large to parse, from its first bytes. Only its own
-    top-level "id" counts: one nested in its body could name another request."""
+    """A too-large message's own top-level integer "id", from its first bytes: a nested one
+    could name another request."""
     depth = 0
     for match in _HEAD_TOKEN_RE.finditer(head):
         token = match.group()
@@ -174,7 +173,7 @@ def frame_id(head):
 
 
 def echoable_id(ident):
-    """Whether an id can be echoed as JSON (a lenient read yields lone surrogates, NaN, ...)."""
+    """Whether an id can be echoed as JSON (lone surrogates, NaN and the like cannot)."""
     if isinstance(ident, str):
         return not SURROGATE_RE.search(ident)
     return isinstance(ident, Number) and bool(JSON_NUMBER_RE.fullmatch(ident.literal))
@@ -194,7 +193,7 @@ def content_hash(value):
 
 
 def request_key(tool_name, args):
-    """A request's identity: the tool's name and its canonical arguments (value or bytes)."""
+    """A request's identity: the tool's name and canonical arguments (value or bytes)."""
     encoded = args if isinstance(args, bytes) else canonical(args)
     return sha256_hex(tool_name.encode("utf-8") + b"\x00" + encoded)
 
@@ -1463,21 +1462,18 @@ def check_reach(config):
 #
 # Reads as: decision core
 #
-# Owns: which tool a call names: the manifest (what a server presented at its pin), what
-# differs from it now (changed_parts, the one definition: load, the watch, pin -diff), and
-# load: at every start, which of a server's tools the host is offered.
-# Promises: a tool is offered, as pinned, only if it is pinned, classified by a reviewed rule,
-# and presents exactly what it presented at the pin (PINNED_PARTS); its annotations do not
-# contradict its class (unless the rule allows it); a high lint finding is accepted for exactly
-# that text; its name is usable; its schema is self-contained, usable, and soundly hides what
-# the rule hides. A refusal refuses only that tool, a LoadError only that server, a
-# ConfigError every server; hiding a server never lets through a call otherwise refused.
+# Owns: which tool a call names: the manifest (what a server presented at its pin), what differs
+# from it now (changed_parts: the one definition), and which tools the host is offered (load).
+# Promises: a tool is offered, as pinned, only if pinned, classified by a reviewed rule, and
+# presenting exactly what it did at the pin; its annotations do not contradict its class (unless
+# allowed); a high lint finding is accepted for exactly that text; its name is usable; its
+# schema is self-contained, usable, and soundly hides what the rule hides. A refusal refuses
+# only that tool, a LoadError that server, a ConfigError all; hiding lets no refused call through.
 # =============================================================================================
 
 class UpstreamError(Exception):
-    """A request to an upstream server failed; call_upstream classifies its outcome by what is
-    known: `sent` False means no byte reached the server, so nothing executed; `answered`, a
-    JSON-RPC error; `unusable`, an answer that cannot be read; `timed_out`, a deadline fired."""
+    """A request upstream failed, as known: `sent` False, no byte reached the server (nothing
+    executed); `answered`, a JSON-RPC error; `unusable`, an unreadable answer; `timed_out`."""
 
     def __init__(self, message, timed_out=False, unusable=False, sent=True, answered=False):
         super().__init__(message)
@@ -1488,22 +1484,21 @@ class UpstreamError(Exception):
 
 
 class LoadError(Exception):
-    """A server that cannot be used at all; the message says why."""
+    """A server that cannot be used at all."""
 
 
 ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
-# The parts of a tool its pin covers, as (what a person calls it, its key in a manifest entry).
-# Not `execution`: it claims support for tasks, which the gate does not offer.
+# The parts a pin covers: (name, manifest key). Not `execution`: the gate offers no tasks.
 PINNED_PARTS = (("input schema", "schema_hash"), ("description", "description_hash"),
                 ("title", "title"), ("output schema", "output_schema"),
                 ("annotations", "annotations"), ("icons", "icons"), ("_meta", "_meta"))
-# What an entry pinned by agentgate 0.2.0 or older covers (of annotations, ANNOTATION_KEYS).
+# What a pin of 0.2.0 or older covers (of annotations, ANNOTATION_KEYS).
 EARLY_PARTS = ("input schema", "description", "annotations")
 
 
 def offered_name(server, tool, rule):
-    """The rule's rename, else the tool's name after its server's, so two servers' tools never
-    clash; git_add of the server git is not prefixed twice."""
+    """The rule's rename, else server_tool, so servers' tools never clash (a name that begins
+    with its server's is not prefixed twice)."""
     if rule.rename:
         return rule.rename
     if tool == server.name or tool.startswith((f"{server.name}_", f"{server.name}-")):
@@ -1518,17 +1513,17 @@ class Tool:
         self.upstream_name = entry["name"]
         self.rule = rule
         self.name = offered_name(server, entry["name"], rule)
-        # Requests are keyed by what the tool is, not what it is called: a rename neither
-        # lifts an unknown outcome nor lets a repeat through the window.
+        # Keyed by what the tool is, not its name: a rename neither lifts an unknown outcome
+        # nor lets a repeat through the window.
         self.target = f"{server.name}/{entry['name']}"
         self.description = rule.description or entry.get("description", "")
         self.side_effect = rule.side_effect
         self.read_only = rule.side_effect == "read_only"
-        # A timeout nobody set is the default one: check says which tools run on it.
+        # Unset, the default applies, and check says so.
         self.timeout_given = rule.timeout or server.default_timeout
         self.timeout = self.timeout_given or DEFAULT_TOOL_TIMEOUT
         self.schema = restrict_schema(entry["input_schema"], rule.deny + list(rule.fixed))
-        # Offered as pinned, as the rule shows it; a part not presented (or kept) is left out.
+        # Offered as pinned, as the rule shows it; a part not presented is left out.
         offered = {"name": self.name, "title": entry.get("title"),
                    "description": self.description, "inputSchema": self.schema,
                    "outputSchema": entry.get("output_schema"),
@@ -1538,7 +1533,7 @@ class Tool:
         self.spec = {"name": self.name, "description": self.description,
                      "input_schema": self.schema, "side_effect": self.side_effect,
                      "timeout": self.timeout}
-        self.spec_json = dumps(self.spec)  # encoded once: a step names its spec by this hash
+        self.spec_json = dumps(self.spec)  # encoded once; a step names it by hash
         self.spec_hash = sha256_hex(self.spec_json)
 
 
@@ -1555,9 +1550,8 @@ def restrict_schema(schema, hidden):
 
 
 def manifest_entry(tool):
-    """A listed tool as a manifest keeps it (PINNED_PARTS). A part not presented, or presented
-    as a value of the wrong kind (which a host would refuse with the whole listing), is null;
-    annotations are then left out, as they always were."""
+    """A listed tool as a manifest keeps it (PINNED_PARTS): a part absent or of the wrong
+    kind (a host would refuse the listing) is null; such annotations are left out."""
     def kept(field, kind):
         return tool.get(field) if isinstance(tool.get(field), kind) else None
     schema = tool.get("inputSchema")
@@ -1573,9 +1567,8 @@ def manifest_entry(tool):
 
 
 def changed_parts(pinned, live):
-    """The parts (PINNED_PARTS' names) in which a tool as presented now (a manifest entry)
-    differs from its pin: the one definition of a change since the pin. An entry pinned by
-    0.2.0 or older (no "title" key) is compared on EARLY_PARTS only: an upgrade changes no tool."""
+    """Which PINNED_PARTS of `live` differ from `pinned` (manifest entries): the one definition
+    of a change. A pin of 0.2.0 or older (no "title") is compared on EARLY_PARTS only."""
     early = "title" not in pinned
     return [part for part, key in PINNED_PARTS if (not early or part in EARLY_PARTS)
             and compared_part(pinned, key, pinned) != compared_part(live, key, pinned)]
@@ -1589,8 +1582,8 @@ def compared_part(entry, key, pinned):
 
 
 def read_manifest(server):
-    """A server's manifest. One missing or unusable is that server's problem (LoadError); one
-    others could have changed is the config's (ConfigError, from read_owned)."""
+    """A server's manifest: missing or unusable, that server's LoadError; open to others'
+    changes, the config's ConfigError (read_owned)."""
     where = f"server {quote(server.name)}: manifest {server.manifest}"
     if not os.path.lexists(server.manifest):
         raise LoadError(f"{where} does not exist; run pin")
@@ -1617,8 +1610,8 @@ def pinned_for(server):
     return manifest
 
 
-# The lint's severities (section 15 finds them): a high finding refuses a tool unless its
-# rule's accepted_description is the lint_hash of exactly the texts it read.
+# Lint severities (section 15): a high finding refuses a tool unless its rule's
+# accepted_description is the lint_hash of exactly the texts the lint read.
 LINT_HIGH, LINT_MEDIUM = "high", "medium"
 
 
@@ -1630,8 +1623,8 @@ def tool_titles(entry):
 
 
 def lint_hash(entry):
-    """Every text the lint reads, by hash. A tool without a title is hashed as before titles
-    were read, so what was accepted stays so."""
+    """Every text the lint reads, by hash; without a title, as before titles were read, so
+    what was accepted stays so."""
     texts = {"description": entry.get("description") or "",
              "input_schema": entry.get("input_schema")}
     titles = dict(tool_titles(entry))
@@ -1642,8 +1635,8 @@ STATUS_CLASH = "the status tool"
 
 
 def load(server, manifest, upstream, live, deadline, taken, findings, report):
-    """The tools of a connected server that are offered; `report` is told what became of each.
-    `taken`: the names already offered (by earlier servers, the status tool) to their holders."""
+    """The offered tools of a connected server; `report` hears what became of each; `taken`
+    maps the names already offered to their holders."""
     pinned = manifest["tools"]
     for name in sorted(set(live) - set(pinned)):
         report.unpinned(name)
@@ -1659,7 +1652,7 @@ def load(server, manifest, upstream, live, deadline, taken, findings, report):
 
 
 def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
-    """One pinned tool: registered (returned, and `taken` updated) or reported why not."""
+    """One pinned tool: registered (returned, `taken` updated) or reported why not."""
     name = entry["name"]
     rule = server.rules.get(name)
     if rule is None:
@@ -1691,7 +1684,7 @@ def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
 
 
 def refusal(server, entry, live_entry, rule, found, mismatch):
-    """Why a classified tool is not offered, or ''. `found`: the lint's findings on its pin."""
+    """Why a classified tool is not offered, or ''; `found`: the lint's findings."""
     if live_entry is None:
         return "the server no longer offers it"
     changed = changed_parts(entry, live_entry)
@@ -1750,8 +1743,8 @@ _DRAFT_RE = re.compile(r"https?://json-schema\.org/(draft-0[467]/schema|draft/20
 
 
 def _members(value, pointer=""):
-    """(container, key, member, the container's pointer) of every member within a JSON value,
-    in document order. A list's key is its index, which is no keyword."""
+    """(container, key, member, container's pointer) of each member of a JSON value, in
+    document order; a list's key is its index, no keyword."""
     items = value.items() if isinstance(value, dict) else \
         enumerate(value) if isinstance(value, list) else ()
     for key, member in items:
@@ -1802,23 +1795,27 @@ def hiding_problem(schema, rule):
 #
 # Owns: every sentence of the gate's the model can read (the tables), a call's evaluation with
 # its approval and hash, the check of its arguments, and what of a result is passed on and kept.
-# Promises: an approval's hash covers exactly what it binds and what the operator is shown; a
-# re-run of an unknown outcome always needs an operator. A server's result reaches the host as
-# the server answered it (told again, sanitized), and its record identifies exactly what the
-# model was given. Nothing the model sees names the operator command, the database, the config
-# or a run id.
+# Promises: an approval's hash covers exactly what it binds and shows; re-running an unknown
+# outcome always needs an operator. A result reaches the host as the server answered it (told
+# again, sanitized), and its record identifies exactly what the model got. Nothing the model
+# sees names the operator command, the database, the config or a run id.
 # =============================================================================================
 
 APPROVAL_COLUMNS = ("id", "run_id", "step_id", "kind", "capability_json", "presentation_json",
                     "request_json", "hash", "status", "created_at", "expires_at", "decided_at",
                     "decided_by", "note")
 
-CONTENT_CAP = 65536  # bytes of a result's text the record keeps, and of recorded text in prose
-RECORDED_BLOCKS = 512  # blocks a result's record describes one by one; the rest it counts
-# What of a server's tools/call result reaches the host: every field MCP gives a result.
+CONTENT_CAP = 65536  # bytes of result text the record keeps, and of recorded text in prose
+RECORDED_BLOCKS = 512  # blocks a record describes one by one; the rest it counts
+# What of a tools/call result reaches the host: every field MCP gives one.
 RESULT_FIELDS = ("content", "structuredContent", "isError", "_meta")
 
-# The gate's answers to a call; what a server, the model or an operator chose is cleaned first.
+# How both answers on an unknown outcome end.
+_RERUN_DECIDED = (
+    " whether it runs again (approval {approval}). Nothing further was executed. Do not call "
+    "again until you are told it was approved, and do not use another tool to do the same "
+    "thing; tell the user. If it is approved, call again with exactly the same arguments.")
+# The gate's answers to a call; what others chose is cleaned before it fills a slot.
 PROSE = {
     "PENDING_APPROVAL": (
         "This request is waiting for an operator's approval (approval {approval}). Nothing has "
@@ -1828,47 +1825,47 @@ PROSE = {
         "waiting. Once it is approved, call the tool again with exactly the same arguments to "
         "run it and get the result.{limit}"),
     "DENIED": "The policy does not allow this request: {reason}. Nothing was executed.",
-    "TOOL_CHANGED": "Its server now presents this tool differently from when it was reviewed (its "
-                    "description, input schema or annotations changed, or it is gone), or said it "
-                    "changed and could not be asked how, so it is not offered until it is again as "
-                    "it was reviewed. Nothing was executed. Tell the user.",
+    "TOOL_CHANGED": (
+        "Its server now presents this tool differently from when it was reviewed (its "
+        "description, input schema or annotations changed, or it is gone), or said it changed "
+        "and could not be asked how, so it is not offered until it is again as it was "
+        "reviewed. Nothing was executed. Tell the user."),
     "INVALID": "The arguments do not match the tool's input schema: {reason}. Nothing was "
                "executed. Correct the arguments and call again.",
-    "REJECTED": "An operator rejected this exact request (approval {approval}){note}. It was not "
-                "executed. An identical request is refused until {until}. Do not ask again; tell "
-                "the user.",
+    "REJECTED": (
+        "An operator rejected this exact request (approval {approval}){note}. It was not "
+        "executed. An identical request is refused until {until}. Do not ask again; tell the "
+        "user."),
     "CANCELLED": "An operator cancelled this exact request{note}. Nothing further was executed. An "
                  "identical request is refused until {until}. Tell the user.",
     "EXPIRED": (
         "The approval for this exact request (approval {approval}) expired before it was used. "
         "It was not executed. An identical request is refused until {until}. Tell the user."),
-    "DUPLICATE": "This exact request already executed at {at} and is not executed again: an "
-                 "identical call to this tool within {window} of an earlier one is refused, "
-                 "whether or not it is a retry. Its outcome was: {outcome}",
-    "IN_PROGRESS": "This exact request is already executing, or the outcome of an attempt is not "
-                   "yet known. Nothing new was started. Wait a little, then call again with "
-                   "exactly the same arguments.",
+    "DUPLICATE": (
+        "This exact request already executed at {at} and is not executed again: an identical "
+        "call to this tool within {window} of an earlier one is refused, whether or not it is a "
+        "retry. Its outcome was: {outcome}"),
+    "IN_PROGRESS": (
+        "This exact request is already executing, or the outcome of an attempt is not yet "
+        "known. Nothing new was started. Wait a little, then call again with exactly the same "
+        "arguments."),
     "BLOCKED_PENDING": (
         "{waiting} for an operator's approval, the most this session allows. Nothing was "
         "executed and no approval was requested. Tell the user and wait for the operator."),
     "UNKNOWN_OUTCOME": (
         "An attempt of this exact request {how}{error}, so whether it took effect is unknown: "
-        "it may have. An operator must decide whether it runs again (approval {approval}). "
-        "Nothing further was executed. Do not call again until you are told "
-        "it was approved, and do not use another tool to do the same thing; tell the user. If "
-        "it is approved, call again with exactly the same arguments."),
+        "it may have. An operator must decide" + _RERUN_DECIDED),
     "INTERRUPTED": (
         "An earlier attempt of this exact request was cut off while it was executing, and its "
-        "outcome is unknown: it may have taken effect. An operator decides whether it runs "
-        "again (approval {approval}). Nothing further was executed. Do not call again until "
-        "you are told it was approved, and do not use another tool to do the same thing; tell "
-        "the user. If it is approved, call again with exactly the same arguments."),
-    "BLOCKED_UNKNOWN": "An earlier call to {tool} may have taken effect and its outcome is unknown "
-                       "(approval {approval}), so no other call to {tool} that changes anything "
-                       "runs until an operator decides. Nothing was executed. Tell the user.",
-    "UNRECORDED": "The server answered this request, so it executed, but its answer could not be "
-                  "recorded ({reason}). What it did is unknown here and it may have taken effect. "
-                  "Do not call again to retry{window}. Tell the user.",
+        "outcome is unknown: it may have taken effect. An operator decides" + _RERUN_DECIDED),
+    "BLOCKED_UNKNOWN": (
+        "An earlier call to {tool} may have taken effect and its outcome is unknown (approval "
+        "{approval}), so no other call to {tool} that changes anything runs until an operator "
+        "decides. Nothing was executed. Tell the user."),
+    "UNRECORDED": (
+        "The server answered this request, so it executed, but its answer could not be "
+        "recorded ({reason}). What it did is unknown here and it may have taken effect. Do not "
+        "call again to retry{window}. Tell the user."),
     "UNAVAILABLE": "The gate could not read or write its records: {what}. Tell the user.",
     # An error result, so the model never takes it for what the tool returns.
     "RESULT_TOO_LARGE": (
@@ -1912,7 +1909,7 @@ STATUS_DESCRIPTION = (
     "approval id a pending answer named, what became of that request: pending, approved, "
     "executed, rejected or expired. It only reads; it never runs or approves anything.")
 STATUS_ARGUMENT = "The approval id a pending result named."
-# How many servers are not served, never which nor why (those are the operator's).
+# How many servers are unserved, never which nor why (the operator's to know).
 UNSERVED_NOTE = ("Also, {count} of the servers behind this gate could not be served, so "
                  "their tools are not offered; the person running the gate has been told why.")
 STATUS_PROSE = {
@@ -1953,7 +1950,7 @@ NOT_EXECUTED_WHY = {
     "invalid_on_resume": "its arguments no longer matched the tool's schema when it was collected",
     "ended": "its run ended ({reason})",
 }
-# The JSON-RPC errors a tools/call can be answered with: a host shows their message to the model.
+# JSON-RPC errors to a tools/call: a host shows their message to the model.
 CALL_ERRORS = {
     "failed": "the gate failed while handling this request and cannot say whether it executed; "
               "tell the user before calling again",
@@ -1968,8 +1965,8 @@ IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED", "DUPLICATE", 
 
 
 class Answer:
-    """What a tools/call returns: the gate's prose as one text block, or a server's result
-    (`passed`) as the server answered it, `text` then its text blocks."""
+    """A tools/call's answer: the gate's prose as one text block, or a server's result
+    (`passed`) as it came, `text` then its text blocks."""
 
     def __init__(self, text, is_error=False, passed=None):
         self.text, self.is_error, self.passed = text, is_error, passed
@@ -1993,7 +1990,7 @@ def gate_status(key, **slots):
 
 
 def passed_answer(passed):
-    """A server's result, passed on whole: nothing of it goes through the gate's prose."""
+    """A server's result passed on whole, never through the gate's prose."""
     return Answer("\n".join(b["text"] for b in passed["content"] if b["type"] == "text" and
                             isinstance(b.get("text"), str)), passed.get("isError") is True, passed)
 
@@ -2002,14 +1999,13 @@ def note_text(note):
     return f", with this note: {cut(quote(note), 500)}" if note else ""
 
 
-# A constant, so the decision at the pause and at collection hash alike.
+# A constant: the decision at the pause and at collection hash alike.
 INTERRUPTED_REASON = "interrupted while executing; outcome unknown"
 
 
 def evaluate(config, tool, args, facts, attempt=None, approved=False, judged=None):
-    """The policy's decision (section 3) with, for an approval, what it binds (capability) and
-    what the operator is shown (presentation). A re-run of an `attempt` whose outcome is unknown
-    always needs an operator, whatever the policy says short of deny."""
+    """The policy's decision (section 3), with what an approval binds (capability) and shows
+    (presentation). Re-running an unknown outcome (`attempt`) always needs an operator."""
     decision = policy_decision(config, tool, args, facts, rerun=bool(attempt),
                                approved=approved, judged=judged)
     outcome = decision["outcome"]
@@ -2036,8 +2032,8 @@ def evaluate(config, tool, args, facts, attempt=None, approved=False, judged=Non
                 f"these arguments?")
     presentation = {**capability, "question": question, "reason": decision["reason"]}
     if decision["by"] not in ("class", "rule outcome"):
-        # What decided is part of what the operator approves. When a limit frees up is fixed
-        # by the history before the decision, so recheck, reading that history, hashes alike.
+        # What decided is part of what is approved. When a limit frees up is fixed by the
+        # history before the decision, so recheck, reading it, hashes alike.
         presentation["decided_by"] = decision["by"]
         if "limit" in decision:
             presentation.update(limit=decision["limit"], frees=frees_text(decision))
@@ -2051,7 +2047,7 @@ def approval_hash(kind, capability, presentation, request):
 
 
 def new_approval(config, run_id, step_id, tool, args, decision):
-    """A pending approval in its one shape: its row as Store.read_approvals reads it back."""
+    """A pending approval in its one shape, its row as Store.read_approvals reads it."""
     request = {"run_id": run_id, "step_id": step_id, "spec": tool.spec, "args": args}
     created = now()
     return dict(
@@ -2065,7 +2061,7 @@ def new_approval(config, run_id, step_id, tool, args, decision):
 
 
 def stored_hash(row):
-    """An approval row's hash recomputed from its stored fields; a tampered row differs."""
+    """An approval row's hash from its stored fields; a tampered row differs."""
     try:
         return approval_hash(row["kind"], parse(row["capability_json"]),
                              parse(row["presentation_json"]), parse(row["request_json"]))
@@ -2074,7 +2070,7 @@ def stored_hash(row):
 
 
 def judged_request(tool, args, work=None):
-    """A request's Judgement, its schema check made (on `work`, the call's PatternWork)."""
+    """A request's Judgement with its schema check made (on `work`, the call's PatternWork)."""
     work = PatternWork() if work is None else work
     return Judgement(check_arguments(tool, args, work), work)
 
@@ -2097,7 +2093,7 @@ def check_arguments(tool, args, work=None):
 
 
 def passed_result(tool, result):
-    """(what of a server's result is passed on, '') or (None, why it cannot be used)."""
+    """(what of a result is passed on, '') or (None, why it cannot be used)."""
     if not isinstance(result, dict):
         return None, "the server's result is not an object"
     if result.get("resultType") == "input_required" or "inputRequests" in result:
@@ -2111,9 +2107,9 @@ def passed_result(tool, result):
 
 
 def result_record(passed):
-    """What the record keeps of a result, identifying exactly what the model was given: its
-    canonical size and hash; each block, with its text while the texts total CONTENT_CAP bytes
-    at most (else its size and hash); structured content whole if it fits what is left."""
+    """What the record keeps of a result, identifying exactly what the model got: canonical
+    size and hash; each block, its text while texts total at most CONTENT_CAP bytes (else size
+    and hash); structured content whole if it fits what is left."""
     room = [CONTENT_CAP]
 
     def keep(text):
@@ -2138,8 +2134,8 @@ def result_record(passed):
 
 
 def recorded_block(block, keep):
-    """One block as its record keeps it: data or a blob as the size and hash of the bytes it
-    encodes (a file can be matched); a block without text or data as its canonical form's."""
+    """One block as recorded: data or a blob as the size and hash of the bytes it encodes (a
+    file can be matched); a block with neither text nor data, as its canonical form's."""
     kind = block["type"]
     entry = {"type": cut(kind, 100)}
     source = block.get("resource") if kind == "resource" and isinstance(
@@ -2203,7 +2199,6 @@ def outcome_text(observed):
 
 
 def result_summary(tool, record, withheld_over=0):
-    """One line on a recorded result, for the operator."""
     count = len(record["blocks"]) + record.get("more_blocks", 0)
     parts = [f"{tool.server.name}/{tool.upstream_name}: {record['bytes']} bytes, {count} "
              f"block{'s' if count != 1 else ''}"]
