@@ -1488,7 +1488,7 @@ class LoadError(Exception):
 
 
 ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
-# The parts a pin covers: (name, manifest key). Not `execution`: the gate offers no tasks.
+# A pin's parts, as (a person's word, the manifest key). Not `execution`: the gate offers no tasks.
 PINNED_PARTS = (("input schema", "schema_hash"), ("description", "description_hash"),
                 ("title", "title"), ("output schema", "output_schema"),
                 ("annotations", "annotations"), ("icons", "icons"), ("_meta", "_meta"))
