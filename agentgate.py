@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (4038 lines of decision core, read first; then the libraries it relies on, each
+Sections (3938 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -35,8 +35,8 @@ because the configuration is read with its parser.
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
      7. The record                                   decision core      775
-     8. The gate                                     decision core      718
-     9. The host side                                decision core      355
+     8. The gate                                     decision core      663
+     9. The host side                                decision core      310
     10. Canonical JSON                               library            314
     11. ECMA-262 patterns                            library            435
     12. JSON Schema                                  library            356
@@ -47,7 +47,7 @@ because the configuration is read with its parser.
     17. Reading the record                           around the core    192
     18. Tool changes while serving                   around the core    147
     19. The status tool                              around the core    120
-    20. The host's other requests                    around the core     76
+    20. The host's other requests                    around the core    156
     21. Notify                                       around the core     89
     22. Pins and load reports                        around the core    186
     23. The command line's flags                     around the core    116
@@ -3081,16 +3081,15 @@ class Store:
 #
 # Reads as: decision core
 #
-# Owns: one call's whole passage (judge, decide, begin and record, hold, execute, record the
-# outcome) and the rules across calls: what a call comes to given the earlier runs of the
-# same request (same upstream tool, same canonical arguments) and of the session.
+# Owns: one call's passage (judge, decide, begin and record, hold, execute, record the
+# outcome) and the rules across calls over the earlier runs of the same request (same upstream
+# tool, same canonical arguments) and of the session.
 # Promises: nothing runs that the policy did not allow or an operator did not approve by
-# hash; an approval binds exactly the request that executes (the recorded request, never a
-# later call's bytes); the outcome is recorded even when the host has gone.
+# hash; an approval binds exactly the recorded request, never a later call's bytes; the
+# outcome is recorded even when the host has gone.
 # Deciding happens under one lock, so two threads never both begin the same request; across
-# processes the unique open-row index does the same job, and a lost race is decided again.
-# Judging happens before the lock, executing and holding after it, so one request slow to
-# judge delays no other. Each rule answers with one verdict, a value.
+# processes the unique open-row index does, and a lost race is decided again. Judging happens
+# before the lock, executing and holding after it. Each rule answers with one verdict, a value.
 # A run being executed holds a lease its process renews; a run whose lease ran out is taken
 # over, and a mutating call it cut off waits for an operator. Everything is recorded before it
 # is sent, except a read allowed with no limit or grant to consult, recorded whole after it
@@ -3098,12 +3097,10 @@ class Store:
 # Reaches out through two seams only: the upstream's `call` (section 16) and `announce`.
 # =============================================================================================
 
-HOLD_POLL = 0.2
 TOOL_CALL = "tool_call"
 
-# The verdicts that answer a call other than an Answer. An Execute's `step_id` is None for a
-# read recorded whole by `record(tx, observation, ending, elapsed_ms)` after it answers; its
-# `work` is the call's pattern work, so a re-run after an unknown outcome is not searched again.
+# The verdicts other than an Answer. An Execute's `step_id` is None for a read `record`ed whole
+# after it answers; its `work` spares a re-run after an unknown outcome a second search.
 Wait = collections.namedtuple("Wait", "approval")
 Execute = collections.namedtuple("Execute", "run_id step_id args record work",
                                  defaults=(None, None))
@@ -3111,44 +3108,7 @@ Execute = collections.namedtuple("Execute", "run_id step_id args record work",
 # What a rule says when it does not answer the call itself:
 NEXT = "next"    # this rule, or this earlier run, decides nothing: the next one does
 STOP = "stop"    # rule 5 met an unknown outcome: look no further back, let rule 6 decide
-AGAIN = "again"  # a rule ended a run or an approval, or a write lost a race (Race): the call
-                 # is decided again, on what is there now
-
-PROGRESS_MESSAGE_BYTES = 1000
-
-
-class Progress:
-    """One call's progress as its host hears it: the hold's seconds, then the server's values
-    after them. Only a value above the last one told is sent, as the protocol asks."""
-
-    def __init__(self, send):
-        self.send = send  # send(value, total, message); total and message None when absent
-        self.lock = threading.Lock()
-        self.held = decimal.Decimal(0)  # the hold's last value told: the server's start
-        self.last = None
-
-    def holding(self, waited, total, message):
-        exact = decimal.Decimal(repr(waited))
-        if self._tell(waited, exact, total, message):
-            self.held = exact
-
-    def server(self, value, total, message):
-        if not isinstance(value, Number):
-            return
-        exact = self.held + value.exact()
-        shown = value if not self.held else Number(str(exact))
-        if isinstance(total, Number) and self.held:
-            total = Number(str(self.held + total.exact()))
-        self._tell(shown, exact, total if isinstance(total, Number) else None,
-                   clean(message, PROGRESS_MESSAGE_BYTES) if isinstance(message, str) else None)
-
-    def _tell(self, value, exact, total, message):
-        with self.lock:  # told under the lock, so two values never reach the host out of order
-            if self.last is not None and exact <= self.last:
-                return False
-            self.last = exact
-            self.send(value, total, message)
-            return True
+AGAIN = "again"  # a rule ended a run or approval, or a write lost a race (Race): decided again
 
 
 def repeat_window_text(tool, window, config_file):
@@ -3169,8 +3129,8 @@ class Gate:
         self.tool_hashes = [tool.spec_hash for tool in sorted(tools, key=lambda t: t.name)]
         self.owner = f"{PROGRAM}:{config.session}/{secrets.token_hex(6)}"
         self.lock = threading.Lock()
-        # The runs this process is executing. Only these have their leases renewed, and a
-        # run listed here is never taken over by this process, whatever its lease says.
+        # The runs this process executes: only these have their leases renewed, and this
+        # process never takes one over, whatever its lease says.
         self.active = set()
         self.stopping = threading.Event()
         # The seam to what tells the operator an approval waits (section 21), registered by
@@ -3186,13 +3146,11 @@ class Gate:
         return self.owner, later(now(), self.config.lease_ttl)
 
     def _heartbeat(self):
-        """Renew the leases of the runs this process executes, every third of their life. A
-        run stranded by a failed write is not renewed, so the next identical call takes it
-        over."""
+        """Renew this process's leases every third of their life. A run stranded by a failed
+        write is not renewed, so the next identical call takes it over."""
         while not self.stopping.wait(self.config.lease_ttl / SECOND / 3):
             try:
-                # set.copy is one step for the interpreter: calls that start or end meanwhile
-                # cannot change the set under the iteration.
+                # set.copy is one step for the interpreter: no call changes it mid-iteration.
                 self.store.renew_leases(self.owner, later(now(), self.config.lease_ttl),
                                         sorted(self.active.copy()))
             except Exception as err:  # the heartbeat outlives any one failure
@@ -3203,9 +3161,8 @@ class Gate:
         return self.config.repeat_window if rule is None else rule
 
     def _facts(self, tool, rows=None):
-        """The facts of this moment (decision_facts). The limits are counted only when read
-        through `rows` of the write transaction that acts on the decision, so racing calls in
-        any process never pass a limit together."""
+        """The facts of now. Limits are counted only through `rows` of the write transaction
+        that acts on the decision, so racing calls in any process never pass a limit together."""
         return decision_facts(rows or self.store.read, self.config.session, tool,
                               format_time(time.time()), self.client,
                               rows is not None and bool(tool.rule.limits))
@@ -3250,7 +3207,6 @@ class Gate:
                 if held or not self._hold(verdict.approval, progress, cancelled):
                     return waiting_answer(verdict.approval)
                 held = True
-
                 # The operator decided meanwhile: judged again, as a path's links may have moved.
                 judged = self._judge(tool, args, judged.work)
         except (StoreError, Race) as err:
@@ -3276,7 +3232,7 @@ class Gate:
             waited = time.monotonic() - started
             if waited >= total:
                 return False
-            cancelled.wait(min(HOLD_POLL, total - waited))
+            cancelled.wait(min(0.2, total - waited))
             row = self.store.approval(approval["id"])
             waits = row and row["status"] == "pending" and live_approval(self.config, row)
             if not waits or row["run_status"] in TERMINAL:
@@ -3293,11 +3249,10 @@ class Gate:
         """The rules in order, as one verdict: an Answer, a Wait, an Execute, or AGAIN."""
         window = self.window(tool)
         since = format_time(time.time() - window / SECOND)
-        # A read needs only its newest row: identical reads never refuse one another, and an
-        # approval it waits on or an operator's refusal stops every identical read after it.
-        # The open row is read in the same statement, and the begin refuses unless it is still
-        # the key's open row: no run of this request can begin, execute and finish unseen in
-        # between (in any process) and let the same call run twice within the window.
+        # A read needs only its newest row (identical reads never refuse one another; a wait or
+        # a refusal on the newest stops them all). The open row comes in the same statement,
+        # and the begin refuses unless it is still the key's open row: no run of this request
+        # begins, executes and finishes unseen (in any process) to run the same call twice.
         rows = self.store.key_runs(self.config.session, key, since, newest_only=tool.read_only)
         seen = next((row.run_id for row in rows if row.open), None)
         for row in rows:                                                    # rules 1 to 5
@@ -3330,16 +3285,14 @@ class Gate:
     def _waiting(self, tool, run_id, judged):
         """Rule 1: a run of this request waits on an approval."""
         approval = self.store.latest_approval(run_id)
-        if approval is None:
+        if approval is None or approval["status"] not in ("pending", "approved"):
             return answer("IN_PROGRESS")
-        if approval["status"] == "pending":
-            if not approval["expires_at"] or approval["expires_at"] > now():
-                return Wait(approval)
-            self._expire(approval)
-            return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
-        if approval["status"] != "approved":
-            return answer("IN_PROGRESS")
-        return self._collect(tool, approval, judged)
+        if approval["status"] == "approved":
+            return self._collect(tool, approval, judged)
+        if live_approval(self.config, approval):
+            return Wait(approval)
+        self._expire(approval)
+        return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
 
     def _expire(self, approval):
         self.store.write(lambda tx: tx.expire_approval(approval["id"], approval["run_id"],
@@ -3358,7 +3311,6 @@ class Gate:
                 f"was made and will not be used")
             return answer("DENIED", reason=SLOT_PROSE["altered"])
         if self.config.grant_ttl and later(approval["decided_at"], self.config.grant_ttl) < now():
-
             self._expire(approval)
             return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
         if judged.problem:
@@ -3461,12 +3413,9 @@ class Gate:
         """Rule 6: the attempt to run again if this request's newest finished run left its
         outcome unknown; only an approved re-run that comes to a known outcome resolves it."""
         for run_id, status in self.store.attempt_runs(self.config.session, key):
-            if status not in TERMINAL:
-                continue
-            attempt = last_attempt(self.store.read, run_id)
-            if attempt is None:
-                continue
-            return attempt.attempt if attempt.ending in UNKNOWN_ENDINGS else None
+            attempt = status in TERMINAL and last_attempt(self.store.read, run_id)
+            if attempt:
+                return attempt.attempt if attempt.ending in UNKNOWN_ENDINGS else None
         return None
 
     def _session_rules(self, tool, key, needs_approval, decider):
@@ -3539,9 +3488,8 @@ class Gate:
         run_id = f"{self.config.session}.{new_id(8)}"
         problem = invalid[0] if invalid else judged.problem
         if not (problem or attempt) and tool.read_only and not tool.rule.limits:
-            # A read the policy allows outright, with no limit to count and no grant that
-            # could be revoked meanwhile, has no effect for a crash to leave unknown: it is
-            # recorded whole with its outcome after it answers, in one commit, not two.
+            # A read allowed outright, with no limit to count and no grant to be revoked
+            # meanwhile, leaves nothing unknown after a crash: recorded whole after it answers.
             facts = self._facts(tool)
             decision = evaluate(self.config, tool, args, facts, judged=judged)
             if decision["outcome"] == "allow" and "grant" not in decision:
@@ -3549,8 +3497,7 @@ class Gate:
         recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
 
         def begin(tx):
-            # The begin refuses (Race) unless `seen` is still the key's open row, so no
-            # identical run began since the rules looked.
+            # Refuses (Race) unless `seen` is still the key's open row: none began since.
             tx.begin_run(run_id, self.config.session, tool.name, tool.target, key,
                          tool.side_effect, self.tool_hashes, self.lease(),
                          ANY_ROW if tool.read_only else seen)
@@ -3560,8 +3507,7 @@ class Gate:
                 self._refuse(tx, run_id, step_id, "invalid_decision",
                              f"invalid decision: {problem}")
                 return step_id, None, None
-            # Decided here, where the limits see every execution committed before it, in any
-            # process, and the grants in force.
+            # Decided here, where limits see every execution any process committed before.
             facts = self._facts(tool, tx.rows)
             decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
             tx.record_policy(run_id, step_id, _policy_record(decision, facts), self.policy_id)
@@ -3640,7 +3586,6 @@ class Gate:
                     tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending],
                                   outcome=OUTCOME_KNOWN)
                 return None
-
             rerun = self.store.write(record)
         finally:
             self.active.discard(run_id)
@@ -3800,17 +3745,17 @@ def _policy_record(decision, facts, approved=False):
 # Reads as: decision core
 #
 # Owns: the host's conversation on stdin and stdout as far as it decides calls: framing,
-# batches, tools/list, tools/call on at most MAX_IN_FLIGHT worker threads, cancellation and
-# shutdown. What decides no call (initialize's answer, ping, progress, the status tool) is
-# section 20's, handed in by serve.
+# batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once), cancellation and shutdown.
+# What decides no call (initialize's answer, ping, progress, the status tool, the worker
+# threads) is section 20's, handed in by serve.
 # Promises: stdout carries only protocol, one JSON-RPC message per line, written under one
 # lock; the first request is answered at once, even while the servers start; every request
-# gets exactly one well-formed answer: a malformed or oversized line, a batch member that is
-# not a request or an id that cannot be echoed gets a JSON-RPC error (id null then), and the
-# session goes on; past the bound a request is told the gate is busy; unknown methods get
-# -32601; each tool is offered as pinned, not once its server changed it while serving, and
-# the status tool always; on stdin closing, SIGINT or SIGTERM no new call starts, holds end,
-# calls in flight finish and are recorded, then the servers close and the process exits 0.
+# gets exactly one well-formed answer (a malformed or oversized line, a batch member that is
+# not a request or an id that cannot be echoed gets a JSON-RPC error, id null then; past the
+# bound, busy; an unknown method, -32601) and the session goes on; each tool is offered as
+# pinned, never once its server changed it while serving, and the status tool always; on
+# stdin closing, SIGINT or SIGTERM no new call starts, holds end, calls in flight finish and
+# are recorded, then the process exits 0.
 # =============================================================================================
 
 # The protocol versions agentgate speaks, oldest first, on both sides, each side negotiating on
@@ -3821,52 +3766,8 @@ MAX_HOST_LINE = 16 * 1024 * 1024
 MAX_IN_FLIGHT = 64  # requests handled at once, each on a worker thread of its own
 
 
-class Workers:
-    """Threads for requests: an idle one takes the next task and a new one starts only when
-    none is idle, so threads never outnumber the requests once in flight together, plus the
-    reader. One idle for IDLE_SECONDS ends."""
-
-    IDLE_SECONDS = 2.0
-
-    def __init__(self):
-        self.tasks = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.idle = 0
-
-    def submit(self, task):
-        # Under the lock each task claims an idle thread or starts one, so every queued task
-        # has a thread that will take it; `idle` counts the waiting threads no task claimed.
-        with self.lock:
-            claimed = self.idle > 0
-            if claimed:
-                self.idle -= 1
-        self.tasks.put(task)
-        if not claimed:
-            threading.Thread(target=self._work, daemon=True).start()
-
-    def _work(self):
-        while True:
-            try:
-                task = self.tasks.get(timeout=self.IDLE_SECONDS)
-            except queue.Empty:
-                with self.lock:
-                    # Only an unclaimed thread may end: with none left, a task is on its
-                    # way to this one.
-                    if self.idle > 0:
-                        self.idle -= 1
-                        return
-                continue
-            try:
-                task()
-            except BaseException as err:  # a task handles its own errors; this is a bug
-                log(f"internal error in a worker: {type(err).__name__}: {err}")
-            with self.lock:
-                self.idle += 1
-
-
 class HostServer:
-    """One host session. `around` (section 20's HostAround) answers the requests and
-    notifications not about tools and relays a call's progress."""
+    """One host session; `around` is section 20's HostAround."""
 
     def __init__(self, stdin, stdout, around):
         self.stdin, self.stdout, self.around = stdin, stdout, around
@@ -3879,7 +3780,6 @@ class HostServer:
         self.calls = {}
         self.calls_lock = threading.Lock()
         self.running = 0  # accepted requests not yet answered
-        self.workers = Workers()
         self.stopping = False
         self.failed = ""
 
@@ -3932,7 +3832,7 @@ class HostServer:
                 self.send(rpc_error(None, -32603, "the message could not be handled"))
                 continue
             if request is not None:
-                self.workers.submit(self._read_loop)
+                self.around.workers.submit(self._read_loop)
                 request()
                 return
         self.done.set()
@@ -7419,9 +7319,9 @@ def approved_fate(gate, approval):
 #
 # Owns: what the host side hands on because it decides no call: initialize's answer, ping,
 # notifications/initialized and the tools-changed notice it allows, a call's progress as the
-# host hears it, and the status tool. Serve hands HostServer a HostAround at start and a
-# StatusTool once serving.
-# Core it calls: Progress, answer, and HostServer's send and protocol.
+# host hears it, the threads requests run on, and the status tool. Serve hands HostServer a
+# HostAround at start and a StatusTool once serving.
+# Core it calls: answer, and HostServer's send and protocol.
 # Promises: a call's progress (the gate's while it holds the call, then the server's) reaches
 # the host under the host's token, only increasing, and nothing more once the host cancelled
 # the call; the host is told once of a tool its server changed while serving (section 18), and
@@ -7429,14 +7329,94 @@ def approved_fate(gate, approval):
 # =============================================================================================
 
 SERVER_INFO = {"name": "gated-tools", "version": VERSION}
+PROGRESS_MESSAGE_BYTES = 1000
+
+
+class Progress:
+    """One call's progress as its host hears it: the hold's seconds, then the server's values
+    after them. Only a value above the last one told is sent, as the protocol asks."""
+
+    def __init__(self, send):
+        self.send = send  # send(value, total, message); total and message None when absent
+        self.lock = threading.Lock()
+        self.held = decimal.Decimal(0)  # the hold's last value told: the server's start
+        self.last = None
+
+    def holding(self, waited, total, message):
+        exact = decimal.Decimal(repr(waited))
+        if self._tell(waited, exact, total, message):
+            self.held = exact
+
+    def server(self, value, total, message):
+        if not isinstance(value, Number):
+            return
+        exact = self.held + value.exact()
+        shown = value if not self.held else Number(str(exact))
+        if isinstance(total, Number) and self.held:
+            total = Number(str(self.held + total.exact()))
+        self._tell(shown, exact, total if isinstance(total, Number) else None,
+                   clean(message, PROGRESS_MESSAGE_BYTES) if isinstance(message, str) else None)
+
+    def _tell(self, value, exact, total, message):
+        with self.lock:  # told under the lock, so two values never reach the host out of order
+            if self.last is not None and exact <= self.last:
+                return False
+            self.last = exact
+            self.send(value, total, message)
+            return True
+
+
+class Workers:
+    """Threads for requests: an idle one takes the next task and a new one starts only when
+    none is idle, so threads never outnumber the requests once in flight together, plus the
+    reader. One idle for IDLE_SECONDS ends."""
+
+    IDLE_SECONDS = 2.0
+
+    def __init__(self):
+        self.tasks = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.idle = 0
+
+    def submit(self, task):
+        # Under the lock each task claims an idle thread or starts one, so every queued task
+        # has a thread that will take it; `idle` counts the waiting threads no task claimed.
+        with self.lock:
+            claimed = self.idle > 0
+            if claimed:
+                self.idle -= 1
+        self.tasks.put(task)
+        if not claimed:
+            threading.Thread(target=self._work, daemon=True).start()
+
+    def _work(self):
+        while True:
+            try:
+                task = self.tasks.get(timeout=self.IDLE_SECONDS)
+            except queue.Empty:
+                with self.lock:
+                    # Only an unclaimed thread may end: with none left, a task is on its
+                    # way to this one.
+                    if self.idle > 0:
+                        self.idle -= 1
+                        return
+                continue
+            try:
+                task()
+            except BaseException as err:  # a task handles its own errors; this is a bug
+                log(f"internal error in a worker: {type(err).__name__}: {err}")
+            with self.lock:
+                self.idle += 1
 
 
 class HostAround:
     """The seam HostServer reaches this section by: `requests` and `notifications` map a
-    method to its handler(host, params); a request's handler returns its result."""
+    method to its handler(host, params); a request's handler returns its result. `workers`
+    runs the reader's next turn and each request; `progress` relays a call's progress."""
 
     def __init__(self):
         self.initialized = False
+        self.workers = Workers()
         self.requests = {"initialize": self.initialize, "ping": lambda host, params: {}}
         self.notifications = {"notifications/initialized": self._initialized}
 
