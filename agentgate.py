@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3938 lines of decision core, read first; then the libraries it relies on, each
+Sections (3928 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -36,7 +36,7 @@ because the configuration is read with its parser.
      6. Answers                                      decision core      468
      7. The record                                   decision core      775
      8. The gate                                     decision core      663
-     9. The host side                                decision core      310
+     9. The host side                                decision core      300
     10. Canonical JSON                               library            314
     11. ECMA-262 patterns                            library            435
     12. JSON Schema                                  library            356
@@ -3758,8 +3758,8 @@ def _policy_record(decision, facts, approved=False):
 # are recorded, then the process exits 0.
 # =============================================================================================
 
-# The protocol versions agentgate speaks, oldest first, on both sides, each side negotiating on
-# its own (over HTTP, only those the mcp package speaks too).
+# The protocol versions spoken, oldest first; each side negotiates on its own (over HTTP, only
+# those the mcp package speaks too).
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 BATCH_VERSIONS = ("2024-11-05", "2025-03-26")
 MAX_HOST_LINE = 16 * 1024 * 1024
@@ -3804,7 +3804,7 @@ class HostServer:
             data = canonical(message) + b"\n"
         except (UnicodeEncodeError, TypeError) as err:  # never expected: ids are checked
             log(f"internal error: an answer could not be encoded ({err})")
-            data = canonical(invalid_request(None, "the answer could not be encoded")) + b"\n"
+            data = canonical(rpc_error(None, -32600, "the answer could not be encoded")) + b"\n"
         with self.write_lock:
             try:
                 self.stdout.write(data)
@@ -3813,9 +3813,8 @@ class HostServer:
                 self.done.set()
 
     def _read_loop(self):
-        """Read frames until one is a request to run: this thread runs it while another worker
-        reads on, so a call never waits for a thread to wake nor holds up the reader. The next
-        reader resumes the one generator only after it yielded: never two threads at once."""
+        """Read frames until one is a request: run it here while a worker reads on. The next
+        reader resumes the generator only after it yielded: never two threads in it at once."""
         for frame, head in self.frames:
             # No frame ends the reader: what follows would go unanswered, and closing stdin
             # would no longer stop the gate.
@@ -3845,10 +3844,10 @@ class HostServer:
             # A tools/call whose arguments the boundary check refuses still gets a run and an
             # INVALID answer, with the frame recorded as it came; anything else gets -32700.
             message = parse_loosely(line)
+            message = message if isinstance(message, dict) else {}
             invalid = (SLOT_PROSE["unusable_arguments"].format(error=err), recorded_frame(line))
-            ident = message.get("id") if isinstance(message, dict) else None
-            if not (isinstance(message, dict) and message.get("method") == "tools/call"
-                    and "id" in message):
+            ident = message.get("id")
+            if message.get("method") != "tools/call" or "id" not in message:
                 self.send(rpc_error(ident if echoable_id(ident) else None, -32700,
                                     f"the message is not usable JSON: {err}"))
                 return
@@ -3857,12 +3856,12 @@ class HostServer:
         elif isinstance(message, dict):
             return self._message(message, invalid)
         else:
-            self.send(invalid_request(None, "a message must be a JSON-RPC object"))
+            self.send(rpc_error(None, -32600, "a message must be a JSON-RPC object"))
 
     def _batch(self, messages):
         if self.protocol not in BATCH_VERSIONS or not messages:
-            self.send(invalid_request(
-                None, f"batches are not part of protocol version {self.protocol}"))
+            self.send(rpc_error(
+                None, -32600, f"batches are not part of protocol version {self.protocol}"))
             return
         # A batch is one request in flight, its members handled in order on one thread.
         if not self._admit():
@@ -3872,7 +3871,7 @@ class HostServer:
 
         def run():
             try:
-                answers = [invalid_request(None, "a batch member must be a JSON-RPC object")
+                answers = [rpc_error(None, -32600, "a batch member must be a JSON-RPC object")
                            if not isinstance(m, dict) else
                            self._message(m, None, respond=False, admitted=True)
                            for m in messages]
@@ -3881,7 +3880,7 @@ class HostServer:
                     self.send(answers)
             finally:
                 self._release()
-        threading.Thread(target=run, daemon=True).start()
+        self.around.workers.submit(run)
 
     def _admit(self):
         with self.calls_lock:
@@ -3902,8 +3901,8 @@ class HostServer:
         if not isinstance(method, str):
             if "id" in message and ("result" in message or "error" in message):
                 return None  # a response to a request agentgate never sends
-            return self._reply(respond, invalid_request(
-                ident if echoable_id(ident) else None, "a request needs a method"))
+            return self._reply(respond, rpc_error(
+                ident if echoable_id(ident) else None, -32600, "a request needs a method"))
         if "id" not in message:
             if method == "notifications/cancelled":
                 with self.calls_lock:
@@ -3915,15 +3914,14 @@ class HostServer:
             return None
         if not echoable_id(ident):
             # Checked before anything is recorded: no run for an id that cannot be echoed.
-            return self._reply(respond, invalid_request(
-                None, "the id must be a string or a number that can be written as JSON"))
+            return self._reply(respond, rpc_error(
+                None, -32600, "the id must be a string or a number that can be written as JSON"))
         if method == "tools/call":
             return self._after_ready(respond, ident,
                                      lambda: self._call(ident, params, invalid, respond),
                                      admitted)
         if method == "tools/list":
-            return self._after_ready(respond, ident, lambda: {"tools": self._tool_list()},
-                                     admitted)
+            return self._after_ready(respond, ident, self._tool_list, admitted)
         if method == "initialize":
             self._initialize(params)
         handler = self.around.requests.get(method)
@@ -3940,8 +3938,7 @@ class HostServer:
         return response
 
     def _initialize(self, params):
-        # What initialize tells the gate: the protocol, which decides whether batches are
-        # read, and the host's name, which the policy reads as `client`.
+        # The protocol decides whether batches are read; the policy reads the name as `client`.
         requested = params.get("protocolVersion")
         self.protocol = requested if requested in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[-1]
         info = params.get("clientInfo")
@@ -3951,10 +3948,9 @@ class HostServer:
             self.gate.client = self.client
 
     def _after_ready(self, respond, ident, work, admitted):
-        """Run `work` once the servers are ready, at most MAX_IN_FLIGHT at once, so a flood
-        cannot grow threads without bound. Accepted or not is decided here, on the reader, so
-        a call read before stdin closed is served while the gate shuts down. Returns the work
-        for the reader to run, or (a batch member) runs it and returns the response."""
+        """Run `work` once the servers are ready, at most MAX_IN_FLIGHT at once (a flood grows no
+        threads). Accepted is decided here, on the reader, so a call read before stdin closed is
+        served while the gate shuts down. Returns the work to run, or (a batch member) runs it."""
         accepted = not self.stopping
         if accepted and not admitted and not self._admit():
             return self._reply(respond, busy_error(ident))
@@ -3984,10 +3980,9 @@ class HostServer:
         return run if respond else run()
 
     def _tool_list(self):
-        quarantined = self.gate.quarantined
-        listed = [t.listing for t in self.gate.tools.values() if t.name not in quarantined]
-        listed.append(self.status.listing)
-        return listed
+        quarantined = self.gate.quarantined  # replaced whole: read once
+        return {"tools": [t.listing for t in self.gate.tools.values()
+                          if t.name not in quarantined] + [self.status.listing]}
 
     def _call(self, ident, params, invalid, respond):
         name = params.get("name")
@@ -4014,9 +4009,8 @@ class HostServer:
                 self.calls.pop(_id_key(ident), None)
         result = answered.result()
         if answered.passed is None and "outputSchema" in tool.listing:
-            # A tool with an output schema promises structured content in every result but an
-            # error, and a host refuses a result without it: the gate's own answers carry none,
-            # so they go as errors; a server's result passes as the server sent it.
+            # A host refuses a result lacking the structured content an output schema promises;
+            # the gate's own answers carry none, so they go as errors (a server's result as sent).
             result["isError"] = True
         return None if cancelled.is_set() and respond else result
 
@@ -4039,10 +4033,6 @@ def _id_key(ident):
 def rpc_error(ident, code, message):
     """Every JSON-RPC error answer the host is sent."""
     return {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}}
-
-
-def invalid_request(ident, message):
-    return rpc_error(ident, -32600, message)
 
 
 def busy_error(ident):
