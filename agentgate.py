@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3928 lines of decision core, read first; then the libraries it relies on, each
+Sections (3921 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -35,7 +35,7 @@ because the configuration is read with its parser.
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
      7. The record                                   decision core      775
-     8. The gate                                     decision core      663
+     8. The gate                                     decision core      656
      9. The host side                                decision core      300
     10. Canonical JSON                               library            314
     11. ECMA-262 patterns                            library            435
@@ -48,7 +48,7 @@ because the configuration is read with its parser.
     18. Tool changes while serving                   around the core    147
     19. The status tool                              around the core    120
     20. The host's other requests                    around the core    156
-    21. Notify                                       around the core     89
+    21. Notify                                       around the core    101
     22. Pins and load reports                        around the core    186
     23. The command line's flags                     around the core    116
     24. Operator commands                            around the core   1305
@@ -56,7 +56,7 @@ because the configuration is read with its parser.
     26. Pin and check                                around the core    183
     27. Fake payment server                          around the core    118
     28. Demonstration                                around the core    268
-    29. Main                                         around the core    129
+    29. Main                                         around the core    131
 
 One tools/call through the core, with the section of each step (10, 12: libraries):
 
@@ -3094,7 +3094,8 @@ class Store:
 # over, and a mutating call it cut off waits for an operator. Everything is recorded before it
 # is sent, except a read allowed with no limit or grant to consult, recorded whole after it
 # answers. Limits are decided inside the transaction that starts the execution.
-# Reaches out through two seams only: the upstream's `call` (section 16) and `announce`.
+# Reaches out through seams only: the upstream's `request` (section 16), `announce` and
+# `duplicate` (section 21).
 # =============================================================================================
 
 TOOL_CALL = "tool_call"
@@ -3111,14 +3112,6 @@ STOP = "stop"    # rule 5 met an unknown outcome: look no further back, let rule
 AGAIN = "again"  # a rule ended a run or approval, or a write lost a race (Race): decided again
 
 
-def repeat_window_text(tool, window, config_file):
-    """What an operator changes to let identical calls of `tool` through (it names the config:
-    never model text)."""
-    return (f"identical calls to {tool.name} are refused for {format_duration(window)} after "
-            f"one executes; to allow them, set \"repeat_window\": \"0s\" (or a shorter time) "
-            f"in the rule for {tool.upstream_name} of server {tool.server.name} in {config_file}")
-
-
 class Gate:
     """The gate of one serving process: its tools, its store, its lease, its rules."""
 
@@ -3133,9 +3126,11 @@ class Gate:
         # process never takes one over, whatever its lease says.
         self.active = set()
         self.stopping = threading.Event()
-        # The seam to what tells the operator an approval waits (section 21), registered by
-        # serve: announce(approval, tool, run_id).
+        # The seams to what tells the operator (section 21), registered by serve: an approval
+        # waits, announce(approval, tool, run_id); a call is refused as a repeat of a run that
+        # executed, duplicate(tool, run_id, executed_at, window).
         self.announce = lambda approval, tool, run_id: None
+        self.duplicate = lambda tool, run_id, executed_at, window: None
         # Registered names of the tools whose server changed them while serving (ToolWatch):
         # not offered, and a call to one is refused. Replaced whole, never changed in place.
         self.quarantined = frozenset()
@@ -3403,9 +3398,7 @@ class Gate:
             return STOP
         outcome = DUPLICATE_OUTCOME[attempt.ending].format(text=clean(
             outcome_text(attempt.observed), 500 if attempt.ending == "unrecorded" else CONTENT_CAP))
-        log(f"a call to {tool.name} was refused as a duplicate of run {run_id}, which executed "
-            f"the same request at {prose_time(attempt.finished)}: "
-            f"{repeat_window_text(tool, window, self.config.path)}")
+        self.duplicate(tool, run_id, attempt.finished, window)
         return answer("DUPLICATE", at=prose_time(attempt.finished),
                       window=format_duration(window), outcome=outcome)
 
@@ -7463,12 +7456,13 @@ class StatusTool:
 #
 # Reads as: around the core
 #
-# Owns: telling the operator an approval starts waiting: the lines on stderr with the command
-# that decides it, and the operator's notify program.
+# Owns: telling the operator an approval starts waiting (the lines on stderr with the command
+# that decides it, and the operator's notify program) and what to change to let a call
+# refused as a duplicate through.
 # Promises: the program runs in its own process group with a deadline, never blocks a call, and
 # past a backlog the oldest announcement is dropped and said so.
-# Core it calls: config_path; the gate calls announce_waiting's announce through the seam serve
-# registers.
+# Core it calls: config_path; the gate calls announce_waiting's announce and
+# duplicate_refused's duplicate through the seams serve registers.
 # =============================================================================================
 
 
@@ -7498,6 +7492,17 @@ def announce_waiting(config, notifier=None):
                                "AGENTGATE_RUN": run_id, "AGENTGATE_TOOL": tool.name,
                                "AGENTGATE_COMMAND": command})
     return announce
+
+
+def duplicate_refused(config):
+    """The gate's duplicate, as serve registers it: it names the config, never model text."""
+    def duplicate(tool, run_id, executed_at, window):
+        log(f"a call to {tool.name} was refused as a duplicate of run {run_id}, which executed "
+            f"the same request at {prose_time(executed_at)}: identical calls to {tool.name} "
+            f"are refused for {format_duration(window)} after one executes; to allow them, set "
+            f"\"repeat_window\": \"0s\" (or a shorter time) in the rule for "
+            f"{tool.upstream_name} of server {tool.server.name} in {config.path}")
+    return duplicate
 
 
 NOTIFY_TIMEOUT = 10  # seconds a notify program may run before its process group is killed
@@ -10338,8 +10343,9 @@ def _processes_mentioning(text):
 # flags (-config, -approval); the double-dash spelling works too. Exit codes: 0 ok, 1 failure,
 # 2 usage. No traceback reaches a user: every expected failure is one sentence on stderr.
 # Core it calls: Store (opened as section 17's Ledger, which the status tool reads), Gate,
-# HostServer, and the seams: the gate's `announce` (section 21's announce_waiting) and the
-# host's `around` and `status` (section 20's HostAround and StatusTool).
+# HostServer, and the seams: the gate's `announce` and `duplicate` (section 21's
+# announce_waiting and duplicate_refused) and the host's `around` and `status` (section 20's
+# HostAround and StatusTool).
 # =============================================================================================
 
 class Shutdown(Exception):
@@ -10380,6 +10386,7 @@ def cmd_serve(argv):
             raise
         gate = Gate(config, store, tools)
         gate.announce = announce_waiting(config, config.notify and Notifier(config.notify))
+        gate.duplicate = duplicate_refused(config)
         ToolWatch(gate, upstreams, functools.partial(around.tools_changed, host))
         host.serve_with(gate, StatusTool(gate, config.status_tool,
                                          sum(bool(r.unserved) for r in reports)))
