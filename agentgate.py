@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3921 lines of decision core, read first; then the libraries it relies on, each
+Sections (3912 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -35,7 +35,7 @@ because the configuration is read with its parser.
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
      7. The record                                   decision core      775
-     8. The gate                                     decision core      656
+     8. The gate                                     decision core      647
      9. The host side                                decision core      300
     10. Canonical JSON                               library            314
     11. ECMA-262 patterns                            library            435
@@ -3250,12 +3250,19 @@ class Gate:
         # begins, executes and finishes unseen (in any process) to run the same call twice.
         rows = self.store.key_runs(self.config.session, key, since, newest_only=tool.read_only)
         seen = next((row.run_id for row in rows if row.open), None)
-        for row in rows:                                                    # rules 1 to 5
-            verdict = self._earlier_run(tool, row, window, since, judged)
-            if verdict is STOP:
-                break
-            if verdict is not NEXT:
-                return verdict
+        for row in rows:
+            if row.status == "WAITING_FOR_APPROVAL":
+                return self._waiting(tool, row.run_id, judged)              # rule 1
+            if row.status == "RUNNING":
+                if row.run_id in self.active or (row.owner != self.owner and row.expires > now()):
+                    return answer("IN_PROGRESS")                            # rule 2
+                return self._take_over(tool, row.run_id, judged)            # rule 3
+            if window and row.finished >= since:                            # rules 4, 5
+                verdict = self._closed(tool, row, window)
+                if verdict is STOP:
+                    break
+                if verdict is not NEXT:
+                    return verdict
         attempt = None if tool.read_only else self._unknown_attempt(key)   # rule 6
         decider = policy_decision(self.config, tool, args, self._facts(tool),
                                   rerun=bool(attempt), judged=judged)["outcome"]
@@ -3265,17 +3272,6 @@ class Gate:
             if verdict is not NEXT:
                 return verdict
         return self._begin(tool, args, key, seen, judged, attempt=attempt)  # rule 8
-
-    def _earlier_run(self, tool, row, window, since, judged):
-        if row.status == "WAITING_FOR_APPROVAL":
-            return self._waiting(tool, row.run_id, judged)                  # rule 1
-        if row.status == "RUNNING":
-            if row.run_id in self.active or (row.owner != self.owner and row.expires > now()):
-                return answer("IN_PROGRESS")                                # rule 2
-            return self._take_over(tool, row.run_id, judged)                # rule 3
-        if window and row.finished >= since:                                # rules 4, 5
-            return self._closed(tool, row.run_id, row.reason, row.detail, row.finished, window)
-        return NEXT
 
     def _waiting(self, tool, run_id, judged):
         """Rule 1: a run of this request waits on an approval."""
@@ -3346,8 +3342,7 @@ class Gate:
 
     def _take_over(self, tool, run_id, judged):
         """Rule 3: take over a run whose lease ran out. A mutating call it cut off may have
-        taken effect: it waits on the question of running it again (Wait). Anything else is
-        ended, and the call is decided again (AGAIN)."""
+        taken effect: Wait on asking to run it again. Anything else is ended: AGAIN."""
         cut_step = self.store.write(lambda tx: tx.take_over(run_id, self.lease()))
         if cut_step and not tool.read_only:
             step_id, started = cut_step
@@ -3371,34 +3366,33 @@ class Gate:
             "interruption, with nothing left in it to execute"))
         return AGAIN
 
-    def _refuse(self, tx, run_id, step_id, kind, detail):
-        """End a run whose request will not execute (denied or invalid)."""
+    def _refuse(self, tx, run_id, step_id, kind, detail):  # denied or invalid: not executed
         tx.fail_step(run_id, step_id, {"kind": kind, "content": {"error": detail}}, detail)
         tx.finish_run(run_id, "FAILED", "goal_failed", REFUSED[kind])
 
-    def _closed(self, tool, run_id, reason, detail, finished, window):
+    def _closed(self, tool, row, window):
         """Rules 4 and 5: a finished run of this request within the window. NEXT: look at
         older runs; STOP: its outcome is unknown, so rule 6 decides."""
         def until():
-            return prose_time(later(finished, window))
-        if reason == "approval_rejected":
-            approval = self.store.latest_approval(run_id)
+            return prose_time(later(row.finished, window))
+        if row.reason == "approval_rejected":
+            approval = self.store.latest_approval(row.run_id)
             return answer("REJECTED", approval=approval["id"],
                           note=note_text(approval["note"]), until=until())
-        attempt = None if tool.read_only else last_attempt(self.store.read, run_id)
+        attempt = None if tool.read_only else last_attempt(self.store.read, row.run_id)
         unknown = attempt is not None and attempt.ending in UNKNOWN_ENDINGS
-        if reason == "approval_expired":
+        if row.reason == "approval_expired":
             return STOP if unknown else answer(
-                "EXPIRED", approval=self.store.latest_approval(run_id)["id"], until=until())
-        if reason == "operator_cancelled":
-            return answer("REJECTED", "CANCELLED", note=note_text(detail), until=until())
+                "EXPIRED", approval=self.store.latest_approval(row.run_id)["id"], until=until())
+        if row.reason == "operator_cancelled":
+            return answer("REJECTED", "CANCELLED", note=note_text(row.detail), until=until())
         if attempt is None:
             return NEXT
         if unknown:
             return STOP
         outcome = DUPLICATE_OUTCOME[attempt.ending].format(text=clean(
             outcome_text(attempt.observed), 500 if attempt.ending == "unrecorded" else CONTENT_CAP))
-        self.duplicate(tool, run_id, attempt.finished, window)
+        self.duplicate(tool, row.run_id, attempt.finished, window)
         return answer("DUPLICATE", at=prose_time(attempt.finished),
                       window=format_duration(window), outcome=outcome)
 
@@ -3456,9 +3450,8 @@ class Gate:
                 self.config.session, (tool.target, tool.name), key):
             if reason in ("approval_rejected", "operator_cancelled"):
                 continue
-            # The open row first, then the attempt: a re-run of that request that begins and
-            # settles the question after this read makes the begin below refuse, so a question
-            # that was answered meanwhile is never asked again.
+            # The open row first, then the attempt: a re-run that begins and settles the
+            # question after this read makes the begin below refuse, so it is not asked again.
             seen = self.store.open_run(self.config.session, other_key)
             attempt = self._unknown_attempt(other_key)
             if attempt is None:
@@ -3565,8 +3558,8 @@ class Gate:
                     verdict.record(tx, observation, ending, elapsed)
                     return None
                 if tx.run_holder(run_id) != ("RUNNING", self.owner):
-                    # Cancelled, or taken over after this process lost its lease: the outcome
-                    # is kept as a late event and the run is left as its new owner has it.
+                    # Cancelled, or taken over after this process lost its lease: a late
+                    # event keeps the outcome; the run stays as its new owner has it.
                     tx.event(run_id, "step.tool_finished", {"tool": tool.name, "late": True,
                                                             "observation": observation},
                              step_id)
@@ -3578,7 +3571,6 @@ class Gate:
                 if ending != "ok":
                     tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending],
                                   outcome=OUTCOME_KNOWN)
-                return None
             rerun = self.store.write(record)
         finally:
             self.active.discard(run_id)
@@ -3620,9 +3612,8 @@ class Gate:
         facts = self._facts(tool, tx.rows)
         decision = evaluate(self.config, tool, args, facts, attempt, judged=Judgement(work=work))
         if decision["outcome"] == "deny":
-            # The policy now denies the request outright (an entry for other hours, say): no
-            # question is asked, the run ends with its outcome unknown, and the next identical
-            # call is decided on that again (rule 6).
+            # Denied outright now (an entry for other hours, say): nothing is asked, the run
+            # ends with its outcome unknown, and rule 6 decides the next identical call.
             tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending])
             return None
         rerun_step = tx.start_step(run_id, {"args": args, "kind": TOOL_CALL,
