@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3912 lines of decision core, read first; then the libraries it relies on, each
+Sections (3897 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -35,7 +35,7 @@ because the configuration is read with its parser.
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
      7. The record                                   decision core      775
-     8. The gate                                     decision core      647
+     8. The gate                                     decision core      632
      9. The host side                                decision core      300
     10. Canonical JSON                               library            314
     11. ECMA-262 patterns                            library            435
@@ -3100,8 +3100,9 @@ class Store:
 
 TOOL_CALL = "tool_call"
 
-# The verdicts other than an Answer. An Execute's `step_id` is None for a read `record`ed whole
-# after it answers; its `work` spares a re-run after an unknown outcome a second search.
+# The verdicts other than an Answer. An Execute's `step_id` is None for a read recorded whole
+# after it answers (`record`: its policy record and start); its `work` spares a re-run after an
+# unknown outcome a second search.
 Wait = collections.namedtuple("Wait", "approval")
 Execute = collections.namedtuple("Execute", "run_id step_id args record work",
                                  defaults=(None, None))
@@ -3126,9 +3127,8 @@ class Gate:
         # process never takes one over, whatever its lease says.
         self.active = set()
         self.stopping = threading.Event()
-        # The seams to what tells the operator (section 21), registered by serve: an approval
-        # waits, announce(approval, tool, run_id); a call is refused as a repeat of a run that
-        # executed, duplicate(tool, run_id, executed_at, window).
+        # Seams registered by serve (section 21): announce(approval, tool, run_id) when an
+        # approval waits, duplicate(tool, run_id, executed_at, window) on a refused repeat.
         self.announce = lambda approval, tool, run_id: None
         self.duplicate = lambda tool, run_id, executed_at, window: None
         # Registered names of the tools whose server changed them while serving (ToolWatch):
@@ -3146,8 +3146,7 @@ class Gate:
         while not self.stopping.wait(self.config.lease_ttl / SECOND / 3):
             try:
                 # set.copy is one step for the interpreter: no call changes it mid-iteration.
-                self.store.renew_leases(self.owner, later(now(), self.config.lease_ttl),
-                                        sorted(self.active.copy()))
+                self.store.renew_leases(*self.lease(), sorted(self.active.copy()))
             except Exception as err:  # the heartbeat outlives any one failure
                 log(f"could not renew leases: {err}")
 
@@ -3217,9 +3216,9 @@ class Gate:
         return judged
 
     def _hold(self, approval, progress, cancelled):
-        """Wait up to `hold` for the operator. True when the approval was decided (or expired,
-        or its run ended) meanwhile, so the call is decided once more; False when the hold ran
-        out, the host cancelled, or the gate is stopping."""
+        """Wait up to `hold` for the operator: True when the approval was decided, expired or
+        its run ended (decide again); False when the hold ran out, the host cancelled or the
+        gate stops."""
         started = time.monotonic()
         total = self.config.hold_for(self.client) / SECOND
         last_progress = started
@@ -3368,7 +3367,7 @@ class Gate:
 
     def _refuse(self, tx, run_id, step_id, kind, detail):  # denied or invalid: not executed
         tx.fail_step(run_id, step_id, {"kind": kind, "content": {"error": detail}}, detail)
-        tx.finish_run(run_id, "FAILED", "goal_failed", REFUSED[kind])
+        tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[kind])
 
     def _closed(self, tool, row, window):
         """Rules 4 and 5: a finished run of this request within the window. NEXT: look at
@@ -3420,10 +3419,8 @@ class Gate:
                     return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
                                   approval=verdict.approval["id"])
                 continue
-            if status != "WAITING_FOR_APPROVAL":
-                continue
-            approval = self.store.latest_approval(run_id)
-            if approval is None:
+            approval = status == "WAITING_FOR_APPROVAL" and self.store.latest_approval(run_id)
+            if not approval:
                 continue
             live = live_approval(self.config, approval)
             if approval["kind"] == "interrupted_side_effect" and not tool.read_only and \
@@ -3462,8 +3459,7 @@ class Gate:
             if isinstance(verdict, Wait):
                 return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
                               approval=verdict.approval["id"])
-            # Anything else (its arguments no longer valid, say) ended that request's run
-            # with nothing executed: it blocks nothing any more.
+            # Anything else (its arguments now invalid, say) ended that run unexecuted.
         return NEXT
 
     # -- beginning and executing a run ---------------------------------------------------------
@@ -3479,7 +3475,8 @@ class Gate:
             facts = self._facts(tool)
             decision = evaluate(self.config, tool, args, facts, judged=judged)
             if decision["outcome"] == "allow" and "grant" not in decision:
-                return self._begin_read(tool, args, run_id, origin, decision, facts)
+                self.active.add(run_id)
+                return Execute(run_id, None, args, (_policy_record(decision, facts), now()))
         recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
 
         def begin(tx):
@@ -3520,19 +3517,6 @@ class Gate:
         self.announce(approval, tool, run_id)
         return Wait(approval)
 
-    def _begin_read(self, tool, args, run_id, origin, decision, facts):
-        """An allowed read executes now; `record` writes its run whole with its outcome."""
-        started = now()
-
-        def record(tx, observation, ending, elapsed):
-            tx.record_read(run_id, self.config.session, tool, {
-                "args": args, "kind": TOOL_CALL, "origin": origin, "tool": tool.name},
-                _policy_record(decision, facts), self.policy_id, started, observation,
-                ("COMPLETED", "goal_completed", f"terminal tool {tool.name}")
-                if ending == "ok" else ("FAILED", "goal_failed", CLOSING[ending]), elapsed)
-        self.active.add(run_id)
-        return Execute(run_id, None, args, record)
-
     def _write_active(self, run_id, fn):
         """The write that starts a run executing: the run counts as this process's own from
         before the write, so no identical call can take it over in between."""
@@ -3554,8 +3538,13 @@ class Gate:
             elapsed = int((time.monotonic() - started) * 1000)
 
             def record(tx):  # the approval a re-run waits on, when the outcome is unknown
-                if verdict.record:  # a read, recorded whole
-                    verdict.record(tx, observation, ending, elapsed)
+                if step_id is None:  # a read allowed outright: its run recorded whole
+                    policy, started_at = verdict.record
+                    ended = ("COMPLETED", "goal_completed", f"terminal tool {tool.name}") \
+                        if ending == "ok" else ("FAILED", "goal_failed", CLOSING[ending])
+                    tx.record_read(run_id, self.config.session, tool, {
+                        "args": args, "kind": TOOL_CALL, "origin": "model", "tool": tool.name},
+                        policy, self.policy_id, started_at, observation, ended, elapsed)
                     return None
                 if tx.run_holder(run_id) != ("RUNNING", self.owner):
                     # Cancelled, or taken over after this process lost its lease: a late
@@ -3683,8 +3672,7 @@ def waiting_answer(approval):
                                            frees=presentation["frees"]) \
             if "limit" in presentation else ""
         return answer("PENDING_APPROVAL", approval=approval["id"], limit=limit)
-    capability = parse(approval["capability_json"])
-    ended = capability.get("interrupted", {}).get("ended", "cut_off")
+    ended = parse(approval["capability_json"]).get("interrupted", {}).get("ended", "cut_off")
     if ended == "cut_off":
         return answer("INTERRUPTED", approval=approval["id"])
     return answer("UNKNOWN_OUTCOME", how=HOW[ended], error="", approval=approval["id"])
@@ -3699,11 +3687,9 @@ def live_approval(config, approval):
     return False
 
 
-REFUSED = {  # why a run ended whose request was not executed, by its step's observation kind
+CLOSING = {  # why a run ended, by its refused step's kind or its call's ending
     "policy_denied": "one call per run: the request was denied",
     "invalid_decision": "one call per run: the request was invalid",
-}
-CLOSING = {
     "error": "one call per run: the tool call returned an error",
     "unrecorded": "one call per run: the tool call executed and its result could not be "
                   "recorded",
@@ -3718,8 +3704,7 @@ def _policy_record(decision, facts, approved=False):
     (`approved`: made when collecting an operator's approval, so no limit counted it)."""
     record = {k: decision[k] for k in ("outcome", "reason", "by", "grant", "limit", "kind",
                                        "capability", "presentation") if k in decision}
-    record["facts"] = {"at": format_time(facts.at), "client": facts.client,
-                       "approved": approved}
+    record["facts"] = {"at": format_time(facts.at), "client": facts.client, "approved": approved}
     return record
 
 
