@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3897 lines of decision core, read first; then the libraries it relies on, each
+Sections (3891 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -35,7 +35,7 @@ because the configuration is read with its parser.
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
      7. The record                                   decision core      775
-     8. The gate                                     decision core      632
+     8. The gate                                     decision core      626
      9. The host side                                decision core      300
     10. Canonical JSON                               library            314
     11. ECMA-262 patterns                            library            435
@@ -47,7 +47,7 @@ because the configuration is read with its parser.
     17. Reading the record                           around the core    192
     18. Tool changes while serving                   around the core    147
     19. The status tool                              around the core    120
-    20. The host's other requests                    around the core    156
+    20. The host's other requests                    around the core    157
     21. Notify                                       around the core    101
     22. Pins and load reports                        around the core    186
     23. The command line's flags                     around the core    116
@@ -3090,10 +3090,8 @@ class Store:
 # Deciding happens under one lock, so two threads never both begin the same request; across
 # processes the unique open-row index does, and a lost race is decided again. Judging happens
 # before the lock, executing and holding after it. Each rule answers with one verdict, a value.
-# A run being executed holds a lease its process renews; a run whose lease ran out is taken
-# over, and a mutating call it cut off waits for an operator. Everything is recorded before it
-# is sent, except a read allowed with no limit or grant to consult, recorded whole after it
-# answers. Limits are decided inside the transaction that starts the execution.
+# A run being executed holds a lease its process renews; one whose lease ran out is taken over.
+# Everything is recorded before it is sent, except a read allowed outright (see _begin).
 # Reaches out through seams only: the upstream's `request` (section 16), `announce` and
 # `duplicate` (section 21).
 # =============================================================================================
@@ -3221,7 +3219,6 @@ class Gate:
         gate stops."""
         started = time.monotonic()
         total = self.config.hold_for(self.client) / SECOND
-        last_progress = started
         while not cancelled.is_set() and not self.stopping.is_set():
             waited = time.monotonic() - started
             if waited >= total:
@@ -3231,10 +3228,8 @@ class Gate:
             waits = row and row["status"] == "pending" and live_approval(self.config, row)
             if not waits or row["run_status"] in TERMINAL:
                 return not (cancelled.is_set() or self.stopping.is_set())
-            if progress and time.monotonic() - last_progress >= 1:
-                last_progress = time.monotonic()
-                progress.holding(round(last_progress - started, 3), total,
-                                 SLOT_PROSE["holding"])
+            if progress:  # told at most once a second (Progress.holding)
+                progress.holding(round(waited, 3), total, SLOT_PROSE["holding"])
         return False
 
     # -- the rules, under the lock -------------------------------------------------------------
@@ -3293,8 +3288,7 @@ class Gate:
         the same request key, so the call's judgement is the request's)."""
         run_id, step_id = approval["run_id"], approval["step_id"]
         if tool.name in self.quarantined:
-            # Its server changed it (or said so) after the call was checked on arrival, while
-            # the call was held: the approval stays, to be collected once the tool is back.
+            # Its server changed it while the call was held: the approval stays for its return.
             return answer("DENIED", "TOOL_CHANGED")
         if stored_hash(approval) != approval["hash"]:
             log(f"approval {approval['id']} does not match its hash; it was altered after it "
@@ -7292,8 +7286,9 @@ PROGRESS_MESSAGE_BYTES = 1000
 
 
 class Progress:
-    """One call's progress as its host hears it: the hold's seconds, then the server's values
-    after them. Only a value above the last one told is sent, as the protocol asks."""
+    """One call's progress as its host hears it: the hold's seconds, one a second at most, then
+    the server's values after them. Only a value above the last one told is sent, as the
+    protocol asks."""
 
     def __init__(self, send):
         self.send = send  # send(value, total, message); total and message None when absent
@@ -7303,7 +7298,7 @@ class Progress:
 
     def holding(self, waited, total, message):
         exact = decimal.Decimal(repr(waited))
-        if self._tell(waited, exact, total, message):
+        if exact - self.held >= 1 and self._tell(waited, exact, total, message):
             self.held = exact
 
     def server(self, value, total, message):
