@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3891 lines of decision core, read first; then the libraries it relies on, each
+Sections (3892 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -35,7 +35,7 @@ because the configuration is read with its parser.
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
      7. The record                                   decision core      775
-     8. The gate                                     decision core      626
+     8. The gate                                     decision core      627
      9. The host side                                decision core      300
     10. Canonical JSON                               library            314
     11. ECMA-262 patterns                            library            435
@@ -3108,7 +3108,7 @@ Execute = collections.namedtuple("Execute", "run_id step_id args record work",
 # What a rule says when it does not answer the call itself:
 NEXT = "next"    # this rule, or this earlier run, decides nothing: the next one does
 STOP = "stop"    # rule 5 met an unknown outcome: look no further back, let rule 6 decide
-AGAIN = "again"  # a rule ended a run or approval, or a write lost a race (Race): decided again
+AGAIN = "again"  # a rule ended a run or approval, or a write lost a race: decide again
 
 
 class Gate:
@@ -3207,8 +3207,8 @@ class Gate:
                                                          "nothing_executed"])
 
     def _judge(self, tool, args, work=None):
-        """The schema check and the policy's conditions, before the lock; the rules and the
-        write transaction reuse the Judgement, reading afresh only the facts that may change."""
+        """The schema check and the policy's conditions, before the lock; later steps reuse
+        the Judgement, reading afresh only the facts that may change."""
         judged = judged_request(tool, args, work)
         policy_decision(self.config, tool, args, self._facts(tool), judged=judged)
         return judged
@@ -3284,8 +3284,8 @@ class Gate:
                                                        approval["step_id"]))
 
     def _collect(self, tool, approval, judged):
-        """An approved request, checked again, executes as recorded (never this call's bytes;
-        the same request key, so the call's judgement is the request's)."""
+        """An approved request, checked again, executes as recorded, never as this call's
+        bytes (the same request key, so the call's judgement is the request's)."""
         run_id, step_id = approval["run_id"], approval["step_id"]
         if tool.name in self.quarantined:
             # Its server changed it while the call was held: the approval stays for its return.
@@ -3435,8 +3435,8 @@ class Gate:
         return NEXT
 
     def _unknown_block(self, tool, key):
-        """Another request of this tool left an outcome unknown with no question waiting: ask
-        it again in a fresh run and block this call on it (BLOCKED); NEXT when there is none."""
+        """Another request of this tool left an outcome unknown, unasked: ask it again in a
+        fresh run and answer BLOCKED; else NEXT."""
         for other_key, run_id, reason in self.store.unknown_for_tool(
                 self.config.session, (tool.target, tool.name), key):
             if reason in ("approval_rejected", "operator_cancelled"):
@@ -3459,8 +3459,8 @@ class Gate:
     # -- beginning and executing a run ---------------------------------------------------------
 
     def _begin(self, tool, args, key, seen, judged, invalid=None, attempt=None, origin="model"):
-        """Rule 8: begin a run, decide on it and record the decision in one write transaction,
-        then act on it. `invalid` (why, frame): arguments not usable JSON (`judged` is None)."""
+        """Rule 8: begin a run and decide on it in one write transaction, then act on it.
+        `invalid` (why, frame): arguments not usable JSON (`judged` None)."""
         run_id = f"{self.config.session}.{new_id(8)}"
         problem = invalid[0] if invalid else judged.problem
         if not (problem or attempt) and tool.read_only and not tool.rule.limits:
@@ -3587,9 +3587,9 @@ class Gate:
                       blocks=clean(", ".join(block_labels(record)), 500), then=then)
 
     def _pause_rerun(self, tx, tool, run_id, step_id, args, ending, work):
-        """An unknown outcome: the same request proposed again, in the transaction that records
-        the attempt; the approval it waits on, or None. The policy never allows a re-run (it
-        asks an operator); judged again on `work`, as the call may have moved a path's links."""
+        """An unknown outcome: the request asked again in the transaction that records the
+        attempt (the policy never allows a re-run); the approval, or None. Judged again on
+        `work`: the call may have moved a path's links."""
         attempt = {"run_id": run_id, "step_id": step_id, "started_at": tx.step_started(step_id),
                    "ended": ending}
         facts = self._facts(tool, tx.rows)
@@ -3698,7 +3698,8 @@ def _policy_record(decision, facts, approved=False):
     (`approved`: made when collecting an operator's approval, so no limit counted it)."""
     record = {k: decision[k] for k in ("outcome", "reason", "by", "grant", "limit", "kind",
                                        "capability", "presentation") if k in decision}
-    record["facts"] = {"at": format_time(facts.at), "client": facts.client, "approved": approved}
+    record["facts"] = {"at": format_time(facts.at), "client": facts.client,
+                       "approved": approved}
     return record
 
 
