@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3892 lines of decision core, read first; then the libraries it relies on, each
+Sections (3891 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -35,7 +35,7 @@ because the configuration is read with its parser.
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
      7. The record                                   decision core      775
-     8. The gate                                     decision core      627
+     8. The gate                                     decision core      626
      9. The host side                                decision core      300
     10. Canonical JSON                               library            314
     11. ECMA-262 patterns                            library            435
@@ -3276,12 +3276,12 @@ class Gate:
             return self._collect(tool, approval, judged)
         if live_approval(self.config, approval):
             return Wait(approval)
-        self._expire(approval)
-        return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
+        return self._expire(approval)
 
     def _expire(self, approval):
         self.store.write(lambda tx: tx.expire_approval(approval["id"], approval["run_id"],
                                                        approval["step_id"]))
+        return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
 
     def _collect(self, tool, approval, judged):
         """An approved request, checked again, executes as recorded, never as this call's
@@ -3294,9 +3294,8 @@ class Gate:
             log(f"approval {approval['id']} does not match its hash; it was altered after it "
                 f"was made and will not be used")
             return answer("DENIED", reason=SLOT_PROSE["altered"])
-        if self.config.grant_ttl and later(approval["decided_at"], self.config.grant_ttl) < now():
-            self._expire(approval)
-            return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
+        if not live_approval(self.config, approval):  # its grant_ttl ran out
+            return self._expire(approval)
         if judged.problem:
             self.store.write(lambda tx: self._refuse(
                 tx, run_id, step_id, "invalid_decision",
