@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3891 lines of decision core, read first; then the libraries it relies on, each
+Sections (3885 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -35,7 +35,7 @@ because the configuration is read with its parser.
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
      7. The record                                   decision core      775
-     8. The gate                                     decision core      626
+     8. The gate                                     decision core      620
      9. The host side                                decision core      300
     10. Canonical JSON                               library            314
     11. ECMA-262 patterns                            library            435
@@ -3129,8 +3129,7 @@ class Gate:
         # approval waits, duplicate(tool, run_id, executed_at, window) on a refused repeat.
         self.announce = lambda approval, tool, run_id: None
         self.duplicate = lambda tool, run_id, executed_at, window: None
-        # Registered names of the tools whose server changed them while serving (ToolWatch):
-        # not offered, and a call to one is refused. Replaced whole, never changed in place.
+        # Tools changed while serving (ToolWatch): not offered, refused; replaced whole only.
         self.quarantined = frozenset()
         self.client = ""  # set by the host side from initialize
         threading.Thread(target=self._heartbeat, daemon=True).start()
@@ -3214,9 +3213,8 @@ class Gate:
         return judged
 
     def _hold(self, approval, progress, cancelled):
-        """Wait up to `hold` for the operator: True when the approval was decided, expired or
-        its run ended (decide again); False when the hold ran out, the host cancelled or the
-        gate stops."""
+        """Wait up to `hold` for the operator: True once the approval is decided, expired or
+        its run ended (decide again); else False (the hold ran out, cancelled, stopping)."""
         started = time.monotonic()
         total = self.config.hold_for(self.client) / SECOND
         while not cancelled.is_set() and not self.stopping.is_set():
@@ -3245,8 +3243,15 @@ class Gate:
         rows = self.store.key_runs(self.config.session, key, since, newest_only=tool.read_only)
         seen = next((row.run_id for row in rows if row.open), None)
         for row in rows:
-            if row.status == "WAITING_FOR_APPROVAL":
-                return self._waiting(tool, row.run_id, judged)              # rule 1
+            if row.status == "WAITING_FOR_APPROVAL":                        # rule 1
+                approval = self.store.latest_approval(row.run_id)
+                if approval is None or approval["status"] not in ("pending", "approved"):
+                    return answer("IN_PROGRESS")
+                if approval["status"] == "approved":
+                    return self._collect(tool, approval, judged)
+                if live_approval(self.config, approval):
+                    return Wait(approval)
+                return self._expire(approval)
             if row.status == "RUNNING":
                 if row.run_id in self.active or (row.owner != self.owner and row.expires > now()):
                     return answer("IN_PROGRESS")                            # rule 2
@@ -3266,17 +3271,6 @@ class Gate:
             if verdict is not NEXT:
                 return verdict
         return self._begin(tool, args, key, seen, judged, attempt=attempt)  # rule 8
-
-    def _waiting(self, tool, run_id, judged):
-        """Rule 1: a run of this request waits on an approval."""
-        approval = self.store.latest_approval(run_id)
-        if approval is None or approval["status"] not in ("pending", "approved"):
-            return answer("IN_PROGRESS")
-        if approval["status"] == "approved":
-            return self._collect(tool, approval, judged)
-        if live_approval(self.config, approval):
-            return Wait(approval)
-        return self._expire(approval)
 
     def _expire(self, approval):
         self.store.write(lambda tx: tx.expire_approval(approval["id"], approval["run_id"],
