@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3885 lines of decision core, read first; then the libraries it relies on, each
+Sections (3883 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -35,7 +35,7 @@ because the configuration is read with its parser.
      5. Tools, as pinned                             decision core      361
      6. Answers                                      decision core      468
      7. The record                                   decision core      775
-     8. The gate                                     decision core      620
+     8. The gate                                     decision core      618
      9. The host side                                decision core      300
     10. Canonical JSON                               library            314
     11. ECMA-262 patterns                            library            435
@@ -3099,8 +3099,7 @@ class Store:
 TOOL_CALL = "tool_call"
 
 # The verdicts other than an Answer. An Execute's `step_id` is None for a read recorded whole
-# after it answers (`record`: its policy record and start); its `work` spares a re-run after an
-# unknown outcome a second search.
+# after it answers (`record`: its policy record and start); `work` spares a re-run a search.
 Wait = collections.namedtuple("Wait", "approval")
 Execute = collections.namedtuple("Execute", "run_id step_id args record work",
                                  defaults=(None, None))
@@ -3581,8 +3580,8 @@ class Gate:
 
     def _pause_rerun(self, tx, tool, run_id, step_id, args, ending, work):
         """An unknown outcome: the request asked again in the transaction that records the
-        attempt (the policy never allows a re-run); the approval, or None. Judged again on
-        `work`: the call may have moved a path's links."""
+        attempt (the policy never allows a re-run); the approval, or None. Judged again (on
+        `work`): the call may have moved a path's links."""
         attempt = {"run_id": run_id, "step_id": step_id, "started_at": tx.step_started(step_id),
                    "ended": ending}
         facts = self._facts(tool, tx.rows)
@@ -3601,12 +3600,11 @@ class Gate:
 
 
 def call_upstream(tool, args, cap, progress=None):
-    """Send one call upstream: (observation, ending, passed), `passed` the server's result
-    as it came, or None (none, or past `cap` bytes: the observation says it was withheld).
-    The ending is the one place an outcome is classified: 'ok'; 'error' (an error result or
-    JSON-RPC error, or nothing sent: known); 'unrecorded' (executed, answer unusable: known,
-    never run again); 'timed_out' or 'no_answer' (it may have taken effect: unknown). A
-    read's failure is always 'error': a read has no effect for anyone to vouch for."""
+    """Send one call upstream: (observation, ending, passed), `passed` the server's result as
+    it came, or None (none, or past `cap` bytes: withheld). The one place an outcome is
+    classified: 'ok'; 'error' (an error answer, or nothing sent: known); 'unrecorded'
+    (executed, answer unusable: known, never run again); 'timed_out' or 'no_answer' (it may
+    have taken effect: unknown). A read's failure is 'error': it has no effect to vouch for."""
     passed = None
     try:
         result = tool.upstream.request(
