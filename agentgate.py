@@ -21,44 +21,45 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (4038 lines of decision core, read first; then the libraries it relies on, each
+Sections (3422 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
 the libraries, so the core reads top to bottom: the policy comes before the configuration
 because the configuration is read with its parser.
 
-     1. Framing                                      decision core      102
-     2. Text, times and fields                       decision core      279
-     3. Policy on what a call does                   decision core      664
-     4. Configuration and its trust                  decision core      316
-     5. Tools, as pinned                             decision core      361
-     6. Answers                                      decision core      468
-     7. The record                                   decision core      775
-     8. The gate                                     decision core      718
-     9. The host side                                decision core      355
+     1. Framing                                      decision core       87
+     2. Text, times and fields                       decision core      202
+     3. Policy on what a call does                   decision core      509
+     4. Configuration and its trust                  decision core      243
+     5. Tools, as pinned                             decision core      331
+     6. Answers                                      decision core      423
+     7. The record                                   decision core      709
+     8. The gate                                     decision core      618
+     9. The host side                                decision core      300
     10. Canonical JSON                               library            314
-    11. ECMA-262 patterns                            library            435
-    12. JSON Schema                                  library            356
-    13. Hosts in URLs                                library            110
-    14. Paths as the kernel resolves them            library             99
-    15. The lint                                     around the core    232
-    16. Upstream servers                             around the core   1258
-    17. Reading the record                           around the core    192
-    18. Tool changes while serving                   around the core    147
-    19. The status tool                              around the core    120
-    20. The host's other requests                    around the core     76
-    21. Notify                                       around the core     89
-    22. Pins and load reports                        around the core    186
-    23. The command line's flags                     around the core    116
-    24. Operator commands                            around the core   1305
-    25. Setup                                        around the core    605
-    26. Pin and check                                around the core    183
-    27. Fake payment server                          around the core    118
-    28. Demonstration                                around the core    268
-    29. Main                                         around the core    129
+    11. Text safe to show                            library             91
+    12. ECMA-262 patterns                            library            429
+    13. JSON Schema                                  library            411
+    14. Hosts in URLs                                library            138
+    15. Paths as the kernel resolves them            library            109
+    16. The lint                                     around the core    232
+    17. Upstream servers                             around the core   1313
+    18. Reading the record                           around the core    192
+    19. Tool changes while serving                   around the core    147
+    20. The status tool                              around the core    120
+    21. The host's other requests                    around the core    157
+    22. Notify                                       around the core    101
+    23. Pins and load reports                        around the core    204
+    24. The command line's flags                     around the core    116
+    25. Operator commands                            around the core   1305
+    26. Setup                                        around the core    605
+    27. Pin and check                                around the core    183
+    28. Fake payment server                          around the core    118
+    29. Demonstration                                around the core    268
+    30. Main                                         around the core    131
 
-One tools/call through the core, with the section of each step (10, 12: libraries):
+One tools/call through the core, with the section of each step (10, 13: libraries):
 
     HostServer._read_loop    read_frames: one frame per newline byte off stdin           1
       HostServer._frame      parse: the boundary check, number literals kept as written 10
@@ -66,7 +67,7 @@ One tools/call through the core, with the section of each step (10, 12: librarie
         HostServer._call     the tool the name offers, as pinned (Tool, load)          9, 5
           Gate.call          canonical, request_key: the request's identity        8, 10, 1
           Gate._judge        judged_request: check_arguments (validate) and the
-                             policy's conditions, judged once, before the lock  8, 6, 12, 3
+                             policy's conditions, judged once, before the lock  8, 6, 13, 3
           Gate._decide       under the gate's lock, rules 1 to 7 over the request's
                              earlier runs (Store.key_runs), each rule a verdict         8, 7
           Gate._begin        rule 8: policy_decision in the write transaction that
@@ -116,18 +117,16 @@ VERSION = "0.2.0"
 #
 # Reads as: decision core
 #
-# Owns: the byte streams of both sides cut into frames, whom to answer when a frame is refused,
-# and the hashes a request's identity is taken over (over the encoding of section 10).
+# Owns: both sides' byte streams cut into frames, whom to answer when a frame is refused, and
+# the hashes of a request's identity (over section 10's encoding).
 # Promises: a frame is split on `\n` bytes only (never on U+2028/U+2029) and never held past
 # its cap; the id read from a refused frame is only ever its own top-level one.
 # =============================================================================================
 
 def read_frames(fd, cap):
-    """Newline-delimited frames from a file descriptor: (frame, b"") for a frame of at most
-    `cap` bytes, or (None, its first 4 KiB) for one past the cap, whose rest is skipped so the
-    stream goes on. os.read, never a buffered file object: a reader thread then holds no lock
-    the interpreter needs at exit."""
-    pending, size, skipping, head = [], 0, False, b""
+    """Newline-delimited frames off `fd`: (frame, b"") up to `cap` bytes, else (None, its first
+    4 KiB) with the rest skipped. os.read, unbuffered: a reader thread holds no lock at exit."""
+    pending, skipping, head = bytearray(), False, b""
     while True:
         try:
             chunk = os.read(fd, 1 << 16)
@@ -135,29 +134,21 @@ def read_frames(fd, cap):
             chunk = b""
         if not chunk:
             if pending and not skipping:
-                yield b"".join(pending), b""
+                yield bytes(pending), b""
             return
-        start = 0
-        while True:
-            end = chunk.find(b"\n", start)
-            piece = chunk[start:] if end < 0 else chunk[start:end + 1]
-            if not skipping:
-                if size + len(piece) > cap + 1:
-                    head = (b"".join(pending) + piece)[:4096]
-                    skipping, pending, size = True, [], 0
-                else:
-                    pending.append(piece)
-                    size += len(piece)
-            if end < 0:
-                break
-            start = end + 1
-            yield (None, head) if skipping else (b"".join(pending), b"")
-            pending, size, skipping = [], 0, False
+        for piece in re.findall(rb"[^\n]*\n|[^\n]+", chunk):
+            if not skipping and len(pending) + len(piece) > cap + 1:
+                head, skipping, pending = bytes(pending + piece)[:4096], True, bytearray()
+            elif not skipping:
+                pending += piece
+            if piece.endswith(b"\n"):
+                yield (None, head) if skipping else (bytes(pending), b"")
+                pending, skipping = bytearray(), False
 
 
 def parse_loosely(data):
-    """A refused message read leniently, only to find whom to answer (its id and method),
-    never for what a call sends or what is recorded; None when even that cannot be read."""
+    """A refused message read leniently, only for whom to answer (never what is sent or
+    recorded); None if even that fails."""
     try:
         return json.loads(data.decode("utf-8", "replace"), parse_int=Number, parse_float=Number,
                           parse_constant=Number)
@@ -170,24 +161,20 @@ _HEAD_ID_RE = re.compile(rb"\s*:\s*(-?(?:0|[1-9][0-9]{0,17}))[\s,}]")
 
 
 def frame_id(head):
-    """The integer id of a message too large to parse, from its first bytes. Only its own
-    top-level "id" counts: one nested in its body could name another request."""
+    """A too-large message's own top-level integer "id", from its first bytes: a nested one
+    could name another request."""
     depth = 0
     for match in _HEAD_TOKEN_RE.finditer(head):
         token = match.group()
-        if token in (b"[", b"{"):
-            depth += 1
-        elif token in (b"]", b"}"):
-            depth -= 1
-        elif depth == 1 and token == b'"id"':
+        depth += {b"[": 1, b"{": 1, b"]": -1, b"}": -1}.get(token, 0)
+        if depth == 1 and token == b'"id"':
             value = _HEAD_ID_RE.match(head, match.end())
             return int(value.group(1)) if value else None
     return None
 
 
 def echoable_id(ident):
-    """Whether a request id can be echoed as JSON: a lenient read can yield a lone surrogate,
-    Infinity or NaN."""
+    """Whether an id can be echoed as JSON (lone surrogates, NaN and the like cannot)."""
     if isinstance(ident, str):
         return not SURROGATE_RE.search(ident)
     return isinstance(ident, Number) and bool(JSON_NUMBER_RE.fullmatch(ident.literal))
@@ -198,7 +185,7 @@ def sha256_hex(data):
 
 
 def value_digest(data):
-    """A value too large to keep again, as its size and hash (bytes in, text out)."""
+    """A value too large to keep again, as its size and hash."""
     return f"[{len(data)} bytes, sha256 {sha256_hex(data)}]"
 
 
@@ -207,8 +194,7 @@ def content_hash(value):
 
 
 def request_key(tool_name, args):
-    """The identity of a request: the tool's name and its canonical arguments (a value, or
-    already encoded)."""
+    """A request's identity: the tool's name and canonical arguments (value or bytes)."""
     encoded = args if isinstance(args, bytes) else canonical(args)
     return sha256_hex(tool_name.encode("utf-8") + b"\x00" + encoded)
 
@@ -218,12 +204,11 @@ def request_key(tool_name, args):
 #
 # Reads as: decision core
 #
-# Owns: Go-syntax durations, the one sanitizer every chosen string passes before prose, a log
-# or a terminal, tell (the one way a line reaches a person), the store's one timestamp format,
-# ids, deadlines, and the readers of a config field.
-# Promises: sanitized text holds no control character, no bidi override and no invisible
-# format character a terminal or a reader could be fooled by; data returned to the host as a
-# result is never sanitized (it is the server's answer, passed back as recorded).
+# Owns: Go-syntax durations, tell (the one way a line reaches a person), the store's one
+# timestamp format, ids, deadlines, and the readers of a config field.
+# Promises: every chosen string passes section 11's sanitize before prose, a log or a
+# terminal; data returned to the host as a result is never sanitized (it is the server's
+# answer, passed back as recorded).
 # =============================================================================================
 
 _DURATION_UNITS = {"ns": 1, "us": 1000, "µs": 1000, "μs": 1000, "ms": 10**6, "s": 10**9,
@@ -276,82 +261,6 @@ def format_duration(ns):
     if minutes:
         return f"{sign}{minutes}m{seconds}s"
     return f"{sign}{seconds}s"
-
-
-INVISIBLE = (set(range(0x202A, 0x202F)) | set(range(0x2066, 0x206A)) | {0x061C, 0x200E, 0x200F}
-             | set(range(0x200B, 0x200E)) | set(range(0x2060, 0x2065))
-             | {0xFEFF, 0x00AD, 0x180E, 0x2028, 0x2029} | set(range(0xE0000, 0xE0080)))
-_NEEDS_CARE = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
-                         "\u2060-\u2064\u2066-\u2069\ufeff\U000e0000-\U000e007f\ud800-\udfff]")
-MAX_COMBINING = 4
-
-
-def sanitize(text):
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    if not _NEEDS_CARE.search(text) and not _has_long_combining_run(text):
-        return text
-    out, marks, dropped = [], 0, 0
-    for ch in text:
-        code = ord(ch)
-        if unicodedata.category(ch).startswith("M"):
-            marks += 1
-            if marks > MAX_COMBINING:
-                dropped += 1
-                continue
-            out.append(ch)
-            continue
-        if dropped:
-            out.append(f"[+{dropped} combining marks dropped]")
-        marks, dropped = 0, 0
-        if ch in "\r\n":
-            out.append(" ")
-        elif code < 0x20 or 0x7F <= code <= 0x9F:
-            out.append(f"\\x{code:02x}")
-        elif 0xD800 <= code <= 0xDFFF:
-            out.append("\ufffd")
-        elif code in INVISIBLE:
-            out.append(f"\\u{{{code:04x}}}")
-        else:
-            out.append(ch)
-    if dropped:
-        out.append(f"[+{dropped} combining marks dropped]")
-    return "".join(out)
-
-
-# Every combining mark is at or above U+0300: only runs of such characters are looked at one
-# by one, so plain text costs one scan in C.
-_MAYBE_MARKS = re.compile("[\u0300-\U0010ffff]{%d,}" % (MAX_COMBINING + 1))
-
-
-def _has_long_combining_run(text):
-    for candidate in _MAYBE_MARKS.finditer(text):
-        run = 0
-        for ch in candidate.group():
-            run = run + 1 if unicodedata.category(ch).startswith("M") else 0
-            if run > MAX_COMBINING:
-                return True
-    return False
-
-
-def cut(text, limit):
-    """At most `limit` UTF-8 bytes on a character boundary, the cut marked with '…'."""
-    data = text.encode("utf-8", "surrogatepass")
-    if len(data) <= limit:
-        return text
-    marker = "…".encode("utf-8")
-    room = limit - len(marker) if limit >= len(marker) else limit
-    head = data[:room].decode("utf-8", "ignore")
-    return head + ("…" if limit >= len(marker) else "")
-
-
-def clean(text, limit):
-    """Cut before it is sanitized too: a long string costs no more than its first `limit`."""
-    return cut(sanitize(cut(text[:limit + 1], limit)), limit)
-
-
-def quote(text):
-    return '"' + sanitize(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def now():
@@ -498,9 +407,8 @@ class Deadline:
 # Reads as: decision core
 #
 # Owns: conditions, `when` entries, limits and grants, and the one decision they make with the
-# class map (policy_decision): a function of the call, of what its arguments were judged to say
-# (Judgement, once per request) and of the facts of its moment (Facts, built by decision_facts
-# for the gate and for recheck alike, through `rows`: its only SQL).
+# class map (policy_decision), from the call, its Judgement (once per request) and the Facts
+# of its moment (decision_facts, for the gate and recheck alike; `rows` is its only SQL).
 # Promises: a condition that cannot be evaluated does not hold, and an entry other than allow
 # that cannot be judged denies; numbers compare exactly, never through a float; a limit never
 # loosens; a grant answers only what would wait for an operator (never a deny, never a re-run
@@ -514,90 +422,26 @@ GRANT_COLUMNS = ("id", "session", "tool", "name", "conditions_json", "created_at
                  "by", "note", "revoked_at", "revoked_by", "revoke_note")
 
 
-def executions(rows, target, since, before):
-    """A tool's executions in (since, before), oldest first: (time, decision_json, spec_hash)."""
-    return rows("SELECT e.at, s.decision_json, s.spec_hash FROM executions e JOIN steps s ON "
-                "s.id=e.step_id WHERE e.tool=? AND e.at>? AND e.at<? ORDER BY e.at, e.id",
-                (target, since, before))
-
-
 def tool_spec(rows, spec_hash):
     found = rows("SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,))
     return parse(found[0][0]) if found else None
 
 
-def grants_in_force(rows, session, target, at):
-    return [dict(zip(GRANT_COLUMNS, row)) for row in rows(
-        f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? AND tool=? AND "
-        f"expires_at>? AND created_at<=? AND (revoked_at='' OR revoked_at>?) ORDER BY "
-        f"created_at, id", (session, target, at, at, at))]
-
-
-CONDITIONS = ("equals", "in", "not_in", "pattern", "min", "max", "max_length", "present",
-              "under", "host_in", "host_not_in")
-ENTRY_FIELDS = ("if", "during", "client", "outcome", "reason")
-LIMIT_FIELDS = ("calls", "sum", "max", "per", "then")
+CONDITIONS = {  # and how Condition.text reads each
+    "equals": "equals {}", "in": "is one of {}", "not_in": "is none of {}",
+    "pattern": "matches {}", "min": "is at least {}", "max": "is at most {}",
+    "max_length": "is at most {} long", "present": "present is {}", "under": "lies under {}",
+    "host_in": "has a host in {}", "host_not_in": "has a host not in {}",
+}
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
-MISSING = object()  # what a pointer finds where the arguments have nothing
-NEVER = math.inf    # when a limit frees up for a call that is alone above it
-_INDEX_RE = re.compile(r"0|[1-9][0-9]{0,8}")
+NEVER = math.inf  # when a limit frees up for a call that is alone above it
 _CLOCK_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])|24:00")
-_SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
 
 # What a decision depends on beyond the call. at: seconds since the epoch; client: the host's
 # name from initialize; grants(): the Grants in force (read only when a decision would wait);
 # uses(since): the tool's executions after `since`, as (seconds, {sum pointer: amount}), or
 # None when no limit is counted (the decision only steers the rules, or an operator decided).
 Facts = collections.namedtuple("Facts", "at client grants uses")
-
-
-def parse_pointer(text, where):
-    """A JSON Pointer (RFC 6901) into the arguments, as its unescaped tokens."""
-    if not isinstance(text, str) or not text.startswith("/"):
-        raise ConfigError(f'{where}: {quote(str(text))} is not a JSON Pointer into the '
-                          f'arguments; write it like "/amount" or "/payee/name"')
-    if re.search("~(?![01])", text):
-        raise ConfigError(f"{where}: {quote(text)} has a '~' that is not ~0 or ~1; write ~0 "
-                          f"for '~' and ~1 for '/'")
-    return tuple(t.replace("~1", "/").replace("~0", "~") for t in text[1:].split("/"))
-
-
-def resolve_pointer(args, tokens, schema):
-    """The value at a pointer as the server reads it: where the arguments lack it but hold
-    its parent object, the default `schema` gives it (an omitted amount is paid at its
-    default); else MISSING."""
-    value, node = args, schema
-    for token in tokens:
-        parent = value
-        if isinstance(value, dict) and token in value:
-            value = value[token]
-        elif isinstance(value, list) and _INDEX_RE.fullmatch(token) and int(token) < len(value):
-            value = value[int(token)]
-        else:
-            value = MISSING
-        try:
-            node = schema_child(schema, node, token)
-        except SchemaError:  # a default behind a $ref that points at nothing is no default
-            node = None
-        if value is MISSING:
-            if not isinstance(parent, dict) or not isinstance(node, dict) or \
-                    "default" not in node:
-                return MISSING
-            value = node["default"]
-    return value
-
-
-def schema_child(schema, node, token):
-    """The part of `schema` describing `token` inside what `node` describes, or None; raises
-    SchemaError for a $ref that points at nothing."""
-    if isinstance(node, dict) and isinstance(node.get("$ref"), str):
-        node = resolve_ref(schema, node["$ref"])
-    if not isinstance(node, dict):
-        return None
-    properties = node.get("properties")
-    if isinstance(properties, dict) and token in properties:
-        return properties[token]
-    return node["items"] if "items" in node and _INDEX_RE.fullmatch(token) else None
 
 
 def parse_decimal(value, where):
@@ -608,58 +452,27 @@ def parse_decimal(value, where):
     raise ConfigError(f'{where} must be a number or a decimal string such as "50.00"')
 
 
+def whole_number(value, where, least, most=math.inf):
+    if not isinstance(value, Number) or not value.is_integer() \
+            or not least <= value.exact() <= most:
+        raise ConfigError(f"{where} must be a whole number of at least {least}")
+    return int(value.exact())
+
+
+def one_of(value, choices, where):
+    if value not in choices:
+        raise ConfigError(f"{where} is {quote(str(value))}; use one of {', '.join(choices)}")
+    return value
+
+
 def number_text(value):
     """An exact decimal as people write it: 50.00 stays 50.00, 1E+2 reads 100."""
     text = format(value, "f")
     return text if len(text) <= 40 else str(value)
 
 
-def host_matches(scheme, host, entries):
-    for entry in entries:
-        wanted, sep, name = entry.partition("://")
-        if not sep:
-            wanted, name = scheme, entry
-        if wanted == scheme and (host.endswith(name) if name.startswith(".") else host == name):
-            return True
-    return False
-
-
-def host_entry(entry, with_scheme, where):
-    """A host_in or host_not_in entry as it is compared. Only host_in takes a scheme: in
-    host_not_in it would let the same host through under every other scheme."""
-    scheme, sep, name = entry.partition("://") if isinstance(entry, str) else ("", "", entry)
-    scheme, name = (scheme.lower(), name) if sep else ("", entry)
-    dot = "." if isinstance(name, str) and name.startswith(".") else ""
-    host = normal_host(name[1:] if dot else name) if isinstance(name, str) else None
-    if host is None or (dot and ":" in host) or (scheme and not _SCHEME_RE.fullmatch(scheme)):
-        raise ConfigError(f"{where}: {quote(str(entry))} is not a host name; write it like "
-                          f'"example.com", or ".example.com" for its subdomains')
-    if scheme and not with_scheme:
-        raise ConfigError(f"{where}: {quote(entry)} names a scheme, which only host_in may "
-                          f'require (as "https://example.com"); write host_not_in entries like '
-                          f'"example.com"')
-    return scheme + sep + dot + host
-
-
-def resolved_root(text, where):
-    """A directory an `under` condition names, resolved once, at load."""
-    if not isinstance(text, str) or not text or "\x00" in text:
-        raise ConfigError(f"{where}: under lists directories as non-empty strings")
-    path = os.path.expanduser("~") + text[1:] if text == "~" or text.startswith("~/") else text
-    if not path.startswith("/"):
-        raise ConfigError(f"{where}: {quote(text)} is relative; write the directory as an "
-                          f"absolute path or one starting with ~/")
-    root = resolved_path(os.path.normpath(path))
-    if root is None:
-        raise ConfigError(f"{where}: {quote(text)} cannot be resolved as a server would (it "
-                          f"goes through /proc, a loop or too many links, or is named two "
-                          f"ways); name the directory itself")
-    return root
-
-
 class Condition:
-    """What the value at one JSON Pointer into the arguments must be. `resolved`: the
-    directories of `under` are a grant's, resolved when it was confirmed, and kept as they are."""
+    """`resolved`: the directories of `under` are a grant's, resolved when it was confirmed."""
 
     def __init__(self, pointer, raw, where, resolved=False):
         self.pointer, self.tokens = pointer, parse_pointer(pointer, where)
@@ -668,9 +481,9 @@ class Condition:
             raise ConfigError(f"{where} must be an object with one or more of "
                               f"{', '.join(CONDITIONS)}")
         refuse_unknown(raw, CONDITIONS, where)
-        self.raw, self.tests = raw, []
-        for name, value in raw.items():
-            self.tests.append((name, self._read(name, value, f"{where}.{name}", resolved)))
+        self.raw = raw
+        self.tests = [(name, self._read(name, value, f"{where}.{name}", resolved))
+                      for name, value in raw.items()]
         bounds = dict(self.tests)
         if "min" in bounds and "max" in bounds and bounds["min"] > bounds["max"]:
             raise ConfigError(f"{where}: min {number_text(bounds['min'])} is above max "
@@ -702,19 +515,14 @@ class Condition:
         if name in ("min", "max"):
             return parse_decimal(value, where)
         if name == "max_length":
-            if not isinstance(value, Number) or not value.is_integer() or value.exact() < 0:
-                raise ConfigError(f"{where} must be a whole number of at least 0")
-            return int(value.exact())
-        if name == "present":
-            if not isinstance(value, bool):
-                raise ConfigError(f"{where} must be true or false")
-            return value
-        return value  # equals: any JSON value
+            return whole_number(value, where, 0)
+        if name == "present" and not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false")
+        return value  # present: true or false; equals: any JSON value
 
     def holds(self, args, work=None, schema=None):
-        """True, False, or None when a pattern search costs more than `work` can pay and no
-        test is false: it cannot be evaluated, so it does not hold (policy_decision says what
-        that means for an entry)."""
+        """True, False, or None when no test is false but a pattern search costs more than
+        `work` can pay: then it does not hold (policy_decision: what that means for an entry)."""
         value = resolve_pointer(args, self.tokens, schema)
         work = PatternWork() if work is None else work
         return all_judged(self._test(name, expected, value, work)
@@ -738,7 +546,7 @@ class Condition:
         for name, expected in self.tests:
             shown = (number_text(expected) if name in ("min", "max") else
                      cut(policy_json(expected), 120))
-            words.append(CONDITION_WORDS[name].format(shown))
+            words.append(CONDITIONS[name].format(shown))
         return f"{self.pointer} " + " and ".join(words)
 
 
@@ -755,9 +563,8 @@ def all_judged(verdicts):
 
 
 def _host_holds(value, hosts, listed):
-    """Never for a URL whose host cannot be read, so neither host_in nor host_not_in allows
-    it; a deny on host_in does not catch it either (what follows decides), which is why a host
-    policy is safest written as what it allows."""
+    """Never for a URL whose host cannot be read: neither host_in nor host_not_in allows it,
+    nor does a deny on host_in catch it, so a host policy is safest written as what it allows."""
     place = url_place(value)
     return place is not None and host_matches(*place, hosts) == listed
 
@@ -774,16 +581,9 @@ CHECKS = {
     "host_in": lambda value, hosts: _host_holds(value, hosts, True),
     "host_not_in": lambda value, hosts: _host_holds(value, hosts, False),
 }
-CONDITION_WORDS = {
-    "equals": "equals {}", "in": "is one of {}", "not_in": "is none of {}",
-    "pattern": "matches {}", "min": "is at least {}", "max": "is at most {}",
-    "max_length": "is at most {} long", "present": "present is {}", "under": "lies under {}",
-    "host_in": "has a host in {}", "host_not_in": "has a host not in {}",
-}
 
 
 def parse_conditions(raw, where, resolved=False):
-    """An `if` object (or a grant's -if): JSON Pointers to conditions, all of which must hold."""
     if not isinstance(raw, dict):
         raise ConfigError(f'{where} must be an object of JSON Pointer to condition, such as '
                           f'{{"/amount": {{"max": "50.00"}}}}')
@@ -809,13 +609,13 @@ class During:
         except (TypeError, ValueError, zoneinfo.ZoneInfoNotFoundError):
             raise ConfigError(f'{where}.zone {quote(str(zone))} is not a time zone this machine '
                               f'knows; name one such as "Europe/Paris" or "UTC"') from None
-        self.raw, self.days, self.hours = raw, set(range(7)), None
+        if "days" not in raw and "hours" not in raw:
+            raise ConfigError(f"{where} needs days, hours or both")
+        self.raw, self.days, self.hours = raw, set(range(7)), None  # raw: for the load report
         if "days" in raw:
             self.days = self._days(raw["days"], f"{where}.days")
         if "hours" in raw:
             self.hours = self._hours(raw["hours"], f"{where}.hours")
-        if "days" not in raw and "hours" not in raw:
-            raise ConfigError(f"{where} needs days, hours or both")
 
     @staticmethod
     def _days(text, where):
@@ -847,18 +647,11 @@ class During:
         minute, (start, end) = local.hour * 60 + local.minute, self.hours
         return start <= minute < end if start < end else minute >= start or minute < end
 
-    def text(self):
-        parts = [f"on {self.raw['days']}" if "days" in self.raw else "",
-                 f"from {self.raw['hours']}" if "hours" in self.raw else ""]
-        return " ".join(p for p in parts if p) + f" ({self.raw['zone']})"
-
 
 class Judgement:
-    """What one request's arguments say, judged once for a pass through the gate: the schema
-    check's problem and the verdict of each entry's and grant's conditions (keyed by label or
-    grant id). Decisions made again under the lock or in the write transaction reuse it and
-    read afresh only what may change meanwhile (the moment, grants, uses, a re-run). The
-    pattern work may outlive it: a call judged again after a hold searches nothing twice."""
+    """A request's schema problem and each entry's and grant's verdict, judged once per pass
+    through the gate: a decision made again reads afresh only the moment, grants, uses and a
+    re-run. Its pattern work outlives it: after a hold, a call searches nothing twice."""
 
     def __init__(self, problem="", work=None):
         self.problem, self.held = problem, {}
@@ -871,18 +664,14 @@ class Judgement:
 
 
 class Entry:
-    """One `when` entry: conditions on the call and its moment, and the outcome they give."""
-
     def __init__(self, raw, where, label):
         self.label = label
         if not isinstance(raw, dict):
             raise ConfigError(f"{where} must be an object with if, during or client, and an "
                               f"outcome")
-        refuse_unknown(raw, ENTRY_FIELDS, where)
-        self.outcome = field_string(raw, "outcome", where, required=True)
-        if self.outcome not in OUTCOMES:
-            raise ConfigError(f"{where}.outcome is {quote(self.outcome)}; use one of "
-                              f"{', '.join(OUTCOMES)}")
+        refuse_unknown(raw, ("if", "during", "client", "outcome", "reason"), where)
+        self.outcome = one_of(field_string(raw, "outcome", where, required=True), OUTCOMES,
+                              f"{where}.outcome")
         self.conditions = parse_conditions(raw.get("if", {}), f"{where}.if")
         self.during = During(raw["during"], f"{where}.during") if "during" in raw else None
         self.clients = field_names(raw, "client", where) if "client" in raw else None
@@ -895,43 +684,29 @@ class Entry:
         self.reason = field_string(raw, "reason", where) or f"the operator's rule {label}"
 
     def holds(self, args, facts, judged=None, schema=None):
-        """Like Condition.holds; the moment is read each time, the arguments judged once."""
         if (self.clients is not None and facts.client not in self.clients) or \
                 (self.during is not None and not self.during.holds(facts.at)):
             return False
-        judged = Judgement() if judged is None else judged
-        return judged.holds(self.label, self.conditions, args, schema)
-
-    def text(self):
-        parts = [c.text() for c in self.conditions]
-        if self.during:
-            parts.append(self.during.text())
-        if self.clients is not None:
-            parts.append(f"the host is one of {policy_json(self.clients)}")
-        return " and ".join(parts)
+        return (judged or Judgement()).holds(self.label, self.conditions, args, schema)
 
 
 class Limit:
-    """At most `calls` executions, or at most `max` as the sum of the number at `sum`, of one
-    tool within `per`, counted across every session; past it, `then`."""
+    """At most `calls` executions of one tool, or a `sum` up to `max`, within `per` and across
+    sessions; past it, `then`."""
 
     def __init__(self, raw, where, label):
         self.label = label
         if not isinstance(raw, dict):
             raise ConfigError(f'{where} must be an object such as {{"calls": 5, "per": "1h"}}')
-        refuse_unknown(raw, LIMIT_FIELDS, where)
+        refuse_unknown(raw, ("calls", "sum", "max", "per", "then"), where)
         if ("calls" in raw) == ("sum" in raw):
             raise ConfigError(f'{where} needs exactly one of calls (a count) or sum (a JSON '
                               f'Pointer to a number, with max)')
         self.calls = self.sum = self.tokens = self.max = None
         if "calls" in raw:
-            calls = raw["calls"]
-            if not isinstance(calls, Number) or not calls.is_integer() or calls.exact() < 1 \
-                    or calls.exact() > 10**9:
-                raise ConfigError(f"{where}.calls must be a whole number of at least 1")
+            self.calls = whole_number(raw["calls"], f"{where}.calls", 1, 10**9)
             if "max" in raw:
                 raise ConfigError(f"{where}: max goes with sum; a calls limit is its own count")
-            self.calls = int(calls.exact())
         else:
             self.sum = raw["sum"]
             self.tokens = parse_pointer(self.sum, f"{where}.sum")
@@ -957,14 +732,13 @@ class Limit:
         return value.exact().copy_abs() if isinstance(value, Number) else None  # never rounds
 
     def frees(self, args, uses, at, schema=None):
-        """None when this call stays within the limit; else when it would, in seconds since
-        the epoch (NEVER when it is alone above it)."""
+        """None when this call stays within the limit, else when it would, in epoch seconds."""
         window = self.per / SECOND
         rows = uses(at - window)
         if self.calls is not None:
             if len(rows) < self.calls:
                 return None
-            return rows[len(rows) - self.calls][0] + window
+            return rows[-self.calls][0] + window
         this = self.amount(args, schema)
         if this is None or this > self.max:
             return NEVER
@@ -993,9 +767,6 @@ class Limit:
 
 
 class Grant:
-    """An operator's standing approval: calls to one tool that match its conditions, and
-    would wait for an operator, run without asking while it is in force."""
-
     def __init__(self, stored):
         self.id, self.by = stored["id"], stored["by"]
         self.conditions = parse_conditions(parse(stored["conditions_json"]), f"grant {self.id}",
@@ -1003,16 +774,17 @@ class Grant:
 
 
 def counted_uses(rows, tool, before):
-    """Facts.uses for a decision on `tool` at the stored time `before`. An execution adds to
-    a sum what its recorded arguments hold, under the schema it was decided under, so a
-    limit added or re-pointed within its window counts what ran before it as it was."""
+    """Facts.uses for a decision on `tool` at the stored time `before`: each execution's
+    recorded arguments, read under the schema it was decided under."""
     sums = [limit for limit in tool.rule.limits if limit.sum]
     schemas = {tool.spec_hash: tool.schema}
 
     def uses(since):
         found = []
-        for moment, decision, spec_hash in executions(rows, tool.target, format_time(since),
-                                                      before):
+        for moment, decision, spec_hash in rows(
+                "SELECT e.at, s.decision_json, s.spec_hash FROM executions e JOIN steps s ON "
+                "s.id=e.step_id WHERE e.tool=? AND e.at>? AND e.at<? ORDER BY e.at, e.id",
+                (tool.target, format_time(since), before)):
             amounts = {}
             if sums:  # a calls limit needs no arguments: they are not read
                 args = parse(decision)["args"]
@@ -1029,34 +801,32 @@ def counted_uses(rows, tool, before):
 
 
 def decision_facts(rows, session, tool, stamp, client, count):
-    """The Facts of the stored time `stamp`, read through `rows`: the gate at the moment it
-    decides (Tx.rows), recheck at the moment a decision was recorded (Store.read). One
-    builder, so the two read alike; the uses are counted only when `count`."""
+    """The Facts of the stored time `stamp`, read through `rows`: the gate's (Tx.rows) and
+    recheck's (Store.read) alike; the uses are counted only when `count`."""
     def grants():
-        return [Grant(g) for g in grants_in_force(rows, session, tool.target, stamp)]
+        return [Grant(dict(zip(GRANT_COLUMNS, row))) for row in rows(
+            f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? AND tool=? AND "
+            f"expires_at>? AND created_at<=? AND (revoked_at='' OR revoked_at>?) ORDER BY "
+            f"created_at, id", (session, tool.target, stamp, stamp, stamp))]
     return Facts(parse_time(stamp), client, grants,
                  counted_uses(rows, tool, stamp) if count else None)
 
 
 def policy_decision(config, tool, args, facts, rerun=False, approved=False, judged=None):
-    """What the policy says of one call: {outcome, reason, by} (by: the `when` entry, limit,
-    grant, "rule outcome" or "class" that decided), with `limit` and `frees` when a limit
-    decided and `grant` when a grant did.
-
+    """{outcome, reason, by} (by: the `when` entry, limit, grant, "rule outcome" or "class"
+    that decided), with `limit` and `frees` when a limit decided, `grant` when a grant did.
     The first `when` entry that holds decides, else the class map. Then, in order: a deny, a
     re-run of an unknown outcome (it always needs an operator) and a call an operator
     `approved` (not counted again) stand; a grant may answer what would wait; a limit may turn
     an allow into its `then` (it counts what grants let through, so a budget holds under a
-    grant); with no operator at hand, what would wait is denied.
-    """
+    grant); with no operator at hand, what would wait is denied."""
     rule = tool.rule
     judged = Judgement() if judged is None else judged
     for entry in rule.when:
         held = entry.holds(args, facts, judged, tool.schema)
         if held is None and entry.outcome != "allow":
-            # Not judged (too costly), the entry might have held. Passing it over could let a
-            # long value slip past a deny or a question; deny is never looser than either. An
-            # allow entry passed over can only make the decision stricter, so it is.
+            # Not judged (too costly): passed over, a long value could slip past a deny or a
+            # question, so it denies. An allow entry passed over only makes it stricter.
             decision = {"outcome": "deny", "by": entry.label,
                         "reason": f"the arguments are too long to be checked against the "
                                   f"operator's rule {entry.label}"}
@@ -1065,7 +835,9 @@ def policy_decision(config, tool, args, facts, rerun=False, approved=False, judg
             decision = {"outcome": entry.outcome, "reason": entry.reason, "by": entry.label}
             break
     else:
-        outcome, reason = class_outcome(config, tool)
+        outcome = rule_outcome(config, rule)
+        reason = (f"tool {tool.name} is {outcome} by the operator's rule" if rule.outcome else
+                  f"side effect {tool.side_effect} is {outcome} by policy")
         decision = {"outcome": outcome, "reason": reason,
                     "by": "rule outcome" if rule.outcome else "class"}
     if decision["outcome"] == "deny" or rerun or approved:
@@ -1101,18 +873,9 @@ def frees_text(decision):
     return f"it frees up at {prose_time(format_time(math.ceil(decision['frees'])))}"
 
 
-def rule_lines(rule, tool_name):
-    """A rule's entries and limits, one line each, for the load report."""
-    lines = [f"{e.label}: if {e.text()} -> {e.outcome} ({cut(sanitize(e.reason), 120)})"
-             for e in rule.when]
-    lines += [f"{limit.label}: {limit.text(tool_name)}, then {limit.then}"
-              for limit in rule.limits]
-    return lines
-
-
 def rule_outcome(config, rule):
-    """The rule's own outcome, else the class map's (None for no class)."""
-    return rule.outcome or config.policy.get(rule.side_effect)
+    """The rule's own outcome, else its class's (Config.policy maps every class)."""
+    return rule.outcome or config.policy[rule.side_effect]
 
 
 def pointer_problem(schema, tokens, hidden):
@@ -1147,15 +910,6 @@ def policy_pointer_problem(schema, rule, tool_name):
     return ""
 
 
-def class_outcome(config, tool):
-    outcome = rule_outcome(config, tool.rule)
-    if tool.rule.outcome:
-        return outcome, f"tool {tool.name} is {outcome} by the operator's rule"
-    if outcome is None:
-        return "deny", f'no policy for side effect "{tool.side_effect}"'
-    return outcome, f"side effect {tool.side_effect} is {outcome} by policy"
-
-
 # =============================================================================================
 # 4. Configuration and its trust
 #
@@ -1163,12 +917,11 @@ def class_outcome(config, tool):
 #
 # Owns: reading the config file and the files it trusts (manifests, the database), the fields
 # that decide and their defaults, and the policy identity. How a server is reached decides
-# nothing: the `transport` section 16's load_config hands read_config reads it, in one pass.
+# nothing: section 17's read_transport reads it, in the same pass.
 # Promises: a config is used only if it is a regular file owned by this user that nobody else
 # can write; it passes the canonical boundary check (so a repeated key cannot be read two
-# ways); every unknown field anywhere is refused with its path; a server whose arguments reach
-# the files the gate's decisions depend on is refused unless the operator says otherwise.
-# Every refusal is one sentence naming the field and what to do.
+# ways); every unknown field anywhere is refused with its path. Every refusal is one sentence
+# naming the field and what to do.
 # =============================================================================================
 
 DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
@@ -1188,8 +941,7 @@ def read_owned(path, what):
     """The bytes of a file only this user can change, or ConfigError saying how to fix it."""
     try:
         # O_NONBLOCK: a FIFO planted at the path must not hang the open before it is refused.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK |
-                     getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as err:
         if err.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
             raise ConfigError(f"{what} {path} is a symbolic link; name the file itself") from None
@@ -1224,10 +976,8 @@ class Rule:
     def __init__(self, tool, raw, where):
         refuse_unknown(raw, self.FIELDS, where)
         self.tool = tool
-        self.side_effect = field_string(raw, "side_effect", where, required=True)
-        if self.side_effect not in SIDE_EFFECTS:
-            raise ConfigError(f"{where}.side_effect is {quote(self.side_effect)}; use one of "
-                              f"{', '.join(SIDE_EFFECTS)}")
+        self.side_effect = one_of(field_string(raw, "side_effect", where, required=True),
+                                  SIDE_EFFECTS, f"{where}.side_effect")
         self.timeout = field_duration(raw, "timeout", where, None)
         self.description = field_string(raw, "description", where)
         self.deny = field_names(raw, "deny", where)
@@ -1237,9 +987,8 @@ class Rule:
         self.rename = field_string(raw, "rename", where)
         self.allow_hint_mismatch = field_bool(raw, "allow_hint_mismatch", where)
         self.outcome = field_string(raw, "outcome", where)
-        if self.outcome and self.outcome not in OUTCOMES:
-            raise ConfigError(f"{where}.outcome is {quote(self.outcome)}; use one of "
-                              f"{', '.join(OUTCOMES)}")
+        if self.outcome:
+            one_of(self.outcome, OUTCOMES, f"{where}.outcome")
         self.repeat_window = field_duration(raw, "repeat_window", where, None)
         # Set by init from the server's own hints: nothing is offered on a rule nobody reviewed.
         self.proposed = field_bool(raw, "proposed", where)
@@ -1262,8 +1011,6 @@ class Rule:
 
 
 class Server:
-    """One upstream MCP server; `transport` (section 16) reads how it is reached onto it."""
-
     FIELDS = ("name", "command", "url", "headers", "oauth", "env", "inherit_env",
               "connect_timeout", "default_timeout", "manifest", "rules", "skip_path_check", "cwd")
 
@@ -1317,15 +1064,13 @@ class Config:
             if cls not in SIDE_EFFECTS:
                 raise ConfigError(f"policy names {quote(cls)}; the classes are "
                                   f"{', '.join(SIDE_EFFECTS)}")
-            if outcome not in OUTCOMES:
-                raise ConfigError(f"policy.{cls} is {quote(str(outcome))}; use one of "
-                                  f"{', '.join(OUTCOMES)}")
+            one_of(outcome, OUTCOMES, f"policy.{cls}")
         self.policy = {**DEFAULT_POLICY, **policy}
         self.hold, self.host_holds = _holds(raw, where)
         self.repeat_window = field_duration(raw, "repeat_window", where, 600 * SECOND)
         max_pending = raw.get("max_pending", Number("5"))
         if not isinstance(max_pending, Number) or not max_pending.is_integer() \
-                or max_pending.exact() < 0 or max_pending.exact() > 10**6:
+                or not 0 <= max_pending.exact() <= 10**6:
             raise ConfigError("max_pending must be a whole number of at least 0 (0 means 5)")
         self.max_pending = int(max_pending.exact()) or 5
         self.approval_ttl = field_duration(raw, "approval_ttl", where, 86400 * SECOND)
@@ -1381,19 +1126,15 @@ def _holds(raw, where):
 
 
 def config_path(given):
-    if given:
-        return given
-    if os.environ.get("AGENTGATE_CONFIG"):
-        return os.environ["AGENTGATE_CONFIG"]
     xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return os.path.join(xdg, PROGRAM, "config.json")
+    default = os.path.join(xdg, PROGRAM, "config.json")
+    return given or os.environ.get("AGENTGATE_CONFIG") or default
 
 
 def read_config(path, transport):
     path = os.path.abspath(path)
-    data = read_owned(path, "config")
     try:
-        raw = parse(data)
+        raw = parse(read_owned(path, "config"))
     except CanonicalError as err:
         raise ConfigError(f"config {path} is not usable JSON: {err.placed()}") from None
     try:
@@ -1412,88 +1153,23 @@ def check_database_path(path):
     _check_owned(path, "database", st)
 
 
-def _file_identity(path):
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
-
-
-def _protected(config):
-    """Every file the gate's decisions depend on, and every directory above each of them."""
-    identities, missing = set(), set()
-    for path in (config.path, config.database, *(s.manifest for s in config.servers)):
-        for current in (os.path.abspath(path), os.path.realpath(path)):
-            while True:
-                identity = _file_identity(current)
-                if identity:
-                    identities.add(identity)
-                else:
-                    missing.add(os.path.realpath(current))
-                parent = os.path.dirname(current)
-                if parent == current:
-                    break
-                current = parent
-    return identities, missing
-
-
-def _reach_candidates(arg):
-    from urllib.parse import unquote
-    candidates = [arg] + [arg.split(sep, 1)[1] for sep in "=:" if sep in arg]
-    if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:
-        candidates.append(arg[2:])
-    for candidate in list(candidates):
-        if candidate.startswith("file:"):
-            path = unquote(re.sub(r"^file:(//[^/]*)?", "", candidate))
-            candidates.append(path or "/")
-    home = os.path.expanduser("~")
-    return [home + c[1:] if c == "~" or c.startswith("~/") else c for c in candidates if c]
-
-
-def check_reach(config):
-    """Refuse a server whose cwd or arguments name a file its policy depends on, or a directory
-    above one: a guard against a plain mistake, not a boundary (a server can reach anything
-    its user can)."""
-    identities, missing = _protected(config)
-    for server in config.servers:
-        if server.skip_path_check:
-            continue
-        named = [(f"cwd {quote(server.cwd_given)}", server.cwd)] if server.cwd_given else []
-        named += [(f"argument {quote(arg)}", os.path.join(server.cwd, candidate))
-                  for arg in (server.command or [])[1:]  # a url server has no arguments
-                  for candidate in _reach_candidates(arg)]
-        for what, path in named:
-            identity = _file_identity(path)
-            if (identity and identity in identities) or os.path.realpath(path) in missing:
-                raise ConfigError(
-                    f"server {quote(server.name)}: its {what} reaches {os.path.realpath(path)}, "
-                    f"which the gate's policy and approvals depend on: point the server "
-                    f"elsewhere, or set skip_path_check on it if it cannot write there")
-
-
 # =============================================================================================
 # 5. Tools, as pinned
 #
 # Reads as: decision core
 #
-# Owns: which tool a call names: the manifest (what a server presented at its pin), what
-# differs from it now (changed_parts, the one definition, for the load, the watch while serving
-# and pin -diff), and load: at every start, which of a server's tools the host is offered.
-# Promises: a tool is offered only if it is pinned, classified by a rule that is not an
-# unreviewed proposal, and presents exactly what it presented at the pin (PINNED_PARTS), and it
-# is offered as pinned; its annotations do not contradict its class (unless the rule allows
-# it); a high lint finding is accepted by the rule for exactly that text; its name is usable;
-# its schema is self-contained, usable, and soundly hides what the rule hides. A refusal
-# refuses only that tool; the report load_all passes in (Report, section 22) says why.
-# A problem of one server (LoadError) hides only that server; a ConfigError stops every server.
-# Hiding a server never lets a call through that would otherwise be refused.
+# Owns: which tool a call names: the manifest (what a server presented at its pin), what differs
+# from it now (changed_parts: the one definition), and which tools the host is offered (load).
+# Promises: a tool is offered, as pinned, only if pinned, classified by a reviewed rule, and
+# presenting exactly what it did at the pin; its annotations do not contradict its class (unless
+# allowed); a high lint finding is accepted for exactly that text; its name is usable; its
+# schema is self-contained, usable, and soundly hides what the rule hides. A refusal refuses
+# only that tool, a LoadError that server, a ConfigError all; hiding lets no refused call through.
 # =============================================================================================
 
 class UpstreamError(Exception):
-    """A request to an upstream server failed; call_upstream classifies its outcome by what is
-    known: `sent` False means no byte reached the server, so nothing executed; `answered`, a
-    JSON-RPC error; `unusable`, an answer that cannot be read; `timed_out`, a deadline fired."""
+    """A request upstream failed, as known: `sent` False, no byte reached the server (nothing
+    executed); `answered`, a JSON-RPC error; `unusable`, an unreadable answer; `timed_out`."""
 
     def __init__(self, message, timed_out=False, unusable=False, sent=True, answered=False):
         super().__init__(message)
@@ -1504,22 +1180,21 @@ class UpstreamError(Exception):
 
 
 class LoadError(Exception):
-    """A server that cannot be used at all; the message says why."""
+    """A server that cannot be used at all."""
 
 
 ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
-# The parts of a tool its pin covers, as (what a person calls it, its key in a manifest entry).
-# Not `execution`: it claims support for tasks, which the gate does not offer.
+# A pin's parts, as (a person's word, the manifest key). Not `execution`: the gate offers no tasks.
 PINNED_PARTS = (("input schema", "schema_hash"), ("description", "description_hash"),
                 ("title", "title"), ("output schema", "output_schema"),
                 ("annotations", "annotations"), ("icons", "icons"), ("_meta", "_meta"))
-# What an entry pinned by agentgate 0.2.0 or older covers (of annotations, ANNOTATION_KEYS).
+# What a pin of 0.2.0 or older covers (of annotations, ANNOTATION_KEYS).
 EARLY_PARTS = ("input schema", "description", "annotations")
 
 
 def offered_name(server, tool, rule):
-    """The rule's rename, else the tool's name after its server's, so two servers' tools never
-    clash; git_add of the server git is not prefixed twice."""
+    """The rule's rename, else server_tool, so servers' tools never clash (a name that begins
+    with its server's is not prefixed twice)."""
     if rule.rename:
         return rule.rename
     if tool == server.name or tool.startswith((f"{server.name}_", f"{server.name}-")):
@@ -1528,25 +1203,23 @@ def offered_name(server, tool, rule):
 
 
 class Tool:
-    """An upstream tool as the gate offers it."""
-
     def __init__(self, server, upstream, entry, rule):
         self.server = server
         self.upstream = upstream
         self.upstream_name = entry["name"]
         self.rule = rule
         self.name = offered_name(server, entry["name"], rule)
-        # Requests are keyed by what the tool is, not what it is called: a rename neither
-        # lifts an unknown outcome nor lets a repeat through the window.
+        # Keyed by what the tool is, not its name: a rename neither lifts an unknown outcome
+        # nor lets a repeat through the window.
         self.target = f"{server.name}/{entry['name']}"
         self.description = rule.description or entry.get("description", "")
         self.side_effect = rule.side_effect
-        # A timeout nobody set is the default one: check says which tools run on it.
+        self.read_only = rule.side_effect == "read_only"
+        # Unset, the default applies, and check says so.
         self.timeout_given = rule.timeout or server.default_timeout
         self.timeout = self.timeout_given or DEFAULT_TOOL_TIMEOUT
         self.schema = restrict_schema(entry["input_schema"], rule.deny + list(rule.fixed))
-        # tools/list offers the tool as pinned, with the rule's description and without what
-        # the rule hides; a part not presented (or not kept at the pin) is left out.
+        # Offered as pinned, as the rule shows it; a part not presented is left out.
         offered = {"name": self.name, "title": entry.get("title"),
                    "description": self.description, "inputSchema": self.schema,
                    "outputSchema": entry.get("output_schema"),
@@ -1556,32 +1229,25 @@ class Tool:
         self.spec = {"name": self.name, "description": self.description,
                      "input_schema": self.schema, "side_effect": self.side_effect,
                      "timeout": self.timeout}
-        self.spec_json = dumps(self.spec)  # encoded once: a step names its spec by this hash
+        self.spec_json = dumps(self.spec)  # encoded once; a step names it by hash
         self.spec_hash = sha256_hex(self.spec_json)
-
-    @property
-    def read_only(self):
-        return self.side_effect == "read_only"
 
 
 def restrict_schema(schema, hidden):
-    """The schema the host is offered: hidden parameters gone from properties and required."""
     if not hidden:
         return schema
-    restricted = dict(schema)
+    restricted = {k: v for k, v in schema.items() if k != "required"}
     restricted["properties"] = {k: v for k, v in schema.get("properties", {}).items()
                                 if k not in hidden}
     required = [r for r in schema.get("required", []) if r not in hidden]
-    restricted.pop("required", None)
     if required:
         restricted["required"] = required
     return restricted
 
 
 def manifest_entry(tool):
-    """A listed tool as a manifest keeps it (PINNED_PARTS). A part not presented, or presented
-    as a value of the wrong kind (which a host would refuse with the whole listing), is null;
-    annotations are then left out, as they always were."""
+    """A listed tool as a manifest keeps it (PINNED_PARTS): a part absent or of the wrong
+    kind (a host would refuse the listing) is null; such annotations are left out."""
     def kept(field, kind):
         return tool.get(field) if isinstance(tool.get(field), kind) else None
     schema = tool.get("inputSchema")
@@ -1597,18 +1263,14 @@ def manifest_entry(tool):
 
 
 def changed_parts(pinned, live):
-    """The parts (PINNED_PARTS' names, in order) in which a tool as presented now differs from
-    its pin, both as manifest entries: the one definition of a change since the pin.
-    An entry pinned by agentgate 0.2.0 or older has no "title" key (later ones have it, null
-    when there is none): it is compared only on EARLY_PARTS, so an upgrade alone changes no
-    tool; pinning again covers the rest."""
+    """Which PINNED_PARTS of `live` differ from `pinned` (manifest entries): the one definition
+    of a change. A pin of 0.2.0 or older (no "title") is compared on EARLY_PARTS only."""
     early = "title" not in pinned
     return [part for part, key in PINNED_PARTS if (not early or part in EARLY_PARTS)
             and compared_part(pinned, key, pinned) != compared_part(live, key, pinned)]
 
 
 def compared_part(entry, key, pinned):
-    """The value of an entry's part as it is compared with the `pinned` entry."""
     value = entry.get(key)
     if "title" not in pinned and key == "annotations" and isinstance(value, dict):
         value = {k: value[k] for k in ANNOTATION_KEYS if k in value} or None
@@ -1616,14 +1278,13 @@ def compared_part(entry, key, pinned):
 
 
 def read_manifest(server):
-    """A server's manifest. One missing or unusable is that server's problem (LoadError); one
-    others could have changed is the config's (ConfigError, from read_owned)."""
+    """A server's manifest: missing or unusable, that server's LoadError; open to others'
+    changes, the config's ConfigError (read_owned)."""
     where = f"server {quote(server.name)}: manifest {server.manifest}"
     if not os.path.lexists(server.manifest):
         raise LoadError(f"{where} does not exist; run pin")
-    data = read_owned(server.manifest, "manifest")
     try:
-        manifest = parse(data)
+        manifest = parse(read_owned(server.manifest, "manifest"))
     except CanonicalError as err:
         raise LoadError(f"{where} is not usable JSON: {err.placed()}") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("tools"), dict):
@@ -1645,8 +1306,8 @@ def pinned_for(server):
     return manifest
 
 
-# The lint's severities (section 15 finds them): a high finding refuses a tool unless its
-# rule's accepted_description is the lint_hash of exactly the texts it read.
+# Lint severities (section 16): a high finding refuses a tool unless its rule's
+# accepted_description is the lint_hash of exactly the texts the lint read.
 LINT_HIGH, LINT_MEDIUM = "high", "medium"
 
 
@@ -1658,8 +1319,8 @@ def tool_titles(entry):
 
 
 def lint_hash(entry):
-    """Every text the lint reads, by hash. A tool without a title is hashed as before titles
-    were read, so what was accepted stays so."""
+    """Every text the lint reads, by hash; without a title, as before titles were read, so
+    what was accepted stays so."""
     texts = {"description": entry.get("description") or "",
              "input_schema": entry.get("input_schema")}
     titles = dict(tool_titles(entry))
@@ -1670,9 +1331,8 @@ STATUS_CLASH = "the status tool"
 
 
 def load(server, manifest, upstream, live, deadline, taken, findings, report):
-    """The tools of a connected server that are offered; `report` (a Report from load_all) is
-    told what became of each. `taken` maps registered names already offered (by earlier
-    servers and the status tool) to what holds them; `findings` are the lint's, per tool."""
+    """The offered tools of a connected server; `report` hears what became of each; `taken`
+    maps the names already offered to their holders."""
     pinned = manifest["tools"]
     for name in sorted(set(live) - set(pinned)):
         report.unpinned(name)
@@ -1688,7 +1348,7 @@ def load(server, manifest, upstream, live, deadline, taken, findings, report):
 
 
 def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
-    """One pinned tool: registered (returned, and `taken` updated) or reported why not."""
+    """One pinned tool: registered (returned, `taken` updated) or reported why not."""
     name = entry["name"]
     rule = server.rules.get(name)
     if rule is None:
@@ -1701,7 +1361,8 @@ def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
         raise UpstreamError(upstream.describe("load", "timed out after " +
                                               format_duration(deadline.ns)))
     live_entry = None if live is None else manifest_entry(live)
-    reason = refusal(server, entry, live_entry, rule, found)
+    mismatch = hint_mismatch(rule.side_effect, entry, live_entry) if live_entry else ""
+    reason = refusal(server, entry, live_entry, rule, found, mismatch)
     if not reason:
         tool = Tool(server, upstream, entry, rule)
         if tool.name in taken:
@@ -1714,12 +1375,12 @@ def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
         report.refused(name, reason)
         return None
     taken[tool.name] = f"tool {quote(name)} of server {quote(server.name)}"
-    report.registered(tool, hint_mismatch(rule.side_effect, entry, live_entry))
+    report.registered(tool, mismatch)
     return tool
 
 
-def refusal(server, entry, live_entry, rule, found):
-    """Why a classified tool is not offered, or ''. `found`: the lint's findings on its pin."""
+def refusal(server, entry, live_entry, rule, found, mismatch):
+    """Why a classified tool is not offered, or ''; `found`: the lint's findings."""
     if live_entry is None:
         return "the server no longer offers it"
     changed = changed_parts(entry, live_entry)
@@ -1727,7 +1388,6 @@ def refusal(server, entry, live_entry, rule, found):
         return "the input schema changed since the pin"
     if "description" in changed:
         return "the description changed since the pin, and a description is model input"
-    mismatch = hint_mismatch(rule.side_effect, entry, live_entry)
     if mismatch and not rule.allow_hint_mismatch:
         return mismatch
     if changed:
@@ -1778,31 +1438,29 @@ _DRAFT_RE = re.compile(r"https?://json-schema\.org/(draft-0[467]/schema|draft/20
                        r"draft/2020-12/schema|schema)#?")
 
 
-def reaches_outside(schema, pointer=""):
+def _members(value, pointer=""):
+    """(container, key, member, container's pointer) of each member of a JSON value, in
+    document order; a list's key is its index, no keyword."""
+    items = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, list) else ()
+    for key, member in items:
+        yield value, key, member, pointer
+        yield from _members(member, f"{pointer}/{key}")
+
+
+def reaches_outside(schema):
     """Why the schema could make a validator read outside it, or ''."""
-    if isinstance(schema, dict):
-        items = schema.items()
-    elif isinstance(schema, list):
-        items = enumerate(schema)  # an index is no keyword: only the walk below applies
-    else:
-        return ""
-    for key, value in items:
+    for parent, key, value, pointer in _members(schema):
         bad = isinstance(value, str) and (
             (key in ("$ref", "$dynamicRef", "$recursiveRef") and not value.startswith("#"))
             or (key == "$id" and not value.startswith("#") and not _DRAFT_RE.fullmatch(value))
             or (key == "$schema" and not _DRAFT_RE.fullmatch(value))
-            or (key == "id" and _is_draft4(schema) and (":" in value or value.startswith("//"))))
+            or (key == "id" and isinstance(parent.get("$schema"), str)
+                and "draft-04" in parent["$schema"] and (":" in value or value.startswith("//"))))
         if bad:
             return (f"the input schema's {key} at {pointer or '/'} is {quote(value)}, which "
                     f"could make a validator read outside it")
-        found = reaches_outside(value, f"{pointer}/{key}")
-        if found:
-            return found
     return ""
-
-
-def _is_draft4(schema):
-    return isinstance(schema.get("$schema"), str) and "draft-04" in schema["$schema"]
 
 
 _HIDING_KEYWORDS = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentRequired",
@@ -1819,18 +1477,11 @@ def hiding_problem(schema, rule):
         if "patternProperties" in schema:
             return f"the rule hides {quote(name)}, but the input schema has patternProperties"
         for keyword in _HIDING_KEYWORDS:
-            if keyword in schema and _mentions(schema[keyword], name):
+            if keyword in schema and (schema[keyword] == name or any(
+                    name in (key, member) for _, key, member, _ in _members(schema[keyword]))):
                 return f"the rule hides {quote(name)} and the input schema's {keyword} " \
                        f"mentions it"
     return ""
-
-
-def _mentions(value, name):
-    if isinstance(value, dict):
-        return name in value or any(_mentions(v, name) for v in value.values())
-    if isinstance(value, list):
-        return any(_mentions(v, name) for v in value)
-    return value == name
 
 
 # =============================================================================================
@@ -1838,30 +1489,29 @@ def _mentions(value, name):
 #
 # Reads as: decision core
 #
-# Owns: every sentence of the gate's the model can read (the tables below: the answers to a
-# call, the status tool's words and the words that fill their slots; the gate, the host side
-# and the status tool pick among them), the policy's evaluation of one call with its approval
-# and hash, the check of a call's arguments, and what of a server's result is passed on and
-# recorded: plain functions of their inputs, which the gate calls and records.
-# Promises: an approval's hash covers exactly what it binds and what the operator is shown;
-# a re-run of an unknown outcome is never allowed without an operator. A server's result
-# reaches the host as the server answered it, never through the gate's prose (one told again,
-# in a DUPLICATE or by the status tool, is sanitized), and its record identifies exactly what
-# the model was given. Nothing the model sees names the operator command, the database, the
-# config or a run id.
+# Owns: every sentence of the gate's the model can read (the tables), a call's evaluation with
+# its approval and hash, the check of its arguments, and what of a result is passed on and kept.
+# Promises: an approval's hash covers exactly what it binds and shows; re-running an unknown
+# outcome always needs an operator. A result reaches the host as the server answered it (told
+# again, sanitized), and its record identifies exactly what the model got. Nothing the model
+# sees names the operator command, the database, the config or a run id.
 # =============================================================================================
 
 APPROVAL_COLUMNS = ("id", "run_id", "step_id", "kind", "capability_json", "presentation_json",
                     "request_json", "hash", "status", "created_at", "expires_at", "decided_at",
                     "decided_by", "note")
 
-CONTENT_CAP = 65536  # bytes of a result's text the record keeps, and of recorded text in prose
-RECORDED_BLOCKS = 512  # blocks a result's record describes one by one; the rest it counts
-# What of a server's tools/call result reaches the host: every field MCP gives a result.
+CONTENT_CAP = 65536  # bytes of result text the record keeps, and of recorded text in prose
+RECORDED_BLOCKS = 512  # blocks a record describes one by one; the rest it counts
+# What of a tools/call result reaches the host: every field MCP gives one.
 RESULT_FIELDS = ("content", "structuredContent", "isError", "_meta")
 
-# The gate's answers to a call; answer() fills the {slots}, with what a server, the model or an
-# operator chose cleaned first.
+# How both answers on an unknown outcome end.
+_RERUN_DECIDED = (
+    " whether it runs again (approval {approval}). Nothing further was executed. Do not call "
+    "again until you are told it was approved, and do not use another tool to do the same "
+    "thing; tell the user. If it is approved, call again with exactly the same arguments.")
+# The gate's answers to a call; what others chose is cleaned before it fills a slot.
 PROSE = {
     "PENDING_APPROVAL": (
         "This request is waiting for an operator's approval (approval {approval}). Nothing has "
@@ -1876,16 +1526,14 @@ PROSE = {
         "description, input schema or annotations changed, or it is gone), or said it changed "
         "and could not be asked how, so it is not offered until it is again as it was "
         "reviewed. Nothing was executed. Tell the user."),
-    "INVALID": (
-        "The arguments do not match the tool's input schema: {reason}. Nothing was executed. "
-        "Correct the arguments and call again."),
+    "INVALID": "The arguments do not match the tool's input schema: {reason}. Nothing was "
+               "executed. Correct the arguments and call again.",
     "REJECTED": (
         "An operator rejected this exact request (approval {approval}){note}. It was not "
         "executed. An identical request is refused until {until}. Do not ask again; tell the "
         "user."),
-    "CANCELLED": (
-        "An operator cancelled this exact request{note}. Nothing further was executed. An "
-        "identical request is refused until {until}. Tell the user."),
+    "CANCELLED": "An operator cancelled this exact request{note}. Nothing further was executed. An "
+                 "identical request is refused until {until}. Tell the user.",
     "EXPIRED": (
         "The approval for this exact request (approval {approval}) expired before it was used. "
         "It was not executed. An identical request is refused until {until}. Tell the user."),
@@ -1902,16 +1550,10 @@ PROSE = {
         "executed and no approval was requested. Tell the user and wait for the operator."),
     "UNKNOWN_OUTCOME": (
         "An attempt of this exact request {how}{error}, so whether it took effect is unknown: "
-        "it may have. An operator must decide whether it runs again (approval {approval}). "
-        "Nothing further was executed. Do not call again until you are told "
-        "it was approved, and do not use another tool to do the same thing; tell the user. If "
-        "it is approved, call again with exactly the same arguments."),
+        "it may have. An operator must decide" + _RERUN_DECIDED),
     "INTERRUPTED": (
         "An earlier attempt of this exact request was cut off while it was executing, and its "
-        "outcome is unknown: it may have taken effect. An operator decides whether it runs "
-        "again (approval {approval}). Nothing further was executed. Do not call again until "
-        "you are told it was approved, and do not use another tool to do the same thing; tell "
-        "the user. If it is approved, call again with exactly the same arguments."),
+        "outcome is unknown: it may have taken effect. An operator decides" + _RERUN_DECIDED),
     "BLOCKED_UNKNOWN": (
         "An earlier call to {tool} may have taken effect and its outcome is unknown (approval "
         "{approval}), so no other call to {tool} that changes anything runs until an operator "
@@ -1921,16 +1563,14 @@ PROSE = {
         "recorded ({reason}). What it did is unknown here and it may have taken effect. Do not "
         "call again to retry{window}. Tell the user."),
     "UNAVAILABLE": "The gate could not read or write its records: {what}. Tell the user.",
-    # An error result: the model did not get what the tool returns, and must not take this
-    # sentence for it.
+    # An error result, so the model never takes it for what the tool returns.
     "RESULT_TOO_LARGE": (
         "The server answered this request with {what} of {size} bytes ({blocks}), more than "
         "the {cap} bytes that are passed on, so it is not shown. {then} Tell the user."),
 }
 TOO_LARGE_THEN = {
     "read": "A read changes nothing: asking for less (a smaller range, page or size) may fit.",
-    "mutating": "It was executed and is not executed again: do not call again to retry"
-                "{window}.",
+    "mutating": "It was executed and is not executed again: do not call again to retry{window}.",
 }
 HOW = {"timed_out": "timed out before the server answered",
        "no_answer": "failed without an answer from the server",
@@ -1940,7 +1580,6 @@ DUPLICATE_OUTCOME = {
     "unrecorded": "the server answered, but its result could not be recorded: {text}",
     "error": "it failed, with this error: {text}",
 }
-# Words that fill a sentence's slots, where a slot holds prose of its own.
 SLOT_PROSE = {
     "limit": " It waits because a limit is reached: {limit}; {frees}.",
     "refused_for": "; an identical call within {window} is refused as a duplicate",
@@ -1960,15 +1599,13 @@ SLOT_PROSE = {
     "holding": "waiting for an operator's approval",
 }
 
-# The status tool: its description, and every sentence of what it says (status_answer,
-# describe_approval and approved_fate, in section 19, pick among them).
+# The status tool's words (section 20 picks among them).
 STATUS_DESCRIPTION = (
     "Reports which requests of this session wait for an operator's approval, or, given the "
     "approval id a pending answer named, what became of that request: pending, approved, "
     "executed, rejected or expired. It only reads; it never runs or approves anything.")
 STATUS_ARGUMENT = "The approval id a pending result named."
-# Said while some servers are not served: how many, never which nor why (a server's name, its
-# command and its config are the operator's).
+# How many servers are unserved, never which nor why (the operator's to know).
 UNSERVED_NOTE = ("Also, {count} of the servers behind this gate could not be served, so "
                  "their tools are not offered; the person running the gate has been told why.")
 STATUS_PROSE = {
@@ -1982,41 +1619,34 @@ STATUS_PROSE = {
     "outcome_unknown": (
         "{head}: OUTCOME UNKNOWN, waiting {age} for an operator to decide whether it runs "
         "again: an earlier attempt may have taken effect. Nothing further has been executed."),
-    "pending": (
-        "{head}: PENDING for {age}. Nothing has been executed; an operator decides outside "
-        "this conversation. Do not call again until it is approved."),
+    "pending": "{head}: PENDING for {age}. Nothing has been executed; an operator decides outside "
+               "this conversation. Do not call again until it is approved.",
     "rejected": "{head}: REJECTED by the operator.{note} It was not executed; do not ask again.",
     "rejected_note": " The operator's note: {note}.",
     "expired": "{head}: EXPIRED. It was not executed.",
     "executing": "APPROVED and executing now.",
     "succeeded": "APPROVED and executed, and it succeeded.",
-    "unrecorded": (
-        "APPROVED and executed, and the server answered, but its result could not be recorded "
-        "({error}); it may have taken effect."),
+    "unrecorded": "APPROVED and executed, and the server answered, but its result could not be "
+                  "recorded ({error}); it may have taken effect.",
     "failed": "APPROVED and executed, and the server reported a failure: {error}.",
-    "unknown": (
-        "APPROVED and executed, but it {how}, so whether it took effect is unknown: it may "
-        "have. {then}"),
-    "rerun_waits": "Approval {approval} now waits for an operator to decide whether it runs "
-                   "again.",
+    "unknown": "APPROVED and executed, but it {how}, so whether it took effect is unknown: it may "
+               "have. {then}",
+    "rerun_waits": "Approval {approval} now waits for an operator to decide whether it runs again.",
     "no_rerun": "No approval to run it again is waiting now.",
-    "superseded": (
-        "APPROVED, and then a different approval was asked for the same call (approval "
-        "{approval})."),
-    "uncollected": (
-        "APPROVED, awaiting collection. Call {tool} again with exactly the same arguments to "
-        "run it and get the result."),
+    "superseded": "APPROVED, and then a different approval was asked for the same call (approval "
+                  "{approval}).",
+    "uncollected": "APPROVED, awaiting collection. Call {tool} again with exactly the same "
+                   "arguments to run it and get the result.",
     "not_executed": "APPROVED but not executed: {why}.",
 }
 NOT_EXECUTED_WHY = {
     "operator_cancelled": "an operator cancelled it",
     "approval_expired": "the approval expired before it was collected",
     "denied_on_resume": "the policy denied it when it was collected",
-    "invalid_on_resume": "its arguments no longer matched the tool's schema when it was "
-                         "collected",
+    "invalid_on_resume": "its arguments no longer matched the tool's schema when it was collected",
     "ended": "its run ended ({reason})",
 }
-# The JSON-RPC errors a tools/call can be answered with: a host shows their message to the model.
+# JSON-RPC errors to a tools/call: a host shows their message to the model.
 CALL_ERRORS = {
     "failed": "the gate failed while handling this request and cannot say whether it executed; "
               "tell the user before calling again",
@@ -2031,8 +1661,8 @@ IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED", "DUPLICATE", 
 
 
 class Answer:
-    """What one tools/call returns to the host: the gate's own prose as one text block, or a
-    server's result (`passed`) as the server answered it; `text` is then its text blocks."""
+    """A tools/call's answer: the gate's prose as one text block, or a server's result
+    (`passed`) as it came, `text` then its text blocks."""
 
     def __init__(self, text, is_error=False, passed=None):
         self.text, self.is_error, self.passed = text, is_error, passed
@@ -2047,18 +1677,16 @@ class Answer:
 
 
 def answer(prefix, key=None, **slots):
-    """Every answer of the gate to a call that is not a result: `<PREFIX>: <sentence>`."""
     text = PROSE[key or prefix].format(**slots)
     return Answer(f"{prefix}: {text}", prefix in IS_ERROR)
 
 
 def gate_status(key, **slots):
-    """What the status tool says: `GATE_STATUS: <sentence>` (STATUS_PROSE), never an error."""
     return Answer("GATE_STATUS: " + STATUS_PROSE[key].format(**slots))
 
 
 def passed_answer(passed):
-    """A server's result, passed on whole: nothing of it goes through the gate's prose."""
+    """A server's result passed on whole, never through the gate's prose."""
     return Answer("\n".join(b["text"] for b in passed["content"] if b["type"] == "text" and
                             isinstance(b.get("text"), str)), passed.get("isError") is True, passed)
 
@@ -2067,15 +1695,13 @@ def note_text(note):
     return f", with this note: {cut(quote(note), 500)}" if note else ""
 
 
-# A constant, so the decision at the pause and at collection hash alike.
+# A constant: the decision at the pause and at collection hash alike.
 INTERRUPTED_REASON = "interrupted while executing; outcome unknown"
 
 
 def evaluate(config, tool, args, facts, attempt=None, approved=False, judged=None):
-    """The policy's decision for one request (section 3) with, for an approval, what it binds
-    (the capability) and what the operator is shown (the presentation). A re-run of an
-    attempt whose outcome is unknown (`attempt`) always needs an operator, whatever the policy
-    says short of deny: neither allow nor a grant runs it again."""
+    """The policy's decision (section 3), with what an approval binds (capability) and shows
+    (presentation). Re-running an unknown outcome (`attempt`) always needs an operator."""
     decision = policy_decision(config, tool, args, facts, rerun=bool(attempt),
                                approved=approved, judged=judged)
     outcome = decision["outcome"]
@@ -2092,19 +1718,18 @@ def evaluate(config, tool, args, facts, attempt=None, approved=False, judged=Non
                   f"Approving runs it again when the model calls again; rejecting ends this "
                   f"request, and a later identical call asks an operator again whatever the "
                   f"policy says.")
+        question = f"Run {tool.upstream_name} on server {tool.server.name} again with these " \
+                   f"arguments?"
         return {"outcome": "require_approval", "reason": INTERRUPTED_REASON,
-                "by": decision["by"], "kind": "interrupted_side_effect",
-                "capability": capability,
-                "presentation": {**capability, "notice": notice,
-                                 "reason": INTERRUPTED_REASON, "question": (
-                                     f"Run {tool.upstream_name} on server "
-                                     f"{tool.server.name} again with these arguments?")}}
+                "by": decision["by"], "kind": "interrupted_side_effect", "capability": capability,
+                "presentation": {**capability, "notice": notice, "reason": INTERRUPTED_REASON,
+                                 "question": question}}
     question = (f"May the model call {tool.upstream_name} on server {tool.server.name} with "
                 f"these arguments?")
     presentation = {**capability, "question": question, "reason": decision["reason"]}
     if decision["by"] not in ("class", "rule outcome"):
-        # What decided is part of what the operator approves. When a limit frees up is fixed
-        # by the history before the decision, so recheck, reading that history, hashes alike.
+        # What decided is part of what is approved. When a limit frees up is fixed by the
+        # history before the decision, so recheck, reading it, hashes alike.
         presentation["decided_by"] = decision["by"]
         if "limit" in decision:
             presentation.update(limit=decision["limit"], frees=frees_text(decision))
@@ -2118,24 +1743,21 @@ def approval_hash(kind, capability, presentation, request):
 
 
 def new_approval(config, run_id, step_id, tool, args, decision):
-    """A pending approval in its one shape: its row's columns, as Store.read_approvals reads
-    them back."""
+    """A pending approval in its one shape, its row as Store.read_approvals reads it."""
     request = {"run_id": run_id, "step_id": step_id, "spec": tool.spec, "args": args}
     created = now()
-    approval = dict.fromkeys(APPROVAL_COLUMNS, "")
-    approval.update(
-        id=new_id(16), run_id=run_id, step_id=step_id, kind=decision["kind"],
-        capability_json=dumps(decision["capability"]),
+    return dict(
+        dict.fromkeys(APPROVAL_COLUMNS, ""), id=new_id(16), run_id=run_id, step_id=step_id,
+        kind=decision["kind"], capability_json=dumps(decision["capability"]),
         presentation_json=dumps(decision["presentation"]), request_json=dumps(request),
         hash=approval_hash(decision["kind"], decision["capability"], decision["presentation"],
                            request),
         status="pending", created_at=created,
         expires_at=later(created, config.approval_ttl) if config.approval_ttl else "")
-    return approval
 
 
 def stored_hash(row):
-    """An approval row's hash recomputed from its stored fields; a tampered row differs."""
+    """An approval row's hash from its stored fields; a tampered row differs."""
     try:
         return approval_hash(row["kind"], parse(row["capability_json"]),
                              parse(row["presentation_json"]), parse(row["request_json"]))
@@ -2144,7 +1766,7 @@ def stored_hash(row):
 
 
 def judged_request(tool, args, work=None):
-    """A request's Judgement, its schema check made (on `work`, the call's PatternWork)."""
+    """A request's Judgement with its schema check made (on `work`, the call's PatternWork)."""
     work = PatternWork() if work is None else work
     return Judgement(check_arguments(tool, args, work), work)
 
@@ -2153,12 +1775,10 @@ def check_arguments(tool, args, work=None):
     """'' when the arguments may be sent, else why not (INVALID)."""
     if not isinstance(args, dict):
         return "the arguments are not a JSON object"
-    for name in tool.rule.deny:
+    for name in [*tool.rule.deny, *tool.rule.fixed]:
         if name in args:
-            return f'parameter "{name}" is denied by the operator'
-    for name in tool.rule.fixed:
-        if name in args:
-            return f'parameter "{name}" is fixed by the operator'
+            how = "denied" if name in tool.rule.deny else "fixed"
+            return f'parameter "{name}" is {how} by the operator'
     try:
         validate(tool.schema, args, work=work)
     except (SchemaError, PatternCost) as err:
@@ -2169,7 +1789,7 @@ def check_arguments(tool, args, work=None):
 
 
 def passed_result(tool, result):
-    """(what of a server's result is passed on, '') or (None, why it cannot be used)."""
+    """(what of a result is passed on, '') or (None, why it cannot be used)."""
     if not isinstance(result, dict):
         return None, "the server's result is not an object"
     if result.get("resultType") == "input_required" or "inputRequests" in result:
@@ -2183,12 +1803,9 @@ def passed_result(tool, result):
 
 
 def result_record(passed):
-    """What the record keeps of a server's result, so it identifies exactly what the model
-    was given: the size and hash of its canonical form (which bind every byte of it); each
-    block by its type and labels, with its text while the texts come to at most CONTENT_CAP
-    bytes (else its size and hash); the structured content, whole while it fits in what is
-    left, else its size and hash; isError."""
-    encoded = canonical(passed)
+    """What the record keeps of a result, identifying exactly what the model got: canonical
+    size and hash; each block, its text while texts total at most CONTENT_CAP bytes (else size
+    and hash); structured content whole if it fits what is left."""
     room = [CONTENT_CAP]
 
     def keep(text):
@@ -2198,7 +1815,7 @@ def result_record(passed):
         return text if len(kept) == len(data) else kept.decode("utf-8", "ignore")
 
     blocks = passed["content"]
-    record = {"bytes": len(encoded), "sha256": sha256_hex(encoded),
+    record = {**_size_and_hash(canonical(passed)),
               "blocks": [recorded_block(block, keep) for block in blocks[:RECORDED_BLOCKS]]}
     if len(blocks) > RECORDED_BLOCKS:
         record["more_blocks"] = len(blocks) - RECORDED_BLOCKS
@@ -2206,7 +1823,6 @@ def result_record(passed):
         structured = canonical(passed["structuredContent"])
         record["structured"] = _size_and_hash(structured)
         if len(structured) <= room[0]:
-            room[0] -= len(structured)
             record["structured"]["value"] = passed["structuredContent"]
     if passed.get("isError") is True:
         record["is_error"] = True
@@ -2214,9 +1830,8 @@ def result_record(passed):
 
 
 def recorded_block(block, keep):
-    """One block as its record keeps it. An image's or audio's data and a resource's blob as
-    the size and hash of the bytes they encode, so a file can be matched against the record;
-    a block with no text or data of its own (a resource link) as those of its canonical form."""
+    """One block as recorded: data or a blob as the size and hash of the bytes it encodes (a
+    file can be matched); a block with neither text nor data, as its canonical form's."""
     kind = block["type"]
     entry = {"type": cut(kind, 100)}
     source = block.get("resource") if kind == "resource" and isinstance(
@@ -2225,8 +1840,7 @@ def recorded_block(block, keep):
         if isinstance(source.get(label), str):
             entry[label] = keep(source[label])
     text = source.get("text") if kind in ("text", "resource") else None
-    data = source.get("blob") if kind == "resource" else source.get("data") if kind in (
-        "image", "audio") else None
+    data = source.get({"resource": "blob", "image": "data", "audio": "data"}.get(kind))
     if isinstance(text, str):
         entry["text"] = keep(text)
         if entry["text"] != text:
@@ -2246,27 +1860,31 @@ def _size_and_hash(data):
 
 
 def block_bytes(entry):
-    """A recorded block's size: as recorded, or of its text when that was kept whole."""
     if "bytes" in entry:
         return entry["bytes"]
     return len(entry["text"].encode("utf-8", "surrogatepass"))
 
 
 def block_labels(record):
-    """A recorded result's blocks as short labels: `[type label, N bytes]`."""
     labels = []
     for entry in record["blocks"]:
-        label = entry.get("mimeType") or entry.get("uri") or ""
-        labels.append(f"[{entry['type']}{' ' + label if label else ''}, "
-                      f"{block_bytes(entry)} bytes]")
+        label = entry.get("mimeType") or entry.get("uri")
+        label = f"{entry['type']} {label}" if label else entry["type"]
+        labels.append(f"[{label}, {block_bytes(entry)} bytes]")
     if record.get("more_blocks"):
         labels.append(f"[{record['more_blocks']} more blocks]")
     return labels
 
 
-def recorded_text(record, withheld=False):
-    """A recorded result as text: its text blocks' text and every other block's label; of a
-    withheld result, only the labels. Structured content alone is its JSON, when kept."""
+def outcome_text(observed):
+    """A recorded outcome as text: a result's text blocks and other blocks' labels (withheld:
+    only labels; structured content alone: its JSON), the error instead, or a schema 4 result."""
+    if "result" not in observed:
+        content = observed["content"]
+        if observed["kind"] != "tool_result":
+            return content["error"]
+        return content if isinstance(content, str) else policy_json(content)
+    record, withheld = observed["result"], observed.get("withheld", False)
     blocks, labels = record["blocks"], block_labels(record)
     parts = [entry["text"] if entry["type"] == "text" and "text" in entry and not withheld
              else label for entry, label in zip(blocks, labels)] + labels[len(blocks):]
@@ -2276,19 +1894,7 @@ def recorded_text(record, withheld=False):
     return "\n".join(parts)
 
 
-def outcome_text(observed):
-    """A recorded outcome as text: the result (recorded_text), the error that came instead,
-    or a result recorded before results were kept whole (schema version 4), as mapped."""
-    if "result" in observed:
-        return recorded_text(observed["result"], observed.get("withheld", False))
-    if observed["kind"] == "tool_result":
-        content = observed["content"]
-        return content if isinstance(content, str) else policy_json(content)
-    return observed["content"]["error"]
-
-
 def result_summary(tool, record, withheld_over=0):
-    """One line on a recorded result, for the operator: where it came from and what it is."""
     count = len(record["blocks"]) + record.get("more_blocks", 0)
     parts = [f"{tool.server.name}/{tool.upstream_name}: {record['bytes']} bytes, {count} "
              f"block{'s' if count != 1 else ''}"]
@@ -2307,24 +1913,19 @@ def result_summary(tool, record, withheld_over=0):
 # Reads as: decision core
 #
 # Owns: the SQLite file, every statement that changes it, and the reads the gate decides with
-# (what people read besides is section 17's Ledger).
+# (what people read besides is section 18's Ledger).
 # Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema off; files created 0600 and
 # refused when others can write them; every state change is written in a BEGIN IMMEDIATE
 # transaction together with its events, hash-chained across all runs and all processes; what
-# one transaction changes in a run is one event. Nothing an operator decides is ever inferred:
-# no statement here approves. A database migrated by a newer agentgate is refused.
-# Migration stays here, as data: a new database is migrated from version 0 by the same SCHEMA
-# statements as an old one, so no second path makes the tables the gate decides with. Versions
-# 3 to 5 add no table and rewrite nothing (the chain binds the old rows); Ledger.steps and
-# event_parts (section 17) read the older shapes. tests/test_migration.py and
-# tests/test_compact_record.py migrate dumps of versions 1 and 4.
+# one transaction changes in a run is one event. No statement here approves. A database
+# migrated by a newer agentgate is refused; a new one is migrated from version 0 by the same
+# SCHEMA as an old one. Versions 3 to 5 rewrite nothing (the chain binds the old rows).
 # =============================================================================================
 
 SCHEMA = [
     # Version 1. A run is one tools/call; a step is one proposal inside it (the model's call,
-    # a re-run of an unknown outcome, the closing decision). The calls table indexes runs by
-    # request: truth is read from the run and its steps. (Databases made before version 5
-    # also have runs.result_json, no longer written or read.)
+    # a re-run, the closing decision). The calls table indexes runs by request: truth is read
+    # from the run and its steps. (Runs before version 5 also have an unread result_json.)
     """
     CREATE TABLE runs(id TEXT PRIMARY KEY, session TEXT NOT NULL, tool TEXT NOT NULL,
         status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', detail TEXT NOT NULL DEFAULT '',
@@ -2358,9 +1959,8 @@ SCHEMA = [
         payload_json TEXT NOT NULL, hash TEXT NOT NULL);
     CREATE INDEX events_run ON events(run_id, seq);
     """,
-    # Version 2. What the limits count (a row per execution, read a window at a time through
-    # its index; amounts_json is no longer written: a sum reads the executed step's
-    # arguments), and the operators' standing approvals.
+    # Version 2. What the limits count (a row per execution; amounts_json is no longer
+    # written: a sum reads the step's arguments), and the operators' standing approvals.
     """
     CREATE TABLE executions(id INTEGER PRIMARY KEY, tool TEXT NOT NULL, at TEXT NOT NULL,
         run_id TEXT NOT NULL, step_id TEXT NOT NULL, amounts_json TEXT NOT NULL DEFAULT '{}');
@@ -2391,21 +1991,18 @@ class Race(Exception):
 
 
 ANY_ROW = "any open row"  # a read replaces whatever row is open: reads never race for a key
-
-KeyRun = collections.namedtuple("KeyRun", "run_id status reason detail finished owner expires "
-                                          "open")
-
+KeyRun = collections.namedtuple("KeyRun", "run_id status reason detail finished owner expires open")
 UNKNOWN_ENDINGS = ("timed_out", "no_answer", "cut_off")
 CALL_ENDINGS = ("ok", "error", "unrecorded", "timed_out", "no_answer")  # call_upstream's
+LARGE_VALUE_BYTES = 4096
 
-# The newest attempt of a run's tool call: its ending, its observation (or None), when it
-# finished, and the attempt as an interruption approval names it.
+# A run's newest attempt: its ending, observation (or None), when it finished, and the
+# attempt as an interruption approval names it.
 Attempt = collections.namedtuple("Attempt", "ending observed finished attempt")
 
 
 def step_outcome(observed):
-    """What a recorded step came to, by its fields in every version (never its prose): an
-    ending of CALL_ENDINGS, 'cut_off', 'denied', 'invalid', 'rejected', 'interrupted' or ''."""
+    """What a recorded step came to, read from its fields in every version, never its prose."""
     kind, content = observed["kind"], observed.get("content", {})
     if kind == "tool_result":
         return "ok"
@@ -2419,10 +2016,8 @@ def step_outcome(observed):
 
 
 def last_attempt(rows, run_id):
-    """The newest attempt of a run's tool call, read through `rows(sql, args)`, as an Attempt
-    (ending 'ok', 'error', 'unrecorded', 'timed_out', 'no_answer' or 'cut_off'), or None when
-    none started. A re-run asked of an operator and not carried out still stands for the
-    attempt its approval names: only a re-run that comes to a known end makes it known."""
+    """The newest attempt of a run's tool call, read through `rows(sql, args)`, or None. A
+    re-run asked of an operator and not carried out stands for the attempt its approval names."""
     for step_id, status, observation, started, finished in rows(
             "SELECT id, status, observation_json, started_at, finished_at FROM steps WHERE "
             "run_id=? AND json_extract(decision_json, '$.kind')='tool_call' ORDER BY idx DESC",
@@ -2442,9 +2037,6 @@ def last_attempt(rows, run_id):
     return None
 
 
-LARGE_VALUE_BYTES = 4096
-
-
 def kept_once(value):
     """A value as an event carries it: a string past LARGE_VALUE_BYTES as its size and hash,
     since its step or approval row keeps it whole; the chain still binds every byte."""
@@ -2456,15 +2048,6 @@ def kept_once(value):
     if isinstance(value, list):
         return [kept_once(item) for item in value]
     return value
-
-
-def outcome_fields(observation):
-    """An outcome as an event says it (the step row keeps it whole)."""
-    if "result" in observation:
-        record = observation["result"]
-        return {"summary": observation["summary"], "bytes": record["bytes"],
-                "sha256": record["sha256"]}
-    return {"error": observation["content"]["error"]}
 
 
 def netstring(text):
@@ -2483,24 +2066,20 @@ class Tx:
 
     def __init__(self, db):
         self.db = db
-        self.head = None
-        self.parts = {}  # run id -> the parts of its record this transaction holds so far
-
-    def execute(self, sql, args=()):
-        return self.db.execute(sql, args)
+        self.execute = db.execute  # inside the writer's open transaction
+        self.parts = {}  # run id -> its parts of the record so far
+        # Read under the write lock, so two processes extend one chain. The next seq follows
+        # every seq ever used (a deleted tail leaves a gap verify reports).
+        used, newest, digest = db.execute(
+            "SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'), "
+            "(SELECT seq FROM events ORDER BY seq DESC LIMIT 1), "
+            "(SELECT hash FROM events ORDER BY seq DESC LIMIT 1)").fetchone()
+        self.head = (max(used or 0, newest or 0), digest or "")
 
     def rows(self, sql, args=()):
         return self.db.execute(sql, args).fetchall()
 
     def event(self, run_id, type_, payload, step_id=""):
-        if self.head is None:
-            # Read under the write lock, so two processes extend one chain. The next seq
-            # follows every seq ever used (a deleted tail leaves a gap verify reports).
-            used, newest, digest = self.db.execute(
-                "SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'), (SELECT seq "
-                "FROM events ORDER BY seq DESC LIMIT 1), (SELECT hash FROM events ORDER BY "
-                "seq DESC LIMIT 1)").fetchone()
-            self.head = (max(used or 0, newest or 0), digest or "")
         seq, prev = self.head[0] + 1, self.head[1]
         at, body = now(), dumps(payload)
         digest = event_hash(prev, seq, run_id, step_id, at, type_, body)
@@ -2513,7 +2092,7 @@ class Tx:
 
     def flush(self):
         """Chain each run's parts as one event: a part alone as itself, several as one
-        call.began, call.changed or call.ended event (event_parts, section 17, reads both)."""
+        call.began, call.changed or call.ended event (event_parts, section 18, reads both)."""
         for run_id, parts in self.parts.items():
             if len(parts) == 1:
                 type_, step_id, payload = parts[0]
@@ -2525,16 +2104,14 @@ class Tx:
                      "call.changed")
             self.event(run_id, type_, {"parts": parts},
                        next((part[1] for part in parts if part[1]), ""))
-        self.parts = {}
 
     # -- state changes: each writes its rows and its events, inside the caller's transaction --
 
     def begin_run(self, run_id, session, tool, target, key, side_effect, tool_hashes, lease,
                   seen):
-        """Claim the request's row in the calls index and begin its run: both or neither, so
-        a crash never leaves a row naming a run nobody began. Refused (Race) unless the open
-        row is still `seen` and its run ended: a key's open row is its newest, so this refuses
-        whenever a run of the key began after the caller's view, in any process."""
+        """Claim the request's calls row and begin its run, both or neither: no row names a run
+        nobody began. Race unless the open row (the key's newest) is still `seen` and its run
+        ended, so a run of the key begun since the caller read, in any process, refuses it."""
         at = now()
         row = self.execute("SELECT c.run_id, r.status FROM calls c JOIN runs r ON r.id = "
                            "c.run_id WHERE c.session=? AND c.request_key=? AND c.open=1",
@@ -2571,7 +2148,6 @@ class Tx:
         return step_id
 
     def record_policy(self, run_id, step_id, policy, policy_id):
-        """A decision of the policy, chained with the policy's identity and the spec's hash."""
         self.execute("UPDATE steps SET policy_json=?, policy_id=? WHERE id=?",
                      (dumps(policy), policy_id, step_id))
         spec_hash = self.execute("SELECT spec_hash FROM steps WHERE id=?",
@@ -2579,17 +2155,19 @@ class Tx:
         self.part(run_id, "step.policy", {**policy, "policy_id": policy_id,
                                           "spec_hash": spec_hash}, step_id)
 
+    def end_step(self, step_id, status, observation=None):
+        self.execute("UPDATE steps SET status=?, observation_json=?, finished_at=? WHERE id=?",
+                     (status, dumps(observation) if observation else "", now(), step_id))
+
     def fail_step(self, run_id, step_id, observation, detail):
-        self.execute("UPDATE steps SET status='failed', observation_json=?, finished_at=? "
-                     "WHERE id=?", (dumps(observation), now(), step_id))
+        self.end_step(step_id, "failed", observation)
         self.part(run_id, "step.failed", {"detail": detail, "observation": observation},
                   step_id)
 
     def finish_run(self, run_id, status, reason, detail, extra=None, outcome=None):
-        """End a run, a closing step first unless it completed, and settle its calls row.
-        Without `outcome`, nothing executed in this step: the outcome is unknown if the last
-        attempt's was, so a rejected or expired re-run leaves the question open. A run that
-        already ended (an operator's cancel since the caller read) raises Race."""
+        """End a run (a closing step first unless it completed) and settle its calls row.
+        Without `outcome` nothing executed: it is the last attempt's, so a rejected or expired
+        re-run leaves an unknown outcome open. A run already ended (a cancel) raises Race."""
         current, steps = self.execute("SELECT status, step_count FROM runs WHERE id=?",
                                       (run_id,)).fetchone()
         if current in TERMINAL:
@@ -2601,8 +2179,7 @@ class Tx:
         if status != "COMPLETED":
             step_id = self.start_step(run_id, {"kind": "fail", "message": detail,
                                                "origin": "operator"})
-            self.execute("UPDATE steps SET status='done', finished_at=? WHERE id=?",
-                         (now(), step_id))
+            self.end_step(step_id, "done")
             steps += 1
         self.execute("UPDATE runs SET status=?, reason=?, detail=?, finished_at=?, "
                      "lease_owner='', lease_expires_at='' WHERE id=?",
@@ -2624,21 +2201,20 @@ class Tx:
         self.execute(f"INSERT INTO approvals({', '.join(APPROVAL_COLUMNS)}) VALUES("
                      f"{', '.join('?' * len(APPROVAL_COLUMNS))})",
                      tuple(approval[c] for c in APPROVAL_COLUMNS))
-        capability = parse(approval["capability_json"])
         presentation = parse(approval["presentation_json"])
         self.part(run_id, "approval.requested", {
             "approval_id": approval["id"], "kind": approval["kind"],
-            "reason": presentation.get("reason", ""), "capability": kept_once(capability),
+            "reason": presentation.get("reason", ""),
+            "capability": kept_once(parse(approval["capability_json"])),
             "presentation": kept_once(presentation), "hash": approval["hash"]}, step_id)
 
     def resume(self, run_id, approval_id, lease):
         """A run whose newest approval was granted runs again, under this process's lease."""
-        changed = self.execute("UPDATE runs SET status='RUNNING', lease_owner=?, "
-                               "lease_expires_at=? WHERE id=? AND status='WAITING_FOR_APPROVAL'"
-                               " AND (SELECT id FROM approvals WHERE run_id=? ORDER BY rowid "
-                               "DESC LIMIT 1)=? AND EXISTS (SELECT 1 FROM approvals WHERE id=? "
-                               "AND status='approved')",
-                               (lease[0], lease[1], run_id, run_id, approval_id, approval_id))
+        changed = self.execute(
+            "UPDATE runs SET status='RUNNING', lease_owner=?, lease_expires_at=? "
+            "WHERE id=? AND status='WAITING_FOR_APPROVAL' AND (SELECT id, status FROM approvals "
+            "WHERE run_id=? ORDER BY rowid DESC LIMIT 1) = (?, 'approved')",
+            (*lease, run_id, run_id, approval_id))
         if changed.rowcount != 1:
             raise Race()
         self.part(run_id, "run.resumed", {"approval_id": approval_id})
@@ -2655,13 +2231,17 @@ class Tx:
         self.part(run_id, "step.tool_started", payload, step_id)
 
     def finish_execution(self, run_id, step_id, tool, observation, duration_ms):
+        # The event names the outcome; the step row keeps it whole.
+        record = observation.get("result")
+        said = ({"summary": observation["summary"], "bytes": record["bytes"],
+                 "sha256": record["sha256"]} if record else
+                {"error": observation["content"]["error"]})
         self.part(run_id, "step.tool_finished", {"tool": tool, "duration_ms": duration_ms,
-                                                 **outcome_fields(observation)}, step_id)
+                                                 **said}, step_id)
         if observation["kind"] != "tool_result":
             self.fail_step(run_id, step_id, observation, observation["summary"])
             return
-        self.execute("UPDATE steps SET status='done', observation_json=?, finished_at=? "
-                     "WHERE id=?", (dumps(observation), now(), step_id))
+        self.end_step(step_id, "done", observation)
         self.finish_run(run_id, "COMPLETED", "goal_completed", f"terminal tool {tool}",
                         outcome=OUTCOME_KNOWN)
 
@@ -2678,25 +2258,22 @@ class Tx:
         marked interrupted; (step_id, started_at) of one cut off executing, or None."""
         row = self.execute("SELECT lease_owner, lease_expires_at FROM runs WHERE id=? AND "
                            "status='RUNNING'", (run_id,)).fetchone()
-        # Another process's live lease is refused; this process's own is not: it takes over
-        # only runs it is not executing (Gate.active), so its lease there means a failed
-        # write stranded the run.
+        # Another process's live lease is refused, not this one's: it takes over only runs it
+        # is not executing (Gate.active), so its own lease means a failed write stranded it.
         if row is None or (row[0] and row[1] > now() and row[0] != lease[0]):
             raise Race()
         self.execute("UPDATE runs SET lease_owner=?, lease_expires_at=? WHERE id=?",
                      (lease[0], lease[1], run_id))
         if row[0]:
-            self.part(run_id, "lease.taken_over", {"previous_owner": row[0],
-                                                   "previous_expires_at": row[1],
-                                                   "owner": lease[0]})
+            self.part(run_id, "lease.taken_over", {
+                "previous_owner": row[0], "previous_expires_at": row[1], "owner": lease[0]})
         cut_step = None
         for step_id, status, started in self.execute(
                 "SELECT id, status, started_at FROM steps WHERE run_id=? AND status IN "
                 "('deciding', 'executing') ORDER BY idx", (run_id,)).fetchall():
             observation = {"kind": "interrupted", "content": {"previous_status": status},
                            "summary": f"step interrupted while {status}"}
-            self.execute("UPDATE steps SET status='interrupted', observation_json=?, "
-                         "finished_at=? WHERE id=?", (dumps(observation), now(), step_id))
+            self.end_step(step_id, "interrupted", observation)
             self.part(run_id, "step.interrupted", {"previous_status": status}, step_id)
             if status == "executing":
                 cut_step = (step_id, started)
@@ -2729,10 +2306,10 @@ class Tx:
 
     def expire_approval(self, approval_id, run_id, step_id):
         """A question nobody answered in time, or a grant nobody collected in time."""
-        changed = self.execute("UPDATE approvals SET status='expired', decided_at=CASE WHEN "
-                               "decided_at='' THEN ? ELSE decided_at END, note=CASE WHEN "
-                               "note='' THEN 'expired' ELSE note END WHERE id=? AND status IN "
-                               "('pending', 'approved')", (now(), approval_id))
+        changed = self.execute(
+            "UPDATE approvals SET status='expired', decided_at=coalesce(nullif(decided_at, ''), ?),"
+            " note=coalesce(nullif(note, ''), 'expired') "
+            "WHERE id=? AND status IN ('pending', 'approved')", (now(), approval_id))
         if changed.rowcount != 1:
             raise Race()
         self.part(run_id, "approval.decided", {"approval_id": approval_id,
@@ -2744,16 +2321,12 @@ class Tx:
 
     def record_read(self, run_id, session, tool, decision, policy, policy_id, started,
                     observation, ended, duration_ms):
-        """A read the policy allowed, recorded whole once it answered, as its run and one
-        run.read event that is also its step. Nothing of it is recorded before it runs and
-        no decision reads it later: it has no effect for a crash to leave unknown, so it
-        takes no calls row, and no execution row (it comes here only when its tool has no
-        limit). `ended` is the run's (status, reason, detail)."""
+        """An allowed read, recorded once it answered as its run and one run.read event: a crash
+        leaves nothing of it unknown (no calls row); its tool has no limit (no execution row)."""
         status, reason, detail = ended
-        at = now()
         self.execute("INSERT INTO runs(id, session, tool, status, reason, detail, step_count, "
                      "created_at, finished_at) VALUES(?,?,?,?,?,?,1,?,?)",
-                     (run_id, session, tool.name, status, reason, detail, started, at))
+                     (run_id, session, tool.name, status, reason, detail, started, now()))
         self.part(run_id, "run.read", {
             "decision": decision, "duration_ms": duration_ms, "status": status,
             "policy": {**policy, "policy_id": policy_id, "spec_hash": self.keep_spec(tool)},
@@ -2791,17 +2364,6 @@ class Tx:
         self.finish_run(run_id, "CANCELLED", "operator_cancelled", note, extra={"by": by})
 
 
-def _unique_violation(err):
-    """Whether a unique index (a request's open row, an id) refused a row: a lost race.
-    Python before 3.11 names no error code, so there the message is read."""
-    if not isinstance(err, sqlite3.IntegrityError):
-        return False
-    name = getattr(err, "sqlite_errorname", None)
-    if name is None:
-        return str(err).startswith("UNIQUE constraint failed")
-    return name in ("SQLITE_CONSTRAINT_UNIQUE", "SQLITE_CONSTRAINT_PRIMARYKEY")
-
-
 class Store:
     """The record as one process writes it: a writer, a reader and the heartbeat's
     connection, each under a lock of its own."""
@@ -2810,7 +2372,7 @@ class Store:
         self.path = path
         self.lock = threading.RLock()
         self.jobs, self.jobs_lock = [], threading.Lock()
-        check_database_path(path)
+        self._check_files(tighten=not readonly)
         if create and not readonly and not os.path.exists(path):
             try:
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
@@ -2821,7 +2383,6 @@ class Store:
         elif not os.path.exists(path):
             raise StoreError(f"database {path} does not exist; start the gate once to create it,"
                              f" or name the right file with -db")
-        self._check_files(tighten=not readonly)
         uri = "file:" + path.replace("?", "%3f").replace("#", "%23") + ("?mode=ro" if readonly
                                                                         else "")
         try:
@@ -2830,25 +2391,21 @@ class Store:
                 self._wal()
                 self.db.execute("PRAGMA synchronous=FULL")
             self._check_schema(migrate=create and not readonly)
-            # Reads use a second connection, so they never wait on a writer's sync; a decision
-            # made on a stale read is caught inside its own write transaction.
+            # Reads never wait on a writer's sync: a stale read is caught by its write's checks.
             self.reader = self.db if readonly else self._connect(uri)
             self.read_lock = self.lock if readonly else threading.Lock()
-            # The heartbeat writes on a third, so a lease is renewed even while the calls'
-            # group commit stalls: a live call's lease never runs out while its process runs.
+            # The heartbeat writes on a third: a live call's lease is renewed while commits stall.
             self.lease_db = None if readonly else self._connect(uri)
             self.lease_lock = threading.Lock()
         except sqlite3.Error as err:
             raise StoreError(f"database {path} cannot be opened: {err}") from None
         # Checked again once open, so a file swapped in meanwhile is refused.
         self._check_files(tighten=not readonly)
-        check_database_path(path)
 
     @staticmethod
     def _connect(uri):
         db = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=5.0,
                              check_same_thread=False)
-        db.execute("PRAGMA busy_timeout=5000")
         db.execute("PRAGMA trusted_schema=OFF")
         db.execute("PRAGMA foreign_keys=ON")
         if hasattr(db, "setconfig"):
@@ -2859,14 +2416,14 @@ class Store:
         deadline = time.monotonic() + 5
         while True:
             try:
-                self.db.execute("PRAGMA journal_mode=WAL")
-                return
+                return self.db.execute("PRAGMA journal_mode=WAL")
             except sqlite3.OperationalError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
 
     def _check_files(self, tighten):
+        check_database_path(self.path)
         owner = os.lstat(self.path).st_uid if os.path.exists(self.path) else os.geteuid()
         for path in (self.path, self.path + "-wal", self.path + "-shm"):
             try:
@@ -2902,21 +2459,16 @@ class Store:
             raise StoreError(f"database {self.path} has schema version {version}, older than "
                              f"this agentgate's {len(SCHEMA)}; start the gate once to migrate it")
         self.db.execute("BEGIN IMMEDIATE")
-        try:
+        with self.db:  # commits, or rolls back whatever stops it
             # Read again under the write lock: another process may have migrated meanwhile.
             self.db.execute("CREATE TABLE IF NOT EXISTS schema_migrations(version INTEGER "
                             "PRIMARY KEY, applied_at TEXT NOT NULL)")
             current = self.db.execute("SELECT max(version) FROM schema_migrations"
                                       ).fetchone()[0] or 0
             for number in range(current + 1, len(SCHEMA) + 1):
-                for statement in SCHEMA[number - 1].split(";"):
-                    if statement.strip():
-                        self.db.execute(statement)
+                for statement in filter(str.strip, SCHEMA[number - 1].split(";")):
+                    self.db.execute(statement)
                 self.db.execute("INSERT INTO schema_migrations VALUES(?, ?)", (number, now()))
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
 
     def close(self):
         with self.lock, self.read_lock, self.lease_lock:
@@ -2928,12 +2480,10 @@ class Store:
     # -- the one place transactions are opened --------------------------------------------
 
     def write(self, fn):
-        """Run fn(tx) in a BEGIN IMMEDIATE transaction; return its result once durable.
-        Group commit: changes queued while one thread commits are committed together by the
-        next, each in a savepoint, so one that fails rolls back alone. A caller returns only
-        after its own change is committed: nothing is answered before it is recorded. (It
-        was measured: with 16 calls in flight, a transaction per change served 13-39% fewer
-        calls per second.)"""
+        """Run fn(tx) in a BEGIN IMMEDIATE transaction; return its result once durable, so
+        nothing is answered before it is recorded. Changes queued meanwhile commit together,
+        each in a savepoint, so one that fails rolls back alone (13-39% more calls per second
+        at 16 in flight)."""
         job = {"fn": fn, "done": False, "result": None, "error": None}
         with self.jobs_lock:
             self.jobs.append(job)
@@ -2949,27 +2499,24 @@ class Store:
     def _commit(self, batch):
         try:
             self.db.execute("BEGIN IMMEDIATE")
-            alone = len(batch) == 1  # a change alone needs no savepoint: it rolls back whole
             for job in batch:
-                if not alone:
-                    self.db.execute("SAVEPOINT change")
+                self.db.execute("SAVEPOINT change")
                 try:
                     tx = Tx(self.db)
                     job["result"] = job["fn"](tx)
                     tx.flush()
                 except Exception as err:
-                    self.db.execute("ROLLBACK" if alone else "ROLLBACK TO change")
-                    # A unique index that refused a row another caller wrote first is a Race.
-                    job["error"] = (Race() if _unique_violation(err) else
+                    self.db.execute("ROLLBACK TO change")
+                    # A unique index refusing a row is a lost race (by message: 3.9 has no code).
+                    lost = (isinstance(err, sqlite3.IntegrityError)
+                            and str(err).startswith("UNIQUE constraint failed"))
+                    job["error"] = (Race() if lost else
                                     StoreError(f"the records could not be written: {err}")
                                     if isinstance(err, sqlite3.Error) else err)
-                if not alone:
-                    self.db.execute("RELEASE change")
-            if self.db.in_transaction:  # not when a change alone was rolled back
-                self.db.execute("COMMIT")
+                self.db.execute("RELEASE change")
+            self.db.execute("COMMIT")
         except BaseException as err:
-            # Nothing of the batch committed: every caller in it hears so, whatever stopped
-            # the commit (a disk error, or an exception that interrupted this thread).
+            # Nothing of the batch committed: every caller in it hears so, whatever stopped it.
             try:
                 if self.db.in_transaction:
                     self.db.execute("ROLLBACK")
@@ -2986,29 +2533,22 @@ class Store:
                 job["done"] = True
 
     def renew_leases(self, owner, until, run_ids):
-        """The heartbeat: extend the leases of the runs this process is executing. Not
-        chained in events: a renewal changes no decision."""
+        """The heartbeat (no event: a renewal changes no decision)."""
         if not run_ids:
             return
-        marks = ", ".join("?" * len(run_ids))
         with self.lease_lock:
-            try:
-                self.lease_db.execute("BEGIN IMMEDIATE")
+            try:  # one statement, so its own transaction
                 self.lease_db.execute(
-                    f"UPDATE runs SET lease_expires_at=? WHERE lease_owner=? AND "
-                    f"status='RUNNING' AND id IN ({marks})", (until, owner, *run_ids))
-                self.lease_db.execute("COMMIT")
+                    f"UPDATE runs SET lease_expires_at=? WHERE lease_owner=? AND status='RUNNING'"
+                    f" AND id IN ({', '.join('?' * len(run_ids))})", (until, owner, *run_ids))
             except sqlite3.Error as err:
-                if self.lease_db.in_transaction:
-                    self.lease_db.execute("ROLLBACK")
                 raise StoreError(f"the leases could not be renewed: {err}") from None
 
     # -- the reads the gate decides with -----------------------------------------------------
 
     def key_runs(self, session, key, since, newest_only):
-        """A request's runs that are unfinished, finished since `since`, or hold its open
-        calls row, newest first. One statement, so the open row it names is the key's newest
-        as of every other row read."""
+        """A request's runs unfinished, finished since `since` or holding its open calls row,
+        newest first; one statement, so its open row is the newest as of every row read."""
         return [KeyRun(*row) for row in self.read(
             "SELECT r.id, r.status, r.reason, r.detail, r.finished_at, r.lease_owner, "
             "r.lease_expires_at, c.open FROM calls c JOIN runs r ON r.id = c.run_id WHERE "
@@ -3081,29 +2621,25 @@ class Store:
 #
 # Reads as: decision core
 #
-# Owns: one call's whole passage (judge, decide, begin and record, hold, execute, record the
-# outcome) and the rules across calls: what a call comes to given the earlier runs of the
-# same request (same upstream tool, same canonical arguments) and of the session.
+# Owns: one call's passage (judge, decide, begin and record, hold, execute, record the
+# outcome) and the rules across calls over the earlier runs of the same request (same upstream
+# tool, same canonical arguments) and of the session.
 # Promises: nothing runs that the policy did not allow or an operator did not approve by
-# hash; an approval binds exactly the request that executes (the recorded request, never a
-# later call's bytes); the outcome is recorded even when the host has gone.
+# hash; an approval binds exactly the recorded request, never a later call's bytes; the
+# outcome is recorded even when the host has gone.
 # Deciding happens under one lock, so two threads never both begin the same request; across
-# processes the unique open-row index does the same job, and a lost race is decided again.
-# Judging happens before the lock, executing and holding after it, so one request slow to
-# judge delays no other. Each rule answers with one verdict, a value.
-# A run being executed holds a lease its process renews; a run whose lease ran out is taken
-# over, and a mutating call it cut off waits for an operator. Everything is recorded before it
-# is sent, except a read allowed with no limit or grant to consult, recorded whole after it
-# answers. Limits are decided inside the transaction that starts the execution.
-# Reaches out through two seams only: the upstream's `call` (section 16) and `announce`.
+# processes the unique open-row index does, and a lost race is decided again. Judging happens
+# before the lock, executing and holding after it. Each rule answers with one verdict, a value.
+# A run being executed holds a lease its process renews; one whose lease ran out is taken over.
+# Everything is recorded before it is sent, except a read allowed outright (see _begin).
+# Reaches out through seams only: the upstream's `request` (section 17), `announce` and
+# `duplicate` (section 22).
 # =============================================================================================
 
-HOLD_POLL = 0.2
 TOOL_CALL = "tool_call"
 
-# The verdicts that answer a call other than an Answer. An Execute's `step_id` is None for a
-# read recorded whole by `record(tx, observation, ending, elapsed_ms)` after it answers; its
-# `work` is the call's pattern work, so a re-run after an unknown outcome is not searched again.
+# The verdicts other than an Answer. An Execute's `step_id` is None for a read recorded whole
+# after it answers (`record`: its policy record and start); `work` spares a re-run a search.
 Wait = collections.namedtuple("Wait", "approval")
 Execute = collections.namedtuple("Execute", "run_id step_id args record work",
                                  defaults=(None, None))
@@ -3111,52 +2647,7 @@ Execute = collections.namedtuple("Execute", "run_id step_id args record work",
 # What a rule says when it does not answer the call itself:
 NEXT = "next"    # this rule, or this earlier run, decides nothing: the next one does
 STOP = "stop"    # rule 5 met an unknown outcome: look no further back, let rule 6 decide
-AGAIN = "again"  # a rule ended a run or an approval, or a write lost a race (Race): the call
-                 # is decided again, on what is there now
-
-PROGRESS_MESSAGE_BYTES = 1000
-
-
-class Progress:
-    """One call's progress as its host hears it: the hold's seconds, then the server's values
-    after them. Only a value above the last one told is sent, as the protocol asks."""
-
-    def __init__(self, send):
-        self.send = send  # send(value, total, message); total and message None when absent
-        self.lock = threading.Lock()
-        self.held = decimal.Decimal(0)  # the hold's last value told: the server's start
-        self.last = None
-
-    def holding(self, waited, total, message):
-        exact = decimal.Decimal(repr(waited))
-        if self._tell(waited, exact, total, message):
-            self.held = exact
-
-    def server(self, value, total, message):
-        if not isinstance(value, Number):
-            return
-        exact = self.held + value.exact()
-        shown = value if not self.held else Number(str(exact))
-        if isinstance(total, Number) and self.held:
-            total = Number(str(self.held + total.exact()))
-        self._tell(shown, exact, total if isinstance(total, Number) else None,
-                   clean(message, PROGRESS_MESSAGE_BYTES) if isinstance(message, str) else None)
-
-    def _tell(self, value, exact, total, message):
-        with self.lock:  # told under the lock, so two values never reach the host out of order
-            if self.last is not None and exact <= self.last:
-                return False
-            self.last = exact
-            self.send(value, total, message)
-            return True
-
-
-def repeat_window_text(tool, window, config_file):
-    """What an operator changes to let identical calls of `tool` through (it names the config:
-    never model text)."""
-    return (f"identical calls to {tool.name} are refused for {format_duration(window)} after "
-            f"one executes; to allow them, set \"repeat_window\": \"0s\" (or a shorter time) "
-            f"in the rule for {tool.upstream_name} of server {tool.server.name} in {config_file}")
+AGAIN = "again"  # a rule ended a run or approval, or a write lost a race: decide again
 
 
 class Gate:
@@ -3169,15 +2660,15 @@ class Gate:
         self.tool_hashes = [tool.spec_hash for tool in sorted(tools, key=lambda t: t.name)]
         self.owner = f"{PROGRAM}:{config.session}/{secrets.token_hex(6)}"
         self.lock = threading.Lock()
-        # The runs this process is executing. Only these have their leases renewed, and a
-        # run listed here is never taken over by this process, whatever its lease says.
+        # The runs this process executes: only these have their leases renewed, and this
+        # process never takes one over, whatever its lease says.
         self.active = set()
         self.stopping = threading.Event()
-        # The seam to what tells the operator an approval waits (section 21), registered by
-        # serve: announce(approval, tool, run_id).
+        # Seams registered by serve (section 22): announce(approval, tool, run_id) when an
+        # approval waits, duplicate(tool, run_id, executed_at, window) on a refused repeat.
         self.announce = lambda approval, tool, run_id: None
-        # Registered names of the tools whose server changed them while serving (ToolWatch):
-        # not offered, and a call to one is refused. Replaced whole, never changed in place.
+        self.duplicate = lambda tool, run_id, executed_at, window: None
+        # Tools changed while serving (ToolWatch): not offered, refused; replaced whole only.
         self.quarantined = frozenset()
         self.client = ""  # set by the host side from initialize
         threading.Thread(target=self._heartbeat, daemon=True).start()
@@ -3186,15 +2677,12 @@ class Gate:
         return self.owner, later(now(), self.config.lease_ttl)
 
     def _heartbeat(self):
-        """Renew the leases of the runs this process executes, every third of their life. A
-        run stranded by a failed write is not renewed, so the next identical call takes it
-        over."""
+        """Renew this process's leases every third of their life. A run stranded by a failed
+        write is not renewed, so the next identical call takes it over."""
         while not self.stopping.wait(self.config.lease_ttl / SECOND / 3):
             try:
-                # set.copy is one step for the interpreter: calls that start or end meanwhile
-                # cannot change the set under the iteration.
-                self.store.renew_leases(self.owner, later(now(), self.config.lease_ttl),
-                                        sorted(self.active.copy()))
+                # set.copy is one step for the interpreter: no call changes it mid-iteration.
+                self.store.renew_leases(*self.lease(), sorted(self.active.copy()))
             except Exception as err:  # the heartbeat outlives any one failure
                 log(f"could not renew leases: {err}")
 
@@ -3203,9 +2691,8 @@ class Gate:
         return self.config.repeat_window if rule is None else rule
 
     def _facts(self, tool, rows=None):
-        """The facts of this moment (decision_facts). The limits are counted only when read
-        through `rows` of the write transaction that acts on the decision, so racing calls in
-        any process never pass a limit together."""
+        """The facts of now. Limits are counted only through `rows` of the write transaction
+        that acts on the decision, so racing calls in any process never pass a limit together."""
         return decision_facts(rows or self.store.read, self.config.session, tool,
                               format_time(time.time()), self.client,
                               rows is not None and bool(tool.rule.limits))
@@ -3250,7 +2737,6 @@ class Gate:
                 if held or not self._hold(verdict.approval, progress, cancelled):
                     return waiting_answer(verdict.approval)
                 held = True
-
                 # The operator decided meanwhile: judged again, as a path's links may have moved.
                 judged = self._judge(tool, args, judged.work)
         except (StoreError, Race) as err:
@@ -3259,32 +2745,28 @@ class Gate:
                                                          "nothing_executed"])
 
     def _judge(self, tool, args, work=None):
-        """The schema check and the policy's conditions, before the lock; the rules and the
-        write transaction reuse the Judgement, reading afresh only the facts that may change."""
+        """The schema check and the policy's conditions, before the lock; later steps reuse
+        the Judgement, reading afresh only the facts that may change."""
         judged = judged_request(tool, args, work)
         policy_decision(self.config, tool, args, self._facts(tool), judged=judged)
         return judged
 
     def _hold(self, approval, progress, cancelled):
-        """Wait up to `hold` for the operator. True when the approval was decided (or expired,
-        or its run ended) meanwhile, so the call is decided once more; False when the hold ran
-        out, the host cancelled, or the gate is stopping."""
+        """Wait up to `hold` for the operator: True once the approval is decided, expired or
+        its run ended (decide again); else False (the hold ran out, cancelled, stopping)."""
         started = time.monotonic()
         total = self.config.hold_for(self.client) / SECOND
-        last_progress = started
         while not cancelled.is_set() and not self.stopping.is_set():
             waited = time.monotonic() - started
             if waited >= total:
                 return False
-            cancelled.wait(min(HOLD_POLL, total - waited))
+            cancelled.wait(min(0.2, total - waited))
             row = self.store.approval(approval["id"])
             waits = row and row["status"] == "pending" and live_approval(self.config, row)
             if not waits or row["run_status"] in TERMINAL:
                 return not (cancelled.is_set() or self.stopping.is_set())
-            if progress and time.monotonic() - last_progress >= 1:
-                last_progress = time.monotonic()
-                progress.holding(round(last_progress - started, 3), total,
-                                 SLOT_PROSE["holding"])
+            if progress:  # told at most once a second (Progress.holding)
+                progress.holding(round(waited, 3), total, SLOT_PROSE["holding"])
         return False
 
     # -- the rules, under the lock -------------------------------------------------------------
@@ -3293,19 +2775,32 @@ class Gate:
         """The rules in order, as one verdict: an Answer, a Wait, an Execute, or AGAIN."""
         window = self.window(tool)
         since = format_time(time.time() - window / SECOND)
-        # A read needs only its newest row: identical reads never refuse one another, and an
-        # approval it waits on or an operator's refusal stops every identical read after it.
-        # The open row is read in the same statement, and the begin refuses unless it is still
-        # the key's open row: no run of this request can begin, execute and finish unseen in
-        # between (in any process) and let the same call run twice within the window.
+        # A read needs only its newest row (identical reads never refuse one another; a wait or
+        # a refusal on the newest stops them all). The open row comes in the same statement,
+        # and the begin refuses unless it is still the key's open row: no run of this request
+        # begins, executes and finishes unseen (in any process) to run the same call twice.
         rows = self.store.key_runs(self.config.session, key, since, newest_only=tool.read_only)
         seen = next((row.run_id for row in rows if row.open), None)
-        for row in rows:                                                    # rules 1 to 5
-            verdict = self._earlier_run(tool, row, window, since, judged)
-            if verdict is STOP:
-                break
-            if verdict is not NEXT:
-                return verdict
+        for row in rows:
+            if row.status == "WAITING_FOR_APPROVAL":                        # rule 1
+                approval = self.store.latest_approval(row.run_id)
+                if approval is None or approval["status"] not in ("pending", "approved"):
+                    return answer("IN_PROGRESS")
+                if approval["status"] == "approved":
+                    return self._collect(tool, approval, judged)
+                if live_approval(self.config, approval):
+                    return Wait(approval)
+                return self._expire(approval)
+            if row.status == "RUNNING":
+                if row.run_id in self.active or (row.owner != self.owner and row.expires > now()):
+                    return answer("IN_PROGRESS")                            # rule 2
+                return self._take_over(tool, row.run_id, judged)            # rule 3
+            if window and row.finished >= since:                            # rules 4, 5
+                verdict = self._closed(tool, row, window)
+                if verdict is STOP:
+                    break
+                if verdict is not NEXT:
+                    return verdict
         attempt = None if tool.read_only else self._unknown_attempt(key)   # rule 6
         decider = policy_decision(self.config, tool, args, self._facts(tool),
                                   rerun=bool(attempt), judged=judged)["outcome"]
@@ -3316,51 +2811,24 @@ class Gate:
                 return verdict
         return self._begin(tool, args, key, seen, judged, attempt=attempt)  # rule 8
 
-    def _earlier_run(self, tool, row, window, since, judged):
-        if row.status == "WAITING_FOR_APPROVAL":
-            return self._waiting(tool, row.run_id, judged)                  # rule 1
-        if row.status == "RUNNING":
-            if row.run_id in self.active or (row.owner != self.owner and row.expires > now()):
-                return answer("IN_PROGRESS")                                # rule 2
-            return self._take_over(tool, row.run_id, judged)                # rule 3
-        if window and row.finished >= since:                                # rules 4, 5
-            return self._closed(tool, row.run_id, row.reason, row.detail, row.finished, window)
-        return NEXT
-
-    def _waiting(self, tool, run_id, judged):
-        """Rule 1: a run of this request waits on an approval."""
-        approval = self.store.latest_approval(run_id)
-        if approval is None:
-            return answer("IN_PROGRESS")
-        if approval["status"] == "pending":
-            if not approval["expires_at"] or approval["expires_at"] > now():
-                return Wait(approval)
-            self._expire(approval)
-            return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
-        if approval["status"] != "approved":
-            return answer("IN_PROGRESS")
-        return self._collect(tool, approval, judged)
-
     def _expire(self, approval):
         self.store.write(lambda tx: tx.expire_approval(approval["id"], approval["run_id"],
                                                        approval["step_id"]))
+        return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
 
     def _collect(self, tool, approval, judged):
-        """An approved request, checked again, executes as recorded (never this call's bytes;
-        the same request key, so the call's judgement is the request's)."""
+        """An approved request, checked again, executes as recorded, never as this call's
+        bytes (the same request key, so the call's judgement is the request's)."""
         run_id, step_id = approval["run_id"], approval["step_id"]
         if tool.name in self.quarantined:
-            # Its server changed it (or said so) after the call was checked on arrival, while
-            # the call was held: the approval stays, to be collected once the tool is back.
+            # Its server changed it while the call was held: the approval stays for its return.
             return answer("DENIED", "TOOL_CHANGED")
         if stored_hash(approval) != approval["hash"]:
             log(f"approval {approval['id']} does not match its hash; it was altered after it "
                 f"was made and will not be used")
             return answer("DENIED", reason=SLOT_PROSE["altered"])
-        if self.config.grant_ttl and later(approval["decided_at"], self.config.grant_ttl) < now():
-
-            self._expire(approval)
-            return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
+        if not live_approval(self.config, approval):  # its grant_ttl ran out
+            return self._expire(approval)
         if judged.problem:
             self.store.write(lambda tx: self._refuse(
                 tx, run_id, step_id, "invalid_decision",
@@ -3399,8 +2867,7 @@ class Gate:
 
     def _take_over(self, tool, run_id, judged):
         """Rule 3: take over a run whose lease ran out. A mutating call it cut off may have
-        taken effect: it waits on the question of running it again (Wait). Anything else is
-        ended, and the call is decided again (AGAIN)."""
+        taken effect: Wait on asking to run it again. Anything else is ended: AGAIN."""
         cut_step = self.store.write(lambda tx: tx.take_over(run_id, self.lease()))
         if cut_step and not tool.read_only:
             step_id, started = cut_step
@@ -3424,36 +2891,33 @@ class Gate:
             "interruption, with nothing left in it to execute"))
         return AGAIN
 
-    def _refuse(self, tx, run_id, step_id, kind, detail):
-        """End a run whose request will not execute (denied or invalid)."""
+    def _refuse(self, tx, run_id, step_id, kind, detail):  # denied or invalid: not executed
         tx.fail_step(run_id, step_id, {"kind": kind, "content": {"error": detail}}, detail)
-        tx.finish_run(run_id, "FAILED", "goal_failed", REFUSED[kind])
+        tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[kind])
 
-    def _closed(self, tool, run_id, reason, detail, finished, window):
+    def _closed(self, tool, row, window):
         """Rules 4 and 5: a finished run of this request within the window. NEXT: look at
         older runs; STOP: its outcome is unknown, so rule 6 decides."""
         def until():
-            return prose_time(later(finished, window))
-        if reason == "approval_rejected":
-            approval = self.store.latest_approval(run_id)
+            return prose_time(later(row.finished, window))
+        if row.reason == "approval_rejected":
+            approval = self.store.latest_approval(row.run_id)
             return answer("REJECTED", approval=approval["id"],
                           note=note_text(approval["note"]), until=until())
-        attempt = None if tool.read_only else last_attempt(self.store.read, run_id)
+        attempt = None if tool.read_only else last_attempt(self.store.read, row.run_id)
         unknown = attempt is not None and attempt.ending in UNKNOWN_ENDINGS
-        if reason == "approval_expired":
+        if row.reason == "approval_expired":
             return STOP if unknown else answer(
-                "EXPIRED", approval=self.store.latest_approval(run_id)["id"], until=until())
-        if reason == "operator_cancelled":
-            return answer("REJECTED", "CANCELLED", note=note_text(detail), until=until())
+                "EXPIRED", approval=self.store.latest_approval(row.run_id)["id"], until=until())
+        if row.reason == "operator_cancelled":
+            return answer("REJECTED", "CANCELLED", note=note_text(row.detail), until=until())
         if attempt is None:
             return NEXT
         if unknown:
             return STOP
         outcome = DUPLICATE_OUTCOME[attempt.ending].format(text=clean(
             outcome_text(attempt.observed), 500 if attempt.ending == "unrecorded" else CONTENT_CAP))
-        log(f"a call to {tool.name} was refused as a duplicate of run {run_id}, which executed "
-            f"the same request at {prose_time(attempt.finished)}: "
-            f"{repeat_window_text(tool, window, self.config.path)}")
+        self.duplicate(tool, row.run_id, attempt.finished, window)
         return answer("DUPLICATE", at=prose_time(attempt.finished),
                       window=format_duration(window), outcome=outcome)
 
@@ -3461,12 +2925,9 @@ class Gate:
         """Rule 6: the attempt to run again if this request's newest finished run left its
         outcome unknown; only an approved re-run that comes to a known outcome resolves it."""
         for run_id, status in self.store.attempt_runs(self.config.session, key):
-            if status not in TERMINAL:
-                continue
-            attempt = last_attempt(self.store.read, run_id)
-            if attempt is None:
-                continue
-            return attempt.attempt if attempt.ending in UNKNOWN_ENDINGS else None
+            attempt = status in TERMINAL and last_attempt(self.store.read, run_id)
+            if attempt:
+                return attempt.attempt if attempt.ending in UNKNOWN_ENDINGS else None
         return None
 
     def _session_rules(self, tool, key, needs_approval, decider):
@@ -3484,10 +2945,8 @@ class Gate:
                     return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
                                   approval=verdict.approval["id"])
                 continue
-            if status != "WAITING_FOR_APPROVAL":
-                continue
-            approval = self.store.latest_approval(run_id)
-            if approval is None:
+            approval = status == "WAITING_FOR_APPROVAL" and self.store.latest_approval(run_id)
+            if not approval:
                 continue
             live = live_approval(self.config, approval)
             if approval["kind"] == "interrupted_side_effect" and not tool.read_only and \
@@ -3508,15 +2967,14 @@ class Gate:
         return NEXT
 
     def _unknown_block(self, tool, key):
-        """Another request of this tool left an outcome unknown with no question waiting: ask
-        it again in a fresh run and block this call on it (BLOCKED); NEXT when there is none."""
+        """Another request of this tool left an outcome unknown, unasked: ask it again in a
+        fresh run and answer BLOCKED; else NEXT."""
         for other_key, run_id, reason in self.store.unknown_for_tool(
                 self.config.session, (tool.target, tool.name), key):
             if reason in ("approval_rejected", "operator_cancelled"):
                 continue
-            # The open row first, then the attempt: a re-run of that request that begins and
-            # settles the question after this read makes the begin below refuse, so a question
-            # that was answered meanwhile is never asked again.
+            # The open row first, then the attempt: a re-run that begins and settles the
+            # question after this read makes the begin below refuse, so it is not asked again.
             seen = self.store.open_run(self.config.session, other_key)
             attempt = self._unknown_attempt(other_key)
             if attempt is None:
@@ -3527,30 +2985,28 @@ class Gate:
             if isinstance(verdict, Wait):
                 return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
                               approval=verdict.approval["id"])
-            # Anything else (its arguments no longer valid, say) ended that request's run
-            # with nothing executed: it blocks nothing any more.
+            # Anything else (its arguments now invalid, say) ended that run unexecuted.
         return NEXT
 
     # -- beginning and executing a run ---------------------------------------------------------
 
     def _begin(self, tool, args, key, seen, judged, invalid=None, attempt=None, origin="model"):
-        """Rule 8: begin a run, decide on it and record the decision in one write transaction,
-        then act on it. `invalid` (why, frame): arguments not usable JSON (`judged` is None)."""
+        """Rule 8: begin a run and decide on it in one write transaction, then act on it.
+        `invalid` (why, frame): arguments not usable JSON (`judged` None)."""
         run_id = f"{self.config.session}.{new_id(8)}"
         problem = invalid[0] if invalid else judged.problem
         if not (problem or attempt) and tool.read_only and not tool.rule.limits:
-            # A read the policy allows outright, with no limit to count and no grant that
-            # could be revoked meanwhile, has no effect for a crash to leave unknown: it is
-            # recorded whole with its outcome after it answers, in one commit, not two.
+            # A read allowed outright, with no limit to count and no grant to be revoked
+            # meanwhile, leaves nothing unknown after a crash: recorded whole after it answers.
             facts = self._facts(tool)
             decision = evaluate(self.config, tool, args, facts, judged=judged)
             if decision["outcome"] == "allow" and "grant" not in decision:
-                return self._begin_read(tool, args, run_id, origin, decision, facts)
+                self.active.add(run_id)
+                return Execute(run_id, None, args, (_policy_record(decision, facts), now()))
         recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
 
         def begin(tx):
-            # The begin refuses (Race) unless `seen` is still the key's open row, so no
-            # identical run began since the rules looked.
+            # Refuses (Race) unless `seen` is still the key's open row: none began since.
             tx.begin_run(run_id, self.config.session, tool.name, tool.target, key,
                          tool.side_effect, self.tool_hashes, self.lease(),
                          ANY_ROW if tool.read_only else seen)
@@ -3560,8 +3016,7 @@ class Gate:
                 self._refuse(tx, run_id, step_id, "invalid_decision",
                              f"invalid decision: {problem}")
                 return step_id, None, None
-            # Decided here, where the limits see every execution committed before it, in any
-            # process, and the grants in force.
+            # Decided here, where limits see every execution any process committed before.
             facts = self._facts(tool, tx.rows)
             decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
             tx.record_policy(run_id, step_id, _policy_record(decision, facts), self.policy_id)
@@ -3588,19 +3043,6 @@ class Gate:
         self.announce(approval, tool, run_id)
         return Wait(approval)
 
-    def _begin_read(self, tool, args, run_id, origin, decision, facts):
-        """An allowed read executes now; `record` writes its run whole with its outcome."""
-        started = now()
-
-        def record(tx, observation, ending, elapsed):
-            tx.record_read(run_id, self.config.session, tool, {
-                "args": args, "kind": TOOL_CALL, "origin": origin, "tool": tool.name},
-                _policy_record(decision, facts), self.policy_id, started, observation,
-                ("COMPLETED", "goal_completed", f"terminal tool {tool.name}")
-                if ending == "ok" else ("FAILED", "goal_failed", CLOSING[ending]), elapsed)
-        self.active.add(run_id)
-        return Execute(run_id, None, args, record)
-
     def _write_active(self, run_id, fn):
         """The write that starts a run executing: the run counts as this process's own from
         before the write, so no identical call can take it over in between."""
@@ -3622,12 +3064,17 @@ class Gate:
             elapsed = int((time.monotonic() - started) * 1000)
 
             def record(tx):  # the approval a re-run waits on, when the outcome is unknown
-                if verdict.record:  # a read, recorded whole
-                    verdict.record(tx, observation, ending, elapsed)
+                if step_id is None:  # a read allowed outright: its run recorded whole
+                    policy, started_at = verdict.record
+                    ended = ("COMPLETED", "goal_completed", f"terminal tool {tool.name}") \
+                        if ending == "ok" else ("FAILED", "goal_failed", CLOSING[ending])
+                    tx.record_read(run_id, self.config.session, tool, {
+                        "args": args, "kind": TOOL_CALL, "origin": "model", "tool": tool.name},
+                        policy, self.policy_id, started_at, observation, ended, elapsed)
                     return None
                 if tx.run_holder(run_id) != ("RUNNING", self.owner):
-                    # Cancelled, or taken over after this process lost its lease: the outcome
-                    # is kept as a late event and the run is left as its new owner has it.
+                    # Cancelled, or taken over after this process lost its lease: a late
+                    # event keeps the outcome; the run stays as its new owner has it.
                     tx.event(run_id, "step.tool_finished", {"tool": tool.name, "late": True,
                                                             "observation": observation},
                              step_id)
@@ -3639,8 +3086,6 @@ class Gate:
                 if ending != "ok":
                     tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending],
                                   outcome=OUTCOME_KNOWN)
-                return None
-
             rerun = self.store.write(record)
         finally:
             self.active.discard(run_id)
@@ -3674,17 +3119,16 @@ class Gate:
                       blocks=clean(", ".join(block_labels(record)), 500), then=then)
 
     def _pause_rerun(self, tx, tool, run_id, step_id, args, ending, work):
-        """An unknown outcome: the same request proposed again, in the transaction that records
-        the attempt; the approval it waits on, or None. The policy never allows a re-run (it
-        asks an operator); judged again on `work`, as the call may have moved a path's links."""
+        """An unknown outcome: the request asked again in the transaction that records the
+        attempt (the policy never allows a re-run); the approval, or None. Judged again (on
+        `work`): the call may have moved a path's links."""
         attempt = {"run_id": run_id, "step_id": step_id, "started_at": tx.step_started(step_id),
                    "ended": ending}
         facts = self._facts(tool, tx.rows)
         decision = evaluate(self.config, tool, args, facts, attempt, judged=Judgement(work=work))
         if decision["outcome"] == "deny":
-            # The policy now denies the request outright (an entry for other hours, say): no
-            # question is asked, the run ends with its outcome unknown, and the next identical
-            # call is decided on that again (rule 6).
+            # Denied outright now (an entry for other hours, say): nothing is asked, the run
+            # ends with its outcome unknown, and rule 6 decides the next identical call.
             tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending])
             return None
         rerun_step = tx.start_step(run_id, {"args": args, "kind": TOOL_CALL,
@@ -3696,12 +3140,11 @@ class Gate:
 
 
 def call_upstream(tool, args, cap, progress=None):
-    """Send one call upstream: (observation, ending, passed), `passed` the server's result
-    as it came, or None (none, or past `cap` bytes: the observation says it was withheld).
-    The ending is the one place an outcome is classified: 'ok'; 'error' (an error result or
-    JSON-RPC error, or nothing sent: known); 'unrecorded' (executed, answer unusable: known,
-    never run again); 'timed_out' or 'no_answer' (it may have taken effect: unknown). A
-    read's failure is always 'error': a read has no effect for anyone to vouch for."""
+    """Send one call upstream: (observation, ending, passed), `passed` the server's result as
+    it came, or None (none, or past `cap` bytes: withheld). The one place an outcome is
+    classified: 'ok'; 'error' (an error answer, or nothing sent: known); 'unrecorded'
+    (executed, answer unusable: known, never run again); 'timed_out' or 'no_answer' (it may
+    have taken effect: unknown). A read's failure is 'error': it has no effect to vouch for."""
     passed = None
     try:
         result = tool.upstream.request(
@@ -3754,8 +3197,7 @@ def waiting_answer(approval):
                                            frees=presentation["frees"]) \
             if "limit" in presentation else ""
         return answer("PENDING_APPROVAL", approval=approval["id"], limit=limit)
-    capability = parse(approval["capability_json"])
-    ended = capability.get("interrupted", {}).get("ended", "cut_off")
+    ended = parse(approval["capability_json"]).get("interrupted", {}).get("ended", "cut_off")
     if ended == "cut_off":
         return answer("INTERRUPTED", approval=approval["id"])
     return answer("UNKNOWN_OUTCOME", how=HOW[ended], error="", approval=approval["id"])
@@ -3770,11 +3212,9 @@ def live_approval(config, approval):
     return False
 
 
-REFUSED = {  # why a run ended whose request was not executed, by its step's observation kind
+CLOSING = {  # why a run ended, by its refused step's kind or its call's ending
     "policy_denied": "one call per run: the request was denied",
     "invalid_decision": "one call per run: the request was invalid",
-}
-CLOSING = {
     "error": "one call per run: the tool call returned an error",
     "unrecorded": "one call per run: the tool call executed and its result could not be "
                   "recorded",
@@ -3800,73 +3240,29 @@ def _policy_record(decision, facts, approved=False):
 # Reads as: decision core
 #
 # Owns: the host's conversation on stdin and stdout as far as it decides calls: framing,
-# batches, tools/list, tools/call on at most MAX_IN_FLIGHT worker threads, cancellation and
-# shutdown. What decides no call (initialize's answer, ping, progress, the status tool) is
-# section 20's, handed in by serve.
+# batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once), cancellation and shutdown.
+# What decides no call (initialize's answer, ping, progress, the status tool, the worker
+# threads) is section 21's, handed in by serve.
 # Promises: stdout carries only protocol, one JSON-RPC message per line, written under one
 # lock; the first request is answered at once, even while the servers start; every request
-# gets exactly one well-formed answer: a malformed or oversized line, a batch member that is
-# not a request or an id that cannot be echoed gets a JSON-RPC error (id null then), and the
-# session goes on; past the bound a request is told the gate is busy; unknown methods get
-# -32601; each tool is offered as pinned, not once its server changed it while serving, and
-# the status tool always; on stdin closing, SIGINT or SIGTERM no new call starts, holds end,
-# calls in flight finish and are recorded, then the servers close and the process exits 0.
+# gets exactly one well-formed answer (a malformed or oversized line, a batch member that is
+# not a request or an id that cannot be echoed gets a JSON-RPC error, id null then; past the
+# bound, busy; an unknown method, -32601) and the session goes on; each tool is offered as
+# pinned, never once its server changed it while serving, and the status tool always; on
+# stdin closing, SIGINT or SIGTERM no new call starts, holds end, calls in flight finish and
+# are recorded, then the process exits 0.
 # =============================================================================================
 
-# The protocol versions agentgate speaks, oldest first, on both sides, each side negotiating on
-# its own (over HTTP, only those the mcp package speaks too).
+# The protocol versions spoken, oldest first; each side negotiates on its own (over HTTP, only
+# those the mcp package speaks too).
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 BATCH_VERSIONS = ("2024-11-05", "2025-03-26")
 MAX_HOST_LINE = 16 * 1024 * 1024
 MAX_IN_FLIGHT = 64  # requests handled at once, each on a worker thread of its own
 
 
-class Workers:
-    """Threads for requests: an idle one takes the next task and a new one starts only when
-    none is idle, so threads never outnumber the requests once in flight together, plus the
-    reader. One idle for IDLE_SECONDS ends."""
-
-    IDLE_SECONDS = 2.0
-
-    def __init__(self):
-        self.tasks = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.idle = 0
-
-    def submit(self, task):
-        # Under the lock each task claims an idle thread or starts one, so every queued task
-        # has a thread that will take it; `idle` counts the waiting threads no task claimed.
-        with self.lock:
-            claimed = self.idle > 0
-            if claimed:
-                self.idle -= 1
-        self.tasks.put(task)
-        if not claimed:
-            threading.Thread(target=self._work, daemon=True).start()
-
-    def _work(self):
-        while True:
-            try:
-                task = self.tasks.get(timeout=self.IDLE_SECONDS)
-            except queue.Empty:
-                with self.lock:
-                    # Only an unclaimed thread may end: with none left, a task is on its
-                    # way to this one.
-                    if self.idle > 0:
-                        self.idle -= 1
-                        return
-                continue
-            try:
-                task()
-            except BaseException as err:  # a task handles its own errors; this is a bug
-                log(f"internal error in a worker: {type(err).__name__}: {err}")
-            with self.lock:
-                self.idle += 1
-
-
 class HostServer:
-    """One host session. `around` (section 20's HostAround) answers the requests and
-    notifications not about tools and relays a call's progress."""
+    """One host session; `around` is section 21's HostAround."""
 
     def __init__(self, stdin, stdout, around):
         self.stdin, self.stdout, self.around = stdin, stdout, around
@@ -3879,7 +3275,6 @@ class HostServer:
         self.calls = {}
         self.calls_lock = threading.Lock()
         self.running = 0  # accepted requests not yet answered
-        self.workers = Workers()
         self.stopping = False
         self.failed = ""
 
@@ -3904,7 +3299,7 @@ class HostServer:
             data = canonical(message) + b"\n"
         except (UnicodeEncodeError, TypeError) as err:  # never expected: ids are checked
             log(f"internal error: an answer could not be encoded ({err})")
-            data = canonical(invalid_request(None, "the answer could not be encoded")) + b"\n"
+            data = canonical(rpc_error(None, -32600, "the answer could not be encoded")) + b"\n"
         with self.write_lock:
             try:
                 self.stdout.write(data)
@@ -3913,9 +3308,8 @@ class HostServer:
                 self.done.set()
 
     def _read_loop(self):
-        """Read frames until one is a request to run: this thread runs it while another worker
-        reads on, so a call never waits for a thread to wake nor holds up the reader. The next
-        reader resumes the one generator only after it yielded: never two threads at once."""
+        """Read frames until one is a request: run it here while a worker reads on. The next
+        reader resumes the generator only after it yielded: never two threads in it at once."""
         for frame, head in self.frames:
             # No frame ends the reader: what follows would go unanswered, and closing stdin
             # would no longer stop the gate.
@@ -3932,7 +3326,7 @@ class HostServer:
                 self.send(rpc_error(None, -32603, "the message could not be handled"))
                 continue
             if request is not None:
-                self.workers.submit(self._read_loop)
+                self.around.workers.submit(self._read_loop)
                 request()
                 return
         self.done.set()
@@ -3945,10 +3339,10 @@ class HostServer:
             # A tools/call whose arguments the boundary check refuses still gets a run and an
             # INVALID answer, with the frame recorded as it came; anything else gets -32700.
             message = parse_loosely(line)
+            message = message if isinstance(message, dict) else {}
             invalid = (SLOT_PROSE["unusable_arguments"].format(error=err), recorded_frame(line))
-            ident = message.get("id") if isinstance(message, dict) else None
-            if not (isinstance(message, dict) and message.get("method") == "tools/call"
-                    and "id" in message):
+            ident = message.get("id")
+            if message.get("method") != "tools/call" or "id" not in message:
                 self.send(rpc_error(ident if echoable_id(ident) else None, -32700,
                                     f"the message is not usable JSON: {err}"))
                 return
@@ -3957,12 +3351,12 @@ class HostServer:
         elif isinstance(message, dict):
             return self._message(message, invalid)
         else:
-            self.send(invalid_request(None, "a message must be a JSON-RPC object"))
+            self.send(rpc_error(None, -32600, "a message must be a JSON-RPC object"))
 
     def _batch(self, messages):
         if self.protocol not in BATCH_VERSIONS or not messages:
-            self.send(invalid_request(
-                None, f"batches are not part of protocol version {self.protocol}"))
+            self.send(rpc_error(
+                None, -32600, f"batches are not part of protocol version {self.protocol}"))
             return
         # A batch is one request in flight, its members handled in order on one thread.
         if not self._admit():
@@ -3972,7 +3366,7 @@ class HostServer:
 
         def run():
             try:
-                answers = [invalid_request(None, "a batch member must be a JSON-RPC object")
+                answers = [rpc_error(None, -32600, "a batch member must be a JSON-RPC object")
                            if not isinstance(m, dict) else
                            self._message(m, None, respond=False, admitted=True)
                            for m in messages]
@@ -3981,7 +3375,7 @@ class HostServer:
                     self.send(answers)
             finally:
                 self._release()
-        threading.Thread(target=run, daemon=True).start()
+        self.around.workers.submit(run)
 
     def _admit(self):
         with self.calls_lock:
@@ -4002,8 +3396,8 @@ class HostServer:
         if not isinstance(method, str):
             if "id" in message and ("result" in message or "error" in message):
                 return None  # a response to a request agentgate never sends
-            return self._reply(respond, invalid_request(
-                ident if echoable_id(ident) else None, "a request needs a method"))
+            return self._reply(respond, rpc_error(
+                ident if echoable_id(ident) else None, -32600, "a request needs a method"))
         if "id" not in message:
             if method == "notifications/cancelled":
                 with self.calls_lock:
@@ -4015,15 +3409,14 @@ class HostServer:
             return None
         if not echoable_id(ident):
             # Checked before anything is recorded: no run for an id that cannot be echoed.
-            return self._reply(respond, invalid_request(
-                None, "the id must be a string or a number that can be written as JSON"))
+            return self._reply(respond, rpc_error(
+                None, -32600, "the id must be a string or a number that can be written as JSON"))
         if method == "tools/call":
             return self._after_ready(respond, ident,
                                      lambda: self._call(ident, params, invalid, respond),
                                      admitted)
         if method == "tools/list":
-            return self._after_ready(respond, ident, lambda: {"tools": self._tool_list()},
-                                     admitted)
+            return self._after_ready(respond, ident, self._tool_list, admitted)
         if method == "initialize":
             self._initialize(params)
         handler = self.around.requests.get(method)
@@ -4040,8 +3433,7 @@ class HostServer:
         return response
 
     def _initialize(self, params):
-        # What initialize tells the gate: the protocol, which decides whether batches are
-        # read, and the host's name, which the policy reads as `client`.
+        # The protocol decides whether batches are read; the policy reads the name as `client`.
         requested = params.get("protocolVersion")
         self.protocol = requested if requested in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[-1]
         info = params.get("clientInfo")
@@ -4051,10 +3443,9 @@ class HostServer:
             self.gate.client = self.client
 
     def _after_ready(self, respond, ident, work, admitted):
-        """Run `work` once the servers are ready, at most MAX_IN_FLIGHT at once, so a flood
-        cannot grow threads without bound. Accepted or not is decided here, on the reader, so
-        a call read before stdin closed is served while the gate shuts down. Returns the work
-        for the reader to run, or (a batch member) runs it and returns the response."""
+        """Run `work` once the servers are ready, at most MAX_IN_FLIGHT at once (a flood grows no
+        threads). Accepted is decided here, on the reader, so a call read before stdin closed is
+        served while the gate shuts down. Returns the work to run, or (a batch member) runs it."""
         accepted = not self.stopping
         if accepted and not admitted and not self._admit():
             return self._reply(respond, busy_error(ident))
@@ -4084,10 +3475,9 @@ class HostServer:
         return run if respond else run()
 
     def _tool_list(self):
-        quarantined = self.gate.quarantined
-        listed = [t.listing for t in self.gate.tools.values() if t.name not in quarantined]
-        listed.append(self.status.listing)
-        return listed
+        quarantined = self.gate.quarantined  # replaced whole: read once
+        return {"tools": [t.listing for t in self.gate.tools.values()
+                          if t.name not in quarantined] + [self.status.listing]}
 
     def _call(self, ident, params, invalid, respond):
         name = params.get("name")
@@ -4114,9 +3504,8 @@ class HostServer:
                 self.calls.pop(_id_key(ident), None)
         result = answered.result()
         if answered.passed is None and "outputSchema" in tool.listing:
-            # A tool with an output schema promises structured content in every result but an
-            # error, and a host refuses a result without it: the gate's own answers carry none,
-            # so they go as errors; a server's result passes as the server sent it.
+            # A host refuses a result lacking the structured content an output schema promises;
+            # the gate's own answers carry none, so they go as errors (a server's result as sent).
             result["isError"] = True
         return None if cancelled.is_set() and respond else result
 
@@ -4139,10 +3528,6 @@ def _id_key(ident):
 def rpc_error(ident, code, message):
     """Every JSON-RPC error answer the host is sent."""
     return {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}}
-
-
-def invalid_request(ident, message):
-    return rpc_error(ident, -32600, message)
 
 
 def busy_error(ident):
@@ -4464,7 +3849,98 @@ def pretty_json(value, indent="  ", level=0, flat=None):
 
 
 # =============================================================================================
-# 11. ECMA-262 patterns
+# 11. Text safe to show
+#
+# Reads as: library
+#
+# Contract: sanitize(text or UTF-8 bytes) shows as ASCII what could move the cursor, reorder
+# or hide text, or draw a line: \r and \n as a space, other C0/C1 controls and DEL as \xNN,
+# a lone surrogate (or invalid byte) as U+FFFD, the INVISIBLE characters (bidi controls,
+# zero-width, soft hyphen, U+180E, U+FEFF, U+2028/9, tags) as \u{XXXX}; past MAX_COMBINING
+# combining marks in a row, the rest are counted, not kept. Nothing else changes, and a second
+# pass changes nothing. cut keeps at most `limit` UTF-8 bytes, on a character boundary, marked
+# '…'; clean is both; quote puts sanitized text in double quotes, `"` and `\` escaped.
+# Differential test: tests/test_sanitize_differential.py finds every code point assigned in
+# Python's and node's Unicode kept, escaped or counted as node's Unicode properties say.
+# =============================================================================================
+
+INVISIBLE = (set(range(0x202A, 0x202F)) | set(range(0x2066, 0x206A)) | {0x061C, 0x200E, 0x200F}
+             | set(range(0x200B, 0x200E)) | set(range(0x2060, 0x2065))
+             | {0xFEFF, 0x00AD, 0x180E, 0x2028, 0x2029} | set(range(0xE0000, 0xE0080)))
+_NEEDS_CARE = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
+                         "\u2060-\u2064\u2066-\u2069\ufeff\U000e0000-\U000e007f\ud800-\udfff]")
+MAX_COMBINING = 4
+
+
+def sanitize(text):
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if not _NEEDS_CARE.search(text) and not _has_long_combining_run(text):
+        return text
+    out, marks, dropped = [], 0, 0
+    for ch in text:
+        code = ord(ch)
+        if unicodedata.category(ch).startswith("M"):
+            marks += 1
+            if marks > MAX_COMBINING:
+                dropped += 1
+                continue
+            out.append(ch)
+            continue
+        if dropped:
+            out.append(f"[+{dropped} combining marks dropped]")
+        marks, dropped = 0, 0
+        if ch in "\r\n":
+            out.append(" ")
+        elif code < 0x20 or 0x7F <= code <= 0x9F:
+            out.append(f"\\x{code:02x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append("\ufffd")
+        elif code in INVISIBLE:
+            out.append(f"\\u{{{code:04x}}}")
+        else:
+            out.append(ch)
+    if dropped:
+        out.append(f"[+{dropped} combining marks dropped]")
+    return "".join(out)
+
+
+# Every combining mark is at or above U+0300: only runs of such characters are looked at one
+# by one, so plain text costs one scan in C.
+_MAYBE_MARKS = re.compile("[\u0300-\U0010ffff]{%d,}" % (MAX_COMBINING + 1))
+
+
+def _has_long_combining_run(text):
+    for candidate in _MAYBE_MARKS.finditer(text):
+        run = 0
+        for ch in candidate.group():
+            run = run + 1 if unicodedata.category(ch).startswith("M") else 0
+            if run > MAX_COMBINING:
+                return True
+    return False
+
+
+def cut(text, limit):
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    marker = "…".encode("utf-8")
+    room = limit - len(marker) if limit >= len(marker) else limit
+    head = data[:room].decode("utf-8", "ignore")
+    return head + ("…" if limit >= len(marker) else "")
+
+
+def clean(text, limit):
+    """Cut before it is sanitized too: a long string costs no more than its first `limit`."""
+    return cut(sanitize(cut(text[:limit + 1], limit)), limit)
+
+
+def quote(text):
+    return '"' + sanitize(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+# =============================================================================================
+# 12. ECMA-262 patterns
 #
 # Reads as: library
 #
@@ -4476,19 +3952,13 @@ def pretty_json(value, indent="  ", level=0, flat=None):
 # text the answer node's RegExp gives, and refuses what node rejects.
 # =============================================================================================
 
-# JSON Schema's `pattern` is ECMA-262 (read here with the u flag, no other flags), searched as
-# RegExp.test searches: compile_pattern(p).search(text) is True iff new RegExp(p, "u").test(text).
-# Python's re is neither that dialect (its \s, ., $ and {,2} mean other things, so a verdict
-# could let through what the server's own validator refuses) nor bounded in time (it
-# backtracks: ^(a+)+$ doubles its work per character while holding the interpreter's lock).
-# So a pattern is parsed to a tree of tuples, compiled to a Thompson NFA, and run as a DFA
-# built lazily from it, one cached transition per (state, character): nothing backtracks, and
-# the time is linear in the text. Refused at compile, with a PatternError: whatever ECMA-262
-# calls a SyntaxError, and the valid forms a DFA cannot run or bound: backreferences (\1,
-# \k<name>), lookaround ((?= (?! (?<= (?<!), property escapes (\p{..}), group names written
-# with escapes, repetition counts above 1000, groups nested more than 100 deep, and patterns
-# that compile to more than 10,000 NFA states. The text is read as code points, as the u flag
-# reads it.
+# Not Python's re: its dialect differs (\s, ., $, {,2}), so a verdict could pass what the
+# server's validator refuses, and it backtracks (^(a+)+$ doubles its work per character,
+# holding the interpreter's lock). A pattern is parsed to a tree of tuples, compiled to a
+# Thompson NFA and run as a DFA built lazily, one cached transition per (state, character),
+# over code points as the u flag reads them. Refused besides ECMA-262's SyntaxErrors, as a
+# DFA cannot run or bound them: backreferences, lookaround, \p{..}, escaped group names,
+# counts above 1000, groups nested over 100 deep, more than 10,000 NFA states.
 
 _MAX_CODE_POINT = 0x10FFFF
 _MAX_COUNT = 1000       # largest n or m accepted in {n,m}
@@ -4899,7 +4369,7 @@ class PatternWork:
 
 
 # =============================================================================================
-# 12. JSON Schema
+# 13. JSON Schema
 #
 # Reads as: library
 #
@@ -4909,18 +4379,21 @@ class PatternWork:
 # older spellings (items as a list, additionalItems, dependencies, draft-04's boolean
 # exclusiveMinimum/Maximum); `format` and unknown keywords are ignored. schema_problem(schema)
 # says why validate cannot use a schema, or '': a keyword of the wrong shape, a pattern
-# section 11 refuses, a $ref that finds nothing, or unevaluatedProperties, unevaluatedItems,
+# section 12 refuses, a $ref that finds nothing, or unevaluatedProperties, unevaluatedItems,
 # $dynamicRef or $recursiveRef. Numbers compare as exact decimals of their literals (an
 # integer is a number with no fraction); enum, const and uniqueItems compare JSON values.
-# `pattern` searches as ECMA-262 does (section 11); one call's searches, its schema check's and
+# `pattern` searches as ECMA-262 does (section 12); one call's searches, its schema check's and
 # its policy's, share one PatternWork, and a search it cannot pay for raises PatternCost,
 # which passes through anyOf, oneOf, not and if: a value too costly to check is never taken
 # for one that does not match. A $ref cycle that reads no deeper into the value raises
 # RecursionError.
-# Differential test: tests/test_schema_differential.py gives a seeded corpus of 2020-12
-# schemas and values to validate and to the jsonschema package's Draft202012Validator and
-# finds the same accept or reject for each; what differs on purpose (exact decimals, ECMA-262
-# patterns, the older spellings) is kept out of the corpus and said there.
+# JSON Pointers (RFC 6901): parse_pointer reads one into tokens or raises ConfigError;
+# resolve_pointer finds a member, or an item at an index with no leading zero, else (under an
+# object) the default schema_child finds for it, else MISSING.
+# Differential tests: tests/test_schema_differential.py finds validate accepting and refusing
+# a seeded corpus as the jsonschema package's Draft202012Validator does (what differs on
+# purpose is kept out and said there); tests/test_pointer_differential.py finds pointers and
+# $refs resolved as the referencing package resolves them.
 # =============================================================================================
 
 JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
@@ -5050,6 +4523,58 @@ def resolve_ref(root, ref):
         else:
             raise SchemaError(f"$ref {quote(ref)} points at nothing in the schema")
     return node
+
+
+MISSING = object()  # what a pointer finds where the arguments have nothing
+_INDEX_RE = re.compile(r"0|[1-9][0-9]{0,8}")
+
+
+def parse_pointer(text, where):
+    """A JSON Pointer (RFC 6901) into the arguments, as its unescaped tokens."""
+    if not isinstance(text, str) or not text.startswith("/"):
+        raise ConfigError(f'{where}: {quote(str(text))} is not a JSON Pointer into the '
+                          f'arguments; write it like "/amount" or "/payee/name"')
+    if re.search("~(?![01])", text):
+        raise ConfigError(f"{where}: {quote(text)} has a '~' that is not ~0 or ~1; write ~0 "
+                          f"for '~' and ~1 for '/'")
+    return tuple(t.replace("~1", "/").replace("~0", "~") for t in text[1:].split("/"))
+
+
+def resolve_pointer(args, tokens, schema):
+    """The value at a pointer as the server reads it (an omitted amount is paid at its
+    default)."""
+    value, node = args, schema
+    for token in tokens:
+        parent = value
+        if isinstance(value, dict) and token in value:
+            value = value[token]
+        elif isinstance(value, list) and _INDEX_RE.fullmatch(token) and int(token) < len(value):
+            value = value[int(token)]
+        else:
+            value = MISSING
+        try:
+            node = schema_child(schema, node, token)
+        except SchemaError:  # a default behind a $ref that points at nothing is no default
+            node = None
+        if value is MISSING:
+            if not isinstance(parent, dict) or not isinstance(node, dict) or \
+                    "default" not in node:
+                return MISSING
+            value = node["default"]
+    return value
+
+
+def schema_child(schema, node, token):
+    """The part of `schema` describing `token` inside what `node` describes, or None; raises
+    SchemaError for a $ref that points at nothing."""
+    if isinstance(node, dict) and isinstance(node.get("$ref"), str):
+        node = resolve_ref(schema, node["$ref"])
+    if not isinstance(node, dict):
+        return None
+    properties = node.get("properties")
+    if isinstance(properties, dict) and token in properties:
+        return properties[token]
+    return node["items"] if "items" in node and _INDEX_RE.fullmatch(token) else None
 
 
 def _type_of(value):
@@ -5255,16 +4780,19 @@ def _validate_object(schema, value, root, where, work):
 
 
 # =============================================================================================
-# 13. Hosts in URLs
+# 14. Hosts in URLs
 #
 # Reads as: library
 #
 # Contract: url_place(value) reads a URL as a WHATWG parser (browsers, node) would, and returns
 # its scheme and host, or nothing where the host could be read two ways (one_reading: a
 # non-ASCII host that is not stable under case folding and NFKC, letters outside Unicode 3.2,
-# right-to-left letters, a leading combining mark, the letters node ignores). Differential
-# test: tests/test_edges_paths.py reads every code point of planes 0, 1 and 14 in a host as
-# node's URL does, and finds no host read as another.
+# right-to-left letters, a leading combining mark, the letters node ignores). host_entry
+# reads an entry ("example.com", ".example.com", "https://example.com") so, or raises
+# ConfigError; host_matches: the host is an entry or under a dotted one, in its scheme if any.
+# Differential test: tests/test_edges_paths.py reads every code point of planes 0, 1 and 14
+# in a host as node's URL does, finds no host read as another, and host_matches agreeing
+# with node's readings of generated URLs and entries.
 # =============================================================================================
 
 _LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
@@ -5273,11 +4801,10 @@ _URL_UNSAFE_RE = re.compile(r"[\x00-\x20\x7f\\]")
 
 
 def normal_host(host):
-    """A host as it is compared, or None when it is no host a client would reach one way
-    only: lower-case, IDNA-encoded, one trailing dot dropped, an IP address in its standard
-    form. A label a client reads as a number must make a whole dotted-quad address (so no
-    octal, hex or short forms), and a name must read the same through Python's IDNA 2003
-    codec and the UTS #46 mapping browsers and node apply (one_reading)."""
+    """A host as compared (lower-case, IDNA-encoded, one trailing dot dropped, an IP address
+    in its standard form), or None if a client could reach another: a numeric label must
+    make a whole dotted quad (no octal, hex or short forms), and a name must read one way
+    through IDNA 2003 and UTS #46 (one_reading)."""
     import ipaddress
     if not isinstance(host, str) or not host or "%" in host:
         return None
@@ -5314,15 +4841,11 @@ def normal_host(host):
 
 
 def one_reading(written, name):
-    """Whether a non-ASCII host name (`written`, and `name`, the same lower-cased or decoded
-    from its xn-- form) reads as the same name to every client. Python's IDNA 2003 codec
-    knows Unicode 3.2 and maps little; UTS #46 (browsers, node's URL) knows today's Unicode
-    and maps every compatibility form: node reads `loc\u1d43lhost` as localhost, and
-    `127.0.0.\U0001fbf1` as 127.0.0.1, where the codec passes both through. So each
-    character must be assigned in Unicode 3.2, the name must be its own case fold and NFKC
-    form (written upper-case, it must lower to that), no label may begin with a combining
-    mark, and no character may be right-to-left or an Arabic digit, whose rules the two
-    read differently. Anything else is no host, for host_in and host_not_in alike."""
+    """Whether a non-ASCII host name (`written`; `name`, lower-cased or decoded from xn--)
+    reads as one name to every client. Python's IDNA 2003 codec knows Unicode 3.2 and maps
+    little; UTS #46 (node, browsers) maps every compatibility form (`loc\u1d43lhost` is
+    localhost). So: assigned in Unicode 3.2, its own case fold and NFKC form, no label led
+    by a combining mark, nothing right-to-left or an Arabic digit (read differently)."""
     if unicodedata.normalize("NFKC", name.casefold()) != name or \
             unicodedata.normalize("NFKC", written.casefold()) != written.lower():
         return False
@@ -5364,17 +4887,49 @@ def url_place(value):
     return None if host is None else (parts.scheme, host)
 
 
+_SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
+
+
+def host_matches(scheme, host, entries):
+    for entry in entries:
+        wanted, sep, name = entry.partition("://")
+        if not sep:
+            wanted, name = scheme, entry
+        if wanted == scheme and (host.endswith(name) if name.startswith(".") else host == name):
+            return True
+    return False
+
+
+def host_entry(entry, with_scheme, where):
+    """A host_in or host_not_in entry as it is compared. Only host_in takes a scheme: in
+    host_not_in it would let the same host through under every other scheme."""
+    scheme, sep, name = entry.partition("://") if isinstance(entry, str) else ("", "", entry)
+    scheme, name = (scheme.lower(), name) if sep else ("", entry)
+    dot = "." if isinstance(name, str) and name.startswith(".") else ""
+    host = normal_host(name[1:] if dot else name) if isinstance(name, str) else None
+    if host is None or (dot and ":" in host) or (scheme and not _SCHEME_RE.fullmatch(scheme)):
+        raise ConfigError(f"{where}: {quote(str(entry))} is not a host name; write it like "
+                          f'"example.com", or ".example.com" for its subdomains')
+    if scheme and not with_scheme:
+        raise ConfigError(f"{where}: {quote(entry)} names a scheme, which only host_in may "
+                          f'require (as "https://example.com"); write host_not_in entries like '
+                          f'"example.com"')
+    return scheme + sep + dot + host
+
+
 # =============================================================================================
-# 14. Paths as the kernel resolves them
+# 15. Paths as the kernel resolves them
 #
 # Reads as: library
 #
 # Contract: resolved_path(path) resolves a path as the kernel would for a server, following
 # links one component at a time (at most MAX_LINKS), without realpath; /proc, a loop, too many
 # links, a file used as a directory, and a name another entry of its directory equals under
-# NFKC resolve to nothing, and such a path lies under no directory (path_under). Differential
-# test: tests/test_edges_paths.py writes generated paths through the kernel and through the npm
-# filesystem server and checks none lands outside what path_under allowed.
+# NFKC resolve to nothing, and such a path lies under no directory (path_under);
+# resolved_root reads an `under` root so, normalised as written, or raises ConfigError.
+# Differential test: tests/test_edges_paths.py writes generated paths through the kernel and
+# the npm filesystem server, none landing outside what path_under allowed, and finds each
+# generated root resolved where the kernel resolves it, or refused.
 # =============================================================================================
 
 PATH_MAX = 4096  # the longest path the kernel opens; no server reaches a longer one
@@ -5382,11 +4937,9 @@ MAX_LINKS = 40   # links followed in one lookup, as the kernel bounds them
 
 
 def path_under(value, roots):
-    """Whether a path lies inside one of the (already resolved) roots, both as written and as
-    this machine resolves it: `~` expanded, `.`, `..`, repeated and trailing slashes
-    normalised, and symbolic links followed where the path or a parent of it exists. A
-    relative path could be read against any directory, and a path the gate cannot resolve the
-    way a server will (resolved_path) could land anywhere: either lies under none."""
+    """Whether a path lies inside one of the resolved roots both as written (normalised,
+    `~` expanded) and as resolved_path reads it. A relative path, or one a server may read
+    otherwise, could land anywhere: it lies under none."""
     if not isinstance(value, str) or not value or "\x00" in value:
         return False
     if value == "~" or value.startswith("~/"):
@@ -5400,21 +4953,15 @@ def path_under(value, roots):
 
 
 def resolved_path(path):
-    """Where an absolute path leads on this machine, its links followed one component at a
-    time (and `..` taken after the link before it, as the kernel does), or None when the gate
-    cannot judge it the way a server will. Such a path is:
-    - one through /proc: its self, thread-self, cwd and fd links are read in the process
-      that opens the path, the server, not the gate;
-    - one that follows more than MAX_LINKS links, which is also how a loop ends (the kernel
-      answers ELOOP);
-    - one that goes through a file as a directory, or a directory the gate may not read;
-    - one with a component a server could take for another entry: servers match names after
-      Unicode normalisation (the filesystem server finds `li\u0308nk` as the entry `l\u00efnk`,
-      a link that leads elsewhere), so a component that does not exist byte for byte, and
-      one that is not ASCII, must have no other entry of its directory equal to it under NFKC
-      (which equates all that NFC and NFD equate, and the Kelvin sign with K).
-    Written out rather than left to os.path.realpath, whose reading of a loop followed by
-    more components changed between Python versions, and which recurses once per link."""
+    """Where an absolute path leads here, links followed one component at a time (`..` after
+    the link before it, as the kernel does), or None when a server may read it otherwise:
+    - through /proc: its self, cwd and fd links are the opening process's, the server's;
+    - past MAX_LINKS links, which is also how a loop ends (the kernel's ELOOP);
+    - through a file as a directory, or a directory the gate may not read;
+    - with a component that is not ASCII or not there byte for byte, and another entry of
+      its directory equal to it under NFKC: servers match names normalised (the filesystem
+      server finds `li\u0308nk` as the link `l\u00efnk`).
+    Not os.path.realpath: its reading of a loop changed between versions, and it recurses."""
     resolved, pending, links = [], path.split("/")[::-1], 0
     while pending:
         name = pending.pop()
@@ -5463,8 +5010,24 @@ def _named_two_ways(parents, name):
                for entry in entries)
 
 
+def resolved_root(text, where):
+    """A directory an `under` condition names, resolved once, at load."""
+    if not isinstance(text, str) or not text or "\x00" in text:
+        raise ConfigError(f"{where}: under lists directories as non-empty strings")
+    path = os.path.expanduser("~") + text[1:] if text == "~" or text.startswith("~/") else text
+    if not path.startswith("/"):
+        raise ConfigError(f"{where}: {quote(text)} is relative; write the directory as an "
+                          f"absolute path or one starting with ~/")
+    root = resolved_path(os.path.normpath(path))
+    if root is None:
+        raise ConfigError(f"{where}: {quote(text)} cannot be resolved as a server would (it "
+                          f"goes through /proc, a loop or too many links, or is named two "
+                          f"ways); name the directory itself")
+    return root
+
+
 # =============================================================================================
-# 15. The lint
+# 16. The lint
 #
 # Reads as: around the core
 #
@@ -5696,15 +5259,15 @@ def lint_manifests(manifests):
 
 
 # =============================================================================================
-# 16. Upstream servers
+# 17. Upstream servers
 #
 # Reads as: around the core
 #
 # Owns: how the config says a server is reached (read_transport: command, env, cwd, url,
-# headers, OAuth client); one configured server as a child process speaking newline-delimited
-# JSON-RPC, or reached by url over Streamable HTTP through the optional mcp package, and the
-# requests agentgate sends it. Both present one interface (start, list_tools, request, call,
-# close).
+# headers, OAuth client) and whether that reaches what the gate depends on (check_reach); one
+# configured server as a child process speaking newline-delimited JSON-RPC, or reached by url
+# over Streamable HTTP through the optional mcp package, and the requests agentgate sends it.
+# Both present one interface (start, list_tools, request, call, close).
 # Core it calls: read_config (load_config hands it read_transport), read_frames, read_owned;
 # and, for load_all (the start of every server at once), pinned_for and load, which tells
 # each server's Report.
@@ -5783,6 +5346,61 @@ def read_transport(server, raw, where, base):
     server.cwd_given = field_string(raw, "cwd", where)
     server.cwd = os.path.join(base, os.path.expanduser(server.cwd_given)) if server.cwd_given \
         else os.path.expanduser("~")
+
+
+def _file_identity(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _protected(config):
+    """Every file the gate's decisions depend on, and every directory above each of them."""
+    identities, missing = set(), set()
+    for path in (config.path, config.database, *(s.manifest for s in config.servers)):
+        for current in (os.path.abspath(path), os.path.realpath(path)):
+            while current:
+                identity = _file_identity(current)
+                if identity:
+                    identities.add(identity)
+                else:
+                    missing.add(os.path.realpath(current))
+                current = os.path.dirname(current) if current != "/" else ""
+    return identities, missing
+
+
+def _reach_candidates(arg):
+    from urllib.parse import unquote
+    candidates = [arg] + [arg.split(sep, 1)[1] for sep in "=:" if sep in arg]
+    if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:
+        candidates.append(arg[2:])
+    candidates += [unquote(re.sub(r"^file:(//[^/]*)?", "", c)) or "/" for c in candidates
+                   if c.startswith("file:")]
+    home = os.path.expanduser("~")
+    return [home + c[1:] if c == "~" or c.startswith("~/") else c for c in candidates if c]
+
+
+def check_reach(config):
+    """Refuse a server whose cwd or arguments name a file its policy depends on, or a directory
+    above one: a guard against a plain mistake, not a boundary (a server can reach anything
+    its user can)."""
+    identities, missing = _protected(config)
+    for server in config.servers:
+        if server.skip_path_check:
+            continue
+        named = [(f"cwd {quote(server.cwd_given)}", server.cwd)] if server.cwd_given else []
+        named += [(f"argument {quote(arg)}", os.path.join(server.cwd, candidate))
+                  for arg in (server.command or [])[1:]  # a url server has no arguments
+                  for candidate in _reach_candidates(arg)]
+        for what, path in named:
+            identity = _file_identity(path)
+            if (identity and identity in identities) or os.path.realpath(path) in missing:
+                raise ConfigError(
+                    f"server {quote(server.name)}: its {what} reaches {os.path.realpath(path)}, "
+                    f"which the gate's policy and approvals depend on: point the server "
+                    f"elsewhere, or set skip_path_check on it if it cannot write there")
 
 
 def child_env(server):
@@ -6347,7 +5965,7 @@ def mcp_sdk_for(server):
 
 
 # OAuth, through the mcp package's own client (discovery, registration, PKCE, refresh). Only
-# `login`, an operator command, ever asks a person (section 25); the serving gate attaches
+# `login`, an operator command, ever asks a person (section 26); the serving gate attaches
 # what login left and refreshes it, and a server it cannot authorize is not served.
 LOGIN_NEEDED = "the server asks for an authorization the gate does not hold, or holds no longer"
 # Never used to receive anything: the serving gate's client has no way to ask a person.
@@ -6954,7 +6572,7 @@ def handshake_and_list(upstream, deadline):
 
 
 # =============================================================================================
-# 17. Reading the record
+# 18. Reading the record
 #
 # Reads as: around the core
 #
@@ -7146,7 +6764,7 @@ class Ledger(Store):
 
 
 # =============================================================================================
-# 18. Tool changes while serving
+# 19. Tool changes while serving
 #
 # Reads as: around the core
 #
@@ -7293,14 +6911,14 @@ def tools_changed_text(payload):
 
 
 # =============================================================================================
-# 19. The status tool
+# 20. The status tool
 #
 # Reads as: around the core
 #
 # Owns: the status tool's answer: the approvals of this session and what became of them.
 # Core it calls: Store.latest_approval, step_outcome, outcome_text, and Answer, answer and
 # gate_status to build its answer from section 6's tables; it reads the rest through the
-# Ledger (section 17) serve opens.
+# Ledger (section 18) serve opens.
 # Promises: it tells the model what waits and what was decided, never a command, the database,
 # the config or a run id; recorded text from servers is sanitized.
 # =============================================================================================
@@ -7413,30 +7031,111 @@ def approved_fate(gate, approval):
 
 
 # =============================================================================================
-# 20. The host's other requests
+# 21. The host's other requests
 #
 # Reads as: around the core
 #
 # Owns: what the host side hands on because it decides no call: initialize's answer, ping,
 # notifications/initialized and the tools-changed notice it allows, a call's progress as the
-# host hears it, and the status tool. Serve hands HostServer a HostAround at start and a
-# StatusTool once serving.
-# Core it calls: Progress, answer, and HostServer's send and protocol.
+# host hears it, the threads requests run on, and the status tool. Serve hands HostServer a
+# HostAround at start and a StatusTool once serving.
+# Core it calls: answer, and HostServer's send and protocol.
 # Promises: a call's progress (the gate's while it holds the call, then the server's) reaches
 # the host under the host's token, only increasing, and nothing more once the host cancelled
-# the call; the host is told once of a tool its server changed while serving (section 18), and
+# the call; the host is told once of a tool its server changed while serving (section 19), and
 # only after it said notifications/initialized (before, its first tools/list sees the change).
 # =============================================================================================
 
 SERVER_INFO = {"name": "gated-tools", "version": VERSION}
+PROGRESS_MESSAGE_BYTES = 1000
+
+
+class Progress:
+    """One call's progress as its host hears it: the hold's seconds, one a second at most, then
+    the server's values after them. Only a value above the last one told is sent, as the
+    protocol asks."""
+
+    def __init__(self, send):
+        self.send = send  # send(value, total, message); total and message None when absent
+        self.lock = threading.Lock()
+        self.held = decimal.Decimal(0)  # the hold's last value told: the server's start
+        self.last = None
+
+    def holding(self, waited, total, message):
+        exact = decimal.Decimal(repr(waited))
+        if exact - self.held >= 1 and self._tell(waited, exact, total, message):
+            self.held = exact
+
+    def server(self, value, total, message):
+        if not isinstance(value, Number):
+            return
+        exact = self.held + value.exact()
+        shown = value if not self.held else Number(str(exact))
+        if isinstance(total, Number) and self.held:
+            total = Number(str(self.held + total.exact()))
+        self._tell(shown, exact, total if isinstance(total, Number) else None,
+                   clean(message, PROGRESS_MESSAGE_BYTES) if isinstance(message, str) else None)
+
+    def _tell(self, value, exact, total, message):
+        with self.lock:  # told under the lock, so two values never reach the host out of order
+            if self.last is not None and exact <= self.last:
+                return False
+            self.last = exact
+            self.send(value, total, message)
+            return True
+
+
+class Workers:
+    """Threads for requests: an idle one takes the next task and a new one starts only when
+    none is idle, so threads never outnumber the requests once in flight together, plus the
+    reader. One idle for IDLE_SECONDS ends."""
+
+    IDLE_SECONDS = 2.0
+
+    def __init__(self):
+        self.tasks = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.idle = 0
+
+    def submit(self, task):
+        # Under the lock each task claims an idle thread or starts one, so every queued task
+        # has a thread that will take it; `idle` counts the waiting threads no task claimed.
+        with self.lock:
+            claimed = self.idle > 0
+            if claimed:
+                self.idle -= 1
+        self.tasks.put(task)
+        if not claimed:
+            threading.Thread(target=self._work, daemon=True).start()
+
+    def _work(self):
+        while True:
+            try:
+                task = self.tasks.get(timeout=self.IDLE_SECONDS)
+            except queue.Empty:
+                with self.lock:
+                    # Only an unclaimed thread may end: with none left, a task is on its
+                    # way to this one.
+                    if self.idle > 0:
+                        self.idle -= 1
+                        return
+                continue
+            try:
+                task()
+            except BaseException as err:  # a task handles its own errors; this is a bug
+                log(f"internal error in a worker: {type(err).__name__}: {err}")
+            with self.lock:
+                self.idle += 1
 
 
 class HostAround:
     """The seam HostServer reaches this section by: `requests` and `notifications` map a
-    method to its handler(host, params); a request's handler returns its result."""
+    method to its handler(host, params); a request's handler returns its result. `workers`
+    runs the reader's next turn and each request; `progress` relays a call's progress."""
 
     def __init__(self):
         self.initialized = False
+        self.workers = Workers()
         self.requests = {"initialize": self.initialize, "ping": lambda host, params: {}}
         self.notifications = {"notifications/initialized": self._initialized}
 
@@ -7489,16 +7188,17 @@ class StatusTool:
 
 
 # =============================================================================================
-# 21. Notify
+# 22. Notify
 #
 # Reads as: around the core
 #
-# Owns: telling the operator an approval starts waiting: the lines on stderr with the command
-# that decides it, and the operator's notify program.
+# Owns: telling the operator an approval starts waiting (the lines on stderr with the command
+# that decides it, and the operator's notify program) and what to change to let a call
+# refused as a duplicate through.
 # Promises: the program runs in its own process group with a deadline, never blocks a call, and
 # past a backlog the oldest announcement is dropped and said so.
-# Core it calls: config_path; the gate calls announce_waiting's announce through the seam serve
-# registers.
+# Core it calls: config_path; the gate calls announce_waiting's announce and
+# duplicate_refused's duplicate through the seams serve registers.
 # =============================================================================================
 
 
@@ -7528,6 +7228,17 @@ def announce_waiting(config, notifier=None):
                                "AGENTGATE_RUN": run_id, "AGENTGATE_TOOL": tool.name,
                                "AGENTGATE_COMMAND": command})
     return announce
+
+
+def duplicate_refused(config):
+    """The gate's duplicate, as serve registers it: it names the config, never model text."""
+    def duplicate(tool, run_id, executed_at, window):
+        log(f"a call to {tool.name} was refused as a duplicate of run {run_id}, which executed "
+            f"the same request at {prose_time(executed_at)}: identical calls to {tool.name} "
+            f"are refused for {format_duration(window)} after one executes; to allow them, set "
+            f"\"repeat_window\": \"0s\" (or a shorter time) in the rule for "
+            f"{tool.upstream_name} of server {tool.server.name} in {config.path}")
+    return duplicate
 
 
 NOTIFY_TIMEOUT = 10  # seconds a notify program may run before its process group is killed
@@ -7578,14 +7289,14 @@ class Notifier:
 
 
 # =============================================================================================
-# 22. Pins and load reports
+# 23. Pins and load reports
 #
 # Reads as: around the core
 #
 # Owns: writing a server's manifest (pin), and the lines of a load report (Report, which load
 # tells what became of each tool) and of a change.
-# Core it calls: manifest_entry, changed_parts, compared_part, rule_outcome, rule_lines;
-# section 16's write_private.
+# Core it calls: manifest_entry, changed_parts, compared_part, rule_outcome;
+# section 17's write_private.
 # Promises: server-chosen names are sanitized in every report line.
 # =============================================================================================
 
@@ -7601,6 +7312,24 @@ def effective_decision(config, rule):
         notes.insert(0, "no operator is at hand to ask")
     word = {"allow": "allow", "require_approval": "ask"}.get(outcome, "deny")
     return f"{word} ({'; '.join(notes)})" if notes else word
+
+
+def rule_lines(rule, tool_name):
+    """A rule's entries and limits, one line each, for the load report."""
+    lines = []
+    for entry in rule.when:
+        held = [condition.text() for condition in entry.conditions]
+        during = entry.during and entry.during.raw
+        if during:
+            spans = [f"{word} {during[key]}" for word, key in (("on", "days"), ("from", "hours"))
+                     if key in during]
+            held.append(f"{' '.join(spans)} ({during['zone']})")
+        if entry.clients is not None:
+            held.append(f"the host is one of {policy_json(entry.clients)}")
+        lines.append(f"{entry.label}: if {' and '.join(held)} -> {entry.outcome} "
+                     f"({cut(sanitize(entry.reason), 120)})")
+    return lines + [f"{limit.label}: {limit.text(tool_name)}, then {limit.then}"
+                    for limit in rule.limits]
 
 
 def connect(server):
@@ -7764,7 +7493,7 @@ def log_reports(reports):
 
 
 # =============================================================================================
-# 23. The command line's flags
+# 24. The command line's flags
 #
 # Reads as: around the core
 #
@@ -7880,7 +7609,7 @@ def text_argument(value):
 
 
 # =============================================================================================
-# 24. Operator commands
+# 25. Operator commands
 #
 # Reads as: around the core
 #
@@ -7890,10 +7619,10 @@ def text_argument(value):
 # or named with -db; it is opened as it is, never created or migrated, and read-only where
 # nothing is decided.
 # Core it calls: Store (its reads, and decide_approval, cancel_run, create_grant,
-# revoke_grant), config_path, check_database_path, check_reach, read_manifest,
+# revoke_grant), config_path, check_database_path, read_manifest,
 # Tool, check_arguments, evaluate, approval_hash, decision_facts, last_attempt,
 # confirmed_conditions, parse_conditions, pointer_problem, step_outcome, outcome_text, stored_hash,
-# block_bytes, event_hash; section 16's load_config.
+# block_bytes, event_hash; section 17's load_config and check_reach.
 # Promises: approve and reject print the approval in full and decide bound to the hash of
 # exactly what they printed, so a row that changed after it was shown is refused; a printout
 # that shortened a long value decides nothing until -full shows every byte; the late outcome
@@ -9185,7 +8914,7 @@ def recheck_line(e):
 
 
 # =============================================================================================
-# 25. Setup
+# 26. Setup
 #
 # Reads as: around the core
 #
@@ -9194,8 +8923,8 @@ def recheck_line(e):
 # servers (one database for all), pins them and proposes a rule per tool from the server's own
 # hints; and the acceptance of those proposals. And `login`, the OAuth authorization of a url
 # server: the only command that opens a port (on 127.0.0.1, while it waits for the browser).
-# Core it calls: config_path, Server, check_reach, read_owned; section 16's load_config,
-# read_transport, shown_url and write_private; section 21's operator_hint; section 22's pin.
+# Core it calls: config_path, Server, read_owned; section 17's load_config, check_reach,
+# read_transport, shown_url and write_private; section 22's operator_hint; section 23's pin.
 # Promises: a config is written 0600; run again, init adds the servers new in its host's file
 # and changes no other byte; a secret in a server's env or headers goes into the config and into
 # no output; a tool is offered only once its proposed rule was accepted; a project's servers
@@ -9790,15 +9519,15 @@ class LoopbackRedirect:
 
 
 # =============================================================================================
-# 26. Pin and check
+# 27. Pin and check
 #
 # Reads as: around the core
 #
 # Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin, and each
 # server's and tool's standing, before any host is pointed at the gate.
-# Core it calls: config_path, check_database_path, check_reach, Store, read_manifest,
-# lint_hash; load_config, load_all and write_private (section 16), lint_lines (section 15)
-# and tool_changes (section 18).
+# Core it calls: config_path, check_database_path, Store, read_manifest,
+# lint_hash; load_config, check_reach, load_all and write_private (section 17), lint_lines
+# (section 16) and tool_changes (section 19).
 # Promises: pin -diff changes a manifest only after a yes; check exits 1 while anything is
 # refused, unreviewed or unserved.
 # =============================================================================================
@@ -9973,7 +9702,7 @@ def load_warnings(reports):
 
 
 # =============================================================================================
-# 27. Fake payment server
+# 28. Fake payment server
 #
 # Reads as: around the core
 #
@@ -10091,7 +9820,7 @@ def fake_payments():
 
 
 # =============================================================================================
-# 28. Demonstration
+# 29. Demonstration
 #
 # Reads as: around the core
 #
@@ -10100,7 +9829,7 @@ def fake_payments():
 # run as separate processes in a temporary directory, as they would for a person.
 # Promises: every step says what the model sees; the demo exits non-zero if any step did not
 # behave as narrated, and it ends only after every process it started has exited.
-# Core it calls: nothing: it writes with section 16's write_private and runs everything else
+# Core it calls: nothing: it writes with section 17's write_private and runs everything else
 # as agentgate's own commands, in processes.
 # =============================================================================================
 
@@ -10359,7 +10088,7 @@ def _processes_mentioning(text):
 
 
 # =============================================================================================
-# 29. Main
+# 30. Main
 #
 # Reads as: around the core
 #
@@ -10367,9 +10096,10 @@ def _processes_mentioning(text):
 # the upstreams, the gate, the host side and the seams around them. Go-style single-dash long
 # flags (-config, -approval); the double-dash spelling works too. Exit codes: 0 ok, 1 failure,
 # 2 usage. No traceback reaches a user: every expected failure is one sentence on stderr.
-# Core it calls: Store (opened as section 17's Ledger, which the status tool reads), Gate,
-# HostServer, and the seams: the gate's `announce` (section 21's announce_waiting) and the
-# host's `around` and `status` (section 20's HostAround and StatusTool).
+# Core it calls: Store (opened as section 18's Ledger, which the status tool reads), Gate,
+# HostServer, and the seams: the gate's `announce` and `duplicate` (section 22's
+# announce_waiting and duplicate_refused) and the host's `around` and `status` (section 21's
+# HostAround and StatusTool).
 # =============================================================================================
 
 class Shutdown(Exception):
@@ -10410,6 +10140,7 @@ def cmd_serve(argv):
             raise
         gate = Gate(config, store, tools)
         gate.announce = announce_waiting(config, config.notify and Notifier(config.notify))
+        gate.duplicate = duplicate_refused(config)
         ToolWatch(gate, upstreams, functools.partial(around.tools_changed, host))
         host.serve_with(gate, StatusTool(gate, config.status_tool,
                                          sum(bool(r.unserved) for r in reports)))

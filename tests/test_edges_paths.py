@@ -398,3 +398,88 @@ def test_a_scheme_in_host_not_in_is_refused():
         with pytest.raises(agentgate.ConfigError) as caught:
             condition({"host_in": [entry]})
         assert "is not a host name" in str(caught.value)
+
+
+# ---------------------------------------------------------------- host_in entries, against node
+
+HOSTS = ["example.com", "Example.COM", "a.example.com", "b.A.example.com", "example.com.",
+         "notexample.com", "example.co", "com", "b\u00fccher.de", "xn--bcher-kva.de",
+         "www.B\u00dccher.de", "www.xn--bcher-kva.de", "127.0.0.1", "[::1]",
+         "[::ffff:127.0.0.1]", "[0:0:0:0:0:0:0:1]", "a.b.c.d.example.com"]
+URL_SCHEMES = ["http", "https", "ws", "wss", "ftp"]
+
+
+def entries_of(host: str) -> list[tuple[str, str, bool, str]]:
+    """(entry, its scheme or '', dotted, the host name it names) in every form."""
+    forms = [(host, "", False, host), ("https://" + host, "https", False, host),
+             ("HTTP://" + host, "http", False, host)]
+    if not host.startswith("[") and not host[-1].isdigit():
+        forms += [("." + host, "", True, host), ("wss://." + host, "wss", True, host)]
+    return forms
+
+
+def test_host_matches_answers_as_comparing_node_readings_does():
+    urls = [f"{scheme}://{host}/x" for scheme in URL_SCHEMES for host in HOSTS]
+    entries = [form for host in HOSTS for form in entries_of(host)]
+    url_hosts = node_hostnames(urls)
+    entry_hosts = node_hostnames([f"http://{name}/" for _, _, _, name in entries])
+    verdicts, wrong = [], []
+    for url, url_host in zip(urls, url_hosts):
+        scheme, theirs_host = url.split("://")[0], as_node_reads(url_host, url)
+        place = agentgate.url_place(url)
+        assert place is not None and theirs_host is not None, url
+        for (entry, wanted, dotted, _), entry_host in zip(entries, entry_hosts):
+            name = as_node_reads(entry_host, "http:")
+            theirs = (not wanted or wanted == scheme) and (
+                theirs_host.endswith("." + name) if dotted else theirs_host == name)
+            ours = agentgate.host_matches(*place, [agentgate.host_entry(entry, True, "w")])
+            verdicts.append(ours)
+            if ours != theirs:
+                wrong.append((url, entry, ours, theirs))
+    assert wrong == []
+    assert 200 <= sum(verdicts) <= len(verdicts) - 2000  # many of each
+
+
+# ---------------------------------------------------------------- under's roots, against the kernel
+
+
+def kernel_dir(path: str) -> str | None:
+    """The directory the kernel opens at `path`, or None."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+
+
+def test_a_root_resolves_where_the_kernel_resolves_it_or_is_refused(tmp_path, monkeypatch):
+    """A root is normalised as written (SPEC), then its links are followed: where the kernel
+    opens that directory, resolved_root names the same one; what it cannot judge is refused."""
+    top = (tmp_path / "projects").resolve()
+    generated_tree(top)
+    monkeypatch.chdir(top / "other")
+    monkeypatch.setenv("HOME", str(top))
+    chance = random.Random(22)
+    prefixes = PREFIXES + ["~/drafts/", "~/"]
+    roots = [chance.choice(prefixes).format(top=top) +
+             "/".join(chance.choice(NAMES) for _ in range(chance.randint(0, 3)))
+             for _ in range(500)]
+    agree, refused, wrong = 0, [], []
+    for root in roots:
+        try:
+            ours = agentgate.resolved_root(root, "w")
+        except agentgate.ConfigError:
+            refused.append(root)
+            continue
+        theirs = kernel_dir(os.path.normpath(str(top) + root[1:] if root[0] == "~" else root))
+        if theirs is not None:
+            agree += ours == theirs
+            if ours != theirs:
+                wrong.append((root, ours, theirs))
+    assert wrong == []
+    assert agree >= 100
+    for kind in ("/proc/", NFD_LINK, "loop", "too_long"):
+        assert any(kind in root for root in refused), kind
