@@ -38,7 +38,7 @@ because the configuration is read with its parser.
      8. The gate                                     decision core      618
      9. The host side                                decision core      300
     10. Canonical JSON                               library            314
-    11. Text safe to show                            library             91
+    11. Text safe to show                            library             95
     12. ECMA-262 patterns                            library            429
     13. JSON Schema                                  library            411
     14. Hosts in URLs                                library            138
@@ -3856,7 +3856,9 @@ def pretty_json(value, indent="  ", level=0, flat=None):
 # Contract: sanitize(text or UTF-8 bytes) shows as ASCII what could move the cursor, reorder
 # or hide text, or draw a line: \r and \n as a space, other C0/C1 controls and DEL as \xNN,
 # a lone surrogate (or invalid byte) as U+FFFD, the INVISIBLE characters (bidi controls,
-# zero-width, soft hyphen, U+180E, U+FEFF, U+2028/9, tags) as \u{XXXX}; past MAX_COMBINING
+# zero-width, soft hyphen, U+180E, U+FEFF, U+2028/9, tags, every other format character a
+# terminal draws as nothing, and the interlinear annotation marks, which hide the text between
+# them where they are honoured) as \u{XXXX}; past MAX_COMBINING
 # combining marks in a row, the rest are counted, not kept. Nothing else changes, and a second
 # pass changes nothing. cut keeps at most `limit` UTF-8 bytes, on a character boundary, marked
 # '…'; clean is both; quote puts sanitized text in double quotes, `"` and `\` escaped.
@@ -3864,11 +3866,13 @@ def pretty_json(value, indent="  ", level=0, flat=None):
 # Python's and node's Unicode kept, escaped or counted as node's Unicode properties say.
 # =============================================================================================
 
-INVISIBLE = (set(range(0x202A, 0x202F)) | set(range(0x2066, 0x206A)) | {0x061C, 0x200E, 0x200F}
-             | set(range(0x200B, 0x200E)) | set(range(0x2060, 0x2065))
-             | {0xFEFF, 0x00AD, 0x180E, 0x2028, 0x2029} | set(range(0xE0000, 0xE0080)))
-_NEEDS_CARE = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
-                         "\u2060-\u2064\u2066-\u2069\ufeff\U000e0000-\U000e007f\ud800-\udfff]")
+INVISIBLE = (set(range(0x202A, 0x202F)) | set(range(0x2066, 0x2070)) | {0x061C, 0x200E, 0x200F}
+             | set(range(0x200B, 0x200E)) | set(range(0x2060, 0x2065)) | {0xFFF9, 0xFFFA, 0xFFFB}
+             | {0xFEFF, 0x00AD, 0x180E, 0x2028, 0x2029} | set(range(0xE0000, 0xE0080))
+             | set(range(0x1BCA0, 0x1BCA4)) | set(range(0x1D173, 0x1D17B)))
+# The same table as one character class, so text with nothing to change costs one scan in C.
+_NEEDS_CARE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff%s]"
+                         % "".join(map(chr, sorted(INVISIBLE))))
 MAX_COMBINING = 4
 
 

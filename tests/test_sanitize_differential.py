@@ -6,9 +6,11 @@ agentgate.py:
 
 - \\r and \\n become a space; the rest of \\p{Cc} (C0, DEL, C1) reads \\xNN;
 - \\p{Cs} (a lone surrogate) reads U+FFFD;
-- \\p{Zl}, \\p{Zp}, \\p{Bidi_Control}, and every \\p{Cf} that is also
-  \\p{Default_Ignorable_Code_Point} (zero-width, joiners, soft hyphen, U+FEFF, tags, ...)
-  read \\u{XXXX}; the other \\p{Cf} draw something (U+0600, the Arabic number sign) and are kept;
+- \\p{Zl}, \\p{Zp}, \\p{Bidi_Control}, every \\p{Cf} that is also
+  \\p{Default_Ignorable_Code_Point} (zero-width, joiners, soft hyphen, U+FEFF, tags, the
+  deprecated, shorthand and musical format controls, ...) and the interlinear annotation marks
+  U+FFF9-U+FFFB (they hide the text between them where a renderer honours them) read
+  \\u{XXXX}; the other \\p{Cf} draw something (U+0600, the Arabic number sign) and are kept;
 - \\p{M}: five in a row keep four, and the fifth is counted as dropped;
 - everything else, private use included, is kept as it is.
 
@@ -16,11 +18,8 @@ Compared: every code point that both Python's unicodedata and node call assigned
 unassigned one is judged by each side's own Unicode version, so it is left out), alone and
 five in a row; and that sanitizing what sanitize gave changes nothing.
 
-What differs on purpose, or is known and kept (KEPT_ON_PURPOSE below):
-- the tag block U+E0000-U+E007F is escaped whole, unassigned ones too (left out here);
-- U+206A-U+206F, U+1BCA0-U+1BCA3 and U+1D173-U+1D17A, format characters that are default
-  ignorable, are kept: they are outside the ranges the contract names (a terminal draws the
-  musical and shorthand ones as nothing, a finding left to the issue's owner).
+What differs on purpose: the tag block U+E0000-U+E007F is escaped whole, unassigned ones
+too (left out here, as every unassigned code point is).
 """
 
 from __future__ import annotations
@@ -44,7 +43,8 @@ sanitize = agentgate.sanitize
 # each place the bits change. Bits: 1 assigned, 2 Cc, 4 Cs, 8 shown escaped, 16 a mark.
 NODE_CLASSES = r"""
 const assigned = /\P{Cn}/u, cc = /\p{Cc}/u, cs = /\p{Cs}/u, mark = /\p{M}/u;
-const escaped = /[\p{Zl}\p{Zp}\p{Bidi_Control}]|(?=\p{Cf})\p{Default_Ignorable_Code_Point}/u;
+const escaped =
+  /[\p{Zl}\p{Zp}\p{Bidi_Control}\uFFF9-\uFFFB]|(?=\p{Cf})\p{Default_Ignorable_Code_Point}/u;
 const runs = [];
 let last = -1;
 for (let cp = 0; cp <= 0x10ffff; cp++) {
@@ -57,10 +57,6 @@ process.stdout.write(JSON.stringify({unicode: process.versions.unicode, runs}));
 """
 
 ASSIGNED, CC, CS, ESCAPED, MARK = 1, 2, 4, 8, 16
-
-# Escaped by node's classes but kept by the contract: see the docstring.
-KEPT_ON_PURPOSE = (set(range(0x206A, 0x2070)) | set(range(0x1BCA0, 0x1BCA4))
-                   | set(range(0x1D173, 0x1D17B)))
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +80,7 @@ def expected(code, bits):
         return " " if ch in "\r\n" else f"\\x{code:02x}"
     if bits & CS:
         return "\ufffd"
-    if bits & ESCAPED and code not in KEPT_ON_PURPOSE:
+    if bits & ESCAPED:
         return f"\\u{{{code:04x}}}"
     return ch
 
@@ -136,8 +132,8 @@ def test_invalid_utf8_reads_as_replacement_characters():
     assert sanitize(b"ok \xff\xfe\n") == "ok \ufffd\ufffd "
 
 
-def test_the_kept_on_purpose_are_format_characters_node_calls_default_ignorable(node_classes):
-    """The divergence the docstring names is exactly that list, and still a divergence."""
-    for code in KEPT_ON_PURPOSE:
-        assert node_classes[code] & ESCAPED, hex(code)
-        assert sanitize(chr(code)) == chr(code), hex(code)
+def test_format_characters_a_terminal_draws_as_nothing_are_shown():
+    """Found by the comparison above: these were kept, and hid text from an operator."""
+    hidden = "pay\ufff9 to mallory\ufffb bob \u206a\U0001bca0\U0001d173"
+    assert sanitize(hidden) == ("pay\\u{fff9} to mallory\\u{fffb} bob \\u{206a}\\u{1bca0}"
+                                "\\u{1d173}")
