@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3422 lines of decision core, read first; then the libraries it relies on, each
+Sections (3303 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -29,14 +29,14 @@ the libraries, so the core reads top to bottom: the policy comes before the conf
 because the configuration is read with its parser.
 
      1. Framing                                      decision core       87
-     2. Text, times and fields                       decision core      202
-     3. Policy on what a call does                   decision core      509
-     4. Configuration and its trust                  decision core      243
-     5. Tools, as pinned                             decision core      331
-     6. Answers                                      decision core      423
-     7. The record                                   decision core      709
-     8. The gate                                     decision core      618
-     9. The host side                                decision core      300
+     2. Text, times and fields                       decision core      182
+     3. Policy on what a call does                   decision core      504
+     4. Configuration and its trust                  decision core      233
+     5. Tools, as pinned                             decision core      296
+     6. Answers                                      decision core      448
+     7. The record                                   decision core      696
+     8. The gate                                     decision core      580
+     9. The host side                                decision core      277
     10. Canonical JSON                               library            314
     11. Text safe to show                            library             95
     12. ECMA-262 patterns                            library            429
@@ -44,14 +44,14 @@ because the configuration is read with its parser.
     14. Hosts in URLs                                library            138
     15. Paths as the kernel resolves them            library            109
     16. The lint                                     around the core    232
-    17. Upstream servers                             around the core   1313
+    17. Upstream servers                             around the core   1346
     18. Reading the record                           around the core    192
     19. Tool changes while serving                   around the core    147
     20. The status tool                              around the core    120
     21. The host's other requests                    around the core    157
-    22. Notify                                       around the core    101
+    22. Notify                                       around the core    111
     23. Pins and load reports                        around the core    204
-    24. The command line's flags                     around the core    116
+    24. The command line's flags                     around the core    122
     25. Operator commands                            around the core   1305
     26. Setup                                        around the core    605
     27. Pin and check                                around the core    183
@@ -84,6 +84,7 @@ import argparse
 import base64
 import bisect
 import collections
+import contextlib
 import ctypes
 import datetime
 import decimal
@@ -219,11 +220,10 @@ SECOND = 10**9
 
 def parse_duration(text):
     """Nanoseconds from Go's duration syntax ("15s", "1h30m", "300ms", "0"); ValueError else."""
-    if text in ("0", "+0", "-0"):
+    sign = -1 if text.startswith("-") else 1
+    body = text[1:] if text.startswith(("+", "-")) else text
+    if body == "0":
         return 0
-    body, sign = text, 1
-    if body[:1] in "+-" and body:
-        sign, body = (-1 if body[0] == "-" else 1), body[1:]
     if not body:
         raise ValueError(f'invalid duration "{text}"')
     total, pos = decimal.Decimal(0), 0
@@ -238,29 +238,20 @@ def parse_duration(text):
     return sign * int(total)
 
 
-def _trim_fraction(whole, fraction, digits):
-    fraction = str(fraction).rjust(digits, "0").rstrip("0")
-    return f"{whole}.{fraction}" if fraction else str(whole)
-
-
 def format_duration(ns):
     """Go's Duration.String: 0s, 300ms, 2s, 1m30s, 10m0s, 24h0m0s."""
-    if ns == 0:
-        return "0s"
     sign, ns = ("-" if ns < 0 else ""), abs(ns)
-    if ns < 1000:
-        return f"{sign}{ns}ns"
-    if ns < 10**6:
-        return f"{sign}{_trim_fraction(ns // 1000, ns % 1000, 3)}µs"
-    if ns < SECOND:
-        return f"{sign}{_trim_fraction(ns // 10**6, ns % 10**6, 6)}ms"
-    seconds = _trim_fraction(ns // SECOND % 60, ns % SECOND, 9)
-    minutes, hours = ns // (60 * SECOND) % 60, ns // (3600 * SECOND)
+    for unit, size in (("ns", 1), ("µs", 1000), ("ms", 10**6)):
+        if 0 < ns < size * 1000:
+            return f"{sign}{decimal.Decimal(ns) / size:f}{unit}"  # exact: under 28 digits
+    hours, rest = divmod(ns, 3600 * SECOND)
+    minutes, rest = divmod(rest, 60 * SECOND)
+    seconds = f"{decimal.Decimal(rest) / SECOND:f}s"
     if hours:
-        return f"{sign}{hours}h{minutes}m{seconds}s"
+        return f"{sign}{hours}h{minutes}m{seconds}"
     if minutes:
-        return f"{sign}{minutes}m{seconds}s"
-    return f"{sign}{seconds}s"
+        return f"{sign}{minutes}m{seconds}"
+    return sign + seconds
 
 
 def now():
@@ -289,16 +280,6 @@ def later(text, ns):
 
 def prose_time(text):
     return text[:19] + "Z"
-
-
-def python_command():
-    """`python3` when that name finds this interpreter on PATH, else its path: a virtual
-    environment's python (which has the mcp package) is not the python3 a terminal finds."""
-    import shutil
-    found = shutil.which("python3")
-    if found and os.path.abspath(found) == os.path.abspath(sys.executable):
-        return "python3"
-    return shlex.quote(sys.executable)
 
 
 def tell(*lines, out=None, end="\n", flush=False):
@@ -386,7 +367,7 @@ def field_duration(raw, field, where, default):
 
 
 def new_id(size):
-    """The time in milliseconds, then randomness: ids land at their indexes' right edge, so a
+    """Milliseconds, then randomness: ids land at their indexes' right edge, so a
     write touches the same pages however large the database; a clash is decided again."""
     stamp = (time.time_ns() // 1_000_000) & 0xFFFFFFFFFF
     return f"{stamp:010x}" + secrets.token_hex(size - 5)
@@ -452,10 +433,10 @@ def parse_decimal(value, where):
     raise ConfigError(f'{where} must be a number or a decimal string such as "50.00"')
 
 
-def whole_number(value, where, least, most=math.inf):
+def whole_number(value, where, least, most=math.inf, note=""):
     if not isinstance(value, Number) or not value.is_integer() \
             or not least <= value.exact() <= most:
-        raise ConfigError(f"{where} must be a whole number of at least {least}")
+        raise ConfigError(f"{where} must be a whole number of at least {least}{note}")
     return int(value.exact())
 
 
@@ -522,7 +503,7 @@ class Condition:
 
     def holds(self, args, work=None, schema=None):
         """True, False, or None when no test is false but a pattern search costs more than
-        `work` can pay: then it does not hold (policy_decision: what that means for an entry)."""
+        `work` can pay: then it does not hold."""
         value = resolve_pointer(args, self.tokens, schema)
         work = PatternWork() if work is None else work
         return all_judged(self._test(name, expected, value, work)
@@ -592,8 +573,6 @@ def parse_conditions(raw, where, resolved=False):
 
 
 class During:
-    """Days of the week and hours of the day, in a named time zone."""
-
     def __init__(self, raw, where):
         import zoneinfo  # only a policy with `during` needs the time zone database
         if not isinstance(raw, dict) or not raw:
@@ -611,11 +590,9 @@ class During:
                               f'knows; name one such as "Europe/Paris" or "UTC"') from None
         if "days" not in raw and "hours" not in raw:
             raise ConfigError(f"{where} needs days, hours or both")
-        self.raw, self.days, self.hours = raw, set(range(7)), None  # raw: for the load report
-        if "days" in raw:
-            self.days = self._days(raw["days"], f"{where}.days")
-        if "hours" in raw:
-            self.hours = self._hours(raw["hours"], f"{where}.hours")
+        self.raw = raw  # for the load report
+        self.days = self._days(raw["days"], f"{where}.days") if "days" in raw else set(range(7))
+        self.hours = self._hours(raw["hours"], f"{where}.hours") if "hours" in raw else None
 
     @staticmethod
     def _days(text, where):
@@ -801,8 +778,7 @@ def counted_uses(rows, tool, before):
 
 
 def decision_facts(rows, session, tool, stamp, client, count):
-    """The Facts of the stored time `stamp`, read through `rows`: the gate's (Tx.rows) and
-    recheck's (Store.read) alike; the uses are counted only when `count`."""
+    """The Facts of the stored time `stamp`; the uses are counted only when `count`."""
     def grants():
         return [Grant(dict(zip(GRANT_COLUMNS, row))) for row in rows(
             f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? AND tool=? AND "
@@ -826,7 +802,7 @@ def policy_decision(config, tool, args, facts, rerun=False, approved=False, judg
         held = entry.holds(args, facts, judged, tool.schema)
         if held is None and entry.outcome != "allow":
             # Not judged (too costly): passed over, a long value could slip past a deny or a
-            # question, so it denies. An allow entry passed over only makes it stricter.
+            # question. An allow entry passed over only makes it stricter.
             decision = {"outcome": "deny", "by": entry.label,
                         "reason": f"the arguments are too long to be checked against the "
                                   f"operator's rule {entry.label}"}
@@ -874,7 +850,7 @@ def frees_text(decision):
 
 
 def rule_outcome(config, rule):
-    """The rule's own outcome, else its class's (Config.policy maps every class)."""
+    """Config.policy maps every class."""
     return rule.outcome or config.policy[rule.side_effect]
 
 
@@ -903,8 +879,8 @@ def policy_pointer_problem(schema, rule, tool_name):
     for label, pointer, tokens in pointers:
         problem = pointer_problem(schema, tokens, hidden)
         if problem:
-            names = sorted(n for n in (schema.get("properties") if isinstance(
-                schema.get("properties"), dict) else {}) if n not in hidden)
+            properties = schema.get("properties")
+            names = sorted(set(properties if isinstance(properties, dict) else ()) - hidden)
             return (f"{label} of {tool_name} points at {quote(pointer)}, but {problem}; point "
                     f"at one of: {', '.join('/' + sanitize(n) for n in names) or 'nothing'}")
     return ""
@@ -948,11 +924,10 @@ def read_owned(path, what):
         raise ConfigError(f"{what} {path} cannot be read: {err.strerror}") from None
     try:
         _check_owned(path, what, os.fstat(fd))
-    except BaseException:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
         os.close(fd)
-        raise
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
 
 
 def _check_owned(path, what, st):
@@ -1068,11 +1043,8 @@ class Config:
         self.policy = {**DEFAULT_POLICY, **policy}
         self.hold, self.host_holds = _holds(raw, where)
         self.repeat_window = field_duration(raw, "repeat_window", where, 600 * SECOND)
-        max_pending = raw.get("max_pending", Number("5"))
-        if not isinstance(max_pending, Number) or not max_pending.is_integer() \
-                or not 0 <= max_pending.exact() <= 10**6:
-            raise ConfigError("max_pending must be a whole number of at least 0 (0 means 5)")
-        self.max_pending = int(max_pending.exact()) or 5
+        self.max_pending = whole_number(raw.get("max_pending", Number("5")), "max_pending", 0,
+                                        10**6, " (0 means 5)") or 5
         self.approval_ttl = field_duration(raw, "approval_ttl", where, 86400 * SECOND)
         self.grant_ttl = field_duration(raw, "grant_ttl", where, 86400 * SECOND)
         self.status_tool = field_string(raw, "status_tool", where) or "gate_status"
@@ -1096,8 +1068,8 @@ class Config:
                               f"{format_duration(MIN_LEASE_TTL)}; give it at least 3s")
 
     def hold_for(self, client):
-        """How long a call waits for the operator when the host is `client`: hosts give up on
-        a call after different times, and a call held past that is lost to the conversation."""
+        """Hosts give up on a call after different times; a call held past that is lost to
+        the conversation."""
         return self.host_holds.get(client, self.hold)
 
     def policy_id(self):
@@ -1123,12 +1095,6 @@ def _holds(raw, where):
         return field_duration(raw, "hold", where, 15 * SECOND), {}
     holds = {host: field_duration(given, host, "hold", 15 * SECOND) for host in given}
     return holds.pop("*", 15 * SECOND), holds
-
-
-def config_path(given):
-    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    default = os.path.join(xdg, PROGRAM, "config.json")
-    return given or os.environ.get("AGENTGATE_CONFIG") or default
 
 
 def read_config(path, transport):
@@ -1158,13 +1124,13 @@ def check_database_path(path):
 #
 # Reads as: decision core
 #
-# Owns: which tool a call names: the manifest (what a server presented at its pin), what differs
-# from it now (changed_parts: the one definition), and which tools the host is offered (load).
+# Owns: which tool a call names: a tool's manifest entry (what it presented at its pin), what
+# differs from it now (changed_parts: the one definition), and which tools are offered (load).
 # Promises: a tool is offered, as pinned, only if pinned, classified by a reviewed rule, and
 # presenting exactly what it did at the pin; its annotations do not contradict its class (unless
-# allowed); a high lint finding is accepted for exactly that text; its name is usable; its
-# schema is self-contained, usable, and soundly hides what the rule hides. A refusal refuses
-# only that tool, a LoadError that server, a ConfigError all; hiding lets no refused call through.
+# allowed); a high lint finding is accepted for exactly that text; its name is usable; its schema
+# is self-contained, usable, and soundly hides what the rule hides. A refusal refuses only that
+# tool, an UpstreamError that server, a ConfigError all; hiding lets no refused call through.
 # =============================================================================================
 
 class UpstreamError(Exception):
@@ -1179,10 +1145,6 @@ class UpstreamError(Exception):
         self.answered = answered
 
 
-class LoadError(Exception):
-    """A server that cannot be used at all."""
-
-
 ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
 # A pin's parts, as (a person's word, the manifest key). Not `execution`: the gate offers no tasks.
 PINNED_PARTS = (("input schema", "schema_hash"), ("description", "description_hash"),
@@ -1193,8 +1155,7 @@ EARLY_PARTS = ("input schema", "description", "annotations")
 
 
 def offered_name(server, tool, rule):
-    """The rule's rename, else server_tool, so servers' tools never clash (a name that begins
-    with its server's is not prefixed twice)."""
+    """The rule's rename, else server_tool, so servers' tools never clash (never prefixed twice)."""
     if rule.rename:
         return rule.rename
     if tool == server.name or tool.startswith((f"{server.name}_", f"{server.name}-")):
@@ -1277,35 +1238,6 @@ def compared_part(entry, key, pinned):
     return value
 
 
-def read_manifest(server):
-    """A server's manifest: missing or unusable, that server's LoadError; open to others'
-    changes, the config's ConfigError (read_owned)."""
-    where = f"server {quote(server.name)}: manifest {server.manifest}"
-    if not os.path.lexists(server.manifest):
-        raise LoadError(f"{where} does not exist; run pin")
-    try:
-        manifest = parse(read_owned(server.manifest, "manifest"))
-    except CanonicalError as err:
-        raise LoadError(f"{where} is not usable JSON: {err.placed()}") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("tools"), dict):
-        raise LoadError(f"{where} has no tools; run pin again")
-    if manifest.get("server") != server.name:
-        raise LoadError(f"{where} is for server {quote(str(manifest.get('server')))}, not "
-                        f"{quote(server.name)}; run pin again or name the right manifest")
-    return manifest
-
-
-def pinned_for(server):
-    """A server's manifest, once its rules name only tools it pins."""
-    manifest = read_manifest(server)
-    stray = sorted(set(server.rules) - set(manifest["tools"]))
-    if stray:
-        raise LoadError(f"server {quote(server.name)}: rules name tools the manifest does not "
-                        f"pin: {', '.join(sanitize(s) for s in stray)}; pin again or fix the "
-                        f"rules")
-    return manifest
-
-
 # Lint severities (section 16): a high finding refuses a tool unless its rule's
 # accepted_description is the lint_hash of exactly the texts the lint read.
 LINT_HIGH, LINT_MEDIUM = "high", "medium"
@@ -1331,8 +1263,7 @@ STATUS_CLASH = "the status tool"
 
 
 def load(server, manifest, upstream, live, deadline, taken, findings, report):
-    """The offered tools of a connected server; `report` hears what became of each; `taken`
-    maps the names already offered to their holders."""
+    """A connected server's offered tools; `taken` maps the names already offered to holders."""
     pinned = manifest["tools"]
     for name in sorted(set(live) - set(pinned)):
         report.unpinned(name)
@@ -1661,8 +1592,7 @@ IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED", "DUPLICATE", 
 
 
 class Answer:
-    """A tools/call's answer: the gate's prose as one text block, or a server's result
-    (`passed`) as it came, `text` then its text blocks."""
+    """A tools/call's answer: the gate's prose as one text block, or a server's result whole."""
 
     def __init__(self, text, is_error=False, passed=None):
         self.text, self.is_error, self.passed = text, is_error, passed
@@ -1686,13 +1616,39 @@ def gate_status(key, **slots):
 
 
 def passed_answer(passed):
-    """A server's result passed on whole, never through the gate's prose."""
     return Answer("\n".join(b["text"] for b in passed["content"] if b["type"] == "text" and
                             isinstance(b.get("text"), str)), passed.get("isError") is True, passed)
 
 
 def note_text(note):
     return f", with this note: {cut(quote(note), 500)}" if note else ""
+
+
+def waiting_answer(approval):
+    """What a call is told while its request waits on an approval."""
+    if approval["kind"] != "interrupted_side_effect":
+        presentation = parse(approval["presentation_json"])
+        limit = SLOT_PROSE["limit"].format(limit=clean(presentation["limit"], 300),
+                                           frees=presentation["frees"]) \
+            if "limit" in presentation else ""
+        return answer("PENDING_APPROVAL", approval=approval["id"], limit=limit)
+    ended = parse(approval["capability_json"]).get("interrupted", {}).get("ended", "cut_off")
+    if ended == "cut_off":
+        return answer("INTERRUPTED", approval=approval["id"])
+    return answer("UNKNOWN_OUTCOME", how=HOW[ended], error="", approval=approval["id"])
+
+
+def refused_for(window):
+    return SLOT_PROSE["refused_for"].format(window=format_duration(window)) if window \
+        else ""
+
+
+def too_large_answer(tool, record, cap, window):
+    then = TOO_LARGE_THEN["read"] if tool.read_only else \
+        TOO_LARGE_THEN["mutating"].format(window=refused_for(window))
+    what = SLOT_PROSE["an_error" if record.get("is_error") else "a_result"]
+    return answer("RESULT_TOO_LARGE", what=what, size=record["bytes"], cap=cap,
+                  blocks=clean(", ".join(block_labels(record)), 500), then=then)
 
 
 # A constant: the decision at the pause and at collection hash alike.
@@ -1915,11 +1871,11 @@ def result_summary(tool, record, withheld_over=0):
 # Owns: the SQLite file, every statement that changes it, and the reads the gate decides with
 # (what people read besides is section 18's Ledger).
 # Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema off; files created 0600 and
-# refused when others can write them; every state change is written in a BEGIN IMMEDIATE
-# transaction together with its events, hash-chained across all runs and all processes; what
-# one transaction changes in a run is one event. No statement here approves. A database
-# migrated by a newer agentgate is refused; a new one is migrated from version 0 by the same
-# SCHEMA as an old one. Versions 3 to 5 rewrite nothing (the chain binds the old rows).
+# refused when others can write them; every state change commits with its events in one BEGIN
+# IMMEDIATE transaction, hash-chained across all runs and processes; what one transaction
+# changes in a run is one event. No statement here approves. A database migrated by a newer
+# agentgate is refused; a new one is migrated from version 0 by the same SCHEMA as an old one.
+# Versions 3 to 5 rewrite nothing (the chain binds the old rows).
 # =============================================================================================
 
 SCHEMA = [
@@ -1983,11 +1939,11 @@ OUTCOME_NONE, OUTCOME_KNOWN, OUTCOME_UNKNOWN = 1, 2, 3
 
 
 class StoreError(Exception):
-    """The records could not be read or written; the message says which and why."""
+    """The records could not be read or written (the message says why)."""
 
 
 class Race(Exception):
-    """Another caller changed these records between reading and writing them; decide again."""
+    """Another caller changed these records since they were read; decide again."""
 
 
 ANY_ROW = "any open row"  # a read replaces whatever row is open: reads never race for a key
@@ -1996,8 +1952,7 @@ UNKNOWN_ENDINGS = ("timed_out", "no_answer", "cut_off")
 CALL_ENDINGS = ("ok", "error", "unrecorded", "timed_out", "no_answer")  # call_upstream's
 LARGE_VALUE_BYTES = 4096
 
-# A run's newest attempt: its ending, observation (or None), when it finished, and the
-# attempt as an interruption approval names it.
+# A run's newest attempt; `attempt` is it as an interruption approval names it.
 Attempt = collections.namedtuple("Attempt", "ending observed finished attempt")
 
 
@@ -2016,8 +1971,8 @@ def step_outcome(observed):
 
 
 def last_attempt(rows, run_id):
-    """The newest attempt of a run's tool call, read through `rows(sql, args)`, or None. A
-    re-run asked of an operator and not carried out stands for the attempt its approval names."""
+    """The newest attempt of a run's tool call, read through `rows`, or None. A re-run asked
+    of an operator and not carried out stands for the attempt its approval names."""
     for step_id, status, observation, started, finished in rows(
             "SELECT id, status, observation_json, started_at, finished_at FROM steps WHERE "
             "run_id=? AND json_extract(decision_json, '$.kind')='tool_call' ORDER BY idx DESC",
@@ -2050,15 +2005,11 @@ def kept_once(value):
     return value
 
 
-def netstring(text):
-    data = text.encode("utf-8", "surrogatepass")
-    return str(len(data)).encode() + b":" + data + b","
-
-
 def event_hash(prev, seq, run_id, step_id, at, type_, payload):
-    """Each event's hash covers the previous event's hash and its own fields as stored."""
-    parts = (prev, str(seq), run_id, step_id, at, type_, payload)
-    return sha256_hex(b"".join(netstring(p) for p in parts))
+    """Each event's hash covers the previous one's and its own fields as stored, as netstrings."""
+    fields = (prev, str(seq), run_id, step_id, at, type_, payload)
+    data = [field.encode("utf-8", "surrogatepass") for field in fields]
+    return sha256_hex(b"".join(b"%d:%s," % (len(field), field) for field in data))
 
 
 class Tx:
@@ -2109,9 +2060,8 @@ class Tx:
 
     def begin_run(self, run_id, session, tool, target, key, side_effect, tool_hashes, lease,
                   seen):
-        """Claim the request's calls row and begin its run, both or neither: no row names a run
-        nobody began. Race unless the open row (the key's newest) is still `seen` and its run
-        ended, so a run of the key begun since the caller read, in any process, refuses it."""
+        """Claim the request's calls row and begin its run, both or neither. Race unless the open
+        row is still `seen` and its run ended: a run of the key begun since, anywhere, wins."""
         at = now()
         row = self.execute("SELECT c.run_id, r.status FROM calls c JOIN runs r ON r.id = "
                            "c.run_id WHERE c.session=? AND c.request_key=? AND c.open=1",
@@ -2305,7 +2255,7 @@ class Tx:
                                                "by": by, "note": note}, step_id)
 
     def expire_approval(self, approval_id, run_id, step_id):
-        """A question nobody answered in time, or a grant nobody collected in time."""
+        """A question nobody answered, or a grant nobody collected, in time."""
         changed = self.execute(
             "UPDATE approvals SET status='expired', decided_at=coalesce(nullif(decided_at, ''), ?),"
             " note=coalesce(nullif(note, ''), 'expired') "
@@ -2351,8 +2301,8 @@ class Tx:
         return True
 
     def cancel_run(self, run_id, by, note):
-        """An operator ends a run. A step cancelled while executing keeps that it was, so its
-        outcome stays unknown; a question the run was waiting on is closed as rejected."""
+        """An operator ends a run. A step cancelled while executing keeps that it was (its
+        outcome stays unknown); a pending question is closed as rejected."""
         for (approval_id, step_id) in self.rows("SELECT id, step_id FROM approvals WHERE "
                                                 "run_id=? AND status='pending'", (run_id,)):
             self._close_approval(run_id, step_id, approval_id, "rejected", by, note)
@@ -2480,10 +2430,9 @@ class Store:
     # -- the one place transactions are opened --------------------------------------------
 
     def write(self, fn):
-        """Run fn(tx) in a BEGIN IMMEDIATE transaction; return its result once durable, so
-        nothing is answered before it is recorded. Changes queued meanwhile commit together,
-        each in a savepoint, so one that fails rolls back alone (13-39% more calls per second
-        at 16 in flight)."""
+        """Run fn(tx) in a BEGIN IMMEDIATE transaction; return its result once durable (nothing
+        is answered unrecorded). Changes queued meanwhile commit together, each in a savepoint
+        so one that fails rolls back alone (13-39% more calls/s at 16 in flight)."""
         job = {"fn": fn, "done": False, "result": None, "error": None}
         with self.jobs_lock:
             self.jobs.append(job)
@@ -2517,11 +2466,9 @@ class Store:
             self.db.execute("COMMIT")
         except BaseException as err:
             # Nothing of the batch committed: every caller in it hears so, whatever stopped it.
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 if self.db.in_transaction:
                     self.db.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
             failure = StoreError(f"the records could not be written: {err}" if isinstance(
                 err, sqlite3.Error) else "the write was interrupted before it was committed")
             for job in batch:
@@ -2547,8 +2494,7 @@ class Store:
     # -- the reads the gate decides with -----------------------------------------------------
 
     def key_runs(self, session, key, since, newest_only):
-        """A request's runs unfinished, finished since `since` or holding its open calls row,
-        newest first; one statement, so its open row is the newest as of every row read."""
+        """Newest first, in one statement: its open row is the newest as of every row read."""
         return [KeyRun(*row) for row in self.read(
             "SELECT r.id, r.status, r.reason, r.detail, r.finished_at, r.lease_owner, "
             "r.lease_expires_at, c.open FROM calls c JOIN runs r ON r.id = c.run_id WHERE "
@@ -2562,20 +2508,18 @@ class Store:
         return row[0] if row else None
 
     def attempt_runs(self, session, key):
-        """A request's runs that may hold an attempt (outcome not none), newest first."""
         return self.read("SELECT r.id, r.status FROM calls c JOIN runs r ON r.id = c.run_id "
                          "WHERE c.session=? AND c.request_key=? AND c.outcome!=? "
                          "ORDER BY c.id DESC", (session, key, OUTCOME_NONE))
 
     def unsettled_runs(self, session, key):
-        """The session's unfinished runs of other requests, oldest first."""
         return self.read("SELECT r.id, r.status, r.lease_owner, r.lease_expires_at, r.tool "
                          "FROM calls c JOIN runs r ON r.id = c.run_id WHERE c.session=? AND "
                          "c.settled_at='' AND c.request_key!=? ORDER BY c.id", (session, key))
 
     def unknown_for_tool(self, session, targets, key):
-        """Other requests of an upstream tool whose newest attempt's outcome is unknown;
-        `targets` is "server/tool" and the registered name databases before 0.2 hold."""
+        """Other requests of the tool whose newest attempt's outcome is unknown; `targets`:
+        its "server/tool" and the name databases before 0.2 hold."""
         return self.read(
             "SELECT c.request_key, c.run_id, r.reason FROM calls c JOIN runs r ON r.id = "
             "c.run_id WHERE c.session=? AND c.tool IN (?, ?) AND c.request_key!=? AND "
@@ -2612,8 +2556,7 @@ class Store:
                 raise StoreError(f"the records could not be read: {err}") from None
 
     def read_one(self, sql, args=()):
-        rows = self.read(sql, args)
-        return rows[0] if rows else None
+        return next(iter(self.read(sql, args)), None)
 
 
 # =============================================================================================
@@ -2629,16 +2572,15 @@ class Store:
 # outcome is recorded even when the host has gone.
 # Deciding happens under one lock, so two threads never both begin the same request; across
 # processes the unique open-row index does, and a lost race is decided again. Judging happens
-# before the lock, executing and holding after it. Each rule answers with one verdict, a value.
-# A run being executed holds a lease its process renews; one whose lease ran out is taken over.
-# Everything is recorded before it is sent, except a read allowed outright (see _begin).
-# Reaches out through seams only: the upstream's `request` (section 17), `announce` and
-# `duplicate` (section 22).
+# before the lock, executing and holding after it. An executing run holds a lease its process
+# renews; one whose lease ran out is taken over. Everything is recorded before it is sent,
+# except a read allowed outright (see _begin). It reaches out only through seams: the
+# upstream's `request` (section 17), `announce` and `duplicate` (section 22).
 # =============================================================================================
 
 TOOL_CALL = "tool_call"
 
-# The verdicts other than an Answer. An Execute's `step_id` is None for a read recorded whole
+# The verdicts besides an Answer. An Execute's `step_id` is None for a read recorded whole
 # after it answers (`record`: its policy record and start); `work` spares a re-run a search.
 Wait = collections.namedtuple("Wait", "approval")
 Execute = collections.namedtuple("Execute", "run_id step_id args record work",
@@ -2651,7 +2593,7 @@ AGAIN = "again"  # a rule ended a run or approval, or a write lost a race: decid
 
 
 class Gate:
-    """The gate of one serving process: its tools, its store, its lease, its rules."""
+    """The gate of one serving process."""
 
     def __init__(self, config, store, tools):
         self.config, self.store = config, store
@@ -2660,12 +2602,9 @@ class Gate:
         self.tool_hashes = [tool.spec_hash for tool in sorted(tools, key=lambda t: t.name)]
         self.owner = f"{PROGRAM}:{config.session}/{secrets.token_hex(6)}"
         self.lock = threading.Lock()
-        # The runs this process executes: only these have their leases renewed, and this
-        # process never takes one over, whatever its lease says.
+        # The runs this process executes: only these are renewed, and it never takes one over.
         self.active = set()
         self.stopping = threading.Event()
-        # Seams registered by serve (section 22): announce(approval, tool, run_id) when an
-        # approval waits, duplicate(tool, run_id, executed_at, window) on a refused repeat.
         self.announce = lambda approval, tool, run_id: None
         self.duplicate = lambda tool, run_id, executed_at, window: None
         # Tools changed while serving (ToolWatch): not offered, refused; replaced whole only.
@@ -2681,7 +2620,7 @@ class Gate:
         write is not renewed, so the next identical call takes it over."""
         while not self.stopping.wait(self.config.lease_ttl / SECOND / 3):
             try:
-                # set.copy is one step for the interpreter: no call changes it mid-iteration.
+                # set.copy is atomic: no call changes the set while it is iterated.
                 self.store.renew_leases(*self.lease(), sorted(self.active.copy()))
             except Exception as err:  # the heartbeat outlives any one failure
                 log(f"could not renew leases: {err}")
@@ -2700,8 +2639,8 @@ class Gate:
     # -- one call ------------------------------------------------------------------------------
 
     def call(self, tool, args, invalid="", progress=None, cancelled=None):
-        """Decide, then execute, hold or refuse one tools/call; always an Answer. `invalid`
-        (why, the frame as received) is set when the arguments were not usable JSON."""
+        """Decide, then execute, hold or refuse one tools/call; always an Answer. `invalid`:
+        (why, the frame as received) when the arguments are not usable JSON."""
         cancelled = cancelled or threading.Event()
         executing = False
         try:
@@ -2746,7 +2685,7 @@ class Gate:
 
     def _judge(self, tool, args, work=None):
         """The schema check and the policy's conditions, before the lock; later steps reuse
-        the Judgement, reading afresh only the facts that may change."""
+        the Judgement, reading afresh only facts that may change."""
         judged = judged_request(tool, args, work)
         policy_decision(self.config, tool, args, self._facts(tool), judged=judged)
         return judged
@@ -2775,10 +2714,9 @@ class Gate:
         """The rules in order, as one verdict: an Answer, a Wait, an Execute, or AGAIN."""
         window = self.window(tool)
         since = format_time(time.time() - window / SECOND)
-        # A read needs only its newest row (identical reads never refuse one another; a wait or
-        # a refusal on the newest stops them all). The open row comes in the same statement,
-        # and the begin refuses unless it is still the key's open row: no run of this request
-        # begins, executes and finishes unseen (in any process) to run the same call twice.
+        # A read needs only its newest row: identical reads never refuse one another, and a wait
+        # or refusal on the newest stops them all. The begin refuses unless `seen` is still the
+        # key's open row, so no identical run, in any process, begins and ends in between.
         rows = self.store.key_runs(self.config.session, key, since, newest_only=tool.read_only)
         seen = next((row.run_id for row in rows if row.open), None)
         for row in rows:
@@ -2851,12 +2789,7 @@ class Gate:
             # The policy may ask another question (a limit reached since, say).
             fresh = new_approval(self.config, run_id, step_id, tool, args, decision)
             if fresh["hash"] != approval["hash"]:
-                def repause(tx):
-                    tx.record_policy(run_id, step_id, record, self.policy_id)
-                    tx.pause(run_id, step_id, fresh)
-                self.store.write(repause)
-                self.announce(fresh, tool, run_id)
-                return Wait(fresh)
+                return self._pause(tool, fresh, record, self.policy_id)
 
         def resume(tx):
             tx.resume(run_id, approval["id"], self.lease())
@@ -2877,27 +2810,29 @@ class Gate:
             facts = self._facts(tool)
             decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
             if decision["outcome"] == "require_approval":
-                approval = new_approval(self.config, run_id, step_id, tool, args, decision)
-
-                def pause(tx):
-                    tx.record_policy(run_id, step_id, _policy_record(decision, facts), "")
-                    tx.pause(run_id, step_id, approval)
-                self.store.write(pause)
                 log(f"a call to {tool.name} was cut off while executing; its outcome is unknown")
-                self.announce(approval, tool, run_id)
-                return Wait(approval)
+                approval = new_approval(self.config, run_id, step_id, tool, args, decision)
+                return self._pause(tool, approval, _policy_record(decision, facts), "")
         self.store.write(lambda tx: tx.finish_run(
             run_id, "FAILED", "goal_failed", "one call per run: taken over after an "
             "interruption, with nothing left in it to execute"))
         return AGAIN
 
-    def _refuse(self, tx, run_id, step_id, kind, detail):  # denied or invalid: not executed
+    def _pause(self, tool, approval, record, policy_id):
+        run_id, step_id = approval["run_id"], approval["step_id"]
+        def pause(tx):
+            tx.record_policy(run_id, step_id, record, policy_id)
+            tx.pause(run_id, step_id, approval)
+        self.store.write(pause)
+        self.announce(approval, tool, run_id)
+        return Wait(approval)
+
+    def _refuse(self, tx, run_id, step_id, kind, detail):
         tx.fail_step(run_id, step_id, {"kind": kind, "content": {"error": detail}}, detail)
         tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[kind])
 
     def _closed(self, tool, row, window):
-        """Rules 4 and 5: a finished run of this request within the window. NEXT: look at
-        older runs; STOP: its outcome is unknown, so rule 6 decides."""
+        """Rules 4 and 5: a finished run of this request within the window."""
         def until():
             return prose_time(later(row.finished, window))
         if row.reason == "approval_rejected":
@@ -2915,8 +2850,9 @@ class Gate:
             return NEXT
         if unknown:
             return STOP
-        outcome = DUPLICATE_OUTCOME[attempt.ending].format(text=clean(
-            outcome_text(attempt.observed), 500 if attempt.ending == "unrecorded" else CONTENT_CAP))
+        cap = 500 if attempt.ending == "unrecorded" else CONTENT_CAP
+        text = clean(outcome_text(attempt.observed), cap)
+        outcome = DUPLICATE_OUTCOME[attempt.ending].format(text=text)
         self.duplicate(tool, row.run_id, attempt.finished, window)
         return answer("DUPLICATE", at=prose_time(attempt.finished),
                       window=format_duration(window), outcome=outcome)
@@ -3006,7 +2942,6 @@ class Gate:
         recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
 
         def begin(tx):
-            # Refuses (Race) unless `seen` is still the key's open row: none began since.
             tx.begin_run(run_id, self.config.session, tool.name, tool.target, key,
                          tool.side_effect, self.tool_hashes, self.lease(),
                          ANY_ROW if tool.read_only else seen)
@@ -3038,14 +2973,14 @@ class Gate:
             return answer("INVALID", reason=clean(problem, 1000))
         if decision["outcome"] == "deny":
             frees = frees_text(decision)
-            return answer("DENIED", reason=clean(decision["reason"] + (f"; {frees}" if frees
-                                                                       else ""), 500))
+            reason = decision["reason"] + (f"; {frees}" if frees else "")
+            return answer("DENIED", reason=clean(reason, 500))
         self.announce(approval, tool, run_id)
         return Wait(approval)
 
     def _write_active(self, run_id, fn):
-        """The write that starts a run executing: the run counts as this process's own from
-        before the write, so no identical call can take it over in between."""
+        """The write that starts a run executing: the run is this process's own from before
+        it, so no identical call takes it over in between."""
         self.active.add(run_id)
         try:
             return self.store.write(fn)
@@ -3054,8 +2989,7 @@ class Gate:
             raise
 
     def _execute(self, tool, verdict, progress=None):
-        """Send the recorded request upstream and record what came of it, whatever the host
-        does meanwhile: a host that cancels or times out does not stop the upstream call."""
+        """Send the request upstream and record what came of it, even if the host cancels."""
         run_id, step_id, args = verdict.run_id, verdict.step_id, verdict.args
         try:
             started = time.monotonic()
@@ -3075,9 +3009,8 @@ class Gate:
                 if tx.run_holder(run_id) != ("RUNNING", self.owner):
                     # Cancelled, or taken over after this process lost its lease: a late
                     # event keeps the outcome; the run stays as its new owner has it.
-                    tx.event(run_id, "step.tool_finished", {"tool": tool.name, "late": True,
-                                                            "observation": observation},
-                             step_id)
+                    late = {"tool": tool.name, "late": True, "observation": observation}
+                    tx.event(run_id, "step.tool_finished", late, step_id)
                     return None
                 tx.finish_execution(run_id, step_id, tool.name, observation, elapsed)
                 if ending in UNKNOWN_ENDINGS:
@@ -3092,7 +3025,8 @@ class Gate:
         if passed is not None:
             return passed_answer(passed)
         if observation.get("withheld"):
-            return self._too_large(tool, observation["result"])
+            return too_large_answer(tool, observation["result"], self.config.max_result_bytes,
+                                    self.window(tool))
         error = observation["content"]["error"]
         if rerun:
             log(f"a call to {tool.name} {HOW[ending]}; its outcome is unknown")
@@ -3100,28 +3034,13 @@ class Gate:
             return answer("UNKNOWN_OUTCOME", how=HOW[ending], error=f" ({clean(error, 500)})",
                           approval=rerun["id"])
         if ending == "unrecorded":
-            return answer("UNRECORDED", reason=clean(error, 500), window=self._refused_for(tool))
+            return answer("UNRECORDED", reason=clean(error, 500),
+                          window=refused_for(self.window(tool)))
         return Answer(clean(error, CONTENT_CAP), True)
 
-    def _refused_for(self, tool):
-        """How long an identical call is refused as a duplicate, as prose ends a sentence."""
-        window = self.window(tool)
-        return SLOT_PROSE["refused_for"].format(window=format_duration(window)) if window \
-            else ""
-
-    def _too_large(self, tool, record):
-        """A result past max_result_bytes: its blocks' types and sizes, and whether it ran."""
-        then = TOO_LARGE_THEN["read"] if tool.read_only else \
-            TOO_LARGE_THEN["mutating"].format(window=self._refused_for(tool))
-        return answer("RESULT_TOO_LARGE", what=SLOT_PROSE["an_error" if record.get("is_error")
-                                                          else "a_result"],
-                      size=record["bytes"], cap=self.config.max_result_bytes,
-                      blocks=clean(", ".join(block_labels(record)), 500), then=then)
-
     def _pause_rerun(self, tx, tool, run_id, step_id, args, ending, work):
-        """An unknown outcome: the request asked again in the transaction that records the
-        attempt (the policy never allows a re-run); the approval, or None. Judged again (on
-        `work`): the call may have moved a path's links."""
+        """An unknown outcome asked again in the transaction that records the attempt: the
+        approval, or None. Judged again (on `work`): the call may have moved a path's links."""
         attempt = {"run_id": run_id, "step_id": step_id, "started_at": tx.step_started(step_id),
                    "ended": ending}
         facts = self._facts(tool, tx.rows)
@@ -3189,20 +3108,6 @@ def recorded_frame(data):
     return value_digest(data)
 
 
-def waiting_answer(approval):
-    """What a call is told while its request waits on an approval."""
-    if approval["kind"] != "interrupted_side_effect":
-        presentation = parse(approval["presentation_json"])
-        limit = SLOT_PROSE["limit"].format(limit=clean(presentation["limit"], 300),
-                                           frees=presentation["frees"]) \
-            if "limit" in presentation else ""
-        return answer("PENDING_APPROVAL", approval=approval["id"], limit=limit)
-    ended = parse(approval["capability_json"]).get("interrupted", {}).get("ended", "cut_off")
-    if ended == "cut_off":
-        return answer("INTERRUPTED", approval=approval["id"])
-    return answer("UNKNOWN_OUTCOME", how=HOW[ended], error="", approval=approval["id"])
-
-
 def live_approval(config, approval):
     """Pending and unexpired, or granted and still collectable."""
     if approval["status"] == "pending":
@@ -3240,9 +3145,8 @@ def _policy_record(decision, facts, approved=False):
 # Reads as: decision core
 #
 # Owns: the host's conversation on stdin and stdout as far as it decides calls: framing,
-# batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once), cancellation and shutdown.
-# What decides no call (initialize's answer, ping, progress, the status tool, the worker
-# threads) is section 21's, handed in by serve.
+# batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once), cancellation and shutdown;
+# the rest (initialize's answer, ping, progress, the status tool, threads) is section 21's.
 # Promises: stdout carries only protocol, one JSON-RPC message per line, written under one
 # lock; the first request is answered at once, even while the servers start; every request
 # gets exactly one well-formed answer (a malformed or oversized line, a batch member that is
@@ -3253,12 +3157,11 @@ def _policy_record(decision, facts, approved=False):
 # are recorded, then the process exits 0.
 # =============================================================================================
 
-# The protocol versions spoken, oldest first; each side negotiates on its own (over HTTP, only
-# those the mcp package speaks too).
+# The protocol versions spoken, oldest first; each side negotiates on its own.
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 BATCH_VERSIONS = ("2024-11-05", "2025-03-26")
 MAX_HOST_LINE = 16 * 1024 * 1024
-MAX_IN_FLIGHT = 64  # requests handled at once, each on a worker thread of its own
+MAX_IN_FLIGHT = 64  # requests handled at once
 
 
 class HostServer:
@@ -3271,7 +3174,7 @@ class HostServer:
         self.done = threading.Event()
         self.gate = None
         self.protocol = PROTOCOL_VERSIONS[-1]
-        self.client = ""  # the host's name from initialize: self-reported, for `client`
+        self.client = ""  # self-reported in initialize; the policy's `client`
         self.calls = {}
         self.calls_lock = threading.Lock()
         self.running = 0  # accepted requests not yet answered
@@ -3295,6 +3198,8 @@ class HostServer:
 
     def send(self, message):
         """Write one message, or a batch's list of answers, as one line."""
+        if not message:
+            return
         try:
             data = canonical(message) + b"\n"
         except (UnicodeEncodeError, TypeError) as err:  # never expected: ids are checked
@@ -3325,13 +3230,15 @@ class HostServer:
                     f"{err})")
                 self.send(rpc_error(None, -32603, "the message could not be handled"))
                 continue
-            if request is not None:
+            if callable(request):
                 self.around.workers.submit(self._read_loop)
                 request()
                 return
+            self.send(request)
         self.done.set()
 
     def _frame(self, line):
+        """A frame's answer, or the work it asks (a call, a batch)."""
         invalid = None
         try:
             message = parse(line)
@@ -3343,39 +3250,32 @@ class HostServer:
             invalid = (SLOT_PROSE["unusable_arguments"].format(error=err), recorded_frame(line))
             ident = message.get("id")
             if message.get("method") != "tools/call" or "id" not in message:
-                self.send(rpc_error(ident if echoable_id(ident) else None, -32700,
-                                    f"the message is not usable JSON: {err}"))
-                return
+                return rpc_error(ident if echoable_id(ident) else None, -32700,
+                                 f"the message is not usable JSON: {err}")
         if isinstance(message, list):
-            self._batch(message)
-        elif isinstance(message, dict):
+            return self._batch(message)
+        if isinstance(message, dict):
             return self._message(message, invalid)
-        else:
-            self.send(rpc_error(None, -32600, "a message must be a JSON-RPC object"))
+        return rpc_error(None, -32600, "a message must be a JSON-RPC object")
 
     def _batch(self, messages):
         if self.protocol not in BATCH_VERSIONS or not messages:
-            self.send(rpc_error(
-                None, -32600, f"batches are not part of protocol version {self.protocol}"))
-            return
+            return rpc_error(None, -32600,
+                             f"batches are not part of protocol version {self.protocol}")
         # A batch is one request in flight, its members handled in order on one thread.
         if not self._admit():
-            self.send([busy_error(m.get("id") if isinstance(m, dict) and echoable_id(
-                m.get("id")) else None) for m in messages])
-            return
+            return [busy_error(m.get("id") if isinstance(m, dict) and echoable_id(m.get("id"))
+                               else None) for m in messages]
 
         def run():
             try:
-                answers = [rpc_error(None, -32600, "a batch member must be a JSON-RPC object")
-                           if not isinstance(m, dict) else
-                           self._message(m, None, respond=False, admitted=True)
+                answers = [self._message(m, None, batch=True) if isinstance(m, dict) else
+                           rpc_error(None, -32600, "a batch member must be a JSON-RPC object")
                            for m in messages]
-                answers = [a for a in answers if a]
-                if answers:
-                    self.send(answers)
+                self.send([a for a in answers if a])
             finally:
                 self._release()
-        self.around.workers.submit(run)
+        return run
 
     def _admit(self):
         with self.calls_lock:
@@ -3388,16 +3288,15 @@ class HostServer:
         with self.calls_lock:
             self.running -= 1
 
-    def _message(self, message, invalid, respond=True, admitted=False):
-        """Handle one request or notification; with respond=False return the response.
-        `admitted`: a batch member, already counted in flight with its batch."""
+    def _message(self, message, invalid, batch=False):
+        """A request's answer (None to a notification), or the work that sends it."""
         method, ident = message.get("method"), message.get("id")
         params = message.get("params") if isinstance(message.get("params"), dict) else {}
         if not isinstance(method, str):
             if "id" in message and ("result" in message or "error" in message):
                 return None  # a response to a request agentgate never sends
-            return self._reply(respond, rpc_error(
-                ident if echoable_id(ident) else None, -32600, "a request needs a method"))
+            return rpc_error(ident if echoable_id(ident) else None, -32600,
+                             "a request needs a method")
         if "id" not in message:
             if method == "notifications/cancelled":
                 with self.calls_lock:
@@ -3409,31 +3308,21 @@ class HostServer:
             return None
         if not echoable_id(ident):
             # Checked before anything is recorded: no run for an id that cannot be echoed.
-            return self._reply(respond, rpc_error(
-                None, -32600, "the id must be a string or a number that can be written as JSON"))
+            return rpc_error(None, -32600,
+                             "the id must be a string or a number that can be written as JSON")
         if method == "tools/call":
-            return self._after_ready(respond, ident,
-                                     lambda: self._call(ident, params, invalid, respond),
-                                     admitted)
+            return self._after_ready(ident, lambda: self._call(ident, params, invalid, batch),
+                                     batch)
         if method == "tools/list":
-            return self._after_ready(respond, ident, self._tool_list, admitted)
+            return self._after_ready(ident, self._tool_list, batch)
         if method == "initialize":
             self._initialize(params)
         handler = self.around.requests.get(method)
         if handler is None:
-            return self._reply(respond, rpc_error(ident, -32601,
-                                                  f"method {quote(method)} is not offered"))
-        return self._reply(respond, {"jsonrpc": "2.0", "id": ident,
-                                     "result": handler(self, params)})
-
-    def _reply(self, respond, response):
-        if respond:
-            self.send(response)
-            return None
-        return response
+            return rpc_error(ident, -32601, f"method {quote(method)} is not offered")
+        return {"jsonrpc": "2.0", "id": ident, "result": handler(self, params)}
 
     def _initialize(self, params):
-        # The protocol decides whether batches are read; the policy reads the name as `client`.
         requested = params.get("protocolVersion")
         self.protocol = requested if requested in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[-1]
         info = params.get("clientInfo")
@@ -3442,13 +3331,12 @@ class HostServer:
         if self.gate is not None:
             self.gate.client = self.client
 
-    def _after_ready(self, respond, ident, work, admitted):
-        """Run `work` once the servers are ready, at most MAX_IN_FLIGHT at once (a flood grows no
-        threads). Accepted is decided here, on the reader, so a call read before stdin closed is
-        served while the gate shuts down. Returns the work to run, or (a batch member) runs it."""
-        accepted = not self.stopping
-        if accepted and not admitted and not self._admit():
-            return self._reply(respond, busy_error(ident))
+    def _after_ready(self, ident, work, batch):
+        """`work` once the servers are ready, at most MAX_IN_FLIGHT at once (a flood grows no
+        threads): a batch member's answer, else the work that sends it."""
+        accepted = not self.stopping  # on the reader: a call read before stdin closed runs
+        if accepted and not batch and not self._admit():
+            return busy_error(ident)
 
         def run():
             try:
@@ -3465,21 +3353,23 @@ class HostServer:
                         log(f"internal error: {type(err).__name__}: {err}")
                         response = rpc_error(ident, -32603, CALL_ERRORS["failed"])
                     else:
-                        if result is None:
+                        if result is None:  # a call the host cancelled: no answer
                             return None
                         response = {"jsonrpc": "2.0", "id": ident, "result": result}
-                return self._reply(respond, response)
+                if batch:
+                    return response
+                self.send(response)  # before the release: shutdown waits for every answer
             finally:
-                if accepted and not admitted:
+                if accepted and not batch:
                     self._release()
-        return run if respond else run()
+        return run() if batch else run
 
     def _tool_list(self):
         quarantined = self.gate.quarantined  # replaced whole: read once
         return {"tools": [t.listing for t in self.gate.tools.values()
                           if t.name not in quarantined] + [self.status.listing]}
 
-    def _call(self, ident, params, invalid, respond):
+    def _call(self, ident, params, invalid, batch):
         name = params.get("name")
         args = params.get("arguments")
         if name == self.status_tool:
@@ -3494,9 +3384,8 @@ class HostServer:
         cancelled = threading.Event()
         with self.calls_lock:
             self.calls[_id_key(ident)] = cancelled
-        # A token is a string or a number, as an id is; a batch's member gets no progress.
         progress = self.around.progress(self, token, cancelled) \
-            if respond and echoable_id(token) else None
+            if not batch and echoable_id(token) else None
         try:
             answered = self.gate.call(tool, args, invalid, progress, cancelled)
         finally:
@@ -3505,16 +3394,9 @@ class HostServer:
         result = answered.result()
         if answered.passed is None and "outputSchema" in tool.listing:
             # A host refuses a result lacking the structured content an output schema promises;
-            # the gate's own answers carry none, so they go as errors (a server's result as sent).
+            # the gate's own answers carry none, so they go as errors.
             result["isError"] = True
-        return None if cancelled.is_set() and respond else result
-
-    def in_flight(self):
-        with self.calls_lock:
-            return self.running
-
-    def stop_accepting(self):
-        self.stopping = True
+        return None if cancelled.is_set() and not batch else result
 
 
 class ToolNotOffered(Exception):
@@ -5270,11 +5152,11 @@ def lint_manifests(manifests):
 # Owns: how the config says a server is reached (read_transport: command, env, cwd, url,
 # headers, OAuth client) and whether that reaches what the gate depends on (check_reach); one
 # configured server as a child process speaking newline-delimited JSON-RPC, or reached by url
-# over Streamable HTTP through the optional mcp package, and the requests agentgate sends it.
-# Both present one interface (start, list_tools, request, call, close).
+# over Streamable HTTP through the optional mcp package, and the requests agentgate sends it
+# (both present start, list_tools, request, call, close); its manifest (read_manifest).
 # Core it calls: read_config (load_config hands it read_transport), read_frames, read_owned;
-# and, for load_all (the start of every server at once), pinned_for and load, which tells
-# each server's Report.
+# and, for load_all (the start of every server at once), load, which tells each server's
+# Report.
 # Promises: the child gets only PATH, HOME, TMPDIR and what the operator names; it runs in its
 # own process group and, on Linux, dies with agentgate even when agentgate is killed with
 # SIGKILL; connecting, listing and loading share one deadline and a timeout names its step;
@@ -6496,6 +6378,39 @@ def signal_group(pid, sig):
         pass
 
 
+class LoadError(Exception):
+    """A server that cannot be used at all."""
+
+
+def read_manifest(server):
+    """A server's manifest: missing or unusable, that server's LoadError; open to others'
+    changes, the config's ConfigError (read_owned)."""
+    where = f"server {quote(server.name)}: manifest {server.manifest}"
+    if not os.path.lexists(server.manifest):
+        raise LoadError(f"{where} does not exist; run pin")
+    try:
+        manifest = parse(read_owned(server.manifest, "manifest"))
+    except CanonicalError as err:
+        raise LoadError(f"{where} is not usable JSON: {err.placed()}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("tools"), dict):
+        raise LoadError(f"{where} has no tools; run pin again")
+    if manifest.get("server") != server.name:
+        raise LoadError(f"{where} is for server {quote(str(manifest.get('server')))}, not "
+                        f"{quote(server.name)}; run pin again or name the right manifest")
+    return manifest
+
+
+def pinned_for(server):
+    """A server's manifest, once its rules name only tools it pins."""
+    manifest = read_manifest(server)
+    stray = sorted(set(server.rules) - set(manifest["tools"]))
+    if stray:
+        raise LoadError(f"server {quote(server.name)}: rules name tools the manifest does not "
+                        f"pin: {', '.join(sanitize(s) for s in stray)}; pin again or fix the "
+                        f"rules")
+    return manifest
+
+
 def load_all(config, while_starting=None):
     """Start every server at once, then decide, server by server in the config's order, what
     is offered. `while_starting` runs once the servers are spawned, while they start. Returns
@@ -7201,9 +7116,19 @@ class StatusTool:
 # refused as a duplicate through.
 # Promises: the program runs in its own process group with a deadline, never blocks a call, and
 # past a backlog the oldest announcement is dropped and said so.
-# Core it calls: config_path; the gate calls announce_waiting's announce and
+# Core it calls: nothing; the gate calls announce_waiting's announce and
 # duplicate_refused's duplicate through the seams serve registers.
 # =============================================================================================
+
+
+def python_command():
+    """`python3` when that name finds this interpreter on PATH, else its path: a virtual
+    environment's python (which has the mcp package) is not the python3 a terminal finds."""
+    import shutil
+    found = shutil.which("python3")
+    if found and os.path.abspath(found) == os.path.abspath(sys.executable):
+        return "python3"
+    return shlex.quote(sys.executable)
 
 
 def operator_hint(config_file, database=""):
@@ -7501,10 +7426,16 @@ def log_reports(reports):
 #
 # Reads as: around the core
 #
-# Owns: the single-dash flags every command shares, their help, and the reading of a text
-# argument (UTF-8 only).
+# Owns: the single-dash flags every command shares, their help, where the config is found,
+# and the reading of a text argument (UTF-8 only).
 # Core it calls: nothing but the text helpers.
 # =============================================================================================
+
+def config_path(given):
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    default = os.path.join(xdg, PROGRAM, "config.json")
+    return given or os.environ.get("AGENTGATE_CONFIG") or default
+
 
 USAGE = f"""usage: agentgate.py [serve] [-config FILE]
        agentgate.py init [-from FILE] [-config FILE] [-write]
@@ -7623,10 +7554,10 @@ def text_argument(value):
 # or named with -db; it is opened as it is, never created or migrated, and read-only where
 # nothing is decided.
 # Core it calls: Store (its reads, and decide_approval, cancel_run, create_grant,
-# revoke_grant), config_path, check_database_path, read_manifest,
-# Tool, check_arguments, evaluate, approval_hash, decision_facts, last_attempt,
-# confirmed_conditions, parse_conditions, pointer_problem, step_outcome, outcome_text, stored_hash,
-# block_bytes, event_hash; section 17's load_config and check_reach.
+# revoke_grant), check_database_path, Tool, check_arguments, evaluate, approval_hash,
+# decision_facts, last_attempt, confirmed_conditions, parse_conditions, pointer_problem,
+# step_outcome, outcome_text, stored_hash, block_bytes, event_hash; section 17's load_config,
+# check_reach and read_manifest.
 # Promises: approve and reject print the approval in full and decide bound to the hash of
 # exactly what they printed, so a row that changed after it was shown is refused; a printout
 # that shortened a long value decides nothing until -full shows every byte; the late outcome
@@ -8927,8 +8858,8 @@ def recheck_line(e):
 # servers (one database for all), pins them and proposes a rule per tool from the server's own
 # hints; and the acceptance of those proposals. And `login`, the OAuth authorization of a url
 # server: the only command that opens a port (on 127.0.0.1, while it waits for the browser).
-# Core it calls: config_path, Server, read_owned; section 17's load_config, check_reach,
-# read_transport, shown_url and write_private; section 22's operator_hint; section 23's pin.
+# Core it calls: Server, read_owned; section 17's load_config, check_reach, read_transport,
+# shown_url and write_private; section 22's operator_hint; section 23's pin.
 # Promises: a config is written 0600; run again, init adds the servers new in its host's file
 # and changes no other byte; a secret in a server's env or headers goes into the config and into
 # no output; a tool is offered only once its proposed rule was accepted; a project's servers
@@ -9529,9 +9460,9 @@ class LoopbackRedirect:
 #
 # Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin, and each
 # server's and tool's standing, before any host is pointed at the gate.
-# Core it calls: config_path, check_database_path, Store, read_manifest,
-# lint_hash; load_config, check_reach, load_all and write_private (section 17), lint_lines
-# (section 16) and tool_changes (section 19).
+# Core it calls: check_database_path, Store, lint_hash; load_config, check_reach, load_all,
+# read_manifest and write_private (section 17), lint_lines (section 16) and
+# tool_changes (section 19).
 # Promises: pin -diff changes a manifest only after a yes; check exits 1 while anything is
 # refused, unreviewed or unserved.
 # =============================================================================================
@@ -10119,7 +10050,7 @@ def cmd_serve(argv):
     def stop(signum, frame):
         if not serving:
             raise Shutdown()
-        host.stop_accepting()
+        host.stopping = True
         host.done.set()
 
     signal.signal(signal.SIGTERM, stop)
@@ -10156,10 +10087,10 @@ def cmd_serve(argv):
             pass
         # Shutting down: no new call starts, holds end, calls in flight finish and are
         # recorded before the servers they talk to are closed.
-        host.stop_accepting()
+        host.stopping = True
         gate.stopping.set()
         deadline = time.monotonic() + max((t.timeout for t in tools), default=0) / SECOND + 5
-        while host.in_flight() and time.monotonic() < deadline:
+        while host.running and time.monotonic() < deadline:
             time.sleep(0.02)
         return 0
     except Shutdown:

@@ -149,7 +149,7 @@ MODEL_TABLES = ("PROSE", "SLOT_PROSE", "STATUS_PROSE", "STATUS_DESCRIPTION", "ST
                 "UNSERVED_NOTE", "NOT_EXECUTED_WHY", "HOW", "DUPLICATE_OUTCOME", "TOO_LARGE_THEN",
                 "CALL_ERRORS")
 CHOOSERS = ("status_answer", "describe_approval", "approved_fate", "waiting_answer",
-            "Gate._refused_for", "Gate._too_large")
+            "refused_for", "too_large_answer")
 
 
 def test_every_model_table_is_in_the_answers_section():
