@@ -44,7 +44,7 @@ because the configuration is read with its parser.
     14. Hosts in URLs                                library            138
     15. Paths as the kernel resolves them            library            109
     16. The lint                                     around the core    232
-    17. Upstream servers                             around the core   1346
+    17. Upstream servers                             around the core   1360
     18. Reading the record                           around the core    192
     19. Tool changes while serving                   around the core    147
     20. The status tool                              around the core    120
@@ -6382,6 +6382,13 @@ class LoadError(Exception):
     """A server that cannot be used at all."""
 
 
+# What each part of a manifest entry is, as manifest_entry writes it: a manifest edited by hand
+# is refused by its part rather than read by code that trusts the shape.
+ENTRY_KINDS = {"name": str, "description": str, "description_hash": str, "schema_hash": str,
+               "title": (str, type(None)), "output_schema": (dict, type(None)),
+               "icons": (list, type(None)), "_meta": (dict, type(None)), "annotations": dict}
+
+
 def read_manifest(server):
     """A server's manifest: missing or unusable, that server's LoadError; open to others'
     changes, the config's ConfigError (read_owned)."""
@@ -6397,6 +6404,13 @@ def read_manifest(server):
     if manifest.get("server") != server.name:
         raise LoadError(f"{where} is for server {quote(str(manifest.get('server')))}, not "
                         f"{quote(server.name)}; run pin again or name the right manifest")
+    for name, entry in manifest["tools"].items():
+        wrong = "entry" if not isinstance(entry, dict) else next(
+            (part for part, kind in ENTRY_KINDS.items()
+             if part in entry and not isinstance(entry[part], kind)), None)
+        if wrong:
+            raise LoadError(f"{where}: the {wrong} of tool {quote(name)} is not what pin "
+                            "writes; run pin again")
     return manifest
 
 
