@@ -3381,16 +3381,16 @@ class HostServer:
             return answer("DENIED", "TOOL_CHANGED").result()
         meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
         token = meta.get("progressToken")
-        cancelled = threading.Event()
+        cancelled, id_key = threading.Event(), _id_key(ident)
         with self.calls_lock:
-            self.calls[_id_key(ident)] = cancelled
+            self.calls[id_key] = cancelled
         progress = self.around.progress(self, token, cancelled) \
             if not batch and echoable_id(token) else None
         try:
             answered = self.gate.call(tool, args, invalid, progress, cancelled)
         finally:
             with self.calls_lock:
-                self.calls.pop(_id_key(ident), None)
+                self.calls.pop(id_key, None)
         result = answered.result()
         if answered.passed is None and "outputSchema" in tool.listing:
             # A host refuses a result lacking the structured content an output schema promises;
