@@ -21,16 +21,16 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3303 lines of decision core, read first; then the libraries it relies on, each
+Sections (3079 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
-the core functions it calls, beyond the framing and text helpers of sections 1 and 2,
+the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
 the libraries, so the core reads top to bottom: the policy comes before the configuration
 because the configuration is read with its parser.
 
      1. Framing                                      decision core       87
-     2. Text, times and fields                       decision core      182
-     3. Policy on what a call does                   decision core      504
+     2. Classes, ids and deadlines                   decision core       34
+     3. Policy on what a call does                   decision core      428
      4. Configuration and its trust                  decision core      233
      5. Tools, as pinned                             decision core      296
      6. Answers                                      decision core      448
@@ -38,26 +38,29 @@ because the configuration is read with its parser.
      8. The gate                                     decision core      580
      9. The host side                                decision core      277
     10. Canonical JSON                               library            314
-    11. Text safe to show                            library             95
+    11. Text safe to show                            library            114
     12. ECMA-262 patterns                            library            429
     13. JSON Schema                                  library            411
     14. Hosts in URLs                                library            138
     15. Paths as the kernel resolves them            library            109
-    16. The lint                                     around the core    232
-    17. Upstream servers                             around the core   1360
-    18. Reading the record                           around the core    192
-    19. Tool changes while serving                   around the core    147
-    20. The status tool                              around the core    120
-    21. The host's other requests                    around the core    157
-    22. Notify                                       around the core    111
-    23. Pins and load reports                        around the core    204
-    24. The command line's flags                     around the core    122
-    25. Operator commands                            around the core   1305
-    26. Setup                                        around the core    605
-    27. Pin and check                                around the core    183
-    28. Fake payment server                          around the core    118
-    29. Demonstration                                around the core    268
-    30. Main                                         around the core    131
+    16. Durations and times                          library             84
+    17. Fields of a configuration                    library             92
+    18. Days and hours in a time zone                library             70
+    19. The lint                                     around the core    232
+    20. Upstream servers                             around the core   1360
+    21. Reading the record                           around the core    192
+    22. Tool changes while serving                   around the core    147
+    23. The status tool                              around the core    120
+    24. The host's other requests                    around the core    157
+    25. Notify                                       around the core    111
+    26. Pins and load reports                        around the core    204
+    27. The command line's flags                     around the core    122
+    28. Operator commands                            around the core   1305
+    29. Setup                                        around the core    605
+    30. Pin and check                                around the core    183
+    31. Fake payment server                          around the core    118
+    32. Demonstration                                around the core    268
+    33. Main                                         around the core    131
 
 One tools/call through the core, with the section of each step (10, 13: libraries):
 
@@ -201,169 +204,21 @@ def request_key(tool_name, args):
 
 
 # =============================================================================================
-# 2. Text, times and fields
+# 2. Classes, ids and deadlines
 #
 # Reads as: decision core
 #
-# Owns: Go-syntax durations, tell (the one way a line reaches a person), the store's one
-# timestamp format, ids, deadlines, and the readers of a config field.
-# Promises: every chosen string passes section 11's sanitize before prose, a log or a
-# terminal; data returned to the host as a result is never sanitized (it is the server's
-# answer, passed back as recorded).
+# Owns: the side-effect classes and outcomes, the error a configuration is refused with, ids
+# and deadlines. A duration is whole nanoseconds, as Go's (section 16 reads and writes them).
 # =============================================================================================
 
-_DURATION_UNITS = {"ns": 1, "us": 1000, "µs": 1000, "μs": 1000, "ms": 10**6, "s": 10**9,
-                   "m": 60 * 10**9, "h": 3600 * 10**9}
-_DURATION_RE = re.compile(r"([0-9]*(?:\.[0-9]*)?)([a-zµμ]+)")
 SECOND = 10**9
-
-
-def parse_duration(text):
-    """Nanoseconds from Go's duration syntax ("15s", "1h30m", "300ms", "0"); ValueError else."""
-    sign = -1 if text.startswith("-") else 1
-    body = text[1:] if text.startswith(("+", "-")) else text
-    if body == "0":
-        return 0
-    if not body:
-        raise ValueError(f'invalid duration "{text}"')
-    total, pos = decimal.Decimal(0), 0
-    while pos < len(body):
-        match = _DURATION_RE.match(body, pos)
-        if not match or match.group(1) in ("", ".") or match.group(2) not in _DURATION_UNITS:
-            raise ValueError(f'invalid duration "{text}"')
-        total += decimal.Decimal(match.group(1)) * _DURATION_UNITS[match.group(2)]
-        pos = match.end()
-    if total >= 2**63:
-        raise ValueError(f'duration "{text}" is too long')
-    return sign * int(total)
-
-
-def format_duration(ns):
-    """Go's Duration.String: 0s, 300ms, 2s, 1m30s, 10m0s, 24h0m0s."""
-    sign, ns = ("-" if ns < 0 else ""), abs(ns)
-    for unit, size in (("ns", 1), ("µs", 1000), ("ms", 10**6)):
-        if 0 < ns < size * 1000:
-            return f"{sign}{decimal.Decimal(ns) / size:f}{unit}"  # exact: under 28 digits
-    hours, rest = divmod(ns, 3600 * SECOND)
-    minutes, rest = divmod(rest, 60 * SECOND)
-    seconds = f"{decimal.Decimal(rest) / SECOND:f}s"
-    if hours:
-        return f"{sign}{hours}h{minutes}m{seconds}"
-    if minutes:
-        return f"{sign}{minutes}m{seconds}"
-    return sign + seconds
-
-
-def now():
-    """Fixed-width UTC with microseconds: leases and windows compare as strings."""
-    return format_time(time.time())
-
-
-def format_time(seconds):
-    """Microseconds rounded as datetime rounds them (half to even)."""
-    fraction, whole = math.modf(seconds)
-    micros = round(fraction * 1e6)
-    if micros >= 1_000_000:
-        whole, micros = whole + 1, micros - 1_000_000
-    elif micros < 0:
-        whole, micros = whole - 1, micros + 1_000_000
-    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(whole))}.{micros:06d}Z"
-
-
-def parse_time(text):
-    return datetime.datetime.fromisoformat(text[:-1] + "+00:00").timestamp()
-
-
-def later(text, ns):
-    return format_time(parse_time(text) + ns / SECOND)
-
-
-def prose_time(text):
-    return text[:19] + "Z"
-
-
-def tell(*lines, out=None, end="\n", flush=False):
-    """The one way text reaches a person: each argument one line, sanitized whole, so no value
-    draws a line of its own (sanitizing twice changes nothing)."""
-    out = sys.stdout if out is None else out
-    out.write("\n".join(sanitize(line) for line in lines or ("",)) + end)
-    if flush:
-        out.flush()
-
-
-def log(message):
-    """One line to stderr; stdout carries only protocol."""
-    try:
-        tell(f"{PROGRAM}: {message}", out=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
-
-
 SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation", "destructive")
 OUTCOMES = ("allow", "require_approval", "deny")
 
 
 class ConfigError(Exception):
     """A configuration the gate will not run with; the message says what to change."""
-
-
-def refuse_unknown(raw, fields, where):
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must be an object")
-    for key in raw:
-        if key not in fields:
-            raise ConfigError(f"{where} has an unknown field {quote(key)}; the fields are "
-                              f"{', '.join(fields)}")
-
-
-def field_string(raw, field, where, required=False):
-    value = raw.get(field)
-    if value is None:
-        if required:
-            raise ConfigError(f"{where} needs {field}")
-        return ""
-    if not isinstance(value, str):
-        raise ConfigError(f"{where}.{field} must be a string")
-    if required and not value:
-        raise ConfigError(f"{where}.{field} must not be empty")
-    return value
-
-
-def field_bool(raw, field, where):
-    value = raw.get(field, False)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{where}.{field} must be true or false")
-    return value
-
-
-def field_names(raw, field, where):
-    value = raw.get(field, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{where}.{field} must be a list of strings")
-    return value
-
-
-def field_byte_cap(raw, field, default, most):
-    cap = raw.get(field, Number(str(default)))
-    if not isinstance(cap, Number) or not cap.is_integer() or not 1024 <= cap.exact() <= most:
-        raise ConfigError(f"{field} must be a whole number of bytes from 1024 to {most}")
-    return int(cap.exact())
-
-
-def field_duration(raw, field, where, default):
-    value = raw.get(field)
-    if value is None:
-        return default
-    if not isinstance(value, str):
-        raise ConfigError(f'{where}.{field}: a duration is a string such as "15s"')
-    try:
-        ns = parse_duration(value)
-    except ValueError:
-        raise ConfigError(f'{where}.{field} {quote(value)} is not a duration; write it like '
-                          f'"15s", "300ms" or "1h30m"') from None
-    if ns < 0:
-        raise ConfigError(f"{where}.{field} must not be negative")
-    return ns
 
 
 def new_id(size):
@@ -414,36 +269,13 @@ CONDITIONS = {  # and how Condition.text reads each
     "max_length": "is at most {} long", "present": "present is {}", "under": "lies under {}",
     "host_in": "has a host in {}", "host_not_in": "has a host not in {}",
 }
-DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 NEVER = math.inf  # when a limit frees up for a call that is alone above it
-_CLOCK_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])|24:00")
 
 # What a decision depends on beyond the call. at: seconds since the epoch; client: the host's
 # name from initialize; grants(): the Grants in force (read only when a decision would wait);
 # uses(since): the tool's executions after `since`, as (seconds, {sum pointer: amount}), or
 # None when no limit is counted (the decision only steers the rules, or an operator decided).
 Facts = collections.namedtuple("Facts", "at client grants uses")
-
-
-def parse_decimal(value, where):
-    if isinstance(value, Number):
-        return value.exact()
-    if isinstance(value, str) and JSON_NUMBER_RE.fullmatch(value) and not number_bound(value):
-        return decimal.Decimal(value)
-    raise ConfigError(f'{where} must be a number or a decimal string such as "50.00"')
-
-
-def whole_number(value, where, least, most=math.inf, note=""):
-    if not isinstance(value, Number) or not value.is_integer() \
-            or not least <= value.exact() <= most:
-        raise ConfigError(f"{where} must be a whole number of at least {least}{note}")
-    return int(value.exact())
-
-
-def one_of(value, choices, where):
-    if value not in choices:
-        raise ConfigError(f"{where} is {quote(str(value))}; use one of {', '.join(choices)}")
-    return value
 
 
 def number_text(value):
@@ -570,59 +402,6 @@ def parse_conditions(raw, where, resolved=False):
                           f'{{"/amount": {{"max": "50.00"}}}}')
     return [Condition(pointer, condition, where, resolved) for pointer, condition in
             raw.items()]
-
-
-class During:
-    def __init__(self, raw, where):
-        import zoneinfo  # only a policy with `during` needs the time zone database
-        if not isinstance(raw, dict) or not raw:
-            raise ConfigError(f'{where} must be an object such as {{"days": "mon-fri", '
-                              f'"hours": "09:00-18:00", "zone": "Europe/Paris"}}')
-        refuse_unknown(raw, ("days", "hours", "zone"), where)
-        zone = raw.get("zone")
-        if zone is None:
-            raise ConfigError(f'{where} needs zone, the time zone its days and hours are read '
-                              f'in, such as "Europe/Paris" or "UTC"')
-        try:
-            self.zone = zoneinfo.ZoneInfo(zone)
-        except (TypeError, ValueError, zoneinfo.ZoneInfoNotFoundError):
-            raise ConfigError(f'{where}.zone {quote(str(zone))} is not a time zone this machine '
-                              f'knows; name one such as "Europe/Paris" or "UTC"') from None
-        if "days" not in raw and "hours" not in raw:
-            raise ConfigError(f"{where} needs days, hours or both")
-        self.raw = raw  # for the load report
-        self.days = self._days(raw["days"], f"{where}.days") if "days" in raw else set(range(7))
-        self.hours = self._hours(raw["hours"], f"{where}.hours") if "hours" in raw else None
-
-    @staticmethod
-    def _days(text, where):
-        days = set()
-        for part in text.split(",") if isinstance(text, str) else [None]:
-            first, dash, last = (part or "").strip().lower().partition("-")
-            if first not in DAYS or (dash and last not in DAYS):
-                raise ConfigError(f'{where} must read like "mon-fri" or "sat,sun"')
-            start, end = DAYS.index(first), DAYS.index(last or first)
-            days.update(d % 7 for d in range(start, end + (7 if end < start else 0) + 1))
-        return days
-
-    @staticmethod
-    def _hours(text, where):
-        first, _, last = text.partition("-") if isinstance(text, str) else ("", "", "")
-        first, last = first.strip(), last.strip()
-        if not _CLOCK_RE.fullmatch(first) or not _CLOCK_RE.fullmatch(last) or first == last \
-                or first == "24:00":
-            raise ConfigError(f'{where} must read like "09:00-18:00" (a range past midnight, '
-                              f'like "22:00-06:00", is allowed)')
-        return tuple(int(t[:2]) * 60 + int(t[3:5]) for t in (first, last))
-
-    def holds(self, at):
-        local = datetime.datetime.fromtimestamp(at, self.zone)
-        if local.weekday() not in self.days:
-            return False
-        if self.hours is None:
-            return True
-        minute, (start, end) = local.hour * 60 + local.minute, self.hours
-        return start <= minute < end if start < end else minute >= start or minute < end
 
 
 class Judgement:
@@ -893,7 +672,7 @@ def policy_pointer_problem(schema, rule, tool_name):
 #
 # Owns: reading the config file and the files it trusts (manifests, the database), the fields
 # that decide and their defaults, and the policy identity. How a server is reached decides
-# nothing: section 17's read_transport reads it, in the same pass.
+# nothing: section 20's read_transport reads it, in the same pass.
 # Promises: a config is used only if it is a regular file owned by this user that nobody else
 # can write; it passes the canonical boundary check (so a repeated key cannot be read two
 # ways); every unknown field anywhere is refused with its path. Every refusal is one sentence
@@ -1238,7 +1017,7 @@ def compared_part(entry, key, pinned):
     return value
 
 
-# Lint severities (section 16): a high finding refuses a tool unless its rule's
+# Lint severities (section 19): a high finding refuses a tool unless its rule's
 # accepted_description is the lint_hash of exactly the texts the lint read.
 LINT_HIGH, LINT_MEDIUM = "high", "medium"
 
@@ -1530,7 +1309,7 @@ SLOT_PROSE = {
     "holding": "waiting for an operator's approval",
 }
 
-# The status tool's words (section 20 picks among them).
+# The status tool's words (section 23 picks among them).
 STATUS_DESCRIPTION = (
     "Reports which requests of this session wait for an operator's approval, or, given the "
     "approval id a pending answer named, what became of that request: pending, approved, "
@@ -1869,7 +1648,7 @@ def result_summary(tool, record, withheld_over=0):
 # Reads as: decision core
 #
 # Owns: the SQLite file, every statement that changes it, and the reads the gate decides with
-# (what people read besides is section 18's Ledger).
+# (what people read besides is section 21's Ledger).
 # Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema off; files created 0600 and
 # refused when others can write them; every state change commits with its events in one BEGIN
 # IMMEDIATE transaction, hash-chained across all runs and processes; what one transaction
@@ -2043,7 +1822,7 @@ class Tx:
 
     def flush(self):
         """Chain each run's parts as one event: a part alone as itself, several as one
-        call.began, call.changed or call.ended event (event_parts, section 18, reads both)."""
+        call.began, call.changed or call.ended event (event_parts, section 21, reads both)."""
         for run_id, parts in self.parts.items():
             if len(parts) == 1:
                 type_, step_id, payload = parts[0]
@@ -2575,7 +2354,7 @@ class Store:
 # before the lock, executing and holding after it. An executing run holds a lease its process
 # renews; one whose lease ran out is taken over. Everything is recorded before it is sent,
 # except a read allowed outright (see _begin). It reaches out only through seams: the
-# upstream's `request` (section 17), `announce` and `duplicate` (section 22).
+# upstream's `request` (section 20), `announce` and `duplicate` (section 25).
 # =============================================================================================
 
 TOOL_CALL = "tool_call"
@@ -3146,7 +2925,7 @@ def _policy_record(decision, facts, approved=False):
 #
 # Owns: the host's conversation on stdin and stdout as far as it decides calls: framing,
 # batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once), cancellation and shutdown;
-# the rest (initialize's answer, ping, progress, the status tool, threads) is section 21's.
+# the rest (initialize's answer, ping, progress, the status tool, threads) is section 24's.
 # Promises: stdout carries only protocol, one JSON-RPC message per line, written under one
 # lock; the first request is answered at once, even while the servers start; every request
 # gets exactly one well-formed answer (a malformed or oversized line, a batch member that is
@@ -3165,7 +2944,7 @@ MAX_IN_FLIGHT = 64  # requests handled at once
 
 
 class HostServer:
-    """One host session; `around` is section 21's HostAround."""
+    """One host session; `around` is section 24's HostAround."""
 
     def __init__(self, stdin, stdout, around):
         self.stdin, self.stdout, self.around = stdin, stdout, around
@@ -3744,6 +3523,8 @@ def pretty_json(value, indent="  ", level=0, flat=None):
 # combining marks in a row, the rest are counted, not kept. Nothing else changes, and a second
 # pass changes nothing. cut keeps at most `limit` UTF-8 bytes, on a character boundary, marked
 # '…'; clean is both; quote puts sanitized text in double quotes, `"` and `\` escaped.
+# tell is the one way a line reaches a person: each argument one line, sanitized whole; log is
+# a line of it to stderr. A result passed back to the host is the server's, never sanitized.
 # Differential test: tests/test_sanitize_differential.py finds every code point assigned in
 # Python's and node's Unicode kept, escaped or counted as node's Unicode properties say.
 # =============================================================================================
@@ -3823,6 +3604,23 @@ def clean(text, limit):
 
 def quote(text):
     return '"' + sanitize(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def tell(*lines, out=None, end="\n", flush=False):
+    """The one way text reaches a person: each argument one line, sanitized whole, so no value
+    draws a line of its own (sanitizing twice changes nothing)."""
+    out = sys.stdout if out is None else out
+    out.write("\n".join(sanitize(line) for line in lines or ("",)) + end)
+    if flush:
+        out.flush()
+
+
+def log(message):
+    """One line to stderr; stdout carries only protocol."""
+    try:
+        tell(f"{PROGRAM}: {message}", out=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 # =============================================================================================
@@ -4913,7 +4711,253 @@ def resolved_root(text, where):
 
 
 # =============================================================================================
-# 16. The lint
+# 16. Durations and times
+#
+# Reads as: library
+#
+# Contract: parse_duration reads Go's duration syntax (an optional sign, then "0" alone or
+# decimal numbers each with a unit: ns, us, µs, ms, s, m, h) as whole nanoseconds, exactly and
+# truncated below one as Go truncates, and raises ValueError for anything else or for 2^63 ns
+# or more; format_duration writes what Go's Duration.String writes. format_time writes seconds
+# since the epoch as fixed-width UTC with microseconds, rounded as datetime rounds them (half
+# to even), so stored times compare as strings; parse_time reads one back; later adds a
+# duration to one; prose_time shows one to the second.
+# Differential test: tests/test_durations_differential.py.
+# =============================================================================================
+
+_DURATION_UNITS = {"ns": 1, "us": 1000, "µs": 1000, "μs": 1000, "ms": 10**6, "s": 10**9,
+                   "m": 60 * 10**9, "h": 3600 * 10**9}
+_DURATION_RE = re.compile(r"([0-9]*(?:\.[0-9]*)?)([a-zµμ]+)")
+
+
+def parse_duration(text):
+    """Nanoseconds from Go's duration syntax ("15s", "1h30m", "300ms", "0"); ValueError else."""
+    sign = -1 if text.startswith("-") else 1
+    body = text[1:] if text.startswith(("+", "-")) else text
+    if body == "0":
+        return 0
+    if not body:
+        raise ValueError(f'invalid duration "{text}"')
+    total, pos = decimal.Decimal(0), 0
+    while pos < len(body):
+        match = _DURATION_RE.match(body, pos)
+        if not match or match.group(1) in ("", ".") or match.group(2) not in _DURATION_UNITS:
+            raise ValueError(f'invalid duration "{text}"')
+        total += decimal.Decimal(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    if total >= 2**63:
+        raise ValueError(f'duration "{text}" is too long')
+    return sign * int(total)
+
+
+def format_duration(ns):
+    """Go's Duration.String: 0s, 300ms, 2s, 1m30s, 10m0s, 24h0m0s."""
+    sign, ns = ("-" if ns < 0 else ""), abs(ns)
+    for unit, size in (("ns", 1), ("µs", 1000), ("ms", 10**6)):
+        if 0 < ns < size * 1000:
+            return f"{sign}{decimal.Decimal(ns) / size:f}{unit}"  # exact: under 28 digits
+    hours, rest = divmod(ns, 3600 * SECOND)
+    minutes, rest = divmod(rest, 60 * SECOND)
+    seconds = f"{decimal.Decimal(rest) / SECOND:f}s"
+    if hours:
+        return f"{sign}{hours}h{minutes}m{seconds}"
+    if minutes:
+        return f"{sign}{minutes}m{seconds}"
+    return sign + seconds
+
+
+def now():
+    """Fixed-width UTC with microseconds: leases and windows compare as strings."""
+    return format_time(time.time())
+
+
+def format_time(seconds):
+    """Microseconds rounded as datetime rounds them (half to even)."""
+    fraction, whole = math.modf(seconds)
+    micros = round(fraction * 1e6)
+    if micros >= 1_000_000:
+        whole, micros = whole + 1, micros - 1_000_000
+    elif micros < 0:
+        whole, micros = whole - 1, micros + 1_000_000
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(whole))}.{micros:06d}Z"
+
+
+def parse_time(text):
+    return datetime.datetime.fromisoformat(text[:-1] + "+00:00").timestamp()
+
+
+def later(text, ns):
+    return format_time(parse_time(text) + ns / SECOND)
+
+
+def prose_time(text):
+    return text[:19] + "Z"
+
+
+# =============================================================================================
+# 17. Fields of a configuration
+#
+# Reads as: library
+#
+# Contract: each reader takes one field of a JSON object read by section 10's parse and
+# returns it, or its default when it is absent, exactly when the JSON Schema its docstring
+# names accepts it; otherwise it raises ConfigError with one sentence naming the field (as
+# `where` places it) and what to write instead. refuse_unknown refuses a field not listed.
+# Differential test: tests/test_fields_differential.py.
+# =============================================================================================
+
+def refuse_unknown(raw, fields, where):
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be an object")
+    for key in raw:
+        if key not in fields:
+            raise ConfigError(f"{where} has an unknown field {quote(key)}; the fields are "
+                              f"{', '.join(fields)}")
+
+
+def field_string(raw, field, where, required=False):
+    value = raw.get(field)
+    if value is None:
+        if required:
+            raise ConfigError(f"{where} needs {field}")
+        return ""
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}.{field} must be a string")
+    if required and not value:
+        raise ConfigError(f"{where}.{field} must not be empty")
+    return value
+
+
+def field_bool(raw, field, where):
+    value = raw.get(field, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}.{field} must be true or false")
+    return value
+
+
+def field_names(raw, field, where):
+    value = raw.get(field, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}.{field} must be a list of strings")
+    return value
+
+
+def field_byte_cap(raw, field, default, most):
+    cap = raw.get(field, Number(str(default)))
+    if not isinstance(cap, Number) or not cap.is_integer() or not 1024 <= cap.exact() <= most:
+        raise ConfigError(f"{field} must be a whole number of bytes from 1024 to {most}")
+    return int(cap.exact())
+
+
+def field_duration(raw, field, where, default):
+    value = raw.get(field)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ConfigError(f'{where}.{field}: a duration is a string such as "15s"')
+    try:
+        ns = parse_duration(value)
+    except ValueError:
+        raise ConfigError(f'{where}.{field} {quote(value)} is not a duration; write it like '
+                          f'"15s", "300ms" or "1h30m"') from None
+    if ns < 0:
+        raise ConfigError(f"{where}.{field} must not be negative")
+    return ns
+
+
+def parse_decimal(value, where):
+    if isinstance(value, Number):
+        return value.exact()
+    if isinstance(value, str) and JSON_NUMBER_RE.fullmatch(value) and not number_bound(value):
+        return decimal.Decimal(value)
+    raise ConfigError(f'{where} must be a number or a decimal string such as "50.00"')
+
+
+def whole_number(value, where, least, most=math.inf, note=""):
+    if not isinstance(value, Number) or not value.is_integer() \
+            or not least <= value.exact() <= most:
+        raise ConfigError(f"{where} must be a whole number of at least {least}{note}")
+    return int(value.exact())
+
+
+def one_of(value, choices, where):
+    if value not in choices:
+        raise ConfigError(f"{where} is {quote(str(value))}; use one of {', '.join(choices)}")
+    return value
+
+
+# =============================================================================================
+# 18. Days and hours in a time zone
+#
+# Reads as: library
+#
+# Contract: During reads a `during` object (days such as "mon-fri" or "sat,sun", hours such
+# as "09:00-18:00" or, past midnight, "22:00-06:00", and the IANA zone they are read in),
+# refusing anything else with ConfigError; holds(at) tells whether the instant `at` (seconds
+# since the epoch) falls on one of those days and within those hours, as a clock on a wall in
+# that zone shows it (so a daylight saving change moves the window with the wall clock).
+# Differential test: tests/test_days_differential.py.
+# =============================================================================================
+
+DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+_CLOCK_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])|24:00")
+
+
+class During:
+    def __init__(self, raw, where):
+        import zoneinfo  # only a policy with `during` needs the time zone database
+        if not isinstance(raw, dict) or not raw:
+            raise ConfigError(f'{where} must be an object such as {{"days": "mon-fri", '
+                              f'"hours": "09:00-18:00", "zone": "Europe/Paris"}}')
+        refuse_unknown(raw, ("days", "hours", "zone"), where)
+        zone = raw.get("zone")
+        if zone is None:
+            raise ConfigError(f'{where} needs zone, the time zone its days and hours are read '
+                              f'in, such as "Europe/Paris" or "UTC"')
+        try:
+            self.zone = zoneinfo.ZoneInfo(zone)
+        except (TypeError, ValueError, zoneinfo.ZoneInfoNotFoundError):
+            raise ConfigError(f'{where}.zone {quote(str(zone))} is not a time zone this machine '
+                              f'knows; name one such as "Europe/Paris" or "UTC"') from None
+        if "days" not in raw and "hours" not in raw:
+            raise ConfigError(f"{where} needs days, hours or both")
+        self.raw = raw  # for the load report
+        self.days = self._days(raw["days"], f"{where}.days") if "days" in raw else set(range(7))
+        self.hours = self._hours(raw["hours"], f"{where}.hours") if "hours" in raw else None
+
+    @staticmethod
+    def _days(text, where):
+        days = set()
+        for part in text.split(",") if isinstance(text, str) else [None]:
+            first, dash, last = (part or "").strip().lower().partition("-")
+            if first not in DAYS or (dash and last not in DAYS):
+                raise ConfigError(f'{where} must read like "mon-fri" or "sat,sun"')
+            start, end = DAYS.index(first), DAYS.index(last or first)
+            days.update(d % 7 for d in range(start, end + (7 if end < start else 0) + 1))
+        return days
+
+    @staticmethod
+    def _hours(text, where):
+        first, _, last = text.partition("-") if isinstance(text, str) else ("", "", "")
+        first, last = first.strip(), last.strip()
+        if not _CLOCK_RE.fullmatch(first) or not _CLOCK_RE.fullmatch(last) or first == last \
+                or first == "24:00":
+            raise ConfigError(f'{where} must read like "09:00-18:00" (a range past midnight, '
+                              f'like "22:00-06:00", is allowed)')
+        return tuple(int(t[:2]) * 60 + int(t[3:5]) for t in (first, last))
+
+    def holds(self, at):
+        local = datetime.datetime.fromtimestamp(at, self.zone)
+        if local.weekday() not in self.days:
+            return False
+        if self.hours is None:
+            return True
+        minute, (start, end) = local.hour * 60 + local.minute, self.hours
+        return start <= minute < end if start < end else minute >= start or minute < end
+
+
+# =============================================================================================
+# 19. The lint
 #
 # Reads as: around the core
 #
@@ -5145,7 +5189,7 @@ def lint_manifests(manifests):
 
 
 # =============================================================================================
-# 17. Upstream servers
+# 20. Upstream servers
 #
 # Reads as: around the core
 #
@@ -5851,7 +5895,7 @@ def mcp_sdk_for(server):
 
 
 # OAuth, through the mcp package's own client (discovery, registration, PKCE, refresh). Only
-# `login`, an operator command, ever asks a person (section 26); the serving gate attaches
+# `login`, an operator command, ever asks a person (section 29); the serving gate attaches
 # what login left and refreshes it, and a server it cannot authorize is not served.
 LOGIN_NEEDED = "the server asks for an authorization the gate does not hold, or holds no longer"
 # Never used to receive anything: the serving gate's client has no way to ask a person.
@@ -6505,7 +6549,7 @@ def handshake_and_list(upstream, deadline):
 
 
 # =============================================================================================
-# 18. Reading the record
+# 21. Reading the record
 #
 # Reads as: around the core
 #
@@ -6697,7 +6741,7 @@ class Ledger(Store):
 
 
 # =============================================================================================
-# 19. Tool changes while serving
+# 22. Tool changes while serving
 #
 # Reads as: around the core
 #
@@ -6844,14 +6888,14 @@ def tools_changed_text(payload):
 
 
 # =============================================================================================
-# 20. The status tool
+# 23. The status tool
 #
 # Reads as: around the core
 #
 # Owns: the status tool's answer: the approvals of this session and what became of them.
 # Core it calls: Store.latest_approval, step_outcome, outcome_text, and Answer, answer and
 # gate_status to build its answer from section 6's tables; it reads the rest through the
-# Ledger (section 18) serve opens.
+# Ledger (section 21) serve opens.
 # Promises: it tells the model what waits and what was decided, never a command, the database,
 # the config or a run id; recorded text from servers is sanitized.
 # =============================================================================================
@@ -6964,7 +7008,7 @@ def approved_fate(gate, approval):
 
 
 # =============================================================================================
-# 21. The host's other requests
+# 24. The host's other requests
 #
 # Reads as: around the core
 #
@@ -6975,7 +7019,7 @@ def approved_fate(gate, approval):
 # Core it calls: answer, and HostServer's send and protocol.
 # Promises: a call's progress (the gate's while it holds the call, then the server's) reaches
 # the host under the host's token, only increasing, and nothing more once the host cancelled
-# the call; the host is told once of a tool its server changed while serving (section 19), and
+# the call; the host is told once of a tool its server changed while serving (section 22), and
 # only after it said notifications/initialized (before, its first tools/list sees the change).
 # =============================================================================================
 
@@ -7121,7 +7165,7 @@ class StatusTool:
 
 
 # =============================================================================================
-# 22. Notify
+# 25. Notify
 #
 # Reads as: around the core
 #
@@ -7232,14 +7276,14 @@ class Notifier:
 
 
 # =============================================================================================
-# 23. Pins and load reports
+# 26. Pins and load reports
 #
 # Reads as: around the core
 #
 # Owns: writing a server's manifest (pin), and the lines of a load report (Report, which load
 # tells what became of each tool) and of a change.
 # Core it calls: manifest_entry, changed_parts, compared_part, rule_outcome;
-# section 17's write_private.
+# section 20's write_private.
 # Promises: server-chosen names are sanitized in every report line.
 # =============================================================================================
 
@@ -7436,7 +7480,7 @@ def log_reports(reports):
 
 
 # =============================================================================================
-# 24. The command line's flags
+# 27. The command line's flags
 #
 # Reads as: around the core
 #
@@ -7558,7 +7602,7 @@ def text_argument(value):
 
 
 # =============================================================================================
-# 25. Operator commands
+# 28. Operator commands
 #
 # Reads as: around the core
 #
@@ -7570,7 +7614,7 @@ def text_argument(value):
 # Core it calls: Store (its reads, and decide_approval, cancel_run, create_grant,
 # revoke_grant), check_database_path, Tool, check_arguments, evaluate, approval_hash,
 # decision_facts, last_attempt, confirmed_conditions, parse_conditions, pointer_problem,
-# step_outcome, outcome_text, stored_hash, block_bytes, event_hash; section 17's load_config,
+# step_outcome, outcome_text, stored_hash, block_bytes, event_hash; section 20's load_config,
 # check_reach and read_manifest.
 # Promises: approve and reject print the approval in full and decide bound to the hash of
 # exactly what they printed, so a row that changed after it was shown is refused; a printout
@@ -8863,7 +8907,7 @@ def recheck_line(e):
 
 
 # =============================================================================================
-# 26. Setup
+# 29. Setup
 #
 # Reads as: around the core
 #
@@ -8872,8 +8916,8 @@ def recheck_line(e):
 # servers (one database for all), pins them and proposes a rule per tool from the server's own
 # hints; and the acceptance of those proposals. And `login`, the OAuth authorization of a url
 # server: the only command that opens a port (on 127.0.0.1, while it waits for the browser).
-# Core it calls: Server, read_owned; section 17's load_config, check_reach, read_transport,
-# shown_url and write_private; section 22's operator_hint; section 23's pin.
+# Core it calls: Server, read_owned; section 20's load_config, check_reach, read_transport,
+# shown_url and write_private; section 25's operator_hint; section 26's pin.
 # Promises: a config is written 0600; run again, init adds the servers new in its host's file
 # and changes no other byte; a secret in a server's env or headers goes into the config and into
 # no output; a tool is offered only once its proposed rule was accepted; a project's servers
@@ -9468,15 +9512,15 @@ class LoopbackRedirect:
 
 
 # =============================================================================================
-# 27. Pin and check
+# 30. Pin and check
 #
 # Reads as: around the core
 #
 # Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin, and each
 # server's and tool's standing, before any host is pointed at the gate.
 # Core it calls: check_database_path, Store, lint_hash; load_config, check_reach, load_all,
-# read_manifest and write_private (section 17), lint_lines (section 16) and
-# tool_changes (section 19).
+# read_manifest and write_private (section 20), lint_lines (section 19) and
+# tool_changes (section 22).
 # Promises: pin -diff changes a manifest only after a yes; check exits 1 while anything is
 # refused, unreviewed or unserved.
 # =============================================================================================
@@ -9651,7 +9695,7 @@ def load_warnings(reports):
 
 
 # =============================================================================================
-# 28. Fake payment server
+# 31. Fake payment server
 #
 # Reads as: around the core
 #
@@ -9769,7 +9813,7 @@ def fake_payments():
 
 
 # =============================================================================================
-# 29. Demonstration
+# 32. Demonstration
 #
 # Reads as: around the core
 #
@@ -9778,7 +9822,7 @@ def fake_payments():
 # run as separate processes in a temporary directory, as they would for a person.
 # Promises: every step says what the model sees; the demo exits non-zero if any step did not
 # behave as narrated, and it ends only after every process it started has exited.
-# Core it calls: nothing: it writes with section 17's write_private and runs everything else
+# Core it calls: nothing: it writes with section 20's write_private and runs everything else
 # as agentgate's own commands, in processes.
 # =============================================================================================
 
@@ -10037,7 +10081,7 @@ def _processes_mentioning(text):
 
 
 # =============================================================================================
-# 30. Main
+# 33. Main
 #
 # Reads as: around the core
 #
@@ -10045,9 +10089,9 @@ def _processes_mentioning(text):
 # the upstreams, the gate, the host side and the seams around them. Go-style single-dash long
 # flags (-config, -approval); the double-dash spelling works too. Exit codes: 0 ok, 1 failure,
 # 2 usage. No traceback reaches a user: every expected failure is one sentence on stderr.
-# Core it calls: Store (opened as section 18's Ledger, which the status tool reads), Gate,
-# HostServer, and the seams: the gate's `announce` and `duplicate` (section 22's
-# announce_waiting and duplicate_refused) and the host's `around` and `status` (section 21's
+# Core it calls: Store (opened as section 21's Ledger, which the status tool reads), Gate,
+# HostServer, and the seams: the gate's `announce` and `duplicate` (section 25's
+# announce_waiting and duplicate_refused) and the host's `around` and `status` (section 24's
 # HostAround and StatusTool).
 # =============================================================================================
 
