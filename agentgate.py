@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3079 lines of decision core, read first; then the libraries it relies on, each
+Sections (2972 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -33,7 +33,7 @@ because the configuration is read with its parser.
      3. Policy on what a call does                   decision core      428
      4. Configuration and its trust                  decision core      233
      5. Tools, as pinned                             decision core      296
-     6. Answers                                      decision core      448
+     6. Answers                                      decision core      341
      7. The record                                   decision core      696
      8. The gate                                     decision core      580
      9. The host side                                decision core      277
@@ -46,23 +46,24 @@ because the configuration is read with its parser.
     16. Durations and times                          library             84
     17. Fields of a configuration                    library             92
     18. Days and hours in a time zone                library             70
-    19. The lint                                     around the core    232
-    20. Upstream servers                             around the core   1360
-    21. Reading the record                           around the core    192
-    22. Tool changes while serving                   around the core    147
-    23. The status tool                              around the core    120
-    24. The host's other requests                    around the core    157
-    25. Notify                                       around the core    111
-    26. Pins and load reports                        around the core    204
-    27. The command line's flags                     around the core    122
-    28. Operator commands                            around the core   1305
-    29. Setup                                        around the core    605
-    30. Pin and check                                around the core    183
-    31. Fake payment server                          around the core    118
-    32. Demonstration                                around the core    268
-    33. Main                                         around the core    131
+    19. What a result's record keeps                 library            128
+    20. The lint                                     around the core    232
+    21. Upstream servers                             around the core   1360
+    22. Reading the record                           around the core    192
+    23. Tool changes while serving                   around the core    147
+    24. The status tool                              around the core    120
+    25. The host's other requests                    around the core    157
+    26. Notify                                       around the core    111
+    27. Pins and load reports                        around the core    204
+    28. The command line's flags                     around the core    122
+    29. Operator commands                            around the core   1305
+    30. Setup                                        around the core    605
+    31. Pin and check                                around the core    183
+    32. Fake payment server                          around the core    118
+    33. Demonstration                                around the core    268
+    34. Main                                         around the core    131
 
-One tools/call through the core, with the section of each step (10, 13: libraries):
+One tools/call through the core, with the section of each step (10, 13, 19: libraries):
 
     HostServer._read_loop    read_frames: one frame per newline byte off stdin           1
       HostServer._frame      parse: the boundary check, number literals kept as written 10
@@ -77,7 +78,7 @@ One tools/call through the core, with the section of each step (10, 13: librarie
                              records the run (Tx.begin_run ... Tx.start_execution)   8, 3, 7
           Gate._hold         a Wait: an operator decides elsewhere, bound by hash          8
           Gate._execute      call_upstream with the rule's timeout; passed_result and
-                             result_record: what the host gets, what the record keeps  8, 6
+                             result_record: what the host gets, and what is kept    8, 6, 19
                              Tx.finish_execution, committed before the answer is sent     7
         passed_answer        the server's result as it sent it, or answer() from PROSE    6
       HostServer.send        one JSON-RPC line on stdout, written as bytes                9
@@ -672,7 +673,7 @@ def policy_pointer_problem(schema, rule, tool_name):
 #
 # Owns: reading the config file and the files it trusts (manifests, the database), the fields
 # that decide and their defaults, and the policy identity. How a server is reached decides
-# nothing: section 20's read_transport reads it, in the same pass.
+# nothing: section 21's read_transport reads it, in the same pass.
 # Promises: a config is used only if it is a regular file owned by this user that nobody else
 # can write; it passes the canonical boundary check (so a repeated key cannot be read two
 # ways); every unknown field anywhere is refused with its path. Every refusal is one sentence
@@ -1017,7 +1018,7 @@ def compared_part(entry, key, pinned):
     return value
 
 
-# Lint severities (section 19): a high finding refuses a tool unless its rule's
+# Lint severities (section 20): a high finding refuses a tool unless its rule's
 # accepted_description is the lint_hash of exactly the texts the lint read.
 LINT_HIGH, LINT_MEDIUM = "high", "medium"
 
@@ -1200,19 +1201,17 @@ def hiding_problem(schema, rule):
 # Reads as: decision core
 #
 # Owns: every sentence of the gate's the model can read (the tables), a call's evaluation with
-# its approval and hash, the check of its arguments, and what of a result is passed on and kept.
+# its approval and hash, the check of its arguments, and what of a result is passed on.
 # Promises: an approval's hash covers exactly what it binds and shows; re-running an unknown
 # outcome always needs an operator. A result reaches the host as the server answered it (told
-# again, sanitized), and its record identifies exactly what the model got. Nothing the model
-# sees names the operator command, the database, the config or a run id.
+# again, sanitized), and section 19 records exactly what the model got. Nothing the model sees
+# names the operator command, the database, the config or a run id.
 # =============================================================================================
 
 APPROVAL_COLUMNS = ("id", "run_id", "step_id", "kind", "capability_json", "presentation_json",
                     "request_json", "hash", "status", "created_at", "expires_at", "decided_at",
                     "decided_by", "note")
 
-CONTENT_CAP = 65536  # bytes of result text the record keeps, and of recorded text in prose
-RECORDED_BLOCKS = 512  # blocks a record describes one by one; the rest it counts
 # What of a tools/call result reaches the host: every field MCP gives one.
 RESULT_FIELDS = ("content", "structuredContent", "isError", "_meta")
 
@@ -1309,7 +1308,7 @@ SLOT_PROSE = {
     "holding": "waiting for an operator's approval",
 }
 
-# The status tool's words (section 23 picks among them).
+# The status tool's words (section 24 picks among them).
 STATUS_DESCRIPTION = (
     "Reports which requests of this session wait for an operator's approval, or, given the "
     "approval id a pending answer named, what became of that request: pending, approved, "
@@ -1537,118 +1536,13 @@ def passed_result(tool, result):
     return {k: result[k] for k in RESULT_FIELDS if k in result}, ""
 
 
-def result_record(passed):
-    """What the record keeps of a result, identifying exactly what the model got: canonical
-    size and hash; each block, its text while texts total at most CONTENT_CAP bytes (else size
-    and hash); structured content whole if it fits what is left."""
-    room = [CONTENT_CAP]
-
-    def keep(text):
-        data = text.encode("utf-8", "surrogatepass")
-        kept = data[:room[0]]
-        room[0] -= len(kept)
-        return text if len(kept) == len(data) else kept.decode("utf-8", "ignore")
-
-    blocks = passed["content"]
-    record = {**_size_and_hash(canonical(passed)),
-              "blocks": [recorded_block(block, keep) for block in blocks[:RECORDED_BLOCKS]]}
-    if len(blocks) > RECORDED_BLOCKS:
-        record["more_blocks"] = len(blocks) - RECORDED_BLOCKS
-    if "structuredContent" in passed:
-        structured = canonical(passed["structuredContent"])
-        record["structured"] = _size_and_hash(structured)
-        if len(structured) <= room[0]:
-            record["structured"]["value"] = passed["structuredContent"]
-    if passed.get("isError") is True:
-        record["is_error"] = True
-    return record
-
-
-def recorded_block(block, keep):
-    """One block as recorded: data or a blob as the size and hash of the bytes it encodes (a
-    file can be matched); a block with neither text nor data, as its canonical form's."""
-    kind = block["type"]
-    entry = {"type": cut(kind, 100)}
-    source = block.get("resource") if kind == "resource" and isinstance(
-        block.get("resource"), dict) else block
-    for label in ("mimeType", "uri", "name"):
-        if isinstance(source.get(label), str):
-            entry[label] = keep(source[label])
-    text = source.get("text") if kind in ("text", "resource") else None
-    data = source.get({"resource": "blob", "image": "data", "audio": "data"}.get(kind))
-    if isinstance(text, str):
-        entry["text"] = keep(text)
-        if entry["text"] != text:
-            entry.update(_size_and_hash(text.encode("utf-8", "surrogatepass")))
-    elif isinstance(data, str):
-        try:
-            entry.update(_size_and_hash(base64.b64decode(data, validate=True)))
-        except ValueError:  # not base64: what was sent is what is identified
-            entry.update(_size_and_hash(data.encode("utf-8", "surrogatepass")), base64=False)
-    else:
-        entry.update(_size_and_hash(canonical(block)))
-    return entry
-
-
-def _size_and_hash(data):
-    return {"bytes": len(data), "sha256": sha256_hex(data)}
-
-
-def block_bytes(entry):
-    if "bytes" in entry:
-        return entry["bytes"]
-    return len(entry["text"].encode("utf-8", "surrogatepass"))
-
-
-def block_labels(record):
-    labels = []
-    for entry in record["blocks"]:
-        label = entry.get("mimeType") or entry.get("uri")
-        label = f"{entry['type']} {label}" if label else entry["type"]
-        labels.append(f"[{label}, {block_bytes(entry)} bytes]")
-    if record.get("more_blocks"):
-        labels.append(f"[{record['more_blocks']} more blocks]")
-    return labels
-
-
-def outcome_text(observed):
-    """A recorded outcome as text: a result's text blocks and other blocks' labels (withheld:
-    only labels; structured content alone: its JSON), the error instead, or a schema 4 result."""
-    if "result" not in observed:
-        content = observed["content"]
-        if observed["kind"] != "tool_result":
-            return content["error"]
-        return content if isinstance(content, str) else policy_json(content)
-    record, withheld = observed["result"], observed.get("withheld", False)
-    blocks, labels = record["blocks"], block_labels(record)
-    parts = [entry["text"] if entry["type"] == "text" and "text" in entry and not withheld
-             else label for entry, label in zip(blocks, labels)] + labels[len(blocks):]
-    structured = record.get("structured", {})
-    if not blocks and "value" in structured and not withheld:
-        parts.append(policy_json(structured["value"]))
-    return "\n".join(parts)
-
-
-def result_summary(tool, record, withheld_over=0):
-    count = len(record["blocks"]) + record.get("more_blocks", 0)
-    parts = [f"{tool.server.name}/{tool.upstream_name}: {record['bytes']} bytes, {count} "
-             f"block{'s' if count != 1 else ''}"]
-    if "structured" in record:
-        parts.append("structured content")
-    if record.get("is_error"):
-        parts.append("an error")
-    if withheld_over:
-        parts.append(f"withheld: more than {withheld_over} bytes")
-    return ", ".join(parts)
-
-
 # =============================================================================================
 # 7. The record
 #
 # Reads as: decision core
 #
 # Owns: the SQLite file, every statement that changes it, and the reads the gate decides with
-# (what people read besides is section 21's Ledger).
+# (what people read besides is section 22's Ledger).
 # Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema off; files created 0600 and
 # refused when others can write them; every state change commits with its events in one BEGIN
 # IMMEDIATE transaction, hash-chained across all runs and processes; what one transaction
@@ -1822,7 +1716,7 @@ class Tx:
 
     def flush(self):
         """Chain each run's parts as one event: a part alone as itself, several as one
-        call.began, call.changed or call.ended event (event_parts, section 21, reads both)."""
+        call.began, call.changed or call.ended event (event_parts, section 22, reads both)."""
         for run_id, parts in self.parts.items():
             if len(parts) == 1:
                 type_, step_id, payload = parts[0]
@@ -2354,7 +2248,7 @@ class Store:
 # before the lock, executing and holding after it. An executing run holds a lease its process
 # renews; one whose lease ran out is taken over. Everything is recorded before it is sent,
 # except a read allowed outright (see _begin). It reaches out only through seams: the
-# upstream's `request` (section 20), `announce` and `duplicate` (section 25).
+# upstream's `request` (section 21), `announce` and `duplicate` (section 26).
 # =============================================================================================
 
 TOOL_CALL = "tool_call"
@@ -2925,7 +2819,7 @@ def _policy_record(decision, facts, approved=False):
 #
 # Owns: the host's conversation on stdin and stdout as far as it decides calls: framing,
 # batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once), cancellation and shutdown;
-# the rest (initialize's answer, ping, progress, the status tool, threads) is section 24's.
+# the rest (initialize's answer, ping, progress, the status tool, threads) is section 25's.
 # Promises: stdout carries only protocol, one JSON-RPC message per line, written under one
 # lock; the first request is answered at once, even while the servers start; every request
 # gets exactly one well-formed answer (a malformed or oversized line, a batch member that is
@@ -2944,7 +2838,7 @@ MAX_IN_FLIGHT = 64  # requests handled at once
 
 
 class HostServer:
-    """One host session; `around` is section 24's HostAround."""
+    """One host session; `around` is section 25's HostAround."""
 
     def __init__(self, stdin, stdout, around):
         self.stdin, self.stdout, self.around = stdin, stdout, around
@@ -4957,7 +4851,135 @@ class During:
 
 
 # =============================================================================================
-# 19. The lint
+# 19. What a result's record keeps
+#
+# Reads as: library
+#
+# Contract: result_record(passed) describes a tools/call result as the host got it, so that
+# the record identifies exactly that result without keeping all of it: the canonical
+# encoding's size and sha256; each of the first RECORDED_BLOCKS blocks with its type, and its
+# mimeType, uri and name where they are strings; a text kept whole while the texts kept total
+# at most CONTENT_CAP UTF-8 bytes, past that cut on a character boundary with the size and
+# sha256 of the whole text; base64 data or a blob as the size and sha256 of the bytes it
+# decodes to (not base64: of its UTF-8 bytes, marked base64 false); any other block as its
+# canonical encoding's size and sha256; the count of blocks past RECORDED_BLOCKS; structured
+# content's size and sha256, and the value itself when it fits what is left; is_error when
+# the result says isError true. outcome_text and block_labels read a record back as text;
+# result_summary is its one line for a person.
+# Differential test: tests/test_result_record_differential.py.
+# =============================================================================================
+
+CONTENT_CAP = 65536  # bytes of result text the record keeps, and of recorded text in prose
+RECORDED_BLOCKS = 512  # blocks a record describes one by one; the rest it counts
+
+
+def result_record(passed):
+    """What the record keeps of a result, identifying exactly what the model got: canonical
+    size and hash; each block, its text while texts total at most CONTENT_CAP bytes (else size
+    and hash); structured content whole if it fits what is left."""
+    room = [CONTENT_CAP]
+
+    def keep(text):
+        data = text.encode("utf-8", "surrogatepass")
+        kept = data[:room[0]]
+        room[0] -= len(kept)
+        return text if len(kept) == len(data) else kept.decode("utf-8", "ignore")
+
+    blocks = passed["content"]
+    record = {**_size_and_hash(canonical(passed)),
+              "blocks": [recorded_block(block, keep) for block in blocks[:RECORDED_BLOCKS]]}
+    if len(blocks) > RECORDED_BLOCKS:
+        record["more_blocks"] = len(blocks) - RECORDED_BLOCKS
+    if "structuredContent" in passed:
+        structured = canonical(passed["structuredContent"])
+        record["structured"] = _size_and_hash(structured)
+        if len(structured) <= room[0]:
+            record["structured"]["value"] = passed["structuredContent"]
+    if passed.get("isError") is True:
+        record["is_error"] = True
+    return record
+
+
+def recorded_block(block, keep):
+    """One block as recorded: data or a blob as the size and hash of the bytes it encodes (a
+    file can be matched); a block with neither text nor data, as its canonical form's."""
+    kind = block["type"]
+    entry = {"type": cut(kind, 100)}
+    source = block.get("resource") if kind == "resource" and isinstance(
+        block.get("resource"), dict) else block
+    for label in ("mimeType", "uri", "name"):
+        if isinstance(source.get(label), str):
+            entry[label] = keep(source[label])
+    text = source.get("text") if kind in ("text", "resource") else None
+    data = source.get({"resource": "blob", "image": "data", "audio": "data"}.get(kind))
+    if isinstance(text, str):
+        entry["text"] = keep(text)
+        if entry["text"] != text:
+            entry.update(_size_and_hash(text.encode("utf-8", "surrogatepass")))
+    elif isinstance(data, str):
+        try:
+            entry.update(_size_and_hash(base64.b64decode(data, validate=True)))
+        except ValueError:  # not base64: what was sent is what is identified
+            entry.update(_size_and_hash(data.encode("utf-8", "surrogatepass")), base64=False)
+    else:
+        entry.update(_size_and_hash(canonical(block)))
+    return entry
+
+
+def _size_and_hash(data):
+    return {"bytes": len(data), "sha256": sha256_hex(data)}
+
+
+def block_bytes(entry):
+    if "bytes" in entry:
+        return entry["bytes"]
+    return len(entry["text"].encode("utf-8", "surrogatepass"))
+
+
+def block_labels(record):
+    labels = []
+    for entry in record["blocks"]:
+        label = entry.get("mimeType") or entry.get("uri")
+        label = f"{entry['type']} {label}" if label else entry["type"]
+        labels.append(f"[{label}, {block_bytes(entry)} bytes]")
+    if record.get("more_blocks"):
+        labels.append(f"[{record['more_blocks']} more blocks]")
+    return labels
+
+
+def outcome_text(observed):
+    """A recorded outcome as text: a result's text blocks and other blocks' labels (withheld:
+    only labels; structured content alone: its JSON), the error instead, or a schema 4 result."""
+    if "result" not in observed:
+        content = observed["content"]
+        if observed["kind"] != "tool_result":
+            return content["error"]
+        return content if isinstance(content, str) else policy_json(content)
+    record, withheld = observed["result"], observed.get("withheld", False)
+    blocks, labels = record["blocks"], block_labels(record)
+    parts = [entry["text"] if entry["type"] == "text" and "text" in entry and not withheld
+             else label for entry, label in zip(blocks, labels)] + labels[len(blocks):]
+    structured = record.get("structured", {})
+    if not blocks and "value" in structured and not withheld:
+        parts.append(policy_json(structured["value"]))
+    return "\n".join(parts)
+
+
+def result_summary(tool, record, withheld_over=0):
+    count = len(record["blocks"]) + record.get("more_blocks", 0)
+    parts = [f"{tool.server.name}/{tool.upstream_name}: {record['bytes']} bytes, {count} "
+             f"block{'s' if count != 1 else ''}"]
+    if "structured" in record:
+        parts.append("structured content")
+    if record.get("is_error"):
+        parts.append("an error")
+    if withheld_over:
+        parts.append(f"withheld: more than {withheld_over} bytes")
+    return ", ".join(parts)
+
+
+# =============================================================================================
+# 20. The lint
 #
 # Reads as: around the core
 #
@@ -5189,7 +5211,7 @@ def lint_manifests(manifests):
 
 
 # =============================================================================================
-# 20. Upstream servers
+# 21. Upstream servers
 #
 # Reads as: around the core
 #
@@ -5895,7 +5917,7 @@ def mcp_sdk_for(server):
 
 
 # OAuth, through the mcp package's own client (discovery, registration, PKCE, refresh). Only
-# `login`, an operator command, ever asks a person (section 29); the serving gate attaches
+# `login`, an operator command, ever asks a person (section 30); the serving gate attaches
 # what login left and refreshes it, and a server it cannot authorize is not served.
 LOGIN_NEEDED = "the server asks for an authorization the gate does not hold, or holds no longer"
 # Never used to receive anything: the serving gate's client has no way to ask a person.
@@ -6549,7 +6571,7 @@ def handshake_and_list(upstream, deadline):
 
 
 # =============================================================================================
-# 21. Reading the record
+# 22. Reading the record
 #
 # Reads as: around the core
 #
@@ -6741,7 +6763,7 @@ class Ledger(Store):
 
 
 # =============================================================================================
-# 22. Tool changes while serving
+# 23. Tool changes while serving
 #
 # Reads as: around the core
 #
@@ -6888,14 +6910,14 @@ def tools_changed_text(payload):
 
 
 # =============================================================================================
-# 23. The status tool
+# 24. The status tool
 #
 # Reads as: around the core
 #
 # Owns: the status tool's answer: the approvals of this session and what became of them.
-# Core it calls: Store.latest_approval, step_outcome, outcome_text, and Answer, answer and
-# gate_status to build its answer from section 6's tables; it reads the rest through the
-# Ledger (section 21) serve opens.
+# Core it calls: Store.latest_approval, step_outcome, and Answer, answer and gate_status to
+# build its answer from section 6's tables; it reads the rest through the Ledger (section 22)
+# serve opens.
 # Promises: it tells the model what waits and what was decided, never a command, the database,
 # the config or a run id; recorded text from servers is sanitized.
 # =============================================================================================
@@ -7008,7 +7030,7 @@ def approved_fate(gate, approval):
 
 
 # =============================================================================================
-# 24. The host's other requests
+# 25. The host's other requests
 #
 # Reads as: around the core
 #
@@ -7019,7 +7041,7 @@ def approved_fate(gate, approval):
 # Core it calls: answer, and HostServer's send and protocol.
 # Promises: a call's progress (the gate's while it holds the call, then the server's) reaches
 # the host under the host's token, only increasing, and nothing more once the host cancelled
-# the call; the host is told once of a tool its server changed while serving (section 22), and
+# the call; the host is told once of a tool its server changed while serving (section 23), and
 # only after it said notifications/initialized (before, its first tools/list sees the change).
 # =============================================================================================
 
@@ -7165,7 +7187,7 @@ class StatusTool:
 
 
 # =============================================================================================
-# 25. Notify
+# 26. Notify
 #
 # Reads as: around the core
 #
@@ -7276,14 +7298,14 @@ class Notifier:
 
 
 # =============================================================================================
-# 26. Pins and load reports
+# 27. Pins and load reports
 #
 # Reads as: around the core
 #
 # Owns: writing a server's manifest (pin), and the lines of a load report (Report, which load
 # tells what became of each tool) and of a change.
 # Core it calls: manifest_entry, changed_parts, compared_part, rule_outcome;
-# section 20's write_private.
+# section 21's write_private.
 # Promises: server-chosen names are sanitized in every report line.
 # =============================================================================================
 
@@ -7480,7 +7502,7 @@ def log_reports(reports):
 
 
 # =============================================================================================
-# 27. The command line's flags
+# 28. The command line's flags
 #
 # Reads as: around the core
 #
@@ -7602,7 +7624,7 @@ def text_argument(value):
 
 
 # =============================================================================================
-# 28. Operator commands
+# 29. Operator commands
 #
 # Reads as: around the core
 #
@@ -7614,8 +7636,8 @@ def text_argument(value):
 # Core it calls: Store (its reads, and decide_approval, cancel_run, create_grant,
 # revoke_grant), check_database_path, Tool, check_arguments, evaluate, approval_hash,
 # decision_facts, last_attempt, confirmed_conditions, parse_conditions, pointer_problem,
-# step_outcome, outcome_text, stored_hash, block_bytes, event_hash; section 20's load_config,
-# check_reach and read_manifest.
+# step_outcome, stored_hash, event_hash; section 21's load_config, check_reach and
+# read_manifest.
 # Promises: approve and reject print the approval in full and decide bound to the hash of
 # exactly what they printed, so a row that changed after it was shown is refused; a printout
 # that shortened a long value decides nothing until -full shows every byte; the late outcome
@@ -8907,7 +8929,7 @@ def recheck_line(e):
 
 
 # =============================================================================================
-# 29. Setup
+# 30. Setup
 #
 # Reads as: around the core
 #
@@ -8916,8 +8938,8 @@ def recheck_line(e):
 # servers (one database for all), pins them and proposes a rule per tool from the server's own
 # hints; and the acceptance of those proposals. And `login`, the OAuth authorization of a url
 # server: the only command that opens a port (on 127.0.0.1, while it waits for the browser).
-# Core it calls: Server, read_owned; section 20's load_config, check_reach, read_transport,
-# shown_url and write_private; section 25's operator_hint; section 26's pin.
+# Core it calls: Server, read_owned; section 21's load_config, check_reach, read_transport,
+# shown_url and write_private; section 26's operator_hint; section 27's pin.
 # Promises: a config is written 0600; run again, init adds the servers new in its host's file
 # and changes no other byte; a secret in a server's env or headers goes into the config and into
 # no output; a tool is offered only once its proposed rule was accepted; a project's servers
@@ -9512,15 +9534,15 @@ class LoopbackRedirect:
 
 
 # =============================================================================================
-# 30. Pin and check
+# 31. Pin and check
 #
 # Reads as: around the core
 #
 # Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin, and each
 # server's and tool's standing, before any host is pointed at the gate.
 # Core it calls: check_database_path, Store, lint_hash; load_config, check_reach, load_all,
-# read_manifest and write_private (section 20), lint_lines (section 19) and
-# tool_changes (section 22).
+# read_manifest and write_private (section 21), lint_lines (section 20) and
+# tool_changes (section 23).
 # Promises: pin -diff changes a manifest only after a yes; check exits 1 while anything is
 # refused, unreviewed or unserved.
 # =============================================================================================
@@ -9695,7 +9717,7 @@ def load_warnings(reports):
 
 
 # =============================================================================================
-# 31. Fake payment server
+# 32. Fake payment server
 #
 # Reads as: around the core
 #
@@ -9813,7 +9835,7 @@ def fake_payments():
 
 
 # =============================================================================================
-# 32. Demonstration
+# 33. Demonstration
 #
 # Reads as: around the core
 #
@@ -9822,7 +9844,7 @@ def fake_payments():
 # run as separate processes in a temporary directory, as they would for a person.
 # Promises: every step says what the model sees; the demo exits non-zero if any step did not
 # behave as narrated, and it ends only after every process it started has exited.
-# Core it calls: nothing: it writes with section 20's write_private and runs everything else
+# Core it calls: nothing: it writes with section 21's write_private and runs everything else
 # as agentgate's own commands, in processes.
 # =============================================================================================
 
@@ -10081,7 +10103,7 @@ def _processes_mentioning(text):
 
 
 # =============================================================================================
-# 33. Main
+# 34. Main
 #
 # Reads as: around the core
 #
@@ -10089,9 +10111,9 @@ def _processes_mentioning(text):
 # the upstreams, the gate, the host side and the seams around them. Go-style single-dash long
 # flags (-config, -approval); the double-dash spelling works too. Exit codes: 0 ok, 1 failure,
 # 2 usage. No traceback reaches a user: every expected failure is one sentence on stderr.
-# Core it calls: Store (opened as section 21's Ledger, which the status tool reads), Gate,
-# HostServer, and the seams: the gate's `announce` and `duplicate` (section 25's
-# announce_waiting and duplicate_refused) and the host's `around` and `status` (section 24's
+# Core it calls: Store (opened as section 22's Ledger, which the status tool reads), Gate,
+# HostServer, and the seams: the gate's `announce` and `duplicate` (section 26's
+# announce_waiting and duplicate_refused) and the host's `around` and `status` (section 25's
 # HostAround and StatusTool).
 # =============================================================================================
 
