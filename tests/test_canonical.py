@@ -1,5 +1,5 @@
-"""Canonical JSON (agentgate section 10), request keys (section 1), durations and the sanitizer
-(section 2).
+"""Canonical JSON (agentgate's "Canonical JSON"), request keys ("Framing"), durations ("Durations
+and times") and the sanitizer ("Text safe to show").
 
 Specification: reference sections 3.1-3.3 (the boundary check, the canonical encoding, the
 request key), 13 (durations) and 8.3 (sanitizing). Ported from the reference suite:

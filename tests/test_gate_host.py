@@ -7,7 +7,7 @@ Ported from the reference suite (agentrt-tests.md) and behaviour section 11:
 - proxy_test.go TestProxy_ListsOnlyClassifiedToolsAndTheStatusTool -> test_tools_list_*.
 - behaviour 11: protocol version negotiation, ping, unknown tool -32602, serverInfo
   "gated-tools"; SPEC: stdout carries only protocol, framing on \n.
-- agentgate's section 10 promises: the first request answered at once even while the upstream
+- the promises of agentgate's "The host side": the first request answered at once even while the upstream
   servers start, server/discover -32601, a malformed or oversized line answered with an error
   and the session going on, batches only under the protocol versions that have them.
 - behaviour 12.2 (Pdeathsig, close kills the group): a host that kills agentgate leaves no

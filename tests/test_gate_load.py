@@ -22,7 +22,7 @@ Ported from the reference suite (agentrt-tests.md):
 N/A:
 - listing_test.go TestCanonicalSchema_MatchesTheLegacyPinByteForByte, _FakeServerSchemasHashAsBefore,
   _KeepsWhatFloat64WouldLose: byte compatibility with the Go pin's float formatting; agentgate's
-  manifest hashes the canonical encoding of its own section 1 (SPEC: no byte compatibility).
+  manifest hashes its own canonical encoding (SPEC: no byte compatibility).
 - security_test.go TestLoad_TheChecksFallInsideTheConnectTimeout: needs an in-process hook that
   blocks the load checks; the connect and list phases of the same deadline are covered in
   test_gate_upstream.py.

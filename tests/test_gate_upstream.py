@@ -18,7 +18,7 @@ Ported from the reference suite (agentrt-tests.md):
   in flight; the call finishes, is recorded, and agentgate exits 0).
 - proc_unix_test.go: TestStdio_CloseKillsTheServersDescendants.
 - tool_test.go: TestCall_TimeoutIsHonoured (with the never-answering server).
-Beyond the reference (agentgate's section 5 promises): requests the server sends are answered
+Beyond the reference (the promises of agentgate's "Upstream servers"): requests the server sends are answered
 (ping with a result, roots/sampling/elicitation with an error), garbage on the server's stdout is
 ignored, an answer larger than the cap or not usable JSON fails only that call.
 N/A:

@@ -1,6 +1,6 @@
-"""The policy on what a call does, as pure functions (agentgate section 8), under hostile input.
+"""The policy on what a call does, as pure functions (agentgate's policy section), under hostile input.
 
-Specification: SPEC "Policy on what a call does" and the promises of section 8: a condition
+Specification: SPEC "Policy on what a call does" and the promises of that section: a condition
 that cannot be evaluated does not hold; numbers compare as exact decimals from their literals,
 never through a float; a path lies under a directory only if it does so both as written and
 as this machine resolves its links; a URL's host is the one a client would connect to, and a

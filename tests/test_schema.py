@@ -1,9 +1,9 @@
-"""The schema validator: the subset of JSON Schema real servers use (agentgate section 12).
+"""The schema validator: the subset of JSON Schema real servers use (agentgate's "JSON Schema").
 
 Specification: reference sections 12.4/12.5 and 19 (the validator subset), SPEC ("an INVALID
 answer names the failing property path and what was expected"). Schemas and values are
 parsed with agentgate.parse, as the gate parses them, so numbers are literals compared as
-exact decimals. TestObjectSchema_RefusesAnythingElse is a load-time check of section 5 (an
+exact decimals. TestObjectSchema_RefusesAnythingElse is a load-time check of "Tools, as pinned" (an
 input schema must be an object schema) and is tested with loading, not here.
 """
 

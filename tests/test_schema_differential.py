@@ -1,4 +1,4 @@
-"""The JSON Schema library (agentgate section 12) against an independent validator.
+"""The JSON Schema library (agentgate's "JSON Schema") against an independent validator.
 
 A seeded corpus of schemas in the part of draft 2020-12 agentgate supports, each with values
 near and far from it, goes to agentgate.validate and to the jsonschema package's
@@ -10,7 +10,7 @@ What differs on purpose is kept out of the corpus:
   floats json.loads makes of them, so {"multipleOf": 0.1} refuses 0.3 there and takes it here.
   The corpus's literals are short enough for a float to tell any two apart, and its
   multipleOf steps are integers or halves and quarters, which a float divides exactly.
-- Patterns. agentgate searches as ECMA-262 does (section 11); jsonschema uses Python's re,
+- Patterns. agentgate searches as ECMA-262 does ("ECMA-262 patterns"); jsonschema uses Python's re,
   whose \\d, \\w and \\s take non-ASCII characters and whose $ matches before a final newline.
   The corpus's patterns use only what both read alike: letters, digits, classes of ranges,
   `.`, anchors, groups, alternation and quantifiers, on texts with no line terminator.
