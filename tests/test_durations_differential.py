@@ -100,8 +100,8 @@ def go_text(chance):
         most_whole, most_fraction = TERM_SHAPE[unit]
         whole = "".join(chance.choice("0123456789")
                         for _ in range(chance.randint(0, most_whole)))
-        if unit in ("ns", "us", "\u00b5s", "\u03bcs") and whole:
-            whole += "000" if unit == "ns" else ""
+        if unit == "ns" and whole:
+            whole += "000"  # whole microseconds
         fraction = "".join(chance.choice("0123456789")
                            for _ in range(chance.randint(0, most_fraction)))
         number = chance.choice([whole or "0", f"{whole}.{fraction}", f"{whole}.",
