@@ -43,7 +43,7 @@ because the configuration is read with its parser.
     13. JSON Schema                                  library            411
     14. Hosts in URLs                                library            138
     15. Paths as the kernel resolves them            library            109
-    16. Durations and times                          library             84
+    16. Durations and times                          library            122
     17. Fields of a configuration                    library             92
     18. Days and hours in a time zone                library             70
     19. What a result's record keeps                 library            128
@@ -4609,14 +4609,26 @@ def resolved_root(text, where):
 #
 # Reads as: library
 #
-# Contract: parse_duration reads Go's duration syntax (an optional sign, then "0" alone or
-# decimal numbers each with a unit: ns, us, µs, ms, s, m, h) as whole nanoseconds, exactly and
-# truncated below one as Go truncates, and raises ValueError for anything else or for 2^63 ns
-# or more; format_duration writes what Go's Duration.String writes. format_time writes seconds
-# since the epoch as fixed-width UTC with microseconds, rounded as datetime rounds them (half
-# to even), so stored times compare as strings; parse_time reads one back; later adds a
-# duration to one; prose_time shows one to the second.
-# Differential test: tests/test_durations_differential.py.
+# Contract: parse_duration returns what Go's time.ParseDuration returns, as int nanoseconds,
+# and raises ValueError where Go errs. Its syntax: an optional sign, then "0" alone or terms
+# back to back, each a decimal number ("5", "5.", ".5") and a unit (ns, us, µs U+00B5, μs
+# U+03BC, ms, s, m, h): "+5s", ".5s", "5.s" and "1m30s1m" are read; "1h-5m", "1h 30m", "5",
+# "00", "1d", "1S", "1e3s" and non-ASCII digits are not. Each term is truncated to whole
+# nanoseconds on its own ("0.5ns0.5ns" is 0), its fraction scaled in float64 from the
+# leading digits that fit in 2^63, as Go does (so a long fraction can end a nanosecond off
+# the exact value); the sum must fit int64 (-2^63 ns is read, 2^63 ns is not).
+# format_duration(ns) writes an int64 as Go's Duration.String does ("0s", "1.5µs", "300ms",
+# "1m0s", "24h0m0s"); parse_duration reads each back to itself. format_time writes seconds
+# since the epoch as UTC "YYYY-MM-DDTHH:MM:SS.ffffffZ", rounded to the microsecond as
+# datetime.fromtimestamp rounds (half to even on the double); for years 1000 to 9999 it is
+# fixed width, so stored times compare as strings in the order of their instants; now() is
+# format_time(time.time()). parse_time reads such a time as the double nearest its instant,
+# which format_time writes back unchanged within 2^33 s of 1970 (1697 to 2242). later(text,
+# ns) writes the instant ns after text exactly, rounded half to even to the microsecond, in
+# years 1000 to 9999 (past 9999 it raises OverflowError). prose_time(text) is text to the
+# second, truncated: "YYYY-MM-DDTHH:MM:SSZ".
+# Differential test: tests/test_durations_differential.py (against durationpy, datetime, and
+# a table of Go's own answers).
 # =============================================================================================
 
 _DURATION_UNITS = {"ns": 1, "us": 1000, "µs": 1000, "μs": 1000, "ms": 10**6, "s": 10**9,
@@ -4632,16 +4644,36 @@ def parse_duration(text):
         return 0
     if not body:
         raise ValueError(f'invalid duration "{text}"')
-    total, pos = decimal.Decimal(0), 0
+    total, pos = 0, 0
     while pos < len(body):
         match = _DURATION_RE.match(body, pos)
         if not match or match.group(1) in ("", ".") or match.group(2) not in _DURATION_UNITS:
             raise ValueError(f'invalid duration "{text}"')
-        total += decimal.Decimal(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        whole, _, fraction = match.group(1).partition(".")
+        whole, unit = whole.lstrip("0"), _DURATION_UNITS[match.group(2)]
+        if len(whole) > 19:
+            raise ValueError(f'duration "{text}" is too long')
+        total += int(whole or 0) * unit + _go_fraction(fraction, unit)
         pos = match.end()
-    if total >= 2**63:
+    if total > 2**63 - (sign > 0):  # Go's int64: -2^63 ns is a duration, 2^63 ns is not
         raise ValueError(f'duration "{text}" is too long')
-    return sign * int(total)
+    return sign * total
+
+
+def _go_fraction(digits, unit):
+    # Go truncates each term on its own, and computes a fraction in float64 from its leading
+    # digits that fit in 2^63; a long fraction of an hour can so be a nanosecond off the exact
+    # value, and Go's answer is the one a Go program given the same text would act on.
+    zeros = len(digits) - len(digits.lstrip("0"))
+    kept = digits[zeros:zeros + 19]
+    if kept and int(kept) > 2**63:
+        kept = kept[:18]
+    if not kept:
+        return 0
+    scale = 1.0
+    for _ in range(zeros + len(kept)):
+        scale *= 10
+    return int(float(int(kept)) * (float(unit) / scale))
 
 
 def format_duration(ns):
@@ -4681,7 +4713,13 @@ def parse_time(text):
 
 
 def later(text, ns):
-    return format_time(parse_time(text) + ns / SECOND)
+    # On integers, not float seconds: a double near 2026 holds a quarter of a microsecond, so a
+    # float sum can round a sub-microsecond duration to the wrong side, and past 2106 a whole one.
+    micros, rest = divmod(ns, 1000)
+    micros += rest > 500 or (rest == 500 and micros % 2)
+    moment = datetime.datetime.fromisoformat(text[:-1] + "+00:00")
+    moment += datetime.timedelta(microseconds=micros)
+    return moment.isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 def prose_time(text):
