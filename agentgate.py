@@ -4805,9 +4805,9 @@ def prose_time(text):
 # caller's arguments and numbers read exactly as written (for field_duration, also when
 # parse_duration reads it as 0 or more). A number comes back as an int or Decimal, a duration
 # as its nanoseconds, and an absent field (one written null is present) as the docstring's
-# `absent:`. Otherwise it raises ConfigError with one sentence naming the field (as `where`
-# places it; field_byte_cap's fields are top-level) and what to write instead. refuse_unknown
-# returns nothing, and refuses an object holding a field not listed.
+# `absent:` says. Otherwise it raises ConfigError with one sentence naming the field (as
+# `where` places it; field_byte_cap's are top-level) and what to write instead. refuse_unknown's
+# value is the object itself, and it returns nothing.
 # Differential test: tests/test_fields_differential.py, against the jsonschema package.
 # =============================================================================================
 

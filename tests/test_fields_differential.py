@@ -28,7 +28,7 @@ Left to others, on purpose:
   in a newline are left out of the jsonschema comparison, and node's RegExp judges every
   decimal string against the docstring's pattern instead.
 - Documents parse refuses (a float64 overflow inside an object) reach no reader: the corpus's
-  numbers stay within a float64.
+  numbers stay below a float64's overflow.
 """
 
 from __future__ import annotations
@@ -365,7 +365,8 @@ def test_parse_decimal_takes_what_its_docstring_schema_takes():
 def test_the_decimal_pattern_as_ecma262_reads_it_is_what_parse_decimal_takes():
     if not shutil.which("node"):
         pytest.skip("node is not installed")
-    pattern = contract(agentgate.parse_decimal)["schema"]["pattern"]
+    schema = contract(agentgate.parse_decimal)["schema"]
+    pattern = schema["pattern"]
     strings = decimal_texts(random.Random(SEED + 5))
     script = ("const [p, texts] = JSON.parse(require('fs').readFileSync(0, 'utf8'));"
               "const re = new RegExp(p, 'u');"
@@ -377,7 +378,7 @@ def test_the_decimal_pattern_as_ecma262_reads_it_is_what_parse_decimal_takes():
             got = agentgate.parse_decimal(text, "max")
         except ConfigError:
             got = None
-        accepts = matches and len(text) <= 10000  # the schema's maxLength
+        accepts = matches and len(text) <= schema["maxLength"]
         assert (got is not None) == accepts, \
             f"{text[:40]!r}: agentgate {got!r}, the pattern in node {matches}"
 
