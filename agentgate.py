@@ -44,7 +44,7 @@ because the configuration is read with its parser.
     14. Hosts in URLs                                library            138
     15. Paths as the kernel resolves them            library            109
     16. Durations and times                          library            122
-    17. Fields of a configuration                    library             92
+    17. Fields of a configuration                    library            110
     18. Days and hours in a time zone                library             70
     19. What a result's record keeps                 library            128
     20. The lint                                     around the core    232
@@ -4731,14 +4731,20 @@ def prose_time(text):
 #
 # Reads as: library
 #
-# Contract: each reader takes one field of a JSON object read by section 10's parse and
-# returns it, or its default when it is absent, exactly when the JSON Schema its docstring
-# names accepts it; otherwise it raises ConfigError with one sentence naming the field (as
-# `where` places it) and what to write instead. refuse_unknown refuses a field not listed.
-# Differential test: tests/test_fields_differential.py.
+# Contract: each reader takes a JSON value read by section 10's parse, a field of an object
+# (the value itself for parse_decimal, whole_number and one_of), and returns it exactly when
+# the JSON Schema its docstring names accepts it, the reader's parameters standing for the
+# caller's arguments and numbers read exactly as written (for field_duration, also when
+# parse_duration reads it as 0 or more). A number comes back as an int or Decimal, a duration
+# as its nanoseconds, and an absent field (one written null is present) as the docstring's
+# `absent:` says. Otherwise it raises ConfigError with one sentence naming the field (as
+# `where` places it; field_byte_cap's are top-level) and what to write instead. refuse_unknown's
+# value is the object itself, and it returns nothing.
+# Differential test: tests/test_fields_differential.py, against the jsonschema package.
 # =============================================================================================
 
 def refuse_unknown(raw, fields, where):
+    """{"type": "object", "propertyNames": {"enum": fields}}, on raw itself."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be an object")
     for key in raw:
@@ -4748,8 +4754,10 @@ def refuse_unknown(raw, fields, where):
 
 
 def field_string(raw, field, where, required=False):
+    """{"type": "string"}; absent: "";
+    if required, {"type": "string", "minLength": 1}; absent: refused."""
     value = raw.get(field)
-    if value is None:
+    if field not in raw:
         if required:
             raise ConfigError(f"{where} needs {field}")
         return ""
@@ -4761,6 +4769,7 @@ def field_string(raw, field, where, required=False):
 
 
 def field_bool(raw, field, where):
+    """{"type": "boolean"}; absent: false."""
     value = raw.get(field, False)
     if not isinstance(value, bool):
         raise ConfigError(f"{where}.{field} must be true or false")
@@ -4768,6 +4777,7 @@ def field_bool(raw, field, where):
 
 
 def field_names(raw, field, where):
+    """{"type": "array", "items": {"type": "string"}}; absent: []."""
     value = raw.get(field, [])
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where}.{field} must be a list of strings")
@@ -4775,6 +4785,7 @@ def field_names(raw, field, where):
 
 
 def field_byte_cap(raw, field, default, most):
+    """{"type": "integer", "minimum": 1024, "maximum": most}, as an int; absent: default."""
     cap = raw.get(field, Number(str(default)))
     if not isinstance(cap, Number) or not cap.is_integer() or not 1024 <= cap.exact() <= most:
         raise ConfigError(f"{field} must be a whole number of bytes from 1024 to {most}")
@@ -4782,8 +4793,9 @@ def field_byte_cap(raw, field, default, most):
 
 
 def field_duration(raw, field, where, default):
+    """{"type": "string"} that parse_duration reads as 0 or more, as its ns; absent: default."""
     value = raw.get(field)
-    if value is None:
+    if field not in raw:
         return default
     if not isinstance(value, str):
         raise ConfigError(f'{where}.{field}: a duration is a string such as "15s"')
@@ -4798,6 +4810,8 @@ def field_duration(raw, field, where, default):
 
 
 def parse_decimal(value, where):
+    """{"type": ["number", "string"], "maxLength": 10000,
+    "pattern": "^-?(0|[1-9][0-9]*)([.][0-9]+)?([eE][+-]?0*([0-9]{1,4}|10000))?$"}, as a Decimal."""
     if isinstance(value, Number):
         return value.exact()
     if isinstance(value, str) and JSON_NUMBER_RE.fullmatch(value) and not number_bound(value):
@@ -4806,15 +4820,19 @@ def parse_decimal(value, where):
 
 
 def whole_number(value, where, least, most=math.inf, note=""):
+    """{"type": "integer", "minimum": least, "maximum": most}, as an int."""
     if not isinstance(value, Number) or not value.is_integer() \
             or not least <= value.exact() <= most:
-        raise ConfigError(f"{where} must be a whole number of at least {least}{note}")
+        upto = "" if most == math.inf else f" and at most {most}"
+        raise ConfigError(f"{where} must be a whole number of at least {least}{upto}{note}")
     return int(value.exact())
 
 
 def one_of(value, choices, where):
+    """{"enum": choices}."""
     if value not in choices:
-        raise ConfigError(f"{where} is {quote(str(value))}; use one of {', '.join(choices)}")
+        shown = value if isinstance(value, str) else policy_json(value)
+        raise ConfigError(f"{where} is {quote(shown)}; use one of {', '.join(choices)}")
     return value
 
 
