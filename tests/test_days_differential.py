@@ -15,10 +15,10 @@ weekday, hour and minute (hourCycle h23). From those three, each window's answer
 Compared: a few thousand instants, to the millisecond, at and around each change of offset
 from 1970 to 2025 in Europe/Paris, America/New_York, Australia/Lord_Howe (a half-hour shift),
 Asia/Kathmandu (+05:45), UTC, Pacific/Apia (it skipped Friday 30 December 2011) and
-America/Sao_Paulo, plus instants anywhere in those years; each against a random window, a
-window whose edge is the instant's own wall minute or the minute after, and an overnight
-window on the instant's day or the day before. Then every zone both databases name, at a few
-instants each.
+America/Sao_Paulo, plus instants anywhere in those years (4,202 in all); each against three
+windows, each of them random, or with an edge at the instant's own wall minute or the minute
+after, or overnight on the instant's day or the day before. Then every zone both databases
+name, at three instants each and two windows.
 
 Left out, and why: years before 1970, where many zones' histories differ between copies of
 the database on purpose (tz keeps the pre-1970 history of zones it merged in a "backzone" file
