@@ -45,7 +45,7 @@ because the configuration is read with its parser.
     15. Paths as the kernel resolves them            library            109
     16. Durations and times                          library            122
     17. Fields of a configuration                    library            110
-    18. Days and hours in a time zone                library             70
+    18. Days and hours in a time zone                library             89
     19. What a result's record keeps                 library            128
     20. The lint                                     around the core    232
     21. Upstream servers                             around the core   1360
@@ -4841,16 +4841,28 @@ def one_of(value, choices, where):
 #
 # Reads as: library
 #
-# Contract: During reads a `during` object (days such as "mon-fri" or "sat,sun", hours such
-# as "09:00-18:00" or, past midnight, "22:00-06:00", and the IANA zone they are read in),
-# refusing anything else with ConfigError; holds(at) tells whether the instant `at` (seconds
-# since the epoch) falls on one of those days and within those hours, as a clock on a wall in
-# that zone shows it (so a daylight saving change moves the window with the wall clock).
-# Differential test: tests/test_days_differential.py.
+# Contract: During(raw, where) reads a `during` object. zone, required: a zone the machine's
+# time zone database holds, named as tz names zones (ASCII letters, digits and _+.- in at
+# most four parts split by /), and not a file beside the zones there (localtime, posixrules,
+# the posix/ and right/ copies). days: days or ranges of days, comma-separated, with white space
+# around each, as mon, tue, ... sun in any case; "mon-fri", "fri-mon" (past Sunday) or
+# "sat,sun". hours: "HH:MM-HH:MM", white space around the dash allowed, 00:00 to 23:59 or an
+# end of 24:00, start and end different; the range runs past midnight when the end comes
+# first, as in "22:00-06:00". At least one of days and hours, and no other field. Anything
+# else raises ConfigError, one sentence naming the field as `where` places it.
+# holds(at) tells whether the instant `at` (seconds since the epoch, read to the microsecond)
+# shows, on a wall clock in that zone, one of the days (any day without days) and a minute
+# from the start up to, not including, the end (any minute without hours). The day is always
+# the instant's own, also in a range past midnight: "fri" with "22:00-06:00" holds early and
+# late on Friday, not early on Saturday. A change of the clocks moves the window with the
+# wall clock: a minute the clock skips never holds, one it shows twice holds twice.
+# Differential test: tests/test_days_differential.py (against node's Intl, which reads ICU's
+# own copy of the time zone database).
 # =============================================================================================
 
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _CLOCK_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])|24:00")
+_ZONE_RE = re.compile(r"[A-Za-z0-9_+.-]+(/[A-Za-z0-9_+.-]+){0,3}")
 
 
 class During:
@@ -4865,8 +4877,15 @@ class During:
             raise ConfigError(f'{where} needs zone, the time zone its days and hours are read '
                               f'in, such as "Europe/Paris" or "UTC"')
         try:
+            # a name as tz spells them (zoneinfo recurses once a level, and would fail on a
+            # deep one); and not the files beside the zones: the machine's own zone, and copies
+            # (right/ counts leap seconds, so its wall clock is off for a moment after a change)
+            if not isinstance(zone, str) or not _ZONE_RE.fullmatch(zone) \
+                    or zone.lower() in ("localtime", "posixrules") \
+                    or zone.lower().startswith(("posix/", "right/")):
+                raise ValueError(zone)
             self.zone = zoneinfo.ZoneInfo(zone)
-        except (TypeError, ValueError, zoneinfo.ZoneInfoNotFoundError):
+        except (ValueError, zoneinfo.ZoneInfoNotFoundError):
             raise ConfigError(f'{where}.zone {quote(str(zone))} is not a time zone this machine '
                               f'knows; name one such as "Europe/Paris" or "UTC"') from None
         if "days" not in raw and "hours" not in raw:
