@@ -4733,13 +4733,12 @@ def prose_time(text):
 #
 # Contract: each reader takes a JSON value read by section 10's parse, a field of an object
 # (the value itself for parse_decimal, whole_number and one_of), and returns it exactly when
-# the JSON Schema its docstring names accepts it, the reader's parameters standing for the
-# caller's arguments and numbers read exactly as written (for field_duration, also when
-# parse_duration reads it as 0 or more). A number comes back as an int or Decimal, a duration
-# as its nanoseconds, and an absent field (one written null is present) as the docstring's
-# `absent:` says. Otherwise it raises ConfigError with one sentence naming the field (as
-# `where` places it; field_byte_cap's are top-level) and what to write instead. refuse_unknown's
-# value is the object itself, and it returns nothing.
+# the JSON Schema its docstring names accepts it, its parameters standing for the caller's
+# arguments and numbers read exactly as written. A number comes back as an int or Decimal, a
+# duration as its nanoseconds, an absent field as the docstring's `absent:` says (`absent or
+# null:` where a null reads as absent, as Go's decoder reads one). Otherwise it raises
+# ConfigError, one sentence naming the field (as `where` places it; field_byte_cap's are
+# top-level) and what to write instead. refuse_unknown reads the object itself.
 # Differential test: tests/test_fields_differential.py, against the jsonschema package.
 # =============================================================================================
 
@@ -4754,10 +4753,10 @@ def refuse_unknown(raw, fields, where):
 
 
 def field_string(raw, field, where, required=False):
-    """{"type": "string"}; absent: "";
-    if required, {"type": "string", "minLength": 1}; absent: refused."""
+    """{"type": "string"}; absent or null: "";
+    if required, {"type": "string", "minLength": 1}; absent or null: refused."""
     value = raw.get(field)
-    if field not in raw:
+    if value is None:
         if required:
             raise ConfigError(f"{where} needs {field}")
         return ""
@@ -4793,9 +4792,10 @@ def field_byte_cap(raw, field, default, most):
 
 
 def field_duration(raw, field, where, default):
-    """{"type": "string"} that parse_duration reads as 0 or more, as its ns; absent: default."""
+    """{"type": "string"} that parse_duration reads as 0 or more, as its ns; absent or null:
+    default."""
     value = raw.get(field)
-    if field not in raw:
+    if value is None:
         return default
     if not isinstance(value, str):
         raise ConfigError(f'{where}.{field}: a duration is a string such as "15s"')

@@ -56,6 +56,16 @@ from agentgate import ConfigError, Number  # noqa: E402
 FIELD = "some_field"
 WHERES = ['server "bank".tools.pay', "policy", 'server "é"']
 REFUSED = object()  # what "absent: refused" reads as
+
+
+class OrNull:
+    """What "absent or null: VALUE" reads as: a field written null reads as absent too."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other):
+        return self.value == other
 SEED = 20261201
 
 # -------------------------------------------------------------------------- the docstrings
@@ -75,10 +85,12 @@ def contract(fn, **slots) -> dict:
     while pos < len(text):
         if text.startswith("if required, ", pos):
             mode, pos = "required ", pos + len("if required, ")
-        if text.startswith("absent: ", pos):
-            pos += len("absent: ")
-            found[mode + "absent"], pos = (REFUSED, pos + len("refused")) \
+        if text.startswith(("absent: ", "absent or null: "), pos):
+            null_too = text.startswith("absent or null: ", pos)
+            pos += len("absent or null: " if null_too else "absent: ")
+            absent, pos = (REFUSED, pos + len("refused")) \
                 if text.startswith("refused", pos) else decoder.raw_decode(text, pos)
+            found[mode + "absent"] = OrNull(absent) if null_too else absent
             assert text.startswith("; ", pos) or pos == len(text), f"{fn.__name__}: {text}"
         else:
             assert text[pos] == "{", f"{fn.__name__}'s docstring: no schema at {text[pos:]!r}"
@@ -227,7 +239,10 @@ def compare(text, read, wanted, pick, named, same=lambda got, value: got == valu
         got, refusal = read(document), None
     except ConfigError as err:
         got, refusal = None, str(err)
-    if absent is not None and FIELD not in json.loads(text):
+    loaded = json.loads(text)
+    null_too = isinstance(absent, OrNull)
+    absent = absent.value if null_too else absent
+    if absent is not None and (FIELD not in loaded or null_too and loaded[FIELD] is None):
         accepts, expected = absent is not REFUSED, absent
     else:
         accepts, expected = schema_says(schema, text, pick)
@@ -299,7 +314,7 @@ def test_field_byte_cap_takes_what_its_docstring_schema_takes(default, most):
 def duration_says(schema, default):
     """The docstring's schema for the type, parse_duration for the text, then the sign."""
     def read(document):
-        if FIELD not in document:
+        if document.get(FIELD) is None:  # absent or null: the docstring's default
             return default
         value = document[FIELD]
         if not schema_says(schema, json.dumps({FIELD: value}), field_of)[0]:
@@ -439,16 +454,16 @@ def test_refuse_unknown_takes_what_its_docstring_schema_takes(fields):
 # -------------------------------------------------------------------------- named edges
 
 
-def test_a_null_field_is_refused_not_read_as_absent():
-    """A string or duration field written null is refused, as the schemas refuse it and as
-    the other readers refuse a null bool, list or byte cap."""
-    document = agentgate.parse(b'{"description": null, "timeout": null}')
-    with pytest.raises(ConfigError, match=r"^tools\.description must be a string$"):
-        agentgate.field_string(document, "description", "tools")
-    with pytest.raises(ConfigError, match=r"^tools\.description must be a string$"):
+def test_a_string_or_duration_field_written_null_reads_as_absent():
+    """As Go's decoder reads a null (the anchor's configs load so), a string or duration field
+    written null is its default; a null bool, list or byte cap is refused, as its schema says."""
+    document = agentgate.parse(b'{"description": null, "timeout": null, "deny": null}')
+    assert agentgate.field_string(document, "description", "tools") == ""
+    with pytest.raises(ConfigError, match=r"^tools needs description$"):
         agentgate.field_string(document, "description", "tools", required=True)
-    with pytest.raises(ConfigError, match=r"^tools\.timeout: a duration is a string"):
-        agentgate.field_duration(document, "timeout", "tools", None)
+    assert agentgate.field_duration(document, "timeout", "tools", 7) == 7
+    with pytest.raises(ConfigError, match=r"^tools\.deny must be a list of strings$"):
+        agentgate.field_names(document, "deny", "tools")
 
 
 def test_a_whole_number_past_its_most_is_told_the_most():
