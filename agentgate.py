@@ -47,14 +47,14 @@ because the configuration is read with its parser.
     17. Fields of a configuration                    library             92
     18. Days and hours in a time zone                library             70
     19. What a result's record keeps                 library            128
-    20. The lint                                     around the core    232
-    21. Upstream servers                             around the core   1360
-    22. Reading the record                           around the core    192
-    23. Tool changes while serving                   around the core    147
-    24. The status tool                              around the core    120
+    20. The lint                                     around the core    227
+    21. Upstream servers                             around the core   1349
+    22. Reading the record                           around the core    185
+    23. Tool changes while serving                   around the core    138
+    24. The status tool                              around the core    119
     25. The host's other requests                    around the core    157
-    26. Notify                                       around the core    111
-    27. Pins and load reports                        around the core    204
+    26. Notify                                       around the core    106
+    27. Pins and load reports                        around the core    198
     28. The command line's flags                     around the core    122
     29. Operator commands                            around the core   1305
     30. Setup                                        around the core    605
@@ -4993,12 +4993,8 @@ def result_summary(tool, record, withheld_over=0):
 
 # A tool's description, its schema's texts and its parameters' names are read by the model on
 # every tools/list, so they are where tool poisoning hides instructions. The lint finds the
-# tricks known to be used (invisible characters, terminal escapes, bytes smuggled in variation
-# selectors, tag-like blocks and HTML comments, text that speaks to the model, secrets' places
-# and variables, names that mix scripts, instructions about other servers' tools, paths, URLs,
-# a text far longer than its peers); it cannot find them all, and says so in the README.
-# Advice to call a tool of the same server first is how public servers sequence their tools,
-# not an injection: it stays medium.
+# tricks known to be used; it cannot find them all, and says so in the README. Advice to call
+# a tool of the same server first is how public servers sequence their tools: it stays medium.
 LINT_LONG = 1024  # a description is far longer than its peers past this and four times theirs
 
 _LINT_PHRASES = [(re.compile(pattern, re.I | re.S), severity, what)
@@ -5091,7 +5087,6 @@ def mixed_script_words(text):
 
 
 def invisible_codes(text):
-    """The invisible, bidirectional and tag characters of `text`, as code points."""
     return sorted({ord(ch) for ch in text if ord(ch) in INVISIBLE})
 
 
@@ -5257,7 +5252,6 @@ OAUTH_FIELDS = ("client_id", "client_secret", "scope")
 
 
 def load_config(path):
-    """The config as every command loads it, each server's transport read in the same pass."""
     return read_config(path, read_transport)
 
 
@@ -5437,7 +5431,6 @@ def shown_url(url):
 
 
 def write_private(path, text):
-    """Write a file readable only by this user, replacing any old one in one rename."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, temp = tempfile.mkstemp(prefix=".agentgate-", dir=directory)
     try:
@@ -5478,9 +5471,8 @@ OWN_WRITE_SECONDS = 5
 
 @functools.lru_cache(maxsize=1)
 def _parent_death_request():
-    """The call a child makes between fork and exec, on Linux: prctl(PR_SET_PDEATHSIG,
-    SIGKILL), so it dies with agentgate's spawning thread. The function is looked up here, in
-    the parent, so the forked child only calls it (no library loading after a fork)."""
+    """prctl(PR_SET_PDEATHSIG, SIGKILL), for a child to call between fork and exec on Linux.
+    Looked up here, in the parent: a forked child must load no library."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -5640,8 +5632,6 @@ class Upstream:
         if "method" in message and "id" in message:
             self._answer_server_request(message)
         elif "method" in message:
-            # Of the notifications, a change of tools and a request's progress are acted on
-            # (logging is not).
             if message["method"] == "notifications/progress":
                 self._progress(message.get("params"))
             elif message["method"] == "notifications/tools/list_changed":
@@ -5734,7 +5724,6 @@ class Upstream:
             raise UpstreamError(reason, sent=written > 0, timed_out=True)
 
     def _stop(self, proc, reason):
-        """Kill a server that stopped reading; every request waiting on it fails."""
         with self.lock:
             self.closed = self.closed or reason
             self._fail_all(reason)
@@ -5748,12 +5737,9 @@ class Upstream:
             pass
 
     def request(self, method, params, deadline, step, progress=None):
-        """Send one request and wait for its answer until `deadline` (a Deadline). Given
-        `progress`, the server is asked for its progress, and each notification of it is
-        handed to progress(value, total, message) as the server wrote them.
-
-        While connecting and listing, a failure names the step and carries the end of what
-        the server wrote to stderr, which is usually where it says why."""
+        """Send one request and wait for its answer until `deadline`. Given `progress`, each
+        progress notice is handed to progress(value, total, message) as the server wrote it.
+        While connecting and listing, a failure carries the end of the server's stderr."""
         try:
             return self._request(method, params, deadline, progress)
         except UpstreamError as err:
@@ -6492,12 +6478,10 @@ def pinned_for(server):
 
 
 def load_all(config, while_starting=None):
-    """Start every server at once, then decide, server by server in the config's order, what
-    is offered. `while_starting` runs once the servers are spawned, while they start. Returns
-    (upstreams, tools, reports): the servers served, their tools, and a report for every
-    server. A server that cannot be served is closed, and its report's `unserved` says why;
-    a ConfigError closes every server and is raised. Each starts as connect starts one, but
-    all are spawned first, on this thread (Upstream.spawn says why), to start at once."""
+    """Start every server at once, then decide, in the config's order, what each offers.
+    `while_starting` runs once all are spawned (on this thread: Upstream.spawn says why).
+    Returns (served upstreams, tools, a report for every server); a server not served is
+    closed, its report's `unserved` says why; a ConfigError closes every server."""
     upstreams = [new_upstream(server) for server in config.servers]
     reports = [Report(server.name) for server in config.servers]
     try:
@@ -6598,11 +6582,9 @@ def event_parts(type_, step_id, payload_json):
 
 
 class Ledger(Store):
-    """The record as people read it: the runs, steps, approvals and grants the operator
-    commands and the status tool list, and the event chain verify walks."""
+    """The record as people read it."""
 
     def approvals(self, run_id):
-        """A run's approvals, oldest first."""
         return self.read_approvals("FROM approvals a WHERE a.run_id=? ORDER BY a.rowid",
                                    (run_id,))
 
@@ -6618,7 +6600,6 @@ class Ledger(Store):
                                       ("request_key", "c.request_key")))
 
     def executed_under(self, approval):
-        """Whether the approval's step started executing under it."""
         return any(type_ == "step.tool_started" and step_id == approval["step_id"] and
                    payload.get("approval_id") == approval["id"]
                    for _, _, type_, step_id, payload in self.run_parts(approval["run_id"]))
@@ -6628,7 +6609,6 @@ class Ledger(Store):
         return parse(row[0]) if row and row[0] else None
 
     def run_events(self, run_id):
-        """A run's events as stored: (seq, at, type, step id, payload_json)."""
         return self.read("SELECT seq, at, type, step_id, payload_json FROM events WHERE "
                          "run_id=? ORDER BY seq", (run_id,))
 
@@ -6700,7 +6680,6 @@ class Ledger(Store):
             "ORDER BY r.rowid DESC LIMIT ?", (session, session, limit))]
 
     def session_runs(self, session, limit):
-        """The ids of the session's newest runs."""
         return [row[0] for row in self.read(
             "SELECT id FROM runs WHERE session=? ORDER BY rowid DESC LIMIT ?",
             (session, limit))]
@@ -6743,7 +6722,6 @@ class Ledger(Store):
             "LIMIT ?", (prefix + "*", limit))]
 
     def tool_changes(self, session, limit):
-        """The newest tools.changed events of a session, as (at, payload), newest first."""
         return [(at, parse(payload)) for at, payload in self.read(
             "SELECT at, payload_json FROM events WHERE run_id=? AND type='tools.changed' "
             "ORDER BY seq DESC LIMIT ?", (f"{session}.tools", limit))]
@@ -6756,7 +6734,6 @@ class Ledger(Store):
         return row[0] if row else None
 
     def events_after(self, seq, last, limit):
-        """Up to `limit` events after `seq` (and at most `last`), as stored, in seq order."""
         return self.read("SELECT seq, run_id, step_id, at, type, payload_json, hash FROM "
                          "events WHERE seq>? AND seq<=? ORDER BY seq LIMIT ?",
                          (seq, last if last is not None else 2**62, limit))
@@ -6795,16 +6772,11 @@ RELIST_RETRY_MAX = 60.0  # seconds: the longest wait between two tries of a fail
 class ToolWatch:
     """Acts on a server's notifications/tools/list_changed while the gate serves.
 
-    The server is listed again (every page) on a thread of its own, never on a call's path,
-    and compared with its pin: a tool that changed in any part the pin covers (changed_parts),
-    or that is gone, is quarantined (not offered, and a call to it is refused), and a new one
-    is not offered; one that is back to what was pinned is offered again. Calls in flight are
-    not touched. A change is recorded as a tools.changed event and said on stderr, and when
-    what is offered changed, the host is told in one notification. A server that floods
-    notifications is listed again at most every LIST_CHANGED_INTERVAL: however many arrive
-    meanwhile come to one listing. A listing that fails leaves the server's tools unchecked
-    after it said they changed: all of them are quarantined until a listing succeeds, tried
-    again after twice the last wait, at most RELIST_RETRY_MAX, while the gate serves.
+    The server is listed again on a thread of its own, never on a call's path. A tool that
+    changed or is gone is quarantined, a new one is not offered, one back to its pin is
+    offered again; calls in flight are not touched. Notices that flood in come to one listing
+    every LIST_CHANGED_INTERVAL. A failed listing quarantines all the server's tools (they
+    said they changed, and are unchecked) until a listing succeeds.
     """
 
     def __init__(self, gate, upstreams, announce):
@@ -6884,8 +6856,6 @@ class ToolWatch:
             self._hold(server, held)
 
     def _hold(self, server, held):
-        """Quarantine exactly `held` of this server's tools, telling the host if that changes
-        what is offered."""
         if held != self.held.get(server, []):
             self.held[server] = held
             self.gate.quarantined = frozenset(name for names in self.held.values()
@@ -6894,14 +6864,12 @@ class ToolWatch:
 
 
 def relist_wait(failures):
-    """Seconds from a server's listing to the next, after `failures` failed in a row: the
-    interval doubled at each failure, up to RELIST_RETRY_MAX (the exponent is bounded too, so
-    a server failing for days cannot overflow it)."""
+    """Seconds from a listing to the next after `failures` in a row (the exponent is bounded,
+    so a server failing for days cannot overflow it)."""
     return min(LIST_CHANGED_INTERVAL * 2 ** min(failures, 16), RELIST_RETRY_MAX)
 
 
 def tools_changed_text(payload):
-    """A tools.changed event as the operator reads it."""
     parts = [f"{kind} {', '.join(map(sanitize, payload[kind]))}"
              for kind in ("changed", "removed", "added") if payload[kind]]
     held = ", ".join(payload["not_offered"]) or "none"
@@ -6923,7 +6891,6 @@ def tools_changed_text(payload):
 # =============================================================================================
 
 def time_since(text):
-    """How long ago the stored time `text` was, to the second, as a duration."""
     return format_duration(int(time.time() - parse_time(text)) * SECOND)
 
 
@@ -7223,7 +7190,6 @@ def operator_hint(config_file, database=""):
 
 
 def announce_waiting(config, notifier=None):
-    """The gate's announce, as serve registers it."""
     hint = operator_hint(config.path)
 
     def announce(approval, tool, run_id):
@@ -7255,13 +7221,9 @@ NOTIFY_BACKLOG = 32  # announcements waiting for the notify program; past it, on
 
 
 class Notifier:
-    """Runs the operator's notify program when an approval starts waiting.
-
-    The program runs on a thread of its own, one at a time, so a call never waits for it and
-    a failing, missing or hanging program costs the call nothing: it is stopped after
-    NOTIFY_TIMEOUT, and its failure is a line on stderr. It gets the gate's environment plus
-    the approval id, the run, the tool's name and the command that decides it.
-    """
+    """Runs the operator's notify program when an approval starts waiting, one at a time on a
+    thread of its own: a failing, missing or hanging program costs a call nothing (it is
+    stopped after NOTIFY_TIMEOUT). It gets the gate's environment plus the names announced."""
 
     def __init__(self, argv):
         self.argv = argv
@@ -7324,7 +7286,6 @@ def effective_decision(config, rule):
 
 
 def rule_lines(rule, tool_name):
-    """A rule's entries and limits, one line each, for the load report."""
     lines = []
     for entry in rule.when:
         held = [condition.text() for condition in entry.conditions]
@@ -7342,9 +7303,8 @@ def rule_lines(rule, tool_name):
 
 
 def connect(server):
-    """Start a server (spawn, then handshake_and_list within its connect_timeout), as every
-    command does; load_all, for many at once. Returns (upstream, tools); the caller closes
-    it."""
+    """Start one server within its connect_timeout (load_all starts many at once). Returns
+    (upstream, tools); the caller closes it."""
     upstream = new_upstream(server)
     try:
         upstream.spawn()
@@ -7355,14 +7315,12 @@ def connect(server):
 
 
 def presented(server):
-    """What a server presents now: connect, list every tool, close; as manifest entries."""
     upstream, live = connect(server)
     upstream.close()
     return {name: manifest_entry(tool) for name, tool in sorted(live.items())}
 
 
 def pin(server):
-    """Connect, list every tool, and write the server's manifest (0600)."""
     manifest = {"server": server.name, "pinned_at": now(), "tools": presented(server)}
     write_private(server.manifest, pretty_json(manifest) + "\n")
     return manifest
@@ -7492,8 +7450,6 @@ def served_lines(config, server, report, tools):
 
 
 def log_reports(reports):
-    """A load's reports on stderr, as a serving gate writes them: its lines, and for each
-    server that is not served one line saying why."""
     for report in reports:
         for line in report.lines:
             log(line)
