@@ -48,7 +48,7 @@ because the configuration is read with its parser.
     18. Days and hours in a time zone                library             70
     19. What a result's record keeps                 library            128
     20. The lint                                     around the core    227
-    21. Upstream servers                             around the core   1349
+    21. Upstream servers                             around the core   1336
     22. Reading the record                           around the core    185
     23. Tool changes while serving                   around the core    138
     24. The status tool                              around the core    119
@@ -56,11 +56,11 @@ because the configuration is read with its parser.
     26. Notify                                       around the core    106
     27. Pins and load reports                        around the core    198
     28. The command line's flags                     around the core    122
-    29. Operator commands                            around the core   1305
-    30. Setup                                        around the core    605
-    31. Pin and check                                around the core    183
+    29. Operator commands                            around the core   1284
+    30. Setup                                        around the core    593
+    31. Pin and check                                around the core    181
     32. Fake payment server                          around the core    118
-    33. Demonstration                                around the core    268
+    33. Demonstration                                around the core    267
     34. Main                                         around the core    131
 
 One tools/call through the core, with the section of each step (10, 13, 19: libraries):
@@ -5210,34 +5210,29 @@ def lint_manifests(manifests):
 #
 # Reads as: around the core
 #
-# Owns: how the config says a server is reached (read_transport: command, env, cwd, url,
-# headers, OAuth client) and whether that reaches what the gate depends on (check_reach); one
-# configured server as a child process speaking newline-delimited JSON-RPC, or reached by url
-# over Streamable HTTP through the optional mcp package, and the requests agentgate sends it
-# (both present start, list_tools, request, call, close); its manifest (read_manifest).
+# Owns: how the config says a server is reached (read_transport) and whether that reaches
+# what the gate depends on (check_reach); a server as a child process speaking
+# newline-delimited JSON-RPC (Upstream), or reached by url over Streamable HTTP through the
+# optional mcp package (HttpUpstream), the requests agentgate sends it; its manifest.
 # Core it calls: read_config (load_config hands it read_transport), read_frames, read_owned;
-# and, for load_all (the start of every server at once), load, which tells each server's
-# Report.
+# and, for load_all (the start of every server at once), load, which tells each Report.
 # Promises: the child gets only PATH, HOME, TMPDIR and what the operator names; it runs in its
 # own process group and, on Linux, dies with agentgate even when agentgate is killed with
 # SIGKILL; connecting, listing and loading share one deadline and a timeout names its step;
-# every request the server sends agentgate gets an answer (ping a result, anything else an
-# error), never silence; a server's progress reaches only the request it names by the token
-# agentgate gave it; an oversized or unusable message fails only the request it answers,
-# and no message, however shaped, ends the thread that reads them; only an integer id
-# agentgate wrote can match an answer to a request; every write has a deadline, and a server
-# that does not take in a message by it is stopped (the error says whether any byte reached
-# it); a dead server fails every later call at once, naming the server. Closing is
-# idempotent and never waits on a server. Over HTTP the same holds, and: every answer is read
-# from the bytes the server sent, by parse, never from the SDK's decoding, so number literals
-# survive; what agentgate sends is its own canonical encoding; no redirect is followed; a
-# request's error says whether it reached the server (refused connection: it did not; a
-# connection lost after sending, or an HTTP status of 500 or more: it may have executed); a
-# stream the server closes after naming an event is resumed within the request's deadline;
-# the server's own stream is listened to. The newest protocol version both sides speak is
-# asked for. The mcp package is imported only when such a server starts. A server that asks
-# for OAuth is sent the tokens `login` kept; the serving gate never asks a person, so a server
-# that refuses what it holds fails with LOGIN_NEEDED.
+# every request the server sends agentgate gets an answer, never silence; its progress reaches
+# only the request whose token agentgate gave it; an oversized or unusable message fails only
+# the request it answers, and none ends the reading thread; only an integer id agentgate
+# wrote matches an answer; a server that does not take in a message by its write's deadline
+# is stopped (the error says whether any byte reached it); a dead server fails every later
+# call at once. Closing is idempotent and never waits on a server. Over HTTP the same holds,
+# and: every answer is read by parse from the bytes the server sent, never from the SDK's
+# decoding; what agentgate sends is its own canonical encoding; no redirect is followed; a
+# request's error says whether it reached the server (a refused connection: no; a connection
+# lost after sending, or HTTP 500 or more: it may have executed); a stream closed after naming
+# an event is resumed within the request's deadline; the server's own stream is listened to.
+# The newest protocol version both sides speak is asked for. The mcp package is imported only
+# when such a server starts. A server asking for OAuth is sent the tokens `login` kept; the
+# serving gate never asks a person, so a server refusing what it holds fails with LOGIN_NEEDED.
 # =============================================================================================
 
 # ---- Reaching a server: the config's transport fields ---------------------------------------
@@ -5591,7 +5586,6 @@ class Upstream:
             self.stderr_done.set()
 
     def tail(self):
-        """The end of what the server wrote to stderr, for an error message."""
         self.stderr_done.wait(timeout=2 if self.closed else 0.2)
         text = self.stderr_tail.decode("utf-8", "replace").strip()
         return f'; stderr: "{clean(text, STDERR_TAIL_BYTES)}"' if text else ""
@@ -5841,8 +5835,6 @@ OWN_STREAM_FIRST_PAUSE, OWN_STREAM_LAST_PAUSE = 0.25, 30
 
 @functools.lru_cache(maxsize=1)
 def mcp_install_text():
-    """How to install the mcp package for the Python that runs agentgate now. Where pip may not
-    install into the system's Python (PEP 668), a virtual environment's python runs agentgate."""
     return (f"{python_command()} -m pip install --upgrade mcp, or where pip refuses to install "
             f"into the system's Python: python3 -m venv ~/.agentgate-venv && "
             f"~/.agentgate-venv/bin/pip install mcp, and run agentgate with "
@@ -5894,7 +5886,6 @@ def mcp_sdk():
 
 
 def mcp_sdk_for(server):
-    """The mcp package for a url server, or ConfigError saying how to install it."""
     sdk = mcp_sdk()
     if sdk is None:
         raise ConfigError(f"server {quote(server.name)} has a url; HTTP servers need the "
@@ -5917,11 +5908,10 @@ def login_hint(server):
 
 
 class TokenFile:
-    """The mcp package's token storage for one server: the tokens login obtained and the
-    client they were issued to, in Server.tokens, 0600 beside the config. Not in the
-    database: the record is shown, verified and copied for audits, and a credential is no
-    fact about a call. A pre-registered client (the server's `oauth`) comes from the config
-    and is not copied here. Refreshed tokens replace the file in one rename."""
+    """The mcp package's token storage for one server: what login obtained and the client it
+    was issued to, 0600 in Server.tokens beside the config. Not in the database: the record is
+    shown and copied for audits, and a credential is no fact about a call. A pre-registered
+    client (the server's `oauth`) stays in the config. Refreshed tokens replace the file."""
 
     def __init__(self, sdk, server, fresh=False):
         self.records, self.server = sdk["auth_records"], server
@@ -5985,9 +5975,8 @@ def union_scope(*scopes):
 
 def oauth_client(sdk, server, store, ask, redirected, redirect_uri=NO_REDIRECT):
     """The mcp package's OAuth client for `server` as an httpx auth. `ask` shows a person the
-    authorization address and `redirected` waits for the browser's redirect (login); the
-    serving gate gives one that fails, so a lapsed authorization fails where the client would
-    ask."""
+    authorization address and `redirected` waits for the browser (login); the serving gate's
+    fail, so a lapsed authorization fails where the client would ask."""
     records = sdk["auth_records"]
     metadata = records.OAuthClientMetadata(client_name=PROGRAM, redirect_uris=[redirect_uri])
     client = sdk["auth"].OAuthClientProvider(server.url, metadata, store, ask, redirected)
@@ -5998,10 +5987,9 @@ def oauth_client(sdk, server, store, ask, redirected, redirect_uri=NO_REDIRECT):
 
 
 class HttpUpstream(Upstream):
-    """A connected MCP server over Streamable HTTP, on one event loop in one thread of its own.
-
-    Requests, answers, deadlines and listing are Upstream's; only the way a message travels
-    differs. Answers reach Upstream._dispatch from _HttpTap as the bytes the server sent."""
+    """A connected MCP server over Streamable HTTP, on one event loop in a thread of its own.
+    Only the way a message travels differs from Upstream: answers reach _dispatch from
+    _HttpTap as the bytes the server sent."""
 
     def __init__(self, server):
         super().__init__(server)
@@ -6332,12 +6320,11 @@ class _HttpTap:
         """A GET: the server's own stream (a 405 says it has none), or an answer's stream
         resumed. Anything but an event stream goes to the SDK as it came: a refusal.
 
-        The SDK gives up the server's own stream for the whole session after two failed
-        attempts, and a list_changed or request sent there later would never be heard. So
-        opening it is tried again here, with growing pauses while the session lasts, as long
-        as the refusal may pass: a lost connection, 409 (the server still holds a stream of
-        the session that broke off), 429 or 5xx. A GET resuming from an event is left to the
-        SDK: an answer's is tried within its request's deadline, and must fail in time."""
+        The SDK gives up the server's own stream for the session after two failed attempts,
+        and a list_changed or request sent there would never be heard. So it is tried again,
+        with growing pauses, while the refusal may pass: a lost connection, 409 (the server
+        still holds a stream of the session that broke off), 429 or 5xx. A GET resuming from
+        an event is left to the SDK: it is tried within its request's deadline."""
         resumed, pause = "last-event-id" in request.headers, OWN_STREAM_FIRST_PAUSE
         while True:
             try:
@@ -7662,7 +7649,6 @@ def operator_parser(command, *flags):
 
 
 def current_user():
-    """Who decides: the operating system's name for this user, with or without $USER."""
     try:
         import pwd
         return pwd.getpwuid(os.geteuid()).pw_name
@@ -7718,7 +7704,6 @@ TOOL_CHANGES_SHOWN = 5
 
 
 def print_tool_changes(store, session):
-    """What servers said of their tools while serving, newest first (a session's only)."""
     for at, payload in store.tool_changes(session, TOOL_CHANGES_SHOWN) if session else []:
         tell(f"{prose_time(at)}  {tools_changed_text(payload)}")
 
@@ -7780,13 +7765,11 @@ def only_one(kind, given, found):
 
 
 def resolve_named(store, given, session, approval=None):
-    """What an operator names with a command's ID, and with -approval when given: (run id,
-    approval id or None). ID is a run's id or an approval's, whole or a prefix; an approval
-    names its run too, so a run and its own approvals, which begin with the same time, are
-    one thing named. -approval keeps, of the approvals it starts, those of what ID names.
-    Several runs, or several approvals of one run, are refused with the candidates listed;
-    whether what is named can still be acted on is for the command to say, never a reason to
-    choose another."""
+    """What an operator names with a command's ID (a run's or an approval's, whole or a
+    prefix), and with -approval: (run id, approval id or None). An approval names its run
+    too; -approval keeps, of the approvals it starts, those of what ID names. Several are
+    refused, listed; whether what is named can still be acted on is for the command to say,
+    never a reason to choose another."""
     named = [(run_id, None) for run_id in id_candidates(store, "run", given, session)]
     named += [(store.approval(a)["run_id"], a) for a in id_candidates(store, "approval", given)]
     if not named:
@@ -7926,9 +7909,8 @@ def result_lines(steps):
 
 
 def result_rows(index, observed):
-    """A recorded result as the operator reads it: a line with its size and hash, and rows
-    for each block: its type, size, and its label or the start of its text, then its hash
-    under them (whole: it is what identifies the block, and a line keeps to show's width)."""
+    """A recorded result as a head line and rows per block; each block's hash is shown whole
+    (it identifies the block) on a row of its own, to keep to show's width."""
     record = observed["result"]
     how = (", withheld: too large to pass on" if observed.get("withheld") else "") + (
         ", an error result" if record.get("is_error") else "")
@@ -8028,15 +8010,12 @@ def lookalike_notes(*texts):
 
 
 def print_approval(approval, full=False, late=(), out=None):
-    """Print an approval in full (approval_lines) to `out` (stdout when None); returns
-    whether a value was shortened."""
     lines, shortened = approval_lines(approval, full, late)
     tell(*lines, out=out, flush=True)
     return shortened
 
 
 def late_text(observation):
-    """What a cut-off attempt came to, learned after its run was taken over."""
     text = clean(outcome_text(observation), 2 * ARG_SHOWN)
     what = f"it succeeded, with this result: {text}" if step_outcome(observation) == "ok" \
         else f"it failed: {text}"
@@ -8068,15 +8047,12 @@ def select_approval(store, run_id, approval_id):
 
 
 def decision_text(approval):
-    """How an approval that no longer waits was decided, as people read it."""
     by = f" by {sanitize(approval['decided_by'])}" if approval["decided_by"] else ""
     at = f" at {prose_time(approval['decided_at'])}" if approval["decided_at"] else ""
     return f"{approval['status']}{by}{at}"
 
 
 def confirmed(question, out, without_terminal):
-    """Whether the operator typed yes at a terminal; without one, refused with
-    `without_terminal`, which names the flag that confirms instead."""
     if not sys.stdin.isatty():
         raise Usage(without_terminal)
     tell(question, end="", out=out, flush=True)
@@ -8139,9 +8115,8 @@ def intact(approval):
 
 
 def decide_shown(store, approval, status, by, note):
-    """Decide the approval as it was shown: the write is bound to the hash of the row that
-    was read, so a row that expired, changed or was decided since is refused, never
-    decided."""
+    """Decide the approval as it was shown: the write is bound to the hash of the row read,
+    so a row that expired, changed or was decided since is refused."""
     decided = store.write(lambda tx: tx.decide_approval(approval["id"], approval["hash"], status,
                                                         by, note))
     if decided == "expired":
@@ -8224,7 +8199,6 @@ def cmd_watch(argv):
 
 
 def waiting_cells(approval, limit):
-    """A waiting approval as cells: its id, run, tool, age, then its arguments on one line."""
     text = policy_json(parse(approval["request_json"])["args"])
     # Kept short, so the arguments still fit the row; opened, the approval says what it is.
     caution = "CAUTION " if lookalike_notes(text) else ""
@@ -8233,7 +8207,6 @@ def waiting_cells(approval, limit):
 
 
 def ended_text(store, approval):
-    """What became of an approval that no longer waits."""
     row, run = store.approval(approval["id"]) or approval, store.run(approval["run_id"])
     status = row["status"]
     if status == "pending":
@@ -8560,7 +8533,6 @@ def cmd_grant(argv):
 
 
 def grant_view(grant):
-    """A grant as the operator commands show it, with its state now."""
     stamp = now()
     state = (f"revoked at {grant['revoked_at']} by {grant['revoked_by']}"
              if grant.get("revoked_at") else "in force" if grant["expires_at"] > stamp
@@ -8657,10 +8629,8 @@ def cmd_verify(argv):
 
 
 def verify_chain(store, first, last):
-    """Walk the chain from `first`, a page at a time; report the first break, if any.
-
-    A range that does not start at 1 trusts the stored hash of the event before it.
-    """
+    """Walk the chain from `first`, a page at a time, to its first break. A range that does
+    not start at 1 trusts the stored hash of the event before it."""
     prev_seq, prev_hash = first - 1, ""
     if first > 1:
         prev_hash = store.event_hash_at(first - 1) or ""
@@ -8822,11 +8792,9 @@ def recheck_run(store, config, tools, run_id, current):
 
 
 def print_recheck(config, reports, as_json, session):
-    """The report, differences first: one summary line, then each run in which a decision
-    differs or could not be re-checked, in full; the runs where every decision is the same
-    are counted, one line per policy identity, unless there is just the one run (-json lists
-    them all). One difference among fifty runs must not hide among lines that say nothing
-    changed."""
+    """Differences first: each run where a decision differs or could not be re-checked, in
+    full; runs where every decision is the same are counted per policy identity, unless there
+    is one run (-json lists them all). One difference must not hide among fifty runs' lines."""
     policy_id = config.policy_id()
     rechecked = sum(r["rechecked"] for r in reports)
     skipped = sum(r["not_recheckable"] for r in reports)
@@ -8850,7 +8818,6 @@ def print_recheck(config, reports, as_json, session):
                 continue
             tell(f"run {r['run_id']} {r['run_status']}: {r['differences']} of {r['rechecked']} "
                  f"re-checked evaluations differ; {identity}; {r['spec_source']} specs")
-            # What differs first, then what could not be re-checked, then what is the same.
             for e in sorted(r["evaluations"], key=lambda e: {"different": 0, "same": 2}.get(
                     e["result"], 1)):
                 tell(cut(recheck_line(e), 240))
@@ -8870,7 +8837,6 @@ def print_recheck(config, reports, as_json, session):
 
 
 def recheck_line(e):
-    """One re-checked decision as a line: DIFFERENT, same, or skipped and why."""
     mark = {"same": "same     ", "different": "DIFFERENT"}.get(e["result"], "skipped  ")
     where = f" step {e['step_index']} seq {e['seq']} {sanitize(e['tool'])}" + (
         " (on resume)" if e["on_resume"] else "")
@@ -8909,20 +8875,17 @@ HOST_FILE_BYTES = 64 << 20  # ~/.claude.json keeps a history and grows
 SHARED_DATABASE = "agentgate.db"  # every host's config names it: limits, grants are one record
 
 # Each host is gated on a config of its own, named for it, with its name as the session. A
-# call held past the time its host waits for an answer is lost to the conversation (the model
-# was told to wait for word that never reaches it), so each host's hold is proposed below what
-# it waits, keyed by the name it gives in initialize; "*" keeps the default for another host
-# started on the same config. Claude Desktop gives a call about a minute whatever progress it
-# is sent: 50s. Claude Code waits minutes on a tool call: 10m. Cursor documents no limit; the
-# TypeScript SDK's default is 60 s, reset by progress only where a host asks for that, so
-# Cursor is given Claude Desktop's 50s.
+# call held past the time its host waits is lost to the conversation, so each host's hold is
+# proposed below that, keyed by the name it gives in initialize ("*": another host started on
+# the same config). Claude Desktop gives a call about a minute whatever progress it is sent:
+# 50s. Claude Code waits minutes: 10m. Cursor documents no limit; the TypeScript SDK's default
+# is 60 s, reset by progress only where a host asks for that: 50s.
 HOSTS = {"Claude Desktop": ("claude-desktop", {"claude-ai": "50s", "*": "15s"}),
          "Claude Code": ("claude-code", {"claude-code": "10m", "*": "15s"}),
          "Cursor": ("cursor", {"cursor-vscode": "50s", "*": "15s"})}
 
 
 def host_config_files():
-    """Every host configuration this user has, read, in a fixed order."""
     home = os.path.expanduser("~")
     if sys.platform == "darwin":
         desktop = os.path.join(home, "Library", "Application Support", "Claude")
@@ -8984,7 +8947,6 @@ class HostFile:
         return data
 
     def servers(self):
-        """(where, name, entry, started) of every server in the file."""
         return [(where, name, entry, started) for where, servers, started in self.maps
                 for name, entry in servers.items()]
 
@@ -9037,7 +8999,6 @@ def is_the_gate(argv):
 
 
 def server_name(given, taken):
-    """A name agentgate can use (NAME_RE) for a host's server, unique among `taken`."""
     name = re.sub(r"[^A-Za-z0-9_-]+", "-", given).strip("-")[:60] or "server"
     unique, n = name, 1
     while unique in taken:
@@ -9140,11 +9101,9 @@ def cmd_init(argv):
 
 def init_host(path, session, hold, files, needs):
     """Gate the servers of one host's `files` in the config at `path`: a new config, or the
-    servers new in the files since it was written, added to it as proposals with every other
-    byte of it as it was (a person's edits are theirs). What a server needs before it can be
-    pinned (a variable, the mcp package) is added to `needs`, to be asked for once. Returns
-    (gated, left): gated maps (file, map, name) to the server that gates it; left lists
-    (map, name, why) of each server left in its host."""
+    servers new since added as proposals, every other byte as it was (a person's edits are
+    theirs). What a server needs first goes to `needs`, asked for once. Returns (gated: (file,
+    map, name) -> the server that gates it, left: (map, name, why) of each left in its host)."""
     text = read_owned(path, "config").decode("utf-8") if os.path.lexists(path) else ""
     try:
         existing = parse(text)["servers"] if text else []
@@ -9290,8 +9249,6 @@ def each_config(command, argv, paths):
 
 
 def project_server_text(file, server, why):
-    """Why a project's server is only listed, with what it would run or reach, for a person
-    to read before naming the file with -from."""
     if server is None:
         runs = why
     elif "url" in server:
@@ -9304,10 +9261,9 @@ def project_server_text(file, server, why):
 
 def replace_in_host(file, taken, entry):
     """Replace the servers `taken` ((map, name) pairs) in a host's file by the one entry that
-    gates them, after keeping the file as it was read beside it. A file that is a symbolic
-    link is written where the link leads, so the link stays (a person's dotfiles often are
-    links); its backup is kept beside the link, the path init read and printed. Returns the
-    path written and the backup's."""
+    gates them, once a backup of it as read is kept beside it (beside the link, the path init
+    printed, if it is one). A symbolic link is written where it leads, so the link stays
+    (dotfiles often are links). Returns the path written and the backup's."""
     backup = f"{file.path}.agentgate-backup"
     n = 1
     while os.path.lexists(backup):
@@ -9328,7 +9284,6 @@ def replace_in_host(file, taken, entry):
 
 
 def accept_proposals(path):
-    """Mark every proposed rule of the config as reviewed, writing the config anew."""
     load_config(path)  # a config that would not load is refused as it is, unchanged
     raw = parse(read_owned(path, "config"))
     accepted = []
@@ -9475,7 +9430,6 @@ class LoopbackRedirect:
         self.server.server_close()
 
     def answer(self, sdk):
-        """The browser's redirect, as the OAuth client takes it."""
         try:
             got = self.answers.get(timeout=LOGIN_WAIT_SECONDS)
         except queue.Empty:
@@ -9653,11 +9607,9 @@ def cmd_check(argv):
 
 
 def load_warnings(reports):
-    """What a gate writes to the host's log of its load reports as it starts: each line that
-    says something is not as it should be (a tool refused, unclassified, unreviewed or not
-    pinned, a lint finding), and why a server is not served. The line each offered tool gets,
-    and its rules, are check's to print: fifty of them would bury the approval lines an
-    operator looks for in that log, so one line says what is served (cmd_serve)."""
+    """What a starting gate writes to the host's log of its load reports: the lines that say
+    something is not as it should be, and why a server is not served. An offered tool's lines
+    are check's: fifty would bury the approval lines an operator looks for in that log."""
     lines = []
     for report in reports:
         for line in report.lines:
@@ -9948,7 +9900,6 @@ def run_demo(directory, narrator):
         narrator.say(f"operator, in another process: {verb} …{approval[-8:]}, {note!r}")
 
     def see(tool, args, prefix):
-        """One call as the model makes it: narrate what it sees, check it is as narrated."""
         text, is_error = host.call(tool, args)
         narrator.sees(text.split("\n")[0], is_error)
         expect(text, prefix)
