@@ -47,20 +47,20 @@ because the configuration is read with its parser.
     17. Fields of a configuration                    library             92
     18. Days and hours in a time zone                library             70
     19. What a result's record keeps                 library            128
-    20. The lint                                     around the core    227
-    21. Upstream servers                             around the core   1336
-    22. Reading the record                           around the core    185
+    20. The lint                                     around the core    225
+    21. Upstream servers                             around the core   1324
+    22. Reading the record                           around the core    180
     23. Tool changes while serving                   around the core    138
     24. The status tool                              around the core    119
     25. The host's other requests                    around the core    157
-    26. Notify                                       around the core    106
-    27. Pins and load reports                        around the core    198
+    26. Notify                                       around the core    104
+    27. Pins and load reports                        around the core    193
     28. The command line's flags                     around the core    122
-    29. Operator commands                            around the core   1284
-    30. Setup                                        around the core    593
-    31. Pin and check                                around the core    181
-    32. Fake payment server                          around the core    118
-    33. Demonstration                                around the core    267
+    29. Operator commands                            around the core   1272
+    30. Setup                                        around the core    584
+    31. Pin and check                                around the core    180
+    32. Fake payment server                          around the core    116
+    33. Demonstration                                around the core    265
     34. Main                                         around the core    131
 
 One tools/call through the core, with the section of each step (10, 13, 19: libraries):
@@ -5042,9 +5042,8 @@ _READ_KEYWORDS = ("description", "title", "default", "examples", "enum", "const"
 
 
 def lint_texts(entry):
-    """(where, text) of everything the model reads of a tool but its names: the description,
-    its titles, and anywhere in its input schema the descriptions, titles, defaults, examples,
-    enum and const values, comments and x- extensions."""
+    """(where, text) of everything the model reads of a tool but its names: its description,
+    titles, and anywhere in its input schema the _READ_KEYWORDS' values and x- extensions."""
     texts = [("description", entry.get("description") or ""), *tool_titles(entry)]
 
     def walk(node, where):
@@ -5188,8 +5187,7 @@ def lint_lines(findings):
 
 
 def lint_manifests(manifests):
-    """{server name: {tool: findings}} over pinned manifests, each tool read against the
-    other servers' tools, its own server's tools and its own server's description lengths."""
+    """{server name: {tool: findings}} over pinned manifests, each tool read among its peers."""
     # A short plain name (add, search) is an ordinary word in prose, not a mention of a tool.
     names = {server: {name for name in manifest["tools"]
                       if len(name) >= 8 or "_" in name or "-" in name}
@@ -5215,7 +5213,7 @@ def lint_manifests(manifests):
 # newline-delimited JSON-RPC (Upstream), or reached by url over Streamable HTTP through the
 # optional mcp package (HttpUpstream), the requests agentgate sends it; its manifest.
 # Core it calls: read_config (load_config hands it read_transport), read_frames, read_owned;
-# and, for load_all (the start of every server at once), load, which tells each Report.
+# and, for load_all, load, which tells each server's Report.
 # Promises: the child gets only PATH, HOME, TMPDIR and what the operator names; it runs in its
 # own process group and, on Linux, dies with agentgate even when agentgate is killed with
 # SIGKILL; connecting, listing and loading share one deadline and a timeout names its step;
@@ -5251,7 +5249,6 @@ def load_config(path):
 
 
 def read_transport(server, raw, where, base):
-    """How `server` is reached, read onto it: a command agentgate starts, or a url."""
     server.command = raw.get("command")
     server.url = field_string(raw, "url", where)
     server.headers, server.oauth = {}, {}
@@ -5298,7 +5295,6 @@ def _file_identity(path):
 
 
 def _protected(config):
-    """Every file the gate's decisions depend on, and every directory above each of them."""
     identities, missing = set(), set()
     for path in (config.path, config.database, *(s.manifest for s in config.servers)):
         for current in (os.path.abspath(path), os.path.realpath(path)):
@@ -5541,7 +5537,6 @@ class Upstream:
         self.notify("notifications/initialized", {})
 
     def close(self):
-        """Close stdin, wait briefly, then TERM and KILL the whole process group."""
         with self.lock:
             proc, self.proc = self.proc, None
             self.closed = self.closed or "the connection was closed"
@@ -5643,10 +5638,9 @@ class Upstream:
             self._deliver(int_id(message.get("id")), result=message.get("result"))
 
     def _progress(self, params):
-        """Hand a server's progress on a request to the one who asked for it. The token is the
-        request's own id, which only agentgate wrote: progress naming any other, or a request
-        already answered, is dropped. It runs on the reading thread, before any later message
-        of the server is read, so a request's progress reaches its caller before its answer."""
+        """Hand a server's progress to the request it names by id, a token only agentgate
+        wrote (any other is dropped). On the reading thread, before the server's next message
+        is read, so a request's progress reaches its caller before its answer."""
         params = params if isinstance(params, dict) else {}
         with self.lock:
             slot = self.slots.get(int_id(params.get("progressToken")))
@@ -5779,10 +5773,9 @@ class Upstream:
         return slot["result"]
 
     def watch_tools(self, on_list_changed):
-        """Call `on_list_changed` at every notice that the server's tools changed, and once now
-        if one came before: a notice sent between the start-up listing and this call (which
-        comes after loading) would otherwise be lost, and a changed tool offered all session.
-        The flag and the callback change under one lock, so a notice is never missed by both."""
+        """Call `on_list_changed` at every notice that the server's tools changed, and now if
+        one came since the start-up listing (lost, it would leave a changed tool offered all
+        session). Flag and callback change under one lock: no notice is missed by both."""
         with self.lock:
             self.on_list_changed = on_list_changed
             heard = self.heard_list_changed
@@ -5790,7 +5783,6 @@ class Upstream:
             on_list_changed()
 
     def list_tools(self, deadline):
-        """Every page of tools/list, bounded, refusing a repeating cursor or a repeated tool."""
         tools, seen_cursors, cursor = {}, set(), None
         for _ in range(MAX_TOOL_PAGES):
             result = self.request("tools/list", {"cursor": cursor} if cursor is not None else {},
@@ -5893,9 +5885,8 @@ def mcp_sdk_for(server):
     return sdk
 
 
-# OAuth, through the mcp package's own client (discovery, registration, PKCE, refresh). Only
-# `login`, an operator command, ever asks a person (section 30); the serving gate attaches
-# what login left and refreshes it, and a server it cannot authorize is not served.
+# OAuth, through the mcp package's own client. Only `login` ever asks a person (section 30);
+# the serving gate attaches what login left and refreshes it, or does not serve the server.
 LOGIN_NEEDED = "the server asks for an authorization the gate does not hold, or holds no longer"
 # Never used to receive anything: the serving gate's client has no way to ask a person.
 NO_REDIRECT = "http://127.0.0.1/"
@@ -5911,7 +5902,7 @@ class TokenFile:
     """The mcp package's token storage for one server: what login obtained and the client it
     was issued to, 0600 in Server.tokens beside the config. Not in the database: the record is
     shown and copied for audits, and a credential is no fact about a call. A pre-registered
-    client (the server's `oauth`) stays in the config. Refreshed tokens replace the file."""
+    client (the server's `oauth`) stays in the config."""
 
     def __init__(self, sdk, server, fresh=False):
         self.records, self.server = sdk["auth_records"], server
@@ -6183,11 +6174,10 @@ class _HttpTap:
 
     A POST carries agentgate's canonical bytes in place of the SDK's encoding; its answer is
     read here in full (at most MAX_MESSAGE_BYTES), each JSON-RPC message in it handed to the
-    upstream as bytes, then given to the SDK as read. A request whose answer holds no message
-    for it learns here what became of it, so it never waits for its deadline, unless the
-    server closed the event stream after naming an event: then the SDK resumes it with a GET
-    (`Last-Event-ID`, after the server's `retry`), within the request's deadline. A GET (the
-    server's own stream, or a resumed one) is passed on to the SDK as it arrives, each message
+    upstream as bytes, then given to the SDK. A request whose answer holds no message for it
+    learns here what became of it, unless the server closed the event stream after naming an
+    event: then the SDK resumes it with a GET (`Last-Event-ID`) within the request's deadline.
+    A GET (the server's own stream, or a resumed one) is passed on as it arrives, each message
     handed over as its event completes: such a stream may stay open all session."""
 
     def __init__(self, upstream):
@@ -6301,8 +6291,7 @@ class _HttpTap:
 
     async def _read(self, response, events, chunks):
         """The body into `chunks`, its messages handed over as each completes (a server's
-        request in the middle of an answer is answered at once); True past the cap, where
-        nothing more is read."""
+        request mid-answer is answered at once); True past the cap, where reading stops."""
         size = 0
         async for chunk in response.stream:
             size += len(chunk)
@@ -6454,7 +6443,6 @@ def read_manifest(server):
 
 
 def pinned_for(server):
-    """A server's manifest, once its rules name only tools it pins."""
     manifest = read_manifest(server)
     stray = sorted(set(server.rules) - set(manifest["tools"]))
     if stray:
@@ -6525,8 +6513,6 @@ def load_all(config, while_starting=None):
 
 
 def _unless_unserved(report, step, *args):
-    """One step of loading a server that is still to be served: what it returns, or None,
-    with why the server cannot be served in its report."""
     if report.unserved:
         return None
     try:
@@ -6546,9 +6532,8 @@ def handshake_and_list(upstream, deadline):
 #
 # Reads as: around the core
 #
-# Owns: the reads people make of the record: the runs, steps and approvals the operator
-# commands and the status tool list, the grants, the tool changes, and the event chain verify
-# walks (Ledger, the Store the operator commands and serve open).
+# Owns: the reads people make of the record (Ledger): the runs, steps and approvals the
+# operator commands and the status tool list, the grants, the tool changes, the event chain.
 # Core it calls: Store, whose read connection it reads through, and tool_spec; it writes
 # nothing.
 # Promises: only SELECTs: every statement that changes the record is section 7's, and an
@@ -6606,8 +6591,7 @@ class Ledger(Store):
                 for part in event_parts(type_, step_id, payload)]
 
     def late_outcomes(self, run_id):
-        """Outcomes of a run's attempts that arrived after another process took the run
-        over, as (step id, observation), oldest first."""
+        """Outcomes of a run's cut-off attempts that came after a takeover: (step, observation)."""
         return [(step_id, payload["observation"]) for _, _, type_, step_id, payload
                 in self.run_parts(run_id) if type_ == "step.tool_finished" and payload.get("late")]
 
@@ -6649,10 +6633,9 @@ class Ledger(Store):
         return dict(zip(names, row)) if row else None
 
     def runs_page(self, session, limit):
-        """Runs newest first (of one session, or all with session ''), with the approval
-        each waits on and the host's name as its first decision of the policy recorded it
-        ('' for a run that never reached the policy; a call's first decision is a part of the
-        event that began it)."""
+        """Runs newest first (of one session, or all with session ''), with the approval each
+        waits on and the host's name as the policy's first decision recorded it ('' before the
+        policy; a call's first decision is a part of the event that began it)."""
         names = ("run", "status", "reason", "detail", "steps", "created", "tool",
                  "pending_approval", "host")
         return [dict(zip(names, row)) for row in self.read(
@@ -6682,8 +6665,6 @@ class Ledger(Store):
         return tool_spec(self.read, spec_hash)
 
     def grants(self, session, since):
-        """The grants (of one session, or all with session '') in force or ended since
-        `since`, newest first."""
         return [dict(zip(GRANT_COLUMNS, row)) for row in self.read(
             f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE (?='' OR session=?) AND "
             f"(CASE WHEN revoked_at='' THEN expires_at ELSE min(revoked_at, expires_at) END)>=?"
@@ -7166,8 +7147,6 @@ def python_command():
 
 
 def operator_hint(config_file, database=""):
-    """The command an operator pastes: it names the database when that was named (-db), else
-    the config unless it is the default one."""
     command = f"{python_command()} {shlex.quote(os.path.abspath(sys.argv[0]))}"
     if database:
         command += f" -db {shlex.quote(os.path.abspath(database))}"
@@ -7210,7 +7189,7 @@ NOTIFY_BACKLOG = 32  # announcements waiting for the notify program; past it, on
 class Notifier:
     """Runs the operator's notify program when an approval starts waiting, one at a time on a
     thread of its own: a failing, missing or hanging program costs a call nothing (it is
-    stopped after NOTIFY_TIMEOUT). It gets the gate's environment plus the names announced."""
+    stopped after NOTIFY_TIMEOUT)."""
 
     def __init__(self, argv):
         self.argv = argv
@@ -7259,8 +7238,7 @@ class Notifier:
 # =============================================================================================
 
 def effective_decision(config, rule):
-    """What a rule decides of a call as `check` shows it: allow, ask or deny, and what may
-    decide otherwise for some calls (its when entries; its limits, where an allow can come)."""
+    """What a rule decides of a call as `check` shows it, and what may decide otherwise."""
     outcome = rule_outcome(config, rule)
     others = (["when entries"] if rule.when else []) + (
         ["limits"] if rule.limits and (rule.when or outcome == "allow") else [])
@@ -7314,8 +7292,7 @@ def pin(server):
 
 
 def change_lines(old, new):
-    """A changed tool as a person compares it: each part that differs, as a unified diff of
-    the pinned text against today's (the description wrapped, the rest indented JSON)."""
+    """A changed tool as a person compares it: a unified diff of each part that differs."""
     import difflib
     import textwrap
 
@@ -7365,7 +7342,6 @@ class Report:
         self.lines.append(f"{sanitize(self.server)}: {text}")
 
     def count(self, kind):
-        """How many tools became `kind` (load tells each tool's end once)."""
         return sum(1 for each in self.kinds.values() if each == kind)
 
     def unpinned(self, name):
@@ -7408,8 +7384,6 @@ _SECRETS_WORDS = re.compile(r"\b(environment|env|secrets?|credentials?|passwords
 
 
 def served_lines(config, server, report, tools):
-    """`check`'s account of one server: whether it is served (or why not), then each tool's
-    effective decision, or what keeps it from being offered."""
     name = quote(server.name)
     offered = {tool.upstream_name: tool for tool in tools if tool.server is server}
     if report.unserved:
@@ -7608,9 +7582,8 @@ def _json_for_terminal(line):
 
 
 def confirmed_conditions(conditions):
-    """A grant's conditions as it keeps them: each `under` with its directories as they were
-    resolved and shown when the grant was confirmed. Resolved again at each decision, a
-    directory replaced by a link since would take the grant to a place it never named."""
+    """A grant's conditions as it keeps them: each `under` with its directories as resolved and
+    shown at confirmation; resolved again later, a link put in since would move the grant."""
     return {c.pointer: {name: expected if name == "under" else c.raw[name]
                         for name, expected in c.tests} for c in conditions}
 
@@ -7630,9 +7603,8 @@ def operator_store(opts, readonly):
 
 
 def shared_database(directory):
-    """The one database in the config directory, where init gates each host on a config of
-    its own and all of them share it: every host's runs are the operator's to decide. None
-    when there is none; more than one is refused, as the choice is the operator's."""
+    """The one database in the config directory, which init's configs, one per host, share:
+    every host's runs are the operator's to decide. More than one is refused."""
     try:
         found = sorted(name for name in os.listdir(directory) if name.endswith(".db"))
     except OSError:
@@ -7728,10 +7700,9 @@ ID_CANDIDATES = 200  # how many ids one prefix is looked up among; ten of them a
 
 def id_candidates(store, kind, given, session=""):
     """Every id of a run, an approval or a grant that `given` may name: the id itself when it
-    is whole, else every id it starts, whatever state its run or approval is in. An operator
-    may type any prefix of at least MIN_PREFIX characters, of a run's id with or without its
-    session. The state is left out on purpose: a prefix narrowed to the runs still waiting
-    would move on, once the run it named was decided, to another run made the same minute."""
+    is whole, else every id it starts (MIN_PREFIX characters or more; a run's with or without
+    its session), whatever its state: a prefix narrowed to the runs still waiting would move
+    on, once the run it named was decided, to another run made the same minute."""
     table = {"run": "runs", "approval": "approvals", "grant": "grants"}[kind]
     if not ID_TEXT.fullmatch(given):
         return []
@@ -7890,9 +7861,8 @@ SHOW_WIDTH = 100  # columns of a wrapped line in show: events and the result are
 
 
 def result_lines(steps):
-    """The run's result as recorded in its last step that has one, whole and sanitized: the
-    text a tool answered or the error its call ended in (outcome_text, which reads the record
-    of every version), or how the gate ended the step."""
+    """The run's result as its last step with one recorded it, whole and sanitized: what the
+    tool answered or its call's error (outcome_text), or how the gate ended the step."""
     observed = [parse(s["observation"]) for s in steps if s["observation"]]
     if not observed:
         return ["result    none recorded"]
@@ -7909,8 +7879,7 @@ def result_lines(steps):
 
 
 def result_rows(index, observed):
-    """A recorded result as a head line and rows per block; each block's hash is shown whole
-    (it identifies the block) on a row of its own, to keep to show's width."""
+    """A recorded result: a head line, then per block a row and its hash, whole (its identity)."""
     record = observed["result"]
     how = (", withheld: too large to pass on" if observed.get("withheld") else "") + (
         ", an error result" if record.get("is_error") else "")
@@ -7949,10 +7918,9 @@ def shown_value(value, full=False):
 
 
 def approval_lines(approval, full=False, late=()):
-    """An approval in full, as lines: what the operator decides is exactly this, whether
-    `approve` prints it or `watch` shows it. Returns (lines, whether a value had to be
-    shortened: then only `full` shows every byte the approval binds).
-    `late`: outcomes of cut-off attempts that arrived after the run was taken over."""
+    """An approval in full, as lines: what the operator decides is exactly this, in `approve`
+    or `watch`. Returns (lines, whether a value was shortened: then only `full` shows every
+    byte it binds). `late`: outcomes of cut-off attempts that came after a takeover."""
     presentation = parse(approval["presentation_json"])
     request = parse(approval["request_json"])
     shortened = False
@@ -7989,9 +7957,8 @@ def approval_lines(approval, full=False, late=()):
 
 
 def lookalike_notes(*texts):
-    """What in the texts reads as something it is not, as the lint finds it in descriptions:
-    each word that mixes scripts, with the letters foreign to the rest of it (`lаndlord`
-    prints as "landlord"), and the invisible characters."""
+    """What in the texts reads as something it is not: each word that mixes scripts, with its
+    foreign letters (`lаndlord` prints as "landlord"), and the invisible characters."""
     notes = []
     for text in texts:
         for word in mixed_script_words(text)[:3]:
@@ -8242,7 +8209,6 @@ def watch_lines(store, session, hint, stop):
 
 
 def watch_terminal(store, session, by, stop):
-    """The live view on this terminal; False when the terminal cannot show it."""
     try:
         import curses  # only here: nothing else pays for loading it
         import locale
@@ -8415,7 +8381,6 @@ def watch_decide(store, approval, status, by, note):
 
 
 def prompt(screen, question, stop):
-    """A line the operator types on the bottom row; None when they press Esc."""
     text = ""
     while not stop.is_set():
         height, width = screen.size()
@@ -8495,7 +8460,6 @@ def cmd_grant(argv):
     grant = {"id": new_id(8), "session": config.session, "tool": tool.target,
              "name": tool.name, "conditions_json": dumps(confirmed_conditions(parsed)),
              "by": by, "note": opts.note or ""}
-    # With -json the printout goes to stderr: stdout carries the one JSON value.
     out = sys.stderr if opts.json else sys.stdout
     # The id is printed only once the grant is created: an id printed before a refusal
     # would name a grant that does not exist.
@@ -8629,8 +8593,7 @@ def cmd_verify(argv):
 
 
 def verify_chain(store, first, last):
-    """Walk the chain from `first`, a page at a time, to its first break. A range that does
-    not start at 1 trusts the stored hash of the event before it."""
+    """A range that does not start at 1 trusts the stored hash of the event before it."""
     prev_seq, prev_hash = first - 1, ""
     if first > 1:
         prev_hash = store.event_hash_at(first - 1) or ""
@@ -8711,7 +8674,6 @@ def configured_tools(config):
 
 
 def recheck_run(store, config, tools, run_id, current):
-    """Every decision the policy made in one run, evaluated again under today's config."""
     run = load_run(store, run_id)
     policy_id = config.policy_id()
     evaluations, notes, recorded_ids, seen_steps = [], [], set(), set()
@@ -8855,11 +8817,10 @@ def recheck_line(e):
 #
 # Reads as: around the core
 #
-# Owns: `init`, which reads the MCP servers a person already gave their hosts (Claude Desktop,
-# Claude Code, Cursor, or a file named), writes a starter config for each host with its own
-# servers (one database for all), pins them and proposes a rule per tool from the server's own
-# hints; and the acceptance of those proposals. And `login`, the OAuth authorization of a url
-# server: the only command that opens a port (on 127.0.0.1, while it waits for the browser).
+# Owns: `init`, which reads the MCP servers a person gave their hosts, writes a config for
+# each host with its servers (one database for all), pins them and proposes a rule per tool
+# from its own hints; the acceptance of those proposals; `login`, the OAuth authorization of
+# a url server: the only command that opens a port (on 127.0.0.1, while it waits).
 # Core it calls: Server, read_owned; section 21's load_config, check_reach, read_transport,
 # shown_url and write_private; section 26's operator_hint; section 27's pin.
 # Promises: a config is written 0600; run again, init adds the servers new in its host's file
@@ -8908,10 +8869,9 @@ def host_config_files():
 
 
 class HostFile:
-    """One host's configuration file and the maps of MCP servers in it. Claude Code keeps a
-    map per project beside the user's own; the one for the current directory is read too.
-    A project's servers (a directory's own file, or a project's map) came with the directory,
-    perhaps in a repository cloned a minute ago, and init would run them the moment it pins:
+    """One host's configuration file and its maps of MCP servers (Claude Code keeps one per
+    project beside the user's own; the current directory's is read too). A project's servers
+    came with the directory, perhaps cloned a minute ago, and init would run them as it pins:
     they are listed, and started only when -from named the file (`named`)."""
 
     def __init__(self, host, path, project=False, named=False):
@@ -9008,11 +8968,10 @@ def server_name(given, taken):
 
 
 def proposed_rule(entry):
-    """The rule a tool's own hints suggest; it decides nothing until it is accepted. A
-    destructive tool is proposed to ask, not to be denied (the class's default): a proposal
-    the model meets as DENIED on every call teaches nothing but to stop asking. A tool its
-    server calls idempotent is proposed no repeat window, so an ordinary repeat (the same
-    write after a move) is not refused as a duplicate."""
+    """The rule a tool's own hints suggest, deciding nothing until accepted. A destructive tool
+    is proposed to ask, not denied (the class's default): DENIED on every call teaches the
+    model only to stop asking. An idempotent one is proposed no repeat window, so an ordinary
+    repeat (the same write after a move) is not refused as a duplicate."""
     annotations = entry.get("annotations") or {}
     rule = {"side_effect": "remote_mutation"}
     if annotations.get("readOnlyHint") is True:
@@ -9039,7 +8998,6 @@ def cmd_init(argv):
         if not files:
             raise ConfigError("no host configuration was found (Claude Desktop, Claude Code, "
                               "Cursor); name one with -from FILE")
-        # One config per host, beside the default one (or the one -config names).
         plans = [(os.path.join(os.path.dirname(path), f"{name}.json"), name, hold,
                   [f for f in files if f.host.removesuffix(" project") == host])
                  for host, (name, hold) in HOSTS.items()]
@@ -9076,10 +9034,9 @@ def cmd_init(argv):
                          if (file.path, where, given) in gated}, entries[config_file])
                  for config_file, files, gated in done for file in files]
         edits = [edit for edit in edits if edit[1]]
-        # The hosts may have written their files while the servers were pinned: what init
-        # writes is made from the bytes it read, so a file changed since is left to its host.
-        # (A write between this reading and the rename below is still lost: that window is
-        # one file's write, where it was every pin's time.)
+        # The hosts may have written their files while the servers were pinned: a file changed
+        # since init read it is left to its host. (A write between this reading and the rename
+        # below is still lost: a window of one file's write, not of every pin.)
         changed = next((file for file, _, _ in edits if file.read() != file.data), None)
         if not changed:
             for file, taken, entry in edits:
@@ -9191,8 +9148,7 @@ def definition(server):
 
 
 def needs_of(server):
-    """What a url server needs before init can pin it: the mcp package, and each variable its
-    headers name that is not set. Asked for together, once, for every server."""
+    """What a url server needs before init can pin it, asked for once for every server."""
     needs = {("variable", name) for value in server.get("headers", {}).values()
              for name in ENV_REFERENCE_RE.findall(value) if name not in os.environ}
     if "url" in server and mcp_sdk() is None:
@@ -9234,8 +9190,6 @@ def host_configs(default):
 
 
 def each_config(command, argv, paths):
-    """Run `command` on each config in turn, each as if named with -config; one that fails
-    does not keep the others from being read. Exits as the worst of them."""
     status = 0
     for path in paths:
         tell(f"== {path}", flush=True)
@@ -9261,9 +9215,8 @@ def project_server_text(file, server, why):
 
 def replace_in_host(file, taken, entry):
     """Replace the servers `taken` ((map, name) pairs) in a host's file by the one entry that
-    gates them, once a backup of it as read is kept beside it (beside the link, the path init
-    printed, if it is one). A symbolic link is written where it leads, so the link stays
-    (dotfiles often are links). Returns the path written and the backup's."""
+    gates them, once a backup as read is kept beside it (beside the link, if it is one). A
+    link is written where it leads, so it stays. Returns the path written and the backup's."""
     backup = f"{file.path}.agentgate-backup"
     n = 1
     while os.path.lexists(backup):
@@ -9562,7 +9515,6 @@ def pin_diff(config, named, everything, agreed):
 
 
 def serving_config(path):
-    """The config, with the checks every command that starts the servers makes first."""
     config = load_config(config_path(path))
     check_database_path(config.database)
     check_reach(config)
@@ -9629,11 +9581,10 @@ def load_warnings(reports):
 #
 # Reads as: around the core
 #
-# Owns: a small stdio MCP server, `fake-payments`, that the demonstration, the example config
-# and the tests put behind the gate, so that agentgate can be seen working on a machine with
-# nothing installed. It keeps a ledger: every payment is appended, as its raw arguments, to
-# the file named by FAKE_PAYMENTS_LEDGER and synced to disk before the answer is sent, so a
-# count of the ledger's lines is a count of payments made.
+# Owns: `fake-payments`, a small stdio MCP server that the demonstration, the example config
+# and the tests put behind the gate, to see it work with nothing installed. Every payment is
+# appended, as its raw arguments, to the file FAKE_PAYMENTS_LEDGER names and synced to disk
+# before the answer is sent: the ledger's lines count the payments made.
 # Core it calls: nothing: it is a server of its own, run as a child process.
 # =============================================================================================
 
@@ -9657,7 +9608,6 @@ FAKE_TOOLS = [
 
 
 def fake_payments():
-    """Serve the fake payment server on stdin/stdout until stdin closes."""
     ledger = os.environ.get("FAKE_PAYMENTS_LEDGER", os.devnull)
     tools = json.loads(json.dumps(FAKE_TOOLS))
     if os.environ.get("FAKE_PAYMENTS_DESCRIPTION"):
@@ -9761,8 +9711,6 @@ class DemoFailure(Exception):
 
 
 class LineClient:
-    """A host in miniature: JSON-RPC lines to a child process, answers read with a deadline."""
-
     def __init__(self, argv, cwd, env, stderr):
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=stderr)
