@@ -47,20 +47,20 @@ because the configuration is read with its parser.
     17. Fields of a configuration                    library            110
     18. Days and hours in a time zone                library             89
     19. What a result's record keeps                 library            128
-    20. The lint                                     around the core    232
-    21. Upstream servers                             around the core   1360
-    22. Reading the record                           around the core    192
-    23. Tool changes while serving                   around the core    147
-    24. The status tool                              around the core    120
+    20. The lint                                     around the core    225
+    21. Upstream servers                             around the core   1324
+    22. Reading the record                           around the core    180
+    23. Tool changes while serving                   around the core    138
+    24. The status tool                              around the core    119
     25. The host's other requests                    around the core    157
-    26. Notify                                       around the core    111
-    27. Pins and load reports                        around the core    204
+    26. Notify                                       around the core    104
+    27. Pins and load reports                        around the core    193
     28. The command line's flags                     around the core    122
-    29. Operator commands                            around the core   1305
-    30. Setup                                        around the core    605
-    31. Pin and check                                around the core    183
-    32. Fake payment server                          around the core    118
-    33. Demonstration                                around the core    268
+    29. Operator commands                            around the core   1272
+    30. Setup                                        around the core    584
+    31. Pin and check                                around the core    180
+    32. Fake payment server                          around the core    116
+    33. Demonstration                                around the core    265
     34. Main                                         around the core    131
 
 One tools/call through the core, with the section of each step (10, 13, 19: libraries):
@@ -5068,12 +5068,8 @@ def result_summary(tool, record, withheld_over=0):
 
 # A tool's description, its schema's texts and its parameters' names are read by the model on
 # every tools/list, so they are where tool poisoning hides instructions. The lint finds the
-# tricks known to be used (invisible characters, terminal escapes, bytes smuggled in variation
-# selectors, tag-like blocks and HTML comments, text that speaks to the model, secrets' places
-# and variables, names that mix scripts, instructions about other servers' tools, paths, URLs,
-# a text far longer than its peers); it cannot find them all, and says so in the README.
-# Advice to call a tool of the same server first is how public servers sequence their tools,
-# not an injection: it stays medium.
+# tricks known to be used; it cannot find them all, and says so in the README. Advice to call
+# a tool of the same server first is how public servers sequence their tools: it stays medium.
 LINT_LONG = 1024  # a description is far longer than its peers past this and four times theirs
 
 _LINT_PHRASES = [(re.compile(pattern, re.I | re.S), severity, what)
@@ -5121,9 +5117,8 @@ _READ_KEYWORDS = ("description", "title", "default", "examples", "enum", "const"
 
 
 def lint_texts(entry):
-    """(where, text) of everything the model reads of a tool but its names: the description,
-    its titles, and anywhere in its input schema the descriptions, titles, defaults, examples,
-    enum and const values, comments and x- extensions."""
+    """(where, text) of everything the model reads of a tool but its names: its description,
+    titles, and anywhere in its input schema the _READ_KEYWORDS' values and x- extensions."""
     texts = [("description", entry.get("description") or ""), *tool_titles(entry)]
 
     def walk(node, where):
@@ -5166,7 +5161,6 @@ def mixed_script_words(text):
 
 
 def invisible_codes(text):
-    """The invisible, bidirectional and tag characters of `text`, as code points."""
     return sorted({ord(ch) for ch in text if ord(ch) in INVISIBLE})
 
 
@@ -5268,8 +5262,7 @@ def lint_lines(findings):
 
 
 def lint_manifests(manifests):
-    """{server name: {tool: findings}} over pinned manifests, each tool read against the
-    other servers' tools, its own server's tools and its own server's description lengths."""
+    """{server name: {tool: findings}} over pinned manifests, each tool read among its peers."""
     # A short plain name (add, search) is an ordinary word in prose, not a mention of a tool.
     names = {server: {name for name in manifest["tools"]
                       if len(name) >= 8 or "_" in name or "-" in name}
@@ -5290,34 +5283,29 @@ def lint_manifests(manifests):
 #
 # Reads as: around the core
 #
-# Owns: how the config says a server is reached (read_transport: command, env, cwd, url,
-# headers, OAuth client) and whether that reaches what the gate depends on (check_reach); one
-# configured server as a child process speaking newline-delimited JSON-RPC, or reached by url
-# over Streamable HTTP through the optional mcp package, and the requests agentgate sends it
-# (both present start, list_tools, request, call, close); its manifest (read_manifest).
+# Owns: how the config says a server is reached (read_transport) and whether that reaches
+# what the gate depends on (check_reach); a server as a child process speaking
+# newline-delimited JSON-RPC (Upstream), or reached by url over Streamable HTTP through the
+# optional mcp package (HttpUpstream), the requests agentgate sends it; its manifest.
 # Core it calls: read_config (load_config hands it read_transport), read_frames, read_owned;
-# and, for load_all (the start of every server at once), load, which tells each server's
-# Report.
+# and, for load_all, load, which tells each server's Report.
 # Promises: the child gets only PATH, HOME, TMPDIR and what the operator names; it runs in its
 # own process group and, on Linux, dies with agentgate even when agentgate is killed with
 # SIGKILL; connecting, listing and loading share one deadline and a timeout names its step;
-# every request the server sends agentgate gets an answer (ping a result, anything else an
-# error), never silence; a server's progress reaches only the request it names by the token
-# agentgate gave it; an oversized or unusable message fails only the request it answers,
-# and no message, however shaped, ends the thread that reads them; only an integer id
-# agentgate wrote can match an answer to a request; every write has a deadline, and a server
-# that does not take in a message by it is stopped (the error says whether any byte reached
-# it); a dead server fails every later call at once, naming the server. Closing is
-# idempotent and never waits on a server. Over HTTP the same holds, and: every answer is read
-# from the bytes the server sent, by parse, never from the SDK's decoding, so number literals
-# survive; what agentgate sends is its own canonical encoding; no redirect is followed; a
-# request's error says whether it reached the server (refused connection: it did not; a
-# connection lost after sending, or an HTTP status of 500 or more: it may have executed); a
-# stream the server closes after naming an event is resumed within the request's deadline;
-# the server's own stream is listened to. The newest protocol version both sides speak is
-# asked for. The mcp package is imported only when such a server starts. A server that asks
-# for OAuth is sent the tokens `login` kept; the serving gate never asks a person, so a server
-# that refuses what it holds fails with LOGIN_NEEDED.
+# every request the server sends agentgate gets an answer, never silence; its progress reaches
+# only the request whose token agentgate gave it; an oversized or unusable message fails only
+# the request it answers, and none ends the reading thread; only an integer id agentgate
+# wrote matches an answer; a server that does not take in a message by its write's deadline
+# is stopped (the error says whether any byte reached it); a dead server fails every later
+# call at once. Closing is idempotent and never waits on a server. Over HTTP the same holds,
+# and: every answer is read by parse from the bytes the server sent, never from the SDK's
+# decoding; what agentgate sends is its own canonical encoding; no redirect is followed; a
+# request's error says whether it reached the server (a refused connection: no; a connection
+# lost after sending, or HTTP 500 or more: it may have executed); a stream closed after naming
+# an event is resumed within the request's deadline; the server's own stream is listened to.
+# The newest protocol version both sides speak is asked for. The mcp package is imported only
+# when such a server starts. A server asking for OAuth is sent the tokens `login` kept; the
+# serving gate never asks a person, so a server refusing what it holds fails with LOGIN_NEEDED.
 # =============================================================================================
 
 # ---- Reaching a server: the config's transport fields ---------------------------------------
@@ -5332,12 +5320,10 @@ OAUTH_FIELDS = ("client_id", "client_secret", "scope")
 
 
 def load_config(path):
-    """The config as every command loads it, each server's transport read in the same pass."""
     return read_config(path, read_transport)
 
 
 def read_transport(server, raw, where, base):
-    """How `server` is reached, read onto it: a command agentgate starts, or a url."""
     server.command = raw.get("command")
     server.url = field_string(raw, "url", where)
     server.headers, server.oauth = {}, {}
@@ -5384,7 +5370,6 @@ def _file_identity(path):
 
 
 def _protected(config):
-    """Every file the gate's decisions depend on, and every directory above each of them."""
     identities, missing = set(), set()
     for path in (config.path, config.database, *(s.manifest for s in config.servers)):
         for current in (os.path.abspath(path), os.path.realpath(path)):
@@ -5512,7 +5497,6 @@ def shown_url(url):
 
 
 def write_private(path, text):
-    """Write a file readable only by this user, replacing any old one in one rename."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, temp = tempfile.mkstemp(prefix=".agentgate-", dir=directory)
     try:
@@ -5553,9 +5537,8 @@ OWN_WRITE_SECONDS = 5
 
 @functools.lru_cache(maxsize=1)
 def _parent_death_request():
-    """The call a child makes between fork and exec, on Linux: prctl(PR_SET_PDEATHSIG,
-    SIGKILL), so it dies with agentgate's spawning thread. The function is looked up here, in
-    the parent, so the forked child only calls it (no library loading after a fork)."""
+    """prctl(PR_SET_PDEATHSIG, SIGKILL), for a child to call between fork and exec on Linux.
+    Looked up here, in the parent: a forked child must load no library."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -5629,7 +5612,6 @@ class Upstream:
         self.notify("notifications/initialized", {})
 
     def close(self):
-        """Close stdin, wait briefly, then TERM and KILL the whole process group."""
         with self.lock:
             proc, self.proc = self.proc, None
             self.closed = self.closed or "the connection was closed"
@@ -5674,7 +5656,6 @@ class Upstream:
             self.stderr_done.set()
 
     def tail(self):
-        """The end of what the server wrote to stderr, for an error message."""
         self.stderr_done.wait(timeout=2 if self.closed else 0.2)
         text = self.stderr_tail.decode("utf-8", "replace").strip()
         return f'; stderr: "{clean(text, STDERR_TAIL_BYTES)}"' if text else ""
@@ -5715,8 +5696,6 @@ class Upstream:
         if "method" in message and "id" in message:
             self._answer_server_request(message)
         elif "method" in message:
-            # Of the notifications, a change of tools and a request's progress are acted on
-            # (logging is not).
             if message["method"] == "notifications/progress":
                 self._progress(message.get("params"))
             elif message["method"] == "notifications/tools/list_changed":
@@ -5734,10 +5713,9 @@ class Upstream:
             self._deliver(int_id(message.get("id")), result=message.get("result"))
 
     def _progress(self, params):
-        """Hand a server's progress on a request to the one who asked for it. The token is the
-        request's own id, which only agentgate wrote: progress naming any other, or a request
-        already answered, is dropped. It runs on the reading thread, before any later message
-        of the server is read, so a request's progress reaches its caller before its answer."""
+        """Hand a server's progress to the request it names by id, a token only agentgate
+        wrote (any other is dropped). On the reading thread, before the server's next message
+        is read, so a request's progress reaches its caller before its answer."""
         params = params if isinstance(params, dict) else {}
         with self.lock:
             slot = self.slots.get(int_id(params.get("progressToken")))
@@ -5809,7 +5787,6 @@ class Upstream:
             raise UpstreamError(reason, sent=written > 0, timed_out=True)
 
     def _stop(self, proc, reason):
-        """Kill a server that stopped reading; every request waiting on it fails."""
         with self.lock:
             self.closed = self.closed or reason
             self._fail_all(reason)
@@ -5823,12 +5800,9 @@ class Upstream:
             pass
 
     def request(self, method, params, deadline, step, progress=None):
-        """Send one request and wait for its answer until `deadline` (a Deadline). Given
-        `progress`, the server is asked for its progress, and each notification of it is
-        handed to progress(value, total, message) as the server wrote them.
-
-        While connecting and listing, a failure names the step and carries the end of what
-        the server wrote to stderr, which is usually where it says why."""
+        """Send one request and wait for its answer until `deadline`. Given `progress`, each
+        progress notice is handed to progress(value, total, message) as the server wrote it.
+        While connecting and listing, a failure carries the end of the server's stderr."""
         try:
             return self._request(method, params, deadline, progress)
         except UpstreamError as err:
@@ -5874,10 +5848,9 @@ class Upstream:
         return slot["result"]
 
     def watch_tools(self, on_list_changed):
-        """Call `on_list_changed` at every notice that the server's tools changed, and once now
-        if one came before: a notice sent between the start-up listing and this call (which
-        comes after loading) would otherwise be lost, and a changed tool offered all session.
-        The flag and the callback change under one lock, so a notice is never missed by both."""
+        """Call `on_list_changed` at every notice that the server's tools changed, and now if
+        one came since the start-up listing (lost, it would leave a changed tool offered all
+        session). Flag and callback change under one lock: no notice is missed by both."""
         with self.lock:
             self.on_list_changed = on_list_changed
             heard = self.heard_list_changed
@@ -5885,7 +5858,6 @@ class Upstream:
             on_list_changed()
 
     def list_tools(self, deadline):
-        """Every page of tools/list, bounded, refusing a repeating cursor or a repeated tool."""
         tools, seen_cursors, cursor = {}, set(), None
         for _ in range(MAX_TOOL_PAGES):
             result = self.request("tools/list", {"cursor": cursor} if cursor is not None else {},
@@ -5930,8 +5902,6 @@ OWN_STREAM_FIRST_PAUSE, OWN_STREAM_LAST_PAUSE = 0.25, 30
 
 @functools.lru_cache(maxsize=1)
 def mcp_install_text():
-    """How to install the mcp package for the Python that runs agentgate now. Where pip may not
-    install into the system's Python (PEP 668), a virtual environment's python runs agentgate."""
     return (f"{python_command()} -m pip install --upgrade mcp, or where pip refuses to install "
             f"into the system's Python: python3 -m venv ~/.agentgate-venv && "
             f"~/.agentgate-venv/bin/pip install mcp, and run agentgate with "
@@ -5983,7 +5953,6 @@ def mcp_sdk():
 
 
 def mcp_sdk_for(server):
-    """The mcp package for a url server, or ConfigError saying how to install it."""
     sdk = mcp_sdk()
     if sdk is None:
         raise ConfigError(f"server {quote(server.name)} has a url; HTTP servers need the "
@@ -5991,9 +5960,8 @@ def mcp_sdk_for(server):
     return sdk
 
 
-# OAuth, through the mcp package's own client (discovery, registration, PKCE, refresh). Only
-# `login`, an operator command, ever asks a person (section 30); the serving gate attaches
-# what login left and refreshes it, and a server it cannot authorize is not served.
+# OAuth, through the mcp package's own client. Only `login` ever asks a person (section 30);
+# the serving gate attaches what login left and refreshes it, or does not serve the server.
 LOGIN_NEEDED = "the server asks for an authorization the gate does not hold, or holds no longer"
 # Never used to receive anything: the serving gate's client has no way to ask a person.
 NO_REDIRECT = "http://127.0.0.1/"
@@ -6006,11 +5974,10 @@ def login_hint(server):
 
 
 class TokenFile:
-    """The mcp package's token storage for one server: the tokens login obtained and the
-    client they were issued to, in Server.tokens, 0600 beside the config. Not in the
-    database: the record is shown, verified and copied for audits, and a credential is no
-    fact about a call. A pre-registered client (the server's `oauth`) comes from the config
-    and is not copied here. Refreshed tokens replace the file in one rename."""
+    """The mcp package's token storage for one server: what login obtained and the client it
+    was issued to, 0600 in Server.tokens beside the config. Not in the database: the record is
+    shown and copied for audits, and a credential is no fact about a call. A pre-registered
+    client (the server's `oauth`) stays in the config."""
 
     def __init__(self, sdk, server, fresh=False):
         self.records, self.server = sdk["auth_records"], server
@@ -6074,9 +6041,8 @@ def union_scope(*scopes):
 
 def oauth_client(sdk, server, store, ask, redirected, redirect_uri=NO_REDIRECT):
     """The mcp package's OAuth client for `server` as an httpx auth. `ask` shows a person the
-    authorization address and `redirected` waits for the browser's redirect (login); the
-    serving gate gives one that fails, so a lapsed authorization fails where the client would
-    ask."""
+    authorization address and `redirected` waits for the browser (login); the serving gate's
+    fail, so a lapsed authorization fails where the client would ask."""
     records = sdk["auth_records"]
     metadata = records.OAuthClientMetadata(client_name=PROGRAM, redirect_uris=[redirect_uri])
     client = sdk["auth"].OAuthClientProvider(server.url, metadata, store, ask, redirected)
@@ -6087,10 +6053,9 @@ def oauth_client(sdk, server, store, ask, redirected, redirect_uri=NO_REDIRECT):
 
 
 class HttpUpstream(Upstream):
-    """A connected MCP server over Streamable HTTP, on one event loop in one thread of its own.
-
-    Requests, answers, deadlines and listing are Upstream's; only the way a message travels
-    differs. Answers reach Upstream._dispatch from _HttpTap as the bytes the server sent."""
+    """A connected MCP server over Streamable HTTP, on one event loop in a thread of its own.
+    Only the way a message travels differs from Upstream: answers reach _dispatch from
+    _HttpTap as the bytes the server sent."""
 
     def __init__(self, server):
         super().__init__(server)
@@ -6284,11 +6249,10 @@ class _HttpTap:
 
     A POST carries agentgate's canonical bytes in place of the SDK's encoding; its answer is
     read here in full (at most MAX_MESSAGE_BYTES), each JSON-RPC message in it handed to the
-    upstream as bytes, then given to the SDK as read. A request whose answer holds no message
-    for it learns here what became of it, so it never waits for its deadline, unless the
-    server closed the event stream after naming an event: then the SDK resumes it with a GET
-    (`Last-Event-ID`, after the server's `retry`), within the request's deadline. A GET (the
-    server's own stream, or a resumed one) is passed on to the SDK as it arrives, each message
+    upstream as bytes, then given to the SDK. A request whose answer holds no message for it
+    learns here what became of it, unless the server closed the event stream after naming an
+    event: then the SDK resumes it with a GET (`Last-Event-ID`) within the request's deadline.
+    A GET (the server's own stream, or a resumed one) is passed on as it arrives, each message
     handed over as its event completes: such a stream may stay open all session."""
 
     def __init__(self, upstream):
@@ -6402,8 +6366,7 @@ class _HttpTap:
 
     async def _read(self, response, events, chunks):
         """The body into `chunks`, its messages handed over as each completes (a server's
-        request in the middle of an answer is answered at once); True past the cap, where
-        nothing more is read."""
+        request mid-answer is answered at once); True past the cap, where reading stops."""
         size = 0
         async for chunk in response.stream:
             size += len(chunk)
@@ -6421,12 +6384,11 @@ class _HttpTap:
         """A GET: the server's own stream (a 405 says it has none), or an answer's stream
         resumed. Anything but an event stream goes to the SDK as it came: a refusal.
 
-        The SDK gives up the server's own stream for the whole session after two failed
-        attempts, and a list_changed or request sent there later would never be heard. So
-        opening it is tried again here, with growing pauses while the session lasts, as long
-        as the refusal may pass: a lost connection, 409 (the server still holds a stream of
-        the session that broke off), 429 or 5xx. A GET resuming from an event is left to the
-        SDK: an answer's is tried within its request's deadline, and must fail in time."""
+        The SDK gives up the server's own stream for the session after two failed attempts,
+        and a list_changed or request sent there would never be heard. So it is tried again,
+        with growing pauses, while the refusal may pass: a lost connection, 409 (the server
+        still holds a stream of the session that broke off), 429 or 5xx. A GET resuming from
+        an event is left to the SDK: it is tried within its request's deadline."""
         resumed, pause = "last-event-id" in request.headers, OWN_STREAM_FIRST_PAUSE
         while True:
             try:
@@ -6556,7 +6518,6 @@ def read_manifest(server):
 
 
 def pinned_for(server):
-    """A server's manifest, once its rules name only tools it pins."""
     manifest = read_manifest(server)
     stray = sorted(set(server.rules) - set(manifest["tools"]))
     if stray:
@@ -6567,12 +6528,10 @@ def pinned_for(server):
 
 
 def load_all(config, while_starting=None):
-    """Start every server at once, then decide, server by server in the config's order, what
-    is offered. `while_starting` runs once the servers are spawned, while they start. Returns
-    (upstreams, tools, reports): the servers served, their tools, and a report for every
-    server. A server that cannot be served is closed, and its report's `unserved` says why;
-    a ConfigError closes every server and is raised. Each starts as connect starts one, but
-    all are spawned first, on this thread (Upstream.spawn says why), to start at once."""
+    """Start every server at once, then decide, in the config's order, what each offers.
+    `while_starting` runs once all are spawned (on this thread: Upstream.spawn says why).
+    Returns (served upstreams, tools, a report for every server); a server not served is
+    closed, its report's `unserved` says why; a ConfigError closes every server."""
     upstreams = [new_upstream(server) for server in config.servers]
     reports = [Report(server.name) for server in config.servers]
     try:
@@ -6629,8 +6588,6 @@ def load_all(config, while_starting=None):
 
 
 def _unless_unserved(report, step, *args):
-    """One step of loading a server that is still to be served: what it returns, or None,
-    with why the server cannot be served in its report."""
     if report.unserved:
         return None
     try:
@@ -6650,9 +6607,8 @@ def handshake_and_list(upstream, deadline):
 #
 # Reads as: around the core
 #
-# Owns: the reads people make of the record: the runs, steps and approvals the operator
-# commands and the status tool list, the grants, the tool changes, and the event chain verify
-# walks (Ledger, the Store the operator commands and serve open).
+# Owns: the reads people make of the record (Ledger): the runs, steps and approvals the
+# operator commands and the status tool list, the grants, the tool changes, the event chain.
 # Core it calls: Store, whose read connection it reads through, and tool_spec; it writes
 # nothing.
 # Promises: only SELECTs: every statement that changes the record is section 7's, and an
@@ -6673,11 +6629,9 @@ def event_parts(type_, step_id, payload_json):
 
 
 class Ledger(Store):
-    """The record as people read it: the runs, steps, approvals and grants the operator
-    commands and the status tool list, and the event chain verify walks."""
+    """The record as people read it."""
 
     def approvals(self, run_id):
-        """A run's approvals, oldest first."""
         return self.read_approvals("FROM approvals a WHERE a.run_id=? ORDER BY a.rowid",
                                    (run_id,))
 
@@ -6693,7 +6647,6 @@ class Ledger(Store):
                                       ("request_key", "c.request_key")))
 
     def executed_under(self, approval):
-        """Whether the approval's step started executing under it."""
         return any(type_ == "step.tool_started" and step_id == approval["step_id"] and
                    payload.get("approval_id") == approval["id"]
                    for _, _, type_, step_id, payload in self.run_parts(approval["run_id"]))
@@ -6703,7 +6656,6 @@ class Ledger(Store):
         return parse(row[0]) if row and row[0] else None
 
     def run_events(self, run_id):
-        """A run's events as stored: (seq, at, type, step id, payload_json)."""
         return self.read("SELECT seq, at, type, step_id, payload_json FROM events WHERE "
                          "run_id=? ORDER BY seq", (run_id,))
 
@@ -6714,8 +6666,7 @@ class Ledger(Store):
                 for part in event_parts(type_, step_id, payload)]
 
     def late_outcomes(self, run_id):
-        """Outcomes of a run's attempts that arrived after another process took the run
-        over, as (step id, observation), oldest first."""
+        """Outcomes of a run's cut-off attempts that came after a takeover: (step, observation)."""
         return [(step_id, payload["observation"]) for _, _, type_, step_id, payload
                 in self.run_parts(run_id) if type_ == "step.tool_finished" and payload.get("late")]
 
@@ -6757,10 +6708,9 @@ class Ledger(Store):
         return dict(zip(names, row)) if row else None
 
     def runs_page(self, session, limit):
-        """Runs newest first (of one session, or all with session ''), with the approval
-        each waits on and the host's name as its first decision of the policy recorded it
-        ('' for a run that never reached the policy; a call's first decision is a part of the
-        event that began it)."""
+        """Runs newest first (of one session, or all with session ''), with the approval each
+        waits on and the host's name as the policy's first decision recorded it ('' before the
+        policy; a call's first decision is a part of the event that began it)."""
         names = ("run", "status", "reason", "detail", "steps", "created", "tool",
                  "pending_approval", "host")
         return [dict(zip(names, row)) for row in self.read(
@@ -6775,7 +6725,6 @@ class Ledger(Store):
             "ORDER BY r.rowid DESC LIMIT ?", (session, session, limit))]
 
     def session_runs(self, session, limit):
-        """The ids of the session's newest runs."""
         return [row[0] for row in self.read(
             "SELECT id FROM runs WHERE session=? ORDER BY rowid DESC LIMIT ?",
             (session, limit))]
@@ -6791,8 +6740,6 @@ class Ledger(Store):
         return tool_spec(self.read, spec_hash)
 
     def grants(self, session, since):
-        """The grants (of one session, or all with session '') in force or ended since
-        `since`, newest first."""
         return [dict(zip(GRANT_COLUMNS, row)) for row in self.read(
             f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE (?='' OR session=?) AND "
             f"(CASE WHEN revoked_at='' THEN expires_at ELSE min(revoked_at, expires_at) END)>=?"
@@ -6818,7 +6765,6 @@ class Ledger(Store):
             "LIMIT ?", (prefix + "*", limit))]
 
     def tool_changes(self, session, limit):
-        """The newest tools.changed events of a session, as (at, payload), newest first."""
         return [(at, parse(payload)) for at, payload in self.read(
             "SELECT at, payload_json FROM events WHERE run_id=? AND type='tools.changed' "
             "ORDER BY seq DESC LIMIT ?", (f"{session}.tools", limit))]
@@ -6831,7 +6777,6 @@ class Ledger(Store):
         return row[0] if row else None
 
     def events_after(self, seq, last, limit):
-        """Up to `limit` events after `seq` (and at most `last`), as stored, in seq order."""
         return self.read("SELECT seq, run_id, step_id, at, type, payload_json, hash FROM "
                          "events WHERE seq>? AND seq<=? ORDER BY seq LIMIT ?",
                          (seq, last if last is not None else 2**62, limit))
@@ -6870,16 +6815,11 @@ RELIST_RETRY_MAX = 60.0  # seconds: the longest wait between two tries of a fail
 class ToolWatch:
     """Acts on a server's notifications/tools/list_changed while the gate serves.
 
-    The server is listed again (every page) on a thread of its own, never on a call's path,
-    and compared with its pin: a tool that changed in any part the pin covers (changed_parts),
-    or that is gone, is quarantined (not offered, and a call to it is refused), and a new one
-    is not offered; one that is back to what was pinned is offered again. Calls in flight are
-    not touched. A change is recorded as a tools.changed event and said on stderr, and when
-    what is offered changed, the host is told in one notification. A server that floods
-    notifications is listed again at most every LIST_CHANGED_INTERVAL: however many arrive
-    meanwhile come to one listing. A listing that fails leaves the server's tools unchecked
-    after it said they changed: all of them are quarantined until a listing succeeds, tried
-    again after twice the last wait, at most RELIST_RETRY_MAX, while the gate serves.
+    The server is listed again on a thread of its own, never on a call's path. A tool that
+    changed or is gone is quarantined, a new one is not offered, one back to its pin is
+    offered again; calls in flight are not touched. Notices that flood in come to one listing
+    every LIST_CHANGED_INTERVAL. A failed listing quarantines all the server's tools (they
+    said they changed, and are unchecked) until a listing succeeds.
     """
 
     def __init__(self, gate, upstreams, announce):
@@ -6959,8 +6899,6 @@ class ToolWatch:
             self._hold(server, held)
 
     def _hold(self, server, held):
-        """Quarantine exactly `held` of this server's tools, telling the host if that changes
-        what is offered."""
         if held != self.held.get(server, []):
             self.held[server] = held
             self.gate.quarantined = frozenset(name for names in self.held.values()
@@ -6969,14 +6907,12 @@ class ToolWatch:
 
 
 def relist_wait(failures):
-    """Seconds from a server's listing to the next, after `failures` failed in a row: the
-    interval doubled at each failure, up to RELIST_RETRY_MAX (the exponent is bounded too, so
-    a server failing for days cannot overflow it)."""
+    """Seconds from a listing to the next after `failures` in a row (the exponent is bounded,
+    so a server failing for days cannot overflow it)."""
     return min(LIST_CHANGED_INTERVAL * 2 ** min(failures, 16), RELIST_RETRY_MAX)
 
 
 def tools_changed_text(payload):
-    """A tools.changed event as the operator reads it."""
     parts = [f"{kind} {', '.join(map(sanitize, payload[kind]))}"
              for kind in ("changed", "removed", "added") if payload[kind]]
     held = ", ".join(payload["not_offered"]) or "none"
@@ -6998,7 +6934,6 @@ def tools_changed_text(payload):
 # =============================================================================================
 
 def time_since(text):
-    """How long ago the stored time `text` was, to the second, as a duration."""
     return format_duration(int(time.time() - parse_time(text)) * SECOND)
 
 
@@ -7287,8 +7222,6 @@ def python_command():
 
 
 def operator_hint(config_file, database=""):
-    """The command an operator pastes: it names the database when that was named (-db), else
-    the config unless it is the default one."""
     command = f"{python_command()} {shlex.quote(os.path.abspath(sys.argv[0]))}"
     if database:
         command += f" -db {shlex.quote(os.path.abspath(database))}"
@@ -7298,7 +7231,6 @@ def operator_hint(config_file, database=""):
 
 
 def announce_waiting(config, notifier=None):
-    """The gate's announce, as serve registers it."""
     hint = operator_hint(config.path)
 
     def announce(approval, tool, run_id):
@@ -7330,13 +7262,9 @@ NOTIFY_BACKLOG = 32  # announcements waiting for the notify program; past it, on
 
 
 class Notifier:
-    """Runs the operator's notify program when an approval starts waiting.
-
-    The program runs on a thread of its own, one at a time, so a call never waits for it and
-    a failing, missing or hanging program costs the call nothing: it is stopped after
-    NOTIFY_TIMEOUT, and its failure is a line on stderr. It gets the gate's environment plus
-    the approval id, the run, the tool's name and the command that decides it.
-    """
+    """Runs the operator's notify program when an approval starts waiting, one at a time on a
+    thread of its own: a failing, missing or hanging program costs a call nothing (it is
+    stopped after NOTIFY_TIMEOUT)."""
 
     def __init__(self, argv):
         self.argv = argv
@@ -7385,8 +7313,7 @@ class Notifier:
 # =============================================================================================
 
 def effective_decision(config, rule):
-    """What a rule decides of a call as `check` shows it: allow, ask or deny, and what may
-    decide otherwise for some calls (its when entries; its limits, where an allow can come)."""
+    """What a rule decides of a call as `check` shows it, and what may decide otherwise."""
     outcome = rule_outcome(config, rule)
     others = (["when entries"] if rule.when else []) + (
         ["limits"] if rule.limits and (rule.when or outcome == "allow") else [])
@@ -7399,7 +7326,6 @@ def effective_decision(config, rule):
 
 
 def rule_lines(rule, tool_name):
-    """A rule's entries and limits, one line each, for the load report."""
     lines = []
     for entry in rule.when:
         held = [condition.text() for condition in entry.conditions]
@@ -7417,9 +7343,8 @@ def rule_lines(rule, tool_name):
 
 
 def connect(server):
-    """Start a server (spawn, then handshake_and_list within its connect_timeout), as every
-    command does; load_all, for many at once. Returns (upstream, tools); the caller closes
-    it."""
+    """Start one server within its connect_timeout (load_all starts many at once). Returns
+    (upstream, tools); the caller closes it."""
     upstream = new_upstream(server)
     try:
         upstream.spawn()
@@ -7430,22 +7355,19 @@ def connect(server):
 
 
 def presented(server):
-    """What a server presents now: connect, list every tool, close; as manifest entries."""
     upstream, live = connect(server)
     upstream.close()
     return {name: manifest_entry(tool) for name, tool in sorted(live.items())}
 
 
 def pin(server):
-    """Connect, list every tool, and write the server's manifest (0600)."""
     manifest = {"server": server.name, "pinned_at": now(), "tools": presented(server)}
     write_private(server.manifest, pretty_json(manifest) + "\n")
     return manifest
 
 
 def change_lines(old, new):
-    """A changed tool as a person compares it: each part that differs, as a unified diff of
-    the pinned text against today's (the description wrapped, the rest indented JSON)."""
+    """A changed tool as a person compares it: a unified diff of each part that differs."""
     import difflib
     import textwrap
 
@@ -7495,7 +7417,6 @@ class Report:
         self.lines.append(f"{sanitize(self.server)}: {text}")
 
     def count(self, kind):
-        """How many tools became `kind` (load tells each tool's end once)."""
         return sum(1 for each in self.kinds.values() if each == kind)
 
     def unpinned(self, name):
@@ -7538,8 +7459,6 @@ _SECRETS_WORDS = re.compile(r"\b(environment|env|secrets?|credentials?|passwords
 
 
 def served_lines(config, server, report, tools):
-    """`check`'s account of one server: whether it is served (or why not), then each tool's
-    effective decision, or what keeps it from being offered."""
     name = quote(server.name)
     offered = {tool.upstream_name: tool for tool in tools if tool.server is server}
     if report.unserved:
@@ -7567,8 +7486,6 @@ def served_lines(config, server, report, tools):
 
 
 def log_reports(reports):
-    """A load's reports on stderr, as a serving gate writes them: its lines, and for each
-    server that is not served one line saying why."""
     for report in reports:
         for line in report.lines:
             log(line)
@@ -7740,9 +7657,8 @@ def _json_for_terminal(line):
 
 
 def confirmed_conditions(conditions):
-    """A grant's conditions as it keeps them: each `under` with its directories as they were
-    resolved and shown when the grant was confirmed. Resolved again at each decision, a
-    directory replaced by a link since would take the grant to a place it never named."""
+    """A grant's conditions as it keeps them: each `under` with its directories as resolved and
+    shown at confirmation; resolved again later, a link put in since would move the grant."""
     return {c.pointer: {name: expected if name == "under" else c.raw[name]
                         for name, expected in c.tests} for c in conditions}
 
@@ -7762,9 +7678,8 @@ def operator_store(opts, readonly):
 
 
 def shared_database(directory):
-    """The one database in the config directory, where init gates each host on a config of
-    its own and all of them share it: every host's runs are the operator's to decide. None
-    when there is none; more than one is refused, as the choice is the operator's."""
+    """The one database in the config directory, which init's configs, one per host, share:
+    every host's runs are the operator's to decide. More than one is refused."""
     try:
         found = sorted(name for name in os.listdir(directory) if name.endswith(".db"))
     except OSError:
@@ -7781,7 +7696,6 @@ def operator_parser(command, *flags):
 
 
 def current_user():
-    """Who decides: the operating system's name for this user, with or without $USER."""
     try:
         import pwd
         return pwd.getpwuid(os.geteuid()).pw_name
@@ -7837,7 +7751,6 @@ TOOL_CHANGES_SHOWN = 5
 
 
 def print_tool_changes(store, session):
-    """What servers said of their tools while serving, newest first (a session's only)."""
     for at, payload in store.tool_changes(session, TOOL_CHANGES_SHOWN) if session else []:
         tell(f"{prose_time(at)}  {tools_changed_text(payload)}")
 
@@ -7862,10 +7775,9 @@ ID_CANDIDATES = 200  # how many ids one prefix is looked up among; ten of them a
 
 def id_candidates(store, kind, given, session=""):
     """Every id of a run, an approval or a grant that `given` may name: the id itself when it
-    is whole, else every id it starts, whatever state its run or approval is in. An operator
-    may type any prefix of at least MIN_PREFIX characters, of a run's id with or without its
-    session. The state is left out on purpose: a prefix narrowed to the runs still waiting
-    would move on, once the run it named was decided, to another run made the same minute."""
+    is whole, else every id it starts (MIN_PREFIX characters or more; a run's with or without
+    its session), whatever its state: a prefix narrowed to the runs still waiting would move
+    on, once the run it named was decided, to another run made the same minute."""
     table = {"run": "runs", "approval": "approvals", "grant": "grants"}[kind]
     if not ID_TEXT.fullmatch(given):
         return []
@@ -7899,13 +7811,11 @@ def only_one(kind, given, found):
 
 
 def resolve_named(store, given, session, approval=None):
-    """What an operator names with a command's ID, and with -approval when given: (run id,
-    approval id or None). ID is a run's id or an approval's, whole or a prefix; an approval
-    names its run too, so a run and its own approvals, which begin with the same time, are
-    one thing named. -approval keeps, of the approvals it starts, those of what ID names.
-    Several runs, or several approvals of one run, are refused with the candidates listed;
-    whether what is named can still be acted on is for the command to say, never a reason to
-    choose another."""
+    """What an operator names with a command's ID (a run's or an approval's, whole or a
+    prefix), and with -approval: (run id, approval id or None). An approval names its run
+    too; -approval keeps, of the approvals it starts, those of what ID names. Several are
+    refused, listed; whether what is named can still be acted on is for the command to say,
+    never a reason to choose another."""
     named = [(run_id, None) for run_id in id_candidates(store, "run", given, session)]
     named += [(store.approval(a)["run_id"], a) for a in id_candidates(store, "approval", given)]
     if not named:
@@ -8026,9 +7936,8 @@ SHOW_WIDTH = 100  # columns of a wrapped line in show: events and the result are
 
 
 def result_lines(steps):
-    """The run's result as recorded in its last step that has one, whole and sanitized: the
-    text a tool answered or the error its call ended in (outcome_text, which reads the record
-    of every version), or how the gate ended the step."""
+    """The run's result as its last step with one recorded it, whole and sanitized: what the
+    tool answered or its call's error (outcome_text), or how the gate ended the step."""
     observed = [parse(s["observation"]) for s in steps if s["observation"]]
     if not observed:
         return ["result    none recorded"]
@@ -8045,9 +7954,7 @@ def result_lines(steps):
 
 
 def result_rows(index, observed):
-    """A recorded result as the operator reads it: a line with its size and hash, and rows
-    for each block: its type, size, and its label or the start of its text, then its hash
-    under them (whole: it is what identifies the block, and a line keeps to show's width)."""
+    """A recorded result: a head line, then per block a row and its hash, whole (its identity)."""
     record = observed["result"]
     how = (", withheld: too large to pass on" if observed.get("withheld") else "") + (
         ", an error result" if record.get("is_error") else "")
@@ -8086,10 +7993,9 @@ def shown_value(value, full=False):
 
 
 def approval_lines(approval, full=False, late=()):
-    """An approval in full, as lines: what the operator decides is exactly this, whether
-    `approve` prints it or `watch` shows it. Returns (lines, whether a value had to be
-    shortened: then only `full` shows every byte the approval binds).
-    `late`: outcomes of cut-off attempts that arrived after the run was taken over."""
+    """An approval in full, as lines: what the operator decides is exactly this, in `approve`
+    or `watch`. Returns (lines, whether a value was shortened: then only `full` shows every
+    byte it binds). `late`: outcomes of cut-off attempts that came after a takeover."""
     presentation = parse(approval["presentation_json"])
     request = parse(approval["request_json"])
     shortened = False
@@ -8126,9 +8032,8 @@ def approval_lines(approval, full=False, late=()):
 
 
 def lookalike_notes(*texts):
-    """What in the texts reads as something it is not, as the lint finds it in descriptions:
-    each word that mixes scripts, with the letters foreign to the rest of it (`lаndlord`
-    prints as "landlord"), and the invisible characters."""
+    """What in the texts reads as something it is not: each word that mixes scripts, with its
+    foreign letters (`lаndlord` prints as "landlord"), and the invisible characters."""
     notes = []
     for text in texts:
         for word in mixed_script_words(text)[:3]:
@@ -8147,15 +8052,12 @@ def lookalike_notes(*texts):
 
 
 def print_approval(approval, full=False, late=(), out=None):
-    """Print an approval in full (approval_lines) to `out` (stdout when None); returns
-    whether a value was shortened."""
     lines, shortened = approval_lines(approval, full, late)
     tell(*lines, out=out, flush=True)
     return shortened
 
 
 def late_text(observation):
-    """What a cut-off attempt came to, learned after its run was taken over."""
     text = clean(outcome_text(observation), 2 * ARG_SHOWN)
     what = f"it succeeded, with this result: {text}" if step_outcome(observation) == "ok" \
         else f"it failed: {text}"
@@ -8187,15 +8089,12 @@ def select_approval(store, run_id, approval_id):
 
 
 def decision_text(approval):
-    """How an approval that no longer waits was decided, as people read it."""
     by = f" by {sanitize(approval['decided_by'])}" if approval["decided_by"] else ""
     at = f" at {prose_time(approval['decided_at'])}" if approval["decided_at"] else ""
     return f"{approval['status']}{by}{at}"
 
 
 def confirmed(question, out, without_terminal):
-    """Whether the operator typed yes at a terminal; without one, refused with
-    `without_terminal`, which names the flag that confirms instead."""
     if not sys.stdin.isatty():
         raise Usage(without_terminal)
     tell(question, end="", out=out, flush=True)
@@ -8258,9 +8157,8 @@ def intact(approval):
 
 
 def decide_shown(store, approval, status, by, note):
-    """Decide the approval as it was shown: the write is bound to the hash of the row that
-    was read, so a row that expired, changed or was decided since is refused, never
-    decided."""
+    """Decide the approval as it was shown: the write is bound to the hash of the row read,
+    so a row that expired, changed or was decided since is refused."""
     decided = store.write(lambda tx: tx.decide_approval(approval["id"], approval["hash"], status,
                                                         by, note))
     if decided == "expired":
@@ -8343,7 +8241,6 @@ def cmd_watch(argv):
 
 
 def waiting_cells(approval, limit):
-    """A waiting approval as cells: its id, run, tool, age, then its arguments on one line."""
     text = policy_json(parse(approval["request_json"])["args"])
     # Kept short, so the arguments still fit the row; opened, the approval says what it is.
     caution = "CAUTION " if lookalike_notes(text) else ""
@@ -8352,7 +8249,6 @@ def waiting_cells(approval, limit):
 
 
 def ended_text(store, approval):
-    """What became of an approval that no longer waits."""
     row, run = store.approval(approval["id"]) or approval, store.run(approval["run_id"])
     status = row["status"]
     if status == "pending":
@@ -8388,7 +8284,6 @@ def watch_lines(store, session, hint, stop):
 
 
 def watch_terminal(store, session, by, stop):
-    """The live view on this terminal; False when the terminal cannot show it."""
     try:
         import curses  # only here: nothing else pays for loading it
         import locale
@@ -8561,7 +8456,6 @@ def watch_decide(store, approval, status, by, note):
 
 
 def prompt(screen, question, stop):
-    """A line the operator types on the bottom row; None when they press Esc."""
     text = ""
     while not stop.is_set():
         height, width = screen.size()
@@ -8641,7 +8535,6 @@ def cmd_grant(argv):
     grant = {"id": new_id(8), "session": config.session, "tool": tool.target,
              "name": tool.name, "conditions_json": dumps(confirmed_conditions(parsed)),
              "by": by, "note": opts.note or ""}
-    # With -json the printout goes to stderr: stdout carries the one JSON value.
     out = sys.stderr if opts.json else sys.stdout
     # The id is printed only once the grant is created: an id printed before a refusal
     # would name a grant that does not exist.
@@ -8679,7 +8572,6 @@ def cmd_grant(argv):
 
 
 def grant_view(grant):
-    """A grant as the operator commands show it, with its state now."""
     stamp = now()
     state = (f"revoked at {grant['revoked_at']} by {grant['revoked_by']}"
              if grant.get("revoked_at") else "in force" if grant["expires_at"] > stamp
@@ -8776,10 +8668,7 @@ def cmd_verify(argv):
 
 
 def verify_chain(store, first, last):
-    """Walk the chain from `first`, a page at a time; report the first break, if any.
-
-    A range that does not start at 1 trusts the stored hash of the event before it.
-    """
+    """A range that does not start at 1 trusts the stored hash of the event before it."""
     prev_seq, prev_hash = first - 1, ""
     if first > 1:
         prev_hash = store.event_hash_at(first - 1) or ""
@@ -8860,7 +8749,6 @@ def configured_tools(config):
 
 
 def recheck_run(store, config, tools, run_id, current):
-    """Every decision the policy made in one run, evaluated again under today's config."""
     run = load_run(store, run_id)
     policy_id = config.policy_id()
     evaluations, notes, recorded_ids, seen_steps = [], [], set(), set()
@@ -8941,11 +8829,9 @@ def recheck_run(store, config, tools, run_id, current):
 
 
 def print_recheck(config, reports, as_json, session):
-    """The report, differences first: one summary line, then each run in which a decision
-    differs or could not be re-checked, in full; the runs where every decision is the same
-    are counted, one line per policy identity, unless there is just the one run (-json lists
-    them all). One difference among fifty runs must not hide among lines that say nothing
-    changed."""
+    """Differences first: each run where a decision differs or could not be re-checked, in
+    full; runs where every decision is the same are counted per policy identity, unless there
+    is one run (-json lists them all). One difference must not hide among fifty runs' lines."""
     policy_id = config.policy_id()
     rechecked = sum(r["rechecked"] for r in reports)
     skipped = sum(r["not_recheckable"] for r in reports)
@@ -8969,7 +8855,6 @@ def print_recheck(config, reports, as_json, session):
                 continue
             tell(f"run {r['run_id']} {r['run_status']}: {r['differences']} of {r['rechecked']} "
                  f"re-checked evaluations differ; {identity}; {r['spec_source']} specs")
-            # What differs first, then what could not be re-checked, then what is the same.
             for e in sorted(r["evaluations"], key=lambda e: {"different": 0, "same": 2}.get(
                     e["result"], 1)):
                 tell(cut(recheck_line(e), 240))
@@ -8989,7 +8874,6 @@ def print_recheck(config, reports, as_json, session):
 
 
 def recheck_line(e):
-    """One re-checked decision as a line: DIFFERENT, same, or skipped and why."""
     mark = {"same": "same     ", "different": "DIFFERENT"}.get(e["result"], "skipped  ")
     where = f" step {e['step_index']} seq {e['seq']} {sanitize(e['tool'])}" + (
         " (on resume)" if e["on_resume"] else "")
@@ -9008,11 +8892,10 @@ def recheck_line(e):
 #
 # Reads as: around the core
 #
-# Owns: `init`, which reads the MCP servers a person already gave their hosts (Claude Desktop,
-# Claude Code, Cursor, or a file named), writes a starter config for each host with its own
-# servers (one database for all), pins them and proposes a rule per tool from the server's own
-# hints; and the acceptance of those proposals. And `login`, the OAuth authorization of a url
-# server: the only command that opens a port (on 127.0.0.1, while it waits for the browser).
+# Owns: `init`, which reads the MCP servers a person gave their hosts, writes a config for
+# each host with its servers (one database for all), pins them and proposes a rule per tool
+# from its own hints; the acceptance of those proposals; `login`, the OAuth authorization of
+# a url server: the only command that opens a port (on 127.0.0.1, while it waits).
 # Core it calls: Server, read_owned; section 21's load_config, check_reach, read_transport,
 # shown_url and write_private; section 26's operator_hint; section 27's pin.
 # Promises: a config is written 0600; run again, init adds the servers new in its host's file
@@ -9028,20 +8911,17 @@ HOST_FILE_BYTES = 64 << 20  # ~/.claude.json keeps a history and grows
 SHARED_DATABASE = "agentgate.db"  # every host's config names it: limits, grants are one record
 
 # Each host is gated on a config of its own, named for it, with its name as the session. A
-# call held past the time its host waits for an answer is lost to the conversation (the model
-# was told to wait for word that never reaches it), so each host's hold is proposed below what
-# it waits, keyed by the name it gives in initialize; "*" keeps the default for another host
-# started on the same config. Claude Desktop gives a call about a minute whatever progress it
-# is sent: 50s. Claude Code waits minutes on a tool call: 10m. Cursor documents no limit; the
-# TypeScript SDK's default is 60 s, reset by progress only where a host asks for that, so
-# Cursor is given Claude Desktop's 50s.
+# call held past the time its host waits is lost to the conversation, so each host's hold is
+# proposed below that, keyed by the name it gives in initialize ("*": another host started on
+# the same config). Claude Desktop gives a call about a minute whatever progress it is sent:
+# 50s. Claude Code waits minutes: 10m. Cursor documents no limit; the TypeScript SDK's default
+# is 60 s, reset by progress only where a host asks for that: 50s.
 HOSTS = {"Claude Desktop": ("claude-desktop", {"claude-ai": "50s", "*": "15s"}),
          "Claude Code": ("claude-code", {"claude-code": "10m", "*": "15s"}),
          "Cursor": ("cursor", {"cursor-vscode": "50s", "*": "15s"})}
 
 
 def host_config_files():
-    """Every host configuration this user has, read, in a fixed order."""
     home = os.path.expanduser("~")
     if sys.platform == "darwin":
         desktop = os.path.join(home, "Library", "Application Support", "Claude")
@@ -9064,10 +8944,9 @@ def host_config_files():
 
 
 class HostFile:
-    """One host's configuration file and the maps of MCP servers in it. Claude Code keeps a
-    map per project beside the user's own; the one for the current directory is read too.
-    A project's servers (a directory's own file, or a project's map) came with the directory,
-    perhaps in a repository cloned a minute ago, and init would run them the moment it pins:
+    """One host's configuration file and its maps of MCP servers (Claude Code keeps one per
+    project beside the user's own; the current directory's is read too). A project's servers
+    came with the directory, perhaps cloned a minute ago, and init would run them as it pins:
     they are listed, and started only when -from named the file (`named`)."""
 
     def __init__(self, host, path, project=False, named=False):
@@ -9103,7 +8982,6 @@ class HostFile:
         return data
 
     def servers(self):
-        """(where, name, entry, started) of every server in the file."""
         return [(where, name, entry, started) for where, servers, started in self.maps
                 for name, entry in servers.items()]
 
@@ -9156,7 +9034,6 @@ def is_the_gate(argv):
 
 
 def server_name(given, taken):
-    """A name agentgate can use (NAME_RE) for a host's server, unique among `taken`."""
     name = re.sub(r"[^A-Za-z0-9_-]+", "-", given).strip("-")[:60] or "server"
     unique, n = name, 1
     while unique in taken:
@@ -9166,11 +9043,10 @@ def server_name(given, taken):
 
 
 def proposed_rule(entry):
-    """The rule a tool's own hints suggest; it decides nothing until it is accepted. A
-    destructive tool is proposed to ask, not to be denied (the class's default): a proposal
-    the model meets as DENIED on every call teaches nothing but to stop asking. A tool its
-    server calls idempotent is proposed no repeat window, so an ordinary repeat (the same
-    write after a move) is not refused as a duplicate."""
+    """The rule a tool's own hints suggest, deciding nothing until accepted. A destructive tool
+    is proposed to ask, not denied (the class's default): DENIED on every call teaches the
+    model only to stop asking. An idempotent one is proposed no repeat window, so an ordinary
+    repeat (the same write after a move) is not refused as a duplicate."""
     annotations = entry.get("annotations") or {}
     rule = {"side_effect": "remote_mutation"}
     if annotations.get("readOnlyHint") is True:
@@ -9197,7 +9073,6 @@ def cmd_init(argv):
         if not files:
             raise ConfigError("no host configuration was found (Claude Desktop, Claude Code, "
                               "Cursor); name one with -from FILE")
-        # One config per host, beside the default one (or the one -config names).
         plans = [(os.path.join(os.path.dirname(path), f"{name}.json"), name, hold,
                   [f for f in files if f.host.removesuffix(" project") == host])
                  for host, (name, hold) in HOSTS.items()]
@@ -9234,10 +9109,9 @@ def cmd_init(argv):
                          if (file.path, where, given) in gated}, entries[config_file])
                  for config_file, files, gated in done for file in files]
         edits = [edit for edit in edits if edit[1]]
-        # The hosts may have written their files while the servers were pinned: what init
-        # writes is made from the bytes it read, so a file changed since is left to its host.
-        # (A write between this reading and the rename below is still lost: that window is
-        # one file's write, where it was every pin's time.)
+        # The hosts may have written their files while the servers were pinned: a file changed
+        # since init read it is left to its host. (A write between this reading and the rename
+        # below is still lost: a window of one file's write, not of every pin.)
         changed = next((file for file, _, _ in edits if file.read() != file.data), None)
         if not changed:
             for file, taken, entry in edits:
@@ -9259,11 +9133,9 @@ def cmd_init(argv):
 
 def init_host(path, session, hold, files, needs):
     """Gate the servers of one host's `files` in the config at `path`: a new config, or the
-    servers new in the files since it was written, added to it as proposals with every other
-    byte of it as it was (a person's edits are theirs). What a server needs before it can be
-    pinned (a variable, the mcp package) is added to `needs`, to be asked for once. Returns
-    (gated, left): gated maps (file, map, name) to the server that gates it; left lists
-    (map, name, why) of each server left in its host."""
+    servers new since added as proposals, every other byte as it was (a person's edits are
+    theirs). What a server needs first goes to `needs`, asked for once. Returns (gated: (file,
+    map, name) -> the server that gates it, left: (map, name, why) of each left in its host)."""
     text = read_owned(path, "config").decode("utf-8") if os.path.lexists(path) else ""
     try:
         existing = parse(text)["servers"] if text else []
@@ -9351,8 +9223,7 @@ def definition(server):
 
 
 def needs_of(server):
-    """What a url server needs before init can pin it: the mcp package, and each variable its
-    headers name that is not set. Asked for together, once, for every server."""
+    """What a url server needs before init can pin it, asked for once for every server."""
     needs = {("variable", name) for value in server.get("headers", {}).values()
              for name in ENV_REFERENCE_RE.findall(value) if name not in os.environ}
     if "url" in server and mcp_sdk() is None:
@@ -9394,8 +9265,6 @@ def host_configs(default):
 
 
 def each_config(command, argv, paths):
-    """Run `command` on each config in turn, each as if named with -config; one that fails
-    does not keep the others from being read. Exits as the worst of them."""
     status = 0
     for path in paths:
         tell(f"== {path}", flush=True)
@@ -9409,8 +9278,6 @@ def each_config(command, argv, paths):
 
 
 def project_server_text(file, server, why):
-    """Why a project's server is only listed, with what it would run or reach, for a person
-    to read before naming the file with -from."""
     if server is None:
         runs = why
     elif "url" in server:
@@ -9423,10 +9290,8 @@ def project_server_text(file, server, why):
 
 def replace_in_host(file, taken, entry):
     """Replace the servers `taken` ((map, name) pairs) in a host's file by the one entry that
-    gates them, after keeping the file as it was read beside it. A file that is a symbolic
-    link is written where the link leads, so the link stays (a person's dotfiles often are
-    links); its backup is kept beside the link, the path init read and printed. Returns the
-    path written and the backup's."""
+    gates them, once a backup as read is kept beside it (beside the link, if it is one). A
+    link is written where it leads, so it stays. Returns the path written and the backup's."""
     backup = f"{file.path}.agentgate-backup"
     n = 1
     while os.path.lexists(backup):
@@ -9447,7 +9312,6 @@ def replace_in_host(file, taken, entry):
 
 
 def accept_proposals(path):
-    """Mark every proposed rule of the config as reviewed, writing the config anew."""
     load_config(path)  # a config that would not load is refused as it is, unchanged
     raw = parse(read_owned(path, "config"))
     accepted = []
@@ -9594,7 +9458,6 @@ class LoopbackRedirect:
         self.server.server_close()
 
     def answer(self, sdk):
-        """The browser's redirect, as the OAuth client takes it."""
         try:
             got = self.answers.get(timeout=LOGIN_WAIT_SECONDS)
         except queue.Empty:
@@ -9727,7 +9590,6 @@ def pin_diff(config, named, everything, agreed):
 
 
 def serving_config(path):
-    """The config, with the checks every command that starts the servers makes first."""
     config = load_config(config_path(path))
     check_database_path(config.database)
     check_reach(config)
@@ -9772,11 +9634,9 @@ def cmd_check(argv):
 
 
 def load_warnings(reports):
-    """What a gate writes to the host's log of its load reports as it starts: each line that
-    says something is not as it should be (a tool refused, unclassified, unreviewed or not
-    pinned, a lint finding), and why a server is not served. The line each offered tool gets,
-    and its rules, are check's to print: fifty of them would bury the approval lines an
-    operator looks for in that log, so one line says what is served (cmd_serve)."""
+    """What a starting gate writes to the host's log of its load reports: the lines that say
+    something is not as it should be, and why a server is not served. An offered tool's lines
+    are check's: fifty would bury the approval lines an operator looks for in that log."""
     lines = []
     for report in reports:
         for line in report.lines:
@@ -9796,11 +9656,10 @@ def load_warnings(reports):
 #
 # Reads as: around the core
 #
-# Owns: a small stdio MCP server, `fake-payments`, that the demonstration, the example config
-# and the tests put behind the gate, so that agentgate can be seen working on a machine with
-# nothing installed. It keeps a ledger: every payment is appended, as its raw arguments, to
-# the file named by FAKE_PAYMENTS_LEDGER and synced to disk before the answer is sent, so a
-# count of the ledger's lines is a count of payments made.
+# Owns: `fake-payments`, a small stdio MCP server that the demonstration, the example config
+# and the tests put behind the gate, to see it work with nothing installed. Every payment is
+# appended, as its raw arguments, to the file FAKE_PAYMENTS_LEDGER names and synced to disk
+# before the answer is sent: the ledger's lines count the payments made.
 # Core it calls: nothing: it is a server of its own, run as a child process.
 # =============================================================================================
 
@@ -9824,7 +9683,6 @@ FAKE_TOOLS = [
 
 
 def fake_payments():
-    """Serve the fake payment server on stdin/stdout until stdin closes."""
     ledger = os.environ.get("FAKE_PAYMENTS_LEDGER", os.devnull)
     tools = json.loads(json.dumps(FAKE_TOOLS))
     if os.environ.get("FAKE_PAYMENTS_DESCRIPTION"):
@@ -9928,8 +9786,6 @@ class DemoFailure(Exception):
 
 
 class LineClient:
-    """A host in miniature: JSON-RPC lines to a child process, answers read with a deadline."""
-
     def __init__(self, argv, cwd, env, stderr):
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=stderr)
@@ -10067,7 +9923,6 @@ def run_demo(directory, narrator):
         narrator.say(f"operator, in another process: {verb} …{approval[-8:]}, {note!r}")
 
     def see(tool, args, prefix):
-        """One call as the model makes it: narrate what it sees, check it is as narrated."""
         text, is_error = host.call(tool, args)
         narrator.sees(text.split("\n")[0], is_error)
         expect(text, prefix)
