@@ -46,7 +46,7 @@ because the configuration is read with its parser.
     16. Durations and times                          library             84
     17. Fields of a configuration                    library             92
     18. Days and hours in a time zone                library             70
-    19. What a result's record keeps                 library            128
+    19. What a result's record keeps                 library            131
     20. The lint                                     around the core    232
     21. Upstream servers                             around the core   1360
     22. Reading the record                           around the core    192
@@ -4917,8 +4917,11 @@ def recorded_block(block, keep):
         if entry["text"] != text:
             entry.update(_size_and_hash(text.encode("utf-8", "surrogatepass")))
     elif isinstance(data, str):
-        try:
-            entry.update(_size_and_hash(base64.b64decode(data, validate=True)))
+        try:  # base64 only as the one spelling of its bytes: "QR==" and "QQ==" are not one
+            decoded = base64.b64decode(data, validate=True)
+            if base64.b64encode(decoded).decode() != data:  # "=" past a quantum, pad bits
+                raise ValueError(data)
+            entry.update(_size_and_hash(decoded))
         except ValueError:  # not base64: what was sent is what is identified
             entry.update(_size_and_hash(data.encode("utf-8", "surrogatepass")), base64=False)
     else:
