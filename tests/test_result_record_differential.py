@@ -70,12 +70,12 @@ function strictBase64(s) {
 }
 const out = input.cases.map((c) => {
   const result = JSON.parse(c.canonical);
-  let room = input.cap, cutInside = false;
-  const keep = (s) => {
+  let room = input.cap, cut = null;
+  const keep = (s, field) => {
     const size = utf8(s).length;
     if (size <= room) { room -= size; return s; }
     const [kept, used] = prefix(s, room);
-    cutInside = cutInside || used < room;
+    if (cut === null && room > 0) cut = {field, inside: used < room, kept: kept.length};
     room = 0;
     return kept;
   };
@@ -86,7 +86,7 @@ const out = input.cases.map((c) => {
     const entry = {type: utf8(type).length <= 100 ? type : prefix(type, 97)[0] + '\u2026'};
     const source = type === 'resource' && isObject(block.resource) ? block.resource : block;
     for (const label of ['mimeType', 'uri', 'name']) {
-      if (typeof source[label] === 'string') entry[label] = keep(source[label]);
+      if (typeof source[label] === 'string') entry[label] = keep(source[label], label);
     }
     const text = type === 'text' || type === 'resource' ? source.text : undefined;
     const data = type === 'resource' ? source.blob
@@ -94,7 +94,7 @@ const out = input.cases.map((c) => {
     let whole;
     if (typeof text === 'string') {
       whole = digest(utf8(text));
-      entry.text = keep(text);
+      entry.text = keep(text, 'text');
       if (entry.text !== text) Object.assign(entry, whole);
     } else if (typeof data === 'string' && strictBase64(data)) {
       whole = digest(Buffer.from(data, 'base64'));
@@ -121,7 +121,7 @@ const out = input.cases.map((c) => {
     valueKept = encoded.length <= room;
   }
   if (result.isError === true) record.is_error = true;
-  return {record, sizes, valueKept, cutInside, valid, room};
+  return {record, sizes, valueKept, cut, valid, room};
 });
 process.stdout.write(JSON.stringify(out));
 """
@@ -270,6 +270,10 @@ def cases():
                                 {"type": "text", "text": ""},
                                 {"type": "text", "text": "b", "mimeType": "text/plain"}],
                     "structuredContent": {}})
+    # Structured content exactly as long as what the strings leave, and one byte longer.
+    for over in (0, 1):
+        results.append({"content": [{"type": "text", "text": "a" * (CAP - 108 + over)}],
+                        "structuredContent": {"s": "x" * 100}})
     return results
 
 
@@ -340,18 +344,20 @@ def test_the_generated_cases_reach_every_edge_the_contract_names(compared):
     """Nothing left out by mistake: each edge is met by enough cases to matter."""
     records = [want["record"] for _, _, want in compared]
     entries = [entry for record in records for entry in record["blocks"]]
-    assert sum(want["cutInside"] for _, _, want in compared) >= 30
-    assert sum(1 for e in entries if "text" in e and "sha256" in e and e["text"]) >= 100
+    cuts = [want["cut"] for _, _, want in compared if want["cut"]]
+    assert sum(cut["inside"] for cut in cuts) >= 25  # a character's bytes on both sides
+    assert sum(cut["field"] == "text" and cut["kept"] > 0 for cut in cuts) >= 50
+    assert sum(cut["field"] != "text" and cut["kept"] > 0 for cut in cuts) >= 15
+    assert any(want["room"] == 0 and not want["cut"] for _, _, want in compared)  # at its end
     assert sum(1 for e in entries if "text" in e and "sha256" in e and not e["text"]) >= 300
-    assert sum(1 for e in entries if e.get("base64") is False) >= 500
-    assert sum(len(want["valid"]) for _, _, want in compared) >= 500
-    assert sum(1 for e in entries if e["type"].endswith("\u2026")) >= 50
-    cut_labels = [e for e in entries for f in ("mimeType", "uri", "name")
-                  if f in e and e[f] and "sha256" not in e]
-    assert cut_labels
+    assert sum(1 for e in entries if e.get("base64") is False) >= 400
+    assert sum(len(want["valid"]) for _, _, want in compared) >= 300
+    assert sum(1 for e in entries if e["type"].endswith("\u2026")) >= 500
+    assert sum(1 for e in entries for f in ("mimeType", "uri", "name") if e.get(f) == "") \
+        >= 100  # past the cap, or sent empty
     near = [w["valueKept"] for _, _, w in compared if 0 < w["room"] < 400 and "structured" in
             w["record"]]
-    assert near.count(True) >= 10 and near.count(False) >= 10
+    assert near.count(True) >= 15 and near.count(False) >= 30
     assert sum(w["room"] == 0 and "structured" in w["record"] for _, _, w in compared) >= 30
     assert sum("more_blocks" in r for r in records) == 3
     assert {(r.get("is_error"), "isError" in p) for (p, _, _), r in zip(compared, records)} \
