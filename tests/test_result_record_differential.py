@@ -18,6 +18,13 @@ label or exactly at its end; structured content that fits what the strings leave
 not; isError true, false, truthy and absent; a few results of more than RECORDED_BLOCKS blocks.
 block_labels, outcome_text (on each record, passed on and withheld, and on the shapes recorded
 before schema 4) and result_summary are checked against what the contract says of them.
+
+Left out on purpose: strings with an unpaired surrogate. parse refuses the escape, so none
+reaches result_record from a server, and node's Buffer would write U+FFFD for one where
+Python's "surrogatepass" writes its three bytes; the last tests pin that such a result is
+refused. Found by the comparison: Python's strict base64 decoder read "QUJD=" (a "=" past a
+whole quantum) and "QR==" (a pad bit set), so two strings were recorded as one; fixed, and
+kept as a named test.
 """
 
 from __future__ import annotations
@@ -262,7 +269,7 @@ def many(count, size, rng):
 
 def cases():
     rng = random.Random(19)
-    results = [small(rng) for _ in range(2400)] + [crossing(rng) for _ in range(320)]
+    results = [small(rng) for _ in range(2000)] + [crossing(rng) for _ in range(240)]
     results += [many(RECORDED, 1, rng), many(RECORDED + 1, 1, rng), many(700, 0, rng),
                 many(RECORDED + 88, 200, rng)]
     # The strings end exactly at the cap: a text after them, "" included, and a label.
