@@ -46,7 +46,7 @@ because the configuration is read with its parser.
     16. Durations and times                          library            122
     17. Fields of a configuration                    library            110
     18. Days and hours in a time zone                library             89
-    19. What a result's record keeps                 library            128
+    19. What a result's record keeps                 library            152
     20. The lint                                     around the core    225
     21. Upstream servers                             around the core   1324
     22. Reading the record                           around the core    180
@@ -4930,18 +4930,38 @@ class During:
 #
 # Reads as: library
 #
-# Contract: result_record(passed) describes a tools/call result as the host got it, so that
-# the record identifies exactly that result without keeping all of it: the canonical
-# encoding's size and sha256; each of the first RECORDED_BLOCKS blocks with its type, and its
-# mimeType, uri and name where they are strings; a text kept whole while the texts kept total
-# at most CONTENT_CAP UTF-8 bytes, past that cut on a character boundary with the size and
-# sha256 of the whole text; base64 data or a blob as the size and sha256 of the bytes it
-# decodes to (not base64: of its UTF-8 bytes, marked base64 false); any other block as its
-# canonical encoding's size and sha256; the count of blocks past RECORDED_BLOCKS; structured
-# content's size and sha256, and the value itself when it fits what is left; is_error when
-# the result says isError true. outcome_text and block_labels read a record back as text;
-# result_summary is its one line for a person.
-# Differential test: tests/test_result_record_differential.py.
+# Contract: result_record(passed) describes a tools/call result as passed_result passes it on
+# (read by parse: no string in it holds an unpaired surrogate; given one, it raises
+# ValueError) so that the record identifies exactly that result without keeping all of it:
+# bytes and sha256, the size and sha256 of canonical(passed); blocks, the first
+# RECORDED_BLOCKS blocks described, and more_blocks, the count past them if any; structured,
+# when passed has structuredContent, its canonical encoding's size and sha256, and value, the
+# structuredContent itself, when that encoding is no longer than what the strings left of
+# CONTENT_CAP (nothing once one was cut); is_error true when isError is true, else absent.
+# A block is read from its resource when it is a resource block whose resource is an object,
+# else from itself; it records its type (past 100 UTF-8 bytes, the whole characters of its
+# first 97 and "…"), its mimeType, uri and name where they are strings, then: of a text or
+# resource block whose text is a string, that text kept; else, of an image's or audio's data
+# or a resource's blob that is a string, the size and sha256 of the bytes it is the base64
+# of, when it is those bytes as RFC 4648 spells them (padded, nothing else, the pad bits
+# zero), else of its UTF-8 bytes, marked base64 false; any other block, the size and sha256
+# of its canonical encoding (the fields not named here, annotations say, only the result's
+# hash covers). The strings kept, block by block mimeType, uri, name and text, share
+# CONTENT_CAP UTF-8 bytes: each is kept whole while it fits what is left, the first that does
+# not is cut to the whole characters that fit, every later one is kept as ""; a text not kept
+# whole has the size and sha256 of all of it beside it (a cut label has none: the result's
+# hash covers it).
+# block_labels(record) gives a block "[type label, N bytes]", label its kept mimeType, else
+# its uri, where not "" (neither: "[type, N bytes]"), N its bytes, or a text kept whole's
+# UTF-8 size; then "[M more blocks]" when there are more. outcome_text(observed) reads a
+# step's observation of a tool call as text: of a result (schema 4 on), these labels one a
+# line, but a text block's kept text ("" past the cap) in place of its label, and, with no
+# blocks, the kept structured value as policy_json; when it was withheld, the labels alone.
+# Recorded before schema 4: a tool_result's content, a text as itself, else as policy_json;
+# any other kind's (a tool_error's) content's error. result_summary(tool, record, over) is
+# "server/upstream_name: B bytes, N block(s)", then ", structured content", ", an error",
+# ", withheld: more than `over` bytes" as they apply.
+# Differential test: tests/test_result_record_differential.py (node's Buffer and crypto).
 # =============================================================================================
 
 CONTENT_CAP = 65536  # bytes of result text the record keeps, and of recorded text in prose
@@ -4992,8 +5012,11 @@ def recorded_block(block, keep):
         if entry["text"] != text:
             entry.update(_size_and_hash(text.encode("utf-8", "surrogatepass")))
     elif isinstance(data, str):
-        try:
-            entry.update(_size_and_hash(base64.b64decode(data, validate=True)))
+        try:  # base64 only as the one spelling of its bytes: "QR==" and "QQ==" are not one
+            decoded = base64.b64decode(data, validate=True)
+            if base64.b64encode(decoded).decode() != data:  # "=" past a quantum, pad bits
+                raise ValueError(data)
+            entry.update(_size_and_hash(decoded))
         except ValueError:  # not base64: what was sent is what is identified
             entry.update(_size_and_hash(data.encode("utf-8", "surrogatepass")), base64=False)
     else:
@@ -5024,7 +5047,8 @@ def block_labels(record):
 
 def outcome_text(observed):
     """A recorded outcome as text: a result's text blocks and other blocks' labels (withheld:
-    only labels; structured content alone: its JSON), the error instead, or a schema 4 result."""
+    only labels; structured content alone: its JSON), the error instead, or, recorded before
+    schema 4, its content."""
     if "result" not in observed:
         content = observed["content"]
         if observed["kind"] != "tool_result":
