@@ -46,7 +46,7 @@ because the configuration is read with its parser.
     16. Durations and times                          library            122
     17. Fields of a configuration                    library            110
     18. Days and hours in a time zone                library             89
-    19. What a result's record keeps                 library            152
+    19. What a result's record keeps                 library            132
     20. The lint                                     around the core    225
     21. Upstream servers                             around the core   1324
     22. Reading the record                           around the core    180
@@ -4930,37 +4930,17 @@ class During:
 #
 # Reads as: library
 #
-# Contract: result_record(passed) describes a tools/call result as passed_result passes it on
-# (read by parse: no string in it holds an unpaired surrogate; given one, it raises
-# ValueError) so that the record identifies exactly that result without keeping all of it:
-# bytes and sha256, the size and sha256 of canonical(passed); blocks, the first
-# RECORDED_BLOCKS blocks described, and more_blocks, the count past them if any; structured,
-# when passed has structuredContent, its canonical encoding's size and sha256, and value, the
-# structuredContent itself, when that encoding is no longer than what the strings left of
-# CONTENT_CAP (nothing once one was cut); is_error true when isError is true, else absent.
-# A block is read from its resource when it is a resource block whose resource is an object,
-# else from itself; it records its type (past 100 UTF-8 bytes, the whole characters of its
-# first 97 and "…"), its mimeType, uri and name where they are strings, then: of a text or
-# resource block whose text is a string, that text kept; else, of an image's or audio's data
-# or a resource's blob that is a string, the size and sha256 of the bytes it is the base64
-# of, when it is those bytes as RFC 4648 spells them (padded, nothing else, the pad bits
-# zero), else of its UTF-8 bytes, marked base64 false; any other block, the size and sha256
-# of its canonical encoding (the fields not named here, annotations say, only the result's
-# hash covers). The strings kept, block by block mimeType, uri, name and text, share
-# CONTENT_CAP UTF-8 bytes: each is kept whole while it fits what is left, the first that does
-# not is cut to the whole characters that fit, every later one is kept as ""; a text not kept
-# whole has the size and sha256 of all of it beside it (a cut label has none: the result's
-# hash covers it).
-# block_labels(record) gives a block "[type label, N bytes]", label its kept mimeType, else
-# its uri, where not "" (neither: "[type, N bytes]"), N its bytes, or a text kept whole's
-# UTF-8 size; then "[M more blocks]" when there are more. outcome_text(observed) reads a
-# step's observation of a tool call as text: of a result (schema 4 on), these labels one a
-# line, but a text block's kept text ("" past the cap) in place of its label, and, with no
-# blocks, the kept structured value as policy_json; when it was withheld, the labels alone.
-# Recorded before schema 4: a tool_result's content, a text as itself, else as policy_json;
-# any other kind's (a tool_error's) content's error. result_summary(tool, record, over) is
-# "server/upstream_name: B bytes, N block(s)", then ", structured content", ", an error",
-# ", withheld: more than `over` bytes" as they apply.
+# Contract: result_record(passed) identifies exactly the result passed_result passed on,
+# without keeping all of it: the size and sha256 of canonical(passed); its first
+# RECORDED_BLOCKS blocks, and the count past them; structuredContent's size and sha256, with
+# its value while it fits; is_error when isError is true. A block (a resource block: its
+# resource) keeps its type (cut at 100 bytes), its mimeType, uri and name where they are
+# strings, then its text; else the size and sha256 of the bytes its data or blob is the RFC
+# 4648 base64 of (padded, pad bits zero; anything else: of its UTF-8, marked base64 false);
+# else those of its canonical encoding. The kept strings share CONTENT_CAP UTF-8 bytes in
+# block order: whole while they fit, then cut to whole characters, then ""; a cut text keeps
+# the size and sha256 of all of it. block_labels, outcome_text (records before schema 4 too)
+# and result_summary read a record back as text.
 # Differential test: tests/test_result_record_differential.py (node's Buffer and crypto).
 # =============================================================================================
 
