@@ -8,6 +8,8 @@ JSON-RPC driver is used instead of an SDK so that the figures are agentgate's ow
 
 To compare versions: python3 tests/bench.py --side-by-side A/agentgate.py B/agentgate.py
 runs the per-call figures of each file in turns, round after round, and prints their medians.
+python3 tests/bench.py --floor sets an allowed read beside bare relays (tests/bench_relay.py)
+that decide and record nothing but one durable commit: the floor of a gate of this shape.
 """
 
 import argparse
@@ -452,6 +454,49 @@ def per_call_figures(path, n):
             "throughput share": g_rate / s_rate}
 
 
+def floor_figures(n, rounds):
+    """The added p50 over one durable commit of agentgate's allowed read and mutation, and of
+    bare relays in front of the same server (tests/bench_relay.py: inline, + a durable commit,
+    + a worker handoff, + two commits), measured in turns round after round; medians."""
+    relay = os.path.join(HERE, "bench_relay.py")
+    seen = {}
+    for _ in range(rounds):
+        directory = tempfile.mkdtemp(prefix="agentgate-bench-floor-")
+        try:
+            commit = durable_commit(directory)
+            straight, gate = both_ends(directory, write_config(directory, 1))
+            ledger = {**os.environ, "FAKE_PAYMENTS_LEDGER": os.path.join(directory, "ledger")}
+            server = [sys.executable, AGENTGATE, "fake-payments"]
+            ends = [("straight", straight, "balance")]
+            for mode in ("inline", "durable", "pooled", "twice"):
+                end = Driver([sys.executable, relay, mode, os.path.join(directory, mode + ".db"),
+                              "--", *server], directory, ledger)
+                end.initialize()
+                ends.append((f"bare relay, {mode}", end, "balance"))
+            ends.append(("agentgate", gate, "bank_balance"))
+            p50 = {name: sequential(end, tool, n)[0] for name, end, tool in ends}
+            p50["agentgate, mutation"] = sequential(gate, "bank_pay", n, mutating=True)[0]
+            p50["straight, mutation"] = sequential(straight, "pay", n, mutating=True)[0]
+            for _, end, _ in ends:
+                end.close()
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        seen.setdefault("one durable commit p50 (ms)", []).append(commit)
+        for name, _, _ in ends[1:]:
+            seen.setdefault(f"{name}: read added / commit", []).append(
+                (p50[name] - p50["straight"]) / commit)
+        seen.setdefault("agentgate: mutation added / commit", []).append(
+            (p50["agentgate, mutation"] - p50["straight, mutation"]) / commit)
+    width = max(len(name) for name in seen)
+    for name, values in seen.items():
+        print(f"{name:<{width}}  {statistics.median(values):8.3f}   (rounds: "
+              f"{' '.join(f'{v:.2f}' for v in values)})")
+    print(f"(medians of {rounds} rounds of {n} sequential calls; targets: read added <= "
+          f"{TARGETS['read p50 / commit']}x commit, mutation <= "
+          f"{TARGETS['mutation p50 / commit']}x; a bare relay's calls are reads of the same "
+          f"server, `twice` committing as a mutation must)")
+
+
 def side_by_side(paths, n, rounds):
     """Each file's per-call figures, the files taking turns round after round so that a
     change in the machine's load falls on all of them alike; medians of the rounds."""
@@ -475,12 +520,16 @@ def main():
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     options.add_argument("--side-by-side", nargs="+", metavar="AGENTGATE_PY",
                          help="only the per-call figures, of each file given, in turns")
+    options.add_argument("--floor", action="store_true",
+                         help="only a call's cost beside bare relays' (the floor)")
     options.add_argument("--rounds", type=int, default=5, help="rounds of --side-by-side")
     options.add_argument("-n", type=int, default=1000, help="sequential calls per figure")
     options.add_argument("--history", type=int, default=1000000, help="earlier runs to add")
     options.add_argument("--policy-history", type=int, default=1000000,
                          help="earlier executions for the limit check")
     opts = options.parse_args()
+    if opts.floor:
+        return floor_figures(opts.n, opts.rounds)
     if opts.side_by_side:
         return side_by_side([os.path.abspath(p) for p in opts.side_by_side], opts.n,
                             opts.rounds)
