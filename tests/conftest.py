@@ -30,6 +30,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 REPO = Path(__file__).resolve().parent.parent
 AGENTGATE = REPO / "agentgate.py"
+RUN_AGENTGATE = REPO / "tests" / "run_agentgate.py"  # agentgate.py from its cached bytecode
 NODE_MODULES = REPO / "tests" / "node_modules"
 
 DEFAULT_TIMEOUT = 120.0  # generous: the CI machine is a loaded 2-core box
@@ -65,8 +66,8 @@ def everything_server_argv() -> list[str]:
 
 
 def agentgate_argv(*args: str) -> list[str]:
-    """argv that runs agentgate.py with this Python."""
-    return [sys.executable, str(AGENTGATE), *args]
+    """argv that runs agentgate.py with this Python (as its path would, see run_agentgate.py)."""
+    return [sys.executable, str(RUN_AGENTGATE), *args]
 
 
 # ---------------------------------------------------------------- small utilities

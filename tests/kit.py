@@ -147,7 +147,7 @@ def bank_server(dir, ledger=None, rules: dict | None = None, **fields) -> dict:
     defaults = {"balance": rule("read_only"), "pay": rule("remote_mutation"), "refund": rule("destructive")}
     server = {
         "name": "bank",
-        "command": [sys.executable, str(AGENTGATE), "fake-payments"],
+        "command": agentgate_argv("fake-payments"),
         "env": [f"FAKE_PAYMENTS_LEDGER={ledger}"],
         "manifest": "bank.manifest.json",
         "rules": merge_rules(defaults, rules),
