@@ -43,10 +43,10 @@ because the configuration is read with its parser.
     13. JSON Schema                                  library            411
     14. Hosts in URLs                                library            138
     15. Paths as the kernel resolves them            library            109
-    16. Durations and times                          library            122
+    16. Durations and times                          library            124
     17. Fields of a configuration                    library            110
-    18. Days and hours in a time zone                library             89
-    19. What a result's record keeps                 library            132
+    18. Days and hours in a time zone                library             95
+    19. What a result's record keeps                 library            140
     20. The lint                                     around the core    225
     21. Upstream servers                             around the core   1324
     22. Reading the record                           around the core    180
@@ -4620,12 +4620,13 @@ def resolved_root(text, where):
 # format_duration(ns) writes an int64 as Go's Duration.String does ("0s", "1.5µs", "300ms",
 # "1m0s", "24h0m0s"); parse_duration reads each back to itself. format_time writes seconds
 # since the epoch as UTC "YYYY-MM-DDTHH:MM:SS.ffffffZ", rounded to the microsecond as
-# datetime.fromtimestamp rounds (half to even on the double); for years 1000 to 9999 it is
-# fixed width, so stored times compare as strings in the order of their instants; now() is
+# datetime.fromtimestamp rounds (half to even on the double), the one writer later shares;
+# for years 1000 to 9999 it is fixed width (past 9999 both raise), so stored times compare as
+# strings in the order of their instants; now() is
 # format_time(time.time()). parse_time reads such a time as the double nearest its instant,
 # which format_time writes back unchanged within 2^33 s of 1970 (1697 to 2242). later(text,
 # ns) writes the instant ns after text exactly, rounded half to even to the microsecond, in
-# years 1000 to 9999 (past 9999 it raises OverflowError). prose_time(text) is text to the
+# years 1000 to 9999. prose_time(text) is text to the
 # second, truncated: "YYYY-MM-DDTHH:MM:SSZ".
 # Differential test: tests/test_durations_differential.py (against durationpy, datetime, and
 # a table of Go's own answers).
@@ -4698,18 +4699,12 @@ def now():
 
 
 def format_time(seconds):
-    """Microseconds rounded as datetime rounds them (half to even)."""
-    fraction, whole = math.modf(seconds)
-    micros = round(fraction * 1e6)
-    if micros >= 1_000_000:
-        whole, micros = whole + 1, micros - 1_000_000
-    elif micros < 0:
-        whole, micros = whole - 1, micros + 1_000_000
-    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(whole))}.{micros:06d}Z"
+    """Microseconds rounded as datetime rounds them (half to even on the double)."""
+    return _written(datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc))
 
 
 def parse_time(text):
-    return datetime.datetime.fromisoformat(text[:-1] + "+00:00").timestamp()
+    return _moment(text).timestamp()
 
 
 def later(text, ns):
@@ -4717,8 +4712,15 @@ def later(text, ns):
     # float sum can round a sub-microsecond duration to the wrong side, and past 2106 a whole one.
     micros, rest = divmod(ns, 1000)
     micros += rest > 500 or (rest == 500 and micros % 2)
-    moment = datetime.datetime.fromisoformat(text[:-1] + "+00:00")
-    moment += datetime.timedelta(microseconds=micros)
+    return _written(_moment(text) + datetime.timedelta(microseconds=micros))
+
+
+def _moment(text):
+    return datetime.datetime.fromisoformat(text[:-1] + "+00:00")
+
+
+def _written(moment):
+    """The one way a stored time is written."""
     return moment.isoformat(timespec="microseconds")[:-6] + "Z"
 
 
@@ -4865,9 +4867,23 @@ _CLOCK_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])|24:00")
 _ZONE_RE = re.compile(r"[A-Za-z0-9_+.-]+(/[A-Za-z0-9_+.-]+){0,3}")
 
 
+def _zone(name):
+    """The zone tz names `name`, or None. Only a name as tz spells zones (zoneinfo recurses once
+    a level, and would fail on a deep one), and never a file beside the zones: the machine's
+    own zone, or a copy (right/ counts leap seconds, so its wall clock is off after a change)."""
+    import zoneinfo  # only a policy with `during` needs the time zone database
+    if not isinstance(name, str) or not _ZONE_RE.fullmatch(name) \
+            or name.lower() in ("localtime", "posixrules") \
+            or name.lower().startswith(("posix/", "right/")):
+        return None
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (ValueError, zoneinfo.ZoneInfoNotFoundError):
+        return None
+
+
 class During:
     def __init__(self, raw, where):
-        import zoneinfo  # only a policy with `during` needs the time zone database
         if not isinstance(raw, dict) or not raw:
             raise ConfigError(f'{where} must be an object such as {{"days": "mon-fri", '
                               f'"hours": "09:00-18:00", "zone": "Europe/Paris"}}')
@@ -4876,18 +4892,10 @@ class During:
         if zone is None:
             raise ConfigError(f'{where} needs zone, the time zone its days and hours are read '
                               f'in, such as "Europe/Paris" or "UTC"')
-        try:
-            # a name as tz spells them (zoneinfo recurses once a level, and would fail on a
-            # deep one); and not the files beside the zones: the machine's own zone, and copies
-            # (right/ counts leap seconds, so its wall clock is off for a moment after a change)
-            if not isinstance(zone, str) or not _ZONE_RE.fullmatch(zone) \
-                    or zone.lower() in ("localtime", "posixrules") \
-                    or zone.lower().startswith(("posix/", "right/")):
-                raise ValueError(zone)
-            self.zone = zoneinfo.ZoneInfo(zone)
-        except (ValueError, zoneinfo.ZoneInfoNotFoundError):
+        self.zone = _zone(zone)
+        if self.zone is None:
             raise ConfigError(f'{where}.zone {quote(str(zone))} is not a time zone this machine '
-                              f'knows; name one such as "Europe/Paris" or "UTC"') from None
+                              f'knows; name one such as "Europe/Paris" or "UTC"')
         if "days" not in raw and "hours" not in raw:
             raise ConfigError(f"{where} needs days, hours or both")
         self.raw = raw  # for the load report
@@ -4992,16 +5000,24 @@ def recorded_block(block, keep):
         if entry["text"] != text:
             entry.update(_size_and_hash(text.encode("utf-8", "surrogatepass")))
     elif isinstance(data, str):
-        try:  # base64 only as the one spelling of its bytes: "QR==" and "QQ==" are not one
-            decoded = base64.b64decode(data, validate=True)
-            if base64.b64encode(decoded).decode() != data:  # "=" past a quantum, pad bits
-                raise ValueError(data)
-            entry.update(_size_and_hash(decoded))
-        except ValueError:  # not base64: what was sent is what is identified
+        decoded = _base64_bytes(data)
+        if decoded is None:  # not base64: what was sent is what is identified
             entry.update(_size_and_hash(data.encode("utf-8", "surrogatepass")), base64=False)
+        else:
+            entry.update(_size_and_hash(decoded))
     else:
         entry.update(_size_and_hash(canonical(block)))
     return entry
+
+
+def _base64_bytes(text):
+    """The bytes `text` is the base64 of, when it is their one spelling, else None: "QQ==" is,
+    "QR==" (pad bits set) and "QUJD=" ("=" past a whole quantum) are not."""
+    try:
+        decoded = base64.b64decode(text, validate=True)
+    except ValueError:
+        return None
+    return decoded if base64.b64encode(decoded).decode() == text else None
 
 
 def _size_and_hash(data):

@@ -21,8 +21,8 @@ import threading
 MODE, DATABASE = sys.argv[1], sys.argv[2]
 server = subprocess.Popen(sys.argv[sys.argv.index("--") + 1:], stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE)
-waiting, waiting_lock, write_lock, record_lock = {}, threading.Lock(), threading.Lock(), \
-    threading.Lock()
+waiting, waiting_lock = {}, threading.Lock()  # answers awaited, by the id sent upstream
+write_lock, record_lock = threading.Lock(), threading.Lock()
 record = None
 if MODE != "inline":
     record = sqlite3.connect(DATABASE, isolation_level=None, check_same_thread=False)
