@@ -358,9 +358,8 @@ class Condition:
     def text(self):
         words = []
         for name, expected in self.tests:
-            shown = (number_text(expected) if name in ("min", "max") else
-                     cut(policy_json(expected), 120))
-            words.append(CONDITIONS[name].format(shown))
+            words.append(CONDITIONS[name].format(number_text(expected) if name in (
+                "min", "max") else policy_json(expected)))
         return f"{self.pointer} " + " and ".join(words)
 
 
@@ -7894,7 +7893,7 @@ def cmd_show(argv):
     for approval in approvals:
         if approval["status"] == "pending":
             tell()
-            print_approval(approval, full=opts.full, late=late)
+            tell(*approval_lines(approval, opts.full, late)[0])
     tell()
     table = [("STEP", "DECISION", "STATUS", "POLICY", "OBSERVATION")]
     granted = []
@@ -7998,15 +7997,20 @@ def result_rows(index, observed):
     return head, rows
 
 
-def shown_value(value, full=False):
-    """A value as the operator reads it, sanitized: whole when it is short or `full` is
-    asked, else its head and tail. Returns (text, bytes in all, whether anything was cut)."""
-    text = value if isinstance(value, str) else policy_json(value)
+def shown_text(text, full):
+    """`text` whole when it is short or `full` is asked, else its head and tail: the one rule
+    of what a printout shortens. Returns (text, bytes in all, whether anything was cut)."""
     size = len(text.encode("utf-8", "surrogatepass"))
-    shortened = size > 2 * ARG_SHOWN and not full
-    if shortened:
-        text = (cut(text, ARG_SHOWN) + f" [... {size} bytes in all ...] " +
-                text[-ARG_SHOWN // 2:])
+    if size <= 2 * ARG_SHOWN or full:
+        return text, size, False
+    return (cut(text, ARG_SHOWN) + f" [... {size} bytes in all ...] " +
+            text[-ARG_SHOWN // 2:]), size, True
+
+
+def shown_value(value, full=False):
+    """A value as the operator reads it, sanitized, by shown_text's rule."""
+    text, size, shortened = shown_text(
+        value if isinstance(value, str) else policy_json(value), full)
     # Strings are shown as JSON strings, so a newline or a control character is seen as the
     # escape it is, never as layout; what JSON leaves raw (bidi, invisibles) is sanitized.
     return sanitize(policy_json(text) if isinstance(value, str) else text), size, shortened
@@ -8071,12 +8075,6 @@ def lookalike_notes(*texts):
     return notes
 
 
-def print_approval(approval, full=False, late=(), out=None):
-    lines, shortened = approval_lines(approval, full, late)
-    tell(*lines, out=out, flush=True)
-    return shortened
-
-
 def late_text(observation):
     text = clean(outcome_text(observation), 2 * ARG_SHOWN)
     what = f"it succeeded, with this result: {text}" if step_outcome(observation) == "ok" \
@@ -8121,6 +8119,18 @@ def confirmed(question, out, without_terminal):
     return input().strip().lower() in ("y", "yes")
 
 
+def agreed_on(lines, shortened, what, verb, agreed, out, without_terminal):
+    """The one way an operator agrees to a printout (approve, reject, grant, pin -diff; watch
+    shows the same lines): every line printed, then a yes for exactly that, given by a flag
+    (`agreed`) or typed. A printout that shortened a value is agreed to by no one: a decision
+    binds every byte, so it is made only on a printout that showed every one (-full)."""
+    tell(*lines, out=out, flush=True)
+    if shortened:
+        raise Usage(f"{what} has a value too long to print whole, so it was shown shortened; "
+                    f"run the command again with -full to see every byte before you {verb}")
+    return agreed or confirmed(f"{verb} {what}? type yes to {verb}: ", out, without_terminal)
+
+
 def decide(argv, command):
     flags = [("approval", str), ("yes", bool), ("note", str), ("by", str), ("full", bool)]
     p = operator_parser(command, *flags)
@@ -8137,17 +8147,13 @@ def decide(argv, command):
     approval = intact(select_approval(store, opts.run, named))
     # With -json the printout goes to stderr: stdout carries the one JSON value.
     out = sys.stderr if opts.json else sys.stdout
-    shortened = print_approval(approval, opts.full, store.late_outcomes(approval["run_id"]), out)
-    if shortened:
-        # An approval binds every byte of its request: it is decided only on a printout that
-        # showed every one of them, so nothing can hide in the middle of a long value.
-        raise Usage(f"approval {approval['id']} has a value too long to print whole, so it was "
-                    f"shown shortened; run the command again with -full to see every byte "
-                    f"before you {command}")
-    if not (opts.approval or opts.yes or confirmed(
-            f"{command} approval {approval['id']}? type yes to {command}: ", out,
+    lines, shortened = approval_lines(approval, opts.full,
+                                      store.late_outcomes(approval["run_id"]))
+    if not agreed_on(
+            lines, shortened, f"approval {approval['id']}", command,
+            opts.approval or opts.yes, out,
             f"refusing without -yes or a terminal to type yes at: nothing was decided; add -yes "
-            f"(or -approval {approval['id']}) to {command} the approval printed above")):
+            f"(or -approval {approval['id']}) to {command} the approval printed above"):
         tell("nothing decided", out=out)
         return 1
     decide_shown(store, approval, status, by, opts.note or "")
@@ -8518,7 +8524,8 @@ GRANT_NEEDS_YES = ("refusing without -yes or a terminal to type yes at: nothing 
 
 
 def cmd_grant(argv):
-    p = parser("grant", "config", "if", "for", "note", "by", ("yes", bool), ("json", bool))
+    p = parser("grant", "config", "if", "for", "note", "by", ("yes", bool), ("full", bool),
+               ("json", bool))
     p.add_argument("tool", type=text_argument, metavar="TOOL",
                    help="the tool as the host is offered it (check lists them)")
     opts = p.parse_args(argv)
@@ -8564,14 +8571,15 @@ def cmd_grant(argv):
              f"  session        {config.session}",
              "  covers         calls that would wait for an operator" + (
                  ", and whose arguments:" if parsed else ", whatever their arguments")]
-    lines += [f"    {condition.text()}" for condition in parsed]
+    shown = [shown_text(condition.text(), opts.full) for condition in parsed]
+    lines += [f"    {text}" for text, _, _ in shown]
     lines += [f"  in force       for {format_duration(span)} from when it is confirmed",
               f"  by             {by}"]
     if grant["note"]:
         lines.append(f"  note           {grant['note']}")
     lines.append(f"  {GRANT_PROMISE}")
-    tell(*lines, out=out, flush=True)
-    if not (opts.yes or confirmed("grant it? type yes to grant: ", out, GRANT_NEEDS_YES)):
+    if not agreed_on(lines, any(cut for _, _, cut in shown), "this grant", "grant",
+                     opts.yes, out, GRANT_NEEDS_YES):
         tell("nothing granted", out=out)
         return 1
     store = Ledger(config.database, readonly=False)  # a grant may come before the first call
@@ -9531,8 +9539,8 @@ def cmd_pin(argv):
              f"server's own hints, which classify nothing:")
         for name, entry in tools.items():
             description = " ".join(entry["description"].split())
-            tell(f"  {sanitize(name):<28} {hints_text(entry):<26} "
-                 f"{clean(description, 72)}")
+            # Whole: the tool is classified from this line, and the model reads all of it.
+            tell(f"  {sanitize(name):<28} {hints_text(entry):<26} {description}")
             found = findings[server.name][name]
             for line in lint_lines(found):
                 tell(f"  {line}")
@@ -9583,13 +9591,11 @@ def pin_diff(config, named, everything, agreed):
         chosen.add(matches[0])
     if not chosen:
         return 0
-    if everything and not agreed:
-        if not sys.stdin.isatty():
-            raise Usage("refusing to pin every difference again without -yes or an "
-                        "interactive terminal")
-        if input("pin all of them again? type yes to pin: ").strip().lower() not in ("y", "yes"):
-            tell("nothing pinned")
-            return 1
+    if everything and not agreed_on(
+            [], False, "every difference above", "pin", agreed, sys.stdout,
+            "refusing to pin every difference again without -yes or an interactive terminal"):
+        tell("nothing pinned")
+        return 1
     for server in config.servers:
         mine = sorted(tool for name, tool in chosen if name == server.name)
         if not mine:

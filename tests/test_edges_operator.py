@@ -229,7 +229,7 @@ def test_a_grant_starts_when_it_is_confirmed_not_when_it_was_printed(workdir):
                                     stdin=terminal, stdout=out, stderr=subprocess.PIPE,
                                     start_new_session=True)
         try:
-            wait_for(lambda: "grant it?" in printout.read_text(), DEADLINE,
+            wait_for(lambda: "type yes to grant" in printout.read_text(), DEADLINE,
                      message="the grant's question")
             # decided while the question waits: no grant is in force yet, so it asks
             run, _ = bank.pending(bank.call(host, {"to": "tia", "amount": 2}))
