@@ -5173,10 +5173,28 @@ def scripts_of(word):
     return {unicodedata.name(ch, "?").split()[0] for ch in word if ch.isalpha()}
 
 
-def mixed_script_words(text):
-    """The words of `text` whose letters come from more than one script (a Cyrillic а among
-    Latin letters): a name made to be read as another."""
-    return sorted({word for word in _LETTERS_RE.findall(text) if len(scripts_of(word)) > 1})
+# Cyrillic and Greek letters that read as Latin ones, after UTS #39's confusables.
+LATIN_LOOKALIKES = dict(zip(
+    "аеіјорсухѕԁӏһԛԝАВЕКМНОРСТХІЈЅУҮԚԜӀαονιρυχΑΒΕΖΗΙΚΜΝΟΡΤΥΧ",
+    "aeijopcyxsdlhqwABEKMHOPCTXIJSYYQWlaovipuxABEZHIKMNOPTYX"))
+
+
+def latin_lookalike(word):
+    """The Latin word that `word`, written wholly in another script's lookalike letters
+    (раураӏ), reads as; '' for any other word. Three letters at least: short words of
+    those scripts (а, с, о) are common and imitate nothing."""
+    if len(word) < 3 or scripts_of(word) & {"LATIN"} or \
+            not all(ch in LATIN_LOOKALIKES for ch in word):
+        return ""
+    return "".join(LATIN_LOOKALIKES[ch] for ch in word)
+
+
+def lookalike_words(text):
+    """The words of `text` made to be read as others: whose letters come from more than one
+    script (a Cyrillic а among Latin letters), or that are written wholly in letters that
+    read as Latin ones (a whole-script confusable, as UTS #39 calls it)."""
+    return sorted({word for word in _LETTERS_RE.findall(text)
+                   if len(scripts_of(word)) > 1 or latin_lookalike(word)})
 
 
 def invisible_codes(text):
@@ -5263,9 +5281,10 @@ def _text_findings(text, others, siblings):
                                    "its own server"))
     elif step:
         found.append((LINT_HIGH, "a step the model is told to take first"))
-    mixed = mixed_script_words(text)
+    mixed = lookalike_words(text)
     if mixed:
-        found.append((LINT_HIGH, f"words that mix scripts ({', '.join(mixed[:3])})"))
+        found.append((LINT_HIGH, f"words that mix scripts or imitate Latin ones "
+                                 f"({', '.join(mixed[:3])})"))
     named = _named(others, text)
     if named and _DIRECTIVE.search(text):
         found.append((LINT_HIGH, f"instructions about other servers' tools "
@@ -8057,10 +8076,16 @@ def approval_lines(approval, full=False, late=()):
 
 def lookalike_notes(*texts):
     """What in the texts reads as something it is not: each word that mixes scripts, with its
-    foreign letters (`lаndlord` prints as "landlord"), and the invisible characters."""
+    foreign letters (`lаndlord` prints as "landlord"), each written wholly in lookalikes, and
+    the invisible characters."""
     notes = []
     for text in texts:
-        for word in mixed_script_words(text)[:3]:
+        for word in lookalike_words(text)[:3]:
+            latin = latin_lookalike(word)
+            if latin:
+                notes.append(f"{quote(word)} reads as the Latin {quote(latin)} but is written "
+                             f"wholly in {scripts_of(word).pop()} letters")
+                continue
             script = {ch: scripts_of(ch).pop() for ch in word if ch.isalpha()}
             usual = collections.Counter(script.values()).most_common(1)[0][0]
             foreign = [f"U+{ord(ch):04X} {unicodedata.name(ch, '?')}" for ch in script
