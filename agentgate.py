@@ -8182,20 +8182,47 @@ def decide(argv, command):
         tell("nothing decided", out=out)
         return 1
     decide_shown(store, approval, status, by, opts.note or "")
-    run = load_run(store, opts.run)
+    run, then = after_decision(store, approval, status, longest_hold(opts))
     if opts.json:
         tell_json({"run": run, "approval": {"id": approval["id"], "status": status, "by": by,
                                              "note": opts.note or "", "hash": approval["hash"]}})
         return 0
     tell(decided_text(approval, status, by))
     tell(f"run {run['run']}: {run['status']}" + (f" ({run['reason']})" if run["reason"]
-                                                 else ""))
-    if status == "approved":
-        tell(APPROVED_NEXT)
+                                                 else ""), *then)
     return 0
 
 
-APPROVED_NEXT = "It runs when the model calls the tool again with exactly the same arguments."
+HELD_SEEN = 10.0  # seconds a held call may take to take up its approval, on a loaded machine
+TAKEN_UP = ("The call the model is waiting on took it up and runs it now: its result is that "
+            "call's answer, and the model need not call again.")
+APPROVED_NEXT = ("No call waits on it any more (its hold ended): it runs when the model calls "
+                 "the tool again with exactly the same arguments.")
+
+
+def longest_hold(opts):
+    """The longest a gate of this config holds a call, in seconds (the default's, 15s,
+    without a config)."""
+    path = config_path(opts.config)
+    if opts.db or not os.path.exists(path):
+        return 15
+    config = load_config(path)
+    return max([config.hold, *config.host_holds.values()]) / SECOND
+
+
+def after_decision(store, approval, status, hold):
+    """The run as a decision left it, and what an approval sets going: while the call held
+    for it may still wait (`hold` seconds), that call takes it up within moments, seen as
+    its run leaving the wait; otherwise the model's identical call runs it."""
+    ends = min(parse_time(approval["created_at"]) + hold, time.time() + HELD_SEEN)
+    run = load_run(store, approval["run_id"])
+    while status == "approved" and run["status"] == "WAITING_FOR_APPROVAL" and \
+            time.time() < ends:
+        time.sleep(0.1)
+        run = load_run(store, approval["run_id"])
+    if status != "approved":
+        return run, ()
+    return run, (APPROVED_NEXT if run["status"] == "WAITING_FOR_APPROVAL" else TAKEN_UP,)
 
 
 def intact(approval):
@@ -8281,7 +8308,7 @@ def cmd_watch(argv):
             by = opts.by or current_user()
             if not by:
                 raise Usage("say who decides with -by; the current user has no name")
-            if watch_terminal(store, session, by, stop):
+            if watch_terminal(store, session, by, longest_hold(opts), stop):
                 return 0
             log("this terminal cannot show the live view; plain lines follow, and nothing is "
                 "decided from them")
@@ -8334,7 +8361,7 @@ def watch_lines(store, session, hint, stop):
         stop.wait(WATCH_EVERY)
 
 
-def watch_terminal(store, session, by, stop):
+def watch_terminal(store, session, by, hold, stop):
     try:
         import curses  # only here: nothing else pays for loading it
         import locale
@@ -8347,7 +8374,8 @@ def watch_terminal(store, session, by, stop):
             return False
     except (locale.Error, curses.error):
         return False
-    curses.wrapper(lambda window: watch_list(Screen(curses, window), store, session, by, stop))
+    curses.wrapper(lambda window: watch_list(Screen(curses, window), store, session, by, hold,
+                                             stop))
     return True
 
 
@@ -8403,7 +8431,7 @@ class Screen:
         return self.CHARACTERS.get(key, key)
 
 
-def watch_list(screen, store, session, by, stop):
+def watch_list(screen, store, session, by, hold, stop):
     """The list of what waits, read again each second and after each key. The selection
     stays on its approval while others come and go, so Enter opens the one that was picked."""
     selected, chosen, message = 0, None, ""
@@ -8436,14 +8464,14 @@ def watch_list(screen, store, session, by, stop):
         elif key in ("down", "j"):
             selected += 1
         elif key == "enter" and waiting:
-            message = watch_approval(screen, store, waiting[selected]["id"], by, stop)
+            message = watch_approval(screen, store, waiting[selected]["id"], by, hold, stop)
         elif key in ("q", "esc"):
             return
         if ids:
             chosen = ids[max(0, min(selected, len(ids) - 1))]
 
 
-def watch_approval(screen, store, approval_id, by, stop):
+def watch_approval(screen, store, approval_id, by, hold, stop):
     """One approval shown as approve prints it, decided with a key; returns the line the list
     shows next (what was decided, or why nothing was)."""
     approval = store.approval(approval_id)
@@ -8482,17 +8510,17 @@ def watch_approval(screen, store, approval_id, by, stop):
         elif key in ("a", "r") and not seen_end:
             message = "scroll to the end of the approval before you decide"
         elif key == "a":
-            return watch_decide(store, approval, "approved", by, "")
+            return watch_decide(store, approval, "approved", by, "", hold)
         elif key == "r":
             note = prompt(screen, "note for the model (required; Enter rejects, Esc "
                                   "cancels): ", stop)
             if note:
-                return watch_decide(store, approval, "rejected", by, note)
+                return watch_decide(store, approval, "rejected", by, note, hold)
             message = "nothing decided"
     return ""
 
 
-def watch_decide(store, approval, status, by, note):
+def watch_decide(store, approval, status, by, note, hold):
     """The decision approve and reject take, on a store opened for this one write."""
     try:
         writer = Store(store.path, create=False)
@@ -8500,10 +8528,10 @@ def watch_decide(store, approval, status, by, note):
             decide_shown(writer, approval, status, by, note)
         finally:
             writer.close()
+        then = after_decision(store, approval, status, hold)[1]
     except StoreError as err:
         return str(err)
-    return decided_text(approval, status, by) + (f". {APPROVED_NEXT}" if status == "approved"
-                                                 else "")
+    return ". ".join((decided_text(approval, status, by), *then))
 
 
 def prompt(screen, question, stop):
