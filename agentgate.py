@@ -8182,7 +8182,7 @@ def decide(argv, command):
         tell("nothing decided", out=out)
         return 1
     decide_shown(store, approval, status, by, opts.note or "")
-    run, then = after_decision(store, approval, status, longest_hold(opts))
+    run, then = after_decision(store, approval, status, hold_of(opts))
     if opts.json:
         tell_json({"run": run, "approval": {"id": approval["id"], "status": status, "by": by,
                                              "note": opts.note or "", "hash": approval["hash"]}})
@@ -8200,14 +8200,18 @@ APPROVED_NEXT = ("No call waits on it any more (its hold ended): it runs when th
                  "the tool again with exactly the same arguments.")
 
 
-def longest_hold(opts):
+def longest_hold(config):
     """The longest a gate of this config holds a call, in seconds (the default's, 15s,
-    without a config)."""
-    path = config_path(opts.config)
-    if opts.db or not os.path.exists(path):
+    without one)."""
+    if config is None:
         return 15
-    config = load_config(path)
     return max([config.hold, *config.host_holds.values()]) / SECOND
+
+
+def hold_of(opts):
+    """longest_hold of the config an operator command was given (none with -db)."""
+    path = config_path(opts.config)
+    return longest_hold(None if opts.db or not os.path.exists(path) else load_config(path))
 
 
 def after_decision(store, approval, status, hold):
@@ -8308,7 +8312,7 @@ def cmd_watch(argv):
             by = opts.by or current_user()
             if not by:
                 raise Usage("say who decides with -by; the current user has no name")
-            if watch_terminal(store, session, by, longest_hold(opts), stop):
+            if watch_terminal(store, session, by, hold_of(opts), stop):
                 return 0
             log("this terminal cannot show the live view; plain lines follow, and nothing is "
                 "decided from them")
@@ -8631,8 +8635,17 @@ def cmd_grant(argv):
     if grant["note"]:
         lines.append(f"  note           {grant['note']}")
     lines.append(f"  {GRANT_PROMISE}")
-    if not agreed_on(lines, any(cut for _, _, cut in shown), "this grant", "grant",
-                     opts.yes, out, GRANT_NEEDS_YES):
+    waits = covered_waits(config, tool, grant)
+    cut_wait = False
+    lines.append(f"  releases       {len(waits)} calls waiting now, each approved by the grant"
+                 f" as printed here:" if waits else
+                 "  releases       no call: none that waits now is one it covers")
+    for approval in waits:
+        printed, shortened = approval_lines(approval, opts.full)
+        lines += [f"    {line}" for line in printed]
+        cut_wait = cut_wait or shortened
+    if not agreed_on(lines, cut_wait or any(cut for _, _, cut in shown), "this grant",
+                     "grant", opts.yes, out, GRANT_NEEDS_YES):
         tell("nothing granted", out=out)
         return 1
     store = Ledger(config.database, readonly=False)  # a grant may come before the first call
@@ -8643,13 +8656,57 @@ def cmd_grant(argv):
         grant["created_at"] = now()
         grant["expires_at"] = later(grant["created_at"], span)
         tx.create_grant(grant)
-    store.write(create)
+        # Each released wait is decided bound to the hash of the row printed above.
+        return [(a, tx.decide_approval(a["id"], a["hash"], "approved", f"grant {grant['id']}",
+                                       f"released by grant {grant['id']}, granted by {by}"))
+                for a in waits]
+    released = store.write(create)
+    told = [f"grant {grant['id']}: in force from {grant['created_at']} until "
+            f"{grant['expires_at']}"]
+    for approval, decided in released:
+        told.append(f"approval {approval['id']}: " + (
+            " ".join(after_decision(store, approval, "approved", longest_hold(config))[1])
+            if decided == "decided" else "not released: it changed, was decided or expired "
+                                         "after it was printed"))
     if opts.json:
-        tell_json(grant_view(grant))
+        tell_json({**grant_view(grant), "released": [
+            a["id"] for a, decided in released if decided == "decided"]})
     else:
-        tell(f"grant {grant['id']}: in force from {grant['created_at']} until "
-             f"{grant['expires_at']}")
+        tell(*told)
     return 0
+
+
+def covered_waits(config, tool, grant):
+    """The approvals waiting now that `grant`, were it in force, would have answered: each
+    call decided again as the gate decides it, with its limits counted, and covered only if
+    the grant is what allows it (never a deny, a re-run of an unknown outcome, or a limit)."""
+    if not os.path.exists(config.database):
+        return []
+    store = Ledger(config.database, readonly=True, create=False)
+    try:
+        covered = []
+        for approval in store.waiting_approvals(config.session):
+            capability = parse(approval["capability_json"])
+            if (capability.get("server"), capability.get("name")) != (
+                    tool.server.name, tool.name) or \
+                    approval["kind"] == "interrupted_side_effect":
+                continue
+            facts = decision_facts(store.read, config.session, tool, now(),
+                                   decided_client(store, approval), True)
+            decision = policy_decision(config, tool, parse(approval["request_json"])["args"],
+                                       facts._replace(grants=lambda: [Grant(grant)]))
+            if decision["outcome"] == "allow" and decision.get("grant") == grant["id"]:
+                covered.append(intact(approval))
+        return covered
+    finally:
+        store.close()
+
+
+def decided_client(store, approval):
+    """The host's name as the policy's decision to ask recorded it."""
+    step = next(s for s in store.steps(approval["run_id"]) if s["id"] == approval["step_id"])
+    return (parse(step["policy"]).get("facts") or {}).get("client", "") if step["policy"] \
+        else ""
 
 
 def grant_view(grant):
