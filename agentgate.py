@@ -1368,6 +1368,9 @@ IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED", "DUPLICATE", 
             "RESULT_TOO_LARGE"}
 
 
+GATE_MARK = "gate/answer"
+
+
 class Answer:
     """A tools/call's answer: the gate's prose as one text block, or a server's result whole."""
 
@@ -1377,7 +1380,10 @@ class Answer:
     def result(self):
         if self.passed is not None:
             return self.passed
-        result = {"content": [{"type": "text", "text": self.text}]}
+        # The mark a host may read to tell the gate's answer from a server's result, which
+        # may hold the same words; it names neither the program nor its commands.
+        result = {"content": [{"type": "text", "text": self.text}],
+                  "_meta": {GATE_MARK: self.text.partition(":")[0]}}
         if self.is_error:
             result["isError"] = True
         return result
@@ -7986,7 +7992,11 @@ def result_lines(steps):
     else:  # the gate's own ending of the step: a denial, a cut-off, a failure
         text = last.get("message") or policy_json(last.get("content", {}))
     text = text if isinstance(text, str) else policy_json(text)
-    return [f"result    {last['kind']}" + (f": {sanitize(summary)}" if summary else "")] + [
+    # A server may answer with the gate's own words (DENIED: ...): the record says whose.
+    whose = "   (the server's answer)" if step_outcome(last) in ("ok", "error", "unrecorded") \
+        and not last.get("withheld") else "   (the gate's own answer, not a server's)"
+    return [f"result    {last['kind']}" + (f": {sanitize(summary)}" if summary else "") +
+            whose] + [
         f"          {piece}" for line in text.split("\n")
         for piece in wrap_columns(sanitize(line), SHOW_WIDTH)]
 
