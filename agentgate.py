@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (2972 lines of decision core, read first; then the libraries it relies on, each
+Sections (2977 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -30,10 +30,10 @@ because the configuration is read with its parser.
 
      1. Framing                                      decision core       87
      2. Classes, ids and deadlines                   decision core       34
-     3. Policy on what a call does                   decision core      428
+     3. Policy on what a call does                   decision core      427
      4. Configuration and its trust                  decision core      233
      5. Tools, as pinned                             decision core      296
-     6. Answers                                      decision core      341
+     6. Answers                                      decision core      347
      7. The record                                   decision core      696
      8. The gate                                     decision core      580
      9. The host side                                decision core      277
@@ -47,7 +47,7 @@ because the configuration is read with its parser.
     17. Fields of a configuration                    library            110
     18. Days and hours in a time zone                library             95
     19. What a result's record keeps                 library            140
-    20. The lint                                     around the core    225
+    20. The lint                                     around the core    244
     21. Upstream servers                             around the core   1324
     22. Reading the record                           around the core    180
     23. Tool changes while serving                   around the core    138
@@ -56,9 +56,9 @@ because the configuration is read with its parser.
     26. Notify                                       around the core    104
     27. Pins and load reports                        around the core    193
     28. The command line's flags                     around the core    122
-    29. Operator commands                            around the core   1272
+    29. Operator commands                            around the core   1377
     30. Setup                                        around the core    584
-    31. Pin and check                                around the core    180
+    31. Pin and check                                around the core    178
     32. Fake payment server                          around the core    116
     33. Demonstration                                around the core    265
     34. Main                                         around the core    131
@@ -7671,11 +7671,12 @@ def text_argument(value):
 # nothing is decided.
 # Core it calls: Store (its reads, and decide_approval, cancel_run, create_grant,
 # revoke_grant), check_database_path, Tool, check_arguments, evaluate, approval_hash,
-# decision_facts, last_attempt, confirmed_conditions, parse_conditions, pointer_problem,
-# step_outcome, stored_hash, event_hash; section 21's load_config, check_reach and
-# read_manifest.
-# Promises: approve and reject print the approval in full and decide bound to the hash of
-# exactly what they printed, so a row that changed after it was shown is refused; a printout
+# decision_facts, policy_decision, Grant, last_attempt, confirmed_conditions,
+# parse_conditions, pointer_problem, step_outcome, stored_hash, event_hash; section 21's
+# load_config, check_reach and read_manifest.
+# Promises: approve, reject and grant print what is decided in full (agreed_on) and decide
+# bound to the hash of exactly what they printed, so a row that changed after it was shown is
+# refused; a grant releases only the waiting approvals its printout listed; a printout
 # that shortened a long value decides nothing until -full shows every byte; the late outcome
 # of an attempt cut off while its process lived is printed beside the question it bears on;
 # they decide without asking only with -approval or -yes, and otherwise only after a "yes"
