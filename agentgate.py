@@ -5252,6 +5252,9 @@ def lint_tool(entry, others, siblings, peer_length):
         if len(scripts) > 1:
             findings.append((LINT_HIGH, "a name that mixes scripts (" +
                              ", ".join(sorted(scripts)) + ")", f"name {quote(name)}"))
+        elif lookalike_words(name):
+            findings.append((LINT_HIGH, "a name in letters that read as Latin ones",
+                             f"name {quote(name)}"))
         words = _name_words(name)
         findings += [(severity, what, f"name {quote(name)}")
                      for pattern, severity, what in _LINT_PHRASES if pattern.search(words)]

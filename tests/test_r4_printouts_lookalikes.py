@@ -37,3 +37,13 @@ def test_whole_script_lookalikes_are_found_and_plain_words_are_not():
     assert found == sorted(["\u0430\u0440\u0440\u04cf\u0435", "l\u0430ndlord",
                             "\u03bf\u03bd\u03bf"]), found
     assert agentgate.latin_lookalike(PAYPAL) == "paypal"
+
+
+def test_the_lint_marks_a_tool_named_or_described_in_lookalikes():
+    named = agentgate.lint_tool({"name": PAYPAL, "description": "Pays.", "input_schema": {}},
+                                [], [], 10)
+    assert ("high", "a name in letters that read as Latin ones",
+            f'name "{PAYPAL}"') in named, named
+    said = agentgate.lint_tool({"name": "pay", "description": f"Pays {PAYPAL}.",
+                                "input_schema": {}}, [], [], 10)
+    assert any(severity == "high" and PAYPAL in what for severity, what, _ in said), said
