@@ -8151,13 +8151,6 @@ def decision_text(approval):
     return f"{approval['status']}{by}{at}"
 
 
-def confirmed(question, out, without_terminal):
-    if not sys.stdin.isatty():
-        raise Usage(without_terminal)
-    tell(question, end="", out=out, flush=True)
-    return input().strip().lower() in ("y", "yes")
-
-
 def agreed_on(lines, shortened, what, verb, agreed, out, without_terminal):
     """The one way an operator agrees to a printout (approve, reject, grant, pin -diff; watch
     shows the same lines): every line printed, then a yes for exactly that, given by a flag
@@ -8167,7 +8160,12 @@ def agreed_on(lines, shortened, what, verb, agreed, out, without_terminal):
     if shortened:
         raise Usage(f"{what} has a value too long to print whole, so it was shown shortened; "
                     f"run the command again with -full to see every byte before you {verb}")
-    return agreed or confirmed(f"{verb} {what}? type yes to {verb}: ", out, without_terminal)
+    if agreed:
+        return True
+    if not sys.stdin.isatty():
+        raise Usage(without_terminal)
+    tell(f"{verb} {what}? type yes to {verb}: ", end="", out=out, flush=True)
+    return input().strip().lower() in ("y", "yes")
 
 
 def decide(argv, command):
