@@ -8205,7 +8205,7 @@ def decide(argv, command):
     return 0
 
 
-HELD_SEEN = 10.0  # seconds a held call may take to take up its approval, on a loaded machine
+HELD_SEEN = 20.0  # seconds a held call may take to take up its approval, on a loaded machine
 TAKEN_UP = ("The call the model is waiting on took it up and runs it now: its result is that "
             "call's answer, and the model need not call again.")
 APPROVED_NEXT = ("No call waits on it any more (its hold ended): it runs when the model calls "
