@@ -1317,6 +1317,8 @@ STATUS_ARGUMENT = "The approval id a pending result named."
 # How many servers are unserved, never which nor why (the operator's to know).
 UNSERVED_NOTE = ("Also, {count} of the servers behind this gate could not be served, so "
                  "their tools are not offered; the person running the gate has been told why.")
+DOWN_NOTE = ("Server {server} is down: {down}. Calls to its tools fail without executing "
+             "until it is back.")
 STATUS_PROSE = {
     "unknown_id": "no approval {approval} is known in this session from the last hour.",
     "none_waiting": "no request in this session is waiting for an operator's approval.",
@@ -5589,6 +5591,11 @@ class Upstream:
         self.on_list_changed = None
         self.heard_list_changed = False
         self.pinned = {}
+        # While the gate serves, on_exit(why) is called when the server goes away on its
+        # own, so it is started again; `down` is then (since, next try), epoch seconds,
+        # until it serves again: what calls and the status tool read, of any transport.
+        self.on_exit = None
+        self.down = None
 
     def describe(self, step, detail):
         return f"server {quote(self.name)}: {step}: {detail}"
@@ -5601,16 +5608,20 @@ class Upstream:
         try:
             # bufsize=0: nothing is buffered on the way to the child, so closing its input
             # never waits to flush into a pipe nobody reads.
-            self.proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 self.server.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, env=child_env(self.server), start_new_session=True,
                 cwd=self.server.cwd, bufsize=0, preexec_fn=_parent_death_request())
         except OSError as err:
             raise UpstreamError(self.describe("connect", f"cannot start "
                                               f"{quote(self.server.command[0])}: {err.strerror}"))
-        os.set_blocking(self.proc.stdin.fileno(), False)  # writes wait in poll, with a deadline
-        threading.Thread(target=self._read_stdout, args=(self.proc.stdout,), daemon=True).start()
-        threading.Thread(target=self._read_stderr, args=(self.proc.stderr,), daemon=True).start()
+        os.set_blocking(proc.stdin.fileno(), False)  # writes wait in poll, with a deadline
+        self.stderr_tail, self.stderr_done = b"", threading.Event()
+        with self.lock:
+            self.proc, self.closed = proc, None
+        threading.Thread(target=self._read_stdout, args=(proc,), daemon=True).start()
+        threading.Thread(target=self._read_stderr, args=(proc.stderr, self.stderr_done),
+                         daemon=True).start()
 
     def protocol_versions(self):
         return PROTOCOL_VERSIONS
@@ -5666,14 +5677,14 @@ class Upstream:
         except subprocess.TimeoutExpired:
             pass
 
-    def _read_stderr(self, stream):
+    def _read_stderr(self, stream, done):
         try:
             for chunk in iter(lambda: os.read(stream.fileno(), 4096), b""):
                 self.stderr_tail = (self.stderr_tail + chunk)[-STDERR_TAIL_BYTES:]
         except (OSError, ValueError):
             pass
         finally:
-            self.stderr_done.set()
+            done.set()
 
     def tail(self):
         self.stderr_done.wait(timeout=2 if self.closed else 0.2)
@@ -5682,9 +5693,9 @@ class Upstream:
 
     # -- messages --------------------------------------------------------------------------
 
-    def _read_stdout(self, stream):
+    def _read_stdout(self, proc):
         try:
-            for frame, head in read_frames(stream.fileno(), MAX_MESSAGE_BYTES):
+            for frame, head in read_frames(proc.stdout.fileno(), MAX_MESSAGE_BYTES):
                 # One frame, however it is shaped, never ends the reader: every later answer
                 # would wait for its timeout and be recorded as unknown.
                 try:
@@ -5701,6 +5712,9 @@ class Upstream:
             with self.lock:
                 self.closed = self.closed or "the server closed its output"
                 self._fail_all(self.closed)
+                on_exit = self.proc is proc and self.on_exit  # not closed by agentgate
+            if on_exit:
+                on_exit(exit_text(proc))
 
     def _dispatch(self, line):
         try:
@@ -5822,12 +5836,15 @@ class Upstream:
     def request(self, method, params, deadline, step, progress=None):
         """Send one request and wait for its answer until `deadline`. Given `progress`, each
         progress notice is handed to progress(value, total, message) as the server wrote it.
-        While connecting and listing, a failure carries the end of the server's stderr."""
+        While connecting and listing, a failure carries the end of the server's stderr; while
+        the server is down, only those are sent."""
         try:
+            down = self.down_text()
+            if down and step not in OPENING_STEPS:
+                raise UpstreamError(down + "; nothing was sent", sent=False)
             return self._request(method, params, deadline, progress)
         except UpstreamError as err:
-            tail = self.tail() if step in ("connect", "list tools") and not err.timed_out \
-                else ""
+            tail = self.tail() if step in OPENING_STEPS and not err.timed_out else ""
             raise UpstreamError(self.describe(step, str(err)) + tail, timed_out=err.timed_out,
                                 unusable=err.unusable, sent=err.sent,
                                 answered=err.answered) from None
@@ -5867,6 +5884,15 @@ class Upstream:
             raise slot["error"]
         return slot["result"]
 
+    def down_text(self):
+        """'' while the server serves; else since when it is down and its next start."""
+        if not self.down:
+            return ""
+        since, next_try = (format_duration(max(0, int(t)) * SECOND)
+                           for t in (time.time() - self.down[0], self.down[1] - time.time()))
+        return (f"the server stopped {since} ago and is being started again (next try in "
+                f"{next_try})")
+
     def watch_tools(self, on_list_changed):
         """Call `on_list_changed` at every notice that the server's tools changed, and now if
         one came since the start-up listing (lost, it would leave a changed tool offered all
@@ -5905,6 +5931,17 @@ class Upstream:
             seen_cursors.add(cursor)
         raise UpstreamError(self.describe("list tools", f"the listing runs past "
                                           f"{MAX_TOOL_PAGES} pages"))
+
+
+OPENING_STEPS = ("connect", "list tools")
+
+
+def exit_text(proc):
+    try:
+        code = proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        return "closed its output"
+    return f"exited (killed by signal {-code})" if code < 0 else f"exited (status {code})"
 
 
 def new_upstream(server):
@@ -6813,7 +6850,8 @@ class Ledger(Store):
 # calls the host's tools_changed notice, both handed to it by serve.
 # Promises: a tool whose server changed it is no longer offered and a call to it is refused
 # TOOL_CHANGED; a listing that fails quarantines the server's tools and is retried at 4, 8, 16,
-# 32 s, then every 60 s.
+# 32 s, then every 60 s. A server that goes away is said so on stderr and started again at 1,
+# 2, 4 ... s, then every 60 s; it serves again once connected and listed as a change is.
 # =============================================================================================
 
 def tool_changes(pinned, live):
@@ -6849,15 +6887,18 @@ class ToolWatch:
         self.failures = {}  # server name -> listings failed in a row since the last success
         self.held = {}  # server name -> the registered names it has quarantined
         self.seen = {}  # server name -> the differences last recorded
+        self.starts = {}  # server name -> starts failed in a row while it is down
         self.cond = threading.Condition()
         threading.Thread(target=self._run, daemon=True).start()
+        threading.Thread(target=self._revive, daemon=True).start()
         for upstream in upstreams:
+            upstream.on_exit = functools.partial(self.exited, upstream)
             upstream.watch_tools(functools.partial(self.changed, upstream.name))
 
     def changed(self, server):
         with self.cond:
             self.pending[server] = self.pending.get(server, 0) + 1
-            self.cond.notify()
+            self.cond.notify_all()
 
     def _run(self):
         listed = {}  # server name -> when it was last listed (monotonic)
@@ -6924,6 +6965,54 @@ class ToolWatch:
             self.gate.quarantined = frozenset(name for names in self.held.values()
                                               for name in names)
             self.announce()
+
+
+    def exited(self, upstream, why):
+        """`upstream`'s server went away while serving: down until started again."""
+        with self.cond:
+            if upstream.down:
+                return  # it died while being started again: that start fails
+            upstream.down = (time.time(), time.time() + restart_wait(0))
+            self.cond.notify_all()
+        log(f"server {upstream.name} {why}; calls to its tools fail without executing "
+            f"until it is started again (next try in {restart_wait(0)}s)")
+
+    def _revive(self):
+        # Never returns: a server started here dies with the thread that started it (spawn).
+        while True:
+            with self.cond:
+                down = [u for u in self.upstreams.values() if u.down]
+                due = [u for u in down if u.down[1] <= time.time()]
+                if not due or self.gate.stopping.is_set():
+                    self.cond.wait(None if self.gate.stopping.is_set() else
+                                   min(u.down[1] for u in down) - time.time() if down else 60)
+                    continue
+            self._start_again(due[0])
+
+    def _start_again(self, upstream):
+        name = upstream.name
+        try:
+            upstream.close()  # the old process's group, reaped
+            upstream.spawn()
+            upstream.handshake(Deadline(upstream.server.connect_timeout))
+            self._relist(name)
+            with upstream.lock:  # an exit after this is an exit while serving
+                if upstream.closed:
+                    raise UpstreamError(upstream.describe("connect", upstream.closed))
+                upstream.down = None
+        except (UpstreamError, StoreError) as err:
+            self.starts[name] = self.starts.get(name, 0) + 1
+            wait = restart_wait(self.starts[name])
+            upstream.down = (upstream.down[0], time.time() + wait)
+            upstream.close()
+            log(f"server {name} could not be started again: {err}; next try in {wait}s")
+            return
+        self.starts.pop(name, None)
+        log(f"server {name} was started again and serves its tools")
+
+
+def restart_wait(failures):
+    return min(2 ** min(failures, 6), 60)
 
 
 def relist_wait(failures):
@@ -7213,6 +7302,11 @@ class StatusTool:
         status = status_answer(self.gate, args)
         if self.unserved and status.text.startswith("GATE_STATUS:"):
             status.text += " " + UNSERVED_NOTE.format(count=self.unserved)
+        upstreams = {t.upstream.name: t.upstream for t in self.gate.tools.values()}
+        for name, upstream in sorted(upstreams.items()):
+            down = upstream.down_text()
+            if down and status.text.startswith("GATE_STATUS:"):
+                status.text += " " + DOWN_NOTE.format(server=clean(name, 64), down=down)
         return status.result()
 
 
