@@ -8619,12 +8619,21 @@ def cmd_grant(argv):
     by = opts.by or current_user()
     if not by:
         raise Usage("say who grants with -by; the current user has no name")
-    config = load_config(config_path(opts.config))
-    tools = configured_tools(config)
-    tool = tools.get(opts.tool)
-    if tool is None:
+    # Given no config where init wrote one per host, the config that offers the tool: a
+    # grant is for one host's session, so a tool that several offer needs -config.
+    hosts = [] if opts.config else host_configs(config_path(None))
+    offered = {}
+    for config in map(load_config, hosts) if hosts else [load_config(config_path(opts.config))]:
+        for name, tool in configured_tools(config).items():
+            offered.setdefault(name, []).append((config, tool))
+    if opts.tool not in offered:
         raise Usage(f"no configured tool is named {quote(opts.tool)}; the tools are "
-                    f"{', '.join(sorted(tools)) or 'none'}")
+                    f"{', '.join(sorted(offered)) or 'none'}")
+    if len(offered[opts.tool]) > 1:
+        raise Usage(f"{quote(opts.tool)} is offered in " + ", ".join(
+            shlex.quote(c.path) for c, _ in offered[opts.tool]) + "; add -config naming the "
+            "config of the host the grant is for")
+    config, tool = offered[opts.tool][0]
     try:
         conditions = parse(getattr(opts, "if") or "{}")
     except CanonicalError as err:
@@ -8824,6 +8833,9 @@ def cmd_recheck(argv):
     limit = 50 if opts.limit is None else opts.limit
     if limit <= 0:
         raise Usage("-limit must be at least 1")
+    hosts = [] if opts.config else host_configs(config_path(None))
+    if hosts:
+        return each_config(cmd_recheck, argv, hosts)
     config = load_config(config_path(opts.config))
     check_database_path(config.database)
     store = Ledger(config.database, readonly=True, create=False)
@@ -9378,6 +9390,18 @@ def host_configs(default):
     return [] if os.path.lexists(default) else [p for p in paths if os.path.lexists(p)]
 
 
+def one_config(given):
+    """The config a command that needs exactly one reads; where there are only init's, one
+    per host, the error names them."""
+    path = config_path(given)
+    hosts = [] if given else host_configs(path)
+    if hosts:
+        raise ConfigError(f"there is no {path}, and init wrote one config per host: name "
+                          f"one with -config ({', '.join(map(shlex.quote, hosts))}); the "
+                          f"entry init printed for a host names its own")
+    return load_config(path)
+
+
 def each_config(command, argv, paths):
     status = 0
     for path in paths:
@@ -9457,7 +9481,7 @@ def cmd_login(argv):
                      "$AGENTGATE_CONFIG, else the XDG path), as SERVER.tokens.json.")
     p.add_argument("server", type=text_argument, help="the server's name in the config")
     opts = p.parse_args(argv)
-    config = load_config(config_path(opts.config))
+    config = one_config(opts.config)
     server = next((s for s in config.servers if s.name == opts.server), None)
     if server is None or not server.url:
         names = ", ".join(s.name for s in config.servers if s.url) or "none"
@@ -9704,7 +9728,7 @@ def pin_diff(config, named, everything, agreed):
 
 
 def serving_config(path):
-    config = load_config(config_path(path))
+    config = one_config(path)
     check_database_path(config.database)
     check_reach(config)
     return config
