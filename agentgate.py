@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (2972 lines of decision core, read first; then the libraries it relies on, each
+Sections (2974 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -33,7 +33,7 @@ because the configuration is read with its parser.
      3. Policy on what a call does                   decision core      428
      4. Configuration and its trust                  decision core      233
      5. Tools, as pinned                             decision core      296
-     6. Answers                                      decision core      341
+     6. Answers                                      decision core      343
      7. The record                                   decision core      696
      8. The gate                                     decision core      580
      9. The host side                                decision core      277
@@ -48,16 +48,16 @@ because the configuration is read with its parser.
     18. Days and hours in a time zone                library             95
     19. What a result's record keeps                 library            140
     20. The lint                                     around the core    225
-    21. Upstream servers                             around the core   1324
+    21. Upstream servers                             around the core   1359
     22. Reading the record                           around the core    180
-    23. Tool changes while serving                   around the core    138
+    23. Tool changes while serving                   around the core    190
     24. The status tool                              around the core    119
-    25. The host's other requests                    around the core    157
+    25. The host's other requests                    around the core    162
     26. Notify                                       around the core    104
     27. Pins and load reports                        around the core    193
     28. The command line's flags                     around the core    122
-    29. Operator commands                            around the core   1272
-    30. Setup                                        around the core    584
+    29. Operator commands                            around the core   1284
+    30. Setup                                        around the core    640
     31. Pin and check                                around the core    180
     32. Fake payment server                          around the core    116
     33. Demonstration                                around the core    265
@@ -9086,14 +9086,17 @@ class HostFile:
         if not isinstance(self.raw, dict):
             raise ConfigError(f"{host} configuration {path} is not a JSON object")
         # (where, servers, started): `where` names the map in what init prints, and keys its
-        # servers, since the same name may be in the user's map and a project's.
-        self.maps = []
+        # servers, since the same name may be in the user's map and a project's. A project's
+        # servers run in its directory, as the host runs them: `folders`, by `where`.
+        self.maps, self.folders = [], {host: project_directory(self.path)}
         if isinstance(self.raw.get("mcpServers"), dict):
             self.maps.append((host, self.raw["mcpServers"], named or not project))
         projects = self.raw.get("projects", {})
         mine = projects.get(os.getcwd()) if isinstance(projects, dict) else None
         if isinstance(mine, dict) and isinstance(mine.get("mcpServers"), dict):
-            self.maps.append((f"{host} project {os.getcwd()}", mine["mcpServers"], named))
+            where = f"{host} project {os.getcwd()}"
+            self.maps.append((where, mine["mcpServers"], named))
+            self.folders[where] = os.getcwd()
 
     def read(self):
         try:
@@ -9110,6 +9113,24 @@ class HostFile:
     def servers(self):
         return [(where, name, entry, started) for where, servers, started in self.maps
                 for name, entry in servers.items()]
+
+
+# What a host passes its servers that reaching a network may need: init proposes the names
+# set where it runs (never their values) as each command server's inherit_env.
+NETWORK_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS",
+                     "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "HTTPS_PROXY", "HTTP_PROXY",
+                     "ALL_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "all_proxy",
+                     "no_proxy")
+
+
+def project_directory(path):
+    """The project whose `.mcp.json` or `.cursor/mcp.json` this is; None for the user's own."""
+    folder, name = os.path.split(path)
+    if name == "mcp.json" and os.path.basename(folder) == ".cursor":
+        folder = os.path.dirname(folder)
+    elif name != ".mcp.json":
+        return None
+    return None if folder == os.path.expanduser("~") else folder
 
 
 def server_from_host(entry):
@@ -9204,6 +9225,9 @@ def cmd_init(argv):
                  for host, (name, hold) in HOSTS.items()]
         plans = [plan for plan in plans if plan[3]]
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    # A default config written now is what every command and gate given no -config reads.
+    becomes_default = not os.path.lexists(path) and path == os.path.abspath(config_path(None))
+    hosts = host_configs(path)
     for file in [file for plan in plans for file in plan[3]]:
         tell(f"read {file.host} configuration {file.path}: {len(file.servers())} server(s)")
     needs, done = set(), []
@@ -9218,6 +9242,10 @@ def cmd_init(argv):
              f"them, and changes nothing else.")
     if not done:
         raise ConfigError("no server could be gated, so no config was written")
+    if becomes_default and os.path.lexists(path):
+        tell(f"{path} is the default config: a command or gate given no -config reads it now"
+             + (f", and no longer each host's ({', '.join(map(os.path.basename, hosts))}): "
+                f"name those with -config" if hosts else ""))
     tell("Every rule init proposed is a proposal, and nothing is offered until you have read "
          "them, changed what you disagree with, and run:")
     for config_file, _, _ in done:
@@ -9244,8 +9272,13 @@ def cmd_init(argv):
                 written, backup = replace_in_host(file, taken, entry)
                 tell(f"wrote {written}; it was kept as {backup}")
             return 0
-    for config_file, files, _ in done:
-        tell(f"Then replace the gated servers in {' and '.join(f.path for f in files)} with "
+    for config_file, files, gated in done:
+        sources = [f.path for f in files if any(key[0] == f.path for key in gated)]
+        if not sources:
+            tell(f"nothing of {' or '.join(f.path for f in files)} was gated, so it stays as "
+                 f"it is")
+            continue
+        tell(f"Then replace the gated servers in {' and '.join(sources)} with "
              f"this one entry (or run init with -write to have it done, keeping a backup):")
         tell_json({"mcpServers": {HOST_ENTRY_NAME: entries[config_file]}})
         if any(f.host.startswith("Claude Code") for f in files):
@@ -9280,6 +9313,12 @@ def init_host(path, session, hold, files, needs):
             if server is None:
                 left.append((where, given, why))
                 continue
+            if file.folders.get(where) and "command" in server:
+                server["cwd"] = os.path.normpath(os.path.join(file.folders[where],
+                                                              server.get("cwd", ".")))
+            inherited = [name for name in NETWORK_VARIABLES if name in os.environ]
+            if inherited and "command" in server:
+                server["inherit_env"] = inherited
             same = next((s for s in servers if definition(s) == definition(server)), None)
             if same or definition(server) in known:  # the same server twice is gated once
                 gated[(file.path, where, given)] = same or server
@@ -9340,6 +9379,11 @@ def init_host(path, session, hold, files, needs):
                  f"({hints_text(entry)})")
     tell(f"{'added to' if text else 'wrote'} {path} (0600): "
          f"{', '.join(server['name'] for server in added)}")
+    inheriting = [server for server in added if "inherit_env" in server]
+    if inheriting:
+        tell(f"  {', '.join(s['name'] for s in inheriting)} inherit "
+             f"{', '.join(inheriting[0]['inherit_env'])} from the gate's environment, as "
+             f"the host passes them (inherit_env)")
     return gated, left
 
 
