@@ -48,9 +48,9 @@ because the configuration is read with its parser.
     18. Days and hours in a time zone                library             95
     19. What a result's record keeps                 library            140
     20. The lint                                     around the core    225
-    21. Upstream servers                             around the core   1359
+    21. Upstream servers                             around the core   1360
     22. Reading the record                           around the core    180
-    23. Tool changes while serving                   around the core    190
+    23. Tool changes while serving                   around the core    189
     24. The status tool                              around the core    119
     25. The host's other requests                    around the core    162
     26. Notify                                       around the core    104
@@ -5318,8 +5318,9 @@ def lint_manifests(manifests):
 # only the request whose token agentgate gave it; an oversized or unusable message fails only
 # the request it answers, and none ends the reading thread; only an integer id agentgate
 # wrote matches an answer; a server that does not take in a message by its write's deadline
-# is stopped (the error says whether any byte reached it); a dead server fails every later
-# call at once. Closing is idempotent and never waits on a server. Over HTTP the same holds,
+# is stopped (the error says whether any byte reached it); a server that exits fails every
+# later call at once, as not sent, until it is started again (section 23).
+# Closing is idempotent and never waits on a server. Over HTTP the same holds,
 # and: every answer is read by parse from the bytes the server sent, never from the SDK's
 # decoding; what agentgate sends is its own canonical encoding; no redirect is followed; a
 # request's error says whether it reached the server (a refused connection: no; a connection
@@ -6965,7 +6966,6 @@ class ToolWatch:
             self.gate.quarantined = frozenset(name for names in self.held.values()
                                               for name in names)
             self.announce()
-
 
     def exited(self, upstream, why):
         """`upstream`'s server went away while serving: down until started again."""
