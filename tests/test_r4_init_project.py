@@ -59,3 +59,18 @@ def test_a_project_server_runs_in_its_project_and_inherits_the_network_variables
     no_traceback(done)
     assert f"replace the gated servers in {other}" not in done.stdout, done.stdout
     assert f"nothing of {other} was gated" in done.stdout, done.stdout
+
+
+def test_claude_codes_map_for_the_project_runs_in_the_project(workdir):
+    home = workdir / "home"
+    folder = workdir / "proj"
+    folder.mkdir()
+    write_spec(folder / "spec.json", {"tools": [tool("add", annotations={"readOnlyHint": True})]})
+    notes = {"command": "python3", "args": [str(SCRIPTED), "spec.json"]}
+    claude = host_file(home / ".claude.json", {},
+                       projects={str(folder): {"mcpServers": {"notes": notes}}})
+    done = agentgate("init", "-from", str(claude), env=home_env(home), cwd=folder)
+    assert done.returncode == 0, done
+    no_traceback(done)
+    config = json.loads((gate_dir(home) / "config.json").read_text())
+    assert [(s["name"], s["cwd"]) for s in config["servers"]] == [("notes", str(folder))]
