@@ -57,7 +57,7 @@ because the configuration is read with its parser.
     27. Pins and load reports                        around the core    193
     28. The command line's flags                     around the core    122
     29. Operator commands                            around the core   1284
-    30. Setup                                        around the core    640
+    30. Setup                                        around the core    644
     31. Pin and check                                around the core    180
     32. Fake payment server                          around the core    116
     33. Demonstration                                around the core    265
@@ -9281,9 +9281,13 @@ def cmd_init(argv):
         tell(f"Then replace the gated servers in {' and '.join(sources)} with "
              f"this one entry (or run init with -write to have it done, keeping a backup):")
         tell_json({"mcpServers": {HOST_ENTRY_NAME: entries[config_file]}})
+        argv = shlex.join([entries[config_file]["command"], *entries[config_file]["args"]])
         if any(f.host.startswith("Claude Code") for f in files):
-            tell(f"    or: claude mcp add -s user {HOST_ENTRY_NAME} -- "
-                 f"{shlex.join([entries[config_file]['command'], *entries[config_file]['args']])}")
+            tell(f"    or: claude mcp add -s user {HOST_ENTRY_NAME} -- {argv}")
+        if any(map(project_directory, sources)):
+            tell(f"    A project's file may be shared, and this entry names files of your own: "
+                 f"keep it out of a commit (claude mcp add -s local {HOST_ENTRY_NAME} -- "
+                 f"{argv} keeps it to you in Claude Code)")
     if changed:
         raise ConfigError(f"{changed.host} configuration {changed.path} changed while init "
                           f"ran, so no host's file was edited: put the entry above in by hand")

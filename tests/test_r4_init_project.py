@@ -45,6 +45,7 @@ def test_a_project_server_runs_in_its_project_and_inherits_the_network_variables
     assert PROXY not in done.stdout + done.stderr + config_path.read_text()
     assert f"{config_path} is the default config" in done.stdout, done.stdout
     assert f"Then replace the gated servers in {mcp} " in done.stdout
+    assert "A project's file may be shared" in done.stdout
 
     assert agentgate("check", "-accept", env=env, cwd=home).returncode == 0
     entry = printed_entries(done.stdout)[0]
