@@ -7000,7 +7000,7 @@ class ToolWatch:
                 if upstream.closed:
                     raise UpstreamError(upstream.describe("connect", upstream.closed))
                 upstream.down = None
-        except (UpstreamError, StoreError) as err:
+        except Exception as err:  # this thread must live on: its servers die with it
             self.starts[name] = self.starts.get(name, 0) + 1
             wait = restart_wait(self.starts[name])
             upstream.down = (upstream.down[0], time.time() + wait)
