@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (2977 lines of decision core, read first; then the libraries it relies on, each
+Sections (2979 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -33,7 +33,7 @@ because the configuration is read with its parser.
      3. Policy on what a call does                   decision core      427
      4. Configuration and its trust                  decision core      233
      5. Tools, as pinned                             decision core      296
-     6. Answers                                      decision core      347
+     6. Answers                                      decision core      349
      7. The record                                   decision core      696
      8. The gate                                     decision core      580
      9. The host side                                decision core      277
@@ -47,17 +47,17 @@ because the configuration is read with its parser.
     17. Fields of a configuration                    library            110
     18. Days and hours in a time zone                library             95
     19. What a result's record keeps                 library            140
-    20. The lint                                     around the core    244
-    21. Upstream servers                             around the core   1324
+    20. The lint                                     around the core    247
+    21. Upstream servers                             around the core   1360
     22. Reading the record                           around the core    180
-    23. Tool changes while serving                   around the core    138
+    23. Tool changes while serving                   around the core    189
     24. The status tool                              around the core    119
-    25. The host's other requests                    around the core    157
+    25. The host's other requests                    around the core    162
     26. Notify                                       around the core    104
     27. Pins and load reports                        around the core    193
     28. The command line's flags                     around the core    122
-    29. Operator commands                            around the core   1377
-    30. Setup                                        around the core    584
+    29. Operator commands                            around the core   1387
+    30. Setup                                        around the core    644
     31. Pin and check                                around the core    178
     32. Fake payment server                          around the core    116
     33. Demonstration                                around the core    265
@@ -1316,6 +1316,8 @@ STATUS_ARGUMENT = "The approval id a pending result named."
 # How many servers are unserved, never which nor why (the operator's to know).
 UNSERVED_NOTE = ("Also, {count} of the servers behind this gate could not be served, so "
                  "their tools are not offered; the person running the gate has been told why.")
+DOWN_NOTE = ("Server {server} is down: {down}. Calls to its tools fail without executing "
+             "until it is back.")
 STATUS_PROSE = {
     "unknown_id": "no approval {approval} is known in this session from the last hour.",
     "none_waiting": "no request in this session is waiting for an operator's approval.",
@@ -5343,8 +5345,9 @@ def lint_manifests(manifests):
 # only the request whose token agentgate gave it; an oversized or unusable message fails only
 # the request it answers, and none ends the reading thread; only an integer id agentgate
 # wrote matches an answer; a server that does not take in a message by its write's deadline
-# is stopped (the error says whether any byte reached it); a dead server fails every later
-# call at once. Closing is idempotent and never waits on a server. Over HTTP the same holds,
+# is stopped (the error says whether any byte reached it); a server that exits fails every
+# later call at once, as not sent, until it is started again (section 23).
+# Closing is idempotent and never waits on a server. Over HTTP the same holds,
 # and: every answer is read by parse from the bytes the server sent, never from the SDK's
 # decoding; what agentgate sends is its own canonical encoding; no redirect is followed; a
 # request's error says whether it reached the server (a refused connection: no; a connection
@@ -5616,6 +5619,11 @@ class Upstream:
         self.on_list_changed = None
         self.heard_list_changed = False
         self.pinned = {}
+        # While the gate serves, on_exit(why) is called when the server goes away on its
+        # own, so it is started again; `down` is then (since, next try), epoch seconds,
+        # until it serves again: what calls and the status tool read, of any transport.
+        self.on_exit = None
+        self.down = None
 
     def describe(self, step, detail):
         return f"server {quote(self.name)}: {step}: {detail}"
@@ -5628,16 +5636,20 @@ class Upstream:
         try:
             # bufsize=0: nothing is buffered on the way to the child, so closing its input
             # never waits to flush into a pipe nobody reads.
-            self.proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 self.server.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, env=child_env(self.server), start_new_session=True,
                 cwd=self.server.cwd, bufsize=0, preexec_fn=_parent_death_request())
         except OSError as err:
             raise UpstreamError(self.describe("connect", f"cannot start "
                                               f"{quote(self.server.command[0])}: {err.strerror}"))
-        os.set_blocking(self.proc.stdin.fileno(), False)  # writes wait in poll, with a deadline
-        threading.Thread(target=self._read_stdout, args=(self.proc.stdout,), daemon=True).start()
-        threading.Thread(target=self._read_stderr, args=(self.proc.stderr,), daemon=True).start()
+        os.set_blocking(proc.stdin.fileno(), False)  # writes wait in poll, with a deadline
+        self.stderr_tail, self.stderr_done = b"", threading.Event()
+        with self.lock:
+            self.proc, self.closed = proc, None
+        threading.Thread(target=self._read_stdout, args=(proc,), daemon=True).start()
+        threading.Thread(target=self._read_stderr, args=(proc.stderr, self.stderr_done),
+                         daemon=True).start()
 
     def protocol_versions(self):
         return PROTOCOL_VERSIONS
@@ -5693,14 +5705,14 @@ class Upstream:
         except subprocess.TimeoutExpired:
             pass
 
-    def _read_stderr(self, stream):
+    def _read_stderr(self, stream, done):
         try:
             for chunk in iter(lambda: os.read(stream.fileno(), 4096), b""):
                 self.stderr_tail = (self.stderr_tail + chunk)[-STDERR_TAIL_BYTES:]
         except (OSError, ValueError):
             pass
         finally:
-            self.stderr_done.set()
+            done.set()
 
     def tail(self):
         self.stderr_done.wait(timeout=2 if self.closed else 0.2)
@@ -5709,9 +5721,9 @@ class Upstream:
 
     # -- messages --------------------------------------------------------------------------
 
-    def _read_stdout(self, stream):
+    def _read_stdout(self, proc):
         try:
-            for frame, head in read_frames(stream.fileno(), MAX_MESSAGE_BYTES):
+            for frame, head in read_frames(proc.stdout.fileno(), MAX_MESSAGE_BYTES):
                 # One frame, however it is shaped, never ends the reader: every later answer
                 # would wait for its timeout and be recorded as unknown.
                 try:
@@ -5728,6 +5740,9 @@ class Upstream:
             with self.lock:
                 self.closed = self.closed or "the server closed its output"
                 self._fail_all(self.closed)
+                on_exit = self.proc is proc and self.on_exit  # not closed by agentgate
+            if on_exit:
+                on_exit(exit_text(proc))
 
     def _dispatch(self, line):
         try:
@@ -5849,12 +5864,15 @@ class Upstream:
     def request(self, method, params, deadline, step, progress=None):
         """Send one request and wait for its answer until `deadline`. Given `progress`, each
         progress notice is handed to progress(value, total, message) as the server wrote it.
-        While connecting and listing, a failure carries the end of the server's stderr."""
+        While connecting and listing, a failure carries the end of the server's stderr; while
+        the server is down, only those are sent."""
         try:
+            down = self.down_text()
+            if down and step not in OPENING_STEPS:
+                raise UpstreamError(down + "; nothing was sent", sent=False)
             return self._request(method, params, deadline, progress)
         except UpstreamError as err:
-            tail = self.tail() if step in ("connect", "list tools") and not err.timed_out \
-                else ""
+            tail = self.tail() if step in OPENING_STEPS and not err.timed_out else ""
             raise UpstreamError(self.describe(step, str(err)) + tail, timed_out=err.timed_out,
                                 unusable=err.unusable, sent=err.sent,
                                 answered=err.answered) from None
@@ -5894,6 +5912,15 @@ class Upstream:
             raise slot["error"]
         return slot["result"]
 
+    def down_text(self):
+        """'' while the server serves; else since when it is down and its next start."""
+        if not self.down:
+            return ""
+        since, next_try = (format_duration(max(0, int(t)) * SECOND)
+                           for t in (time.time() - self.down[0], self.down[1] - time.time()))
+        return (f"the server stopped {since} ago and is being started again (next try in "
+                f"{next_try})")
+
     def watch_tools(self, on_list_changed):
         """Call `on_list_changed` at every notice that the server's tools changed, and now if
         one came since the start-up listing (lost, it would leave a changed tool offered all
@@ -5932,6 +5959,17 @@ class Upstream:
             seen_cursors.add(cursor)
         raise UpstreamError(self.describe("list tools", f"the listing runs past "
                                           f"{MAX_TOOL_PAGES} pages"))
+
+
+OPENING_STEPS = ("connect", "list tools")
+
+
+def exit_text(proc):
+    try:
+        code = proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        return "closed its output"
+    return f"exited (killed by signal {-code})" if code < 0 else f"exited (status {code})"
 
 
 def new_upstream(server):
@@ -6840,7 +6878,8 @@ class Ledger(Store):
 # calls the host's tools_changed notice, both handed to it by serve.
 # Promises: a tool whose server changed it is no longer offered and a call to it is refused
 # TOOL_CHANGED; a listing that fails quarantines the server's tools and is retried at 4, 8, 16,
-# 32 s, then every 60 s.
+# 32 s, then every 60 s. A server that goes away is said so on stderr and started again at 1,
+# 2, 4 ... s, then every 60 s; it serves again once connected and listed as a change is.
 # =============================================================================================
 
 def tool_changes(pinned, live):
@@ -6876,15 +6915,18 @@ class ToolWatch:
         self.failures = {}  # server name -> listings failed in a row since the last success
         self.held = {}  # server name -> the registered names it has quarantined
         self.seen = {}  # server name -> the differences last recorded
+        self.starts = {}  # server name -> starts failed in a row while it is down
         self.cond = threading.Condition()
         threading.Thread(target=self._run, daemon=True).start()
+        threading.Thread(target=self._revive, daemon=True).start()
         for upstream in upstreams:
+            upstream.on_exit = functools.partial(self.exited, upstream)
             upstream.watch_tools(functools.partial(self.changed, upstream.name))
 
     def changed(self, server):
         with self.cond:
             self.pending[server] = self.pending.get(server, 0) + 1
-            self.cond.notify()
+            self.cond.notify_all()
 
     def _run(self):
         listed = {}  # server name -> when it was last listed (monotonic)
@@ -6951,6 +6993,53 @@ class ToolWatch:
             self.gate.quarantined = frozenset(name for names in self.held.values()
                                               for name in names)
             self.announce()
+
+    def exited(self, upstream, why):
+        """`upstream`'s server went away while serving: down until started again."""
+        with self.cond:
+            if upstream.down:
+                return  # it died while being started again: that start fails
+            upstream.down = (time.time(), time.time() + restart_wait(0))
+            self.cond.notify_all()
+        log(f"server {upstream.name} {why}; calls to its tools fail without executing "
+            f"until it is started again (next try in {restart_wait(0)}s)")
+
+    def _revive(self):
+        # Never returns: a server started here dies with the thread that started it (spawn).
+        while True:
+            with self.cond:
+                down = [u for u in self.upstreams.values() if u.down]
+                due = [u for u in down if u.down[1] <= time.time()]
+                if not due or self.gate.stopping.is_set():
+                    self.cond.wait(None if self.gate.stopping.is_set() else
+                                   min(u.down[1] for u in down) - time.time() if down else 60)
+                    continue
+            self._start_again(due[0])
+
+    def _start_again(self, upstream):
+        name = upstream.name
+        try:
+            upstream.close()  # the old process's group, reaped
+            upstream.spawn()
+            upstream.handshake(Deadline(upstream.server.connect_timeout))
+            self._relist(name)
+            with upstream.lock:  # an exit after this is an exit while serving
+                if upstream.closed:
+                    raise UpstreamError(upstream.describe("connect", upstream.closed))
+                upstream.down = None
+        except Exception as err:  # this thread must live on: its servers die with it
+            self.starts[name] = self.starts.get(name, 0) + 1
+            wait = restart_wait(self.starts[name])
+            upstream.down = (upstream.down[0], time.time() + wait)
+            upstream.close()
+            log(f"server {name} could not be started again: {err}; next try in {wait}s")
+            return
+        self.starts.pop(name, None)
+        log(f"server {name} was started again and serves its tools")
+
+
+def restart_wait(failures):
+    return min(2 ** min(failures, 6), 60)
 
 
 def relist_wait(failures):
@@ -7240,6 +7329,11 @@ class StatusTool:
         status = status_answer(self.gate, args)
         if self.unserved and status.text.startswith("GATE_STATUS:"):
             status.text += " " + UNSERVED_NOTE.format(count=self.unserved)
+        upstreams = {t.upstream.name: t.upstream for t in self.gate.tools.values()}
+        for name, upstream in sorted(upstreams.items()):
+            down = upstream.down_text()
+            if down and status.text.startswith("GATE_STATUS:"):
+                status.text += " " + DOWN_NOTE.format(server=clean(name, 64), down=down)
         return status.result()
 
 
@@ -8601,12 +8695,21 @@ def cmd_grant(argv):
     by = opts.by or current_user()
     if not by:
         raise Usage("say who grants with -by; the current user has no name")
-    config = load_config(config_path(opts.config))
-    tools = configured_tools(config)
-    tool = tools.get(opts.tool)
-    if tool is None:
+    # Given no config where init wrote one per host, the config that offers the tool: a
+    # grant is for one host's session, so a tool that several offer needs -config.
+    hosts = [] if opts.config else host_configs(config_path(None))
+    offered = {}
+    for config in map(load_config, hosts) if hosts else [load_config(config_path(opts.config))]:
+        for name, tool in configured_tools(config).items():
+            offered.setdefault(name, []).append((config, tool))
+    if opts.tool not in offered:
         raise Usage(f"no configured tool is named {quote(opts.tool)}; the tools are "
-                    f"{', '.join(sorted(tools)) or 'none'}")
+                    f"{', '.join(sorted(offered)) or 'none'}")
+    if len(offered[opts.tool]) > 1:
+        raise Usage(f"{quote(opts.tool)} is offered in " + ", ".join(
+            shlex.quote(c.path) for c, _ in offered[opts.tool]) + "; add -config naming the "
+            "config of the host the grant is for")
+    config, tool = offered[opts.tool][0]
     try:
         conditions = parse(getattr(opts, "if") or "{}")
     except CanonicalError as err:
@@ -8860,6 +8963,9 @@ def cmd_recheck(argv):
     limit = 50 if opts.limit is None else opts.limit
     if limit <= 0:
         raise Usage("-limit must be at least 1")
+    hosts = [] if opts.config else host_configs(config_path(None))
+    if hosts:
+        return each_config(cmd_recheck, argv, hosts)
     config = load_config(config_path(opts.config))
     check_database_path(config.database)
     store = Ledger(config.database, readonly=True, create=False)
@@ -9110,14 +9216,17 @@ class HostFile:
         if not isinstance(self.raw, dict):
             raise ConfigError(f"{host} configuration {path} is not a JSON object")
         # (where, servers, started): `where` names the map in what init prints, and keys its
-        # servers, since the same name may be in the user's map and a project's.
-        self.maps = []
+        # servers, since the same name may be in the user's map and a project's. A project's
+        # servers run in its directory, as the host runs them: `folders`, by `where`.
+        self.maps, self.folders = [], {host: project_directory(self.path)}
         if isinstance(self.raw.get("mcpServers"), dict):
             self.maps.append((host, self.raw["mcpServers"], named or not project))
         projects = self.raw.get("projects", {})
         mine = projects.get(os.getcwd()) if isinstance(projects, dict) else None
         if isinstance(mine, dict) and isinstance(mine.get("mcpServers"), dict):
-            self.maps.append((f"{host} project {os.getcwd()}", mine["mcpServers"], named))
+            where = f"{host} project {os.getcwd()}"
+            self.maps.append((where, mine["mcpServers"], named))
+            self.folders[where] = os.getcwd()
 
     def read(self):
         try:
@@ -9134,6 +9243,24 @@ class HostFile:
     def servers(self):
         return [(where, name, entry, started) for where, servers, started in self.maps
                 for name, entry in servers.items()]
+
+
+# What a host passes its servers that reaching a network may need: init proposes the names
+# set where it runs (never their values) as each command server's inherit_env.
+NETWORK_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS",
+                     "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "HTTPS_PROXY", "HTTP_PROXY",
+                     "ALL_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "all_proxy",
+                     "no_proxy")
+
+
+def project_directory(path):
+    """The project whose `.mcp.json` or `.cursor/mcp.json` this is; None for the user's own."""
+    folder, name = os.path.split(path)
+    if name == "mcp.json" and os.path.basename(folder) == ".cursor":
+        folder = os.path.dirname(folder)
+    elif name != ".mcp.json":
+        return None
+    return None if folder == os.path.expanduser("~") else folder
 
 
 def server_from_host(entry):
@@ -9228,6 +9355,9 @@ def cmd_init(argv):
                  for host, (name, hold) in HOSTS.items()]
         plans = [plan for plan in plans if plan[3]]
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    # A default config written now is what every command and gate given no -config reads.
+    becomes_default = not os.path.lexists(path) and path == os.path.abspath(config_path(None))
+    hosts = host_configs(path)
     for file in [file for plan in plans for file in plan[3]]:
         tell(f"read {file.host} configuration {file.path}: {len(file.servers())} server(s)")
     needs, done = set(), []
@@ -9242,6 +9372,10 @@ def cmd_init(argv):
              f"them, and changes nothing else.")
     if not done:
         raise ConfigError("no server could be gated, so no config was written")
+    if becomes_default and os.path.lexists(path):
+        tell(f"{path} is the default config: a command or gate given no -config reads it now"
+             + (f", and no longer each host's ({', '.join(map(os.path.basename, hosts))}): "
+                f"name those with -config" if hosts else ""))
     tell("Every rule init proposed is a proposal, and nothing is offered until you have read "
          "them, changed what you disagree with, and run:")
     for config_file, _, _ in done:
@@ -9268,13 +9402,22 @@ def cmd_init(argv):
                 written, backup = replace_in_host(file, taken, entry)
                 tell(f"wrote {written}; it was kept as {backup}")
             return 0
-    for config_file, files, _ in done:
-        tell(f"Then replace the gated servers in {' and '.join(f.path for f in files)} with "
+    for config_file, files, gated in done:
+        sources = [f.path for f in files if any(key[0] == f.path for key in gated)]
+        if not sources:
+            tell(f"nothing of {' or '.join(f.path for f in files)} was gated, so it stays as "
+                 f"it is")
+            continue
+        tell(f"Then replace the gated servers in {' and '.join(sources)} with "
              f"this one entry (or run init with -write to have it done, keeping a backup):")
         tell_json({"mcpServers": {HOST_ENTRY_NAME: entries[config_file]}})
+        argv = shlex.join([entries[config_file]["command"], *entries[config_file]["args"]])
         if any(f.host.startswith("Claude Code") for f in files):
-            tell(f"    or: claude mcp add -s user {HOST_ENTRY_NAME} -- "
-                 f"{shlex.join([entries[config_file]['command'], *entries[config_file]['args']])}")
+            tell(f"    or: claude mcp add -s user {HOST_ENTRY_NAME} -- {argv}")
+        if any(map(project_directory, sources)):
+            tell(f"    A project's file may be shared, and this entry names files of your own: "
+                 f"keep it out of a commit (claude mcp add -s local {HOST_ENTRY_NAME} -- "
+                 f"{argv} keeps it to you in Claude Code)")
     if changed:
         raise ConfigError(f"{changed.host} configuration {changed.path} changed while init "
                           f"ran, so no host's file was edited: put the entry above in by hand")
@@ -9304,6 +9447,12 @@ def init_host(path, session, hold, files, needs):
             if server is None:
                 left.append((where, given, why))
                 continue
+            if file.folders.get(where) and "command" in server:
+                server["cwd"] = os.path.normpath(os.path.join(file.folders[where],
+                                                              server.get("cwd", ".")))
+            inherited = [name for name in NETWORK_VARIABLES if name in os.environ]
+            if inherited and "command" in server:
+                server["inherit_env"] = inherited
             same = next((s for s in servers if definition(s) == definition(server)), None)
             if same or definition(server) in known:  # the same server twice is gated once
                 gated[(file.path, where, given)] = same or server
@@ -9364,6 +9513,11 @@ def init_host(path, session, hold, files, needs):
                  f"({hints_text(entry)})")
     tell(f"{'added to' if text else 'wrote'} {path} (0600): "
          f"{', '.join(server['name'] for server in added)}")
+    inheriting = [server for server in added if "inherit_env" in server]
+    if inheriting:
+        tell(f"  {', '.join(s['name'] for s in inheriting)} inherit "
+             f"{', '.join(inheriting[0]['inherit_env'])} from the gate's environment, as "
+             f"the host passes them (inherit_env)")
     return gated, left
 
 
@@ -9412,6 +9566,18 @@ def host_configs(default):
     directory = os.path.dirname(os.path.abspath(default))
     paths = [os.path.join(directory, f"{name}.json") for name, _ in HOSTS.values()]
     return [] if os.path.lexists(default) else [p for p in paths if os.path.lexists(p)]
+
+
+def one_config(given):
+    """The config a command that needs exactly one reads; where there are only init's, one
+    per host, the error names them."""
+    path = config_path(given)
+    hosts = [] if given else host_configs(path)
+    if hosts:
+        raise ConfigError(f"there is no {path}, and init wrote one config per host: name "
+                          f"one with -config ({', '.join(map(shlex.quote, hosts))}); the "
+                          f"entry init printed for a host names its own")
+    return load_config(path)
 
 
 def each_config(command, argv, paths):
@@ -9493,7 +9659,7 @@ def cmd_login(argv):
                      "$AGENTGATE_CONFIG, else the XDG path), as SERVER.tokens.json.")
     p.add_argument("server", type=text_argument, help="the server's name in the config")
     opts = p.parse_args(argv)
-    config = load_config(config_path(opts.config))
+    config = one_config(opts.config)
     server = next((s for s in config.servers if s.name == opts.server), None)
     if server is None or not server.url:
         names = ", ".join(s.name for s in config.servers if s.url) or "none"
@@ -9738,7 +9904,7 @@ def pin_diff(config, named, everything, agreed):
 
 
 def serving_config(path):
-    config = load_config(config_path(path))
+    config = one_config(path)
     check_database_path(config.database)
     check_reach(config)
     return config
