@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (2979 lines of decision core, read first; then the libraries it relies on, each
+Sections (3029 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -30,35 +30,35 @@ because the configuration is read with its parser.
 
      1. Framing                                      decision core       87
      2. Classes, ids and deadlines                   decision core       34
-     3. Policy on what a call does                   decision core      427
+     3. Policy on what a call does                   decision core      464
      4. Configuration and its trust                  decision core      233
      5. Tools, as pinned                             decision core      296
      6. Answers                                      decision core      349
      7. The record                                   decision core      696
-     8. The gate                                     decision core      580
+     8. The gate                                     decision core      593
      9. The host side                                decision core      277
-    10. Canonical JSON                               library            314
+    10. Canonical JSON                               library            315
     11. Text safe to show                            library            114
     12. ECMA-262 patterns                            library            429
-    13. JSON Schema                                  library            411
+    13. JSON Schema                                  library            426
     14. Hosts in URLs                                library            138
     15. Paths as the kernel resolves them            library            109
     16. Durations and times                          library            124
-    17. Fields of a configuration                    library            110
+    17. Fields of a configuration                    library            118
     18. Days and hours in a time zone                library             95
     19. What a result's record keeps                 library            140
     20. The lint                                     around the core    247
-    21. Upstream servers                             around the core   1360
+    21. Upstream servers                             around the core   1362
     22. Reading the record                           around the core    180
     23. Tool changes while serving                   around the core    189
     24. The status tool                              around the core    119
     25. The host's other requests                    around the core    162
-    26. Notify                                       around the core    104
-    27. Pins and load reports                        around the core    193
-    28. The command line's flags                     around the core    122
-    29. Operator commands                            around the core   1387
-    30. Setup                                        around the core    644
-    31. Pin and check                                around the core    178
+    26. Notify                                       around the core    119
+    27. Pins and load reports                        around the core    199
+    28. The command line's flags                     around the core    125
+    29. Operator commands                            around the core   1430
+    30. Setup                                        around the core    663
+    31. Pin and check                                around the core    182
     32. Fake payment server                          around the core    116
     33. Demonstration                                around the core    265
     34. Main                                         around the core    131
@@ -270,6 +270,8 @@ CONDITIONS = {  # and how Condition.text reads each
     "max_length": "is at most {} long", "present": "present is {}", "under": "lies under {}",
     "host_in": "has a host in {}", "host_not_in": "has a host not in {}",
 }
+NEGATED = {"is": "is not", "equals": "does not equal", "matches": "does not match",
+           "lies": "does not lie", "has": "does not have"}
 NEVER = math.inf  # when a limit frees up for a call that is alone above it
 
 # What a decision depends on beyond the call. at: seconds since the epoch; client: the host's
@@ -337,10 +339,29 @@ class Condition:
     def holds(self, args, work=None, schema=None):
         """True, False, or None when no test is false but a pattern search costs more than
         `work` can pay: then it does not hold."""
-        value = resolve_pointer(args, self.tokens, schema)
+        return all_judged(verdict for verdict, _ in self._verdicts(args, work, schema))
+
+    def _verdicts(self, args, work, schema):
+        value, node = pointed(args, self.tokens, schema)
         work = PatternWork() if work is None else work
-        return all_judged(self._test(name, expected, value, work)
-                          for name, expected in self.tests)
+        for name, expected in self.tests:
+            seen = exact_number(value, node) if name in ("min", "max") and \
+                value is not MISSING else value  # a Decimal, or None
+            yield self._test(name, expected, seen, work), (name, expected, seen)
+
+    def miss(self, args, work, schema):
+        """Why it does not hold, as the operator reads it ('' when it holds)."""
+        for verdict, (name, expected, value) in self._verdicts(args, work, schema):
+            if verdict is None:
+                return f"{self.pointer} is too long to be checked"
+            if verdict is False:
+                if value is MISSING or name == "present":
+                    return f"{self.pointer} is {'absent' if value is MISSING else 'present'}"
+                if value is None:
+                    return f"{self.pointer} is not a number"
+                verb, _, rest = self._words(name, expected).partition(" ")
+                return f"{self.pointer} {NEGATED[verb]} {rest}"
+        return ""
 
     @staticmethod
     def _test(name, expected, value, work):
@@ -355,12 +376,13 @@ class Condition:
                 return None
         return CHECKS[name](value, expected)
 
+    @staticmethod
+    def _words(name, expected):
+        return CONDITIONS[name].format(number_text(expected) if name in ("min", "max") else
+                                       policy_json(expected))
+
     def text(self):
-        words = []
-        for name, expected in self.tests:
-            words.append(CONDITIONS[name].format(number_text(expected) if name in (
-                "min", "max") else policy_json(expected)))
-        return f"{self.pointer} " + " and ".join(words)
+        return f"{self.pointer} " + " and ".join(self._words(*test) for test in self.tests)
 
 
 def all_judged(verdicts):
@@ -386,8 +408,8 @@ CHECKS = {
     "equals": lambda value, expected: json_equal(value, expected),
     "in": lambda value, options: any(json_equal(value, o) for o in options),
     "not_in": lambda value, options: not any(json_equal(value, o) for o in options),
-    "min": lambda value, bound: isinstance(value, Number) and value.exact() >= bound,
-    "max": lambda value, bound: isinstance(value, Number) and value.exact() <= bound,
+    "min": lambda value, bound: value is not None and value >= bound,
+    "max": lambda value, bound: value is not None and value <= bound,
     "max_length": lambda value, bound: isinstance(value, (str, list)) and len(value) <= bound,
     "present": lambda value, expected: True,
     "under": lambda value, roots: path_under(value, roots),
@@ -445,6 +467,17 @@ class Entry:
             return False
         return (judged or Judgement()).holds(self.label, self.conditions, args, schema)
 
+    def miss(self, args, facts, judged, schema):
+        """Why it did not hold, for the operator."""
+        if self.clients is not None and facts.client not in self.clients:
+            why = f"the host {quote(facts.client)} is not one of {policy_json(self.clients)}"
+        elif self.during is not None and not self.during.holds(facts.at):
+            why = "it is outside its days and hours"
+        else:
+            why = next(filter(None, (c.miss(args, judged.work, schema)
+                                     for c in self.conditions)), "")
+        return f"{self.label}: {why}"
+
 
 class Limit:
     """At most `calls` executions of one tool, or a `sum` up to `max`, within `per` and across
@@ -482,10 +515,11 @@ class Limit:
     def amount(self, args, schema=None):
         """What a call adds to the sum: the size of its number (a negative amount is no
         credit), 0 when there is none, None when it is not a number."""
-        value = resolve_pointer(args, self.tokens, schema)
+        value, node = pointed(args, self.tokens, schema)
         if value is MISSING:
             return decimal.Decimal(0)
-        return value.exact().copy_abs() if isinstance(value, Number) else None  # never rounds
+        value = exact_number(value, node)
+        return None if value is None else value.copy_abs()  # never rounds
 
     def frees(self, args, uses, at, schema=None):
         """None when this call stays within the limit, else when it would, in epoch seconds."""
@@ -595,6 +629,9 @@ def policy_decision(config, tool, args, facts, rerun=False, approved=False, judg
                   f"side effect {tool.side_effect} is {outcome} by policy")
         decision = {"outcome": outcome, "reason": reason,
                     "by": "rule outcome" if rule.outcome else "class"}
+        if rule.when:
+            decision["tried"] = [entry.miss(args, facts, judged, tool.schema)
+                                 for entry in rule.when]
     if decision["outcome"] == "deny" or rerun or approved:
         return decision
     if decision["outcome"] == "require_approval":
@@ -1224,10 +1261,10 @@ PROSE = {
     "PENDING_APPROVAL": (
         "This request is waiting for an operator's approval (approval {approval}). Nothing has "
         "been executed. Do not call this tool again until you are told the request was "
-        "approved, and do not try another tool to do the same thing. Do not ask the user to "
-        "approve it: an operator decides outside this conversation. Tell the user it is "
-        "waiting. Once it is approved, call the tool again with exactly the same arguments to "
-        "run it and get the result.{limit}"),
+        "approved, and do not try another tool to do the same thing. Tell the user it is "
+        "waiting, with its approval id: it is approved or refused outside this conversation, "
+        "by the user or whoever else operates the tools. Once it is approved, call the tool "
+        "again with exactly the same arguments to run it and get the result.{limit}"),
     "DENIED": "The policy does not allow this request: {reason}. Nothing was executed.",
     "TOOL_CHANGED": (
         "Its server now presents this tool differently from when it was reviewed (its "
@@ -2272,6 +2309,14 @@ STOP = "stop"    # rule 5 met an unknown outcome: look no further back, let rule
 AGAIN = "again"  # a rule ended a run or approval, or a write lost a race: decide again
 
 
+def file_stamp(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ()
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
 class Gate:
     """The gate of one serving process."""
 
@@ -2290,6 +2335,7 @@ class Gate:
         # Tools changed while serving (ToolWatch): not offered, refused; replaced whole only.
         self.quarantined = frozenset()
         self.client = ""  # set by the host side from initialize
+        self.config_read = file_stamp(config.path)
         threading.Thread(target=self._heartbeat, daemon=True).start()
 
     def lease(self):
@@ -2299,6 +2345,10 @@ class Gate:
         """Renew this process's leases every third of their life. A run stranded by a failed
         write is not renewed, so the next identical call takes it over."""
         while not self.stopping.wait(self.config.lease_ttl / SECOND / 3):
+            if self.config_read and file_stamp(self.config.path) != self.config_read:
+                self.config_read = None  # said once
+                log(f"config {self.config.path} changed since this gate started; it goes on "
+                    f"serving the one it read: restart the host to serve the new one")
             try:
                 # set.copy is atomic: no call changes the set while it is iterated.
                 self.store.renew_leases(*self.lease(), sorted(self.active.copy()))
@@ -2812,8 +2862,8 @@ CLOSING = {  # why a run ended, by its refused step's kind or its call's ending
 def _policy_record(decision, facts, approved=False):
     """A decision as the record keeps it, with the facts recheck needs to make it again
     (`approved`: made when collecting an operator's approval, so no limit counted it)."""
-    record = {k: decision[k] for k in ("outcome", "reason", "by", "grant", "limit", "kind",
-                                       "capability", "presentation") if k in decision}
+    record = {k: decision[k] for k in ("outcome", "reason", "by", "grant", "limit", "tried",
+                                       "kind", "capability", "presentation") if k in decision}
     record["facts"] = {"at": format_time(facts.at), "client": facts.client,
                        "approved": approved}
     return record
@@ -3392,20 +3442,21 @@ def policy_json(value):
 FLAT_WIDTH = 72
 
 
-def pretty_json(value, indent="  ", level=0, flat=None):
+def pretty_json(value, indent="  ", level=0, flat=None, ordered=False):
     """The policy form indented for people; values nested `flat` levels deep stay on one line
-    when it is short."""
+    when it is short. `ordered` keeps the keys in the order read (a host's own file)."""
     if flat is not None and level >= flat and len(policy_json(value)) <= FLAT_WIDTH:
         return policy_json(value)
     if isinstance(value, dict) and value:
         inner = indent * (level + 1)
         items = [f"{inner}{encode_string(k)}: "
-                 f"{pretty_json(value[k], indent, level + 1, flat)}"
-                 for k in sorted(value, key=lambda k: k.encode("utf-8", "surrogatepass"))]
+                 f"{pretty_json(value[k], indent, level + 1, flat, ordered)}"
+                 for k in (value if ordered else sorted(
+                     value, key=lambda k: k.encode("utf-8", "surrogatepass")))]
         return "{\n" + ",\n".join(items) + "\n" + indent * level + "}"
     if isinstance(value, list) and value:
         inner = indent * (level + 1)
-        items = [inner + pretty_json(v, indent, level + 1, flat) for v in value]
+        items = [inner + pretty_json(v, indent, level + 1, flat, ordered) for v in value]
         return "[\n" + ",\n".join(items) + "\n" + indent * level + "]"
     return policy_json(value)
 
@@ -4128,6 +4179,11 @@ def parse_pointer(text, where):
 def resolve_pointer(args, tokens, schema):
     """The value at a pointer as the server reads it (an omitted amount is paid at its
     default)."""
+    return pointed(args, tokens, schema)[0]
+
+
+def pointed(args, tokens, schema):
+    """The value at a pointer, and the part of the schema describing it (or None)."""
     value, node = args, schema
     for token in tokens:
         parent = value
@@ -4144,9 +4200,19 @@ def resolve_pointer(args, tokens, schema):
         if value is MISSING:
             if not isinstance(parent, dict) or not isinstance(node, dict) or \
                     "default" not in node:
-                return MISSING
+                return MISSING, node
             value = node["default"]
-    return value
+    return value, node
+
+
+def exact_number(value, node):
+    """A number's exact value; a string's where the schema types it a string and it spells a
+    decimal ("20.00"), as payment APIs send amounts: the server reads it so. Else None."""
+    if isinstance(value, Number):
+        return value.exact()
+    if isinstance(value, str) and isinstance(node, dict) and node.get("type") == "string":
+        return decimal_text(value)
+    return None
 
 
 def schema_child(schema, node, token):
@@ -4823,9 +4889,17 @@ def parse_decimal(value, where):
     "pattern": "^-?(0|[1-9][0-9]*)([.][0-9]+)?([eE][+-]?0*([0-9]{1,4}|10000))?$"}, as a Decimal."""
     if isinstance(value, Number):
         return value.exact()
-    if isinstance(value, str) and JSON_NUMBER_RE.fullmatch(value) and not number_bound(value):
-        return decimal.Decimal(value)
+    found = decimal_text(value) if isinstance(value, str) else None
+    if found is not None:
+        return found
     raise ConfigError(f'{where} must be a number or a decimal string such as "50.00"')
+
+
+def decimal_text(text):
+    """A JSON number's spelling as an exact Decimal, or None."""
+    if JSON_NUMBER_RE.fullmatch(text) and not number_bound(text):
+        return decimal.Decimal(text)
+    return None
 
 
 def whole_number(value, where, least, most=math.inf, note=""):
@@ -5987,10 +6061,12 @@ OWN_STREAM_FIRST_PAUSE, OWN_STREAM_LAST_PAUSE = 0.25, 30
 
 @functools.lru_cache(maxsize=1)
 def mcp_install_text():
+    if python_path() != sys.executable:
+        return f"{VENV}/bin/python has it: run agentgate with that"
+    made = "" if os.path.isdir(os.path.expanduser(VENV)) else f"python3 -m venv {VENV} && "
     return (f"{python_command()} -m pip install --upgrade mcp, or where pip refuses to install "
-            f"into the system's Python: python3 -m venv ~/.agentgate-venv && "
-            f"~/.agentgate-venv/bin/pip install mcp, and run agentgate with "
-            f"~/.agentgate-venv/bin/python")
+            f"into the system's Python: {made}{VENV}/bin/pip install mcp, and run agentgate "
+            f"with {VENV}/bin/python")
 
 
 def mcp_sdk():
@@ -7352,14 +7428,29 @@ class StatusTool:
 # =============================================================================================
 
 
+VENV = "~/.agentgate-venv"  # where the README has the mcp package installed
+
+
+def python_path():
+    """The one interpreter every printed command and host entry names: this one, unless it
+    lacks the mcp package (login needs it) and the venv the README installs it in has it."""
+    import glob
+    import importlib.util
+    venv = os.path.expanduser(VENV)
+    if importlib.util.find_spec("mcp") is None and glob.glob(
+            os.path.join(venv, "lib", "python3*", "site-packages", "mcp")):
+        return os.path.join(venv, "bin", "python")
+    return sys.executable
+
+
 def python_command():
-    """`python3` when that name finds this interpreter on PATH, else its path: a virtual
+    """`python3` when that name finds python_path() on PATH, else its path: a virtual
     environment's python (which has the mcp package) is not the python3 a terminal finds."""
     import shutil
-    found = shutil.which("python3")
-    if found and os.path.abspath(found) == os.path.abspath(sys.executable):
+    found, chosen = shutil.which("python3"), python_path()
+    if found and os.path.abspath(found) == os.path.abspath(chosen):
         return "python3"
-    return shlex.quote(sys.executable)
+    return shlex.quote(chosen)
 
 
 def operator_hint(config_file, database=""):
@@ -7453,17 +7544,22 @@ class Notifier:
 # Promises: server-chosen names are sanitized in every report line.
 # =============================================================================================
 
-def effective_decision(config, rule):
-    """What a rule decides of a call as `check` shows it, and what may decide otherwise."""
+def settings_text(config, rule, when=""):
+    """What a rule decides of a call as `check` shows it, as a person relies on it: what may
+    decide otherwise, and how long an identical call after one that changed something is
+    refused (the repeat window)."""
     outcome = rule_outcome(config, rule)
-    others = (["when entries"] if rule.when else []) + (
-        ["limits"] if rule.limits and (rule.when or outcome == "allow") else [])
-    notes = [f"{' and '.join(others)} may decide otherwise"] if others else []
+    others = [f"{len(rule.when)} when entr{'y' if len(rule.when) == 1 else 'ies'}"] * bool(
+        rule.when) + [f"{len(rule.limits)} limit{'s' * (len(rule.limits) > 1)}"] * bool(
+        rule.limits and (rule.when or outcome == "allow"))
+    notes = [f"{' and '.join(others)} may decide otherwise"] * bool(others)
     if outcome == "require_approval" and config.operator == "none":
         outcome = "deny"
         notes.insert(0, "no operator is at hand to ask")
+    window = config.repeat_window if rule.repeat_window is None else rule.repeat_window
+    notes += [f"repeat window {format_duration(window)}"] * (rule.side_effect != "read_only")
     word = {"allow": "allow", "require_approval": "ask"}.get(outcome, "deny")
-    return f"{word} ({'; '.join(notes)})" if notes else word
+    return "; ".join([word + when, *notes])
 
 
 def rule_lines(rule, tool_name):
@@ -7544,17 +7640,19 @@ def hints_text(entry):
 
 class Report:
     """What loading one server decided (load tells it, tool by tool), as lines an operator
-    reads; `unserved` says why the server is not served ('' while it is), `kinds` what became
-    of each tool, in order, and `review` why a proposal deserves a careful read."""
+    reads, one per tool and its rule's entries and limits and lint findings under it;
+    `unserved` says why the server is not served ('' while it is), `kinds` what became of
+    each tool, in order, `at` which line is each tool's, and `review` why a proposal deserves a
+    careful read."""
 
     def __init__(self, server):
         self.server = server
         self.lines = []
         self.unserved = ""
-        self.kinds, self.review = {}, {}
+        self.kinds, self.review, self.at = {}, {}, {}
 
     def add(self, kind, tool, text):
-        self.kinds[tool] = kind
+        self.kinds[tool], self.at[len(self.lines)] = kind, tool
         self.lines.append(f"{sanitize(self.server)}: {text}")
 
     def count(self, kind):
@@ -7600,6 +7698,8 @@ _SECRETS_WORDS = re.compile(r"\b(environment|env|secrets?|credentials?|passwords
 
 
 def served_lines(config, server, report, tools):
+    """A server as check shows it: whether it is served, then its report, one line per tool
+    with what an offered tool decides after `->`, and what a proposal would once accepted."""
     name = quote(server.name)
     offered = {tool.upstream_name: tool for tool in tools if tool.server is server}
     if report.unserved:
@@ -7607,20 +7707,17 @@ def served_lines(config, server, report, tools):
         lines = [f"server {name} is not served: {sanitize(why)}"]
     else:
         lines = [f"server {name} is served: {len(offered)} tool(s) offered"]
-    for tool, kind in report.kinds.items():
+    for at, line in enumerate(report.lines):
+        tool = report.at.get(at)
         if tool in offered:
-            shown = f"{offered[tool].name}: {effective_decision(config, offered[tool].rule)}"
-        elif kind == "registered":  # before its server failed to load
-            shown = f"{sanitize(tool)}: not offered (its server is not served)"
-        elif kind == "unreviewed":
+            line += f" -> {settings_text(config, offered[tool].rule)}"
+        elif report.kinds.get(tool) == "registered":  # before its server failed to load
+            line += " -> not offered: its server is not served"
+        elif report.kinds.get(tool) == "unreviewed":
             rule = server.rules[tool]
-            shown = (f"{sanitize(tool)}: unreviewed (proposed {rule.side_effect}; accepted, "
-                     f"{effective_decision(config, rule)})")
-        else:
-            shown = f"{sanitize(tool)}: " + {"refused": "refused",
-                                            "unclassified": "not offered (no rule)",
-                                            "unpinned": "not offered (not pinned)"}[kind]
-        lines.append(f"  {shown}")
+            line = (f"{sanitize(server.name)}: unreviewed {sanitize(tool)}: proposed "
+                    f"{rule.side_effect} -> would {settings_text(config, rule, ' once accepted')}")
+        lines.append(line)
         if tool in report.review:
             lines.append(f"    review: {report.review[tool]}")
     return lines
@@ -7653,7 +7750,7 @@ def config_path(given):
 USAGE = f"""usage: agentgate.py [serve] [-config FILE]
        agentgate.py init [-from FILE] [-config FILE] [-write]
        agentgate.py login SERVER [-config FILE]   OAuth with a url server, in a browser
-       agentgate.py pin|check [-config FILE]      check -accept: accept init's proposals
+       agentgate.py pin|check [-config FILE]      check -accept [-yes]: accept init's proposals
        agentgate.py pin -diff [-tool SERVER/TOOL ... | -all [-yes]] [-config FILE]
        agentgate.py runs|show|approve|reject|cancel|verify|recheck ... (-h for each)
        agentgate.py watch [-config FILE] [-db FILE] [-by WHO]
@@ -7661,7 +7758,7 @@ USAGE = f"""usage: agentgate.py [serve] [-config FILE]
        agentgate.py demo
        agentgate.py -version
 
-{__doc__.split("Sections,")[0].split("Scope.")[1].strip()}
+{__doc__.split("Scope.")[1].split(chr(10) + "Sections (")[0].strip()}
 
 Where the config comes from: -config FILE, else $AGENTGATE_CONFIG, else
 $XDG_CONFIG_HOME/agentgate/config.json (default ~/.config/agentgate/config.json).
@@ -7696,6 +7793,7 @@ FLAG_HELP = {
     "grant -note": "why, kept with the grant and listed by grants",
     "grant -by": "who grants, as recorded (default: your user name)",
     "revoke -by": "who revokes, as recorded (default: your user name)",
+    "revoke -yes": "revoke without asking (needed without a terminal, unless the id is whole)",
     "cancel -by": "who cancels, as recorded (default: your user name)",
     "grant -yes": "grant without asking (needed without a terminal)",
     "grant -if": 'conditions the arguments must meet, as JSON: \'{"/amount": {"max": 20}}\'',
@@ -7714,7 +7812,9 @@ FLAG_HELP = {
     "pin -tool": "with -diff: pin this difference again (SERVER/TOOL or TOOL; repeatable)",
     "pin -all": "with -diff: pin every difference again",
     "pin -yes": "with -diff -all: pin again without asking",
-    "check -accept": "mark init's proposed rules as reviewed, then check",
+    "check -accept": "print init's proposed rules, mark them reviewed once you type yes, then "
+                     "check",
+    "check -yes": "with -accept: accept without asking (needed without a terminal)",
     "init -from": "read this host file (or a project's .mcp.json) instead of the hosts' own",
     "init -write": "edit each host's file to start the gate instead (a backup is kept)",
 }
@@ -7971,14 +8071,20 @@ def resolve_named(store, given, session, approval=None):
                  (run_id, a) in named]
         if not named:
             raise StoreError(f"approval {quote(approval)} is no approval of {quote(given)}")
-    runs = sorted({run_id for run_id, _ in named})
-    approvals = sorted({a for _, a in named if a})
-    if len(runs) > 1 or len(approvals) > 1:
-        kind = "approval" if approval is not None else "run" if not approvals else \
-            "run or approval"
-        only_one(kind, given if approval is None else approval, sorted(
-            run_id if a is None else f"{a} (approval of run {run_id})" for run_id, a in named))
-    return runs[0], (approvals[0] if approvals else None)
+    runs = collections.defaultdict(set)  # a run and its approvals are one candidate
+    for run_id, a in named:
+        runs[run_id].update({a} - {None})
+    if approval is not None:
+        listed = sorted(f"{a} (approval of run {run_id})" for run_id, a in named)
+    else:
+        listed = sorted(run_id + (f" (and its approval {', '.join(sorted(its))})" if its else "")
+                        for run_id, its in runs.items())
+    if len(listed) > 1:
+        kind = "approval" if approval is not None else "run or approval" if any(
+            runs.values()) else "run"
+        only_one(kind, given if approval is None else approval, listed)
+    (run_id, its), = runs.items()
+    return run_id, (min(its) if len(its) == 1 else None)
 
 
 def cmd_show(argv):
@@ -8010,6 +8116,10 @@ def cmd_show(argv):
         tell(f"finished  {run['finished']}")
     if repeats_refused(store, run["run"], steps):
         tell(f"repeats   {REPEATS_REFUSED}")
+    # A summary first: what was asked and what came of it; the detail and the chain after.
+    if steps and "args" in parse(steps[0]["decision"]):
+        tell(f"arguments {clean(policy_json(parse(steps[0]['decision'])['args']), 300)}")
+    tell(*result_lines(steps))
     late = store.late_outcomes(opts.run)
     for _, observation in late:
         tell(f"LATE OUTCOME  {late_text(observation)}")
@@ -8035,6 +8145,9 @@ def cmd_show(argv):
         table.append((str(s["index"]), f"{decision['kind']} ({decision.get('origin', '')})",
                       s["status"], policy, summary))
     print_table(table)
+    for s in steps:
+        if tried_text(s):
+            tell(f"step {s['index']}: {tried_text(s)}")
     for index, grant in granted:
         if grant:
             note = f": {grant['note']}" if grant["note"] else ""
@@ -8049,8 +8162,7 @@ def cmd_show(argv):
             if rows:
                 print_table(rows)
     tell()
-    tell(*result_lines(steps))
-    tell()
+    tell("events, whole as the chain holds them (show -json lists them as values):")
     for seq, at, type_, _, payload in store.run_events(opts.run):  # whole, as verify hashes them
         tell(f"  {seq:>6}  {at}  {type_}")
         tell(*(f"          {piece}" for piece in wrap_columns(sanitize(payload),
@@ -8239,6 +8351,12 @@ def select_approval(store, run_id, approval_id):
     return pending[0]
 
 
+def tried_text(step):
+    """Why none of the rule's `when` entries decided a step, as its decision recorded it."""
+    tried = parse(step["policy"]).get("tried") if step["policy"] else None
+    return f"no when entry held: {'; '.join(tried)}" if tried else ""
+
+
 def decision_text(approval):
     by = f" by {sanitize(approval['decided_by'])}" if approval["decided_by"] else ""
     at = f" at {prose_time(approval['decided_at'])}" if approval["decided_at"] else ""
@@ -8280,6 +8398,10 @@ def decide(argv, command):
     out = sys.stderr if opts.json else sys.stdout
     lines, shortened = approval_lines(approval, opts.full,
                                       store.late_outcomes(approval["run_id"]))
+    step = next(s for s in store.steps(opts.run)
+                if s["id"] == approval["step_id"])
+    if tried_text(step):
+        lines.append(tried_text(step))
     if not agreed_on(
             lines, shortened, f"approval {approval['id']}", command,
             opts.approval or opts.yes, out,
@@ -8855,15 +8977,36 @@ def cmd_grants(argv):
 
 
 def cmd_revoke(argv):
-    p = operator_parser("revoke", ("note", str), ("by", str))
+    p = operator_parser("revoke", ("note", str), ("by", str), ("yes", bool))
     p.add_argument("grant", type=text_argument, metavar="GRANT",
                    help="the grant's id, or a prefix of it (6 characters or more)")
     opts = p.parse_args(argv)
     by = opts.by or current_user()
     store, _ = operator_store(opts, readonly=False)
-    opts.grant = resolve_id(store, "grant", opts.grant)
-    if store.grant(opts.grant) is None:
+    named, opts.grant = opts.grant, resolve_id(store, "grant", opts.grant)
+    grant = store.grant(opts.grant)
+    if grant is None:
         raise StoreError(f"there is no grant {quote(opts.grant)}; `grants` lists them")
+    view = grant_view(grant)
+    if view["state"] != "in force":
+        raise StoreError(f"grant {opts.grant} is not in force ({view['state']}); nothing changed")
+    covers = " and ".join(c.text() for c in Grant(grant).conditions) or "every call"
+    out = sys.stderr if opts.json else sys.stdout
+    # As with approve -approval, the grant named whole is the confirmation; a prefix asks.
+    lines = [f"GRANT TO REVOKE  {grant['id']}",
+             f"  tool           {grant['name']}",
+             f"  covers         {covers}",
+             f"  until          {grant['expires_at']}",
+             f"  by             {grant['by']}"]
+    if not agreed_on(
+            lines, False, f"grant {grant['id']}", "revoke",
+            opts.yes or named == opts.grant, out,
+            "refusing without -yes or a terminal to type "
+            "yes at: nothing was revoked; add -yes (or "
+            "name the grant whole) to revoke the grant "
+            "printed above"):
+        tell("nothing revoked", out=out)
+        return 1
     if not store.write(lambda tx: tx.revoke_grant(opts.grant, by, opts.note or "")):
         raise StoreError(f"grant {opts.grant} is not in force (it expired or was revoked); "
                          f"nothing changed")
@@ -9376,15 +9519,22 @@ def cmd_init(argv):
         tell(f"{path} is the default config: a command or gate given no -config reads it now"
              + (f", and no longer each host's ({', '.join(map(os.path.basename, hosts))}): "
                 f"name those with -config" if hosts else ""))
-    tell("Every rule init proposed is a proposal, and nothing is offered until you have read "
-         "them, changed what you disagree with, and run:")
-    for config_file, _, _ in done:
+    # What is left to do, and only that: run again, init repeats none of what is done.
+    proposing = [config_file for config_file, _, _ in done if any(
+        rule.proposed for server in load_config(config_file).servers
+        for rule in server.rules.values())]
+    if proposing:
+        tell("Every rule init proposed is a proposal, and nothing is offered until you have "
+             "read them, changed what you disagree with, and run:")
+    elif not any(gated for _, _, gated in done):
+        tell("Nothing is left to do: every rule is accepted, and each host starts the gate.")
+    for config_file in proposing:
         tell(f"    {operator_hint(config_file)} check -accept")
         try:
             check_reach(load_config(config_file))
         except ConfigError as err:
             tell(f"      before serving, fix this: {err}")
-    entries = {config_file: {"command": sys.executable,
+    entries = {config_file: {"command": python_path(),
                              "args": [os.path.abspath(sys.argv[0]), "-config", config_file]}
                for config_file, _, _ in done}
     changed = None
@@ -9622,26 +9772,38 @@ def replace_in_host(file, taken, entry):
         target[server_name(HOST_ENTRY_NAME, set(target))] = entry
     written = os.path.realpath(file.path)
     mode = stat.S_IMODE(os.stat(written).st_mode)
-    write_private(written, pretty_json(file.raw) + "\n")
+    write_private(written, pretty_json(file.raw, ordered=True) + "\n")
     os.chmod(written, mode)
     return written, backup
 
 
-def accept_proposals(path):
-    load_config(path)  # a config that would not load is refused as it is, unchanged
+def accept_proposals(path, agreed):
+    """Accept the proposed rules once the operator has read each and typed yes (or -yes);
+    False when nothing was accepted for want of it."""
+    config = load_config(path)  # a config that would not load is refused as it is, unchanged
     raw = parse(read_owned(path, "config"))
     accepted = []
-    for server in raw["servers"]:
-        for tool, rule in server.get("rules", {}).items():
+    for server, given in zip(config.servers, raw["servers"]):
+        for tool, rule in given.get("rules", {}).items():
             if rule.pop("proposed", False):
-                accepted.append(f"{server['name']}/{tool} ({rule['side_effect']})")
+                accepted.append(f"  {server.name}/{tool} ({rule['side_effect']}): would "
+                                f"{settings_text(config, server.rules[tool])}")
     if not accepted:
         tell("no proposed rule to accept")
-        return
+        return True
+    what = f"these {len(accepted)} proposed rule(s)"
+    head = f"{what}, each as it would decide once accepted:"
+    if not agreed_on(
+            [head, *accepted], False, what, "accept", agreed,
+            sys.stdout,
+            "refusing to accept without -yes or a terminal "
+            "to type yes at: nothing was accepted; add -yes "
+            "to accept the rules printed above"):
+        tell("nothing accepted")
+        return False
     write_private(path, config_text(raw))
-    tell(f"accepted {len(accepted)} proposed rule(s):")
-    for rule in accepted:
-        tell(f"  {rule}")
+    tell(f"accepted {len(accepted)} proposed rule(s)")
+    return True
 
 
 # ---- login: OAuth with a url server ---------------------------------------------------------
@@ -9911,25 +10073,29 @@ def serving_config(path):
 
 
 def cmd_check(argv):
-    opts = parser("check", "config", ("accept", bool)).parse_args(argv)
+    opts = parser("check", "config", ("accept", bool), ("yes", bool)).parse_args(argv)
     hosts = [] if opts.config else host_configs(config_path(None))
     if hosts:
         return each_config(cmd_check, argv, hosts)
-    if opts.accept:
-        accept_proposals(os.path.abspath(config_path(opts.config)))
+    if opts.yes and not opts.accept:
+        raise Usage("-yes goes with -accept: it accepts the proposed rules unasked")
+    if opts.accept and not accept_proposals(os.path.abspath(config_path(opts.config)),
+                                            opts.yes):
+        return 1
     config = serving_config(opts.config)
     upstreams, tools, reports = load_all(config)
     for upstream in upstreams:
         upstream.close()
-    for report in reports:
-        if report.lines:
-            tell(*report.lines)
     for server, report in zip(config.servers, reports):
         tell(*served_lines(config, server, report, tools))
     if os.path.exists(config.database):
         print_tool_changes(Ledger(config.database, readonly=True, create=False),
                            config.session)
-    tell(f"status tool: {config.status_tool}")
+    hosts = "".join(f", {sanitize(h)} {format_duration(t)}" for h, t in config.host_holds.items())
+    tell(f"hold: a call that asks waits {format_duration(config.hold)} for your decision before "
+         f"the model is answered{hosts}",
+         f"notify: {shlex.join(config.notify) if config.notify else 'nothing is run'}",
+         f"status tool: {config.status_tool}")
     tell(f"session: {config.session}")
     tell(f"database: {config.database}")
     # What makes check fail goes to stderr too, one line each: a server not served, and the

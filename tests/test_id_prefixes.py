@@ -89,7 +89,7 @@ def test_short_unknown_and_grant_prefixes(workdir):
     granted = bank.operator("grant", "bank_pay", "-for", "1h", "-yes")
     assert granted.returncode == 0, granted
     grant_id = re.search(r"^grant ([0-9a-f]{16}): in force", granted.stdout, re.M).group(1)
-    revoked = bank.operator("revoke", grant_id[:6])
+    revoked = bank.operator("revoke", grant_id[:6], "-yes")
     assert revoked.returncode == 0 and f"grant {grant_id}: revoked" in revoked.stdout, revoked
 
 

@@ -93,13 +93,13 @@ def test_init_gates_a_claude_desktop_config_and_nothing_is_offered_until_accepte
     assert "check -accept" in unreviewed.stderr
     no_traceback(unreviewed)
 
-    accepted = agentgate("check", "-accept", "-config", str(path))
+    accepted = agentgate("check", "-accept", "-yes", "-config", str(path))
     assert accepted.returncode == 0, accepted
     assert "bank/balance (read_only)" in accepted.stdout
     assert "bank: registered balance as bank_balance (read_only)" in accepted.stdout
     assert "proposed" not in path.read_text()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    again = agentgate("check", "-accept", "-config", str(path))
+    again = agentgate("check", "-accept", "-yes", "-config", str(path))
     assert "no proposed rule to accept" in again.stdout
 
     host = Host([entry["command"], *entry["args"]]).start()
@@ -237,7 +237,7 @@ def test_accepting_keeps_every_hand_written_rule_as_it_was(workdir):
            "limits": [{"sum": "/amount", "max": "100.00", "per": "24h"}]}
     raw["servers"][0]["rules"]["pay"] = pay
     path.write_text(json.dumps(raw))
-    accepted = agentgate("check", "-accept", "-config", str(path))
+    accepted = agentgate("check", "-accept", "-yes", "-config", str(path))
     assert accepted.returncode == 0, accepted
     after = json.loads(path.read_text())
     assert after["servers"][0]["rules"] == {"balance": {"side_effect": "read_only"}, "pay": pay,

@@ -106,7 +106,7 @@ def test_each_host_is_gated_on_its_own_config_and_all_share_one_database(workdir
     # check, given no config, reads each host's; -accept accepts every host's proposals
     unreviewed = agentgate("check", env=home_env(home), cwd=home)
     assert unreviewed.returncode == 1, unreviewed
-    accepted = agentgate("check", "-accept", env=home_env(home), cwd=home)
+    accepted = agentgate("check", "-accept", "-yes", env=home_env(home), cwd=home)
     assert accepted.returncode == 0, accepted
     no_traceback(accepted)
     for host in ("claude-desktop", "claude-code", "cursor"):
@@ -195,7 +195,7 @@ def test_a_destructive_proposal_asks_and_an_idempotent_one_has_no_repeat_window(
         "drop": {"side_effect": "destructive", "outcome": "require_approval", "proposed": True},
         "put": {"side_effect": "remote_mutation", "repeat_window": "0s", "proposed": True},
         "get": {"side_effect": "read_only", "proposed": True}}
-    assert agentgate("check", "-accept", "-config", str(config)).returncode == 0
+    assert agentgate("check", "-accept", "-yes", "-config", str(config)).returncode == 0
     write_private(config, json.dumps({**json.loads(config.read_text()), "hold": "0s"}))  # answer at once
     with Host([sys.executable, str(AGENTGATE), "-config", str(config)]) as host:
         dropped = host.call("store_drop", {})

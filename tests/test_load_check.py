@@ -101,9 +101,11 @@ def test_check_lists_every_server_and_each_tools_decision(workdir, sdk_server):
     assert done.returncode == 1, done
     out = done.stdout
     assert 'server "bank" is served: 3 tool(s) offered' in out
-    assert "  bank_balance: allow" in out.splitlines()
-    assert "  bank_pay: ask (when entries may decide otherwise)" in out.splitlines()
-    assert "  bank_refund: deny" in out.splitlines()
+    assert "bank: registered balance as bank_balance (read_only) -> allow" in out.splitlines()
+    assert "bank: registered pay as bank_pay (remote_mutation) -> ask; 1 when entry may decide " \
+           "otherwise; repeat window 10m0s" in out.splitlines()
+    assert "bank: registered refund as bank_refund (destructive) -> deny; repeat window 10m0s" in \
+        out.splitlines()
     assert lines_with(out, 'server "notes" is not served: connect:'), out
     assert lines_with(out, 'server "keyed" is not served: server "keyed".headers.X-Api-Key '
                            'names the environment variable KEYED_TOKEN, which is not set'), out
@@ -170,20 +172,24 @@ def test_check_shows_decisions_and_fails_while_anything_is_refused_or_unreviewed
     done = check(config)
     assert done.returncode == 1, done
     lines = done.stdout.splitlines()
-    at = lines.index("  get-env: unreviewed (proposed read_only; accepted, allow)")
+    at = lines.index("every: unreviewed get-env: proposed read_only -> would allow once accepted")
     assert lines[at + 1] == "    review: a read that may return secrets"
-    at = lines.index("  echo: unreviewed (proposed read_only; accepted, allow)")
+    at = lines.index("every: unreviewed echo: proposed read_only -> would allow once accepted")
     assert not lines[at + 1].startswith("    review:")  # a read that speaks of no secret
-    assert "  wipe: unreviewed (proposed destructive; accepted, ask)" in lines
-    assert "  later: not offered (no rule)" in lines
+    assert "every: unreviewed wipe: proposed destructive -> would ask once accepted; repeat window " \
+           "10m0s" in lines
+    assert "every: unclassified later: no rule" in lines
     assert lines_with(done.stderr, "3 tool(s) unreviewed: read their proposed rules, then run "
                                    "check -accept"), done.stderr
 
-    accepted = run_agentgate("check", "-accept", "-config", str(config))
+    accepted = run_agentgate("check", "-accept", "-yes", "-config", str(config))
     assert accepted.returncode == 0, accepted
     lines = accepted.stdout.splitlines()
     assert 'server "every" is served: 3 tool(s) offered' in lines
-    assert {"  every_get-env: allow", "  every_echo: allow", "  every_wipe: ask"} <= set(lines)
+    assert lines_with(accepted.stdout, "registered get-env as every_get-env (read_only) [no timeout set: "
+                                       "the default 1m0s applies] -> allow"), accepted.stdout
+    assert lines_with(accepted.stdout, "registered wipe as every_wipe (destructive) [no timeout set: "
+                                       "the default 1m0s applies] -> ask; repeat window 10m0s")
 
     # A tool refused (its schema changed since the pin) fails check; the others still show.
     changed = [dict(tools[1], inputSchema={"type": "object", "properties": {"x": {"type": "string"}}}),
@@ -191,8 +197,9 @@ def test_check_shows_decisions_and_fails_while_anything_is_refused_or_unreviewed
     write_spec(workdir / "every.spec.json", {"tools": changed})
     done = check(config)
     assert done.returncode == 1, done
-    assert "  echo: refused" in done.stdout.splitlines()
-    assert "  every_get-env: allow" in done.stdout.splitlines()
+    assert lines_with(done.stdout, "every: refused echo: "), done.stdout
+    assert lines_with(done.stdout, "as every_get-env (read_only) [no timeout set: the default 1m0s "
+                                   "applies] -> allow"), done.stdout
     assert lines_with(done.stderr, "1 tool(s) refused"), done.stderr
 
 
@@ -208,7 +215,7 @@ def test_inits_proposal_of_the_everything_servers_get_env_stands_out(workdir):
     done = check(config)
     assert done.returncode == 1, done
     lines = done.stdout.splitlines()
-    at = lines.index("  get-env: unreviewed (proposed read_only; accepted, allow)")
+    at = lines.index("everything: unreviewed get-env: proposed read_only -> would allow once accepted")
     assert lines[at + 1] == "    review: a read that may return secrets"
     assert sum(line.startswith("    review:") for line in lines) == 1, done.stdout
     assert lines_with(done.stderr, 'not served: server "everything": no tool registered; its rules '
@@ -223,8 +230,10 @@ def test_no_operator_and_limits_show_in_the_decision(workdir):
     done = check(config)
     assert done.returncode == 0, done
     lines = done.stdout.splitlines()
-    assert "  bank_balance: allow (limits may decide otherwise)" in lines
-    assert "  bank_pay: deny (no operator is at hand to ask)" in lines
+    assert "bank: registered balance as bank_balance (read_only) -> allow; 1 limit may decide " \
+           "otherwise" in lines
+    assert "bank: registered pay as bank_pay (remote_mutation) -> deny; no operator is at hand to " \
+           "ask; repeat window 10m0s" in lines
 
 
 def test_a_json_typo_is_named_by_its_line_and_column(workdir):

@@ -72,12 +72,14 @@ INLINE_EXERCISED = {
     "recheck": "test_the_operator_verbs_the_prose_names",
     "show": "test_the_policy_examples_work_as_written",
     "grant": "test_the_policy_examples_work_as_written",
-    "approve 3f9a0c": "test_quickstart_from_the_servers_a_host_already_starts",
+    "grants": "test_the_policy_examples_work_as_written",
+    "revoke": "test_the_policy_examples_work_as_written",
+    "approve 3f9a0c1d2e": "test_quickstart_from_the_servers_a_host_already_starts",
     "init": "test_quickstart_from_the_servers_a_host_already_starts",
     "watch": "test_quickstart_from_the_servers_a_host_already_starts",
     "pin": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
     "runs": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
-    "approve laptop.3f9a0c": "test_quickstart_from_the_servers_a_host_already_starts",
+    "approve laptop.3f9a0c1d2e": "test_quickstart_from_the_servers_a_host_already_starts",
     "login crm": "test_oauth_login.py::test_a_refused_refresh_is_not_served_and_says_to_run_login",
     "login": "test_oauth_login.py::test_login_keeps_tokens_0600_and_the_gate_serves_the_server",
 }
@@ -555,17 +557,24 @@ def test_quickstart_from_the_servers_a_host_already_starts(tmp_path):
     assert entry["args"] == [f"{home}/bin/agentgate.py", "-config", str(config_path)]
 
     unreviewed = sh("python3 ~/bin/agentgate.py check", env, home)
-    assert unreviewed.returncode == 1 and "unreviewed read_text_file" in unreviewed.stdout, unreviewed
-    accepted = ok(readme_command("python3 ~/bin/agentgate.py check -accept"), env, home)
+    assert unreviewed.returncode == 1 and \
+        "unreviewed read_text_file: proposed read_only -> would allow once accepted" in unreviewed.stdout, \
+        unreviewed
+    # It prints what it accepts and asks for a typed yes, at the terminal a person pastes it in.
+    status, accepted, asked = on_terminal(readme_command("python3 ~/bin/agentgate.py check -accept"),
+                                          env, home)
+    assert status == 0 and asked, accepted
+    assert "filesystem/read_text_file (read_only): would allow" in accepted
     assert "registered read_text_file as filesystem_read_text_file (read_only)" in accepted
-    assert "registered create_directory as filesystem_create_directory (remote_mutation)" in accepted
+    assert re.search(r"registered create_directory as filesystem_create_directory \(remote_mutation\)"
+                     r".* -> ask; repeat window 0s", accepted), accepted
 
     host_env = {"HOME": env["HOME"], "XDG_CONFIG_HOME": env["XDG_CONFIG_HOME"]}
     with Host([entry["command"], *entry["args"]], env=host_env, cwd=home) as host:
         read = host.call("filesystem_read_text_file", {"path": str(sandbox / "hello.txt")})
         assert "hello from the sandbox" in json.dumps(read.structured_content) + result_text(read)
         # The README's shortened approve lines, with this run's own first characters.
-        for n, example in enumerate(("approve 3f9a0c", "approve laptop.3f9a0c")):
+        for n, example in enumerate(("approve 3f9a0c1d2e", "approve laptop.3f9a0c1d2e")):
             target = sandbox / f"made-{n}"
             call = host.submit("filesystem_create_directory", {"path": str(target)})
             _, run_id, _ = wait_hint(host, call, n)
@@ -574,7 +583,7 @@ def test_quickstart_from_the_servers_a_host_already_starts(tmp_path):
                 assert f"run {run_id}" in watched_line(env, home, run_id)
             # Runs and approvals made the same minute share their first characters, and a prefix
             # several share is refused (issue 19): as few as tell this run apart, at least 6.
-            line = example.replace("3f9a0c", unique_prefix(env, home, run_id)).replace(
+            line = example.replace("3f9a0c1d2e", unique_prefix(env, home, run_id)).replace(
                 "laptop", session) + " -yes"
             decided = operator_line(env, home, line)
             assert f"run {run_id}:" in decided, decided
