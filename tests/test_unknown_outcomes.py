@@ -141,7 +141,9 @@ def test_timeout_after_the_effect_waits_for_an_operator(bankdir):
 
 def test_rejection_unblocks_and_an_identical_call_asks_again(bankdir):
     window = 3
-    config = bank(bankdir, rules={"pay": allow(PAY_TIMEOUT, repeat_window=f"{window}s")})
+    # A rejection is refused for the config's window (or the tool's, if longer).
+    config = bank(bankdir, rules={"pay": allow(PAY_TIMEOUT, repeat_window=f"{window}s")},
+                  repeat_window=f"{window}s")
     gate = host(config)
     request = {"to": "max", "amount": 8, "mode": "block"}
 
