@@ -3031,8 +3031,20 @@ class HostServer:
             return rpc_error(None, -32600,
                              "the id must be a string or a number that can be written as JSON")
         if method == "tools/call":
-            return self._after_ready(ident, lambda: self._call(ident, params, invalid, batch),
-                                     batch)
+            # Known as it is read, so a cancellation read after it finds it.
+            cancelled, id_key = threading.Event(), _id_key(ident)
+            with self.calls_lock:
+                self.calls[id_key] = cancelled
+
+            def call():
+                try:
+                    return self._call(params, invalid, batch, cancelled)
+                finally:
+                    self._forget(id_key, cancelled)
+            work = self._after_ready(ident, call, batch)
+            if isinstance(work, dict) and not batch:  # refused busy: never runs
+                self._forget(id_key, cancelled)
+            return work
         if method == "tools/list":
             return self._after_ready(ident, self._tool_list, batch)
         if method == "initialize":
@@ -3089,7 +3101,12 @@ class HostServer:
         return {"tools": [t.listing for t in self.gate.tools.values()
                           if t.name not in quarantined] + [self.status.listing]}
 
-    def _call(self, ident, params, invalid, batch):
+    def _forget(self, id_key, cancelled):
+        with self.calls_lock:
+            if self.calls.get(id_key) is cancelled:
+                del self.calls[id_key]
+
+    def _call(self, params, invalid, batch, cancelled):
         name = params.get("name")
         args = params.get("arguments")
         if name == self.status_tool:
@@ -3101,16 +3118,9 @@ class HostServer:
             return answer("DENIED", "TOOL_CHANGED").result()
         meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
         token = meta.get("progressToken")
-        cancelled, id_key = threading.Event(), _id_key(ident)
-        with self.calls_lock:
-            self.calls[id_key] = cancelled
         progress = self.around.progress(self, token, cancelled) \
             if not batch and echoable_id(token) else None
-        try:
-            answered = self.gate.call(tool, args, invalid, progress, cancelled)
-        finally:
-            with self.calls_lock:
-                self.calls.pop(id_key, None)
+        answered = self.gate.call(tool, args, invalid, progress, cancelled)
         result = answered.result()
         if answered.passed is None and "outputSchema" in tool.listing:
             # A host refuses a result lacking the structured content an output schema promises;
