@@ -1368,7 +1368,7 @@ CALL_ERRORS = {
     "unloaded": "the gate's tools could not be loaded",
 }
 IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED", "DUPLICATE", "UNAVAILABLE",
-            "RESULT_TOO_LARGE"}
+            "RESULT_TOO_LARGE", "CANCELLED"}
 
 
 class Answer:
@@ -2548,13 +2548,13 @@ class Gate:
                           note=note_text(approval["note"]), until=until())
         attempt = None if tool.read_only else last_attempt(self.store.read, row.run_id)
         unknown = attempt is not None and attempt.ending in UNKNOWN_ENDINGS
-        if unknown:
-            return STOP
-        if row.reason == "approval_expired" and refused:
+        if row.reason == "approval_expired" and not unknown and refused:
             return answer("EXPIRED", approval=self.store.latest_approval(row.run_id)["id"],
                           until=until())
         if row.reason == "operator_cancelled" and refused:
             return answer("REJECTED", "CANCELLED", note=note_text(row.detail), until=until())
+        if unknown:
+            return STOP
         if attempt is None or not within(window):
             return NEXT
         cap = 500 if attempt.ending == "unrecorded" else CONTENT_CAP
