@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (2972 lines of decision core, read first; then the libraries it relies on, each
+Sections (3030 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -33,10 +33,10 @@ because the configuration is read with its parser.
      3. Policy on what a call does                   decision core      428
      4. Configuration and its trust                  decision core      233
      5. Tools, as pinned                             decision core      296
-     6. Answers                                      decision core      341
-     7. The record                                   decision core      696
-     8. The gate                                     decision core      580
-     9. The host side                                decision core      277
+     6. Answers                                      decision core      343
+     7. The record                                   decision core      720
+     8. The gate                                     decision core      602
+     9. The host side                                decision core      287
     10. Canonical JSON                               library            314
     11. Text safe to show                            library            114
     12. ECMA-262 patterns                            library            429
@@ -56,7 +56,7 @@ because the configuration is read with its parser.
     26. Notify                                       around the core    104
     27. Pins and load reports                        around the core    193
     28. The command line's flags                     around the core    122
-    29. Operator commands                            around the core   1272
+    29. Operator commands                            around the core   1273
     30. Setup                                        around the core    584
     31. Pin and check                                around the core    180
     32. Fake payment server                          around the core    116
@@ -2209,12 +2209,12 @@ class Store:
                          "WHERE c.request_key=? AND c.outcome!=? ORDER BY c.id DESC",
                          (key, OUTCOME_NONE))
 
-    def unsettled_runs(self, target, key):
-        """The tool's unsettled runs of other requests."""
+    def unsettled_runs(self, targets, key):
+        """The tool's unsettled runs of other requests (`targets` as unknown_for_tool's)."""
         return self.read("SELECT r.id, r.status, r.lease_owner, r.lease_expires_at "
-                         "FROM calls c JOIN runs r ON r.id = c.run_id WHERE c.tool=? AND "
-                         "c.outcome=0 AND c.settled_at='' AND c.request_key!=? ORDER BY c.id",
-                         (target, key))
+                         "FROM calls c JOIN runs r ON r.id = c.run_id WHERE c.tool IN (?, ?) "
+                         "AND c.outcome=0 AND c.settled_at='' AND c.request_key!=? "
+                         "ORDER BY c.id", (*targets, key))
 
     def unknown_for_tool(self, targets, key):
         """Other requests of the tool whose newest attempt's outcome is unknown; `targets`:
@@ -2264,8 +2264,8 @@ class Store:
 # Reads as: decision core
 #
 # Owns: one call's passage (judge, decide, begin and record, hold, execute, record the
-# outcome) and the rules across calls over the earlier runs of the same request (same upstream
-# tool, same canonical arguments) and of the session.
+# outcome) and the rules across calls over the earlier runs, in every session, of the same
+# request (same server and upstream tool, same canonical arguments) and of the same tool.
 # Promises: nothing runs that the policy did not allow or an operator did not approve by
 # hash; an approval binds exactly the recorded request, never a later call's bytes; the
 # outcome is recorded even when the host has gone.
@@ -2577,7 +2577,8 @@ class Gate:
         """Rule 7: what other requests of a mutating tool say about this one: BLOCKED, or NEXT.
         It acts on what it meets, so a tool is never blocked by what nobody will settle: a dead
         run is taken over, an expired question ended, an unasked one asked again."""
-        for run_id, status, owner, expires in self.store.unsettled_runs(tool.target, key):
+        targets = (tool.target, tool.name)
+        for run_id, status, owner, expires in self.store.unsettled_runs(targets, key):
             if status == "RUNNING" and not (
                     owner != self.owner and expires > now()) and run_id not in self.active:
                 # Another request's arguments, judged on a pattern budget of their own.
