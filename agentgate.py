@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3029 lines of decision core, read first; then the libraries it relies on, each
+Sections (3087 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -33,10 +33,10 @@ because the configuration is read with its parser.
      3. Policy on what a call does                   decision core      464
      4. Configuration and its trust                  decision core      233
      5. Tools, as pinned                             decision core      296
-     6. Answers                                      decision core      349
-     7. The record                                   decision core      696
-     8. The gate                                     decision core      593
-     9. The host side                                decision core      277
+     6. Answers                                      decision core      351
+     7. The record                                   decision core      720
+     8. The gate                                     decision core      615
+     9. The host side                                decision core      287
     10. Canonical JSON                               library            315
     11. Text safe to show                            library            114
     12. ECMA-262 patterns                            library            429
@@ -56,7 +56,7 @@ because the configuration is read with its parser.
     26. Notify                                       around the core    119
     27. Pins and load reports                        around the core    199
     28. The command line's flags                     around the core    125
-    29. Operator commands                            around the core   1430
+    29. Operator commands                            around the core   1431
     30. Setup                                        around the core    663
     31. Pin and check                                around the core    182
     32. Fake payment server                          around the core    116
@@ -1308,6 +1308,7 @@ PROSE = {
         "recorded ({reason}). What it did is unknown here and it may have taken effect. Do not "
         "call again to retry{window}. Tell the user."),
     "UNAVAILABLE": "The gate could not read or write its records: {what}. Tell the user.",
+    "HOST_CANCELLED": "The call was cancelled before it was executed. Nothing was executed.",
     # An error result, so the model never takes it for what the tool returns.
     "RESULT_TOO_LARGE": (
         "The server answered this request with {what} of {size} bytes ({blocks}), more than "
@@ -1331,6 +1332,7 @@ SLOT_PROSE = {
     "sent_unrecorded": "the request was sent to the server, but what came of it could not be "
                        "recorded",
     "nothing_executed": "nothing was executed",
+    "host_cancelled": "the host cancelled the call before it was sent",
     "unreadable": "the gate could not read its records; nothing was executed",
     "altered": "its approval record was altered after it was made",
     "one_waits": "1 request already waits",
@@ -1404,7 +1406,7 @@ CALL_ERRORS = {
     "unloaded": "the gate's tools could not be loaded",
 }
 IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED", "DUPLICATE", "UNAVAILABLE",
-            "RESULT_TOO_LARGE"}
+            "RESULT_TOO_LARGE", "CANCELLED"}
 
 
 GATE_MARK = "gate/answer"
@@ -1648,6 +1650,13 @@ SCHEMA = [
     "",  # 3: an allowed read is its run and one run.read event: no step row, no calls row
     "",  # 4: an answer is kept as its result_record; older records are read as they are
     "",  # 5: one event per run per transaction (Tx.flush); older events read the same
+    # Version 6. The rules across calls read every session's calls of a request or tool.
+    """
+    DROP INDEX calls_key;
+    DROP INDEX calls_tool;
+    CREATE INDEX calls_request ON calls(request_key, id);
+    CREATE INDEX calls_target ON calls(tool, outcome, id);
+    """,
 ]
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
@@ -1666,7 +1675,7 @@ class Race(Exception):
 ANY_ROW = "any open row"  # a read replaces whatever row is open: reads never race for a key
 KeyRun = collections.namedtuple("KeyRun", "run_id status reason detail finished owner expires open")
 UNKNOWN_ENDINGS = ("timed_out", "no_answer", "cut_off")
-CALL_ENDINGS = ("ok", "error", "unrecorded", "timed_out", "no_answer")  # call_upstream's
+CALL_ENDINGS = ("ok", "error", "unsent", "unrecorded", "timed_out", "no_answer")
 LARGE_VALUE_BYTES = 4096
 
 # A run's newest attempt; `attempt` is it as an interruption approval names it.
@@ -1699,6 +1708,8 @@ def last_attempt(rows, run_id):
         ending = step_outcome(observed) if observed else ""
         if status == "executing" or ending == "cut_off":
             return Attempt("cut_off", None, finished, {**attempt, "ended": "cut_off"})
+        if ending == "unsent":  # no byte reached the server: no attempt
+            continue
         if ending in CALL_ENDINGS:
             return Attempt(ending, observed, finished, {**attempt, "ended": ending})
         asked = rows("SELECT capability_json FROM approvals WHERE step_id=? AND "
@@ -1778,16 +1789,17 @@ class Tx:
     def begin_run(self, run_id, session, tool, target, key, side_effect, tool_hashes, lease,
                   seen):
         """Claim the request's calls row and begin its run, both or neither. Race unless the open
-        row is still `seen` and its run ended: a run of the key begun since, anywhere, wins."""
+        row, in any session, is still `seen` and its run ended: a run of the key begun since,
+        anywhere, wins."""
         at = now()
         row = self.execute("SELECT c.run_id, r.status FROM calls c JOIN runs r ON r.id = "
-                           "c.run_id WHERE c.session=? AND c.request_key=? AND c.open=1",
-                           (session, key)).fetchone()
+                           "c.run_id WHERE c.request_key=? AND c.open=1 ORDER BY c.id DESC",
+                           (key,)).fetchone()
         if seen is not ANY_ROW and ((row[0] if row else None) != seen
                                     or (row and row[1] not in TERMINAL)):
             raise Race()
-        self.execute("UPDATE calls SET open=0, closed_at=? WHERE session=? AND request_key=? "
-                     "AND open=1", (at, session, key))
+        self.execute("UPDATE calls SET open=0, closed_at=? WHERE request_key=? AND open=1",
+                     (at, key))
         self.execute("INSERT INTO calls(session, request_key, tool, side_effect, run_id, "
                      "created_at) VALUES(?,?,?,?,?,?)", (session, key, target, side_effect,
                                                           run_id, at))
@@ -1911,6 +1923,15 @@ class Tx:
         self.end_step(step_id, "done", observation)
         self.finish_run(run_id, "COMPLETED", "goal_completed", f"terminal tool {tool}",
                         outcome=OUTCOME_KNOWN)
+
+    def waiting(self, session):
+        """How many of the session's questions wait for an operator, unexpired."""
+        return self.execute(
+            "SELECT count(*) FROM calls c JOIN runs r ON r.id = c.run_id JOIN approvals a ON "
+            "a.run_id = r.id WHERE c.session=? AND c.settled_at='' AND "
+            "r.status='WAITING_FOR_APPROVAL' AND a.status='pending' AND (a.expires_at='' OR "
+            "a.expires_at>?) AND a.rowid = (SELECT max(rowid) FROM approvals b WHERE "
+            "b.run_id=r.id)", (session, now())).fetchone()[0]
 
     def run_holder(self, run_id):
         """(status, lease owner) of a run, read inside the transaction that acts on it."""
@@ -2209,40 +2230,45 @@ class Store:
                 raise StoreError(f"the leases could not be renewed: {err}") from None
 
     # -- the reads the gate decides with -----------------------------------------------------
+    # They span every session: each host's gate (init) has its own session on one database.
+    # "The same server and request" is the request key: the server's name in the config, the
+    # upstream tool's name and the canonical arguments (init names a server alike in every
+    # host's config). Two servers given one name share their rules: refused, never run twice.
 
-    def key_runs(self, session, key, since, newest_only):
+    def key_runs(self, key, since, newest_only):
         """Newest first, in one statement: its open row is the newest as of every row read."""
         return [KeyRun(*row) for row in self.read(
             "SELECT r.id, r.status, r.reason, r.detail, r.finished_at, r.lease_owner, "
             "r.lease_expires_at, c.open FROM calls c JOIN runs r ON r.id = c.run_id WHERE "
-            "c.session=? AND c.request_key=? AND (c.open=1 OR c.settled_at='' OR "
-            "c.settled_at>=?) ORDER BY c.id DESC" + (" LIMIT 1" if newest_only else ""),
-            (session, key, since))]
+            "c.request_key=? AND (c.open=1 OR c.settled_at='' OR c.settled_at>=?) "
+            "ORDER BY c.id DESC" + (" LIMIT 1" if newest_only else ""), (key, since))]
 
-    def open_run(self, session, key):
-        row = self.read_one("SELECT run_id FROM calls WHERE session=? AND request_key=? AND "
-                            "open=1", (session, key))
+    def open_run(self, key):
+        row = self.read_one("SELECT run_id FROM calls WHERE request_key=? AND open=1 "
+                            "ORDER BY id DESC", (key,))
         return row[0] if row else None
 
-    def attempt_runs(self, session, key):
+    def attempt_runs(self, key):
         return self.read("SELECT r.id, r.status FROM calls c JOIN runs r ON r.id = c.run_id "
-                         "WHERE c.session=? AND c.request_key=? AND c.outcome!=? "
-                         "ORDER BY c.id DESC", (session, key, OUTCOME_NONE))
+                         "WHERE c.request_key=? AND c.outcome!=? ORDER BY c.id DESC",
+                         (key, OUTCOME_NONE))
 
-    def unsettled_runs(self, session, key):
-        return self.read("SELECT r.id, r.status, r.lease_owner, r.lease_expires_at, r.tool "
-                         "FROM calls c JOIN runs r ON r.id = c.run_id WHERE c.session=? AND "
-                         "c.settled_at='' AND c.request_key!=? ORDER BY c.id", (session, key))
+    def unsettled_runs(self, targets, key):
+        """The tool's unsettled runs of other requests (`targets` as unknown_for_tool's)."""
+        return self.read("SELECT r.id, r.status, r.lease_owner, r.lease_expires_at "
+                         "FROM calls c JOIN runs r ON r.id = c.run_id WHERE c.tool IN (?, ?) "
+                         "AND c.outcome=0 AND c.settled_at='' AND c.request_key!=? "
+                         "ORDER BY c.id", (*targets, key))
 
-    def unknown_for_tool(self, session, targets, key):
+    def unknown_for_tool(self, targets, key):
         """Other requests of the tool whose newest attempt's outcome is unknown; `targets`:
         its "server/tool" and the name databases before 0.2 hold."""
         return self.read(
             "SELECT c.request_key, c.run_id, r.reason FROM calls c JOIN runs r ON r.id = "
-            "c.run_id WHERE c.session=? AND c.tool IN (?, ?) AND c.request_key!=? AND "
+            "c.run_id WHERE c.tool IN (?, ?) AND c.request_key!=? AND "
             "c.outcome=? AND c.id = (SELECT max(id) FROM calls d WHERE "
-            "d.session=c.session AND d.request_key=c.request_key AND d.outcome!=?) "
-            "ORDER BY c.id", (session, *targets, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
+            "d.request_key=c.request_key AND d.outcome!=?) "
+            "ORDER BY c.id", (*targets, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
 
     def read_approvals(self, joined, args, extra=()):
         """The one reader of approvals, as dicts of APPROVAL_COLUMNS and `extra`'s (name,
@@ -2282,8 +2308,8 @@ class Store:
 # Reads as: decision core
 #
 # Owns: one call's passage (judge, decide, begin and record, hold, execute, record the
-# outcome) and the rules across calls over the earlier runs of the same request (same upstream
-# tool, same canonical arguments) and of the session.
+# outcome) and the rules across calls over the earlier runs, in every session, of the same
+# request (same server and upstream tool, same canonical arguments) and of the same tool.
 # Promises: nothing runs that the policy did not allow or an operator did not approve by
 # hash; an approval binds exactly the recorded request, never a later call's bytes; the
 # outcome is recorded even when the host has gone.
@@ -2383,14 +2409,14 @@ class Gate:
             if invalid:
                 with self.lock:
                     return self._begin(tool, None, f"invalid:{new_id(8)}", None, None,
-                                       invalid=invalid)
+                                       invalid=invalid, cancelled=cancelled)
             key = request_key(tool.target, encoded)
             judged = self._judge(tool, args)
             held, races = False, 0
             while True:
                 try:
                     with self.lock:
-                        verdict = self._decide(tool, args, key, judged)
+                        verdict = self._decide(tool, args, key, judged, cancelled)
                 except Race:  # a write lost its race at the store: decided again
                     verdict = AGAIN
                 if verdict is AGAIN:
@@ -2402,7 +2428,7 @@ class Gate:
                     return verdict
                 if isinstance(verdict, Execute):
                     executing = True
-                    return self._execute(tool, verdict, progress)
+                    return self._execute(tool, verdict, progress, cancelled)
                 if held or not self._hold(verdict.approval, progress, cancelled):
                     return waiting_answer(verdict.approval)
                 held = True
@@ -2440,14 +2466,17 @@ class Gate:
 
     # -- the rules, under the lock -------------------------------------------------------------
 
-    def _decide(self, tool, args, key, judged):
-        """The rules in order, as one verdict: an Answer, a Wait, an Execute, or AGAIN."""
+    def _decide(self, tool, args, key, judged, cancelled):
+        """The rules in order, as one verdict: an Answer, a Wait, an Execute, or AGAIN. A call
+        the host cancelled while it was judged or waited for the lock is not decided."""
+        if cancelled.is_set():
+            return answer("CANCELLED", "HOST_CANCELLED")
         window = self.window(tool)
-        since = format_time(time.time() - window / SECOND)
+        since = format_time(time.time() - max(window, self.config.repeat_window) / SECOND)
         # A read needs only its newest row: identical reads never refuse one another, and a wait
         # or refusal on the newest stops them all. The begin refuses unless `seen` is still the
         # key's open row, so no identical run, in any process, begins and ends in between.
-        rows = self.store.key_runs(self.config.session, key, since, newest_only=tool.read_only)
+        rows = self.store.key_runs(key, since, newest_only=tool.read_only)
         seen = next((row.run_id for row in rows if row.open), None)
         for row in rows:
             if row.status == "WAITING_FOR_APPROVAL":                        # rule 1
@@ -2463,21 +2492,20 @@ class Gate:
                 if row.run_id in self.active or (row.owner != self.owner and row.expires > now()):
                     return answer("IN_PROGRESS")                            # rule 2
                 return self._take_over(tool, row.run_id, judged)            # rule 3
-            if window and row.finished >= since:                            # rules 4, 5
+            if row.finished >= since:                                       # rules 4, 5
                 verdict = self._closed(tool, row, window)
                 if verdict is STOP:
                     break
                 if verdict is not NEXT:
                     return verdict
-        attempt = None if tool.read_only else self._unknown_attempt(key)   # rule 6
-        decider = policy_decision(self.config, tool, args, self._facts(tool),
-                                  rerun=bool(attempt), judged=judged)["outcome"]
-        needs_approval = decider == "require_approval" or (attempt and decider != "deny")
-        if not tool.read_only or needs_approval:                            # rule 7
-            verdict = self._session_rules(tool, key, needs_approval, decider)
+        attempt = None
+        if not tool.read_only:
+            attempt = self._unknown_attempt(key)                            # rule 6
+            verdict = self._tool_rules(tool, key)                           # rule 7
             if verdict is not NEXT:
                 return verdict
-        return self._begin(tool, args, key, seen, judged, attempt=attempt)  # rule 8
+        return self._begin(tool, args, key, seen, judged, attempt=attempt,  # rule 8
+                           cancelled=cancelled)
 
     def _expire(self, approval):
         self.store.write(lambda tx: tx.expire_approval(approval["id"], approval["run_id"],
@@ -2562,24 +2590,30 @@ class Gate:
         tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[kind])
 
     def _closed(self, tool, row, window):
-        """Rules 4 and 5: a finished run of this request within the window."""
+        """Rules 4 and 5: a finished run of this request within the window: the tool's for a
+        duplicate; for the operator's no (a rejection, cancellation, expiry) at least the
+        config's, whatever the tool's."""
+        refusals = max(window, self.config.repeat_window)
+        def within(span):
+            return span and row.finished >= format_time(time.time() - span / SECOND)
         def until():
-            return prose_time(later(row.finished, window))
-        if row.reason == "approval_rejected":
+            return prose_time(later(row.finished, refusals))
+        refused = within(refusals)
+        if row.reason == "approval_rejected" and refused:
             approval = self.store.latest_approval(row.run_id)
             return answer("REJECTED", approval=approval["id"],
                           note=note_text(approval["note"]), until=until())
         attempt = None if tool.read_only else last_attempt(self.store.read, row.run_id)
         unknown = attempt is not None and attempt.ending in UNKNOWN_ENDINGS
-        if row.reason == "approval_expired":
-            return STOP if unknown else answer(
-                "EXPIRED", approval=self.store.latest_approval(row.run_id)["id"], until=until())
-        if row.reason == "operator_cancelled":
+        if row.reason == "approval_expired" and not unknown and refused:
+            return answer("EXPIRED", approval=self.store.latest_approval(row.run_id)["id"],
+                          until=until())
+        if row.reason == "operator_cancelled" and refused:
             return answer("REJECTED", "CANCELLED", note=note_text(row.detail), until=until())
-        if attempt is None:
-            return NEXT
         if unknown:
             return STOP
+        if attempt is None or not within(window):
+            return NEXT
         cap = 500 if attempt.ending == "unrecorded" else CONTENT_CAP
         text = clean(outcome_text(attempt.observed), cap)
         outcome = DUPLICATE_OUTCOME[attempt.ending].format(text=text)
@@ -2590,20 +2624,19 @@ class Gate:
     def _unknown_attempt(self, key):
         """Rule 6: the attempt to run again if this request's newest finished run left its
         outcome unknown; only an approved re-run that comes to a known outcome resolves it."""
-        for run_id, status in self.store.attempt_runs(self.config.session, key):
+        for run_id, status in self.store.attempt_runs(key):
             attempt = status in TERMINAL and last_attempt(self.store.read, run_id)
             if attempt:
                 return attempt.attempt if attempt.ending in UNKNOWN_ENDINGS else None
         return None
 
-    def _session_rules(self, tool, key, needs_approval, decider):
-        """Rule 7: what other requests of the session say about this one: BLOCKED, or NEXT.
+    def _tool_rules(self, tool, key):
+        """Rule 7: what other requests of a mutating tool say about this one: BLOCKED, or NEXT.
         It acts on what it meets, so a tool is never blocked by what nobody will settle: a dead
         run is taken over, an expired question ended, an unasked one asked again."""
-        waiting = 0
-        for run_id, status, owner, expires, run_tool in self.store.unsettled_runs(
-                self.config.session, key):
-            if status == "RUNNING" and run_tool == tool.name and not (
+        targets = (tool.target, tool.name)
+        for run_id, status, owner, expires in self.store.unsettled_runs(targets, key):
+            if status == "RUNNING" and not (
                     owner != self.owner and expires > now()) and run_id not in self.active:
                 # Another request's arguments, judged on a pattern budget of their own.
                 verdict = self._take_over(tool, run_id, Judgement())
@@ -2612,36 +2645,23 @@ class Gate:
                                   approval=verdict.approval["id"])
                 continue
             approval = status == "WAITING_FOR_APPROVAL" and self.store.latest_approval(run_id)
-            if not approval:
-                continue
-            live = live_approval(self.config, approval)
-            if approval["kind"] == "interrupted_side_effect" and not tool.read_only and \
-                    run_tool == tool.name:
-                if live:
+            if approval and approval["kind"] == "interrupted_side_effect":
+                if live_approval(self.config, approval):
                     return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
                                   approval=approval["id"])
                 self._expire(approval)
-            elif live and approval["status"] == "pending":
-                waiting += 1
-        if not tool.read_only and decider != "deny":
-            verdict = self._unknown_block(tool, key)
-            if verdict is not NEXT:
-                return verdict
-        if needs_approval and waiting >= self.config.max_pending:
-            return answer("BLOCKED", "BLOCKED_PENDING", waiting=SLOT_PROSE[
-                "one_waits" if waiting == 1 else "some_wait"].format(count=waiting))
-        return NEXT
+        return self._unknown_block(tool, key)
 
     def _unknown_block(self, tool, key):
         """Another request of this tool left an outcome unknown, unasked: ask it again in a
         fresh run and answer BLOCKED; else NEXT."""
         for other_key, run_id, reason in self.store.unknown_for_tool(
-                self.config.session, (tool.target, tool.name), key):
+                (tool.target, tool.name), key):
             if reason in ("approval_rejected", "operator_cancelled"):
                 continue
             # The open row first, then the attempt: a re-run that begins and settles the
             # question after this read makes the begin below refuse, so it is not asked again.
-            seen = self.store.open_run(self.config.session, other_key)
+            seen = self.store.open_run(other_key)
             attempt = self._unknown_attempt(other_key)
             if attempt is None:
                 continue
@@ -2656,8 +2676,9 @@ class Gate:
 
     # -- beginning and executing a run ---------------------------------------------------------
 
-    def _begin(self, tool, args, key, seen, judged, invalid=None, attempt=None, origin="model"):
-        """Rule 8: begin a run and decide on it in one write transaction, then act on it.
+    def _begin(self, tool, args, key, seen, judged, invalid=None, attempt=None, origin="model",
+               cancelled=None):
+        """Rule 8: decide once and begin the run in one write transaction, then act on it.
         `invalid` (why, frame): arguments not usable JSON (`judged` None)."""
         run_id = f"{self.config.session}.{new_id(8)}"
         problem = invalid[0] if invalid else judged.problem
@@ -2672,6 +2693,18 @@ class Gate:
         recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
 
         def begin(tx):
+            if cancelled and cancelled.is_set():  # by the host, before the run began
+                return answer("CANCELLED", "HOST_CANCELLED")
+            if not problem:
+                # Decided here, where limits see every execution any process committed before,
+                # and the waits that bound what may be asked are counted.
+                facts = self._facts(tool, tx.rows)
+                decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
+                asks = decision["outcome"] == "require_approval" and origin == "model"
+                waiting = tx.waiting(self.config.session) if asks else 0
+                if asks and waiting >= self.config.max_pending:
+                    return answer("BLOCKED", "BLOCKED_PENDING", waiting=SLOT_PROSE[
+                        "one_waits" if waiting == 1 else "some_wait"].format(count=waiting))
             tx.begin_run(run_id, self.config.session, tool.name, tool.target, key,
                          tool.side_effect, self.tool_hashes, self.lease(),
                          ANY_ROW if tool.read_only else seen)
@@ -2681,9 +2714,6 @@ class Gate:
                 self._refuse(tx, run_id, step_id, "invalid_decision",
                              f"invalid decision: {problem}")
                 return step_id, None, None
-            # Decided here, where limits see every execution any process committed before.
-            facts = self._facts(tool, tx.rows)
-            decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
             tx.record_policy(run_id, step_id, _policy_record(decision, facts), self.policy_id)
             approval = None
             if decision["outcome"] == "deny":
@@ -2695,7 +2725,11 @@ class Gate:
             else:
                 tx.start_execution(run_id, step_id, tool.name, args, tool.target)
             return step_id, decision, approval
-        step_id, decision, approval = self._write_active(run_id, begin)
+        begun = self._write_active(run_id, begin)
+        if isinstance(begun, Answer):
+            self.active.discard(run_id)
+            return begun
+        step_id, decision, approval = begun
         if decision and decision["outcome"] == "allow":
             return Execute(run_id, step_id, args, work=judged.work)
         self.active.discard(run_id)  # nothing of this run executes
@@ -2718,13 +2752,18 @@ class Gate:
             self.active.discard(run_id)
             raise
 
-    def _execute(self, tool, verdict, progress=None):
-        """Send the request upstream and record what came of it, even if the host cancels."""
+    def _execute(self, tool, verdict, progress=None, cancelled=None):
+        """Send the request upstream and record what came of it, even if the host cancels
+        once it is sent; cancelled before, it is not sent."""
         run_id, step_id, args = verdict.run_id, verdict.step_id, verdict.args
         try:
             started = time.monotonic()
-            observation, ending, passed = call_upstream(
-                tool, args, self.config.max_result_bytes, progress and progress.server)
+            if cancelled and cancelled.is_set():
+                observation, ending, passed = failed_call(
+                    tool, SLOT_PROSE["host_cancelled"], "unsent")
+            else:
+                observation, ending, passed = call_upstream(
+                    tool, args, self.config.max_result_bytes, progress and progress.server)
             elapsed = int((time.monotonic() - started) * 1000)
 
             def record(tx):  # the approval a re-run waits on, when the outcome is unknown
@@ -2746,9 +2785,11 @@ class Gate:
                 if ending in UNKNOWN_ENDINGS:
                     return self._pause_rerun(tx, tool, run_id, step_id, args, ending,
                                              verdict.work)
-                if ending != "ok":
+                if ending == "unsent":  # executed nothing: no limit counts it
+                    tx.execute("DELETE FROM executions WHERE step_id=?", (step_id,))
+                if ending != "ok":  # unsent: the outcome of the attempt before, if any
                     tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending],
-                                  outcome=OUTCOME_KNOWN)
+                                  outcome=None if ending == "unsent" else OUTCOME_KNOWN)
             rerun = self.store.write(record)
         finally:
             self.active.discard(run_id)
@@ -2791,9 +2832,10 @@ class Gate:
 def call_upstream(tool, args, cap, progress=None):
     """Send one call upstream: (observation, ending, passed), `passed` the server's result as
     it came, or None (none, or past `cap` bytes: withheld). The one place an outcome is
-    classified: 'ok'; 'error' (an error answer, or nothing sent: known); 'unrecorded'
-    (executed, answer unusable: known, never run again); 'timed_out' or 'no_answer' (it may
-    have taken effect: unknown). A read's failure is 'error': it has no effect to vouch for."""
+    classified: 'ok'; 'error' (an error answer: known); 'unsent' (no byte reached the server:
+    nothing executed); 'unrecorded' (executed, answer unusable: known, never run again);
+    'timed_out' or 'no_answer' (it may have taken effect: unknown). A read's other failures
+    are 'error': it has no effect to vouch for."""
     passed = None
     try:
         result = tool.upstream.request(
@@ -2808,14 +2850,12 @@ def call_upstream(tool, args, cap, progress=None):
             else "ok"
     except UpstreamError as err:
         error = str(err)
-        ending = ("unrecorded" if err.unusable else "error" if err.answered or not err.sent
-                  else "timed_out" if err.timed_out else "no_answer")
-    if tool.read_only and ending != "ok":
+        ending = ("unrecorded" if err.unusable else "error" if err.answered else "unsent"
+                  if not err.sent else "timed_out" if err.timed_out else "no_answer")
+    if tool.read_only and ending not in ("ok", "unsent"):
         ending = "error"
     if passed is None:
-        return {"kind": "tool_error", "summary": cut(
-            f"{tool.name} {ending}: {sanitize(error)}", 1000), "content": {
-            "tool": tool.name, "error": error, "ending": ending}}, ending, None
+        return failed_call(tool, error, ending)
     withheld = record["bytes"] > cap
     observation = {"kind": "tool_result" if ending == "ok" else "tool_error",
                    "summary": result_summary(tool, record, cap if withheld else 0),
@@ -2825,6 +2865,13 @@ def call_upstream(tool, args, cap, progress=None):
     if withheld:
         observation["withheld"] = True
     return observation, ending, None if withheld else passed
+
+
+def failed_call(tool, error, ending):
+    """A call that came to no result, as call_upstream answers it."""
+    return {"kind": "tool_error", "summary": cut(f"{tool.name} {ending}: {sanitize(error)}",
+                                                 1000),
+            "content": {"tool": tool.name, "error": error, "ending": ending}}, ending, None
 
 
 RECORDED_FRAME_BYTES = 65536
@@ -2851,6 +2898,7 @@ CLOSING = {  # why a run ended, by its refused step's kind or its call's ending
     "policy_denied": "one call per run: the request was denied",
     "invalid_decision": "one call per run: the request was invalid",
     "error": "one call per run: the tool call returned an error",
+    "unsent": "one call per run: the tool call was not sent, so nothing executed",
     "unrecorded": "one call per run: the tool call executed and its result could not be "
                   "recorded",
     "timed_out": "one call per run: the tool call timed out; its outcome is unknown",
@@ -3041,8 +3089,20 @@ class HostServer:
             return rpc_error(None, -32600,
                              "the id must be a string or a number that can be written as JSON")
         if method == "tools/call":
-            return self._after_ready(ident, lambda: self._call(ident, params, invalid, batch),
-                                     batch)
+            # Known as it is read, so a cancellation read after it finds it.
+            cancelled, id_key = threading.Event(), _id_key(ident)
+            with self.calls_lock:
+                self.calls[id_key] = cancelled
+
+            def call():
+                try:
+                    return self._call(params, invalid, batch, cancelled)
+                finally:
+                    self._forget(id_key, cancelled)
+            work = self._after_ready(ident, call, batch)
+            if isinstance(work, dict) and not batch:  # refused busy: never runs
+                self._forget(id_key, cancelled)
+            return work
         if method == "tools/list":
             return self._after_ready(ident, self._tool_list, batch)
         if method == "initialize":
@@ -3099,7 +3159,12 @@ class HostServer:
         return {"tools": [t.listing for t in self.gate.tools.values()
                           if t.name not in quarantined] + [self.status.listing]}
 
-    def _call(self, ident, params, invalid, batch):
+    def _forget(self, id_key, cancelled):
+        with self.calls_lock:
+            if self.calls.get(id_key) is cancelled:
+                del self.calls[id_key]
+
+    def _call(self, params, invalid, batch, cancelled):
         name = params.get("name")
         args = params.get("arguments")
         if name == self.status_tool:
@@ -3111,16 +3176,9 @@ class HostServer:
             return answer("DENIED", "TOOL_CHANGED").result()
         meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
         token = meta.get("progressToken")
-        cancelled, id_key = threading.Event(), _id_key(ident)
-        with self.calls_lock:
-            self.calls[id_key] = cancelled
         progress = self.around.progress(self, token, cancelled) \
             if not batch and echoable_id(token) else None
-        try:
-            answered = self.gate.call(tool, args, invalid, progress, cancelled)
-        finally:
-            with self.calls_lock:
-                self.calls.pop(id_key, None)
+        answered = self.gate.call(tool, args, invalid, progress, cancelled)
         result = answered.result()
         if answered.passed is None and "outputSchema" in tool.listing:
             # A host refuses a result lacking the structured content an output schema promises;
@@ -7222,7 +7280,7 @@ def approved_fate(gate, approval):
         error = clean(outcome_text(observed), 500) if ending != "cut_off" else ""
         if ending == "unrecorded":
             return STATUS_PROSE["unrecorded"].format(error=error)
-        if ending == "error":
+        if ending in ("error", "unsent"):
             return STATUS_PROSE["failed"].format(error=error)
         waiting = [a for a in status_approvals(store, gate.config.session)
                    if a["request_key"] == approval["request_key"] and a["status"] == "pending"
@@ -7972,7 +8030,8 @@ def cmd_runs(argv):
 
 
 FAILED_STATE = {"denied": "DENIED", "invalid": "INVALID", "error": "TOOL_ERROR",
-                "timed_out": "UNKNOWN_OUTCOME", "no_answer": "UNKNOWN_OUTCOME"}
+                "unsent": "TOOL_ERROR", "timed_out": "UNKNOWN_OUTCOME",
+                "no_answer": "UNKNOWN_OUTCOME"}
 
 
 def run_state(store, run):

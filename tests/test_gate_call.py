@@ -242,8 +242,13 @@ def test_a_host_that_gives_up_does_not_stop_the_call(workdir):
     ledger = workdir / "ledger"
     config = bank(workdir, rules={"pay": {"outcome": "allow"}})
     with gate_host(config) as host:
+        # The host gives up once the payment is in the server (a call cancelled before it is
+        # sent is not sent): it blocks there until released.
+        pending = host.submit("bank_pay", {"to": "kim", "amount": 7, "mode": "block"}, timeout=3)
+        wait_for(lambda: payments(ledger) == 1, 60, message="the payment to reach the server")
         with pytest.raises(MCPError):
-            host.call("bank_pay", {"to": "kim", "amount": 7, "mode": "slow"}, timeout=0.3)
+            pending.result()
+        (workdir / "ledger.release").touch()
         db = open_db(workdir / "runs.db")
         try:
             wait_for(lambda: [r[2] for r in run_rows(db)] == ["COMPLETED"], 60, message="the run to complete")

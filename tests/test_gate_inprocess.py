@@ -52,10 +52,10 @@ def test_a_collected_run_is_never_taken_over_by_its_own_process(workdir, monkeyp
         in_window = threading.Event()
         original = agentgate.Gate._execute
 
-        def slow_execute(self, tool, verdict, progress=None):
+        def slow_execute(self, tool, verdict, progress=None, cancelled=None):
             in_window.set()
             time.sleep(0.5)  # the window between the collecting write and the upstream call
-            return original(self, tool, verdict, progress)
+            return original(self, tool, verdict, progress, cancelled)
         monkeypatch.setattr(agentgate.Gate, "_execute", slow_execute)
 
         answers = {}

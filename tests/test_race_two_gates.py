@@ -120,7 +120,7 @@ def test_a_question_settled_by_another_gate_meanwhile_is_not_asked_again(workdir
         # unknown_for_tool is asked once, for the groceries; the others are watched for the
         # settled request's key.
         when = (lambda *args: True) if method == "unknown_for_tool" else \
-            (lambda session, key: key == stuck_key)
+            (lambda key: key == stuck_key)
         injected = inject_after(monkeypatch, first.store, method, settle_elsewhere, when)
         other = first.call(first.tools["bank_pay"], args_of('{"to":"grocer","amount":42}'))
         assert injected.is_set(), f"{method} was never read for the settled request"

@@ -141,7 +141,9 @@ def test_timeout_after_the_effect_waits_for_an_operator(bankdir):
 
 def test_rejection_unblocks_and_an_identical_call_asks_again(bankdir):
     window = 3
-    config = bank(bankdir, rules={"pay": allow(PAY_TIMEOUT, repeat_window=f"{window}s")})
+    # A rejection is refused for the config's window (or the tool's, if longer).
+    config = bank(bankdir, rules={"pay": allow(PAY_TIMEOUT, repeat_window=f"{window}s")},
+                  repeat_window=f"{window}s")
     gate = host(config)
     request = {"to": "max", "amount": 8, "mode": "block"}
 
@@ -324,10 +326,14 @@ def test_host_cancel_lets_the_call_finish(bankdir):
     config = bank(bankdir, rules={"pay": allow()})
     gate = host(config)
 
-    # The host gives up after 300 ms (a host timeout; the SDK also sends notifications/cancelled).
-    timed_out = {"to": "kim", "amount": 7, "mode": "slow"}
+    # The host gives up after 3 s (a host timeout; the SDK also sends notifications/cancelled),
+    # while the payment blocks inside the server: a call cancelled before it is sent is not.
+    timed_out = {"to": "kim", "amount": 7, "mode": "block"}
+    pending = gate.submit(PAY, timed_out, timeout=3)
+    wait_payments(bankdir, 1)
     with pytest.raises(MCPError):
-        gate.call(PAY, timed_out, timeout=0.3)
+        pending.result()
+    release(bankdir)
     # The host cancels explicitly while the payment is inside the server.
     cancelled = {"to": "kim", "amount": 8, "mode": "slow"}
     pending = gate.submit(PAY, cancelled)
