@@ -25,7 +25,7 @@ def two_hosts(workdir, home):
     host_file(home / ".cursor" / "mcp.json", {"bank": bank_entry(workdir), "notes": notes})
     env = home_env(home)
     assert agentgate("init", env=env, cwd=home).returncode == 0
-    assert agentgate("check", "-accept", env=env, cwd=home).returncode == 0
+    assert agentgate("check", "-accept", "-yes", env=env, cwd=home).returncode == 0
     return env
 
 

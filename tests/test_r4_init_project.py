@@ -47,7 +47,7 @@ def test_a_project_server_runs_in_its_project_and_inherits_the_network_variables
     assert f"Then replace the gated servers in {mcp} " in done.stdout
     assert "A project's file may be shared" in done.stdout
 
-    assert agentgate("check", "-accept", env=env, cwd=home).returncode == 0
+    assert agentgate("check", "-accept", "-yes", env=env, cwd=home).returncode == 0
     entry = printed_entries(done.stdout)[0]
     assert entry["args"][0] == str(AGENTGATE)
     with Host([entry["command"], *entry["args"]], env={"HOME": str(home)}) as gate:
