@@ -56,7 +56,7 @@ because the configuration is read with its parser.
     26. Notify                                       around the core    119
     27. Pins and load reports                        around the core    199
     28. The command line's flags                     around the core    125
-    29. Operator commands                            around the core   1431
+    29. Operator commands                            around the core   1436
     30. Setup                                        around the core    663
     31. Pin and check                                around the core    182
     32. Fake payment server                          around the core    116
@@ -9166,6 +9166,11 @@ def cmd_recheck(argv):
     if limit <= 0:
         raise Usage("-limit must be at least 1")
     hosts = [] if opts.config else host_configs(config_path(None))
+    if hosts and opts.json and len(hosts) > 1:
+        # -json prints one JSON value, so one config.
+        raise Usage("recheck -json reads one config; add "
+                    "-config naming one of " +
+                    ", ".join(map(shlex.quote, hosts)))
     if hosts:
         return each_config(cmd_recheck, argv, hosts)
     config = load_config(config_path(opts.config))

@@ -60,6 +60,11 @@ def test_grant_recheck_and_serve_after_init_without_config_json(workdir):
     assert 'no run of session "cursor"' in done.stderr, done  # nothing called yet
     assert f"== {gate / 'claude-desktop.json'}" in done.stdout
     assert f"== {gate / 'cursor.json'}" in done.stdout
+    # -json prints one JSON value: over several configs it asks for one
+    done = agentgate("recheck", "-json", env=env, cwd=home)
+    no_traceback(done)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert str(gate / "cursor.json") in done.stderr, done.stderr
 
     # a gate started with no -config (the README's bare entry) says which to name
     done = agentgate(env=env, cwd=home)
