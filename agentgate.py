@@ -9115,6 +9115,10 @@ def init_host(path, session, hold, files, needs):
             manifest = pin(Server(server, f"server {quote(server['name'])}", path,
                                   read_transport))
         except (UpstreamError, LoadError, ConfigError) as err:
+            if LOGIN_NEEDED in str(err):  # written, so login finds it; served once pinned
+                server["rules"] = {}
+                pinned.append((server, None))
+                continue
             for key in [key for key, gating in gated.items() if gating is server]:
                 gated.pop(key)
                 left.append((*key[1:], f"it could not be pinned: {err}"))
@@ -9137,6 +9141,11 @@ def init_host(path, session, hold, files, needs):
         write_private(path, config_text(raw))
     policy = {**DEFAULT_POLICY, **(parse(text).get("policy") or {} if text else {})}
     for server, manifest in pinned:
+        if manifest is None:
+            tell(f"server {server['name']} asks for OAuth; it is not served until you run: "
+                 f"{operator_hint(path)} login {server['name']}, then pin, and classify its "
+                 f"tools")
+            continue
         tell(f"server {server['name']}: {len(manifest['tools'])} tool(s) pinned; proposed "
              f"from the server's own hints (class, then what the policy would decide):")
         for tool, entry in manifest["tools"].items():
