@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (2972 lines of decision core, read first; then the libraries it relies on, each
+Sections (2971 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -31,8 +31,8 @@ because the configuration is read with its parser.
      1. Framing                                      decision core       87
      2. Classes, ids and deadlines                   decision core       34
      3. Policy on what a call does                   decision core      428
-     4. Configuration and its trust                  decision core      233
-     5. Tools, as pinned                             decision core      296
+     4. Configuration and its trust                  decision core      234
+     5. Tools, as pinned                             decision core      294
      6. Answers                                      decision core      341
      7. The record                                   decision core      696
      8. The gate                                     decision core      580
@@ -48,7 +48,7 @@ because the configuration is read with its parser.
     18. Days and hours in a time zone                library             95
     19. What a result's record keeps                 library            140
     20. The lint                                     around the core    225
-    21. Upstream servers                             around the core   1324
+    21. Upstream servers                             around the core   1237
     22. Reading the record                           around the core    180
     23. Tool changes while serving                   around the core    138
     24. The status tool                              around the core    119
@@ -57,7 +57,7 @@ because the configuration is read with its parser.
     27. Pins and load reports                        around the core    193
     28. The command line's flags                     around the core    122
     29. Operator commands                            around the core   1272
-    30. Setup                                        around the core    584
+    30. Setup                                        around the core    662
     31. Pin and check                                around the core    180
     32. Fake payment server                          around the core    116
     33. Demonstration                                around the core    265
@@ -769,9 +769,9 @@ class Server:
     FIELDS = ("name", "command", "url", "headers", "oauth", "env", "inherit_env",
               "connect_timeout", "default_timeout", "manifest", "rules", "skip_path_check", "cwd")
 
-    def __init__(self, raw, where, config_path, transport=None):
+    def __init__(self, raw, where, path, transport=None):
         refuse_unknown(raw, self.FIELDS, where)
-        self.config_path, base = config_path, os.path.dirname(config_path)
+        self.config_path, base = path, os.path.dirname(path)  # the config it is in
         self.name = field_string(raw, "name", where, required=True)
         _check_name(self.name, f"{where}.name")
         where = f'server "{self.name}"'
@@ -6227,9 +6227,9 @@ class HttpUpstream(Upstream):
                 self._end(conn)
                 conn = self._post(body, deadline, self.tokens.bearer())
                 response = conn.getresponse()
-            refusal = self._refusal(response)
-            if refusal:
-                error = refusal
+            failed = self._refusal(response)
+            if failed:
+                error = failed
             elif not self._event_stream(response):
                 data = response.read(MAX_MESSAGE_BYTES + 1)
                 if len(data) > MAX_MESSAGE_BYTES:
@@ -9271,14 +9271,6 @@ LOGIN_WAIT_SECONDS = 600  # how long a person has to consent in the browser
 LOGIN_PAGE = b"agentgate has the answer of the authorization; this page may be closed.\n"
 
 
-@functools.lru_cache(maxsize=1)
-def mcp_install_text():
-    return (f"{python_command()} -m pip install --upgrade mcp, or where pip refuses to install "
-            f"into the system's Python: python3 -m venv ~/.agentgate-venv && "
-            f"~/.agentgate-venv/bin/pip install mcp, and run agentgate with "
-            f"~/.agentgate-venv/bin/python")
-
-
 def mcp_sdk(server):
     """The optional mcp package's OAuth client and its pieces, imported by login only, or
     ConfigError saying how to install it (version 2 or later: built on httpx2)."""
@@ -9292,7 +9284,11 @@ def mcp_sdk(server):
         import logging
     except ImportError:
         raise ConfigError(f"login with server {quote(server.name)} needs the optional mcp "
-                          f"package, version 2 or later: {mcp_install_text()}") from None
+                          f"package, version 2 or later: {python_command()} -m pip install "
+                          f"--upgrade mcp, or where pip refuses to install into the system's "
+                          f"Python: python3 -m venv ~/.agentgate-venv && ~/.agentgate-venv/bin/"
+                          f"pip install mcp, and run agentgate with ~/.agentgate-venv/bin/python"
+                          ) from None
     # The SDK reports what it survives through logging, which would print tracebacks.
     for name in ("mcp", "httpx2"):
         logging.getLogger(name).addHandler(logging.NullHandler())
