@@ -48,7 +48,7 @@ because the configuration is read with its parser.
     18. Days and hours in a time zone                library             95
     19. What a result's record keeps                 library            140
     20. The lint                                     around the core    225
-    21. Upstream servers                             around the core   1237
+    21. Upstream servers                             around the core   1240
     22. Reading the record                           around the core    180
     23. Tool changes while serving                   around the core    138
     24. The status tool                              around the core    119
@@ -6107,8 +6107,8 @@ class HttpUpstream(Upstream):
             self._fail_all(self.closed)
             self.ended.set()
             connections = list(self.connections)
-        for conn in connections:
-            self._end(conn)
+        for conn in connections:  # each read under way ends, and its thread closes it
+            self._shut(conn)
 
     def tail(self):
         return ""
@@ -6177,14 +6177,17 @@ class HttpUpstream(Upstream):
             self.connections.add(conn)
         return conn
 
+    @staticmethod
+    def _shut(conn):
+        try:
+            conn.sock.shutdown(2)  # SHUT_RDWR
+        except (OSError, AttributeError):  # closed already
+            pass
+
     def _end(self, conn):
         with self.lock:
             self.connections.discard(conn)
-        if conn.sock:
-            try:
-                conn.sock.shutdown(2)  # SHUT_RDWR: a read under way on another thread ends
-            except OSError:
-                pass
+        self._shut(conn)
         conn.close()
 
     def _post(self, body, deadline, refused=None):
@@ -6254,7 +6257,7 @@ class HttpUpstream(Upstream):
                     events = self._read_events(response, ident, deadline, events)
         except UpstreamError as err:
             error = err
-        except (OSError, http_client().HTTPException) as err:
+        except (OSError, ValueError, http_client().HTTPException) as err:
             error = self._lost(err)
         finally:
             self._end(conn)
@@ -6321,7 +6324,7 @@ class HttpUpstream(Upstream):
                                         f"{MAX_MESSAGE_BYTES} bytes", "unusable")
                 if not chunk:
                     break
-        except (OSError, http_client().HTTPException):
+        except (OSError, ValueError, http_client().HTTPException):
             if not events.last_id:
                 raise
         return events
@@ -6342,7 +6345,7 @@ class HttpUpstream(Upstream):
                         pause = max(events.retry / 1000, OWN_STREAM_FIRST_PAUSE)
                 elif not (response.status in (409, 429) or response.status >= 500):
                     return
-            except (UpstreamError, OSError, http_client().HTTPException):
+            except (UpstreamError, OSError, ValueError, http_client().HTTPException):
                 pass
             finally:
                 if conn:

@@ -581,7 +581,7 @@ def test_closing_is_idempotent_and_a_later_request_fails_at_once_unsent(workdir,
     assert sorted(live) == ["balance", "limits", "pay", "rewrite", "whoami"]
     upstream.close()
     upstream.close()
-    assert upstream.connections == set()
+    wait_for(lambda: upstream.connections == set(), DEADLINE, message="every connection to end")
     with pytest.raises(agentgate.UpstreamError) as failed:
         upstream.request("tools/call", {"name": "pay", "arguments": KIM},
                          agentgate.Deadline(30 * agentgate.SECOND), 'tool "pay"')
