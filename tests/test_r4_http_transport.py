@@ -141,7 +141,7 @@ def keep_tokens(config: Path, url: str, endpoint: str, access: str, expired: boo
     """The token file login leaves for `config`'s server bank at `url`."""
     path = config.parent / f"{config.stem}.bank.tokens.json"
     path.write_text(json.dumps({
-        "config": str(config.resolve()), "url": url, "issuer": endpoint.rsplit("/oauth", 1)[0],
+        "config": os.path.abspath(config), "url": url, "issuer": endpoint.rsplit("/oauth", 1)[0],
         "token_endpoint": endpoint, "client": CLIENT, "expires_at": 1.0 if expired else None,
         "tokens": {"access_token": access, "token_type": "Bearer", "refresh_token": "refresh-1"}}))
     path.chmod(0o600)
