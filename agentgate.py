@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3087 lines of decision core, read first; then the libraries it relies on, each
+Sections (3086 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -31,8 +31,8 @@ because the configuration is read with its parser.
      1. Framing                                      decision core       87
      2. Classes, ids and deadlines                   decision core       34
      3. Policy on what a call does                   decision core      464
-     4. Configuration and its trust                  decision core      233
-     5. Tools, as pinned                             decision core      296
+     4. Configuration and its trust                  decision core      234
+     5. Tools, as pinned                             decision core      294
      6. Answers                                      decision core      351
      7. The record                                   decision core      720
      8. The gate                                     decision core      615
@@ -48,7 +48,7 @@ because the configuration is read with its parser.
     18. Days and hours in a time zone                library             95
     19. What a result's record keeps                 library            140
     20. The lint                                     around the core    247
-    21. Upstream servers                             around the core   1362
+    21. Upstream servers                             around the core   1276
     22. Reading the record                           around the core    180
     23. Tool changes while serving                   around the core    189
     24. The status tool                              around the core    119
@@ -57,7 +57,7 @@ because the configuration is read with its parser.
     27. Pins and load reports                        around the core    199
     28. The command line's flags                     around the core    125
     29. Operator commands                            around the core   1436
-    30. Setup                                        around the core    663
+    30. Setup                                        around the core    748
     31. Pin and check                                around the core    182
     32. Fake payment server                          around the core    116
     33. Demonstration                                around the core    265
@@ -805,8 +805,9 @@ class Server:
     FIELDS = ("name", "command", "url", "headers", "oauth", "env", "inherit_env",
               "connect_timeout", "default_timeout", "manifest", "rules", "skip_path_check", "cwd")
 
-    def __init__(self, raw, where, base, transport=None):
+    def __init__(self, raw, where, path, transport=None):
         refuse_unknown(raw, self.FIELDS, where)
+        self.config_path, base = path, os.path.dirname(path)  # the config it is in
         self.name = field_string(raw, "name", where, required=True)
         _check_name(self.name, f"{where}.name")
         where = f'server "{self.name}"'
@@ -842,7 +843,7 @@ class Config:
         servers = raw.get("servers")
         if not isinstance(servers, list) or not servers:
             raise ConfigError("servers must be a list of at least one server")
-        self.servers = [Server(s, f"servers[{i}]", base, transport)
+        self.servers = [Server(s, f"servers[{i}]", path, transport)
                         for i, s in enumerate(servers)]
         names = [s.name for s in self.servers]
         for name in names:
@@ -950,15 +951,13 @@ def check_database_path(path):
 # =============================================================================================
 
 class UpstreamError(Exception):
-    """A request upstream failed, as known: `sent` False, no byte reached the server (nothing
-    executed); `answered`, a JSON-RPC error; `unusable`, an unreadable answer; `timed_out`."""
+    """A request upstream failed. `outcome`, set by the transport where it writes the bytes:
+    'not_sent' (no byte reached the server: nothing executed), 'answered' (a refusal the
+    server answered), 'unusable' (an answer that cannot be read), 'no_answer', 'timed_out'."""
 
-    def __init__(self, message, timed_out=False, unusable=False, sent=True, answered=False):
+    def __init__(self, message, outcome="no_answer"):
         super().__init__(message)
-        self.timed_out = timed_out
-        self.unusable = unusable
-        self.sent = sent
-        self.answered = answered
+        self.outcome = outcome
 
 
 ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
@@ -2850,8 +2849,8 @@ def call_upstream(tool, args, cap, progress=None):
             else "ok"
     except UpstreamError as err:
         error = str(err)
-        ending = ("unrecorded" if err.unusable else "error" if err.answered else "unsent"
-                  if not err.sent else "timed_out" if err.timed_out else "no_answer")
+        ending = {"unusable": "unrecorded", "answered": "error",
+                  "not_sent": "unsent"}.get(err.outcome, err.outcome)
     if tool.read_only and ending not in ("ok", "unsent"):
         ending = "error"
     if passed is None:
@@ -5467,7 +5466,7 @@ def lint_manifests(manifests):
 # Owns: how the config says a server is reached (read_transport) and whether that reaches
 # what the gate depends on (check_reach); a server as a child process speaking
 # newline-delimited JSON-RPC (Upstream), or reached by url over Streamable HTTP through the
-# optional mcp package (HttpUpstream), the requests agentgate sends it; its manifest.
+# standard library's client (HttpUpstream), the requests agentgate sends it; its manifest.
 # Core it calls: read_config (load_config hands it read_transport), read_frames, read_owned;
 # and, for load_all, load, which tells each server's Report.
 # Promises: the child gets only PATH, HOME, TMPDIR and what the operator names; it runs in its
@@ -5478,16 +5477,16 @@ def lint_manifests(manifests):
 # the request it answers, and none ends the reading thread; only an integer id agentgate
 # wrote matches an answer; a server that does not take in a message by its write's deadline
 # is stopped (the error says whether any byte reached it); a server that exits fails every
-# later call at once, as not sent, until it is started again (section 23).
-# Closing is idempotent and never waits on a server. Over HTTP the same holds,
-# and: every answer is read by parse from the bytes the server sent, never from the SDK's
-# decoding; what agentgate sends is its own canonical encoding; no redirect is followed; a
-# request's error says whether it reached the server (a refused connection: no; a connection
-# lost after sending, or HTTP 500 or more: it may have executed); a stream closed after naming
-# an event is resumed within the request's deadline; the server's own stream is listened to.
-# The newest protocol version both sides speak is asked for. The mcp package is imported only
-# when such a server starts. A server asking for OAuth is sent the tokens `login` kept; the
-# serving gate never asks a person, so a server refusing what it holds fails with LOGIN_NEEDED.
+# later call at once, as not sent, until it is started again (section 23). Closing is idempotent and never waits on a server. Every failure names one
+# outcome (UpstreamError.outcome), set where the bytes are written. Over HTTP the same holds,
+# and: each message goes on its own connection, so no call waits for another's answer; no
+# byte of a request is written after its deadline; no redirect is followed; a refused
+# connection sent nothing, a connection lost after sending or HTTP 500 or more may have
+# executed; a stream closed after naming an event is resumed within the request's deadline;
+# the server's own stream is listened to. The newest protocol version both sides speak is
+# asked for. A server asking for OAuth is sent the tokens `login` kept for this config and
+# url, renewed at the token endpoint login found; the serving gate never asks a person, so a
+# server refusing what it holds is not served until login (LOGIN_NEEDED).
 # =============================================================================================
 
 # ---- Reaching a server: the config's transport fields ---------------------------------------
@@ -5535,7 +5534,9 @@ def read_transport(server, raw, where, base):
             raise ConfigError(f"{where}.inherit_env entry {quote(name)} must be a variable "
                               f"name without '='")
     server.connect_timeout = field_duration(raw, "connect_timeout", where, 30 * SECOND)
-    server.tokens = os.path.join(base, f"{server.name}.tokens.json")  # what login obtained
+    # What login obtained, for this config's server of this name (TokenFile binds the url).
+    stem = os.path.splitext(os.path.basename(server.config_path))[0]
+    server.tokens = os.path.join(base, f"{stem}.{server.name}.tokens.json")
     # A server runs in the user's home, not beside the config and database: writing a relative
     # path must not edit its own policy. A configured cwd is reach-checked (check_reach).
     server.cwd_given = field_string(raw, "cwd", where)
@@ -5774,7 +5775,8 @@ class Upstream:
                 cwd=self.server.cwd, bufsize=0, preexec_fn=_parent_death_request())
         except OSError as err:
             raise UpstreamError(self.describe("connect", f"cannot start "
-                                              f"{quote(self.server.command[0])}: {err.strerror}"))
+                                              f"{quote(self.server.command[0])}: {err.strerror}"),
+                                "not_sent")
         os.set_blocking(proc.stdin.fileno(), False)  # writes wait in poll, with a deadline
         self.stderr_tail, self.stderr_done = b"", threading.Event()
         with self.lock:
@@ -5862,7 +5864,7 @@ class Upstream:
                     if frame is None:
                         self._deliver(frame_id(head), error=UpstreamError(
                             f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes",
-                            unusable=True))
+                            "unusable"))
                     elif frame.strip():
                         self._dispatch(frame)
                 except Exception as err:
@@ -5883,7 +5885,7 @@ class Upstream:
             loose = parse_loosely(line)
             self._deliver(int_id(loose.get("id")) if isinstance(loose, dict) else None,
                           error=UpstreamError(f"the server's answer is not usable JSON: {err}",
-                                              unusable=True))
+                                              "unusable"))
             return
         if not isinstance(message, dict):
             return
@@ -5902,7 +5904,7 @@ class Upstream:
             error = message["error"]
             text = error.get("message", "") if isinstance(error, dict) else ""
             self._deliver(int_id(message.get("id")), error=UpstreamError(
-                f"the server answered with an error: {clean(str(text), 1000)}", answered=True))
+                f"the server answered with an error: {clean(str(text), 1000)}", "answered"))
         else:
             self._deliver(int_id(message.get("id")), result=message.get("result"))
 
@@ -5951,12 +5953,12 @@ class Upstream:
         data = canonical(message) + b"\n"
         if not self.write_lock.acquire(timeout=deadline.left()):
             raise UpstreamError("the server is not reading its input (an earlier message to "
-                                "it is still being written)", sent=False, timed_out=True)
+                                "it is still being written)", "not_sent")
         written, view = 0, memoryview(data)
         try:
             proc = self.proc
             if proc is None:
-                raise UpstreamError("the connection is closed", sent=False)
+                raise UpstreamError("the connection is closed", "not_sent")
             poller = None
             while written < len(data):
                 try:
@@ -5966,7 +5968,8 @@ class Upstream:
                     pass  # the pipe is full: wait until the server reads, or the deadline
                 except (OSError, ValueError):
                     raise UpstreamError("the server is not reading its input (it may have "
-                                        "exited)", sent=written > 0) from None
+                                        "exited)", "no_answer" if written else "not_sent") \
+                        from None
                 if poller is None:
                     poller = select.poll()
                     poller.register(proc.stdin.fileno(), select.POLLOUT)
@@ -5978,7 +5981,7 @@ class Upstream:
             reason = (f"the server did not take in the message within "
                       f"{format_duration(deadline.ns)}, so it was stopped")
             self._stop(proc, reason)
-            raise UpstreamError(reason, sent=written > 0, timed_out=True)
+            raise UpstreamError(reason, "timed_out" if written else "not_sent")
 
     def _stop(self, proc, reason):
         with self.lock:
@@ -6001,18 +6004,17 @@ class Upstream:
         try:
             down = self.down_text()
             if down and step not in OPENING_STEPS:
-                raise UpstreamError(down + "; nothing was sent", sent=False)
+                raise UpstreamError(down + "; nothing was sent", "not_sent")
             return self._request(method, params, deadline, progress)
         except UpstreamError as err:
-            tail = self.tail() if step in OPENING_STEPS and not err.timed_out else ""
-            raise UpstreamError(self.describe(step, str(err)) + tail, timed_out=err.timed_out,
-                                unusable=err.unusable, sent=err.sent,
-                                answered=err.answered) from None
+            tail = self.tail() if step in OPENING_STEPS and \
+                err.outcome != "timed_out" else ""
+            raise UpstreamError(self.describe(step, str(err)) + tail, err.outcome) from None
 
     def _request(self, method, params, deadline, progress):
         with self.lock:
             if self.closed:
-                raise UpstreamError(self.closed, sent=False)
+                raise UpstreamError(self.closed, "not_sent")
             self.next_id += 1
             ident = self.next_id
             # `done` is held until the answer (or a failure) is filled in, then released: a
@@ -6039,7 +6041,7 @@ class Upstream:
                 self.notify("notifications/cancelled", {"requestId": ident,
                                                         "reason": "the deadline passed"})
                 raise UpstreamError("timed out after " + format_duration(deadline.ns),
-                                    timed_out=True)
+                                    "timed_out")
         if slot["error"]:
             raise slot["error"]
         return slot["result"]
@@ -6108,83 +6110,12 @@ def new_upstream(server):
     return HttpUpstream(server) if server.url else Upstream(server)
 
 
-# Over HTTP the SDK's client keeps the session (its id, the protocol header, the message
-# kinds); agentgate keeps what decides an outcome, in _HttpTap, the HTTP transport under the
-# SDK's client: the bytes sent, the bytes answered, and whether a request reached the server.
-MESSAGE_TOKEN = "x-agentgate-message"  # names a message's bytes; removed before sending
-CLOSE_SECONDS = 2
+# OAuth. Only `login` asks a person (section 30); the serving gate attaches the access token
+# login kept and refreshes it where login found it can, or does not serve the server.
+LOGIN_NEEDED = "the server asks for an authorization the gate does not hold, or holds no longer"
 # Pauses between attempts to open a server's own stream that was refused for a while (seconds).
 OWN_STREAM_FIRST_PAUSE, OWN_STREAM_LAST_PAUSE = 0.25, 30
-
-
-@functools.lru_cache(maxsize=1)
-def mcp_install_text():
-    if python_path() != sys.executable:
-        return f"{VENV}/bin/python has it: run agentgate with that"
-    made = "" if os.path.isdir(os.path.expanduser(VENV)) else f"python3 -m venv {VENV} && "
-    return (f"{python_command()} -m pip install --upgrade mcp, or where pip refuses to install "
-            f"into the system's Python: {made}{VENV}/bin/pip install mcp, and run agentgate "
-            f"with {VENV}/bin/python")
-
-
-def mcp_sdk():
-    """The optional mcp package's pieces, imported on first use only: an HTTP server in the
-    config must not slow a start that has none. None when it is not installed, or is older
-    than version 2 (whose client is built on httpx2 and mcp_types, as used here)."""
-    try:
-        import mcp.client.streamable_http as transport
-        import mcp.client.session as session
-        import mcp.client.auth as auth
-        import mcp.shared.auth as auth_records
-        import mcp.shared.message as message
-        import mcp_types
-        import mcp_types.version
-        import httpx2
-        import asyncio
-        import logging
-    except ImportError:
-        return None
-    # The SDK reports what it survives through logging, which would print tracebacks on
-    # agentgate's stderr; every outcome it reports reaches agentgate through _HttpTap.
-    for name in ("mcp", "httpx2"):
-        logging.getLogger(name).addHandler(logging.NullHandler())
-        logging.getLogger(name).propagate = False
-
-    class EventRelay(httpx2.AsyncByteStream):
-        """A body passed on to the SDK as it arrives, read through `chunks` (_HttpTap._relay);
-        when the SDK closes it early, the response it reads is closed too, not left to GC."""
-
-        def __init__(self, chunks, response):
-            self.chunks, self.response = chunks, response
-
-        def __aiter__(self):
-            return self.chunks
-
-        async def aclose(self):
-            await self.chunks.aclose()
-            await self.response.aclose()
-
-    return {"client": transport.streamable_http_client, "message": message.SessionMessage,
-            "metadata": message.ClientMessageMetadata, "types": mcp_types, "httpx": httpx2,
-            "asyncio": asyncio, "session": session.ClientSession, "auth": auth,
-            "auth_records": auth_records, "relay": EventRelay,
-            "versions": mcp_types.version.HANDSHAKE_PROTOCOL_VERSIONS}
-
-
-def mcp_sdk_for(server):
-    sdk = mcp_sdk()
-    if sdk is None:
-        raise ConfigError(f"server {quote(server.name)} has a url; HTTP servers need the "
-                          f"optional mcp package, version 2 or later: {mcp_install_text()}")
-    return sdk
-
-
-# OAuth, through the mcp package's own client. Only `login` ever asks a person (section 30);
-# the serving gate attaches what login left and refreshes it, or does not serve the server.
-LOGIN_NEEDED = "the server asks for an authorization the gate does not hold, or holds no longer"
-# Never used to receive anything: the serving gate's client has no way to ask a person.
-NO_REDIRECT = "http://127.0.0.1/"
-OAUTH_EXCHANGES = 20  # requests one OAuth flow may make (discovery tries several addresses)
+READ_BYTES = 65536
 
 
 def login_hint(server):
@@ -6192,121 +6123,169 @@ def login_hint(server):
     return f"run: {PROGRAM}.py login {server.name}"
 
 
-class TokenFile:
-    """The mcp package's token storage for one server: what login obtained and the client it
-    was issued to, 0600 in Server.tokens beside the config. Not in the database: the record is
-    shown and copied for audits, and a credential is no fact about a call. A pre-registered
-    client (the server's `oauth`) stays in the config."""
-
-    def __init__(self, sdk, server, fresh=False):
-        self.records, self.server = sdk["auth_records"], server
-        self.tokens = self.client = self.expires_at = None
-        self.wanted = ""  # scope a server asked for more of (403 insufficient_scope)
-        if server.oauth.get("client_id"):
-            secret = server.oauth.get("client_secret")
-            self.client = self.records.OAuthClientInformationFull(
-                client_id=server.oauth["client_id"], client_secret=secret,
-                token_endpoint_auth_method="client_secret_basic" if secret else "none")
-        if fresh or not os.path.exists(server.tokens):
-            return
-        mode = os.stat(server.tokens).st_mode
-        if mode & 0o077:
-            raise ConfigError(f"the tokens of server {quote(server.name)} in {server.tokens} "
-                              f"have mode {stat.filemode(mode)}, which lets others read them: "
-                              f"chmod 600 it")
-        try:
-            kept = json.loads(read_owned(server.tokens, "token file"))
-            self.tokens = self.records.OAuthToken.model_validate(kept["tokens"])
-            self.expires_at = kept.get("expires_at")
-            self.wanted = kept.get("wanted_scope", "")
-            if self.client is None:
-                self.client = self.records.OAuthClientInformationFull.model_validate(
-                    kept["client"])
-        except (ValueError, KeyError, TypeError):
-            raise ConfigError(f"the tokens of server {quote(server.name)} in {server.tokens} "
-                              f"cannot be read; {login_hint(server)}") from None
-
-    async def get_tokens(self):
-        return self.tokens
-
-    async def set_tokens(self, tokens):
-        self.tokens = tokens
-        self.expires_at = time.time() + tokens.expires_in if tokens.expires_in else None
-        self._write()
-
-    def want(self, scope):
-        """Keep the scope a server refused a call for, so the next login asks for it too."""
-        self.wanted = union_scope(self.wanted, scope)
-        self._write()
-
-    def _write(self):
-        kept = {"tokens": self.tokens.model_dump(mode="json", exclude_none=True),
-                "expires_at": self.expires_at, "wanted_scope": self.wanted}
-        if not self.server.oauth.get("client_id"):
-            kept["client"] = self.client.model_dump(mode="json", exclude_none=True)
-        write_private(self.server.tokens, json.dumps(kept, indent=2) + "\n")
-
-    async def get_client_info(self):
-        return self.client
-
-    async def set_client_info(self, client):
-        self.client = client  # kept with the tokens, once there are any
-
-
 def union_scope(*scopes):
     """Space-separated scopes, each once, in the order first given."""
     return " ".join(dict.fromkeys(" ".join(scope or "" for scope in scopes).split()))
 
 
-def oauth_client(sdk, server, store, ask, redirected, redirect_uri=NO_REDIRECT):
-    """The mcp package's OAuth client for `server` as an httpx auth. `ask` shows a person the
-    authorization address and `redirected` waits for the browser (login); the serving gate's
-    fail, so a lapsed authorization fails where the client would ask."""
-    records = sdk["auth_records"]
-    metadata = records.OAuthClientMetadata(client_name=PROGRAM, redirect_uris=[redirect_uri])
-    client = sdk["auth"].OAuthClientProvider(server.url, metadata, store, ask, redirected)
-    # The client counts a stored token as valid until a server refuses it; the expiry kept
-    # with it lets an expired one be refreshed first, as it would be within one process.
-    client.context.token_expiry_time = store.expires_at
-    return client
+class TokenFile:
+    """What login obtained for one server of one config, 0600 in Server.tokens beside it: the
+    tokens, the client they were issued to, and the authorization server's issuer and token
+    endpoint. Bound to that config and url: a file kept for another is refused, so no other
+    server is sent them. Not in the database: the record is shown and copied for audits, and
+    a credential is no fact about a call. A pre-registered client stays in the config."""
+
+    def __init__(self, server, fresh=False):
+        self.server = server
+        self.kept = {"config": server.config_path, "url": server.url}
+        if fresh or not os.path.exists(server.tokens):
+            return
+        these = f"the tokens of server {quote(server.name)} in {server.tokens}"
+        mode = os.stat(server.tokens).st_mode
+        if mode & 0o077:
+            raise ConfigError(f"{these} have mode {stat.filemode(mode)}, which lets others "
+                              f"read them: chmod 600 it")
+        try:
+            kept = json.loads(read_owned(server.tokens, "token file"))
+            usable = isinstance(kept["tokens"]["access_token"], str)
+        except (ValueError, KeyError, TypeError):
+            usable = False
+        if not usable:
+            raise ConfigError(f"{these} cannot be read; {login_hint(server)}")
+        if (kept.get("config"), kept.get("url")) != (server.config_path, server.url):
+            raise ConfigError(f"{these} were kept for another config or url; "
+                              f"{login_hint(server)}")
+        self.kept = kept
+
+    def client(self):
+        """The client the tokens were issued to: the config's, else the one login registered."""
+        given = self.server.oauth
+        if not given.get("client_id"):
+            return self.kept.get("client") or {}
+        secret = given.get("client_secret")
+        return {"client_id": given["client_id"], "client_secret": secret,
+                "token_endpoint_auth_method": "client_secret_basic" if secret else "none"}
+
+    def bearer(self):
+        return "Bearer " + self.kept["tokens"]["access_token"]
+
+    def expired(self):
+        at = self.kept.get("expires_at")
+        return isinstance(at, (int, float)) and at <= time.time()
+
+    def obtained(self, tokens):
+        """Keep new tokens; a refresh that names no new refresh token or scope keeps the old."""
+        old = self.kept.get("tokens", {})
+        self.kept["tokens"] = {**{k: old[k] for k in ("refresh_token", "scope") if k in old},
+                               **tokens}
+        lasts = tokens.get("expires_in")
+        self.kept["expires_at"] = time.time() + lasts if isinstance(lasts, (int, float)) \
+            else None
+        self.write()
+
+    def want(self, scope):
+        """Keep the scope a server refused a call for, so the next login asks for it too."""
+        self.kept["wanted_scope"] = union_scope(self.kept.get("wanted_scope"), scope)
+        self.write()
+
+    def write(self):
+        if self.server.oauth.get("client_id"):
+            self.kept.pop("client", None)
+        write_private(self.server.tokens, json.dumps(self.kept, indent=2) + "\n")
+
+    def refresh(self, deadline):
+        """A refresh-token grant to the token endpoint login found: the refresh token and the
+        client's secret go there and nowhere else. False when the tokens were not renewed."""
+        from urllib.parse import urlencode, quote as escape
+        refresh, endpoint = self.kept["tokens"].get("refresh_token"), self.kept.get(
+            "token_endpoint")
+        client = self.client()
+        if not (refresh and endpoint and client.get("client_id")):
+            return False
+        form = {"grant_type": "refresh_token", "refresh_token": refresh,
+                "client_id": client["client_id"]}
+        if self.kept.get("resource"):
+            form["resource"] = self.kept["resource"]
+        headers = {"Content-Type": "application/x-www-form-urlencoded",
+                   "Accept": "application/json"}
+        secret = client.get("client_secret")
+        method = client.get("token_endpoint_auth_method") or "client_secret_basic"
+        if secret and method == "client_secret_post":
+            form["client_secret"] = secret
+        elif secret and method == "client_secret_basic":
+            pair = f"{escape(client['client_id'], safe='')}:{escape(secret, safe='')}"
+            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+        conn = None
+        try:
+            conn = http_connection(endpoint, deadline)
+            conn.request("POST", url_target(endpoint), urlencode(form), headers)
+            response = conn.getresponse()
+            tokens = json.loads(response.read(MAX_MESSAGE_BYTES)) \
+                if response.status == 200 else None
+        except (OSError, ValueError, http_client().HTTPException):
+            tokens = None
+        finally:
+            if conn:
+                conn.close()
+        if not isinstance(tokens, dict) or not isinstance(tokens.get("access_token"), str) \
+                or str(tokens.get("token_type")).lower() != "bearer":
+            return False
+        self.obtained(tokens)
+        return True
+
+
+@functools.lru_cache(maxsize=1)
+def http_client():
+    import http.client  # only when a url server starts
+    return http.client
+
+
+def http_connection(url, deadline):
+    """A connection to `url`'s host, connected by `deadline` (None: within 30s)."""
+    from urllib.parse import urlsplit
+    parts, client = urlsplit(url), http_client()
+    seconds = max(deadline.left(), 0.001) if deadline else 30
+    if parts.scheme == "https":
+        import ssl
+        conn = client.HTTPSConnection(parts.hostname, parts.port, timeout=seconds,
+                                      context=ssl.create_default_context())
+    else:
+        conn = client.HTTPConnection(parts.hostname, parts.port, timeout=seconds)
+    conn.connect()
+    return conn
+
+
+def url_target(url):
+    from urllib.parse import urlsplit
+    parts = urlsplit(url)
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
 class HttpUpstream(Upstream):
-    """A connected MCP server over Streamable HTTP, on one event loop in a thread of its own.
-    Only the way a message travels differs from Upstream: answers reach _dispatch from
-    _HttpTap as the bytes the server sent."""
+    """A connected MCP server over Streamable HTTP, through the standard library's client.
+    Only the way a message travels differs from Upstream. Each message is POSTed on its own
+    connection, written by the caller by its deadline (_post, the one place its bytes are
+    written), so no call waits for another's answer; a request's answer is read on a thread
+    of its own and reaches _dispatch as the bytes the server sent."""
 
     def __init__(self, server):
         super().__init__(server)
-        self.sdk = self.loop = self.thread = self.task = self.stop = self.writer = None
-        self.auth = self.tokens = None
+        self.session = None  # Mcp-Session-Id, from the initialize answer
+        self.tokens = None  # what login kept, unless the config gives an Authorization header
         self.unauthorized = False  # the server refused agentgate's authorization (or none)
-        self.outgoing = {}  # token -> (request id or None, bytes), until _HttpTap takes it
-        self.session_known = threading.Event()  # the SDK has read the initialize answer
+        self.refreshing = threading.Lock()
+        self.connections = set()  # open ones, each ended by close
+        self.ended = threading.Event()
 
     def spawn(self):
         if self.server.unavailable:
-            raise UpstreamError(self.server.unavailable, sent=False)
-        try:
-            self.sdk = mcp_sdk_for(self.server)
-        except ConfigError as err:  # a problem of this server only: the others are served
-            raise UpstreamError(str(err), sent=False) from None
-        # OAuth is attached once login has left tokens; a server given its own Authorization
-        # header is authorized by that header instead.
+            raise UpstreamError(self.server.unavailable, "not_sent")
         if os.path.exists(self.server.tokens) and not any(
                 name.lower() == "authorization" for name in self.server.headers):
-            self.tokens = TokenFile(self.sdk, self.server)
-            self.auth = oauth_client(self.sdk, self.server, self.tokens, self._cannot_ask,
-                                     self._cannot_ask)
-        self.loop = self.sdk["asyncio"].new_event_loop()
-        self.loop.set_exception_handler(lambda loop, context: None)
-        self.stop = self.loop.create_future()
-        opened = threading.Event()
-        self.task = self.loop.create_task(self._session(opened))
-        self.thread = threading.Thread(target=self._run, args=(self.loop,), daemon=True)
-        self.thread.start()
-        # Opening the client touches no network; the first request is the first connection.
-        opened.wait(timeout=OWN_WRITE_SECONDS)
+            try:
+                self.tokens = TokenFile(self.server)
+            except ConfigError as err:  # a problem of this server only: the others are served
+                raise UpstreamError(str(err), "not_sent") from None
 
     def handshake(self, deadline):
         try:
@@ -6315,350 +6294,280 @@ class HttpUpstream(Upstream):
             if not self.unauthorized:
                 raise
             # Only the operator reads a start's failure: it may name the command.
-            raise UpstreamError(f"{err}; {login_hint(self.server)}", answered=True) from None
-
-    async def _cannot_ask(self, url=None):
-        # The serving gate opens no browser and no port: the server is not served until the
-        # operator runs login again, and every later call fails at once saying so.
-        with self.lock:
-            self.closed = self.closed or LOGIN_NEEDED
-        log(f"server {self.name}: {LOGIN_NEEDED}; {login_hint(self.server)}")
-        raise UpstreamError(LOGIN_NEEDED)
-
-    def protocol_versions(self):
-        return tuple(v for v in PROTOCOL_VERSIONS if v in self.sdk["versions"])
-
-    def _run(self, loop):
-        try:
-            loop.run_until_complete(self.task)
-        except BaseException:
-            pass  # how each request ended was already handed to it
-        finally:
-            loop.close()
-
-    async def _session(self, opened):
-        httpx, asyncio = self.sdk["httpx"], self.sdk["asyncio"]
-        # No timeout of the library's own but connecting: every request waits with its own
-        # deadline, as over stdio. max_redirects=0: the SDK follows none. httpx counts each
-        # exchange of an auth flow (refresh, discovery) as a redirect, so OAuth needs room; a
-        # message is still never sent past a redirect (_HttpTap).
-        timeout = httpx.Timeout(None, connect=self.server.connect_timeout / SECOND)
-        try:
-            async with httpx.AsyncClient(transport=_HttpTap(self), headers=self.server.headers,
-                                         timeout=timeout, auth=self.auth,
-                                         max_redirects=OAUTH_EXCHANGES if self.auth else 0) \
-                    as client, \
-                    self.sdk["client"](self.server.url, http_client=client,
-                                       max_sse_event_size=MAX_MESSAGE_BYTES) as (reader, writer):
-                self.writer = writer
-                opened.set()
-                drain = asyncio.ensure_future(self._drain(reader))
-                try:
-                    await self.stop
-                finally:
-                    drain.cancel()
-        finally:
-            with self.lock:
-                self.writer = None
-                self.closed = self.closed or "the connection to the server ended"
-                self._fail_all(self.closed)
-            opened.set()
-            self.session_known.set()  # nothing waits for a session that has ended
-
-    async def _drain(self, reader):
-        # What the SDK decoded is not used: _HttpTap has handed each message over as bytes
-        # before the SDK could read it. So an error the SDK passes on for a request that still
-        # waits is its own: it could not fetch the answer of a stream the server closed early
-        # (resuming failed, or the server gave no way to), and the request may have executed.
-        error_type = self.sdk["types"].JSONRPCError
-        async for item in reader:
-            self.session_known.set()  # the SDK passes nothing on before initialize's answer
-            message = getattr(item, "message", None)
-            if isinstance(message, error_type) and isinstance(message.id, int):
-                self._deliver(message.id, error=UpstreamError(
-                    "the server closed its answer's event stream before the result, and "
-                    "resuming it failed"))
-
-    def _send(self, message, deadline):
-        """Hand one message to the SDK by `deadline`. It reaches the server only if _HttpTap
-        takes its bytes; a message withdrawn before that was not sent."""
-        # _HttpTap hands the initialize answer over (the handshake then sets `protocol`)
-        # before the SDK reads it and takes the session id from it. A message sent sooner would
-        # go without the session, and the SDK, starting the server's own stream at
-        # notifications/initialized, would find no session and never listen: no list_changed
-        # or request of the server's would be heard. The loop's own answers cannot wait here.
-        if self.protocol and threading.current_thread() is not self.thread and \
-                not self.session_known.wait(deadline.left()):
-            raise self._not_sent(deadline)
-        with self.lock:
-            writer, loop = self.writer, self.loop
-            if writer is None or self.closed:
-                raise UpstreamError(self.closed or "the connection is closed", sent=False)
-            self.next_id += 1
-            token = str(self.next_id)
-            ident = message["id"] if "method" in message and "id" in message else None
-            self.outgoing[token] = (ident, canonical(message))
-        headers = {MESSAGE_TOKEN: token}
-        if self.protocol:
-            headers["mcp-protocol-version"] = self.protocol
-        # The SDK is given the message's kind only (request, notification or answer, for its
-        # session keeping); _HttpTap sends agentgate's own bytes in its place.
-        stand_in = {"jsonrpc": "2.0"}
-        if "method" in message:
-            stand_in["method"] = message["method"]
-        else:
-            stand_in["result"] = {}
-        if "id" in message:
-            stand_in["id"] = message["id"] if isinstance(message["id"], (int, str)) else 0
-        item = self.sdk["message"](self.sdk["types"].jsonrpc_message_adapter.validate_python(
-            stand_in), metadata=self.sdk["metadata"](headers=headers))
-        sending = writer.send(item)
-        try:
-            future = self.sdk["asyncio"].run_coroutine_threadsafe(sending, loop)
-        except RuntimeError:  # the loop ended as this began: closed meanwhile
-            sending.close()
-            future = None
-        if future and threading.current_thread() is self.thread:
-            return  # an answer to the server's own request, from the loop: it cannot wait here
-        try:
-            if future:
-                future.result(timeout=deadline.left())
-                return
-        except TimeoutError:
-            future.cancel()
-        except Exception:
-            pass  # the SDK's client has ended
-        with self.lock:
-            if self.outgoing.pop(token, None) is None:
-                return  # taken as the wait ended: it went out, and its answer is awaited
-        raise self._not_sent(deadline)
-
-    def _not_sent(self, deadline):
-        return UpstreamError(self.closed or f"timed out after {format_duration(deadline.ns)}, "
-                                            f"before the message was sent", sent=False,
-                             timed_out=not self.closed)
+            raise UpstreamError(f"{err}; {login_hint(self.server)}", "answered") from None
+        threading.Thread(target=self._listen, daemon=True).start()
 
     def close(self):
-        """Fail what waits, end the session (the SDK ends it politely if it can), and never
-        wait on the server longer than a few seconds."""
+        """Fail what waits and end every connection; nothing waits on the server."""
         with self.lock:
             self.closed = self.closed or "the connection was closed"
             self._fail_all(self.closed)
-            loop, self.loop = self.loop, None
-        if loop is None:
-            return
-        try:
-            loop.call_soon_threadsafe(lambda: self.stop.done() or self.stop.set_result(None))
-        except RuntimeError:
-            return  # the loop has already ended
-        self.thread.join(CLOSE_SECONDS)
-        if self.thread.is_alive():
-            try:
-                loop.call_soon_threadsafe(self.task.cancel)
-            except RuntimeError:
-                return
-            self.thread.join(CLOSE_SECONDS)
+            self.ended.set()
+            connections = list(self.connections)
+        for conn in connections:  # each read under way ends, and its thread closes it
+            self._shut(conn)
 
     def tail(self):
         return ""
 
+    # -- sending ---------------------------------------------------------------------------
 
-class _HttpTap:
-    """The HTTP transport under the SDK's client, on the session's event loop.
-
-    A POST carries agentgate's canonical bytes in place of the SDK's encoding; its answer is
-    read here in full (at most MAX_MESSAGE_BYTES), each JSON-RPC message in it handed to the
-    upstream as bytes, then given to the SDK. A request whose answer holds no message for it
-    learns here what became of it, unless the server closed the event stream after naming an
-    event: then the SDK resumes it with a GET (`Last-Event-ID`) within the request's deadline.
-    A GET (the server's own stream, or a resumed one) is passed on as it arrives, each message
-    handed over as its event completes: such a stream may stay open all session."""
-
-    def __init__(self, upstream):
-        self.upstream = upstream
-        self.httpx = upstream.sdk["httpx"]
-        self.inner = self.httpx.AsyncHTTPTransport()
-        self.endpoint = self.httpx.URL(upstream.server.url)
-
-    async def __aenter__(self):
-        await self.inner.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.inner.__aexit__(*exc)
-
-    async def aclose(self):
-        await self.inner.aclose()
-
-    async def handle_async_request(self, request):
-        upstream = self.upstream
-        token = request.headers.get(MESSAGE_TOKEN)
-        if token is None and request.url != self.endpoint:
-            # The OAuth client's own requests (metadata, registration, token): no message of
-            # agentgate's is in them, and their answers are the client's alone.
-            return await self.inner.handle_async_request(request)
-        if request.method == "GET":
-            return await self._listen(request)
-        ident, body = None, None
-        if token is not None:
-            with upstream.lock:
-                ident, body = upstream.outgoing.pop(token, (None, None))
-            if body is None:
-                return self.httpx.Response(204, request=request)  # withdrawn: never sent
-            request = self._as_sent(request, body)
-        try:
-            response = await self.inner.handle_async_request(request)
-        except (self.httpx.ConnectError, self.httpx.ConnectTimeout) as err:
-            upstream._deliver(ident, error=UpstreamError(
-                f"cannot reach {shown_url(upstream.server.url)} ("
-                f"{clean(str(err), 200) or type(err).__name__}), so nothing was sent", sent=False))
-            raise
-        except Exception as err:
-            upstream._deliver(ident, error=self._lost(err))
-            raise
-        status = response.status_code
-        if status >= 500:
-            # A proxy's 502 or 504, or a server that failed mid-call, answers after the request
-            # was delivered: whatever its body says, the request may have executed. Decided
-            # before the body is read, so no message in it can make the outcome known.
-            upstream._deliver(ident, error=UpstreamError(
-                f"the server answered HTTP {status} after the request reached it"))
-        events = _EventStream() if self._is_event_stream(response) else None
-        chunks = []
-        try:
-            too_big = await self._read(response, events, chunks)
-        except Exception as err:
-            if not (events and events.last_id):
-                upstream._deliver(ident, error=self._lost(err))
-                raise
-            too_big = False  # lost after an event id: the SDK resumes from what came
+    def _send(self, message, deadline):
+        body = canonical(message)
+        conn = self._post(body, deadline)
+        if "method" in message and "id" in message:
+            threading.Thread(target=self._answer, args=(conn, message["id"], body, deadline),
+                             daemon=True).start()
+            return
+        try:  # a notice or an answer: the server takes it in at once (202)
+            conn.getresponse().read(MAX_MESSAGE_BYTES)
+        except (OSError, http_client().HTTPException):
+            pass
         finally:
-            await response.aclose()
-        data = b"" if too_big else b"".join(chunks)
-        if too_big:
-            upstream._deliver(ident, error=UpstreamError(
-                f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes", unusable=True))
-        elif 300 <= status < 400:
-            from urllib.parse import urljoin
-            target = urljoin(str(request.url), response.headers.get("location", ""))
-            upstream._deliver(ident, error=UpstreamError(
-                f"the server answered with a redirect (HTTP {status}) to "
-                f"{clean(shown_url(target), 200)}, which is not followed: if that is the "
-                f"server, make it the url", answered=True))
-        elif status == 401 or (status == 403 and "insufficient_scope" in
-                               response.headers.get("www-authenticate", "")):
-            upstream.unauthorized = True
-            if status == 403 and upstream.tokens:
-                upstream.tokens.want(upstream.sdk["auth"].utils.extract_scope_from_www_auth(
-                    response))
-            upstream._deliver(ident, error=UpstreamError(f"{LOGIN_NEEDED} (HTTP {status})",
-                                                         answered=True))
-        elif 400 <= status < 500:
-            upstream._deliver(ident, error=UpstreamError(
-                f"the server answered HTTP {status}", answered=True))
-        elif not (events and events.last_id):
-            # The request reached the server, and no answer to it came back. (After an event
-            # id the SDK resumes the stream; if it cannot, HttpUpstream._drain hears of it.)
-            upstream._deliver(ident, error=UpstreamError(
-                "the server ended its HTTP answer without a result"))
-        headers = [(k, v) for k, v in response.headers.multi_items()
-                   if k.lower() not in ("content-length", "transfer-encoding")]
-        return self.httpx.Response(status, headers=headers, content=data, request=request,
-                                   extensions=response.extensions)
+            self._end(conn)
 
-    def _as_sent(self, request, body):
-        # Read as sent: compressed bytes could not be read as they arrive.
-        headers = [(k, v) for k, v in request.headers.multi_items()
-                   if k.lower() not in (MESSAGE_TOKEN, "content-length", "accept-encoding")]
-        return self.httpx.Request(request.method, request.url, content=body,
-                                  headers=headers + [("accept-encoding", "identity")],
-                                  extensions=request.extensions)
+    def _headers(self, deadline, accept, refused=None):
+        headers = {**self.server.headers, "Accept": accept}
+        if self.session:
+            headers["Mcp-Session-Id"] = self.session
+        if self.protocol:
+            headers["MCP-Protocol-Version"] = self.protocol
+        if self.tokens:
+            headers["Authorization"] = self._bearer(deadline, refused)
+        return headers
+
+    def _bearer(self, deadline, refused):
+        """The access token to send, renewed first when it expired or is `refused` (the one a
+        401 answered), by one caller at a time."""
+        if not self.refreshing.acquire(timeout=max(deadline.left(), 0) if deadline else -1):
+            raise UpstreamError(f"timed out after {format_duration(deadline.ns)}, before the "
+                                f"message was sent", "not_sent")
+        try:
+            stale = self.tokens.expired() or self.tokens.bearer() == refused
+            if stale and not self.tokens.refresh(deadline):
+                raise self._login_needed("the token could not be renewed")
+            return self.tokens.bearer()
+        finally:
+            self.refreshing.release()
+
+    def _login_needed(self, why):
+        self.unauthorized = True
+        if self.tokens:
+            # The serving gate opens no browser and no port: the server is not served until
+            # the operator runs login again, and every later call fails at once saying so.
+            with self.lock:
+                self.closed = self.closed or LOGIN_NEEDED
+            log(f"server {self.name}: {LOGIN_NEEDED}; {login_hint(self.server)}")
+        return UpstreamError(f"{LOGIN_NEEDED} ({why})", "answered")
+
+    def _open(self, deadline):
+        try:
+            conn = http_connection(self.server.url, deadline)
+        except (OSError, http_client().HTTPException) as err:
+            raise UpstreamError(f"cannot reach {shown_url(self.server.url)} ("
+                                f"{clean(str(err), 200) or type(err).__name__}), so nothing "
+                                f"was sent", "not_sent") from None
+        with self.lock:
+            if self.closed:
+                conn.close()
+                raise UpstreamError(self.closed, "not_sent")
+            self.connections.add(conn)
+        return conn
 
     @staticmethod
-    def _is_event_stream(response):
-        return response.headers.get("content-type", "").lower().startswith("text/event-stream")
+    def _shut(conn):
+        try:
+            conn.sock.shutdown(2)  # SHUT_RDWR
+        except (OSError, AttributeError):  # closed already
+            pass
+
+    def _end(self, conn):
+        with self.lock:
+            self.connections.discard(conn)
+        self._shut(conn)
+        conn.close()
+
+    def _post(self, body, deadline, refused=None):
+        """POST one message's bytes by `deadline`, or raise saying they were not sent. No byte
+        is written once the deadline has passed; a write that fails midway may have landed."""
+        headers = self._headers(deadline, "application/json, text/event-stream", refused)
+        headers["Content-Type"] = "application/json"
+        conn = self._open(deadline) if deadline.left() > 0 else None
+        if conn is None or deadline.left() <= 0:
+            if conn:
+                self._end(conn)
+            raise UpstreamError(f"timed out after {format_duration(deadline.ns)}, before the "
+                                f"message was sent", "not_sent")
+        try:
+            conn.request("POST", url_target(self.server.url), body, headers)
+        except (OSError, http_client().HTTPException) as err:
+            self._end(conn)
+            raise self._lost(err) from None
+        return conn
 
     @staticmethod
     def _lost(err):
         return UpstreamError(f"the connection was lost before the server answered "
                              f"({type(err).__name__})")
 
-    async def _read(self, response, events, chunks):
-        """The body into `chunks`, its messages handed over as each completes (a server's
-        request mid-answer is answered at once); True past the cap, where reading stops."""
-        size = 0
-        async for chunk in response.stream:
-            size += len(chunk)
-            if size > MAX_MESSAGE_BYTES:
-                return True
-            chunks.append(chunk)
-            for message in events.feed(chunk) if events else ():
-                self.upstream._dispatch(message)
-        for message in events.feed(b"", final=True) if events else [b"".join(chunks)]:
-            if message.strip():
-                self.upstream._dispatch(message)
-        return False
+    # -- answers ---------------------------------------------------------------------------
 
-    async def _listen(self, request):
-        """A GET: the server's own stream (a 405 says it has none), or an answer's stream
-        resumed. Anything but an event stream goes to the SDK as it came: a refusal.
+    def _waiting(self, ident, deadline):
+        with self.lock:
+            return ident in self.slots and deadline.left() > 0
 
-        The SDK gives up the server's own stream for the session after two failed attempts,
-        and a list_changed or request sent there would never be heard. So it is tried again,
-        with growing pauses, while the refusal may pass: a lost connection, 409 (the server
-        still holds a stream of the session that broke off), 429 or 5xx. A GET resuming from
-        an event is left to the SDK: it is tried within its request's deadline."""
-        resumed, pause = "last-event-id" in request.headers, OWN_STREAM_FIRST_PAUSE
-        while True:
-            try:
-                response = await self.inner.handle_async_request(self._as_sent(request, None))
-            except self.httpx.TransportError:
-                if resumed:
-                    raise
+    def _answer(self, conn, ident, body, deadline):
+        """Read request `ident`'s answer and hand over what it holds; a stream the server
+        closed after naming an event is resumed within the deadline. A request a 401 refused
+        (it ran nothing) is sent once more, with a renewed token."""
+        error = UpstreamError("the server ended its HTTP answer without a result")
+        try:
+            response = conn.getresponse()
+            if response.status == 401 and self.tokens and not self.unauthorized:
+                self._end(conn)
+                conn = self._post(body, deadline, self.tokens.bearer())
+                response = conn.getresponse()
+            failed = self._refusal(response)
+            if failed:
+                error = failed
+            elif not self._event_stream(response):
+                data = response.read(MAX_MESSAGE_BYTES + 1)
+                if len(data) > MAX_MESSAGE_BYTES:
+                    error = UpstreamError(f"the server's answer is larger than "
+                                          f"{MAX_MESSAGE_BYTES} bytes", "unusable")
+                elif data.strip():
+                    self._dispatch(data)
             else:
-                status = response.status_code
-                if resumed or not (status in (409, 429) or status >= 500):
+                events = self._read_events(response, ident, deadline)
+                while events.last_id and self._waiting(ident, deadline):
+                    error = UpstreamError("the server closed its answer's event stream before "
+                                          "the result, and resuming it failed")
+                    self._end(conn)
+                    if self.ended.wait(min(events.retry / 1000, deadline.left())):
+                        break
+                    try:  # whatever fails here, the request was sent: it may have executed
+                        conn, response = self._get(deadline, events.last_id)
+                    except (UpstreamError, OSError, http_client().HTTPException):
+                        break
+                    if not self._event_stream(response):
+                        break
+                    events = self._read_events(response, ident, deadline, events)
+        except UpstreamError as err:
+            error = err
+        except (OSError, ValueError, http_client().HTTPException) as err:
+            error = self._lost(err)
+        finally:
+            self._end(conn)
+        self._deliver(ident, error=error)
+
+    def _refusal(self, response):
+        status = response.status
+        if status >= 500:
+            # A proxy's 502 or 504, or a server that failed mid-call, answers after the request
+            # was delivered: whatever its body says, the request may have executed. Decided
+            # before the body is read, so no message in it can make the outcome known.
+            return UpstreamError(f"the server answered HTTP {status} after the request "
+                                 f"reached it")
+        if 300 <= status < 400:
+            from urllib.parse import urljoin
+            target = urljoin(self.server.url, response.getheader("Location", ""))
+            return UpstreamError(f"the server answered with a redirect (HTTP {status}) to "
+                                 f"{clean(shown_url(target), 200)}, which is not followed: if "
+                                 f"that is the server, make it the url", "answered")
+        challenge = response.getheader("WWW-Authenticate", "")
+        if status == 401 or (status == 403 and "insufficient_scope" in challenge):
+            scope = re.search(r'scope="([^"]*)"', challenge)
+            if status == 403 and self.tokens and scope:
+                self.tokens.want(scope.group(1))
+            return self._login_needed(f"HTTP {status}")
+        if status >= 400:
+            return UpstreamError(f"the server answered HTTP {status}", "answered")
+        self.session = response.getheader("Mcp-Session-Id") or self.session
+        return None
+
+    @staticmethod
+    def _event_stream(response):
+        return response.status == 200 and response.getheader(
+            "Content-Type", "").lower().startswith("text/event-stream")
+
+    def _get(self, deadline, last_id):
+        """A GET for an event stream: the server's own (deadline None), or a request's resumed
+        after the event `last_id`: (conn, response)."""
+        headers = self._headers(deadline, "text/event-stream")
+        if last_id:
+            headers["Last-Event-ID"] = last_id.decode("utf-8", "replace")
+        conn = self._open(deadline)
+        if deadline is None:
+            conn.sock.settimeout(None)  # the server's own stream may be quiet for hours
+        try:
+            conn.request("GET", url_target(self.server.url), headers=headers)
+            return conn, conn.getresponse()
+        except BaseException:
+            self._end(conn)
+            raise
+
+    def _read_events(self, response, ident, deadline, after=None):
+        """Hand over each message of an event stream as its event completes, until it ends or
+        request `ident` (None: none, the server's own stream) is answered; the stream's state.
+        A connection lost after an event id leaves the stream to resume."""
+        events = _EventStream(after)
+        try:
+            while ident is None or self._waiting(ident, deadline):
+                chunk = response.read1(READ_BYTES)
+                for message in events.feed(chunk, final=not chunk):
+                    self._dispatch(message)
+                if events.buffered() > MAX_MESSAGE_BYTES:
+                    raise UpstreamError(f"the server's answer is larger than "
+                                        f"{MAX_MESSAGE_BYTES} bytes", "unusable")
+                if not chunk:
                     break
-                await response.aclose()
-            await self.upstream.sdk["asyncio"].sleep(pause)
+        except (OSError, ValueError, http_client().HTTPException):
+            if not events.last_id:
+                raise
+        return events
+
+    def _listen(self):
+        """The server's own stream, held open all session and opened again when it ends. A
+        refusal that may pass (a lost connection, 409, 429, 5xx) is met with growing pauses;
+        any other (405: it has none) ends the listening."""
+        pause, last_id = OWN_STREAM_FIRST_PAUSE, None
+        while not self.ended.is_set():
+            conn = None
+            try:
+                conn, response = self._get(None, last_id)
+                if self._event_stream(response):
+                    events = self._read_events(response, None, None)
+                    last_id = events.last_id or last_id
+                    if events.heard:  # it was open: opened again as the server asked
+                        pause = max(events.retry / 1000, OWN_STREAM_FIRST_PAUSE)
+                elif not (response.status in (409, 429) or response.status >= 500):
+                    return
+            except (UpstreamError, OSError, ValueError, http_client().HTTPException):
+                pass
+            finally:
+                if conn:
+                    self._end(conn)
+            if self.ended.wait(pause):
+                return
             pause = min(2 * pause, OWN_STREAM_LAST_PAUSE)
-        if response.status_code != 200 or not self._is_event_stream(response):
-            return response
-        relay = self.upstream.sdk["relay"](self._relay(response), response)
-        return self.httpx.Response(200, headers=response.headers, stream=relay,
-                                   request=request, extensions=response.extensions)
-
-    async def _relay(self, response):
-        # Each chunk's messages are handed over before the SDK is given the chunk, so a
-        # request's answer is always agentgate's reading of the bytes, never the SDK's. The
-        # SDK bounds an event to MAX_MESSAGE_BYTES; what is buffered here stays within it.
-        events = _EventStream()
-        async for chunk in response.stream:
-            for message in events.feed(chunk):
-                self._hand_over(message)
-            yield chunk
-        for message in events.feed(b"", final=True):
-            self._hand_over(message)
-
-    def _hand_over(self, message):
-        if len(message) > MAX_MESSAGE_BYTES:
-            self.upstream._deliver(frame_id(message[:4096]), error=UpstreamError(
-                f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes", unusable=True))
-        elif message.strip():
-            self.upstream._dispatch(message)
 
 
 class _EventStream:
     """Server-sent events fed in chunks of any size: the data of each event named `message` or
-    unnamed, as bytes, the way the SDK reads them (data lines joined by \\n, comments
-    skipped); an event the stream ends inside still counts. `last_id`: the last event id the
-    server named, from which the stream can be resumed."""
+    unnamed, as bytes (data lines joined by \\n, comments skipped); an event the stream ends
+    inside still counts. `last_id`: the last event id the server named, from which the stream
+    can be resumed; `retry`: the milliseconds it asked a client to wait before it does. Given
+    `after`, a stream resumed from it: its id and retry carry on."""
 
     _LINE_END = re.compile(rb"\r\n|\r|\n")
 
-    def __init__(self):
+    def __init__(self, after=None):
         self.partial, self.after_cr, self.data, self.event = [], False, [], b""
-        self.last_id = b""
+        self.last_id, self.retry = (after.last_id, after.retry) if after else (b"", 0)
+        self.heard = False  # an event came
+
+    def buffered(self):
+        return sum(map(len, self.partial)) + sum(map(len, self.data))
 
     def feed(self, chunk, final=False):
         # Only the new chunk is searched for line ends, so a long line costs its length once.
@@ -6681,15 +6590,19 @@ class _EventStream:
             if not line:
                 if self.data and self.event in (b"", b"message"):
                     messages.append(b"\n".join(self.data))
+                self.heard = self.heard or bool(self.data)
                 self.data, self.event = [], b""
                 continue
             field, _, value = line.partition(b":")
+            value = value[1:] if value.startswith(b" ") else value
             if field == b"data":
-                self.data.append(value[1:] if value.startswith(b" ") else value)
+                self.data.append(value)
             elif field == b"event":
                 self.event = value.strip()
             elif field == b"id" and b"\0" not in value:
-                self.last_id = value[1:] if value.startswith(b" ") else value
+                self.last_id = value
+            elif field == b"retry" and value.isdigit():
+                self.retry = int(value)
         return messages
 
 
@@ -9679,7 +9592,7 @@ def init_host(path, session, hold, files, needs):
             name = server_name(given, taken)
             server.update(name=name, manifest=f"{session}.{name}.manifest.json")
             try:
-                Server(server, f"server {quote(name)}", os.path.dirname(path), read_transport)
+                Server(server, f"server {quote(name)}", path, read_transport)
             except ConfigError as err:
                 left.append((where, given, str(err)))
                 continue
@@ -9693,9 +9606,13 @@ def init_host(path, session, hold, files, needs):
             tell(f"server {server['name']}: npx may download its package before the server "
                  f"starts, which can take a minute", flush=True)
         try:
-            manifest = pin(Server(server, f"server {quote(server['name'])}",
-                                  os.path.dirname(path), read_transport))
+            manifest = pin(Server(server, f"server {quote(server['name'])}", path,
+                                  read_transport))
         except (UpstreamError, LoadError, ConfigError) as err:
+            if LOGIN_NEEDED in str(err):  # written, so login finds it; served once pinned
+                server["rules"] = {}
+                pinned.append((server, None))
+                continue
             for key in [key for key, gating in gated.items() if gating is server]:
                 gated.pop(key)
                 left.append((*key[1:], f"it could not be pinned: {err}"))
@@ -9718,6 +9635,11 @@ def init_host(path, session, hold, files, needs):
         write_private(path, config_text(raw))
     policy = {**DEFAULT_POLICY, **(parse(text).get("policy") or {} if text else {})}
     for server, manifest in pinned:
+        if manifest is None:
+            tell(f"server {server['name']} asks for OAuth; it is not served until you run: "
+                 f"{operator_hint(path)} login {server['name']}, then pin, and classify its "
+                 f"tools")
+            continue
         tell(f"server {server['name']}: {len(manifest['tools'])} tool(s) pinned; proposed "
              f"from the server's own hints (class, then what the policy would decide):")
         for tool, entry in manifest["tools"].items():
@@ -9744,17 +9666,13 @@ def needs_of(server):
     """What a url server needs before init can pin it, asked for once for every server."""
     needs = {("variable", name) for value in server.get("headers", {}).values()
              for name in ENV_REFERENCE_RE.findall(value) if name not in os.environ}
-    if "url" in server and mcp_sdk() is None:
-        needs.add(("package", mcp_install_text()))
     return needs
 
 
 def needs_text(needs):
-    variables = sorted(name for kind, name in needs if kind == "variable")
-    parts = [f"the environment variable{'s' * (len(variables) > 1)} {', '.join(variables)} set "
-             f"where agentgate runs"] if variables else []
-    parts += [f"the optional mcp package ({how})" for kind, how in needs if kind == "package"]
-    return " and ".join(parts)
+    variables = sorted(name for _, name in needs)
+    return (f"the environment variable{'s' * (len(variables) > 1)} {', '.join(variables)} set "
+            f"where agentgate runs")
 
 
 def servers_appended(text, servers):
@@ -9876,13 +9794,72 @@ LOGIN_WAIT_SECONDS = 600  # how long a person has to consent in the browser
 LOGIN_PAGE = b"agentgate has the answer of the authorization; this page may be closed.\n"
 
 
+@functools.lru_cache(maxsize=1)
+def mcp_install_text():
+    if python_path() != sys.executable:
+        return f"{VENV}/bin/python has it: run agentgate with that"
+    made = "" if os.path.isdir(os.path.expanduser(VENV)) else f"python3 -m venv {VENV} && "
+    return (f"{python_command()} -m pip install --upgrade mcp, or where pip refuses to install "
+            f"into the system's Python: {made}{VENV}/bin/pip install mcp, and run agentgate "
+            f"with {VENV}/bin/python")
+
+
+def mcp_sdk(server):
+    """The optional mcp package's OAuth client and its pieces, imported by login only, or
+    ConfigError saying how to install it (version 2 or later: built on httpx2)."""
+    try:
+        import mcp.client.streamable_http as transport
+        import mcp.client.session as session
+        import mcp.client.auth as auth
+        import mcp.shared.auth as records
+        import httpx2
+        import asyncio
+        import logging
+    except ImportError:
+        raise ConfigError(f"login with server {quote(server.name)} needs the optional mcp "
+                          f"package, version 2 or later: "
+                          f"{mcp_install_text()}") from None
+    # The SDK reports what it survives through logging, which would print tracebacks.
+    for name in ("mcp", "httpx2"):
+        logging.getLogger(name).addHandler(logging.NullHandler())
+        logging.getLogger(name).propagate = False
+    return {"client": transport.streamable_http_client, "session": session.ClientSession,
+            "auth": auth, "records": records, "httpx": httpx2, "asyncio": asyncio}
+
+
+OAUTH_EXCHANGES = 20  # requests one OAuth flow may make (discovery tries several addresses)
+
+
+class LoginStore:
+    """The mcp package's token storage while login runs: what the flow obtains, for the
+    TokenFile to keep once it ends. A pre-registered client (the server's `oauth`) is given."""
+
+    def __init__(self, sdk, file):
+        self.tokens = self.client = None
+        if file.server.oauth.get("client_id"):
+            self.client = sdk["records"].OAuthClientInformationFull(**file.client())
+
+    async def get_tokens(self):
+        return self.tokens
+
+    async def set_tokens(self, tokens):
+        self.tokens = tokens
+
+    async def get_client_info(self):
+        return self.client
+
+    async def set_client_info(self, client):
+        self.client = client
+
+
 def cmd_login(argv):
     p = parser("login", "config")
     p.description = ("Authorize agentgate with a url server that asks for OAuth: the browser "
                      "opens on the server's consent page (the address is printed too), the "
                      "answer comes back to a port on 127.0.0.1 open only while this runs, and "
                      "the tokens are kept 0600 beside the config (-config FILE, else "
-                     "$AGENTGATE_CONFIG, else the XDG path), as SERVER.tokens.json.")
+                     "$AGENTGATE_CONFIG, else the XDG path), as CONFIG.SERVER.tokens.json, "
+                     "for that config's server at that url only.")
     p.add_argument("server", type=text_argument, help="the server's name in the config")
     opts = p.parse_args(argv)
     config = one_config(opts.config)
@@ -9891,13 +9868,14 @@ def cmd_login(argv):
         names = ", ".join(s.name for s in config.servers if s.url) or "none"
         raise Usage(f"{quote(opts.server)} names no server reached by url in the config; those "
                     f"are: {sanitize(names)}")
-    sdk = mcp_sdk_for(server)
+    sdk = mcp_sdk(server)
     try:
-        wanted = TokenFile(sdk, server).wanted
+        wanted = TokenFile(server).kept.get("wanted_scope")
     except ConfigError:
         wanted = ""  # what cannot be read is replaced
+    file = TokenFile(server, fresh=True)
+    store = LoginStore(sdk, file)
     with LoopbackRedirect() as redirect:
-        store = TokenFile(sdk, server, fresh=True)
 
         async def ask(url):
             url = _with_scope(url, server.oauth.get("scope"), wanted)
@@ -9908,7 +9886,9 @@ def cmd_login(argv):
         async def redirected():
             return await sdk["asyncio"].to_thread(redirect.answer, sdk)
 
-        client = oauth_client(sdk, server, store, ask, redirected, redirect.uri)
+        metadata = sdk["records"].OAuthClientMetadata(client_name=PROGRAM,
+                                                      redirect_uris=[redirect.uri])
+        client = sdk["auth"].OAuthClientProvider(server.url, metadata, store, ask, redirected)
         try:
             sdk["asyncio"].run(_initialize_with(sdk, server, client))
         except BaseException as err:
@@ -9921,9 +9901,25 @@ def cmd_login(argv):
     if store.tokens is None:
         tell(f"server {server.name} asked for no authorization; nothing was kept")
         return 0
+    keep_discovered(file, client.context, store.client)
+    file.obtained(store.tokens.model_dump(mode="json", exclude_none=True))
     tell(f"agentgate is authorized with server {server.name}; its tokens are kept in "
          f"{server.tokens} (0600), and refreshed as they expire")
     return 0
+
+
+def keep_discovered(file, context, client):
+    """Where the tokens are refreshed, as the flow found it: the authorization server's
+    metadata, else (a server of protocol 2025-03-26) its own origin's /token, as used."""
+    from urllib.parse import urljoin
+    metadata, origin = context.oauth_metadata, context.get_authorization_base_url(file.server.url)
+    file.kept["issuer"] = str(metadata.issuer) if metadata else origin
+    file.kept["token_endpoint"] = str(metadata.token_endpoint) if metadata and \
+        metadata.token_endpoint else urljoin(origin, "/token")
+    if context.should_include_resource_param(context.protocol_version):
+        file.kept["resource"] = context.get_resource_url()
+    if client:
+        file.kept["client"] = client.model_dump(mode="json", exclude_none=True)
 
 
 async def _initialize_with(sdk, server, client):
@@ -9988,7 +9984,9 @@ class LoopbackRedirect:
             def log_message(self, *args):
                 pass  # the query carries the code
 
-        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        # One thread a connection: an idle local connection holds nobody up.
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
         self.uri = f"http://127.0.0.1:{self.server.server_address[1]}/callback"
 
     def __enter__(self):

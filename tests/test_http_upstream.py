@@ -1,5 +1,5 @@
 """HTTP upstreams (issue 12, item 6): a server with `url`, reached over Streamable HTTP through
-the optional mcp package, pinned, checked and gated exactly as a stdio server is.
+the standard library's client, pinned, checked and gated exactly as a stdio server is.
 
 The upstream is the official SDK's own server (tests/http_server.py), started by each test as a
 child bound to 127.0.0.1 on a port the system picks; redirects, oversized answers, answers that
@@ -279,15 +279,17 @@ def test_a_header_naming_an_unset_variable_is_refused_in_one_sentence(workdir, s
         one_line_error(done, 'server "bank".headers.Authorization', "NO_SUCH_TOKEN", "not set")
 
 
-def test_without_the_mcp_package_a_url_server_is_refused_in_one_sentence(workdir):
+def test_without_the_mcp_package_a_url_server_is_pinned_and_served(workdir, sdk_server):
+    # The serving gate speaks HTTP through the standard library: only login needs mcp.
     fake = workdir / "fake"
     (fake / "mcp").mkdir(parents=True)
     (fake / "mcp" / "__init__.py").write_text('raise ImportError("this mcp is not installed")\n')
-    config = config_for(workdir, f"http://127.0.0.1:{free_port()}/mcp")
-    for command in ("pin", "check"):
-        done = run_agentgate(command, "-config", str(config), env={"PYTHONPATH": str(fake)})
-        one_line_error(done, 'server "bank" has a url', "optional mcp package",
-                       "python3 -m pip install --upgrade mcp")
+    env = {"PYTHONPATH": str(fake)}
+    config = config_for(workdir, sdk_server().url)
+    assert pin(config, env=env).returncode == 0
+    gate = gate_host(config, env=env)
+    text, error = said(gate.call("bank_balance", {"account": "A-1"}))
+    assert not error and "A-1: 120 EUR" in text, text
 
 
 def test_the_mcp_package_is_not_imported_until_a_url_server_starts():
@@ -579,11 +581,11 @@ def test_closing_is_idempotent_and_a_later_request_fails_at_once_unsent(workdir,
     assert sorted(live) == ["balance", "limits", "pay", "rewrite", "whoami"]
     upstream.close()
     upstream.close()
-    assert not upstream.thread.is_alive()
+    wait_for(lambda: upstream.connections == set(), DEADLINE, message="every connection to end")
     with pytest.raises(agentgate.UpstreamError) as failed:
         upstream.request("tools/call", {"name": "pay", "arguments": KIM},
                          agentgate.Deadline(30 * agentgate.SECOND), 'tool "pay"')
-    assert not failed.value.sent and 'server "bank"' in str(failed.value)
+    assert failed.value.outcome == "not_sent" and 'server "bank"' in str(failed.value)
     assert server.payments() == 0
 
 

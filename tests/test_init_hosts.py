@@ -281,7 +281,7 @@ def fake_npx(bindir: Path) -> Path:
 def test_init_says_npx_may_download_and_asks_once_for_all_it_needs(workdir):
     bindir = workdir / "bin"
     fake_npx(bindir)
-    # the mcp package made missing, as on a Python without it
+    # the mcp package made missing, as on a Python without it: no url server needs it
     fake = workdir / "fake"
     (fake / "mcp").mkdir(parents=True)
     (fake / "mcp" / "__init__.py").write_text('raise ImportError("this mcp is not installed")\n')
@@ -302,10 +302,9 @@ def test_init_says_npx_may_download_and_asks_once_for_all_it_needs(workdir):
     npx = next(i for i, line in enumerate(lines) if "npx may download" in line)
     pinned = next(i for i, line in enumerate(lines) if line.startswith("server files:") and "pinned" in line)
     assert lines[npx].startswith("server files:") and npx < pinned
-    # one line names every variable and the package together
+    # one line names every variable; a url server needs no package (only login uses mcp)
     (needs,) = [line for line in lines if "init needs" in line]
-    assert "CRM_TOKEN, WIKI_KEY" in needs and "mcp package" in needs, needs
-    assert f"{shlex.quote(sys.executable)} -m pip install --upgrade mcp" in needs and "venv" in needs, needs
+    assert "CRM_TOKEN, WIKI_KEY" in needs and "mcp package" not in needs, needs
     for name in ("crm", "wiki"):
         line = next(line for line in lines if f": {name}: " in line)
         assert "needs" in line, line

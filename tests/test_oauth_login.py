@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SCOPE, WRITE_SCOPE = "bank", "bank:write"
 PRE_ID, PRE_SECRET = "pre-registered-client", "pre-secret-3f9a-never-shown"
+TOKENS = "agentgate.bank.tokens.json"  # the config's stem, then the server's name
 
 
 # ---------------------------------------------------------------- the server, as a child
@@ -258,7 +259,7 @@ def login(config: Path, env: dict) -> subprocess.CompletedProcess:
 
 
 def kept(dir: Path) -> dict:
-    return json.loads((dir / "bank.tokens.json").read_text())
+    return json.loads((dir / TOKENS).read_text())
 
 
 def secrets_of(dir: Path) -> list[str]:
@@ -271,13 +272,13 @@ def assert_never_shown(dir: Path, secrets: list[str], *texts: str) -> None:
         for text in texts:
             assert secret not in text
         for path in dir.iterdir():
-            if path.is_file() and path.name not in ("bank.tokens.json", CONFIG, "oauth_server.stderr"):
+            if path.is_file() and path.name not in (TOKENS, CONFIG, "oauth_server.stderr"):
                 assert secret.encode() not in path.read_bytes(), path.name
 
 
 def expire(dir: Path) -> None:
     """Time passes for the kept access token: its expiry is now behind it."""
-    path = dir / "bank.tokens.json"
+    path = dir / TOKENS
     state = kept(dir)
     state["expires_at"] = time.time() - 1
     path.write_text(json.dumps(state))
@@ -298,7 +299,7 @@ def test_pin_before_login_says_to_run_login(workdir, oauth_server):
     done = agentgate("pin", "-config", str(config))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "HTTP 401" in done.stderr and "run: agentgate.py login bank" in done.stderr, done.stderr
-    assert not (workdir / "bank.tokens.json").exists()
+    assert not (workdir / TOKENS).exists()
 
 
 def test_login_keeps_tokens_0600_and_the_gate_serves_the_server(workdir, oauth_server):
@@ -308,7 +309,7 @@ def test_login_keeps_tokens_0600_and_the_gate_serves_the_server(workdir, oauth_s
 
     done = login(config, env)
     assert "authorize" in done.stdout and "http://127.0.0.1:" in done.stdout, done.stdout
-    assert stat.S_IMODE((workdir / "bank.tokens.json").stat().st_mode) == 0o600
+    assert stat.S_IMODE((workdir / TOKENS).stat().st_mode) == 0o600
     assert server.log() == ["register", "authorize bank", "code"]
     outputs = [done, pin(config), check(config)]
     assert outputs[2].returncode == 0, outputs[2].stderr
@@ -340,7 +341,7 @@ def test_an_expired_access_token_is_refreshed_and_kept(workdir, oauth_server):
     assert "authorize bank" not in server.log()[3:]
     now = secrets_of(workdir)
     assert now[0] != first[0] and kept(workdir)["expires_at"] > time.time()
-    assert stat.S_IMODE((workdir / "bank.tokens.json").stat().st_mode) == 0o600
+    assert stat.S_IMODE((workdir / TOKENS).stat().st_mode) == 0o600
     assert_never_shown(workdir, first + now, gate.stderr_text())
 
 
@@ -417,7 +418,7 @@ def test_the_oauth_field_is_checked_like_every_field(workdir):
 
 def test_tokens_others_may_read_are_refused(workdir):
     config = config_for(workdir, "http://127.0.0.1:9/mcp")
-    tokens = workdir / "bank.tokens.json"
+    tokens = workdir / TOKENS
     tokens.write_text(json.dumps({"tokens": {"access_token": "a-token-never-shown", "token_type": "Bearer"},
                                   "client": {"client_id": "c"}}))
     tokens.chmod(0o644)
@@ -433,7 +434,7 @@ def test_login_without_the_mcp_package_says_how_to_install_it(workdir):
     config = config_for(workdir, "http://127.0.0.1:9/mcp")
     done = agentgate("login", "bank", "-config", str(config), env={"PYTHONPATH": str(fake)})
     assert done.returncode == 1 and done.stdout == "", done.stdout
-    assert done.stderr == ('agentgate: error: server "bank" has a url; HTTP servers need the optional mcp '
+    assert done.stderr == ('agentgate: error: login with server "bank" needs the optional mcp '
                            'package, version 2 or later: python3 -m pip install --upgrade mcp, or where pip '
                            "refuses to install into the system's Python: python3 -m venv ~/.agentgate-venv && "
                            '~/.agentgate-venv/bin/pip install mcp, and run agentgate with '
