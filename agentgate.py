@@ -39,8 +39,8 @@ because the configuration is read with its parser.
      9. The host side                                decision core      277
     10. Canonical JSON                               library            314
     11. Text safe to show                            library            114
-    12. ECMA-262 patterns                            library            429
-    13. JSON Schema                                  library            411
+    12. ECMA-262 patterns                            library            443
+    13. JSON Schema                                  library            421
     14. Hosts in URLs                                library            138
     15. Paths as the kernel resolves them            library            109
     16. Durations and times                          library            124
@@ -3914,19 +3914,27 @@ class Pattern:
 PATTERN_WORK = 5_000_000
 
 
+# What one step of a schema check costs in those units (a subschema applied to a value, about
+# 5 microseconds), and one value read for equality (uniqueItems, const, enum).
+SCHEMA_STEP = 50
+EQUALITY_STEP = 5
+
+
 class PatternCost(Exception):
-    """A search the call's pattern work cannot pay for; the message names the value's place."""
+    """A check the call's work cannot pay for; the message names the value's place."""
 
 
 class PatternWork:
-    """What the pattern searches of one call may still cost, and what they found.
+    """What the pattern searches and schema steps of one call may still cost, and what the
+    searches found.
 
     The bound is per call, not per value: an array of long values, or one value read by many
-    patterns, draws on the same PATTERN_WORK, so a call cannot multiply it. A search is charged
-    before it starts, at its most (characters times NFA states): what cannot be paid is
-    refused without being started, and the charge depends on the call alone, never on what
-    the DFA caches happen to hold. What a search found is kept: the gate judges a call before
-    its lock and reads the call again under it and in the write transaction, at no cost.
+    patterns or subschemas, draws on the same PATTERN_WORK, so a call cannot multiply it. A
+    search is charged before it starts, at its most (characters times NFA states): what
+    cannot be paid is refused without being started, and the charge depends on the call
+    alone, never on what the DFA caches happen to hold. What a search found is kept: the gate
+    judges a call before its lock and reads the call again under it and in the write
+    transaction, at no cost.
     """
 
     def __init__(self):
@@ -3945,6 +3953,12 @@ class PatternWork:
             self.found[key] = compiled.search(text)
         return self.found[key]
 
+    def pay(self, cost, at):
+        """Take a schema step's cost, or raise PatternCost naming `at`."""
+        if cost > self.left:
+            raise PatternCost(f"{at}: too large to be checked against the schema")
+        self.left -= cost
+
 
 # =============================================================================================
 # 13. JSON Schema
@@ -3959,11 +3973,12 @@ class PatternWork:
 # says why validate cannot use a schema, or '': a keyword of the wrong shape, a pattern
 # section 12 refuses, a $ref that finds nothing, or unevaluatedProperties, unevaluatedItems,
 # $dynamicRef or $recursiveRef. Numbers compare as exact decimals of their literals (an
-# integer is a number with no fraction); enum, const and uniqueItems compare JSON values.
-# `pattern` searches as ECMA-262 does (section 12); one call's searches, its schema check's and
-# its policy's, share one PatternWork, and a search it cannot pay for raises PatternCost,
-# which passes through anyOf, oneOf, not and if: a value too costly to check is never taken
-# for one that does not match. A $ref cycle that reads no deeper into the value raises
+# integer is a number with no fraction); enum, const and uniqueItems compare JSON values by
+# json_key, so uniqueItems is one pass. `pattern` searches as ECMA-262 does (section 12); one
+# call's searches, its schema check's and its policy's, share one PatternWork, which also pays
+# for every subschema applied and every value compared; what it cannot pay for raises
+# PatternCost, which passes through anyOf, oneOf, not and if: a value too costly to check is
+# never taken for one that does not match. A $ref cycle that reads no deeper into the value raises
 # RecursionError.
 # JSON Pointers (RFC 6901): parse_pointer reads one into tokens or raises ConfigError;
 # resolve_pointer finds a member, or an item at an index with no leading zero, else (under an
@@ -4174,18 +4189,24 @@ def _has_type(value, kind):
     return actual == kind
 
 
+def json_key(value, work=None, at=""):
+    """A hashable form two JSON values share exactly when JSON Schema calls them equal: 1 and
+    1.0 alike, an object's keys in any order. Each value read is paid from `work`, if given."""
+    if work is not None:
+        work.pay(EQUALITY_STEP, at)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Number):
+        return "n", value.exact()
+    if isinstance(value, list):
+        return ("a", *(json_key(item, work, at) for item in value))
+    if isinstance(value, dict):
+        return "o", frozenset((k, json_key(v, work, at)) for k, v in value.items())
+    return "c", value  # true, false, null: tagged, as True == 1 in Python
+
+
 def json_equal(a, b):
-    if isinstance(a, Number) and isinstance(b, Number):
-        return a.exact() == b.exact()
-    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
-        return a is b
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, list):
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
-    return a == b
+    return json_key(a) == json_key(b)
 
 
 def _show(value):
@@ -4206,6 +4227,7 @@ def validate(schema, value, root=None, where="", work=None):
         return
     if schema is False:
         raise SchemaError(f"{at}: no value is allowed here")
+    work.pay(SCHEMA_STEP, at)
     if "$ref" in schema:
         validate(resolve_ref(root, schema["$ref"]), value, root, where, work)
     kind = schema.get("type")
@@ -4213,10 +4235,12 @@ def validate(schema, value, root=None, where="", work=None):
         kinds = kind if isinstance(kind, list) else [kind]
         if not any(_has_type(value, k) for k in kinds):
             raise SchemaError(f"{at}: expected {' or '.join(kinds)}, got {_type_of(value)}")
-    if "const" in schema and not json_equal(schema["const"], value):
-        raise SchemaError(f"{at}: expected exactly {_show(schema['const'])}")
-    if "enum" in schema and not any(json_equal(option, value) for option in schema["enum"]):
-        raise SchemaError(f"{at}: expected one of {_show(schema['enum'])}")
+    if "const" in schema or "enum" in schema:
+        key = json_key(value, work, at)
+        if "const" in schema and json_key(schema["const"], work, at) != key:
+            raise SchemaError(f"{at}: expected exactly {_show(schema['const'])}")
+        if "enum" in schema and key not in [json_key(o, work, at) for o in schema["enum"]]:
+            raise SchemaError(f"{at}: expected one of {_show(schema['enum'])}")
     if isinstance(value, Number):
         _validate_number(schema, value, at)
     elif isinstance(value, str):
@@ -4289,9 +4313,9 @@ def _validate_array(schema, value, root, where, work):
     if "maxItems" in schema and len(value) > schema["maxItems"].exact():
         raise SchemaError(f"{at}: expected at most {schema['maxItems'].literal} items")
     if schema.get("uniqueItems") is True:
-        for i, item in enumerate(value):
-            if any(json_equal(item, other) for other in value[:i]):
-                raise SchemaError(f"{at}: expected items that are all different")
+        keys = {json_key(item, work, at) for item in value}
+        if len(keys) < len(value):
+            raise SchemaError(f"{at}: expected items that are all different")
     prefix = schema.get("prefixItems")
     items = schema.get("items")
     if isinstance(items, list):  # draft-07 tuple form
