@@ -41,7 +41,7 @@ because the configuration is read with its parser.
     11. Text safe to show                            library            114
     12. ECMA-262 patterns                            library            443
     13. JSON Schema                                  library            421
-    14. Hosts in URLs                                library            138
+    14. Hosts in URLs                                library            140
     15. Paths as the kernel resolves them            library            109
     16. Durations and times                          library            124
     17. Fields of a configuration                    library            110
@@ -4420,6 +4420,8 @@ def normal_host(host):
         # An IPv4 address written as IPv6 reaches the IPv4 host: it is compared as that one.
         return str(address.ipv4_mapped) if address.ipv4_mapped else address.compressed
     host = host[:-1] if host.endswith(".") else host
+    if "" in host.split("."):  # "a..b": an empty label names no host
+        return None
     lowered = host.lower()
     try:
         # An xn-- label is read as the name it encodes, and that name must read one way too.
