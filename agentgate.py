@@ -21,14 +21,14 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (2972 lines of decision core, read first; then the libraries it relies on, each
+Sections (3021 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
 the libraries, so the core reads top to bottom: the policy comes before the configuration
 because the configuration is read with its parser.
 
-     1. Framing                                      decision core       87
+     1. Framing                                      decision core      137
      2. Classes, ids and deadlines                   decision core       34
      3. Policy on what a call does                   decision core      428
      4. Configuration and its trust                  decision core      233
@@ -36,7 +36,7 @@ because the configuration is read with its parser.
      6. Answers                                      decision core      341
      7. The record                                   decision core      696
      8. The gate                                     decision core      580
-     9. The host side                                decision core      277
+     9. The host side                                decision core      276
     10. Canonical JSON                               library            314
     11. Text safe to show                            library            114
     12. ECMA-262 patterns                            library            443
@@ -125,30 +125,36 @@ VERSION = "0.2.0"
 # Owns: both sides' byte streams cut into frames, whom to answer when a frame is refused, and
 # the hashes of a request's identity (over section 10's encoding).
 # Promises: a frame is split on `\n` bytes only (never on U+2028/U+2029) and never held past
-# its cap; the id read from a refused frame is only ever its own top-level one.
+# its cap; the id read from a refused frame is only ever its own top-level one, found
+# wherever it stands in the frame.
 # =============================================================================================
 
 def read_frames(fd, cap):
-    """Newline-delimited frames off `fd`: (frame, b"") up to `cap` bytes, else (None, its first
-    4 KiB) with the rest skipped. os.read, unbuffered: a reader thread holds no lock at exit."""
-    pending, skipping, head = bytearray(), False, b""
+    """Newline-delimited frames off `fd`: (frame, None) up to `cap` bytes, else (None, its own
+    top-level integer id or None) with the rest read only for that id. os.read, unbuffered: a
+    reader thread holds no lock at exit."""
+    pending, refused = bytearray(), None
     while True:
         try:
             chunk = os.read(fd, 1 << 16)
         except OSError:
             chunk = b""
         if not chunk:
-            if pending and not skipping:
-                yield bytes(pending), b""
+            if pending and refused is None:
+                yield bytes(pending), None
             return
         for piece in re.findall(rb"[^\n]*\n|[^\n]+", chunk):
-            if not skipping and len(pending) + len(piece) > cap + 1:
-                head, skipping, pending = bytes(pending + piece)[:4096], True, bytearray()
-            elif not skipping:
+            if refused is None and len(pending) + len(piece) > cap + 1:
+                refused, pending = FrameId(), pending + piece
+                refused.feed(bytes(pending))
+                pending = bytearray()
+            elif refused is not None:
+                refused.feed(piece)
+            else:
                 pending += piece
             if piece.endswith(b"\n"):
-                yield (None, head) if skipping else (bytes(pending), b"")
-                pending, skipping = bytearray(), False
+                yield (None, refused.ident) if refused else (bytes(pending), None)
+                pending, refused = bytearray(), None
 
 
 def parse_loosely(data):
@@ -161,21 +167,65 @@ def parse_loosely(data):
         return None
 
 
-_HEAD_TOKEN_RE = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
 _HEAD_ID_RE = re.compile(rb"\s*:\s*(-?(?:0|[1-9][0-9]{0,17}))[\s,}]")
+# The rest of a string up to its closing quote (or a lone backslash, or the piece's end).
+_STRING_REST_RE = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*', re.S)
+_TOKEN_STOP_RE = re.compile(rb'["{}\[\]]')
 
 
-def frame_id(head):
-    """A too-large message's own top-level integer "id", from its first bytes: a nested one
-    could name another request."""
-    depth = 0
-    for match in _HEAD_TOKEN_RE.finditer(head):
-        token = match.group()
-        depth += {b"[": 1, b"{": 1, b"]": -1, b"}": -1}.get(token, 0)
-        if depth == 1 and token == b'"id"':
-            value = _HEAD_ID_RE.match(head, match.end())
-            return int(value.group(1)) if value else None
-    return None
+class FrameId:
+    """A refused message's own top-level integer "id", read from pieces of any size wherever
+    it stands: a nested one could name another request. Strings are passed over by one
+    regular expression each and nothing else is read but brackets, at C speed."""
+
+    def __init__(self):
+        self.depth, self.string, self.escaped = 0, False, False
+        self.key = None    # the first bytes of a depth-1 string while it is read
+        self.after = None  # what follows a depth-1 "id" key while it is read
+        self.ident = None
+
+    def feed(self, data):
+        if self.after is not None:
+            self._read_value(data)
+        pos = 1 if self.escaped and data else 0
+        self.escaped = self.escaped and not data
+        while pos < len(data) and self.ident is None:
+            if not self.string:
+                stop = _TOKEN_STOP_RE.search(data, pos)
+                if not stop:
+                    return
+                byte, pos = stop.group(), stop.end()
+                if byte == b'"':
+                    self.string, self.key = True, b"" if self.depth == 1 else None
+                else:
+                    self.depth += 1 if byte in b"{[" else -1
+                continue
+            end = _STRING_REST_RE.match(data, pos).end()
+            if self.key is not None:
+                self.key = (self.key + data[pos:min(end, pos + 3)])[:3]
+            if end == len(data) or data[end] == 0x5C:  # a backslash whose escape is next
+                self.escaped = end < len(data)
+                return
+            self.string, pos = False, end + 1
+            if self.key == b"id":
+                self.after = b""
+                self._read_value(data[pos:])
+            self.key = None
+
+    def _read_value(self, data):
+        self.after += data[:64 - len(self.after)]
+        value = _HEAD_ID_RE.match(self.after)
+        if value:
+            self.ident = int(value.group(1))
+        if value or len(self.after) >= 64:
+            self.after = None
+
+
+def frame_id(data):
+    """A refused message's own top-level integer "id", or None."""
+    reading = FrameId()
+    reading.feed(data)
+    return reading.ident
 
 
 def echoable_id(ident):
@@ -2888,12 +2938,11 @@ class HostServer:
     def _read_loop(self):
         """Read frames until one is a request: run it here while a worker reads on. The next
         reader resumes the generator only after it yielded: never two threads in it at once."""
-        for frame, head in self.frames:
+        for frame, ident in self.frames:
             # No frame ends the reader: what follows would go unanswered, and closing stdin
             # would no longer stop the gate.
             try:
                 if frame is None:
-                    ident = frame_id(head)
                     self.send(rpc_error(None if ident is None else Number(str(ident)), -32600,
                                         f"the message is larger than {MAX_HOST_LINE} bytes"))
                     continue
@@ -5710,12 +5759,12 @@ class Upstream:
 
     def _read_stdout(self, stream):
         try:
-            for frame, head in read_frames(stream.fileno(), MAX_MESSAGE_BYTES):
+            for frame, ident in read_frames(stream.fileno(), MAX_MESSAGE_BYTES):
                 # One frame, however it is shaped, never ends the reader: every later answer
                 # would wait for its timeout and be recorded as unknown.
                 try:
                     if frame is None:
-                        self._deliver(frame_id(head), error=UpstreamError(
+                        self._deliver(ident, error=UpstreamError(
                             f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes",
                             unusable=True))
                     elif frame.strip():
