@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3021 lines of decision core, read first; then the libraries it relies on, each
+Sections (3045 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -32,11 +32,11 @@ because the configuration is read with its parser.
      2. Classes, ids and deadlines                   decision core       34
      3. Policy on what a call does                   decision core      428
      4. Configuration and its trust                  decision core      233
-     5. Tools, as pinned                             decision core      296
-     6. Answers                                      decision core      341
+     5. Tools, as pinned                             decision core      299
+     6. Answers                                      decision core      344
      7. The record                                   decision core      696
-     8. The gate                                     decision core      580
-     9. The host side                                decision core      276
+     8. The gate                                     decision core      584
+     9. The host side                                decision core      290
     10. Canonical JSON                               library            314
     11. Text safe to show                            library            114
     12. ECMA-262 patterns                            library            443
@@ -48,7 +48,7 @@ because the configuration is read with its parser.
     18. Days and hours in a time zone                library             95
     19. What a result's record keeps                 library            140
     20. The lint                                     around the core    225
-    21. Upstream servers                             around the core   1324
+    21. Upstream servers                             around the core   1327
     22. Reading the record                           around the core    180
     23. Tool changes while serving                   around the core    138
     24. The status tool                              around the core    119
@@ -965,14 +965,17 @@ def check_database_path(path):
 
 class UpstreamError(Exception):
     """A request upstream failed, as known: `sent` False, no byte reached the server (nothing
-    executed); `answered`, a JSON-RPC error; `unusable`, an unreadable answer; `timed_out`."""
+    executed); `answered`, a JSON-RPC error (`rpc`: its code, message and data, when well
+    formed); `unusable`, an unreadable answer; `timed_out`."""
 
-    def __init__(self, message, timed_out=False, unusable=False, sent=True, answered=False):
+    def __init__(self, message, timed_out=False, unusable=False, sent=True, answered=False,
+                 rpc=None):
         super().__init__(message)
         self.timed_out = timed_out
         self.unusable = unusable
         self.sent = sent
         self.answered = answered
+        self.rpc = rpc
 
 
 ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
@@ -1012,7 +1015,7 @@ class Tool:
         self.schema = restrict_schema(entry["input_schema"], rule.deny + list(rule.fixed))
         # Offered as pinned, as the rule shows it; a part not presented is left out.
         offered = {"name": self.name, "title": entry.get("title"),
-                   "description": self.description, "inputSchema": self.schema,
+                   "description": self.description or None, "inputSchema": self.schema,
                    "outputSchema": entry.get("output_schema"),
                    "annotations": entry.get("annotations"), "icons": entry.get("icons"),
                    "_meta": entry.get("_meta")}
@@ -1444,6 +1447,9 @@ def gate_status(key, **slots):
 
 
 def passed_answer(passed):
+    """A server's result, or its JSON-RPC error ({"error": ...}), as it came."""
+    if "error" in passed:
+        return Answer(passed["error"]["message"], True, passed)
     return Answer("\n".join(b["text"] for b in passed["content"] if b["type"] == "text" and
                             isinstance(b.get("text"), str)), passed.get("isError") is True, passed)
 
@@ -2787,7 +2793,7 @@ def call_upstream(tool, args, cap, progress=None):
     classified: 'ok'; 'error' (an error answer, or nothing sent: known); 'unrecorded'
     (executed, answer unusable: known, never run again); 'timed_out' or 'no_answer' (it may
     have taken effect: unknown). A read's failure is 'error': it has no effect to vouch for."""
-    passed = None
+    passed = rpc = None
     try:
         result = tool.upstream.request(
             "tools/call", {"name": tool.upstream_name, "arguments": {**args, **tool.rule.fixed}},
@@ -2800,15 +2806,19 @@ def call_upstream(tool, args, cap, progress=None):
         ending = "unrecorded" if passed is None else "error" if record.get("is_error") \
             else "ok"
     except UpstreamError as err:
-        error = str(err)
+        error, rpc = str(err), err.rpc
         ending = ("unrecorded" if err.unusable else "error" if err.answered or not err.sent
                   else "timed_out" if err.timed_out else "no_answer")
     if tool.read_only and ending != "ok":
         ending = "error"
     if passed is None:
+        content = {"tool": tool.name, "error": error, "ending": ending}
+        if rpc is not None:  # passed on as it came, while it fits the cap: recorded by hash
+            sent = canonical(rpc)
+            content["rpc_error"] = value_digest(sent)
+            rpc = {"error": rpc} if len(sent) <= cap else None
         return {"kind": "tool_error", "summary": cut(
-            f"{tool.name} {ending}: {sanitize(error)}", 1000), "content": {
-            "tool": tool.name, "error": error, "ending": ending}}, ending, None
+            f"{tool.name} {ending}: {sanitize(error)}", 1000), "content": content}, ending, rpc
     withheld = record["bytes"] > cap
     observation = {"kind": "tool_result" if ending == "ok" else "tool_error",
                    "summary": result_summary(tool, record, cap if withheld else 0),
@@ -3071,6 +3081,8 @@ class HostServer:
                         result = work()
                     except ToolNotOffered as err:
                         response = rpc_error(ident, -32602, str(err))
+                    except PassedError as err:
+                        response = {"jsonrpc": "2.0", "id": ident, "error": err.error}
                     except Exception as err:  # a bug: say so plainly, keep the session
                         log(f"internal error: {type(err).__name__}: {err}")
                         response = rpc_error(ident, -32603, CALL_ERRORS["failed"])
@@ -3113,16 +3125,28 @@ class HostServer:
         finally:
             with self.calls_lock:
                 self.calls.pop(id_key, None)
+        if cancelled.is_set() and not batch:
+            return None
         result = answered.result()
+        if "error" in result:
+            raise PassedError(result["error"])
         if answered.passed is None and "outputSchema" in tool.listing:
             # A host refuses a result lacking the structured content an output schema promises;
             # the gate's own answers carry none, so they go as errors.
             result["isError"] = True
-        return None if cancelled.is_set() and not batch else result
+        return result
 
 
 class ToolNotOffered(Exception):
     """A tools/call naming a tool the gate does not offer."""
+
+
+class PassedError(Exception):
+    """A server's JSON-RPC error to a tools/call, to be answered as it came."""
+
+    def __init__(self, error):
+        super().__init__(error["message"])
+        self.error = error
 
 
 def _id_key(ident):
@@ -5800,10 +5824,13 @@ class Upstream:
                 if on_list_changed:
                     on_list_changed()
         elif "error" in message:
-            error = message["error"]
-            text = error.get("message", "") if isinstance(error, dict) else ""
+            error = message["error"] if isinstance(message["error"], dict) else {}
+            text, code = error.get("message"), error.get("code")
+            rpc = {k: error[k] for k in ("code", "message", "data") if k in error} \
+                if isinstance(text, str) and int_id(code) is not None else None
             self._deliver(int_id(message.get("id")), error=UpstreamError(
-                f"the server answered with an error: {clean(str(text), 1000)}", answered=True))
+                f"the server answered with an error: {clean(str(text or ''), 1000)}",
+                answered=True, rpc=rpc))
         else:
             self._deliver(int_id(message.get("id")), result=message.get("result"))
 
@@ -5905,7 +5932,7 @@ class Upstream:
                 else ""
             raise UpstreamError(self.describe(step, str(err)) + tail, timed_out=err.timed_out,
                                 unusable=err.unusable, sent=err.sent,
-                                answered=err.answered) from None
+                                answered=err.answered, rpc=err.rpc) from None
 
     def _request(self, method, params, deadline, progress):
         with self.lock:
