@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3045 lines of decision core, read first; then the libraries it relies on, each
+Sections (3049 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -34,7 +34,7 @@ because the configuration is read with its parser.
      4. Configuration and its trust                  decision core      233
      5. Tools, as pinned                             decision core      299
      6. Answers                                      decision core      344
-     7. The record                                   decision core      696
+     7. The record                                   decision core      700
      8. The gate                                     decision core      584
      9. The host side                                decision core      290
     10. Canonical JSON                               library            314
@@ -56,10 +56,10 @@ because the configuration is read with its parser.
     26. Notify                                       around the core    104
     27. Pins and load reports                        around the core    193
     28. The command line's flags                     around the core    122
-    29. Operator commands                            around the core   1272
+    29. Operator commands                            around the core   1277
     30. Setup                                        around the core    584
     31. Pin and check                                around the core    180
-    32. Fake payment server                          around the core    116
+    32. Fake payment server                          around the core    117
     33. Demonstration                                around the core    265
     34. Main                                         around the core    131
 
@@ -1646,9 +1646,13 @@ SCHEMA = [
     """,
     # Version 2. What the limits count (a row per execution; amounts_json is no longer
     # written: a sum reads the step's arguments), and the operators' standing approvals.
+    # Version 1's executions are its step.tool_started events, under their calls' tools.
     """
     CREATE TABLE executions(id INTEGER PRIMARY KEY, tool TEXT NOT NULL, at TEXT NOT NULL,
         run_id TEXT NOT NULL, step_id TEXT NOT NULL, amounts_json TEXT NOT NULL DEFAULT '{}');
+    INSERT INTO executions(tool, at, run_id, step_id) SELECT c.tool, e.at, e.run_id,
+        e.step_id FROM events e JOIN calls c ON c.run_id=e.run_id
+        WHERE e.type='step.tool_started' ORDER BY e.seq;
     CREATE INDEX executions_tool ON executions(tool, at);
     CREATE TABLE grants(id TEXT PRIMARY KEY, session TEXT NOT NULL, tool TEXT NOT NULL,
         name TEXT NOT NULL, conditions_json TEXT NOT NULL, created_at TEXT NOT NULL,
@@ -8759,33 +8763,38 @@ def cmd_verify(argv):
         kept = (int(match.group(1)), match.group(2))
     store, _ = operator_store(opts, readonly=True)
     report = verify_chain(store, first, last)
-    head = store.chain_head()
+    head, broken = store.chain_head(), report["break"]
+    short = last is not None and not broken and report["to"] < last
+    held = None  # the kept head: matches, changed, or removed
+    if kept:
+        found = store.event_hash_at(kept[0])
+        held = "removed" if found is None else "changed" if found != kept[1] or (
+            broken and broken[0] <= kept[0]) else "matches"
+    failed = bool(broken) or short or held not in (None, "matches")
+    if opts.json:
+        tell_json({"head": head and {"seq": head[0], "hash": head[1]}, "intact": not broken,
+                   "checked": report["checked"], "from": report["from"], "to": report["to"],
+                   "last_hash": report["hash"] if report["checked"] else None,
+                   "break": broken and dict(zip(("seq", "detail", "expected", "found"), broken)),
+                   "ends_before_to": short, "kept_head": kept and {"seq": kept[0], "is": held}})
+        return 1 if failed else 0
     tell(f"head: seq {head[0]} {head[1]}" if head else "head: no events")
-    failed = False
-    if report["break"]:
-        seq, detail, expected, found = report["break"]
+    if broken:
+        seq, detail, expected, found = broken
         tell(f"broken at seq {seq}: {detail}")
         tell(f"  expected: {expected}")
         tell(f"  found:    {cut(sanitize(found), 128)}")
-        failed = True
     else:
         tell(f"intact: {report['checked']} event(s)" + (
             f", seq {report['from']} to {report['to']}" if report["checked"] else ""))
         if report["checked"]:
             tell(f"last checked: seq {report['to']} {report['hash']}")
-    if last is not None and not report["break"] and report["to"] < last:
+    if short:
         tell(f"the chain ends at seq {report['to']}, before -to {last}")
-        failed = True
-    if kept:
-        found = store.event_hash_at(kept[0])
-        if found is None:
-            tell(f"kept head: seq {kept[0]} is not in the chain: events were removed")
-            failed = True
-        elif found != kept[1] or (report["break"] and report["break"][0] <= kept[0]):
-            tell(f"kept head: seq {kept[0]} does not match: the record was changed")
-            failed = True
-        else:
-            tell(f"kept head: seq {kept[0]} matches")
+    if held:
+        tell(f"kept head: seq {kept[0]} " + {
+            "removed": "is not in the chain: events were removed",
+            "changed": "does not match: the record was changed", "matches": "matches"}[held])
     return 1 if failed else 0
 
 
@@ -9780,8 +9789,8 @@ def load_warnings(reports):
 #
 # Owns: `fake-payments`, a small stdio MCP server that the demonstration, the example config
 # and the tests put behind the gate, to see it work with nothing installed. Every payment is
-# appended, as its raw arguments, to the file FAKE_PAYMENTS_LEDGER names and synced to disk
-# before the answer is sent: the ledger's lines count the payments made.
+# appended, as its raw arguments, to the file FAKE_PAYMENTS_LEDGER names (if set) and synced to
+# disk before the answer is sent: the ledger's lines count the payments made.
 # Core it calls: nothing: it is a server of its own, run as a child process.
 # =============================================================================================
 
@@ -9805,7 +9814,7 @@ FAKE_TOOLS = [
 
 
 def fake_payments():
-    ledger = os.environ.get("FAKE_PAYMENTS_LEDGER", os.devnull)
+    ledger = os.environ.get("FAKE_PAYMENTS_LEDGER")
     tools = json.loads(json.dumps(FAKE_TOOLS))
     if os.environ.get("FAKE_PAYMENTS_DESCRIPTION"):
         tools[0]["description"] = os.environ["FAKE_PAYMENTS_DESCRIPTION"]
@@ -9826,15 +9835,16 @@ def fake_payments():
         return result
 
     def pay(ident, args, stop):
-        with open(ledger, "a", encoding="utf-8") as f:
-            f.write(json.dumps(args, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        if ledger:
+            with open(ledger, "a", encoding="utf-8") as f:
+                f.write(json.dumps(args, sort_keys=True) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
         mode, to, amount = args.get("mode"), args.get("to"), args.get("amount", 0)
         if mode == "slow":
             stop.wait(2)
         if mode == "block":
-            while not os.path.exists(ledger + ".release") and not stop.wait(0.02):
+            while not (ledger and os.path.exists(ledger + ".release")) and not stop.wait(0.02):
                 pass
         if mode == "error":
             return text(f"card declined for {to}", is_error=True)
