@@ -92,7 +92,7 @@ def hostiles(workdir):
     may still run (a leftover is killed, then reported)."""
     yield workdir
     close_peers()
-    left = reap_leftovers(lambda: hostile_pids(workdir), "this test's hostile servers", 30)
+    left = reap_leftovers(lambda: hostile_pids(workdir), "this test's hostile servers", 120)
     assert not left, f"hostile servers outlived the test: {left}"
 
 
