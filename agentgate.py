@@ -21,34 +21,34 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3086 lines of decision core, read first; then the libraries it relies on, each
+Sections (3165 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
 the libraries, so the core reads top to bottom: the policy comes before the configuration
 because the configuration is read with its parser.
 
-     1. Framing                                      decision core       87
+     1. Framing                                      decision core      137
      2. Classes, ids and deadlines                   decision core       34
      3. Policy on what a call does                   decision core      464
      4. Configuration and its trust                  decision core      234
-     5. Tools, as pinned                             decision core      294
-     6. Answers                                      decision core      351
-     7. The record                                   decision core      720
-     8. The gate                                     decision core      615
-     9. The host side                                decision core      287
+     5. Tools, as pinned                             decision core      296
+     6. Answers                                      decision core      354
+     7. The record                                   decision core      724
+     8. The gate                                     decision core      622
+     9. The host side                                decision core      300
     10. Canonical JSON                               library            315
     11. Text safe to show                            library            114
-    12. ECMA-262 patterns                            library            429
-    13. JSON Schema                                  library            426
-    14. Hosts in URLs                                library            138
+    12. ECMA-262 patterns                            library            443
+    13. JSON Schema                                  library            436
+    14. Hosts in URLs                                library            140
     15. Paths as the kernel resolves them            library            109
     16. Durations and times                          library            124
     17. Fields of a configuration                    library            118
     18. Days and hours in a time zone                library             95
     19. What a result's record keeps                 library            140
     20. The lint                                     around the core    247
-    21. Upstream servers                             around the core   1276
+    21. Upstream servers                             around the core   1280
     22. Reading the record                           around the core    180
     23. Tool changes while serving                   around the core    189
     24. The status tool                              around the core    119
@@ -56,10 +56,10 @@ because the configuration is read with its parser.
     26. Notify                                       around the core    119
     27. Pins and load reports                        around the core    199
     28. The command line's flags                     around the core    125
-    29. Operator commands                            around the core   1436
+    29. Operator commands                            around the core   1441
     30. Setup                                        around the core    748
     31. Pin and check                                around the core    182
-    32. Fake payment server                          around the core    116
+    32. Fake payment server                          around the core    117
     33. Demonstration                                around the core    265
     34. Main                                         around the core    131
 
@@ -125,30 +125,36 @@ VERSION = "0.2.0"
 # Owns: both sides' byte streams cut into frames, whom to answer when a frame is refused, and
 # the hashes of a request's identity (over section 10's encoding).
 # Promises: a frame is split on `\n` bytes only (never on U+2028/U+2029) and never held past
-# its cap; the id read from a refused frame is only ever its own top-level one.
+# its cap; the id read from a refused frame is only ever its own top-level one, found
+# wherever it stands in the frame.
 # =============================================================================================
 
 def read_frames(fd, cap):
-    """Newline-delimited frames off `fd`: (frame, b"") up to `cap` bytes, else (None, its first
-    4 KiB) with the rest skipped. os.read, unbuffered: a reader thread holds no lock at exit."""
-    pending, skipping, head = bytearray(), False, b""
+    """Newline-delimited frames off `fd`: (frame, None) up to `cap` bytes, else (None, its own
+    top-level integer id or None) with the rest read only for that id. os.read, unbuffered: a
+    reader thread holds no lock at exit."""
+    pending, refused = bytearray(), None
     while True:
         try:
             chunk = os.read(fd, 1 << 16)
         except OSError:
             chunk = b""
         if not chunk:
-            if pending and not skipping:
-                yield bytes(pending), b""
+            if pending and refused is None:
+                yield bytes(pending), None
             return
         for piece in re.findall(rb"[^\n]*\n|[^\n]+", chunk):
-            if not skipping and len(pending) + len(piece) > cap + 1:
-                head, skipping, pending = bytes(pending + piece)[:4096], True, bytearray()
-            elif not skipping:
+            if refused is None and len(pending) + len(piece) > cap + 1:
+                refused, pending = FrameId(), pending + piece
+                refused.feed(bytes(pending))
+                pending = bytearray()
+            elif refused is not None:
+                refused.feed(piece)
+            else:
                 pending += piece
             if piece.endswith(b"\n"):
-                yield (None, head) if skipping else (bytes(pending), b"")
-                pending, skipping = bytearray(), False
+                yield (None, refused.ident) if refused else (bytes(pending), None)
+                pending, refused = bytearray(), None
 
 
 def parse_loosely(data):
@@ -161,21 +167,65 @@ def parse_loosely(data):
         return None
 
 
-_HEAD_TOKEN_RE = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
 _HEAD_ID_RE = re.compile(rb"\s*:\s*(-?(?:0|[1-9][0-9]{0,17}))[\s,}]")
+# The rest of a string up to its closing quote (or a lone backslash, or the piece's end).
+_STRING_REST_RE = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*', re.S)
+_TOKEN_STOP_RE = re.compile(rb'["{}\[\]]')
 
 
-def frame_id(head):
-    """A too-large message's own top-level integer "id", from its first bytes: a nested one
-    could name another request."""
-    depth = 0
-    for match in _HEAD_TOKEN_RE.finditer(head):
-        token = match.group()
-        depth += {b"[": 1, b"{": 1, b"]": -1, b"}": -1}.get(token, 0)
-        if depth == 1 and token == b'"id"':
-            value = _HEAD_ID_RE.match(head, match.end())
-            return int(value.group(1)) if value else None
-    return None
+class FrameId:
+    """A refused message's own top-level integer "id", read from pieces of any size wherever
+    it stands: a nested one could name another request. Strings are passed over by one
+    regular expression each and nothing else is read but brackets, at C speed."""
+
+    def __init__(self):
+        self.depth, self.string, self.escaped = 0, False, False
+        self.key = None    # the first bytes of a depth-1 string while it is read
+        self.after = None  # what follows a depth-1 "id" key while it is read
+        self.ident = None
+
+    def feed(self, data):
+        if self.after is not None:
+            self._read_value(data)
+        pos = 1 if self.escaped and data else 0
+        self.escaped = self.escaped and not data
+        while pos < len(data) and self.ident is None:
+            if not self.string:
+                stop = _TOKEN_STOP_RE.search(data, pos)
+                if not stop:
+                    return
+                byte, pos = stop.group(), stop.end()
+                if byte == b'"':
+                    self.string, self.key = True, b"" if self.depth == 1 else None
+                else:
+                    self.depth += 1 if byte in b"{[" else -1
+                continue
+            end = _STRING_REST_RE.match(data, pos).end()
+            if self.key is not None:
+                self.key = (self.key + data[pos:min(end, pos + 3)])[:3]
+            if end == len(data) or data[end] == 0x5C:  # a backslash whose escape is next
+                self.escaped = end < len(data)
+                return
+            self.string, pos = False, end + 1
+            if self.key == b"id":
+                self.after = b""
+                self._read_value(data[pos:])
+            self.key = None
+
+    def _read_value(self, data):
+        self.after += data[:64 - len(self.after)]
+        value = _HEAD_ID_RE.match(self.after)
+        if value:
+            self.ident = int(value.group(1))
+        if value or len(self.after) >= 64:
+            self.after = None
+
+
+def frame_id(data):
+    """A refused message's own top-level integer "id", or None."""
+    reading = FrameId()
+    reading.feed(data)
+    return reading.ident
 
 
 def echoable_id(ident):
@@ -953,11 +1003,13 @@ def check_database_path(path):
 class UpstreamError(Exception):
     """A request upstream failed. `outcome`, set by the transport where it writes the bytes:
     'not_sent' (no byte reached the server: nothing executed), 'answered' (a refusal the
-    server answered), 'unusable' (an answer that cannot be read), 'no_answer', 'timed_out'."""
+    server answered; `rpc`: its code, message and data, when well formed), 'unusable' (an
+    answer that cannot be read), 'no_answer', 'timed_out'."""
 
-    def __init__(self, message, outcome="no_answer"):
+    def __init__(self, message, outcome="no_answer", rpc=None):
         super().__init__(message)
         self.outcome = outcome
+        self.rpc = rpc
 
 
 ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
@@ -997,7 +1049,7 @@ class Tool:
         self.schema = restrict_schema(entry["input_schema"], rule.deny + list(rule.fixed))
         # Offered as pinned, as the rule shows it; a part not presented is left out.
         offered = {"name": self.name, "title": entry.get("title"),
-                   "description": self.description, "inputSchema": self.schema,
+                   "description": self.description or None, "inputSchema": self.schema,
                    "outputSchema": entry.get("output_schema"),
                    "annotations": entry.get("annotations"), "icons": entry.get("icons"),
                    "_meta": entry.get("_meta")}
@@ -1439,6 +1491,9 @@ def gate_status(key, **slots):
 
 
 def passed_answer(passed):
+    """A server's result, or its JSON-RPC error ({"error": ...}), as it came."""
+    if "error" in passed:
+        return Answer(passed["error"]["message"], True, passed)
     return Answer("\n".join(b["text"] for b in passed["content"] if b["type"] == "text" and
                             isinstance(b.get("text"), str)), passed.get("isError") is True, passed)
 
@@ -1635,9 +1690,13 @@ SCHEMA = [
     """,
     # Version 2. What the limits count (a row per execution; amounts_json is no longer
     # written: a sum reads the step's arguments), and the operators' standing approvals.
+    # Version 1's executions are its step.tool_started events, under their calls' tools.
     """
     CREATE TABLE executions(id INTEGER PRIMARY KEY, tool TEXT NOT NULL, at TEXT NOT NULL,
         run_id TEXT NOT NULL, step_id TEXT NOT NULL, amounts_json TEXT NOT NULL DEFAULT '{}');
+    INSERT INTO executions(tool, at, run_id, step_id) SELECT c.tool, e.at, e.run_id,
+        e.step_id FROM events e JOIN calls c ON c.run_id=e.run_id
+        WHERE e.type='step.tool_started' ORDER BY e.seq;
     CREATE INDEX executions_tool ON executions(tool, at);
     CREATE TABLE grants(id TEXT PRIMARY KEY, session TEXT NOT NULL, tool TEXT NOT NULL,
         name TEXT NOT NULL, conditions_json TEXT NOT NULL, created_at TEXT NOT NULL,
@@ -2835,7 +2894,7 @@ def call_upstream(tool, args, cap, progress=None):
     nothing executed); 'unrecorded' (executed, answer unusable: known, never run again);
     'timed_out' or 'no_answer' (it may have taken effect: unknown). A read's other failures
     are 'error': it has no effect to vouch for."""
-    passed = None
+    passed = rpc = None
     try:
         result = tool.upstream.request(
             "tools/call", {"name": tool.upstream_name, "arguments": {**args, **tool.rule.fixed}},
@@ -2848,13 +2907,13 @@ def call_upstream(tool, args, cap, progress=None):
         ending = "unrecorded" if passed is None else "error" if record.get("is_error") \
             else "ok"
     except UpstreamError as err:
-        error = str(err)
+        error, rpc = str(err), err.rpc
         ending = {"unusable": "unrecorded", "answered": "error",
                   "not_sent": "unsent"}.get(err.outcome, err.outcome)
     if tool.read_only and ending not in ("ok", "unsent"):
         ending = "error"
     if passed is None:
-        return failed_call(tool, error, ending)
+        return failed_call(tool, error, ending, rpc, cap)
     withheld = record["bytes"] > cap
     observation = {"kind": "tool_result" if ending == "ok" else "tool_error",
                    "summary": result_summary(tool, record, cap if withheld else 0),
@@ -2866,11 +2925,18 @@ def call_upstream(tool, args, cap, progress=None):
     return observation, ending, None if withheld else passed
 
 
-def failed_call(tool, error, ending):
-    """A call that came to no result, as call_upstream answers it."""
-    return {"kind": "tool_error", "summary": cut(f"{tool.name} {ending}: {sanitize(error)}",
-                                                 1000),
-            "content": {"tool": tool.name, "error": error, "ending": ending}}, ending, None
+def failed_call(tool, error, ending, rpc=None, cap=0):
+    """A call that came to no result, as call_upstream answers it; a
+    server's JSON-RPC error (`rpc`) is passed on as it came while it fits
+    the cap, and recorded by its size and hash."""
+    content = {"tool": tool.name, "error": error, "ending": ending}
+    if rpc is not None:
+        sent = canonical(rpc)
+        content["rpc_error"] = value_digest(sent)
+        rpc = {"error": rpc} if len(sent) <= cap else None
+    summary = cut(f"{tool.name} {ending}: {sanitize(error)}", 1000)
+    return {"kind": "tool_error", "summary": summary,
+            "content": content}, ending, rpc
 
 
 RECORDED_FRAME_BYTES = 65536
@@ -2992,12 +3058,11 @@ class HostServer:
     def _read_loop(self):
         """Read frames until one is a request: run it here while a worker reads on. The next
         reader resumes the generator only after it yielded: never two threads in it at once."""
-        for frame, head in self.frames:
+        for frame, ident in self.frames:
             # No frame ends the reader: what follows would go unanswered, and closing stdin
             # would no longer stop the gate.
             try:
                 if frame is None:
-                    ident = frame_id(head)
                     self.send(rpc_error(None if ident is None else Number(str(ident)), -32600,
                                         f"the message is larger than {MAX_HOST_LINE} bytes"))
                     continue
@@ -3138,6 +3203,8 @@ class HostServer:
                         result = work()
                     except ToolNotOffered as err:
                         response = rpc_error(ident, -32602, str(err))
+                    except PassedError as err:
+                        response = {"jsonrpc": "2.0", "id": ident, "error": err.error}
                     except Exception as err:  # a bug: say so plainly, keep the session
                         log(f"internal error: {type(err).__name__}: {err}")
                         response = rpc_error(ident, -32603, CALL_ERRORS["failed"])
@@ -3178,16 +3245,28 @@ class HostServer:
         progress = self.around.progress(self, token, cancelled) \
             if not batch and echoable_id(token) else None
         answered = self.gate.call(tool, args, invalid, progress, cancelled)
+        if cancelled.is_set() and not batch:
+            return None
         result = answered.result()
+        if "error" in result:
+            raise PassedError(result["error"])
         if answered.passed is None and "outputSchema" in tool.listing:
             # A host refuses a result lacking the structured content an output schema promises;
             # the gate's own answers carry none, so they go as errors.
             result["isError"] = True
-        return None if cancelled.is_set() and not batch else result
+        return result
 
 
 class ToolNotOffered(Exception):
     """A tools/call naming a tool the gate does not offer."""
+
+
+class PassedError(Exception):
+    """A server's JSON-RPC error to a tools/call, to be answered as it came."""
+
+    def __init__(self, error):
+        super().__init__(error["message"])
+        self.error = error
 
 
 def _id_key(ident):
@@ -4029,19 +4108,27 @@ class Pattern:
 PATTERN_WORK = 5_000_000
 
 
+# What one step of a schema check costs in those units (a subschema applied to a value, about
+# 5 microseconds), and one value read for equality (uniqueItems, const, enum).
+SCHEMA_STEP = 50
+EQUALITY_STEP = 5
+
+
 class PatternCost(Exception):
-    """A search the call's pattern work cannot pay for; the message names the value's place."""
+    """A check the call's work cannot pay for; the message names the value's place."""
 
 
 class PatternWork:
-    """What the pattern searches of one call may still cost, and what they found.
+    """What the pattern searches and schema steps of one call may still cost, and what the
+    searches found.
 
     The bound is per call, not per value: an array of long values, or one value read by many
-    patterns, draws on the same PATTERN_WORK, so a call cannot multiply it. A search is charged
-    before it starts, at its most (characters times NFA states): what cannot be paid is
-    refused without being started, and the charge depends on the call alone, never on what
-    the DFA caches happen to hold. What a search found is kept: the gate judges a call before
-    its lock and reads the call again under it and in the write transaction, at no cost.
+    patterns or subschemas, draws on the same PATTERN_WORK, so a call cannot multiply it. A
+    search is charged before it starts, at its most (characters times NFA states): what
+    cannot be paid is refused without being started, and the charge depends on the call
+    alone, never on what the DFA caches happen to hold. What a search found is kept: the gate
+    judges a call before its lock and reads the call again under it and in the write
+    transaction, at no cost.
     """
 
     def __init__(self):
@@ -4060,6 +4147,12 @@ class PatternWork:
             self.found[key] = compiled.search(text)
         return self.found[key]
 
+    def pay(self, cost, at):
+        """Take a schema step's cost, or raise PatternCost naming `at`."""
+        if cost > self.left:
+            raise PatternCost(f"{at}: too large to be checked against the schema")
+        self.left -= cost
+
 
 # =============================================================================================
 # 13. JSON Schema
@@ -4074,11 +4167,12 @@ class PatternWork:
 # says why validate cannot use a schema, or '': a keyword of the wrong shape, a pattern
 # section 12 refuses, a $ref that finds nothing, or unevaluatedProperties, unevaluatedItems,
 # $dynamicRef or $recursiveRef. Numbers compare as exact decimals of their literals (an
-# integer is a number with no fraction); enum, const and uniqueItems compare JSON values.
-# `pattern` searches as ECMA-262 does (section 12); one call's searches, its schema check's and
-# its policy's, share one PatternWork, and a search it cannot pay for raises PatternCost,
-# which passes through anyOf, oneOf, not and if: a value too costly to check is never taken
-# for one that does not match. A $ref cycle that reads no deeper into the value raises
+# integer is a number with no fraction); enum, const and uniqueItems compare JSON values by
+# json_key, so uniqueItems is one pass. `pattern` searches as ECMA-262 does (section 12); one
+# call's searches, its schema check's and its policy's, share one PatternWork, which also pays
+# for every subschema applied and every value compared; what it cannot pay for raises
+# PatternCost, which passes through anyOf, oneOf, not and if: a value too costly to check is
+# never taken for one that does not match. A $ref cycle that reads no deeper into the value raises
 # RecursionError.
 # JSON Pointers (RFC 6901): parse_pointer reads one into tokens or raises ConfigError;
 # resolve_pointer finds a member, or an item at an index with no leading zero, else (under an
@@ -4304,18 +4398,24 @@ def _has_type(value, kind):
     return actual == kind
 
 
+def json_key(value, work=None, at=""):
+    """A hashable form two JSON values share exactly when JSON Schema calls them equal: 1 and
+    1.0 alike, an object's keys in any order. Each value read is paid from `work`, if given."""
+    if work is not None:
+        work.pay(EQUALITY_STEP, at)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Number):
+        return "n", value.exact()
+    if isinstance(value, list):
+        return ("a", *(json_key(item, work, at) for item in value))
+    if isinstance(value, dict):
+        return "o", frozenset((k, json_key(v, work, at)) for k, v in value.items())
+    return "c", value  # true, false, null: tagged, as True == 1 in Python
+
+
 def json_equal(a, b):
-    if isinstance(a, Number) and isinstance(b, Number):
-        return a.exact() == b.exact()
-    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
-        return a is b
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, list):
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
-    return a == b
+    return json_key(a) == json_key(b)
 
 
 def _show(value):
@@ -4336,6 +4436,7 @@ def validate(schema, value, root=None, where="", work=None):
         return
     if schema is False:
         raise SchemaError(f"{at}: no value is allowed here")
+    work.pay(SCHEMA_STEP, at)
     if "$ref" in schema:
         validate(resolve_ref(root, schema["$ref"]), value, root, where, work)
     kind = schema.get("type")
@@ -4343,10 +4444,12 @@ def validate(schema, value, root=None, where="", work=None):
         kinds = kind if isinstance(kind, list) else [kind]
         if not any(_has_type(value, k) for k in kinds):
             raise SchemaError(f"{at}: expected {' or '.join(kinds)}, got {_type_of(value)}")
-    if "const" in schema and not json_equal(schema["const"], value):
-        raise SchemaError(f"{at}: expected exactly {_show(schema['const'])}")
-    if "enum" in schema and not any(json_equal(option, value) for option in schema["enum"]):
-        raise SchemaError(f"{at}: expected one of {_show(schema['enum'])}")
+    if "const" in schema or "enum" in schema:
+        key = json_key(value, work, at)
+        if "const" in schema and json_key(schema["const"], work, at) != key:
+            raise SchemaError(f"{at}: expected exactly {_show(schema['const'])}")
+        if "enum" in schema and key not in [json_key(o, work, at) for o in schema["enum"]]:
+            raise SchemaError(f"{at}: expected one of {_show(schema['enum'])}")
     if isinstance(value, Number):
         _validate_number(schema, value, at)
     elif isinstance(value, str):
@@ -4419,9 +4522,9 @@ def _validate_array(schema, value, root, where, work):
     if "maxItems" in schema and len(value) > schema["maxItems"].exact():
         raise SchemaError(f"{at}: expected at most {schema['maxItems'].literal} items")
     if schema.get("uniqueItems") is True:
-        for i, item in enumerate(value):
-            if any(json_equal(item, other) for other in value[:i]):
-                raise SchemaError(f"{at}: expected items that are all different")
+        keys = {json_key(item, work, at) for item in value}
+        if len(keys) < len(value):
+            raise SchemaError(f"{at}: expected items that are all different")
     prefix = schema.get("prefixItems")
     items = schema.get("items")
     if isinstance(items, list):  # draft-07 tuple form
@@ -4526,6 +4629,8 @@ def normal_host(host):
         # An IPv4 address written as IPv6 reaches the IPv4 host: it is compared as that one.
         return str(address.ipv4_mapped) if address.ipv4_mapped else address.compressed
     host = host[:-1] if host.endswith(".") else host
+    if "" in host.split("."):  # "a..b": an empty label names no host
+        return None
     lowered = host.lower()
     try:
         # An xn-- label is read as the name it encodes, and that name must read one way too.
@@ -5857,12 +5962,12 @@ class Upstream:
 
     def _read_stdout(self, proc):
         try:
-            for frame, head in read_frames(proc.stdout.fileno(), MAX_MESSAGE_BYTES):
+            for frame, ident in read_frames(proc.stdout.fileno(), MAX_MESSAGE_BYTES):
                 # One frame, however it is shaped, never ends the reader: every later answer
                 # would wait for its timeout and be recorded as unknown.
                 try:
                     if frame is None:
-                        self._deliver(frame_id(head), error=UpstreamError(
+                        self._deliver(ident, error=UpstreamError(
                             f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes",
                             "unusable"))
                     elif frame.strip():
@@ -5901,10 +6006,13 @@ class Upstream:
                 if on_list_changed:
                     on_list_changed()
         elif "error" in message:
-            error = message["error"]
-            text = error.get("message", "") if isinstance(error, dict) else ""
+            error = message["error"] if isinstance(message["error"], dict) else {}
+            text, code = error.get("message"), error.get("code")
+            rpc = {k: error[k] for k in ("code", "message", "data") if k in error} \
+                if isinstance(text, str) and int_id(code) is not None else None
             self._deliver(int_id(message.get("id")), error=UpstreamError(
-                f"the server answered with an error: {clean(str(text), 1000)}", "answered"))
+                f"the server answered with an error: {clean(str(text or ''), 1000)}",
+                "answered", rpc))
         else:
             self._deliver(int_id(message.get("id")), result=message.get("result"))
 
@@ -6009,7 +6117,8 @@ class Upstream:
         except UpstreamError as err:
             tail = self.tail() if step in OPENING_STEPS and \
                 err.outcome != "timed_out" else ""
-            raise UpstreamError(self.describe(step, str(err)) + tail, err.outcome) from None
+            raise UpstreamError(self.describe(step, str(err)) + tail, err.outcome,
+                                err.rpc) from None
 
     def _request(self, method, params, deadline, progress):
         with self.lock:
@@ -9005,33 +9114,38 @@ def cmd_verify(argv):
         kept = (int(match.group(1)), match.group(2))
     store, _ = operator_store(opts, readonly=True)
     report = verify_chain(store, first, last)
-    head = store.chain_head()
+    head, broken = store.chain_head(), report["break"]
+    short = last is not None and not broken and report["to"] < last
+    held = None  # the kept head: matches, changed, or removed
+    if kept:
+        found = store.event_hash_at(kept[0])
+        held = "removed" if found is None else "changed" if found != kept[1] or (
+            broken and broken[0] <= kept[0]) else "matches"
+    failed = bool(broken) or short or held not in (None, "matches")
+    if opts.json:
+        tell_json({"head": head and {"seq": head[0], "hash": head[1]}, "intact": not broken,
+                   "checked": report["checked"], "from": report["from"], "to": report["to"],
+                   "last_hash": report["hash"] if report["checked"] else None,
+                   "break": broken and dict(zip(("seq", "detail", "expected", "found"), broken)),
+                   "ends_before_to": short, "kept_head": kept and {"seq": kept[0], "is": held}})
+        return 1 if failed else 0
     tell(f"head: seq {head[0]} {head[1]}" if head else "head: no events")
-    failed = False
-    if report["break"]:
-        seq, detail, expected, found = report["break"]
+    if broken:
+        seq, detail, expected, found = broken
         tell(f"broken at seq {seq}: {detail}")
         tell(f"  expected: {expected}")
         tell(f"  found:    {cut(sanitize(found), 128)}")
-        failed = True
     else:
         tell(f"intact: {report['checked']} event(s)" + (
             f", seq {report['from']} to {report['to']}" if report["checked"] else ""))
         if report["checked"]:
             tell(f"last checked: seq {report['to']} {report['hash']}")
-    if last is not None and not report["break"] and report["to"] < last:
+    if short:
         tell(f"the chain ends at seq {report['to']}, before -to {last}")
-        failed = True
-    if kept:
-        found = store.event_hash_at(kept[0])
-        if found is None:
-            tell(f"kept head: seq {kept[0]} is not in the chain: events were removed")
-            failed = True
-        elif found != kept[1] or (report["break"] and report["break"][0] <= kept[0]):
-            tell(f"kept head: seq {kept[0]} does not match: the record was changed")
-            failed = True
-        else:
-            tell(f"kept head: seq {kept[0]} matches")
+    if held:
+        tell(f"kept head: seq {kept[0]} " + {
+            "removed": "is not in the chain: events were removed",
+            "changed": "does not match: the record was changed", "matches": "matches"}[held])
     return 1 if failed else 0
 
 
@@ -10200,8 +10314,8 @@ def load_warnings(reports):
 #
 # Owns: `fake-payments`, a small stdio MCP server that the demonstration, the example config
 # and the tests put behind the gate, to see it work with nothing installed. Every payment is
-# appended, as its raw arguments, to the file FAKE_PAYMENTS_LEDGER names and synced to disk
-# before the answer is sent: the ledger's lines count the payments made.
+# appended, as its raw arguments, to the file FAKE_PAYMENTS_LEDGER names (if set) and synced to
+# disk before the answer is sent: the ledger's lines count the payments made.
 # Core it calls: nothing: it is a server of its own, run as a child process.
 # =============================================================================================
 
@@ -10225,7 +10339,7 @@ FAKE_TOOLS = [
 
 
 def fake_payments():
-    ledger = os.environ.get("FAKE_PAYMENTS_LEDGER", os.devnull)
+    ledger = os.environ.get("FAKE_PAYMENTS_LEDGER")
     tools = json.loads(json.dumps(FAKE_TOOLS))
     if os.environ.get("FAKE_PAYMENTS_DESCRIPTION"):
         tools[0]["description"] = os.environ["FAKE_PAYMENTS_DESCRIPTION"]
@@ -10246,15 +10360,16 @@ def fake_payments():
         return result
 
     def pay(ident, args, stop):
-        with open(ledger, "a", encoding="utf-8") as f:
-            f.write(json.dumps(args, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        if ledger:
+            with open(ledger, "a", encoding="utf-8") as f:
+                f.write(json.dumps(args, sort_keys=True) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
         mode, to, amount = args.get("mode"), args.get("to"), args.get("amount", 0)
         if mode == "slow":
             stop.wait(2)
         if mode == "block":
-            while not os.path.exists(ledger + ".release") and not stop.wait(0.02):
+            while not (ledger and os.path.exists(ledger + ".release")) and not stop.wait(0.02):
                 pass
         if mode == "error":
             return text(f"card declined for {to}", is_error=True)

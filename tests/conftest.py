@@ -120,7 +120,10 @@ def _kill_group(pid: int | None) -> None:
         return
     with suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    wait_for(lambda: not pid_alive(pid), 15, message=f"pid {pid} to die")
+    # A killed process is gone only once its threads leave the kernel: one in an fsync (the
+    # gate's SQLite commits and checkpoints, a server's synced record) waits for a disk that
+    # other suites on this machine keep busy, so this waits as long as a call may.
+    wait_for(lambda: not pid_alive(pid), DEFAULT_TIMEOUT, message=f"pid {pid} to die")
 
 
 # ---------------------------------------------------------------- Host: the SDK client, synchronously

@@ -19,10 +19,11 @@ An act is an object; its keys run in this order:
 
   before                  raw frames written before the answer; "{ID}" in them is replaced by
                           the request id as JSON (so "{ID}.9" is the id plus 0.9 as a literal)
-  big                     {"bytes": N, "kind": "garbage" | "answer" | "nested"}: one line of N
-                          bytes: garbage, a valid-looking answer carrying this request's id, or
-                          a valid-looking answer whose only id is nested ({"x":{"id":ID}})
-                          before the result
+  big                     {"bytes": N, "kind": "garbage" | "answer" | "nested" | "last"}: one
+                          line of N bytes: garbage, a valid-looking answer carrying this
+                          request's id, a valid-looking answer whose only id is nested
+                          ({"x":{"id":ID}}) before the result, or an answer whose id comes
+                          after the result (with an "id" inside the result's text)
   close_stdin_then_ping   true: os.close(0), then send the server request
                           {"jsonrpc":"2.0","id":"p1","method":"ping"}, then answer normally
                           (and never read again)
@@ -115,6 +116,9 @@ class Hostile:
                 where = b'"x":{' + where + b"}"
             head = b'{"jsonrpc":"2.0",' + where + b',"result":{"content":[{"type":"text","text":"'
             tail = b'"}]}}'
+            if kind == "last":
+                head = b'{"jsonrpc":"2.0","result":{"content":[{"type":"text","text":"\\"id\\":0,'
+                tail = b'"}]},' + where + b'}'
         write_all(head)
         left = max(0, size - len(head) - len(tail))
         piece = b"x" * (1 << 20)

@@ -31,6 +31,7 @@ from contextlib import suppress
 from pathlib import Path
 
 import pytest
+from mcp.shared.exceptions import MCPError
 
 from conftest import RawStdio, pid_alive, wait_for
 from kit import (
@@ -91,7 +92,7 @@ def hostiles(workdir):
     may still run (a leftover is killed, then reported)."""
     yield workdir
     close_peers()
-    left = reap_leftovers(lambda: hostile_pids(workdir), "this test's hostile servers", 30)
+    left = reap_leftovers(lambda: hostile_pids(workdir), "this test's hostile servers", 120)
     assert not left, f"hostile servers outlived the test: {left}"
 
 
@@ -285,9 +286,11 @@ def test_a_json_rpc_error_answer_is_a_known_failure_that_does_not_block_the_tool
                               {"text": "paid"}]}}
     config = pinned(workdir, hostile_server(workdir, "h", spec, {"pay": mutating("20s")}))
     with gate_host(config, timeout=90) as host:
-        text, error = said(host.call("h_pay", {"to": "kim", "amount": 7}))
-        assert error and "card declined" in text, text
-        assert not text.startswith("UNKNOWN_OUTCOME"), text
+        # Passed to the host as the server sent it (SPEC "A gate that is invisible when it
+        # allows"), and a known failure: the next call is not blocked.
+        with pytest.raises(MCPError) as caught:
+            host.call("h_pay", {"to": "kim", "amount": 7})
+        assert (caught.value.error.code, caught.value.error.message) == (-32000, "card declined")
 
         text, error = said(host.call("h_pay", {"to": "lou", "amount": 1}))
         assert not text.startswith("BLOCKED"), text
