@@ -48,9 +48,9 @@ because the configuration is read with its parser.
     18. Days and hours in a time zone                library             95
     19. What a result's record keeps                 library            140
     20. The lint                                     around the core    247
-    21. Upstream servers                             around the core   1280
+    21. Upstream servers                             around the core   1310
     22. Reading the record                           around the core    180
-    23. Tool changes while serving                   around the core    189
+    23. Tool changes while serving                   around the core    190
     24. The status tool                              around the core    119
     25. The host's other requests                    around the core    162
     26. Notify                                       around the core    119
@@ -5582,9 +5582,11 @@ def lint_manifests(manifests):
 # the request it answers, and none ends the reading thread; only an integer id agentgate
 # wrote matches an answer; a server that does not take in a message by its write's deadline
 # is stopped (the error says whether any byte reached it); a server that exits fails every
-# later call at once, as not sent, until it is started again (section 23). Closing is idempotent and never waits on a server. Every failure names one
-# outcome (UpstreamError.outcome), set where the bytes are written. Over HTTP the same holds,
-# and: each message goes on its own connection, so no call waits for another's answer; no
+# later call at once, as not sent, until it is started again (section 23), a url server
+# that cannot be reached or forgot its session until it is connected again. Closing is
+# idempotent and never waits on a server. Every failure names one outcome
+# (UpstreamError.outcome), set where the bytes are written. Over HTTP the same holds, and:
+# each message goes on its own connection, so no call waits for another's answer; no
 # byte of a request is written after its deadline; no redirect is followed; a refused
 # connection sent nothing, a connection lost after sending or HTTP 500 or more may have
 # executed; a stream closed after naming an event is resumed within the request's deadline;
@@ -5862,6 +5864,8 @@ class Upstream:
         # until it serves again: what calls and the status tool read, of any transport.
         self.on_exit = None
         self.down = None
+
+    AGAIN = "started again"  # what ToolWatch does once it went away
 
     def describe(self, step, detail):
         return f"server {quote(self.name)}: {step}: {detail}"
@@ -6161,7 +6165,7 @@ class Upstream:
             return ""
         since, next_try = (format_duration(max(0, int(t)) * SECOND)
                            for t in (time.time() - self.down[0], self.down[1] - time.time()))
-        return (f"the server stopped {since} ago and is being started again (next try in "
+        return (f"the server stopped {since} ago and is being {self.AGAIN} (next try in "
                 f"{next_try})")
 
     def watch_tools(self, on_list_changed):
@@ -6377,6 +6381,8 @@ class HttpUpstream(Upstream):
     written), so no call waits for another's answer; a request's answer is read on a thread
     of its own and reaches _dispatch as the bytes the server sent."""
 
+    AGAIN = "connected again"
+
     def __init__(self, server):
         super().__init__(server)
         self.session = None  # Mcp-Session-Id, from the initialize answer
@@ -6389,6 +6395,11 @@ class HttpUpstream(Upstream):
     def spawn(self):
         if self.server.unavailable:
             raise UpstreamError(self.server.unavailable, "not_sent")
+        # Connected again after it went away (section 23):
+        # a new session, its listener apart from the old.
+        with self.lock:
+            self.closed = self.session = self.protocol = None
+            self.ended = threading.Event()
         if os.path.exists(self.server.tokens) and not any(
                 name.lower() == "authorization" for name in self.server.headers):
             try:
@@ -6404,7 +6415,8 @@ class HttpUpstream(Upstream):
                 raise
             # Only the operator reads a start's failure: it may name the command.
             raise UpstreamError(f"{err}; {login_hint(self.server)}", "answered") from None
-        threading.Thread(target=self._listen, daemon=True).start()
+        threading.Thread(target=self._listen, args=(self.ended,),
+                         daemon=True).start()
 
     def close(self):
         """Fail what waits and end every connection; nothing waits on the server."""
@@ -6418,6 +6430,12 @@ class HttpUpstream(Upstream):
 
     def tail(self):
         return ""
+
+    def _gone(self, why):
+        """While serving, the server went away: it is
+        connected again (section 23)."""
+        if self.on_exit and not self.closed:
+            self.on_exit(why)
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -6473,6 +6491,8 @@ class HttpUpstream(Upstream):
         try:
             conn = http_connection(self.server.url, deadline)
         except (OSError, http_client().HTTPException) as err:
+            if isinstance(err, ConnectionError):
+                self._gone("cannot be reached")
             raise UpstreamError(f"cannot reach {shown_url(self.server.url)} ("
                                 f"{clean(str(err), 200) or type(err).__name__}), so nothing "
                                 f"was sent", "not_sent") from None
@@ -6589,6 +6609,13 @@ class HttpUpstream(Upstream):
             if status == 403 and self.tokens and scope:
                 self.tokens.want(scope.group(1))
             return self._login_needed(f"HTTP {status}")
+        if status == 404 and self.session:
+            # The server no longer knows the session (it was
+            # started again): it took nothing in, ran nothing.
+            self._gone("forgot its session")
+            return UpstreamError(
+                "the server no longer knows the session "
+                "(HTTP 404), so nothing ran", "not_sent")
         if status >= 400:
             return UpstreamError(f"the server answered HTTP {status}", "answered")
         self.session = response.getheader("Mcp-Session-Id") or self.session
@@ -6635,12 +6662,13 @@ class HttpUpstream(Upstream):
                 raise
         return events
 
-    def _listen(self):
+    def _listen(self, ended):
         """The server's own stream, held open all session and opened again when it ends. A
         refusal that may pass (a lost connection, 409, 429, 5xx) is met with growing pauses;
-        any other (405: it has none) ends the listening."""
+        a 404 (the session is gone) connects again; any other (405: it has none) ends the
+        listening, as `ended` does."""
         pause, last_id = OWN_STREAM_FIRST_PAUSE, None
-        while not self.ended.is_set():
+        while not ended.is_set():
             conn = None
             try:
                 conn, response = self._get(None, last_id)
@@ -6649,6 +6677,8 @@ class HttpUpstream(Upstream):
                     last_id = events.last_id or last_id
                     if events.heard:  # it was open: opened again as the server asked
                         pause = max(events.retry / 1000, OWN_STREAM_FIRST_PAUSE)
+                elif response.status == 404:
+                    return self._gone("forgot its session")
                 elif not (response.status in (409, 429) or response.status >= 500):
                     return
             except (UpstreamError, OSError, ValueError, http_client().HTTPException):
@@ -6656,7 +6686,7 @@ class HttpUpstream(Upstream):
             finally:
                 if conn:
                     self._end(conn)
-            if self.ended.wait(pause):
+            if ended.wait(pause):
                 return
             pause = min(2 * pause, OWN_STREAM_LAST_PAUSE)
 
@@ -7158,7 +7188,7 @@ class ToolWatch:
             upstream.down = (time.time(), time.time() + restart_wait(0))
             self.cond.notify_all()
         log(f"server {upstream.name} {why}; calls to its tools fail without executing "
-            f"until it is started again (next try in {restart_wait(0)}s)")
+            f"until it is {upstream.AGAIN} (next try in {restart_wait(0)}s)")
 
     def _revive(self):
         # Never returns: a server started here dies with the thread that started it (spawn).
@@ -7188,10 +7218,11 @@ class ToolWatch:
             wait = restart_wait(self.starts[name])
             upstream.down = (upstream.down[0], time.time() + wait)
             upstream.close()
-            log(f"server {name} could not be started again: {err}; next try in {wait}s")
+            log(f"server {name} could not be {upstream.AGAIN}: {err}; next try in "
+                f"{wait}s")
             return
         self.starts.pop(name, None)
-        log(f"server {name} was started again and serves its tools")
+        log(f"server {name} was {upstream.AGAIN} and serves its tools")
 
 
 def restart_wait(failures):

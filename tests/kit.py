@@ -61,11 +61,12 @@ class Listening:
     """A child in its own process group that prints `port N` once it listens on 127.0.0.1;
     `url` is its MCP endpoint there. Its stderr goes to the file `stderr`, shown if it fails."""
 
-    def __init__(self, argv: list, stderr: Path):
+    def __init__(self, argv: list, stderr: Path, env: dict | None = None):
         self.stderr = stderr
         with open(stderr, "wb") as errors:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=errors, start_new_session=True)
+                                         stderr=errors, start_new_session=True,
+                                         env=None if env is None else {**os.environ, **env})
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()
         try:

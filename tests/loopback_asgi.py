@@ -3,6 +3,7 @@ in memory, so a stream can be resumed with Last-Event-ID, and serving an ASGI ap
 127.0.0.1 the system picks, announced as `port N` once the socket listens."""
 
 import itertools
+import os
 import socket
 
 import uvicorn
@@ -37,7 +38,8 @@ def serve_on_loopback(app):
     """Serve `app` until the process is stopped; `port N` goes to stdout once it listens."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    # LOOPBACK_PORT: the port of a server started again where it was.
+    sock.bind(("127.0.0.1", int(os.environ.get("LOOPBACK_PORT", "0"))))
     sock.listen(64)
     print(f"port {sock.getsockname()[1]}", flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
