@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3165 lines of decision core, read first; then the libraries it relies on, each
+Sections (3167 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -33,7 +33,7 @@ because the configuration is read with its parser.
      3. Policy on what a call does                   decision core      464
      4. Configuration and its trust                  decision core      234
      5. Tools, as pinned                             decision core      296
-     6. Answers                                      decision core      354
+     6. Answers                                      decision core      356
      7. The record                                   decision core      724
      8. The gate                                     decision core      622
      9. The host side                                decision core      300
@@ -48,10 +48,10 @@ because the configuration is read with its parser.
     18. Days and hours in a time zone                library             95
     19. What a result's record keeps                 library            140
     20. The lint                                     around the core    247
-    21. Upstream servers                             around the core   1310
+    21. Upstream servers                             around the core   1308
     22. Reading the record                           around the core    180
     23. Tool changes while serving                   around the core    190
-    24. The status tool                              around the core    119
+    24. The status tool                              around the core    120
     25. The host's other requests                    around the core    162
     26. Notify                                       around the core    119
     27. Pins and load reports                        around the core    199
@@ -1466,8 +1466,9 @@ GATE_MARK = "gate/answer"
 class Answer:
     """A tools/call's answer: the gate's prose as one text block, or a server's result whole."""
 
-    def __init__(self, text, is_error=False, passed=None):
+    def __init__(self, text, is_error=False, passed=None, mark="FAILED"):
         self.text, self.is_error, self.passed = text, is_error, passed
+        self.mark = mark  # its prefix; FAILED: a call that came to no result
 
     def result(self):
         if self.passed is not None:
@@ -1475,7 +1476,7 @@ class Answer:
         # The mark a host may read to tell the gate's answer from a server's result, which
         # may hold the same words; it names neither the program nor its commands.
         result = {"content": [{"type": "text", "text": self.text}],
-                  "_meta": {GATE_MARK: self.text.partition(":")[0]}}
+                  "_meta": {GATE_MARK: self.mark}}
         if self.is_error:
             result["isError"] = True
         return result
@@ -1483,11 +1484,12 @@ class Answer:
 
 def answer(prefix, key=None, **slots):
     text = PROSE[key or prefix].format(**slots)
-    return Answer(f"{prefix}: {text}", prefix in IS_ERROR)
+    return Answer(f"{prefix}: {text}", prefix in IS_ERROR, mark=prefix)
 
 
 def gate_status(key, **slots):
-    return Answer("GATE_STATUS: " + STATUS_PROSE[key].format(**slots))
+    return Answer("GATE_STATUS: " + STATUS_PROSE[key].format(**slots),
+                  mark="GATE_STATUS")
 
 
 def passed_answer(passed):
@@ -6665,8 +6667,8 @@ class HttpUpstream(Upstream):
     def _listen(self, ended):
         """The server's own stream, held open all session and opened again when it ends. A
         refusal that may pass (a lost connection, 409, 429, 5xx) is met with growing pauses;
-        a 404 (the session is gone) connects again; any other (405: it has none) ends the
-        listening, as `ended` does."""
+        any other (405 or 404: it has none) ends the listening, as `ended` does; a server
+        that cannot be reached is connected again (_open)."""
         pause, last_id = OWN_STREAM_FIRST_PAUSE, None
         while not ended.is_set():
             conn = None
@@ -6677,8 +6679,6 @@ class HttpUpstream(Upstream):
                     last_id = events.last_id or last_id
                     if events.heard:  # it was open: opened again as the server asked
                         pause = max(events.retry / 1000, OWN_STREAM_FIRST_PAUSE)
-                elif response.status == 404:
-                    return self._gone("forgot its session")
                 elif not (response.status in (409, 429) or response.status >= 500):
                     return
             except (UpstreamError, OSError, ValueError, http_client().HTTPException):
@@ -7281,7 +7281,8 @@ def status_answer(gate, args):
     if wanted:
         for approval in approvals:
             if approval["id"] == wanted:
-                return Answer(f"GATE_STATUS: {describe_approval(gate, approval)}")
+                return Answer(f"GATE_STATUS: {describe_approval(gate, approval)}",
+                              mark="GATE_STATUS")
         return gate_status("unknown_id", approval=clean(wanted, 100))
     waiting = [a for a in approvals if a["status"] == "pending" and
                (not a["expires_at"] or a["expires_at"] > now())]

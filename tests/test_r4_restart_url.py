@@ -123,8 +123,11 @@ def test_a_server_that_forgot_the_session_ran_nothing_and_is_connected_again(
     try:
         assert said(gate.call("bank_pay", {"to": "kim"})) == ("paid", False)
         state["session"] = "second"  # the server was started again
-        text, is_error = said(gate.call("bank_pay", {"to": "ann"}))
+        failed = gate.call("bank_pay", {"to": "ann"})
+        text, is_error = said(failed)
         assert is_error and "no longer knows the session" in text, text
+        # The gate's own answer, marked as such, naming no server.
+        assert failed.meta == {"gate/answer": "FAILED"}, failed.meta
         assert "nothing ran" in text and not text.startswith("UNKNOWN"), text
         assert paid == [{"to": "kim"}]
         wait_for(lambda: "server bank was connected again" in gate.stderr_text(),
