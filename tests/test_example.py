@@ -14,14 +14,19 @@ import sys
 from conftest import REPO, Host
 
 
-def test_the_bundled_example_pins_checks_and_serves(workdir):
-    # As the quickstart has it: agentgate.py in ~/bin, the config in a directory of its own.
+def installed_example(workdir):
+    """As the quickstart has it: agentgate.py in ~/bin, the config in a directory of its
+    own; (home, the agentgate argv)."""
     home = workdir / "home"
     (home / "bin").mkdir(parents=True)
     shutil.copy(REPO / "agentgate.py", home / "bin" / "agentgate.py")
     shutil.copy(REPO / "example.json", workdir / "example.json")
     (workdir / "example.json").chmod(0o600)
-    agentgate = [sys.executable, str(home / "bin" / "agentgate.py")]
+    return home, [sys.executable, str(home / "bin" / "agentgate.py")]
+
+
+def test_the_bundled_example_pins_checks_and_serves(workdir):
+    home, agentgate = installed_example(workdir)
     environ = {**os.environ, "HOME": str(home)}
 
     pinned = subprocess.run([*agentgate, "pin", "-config", "example.json"], cwd=workdir,

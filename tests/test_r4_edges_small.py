@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sys
 from pathlib import Path
 
-from conftest import REPO, Host
+from conftest import Host
+from test_example import installed_example
 from kit import (Bank, bank, database_from_dump, gate_host, result_text, run_to_end, tamper,
                  verify)
 from kit import bankdir, clean_banks  # noqa: F401 (fixtures)
@@ -71,12 +70,7 @@ def test_a_migrated_databases_executions_count_toward_the_limits(bankdir):
 
 
 def test_example_json_pays_without_a_ledger_set(workdir):
-    home = workdir / "home"
-    (home / "bin").mkdir(parents=True)
-    shutil.copy(REPO / "agentgate.py", home / "bin" / "agentgate.py")
-    shutil.copy(REPO / "example.json", workdir / "example.json")
-    (workdir / "example.json").chmod(0o600)
-    agentgate = [sys.executable, str(home / "bin" / "agentgate.py")]
+    home, agentgate = installed_example(workdir)
     environ = {k: v for k, v in os.environ.items() if k != "FAKE_PAYMENTS_LEDGER"}
     pinned = run_to_end([*agentgate, "pin", "-config", "example.json"],
                         {**environ, "HOME": str(home)}, workdir, 120)
