@@ -28,40 +28,41 @@ constants and exception classes). A section of the core uses only the sections a
 the libraries, so the core reads top to bottom: the policy comes before the configuration
 because the configuration is read with its parser.
 
-     1. Framing                                      decision core      137
-     2. Classes, ids and deadlines                   decision core       34
-     3. Policy on what a call does                   decision core      464
-     4. Configuration and its trust                  decision core      234
-     5. Tools, as pinned                             decision core      296
-     6. Answers                                      decision core      356
-     7. The record                                   decision core      724
-     8. The gate                                     decision core      622
-     9. The host side                                decision core      300
-    10. Canonical JSON                               library            315
-    11. Text safe to show                            library            114
-    12. ECMA-262 patterns                            library            443
-    13. JSON Schema                                  library            436
-    14. Hosts in URLs                                library            140
-    15. Paths as the kernel resolves them            library            109
-    16. Durations and times                          library            124
-    17. Fields of a configuration                    library            118
-    18. Days and hours in a time zone                library             95
-    19. What a result's record keeps                 library            140
-    20. The lint                                     around the core    247
-    21. Upstream servers                             around the core   1308
-    22. Reading the record                           around the core    180
-    23. Tool changes while serving                   around the core    190
-    24. The status tool                              around the core    120
-    25. The host's other requests                    around the core    162
-    26. Notify                                       around the core    119
-    27. Pins and load reports                        around the core    199
-    28. The command line's flags                     around the core    125
-    29. Operator commands                            around the core   1441
-    30. Setup                                        around the core    748
-    31. Pin and check                                around the core    182
-    32. Fake payment server                          around the core    117
-    33. Demonstration                                around the core    265
-    34. Main                                         around the core    131
+                                                                     lines    chars
+     1. Framing                                      decision core      137    4,411
+     2. Classes, ids and deadlines                   decision core       34    1,117
+     3. Policy on what a call does                   decision core      464   19,087
+     4. Configuration and its trust                  decision core      234    9,972
+     5. Tools, as pinned                             decision core      296   12,438
+     6. Answers                                      decision core      356   17,388
+     7. The record                                   decision core      724   32,946
+     8. The gate                                     decision core      622   27,961
+     9. The host side                                decision core      300   10,803
+    10. Canonical JSON                               library            315   11,509
+    11. Text safe to show                            library            114    4,121
+    12. ECMA-262 patterns                            library            443   17,185
+    13. JSON Schema                                  library            436   17,779
+    14. Hosts in URLs                                library            140    5,890
+    15. Paths as the kernel resolves them            library            109    4,423
+    16. Durations and times                          library            124    5,076
+    17. Fields of a configuration                    library            118    4,449
+    18. Days and hours in a time zone                library             95    4,633
+    19. What a result's record keeps                 library            140    5,688
+    20. The lint                                     around the core    247   10,745
+    21. Upstream servers                             around the core   1308   49,331
+    22. Reading the record                           around the core    180    8,675
+    23. Tool changes while serving                   around the core    190    8,030
+    24. The status tool                              around the core    120    5,035
+    25. The host's other requests                    around the core    162    5,863
+    26. Notify                                       around the core    119    4,400
+    27. Pins and load reports                        around the core    199    7,523
+    28. The command line's flags                     around the core    125    5,956
+    29. Operator commands                            around the core   1441   58,407
+    30. Setup                                        around the core    748   31,400
+    31. Pin and check                                around the core    182    7,569
+    32. Fake payment server                          around the core    117    4,191
+    33. Demonstration                                around the core    265    8,898
+    34. Main                                         around the core    131    4,474
 
 One tools/call through the core, with the section of each step (10, 13, 19: libraries):
 
