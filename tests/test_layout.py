@@ -70,8 +70,8 @@ def test_the_table_of_contents_names_each_section_with_its_label_and_length():
     _, lines, tree = read()
     docstring = ast.get_docstring(tree, clean=False)
     for number, title, label, first, last in sections(lines):
-        row = re.search(rf"^ +{number}\. (.+?) +({'|'.join(LABELS)}) +(\d+) +([\d,]+)$", docstring,
-                        re.M)
+        row = re.search(rf"^ +{number}\. (.+?) +({'|'.join(LABELS)})"
+                        rf" +(\d+) +([\d,]+)$", docstring, re.M)
         assert row, f"section {number} is not in the table of contents"
         assert title.startswith(row.group(1).strip()), (title, row.group(1))
         assert row.group(2) == label

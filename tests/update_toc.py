@@ -2,8 +2,8 @@
 """Rewrite the line counts of agentgate.py's table of contents, run by hand after an edit:
 python3 tests/update_toc.py
 
-test_layout.py checks that the docstring tells each section's lines and characters and the core's total as
-the file has them; this writes those numbers (and nothing else) from the file itself.
+test_layout.py checks that the docstring tells each section's lines and characters and the
+core's total as the file has them; this writes those numbers (and nothing else) from the file.
 """
 
 import re
