@@ -2428,6 +2428,11 @@ class Gate:
     def lease(self):
         return self.owner, later(now(), self.config.lease_ttl)
 
+    def quarantine(self, names):
+        """From now on `names` (offered names) are the tools not offered
+        and refused; the set is replaced whole, never edited in place."""
+        self.quarantined = frozenset(names)
+
     def _heartbeat(self):
         """Renew this process's leases every third of their life. A run stranded by a failed
         write is not renewed, so the next identical call takes it over."""
@@ -3283,6 +3288,14 @@ def rpc_error(ident, code, message):
 
 def busy_error(ident):
     return rpc_error(ident, -32000, CALL_ERRORS["busy"].format(limit=MAX_IN_FLIGHT))
+
+
+# =============================================================================================
+# 9b. What an operator is shown before deciding
+#
+# Reads as: decision core
+#
+# (placeholder: filled by the decisions helper)
 
 
 # =============================================================================================
@@ -7061,7 +7074,7 @@ class Ledger(Store):
 #
 # Owns: a server's change of its tools while the gate serves (notifications/tools/list_changed):
 # the tools are listed again and compared with the pin by changed_parts (section 5).
-# Core it calls: manifest_entry, changed_parts; it writes only the gate's `quarantined` set and
+# Core it calls: manifest_entry, changed_parts, Gate.quarantine (its only write to the gate) and
 # calls the host's tools_changed notice, both handed to it by serve.
 # Promises: a tool whose server changed it is no longer offered and a call to it is refused
 # TOOL_CHANGED; a listing that fails quarantines the server's tools and is retried at 4, 8, 16,
@@ -7177,8 +7190,8 @@ class ToolWatch:
     def _hold(self, server, held):
         if held != self.held.get(server, []):
             self.held[server] = held
-            self.gate.quarantined = frozenset(name for names in self.held.values()
-                                              for name in names)
+            self.gate.quarantine(name for names in self.held.values()
+                                 for name in names)
             self.announce()
 
     def exited(self, upstream, why):
