@@ -10358,115 +10358,116 @@ def load_warnings(reports):
 #
 # Reads as: around the core
 #
-# Owns: `fake-payments`, a small stdio MCP server that the demonstration, the example config
-# and the tests put behind the gate, to see it work with nothing installed. Every payment is
-# appended, as its raw arguments, to the file FAKE_PAYMENTS_LEDGER names (if set) and synced to
-# disk before the answer is sent: the ledger's lines count the payments made.
-# Core it calls: nothing: it is a server of its own, run as a child process.
+# Owns: `fake-payments`, the stdio MCP server the demo
+# and example.json put behind the gate. Each payment is
+# appended, as its arguments, to the file
+# FAKE_PAYMENTS_LEDGER names (if set), synced before
+# the answer is sent: the ledger's lines count the
+# payments made. `pay` with mode "block" never answers.
+# The tests' modes are in tests/fake_modes.py.
+# Core it calls: nothing: it is a server of its own.
 # =============================================================================================
 
 FAKE_TOOLS = [
-    {"name": "balance", "description": "Read the balance of an account.",
-     "inputSchema": {"type": "object", "additionalProperties": False, "required": ["account"],
-                     "properties": {"account": {"type": "string"}}},
+    {"name": "balance",
+     "description": "Read the balance of an account.",
+     "inputSchema": {
+         "type": "object",
+         "additionalProperties": False,
+         "required": ["account"],
+         "properties": {"account": {"type": "string"}}},
      "annotations": {"readOnlyHint": True}},
-    {"name": "pay", "description": "Pay an amount to someone.",
-     "inputSchema": {"type": "object", "additionalProperties": False,
-                     "required": ["to", "amount"],
-                     "properties": {"to": {"type": "string"}, "amount": {"type": "number"},
-                                    "currency": {"type": "string"},
-                                    "mode": {"enum": ["slow", "block", "error", "structured",
-                                                      "deep"]}}},
+    {"name": "pay",
+     "description": "Pay an amount to someone.",
+     "inputSchema": {
+         "type": "object",
+         "additionalProperties": False,
+         "required": ["to", "amount"],
+         "properties": {
+             "to": {"type": "string"},
+             "amount": {"type": "number"},
+             "currency": {"type": "string"},
+             "mode": {"enum": ["block"]}}},
      "annotations": {"destructiveHint": False}},
-    {"name": "refund", "description": "Refund a payment.",
-     "inputSchema": {"type": "object", "additionalProperties": False, "required": ["payment"],
-                     "properties": {"payment": {"type": "string"}}}},
+    {"name": "refund",
+     "description": "Refund a payment.",
+     "inputSchema": {
+         "type": "object",
+         "additionalProperties": False,
+         "required": ["payment"],
+         "properties": {"payment": {"type": "string"}}}},
 ]
+
+
+def fake_pay(ledger, args):
+    if ledger:
+        with open(ledger, "a", encoding="utf-8") as f:
+            f.write(json.dumps(args, sort_keys=True))
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+    if args.get("mode") == "block":
+        threading.Event().wait()
+    amount = float(args.get("amount", 0))
+    return f"paid {amount:.2f} to {args.get('to')}"
 
 
 def fake_payments():
     ledger = os.environ.get("FAKE_PAYMENTS_LEDGER")
-    tools = json.loads(json.dumps(FAKE_TOOLS))
-    if os.environ.get("FAKE_PAYMENTS_DESCRIPTION"):
-        tools[0]["description"] = os.environ["FAKE_PAYMENTS_DESCRIPTION"]
-    out_lock = threading.Lock()
-    cancelled = {}
+    lock = threading.Lock()
 
-    def send(message):
-        with out_lock:
-            sys.stdout.buffer.write(json.dumps(message).encode() + b"\n")
+    def send(ident, key, value):
+        message = {"jsonrpc": "2.0", "id": ident}
+        line = json.dumps({**message, key: value})
+        with lock:
+            sys.stdout.buffer.write(line.encode() + b"\n")
             sys.stdout.buffer.flush()
 
-    def text(s, is_error=False, structured=None):
-        result = {"content": [{"type": "text", "text": s}]}
-        if is_error:
-            result["isError"] = True
-        if structured is not None:
-            result["structuredContent"] = structured
-        return result
-
-    def pay(ident, args, stop):
-        if ledger:
-            with open(ledger, "a", encoding="utf-8") as f:
-                f.write(json.dumps(args, sort_keys=True) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-        mode, to, amount = args.get("mode"), args.get("to"), args.get("amount", 0)
-        if mode == "slow":
-            stop.wait(2)
-        if mode == "block":
-            while not (ledger and os.path.exists(ledger + ".release")) and not stop.wait(0.02):
-                pass
-        if mode == "error":
-            return text(f"card declined for {to}", is_error=True)
-        if mode == "structured":
-            return text(f"paid {amount} to {to}", structured={"paid": amount, "to": to})
-        if mode == "deep":
-            deep = []
-            for _ in range(300):
-                deep = [deep]
-            return text("deep", structured={"deep": deep})
-        return text(f"paid {float(amount):.2f} to {to}")
-
     def call(ident, params):
-        stop = cancelled.setdefault(ident, threading.Event())
-        name, args = params.get("name"), params.get("arguments") or {}
-        if name == "balance":
-            result = text(f"account {args.get('account')} holds 120.00 EUR")
-        elif name == "pay":
-            result = pay(ident, args, stop)
+        name = params.get("name")
+        args = params.get("arguments") or {}
+        if name == "pay":
+            text = fake_pay(ledger, args)
+        elif name == "balance":
+            account = args.get("account")
+            text = f"account {account} holds 120.00 EUR"
         elif name == "refund":
-            result = text("refunded")
+            text = "refunded"
         else:
-            send({"jsonrpc": "2.0", "id": ident, "error": {"code": -32602,
-                                                           "message": f"no tool {name}"}})
-            return
-        cancelled.pop(ident, None)
-        send({"jsonrpc": "2.0", "id": ident, "result": result})
+            error = {"code": -32602,
+                     "message": f"no tool {name}"}
+            return send(ident, "error", error)
+        content = [{"type": "text", "text": text}]
+        send(ident, "result", {"content": content})
 
     for line in sys.stdin.buffer:
         try:
             message = json.loads(line)
         except ValueError:
             continue
-        method, ident = message.get("method"), message.get("id")
+        method = message.get("method")
+        ident = message.get("id")
         params = message.get("params") or {}
-        if method == "initialize":
-            send({"jsonrpc": "2.0", "id": ident, "result": {
-                "protocolVersion": params.get("protocolVersion", "2025-06-18"),
+        if method == "tools/call":
+            # A thread a call: a blocked payment holds
+            # up no other, and the end of input ends all.
+            threading.Thread(target=call, daemon=True,
+                             args=(ident, params)).start()
+        elif method == "initialize":
+            send(ident, "result", {
+                "protocolVersion": params.get(
+                    "protocolVersion", "2025-06-18"),
                 "capabilities": {"tools": {}},
-                "serverInfo": {"name": "fake-payments", "version": "1.0.0"}}})
+                "serverInfo": {"name": "fake-payments",
+                               "version": "1.0.0"}})
         elif method == "tools/list":
-            send({"jsonrpc": "2.0", "id": ident, "result": {"tools": tools}})
-        elif method == "tools/call":
-            threading.Thread(target=call, args=(ident, params), daemon=True).start()
-        elif method == "notifications/cancelled":
-            cancelled.setdefault(params.get("requestId"), threading.Event()).set()
+            send(ident, "result", {"tools": FAKE_TOOLS})
         elif method == "ping":
-            send({"jsonrpc": "2.0", "id": ident, "result": {}})
+            send(ident, "result", {})
         elif ident is not None:
-            send({"jsonrpc": "2.0", "id": ident, "error": {"code": -32601,
-                                                           "message": "method not found"}})
+            error = {"code": -32601,
+                     "message": "method not found"}
+            send(ident, "error", error)
     return 0
 
 
