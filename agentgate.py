@@ -10476,26 +10476,39 @@ def fake_payments():
 #
 # Reads as: around the core
 #
-# Owns: `agentgate.py demo`, a scripted session with no model, no network and nothing
-# installed. This process plays the host; the gate, the fake payment server and the operator
-# run as separate processes in a temporary directory, as they would for a person.
-# Promises: every step says what the model sees; the demo exits non-zero if any step did not
-# behave as narrated, and it ends only after every process it started has exited.
-# Core it calls: nothing: it writes with section 21's write_private and runs everything else
-# as agentgate's own commands, in processes.
+# Owns: `agentgate.py demo`, a scripted session with no
+# model, no network and nothing installed. This process
+# plays the host; the gate, the fake payment server and
+# the operator run as processes of their own in a
+# temporary directory, as they would for a person.
+# Promises: each step shows what the model sees; the demo
+# exits 1 if a step did not behave as narrated, and ends
+# only once every process it started has exited.
+# Core it calls: nothing: it writes with write_private
+# and runs the rest as agentgate's own commands.
 # =============================================================================================
 
 class DemoFailure(Exception):
-    """A step of the demonstration did not behave as narrated."""
+    """A step did not behave as narrated."""
+
+
+DEMO_HELLO = {"protocolVersion": PROTOCOL_VERSIONS[-1],
+              "capabilities": {},
+              "clientInfo": {"name": "demo-host",
+                             "version": "1"}}
 
 
 class LineClient:
+    """JSON-RPC over a child process's stdin and stdout."""
+
     def __init__(self, argv, cwd, env, stderr):
-        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=stderr)
+        self.proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stderr=stderr,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.answers = queue.Queue()
         self.next_id = 0
-        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read,
+                         daemon=True).start()
 
     def _read(self):
         for line in self.proc.stdout:
@@ -10506,8 +10519,9 @@ class LineClient:
 
     def send(self, method, params):
         self.next_id += 1
-        line = json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method,
-                           "params": params}) + "\n"
+        message = {"jsonrpc": "2.0", "id": self.next_id,
+                   "method": method, "params": params}
+        line = json.dumps(message) + "\n"
         self.proc.stdin.write(line.encode())
         self.proc.stdin.flush()
         return self.next_id
@@ -10516,25 +10530,29 @@ class LineClient:
         ident = self.send(method, params)
         while True:
             try:
-                message = self.answers.get(timeout=timeout)
+                got = self.answers.get(timeout=timeout)
             except queue.Empty:
-                raise DemoFailure(f"no answer to {method} within {timeout}s") from None
-            if message is None:
-                raise DemoFailure(f"the process exited before answering {method}")
-            if message.get("id") == ident:
-                if "error" in message:
-                    raise DemoFailure(f"{method} failed: {message['error'].get('message')}")
-                return message["result"]
+                raise DemoFailure(f"no answer to {method} "
+                                  f"within {timeout}s") from None
+            if got is None:
+                raise DemoFailure("the process exited "
+                                  f"before answering {method}")
+            if got.get("id") != ident:
+                continue
+            if "error" in got:
+                why = got["error"].get("message")
+                raise DemoFailure(f"{method} failed: {why}")
+            return got["result"]
 
     def call(self, tool, args):
-        result = self.request("tools/call", {"name": tool, "arguments": args})
-        return result["content"][0]["text"], bool(result.get("isError"))
+        params = {"name": tool, "arguments": args}
+        result = self.request("tools/call", params)
+        text = result["content"][0]["text"]
+        return text, bool(result.get("isError"))
 
     def close(self):
-        try:
+        with contextlib.suppress(OSError):
             self.proc.stdin.close()
-        except OSError:
-            pass
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -10546,7 +10564,8 @@ class Narrator:
     def __init__(self, out):
         self.out = out
         color = out.isatty() and not os.environ.get("NO_COLOR")
-        self.bold = (lambda s: f"\033[1m{s}\033[0m") if color else (lambda s: s)
+        self.bold = ((lambda s: f"\033[1m{s}\033[0m") if color
+                     else (lambda s: s))
 
     def step(self, title):
         self.out.write(f"\n{self.bold(title)}\n")
@@ -10556,19 +10575,24 @@ class Narrator:
         tell(f"  {text}", out=self.out, flush=True)
 
     def sees(self, text, is_error):
-        label = "model sees (isError)" if is_error else "model sees"
-        self.say(f"{label}: {cut(text.split('. ')[0], 76 - len(label))}")
+        label = "model sees"
+        if is_error:
+            label += " (isError)"
+        first = text.split("\n")[0].split(". ")[0]
+        self.say(f"{label}: {cut(first, 76 - len(label))}")
 
 
 def expect(text, prefix):
     if not text.startswith(prefix):
-        raise DemoFailure(f"expected an answer starting {prefix!r}, got {text[:120]!r}")
+        raise DemoFailure(f"expected an answer starting "
+                          f"{prefix!r}, got {text[:120]!r}")
 
 
 def cmd_demo(argv):
     parser("demo").parse_args(argv)
     narrator = Narrator(sys.stdout)
-    with tempfile.TemporaryDirectory(prefix="agentgate-demo-") as directory:
+    with tempfile.TemporaryDirectory(
+            prefix="agentgate-demo-") as directory:
         try:
             run_demo(directory, narrator)
         except DemoFailure as err:
@@ -10577,162 +10601,190 @@ def cmd_demo(argv):
     return 0
 
 
+def demo_config(directory, me):
+    ledger = os.path.join(directory, "ledger")
+    rules = {"balance": {"side_effect": "read_only",
+                         "timeout": "5s"},
+             "pay": {"side_effect": "remote_mutation",
+                     "timeout": "30s"}}
+    bank = {"name": "bank",
+            "command": [sys.executable, me, "fake-payments"],
+            "env": [f"FAKE_PAYMENTS_LEDGER={ledger}"],
+            "manifest": "bank.manifest.json",
+            "rules": rules}
+    config = {"database": "demo.db", "session": "demo",
+              "hold": "0s", "lease_ttl": "3s",
+              "servers": [bank]}
+    path = os.path.join(directory, "agentgate.json")
+    write_private(path, json.dumps(config, indent=2))
+    return path, ledger
+
+
+def payments(path):
+    """The lines of a fake server's ledger."""
+    if not os.path.exists(path):
+        return 0
+    with open(path, encoding="utf-8") as f:
+        return len(f.read().splitlines())
+
+
 def run_demo(directory, narrator):
     me = os.path.abspath(__file__)
-    ledger = os.path.join(directory, "ledger")
-    config = {"database": "demo.db", "session": "demo", "hold": "0s", "lease_ttl": "3s",
-              "servers": [{"name": "bank", "command": [sys.executable, me, "fake-payments"],
-                           "env": [f"FAKE_PAYMENTS_LEDGER={ledger}"],
-                           "manifest": "bank.manifest.json", "rules": {
-                               "balance": {"side_effect": "read_only", "timeout": "5s"},
-                               "pay": {"side_effect": "remote_mutation", "timeout": "30s"}}}]}
-    config_file = os.path.join(directory, "agentgate.json")
-    write_private(config_file, json.dumps(config, indent=2))
-    env = {k: v for k, v in os.environ.items() if k not in ("AGENTGATE_CONFIG",)}
+    config, ledger = demo_config(directory, me)
+    log_path = os.path.join(directory, "gate.log")
+    env = dict(os.environ)
+    env.pop("AGENTGATE_CONFIG", None)
     started = []
 
-    def run(*args):
-        return subprocess.run([sys.executable, me, *args, "-config", config_file], cwd=directory,
-                              env=env, capture_output=True, text=True, timeout=60)
-
-    def gate():
-        log_file = open(os.path.join(directory, "gate.log"), "ab")
-        client = LineClient([sys.executable, me, "-config", config_file], directory, env,
-                            log_file)
-        log_file.close()
+    def start(argv, stderr, extra=None):
+        client = LineClient(argv, directory,
+                            {**env, **(extra or {})}, stderr)
         started.append(client.proc)
-        client.request("initialize", {"protocolVersion": PROTOCOL_VERSIONS[-1],
-                                      "capabilities": {}, "clientInfo": {"name": "demo-host",
-                                                                         "version": "1"}})
+        client.request("initialize", DEMO_HELLO)
         return client
 
-    def waiting_approval():
-        with open(os.path.join(directory, "gate.log"), encoding="utf-8") as f:
-            found = re.findall(r"approve (\S+) -approval ([0-9a-f]+)", f.read())
-        if not found:
-            raise DemoFailure("the gate named no approval on its stderr")
-        return found[-1]
+    def gate():
+        with open(log_path, "ab") as log_file:
+            argv = [sys.executable, me, "-config", config]
+            return start(argv, log_file)
 
-    def payments(path=ledger):
-        if not os.path.exists(path):
-            return 0
-        with open(path, encoding="utf-8") as f:
-            return len(f.read().splitlines())
+    def run(*args):
+        argv = [sys.executable, me, *args, "-config", config]
+        return subprocess.run(
+            argv, cwd=directory, env=env, timeout=60,
+            capture_output=True, text=True)
 
     def operator(verb, note):
-        run_id, approval = waiting_approval()
-        done = run(verb, run_id, "-approval", approval, "-note", note, "-by", "operator")
+        with open(log_path, encoding="utf-8") as f:
+            found = re.findall(
+                r"approve (\S+) -approval ([0-9a-f]+)",
+                f.read())
+        if not found:
+            raise DemoFailure("the gate named no approval")
+        run_id, approval = found[-1]
+        done = run(verb, run_id, "-approval", approval,
+                   "-note", note, "-by", "operator")
         if done.returncode != 0:
-            raise DemoFailure(f"the operator's {verb} failed: {done.stderr.strip()}")
-        narrator.say(f"operator, in another process: {verb} …{approval[-8:]}, {note!r}")
+            raise DemoFailure(f"the operator's {verb} "
+                              f"failed: {done.stderr.strip()}")
+        narrator.say(f"operator: {verb} …{approval[-8:]}, "
+                     f"{note!r}")
 
     def see(tool, args, prefix):
         text, is_error = host.call(tool, args)
-        narrator.sees(text.split("\n")[0], is_error)
+        narrator.sees(text, is_error)
         expect(text, prefix)
 
     host = None
     try:
-        narrator.step("0. Pin the fake payment server and classify its tools")
+        narrator.step("0. Pin the server: a read runs, "
+                      "a payment asks an operator")
         pinned = run("pin")
         if pinned.returncode != 0:
-            raise DemoFailure(f"pin failed: {pinned.stderr.strip()}")
-        narrator.say("balance is read_only; pay is remote_mutation (the policy asks an operator)")
+            raise DemoFailure("pin failed: "
+                              f"{pinned.stderr.strip()}")
 
         host = gate()
         narrator.step("1. A read runs at once")
-        see("bank_balance", {"account": "household"}, "account household holds")
+        see("bank_balance", {"account": "household"},
+            "account household holds")
 
-        narrator.step("2. A payment waits for an operator, and is collected once")
+        narrator.step("2. A payment waits for an operator")
         rent = {"to": "landlord", "amount": 950}
         see("bank_pay", rent, "PENDING_APPROVAL")
         operator("approve", "rent for October")
         see("bank_pay", rent, "paid 950.00 to landlord")
 
-        narrator.step("3. A payment cut off by a crash is not run again without an operator")
-        repair = {"to": "plumber", "amount": 180, "mode": "block"}
-        text, is_error = host.call("bank_pay", repair)
-        expect(text, "PENDING_APPROVAL")
+        narrator.step("3. A payment cut off by a crash "
+                      "is not run again")
+        repair = {"to": "plumber", "amount": 180,
+                  "mode": "block"}
+        expect(host.call("bank_pay", repair)[0],
+               "PENDING_APPROVAL")
         operator("approve", "the boiler repair")
-        before = payments()
-        host.send("tools/call", {"name": "bank_pay", "arguments": repair})
+        before = payments(ledger)
+        host.send("tools/call", {"name": "bank_pay",
+                                 "arguments": repair})
         deadline = time.monotonic() + 30
-        while payments() == before:
+        while payments(ledger) == before:
             if time.monotonic() > deadline:
-                raise DemoFailure("the payment never reached the server")
+                raise DemoFailure("the payment never "
+                                  "reached the server")
             time.sleep(0.02)
         host.proc.kill()
         host.proc.wait()
-        narrator.say("the gate was killed with SIGKILL while the server was inside the payment")
+        narrator.say("the gate is killed inside the "
+                     "payment, and started again")
         host = gate()
         deadline = time.monotonic() + 30
-        while True:
-            text, is_error = host.call("bank_pay", repair)
-            if not text.startswith("IN_PROGRESS") or time.monotonic() > deadline:
-                break
+        text = "IN_PROGRESS"  # till the dead gate's lease expires
+        while text.startswith("IN_PROGRESS") and \
+                time.monotonic() < deadline:
             time.sleep(0.25)
-        narrator.say("after a restart, once the dead gate's lease expired:")
+            text, is_error = host.call("bank_pay", repair)
         narrator.sees(text, is_error)
         expect(text, "INTERRUPTED")
         see("gate_status", {}, "GATE_STATUS")
         operator("reject", "it went through; do not pay twice")
         see("bank_pay", repair, "REJECTED")
 
-        narrator.step("4. A host that lost a response and retries pays once")
+        narrator.step("4. A retry of a lost answer pays once")
         groceries = {"to": "grocer", "amount": 42}
         host.call("bank_pay", groceries)
         operator("approve", "groceries")
         see("bank_pay", groceries, "paid 42.00 to grocer")
-        narrator.say("the host never saw that answer and retries the same call:")
         see("bank_pay", groceries, "DUPLICATE")
-        through = sum(1 for line in open(ledger, encoding="utf-8") if "grocer" in line)
-        straight_ledger = os.path.join(directory, "straight-ledger")
-        server = LineClient([sys.executable, me, "fake-payments"], directory,
-                            {**env, "FAKE_PAYMENTS_LEDGER": straight_ledger}, subprocess.DEVNULL)
-        started.append(server.proc)
-        server.request("initialize", {"protocolVersion": PROTOCOL_VERSIONS[-1], "capabilities": {},
-                                      "clientInfo": {"name": "demo-host", "version": "1"}})
+        with open(ledger, encoding="utf-8") as f:
+            through = f.read().count("grocer")
+        alone = os.path.join(directory, "straight-ledger")
+        server = start([sys.executable, me, "fake-payments"],
+                       subprocess.DEVNULL,
+                       {"FAKE_PAYMENTS_LEDGER": alone})
         server.call("pay", groceries)
         server.call("pay", groceries)
         server.close()
-        straight = payments(straight_ledger)
-        narrator.say(f"through the gate the server made {through} payment"
-                     f"{'s' if through != 1 else ''}")
-        narrator.say(f"without the gate the server made {straight} payments")
+        straight = payments(alone)
+        plural = "s" * (through != 1)
+        narrator.say("through the gate the server made "
+                     f"{through} payment{plural}")
+        narrator.say("without the gate the server made "
+                     f"{straight} payments")
         if (through, straight) != (1, 2):
-            raise DemoFailure("the payment counts are not 1 and 2")
+            raise DemoFailure("the payments are not 1 and 2")
         host.close()
     finally:
         for proc in started:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-        _reap_fake_servers(directory)
+        _reap(directory)
     narrator.step("Done")
     narrator.say("every process the demo started has exited")
 
 
-def _reap_fake_servers(directory):
-    """Wait until no fake payment server of this demo is left (a killed gate's child dies
-    with it on Linux; elsewhere it is told to stop when its input closes)."""
+def _reap(directory):
+    """Wait till no process whose environment names the
+    directory is left (a killed gate's server dies with it
+    on Linux; elsewhere once its input closes)."""
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if not _processes_mentioning(directory):
-            return
+    while _mentioning(directory.encode()):
+        if time.monotonic() > deadline:
+            raise DemoFailure("a process the demo started "
+                              "is still running")
         time.sleep(0.05)
-    raise DemoFailure("a process the demo started is still running")
 
 
-def _processes_mentioning(text):
+def _mentioning(mark):
     found = []
-    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if text.encode() in f.read():
-                        found.append(pid)
-            except OSError:
-                pass
+    if not os.path.isdir("/proc"):
+        return found
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark in f.read():
+                    found.append(pid)
+        except OSError:
+            pass
     return found
 
 
