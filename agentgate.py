@@ -9513,13 +9513,11 @@ HOST_ENTRY_NAME = "gated"  # some hosts show it in tool names
 HOST_FILE_BYTES = 64 << 20  # ~/.claude.json keeps a history
 SHARED_DATABASE = "agentgate.db"  # one record for every host
 
-# A host gets a config of its own, named for it, its name the session.
-# A call held past the time its host waits is lost to the conversation,
-# so each host's hold is proposed below that, keyed by the name it gives
-# in initialize ("*": another host on the same config). Claude Desktop
-# gives a call about a minute whatever progress it is sent: 50s. Claude
-# Code waits minutes: 10m. Cursor documents no limit; the TypeScript
-# SDK's default is 60 s, reset by progress only where a host asks: 50s.
+# A config per host, named for it; its name is the session. A call held
+# past its host's wait is lost to the conversation, so each hold is
+# proposed below it, keyed by the name a host gives in initialize ("*":
+# any other). Claude Desktop waits about a minute, progress or not: 50s;
+# Claude Code minutes: 10m; Cursor as the TypeScript SDK (60 s): 50s.
 HOSTS = {
     "Claude Desktop": ("claude-desktop",
                        {"claude-ai": "50s", "*": "15s"}),
@@ -9556,10 +9554,10 @@ def host_config_files():
 
 
 class HostFile:
-    """A host's file and its maps of servers: its own, and Claude
-    Code's for the current directory. A project's servers came with the
-    directory, perhaps cloned a minute ago: they are listed, and started
-    only when -from named the file (`named`)."""
+    """A host's file and its maps of servers (Claude Code's has one for
+    the current directory too). A project's servers came with the
+    directory, perhaps cloned a minute ago: they start only when -from
+    named the file (`named`)."""
 
     def __init__(self, host, path, project=False, named=False):
         self.host, self.path = host, os.path.abspath(path)
@@ -9568,14 +9566,13 @@ class HostFile:
             self.raw = parse(self.data)
         except CanonicalError as err:
             raise ConfigError(
-                f"{host} configuration {path} is not usable "
-                f"JSON: {err.placed()}") from None
+                f"{host} configuration {path} is not usable JSON: "
+                f"{err.placed()}") from None
         if not isinstance(self.raw, dict):
-            raise ConfigError(f"{host} configuration {path} "
-                              f"is not a JSON object")
-        # maps: (where, servers, started). `where` names a map in what
-        # init prints, and keys its servers: a name may be in two maps.
-        # A project's servers run in its directory, folders[where].
+            raise ConfigError(f"{host} configuration {path} is not a JSON "
+                              "object")
+        # (where, servers, started): `where` keys a map's servers (a
+        # name may be in two maps); folders[where]: where they run.
         self.maps = []
         self.folders = {host: project_directory(self.path)}
         if isinstance(self.raw.get("mcpServers"), dict):
@@ -9597,13 +9594,11 @@ class HostFile:
             with open(self.path, "rb") as f:
                 data = f.read(HOST_FILE_BYTES + 1)
         except OSError as err:
-            raise ConfigError(f"{where} cannot be read: "
-                              f"{err.strerror}") from None
+            raise ConfigError(f"{where} cannot be read: {err.strerror}") from None
         if len(data) > HOST_FILE_BYTES:
             raise ConfigError(
-                f"{where} is larger than "
-                f"{HOST_FILE_BYTES >> 20} MiB; name a smaller "
-                f"file with -from")
+                f"{where} is larger than {HOST_FILE_BYTES >> 20} MiB; name a "
+                "smaller file with -from")
         return data
 
     def servers(self):
@@ -9612,9 +9607,8 @@ class HostFile:
                 for name, entry in servers.items()]
 
 
-# What a host passes its servers that reaching a network may need: init
-# proposes the names set where it runs (never their values) as each
-# command server's inherit_env.
+# What reaching a network may need of the host's environment: those set
+# are proposed by name (never value) as a command server's inherit_env.
 NETWORK_VARIABLES = (
     "SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS",
     "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "HTTPS_PROXY",
@@ -9623,8 +9617,7 @@ NETWORK_VARIABLES = (
 
 
 def project_directory(path):
-    """The project of a `.mcp.json` or `.cursor/mcp.json`; None for
-    the user's own."""
+    """The project of a `.mcp.json`; None for the user's own."""
     folder, name = os.path.split(path)
     if name == "mcp.json" and \
             os.path.basename(folder) == ".cursor":
@@ -9642,23 +9635,22 @@ def _strings_map(value):
 
 
 def server_from_host(entry):
-    """(a host's server entry as agentgate's, without name, manifest
-    or rules, ""), or (None, why it cannot be gated)."""
+    """(a host's entry as agentgate's, sans name, manifest, rules,
+    ""), or (None, why it cannot be gated)."""
     if not isinstance(entry, dict):
         return None, "its entry is not an object"
     if entry.get("disabled") is True:
         return None, "the host has it disabled"
     if entry.get("type") == "sse":
-        return None, ("it uses the older SSE transport, which "
-                      "agentgate does not speak")
+        return None, ("it uses the older SSE transport, which agentgate does "
+                      "not speak")
     if isinstance(entry.get("url"), str):
         server = {"url": entry["url"]}
         headers = entry.get("headers") or {}
         if not _strings_map(headers):
-            return None, ("its headers are not a map of names "
-                          "to strings")
-        # A value in the host's file moves into the 0600 config, as
-        # env does: a variable made up for it would be set by nobody.
+            return None, ("its headers are not a map of names to strings")
+        # Values move into the 0600 config, as env's do: a variable
+        # made up for one would be set by nobody.
         if headers:
             server["headers"] = dict(headers)
         return server, ""
@@ -9683,8 +9675,7 @@ def server_from_host(entry):
 
 
 def is_the_gate(argv):
-    """Whether a command line starts agentgate serving (not, say, the
-    demo's server)."""
+    """Whether argv serves agentgate (not, say, the demo's server)."""
     for i, part in enumerate(argv):
         if os.path.basename(part) in (f"{PROGRAM}.py", PROGRAM):
             rest = argv[i + 1:]
@@ -9704,11 +9695,10 @@ def server_name(given, taken):
 
 
 def proposed_rule(entry):
-    """The rule a tool's own hints suggest, deciding nothing until
-    accepted. A destructive tool is proposed to ask, not denied: DENIED
-    on every call teaches the model only to stop asking. An idempotent
-    one gets no repeat window: the same write after a move is no
-    duplicate."""
+    """The rule a tool's hints suggest, deciding nothing until accepted.
+    Destructive asks, not denies: DENIED every time teaches the model
+    only to stop asking. Idempotent has no repeat window: the same write
+    after a move is no duplicate."""
     hints = entry.get("annotations") or {}
     rule = {"side_effect": "remote_mutation"}
     if hints.get("readOnlyHint") is True:
@@ -9728,8 +9718,7 @@ def config_text(raw):
 
 
 def init_plans(opts, path):
-    """(config file, session, hold, host files) for each config that
-    init writes."""
+    """(config, session, hold, host files) of each config to write."""
     given = getattr(opts, "from")
     if given:
         file = HostFile("host", given, named=True)
@@ -9737,8 +9726,8 @@ def init_plans(opts, path):
     files = host_config_files()
     if not files:
         raise ConfigError(
-            "no host configuration was found (Claude Desktop, "
-            "Claude Code, Cursor); name one with -from FILE")
+            "no host configuration was found (Claude Desktop, Claude Code, "
+            "Cursor); name one with -from FILE")
     plans = []
     folder = os.path.dirname(path)
     for host, (name, hold) in HOSTS.items():
@@ -9757,8 +9746,6 @@ def cmd_init(argv):
     plans = init_plans(opts, path)
     os.makedirs(os.path.dirname(path), mode=0o700,
                 exist_ok=True)
-    # A default config written now is what a command or gate given no
-    # -config reads.
     default = os.path.abspath(config_path(None))
     becomes_default = (not os.path.lexists(path)
                        and path == default)
@@ -9771,23 +9758,20 @@ def cmd_init(argv):
         gated, left = init_host(config_file, session, hold,
                                 files, needs)
         for where, given, why in left:
-            tell(f"not gated, left in {where} as it is: "
-                 f"{given}: {why}")
+            tell(f"not gated, left in {where} as it is: {given}: {why}")
         if os.path.lexists(config_file):
             done.append((config_file, files, gated))
     if needs:
-        tell(f"To gate the rest, init needs {needs_text(needs)}; "
-             f"then run init again: it adds them, and changes "
-             f"nothing else.")
+        tell(f"To gate the rest, init needs {needs_text(needs)}; then run "
+             "init again: it adds them, and changes nothing else.")
     if not done:
-        raise ConfigError("no server could be gated, so no "
-                          "config was written")
+        raise ConfigError("no server could be gated, so no config was written")
     if becomes_default and os.path.lexists(path):
         names = ", ".join(map(os.path.basename, hosts))
-        tell(f"{path} is the default config: a command or gate "
-             f"given no -config reads it now"
-             + (f", and no longer each host's ({names}): name "
-                f"those with -config" if hosts else ""))
+        tell(f"{path} is the default config: a command or gate given no "
+             "-config reads it now"
+             + (f", and no longer each host's ({names}): name those with "
+                "-config" if hosts else ""))
     tell_what_is_left(done)
     entries = {config_file: {"command": python_path(), "args": [
         os.path.abspath(sys.argv[0]), "-config", config_file]}
@@ -9800,25 +9784,24 @@ def cmd_init(argv):
         tell_host_entry(files, gated, entries[config_file])
     if opts.write:
         raise ConfigError(
-            f"{changed.host} configuration {changed.path} changed "
-            f"while init ran, so no host's file was edited: put "
-            f"the entry above in by hand")
+            f"{changed.host} configuration {changed.path} changed while init "
+            "ran, so no host's file was edited: put the entry above in by hand")
     return 0
 
 
 def tell_what_is_left(done):
-    """What is left to do, and only that: init repeats what is done."""
+    """What is left to do: run again, init repeats none of the rest."""
     proposing = [config_file for config_file, _, _ in done if any(
         rule.proposed
         for server in load_config(config_file).servers
         for rule in server.rules.values())]
     if proposing:
-        tell("Every rule init proposed is a proposal, and nothing "
-             "is offered until you have read them, changed what "
-             "you disagree with, and run:")
+        tell("Every rule init proposed is a proposal, and nothing is offered "
+             "until you have read them, changed what you disagree with, and "
+             "run:")
     elif not any(gated for _, _, gated in done):
-        tell("Nothing is left to do: every rule is accepted, and "
-             "each host starts the gate.")
+        tell("Nothing is left to do: every rule is accepted, and each host "
+             "starts the gate.")
     for config_file in proposing:
         tell(f"    {operator_hint(config_file)} check -accept")
         try:
@@ -9828,8 +9811,8 @@ def tell_what_is_left(done):
 
 
 def write_hosts(done, entries):
-    """Put each config's entry in its hosts' files; the first file
-    changed since init read it (then none is written), else None."""
+    """Put each entry in its hosts' files, or return the first file
+    changed since init read it, and write none."""
     edits = []
     for config_file, files, gated in done:
         for file in files:
@@ -9838,9 +9821,8 @@ def write_hosts(done, entries):
                      if (file.path, where, given) in gated}
             if taken:
                 edits.append((file, taken, entries[config_file]))
-    # A host may have written its file while the servers were pinned:
-    # that file is left to its host. (A write between this reading and
-    # the rename is still lost: a window of one write, not of a pin.)
+    # A file its host wrote while init pinned is left to it. (A write
+    # between this read and the rename is lost: one write's window.)
     for file, _, _ in edits:
         if file.read() != file.data:
             return file
@@ -9854,28 +9836,26 @@ def tell_host_entry(files, gated, entry):
     sources = [f.path for f in files
                if any(key[0] == f.path for key in gated)]
     if not sources:
-        tell(f"nothing of {' or '.join(f.path for f in files)} "
-             f"was gated, so it stays as it is")
+        tell(f"nothing of {' or '.join(f.path for f in files)} was gated, so "
+             "it stays as it is")
         return
-    tell(f"Then replace the gated servers in "
-         f"{' and '.join(sources)} with this one entry (or run "
-         f"init with -write to have it done, keeping a backup):")
+    tell(f"Then replace the gated servers in {' and '.join(sources)} with "
+         "this one entry (or run init with -write to have it done, keeping a "
+         "backup):")
     tell_json({"mcpServers": {HOST_ENTRY_NAME: entry}})
     argv = shlex.join([entry["command"], *entry["args"]])
     add = f"{HOST_ENTRY_NAME} -- {argv}"
     if any(f.host.startswith("Claude Code") for f in files):
         tell(f"    or: claude mcp add -s user {add}")
     if any(map(project_directory, sources)):
-        tell(f"    A project's file may be shared, and this entry "
-             f"names files of your own: keep it out of a commit "
-             f"(claude mcp add -s local {add} keeps it to you in "
-             f"Claude Code)")
+        tell("    A project's file may be shared, and this entry names files "
+             "of your own: keep it out of a commit (claude mcp add -s local "
+             f"{add} keeps it to you in Claude Code)")
 
 
 def gate_host_servers(path, session, files, known, needs):
-    """The servers of a host's `files` that are new to the config at
-    `path`, each checked as a config entry. Returns (servers, gated:
-    (file, map, name) -> its server, left: (map, name, why))."""
+    """(servers new to the config at `path`, gated: (file, map, name)
+    -> the server gating it, left: (map, name, why))."""
     taken = {s.get("name") for s in known}
     known = [definition(s) for s in known]
     servers, gated, left = [], {}, []
@@ -9904,8 +9884,8 @@ def gate_host_servers(path, session, files, known, needs):
             missing = needs_of(server)
             if missing:
                 needs.update(missing)
-                left.append((where, given, f"it needs "
-                             f"{needs_text(missing)} first"))
+                left.append((where, given, f"it needs {needs_text(missing)} "
+                             "first"))
                 continue
             name = server_name(given, taken)
             server.update(name=name, manifest=(
@@ -9923,11 +9903,9 @@ def gate_host_servers(path, session, files, known, needs):
 
 
 def init_host(path, session, hold, files, needs):
-    """Gate the servers of one host's `files` in the config at `path`:
-    a new config, or the servers new since added as proposals, every
-    other byte as it was (a person's edits are theirs). What a server
-    needs first goes to `needs`, asked for once. Returns (gated, left)
-    as gate_host_servers does."""
+    """Write the config at `path` with its host's servers, or add those
+    new since, every other byte as it was (a person's edits are theirs).
+    What a server needs first goes to `needs`. Returns (gated, left)."""
     text = ""
     if os.path.lexists(path):
         text = read_owned(path, "config").decode("utf-8")
@@ -9936,8 +9914,8 @@ def init_host(path, session, hold, files, needs):
         known = [s for s in existing if isinstance(s, dict)]
     except (CanonicalError, KeyError, TypeError):
         raise ConfigError(
-            f"config {path} has no list of servers that init can "
-            f"add to; fix it, or name another with -config") from None
+            f"config {path} has no list of servers that init can add to; fix "
+            "it, or name another with -config") from None
     servers, gated, left = gate_host_servers(
         path, session, files, known, needs)
     pinned = []
@@ -9945,9 +9923,8 @@ def init_host(path, session, hold, files, needs):
         command = server.get("command") or [""]
         if os.path.basename(command[0]) == "npx" and \
                 {"-y", "--yes"} & set(command):
-            tell(f"server {server['name']}: npx may download its "
-                 f"package before the server starts, which can "
-                 f"take a minute", flush=True)
+            tell(f"server {server['name']}: npx may download its package "
+                 "before the server starts, which can take a minute", flush=True)
         try:
             manifest = pin(Server(
                 server, f"server {quote(server['name'])}", path,
@@ -9960,8 +9937,7 @@ def init_host(path, session, hold, files, needs):
             for key, gating in list(gated.items()):
                 if gating is server:
                     gated.pop(key)
-                    left.append((*key[1:], f"it could not be "
-                                 f"pinned: {err}"))
+                    left.append((*key[1:], f"it could not be pinned: {err}"))
             continue
         server["rules"] = {
             tool: proposed_rule(entry)
@@ -9970,8 +9946,7 @@ def init_host(path, session, hold, files, needs):
     if not pinned:
         if text:
             tell(f"{path}: no server is new in "
-                 f"{' or '.join(f.path for f in files)}; nothing "
-                 f"was added")
+                 f"{' or '.join(f.path for f in files)}; nothing was added")
         return gated, left
     added = [server for server, _ in pinned]
     if text:
@@ -9990,8 +9965,8 @@ def init_host(path, session, hold, files, needs):
     if inheriting:
         names = ", ".join(s["name"] for s in inheriting)
         variables = ", ".join(inheriting[0]["inherit_env"])
-        tell(f"  {names} inherit {variables} from the gate's "
-             f"environment, as the host passes them (inherit_env)")
+        tell(f"  {names} inherit {variables} from the gate's environment, as "
+             "the host passes them (inherit_env)")
     return gated, left
 
 
@@ -9999,19 +9974,19 @@ def tell_pinned(path, pinned, policy):
     for server, manifest in pinned:
         name = server["name"]
         if manifest is None:
-            tell(f"server {name} asks for OAuth; it is not served "
-                 f"until you run: {operator_hint(path)} login "
-                 f"{name}, then pin, and classify its tools")
+            tell(f"server {name} asks for OAuth; it is not served until you "
+                 f"run: {operator_hint(path)} login {name}, then pin, and "
+                 "classify its tools")
             continue
-        tell(f"server {name}: {len(manifest['tools'])} tool(s) "
-             f"pinned; proposed from the server's own hints "
-             f"(class, then what the policy would decide):")
+        tell(f"server {name}: {len(manifest['tools'])} tool(s) pinned; "
+             "proposed from the server's own hints (class, then what the "
+             "policy would decide):")
         for tool, entry in manifest["tools"].items():
             rule = server["rules"][tool]
             side = rule["side_effect"]
             decided = rule.get("outcome") or policy[side]
-            tell(f"  {sanitize(tool):<28} {side:<16} "
-                 f"{decided:<17} ({hints_text(entry)})")
+            tell(f"  {sanitize(tool):<28} {side:<16} {decided:<17} "
+                 f"({hints_text(entry)})")
 
 
 def definition(server):
@@ -10031,13 +10006,12 @@ def needs_of(server):
 def needs_text(needs):
     variables = sorted(name for _, name in needs)
     plural = "s" * (len(variables) > 1)
-    return (f"the environment variable{plural} "
-            f"{', '.join(variables)} set where agentgate runs")
+    return (f"the environment variable{plural} {', '.join(variables)} set "
+            "where agentgate runs")
 
 
 def servers_appended(text, servers):
-    """A config's text, already parsed, with `servers` added at the end
-    of its list of servers and every other byte as it was."""
+    """A parsed config's text with `servers` appended to its list."""
     decoder, space = json.JSONDecoder(), re.compile(r"\s*")
 
     def past(at):  # past the ':' or ',' after `at`
@@ -10058,8 +10032,8 @@ def servers_appended(text, servers):
 
 
 def host_configs(default):
-    """The configs init wrote, one per host, when there is no default
-    config: a command given no -config then works on each."""
+    """Init's configs, one per host, if there is no default one: a
+    command given no -config works on each."""
     if os.path.lexists(default):
         return []
     folder = os.path.dirname(os.path.abspath(default))
@@ -10069,16 +10043,16 @@ def host_configs(default):
 
 
 def one_config(given):
-    """The config of a command that needs one; where there are only
-    init's, one per host, the error names them."""
+    """The one config a command reads; where there are only init's,
+    one per host, the error names them."""
     path = config_path(given)
     hosts = [] if given else host_configs(path)
     if hosts:
         names = ", ".join(map(shlex.quote, hosts))
         raise ConfigError(
-            f"there is no {path}, and init wrote one config per "
-            f"host: name one with -config ({names}); the entry "
-            f"init printed for a host names its own")
+            f"there is no {path}, and init wrote one config per host: name "
+            f"one with -config ({names}); the entry init printed for a host "
+            "names its own")
     return load_config(path)
 
 
@@ -10104,15 +10078,14 @@ def project_server_text(file, server, why):
         runs = f"it would be reached at {shown_url(server['url'])}"
     else:
         runs = f"it would run {shlex.join(server['command'])}"
-    return (f"a project's server is started only when init is "
-            f"given -from {shlex.quote(file.path)}; {runs}")
+    return ("a project's server is started only when init is given -from "
+            f"{shlex.quote(file.path)}; {runs}")
 
 
 def replace_in_host(file, taken, entry):
-    """Replace the servers `taken` ((map, name) pairs) in a host's file
-    by the one entry that gates them, once a backup as read is kept
-    beside it (beside a link: the link is written where it leads).
-    Returns the path written and the backup's."""
+    """Replace the servers `taken` ((map, name)) in a host's file by
+    the entry gating them, after a backup as read beside it (a link is
+    written where it leads). Returns the paths written and backed up."""
     backup = f"{file.path}.agentgate-backup"
     n = 1
     while os.path.lexists(backup):
@@ -10139,9 +10112,8 @@ def replace_in_host(file, taken, entry):
 
 
 def accept_proposals(path, agreed):
-    """Accept the proposed rules once the operator has read each and
-    typed yes (or -yes); False when nothing was accepted for want of
-    it."""
+    """Accept the proposed rules once read and agreed to (yes or
+    -yes); False when nothing was accepted for want of it."""
     config = load_config(path)  # refused as it is, unchanged
     raw = parse(read_owned(path, "config"))
     accepted = []
@@ -10150,16 +10122,16 @@ def accept_proposals(path, agreed):
             if rule.pop("proposed", False):
                 would = settings_text(config, server.rules[tool])
                 accepted.append(
-                    f"  {server.name}/{tool} "
-                    f"({rule['side_effect']}): would {would}")
+                    f"  {server.name}/{tool} ({rule['side_effect']}): would "
+                    f"{would}")
     if not accepted:
         tell("no proposed rule to accept")
         return True
     what = f"these {len(accepted)} proposed rule(s)"
     head = f"{what}, each as it would decide once accepted:"
-    refusal = ("refusing to accept without -yes or a terminal to "
-               "type yes at: nothing was accepted; add -yes to "
-               "accept the rules printed above")
+    refusal = ("refusing to accept without -yes or a terminal to type yes at: "
+               "nothing was accepted; add -yes to accept the rules printed "
+               "above")
     if not agreed_on([head, *accepted], False, what, "accept",
                      agreed, sys.stdout, refusal):
         tell("nothing accepted")
@@ -10184,15 +10156,15 @@ def mcp_install_text():
     made = ""
     if not os.path.isdir(os.path.expanduser(VENV)):
         made = f"python3 -m venv {VENV} && "
-    return (f"{python_command()} -m pip install --upgrade mcp, or "
-            f"where pip refuses to install into the system's "
-            f"Python: {made}{VENV}/bin/pip install mcp, and run "
-            f"agentgate with {VENV}/bin/python")
+    return (f"{python_command()} -m pip install --upgrade mcp, or where pip "
+            "refuses to install into the system's Python: "
+            f"{made}{VENV}/bin/pip install mcp, and run agentgate with "
+            f"{VENV}/bin/python")
 
 
 def mcp_sdk(server):
-    """The optional mcp package's OAuth client and its pieces (version 2
-    or later, on httpx2), or ConfigError saying how to install it."""
+    """The mcp package's OAuth pieces (version 2 or later), or
+    ConfigError saying how to install it."""
     try:
         import mcp.client.streamable_http as transport
         import mcp.client.session as session
@@ -10203,9 +10175,8 @@ def mcp_sdk(server):
         import logging
     except ImportError:
         raise ConfigError(
-            f"login with server {quote(server.name)} needs the "
-            f"optional mcp package, version 2 or later: "
-            f"{mcp_install_text()}") from None
+            f"login with server {quote(server.name)} needs the optional mcp "
+            f"package, version 2 or later: {mcp_install_text()}") from None
     # The SDK logs what it survives, which would print tracebacks.
     for name in ("mcp", "httpx2"):
         logging.getLogger(name).addHandler(logging.NullHandler())
@@ -10217,8 +10188,8 @@ def mcp_sdk(server):
 
 
 class LoginStore:
-    """The mcp package's token storage while login runs, for the
-    TokenFile to keep; a pre-registered client (`oauth`) is given."""
+    """The SDK's token storage while login runs; a pre-registered
+    client (`oauth`) is given."""
 
     def __init__(self, sdk, file):
         self.tokens = self.client = None
@@ -10240,13 +10211,12 @@ class LoginStore:
 
 
 LOGIN_TEXT = (
-    "Authorize agentgate with a url server that asks for OAuth: the "
-    "browser opens on the server's consent page (the address is "
-    "printed too), the answer comes back to a port on 127.0.0.1 open "
-    "only while this runs, and the tokens are kept 0600 beside the "
-    "config (-config FILE, else $AGENTGATE_CONFIG, else the XDG "
-    "path), as CONFIG.SERVER.tokens.json, for that config's server "
-    "at that url only.")
+    "Authorize agentgate with a url server that asks for OAuth: the browser "
+    "opens on the server's consent page (the address is printed too), the "
+    "answer comes back to a port on 127.0.0.1 open only while this runs, and "
+    "the tokens are kept 0600 beside the config (-config FILE, else "
+    "$AGENTGATE_CONFIG, else the XDG path), as CONFIG.SERVER.tokens.json, for "
+    "that config's server at that url only.")
 
 
 def cmd_login(argv):
@@ -10261,9 +10231,8 @@ def cmd_login(argv):
     if server is None or not server.url:
         names = ", ".join(
             s.name for s in config.servers if s.url) or "none"
-        raise Usage(f"{quote(opts.server)} names no server reached "
-                    f"by url in the config; those are: "
-                    f"{sanitize(names)}")
+        raise Usage(f"{quote(opts.server)} names no server reached by url in "
+                    f"the config; those are: {sanitize(names)}")
     sdk = mcp_sdk(server)
     try:
         wanted = TokenFile(server).kept.get("wanted_scope")
@@ -10276,9 +10245,8 @@ def cmd_login(argv):
 
         async def ask(url):
             url = _with_scope(url, server.oauth.get("scope"), wanted)
-            tell(f"Open this address to authorize agentgate with "
-                 f"server {server.name} (a browser is being opened "
-                 f"on it):", f"  {url}", flush=True)
+            tell("Open this address to authorize agentgate with server "
+                 f"{server.name} (a browser is being opened on it):", f"  {url}", flush=True)
             await run(_open_browser, url)
 
         async def redirected():
@@ -10297,26 +10265,23 @@ def cmd_login(argv):
                                 UpstreamError)):
                 raise err from None
             why = clean(str(err), 500) or type(err).__name__
-            raise UpstreamError(f"login with server "
-                                f"{quote(server.name)} failed: "
-                                f"{why}") from None
+            raise UpstreamError(f"login with server {quote(server.name)} "
+                                f"failed: {why}") from None
     if store.tokens is None:
-        tell(f"server {server.name} asked for no authorization; "
-             f"nothing was kept")
+        tell(f"server {server.name} asked for no authorization; nothing was "
+             "kept")
         return 0
     keep_discovered(file, client.context, store.client)
     file.obtained(store.tokens.model_dump(mode="json",
                                           exclude_none=True))
-    tell(f"agentgate is authorized with server {server.name}; its "
-         f"tokens are kept in {server.tokens} (0600), and "
-         f"refreshed as they expire")
+    tell(f"agentgate is authorized with server {server.name}; its tokens are "
+         f"kept in {server.tokens} (0600), and refreshed as they expire")
     return 0
 
 
 def keep_discovered(file, context, client):
-    """Where the tokens are refreshed, as the flow found it: the
-    authorization server's metadata, else (protocol 2025-03-26) its
-    own origin's /token."""
+    """Keep where tokens are refreshed: the metadata's endpoint, else
+    (protocol 2025-03-26) the origin's /token."""
     from urllib.parse import urljoin
     metadata = context.oauth_metadata
     origin = context.get_authorization_base_url(file.server.url)
@@ -10335,8 +10300,7 @@ def keep_discovered(file, context, client):
 
 
 async def _initialize_with(sdk, server, client):
-    """A session through the OAuth client, which asks for consent on
-    the server's first 401."""
+    """A session through the OAuth client: consent on the first 401."""
     httpx = sdk["httpx"]
     timeout = httpx.Timeout(server.connect_timeout / SECOND)
     async with httpx.AsyncClient(
@@ -10351,9 +10315,8 @@ async def _initialize_with(sdk, server, client):
 
 
 def _with_scope(url, configured, wanted):
-    """The authorization address asking for the operator's
-    `oauth.scope` in place of the one the client chose (a
-    pre-registered client knows its scope), and for what the server
+    """The address asking for `oauth.scope` over the client's choice
+    (a pre-registered client knows its scope), and for what the server
     refused a call for since the last login (a step-up)."""
     if not configured and not wanted:
         return url
@@ -10375,9 +10338,8 @@ def _open_browser(url):
 
 
 class LoopbackRedirect:
-    """A port on 127.0.0.1, open only while login runs, where the
-    browser brings the authorization's answer (RFC 8252). Nothing it
-    receives is printed."""
+    """A port on 127.0.0.1 while login runs, for the browser's answer
+    (RFC 8252's loopback redirect). Nothing it receives is printed."""
 
     def __init__(self):
         import http.server
@@ -10424,13 +10386,13 @@ class LoopbackRedirect:
             got = self.answers.get(timeout=LOGIN_WAIT_SECONDS)
         except queue.Empty:
             wait = format_duration(LOGIN_WAIT_SECONDS * SECOND)
-            raise UpstreamError(f"no answer came from the browser "
-                                f"within {wait}") from None
+            raise UpstreamError("no answer came from the browser within "
+                                f"{wait}") from None
         if "error" in got:
             more = ""
             if "error_description" in got:
                 more = f" ({clean(got['error_description'], 300)})"
-            raise UpstreamError(f"the authorization was refused: "
+            raise UpstreamError("the authorization was refused: "
                                 f"{clean(got['error'], 100)}{more}")
         return sdk["auth"].AuthorizationCodeResult(
             code=got.get("code", ""), state=got.get("state"),
@@ -10634,34 +10596,23 @@ def load_warnings(reports):
 # Core it calls: nothing: it is a server of its own.
 # =============================================================================================
 
+def _fake_schema(required, **properties):
+    return {"type": "object", "additionalProperties": False,
+            "required": required, "properties": properties}
+
+
+_TEXT = {"type": "string"}
 FAKE_TOOLS = [
-    {"name": "balance",
-     "description": "Read the balance of an account.",
-     "inputSchema": {
-         "type": "object",
-         "additionalProperties": False,
-         "required": ["account"],
-         "properties": {"account": {"type": "string"}}},
+    {"name": "balance", "description": "Read the balance of an account.",
+     "inputSchema": _fake_schema(["account"], account=_TEXT),
      "annotations": {"readOnlyHint": True}},
-    {"name": "pay",
-     "description": "Pay an amount to someone.",
-     "inputSchema": {
-         "type": "object",
-         "additionalProperties": False,
-         "required": ["to", "amount"],
-         "properties": {
-             "to": {"type": "string"},
-             "amount": {"type": "number"},
-             "currency": {"type": "string"},
-             "mode": {"enum": ["block"]}}},
+    {"name": "pay", "description": "Pay an amount to someone.",
+     "inputSchema": _fake_schema(
+         ["to", "amount"], to=_TEXT, amount={"type": "number"},
+         currency=_TEXT, mode={"enum": ["block"]}),
      "annotations": {"destructiveHint": False}},
-    {"name": "refund",
-     "description": "Refund a payment.",
-     "inputSchema": {
-         "type": "object",
-         "additionalProperties": False,
-         "required": ["payment"],
-         "properties": {"payment": {"type": "string"}}}},
+    {"name": "refund", "description": "Refund a payment.",
+     "inputSchema": _fake_schema(["payment"], payment=_TEXT)},
 ]
 
 
@@ -10742,16 +10693,15 @@ def fake_payments():
 #
 # Reads as: around the core
 #
-# Owns: `agentgate.py demo`, a scripted session with no
-# model, no network and nothing installed. This process
-# plays the host; the gate, the fake payment server and
-# the operator run as processes of their own in a
+# Owns: `agentgate.py demo`, a scripted session with no model, no network
+# and nothing installed. This process plays the host; the gate, the fake
+# payment server and the operator run as processes of their own in a
 # temporary directory, as they would for a person.
-# Promises: each step shows what the model sees; the demo
-# exits 1 if a step did not behave as narrated, and ends
-# only once every process it started has exited.
-# Core it calls: nothing: it writes with write_private
-# and runs the rest as agentgate's own commands.
+# Promises: each step shows what the model sees; the demo exits 1 if a
+# step did not behave as narrated, and ends once every process it
+# started has exited.
+# Core it calls: nothing: it writes with write_private and runs the rest
+# as agentgate's own commands.
 # =============================================================================================
 
 class DemoFailure(Exception):
@@ -10760,8 +10710,7 @@ class DemoFailure(Exception):
 
 DEMO_HELLO = {"protocolVersion": PROTOCOL_VERSIONS[-1],
               "capabilities": {},
-              "clientInfo": {"name": "demo-host",
-                             "version": "1"}}
+              "clientInfo": {"name": "demo-host", "version": "1"}}
 
 
 class LineClient:
@@ -10773,8 +10722,7 @@ class LineClient:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.answers = queue.Queue()
         self.next_id = 0
-        threading.Thread(target=self._read,
-                         daemon=True).start()
+        threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
         for line in self.proc.stdout:
@@ -10787,8 +10735,7 @@ class LineClient:
         self.next_id += 1
         message = {"jsonrpc": "2.0", "id": self.next_id,
                    "method": method, "params": params}
-        line = json.dumps(message) + "\n"
-        self.proc.stdin.write(line.encode())
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
         self.proc.stdin.flush()
         return self.next_id
 
@@ -10798,11 +10745,11 @@ class LineClient:
             try:
                 got = self.answers.get(timeout=timeout)
             except queue.Empty:
-                raise DemoFailure(f"no answer to {method} "
-                                  f"within {timeout}s") from None
+                raise DemoFailure(
+                    f"no answer to {method} within {timeout}s") from None
             if got is None:
-                raise DemoFailure("the process exited "
-                                  f"before answering {method}")
+                raise DemoFailure(
+                    f"the process exited before answering {method}")
             if got.get("id") != ident:
                 continue
             if "error" in got:
@@ -10830,58 +10777,49 @@ class Narrator:
     def __init__(self, out):
         self.out = out
         color = out.isatty() and not os.environ.get("NO_COLOR")
-        self.bold = ((lambda s: f"\033[1m{s}\033[0m") if color
-                     else (lambda s: s))
+        self.bold = "\033[1m%s\033[0m" if color else "%s"
 
     def step(self, title):
-        self.out.write(f"\n{self.bold(title)}\n")
+        self.out.write("\n" + self.bold % title + "\n")
         self.out.flush()
 
     def say(self, text):
         tell(f"  {text}", out=self.out, flush=True)
 
     def sees(self, text, is_error):
-        label = "model sees"
-        if is_error:
-            label += " (isError)"
+        label = "model sees (isError)" if is_error else "model sees"
         first = text.split("\n")[0].split(". ")[0]
         self.say(f"{label}: {cut(first, 76 - len(label))}")
 
 
 def expect(text, prefix):
     if not text.startswith(prefix):
-        raise DemoFailure(f"expected an answer starting "
-                          f"{prefix!r}, got {text[:120]!r}")
+        raise DemoFailure(f"expected an answer starting {prefix!r}, "
+                          f"got {text[:120]!r}")
 
 
 def cmd_demo(argv):
     parser("demo").parse_args(argv)
     narrator = Narrator(sys.stdout)
-    with tempfile.TemporaryDirectory(
-            prefix="agentgate-demo-") as directory:
+    with tempfile.TemporaryDirectory(prefix="agentgate-demo-") as folder:
         try:
-            run_demo(directory, narrator)
+            run_demo(folder, narrator)
         except DemoFailure as err:
             narrator.say(f"DEMO FAILED: {err}")
             return 1
     return 0
 
 
-def demo_config(directory, me):
-    ledger = os.path.join(directory, "ledger")
-    rules = {"balance": {"side_effect": "read_only",
-                         "timeout": "5s"},
-             "pay": {"side_effect": "remote_mutation",
-                     "timeout": "30s"}}
-    bank = {"name": "bank",
-            "command": [sys.executable, me, "fake-payments"],
+def demo_config(folder, me):
+    ledger = os.path.join(folder, "ledger")
+    rules = {"balance": {"side_effect": "read_only", "timeout": "5s"},
+             "pay": {"side_effect": "remote_mutation", "timeout": "30s"}}
+    bank = {"name": "bank", "command": [sys.executable, me, "fake-payments"],
             "env": [f"FAKE_PAYMENTS_LEDGER={ledger}"],
-            "manifest": "bank.manifest.json",
-            "rules": rules}
-    config = {"database": "demo.db", "session": "demo",
-              "hold": "0s", "lease_ttl": "3s",
-              "servers": [bank]}
-    path = os.path.join(directory, "agentgate.json")
+            "manifest": "bank.manifest.json", "rules": rules}
+    config = {"database": "demo.db", "session": "demo", "hold": "0s",
+              "lease_ttl": "3s", "servers": [bank]}
+    path = os.path.join(folder, "agentgate.json")
     write_private(path, json.dumps(config, indent=2))
     return path, ledger
 
@@ -10894,47 +10832,42 @@ def payments(path):
         return len(f.read().splitlines())
 
 
-def run_demo(directory, narrator):
+def run_demo(folder, narrator):
     me = os.path.abspath(__file__)
-    config, ledger = demo_config(directory, me)
-    log_path = os.path.join(directory, "gate.log")
+    config, ledger = demo_config(folder, me)
+    log_path = os.path.join(folder, "gate.log")
     env = dict(os.environ)
     env.pop("AGENTGATE_CONFIG", None)
     started = []
 
     def start(argv, stderr, extra=None):
-        client = LineClient(argv, directory,
-                            {**env, **(extra or {})}, stderr)
+        client = LineClient(argv, folder, {**env, **(extra or {})}, stderr)
         started.append(client.proc)
         client.request("initialize", DEMO_HELLO)
         return client
 
     def gate():
         with open(log_path, "ab") as log_file:
-            argv = [sys.executable, me, "-config", config]
-            return start(argv, log_file)
+            return start([sys.executable, me, "-config", config], log_file)
 
     def run(*args):
         argv = [sys.executable, me, *args, "-config", config]
-        return subprocess.run(
-            argv, cwd=directory, env=env, timeout=60,
-            capture_output=True, text=True)
+        return subprocess.run(argv, cwd=folder, env=env, timeout=60,
+                              capture_output=True, text=True)
 
     def operator(verb, note):
         with open(log_path, encoding="utf-8") as f:
-            found = re.findall(
-                r"approve (\S+) -approval ([0-9a-f]+)",
-                f.read())
+            found = re.findall(r"approve (\S+) -approval ([0-9a-f]+)",
+                               f.read())
         if not found:
             raise DemoFailure("the gate named no approval")
         run_id, approval = found[-1]
-        done = run(verb, run_id, "-approval", approval,
-                   "-note", note, "-by", "operator")
+        done = run(verb, run_id, "-approval", approval, "-note", note,
+                   "-by", "operator")
         if done.returncode != 0:
-            raise DemoFailure(f"the operator's {verb} "
-                              f"failed: {done.stderr.strip()}")
-        narrator.say(f"operator: {verb} …{approval[-8:]}, "
-                     f"{note!r}")
+            raise DemoFailure(f"the operator's {verb} failed: "
+                              f"{done.stderr.strip()}")
+        narrator.say(f"operator: {verb} …{approval[-8:]}, {note!r}")
 
     def see(tool, args, prefix):
         text, is_error = host.call(tool, args)
@@ -10943,12 +10876,11 @@ def run_demo(directory, narrator):
 
     host = None
     try:
-        narrator.step("0. Pin the server: a read runs, "
-                      "a payment asks an operator")
+        narrator.step("0. Pin the server: a read runs, a payment asks "
+                      "an operator")
         pinned = run("pin")
         if pinned.returncode != 0:
-            raise DemoFailure("pin failed: "
-                              f"{pinned.stderr.strip()}")
+            raise DemoFailure(f"pin failed: {pinned.stderr.strip()}")
 
         host = gate()
         narrator.step("1. A read runs at once")
@@ -10961,26 +10893,22 @@ def run_demo(directory, narrator):
         operator("approve", "rent for October")
         see("bank_pay", rent, "paid 950.00 to landlord")
 
-        narrator.step("3. A payment cut off by a crash "
-                      "is not run again")
-        repair = {"to": "plumber", "amount": 180,
-                  "mode": "block"}
-        expect(host.call("bank_pay", repair)[0],
-               "PENDING_APPROVAL")
+        narrator.step("3. A payment cut off by a crash is not run again")
+        repair = {"to": "plumber", "amount": 180, "mode": "block"}
+        expect(host.call("bank_pay", repair)[0], "PENDING_APPROVAL")
         operator("approve", "the boiler repair")
         before = payments(ledger)
-        host.send("tools/call", {"name": "bank_pay",
-                                 "arguments": repair})
+        host.send("tools/call",
+                  {"name": "bank_pay", "arguments": repair})
         deadline = time.monotonic() + 30
         while payments(ledger) == before:
             if time.monotonic() > deadline:
-                raise DemoFailure("the payment never "
-                                  "reached the server")
+                raise DemoFailure("the payment never reached the server")
             time.sleep(0.02)
         host.proc.kill()
         host.proc.wait()
-        narrator.say("the gate is killed inside the "
-                     "payment, and started again")
+        narrator.say("the gate is killed inside the payment, and "
+                     "started again")
         host = gate()
         deadline = time.monotonic() + 30
         text = "IN_PROGRESS"  # till the dead gate's lease expires
@@ -11002,19 +10930,17 @@ def run_demo(directory, narrator):
         see("bank_pay", groceries, "DUPLICATE")
         with open(ledger, encoding="utf-8") as f:
             through = f.read().count("grocer")
-        alone = os.path.join(directory, "straight-ledger")
+        alone = os.path.join(folder, "straight-ledger")
         server = start([sys.executable, me, "fake-payments"],
-                       subprocess.DEVNULL,
-                       {"FAKE_PAYMENTS_LEDGER": alone})
+                       subprocess.DEVNULL, {"FAKE_PAYMENTS_LEDGER": alone})
         server.call("pay", groceries)
         server.call("pay", groceries)
         server.close()
         straight = payments(alone)
-        plural = "s" * (through != 1)
-        narrator.say("through the gate the server made "
-                     f"{through} payment{plural}")
-        narrator.say("without the gate the server made "
-                     f"{straight} payments")
+        narrator.say(f"through the gate the server made {through} "
+                     f"payment{'s' * (through != 1)}")
+        narrator.say(f"without the gate the server made {straight} "
+                     f"payments")
         if (through, straight) != (1, 2):
             raise DemoFailure("the payments are not 1 and 2")
         host.close()
@@ -11023,20 +10949,20 @@ def run_demo(directory, narrator):
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-        _reap(directory)
+        _reap(folder)
     narrator.step("Done")
     narrator.say("every process the demo started has exited")
 
 
-def _reap(directory):
-    """Wait till no process whose environment names the
-    directory is left (a killed gate's server dies with it
-    on Linux; elsewhere once its input closes)."""
+def _reap(folder):
+    """Wait till no process whose environment names the folder is left
+    (a killed gate's server dies with it on Linux; elsewhere once its
+    input closes)."""
     deadline = time.monotonic() + 10
-    while _mentioning(directory.encode()):
+    while _mentioning(folder.encode()):
         if time.monotonic() > deadline:
-            raise DemoFailure("a process the demo started "
-                              "is still running")
+            raise DemoFailure("a process the demo started is still "
+                              "running")
         time.sleep(0.05)
 
 
