@@ -10651,8 +10651,7 @@ def fake_payments():
         elif name == "refund":
             text = "refunded"
         else:
-            error = {"code": -32602,
-                     "message": f"no tool {name}"}
+            error = {"code": -32602, "message": f"no tool {name}"}
             return send(ident, "error", error)
         content = [{"type": "text", "text": text}]
         send(ident, "result", {"content": content})
@@ -10668,22 +10667,20 @@ def fake_payments():
         if method == "tools/call":
             # A thread a call: a blocked payment holds
             # up no other, and the end of input ends all.
-            threading.Thread(target=call, daemon=True,
-                             args=(ident, params)).start()
+            args = (ident, params)
+            threading.Thread(target=call, args=args, daemon=True).start()
         elif method == "initialize":
+            version = params.get("protocolVersion", "2025-06-18")
             send(ident, "result", {
-                "protocolVersion": params.get(
-                    "protocolVersion", "2025-06-18"),
+                "protocolVersion": version,
                 "capabilities": {"tools": {}},
-                "serverInfo": {"name": "fake-payments",
-                               "version": "1.0.0"}})
+                "serverInfo": {"name": "fake-payments", "version": "1.0.0"}})
         elif method == "tools/list":
             send(ident, "result", {"tools": FAKE_TOOLS})
         elif method == "ping":
             send(ident, "result", {})
         elif ident is not None:
-            error = {"code": -32601,
-                     "message": "method not found"}
+            error = {"code": -32601, "message": "method not found"}
             send(ident, "error", error)
     return 0
 
@@ -11022,8 +11019,7 @@ def cmd_serve(argv):
         opened.append(_open_store(config.database))))
     try:
         try:
-            upstreams, tools, reports = load_all(config,
-                                                 opener.start)
+            upstreams, tools, reports = load_all(config, opener.start)
             for line in load_warnings(reports):
                 log(line)
             opener.join()
@@ -11115,8 +11111,7 @@ def main(argv=None):
     except Usage as err:
         tell(f"{PROGRAM}: {err}", out=sys.stderr)
         return 2
-    except (ConfigError, LoadError, StoreError,
-            UpstreamError) as err:
+    except (ConfigError, LoadError, StoreError, UpstreamError) as err:
         tell(f"{PROGRAM}: error: {err}", out=sys.stderr)
         return 1
     except KeyboardInterrupt:
