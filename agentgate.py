@@ -10129,11 +10129,11 @@ def accept_proposals(path, agreed):
         return True
     what = f"these {len(accepted)} proposed rule(s)"
     head = f"{what}, each as it would decide once accepted:"
-    refusal = ("refusing to accept without -yes or a terminal to type yes at: "
-               "nothing was accepted; add -yes to accept the rules printed "
-               "above")
+    no_yes = ("refusing to accept without -yes or a terminal to type yes at: "
+              "nothing was accepted; add -yes to accept the rules printed "
+              "above")
     if not agreed_on([head, *accepted], False, what, "accept",
-                     agreed, sys.stdout, refusal):
+                     agreed, sys.stdout, no_yes):
         tell("nothing accepted")
         return False
     write_private(path, config_text(raw))
