@@ -5346,11 +5346,10 @@ def result_summary(tool, record, withheld_over=0):
 # Core it calls: tool_titles.
 # =============================================================================================
 
-# The model reads a tool's description, schema texts and parameter names
-# on every tools/list: that is where tool poisoning hides instructions.
-# The lint finds the known tricks, not all (the README says so). Advice
-# to call a tool of the same server first is how public servers sequence
-# their tools: it stays medium.
+# The model reads these texts on every tools/list: tool poisoning hides
+# there. The lint finds the known tricks, not all (the README says so).
+# Advice to call a tool of the same server first is how public servers
+# sequence their tools: it stays medium.
 LINT_LONG = 1024  # past this and 4 times its peers: far longer
 
 _WHO = r"(user|human|operator|person|people|anyone)"
@@ -5411,8 +5410,7 @@ _FIRST_STEP = re.compile(
     r"\bbefore\b.{0,30}\b(using|calling|invoking|you use"
     r"|you call)\b.{0,120}\b(read|call|send|run|fetch|open"
     r"|pass|include|upload)\b", re.I | re.S)
-# Words that make a mention of another tool an instruction about it
-# (shadowing).
+# Words that make a mention of another tool an instruction (shadowing).
 _DIRECTIVE = re.compile(r"\b(must|always|never|instead|do not"
                         r"|don't)\b", re.I)
 _SENTENCE_END = re.compile(r"[.!?](\s|$)")
@@ -5468,8 +5466,7 @@ def scripts_of(word):
             for ch in word if ch.isalpha()}
 
 
-# Cyrillic and Greek letters that read as Latin ones, after UTS #39's
-# confusables.
+# Cyrillic and Greek letters read as Latin (UTS #39's confusables).
 LATIN_LOOKALIKES = dict(zip(
     "аеіјорсухѕԁӏһԛԝАВЕКМНОРСТХІЈЅУҮԚԜӀαονιρυχΑΒΕΖΗΙΚΜΝΟΡΤΥΧ",
     "aeijopcyxsdlhqwABEKMHOPCTXIJSYYQWlaovipuxABEZHIKMNOPTYX"))
@@ -5512,8 +5509,7 @@ def _schema_names(schema):
 
 
 def _name_words(name):
-    """A name as the model reads it: read_ssh_id_rsa, readSshKey ->
-    words."""
+    """A name as words: read_ssh_id_rsa, readSshKey."""
     return re.sub(r"[_.-]+|(?<=[a-z0-9])(?=[A-Z])", " ", name)
 
 
@@ -5578,8 +5574,7 @@ def _text_findings(text, others, siblings):
     found = []
     hidden = invisible_codes(text)
     if hidden:
-        # Tag characters mirror ASCII: what they spell, the model may
-        # read.
+        # Tag characters mirror ASCII: the model may read what they spell.
         spelled = "".join(chr(ord(ch) - 0xE0000) for ch in text
                           if 0xE0020 <= ord(ch) < 0xE007F)
         codes = ", ".join(f"U+{code:04X}" for code in hidden[:5])
@@ -5621,10 +5616,9 @@ def lint_lines(findings):
 
 
 def lint_manifests(manifests):
-    """{server: {tool: findings}} over pinned manifests, each tool read
+    """{server: {tool: findings}} of pinned manifests, each tool read
     among its peers."""
-    # A short plain name (add, search) is a word in prose, not a
-    # mention of a tool.
+    # A short plain name (add, search) is a word, not a tool's mention.
     names = {server: {name for name in manifest["tools"]
                       if len(name) >= 8 or "_" in name
                       or "-" in name}
