@@ -5337,68 +5337,98 @@ def result_summary(tool, record, withheld_over=0):
 #
 # Reads as: around the core
 #
-# Owns: the lint of the texts a model reads of a tool (description, titles, the schema's
-# texts and names): the findings load_all hands the load check, which refuses a tool with a
-# high finding unless its rule accepts exactly that text (lint_hash, section 5).
-# Promises: a finding names what it found and where, sanitized; it never changes what a tool
-# presents.
+# Owns: the lint of the texts a model reads of a tool (description,
+# titles, the schema's texts and names): the findings load_all hands the
+# load check, which refuses a tool with a high finding unless its rule
+# accepts exactly that text (lint_hash, section 5).
+# Promises: a finding names what it found and where, sanitized; it never
+# changes what a tool presents.
 # Core it calls: tool_titles.
 # =============================================================================================
 
-# A tool's description, its schema's texts and its parameters' names are read by the model on
-# every tools/list, so they are where tool poisoning hides instructions. The lint finds the
-# tricks known to be used; it cannot find them all, and says so in the README. Advice to call
-# a tool of the same server first is how public servers sequence their tools: it stays medium.
-LINT_LONG = 1024  # a description is far longer than its peers past this and four times theirs
+# The model reads these texts on every tools/list: tool poisoning hides
+# there. The lint finds the known tricks, not all (the README says so).
+# Advice to call a tool of the same server first is how public servers
+# sequence their tools: it stays medium.
+LINT_LONG = 1024  # past this and 4 times its peers: far longer
 
-_LINT_PHRASES = [(re.compile(pattern, re.I | re.S), severity, what)
-                 for pattern, severity, what in (
-    (r"<\s*/?\s*(important|system|instructions?|secret|hidden|admin|context|critical)\b[^>]*>",
+_WHO = r"(user|human|operator|person|people|anyone)"
+_PHRASES = (
+    (r"<\s*/?\s*(important|system|instructions?|secret|hidden"
+     r"|admin|context|critical)\b[^>]*>",
      LINT_HIGH, "a tag-like block"),
-    (r"<!--", LINT_HIGH, "an HTML comment, which rendered text hides"),
-    (r"\b(ignore|disregard|forget|override)\b.{0,40}\b(instructions?|prompts?|rules|guidelines|"
-     r"guidance|directions|directives)\b", LINT_HIGH,
-     "text telling the model to ignore its instructions"),
-    (r"\b(system prompt|(previous|earlier|prior) instructions|you are now|new instructions|"
-     r"as an ai)\b", LINT_HIGH, "text aimed at the model's instructions"),
-    (r"\b(do not|don't|never|without)\b.{0,40}\b(tell|telling|inform|informing|mention|"
-     r"mentioning|reveal|revealing|alert|alerting|notify|notifying|let|letting)\b.{0,40}"
-     r"\b(user|human|operator|person|people|anyone)|\b(hide|hiding|conceal|concealing|keep|"
-     r"keeping)\b.{0,40}\bfrom\b.{0,20}\b(user|human|operator|person|people|anyone)|\bwithout\b"
-     r".{0,20}\b(user|human|operator|person)('s)?\s+(knowing|knowledge|noticing|consent)",
-     LINT_HIGH, "text telling the model to keep something from the user"),
-    (r"\b(when|whenever|every time)\b.{0,60}\b(any|every|all|other|another)\b"
-     r".{0,20}\b(tools?|commands?|calls?|requests?)\b.{0,80}\b(must|always|never)\b", LINT_HIGH,
-     "instructions for the model's other calls"),
-    (r"((?<![\w.])\.ssh\b|\bid[_ ](rsa|dsa|ecdsa|ed25519)\b|\.aws/credentials|/etc/(passwd|"
-     r"shadow)|(^|[\s/'\"`])\.env\b|\.netrc\b|\.pgpass\b|\.git-credentials|\.npmrc\b|"
-     r"\.pypirc\b|\.kube/config|\.docker/config\.json|\bmcp\.json\b|"
-     r"claude_desktop_config\.json)", LINT_HIGH, "the place of a secret"),
-    # Case matters: AWS_SECRET_ACCESS_KEY names a secret, an access_token parameter does not.
-    (r"(?-i:\b[A-Z][A-Z0-9_]*_(SECRET|TOKEN|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|"
-     r"PRIVATE_KEY|CREDENTIALS?)[A-Z0-9_]*\b)", LINT_HIGH, "a secret named by its variable"),
-    (r"[\x1b\x9b]", LINT_HIGH, "terminal escape sequences, which can hide text on a screen"),
-    (r"\b(other|another|different)\s+(tools?|servers?|functions?)\b", LINT_MEDIUM,
-     "a reference to other tools or servers"),
+    (r"<!--",
+     LINT_HIGH, "an HTML comment, which rendered text hides"),
+    (r"\b(ignore|disregard|forget|override)\b.{0,40}"
+     r"\b(instructions?|prompts?|rules|guidelines|guidance"
+     r"|directions|directives)\b",
+     LINT_HIGH, "text telling the model to ignore its instructions"),
+    (r"\b(system prompt|(previous|earlier|prior) instructions"
+     r"|you are now|new instructions|as an ai)\b",
+     LINT_HIGH, "text aimed at the model's instructions"),
+    (r"\b(do not|don't|never|without)\b.{0,40}"
+     r"\b(tell|telling|inform|informing|mention|mentioning"
+     r"|reveal|revealing|alert|alerting|notify|notifying|let"
+     r"|letting)\b.{0,40}\b" + _WHO +
+     r"|\b(hide|hiding|conceal|concealing|keep|keeping)\b"
+     r".{0,40}\bfrom\b.{0,20}\b" + _WHO +
+     r"|\bwithout\b.{0,20}\b(user|human|operator|person)('s)?"
+     r"\s+(knowing|knowledge|noticing|consent)",
+     LINT_HIGH, "text telling the model to keep something from "
+     "the user"),
+    (r"\b(when|whenever|every time)\b.{0,60}"
+     r"\b(any|every|all|other|another)\b.{0,20}"
+     r"\b(tools?|commands?|calls?|requests?)\b.{0,80}"
+     r"\b(must|always|never)\b",
+     LINT_HIGH, "instructions for the model's other calls"),
+    (r"((?<![\w.])\.ssh\b|\bid[_ ](rsa|dsa|ecdsa|ed25519)\b"
+     r"|\.aws/credentials|/etc/(passwd|shadow)"
+     r"|(^|[\s/'\"`])\.env\b|\.netrc\b|\.pgpass\b"
+     r"|\.git-credentials|\.npmrc\b|\.pypirc\b|\.kube/config"
+     r"|\.docker/config\.json|\bmcp\.json\b"
+     r"|claude_desktop_config\.json)",
+     LINT_HIGH, "the place of a secret"),
+    # Case matters: AWS_SECRET_ACCESS_KEY names a secret, an
+    # access_token parameter does not.
+    (r"(?-i:\b[A-Z][A-Z0-9_]*_(SECRET|TOKEN|PASSWORD|PASSWD"
+     r"|API_KEY|APIKEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)"
+     r"[A-Z0-9_]*\b)",
+     LINT_HIGH, "a secret named by its variable"),
+    (r"[\x1b\x9b]",
+     LINT_HIGH, "terminal escape sequences, which can hide text "
+     "on a screen"),
+    (r"\b(other|another|different)\s+(tools?|servers?"
+     r"|functions?)\b",
+     LINT_MEDIUM, "a reference to other tools or servers"),
     (r"\b[a-z][a-z0-9+.-]*://\S+", LINT_MEDIUM, "a URL"),
-    (r"(^|[\s'\"`(=])(~/|/(etc|home|root|users|var|tmp|usr|opt)/|[a-z]:\\)\S*", LINT_MEDIUM,
-     "a file path"),
-)]
-_FIRST_STEP = re.compile(r"\bbefore\b.{0,30}\b(using|calling|invoking|you use|you call)\b.{0,120}"
-                         r"\b(read|call|send|run|fetch|open|pass|include|upload)\b", re.I | re.S)
-# Words that make a mention of another tool an instruction about it (shadowing).
-_DIRECTIVE = re.compile(r"\b(must|always|never|instead|do not|don't)\b", re.I)
+    (r"(^|[\s'\"`(=])(~/|/(etc|home|root|users|var|tmp|usr"
+     r"|opt)/|[a-z]:\\)\S*",
+     LINT_MEDIUM, "a file path"))
+_LINT_PHRASES = [(re.compile(pattern, re.I | re.S), severity, what)
+                 for pattern, severity, what in _PHRASES]
+_FIRST_STEP = re.compile(
+    r"\bbefore\b.{0,30}\b(using|calling|invoking|you use"
+    r"|you call)\b.{0,120}\b(read|call|send|run|fetch|open"
+    r"|pass|include|upload)\b", re.I | re.S)
+# Words that make a mention of another tool an instruction (shadowing).
+_DIRECTIVE = re.compile(r"\b(must|always|never|instead|do not"
+                        r"|don't)\b", re.I)
 _SENTENCE_END = re.compile(r"[.!?](\s|$)")
 _LETTERS_RE = re.compile(r"[^\W\d_]+")
-# Each selector hides one byte (U+FE00-FE0F: 0-15, U+E0100-E01EF: 16-255); emoji take one.
-_SELECTOR_RUN = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]{2,}")
-_READ_KEYWORDS = ("description", "title", "default", "examples", "enum", "const", "$comment")
+# Each selector hides one byte (U+FE00-FE0F: 0-15, U+E0100-E01EF:
+# 16-255); an emoji takes one.
+_SELECTOR_RUN = re.compile(
+    "[\ufe00-\ufe0f\U000e0100-\U000e01ef]{2,}")
+_READ_KEYWORDS = ("description", "title", "default", "examples",
+                  "enum", "const", "$comment")
 
 
 def lint_texts(entry):
-    """(where, text) of everything the model reads of a tool but its names: its description,
-    titles, and anywhere in its input schema the _READ_KEYWORDS' values and x- extensions."""
-    texts = [("description", entry.get("description") or ""), *tool_titles(entry)]
+    """(where, text) of what the model reads of a tool but its names:
+    its description, titles, and in its input schema the values of
+    _READ_KEYWORDS and x- extensions."""
+    texts = [("description", entry.get("description") or ""),
+             *tool_titles(entry)]
 
     def walk(node, where):
         if isinstance(node, list):
@@ -5408,11 +5438,13 @@ def lint_texts(entry):
             return
         for key, value in node.items():
             at = f"{where}/{key}"
-            if key in SCHEMA_MAPS and isinstance(value, dict):  # names here are not keywords
+            # The names in a map of schemas are not keywords.
+            if key in SCHEMA_MAPS and isinstance(value, dict):
                 for name, schema in value.items():
                     walk(schema, f"{at}/{name}")
             elif key in _READ_KEYWORDS or key.startswith("x-"):
-                texts.extend((f"input schema {at}", text) for text in _strings(value))
+                texts.extend((f"input schema {at}", text)
+                             for text in _strings(value))
             else:
                 walk(value, at)
     walk(entry.get("input_schema"), "")
@@ -5422,39 +5454,43 @@ def lint_texts(entry):
 def _strings(value):
     if isinstance(value, str):
         return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
     if isinstance(value, list):
         return [s for item in value for s in _strings(item)]
-    if isinstance(value, dict):
-        return [s for item in value.values() for s in _strings(item)]
     return []
 
 
 def scripts_of(word):
-    return {unicodedata.name(ch, "?").split()[0] for ch in word if ch.isalpha()}
+    return {unicodedata.name(ch, "?").split()[0]
+            for ch in word if ch.isalpha()}
 
 
-# Cyrillic and Greek letters that read as Latin ones, after UTS #39's confusables.
+# Cyrillic and Greek letters read as Latin (UTS #39's confusables).
 LATIN_LOOKALIKES = dict(zip(
     "аеіјорсухѕԁӏһԛԝАВЕКМНОРСТХІЈЅУҮԚԜӀαονιρυχΑΒΕΖΗΙΚΜΝΟΡΤΥΧ",
     "aeijopcyxsdlhqwABEKMHOPCTXIJSYYQWlaovipuxABEZHIKMNOPTYX"))
 
 
 def latin_lookalike(word):
-    """The Latin word that `word`, written wholly in another script's lookalike letters
-    (раураӏ), reads as; '' for any other word. Three letters at least: short words of
-    those scripts (а, с, о) are common and imitate nothing."""
-    if len(word) < 3 or scripts_of(word) & {"LATIN"} or \
-            not all(ch in LATIN_LOOKALIKES for ch in word):
+    """The Latin word that `word`, written wholly in lookalike letters
+    of another script (раураӏ), reads as; '' for any other. Three
+    letters at least: short words of those scripts (а, с, о) are
+    common and imitate nothing."""
+    if len(word) < 3 or "LATIN" in scripts_of(word):
+        return ""
+    if not all(ch in LATIN_LOOKALIKES for ch in word):
         return ""
     return "".join(LATIN_LOOKALIKES[ch] for ch in word)
 
 
 def lookalike_words(text):
-    """The words of `text` made to be read as others: whose letters come from more than one
-    script (a Cyrillic а among Latin letters), or that are written wholly in letters that
-    read as Latin ones (a whole-script confusable, as UTS #39 calls it)."""
+    """The words of `text` made to be read as others: of letters of
+    more than one script (a Cyrillic а among Latin ones), or wholly in
+    letters that read as Latin (UTS #39's whole-script confusable)."""
     return sorted({word for word in _LETTERS_RE.findall(text)
-                   if len(scripts_of(word)) > 1 or latin_lookalike(word)})
+                   if len(scripts_of(word)) > 1
+                   or latin_lookalike(word)})
 
 
 def invisible_codes(text):
@@ -5473,7 +5509,7 @@ def _schema_names(schema):
 
 
 def _name_words(name):
-    """A name as the model reads it: content_from_reading_ssh_id_rsa, readSshKey -> words."""
+    """A name as words: read_ssh_id_rsa, readSshKey."""
     return re.sub(r"[_.-]+|(?<=[a-z0-9])(?=[A-Z])", " ", name)
 
 
@@ -5488,37 +5524,48 @@ def _sentence_from(text, start):
 
 
 def _smuggled(text):
-    """What runs of variation selectors spell, decoded as bytes ('' when there are none)."""
+    """What runs of variation selectors spell, decoded as bytes."""
     spelled = bytearray()
     for run in _SELECTOR_RUN.findall(text):
-        spelled += bytes(ord(ch) - 0xFE00 if ord(ch) < 0xFF00 else ord(ch) - 0xE0100 + 16
-                         for ch in run)
+        for ch in run:
+            code = ord(ch)
+            if code < 0xFF00:
+                spelled.append(code - 0xFE00)
+            else:
+                spelled.append(code - 0xE0100 + 16)
     return spelled.decode("utf-8", "replace")
 
 
 def lint_tool(entry, others, siblings, peer_length):
-    """A tool's findings as (severity, what, where), the high ones first. `others`: names of
-    other servers' tools; `siblings`: of its own server's; `peer_length`: the median
-    description length of its server."""
+    """A tool's findings as (severity, what, where), the high ones
+    first. `others`: names of other servers' tools; `siblings`: of its
+    own server's; `peer_length`: its server's median description
+    length."""
     findings = []
-    for name in (entry["name"], *_schema_names(entry.get("input_schema"))):
+    schema = entry.get("input_schema")
+    for name in (entry["name"], *_schema_names(schema)):
+        where = f"name {quote(name)}"
         scripts = scripts_of(name)
         if len(scripts) > 1:
-            findings.append((LINT_HIGH, "a name that mixes scripts (" +
-                             ", ".join(sorted(scripts)) + ")", f"name {quote(name)}"))
+            mixed = ", ".join(sorted(scripts))
+            findings.append((LINT_HIGH, f"a name that mixes "
+                             f"scripts ({mixed})", where))
         elif lookalike_words(name):
-            findings.append((LINT_HIGH, "a name in letters that read as Latin ones",
-                             f"name {quote(name)}"))
+            findings.append((LINT_HIGH, "a name in letters that "
+                             "read as Latin ones", where))
         words = _name_words(name)
-        findings += [(severity, what, f"name {quote(name)}")
-                     for pattern, severity, what in _LINT_PHRASES if pattern.search(words)]
+        findings += [(severity, what, where)
+                     for pattern, severity, what in _LINT_PHRASES
+                     if pattern.search(words)]
+    mine = set(siblings) - {entry["name"]}
     for where, text in lint_texts(entry):
-        findings += [(severity, what, where) for severity, what in _text_findings(
-            text, others, set(siblings) - {entry["name"]})]
+        found = _text_findings(text, others, mine)
+        findings += [(severity, what, where)
+                     for severity, what in found]
     length = len(entry.get("description") or "")
     if length > max(LINT_LONG, 4 * peer_length):
-        findings.append((LINT_MEDIUM, f"{length} characters long, far longer than its peers",
-                         "description"))
+        findings.append((LINT_MEDIUM, f"{length} characters long, "
+                         f"far longer than its peers", "description"))
     return sorted(findings, key=lambda f: f[0] != LINT_HIGH)
 
 
@@ -5527,33 +5574,39 @@ def _text_findings(text, others, siblings):
     found = []
     hidden = invisible_codes(text)
     if hidden:
-        # Tag characters mirror ASCII: what they spell is what the model may read.
-        spelled = "".join(chr(ord(ch) - 0xE0000) for ch in text if 0xE0020 <= ord(ch) < 0xE007F)
-        found.append((LINT_HIGH, "invisible, bidirectional or tag characters (" +
-                      ", ".join(f"U+{code:04X}" for code in hidden[:5]) + ")" +
-                      (f" spelling {quote(cut(spelled, 200))}" if spelled else "")))
+        # Tag characters mirror ASCII: the model may read what they spell.
+        spelled = "".join(chr(ord(ch) - 0xE0000) for ch in text
+                          if 0xE0020 <= ord(ch) < 0xE007F)
+        codes = ", ".join(f"U+{code:04X}" for code in hidden[:5])
+        what = f"invisible, bidirectional or tag characters ({codes})"
+        if spelled:
+            what += f" spelling {quote(cut(spelled, 200))}"
+        found.append((LINT_HIGH, what))
     smuggled = _smuggled(text)
     if smuggled:
-        found.append((LINT_HIGH, f"variation selectors hiding bytes that spell "
-                                 f"{quote(cut(smuggled, 200))}"))
-    found += [(severity, what) for pattern, severity, what in _LINT_PHRASES
+        found.append((LINT_HIGH, f"variation selectors hiding bytes "
+                      f"that spell {quote(cut(smuggled, 200))}"))
+    found += [(severity, what)
+              for pattern, severity, what in _LINT_PHRASES
               if pattern.search(text)]
     step = _FIRST_STEP.search(text)
     if step and _named(siblings, _sentence_from(text, step.start())):
-        found.append((LINT_MEDIUM, "a step the model is told to take first, with a tool of "
-                                   "its own server"))
+        found.append((LINT_MEDIUM, "a step the model is told to take "
+                      "first, with a tool of its own server"))
     elif step:
-        found.append((LINT_HIGH, "a step the model is told to take first"))
+        found.append((LINT_HIGH,
+                      "a step the model is told to take first"))
     mixed = lookalike_words(text)
     if mixed:
-        found.append((LINT_HIGH, f"words that mix scripts or imitate Latin ones "
-                                 f"({', '.join(mixed[:3])})"))
-    named = _named(others, text)
+        found.append((LINT_HIGH, f"words that mix scripts or imitate "
+                      f"Latin ones ({', '.join(mixed[:3])})"))
+    named = ", ".join(_named(others, text)[:3])
     if named and _DIRECTIVE.search(text):
-        found.append((LINT_HIGH, f"instructions about other servers' tools "
-                                 f"({', '.join(named[:3])})"))
+        found.append((LINT_HIGH, f"instructions about other servers' "
+                      f"tools ({named})"))
     elif named:
-        found.append((LINT_MEDIUM, f"names other servers' tools ({', '.join(named[:3])})"))
+        found.append((LINT_MEDIUM,
+                      f"names other servers' tools ({named})"))
     return found
 
 
@@ -5563,19 +5616,24 @@ def lint_lines(findings):
 
 
 def lint_manifests(manifests):
-    """{server name: {tool: findings}} over pinned manifests, each tool read among its peers."""
-    # A short plain name (add, search) is an ordinary word in prose, not a mention of a tool.
+    """{server: {tool: findings}} of pinned manifests, each tool read
+    among its peers."""
+    # A short plain name (add, search) is a word, not a tool's mention.
     names = {server: {name for name in manifest["tools"]
-                      if len(name) >= 8 or "_" in name or "-" in name}
+                      if len(name) >= 8 or "_" in name
+                      or "-" in name}
              for server, manifest in manifests.items()}
     found = {}
     for server, manifest in manifests.items():
-        others = {name for other, tools in names.items() if other != server
-                  for name in tools} - set(manifest["tools"])
-        lengths = sorted(len(e.get("description") or "") for e in manifest["tools"].values())
+        tools = manifest["tools"]
+        others = {name for other, theirs in names.items()
+                  if other != server for name in theirs} - set(tools)
+        lengths = sorted(len(e.get("description") or "")
+                         for e in tools.values())
         median = lengths[len(lengths) // 2] if lengths else 0
-        found[server] = {tool: lint_tool(entry, others, names[server], median)
-                         for tool, entry in manifest["tools"].items()}
+        found[server] = {
+            tool: lint_tool(entry, others, names[server], median)
+            for tool, entry in tools.items()}
     return found
 
 
@@ -9428,151 +9486,180 @@ def recheck_line(e):
 #
 # Reads as: around the core
 #
-# Owns: `init`, which reads the MCP servers a person gave their hosts, writes a config for
-# each host with its servers (one database for all), pins them and proposes a rule per tool
-# from its own hints; the acceptance of those proposals; `login`, the OAuth authorization of
-# a url server: the only command that opens a port (on 127.0.0.1, while it waits).
-# Core it calls: Server, read_owned; section 21's load_config, check_reach, read_transport,
-# shown_url and write_private; section 26's operator_hint; section 27's pin.
-# Promises: a config is written 0600; run again, init adds the servers new in its host's file
-# and changes no other byte; a secret in a server's env or headers goes into the config and into
-# no output; a tool is offered only once its proposed rule was accepted; a project's servers
-# are started only when -from names their file; a host's file is changed only with -write, from
-# a backup kept beside it, only if it is as init read it, and only to replace the servers that
-# were gated by the one entry that gates them.
+# Owns: `init`, which writes a config per host with the servers of its
+# files (one database for all), pins them and proposes a rule per tool
+# from its own hints; the acceptance of those proposals; `login`, OAuth
+# with a url server: the one command that opens a port (on 127.0.0.1,
+# while it waits).
+# Core it calls: Server, read_owned; section 21's load_config,
+# check_reach, read_transport, shown_url and write_private; section
+# 26's operator_hint; section 27's pin.
+# Promises: a config is written 0600; run again, init adds the servers
+# new in its host's file and changes no other byte; a secret in a
+# server's env or headers goes into the config and into no output; a
+# tool is offered only once its proposed rule was accepted; a project's
+# servers start only when -from names their file; a host's file changes
+# only with -write, from a backup kept beside it, only if it is as init
+# read it, and only to replace the gated servers by the one entry.
 # =============================================================================================
 
-HOST_ENTRY_NAME = "gated"  # model-visible in some hosts' tool names: it names no program
-HOST_FILE_BYTES = 64 << 20  # ~/.claude.json keeps a history and grows
-SHARED_DATABASE = "agentgate.db"  # every host's config names it: limits, grants are one record
+HOST_ENTRY_NAME = "gated"  # some hosts show it in tool names
+HOST_FILE_BYTES = 64 << 20  # ~/.claude.json keeps a history
+SHARED_DATABASE = "agentgate.db"  # one record for every host
 
-# Each host is gated on a config of its own, named for it, with its name as the session. A
-# call held past the time its host waits is lost to the conversation, so each host's hold is
-# proposed below that, keyed by the name it gives in initialize ("*": another host started on
-# the same config). Claude Desktop gives a call about a minute whatever progress it is sent:
-# 50s. Claude Code waits minutes: 10m. Cursor documents no limit; the TypeScript SDK's default
-# is 60 s, reset by progress only where a host asks for that: 50s.
-HOSTS = {"Claude Desktop": ("claude-desktop", {"claude-ai": "50s", "*": "15s"}),
-         "Claude Code": ("claude-code", {"claude-code": "10m", "*": "15s"}),
-         "Cursor": ("cursor", {"cursor-vscode": "50s", "*": "15s"})}
+# A config per host, named for it; its name is the session. A call held
+# past its host's wait is lost to the conversation, so each hold is
+# proposed below it, keyed by the name a host gives in initialize ("*":
+# any other). Claude Desktop waits about a minute, progress or not: 50s;
+# Claude Code minutes: 10m; Cursor as the TypeScript SDK (60 s): 50s.
+HOSTS = {
+    "Claude Desktop": ("claude-desktop",
+                       {"claude-ai": "50s", "*": "15s"}),
+    "Claude Code": ("claude-code",
+                    {"claude-code": "10m", "*": "15s"}),
+    "Cursor": ("cursor", {"cursor-vscode": "50s", "*": "15s"})}
 
 
 def host_config_files():
     home = os.path.expanduser("~")
     if sys.platform == "darwin":
-        desktop = os.path.join(home, "Library", "Application Support", "Claude")
+        apps = os.path.join(home, "Library", "Application Support")
     elif sys.platform == "win32":
-        desktop = os.path.join(os.environ.get("APPDATA", home), "Claude")
+        apps = os.environ.get("APPDATA", home)
     else:
-        desktop = os.path.join(os.environ.get("XDG_CONFIG_HOME") or
-                               os.path.join(home, ".config"), "Claude")
-    places = [("Claude Desktop", os.path.join(desktop, "claude_desktop_config.json"), False),
-              ("Claude Code", os.path.join(home, ".claude.json"), False),
-              ("Claude Code project", os.path.abspath(".mcp.json"), True),
-              ("Cursor", os.path.join(home, ".cursor", "mcp.json"), False),
-              ("Cursor project", os.path.abspath(os.path.join(".cursor", "mcp.json")), True)]
+        apps = (os.environ.get("XDG_CONFIG_HOME")
+                or os.path.join(home, ".config"))
+    desktop = os.path.join(apps, "Claude",
+                           "claude_desktop_config.json")
+    places = [
+        ("Claude Desktop", desktop),
+        ("Claude Code", os.path.join(home, ".claude.json")),
+        ("Claude Code project", ".mcp.json"),
+        ("Cursor", os.path.join(home, ".cursor", "mcp.json")),
+        ("Cursor project", os.path.join(".cursor", "mcp.json"))]
     seen, found = set(), []
-    for host, path, project in places:
-        if os.path.isfile(path) and os.path.realpath(path) not in seen:
-            seen.add(os.path.realpath(path))
+    for host, path in places:
+        real = os.path.realpath(path)
+        if os.path.isfile(path) and real not in seen:
+            seen.add(real)
+            project = host.endswith(" project")
             found.append(HostFile(host, path, project=project))
     return found
 
 
 class HostFile:
-    """One host's configuration file and its maps of MCP servers (Claude Code keeps one per
-    project beside the user's own; the current directory's is read too). A project's servers
-    came with the directory, perhaps cloned a minute ago, and init would run them as it pins:
-    they are listed, and started only when -from named the file (`named`)."""
+    """A host's file and its maps of servers (Claude Code's has one for
+    the current directory too). A project's servers came with the
+    directory, perhaps cloned a minute ago: they start only when -from
+    named the file (`named`)."""
 
     def __init__(self, host, path, project=False, named=False):
         self.host, self.path = host, os.path.abspath(path)
-        self.data = self.read()  # as read: -write edits this, and nothing the host wrote since
+        self.data = self.read()  # -write edits this, not a later write
         try:
             self.raw = parse(self.data)
         except CanonicalError as err:
-            raise ConfigError(f"{host} configuration {path} is not usable JSON: "
-                              f"{err.placed()}") from None
+            raise ConfigError(
+                f"{host} configuration {path} is not usable JSON: "
+                f"{err.placed()}") from None
         if not isinstance(self.raw, dict):
-            raise ConfigError(f"{host} configuration {path} is not a JSON object")
-        # (where, servers, started): `where` names the map in what init prints, and keys its
-        # servers, since the same name may be in the user's map and a project's. A project's
-        # servers run in its directory, as the host runs them: `folders`, by `where`.
-        self.maps, self.folders = [], {host: project_directory(self.path)}
+            raise ConfigError(f"{host} configuration {path} is not a JSON "
+                              "object")
+        # (where, servers, started): `where` keys a map's servers (a
+        # name may be in two maps); folders[where]: where they run.
+        self.maps = []
+        self.folders = {host: project_directory(self.path)}
         if isinstance(self.raw.get("mcpServers"), dict):
-            self.maps.append((host, self.raw["mcpServers"], named or not project))
+            self.maps.append((host, self.raw["mcpServers"],
+                              named or not project))
+        here = os.getcwd()
         projects = self.raw.get("projects", {})
-        mine = projects.get(os.getcwd()) if isinstance(projects, dict) else None
-        if isinstance(mine, dict) and isinstance(mine.get("mcpServers"), dict):
-            where = f"{host} project {os.getcwd()}"
+        mine = (projects.get(here)
+                if isinstance(projects, dict) else None)
+        if isinstance(mine, dict) and \
+                isinstance(mine.get("mcpServers"), dict):
+            where = f"{host} project {here}"
             self.maps.append((where, mine["mcpServers"], named))
-            self.folders[where] = os.getcwd()
+            self.folders[where] = here
 
     def read(self):
+        where = f"{self.host} configuration {self.path}"
         try:
             with open(self.path, "rb") as f:
                 data = f.read(HOST_FILE_BYTES + 1)
         except OSError as err:
-            raise ConfigError(f"{self.host} configuration {self.path} cannot be read: "
-                              f"{err.strerror}") from None
+            raise ConfigError(f"{where} cannot be read: {err.strerror}") from None
         if len(data) > HOST_FILE_BYTES:
-            raise ConfigError(f"{self.host} configuration {self.path} is larger than "
-                              f"{HOST_FILE_BYTES >> 20} MiB; name a smaller file with -from")
+            raise ConfigError(
+                f"{where} is larger than {HOST_FILE_BYTES >> 20} MiB; name a "
+                "smaller file with -from")
         return data
 
     def servers(self):
-        return [(where, name, entry, started) for where, servers, started in self.maps
+        return [(where, name, entry, started)
+                for where, servers, started in self.maps
                 for name, entry in servers.items()]
 
 
-# What a host passes its servers that reaching a network may need: init proposes the names
-# set where it runs (never their values) as each command server's inherit_env.
-NETWORK_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS",
-                     "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "HTTPS_PROXY", "HTTP_PROXY",
-                     "ALL_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "all_proxy",
-                     "no_proxy")
+# What reaching a network may need of the host's environment: those set
+# are proposed by name (never value) as a command server's inherit_env.
+NETWORK_VARIABLES = (
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS",
+    "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "HTTPS_PROXY",
+    "HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "https_proxy",
+    "http_proxy", "all_proxy", "no_proxy")
 
 
 def project_directory(path):
-    """The project whose `.mcp.json` or `.cursor/mcp.json` this is; None for the user's own."""
+    """The project of a `.mcp.json`; None for the user's own."""
     folder, name = os.path.split(path)
-    if name == "mcp.json" and os.path.basename(folder) == ".cursor":
+    if name == "mcp.json" and \
+            os.path.basename(folder) == ".cursor":
         folder = os.path.dirname(folder)
     elif name != ".mcp.json":
         return None
-    return None if folder == os.path.expanduser("~") else folder
+    if folder == os.path.expanduser("~"):
+        return None
+    return folder
+
+
+def _strings_map(value):
+    return isinstance(value, dict) and all(
+        isinstance(v, str) for v in value.values())
 
 
 def server_from_host(entry):
-    """A host's server entry as agentgate's (without name, manifest or rules), or the reason
-    it cannot be gated."""
+    """(a host's entry as agentgate's, sans name, manifest, rules,
+    ""), or (None, why it cannot be gated)."""
     if not isinstance(entry, dict):
         return None, "its entry is not an object"
     if entry.get("disabled") is True:
         return None, "the host has it disabled"
-    kind = entry.get("type") if isinstance(entry.get("type"), str) else ""
-    if kind == "sse":
-        return None, "it uses the older SSE transport, which agentgate does not speak"
+    if entry.get("type") == "sse":
+        return None, ("it uses the older SSE transport, which agentgate does "
+                      "not speak")
     if isinstance(entry.get("url"), str):
         server = {"url": entry["url"]}
         headers = entry.get("headers") or {}
-        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
-            return None, "its headers are not a map of names to strings"
+        if not _strings_map(headers):
+            return None, ("its headers are not a map of names to strings")
+        # Values move into the 0600 config, as env's do: a variable
+        # made up for one would be set by nobody.
         if headers:
-            # A value written in the host's file moves into the 0600 config, as env does: a
-            # variable made up for it would be set by nobody, and the host's gate would stop.
             server["headers"] = dict(headers)
         return server, ""
-    command, args = entry.get("command"), entry.get("args", [])
+    command = entry.get("command")
+    args = entry.get("args", [])
     if not isinstance(command, str) or not command:
         return None, "it has neither a command nor a url"
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+    if not isinstance(args, list) or \
+            not all(isinstance(a, str) for a in args):
         return None, "its args are not a list of strings"
     if is_the_gate([command, *args]):
         return None, "it is agentgate itself"
     server = {"command": [command, *args]}
     env = entry.get("env") or {}
-    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+    if not _strings_map(env):
         return None, "its env is not a map of names to strings"
     if env:
         server["env"] = [f"{k}={v}" for k, v in env.items()]
@@ -9582,16 +9669,18 @@ def server_from_host(entry):
 
 
 def is_the_gate(argv):
-    """Whether a host's command line starts agentgate serving (not, say, the demo's server)."""
+    """Whether argv serves agentgate (not, say, the demo's server)."""
     for i, part in enumerate(argv):
         if os.path.basename(part) in (f"{PROGRAM}.py", PROGRAM):
             rest = argv[i + 1:]
-            return not rest or rest[0] == "serve" or rest[0].startswith("-")
+            return (not rest or rest[0] == "serve"
+                    or rest[0].startswith("-"))
     return False
 
 
 def server_name(given, taken):
-    name = re.sub(r"[^A-Za-z0-9_-]+", "-", given).strip("-")[:60] or "server"
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", given)
+    name = name.strip("-")[:60] or "server"
     unique, n = name, 1
     while unique in taken:
         n += 1
@@ -9600,275 +9689,364 @@ def server_name(given, taken):
 
 
 def proposed_rule(entry):
-    """The rule a tool's own hints suggest, deciding nothing until accepted. A destructive tool
-    is proposed to ask, not denied (the class's default): DENIED on every call teaches the
-    model only to stop asking. An idempotent one is proposed no repeat window, so an ordinary
-    repeat (the same write after a move) is not refused as a duplicate."""
-    annotations = entry.get("annotations") or {}
+    """The rule a tool's hints suggest, deciding nothing until accepted.
+    Destructive asks, not denies: DENIED every time teaches the model
+    only to stop asking. Idempotent has no repeat window: the same write
+    after a move is no duplicate."""
+    hints = entry.get("annotations") or {}
     rule = {"side_effect": "remote_mutation"}
-    if annotations.get("readOnlyHint") is True:
+    if hints.get("readOnlyHint") is True:
         rule["side_effect"] = "read_only"
-    elif annotations.get("destructiveHint") is True:
-        rule = {"side_effect": "destructive", "outcome": "require_approval"}
-    if annotations.get("idempotentHint") is True and rule["side_effect"] != "read_only":
+    elif hints.get("destructiveHint") is True:
+        rule = {"side_effect": "destructive",
+                "outcome": "require_approval"}
+    if hints.get("idempotentHint") is True and \
+            rule["side_effect"] != "read_only":
         rule["repeat_window"] = "0s"
     return {**rule, "proposed": True}
 
 
 def config_text(raw):
-    """A config as people read it: one line per rule, so a server's tools fit a screen."""
+    """A config with one line per rule: a server fits a screen."""
     return pretty_json(raw, flat=4) + "\n"
 
 
+def init_plans(opts, path):
+    """(config, session, hold, host files) of each config to write."""
+    given = getattr(opts, "from")
+    if given:
+        file = HostFile("host", given, named=True)
+        return [(path, "default", None, [file])]
+    files = host_config_files()
+    if not files:
+        raise ConfigError(
+            "no host configuration was found (Claude Desktop, Claude Code, "
+            "Cursor); name one with -from FILE")
+    plans = []
+    folder = os.path.dirname(path)
+    for host, (name, hold) in HOSTS.items():
+        mine = [f for f in files
+                if f.host.removesuffix(" project") == host]
+        if mine:
+            config = os.path.join(folder, f"{name}.json")
+            plans.append((config, name, hold, mine))
+    return plans
+
+
 def cmd_init(argv):
-    opts = parser("init", "from", "config", ("write", bool)).parse_args(argv)
+    flags = ("from", "config", ("write", bool))
+    opts = parser("init", *flags).parse_args(argv)
     path = os.path.abspath(config_path(opts.config))
-    if getattr(opts, "from"):
-        plans = [(path, "default", None, [HostFile("host", getattr(opts, "from"), named=True)])]
-    else:
-        files = host_config_files()
-        if not files:
-            raise ConfigError("no host configuration was found (Claude Desktop, Claude Code, "
-                              "Cursor); name one with -from FILE")
-        plans = [(os.path.join(os.path.dirname(path), f"{name}.json"), name, hold,
-                  [f for f in files if f.host.removesuffix(" project") == host])
-                 for host, (name, hold) in HOSTS.items()]
-        plans = [plan for plan in plans if plan[3]]
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    # A default config written now is what every command and gate given no -config reads.
-    becomes_default = not os.path.lexists(path) and path == os.path.abspath(config_path(None))
+    plans = init_plans(opts, path)
+    os.makedirs(os.path.dirname(path), mode=0o700,
+                exist_ok=True)
+    default = os.path.abspath(config_path(None))
+    becomes_default = (not os.path.lexists(path)
+                       and path == default)
     hosts = host_configs(path)
     for file in [file for plan in plans for file in plan[3]]:
-        tell(f"read {file.host} configuration {file.path}: {len(file.servers())} server(s)")
+        tell(f"read {file.host} configuration {file.path}: "
+             f"{len(file.servers())} server(s)")
     needs, done = set(), []
     for config_file, session, hold, files in plans:
-        gated, left = init_host(config_file, session, hold, files, needs)
+        gated, left = init_host(config_file, session, hold,
+                                files, needs)
         for where, given, why in left:
             tell(f"not gated, left in {where} as it is: {given}: {why}")
         if os.path.lexists(config_file):
             done.append((config_file, files, gated))
     if needs:
-        tell(f"To gate the rest, init needs {needs_text(needs)}; then run init again: it adds "
-             f"them, and changes nothing else.")
+        tell(f"To gate the rest, init needs {needs_text(needs)}; then run "
+             "init again: it adds them, and changes nothing else.")
     if not done:
         raise ConfigError("no server could be gated, so no config was written")
     if becomes_default and os.path.lexists(path):
-        tell(f"{path} is the default config: a command or gate given no -config reads it now"
-             + (f", and no longer each host's ({', '.join(map(os.path.basename, hosts))}): "
-                f"name those with -config" if hosts else ""))
-    # What is left to do, and only that: run again, init repeats none of what is done.
+        names = ", ".join(map(os.path.basename, hosts))
+        tell(f"{path} is the default config: a command or gate given no "
+             "-config reads it now"
+             + (f", and no longer each host's ({names}): name those with "
+                "-config" if hosts else ""))
+    tell_what_is_left(done)
+    entries = {config_file: {"command": python_path(), "args": [
+        os.path.abspath(sys.argv[0]), "-config", config_file]}
+        for config_file, _, _ in done}
+    if opts.write:
+        changed = write_hosts(done, entries)
+        if not changed:
+            return 0
+    for config_file, files, gated in done:
+        tell_host_entry(files, gated, entries[config_file])
+    if opts.write:
+        raise ConfigError(
+            f"{changed.host} configuration {changed.path} changed while init "
+            "ran, so no host's file was edited: put the entry above in by hand")
+    return 0
+
+
+def tell_what_is_left(done):
+    """What is left to do: run again, init repeats none of the rest."""
     proposing = [config_file for config_file, _, _ in done if any(
-        rule.proposed for server in load_config(config_file).servers
+        rule.proposed
+        for server in load_config(config_file).servers
         for rule in server.rules.values())]
     if proposing:
-        tell("Every rule init proposed is a proposal, and nothing is offered until you have "
-             "read them, changed what you disagree with, and run:")
+        tell("Every rule init proposed is a proposal, and nothing is offered "
+             "until you have read them, changed what you disagree with, and "
+             "run:")
     elif not any(gated for _, _, gated in done):
-        tell("Nothing is left to do: every rule is accepted, and each host starts the gate.")
+        tell("Nothing is left to do: every rule is accepted, and each host "
+             "starts the gate.")
     for config_file in proposing:
         tell(f"    {operator_hint(config_file)} check -accept")
         try:
             check_reach(load_config(config_file))
         except ConfigError as err:
             tell(f"      before serving, fix this: {err}")
-    entries = {config_file: {"command": python_path(),
-                             "args": [os.path.abspath(sys.argv[0]), "-config", config_file]}
-               for config_file, _, _ in done}
-    changed = None
-    if opts.write:
-        edits = [(file, {(where, given) for where, given, _, _ in file.servers()
-                         if (file.path, where, given) in gated}, entries[config_file])
-                 for config_file, files, gated in done for file in files]
-        edits = [edit for edit in edits if edit[1]]
-        # The hosts may have written their files while the servers were pinned: a file changed
-        # since init read it is left to its host. (A write between this reading and the rename
-        # below is still lost: a window of one file's write, not of every pin.)
-        changed = next((file for file, _, _ in edits if file.read() != file.data), None)
-        if not changed:
-            for file, taken, entry in edits:
-                written, backup = replace_in_host(file, taken, entry)
-                tell(f"wrote {written}; it was kept as {backup}")
-            return 0
+
+
+def write_hosts(done, entries):
+    """Put each entry in its hosts' files, or return the first file
+    changed since init read it, and write none."""
+    edits = []
     for config_file, files, gated in done:
-        sources = [f.path for f in files if any(key[0] == f.path for key in gated)]
-        if not sources:
-            tell(f"nothing of {' or '.join(f.path for f in files)} was gated, so it stays as "
-                 f"it is")
-            continue
-        tell(f"Then replace the gated servers in {' and '.join(sources)} with "
-             f"this one entry (or run init with -write to have it done, keeping a backup):")
-        tell_json({"mcpServers": {HOST_ENTRY_NAME: entries[config_file]}})
-        argv = shlex.join([entries[config_file]["command"], *entries[config_file]["args"]])
-        if any(f.host.startswith("Claude Code") for f in files):
-            tell(f"    or: claude mcp add -s user {HOST_ENTRY_NAME} -- {argv}")
-        if any(map(project_directory, sources)):
-            tell(f"    A project's file may be shared, and this entry names files of your own: "
-                 f"keep it out of a commit (claude mcp add -s local {HOST_ENTRY_NAME} -- "
-                 f"{argv} keeps it to you in Claude Code)")
-    if changed:
-        raise ConfigError(f"{changed.host} configuration {changed.path} changed while init "
-                          f"ran, so no host's file was edited: put the entry above in by hand")
-    return 0
+        for file in files:
+            taken = {(where, given)
+                     for where, given, _, _ in file.servers()
+                     if (file.path, where, given) in gated}
+            if taken:
+                edits.append((file, taken, entries[config_file]))
+    # A file its host wrote while init pinned is left to it. (A write
+    # between this read and the rename is lost: one write's window.)
+    for file, _, _ in edits:
+        if file.read() != file.data:
+            return file
+    for file, taken, entry in edits:
+        written, backup = replace_in_host(file, taken, entry)
+        tell(f"wrote {written}; it was kept as {backup}")
+    return None
 
 
-def init_host(path, session, hold, files, needs):
-    """Gate the servers of one host's `files` in the config at `path`: a new config, or the
-    servers new since added as proposals, every other byte as it was (a person's edits are
-    theirs). What a server needs first goes to `needs`, asked for once. Returns (gated: (file,
-    map, name) -> the server that gates it, left: (map, name, why) of each left in its host)."""
-    text = read_owned(path, "config").decode("utf-8") if os.path.lexists(path) else ""
-    try:
-        existing = parse(text)["servers"] if text else []
-    except (CanonicalError, KeyError, TypeError):
-        raise ConfigError(f"config {path} has no list of servers that init can add to; fix "
-                          f"it, or name another with -config") from None
-    known = [definition(s) for s in existing if isinstance(s, dict)]
-    taken = {s.get("name") for s in existing if isinstance(s, dict)}
+def tell_host_entry(files, gated, entry):
+    sources = [f.path for f in files
+               if any(key[0] == f.path for key in gated)]
+    if not sources:
+        tell(f"nothing of {' or '.join(f.path for f in files)} was gated, so "
+             "it stays as it is")
+        return
+    tell(f"Then replace the gated servers in {' and '.join(sources)} with "
+         "this one entry (or run init with -write to have it done, keeping a "
+         "backup):")
+    tell_json({"mcpServers": {HOST_ENTRY_NAME: entry}})
+    argv = shlex.join([entry["command"], *entry["args"]])
+    add = f"{HOST_ENTRY_NAME} -- {argv}"
+    if any(f.host.startswith("Claude Code") for f in files):
+        tell(f"    or: claude mcp add -s user {add}")
+    if any(map(project_directory, sources)):
+        tell("    A project's file may be shared, and this entry names files "
+             "of your own: keep it out of a commit (claude mcp add -s local "
+             f"{add} keeps it to you in Claude Code)")
+
+
+def gate_host_servers(path, session, files, known, needs):
+    """(servers new to the config at `path`, gated: (file, map, name)
+    -> the server gating it, left: (map, name, why))."""
+    taken = {s.get("name") for s in known}
+    known = [definition(s) for s in known]
     servers, gated, left = [], {}, []
+    inherited = [name for name in NETWORK_VARIABLES
+                 if name in os.environ]
     for file in files:
         for where, given, entry, started in file.servers():
+            key = (file.path, where, given)
             server, why = server_from_host(entry)
             if not started:
-                left.append((where, given, project_server_text(file, server, why)))
-                continue
-            if server is None:
+                why = project_server_text(file, server, why)
+            if not started or server is None:
                 left.append((where, given, why))
                 continue
-            if file.folders.get(where) and "command" in server:
-                server["cwd"] = os.path.normpath(os.path.join(file.folders[where],
-                                                              server.get("cwd", ".")))
-            inherited = [name for name in NETWORK_VARIABLES if name in os.environ]
+            folder = file.folders.get(where)
+            if folder and "command" in server:
+                cwd = os.path.join(folder, server.get("cwd", "."))
+                server["cwd"] = os.path.normpath(cwd)
             if inherited and "command" in server:
-                server["inherit_env"] = inherited
-            same = next((s for s in servers if definition(s) == definition(server)), None)
-            if same or definition(server) in known:  # the same server twice is gated once
-                gated[(file.path, where, given)] = same or server
+                server["inherit_env"] = list(inherited)
+            same = next((s for s in servers if
+                         definition(s) == definition(server)), None)
+            if same or definition(server) in known:
+                gated[key] = same or server  # the same, gated once
                 continue
             missing = needs_of(server)
             if missing:
                 needs.update(missing)
-                left.append((where, given, f"it needs {needs_text(missing)} first"))
+                left.append((where, given, f"it needs {needs_text(missing)} "
+                             "first"))
                 continue
             name = server_name(given, taken)
-            server.update(name=name, manifest=f"{session}.{name}.manifest.json")
+            server.update(name=name, manifest=(
+                f"{session}.{name}.manifest.json"))
             try:
-                Server(server, f"server {quote(name)}", path, read_transport)
+                Server(server, f"server {quote(name)}", path,
+                       read_transport)
             except ConfigError as err:
                 left.append((where, given, str(err)))
                 continue
             taken.add(name)
             servers.append(server)
-            gated[(file.path, where, given)] = server
+            gated[key] = server
+    return servers, gated, left
+
+
+def init_host(path, session, hold, files, needs):
+    """Write the config at `path` with its host's servers, or add those
+    new since, every other byte as it was (a person's edits are theirs).
+    What a server needs first goes to `needs`. Returns (gated, left)."""
+    text = ""
+    if os.path.lexists(path):
+        text = read_owned(path, "config").decode("utf-8")
+    try:
+        existing = parse(text)["servers"] if text else []
+        known = [s for s in existing if isinstance(s, dict)]
+    except (CanonicalError, KeyError, TypeError):
+        raise ConfigError(
+            f"config {path} has no list of servers that init can add to; fix "
+            "it, or name another with -config") from None
+    servers, gated, left = gate_host_servers(
+        path, session, files, known, needs)
     pinned = []
     for server in servers:
-        if server.get("command") and os.path.basename(server["command"][0]) == "npx" and \
-                {"-y", "--yes"} & set(server["command"]):
-            tell(f"server {server['name']}: npx may download its package before the server "
-                 f"starts, which can take a minute", flush=True)
+        command = server.get("command") or [""]
+        if os.path.basename(command[0]) == "npx" and \
+                {"-y", "--yes"} & set(command):
+            tell(f"server {server['name']}: npx may download its package "
+                 "before the server starts, which can take a minute", flush=True)
         try:
-            manifest = pin(Server(server, f"server {quote(server['name'])}", path,
-                                  read_transport))
+            manifest = pin(Server(
+                server, f"server {quote(server['name'])}", path,
+                read_transport))
         except (UpstreamError, LoadError, ConfigError) as err:
-            if LOGIN_NEEDED in str(err):  # written, so login finds it; served once pinned
-                server["rules"] = {}
+            if LOGIN_NEEDED in str(err):
+                server["rules"] = {}  # written, so login finds it
                 pinned.append((server, None))
                 continue
-            for key in [key for key, gating in gated.items() if gating is server]:
-                gated.pop(key)
-                left.append((*key[1:], f"it could not be pinned: {err}"))
+            for key, gating in list(gated.items()):
+                if gating is server:
+                    gated.pop(key)
+                    left.append((*key[1:], f"it could not be pinned: {err}"))
             continue
-        server["rules"] = {tool: proposed_rule(entry) for tool, entry in
-                           manifest["tools"].items()}
+        server["rules"] = {
+            tool: proposed_rule(entry)
+            for tool, entry in manifest["tools"].items()}
         pinned.append((server, manifest))
     if not pinned:
         if text:
-            tell(f"{path}: no server is new in {' or '.join(f.path for f in files)}; nothing "
-                 f"was added")
+            tell(f"{path}: no server is new in "
+                 f"{' or '.join(f.path for f in files)}; nothing was added")
         return gated, left
     added = [server for server, _ in pinned]
     if text:
         write_private(path, servers_appended(text, added))
     else:
-        raw = {"database": SHARED_DATABASE, "session": session, "servers": added}
+        raw = {"database": SHARED_DATABASE, "session": session,
+               "servers": added}
         if hold:
             raw["hold"] = hold
         write_private(path, config_text(raw))
-    policy = {**DEFAULT_POLICY, **(parse(text).get("policy") or {} if text else {})}
-    for server, manifest in pinned:
-        if manifest is None:
-            tell(f"server {server['name']} asks for OAuth; it is not served until you run: "
-                 f"{operator_hint(path)} login {server['name']}, then pin, and classify its "
-                 f"tools")
-            continue
-        tell(f"server {server['name']}: {len(manifest['tools'])} tool(s) pinned; proposed "
-             f"from the server's own hints (class, then what the policy would decide):")
-        for tool, entry in manifest["tools"].items():
-            rule = server["rules"][tool]
-            decided = rule.get("outcome") or policy[rule["side_effect"]]
-            tell(f"  {sanitize(tool):<28} {rule['side_effect']:<16} {decided:<17} "
-                 f"({hints_text(entry)})")
+    policy = parse(text).get("policy") or {} if text else {}
+    tell_pinned(path, pinned, {**DEFAULT_POLICY, **policy})
     tell(f"{'added to' if text else 'wrote'} {path} (0600): "
          f"{', '.join(server['name'] for server in added)}")
-    inheriting = [server for server in added if "inherit_env" in server]
+    inheriting = [s for s in added if "inherit_env" in s]
     if inheriting:
-        tell(f"  {', '.join(s['name'] for s in inheriting)} inherit "
-             f"{', '.join(inheriting[0]['inherit_env'])} from the gate's environment, as "
-             f"the host passes them (inherit_env)")
+        names = ", ".join(s["name"] for s in inheriting)
+        variables = ", ".join(inheriting[0]["inherit_env"])
+        tell(f"  {names} inherit {variables} from the gate's environment, as "
+             "the host passes them (inherit_env)")
     return gated, left
 
 
+def tell_pinned(path, pinned, policy):
+    for server, manifest in pinned:
+        name = server["name"]
+        if manifest is None:
+            tell(f"server {name} asks for OAuth; it is not served until you "
+                 f"run: {operator_hint(path)} login {name}, then pin, and "
+                 "classify its tools")
+            continue
+        tell(f"server {name}: {len(manifest['tools'])} tool(s) pinned; "
+             "proposed from the server's own hints (class, then what the "
+             "policy would decide):")
+        for tool, entry in manifest["tools"].items():
+            rule = server["rules"][tool]
+            side = rule["side_effect"]
+            decided = rule.get("outcome") or policy[side]
+            tell(f"  {sanitize(tool):<28} {side:<16} {decided:<17} "
+                 f"({hints_text(entry)})")
+
+
 def definition(server):
-    """What makes a server the one it is, as a host's entry gives it (not its name)."""
-    return {k: server[k] for k in ("command", "url", "headers", "env", "cwd") if k in server}
+    """What makes a server the one it is, as a host gives it."""
+    keys = ("command", "url", "headers", "env", "cwd")
+    return {k: server[k] for k in keys if k in server}
 
 
 def needs_of(server):
-    """What a url server needs before init can pin it, asked for once for every server."""
-    needs = {("variable", name) for value in server.get("headers", {}).values()
-             for name in ENV_REFERENCE_RE.findall(value) if name not in os.environ}
-    return needs
+    """The variables a url server's headers name that are unset."""
+    headers = server.get("headers", {}).values()
+    return {("variable", name) for value in headers
+            for name in ENV_REFERENCE_RE.findall(value)
+            if name not in os.environ}
 
 
 def needs_text(needs):
     variables = sorted(name for _, name in needs)
-    return (f"the environment variable{'s' * (len(variables) > 1)} {', '.join(variables)} set "
-            f"where agentgate runs")
+    plural = "s" * (len(variables) > 1)
+    return (f"the environment variable{plural} {', '.join(variables)} set "
+            "where agentgate runs")
 
 
 def servers_appended(text, servers):
-    """A config's text with `servers` added at the end of its list of servers, and every other
-    byte as it was. The text was parsed through the boundary check already."""
+    """A parsed config's text with `servers` appended to its list."""
     decoder, space = json.JSONDecoder(), re.compile(r"\s*")
+
+    def past(at):  # past the ':' or ',' after `at`
+        return space.match(text, space.match(
+            text, at).end() + 1).end()
     at = space.match(text, text.index("{") + 1).end()
     while True:
         key, at = json.decoder.scanstring(text, at + 1)
-        at = space.match(text, space.match(text, at).end() + 1).end()  # past ':'
-        _, end = decoder.raw_decode(text, at)
+        _, end = decoder.raw_decode(text, past(at))
         if key == "servers":
             break
-        at = space.match(text, space.match(text, end).end() + 1).end()  # past ','
-    last = len(text[:end - 1].rstrip())  # the end of the list's last server
-    added = "".join(",\n    " + pretty_json(server, level=2, flat=4) for server in servers)
+        at = past(end)
+    last = len(text[:end - 1].rstrip())  # end of the last server
+    added = "".join(
+        ",\n    " + pretty_json(server, level=2, flat=4)
+        for server in servers)
     return text[:last] + added + text[last:]
 
 
 def host_configs(default):
-    """The configs init wrote, one per host, beside the default config when there is none:
-    a command given no -config then works on each of them."""
-    directory = os.path.dirname(os.path.abspath(default))
-    paths = [os.path.join(directory, f"{name}.json") for name, _ in HOSTS.values()]
-    return [] if os.path.lexists(default) else [p for p in paths if os.path.lexists(p)]
+    """Init's configs, one per host, if there is no default one: a
+    command given no -config works on each."""
+    if os.path.lexists(default):
+        return []
+    folder = os.path.dirname(os.path.abspath(default))
+    paths = [os.path.join(folder, f"{name}.json")
+             for name, _ in HOSTS.values()]
+    return [p for p in paths if os.path.lexists(p)]
 
 
 def one_config(given):
-    """The config a command that needs exactly one reads; where there are only init's, one
-    per host, the error names them."""
+    """The one config a command reads; where there are only init's,
+    one per host, the error names them."""
     path = config_path(given)
     hosts = [] if given else host_configs(path)
     if hosts:
-        raise ConfigError(f"there is no {path}, and init wrote one config per host: name "
-                          f"one with -config ({', '.join(map(shlex.quote, hosts))}); the "
-                          f"entry init printed for a host names its own")
+        names = ", ".join(map(shlex.quote, hosts))
+        raise ConfigError(
+            f"there is no {path}, and init wrote one config per host: name "
+            f"one with -config ({names}); the entry init printed for a host "
+            "names its own")
     return load_config(path)
 
 
@@ -9877,8 +10055,10 @@ def each_config(command, argv, paths):
     for path in paths:
         tell(f"== {path}", flush=True)
         try:
-            status = max(status, command([*argv, "-config", path]))
-        except (ConfigError, LoadError, StoreError, UpstreamError) as err:
+            done = command([*argv, "-config", path])
+            status = max(status, done)
+        except (ConfigError, LoadError, StoreError,
+                UpstreamError) as err:
             sys.stdout.flush()
             tell(f"{PROGRAM}: error: {err}", out=sys.stderr)
             status = 1
@@ -9892,55 +10072,62 @@ def project_server_text(file, server, why):
         runs = f"it would be reached at {shown_url(server['url'])}"
     else:
         runs = f"it would run {shlex.join(server['command'])}"
-    return (f"a project's server is started only when init is given -from "
+    return ("a project's server is started only when init is given -from "
             f"{shlex.quote(file.path)}; {runs}")
 
 
 def replace_in_host(file, taken, entry):
-    """Replace the servers `taken` ((map, name) pairs) in a host's file by the one entry that
-    gates them, once a backup as read is kept beside it (beside the link, if it is one). A
-    link is written where it leads, so it stays. Returns the path written and the backup's."""
+    """Replace the servers `taken` ((map, name)) in a host's file by
+    the entry gating them, after a backup as read beside it (a link is
+    written where it leads). Returns the paths written and backed up."""
     backup = f"{file.path}.agentgate-backup"
     n = 1
     while os.path.lexists(backup):
         n += 1
         backup = f"{file.path}.agentgate-backup-{n}"
-    write_private(backup, file.data.decode("utf-8", "surrogateescape"))
+    write_private(backup, file.data.decode(
+        "utf-8", "surrogateescape"))
     for where, servers, _ in file.maps:
-        for given in [given for place, given in taken if place == where]:
-            servers.pop(given)
-    target = file.maps[0][1] if file.maps else file.raw.setdefault("mcpServers", {})
-    if entry not in target.values():  # init run again: the entry is there already
+        for place, given in taken:
+            if place == where:
+                servers.pop(given)
+    if file.maps:
+        target = file.maps[0][1]
+    else:
+        target = file.raw.setdefault("mcpServers", {})
+    if entry not in target.values():  # not there from a run before
         target[server_name(HOST_ENTRY_NAME, set(target))] = entry
     written = os.path.realpath(file.path)
     mode = stat.S_IMODE(os.stat(written).st_mode)
-    write_private(written, pretty_json(file.raw, ordered=True) + "\n")
+    write_private(written,
+                  pretty_json(file.raw, ordered=True) + "\n")
     os.chmod(written, mode)
     return written, backup
 
 
 def accept_proposals(path, agreed):
-    """Accept the proposed rules once the operator has read each and typed yes (or -yes);
-    False when nothing was accepted for want of it."""
-    config = load_config(path)  # a config that would not load is refused as it is, unchanged
+    """Accept the proposed rules once read and agreed to (yes or
+    -yes); False when nothing was accepted for want of it."""
+    config = load_config(path)  # refused as it is, unchanged
     raw = parse(read_owned(path, "config"))
     accepted = []
     for server, given in zip(config.servers, raw["servers"]):
         for tool, rule in given.get("rules", {}).items():
             if rule.pop("proposed", False):
-                accepted.append(f"  {server.name}/{tool} ({rule['side_effect']}): would "
-                                f"{settings_text(config, server.rules[tool])}")
+                would = settings_text(config, server.rules[tool])
+                accepted.append(
+                    f"  {server.name}/{tool} ({rule['side_effect']}): would "
+                    f"{would}")
     if not accepted:
         tell("no proposed rule to accept")
         return True
     what = f"these {len(accepted)} proposed rule(s)"
     head = f"{what}, each as it would decide once accepted:"
-    if not agreed_on(
-            [head, *accepted], False, what, "accept", agreed,
-            sys.stdout,
-            "refusing to accept without -yes or a terminal "
-            "to type yes at: nothing was accepted; add -yes "
-            "to accept the rules printed above"):
+    no_yes = ("refusing to accept without -yes or a terminal to type yes at: "
+              "nothing was accepted; add -yes to accept the rules printed "
+              "above")
+    if not agreed_on([head, *accepted], False, what, "accept",
+                     agreed, sys.stdout, no_yes):
         tell("nothing accepted")
         return False
     write_private(path, config_text(raw))
@@ -9950,23 +10137,28 @@ def accept_proposals(path, agreed):
 
 # ---- login: OAuth with a url server ---------------------------------------------------------
 
-LOGIN_WAIT_SECONDS = 600  # how long a person has to consent in the browser
-LOGIN_PAGE = b"agentgate has the answer of the authorization; this page may be closed.\n"
+LOGIN_WAIT_SECONDS = 600  # a person's time to consent
+LOGIN_PAGE = (b"agentgate has the answer of the authorization; "
+              b"this page may be closed.\n")
+OAUTH_EXCHANGES = 20  # requests of one flow (discovery tries several)
 
 
 @functools.lru_cache(maxsize=1)
 def mcp_install_text():
     if python_path() != sys.executable:
         return f"{VENV}/bin/python has it: run agentgate with that"
-    made = "" if os.path.isdir(os.path.expanduser(VENV)) else f"python3 -m venv {VENV} && "
-    return (f"{python_command()} -m pip install --upgrade mcp, or where pip refuses to install "
-            f"into the system's Python: {made}{VENV}/bin/pip install mcp, and run agentgate "
-            f"with {VENV}/bin/python")
+    made = ""
+    if not os.path.isdir(os.path.expanduser(VENV)):
+        made = f"python3 -m venv {VENV} && "
+    return (f"{python_command()} -m pip install --upgrade mcp, or where pip "
+            "refuses to install into the system's Python: "
+            f"{made}{VENV}/bin/pip install mcp, and run agentgate with "
+            f"{VENV}/bin/python")
 
 
 def mcp_sdk(server):
-    """The optional mcp package's OAuth client and its pieces, imported by login only, or
-    ConfigError saying how to install it (version 2 or later: built on httpx2)."""
+    """The mcp package's OAuth pieces (version 2 or later), or
+    ConfigError saying how to install it."""
     try:
         import mcp.client.streamable_http as transport
         import mcp.client.session as session
@@ -9976,28 +10168,28 @@ def mcp_sdk(server):
         import asyncio
         import logging
     except ImportError:
-        raise ConfigError(f"login with server {quote(server.name)} needs the optional mcp "
-                          f"package, version 2 or later: "
-                          f"{mcp_install_text()}") from None
-    # The SDK reports what it survives through logging, which would print tracebacks.
+        raise ConfigError(
+            f"login with server {quote(server.name)} needs the optional mcp "
+            f"package, version 2 or later: {mcp_install_text()}") from None
+    # The SDK logs what it survives, which would print tracebacks.
     for name in ("mcp", "httpx2"):
         logging.getLogger(name).addHandler(logging.NullHandler())
         logging.getLogger(name).propagate = False
-    return {"client": transport.streamable_http_client, "session": session.ClientSession,
-            "auth": auth, "records": records, "httpx": httpx2, "asyncio": asyncio}
-
-
-OAUTH_EXCHANGES = 20  # requests one OAuth flow may make (discovery tries several addresses)
+    return {"client": transport.streamable_http_client,
+            "session": session.ClientSession, "auth": auth,
+            "records": records, "httpx": httpx2,
+            "asyncio": asyncio}
 
 
 class LoginStore:
-    """The mcp package's token storage while login runs: what the flow obtains, for the
-    TokenFile to keep once it ends. A pre-registered client (the server's `oauth`) is given."""
+    """The SDK's token storage while login runs; a pre-registered
+    client (`oauth`) is given."""
 
     def __init__(self, sdk, file):
         self.tokens = self.client = None
         if file.server.oauth.get("client_id"):
-            self.client = sdk["records"].OAuthClientInformationFull(**file.client())
+            info = sdk["records"].OAuthClientInformationFull
+            self.client = info(**file.client())
 
     async def get_tokens(self):
         return self.tokens
@@ -10012,22 +10204,29 @@ class LoginStore:
         self.client = client
 
 
+LOGIN_TEXT = (
+    "Authorize agentgate with a url server that asks for OAuth: the browser "
+    "opens on the server's consent page (the address is printed too), the "
+    "answer comes back to a port on 127.0.0.1 open only while this runs, and "
+    "the tokens are kept 0600 beside the config (-config FILE, else "
+    "$AGENTGATE_CONFIG, else the XDG path), as CONFIG.SERVER.tokens.json, for "
+    "that config's server at that url only.")
+
+
 def cmd_login(argv):
     p = parser("login", "config")
-    p.description = ("Authorize agentgate with a url server that asks for OAuth: the browser "
-                     "opens on the server's consent page (the address is printed too), the "
-                     "answer comes back to a port on 127.0.0.1 open only while this runs, and "
-                     "the tokens are kept 0600 beside the config (-config FILE, else "
-                     "$AGENTGATE_CONFIG, else the XDG path), as CONFIG.SERVER.tokens.json, "
-                     "for that config's server at that url only.")
-    p.add_argument("server", type=text_argument, help="the server's name in the config")
+    p.description = LOGIN_TEXT
+    p.add_argument("server", type=text_argument,
+                   help="the server's name in the config")
     opts = p.parse_args(argv)
     config = one_config(opts.config)
-    server = next((s for s in config.servers if s.name == opts.server), None)
+    server = next((s for s in config.servers
+                   if s.name == opts.server), None)
     if server is None or not server.url:
-        names = ", ".join(s.name for s in config.servers if s.url) or "none"
-        raise Usage(f"{quote(opts.server)} names no server reached by url in the config; those "
-                    f"are: {sanitize(names)}")
+        names = ", ".join(
+            s.name for s in config.servers if s.url) or "none"
+        raise Usage(f"{quote(opts.server)} names no server reached by url in "
+                    f"the config; those are: {sanitize(names)}")
     sdk = mcp_sdk(server)
     try:
         wanted = TokenFile(server).kept.get("wanted_scope")
@@ -10035,77 +10234,92 @@ def cmd_login(argv):
         wanted = ""  # what cannot be read is replaced
     file = TokenFile(server, fresh=True)
     store = LoginStore(sdk, file)
+    run = sdk["asyncio"].to_thread
     with LoopbackRedirect() as redirect:
 
         async def ask(url):
             url = _with_scope(url, server.oauth.get("scope"), wanted)
-            tell(f"Open this address to authorize agentgate with server {server.name} (a "
-                 f"browser is being opened on it):", f"  {url}", flush=True)
-            await sdk["asyncio"].to_thread(_open_browser, url)
+            tell("Open this address to authorize agentgate with server "
+                 f"{server.name} (a browser is being opened on it):", f"  {url}", flush=True)
+            await run(_open_browser, url)
 
         async def redirected():
-            return await sdk["asyncio"].to_thread(redirect.answer, sdk)
+            return await run(redirect.answer, sdk)
 
-        metadata = sdk["records"].OAuthClientMetadata(client_name=PROGRAM,
-                                                      redirect_uris=[redirect.uri])
-        client = sdk["auth"].OAuthClientProvider(server.url, metadata, store, ask, redirected)
+        metadata = sdk["records"].OAuthClientMetadata(
+            client_name=PROGRAM, redirect_uris=[redirect.uri])
+        client = sdk["auth"].OAuthClientProvider(
+            server.url, metadata, store, ask, redirected)
         try:
             sdk["asyncio"].run(_initialize_with(sdk, server, client))
         except BaseException as err:
-            while isinstance(err, BaseExceptionGroup):  # the SDK's task groups wrap it
+            while isinstance(err, BaseExceptionGroup):  # task groups
                 err = err.exceptions[0]
-            if isinstance(err, (KeyboardInterrupt, Usage, UpstreamError)):
+            if isinstance(err, (KeyboardInterrupt, Usage,
+                                UpstreamError)):
                 raise err from None
-            raise UpstreamError(f"login with server {quote(server.name)} failed: "
-                                f"{clean(str(err), 500) or type(err).__name__}") from None
+            why = clean(str(err), 500) or type(err).__name__
+            raise UpstreamError(f"login with server {quote(server.name)} "
+                                f"failed: {why}") from None
     if store.tokens is None:
-        tell(f"server {server.name} asked for no authorization; nothing was kept")
+        tell(f"server {server.name} asked for no authorization; nothing was "
+             "kept")
         return 0
     keep_discovered(file, client.context, store.client)
-    file.obtained(store.tokens.model_dump(mode="json", exclude_none=True))
-    tell(f"agentgate is authorized with server {server.name}; its tokens are kept in "
-         f"{server.tokens} (0600), and refreshed as they expire")
+    file.obtained(store.tokens.model_dump(mode="json",
+                                          exclude_none=True))
+    tell(f"agentgate is authorized with server {server.name}; its tokens are "
+         f"kept in {server.tokens} (0600), and refreshed as they expire")
     return 0
 
 
 def keep_discovered(file, context, client):
-    """Where the tokens are refreshed, as the flow found it: the authorization server's
-    metadata, else (a server of protocol 2025-03-26) its own origin's /token, as used."""
+    """Keep where tokens are refreshed: the metadata's endpoint, else
+    (protocol 2025-03-26) the origin's /token."""
     from urllib.parse import urljoin
-    metadata, origin = context.oauth_metadata, context.get_authorization_base_url(file.server.url)
-    file.kept["issuer"] = str(metadata.issuer) if metadata else origin
-    file.kept["token_endpoint"] = str(metadata.token_endpoint) if metadata and \
-        metadata.token_endpoint else urljoin(origin, "/token")
-    if context.should_include_resource_param(context.protocol_version):
-        file.kept["resource"] = context.get_resource_url()
+    metadata = context.oauth_metadata
+    origin = context.get_authorization_base_url(file.server.url)
+    kept = file.kept
+    kept["issuer"] = str(metadata.issuer) if metadata else origin
+    if metadata and metadata.token_endpoint:
+        kept["token_endpoint"] = str(metadata.token_endpoint)
+    else:
+        kept["token_endpoint"] = urljoin(origin, "/token")
+    if context.should_include_resource_param(
+            context.protocol_version):
+        kept["resource"] = context.get_resource_url()
     if client:
-        file.kept["client"] = client.model_dump(mode="json", exclude_none=True)
+        kept["client"] = client.model_dump(mode="json",
+                                           exclude_none=True)
 
 
 async def _initialize_with(sdk, server, client):
-    """Initialize a session through the OAuth client, which asks for consent on the server's
-    first 401; what it obtains is kept by its storage."""
+    """A session through the OAuth client: consent on the first 401."""
     httpx = sdk["httpx"]
-    async with httpx.AsyncClient(auth=client, headers=server.headers,
-                                 max_redirects=OAUTH_EXCHANGES,
-                                 timeout=httpx.Timeout(server.connect_timeout / SECOND)) as http, \
-            sdk["client"](server.url, http_client=http) as (reader, writer), \
+    timeout = httpx.Timeout(server.connect_timeout / SECOND)
+    async with httpx.AsyncClient(
+            auth=client, headers=server.headers, timeout=timeout,
+            max_redirects=OAUTH_EXCHANGES) as http, \
+            sdk["client"](server.url, http_client=http) as (
+                reader, writer), \
             sdk["session"](reader, writer) as session:
         await session.initialize()
-        # Some servers let initialize through and ask for authorization on the next request.
+        # Some servers ask for authorization on the next request.
         await session.list_tools()
 
 
 def _with_scope(url, configured, wanted):
-    """The authorization address asking for the operator's `oauth.scope` in place of the one
-    the client chose from the server's metadata (a pre-registered client knows its scope),
-    and for what the server refused a call for since the last login (a step-up)."""
+    """The address asking for `oauth.scope` over the client's choice
+    (a pre-registered client knows its scope), and for what the server
+    refused a call for since the last login (a step-up)."""
     if not configured and not wanted:
         return url
-    from urllib.parse import urlsplit, urlunsplit, parse_qsl, urlencode
+    from urllib.parse import (urlsplit, urlunsplit, parse_qsl,
+                              urlencode)
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
-    chosen = configured or " ".join(v for k, v in query if k == "scope")
+    chosen = configured or " ".join(
+        v for k, v in query if k == "scope")
     query = [(k, v) for k, v in query if k != "scope"]
     query.append(("scope", union_scope(chosen, wanted)))
     return urlunsplit(parts._replace(query=urlencode(query)))
@@ -10113,15 +10327,13 @@ def _with_scope(url, configured, wanted):
 
 def _open_browser(url):
     import webbrowser  # honours $BROWSER
-    try:
+    with contextlib.suppress(Exception):  # the address is printed
         webbrowser.open(url)
-    except Exception:
-        pass  # the address is printed: a person can open it by hand
 
 
 class LoopbackRedirect:
-    """A port on 127.0.0.1, open only while login runs, where the browser brings the answer
-    of the authorization (RFC 8252's loopback redirect). Nothing it receives is printed."""
+    """A port on 127.0.0.1 while login runs, for the browser's answer
+    (RFC 8252's loopback redirect). Nothing it receives is printed."""
 
     def __init__(self):
         import http.server
@@ -10134,23 +10346,29 @@ class LoopbackRedirect:
                 if parts.path != "/callback":
                     self.send_error(404)
                     return
-                answers.put({k: v[0] for k, v in parse_qs(parts.query).items()})
+                query = parse_qs(parts.query)
+                answers.put({k: v[0] for k, v in query.items()})
                 self.send_response(200)
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
-                self.send_header("Content-Length", str(len(LOGIN_PAGE)))
+                self.send_header("Content-Type",
+                                 "text/plain; charset=utf-8")
+                self.send_header("Content-Length",
+                                 str(len(LOGIN_PAGE)))
                 self.end_headers()
                 self.wfile.write(LOGIN_PAGE)
 
             def log_message(self, *args):
                 pass  # the query carries the code
 
-        # One thread a connection: an idle local connection holds nobody up.
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        # A thread a connection: an idle one holds nobody up.
+        self.server = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.uri = f"http://127.0.0.1:{self.server.server_address[1]}/callback"
+        port = self.server.server_address[1]
+        self.uri = f"http://127.0.0.1:{port}/callback"
 
     def __enter__(self):
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever,
+                         daemon=True).start()
         return self
 
     def __exit__(self, *exc):
@@ -10161,14 +10379,18 @@ class LoopbackRedirect:
         try:
             got = self.answers.get(timeout=LOGIN_WAIT_SECONDS)
         except queue.Empty:
-            raise UpstreamError(f"no answer came from the browser within "
-                                f"{format_duration(LOGIN_WAIT_SECONDS * SECOND)}") from None
+            wait = format_duration(LOGIN_WAIT_SECONDS * SECOND)
+            raise UpstreamError("no answer came from the browser within "
+                                f"{wait}") from None
         if "error" in got:
-            raise UpstreamError(f"the authorization was refused: {clean(got['error'], 100)}"
-                                + (f" ({clean(got['error_description'], 300)})"
-                                   if "error_description" in got else ""))
-        return sdk["auth"].AuthorizationCodeResult(code=got.get("code", ""),
-                                                   state=got.get("state"), iss=got.get("iss"))
+            more = ""
+            if "error_description" in got:
+                more = f" ({clean(got['error_description'], 300)})"
+            raise UpstreamError("the authorization was refused: "
+                                f"{clean(got['error'], 100)}{more}")
+        return sdk["auth"].AuthorizationCodeResult(
+            code=got.get("code", ""), state=got.get("state"),
+            iss=got.get("iss"))
 
 
 # =============================================================================================
@@ -10358,115 +10580,102 @@ def load_warnings(reports):
 #
 # Reads as: around the core
 #
-# Owns: `fake-payments`, a small stdio MCP server that the demonstration, the example config
-# and the tests put behind the gate, to see it work with nothing installed. Every payment is
-# appended, as its raw arguments, to the file FAKE_PAYMENTS_LEDGER names (if set) and synced to
-# disk before the answer is sent: the ledger's lines count the payments made.
-# Core it calls: nothing: it is a server of its own, run as a child process.
+# Owns: `fake-payments`, the stdio MCP server the demo
+# and example.json put behind the gate. Each payment is
+# appended, as its arguments, to the file
+# FAKE_PAYMENTS_LEDGER names (if set), synced before
+# the answer is sent: the ledger's lines count the
+# payments made. `pay` with mode "block" never answers.
+# The tests' modes are in tests/fake_modes.py.
+# Core it calls: nothing: it is a server of its own.
 # =============================================================================================
 
+def _fake_schema(required, **properties):
+    return {"type": "object", "additionalProperties": False,
+            "required": required, "properties": properties}
+
+
+_TEXT = {"type": "string"}
 FAKE_TOOLS = [
     {"name": "balance", "description": "Read the balance of an account.",
-     "inputSchema": {"type": "object", "additionalProperties": False, "required": ["account"],
-                     "properties": {"account": {"type": "string"}}},
+     "inputSchema": _fake_schema(["account"], account=_TEXT),
      "annotations": {"readOnlyHint": True}},
     {"name": "pay", "description": "Pay an amount to someone.",
-     "inputSchema": {"type": "object", "additionalProperties": False,
-                     "required": ["to", "amount"],
-                     "properties": {"to": {"type": "string"}, "amount": {"type": "number"},
-                                    "currency": {"type": "string"},
-                                    "mode": {"enum": ["slow", "block", "error", "structured",
-                                                      "deep"]}}},
+     "inputSchema": _fake_schema(
+         ["to", "amount"], to=_TEXT, amount={"type": "number"},
+         currency=_TEXT, mode={"enum": ["block"]}),
      "annotations": {"destructiveHint": False}},
     {"name": "refund", "description": "Refund a payment.",
-     "inputSchema": {"type": "object", "additionalProperties": False, "required": ["payment"],
-                     "properties": {"payment": {"type": "string"}}}},
+     "inputSchema": _fake_schema(["payment"], payment=_TEXT)},
 ]
+
+
+def fake_pay(ledger, args):
+    if ledger:
+        with open(ledger, "a", encoding="utf-8") as f:
+            f.write(json.dumps(args, sort_keys=True))
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+    if args.get("mode") == "block":
+        threading.Event().wait()
+    amount = float(args.get("amount", 0))
+    return f"paid {amount:.2f} to {args.get('to')}"
 
 
 def fake_payments():
     ledger = os.environ.get("FAKE_PAYMENTS_LEDGER")
-    tools = json.loads(json.dumps(FAKE_TOOLS))
-    if os.environ.get("FAKE_PAYMENTS_DESCRIPTION"):
-        tools[0]["description"] = os.environ["FAKE_PAYMENTS_DESCRIPTION"]
-    out_lock = threading.Lock()
-    cancelled = {}
+    lock = threading.Lock()
 
-    def send(message):
-        with out_lock:
-            sys.stdout.buffer.write(json.dumps(message).encode() + b"\n")
+    def send(ident, key, value):
+        message = {"jsonrpc": "2.0", "id": ident}
+        line = json.dumps({**message, key: value})
+        with lock:
+            sys.stdout.buffer.write(line.encode() + b"\n")
             sys.stdout.buffer.flush()
 
-    def text(s, is_error=False, structured=None):
-        result = {"content": [{"type": "text", "text": s}]}
-        if is_error:
-            result["isError"] = True
-        if structured is not None:
-            result["structuredContent"] = structured
-        return result
-
-    def pay(ident, args, stop):
-        if ledger:
-            with open(ledger, "a", encoding="utf-8") as f:
-                f.write(json.dumps(args, sort_keys=True) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-        mode, to, amount = args.get("mode"), args.get("to"), args.get("amount", 0)
-        if mode == "slow":
-            stop.wait(2)
-        if mode == "block":
-            while not (ledger and os.path.exists(ledger + ".release")) and not stop.wait(0.02):
-                pass
-        if mode == "error":
-            return text(f"card declined for {to}", is_error=True)
-        if mode == "structured":
-            return text(f"paid {amount} to {to}", structured={"paid": amount, "to": to})
-        if mode == "deep":
-            deep = []
-            for _ in range(300):
-                deep = [deep]
-            return text("deep", structured={"deep": deep})
-        return text(f"paid {float(amount):.2f} to {to}")
-
     def call(ident, params):
-        stop = cancelled.setdefault(ident, threading.Event())
-        name, args = params.get("name"), params.get("arguments") or {}
-        if name == "balance":
-            result = text(f"account {args.get('account')} holds 120.00 EUR")
-        elif name == "pay":
-            result = pay(ident, args, stop)
+        name = params.get("name")
+        args = params.get("arguments") or {}
+        if name == "pay":
+            text = fake_pay(ledger, args)
+        elif name == "balance":
+            account = args.get("account")
+            text = f"account {account} holds 120.00 EUR"
         elif name == "refund":
-            result = text("refunded")
+            text = "refunded"
         else:
-            send({"jsonrpc": "2.0", "id": ident, "error": {"code": -32602,
-                                                           "message": f"no tool {name}"}})
-            return
-        cancelled.pop(ident, None)
-        send({"jsonrpc": "2.0", "id": ident, "result": result})
+            error = {"code": -32602, "message": f"no tool {name}"}
+            return send(ident, "error", error)
+        content = [{"type": "text", "text": text}]
+        send(ident, "result", {"content": content})
 
     for line in sys.stdin.buffer:
         try:
             message = json.loads(line)
         except ValueError:
             continue
-        method, ident = message.get("method"), message.get("id")
+        method = message.get("method")
+        ident = message.get("id")
         params = message.get("params") or {}
-        if method == "initialize":
-            send({"jsonrpc": "2.0", "id": ident, "result": {
-                "protocolVersion": params.get("protocolVersion", "2025-06-18"),
+        if method == "tools/call":
+            # A thread a call: a blocked payment holds
+            # up no other, and the end of input ends all.
+            args = (ident, params)
+            threading.Thread(target=call, args=args, daemon=True).start()
+        elif method == "initialize":
+            version = params.get("protocolVersion", "2025-06-18")
+            send(ident, "result", {
+                "protocolVersion": version,
                 "capabilities": {"tools": {}},
-                "serverInfo": {"name": "fake-payments", "version": "1.0.0"}}})
+                "serverInfo": {"name": "fake-payments", "version": "1.0.0"}})
         elif method == "tools/list":
-            send({"jsonrpc": "2.0", "id": ident, "result": {"tools": tools}})
-        elif method == "tools/call":
-            threading.Thread(target=call, args=(ident, params), daemon=True).start()
-        elif method == "notifications/cancelled":
-            cancelled.setdefault(params.get("requestId"), threading.Event()).set()
+            send(ident, "result", {"tools": FAKE_TOOLS})
         elif method == "ping":
-            send({"jsonrpc": "2.0", "id": ident, "result": {}})
+            send(ident, "result", {})
         elif ident is not None:
-            send({"jsonrpc": "2.0", "id": ident, "error": {"code": -32601,
-                                                           "message": "method not found"}})
+            error = {"code": -32601, "message": "method not found"}
+            send(ident, "error", error)
     return 0
 
 
@@ -10475,23 +10684,33 @@ def fake_payments():
 #
 # Reads as: around the core
 #
-# Owns: `agentgate.py demo`, a scripted session with no model, no network and nothing
-# installed. This process plays the host; the gate, the fake payment server and the operator
-# run as separate processes in a temporary directory, as they would for a person.
-# Promises: every step says what the model sees; the demo exits non-zero if any step did not
-# behave as narrated, and it ends only after every process it started has exited.
-# Core it calls: nothing: it writes with section 21's write_private and runs everything else
-# as agentgate's own commands, in processes.
+# Owns: `agentgate.py demo`, a scripted session with no model, no network
+# and nothing installed. This process plays the host; the gate, the fake
+# payment server and the operator run as processes of their own in a
+# temporary directory, as they would for a person.
+# Promises: each step shows what the model sees; the demo exits 1 if a
+# step did not behave as narrated, and ends once every process it
+# started has exited.
+# Core it calls: nothing: it writes with write_private and runs the rest
+# as agentgate's own commands.
 # =============================================================================================
 
 class DemoFailure(Exception):
-    """A step of the demonstration did not behave as narrated."""
+    """A step did not behave as narrated."""
+
+
+DEMO_HELLO = {"protocolVersion": PROTOCOL_VERSIONS[-1],
+              "capabilities": {},
+              "clientInfo": {"name": "demo-host", "version": "1"}}
 
 
 class LineClient:
+    """JSON-RPC over a child process's stdin and stdout."""
+
     def __init__(self, argv, cwd, env, stderr):
-        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=stderr)
+        self.proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stderr=stderr,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.answers = queue.Queue()
         self.next_id = 0
         threading.Thread(target=self._read, daemon=True).start()
@@ -10505,9 +10724,9 @@ class LineClient:
 
     def send(self, method, params):
         self.next_id += 1
-        line = json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method,
-                           "params": params}) + "\n"
-        self.proc.stdin.write(line.encode())
+        message = {"jsonrpc": "2.0", "id": self.next_id,
+                   "method": method, "params": params}
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
         self.proc.stdin.flush()
         return self.next_id
 
@@ -10515,25 +10734,29 @@ class LineClient:
         ident = self.send(method, params)
         while True:
             try:
-                message = self.answers.get(timeout=timeout)
+                got = self.answers.get(timeout=timeout)
             except queue.Empty:
-                raise DemoFailure(f"no answer to {method} within {timeout}s") from None
-            if message is None:
-                raise DemoFailure(f"the process exited before answering {method}")
-            if message.get("id") == ident:
-                if "error" in message:
-                    raise DemoFailure(f"{method} failed: {message['error'].get('message')}")
-                return message["result"]
+                raise DemoFailure(
+                    f"no answer to {method} within {timeout}s") from None
+            if got is None:
+                raise DemoFailure(
+                    f"the process exited before answering {method}")
+            if got.get("id") != ident:
+                continue
+            if "error" in got:
+                why = got["error"].get("message")
+                raise DemoFailure(f"{method} failed: {why}")
+            return got["result"]
 
     def call(self, tool, args):
-        result = self.request("tools/call", {"name": tool, "arguments": args})
-        return result["content"][0]["text"], bool(result.get("isError"))
+        params = {"name": tool, "arguments": args}
+        result = self.request("tools/call", params)
+        text = result["content"][0]["text"]
+        return text, bool(result.get("isError"))
 
     def close(self):
-        try:
+        with contextlib.suppress(OSError):
             self.proc.stdin.close()
-        except OSError:
-            pass
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -10545,10 +10768,10 @@ class Narrator:
     def __init__(self, out):
         self.out = out
         color = out.isatty() and not os.environ.get("NO_COLOR")
-        self.bold = (lambda s: f"\033[1m{s}\033[0m") if color else (lambda s: s)
+        self.bold = "\033[1m%s\033[0m" if color else "%s"
 
     def step(self, title):
-        self.out.write(f"\n{self.bold(title)}\n")
+        self.out.write("\n" + self.bold % title + "\n")
         self.out.flush()
 
     def say(self, text):
@@ -10556,182 +10779,195 @@ class Narrator:
 
     def sees(self, text, is_error):
         label = "model sees (isError)" if is_error else "model sees"
-        self.say(f"{label}: {cut(text.split('. ')[0], 76 - len(label))}")
+        first = text.split("\n")[0].split(". ")[0]
+        self.say(f"{label}: {cut(first, 76 - len(label))}")
 
 
 def expect(text, prefix):
     if not text.startswith(prefix):
-        raise DemoFailure(f"expected an answer starting {prefix!r}, got {text[:120]!r}")
+        raise DemoFailure(f"expected an answer starting {prefix!r}, "
+                          f"got {text[:120]!r}")
 
 
 def cmd_demo(argv):
     parser("demo").parse_args(argv)
     narrator = Narrator(sys.stdout)
-    with tempfile.TemporaryDirectory(prefix="agentgate-demo-") as directory:
+    with tempfile.TemporaryDirectory(prefix="agentgate-demo-") as folder:
         try:
-            run_demo(directory, narrator)
+            run_demo(folder, narrator)
         except DemoFailure as err:
             narrator.say(f"DEMO FAILED: {err}")
             return 1
     return 0
 
 
-def run_demo(directory, narrator):
+def demo_config(folder, me):
+    ledger = os.path.join(folder, "ledger")
+    rules = {"balance": {"side_effect": "read_only", "timeout": "5s"},
+             "pay": {"side_effect": "remote_mutation", "timeout": "30s"}}
+    bank = {"name": "bank", "command": [sys.executable, me, "fake-payments"],
+            "env": [f"FAKE_PAYMENTS_LEDGER={ledger}"],
+            "manifest": "bank.manifest.json", "rules": rules}
+    config = {"database": "demo.db", "session": "demo", "hold": "0s",
+              "lease_ttl": "3s", "servers": [bank]}
+    path = os.path.join(folder, "agentgate.json")
+    write_private(path, json.dumps(config, indent=2))
+    return path, ledger
+
+
+def payments(path):
+    """The lines of a fake server's ledger."""
+    if not os.path.exists(path):
+        return 0
+    with open(path, encoding="utf-8") as f:
+        return len(f.read().splitlines())
+
+
+def run_demo(folder, narrator):
     me = os.path.abspath(__file__)
-    ledger = os.path.join(directory, "ledger")
-    config = {"database": "demo.db", "session": "demo", "hold": "0s", "lease_ttl": "3s",
-              "servers": [{"name": "bank", "command": [sys.executable, me, "fake-payments"],
-                           "env": [f"FAKE_PAYMENTS_LEDGER={ledger}"],
-                           "manifest": "bank.manifest.json", "rules": {
-                               "balance": {"side_effect": "read_only", "timeout": "5s"},
-                               "pay": {"side_effect": "remote_mutation", "timeout": "30s"}}}]}
-    config_file = os.path.join(directory, "agentgate.json")
-    write_private(config_file, json.dumps(config, indent=2))
-    env = {k: v for k, v in os.environ.items() if k not in ("AGENTGATE_CONFIG",)}
+    config, ledger = demo_config(folder, me)
+    log_path = os.path.join(folder, "gate.log")
+    env = dict(os.environ)
+    env.pop("AGENTGATE_CONFIG", None)
     started = []
 
-    def run(*args):
-        return subprocess.run([sys.executable, me, *args, "-config", config_file], cwd=directory,
-                              env=env, capture_output=True, text=True, timeout=60)
-
-    def gate():
-        log_file = open(os.path.join(directory, "gate.log"), "ab")
-        client = LineClient([sys.executable, me, "-config", config_file], directory, env,
-                            log_file)
-        log_file.close()
+    def start(argv, stderr, extra=None):
+        client = LineClient(argv, folder, {**env, **(extra or {})}, stderr)
         started.append(client.proc)
-        client.request("initialize", {"protocolVersion": PROTOCOL_VERSIONS[-1],
-                                      "capabilities": {}, "clientInfo": {"name": "demo-host",
-                                                                         "version": "1"}})
+        client.request("initialize", DEMO_HELLO)
         return client
 
-    def waiting_approval():
-        with open(os.path.join(directory, "gate.log"), encoding="utf-8") as f:
-            found = re.findall(r"approve (\S+) -approval ([0-9a-f]+)", f.read())
-        if not found:
-            raise DemoFailure("the gate named no approval on its stderr")
-        return found[-1]
+    def gate():
+        with open(log_path, "ab") as log_file:
+            return start([sys.executable, me, "-config", config], log_file)
 
-    def payments(path=ledger):
-        if not os.path.exists(path):
-            return 0
-        with open(path, encoding="utf-8") as f:
-            return len(f.read().splitlines())
+    def run(*args):
+        argv = [sys.executable, me, *args, "-config", config]
+        return subprocess.run(argv, cwd=folder, env=env, timeout=60,
+                              capture_output=True, text=True)
 
     def operator(verb, note):
-        run_id, approval = waiting_approval()
-        done = run(verb, run_id, "-approval", approval, "-note", note, "-by", "operator")
+        with open(log_path, encoding="utf-8") as f:
+            found = re.findall(r"approve (\S+) -approval ([0-9a-f]+)",
+                               f.read())
+        if not found:
+            raise DemoFailure("the gate named no approval")
+        run_id, approval = found[-1]
+        done = run(verb, run_id, "-approval", approval, "-note", note,
+                   "-by", "operator")
         if done.returncode != 0:
-            raise DemoFailure(f"the operator's {verb} failed: {done.stderr.strip()}")
-        narrator.say(f"operator, in another process: {verb} …{approval[-8:]}, {note!r}")
+            raise DemoFailure(f"the operator's {verb} failed: "
+                              f"{done.stderr.strip()}")
+        narrator.say(f"operator: {verb} …{approval[-8:]}, {note!r}")
 
     def see(tool, args, prefix):
         text, is_error = host.call(tool, args)
-        narrator.sees(text.split("\n")[0], is_error)
+        narrator.sees(text, is_error)
         expect(text, prefix)
 
     host = None
     try:
-        narrator.step("0. Pin the fake payment server and classify its tools")
+        narrator.step("0. Pin the server: a read runs, a payment asks "
+                      "an operator")
         pinned = run("pin")
         if pinned.returncode != 0:
             raise DemoFailure(f"pin failed: {pinned.stderr.strip()}")
-        narrator.say("balance is read_only; pay is remote_mutation (the policy asks an operator)")
 
         host = gate()
         narrator.step("1. A read runs at once")
-        see("bank_balance", {"account": "household"}, "account household holds")
+        see("bank_balance", {"account": "household"},
+            "account household holds")
 
-        narrator.step("2. A payment waits for an operator, and is collected once")
+        narrator.step("2. A payment waits for an operator")
         rent = {"to": "landlord", "amount": 950}
         see("bank_pay", rent, "PENDING_APPROVAL")
         operator("approve", "rent for October")
         see("bank_pay", rent, "paid 950.00 to landlord")
 
-        narrator.step("3. A payment cut off by a crash is not run again without an operator")
+        narrator.step("3. A payment cut off by a crash is not run again")
         repair = {"to": "plumber", "amount": 180, "mode": "block"}
-        text, is_error = host.call("bank_pay", repair)
-        expect(text, "PENDING_APPROVAL")
+        expect(host.call("bank_pay", repair)[0], "PENDING_APPROVAL")
         operator("approve", "the boiler repair")
-        before = payments()
-        host.send("tools/call", {"name": "bank_pay", "arguments": repair})
+        before = payments(ledger)
+        host.send("tools/call",
+                  {"name": "bank_pay", "arguments": repair})
         deadline = time.monotonic() + 30
-        while payments() == before:
+        while payments(ledger) == before:
             if time.monotonic() > deadline:
                 raise DemoFailure("the payment never reached the server")
             time.sleep(0.02)
         host.proc.kill()
         host.proc.wait()
-        narrator.say("the gate was killed with SIGKILL while the server was inside the payment")
+        narrator.say("the gate is killed inside the payment, and "
+                     "started again")
         host = gate()
         deadline = time.monotonic() + 30
-        while True:
-            text, is_error = host.call("bank_pay", repair)
-            if not text.startswith("IN_PROGRESS") or time.monotonic() > deadline:
-                break
+        text = "IN_PROGRESS"  # till the dead gate's lease expires
+        while text.startswith("IN_PROGRESS") and \
+                time.monotonic() < deadline:
             time.sleep(0.25)
-        narrator.say("after a restart, once the dead gate's lease expired:")
+            text, is_error = host.call("bank_pay", repair)
         narrator.sees(text, is_error)
         expect(text, "INTERRUPTED")
         see("gate_status", {}, "GATE_STATUS")
         operator("reject", "it went through; do not pay twice")
         see("bank_pay", repair, "REJECTED")
 
-        narrator.step("4. A host that lost a response and retries pays once")
+        narrator.step("4. A retry of a lost answer pays once")
         groceries = {"to": "grocer", "amount": 42}
         host.call("bank_pay", groceries)
         operator("approve", "groceries")
         see("bank_pay", groceries, "paid 42.00 to grocer")
-        narrator.say("the host never saw that answer and retries the same call:")
         see("bank_pay", groceries, "DUPLICATE")
-        through = sum(1 for line in open(ledger, encoding="utf-8") if "grocer" in line)
-        straight_ledger = os.path.join(directory, "straight-ledger")
-        server = LineClient([sys.executable, me, "fake-payments"], directory,
-                            {**env, "FAKE_PAYMENTS_LEDGER": straight_ledger}, subprocess.DEVNULL)
-        started.append(server.proc)
-        server.request("initialize", {"protocolVersion": PROTOCOL_VERSIONS[-1], "capabilities": {},
-                                      "clientInfo": {"name": "demo-host", "version": "1"}})
+        with open(ledger, encoding="utf-8") as f:
+            through = f.read().count("grocer")
+        alone = os.path.join(folder, "straight-ledger")
+        server = start([sys.executable, me, "fake-payments"],
+                       subprocess.DEVNULL, {"FAKE_PAYMENTS_LEDGER": alone})
         server.call("pay", groceries)
         server.call("pay", groceries)
         server.close()
-        straight = payments(straight_ledger)
-        narrator.say(f"through the gate the server made {through} payment"
-                     f"{'s' if through != 1 else ''}")
-        narrator.say(f"without the gate the server made {straight} payments")
+        straight = payments(alone)
+        narrator.say(f"through the gate the server made {through} "
+                     f"payment{'s' * (through != 1)}")
+        narrator.say(f"without the gate the server made {straight} "
+                     f"payments")
         if (through, straight) != (1, 2):
-            raise DemoFailure("the payment counts are not 1 and 2")
+            raise DemoFailure("the payments are not 1 and 2")
         host.close()
     finally:
         for proc in started:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-        _reap_fake_servers(directory)
+        _reap(folder)
     narrator.step("Done")
     narrator.say("every process the demo started has exited")
 
 
-def _reap_fake_servers(directory):
-    """Wait until no fake payment server of this demo is left (a killed gate's child dies
-    with it on Linux; elsewhere it is told to stop when its input closes)."""
+def _reap(folder):
+    """Wait till no process whose environment names the folder is left
+    (a killed gate's server dies with it on Linux; elsewhere once its
+    input closes)."""
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if not _processes_mentioning(directory):
-            return
+    while _mentioning(folder.encode()):
+        if time.monotonic() > deadline:
+            raise DemoFailure("a process the demo started is still "
+                              "running")
         time.sleep(0.05)
-    raise DemoFailure("a process the demo started is still running")
 
 
-def _processes_mentioning(text):
+def _mentioning(mark):
     found = []
-    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if text.encode() in f.read():
-                        found.append(pid)
-            except OSError:
-                pass
+    if not os.path.isdir("/proc"):
+        return found
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark in f.read():
+                    found.append(pid)
+        except OSError:
+            pass
     return found
 
 
@@ -10740,22 +10976,23 @@ def _processes_mentioning(text):
 #
 # Reads as: around the core
 #
-# Owns: the command line and `serve`, which puts the sections together: the config, the store,
-# the upstreams, the gate, the host side and the seams around them. Go-style single-dash long
-# flags (-config, -approval); the double-dash spelling works too. Exit codes: 0 ok, 1 failure,
-# 2 usage. No traceback reaches a user: every expected failure is one sentence on stderr.
-# Core it calls: Store (opened as section 22's Ledger, which the status tool reads), Gate,
-# HostServer, and the seams: the gate's `announce` and `duplicate` (section 26's
-# announce_waiting and duplicate_refused) and the host's `around` and `status` (section 25's
-# HostAround and StatusTool).
+# Owns: the command line and `serve`, which puts the sections together:
+# the config, the store, the upstreams, the gate, the host side and the
+# seams around them. Exit codes: 0 ok, 1 failure, 2 usage. No traceback
+# reaches a user: an expected failure is one sentence on stderr.
+# Core it calls: Store (opened as section 22's Ledger), Gate,
+# HostServer, and the seams: the gate's `announce` and `duplicate`
+# (section 26's announce_waiting and duplicate_refused) and the host's
+# `around` and `status` (section 25's HostAround and StatusTool).
 # =============================================================================================
 
 class Shutdown(Exception):
-    """Raised in the main thread by SIGINT or SIGTERM before serving began."""
+    """SIGINT or SIGTERM before serving began."""
 
 
 def cmd_serve(argv):
-    config = serving_config(parser("serve", "config").parse_args(argv).config)
+    opts = parser("serve", "config").parse_args(argv)
+    config = serving_config(opts.config)
     around = HostAround()
     host = HostServer(sys.stdin.buffer, sys.stdout.buffer, around)
     serving = []
@@ -10769,11 +11006,11 @@ def cmd_serve(argv):
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     host.start()
-    upstreams, store, gate = [], None, None
-    # The database opens while the servers start: neither waits for the other.
+    upstreams, gate = [], None
+    # The database opens while the servers start.
     opened = []
-    opener = threading.Thread(target=lambda: opened.append(_open_store(config.database)),
-                              daemon=True)
+    opener = threading.Thread(daemon=True, target=lambda: (
+        opened.append(_open_store(config.database))))
     try:
         try:
             upstreams, tools, reports = load_all(config, opener.start)
@@ -10787,22 +11024,28 @@ def cmd_serve(argv):
             host.fail(str(err))
             raise
         gate = Gate(config, store, tools)
-        gate.announce = announce_waiting(config, config.notify and Notifier(config.notify))
+        notifier = config.notify and Notifier(config.notify)
+        gate.announce = announce_waiting(config, notifier)
         gate.duplicate = duplicate_refused(config)
-        ToolWatch(gate, upstreams, functools.partial(around.tools_changed, host))
-        host.serve_with(gate, StatusTool(gate, config.status_tool,
-                                         sum(bool(r.unserved) for r in reports)))
+        changed = functools.partial(around.tools_changed, host)
+        ToolWatch(gate, upstreams, changed)
+        unserved = sum(bool(r.unserved) for r in reports)
+        status = StatusTool(gate, config.status_tool, unserved)
+        host.serve_with(gate, status)
         serving.append(True)
-        log(f"serving session {config.session} on database {config.database}: {len(tools)} "
-            f"tool(s) from {len(reports)} server(s) "
-            f"({', '.join(sanitize(r.server) for r in reports)}); check lists each tool")
+        names = ", ".join(sanitize(r.server) for r in reports)
+        log(f"serving session {config.session} on database "
+            f"{config.database}: {len(tools)} tool(s) from "
+            f"{len(reports)} server(s) ({names}); check lists "
+            f"each tool")
         while not host.done.wait(1):
             pass
-        # Shutting down: no new call starts, holds end, calls in flight finish and are
-        # recorded before the servers they talk to are closed.
+        # No new call starts, holds end, and calls in flight finish
+        # and are recorded before their servers are closed.
         host.stopping = True
         gate.stopping.set()
-        deadline = time.monotonic() + max((t.timeout for t in tools), default=0) / SECOND + 5
+        longest = max((t.timeout for t in tools), default=0)
+        deadline = time.monotonic() + longest / SECOND + 5
         while host.running and time.monotonic() < deadline:
             time.sleep(0.02)
         return 0
@@ -10826,30 +11069,39 @@ def _open_store(path):
         return err
 
 
+COMMANDS = {
+    "serve": cmd_serve, "pin": cmd_pin, "check": cmd_check,
+    "runs": cmd_runs, "show": cmd_show, "approve": cmd_approve,
+    "reject": cmd_reject, "cancel": cmd_cancel,
+    "watch": cmd_watch, "verify": cmd_verify,
+    "recheck": cmd_recheck, "grant": cmd_grant,
+    "grants": cmd_grants, "revoke": cmd_revoke,
+    "init": cmd_init, "login": cmd_login, "demo": cmd_demo,
+    "fake-payments": lambda argv: fake_payments()}
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"serve": cmd_serve, "pin": cmd_pin, "check": cmd_check, "runs": cmd_runs,
-                "show": cmd_show, "approve": cmd_approve, "reject": cmd_reject,
-                "cancel": cmd_cancel, "watch": cmd_watch, "verify": cmd_verify,
-                "recheck": cmd_recheck,
-                "grant": cmd_grant, "grants": cmd_grants, "revoke": cmd_revoke,
-                "init": cmd_init, "login": cmd_login, "demo": cmd_demo,
-                "fake-payments": lambda a: fake_payments()}
+    usage = USAGE.splitlines()
     if argv and argv[0] in ("-h", "--help", "help"):
-        tell(*USAGE.splitlines(), out=sys.stderr)
+        tell(*usage, out=sys.stderr)
         return 0
     if argv and argv[0] in ("-version", "--version"):
         tell(f"{PROGRAM} {VERSION}")
         return 0
-    if len(argv) > 2 and argv[0].lstrip("-") in ("config", "db") and argv[2] in commands:
-        argv = [argv[2], *argv[:2], *argv[3:]]  # `-config FILE approve ...` reads as written
-    command = argv[0] if argv and not argv[0].startswith("-") else "serve"
-    rest = argv[1:] if argv and not argv[0].startswith("-") else argv
-    if command not in commands:
-        tell(f"{PROGRAM}: unknown command {quote(command)}", *USAGE.splitlines(), out=sys.stderr)
+    # `-config FILE approve ...` reads as written.
+    if len(argv) > 2 and argv[2] in COMMANDS and \
+            argv[0].lstrip("-") in ("config", "db"):
+        argv = [argv[2], *argv[:2], *argv[3:]]
+    command, rest = "serve", argv
+    if argv and not argv[0].startswith("-"):
+        command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        tell(f"{PROGRAM}: unknown command {quote(command)}",
+             *usage, out=sys.stderr)
         return 2
     try:
-        return commands[command](rest)
+        return COMMANDS[command](rest)
     except Usage as err:
         tell(f"{PROGRAM}: {err}", out=sys.stderr)
         return 2
@@ -10859,8 +11111,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         return 1
     except BrokenPipeError:
-        # The reader went away (a pager closed, `| head`): say nothing more, leave quietly.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # The reader went away (`| head`): leave quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return 1
 
 

@@ -70,6 +70,11 @@ def agentgate_argv(*args: str) -> list[str]:
     return [sys.executable, str(RUN_AGENTGATE), *args]
 
 
+def fake_argv() -> list[str]:
+    """argv of the fake payment server with the tests' modes (tests/fake_modes.py)."""
+    return [sys.executable, str(REPO / "tests" / "fake_modes.py"), "fake-payments"]
+
+
 # ---------------------------------------------------------------- small utilities
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 import conftest
-from conftest import AGENTGATE, Host, RawStdio, agentgate_argv, children, pid_alive, wait_for
+from conftest import AGENTGATE, Host, RawStdio, agentgate_argv, children, fake_argv, pid_alive, wait_for
 
 SCRIPTED = Path(__file__).resolve().parent / "scripted_server.py"
 CONFIG = "agentgate.json"
@@ -148,7 +148,7 @@ def bank_server(dir, ledger=None, rules: dict | None = None, **fields) -> dict:
     defaults = {"balance": rule("read_only"), "pay": rule("remote_mutation"), "refund": rule("destructive")}
     server = {
         "name": "bank",
-        "command": agentgate_argv("fake-payments"),
+        "command": fake_argv(),
         "env": [f"FAKE_PAYMENTS_LEDGER={ledger}"],
         "manifest": "bank.manifest.json",
         "rules": merge_rules(defaults, rules),

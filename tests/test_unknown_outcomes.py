@@ -47,7 +47,7 @@ import os
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from conftest import RawStdio, agentgate_argv, wait_for
+from conftest import RawStdio, agentgate_argv, fake_argv, wait_for
 from kit import (
     BALANCE,
     PAY,
@@ -363,7 +363,7 @@ def test_a_lost_answer_retried_pays_once_through_the_gate_and_twice_straight(ban
 
     # The same two calls straight against the server: the retry pays again.
     straight = bankdir / "straight-ledger"
-    server = RawStdio(agentgate_argv("fake-payments"), env={"FAKE_PAYMENTS_LEDGER": str(straight)})
+    server = RawStdio(fake_argv(), env={"FAKE_PAYMENTS_LEDGER": str(straight)})
     server.initialize()
     send_call(server, 10, "pay", request)  # nobody waits for this answer: it is lost
     send_call(server, 11, "pay", request)  # the blind retry
