@@ -8023,14 +8023,10 @@ def tell_json(value, out=None):
 def _json_for_terminal(line):
     if sanitize(line) == line:
         return line
-    return "".join(map(_json_char, line))
-
-
-def _json_char(ch):
-    mark = unicodedata.category(ch)[0] == "M"
-    if mark or sanitize(ch) != ch:
-        return json.dumps(ch)[1:-1]
-    return ch
+    return "".join(
+        json.dumps(ch)[1:-1] if sanitize(ch) != ch or
+        unicodedata.category(ch)[0] == "M" else ch
+        for ch in line)
 
 
 def confirmed_conditions(conditions):
@@ -8048,8 +8044,7 @@ def operator_store(opts, readonly):
     """The store, and the session ('' with -db)."""
     path = config_path(opts.config)
     database = opts.db
-    if not (database or opts.config or
-            os.path.lexists(path)):
+    if not (database or opts.config or os.path.lexists(path)):
         database = shared_database(os.path.dirname(path))
     if database:
         database = os.path.abspath(database)
@@ -8073,16 +8068,16 @@ def shared_database(directory):
     found = sorted(n for n in names if n.endswith(".db"))
     if len(found) > 1:
         raise ConfigError(
-            f"{directory} holds {len(found)} databases"
-            f" ({', '.join(found)}) and no config.json: name"
+            f"{directory} holds {len(found)} databases ("
+            f"{', '.join(found)}) and no config.json: name"
             f" one with -db, or a config with -config")
     if found:
         return os.path.join(directory, found[0])
 
 
 def operator_parser(command, *flags):
-    return parser(command, "config", "db", ("json", bool),
-                  *flags)
+    flags = "config", "db", ("json", bool), *flags
+    return parser(command, *flags)
 
 
 def current_user():
@@ -8143,18 +8138,14 @@ def run_state(store, run):
     status = run["status"]
     if status == "CANCELLED":
         return CANCELLED_STATE.get(run["reason"], status)
-    seen = []
-    if status == "FAILED":
-        seen = observations(store.steps(run["run"]))
+    seen = status == "FAILED" and observations(store.steps(run["run"]))
     if not seen:
         return status
-    ending = step_outcome(seen[-1])
-    return FAILED_STATE.get(ending, status)
+    return FAILED_STATE.get(step_outcome(seen[-1]), status)
 
 
 def observations(steps):
-    return [parse(s["observation"]) for s in steps
-            if s["observation"]]
+    return [parse(s["observation"]) for s in steps if s["observation"]]
 
 
 def step_json(step, field):
@@ -8186,8 +8177,7 @@ def load_run(store, run_id):
 MIN_PREFIX = 6
 ID_TEXT = re.compile(r"[A-Za-z0-9_.-]+")
 ID_CANDIDATES = 200  # ids one prefix is sought among
-ID_TABLES = {"run": "runs", "approval": "approvals",
-             "grant": "grants"}
+ID_TABLES = {"run": "runs", "approval": "approvals", "grant": "grants"}
 
 
 def id_candidates(store, kind, given, session=""):
@@ -8220,12 +8210,10 @@ def only_one(kind, given, found):
         return found[0]
     name = f"{kind} {quote(given)}"
     if not found:
-        short = ID_TEXT.match(given) and \
-            len(given) < MIN_PREFIX
+        short = ID_TEXT.match(given) and len(given) < MIN_PREFIX
         need = (" (a shortened id needs at least"
                 f" {MIN_PREFIX} characters)")
-        raise StoreError(f"{name} not found" +
-                         (need if short else ""))
+        raise StoreError(f"{name} not found" + (need if short else ""))
     listed = ", ".join(found[:10])
     if len(found) > 10:
         listed += f" and {len(found) - 10} more"
@@ -8235,8 +8223,7 @@ def only_one(kind, given, found):
 
 def approvals_named(store, given):
     found = id_candidates(store, "approval", given)
-    return [(store.approval(a)["run_id"], a)
-            for a in found]
+    return [(store.approval(a)["run_id"], a) for a in found]
 
 
 def resolve_named(store, given, session, approval=None):
@@ -8256,8 +8243,7 @@ def resolve_named(store, given, session, approval=None):
     if len(runs) > 1:
         listed = sorted(r + its_approvals(its)
                         for r, its in runs.items())
-        kind = "run or approval" if any(runs.values()) \
-            else "run"
+        kind = "run or approval" if any(runs.values()) else "run"
         only_one(kind, given, listed)
     (run_id, its), = runs.items()
     return run_id, (min(its) if len(its) == 1 else None)
@@ -8277,8 +8263,7 @@ def named_approval(store, given, named, approval):
     if not kept:
         raise StoreError(f"approval {quote(approval)} is"
                          f" no approval of {quote(given)}")
-    listed = sorted(f"{a} (approval of run {r})"
-                    for r, a in kept)
+    listed = sorted(f"{a} (approval of run {r})" for r, a in kept)
     if len(listed) > 1:
         only_one("approval", approval, listed)
     return kept[0]
@@ -8312,8 +8297,7 @@ def cmd_show(argv):
     tell("events, whole as the chain holds them"
          " (show -json lists them as values):")
     # whole, as verify hashes them
-    events = store.run_events(run_id)
-    for seq, at, type_, _, payload in events:
+    for seq, at, type_, _, payload in store.run_events(run_id):
         tell(f"  {seq:>6}  {at}  {type_}")
         tell(*indented(payload))
     return 0
@@ -8349,15 +8333,15 @@ def run_lines(store, run, steps):
         lines.append(f"finished  {run['finished']}")
     if repeats_refused(store, run["run"], steps):
         lines.append(f"repeats   {REPEATS_REFUSED}")
-    asked = step_json(steps[0], "decision") if steps \
-        else {}
-    if "args" in asked:
+    asked = steps and step_json(steps[0], "decision")
+    if asked and "args" in asked:
         args = clean(policy_json(asked["args"]), 300)
         lines.append(f"arguments {args}")
     return lines
 
 
 def print_steps(store, steps):
+
     print_table([("STEP", "DECISION", "STATUS", "POLICY",
                   "OBSERVATION")] + list(map(step_row, steps)))
     for s in steps:
@@ -8413,14 +8397,12 @@ def repeats_refused(store, run_id, steps):
     """Whether identical calls are refused: the run ended
     a mutation known (an unknown one asks an operator)."""
     attempt = last_attempt(store.read, run_id)
-    if attempt is None or \
-            attempt.ending in UNKNOWN_ENDINGS:
+    if attempt is None or attempt.ending in UNKNOWN_ENDINGS:
         return False
     step_id = attempt.attempt["step_id"]
     step = next(s for s in steps if s["id"] == step_id)
     spec = store.tool_spec(step["spec_hash"]) or {}
-    effect = spec.get("side_effect", "read_only")
-    return effect != "read_only"
+    return spec.get("side_effect", "read_only") != "read_only"
 
 
 SHOW_WIDTH = 100  # show's events and results are whole
@@ -8469,12 +8451,11 @@ def result_rows(index, observed):
         how += ", an error result"
     head = (f"result of step {index}: {record['bytes']}"
             f" bytes, sha256 {record['sha256']}{how}")
-    rows = [r for b in record["blocks"]
-            for r in block_rows(b)]
+    rows = [r for b in record["blocks"] for r in block_rows(b)]
     value = record.get("structured")
     if value:
-        kept = "" if "value" in value else \
-            "(not kept: too large)"
+        kept = "(not kept: too large)"
+        kept = "" if "value" in value else kept
         rows += [("  structured content",
                   f"{value['bytes']} bytes", kept),
                  ("", "", f"sha256 {value['sha256']}")]
@@ -8497,8 +8478,7 @@ def block_rows(entry):
         text.encode("utf-8", "surrogatepass"))
     kind = f"  {sanitize(entry['type'])}"
     size = f"{block_bytes(entry)} bytes"
-    return [(kind, size, shown),
-            ("", "", f"sha256 {digest}")]
+    return [(kind, size, shown), ("", "", f"sha256 {digest}")]
 
 
 def shown_text(text, full):
@@ -9287,19 +9267,19 @@ VERIFY_PAGE = 128
 
 def cmd_verify(argv):
     flags = ("from", int), ("to", int), ("head", str)
-    opts = operator_parser("verify", *flags).parse_args(argv)
+    p = operator_parser("verify", *flags)
+    opts = p.parse_args(argv)
     first, last = getattr(opts, "from") or 1, opts.to
     if first < 1 or (last is not None and last < first):
         raise Usage("-from and -to must be sequence numbers"
                     " with -from <= -to")
     kept = kept_head(opts.head) if opts.head else None
-    store, _ = operator_store(opts, readonly=True)
+    store, _ = operator_store(opts, True)
     report = verify_chain(store, first, last)
     broken, to = report["break"], report["to"]
     short = last is not None and not broken and to < last
     held = kept and held_state(store, kept, broken)
-    failed = bool(broken) or short or \
-        held not in (None, "matches")
+    failed = broken or short or held not in (None, "matches")
     head = store.chain_head()
     checked = report["checked"]
     if opts.json:
@@ -9312,17 +9292,16 @@ def cmd_verify(argv):
             "ends_before_to": short,
             "kept_head": kept and {"seq": kept[0], "is": held}})
         return 1 if failed else 0
-    tell(f"head: seq {head[0]} {head[1]}" if head
-         else "head: no events")
+    tell(f"head: seq {head[0]} {head[1]}" if head else
+         "head: no events")
     if broken:
         seq, detail, expected, found = broken
         tell(f"broken at seq {seq}: {detail}",
              f"  expected: {expected}",
              f"  found:    {cut(sanitize(found), 128)}")
     else:
-        span = f", seq {report['from']} to {to}" if checked \
-            else ""
-        tell(f"intact: {checked} event(s){span}")
+        span = f", seq {report['from']} to {to}"
+        tell(f"intact: {checked} event(s)" + (span if checked else ""))
         if checked:
             tell(f"last checked: seq {to} {report['hash']}")
     if short:
@@ -9335,8 +9314,7 @@ def cmd_verify(argv):
 def kept_head(text):
     match = re.fullmatch(r"(\d+):([0-9a-f]{64})", text)
     if not match:
-        raise Usage("-head must read SEQ:HASH, as verify"
-                    " printed it")
+        raise Usage("-head must read SEQ:HASH, as verify printed it")
     return int(match[1]), match[2]
 
 
@@ -9373,9 +9351,10 @@ def verify_chain(store, first, last):
             break
         for seq, *fields, stored in rows:
             if seq != prev_seq + 1:
-                detail = f"seq {seq} follows {prev_seq}:" \
-                    " an event is missing" if prev_seq else \
-                    f"the first event is seq {seq}"
+                detail = f"the first event is seq {seq}"
+                if prev_seq:
+                    detail = (f"seq {seq} follows {prev_seq}:"
+                              " an event is missing")
                 report["break"] = (seq, detail,
                                    f"seq {prev_seq + 1}",
                                    f"seq {seq}")
@@ -9388,8 +9367,7 @@ def verify_chain(store, first, last):
             if report["break"]:
                 return report
             prev_seq, prev_hash = seq, stored
-            report.update(checked=report["checked"] + 1,
-                          hash=stored)
+            report.update(checked=report["checked"] + 1, hash=stored)
     return report
 
 
@@ -9411,8 +9389,7 @@ def cmd_recheck(argv):
     if opts.run and opts.session:
         raise Usage("give -run or -session, not both")
     limit = positive_limit(opts.limit, 50)
-    hosts = [] if opts.config else \
-        host_configs(config_path(None))
+    hosts = [] if opts.config else host_configs(config_path(None))
     if opts.json and len(hosts) > 1:  # one JSON value
         raise Usage("recheck -json reads one config; add"
                     " -config naming one of " +
@@ -9434,8 +9411,7 @@ def cmd_recheck(argv):
         else:
             tools = configured_tools(config)
         if opts.run:
-            run_id = resolve_id(store, "run", opts.run,
-                                config.session)
+            run_id = resolve_id(store, "run", opts.run, config.session)
             load_run(store, run_id)
             run_ids, session = [run_id], ""
         else:
@@ -9445,8 +9421,7 @@ def cmd_recheck(argv):
     finally:
         for upstream in upstreams:
             upstream.close()
-    return print_recheck(config, reports, opts.json,
-                         session)
+    return print_recheck(config, reports, opts.json, session)
 
 
 def configured_tools(config):
@@ -9467,31 +9442,31 @@ def recheck_run(store, config, tools, run_id, current):
     source = "current" if current else "recorded"
     steps = {s["id"]: s for s in store.steps(run_id)}
     evaluations, ids, seen = [], set(), set()
-    for seq, step_id, recorded, at in \
-            store.policy_events(run_id):
+    events = store.policy_events(run_id)
+    for seq, step_id, recorded, at in events:
         step = steps[step_id]
-        e = {"seq": seq, "step_index": step["index"],
-             "step_id": step_id, "tool": run["tool"],
-             "on_resume": step_id in seen,
-             "recorded": recorded["outcome"],
-             "rechecked": "", "detail": "",
-             "recorded_hash": "", "rechecked_hash": "",
-             "policy_id": recorded.get("policy_id", ""),
-             "spec_source": source}
+        e = dict(seq=seq, step_index=step["index"],
+                 step_id=step_id, tool=run["tool"],
+                 on_resume=step_id in seen,
+                 recorded=recorded["outcome"],
+                 rechecked="", detail="",
+                 recorded_hash="", rechecked_hash="",
+                 policy_id=recorded.get("policy_id", ""),
+                 spec_source=source)
         seen.add(step_id)
         evaluations.append(e)
         if e["policy_id"]:
             ids.add(e["policy_id"])
-        recheck_one(store, config, tools, run, step,
-                    recorded, at, e)
+        recheck_one(store, config, tools, run, step, recorded, at, e)
     notes = []
     if len(ids) > 1:
         notes.append("the run's decisions were made under"
                      " more than one policy identity")
     recorded_id = ids.pop() if len(ids) == 1 else ""
-    identity = "unknown" if not recorded_id else \
-        "unchanged" if recorded_id == config.policy_id() \
-        else "changed"
+    identity = "unknown"
+    if recorded_id:
+        same_id = recorded_id == config.policy_id()
+        identity = "unchanged" if same_id else "changed"
     results = [e["result"] for e in evaluations]
     differences = results.count("different")
     rechecked = differences + results.count("same")
@@ -9506,9 +9481,8 @@ def recheck_run(store, config, tools, run_id, current):
             "complete": True}
 
 
-def recheck_one(store, config, tools, run, step, recorded,
-                at, e):
-    """Fills evaluation `e` of one recorded decision."""
+def recheck_one(store, config, tools, run, step, recorded, at, e):
+    """Fills in evaluation `e` of a recorded decision."""
     if not e["policy_id"]:
         e.update(result="not_a_policy_evaluation",
                  detail="a pause after an interruption, not"
@@ -9543,18 +9517,16 @@ def recheck_one(store, config, tools, run, step, recorded,
         entry = {"name": tool.upstream_name,
                  "input_schema": spec["input_schema"]}
         tool = Tool(tool.server, None, entry, tool.rule)
-    # The facts of its moment, the executions before it
-    # counted as the gate counts them, unless an operator
-    # had decided it (then no limit counted it).
+    # The facts of its moment, executions before it counted
+    # as the gate counts them, none if an operator decided.
     moment = recorded.get("facts") or {
         "at": at, "client": "", "approved": e["on_resume"]}
     approved = moment["approved"]
+    client = moment.get("client", "")
     facts = decision_facts(store.read, run["session"], tool,
-                           moment["at"],
-                           moment.get("client", ""),
-                           not approved)
-    attempt = recorded.get("capability", {}).get(
-        "interrupted")
+                           moment["at"], client, not approved)
+    attempt = recorded.get("capability", {})
+    attempt = attempt.get("interrupted")
     today = evaluate(config, tool, args, facts, attempt,
                      approved=approved)
     e["rechecked"] = today["outcome"]
@@ -9601,8 +9573,7 @@ def print_recheck(config, reports, as_json, session):
     return 1 if differ else 0
 
 
-def tell_recheck(policy_id, reports, rechecked, skipped,
-                 differ):
+def tell_recheck(policy_id, reports, rechecked, skipped, differ):
     different = sum(r["differences"] for r in reports)
     tell(f"{len(reports)} run(s) re-checked under"
          f" {policy_id}: {rechecked} decision(s) re-checked,"
@@ -9642,8 +9613,7 @@ def identity_text(report, policy_id):
     return "policy identity unknown"
 
 
-RECHECK_MARK = {"same": "same     ",
-                "different": "DIFFERENT"}
+RECHECK_MARK = {"same": "same     ", "different": "DIFFERENT"}
 
 
 def recheck_line(e):
