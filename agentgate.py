@@ -7988,9 +7988,8 @@ def text_argument(value):
 # Reads as: around the core
 #
 # Owns: runs, show, approve, reject, cancel, watch, grant,
-# verify, recheck, on the database the config or -db
-# names, opened as it is (never created or migrated),
-# read-only where nothing is decided.
+# verify, recheck, on the database the config or -db names,
+# opened as it is, read-only where nothing is decided.
 # Core it calls: Store (its reads, decide_approval,
 # cancel_run, create_grant, revoke_grant),
 # check_database_path, Tool, check_arguments, evaluate,
@@ -7999,18 +7998,18 @@ def text_argument(value):
 # pointer_problem, step_outcome, stored_hash, event_hash;
 # load_config, check_reach, read_manifest.
 # Promises: approve, reject, grant and watch decide bound
-# to the hash of exactly what they printed in full, so a
-# row changed since is refused and a shortened printout
-# decides nothing until -full; a grant releases only the
-# waiting approvals it listed; a cut-off attempt's late
-# outcome is printed beside the question; nothing is
-# decided unasked but with -approval or -yes, else after
-# a "yes" typed at a terminal. An id, whole or a prefix,
-# names one run or approval among all, whatever their
-# state. Every line goes through tell, which sanitizes
-# it; a value mixing scripts or holding invisible
-# characters is marked; -json prints one JSON value and
-# nothing else; command-line text must be UTF-8.
+# to the hash of exactly what they printed in full: a row
+# changed since is refused, a shortened printout decides
+# nothing until -full, a grant releases only the waiting
+# approvals it listed, a cut-off attempt's late outcome is
+# printed beside the question; without -approval or -yes
+# only a "yes" typed at a terminal decides. An id, whole or
+# a prefix, names one run or approval among all, whatever
+# their state. A value mixing scripts or holding invisible
+# characters is marked where printed. tell sanitizes every
+# line, so nothing a server, model or operator chose
+# reaches the terminal raw; -json prints one JSON value
+# only; command-line text must be UTF-8.
 # =============================================================================================
 
 def tell_json(value, out=None):
@@ -8230,8 +8229,7 @@ def resolve_named(store, given, session, approval=None):
     """(run id, approval id or None) named by ID and
     -approval; several are refused, listed; one that
     can no longer be acted on never yields another."""
-    named = [(r, None) for r in id_candidates(
-        store, "run", given, session)]
+    named = [(r, None) for r in id_candidates(store, "run", given, session)]
     named += approvals_named(store, given)
     if not named:
         only_one("run or approval", given, [])
@@ -8241,8 +8239,7 @@ def resolve_named(store, given, session, approval=None):
     for run_id, a in named:  # approvals are one candidate
         runs[run_id].update({a} - {None})
     if len(runs) > 1:
-        listed = sorted(r + its_approvals(its)
-                        for r, its in runs.items())
+        listed = sorted(r + its_approvals(its) for r, its in runs.items())
         kind = "run or approval" if any(runs.values()) else "run"
         only_one(kind, given, listed)
     (run_id, its), = runs.items()
@@ -8258,8 +8255,7 @@ def named_approval(store, given, named, approval):
     wanted = approvals_named(store, approval)
     if not wanted:
         only_one("approval", approval, [])
-    kept = [(r, a) for r, a in wanted
-            if (r, None) in named or (r, a) in named]
+    kept = [(r, a) for r, a in wanted if (r, None) in named or (r, a) in named]
     if not kept:
         raise StoreError(f"approval {quote(approval)} is"
                          f" no approval of {quote(given)}")
@@ -8271,8 +8267,7 @@ def named_approval(store, given, named, approval):
 
 def cmd_show(argv):
     p = operator_parser("show", ("full", bool))
-    p.add_argument("run", type=text_argument,
-                   metavar="ID", help=NAMED_RUN)
+    p.add_argument("run", type=text_argument, metavar="ID", help=NAMED_RUN)
     opts = p.parse_args(argv)
     store, session = operator_store(opts, True)
     run_id = resolve_named(store, opts.run, session)[0]
@@ -8341,7 +8336,6 @@ def run_lines(store, run, steps):
 
 
 def print_steps(store, steps):
-
     print_table([("STEP", "DECISION", "STATUS", "POLICY",
                   "OBSERVATION")] + list(map(step_row, steps)))
     for s in steps:
@@ -8351,7 +8345,12 @@ def print_steps(store, steps):
         grant = step_json(s, "policy").get("grant")
         grant = grant and store.grant(grant)
         if grant:
-            tell(grant_line(s["index"], grant))
+            note = grant["note"]
+            note = f": {note}" if note else ""
+            tell(f"step {s['index']} ran under grant"
+                 f" {grant['id']} by {grant['by']},"
+                 f" {grant['created_at']} to"
+                 f" {grant['expires_at']}{note}")
     for s in steps:
         seen = step_json(s, "observation")
         if "result" in seen:
@@ -8377,13 +8376,6 @@ def step_row(s):
     return (str(s["index"]),
             f"{decision['kind']} ({origin})",
             s["status"], policy, summary)
-
-
-def grant_line(index, grant):
-    note = f": {grant['note']}" if grant["note"] else ""
-    return (f"step {index} ran under grant {grant['id']}"
-            f" by {grant['by']}, {grant['created_at']} to"
-            f" {grant['expires_at']}{note}")
 
 
 REPEATS_REFUSED = (
@@ -8423,8 +8415,7 @@ def result_lines(steps):
     if outcome in CALL_ENDINGS:
         text = outcome_text(last)
     else:  # a denial, a cut-off, a failure
-        text = last.get("message") or \
-            policy_json(last.get("content", {}))
+        text = last.get("message") or policy_json(last.get("content", {}))
     if not isinstance(text, str):
         text = policy_json(text)
     head = f"result    {last['kind']}"
@@ -9271,8 +9262,7 @@ def cmd_verify(argv):
     opts = p.parse_args(argv)
     first, last = getattr(opts, "from") or 1, opts.to
     if first < 1 or (last is not None and last < first):
-        raise Usage("-from and -to must be sequence numbers"
-                    " with -from <= -to")
+        raise Usage("-from and -to must be sequence numbers with -from <= -to")
     kept = kept_head(opts.head) if opts.head else None
     store, _ = operator_store(opts, True)
     report = verify_chain(store, first, last)
@@ -9286,21 +9276,20 @@ def cmd_verify(argv):
         tell_json({
             "head": head and {"seq": head[0], "hash": head[1]},
             "intact": not broken, "checked": checked,
-            "from": report["from"], "to": to,
+            "from": first, "to": to,
             "last_hash": report["hash"] if checked else None,
             "break": broken and dict(zip(BREAK_KEYS, broken)),
             "ends_before_to": short,
             "kept_head": kept and {"seq": kept[0], "is": held}})
         return 1 if failed else 0
-    tell(f"head: seq {head[0]} {head[1]}" if head else
-         "head: no events")
+    tell(f"head: seq {head[0]} {head[1]}" if head else "head: no events")
     if broken:
         seq, detail, expected, found = broken
         tell(f"broken at seq {seq}: {detail}",
              f"  expected: {expected}",
              f"  found:    {cut(sanitize(found), 128)}")
     else:
-        span = f", seq {report['from']} to {to}"
+        span = f", seq {first} to {to}"
         tell(f"intact: {checked} event(s)" + (span if checked else ""))
         if checked:
             tell(f"last checked: seq {to} {report['hash']}")
@@ -9343,7 +9332,7 @@ def verify_chain(store, first, last):
     prev_seq, prev_hash = first - 1, ""
     if first > 1:
         prev_hash = store.event_hash_at(prev_seq) or ""
-    report = {"from": first, "to": prev_seq, "checked": 0,
+    report = {"to": prev_seq, "checked": 0,
               "hash": prev_hash, "break": None}
     while last is None or prev_seq < last:
         rows = store.events_after(prev_seq, last, VERIFY_PAGE)
@@ -9361,8 +9350,7 @@ def verify_chain(store, first, last):
             else:
                 expected = event_hash(prev_hash, seq, *fields)
                 if expected != stored:
-                    report["break"] = (seq, HASH_BROKEN,
-                                       expected, stored)
+                    report["break"] = (seq, HASH_BROKEN, expected, stored)
             report["to"] = seq
             if report["break"]:
                 return report
@@ -9425,8 +9413,7 @@ def cmd_recheck(argv):
 
 
 def configured_tools(config):
-    """Tools as the config names and classifies them,
-    without starting any server."""
+    """Tools as the config classifies them, unstarted."""
     tools = {}
     for server in config.servers:
         for name, rule in server.rules.items():
@@ -9527,8 +9514,7 @@ def recheck_one(store, config, tools, run, step, recorded, at, e):
                            moment["at"], client, not approved)
     attempt = recorded.get("capability", {})
     attempt = attempt.get("interrupted")
-    today = evaluate(config, tool, args, facts, attempt,
-                     approved=approved)
+    today = evaluate(config, tool, args, facts, attempt, approved=approved)
     e["rechecked"] = today["outcome"]
     same = today["outcome"] == recorded["outcome"]
     if same and today["outcome"] == "require_approval":
@@ -9550,18 +9536,16 @@ def asked_hash(decision, request):
 
 
 def print_recheck(config, reports, as_json, session):
-    """Differences first, in full; runs whose every decision
-    is the same are counted per policy identity unless
-    there is one run: one difference must not hide among
-    fifty runs' lines (-json lists them all)."""
+    """Differences in full; runs all the same are counted
+    per policy identity, unless there is one: a difference
+    must not hide among fifty runs' lines."""
     rechecked = sum(r["rechecked"] for r in reports)
     skipped = sum(r["not_recheckable"] for r in reports)
     differ = sum(not r["same"] for r in reports)
     if as_json:
         tell_json(reports)
     else:
-        tell_recheck(config.policy_id(), reports,
-                     rechecked, skipped, differ)
+        tell_recheck(config.policy_id(), reports, rechecked, skipped, differ)
     if not reports:
         log(f'no run of session "{session}" was found, so'
             f" nothing was re-checked")
