@@ -8191,7 +8191,7 @@ def id_candidates(store, kind, given, session=""):
     if len(given) < MIN_PREFIX:
         return []
     found = store.ids_starting(table, given, most)
-    if kind == "run" and "." not in given:  # no session
+    if kind == "run" and "." not in given:  # no session given
         found += store.ids_starting(
             table, f"{session}.{given}", most) if session \
             else store.run_ids_after_session(given, most)
@@ -8235,8 +8235,9 @@ def resolve_named(store, given, session, approval=None):
         only_one("run or approval", given, [])
     if approval is not None:
         return named_approval(store, given, named, approval)
-    runs = collections.defaultdict(set)  # a run and its
-    for run_id, a in named:  # approvals are one candidate
+    # A run and its approvals are one candidate.
+    runs = collections.defaultdict(set)
+    for run_id, a in named:
         runs[run_id].update({a} - {None})
     if len(runs) > 1:
         listed = sorted(r + its_approvals(its) for r, its in runs.items())
@@ -9563,8 +9564,9 @@ def tell_recheck(policy_id, reports, rechecked, skipped, differ):
          f" {policy_id}: {rechecked} decision(s) re-checked,"
          f" {different} differ, {skipped} not re-checkable"
          f" and skipped; {differ} run(s) differ")
+    # identity -> [runs, decisions]
     same = collections.defaultdict(lambda: [0, 0])
-    for r in reports:  # identity -> [runs, decisions]
+    for r in reports:
         identity = identity_text(r, policy_id)
         if r["same"] and not r["not_recheckable"] and \
                 not r["notes"] and len(reports) > 1:
