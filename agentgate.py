@@ -8045,80 +8045,96 @@ def text_argument(value):
 #
 # Reads as: around the core
 #
-# Owns: what an operator does in a terminal: list runs, show one, approve, reject, cancel,
-# watch what waits, grant, verify the event chain, re-check recorded decisions under today's
-# policy. The database is found from the config (-config, $AGENTGATE_CONFIG, the default path)
-# or named with -db; it is opened as it is, never created or migrated, and read-only where
-# nothing is decided.
-# Core it calls: Store (its reads, and decide_approval, cancel_run, create_grant,
-# revoke_grant), check_database_path, Tool, check_arguments, evaluate, approval_hash,
-# decision_facts, policy_decision, Grant, last_attempt, confirmed_conditions,
-# parse_conditions, pointer_problem, step_outcome, stored_hash, event_hash; section 21's
-# load_config, check_reach and read_manifest.
-# Promises: approve, reject and grant print what is decided in full (agreed_on) and decide
-# bound to the hash of exactly what they printed, so a row that changed after it was shown is
-# refused; a grant releases only the waiting approvals its printout listed; a printout
-# that shortened a long value decides nothing until -full shows every byte; the late outcome
-# of an attempt cut off while its process lived is printed beside the question it bears on;
-# they decide without asking only with -approval or -yes, and otherwise only after a "yes"
-# typed at a terminal; watch shows the same printout and decides through the same write.
-# An id, whole or a prefix, names one run or approval among all of them whatever their state.
-# A value that mixes scripts or holds invisible characters is marked where it is printed.
-# -json prints one JSON value on stdout and nothing else. Every line is written by tell
-# (tell_json), which sanitizes it, so nothing chosen by a server, a model or an operator
-# reaches the terminal raw; text given on the command line must be UTF-8.
+# Owns: runs, show, approve, reject, cancel, watch, grant,
+# verify, recheck, on the database the config or -db names,
+# opened as it is, read-only where nothing is decided.
+# Core it calls: Store (its reads, decide_approval,
+# cancel_run, create_grant, revoke_grant),
+# check_database_path, Tool, check_arguments, evaluate,
+# approval_hash, decision_facts, policy_decision, Grant,
+# last_attempt, confirmed_conditions, parse_conditions,
+# pointer_problem, step_outcome, stored_hash, event_hash;
+# load_config, check_reach, read_manifest.
+# Promises: approve, reject, grant and watch decide bound
+# to the hash of exactly what they printed in full: a row
+# changed since is refused, a shortened printout decides
+# nothing until -full, a grant releases only the waiting
+# approvals it listed, a cut-off attempt's late outcome is
+# printed beside the question; without -approval or -yes
+# only a "yes" typed at a terminal decides. An id, whole or
+# a prefix, names one run or approval among all, whatever
+# their state. A value mixing scripts or holding invisible
+# characters is marked where printed. tell sanitizes every
+# line, so nothing a server, model or operator chose
+# reaches the terminal raw; -json prints one JSON value
+# only; command-line text must be UTF-8.
 # =============================================================================================
 
 def tell_json(value, out=None):
-    """A -json value through tell, valid JSON that reads back the same: each character
-    sanitize would change is written as its JSON escape, so tell finds nothing to change."""
-    tell(*map(_json_for_terminal, pretty_json(value).split("\n")), out=out)
+    """A -json value through tell that reads back the same:
+    each character sanitize would change is escaped."""
+    lines = pretty_json(value).split("\n")
+    tell(*map(_json_for_terminal, lines), out=out)
 
 
 def _json_for_terminal(line):
     if sanitize(line) == line:
         return line
-    return "".join(json.dumps(ch)[1:-1] if sanitize(ch) != ch or
-                   unicodedata.category(ch)[0] == "M" else ch for ch in line)
+    return "".join(
+        json.dumps(ch)[1:-1] if sanitize(ch) != ch or
+        unicodedata.category(ch)[0] == "M" else ch
+        for ch in line)
 
 
 def confirmed_conditions(conditions):
-    """A grant's conditions as it keeps them: each `under` with its directories as resolved and
-    shown at confirmation; resolved again later, a link put in since would move the grant."""
-    return {c.pointer: {name: expected if name == "under" else c.raw[name]
-                        for name, expected in c.tests} for c in conditions}
+    """Each `under` kept as resolved when shown: resolved
+    later, a link put in since would move the grant."""
+    return {c.pointer: {
+        name: want if name == "under" else c.raw[name]
+        for name, want in c.tests} for c in conditions}
 
 
 ARG_SHOWN = 240
 
 
 def operator_store(opts, readonly):
-    """The store an operator command works on, and the session it is about ('' with -db)."""
+    """The store, and the session ('' with -db)."""
     path = config_path(opts.config)
-    database = opts.db or (not opts.config and not os.path.lexists(path) and
-                           shared_database(os.path.dirname(path)))
+    database = opts.db
+    if not (database or opts.config or os.path.lexists(path)):
+        database = shared_database(os.path.dirname(path))
     if database:
-        return Ledger(os.path.abspath(database), readonly=readonly, create=False), ""
+        database = os.path.abspath(database)
+        return open_ledger(database, readonly), ""
     config = load_config(path)
-    return Ledger(config.database, readonly=readonly, create=False), config.session
+    store = open_ledger(config.database, readonly)
+    return store, config.session
+
+
+def open_ledger(path, readonly=True):
+    return Ledger(path, readonly=readonly, create=False)
 
 
 def shared_database(directory):
-    """The one database in the config directory, which init's configs, one per host, share:
-    every host's runs are the operator's to decide. More than one is refused."""
+    """The one database init's configs (one per host)
+    share; several are refused."""
     try:
-        found = sorted(name for name in os.listdir(directory) if name.endswith(".db"))
+        names = os.listdir(directory)
     except OSError:
         return None
+    found = sorted(n for n in names if n.endswith(".db"))
     if len(found) > 1:
-        raise ConfigError(f"{directory} holds {len(found)} databases ({', '.join(found)}) and "
-                          f"no config.json: name one with -db, or a config with -config")
-    return os.path.join(directory, found[0]) if found else None
+        raise ConfigError(
+            f"{directory} holds {len(found)} databases ("
+            f"{', '.join(found)}) and no config.json: name"
+            f" one with -db, or a config with -config")
+    if found:
+        return os.path.join(directory, found[0])
 
 
 def operator_parser(command, *flags):
-    p = parser(command, "config", "db", ("json", bool), *flags)
-    return p
+    flags = "config", "db", ("json", bool), *flags
+    return parser(command, *flags)
 
 
 def current_user():
@@ -8126,15 +8142,22 @@ def current_user():
         import pwd
         return pwd.getpwuid(os.geteuid()).pw_name
     except (ImportError, KeyError):
-        return os.environ.get("USER") or os.environ.get("USERNAME") or ""
+        env = os.environ
+        return env.get("USER") or env.get("USERNAME") or ""
+
+
+def positive_limit(given, default):
+    limit = default if given is None else given
+    if limit <= 0:
+        raise Usage("-limit must be at least 1")
+    return limit
 
 
 def cmd_runs(argv):
-    opts = operator_parser("runs", ("limit", int)).parse_args(argv)
-    limit = 100 if opts.limit is None else opts.limit
-    if limit <= 0:
-        raise Usage("-limit must be at least 1")
-    store, session = operator_store(opts, readonly=True)
+    p = operator_parser("runs", ("limit", int))
+    opts = p.parse_args(argv)
+    limit = positive_limit(opts.limit, 100)
+    store, session = operator_store(opts, True)
     rows = store.runs_page(session, limit + 1)
     runs = rows[:limit]
     if opts.json:
@@ -8143,11 +8166,14 @@ def cmd_runs(argv):
     if not runs:
         tell("no runs")
         return 0
-    table = [("RUN", "STATE", "STEPS", "CREATED", "HOST", "WAITING APPROVAL", "TOOL")]
+    table = [("RUN", "STATE", "STEPS", "CREATED", "HOST",
+              "WAITING APPROVAL", "TOOL")]
     for r in runs:
-        table.append((r["run"], run_state(store, r), str(r["steps"]), prose_time(r["created"]),
-                      cut(sanitize(r["host"]), 24) or "-", r["pending_approval"] or "",
-                      sanitize(r["tool"])))
+        host = cut(sanitize(r["host"]), 24) or "-"
+        table.append((
+            r["run"], run_state(store, r), str(r["steps"]),
+            prose_time(r["created"]), host,
+            r["pending_approval"] or "", sanitize(r["tool"])))
     print_table(table)
     if len(rows) > limit:
         tell("... more runs; use -limit to see them")
@@ -8155,37 +8181,47 @@ def cmd_runs(argv):
     return 0
 
 
-FAILED_STATE = {"denied": "DENIED", "invalid": "INVALID", "error": "TOOL_ERROR",
-                "unsent": "TOOL_ERROR", "timed_out": "UNKNOWN_OUTCOME",
-                "no_answer": "UNKNOWN_OUTCOME"}
+FAILED_STATE = {
+    "denied": "DENIED", "invalid": "INVALID",
+    "error": "TOOL_ERROR", "unsent": "TOOL_ERROR",
+    "timed_out": "UNKNOWN_OUTCOME",
+    "no_answer": "UNKNOWN_OUTCOME"}
+CANCELLED_STATE = {"approval_rejected": "REJECTED",
+                   "approval_expired": "EXPIRED"}
 
 
 def run_state(store, run):
-    """How a run stands, in the word its call's answer began with where there is one (a
-    denied call is DENIED, not FAILED for a goal), else its status."""
-    status, reason = run["status"], run["reason"]
+    """As its call's answer began (DENIED, not FAILED)."""
+    status = run["status"]
     if status == "CANCELLED":
-        return {"approval_rejected": "REJECTED", "approval_expired": "EXPIRED"}.get(reason,
-                                                                                   status)
-    if status == "FAILED":
-        observed = [s["observation"] for s in store.steps(run["run"]) if s["observation"]]
-        return FAILED_STATE.get(step_outcome(parse(observed[-1])), status) if observed \
-            else status
-    return status
+        return CANCELLED_STATE.get(run["reason"], status)
+    seen = status == "FAILED" and observations(store.steps(run["run"]))
+    if not seen:
+        return status
+    return FAILED_STATE.get(step_outcome(seen[-1]), status)
 
 
-TOOL_CHANGES_SHOWN = 5
+def observations(steps):
+    return [parse(s["observation"]) for s in steps if s["observation"]]
+
+
+def step_json(step, field):
+    return parse(step[field]) if step[field] else {}
 
 
 def print_tool_changes(store, session):
-    for at, payload in store.tool_changes(session, TOOL_CHANGES_SHOWN) if session else []:
-        tell(f"{prose_time(at)}  {tools_changed_text(payload)}")
+    if not session:
+        return
+    for at, payload in store.tool_changes(session, 5):
+        text = tools_changed_text(payload)
+        tell(f"{prose_time(at)}  {text}")
 
 
 def print_table(rows):
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    widths = [max(map(len, col)) for col in zip(*rows)]
     for row in rows:
-        tell("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        cells = map(str.ljust, row, widths)
+        tell("  ".join(cells).rstrip())
 
 
 def load_run(store, run_id):
@@ -8197,228 +8233,302 @@ def load_run(store, run_id):
 
 MIN_PREFIX = 6
 ID_TEXT = re.compile(r"[A-Za-z0-9_.-]+")
-ID_CANDIDATES = 200  # how many ids one prefix is looked up among; ten of them are listed
+ID_CANDIDATES = 200  # ids one prefix is sought among
+ID_TABLES = {"run": "runs", "approval": "approvals", "grant": "grants"}
 
 
 def id_candidates(store, kind, given, session=""):
-    """Every id of a run, an approval or a grant that `given` may name: the id itself when it
-    is whole, else every id it starts (MIN_PREFIX characters or more; a run's with or without
-    its session), whatever its state: a prefix narrowed to the runs still waiting would move
-    on, once the run it named was decided, to another run made the same minute."""
-    table = {"run": "runs", "approval": "approvals", "grant": "grants"}[kind]
+    """Each id `given` may name, in any state: narrowed to
+    waiting runs, a prefix would move on, once its run was
+    decided, to another made the same minute."""
+    table, most = ID_TABLES[kind], ID_CANDIDATES
     if not ID_TEXT.fullmatch(given):
         return []
     if store.ids_starting(table, given, 1) == [given]:
         return [given]
     if len(given) < MIN_PREFIX:
         return []
-    found = store.ids_starting(table, given, ID_CANDIDATES)
-    if kind == "run" and "." not in given:
-        found += (store.ids_starting(table, f"{session}.{given}", ID_CANDIDATES) if session
-                  else store.run_ids_after_session(given, ID_CANDIDATES))
+    found = store.ids_starting(table, given, most)
+    if kind == "run" and "." not in given:  # no session given
+        found += store.ids_starting(
+            table, f"{session}.{given}", most) if session \
+            else store.run_ids_after_session(given, most)
     return sorted(set(found))
 
 
 def resolve_id(store, kind, given, session=""):
-    """The one id of `kind` that `given` names (id_candidates). An id that is not found, or a
-    prefix that several share, is refused with the candidates listed: nothing is guessed."""
-    return only_one(kind, given, id_candidates(store, kind, given, session))
+    """The one id `given` names: nothing is guessed."""
+    found = id_candidates(store, kind, given, session)
+    return only_one(kind, given, found)
 
 
 def only_one(kind, given, found):
     if len(found) == 1:
         return found[0]
+    name = f"{kind} {quote(given)}"
     if not found:
         short = ID_TEXT.match(given) and len(given) < MIN_PREFIX
-        raise StoreError(f"{kind} {quote(given)} not found" + (
-            f" (a shortened id needs at least {MIN_PREFIX} characters)" if short else ""))
-    listed = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
-    raise StoreError(f"{kind} {quote(given)} is ambiguous: it starts {listed}; give more of "
-                     f"its characters")
+        need = (" (a shortened id needs at least"
+                f" {MIN_PREFIX} characters)")
+        raise StoreError(f"{name} not found" + (need if short else ""))
+    listed = ", ".join(found[:10])
+    if len(found) > 10:
+        listed += f" and {len(found) - 10} more"
+    raise StoreError(f"{name} is ambiguous: it starts"
+                     f" {listed}; give more of its characters")
+
+
+def approvals_named(store, given):
+    found = id_candidates(store, "approval", given)
+    return [(store.approval(a)["run_id"], a) for a in found]
 
 
 def resolve_named(store, given, session, approval=None):
-    """What an operator names with a command's ID (a run's or an approval's, whole or a
-    prefix), and with -approval: (run id, approval id or None). An approval names its run
-    too; -approval keeps, of the approvals it starts, those of what ID names. Several are
-    refused, listed; whether what is named can still be acted on is for the command to say,
-    never a reason to choose another."""
-    named = [(run_id, None) for run_id in id_candidates(store, "run", given, session)]
-    named += [(store.approval(a)["run_id"], a) for a in id_candidates(store, "approval", given)]
+    """(run id, approval id or None) named by ID and
+    -approval; several are refused, listed; one that
+    can no longer be acted on never yields another."""
+    named = [(r, None) for r in id_candidates(store, "run", given, session)]
+    named += approvals_named(store, given)
     if not named:
         only_one("run or approval", given, [])
     if approval is not None:
-        wanted = [(store.approval(a)["run_id"], a) for a in id_candidates(
-            store, "approval", approval)]
-        if not wanted:
-            only_one("approval", approval, [])
-        named = [(run_id, a) for run_id, a in wanted if (run_id, None) in named or
-                 (run_id, a) in named]
-        if not named:
-            raise StoreError(f"approval {quote(approval)} is no approval of {quote(given)}")
-    runs = collections.defaultdict(set)  # a run and its approvals are one candidate
+        return named_approval(store, given, named, approval)
+    # A run and its approvals are one candidate.
+    runs = collections.defaultdict(set)
     for run_id, a in named:
         runs[run_id].update({a} - {None})
-    if approval is not None:
-        listed = sorted(f"{a} (approval of run {run_id})" for run_id, a in named)
-    else:
-        listed = sorted(run_id + (f" (and its approval {', '.join(sorted(its))})" if its else "")
-                        for run_id, its in runs.items())
-    if len(listed) > 1:
-        kind = "approval" if approval is not None else "run or approval" if any(
-            runs.values()) else "run"
-        only_one(kind, given if approval is None else approval, listed)
+    if len(runs) > 1:
+        listed = sorted(r + its_approvals(its) for r, its in runs.items())
+        kind = "run or approval" if any(runs.values()) else "run"
+        only_one(kind, given, listed)
     (run_id, its), = runs.items()
     return run_id, (min(its) if len(its) == 1 else None)
+
+
+def its_approvals(its):
+    listed = ", ".join(sorted(its))
+    return f" (and its approval {listed})" if its else ""
+
+
+def named_approval(store, given, named, approval):
+    wanted = approvals_named(store, approval)
+    if not wanted:
+        only_one("approval", approval, [])
+    kept = [(r, a) for r, a in wanted if (r, None) in named or (r, a) in named]
+    if not kept:
+        raise StoreError(f"approval {quote(approval)} is"
+                         f" no approval of {quote(given)}")
+    listed = sorted(f"{a} (approval of run {r})" for r, a in kept)
+    if len(listed) > 1:
+        only_one("approval", approval, listed)
+    return kept[0]
 
 
 def cmd_show(argv):
     p = operator_parser("show", ("full", bool))
     p.add_argument("run", type=text_argument, metavar="ID", help=NAMED_RUN)
     opts = p.parse_args(argv)
-    store, session = operator_store(opts, readonly=True)
-    opts.run = resolve_named(store, opts.run, session)[0]
-    run = load_run(store, opts.run)
-    steps, approvals = store.steps(opts.run), store.approvals(opts.run)
+    store, session = operator_store(opts, True)
+    run_id = resolve_named(store, opts.run, session)[0]
+    run = load_run(store, run_id)
+    steps = store.steps(run_id)
     if opts.json:
-        # Events as what they record: a combined event's parts each as the event it was before
-        # schema version 5, so a script reads old and new records alike.
-        tell_json({"run": run, "steps": [{k: parse(v) if k in ("decision", "policy",
-                                                                "observation") and v else v
-                                           for k, v in s.items()} for s in steps],
-                    "approvals": [{k: v for k, v in a.items()} for a in approvals],
-                    "events": [{"seq": e[0], "at": e[1], "type": e[2], "step_id": e[3],
-                                "payload": e[4]} for e in store.run_parts(opts.run)]})
+        tell_json(show_json(store, run, steps))
         return 0
-    tell(f"run       {run['run']}")
-    tell(f"tool      {run['tool']}")
-    detail = f": {run['detail']}" if run["detail"] else ""
-    reason = f" ({run['reason']})" if run["reason"] else ""
-    tell(f"status    {run['status']}{reason}{detail}")
-    tell(f"steps     {run['steps']}")
-    tell(f"created   {run['created']}")
-    if run["finished"]:
-        tell(f"finished  {run['finished']}")
-    if repeats_refused(store, run["run"], steps):
-        tell(f"repeats   {REPEATS_REFUSED}")
-    # A summary first: what was asked and what came of it; the detail and the chain after.
-    if steps and "args" in parse(steps[0]["decision"]):
-        tell(f"arguments {clean(policy_json(parse(steps[0]['decision'])['args']), 300)}")
+    tell(*run_lines(store, run, steps))
     tell(*result_lines(steps))
-    late = store.late_outcomes(opts.run)
+    late = store.late_outcomes(run_id)
     for _, observation in late:
         tell(f"LATE OUTCOME  {late_text(observation)}")
-    for approval in approvals:
+    for approval in store.approvals(run_id):
         if approval["status"] == "pending":
             tell()
-            tell(*approval_lines(approval, opts.full, late)[0])
+            lines = approval_lines(approval, opts.full, late)
+            tell(*lines[0])
     tell()
-    table = [("STEP", "DECISION", "STATUS", "POLICY", "OBSERVATION")]
-    granted = []
-    for s in steps:
-        decision = parse(s["decision"])
-        record = parse(s["policy"]) if s["policy"] else {}
-        policy = record.get("outcome", "") + (f" ({record['by']})" if record.get("by") not in (
-            None, "class", "rule outcome") else "")
-        if record.get("grant"):
-            granted.append((s["index"], store.grant(record["grant"])))
-        observed = parse(s["observation"]) if s["observation"] else None
-        summary = ""
-        if observed:
-            summary = observed["kind"] + (": " + clean(observed.get("summary", ""), 100)
-                                          if observed.get("summary") else "")
-        table.append((str(s["index"]), f"{decision['kind']} ({decision.get('origin', '')})",
-                      s["status"], policy, summary))
-    print_table(table)
-    for s in steps:
-        if tried_text(s):
-            tell(f"step {s['index']}: {tried_text(s)}")
-    for index, grant in granted:
-        if grant:
-            note = f": {grant['note']}" if grant["note"] else ""
-            tell(f"step {index} ran under grant {grant['id']} by {grant['by']}, "
-                 f"{grant['created_at']} to {grant['expires_at']}{note}")
-    for s in steps:
-        observed = parse(s["observation"]) if s["observation"] else {}
-        if "result" in observed:
-            tell()
-            head, rows = result_rows(s["index"], observed)
-            tell(head)
-            if rows:
-                print_table(rows)
+    print_steps(store, steps)
     tell()
-    tell("events, whole as the chain holds them (show -json lists them as values):")
-    for seq, at, type_, _, payload in store.run_events(opts.run):  # whole, as verify hashes them
+    tell("events, whole as the chain holds them"
+         " (show -json lists them as values):")
+    # whole, as verify hashes them
+    for seq, at, type_, _, payload in store.run_events(run_id):
         tell(f"  {seq:>6}  {at}  {type_}")
-        tell(*(f"          {piece}" for piece in wrap_columns(sanitize(payload),
-                                                                    SHOW_WIDTH)))
+        tell(*indented(payload))
     return 0
 
 
-REPEATS_REFUSED = ("an identical call within the tool's repeat window after this one is "
-                   "refused as DUPLICATE; to allow it, set \"repeat_window\": \"0s\" (or a "
-                   "shorter time) in the tool's rule")
+EVENT_KEYS = ("seq", "at", "type", "step_id", "payload")
+STEP_JSON = ("decision", "policy", "observation")
+
+
+def show_json(store, run, steps):
+    """A combined event's parts each as an event."""
+    steps = [{k: step_json(s, k) if k in STEP_JSON and v
+              else v for k, v in s.items()} for s in steps]
+    parts = store.run_parts(run["run"])
+    return {"run": run, "steps": steps,
+            "approvals": store.approvals(run["run"]),
+            "events": [dict(zip(EVENT_KEYS, e))
+                       for e in parts]}
+
+
+def run_lines(store, run, steps):
+    status = run["status"]
+    if run["reason"]:
+        status += f" ({run['reason']})"
+    if run["detail"]:
+        status += f": {run['detail']}"
+    lines = [f"run       {run['run']}",
+             f"tool      {run['tool']}",
+             f"status    {status}",
+             f"steps     {run['steps']}",
+             f"created   {run['created']}"]
+    if run["finished"]:
+        lines.append(f"finished  {run['finished']}")
+    if repeats_refused(store, run["run"], steps):
+        lines.append(f"repeats   {REPEATS_REFUSED}")
+    asked = steps and step_json(steps[0], "decision")
+    if asked and "args" in asked:
+        args = clean(policy_json(asked["args"]), 300)
+        lines.append(f"arguments {args}")
+    return lines
+
+
+def print_steps(store, steps):
+    print_table([("STEP", "DECISION", "STATUS", "POLICY",
+                  "OBSERVATION")] + list(map(step_row, steps)))
+    for s in steps:
+        if tried_text(s):
+            tell(f"step {s['index']}: {tried_text(s)}")
+    for s in steps:
+        grant = step_json(s, "policy").get("grant")
+        grant = grant and store.grant(grant)
+        if grant:
+            note = grant["note"]
+            note = f": {note}" if note else ""
+            tell(f"step {s['index']} ran under grant"
+                 f" {grant['id']} by {grant['by']},"
+                 f" {grant['created_at']} to"
+                 f" {grant['expires_at']}{note}")
+    for s in steps:
+        seen = step_json(s, "observation")
+        if "result" in seen:
+            tell()
+            head, rows = result_rows(s["index"], seen)
+            tell(head)
+            if rows:
+                print_table(rows)
+
+
+def step_row(s):
+    decision = step_json(s, "decision")
+    record = step_json(s, "policy")
+    policy = record.get("outcome", "")
+    by = record.get("by")
+    if by not in (None, "class", "rule outcome"):
+        policy += f" ({by})"
+    seen = step_json(s, "observation")
+    summary = seen.get("kind", "")
+    if seen.get("summary"):
+        summary += ": " + clean(seen["summary"], 100)
+    origin = decision.get("origin", "")
+    return (str(s["index"]),
+            f"{decision['kind']} ({origin})",
+            s["status"], policy, summary)
+
+
+REPEATS_REFUSED = (
+    "an identical call within the tool's repeat window"
+    " after this one is refused as DUPLICATE; to allow"
+    " it, set \"repeat_window\": \"0s\" (or a shorter"
+    " time) in the tool's rule")
 
 
 def repeats_refused(store, run_id, steps):
-    """Whether identical calls after this run are refused as duplicates: it executed a tool
-    that changes something, to a known end (an unknown one asks an operator instead)."""
+    """Whether identical calls are refused: the run ended
+    a mutation known (an unknown one asks an operator)."""
     attempt = last_attempt(store.read, run_id)
     if attempt is None or attempt.ending in UNKNOWN_ENDINGS:
         return False
-    step = next(s for s in steps if s["id"] == attempt.attempt["step_id"])
+    step_id = attempt.attempt["step_id"]
+    step = next(s for s in steps if s["id"] == step_id)
     spec = store.tool_spec(step["spec_hash"]) or {}
     return spec.get("side_effect", "read_only") != "read_only"
 
 
-SHOW_WIDTH = 100  # columns of a wrapped line in show: events and the result are shown whole
+SHOW_WIDTH = 100  # show's events and results are whole
+
+
+def indented(line):
+    pieces = wrap_columns(sanitize(line), SHOW_WIDTH)
+    return [f"          {piece}" for piece in pieces]
 
 
 def result_lines(steps):
-    """The run's result as its last step with one recorded it, whole and sanitized: what the
-    tool answered or its call's error (outcome_text), or how the gate ended the step."""
-    observed = [parse(s["observation"]) for s in steps if s["observation"]]
-    if not observed:
+    """The last recorded result, whole and sanitized."""
+    seen = observations(steps)
+    if not seen:
         return ["result    none recorded"]
-    last = observed[-1]
-    summary = last.get("summary", "")
-    if step_outcome(last) in CALL_ENDINGS:
+    last = seen[-1]
+    outcome = step_outcome(last)
+    if outcome in CALL_ENDINGS:
         text = outcome_text(last)
-    else:  # the gate's own ending of the step: a denial, a cut-off, a failure
+    else:  # a denial, a cut-off, a failure
         text = last.get("message") or policy_json(last.get("content", {}))
-    text = text if isinstance(text, str) else policy_json(text)
-    # A server may answer with the gate's own words (DENIED: ...): the record says whose.
-    whose = "   (the server's answer)" if step_outcome(last) in ("ok", "error", "unrecorded") \
-        and not last.get("withheld") else "   (the gate's own answer, not a server's)"
-    return [f"result    {last['kind']}" + (f": {sanitize(summary)}" if summary else "") +
-            whose] + [
-        f"          {piece}" for line in text.split("\n")
-        for piece in wrap_columns(sanitize(line), SHOW_WIDTH)]
+    if not isinstance(text, str):
+        text = policy_json(text)
+    head = f"result    {last['kind']}"
+    if last.get("summary"):
+        head += f": {sanitize(last['summary'])}"
+    # A server may answer in the gate's own words
+    # (DENIED: ...): the record says whose.
+    server = outcome in ("ok", "error", "unrecorded")
+    if server and not last.get("withheld"):
+        head += "   (the server's answer)"
+    else:
+        head += "   (the gate's own answer, not a server's)"
+    return [head] + [piece for line in text.split("\n")
+                     for piece in indented(line)]
 
 
 def result_rows(index, observed):
-    """A recorded result: a head line, then per block a row and its hash, whole (its identity)."""
+    """A head line, then each block and its whole hash."""
     record = observed["result"]
-    how = (", withheld: too large to pass on" if observed.get("withheld") else "") + (
-        ", an error result" if record.get("is_error") else "")
-    head = f"result of step {index}: {record['bytes']} bytes, sha256 {record['sha256']}{how}"
-    rows = []
-    for entry in record["blocks"]:
-        digest = entry.get("sha256") or sha256_hex(entry["text"].encode("utf-8",
-                                                                        "surrogatepass"))
-        shown = quote(cut(entry["text"], 60)) if "text" in entry else sanitize(
-            cut(entry.get("mimeType") or entry.get("uri") or "", 60))
-        kept = " (first part kept)" if "text" in entry and "sha256" in entry else ""
-        rows += [(f"  {sanitize(entry['type'])}", f"{block_bytes(entry)} bytes", shown + kept),
-                 ("", "", f"sha256 {digest}")]
-    structured = record.get("structured")
-    if structured:
-        rows += [("  structured content", f"{structured['bytes']} bytes",
-                  "" if "value" in structured else "(not kept: too large)"),
-                 ("", "", f"sha256 {structured['sha256']}")]
-    if record.get("more_blocks"):
-        rows.append((f"  and {record['more_blocks']} more blocks", "", ""))
+    how = ""
+    if observed.get("withheld"):
+        how += ", withheld: too large to pass on"
+    if record.get("is_error"):
+        how += ", an error result"
+    head = (f"result of step {index}: {record['bytes']}"
+            f" bytes, sha256 {record['sha256']}{how}")
+    rows = [r for b in record["blocks"] for r in block_rows(b)]
+    value = record.get("structured")
+    if value:
+        kept = "(not kept: too large)"
+        kept = "" if "value" in value else kept
+        rows += [("  structured content",
+                  f"{value['bytes']} bytes", kept),
+                 ("", "", f"sha256 {value['sha256']}")]
+    more = record.get("more_blocks")
+    if more:
+        rows.append((f"  and {more} more blocks", "", ""))
     return head, rows
+
+
+def block_rows(entry):
+    text = entry.get("text")
+    if "text" in entry:
+        shown = quote(cut(text, 60))
+        if "sha256" in entry:
+            shown += " (first part kept)"
+    else:
+        label = entry.get("mimeType") or entry.get("uri")
+        shown = sanitize(cut(label or "", 60))
+    digest = entry.get("sha256") or sha256_hex(
+        text.encode("utf-8", "surrogatepass"))
+    kind = f"  {sanitize(entry['type'])}"
+    size = f"{block_bytes(entry)} bytes"
+    return [(kind, size, shown), ("", "", f"sha256 {digest}")]
 
 
 def shown_text(text, full):
@@ -9206,137 +9316,168 @@ VERIFY_PAGE = 128
 
 
 def cmd_verify(argv):
-    opts = operator_parser("verify", ("from", int), ("to", int), ("head", str)).parse_args(argv)
+    flags = ("from", int), ("to", int), ("head", str)
+    p = operator_parser("verify", *flags)
+    opts = p.parse_args(argv)
     first, last = getattr(opts, "from") or 1, opts.to
     if first < 1 or (last is not None and last < first):
         raise Usage("-from and -to must be sequence numbers with -from <= -to")
-    kept = None
-    if opts.head:
-        match = re.fullmatch(r"(\d+):([0-9a-f]{64})", opts.head)
-        if not match:
-            raise Usage("-head must read SEQ:HASH, as verify printed it")
-        kept = (int(match.group(1)), match.group(2))
-    store, _ = operator_store(opts, readonly=True)
+    kept = kept_head(opts.head) if opts.head else None
+    store, _ = operator_store(opts, True)
     report = verify_chain(store, first, last)
-    head, broken = store.chain_head(), report["break"]
-    short = last is not None and not broken and report["to"] < last
-    held = None  # the kept head: matches, changed, or removed
-    if kept:
-        found = store.event_hash_at(kept[0])
-        held = "removed" if found is None else "changed" if found != kept[1] or (
-            broken and broken[0] <= kept[0]) else "matches"
-    failed = bool(broken) or short or held not in (None, "matches")
+    broken, to = report["break"], report["to"]
+    short = last is not None and not broken and to < last
+    held = kept and held_state(store, kept, broken)
+    failed = broken or short or held not in (None, "matches")
+    head = store.chain_head()
+    checked = report["checked"]
     if opts.json:
-        tell_json({"head": head and {"seq": head[0], "hash": head[1]}, "intact": not broken,
-                   "checked": report["checked"], "from": report["from"], "to": report["to"],
-                   "last_hash": report["hash"] if report["checked"] else None,
-                   "break": broken and dict(zip(("seq", "detail", "expected", "found"), broken)),
-                   "ends_before_to": short, "kept_head": kept and {"seq": kept[0], "is": held}})
+        tell_json({
+            "head": head and {"seq": head[0], "hash": head[1]},
+            "intact": not broken, "checked": checked,
+            "from": first, "to": to,
+            "last_hash": report["hash"] if checked else None,
+            "break": broken and dict(zip(BREAK_KEYS, broken)),
+            "ends_before_to": short,
+            "kept_head": kept and {"seq": kept[0], "is": held}})
         return 1 if failed else 0
     tell(f"head: seq {head[0]} {head[1]}" if head else "head: no events")
     if broken:
         seq, detail, expected, found = broken
-        tell(f"broken at seq {seq}: {detail}")
-        tell(f"  expected: {expected}")
-        tell(f"  found:    {cut(sanitize(found), 128)}")
+        tell(f"broken at seq {seq}: {detail}",
+             f"  expected: {expected}",
+             f"  found:    {cut(sanitize(found), 128)}")
     else:
-        tell(f"intact: {report['checked']} event(s)" + (
-            f", seq {report['from']} to {report['to']}" if report["checked"] else ""))
-        if report["checked"]:
-            tell(f"last checked: seq {report['to']} {report['hash']}")
+        span = f", seq {first} to {to}"
+        tell(f"intact: {checked} event(s)" + (span if checked else ""))
+        if checked:
+            tell(f"last checked: seq {to} {report['hash']}")
     if short:
-        tell(f"the chain ends at seq {report['to']}, before -to {last}")
+        tell(f"the chain ends at seq {to}, before -to {last}")
     if held:
-        tell(f"kept head: seq {kept[0]} " + {
-            "removed": "is not in the chain: events were removed",
-            "changed": "does not match: the record was changed", "matches": "matches"}[held])
+        tell(f"kept head: seq {kept[0]} {KEPT_HEAD[held]}")
     return 1 if failed else 0
 
 
+def kept_head(text):
+    match = re.fullmatch(r"(\d+):([0-9a-f]{64})", text)
+    if not match:
+        raise Usage("-head must read SEQ:HASH, as verify printed it")
+    return int(match[1]), match[2]
+
+
+def held_state(store, kept, broken):
+    """The kept head: removed, changed or matches."""
+    found = store.event_hash_at(kept[0])
+    if found is None:
+        return "removed"
+    if found != kept[1] or broken and broken[0] <= kept[0]:
+        return "changed"
+    return "matches"
+
+
+BREAK_KEYS = ("seq", "detail", "expected", "found")
+KEPT_HEAD = {
+    "removed": "is not in the chain: events were removed",
+    "changed": "does not match: the record was changed",
+    "matches": "matches"}
+HASH_BROKEN = ("the stored hash is not the one the event's"
+               " fields and the previous event's hash give")
+
+
 def verify_chain(store, first, last):
-    """A range that does not start at 1 trusts the stored hash of the event before it."""
+    """The chain from `first` to `last` (None: its end); a
+    range past 1 trusts the stored hash before it."""
     prev_seq, prev_hash = first - 1, ""
     if first > 1:
-        prev_hash = store.event_hash_at(first - 1) or ""
-    report = {"from": first, "to": first - 1, "checked": 0, "hash": prev_hash, "break": None}
+        prev_hash = store.event_hash_at(prev_seq) or ""
+    report = {"to": prev_seq, "checked": 0,
+              "hash": prev_hash, "break": None}
     while last is None or prev_seq < last:
         rows = store.events_after(prev_seq, last, VERIFY_PAGE)
         if not rows:
             break
-        for seq, run_id, step_id, at, type_, payload, stored in rows:
+        for seq, *fields, stored in rows:
             if seq != prev_seq + 1:
-                detail = (f"the first event is seq {seq}" if prev_seq == 0 else
-                          f"seq {seq} follows {prev_seq}: an event is missing")
-                report["break"] = (seq, detail, f"seq {prev_seq + 1}", f"seq {seq}")
-                report["to"] = seq
-                return report
-            expected = event_hash(prev_hash, seq, run_id, step_id, at, type_, payload)
-            if expected != stored:
-                report["break"] = (seq, "the stored hash is not the one the event's fields and "
-                                        "the previous event's hash give", expected, stored)
-                report["to"] = seq
+                detail = f"the first event is seq {seq}"
+                if prev_seq:
+                    detail = (f"seq {seq} follows {prev_seq}:"
+                              " an event is missing")
+                report["break"] = (seq, detail,
+                                   f"seq {prev_seq + 1}",
+                                   f"seq {seq}")
+            else:
+                expected = event_hash(prev_hash, seq, *fields)
+                if expected != stored:
+                    report["break"] = (seq, HASH_BROKEN, expected, stored)
+            report["to"] = seq
+            if report["break"]:
                 return report
             prev_seq, prev_hash = seq, stored
-            report.update(to=seq, checked=report["checked"] + 1, hash=stored)
+            report.update(checked=report["checked"] + 1, hash=stored)
     return report
 
 
 RECHECK_SCOPE = (
-    "A re-check covers the gate's policy: the class map, each rule's outcome, fixed values and "
-    "renames. It does not cover the rules before the policy (duplicates and the repeat window, "
-    "max_pending, rejected or expired approvals, calls refused before the gate), nor, without "
-    "-current-tools, any change to a tool's schema or denied parameters.")
+    "A re-check covers the gate's policy: the class map,"
+    " each rule's outcome, fixed values and renames. It"
+    " does not cover the rules before the policy"
+    " (duplicates and the repeat window, max_pending,"
+    " rejected or expired approvals, calls refused before"
+    " the gate), nor, without -current-tools, any change"
+    " to a tool's schema or denied parameters.")
 
 
 def cmd_recheck(argv):
-    opts = parser("recheck", "config", "run", "session", ("limit", int),
-                  ("current-tools", bool), ("json", bool)).parse_args(argv)
+    p = parser("recheck", "config", "run", "session",
+               ("limit", int), ("current-tools", bool),
+               ("json", bool))
+    opts = p.parse_args(argv)
     if opts.run and opts.session:
         raise Usage("give -run or -session, not both")
-    limit = 50 if opts.limit is None else opts.limit
-    if limit <= 0:
-        raise Usage("-limit must be at least 1")
+    limit = positive_limit(opts.limit, 50)
     hosts = [] if opts.config else host_configs(config_path(None))
-    if hosts and opts.json and len(hosts) > 1:
-        # -json prints one JSON value, so one config.
-        raise Usage("recheck -json reads one config; add "
-                    "-config naming one of " +
+    if opts.json and len(hosts) > 1:  # one JSON value
+        raise Usage("recheck -json reads one config; add"
+                    " -config naming one of " +
                     ", ".join(map(shlex.quote, hosts)))
     if hosts:
         return each_config(cmd_recheck, argv, hosts)
     config = load_config(config_path(opts.config))
     check_database_path(config.database)
-    store = Ledger(config.database, readonly=True, create=False)
+    store = open_ledger(config.database)
+    session = opts.session or config.session
+    current = opts.current_tools
     upstreams = []
     try:
-        if opts.current_tools:
+        if current:
             check_reach(config)
-            upstreams, loaded, reports = load_all(config)
-            log_reports(reports)
+            upstreams, loaded, found = load_all(config)
+            log_reports(found)
             tools = {tool.name: tool for tool in loaded}
         else:
             tools = configured_tools(config)
-        session = opts.session or config.session
         if opts.run:
-            opts.run = resolve_id(store, "run", opts.run, config.session)
-            load_run(store, opts.run)
-            run_ids = [opts.run]
+            run_id = resolve_id(store, "run", opts.run, config.session)
+            load_run(store, run_id)
+            run_ids, session = [run_id], ""
         else:
             run_ids = store.session_runs(session, limit)
-        reports = [recheck_run(store, config, tools, run_id, opts.current_tools)
-                   for run_id in run_ids]
+        reports = [recheck_run(store, config, tools, r,
+                               current) for r in run_ids]
     finally:
         for upstream in upstreams:
             upstream.close()
-    return print_recheck(config, reports, opts.json, session if not opts.run else "")
+    return print_recheck(config, reports, opts.json, session)
 
 
 def configured_tools(config):
-    """Tools as the configuration names and classifies them, without starting any server."""
+    """Tools as the config classifies them, unstarted."""
     tools = {}
     for server in config.servers:
         for name, rule in server.rules.items():
-            entry = {"name": name, "description": "", "input_schema": {"type": "object"}}
+            entry = {"name": name, "description": "",
+                     "input_schema": {"type": "object"}}
             tool = Tool(server, None, entry, rule)
             tools[tool.name] = tool
     return tools
@@ -9344,140 +9485,194 @@ def configured_tools(config):
 
 def recheck_run(store, config, tools, run_id, current):
     run = load_run(store, run_id)
-    policy_id = config.policy_id()
-    evaluations, notes, recorded_ids, seen_steps = [], [], set(), set()
-    steps = {step["id"]: step for step in store.steps(run_id)}
-    for seq, step_id, recorded, at in store.policy_events(run_id):
+    source = "current" if current else "recorded"
+    steps = {s["id"]: s for s in store.steps(run_id)}
+    evaluations, ids, seen = [], set(), set()
+    events = store.policy_events(run_id)
+    for seq, step_id, recorded, at in events:
         step = steps[step_id]
-        on_resume = step_id in seen_steps
-        seen_steps.add(step_id)
-        decision = parse(step["decision"])
-        evaluation = {"seq": seq, "step_index": step["index"], "step_id": step_id,
-                      "tool": run["tool"], "on_resume": on_resume,
-                      "recorded": recorded["outcome"], "rechecked": "", "detail": "",
-                      "recorded_hash": "", "rechecked_hash": "",
-                      "policy_id": recorded.get("policy_id", ""),
-                      "spec_source": "current" if current else "recorded"}
-        evaluations.append(evaluation)
-        if not recorded.get("policy_id"):
-            evaluation.update(result="not_a_policy_evaluation",
-                              detail="a pause after an interruption, not a policy evaluation")
-            continue
-        recorded_ids.add(recorded["policy_id"])
-        spec = store.tool_spec(step["spec_hash"])
-        if spec is None or "args" not in decision:
-            evaluation.update(result="not_recheckable", detail="the recorded request is missing")
-            continue
-        args = decision["args"]
-        attempt = recorded.get("capability", {}).get("interrupted")
-        request = {"run_id": run_id, "step_id": step_id, "spec": spec, "args": args}
-        if recorded["outcome"] == "require_approval":
-            evaluation["recorded_hash"] = approval_hash(
-                recorded["kind"], recorded["capability"], recorded["presentation"], request)
-        tool = tools.get(run["tool"])
-        if tool is None:
-            evaluation.update(result="different", rechecked="deny",
-                              detail="the tool is not among the current tools")
-            continue
-        if current:
-            request = {**request, "spec": tool.spec}
-            problem = check_arguments(tool, args)
-            if problem:
-                evaluation.update(result="different", rechecked="invalid",
-                                  detail=f"the arguments fail the current schema: {problem}")
-                continue
-        else:  # the defaults the policy reads come from the schema the decision was made under
-            tool = Tool(tool.server, None, {"name": tool.upstream_name,
-                                            "input_schema": spec["input_schema"]}, tool.rule)
-        moment = recorded.get("facts") or {"at": at, "client": "", "approved": on_resume}
-        # The facts of the moment it was made, the executions before it counted as the gate
-        # counts them, unless an operator had decided it (then no limit counted it).
-        facts = decision_facts(store.read, run["session"], tool, moment["at"],
-                               moment.get("client", ""), not moment["approved"])
-        now_decision = evaluate(config, tool, args, facts, attempt, approved=moment["approved"])
-        evaluation["rechecked"] = now_decision["outcome"]
-        same = now_decision["outcome"] == recorded["outcome"]
-        if same and now_decision["outcome"] == "require_approval":
-            evaluation["rechecked_hash"] = approval_hash(
-                now_decision["kind"], now_decision["capability"], now_decision["presentation"],
-                request)
-            if evaluation["rechecked_hash"] != evaluation["recorded_hash"]:
-                same = False
-                evaluation["detail"] = ("asks for another approval: its capability, "
-                                        "presentation, or tool spec changed")
-        if not same and not evaluation["detail"]:
-            evaluation["detail"] = now_decision["reason"]
-        evaluation["result"] = "same" if same else "different"
-    if len(recorded_ids) > 1:
-        notes.append("the run's decisions were made under more than one policy identity")
-    recorded_id = next(iter(recorded_ids)) if len(recorded_ids) == 1 else ""
-    identity = ("unknown" if not recorded_id else
-                "unchanged" if recorded_id == policy_id else "changed")
-    differences = sum(e["result"] == "different" for e in evaluations)
-    rechecked = sum(e["result"] in ("same", "different") for e in evaluations)
-    return {"run_id": run_id, "run_status": run["status"], "policy_id": recorded_id,
-            "identity": identity, "spec_source": "current" if current else "recorded",
-            "notes": notes, "evaluations": evaluations, "same": differences == 0,
-            "differences": differences, "rechecked": rechecked,
-            "not_recheckable": len(evaluations) - rechecked, "complete": True}
+        e = dict(seq=seq, step_index=step["index"],
+                 step_id=step_id, tool=run["tool"],
+                 on_resume=step_id in seen,
+                 recorded=recorded["outcome"],
+                 rechecked="", detail="",
+                 recorded_hash="", rechecked_hash="",
+                 policy_id=recorded.get("policy_id", ""),
+                 spec_source=source)
+        seen.add(step_id)
+        evaluations.append(e)
+        if e["policy_id"]:
+            ids.add(e["policy_id"])
+        recheck_one(store, config, tools, run, step, recorded, at, e)
+    notes = []
+    if len(ids) > 1:
+        notes.append("the run's decisions were made under"
+                     " more than one policy identity")
+    recorded_id = ids.pop() if len(ids) == 1 else ""
+    identity = "unknown"
+    if recorded_id:
+        same_id = recorded_id == config.policy_id()
+        identity = "unchanged" if same_id else "changed"
+    results = [e["result"] for e in evaluations]
+    differences = results.count("different")
+    rechecked = differences + results.count("same")
+    return {"run_id": run_id, "run_status": run["status"],
+            "policy_id": recorded_id, "identity": identity,
+            "spec_source": source, "notes": notes,
+            "evaluations": evaluations,
+            "same": differences == 0,
+            "differences": differences,
+            "rechecked": rechecked,
+            "not_recheckable": len(results) - rechecked,
+            "complete": True}
+
+
+def recheck_one(store, config, tools, run, step, recorded, at, e):
+    """Fills in evaluation `e` of a recorded decision."""
+    if not e["policy_id"]:
+        e.update(result="not_a_policy_evaluation",
+                 detail="a pause after an interruption, not"
+                        " a policy evaluation")
+        return
+    spec = store.tool_spec(step["spec_hash"])
+    decision = parse(step["decision"])
+    if spec is None or "args" not in decision:
+        e.update(result="not_recheckable",
+                 detail="the recorded request is missing")
+        return
+    args = decision["args"]
+    request = {"run_id": run["run"], "step_id": step["id"],
+               "spec": spec, "args": args}
+    if recorded["outcome"] == "require_approval":
+        e["recorded_hash"] = asked_hash(recorded, request)
+    tool = tools.get(run["tool"])
+    if tool is None:
+        e.update(result="different", rechecked="deny",
+                 detail="the tool is not among the current"
+                        " tools")
+        return
+    if e["spec_source"] == "current":
+        request["spec"] = tool.spec
+        problem = check_arguments(tool, args)
+        if problem:
+            e.update(result="different", rechecked="invalid",
+                     detail="the arguments fail the current"
+                            f" schema: {problem}")
+            return
+    else:  # the defaults come from the schema decided under
+        entry = {"name": tool.upstream_name,
+                 "input_schema": spec["input_schema"]}
+        tool = Tool(tool.server, None, entry, tool.rule)
+    # The facts of its moment, executions before it counted
+    # as the gate counts them, none if an operator decided.
+    moment = recorded.get("facts") or {
+        "at": at, "client": "", "approved": e["on_resume"]}
+    approved = moment["approved"]
+    client = moment.get("client", "")
+    facts = decision_facts(store.read, run["session"], tool,
+                           moment["at"], client, not approved)
+    attempt = recorded.get("capability", {})
+    attempt = attempt.get("interrupted")
+    today = evaluate(config, tool, args, facts, attempt, approved=approved)
+    e["rechecked"] = today["outcome"]
+    same = today["outcome"] == recorded["outcome"]
+    if same and today["outcome"] == "require_approval":
+        e["rechecked_hash"] = asked_hash(today, request)
+        if e["rechecked_hash"] != e["recorded_hash"]:
+            same = False
+            e["detail"] = ("asks for another approval: its"
+                           " capability, presentation, or"
+                           " tool spec changed")
+    if not same and not e["detail"]:
+        e["detail"] = today["reason"]
+    e["result"] = "same" if same else "different"
+
+
+def asked_hash(decision, request):
+    return approval_hash(decision["kind"],
+                         decision["capability"],
+                         decision["presentation"], request)
 
 
 def print_recheck(config, reports, as_json, session):
-    """Differences first: each run where a decision differs or could not be re-checked, in
-    full; runs where every decision is the same are counted per policy identity, unless there
-    is one run (-json lists them all). One difference must not hide among fifty runs' lines."""
-    policy_id = config.policy_id()
+    """Differences in full; runs all the same are counted
+    per policy identity, unless there is one: a difference
+    must not hide among fifty runs' lines."""
     rechecked = sum(r["rechecked"] for r in reports)
     skipped = sum(r["not_recheckable"] for r in reports)
-    different = sum(r["differences"] for r in reports)
     differ = sum(not r["same"] for r in reports)
     if as_json:
         tell_json(reports)
     else:
-        tell(f"{len(reports)} run(s) re-checked under {policy_id}: {rechecked} decision(s) "
-             f"re-checked, {different} differ, {skipped} not re-checkable and skipped; "
-             f"{differ} run(s) differ")
-        same = collections.defaultdict(lambda: [0, 0])  # identity -> [runs, decisions]
-        for r in reports:
-            identity = {"unchanged": f'policy unchanged: "{policy_id}"',
-                        "changed": f'policy changed: recorded "{r["policy_id"]}", given '
-                                   f'"{policy_id}"',
-                        "unknown": "policy identity unknown"}[r["identity"]]
-            if r["same"] and not r["not_recheckable"] and not r["notes"] and len(reports) > 1:
-                same[identity][0] += 1
-                same[identity][1] += r["rechecked"]
-                continue
-            tell(f"run {r['run_id']} {r['run_status']}: {r['differences']} of {r['rechecked']} "
-                 f"re-checked evaluations differ; {identity}; {r['spec_source']} specs")
-            for e in sorted(r["evaluations"], key=lambda e: {"different": 0, "same": 2}.get(
-                    e["result"], 1)):
-                tell(cut(recheck_line(e), 240))
-            for note in r["notes"]:
-                tell(f"note: {note}")
-        for identity, (runs, decisions) in same.items():
-            tell(f"the same today: every decision of {runs} run(s) ({decisions} in all); "
-                 f"{identity}")
-        tell(RECHECK_SCOPE)
+        tell_recheck(config.policy_id(), reports, rechecked, skipped, differ)
     if not reports:
-        log(f'no run of session "{session}" was found, so nothing was re-checked')
+        log(f'no run of session "{session}" was found, so'
+            f" nothing was re-checked")
         return 1
     if not rechecked:
-        log(f"no decision of the policy was re-checked ({skipped} not re-checkable)")
+        log("no decision of the policy was re-checked"
+            f" ({skipped} not re-checkable)")
         return 1
     return 1 if differ else 0
 
 
+def tell_recheck(policy_id, reports, rechecked, skipped, differ):
+    different = sum(r["differences"] for r in reports)
+    tell(f"{len(reports)} run(s) re-checked under"
+         f" {policy_id}: {rechecked} decision(s) re-checked,"
+         f" {different} differ, {skipped} not re-checkable"
+         f" and skipped; {differ} run(s) differ")
+    # identity -> [runs, decisions]
+    same = collections.defaultdict(lambda: [0, 0])
+    for r in reports:
+        identity = identity_text(r, policy_id)
+        if r["same"] and not r["not_recheckable"] and \
+                not r["notes"] and len(reports) > 1:
+            same[identity][0] += 1
+            same[identity][1] += r["rechecked"]
+            continue
+        tell(f"run {r['run_id']} {r['run_status']}:"
+             f" {r['differences']} of {r['rechecked']}"
+             f" re-checked evaluations differ; {identity};"
+             f" {r['spec_source']} specs")
+        order = sorted(r["evaluations"], key=lambda e: {
+            "different": 0, "same": 2}.get(e["result"], 1))
+        for e in order:
+            tell(cut(recheck_line(e), 240))
+        for note in r["notes"]:
+            tell(f"note: {note}")
+    for identity, (runs, decisions) in same.items():
+        tell(f"the same today: every decision of {runs}"
+             f" run(s) ({decisions} in all); {identity}")
+    tell(RECHECK_SCOPE)
+
+
+def identity_text(report, policy_id):
+    if report["identity"] == "unchanged":
+        return f'policy unchanged: "{policy_id}"'
+    if report["identity"] == "changed":
+        return (f'policy changed: recorded'
+                f' "{report["policy_id"]}", given'
+                f' "{policy_id}"')
+    return "policy identity unknown"
+
+
+RECHECK_MARK = {"same": "same     ", "different": "DIFFERENT"}
+
+
 def recheck_line(e):
-    mark = {"same": "same     ", "different": "DIFFERENT"}.get(e["result"], "skipped  ")
-    where = f" step {e['step_index']} seq {e['seq']} {sanitize(e['tool'])}" + (
-        " (on resume)" if e["on_resume"] else "")
+    mark = RECHECK_MARK.get(e["result"], "skipped  ")
+    where = f" step {e['step_index']} seq {e['seq']}" \
+        f" {sanitize(e['tool'])}"
+    if e["on_resume"]:
+        where += " (on resume)"
+    body = e["detail"]
     if e["result"] == "same":
         body = e["recorded"]
     elif e["result"] == "different":
-        body = f"{e['recorded']} -> {e['rechecked'] or '?'}" + (
-            f": {e['detail']}" if e["detail"] else "")
-    else:
-        body = e["detail"]
+        body = f"{e['recorded']} -> {e['rechecked'] or '?'}"
+        if e["detail"]:
+            body += f": {e['detail']}"
     return f"{mark}{where}: {sanitize(body)}"
 
 
