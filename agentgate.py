@@ -1645,26 +1645,22 @@ def passed_result(tool, result):
 # Reads as: decision core
 #
 # Owns: the SQLite file, every statement that changes it, and the
-# reads the gate decides with (section 22's Ledger reads the rest).
+# reads the gate decides with (section 22 reads the rest).
 # Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema
-# off; files created 0600 and refused when others can write them;
-# every state change commits with its events in one BEGIN
-# IMMEDIATE transaction, hash-chained across all runs and
-# processes; what one transaction changes in a run is one event.
-# No statement here approves. A database migrated by a newer
-# agentgate is refused; a new one is migrated from version 0 by
-# the same SCHEMA as an old one.
+# off; files 0600, refused when others can write them; a state
+# change commits with its events in one BEGIN IMMEDIATE
+# transaction, hash-chained across runs and processes, one event
+# per run per transaction. Nothing here approves. A database of a
+# newer agentgate is refused; new and old migrate by SCHEMA.
 # =============================================================================================
 
 SCHEMA = [
-    # 1. A run is one tools/call; a step is one proposal in it (the
-    # model's call, a re-run, the closing decision). The calls
-    # table indexes runs by request: truth is read from the run and
-    # its steps. (Runs before version 5 have an unread result_json.)
+    # 1. A run is one tools/call; a step one proposal in it (the
+    # call, a re-run, the closing). The calls table indexes runs by
+    # request; the truth is the run and its steps.
     """
-    CREATE TABLE runs(id TEXT PRIMARY KEY,
-        session TEXT NOT NULL, tool TEXT NOT NULL,
-        status TEXT NOT NULL,
+    CREATE TABLE runs(id TEXT PRIMARY KEY, session TEXT NOT NULL,
+        tool TEXT NOT NULL, status TEXT NOT NULL,
         reason TEXT NOT NULL DEFAULT '',
         detail TEXT NOT NULL DEFAULT '',
         step_count INTEGER NOT NULL DEFAULT 0,
@@ -1681,8 +1677,7 @@ SCHEMA = [
         spec_hash TEXT NOT NULL DEFAULT '',
         policy_id TEXT NOT NULL DEFAULT '',
         started_at TEXT NOT NULL,
-        finished_at TEXT NOT NULL DEFAULT '',
-        UNIQUE(run_id, idx));
+        finished_at TEXT NOT NULL DEFAULT '', UNIQUE(run_id, idx));
     CREATE TABLE approvals(id TEXT PRIMARY KEY,
         run_id TEXT NOT NULL REFERENCES runs(id),
         step_id TEXT NOT NULL, kind TEXT NOT NULL,
@@ -1697,59 +1692,49 @@ SCHEMA = [
     CREATE INDEX approvals_run ON approvals(run_id);
     CREATE TABLE tool_specs(hash TEXT PRIMARY KEY,
         spec_json TEXT NOT NULL);
-    CREATE TABLE calls(
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        session TEXT NOT NULL,
-        request_key TEXT NOT NULL, tool TEXT NOT NULL,
-        side_effect TEXT NOT NULL,
-        run_id TEXT NOT NULL UNIQUE,
-        created_at TEXT NOT NULL,
+    CREATE TABLE calls(id INTEGER PRIMARY KEY AUTOINCREMENT,
+        session TEXT NOT NULL, request_key TEXT NOT NULL,
+        tool TEXT NOT NULL, side_effect TEXT NOT NULL,
+        run_id TEXT NOT NULL UNIQUE, created_at TEXT NOT NULL,
         open INTEGER NOT NULL DEFAULT 1,
         closed_at TEXT NOT NULL DEFAULT '',
         settled_at TEXT NOT NULL DEFAULT '',
         outcome INTEGER NOT NULL DEFAULT 0);
-    CREATE UNIQUE INDEX calls_open
-        ON calls(session, request_key) WHERE open = 1;
-    CREATE INDEX calls_key
-        ON calls(session, request_key, id);
-    CREATE INDEX calls_unsettled
-        ON calls(session, settled_at, id);
-    CREATE INDEX calls_tool
-        ON calls(session, tool, outcome, id);
-    CREATE TABLE events(
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        run_id TEXT NOT NULL,
-        step_id TEXT NOT NULL DEFAULT '',
+    CREATE UNIQUE INDEX calls_open ON calls(session, request_key)
+        WHERE open = 1;
+    CREATE INDEX calls_key ON calls(session, request_key, id);
+    CREATE INDEX calls_unsettled ON calls(session, settled_at, id);
+    CREATE INDEX calls_tool ON calls(session, tool, outcome, id);
+    CREATE TABLE events(seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT NOT NULL, step_id TEXT NOT NULL DEFAULT '',
         at TEXT NOT NULL, type TEXT NOT NULL,
         payload_json TEXT NOT NULL, hash TEXT NOT NULL);
     CREATE INDEX events_run ON events(run_id, seq);
     """,
-    # 2. What the limits count (a row per execution; amounts_json
-    # is no longer written: a sum reads the step's arguments), and
-    # the standing approvals. Version 1's executions are its
-    # step.tool_started events, under their calls' tools.
+    # 2. What limits count (amounts_json unused: a sum reads the
+    # step), and the grants. Version 1's executions are its
+    # step.tool_started events.
     """
     CREATE TABLE executions(id INTEGER PRIMARY KEY,
-        tool TEXT NOT NULL, at TEXT NOT NULL,
-        run_id TEXT NOT NULL, step_id TEXT NOT NULL,
+        tool TEXT NOT NULL, at TEXT NOT NULL, run_id TEXT NOT NULL,
+        step_id TEXT NOT NULL,
         amounts_json TEXT NOT NULL DEFAULT '{}');
     INSERT INTO executions(tool, at, run_id, step_id)
-        SELECT c.tool, e.at, e.run_id, e.step_id
-        FROM events e JOIN calls c ON c.run_id=e.run_id
+        SELECT c.tool, e.at, e.run_id, e.step_id FROM events e
+        JOIN calls c ON c.run_id=e.run_id
         WHERE e.type='step.tool_started' ORDER BY e.seq;
     CREATE INDEX executions_tool ON executions(tool, at);
-    CREATE TABLE grants(id TEXT PRIMARY KEY,
-        session TEXT NOT NULL, tool TEXT NOT NULL,
-        name TEXT NOT NULL, conditions_json TEXT NOT NULL,
-        created_at TEXT NOT NULL, expires_at TEXT NOT NULL,
-        by TEXT NOT NULL, note TEXT NOT NULL DEFAULT '',
+    CREATE TABLE grants(id TEXT PRIMARY KEY, session TEXT NOT NULL,
+        tool TEXT NOT NULL, name TEXT NOT NULL,
+        conditions_json TEXT NOT NULL, created_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL, by TEXT NOT NULL,
+        note TEXT NOT NULL DEFAULT '',
         revoked_at TEXT NOT NULL DEFAULT '',
         revoked_by TEXT NOT NULL DEFAULT '',
         revoke_note TEXT NOT NULL DEFAULT '');
-    CREATE INDEX grants_tool
-        ON grants(session, tool, expires_at);
+    CREATE INDEX grants_tool ON grants(session, tool, expires_at);
     """,
-    # 3 to 5 rewrite nothing (the chain binds the old rows):
+    # 3 to 5 rewrite nothing (the chain binds the old rows).
     "",  # 3: an allowed read: its run and one run.read event
     "",  # 4: an answer is kept as its result_record
     "",  # 5: one event per run per transaction (Tx.flush)
@@ -1758,26 +1743,24 @@ SCHEMA = [
     DROP INDEX calls_key;
     DROP INDEX calls_tool;
     CREATE INDEX calls_request ON calls(request_key, id);
-    CREATE INDEX calls_target
-        ON calls(tool, outcome, id);
+    CREATE INDEX calls_target ON calls(tool, outcome, id);
     """,
 ]
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
-# What a settled calls row says its run's last attempt came to
-# (0 while it is not settled).
+# A settled calls row: what its last attempt came to (0: unsettled).
 OUTCOME_NONE, OUTCOME_KNOWN, OUTCOME_UNKNOWN = 1, 2, 3
 
 
 class StoreError(Exception):
-    """The records could not be read or written (says why)."""
+    """The records could not be read or written."""
 
 
 class Race(Exception):
-    """Another caller changed these records since they were read."""
+    """The records changed since they were read."""
 
 
-# A read replaces whatever row is open: reads never race for a key.
+# A read replaces any open row: reads never race for a key.
 ANY_ROW = "any open row"
 KeyRun = collections.namedtuple(
     "KeyRun",
@@ -1787,15 +1770,13 @@ CALL_ENDINGS = ("ok", "error", "unsent", "unrecorded",
                 "timed_out", "no_answer")
 LARGE_VALUE_BYTES = 4096
 
-# A run's newest attempt; `attempt`: as an interruption approval
-# names it.
+# A run's newest attempt; `attempt` as an approval names it.
 Attempt = collections.namedtuple(
     "Attempt", "ending observed finished attempt")
 
 
 def step_outcome(observed):
-    """What a recorded step came to, read from its fields in every
-    version, never its prose."""
+    """What a step came to, from its fields, never its prose."""
     kind, content = observed["kind"], observed.get("content", {})
     if kind == "tool_result":
         return "ok"
@@ -1810,21 +1791,17 @@ def step_outcome(observed):
     return "invalid" if kind == "invalid_decision" else ""
 
 
-ATTEMPT_STEPS = (
-    "SELECT id, status, observation_json, started_at,"
-    " finished_at FROM steps WHERE run_id=?"
-    " AND json_extract(decision_json, '$.kind')"
-    "='tool_call' ORDER BY idx DESC")
-ASKED_AGAIN = (
-    "SELECT capability_json FROM approvals"
-    " WHERE step_id=? AND kind='interrupted_side_effect'"
-    " ORDER BY rowid DESC LIMIT 1")
+ATTEMPT_STEPS = ("SELECT id, status, observation_json, started_at, finished_at"
+                 " FROM steps WHERE run_id=? AND json_extract(decision_json,"
+                 " '$.kind')='tool_call' ORDER BY idx DESC")
+ASKED_AGAIN = ("SELECT capability_json FROM approvals WHERE step_id=?"
+               " AND kind='interrupted_side_effect' ORDER BY rowid DESC"
+               " LIMIT 1")
 
 
 def last_attempt(rows, run_id):
-    """A run's newest attempt, read through `rows`, or None. A
-    re-run asked and not carried out stands for the attempt its
-    approval names."""
+    """A run's newest attempt, or None; a re-run asked and not
+    carried out stands for the attempt its approval names."""
     for row in rows(ATTEMPT_STEPS, (run_id,)):
         step_id, status, observation, started, finished = row
         attempt = {"run_id": run_id, "step_id": step_id,
@@ -1847,9 +1824,8 @@ def last_attempt(rows, run_id):
 
 
 def kept_once(value):
-    """A value as an event carries it: a string past
-    LARGE_VALUE_BYTES as its size and hash, since its step or
-    approval row keeps it whole (the chain binds every byte)."""
+    """A value in an event: a long string as its size and hash
+    (its row keeps it whole; the chain binds every byte)."""
     if isinstance(value, str):
         data = value.encode("utf-8", "surrogatepass")
         if len(data) > LARGE_VALUE_BYTES:
@@ -1863,48 +1839,38 @@ def kept_once(value):
 
 
 def event_hash(prev, seq, run_id, step_id, at, type_, payload):
-    """An event's hash: over the previous one's and its own fields
-    as stored, as netstrings."""
+    """Over the previous hash and the fields, as netstrings."""
     fields = (prev, str(seq), run_id, step_id, at, type_, payload)
     data = [f.encode("utf-8", "surrogatepass") for f in fields]
     return sha256_hex(b"".join(
         b"%d:%s," % (len(field), field) for field in data))
 
 
-CHAIN_HEAD = (
-    "SELECT (SELECT seq FROM sqlite_sequence"
-    " WHERE name='events'),"
-    " (SELECT seq FROM events ORDER BY seq DESC LIMIT 1),"
-    " (SELECT hash FROM events ORDER BY seq DESC LIMIT 1)")
-OPEN_ROW = (
-    "SELECT c.run_id, r.status FROM calls c"
-    " JOIN runs r ON r.id = c.run_id"
-    " WHERE c.request_key=? AND c.open=1"
-    " ORDER BY c.id DESC")
-WAITING = (
-    "SELECT count(*) FROM calls c"
-    " JOIN runs r ON r.id = c.run_id"
-    " JOIN approvals a ON a.run_id = r.id"
-    " WHERE c.session=? AND c.settled_at=''"
-    " AND r.status='WAITING_FOR_APPROVAL'"
-    " AND a.status='pending'"
-    " AND (a.expires_at='' OR a.expires_at>?)"
-    " AND a.rowid = (SELECT max(rowid) FROM approvals b"
-    " WHERE b.run_id=r.id)")
+CHAIN_HEAD = ("SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'),"
+              " (SELECT seq FROM events ORDER BY seq DESC LIMIT 1),"
+              " (SELECT hash FROM events ORDER BY seq DESC LIMIT 1)")
+OPEN_ROW = ("SELECT c.run_id, r.status FROM calls c"
+            " JOIN runs r ON r.id = c.run_id WHERE c.request_key=?"
+            " AND c.open=1 ORDER BY c.id DESC")
+WAITING = ("SELECT count(*) FROM calls c JOIN runs r ON r.id = c.run_id"
+           " JOIN approvals a ON a.run_id = r.id WHERE c.session=?"
+           " AND c.settled_at='' AND r.status='WAITING_FOR_APPROVAL'"
+           " AND a.status='pending' AND (a.expires_at='' OR a.expires_at>?)"
+           " AND a.rowid = (SELECT max(rowid) FROM approvals b"
+           " WHERE b.run_id=r.id)")
 
 
 class Tx:
-    """One write transaction: statements, and the events that
-    commit with them. A state change writes its rows and events
-    inside the caller's transaction."""
+    """One write transaction: a method per state change, its
+    rows and the events that commit with them."""
 
     def __init__(self, db):
         self.db = db
         self.execute = db.execute
         self.parts = {}  # run id -> its parts of the record so far
-        # Read under the write lock, so two processes extend one
-        # chain. The next seq follows every seq ever used (a
-        # deleted tail leaves a gap verify reports).
+        # Read under the write lock: processes extend one chain.
+        # The next seq follows every seq used (a deleted tail
+        # leaves a gap verify reports).
         used, newest, digest = db.execute(CHAIN_HEAD).fetchone()
         self.head = (max(used or 0, newest or 0), digest or "")
 
@@ -1916,10 +1882,9 @@ class Tx:
         at, body = now(), dumps(payload)
         digest = event_hash(prev, seq, run_id, step_id, at,
                             type_, body)
-        self.db.execute(
-            "INSERT INTO events(seq, run_id, step_id, at, type,"
-            " payload_json, hash) VALUES(?,?,?,?,?,?,?)",
-            (seq, run_id, step_id, at, type_, body, digest))
+        self.db.execute("INSERT INTO events(seq, run_id, step_id, at, type,"
+                        " payload_json, hash) VALUES(?,?,?,?,?,?,?)",
+                        (seq, run_id, step_id, at, type_, body, digest))
         self.head = (seq, digest)
 
     def part(self, run_id, type_, payload, step_id=""):
@@ -1927,9 +1892,8 @@ class Tx:
         self.parts.setdefault(run_id, []).append(part)
 
     def flush(self):
-        """Chain each run's parts as one event: a part alone as
-        itself, several as one call.began, call.changed or
-        call.ended (section 22's event_parts reads both)."""
+        """Each run's parts as one event: one part as itself,
+        several as call.began, call.changed or call.ended."""
         for run_id, parts in self.parts.items():
             if len(parts) == 1:
                 type_, step_id, payload = parts[0]
@@ -1945,63 +1909,52 @@ class Tx:
 
     def begin_run(self, run_id, session, tool, target, key,
                   side_effect, tool_hashes, lease, seen):
-        """Claim the request's calls row and begin its run, both or
-        neither. Race unless the open row, in any session, is still
-        `seen` and its run ended: a run of the key begun since,
-        anywhere, wins."""
+        """Claim the request's calls row and begin its run. Race
+        unless the open row is still `seen` and ended: a run of
+        the key begun since, anywhere, wins."""
         at = now()
         row = self.execute(OPEN_ROW, (key,)).fetchone()
         if seen is not ANY_ROW:
             moved = (row[0] if row else None) != seen
             if moved or (row and row[1] not in TERMINAL):
                 raise Race()
-        self.execute(
-            "UPDATE calls SET open=0, closed_at=?"
-            " WHERE request_key=? AND open=1", (at, key))
-        self.execute(
-            "INSERT INTO calls(session, request_key, tool,"
-            " side_effect, run_id, created_at)"
-            " VALUES(?,?,?,?,?,?)",
-            (session, key, target, side_effect, run_id, at))
-        self.execute(
-            "INSERT INTO runs(id, session, tool, status,"
-            " created_at, lease_owner, lease_expires_at)"
-            " VALUES(?,?,?,?,?,?,?)",
-            (run_id, session, tool, "RUNNING", at, *lease))
+        self.execute("UPDATE calls SET open=0, closed_at=? WHERE request_key=?"
+                     " AND open=1", (at, key))
+        self.execute("INSERT INTO calls(session, request_key, tool,"
+                     " side_effect, run_id, created_at) VALUES(?,?,?,?,?,?)",
+                     (session, key, target, side_effect, run_id, at))
+        self.execute("INSERT INTO runs(id, session, tool, status, created_at,"
+                     " lease_owner, lease_expires_at) VALUES(?,?,?,?,?,?,?)",
+                     (run_id, session, tool, "RUNNING", at, *lease))
         self.part(run_id, "run.created",
                   {"goal": f"call {tool}", "tools": tool_hashes})
         self.part(run_id, "run.started", {})
 
     def keep_spec(self, tool):
-        self.execute(
-            "INSERT OR IGNORE INTO tool_specs(hash, spec_json)"
-            " VALUES(?,?)", (tool.spec_hash, tool.spec_json))
+        self.execute("INSERT OR IGNORE INTO tool_specs(hash, spec_json)"
+                     " VALUES(?,?)", (tool.spec_hash, tool.spec_json))
         return tool.spec_hash
 
     def start_step(self, run_id, decision, tool=None):
         step_id = new_id(16)
-        index = self.execute(
-            "SELECT step_count FROM runs WHERE id=?",
-            (run_id,)).fetchone()[0]
-        self.execute(
-            "UPDATE runs SET step_count=step_count+1"
-            " WHERE id=?", (run_id,))
-        spec_hash = self.keep_spec(tool) if tool else ""
-        self.execute(
-            "INSERT INTO steps(id, run_id, idx, status,"
-            " decision_json, spec_hash, started_at)"
-            " VALUES(?,?,?,?,?,?,?)",
-            (step_id, run_id, index, "deciding",
-             dumps(decision), spec_hash, now()))
+        index = self.execute("SELECT step_count FROM runs WHERE id=?",
+                             (run_id,)).fetchone()[0]
+        self.execute("UPDATE runs SET step_count=step_count+1"
+                     " WHERE id=?", (run_id,))
+        spec_hash = self.keep_spec(tool) if tool is not None else ""
+        self.execute("INSERT INTO steps(id, run_id, idx, status,"
+                     " decision_json, spec_hash, started_at)"
+                     " VALUES(?,?,?,?,?,?,?)",
+                     (step_id, run_id, index, "deciding",
+                      dumps(decision), spec_hash, now()))
         self.part(run_id, "step.started", {"index": index}, step_id)
         self.part(run_id, "step.decided", kept_once(decision),
                   step_id)
         return step_id
 
     def record_policy(self, run_id, step_id, policy, policy_id):
-        self.execute(
-            "UPDATE steps SET policy_json=?, policy_id=?"
-            " WHERE id=?", (dumps(policy), policy_id, step_id))
+        self.execute("UPDATE steps SET policy_json=?, policy_id=?"
+                     " WHERE id=?", (dumps(policy), policy_id, step_id))
         spec_hash = self.execute(
             "SELECT spec_hash FROM steps WHERE id=?",
             (step_id,)).fetchone()[0]
@@ -2011,10 +1964,9 @@ class Tx:
 
     def end_step(self, step_id, status, observation=None):
         kept = dumps(observation) if observation else ""
-        self.execute(
-            "UPDATE steps SET status=?, observation_json=?,"
-            " finished_at=? WHERE id=?",
-            (status, kept, now(), step_id))
+        self.execute("UPDATE steps SET status=?, observation_json=?,"
+                     " finished_at=? WHERE id=?",
+                     (status, kept, now(), step_id))
 
     def fail_step(self, run_id, step_id, observation, detail):
         self.end_step(step_id, "failed", observation)
@@ -2023,10 +1975,9 @@ class Tx:
 
     def finish_run(self, run_id, status, reason, detail,
                    extra=None, outcome=None):
-        """End a run (a closing step first unless it completed) and
-        settle its calls row. Without `outcome` nothing executed:
-        it is the last attempt's, so a rejected or expired re-run
-        leaves an unknown outcome open. An ended run raises Race."""
+        """End a run and settle its calls row; Race if it ended.
+        Without `outcome` nothing executed: the last attempt's
+        stands (a refused re-run leaves an unknown open)."""
         current, steps = self.execute(
             "SELECT status, step_count FROM runs WHERE id=?",
             (run_id,)).fetchone()
@@ -2044,31 +1995,26 @@ class Tx:
                        "origin": "operator"}
             self.end_step(self.start_step(run_id, closing), "done")
             steps += 1
-        self.execute(
-            "UPDATE runs SET status=?, reason=?, detail=?,"
-            " finished_at=?, lease_owner='', lease_expires_at=''"
-            " WHERE id=?", (status, reason, detail, now(), run_id))
+        self.execute("UPDATE runs SET status=?, reason=?, detail=?,"
+                     " finished_at=?, lease_owner='', lease_expires_at=''"
+                     " WHERE id=?", (status, reason, detail, now(), run_id))
         said = {"status": status, "reason": reason,
                 "detail": detail, "steps": steps, **(extra or {})}
         self.part(run_id, "run.finished", said)
-        self.execute(
-            "UPDATE calls SET settled_at=?, outcome=?"
-            " WHERE run_id=?", (now(), outcome, run_id))
+        self.execute("UPDATE calls SET settled_at=?, outcome=?"
+                     " WHERE run_id=?", (now(), outcome, run_id))
 
     def pause(self, run_id, step_id, approval):
-        """Wait for an operator: the run without a lease, the
-        approval row with its hash. A run an operator ended
-        meanwhile stays ended (Race)."""
-        waits = self.execute(
-            "UPDATE runs SET status='WAITING_FOR_APPROVAL',"
-            " lease_owner='', lease_expires_at='' WHERE id=?"
-            " AND status IN ('RUNNING', 'WAITING_FOR_APPROVAL')",
-            (run_id,))
+        """Wait for an operator; a run ended meanwhile: Race."""
+        waits = self.execute("UPDATE runs SET status='WAITING_FOR_APPROVAL',"
+                             " lease_owner='', lease_expires_at='' WHERE id=?"
+                             " AND status IN ('RUNNING',"
+                             " 'WAITING_FOR_APPROVAL')",
+                             (run_id,))
         if waits.rowcount != 1:
             raise Race()
-        self.execute(
-            "UPDATE steps SET status='awaiting_approval'"
-            " WHERE id=?", (step_id,))
+        self.execute("UPDATE steps SET status='awaiting_approval'"
+                     " WHERE id=?", (step_id,))
         columns = ", ".join(APPROVAL_COLUMNS)
         marks = ", ".join("?" * len(APPROVAL_COLUMNS))
         self.execute(
@@ -2085,16 +2031,14 @@ class Tx:
             "hash": approval["hash"]}, step_id)
 
     def resume(self, run_id, approval_id, lease):
-        """A run whose newest approval was granted runs again,
-        under this process's lease."""
-        changed = self.execute(
-            "UPDATE runs SET status='RUNNING', lease_owner=?,"
-            " lease_expires_at=? WHERE id=?"
-            " AND status='WAITING_FOR_APPROVAL'"
-            " AND (SELECT id, status FROM approvals"
-            " WHERE run_id=? ORDER BY rowid DESC LIMIT 1)"
-            " = (?, 'approved')",
-            (*lease, run_id, run_id, approval_id))
+        """Run again on its newest approval, granted; else Race."""
+        changed = self.execute("UPDATE runs SET status='RUNNING',"
+                               " lease_owner=?, lease_expires_at=? WHERE id=?"
+                               " AND status='WAITING_FOR_APPROVAL' AND"
+                               " (SELECT id, status FROM approvals"
+                               " WHERE run_id=? ORDER BY rowid DESC"
+                               " LIMIT 1) = (?, 'approved')",
+                               (*lease, run_id, run_id, approval_id))
         if changed.rowcount != 1:
             raise Race()
         self.part(run_id, "run.resumed",
@@ -2102,15 +2046,13 @@ class Tx:
 
     def start_execution(self, run_id, step_id, tool, args,
                         target, approval_id=""):
-        """From here the step's outcome may be unknown; the
-        execution row makes every process's limits count it (as
-        `target`) from this commit on."""
-        self.execute(
-            "UPDATE steps SET status='executing' WHERE id=?",
-            (step_id,))
-        self.execute(
-            "INSERT INTO executions(tool, at, run_id, step_id)"
-            " VALUES(?,?,?,?)", (target, now(), run_id, step_id))
+        """From here the outcome may be unknown; every process's
+        limits count it from this commit on."""
+        self.execute("UPDATE steps SET status='executing' WHERE id=?",
+                     (step_id,))
+        self.execute("INSERT INTO executions(tool, at, run_id, step_id)"
+                     " VALUES(?,?,?,?)", (target, now(), run_id, step_id))
+
         said = {"tool": tool, "args": kept_once(args)}
         if approval_id:
             said["approval_id"] = approval_id
@@ -2118,7 +2060,7 @@ class Tx:
 
     def finish_execution(self, run_id, step_id, tool,
                          observation, duration_ms):
-        """The event names the outcome; the step row keeps it."""
+        # The event names the outcome; the step row keeps it.
         record = observation.get("result")
         if record:
             said = {"summary": observation["summary"],
@@ -2139,12 +2081,11 @@ class Tx:
                         outcome=OUTCOME_KNOWN)
 
     def waiting(self, session):
-        """How many of the session's questions wait, unexpired."""
+        """The session's questions that wait, unexpired."""
         return self.execute(WAITING, (session, now())).fetchone()[0]
 
     def run_holder(self, run_id):
-        """(status, lease owner) of a run, read in the transaction
-        that acts on it."""
+        """(status, lease owner) of a run."""
         return self.execute(
             "SELECT status, lease_owner FROM runs WHERE id=?",
             (run_id,)).fetchone()
@@ -2155,24 +2096,21 @@ class Tx:
             (step_id,)).fetchone()[0]
 
     def take_over(self, run_id, lease):
-        """Take the lease of a run whose owner stopped renewing it,
-        every step it cut off marked interrupted; (step_id,
-        started_at) of one cut off executing, or None."""
-        row = self.execute(
-            "SELECT lease_owner, lease_expires_at FROM runs"
-            " WHERE id=? AND status='RUNNING'",
-            (run_id,)).fetchone()
-        # Another process's live lease is refused, not this one's:
-        # it takes over only runs it is not executing
-        # (Gate.active), so its own means a failed write.
+        """Take a lease left to run out, its steps marked
+        interrupted: (step_id, started_at) of one cut off while
+        executing, or None."""
+        row = self.execute("SELECT lease_owner, lease_expires_at FROM runs"
+                           " WHERE id=? AND status='RUNNING'",
+                           (run_id,)).fetchone()
+        # Not another process's live lease; this one's own means a
+        # failed write (it never takes over what it executes).
         if row is None:
             raise Race()
         owner, expires = row
         if owner and expires > now() and owner != lease[0]:
             raise Race()
-        self.execute(
-            "UPDATE runs SET lease_owner=?, lease_expires_at=?"
-            " WHERE id=?", (*lease, run_id))
+        self.execute("UPDATE runs SET lease_owner=?, lease_expires_at=?"
+                     " WHERE id=?", (*lease, run_id))
         if owner:
             self.part(run_id, "lease.taken_over", {
                 "previous_owner": owner,
@@ -2181,8 +2119,8 @@ class Tx:
         cut_step = None
         for step_id, status, started in self.rows(
                 "SELECT id, status, started_at FROM steps"
-                " WHERE run_id=? AND status IN"
-                " ('deciding', 'executing') ORDER BY idx",
+                " WHERE run_id=? AND status IN ('deciding',"
+                " 'executing') ORDER BY idx",
                 (run_id,)):
             observation = {
                 "kind": "interrupted",
@@ -2197,15 +2135,13 @@ class Tx:
 
     def decide_approval(self, approval_id, shown_hash, status, by,
                         note):
-        """An operator's decision, bound to the hash of exactly
-        what they were shown: 'decided', 'changed' (not pending,
-        or not what was shown) or 'expired'."""
-        row = self.execute(
-            "SELECT a.run_id, a.step_id, a.expires_at"
-            " FROM approvals a JOIN runs r ON r.id = a.run_id"
-            " WHERE a.id=? AND a.status='pending' AND a.hash=?"
-            " AND r.status='WAITING_FOR_APPROVAL'",
-            (approval_id, shown_hash)).fetchone()
+        """An operator's decision bound to the hash shown:
+        'decided', 'changed' or 'expired'."""
+        row = self.execute("SELECT a.run_id, a.step_id, a.expires_at"
+                           " FROM approvals a JOIN runs r ON r.id = a.run_id"
+                           " WHERE a.id=? AND a.status='pending' AND a.hash=?"
+                           " AND r.status='WAITING_FOR_APPROVAL'",
+                           (approval_id, shown_hash)).fetchone()
         if row is None:
             return "changed"
         run_id, step_id, expires = row
@@ -2226,46 +2162,41 @@ class Tx:
 
     def _close_approval(self, run_id, step_id, approval_id, status,
                         by, note):
-        self.execute(
-            "UPDATE approvals SET status=?, decided_at=?,"
-            " decided_by=?, note=? WHERE id=?",
-            (status, now(), by, note, approval_id))
+        self.execute("UPDATE approvals SET status=?, decided_at=?,"
+                     " decided_by=?, note=? WHERE id=?",
+                     (status, now(), by, note, approval_id))
         said = {"approval_id": approval_id, "status": status,
                 "by": by, "note": note}
         self.part(run_id, "approval.decided", said, step_id)
 
     def expire_approval(self, approval_id, run_id, step_id):
-        """A question nobody answered, or a grant nobody collected,
-        in time."""
-        changed = self.execute(
-            "UPDATE approvals SET status='expired',"
-            " decided_at=coalesce(nullif(decided_at, ''), ?),"
-            " note=coalesce(nullif(note, ''), 'expired')"
-            " WHERE id=? AND status IN ('pending', 'approved')",
-            (now(), approval_id))
+        """A question not answered, or a grant not collected."""
+        changed = self.execute("UPDATE approvals SET status='expired',"
+                               " decided_at=coalesce(nullif(decided_at, ''),"
+                               " ?), note=coalesce(nullif(note, ''),"
+                               " 'expired') WHERE id=?"
+                               " AND status IN ('pending', 'approved')",
+                               (now(), approval_id))
         if changed.rowcount != 1:
             raise Race()
         said = {"approval_id": approval_id, "status": "expired"}
         self.part(run_id, "approval.decided", said, step_id)
-        self.execute(
-            "UPDATE steps SET status='failed', finished_at=?"
-            " WHERE id=? AND status='awaiting_approval'",
-            (now(), step_id))
+        self.execute("UPDATE steps SET status='failed', finished_at=?"
+                     " WHERE id=? AND status='awaiting_approval'",
+                     (now(), step_id))
         self.finish_run(run_id, "CANCELLED", "approval_expired",
                         f"approval {approval_id} expired")
 
     def record_read(self, run_id, session, tool, decision, policy,
                     policy_id, started, observation, ended,
                     duration_ms):
-        """An allowed read, recorded once it answered, as its run
-        and one run.read event: a crash leaves nothing of it
-        unknown (no calls row); no limit counts it."""
+        """An allowed read once it answered: its run and one
+        run.read event (no calls row, no execution row)."""
         status, reason, detail = ended
-        self.execute(
-            "INSERT INTO runs(id, session, tool, status, reason,"
-            " detail, step_count, created_at, finished_at)"
-            " VALUES(?,?,?,?,?,?,1,?,?)",
-            (run_id, session, tool.name, status, reason, detail,
+        self.execute("INSERT INTO runs(id, session, tool, status, reason,"
+                     " detail, step_count, created_at,"
+                     " finished_at) VALUES(?,?,?,?,?,?,1,?,?)",
+                     (run_id, session, tool.name, status, reason, detail,
              started, now()))
         policy = {**policy, "policy_id": policy_id,
                   "spec_hash": self.keep_spec(tool)}
@@ -2277,10 +2208,10 @@ class Tx:
 
     def create_grant(self, grant):
         columns = GRANT_COLUMNS[:9]
-        self.execute(
-            f"INSERT INTO grants({', '.join(columns)})"
-            f" VALUES(?,?,?,?,?,?,?,?,?)",
-            tuple(grant[c] for c in columns))
+        self.execute(f"INSERT INTO grants({', '.join(columns)})"
+                     f" VALUES(?,?,?,?,?,?,?,?,?)",
+                     tuple(grant[c] for c in columns))
+
         said = {c: grant[c] for c in columns[1:]
                 if c != "conditions_json"}
         said["conditions"] = parse(grant["conditions_json"])
@@ -2300,18 +2231,19 @@ class Tx:
         return True
 
     def cancel_run(self, run_id, by, note):
-        """An operator ends a run. A step cancelled while executing
-        keeps that it was (its outcome stays unknown); a pending
-        question is closed as rejected."""
+        """An operator ends a run: a pending question closes as
+        rejected; a cut execution's outcome stays unknown."""
+
         for approval_id, step_id in self.rows(
-                "SELECT id, step_id FROM approvals"
-                " WHERE run_id=? AND status='pending'", (run_id,)):
+                "SELECT id, step_id FROM approvals WHERE run_id=?"
+                " AND status='pending'", (run_id,)):
             self._close_approval(run_id, step_id, approval_id,
                                  "rejected", by, note)
-        for step_id, status in self.rows(
-                "SELECT id, status FROM steps WHERE run_id=?"
-                " AND status IN ('deciding', 'awaiting_approval',"
-                " 'executing')", (run_id,)):
+        for step_id, status in self.rows("SELECT id, status FROM steps"
+                                         " WHERE run_id=?"
+                                         " AND status IN ('deciding',"
+                                         " 'awaiting_approval',"
+                                         " 'executing')", (run_id,)):
             content = {"by": by, "note": note,
                        "previous_status": status}
             self.fail_step(
@@ -2323,8 +2255,8 @@ class Tx:
 
 
 class Store:
-    """The record as one process writes it: a writer, a reader and
-    the heartbeat's connection, each under a lock of its own."""
+    """The record: a writer, a reader and the heartbeat's
+    connection, each under a lock of its own."""
 
     def __init__(self, path, readonly=False, create=True):
         self.path = path
@@ -2339,14 +2271,13 @@ class Store:
             except FileExistsError:
                 pass
             except OSError as err:
-                raise StoreError(
-                    f"database {path} cannot be created: "
-                    f"{err.strerror}") from None
+                raise StoreError(f"database {path} cannot be created:"
+                                 f" {err.strerror}") from None
         elif not os.path.exists(path):
-            raise StoreError(
-                f"database {path} does not exist; start the gate"
-                f" once to create it, or name the right file"
-                f" with -db")
+            raise StoreError(f"database {path} does not exist; start the"
+                             f" gate once to create it, or name the right"
+                             f" file with -db")
+
         quoted = path.replace("?", "%3f").replace("#", "%23")
         uri = "file:" + quoted + ("" if writes else "?mode=ro")
         try:
@@ -2360,14 +2291,13 @@ class Store:
             self.reader = self._connect(uri) if writes else self.db
             self.read_lock = (threading.Lock() if writes
                               else self.lock)
-            # The heartbeat writes on a third: a live call's lease
-            # is renewed while commits stall.
+            # The heartbeat's own: leases renew while commits stall.
             self.lease_db = self._connect(uri) if writes else None
             self.lease_lock = threading.Lock()
         except sqlite3.Error as err:
             raise StoreError(
                 f"database {path} cannot be opened: {err}") from None
-        # Checked again once open: a file swapped in is refused.
+        # Again once open: a file swapped in is refused.
         self._check_files(tighten=not readonly)
 
     @staticmethod
@@ -2408,44 +2338,38 @@ class Store:
                 os.chmod(path, 0o600)
 
     def _version(self):
-        return self.db.execute(
-            "SELECT max(version) FROM schema_migrations"
+        return self.db.execute("SELECT max(version) FROM schema_migrations"
         ).fetchone()[0] or 0
 
     def _check_schema(self, migrate):
         path, known = self.path, len(SCHEMA)
-        unsafe = self.db.execute(
-            "SELECT name FROM sqlite_master WHERE type IN"
-            " ('trigger', 'view') LIMIT 1").fetchone()
+        unsafe = self.db.execute("SELECT name FROM sqlite_master"
+                                 " WHERE type IN ('trigger', 'view')"
+                                 " LIMIT 1").fetchone()
         if unsafe:
-            raise StoreError(
-                f"database {path} holds a trigger or view"
-                f" ({unsafe[0]}), which agentgate never creates;"
-                f" it will not use this file")
-        has = self.db.execute(
-            "SELECT 1 FROM sqlite_master"
-            " WHERE name='schema_migrations'").fetchone()
+            raise StoreError(f"database {path} holds a trigger or view"
+                             f" ({unsafe[0]}), which agentgate never creates;"
+                             f" it will not use this file")
+        has = self.db.execute("SELECT 1 FROM sqlite_master"
+                              " WHERE name='schema_migrations'").fetchone()
         version = self._version() if has else 0
         if version > known:
-            raise StoreError(
-                f"database {path} was migrated by a newer"
-                f" agentgate (schema version {version}, this one"
-                f" knows {known}); use the newer agentgate")
+            raise StoreError(f"database {path} was migrated by a newer"
+                             f" agentgate (schema version {version}, this one"
+                             f" knows {known}); use the newer agentgate")
         if version == known:
             return
         if not migrate:
-            raise StoreError(
-                f"database {path} has schema version {version},"
-                f" older than this agentgate's {known}; start the"
-                f" gate once to migrate it")
+            raise StoreError(f"database {path} has schema version {version},"
+                             f" older than this agentgate's {known}; start the"
+                             f" gate once to migrate it")
         self.db.execute("BEGIN IMMEDIATE")
         with self.db:  # commits, or rolls back what stops it
             # Read again under the write lock: another process may
             # have migrated meanwhile.
-            self.db.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations("
-                "version INTEGER PRIMARY KEY,"
-                " applied_at TEXT NOT NULL)")
+            self.db.execute("CREATE TABLE IF NOT EXISTS schema_migrations("
+                            "version INTEGER PRIMARY KEY,"
+                            " applied_at TEXT NOT NULL)")
             for number in range(self._version() + 1, known + 1):
                 script = SCHEMA[number - 1]
                 for statement in filter(str.strip,
@@ -2465,11 +2389,10 @@ class Store:
     # -- the one place transactions are opened ----------------------
 
     def write(self, fn):
-        """Run fn(tx) in a BEGIN IMMEDIATE transaction; its result
-        once durable (nothing is answered unrecorded). Changes
-        queued meanwhile commit together, each in a savepoint so
-        one that fails rolls back alone (13-39% more calls/s at 16
-        in flight)."""
+        """fn(tx) in a BEGIN IMMEDIATE transaction: its result once
+        durable. Changes queued meanwhile commit together, each in
+        a savepoint so one that fails rolls back alone (13-39% more
+        calls/s at 16 in flight)."""
         job = {"fn": fn, "done": False, "result": None,
                "error": None}
         with self.jobs_lock:
@@ -2498,13 +2421,11 @@ class Store:
                 self.db.execute("RELEASE change")
             self.db.execute("COMMIT")
         except BaseException as err:
-            # Nothing of the batch committed: every caller in it
-            # hears so, whatever stopped it.
+            # Nothing committed: every caller in the batch hears so.
             with contextlib.suppress(sqlite3.Error):
                 if self.db.in_transaction:
                     self.db.execute("ROLLBACK")
-            failure = StoreError(
-                f"the records could not be written: {err}"
+            failure = StoreError(f"the records could not be written: {err}"
                 if isinstance(err, sqlite3.Error) else
                 "the write was interrupted before it was committed")
             for job in batch:
@@ -2516,81 +2437,70 @@ class Store:
                 job["done"] = True
 
     def renew_leases(self, owner, until, run_ids):
-        """The heartbeat (no event: a renewal decides nothing)."""
+        """The heartbeat's write (no event: it decides nothing)."""
         if not run_ids:
             return
         marks = ", ".join("?" * len(run_ids))
         with self.lease_lock:
             try:  # one statement, so its own transaction
-                self.lease_db.execute(
-                    f"UPDATE runs SET lease_expires_at=?"
-                    f" WHERE lease_owner=? AND status='RUNNING'"
-                    f" AND id IN ({marks})",
-                    (until, owner, *run_ids))
+                self.lease_db.execute(f"UPDATE runs SET lease_expires_at=?"
+                                      f" WHERE lease_owner=?"
+                                      f" AND status='RUNNING'"
+                                      f" AND id IN ({marks})",
+                                      (until, owner, *run_ids))
             except sqlite3.Error as err:
-                raise StoreError(
-                    f"the leases could not be renewed: {err}"
+                raise StoreError(f"the leases could not be renewed: {err}"
                 ) from None
 
     # -- the reads the gate decides with ------------------------------
-    # They span every session: each host's gate (init) has its own
-    # session on one database. "The same server and request" is the
-    # request key: the server's name in the config, the upstream
-    # tool's name and the canonical arguments. Two servers given one
-    # name share their rules: refused, never run twice.
+    # They span every session (init gives each host's gate its own
+    # on one database). The request key is the server's name, the
+    # upstream tool's and the canonical arguments: two servers given
+    # one name share their rules (refused, never run twice).
 
     def key_runs(self, key, since, newest_only):
-        """Newest first, in one statement: its open row is the
+        """Newest first, in one statement: the open row is the
         newest as of every row read."""
         limit = " LIMIT 1" if newest_only else ""
         return [KeyRun(*row) for row in self.read(
-            "SELECT r.id, r.status, r.reason, r.detail,"
-            " r.finished_at, r.lease_owner, r.lease_expires_at,"
-            " c.open FROM calls c JOIN runs r ON r.id = c.run_id"
-            " WHERE c.request_key=? AND (c.open=1"
-            " OR c.settled_at='' OR c.settled_at>=?)"
+            "SELECT r.id, r.status, r.reason, r.detail, r.finished_at,"
+            " r.lease_owner, r.lease_expires_at, c.open FROM calls c"
+            " JOIN runs r ON r.id = c.run_id WHERE c.request_key=?"
+            " AND (c.open=1 OR c.settled_at='' OR c.settled_at>=?)"
             " ORDER BY c.id DESC" + limit, (key, since))]
 
     def open_run(self, key):
-        row = self.read_one(
-            "SELECT run_id FROM calls WHERE request_key=?"
-            " AND open=1 ORDER BY id DESC", (key,))
+        row = self.read_one(OPEN_ROW, (key,))
         return row[0] if row else None
 
     def attempt_runs(self, key):
-        return self.read(
-            "SELECT r.id, r.status FROM calls c"
-            " JOIN runs r ON r.id = c.run_id"
-            " WHERE c.request_key=? AND c.outcome!=?"
-            " ORDER BY c.id DESC", (key, OUTCOME_NONE))
+        return self.read("SELECT r.id, r.status FROM calls c"
+                         " JOIN runs r ON r.id = c.run_id"
+                         " WHERE c.request_key=? AND c.outcome!=?"
+                         " ORDER BY c.id DESC", (key, OUTCOME_NONE))
 
-    def unsettled_runs(self, targets, key):
+    def unsettled_runs(self, target, key):
         """The tool's unsettled runs of other requests."""
-        return self.read(
-            "SELECT r.id, r.status, r.lease_owner,"
-            " r.lease_expires_at FROM calls c"
-            " JOIN runs r ON r.id = c.run_id"
-            " WHERE c.tool IN (?, ?) AND c.outcome=0"
-            " AND c.settled_at='' AND c.request_key!=?"
-            " ORDER BY c.id", (*targets, key))
+        return self.read("SELECT r.id, r.status, r.lease_owner,"
+                         " r.lease_expires_at FROM calls c"
+                         " JOIN runs r ON r.id = c.run_id WHERE c.tool=?"
+                         " AND c.outcome=0 AND c.settled_at=''"
+                         " AND c.request_key!=? ORDER BY c.id", (target, key))
 
-    def unknown_for_tool(self, targets, key):
-        """Other requests of the tool whose newest attempt's outcome
-        is unknown. `targets`: its "server/tool" and the name
-        databases before 0.2 hold."""
-        return self.read(
-            "SELECT c.request_key, c.run_id, r.reason FROM calls c"
-            " JOIN runs r ON r.id = c.run_id"
-            " WHERE c.tool IN (?, ?) AND c.request_key!=?"
-            " AND c.outcome=? AND c.id = (SELECT max(id)"
-            " FROM calls d WHERE d.request_key=c.request_key"
-            " AND d.outcome!=?) ORDER BY c.id",
-            (*targets, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
+    def unknown_for_tool(self, target, key):
+        """Other requests of the tool whose newest attempt is
+        unknown."""
+        return self.read("SELECT c.request_key, c.run_id, r.reason"
+                         " FROM calls c JOIN runs r ON r.id = c.run_id"
+                         " WHERE c.tool=? AND c.request_key!=? AND c.outcome=?"
+                         " AND c.id = (SELECT max(id) FROM calls d"
+                         " WHERE d.request_key=c.request_key AND d.outcome!=?)"
+                         " ORDER BY c.id",
+                         (target, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
 
     def read_approvals(self, joined, args, extra=()):
         """The one reader of approvals: dicts of APPROVAL_COLUMNS
-        and `extra`'s (name, expression) pairs; `joined` follows
-        the select list, approvals named a."""
+        and `extra` (name, expression); `joined` follows SELECT."""
         chosen = [f"a.{c}" for c in APPROVAL_COLUMNS]
         select = ", ".join(chosen + [e for _, e in extra])
         names = APPROVAL_COLUMNS + tuple(n for n, _ in extra)
@@ -2598,16 +2508,14 @@ class Store:
         return [dict(zip(names, row)) for row in rows]
 
     def latest_approval(self, run_id):
-        rows = self.read_approvals(
-            "FROM approvals a WHERE a.run_id=?"
-            " ORDER BY a.rowid DESC LIMIT 1", (run_id,))
+        rows = self.read_approvals("FROM approvals a WHERE a.run_id=? ORDER BY"
+                                   " a.rowid DESC LIMIT 1", (run_id,))
         return rows[0] if rows else None
 
     def approval(self, approval_id):
-        rows = self.read_approvals(
-            "FROM approvals a JOIN runs r ON r.id = a.run_id"
-            " WHERE a.id=?", (approval_id,),
-            (("run_status", "r.status"),))
+        rows = self.read_approvals("FROM approvals a JOIN runs r ON r.id ="
+                                   " a.run_id WHERE a.id=?", (approval_id,),
+                                   (("run_status", "r.status"),))
         return rows[0] if rows else None
 
     def step_decision(self, step_id):
@@ -2621,8 +2529,7 @@ class Store:
             try:
                 return self.reader.execute(sql, args).fetchall()
             except sqlite3.Error as err:
-                raise StoreError(
-                    f"the records could not be read: {err}"
+                raise StoreError(f"the records could not be read: {err}"
                 ) from None
 
     def read_one(self, sql, args=()):
@@ -2630,9 +2537,9 @@ class Store:
 
 
 def write_error(err):
-    """What a write's caller hears of a failed statement: a unique
-    index refusing a row is a lost race (by message: 3.9 has no
-    code)."""
+    """What a write's caller hears of a failed statement; a unique
+    index refusing a row is a lost race (3.9 has no error code)."""
+
     if not isinstance(err, sqlite3.Error):
         return err
     lost = (isinstance(err, sqlite3.IntegrityError)
@@ -2647,31 +2554,30 @@ def write_error(err):
 #
 # Reads as: decision core
 #
-# Owns: one call's passage (judge, decide, begin and record, hold,
-# execute, record the outcome) and the rules across calls over the
-# earlier runs, in every session, of the same request (same server
-# and upstream tool, same canonical arguments) and of the same tool.
+# Owns: one call's passage (judge, decide, begin, hold, execute,
+# record the outcome) and the rules across calls over earlier
+# runs, in every session, of the same request (server, upstream
+# tool, canonical arguments) and of the same tool.
 # Promises: nothing runs that the policy did not allow or an
-# operator did not approve by hash; an approval binds exactly the
-# recorded request, never a later call's bytes; the outcome is
-# recorded even when the host has gone.
-# Deciding happens under one lock, so two threads never both begin
-# one request; across processes the unique open-row index does, and
-# a lost race is decided again. Judging happens before the lock,
-# executing and holding after it. An executing run holds a lease
-# its process renews; one whose lease ran out is taken over. All is
-# recorded before it is sent, except a read allowed outright
-# (_begin). Each write transaction that acts on a decision makes it
-# once, with all the facts, and returns it as a verdict. Seams: the
-# upstream's `request` (section 21), `announce` and `duplicate`
-# (section 26).
+# operator did not approve by hash; an approval binds the recorded
+# request, never a later call's bytes; the outcome is recorded
+# even when the host has gone.
+# One lock: two threads never both begin a request; across
+# processes the unique open-row index does, and a lost race is
+# decided again. Judging comes before the lock, executing and
+# holding after it. An executing run holds a lease its process
+# renews; one whose lease ran out is taken over. All is recorded
+# before it is sent, but a read allowed outright (_begin). A write
+# that acts on a decision makes it once, with all the facts, and
+# returns it as a verdict. Seams: the upstream's `request` (21),
+# `announce` and `duplicate` (26).
 # =============================================================================================
 
 TOOL_CALL = "tool_call"
 
-# The verdicts besides an Answer. An Execute's `step_id` is None
-# for a read recorded whole once it answers (`record`: its policy
-# record and start); `work` spares a re-run a search.
+# The verdicts besides an Answer. A read recorded once it answers
+# has no `step_id`, and `record` (policy, start); `work` spares a
+# re-run a search.
 Wait = collections.namedtuple("Wait", "approval")
 Execute = collections.namedtuple(
     "Execute", "run_id step_id args record work",
@@ -2703,15 +2609,12 @@ class Gate:
         token = secrets.token_hex(6)
         self.owner = f"{PROGRAM}:{config.session}/{token}"
         self.lock = threading.Lock()
-        # The runs this process executes: only these are renewed,
-        # and it never takes one of them over.
+        # What this process executes: renewed, never taken over.
         self.active = set()
         self.stopping = threading.Event()
         self.announce = lambda approval, tool, run_id: None
         self.duplicate = lambda tool, run_id, at, window: None
-        # Tools changed while serving (ToolWatch): not offered,
-        # refused; see quarantine.
-        self.quarantined = frozenset()
+        self.quarantined = frozenset()  # see quarantine
         self.client = ""  # set by the host side from initialize
         self.config_read = file_stamp(config.path)
         threading.Thread(target=self._heartbeat,
@@ -2721,14 +2624,13 @@ class Gate:
         return self.owner, later(now(), self.config.lease_ttl)
 
     def quarantine(self, names):
-        """From now on `names` (offered names) are the tools not
-        offered and refused; replaced whole, never edited."""
+        """From now on the tools `names` (as offered) are not
+        offered, and refused: the watcher's one seam."""
         self.quarantined = frozenset(names)
 
     def _heartbeat(self):
-        """Renew this process's leases every third of their life. A
-        run stranded by a failed write is not renewed, so the next
-        identical call takes it over."""
+        """Renew this process's leases every third of their life;
+        a run stranded by a failed write is left to be taken over."""
         path, third = self.config.path, self.config.lease_ttl / 3
         while not self.stopping.wait(third / SECOND):
             if self.config_read and (
@@ -2738,9 +2640,7 @@ class Gate:
                     f" started; it goes on serving the one it read:"
                     f" restart the host to serve the new one")
             try:
-                # set.copy is atomic: no call changes the set while
-                # it is iterated.
-                active = sorted(self.active.copy())
+                active = sorted(self.active.copy())  # atomic
                 self.store.renew_leases(*self.lease(), active)
             except Exception as err:  # outlives any one failure
                 log(f"could not renew leases: {err}")
@@ -2750,9 +2650,9 @@ class Gate:
         return self.config.repeat_window if rule is None else rule
 
     def _facts(self, tool, rows=None):
-        """The facts of now. Limits are counted only through `rows`
-        of the write transaction that acts on the decision, so
-        racing calls in any process never pass a limit together."""
+        """The facts of now. Limits count only through the `rows`
+        of the write acting on the decision, so racing calls in
+        any process never pass a limit together."""
         counts = rows is not None and bool(tool.rule.limits)
         return decision_facts(
             rows or self.store.read, self.config.session, tool,
@@ -2760,7 +2660,7 @@ class Gate:
 
     def _decision(self, tool, args, judged, rows=None,
                   attempt=None, approved=False):
-        """(the policy's decision, its facts) on this call now."""
+        """(decision, facts): the policy on this call, now."""
         facts = self._facts(tool, rows)
         decision = evaluate(self.config, tool, args, facts,
                             attempt, approved, judged)
@@ -2770,14 +2670,12 @@ class Gate:
 
     def call(self, tool, args, invalid="", progress=None,
              cancelled=None):
-        """Decide, then execute, hold or refuse one tools/call;
-        always an Answer. `invalid`: (why, the frame as received)
-        when the arguments are not usable JSON."""
+        """Decide, then execute, hold or refuse a tools/call: an
+        Answer. `invalid`: (why, frame) of unusable arguments."""
         cancelled = cancelled or threading.Event()
         executing = False
         try:
             args = {} if args is None else args
-            # Once per call: its size, its key.
             encoded = None if invalid else canonical(args)
             cap = self.config.max_argument_bytes
             if encoded is not None and len(encoded) > cap:
@@ -2810,8 +2708,7 @@ class Gate:
                                           cancelled):
                     return waiting_answer(approval)
                 held = True
-                # Decided meanwhile: judged again, as a path's links
-                # may have moved.
+                # Judged again: a path's links may have moved.
                 judged, early = self._judge(tool, args, judged.work)
             return answer("IN_PROGRESS")
         except StoreError as err:
@@ -2821,19 +2718,16 @@ class Gate:
             return answer("UNAVAILABLE", what=SLOT_PROSE[what])
 
     def _judge(self, tool, args, work=None):
-        """The schema check and the policy's conditions, judged
-        before the lock: (Judgement, (decision, facts)). The later
-        decisions reuse the Judgement, reading afresh only facts
-        that may change; only a read allowed outright acts on this
-        early decision (it has no write to decide in)."""
+        """(Judgement, early decision): the schema check and the
+        conditions, judged before the lock for every later decision
+        to reuse. Only a read allowed outright acts on the early
+        decision: it has no write to decide in."""
         judged = judged_request(tool, args, work)
         return judged, self._decision(tool, args, judged)
 
     def _hold(self, approval, progress, cancelled):
         """Wait up to `hold` for the operator: True once the
-        approval is decided, expired or its run ended (decide
-        again); else False (the hold ran out, cancelled,
-        stopping)."""
+        question is settled (decide again), else False."""
         started = time.monotonic()
         total = self.config.hold_for(self.client) / SECOND
         while not (cancelled.is_set() or self.stopping.is_set()):
@@ -2855,9 +2749,8 @@ class Gate:
     # -- the rules, under the lock ----------------------------------
 
     def _decide(self, tool, args, key, judged, early, cancelled):
-        """The rules in order, as one verdict: an Answer, a Wait, an
-        Execute, or AGAIN. A lost race is AGAIN here, so no
-        exception crosses the lock."""
+        """The rules in order, as one verdict: an Answer, a Wait,
+        an Execute or AGAIN (a lost race too)."""
         try:
             return self._rules(tool, args, key, judged, early,
                                cancelled)
@@ -2865,17 +2758,14 @@ class Gate:
             return AGAIN
 
     def _rules(self, tool, args, key, judged, early, cancelled):
-        # A call the host cancelled while it was judged or waited
-        # for the lock is not decided.
-        if cancelled.is_set():
+        if cancelled.is_set():  # while judged or waiting
             return answer("CANCELLED", "HOST_CANCELLED")
         window = self.window(tool)
         span = max(window, self.config.repeat_window)
         since = format_time(time.time() - span / SECOND)
         # A read needs only its newest row: identical reads never
-        # refuse one another, and a wait or refusal on the newest
-        # stops them all. The begin refuses unless `seen` is still
-        # the key's open row, so no identical run, in any process,
+        # refuse one another. The begin refuses unless `seen` is
+        # still the open row: no identical run, in any process,
         # begins and ends in between.
         rows = self.store.key_runs(key, since,
                                    newest_only=tool.read_only)
@@ -2908,7 +2798,7 @@ class Gate:
                            early, attempt, cancelled=cancelled)
 
     def _asked(self, tool, run_id, judged):
-        """Rule 1: the request's run waits on its newest approval."""
+        """Rule 1: the run waits on its newest approval."""
         approval = self.store.latest_approval(run_id)
         status = approval["status"] if approval else ""
         if status == "approved":
@@ -2922,21 +2812,19 @@ class Gate:
     def _expire(self, approval):
         self.store.write(lambda tx: tx.expire_approval(
             approval["id"], approval["run_id"], approval["step_id"]))
-        return AGAIN  # the run ended: rules 4 to 6 decide on it
+        return AGAIN  # the run ended: rules 4 to 6 decide
 
     def _collect(self, tool, approval, judged):
-        """An approved request, checked again, executes as recorded,
-        never as this call's bytes (the same request key, so the
-        call's judgement is the request's)."""
+        """An approved request, checked again, runs as recorded,
+        never as this call's bytes (same key, same judgement)."""
         run_id, step_id = approval["run_id"], approval["step_id"]
         if tool.name in self.quarantined:
-            # Changed while the call was held: the approval stays
-            # for its return.
+            # Changed while held: the approval stays for its return.
             return answer("DENIED", "TOOL_CHANGED")
         if stored_hash(approval) != approval["hash"]:
             log(f"approval {approval['id']} does not match its"
-                f" hash; it was altered after it was made and will"
-                f" not be used")
+                f" hash; it was altered after it was made and will not"
+                f" be used")
             return answer("DENIED", reason=SLOT_PROSE["altered"])
         if not live_approval(self.config, approval):  # grant_ttl
             return self._expire(approval)
@@ -2952,12 +2840,11 @@ class Gate:
 
         def collect(tx):
             # Approved: no limit counts it again, no grant applies.
+            # It may ask another question (another entry holds now).
             decision, facts = self._decision(
                 tool, args, judged, tx.rows, attempt, approved=True)
             act = decision["outcome"] == "deny"
             if decision["outcome"] == "require_approval":
-                # The policy may ask another question (a limit
-                # reached since, say).
                 fresh = new_approval(self.config, run_id, step_id,
                                      tool, args, decision)
                 act = fresh["hash"] != approval["hash"]
@@ -2975,10 +2862,9 @@ class Gate:
         return self._begun(tool, run_id, collect)
 
     def _take_over(self, tool, run_id, judged):
-        """Rule 3 and _settle_others: take over a run whose lease
-        ran out. A mutating call it cut off may have taken effect:
-        a Wait on asking to run it again. Anything else is ended:
-        AGAIN."""
+        """Rule 3: take over a run whose lease ran out. A mutation
+        it cut off may have taken effect: Wait on asking to run it
+        again. Anything else ends: AGAIN."""
         cut_step = self.store.write(
             lambda tx: tx.take_over(run_id, self.lease()))
         asks = cut_step and not tool.read_only
@@ -3002,8 +2888,8 @@ class Gate:
                     return Wait(approval)
             tx.finish_run(
                 run_id, "FAILED", "goal_failed",
-                "one call per run: taken over after an"
-                " interruption, with nothing left in it to execute")
+                "one call per run: taken over after an interruption,"
+                " with nothing left in it to execute")
             return AGAIN
         verdict = self.store.write(settle)
         if isinstance(verdict, Wait):
@@ -3018,10 +2904,9 @@ class Gate:
         tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[kind])
 
     def _closed(self, tool, row, window):
-        """Rules 4 and 5: a finished run of this request within the
-        window: the tool's for a duplicate; for the operator's no
-        (a rejection, cancellation, expiry) at least the config's,
-        whatever the tool's."""
+        """Rules 4 and 5: a finished run of the request within the
+        window: the tool's for a duplicate, at least the config's
+        for the operator's no (rejected, cancelled, expired)."""
         refusals = max(window, self.config.repeat_window)
 
         def within(span):
@@ -3060,9 +2945,8 @@ class Gate:
                       window=format_duration(window), outcome=said)
 
     def _unknown_attempt(self, key):
-        """Rule 6: the attempt to run again if the request's newest
-        finished run left its outcome unknown; only an approved
-        re-run that comes to a known outcome resolves it."""
+        """Rule 6: the attempt to run again if the newest finished
+        run left its outcome unknown (until a re-run knows it)."""
         for run_id, status in self.store.attempt_runs(key):
             attempt = (status in TERMINAL
                        and last_attempt(self.store.read, run_id))
@@ -3073,22 +2957,17 @@ class Gate:
         return None
 
     def _settle_others(self, tool, key):
-        """Before rule 7, the one place a call settles other
-        requests' runs of its (mutating) tool, so the tool is
-        never blocked by what nobody will settle: a dead run is
-        taken over, an expired question ended, an unknown outcome
-        left unasked asked again. The first question that then
-        stands over an unknown outcome, or None: rule 7 blocks on
-        it."""
-        targets = (tool.target, tool.name)
+        """The one place a call settles other requests' runs of its
+        tool, so rule 7 never blocks on what nobody settles: a dead
+        run taken over, an expired question ended, an unknown
+        outcome asked again. The question then standing, or None."""
         for run_id, status, owner, expires in (
-                self.store.unsettled_runs(targets, key)):
+                self.store.unsettled_runs(tool.target, key)):
             live = owner != self.owner and expires > now()
             if status == "RUNNING":
                 if live or run_id in self.active:
                     continue
-                # Another request's arguments, judged on a pattern
-                # budget of their own.
+                # Another request's arguments: a budget of their own.
                 verdict = self._take_over(tool, run_id, Judgement())
                 if isinstance(verdict, Wait):
                     return verdict.approval
@@ -3104,16 +2983,15 @@ class Gate:
         return self._ask_unknown(tool, key)
 
     def _ask_unknown(self, tool, key):
-        """Another request of the tool left an outcome unknown and
-        unasked: its question, asked in a fresh run, or None."""
-        targets = (tool.target, tool.name)
+        """An unknown outcome of another request, unasked: asked in
+        a fresh run (its question), or None."""
         for other, run_id, reason in self.store.unknown_for_tool(
-                targets, key):
+                tool.target, key):
+
             if reason in ("approval_rejected", "operator_cancelled"):
                 continue
-            # The open row first, then the attempt: a re-run that
-            # begins and settles the question after this read makes
-            # the begin below refuse, so it is not asked again.
+            # The open row before the attempt: a re-run settling it
+            # after this read makes the begin refuse (asked once).
             seen = self.store.open_run(other)
             attempt = self._unknown_attempt(other)
             if attempt is None:
@@ -3125,8 +3003,7 @@ class Gate:
                 attempt=attempt, origin="operator")
             if isinstance(verdict, Wait):
                 return verdict.approval
-            # Else (its arguments now invalid, say) that run ended
-            # unexecuted.
+            # Else (its arguments now invalid, say) it ended.
         return None
 
     # -- beginning and executing a run ------------------------------
@@ -3134,18 +3011,17 @@ class Gate:
     def _begin(self, tool, args, key, seen, judged, early=None,
                attempt=None, origin="model", cancelled=None,
                invalid=None):
-        """Rule 8: decide once and begin the run in one write
-        transaction; its verdict. `invalid` (why, frame): arguments
-        not usable JSON (`judged` None)."""
+        """Rule 8: decide and begin the run in one write: its
+        verdict. `invalid` (why, frame): unusable arguments."""
         run_id = f"{self.config.session}.{new_id(8)}"
         problem = invalid[0] if invalid else judged.problem
         outright = (early and tool.read_only and not problem
                     and not attempt and not tool.rule.limits)
         if outright and early[0]["outcome"] == "allow" and (
                 "grant" not in early[0]):
-            # A read allowed outright, with no limit to count and no
-            # grant to be revoked meanwhile, leaves nothing unknown
-            # after a crash: recorded whole once it answers.
+            # Allowed outright, no limit, no grant to be revoked: it
+            # leaves nothing unknown after a crash, so it is
+            # recorded whole once it answers.
             self.active.add(run_id)
             decision, facts = early
             record = (_policy_record(decision, facts), now())
@@ -3160,8 +3036,6 @@ class Gate:
             if cancelled and cancelled.is_set():  # by the host
                 return answer("CANCELLED", "HOST_CANCELLED")
             if not problem:
-                # Decided here, where limits see every execution any
-                # process committed, and the waits are counted.
                 decision, facts = self._decision(
                     tool, args, judged, tx.rows, attempt)
                 full = self._too_many(tx, decision, origin)
@@ -3180,8 +3054,7 @@ class Gate:
         return self._begun(tool, run_id, begin)
 
     def _too_many(self, tx, decision, origin):
-        """BLOCKED when the model's question would pass
-        max_pending, else None."""
+        """BLOCKED when the model's question passes max_pending."""
         asks = decision["outcome"] == "require_approval"
         if not asks or origin != "model":
             return None
@@ -3194,8 +3067,8 @@ class Gate:
 
     def _act(self, tx, tool, run_id, step_id, args, decision,
              facts, work, approved=False, resumed=False):
-        """Record a decision on its step and act on it in `tx`: the
-        verdict (an Answer, a Wait or an Execute)."""
+        """Record a decision on its step and act on it: the
+        verdict."""
         record = _policy_record(decision, facts, approved)
         tx.record_policy(run_id, step_id, record, self.policy_id)
         outcome, reason = decision["outcome"], decision["reason"]
@@ -3216,9 +3089,8 @@ class Gate:
         return Execute(run_id, step_id, args, work=work)
 
     def _begun(self, tool, run_id, fn):
-        """Commit fn, the write that may start a run executing: the
-        run is this process's own from before it, so no identical
-        call takes it over in between. A question is announced."""
+        """Commit fn, which may start the run executing: the run is
+        this process's own from before, never taken over between."""
         self.active.add(run_id)
         verdict = None
         try:
@@ -3231,9 +3103,8 @@ class Gate:
         return verdict
 
     def _execute(self, tool, verdict, progress=None, cancelled=None):
-        """Send the request upstream and record what came of it,
-        even if the host cancels once it is sent; cancelled before,
-        it is not sent."""
+        """Send the request upstream and record what came of it;
+        cancelled by the host before, it is not sent."""
         run_id, step_id, args = verdict[:3]
         try:
             started = time.monotonic()
@@ -3297,13 +3168,11 @@ class Gate:
 
     def _record_outcome(self, tx, tool, verdict, observation,
                         ending, elapsed):
-        """An executed run's outcome; a re-run's approval when it
-        is unknown, else None."""
+        """An executed run's outcome: a re-run's approval or None."""
         run_id, step_id, args = verdict[:3]
         if tx.run_holder(run_id) != ("RUNNING", self.owner):
-            # Cancelled, or taken over after this process lost its
-            # lease: a late event keeps the outcome; the run stays
-            # as its new owner has it.
+            # Cancelled, or taken over: a late event keeps the
+            # outcome; the run stays as its new owner has it.
             late = {"tool": tool.name, "late": True,
                     "observation": observation}
             tx.event(run_id, "step.tool_finished", late, step_id)
@@ -3323,9 +3192,8 @@ class Gate:
         return None
 
     def _pause_rerun(self, tx, tool, verdict, ending):
-        """An unknown outcome asked again in the transaction that
-        records the attempt: the approval, or None. Judged again
-        (on `work`): the call may have moved a path's links."""
+        """An unknown outcome asked again where it is recorded: the
+        approval or None. Judged again: links may have moved."""
         run_id, step_id, args = verdict[:3]
         attempt = {"run_id": run_id, "step_id": step_id,
                    "started_at": tx.step_started(step_id),
@@ -3334,9 +3202,9 @@ class Gate:
         decision, facts = self._decision(tool, args, judged,
                                          tx.rows, attempt)
         if decision["outcome"] == "deny":
-            # Denied outright now (an entry for other hours, say):
-            # nothing is asked, the run ends with its outcome
-            # unknown, and rule 6 decides the next identical call.
+            # Denied now (an entry for other hours, say): the run
+            # ends unknown; rule 6 decides the next identical call.
+
             tx.finish_run(run_id, "FAILED", "goal_failed",
                           CLOSING[ending])
             return None
@@ -3349,63 +3217,76 @@ class Gate:
 
 
 def call_upstream(tool, args, cap, progress=None):
-    """Send one call upstream: (observation, ending, passed), `passed` the server's result as
-    it came, or None (none, or past `cap` bytes: withheld). The one place an outcome is
-    classified: 'ok'; 'error' (an error answer: known); 'unsent' (no byte reached the server:
-    nothing executed); 'unrecorded' (executed, answer unusable: known, never run again);
-    'timed_out' or 'no_answer' (it may have taken effect: unknown). A read's other failures
-    are 'error': it has no effect to vouch for."""
+    """Send one call upstream: (observation, ending, passed), the
+    last the server's result as it came, or None (none, or past
+    `cap` bytes: withheld). The one place an outcome is classified:
+    'ok'; 'error' (an error answer: known); 'unsent' (no byte
+    reached the server); 'unrecorded' (executed, answer unusable:
+    known, never run again); 'timed_out' or 'no_answer' (it may
+    have taken effect: unknown). A read's other failures are
+    'error': it has no effect to vouch for."""
     passed = rpc = None
+    sent = {"name": tool.upstream_name,
+            "arguments": {**args, **tool.rule.fixed}}
     try:
         result = tool.upstream.request(
-            "tools/call", {"name": tool.upstream_name, "arguments": {**args, **tool.rule.fixed}},
-            Deadline(tool.timeout), f"tool {quote(tool.upstream_name)}", progress)
+            "tools/call", sent, Deadline(tool.timeout),
+            f"tool {quote(tool.upstream_name)}", progress)
         passed, error = passed_result(tool, result)
         try:
-            record = result_record(passed) if passed is not None else None
-        except Exception as err:  # a result shaped in a way no server should send
-            passed, error = None, SLOT_PROSE["unreadable_result"].format(error=err)
-        ending = "unrecorded" if passed is None else "error" if record.get("is_error") \
-            else "ok"
+            record = (None if passed is None
+                      else result_record(passed))
+        except Exception as err:  # shaped as no server should send
+            passed = None
+            error = SLOT_PROSE["unreadable_result"].format(error=err)
+        ending = ("unrecorded" if passed is None
+                  else "error" if record.get("is_error") else "ok")
     except UpstreamError as err:
         error, rpc = str(err), err.rpc
-        ending = {"unusable": "unrecorded", "answered": "error",
-                  "not_sent": "unsent"}.get(err.outcome, err.outcome)
+        ending = UPSTREAM_ENDINGS.get(err.outcome, err.outcome)
     if tool.read_only and ending not in ("ok", "unsent"):
         ending = "error"
     if passed is None:
         return failed_call(tool, error, ending, rpc, cap)
     withheld = record["bytes"] > cap
-    observation = {"kind": "tool_result" if ending == "ok" else "tool_error",
-                   "summary": result_summary(tool, record, cap if withheld else 0),
+    summary = result_summary(tool, record, cap if withheld else 0)
+    kind = "tool_result" if ending == "ok" else "tool_error"
+    observation = {"kind": kind, "summary": summary,
                    "result": record}
     if ending != "ok":
-        observation["content"] = {"tool": tool.name, "ending": ending}
+        observation["content"] = {"tool": tool.name,
+                                  "ending": ending}
     if withheld:
         observation["withheld"] = True
     return observation, ending, None if withheld else passed
 
 
+UPSTREAM_ENDINGS = {"unusable": "unrecorded", "answered": "error",
+                    "not_sent": "unsent"}
+
+
 def failed_call(tool, error, ending, rpc=None, cap=0):
-    """A call that came to no result, as call_upstream answers it; a
-    server's JSON-RPC error (`rpc`) is passed on as it came while it fits
+    """A call that came to no result, as call_upstream answers it;
+    a server's JSON-RPC error (`rpc`) is passed on while it fits
     the cap, and recorded by its size and hash."""
     content = {"tool": tool.name, "error": error, "ending": ending}
     if rpc is not None:
         sent = canonical(rpc)
         content["rpc_error"] = value_digest(sent)
         rpc = {"error": rpc} if len(sent) <= cap else None
-    summary = cut(f"{tool.name} {ending}: {sanitize(error)}", 1000)
-    return {"kind": "tool_error", "summary": summary,
-            "content": content}, ending, rpc
+    said = f"{tool.name} {ending}: {sanitize(error)}"
+    observation = {"kind": "tool_error", "summary": cut(said, 1000),
+                   "content": content}
+    return observation, ending, rpc
 
 
 RECORDED_FRAME_BYTES = 65536
 
 
 def recorded_frame(data):
-    """What an INVALID run keeps of arguments it refused: the bytes as received, or, past
-    RECORDED_FRAME_BYTES, their size and hash, so a hostile frame cannot fill the database."""
+    """What an INVALID run keeps of refused arguments: the bytes,
+    or past RECORDED_FRAME_BYTES their size and hash, so a hostile
+    frame cannot fill the database."""
     if len(data) <= RECORDED_FRAME_BYTES:
         return data.decode("utf-8", "backslashreplace")
     return value_digest(data)
@@ -3413,33 +3294,40 @@ def recorded_frame(data):
 
 def live_approval(config, approval):
     """Pending and unexpired, or granted and still collectable."""
-    if approval["status"] == "pending":
-        return not approval["expires_at"] or approval["expires_at"] > now()
-    if approval["status"] == "approved":
-        return not config.grant_ttl or later(approval["decided_at"], config.grant_ttl) > now()
+    status, ttl = approval["status"], config.grant_ttl
+    if status == "pending":
+        expires = approval["expires_at"]
+        return not expires or expires > now()
+    if status == "approved":
+        return not ttl or later(approval["decided_at"], ttl) > now()
     return False
 
 
-CLOSING = {  # why a run ended, by its refused step's kind or its call's ending
+# Why a run ended, by its refused step's kind or its call's ending.
+CLOSING = {
     "policy_denied": "one call per run: the request was denied",
-    "invalid_decision": "one call per run: the request was invalid",
+    "invalid_decision":
+        "one call per run: the request was invalid",
     "error": "one call per run: the tool call returned an error",
-    "unsent": "one call per run: the tool call was not sent, so nothing executed",
-    "unrecorded": "one call per run: the tool call executed and its result could not be "
-                  "recorded",
-    "timed_out": "one call per run: the tool call timed out; its outcome is unknown",
-    "no_answer": "one call per run: the tool call failed without an answer; its outcome is "
-                 "unknown",
+    "unsent": "one call per run: the tool call was not sent,"
+              " so nothing executed",
+    "unrecorded": "one call per run: the tool call executed and"
+                  " its result could not be recorded",
+    "timed_out": "one call per run: the tool call timed out;"
+                 " its outcome is unknown",
+    "no_answer": "one call per run: the tool call failed without"
+                 " an answer; its outcome is unknown",
 }
+POLICY_KEPT = ("outcome", "reason", "by", "grant", "limit",
+               "tried", "kind", "capability", "presentation")
 
 
 def _policy_record(decision, facts, approved=False):
-    """A decision as the record keeps it, with the facts recheck needs to make it again
-    (`approved`: made when collecting an operator's approval, so no limit counted it)."""
-    record = {k: decision[k] for k in ("outcome", "reason", "by", "grant", "limit", "tried",
-                                       "kind", "capability", "presentation") if k in decision}
-    record["facts"] = {"at": format_time(facts.at), "client": facts.client,
-                       "approved": approved}
+    """A decision as kept, with the facts recheck needs to make it
+    again (`approved`: on collecting an approval: no limit)."""
+    record = {k: decision[k] for k in POLICY_KEPT if k in decision}
+    record["facts"] = {"at": format_time(facts.at),
+                       "client": facts.client, "approved": approved}
     return record
 
 
