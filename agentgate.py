@@ -2987,7 +2987,6 @@ class Gate:
         a fresh run (its question), or None."""
         for other, run_id, reason in self.store.unknown_for_tool(
                 tool.target, key):
-
             if reason in ("approval_rejected", "operator_cancelled"):
                 continue
             # The open row before the attempt: a re-run settling it
