@@ -1757,7 +1757,9 @@ class StoreError(Exception):
 
 
 class Race(Exception):
-    """The records changed since they were read."""
+    """The records changed since they were read: raised in a write
+    so its savepoint rolls back; Gate._decide makes it AGAIN."""
+
 
 
 # A read replaces any open row: reads never race for a key.
