@@ -1644,74 +1644,101 @@ def passed_result(tool, result):
 #
 # Reads as: decision core
 #
-# Owns: the SQLite file, every statement that changes it, and the reads the gate decides with
-# (what people read besides is section 22's Ledger).
-# Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema off; files created 0600 and
-# refused when others can write them; every state change commits with its events in one BEGIN
-# IMMEDIATE transaction, hash-chained across all runs and processes; what one transaction
-# changes in a run is one event. No statement here approves. A database migrated by a newer
-# agentgate is refused; a new one is migrated from version 0 by the same SCHEMA as an old one.
-# Versions 3 to 5 rewrite nothing (the chain binds the old rows).
+# Owns: the SQLite file, every statement that changes it, and the
+# reads the gate decides with (section 22 reads the rest).
+# Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema
+# off; files 0600, refused when others can write them; a state
+# change commits with its events in one BEGIN IMMEDIATE
+# transaction, hash-chained across runs and processes, one event
+# per run per transaction. Nothing here approves. A database of a
+# newer agentgate is refused; new and old migrate by SCHEMA.
 # =============================================================================================
 
 SCHEMA = [
-    # Version 1. A run is one tools/call; a step is one proposal inside it (the model's call,
-    # a re-run, the closing decision). The calls table indexes runs by request: truth is read
-    # from the run and its steps. (Runs before version 5 also have an unread result_json.)
+    # 1. A run is one tools/call; a step one proposal in it (the
+    # call, a re-run, the closing). The calls table indexes runs by
+    # request; the truth is the run and its steps.
     """
-    CREATE TABLE runs(id TEXT PRIMARY KEY, session TEXT NOT NULL, tool TEXT NOT NULL,
-        status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', detail TEXT NOT NULL DEFAULT '',
-        step_count INTEGER NOT NULL DEFAULT 0, created_at TEXT NOT NULL,
-        finished_at TEXT NOT NULL DEFAULT '', lease_owner TEXT NOT NULL DEFAULT '',
+    CREATE TABLE runs(id TEXT PRIMARY KEY, session TEXT NOT NULL,
+        tool TEXT NOT NULL, status TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        detail TEXT NOT NULL DEFAULT '',
+        step_count INTEGER NOT NULL DEFAULT 0,
+        created_at TEXT NOT NULL,
+        finished_at TEXT NOT NULL DEFAULT '',
+        lease_owner TEXT NOT NULL DEFAULT '',
         lease_expires_at TEXT NOT NULL DEFAULT '');
-    CREATE TABLE steps(id TEXT PRIMARY KEY, run_id TEXT NOT NULL REFERENCES runs(id),
-        idx INTEGER NOT NULL, status TEXT NOT NULL, decision_json TEXT NOT NULL,
-        policy_json TEXT NOT NULL DEFAULT '', observation_json TEXT NOT NULL DEFAULT '',
-        spec_hash TEXT NOT NULL DEFAULT '', policy_id TEXT NOT NULL DEFAULT '',
-        started_at TEXT NOT NULL, finished_at TEXT NOT NULL DEFAULT '', UNIQUE(run_id, idx));
-    CREATE TABLE approvals(id TEXT PRIMARY KEY, run_id TEXT NOT NULL REFERENCES runs(id),
-        step_id TEXT NOT NULL, kind TEXT NOT NULL, capability_json TEXT NOT NULL,
-        presentation_json TEXT NOT NULL, request_json TEXT NOT NULL, hash TEXT NOT NULL,
-        status TEXT NOT NULL, created_at TEXT NOT NULL, expires_at TEXT NOT NULL DEFAULT '',
-        decided_at TEXT NOT NULL DEFAULT '', decided_by TEXT NOT NULL DEFAULT '',
+    CREATE TABLE steps(id TEXT PRIMARY KEY,
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        idx INTEGER NOT NULL, status TEXT NOT NULL,
+        decision_json TEXT NOT NULL,
+        policy_json TEXT NOT NULL DEFAULT '',
+        observation_json TEXT NOT NULL DEFAULT '',
+        spec_hash TEXT NOT NULL DEFAULT '',
+        policy_id TEXT NOT NULL DEFAULT '',
+        started_at TEXT NOT NULL,
+        finished_at TEXT NOT NULL DEFAULT '', UNIQUE(run_id, idx));
+    CREATE TABLE approvals(id TEXT PRIMARY KEY,
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        step_id TEXT NOT NULL, kind TEXT NOT NULL,
+        capability_json TEXT NOT NULL,
+        presentation_json TEXT NOT NULL,
+        request_json TEXT NOT NULL, hash TEXT NOT NULL,
+        status TEXT NOT NULL, created_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL DEFAULT '',
+        decided_at TEXT NOT NULL DEFAULT '',
+        decided_by TEXT NOT NULL DEFAULT '',
         note TEXT NOT NULL DEFAULT '');
     CREATE INDEX approvals_run ON approvals(run_id);
-    CREATE TABLE tool_specs(hash TEXT PRIMARY KEY, spec_json TEXT NOT NULL);
-    CREATE TABLE calls(id INTEGER PRIMARY KEY AUTOINCREMENT, session TEXT NOT NULL,
-        request_key TEXT NOT NULL, tool TEXT NOT NULL, side_effect TEXT NOT NULL,
-        run_id TEXT NOT NULL UNIQUE, created_at TEXT NOT NULL, open INTEGER NOT NULL DEFAULT 1,
-        closed_at TEXT NOT NULL DEFAULT '', settled_at TEXT NOT NULL DEFAULT '',
+    CREATE TABLE tool_specs(hash TEXT PRIMARY KEY,
+        spec_json TEXT NOT NULL);
+    CREATE TABLE calls(id INTEGER PRIMARY KEY AUTOINCREMENT,
+        session TEXT NOT NULL, request_key TEXT NOT NULL,
+        tool TEXT NOT NULL, side_effect TEXT NOT NULL,
+        run_id TEXT NOT NULL UNIQUE, created_at TEXT NOT NULL,
+        open INTEGER NOT NULL DEFAULT 1,
+        closed_at TEXT NOT NULL DEFAULT '',
+        settled_at TEXT NOT NULL DEFAULT '',
         outcome INTEGER NOT NULL DEFAULT 0);
-    CREATE UNIQUE INDEX calls_open ON calls(session, request_key) WHERE open = 1;
+    CREATE UNIQUE INDEX calls_open ON calls(session, request_key)
+        WHERE open = 1;
     CREATE INDEX calls_key ON calls(session, request_key, id);
     CREATE INDEX calls_unsettled ON calls(session, settled_at, id);
     CREATE INDEX calls_tool ON calls(session, tool, outcome, id);
-    CREATE TABLE events(seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL,
-        step_id TEXT NOT NULL DEFAULT '', at TEXT NOT NULL, type TEXT NOT NULL,
+    CREATE TABLE events(seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT NOT NULL, step_id TEXT NOT NULL DEFAULT '',
+        at TEXT NOT NULL, type TEXT NOT NULL,
         payload_json TEXT NOT NULL, hash TEXT NOT NULL);
     CREATE INDEX events_run ON events(run_id, seq);
     """,
-    # Version 2. What the limits count (a row per execution; amounts_json is no longer
-    # written: a sum reads the step's arguments), and the operators' standing approvals.
-    # Version 1's executions are its step.tool_started events, under their calls' tools.
+    # 2. What limits count (amounts_json unused: a sum reads the
+    # step), and the grants. Version 1's executions are its
+    # step.tool_started events.
     """
-    CREATE TABLE executions(id INTEGER PRIMARY KEY, tool TEXT NOT NULL, at TEXT NOT NULL,
-        run_id TEXT NOT NULL, step_id TEXT NOT NULL, amounts_json TEXT NOT NULL DEFAULT '{}');
-    INSERT INTO executions(tool, at, run_id, step_id) SELECT c.tool, e.at, e.run_id,
-        e.step_id FROM events e JOIN calls c ON c.run_id=e.run_id
+    CREATE TABLE executions(id INTEGER PRIMARY KEY,
+        tool TEXT NOT NULL, at TEXT NOT NULL, run_id TEXT NOT NULL,
+        step_id TEXT NOT NULL,
+        amounts_json TEXT NOT NULL DEFAULT '{}');
+    INSERT INTO executions(tool, at, run_id, step_id)
+        SELECT c.tool, e.at, e.run_id, e.step_id FROM events e
+        JOIN calls c ON c.run_id=e.run_id
         WHERE e.type='step.tool_started' ORDER BY e.seq;
     CREATE INDEX executions_tool ON executions(tool, at);
-    CREATE TABLE grants(id TEXT PRIMARY KEY, session TEXT NOT NULL, tool TEXT NOT NULL,
-        name TEXT NOT NULL, conditions_json TEXT NOT NULL, created_at TEXT NOT NULL,
-        expires_at TEXT NOT NULL, by TEXT NOT NULL, note TEXT NOT NULL DEFAULT '',
-        revoked_at TEXT NOT NULL DEFAULT '', revoked_by TEXT NOT NULL DEFAULT '',
+    CREATE TABLE grants(id TEXT PRIMARY KEY, session TEXT NOT NULL,
+        tool TEXT NOT NULL, name TEXT NOT NULL,
+        conditions_json TEXT NOT NULL, created_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL, by TEXT NOT NULL,
+        note TEXT NOT NULL DEFAULT '',
+        revoked_at TEXT NOT NULL DEFAULT '',
+        revoked_by TEXT NOT NULL DEFAULT '',
         revoke_note TEXT NOT NULL DEFAULT '');
     CREATE INDEX grants_tool ON grants(session, tool, expires_at);
     """,
-    "",  # 3: an allowed read is its run and one run.read event: no step row, no calls row
-    "",  # 4: an answer is kept as its result_record; older records are read as they are
-    "",  # 5: one event per run per transaction (Tx.flush); older events read the same
-    # Version 6. The rules across calls read every session's calls of a request or tool.
+    # 3 to 5 rewrite nothing (the chain binds the old rows).
+    "",  # 3: an allowed read: its run and one run.read event
+    "",  # 4: an answer is kept as its result_record
+    "",  # 5: one event per run per transaction (Tx.flush)
+    # 6. The rules across calls read every session's calls.
     """
     DROP INDEX calls_key;
     DROP INDEX calls_tool;
@@ -1721,60 +1748,77 @@ SCHEMA = [
 ]
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
-# What a settled calls row says its run's last attempt came to (0 while it is not settled).
+# A settled calls row: what its last attempt came to (0: unsettled).
 OUTCOME_NONE, OUTCOME_KNOWN, OUTCOME_UNKNOWN = 1, 2, 3
 
 
 class StoreError(Exception):
-    """The records could not be read or written (the message says why)."""
+    """The records could not be read or written."""
 
 
 class Race(Exception):
-    """Another caller changed these records since they were read; decide again."""
+    """The records changed since they were read: raised in a write
+    so its savepoint rolls back; Gate._decide makes it AGAIN."""
 
 
-ANY_ROW = "any open row"  # a read replaces whatever row is open: reads never race for a key
-KeyRun = collections.namedtuple("KeyRun", "run_id status reason detail finished owner expires open")
+
+# A read replaces any open row: reads never race for a key.
+ANY_ROW = "any open row"
+KeyRun = collections.namedtuple(
+    "KeyRun",
+    "run_id status reason detail finished owner expires open")
 UNKNOWN_ENDINGS = ("timed_out", "no_answer", "cut_off")
-CALL_ENDINGS = ("ok", "error", "unsent", "unrecorded", "timed_out", "no_answer")
+CALL_ENDINGS = ("ok", "error", "unsent", "unrecorded",
+                "timed_out", "no_answer")
 LARGE_VALUE_BYTES = 4096
 
-# A run's newest attempt; `attempt` is it as an interruption approval names it.
-Attempt = collections.namedtuple("Attempt", "ending observed finished attempt")
+# A run's newest attempt; `attempt` as an approval names it.
+Attempt = collections.namedtuple(
+    "Attempt", "ending observed finished attempt")
 
 
 def step_outcome(observed):
-    """What a recorded step came to, read from its fields in every version, never its prose."""
+    """What a step came to, from its fields, never its prose."""
     kind, content = observed["kind"], observed.get("content", {})
     if kind == "tool_result":
         return "ok"
     if kind == "tool_error":
         return content["ending"]
     if kind == "interrupted":
-        return "cut_off" if content.get("previous_status") == "executing" else "interrupted"
+        was = content.get("previous_status")
+        return "cut_off" if was == "executing" else "interrupted"
     if kind == "policy_denied":
-        return "rejected" if "approval_id" in content else "denied"
+        asked = "approval_id" in content
+        return "rejected" if asked else "denied"
     return "invalid" if kind == "invalid_decision" else ""
 
 
+ATTEMPT_STEPS = ("SELECT id, status, observation_json, started_at, finished_at"
+                 " FROM steps WHERE run_id=? AND json_extract(decision_json,"
+                 " '$.kind')='tool_call' ORDER BY idx DESC")
+ASKED_AGAIN = ("SELECT capability_json FROM approvals WHERE step_id=?"
+               " AND kind='interrupted_side_effect' ORDER BY rowid DESC"
+               " LIMIT 1")
+
+
 def last_attempt(rows, run_id):
-    """The newest attempt of a run's tool call, read through `rows`, or None. A re-run asked
-    of an operator and not carried out stands for the attempt its approval names."""
-    for step_id, status, observation, started, finished in rows(
-            "SELECT id, status, observation_json, started_at, finished_at FROM steps WHERE "
-            "run_id=? AND json_extract(decision_json, '$.kind')='tool_call' ORDER BY idx DESC",
-            (run_id,)):
-        attempt = {"run_id": run_id, "step_id": step_id, "started_at": started}
+    """A run's newest attempt, or None; a re-run asked and not
+    carried out stands for the attempt its approval names."""
+    for row in rows(ATTEMPT_STEPS, (run_id,)):
+        step_id, status, observation, started, finished = row
+        attempt = {"run_id": run_id, "step_id": step_id,
+                   "started_at": started}
         observed = parse(observation) if observation else None
         ending = step_outcome(observed) if observed else ""
         if status == "executing" or ending == "cut_off":
-            return Attempt("cut_off", None, finished, {**attempt, "ended": "cut_off"})
-        if ending == "unsent":  # no byte reached the server: no attempt
+            cut = {**attempt, "ended": "cut_off"}
+            return Attempt("cut_off", None, finished, cut)
+        if ending == "unsent":  # no byte reached the server
             continue
         if ending in CALL_ENDINGS:
-            return Attempt(ending, observed, finished, {**attempt, "ended": ending})
-        asked = rows("SELECT capability_json FROM approvals WHERE step_id=? AND "
-                     "kind='interrupted_side_effect' ORDER BY rowid DESC LIMIT 1", (step_id,))
+            ended = {**attempt, "ended": ending}
+            return Attempt(ending, observed, finished, ended)
+        asked = rows(ASKED_AGAIN, (step_id,))
         if asked:
             prior = parse(asked[0][0])["interrupted"]
             return Attempt(prior["ended"], None, finished, prior)
@@ -1782,38 +1826,54 @@ def last_attempt(rows, run_id):
 
 
 def kept_once(value):
-    """A value as an event carries it: a string past LARGE_VALUE_BYTES as its size and hash,
-    since its step or approval row keeps it whole; the chain still binds every byte."""
+    """A value in an event: a long string as its size and hash
+    (its row keeps it whole; the chain binds every byte)."""
     if isinstance(value, str):
         data = value.encode("utf-8", "surrogatepass")
-        return value_digest(data) if len(data) > LARGE_VALUE_BYTES else value
+        if len(data) > LARGE_VALUE_BYTES:
+            return value_digest(data)
+        return value
     if isinstance(value, dict):
-        return {key: kept_once(item) for key, item in value.items()}
+        return {k: kept_once(v) for k, v in value.items()}
     if isinstance(value, list):
         return [kept_once(item) for item in value]
     return value
 
 
 def event_hash(prev, seq, run_id, step_id, at, type_, payload):
-    """Each event's hash covers the previous one's and its own fields as stored, as netstrings."""
+    """Over the previous hash and the fields, as netstrings."""
     fields = (prev, str(seq), run_id, step_id, at, type_, payload)
-    data = [field.encode("utf-8", "surrogatepass") for field in fields]
-    return sha256_hex(b"".join(b"%d:%s," % (len(field), field) for field in data))
+    data = [f.encode("utf-8", "surrogatepass") for f in fields]
+    return sha256_hex(b"".join(
+        b"%d:%s," % (len(field), field) for field in data))
+
+
+CHAIN_HEAD = ("SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'),"
+              " (SELECT seq FROM events ORDER BY seq DESC LIMIT 1),"
+              " (SELECT hash FROM events ORDER BY seq DESC LIMIT 1)")
+OPEN_ROW = ("SELECT c.run_id, r.status FROM calls c"
+            " JOIN runs r ON r.id = c.run_id WHERE c.request_key=?"
+            " AND c.open=1 ORDER BY c.id DESC")
+WAITING = ("SELECT count(*) FROM calls c JOIN runs r ON r.id = c.run_id"
+           " JOIN approvals a ON a.run_id = r.id WHERE c.session=?"
+           " AND c.settled_at='' AND r.status='WAITING_FOR_APPROVAL'"
+           " AND a.status='pending' AND (a.expires_at='' OR a.expires_at>?)"
+           " AND a.rowid = (SELECT max(rowid) FROM approvals b"
+           " WHERE b.run_id=r.id)")
 
 
 class Tx:
-    """One write transaction: statements, and the events that commit with them."""
+    """One write transaction: a method per state change, its
+    rows and the events that commit with them."""
 
     def __init__(self, db):
         self.db = db
-        self.execute = db.execute  # inside the writer's open transaction
+        self.execute = db.execute
         self.parts = {}  # run id -> its parts of the record so far
-        # Read under the write lock, so two processes extend one chain. The next seq follows
-        # every seq ever used (a deleted tail leaves a gap verify reports).
-        used, newest, digest = db.execute(
-            "SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'), "
-            "(SELECT seq FROM events ORDER BY seq DESC LIMIT 1), "
-            "(SELECT hash FROM events ORDER BY seq DESC LIMIT 1)").fetchone()
+        # Read under the write lock: processes extend one chain.
+        # The next seq follows every seq used (a deleted tail
+        # leaves a gap verify reports).
+        used, newest, digest = db.execute(CHAIN_HEAD).fetchone()
         self.head = (max(used or 0, newest or 0), digest or "")
 
     def rows(self, sql, args=()):
@@ -1822,299 +1882,382 @@ class Tx:
     def event(self, run_id, type_, payload, step_id=""):
         seq, prev = self.head[0] + 1, self.head[1]
         at, body = now(), dumps(payload)
-        digest = event_hash(prev, seq, run_id, step_id, at, type_, body)
-        self.db.execute("INSERT INTO events(seq, run_id, step_id, at, type, payload_json, hash)"
-                        " VALUES(?,?,?,?,?,?,?)", (seq, run_id, step_id, at, type_, body, digest))
+        digest = event_hash(prev, seq, run_id, step_id, at,
+                            type_, body)
+        self.db.execute("INSERT INTO events(seq, run_id, step_id, at, type,"
+                        " payload_json, hash) VALUES(?,?,?,?,?,?,?)",
+                        (seq, run_id, step_id, at, type_, body, digest))
         self.head = (seq, digest)
 
     def part(self, run_id, type_, payload, step_id=""):
-        self.parts.setdefault(run_id, []).append([type_, step_id, payload])
+        part = [type_, step_id, payload]
+        self.parts.setdefault(run_id, []).append(part)
 
     def flush(self):
-        """Chain each run's parts as one event: a part alone as itself, several as one
-        call.began, call.changed or call.ended event (event_parts, section 22, reads both)."""
+        """Each run's parts as one event: one part as itself,
+        several as call.began, call.changed or call.ended."""
         for run_id, parts in self.parts.items():
             if len(parts) == 1:
                 type_, step_id, payload = parts[0]
                 self.event(run_id, type_, payload, step_id)
                 continue
             types = [part[0] for part in parts]
-            type_ = ("call.began" if types[0] == "run.created" else "call.ended"
-                     if "run.finished" in types or "step.tool_finished" in types else
-                     "call.changed")
-            self.event(run_id, type_, {"parts": parts},
-                       next((part[1] for part in parts if part[1]), ""))
+            ends = ("run.finished" in types
+                    or "step.tool_finished" in types)
+            type_ = ("call.began" if types[0] == "run.created"
+                     else "call.ended" if ends else "call.changed")
+            step_id = next((p[1] for p in parts if p[1]), "")
+            self.event(run_id, type_, {"parts": parts}, step_id)
 
-    # -- state changes: each writes its rows and its events, inside the caller's transaction --
-
-    def begin_run(self, run_id, session, tool, target, key, side_effect, tool_hashes, lease,
-                  seen):
-        """Claim the request's calls row and begin its run, both or neither. Race unless the open
-        row, in any session, is still `seen` and its run ended: a run of the key begun since,
-        anywhere, wins."""
+    def begin_run(self, run_id, session, tool, target, key,
+                  side_effect, tool_hashes, lease, seen):
+        """Claim the request's calls row and begin its run. Race
+        unless the open row is still `seen` and ended: a run of
+        the key begun since, anywhere, wins."""
         at = now()
-        row = self.execute("SELECT c.run_id, r.status FROM calls c JOIN runs r ON r.id = "
-                           "c.run_id WHERE c.request_key=? AND c.open=1 ORDER BY c.id DESC",
-                           (key,)).fetchone()
-        if seen is not ANY_ROW and ((row[0] if row else None) != seen
-                                    or (row and row[1] not in TERMINAL)):
-            raise Race()
-        self.execute("UPDATE calls SET open=0, closed_at=? WHERE request_key=? AND open=1",
-                     (at, key))
-        self.execute("INSERT INTO calls(session, request_key, tool, side_effect, run_id, "
-                     "created_at) VALUES(?,?,?,?,?,?)", (session, key, target, side_effect,
-                                                          run_id, at))
-        self.execute("INSERT INTO runs(id, session, tool, status, created_at, lease_owner, "
-                     "lease_expires_at) VALUES(?,?,?,?,?,?,?)",
-                     (run_id, session, tool, "RUNNING", at, lease[0], lease[1]))
-        self.part(run_id, "run.created", {"goal": f"call {tool}", "tools": tool_hashes})
+        row = self.execute(OPEN_ROW, (key,)).fetchone()
+        if seen is not ANY_ROW:
+            moved = (row[0] if row else None) != seen
+            if moved or (row and row[1] not in TERMINAL):
+                raise Race()
+        self.execute("UPDATE calls SET open=0, closed_at=? WHERE request_key=?"
+                     " AND open=1", (at, key))
+        self.execute("INSERT INTO calls(session, request_key, tool,"
+                     " side_effect, run_id, created_at) VALUES(?,?,?,?,?,?)",
+                     (session, key, target, side_effect, run_id, at))
+        self.execute("INSERT INTO runs(id, session, tool, status, created_at,"
+                     " lease_owner, lease_expires_at) VALUES(?,?,?,?,?,?,?)",
+                     (run_id, session, tool, "RUNNING", at, *lease))
+        self.part(run_id, "run.created",
+                  {"goal": f"call {tool}", "tools": tool_hashes})
         self.part(run_id, "run.started", {})
 
     def keep_spec(self, tool):
-        self.execute("INSERT OR IGNORE INTO tool_specs(hash, spec_json) VALUES(?,?)",
-                     (tool.spec_hash, tool.spec_json))
+        self.execute("INSERT OR IGNORE INTO tool_specs(hash, spec_json)"
+                     " VALUES(?,?)", (tool.spec_hash, tool.spec_json))
         return tool.spec_hash
 
     def start_step(self, run_id, decision, tool=None):
         step_id = new_id(16)
-        index = self.execute("SELECT step_count FROM runs WHERE id=?", (run_id,)).fetchone()[0]
-        self.execute("UPDATE runs SET step_count=step_count+1 WHERE id=?", (run_id,))
+        index = self.execute("SELECT step_count FROM runs WHERE id=?",
+                             (run_id,)).fetchone()[0]
+        self.execute("UPDATE runs SET step_count=step_count+1"
+                     " WHERE id=?", (run_id,))
         spec_hash = self.keep_spec(tool) if tool is not None else ""
-        self.execute("INSERT INTO steps(id, run_id, idx, status, decision_json, spec_hash, "
-                     "started_at) VALUES(?,?,?,?,?,?,?)", (step_id, run_id, index, "deciding",
-                                                          dumps(decision), spec_hash, now()))
+        self.execute("INSERT INTO steps(id, run_id, idx, status,"
+                     " decision_json, spec_hash, started_at)"
+                     " VALUES(?,?,?,?,?,?,?)",
+                     (step_id, run_id, index, "deciding",
+                      dumps(decision), spec_hash, now()))
         self.part(run_id, "step.started", {"index": index}, step_id)
-        self.part(run_id, "step.decided", kept_once(decision), step_id)
+        self.part(run_id, "step.decided", kept_once(decision),
+                  step_id)
         return step_id
 
     def record_policy(self, run_id, step_id, policy, policy_id):
-        self.execute("UPDATE steps SET policy_json=?, policy_id=? WHERE id=?",
-                     (dumps(policy), policy_id, step_id))
-        spec_hash = self.execute("SELECT spec_hash FROM steps WHERE id=?",
-                                 (step_id,)).fetchone()[0]
-        self.part(run_id, "step.policy", {**policy, "policy_id": policy_id,
-                                          "spec_hash": spec_hash}, step_id)
+        self.execute("UPDATE steps SET policy_json=?, policy_id=?"
+                     " WHERE id=?", (dumps(policy), policy_id, step_id))
+        spec_hash = self.execute(
+            "SELECT spec_hash FROM steps WHERE id=?",
+            (step_id,)).fetchone()[0]
+        said = {**policy, "policy_id": policy_id,
+                "spec_hash": spec_hash}
+        self.part(run_id, "step.policy", said, step_id)
 
     def end_step(self, step_id, status, observation=None):
-        self.execute("UPDATE steps SET status=?, observation_json=?, finished_at=? WHERE id=?",
-                     (status, dumps(observation) if observation else "", now(), step_id))
+        kept = dumps(observation) if observation else ""
+        self.execute("UPDATE steps SET status=?, observation_json=?,"
+                     " finished_at=? WHERE id=?",
+                     (status, kept, now(), step_id))
 
     def fail_step(self, run_id, step_id, observation, detail):
         self.end_step(step_id, "failed", observation)
-        self.part(run_id, "step.failed", {"detail": detail, "observation": observation},
-                  step_id)
+        said = {"detail": detail, "observation": observation}
+        self.part(run_id, "step.failed", said, step_id)
 
-    def finish_run(self, run_id, status, reason, detail, extra=None, outcome=None):
-        """End a run (a closing step first unless it completed) and settle its calls row.
-        Without `outcome` nothing executed: it is the last attempt's, so a rejected or expired
-        re-run leaves an unknown outcome open. A run already ended (a cancel) raises Race."""
-        current, steps = self.execute("SELECT status, step_count FROM runs WHERE id=?",
-                                      (run_id,)).fetchone()
+    def finish_run(self, run_id, status, reason, detail,
+                   extra=None, outcome=None):
+        """End a run and settle its calls row; Race if it ended.
+        Without `outcome` nothing executed: the last attempt's
+        stands (a refused re-run leaves an unknown open)."""
+        current, steps = self.execute(
+            "SELECT status, step_count FROM runs WHERE id=?",
+            (run_id,)).fetchone()
         if current in TERMINAL:
             raise Race()
         if outcome is None:
             attempt = last_attempt(self.rows, run_id)
-            outcome = (OUTCOME_NONE if attempt is None else OUTCOME_UNKNOWN
-                       if attempt.ending in UNKNOWN_ENDINGS else OUTCOME_KNOWN)
+            ending = attempt and attempt.ending
+            outcome = (OUTCOME_NONE if attempt is None
+                       else OUTCOME_UNKNOWN
+                       if ending in UNKNOWN_ENDINGS
+                       else OUTCOME_KNOWN)
         if status != "COMPLETED":
-            step_id = self.start_step(run_id, {"kind": "fail", "message": detail,
-                                               "origin": "operator"})
-            self.end_step(step_id, "done")
+            closing = {"kind": "fail", "message": detail,
+                       "origin": "operator"}
+            self.end_step(self.start_step(run_id, closing), "done")
             steps += 1
-        self.execute("UPDATE runs SET status=?, reason=?, detail=?, finished_at=?, "
-                     "lease_owner='', lease_expires_at='' WHERE id=?",
-                     (status, reason, detail, now(), run_id))
-        self.part(run_id, "run.finished", {"status": status, "reason": reason,
-                                           "detail": detail, "steps": steps, **(extra or {})})
-        self.execute("UPDATE calls SET settled_at=?, outcome=? WHERE run_id=?",
-                     (now(), outcome, run_id))
+        self.execute("UPDATE runs SET status=?, reason=?, detail=?,"
+                     " finished_at=?, lease_owner='', lease_expires_at=''"
+                     " WHERE id=?", (status, reason, detail, now(), run_id))
+        said = {"status": status, "reason": reason,
+                "detail": detail, "steps": steps, **(extra or {})}
+        self.part(run_id, "run.finished", said)
+        self.execute("UPDATE calls SET settled_at=?, outcome=?"
+                     " WHERE run_id=?", (now(), outcome, run_id))
 
     def pause(self, run_id, step_id, approval):
-        """Wait for an operator: the run without a lease, the approval row with its hash. A
-        run an operator ended meanwhile stays ended (Race)."""
-        waits = self.execute("UPDATE runs SET status='WAITING_FOR_APPROVAL', lease_owner='', "
-                             "lease_expires_at='' WHERE id=? AND status IN ('RUNNING', "
-                             "'WAITING_FOR_APPROVAL')", (run_id,))
+        """Wait for an operator; a run ended meanwhile: Race."""
+        waits = self.execute("UPDATE runs SET status='WAITING_FOR_APPROVAL',"
+                             " lease_owner='', lease_expires_at='' WHERE id=?"
+                             " AND status IN ('RUNNING',"
+                             " 'WAITING_FOR_APPROVAL')",
+                             (run_id,))
         if waits.rowcount != 1:
             raise Race()
-        self.execute("UPDATE steps SET status='awaiting_approval' WHERE id=?", (step_id,))
-        self.execute(f"INSERT INTO approvals({', '.join(APPROVAL_COLUMNS)}) VALUES("
-                     f"{', '.join('?' * len(APPROVAL_COLUMNS))})",
-                     tuple(approval[c] for c in APPROVAL_COLUMNS))
-        presentation = parse(approval["presentation_json"])
+        self.execute("UPDATE steps SET status='awaiting_approval'"
+                     " WHERE id=?", (step_id,))
+        columns = ", ".join(APPROVAL_COLUMNS)
+        marks = ", ".join("?" * len(APPROVAL_COLUMNS))
+        self.execute(
+            f"INSERT INTO approvals({columns}) VALUES({marks})",
+            tuple(approval[c] for c in APPROVAL_COLUMNS))
+        shown = parse(approval["presentation_json"])
+        bound = parse(approval["capability_json"])
         self.part(run_id, "approval.requested", {
-            "approval_id": approval["id"], "kind": approval["kind"],
-            "reason": presentation.get("reason", ""),
-            "capability": kept_once(parse(approval["capability_json"])),
-            "presentation": kept_once(presentation), "hash": approval["hash"]}, step_id)
+            "approval_id": approval["id"],
+            "kind": approval["kind"],
+            "reason": shown.get("reason", ""),
+            "capability": kept_once(bound),
+            "presentation": kept_once(shown),
+            "hash": approval["hash"]}, step_id)
 
     def resume(self, run_id, approval_id, lease):
-        """A run whose newest approval was granted runs again, under this process's lease."""
-        changed = self.execute(
-            "UPDATE runs SET status='RUNNING', lease_owner=?, lease_expires_at=? "
-            "WHERE id=? AND status='WAITING_FOR_APPROVAL' AND (SELECT id, status FROM approvals "
-            "WHERE run_id=? ORDER BY rowid DESC LIMIT 1) = (?, 'approved')",
-            (*lease, run_id, run_id, approval_id))
+        """Run again on its newest approval, granted; else Race."""
+        changed = self.execute("UPDATE runs SET status='RUNNING',"
+                               " lease_owner=?, lease_expires_at=? WHERE id=?"
+                               " AND status='WAITING_FOR_APPROVAL' AND"
+                               " (SELECT id, status FROM approvals"
+                               " WHERE run_id=? ORDER BY rowid DESC"
+                               " LIMIT 1) = (?, 'approved')",
+                               (*lease, run_id, run_id, approval_id))
         if changed.rowcount != 1:
             raise Race()
-        self.part(run_id, "run.resumed", {"approval_id": approval_id})
+        self.part(run_id, "run.resumed",
+                  {"approval_id": approval_id})
 
-    def start_execution(self, run_id, step_id, tool, args, target, approval_id=""):
-        """From here the step's outcome may be unknown; the execution row makes every
-        process's limits count it (as `target`) from this commit on."""
-        self.execute("UPDATE steps SET status='executing' WHERE id=?", (step_id,))
-        self.execute("INSERT INTO executions(tool, at, run_id, step_id) VALUES(?,?,?,?)",
-                     (target, now(), run_id, step_id))
-        payload = {"tool": tool, "args": kept_once(args)}
+    def start_execution(self, run_id, step_id, tool, args,
+                        target, approval_id=""):
+        """From here the outcome may be unknown; every process's
+        limits count it from this commit on."""
+        self.execute("UPDATE steps SET status='executing' WHERE id=?",
+                     (step_id,))
+        self.execute("INSERT INTO executions(tool, at, run_id, step_id)"
+                     " VALUES(?,?,?,?)", (target, now(), run_id, step_id))
+
+        said = {"tool": tool, "args": kept_once(args)}
         if approval_id:
-            payload["approval_id"] = approval_id
-        self.part(run_id, "step.tool_started", payload, step_id)
+            said["approval_id"] = approval_id
+        self.part(run_id, "step.tool_started", said, step_id)
 
-    def finish_execution(self, run_id, step_id, tool, observation, duration_ms):
-        # The event names the outcome; the step row keeps it whole.
+    def finish_execution(self, run_id, step_id, tool,
+                         observation, duration_ms):
+        # The event names the outcome; the step row keeps it.
         record = observation.get("result")
-        said = ({"summary": observation["summary"], "bytes": record["bytes"],
-                 "sha256": record["sha256"]} if record else
-                {"error": observation["content"]["error"]})
-        self.part(run_id, "step.tool_finished", {"tool": tool, "duration_ms": duration_ms,
-                                                 **said}, step_id)
+        if record:
+            said = {"summary": observation["summary"],
+                    "bytes": record["bytes"],
+                    "sha256": record["sha256"]}
+        else:
+            said = {"error": observation["content"]["error"]}
+        self.part(run_id, "step.tool_finished",
+                  {"tool": tool, "duration_ms": duration_ms, **said},
+                  step_id)
         if observation["kind"] != "tool_result":
-            self.fail_step(run_id, step_id, observation, observation["summary"])
+            summary = observation["summary"]
+            self.fail_step(run_id, step_id, observation, summary)
             return
         self.end_step(step_id, "done", observation)
-        self.finish_run(run_id, "COMPLETED", "goal_completed", f"terminal tool {tool}",
+        self.finish_run(run_id, "COMPLETED", "goal_completed",
+                        f"terminal tool {tool}",
                         outcome=OUTCOME_KNOWN)
 
     def waiting(self, session):
-        """How many of the session's questions wait for an operator, unexpired."""
-        return self.execute(
-            "SELECT count(*) FROM calls c JOIN runs r ON r.id = c.run_id JOIN approvals a ON "
-            "a.run_id = r.id WHERE c.session=? AND c.settled_at='' AND "
-            "r.status='WAITING_FOR_APPROVAL' AND a.status='pending' AND (a.expires_at='' OR "
-            "a.expires_at>?) AND a.rowid = (SELECT max(rowid) FROM approvals b WHERE "
-            "b.run_id=r.id)", (session, now())).fetchone()[0]
+        """The session's questions that wait, unexpired."""
+        return self.execute(WAITING, (session, now())).fetchone()[0]
 
     def run_holder(self, run_id):
-        """(status, lease owner) of a run, read inside the transaction that acts on it."""
-        return self.execute("SELECT status, lease_owner FROM runs WHERE id=?",
-                            (run_id,)).fetchone()
+        """(status, lease owner) of a run."""
+        return self.execute(
+            "SELECT status, lease_owner FROM runs WHERE id=?",
+            (run_id,)).fetchone()
 
     def step_started(self, step_id):
-        return self.execute("SELECT started_at FROM steps WHERE id=?", (step_id,)).fetchone()[0]
+        return self.execute(
+            "SELECT started_at FROM steps WHERE id=?",
+            (step_id,)).fetchone()[0]
 
     def take_over(self, run_id, lease):
-        """Take the lease of a run whose owner stopped renewing it, every step it cut off
-        marked interrupted; (step_id, started_at) of one cut off executing, or None."""
-        row = self.execute("SELECT lease_owner, lease_expires_at FROM runs WHERE id=? AND "
-                           "status='RUNNING'", (run_id,)).fetchone()
-        # Another process's live lease is refused, not this one's: it takes over only runs it
-        # is not executing (Gate.active), so its own lease means a failed write stranded it.
-        if row is None or (row[0] and row[1] > now() and row[0] != lease[0]):
+        """Take a lease left to run out, its steps marked
+        interrupted: (step_id, started_at) of one cut off while
+        executing, or None."""
+        row = self.execute("SELECT lease_owner, lease_expires_at FROM runs"
+                           " WHERE id=? AND status='RUNNING'",
+                           (run_id,)).fetchone()
+        # Not another process's live lease; this one's own means a
+        # failed write (it never takes over what it executes).
+        if row is None:
             raise Race()
-        self.execute("UPDATE runs SET lease_owner=?, lease_expires_at=? WHERE id=?",
-                     (lease[0], lease[1], run_id))
-        if row[0]:
+        owner, expires = row
+        if owner and expires > now() and owner != lease[0]:
+            raise Race()
+        self.execute("UPDATE runs SET lease_owner=?, lease_expires_at=?"
+                     " WHERE id=?", (*lease, run_id))
+        if owner:
             self.part(run_id, "lease.taken_over", {
-                "previous_owner": row[0], "previous_expires_at": row[1], "owner": lease[0]})
+                "previous_owner": owner,
+                "previous_expires_at": expires,
+                "owner": lease[0]})
         cut_step = None
-        for step_id, status, started in self.execute(
-                "SELECT id, status, started_at FROM steps WHERE run_id=? AND status IN "
-                "('deciding', 'executing') ORDER BY idx", (run_id,)).fetchall():
-            observation = {"kind": "interrupted", "content": {"previous_status": status},
-                           "summary": f"step interrupted while {status}"}
+        for step_id, status, started in self.rows(
+                "SELECT id, status, started_at FROM steps"
+                " WHERE run_id=? AND status IN ('deciding',"
+                " 'executing') ORDER BY idx",
+                (run_id,)):
+            observation = {
+                "kind": "interrupted",
+                "content": {"previous_status": status},
+                "summary": f"step interrupted while {status}"}
             self.end_step(step_id, "interrupted", observation)
-            self.part(run_id, "step.interrupted", {"previous_status": status}, step_id)
+            self.part(run_id, "step.interrupted",
+                      {"previous_status": status}, step_id)
             if status == "executing":
                 cut_step = (step_id, started)
         return cut_step
 
-    def decide_approval(self, approval_id, shown_hash, status, by, note):
-        """An operator's decision, bound to the hash of exactly what they were shown:
-        'decided', 'changed' (not pending, or not what was shown) or 'expired'."""
-        row = self.execute("SELECT a.run_id, a.step_id, a.expires_at FROM approvals a JOIN "
-                           "runs r ON r.id = a.run_id WHERE a.id=? AND a.status='pending' AND "
-                           "a.hash=? AND r.status='WAITING_FOR_APPROVAL'",
+    def decide_approval(self, approval_id, shown_hash, status, by,
+                        note):
+        """An operator's decision bound to the hash shown:
+        'decided', 'changed' or 'expired'."""
+        row = self.execute("SELECT a.run_id, a.step_id, a.expires_at"
+                           " FROM approvals a JOIN runs r ON r.id = a.run_id"
+                           " WHERE a.id=? AND a.status='pending' AND a.hash=?"
+                           " AND r.status='WAITING_FOR_APPROVAL'",
                            (approval_id, shown_hash)).fetchone()
         if row is None:
             return "changed"
-        if row[2] and row[2] <= now():
-            self.expire_approval(approval_id, row[0], row[1])
+        run_id, step_id, expires = row
+        if expires and expires <= now():
+            self.expire_approval(approval_id, run_id, step_id)
             return "expired"
-        self._close_approval(row[0], row[1], approval_id, status, by, note)
+        self._close_approval(run_id, step_id, approval_id, status,
+                             by, note)
         if status == "rejected":
-            self.fail_step(row[0], row[1], {"kind": "policy_denied", "content": {
-                "approval_id": approval_id, "note": note}}, f"rejected by {by}")
-            self.finish_run(row[0], "CANCELLED", "approval_rejected", note)
+            content = {"approval_id": approval_id, "note": note}
+            self.fail_step(
+                run_id, step_id,
+                {"kind": "policy_denied", "content": content},
+                f"rejected by {by}")
+            self.finish_run(run_id, "CANCELLED",
+                            "approval_rejected", note)
         return "decided"
 
-    def _close_approval(self, run_id, step_id, approval_id, status, by, note):
-        self.execute("UPDATE approvals SET status=?, decided_at=?, decided_by=?, note=? "
-                     "WHERE id=?", (status, now(), by, note, approval_id))
-        self.part(run_id, "approval.decided", {"approval_id": approval_id, "status": status,
-                                               "by": by, "note": note}, step_id)
+    def _close_approval(self, run_id, step_id, approval_id, status,
+                        by, note):
+        self.execute("UPDATE approvals SET status=?, decided_at=?,"
+                     " decided_by=?, note=? WHERE id=?",
+                     (status, now(), by, note, approval_id))
+        said = {"approval_id": approval_id, "status": status,
+                "by": by, "note": note}
+        self.part(run_id, "approval.decided", said, step_id)
 
     def expire_approval(self, approval_id, run_id, step_id):
-        """A question nobody answered, or a grant nobody collected, in time."""
-        changed = self.execute(
-            "UPDATE approvals SET status='expired', decided_at=coalesce(nullif(decided_at, ''), ?),"
-            " note=coalesce(nullif(note, ''), 'expired') "
-            "WHERE id=? AND status IN ('pending', 'approved')", (now(), approval_id))
+        """A question not answered, or a grant not collected."""
+        changed = self.execute("UPDATE approvals SET status='expired',"
+                               " decided_at=coalesce(nullif(decided_at, ''),"
+                               " ?), note=coalesce(nullif(note, ''),"
+                               " 'expired') WHERE id=?"
+                               " AND status IN ('pending', 'approved')",
+                               (now(), approval_id))
         if changed.rowcount != 1:
             raise Race()
-        self.part(run_id, "approval.decided", {"approval_id": approval_id,
-                                               "status": "expired"}, step_id)
-        self.execute("UPDATE steps SET status='failed', finished_at=? WHERE id=? AND status="
-                     "'awaiting_approval'", (now(), step_id))
+        said = {"approval_id": approval_id, "status": "expired"}
+        self.part(run_id, "approval.decided", said, step_id)
+        self.execute("UPDATE steps SET status='failed', finished_at=?"
+                     " WHERE id=? AND status='awaiting_approval'",
+                     (now(), step_id))
         self.finish_run(run_id, "CANCELLED", "approval_expired",
                         f"approval {approval_id} expired")
 
-    def record_read(self, run_id, session, tool, decision, policy, policy_id, started,
-                    observation, ended, duration_ms):
-        """An allowed read, recorded once it answered as its run and one run.read event: a crash
-        leaves nothing of it unknown (no calls row); its tool has no limit (no execution row)."""
+    def record_read(self, run_id, session, tool, decision, policy,
+                    policy_id, started, observation, ended,
+                    duration_ms):
+        """An allowed read once it answered: its run and one
+        run.read event (no calls row, no execution row)."""
         status, reason, detail = ended
-        self.execute("INSERT INTO runs(id, session, tool, status, reason, detail, step_count, "
-                     "created_at, finished_at) VALUES(?,?,?,?,?,?,1,?,?)",
-                     (run_id, session, tool.name, status, reason, detail, started, now()))
+        self.execute("INSERT INTO runs(id, session, tool, status, reason,"
+                     " detail, step_count, created_at,"
+                     " finished_at) VALUES(?,?,?,?,?,?,1,?,?)",
+                     (run_id, session, tool.name, status, reason, detail,
+             started, now()))
+        policy = {**policy, "policy_id": policy_id,
+                  "spec_hash": self.keep_spec(tool)}
         self.part(run_id, "run.read", {
-            "decision": decision, "duration_ms": duration_ms, "status": status,
-            "policy": {**policy, "policy_id": policy_id, "spec_hash": self.keep_spec(tool)},
-            "started_at": started, "observation": observation}, new_id(16))
+            "decision": decision, "duration_ms": duration_ms,
+            "status": status, "policy": policy,
+            "started_at": started, "observation": observation},
+            new_id(16))
 
     def create_grant(self, grant):
-        self.execute(f"INSERT INTO grants({', '.join(GRANT_COLUMNS[:9])}) VALUES(?,?,?,?,?,?,?,"
-                     f"?,?)", tuple(grant[c] for c in GRANT_COLUMNS[:9]))
-        self.part(grant["id"], "grant.created", {
-            **{c: grant[c] for c in GRANT_COLUMNS[1:9] if c != "conditions_json"},
-            "conditions": parse(grant["conditions_json"])})
+        columns = GRANT_COLUMNS[:9]
+        self.execute(f"INSERT INTO grants({', '.join(columns)})"
+                     f" VALUES(?,?,?,?,?,?,?,?,?)",
+                     tuple(grant[c] for c in columns))
+
+        said = {c: grant[c] for c in columns[1:]
+                if c != "conditions_json"}
+        said["conditions"] = parse(grant["conditions_json"])
+        self.part(grant["id"], "grant.created", said)
 
     def revoke_grant(self, grant_id, by, note):
         """End a grant now; False when it was not in force."""
         at = now()
-        changed = self.execute("UPDATE grants SET revoked_at=?, revoked_by=?, revoke_note=? "
-                               "WHERE id=? AND revoked_at='' AND expires_at>?",
-                               (at, by, note, grant_id, at))
+        changed = self.execute(
+            "UPDATE grants SET revoked_at=?, revoked_by=?,"
+            " revoke_note=? WHERE id=? AND revoked_at=''"
+            " AND expires_at>?", (at, by, note, grant_id, at))
         if changed.rowcount != 1:
             return False
-        self.part(grant_id, "grant.revoked", {"by": by, "note": note})
+        self.part(grant_id, "grant.revoked",
+                  {"by": by, "note": note})
         return True
 
     def cancel_run(self, run_id, by, note):
-        """An operator ends a run. A step cancelled while executing keeps that it was (its
-        outcome stays unknown); a pending question is closed as rejected."""
-        for (approval_id, step_id) in self.rows("SELECT id, step_id FROM approvals WHERE "
-                                                "run_id=? AND status='pending'", (run_id,)):
-            self._close_approval(run_id, step_id, approval_id, "rejected", by, note)
-        for (step_id, status) in self.rows("SELECT id, status FROM steps WHERE run_id=? AND "
-                                           "status IN ('deciding', 'awaiting_approval', "
-                                           "'executing')", (run_id,)):
-            self.fail_step(run_id, step_id, {"kind": "interrupted", "content": {
-                "by": by, "note": note, "previous_status": status}}, f"cancelled by {by}")
-        self.finish_run(run_id, "CANCELLED", "operator_cancelled", note, extra={"by": by})
+        """An operator ends a run: a pending question closes as
+        rejected; a cut execution's outcome stays unknown."""
+
+        for approval_id, step_id in self.rows(
+                "SELECT id, step_id FROM approvals WHERE run_id=?"
+                " AND status='pending'", (run_id,)):
+            self._close_approval(run_id, step_id, approval_id,
+                                 "rejected", by, note)
+        for step_id, status in self.rows("SELECT id, status FROM steps"
+                                         " WHERE run_id=?"
+                                         " AND status IN ('deciding',"
+                                         " 'awaiting_approval',"
+                                         " 'executing')", (run_id,)):
+            content = {"by": by, "note": note,
+                       "previous_status": status}
+            self.fail_step(
+                run_id, step_id,
+                {"kind": "interrupted", "content": content},
+                f"cancelled by {by}")
+        self.finish_run(run_id, "CANCELLED", "operator_cancelled",
+                        note, extra={"by": by})
 
 
 class Store:
-    """The record as one process writes it: a writer, a reader and the heartbeat's
+    """The record: a writer, a reader and the heartbeat's
     connection, each under a lock of its own."""
 
     def __init__(self, path, readonly=False, create=True):
@@ -2122,39 +2265,47 @@ class Store:
         self.lock = threading.RLock()
         self.jobs, self.jobs_lock = [], threading.Lock()
         self._check_files(tighten=not readonly)
-        if create and not readonly and not os.path.exists(path):
+        writes = not readonly
+        if create and writes and not os.path.exists(path):
             try:
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                os.close(os.open(path, flags, 0o600))
             except FileExistsError:
                 pass
             except OSError as err:
-                raise StoreError(f"database {path} cannot be created: {err.strerror}") from None
+                raise StoreError(f"database {path} cannot be created:"
+                                 f" {err.strerror}") from None
         elif not os.path.exists(path):
-            raise StoreError(f"database {path} does not exist; start the gate once to create it,"
-                             f" or name the right file with -db")
-        uri = "file:" + path.replace("?", "%3f").replace("#", "%23") + ("?mode=ro" if readonly
-                                                                        else "")
+            raise StoreError(f"database {path} does not exist; start the"
+                             f" gate once to create it, or name the right"
+                             f" file with -db")
+
+        quoted = path.replace("?", "%3f").replace("#", "%23")
+        uri = "file:" + quoted + ("" if writes else "?mode=ro")
         try:
             self.db = self._connect(uri)
-            if not readonly:
+            if writes:
                 self._wal()
                 self.db.execute("PRAGMA synchronous=FULL")
-            self._check_schema(migrate=create and not readonly)
-            # Reads never wait on a writer's sync: a stale read is caught by its write's checks.
-            self.reader = self.db if readonly else self._connect(uri)
-            self.read_lock = self.lock if readonly else threading.Lock()
-            # The heartbeat writes on a third: a live call's lease is renewed while commits stall.
-            self.lease_db = None if readonly else self._connect(uri)
+            self._check_schema(migrate=create and writes)
+            # Reads never wait on a writer's sync: a stale read is
+            # caught by its write's checks.
+            self.reader = self._connect(uri) if writes else self.db
+            self.read_lock = (threading.Lock() if writes
+                              else self.lock)
+            # The heartbeat's own: leases renew while commits stall.
+            self.lease_db = self._connect(uri) if writes else None
             self.lease_lock = threading.Lock()
         except sqlite3.Error as err:
-            raise StoreError(f"database {path} cannot be opened: {err}") from None
-        # Checked again once open, so a file swapped in meanwhile is refused.
+            raise StoreError(
+                f"database {path} cannot be opened: {err}") from None
+        # Again once open: a file swapped in is refused.
         self._check_files(tighten=not readonly)
 
     @staticmethod
     def _connect(uri):
-        db = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=5.0,
-                             check_same_thread=False)
+        db = sqlite3.connect(uri, uri=True, isolation_level=None,
+                             timeout=5.0, check_same_thread=False)
         db.execute("PRAGMA trusted_schema=OFF")
         db.execute("PRAGMA foreign_keys=ON")
         if hasattr(db, "setconfig"):
@@ -2188,36 +2339,47 @@ class Store:
             if st.st_mode & 0o044 and tighten and st.st_uid == os.geteuid():
                 os.chmod(path, 0o600)
 
+    def _version(self):
+        return self.db.execute("SELECT max(version) FROM schema_migrations"
+        ).fetchone()[0] or 0
+
     def _check_schema(self, migrate):
-        unsafe = self.db.execute("SELECT name FROM sqlite_master WHERE type IN ('trigger',"
-                                 " 'view') LIMIT 1").fetchone()
+        path, known = self.path, len(SCHEMA)
+        unsafe = self.db.execute("SELECT name FROM sqlite_master"
+                                 " WHERE type IN ('trigger', 'view')"
+                                 " LIMIT 1").fetchone()
         if unsafe:
-            raise StoreError(f"database {self.path} holds a trigger or view ({unsafe[0]}), which "
-                             f"agentgate never creates; it will not use this file")
-        has = self.db.execute("SELECT 1 FROM sqlite_master WHERE name='schema_migrations'"
-                              ).fetchone()
-        version = self.db.execute("SELECT max(version) FROM schema_migrations"
-                                  ).fetchone()[0] or 0 if has else 0
-        if version > len(SCHEMA):
-            raise StoreError(f"database {self.path} was migrated by a newer agentgate (schema "
-                             f"version {version}, this one knows {len(SCHEMA)}); use the newer "
-                             f"agentgate")
-        if version == len(SCHEMA):
+            raise StoreError(f"database {path} holds a trigger or view"
+                             f" ({unsafe[0]}), which agentgate never creates;"
+                             f" it will not use this file")
+        has = self.db.execute("SELECT 1 FROM sqlite_master"
+                              " WHERE name='schema_migrations'").fetchone()
+        version = self._version() if has else 0
+        if version > known:
+            raise StoreError(f"database {path} was migrated by a newer"
+                             f" agentgate (schema version {version}, this one"
+                             f" knows {known}); use the newer agentgate")
+        if version == known:
             return
         if not migrate:
-            raise StoreError(f"database {self.path} has schema version {version}, older than "
-                             f"this agentgate's {len(SCHEMA)}; start the gate once to migrate it")
+            raise StoreError(f"database {path} has schema version {version},"
+                             f" older than this agentgate's {known}; start the"
+                             f" gate once to migrate it")
         self.db.execute("BEGIN IMMEDIATE")
-        with self.db:  # commits, or rolls back whatever stops it
-            # Read again under the write lock: another process may have migrated meanwhile.
-            self.db.execute("CREATE TABLE IF NOT EXISTS schema_migrations(version INTEGER "
-                            "PRIMARY KEY, applied_at TEXT NOT NULL)")
-            current = self.db.execute("SELECT max(version) FROM schema_migrations"
-                                      ).fetchone()[0] or 0
-            for number in range(current + 1, len(SCHEMA) + 1):
-                for statement in filter(str.strip, SCHEMA[number - 1].split(";")):
+        with self.db:  # commits, or rolls back what stops it
+            # Read again under the write lock: another process may
+            # have migrated meanwhile.
+            self.db.execute("CREATE TABLE IF NOT EXISTS schema_migrations("
+                            "version INTEGER PRIMARY KEY,"
+                            " applied_at TEXT NOT NULL)")
+            for number in range(self._version() + 1, known + 1):
+                script = SCHEMA[number - 1]
+                for statement in filter(str.strip,
+                                        script.split(";")):
                     self.db.execute(statement)
-                self.db.execute("INSERT INTO schema_migrations VALUES(?, ?)", (number, now()))
+                self.db.execute(
+                    "INSERT INTO schema_migrations VALUES(?, ?)",
+                    (number, now()))
 
     def close(self):
         with self.lock, self.read_lock, self.lease_lock:
@@ -2226,13 +2388,15 @@ class Store:
             if self.lease_db is not None:
                 self.lease_db.close()
 
-    # -- the one place transactions are opened --------------------------------------------
+    # -- the one place transactions are opened ----------------------
 
     def write(self, fn):
-        """Run fn(tx) in a BEGIN IMMEDIATE transaction; return its result once durable (nothing
-        is answered unrecorded). Changes queued meanwhile commit together, each in a savepoint
-        so one that fails rolls back alone (13-39% more calls/s at 16 in flight)."""
-        job = {"fn": fn, "done": False, "result": None, "error": None}
+        """fn(tx) in a BEGIN IMMEDIATE transaction: its result once
+        durable. Changes queued meanwhile commit together, each in
+        a savepoint so one that fails rolls back alone (13-39% more
+        calls/s at 16 in flight)."""
+        job = {"fn": fn, "done": False, "result": None,
+               "error": None}
         with self.jobs_lock:
             self.jobs.append(job)
         with self.lock:
@@ -2255,21 +2419,17 @@ class Store:
                     tx.flush()
                 except Exception as err:
                     self.db.execute("ROLLBACK TO change")
-                    # A unique index refusing a row is a lost race (by message: 3.9 has no code).
-                    lost = (isinstance(err, sqlite3.IntegrityError)
-                            and str(err).startswith("UNIQUE constraint failed"))
-                    job["error"] = (Race() if lost else
-                                    StoreError(f"the records could not be written: {err}")
-                                    if isinstance(err, sqlite3.Error) else err)
+                    job["error"] = write_error(err)
                 self.db.execute("RELEASE change")
             self.db.execute("COMMIT")
         except BaseException as err:
-            # Nothing of the batch committed: every caller in it hears so, whatever stopped it.
+            # Nothing committed: every caller in the batch hears so.
             with contextlib.suppress(sqlite3.Error):
                 if self.db.in_transaction:
                     self.db.execute("ROLLBACK")
-            failure = StoreError(f"the records could not be written: {err}" if isinstance(
-                err, sqlite3.Error) else "the write was interrupted before it was committed")
+            failure = StoreError(f"the records could not be written: {err}"
+                if isinstance(err, sqlite3.Error) else
+                "the write was interrupted before it was committed")
             for job in batch:
                 job["error"] = failure
             if not isinstance(err, sqlite3.Error):
@@ -2279,88 +2439,116 @@ class Store:
                 job["done"] = True
 
     def renew_leases(self, owner, until, run_ids):
-        """The heartbeat (no event: a renewal changes no decision)."""
+        """The heartbeat's write (no event: it decides nothing)."""
         if not run_ids:
             return
+        marks = ", ".join("?" * len(run_ids))
         with self.lease_lock:
             try:  # one statement, so its own transaction
-                self.lease_db.execute(
-                    f"UPDATE runs SET lease_expires_at=? WHERE lease_owner=? AND status='RUNNING'"
-                    f" AND id IN ({', '.join('?' * len(run_ids))})", (until, owner, *run_ids))
+                self.lease_db.execute(f"UPDATE runs SET lease_expires_at=?"
+                                      f" WHERE lease_owner=?"
+                                      f" AND status='RUNNING'"
+                                      f" AND id IN ({marks})",
+                                      (until, owner, *run_ids))
             except sqlite3.Error as err:
-                raise StoreError(f"the leases could not be renewed: {err}") from None
+                raise StoreError(f"the leases could not be renewed: {err}"
+                ) from None
 
-    # -- the reads the gate decides with -----------------------------------------------------
-    # They span every session: each host's gate (init) has its own session on one database.
-    # "The same server and request" is the request key: the server's name in the config, the
-    # upstream tool's name and the canonical arguments (init names a server alike in every
-    # host's config). Two servers given one name share their rules: refused, never run twice.
+    # -- the reads the gate decides with ------------------------------
+    # They span every session (init gives each host's gate its own
+    # on one database). The request key is the server's name, the
+    # upstream tool's and the canonical arguments: two servers given
+    # one name share their rules (refused, never run twice).
 
     def key_runs(self, key, since, newest_only):
-        """Newest first, in one statement: its open row is the newest as of every row read."""
+        """Newest first, in one statement: the open row is the
+        newest as of every row read."""
+        limit = " LIMIT 1" if newest_only else ""
         return [KeyRun(*row) for row in self.read(
-            "SELECT r.id, r.status, r.reason, r.detail, r.finished_at, r.lease_owner, "
-            "r.lease_expires_at, c.open FROM calls c JOIN runs r ON r.id = c.run_id WHERE "
-            "c.request_key=? AND (c.open=1 OR c.settled_at='' OR c.settled_at>=?) "
-            "ORDER BY c.id DESC" + (" LIMIT 1" if newest_only else ""), (key, since))]
+            "SELECT r.id, r.status, r.reason, r.detail, r.finished_at,"
+            " r.lease_owner, r.lease_expires_at, c.open FROM calls c"
+            " JOIN runs r ON r.id = c.run_id WHERE c.request_key=?"
+            " AND (c.open=1 OR c.settled_at='' OR c.settled_at>=?)"
+            " ORDER BY c.id DESC" + limit, (key, since))]
 
     def open_run(self, key):
-        row = self.read_one("SELECT run_id FROM calls WHERE request_key=? AND open=1 "
-                            "ORDER BY id DESC", (key,))
+        row = self.read_one(OPEN_ROW, (key,))
         return row[0] if row else None
 
     def attempt_runs(self, key):
-        return self.read("SELECT r.id, r.status FROM calls c JOIN runs r ON r.id = c.run_id "
-                         "WHERE c.request_key=? AND c.outcome!=? ORDER BY c.id DESC",
-                         (key, OUTCOME_NONE))
+        return self.read("SELECT r.id, r.status FROM calls c"
+                         " JOIN runs r ON r.id = c.run_id"
+                         " WHERE c.request_key=? AND c.outcome!=?"
+                         " ORDER BY c.id DESC", (key, OUTCOME_NONE))
 
-    def unsettled_runs(self, targets, key):
-        """The tool's unsettled runs of other requests (`targets` as unknown_for_tool's)."""
-        return self.read("SELECT r.id, r.status, r.lease_owner, r.lease_expires_at "
-                         "FROM calls c JOIN runs r ON r.id = c.run_id WHERE c.tool IN (?, ?) "
-                         "AND c.outcome=0 AND c.settled_at='' AND c.request_key!=? "
-                         "ORDER BY c.id", (*targets, key))
+    def unsettled_runs(self, target, key):
+        """The tool's unsettled runs of other requests."""
+        return self.read("SELECT r.id, r.status, r.lease_owner,"
+                         " r.lease_expires_at FROM calls c"
+                         " JOIN runs r ON r.id = c.run_id WHERE c.tool=?"
+                         " AND c.outcome=0 AND c.settled_at=''"
+                         " AND c.request_key!=? ORDER BY c.id", (target, key))
 
-    def unknown_for_tool(self, targets, key):
-        """Other requests of the tool whose newest attempt's outcome is unknown; `targets`:
-        its "server/tool" and the name databases before 0.2 hold."""
-        return self.read(
-            "SELECT c.request_key, c.run_id, r.reason FROM calls c JOIN runs r ON r.id = "
-            "c.run_id WHERE c.tool IN (?, ?) AND c.request_key!=? AND "
-            "c.outcome=? AND c.id = (SELECT max(id) FROM calls d WHERE "
-            "d.request_key=c.request_key AND d.outcome!=?) "
-            "ORDER BY c.id", (*targets, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
+    def unknown_for_tool(self, target, key):
+        """Other requests of the tool whose newest attempt is
+        unknown."""
+        return self.read("SELECT c.request_key, c.run_id, r.reason"
+                         " FROM calls c JOIN runs r ON r.id = c.run_id"
+                         " WHERE c.tool=? AND c.request_key!=? AND c.outcome=?"
+                         " AND c.id = (SELECT max(id) FROM calls d"
+                         " WHERE d.request_key=c.request_key AND d.outcome!=?)"
+                         " ORDER BY c.id",
+                         (target, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
 
     def read_approvals(self, joined, args, extra=()):
-        """The one reader of approvals, as dicts of APPROVAL_COLUMNS and `extra`'s (name,
-        expression) pairs; `joined` follows the select list, approvals named a."""
-        select = ", ".join([f"a.{c}" for c in APPROVAL_COLUMNS] + [e for _, e in extra])
-        names = APPROVAL_COLUMNS + tuple(name for name, _ in extra)
-        return [dict(zip(names, row)) for row in self.read(f"SELECT {select} {joined}", args)]
+        """The one reader of approvals: dicts of APPROVAL_COLUMNS
+        and `extra` (name, expression); `joined` follows SELECT."""
+        chosen = [f"a.{c}" for c in APPROVAL_COLUMNS]
+        select = ", ".join(chosen + [e for _, e in extra])
+        names = APPROVAL_COLUMNS + tuple(n for n, _ in extra)
+        rows = self.read(f"SELECT {select} {joined}", args)
+        return [dict(zip(names, row)) for row in rows]
 
     def latest_approval(self, run_id):
-        rows = self.read_approvals("FROM approvals a WHERE a.run_id=? ORDER BY a.rowid DESC "
-                                   "LIMIT 1", (run_id,))
+        rows = self.read_approvals("FROM approvals a WHERE a.run_id=? ORDER BY"
+                                   " a.rowid DESC LIMIT 1", (run_id,))
         return rows[0] if rows else None
 
     def approval(self, approval_id):
-        rows = self.read_approvals("FROM approvals a JOIN runs r ON r.id = a.run_id WHERE "
-                                   "a.id=?", (approval_id,), (("run_status", "r.status"),))
+        rows = self.read_approvals("FROM approvals a JOIN runs r ON r.id ="
+                                   " a.run_id WHERE a.id=?", (approval_id,),
+                                   (("run_status", "r.status"),))
         return rows[0] if rows else None
 
     def step_decision(self, step_id):
-        return parse(self.read_one("SELECT decision_json FROM steps WHERE id=?",
-                                   (step_id,))[0])
+        row = self.read_one(
+            "SELECT decision_json FROM steps WHERE id=?",
+            (step_id,))
+        return parse(row[0])
 
     def read(self, sql, args=()):
         with self.read_lock:
             try:
                 return self.reader.execute(sql, args).fetchall()
             except sqlite3.Error as err:
-                raise StoreError(f"the records could not be read: {err}") from None
+                raise StoreError(f"the records could not be read: {err}"
+                ) from None
 
     def read_one(self, sql, args=()):
         return next(iter(self.read(sql, args)), None)
+
+
+def write_error(err):
+    """What a write's caller hears of a failed statement; a unique
+    index refusing a row is a lost race (3.9 has no error code)."""
+
+    if not isinstance(err, sqlite3.Error):
+        return err
+    lost = (isinstance(err, sqlite3.IntegrityError)
+            and str(err).startswith("UNIQUE constraint failed"))
+    if lost:
+        return Race()
+    return StoreError(f"the records could not be written: {err}")
 
 
 # =============================================================================================
@@ -2368,32 +2556,39 @@ class Store:
 #
 # Reads as: decision core
 #
-# Owns: one call's passage (judge, decide, begin and record, hold, execute, record the
-# outcome) and the rules across calls over the earlier runs, in every session, of the same
-# request (same server and upstream tool, same canonical arguments) and of the same tool.
-# Promises: nothing runs that the policy did not allow or an operator did not approve by
-# hash; an approval binds exactly the recorded request, never a later call's bytes; the
-# outcome is recorded even when the host has gone.
-# Deciding happens under one lock, so two threads never both begin the same request; across
-# processes the unique open-row index does, and a lost race is decided again. Judging happens
-# before the lock, executing and holding after it. An executing run holds a lease its process
-# renews; one whose lease ran out is taken over. Everything is recorded before it is sent,
-# except a read allowed outright (see _begin). It reaches out only through seams: the
-# upstream's `request` (section 21), `announce` and `duplicate` (section 26).
+# Owns: one call's passage (judge, decide, begin, hold, execute,
+# record the outcome) and the rules across calls over earlier
+# runs, in every session, of the same request (server, upstream
+# tool, canonical arguments) and of the same tool.
+# Promises: nothing runs that the policy did not allow or an
+# operator did not approve by hash; an approval binds the recorded
+# request, never a later call's bytes; the outcome is recorded
+# even when the host has gone.
+# One lock: two threads never both begin a request; across
+# processes the unique open-row index does, and a lost race is
+# decided again. Judging comes before the lock, executing and
+# holding after it. An executing run holds a lease its process
+# renews; one whose lease ran out is taken over. All is recorded
+# before it is sent, but a read allowed outright (_begin). A write
+# that acts on a decision makes it once, with all the facts, and
+# returns it as a verdict. Seams: the upstream's `request` (21),
+# `announce` and `duplicate` (26).
 # =============================================================================================
 
 TOOL_CALL = "tool_call"
 
-# The verdicts besides an Answer. An Execute's `step_id` is None for a read recorded whole
-# after it answers (`record`: its policy record and start); `work` spares a re-run a search.
+# The verdicts besides an Answer. A read recorded once it answers
+# has no `step_id`, and `record` (policy, start); `work` spares a
+# re-run a search.
 Wait = collections.namedtuple("Wait", "approval")
-Execute = collections.namedtuple("Execute", "run_id step_id args record work",
-                                 defaults=(None, None))
+Execute = collections.namedtuple(
+    "Execute", "run_id step_id args record work",
+    defaults=(None, None))
 
 # What a rule says when it does not answer the call itself:
-NEXT = "next"    # this rule, or this earlier run, decides nothing: the next one does
-STOP = "stop"    # rule 5 met an unknown outcome: look no further back, let rule 6 decide
-AGAIN = "again"  # a rule ended a run or approval, or a write lost a race: decide again
+NEXT = "next"    # it decides nothing: the next rule or run does
+STOP = "stop"    # rule 5 met an unknown outcome: rule 6 decides
+AGAIN = "again"  # a run or approval ended, or a race was lost
 
 
 def file_stamp(path):
@@ -2411,40 +2606,45 @@ class Gate:
         self.config, self.store = config, store
         self.tools = {tool.name: tool for tool in tools}
         self.policy_id = config.policy_id()
-        self.tool_hashes = [tool.spec_hash for tool in sorted(tools, key=lambda t: t.name)]
-        self.owner = f"{PROGRAM}:{config.session}/{secrets.token_hex(6)}"
+        named = sorted(tools, key=lambda t: t.name)
+        self.tool_hashes = [tool.spec_hash for tool in named]
+        token = secrets.token_hex(6)
+        self.owner = f"{PROGRAM}:{config.session}/{token}"
         self.lock = threading.Lock()
-        # The runs this process executes: only these are renewed, and it never takes one over.
+        # What this process executes: renewed, never taken over.
         self.active = set()
         self.stopping = threading.Event()
         self.announce = lambda approval, tool, run_id: None
-        self.duplicate = lambda tool, run_id, executed_at, window: None
-        # Tools changed while serving (ToolWatch): not offered, refused; replaced whole only.
-        self.quarantined = frozenset()
+        self.duplicate = lambda tool, run_id, at, window: None
+        self.quarantined = frozenset()  # see quarantine
         self.client = ""  # set by the host side from initialize
         self.config_read = file_stamp(config.path)
-        threading.Thread(target=self._heartbeat, daemon=True).start()
+        threading.Thread(target=self._heartbeat,
+                         daemon=True).start()
 
     def lease(self):
         return self.owner, later(now(), self.config.lease_ttl)
 
     def quarantine(self, names):
-        """From now on `names` (offered names) are the tools not offered
-        and refused; the set is replaced whole, never edited in place."""
+        """From now on the tools `names` (as offered) are not
+        offered, and refused: the watcher's one seam."""
         self.quarantined = frozenset(names)
 
     def _heartbeat(self):
-        """Renew this process's leases every third of their life. A run stranded by a failed
-        write is not renewed, so the next identical call takes it over."""
-        while not self.stopping.wait(self.config.lease_ttl / SECOND / 3):
-            if self.config_read and file_stamp(self.config.path) != self.config_read:
+        """Renew this process's leases every third of their life;
+        a run stranded by a failed write is left to be taken over."""
+        path, third = self.config.path, self.config.lease_ttl / 3
+        while not self.stopping.wait(third / SECOND):
+            if self.config_read and (
+                    file_stamp(path) != self.config_read):
                 self.config_read = None  # said once
-                log(f"config {self.config.path} changed since this gate started; it goes on "
-                    f"serving the one it read: restart the host to serve the new one")
+                log(f"config {path} changed since this gate"
+                    f" started; it goes on serving the one it read:"
+                    f" restart the host to serve the new one")
             try:
-                # set.copy is atomic: no call changes the set while it is iterated.
-                self.store.renew_leases(*self.lease(), sorted(self.active.copy()))
-            except Exception as err:  # the heartbeat outlives any one failure
+                active = sorted(self.active.copy())  # atomic
+                self.store.renew_leases(*self.lease(), active)
+            except Exception as err:  # outlives any one failure
                 log(f"could not renew leases: {err}")
 
     def window(self, tool):
@@ -2452,113 +2652,137 @@ class Gate:
         return self.config.repeat_window if rule is None else rule
 
     def _facts(self, tool, rows=None):
-        """The facts of now. Limits are counted only through `rows` of the write transaction
-        that acts on the decision, so racing calls in any process never pass a limit together."""
-        return decision_facts(rows or self.store.read, self.config.session, tool,
-                              format_time(time.time()), self.client,
-                              rows is not None and bool(tool.rule.limits))
+        """The facts of now. Limits count only through the `rows`
+        of the write acting on the decision, so racing calls in
+        any process never pass a limit together."""
+        counts = rows is not None and bool(tool.rule.limits)
+        return decision_facts(
+            rows or self.store.read, self.config.session, tool,
+            format_time(time.time()), self.client, counts)
 
-    # -- one call ------------------------------------------------------------------------------
+    def _decision(self, tool, args, judged, rows=None,
+                  attempt=None, approved=False):
+        """(decision, facts): the policy on this call, now."""
+        facts = self._facts(tool, rows)
+        decision = evaluate(self.config, tool, args, facts,
+                            attempt, approved, judged)
+        return decision, facts
 
-    def call(self, tool, args, invalid="", progress=None, cancelled=None):
-        """Decide, then execute, hold or refuse one tools/call; always an Answer. `invalid`:
-        (why, the frame as received) when the arguments are not usable JSON."""
+    # -- one call ---------------------------------------------------
+
+    def call(self, tool, args, invalid="", progress=None,
+             cancelled=None):
+        """Decide, then execute, hold or refuse a tools/call: an
+        Answer. `invalid`: (why, frame) of unusable arguments."""
         cancelled = cancelled or threading.Event()
         executing = False
         try:
             args = {} if args is None else args
-            encoded = None if invalid else canonical(args)  # once per call: its size, its key
-            if encoded is not None and len(encoded) > self.config.max_argument_bytes:
-                invalid = (SLOT_PROSE["arguments_too_large"].format(
-                    size=len(encoded), cap=self.config.max_argument_bytes),
-                    recorded_frame(encoded))
+            encoded = None if invalid else canonical(args)
+            cap = self.config.max_argument_bytes
+            if encoded is not None and len(encoded) > cap:
+                why = SLOT_PROSE["arguments_too_large"].format(
+                    size=len(encoded), cap=cap)
+                invalid = (why, recorded_frame(encoded))
             if invalid:
                 with self.lock:
-                    return self._begin(tool, None, f"invalid:{new_id(8)}", None, None,
-                                       invalid=invalid, cancelled=cancelled)
+                    return self._begin(
+                        tool, None, f"invalid:{new_id(8)}", None,
+                        None, invalid=invalid, cancelled=cancelled)
             key = request_key(tool.target, encoded)
-            judged = self._judge(tool, args)
+            judged, early = self._judge(tool, args)
             held, races = False, 0
-            while True:
-                try:
-                    with self.lock:
-                        verdict = self._decide(tool, args, key, judged, cancelled)
-                except Race:  # a write lost its race at the store: decided again
-                    verdict = AGAIN
+            while races <= 5:
+                with self.lock:
+                    verdict = self._decide(tool, args, key, judged,
+                                           early, cancelled)
                 if verdict is AGAIN:
                     races += 1
-                    if races > 5:
-                        return answer("IN_PROGRESS")
                     continue
                 if isinstance(verdict, Answer):
                     return verdict
                 if isinstance(verdict, Execute):
                     executing = True
-                    return self._execute(tool, verdict, progress, cancelled)
-                if held or not self._hold(verdict.approval, progress, cancelled):
-                    return waiting_answer(verdict.approval)
+                    return self._execute(tool, verdict, progress,
+                                         cancelled)
+                approval = verdict.approval
+                if held or not self._hold(approval, progress,
+                                          cancelled):
+                    return waiting_answer(approval)
                 held = True
-                # The operator decided meanwhile: judged again, as a path's links may have moved.
-                judged = self._judge(tool, args, judged.work)
-        except (StoreError, Race) as err:
-            log(str(err) or "the records could not be written: a race was lost")
-            return answer("UNAVAILABLE", what=SLOT_PROSE["sent_unrecorded" if executing else
-                                                         "nothing_executed"])
+                # Judged again: a path's links may have moved.
+                judged, early = self._judge(tool, args, judged.work)
+            return answer("IN_PROGRESS")
+        except StoreError as err:
+            log(str(err))
+            what = ("sent_unrecorded" if executing
+                    else "nothing_executed")
+            return answer("UNAVAILABLE", what=SLOT_PROSE[what])
 
     def _judge(self, tool, args, work=None):
-        """The schema check and the policy's conditions, before the lock; later steps reuse
-        the Judgement, reading afresh only facts that may change."""
+        """(Judgement, early decision): the schema check and the
+        conditions, judged before the lock for every later decision
+        to reuse. Only a read allowed outright acts on the early
+        decision: it has no write to decide in."""
         judged = judged_request(tool, args, work)
-        policy_decision(self.config, tool, args, self._facts(tool), judged=judged)
-        return judged
+        return judged, self._decision(tool, args, judged)
 
     def _hold(self, approval, progress, cancelled):
-        """Wait up to `hold` for the operator: True once the approval is decided, expired or
-        its run ended (decide again); else False (the hold ran out, cancelled, stopping)."""
+        """Wait up to `hold` for the operator: True once the
+        question is settled (decide again), else False."""
         started = time.monotonic()
         total = self.config.hold_for(self.client) / SECOND
-        while not cancelled.is_set() and not self.stopping.is_set():
+        while not (cancelled.is_set() or self.stopping.is_set()):
             waited = time.monotonic() - started
             if waited >= total:
                 return False
             cancelled.wait(min(0.2, total - waited))
             row = self.store.approval(approval["id"])
-            waits = row and row["status"] == "pending" and live_approval(self.config, row)
+            waits = (row and row["status"] == "pending"
+                     and live_approval(self.config, row))
             if not waits or row["run_status"] in TERMINAL:
-                return not (cancelled.is_set() or self.stopping.is_set())
-            if progress:  # told at most once a second (Progress.holding)
-                progress.holding(round(waited, 3), total, SLOT_PROSE["holding"])
+                return not (cancelled.is_set()
+                            or self.stopping.is_set())
+            if progress:  # at most once a second (Progress.holding)
+                progress.holding(round(waited, 3), total,
+                                 SLOT_PROSE["holding"])
         return False
 
-    # -- the rules, under the lock -------------------------------------------------------------
+    # -- the rules, under the lock ----------------------------------
 
-    def _decide(self, tool, args, key, judged, cancelled):
-        """The rules in order, as one verdict: an Answer, a Wait, an Execute, or AGAIN. A call
-        the host cancelled while it was judged or waited for the lock is not decided."""
-        if cancelled.is_set():
+    def _decide(self, tool, args, key, judged, early, cancelled):
+        """The rules in order, as one verdict: an Answer, a Wait,
+        an Execute or AGAIN (a lost race too)."""
+        try:
+            return self._rules(tool, args, key, judged, early,
+                               cancelled)
+        except Race:
+            return AGAIN
+
+    def _rules(self, tool, args, key, judged, early, cancelled):
+        if cancelled.is_set():  # while judged or waiting
             return answer("CANCELLED", "HOST_CANCELLED")
         window = self.window(tool)
-        since = format_time(time.time() - max(window, self.config.repeat_window) / SECOND)
-        # A read needs only its newest row: identical reads never refuse one another, and a wait
-        # or refusal on the newest stops them all. The begin refuses unless `seen` is still the
-        # key's open row, so no identical run, in any process, begins and ends in between.
-        rows = self.store.key_runs(key, since, newest_only=tool.read_only)
+        span = max(window, self.config.repeat_window)
+        since = format_time(time.time() - span / SECOND)
+        # A read needs only its newest row: identical reads never
+        # refuse one another. The begin refuses unless `seen` is
+        # still the open row: no identical run, in any process,
+        # begins and ends in between.
+        rows = self.store.key_runs(key, since,
+                                   newest_only=tool.read_only)
         seen = next((row.run_id for row in rows if row.open), None)
         for row in rows:
-            if row.status == "WAITING_FOR_APPROVAL":                        # rule 1
-                approval = self.store.latest_approval(row.run_id)
-                if approval is None or approval["status"] not in ("pending", "approved"):
-                    return answer("IN_PROGRESS")
-                if approval["status"] == "approved":
-                    return self._collect(tool, approval, judged)
-                if live_approval(self.config, approval):
-                    return Wait(approval)
-                return self._expire(approval)
+            if row.status == "WAITING_FOR_APPROVAL":       # rule 1
+                return self._asked(tool, row.run_id, judged)
             if row.status == "RUNNING":
-                if row.run_id in self.active or (row.owner != self.owner and row.expires > now()):
-                    return answer("IN_PROGRESS")                            # rule 2
-                return self._take_over(tool, row.run_id, judged)            # rule 3
-            if row.finished >= since:                                       # rules 4, 5
+                live = (row.owner != self.owner
+                        and row.expires > now())
+                if row.run_id in self.active or live:
+                    return answer("IN_PROGRESS")           # rule 2
+                return self._take_over(tool, row.run_id,   # rule 3
+                                       judged)
+            if row.finished >= since:                  # rules 4, 5
                 verdict = self._closed(tool, row, window)
                 if verdict is STOP:
                     break
@@ -2566,262 +2790,323 @@ class Gate:
                     return verdict
         attempt = None
         if not tool.read_only:
-            attempt = self._unknown_attempt(key)                            # rule 6
-            verdict = self._tool_rules(tool, key)                           # rule 7
-            if verdict is not NEXT:
-                return verdict
-        return self._begin(tool, args, key, seen, judged, attempt=attempt,  # rule 8
-                           cancelled=cancelled)
+            attempt = self._unknown_attempt(key)           # rule 6
+            question = self._settle_others(tool, key)
+            if question:                                   # rule 7
+                return answer("BLOCKED", "BLOCKED_UNKNOWN",
+                              tool=tool.name,
+                              approval=question["id"])
+        return self._begin(tool, args, key, seen, judged,  # rule 8
+                           early, attempt, cancelled=cancelled)
+
+    def _asked(self, tool, run_id, judged):
+        """Rule 1: the run waits on its newest approval."""
+        approval = self.store.latest_approval(run_id)
+        status = approval["status"] if approval else ""
+        if status == "approved":
+            return self._collect(tool, approval, judged)
+        if status != "pending":
+            return answer("IN_PROGRESS")
+        if live_approval(self.config, approval):
+            return Wait(approval)
+        return self._expire(approval)
 
     def _expire(self, approval):
-        self.store.write(lambda tx: tx.expire_approval(approval["id"], approval["run_id"],
-                                                       approval["step_id"]))
-        return AGAIN  # the run has ended: decided again, with rules 4 to 6 on it
+        self.store.write(lambda tx: tx.expire_approval(
+            approval["id"], approval["run_id"], approval["step_id"]))
+        return AGAIN  # the run ended: rules 4 to 6 decide
 
     def _collect(self, tool, approval, judged):
-        """An approved request, checked again, executes as recorded, never as this call's
-        bytes (the same request key, so the call's judgement is the request's)."""
+        """An approved request, checked again, runs as recorded,
+        never as this call's bytes (same key, same judgement)."""
         run_id, step_id = approval["run_id"], approval["step_id"]
         if tool.name in self.quarantined:
-            # Its server changed it while the call was held: the approval stays for its return.
+            # Changed while held: the approval stays for its return.
             return answer("DENIED", "TOOL_CHANGED")
         if stored_hash(approval) != approval["hash"]:
-            log(f"approval {approval['id']} does not match its hash; it was altered after it "
-                f"was made and will not be used")
+            log(f"approval {approval['id']} does not match its"
+                f" hash; it was altered after it was made and will not"
+                f" be used")
             return answer("DENIED", reason=SLOT_PROSE["altered"])
-        if not live_approval(self.config, approval):  # its grant_ttl ran out
+        if not live_approval(self.config, approval):  # grant_ttl
             return self._expire(approval)
         if judged.problem:
+            why = f"invalid decision on resume: {judged.problem}"
             self.store.write(lambda tx: self._refuse(
-                tx, run_id, step_id, "invalid_decision",
-                f"invalid decision on resume: {judged.problem}"))
-            return answer("INVALID", reason=clean(judged.problem, 1000))
+                tx, run_id, step_id, "invalid_decision", why))
+            return answer("INVALID",
+                          reason=clean(judged.problem, 1000))
         args = parse(approval["request_json"])["args"]
-        attempt = parse(approval["capability_json"]).get("interrupted")
-        facts = self._facts(tool)
-        decision = evaluate(self.config, tool, args, facts, attempt, approved=True,
-                            judged=judged)
-        record = _policy_record(decision, facts, True)
-        if decision["outcome"] == "deny":
-            def deny(tx):
-                tx.record_policy(run_id, step_id, record, self.policy_id)
-                self._refuse(tx, run_id, step_id, "policy_denied",
-                             f"denied on resume: {decision['reason']}")
-            self.store.write(deny)
-            return answer("DENIED", reason=clean(decision["reason"], 500))
-        if decision["outcome"] == "require_approval":
-            # The policy may ask another question (a limit reached since, say).
-            fresh = new_approval(self.config, run_id, step_id, tool, args, decision)
-            if fresh["hash"] != approval["hash"]:
-                return self._pause(tool, fresh, record, self.policy_id)
+        bound = parse(approval["capability_json"])
+        attempt = bound.get("interrupted")
 
-        def resume(tx):
+        def collect(tx):
+            # Approved: no limit counts it again, no grant applies.
+            # It may ask another question (another entry holds now).
+            decision, facts = self._decision(
+                tool, args, judged, tx.rows, attempt, approved=True)
+            act = decision["outcome"] == "deny"
+            if decision["outcome"] == "require_approval":
+                fresh = new_approval(self.config, run_id, step_id,
+                                     tool, args, decision)
+                act = fresh["hash"] != approval["hash"]
+            if act:
+                return self._act(tx, tool, run_id, step_id, args,
+                                 decision, facts, judged.work,
+                                 approved=True, resumed=True)
             tx.resume(run_id, approval["id"], self.lease())
-            tx.record_policy(run_id, step_id, record, self.policy_id)
-            tx.start_execution(run_id, step_id, tool.name, args, tool.target, approval["id"])
-        self._write_active(run_id, resume)
-        return Execute(run_id, step_id, args, work=judged.work)
+            record = _policy_record(decision, facts, True)
+            tx.record_policy(run_id, step_id, record,
+                             self.policy_id)
+            tx.start_execution(run_id, step_id, tool.name, args,
+                               tool.target, approval["id"])
+            return Execute(run_id, step_id, args, work=judged.work)
+        return self._begun(tool, run_id, collect)
 
     def _take_over(self, tool, run_id, judged):
-        """Rule 3: take over a run whose lease ran out. A mutating call it cut off may have
-        taken effect: Wait on asking to run it again. Anything else is ended: AGAIN."""
-        cut_step = self.store.write(lambda tx: tx.take_over(run_id, self.lease()))
-        if cut_step and not tool.read_only:
+        """Rule 3: take over a run whose lease ran out. A mutation
+        it cut off may have taken effect: Wait on asking to run it
+        again. Anything else ends: AGAIN."""
+        cut_step = self.store.write(
+            lambda tx: tx.take_over(run_id, self.lease()))
+        asks = cut_step and not tool.read_only
+        if asks:
             step_id, started = cut_step
-            attempt = {"run_id": run_id, "step_id": step_id, "started_at": started,
-                       "ended": "cut_off"}
+            attempt = {"run_id": run_id, "step_id": step_id,
+                       "started_at": started, "ended": "cut_off"}
             args = self.store.step_decision(step_id)["args"]
-            facts = self._facts(tool)
-            decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
-            if decision["outcome"] == "require_approval":
-                log(f"a call to {tool.name} was cut off while executing; its outcome is unknown")
-                approval = new_approval(self.config, run_id, step_id, tool, args, decision)
-                return self._pause(tool, approval, _policy_record(decision, facts), "")
-        self.store.write(lambda tx: tx.finish_run(
-            run_id, "FAILED", "goal_failed", "one call per run: taken over after an "
-            "interruption, with nothing left in it to execute"))
-        return AGAIN
 
-    def _pause(self, tool, approval, record, policy_id):
-        run_id, step_id = approval["run_id"], approval["step_id"]
-        def pause(tx):
-            tx.record_policy(run_id, step_id, record, policy_id)
-            tx.pause(run_id, step_id, approval)
-        self.store.write(pause)
-        self.announce(approval, tool, run_id)
-        return Wait(approval)
+        def settle(tx):
+            if asks:
+                decision, facts = self._decision(
+                    tool, args, judged, tx.rows, attempt)
+                if decision["outcome"] == "require_approval":
+                    approval = new_approval(
+                        self.config, run_id, step_id, tool, args,
+                        decision)
+                    record = _policy_record(decision, facts)
+                    tx.record_policy(run_id, step_id, record, "")
+                    tx.pause(run_id, step_id, approval)
+                    return Wait(approval)
+            tx.finish_run(
+                run_id, "FAILED", "goal_failed",
+                "one call per run: taken over after an interruption,"
+                " with nothing left in it to execute")
+            return AGAIN
+        verdict = self.store.write(settle)
+        if isinstance(verdict, Wait):
+            log(f"a call to {tool.name} was cut off while"
+                f" executing; its outcome is unknown")
+            self.announce(verdict.approval, tool, run_id)
+        return verdict
 
     def _refuse(self, tx, run_id, step_id, kind, detail):
-        tx.fail_step(run_id, step_id, {"kind": kind, "content": {"error": detail}}, detail)
+        observation = {"kind": kind, "content": {"error": detail}}
+        tx.fail_step(run_id, step_id, observation, detail)
         tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[kind])
 
     def _closed(self, tool, row, window):
-        """Rules 4 and 5: a finished run of this request within the window: the tool's for a
-        duplicate; for the operator's no (a rejection, cancellation, expiry) at least the
-        config's, whatever the tool's."""
+        """Rules 4 and 5: a finished run of the request within the
+        window: the tool's for a duplicate, at least the config's
+        for the operator's no (rejected, cancelled, expired)."""
         refusals = max(window, self.config.repeat_window)
+
         def within(span):
-            return span and row.finished >= format_time(time.time() - span / SECOND)
+            start = format_time(time.time() - span / SECOND)
+            return span and row.finished >= start
+
         def until():
             return prose_time(later(row.finished, refusals))
+
         refused = within(refusals)
         if row.reason == "approval_rejected" and refused:
             approval = self.store.latest_approval(row.run_id)
             return answer("REJECTED", approval=approval["id"],
-                          note=note_text(approval["note"]), until=until())
-        attempt = None if tool.read_only else last_attempt(self.store.read, row.run_id)
-        unknown = attempt is not None and attempt.ending in UNKNOWN_ENDINGS
-        if row.reason == "approval_expired" and not unknown and refused:
-            return answer("EXPIRED", approval=self.store.latest_approval(row.run_id)["id"],
+                          note=note_text(approval["note"]),
+                          until=until())
+        attempt = (None if tool.read_only
+                   else last_attempt(self.store.read, row.run_id))
+        unknown = attempt and attempt.ending in UNKNOWN_ENDINGS
+        if (row.reason == "approval_expired" and not unknown
+                and refused):
+            approval = self.store.latest_approval(row.run_id)
+            return answer("EXPIRED", approval=approval["id"],
                           until=until())
         if row.reason == "operator_cancelled" and refused:
-            return answer("REJECTED", "CANCELLED", note=note_text(row.detail), until=until())
+            return answer("REJECTED", "CANCELLED",
+                          note=note_text(row.detail), until=until())
         if unknown:
             return STOP
         if attempt is None or not within(window):
             return NEXT
         cap = 500 if attempt.ending == "unrecorded" else CONTENT_CAP
         text = clean(outcome_text(attempt.observed), cap)
-        outcome = DUPLICATE_OUTCOME[attempt.ending].format(text=text)
+        said = DUPLICATE_OUTCOME[attempt.ending].format(text=text)
         self.duplicate(tool, row.run_id, attempt.finished, window)
         return answer("DUPLICATE", at=prose_time(attempt.finished),
-                      window=format_duration(window), outcome=outcome)
+                      window=format_duration(window), outcome=said)
 
     def _unknown_attempt(self, key):
-        """Rule 6: the attempt to run again if this request's newest finished run left its
-        outcome unknown; only an approved re-run that comes to a known outcome resolves it."""
+        """Rule 6: the attempt to run again if the newest finished
+        run left its outcome unknown (until a re-run knows it)."""
         for run_id, status in self.store.attempt_runs(key):
-            attempt = status in TERMINAL and last_attempt(self.store.read, run_id)
+            attempt = (status in TERMINAL
+                       and last_attempt(self.store.read, run_id))
             if attempt:
-                return attempt.attempt if attempt.ending in UNKNOWN_ENDINGS else None
+                if attempt.ending in UNKNOWN_ENDINGS:
+                    return attempt.attempt
+                return None
         return None
 
-    def _tool_rules(self, tool, key):
-        """Rule 7: what other requests of a mutating tool say about this one: BLOCKED, or NEXT.
-        It acts on what it meets, so a tool is never blocked by what nobody will settle: a dead
-        run is taken over, an expired question ended, an unasked one asked again."""
-        targets = (tool.target, tool.name)
-        for run_id, status, owner, expires in self.store.unsettled_runs(targets, key):
-            if status == "RUNNING" and not (
-                    owner != self.owner and expires > now()) and run_id not in self.active:
-                # Another request's arguments, judged on a pattern budget of their own.
+    def _settle_others(self, tool, key):
+        """The one place a call settles other requests' runs of its
+        tool, so rule 7 never blocks on what nobody settles: a dead
+        run taken over, an expired question ended, an unknown
+        outcome asked again. The question then standing, or None."""
+        for run_id, status, owner, expires in (
+                self.store.unsettled_runs(tool.target, key)):
+            live = owner != self.owner and expires > now()
+            if status == "RUNNING":
+                if live or run_id in self.active:
+                    continue
+                # Another request's arguments: a budget of their own.
                 verdict = self._take_over(tool, run_id, Judgement())
                 if isinstance(verdict, Wait):
-                    return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
-                                  approval=verdict.approval["id"])
+                    return verdict.approval
                 continue
-            approval = status == "WAITING_FOR_APPROVAL" and self.store.latest_approval(run_id)
-            if approval and approval["kind"] == "interrupted_side_effect":
-                if live_approval(self.config, approval):
-                    return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
-                                  approval=approval["id"])
-                self._expire(approval)
-        return self._unknown_block(tool, key)
+            approval = (status == "WAITING_FOR_APPROVAL"
+                        and self.store.latest_approval(run_id))
+            if not approval or (
+                    approval["kind"] != "interrupted_side_effect"):
+                continue
+            if live_approval(self.config, approval):
+                return approval
+            self._expire(approval)
+        return self._ask_unknown(tool, key)
 
-    def _unknown_block(self, tool, key):
-        """Another request of this tool left an outcome unknown, unasked: ask it again in a
-        fresh run and answer BLOCKED; else NEXT."""
-        for other_key, run_id, reason in self.store.unknown_for_tool(
-                (tool.target, tool.name), key):
+    def _ask_unknown(self, tool, key):
+        """An unknown outcome of another request, unasked: asked in
+        a fresh run (its question), or None."""
+        for other, run_id, reason in self.store.unknown_for_tool(
+                tool.target, key):
             if reason in ("approval_rejected", "operator_cancelled"):
                 continue
-            # The open row first, then the attempt: a re-run that begins and settles the
-            # question after this read makes the begin below refuse, so it is not asked again.
-            seen = self.store.open_run(other_key)
-            attempt = self._unknown_attempt(other_key)
+            # The open row before the attempt: a re-run settling it
+            # after this read makes the begin refuse (asked once).
+            seen = self.store.open_run(other)
+            attempt = self._unknown_attempt(other)
             if attempt is None:
                 continue
-            args = self.store.step_decision(attempt["step_id"])["args"]
-            verdict = self._begin(tool, args, other_key, seen, judged_request(tool, args),
-                                  attempt=attempt, origin="operator")
+            decided = self.store.step_decision(attempt["step_id"])
+            args = decided["args"]
+            verdict = self._begin(
+                tool, args, other, seen, judged_request(tool, args),
+                attempt=attempt, origin="operator")
             if isinstance(verdict, Wait):
-                return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
-                              approval=verdict.approval["id"])
-            # Anything else (its arguments now invalid, say) ended that run unexecuted.
-        return NEXT
+                return verdict.approval
+            # Else (its arguments now invalid, say) it ended.
+        return None
 
-    # -- beginning and executing a run ---------------------------------------------------------
+    # -- beginning and executing a run ------------------------------
 
-    def _begin(self, tool, args, key, seen, judged, invalid=None, attempt=None, origin="model",
-               cancelled=None):
-        """Rule 8: decide once and begin the run in one write transaction, then act on it.
-        `invalid` (why, frame): arguments not usable JSON (`judged` None)."""
+    def _begin(self, tool, args, key, seen, judged, early=None,
+               attempt=None, origin="model", cancelled=None,
+               invalid=None):
+        """Rule 8: decide and begin the run in one write: its
+        verdict. `invalid` (why, frame): unusable arguments."""
         run_id = f"{self.config.session}.{new_id(8)}"
         problem = invalid[0] if invalid else judged.problem
-        if not (problem or attempt) and tool.read_only and not tool.rule.limits:
-            # A read allowed outright, with no limit to count and no grant to be revoked
-            # meanwhile, leaves nothing unknown after a crash: recorded whole after it answers.
-            facts = self._facts(tool)
-            decision = evaluate(self.config, tool, args, facts, judged=judged)
-            if decision["outcome"] == "allow" and "grant" not in decision:
-                self.active.add(run_id)
-                return Execute(run_id, None, args, (_policy_record(decision, facts), now()))
-        recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
+        outright = (early and tool.read_only and not problem
+                    and not attempt and not tool.rule.limits)
+        if outright and early[0]["outcome"] == "allow" and (
+                "grant" not in early[0]):
+            # Allowed outright, no limit, no grant to be revoked: it
+            # leaves nothing unknown after a crash, so it is
+            # recorded whole once it answers.
+            self.active.add(run_id)
+            decision, facts = early
+            record = (_policy_record(decision, facts), now())
+            return Execute(run_id, None, args, record)
+        recorded = ({"invalid_args": invalid[1]} if invalid
+                    else {"args": args})
+        step = {**recorded, "kind": TOOL_CALL, "origin": origin,
+                "tool": tool.name}
+        opened = ANY_ROW if tool.read_only else seen
 
         def begin(tx):
-            if cancelled and cancelled.is_set():  # by the host, before the run began
+            if cancelled and cancelled.is_set():  # by the host
                 return answer("CANCELLED", "HOST_CANCELLED")
             if not problem:
-                # Decided here, where limits see every execution any process committed before,
-                # and the waits that bound what may be asked are counted.
-                facts = self._facts(tool, tx.rows)
-                decision = evaluate(self.config, tool, args, facts, attempt, judged=judged)
-                asks = decision["outcome"] == "require_approval" and origin == "model"
-                waiting = tx.waiting(self.config.session) if asks else 0
-                if asks and waiting >= self.config.max_pending:
-                    return answer("BLOCKED", "BLOCKED_PENDING", waiting=SLOT_PROSE[
-                        "one_waits" if waiting == 1 else "some_wait"].format(count=waiting))
-            tx.begin_run(run_id, self.config.session, tool.name, tool.target, key,
-                         tool.side_effect, self.tool_hashes, self.lease(),
-                         ANY_ROW if tool.read_only else seen)
-            step_id = tx.start_step(run_id, {**recorded, "kind": TOOL_CALL, "origin": origin,
-                                             "tool": tool.name}, tool)
+                decision, facts = self._decision(
+                    tool, args, judged, tx.rows, attempt)
+                full = self._too_many(tx, decision, origin)
+                if full:
+                    return full
+            tx.begin_run(run_id, self.config.session, tool.name,
+                         tool.target, key, tool.side_effect,
+                         self.tool_hashes, self.lease(), opened)
+            step_id = tx.start_step(run_id, step, tool)
             if problem:
                 self._refuse(tx, run_id, step_id, "invalid_decision",
                              f"invalid decision: {problem}")
-                return step_id, None, None
-            tx.record_policy(run_id, step_id, _policy_record(decision, facts), self.policy_id)
-            approval = None
-            if decision["outcome"] == "deny":
-                self._refuse(tx, run_id, step_id, "policy_denied",
-                             f"denied: {decision['reason']}")
-            elif decision["outcome"] == "require_approval":
-                approval = new_approval(self.config, run_id, step_id, tool, args, decision)
-                tx.pause(run_id, step_id, approval)
-            else:
-                tx.start_execution(run_id, step_id, tool.name, args, tool.target)
-            return step_id, decision, approval
-        begun = self._write_active(run_id, begin)
-        if isinstance(begun, Answer):
-            self.active.discard(run_id)
-            return begun
-        step_id, decision, approval = begun
-        if decision and decision["outcome"] == "allow":
-            return Execute(run_id, step_id, args, work=judged.work)
-        self.active.discard(run_id)  # nothing of this run executes
-        if problem:
-            return answer("INVALID", reason=clean(problem, 1000))
-        if decision["outcome"] == "deny":
-            frees = frees_text(decision)
-            reason = decision["reason"] + (f"; {frees}" if frees else "")
-            return answer("DENIED", reason=clean(reason, 500))
-        self.announce(approval, tool, run_id)
-        return Wait(approval)
+                return answer("INVALID", reason=clean(problem, 1000))
+            return self._act(tx, tool, run_id, step_id, args,
+                             decision, facts, judged.work)
+        return self._begun(tool, run_id, begin)
 
-    def _write_active(self, run_id, fn):
-        """The write that starts a run executing: the run is this process's own from before
-        it, so no identical call takes it over in between."""
+    def _too_many(self, tx, decision, origin):
+        """BLOCKED when the model's question passes max_pending."""
+        asks = decision["outcome"] == "require_approval"
+        if not asks or origin != "model":
+            return None
+        waiting = tx.waiting(self.config.session)
+        if waiting < self.config.max_pending:
+            return None
+        said = "one_waits" if waiting == 1 else "some_wait"
+        return answer("BLOCKED", "BLOCKED_PENDING",
+                      waiting=SLOT_PROSE[said].format(count=waiting))
+
+    def _act(self, tx, tool, run_id, step_id, args, decision,
+             facts, work, approved=False, resumed=False):
+        """Record a decision on its step and act on it: the
+        verdict."""
+        record = _policy_record(decision, facts, approved)
+        tx.record_policy(run_id, step_id, record, self.policy_id)
+        outcome, reason = decision["outcome"], decision["reason"]
+        if outcome == "deny":
+            how = "denied on resume" if resumed else "denied"
+            self._refuse(tx, run_id, step_id, "policy_denied",
+                         f"{how}: {reason}")
+            frees = frees_text(decision)
+            said = reason + (f"; {frees}" if frees else "")
+            return answer("DENIED", reason=clean(said, 500))
+        if outcome == "require_approval":
+            approval = new_approval(self.config, run_id, step_id,
+                                    tool, args, decision)
+            tx.pause(run_id, step_id, approval)
+            return Wait(approval)
+        tx.start_execution(run_id, step_id, tool.name, args,
+                           tool.target)
+        return Execute(run_id, step_id, args, work=work)
+
+    def _begun(self, tool, run_id, fn):
+        """Commit fn, which may start the run executing: the run is
+        this process's own from before, never taken over between."""
         self.active.add(run_id)
+        verdict = None
         try:
-            return self.store.write(fn)
-        except BaseException:
-            self.active.discard(run_id)
-            raise
+            verdict = self.store.write(fn)
+        finally:
+            if not isinstance(verdict, Execute):
+                self.active.discard(run_id)
+        if isinstance(verdict, Wait):
+            self.announce(verdict.approval, tool, run_id)
+        return verdict
 
     def _execute(self, tool, verdict, progress=None, cancelled=None):
-        """Send the request upstream and record what came of it, even if the host cancels
-        once it is sent; cancelled before, it is not sent."""
-        run_id, step_id, args = verdict.run_id, verdict.step_id, verdict.args
+        """Send the request upstream and record what came of it;
+        cancelled by the host before, it is not sent."""
+        run_id, step_id, args = verdict[:3]
         try:
             started = time.monotonic()
             if cancelled and cancelled.is_set():
@@ -2829,130 +3114,180 @@ class Gate:
                     tool, SLOT_PROSE["host_cancelled"], "unsent")
             else:
                 observation, ending, passed = call_upstream(
-                    tool, args, self.config.max_result_bytes, progress and progress.server)
+                    tool, args, self.config.max_result_bytes,
+                    progress and progress.server)
             elapsed = int((time.monotonic() - started) * 1000)
 
-            def record(tx):  # the approval a re-run waits on, when the outcome is unknown
-                if step_id is None:  # a read allowed outright: its run recorded whole
-                    policy, started_at = verdict.record
-                    ended = ("COMPLETED", "goal_completed", f"terminal tool {tool.name}") \
-                        if ending == "ok" else ("FAILED", "goal_failed", CLOSING[ending])
-                    tx.record_read(run_id, self.config.session, tool, {
-                        "args": args, "kind": TOOL_CALL, "origin": "model", "tool": tool.name},
-                        policy, self.policy_id, started_at, observation, ended, elapsed)
+            def record(tx):  # the approval a re-run waits on, or None
+                if step_id is None:
+                    self._record_read(tx, tool, verdict, observation,
+                                      ending, elapsed)
                     return None
-                if tx.run_holder(run_id) != ("RUNNING", self.owner):
-                    # Cancelled, or taken over after this process lost its lease: a late
-                    # event keeps the outcome; the run stays as its new owner has it.
-                    late = {"tool": tool.name, "late": True, "observation": observation}
-                    tx.event(run_id, "step.tool_finished", late, step_id)
-                    return None
-                tx.finish_execution(run_id, step_id, tool.name, observation, elapsed)
-                if ending in UNKNOWN_ENDINGS:
-                    return self._pause_rerun(tx, tool, run_id, step_id, args, ending,
-                                             verdict.work)
-                if ending == "unsent":  # executed nothing: no limit counts it
-                    tx.execute("DELETE FROM executions WHERE step_id=?", (step_id,))
-                if ending != "ok":  # unsent: the outcome of the attempt before, if any
-                    tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending],
-                                  outcome=None if ending == "unsent" else OUTCOME_KNOWN)
+                return self._record_outcome(
+                    tx, tool, verdict, observation, ending, elapsed)
             rerun = self.store.write(record)
         finally:
             self.active.discard(run_id)
         if passed is not None:
             return passed_answer(passed)
         if observation.get("withheld"):
-            return too_large_answer(tool, observation["result"], self.config.max_result_bytes,
-                                    self.window(tool))
+            return too_large_answer(
+                tool, observation["result"],
+                self.config.max_result_bytes, self.window(tool))
         error = observation["content"]["error"]
         if rerun:
-            log(f"a call to {tool.name} {HOW[ending]}; its outcome is unknown")
+            how = HOW[ending]
+            log(f"a call to {tool.name} {how}; its outcome is"
+                f" unknown")
             self.announce(rerun, tool, run_id)
-            return answer("UNKNOWN_OUTCOME", how=HOW[ending], error=f" ({clean(error, 500)})",
+            return answer("UNKNOWN_OUTCOME", how=how,
+                          error=f" ({clean(error, 500)})",
                           approval=rerun["id"])
         if ending == "unrecorded":
             return answer("UNRECORDED", reason=clean(error, 500),
                           window=refused_for(self.window(tool)))
         return Answer(clean(error, CONTENT_CAP), True)
 
-    def _pause_rerun(self, tx, tool, run_id, step_id, args, ending, work):
-        """An unknown outcome asked again in the transaction that records the attempt: the
-        approval, or None. Judged again (on `work`): the call may have moved a path's links."""
-        attempt = {"run_id": run_id, "step_id": step_id, "started_at": tx.step_started(step_id),
-                   "ended": ending}
-        facts = self._facts(tool, tx.rows)
-        decision = evaluate(self.config, tool, args, facts, attempt, judged=Judgement(work=work))
-        if decision["outcome"] == "deny":
-            # Denied outright now (an entry for other hours, say): nothing is asked, the run
-            # ends with its outcome unknown, and rule 6 decides the next identical call.
-            tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending])
+    # Two shapes of record, on purpose: a read allowed outright is
+    # one run.read event, committed once after it answers (nothing a
+    # crash leaves unknown: no calls row, no step, no limit); every
+    # other call is recorded before it is sent.
+
+    def _record_read(self, tx, tool, verdict, observation, ending,
+                     elapsed):
+        policy, started = verdict.record
+        if ending == "ok":
+            ended = ("COMPLETED", "goal_completed",
+                     f"terminal tool {tool.name}")
+        else:
+            ended = ("FAILED", "goal_failed", CLOSING[ending])
+        decision = {"args": verdict.args, "kind": TOOL_CALL,
+                    "origin": "model", "tool": tool.name}
+        tx.record_read(verdict.run_id, self.config.session, tool,
+                       decision, policy, self.policy_id, started,
+                       observation, ended, elapsed)
+
+    def _record_outcome(self, tx, tool, verdict, observation,
+                        ending, elapsed):
+        """An executed run's outcome: a re-run's approval or None."""
+        run_id, step_id, args = verdict[:3]
+        if tx.run_holder(run_id) != ("RUNNING", self.owner):
+            # Cancelled, or taken over: a late event keeps the
+            # outcome; the run stays as its new owner has it.
+            late = {"tool": tool.name, "late": True,
+                    "observation": observation}
+            tx.event(run_id, "step.tool_finished", late, step_id)
             return None
-        rerun_step = tx.start_step(run_id, {"args": args, "kind": TOOL_CALL,
-                                            "origin": "operator", "tool": tool.name}, tool)
-        tx.record_policy(run_id, rerun_step, _policy_record(decision, facts), self.policy_id)
-        approval = new_approval(self.config, run_id, rerun_step, tool, args, decision)
-        tx.pause(run_id, rerun_step, approval)
-        return approval
+        tx.finish_execution(run_id, step_id, tool.name, observation,
+                            elapsed)
+        if ending in UNKNOWN_ENDINGS:
+            return self._pause_rerun(tx, tool, verdict, ending)
+        if ending == "unsent":  # executed nothing: no limit counts it
+            tx.execute("DELETE FROM executions WHERE step_id=?",
+                       (step_id,))
+        if ending != "ok":
+            # Unsent: the outcome of the attempt before, if any.
+            known = None if ending == "unsent" else OUTCOME_KNOWN
+            tx.finish_run(run_id, "FAILED", "goal_failed",
+                          CLOSING[ending], outcome=known)
+        return None
+
+    def _pause_rerun(self, tx, tool, verdict, ending):
+        """An unknown outcome asked again where it is recorded: the
+        approval or None. Judged again: links may have moved."""
+        run_id, step_id, args = verdict[:3]
+        attempt = {"run_id": run_id, "step_id": step_id,
+                   "started_at": tx.step_started(step_id),
+                   "ended": ending}
+        judged = Judgement(work=verdict.work)
+        decision, facts = self._decision(tool, args, judged,
+                                         tx.rows, attempt)
+        if decision["outcome"] == "deny":
+            # Denied now (an entry for other hours, say): the run
+            # ends unknown; rule 6 decides the next identical call.
+
+            tx.finish_run(run_id, "FAILED", "goal_failed",
+                          CLOSING[ending])
+            return None
+        rerun = {"args": args, "kind": TOOL_CALL,
+                 "origin": "operator", "tool": tool.name}
+        rerun_step = tx.start_step(run_id, rerun, tool)
+        verdict = self._act(tx, tool, run_id, rerun_step, args,
+                            decision, facts, verdict.work)
+        return verdict.approval
 
 
 def call_upstream(tool, args, cap, progress=None):
-    """Send one call upstream: (observation, ending, passed), `passed` the server's result as
-    it came, or None (none, or past `cap` bytes: withheld). The one place an outcome is
-    classified: 'ok'; 'error' (an error answer: known); 'unsent' (no byte reached the server:
-    nothing executed); 'unrecorded' (executed, answer unusable: known, never run again);
-    'timed_out' or 'no_answer' (it may have taken effect: unknown). A read's other failures
-    are 'error': it has no effect to vouch for."""
+    """Send one call upstream: (observation, ending, passed), the
+    last the server's result as it came, or None (none, or past
+    `cap` bytes: withheld). The one place an outcome is classified:
+    'ok'; 'error' (an error answer: known); 'unsent' (no byte
+    reached the server); 'unrecorded' (executed, answer unusable:
+    known, never run again); 'timed_out' or 'no_answer' (it may
+    have taken effect: unknown). A read's other failures are
+    'error': it has no effect to vouch for."""
     passed = rpc = None
+    sent = {"name": tool.upstream_name,
+            "arguments": {**args, **tool.rule.fixed}}
     try:
         result = tool.upstream.request(
-            "tools/call", {"name": tool.upstream_name, "arguments": {**args, **tool.rule.fixed}},
-            Deadline(tool.timeout), f"tool {quote(tool.upstream_name)}", progress)
+            "tools/call", sent, Deadline(tool.timeout),
+            f"tool {quote(tool.upstream_name)}", progress)
         passed, error = passed_result(tool, result)
         try:
-            record = result_record(passed) if passed is not None else None
-        except Exception as err:  # a result shaped in a way no server should send
-            passed, error = None, SLOT_PROSE["unreadable_result"].format(error=err)
-        ending = "unrecorded" if passed is None else "error" if record.get("is_error") \
-            else "ok"
+            record = (None if passed is None
+                      else result_record(passed))
+        except Exception as err:  # shaped as no server should send
+            passed = None
+            error = SLOT_PROSE["unreadable_result"].format(error=err)
+        ending = ("unrecorded" if passed is None
+                  else "error" if record.get("is_error") else "ok")
     except UpstreamError as err:
         error, rpc = str(err), err.rpc
-        ending = {"unusable": "unrecorded", "answered": "error",
-                  "not_sent": "unsent"}.get(err.outcome, err.outcome)
+        ending = UPSTREAM_ENDINGS.get(err.outcome, err.outcome)
     if tool.read_only and ending not in ("ok", "unsent"):
         ending = "error"
     if passed is None:
         return failed_call(tool, error, ending, rpc, cap)
     withheld = record["bytes"] > cap
-    observation = {"kind": "tool_result" if ending == "ok" else "tool_error",
-                   "summary": result_summary(tool, record, cap if withheld else 0),
+    summary = result_summary(tool, record, cap if withheld else 0)
+    kind = "tool_result" if ending == "ok" else "tool_error"
+    observation = {"kind": kind, "summary": summary,
                    "result": record}
     if ending != "ok":
-        observation["content"] = {"tool": tool.name, "ending": ending}
+        observation["content"] = {"tool": tool.name,
+                                  "ending": ending}
     if withheld:
         observation["withheld"] = True
     return observation, ending, None if withheld else passed
 
 
+UPSTREAM_ENDINGS = {"unusable": "unrecorded", "answered": "error",
+                    "not_sent": "unsent"}
+
+
 def failed_call(tool, error, ending, rpc=None, cap=0):
-    """A call that came to no result, as call_upstream answers it; a
-    server's JSON-RPC error (`rpc`) is passed on as it came while it fits
+    """A call that came to no result, as call_upstream answers it;
+    a server's JSON-RPC error (`rpc`) is passed on while it fits
     the cap, and recorded by its size and hash."""
     content = {"tool": tool.name, "error": error, "ending": ending}
     if rpc is not None:
         sent = canonical(rpc)
         content["rpc_error"] = value_digest(sent)
         rpc = {"error": rpc} if len(sent) <= cap else None
-    summary = cut(f"{tool.name} {ending}: {sanitize(error)}", 1000)
-    return {"kind": "tool_error", "summary": summary,
-            "content": content}, ending, rpc
+    said = f"{tool.name} {ending}: {sanitize(error)}"
+    observation = {"kind": "tool_error", "summary": cut(said, 1000),
+                   "content": content}
+    return observation, ending, rpc
 
 
 RECORDED_FRAME_BYTES = 65536
 
 
 def recorded_frame(data):
-    """What an INVALID run keeps of arguments it refused: the bytes as received, or, past
-    RECORDED_FRAME_BYTES, their size and hash, so a hostile frame cannot fill the database."""
+    """What an INVALID run keeps of refused arguments: the bytes,
+    or past RECORDED_FRAME_BYTES their size and hash, so a hostile
+    frame cannot fill the database."""
     if len(data) <= RECORDED_FRAME_BYTES:
         return data.decode("utf-8", "backslashreplace")
     return value_digest(data)
@@ -2960,33 +3295,40 @@ def recorded_frame(data):
 
 def live_approval(config, approval):
     """Pending and unexpired, or granted and still collectable."""
-    if approval["status"] == "pending":
-        return not approval["expires_at"] or approval["expires_at"] > now()
-    if approval["status"] == "approved":
-        return not config.grant_ttl or later(approval["decided_at"], config.grant_ttl) > now()
+    status, ttl = approval["status"], config.grant_ttl
+    if status == "pending":
+        expires = approval["expires_at"]
+        return not expires or expires > now()
+    if status == "approved":
+        return not ttl or later(approval["decided_at"], ttl) > now()
     return False
 
 
-CLOSING = {  # why a run ended, by its refused step's kind or its call's ending
+# Why a run ended, by its refused step's kind or its call's ending.
+CLOSING = {
     "policy_denied": "one call per run: the request was denied",
-    "invalid_decision": "one call per run: the request was invalid",
+    "invalid_decision":
+        "one call per run: the request was invalid",
     "error": "one call per run: the tool call returned an error",
-    "unsent": "one call per run: the tool call was not sent, so nothing executed",
-    "unrecorded": "one call per run: the tool call executed and its result could not be "
-                  "recorded",
-    "timed_out": "one call per run: the tool call timed out; its outcome is unknown",
-    "no_answer": "one call per run: the tool call failed without an answer; its outcome is "
-                 "unknown",
+    "unsent": "one call per run: the tool call was not sent,"
+              " so nothing executed",
+    "unrecorded": "one call per run: the tool call executed and"
+                  " its result could not be recorded",
+    "timed_out": "one call per run: the tool call timed out;"
+                 " its outcome is unknown",
+    "no_answer": "one call per run: the tool call failed without"
+                 " an answer; its outcome is unknown",
 }
+POLICY_KEPT = ("outcome", "reason", "by", "grant", "limit",
+               "tried", "kind", "capability", "presentation")
 
 
 def _policy_record(decision, facts, approved=False):
-    """A decision as the record keeps it, with the facts recheck needs to make it again
-    (`approved`: made when collecting an operator's approval, so no limit counted it)."""
-    record = {k: decision[k] for k in ("outcome", "reason", "by", "grant", "limit", "tried",
-                                       "kind", "capability", "presentation") if k in decision}
-    record["facts"] = {"at": format_time(facts.at), "client": facts.client,
-                       "approved": approved}
+    """A decision as kept, with the facts recheck needs to make it
+    again (`approved`: on collecting an approval: no limit)."""
+    record = {k: decision[k] for k in POLICY_KEPT if k in decision}
+    record["facts"] = {"at": format_time(facts.at),
+                       "client": facts.client, "approved": approved}
     return record
 
 
