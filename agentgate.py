@@ -797,15 +797,20 @@ def read_owned(path, what):
         os.close(fd)
 
 
-def _check_owned(path, what, st):
+def _check_owned(path, what, st, private=False, error=ConfigError):
+    """The one ownership check: `error` unless a regular file of this
+    user's that its group or others cannot write (`private`: nor read)."""
+    mode = stat.filemode(st.st_mode)
     if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{what} {path} is not a regular file")
+        raise error(f"{what} {path} is not a regular file")
     if st.st_uid != os.geteuid():
-        raise ConfigError(f"{what} {path} ({stat.filemode(st.st_mode)}) is owned by uid "
-                          f"{st.st_uid}, not by the current user: chown it or use your own copy")
-    if st.st_mode & 0o022:
-        raise ConfigError(f"{what} {path} has mode {stat.filemode(st.st_mode)}, which lets its "
-                          f"group or others write it: chmod go-w it")
+        raise error(
+            f"{what} {path} ({mode}) is owned by uid {st.st_uid}, "
+            f"not by the current user: chown it or use your own copy")
+    if st.st_mode & (0o077 if private else 0o022):
+        fix = ("lets others read them: chmod 600 it" if private else
+               "lets its group or others write it: chmod go-w it")
+        raise error(f"{what} {path} has mode {mode}, which {fix}")
 
 
 class Rule:
@@ -2173,19 +2178,13 @@ class Store:
 
     def _check_files(self, tighten):
         check_database_path(self.path)
-        owner = os.lstat(self.path).st_uid if os.path.exists(self.path) else os.geteuid()
         for path in (self.path, self.path + "-wal", self.path + "-shm"):
             try:
                 st = os.lstat(path)
             except FileNotFoundError:
                 continue
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != owner:
-                raise StoreError(f"database file {path} is not a regular file of the database's"
-                                 f" owner; remove it or fix its ownership")
-            if st.st_mode & 0o022:
-                raise StoreError(f"database file {path} has mode {stat.filemode(st.st_mode)}, "
-                                 f"which lets its group or others write it: chmod 600 it")
-            if st.st_mode & 0o044 and tighten and st.st_uid == os.geteuid():
+            _check_owned(path, "database file", st, error=StoreError)
+            if st.st_mode & 0o044 and tighten:
                 os.chmod(path, 0o600)
 
     def _check_schema(self, migrate):
@@ -6270,10 +6269,8 @@ class TokenFile:
         if fresh or not os.path.exists(server.tokens):
             return
         these = f"the tokens of server {quote(server.name)} in {server.tokens}"
-        mode = os.stat(server.tokens).st_mode
-        if mode & 0o077:
-            raise ConfigError(f"{these} have mode {stat.filemode(mode)}, which lets others "
-                              f"read them: chmod 600 it")
+        _check_owned(server.tokens, "token file", os.stat(server.tokens),
+                     private=True)
         try:
             kept = json.loads(read_owned(server.tokens, "token file"))
             usable = isinstance(kept["tokens"]["access_token"], str)
