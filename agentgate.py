@@ -1023,8 +1023,6 @@ ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint",
 PINNED_PARTS = (("input schema", "schema_hash"), ("description", "description_hash"),
                 ("title", "title"), ("output schema", "output_schema"),
                 ("annotations", "annotations"), ("icons", "icons"), ("_meta", "_meta"))
-# What a pin of 0.2.0 or older covers (of annotations, ANNOTATION_KEYS).
-EARLY_PARTS = ("input schema", "description", "annotations")
 
 
 def offered_name(server, tool, rule):
@@ -1097,18 +1095,13 @@ def manifest_entry(tool):
 
 
 def changed_parts(pinned, live):
-    """Which PINNED_PARTS of `live` differ from `pinned` (manifest entries): the one definition
-    of a change. A pin of 0.2.0 or older (no "title") is compared on EARLY_PARTS only."""
-    early = "title" not in pinned
-    return [part for part, key in PINNED_PARTS if (not early or part in EARLY_PARTS)
-            and compared_part(pinned, key, pinned) != compared_part(live, key, pinned)]
+    """Which PINNED_PARTS differ: the one definition of a change."""
+    return [part for part, key in PINNED_PARTS
+            if pinned.get(key) != live.get(key)]
 
 
 def compared_part(entry, key, pinned):
-    value = entry.get(key)
-    if "title" not in pinned and key == "annotations" and isinstance(value, dict):
-        value = {k: value[k] for k in ANNOTATION_KEYS if k in value} or None
-    return value
+    return entry.get(key)
 
 
 # Lint severities (section 20): a high finding refuses a tool unless its rule's
@@ -1124,12 +1117,10 @@ def tool_titles(entry):
 
 
 def lint_hash(entry):
-    """Every text the lint reads, by hash; without a title, as before titles were read, so
-    what was accepted stays so."""
-    texts = {"description": entry.get("description") or "",
-             "input_schema": entry.get("input_schema")}
-    titles = dict(tool_titles(entry))
-    return content_hash({**texts, "titles": titles} if titles else texts)
+    """Every text the lint reads, by hash."""
+    return content_hash({"description": entry.get("description") or "",
+                         "input_schema": entry.get("input_schema"),
+                         "titles": dict(tool_titles(entry))})
 
 
 STATUS_CLASH = "the status tool"
