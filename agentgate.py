@@ -123,17 +123,16 @@ VERSION = "0.2.0"
 #
 # Reads as: decision core
 #
-# Owns: both sides' byte streams cut into frames, whom to answer when a frame is refused, and
-# the hashes of a request's identity (over section 10's encoding).
-# Promises: a frame is split on `\n` bytes only (never on U+2028/U+2029) and never held past
-# its cap; the id read from a refused frame is only ever its own top-level one, found
-# wherever it stands in the frame.
+# Owns: both sides' byte streams cut into frames, whom to answer
+# when a frame is refused, and the hashes of a request's identity.
+# Promises: a frame is split on `\n` bytes only (never on
+# U+2028/U+2029) and never held past its cap; the id read from a
+# refused frame is only ever its own top-level one.
 # =============================================================================================
 
 def read_frames(fd, cap):
-    """Newline-delimited frames off `fd`: (frame, None) up to `cap` bytes, else (None, its own
-    top-level integer id or None) with the rest read only for that id. os.read, unbuffered: a
-    reader thread holds no lock at exit."""
+    """(frame, None) per line up to `cap` bytes, else (None, its
+    top-level integer id or None). Unbuffered: no lock held at exit."""
     pending, refused = bytearray(), None
     while True:
         try:
@@ -145,44 +144,50 @@ def read_frames(fd, cap):
                 yield bytes(pending), None
             return
         for piece in re.findall(rb"[^\n]*\n|[^\n]+", chunk):
-            if refused is None and len(pending) + len(piece) > cap + 1:
-                refused, pending = FrameId(), pending + piece
-                refused.feed(bytes(pending))
+            over = len(pending) + len(piece) > cap + 1
+            if refused is None and over:
+                refused = FrameId()
+                refused.feed(bytes(pending + piece))
                 pending = bytearray()
             elif refused is not None:
                 refused.feed(piece)
             else:
                 pending += piece
             if piece.endswith(b"\n"):
-                yield (None, refused.ident) if refused else (bytes(pending), None)
+                if refused:
+                    yield None, refused.ident
+                else:
+                    yield bytes(pending), None
                 pending, refused = bytearray(), None
 
 
 def parse_loosely(data):
-    """A refused message read leniently, only for whom to answer (never what is sent or
-    recorded); None if even that fails."""
+    """A refused message read leniently, only for whom to answer;
+    None if even that fails."""
     try:
-        return json.loads(data.decode("utf-8", "replace"), parse_int=Number, parse_float=Number,
+        return json.loads(data.decode("utf-8", "replace"),
+                          parse_int=Number, parse_float=Number,
                           parse_constant=Number)
     except (ValueError, RecursionError):
         return None
 
 
-_HEAD_ID_RE = re.compile(rb"\s*:\s*(-?(?:0|[1-9][0-9]{0,17}))[\s,}]")
-# The rest of a string up to its closing quote (or a lone backslash, or the piece's end).
+_HEAD_ID_RE = re.compile(
+    rb"\s*:\s*(-?(?:0|[1-9][0-9]{0,17}))[\s,}]")
+# A string's rest up to its closing quote or a backslash.
 _STRING_REST_RE = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*', re.S)
 _TOKEN_STOP_RE = re.compile(rb'["{}\[\]]')
 
 
 class FrameId:
-    """A refused message's own top-level integer "id", read from pieces of any size wherever
-    it stands: a nested one could name another request. Strings are passed over by one
-    regular expression each and nothing else is read but brackets, at C speed."""
+    """A refused message's own top-level integer "id", fed in pieces
+    of any size: a nested one could name another request."""
 
     def __init__(self):
-        self.depth, self.string, self.escaped = 0, False, False
-        self.key = None    # the first bytes of a depth-1 string while it is read
-        self.after = None  # what follows a depth-1 "id" key while it is read
+        self.depth = 0
+        self.string = self.escaped = False
+        self.key = None    # a depth-1 string's first bytes
+        self.after = None  # what follows a depth-1 "id" key
         self.ident = None
 
     def feed(self, data):
@@ -197,14 +202,17 @@ class FrameId:
                     return
                 byte, pos = stop.group(), stop.end()
                 if byte == b'"':
-                    self.string, self.key = True, b"" if self.depth == 1 else None
+                    self.string = True
+                    self.key = b"" if self.depth == 1 else None
                 else:
                     self.depth += 1 if byte in b"{[" else -1
                 continue
             end = _STRING_REST_RE.match(data, pos).end()
             if self.key is not None:
-                self.key = (self.key + data[pos:min(end, pos + 3)])[:3]
-            if end == len(data) or data[end] == 0x5C:  # a backslash whose escape is next
+                head = self.key + data[pos:min(end, pos + 3)]
+                self.key = head[:3]
+            # A backslash ends the piece: its escape comes next.
+            if end == len(data) or data[end] == 0x5C:
                 self.escaped = end < len(data)
                 return
             self.string, pos = False, end + 1
@@ -223,21 +231,24 @@ class FrameId:
 
 
 def frame_id(data):
-    """A refused message's own top-level integer "id", or None."""
     reading = FrameId()
     reading.feed(data)
     return reading.ident
 
 
 def echoable_id(ident):
-    """Whether an id can be echoed as JSON (lone surrogates, NaN and the like cannot)."""
+    """Whether an id can be echoed as JSON (not a lone surrogate, NaN,
+    ...)."""
     if isinstance(ident, str):
         return not SURROGATE_RE.search(ident)
-    return isinstance(ident, Number) and bool(JSON_NUMBER_RE.fullmatch(ident.literal))
+    return isinstance(ident, Number) and \
+        bool(JSON_NUMBER_RE.fullmatch(ident.literal))
 
 
 def sha256_hex(data):
-    return hashlib.sha256(data if isinstance(data, bytes) else data.encode("utf-8")).hexdigest()
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    return hashlib.sha256(data).hexdigest()
 
 
 def value_digest(data):
@@ -250,9 +261,11 @@ def content_hash(value):
 
 
 def request_key(tool_name, args):
-    """A request's identity: the tool's name and canonical arguments (value or bytes)."""
+    """A request's identity: the tool's name and canonical arguments
+    (a value or its bytes)."""
     encoded = args if isinstance(args, bytes) else canonical(args)
-    return sha256_hex(tool_name.encode("utf-8") + b"\x00" + encoded)
+    name = tool_name.encode("utf-8")
+    return sha256_hex(name + b"\x00" + encoded)
 
 
 # =============================================================================================
@@ -260,22 +273,25 @@ def request_key(tool_name, args):
 #
 # Reads as: decision core
 #
-# Owns: the side-effect classes and outcomes, the error a configuration is refused with, ids
-# and deadlines. A duration is whole nanoseconds, as Go's (section 16 reads and writes them).
+# Owns: the side-effect classes and outcomes, ConfigError, ids and
+# deadlines. A duration is whole nanoseconds, as Go's.
 # =============================================================================================
 
 SECOND = 10**9
-SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation", "destructive")
+SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation",
+                "destructive")
 OUTCOMES = ("allow", "require_approval", "deny")
 
 
 class ConfigError(Exception):
-    """A configuration the gate will not run with; the message says what to change."""
+    """A configuration the gate will not run with; the message says
+    what to change."""
 
 
 def new_id(size):
-    """Milliseconds, then randomness: ids land at their indexes' right edge, so a
-    write touches the same pages however large the database; a clash is decided again."""
+    """Milliseconds, then randomness: ids land at their indexes' right
+    edge, so a write touches the same pages however large the
+    database; a clash is decided again."""
     stamp = (time.time_ns() // 1_000_000) & 0xFFFFFFFFFF
     return f"{stamp:010x}" + secrets.token_hex(size - 5)
 
@@ -294,124 +310,152 @@ class Deadline:
 #
 # Reads as: decision core
 #
-# Owns: conditions, `when` entries, limits and grants, and the one decision they make with the
-# class map (policy_decision), from the call, its Judgement (once per request) and the Facts
-# of its moment (decision_facts, for the gate and recheck alike; `rows` is its only SQL).
-# Promises: a condition that cannot be evaluated does not hold, and an entry other than allow
-# that cannot be judged denies; numbers compare exactly, never through a float; a limit never
-# loosens; a grant answers only what would wait for an operator (never a deny, never a re-run
-# of an unknown outcome); a policy mistake is refused at load naming the tool, the entry and
-# the fix. A pointer reads an omitted argument at its pinned schema's default, as the server
-# does. A limit counts each execution by its recorded arguments, so a limit added within its
-# window counts what ran before it.
+# Owns: conditions, `when` entries, limits and grants, and the one
+# decision they make with the class map (policy_decision) from the
+# call, its Judgement and the Facts of its moment (decision_facts,
+# for the gate and recheck alike; `rows` is its only SQL).
+# Promises: what cannot be evaluated does not hold, and an entry
+# other than allow that cannot be judged denies; numbers compare
+# exactly; a limit never loosens; a grant answers only what would
+# wait (never a deny, nor a re-run of an unknown outcome); a mistake
+# is refused at load naming the tool, the entry and the fix. A
+# pointer reads an omitted argument at its schema's default, as the
+# server does. A limit counts each execution by its recorded
+# arguments, so one added within its window counts what ran before.
 # =============================================================================================
 
-GRANT_COLUMNS = ("id", "session", "tool", "name", "conditions_json", "created_at", "expires_at",
-                 "by", "note", "revoked_at", "revoked_by", "revoke_note")
+GRANT_COLUMNS = (
+    "id", "session", "tool", "name", "conditions_json", "created_at",
+    "expires_at", "by", "note", "revoked_at", "revoked_by",
+    "revoke_note")
 
 
 def tool_spec(rows, spec_hash):
-    found = rows("SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,))
+    found = rows("SELECT spec_json FROM tool_specs WHERE hash=?",
+                 (spec_hash,))
     return parse(found[0][0]) if found else None
 
 
 CONDITIONS = {  # and how Condition.text reads each
-    "equals": "equals {}", "in": "is one of {}", "not_in": "is none of {}",
-    "pattern": "matches {}", "min": "is at least {}", "max": "is at most {}",
-    "max_length": "is at most {} long", "present": "present is {}", "under": "lies under {}",
-    "host_in": "has a host in {}", "host_not_in": "has a host not in {}",
+    "equals": "equals {}", "in": "is one of {}",
+    "not_in": "is none of {}", "pattern": "matches {}",
+    "min": "is at least {}", "max": "is at most {}",
+    "max_length": "is at most {} long", "present": "present is {}",
+    "under": "lies under {}", "host_in": "has a host in {}",
+    "host_not_in": "has a host not in {}",
 }
-NEGATED = {"is": "is not", "equals": "does not equal", "matches": "does not match",
-           "lies": "does not lie", "has": "does not have"}
-NEVER = math.inf  # when a limit frees up for a call that is alone above it
+NEGATED = {"is": "is not", "equals": "does not equal",
+           "matches": "does not match", "lies": "does not lie",
+           "has": "does not have"}
+LISTS = ("in", "not_in", "under", "host_in", "host_not_in")
+NEVER = math.inf  # when a limit frees up for a call alone above it
 
-# What a decision depends on beyond the call. at: seconds since the epoch; client: the host's
-# name from initialize; grants(): the Grants in force (read only when a decision would wait);
-# uses(since): the tool's executions after `since`, as (seconds, {sum pointer: amount}), or
-# None when no limit is counted (the decision only steers the rules, or an operator decided).
+# A decision's moment. at: epoch seconds; client: the host's name;
+# grants(): the Grants in force (read only if it would wait);
+# uses(since): the tool's executions after `since` as (seconds,
+# {sum pointer: amount}), None when no limit is counted.
 Facts = collections.namedtuple("Facts", "at client grants uses")
 
 
 def number_text(value):
-    """An exact decimal as people write it: 50.00 stays 50.00, 1E+2 reads 100."""
+    """An exact decimal as people write it: 50.00 stays 50.00."""
     text = format(value, "f")
     return text if len(text) <= 40 else str(value)
 
 
 class Condition:
-    """`resolved`: the directories of `under` are a grant's, resolved when it was confirmed."""
+    """`resolved`: the directories of `under` are a grant's, resolved
+    when it was confirmed."""
 
     def __init__(self, pointer, raw, where, resolved=False):
-        self.pointer, self.tokens = pointer, parse_pointer(pointer, where)
+        self.pointer = pointer
+        self.tokens = parse_pointer(pointer, where)
         where = f"{where} {quote(pointer)}"
         if not isinstance(raw, dict) or not raw:
-            raise ConfigError(f"{where} must be an object with one or more of "
-                              f"{', '.join(CONDITIONS)}")
+            raise ConfigError(
+                f"{where} must be an object with one or more of "
+                f"{', '.join(CONDITIONS)}")
         refuse_unknown(raw, CONDITIONS, where)
         self.raw = raw
-        self.tests = [(name, self._read(name, value, f"{where}.{name}", resolved))
-                      for name, value in raw.items()]
+        self.tests = [
+            (name, self._read(name, value, f"{where}.{name}", resolved))
+            for name, value in raw.items()]
         bounds = dict(self.tests)
-        if "min" in bounds and "max" in bounds and bounds["min"] > bounds["max"]:
-            raise ConfigError(f"{where}: min {number_text(bounds['min'])} is above max "
-                              f"{number_text(bounds['max'])}, so it never holds; swap them")
+        low, high = bounds.get("min"), bounds.get("max")
+        if low is not None and high is not None and low > high:
+            raise ConfigError(
+                f"{where}: min {number_text(low)} is above max "
+                f"{number_text(high)}, so it never holds; swap them")
         if raw.get("present") is False and len(raw) > 1:
-            raise ConfigError(f"{where}: present false holds only when there is no value, so "
-                              f"nothing else can be asked of it; give it its own entry")
+            raise ConfigError(
+                f"{where}: present false holds only when there is no "
+                f"value, so nothing else can be asked of it; give it "
+                f"its own entry")
 
     @staticmethod
     def _read(name, value, where, resolved):
-        if name in ("in", "not_in", "under", "host_in", "host_not_in"):
+        if name in LISTS:
             if not isinstance(value, list) or not value:
-                kind = "JSON values" if name in ("in", "not_in") else "strings"
-                raise ConfigError(f"{where} must be a non-empty list of {kind}")
-            if name == "under":
-                return list(value) if resolved else [resolved_root(r, where) for r in value]
+                kind = "JSON values" if name in ("in", "not_in") \
+                    else "strings"
+                raise ConfigError(
+                    f"{where} must be a non-empty list of {kind}")
+            if name == "under" and not resolved:
+                return [resolved_root(r, where) for r in value]
             if name in ("host_in", "host_not_in"):
-                return [host_entry(entry, name == "host_in", where) for entry in value]
-            return value
+                return [host_entry(entry, name == "host_in", where)
+                        for entry in value]
+            return list(value)
         if name == "pattern":
             if not isinstance(value, str):
-                raise ConfigError(f"{where} must be a string, an ECMA-262 pattern")
+                raise ConfigError(
+                    f"{where} must be a string, an ECMA-262 pattern")
             try:
                 compile_pattern(value)
             except PatternError as err:
-                raise ConfigError(f"{where} cannot be used ({err}): write an ECMA-262 pattern "
-                                  f"without backreferences, lookaround or \\p{{...}}") from None
-            return value
+                raise ConfigError(
+                    f"{where} cannot be used ({err}): write an "
+                    f"ECMA-262 pattern without backreferences, "
+                    f"lookaround or \\p{{...}}") from None
         if name in ("min", "max"):
             return parse_decimal(value, where)
         if name == "max_length":
             return whole_number(value, where, 0)
         if name == "present" and not isinstance(value, bool):
             raise ConfigError(f"{where} must be true or false")
-        return value  # present: true or false; equals: any JSON value
+        return value
 
     def holds(self, args, work=None, schema=None):
-        """True, False, or None when no test is false but a pattern search costs more than
-        `work` can pay: then it does not hold."""
-        return all_judged(verdict for verdict, _ in self._verdicts(args, work, schema))
+        """True, False, or None (does not hold) when a pattern search
+        costs more than `work` can pay."""
+        return all_judged(
+            verdict for verdict, _ in self._verdicts(args, work, schema))
 
     def _verdicts(self, args, work, schema):
         value, node = pointed(args, self.tokens, schema)
         work = PatternWork() if work is None else work
         for name, expected in self.tests:
-            seen = exact_number(value, node) if name in ("min", "max") and \
-                value is not MISSING else value  # a Decimal, or None
-            yield self._test(name, expected, seen, work), (name, expected, seen)
+            seen = value
+            if name in ("min", "max") and value is not MISSING:
+                seen = exact_number(value, node)  # a Decimal, or None
+            verdict = self._test(name, expected, seen, work)
+            yield verdict, (name, expected, seen)
 
     def miss(self, args, work, schema):
-        """Why it does not hold, as the operator reads it ('' when it holds)."""
-        for verdict, (name, expected, value) in self._verdicts(args, work, schema):
+        """Why it does not hold, for the operator ('' when it holds)."""
+        for verdict, (name, expected, value) in \
+                self._verdicts(args, work, schema):
             if verdict is None:
                 return f"{self.pointer} is too long to be checked"
-            if verdict is False:
-                if value is MISSING or name == "present":
-                    return f"{self.pointer} is {'absent' if value is MISSING else 'present'}"
-                if value is None:
-                    return f"{self.pointer} is not a number"
-                verb, _, rest = self._words(name, expected).partition(" ")
-                return f"{self.pointer} {NEGATED[verb]} {rest}"
+            if verdict is not False:
+                continue
+            if value is MISSING or name == "present":
+                state = "absent" if value is MISSING else "present"
+                return f"{self.pointer} is {state}"
+            if value is None:
+                return f"{self.pointer} is not a number"
+            verb, _, rest = self._words(name, expected).partition(" ")
+            return f"{self.pointer} {NEGATED[verb]} {rest}"
         return ""
 
     @staticmethod
@@ -420,25 +464,28 @@ class Condition:
             return value is MISSING
         if value is MISSING:
             return False
-        if name == "pattern":  # the one test that draws on the call's pattern work
+        if name == "pattern":  # the one test that spends pattern work
             try:
-                return isinstance(value, str) and work.search(expected, value, "")
+                return isinstance(value, str) and \
+                    work.search(expected, value, "")
             except PatternCost:
                 return None
         return CHECKS[name](value, expected)
 
     @staticmethod
     def _words(name, expected):
-        return CONDITIONS[name].format(number_text(expected) if name in ("min", "max") else
-                                       policy_json(expected))
+        if name in ("min", "max"):
+            return CONDITIONS[name].format(number_text(expected))
+        return CONDITIONS[name].format(policy_json(expected))
 
     def text(self):
-        return f"{self.pointer} " + " and ".join(self._words(*test) for test in self.tests)
+        words = (self._words(*test) for test in self.tests)
+        return f"{self.pointer} " + " and ".join(words)
 
 
 def all_judged(verdicts):
-    """False at the first false verdict (the rest are not judged: no pattern work is spent on
-    them), else None if one was not judged, else True."""
+    """False at the first false verdict (no pattern work is spent on
+    the rest), else None if one was not judged, else True."""
     judged = True
     for verdict in verdicts:
         if verdict is None:
@@ -449,38 +496,46 @@ def all_judged(verdicts):
 
 
 def _host_holds(value, hosts, listed):
-    """Never for a URL whose host cannot be read: neither host_in nor host_not_in allows it,
-    nor does a deny on host_in catch it, so a host policy is safest written as what it allows."""
+    """Never for a URL whose host cannot be read: neither host_in nor
+    host_not_in allows it, nor does a deny on host_in catch it, so a
+    host policy is safest written as what it allows."""
     place = url_place(value)
     return place is not None and host_matches(*place, hosts) == listed
 
 
+def _in(value, options):
+    return any(json_equal(value, o) for o in options)
+
+
 CHECKS = {
     "equals": lambda value, expected: json_equal(value, expected),
-    "in": lambda value, options: any(json_equal(value, o) for o in options),
-    "not_in": lambda value, options: not any(json_equal(value, o) for o in options),
+    "in": _in,
+    "not_in": lambda value, options: not _in(value, options),
     "min": lambda value, bound: value is not None and value >= bound,
     "max": lambda value, bound: value is not None and value <= bound,
-    "max_length": lambda value, bound: isinstance(value, (str, list)) and len(value) <= bound,
+    "max_length": lambda value, bound:
+        isinstance(value, (str, list)) and len(value) <= bound,
     "present": lambda value, expected: True,
     "under": lambda value, roots: path_under(value, roots),
     "host_in": lambda value, hosts: _host_holds(value, hosts, True),
-    "host_not_in": lambda value, hosts: _host_holds(value, hosts, False),
+    "host_not_in": lambda value, hosts:
+        _host_holds(value, hosts, False),
 }
 
 
 def parse_conditions(raw, where, resolved=False):
     if not isinstance(raw, dict):
-        raise ConfigError(f'{where} must be an object of JSON Pointer to condition, such as '
-                          f'{{"/amount": {{"max": "50.00"}}}}')
-    return [Condition(pointer, condition, where, resolved) for pointer, condition in
-            raw.items()]
+        raise ConfigError(
+            f'{where} must be an object of JSON Pointer to condition, '
+            f'such as {{"/amount": {{"max": "50.00"}}}}')
+    return [Condition(pointer, condition, where, resolved)
+            for pointer, condition in raw.items()]
 
 
 class Judgement:
-    """A request's schema problem and each entry's and grant's verdict, judged once per pass
-    through the gate: a decision made again reads afresh only the moment, grants, uses and a
-    re-run. Its pattern work outlives it: after a hold, a call searches nothing twice."""
+    """A request's schema problem and each entry's and grant's
+    verdict, judged once per pass through the gate; its pattern work
+    outlives it, so after a hold nothing is searched twice."""
 
     def __init__(self, problem="", work=None):
         self.problem, self.held = problem, {}
@@ -488,92 +543,125 @@ class Judgement:
 
     def holds(self, key, conditions, args, schema):
         if key not in self.held:
-            self.held[key] = all_judged(c.holds(args, self.work, schema) for c in conditions)
+            self.held[key] = all_judged(
+                c.holds(args, self.work, schema) for c in conditions)
         return self.held[key]
 
 
 class Entry:
+    FIELDS = ("if", "during", "client", "outcome", "reason")
+
     def __init__(self, raw, where, label):
         self.label = label
         if not isinstance(raw, dict):
-            raise ConfigError(f"{where} must be an object with if, during or client, and an "
-                              f"outcome")
-        refuse_unknown(raw, ("if", "during", "client", "outcome", "reason"), where)
-        self.outcome = one_of(field_string(raw, "outcome", where, required=True), OUTCOMES,
-                              f"{where}.outcome")
-        self.conditions = parse_conditions(raw.get("if", {}), f"{where}.if")
-        self.during = During(raw["during"], f"{where}.during") if "during" in raw else None
-        self.clients = field_names(raw, "client", where) if "client" in raw else None
+            raise ConfigError(
+                f"{where} must be an object with if, during or client, "
+                f"and an outcome")
+        refuse_unknown(raw, self.FIELDS, where)
+        outcome = field_string(raw, "outcome", where, required=True)
+        self.outcome = one_of(outcome, OUTCOMES, f"{where}.outcome")
+        self.conditions = parse_conditions(raw.get("if", {}),
+                                           f"{where}.if")
+        self.during = None
+        if "during" in raw:
+            self.during = During(raw["during"], f"{where}.during")
+        self.clients = None
+        if "client" in raw:
+            self.clients = field_names(raw, "client", where)
         if self.clients == []:
-            raise ConfigError(f"{where}.client must list at least one host name")
-        if not self.conditions and self.during is None and self.clients is None:
-            raise ConfigError(f"{where} has no if, during or client, so it always holds: give "
-                              f"the rule this outcome instead")
-        # The reason is model input: by default it names the entry, never what it compares.
-        self.reason = field_string(raw, "reason", where) or f"the operator's rule {label}"
+            raise ConfigError(
+                f"{where}.client must list at least one host name")
+        if not self.conditions and self.during is None \
+                and self.clients is None:
+            raise ConfigError(
+                f"{where} has no if, during or client, so it always "
+                f"holds: give the rule this outcome instead")
+        # Model input: by default it names the entry, never what it
+        # compares.
+        self.reason = field_string(raw, "reason", where) or \
+            f"the operator's rule {label}"
+
+    def _client_holds(self, facts):
+        return self.clients is None or facts.client in self.clients
 
     def holds(self, args, facts, judged=None, schema=None):
-        if (self.clients is not None and facts.client not in self.clients) or \
-                (self.during is not None and not self.during.holds(facts.at)):
+        if not self._client_holds(facts) or (
+                self.during and not self.during.holds(facts.at)):
             return False
-        return (judged or Judgement()).holds(self.label, self.conditions, args, schema)
+        judged = judged or Judgement()
+        return judged.holds(self.label, self.conditions, args, schema)
 
     def miss(self, args, facts, judged, schema):
         """Why it did not hold, for the operator."""
-        if self.clients is not None and facts.client not in self.clients:
-            why = f"the host {quote(facts.client)} is not one of {policy_json(self.clients)}"
-        elif self.during is not None and not self.during.holds(facts.at):
+        if not self._client_holds(facts):
+            why = (f"the host {quote(facts.client)} is not one of "
+                   f"{policy_json(self.clients)}")
+        elif self.during and not self.during.holds(facts.at):
             why = "it is outside its days and hours"
         else:
-            why = next(filter(None, (c.miss(args, judged.work, schema)
-                                     for c in self.conditions)), "")
+            why = next(filter(None, (
+                c.miss(args, judged.work, schema)
+                for c in self.conditions)), "")
         return f"{self.label}: {why}"
 
 
 class Limit:
-    """At most `calls` executions of one tool, or a `sum` up to `max`, within `per` and across
-    sessions; past it, `then`."""
+    """At most `calls` executions of one tool, or a `sum` up to `max`,
+    within `per` and across sessions; past it, `then`."""
+
+    FIELDS = ("calls", "sum", "max", "per", "then")
 
     def __init__(self, raw, where, label):
         self.label = label
         if not isinstance(raw, dict):
-            raise ConfigError(f'{where} must be an object such as {{"calls": 5, "per": "1h"}}')
-        refuse_unknown(raw, ("calls", "sum", "max", "per", "then"), where)
+            raise ConfigError(
+                f'{where} must be an object such as '
+                f'{{"calls": 5, "per": "1h"}}')
+        refuse_unknown(raw, self.FIELDS, where)
         if ("calls" in raw) == ("sum" in raw):
-            raise ConfigError(f'{where} needs exactly one of calls (a count) or sum (a JSON '
-                              f'Pointer to a number, with max)')
+            raise ConfigError(
+                f'{where} needs exactly one of calls (a count) or sum '
+                f'(a JSON Pointer to a number, with max)')
         self.calls = self.sum = self.tokens = self.max = None
         if "calls" in raw:
-            self.calls = whole_number(raw["calls"], f"{where}.calls", 1, 10**9)
+            self.calls = whole_number(raw["calls"], f"{where}.calls",
+                                      1, 10**9)
             if "max" in raw:
-                raise ConfigError(f"{where}: max goes with sum; a calls limit is its own count")
+                raise ConfigError(
+                    f"{where}: max goes with sum; a calls limit is its "
+                    f"own count")
         else:
             self.sum = raw["sum"]
             self.tokens = parse_pointer(self.sum, f"{where}.sum")
             if "max" not in raw:
-                raise ConfigError(f"{where} needs max, the most the sum may reach")
+                raise ConfigError(
+                    f"{where} needs max, the most the sum may reach")
             self.max = parse_decimal(raw["max"], f"{where}.max")
             if self.max < 0:
                 raise ConfigError(f"{where}.max must not be negative")
         self.per = field_duration(raw, "per", where, None)
         if not self.per:
-            raise ConfigError(f'{where} needs per, a window such as "1h" or "24h"')
-        self.then = field_string(raw, "then", where) or "require_approval"
+            raise ConfigError(
+                f'{where} needs per, a window such as "1h" or "24h"')
+        self.then = field_string(raw, "then", where) or \
+            "require_approval"
         if self.then not in ("require_approval", "deny"):
-            raise ConfigError(f"{where}.then is {quote(self.then)}; a limit never loosens, so "
-                              f"use require_approval or deny")
+            raise ConfigError(
+                f"{where}.then is {quote(self.then)}; a limit never "
+                f"loosens, so use require_approval or deny")
 
     def amount(self, args, schema=None):
-        """What a call adds to the sum: the size of its number (a negative amount is no
-        credit), 0 when there is none, None when it is not a number."""
+        """What a call adds to the sum: its number's size (a negative
+        amount is no credit), 0 when absent, None when no number."""
         value, node = pointed(args, self.tokens, schema)
         if value is MISSING:
             return decimal.Decimal(0)
         value = exact_number(value, node)
-        return None if value is None else value.copy_abs()  # never rounds
+        return None if value is None else value.copy_abs()
 
     def frees(self, args, uses, at, schema=None):
-        """None when this call stays within the limit, else when it would, in epoch seconds."""
+        """None when this call stays within the limit, else when it
+        would, in epoch seconds."""
         window = self.per / SECOND
         rows = uses(at - window)
         if self.calls is not None:
@@ -583,9 +671,10 @@ class Limit:
         this = self.amount(args, schema)
         if this is None or this > self.max:
             return NEVER
+        zero = decimal.Decimal(0)
         try:
             with decimal.localcontext(EXACT):
-                sizes = [amounts.get(self.sum, decimal.Decimal(0)).copy_abs()
+                sizes = [amounts.get(self.sum, zero).copy_abs()
                          for _, amounts in rows]
                 total = sum(sizes, this)
                 if total <= self.max:
@@ -594,46 +683,56 @@ class Limit:
                     total -= size
                     if total <= self.max:
                         return moment + window
-        except decimal.DecimalException:  # cannot be summed exactly: cannot be passed
+        except decimal.DecimalException:  # not exact: never passes
             pass
         return NEVER
 
     def text(self, tool_name):
         span = format_duration(self.per)
         if self.calls is not None:
-            return f"at most {self.calls} call{'s' if self.calls != 1 else ''} to {tool_name} " \
-                   f"per {span}"
-        return f"a sum of {self.sum} of at most {number_text(self.max)} for {tool_name} per " \
-               f"{span}"
+            s = "s" if self.calls != 1 else ""
+            return (f"at most {self.calls} call{s} to {tool_name} "
+                    f"per {span}")
+        return (f"a sum of {self.sum} of at most "
+                f"{number_text(self.max)} for {tool_name} per {span}")
 
 
 class Grant:
     def __init__(self, stored):
         self.id, self.by = stored["id"], stored["by"]
-        self.conditions = parse_conditions(parse(stored["conditions_json"]), f"grant {self.id}",
-                                           resolved=True)
+        self.conditions = parse_conditions(
+            parse(stored["conditions_json"]), f"grant {self.id}",
+            resolved=True)
+
+
+USES_SQL = (
+    "SELECT e.at, s.decision_json, s.spec_hash FROM executions e "
+    "JOIN steps s ON s.id=e.step_id WHERE e.tool=? AND e.at>? "
+    "AND e.at<? ORDER BY e.at, e.id")
 
 
 def counted_uses(rows, tool, before):
-    """Facts.uses for a decision on `tool` at the stored time `before`: each execution's
-    recorded arguments, read under the schema it was decided under."""
+    """Facts.uses at the stored time `before`: each execution's
+    arguments, read under the schema it was decided under."""
     sums = [limit for limit in tool.rule.limits if limit.sum]
     schemas = {tool.spec_hash: tool.schema}
+
+    def schema_of(spec_hash):
+        if spec_hash not in schemas:
+            spec = tool_spec(rows, spec_hash)
+            schemas[spec_hash] = spec["input_schema"] if spec else None
+        return schemas[spec_hash]
 
     def uses(since):
         found = []
         for moment, decision, spec_hash in rows(
-                "SELECT e.at, s.decision_json, s.spec_hash FROM executions e JOIN steps s ON "
-                "s.id=e.step_id WHERE e.tool=? AND e.at>? AND e.at<? ORDER BY e.at, e.id",
-                (tool.target, format_time(since), before)):
+                USES_SQL, (tool.target, format_time(since), before)):
             amounts = {}
-            if sums:  # a calls limit needs no arguments: they are not read
+            if sums:  # a calls limit reads no arguments
                 args = parse(decision)["args"]
-                if spec_hash not in schemas:
-                    spec = tool_spec(rows, spec_hash)
-                    schemas[spec_hash] = spec["input_schema"] if spec else None
+                schema = schema_of(spec_hash)
                 for limit in sums:
-                    amount = limit.amount(args, schemas[spec_hash])
+                    amount = limit.amount(args, schema)
                     if amount is not None:
                         amounts[limit.sum] = amount
             found.append((parse_time(moment), amounts))
@@ -641,92 +740,123 @@ def counted_uses(rows, tool, before):
     return uses
 
 
+GRANTS_SQL = (
+    f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? "
+    f"AND tool=? AND expires_at>? AND created_at<=? AND "
+    f"(revoked_at='' OR revoked_at>?) ORDER BY created_at, id")
+
+
 def decision_facts(rows, session, tool, stamp, client, count):
-    """The Facts of the stored time `stamp`; the uses are counted only when `count`."""
+    """The Facts of the stored time `stamp`; uses only when `count`."""
     def grants():
-        return [Grant(dict(zip(GRANT_COLUMNS, row))) for row in rows(
-            f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? AND tool=? AND "
-            f"expires_at>? AND created_at<=? AND (revoked_at='' OR revoked_at>?) ORDER BY "
-            f"created_at, id", (session, tool.target, stamp, stamp, stamp))]
-    return Facts(parse_time(stamp), client, grants,
-                 counted_uses(rows, tool, stamp) if count else None)
+        found = rows(GRANTS_SQL,
+                     (session, tool.target, stamp, stamp, stamp))
+        return [Grant(dict(zip(GRANT_COLUMNS, row))) for row in found]
+    uses = counted_uses(rows, tool, stamp) if count else None
+    return Facts(parse_time(stamp), client, grants, uses)
 
 
-def policy_decision(config, tool, args, facts, rerun=False, approved=False, judged=None):
-    """{outcome, reason, by} (by: the `when` entry, limit, grant, "rule outcome" or "class"
-    that decided), with `limit` and `frees` when a limit decided, `grant` when a grant did.
-    The first `when` entry that holds decides, else the class map. Then, in order: a deny, a
-    re-run of an unknown outcome (it always needs an operator) and a call an operator
-    `approved` (not counted again) stand; a grant may answer what would wait; a limit may turn
-    an allow into its `then` (it counts what grants let through, so a budget holds under a
-    grant); with no operator at hand, what would wait is denied."""
-    rule = tool.rule
+def policy_decision(config, tool, args, facts, rerun=False,
+                    approved=False, judged=None):
+    """{outcome, reason, by} (by: what decided), with `limit` and
+    `frees` when a limit decided, `grant` when a grant did. A deny, a
+    re-run of an unknown outcome and what an operator `approved`
+    stand; a grant may answer what would wait; then a limit may turn
+    an allow into its `then` (it counts what grants let through); with
+    no operator at hand, what would wait is denied."""
     judged = Judgement() if judged is None else judged
-    for entry in rule.when:
-        held = entry.holds(args, facts, judged, tool.schema)
-        if held is None and entry.outcome != "allow":
-            # Not judged (too costly): passed over, a long value could slip past a deny or a
-            # question. An allow entry passed over only makes it stricter.
-            decision = {"outcome": "deny", "by": entry.label,
-                        "reason": f"the arguments are too long to be checked against the "
-                                  f"operator's rule {entry.label}"}
-            break
-        if held:
-            decision = {"outcome": entry.outcome, "reason": entry.reason, "by": entry.label}
-            break
-    else:
-        outcome = rule_outcome(config, rule)
-        reason = (f"tool {tool.name} is {outcome} by the operator's rule" if rule.outcome else
-                  f"side effect {tool.side_effect} is {outcome} by policy")
-        decision = {"outcome": outcome, "reason": reason,
-                    "by": "rule outcome" if rule.outcome else "class"}
-        if rule.when:
-            decision["tried"] = [entry.miss(args, facts, judged, tool.schema)
-                                 for entry in rule.when]
+    decision = _first_decision(config, tool, args, facts, judged)
     if decision["outcome"] == "deny" or rerun or approved:
         return decision
     if decision["outcome"] == "require_approval":
-        for grant in facts.grants():
-            # A condition that could not be judged does not hold: a grant only loosens.
-            if judged.holds(f"grant {grant.id}", grant.conditions, args, tool.schema) is True:
-                decision = {"outcome": "allow", "by": f"grant {grant.id}", "grant": grant.id,
-                            "reason": f"standing approval {grant.id} by {grant.by}"}
-                break
+        decision = _granted(tool, args, facts, judged) or decision
     if decision["outcome"] == "allow" and facts.uses is not None:
-        for limit in rule.limits:
-            frees = limit.frees(args, facts.uses, facts.at, tool.schema)
-            if frees is not None:
-                text = limit.text(tool.name)
-                decision = {"outcome": limit.then, "by": limit.label, "limit": text,
-                            "frees": frees, "reason": f"a limit is reached: {text}"}
-                break
-    if decision["outcome"] == "require_approval" and config.operator == "none":
-        decision = {**decision, "outcome": "deny",
-                    "reason": f"{decision['reason']}; no operator is at hand to approve it"}
+        decision = _limited(tool, args, facts) or decision
+    if decision["outcome"] == "require_approval" and \
+            config.operator == "none":
+        reason = (f"{decision['reason']}; no operator is at hand to "
+                  f"approve it")
+        decision = {**decision, "outcome": "deny", "reason": reason}
     return decision
 
 
+def _first_decision(config, tool, args, facts, judged):
+    """The first `when` entry that holds, else the class map."""
+    rule = tool.rule
+    for entry in rule.when:
+        held = entry.holds(args, facts, judged, tool.schema)
+        if held is None and entry.outcome != "allow":
+            # Not judged (too costly): passed over, a long value
+            # could slip past a deny or a question. An allow passed
+            # over only makes it stricter.
+            reason = (f"the arguments are too long to be checked "
+                      f"against the operator's rule {entry.label}")
+            return {"outcome": "deny", "by": entry.label,
+                    "reason": reason}
+        if held:
+            return {"outcome": entry.outcome, "reason": entry.reason,
+                    "by": entry.label}
+    outcome = rule_outcome(config, rule)
+    if rule.outcome:
+        reason = f"tool {tool.name} is {outcome} by the operator's rule"
+    else:
+        reason = (f"side effect {tool.side_effect} is {outcome} by "
+                  f"policy")
+    by = "rule outcome" if rule.outcome else "class"
+    decision = {"outcome": outcome, "reason": reason, "by": by}
+    if rule.when:
+        decision["tried"] = [
+            entry.miss(args, facts, judged, tool.schema)
+            for entry in rule.when]
+    return decision
+
+
+def _granted(tool, args, facts, judged):
+    for grant in facts.grants():
+        # Not judged does not hold: a grant only loosens.
+        key = f"grant {grant.id}"
+        if judged.holds(key, grant.conditions, args,
+                        tool.schema) is True:
+            reason = f"standing approval {grant.id} by {grant.by}"
+            return {"outcome": "allow", "by": key, "grant": grant.id,
+                    "reason": reason}
+    return None
+
+
+def _limited(tool, args, facts):
+    for limit in tool.rule.limits:
+        frees = limit.frees(args, facts.uses, facts.at, tool.schema)
+        if frees is not None:
+            text = limit.text(tool.name)
+            return {"outcome": limit.then, "by": limit.label,
+                    "limit": text, "frees": frees,
+                    "reason": f"a limit is reached: {text}"}
+    return None
+
+
 def frees_text(decision):
-    """When the limit that decided frees up ('' when none did), rounded up to the second so
-    a call made then is within it."""
+    """When the limit that decided frees up ('' when none did),
+    rounded up to the second so a call made then is within it."""
     if "frees" not in decision:
         return ""
     if decision["frees"] is NEVER:
         return "this call alone is above it"
-    return f"it frees up at {prose_time(format_time(math.ceil(decision['frees'])))}"
+    at = format_time(math.ceil(decision["frees"]))
+    return f"it frees up at {prose_time(at)}"
 
 
 def rule_outcome(config, rule):
-    """Config.policy maps every class."""
     return rule.outcome or config.policy[rule.side_effect]
 
 
 def pointer_problem(schema, tokens, hidden):
-    """Why a pointer names no property the model can send under this schema, or ''."""
+    """Why a pointer names no property the model can send under this
+    schema, or ''."""
     node = schema
     for depth, token in enumerate(tokens):
         if depth == 0 and token in hidden:
-            return f"the rule hides {quote(token)}, so the model never sends it"
+            return (f"the rule hides {quote(token)}, so the model "
+                    f"never sends it")
         try:
             node = schema_child(schema, node, token)
         except SchemaError:
@@ -737,19 +867,24 @@ def pointer_problem(schema, tokens, hidden):
 
 
 def policy_pointer_problem(schema, rule, tool_name):
-    """The sentence refusing the tool for the first `when` condition or sum limit whose
-    pointer misses the pinned schema, or ''."""
+    """The sentence refusing the tool for the first `when` condition
+    or sum limit whose pointer misses the pinned schema, or ''."""
     hidden = set(rule.deny) | set(rule.fixed)
-    pointers = [(entry.label, c.pointer, c.tokens) for entry in rule.when
-                for c in entry.conditions]
-    pointers += [(limit.label, limit.sum, limit.tokens) for limit in rule.limits if limit.sum]
+    pointers = [(entry.label, c.pointer, c.tokens)
+                for entry in rule.when for c in entry.conditions]
+    pointers += [(limit.label, limit.sum, limit.tokens)
+                 for limit in rule.limits if limit.sum]
     for label, pointer, tokens in pointers:
         problem = pointer_problem(schema, tokens, hidden)
-        if problem:
-            properties = schema.get("properties")
-            names = sorted(set(properties if isinstance(properties, dict) else ()) - hidden)
-            return (f"{label} of {tool_name} points at {quote(pointer)}, but {problem}; point "
-                    f"at one of: {', '.join('/' + sanitize(n) for n in names) or 'nothing'}")
+        if not problem:
+            continue
+        properties = schema.get("properties")
+        if not isinstance(properties, dict):
+            properties = ()
+        names = sorted(set(properties) - hidden)
+        some = ", ".join("/" + sanitize(n) for n in names)
+        return (f"{label} of {tool_name} points at {quote(pointer)}, "
+                f"but {problem}; point at one of: {some or 'nothing'}")
     return ""
 
 
@@ -1110,7 +1245,7 @@ LINT_HIGH, LINT_MEDIUM = "high", "medium"
 
 
 def tool_titles(entry):
-    """(where, text) of a tool's titles: its own and its annotations' (the older place)."""
+    """(where, text) of a tool's own title and its annotations'."""
     annotations = entry.get("annotations") if isinstance(entry.get("annotations"), dict) else {}
     return [(where, title) for where, title in (("title", entry.get("title")), (
         "annotations title", annotations.get("title"))) if isinstance(title, str)]
