@@ -919,9 +919,9 @@ DEFAULT_RESULT_BYTES = 8 << 20
 MAX_RESULT_BYTES = 16 << 20
 
 
-def read_owned(path, what):
-    """The bytes of a file only this user can change, else
-    ConfigError saying how to fix it."""
+def read_owned(path, what, private=False):
+    """The bytes of a file only this user can change (`private`: or
+    read), else ConfigError saying how to fix it."""
     # O_NONBLOCK: a FIFO planted at the path must not hang the open.
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
@@ -933,14 +933,14 @@ def read_owned(path, what):
         raise ConfigError(f"{what} {path} cannot be read: "
                           f"{err.strerror}") from None
     try:
-        _check_owned(path, what, os.fstat(fd))
+        check_owned(path, what, os.fstat(fd), private)
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read()
     finally:
         os.close(fd)
 
 
-def _check_owned(path, what, st, private=False, error=ConfigError):
+def check_owned(path, what, st, private=False, error=ConfigError):
     """The one ownership check: `error` unless a regular file of this
     user's that its group or others cannot write (`private`: nor read)."""
     mode = stat.filemode(st.st_mode)
@@ -1182,7 +1182,7 @@ def check_database_path(path):
     if stat.S_ISLNK(st.st_mode):
         raise ConfigError(f"database {path} is a symbolic link; name "
                           f"the database file itself")
-    _check_owned(path, "database", st)
+    check_owned(path, "database", st)
 
 
 # =============================================================================================
@@ -2569,7 +2569,7 @@ class Store:
                 st = os.lstat(path)
             except FileNotFoundError:
                 continue
-            _check_owned(path, "database file", st, error=StoreError)
+            check_owned(path, "database file", st, error=StoreError)
             if st.st_mode & 0o044 and tighten:
                 os.chmod(path, 0o600)
 
@@ -6655,8 +6655,7 @@ class TokenFile:
         if fresh or not os.path.exists(server.tokens):
             return
         these = f"the tokens of server {quote(server.name)} in {server.tokens}"
-        _check_owned(server.tokens, "token file", os.stat(server.tokens),
-                     private=True)
+        read_owned(server.tokens, "token file", private=True)
         try:
             kept = json.loads(read_owned(server.tokens, "token file"))
             usable = isinstance(kept["tokens"]["access_token"], str)
