@@ -1583,99 +1583,103 @@ RESULT_FIELDS = ("content", "structuredContent", "isError", "_meta")
 # How both answers on an unknown outcome end.
 _RERUN_DECIDED = (
     " whether it runs again (approval {approval}). Nothing "
-    "further was executed. Do not call again until you are told "
-    "it was approved, and do not use another tool to do the same "
-    "thing; tell the user. If it is approved, call again with "
-    "exactly the same arguments.")
+    "further was executed. Do not call again until you are "
+    "told it was approved, and do not use another tool to do "
+    "the same thing; tell the user. If it is approved, call "
+    "again with exactly the same arguments.")
 # The gate's answers to a call; what others chose is cleaned
 # before it fills a slot.
 PROSE = {
     "PENDING_APPROVAL": (
-        "This request is waiting for an operator's approval (approval "
-        "{approval}). Nothing has been executed. Do not call this "
-        "tool again until you are told the request was approved, and "
-        "do not try another tool to do the same thing. Tell the user "
-        "it is waiting, with its approval id: it is approved or "
-        "refused outside this conversation, by the user or whoever "
-        "else operates the tools. Once it is approved, call the tool "
-        "again with exactly the same arguments to run it and get the "
-        "result.{limit}"),
+        "This request is waiting for an operator's approval "
+        "(approval {approval}). Nothing has been executed. Do not "
+        "call this tool again until you are told the request was "
+        "approved, and do not try another tool to do the same "
+        "thing. Tell the user it is waiting, with its approval "
+        "id: it is approved or refused outside this conversation, "
+        "by the user or whoever else operates the tools. Once it "
+        "is approved, call the tool again with exactly the same "
+        "arguments to run it and get the result.{limit}"),
     "DENIED": (
-        "The policy does not allow this request: {reason}. Nothing "
-        "was executed."),
+        "The policy does not allow this request: {reason}. "
+        "Nothing was executed."),
     "TOOL_CHANGED": (
-        "Its server now presents this tool differently from when it "
-        "was reviewed (its description, input schema or annotations "
-        "changed, or it is gone), or said it changed and could not be "
-        "asked how, so it is not offered until it is again as it was "
-        "reviewed. Nothing was executed. Tell the user."),
+        "Its server now presents this tool differently from when "
+        "it was reviewed (its description, input schema or "
+        "annotations changed, or it is gone), or said it changed "
+        "and could not be asked how, so it is not offered until "
+        "it is again as it was reviewed. Nothing was executed. "
+        "Tell the user."),
     "INVALID": (
         "The arguments do not match the tool's input schema: "
-        "{reason}. Nothing was executed. Correct the arguments and "
-        "call again."),
+        "{reason}. Nothing was executed. Correct the arguments "
+        "and call again."),
     "REJECTED": (
         "An operator rejected this exact request (approval "
-        "{approval}){note}. It was not executed. An identical request "
-        "is refused until {until}. Do not ask again; tell the user."),
+        "{approval}){note}. It was not executed. An identical "
+        "request is refused until {until}. Do not ask again; tell "
+        "the user."),
     "CANCELLED": (
         "An operator cancelled this exact request{note}. Nothing "
-        "further was executed. An identical request is refused until "
-        "{until}. Tell the user."),
+        "further was executed. An identical request is refused "
+        "until {until}. Tell the user."),
     "EXPIRED": (
-        "The approval for this exact request (approval {approval}) "
-        "expired before it was used. It was not executed. An "
-        "identical request is refused until {until}. Tell the user."),
+        "The approval for this exact request (approval "
+        "{approval}) expired before it was used. It was not "
+        "executed. An identical request is refused until {until}. "
+        "Tell the user."),
     "DUPLICATE": (
         "This exact request already executed at {at} and is not "
         "executed again: an identical call to this tool within "
-        "{window} of an earlier one is refused, whether or not it is "
-        "a retry. Its outcome was: {outcome}"),
+        "{window} of an earlier one is refused, whether or not it "
+        "is a retry. Its outcome was: {outcome}"),
     "IN_PROGRESS": (
-        "This exact request is already executing, or the outcome of "
-        "an attempt is not yet known. Nothing new was started. Wait a "
-        "little, then call again with exactly the same arguments."),
+        "This exact request is already executing, or the outcome "
+        "of an attempt is not yet known. Nothing new was started. "
+        "Wait a little, then call again with exactly the same "
+        "arguments."),
     "BLOCKED_PENDING": (
-        "{waiting} for an operator's approval, the most this session "
-        "allows. Nothing was executed and no approval was requested. "
-        "Tell the user and wait for the operator."),
+        "{waiting} for an operator's approval, the most this "
+        "session allows. Nothing was executed and no approval was "
+        "requested. Tell the user and wait for the operator."),
     "UNKNOWN_OUTCOME": (
-        "An attempt of this exact request {how}{error}, so whether it "
-        "took effect is unknown: it may have. An operator must decide"
-        + _RERUN_DECIDED),
+        "An attempt of this exact request {how}{error}, so "
+        "whether it took effect is unknown: it may have. An "
+        "operator must decide" + _RERUN_DECIDED),
     "INTERRUPTED": (
-        "An earlier attempt of this exact request was cut off while "
-        "it was executing, and its outcome is unknown: it may have "
-        "taken effect. An operator decides" + _RERUN_DECIDED),
+        "An earlier attempt of this exact request was cut off "
+        "while it was executing, and its outcome is unknown: it "
+        "may have taken effect. An operator decides" + _RERUN_DECIDED),
     "BLOCKED_UNKNOWN": (
         "An earlier call to {tool} may have taken effect and its "
-        "outcome is unknown (approval {approval}), so no other call "
-        "to {tool} that changes anything runs until an operator "
-        "decides. Nothing was executed. Tell the user."),
+        "outcome is unknown (approval {approval}), so no other "
+        "call to {tool} that changes anything runs until an "
+        "operator decides. Nothing was executed. Tell the user."),
     "UNRECORDED": (
-        "The server answered this request, so it executed, but its "
-        "answer could not be recorded ({reason}). What it did is "
-        "unknown here and it may have taken effect. Do not call again "
-        "to retry{window}. Tell the user."),
+        "The server answered this request, so it executed, but "
+        "its answer could not be recorded ({reason}). What it did "
+        "is unknown here and it may have taken effect. Do not "
+        "call again to retry{window}. Tell the user."),
     "UNAVAILABLE": (
-        "The gate could not read or write its records: {what}. Tell "
-        "the user."),
+        "The gate could not read or write its records: {what}. "
+        "Tell the user."),
     "HOST_CANCELLED": (
-        "The call was cancelled before it was executed. Nothing was "
-        "executed."),
+        "The call was cancelled before it was executed. Nothing "
+        "was executed."),
     # An error result, so the model never takes it for what the
     # tool returns.
     "RESULT_TOO_LARGE": (
-        "The server answered this request with {what} of {size} bytes "
-        "({blocks}), more than the {cap} bytes that are passed on, so "
-        "it is not shown. {then} Tell the user."),
+        "The server answered this request with {what} of {size} "
+        "bytes ({blocks}), more than the {cap} bytes that are "
+        "passed on, so it is not shown. {then} Tell the user."),
 }
 TOO_LARGE_THEN = {
     "read": (
-        "A read changes nothing: asking for less (a smaller range, "
-        "page or size) may fit."),
+        "A read changes nothing: asking for less (a smaller "
+        "range, page or size) may fit."),
     "mutating": (
-        "It was executed and is not executed again: do not call again "
-        "to retry{window}."),
+        "It was executed and is not executed again: do not call "
+        "again to retry{window}."),
 }
 HOW = {
     "timed_out": "timed out before the server answered",
@@ -1685,12 +1689,13 @@ HOW = {
 DUPLICATE_OUTCOME = {
     "ok": "it succeeded, with this result: {text}",
     "unrecorded": (
-        "the server answered, but its result could not be recorded: "
-        "{text}"),
+        "the server answered, but its result could not be "
+        "recorded: {text}"),
     "error": "it failed, with this error: {text}",
 }
 SLOT_PROSE = {
-    "limit": " It waits because a limit is reached: {limit}; {frees}.",
+    "limit": (
+        " It waits because a limit is reached: {limit}; {frees}."),
     "refused_for": (
         "; an identical call within {window} is refused as a "
         "duplicate"),
@@ -1698,19 +1703,23 @@ SLOT_PROSE = {
         "the request was sent to the server, but what came of it "
         "could not be recorded"),
     "nothing_executed": "nothing was executed",
-    "host_cancelled": "the host cancelled the call before it was sent",
+    "host_cancelled": (
+        "the host cancelled the call before it was sent"),
     "unreadable": (
-        "the gate could not read its records; nothing was executed"),
+        "the gate could not read its records; nothing was "
+        "executed"),
     "altered": "its approval record was altered after it was made",
     "one_waits": "1 request already waits",
     "some_wait": "{count} requests already wait",
     "an_error": "an error",
     "a_result": "a result",
-    "status_arguments": "the only argument is approval_id, a string",
+    "status_arguments": (
+        "the only argument is approval_id, a string"),
     "arguments_too_large": (
         "the arguments are {size} bytes, more than the {cap} this "
         "gate accepts"),
-    "unusable_arguments": "the arguments are not usable JSON: {error}",
+    "unusable_arguments": (
+        "the arguments are not usable JSON: {error}"),
     "unreadable_result": (
         "the server's result could not be read: {error}"),
     "holding": "waiting for an operator's approval",
@@ -1721,14 +1730,14 @@ STATUS_DESCRIPTION = (
     "Reports which requests of this session wait for an "
     "operator's approval, or, given the approval id a pending "
     "answer named, what became of that request: pending, "
-    "approved, executed, rejected or expired. It only reads; it "
-    "never runs or approves anything.")
+    "approved, executed, rejected or expired. It only reads; "
+    "it never runs or approves anything.")
 STATUS_ARGUMENT = "The approval id a pending result named."
 # How many servers are unserved, never which nor why.
 UNSERVED_NOTE = (
-    "Also, {count} of the servers behind this gate could not be "
-    "served, so their tools are not offered; the person running "
-    "the gate has been told why.")
+    "Also, {count} of the servers behind this gate could not "
+    "be served, so their tools are not offered; the person "
+    "running the gate has been told why.")
 DOWN_NOTE = (
     "Server {server} is down: {down}. Calls to its tools fail "
     "without executing until it is back.")
@@ -1749,27 +1758,27 @@ STATUS_PROSE = {
     "expired_undecided": (
         "{head}: EXPIRED without a decision. It was not executed."),
     "outcome_unknown": (
-        "{head}: OUTCOME UNKNOWN, waiting {age} for an operator to "
-        "decide whether it runs again: an earlier attempt may have "
-        "taken effect. Nothing further has been executed."),
+        "{head}: OUTCOME UNKNOWN, waiting {age} for an operator "
+        "to decide whether it runs again: an earlier attempt may "
+        "have taken effect. Nothing further has been executed."),
     "pending": (
         "{head}: PENDING for {age}. Nothing has been executed; an "
         "operator decides outside this conversation. Do not call "
         "again until it is approved."),
     "rejected": (
-        "{head}: REJECTED by the operator.{note} It was not executed; "
-        "do not ask again."),
+        "{head}: REJECTED by the operator.{note} It was not "
+        "executed; do not ask again."),
     "rejected_note": " The operator's note: {note}.",
     "expired": "{head}: EXPIRED. It was not executed.",
     "executing": "APPROVED and executing now.",
     "succeeded": "APPROVED and executed, and it succeeded.",
     "unrecorded": (
         "APPROVED and executed, and the server answered, but its "
-        "result could not be recorded ({error}); it may have taken "
-        "effect."),
+        "result could not be recorded ({error}); it may have "
+        "taken effect."),
     "failed": (
-        "APPROVED and executed, and the server reported a failure: "
-        "{error}."),
+        "APPROVED and executed, and the server reported a "
+        "failure: {error}."),
     "unknown": (
         "APPROVED and executed, but it {how}, so whether it took "
         "effect is unknown: it may have. {then}"),
@@ -1778,8 +1787,8 @@ STATUS_PROSE = {
         "whether it runs again."),
     "no_rerun": "No approval to run it again is waiting now.",
     "superseded": (
-        "APPROVED, and then a different approval was asked for the "
-        "same call (approval {approval})."),
+        "APPROVED, and then a different approval was asked for "
+        "the same call (approval {approval})."),
     "uncollected": (
         "APPROVED, awaiting collection. Call {tool} again with "
         "exactly the same arguments to run it and get the result."),
@@ -1787,23 +1796,26 @@ STATUS_PROSE = {
 }
 NOT_EXECUTED_WHY = {
     "operator_cancelled": "an operator cancelled it",
-    "approval_expired": "the approval expired before it was collected",
-    "denied_on_resume": "the policy denied it when it was collected",
+    "approval_expired": (
+        "the approval expired before it was collected"),
+    "denied_on_resume": (
+        "the policy denied it when it was collected"),
     "invalid_on_resume": (
-        "its arguments no longer matched the tool's schema when it "
-        "was collected"),
+        "its arguments no longer matched the tool's schema when "
+        "it was collected"),
     "ended": "its run ended ({reason})",
 }
 # JSON-RPC errors to a tools/call: a host shows their message to
 # the model.
 CALL_ERRORS = {
     "failed": (
-        "the gate failed while handling this request and cannot say "
-        "whether it executed; tell the user before calling again"),
+        "the gate failed while handling this request and cannot "
+        "say whether it executed; tell the user before calling "
+        "again"),
     "unknown_tool": "unknown tool {name}",
     "busy": (
-        "the gate is busy: {limit} requests are already in flight, "
-        "and this one was not started; try again shortly"),
+        "the gate is busy: {limit} requests are already in "
+        "flight, and this one was not started; try again shortly"),
     "stopping": "the gate is shutting down",
     "unloaded": "the gate's tools could not be loaded",
 }
