@@ -1893,6 +1893,7 @@ def waiting_answer(approval):
 
 
 def refused_for(window):
+    """The repeat window's clause ('' without a window)."""
     if not window:
         return ""
     return SLOT_PROSE["refused_for"].format(
