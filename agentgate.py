@@ -869,7 +869,7 @@ def pointer_problem(schema, tokens, hidden):
 def policy_pointer_problem(schema, rule, tool_name):
     """The sentence refusing the tool for the first `when` condition
     or sum limit whose pointer misses the pinned schema, or ''."""
-    hidden = set(rule.deny) | set(rule.fixed)
+    hidden = set(rule.hidden)
     pointers = [(entry.label, c.pointer, c.tokens)
                 for entry in rule.when for c in entry.conditions]
     pointers += [(limit.label, limit.sum, limit.tokens)
@@ -987,6 +987,8 @@ class Rule:
         if not isinstance(self.fixed, dict):
             raise ConfigError(f"{where}.fixed must be an object of "
                               f"parameter name to JSON value")
+        # What the model is never offered to send.
+        self.hidden = self.deny + list(self.fixed)
         self.rename = field_string(raw, "rename", where)
         self.allow_hint_mismatch = field_bool(
             raw, "allow_hint_mismatch", where)
@@ -1254,8 +1256,7 @@ class Tool:
         # Unset, the default applies, and check says so.
         self.timeout_given = rule.timeout or server.default_timeout
         self.timeout = self.timeout_given or DEFAULT_TOOL_TIMEOUT
-        self.schema = restrict_schema(entry["input_schema"],
-                                      rule.deny + list(rule.fixed))
+        self.schema = restrict_schema(entry["input_schema"], rule.hidden)
         # Offered as pinned, as the rule shows it; a part not
         # presented is left out.
         offered = {
@@ -1452,9 +1453,8 @@ def _schema_refusal(schema, rule):
         hiding = hiding_problem(schema, rule)
         if hiding:
             return hiding
-        hidden = rule.deny + list(rule.fixed)
         problem = schema_problem(schema) or \
-            schema_problem(restrict_schema(schema, hidden))
+            schema_problem(restrict_schema(schema, rule.hidden))
     except Exception as err:  # refuse the tool, never the gate
         problem = f"it could not be read ({type(err).__name__})"
     if problem:
@@ -1536,7 +1536,7 @@ _HIDING_KEYWORDS = (
 
 def hiding_problem(schema, rule):
     properties = schema.get("properties", {})
-    for name in rule.deny + list(rule.fixed):
+    for name in rule.hidden:
         hides = f"the rule hides {quote(name)}"
         if not isinstance(properties, dict) or name not in properties:
             return (f"{hides}, which is not a top-level property of "
@@ -2013,7 +2013,7 @@ def check_arguments(tool, args, work=None):
     """'' when the arguments may be sent, else why not (INVALID)."""
     if not isinstance(args, dict):
         return "the arguments are not a JSON object"
-    for name in [*tool.rule.deny, *tool.rule.fixed]:
+    for name in tool.rule.hidden:
         if name in args:
             how = "denied" if name in tool.rule.deny else "fixed"
             return f'parameter "{name}" is {how} by the operator'
