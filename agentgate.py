@@ -123,17 +123,16 @@ VERSION = "0.2.0"
 #
 # Reads as: decision core
 #
-# Owns: both sides' byte streams cut into frames, whom to answer when a frame is refused, and
-# the hashes of a request's identity (over section 10's encoding).
-# Promises: a frame is split on `\n` bytes only (never on U+2028/U+2029) and never held past
-# its cap; the id read from a refused frame is only ever its own top-level one, found
-# wherever it stands in the frame.
+# Owns: both sides' byte streams cut into frames, whom to answer
+# when a frame is refused, and the hashes of a request's identity.
+# Promises: a frame is split on `\n` bytes only (never on
+# U+2028/U+2029) and never held past its cap; the id read from a
+# refused frame is only ever its own top-level one.
 # =============================================================================================
 
 def read_frames(fd, cap):
-    """Newline-delimited frames off `fd`: (frame, None) up to `cap` bytes, else (None, its own
-    top-level integer id or None) with the rest read only for that id. os.read, unbuffered: a
-    reader thread holds no lock at exit."""
+    """(frame, None) per line up to `cap` bytes, else (None, its
+    top-level integer id or None). Unbuffered: no lock held at exit."""
     pending, refused = bytearray(), None
     while True:
         try:
@@ -145,44 +144,50 @@ def read_frames(fd, cap):
                 yield bytes(pending), None
             return
         for piece in re.findall(rb"[^\n]*\n|[^\n]+", chunk):
-            if refused is None and len(pending) + len(piece) > cap + 1:
-                refused, pending = FrameId(), pending + piece
-                refused.feed(bytes(pending))
+            over = len(pending) + len(piece) > cap + 1
+            if refused is None and over:
+                refused = FrameId()
+                refused.feed(bytes(pending + piece))
                 pending = bytearray()
             elif refused is not None:
                 refused.feed(piece)
             else:
                 pending += piece
             if piece.endswith(b"\n"):
-                yield (None, refused.ident) if refused else (bytes(pending), None)
+                if refused:
+                    yield None, refused.ident
+                else:
+                    yield bytes(pending), None
                 pending, refused = bytearray(), None
 
 
 def parse_loosely(data):
-    """A refused message read leniently, only for whom to answer (never what is sent or
-    recorded); None if even that fails."""
+    """A refused message read leniently, only for whom to answer;
+    None if even that fails."""
     try:
-        return json.loads(data.decode("utf-8", "replace"), parse_int=Number, parse_float=Number,
+        return json.loads(data.decode("utf-8", "replace"),
+                          parse_int=Number, parse_float=Number,
                           parse_constant=Number)
     except (ValueError, RecursionError):
         return None
 
 
-_HEAD_ID_RE = re.compile(rb"\s*:\s*(-?(?:0|[1-9][0-9]{0,17}))[\s,}]")
-# The rest of a string up to its closing quote (or a lone backslash, or the piece's end).
+_HEAD_ID_RE = re.compile(
+    rb"\s*:\s*(-?(?:0|[1-9][0-9]{0,17}))[\s,}]")
+# A string's rest up to its closing quote or a backslash.
 _STRING_REST_RE = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*', re.S)
 _TOKEN_STOP_RE = re.compile(rb'["{}\[\]]')
 
 
 class FrameId:
-    """A refused message's own top-level integer "id", read from pieces of any size wherever
-    it stands: a nested one could name another request. Strings are passed over by one
-    regular expression each and nothing else is read but brackets, at C speed."""
+    """A refused message's own top-level integer "id", fed in pieces
+    of any size: a nested one could name another request."""
 
     def __init__(self):
-        self.depth, self.string, self.escaped = 0, False, False
-        self.key = None    # the first bytes of a depth-1 string while it is read
-        self.after = None  # what follows a depth-1 "id" key while it is read
+        self.depth = 0
+        self.string = self.escaped = False
+        self.key = None    # a depth-1 string's first bytes
+        self.after = None  # what follows a depth-1 "id" key
         self.ident = None
 
     def feed(self, data):
@@ -197,14 +202,17 @@ class FrameId:
                     return
                 byte, pos = stop.group(), stop.end()
                 if byte == b'"':
-                    self.string, self.key = True, b"" if self.depth == 1 else None
+                    self.string = True
+                    self.key = b"" if self.depth == 1 else None
                 else:
                     self.depth += 1 if byte in b"{[" else -1
                 continue
             end = _STRING_REST_RE.match(data, pos).end()
             if self.key is not None:
-                self.key = (self.key + data[pos:min(end, pos + 3)])[:3]
-            if end == len(data) or data[end] == 0x5C:  # a backslash whose escape is next
+                head = self.key + data[pos:min(end, pos + 3)]
+                self.key = head[:3]
+            # A backslash ends the piece: its escape comes next.
+            if end == len(data) or data[end] == 0x5C:
                 self.escaped = end < len(data)
                 return
             self.string, pos = False, end + 1
@@ -223,21 +231,24 @@ class FrameId:
 
 
 def frame_id(data):
-    """A refused message's own top-level integer "id", or None."""
     reading = FrameId()
     reading.feed(data)
     return reading.ident
 
 
 def echoable_id(ident):
-    """Whether an id can be echoed as JSON (lone surrogates, NaN and the like cannot)."""
+    """Whether an id can be echoed as JSON (not a lone surrogate, NaN,
+    ...)."""
     if isinstance(ident, str):
         return not SURROGATE_RE.search(ident)
-    return isinstance(ident, Number) and bool(JSON_NUMBER_RE.fullmatch(ident.literal))
+    return isinstance(ident, Number) and \
+        bool(JSON_NUMBER_RE.fullmatch(ident.literal))
 
 
 def sha256_hex(data):
-    return hashlib.sha256(data if isinstance(data, bytes) else data.encode("utf-8")).hexdigest()
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    return hashlib.sha256(data).hexdigest()
 
 
 def value_digest(data):
@@ -250,9 +261,11 @@ def content_hash(value):
 
 
 def request_key(tool_name, args):
-    """A request's identity: the tool's name and canonical arguments (value or bytes)."""
+    """A request's identity: the tool's name and canonical arguments
+    (a value or its bytes)."""
     encoded = args if isinstance(args, bytes) else canonical(args)
-    return sha256_hex(tool_name.encode("utf-8") + b"\x00" + encoded)
+    name = tool_name.encode("utf-8")
+    return sha256_hex(name + b"\x00" + encoded)
 
 
 # =============================================================================================
@@ -260,22 +273,25 @@ def request_key(tool_name, args):
 #
 # Reads as: decision core
 #
-# Owns: the side-effect classes and outcomes, the error a configuration is refused with, ids
-# and deadlines. A duration is whole nanoseconds, as Go's (section 16 reads and writes them).
+# Owns: the side-effect classes and outcomes, ConfigError, ids and
+# deadlines. A duration is whole nanoseconds, as Go's.
 # =============================================================================================
 
 SECOND = 10**9
-SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation", "destructive")
+SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation",
+                "destructive")
 OUTCOMES = ("allow", "require_approval", "deny")
 
 
 class ConfigError(Exception):
-    """A configuration the gate will not run with; the message says what to change."""
+    """A configuration the gate will not run with; the message says
+    what to change."""
 
 
 def new_id(size):
-    """Milliseconds, then randomness: ids land at their indexes' right edge, so a
-    write touches the same pages however large the database; a clash is decided again."""
+    """Milliseconds, then randomness: ids land at their indexes' right
+    edge, so a write touches the same pages however large the
+    database; a clash is decided again."""
     stamp = (time.time_ns() // 1_000_000) & 0xFFFFFFFFFF
     return f"{stamp:010x}" + secrets.token_hex(size - 5)
 
@@ -294,124 +310,152 @@ class Deadline:
 #
 # Reads as: decision core
 #
-# Owns: conditions, `when` entries, limits and grants, and the one decision they make with the
-# class map (policy_decision), from the call, its Judgement (once per request) and the Facts
-# of its moment (decision_facts, for the gate and recheck alike; `rows` is its only SQL).
-# Promises: a condition that cannot be evaluated does not hold, and an entry other than allow
-# that cannot be judged denies; numbers compare exactly, never through a float; a limit never
-# loosens; a grant answers only what would wait for an operator (never a deny, never a re-run
-# of an unknown outcome); a policy mistake is refused at load naming the tool, the entry and
-# the fix. A pointer reads an omitted argument at its pinned schema's default, as the server
-# does. A limit counts each execution by its recorded arguments, so a limit added within its
-# window counts what ran before it.
+# Owns: conditions, `when` entries, limits and grants, and the one
+# decision they make with the class map (policy_decision) from the
+# call, its Judgement and the Facts of its moment (decision_facts,
+# for the gate and recheck alike; `rows` is its only SQL).
+# Promises: what cannot be evaluated does not hold, and an entry
+# other than allow that cannot be judged denies; numbers compare
+# exactly; a limit never loosens; a grant answers only what would
+# wait (never a deny, nor a re-run of an unknown outcome); a mistake
+# is refused at load naming the tool, the entry and the fix. A
+# pointer reads an omitted argument at its schema's default, as the
+# server does. A limit counts each execution by its recorded
+# arguments, so one added within its window counts what ran before.
 # =============================================================================================
 
-GRANT_COLUMNS = ("id", "session", "tool", "name", "conditions_json", "created_at", "expires_at",
-                 "by", "note", "revoked_at", "revoked_by", "revoke_note")
+GRANT_COLUMNS = (
+    "id", "session", "tool", "name", "conditions_json", "created_at",
+    "expires_at", "by", "note", "revoked_at", "revoked_by",
+    "revoke_note")
 
 
 def tool_spec(rows, spec_hash):
-    found = rows("SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,))
+    found = rows("SELECT spec_json FROM tool_specs WHERE hash=?",
+                 (spec_hash,))
     return parse(found[0][0]) if found else None
 
 
 CONDITIONS = {  # and how Condition.text reads each
-    "equals": "equals {}", "in": "is one of {}", "not_in": "is none of {}",
-    "pattern": "matches {}", "min": "is at least {}", "max": "is at most {}",
-    "max_length": "is at most {} long", "present": "present is {}", "under": "lies under {}",
-    "host_in": "has a host in {}", "host_not_in": "has a host not in {}",
+    "equals": "equals {}", "in": "is one of {}",
+    "not_in": "is none of {}", "pattern": "matches {}",
+    "min": "is at least {}", "max": "is at most {}",
+    "max_length": "is at most {} long", "present": "present is {}",
+    "under": "lies under {}", "host_in": "has a host in {}",
+    "host_not_in": "has a host not in {}",
 }
-NEGATED = {"is": "is not", "equals": "does not equal", "matches": "does not match",
-           "lies": "does not lie", "has": "does not have"}
-NEVER = math.inf  # when a limit frees up for a call that is alone above it
+NEGATED = {"is": "is not", "equals": "does not equal",
+           "matches": "does not match", "lies": "does not lie",
+           "has": "does not have"}
+LISTS = ("in", "not_in", "under", "host_in", "host_not_in")
+NEVER = math.inf  # when a limit frees up for a call alone above it
 
-# What a decision depends on beyond the call. at: seconds since the epoch; client: the host's
-# name from initialize; grants(): the Grants in force (read only when a decision would wait);
-# uses(since): the tool's executions after `since`, as (seconds, {sum pointer: amount}), or
-# None when no limit is counted (the decision only steers the rules, or an operator decided).
+# A decision's moment. at: epoch seconds; client: the host's name;
+# grants(): the Grants in force (read only if it would wait);
+# uses(since): the tool's executions after `since` as (seconds,
+# {sum pointer: amount}), None when no limit is counted.
 Facts = collections.namedtuple("Facts", "at client grants uses")
 
 
 def number_text(value):
-    """An exact decimal as people write it: 50.00 stays 50.00, 1E+2 reads 100."""
+    """An exact decimal as people write it: 50.00 stays 50.00."""
     text = format(value, "f")
     return text if len(text) <= 40 else str(value)
 
 
 class Condition:
-    """`resolved`: the directories of `under` are a grant's, resolved when it was confirmed."""
+    """`resolved`: the directories of `under` are a grant's, resolved
+    when it was confirmed."""
 
     def __init__(self, pointer, raw, where, resolved=False):
-        self.pointer, self.tokens = pointer, parse_pointer(pointer, where)
+        self.pointer = pointer
+        self.tokens = parse_pointer(pointer, where)
         where = f"{where} {quote(pointer)}"
         if not isinstance(raw, dict) or not raw:
-            raise ConfigError(f"{where} must be an object with one or more of "
-                              f"{', '.join(CONDITIONS)}")
+            raise ConfigError(
+                f"{where} must be an object with one or more of "
+                f"{', '.join(CONDITIONS)}")
         refuse_unknown(raw, CONDITIONS, where)
         self.raw = raw
-        self.tests = [(name, self._read(name, value, f"{where}.{name}", resolved))
-                      for name, value in raw.items()]
+        self.tests = [
+            (name, self._read(name, value, f"{where}.{name}", resolved))
+            for name, value in raw.items()]
         bounds = dict(self.tests)
-        if "min" in bounds and "max" in bounds and bounds["min"] > bounds["max"]:
-            raise ConfigError(f"{where}: min {number_text(bounds['min'])} is above max "
-                              f"{number_text(bounds['max'])}, so it never holds; swap them")
+        low, high = bounds.get("min"), bounds.get("max")
+        if low is not None and high is not None and low > high:
+            raise ConfigError(
+                f"{where}: min {number_text(low)} is above max "
+                f"{number_text(high)}, so it never holds; swap them")
         if raw.get("present") is False and len(raw) > 1:
-            raise ConfigError(f"{where}: present false holds only when there is no value, so "
-                              f"nothing else can be asked of it; give it its own entry")
+            raise ConfigError(
+                f"{where}: present false holds only when there is no "
+                f"value, so nothing else can be asked of it; give it "
+                f"its own entry")
 
     @staticmethod
     def _read(name, value, where, resolved):
-        if name in ("in", "not_in", "under", "host_in", "host_not_in"):
+        if name in LISTS:
             if not isinstance(value, list) or not value:
-                kind = "JSON values" if name in ("in", "not_in") else "strings"
-                raise ConfigError(f"{where} must be a non-empty list of {kind}")
-            if name == "under":
-                return list(value) if resolved else [resolved_root(r, where) for r in value]
+                kind = "JSON values" if name in ("in", "not_in") \
+                    else "strings"
+                raise ConfigError(
+                    f"{where} must be a non-empty list of {kind}")
+            if name == "under" and not resolved:
+                return [resolved_root(r, where) for r in value]
             if name in ("host_in", "host_not_in"):
-                return [host_entry(entry, name == "host_in", where) for entry in value]
-            return value
+                return [host_entry(entry, name == "host_in", where)
+                        for entry in value]
+            return list(value)
         if name == "pattern":
             if not isinstance(value, str):
-                raise ConfigError(f"{where} must be a string, an ECMA-262 pattern")
+                raise ConfigError(
+                    f"{where} must be a string, an ECMA-262 pattern")
             try:
                 compile_pattern(value)
             except PatternError as err:
-                raise ConfigError(f"{where} cannot be used ({err}): write an ECMA-262 pattern "
-                                  f"without backreferences, lookaround or \\p{{...}}") from None
-            return value
+                raise ConfigError(
+                    f"{where} cannot be used ({err}): write an "
+                    f"ECMA-262 pattern without backreferences, "
+                    f"lookaround or \\p{{...}}") from None
         if name in ("min", "max"):
             return parse_decimal(value, where)
         if name == "max_length":
             return whole_number(value, where, 0)
         if name == "present" and not isinstance(value, bool):
             raise ConfigError(f"{where} must be true or false")
-        return value  # present: true or false; equals: any JSON value
+        return value
 
     def holds(self, args, work=None, schema=None):
-        """True, False, or None when no test is false but a pattern search costs more than
-        `work` can pay: then it does not hold."""
-        return all_judged(verdict for verdict, _ in self._verdicts(args, work, schema))
+        """True, False, or None (does not hold) when a pattern search
+        costs more than `work` can pay."""
+        return all_judged(
+            verdict for verdict, _ in self._verdicts(args, work, schema))
 
     def _verdicts(self, args, work, schema):
         value, node = pointed(args, self.tokens, schema)
         work = PatternWork() if work is None else work
         for name, expected in self.tests:
-            seen = exact_number(value, node) if name in ("min", "max") and \
-                value is not MISSING else value  # a Decimal, or None
-            yield self._test(name, expected, seen, work), (name, expected, seen)
+            seen = value
+            if name in ("min", "max") and value is not MISSING:
+                seen = exact_number(value, node)  # a Decimal, or None
+            verdict = self._test(name, expected, seen, work)
+            yield verdict, (name, expected, seen)
 
     def miss(self, args, work, schema):
-        """Why it does not hold, as the operator reads it ('' when it holds)."""
-        for verdict, (name, expected, value) in self._verdicts(args, work, schema):
+        """Why it does not hold, for the operator ('' when it holds)."""
+        for verdict, (name, expected, value) in \
+                self._verdicts(args, work, schema):
             if verdict is None:
                 return f"{self.pointer} is too long to be checked"
-            if verdict is False:
-                if value is MISSING or name == "present":
-                    return f"{self.pointer} is {'absent' if value is MISSING else 'present'}"
-                if value is None:
-                    return f"{self.pointer} is not a number"
-                verb, _, rest = self._words(name, expected).partition(" ")
-                return f"{self.pointer} {NEGATED[verb]} {rest}"
+            if verdict is not False:
+                continue
+            if value is MISSING or name == "present":
+                state = "absent" if value is MISSING else "present"
+                return f"{self.pointer} is {state}"
+            if value is None:
+                return f"{self.pointer} is not a number"
+            verb, _, rest = self._words(name, expected).partition(" ")
+            return f"{self.pointer} {NEGATED[verb]} {rest}"
         return ""
 
     @staticmethod
@@ -420,25 +464,28 @@ class Condition:
             return value is MISSING
         if value is MISSING:
             return False
-        if name == "pattern":  # the one test that draws on the call's pattern work
+        if name == "pattern":  # the one test that spends pattern work
             try:
-                return isinstance(value, str) and work.search(expected, value, "")
+                return isinstance(value, str) and \
+                    work.search(expected, value, "")
             except PatternCost:
                 return None
         return CHECKS[name](value, expected)
 
     @staticmethod
     def _words(name, expected):
-        return CONDITIONS[name].format(number_text(expected) if name in ("min", "max") else
-                                       policy_json(expected))
+        if name in ("min", "max"):
+            return CONDITIONS[name].format(number_text(expected))
+        return CONDITIONS[name].format(policy_json(expected))
 
     def text(self):
-        return f"{self.pointer} " + " and ".join(self._words(*test) for test in self.tests)
+        words = (self._words(*test) for test in self.tests)
+        return f"{self.pointer} " + " and ".join(words)
 
 
 def all_judged(verdicts):
-    """False at the first false verdict (the rest are not judged: no pattern work is spent on
-    them), else None if one was not judged, else True."""
+    """False at the first false verdict (no pattern work is spent on
+    the rest), else None if one was not judged, else True."""
     judged = True
     for verdict in verdicts:
         if verdict is None:
@@ -449,38 +496,46 @@ def all_judged(verdicts):
 
 
 def _host_holds(value, hosts, listed):
-    """Never for a URL whose host cannot be read: neither host_in nor host_not_in allows it,
-    nor does a deny on host_in catch it, so a host policy is safest written as what it allows."""
+    """Never for a URL whose host cannot be read: neither host_in nor
+    host_not_in allows it, nor does a deny on host_in catch it, so a
+    host policy is safest written as what it allows."""
     place = url_place(value)
     return place is not None and host_matches(*place, hosts) == listed
 
 
+def _in(value, options):
+    return any(json_equal(value, o) for o in options)
+
+
 CHECKS = {
     "equals": lambda value, expected: json_equal(value, expected),
-    "in": lambda value, options: any(json_equal(value, o) for o in options),
-    "not_in": lambda value, options: not any(json_equal(value, o) for o in options),
+    "in": _in,
+    "not_in": lambda value, options: not _in(value, options),
     "min": lambda value, bound: value is not None and value >= bound,
     "max": lambda value, bound: value is not None and value <= bound,
-    "max_length": lambda value, bound: isinstance(value, (str, list)) and len(value) <= bound,
+    "max_length": lambda value, bound:
+        isinstance(value, (str, list)) and len(value) <= bound,
     "present": lambda value, expected: True,
     "under": lambda value, roots: path_under(value, roots),
     "host_in": lambda value, hosts: _host_holds(value, hosts, True),
-    "host_not_in": lambda value, hosts: _host_holds(value, hosts, False),
+    "host_not_in": lambda value, hosts:
+        _host_holds(value, hosts, False),
 }
 
 
 def parse_conditions(raw, where, resolved=False):
     if not isinstance(raw, dict):
-        raise ConfigError(f'{where} must be an object of JSON Pointer to condition, such as '
-                          f'{{"/amount": {{"max": "50.00"}}}}')
-    return [Condition(pointer, condition, where, resolved) for pointer, condition in
-            raw.items()]
+        raise ConfigError(
+            f'{where} must be an object of JSON Pointer to condition, '
+            f'such as {{"/amount": {{"max": "50.00"}}}}')
+    return [Condition(pointer, condition, where, resolved)
+            for pointer, condition in raw.items()]
 
 
 class Judgement:
-    """A request's schema problem and each entry's and grant's verdict, judged once per pass
-    through the gate: a decision made again reads afresh only the moment, grants, uses and a
-    re-run. Its pattern work outlives it: after a hold, a call searches nothing twice."""
+    """A request's schema problem and each entry's and grant's
+    verdict, judged once per pass through the gate; its pattern work
+    outlives it, so after a hold nothing is searched twice."""
 
     def __init__(self, problem="", work=None):
         self.problem, self.held = problem, {}
@@ -488,92 +543,125 @@ class Judgement:
 
     def holds(self, key, conditions, args, schema):
         if key not in self.held:
-            self.held[key] = all_judged(c.holds(args, self.work, schema) for c in conditions)
+            self.held[key] = all_judged(
+                c.holds(args, self.work, schema) for c in conditions)
         return self.held[key]
 
 
 class Entry:
+    FIELDS = ("if", "during", "client", "outcome", "reason")
+
     def __init__(self, raw, where, label):
         self.label = label
         if not isinstance(raw, dict):
-            raise ConfigError(f"{where} must be an object with if, during or client, and an "
-                              f"outcome")
-        refuse_unknown(raw, ("if", "during", "client", "outcome", "reason"), where)
-        self.outcome = one_of(field_string(raw, "outcome", where, required=True), OUTCOMES,
-                              f"{where}.outcome")
-        self.conditions = parse_conditions(raw.get("if", {}), f"{where}.if")
-        self.during = During(raw["during"], f"{where}.during") if "during" in raw else None
-        self.clients = field_names(raw, "client", where) if "client" in raw else None
+            raise ConfigError(
+                f"{where} must be an object with if, during or client, "
+                f"and an outcome")
+        refuse_unknown(raw, self.FIELDS, where)
+        outcome = field_string(raw, "outcome", where, required=True)
+        self.outcome = one_of(outcome, OUTCOMES, f"{where}.outcome")
+        self.conditions = parse_conditions(raw.get("if", {}),
+                                           f"{where}.if")
+        self.during = None
+        if "during" in raw:
+            self.during = During(raw["during"], f"{where}.during")
+        self.clients = None
+        if "client" in raw:
+            self.clients = field_names(raw, "client", where)
         if self.clients == []:
-            raise ConfigError(f"{where}.client must list at least one host name")
-        if not self.conditions and self.during is None and self.clients is None:
-            raise ConfigError(f"{where} has no if, during or client, so it always holds: give "
-                              f"the rule this outcome instead")
-        # The reason is model input: by default it names the entry, never what it compares.
-        self.reason = field_string(raw, "reason", where) or f"the operator's rule {label}"
+            raise ConfigError(
+                f"{where}.client must list at least one host name")
+        if not self.conditions and self.during is None \
+                and self.clients is None:
+            raise ConfigError(
+                f"{where} has no if, during or client, so it always "
+                f"holds: give the rule this outcome instead")
+        # Model input: by default it names the entry, never what it
+        # compares.
+        self.reason = field_string(raw, "reason", where) or \
+            f"the operator's rule {label}"
+
+    def _client_holds(self, facts):
+        return self.clients is None or facts.client in self.clients
 
     def holds(self, args, facts, judged=None, schema=None):
-        if (self.clients is not None and facts.client not in self.clients) or \
-                (self.during is not None and not self.during.holds(facts.at)):
+        if not self._client_holds(facts) or (
+                self.during and not self.during.holds(facts.at)):
             return False
-        return (judged or Judgement()).holds(self.label, self.conditions, args, schema)
+        judged = judged or Judgement()
+        return judged.holds(self.label, self.conditions, args, schema)
 
     def miss(self, args, facts, judged, schema):
         """Why it did not hold, for the operator."""
-        if self.clients is not None and facts.client not in self.clients:
-            why = f"the host {quote(facts.client)} is not one of {policy_json(self.clients)}"
-        elif self.during is not None and not self.during.holds(facts.at):
+        if not self._client_holds(facts):
+            why = (f"the host {quote(facts.client)} is not one of "
+                   f"{policy_json(self.clients)}")
+        elif self.during and not self.during.holds(facts.at):
             why = "it is outside its days and hours"
         else:
-            why = next(filter(None, (c.miss(args, judged.work, schema)
-                                     for c in self.conditions)), "")
+            why = next(filter(None, (
+                c.miss(args, judged.work, schema)
+                for c in self.conditions)), "")
         return f"{self.label}: {why}"
 
 
 class Limit:
-    """At most `calls` executions of one tool, or a `sum` up to `max`, within `per` and across
-    sessions; past it, `then`."""
+    """At most `calls` executions of one tool, or a `sum` up to `max`,
+    within `per` and across sessions; past it, `then`."""
+
+    FIELDS = ("calls", "sum", "max", "per", "then")
 
     def __init__(self, raw, where, label):
         self.label = label
         if not isinstance(raw, dict):
-            raise ConfigError(f'{where} must be an object such as {{"calls": 5, "per": "1h"}}')
-        refuse_unknown(raw, ("calls", "sum", "max", "per", "then"), where)
+            raise ConfigError(
+                f'{where} must be an object such as '
+                f'{{"calls": 5, "per": "1h"}}')
+        refuse_unknown(raw, self.FIELDS, where)
         if ("calls" in raw) == ("sum" in raw):
-            raise ConfigError(f'{where} needs exactly one of calls (a count) or sum (a JSON '
-                              f'Pointer to a number, with max)')
+            raise ConfigError(
+                f'{where} needs exactly one of calls (a count) or sum '
+                f'(a JSON Pointer to a number, with max)')
         self.calls = self.sum = self.tokens = self.max = None
         if "calls" in raw:
-            self.calls = whole_number(raw["calls"], f"{where}.calls", 1, 10**9)
+            self.calls = whole_number(raw["calls"], f"{where}.calls",
+                                      1, 10**9)
             if "max" in raw:
-                raise ConfigError(f"{where}: max goes with sum; a calls limit is its own count")
+                raise ConfigError(
+                    f"{where}: max goes with sum; a calls limit is its "
+                    f"own count")
         else:
             self.sum = raw["sum"]
             self.tokens = parse_pointer(self.sum, f"{where}.sum")
             if "max" not in raw:
-                raise ConfigError(f"{where} needs max, the most the sum may reach")
+                raise ConfigError(
+                    f"{where} needs max, the most the sum may reach")
             self.max = parse_decimal(raw["max"], f"{where}.max")
             if self.max < 0:
                 raise ConfigError(f"{where}.max must not be negative")
         self.per = field_duration(raw, "per", where, None)
         if not self.per:
-            raise ConfigError(f'{where} needs per, a window such as "1h" or "24h"')
-        self.then = field_string(raw, "then", where) or "require_approval"
+            raise ConfigError(
+                f'{where} needs per, a window such as "1h" or "24h"')
+        self.then = field_string(raw, "then", where) or \
+            "require_approval"
         if self.then not in ("require_approval", "deny"):
-            raise ConfigError(f"{where}.then is {quote(self.then)}; a limit never loosens, so "
-                              f"use require_approval or deny")
+            raise ConfigError(
+                f"{where}.then is {quote(self.then)}; a limit never "
+                f"loosens, so use require_approval or deny")
 
     def amount(self, args, schema=None):
-        """What a call adds to the sum: the size of its number (a negative amount is no
-        credit), 0 when there is none, None when it is not a number."""
+        """What a call adds to the sum: its number's size (a negative
+        amount is no credit), 0 when absent, None when no number."""
         value, node = pointed(args, self.tokens, schema)
         if value is MISSING:
             return decimal.Decimal(0)
         value = exact_number(value, node)
-        return None if value is None else value.copy_abs()  # never rounds
+        return None if value is None else value.copy_abs()
 
     def frees(self, args, uses, at, schema=None):
-        """None when this call stays within the limit, else when it would, in epoch seconds."""
+        """None when this call stays within the limit, else when it
+        would, in epoch seconds."""
         window = self.per / SECOND
         rows = uses(at - window)
         if self.calls is not None:
@@ -583,9 +671,10 @@ class Limit:
         this = self.amount(args, schema)
         if this is None or this > self.max:
             return NEVER
+        zero = decimal.Decimal(0)
         try:
             with decimal.localcontext(EXACT):
-                sizes = [amounts.get(self.sum, decimal.Decimal(0)).copy_abs()
+                sizes = [amounts.get(self.sum, zero).copy_abs()
                          for _, amounts in rows]
                 total = sum(sizes, this)
                 if total <= self.max:
@@ -594,46 +683,56 @@ class Limit:
                     total -= size
                     if total <= self.max:
                         return moment + window
-        except decimal.DecimalException:  # cannot be summed exactly: cannot be passed
+        except decimal.DecimalException:  # not exact: never passes
             pass
         return NEVER
 
     def text(self, tool_name):
         span = format_duration(self.per)
         if self.calls is not None:
-            return f"at most {self.calls} call{'s' if self.calls != 1 else ''} to {tool_name} " \
-                   f"per {span}"
-        return f"a sum of {self.sum} of at most {number_text(self.max)} for {tool_name} per " \
-               f"{span}"
+            s = "s" if self.calls != 1 else ""
+            return (f"at most {self.calls} call{s} to {tool_name} "
+                    f"per {span}")
+        return (f"a sum of {self.sum} of at most "
+                f"{number_text(self.max)} for {tool_name} per {span}")
 
 
 class Grant:
     def __init__(self, stored):
         self.id, self.by = stored["id"], stored["by"]
-        self.conditions = parse_conditions(parse(stored["conditions_json"]), f"grant {self.id}",
-                                           resolved=True)
+        self.conditions = parse_conditions(
+            parse(stored["conditions_json"]), f"grant {self.id}",
+            resolved=True)
+
+
+USES_SQL = (
+    "SELECT e.at, s.decision_json, s.spec_hash FROM executions e "
+    "JOIN steps s ON s.id=e.step_id WHERE e.tool=? AND e.at>? "
+    "AND e.at<? ORDER BY e.at, e.id")
 
 
 def counted_uses(rows, tool, before):
-    """Facts.uses for a decision on `tool` at the stored time `before`: each execution's
-    recorded arguments, read under the schema it was decided under."""
+    """Facts.uses at the stored time `before`: each execution's
+    arguments, read under the schema it was decided under."""
     sums = [limit for limit in tool.rule.limits if limit.sum]
     schemas = {tool.spec_hash: tool.schema}
+
+    def schema_of(spec_hash):
+        if spec_hash not in schemas:
+            spec = tool_spec(rows, spec_hash)
+            schemas[spec_hash] = spec["input_schema"] if spec else None
+        return schemas[spec_hash]
 
     def uses(since):
         found = []
         for moment, decision, spec_hash in rows(
-                "SELECT e.at, s.decision_json, s.spec_hash FROM executions e JOIN steps s ON "
-                "s.id=e.step_id WHERE e.tool=? AND e.at>? AND e.at<? ORDER BY e.at, e.id",
-                (tool.target, format_time(since), before)):
+                USES_SQL, (tool.target, format_time(since), before)):
             amounts = {}
-            if sums:  # a calls limit needs no arguments: they are not read
+            if sums:  # a calls limit reads no arguments
                 args = parse(decision)["args"]
-                if spec_hash not in schemas:
-                    spec = tool_spec(rows, spec_hash)
-                    schemas[spec_hash] = spec["input_schema"] if spec else None
+                schema = schema_of(spec_hash)
                 for limit in sums:
-                    amount = limit.amount(args, schemas[spec_hash])
+                    amount = limit.amount(args, schema)
                     if amount is not None:
                         amounts[limit.sum] = amount
             found.append((parse_time(moment), amounts))
@@ -641,92 +740,123 @@ def counted_uses(rows, tool, before):
     return uses
 
 
+GRANTS_SQL = (
+    f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? "
+    f"AND tool=? AND expires_at>? AND created_at<=? AND "
+    f"(revoked_at='' OR revoked_at>?) ORDER BY created_at, id")
+
+
 def decision_facts(rows, session, tool, stamp, client, count):
-    """The Facts of the stored time `stamp`; the uses are counted only when `count`."""
+    """The Facts of the stored time `stamp`; uses only when `count`."""
     def grants():
-        return [Grant(dict(zip(GRANT_COLUMNS, row))) for row in rows(
-            f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? AND tool=? AND "
-            f"expires_at>? AND created_at<=? AND (revoked_at='' OR revoked_at>?) ORDER BY "
-            f"created_at, id", (session, tool.target, stamp, stamp, stamp))]
-    return Facts(parse_time(stamp), client, grants,
-                 counted_uses(rows, tool, stamp) if count else None)
+        found = rows(GRANTS_SQL,
+                     (session, tool.target, stamp, stamp, stamp))
+        return [Grant(dict(zip(GRANT_COLUMNS, row))) for row in found]
+    uses = counted_uses(rows, tool, stamp) if count else None
+    return Facts(parse_time(stamp), client, grants, uses)
 
 
-def policy_decision(config, tool, args, facts, rerun=False, approved=False, judged=None):
-    """{outcome, reason, by} (by: the `when` entry, limit, grant, "rule outcome" or "class"
-    that decided), with `limit` and `frees` when a limit decided, `grant` when a grant did.
-    The first `when` entry that holds decides, else the class map. Then, in order: a deny, a
-    re-run of an unknown outcome (it always needs an operator) and a call an operator
-    `approved` (not counted again) stand; a grant may answer what would wait; a limit may turn
-    an allow into its `then` (it counts what grants let through, so a budget holds under a
-    grant); with no operator at hand, what would wait is denied."""
-    rule = tool.rule
+def policy_decision(config, tool, args, facts, rerun=False,
+                    approved=False, judged=None):
+    """{outcome, reason, by} (by: what decided), with `limit` and
+    `frees` when a limit decided, `grant` when a grant did. A deny, a
+    re-run of an unknown outcome and what an operator `approved`
+    stand; a grant may answer what would wait; then a limit may turn
+    an allow into its `then` (it counts what grants let through); with
+    no operator at hand, what would wait is denied."""
     judged = Judgement() if judged is None else judged
-    for entry in rule.when:
-        held = entry.holds(args, facts, judged, tool.schema)
-        if held is None and entry.outcome != "allow":
-            # Not judged (too costly): passed over, a long value could slip past a deny or a
-            # question. An allow entry passed over only makes it stricter.
-            decision = {"outcome": "deny", "by": entry.label,
-                        "reason": f"the arguments are too long to be checked against the "
-                                  f"operator's rule {entry.label}"}
-            break
-        if held:
-            decision = {"outcome": entry.outcome, "reason": entry.reason, "by": entry.label}
-            break
-    else:
-        outcome = rule_outcome(config, rule)
-        reason = (f"tool {tool.name} is {outcome} by the operator's rule" if rule.outcome else
-                  f"side effect {tool.side_effect} is {outcome} by policy")
-        decision = {"outcome": outcome, "reason": reason,
-                    "by": "rule outcome" if rule.outcome else "class"}
-        if rule.when:
-            decision["tried"] = [entry.miss(args, facts, judged, tool.schema)
-                                 for entry in rule.when]
+    decision = _first_decision(config, tool, args, facts, judged)
     if decision["outcome"] == "deny" or rerun or approved:
         return decision
     if decision["outcome"] == "require_approval":
-        for grant in facts.grants():
-            # A condition that could not be judged does not hold: a grant only loosens.
-            if judged.holds(f"grant {grant.id}", grant.conditions, args, tool.schema) is True:
-                decision = {"outcome": "allow", "by": f"grant {grant.id}", "grant": grant.id,
-                            "reason": f"standing approval {grant.id} by {grant.by}"}
-                break
+        decision = _granted(tool, args, facts, judged) or decision
     if decision["outcome"] == "allow" and facts.uses is not None:
-        for limit in rule.limits:
-            frees = limit.frees(args, facts.uses, facts.at, tool.schema)
-            if frees is not None:
-                text = limit.text(tool.name)
-                decision = {"outcome": limit.then, "by": limit.label, "limit": text,
-                            "frees": frees, "reason": f"a limit is reached: {text}"}
-                break
-    if decision["outcome"] == "require_approval" and config.operator == "none":
-        decision = {**decision, "outcome": "deny",
-                    "reason": f"{decision['reason']}; no operator is at hand to approve it"}
+        decision = _limited(tool, args, facts) or decision
+    if decision["outcome"] == "require_approval" and \
+            config.operator == "none":
+        reason = (f"{decision['reason']}; no operator is at hand to "
+                  f"approve it")
+        decision = {**decision, "outcome": "deny", "reason": reason}
     return decision
 
 
+def _first_decision(config, tool, args, facts, judged):
+    """The first `when` entry that holds, else the class map."""
+    rule = tool.rule
+    for entry in rule.when:
+        held = entry.holds(args, facts, judged, tool.schema)
+        if held is None and entry.outcome != "allow":
+            # Not judged (too costly): passed over, a long value
+            # could slip past a deny or a question. An allow passed
+            # over only makes it stricter.
+            reason = (f"the arguments are too long to be checked "
+                      f"against the operator's rule {entry.label}")
+            return {"outcome": "deny", "by": entry.label,
+                    "reason": reason}
+        if held:
+            return {"outcome": entry.outcome, "reason": entry.reason,
+                    "by": entry.label}
+    outcome = rule_outcome(config, rule)
+    if rule.outcome:
+        reason = f"tool {tool.name} is {outcome} by the operator's rule"
+    else:
+        reason = (f"side effect {tool.side_effect} is {outcome} by "
+                  f"policy")
+    by = "rule outcome" if rule.outcome else "class"
+    decision = {"outcome": outcome, "reason": reason, "by": by}
+    if rule.when:
+        decision["tried"] = [
+            entry.miss(args, facts, judged, tool.schema)
+            for entry in rule.when]
+    return decision
+
+
+def _granted(tool, args, facts, judged):
+    for grant in facts.grants():
+        # Not judged does not hold: a grant only loosens.
+        key = f"grant {grant.id}"
+        if judged.holds(key, grant.conditions, args,
+                        tool.schema) is True:
+            reason = f"standing approval {grant.id} by {grant.by}"
+            return {"outcome": "allow", "by": key, "grant": grant.id,
+                    "reason": reason}
+    return None
+
+
+def _limited(tool, args, facts):
+    for limit in tool.rule.limits:
+        frees = limit.frees(args, facts.uses, facts.at, tool.schema)
+        if frees is not None:
+            text = limit.text(tool.name)
+            return {"outcome": limit.then, "by": limit.label,
+                    "limit": text, "frees": frees,
+                    "reason": f"a limit is reached: {text}"}
+    return None
+
+
 def frees_text(decision):
-    """When the limit that decided frees up ('' when none did), rounded up to the second so
-    a call made then is within it."""
+    """When the limit that decided frees up ('' when none did),
+    rounded up to the second so a call made then is within it."""
     if "frees" not in decision:
         return ""
     if decision["frees"] is NEVER:
         return "this call alone is above it"
-    return f"it frees up at {prose_time(format_time(math.ceil(decision['frees'])))}"
+    at = format_time(math.ceil(decision["frees"]))
+    return f"it frees up at {prose_time(at)}"
 
 
 def rule_outcome(config, rule):
-    """Config.policy maps every class."""
     return rule.outcome or config.policy[rule.side_effect]
 
 
 def pointer_problem(schema, tokens, hidden):
-    """Why a pointer names no property the model can send under this schema, or ''."""
+    """Why a pointer names no property the model can send under this
+    schema, or ''."""
     node = schema
     for depth, token in enumerate(tokens):
         if depth == 0 and token in hidden:
-            return f"the rule hides {quote(token)}, so the model never sends it"
+            return (f"the rule hides {quote(token)}, so the model "
+                    f"never sends it")
         try:
             node = schema_child(schema, node, token)
         except SchemaError:
@@ -737,19 +867,24 @@ def pointer_problem(schema, tokens, hidden):
 
 
 def policy_pointer_problem(schema, rule, tool_name):
-    """The sentence refusing the tool for the first `when` condition or sum limit whose
-    pointer misses the pinned schema, or ''."""
-    hidden = set(rule.deny) | set(rule.fixed)
-    pointers = [(entry.label, c.pointer, c.tokens) for entry in rule.when
-                for c in entry.conditions]
-    pointers += [(limit.label, limit.sum, limit.tokens) for limit in rule.limits if limit.sum]
+    """The sentence refusing the tool for the first `when` condition
+    or sum limit whose pointer misses the pinned schema, or ''."""
+    hidden = set(rule.hidden)
+    pointers = [(entry.label, c.pointer, c.tokens)
+                for entry in rule.when for c in entry.conditions]
+    pointers += [(limit.label, limit.sum, limit.tokens)
+                 for limit in rule.limits if limit.sum]
     for label, pointer, tokens in pointers:
         problem = pointer_problem(schema, tokens, hidden)
-        if problem:
-            properties = schema.get("properties")
-            names = sorted(set(properties if isinstance(properties, dict) else ()) - hidden)
-            return (f"{label} of {tool_name} points at {quote(pointer)}, but {problem}; point "
-                    f"at one of: {', '.join('/' + sanitize(n) for n in names) or 'nothing'}")
+        if not problem:
+            continue
+        properties = schema.get("properties")
+        if not isinstance(properties, dict):
+            properties = ()
+        names = sorted(set(properties) - hidden)
+        some = ", ".join("/" + sanitize(n) for n in names)
+        return (f"{label} of {tool_name} points at {quote(pointer)}, "
+                f"but {problem}; point at one of: {some or 'nothing'}")
     return ""
 
 
@@ -758,127 +893,160 @@ def policy_pointer_problem(schema, rule, tool_name):
 #
 # Reads as: decision core
 #
-# Owns: reading the config file and the files it trusts (manifests, the database), the fields
-# that decide and their defaults, and the policy identity. How a server is reached decides
-# nothing: section 21's read_transport reads it, in the same pass.
-# Promises: a config is used only if it is a regular file owned by this user that nobody else
-# can write; it passes the canonical boundary check (so a repeated key cannot be read two
-# ways); every unknown field anywhere is refused with its path. Every refusal is one sentence
-# naming the field and what to do.
+# Owns: reading the config file and the files it trusts (manifests,
+# the database), the fields that decide and their defaults, and the
+# policy identity. How a server is reached decides nothing: section
+# 21's read_transport reads it, in the same pass.
+# Promises: a config is used only if it is a regular file of this
+# user's that nobody else can write; it passes the canonical
+# boundary check (a repeated key cannot be read two ways); every
+# unknown field is refused with its path; every refusal is one
+# sentence naming the field and what to do.
 # =============================================================================================
 
 DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
-                  "remote_mutation": "require_approval", "destructive": "deny"}
+                  "remote_mutation": "require_approval",
+                  "destructive": "deny"}
 NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 MIN_LEASE_TTL = 3 * SECOND
-# Long enough for a slow search or a build, short enough that a hung server is noticed.
+# Long enough for a slow search or a build, short enough that a hung
+# server is noticed.
 DEFAULT_TOOL_TIMEOUT = 60 * SECOND
-# What one call may bring in and one result take out, canonically encoded.
+# What one call may bring in and one result take out, canonically.
 DEFAULT_ARGUMENT_BYTES = 1 << 20
 MAX_ARGUMENT_BYTES = 8 << 20
 DEFAULT_RESULT_BYTES = 8 << 20
 MAX_RESULT_BYTES = 16 << 20
 
 
-def read_owned(path, what):
-    """The bytes of a file only this user can change, or ConfigError saying how to fix it."""
+def read_owned(path, what, private=False):
+    """The bytes of a file only this user can change (`private`: or
+    read), else ConfigError saying how to fix it."""
+    # O_NONBLOCK: a FIFO planted at the path must not hang the open.
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        # O_NONBLOCK: a FIFO planted at the path must not hang the open before it is refused.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, flags)
     except OSError as err:
-        if err.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
-            raise ConfigError(f"{what} {path} is a symbolic link; name the file itself") from None
-        raise ConfigError(f"{what} {path} cannot be read: {err.strerror}") from None
+        if err.errno == errno.ELOOP:  # O_NOFOLLOW met a link
+            raise ConfigError(f"{what} {path} is a symbolic link; "
+                              f"name the file itself") from None
+        raise ConfigError(f"{what} {path} cannot be read: "
+                          f"{err.strerror}") from None
     try:
-        _check_owned(path, what, os.fstat(fd))
+        check_owned(path, what, os.fstat(fd), private)
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read()
     finally:
         os.close(fd)
 
 
-def _check_owned(path, what, st):
+def check_owned(path, what, st, private=False, error=ConfigError):
+    """The one ownership check: `error` unless a regular file of this
+    user's that its group or others cannot write (`private`: nor read)."""
+    mode = stat.filemode(st.st_mode)
     if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{what} {path} is not a regular file")
+        raise error(f"{what} {path} is not a regular file")
     if st.st_uid != os.geteuid():
-        raise ConfigError(f"{what} {path} ({stat.filemode(st.st_mode)}) is owned by uid "
-                          f"{st.st_uid}, not by the current user: chown it or use your own copy")
-    if st.st_mode & 0o022:
-        raise ConfigError(f"{what} {path} has mode {stat.filemode(st.st_mode)}, which lets its "
-                          f"group or others write it: chmod go-w it")
+        raise error(
+            f"{what} {path} ({mode}) is owned by uid {st.st_uid}, "
+            f"not by the current user: chown it or use your own copy")
+    if st.st_mode & (0o077 if private else 0o022):
+        fix = ("lets others read them: chmod 600 it" if private else
+               "lets its group or others write it: chmod go-w it")
+        raise error(f"{what} {path} has mode {mode}, which {fix}")
+
+
+def _list(raw, field, where):
+    value = raw.get(field, [])
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}.{field} must be a list")
+    return value
 
 
 class Rule:
     """The operator's classification of one upstream tool."""
 
-    FIELDS = ("side_effect", "timeout", "description", "deny", "fixed", "rename",
-              "allow_hint_mismatch", "outcome", "repeat_window", "when", "limits", "proposed",
+    FIELDS = ("side_effect", "timeout", "description", "deny", "fixed",
+              "rename", "allow_hint_mismatch", "outcome",
+              "repeat_window", "when", "limits", "proposed",
               "accepted_description")
+    # What the policy decides from: the rule's part of policy_id.
+    DECIDING = ("side_effect", "outcome", "fixed", "rename", "when",
+                "limits")
 
     def __init__(self, tool, raw, where):
         refuse_unknown(raw, self.FIELDS, where)
         self.tool = tool
-        self.side_effect = one_of(field_string(raw, "side_effect", where, required=True),
-                                  SIDE_EFFECTS, f"{where}.side_effect")
+        self.side_effect = one_of(
+            field_string(raw, "side_effect", where, required=True),
+            SIDE_EFFECTS, f"{where}.side_effect")
         self.timeout = field_duration(raw, "timeout", where, None)
         self.description = field_string(raw, "description", where)
         self.deny = field_names(raw, "deny", where)
         self.fixed = raw.get("fixed", {})
         if not isinstance(self.fixed, dict):
-            raise ConfigError(f"{where}.fixed must be an object of parameter name to JSON value")
+            raise ConfigError(f"{where}.fixed must be an object of "
+                              f"parameter name to JSON value")
+        # What the model is never offered to send.
+        self.hidden = self.deny + list(self.fixed)
         self.rename = field_string(raw, "rename", where)
-        self.allow_hint_mismatch = field_bool(raw, "allow_hint_mismatch", where)
+        self.allow_hint_mismatch = field_bool(
+            raw, "allow_hint_mismatch", where)
         self.outcome = field_string(raw, "outcome", where)
         if self.outcome:
             one_of(self.outcome, OUTCOMES, f"{where}.outcome")
-        self.repeat_window = field_duration(raw, "repeat_window", where, None)
-        # Set by init from the server's own hints: nothing is offered on a rule nobody reviewed.
+        self.repeat_window = field_duration(raw, "repeat_window",
+                                            where, None)
+        # Set by init from the server's own hints: nothing is offered
+        # on a rule nobody reviewed.
         self.proposed = field_bool(raw, "proposed", where)
-        # The hash of texts the lint finds something high in, which the operator accepted.
-        self.accepted_description = field_string(raw, "accepted_description", where)
-        self.when = [Entry(entry, f"{where}.when[{i}]", f"when[{i}]")
-                     for i, entry in enumerate(self._list(raw, "when", where))]
-        self.limits = [Limit(limit, f"{where}.limits[{i}]", f"limits[{i}]")
-                       for i, limit in enumerate(self._list(raw, "limits", where))]
-        # What the policy decides from, as given: the rule's part of policy_id.
-        self.policy = {k: raw[k] for k in ("side_effect", "outcome", "fixed", "rename", "when",
-                                           "limits") if raw.get(k)}
-
-    @staticmethod
-    def _list(raw, field, where):
-        value = raw.get(field, [])
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}.{field} must be a list")
-        return value
+        # The lint_hash of texts with a high finding, accepted.
+        self.accepted_description = field_string(
+            raw, "accepted_description", where)
+        self.when = [
+            Entry(entry, f"{where}.when[{i}]", f"when[{i}]")
+            for i, entry in enumerate(_list(raw, "when", where))]
+        self.limits = [
+            Limit(limit, f"{where}.limits[{i}]", f"limits[{i}]")
+            for i, limit in enumerate(_list(raw, "limits", where))]
+        self.policy = {k: raw[k] for k in self.DECIDING if raw.get(k)}
 
 
 class Server:
-    FIELDS = ("name", "command", "url", "headers", "oauth", "env", "inherit_env",
-              "connect_timeout", "default_timeout", "manifest", "rules", "skip_path_check", "cwd")
+    FIELDS = ("name", "command", "url", "headers", "oauth", "env",
+              "inherit_env", "connect_timeout", "default_timeout",
+              "manifest", "rules", "skip_path_check", "cwd")
 
     def __init__(self, raw, where, path, transport=None):
         refuse_unknown(raw, self.FIELDS, where)
-        self.config_path, base = path, os.path.dirname(path)  # the config it is in
+        self.config_path, base = path, os.path.dirname(path)
         self.name = field_string(raw, "name", where, required=True)
         _check_name(self.name, f"{where}.name")
         where = f'server "{self.name}"'
         if transport:
             transport(self, raw, where, base)
-        self.default_timeout = field_duration(raw, "default_timeout", where, None)
+        self.default_timeout = field_duration(
+            raw, "default_timeout", where, None)
         manifest = field_string(raw, "manifest", where, required=True)
         self.manifest = os.path.join(base, os.path.expanduser(manifest))
         rules = raw.get("rules", {})
         if not isinstance(rules, dict):
-            raise ConfigError(f"{where}.rules must be an object of upstream tool name to rule")
+            raise ConfigError(f"{where}.rules must be an object of "
+                              f"upstream tool name to rule")
         self.rules = {tool: Rule(tool, rule, f"{where}.rules.{tool}")
                       for tool, rule in rules.items()}
         self.skip_path_check = field_bool(raw, "skip_path_check", where)
 
 
+DAY = 86400 * SECOND
+
+
 class Config:
-    FIELDS = ("database", "session", "servers", "policy", "hold", "repeat_window",
-              "max_pending", "approval_ttl", "grant_ttl", "status_tool", "lease_ttl",
-              "max_argument_bytes", "max_result_bytes", "operator", "notify")
+    FIELDS = ("database", "session", "servers", "policy", "hold",
+              "repeat_window", "max_pending", "approval_ttl",
+              "grant_ttl", "status_tool", "lease_ttl",
+              "max_argument_bytes", "max_result_bytes", "operator",
+              "notify")
 
     def __init__(self, raw, path, transport=None):
         self.path = path
@@ -887,64 +1055,91 @@ class Config:
             raise ConfigError("the configuration must be a JSON object")
         where = "the configuration"
         refuse_unknown(raw, self.FIELDS, where)
-        self.database = os.path.join(base, os.path.expanduser(
-            field_string(raw, "database", where, required=True)))
+        database = field_string(raw, "database", where, required=True)
+        self.database = os.path.join(base, os.path.expanduser(database))
         self.session = field_string(raw, "session", where, required=True)
         _check_name(self.session, "session")
-        servers = raw.get("servers")
-        if not isinstance(servers, list) or not servers:
-            raise ConfigError("servers must be a list of at least one server")
-        self.servers = [Server(s, f"servers[{i}]", path, transport)
-                        for i, s in enumerate(servers)]
-        names = [s.name for s in self.servers]
-        for name in names:
-            if names.count(name) > 1:
-                raise ConfigError(f'two servers are named "{name}"; give each its own name')
-        policy = raw.get("policy", {})
-        if not isinstance(policy, dict):
-            raise ConfigError("policy must be an object of side-effect class to outcome")
-        for cls, outcome in policy.items():
-            if cls not in SIDE_EFFECTS:
-                raise ConfigError(f"policy names {quote(cls)}; the classes are "
-                                  f"{', '.join(SIDE_EFFECTS)}")
-            one_of(outcome, OUTCOMES, f"policy.{cls}")
-        self.policy = {**DEFAULT_POLICY, **policy}
+        self.servers = self._servers(raw, path, transport)
+        self.policy = {**DEFAULT_POLICY, **self._policy(raw)}
         self.hold, self.host_holds = _holds(raw, where)
-        self.repeat_window = field_duration(raw, "repeat_window", where, 600 * SECOND)
-        self.max_pending = whole_number(raw.get("max_pending", Number("5")), "max_pending", 0,
-                                        10**6, " (0 means 5)") or 5
-        self.approval_ttl = field_duration(raw, "approval_ttl", where, 86400 * SECOND)
-        self.grant_ttl = field_duration(raw, "grant_ttl", where, 86400 * SECOND)
-        self.status_tool = field_string(raw, "status_tool", where) or "gate_status"
+        self.repeat_window = field_duration(raw, "repeat_window", where,
+                                            600 * SECOND)
+        self.max_pending = whole_number(
+            raw.get("max_pending", Number("5")), "max_pending", 0,
+            10**6, " (0 means 5)") or 5
+        self.approval_ttl = field_duration(raw, "approval_ttl", where,
+                                           DAY)
+        self.grant_ttl = field_duration(raw, "grant_ttl", where, DAY)
+        self.status_tool = field_string(raw, "status_tool", where) or \
+            "gate_status"
         _check_name(self.status_tool, "status_tool")
-        self.max_argument_bytes = field_byte_cap(raw, "max_argument_bytes", DEFAULT_ARGUMENT_BYTES,
-                                                 MAX_ARGUMENT_BYTES)
-        self.max_result_bytes = field_byte_cap(raw, "max_result_bytes", DEFAULT_RESULT_BYTES,
-                                               MAX_RESULT_BYTES)
+        self.max_argument_bytes = field_byte_cap(
+            raw, "max_argument_bytes", DEFAULT_ARGUMENT_BYTES,
+            MAX_ARGUMENT_BYTES)
+        self.max_result_bytes = field_byte_cap(
+            raw, "max_result_bytes", DEFAULT_RESULT_BYTES,
+            MAX_RESULT_BYTES)
         self.operator = field_string(raw, "operator", where)
         if self.operator not in ("", "none"):
-            raise ConfigError(f'operator is {quote(self.operator)}; write "none" when no one is '
-                              f'at hand to approve (what would wait is then denied), or leave '
-                              f'it out')
+            raise ConfigError(
+                f'operator is {quote(self.operator)}; write "none" when '
+                f'no one is at hand to approve (what would wait is then '
+                f'denied), or leave it out')
         self.notify = field_names(raw, "notify", where)
         if "notify" in raw and not self.notify:
-            raise ConfigError('notify must be a program and its arguments, such as '
-                              '["notify-send", "agentgate", "an approval waits"], or left out')
-        self.lease_ttl = field_duration(raw, "lease_ttl", where, 30 * SECOND)
+            raise ConfigError(
+                'notify must be a program and its arguments, such as '
+                '["notify-send", "agentgate", "an approval waits"], or '
+                'left out')
+        self.lease_ttl = field_duration(raw, "lease_ttl", where,
+                                        30 * SECOND)
         if self.lease_ttl < MIN_LEASE_TTL:
-            raise ConfigError(f"lease_ttl {format_duration(self.lease_ttl)} is shorter than "
-                              f"{format_duration(MIN_LEASE_TTL)}; give it at least 3s")
+            raise ConfigError(
+                f"lease_ttl {format_duration(self.lease_ttl)} is "
+                f"shorter than {format_duration(MIN_LEASE_TTL)}; give "
+                f"it at least 3s")
+
+    @staticmethod
+    def _servers(raw, path, transport):
+        servers = raw.get("servers")
+        if not isinstance(servers, list) or not servers:
+            raise ConfigError(
+                "servers must be a list of at least one server")
+        servers = [Server(s, f"servers[{i}]", path, transport)
+                   for i, s in enumerate(servers)]
+        names = [s.name for s in servers]
+        for name in names:
+            if names.count(name) > 1:
+                raise ConfigError(f'two servers are named "{name}"; '
+                                  f'give each its own name')
+        return servers
+
+    @staticmethod
+    def _policy(raw):
+        policy = raw.get("policy", {})
+        if not isinstance(policy, dict):
+            raise ConfigError("policy must be an object of side-effect "
+                              "class to outcome")
+        for cls, outcome in policy.items():
+            if cls not in SIDE_EFFECTS:
+                raise ConfigError(
+                    f"policy names {quote(cls)}; the classes are "
+                    f"{', '.join(SIDE_EFFECTS)}")
+            one_of(outcome, OUTCOMES, f"policy.{cls}")
+        return policy
 
     def hold_for(self, client):
-        """Hosts give up on a call after different times; a call held past that is lost to
-        the conversation."""
+        """Hosts give up on a call after different times; a call held
+        past that is lost to the conversation."""
         return self.host_holds.get(client, self.hold)
 
     def policy_id(self):
-        """The identity of exactly what the policy decides from (Rule.policy, the classes'
-        outcomes, the absence of an operator), not of hold, windows, TTLs or timeouts."""
-        servers = [{"name": s.name, "rules": {tool: r.policy for tool, r in s.rules.items()}}
-                   for s in sorted(self.servers, key=lambda s: s.name)]
+        """The identity of exactly what the policy decides from
+        (Rule.policy, the classes' outcomes, the absence of an
+        operator), not of hold, windows, TTLs or timeouts."""
+        servers = [{"name": s.name, "rules": {
+            tool: r.policy for tool, r in s.rules.items()}}
+            for s in sorted(self.servers, key=lambda s: s.name)]
         identity = {"policy": self.policy, "servers": servers}
         if self.operator:
             identity["operator"] = self.operator
@@ -953,16 +1148,19 @@ class Config:
 
 def _check_name(value, what):
     if not NAME_RE.fullmatch(value):
-        raise ConfigError(f"{what} {quote(value)} must be 1 to 64 letters, digits, '_' or '-'")
+        raise ConfigError(f"{what} {quote(value)} must be 1 to 64 "
+                          f"letters, digits, '_' or '-'")
 
 
 def _holds(raw, where):
-    """(any host's hold, {a host's name in initialize: its hold}), "*" naming the rest."""
+    """(any host's hold, {a host's name: its hold}), "*" the rest."""
     given = raw.get("hold")
+    default = 15 * SECOND
     if not isinstance(given, dict):
-        return field_duration(raw, "hold", where, 15 * SECOND), {}
-    holds = {host: field_duration(given, host, "hold", 15 * SECOND) for host in given}
-    return holds.pop("*", 15 * SECOND), holds
+        return field_duration(raw, "hold", where, default), {}
+    holds = {host: field_duration(given, host, "hold", default)
+             for host in given}
+    return holds.pop("*", default), holds
 
 
 def read_config(path, transport):
@@ -970,7 +1168,8 @@ def read_config(path, transport):
     try:
         raw = parse(read_owned(path, "config"))
     except CanonicalError as err:
-        raise ConfigError(f"config {path} is not usable JSON: {err.placed()}") from None
+        raise ConfigError(f"config {path} is not usable JSON: "
+                          f"{err.placed()}") from None
     try:
         return Config(raw, path, transport)
     except ConfigError as err:
@@ -983,8 +1182,9 @@ def check_database_path(path):
     except FileNotFoundError:
         return
     if stat.S_ISLNK(st.st_mode):
-        raise ConfigError(f"database {path} is a symbolic link; name the database file itself")
-    _check_owned(path, "database", st)
+        raise ConfigError(f"database {path} is a symbolic link; name "
+                          f"the database file itself")
+    check_owned(path, "database", st)
 
 
 # =============================================================================================
@@ -992,20 +1192,26 @@ def check_database_path(path):
 #
 # Reads as: decision core
 #
-# Owns: which tool a call names: a tool's manifest entry (what it presented at its pin), what
-# differs from it now (changed_parts: the one definition), and which tools are offered (load).
-# Promises: a tool is offered, as pinned, only if pinned, classified by a reviewed rule, and
-# presenting exactly what it did at the pin; its annotations do not contradict its class (unless
-# allowed); a high lint finding is accepted for exactly that text; its name is usable; its schema
-# is self-contained, usable, and soundly hides what the rule hides. A refusal refuses only that
-# tool, an UpstreamError that server, a ConfigError all; hiding lets no refused call through.
+# Owns: which tool a call names: a tool's manifest entry (what it
+# presented at its pin), what differs from it now (changed_parts: the
+# one definition), and which tools are offered (load).
+# Promises: a tool is offered, as pinned, only if pinned, classified
+# by a reviewed rule, and presenting exactly what it did at the pin;
+# its annotations do not contradict its class (unless allowed); a
+# high lint finding is accepted for exactly that text; its name is
+# usable; its schema is self-contained, usable, and soundly hides
+# what the rule hides. A refusal refuses only that tool, an
+# UpstreamError that server, a ConfigError all; hiding lets no
+# refused call through.
 # =============================================================================================
 
 class UpstreamError(Exception):
-    """A request upstream failed. `outcome`, set by the transport where it writes the bytes:
-    'not_sent' (no byte reached the server: nothing executed), 'answered' (a refusal the
-    server answered; `rpc`: its code, message and data, when well formed), 'unusable' (an
-    answer that cannot be read), 'no_answer', 'timed_out'."""
+    """A request upstream failed. `outcome`, set by the transport
+    where it writes the bytes: 'not_sent' (no byte reached the
+    server: nothing executed), 'answered' (a refusal the server
+    answered; `rpc`: its code, message and data, when well formed),
+    'unusable' (an answer that cannot be read), 'no_answer',
+    'timed_out'."""
 
     def __init__(self, message, outcome="no_answer", rpc=None):
         super().__init__(message)
@@ -1013,20 +1219,22 @@ class UpstreamError(Exception):
         self.rpc = rpc
 
 
-ANNOTATION_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
-# A pin's parts, as (a person's word, the manifest key). Not `execution`: the gate offers no tasks.
-PINNED_PARTS = (("input schema", "schema_hash"), ("description", "description_hash"),
-                ("title", "title"), ("output schema", "output_schema"),
-                ("annotations", "annotations"), ("icons", "icons"), ("_meta", "_meta"))
-# What a pin of 0.2.0 or older covers (of annotations, ANNOTATION_KEYS).
-EARLY_PARTS = ("input schema", "description", "annotations")
+# A pin's parts, as (a person's word, the manifest key). Not
+# `execution`: the gate offers no tasks.
+PINNED_PARTS = (
+    ("input schema", "schema_hash"), ("description", "description_hash"),
+    ("title", "title"), ("output schema", "output_schema"),
+    ("annotations", "annotations"), ("icons", "icons"),
+    ("_meta", "_meta"))
 
 
 def offered_name(server, tool, rule):
-    """The rule's rename, else server_tool, so servers' tools never clash (never prefixed twice)."""
+    """The rule's rename, else server_tool, so servers' tools never
+    clash (never prefixed twice)."""
     if rule.rename:
         return rule.rename
-    if tool == server.name or tool.startswith((f"{server.name}_", f"{server.name}-")):
+    prefixes = (f"{server.name}_", f"{server.name}-")
+    if tool == server.name or tool.startswith(prefixes):
         return tool
     return f"{server.name}_{tool}"
 
@@ -1038,27 +1246,33 @@ class Tool:
         self.upstream_name = entry["name"]
         self.rule = rule
         self.name = offered_name(server, entry["name"], rule)
-        # Keyed by what the tool is, not its name: a rename neither lifts an unknown outcome
-        # nor lets a repeat through the window.
+        # Keyed by what the tool is, not its name: a rename neither
+        # lifts an unknown outcome nor lets a repeat through.
         self.target = f"{server.name}/{entry['name']}"
-        self.description = rule.description or entry.get("description", "")
+        self.description = rule.description or \
+            entry.get("description", "")
         self.side_effect = rule.side_effect
         self.read_only = rule.side_effect == "read_only"
         # Unset, the default applies, and check says so.
         self.timeout_given = rule.timeout or server.default_timeout
         self.timeout = self.timeout_given or DEFAULT_TOOL_TIMEOUT
-        self.schema = restrict_schema(entry["input_schema"], rule.deny + list(rule.fixed))
-        # Offered as pinned, as the rule shows it; a part not presented is left out.
-        offered = {"name": self.name, "title": entry.get("title"),
-                   "description": self.description or None, "inputSchema": self.schema,
-                   "outputSchema": entry.get("output_schema"),
-                   "annotations": entry.get("annotations"), "icons": entry.get("icons"),
-                   "_meta": entry.get("_meta")}
-        self.listing = {key: value for key, value in offered.items() if value is not None}
+        self.schema = restrict_schema(entry["input_schema"], rule.hidden)
+        # Offered as pinned, as the rule shows it; a part not
+        # presented is left out.
+        offered = {
+            "name": self.name, "title": entry.get("title"),
+            "description": self.description or None,
+            "inputSchema": self.schema,
+            "outputSchema": entry.get("output_schema"),
+            "annotations": entry.get("annotations"),
+            "icons": entry.get("icons"), "_meta": entry.get("_meta")}
+        self.listing = {key: value for key, value in offered.items()
+                        if value is not None}
         self.spec = {"name": self.name, "description": self.description,
-                     "input_schema": self.schema, "side_effect": self.side_effect,
+                     "input_schema": self.schema,
+                     "side_effect": self.side_effect,
                      "timeout": self.timeout}
-        self.spec_json = dumps(self.spec)  # encoded once; a step names it by hash
+        self.spec_json = dumps(self.spec)  # a step names it by hash
         self.spec_hash = sha256_hex(self.spec_json)
 
 
@@ -1066,88 +1280,96 @@ def restrict_schema(schema, hidden):
     if not hidden:
         return schema
     restricted = {k: v for k, v in schema.items() if k != "required"}
-    restricted["properties"] = {k: v for k, v in schema.get("properties", {}).items()
-                                if k not in hidden}
-    required = [r for r in schema.get("required", []) if r not in hidden]
+    restricted["properties"] = {
+        k: v for k, v in schema.get("properties", {}).items()
+        if k not in hidden}
+    required = [r for r in schema.get("required", [])
+                if r not in hidden]
     if required:
         restricted["required"] = required
     return restricted
 
 
 def manifest_entry(tool):
-    """A listed tool as a manifest keeps it (PINNED_PARTS): a part absent or of the wrong
-    kind (a host would refuse the listing) is null; such annotations are left out."""
+    """A listed tool as a manifest keeps it (PINNED_PARTS): a part
+    absent or of the wrong kind is null; such annotations are left
+    out."""
     def kept(field, kind):
-        return tool.get(field) if isinstance(tool.get(field), kind) else None
+        value = tool.get(field)
+        return value if isinstance(value, kind) else None
     schema = tool.get("inputSchema")
     description = kept("description", str) or ""
-    entry = {"name": tool["name"], "description": description, "input_schema": schema,
-             "schema_hash": content_hash(schema),
-             "description_hash": sha256_hex(encode_string(description)),
-             "title": kept("title", str), "output_schema": kept("outputSchema", dict),
-             "icons": kept("icons", list), "_meta": kept("_meta", dict)}
+    entry = {
+        "name": tool["name"], "description": description,
+        "input_schema": schema, "schema_hash": content_hash(schema),
+        "description_hash": sha256_hex(encode_string(description)),
+        "title": kept("title", str),
+        "output_schema": kept("outputSchema", dict),
+        "icons": kept("icons", list), "_meta": kept("_meta", dict)}
     if kept("annotations", dict):
         entry["annotations"] = tool["annotations"]
     return entry
 
 
 def changed_parts(pinned, live):
-    """Which PINNED_PARTS of `live` differ from `pinned` (manifest entries): the one definition
-    of a change. A pin of 0.2.0 or older (no "title") is compared on EARLY_PARTS only."""
-    early = "title" not in pinned
-    return [part for part, key in PINNED_PARTS if (not early or part in EARLY_PARTS)
-            and compared_part(pinned, key, pinned) != compared_part(live, key, pinned)]
+    """Which PINNED_PARTS differ: the one definition of a change."""
+    return [part for part, key in PINNED_PARTS
+            if pinned.get(key) != live.get(key)]
 
 
 def compared_part(entry, key, pinned):
-    value = entry.get(key)
-    if "title" not in pinned and key == "annotations" and isinstance(value, dict):
-        value = {k: value[k] for k in ANNOTATION_KEYS if k in value} or None
-    return value
+    return entry.get(key)
 
 
-# Lint severities (section 20): a high finding refuses a tool unless its rule's
-# accepted_description is the lint_hash of exactly the texts the lint read.
+# Lint severities (section 20): a high finding refuses a tool unless
+# its rule's accepted_description is the lint_hash of exactly the
+# texts the lint read.
 LINT_HIGH, LINT_MEDIUM = "high", "medium"
 
 
 def tool_titles(entry):
-    """(where, text) of a tool's titles: its own and its annotations' (the older place)."""
-    annotations = entry.get("annotations") if isinstance(entry.get("annotations"), dict) else {}
-    return [(where, title) for where, title in (("title", entry.get("title")), (
-        "annotations title", annotations.get("title"))) if isinstance(title, str)]
+    """(where, text) of a tool's own title and its annotations'."""
+    annotations = entry.get("annotations")
+    if not isinstance(annotations, dict):
+        annotations = {}
+    titles = (("title", entry.get("title")),
+              ("annotations title", annotations.get("title")))
+    return [(where, title) for where, title in titles
+            if isinstance(title, str)]
 
 
 def lint_hash(entry):
-    """Every text the lint reads, by hash; without a title, as before titles were read, so
-    what was accepted stays so."""
-    texts = {"description": entry.get("description") or "",
-             "input_schema": entry.get("input_schema")}
-    titles = dict(tool_titles(entry))
-    return content_hash({**texts, "titles": titles} if titles else texts)
+    """Every text the lint reads, by hash."""
+    return content_hash({"description": entry.get("description") or "",
+                         "input_schema": entry.get("input_schema"),
+                         "titles": dict(tool_titles(entry))})
 
 
 STATUS_CLASH = "the status tool"
 
 
-def load(server, manifest, upstream, live, deadline, taken, findings, report):
-    """A connected server's offered tools; `taken` maps the names already offered to holders."""
+def load(server, manifest, upstream, live, deadline, taken, findings,
+         report):
+    """A connected server's offered tools; `taken` maps the names
+    already offered to their holders."""
     pinned = manifest["tools"]
     for name in sorted(set(live) - set(pinned)):
         report.unpinned(name)
     tools = []
     for name in sorted(pinned):
         found = findings.get(name, [])
-        tool = _load_tool(server, upstream, pinned[name], live.get(name), deadline, taken,
-                          report, found)
+        tool = _load_tool(server, upstream, pinned[name], live.get(name),
+                          deadline, taken, report, found)
         if tool:
             tools.append(tool)
         report.lint(found)
     return tools
 
 
-def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
-    """One pinned tool: registered (returned, `taken` updated) or reported why not."""
+def _load_tool(server, upstream, entry, live, deadline, taken, report,
+               found):
+    """One pinned tool: registered (returned, `taken` updated) or
+    reported why not."""
     name = entry["name"]
     rule = server.rules.get(name)
     if rule is None:
@@ -1157,130 +1379,180 @@ def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
         report.unreviewed(entry, rule)
         return None
     if deadline.left() <= 0:
-        raise UpstreamError(upstream.describe("load", "timed out after " +
-                                              format_duration(deadline.ns)))
+        late = "timed out after " + format_duration(deadline.ns)
+        raise UpstreamError(upstream.describe("load", late))
     live_entry = None if live is None else manifest_entry(live)
-    mismatch = hint_mismatch(rule.side_effect, entry, live_entry) if live_entry else ""
+    mismatch = ""
+    if live_entry:
+        mismatch = hint_mismatch(rule.side_effect, entry, live_entry)
     reason = refusal(server, entry, live_entry, rule, found, mismatch)
     if not reason:
         tool = Tool(server, upstream, entry, rule)
-        if tool.name in taken:
-            if taken[tool.name] is STATUS_CLASH:
-                raise ConfigError(f"server {quote(server.name)}: tool {quote(name)} "
-                                  f"registers as {tool.name}, the status tool's name: rename "
-                                  f"one (status_tool or the rule's rename)")
-            reason = f"the name {quote(tool.name)} is already taken by {taken[tool.name]}"
+        holder = taken.get(tool.name)
+        if holder is STATUS_CLASH:
+            raise ConfigError(
+                f"server {quote(server.name)}: tool {quote(name)} "
+                f"registers as {tool.name}, the status tool's name: "
+                f"rename one (status_tool or the rule's rename)")
+        if holder:
+            reason = (f"the name {quote(tool.name)} is already taken "
+                      f"by {holder}")
     if reason:
         report.refused(name, reason)
         return None
-    taken[tool.name] = f"tool {quote(name)} of server {quote(server.name)}"
+    taken[tool.name] = (f"tool {quote(name)} of server "
+                        f"{quote(server.name)}")
     report.registered(tool, mismatch)
     return tool
 
 
 def refusal(server, entry, live_entry, rule, found, mismatch):
-    """Why a classified tool is not offered, or ''; `found`: the lint's findings."""
+    """Why a classified tool is not offered, or ''; `found`: the
+    lint's findings."""
     if live_entry is None:
         return "the server no longer offers it"
     changed = changed_parts(entry, live_entry)
     if "input schema" in changed:
         return "the input schema changed since the pin"
     if "description" in changed:
-        return "the description changed since the pin, and a description is model input"
+        return ("the description changed since the pin, and a "
+                "description is model input")
     if mismatch and not rule.allow_hint_mismatch:
         return mismatch
     if changed:
-        return f"its {', '.join(changed)} changed since the pin (pin -diff shows how)"
+        return (f"its {', '.join(changed)} changed since the pin "
+                f"(pin -diff shows how)")
     name = offered_name(server, entry["name"], rule)
     if not NAME_RE.fullmatch(name):
-        return f"the name {quote(name)} does not match ^[a-zA-Z0-9_-]{{1,64}}$: set rename"
+        return (f"the name {quote(name)} does not match "
+                f"^[a-zA-Z0-9_-]{{1,64}}$: set rename")
     schema = entry.get("input_schema")
     if not isinstance(schema, dict) or schema.get("type") != "object":
-        return 'its input schema is not an object schema ("type": "object")'
-    outside = reaches_outside(schema)
-    if outside:
-        return outside
-    high = [f"{what} in the {where}" for severity, what, where in found if severity == LINT_HIGH]
-    if high and rule.accepted_description != lint_hash(entry):
-        return (f"the lint finds what may be instructions hidden from you ({sanitize(high[0])}"
-                f"{f', and {len(high) - 1} more' if len(high) > 1 else ''}); read the whole text "
-                f"pin printed, and if the model may read it, set the rule's accepted_description "
-                f"to \"{lint_hash(entry)}\"")
+        return ('its input schema is not an object schema '
+                '("type": "object")')
+    return reaches_outside(schema) or _lint_refusal(
+        entry, rule, found) or _schema_refusal(schema, rule) or \
+        policy_pointer_problem(schema, rule, name)
+
+
+def _lint_refusal(entry, rule, found):
+    high = [f"{what} in the {where}"
+            for severity, what, where in found if severity == LINT_HIGH]
+    accepted = lint_hash(entry) if high else ""
+    if not high or rule.accepted_description == accepted:
+        return ""
+    more = f", and {len(high) - 1} more" if len(high) > 1 else ""
+    return (f"the lint finds what may be instructions hidden from you "
+            f"({sanitize(high[0])}{more}); read the whole text pin "
+            f"printed, and if the model may read it, set the rule's "
+            f"accepted_description to \"{accepted}\"")
+
+
+def _schema_refusal(schema, rule):
     try:
         hiding = hiding_problem(schema, rule)
         if hiding:
             return hiding
-        problem = schema_problem(schema) or schema_problem(
-            restrict_schema(schema, rule.deny + list(rule.fixed)))
-    except Exception as err:  # a shape no check foresaw: refuse the tool, never the gate
+        problem = schema_problem(schema) or \
+            schema_problem(restrict_schema(schema, rule.hidden))
+    except Exception as err:  # refuse the tool, never the gate
         problem = f"it could not be read ({type(err).__name__})"
     if problem:
-        return f"the validator refuses its input schema: {sanitize(problem)}"
-    return policy_pointer_problem(schema, rule, name)
+        return (f"the validator refuses its input schema: "
+                f"{sanitize(problem)}")
+    return ""
 
 
 def hint_mismatch(side_effect, entry, live_entry):
     annotations, prefix = entry.get("annotations"), ""
-    if annotations is None and live_entry.get("annotations") is not None:
-        annotations, prefix = live_entry["annotations"], "the server now says: "
+    if annotations is None and \
+            live_entry.get("annotations") is not None:
+        annotations = live_entry["annotations"]
+        prefix = "the server now says: "
     if annotations is None:
         return ""
-    if side_effect == "read_only" and annotations.get("readOnlyHint") is not True:
-        return f"{prefix}classified read_only, but the server does not claim readOnlyHint"
-    if side_effect != "destructive" and annotations.get("readOnlyHint") is not True \
-            and annotations.get("destructiveHint") is True:
-        return f"{prefix}classified {side_effect}, but the server claims destructiveHint"
+    read_only = annotations.get("readOnlyHint") is True
+    if side_effect == "read_only" and not read_only:
+        return (f"{prefix}classified read_only, but the server does "
+                f"not claim readOnlyHint")
+    if side_effect != "destructive" and not read_only and \
+            annotations.get("destructiveHint") is True:
+        return (f"{prefix}classified {side_effect}, but the server "
+                f"claims destructiveHint")
     return ""
 
 
-_DRAFT_RE = re.compile(r"https?://json-schema\.org/(draft-0[467]/schema|draft/2019-09/schema|"
-                       r"draft/2020-12/schema|schema)#?")
+_DRAFT_RE = re.compile(
+    r"https?://json-schema\.org/(draft-0[467]/schema|"
+    r"draft/2019-09/schema|draft/2020-12/schema|schema)#?")
 
 
 def _members(value, pointer=""):
-    """(container, key, member, container's pointer) of each member of a JSON value, in
-    document order; a list's key is its index, no keyword."""
-    items = value.items() if isinstance(value, dict) else \
-        enumerate(value) if isinstance(value, list) else ()
+    """(container, key, member, container's pointer) of each member
+    of a JSON value, in document order; a list's key is its index."""
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        items = ()
     for key, member in items:
         yield value, key, member, pointer
         yield from _members(member, f"{pointer}/{key}")
 
 
+REFS = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
+def _reaches(parent, key, value):
+    if key in REFS:
+        return not value.startswith("#")
+    if key == "$id":
+        return not value.startswith("#") and \
+            not _DRAFT_RE.fullmatch(value)
+    if key == "$schema":
+        return not _DRAFT_RE.fullmatch(value)
+    if key != "id" or not isinstance(parent.get("$schema"), str):
+        return False
+    return "draft-04" in parent["$schema"] and \
+        (":" in value or value.startswith("//"))
+
+
 def reaches_outside(schema):
     """Why the schema could make a validator read outside it, or ''."""
     for parent, key, value, pointer in _members(schema):
-        bad = isinstance(value, str) and (
-            (key in ("$ref", "$dynamicRef", "$recursiveRef") and not value.startswith("#"))
-            or (key == "$id" and not value.startswith("#") and not _DRAFT_RE.fullmatch(value))
-            or (key == "$schema" and not _DRAFT_RE.fullmatch(value))
-            or (key == "id" and isinstance(parent.get("$schema"), str)
-                and "draft-04" in parent["$schema"] and (":" in value or value.startswith("//"))))
-        if bad:
-            return (f"the input schema's {key} at {pointer or '/'} is {quote(value)}, which "
-                    f"could make a validator read outside it")
+        if isinstance(value, str) and _reaches(parent, key, value):
+            return (f"the input schema's {key} at {pointer or '/'} is "
+                    f"{quote(value)}, which could make a validator read "
+                    f"outside it")
     return ""
 
 
-_HIDING_KEYWORDS = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentRequired",
-                    "dependentSchemas", "dependencies", "$defs", "definitions")
+_HIDING_KEYWORDS = (
+    "allOf", "anyOf", "oneOf", "not", "if", "then", "else",
+    "dependentRequired", "dependentSchemas", "dependencies", "$defs",
+    "definitions")
 
 
 def hiding_problem(schema, rule):
-    hidden = rule.deny + list(rule.fixed)
     properties = schema.get("properties", {})
-    for name in hidden:
+    for name in rule.hidden:
+        hides = f"the rule hides {quote(name)}"
         if not isinstance(properties, dict) or name not in properties:
-            return f"the rule hides {quote(name)}, which is not a top-level property of the " \
-                   f"input schema"
+            return (f"{hides}, which is not a top-level property of "
+                    f"the input schema")
         if "patternProperties" in schema:
-            return f"the rule hides {quote(name)}, but the input schema has patternProperties"
+            return f"{hides}, but the input schema has patternProperties"
         for keyword in _HIDING_KEYWORDS:
-            if keyword in schema and (schema[keyword] == name or any(
-                    name in (key, member) for _, key, member, _ in _members(schema[keyword]))):
-                return f"the rule hides {quote(name)} and the input schema's {keyword} " \
-                       f"mentions it"
+            if keyword in schema and _mentions(schema[keyword], name):
+                return (f"{hides} and the input schema's {keyword} "
+                        f"mentions it")
     return ""
+
+
+def _mentions(value, name):
+    return value == name or any(name in (key, member)
+                                for _, key, member, _ in _members(value))
 
 
 # =============================================================================================
@@ -1288,194 +1560,287 @@ def hiding_problem(schema, rule):
 #
 # Reads as: decision core
 #
-# Owns: every sentence of the gate's the model can read (the tables), a call's evaluation with
-# its approval and hash, the check of its arguments, and what of a result is passed on.
-# Promises: an approval's hash covers exactly what it binds and shows; re-running an unknown
-# outcome always needs an operator. A result reaches the host as the server answered it (told
-# again, sanitized), and section 19 records exactly what the model got. Nothing the model sees
-# names the operator command, the database, the config or a run id.
+# Owns: every sentence of the gate's the model can read (the
+# tables), a call's evaluation with its approval and hash, the check
+# of its arguments, and what of a result is passed on.
+# Promises: an approval's hash covers exactly what it binds and
+# shows; re-running an unknown outcome always needs an operator. A
+# result reaches the host as the server answered it (told again,
+# sanitized), and section 19 records exactly what the model got.
+# Nothing the model sees names the operator command, the database,
+# the config or a run id.
 # =============================================================================================
 
-APPROVAL_COLUMNS = ("id", "run_id", "step_id", "kind", "capability_json", "presentation_json",
-                    "request_json", "hash", "status", "created_at", "expires_at", "decided_at",
-                    "decided_by", "note")
+APPROVAL_COLUMNS = (
+    "id", "run_id", "step_id", "kind", "capability_json",
+    "presentation_json", "request_json", "hash", "status",
+    "created_at", "expires_at", "decided_at", "decided_by", "note")
 
-# What of a tools/call result reaches the host: every field MCP gives one.
+# What of a tools/call result reaches the host: every field MCP
+# gives one.
 RESULT_FIELDS = ("content", "structuredContent", "isError", "_meta")
 
 # How both answers on an unknown outcome end.
 _RERUN_DECIDED = (
-    " whether it runs again (approval {approval}). Nothing further was executed. Do not call "
-    "again until you are told it was approved, and do not use another tool to do the same "
-    "thing; tell the user. If it is approved, call again with exactly the same arguments.")
-# The gate's answers to a call; what others chose is cleaned before it fills a slot.
+    " whether it runs again (approval {approval}). Nothing "
+    "further was executed. Do not call again until you are "
+    "told it was approved, and do not use another tool to do "
+    "the same thing; tell the user. If it is approved, call "
+    "again with exactly the same arguments.")
+# The gate's answers to a call; what others chose is cleaned
+# before it fills a slot.
 PROSE = {
     "PENDING_APPROVAL": (
-        "This request is waiting for an operator's approval (approval {approval}). Nothing has "
-        "been executed. Do not call this tool again until you are told the request was "
-        "approved, and do not try another tool to do the same thing. Tell the user it is "
-        "waiting, with its approval id: it is approved or refused outside this conversation, "
-        "by the user or whoever else operates the tools. Once it is approved, call the tool "
-        "again with exactly the same arguments to run it and get the result.{limit}"),
-    "DENIED": "The policy does not allow this request: {reason}. Nothing was executed.",
+        "This request is waiting for an operator's approval "
+        "(approval {approval}). Nothing has been executed. Do not "
+        "call this tool again until you are told the request was "
+        "approved, and do not try another tool to do the same "
+        "thing. Tell the user it is waiting, with its approval "
+        "id: it is approved or refused outside this conversation, "
+        "by the user or whoever else operates the tools. Once it "
+        "is approved, call the tool again with exactly the same "
+        "arguments to run it and get the result.{limit}"),
+    "DENIED": (
+        "The policy does not allow this request: {reason}. "
+        "Nothing was executed."),
     "TOOL_CHANGED": (
-        "Its server now presents this tool differently from when it was reviewed (its "
-        "description, input schema or annotations changed, or it is gone), or said it changed "
-        "and could not be asked how, so it is not offered until it is again as it was "
-        "reviewed. Nothing was executed. Tell the user."),
-    "INVALID": "The arguments do not match the tool's input schema: {reason}. Nothing was "
-               "executed. Correct the arguments and call again.",
+        "Its server now presents this tool differently from when "
+        "it was reviewed (its description, input schema or "
+        "annotations changed, or it is gone), or said it changed "
+        "and could not be asked how, so it is not offered until "
+        "it is again as it was reviewed. Nothing was executed. "
+        "Tell the user."),
+    "INVALID": (
+        "The arguments do not match the tool's input schema: "
+        "{reason}. Nothing was executed. Correct the arguments "
+        "and call again."),
     "REJECTED": (
-        "An operator rejected this exact request (approval {approval}){note}. It was not "
-        "executed. An identical request is refused until {until}. Do not ask again; tell the "
-        "user."),
-    "CANCELLED": "An operator cancelled this exact request{note}. Nothing further was executed. An "
-                 "identical request is refused until {until}. Tell the user.",
+        "An operator rejected this exact request (approval "
+        "{approval}){note}. It was not executed. An identical "
+        "request is refused until {until}. Do not ask again; tell "
+        "the user."),
+    "CANCELLED": (
+        "An operator cancelled this exact request{note}. Nothing "
+        "further was executed. An identical request is refused "
+        "until {until}. Tell the user."),
     "EXPIRED": (
-        "The approval for this exact request (approval {approval}) expired before it was used. "
-        "It was not executed. An identical request is refused until {until}. Tell the user."),
+        "The approval for this exact request (approval "
+        "{approval}) expired before it was used. It was not "
+        "executed. An identical request is refused until {until}. "
+        "Tell the user."),
     "DUPLICATE": (
-        "This exact request already executed at {at} and is not executed again: an identical "
-        "call to this tool within {window} of an earlier one is refused, whether or not it is a "
-        "retry. Its outcome was: {outcome}"),
+        "This exact request already executed at {at} and is not "
+        "executed again: an identical call to this tool within "
+        "{window} of an earlier one is refused, whether or not it "
+        "is a retry. Its outcome was: {outcome}"),
     "IN_PROGRESS": (
-        "This exact request is already executing, or the outcome of an attempt is not yet "
-        "known. Nothing new was started. Wait a little, then call again with exactly the same "
+        "This exact request is already executing, or the outcome "
+        "of an attempt is not yet known. Nothing new was started. "
+        "Wait a little, then call again with exactly the same "
         "arguments."),
     "BLOCKED_PENDING": (
-        "{waiting} for an operator's approval, the most this session allows. Nothing was "
-        "executed and no approval was requested. Tell the user and wait for the operator."),
+        "{waiting} for an operator's approval, the most this "
+        "session allows. Nothing was executed and no approval was "
+        "requested. Tell the user and wait for the operator."),
     "UNKNOWN_OUTCOME": (
-        "An attempt of this exact request {how}{error}, so whether it took effect is unknown: "
-        "it may have. An operator must decide" + _RERUN_DECIDED),
+        "An attempt of this exact request {how}{error}, so "
+        "whether it took effect is unknown: it may have. An "
+        "operator must decide" + _RERUN_DECIDED),
     "INTERRUPTED": (
-        "An earlier attempt of this exact request was cut off while it was executing, and its "
-        "outcome is unknown: it may have taken effect. An operator decides" + _RERUN_DECIDED),
+        "An earlier attempt of this exact request was cut off "
+        "while it was executing, and its outcome is unknown: it "
+        "may have taken effect. An operator decides" + _RERUN_DECIDED),
     "BLOCKED_UNKNOWN": (
-        "An earlier call to {tool} may have taken effect and its outcome is unknown (approval "
-        "{approval}), so no other call to {tool} that changes anything runs until an operator "
-        "decides. Nothing was executed. Tell the user."),
+        "An earlier call to {tool} may have taken effect and its "
+        "outcome is unknown (approval {approval}), so no other "
+        "call to {tool} that changes anything runs until an "
+        "operator decides. Nothing was executed. Tell the user."),
     "UNRECORDED": (
-        "The server answered this request, so it executed, but its answer could not be "
-        "recorded ({reason}). What it did is unknown here and it may have taken effect. Do not "
+        "The server answered this request, so it executed, but "
+        "its answer could not be recorded ({reason}). What it did "
+        "is unknown here and it may have taken effect. Do not "
         "call again to retry{window}. Tell the user."),
-    "UNAVAILABLE": "The gate could not read or write its records: {what}. Tell the user.",
-    "HOST_CANCELLED": "The call was cancelled before it was executed. Nothing was executed.",
-    # An error result, so the model never takes it for what the tool returns.
+    "UNAVAILABLE": (
+        "The gate could not read or write its records: {what}. "
+        "Tell the user."),
+    "HOST_CANCELLED": (
+        "The call was cancelled before it was executed. Nothing "
+        "was executed."),
+    # An error result, so the model never takes it for what the
+    # tool returns.
     "RESULT_TOO_LARGE": (
-        "The server answered this request with {what} of {size} bytes ({blocks}), more than "
-        "the {cap} bytes that are passed on, so it is not shown. {then} Tell the user."),
+        "The server answered this request with {what} of {size} "
+        "bytes ({blocks}), more than the {cap} bytes that are "
+        "passed on, so it is not shown. {then} Tell the user."),
 }
 TOO_LARGE_THEN = {
-    "read": "A read changes nothing: asking for less (a smaller range, page or size) may fit.",
-    "mutating": "It was executed and is not executed again: do not call again to retry{window}.",
+    "read": (
+        "A read changes nothing: asking for less (a smaller "
+        "range, page or size) may fit."),
+    "mutating": (
+        "It was executed and is not executed again: do not call "
+        "again to retry{window}."),
 }
-HOW = {"timed_out": "timed out before the server answered",
-       "no_answer": "failed without an answer from the server",
-       "cut_off": "was cut off before its outcome was recorded"}
+HOW = {
+    "timed_out": "timed out before the server answered",
+    "no_answer": "failed without an answer from the server",
+    "cut_off": "was cut off before its outcome was recorded",
+}
 DUPLICATE_OUTCOME = {
     "ok": "it succeeded, with this result: {text}",
-    "unrecorded": "the server answered, but its result could not be recorded: {text}",
+    "unrecorded": (
+        "the server answered, but its result could not be "
+        "recorded: {text}"),
     "error": "it failed, with this error: {text}",
 }
 SLOT_PROSE = {
-    "limit": " It waits because a limit is reached: {limit}; {frees}.",
-    "refused_for": "; an identical call within {window} is refused as a duplicate",
-    "sent_unrecorded": "the request was sent to the server, but what came of it could not be "
-                       "recorded",
+    "limit": (
+        " It waits because a limit is reached: {limit}; {frees}."),
+    "refused_for": (
+        "; an identical call within {window} is refused as a "
+        "duplicate"),
+    "sent_unrecorded": (
+        "the request was sent to the server, but what came of it "
+        "could not be recorded"),
     "nothing_executed": "nothing was executed",
-    "host_cancelled": "the host cancelled the call before it was sent",
-    "unreadable": "the gate could not read its records; nothing was executed",
+    "host_cancelled": (
+        "the host cancelled the call before it was sent"),
+    "unreadable": (
+        "the gate could not read its records; nothing was "
+        "executed"),
     "altered": "its approval record was altered after it was made",
     "one_waits": "1 request already waits",
     "some_wait": "{count} requests already wait",
     "an_error": "an error",
     "a_result": "a result",
-    "status_arguments": "the only argument is approval_id, a string",
-    "arguments_too_large": "the arguments are {size} bytes, more than the {cap} this gate accepts",
-    "unusable_arguments": "the arguments are not usable JSON: {error}",
-    "unreadable_result": "the server's result could not be read: {error}",
+    "status_arguments": (
+        "the only argument is approval_id, a string"),
+    "arguments_too_large": (
+        "the arguments are {size} bytes, more than the {cap} this "
+        "gate accepts"),
+    "unusable_arguments": (
+        "the arguments are not usable JSON: {error}"),
+    "unreadable_result": (
+        "the server's result could not be read: {error}"),
     "holding": "waiting for an operator's approval",
 }
 
 # The status tool's words (section 24 picks among them).
 STATUS_DESCRIPTION = (
-    "Reports which requests of this session wait for an operator's approval, or, given the "
-    "approval id a pending answer named, what became of that request: pending, approved, "
-    "executed, rejected or expired. It only reads; it never runs or approves anything.")
+    "Reports which requests of this session wait for an "
+    "operator's approval, or, given the approval id a pending "
+    "answer named, what became of that request: pending, "
+    "approved, executed, rejected or expired. It only reads; "
+    "it never runs or approves anything.")
 STATUS_ARGUMENT = "The approval id a pending result named."
-# How many servers are unserved, never which nor why (the operator's to know).
-UNSERVED_NOTE = ("Also, {count} of the servers behind this gate could not be served, so "
-                 "their tools are not offered; the person running the gate has been told why.")
-DOWN_NOTE = ("Server {server} is down: {down}. Calls to its tools fail without executing "
-             "until it is back.")
+# How many servers are unserved, never which nor why.
+UNSERVED_NOTE = (
+    "Also, {count} of the servers behind this gate could not "
+    "be served, so their tools are not offered; the person "
+    "running the gate has been told why.")
+DOWN_NOTE = (
+    "Server {server} is down: {down}. Calls to its tools fail "
+    "without executing until it is back.")
 STATUS_PROSE = {
-    "unknown_id": "no approval {approval} is known in this session from the last hour.",
-    "none_waiting": "no request in this session is waiting for an operator's approval.",
-    "one_waiting": "1 request in this session is waiting for an operator's approval:\n{lines}",
+    "unknown_id": (
+        "no approval {approval} is known in this session from the "
+        "last hour."),
+    "none_waiting": (
+        "no request in this session is waiting for an operator's "
+        "approval."),
+    "one_waiting": (
+        "1 request in this session is waiting for an operator's "
+        "approval:\n{lines}"),
     "some_waiting": (
-        "{count} requests in this session are waiting for an operator's approval:\n{lines}"),
+        "{count} requests in this session are waiting for an "
+        "operator's approval:\n{lines}"),
     "head": "approval {approval} for {tool} {args}",
-    "expired_undecided": "{head}: EXPIRED without a decision. It was not executed.",
+    "expired_undecided": (
+        "{head}: EXPIRED without a decision. It was not executed."),
     "outcome_unknown": (
-        "{head}: OUTCOME UNKNOWN, waiting {age} for an operator to decide whether it runs "
-        "again: an earlier attempt may have taken effect. Nothing further has been executed."),
-    "pending": "{head}: PENDING for {age}. Nothing has been executed; an operator decides outside "
-               "this conversation. Do not call again until it is approved.",
-    "rejected": "{head}: REJECTED by the operator.{note} It was not executed; do not ask again.",
+        "{head}: OUTCOME UNKNOWN, waiting {age} for an operator "
+        "to decide whether it runs again: an earlier attempt may "
+        "have taken effect. Nothing further has been executed."),
+    "pending": (
+        "{head}: PENDING for {age}. Nothing has been executed; an "
+        "operator decides outside this conversation. Do not call "
+        "again until it is approved."),
+    "rejected": (
+        "{head}: REJECTED by the operator.{note} It was not "
+        "executed; do not ask again."),
     "rejected_note": " The operator's note: {note}.",
     "expired": "{head}: EXPIRED. It was not executed.",
     "executing": "APPROVED and executing now.",
     "succeeded": "APPROVED and executed, and it succeeded.",
-    "unrecorded": "APPROVED and executed, and the server answered, but its result could not be "
-                  "recorded ({error}); it may have taken effect.",
-    "failed": "APPROVED and executed, and the server reported a failure: {error}.",
-    "unknown": "APPROVED and executed, but it {how}, so whether it took effect is unknown: it may "
-               "have. {then}",
-    "rerun_waits": "Approval {approval} now waits for an operator to decide whether it runs again.",
+    "unrecorded": (
+        "APPROVED and executed, and the server answered, but its "
+        "result could not be recorded ({error}); it may have "
+        "taken effect."),
+    "failed": (
+        "APPROVED and executed, and the server reported a "
+        "failure: {error}."),
+    "unknown": (
+        "APPROVED and executed, but it {how}, so whether it took "
+        "effect is unknown: it may have. {then}"),
+    "rerun_waits": (
+        "Approval {approval} now waits for an operator to decide "
+        "whether it runs again."),
     "no_rerun": "No approval to run it again is waiting now.",
-    "superseded": "APPROVED, and then a different approval was asked for the same call (approval "
-                  "{approval}).",
-    "uncollected": "APPROVED, awaiting collection. Call {tool} again with exactly the same "
-                   "arguments to run it and get the result.",
+    "superseded": (
+        "APPROVED, and then a different approval was asked for "
+        "the same call (approval {approval})."),
+    "uncollected": (
+        "APPROVED, awaiting collection. Call {tool} again with "
+        "exactly the same arguments to run it and get the result."),
     "not_executed": "APPROVED but not executed: {why}.",
 }
 NOT_EXECUTED_WHY = {
     "operator_cancelled": "an operator cancelled it",
-    "approval_expired": "the approval expired before it was collected",
-    "denied_on_resume": "the policy denied it when it was collected",
-    "invalid_on_resume": "its arguments no longer matched the tool's schema when it was collected",
+    "approval_expired": (
+        "the approval expired before it was collected"),
+    "denied_on_resume": (
+        "the policy denied it when it was collected"),
+    "invalid_on_resume": (
+        "its arguments no longer matched the tool's schema when "
+        "it was collected"),
     "ended": "its run ended ({reason})",
 }
-# JSON-RPC errors to a tools/call: a host shows their message to the model.
+# JSON-RPC errors to a tools/call: a host shows their message to
+# the model.
 CALL_ERRORS = {
-    "failed": "the gate failed while handling this request and cannot say whether it executed; "
-              "tell the user before calling again",
+    "failed": (
+        "the gate failed while handling this request and cannot "
+        "say whether it executed; tell the user before calling "
+        "again"),
     "unknown_tool": "unknown tool {name}",
-    "busy": "the gate is busy: {limit} requests are already in flight, and this one was not "
-            "started; try again shortly",
+    "busy": (
+        "the gate is busy: {limit} requests are already in "
+        "flight, and this one was not started; try again shortly"),
     "stopping": "the gate is shutting down",
     "unloaded": "the gate's tools could not be loaded",
 }
-IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED", "DUPLICATE", "UNAVAILABLE",
-            "RESULT_TOO_LARGE", "CANCELLED"}
+
+IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED",
+            "DUPLICATE", "UNAVAILABLE", "RESULT_TOO_LARGE", "CANCELLED"}
 
 
 GATE_MARK = "gate/answer"
 
 
 class Answer:
-    """A tools/call's answer: the gate's prose as one text block, or a server's result whole."""
+    """A tools/call's answer: the gate's prose as one text block, or a
+    server's result whole."""
 
     def __init__(self, text, is_error=False, passed=None, mark="FAILED"):
         self.text, self.is_error, self.passed = text, is_error, passed
-        self.mark = mark  # its prefix; FAILED: a call that came to no result
+        self.mark = mark  # its prefix; FAILED: a call with no result
 
     def result(self):
         if self.passed is not None:
             return self.passed
-        # The mark a host may read to tell the gate's answer from a server's result, which
-        # may hold the same words; it names neither the program nor its commands.
+        # A host may read the mark to tell the gate's answer from a
+        # server's result with the same words; it names neither the
+        # program nor its commands.
         result = {"content": [{"type": "text", "text": self.text}],
                   "_meta": {GATE_MARK: self.mark}}
         if self.is_error:
@@ -1489,121 +1854,157 @@ def answer(prefix, key=None, **slots):
 
 
 def gate_status(key, **slots):
-    return Answer("GATE_STATUS: " + STATUS_PROSE[key].format(**slots),
-                  mark="GATE_STATUS")
+    text = STATUS_PROSE[key].format(**slots)
+    return Answer("GATE_STATUS: " + text, mark="GATE_STATUS")
 
 
 def passed_answer(passed):
-    """A server's result, or its JSON-RPC error ({"error": ...}), as it came."""
+    """A server's result, or its JSON-RPC error ({"error": ...})."""
     if "error" in passed:
         return Answer(passed["error"]["message"], True, passed)
-    return Answer("\n".join(b["text"] for b in passed["content"] if b["type"] == "text" and
-                            isinstance(b.get("text"), str)), passed.get("isError") is True, passed)
+    texts = [b["text"] for b in passed["content"]
+             if b["type"] == "text" and isinstance(b.get("text"), str)]
+    return Answer("\n".join(texts), passed.get("isError") is True,
+                  passed)
 
 
 def note_text(note):
-    return f", with this note: {cut(quote(note), 500)}" if note else ""
+    if not note:
+        return ""
+    return f", with this note: {cut(quote(note), 500)}"
 
 
 def waiting_answer(approval):
     """What a call is told while its request waits on an approval."""
+    ident = approval["id"]
     if approval["kind"] != "interrupted_side_effect":
-        presentation = parse(approval["presentation_json"])
-        limit = SLOT_PROSE["limit"].format(limit=clean(presentation["limit"], 300),
-                                           frees=presentation["frees"]) \
-            if "limit" in presentation else ""
-        return answer("PENDING_APPROVAL", approval=approval["id"], limit=limit)
-    ended = parse(approval["capability_json"]).get("interrupted", {}).get("ended", "cut_off")
+        shown = parse(approval["presentation_json"])
+        limit = ""
+        if "limit" in shown:
+            limit = SLOT_PROSE["limit"].format(
+                limit=clean(shown["limit"], 300), frees=shown["frees"])
+        return answer("PENDING_APPROVAL", approval=ident, limit=limit)
+    bound = parse(approval["capability_json"])
+    ended = bound.get("interrupted", {}).get("ended", "cut_off")
     if ended == "cut_off":
-        return answer("INTERRUPTED", approval=approval["id"])
-    return answer("UNKNOWN_OUTCOME", how=HOW[ended], error="", approval=approval["id"])
+        return answer("INTERRUPTED", approval=ident)
+    return answer("UNKNOWN_OUTCOME", how=HOW[ended], error="",
+                  approval=ident)
 
 
 def refused_for(window):
-    return SLOT_PROSE["refused_for"].format(window=format_duration(window)) if window \
-        else ""
+    """The repeat window's clause ('' without a window)."""
+    if not window:
+        return ""
+    return SLOT_PROSE["refused_for"].format(
+        window=format_duration(window))
 
 
 def too_large_answer(tool, record, cap, window):
-    then = TOO_LARGE_THEN["read"] if tool.read_only else \
-        TOO_LARGE_THEN["mutating"].format(window=refused_for(window))
-    what = SLOT_PROSE["an_error" if record.get("is_error") else "a_result"]
-    return answer("RESULT_TOO_LARGE", what=what, size=record["bytes"], cap=cap,
-                  blocks=clean(", ".join(block_labels(record)), 500), then=then)
+    then = TOO_LARGE_THEN["read"]
+    if not tool.read_only:
+        then = TOO_LARGE_THEN["mutating"].format(
+            window=refused_for(window))
+    what = SLOT_PROSE["an_error" if record.get("is_error")
+                      else "a_result"]
+    blocks = clean(", ".join(block_labels(record)), 500)
+    return answer("RESULT_TOO_LARGE", what=what, size=record["bytes"],
+                  cap=cap, blocks=blocks, then=then)
 
 
 # A constant: the decision at the pause and at collection hash alike.
 INTERRUPTED_REASON = "interrupted while executing; outcome unknown"
 
 
-def evaluate(config, tool, args, facts, attempt=None, approved=False, judged=None):
-    """The policy's decision (section 3), with what an approval binds (capability) and shows
-    (presentation). Re-running an unknown outcome (`attempt`) always needs an operator."""
-    decision = policy_decision(config, tool, args, facts, rerun=bool(attempt),
-                               approved=approved, judged=judged)
+def evaluate(config, tool, args, facts, attempt=None, approved=False,
+             judged=None):
+    """The policy's decision (section 3), with what an approval binds
+    (capability) and shows (presentation). Re-running an unknown
+    outcome (`attempt`) always needs an operator."""
+    decision = policy_decision(config, tool, args, facts,
+                               rerun=bool(attempt), approved=approved,
+                               judged=judged)
     outcome = decision["outcome"]
     if outcome == "deny" or (outcome == "allow" and not attempt):
         return decision
-    capability = {"server": tool.server.name, "tool": tool.upstream_name, "name": tool.name,
+    where = f"{tool.upstream_name} on server {tool.server.name}"
+    capability = {"server": tool.server.name,
+                  "tool": tool.upstream_name, "name": tool.name,
                   "side_effect": tool.side_effect, "args": args}
     if tool.rule.fixed:
         capability["fixed"] = tool.rule.fixed
     if attempt:
         capability["interrupted"] = attempt
-        notice = (f"An earlier attempt started at {attempt['started_at']} in run "
-                  f"{attempt['run_id']} {HOW[attempt['ended']]}, so it may have taken effect. "
-                  f"Approving runs it again when the model calls again; rejecting ends this "
-                  f"request, and a later identical call asks an operator again whatever the "
-                  f"policy says.")
-        question = f"Run {tool.upstream_name} on server {tool.server.name} again with these " \
-                   f"arguments?"
-        return {"outcome": "require_approval", "reason": INTERRUPTED_REASON,
-                "by": decision["by"], "kind": "interrupted_side_effect", "capability": capability,
-                "presentation": {**capability, "notice": notice, "reason": INTERRUPTED_REASON,
-                                 "question": question}}
-    question = (f"May the model call {tool.upstream_name} on server {tool.server.name} with "
-                f"these arguments?")
-    presentation = {**capability, "question": question, "reason": decision["reason"]}
+        notice = (
+            f"An earlier attempt started at {attempt['started_at']} "
+            f"in run {attempt['run_id']} {HOW[attempt['ended']]}, so "
+            f"it may have taken effect. Approving runs it again when "
+            f"the model calls again; rejecting ends this request, and "
+            f"a later identical call asks an operator again whatever "
+            f"the policy says.")
+        shown = {**capability, "notice": notice,
+                 "reason": INTERRUPTED_REASON,
+                 "question": f"Run {where} again with these arguments?"}
+        return {"outcome": "require_approval",
+                "reason": INTERRUPTED_REASON, "by": decision["by"],
+                "kind": "interrupted_side_effect",
+                "capability": capability, "presentation": shown}
+    question = f"May the model call {where} with these arguments?"
+    shown = {**capability, "question": question,
+             "reason": decision["reason"]}
     if decision["by"] not in ("class", "rule outcome"):
-        # What decided is part of what is approved. When a limit frees up is fixed by the
-        # history before the decision, so recheck, reading it, hashes alike.
-        presentation["decided_by"] = decision["by"]
+        # What decided is part of what is approved. When a limit
+        # frees up is fixed by the history before the decision, so
+        # recheck, reading it, hashes alike.
+        shown["decided_by"] = decision["by"]
         if "limit" in decision:
-            presentation.update(limit=decision["limit"], frees=frees_text(decision))
-    decision.update(kind=tool.side_effect, capability=capability, presentation=presentation)
+            shown.update(limit=decision["limit"],
+                         frees=frees_text(decision))
+    decision.update(kind=tool.side_effect, capability=capability,
+                    presentation=shown)
     return decision
 
 
 def approval_hash(kind, capability, presentation, request):
-    return content_hash({"kind": kind, "capability": capability, "presentation": presentation,
+    return content_hash({"kind": kind, "capability": capability,
+                         "presentation": presentation,
                          "request": request})
 
 
 def new_approval(config, run_id, step_id, tool, args, decision):
-    """A pending approval in its one shape, its row as Store.read_approvals reads it."""
-    request = {"run_id": run_id, "step_id": step_id, "spec": tool.spec, "args": args}
+    """A pending approval in its one shape, its row as
+    Store.read_approvals reads it."""
+    request = {"run_id": run_id, "step_id": step_id, "spec": tool.spec,
+               "args": args}
+    kind, capability = decision["kind"], decision["capability"]
+    shown = decision["presentation"]
     created = now()
+    expires = ""
+    if config.approval_ttl:
+        expires = later(created, config.approval_ttl)
     return dict(
-        dict.fromkeys(APPROVAL_COLUMNS, ""), id=new_id(16), run_id=run_id, step_id=step_id,
-        kind=decision["kind"], capability_json=dumps(decision["capability"]),
-        presentation_json=dumps(decision["presentation"]), request_json=dumps(request),
-        hash=approval_hash(decision["kind"], decision["capability"], decision["presentation"],
-                           request),
-        status="pending", created_at=created,
-        expires_at=later(created, config.approval_ttl) if config.approval_ttl else "")
+        dict.fromkeys(APPROVAL_COLUMNS, ""), id=new_id(16),
+        run_id=run_id, step_id=step_id, kind=kind,
+        capability_json=dumps(capability),
+        presentation_json=dumps(shown), request_json=dumps(request),
+        hash=approval_hash(kind, capability, shown, request),
+        status="pending", created_at=created, expires_at=expires)
 
 
 def stored_hash(row):
-    """An approval row's hash from its stored fields; a tampered row differs."""
+    """An approval row's hash from its stored fields; a tampered row
+    differs."""
     try:
-        return approval_hash(row["kind"], parse(row["capability_json"]),
-                             parse(row["presentation_json"]), parse(row["request_json"]))
+        return approval_hash(
+            row["kind"], parse(row["capability_json"]),
+            parse(row["presentation_json"]), parse(row["request_json"]))
     except CanonicalError:
         return ""
 
 
 def judged_request(tool, args, work=None):
-    """A request's Judgement with its schema check made (on `work`, the call's PatternWork)."""
+    """A request's Judgement with its schema check made (on `work`,
+    the call's PatternWork)."""
     work = PatternWork() if work is None else work
     return Judgement(check_arguments(tool, args, work), work)
 
@@ -1612,7 +2013,7 @@ def check_arguments(tool, args, work=None):
     """'' when the arguments may be sent, else why not (INVALID)."""
     if not isinstance(args, dict):
         return "the arguments are not a JSON object"
-    for name in [*tool.rule.deny, *tool.rule.fixed]:
+    for name in tool.rule.hidden:
         if name in args:
             how = "denied" if name in tool.rule.deny else "fixed"
             return f'parameter "{name}" is {how} by the operator'
@@ -1626,16 +2027,19 @@ def check_arguments(tool, args, work=None):
 
 
 def passed_result(tool, result):
-    """(what of a result is passed on, '') or (None, why it cannot be used)."""
+    """(what of a result is passed on, '') or (None, why not)."""
     if not isinstance(result, dict):
         return None, "the server's result is not an object"
-    if result.get("resultType") == "input_required" or "inputRequests" in result:
-        return None, f"{tool.name}: the server asked for more input, which the gate does not " \
-                     f"support"
+    if result.get("resultType") == "input_required" or \
+            "inputRequests" in result:
+        return None, (f"{tool.name}: the server asked for more input, "
+                      f"which the gate does not support")
     blocks = result.get("content")
     if not isinstance(blocks, list) or not all(
-            isinstance(block, dict) and isinstance(block.get("type"), str) for block in blocks):
-        return None, "the server's result has no list of content blocks, each with its type"
+            isinstance(block, dict) and isinstance(block.get("type"), str)
+            for block in blocks):
+        return None, ("the server's result has no list of content "
+                      "blocks, each with its type")
     return {k: result[k] for k in RESULT_FIELDS if k in result}, ""
 
 
@@ -2324,19 +2728,13 @@ class Store:
 
     def _check_files(self, tighten):
         check_database_path(self.path)
-        owner = os.lstat(self.path).st_uid if os.path.exists(self.path) else os.geteuid()
         for path in (self.path, self.path + "-wal", self.path + "-shm"):
             try:
                 st = os.lstat(path)
             except FileNotFoundError:
                 continue
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != owner:
-                raise StoreError(f"database file {path} is not a regular file of the database's"
-                                 f" owner; remove it or fix its ownership")
-            if st.st_mode & 0o022:
-                raise StoreError(f"database file {path} has mode {stat.filemode(st.st_mode)}, "
-                                 f"which lets its group or others write it: chmod 600 it")
-            if st.st_mode & 0o044 and tighten and st.st_uid == os.geteuid():
+            check_owned(path, "database file", st, error=StoreError)
+            if st.st_mode & 0o044 and tighten:
                 os.chmod(path, 0o600)
 
     def _version(self):
@@ -6670,10 +7068,7 @@ class TokenFile:
         if fresh or not os.path.exists(server.tokens):
             return
         these = f"the tokens of server {quote(server.name)} in {server.tokens}"
-        mode = os.stat(server.tokens).st_mode
-        if mode & 0o077:
-            raise ConfigError(f"{these} have mode {stat.filemode(mode)}, which lets others "
-                              f"read them: chmod 600 it")
+        read_owned(server.tokens, "token file", private=True)
         try:
             kept = json.loads(read_owned(server.tokens, "token file"))
             usable = isinstance(kept["tokens"]["access_token"], str)

@@ -42,7 +42,6 @@ from kit import (  # noqa: E402
     scripted_server,
     tool,
     write_config,
-    write_private,
     write_spec,
 )
 
@@ -282,32 +281,6 @@ def test_every_part_the_server_presented_is_offered_as_it_wrote_it(workdir):
     assert set(offered["gate_status"]) == {"name", "description", "inputSchema"}
 
 
-def as_pinned_before(manifest):
-    """Rewrite a manifest as agentgate 0.2.0 pinned: no title, output schema, icons or _meta,
-    and of the annotations only the five it knew."""
-    old = json.loads(manifest.read_text())
-    for entry in old["tools"].values():
-        for key in ("title", "output_schema", "icons", "_meta"):
-            entry.pop(key, None)
-        known = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
-        entry["annotations"] = {k: v for k, v in entry["annotations"].items() if k in known}
-    write_private(manifest, json.dumps(old, indent=2))
-
-
-def test_a_manifest_pinned_before_loads_unchanged_and_offers_what_it_kept(workdir):
-    config, _, manifest = full_server(workdir)
-    pin(config)
-    as_pinned_before(manifest)
-    done = check(config)
-    assert done.returncode == 0 and "fs: registered read_file as fs_read_file (read_only)" \
-        in done.stdout, done.stdout + done.stderr
-    diffed = run_agentgate("pin", "-diff", "-config", str(config))
-    assert diffed.returncode == 0 and "server fs: as pinned" in diffed.stdout, diffed.stdout
-    assert listed(config)["fs_read_file"] == {
-        "name": "fs_read_file", "description": "Read a file.", "inputSchema": FULL["inputSchema"],
-        "annotations": {"title": "Read", "readOnlyHint": True}}
-
-
 def test_a_title_changed_after_the_pin_is_a_change(workdir):
     config, spec, _ = full_server(workdir)
     pin(config)
@@ -367,13 +340,6 @@ def test_a_change_in_any_part_the_pin_covers_is_named():
         assert agentgate.changed_parts(pinned, entry(**{key: value})) == [part], part
     assert agentgate.changed_parts(pinned, agentgate.manifest_entry(
         {**FULL, "description": "Read.", "title": "Read"})) == ["description", "title"]
-    # an entry pinned before: compared on what it kept
-    early = {k: v for k, v in pinned.items() if k not in ("title", "output_schema", "icons",
-                                                           "_meta")}
-    early["annotations"] = {"title": "Read", "readOnlyHint": True}
-    assert agentgate.changed_parts(early, entry(title="Another", icons=[])) == []
-    assert agentgate.changed_parts(early, entry(annotations={"readOnlyHint": False})) == \
-        ["annotations"]
 
 
 def test_the_gates_own_answer_on_a_tool_with_an_output_schema_reaches_an_sdk_host(workdir):
