@@ -2995,17 +2995,18 @@ def _policy_record(decision, facts, approved=False):
 #
 # Reads as: decision core
 #
-# Owns: the host's conversation on stdin and stdout as far as it decides calls: framing,
-# batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once), cancellation and shutdown;
-# the rest (initialize's answer, ping, progress, the status tool, threads) is section 25's.
-# Promises: stdout carries only protocol, one JSON-RPC message per line, written under one
-# lock; the first request is answered at once, even while the servers start; every request
-# gets exactly one well-formed answer (a malformed or oversized line, a batch member that is
-# not a request or an id that cannot be echoed gets a JSON-RPC error, id null then; past the
-# bound, busy; an unknown method, -32601) and the session goes on; each tool is offered as
-# pinned, never once its server changed it while serving, and the status tool always; on
-# stdin closing, SIGINT or SIGTERM no new call starts, holds end, calls in flight finish and
-# are recorded, then the process exits 0.
+# Owns: the host's conversation on stdin and stdout as far as it decides calls:
+# framing, batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once, each
+# on a thread of its own), cancellation and shutdown; section 25 has the rest.
+# Promises: stdout carries only protocol, one JSON-RPC message per line, written
+# under one lock; the first request is answered at once, even while the servers
+# start; every request gets exactly one well-formed answer (a malformed or
+# oversized line, a batch member that is not a request or an id that cannot be
+# echoed gets a JSON-RPC error, id null then; past the bound, busy; an unknown
+# method, -32601) and the session goes on; each tool is offered as pinned, never
+# once its server changed it while serving, and the status tool always; on
+# stdin closing, SIGINT or SIGTERM no new call starts, holds end, calls in
+# flight finish and are recorded, then the process exits 0.
 # =============================================================================================
 
 # The protocol versions spoken, oldest first; each side negotiates on its own.
@@ -3025,10 +3026,10 @@ class HostServer:
         self.done = threading.Event()
         self.gate = None
         self.protocol = PROTOCOL_VERSIONS[-1]
-        self.client = ""  # self-reported in initialize; the policy's `client`
-        self.calls = {}
+        self.client = ""  # from initialize: the policy's `client`
+        self.calls = {}  # a call's id -> its cancel event
         self.calls_lock = threading.Lock()
-        self.running = 0  # accepted requests not yet answered
+        self.running = 0  # requests admitted, not yet answered
         self.stopping = False
         self.failed = ""
 
@@ -3037,9 +3038,11 @@ class HostServer:
         threading.Thread(target=self._read_loop, daemon=True).start()
 
     def serve_with(self, gate, status):
-        # `gate` is stored before `client` is read, and _initialize stores `client` before it
-        # reads `gate`: either way the gate gets the host's name.
-        self.gate, self.status, self.status_tool = gate, status, status.listing["name"]
+        # `gate` is stored before `client` is read, and _initialize
+        # stores `client` before it reads `gate`: either way the gate
+        # gets the host's name.
+        self.gate, self.status = gate, status
+        self.status_tool = status.listing["name"]
         gate.client = self.client
         self.ready.set()
 
@@ -3048,14 +3051,15 @@ class HostServer:
         self.ready.set()
 
     def send(self, message):
-        """Write one message, or a batch's list of answers, as one line."""
+        """Write one message, or a batch's answers, as one line."""
         if not message:
             return
         try:
             data = canonical(message) + b"\n"
-        except (UnicodeEncodeError, TypeError) as err:  # never expected: ids are checked
+        except (UnicodeEncodeError, TypeError) as err:  # ids are checked
             log(f"internal error: an answer could not be encoded ({err})")
-            data = canonical(rpc_error(None, -32600, "the answer could not be encoded")) + b"\n"
+            data = canonical(rpc_error(
+                None, -32600, "the answer could not be encoded")) + b"\n"
         with self.write_lock:
             try:
                 self.stdout.write(data)
@@ -3064,68 +3068,75 @@ class HostServer:
                 self.done.set()
 
     def _read_loop(self):
-        """Read frames until one is a request: run it here while a worker reads on. The next
-        reader resumes the generator only after it yielded: never two threads in it at once."""
         for frame, ident in self.frames:
-            # No frame ends the reader: what follows would go unanswered, and closing stdin
-            # would no longer stop the gate.
+            # No frame ends the reader: what follows would go
+            # unanswered, and closing stdin would not stop the gate.
             try:
-                if frame is None:
-                    self.send(rpc_error(None if ident is None else Number(str(ident)), -32600,
-                                        f"the message is larger than {MAX_HOST_LINE} bytes"))
-                    continue
-                request = self._frame(frame) if frame.strip() else None
+                work = self._frame(frame, ident)
             except Exception as err:
-                log(f"internal error: a message could not be handled ({type(err).__name__}: "
-                    f"{err})")
-                self.send(rpc_error(None, -32603, "the message could not be handled"))
-                continue
-            if callable(request):
-                self.around.workers.submit(self._read_loop)
-                request()
-                return
-            self.send(request)
+                log("internal error: a message could not be handled "
+                    f"({type(err).__name__}: {err})")
+                work = rpc_error(None, -32603,
+                                 "the message could not be handled")
+            if callable(work):
+                threading.Thread(target=work, daemon=True).start()
+            else:
+                self.send(work)
         self.done.set()
 
-    def _frame(self, line):
+    def _frame(self, line, ident):
         """A frame's answer, or the work it asks (a call, a batch)."""
+        if line is None:
+            if ident is not None:
+                ident = Number(str(ident))
+            return rpc_error(ident, -32600, "the message is larger "
+                             f"than {MAX_HOST_LINE} bytes")
+        if not line.strip():
+            return None
         invalid = None
         try:
             message = parse(line)
         except CanonicalError as err:
-            # A tools/call whose arguments the boundary check refuses still gets a run and an
-            # INVALID answer, with the frame recorded as it came; anything else gets -32700.
+            # A tools/call whose arguments the boundary check refuses
+            # still gets a run and an INVALID answer, with the frame
+            # recorded as it came; anything else gets -32700.
             message = parse_loosely(line)
-            message = message if isinstance(message, dict) else {}
-            invalid = (SLOT_PROSE["unusable_arguments"].format(error=err), recorded_frame(line))
-            ident = message.get("id")
-            if message.get("method") != "tools/call" or "id" not in message:
-                return rpc_error(ident if echoable_id(ident) else None, -32700,
+            if not isinstance(message, dict):
+                message = {}
+            why = SLOT_PROSE["unusable_arguments"].format(error=err)
+            invalid = (why, recorded_frame(line))
+            if message.get("method") != "tools/call" or \
+                    "id" not in message:
+                return rpc_error(echoed_id(message), -32700,
                                  f"the message is not usable JSON: {err}")
         if isinstance(message, list):
             return self._batch(message)
         if isinstance(message, dict):
             return self._message(message, invalid)
-        return rpc_error(None, -32600, "a message must be a JSON-RPC object")
+        return rpc_error(None, -32600,
+                         "a message must be a JSON-RPC object")
 
     def _batch(self, messages):
         if self.protocol not in BATCH_VERSIONS or not messages:
-            return rpc_error(None, -32600,
-                             f"batches are not part of protocol version {self.protocol}")
-        # A batch is one request in flight, its members handled in order on one thread.
+            return rpc_error(None, -32600, "batches are not part of "
+                             f"protocol version {self.protocol}")
+        # One request in flight: its members answered in order.
         if not self._admit():
-            return [busy_error(m.get("id") if isinstance(m, dict) and echoable_id(m.get("id"))
-                               else None) for m in messages]
+            return [busy_error(echoed_id(m)) for m in messages]
 
         def run():
             try:
-                answers = [self._message(m, None, batch=True) if isinstance(m, dict) else
-                           rpc_error(None, -32600, "a batch member must be a JSON-RPC object")
-                           for m in messages]
+                answers = [self._member(m) for m in messages]
                 self.send([a for a in answers if a])
             finally:
                 self._release()
         return run
+
+    def _member(self, message):
+        if isinstance(message, dict):
+            return self._message(message, None, batch=True)
+        return rpc_error(None, -32600,
+                         "a batch member must be a JSON-RPC object")
 
     def _admit(self):
         with self.calls_lock:
@@ -3139,54 +3150,69 @@ class HostServer:
             self.running -= 1
 
     def _message(self, message, invalid, batch=False):
-        """A request's answer (None to a notification), or the work that sends it."""
+        """A request's answer (None to a notification), or the work
+        that sends it."""
         method, ident = message.get("method"), message.get("id")
-        params = message.get("params") if isinstance(message.get("params"), dict) else {}
+        params = message.get("params")
+        if not isinstance(params, dict):
+            params = {}
         if not isinstance(method, str):
-            if "id" in message and ("result" in message or "error" in message):
-                return None  # a response to a request agentgate never sends
-            return rpc_error(ident if echoable_id(ident) else None, -32600,
+            if "id" in message and \
+                    ("result" in message or "error" in message):
+                return None  # agentgate sends no request
+            return rpc_error(echoed_id(message), -32600,
                              "a request needs a method")
         if "id" not in message:
-            if method == "notifications/cancelled":
-                with self.calls_lock:
-                    cancelled = self.calls.get(_id_key(params.get("requestId")))
-                if cancelled:
-                    cancelled.set()
-            elif method in self.around.notifications:
-                self.around.notifications[method](self, params)
+            self._notified(method, params)
             return None
         if not echoable_id(ident):
-            # Checked before anything is recorded: no run for an id that cannot be echoed.
-            return rpc_error(None, -32600,
-                             "the id must be a string or a number that can be written as JSON")
+            # Checked before anything is recorded: no run for it.
+            return rpc_error(None, -32600, "the id must be a string or "
+                             "a number that can be written as JSON")
         if method == "tools/call":
-            # Known as it is read, so a cancellation read after it finds it.
-            cancelled, id_key = threading.Event(), _id_key(ident)
-            with self.calls_lock:
-                self.calls[id_key] = cancelled
-
-            def call():
-                try:
-                    return self._call(params, invalid, batch, cancelled)
-                finally:
-                    self._forget(id_key, cancelled)
-            work = self._after_ready(ident, call, batch)
-            if isinstance(work, dict) and not batch:  # refused busy: never runs
-                self._forget(id_key, cancelled)
-            return work
+            return self._tools_call(ident, params, invalid, batch)
         if method == "tools/list":
             return self._after_ready(ident, self._tool_list, batch)
         if method == "initialize":
             self._initialize(params)
         handler = self.around.requests.get(method)
         if handler is None:
-            return rpc_error(ident, -32601, f"method {quote(method)} is not offered")
-        return {"jsonrpc": "2.0", "id": ident, "result": handler(self, params)}
+            return rpc_error(ident, -32601,
+                             f"method {quote(method)} is not offered")
+        return {"jsonrpc": "2.0", "id": ident,
+                "result": handler(self, params)}
+
+    def _notified(self, method, params):
+        if method == "notifications/cancelled":
+            key = _id_key(params.get("requestId"))
+            with self.calls_lock:
+                cancelled = self.calls.get(key)
+            if cancelled:
+                cancelled.set()
+        elif method in self.around.notifications:
+            self.around.notifications[method](self, params)
+
+    def _tools_call(self, ident, params, invalid, batch):
+        # Known as it is read, so a cancellation read after it finds it.
+        cancelled, key = threading.Event(), _id_key(ident)
+        with self.calls_lock:
+            self.calls[key] = cancelled
+
+        def call():
+            try:
+                return self._call(params, invalid, batch, cancelled)
+            finally:
+                self._forget(key, cancelled)
+        work = self._after_ready(ident, call, batch)
+        if isinstance(work, dict) and not batch:  # busy: never runs
+            self._forget(key, cancelled)
+        return work
 
     def _initialize(self, params):
-        requested = params.get("protocolVersion")
-        self.protocol = requested if requested in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[-1]
+        asked = params.get("protocolVersion")
+        if asked not in PROTOCOL_VERSIONS:
+            asked = PROTOCOL_VERSIONS[-1]
+        self.protocol = asked
         info = params.get("clientInfo")
         name = info.get("name") if isinstance(info, dict) else None
         self.client = name[:200] if isinstance(name, str) else ""
@@ -3194,73 +3220,85 @@ class HostServer:
             self.gate.client = self.client
 
     def _after_ready(self, ident, work, batch):
-        """`work` once the servers are ready, at most MAX_IN_FLIGHT at once (a flood grows no
-        threads): a batch member's answer, else the work that sends it."""
-        accepted = not self.stopping  # on the reader: a call read before stdin closed runs
-        if accepted and not batch and not self._admit():
+        """`work`'s answer once the servers are ready, at most
+        MAX_IN_FLIGHT at once: a batch member's answer, else the work
+        that sends it."""
+        # Read on the reader: a call read before stdin closed runs.
+        accepted = not self.stopping
+        admitted = accepted and not batch
+        if admitted and not self._admit():
             return busy_error(ident)
 
         def run():
             try:
                 self.ready.wait()
-                if self.failed or not accepted:
-                    reason = CALL_ERRORS["stopping" if not accepted else "unloaded"]
-                    response = rpc_error(ident, -32603, reason)
-                else:
-                    try:
-                        result = work()
-                    except ToolNotOffered as err:
-                        response = rpc_error(ident, -32602, str(err))
-                    except PassedError as err:
-                        response = {"jsonrpc": "2.0", "id": ident, "error": err.error}
-                    except Exception as err:  # a bug: say so plainly, keep the session
-                        log(f"internal error: {type(err).__name__}: {err}")
-                        response = rpc_error(ident, -32603, CALL_ERRORS["failed"])
-                    else:
-                        if result is None:  # a call the host cancelled: no answer
-                            return None
-                        response = {"jsonrpc": "2.0", "id": ident, "result": result}
+                answer = self._answer(ident, work, accepted)
                 if batch:
-                    return response
-                self.send(response)  # before the release: shutdown waits for every answer
+                    return answer
+                # Before the release: shutdown waits for every answer.
+                self.send(answer)
             finally:
-                if accepted and not batch:
+                if admitted:
                     self._release()
         return run() if batch else run
 
-    def _tool_list(self):
-        quarantined = self.gate.quarantined  # replaced whole: read once
-        return {"tools": [t.listing for t in self.gate.tools.values()
-                          if t.name not in quarantined] + [self.status.listing]}
+    def _answer(self, ident, work, accepted):
+        if self.failed or not accepted:
+            why = "unloaded" if accepted else "stopping"
+            return rpc_error(ident, -32603, CALL_ERRORS[why])
+        try:
+            result = work()
+        except ToolNotOffered as err:
+            return rpc_error(ident, -32602, str(err))
+        except PassedError as err:
+            return {"jsonrpc": "2.0", "id": ident, "error": err.error}
+        except Exception as err:  # a bug: say so, keep the session
+            log(f"internal error: {type(err).__name__}: {err}")
+            return rpc_error(ident, -32603, CALL_ERRORS["failed"])
+        if result is None:  # a call the host cancelled: no answer
+            return None
+        return {"jsonrpc": "2.0", "id": ident, "result": result}
 
-    def _forget(self, id_key, cancelled):
+    def _tool_list(self):
+        held = self.gate.quarantined  # replaced whole: read once
+        tools = [t.listing for t in self.gate.tools.values()
+                 if t.name not in held]
+        return {"tools": tools + [self.status.listing]}
+
+    def _forget(self, key, cancelled):
         with self.calls_lock:
-            if self.calls.get(id_key) is cancelled:
-                del self.calls[id_key]
+            if self.calls.get(key) is cancelled:
+                del self.calls[key]
 
     def _call(self, params, invalid, batch, cancelled):
-        name = params.get("name")
-        args = params.get("arguments")
+        name, args = params.get("name"), params.get("arguments")
         if name == self.status_tool:
             return self.status.call(args, invalid)
-        tool = self.gate.tools.get(name) if isinstance(name, str) else None
+        tool = None
+        if isinstance(name, str):
+            tool = self.gate.tools.get(name)
         if tool is None:
-            raise ToolNotOffered(CALL_ERRORS["unknown_tool"].format(name=quote(str(name))))
+            unknown = CALL_ERRORS["unknown_tool"]
+            raise ToolNotOffered(unknown.format(name=quote(str(name))))
         if tool.name in self.gate.quarantined:
             return answer("DENIED", "TOOL_CHANGED").result()
-        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-        token = meta.get("progressToken")
-        progress = self.around.progress(self, token, cancelled) \
-            if not batch and echoable_id(token) else None
-        answered = self.gate.call(tool, args, invalid, progress, cancelled)
+        meta = params.get("_meta")
+        token = meta.get("progressToken") \
+            if isinstance(meta, dict) else None
+        progress = None
+        if not batch and echoable_id(token):
+            progress = self.around.progress(self, token, cancelled)
+        answered = self.gate.call(tool, args, invalid, progress,
+                                  cancelled)
         if cancelled.is_set() and not batch:
             return None
         result = answered.result()
         if "error" in result:
             raise PassedError(result["error"])
         if answered.passed is None and "outputSchema" in tool.listing:
-            # A host refuses a result lacking the structured content an output schema promises;
-            # the gate's own answers carry none, so they go as errors.
+            # A host refuses a result lacking the structured content
+            # an output schema promises; the gate's own answers carry
+            # none, so they go as errors.
             result["isError"] = True
         return result
 
@@ -3270,11 +3308,17 @@ class ToolNotOffered(Exception):
 
 
 class PassedError(Exception):
-    """A server's JSON-RPC error to a tools/call, to be answered as it came."""
+    """A server's JSON-RPC error to a tools/call, answered as it came."""
 
     def __init__(self, error):
         super().__init__(error["message"])
         self.error = error
+
+
+def echoed_id(message):
+    """A message's id if it can be echoed, else None."""
+    ident = message.get("id") if isinstance(message, dict) else None
+    return ident if echoable_id(ident) else None
 
 
 def _id_key(ident):
@@ -3283,11 +3327,13 @@ def _id_key(ident):
 
 def rpc_error(ident, code, message):
     """Every JSON-RPC error answer the host is sent."""
-    return {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}}
+    error = {"code": code, "message": message}
+    return {"jsonrpc": "2.0", "id": ident, "error": error}
 
 
 def busy_error(ident):
-    return rpc_error(ident, -32000, CALL_ERRORS["busy"].format(limit=MAX_IN_FLIGHT))
+    busy = CALL_ERRORS["busy"].format(limit=MAX_IN_FLIGHT)
+    return rpc_error(ident, -32000, busy)
 
 
 # =============================================================================================
