@@ -7428,15 +7428,18 @@ def approved_fate(gate, approval):
 #
 # Reads as: around the core
 #
-# Owns: what the host side hands on because it decides no call: initialize's answer, ping,
-# notifications/initialized and the tools-changed notice it allows, a call's progress as the
-# host hears it, the threads requests run on, and the status tool. Serve hands HostServer a
-# HostAround at start and a StatusTool once serving.
+# Owns: what the host side hands on because it decides no call:
+# initialize's answer, ping, notifications/initialized and the
+# tools-changed notice it allows, a call's progress as the host hears
+# it, and the status tool. Serve hands HostServer a HostAround at
+# start and a StatusTool once serving.
 # Core it calls: answer, and HostServer's send and protocol.
-# Promises: a call's progress (the gate's while it holds the call, then the server's) reaches
-# the host under the host's token, only increasing, and nothing more once the host cancelled
-# the call; the host is told once of a tool its server changed while serving (section 23), and
-# only after it said notifications/initialized (before, its first tools/list sees the change).
+# Promises: a call's progress (the gate's while it holds the call,
+# then the server's) reaches the host under the host's token, only
+# increasing, and nothing more once the host cancelled the call; the
+# host is told once of a tool its server changed while serving, and
+# only after notifications/initialized (before, its first tools/list
+# sees the change).
 # =============================================================================================
 
 SERVER_INFO = {"name": "gated-tools", "version": VERSION}
@@ -7444,33 +7447,41 @@ PROGRESS_MESSAGE_BYTES = 1000
 
 
 class Progress:
-    """One call's progress as its host hears it: the hold's seconds, one a second at most, then
-    the server's values after them. Only a value above the last one told is sent, as the
-    protocol asks."""
+    """One call's progress as its host hears it: the hold's seconds,
+    one a second at most, then the server's values after them; only
+    a value above the last one told is sent."""
 
     def __init__(self, send):
-        self.send = send  # send(value, total, message); total and message None when absent
+        self.send = send  # send(value, total or None, message or None)
         self.lock = threading.Lock()
-        self.held = decimal.Decimal(0)  # the hold's last value told: the server's start
+        self.held = decimal.Decimal(0)  # the hold's last value told
         self.last = None
 
     def holding(self, waited, total, message):
         exact = decimal.Decimal(repr(waited))
-        if exact - self.held >= 1 and self._tell(waited, exact, total, message):
+        if exact - self.held >= 1 and \
+                self._tell(waited, exact, total, message):
             self.held = exact
 
     def server(self, value, total, message):
         if not isinstance(value, Number):
             return
         exact = self.held + value.exact()
-        shown = value if not self.held else Number(str(exact))
-        if isinstance(total, Number) and self.held:
+        shown = Number(str(exact)) if self.held else value
+        if not isinstance(total, Number):
+            total = None
+        elif self.held:
             total = Number(str(self.held + total.exact()))
-        self._tell(shown, exact, total if isinstance(total, Number) else None,
-                   clean(message, PROGRESS_MESSAGE_BYTES) if isinstance(message, str) else None)
+        if isinstance(message, str):
+            message = clean(message, PROGRESS_MESSAGE_BYTES)
+        else:
+            message = None
+        self._tell(shown, exact, total, message)
 
     def _tell(self, value, exact, total, message):
-        with self.lock:  # told under the lock, so two values never reach the host out of order
+        # Told under the lock: two values never reach the host out of
+        # order.
+        with self.lock:
             if self.last is not None and exact <= self.last:
                 return False
             self.last = exact
@@ -7478,110 +7489,81 @@ class Progress:
             return True
 
 
-class Workers:
-    """Threads for requests: an idle one takes the next task and a new one starts only when
-    none is idle, so threads never outnumber the requests once in flight together, plus the
-    reader. One idle for IDLE_SECONDS ends."""
-
-    IDLE_SECONDS = 2.0
-
-    def __init__(self):
-        self.tasks = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.idle = 0
-
-    def submit(self, task):
-        # Under the lock each task claims an idle thread or starts one, so every queued task
-        # has a thread that will take it; `idle` counts the waiting threads no task claimed.
-        with self.lock:
-            claimed = self.idle > 0
-            if claimed:
-                self.idle -= 1
-        self.tasks.put(task)
-        if not claimed:
-            threading.Thread(target=self._work, daemon=True).start()
-
-    def _work(self):
-        while True:
-            try:
-                task = self.tasks.get(timeout=self.IDLE_SECONDS)
-            except queue.Empty:
-                with self.lock:
-                    # Only an unclaimed thread may end: with none left, a task is on its
-                    # way to this one.
-                    if self.idle > 0:
-                        self.idle -= 1
-                        return
-                continue
-            try:
-                task()
-            except BaseException as err:  # a task handles its own errors; this is a bug
-                log(f"internal error in a worker: {type(err).__name__}: {err}")
-            with self.lock:
-                self.idle += 1
-
-
 class HostAround:
-    """The seam HostServer reaches this section by: `requests` and `notifications` map a
-    method to its handler(host, params); a request's handler returns its result. `workers`
-    runs the reader's next turn and each request; `progress` relays a call's progress."""
+    """The seam HostServer reaches this section by: `requests` and
+    `notifications` map a method to its handler(host, params), a
+    request's returning its result; `progress` relays a call's."""
 
     def __init__(self):
         self.initialized = False
-        self.workers = Workers()
-        self.requests = {"initialize": self.initialize, "ping": lambda host, params: {}}
-        self.notifications = {"notifications/initialized": self._initialized}
+        self.requests = {"initialize": self.initialize,
+                         "ping": lambda host, params: {}}
+        self.notifications = {
+            "notifications/initialized": self._initialized}
 
     @staticmethod
     def initialize(host, params):
-        return {"protocolVersion": host.protocol, "capabilities": {"tools": {"listChanged": True}},
-                "serverInfo": SERVER_INFO}
+        tools = {"tools": {"listChanged": True}}
+        return {"protocolVersion": host.protocol,
+                "capabilities": tools, "serverInfo": SERVER_INFO}
 
     def _initialized(self, host, params):
         self.initialized = True
 
     def tools_changed(self, host):
         if self.initialized:
-            host.send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+            host.send({"jsonrpc": "2.0",
+                       "method": "notifications/tools/list_changed"})
 
     @staticmethod
     def progress(host, token, cancelled):
         def send(value, total, message):
-            # Written on the thread that reads the server: a host that stops reading holds up
-            # that server's answers, as it holds up every answer it is sent.
+            # On the thread that reads the server: a host that stops
+            # reading holds up that server's answers, as it holds up
+            # every answer it is sent.
             if cancelled.is_set():
                 return
-            told = {"progressToken": token, "progress": value, "total": total,
-                    "message": message}
-            host.send({"jsonrpc": "2.0", "method": "notifications/progress",
-                       "params": {k: v for k, v in told.items() if v is not None}})
+            told = {"progressToken": token, "progress": value,
+                    "total": total, "message": message}
+            params = {k: v for k, v in told.items() if v is not None}
+            host.send({"jsonrpc": "2.0", "params": params,
+                       "method": "notifications/progress"})
         return Progress(send)
 
 
-STATUS_SCHEMA = {"type": "object", "additionalProperties": False, "properties": {
-    "approval_id": {"type": "string", "description": STATUS_ARGUMENT}}}
+STATUS_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "properties": {"approval_id": {
+        "type": "string", "description": STATUS_ARGUMENT}}}
 
 
 class StatusTool:
-    """The status tool as the host side offers and calls it; `unserved` servers of the config
-    could not be served, which the model is told (the reasons are the operator's, on stderr)."""
+    """The status tool as the host side offers and calls it; the
+    model is told how many servers are `unserved` (never why)."""
 
     def __init__(self, gate, name, unserved):
         self.gate, self.unserved = gate, unserved
-        self.listing = {"name": name, "description": STATUS_DESCRIPTION,
-                        "inputSchema": STATUS_SCHEMA}
+        self.listing = {"name": name, "inputSchema": STATUS_SCHEMA,
+                        "description": STATUS_DESCRIPTION}
 
     def call(self, args, invalid):
         if invalid:
-            return answer("INVALID", reason=clean(invalid[0], 1000)).result()
+            why = clean(invalid[0], 1000)
+            return answer("INVALID", reason=why).result()
         status = status_answer(self.gate, args)
-        if self.unserved and status.text.startswith("GATE_STATUS:"):
-            status.text += " " + UNSERVED_NOTE.format(count=self.unserved)
-        upstreams = {t.upstream.name: t.upstream for t in self.gate.tools.values()}
+        if not status.text.startswith("GATE_STATUS:"):
+            return status.result()
+        if self.unserved:
+            note = UNSERVED_NOTE.format(count=self.unserved)
+            status.text += " " + note
+        upstreams = {t.upstream.name: t.upstream
+                     for t in self.gate.tools.values()}
         for name, upstream in sorted(upstreams.items()):
             down = upstream.down_text()
-            if down and status.text.startswith("GATE_STATUS:"):
-                status.text += " " + DOWN_NOTE.format(server=clean(name, 64), down=down)
+            if down:
+                note = DOWN_NOTE.format(server=clean(name, 64),
+                                        down=down)
+                status.text += " " + note
         return status.result()
 
 
