@@ -7572,34 +7572,37 @@ class StatusTool:
 #
 # Reads as: around the core
 #
-# Owns: telling the operator an approval starts waiting (the lines on stderr with the command
-# that decides it, and the operator's notify program) and what to change to let a call
-# refused as a duplicate through.
-# Promises: the program runs in its own process group with a deadline, never blocks a call, and
-# past a backlog the oldest announcement is dropped and said so.
-# Core it calls: nothing; the gate calls announce_waiting's announce and
-# duplicate_refused's duplicate through the seams serve registers.
+# Owns: telling the operator an approval starts waiting (the lines on
+# stderr with the command that decides it, and the operator's notify
+# program) and what to change to let a call refused as a duplicate
+# through.
+# Promises: the program runs in its own process group with a
+# deadline, off the call's path; at most NOTIFY_AT_ONCE run at once,
+# and an announcement past them is dropped and said so.
+# Core it calls: nothing; the gate calls announce_waiting's announce
+# and duplicate_refused's duplicate through the seams serve registers.
 # =============================================================================================
 
-
-VENV = "~/.agentgate-venv"  # where the README has the mcp package installed
+VENV = "~/.agentgate-venv"  # where the README installs the mcp package
 
 
 def python_path():
-    """The one interpreter every printed command and host entry names: this one, unless it
-    lacks the mcp package (login needs it) and the venv the README installs it in has it."""
+    """The one interpreter every printed command and host entry names:
+    this one, unless it lacks the mcp package (login needs it) and the
+    README's venv has it."""
     import glob
     import importlib.util
     venv = os.path.expanduser(VENV)
-    if importlib.util.find_spec("mcp") is None and glob.glob(
-            os.path.join(venv, "lib", "python3*", "site-packages", "mcp")):
+    found = glob.glob(os.path.join(venv, "lib", "python3*",
+                                   "site-packages", "mcp"))
+    if found and importlib.util.find_spec("mcp") is None:
         return os.path.join(venv, "bin", "python")
     return sys.executable
 
 
 def python_command():
-    """`python3` when that name finds python_path() on PATH, else its path: a virtual
-    environment's python (which has the mcp package) is not the python3 a terminal finds."""
+    """`python3` when that name finds python_path() on PATH, else its
+    path."""
     import shutil
     found, chosen = shutil.which("python3"), python_path()
     if found and os.path.abspath(found) == os.path.abspath(chosen):
@@ -7608,11 +7611,13 @@ def python_command():
 
 
 def operator_hint(config_file, database=""):
-    command = f"{python_command()} {shlex.quote(os.path.abspath(sys.argv[0]))}"
+    def path(name):
+        return shlex.quote(os.path.abspath(name))
+    command = f"{python_command()} {path(sys.argv[0])}"
     if database:
-        command += f" -db {shlex.quote(os.path.abspath(database))}"
-    elif os.path.abspath(config_path(None)) != os.path.abspath(config_file):
-        command += f" -config {shlex.quote(os.path.abspath(config_file))}"
+        return command + f" -db {path(database)}"
+    if path(config_path(None)) != path(config_file):
+        return command + f" -config {path(config_file)}"
     return command
 
 
@@ -7621,69 +7626,80 @@ def announce_waiting(config, notifier=None):
 
     def announce(approval, tool, run_id):
         command = f"{hint} approve {run_id} -approval {approval['id']}"
-        log(f"approval {approval['id']} ({approval['kind']}) for {tool.name} waits for an "
-            f"operator: run {run_id}")
+        log(f"approval {approval['id']} ({approval['kind']}) for "
+            f"{tool.name} waits for an operator: run {run_id}")
         log(f"  decide with: {command}   (or reject)")
         if notifier:
-            # Names only: an argument's value never leaves the gate this way.
-            notifier.announce({"AGENTGATE_APPROVAL": approval["id"],
-                               "AGENTGATE_RUN": run_id, "AGENTGATE_TOOL": tool.name,
-                               "AGENTGATE_COMMAND": command})
+            # Names only: an argument's value never leaves this way.
+            notifier.announce({
+                "AGENTGATE_APPROVAL": approval["id"],
+                "AGENTGATE_RUN": run_id, "AGENTGATE_TOOL": tool.name,
+                "AGENTGATE_COMMAND": command})
     return announce
 
 
 def duplicate_refused(config):
-    """The gate's duplicate, as serve registers it: it names the config, never model text."""
+    """The gate's duplicate, as serve registers it: it names the
+    config, never model text."""
     def duplicate(tool, run_id, executed_at, window):
-        log(f"a call to {tool.name} was refused as a duplicate of run {run_id}, which executed "
-            f"the same request at {prose_time(executed_at)}: identical calls to {tool.name} "
-            f"are refused for {format_duration(window)} after one executes; to allow them, set "
-            f"\"repeat_window\": \"0s\" (or a shorter time) in the rule for "
-            f"{tool.upstream_name} of server {tool.server.name} in {config.path}")
+        name = tool.name
+        log(f"a call to {name} was refused as a duplicate of run "
+            f"{run_id}, which executed the same request at "
+            f"{prose_time(executed_at)}: identical calls to {name} are "
+            f"refused for {format_duration(window)} after one executes;"
+            f" to allow them, set \"repeat_window\": \"0s\" (or a "
+            f"shorter time) in the rule for {tool.upstream_name} of "
+            f"server {tool.server.name} in {config.path}")
     return duplicate
 
 
-NOTIFY_TIMEOUT = 10  # seconds a notify program may run before its process group is killed
-NOTIFY_BACKLOG = 32  # announcements waiting for the notify program; past it, one is dropped
+NOTIFY_TIMEOUT = 10  # seconds before its process group is killed
+NOTIFY_AT_ONCE = 4  # programs running at once
 
 
 class Notifier:
-    """Runs the operator's notify program when an approval starts waiting, one at a time on a
-    thread of its own: a failing, missing or hanging program costs a call nothing (it is
-    stopped after NOTIFY_TIMEOUT)."""
+    """Runs the operator's notify program as an approval starts
+    waiting, on a thread of its own: a failing, missing or hanging
+    program costs a call nothing (stopped after NOTIFY_TIMEOUT)."""
 
     def __init__(self, argv):
         self.argv = argv
-        self.backlog = queue.Queue(NOTIFY_BACKLOG)
-        threading.Thread(target=self._run, daemon=True).start()
+        self.slots = threading.BoundedSemaphore(NOTIFY_AT_ONCE)
 
     def announce(self, names):
-        try:
-            self.backlog.put_nowait(names)
-        except queue.Full:
-            log(f"notify is {NOTIFY_BACKLOG} approvals behind; approval "
-                f"{names['AGENTGATE_APPROVAL']} is not announced")
+        if not self.slots.acquire(blocking=False):
+            log(f"notify has {NOTIFY_AT_ONCE} programs running; "
+                f"approval {names['AGENTGATE_APPROVAL']} is not "
+                "announced")
+            return
+        threading.Thread(target=self._run, args=(names,),
+                         daemon=True).start()
 
-    def _run(self):
-        program = self.argv[0]
-        while True:
-            names = self.backlog.get()
-            try:
-                proc = subprocess.Popen(self.argv, env={**os.environ, **names},
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
-            except OSError as err:
-                log(f"notify could not run {program}: {err.strerror}")
-                continue
-            try:
-                status = proc.wait(NOTIFY_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                signal_group(proc.pid, signal.SIGKILL)
-                proc.wait()
-                log(f"notify {program} was stopped after {NOTIFY_TIMEOUT}s")
-                continue
-            if status:
-                log(f"notify {program} exited with status {status}")
+    def _run(self, names):
+        try:
+            self._notify(names)
+        finally:
+            self.slots.release()
+
+    def _notify(self, names):
+        program, quiet = self.argv[0], subprocess.DEVNULL
+        try:
+            proc = subprocess.Popen(
+                self.argv, env={**os.environ, **names}, stdin=quiet,
+                stdout=quiet, stderr=quiet, start_new_session=True)
+        except OSError as err:
+            log(f"notify could not run {program}: {err.strerror}")
+            return
+        try:
+            status = proc.wait(NOTIFY_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+            log(f"notify {program} was stopped after "
+                f"{NOTIFY_TIMEOUT}s")
+            return
+        if status:
+            log(f"notify {program} exited with status {status}")
 
 
 # =============================================================================================
