@@ -7308,16 +7308,19 @@ def tools_changed_text(payload):
 #
 # Reads as: around the core
 #
-# Owns: the status tool's answer: the approvals of this session and what became of them.
-# Core it calls: Store.latest_approval, step_outcome, and Answer, answer and gate_status to
-# build its answer from section 6's tables; it reads the rest through the Ledger (section 22)
-# serve opens.
-# Promises: it tells the model what waits and what was decided, never a command, the database,
-# the config or a run id; recorded text from servers is sanitized.
+# Owns: the status tool's answer: the approvals of this session and
+# what became of them, each told in one of a few phrasings.
+# Core it calls: Store.latest_approval, step_outcome, and Answer,
+# answer and gate_status to build its answer from section 6's tables;
+# it reads the rest through the Ledger (section 22) serve opens.
+# Promises: it tells the model what waits and what was decided, never
+# a command, the database, the config or a run id; recorded text from
+# servers is sanitized.
 # =============================================================================================
 
 def time_since(text):
-    return format_duration(int(time.time() - parse_time(text)) * SECOND)
+    elapsed = int(time.time() - parse_time(text))
+    return format_duration(elapsed * SECOND)
 
 
 STATUS_LOOKBACK = 3600
@@ -7325,15 +7328,17 @@ STATUS_ROWS = 200
 
 
 def status_answer(gate, args):
-    """The status tool: what waits for an operator, or what became of one approval. It reads
-    only, is not recorded as a run, and never executes or decides anything."""
-    if args is None:
-        args = {}
+    """The status tool: what waits for an operator, or what became of
+    one approval. It reads only: it runs and decides nothing."""
+    args = {} if args is None else args
     if not isinstance(args, dict) or set(args) - {"approval_id"} or \
             not isinstance(args.get("approval_id", ""), str):
-        return answer("INVALID", reason=SLOT_PROSE["status_arguments"])
+        why = SLOT_PROSE["status_arguments"]
+        return answer("INVALID", reason=why)
+    since = format_time(time.time() - STATUS_LOOKBACK)
     try:
-        approvals = status_approvals(gate.store, gate.config.session)
+        approvals = gate.store.recent_approvals(
+            gate.config.session, since, STATUS_ROWS)
     except StoreError as err:
         log(str(err))
         return answer("UNAVAILABLE", what=SLOT_PROSE["unreadable"])
@@ -7341,85 +7346,87 @@ def status_answer(gate, args):
     if wanted:
         for approval in approvals:
             if approval["id"] == wanted:
-                return Answer(f"GATE_STATUS: {describe_approval(gate, approval)}",
+                text = describe_approval(gate, approval)
+                return Answer(f"GATE_STATUS: {text}",
                               mark="GATE_STATUS")
         return gate_status("unknown_id", approval=clean(wanted, 100))
     waiting = [a for a in approvals if a["status"] == "pending" and
-               (not a["expires_at"] or a["expires_at"] > now())]
+               not lapsed(a)]
     if not waiting:
         return gate_status("none_waiting")
-    lines = "\n".join(f"- {describe_approval(gate, a)}" for a in waiting)
-    return gate_status("one_waiting" if len(waiting) == 1 else "some_waiting",
-                       count=len(waiting), lines=lines)
+    lines = "\n".join(f"- {describe_approval(gate, a)}"
+                      for a in waiting)
+    key = "one_waiting" if len(waiting) == 1 else "some_waiting"
+    return gate_status(key, count=len(waiting), lines=lines)
 
 
-def status_approvals(store, session):
-    return store.recent_approvals(session, format_time(time.time() - STATUS_LOOKBACK),
-                                  STATUS_ROWS)
+def lapsed(approval):
+    return approval["expires_at"] and approval["expires_at"] <= now()
 
 
 def describe_approval(gate, approval):
-    """One approval as the model may read it: what it asked, and what became of it."""
+    """One approval as the model may read it: what it asked, and what
+    became of it."""
     capability = parse(approval["capability_json"])
-    head = STATUS_PROSE["head"].format(approval=approval["id"], tool=clean(approval["tool"], 64),
-                                       args=clean(policy_json(capability.get("args", {})), 200))
+    args = policy_json(capability.get("args", {}))
+    head = STATUS_PROSE["head"].format(
+        approval=approval["id"], tool=clean(approval["tool"], 64),
+        args=clean(args, 200))
     age = time_since(approval["created_at"])
     status = approval["status"]
-    if status == "pending":
-        if approval["expires_at"] and approval["expires_at"] <= now():
-            return STATUS_PROSE["expired_undecided"].format(head=head)
+    if status == "pending" and not lapsed(approval):
+        key = "pending"
         if approval["kind"] == "interrupted_side_effect":
-            return STATUS_PROSE["outcome_unknown"].format(head=head, age=age)
-        return STATUS_PROSE["pending"].format(head=head, age=age)
+            key = "outcome_unknown"
+        return STATUS_PROSE[key].format(head=head, age=age)
     if status == "rejected":
-        note = STATUS_PROSE["rejected_note"].format(note=cut(quote(approval["note"]), 500)) \
-            if approval["note"] else ""
+        note = ""
+        if approval["note"]:
+            note = STATUS_PROSE["rejected_note"].format(
+                note=cut(quote(approval["note"]), 500))
         return STATUS_PROSE["rejected"].format(head=head, note=note)
-    if status == "expired":
+    if status != "approved":  # expired, decided or not
         return STATUS_PROSE["expired"].format(head=head)
     return f"{head}: {approved_fate(gate, approval)}"
 
 
+# An executed step's ending (CALL_ENDINGS) -> how the status tells
+# it; any other ending: unknown (taken over or cancelled meanwhile).
+FATE_OF_ENDING = {"ok": "succeeded", "error": "failed",
+                  "unsent": "failed", "unrecorded": "unrecorded"}
+
+
 def approved_fate(gate, approval):
     store, step_id = gate.store, approval["step_id"]
+    observed = store.step_observation(step_id)
+    ending = step_outcome(observed) if observed else ""
     if store.executed_under(approval):
-        observed = store.step_observation(step_id)
         if not observed:
             return STATUS_PROSE["executing"]
-        ending = step_outcome(observed)
-        if ending == "ok":
-            return STATUS_PROSE["succeeded"]
-        if ending not in CALL_ENDINGS:  # taken over or cancelled while executing
-            ending = "cut_off"
-        error = clean(outcome_text(observed), 500) if ending != "cut_off" else ""
-        if ending == "unrecorded":
-            return STATUS_PROSE["unrecorded"].format(error=error)
-        if ending in ("error", "unsent"):
-            return STATUS_PROSE["failed"].format(error=error)
-        waiting = [a for a in status_approvals(store, gate.config.session)
-                   if a["request_key"] == approval["request_key"] and a["status"] == "pending"
-                   and a["kind"] == "interrupted_side_effect" and a["id"] != approval["id"]]
-        then = STATUS_PROSE["rerun_waits"].format(approval=waiting[0]["id"]) if waiting else \
-            STATUS_PROSE["no_rerun"]
-        return STATUS_PROSE["unknown"].format(how=HOW[ending], then=then)
+        key = FATE_OF_ENDING.get(ending, "unknown")
+        how = HOW[ending if ending in HOW else "cut_off"]
+        error = ""
+        if ending in CALL_ENDINGS:
+            error = clean(outcome_text(observed), 500)
+        text = STATUS_PROSE[key].format(error=error, how=how,
+                                        then="")
+        return text.rstrip()
     newer = store.latest_approval(approval["run_id"])
-    if newer and newer["step_id"] == step_id and newer["id"] != approval["id"]:
+    if newer and newer["step_id"] == step_id and \
+            newer["id"] != approval["id"]:
         return STATUS_PROSE["superseded"].format(approval=newer["id"])
     if approval["run_status"] == "WAITING_FOR_APPROVAL":
         return STATUS_PROSE["uncollected"].format(tool=approval["tool"])
     if approval["run_status"] not in TERMINAL:
         return STATUS_PROSE["executing"]
-    # An approved step refused was refused when collected: its first decision asked.
-    observed = store.step_observation(step_id)
-    refused = step_outcome(observed) if observed else ""
-    if approval["run_reason"] in ("operator_cancelled", "approval_expired"):
-        why = NOT_EXECUTED_WHY[approval["run_reason"]]
-    elif refused == "denied":
-        why = NOT_EXECUTED_WHY["denied_on_resume"]
-    elif refused == "invalid":
-        why = NOT_EXECUTED_WHY["invalid_on_resume"]
+    # An approved step refused was refused when collected.
+    reason = approval["run_reason"]
+    if reason in ("operator_cancelled", "approval_expired"):
+        why = NOT_EXECUTED_WHY[reason]
+    elif ending in ("denied", "invalid"):
+        why = NOT_EXECUTED_WHY[f"{ending}_on_resume"]
     else:
-        why = NOT_EXECUTED_WHY["ended"].format(reason=approval["run_reason"])
+        why = NOT_EXECUTED_WHY["ended"].format(reason=reason)
     return STATUS_PROSE["not_executed"].format(why=why)
 
 
