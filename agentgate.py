@@ -6938,179 +6938,253 @@ def handshake_and_list(upstream, deadline):
 #
 # Reads as: around the core
 #
-# Owns: the reads people make of the record (Ledger): the runs, steps and approvals the
-# operator commands and the status tool list, the grants, the tool changes, the event chain.
-# Core it calls: Store, whose read connection it reads through, and tool_spec; it writes
-# nothing.
-# Promises: only SELECTs: every statement that changes the record is section 7's, and an
-# approval's row is read by Store itself. A run's events read the same in either shape Tx.flush
-# has written (event_parts). The status tool reads through the Ledger serve opens.
+# Owns: the reads people make of the record (Ledger): the runs, steps
+# and approvals the operator commands and the status tool list, the
+# grants, the tool changes, the event chain.
+# Core it calls: Store, whose read connection it reads through, and
+# tool_spec; it writes nothing.
+# Promises: only SELECTs: every statement that changes the record is
+# section 7's, and an approval's row is read by Store itself. A run's
+# events read the same in either shape Tx.flush writes (event_parts).
 # =============================================================================================
 
-COMBINED_EVENTS = ("call.began", "call.changed", "call.ended")  # Tx.flush's events of parts
+# Tx.flush's events made of parts.
+COMBINED_EVENTS = ("call.began", "call.changed", "call.ended")
 
 
 def event_parts(type_, step_id, payload_json):
-    """A stored event as the parts it records, each (type, step id, payload): a combined event
-    as its parts in order, any other as itself."""
+    """A stored event as the (type, step id, payload) parts it
+    records: a combined event's parts in order, any other itself."""
     payload = parse(payload_json)
     if type_ in COMBINED_EVENTS:
         return [tuple(part) for part in payload["parts"]]
     return [(type_, step_id, payload)]
 
 
+def ids_of(rows):
+    return [row[0] for row in rows]
+
+
+RECENT_CALLS = (
+    "FROM calls c JOIN runs r ON r.id = c.run_id"
+    " JOIN approvals a ON a.run_id = r.id"
+    " WHERE c.id IN (SELECT id FROM calls"
+    " WHERE session=? AND (settled_at=''"
+    " OR settled_at>=?) ORDER BY id DESC LIMIT ?)"
+    " ORDER BY c.id DESC, a.rowid")
+WAITING = (
+    "FROM calls c JOIN runs r ON r.id = c.run_id"
+    " JOIN approvals a ON a.run_id = r.id"
+    " WHERE c.settled_at='' {session}"
+    " AND r.status='WAITING_FOR_APPROVAL'"
+    " AND a.status='pending'"
+    " AND (a.expires_at='' OR a.expires_at>?)"
+    " ORDER BY a.created_at, a.id")
+RUN_COLUMNS = ("run", "session", "tool", "status", "reason",
+               "detail", "steps", "created", "finished",
+               "lease_owner", "lease_expires_at")
+STEP_COLUMNS = ("id", "index", "status", "decision", "policy",
+                "observation", "spec_hash")
+PAGE_COLUMNS = ("run", "status", "reason", "detail", "steps",
+                "created", "tool", "pending_approval", "host")
+# The host's name as the policy's first decision recorded it: a
+# step.policy event's, a run.read's, or a step.policy part of the
+# call.began that holds it.
+RUNS_PAGE = (
+    "SELECT r.id, r.status, r.reason, r.detail,"
+    " r.step_count, r.created_at, r.tool,"
+    " (SELECT a.id FROM approvals a WHERE a.run_id = r.id"
+    " AND a.status='pending' ORDER BY a.rowid DESC LIMIT 1),"
+    " COALESCE((SELECT COALESCE("
+    "json_extract(e.payload_json, '$.facts.client'),"
+    " json_extract(e.payload_json, '$.policy.facts.client'),"
+    " (SELECT json_extract(p.value, '$[2].facts.client')"
+    " FROM json_each(e.payload_json, '$.parts') p"
+    " WHERE json_extract(p.value, '$[0]')='step.policy'"
+    " LIMIT 1))"
+    " FROM events e WHERE e.run_id = r.id AND e.type IN"
+    " ('step.policy', 'run.read', 'call.began')"
+    " ORDER BY e.seq LIMIT 1), '')"
+    " FROM runs r WHERE ?='' OR r.session=?"
+    " ORDER BY r.rowid DESC LIMIT ?")
+GRANTS = (
+    "SELECT {columns} FROM grants WHERE (?='' OR session=?)"
+    " AND (CASE WHEN revoked_at='' THEN expires_at"
+    " ELSE min(revoked_at, expires_at) END)>=?"
+    " ORDER BY created_at DESC, id DESC")
+
+
 class Ledger(Store):
     """The record as people read it."""
 
     def approvals(self, run_id):
-        return self.read_approvals("FROM approvals a WHERE a.run_id=? ORDER BY a.rowid",
-                                   (run_id,))
+        return self.read_approvals(
+            "FROM approvals a WHERE a.run_id=? ORDER BY a.rowid",
+            (run_id,))
 
     def recent_approvals(self, session, since, limit):
-        """Every approval of the session's newest `limit` calls that are unsettled or settled
-        since `since`, with its run's tool, status and reason and its request key."""
+        """Every approval of the session's newest `limit` calls that
+        are unsettled or settled since `since`, with its run's tool,
+        status and reason and its request key."""
         return self.read_approvals(
-            "FROM calls c JOIN runs r ON r.id = c.run_id JOIN approvals a ON a.run_id = r.id "
-            "WHERE c.id IN (SELECT id FROM calls WHERE session=? AND (settled_at='' OR "
-            "settled_at>=?) ORDER BY id DESC LIMIT ?) ORDER BY c.id DESC, a.rowid",
-            (session, since, limit), (("tool", "r.tool"), ("run_status", "r.status"),
-                                      ("run_reason", "r.reason"),
-                                      ("request_key", "c.request_key")))
+            RECENT_CALLS, (session, since, limit),
+            (("tool", "r.tool"), ("run_status", "r.status"),
+             ("run_reason", "r.reason"),
+             ("request_key", "c.request_key")))
 
     def executed_under(self, approval):
-        return any(type_ == "step.tool_started" and step_id == approval["step_id"] and
-                   payload.get("approval_id") == approval["id"]
-                   for _, _, type_, step_id, payload in self.run_parts(approval["run_id"]))
+        return any(
+            type_ == "step.tool_started"
+            and step_id == approval["step_id"]
+            and payload.get("approval_id") == approval["id"]
+            for _, _, type_, step_id, payload
+            in self.run_parts(approval["run_id"]))
 
     def step_observation(self, step_id):
-        row = self.read_one("SELECT observation_json FROM steps WHERE id=?", (step_id,))
+        row = self.read_one(
+            "SELECT observation_json FROM steps WHERE id=?",
+            (step_id,))
         return parse(row[0]) if row and row[0] else None
 
     def run_events(self, run_id):
-        return self.read("SELECT seq, at, type, step_id, payload_json FROM events WHERE "
-                         "run_id=? ORDER BY seq", (run_id,))
+        return self.read(
+            "SELECT seq, at, type, step_id, payload_json"
+            " FROM events WHERE run_id=? ORDER BY seq", (run_id,))
 
     def run_parts(self, run_id):
-        """What a run's events record, as (seq, at, type, step id, payload): each part of a
-        combined event as an event of its own, under the seq of the event that holds it."""
-        return [(seq, at, *part) for seq, at, type_, step_id, payload in self.run_events(run_id)
+        """A run's events as (seq, at, type, step id, payload), each
+        part of a combined event under the seq of its event."""
+        return [(seq, at, *part) for seq, at, type_, step_id, payload
+                in self.run_events(run_id)
                 for part in event_parts(type_, step_id, payload)]
 
     def late_outcomes(self, run_id):
-        """Outcomes of a run's cut-off attempts that came after a takeover: (step, observation)."""
-        return [(step_id, payload["observation"]) for _, _, type_, step_id, payload
-                in self.run_parts(run_id) if type_ == "step.tool_finished" and payload.get("late")]
+        """(step, observation) of each outcome of a run's cut-off
+        attempts that came after a takeover."""
+        return [(step_id, payload["observation"])
+                for _, _, type_, step_id, payload
+                in self.run_parts(run_id)
+                if type_ == "step.tool_finished"
+                and payload.get("late")]
 
     def waiting_approvals(self, session):
-        """The approvals an operator may decide now (of one session, or all with session ''),
-        oldest first, each with its run's tool. A waiting run's call is unsettled, so the
-        calls index finds them without reading the history of approvals."""
-        where = "c.settled_at=''" + (" AND c.session=?" if session else "")
-        return self.read_approvals(
-            f"FROM calls c JOIN runs r ON r.id = c.run_id JOIN approvals a ON a.run_id = r.id "
-            f"WHERE {where} AND r.status='WAITING_FOR_APPROVAL' AND a.status='pending' AND "
-            f"(a.expires_at='' OR a.expires_at>?) ORDER BY a.created_at, a.id",
-            (*([session] if session else []), now()), (("tool", "r.tool"),))
+        """The approvals an operator may decide now (of one session,
+        or all with session ''), oldest first, each with its run's
+        tool. A waiting run's call is unsettled, so the calls index
+        finds them."""
+        args = [session] if session else []
+        where = "AND c.session=?" if session else ""
+        return self.read_approvals(WAITING.format(session=where),
+                                   (*args, now()), (("tool", "r.tool"),))
 
     def steps(self, run_id):
-        """A run's steps, oldest first; an allowed read's one step is read out of its run.read
-        event (Tx.record_read)."""
-        names = ("id", "index", "status", "decision", "policy", "observation", "spec_hash")
-        rows = self.read("SELECT id, idx, status, decision_json, policy_json, observation_json,"
-                         " spec_hash FROM steps WHERE run_id=? ORDER BY idx", (run_id,))
+        """A run's steps, oldest first; an allowed read's one step is
+        read out of its run.read event (Tx.record_read)."""
+        rows = self.read(
+            "SELECT id, idx, status, decision_json, policy_json,"
+            " observation_json, spec_hash FROM steps"
+            " WHERE run_id=? ORDER BY idx", (run_id,))
         if not rows:
-            for step_id, payload in self.read("SELECT step_id, payload_json FROM events WHERE "
-                                              "run_id=? AND type='run.read'", (run_id,)):
-                read = parse(payload)
-                if "observation" in read:  # before schema version 3 a read kept a step row
-                    policy = {k: v for k, v in read["policy"].items()
-                              if k not in ("policy_id", "spec_hash")}
-                    rows.append((step_id, 0, "done" if read["status"] == "COMPLETED" else
-                                 "failed", dumps(read["decision"]), dumps(policy),
-                                 dumps(read["observation"]), read["policy"]["spec_hash"]))
-        return [dict(zip(names, row)) for row in rows]
+            rows = [self._read_step(step_id, parse(payload))
+                    for step_id, payload in self.read(
+                        "SELECT step_id, payload_json FROM events"
+                        " WHERE run_id=? AND type='run.read'",
+                        (run_id,))]
+        return [dict(zip(STEP_COLUMNS, row)) for row in rows if row]
+
+    @staticmethod
+    def _read_step(step_id, read):
+        if "observation" not in read:
+            return None
+        policy = {k: v for k, v in read["policy"].items()
+                  if k not in ("policy_id", "spec_hash")}
+        ok = read["status"] == "COMPLETED"
+        return (step_id, 0, "done" if ok else "failed",
+                dumps(read["decision"]), dumps(policy),
+                dumps(read["observation"]),
+                read["policy"]["spec_hash"])
 
     def run(self, run_id):
-        row = self.read_one("SELECT id, session, tool, status, reason, detail, step_count, "
-                            "created_at, finished_at, lease_owner, lease_expires_at FROM runs "
-                            "WHERE id=?", (run_id,))
-        names = ("run", "session", "tool", "status", "reason", "detail", "steps", "created",
-                 "finished", "lease_owner", "lease_expires_at")
-        return dict(zip(names, row)) if row else None
+        row = self.read_one(
+            "SELECT id, session, tool, status, reason, detail,"
+            " step_count, created_at, finished_at, lease_owner,"
+            " lease_expires_at FROM runs WHERE id=?", (run_id,))
+        return dict(zip(RUN_COLUMNS, row)) if row else None
 
     def runs_page(self, session, limit):
-        """Runs newest first (of one session, or all with session ''), with the approval each
-        waits on and the host's name as the policy's first decision recorded it ('' before the
-        policy; a call's first decision is a part of the event that began it)."""
-        names = ("run", "status", "reason", "detail", "steps", "created", "tool",
-                 "pending_approval", "host")
-        return [dict(zip(names, row)) for row in self.read(
-            "SELECT r.id, r.status, r.reason, r.detail, r.step_count, r.created_at, r.tool, "
-            "(SELECT a.id FROM approvals a WHERE a.run_id = r.id AND a.status='pending' ORDER "
-            "BY a.rowid DESC LIMIT 1), COALESCE((SELECT COALESCE(json_extract(e.payload_json, "
-            "'$.facts.client'), json_extract(e.payload_json, '$.policy.facts.client'), (SELECT "
-            "json_extract(p.value, '$[2].facts.client') FROM json_each(e.payload_json, "
-            "'$.parts') p WHERE json_extract(p.value, '$[0]')='step.policy' LIMIT 1)) FROM "
-            "events e WHERE e.run_id = r.id AND e.type IN ('step.policy', 'run.read', "
-            "'call.began') ORDER BY e.seq LIMIT 1), '') FROM runs r WHERE ?='' OR r.session=? "
-            "ORDER BY r.rowid DESC LIMIT ?", (session, session, limit))]
+        """Runs newest first (of one session, or all with session ''),
+        with the approval each waits on and the host's name ('' before
+        the policy decided)."""
+        rows = self.read(RUNS_PAGE, (session, session, limit))
+        return [dict(zip(PAGE_COLUMNS, row)) for row in rows]
 
     def session_runs(self, session, limit):
-        return [row[0] for row in self.read(
-            "SELECT id FROM runs WHERE session=? ORDER BY rowid DESC LIMIT ?",
-            (session, limit))]
+        return ids_of(self.read(
+            "SELECT id FROM runs WHERE session=?"
+            " ORDER BY rowid DESC LIMIT ?", (session, limit)))
 
     def policy_events(self, run_id):
-        """A run's decisions of the policy as (seq, step id, the recorded policy, at): the
-        step.policy parts, or the policy a read's one run.read event carries."""
-        return [(seq, step_id, payload if type_ == "step.policy" else payload["policy"], at)
-                for seq, at, type_, step_id, payload in self.run_parts(run_id)
+        """A run's decisions of the policy as (seq, step id, the
+        recorded policy, at): the step.policy parts, or the policy a
+        read's one run.read event carries."""
+        return [(seq, step_id, payload if type_ == "step.policy"
+                 else payload["policy"], at)
+                for seq, at, type_, step_id, payload
+                in self.run_parts(run_id)
                 if type_ in ("step.policy", "run.read")]
 
     def tool_spec(self, spec_hash):
         return tool_spec(self.read, spec_hash)
 
     def grants(self, session, since):
-        return [dict(zip(GRANT_COLUMNS, row)) for row in self.read(
-            f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE (?='' OR session=?) AND "
-            f"(CASE WHEN revoked_at='' THEN expires_at ELSE min(revoked_at, expires_at) END)>=?"
-            f" ORDER BY created_at DESC, id DESC", (session, session, since))]
+        sql = GRANTS.format(columns=", ".join(GRANT_COLUMNS))
+        rows = self.read(sql, (session, session, since))
+        return [dict(zip(GRANT_COLUMNS, row)) for row in rows]
 
     def grant(self, grant_id):
-        row = self.read_one(f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE id=?",
-                            (grant_id,))
+        row = self.read_one(
+            f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants"
+            " WHERE id=?", (grant_id,))
         return dict(zip(GRANT_COLUMNS, row)) if row else None
 
     def ids_starting(self, table, prefix, limit):
-        """Up to `limit` ids of `table` (runs, approvals or grants) that start with `prefix`
-        (ASCII), in order: a range of the primary key."""
-        return [row[0] for row in self.read(
-            f"SELECT id FROM {table} WHERE id>=? AND id<? ORDER BY id LIMIT ?",
-            (prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1), limit))]
+        """Up to `limit` ids of `table` (runs, approvals or grants)
+        that start with `prefix` (ASCII), in order."""
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        return ids_of(self.read(
+            f"SELECT id FROM {table} WHERE id>=? AND id<?"
+            " ORDER BY id LIMIT ?", (prefix, end, limit)))
 
     def run_ids_after_session(self, prefix, limit):
-        """Up to `limit` run ids whose part after the session starts with `prefix` (letters
-        and digits only), in any session: a scan, for an operator who gave no session."""
-        return [row[0] for row in self.read(
-            "SELECT id FROM runs WHERE substr(id, instr(id, '.') + 1) GLOB ? ORDER BY id "
-            "LIMIT ?", (prefix + "*", limit))]
+        """Up to `limit` run ids whose part after the session starts
+        with `prefix` (letters and digits), in any session: a scan."""
+        return ids_of(self.read(
+            "SELECT id FROM runs"
+            " WHERE substr(id, instr(id, '.') + 1) GLOB ?"
+            " ORDER BY id LIMIT ?", (prefix + "*", limit)))
 
     def tool_changes(self, session, limit):
-        return [(at, parse(payload)) for at, payload in self.read(
-            "SELECT at, payload_json FROM events WHERE run_id=? AND type='tools.changed' "
-            "ORDER BY seq DESC LIMIT ?", (f"{session}.tools", limit))]
+        rows = self.read(
+            "SELECT at, payload_json FROM events WHERE run_id=?"
+            " AND type='tools.changed' ORDER BY seq DESC LIMIT ?",
+            (f"{session}.tools", limit))
+        return [(at, parse(payload)) for at, payload in rows]
 
     def chain_head(self):
-        return self.read_one("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
+        return self.read_one(
+            "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
 
     def event_hash_at(self, seq):
-        row = self.read_one("SELECT hash FROM events WHERE seq=?", (seq,))
+        row = self.read_one("SELECT hash FROM events WHERE seq=?",
+                            (seq,))
         return row[0] if row else None
 
     def events_after(self, seq, last, limit):
-        return self.read("SELECT seq, run_id, step_id, at, type, payload_json, hash FROM "
-                         "events WHERE seq>? AND seq<=? ORDER BY seq LIMIT ?",
-                         (seq, last if last is not None else 2**62, limit))
+        last = 2**62 if last is None else last
+        return self.read(
+            "SELECT seq, run_id, step_id, at, type, payload_json, hash"
+            " FROM events WHERE seq>? AND seq<=? ORDER BY seq LIMIT ?",
+            (seq, last, limit))
 
 
 # =============================================================================================
