@@ -7192,56 +7192,67 @@ class Ledger(Store):
 #
 # Reads as: around the core
 #
-# Owns: a server's change of its tools while the gate serves (notifications/tools/list_changed):
-# the tools are listed again and compared with the pin by changed_parts (section 5).
-# Core it calls: manifest_entry, changed_parts, Gate.quarantine (its only write to the gate) and
-# calls the host's tools_changed notice, both handed to it by serve.
-# Promises: a tool whose server changed it is no longer offered and a call to it is refused
-# TOOL_CHANGED; a listing that fails quarantines the server's tools and is retried at 4, 8, 16,
-# 32 s, then every 60 s. A server that goes away is said so on stderr and started again at 1,
-# 2, 4 ... s, then every 60 s; it serves again once connected and listed as a change is.
+# Owns: a server's change of its tools while the gate serves
+# (notifications/tools/list_changed): the tools are listed again and
+# compared with the pin by changed_parts (section 5).
+# Core it calls: manifest_entry, changed_parts, Gate.quarantine (its
+# only write to the gate), and the host's tools_changed notice that
+# serve hands it.
+# Promises: a tool whose server changed it is no longer offered and a
+# call to it is refused TOOL_CHANGED; a listing that fails
+# quarantines the server's tools and is retried at 4, 8, 16, 32 s,
+# then every 60 s. A server that goes away is said so on stderr and
+# started again at 1, 2, 4 ... s, then every 60 s; it serves again
+# once connected and listed as a change is.
 # =============================================================================================
 
 def tool_changes(pinned, live):
-    """How what a server presents now (`live`, manifest entries) differs from what it pinned,
-    per tool: ("added", None, now), ("removed", pinned, None) or ("changed", pinned, now)."""
+    """How what a server presents now (`live`, manifest entries)
+    differs from its pin, per tool: ("added", None, now), ("removed",
+    pinned, None) or ("changed", pinned, now)."""
     changes = {}
     for name in sorted(set(pinned) | set(live)):
         old, new = pinned.get(name), live.get(name)
-        if old is None or new is None or changed_parts(old, new):
-            kind = "added" if old is None else "removed" if new is None else "changed"
-            changes[name] = (kind, old, new)
+        if old is None:
+            changes[name] = ("added", old, new)
+        elif new is None:
+            changes[name] = ("removed", old, new)
+        elif changed_parts(old, new):
+            changes[name] = ("changed", old, new)
     return changes
 
 
-LIST_CHANGED_INTERVAL = 2.0  # seconds: the least time between two listings of one server
-RELIST_RETRY_MAX = 60.0  # seconds: the longest wait between two tries of a failing listing
+LIST_CHANGED_INTERVAL = 2  # seconds at least between two listings
+CHANGE_KINDS = ("changed", "removed", "added")
 
 
 class ToolWatch:
-    """Acts on a server's notifications/tools/list_changed while the gate serves.
+    """Acts on a server's notifications/tools/list_changed.
 
-    The server is listed again on a thread of its own, never on a call's path. A tool that
-    changed or is gone is quarantined, a new one is not offered, one back to its pin is
-    offered again; calls in flight are not touched. Notices that flood in come to one listing
-    every LIST_CHANGED_INTERVAL. A failed listing quarantines all the server's tools (they
-    said they changed, and are unchecked) until a listing succeeds.
+    The server is listed again on a thread of its own, never on a
+    call's path. A tool that changed or is gone is quarantined, a new
+    one is not offered, one back to its pin is offered again; calls
+    in flight are not touched. A flood of notices comes to one
+    listing every LIST_CHANGED_INTERVAL. A failed listing quarantines
+    all the server's tools (they said they changed, and are
+    unchecked) until a listing succeeds.
     """
 
     def __init__(self, gate, upstreams, announce):
         self.gate, self.announce = gate, announce
-        self.upstreams = {upstream.name: upstream for upstream in upstreams}
-        self.pending = {}  # server name -> notifications not yet acted on
-        self.failures = {}  # server name -> listings failed in a row since the last success
-        self.held = {}  # server name -> the registered names it has quarantined
-        self.seen = {}  # server name -> the differences last recorded
-        self.starts = {}  # server name -> starts failed in a row while it is down
+        self.upstreams = {u.name: u for u in upstreams}
+        # Per server name: notices not yet acted on, listings failed in
+        # a row, the names it holds quarantined, the differences last
+        # recorded, starts failed in a row while it is down.
+        self.pending, self.failures, self.held = {}, {}, {}
+        self.seen, self.starts = {}, {}
         self.cond = threading.Condition()
-        threading.Thread(target=self._run, daemon=True).start()
-        threading.Thread(target=self._revive, daemon=True).start()
+        for loop in (self._run, self._revive):
+            threading.Thread(target=loop, daemon=True).start()
         for upstream in upstreams:
             upstream.on_exit = functools.partial(self.exited, upstream)
-            upstream.watch_tools(functools.partial(self.changed, upstream.name))
+            upstream.watch_tools(
+                functools.partial(self.changed, upstream.name))
 
     def changed(self, server):
         with self.cond:
@@ -7249,63 +7260,76 @@ class ToolWatch:
             self.cond.notify_all()
 
     def _run(self):
-        listed = {}  # server name -> when it was last listed (monotonic)
+        listed = {}  # server name -> when last listed (monotonic)
         while not self.gate.stopping.is_set():
             with self.cond:
-                due = {name: listed.get(name, -math.inf) + relist_wait(self.failures.get(name, 0))
+                due = {name: listed.get(name, -math.inf) +
+                       relist_wait(self.failures.get(name, 0))
                        for name in self.pending}
-                ready = [name for name, at in due.items() if at <= time.monotonic()]
+                clock = time.monotonic()
+                ready = [name for name, at in due.items() if at <= clock]
                 if not ready:
-                    self.cond.wait(min(due.values(), default=time.monotonic() + 1)
-                                   - time.monotonic())
+                    soonest = min(due.values(), default=clock + 1)
+                    self.cond.wait(soonest - clock)
                     continue
-                server, count = ready[0], self.pending.pop(ready[0])
+                server = ready[0]
+                count = self.pending.pop(server)
             listed[server] = time.monotonic()
             if count > 1:
-                log(f"server {server} said {count} times that its tools changed; it is listed "
-                    f"again at most every {LIST_CHANGED_INTERVAL:g}s")
+                log(f"server {server} said {count} times that its tools "
+                    f"changed; it is listed again at most every "
+                    f"{LIST_CHANGED_INTERVAL:g}s")
             try:
                 self._relist(server)
             except UpstreamError as err:
                 self._failed(server, err)
             except StoreError as err:
-                log(f"server {server} changed its tools, but the change could not be recorded: "
-                    f"{err}")
+                log(f"server {server} changed its tools, but the change "
+                    f"could not be recorded: {err}")
 
     def _failed(self, server, err):
-        self.failures[server] = self.failures.get(server, 0) + 1
+        failures = self.failures.get(server, 0) + 1
+        self.failures[server] = failures
         with self.cond:  # tried again without a new notice
             self.pending.setdefault(server, 0)
-        held = sorted(tool.name for tool in self.gate.tools.values()
-                      if tool.server.name == server)
-        log(f"server {server} said its tools changed, but listing them again failed: {err}; "
-            f"not offered until a listing succeeds (next try in "
-            f"{relist_wait(self.failures[server]):g}s): {', '.join(held) or 'none'}")
+        held = sorted(t.name for t in self.gate.tools.values()
+                      if t.server.name == server)
+        log(f"server {server} said its tools changed, but listing them "
+            f"again failed: {err}; not offered until a listing "
+            f"succeeds (next try in {relist_wait(failures):g}s): "
+            f"{', '.join(held) or 'none'}")
         self._hold(server, held)
 
     def _relist(self, server):
         upstream = self.upstreams[server]
-        listed = upstream.list_tools(Deadline(upstream.server.connect_timeout))
-        changes = tool_changes(upstream.pinned, {name: manifest_entry(tool)
-                                                 for name, tool in listed.items()})
-        differences = {kind: sorted(name for name, (k, _, _) in changes.items() if k == kind)
-                       for kind in ("changed", "removed", "added")}
-        offered = {tool.upstream_name: tool.name for tool in self.gate.tools.values()
-                   if tool.server.name == server}
-        held = sorted(offered[name] for name in differences["changed"] + differences["removed"]
+        deadline = Deadline(upstream.server.connect_timeout)
+        live = {name: manifest_entry(tool) for name, tool
+                in upstream.list_tools(deadline).items()}
+        changes = tool_changes(upstream.pinned, live)
+        found = {kind: sorted(name for name, change in changes.items()
+                              if change[0] == kind) for kind in CHANGE_KINDS}
+        offered = {t.upstream_name: t.name
+                   for t in self.gate.tools.values()
+                   if t.server.name == server}
+        held = sorted(offered[name]
+                      for name in found["changed"] + found["removed"]
                       if name in offered)
         if self.failures.pop(server, 0):
-            log(f"server {server}: its tools were listed again; not offered now: "
-                f"{', '.join(held) or 'none'}")
+            log(f"server {server}: its tools were listed again; not "
+                f"offered now: {', '.join(held) or 'none'}")
         try:
-            if differences != self.seen.get(server, {"changed": [], "removed": [], "added": []}):
-                self.seen[server] = differences
-                payload = {"server": server, **differences, "not_offered": held}
-                self.gate.store.write(lambda tx: tx.event(f"{self.gate.config.session}.tools",
-                                                          "tools.changed", payload))
-                log(tools_changed_text(payload) + " (pin -diff shows how)")
-        finally:  # what is offered follows the listing even when the record cannot be written
+            if found != self.seen.get(server, {k: [] for k in CHANGE_KINDS}):
+                self.seen[server] = found
+                self._record({"server": server, **found,
+                              "not_offered": held})
+        finally:  # what is offered follows the listing even unrecorded
             self._hold(server, held)
+
+    def _record(self, payload):
+        run_id = f"{self.gate.config.session}.tools"
+        self.gate.store.write(
+            lambda tx: tx.event(run_id, "tools.changed", payload))
+        log(tools_changed_text(payload) + " (pin -diff shows how)")
 
     def _hold(self, server, held):
         if held != self.held.get(server, []):
@@ -7315,24 +7339,31 @@ class ToolWatch:
             self.announce()
 
     def exited(self, upstream, why):
-        """`upstream`'s server went away while serving: down until started again."""
+        """`upstream`'s server went away while serving: down until
+        started again."""
         with self.cond:
             if upstream.down:
-                return  # it died while being started again: that start fails
+                return  # it died while being started again: that fails
             upstream.down = (time.time(), time.time() + restart_wait(0))
             self.cond.notify_all()
-        log(f"server {upstream.name} {why}; calls to its tools fail without executing "
-            f"until it is {upstream.AGAIN} (next try in {restart_wait(0)}s)")
+        log(f"server {upstream.name} {why}; calls to its tools fail "
+            f"without executing until it is {upstream.AGAIN} (next try "
+            f"in {restart_wait(0)}s)")
 
     def _revive(self):
-        # Never returns: a server started here dies with the thread that started it (spawn).
+        # Never returns: a server started here dies with the thread
+        # that started it (spawn).
         while True:
             with self.cond:
                 down = [u for u in self.upstreams.values() if u.down]
                 due = [u for u in down if u.down[1] <= time.time()]
-                if not due or self.gate.stopping.is_set():
-                    self.cond.wait(None if self.gate.stopping.is_set() else
-                                   min(u.down[1] for u in down) - time.time() if down else 60)
+                if self.gate.stopping.is_set():
+                    self.cond.wait()
+                    continue
+                if not due:
+                    soonest = min((u.down[1] for u in down),
+                                  default=time.time() + 60)
+                    self.cond.wait(soonest - time.time())
                     continue
             self._start_again(due[0])
 
@@ -7343,38 +7374,41 @@ class ToolWatch:
             upstream.spawn()
             upstream.handshake(Deadline(upstream.server.connect_timeout))
             self._relist(name)
-            with upstream.lock:  # an exit after this is an exit while serving
+            with upstream.lock:  # an exit after this is while serving
                 if upstream.closed:
-                    raise UpstreamError(upstream.describe("connect", upstream.closed))
+                    raise UpstreamError(
+                        upstream.describe("connect", upstream.closed))
                 upstream.down = None
-        except Exception as err:  # this thread must live on: its servers die with it
+        except Exception as err:  # this thread must live: see _revive
             self.starts[name] = self.starts.get(name, 0) + 1
             wait = restart_wait(self.starts[name])
             upstream.down = (upstream.down[0], time.time() + wait)
             upstream.close()
-            log(f"server {name} could not be {upstream.AGAIN}: {err}; next try in "
-                f"{wait}s")
+            log(f"server {name} could not be {upstream.AGAIN}: {err}; "
+                f"next try in {wait}s")
             return
         self.starts.pop(name, None)
         log(f"server {name} was {upstream.AGAIN} and serves its tools")
 
 
 def restart_wait(failures):
+    """Seconds to the next try after `failures` in a row: 1, 2, 4 ...
+    32, then 60 (the exponent is bounded: it never overflows)."""
     return min(2 ** min(failures, 6), 60)
 
 
 def relist_wait(failures):
-    """Seconds from a listing to the next after `failures` in a row (the exponent is bounded,
-    so a server failing for days cannot overflow it)."""
-    return min(LIST_CHANGED_INTERVAL * 2 ** min(failures, 16), RELIST_RETRY_MAX)
+    # From LIST_CHANGED_INTERVAL (2 s) on: one doubling ahead.
+    return restart_wait(failures + 1)
 
 
 def tools_changed_text(payload):
     parts = [f"{kind} {', '.join(map(sanitize, payload[kind]))}"
-             for kind in ("changed", "removed", "added") if payload[kind]]
+             for kind in CHANGE_KINDS if payload[kind]]
     held = ", ".join(payload["not_offered"]) or "none"
-    return (f"server {payload['server']} changed its tools while serving: "
-            f"{'; '.join(parts) or 'back to what was pinned'}; not offered now: {held}")
+    change = "; ".join(parts) or "back to what was pinned"
+    return (f"server {payload['server']} changed its tools while "
+            f"serving: {change}; not offered now: {held}")
 
 
 # =============================================================================================
