@@ -7822,28 +7822,37 @@ class Notifier:
 #
 # Reads as: around the core
 #
-# Owns: writing a server's manifest (pin), and the lines of a load report (Report, which load
-# tells what became of each tool) and of a change.
-# Core it calls: manifest_entry, changed_parts, compared_part, rule_outcome;
-# section 21's write_private.
+# Owns: writing a server's manifest (pin), and the lines of a load
+# report (Report: what load made of each tool) and of a change.
+# Core it calls: manifest_entry, changed_parts, compared_part,
+# rule_outcome; section 21's write_private.
 # Promises: server-chosen names are sanitized in every report line.
 # =============================================================================================
 
 def settings_text(config, rule, when=""):
-    """What a rule decides of a call as `check` shows it, as a person relies on it: what may
-    decide otherwise, and how long an identical call after one that changed something is
-    refused (the repeat window)."""
+    """What a rule decides of a call as `check` shows it: what may
+    decide otherwise, and the repeat window of a call that changes
+    something."""
     outcome = rule_outcome(config, rule)
-    others = [f"{len(rule.when)} when entr{'y' if len(rule.when) == 1 else 'ies'}"] * bool(
-        rule.when) + [f"{len(rule.limits)} limit{'s' * (len(rule.limits) > 1)}"] * bool(
-        rule.limits and (rule.when or outcome == "allow"))
-    notes = [f"{' and '.join(others)} may decide otherwise"] * bool(others)
+    others, notes = [], []
+    if rule.when:
+        n = len(rule.when)
+        others.append(f"{n} when entr{'y' if n == 1 else 'ies'}")
+    if rule.limits and (rule.when or outcome == "allow"):
+        n = len(rule.limits)
+        others.append(f"{n} limit{'s' * (n > 1)}")
+    if others:
+        notes.append(f"{' and '.join(others)} may decide otherwise")
     if outcome == "require_approval" and config.operator == "none":
         outcome = "deny"
         notes.insert(0, "no operator is at hand to ask")
-    window = config.repeat_window if rule.repeat_window is None else rule.repeat_window
-    notes += [f"repeat window {format_duration(window)}"] * (rule.side_effect != "read_only")
-    word = {"allow": "allow", "require_approval": "ask"}.get(outcome, "deny")
+    window = rule.repeat_window
+    if window is None:
+        window = config.repeat_window
+    if rule.side_effect != "read_only":
+        notes.append(f"repeat window {format_duration(window)}")
+    word = {"allow": "allow", "require_approval": "ask"}.get(
+        outcome, "deny")
     return "; ".join([word + when, *notes])
 
 
@@ -7853,24 +7862,28 @@ def rule_lines(rule, tool_name):
         held = [condition.text() for condition in entry.conditions]
         during = entry.during and entry.during.raw
         if during:
-            spans = [f"{word} {during[key]}" for word, key in (("on", "days"), ("from", "hours"))
+            spans = [f"{word} {during[key]}" for word, key
+                     in (("on", "days"), ("from", "hours"))
                      if key in during]
             held.append(f"{' '.join(spans)} ({during['zone']})")
         if entry.clients is not None:
-            held.append(f"the host is one of {policy_json(entry.clients)}")
-        lines.append(f"{entry.label}: if {' and '.join(held)} -> {entry.outcome} "
-                     f"({cut(sanitize(entry.reason), 120)})")
-    return lines + [f"{limit.label}: {limit.text(tool_name)}, then {limit.then}"
-                    for limit in rule.limits]
+            clients = policy_json(entry.clients)
+            held.append(f"the host is one of {clients}")
+        reason = cut(sanitize(entry.reason), 120)
+        lines.append(f"{entry.label}: if {' and '.join(held)} -> "
+                     f"{entry.outcome} ({reason})")
+    return lines + [f"{limit.label}: {limit.text(tool_name)}, "
+                    f"then {limit.then}" for limit in rule.limits]
 
 
 def connect(server):
-    """Start one server within its connect_timeout (load_all starts many at once). Returns
-    (upstream, tools); the caller closes it."""
+    """(upstream, tools) of one server started within its
+    connect_timeout; the caller closes it."""
     upstream = new_upstream(server)
     try:
         upstream.spawn()
-        return upstream, handshake_and_list(upstream, Deadline(server.connect_timeout))
+        deadline = Deadline(server.connect_timeout)
+        return upstream, handshake_and_list(upstream, deadline)
     except BaseException:
         upstream.close()
         raise
@@ -7879,56 +7892,66 @@ def connect(server):
 def presented(server):
     upstream, live = connect(server)
     upstream.close()
-    return {name: manifest_entry(tool) for name, tool in sorted(live.items())}
+    return {name: manifest_entry(tool)
+            for name, tool in sorted(live.items())}
 
 
 def pin(server):
-    manifest = {"server": server.name, "pinned_at": now(), "tools": presented(server)}
+    manifest = {"server": server.name, "pinned_at": now(),
+                "tools": presented(server)}
     write_private(server.manifest, pretty_json(manifest) + "\n")
     return manifest
 
 
 def change_lines(old, new):
-    """A changed tool as a person compares it: a unified diff of each part that differs."""
+    """A changed tool as a person compares it: a unified diff of each
+    part that differs."""
     import difflib
     import textwrap
 
     def lines(entry, part, key):
         if part == "description":
             return textwrap.wrap(entry["description"], 88) or [""]
-        value = entry["input_schema"] if part == "input schema" else compared_part(entry, key, old)
+        if part == "input schema":
+            value = entry["input_schema"]
+        else:
+            value = compared_part(entry, key, old)
         return pretty_json(value).splitlines()
     changed, out = changed_parts(old, new), []
     for part, key in PINNED_PARTS:
         if part not in changed:
             continue
         before, after = lines(old, part, key), lines(new, part, key)
-        if before == after:  # the texts differ only in their spacing
+        if before == after:  # the texts differ only in spacing
             out.append(f"{part}: only its spacing differs")
             continue
         out.append(f"{part}:")
-        out += list(difflib.unified_diff(before, after, "pinned", "now", n=2, lineterm=""))
+        out += difflib.unified_diff(before, after, "pinned", "now",
+                                    n=2, lineterm="")
     return [sanitize(line) for line in out]
 
 
-HINT_NAMES = (("readOnlyHint", "readOnly"), ("destructiveHint", "destructive"),
-              ("idempotentHint", "idempotent"), ("openWorldHint", "openWorld"))
+HINT_NAMES = (("readOnlyHint", "readOnly"),
+              ("destructiveHint", "destructive"),
+              ("idempotentHint", "idempotent"),
+              ("openWorldHint", "openWorld"))
 
 
 def hints_text(entry):
     annotations = entry.get("annotations")
     if annotations is None:
         return "no annotations"
-    claimed = [word for key, word in HINT_NAMES if annotations.get(key) is True]
+    claimed = [word for key, word in HINT_NAMES
+               if annotations.get(key) is True]
     return ", ".join(claimed) or "claims nothing"
 
 
 class Report:
-    """What loading one server decided (load tells it, tool by tool), as lines an operator
-    reads, one per tool and its rule's entries and limits and lint findings under it;
-    `unserved` says why the server is not served ('' while it is), `kinds` what became of
-    each tool, in order, `at` which line is each tool's, and `review` why a proposal deserves a
-    careful read."""
+    """What loading one server decided, as lines an operator reads:
+    one per tool, its rule's entries, limits and lint findings under
+    it. `unserved`: why the server is not served ('' while it is);
+    `kinds`: what became of each tool, in order; `at`: which line is
+    each tool's; `review`: why a proposal deserves a careful read."""
 
     def __init__(self, server):
         self.server = server
@@ -7944,64 +7967,77 @@ class Report:
         return sum(1 for each in self.kinds.values() if each == kind)
 
     def unpinned(self, name):
-        self.add("unpinned", name, f"unpinned {sanitize(name)}: not in the manifest")
+        self.add("unpinned", name,
+                 f"unpinned {sanitize(name)}: not in the manifest")
 
     def unclassified(self, name):
-        self.add("unclassified", name, f"unclassified {sanitize(name)}: no rule")
+        self.add("unclassified", name,
+                 f"unclassified {sanitize(name)}: no rule")
 
     def unreviewed(self, entry, rule):
         name = entry["name"]
-        self.add("unreviewed", name, f"unreviewed {sanitize(name)}: its rule "
-                 f"({rule.side_effect}) was proposed from the server's own hints; read it, "
-                 f"then run check -accept")
-        if rule.side_effect == "read_only" and _SECRETS_WORDS.search(entry["description"]):
+        self.add("unreviewed", name, f"unreviewed {sanitize(name)}: "
+                 f"its rule ({rule.side_effect}) was proposed from the "
+                 "server's own hints; read it, then run check -accept")
+        if rule.side_effect == "read_only" and \
+                _SECRETS_WORDS.search(entry["description"]):
             self.review[name] = "a read that may return secrets"
 
     def refused(self, name, reason):
         self.add("refused", name, f"refused {sanitize(name)}: {reason}")
 
     def registered(self, tool, mismatch):
-        extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
+        extra = ""
+        if mismatch:
+            extra = f" [hint mismatch allowed: {mismatch}]"
         if not tool.timeout_given:
-            extra += (f" [no timeout set: the default {format_duration(DEFAULT_TOOL_TIMEOUT)} "
-                      f"applies]")
+            default = format_duration(DEFAULT_TOOL_TIMEOUT)
+            extra += f" [no timeout set: the default {default} applies]"
         name = tool.upstream_name
-        self.add("registered", name, f"registered {sanitize(name)} as {tool.name} "
-                                     f"({tool.side_effect}){extra}")
+        self.add("registered", name, f"registered {sanitize(name)} as "
+                 f"{tool.name} ({tool.side_effect}){extra}")
         self.lines += [f"{sanitize(self.server)}:   {sanitize(line)}"
                        for line in rule_lines(tool.rule, tool.name)]
 
     def lint(self, found):
-        self.lines += [f"{sanitize(self.server)}: {line}" for line in lint_lines(found)]
+        self.lines += [f"{sanitize(self.server)}: {line}"
+                       for line in lint_lines(found)]
 
 
-# A read whose description speaks of these may hand the model what the person protects (an
-# environment with the tokens init just moved into the config, say): proposed read_only, it
-# would run unasked once accepted.
-_SECRETS_WORDS = re.compile(r"\b(environment|env|secrets?|credentials?|passwords?|keys?|"
-                            r"tokens?)\b", re.I)
+# A read whose description speaks of these may hand the model what
+# the person protects (an environment with the tokens init just moved
+# into the config, say): proposed read_only, it would run unasked.
+_SECRETS_WORDS = re.compile(
+    r"\b(environment|env|secrets?|credentials?|passwords?|keys?|"
+    r"tokens?)\b", re.I)
 
 
 def served_lines(config, server, report, tools):
-    """A server as check shows it: whether it is served, then its report, one line per tool
-    with what an offered tool decides after `->`, and what a proposal would once accepted."""
+    """A server as check shows it: whether it is served, then its
+    report, with what an offered tool decides after `->`, and what a
+    proposal would once accepted."""
     name = quote(server.name)
-    offered = {tool.upstream_name: tool for tool in tools if tool.server is server}
+    offered = {tool.upstream_name: tool for tool in tools
+               if tool.server is server}
     if report.unserved:
         why = report.unserved.removeprefix(f"server {name}: ")
         lines = [f"server {name} is not served: {sanitize(why)}"]
     else:
-        lines = [f"server {name} is served: {len(offered)} tool(s) offered"]
+        lines = [f"server {name} is served: "
+                 f"{len(offered)} tool(s) offered"]
     for at, line in enumerate(report.lines):
         tool = report.at.get(at)
+        kind = report.kinds.get(tool)
         if tool in offered:
             line += f" -> {settings_text(config, offered[tool].rule)}"
-        elif report.kinds.get(tool) == "registered":  # before its server failed to load
+        elif kind == "registered":  # before its server failed to load
             line += " -> not offered: its server is not served"
-        elif report.kinds.get(tool) == "unreviewed":
+        elif kind == "unreviewed":
             rule = server.rules[tool]
-            line = (f"{sanitize(server.name)}: unreviewed {sanitize(tool)}: proposed "
-                    f"{rule.side_effect} -> would {settings_text(config, rule, ' once accepted')}")
+            would = settings_text(config, rule, " once accepted")
+            line = (f"{sanitize(server.name)}: unreviewed "
+                    f"{sanitize(tool)}: proposed {rule.side_effect} "
+                    f"-> would {would}")
         lines.append(line)
         if tool in report.review:
             lines.append(f"    review: {report.review[tool]}")
