@@ -8057,17 +8057,19 @@ def log_reports(reports):
 #
 # Reads as: around the core
 #
-# Owns: the single-dash flags every command shares, their help, where the config is found,
-# and the reading of a text argument (UTF-8 only).
+# Owns: the single-dash flags every command shares, their help, where
+# the config is found, and the reading of a text argument (UTF-8).
 # Core it calls: nothing but the text helpers.
 # =============================================================================================
 
 def config_path(given):
-    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    home = os.path.join(os.path.expanduser("~"), ".config")
+    xdg = os.environ.get("XDG_CONFIG_HOME") or home
     default = os.path.join(xdg, PROGRAM, "config.json")
     return given or os.environ.get("AGENTGATE_CONFIG") or default
 
 
+SCOPE = __doc__.split("Scope.")[1].split("\nSections (")[0].strip()
 USAGE = f"""usage: agentgate.py [serve] [-config FILE]
        agentgate.py init [-from FILE] [-config FILE] [-write]
        agentgate.py login SERVER [-config FILE]   OAuth with a url server, in a browser
@@ -8079,7 +8081,7 @@ USAGE = f"""usage: agentgate.py [serve] [-config FILE]
        agentgate.py demo
        agentgate.py -version
 
-{__doc__.split("Scope.")[1].split(chr(10) + "Sections (")[0].strip()}
+{SCOPE}
 
 Where the config comes from: -config FILE, else $AGENTGATE_CONFIG, else
 $XDG_CONFIG_HOME/agentgate/config.json (default ~/.config/agentgate/config.json).
@@ -8095,85 +8097,116 @@ class Parser(argparse.ArgumentParser):
         raise Usage(message)
 
 
-# What each flag does, as -h prints it: "command -flag" where the meaning is the command's own,
-# else the flag's name. parser() takes no flag without an entry here, so -h never lists a
-# flag without saying what it does.
+def unasked(verb, unless=""):
+    return f"{verb} without asking (needed without a terminal{unless})"
+
+
+# What each flag does, as -h prints it: "command -flag" where the
+# meaning is the command's own, else the flag's name. parser() takes
+# no flag without an entry, so -h says what every flag does.
 FLAG_HELP = {
-    "config": "the config file (else $AGENTGATE_CONFIG, else the default config.json)",
+    "config": "the config file (else $AGENTGATE_CONFIG,"
+              " else the default config.json)",
     "db": "open this database directly instead of the config's",
     "json": "print JSON and nothing else",
-    "full": "print every byte of a long value instead of its head and tail",
+    "full": "print every byte of a long value instead of"
+            " its head and tail",
     "by": "who decides, as recorded (default: your user name)",
-    "approval": "the approval to decide; naming it is your confirmation",
-    "approve -yes": "approve without asking (needed without a terminal, unless -approval)",
-    "reject -yes": "reject without asking (needed without a terminal, unless -approval)",
+    "approval": "the approval to decide; naming it is your"
+                " confirmation",
+    "approve -yes": unasked("approve", ", unless -approval"),
+    "reject -yes": unasked("reject", ", unless -approval"),
     "approve -note": "a note kept with the decision",
     "reject -note": "why (required): the model is shown it",
     "cancel -note": "why, kept with the run",
     "revoke -note": "why, kept with the grant",
     "grant -note": "why, kept with the grant and listed by grants",
     "grant -by": "who grants, as recorded (default: your user name)",
-    "revoke -by": "who revokes, as recorded (default: your user name)",
-    "revoke -yes": "revoke without asking (needed without a terminal, unless the id is whole)",
-    "cancel -by": "who cancels, as recorded (default: your user name)",
-    "grant -yes": "grant without asking (needed without a terminal)",
-    "grant -if": 'conditions the arguments must meet, as JSON: \'{"/amount": {"max": 20}}\'',
-    "grant -for": "how long it lasts, such as 30m or 8h (default 1h, at most grant_ttl)",
-    "grants -days": "list grants that ended in the last N days too (default 7)",
-    "runs -limit": "show at most N runs, newest first (default 100)",
-    "recheck -limit": "re-check at most N of the session's newest runs (default 50)",
+    "revoke -by": "who revokes, as recorded (default: your user"
+                  " name)",
+    "revoke -yes": unasked("revoke",
+                           ", unless the id is whole"),
+    "cancel -by": "who cancels, as recorded (default: your user"
+                  " name)",
+    "grant -yes": unasked("grant"),
+    "grant -if": "conditions the arguments must meet, as JSON:"
+                 " '{\"/amount\": {\"max\": 20}}'",
+    "grant -for": "how long it lasts, such as 30m or 8h"
+                  " (default 1h, at most grant_ttl)",
+    "grants -days": "list grants that ended in the last N days"
+                    " too (default 7)",
+    "runs -limit": "show at most N runs, newest first"
+                   " (default 100)",
+    "recheck -limit": "re-check at most N of the session's newest"
+                      " runs (default 50)",
     "recheck -run": "re-check this run only (its id or a prefix)",
-    "recheck -session": "re-check this session's runs instead of the config's session",
-    "recheck -current-tools": "start the servers and re-check against the tools they present "
-                              "now, instead of the specs recorded",
+    "recheck -session": "re-check this session's runs instead of"
+                        " the config's session",
+    "recheck -current-tools": "start the servers and re-check"
+                              " against the tools they present now,"
+                              " instead of the specs recorded",
     "verify -from": "the first sequence number to check (default 1)",
-    "verify -to": "the last sequence number to check (default the chain's end)",
-    "verify -head": "a head kept from an earlier verify (SEQ:HASH): say whether it still matches",
-    "pin -diff": "show what each server presents now against its manifest",
-    "pin -tool": "with -diff: pin this difference again (SERVER/TOOL or TOOL; repeatable)",
+    "verify -to": "the last sequence number to check"
+                  " (default the chain's end)",
+    "verify -head": "a head kept from an earlier verify (SEQ:HASH):"
+                    " say whether it still matches",
+    "pin -diff": "show what each server presents now against its"
+                 " manifest",
+    "pin -tool": "with -diff: pin this difference again"
+                 " (SERVER/TOOL or TOOL; repeatable)",
     "pin -all": "with -diff: pin every difference again",
     "pin -yes": "with -diff -all: pin again without asking",
-    "check -accept": "print init's proposed rules, mark them reviewed once you type yes, then "
-                     "check",
-    "check -yes": "with -accept: accept without asking (needed without a terminal)",
-    "init -from": "read this host file (or a project's .mcp.json) instead of the hosts' own",
-    "init -write": "edit each host's file to start the gate instead (a backup is kept)",
+    "check -accept": "print init's proposed rules, mark them"
+                     " reviewed once you type yes, then check",
+    "check -yes": unasked("with -accept: accept"),
+    "init -from": "read this host file (or a project's .mcp.json)"
+                  " instead of the hosts' own",
+    "init -write": "edit each host's file to start the gate instead"
+                   " (a backup is kept)",
 }
 
 
 # What -h shows a flag's value as, where its name does not say it.
-FLAG_VALUE = {"config": "FILE", "db": "FILE", "init -from": "FILE", "verify -from": "SEQ",
-              "to": "SEQ", "limit": "N", "days": "N", "note": "TEXT", "by": "WHO",
-              "approval": "ID", "run": "ID", "session": "NAME", "if": "JSON",
-              "for": "DURATION", "head": "SEQ:HASH", "tool": "SERVER/TOOL"}
+FLAG_VALUE = {"config": "FILE", "db": "FILE", "init -from": "FILE",
+              "verify -from": "SEQ", "to": "SEQ", "limit": "N",
+              "days": "N", "note": "TEXT", "by": "WHO",
+              "approval": "ID", "run": "ID", "session": "NAME",
+              "if": "JSON", "for": "DURATION", "head": "SEQ:HASH",
+              "tool": "SERVER/TOOL"}
 
 
 def parser(command, *flags):
-    p = Parser(prog=f"agentgate.py {command}", allow_abbrev=False, add_help=True)
+    p = Parser(prog=f"agentgate.py {command}", allow_abbrev=False,
+               add_help=True)
     for flag in flags:
         name, kind = flag if isinstance(flag, tuple) else (flag, str)
-        about = FLAG_HELP.get(f"{command} -{name}") or FLAG_HELP[name]
+        own = f"{command} -{name}"
+        about = FLAG_HELP.get(own) or FLAG_HELP[name]
+        spelled = (f"-{name}", f"--{name}")
         if kind is bool:
-            p.add_argument(f"-{name}", f"--{name}", action="store_true", help=about)
-        else:
-            # Paths are the system's own (any bytes); every other text must be UTF-8.
-            text = kind is str and name not in ("config", "db")
-            value = FLAG_VALUE.get(f"{command} -{name}") or FLAG_VALUE.get(name, name.upper())
-            p.add_argument(f"-{name}", f"--{name}", type=text_argument if text else kind,
-                           metavar=value, help=about)
+            p.add_argument(*spelled, action="store_true", help=about)
+            continue
+        # Paths are the system's own (any bytes); other text is UTF-8.
+        if kind is str and name not in ("config", "db"):
+            kind = text_argument
+        value = FLAG_VALUE.get(own) or FLAG_VALUE.get(name, name.upper())
+        p.add_argument(*spelled, type=kind, metavar=value, help=about)
     return p
 
 
-NAMED_RUN = "a run's id or an approval's, or a prefix of either (6 characters or more)"
+NAMED_RUN = ("a run's id or an approval's, or a prefix of either"
+             " (6 characters or more)")
 
 
 def text_argument(value):
-    """A text flag as given: it must be UTF-8, since it is recorded and may be shown to the
-    model (the system hands bytes that are not UTF-8 over as lone surrogates)."""
+    """A text flag as given: it must be UTF-8, since it is recorded
+    and may be shown to the model (the system hands bytes that are
+    not UTF-8 over as lone surrogates)."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise argparse.ArgumentTypeError("is not valid UTF-8 text") from None
+        raise argparse.ArgumentTypeError(
+            "is not valid UTF-8 text") from None
     return value
 
 
