@@ -3039,8 +3039,7 @@ class HostServer:
 
     def serve_with(self, gate, status):
         # `gate` is stored before `client` is read, and _initialize
-        # stores `client` before it reads `gate`: either way the gate
-        # gets the host's name.
+        # stores `client` before it reads `gate`: the gate gets it.
         self.gate, self.status = gate, status
         self.status_tool = status.listing["name"]
         gate.client = self.client
@@ -3105,8 +3104,8 @@ class HostServer:
                 message = {}
             why = SLOT_PROSE["unusable_arguments"].format(error=err)
             invalid = (why, recorded_frame(line))
-            if message.get("method") != "tools/call" or \
-                    "id" not in message:
+            call = message.get("method") == "tools/call"
+            if not call or "id" not in message:
                 return rpc_error(echoed_id(message), -32700,
                                  f"the message is not usable JSON: {err}")
         if isinstance(message, list):
@@ -3154,11 +3153,10 @@ class HostServer:
         that sends it."""
         method, ident = message.get("method"), message.get("id")
         params = message.get("params")
-        if not isinstance(params, dict):
-            params = {}
+        params = params if isinstance(params, dict) else {}
         if not isinstance(method, str):
-            if "id" in message and \
-                    ("result" in message or "error" in message):
+            answered = "result" in message or "error" in message
+            if "id" in message and answered:
                 return None  # agentgate sends no request
             return rpc_error(echoed_id(message), -32600,
                              "a request needs a method")
@@ -3210,9 +3208,8 @@ class HostServer:
 
     def _initialize(self, params):
         asked = params.get("protocolVersion")
-        if asked not in PROTOCOL_VERSIONS:
-            asked = PROTOCOL_VERSIONS[-1]
-        self.protocol = asked
+        known = asked in PROTOCOL_VERSIONS
+        self.protocol = asked if known else PROTOCOL_VERSIONS[-1]
         info = params.get("clientInfo")
         name = info.get("name") if isinstance(info, dict) else None
         self.client = name[:200] if isinstance(name, str) else ""
@@ -3274,22 +3271,18 @@ class HostServer:
         name, args = params.get("name"), params.get("arguments")
         if name == self.status_tool:
             return self.status.call(args, invalid)
-        tool = None
-        if isinstance(name, str):
-            tool = self.gate.tools.get(name)
+        tool = self.gate.tools.get(name) if isinstance(name, str) else None
         if tool is None:
             unknown = CALL_ERRORS["unknown_tool"]
             raise ToolNotOffered(unknown.format(name=quote(str(name))))
         if tool.name in self.gate.quarantined:
             return answer("DENIED", "TOOL_CHANGED").result()
         meta = params.get("_meta")
-        token = meta.get("progressToken") \
-            if isinstance(meta, dict) else None
-        progress = None
+        meta = meta if isinstance(meta, dict) else {}
+        token, progress = meta.get("progressToken"), None
         if not batch and echoable_id(token):
             progress = self.around.progress(self, token, cancelled)
-        answered = self.gate.call(tool, args, invalid, progress,
-                                  cancelled)
+        answered = self.gate.call(tool, args, invalid, progress, cancelled)
         if cancelled.is_set() and not batch:
             return None
         result = answered.result()
