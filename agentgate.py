@@ -7220,23 +7220,16 @@ CHANGE_KINDS = ("changed", "removed", "added")
 
 
 class ToolWatch:
-    """Acts on a server's notifications/tools/list_changed.
-
-    The server is listed again on a thread of its own, never on a
-    call's path. A tool that changed or is gone is quarantined, a new
-    one is not offered, one back to its pin is offered again; calls
-    in flight are not touched. A flood of notices comes to one
-    listing every LIST_CHANGED_INTERVAL. A failed listing quarantines
-    all the server's tools (they said they changed, and are
-    unchecked) until a listing succeeds.
-    """
+    """Lists a server again on its own thread when it says its tools
+    changed: a changed or gone tool is held, one back to its pin is
+    offered again, a new one is not; calls in flight are not touched.
+    A failed listing holds all its tools (they said they changed)."""
 
     def __init__(self, gate, upstreams, announce):
         self.gate, self.announce = gate, announce
         self.upstreams = {u.name: u for u in upstreams}
-        # Per server name: notices not yet acted on, listings failed in
-        # a row, the names it holds quarantined, the differences last
-        # recorded, starts failed in a row while it is down.
+        # Per server: notices not acted on, listings failed in a row,
+        # names held, differences recorded, starts failed while down.
         self.pending, self.failures, self.held = {}, {}, {}
         self.seen, self.starts = {}, {}
         self.cond = threading.Condition()
@@ -7536,11 +7529,10 @@ def approved_fate(gate, approval):
 #
 # Reads as: around the core
 #
-# Owns: what the host side hands on because it decides no call:
-# initialize's answer, ping, notifications/initialized and the
-# tools-changed notice it allows, a call's progress as the host hears
-# it, and the status tool. Serve hands HostServer a HostAround at
-# start and a StatusTool once serving.
+# Owns: what the host side hands on, deciding no call: initialize's
+# answer, ping, notifications/initialized and the tools-changed notice
+# it allows, a call's progress as the host hears it, and the status
+# tool (serve hands HostServer a HostAround, then a StatusTool).
 # Core it calls: answer, and HostServer's send and protocol.
 # Promises: a call's progress (the gate's while it holds the call,
 # then the server's) reaches the host under the host's token, only
@@ -7555,9 +7547,8 @@ PROGRESS_MESSAGE_BYTES = 1000
 
 
 class Progress:
-    """One call's progress as its host hears it: the hold's seconds,
-    one a second at most, then the server's values after them; only
-    a value above the last one told is sent."""
+    """One call's progress: the hold's seconds (one a second at
+    most), then the server's values after them, only increasing."""
 
     def __init__(self, send):
         self.send = send  # send(value, total or None, message or None)
@@ -7580,16 +7571,12 @@ class Progress:
             total = None
         elif self.held:
             total = Number(str(self.held + total.exact()))
-        if isinstance(message, str):
-            message = clean(message, PROGRESS_MESSAGE_BYTES)
-        else:
-            message = None
+        text = isinstance(message, str)
+        message = clean(message, PROGRESS_MESSAGE_BYTES) if text else None
         self._tell(shown, exact, total, message)
 
     def _tell(self, value, exact, total, message):
-        # Told under the lock: two values never reach the host out of
-        # order.
-        with self.lock:
+        with self.lock:  # so two values never reach the host out of order
             if self.last is not None and exact <= self.last:
                 return False
             self.last = exact
@@ -7606,8 +7593,8 @@ class HostAround:
         self.initialized = False
         self.requests = {"initialize": self.initialize,
                          "ping": lambda host, params: {}}
-        self.notifications = {
-            "notifications/initialized": self._initialized}
+        initialized = "notifications/initialized"
+        self.notifications = {initialized: self._initialized}
 
     @staticmethod
     def initialize(host, params):
@@ -7662,15 +7649,14 @@ class StatusTool:
         if not status.text.startswith("GATE_STATUS:"):
             return status.result()
         if self.unserved:
-            note = UNSERVED_NOTE.format(count=self.unserved)
-            status.text += " " + note
+            status.text += " " + UNSERVED_NOTE.format(count=self.unserved)
         upstreams = {t.upstream.name: t.upstream
                      for t in self.gate.tools.values()}
         for name, upstream in sorted(upstreams.items()):
             down = upstream.down_text()
             if down:
-                note = DOWN_NOTE.format(server=clean(name, 64),
-                                        down=down)
+                server = clean(name, 64)
+                note = DOWN_NOTE.format(server=server, down=down)
                 status.text += " " + note
         return status.result()
 
@@ -7701,9 +7687,8 @@ def python_path():
     import glob
     import importlib.util
     venv = os.path.expanduser(VENV)
-    found = glob.glob(os.path.join(venv, "lib", "python3*",
-                                   "site-packages", "mcp"))
-    if found and importlib.util.find_spec("mcp") is None:
+    where = os.path.join(venv, "lib", "python3*", "site-packages", "mcp")
+    if glob.glob(where) and importlib.util.find_spec("mcp") is None:
         return os.path.join(venv, "bin", "python")
     return sys.executable
 
@@ -7721,6 +7706,7 @@ def python_command():
 def operator_hint(config_file, database=""):
     def path(name):
         return shlex.quote(os.path.abspath(name))
+
     command = f"{python_command()} {path(sys.argv[0])}"
     if database:
         return command + f" -db {path(database)}"
@@ -7737,12 +7723,11 @@ def announce_waiting(config, notifier=None):
         log(f"approval {approval['id']} ({approval['kind']}) for "
             f"{tool.name} waits for an operator: run {run_id}")
         log(f"  decide with: {command}   (or reject)")
-        if notifier:
-            # Names only: an argument's value never leaves this way.
-            notifier.announce({
-                "AGENTGATE_APPROVAL": approval["id"],
-                "AGENTGATE_RUN": run_id, "AGENTGATE_TOOL": tool.name,
-                "AGENTGATE_COMMAND": command})
+        if notifier:  # names only, never an argument's value
+            notifier.announce({"AGENTGATE_APPROVAL": approval["id"],
+                               "AGENTGATE_RUN": run_id,
+                               "AGENTGATE_TOOL": tool.name,
+                               "AGENTGATE_COMMAND": command})
     return announce
 
 
@@ -7776,9 +7761,9 @@ class Notifier:
 
     def announce(self, names):
         if not self.slots.acquire(blocking=False):
+            approval = names["AGENTGATE_APPROVAL"]
             log(f"notify has {NOTIFY_AT_ONCE} programs running; "
-                f"approval {names['AGENTGATE_APPROVAL']} is not "
-                "announced")
+                f"approval {approval} is not announced")
             return
         threading.Thread(target=self._run, args=(names,),
                          daemon=True).start()
@@ -7803,8 +7788,7 @@ class Notifier:
         except subprocess.TimeoutExpired:
             signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
-            log(f"notify {program} was stopped after "
-                f"{NOTIFY_TIMEOUT}s")
+            log(f"notify {program} was stopped after {NOTIFY_TIMEOUT}s")
             return
         if status:
             log(f"notify {program} exited with status {status}")
