@@ -7828,8 +7828,8 @@ def settings_text(config, rule, when=""):
         window = config.repeat_window
     if rule.side_effect != "read_only":
         notes.append(f"repeat window {format_duration(window)}")
-    word = {"allow": "allow", "require_approval": "ask"}.get(
-        outcome, "deny")
+    words = {"allow": "allow", "require_approval": "ask"}
+    word = words.get(outcome, "deny")
     return "; ".join([word + when, *notes])
 
 
@@ -7844,8 +7844,7 @@ def rule_lines(rule, tool_name):
                      if key in during]
             held.append(f"{' '.join(spans)} ({during['zone']})")
         if entry.clients is not None:
-            clients = policy_json(entry.clients)
-            held.append(f"the host is one of {clients}")
+            held.append(f"the host is one of {policy_json(entry.clients)}")
         reason = cut(sanitize(entry.reason), 120)
         lines.append(f"{entry.label}: if {' and '.join(held)} -> "
                      f"{entry.outcome} ({reason})")
@@ -7869,13 +7868,12 @@ def connect(server):
 def presented(server):
     upstream, live = connect(server)
     upstream.close()
-    return {name: manifest_entry(tool)
-            for name, tool in sorted(live.items())}
+    return {name: manifest_entry(t) for name, t in sorted(live.items())}
 
 
 def pin(server):
-    manifest = {"server": server.name, "pinned_at": now(),
-                "tools": presented(server)}
+    tools = presented(server)
+    manifest = {"server": server.name, "pinned_at": now(), "tools": tools}
     write_private(server.manifest, pretty_json(manifest) + "\n")
     return manifest
 
@@ -7903,8 +7901,8 @@ def change_lines(old, new):
             out.append(f"{part}: only its spacing differs")
             continue
         out.append(f"{part}:")
-        out += difflib.unified_diff(before, after, "pinned", "now",
-                                    n=2, lineterm="")
+        out += difflib.unified_diff(before, after, "pinned", "now", n=2,
+                                    lineterm="")
     return [sanitize(line) for line in out]
 
 
@@ -7918,8 +7916,7 @@ def hints_text(entry):
     annotations = entry.get("annotations")
     if annotations is None:
         return "no annotations"
-    claimed = [word for key, word in HINT_NAMES
-               if annotations.get(key) is True]
+    claimed = [w for key, w in HINT_NAMES if annotations.get(key) is True]
     return ", ".join(claimed) or "claims nothing"
 
 
@@ -7944,12 +7941,12 @@ class Report:
         return sum(1 for each in self.kinds.values() if each == kind)
 
     def unpinned(self, name):
-        self.add("unpinned", name,
-                 f"unpinned {sanitize(name)}: not in the manifest")
+        why = f"unpinned {sanitize(name)}: not in the manifest"
+        self.add("unpinned", name, why)
 
     def unclassified(self, name):
-        self.add("unclassified", name,
-                 f"unclassified {sanitize(name)}: no rule")
+        why = f"unclassified {sanitize(name)}: no rule"
+        self.add("unclassified", name, why)
 
     def unreviewed(self, entry, rule):
         name = entry["name"]
@@ -7964,9 +7961,7 @@ class Report:
         self.add("refused", name, f"refused {sanitize(name)}: {reason}")
 
     def registered(self, tool, mismatch):
-        extra = ""
-        if mismatch:
-            extra = f" [hint mismatch allowed: {mismatch}]"
+        extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
         if not tool.timeout_given:
             default = format_duration(DEFAULT_TOOL_TIMEOUT)
             extra += f" [no timeout set: the default {default} applies]"
@@ -7994,8 +7989,7 @@ def served_lines(config, server, report, tools):
     report, with what an offered tool decides after `->`, and what a
     proposal would once accepted."""
     name = quote(server.name)
-    offered = {tool.upstream_name: tool for tool in tools
-               if tool.server is server}
+    offered = {t.upstream_name: t for t in tools if t.server is server}
     if report.unserved:
         why = report.unserved.removeprefix(f"server {name}: ")
         lines = [f"server {name} is not served: {sanitize(why)}"]
