@@ -3735,17 +3735,18 @@ def _policy_record(decision, facts, approved=False):
 #
 # Reads as: decision core
 #
-# Owns: the host's conversation on stdin and stdout as far as it decides calls: framing,
-# batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once), cancellation and shutdown;
-# the rest (initialize's answer, ping, progress, the status tool, threads) is section 25's.
-# Promises: stdout carries only protocol, one JSON-RPC message per line, written under one
-# lock; the first request is answered at once, even while the servers start; every request
-# gets exactly one well-formed answer (a malformed or oversized line, a batch member that is
-# not a request or an id that cannot be echoed gets a JSON-RPC error, id null then; past the
-# bound, busy; an unknown method, -32601) and the session goes on; each tool is offered as
-# pinned, never once its server changed it while serving, and the status tool always; on
-# stdin closing, SIGINT or SIGTERM no new call starts, holds end, calls in flight finish and
-# are recorded, then the process exits 0.
+# Owns: the host's conversation on stdin and stdout as far as it decides calls:
+# framing, batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once, each
+# on a thread of its own), cancellation and shutdown; section 25 has the rest.
+# Promises: stdout carries only protocol, one JSON-RPC message per line, written
+# under one lock; the first request is answered at once, even while the servers
+# start; every request gets exactly one well-formed answer (a malformed or
+# oversized line, a batch member that is not a request or an id that cannot be
+# echoed gets a JSON-RPC error, id null then; past the bound, busy; an unknown
+# method, -32601) and the session goes on; each tool is offered as pinned, never
+# once its server changed it while serving, and the status tool always; on
+# stdin closing, SIGINT or SIGTERM no new call starts, holds end, calls in
+# flight finish and are recorded, then the process exits 0.
 # =============================================================================================
 
 # The protocol versions spoken, oldest first; each side negotiates on its own.
@@ -3765,10 +3766,10 @@ class HostServer:
         self.done = threading.Event()
         self.gate = None
         self.protocol = PROTOCOL_VERSIONS[-1]
-        self.client = ""  # self-reported in initialize; the policy's `client`
-        self.calls = {}
+        self.client = ""  # from initialize: the policy's `client`
+        self.calls = {}  # a call's id -> its cancel event
         self.calls_lock = threading.Lock()
-        self.running = 0  # accepted requests not yet answered
+        self.running = 0  # requests admitted, not yet answered
         self.stopping = False
         self.failed = ""
 
@@ -3777,9 +3778,10 @@ class HostServer:
         threading.Thread(target=self._read_loop, daemon=True).start()
 
     def serve_with(self, gate, status):
-        # `gate` is stored before `client` is read, and _initialize stores `client` before it
-        # reads `gate`: either way the gate gets the host's name.
-        self.gate, self.status, self.status_tool = gate, status, status.listing["name"]
+        # `gate` is stored before `client` is read, and _initialize
+        # stores `client` before it reads `gate`: the gate gets it.
+        self.gate, self.status = gate, status
+        self.status_tool = status.listing["name"]
         gate.client = self.client
         self.ready.set()
 
@@ -3788,14 +3790,15 @@ class HostServer:
         self.ready.set()
 
     def send(self, message):
-        """Write one message, or a batch's list of answers, as one line."""
+        """Write one message, or a batch's answers, as one line."""
         if not message:
             return
         try:
             data = canonical(message) + b"\n"
-        except (UnicodeEncodeError, TypeError) as err:  # never expected: ids are checked
+        except (UnicodeEncodeError, TypeError) as err:  # ids are checked
             log(f"internal error: an answer could not be encoded ({err})")
-            data = canonical(rpc_error(None, -32600, "the answer could not be encoded")) + b"\n"
+            data = canonical(rpc_error(
+                None, -32600, "the answer could not be encoded")) + b"\n"
         with self.write_lock:
             try:
                 self.stdout.write(data)
@@ -3804,68 +3807,75 @@ class HostServer:
                 self.done.set()
 
     def _read_loop(self):
-        """Read frames until one is a request: run it here while a worker reads on. The next
-        reader resumes the generator only after it yielded: never two threads in it at once."""
         for frame, ident in self.frames:
-            # No frame ends the reader: what follows would go unanswered, and closing stdin
-            # would no longer stop the gate.
+            # No frame ends the reader: what follows would go
+            # unanswered, and closing stdin would not stop the gate.
             try:
-                if frame is None:
-                    self.send(rpc_error(None if ident is None else Number(str(ident)), -32600,
-                                        f"the message is larger than {MAX_HOST_LINE} bytes"))
-                    continue
-                request = self._frame(frame) if frame.strip() else None
+                work = self._frame(frame, ident)
             except Exception as err:
-                log(f"internal error: a message could not be handled ({type(err).__name__}: "
-                    f"{err})")
-                self.send(rpc_error(None, -32603, "the message could not be handled"))
-                continue
-            if callable(request):
-                self.around.workers.submit(self._read_loop)
-                request()
-                return
-            self.send(request)
+                log("internal error: a message could not be handled "
+                    f"({type(err).__name__}: {err})")
+                work = rpc_error(None, -32603,
+                                 "the message could not be handled")
+            if callable(work):
+                threading.Thread(target=work, daemon=True).start()
+            else:
+                self.send(work)
         self.done.set()
 
-    def _frame(self, line):
+    def _frame(self, line, ident):
         """A frame's answer, or the work it asks (a call, a batch)."""
+        if line is None:
+            if ident is not None:
+                ident = Number(str(ident))
+            return rpc_error(ident, -32600, "the message is larger "
+                             f"than {MAX_HOST_LINE} bytes")
+        if not line.strip():
+            return None
         invalid = None
         try:
             message = parse(line)
         except CanonicalError as err:
-            # A tools/call whose arguments the boundary check refuses still gets a run and an
-            # INVALID answer, with the frame recorded as it came; anything else gets -32700.
+            # A tools/call whose arguments the boundary check refuses
+            # still gets a run and an INVALID answer, with the frame
+            # recorded as it came; anything else gets -32700.
             message = parse_loosely(line)
-            message = message if isinstance(message, dict) else {}
-            invalid = (SLOT_PROSE["unusable_arguments"].format(error=err), recorded_frame(line))
-            ident = message.get("id")
-            if message.get("method") != "tools/call" or "id" not in message:
-                return rpc_error(ident if echoable_id(ident) else None, -32700,
+            if not isinstance(message, dict):
+                message = {}
+            why = SLOT_PROSE["unusable_arguments"].format(error=err)
+            invalid = (why, recorded_frame(line))
+            call = message.get("method") == "tools/call"
+            if not call or "id" not in message:
+                return rpc_error(echoed_id(message), -32700,
                                  f"the message is not usable JSON: {err}")
         if isinstance(message, list):
             return self._batch(message)
         if isinstance(message, dict):
             return self._message(message, invalid)
-        return rpc_error(None, -32600, "a message must be a JSON-RPC object")
+        return rpc_error(None, -32600,
+                         "a message must be a JSON-RPC object")
 
     def _batch(self, messages):
         if self.protocol not in BATCH_VERSIONS or not messages:
-            return rpc_error(None, -32600,
-                             f"batches are not part of protocol version {self.protocol}")
-        # A batch is one request in flight, its members handled in order on one thread.
+            return rpc_error(None, -32600, "batches are not part of "
+                             f"protocol version {self.protocol}")
+        # One request in flight: its members answered in order.
         if not self._admit():
-            return [busy_error(m.get("id") if isinstance(m, dict) and echoable_id(m.get("id"))
-                               else None) for m in messages]
+            return [busy_error(echoed_id(m)) for m in messages]
 
         def run():
             try:
-                answers = [self._message(m, None, batch=True) if isinstance(m, dict) else
-                           rpc_error(None, -32600, "a batch member must be a JSON-RPC object")
-                           for m in messages]
+                answers = [self._member(m) for m in messages]
                 self.send([a for a in answers if a])
             finally:
                 self._release()
         return run
+
+    def _member(self, message):
+        if isinstance(message, dict):
+            return self._message(message, None, batch=True)
+        return rpc_error(None, -32600,
+                         "a batch member must be a JSON-RPC object")
 
     def _admit(self):
         with self.calls_lock:
@@ -3879,54 +3889,67 @@ class HostServer:
             self.running -= 1
 
     def _message(self, message, invalid, batch=False):
-        """A request's answer (None to a notification), or the work that sends it."""
+        """A request's answer (None to a notification), or the work
+        that sends it."""
         method, ident = message.get("method"), message.get("id")
-        params = message.get("params") if isinstance(message.get("params"), dict) else {}
+        params = message.get("params")
+        params = params if isinstance(params, dict) else {}
         if not isinstance(method, str):
-            if "id" in message and ("result" in message or "error" in message):
-                return None  # a response to a request agentgate never sends
-            return rpc_error(ident if echoable_id(ident) else None, -32600,
+            answered = "result" in message or "error" in message
+            if "id" in message and answered:
+                return None  # agentgate sends no request
+            return rpc_error(echoed_id(message), -32600,
                              "a request needs a method")
         if "id" not in message:
-            if method == "notifications/cancelled":
-                with self.calls_lock:
-                    cancelled = self.calls.get(_id_key(params.get("requestId")))
-                if cancelled:
-                    cancelled.set()
-            elif method in self.around.notifications:
-                self.around.notifications[method](self, params)
+            self._notified(method, params)
             return None
         if not echoable_id(ident):
-            # Checked before anything is recorded: no run for an id that cannot be echoed.
-            return rpc_error(None, -32600,
-                             "the id must be a string or a number that can be written as JSON")
+            # Checked before anything is recorded: no run for it.
+            return rpc_error(None, -32600, "the id must be a string or "
+                             "a number that can be written as JSON")
         if method == "tools/call":
-            # Known as it is read, so a cancellation read after it finds it.
-            cancelled, id_key = threading.Event(), _id_key(ident)
-            with self.calls_lock:
-                self.calls[id_key] = cancelled
-
-            def call():
-                try:
-                    return self._call(params, invalid, batch, cancelled)
-                finally:
-                    self._forget(id_key, cancelled)
-            work = self._after_ready(ident, call, batch)
-            if isinstance(work, dict) and not batch:  # refused busy: never runs
-                self._forget(id_key, cancelled)
-            return work
+            return self._tools_call(ident, params, invalid, batch)
         if method == "tools/list":
             return self._after_ready(ident, self._tool_list, batch)
         if method == "initialize":
             self._initialize(params)
         handler = self.around.requests.get(method)
         if handler is None:
-            return rpc_error(ident, -32601, f"method {quote(method)} is not offered")
-        return {"jsonrpc": "2.0", "id": ident, "result": handler(self, params)}
+            return rpc_error(ident, -32601,
+                             f"method {quote(method)} is not offered")
+        return {"jsonrpc": "2.0", "id": ident,
+                "result": handler(self, params)}
+
+    def _notified(self, method, params):
+        if method == "notifications/cancelled":
+            key = _id_key(params.get("requestId"))
+            with self.calls_lock:
+                cancelled = self.calls.get(key)
+            if cancelled:
+                cancelled.set()
+        elif method in self.around.notifications:
+            self.around.notifications[method](self, params)
+
+    def _tools_call(self, ident, params, invalid, batch):
+        # Known as it is read, so a cancellation read after it finds it.
+        cancelled, key = threading.Event(), _id_key(ident)
+        with self.calls_lock:
+            self.calls[key] = cancelled
+
+        def call():
+            try:
+                return self._call(params, invalid, batch, cancelled)
+            finally:
+                self._forget(key, cancelled)
+        work = self._after_ready(ident, call, batch)
+        if isinstance(work, dict) and not batch:  # busy: never runs
+            self._forget(key, cancelled)
+        return work
 
     def _initialize(self, params):
-        requested = params.get("protocolVersion")
-        self.protocol = requested if requested in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[-1]
+        asked = params.get("protocolVersion")
+        known = asked in PROTOCOL_VERSIONS
+        self.protocol = asked if known else PROTOCOL_VERSIONS[-1]
         info = params.get("clientInfo")
         name = info.get("name") if isinstance(info, dict) else None
         self.client = name[:200] if isinstance(name, str) else ""
@@ -3934,64 +3957,71 @@ class HostServer:
             self.gate.client = self.client
 
     def _after_ready(self, ident, work, batch):
-        """`work` once the servers are ready, at most MAX_IN_FLIGHT at once (a flood grows no
-        threads): a batch member's answer, else the work that sends it."""
-        accepted = not self.stopping  # on the reader: a call read before stdin closed runs
-        if accepted and not batch and not self._admit():
+        """`work`'s answer once the servers are ready, at most
+        MAX_IN_FLIGHT at once: a batch member's answer, else the work
+        that sends it."""
+        # Read on the reader: a call read before stdin closed runs.
+        accepted = not self.stopping
+        admitted = accepted and not batch
+        if admitted and not self._admit():
             return busy_error(ident)
 
         def run():
             try:
                 self.ready.wait()
-                if self.failed or not accepted:
-                    reason = CALL_ERRORS["stopping" if not accepted else "unloaded"]
-                    response = rpc_error(ident, -32603, reason)
-                else:
-                    try:
-                        result = work()
-                    except ToolNotOffered as err:
-                        response = rpc_error(ident, -32602, str(err))
-                    except PassedError as err:
-                        response = {"jsonrpc": "2.0", "id": ident, "error": err.error}
-                    except Exception as err:  # a bug: say so plainly, keep the session
-                        log(f"internal error: {type(err).__name__}: {err}")
-                        response = rpc_error(ident, -32603, CALL_ERRORS["failed"])
-                    else:
-                        if result is None:  # a call the host cancelled: no answer
-                            return None
-                        response = {"jsonrpc": "2.0", "id": ident, "result": result}
+                answer = self._answer(ident, work, accepted)
                 if batch:
-                    return response
-                self.send(response)  # before the release: shutdown waits for every answer
+                    return answer
+                # Before the release: shutdown waits for every answer.
+                self.send(answer)
             finally:
-                if accepted and not batch:
+                if admitted:
                     self._release()
         return run() if batch else run
 
-    def _tool_list(self):
-        quarantined = self.gate.quarantined  # replaced whole: read once
-        return {"tools": [t.listing for t in self.gate.tools.values()
-                          if t.name not in quarantined] + [self.status.listing]}
+    def _answer(self, ident, work, accepted):
+        if self.failed or not accepted:
+            why = "unloaded" if accepted else "stopping"
+            return rpc_error(ident, -32603, CALL_ERRORS[why])
+        try:
+            result = work()
+        except ToolNotOffered as err:
+            return rpc_error(ident, -32602, str(err))
+        except PassedError as err:
+            return {"jsonrpc": "2.0", "id": ident, "error": err.error}
+        except Exception as err:  # a bug: say so, keep the session
+            log(f"internal error: {type(err).__name__}: {err}")
+            return rpc_error(ident, -32603, CALL_ERRORS["failed"])
+        if result is None:  # a call the host cancelled: no answer
+            return None
+        return {"jsonrpc": "2.0", "id": ident, "result": result}
 
-    def _forget(self, id_key, cancelled):
+    def _tool_list(self):
+        held = self.gate.quarantined  # replaced whole: read once
+        tools = [t.listing for t in self.gate.tools.values()
+                 if t.name not in held]
+        return {"tools": tools + [self.status.listing]}
+
+    def _forget(self, key, cancelled):
         with self.calls_lock:
-            if self.calls.get(id_key) is cancelled:
-                del self.calls[id_key]
+            if self.calls.get(key) is cancelled:
+                del self.calls[key]
 
     def _call(self, params, invalid, batch, cancelled):
-        name = params.get("name")
-        args = params.get("arguments")
+        name, args = params.get("name"), params.get("arguments")
         if name == self.status_tool:
             return self.status.call(args, invalid)
         tool = self.gate.tools.get(name) if isinstance(name, str) else None
         if tool is None:
-            raise ToolNotOffered(CALL_ERRORS["unknown_tool"].format(name=quote(str(name))))
+            unknown = CALL_ERRORS["unknown_tool"]
+            raise ToolNotOffered(unknown.format(name=quote(str(name))))
         if tool.name in self.gate.quarantined:
             return answer("DENIED", "TOOL_CHANGED").result()
-        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-        token = meta.get("progressToken")
-        progress = self.around.progress(self, token, cancelled) \
-            if not batch and echoable_id(token) else None
+        meta = params.get("_meta")
+        meta = meta if isinstance(meta, dict) else {}
+        token, progress = meta.get("progressToken"), None
+        if not batch and echoable_id(token):
+            progress = self.around.progress(self, token, cancelled)
         answered = self.gate.call(tool, args, invalid, progress, cancelled)
         if cancelled.is_set() and not batch:
             return None
@@ -3999,8 +4029,9 @@ class HostServer:
         if "error" in result:
             raise PassedError(result["error"])
         if answered.passed is None and "outputSchema" in tool.listing:
-            # A host refuses a result lacking the structured content an output schema promises;
-            # the gate's own answers carry none, so they go as errors.
+            # A host refuses a result lacking the structured content
+            # an output schema promises; the gate's own answers carry
+            # none, so they go as errors.
             result["isError"] = True
         return result
 
@@ -4010,11 +4041,17 @@ class ToolNotOffered(Exception):
 
 
 class PassedError(Exception):
-    """A server's JSON-RPC error to a tools/call, to be answered as it came."""
+    """A server's JSON-RPC error to a tools/call, answered as it came."""
 
     def __init__(self, error):
         super().__init__(error["message"])
         self.error = error
+
+
+def echoed_id(message):
+    """A message's id if it can be echoed, else None."""
+    ident = message.get("id") if isinstance(message, dict) else None
+    return ident if echoable_id(ident) else None
 
 
 def _id_key(ident):
@@ -4023,11 +4060,13 @@ def _id_key(ident):
 
 def rpc_error(ident, code, message):
     """Every JSON-RPC error answer the host is sent."""
-    return {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}}
+    error = {"code": code, "message": message}
+    return {"jsonrpc": "2.0", "id": ident, "error": error}
 
 
 def busy_error(ident):
-    return rpc_error(ident, -32000, CALL_ERRORS["busy"].format(limit=MAX_IN_FLIGHT))
+    busy = CALL_ERRORS["busy"].format(limit=MAX_IN_FLIGHT)
+    return rpc_error(ident, -32000, busy)
 
 
 # =============================================================================================
@@ -7687,179 +7726,253 @@ def handshake_and_list(upstream, deadline):
 #
 # Reads as: around the core
 #
-# Owns: the reads people make of the record (Ledger): the runs, steps and approvals the
-# operator commands and the status tool list, the grants, the tool changes, the event chain.
-# Core it calls: Store, whose read connection it reads through, and tool_spec; it writes
-# nothing.
-# Promises: only SELECTs: every statement that changes the record is section 7's, and an
-# approval's row is read by Store itself. A run's events read the same in either shape Tx.flush
-# has written (event_parts). The status tool reads through the Ledger serve opens.
+# Owns: the reads people make of the record (Ledger): the runs, steps
+# and approvals the operator commands and the status tool list, the
+# grants, the tool changes, the event chain.
+# Core it calls: Store, whose read connection it reads through, and
+# tool_spec; it writes nothing.
+# Promises: only SELECTs: every statement that changes the record is
+# section 7's, and an approval's row is read by Store itself. A run's
+# events read the same in either shape Tx.flush writes (event_parts).
 # =============================================================================================
 
-COMBINED_EVENTS = ("call.began", "call.changed", "call.ended")  # Tx.flush's events of parts
+# Tx.flush's events made of parts.
+COMBINED_EVENTS = ("call.began", "call.changed", "call.ended")
 
 
 def event_parts(type_, step_id, payload_json):
-    """A stored event as the parts it records, each (type, step id, payload): a combined event
-    as its parts in order, any other as itself."""
+    """A stored event as the (type, step id, payload) parts it
+    records: a combined event's parts in order, any other itself."""
     payload = parse(payload_json)
     if type_ in COMBINED_EVENTS:
         return [tuple(part) for part in payload["parts"]]
     return [(type_, step_id, payload)]
 
 
+def ids_of(rows):
+    return [row[0] for row in rows]
+
+
+RECENT_CALLS = (
+    "FROM calls c JOIN runs r ON r.id = c.run_id"
+    " JOIN approvals a ON a.run_id = r.id"
+    " WHERE c.id IN (SELECT id FROM calls"
+    " WHERE session=? AND (settled_at=''"
+    " OR settled_at>=?) ORDER BY id DESC LIMIT ?)"
+    " ORDER BY c.id DESC, a.rowid")
+WAITING = (
+    "FROM calls c JOIN runs r ON r.id = c.run_id"
+    " JOIN approvals a ON a.run_id = r.id"
+    " WHERE c.settled_at='' {session}"
+    " AND r.status='WAITING_FOR_APPROVAL'"
+    " AND a.status='pending'"
+    " AND (a.expires_at='' OR a.expires_at>?)"
+    " ORDER BY a.created_at, a.id")
+RUN_COLUMNS = ("run", "session", "tool", "status", "reason",
+               "detail", "steps", "created", "finished",
+               "lease_owner", "lease_expires_at")
+STEP_COLUMNS = ("id", "index", "status", "decision", "policy",
+                "observation", "spec_hash")
+PAGE_COLUMNS = ("run", "status", "reason", "detail", "steps",
+                "created", "tool", "pending_approval", "host")
+# The host's name as the policy's first decision recorded it: a
+# step.policy event's, a run.read's, or a step.policy part of the
+# call.began that holds it.
+RUNS_PAGE = (
+    "SELECT r.id, r.status, r.reason, r.detail,"
+    " r.step_count, r.created_at, r.tool,"
+    " (SELECT a.id FROM approvals a WHERE a.run_id = r.id"
+    " AND a.status='pending' ORDER BY a.rowid DESC LIMIT 1),"
+    " COALESCE((SELECT COALESCE("
+    "json_extract(e.payload_json, '$.facts.client'),"
+    " json_extract(e.payload_json, '$.policy.facts.client'),"
+    " (SELECT json_extract(p.value, '$[2].facts.client')"
+    " FROM json_each(e.payload_json, '$.parts') p"
+    " WHERE json_extract(p.value, '$[0]')='step.policy'"
+    " LIMIT 1))"
+    " FROM events e WHERE e.run_id = r.id AND e.type IN"
+    " ('step.policy', 'run.read', 'call.began')"
+    " ORDER BY e.seq LIMIT 1), '')"
+    " FROM runs r WHERE ?='' OR r.session=?"
+    " ORDER BY r.rowid DESC LIMIT ?")
+GRANTS = (
+    "SELECT {columns} FROM grants WHERE (?='' OR session=?)"
+    " AND (CASE WHEN revoked_at='' THEN expires_at"
+    " ELSE min(revoked_at, expires_at) END)>=?"
+    " ORDER BY created_at DESC, id DESC")
+
+
 class Ledger(Store):
     """The record as people read it."""
 
     def approvals(self, run_id):
-        return self.read_approvals("FROM approvals a WHERE a.run_id=? ORDER BY a.rowid",
-                                   (run_id,))
+        return self.read_approvals(
+            "FROM approvals a WHERE a.run_id=? ORDER BY a.rowid",
+            (run_id,))
 
     def recent_approvals(self, session, since, limit):
-        """Every approval of the session's newest `limit` calls that are unsettled or settled
-        since `since`, with its run's tool, status and reason and its request key."""
+        """Every approval of the session's newest `limit` calls that
+        are unsettled or settled since `since`, with its run's tool,
+        status and reason and its request key."""
         return self.read_approvals(
-            "FROM calls c JOIN runs r ON r.id = c.run_id JOIN approvals a ON a.run_id = r.id "
-            "WHERE c.id IN (SELECT id FROM calls WHERE session=? AND (settled_at='' OR "
-            "settled_at>=?) ORDER BY id DESC LIMIT ?) ORDER BY c.id DESC, a.rowid",
-            (session, since, limit), (("tool", "r.tool"), ("run_status", "r.status"),
-                                      ("run_reason", "r.reason"),
-                                      ("request_key", "c.request_key")))
+            RECENT_CALLS, (session, since, limit),
+            (("tool", "r.tool"), ("run_status", "r.status"),
+             ("run_reason", "r.reason"),
+             ("request_key", "c.request_key")))
 
     def executed_under(self, approval):
-        return any(type_ == "step.tool_started" and step_id == approval["step_id"] and
-                   payload.get("approval_id") == approval["id"]
-                   for _, _, type_, step_id, payload in self.run_parts(approval["run_id"]))
+        return any(
+            type_ == "step.tool_started"
+            and step_id == approval["step_id"]
+            and payload.get("approval_id") == approval["id"]
+            for _, _, type_, step_id, payload
+            in self.run_parts(approval["run_id"]))
 
     def step_observation(self, step_id):
-        row = self.read_one("SELECT observation_json FROM steps WHERE id=?", (step_id,))
+        row = self.read_one(
+            "SELECT observation_json FROM steps WHERE id=?",
+            (step_id,))
         return parse(row[0]) if row and row[0] else None
 
     def run_events(self, run_id):
-        return self.read("SELECT seq, at, type, step_id, payload_json FROM events WHERE "
-                         "run_id=? ORDER BY seq", (run_id,))
+        return self.read(
+            "SELECT seq, at, type, step_id, payload_json"
+            " FROM events WHERE run_id=? ORDER BY seq", (run_id,))
 
     def run_parts(self, run_id):
-        """What a run's events record, as (seq, at, type, step id, payload): each part of a
-        combined event as an event of its own, under the seq of the event that holds it."""
-        return [(seq, at, *part) for seq, at, type_, step_id, payload in self.run_events(run_id)
+        """A run's events as (seq, at, type, step id, payload), each
+        part of a combined event under the seq of its event."""
+        return [(seq, at, *part) for seq, at, type_, step_id, payload
+                in self.run_events(run_id)
                 for part in event_parts(type_, step_id, payload)]
 
     def late_outcomes(self, run_id):
-        """Outcomes of a run's cut-off attempts that came after a takeover: (step, observation)."""
-        return [(step_id, payload["observation"]) for _, _, type_, step_id, payload
-                in self.run_parts(run_id) if type_ == "step.tool_finished" and payload.get("late")]
+        """(step, observation) of each outcome of a run's cut-off
+        attempts that came after a takeover."""
+        return [(step_id, payload["observation"])
+                for _, _, type_, step_id, payload
+                in self.run_parts(run_id)
+                if type_ == "step.tool_finished"
+                and payload.get("late")]
 
     def waiting_approvals(self, session):
-        """The approvals an operator may decide now (of one session, or all with session ''),
-        oldest first, each with its run's tool. A waiting run's call is unsettled, so the
-        calls index finds them without reading the history of approvals."""
-        where = "c.settled_at=''" + (" AND c.session=?" if session else "")
-        return self.read_approvals(
-            f"FROM calls c JOIN runs r ON r.id = c.run_id JOIN approvals a ON a.run_id = r.id "
-            f"WHERE {where} AND r.status='WAITING_FOR_APPROVAL' AND a.status='pending' AND "
-            f"(a.expires_at='' OR a.expires_at>?) ORDER BY a.created_at, a.id",
-            (*([session] if session else []), now()), (("tool", "r.tool"),))
+        """The approvals an operator may decide now (of one session,
+        or all with session ''), oldest first, each with its run's
+        tool. A waiting run's call is unsettled, so the calls index
+        finds them."""
+        args = [session] if session else []
+        where = "AND c.session=?" if session else ""
+        return self.read_approvals(WAITING.format(session=where),
+                                   (*args, now()), (("tool", "r.tool"),))
 
     def steps(self, run_id):
-        """A run's steps, oldest first; an allowed read's one step is read out of its run.read
-        event (Tx.record_read)."""
-        names = ("id", "index", "status", "decision", "policy", "observation", "spec_hash")
-        rows = self.read("SELECT id, idx, status, decision_json, policy_json, observation_json,"
-                         " spec_hash FROM steps WHERE run_id=? ORDER BY idx", (run_id,))
+        """A run's steps, oldest first; an allowed read's one step is
+        read out of its run.read event (Tx.record_read)."""
+        rows = self.read(
+            "SELECT id, idx, status, decision_json, policy_json,"
+            " observation_json, spec_hash FROM steps"
+            " WHERE run_id=? ORDER BY idx", (run_id,))
         if not rows:
-            for step_id, payload in self.read("SELECT step_id, payload_json FROM events WHERE "
-                                              "run_id=? AND type='run.read'", (run_id,)):
-                read = parse(payload)
-                if "observation" in read:  # before schema version 3 a read kept a step row
-                    policy = {k: v for k, v in read["policy"].items()
-                              if k not in ("policy_id", "spec_hash")}
-                    rows.append((step_id, 0, "done" if read["status"] == "COMPLETED" else
-                                 "failed", dumps(read["decision"]), dumps(policy),
-                                 dumps(read["observation"]), read["policy"]["spec_hash"]))
-        return [dict(zip(names, row)) for row in rows]
+            rows = [self._read_step(step_id, parse(payload))
+                    for step_id, payload in self.read(
+                        "SELECT step_id, payload_json FROM events"
+                        " WHERE run_id=? AND type='run.read'",
+                        (run_id,))]
+        return [dict(zip(STEP_COLUMNS, row)) for row in rows if row]
+
+    @staticmethod
+    def _read_step(step_id, read):
+        if "observation" not in read:
+            return None
+        policy = {k: v for k, v in read["policy"].items()
+                  if k not in ("policy_id", "spec_hash")}
+        ok = read["status"] == "COMPLETED"
+        return (step_id, 0, "done" if ok else "failed",
+                dumps(read["decision"]), dumps(policy),
+                dumps(read["observation"]),
+                read["policy"]["spec_hash"])
 
     def run(self, run_id):
-        row = self.read_one("SELECT id, session, tool, status, reason, detail, step_count, "
-                            "created_at, finished_at, lease_owner, lease_expires_at FROM runs "
-                            "WHERE id=?", (run_id,))
-        names = ("run", "session", "tool", "status", "reason", "detail", "steps", "created",
-                 "finished", "lease_owner", "lease_expires_at")
-        return dict(zip(names, row)) if row else None
+        row = self.read_one(
+            "SELECT id, session, tool, status, reason, detail,"
+            " step_count, created_at, finished_at, lease_owner,"
+            " lease_expires_at FROM runs WHERE id=?", (run_id,))
+        return dict(zip(RUN_COLUMNS, row)) if row else None
 
     def runs_page(self, session, limit):
-        """Runs newest first (of one session, or all with session ''), with the approval each
-        waits on and the host's name as the policy's first decision recorded it ('' before the
-        policy; a call's first decision is a part of the event that began it)."""
-        names = ("run", "status", "reason", "detail", "steps", "created", "tool",
-                 "pending_approval", "host")
-        return [dict(zip(names, row)) for row in self.read(
-            "SELECT r.id, r.status, r.reason, r.detail, r.step_count, r.created_at, r.tool, "
-            "(SELECT a.id FROM approvals a WHERE a.run_id = r.id AND a.status='pending' ORDER "
-            "BY a.rowid DESC LIMIT 1), COALESCE((SELECT COALESCE(json_extract(e.payload_json, "
-            "'$.facts.client'), json_extract(e.payload_json, '$.policy.facts.client'), (SELECT "
-            "json_extract(p.value, '$[2].facts.client') FROM json_each(e.payload_json, "
-            "'$.parts') p WHERE json_extract(p.value, '$[0]')='step.policy' LIMIT 1)) FROM "
-            "events e WHERE e.run_id = r.id AND e.type IN ('step.policy', 'run.read', "
-            "'call.began') ORDER BY e.seq LIMIT 1), '') FROM runs r WHERE ?='' OR r.session=? "
-            "ORDER BY r.rowid DESC LIMIT ?", (session, session, limit))]
+        """Runs newest first (of one session, or all with session ''),
+        with the approval each waits on and the host's name ('' before
+        the policy decided)."""
+        rows = self.read(RUNS_PAGE, (session, session, limit))
+        return [dict(zip(PAGE_COLUMNS, row)) for row in rows]
 
     def session_runs(self, session, limit):
-        return [row[0] for row in self.read(
-            "SELECT id FROM runs WHERE session=? ORDER BY rowid DESC LIMIT ?",
-            (session, limit))]
+        return ids_of(self.read(
+            "SELECT id FROM runs WHERE session=?"
+            " ORDER BY rowid DESC LIMIT ?", (session, limit)))
 
     def policy_events(self, run_id):
-        """A run's decisions of the policy as (seq, step id, the recorded policy, at): the
-        step.policy parts, or the policy a read's one run.read event carries."""
-        return [(seq, step_id, payload if type_ == "step.policy" else payload["policy"], at)
-                for seq, at, type_, step_id, payload in self.run_parts(run_id)
+        """A run's decisions of the policy as (seq, step id, the
+        recorded policy, at): the step.policy parts, or the policy a
+        read's one run.read event carries."""
+        return [(seq, step_id, payload if type_ == "step.policy"
+                 else payload["policy"], at)
+                for seq, at, type_, step_id, payload
+                in self.run_parts(run_id)
                 if type_ in ("step.policy", "run.read")]
 
     def tool_spec(self, spec_hash):
         return tool_spec(self.read, spec_hash)
 
     def grants(self, session, since):
-        return [dict(zip(GRANT_COLUMNS, row)) for row in self.read(
-            f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE (?='' OR session=?) AND "
-            f"(CASE WHEN revoked_at='' THEN expires_at ELSE min(revoked_at, expires_at) END)>=?"
-            f" ORDER BY created_at DESC, id DESC", (session, session, since))]
+        sql = GRANTS.format(columns=", ".join(GRANT_COLUMNS))
+        rows = self.read(sql, (session, session, since))
+        return [dict(zip(GRANT_COLUMNS, row)) for row in rows]
 
     def grant(self, grant_id):
-        row = self.read_one(f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE id=?",
-                            (grant_id,))
+        row = self.read_one(
+            f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants"
+            " WHERE id=?", (grant_id,))
         return dict(zip(GRANT_COLUMNS, row)) if row else None
 
     def ids_starting(self, table, prefix, limit):
-        """Up to `limit` ids of `table` (runs, approvals or grants) that start with `prefix`
-        (ASCII), in order: a range of the primary key."""
-        return [row[0] for row in self.read(
-            f"SELECT id FROM {table} WHERE id>=? AND id<? ORDER BY id LIMIT ?",
-            (prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1), limit))]
+        """Up to `limit` ids of `table` (runs, approvals or grants)
+        that start with `prefix` (ASCII), in order."""
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        return ids_of(self.read(
+            f"SELECT id FROM {table} WHERE id>=? AND id<?"
+            " ORDER BY id LIMIT ?", (prefix, end, limit)))
 
     def run_ids_after_session(self, prefix, limit):
-        """Up to `limit` run ids whose part after the session starts with `prefix` (letters
-        and digits only), in any session: a scan, for an operator who gave no session."""
-        return [row[0] for row in self.read(
-            "SELECT id FROM runs WHERE substr(id, instr(id, '.') + 1) GLOB ? ORDER BY id "
-            "LIMIT ?", (prefix + "*", limit))]
+        """Up to `limit` run ids whose part after the session starts
+        with `prefix` (letters and digits), in any session: a scan."""
+        return ids_of(self.read(
+            "SELECT id FROM runs"
+            " WHERE substr(id, instr(id, '.') + 1) GLOB ?"
+            " ORDER BY id LIMIT ?", (prefix + "*", limit)))
 
     def tool_changes(self, session, limit):
-        return [(at, parse(payload)) for at, payload in self.read(
-            "SELECT at, payload_json FROM events WHERE run_id=? AND type='tools.changed' "
-            "ORDER BY seq DESC LIMIT ?", (f"{session}.tools", limit))]
+        rows = self.read(
+            "SELECT at, payload_json FROM events WHERE run_id=?"
+            " AND type='tools.changed' ORDER BY seq DESC LIMIT ?",
+            (f"{session}.tools", limit))
+        return [(at, parse(payload)) for at, payload in rows]
 
     def chain_head(self):
-        return self.read_one("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
+        return self.read_one(
+            "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
 
     def event_hash_at(self, seq):
-        row = self.read_one("SELECT hash FROM events WHERE seq=?", (seq,))
+        row = self.read_one("SELECT hash FROM events WHERE seq=?",
+                            (seq,))
         return row[0] if row else None
 
     def events_after(self, seq, last, limit):
-        return self.read("SELECT seq, run_id, step_id, at, type, payload_json, hash FROM "
-                         "events WHERE seq>? AND seq<=? ORDER BY seq LIMIT ?",
-                         (seq, last if last is not None else 2**62, limit))
+        last = 2**62 if last is None else last
+        return self.read(
+            "SELECT seq, run_id, step_id, at, type, payload_json, hash"
+            " FROM events WHERE seq>? AND seq<=? ORDER BY seq LIMIT ?",
+            (seq, last, limit))
 
 
 # =============================================================================================
@@ -7867,56 +7980,60 @@ class Ledger(Store):
 #
 # Reads as: around the core
 #
-# Owns: a server's change of its tools while the gate serves (notifications/tools/list_changed):
-# the tools are listed again and compared with the pin by changed_parts (section 5).
-# Core it calls: manifest_entry, changed_parts, Gate.quarantine (its only write to the gate) and
-# calls the host's tools_changed notice, both handed to it by serve.
-# Promises: a tool whose server changed it is no longer offered and a call to it is refused
-# TOOL_CHANGED; a listing that fails quarantines the server's tools and is retried at 4, 8, 16,
-# 32 s, then every 60 s. A server that goes away is said so on stderr and started again at 1,
-# 2, 4 ... s, then every 60 s; it serves again once connected and listed as a change is.
+# Owns: a server's change of its tools while the gate serves
+# (notifications/tools/list_changed): the tools are listed again and
+# compared with the pin by changed_parts (section 5).
+# Core it calls: manifest_entry, changed_parts, Gate.quarantine (its
+# only write to the gate), and the host's tools_changed notice that
+# serve hands it.
+# Promises: a tool whose server changed it is no longer offered and a
+# call to it is refused TOOL_CHANGED; a listing that fails
+# quarantines the server's tools and is retried at 4, 8, 16, 32 s,
+# then every 60 s. A server that goes away is said so on stderr and
+# started again at 1, 2, 4 ... s, then every 60 s; it serves again
+# once connected and listed as a change is.
 # =============================================================================================
 
 def tool_changes(pinned, live):
-    """How what a server presents now (`live`, manifest entries) differs from what it pinned,
-    per tool: ("added", None, now), ("removed", pinned, None) or ("changed", pinned, now)."""
+    """How what a server presents now (`live`, manifest entries)
+    differs from its pin, per tool: ("added", None, now), ("removed",
+    pinned, None) or ("changed", pinned, now)."""
     changes = {}
     for name in sorted(set(pinned) | set(live)):
         old, new = pinned.get(name), live.get(name)
-        if old is None or new is None or changed_parts(old, new):
-            kind = "added" if old is None else "removed" if new is None else "changed"
-            changes[name] = (kind, old, new)
+        if old is None:
+            changes[name] = ("added", old, new)
+        elif new is None:
+            changes[name] = ("removed", old, new)
+        elif changed_parts(old, new):
+            changes[name] = ("changed", old, new)
     return changes
 
 
-LIST_CHANGED_INTERVAL = 2.0  # seconds: the least time between two listings of one server
-RELIST_RETRY_MAX = 60.0  # seconds: the longest wait between two tries of a failing listing
+LIST_CHANGED_INTERVAL = 2  # seconds at least between two listings
+CHANGE_KINDS = ("changed", "removed", "added")
 
 
 class ToolWatch:
-    """Acts on a server's notifications/tools/list_changed while the gate serves.
-
-    The server is listed again on a thread of its own, never on a call's path. A tool that
-    changed or is gone is quarantined, a new one is not offered, one back to its pin is
-    offered again; calls in flight are not touched. Notices that flood in come to one listing
-    every LIST_CHANGED_INTERVAL. A failed listing quarantines all the server's tools (they
-    said they changed, and are unchecked) until a listing succeeds.
-    """
+    """Lists a server again on its own thread when it says its tools
+    changed: a changed or gone tool is held, one back to its pin is
+    offered again, a new one is not; calls in flight are not touched.
+    A failed listing holds all its tools (they said they changed)."""
 
     def __init__(self, gate, upstreams, announce):
         self.gate, self.announce = gate, announce
-        self.upstreams = {upstream.name: upstream for upstream in upstreams}
-        self.pending = {}  # server name -> notifications not yet acted on
-        self.failures = {}  # server name -> listings failed in a row since the last success
-        self.held = {}  # server name -> the registered names it has quarantined
-        self.seen = {}  # server name -> the differences last recorded
-        self.starts = {}  # server name -> starts failed in a row while it is down
+        self.upstreams = {u.name: u for u in upstreams}
+        # Per server: notices not acted on, listings failed in a row,
+        # names held, differences recorded, starts failed while down.
+        self.pending, self.failures, self.held = {}, {}, {}
+        self.seen, self.starts = {}, {}
         self.cond = threading.Condition()
-        threading.Thread(target=self._run, daemon=True).start()
-        threading.Thread(target=self._revive, daemon=True).start()
+        for loop in (self._run, self._revive):
+            threading.Thread(target=loop, daemon=True).start()
         for upstream in upstreams:
             upstream.on_exit = functools.partial(self.exited, upstream)
-            upstream.watch_tools(functools.partial(self.changed, upstream.name))
+            upstream.watch_tools(
+                functools.partial(self.changed, upstream.name))
 
     def changed(self, server):
         with self.cond:
@@ -7924,63 +8041,76 @@ class ToolWatch:
             self.cond.notify_all()
 
     def _run(self):
-        listed = {}  # server name -> when it was last listed (monotonic)
+        listed = {}  # server name -> when last listed (monotonic)
         while not self.gate.stopping.is_set():
             with self.cond:
-                due = {name: listed.get(name, -math.inf) + relist_wait(self.failures.get(name, 0))
+                due = {name: listed.get(name, -math.inf) +
+                       relist_wait(self.failures.get(name, 0))
                        for name in self.pending}
-                ready = [name for name, at in due.items() if at <= time.monotonic()]
+                clock = time.monotonic()
+                ready = [name for name, at in due.items() if at <= clock]
                 if not ready:
-                    self.cond.wait(min(due.values(), default=time.monotonic() + 1)
-                                   - time.monotonic())
+                    soonest = min(due.values(), default=clock + 1)
+                    self.cond.wait(soonest - clock)
                     continue
-                server, count = ready[0], self.pending.pop(ready[0])
+                server = ready[0]
+                count = self.pending.pop(server)
             listed[server] = time.monotonic()
             if count > 1:
-                log(f"server {server} said {count} times that its tools changed; it is listed "
-                    f"again at most every {LIST_CHANGED_INTERVAL:g}s")
+                log(f"server {server} said {count} times that its tools "
+                    f"changed; it is listed again at most every "
+                    f"{LIST_CHANGED_INTERVAL:g}s")
             try:
                 self._relist(server)
             except UpstreamError as err:
                 self._failed(server, err)
             except StoreError as err:
-                log(f"server {server} changed its tools, but the change could not be recorded: "
-                    f"{err}")
+                log(f"server {server} changed its tools, but the change "
+                    f"could not be recorded: {err}")
 
     def _failed(self, server, err):
-        self.failures[server] = self.failures.get(server, 0) + 1
+        failures = self.failures.get(server, 0) + 1
+        self.failures[server] = failures
         with self.cond:  # tried again without a new notice
             self.pending.setdefault(server, 0)
-        held = sorted(tool.name for tool in self.gate.tools.values()
-                      if tool.server.name == server)
-        log(f"server {server} said its tools changed, but listing them again failed: {err}; "
-            f"not offered until a listing succeeds (next try in "
-            f"{relist_wait(self.failures[server]):g}s): {', '.join(held) or 'none'}")
+        held = sorted(t.name for t in self.gate.tools.values()
+                      if t.server.name == server)
+        log(f"server {server} said its tools changed, but listing them "
+            f"again failed: {err}; not offered until a listing "
+            f"succeeds (next try in {relist_wait(failures):g}s): "
+            f"{', '.join(held) or 'none'}")
         self._hold(server, held)
 
     def _relist(self, server):
         upstream = self.upstreams[server]
-        listed = upstream.list_tools(Deadline(upstream.server.connect_timeout))
-        changes = tool_changes(upstream.pinned, {name: manifest_entry(tool)
-                                                 for name, tool in listed.items()})
-        differences = {kind: sorted(name for name, (k, _, _) in changes.items() if k == kind)
-                       for kind in ("changed", "removed", "added")}
-        offered = {tool.upstream_name: tool.name for tool in self.gate.tools.values()
-                   if tool.server.name == server}
-        held = sorted(offered[name] for name in differences["changed"] + differences["removed"]
+        deadline = Deadline(upstream.server.connect_timeout)
+        live = {name: manifest_entry(tool) for name, tool
+                in upstream.list_tools(deadline).items()}
+        changes = tool_changes(upstream.pinned, live)
+        found = {kind: sorted(name for name, change in changes.items()
+                              if change[0] == kind) for kind in CHANGE_KINDS}
+        offered = {t.upstream_name: t.name
+                   for t in self.gate.tools.values()
+                   if t.server.name == server}
+        held = sorted(offered[name]
+                      for name in found["changed"] + found["removed"]
                       if name in offered)
         if self.failures.pop(server, 0):
-            log(f"server {server}: its tools were listed again; not offered now: "
-                f"{', '.join(held) or 'none'}")
+            log(f"server {server}: its tools were listed again; not "
+                f"offered now: {', '.join(held) or 'none'}")
         try:
-            if differences != self.seen.get(server, {"changed": [], "removed": [], "added": []}):
-                self.seen[server] = differences
-                payload = {"server": server, **differences, "not_offered": held}
-                self.gate.store.write(lambda tx: tx.event(f"{self.gate.config.session}.tools",
-                                                          "tools.changed", payload))
-                log(tools_changed_text(payload) + " (pin -diff shows how)")
-        finally:  # what is offered follows the listing even when the record cannot be written
+            if found != self.seen.get(server, {k: [] for k in CHANGE_KINDS}):
+                self.seen[server] = found
+                self._record({"server": server, **found,
+                              "not_offered": held})
+        finally:  # what is offered follows the listing even unrecorded
             self._hold(server, held)
+
+    def _record(self, payload):
+        run_id = f"{self.gate.config.session}.tools"
+        self.gate.store.write(
+            lambda tx: tx.event(run_id, "tools.changed", payload))
+        log(tools_changed_text(payload) + " (pin -diff shows how)")
 
     def _hold(self, server, held):
         if held != self.held.get(server, []):
@@ -7990,24 +8120,31 @@ class ToolWatch:
             self.announce()
 
     def exited(self, upstream, why):
-        """`upstream`'s server went away while serving: down until started again."""
+        """`upstream`'s server went away while serving: down until
+        started again."""
         with self.cond:
             if upstream.down:
-                return  # it died while being started again: that start fails
+                return  # it died while being started again: that fails
             upstream.down = (time.time(), time.time() + restart_wait(0))
             self.cond.notify_all()
-        log(f"server {upstream.name} {why}; calls to its tools fail without executing "
-            f"until it is {upstream.AGAIN} (next try in {restart_wait(0)}s)")
+        log(f"server {upstream.name} {why}; calls to its tools fail "
+            f"without executing until it is {upstream.AGAIN} (next try "
+            f"in {restart_wait(0)}s)")
 
     def _revive(self):
-        # Never returns: a server started here dies with the thread that started it (spawn).
+        # Never returns: a server started here dies with the thread
+        # that started it (spawn).
         while True:
             with self.cond:
                 down = [u for u in self.upstreams.values() if u.down]
                 due = [u for u in down if u.down[1] <= time.time()]
-                if not due or self.gate.stopping.is_set():
-                    self.cond.wait(None if self.gate.stopping.is_set() else
-                                   min(u.down[1] for u in down) - time.time() if down else 60)
+                if self.gate.stopping.is_set():
+                    self.cond.wait()
+                    continue
+                if not due:
+                    soonest = min((u.down[1] for u in down),
+                                  default=time.time() + 60)
+                    self.cond.wait(soonest - time.time())
                     continue
             self._start_again(due[0])
 
@@ -8018,38 +8155,41 @@ class ToolWatch:
             upstream.spawn()
             upstream.handshake(Deadline(upstream.server.connect_timeout))
             self._relist(name)
-            with upstream.lock:  # an exit after this is an exit while serving
+            with upstream.lock:  # an exit after this is while serving
                 if upstream.closed:
-                    raise UpstreamError(upstream.describe("connect", upstream.closed))
+                    raise UpstreamError(
+                        upstream.describe("connect", upstream.closed))
                 upstream.down = None
-        except Exception as err:  # this thread must live on: its servers die with it
+        except Exception as err:  # this thread must live: see _revive
             self.starts[name] = self.starts.get(name, 0) + 1
             wait = restart_wait(self.starts[name])
             upstream.down = (upstream.down[0], time.time() + wait)
             upstream.close()
-            log(f"server {name} could not be {upstream.AGAIN}: {err}; next try in "
-                f"{wait}s")
+            log(f"server {name} could not be {upstream.AGAIN}: {err}; "
+                f"next try in {wait}s")
             return
         self.starts.pop(name, None)
         log(f"server {name} was {upstream.AGAIN} and serves its tools")
 
 
 def restart_wait(failures):
+    """Seconds to the next try after `failures` in a row: 1, 2, 4 ...
+    32, then 60 (the exponent is bounded: it never overflows)."""
     return min(2 ** min(failures, 6), 60)
 
 
 def relist_wait(failures):
-    """Seconds from a listing to the next after `failures` in a row (the exponent is bounded,
-    so a server failing for days cannot overflow it)."""
-    return min(LIST_CHANGED_INTERVAL * 2 ** min(failures, 16), RELIST_RETRY_MAX)
+    # From LIST_CHANGED_INTERVAL (2 s) on: one doubling ahead.
+    return restart_wait(failures + 1)
 
 
 def tools_changed_text(payload):
     parts = [f"{kind} {', '.join(map(sanitize, payload[kind]))}"
-             for kind in ("changed", "removed", "added") if payload[kind]]
+             for kind in CHANGE_KINDS if payload[kind]]
     held = ", ".join(payload["not_offered"]) or "none"
-    return (f"server {payload['server']} changed its tools while serving: "
-            f"{'; '.join(parts) or 'back to what was pinned'}; not offered now: {held}")
+    change = "; ".join(parts) or "back to what was pinned"
+    return (f"server {payload['server']} changed its tools while "
+            f"serving: {change}; not offered now: {held}")
 
 
 # =============================================================================================
@@ -8057,16 +8197,19 @@ def tools_changed_text(payload):
 #
 # Reads as: around the core
 #
-# Owns: the status tool's answer: the approvals of this session and what became of them.
-# Core it calls: Store.latest_approval, step_outcome, and Answer, answer and gate_status to
-# build its answer from section 6's tables; it reads the rest through the Ledger (section 22)
-# serve opens.
-# Promises: it tells the model what waits and what was decided, never a command, the database,
-# the config or a run id; recorded text from servers is sanitized.
+# Owns: the status tool's answer: the approvals of this session and
+# what became of them, each told in one of a few phrasings.
+# Core it calls: Store.latest_approval, step_outcome, and Answer,
+# answer and gate_status to build its answer from section 6's tables;
+# it reads the rest through the Ledger (section 22) serve opens.
+# Promises: it tells the model what waits and what was decided, never
+# a command, the database, the config or a run id; recorded text from
+# servers is sanitized.
 # =============================================================================================
 
 def time_since(text):
-    return format_duration(int(time.time() - parse_time(text)) * SECOND)
+    elapsed = int(time.time() - parse_time(text))
+    return format_duration(elapsed * SECOND)
 
 
 STATUS_LOOKBACK = 3600
@@ -8074,15 +8217,17 @@ STATUS_ROWS = 200
 
 
 def status_answer(gate, args):
-    """The status tool: what waits for an operator, or what became of one approval. It reads
-    only, is not recorded as a run, and never executes or decides anything."""
-    if args is None:
-        args = {}
+    """The status tool: what waits for an operator, or what became of
+    one approval. It reads only: it runs and decides nothing."""
+    args = {} if args is None else args
     if not isinstance(args, dict) or set(args) - {"approval_id"} or \
             not isinstance(args.get("approval_id", ""), str):
-        return answer("INVALID", reason=SLOT_PROSE["status_arguments"])
+        why = SLOT_PROSE["status_arguments"]
+        return answer("INVALID", reason=why)
+    since = format_time(time.time() - STATUS_LOOKBACK)
     try:
-        approvals = status_approvals(gate.store, gate.config.session)
+        approvals = gate.store.recent_approvals(
+            gate.config.session, since, STATUS_ROWS)
     except StoreError as err:
         log(str(err))
         return answer("UNAVAILABLE", what=SLOT_PROSE["unreadable"])
@@ -8090,85 +8235,87 @@ def status_answer(gate, args):
     if wanted:
         for approval in approvals:
             if approval["id"] == wanted:
-                return Answer(f"GATE_STATUS: {describe_approval(gate, approval)}",
+                text = describe_approval(gate, approval)
+                return Answer(f"GATE_STATUS: {text}",
                               mark="GATE_STATUS")
         return gate_status("unknown_id", approval=clean(wanted, 100))
     waiting = [a for a in approvals if a["status"] == "pending" and
-               (not a["expires_at"] or a["expires_at"] > now())]
+               not lapsed(a)]
     if not waiting:
         return gate_status("none_waiting")
-    lines = "\n".join(f"- {describe_approval(gate, a)}" for a in waiting)
-    return gate_status("one_waiting" if len(waiting) == 1 else "some_waiting",
-                       count=len(waiting), lines=lines)
+    lines = "\n".join(f"- {describe_approval(gate, a)}"
+                      for a in waiting)
+    key = "one_waiting" if len(waiting) == 1 else "some_waiting"
+    return gate_status(key, count=len(waiting), lines=lines)
 
 
-def status_approvals(store, session):
-    return store.recent_approvals(session, format_time(time.time() - STATUS_LOOKBACK),
-                                  STATUS_ROWS)
+def lapsed(approval):
+    return approval["expires_at"] and approval["expires_at"] <= now()
 
 
 def describe_approval(gate, approval):
-    """One approval as the model may read it: what it asked, and what became of it."""
+    """One approval as the model may read it: what it asked, and what
+    became of it."""
     capability = parse(approval["capability_json"])
-    head = STATUS_PROSE["head"].format(approval=approval["id"], tool=clean(approval["tool"], 64),
-                                       args=clean(policy_json(capability.get("args", {})), 200))
+    args = policy_json(capability.get("args", {}))
+    head = STATUS_PROSE["head"].format(
+        approval=approval["id"], tool=clean(approval["tool"], 64),
+        args=clean(args, 200))
     age = time_since(approval["created_at"])
     status = approval["status"]
-    if status == "pending":
-        if approval["expires_at"] and approval["expires_at"] <= now():
-            return STATUS_PROSE["expired_undecided"].format(head=head)
+    if status == "pending" and not lapsed(approval):
+        key = "pending"
         if approval["kind"] == "interrupted_side_effect":
-            return STATUS_PROSE["outcome_unknown"].format(head=head, age=age)
-        return STATUS_PROSE["pending"].format(head=head, age=age)
+            key = "outcome_unknown"
+        return STATUS_PROSE[key].format(head=head, age=age)
     if status == "rejected":
-        note = STATUS_PROSE["rejected_note"].format(note=cut(quote(approval["note"]), 500)) \
-            if approval["note"] else ""
+        note = ""
+        if approval["note"]:
+            note = STATUS_PROSE["rejected_note"].format(
+                note=cut(quote(approval["note"]), 500))
         return STATUS_PROSE["rejected"].format(head=head, note=note)
-    if status == "expired":
+    if status != "approved":  # expired, decided or not
         return STATUS_PROSE["expired"].format(head=head)
     return f"{head}: {approved_fate(gate, approval)}"
 
 
+# An executed step's ending (CALL_ENDINGS) -> how the status tells
+# it; any other ending: unknown (taken over or cancelled meanwhile).
+FATE_OF_ENDING = {"ok": "succeeded", "error": "failed",
+                  "unsent": "failed", "unrecorded": "unrecorded"}
+
+
 def approved_fate(gate, approval):
     store, step_id = gate.store, approval["step_id"]
+    observed = store.step_observation(step_id)
+    ending = step_outcome(observed) if observed else ""
     if store.executed_under(approval):
-        observed = store.step_observation(step_id)
         if not observed:
             return STATUS_PROSE["executing"]
-        ending = step_outcome(observed)
-        if ending == "ok":
-            return STATUS_PROSE["succeeded"]
-        if ending not in CALL_ENDINGS:  # taken over or cancelled while executing
-            ending = "cut_off"
-        error = clean(outcome_text(observed), 500) if ending != "cut_off" else ""
-        if ending == "unrecorded":
-            return STATUS_PROSE["unrecorded"].format(error=error)
-        if ending in ("error", "unsent"):
-            return STATUS_PROSE["failed"].format(error=error)
-        waiting = [a for a in status_approvals(store, gate.config.session)
-                   if a["request_key"] == approval["request_key"] and a["status"] == "pending"
-                   and a["kind"] == "interrupted_side_effect" and a["id"] != approval["id"]]
-        then = STATUS_PROSE["rerun_waits"].format(approval=waiting[0]["id"]) if waiting else \
-            STATUS_PROSE["no_rerun"]
-        return STATUS_PROSE["unknown"].format(how=HOW[ending], then=then)
+        key = FATE_OF_ENDING.get(ending, "unknown")
+        how = HOW[ending if ending in HOW else "cut_off"]
+        error = ""
+        if ending in CALL_ENDINGS:
+            error = clean(outcome_text(observed), 500)
+        text = STATUS_PROSE[key].format(error=error, how=how,
+                                        then="")
+        return text.rstrip()
     newer = store.latest_approval(approval["run_id"])
-    if newer and newer["step_id"] == step_id and newer["id"] != approval["id"]:
+    if newer and newer["step_id"] == step_id and \
+            newer["id"] != approval["id"]:
         return STATUS_PROSE["superseded"].format(approval=newer["id"])
     if approval["run_status"] == "WAITING_FOR_APPROVAL":
         return STATUS_PROSE["uncollected"].format(tool=approval["tool"])
     if approval["run_status"] not in TERMINAL:
         return STATUS_PROSE["executing"]
-    # An approved step refused was refused when collected: its first decision asked.
-    observed = store.step_observation(step_id)
-    refused = step_outcome(observed) if observed else ""
-    if approval["run_reason"] in ("operator_cancelled", "approval_expired"):
-        why = NOT_EXECUTED_WHY[approval["run_reason"]]
-    elif refused == "denied":
-        why = NOT_EXECUTED_WHY["denied_on_resume"]
-    elif refused == "invalid":
-        why = NOT_EXECUTED_WHY["invalid_on_resume"]
+    # An approved step refused was refused when collected.
+    reason = approval["run_reason"]
+    if reason in ("operator_cancelled", "approval_expired"):
+        why = NOT_EXECUTED_WHY[reason]
+    elif ending in ("denied", "invalid"):
+        why = NOT_EXECUTED_WHY[f"{ending}_on_resume"]
     else:
-        why = NOT_EXECUTED_WHY["ended"].format(reason=approval["run_reason"])
+        why = NOT_EXECUTED_WHY["ended"].format(reason=reason)
     return STATUS_PROSE["not_executed"].format(why=why)
 
 
@@ -8177,15 +8324,17 @@ def approved_fate(gate, approval):
 #
 # Reads as: around the core
 #
-# Owns: what the host side hands on because it decides no call: initialize's answer, ping,
-# notifications/initialized and the tools-changed notice it allows, a call's progress as the
-# host hears it, the threads requests run on, and the status tool. Serve hands HostServer a
-# HostAround at start and a StatusTool once serving.
+# Owns: what the host side hands on, deciding no call: initialize's
+# answer, ping, notifications/initialized and the tools-changed notice
+# it allows, a call's progress as the host hears it, and the status
+# tool (serve hands HostServer a HostAround, then a StatusTool).
 # Core it calls: answer, and HostServer's send and protocol.
-# Promises: a call's progress (the gate's while it holds the call, then the server's) reaches
-# the host under the host's token, only increasing, and nothing more once the host cancelled
-# the call; the host is told once of a tool its server changed while serving (section 23), and
-# only after it said notifications/initialized (before, its first tools/list sees the change).
+# Promises: a call's progress (the gate's while it holds the call,
+# then the server's) reaches the host under the host's token, only
+# increasing, and nothing more once the host cancelled the call; the
+# host is told once of a tool its server changed while serving, and
+# only after notifications/initialized (before, its first tools/list
+# sees the change).
 # =============================================================================================
 
 SERVER_INFO = {"name": "gated-tools", "version": VERSION}
@@ -8193,33 +8342,36 @@ PROGRESS_MESSAGE_BYTES = 1000
 
 
 class Progress:
-    """One call's progress as its host hears it: the hold's seconds, one a second at most, then
-    the server's values after them. Only a value above the last one told is sent, as the
-    protocol asks."""
+    """One call's progress: the hold's seconds (one a second at
+    most), then the server's values after them, only increasing."""
 
     def __init__(self, send):
-        self.send = send  # send(value, total, message); total and message None when absent
+        self.send = send  # send(value, total or None, message or None)
         self.lock = threading.Lock()
-        self.held = decimal.Decimal(0)  # the hold's last value told: the server's start
+        self.held = decimal.Decimal(0)  # the hold's last value told
         self.last = None
 
     def holding(self, waited, total, message):
         exact = decimal.Decimal(repr(waited))
-        if exact - self.held >= 1 and self._tell(waited, exact, total, message):
+        if exact - self.held >= 1 and \
+                self._tell(waited, exact, total, message):
             self.held = exact
 
     def server(self, value, total, message):
         if not isinstance(value, Number):
             return
         exact = self.held + value.exact()
-        shown = value if not self.held else Number(str(exact))
-        if isinstance(total, Number) and self.held:
+        shown = Number(str(exact)) if self.held else value
+        if not isinstance(total, Number):
+            total = None
+        elif self.held:
             total = Number(str(self.held + total.exact()))
-        self._tell(shown, exact, total if isinstance(total, Number) else None,
-                   clean(message, PROGRESS_MESSAGE_BYTES) if isinstance(message, str) else None)
+        text = isinstance(message, str)
+        message = clean(message, PROGRESS_MESSAGE_BYTES) if text else None
+        self._tell(shown, exact, total, message)
 
     def _tell(self, value, exact, total, message):
-        with self.lock:  # told under the lock, so two values never reach the host out of order
+        with self.lock:  # so two values never reach the host out of order
             if self.last is not None and exact <= self.last:
                 return False
             self.last = exact
@@ -8227,110 +8379,80 @@ class Progress:
             return True
 
 
-class Workers:
-    """Threads for requests: an idle one takes the next task and a new one starts only when
-    none is idle, so threads never outnumber the requests once in flight together, plus the
-    reader. One idle for IDLE_SECONDS ends."""
-
-    IDLE_SECONDS = 2.0
-
-    def __init__(self):
-        self.tasks = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.idle = 0
-
-    def submit(self, task):
-        # Under the lock each task claims an idle thread or starts one, so every queued task
-        # has a thread that will take it; `idle` counts the waiting threads no task claimed.
-        with self.lock:
-            claimed = self.idle > 0
-            if claimed:
-                self.idle -= 1
-        self.tasks.put(task)
-        if not claimed:
-            threading.Thread(target=self._work, daemon=True).start()
-
-    def _work(self):
-        while True:
-            try:
-                task = self.tasks.get(timeout=self.IDLE_SECONDS)
-            except queue.Empty:
-                with self.lock:
-                    # Only an unclaimed thread may end: with none left, a task is on its
-                    # way to this one.
-                    if self.idle > 0:
-                        self.idle -= 1
-                        return
-                continue
-            try:
-                task()
-            except BaseException as err:  # a task handles its own errors; this is a bug
-                log(f"internal error in a worker: {type(err).__name__}: {err}")
-            with self.lock:
-                self.idle += 1
-
-
 class HostAround:
-    """The seam HostServer reaches this section by: `requests` and `notifications` map a
-    method to its handler(host, params); a request's handler returns its result. `workers`
-    runs the reader's next turn and each request; `progress` relays a call's progress."""
+    """The seam HostServer reaches this section by: `requests` and
+    `notifications` map a method to its handler(host, params), a
+    request's returning its result; `progress` relays a call's."""
 
     def __init__(self):
         self.initialized = False
-        self.workers = Workers()
-        self.requests = {"initialize": self.initialize, "ping": lambda host, params: {}}
-        self.notifications = {"notifications/initialized": self._initialized}
+        self.requests = {"initialize": self.initialize,
+                         "ping": lambda host, params: {}}
+        initialized = "notifications/initialized"
+        self.notifications = {initialized: self._initialized}
 
     @staticmethod
     def initialize(host, params):
-        return {"protocolVersion": host.protocol, "capabilities": {"tools": {"listChanged": True}},
-                "serverInfo": SERVER_INFO}
+        tools = {"tools": {"listChanged": True}}
+        return {"protocolVersion": host.protocol,
+                "capabilities": tools, "serverInfo": SERVER_INFO}
 
     def _initialized(self, host, params):
         self.initialized = True
 
     def tools_changed(self, host):
         if self.initialized:
-            host.send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+            host.send({"jsonrpc": "2.0",
+                       "method": "notifications/tools/list_changed"})
 
     @staticmethod
     def progress(host, token, cancelled):
         def send(value, total, message):
-            # Written on the thread that reads the server: a host that stops reading holds up
-            # that server's answers, as it holds up every answer it is sent.
+            # On the thread that reads the server: a host that stops
+            # reading holds up that server's answers, as it holds up
+            # every answer it is sent.
             if cancelled.is_set():
                 return
-            told = {"progressToken": token, "progress": value, "total": total,
-                    "message": message}
-            host.send({"jsonrpc": "2.0", "method": "notifications/progress",
-                       "params": {k: v for k, v in told.items() if v is not None}})
+            told = {"progressToken": token, "progress": value,
+                    "total": total, "message": message}
+            params = {k: v for k, v in told.items() if v is not None}
+            host.send({"jsonrpc": "2.0", "params": params,
+                       "method": "notifications/progress"})
         return Progress(send)
 
 
-STATUS_SCHEMA = {"type": "object", "additionalProperties": False, "properties": {
-    "approval_id": {"type": "string", "description": STATUS_ARGUMENT}}}
+STATUS_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "properties": {"approval_id": {
+        "type": "string", "description": STATUS_ARGUMENT}}}
 
 
 class StatusTool:
-    """The status tool as the host side offers and calls it; `unserved` servers of the config
-    could not be served, which the model is told (the reasons are the operator's, on stderr)."""
+    """The status tool as the host side offers and calls it; the
+    model is told how many servers are `unserved` (never why)."""
 
     def __init__(self, gate, name, unserved):
         self.gate, self.unserved = gate, unserved
-        self.listing = {"name": name, "description": STATUS_DESCRIPTION,
-                        "inputSchema": STATUS_SCHEMA}
+        self.listing = {"name": name, "inputSchema": STATUS_SCHEMA,
+                        "description": STATUS_DESCRIPTION}
 
     def call(self, args, invalid):
         if invalid:
-            return answer("INVALID", reason=clean(invalid[0], 1000)).result()
+            why = clean(invalid[0], 1000)
+            return answer("INVALID", reason=why).result()
         status = status_answer(self.gate, args)
-        if self.unserved and status.text.startswith("GATE_STATUS:"):
+        if not status.text.startswith("GATE_STATUS:"):
+            return status.result()
+        if self.unserved:
             status.text += " " + UNSERVED_NOTE.format(count=self.unserved)
-        upstreams = {t.upstream.name: t.upstream for t in self.gate.tools.values()}
+        upstreams = {t.upstream.name: t.upstream
+                     for t in self.gate.tools.values()}
         for name, upstream in sorted(upstreams.items()):
             down = upstream.down_text()
-            if down and status.text.startswith("GATE_STATUS:"):
-                status.text += " " + DOWN_NOTE.format(server=clean(name, 64), down=down)
+            if down:
+                server = clean(name, 64)
+                note = DOWN_NOTE.format(server=server, down=down)
+                status.text += " " + note
         return status.result()
 
 
@@ -8339,34 +8461,36 @@ class StatusTool:
 #
 # Reads as: around the core
 #
-# Owns: telling the operator an approval starts waiting (the lines on stderr with the command
-# that decides it, and the operator's notify program) and what to change to let a call
-# refused as a duplicate through.
-# Promises: the program runs in its own process group with a deadline, never blocks a call, and
-# past a backlog the oldest announcement is dropped and said so.
-# Core it calls: nothing; the gate calls announce_waiting's announce and
-# duplicate_refused's duplicate through the seams serve registers.
+# Owns: telling the operator an approval starts waiting (the lines on
+# stderr with the command that decides it, and the operator's notify
+# program) and what to change to let a call refused as a duplicate
+# through.
+# Promises: the program runs in its own process group with a
+# deadline, off the call's path; at most NOTIFY_AT_ONCE run at once,
+# and an announcement past them is dropped and said so.
+# Core it calls: nothing; the gate calls announce_waiting's announce
+# and duplicate_refused's duplicate through the seams serve registers.
 # =============================================================================================
 
-
-VENV = "~/.agentgate-venv"  # where the README has the mcp package installed
+VENV = "~/.agentgate-venv"  # where the README installs the mcp package
 
 
 def python_path():
-    """The one interpreter every printed command and host entry names: this one, unless it
-    lacks the mcp package (login needs it) and the venv the README installs it in has it."""
+    """The one interpreter every printed command and host entry names:
+    this one, unless it lacks the mcp package (login needs it) and the
+    README's venv has it."""
     import glob
     import importlib.util
     venv = os.path.expanduser(VENV)
-    if importlib.util.find_spec("mcp") is None and glob.glob(
-            os.path.join(venv, "lib", "python3*", "site-packages", "mcp")):
+    where = os.path.join(venv, "lib", "python3*", "site-packages", "mcp")
+    if glob.glob(where) and importlib.util.find_spec("mcp") is None:
         return os.path.join(venv, "bin", "python")
     return sys.executable
 
 
 def python_command():
-    """`python3` when that name finds python_path() on PATH, else its path: a virtual
-    environment's python (which has the mcp package) is not the python3 a terminal finds."""
+    """`python3` when that name finds python_path() on PATH, else its
+    path."""
     import shutil
     found, chosen = shutil.which("python3"), python_path()
     if found and os.path.abspath(found) == os.path.abspath(chosen):
@@ -8375,11 +8499,14 @@ def python_command():
 
 
 def operator_hint(config_file, database=""):
-    command = f"{python_command()} {shlex.quote(os.path.abspath(sys.argv[0]))}"
+    def path(name):
+        return shlex.quote(os.path.abspath(name))
+
+    command = f"{python_command()} {path(sys.argv[0])}"
     if database:
-        command += f" -db {shlex.quote(os.path.abspath(database))}"
-    elif os.path.abspath(config_path(None)) != os.path.abspath(config_file):
-        command += f" -config {shlex.quote(os.path.abspath(config_file))}"
+        return command + f" -db {path(database)}"
+    if path(config_path(None)) != path(config_file):
+        return command + f" -config {path(config_file)}"
     return command
 
 
@@ -8388,69 +8515,78 @@ def announce_waiting(config, notifier=None):
 
     def announce(approval, tool, run_id):
         command = f"{hint} approve {run_id} -approval {approval['id']}"
-        log(f"approval {approval['id']} ({approval['kind']}) for {tool.name} waits for an "
-            f"operator: run {run_id}")
+        log(f"approval {approval['id']} ({approval['kind']}) for "
+            f"{tool.name} waits for an operator: run {run_id}")
         log(f"  decide with: {command}   (or reject)")
-        if notifier:
-            # Names only: an argument's value never leaves the gate this way.
+        if notifier:  # names only, never an argument's value
             notifier.announce({"AGENTGATE_APPROVAL": approval["id"],
-                               "AGENTGATE_RUN": run_id, "AGENTGATE_TOOL": tool.name,
+                               "AGENTGATE_RUN": run_id,
+                               "AGENTGATE_TOOL": tool.name,
                                "AGENTGATE_COMMAND": command})
     return announce
 
 
 def duplicate_refused(config):
-    """The gate's duplicate, as serve registers it: it names the config, never model text."""
+    """The gate's duplicate, as serve registers it: it names the
+    config, never model text."""
     def duplicate(tool, run_id, executed_at, window):
-        log(f"a call to {tool.name} was refused as a duplicate of run {run_id}, which executed "
-            f"the same request at {prose_time(executed_at)}: identical calls to {tool.name} "
-            f"are refused for {format_duration(window)} after one executes; to allow them, set "
-            f"\"repeat_window\": \"0s\" (or a shorter time) in the rule for "
-            f"{tool.upstream_name} of server {tool.server.name} in {config.path}")
+        name = tool.name
+        log(f"a call to {name} was refused as a duplicate of run "
+            f"{run_id}, which executed the same request at "
+            f"{prose_time(executed_at)}: identical calls to {name} are "
+            f"refused for {format_duration(window)} after one executes;"
+            f" to allow them, set \"repeat_window\": \"0s\" (or a "
+            f"shorter time) in the rule for {tool.upstream_name} of "
+            f"server {tool.server.name} in {config.path}")
     return duplicate
 
 
-NOTIFY_TIMEOUT = 10  # seconds a notify program may run before its process group is killed
-NOTIFY_BACKLOG = 32  # announcements waiting for the notify program; past it, one is dropped
+NOTIFY_TIMEOUT = 10  # seconds before its process group is killed
+NOTIFY_AT_ONCE = 4  # programs running at once
 
 
 class Notifier:
-    """Runs the operator's notify program when an approval starts waiting, one at a time on a
-    thread of its own: a failing, missing or hanging program costs a call nothing (it is
-    stopped after NOTIFY_TIMEOUT)."""
+    """Runs the operator's notify program as an approval starts
+    waiting, on a thread of its own: a failing, missing or hanging
+    program costs a call nothing (stopped after NOTIFY_TIMEOUT)."""
 
     def __init__(self, argv):
         self.argv = argv
-        self.backlog = queue.Queue(NOTIFY_BACKLOG)
-        threading.Thread(target=self._run, daemon=True).start()
+        self.slots = threading.BoundedSemaphore(NOTIFY_AT_ONCE)
 
     def announce(self, names):
-        try:
-            self.backlog.put_nowait(names)
-        except queue.Full:
-            log(f"notify is {NOTIFY_BACKLOG} approvals behind; approval "
-                f"{names['AGENTGATE_APPROVAL']} is not announced")
+        if not self.slots.acquire(blocking=False):
+            approval = names["AGENTGATE_APPROVAL"]
+            log(f"notify has {NOTIFY_AT_ONCE} programs running; "
+                f"approval {approval} is not announced")
+            return
+        threading.Thread(target=self._run, args=(names,),
+                         daemon=True).start()
 
-    def _run(self):
-        program = self.argv[0]
-        while True:
-            names = self.backlog.get()
-            try:
-                proc = subprocess.Popen(self.argv, env={**os.environ, **names},
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
-            except OSError as err:
-                log(f"notify could not run {program}: {err.strerror}")
-                continue
-            try:
-                status = proc.wait(NOTIFY_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                signal_group(proc.pid, signal.SIGKILL)
-                proc.wait()
-                log(f"notify {program} was stopped after {NOTIFY_TIMEOUT}s")
-                continue
-            if status:
-                log(f"notify {program} exited with status {status}")
+    def _run(self, names):
+        try:
+            self._notify(names)
+        finally:
+            self.slots.release()
+
+    def _notify(self, names):
+        program, quiet = self.argv[0], subprocess.DEVNULL
+        try:
+            proc = subprocess.Popen(
+                self.argv, env={**os.environ, **names}, stdin=quiet,
+                stdout=quiet, stderr=quiet, start_new_session=True)
+        except OSError as err:
+            log(f"notify could not run {program}: {err.strerror}")
+            return
+        try:
+            status = proc.wait(NOTIFY_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+            log(f"notify {program} was stopped after {NOTIFY_TIMEOUT}s")
+            return
+        if status:
+            log(f"notify {program} exited with status {status}")
 
 
 # =============================================================================================
@@ -8458,28 +8594,37 @@ class Notifier:
 #
 # Reads as: around the core
 #
-# Owns: writing a server's manifest (pin), and the lines of a load report (Report, which load
-# tells what became of each tool) and of a change.
-# Core it calls: manifest_entry, changed_parts, compared_part, rule_outcome;
-# section 21's write_private.
+# Owns: writing a server's manifest (pin), and the lines of a load
+# report (Report: what load made of each tool) and of a change.
+# Core it calls: manifest_entry, changed_parts, compared_part,
+# rule_outcome; section 21's write_private.
 # Promises: server-chosen names are sanitized in every report line.
 # =============================================================================================
 
 def settings_text(config, rule, when=""):
-    """What a rule decides of a call as `check` shows it, as a person relies on it: what may
-    decide otherwise, and how long an identical call after one that changed something is
-    refused (the repeat window)."""
+    """What a rule decides of a call as `check` shows it: what may
+    decide otherwise, and the repeat window of a call that changes
+    something."""
     outcome = rule_outcome(config, rule)
-    others = [f"{len(rule.when)} when entr{'y' if len(rule.when) == 1 else 'ies'}"] * bool(
-        rule.when) + [f"{len(rule.limits)} limit{'s' * (len(rule.limits) > 1)}"] * bool(
-        rule.limits and (rule.when or outcome == "allow"))
-    notes = [f"{' and '.join(others)} may decide otherwise"] * bool(others)
+    others, notes = [], []
+    if rule.when:
+        n = len(rule.when)
+        others.append(f"{n} when entr{'y' if n == 1 else 'ies'}")
+    if rule.limits and (rule.when or outcome == "allow"):
+        n = len(rule.limits)
+        others.append(f"{n} limit{'s' * (n > 1)}")
+    if others:
+        notes.append(f"{' and '.join(others)} may decide otherwise")
     if outcome == "require_approval" and config.operator == "none":
         outcome = "deny"
         notes.insert(0, "no operator is at hand to ask")
-    window = config.repeat_window if rule.repeat_window is None else rule.repeat_window
-    notes += [f"repeat window {format_duration(window)}"] * (rule.side_effect != "read_only")
-    word = {"allow": "allow", "require_approval": "ask"}.get(outcome, "deny")
+    window = rule.repeat_window
+    if window is None:
+        window = config.repeat_window
+    if rule.side_effect != "read_only":
+        notes.append(f"repeat window {format_duration(window)}")
+    words = {"allow": "allow", "require_approval": "ask"}
+    word = words.get(outcome, "deny")
     return "; ".join([word + when, *notes])
 
 
@@ -8489,24 +8634,27 @@ def rule_lines(rule, tool_name):
         held = [condition.text() for condition in entry.conditions]
         during = entry.during and entry.during.raw
         if during:
-            spans = [f"{word} {during[key]}" for word, key in (("on", "days"), ("from", "hours"))
+            spans = [f"{word} {during[key]}" for word, key
+                     in (("on", "days"), ("from", "hours"))
                      if key in during]
             held.append(f"{' '.join(spans)} ({during['zone']})")
         if entry.clients is not None:
             held.append(f"the host is one of {policy_json(entry.clients)}")
-        lines.append(f"{entry.label}: if {' and '.join(held)} -> {entry.outcome} "
-                     f"({cut(sanitize(entry.reason), 120)})")
-    return lines + [f"{limit.label}: {limit.text(tool_name)}, then {limit.then}"
-                    for limit in rule.limits]
+        reason = cut(sanitize(entry.reason), 120)
+        lines.append(f"{entry.label}: if {' and '.join(held)} -> "
+                     f"{entry.outcome} ({reason})")
+    return lines + [f"{limit.label}: {limit.text(tool_name)}, "
+                    f"then {limit.then}" for limit in rule.limits]
 
 
 def connect(server):
-    """Start one server within its connect_timeout (load_all starts many at once). Returns
-    (upstream, tools); the caller closes it."""
+    """(upstream, tools) of one server started within its
+    connect_timeout; the caller closes it."""
     upstream = new_upstream(server)
     try:
         upstream.spawn()
-        return upstream, handshake_and_list(upstream, Deadline(server.connect_timeout))
+        deadline = Deadline(server.connect_timeout)
+        return upstream, handshake_and_list(upstream, deadline)
     except BaseException:
         upstream.close()
         raise
@@ -8515,56 +8663,64 @@ def connect(server):
 def presented(server):
     upstream, live = connect(server)
     upstream.close()
-    return {name: manifest_entry(tool) for name, tool in sorted(live.items())}
+    return {name: manifest_entry(t) for name, t in sorted(live.items())}
 
 
 def pin(server):
-    manifest = {"server": server.name, "pinned_at": now(), "tools": presented(server)}
+    tools = presented(server)
+    manifest = {"server": server.name, "pinned_at": now(), "tools": tools}
     write_private(server.manifest, pretty_json(manifest) + "\n")
     return manifest
 
 
 def change_lines(old, new):
-    """A changed tool as a person compares it: a unified diff of each part that differs."""
+    """A changed tool as a person compares it: a unified diff of each
+    part that differs."""
     import difflib
     import textwrap
 
     def lines(entry, part, key):
         if part == "description":
             return textwrap.wrap(entry["description"], 88) or [""]
-        value = entry["input_schema"] if part == "input schema" else compared_part(entry, key, old)
+        if part == "input schema":
+            value = entry["input_schema"]
+        else:
+            value = compared_part(entry, key, old)
         return pretty_json(value).splitlines()
     changed, out = changed_parts(old, new), []
     for part, key in PINNED_PARTS:
         if part not in changed:
             continue
         before, after = lines(old, part, key), lines(new, part, key)
-        if before == after:  # the texts differ only in their spacing
+        if before == after:  # the texts differ only in spacing
             out.append(f"{part}: only its spacing differs")
             continue
         out.append(f"{part}:")
-        out += list(difflib.unified_diff(before, after, "pinned", "now", n=2, lineterm=""))
+        out += difflib.unified_diff(before, after, "pinned", "now", n=2,
+                                    lineterm="")
     return [sanitize(line) for line in out]
 
 
-HINT_NAMES = (("readOnlyHint", "readOnly"), ("destructiveHint", "destructive"),
-              ("idempotentHint", "idempotent"), ("openWorldHint", "openWorld"))
+HINT_NAMES = (("readOnlyHint", "readOnly"),
+              ("destructiveHint", "destructive"),
+              ("idempotentHint", "idempotent"),
+              ("openWorldHint", "openWorld"))
 
 
 def hints_text(entry):
     annotations = entry.get("annotations")
     if annotations is None:
         return "no annotations"
-    claimed = [word for key, word in HINT_NAMES if annotations.get(key) is True]
+    claimed = [w for key, w in HINT_NAMES if annotations.get(key) is True]
     return ", ".join(claimed) or "claims nothing"
 
 
 class Report:
-    """What loading one server decided (load tells it, tool by tool), as lines an operator
-    reads, one per tool and its rule's entries and limits and lint findings under it;
-    `unserved` says why the server is not served ('' while it is), `kinds` what became of
-    each tool, in order, `at` which line is each tool's, and `review` why a proposal deserves a
-    careful read."""
+    """What loading one server decided, as lines an operator reads:
+    one per tool, its rule's entries, limits and lint findings under
+    it. `unserved`: why the server is not served ('' while it is);
+    `kinds`: what became of each tool, in order; `at`: which line is
+    each tool's; `review`: why a proposal deserves a careful read."""
 
     def __init__(self, server):
         self.server = server
@@ -8580,17 +8736,20 @@ class Report:
         return sum(1 for each in self.kinds.values() if each == kind)
 
     def unpinned(self, name):
-        self.add("unpinned", name, f"unpinned {sanitize(name)}: not in the manifest")
+        why = f"unpinned {sanitize(name)}: not in the manifest"
+        self.add("unpinned", name, why)
 
     def unclassified(self, name):
-        self.add("unclassified", name, f"unclassified {sanitize(name)}: no rule")
+        why = f"unclassified {sanitize(name)}: no rule"
+        self.add("unclassified", name, why)
 
     def unreviewed(self, entry, rule):
         name = entry["name"]
-        self.add("unreviewed", name, f"unreviewed {sanitize(name)}: its rule "
-                 f"({rule.side_effect}) was proposed from the server's own hints; read it, "
-                 f"then run check -accept")
-        if rule.side_effect == "read_only" and _SECRETS_WORDS.search(entry["description"]):
+        self.add("unreviewed", name, f"unreviewed {sanitize(name)}: "
+                 f"its rule ({rule.side_effect}) was proposed from the "
+                 "server's own hints; read it, then run check -accept")
+        if rule.side_effect == "read_only" and \
+                _SECRETS_WORDS.search(entry["description"]):
             self.review[name] = "a read that may return secrets"
 
     def refused(self, name, reason):
@@ -8599,45 +8758,52 @@ class Report:
     def registered(self, tool, mismatch):
         extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
         if not tool.timeout_given:
-            extra += (f" [no timeout set: the default {format_duration(DEFAULT_TOOL_TIMEOUT)} "
-                      f"applies]")
+            default = format_duration(DEFAULT_TOOL_TIMEOUT)
+            extra += f" [no timeout set: the default {default} applies]"
         name = tool.upstream_name
-        self.add("registered", name, f"registered {sanitize(name)} as {tool.name} "
-                                     f"({tool.side_effect}){extra}")
+        self.add("registered", name, f"registered {sanitize(name)} as "
+                 f"{tool.name} ({tool.side_effect}){extra}")
         self.lines += [f"{sanitize(self.server)}:   {sanitize(line)}"
                        for line in rule_lines(tool.rule, tool.name)]
 
     def lint(self, found):
-        self.lines += [f"{sanitize(self.server)}: {line}" for line in lint_lines(found)]
+        self.lines += [f"{sanitize(self.server)}: {line}"
+                       for line in lint_lines(found)]
 
 
-# A read whose description speaks of these may hand the model what the person protects (an
-# environment with the tokens init just moved into the config, say): proposed read_only, it
-# would run unasked once accepted.
-_SECRETS_WORDS = re.compile(r"\b(environment|env|secrets?|credentials?|passwords?|keys?|"
-                            r"tokens?)\b", re.I)
+# A read whose description speaks of these may hand the model what
+# the person protects (an environment with the tokens init just moved
+# into the config, say): proposed read_only, it would run unasked.
+_SECRETS_WORDS = re.compile(
+    r"\b(environment|env|secrets?|credentials?|passwords?|keys?|"
+    r"tokens?)\b", re.I)
 
 
 def served_lines(config, server, report, tools):
-    """A server as check shows it: whether it is served, then its report, one line per tool
-    with what an offered tool decides after `->`, and what a proposal would once accepted."""
+    """A server as check shows it: whether it is served, then its
+    report, with what an offered tool decides after `->`, and what a
+    proposal would once accepted."""
     name = quote(server.name)
-    offered = {tool.upstream_name: tool for tool in tools if tool.server is server}
+    offered = {t.upstream_name: t for t in tools if t.server is server}
     if report.unserved:
         why = report.unserved.removeprefix(f"server {name}: ")
         lines = [f"server {name} is not served: {sanitize(why)}"]
     else:
-        lines = [f"server {name} is served: {len(offered)} tool(s) offered"]
+        lines = [f"server {name} is served: "
+                 f"{len(offered)} tool(s) offered"]
     for at, line in enumerate(report.lines):
         tool = report.at.get(at)
+        kind = report.kinds.get(tool)
         if tool in offered:
             line += f" -> {settings_text(config, offered[tool].rule)}"
-        elif report.kinds.get(tool) == "registered":  # before its server failed to load
+        elif kind == "registered":  # before its server failed to load
             line += " -> not offered: its server is not served"
-        elif report.kinds.get(tool) == "unreviewed":
+        elif kind == "unreviewed":
             rule = server.rules[tool]
-            line = (f"{sanitize(server.name)}: unreviewed {sanitize(tool)}: proposed "
-                    f"{rule.side_effect} -> would {settings_text(config, rule, ' once accepted')}")
+            would = settings_text(config, rule, " once accepted")
+            line = (f"{sanitize(server.name)}: unreviewed "
+                    f"{sanitize(tool)}: proposed {rule.side_effect} "
+                    f"-> would {would}")
         lines.append(line)
         if tool in report.review:
             lines.append(f"    review: {report.review[tool]}")
@@ -8657,17 +8823,19 @@ def log_reports(reports):
 #
 # Reads as: around the core
 #
-# Owns: the single-dash flags every command shares, their help, where the config is found,
-# and the reading of a text argument (UTF-8 only).
+# Owns: the single-dash flags every command shares, their help, where
+# the config is found, and the reading of a text argument (UTF-8).
 # Core it calls: nothing but the text helpers.
 # =============================================================================================
 
 def config_path(given):
-    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    home = os.path.join(os.path.expanduser("~"), ".config")
+    xdg = os.environ.get("XDG_CONFIG_HOME") or home
     default = os.path.join(xdg, PROGRAM, "config.json")
     return given or os.environ.get("AGENTGATE_CONFIG") or default
 
 
+SCOPE = __doc__.split("Scope.")[1].split("\nSections (")[0].strip()
 USAGE = f"""usage: agentgate.py [serve] [-config FILE]
        agentgate.py init [-from FILE] [-config FILE] [-write]
        agentgate.py login SERVER [-config FILE]   OAuth with a url server, in a browser
@@ -8679,7 +8847,7 @@ USAGE = f"""usage: agentgate.py [serve] [-config FILE]
        agentgate.py demo
        agentgate.py -version
 
-{__doc__.split("Scope.")[1].split(chr(10) + "Sections (")[0].strip()}
+{SCOPE}
 
 Where the config comes from: -config FILE, else $AGENTGATE_CONFIG, else
 $XDG_CONFIG_HOME/agentgate/config.json (default ~/.config/agentgate/config.json).
@@ -8695,85 +8863,116 @@ class Parser(argparse.ArgumentParser):
         raise Usage(message)
 
 
-# What each flag does, as -h prints it: "command -flag" where the meaning is the command's own,
-# else the flag's name. parser() takes no flag without an entry here, so -h never lists a
-# flag without saying what it does.
+def unasked(verb, unless=""):
+    return f"{verb} without asking (needed without a terminal{unless})"
+
+
+# What each flag does, as -h prints it: "command -flag" where the
+# meaning is the command's own, else the flag's name. parser() takes
+# no flag without an entry, so -h says what every flag does.
 FLAG_HELP = {
-    "config": "the config file (else $AGENTGATE_CONFIG, else the default config.json)",
+    "config": "the config file (else $AGENTGATE_CONFIG,"
+              " else the default config.json)",
     "db": "open this database directly instead of the config's",
     "json": "print JSON and nothing else",
-    "full": "print every byte of a long value instead of its head and tail",
+    "full": "print every byte of a long value instead of"
+            " its head and tail",
     "by": "who decides, as recorded (default: your user name)",
-    "approval": "the approval to decide; naming it is your confirmation",
-    "approve -yes": "approve without asking (needed without a terminal, unless -approval)",
-    "reject -yes": "reject without asking (needed without a terminal, unless -approval)",
+    "approval": "the approval to decide; naming it is your"
+                " confirmation",
+    "approve -yes": unasked("approve", ", unless -approval"),
+    "reject -yes": unasked("reject", ", unless -approval"),
     "approve -note": "a note kept with the decision",
     "reject -note": "why (required): the model is shown it",
     "cancel -note": "why, kept with the run",
     "revoke -note": "why, kept with the grant",
     "grant -note": "why, kept with the grant and listed by grants",
     "grant -by": "who grants, as recorded (default: your user name)",
-    "revoke -by": "who revokes, as recorded (default: your user name)",
-    "revoke -yes": "revoke without asking (needed without a terminal, unless the id is whole)",
-    "cancel -by": "who cancels, as recorded (default: your user name)",
-    "grant -yes": "grant without asking (needed without a terminal)",
-    "grant -if": 'conditions the arguments must meet, as JSON: \'{"/amount": {"max": 20}}\'',
-    "grant -for": "how long it lasts, such as 30m or 8h (default 1h, at most grant_ttl)",
-    "grants -days": "list grants that ended in the last N days too (default 7)",
-    "runs -limit": "show at most N runs, newest first (default 100)",
-    "recheck -limit": "re-check at most N of the session's newest runs (default 50)",
+    "revoke -by": "who revokes, as recorded (default: your user"
+                  " name)",
+    "revoke -yes": unasked("revoke",
+                           ", unless the id is whole"),
+    "cancel -by": "who cancels, as recorded (default: your user"
+                  " name)",
+    "grant -yes": unasked("grant"),
+    "grant -if": "conditions the arguments must meet, as JSON:"
+                 " '{\"/amount\": {\"max\": 20}}'",
+    "grant -for": "how long it lasts, such as 30m or 8h"
+                  " (default 1h, at most grant_ttl)",
+    "grants -days": "list grants that ended in the last N days"
+                    " too (default 7)",
+    "runs -limit": "show at most N runs, newest first"
+                   " (default 100)",
+    "recheck -limit": "re-check at most N of the session's newest"
+                      " runs (default 50)",
     "recheck -run": "re-check this run only (its id or a prefix)",
-    "recheck -session": "re-check this session's runs instead of the config's session",
-    "recheck -current-tools": "start the servers and re-check against the tools they present "
-                              "now, instead of the specs recorded",
+    "recheck -session": "re-check this session's runs instead of"
+                        " the config's session",
+    "recheck -current-tools": "start the servers and re-check"
+                              " against the tools they present now,"
+                              " instead of the specs recorded",
     "verify -from": "the first sequence number to check (default 1)",
-    "verify -to": "the last sequence number to check (default the chain's end)",
-    "verify -head": "a head kept from an earlier verify (SEQ:HASH): say whether it still matches",
-    "pin -diff": "show what each server presents now against its manifest",
-    "pin -tool": "with -diff: pin this difference again (SERVER/TOOL or TOOL; repeatable)",
+    "verify -to": "the last sequence number to check"
+                  " (default the chain's end)",
+    "verify -head": "a head kept from an earlier verify (SEQ:HASH):"
+                    " say whether it still matches",
+    "pin -diff": "show what each server presents now against its"
+                 " manifest",
+    "pin -tool": "with -diff: pin this difference again"
+                 " (SERVER/TOOL or TOOL; repeatable)",
     "pin -all": "with -diff: pin every difference again",
     "pin -yes": "with -diff -all: pin again without asking",
-    "check -accept": "print init's proposed rules, mark them reviewed once you type yes, then "
-                     "check",
-    "check -yes": "with -accept: accept without asking (needed without a terminal)",
-    "init -from": "read this host file (or a project's .mcp.json) instead of the hosts' own",
-    "init -write": "edit each host's file to start the gate instead (a backup is kept)",
+    "check -accept": "print init's proposed rules, mark them"
+                     " reviewed once you type yes, then check",
+    "check -yes": unasked("with -accept: accept"),
+    "init -from": "read this host file (or a project's .mcp.json)"
+                  " instead of the hosts' own",
+    "init -write": "edit each host's file to start the gate instead"
+                   " (a backup is kept)",
 }
 
 
 # What -h shows a flag's value as, where its name does not say it.
-FLAG_VALUE = {"config": "FILE", "db": "FILE", "init -from": "FILE", "verify -from": "SEQ",
-              "to": "SEQ", "limit": "N", "days": "N", "note": "TEXT", "by": "WHO",
-              "approval": "ID", "run": "ID", "session": "NAME", "if": "JSON",
-              "for": "DURATION", "head": "SEQ:HASH", "tool": "SERVER/TOOL"}
+FLAG_VALUE = {"config": "FILE", "db": "FILE", "init -from": "FILE",
+              "verify -from": "SEQ", "to": "SEQ", "limit": "N",
+              "days": "N", "note": "TEXT", "by": "WHO",
+              "approval": "ID", "run": "ID", "session": "NAME",
+              "if": "JSON", "for": "DURATION", "head": "SEQ:HASH",
+              "tool": "SERVER/TOOL"}
 
 
 def parser(command, *flags):
-    p = Parser(prog=f"agentgate.py {command}", allow_abbrev=False, add_help=True)
+    p = Parser(prog=f"agentgate.py {command}", allow_abbrev=False,
+               add_help=True)
     for flag in flags:
         name, kind = flag if isinstance(flag, tuple) else (flag, str)
-        about = FLAG_HELP.get(f"{command} -{name}") or FLAG_HELP[name]
+        own = f"{command} -{name}"
+        about = FLAG_HELP.get(own) or FLAG_HELP[name]
+        spelled = (f"-{name}", f"--{name}")
         if kind is bool:
-            p.add_argument(f"-{name}", f"--{name}", action="store_true", help=about)
-        else:
-            # Paths are the system's own (any bytes); every other text must be UTF-8.
-            text = kind is str and name not in ("config", "db")
-            value = FLAG_VALUE.get(f"{command} -{name}") or FLAG_VALUE.get(name, name.upper())
-            p.add_argument(f"-{name}", f"--{name}", type=text_argument if text else kind,
-                           metavar=value, help=about)
+            p.add_argument(*spelled, action="store_true", help=about)
+            continue
+        # Paths are the system's own (any bytes); other text is UTF-8.
+        if kind is str and name not in ("config", "db"):
+            kind = text_argument
+        value = FLAG_VALUE.get(own) or FLAG_VALUE.get(name, name.upper())
+        p.add_argument(*spelled, type=kind, metavar=value, help=about)
     return p
 
 
-NAMED_RUN = "a run's id or an approval's, or a prefix of either (6 characters or more)"
+NAMED_RUN = ("a run's id or an approval's, or a prefix of either"
+             " (6 characters or more)")
 
 
 def text_argument(value):
-    """A text flag as given: it must be UTF-8, since it is recorded and may be shown to the
-    model (the system hands bytes that are not UTF-8 over as lone surrogates)."""
+    """A text flag as given: it must be UTF-8, since it is recorded
+    and may be shown to the model (the system hands bytes that are
+    not UTF-8 over as lone surrogates)."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise argparse.ArgumentTypeError("is not valid UTF-8 text") from None
+        raise argparse.ArgumentTypeError(
+            "is not valid UTF-8 text") from None
     return value
 
 

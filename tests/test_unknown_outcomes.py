@@ -254,7 +254,7 @@ def test_status_says_what_came_of_an_approved_request(bankdir):
     status = status_of(gate, first)
     assert ("APPROVED and executed, but it timed out before the server answered, so whether it took "
             "effect is unknown") in status
-    assert f"Approval {following} now waits" in status
+    assert "OUTCOME UNKNOWN, waiting" in status_of(gate, following)
     assert count(other) == 2
 
 
