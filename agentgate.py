@@ -1317,10 +1317,6 @@ def changed_parts(pinned, live):
             if pinned.get(key) != live.get(key)]
 
 
-def compared_part(entry, key, pinned):
-    return entry.get(key)
-
-
 # Lint severities (section 20): a high finding refuses a tool unless
 # its rule's accepted_description is the lint_hash of exactly the
 # texts the lint read.
@@ -8596,7 +8592,7 @@ class Notifier:
 #
 # Owns: writing a server's manifest (pin), and the lines of a load
 # report (Report: what load made of each tool) and of a change.
-# Core it calls: manifest_entry, changed_parts, compared_part,
+# Core it calls: manifest_entry, changed_parts,
 # rule_outcome; section 21's write_private.
 # Promises: server-chosen names are sanitized in every report line.
 # =============================================================================================
@@ -8685,7 +8681,7 @@ def change_lines(old, new):
         if part == "input schema":
             value = entry["input_schema"]
         else:
-            value = compared_part(entry, key, old)
+            value = entry.get(key)
         return pretty_json(value).splitlines()
     changed, out = changed_parts(old, new), []
     for part, key in PINNED_PARTS:
