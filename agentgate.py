@@ -3303,42 +3303,47 @@ def busy_error(ident):
 #
 # Reads as: library
 #
-# Contract: parse(data), bytes or text, returns one JSON value: objects as dicts, arrays as
-# lists, each number a Number holding its literal as written (`10`, `10.0` and `1e1` stay three
-# values; no float rounds an amount). It raises CanonicalError with the first reason, in this
-# order, unless the document is nested at most 256 deep, valid UTF-8, one RFC 8259 value, and
-# free of unpaired surrogate escapes, repeated keys, float64 overflow inside a container and
-# number literals over 10,000 characters or with an exponent past ±10,000. canonical(value),
-# the form hashes and request keys are taken over, has no whitespace, keys sorted by code
-# point, each Number as its literal, and in strings `"`, `\`, control characters (\n, \t, ...
-# or lower-case \u00xx), `<`, `>`, `&`, U+2028 and U+2029 escaped, the rest as itself;
-# policy_json is it without the last five escapes, pretty_json that indented for people.
-# Differential test: tests/test_canonical.py encodes a generated corpus, spelled with random
-# whitespace and escapes, and compares each form with an encoder written from the reference in
-# the test; it mutates the corpus byte by byte and finds parse refusing as not UTF-8 or not
-# JSON exactly what node's TextDecoder and JSON.parse refuse.
+# Contract: parse(data), bytes or text, returns one JSON value:
+# dicts, lists, and each number a Number keeping its literal
+# (`10`, `10.0` and `1e1` stay three values). It raises
+# CanonicalError with the first reason, in this order: nested
+# past 256, not UTF-8, not one RFC 8259 value, an unpaired
+# surrogate escape, a repeated key, a float64 overflow inside a
+# container, a literal over 10,000 characters or with an
+# exponent past ±10,000. canonical(value) is what hashes and
+# request keys are taken over: no whitespace, keys sorted by
+# code point, each Number as its literal; in strings `"`, `\`,
+# controls (\n, \t ... or \u00xx), `<`, `>`, `&`, U+2028 and
+# U+2029 escaped. policy_json is it without the last five
+# escapes; pretty_json is that indented for people.
+# Differential test: tests/test_canonical.py (an encoder written
+# from the reference; node's TextDecoder and JSON.parse).
 # =============================================================================================
 
 MAX_DEPTH = 256
 MAX_NUMBER_CHARS = 10000
 MAX_EXPONENT = 10000
-# Sums are exact: the precision spans any literal the parser admits (its digits, exponents to
-# ±MAX_EXPONENT), and a result that would still round raises rather than rounds.
-EXACT = decimal.Context(prec=2 * MAX_EXPONENT + MAX_NUMBER_CHARS + 64, Emax=10 * MAX_EXPONENT,
-                        Emin=-10 * MAX_EXPONENT, traps=[decimal.Inexact, decimal.Overflow,
-                                                        decimal.InvalidOperation])
+# Sums are exact: the precision spans any literal parse admits,
+# and a result that would still round raises.
+EXACT = decimal.Context(
+    prec=2 * MAX_EXPONENT + MAX_NUMBER_CHARS + 64,
+    Emax=10 * MAX_EXPONENT, Emin=-10 * MAX_EXPONENT,
+    traps=[decimal.Inexact, decimal.Overflow,
+           decimal.InvalidOperation])
 
 
 class CanonicalError(ValueError):
-    """A document parse refuses; `place` ("line 3 column 14", or '') is where one that is not
-    JSON stops being so, for placed() to name in a file a person edits."""
+    """A document parse refuses; `place` ("line 3 column 14" or
+    '') is where one that is not JSON stops being so."""
 
     def __init__(self, message, place=""):
         super().__init__(message)
         self.place = place
 
     def placed(self):
-        return f"{self} at {self.place}" if self.place else str(self)
+        if not self.place:
+            return str(self)
+        return f"{self} at {self.place}"
 
 
 class Number:
@@ -3348,7 +3353,8 @@ class Number:
         self.literal = literal
 
     def __eq__(self, other):
-        return isinstance(other, Number) and other.literal == self.literal
+        return isinstance(other, Number) and \
+            other.literal == self.literal
 
     def __hash__(self):
         return hash(self.literal)
@@ -3364,40 +3370,31 @@ class Number:
         return value == value.to_integral_value()
 
 
-# A string once its escapes are gone (an unclosed one runs to the end); brackets of either
-# kind as one kind, and every other byte dropped.
 _STRING_RE = re.compile(rb'"[^"]*"?')
 _ONE_KIND = bytes.maketrans(b"{}", b"[]")
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 
 def _too_deep(data):
-    """Whether the document nests past MAX_DEPTH, counting brackets outside strings. Each step
-    is a C scan or one turn of a Python loop over what is left, so a hostile 16 MB frame costs
-    time in proportion to its size and never holds the interpreter's lock from the heartbeat.
+    """Whether the document nests past MAX_DEPTH, in time linear
+    in its size, each step a C scan or one short Python loop.
 
-    Why the answer is exact for a valid document (the direction that matters: a document this
-    passes goes to a decoder that would accept nesting past the bound; one that is not JSON is
-    refused either way, only its reason varies):
-    1. A document's depth is at most its count of opening brackets, strings included.
-    2. Outside strings valid JSON has no backslash, and inside one, the first backslash of a
-       run begins an escape. replace() pairs a run's backslashes from its start, as escapes
-       pair them, so removing `\\\\` removes exactly the escaped backslashes; every backslash
-       left then begins an escape, and removing `\\"` removes exactly the escaped quotes.
-    3. Every quote left opens or closes a string, so _STRING_RE, matching from the first,
-       removes exactly the strings; what is left are the structural brackets, properly nested,
-       and folding `{}` into `[]` keeps each one's depth.
-    4. Each `[]` holds nothing and no two overlap, so a pass removes all of them and changes no
-       other pair's depth; every deepest pair is one, and each holder of one remains, so a pass
-       lowers the depth by exactly one. After `passes` passes the document is too deep exactly
-       when what is left is deeper than MAX_DEPTH - passes.
+    Exact for valid JSON (one that is not is refused anyway):
+    1. depth is at most the count of opening brackets;
+    2. outside strings there is no backslash, and removing `\\\\`
+       then `\\"` removes exactly the escaped backslashes and
+       quotes, as escapes pair them from a run's start;
+    3. every quote left opens or closes a string, so _STRING_RE
+       removes exactly the strings, leaving the structural
+       brackets, and folding `{}` into `[]` keeps their depths;
+    4. a pass removing every `[]` lowers the depth by exactly one.
     """
     if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
-        return False  # too few openings to be too deep (1): the common case
-    data = data.replace(b"\\\\", b"").replace(b'\\"', b"")  # (2)
-    data = _STRING_RE.sub(b"", data).translate(_ONE_KIND, _NOT_BRACKETS)  # (3)
-    # (4) An unbalanced sequence (not JSON) is counted as it is.
-    passes = 0
+        return False  # (1)
+    data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    data = _STRING_RE.sub(b"", data)
+    data = data.translate(_ONE_KIND, _NOT_BRACKETS)  # (3)
+    passes = 0  # (4); an unbalanced one is counted as it is
     while passes < 8 and data.count(b"[") * 2 == len(data):
         shorter = data.replace(b"[]", b"")
         if shorter == data:
@@ -3413,68 +3410,75 @@ def _too_deep(data):
 
 def number_bound(literal):
     """The reason a number literal is past the bound, or ''."""
+    head = literal[:24]
     if len(literal) > MAX_NUMBER_CHARS:
-        return f"number {literal[:24]}... is longer than {MAX_NUMBER_CHARS} characters"
-    mantissa, e, exponent = literal.lower().partition("e")
-    if e:
-        digits = exponent.lstrip("+-").lstrip("0")
-        if len(digits) > 5 or (digits and int(digits) > MAX_EXPONENT):
-            return f"number {literal[:24]} has an exponent beyond ±{MAX_EXPONENT}"
+        return (f"number {head}... is longer than "
+                f"{MAX_NUMBER_CHARS} characters")
+    _, e, exponent = literal.lower().partition("e")
+    digits = exponent.lstrip("+-").lstrip("0")
+    if e and (len(digits) > 5 or
+              (digits and int(digits) > MAX_EXPONENT)):
+        return (f"number {head} has an exponent beyond "
+                f"±{MAX_EXPONENT}")
     return ""
 
 
 # A number literal as RFC 8259 writes one.
-JSON_NUMBER_RE = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+JSON_NUMBER_RE = re.compile(
+    r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 
 def _first_surrogate(value, objects=True):
-    """The first lone surrogate in a value; with objects=False, objects are not entered
-    (the parser's pairs hook has already looked inside each of them)."""
+    """The first lone surrogate in a value; objects=False leaves
+    objects out (the pairs hook looked inside them)."""
     if isinstance(value, str):
         match = SURROGATE_RE.search(value)
         return match.group() if match else ""
+    items = []
     if isinstance(value, list):
-        for item in value:
-            found = _first_surrogate(item, objects)
-            if found:
-                return found
+        items = value
     elif isinstance(value, dict) and objects:
-        for key, item in value.items():
-            found = _first_surrogate(key) or _first_surrogate(item)
-            if found:
-                return found
+        items = [x for pair in value.items() for x in pair]
+    for item in items:
+        found = _first_surrogate(item, objects)
+        if found:
+            return found
     return ""
 
 
 class _Reading:
-    """What the decoder's hooks found in one document: the first repeated key, float64
-    overflow, number past the bound and lone surrogate. Each document has its own record and
-    decoder, so a fault is never reported for another document read at the same time."""
+    """What the hooks found in one document: its first repeated
+    key, overflow, number past the bound and lone surrogate."""
 
     def __init__(self):
-        self.repeated = self.overflow = self.bound = self.surrogate = None
+        self.repeated = self.overflow = None
+        self.bound = self.surrogate = None
 
     def decode(self, text):
-        # Not kept: the decoder holds this record's hooks, a cycle only the collector frees.
-        return json.JSONDecoder(object_pairs_hook=self.pairs, parse_int=self.number,
-                                parse_float=self.number,
-                                parse_constant=_read_constant).decode(text)
+        decoder = json.JSONDecoder(
+            object_pairs_hook=self.pairs,
+            parse_int=self.number, parse_float=self.number,
+            parse_constant=_read_constant)
+        return decoder.decode(text)
 
     def number(self, literal):
         reason = number_bound(literal)
         if reason and not self.bound:
             self.bound = reason
-        if not reason and not self.overflow and math.isinf(float(literal)):
+        if not reason and not self.overflow and \
+                math.isinf(float(literal)):
             self.overflow = literal
         return Number(literal)
 
     def pairs(self, items):
-        # Every pair is seen, even one a repeated key replaces: its surrogate is reported first.
+        # Every pair is seen, a replaced one too: its surrogate
+        # is reported first.
         obj = {}
         for key, value in items:
             if not self.surrogate:
-                self.surrogate = _first_surrogate(key) or _first_surrogate(value, objects=False)
+                self.surrogate = _first_surrogate(key) or \
+                    _first_surrogate(value, objects=False)
             if key in obj and self.repeated is None:
                 self.repeated = key
             obj[key] = value
@@ -3486,12 +3490,13 @@ def _read_constant(name):
 
 
 def parse(data):
-    """One document through the boundary check. The first failing check, in the contract's
-    order, gives the reason, so a document with two faults always gets the same one."""
+    """One document; the first failing check, in the contract's
+    order, gives the reason."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
     if _too_deep(data):
-        raise CanonicalError(f"nested deeper than {MAX_DEPTH} levels")
+        raise CanonicalError(
+            f"nested deeper than {MAX_DEPTH} levels")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -3500,72 +3505,78 @@ def parse(data):
     try:
         value = reading.decode(text)
     except (ValueError, RecursionError) as err:
-        place = f"line {err.lineno} column {err.colno}" \
-            if isinstance(err, json.JSONDecodeError) else ""
+        place = ""
+        if isinstance(err, json.JSONDecodeError):
+            place = f"line {err.lineno} column {err.colno}"
         raise CanonicalError("not valid JSON", place) from None
-    surrogate = reading.surrogate or _first_surrogate(value, objects=False)
+    surrogate = reading.surrogate or \
+        _first_surrogate(value, objects=False)
     if surrogate:
-        raise CanonicalError(f"unpaired surrogate \\u{ord(surrogate):04x}")
+        raise CanonicalError(
+            f"unpaired surrogate \\u{ord(surrogate):04x}")
     if reading.repeated is not None:
-        raise CanonicalError(f"duplicate key {json.dumps(reading.repeated, ensure_ascii=False)}")
-    # The anchor's decoder fails on a float64 overflow inside a container, not on a whole one.
+        key = json.dumps(reading.repeated, ensure_ascii=False)
+        raise CanonicalError(f"duplicate key {key}")
+    # As the anchor: an overflow inside a container fails.
     if reading.overflow and not isinstance(value, Number):
-        raise CanonicalError(f"number {reading.overflow[:24]} is beyond the range of a float64")
+        raise CanonicalError(
+            f"number {reading.overflow[:24]} is beyond the "
+            f"range of a float64")
     if reading.bound:
         raise CanonicalError(reading.bound)
     return value
 
 
-_HTML_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
-                 ("\u2029", "\\u2029"))
-# The contract's escaping short of _HTML_ESCAPES: json.dumps(s, ensure_ascii=False)'s, in C.
+_HTML_ESCAPES = (
+    ("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+    ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+# The contract's escaping short of _HTML_ESCAPES, in C.
 encode_string = json.encoder.encode_basestring
 
 
 def _html(text):
-    """_HTML_ESCAPES applied to an encoding: those characters stand only inside strings and no
-    escape writes one, so this escapes exactly the strings'."""
+    """These characters stand only inside strings, and no escape
+    writes one: this escapes exactly the strings'."""
     for ch, escape in _HTML_ESCAPES:
         if ch in text:
             text = text.replace(ch, escape)
     return text
 
 
+_CONSTANTS = {True: "true", False: "false", None: "null"}
+
+
 def _encode(value, out):
-    """The encoding, in pieces appended to `out`. Measured no slower than the standard
-    library's C encoder with each Number marked and replaced, so it is the only encoder."""
+    """The encoding, appended to `out` in pieces (measured no
+    slower than the C encoder with Numbers replaced)."""
     if isinstance(value, str):
         out.append(encode_string(value))
     elif isinstance(value, Number):
         out.append(value.literal)
     elif isinstance(value, dict):
-        out.append("{")
-        comma = ""
+        comma = "{"
         for key in sorted(value):
             out.append(comma + encode_string(key) + ":")
             _encode(value[key], out)
             comma = ","
-        out.append("}")
+        out.append("}" if value else "{}")
     elif isinstance(value, (list, tuple)):
-        out.append("[")
-        comma = ""
+        comma = "["
         for item in value:
             out.append(comma)
             _encode(item, out)
             comma = ","
-        out.append("]")
-    elif value is True:
-        out.append("true")
-    elif value is False:
-        out.append("false")
-    elif value is None:
-        out.append("null")
+        out.append("]" if value else "[]")
+    elif isinstance(value, bool) or value is None:
+        out.append(_CONSTANTS[value])
     elif isinstance(value, int):
         out.append(str(value))
     elif isinstance(value, float):
-        out.append(repr(value) if value == value and abs(value) != float("inf") else "null")
+        finite = value == value and abs(value) != math.inf
+        out.append(repr(value) if finite else "null")
     else:
-        raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+        kind = type(value).__name__
+        raise TypeError(f"cannot encode {kind} as JSON")
 
 
 def _encoded(value, html):
@@ -3576,8 +3587,7 @@ def _encoded(value, html):
 
 
 def canonical(value):
-    """_HTML_ESCAPES keep these bytes the same whatever tool embeds them in HTML or
-    JavaScript."""
+    """The same bytes whatever embeds them in HTML or JS."""
     return _encoded(value, True).encode("utf-8")
 
 
@@ -3587,30 +3597,42 @@ def dumps(value):
 
 
 def policy_json(value):
-    """The canonical form without _HTML_ESCAPES: what people and the policy read."""
+    """Without _HTML_ESCAPES: what people and the policy read."""
     return _encoded(value, False)
 
 
 FLAT_WIDTH = 72
 
 
-def pretty_json(value, indent="  ", level=0, flat=None, ordered=False):
-    """The policy form indented for people; values nested `flat` levels deep stay on one line
-    when it is short. `ordered` keeps the keys in the order read (a host's own file)."""
-    if flat is not None and level >= flat and len(policy_json(value)) <= FLAT_WIDTH:
+def _utf8(key):
+    return key.encode("utf-8", "surrogatepass")
+
+
+def pretty_json(value, indent="  ", level=0, flat=None,
+                ordered=False):
+    """policy_json indented; from level `flat` down, a short value
+    stays on one line; `ordered` keeps the keys' order."""
+    if flat is not None and level >= flat:
+        flat_text = policy_json(value)
+        if len(flat_text) <= FLAT_WIDTH:
+            return flat_text
+    if not value or not isinstance(value, (dict, list)):
         return policy_json(value)
-    if isinstance(value, dict) and value:
-        inner = indent * (level + 1)
-        items = [f"{inner}{encode_string(k)}: "
-                 f"{pretty_json(value[k], indent, level + 1, flat, ordered)}"
-                 for k in (value if ordered else sorted(
-                     value, key=lambda k: k.encode("utf-8", "surrogatepass")))]
-        return "{\n" + ",\n".join(items) + "\n" + indent * level + "}"
-    if isinstance(value, list) and value:
-        inner = indent * (level + 1)
-        items = [inner + pretty_json(v, indent, level + 1, flat, ordered) for v in value]
-        return "[\n" + ",\n".join(items) + "\n" + indent * level + "]"
-    return policy_json(value)
+    inner = indent * (level + 1)
+
+    def shown(item):
+        return pretty_json(item, indent, level + 1, flat,
+                           ordered)
+    if isinstance(value, dict):
+        keys = value if ordered else sorted(value, key=_utf8)
+        items = [f"{inner}{encode_string(k)}: {shown(value[k])}"
+                 for k in keys]
+        ends = "{}"
+    else:
+        items = [inner + shown(v) for v in value]
+        ends = "[]"
+    return (ends[0] + "\n" + ",\n".join(items) + "\n" +
+            indent * level + ends[1])
 
 
 # =============================================================================================
