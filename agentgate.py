@@ -3640,74 +3640,88 @@ def pretty_json(value, indent="  ", level=0, flat=None,
 #
 # Reads as: library
 #
-# Contract: sanitize(text or UTF-8 bytes) shows as ASCII what could move the cursor, reorder
-# or hide text, or draw a line: \r and \n as a space, other C0/C1 controls and DEL as \xNN,
-# a lone surrogate (or invalid byte) as U+FFFD, the INVISIBLE characters (bidi controls,
-# zero-width, soft hyphen, U+180E, U+FEFF, U+2028/9, tags, every other format character a
-# terminal draws as nothing, and the interlinear annotation marks, which hide the text between
-# them where they are honoured) as \u{XXXX}; past MAX_COMBINING
-# combining marks in a row, the rest are counted, not kept. Nothing else changes, and a second
-# pass changes nothing. cut keeps at most `limit` UTF-8 bytes, on a character boundary, marked
-# '…'; clean is both; quote puts sanitized text in double quotes, `"` and `\` escaped.
-# tell is the one way a line reaches a person: each argument one line, sanitized whole; log is
-# a line of it to stderr. A result passed back to the host is the server's, never sanitized.
-# Differential test: tests/test_sanitize_differential.py finds every code point assigned in
-# Python's and node's Unicode kept, escaped or counted as node's Unicode properties say.
+# Contract: sanitize(text or UTF-8 bytes) shows as ASCII what
+# could move the cursor, reorder or hide text, or draw a line:
+# \r and \n as a space, other C0/C1 controls and DEL as \xNN, a
+# lone surrogate (or invalid byte) as U+FFFD, the INVISIBLE
+# characters (bidi controls, zero-width, soft hyphen, tags, the
+# other format characters a terminal draws as nothing, and the
+# interlinear annotation marks) as \u{XXXX}; combining marks past
+# MAX_COMBINING in a row are counted, not kept. Nothing else
+# changes, and a second pass changes nothing. cut keeps at most
+# `limit` UTF-8 bytes on a character boundary, marked '…'; clean
+# is both; quote puts sanitized text in quotes, `"` and `\`
+# escaped. tell is the one way a line reaches a person, each
+# argument one line sanitized whole; log is one to stderr. A
+# result passed to the host is the server's, never sanitized.
+# Differential test: tests/test_sanitize_differential.py (every
+# assigned code point, against node's Unicode properties).
 # =============================================================================================
 
-INVISIBLE = (set(range(0x202A, 0x202F)) | set(range(0x2066, 0x2070)) | {0x061C, 0x200E, 0x200F}
-             | set(range(0x200B, 0x200E)) | set(range(0x2060, 0x2065)) | {0xFFF9, 0xFFFA, 0xFFFB}
-             | {0xFEFF, 0x00AD, 0x180E, 0x2028, 0x2029} | set(range(0xE0000, 0xE0080))
-             | set(range(0x1BCA0, 0x1BCA4)) | set(range(0x1D173, 0x1D17B)))
-# The same table as one character class, so text with nothing to change costs one scan in C.
-_NEEDS_CARE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff%s]"
-                         % "".join(map(chr, sorted(INVISIBLE))))
+INVISIBLE = (
+    set(range(0x202A, 0x202F)) | set(range(0x2066, 0x2070))
+    | set(range(0x200B, 0x2010)) | set(range(0x2060, 0x2065))
+    | {0x061C, 0xFFF9, 0xFFFA, 0xFFFB, 0xFEFF, 0x00AD, 0x180E,
+       0x2028, 0x2029}
+    | set(range(0xE0000, 0xE0080))
+    | set(range(0x1BCA0, 0x1BCA4)) | set(range(0x1D173, 0x1D17B)))
+# The table as one class: text with nothing to change costs one
+# scan in C.
+_NEEDS_CARE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\ud800-\udfff%s]"
+    % "".join(map(chr, sorted(INVISIBLE))))
 MAX_COMBINING = 4
+
+
+def _is_mark(ch):
+    return unicodedata.category(ch).startswith("M")
+
+
+def _shown(ch):
+    code = ord(ch)
+    if ch in "\r\n":
+        return " "
+    if code < 0x20 or 0x7F <= code <= 0x9F:
+        return f"\\x{code:02x}"
+    if 0xD800 <= code <= 0xDFFF:
+        return "\ufffd"
+    if code in INVISIBLE:
+        return f"\\u{{{code:04x}}}"
+    return ch
 
 
 def sanitize(text):
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    if not _NEEDS_CARE.search(text) and not _has_long_combining_run(text):
+    if not _NEEDS_CARE.search(text) and \
+            not _has_long_combining_run(text):
         return text
     out, marks, dropped = [], 0, 0
-    for ch in text:
-        code = ord(ch)
-        if unicodedata.category(ch).startswith("M"):
+    for ch in list(text) + [""]:
+        if ch and _is_mark(ch):
             marks += 1
-            if marks > MAX_COMBINING:
-                dropped += 1
-                continue
-            out.append(ch)
+            if marks <= MAX_COMBINING:
+                out.append(ch)
+            dropped += marks > MAX_COMBINING
             continue
         if dropped:
             out.append(f"[+{dropped} combining marks dropped]")
         marks, dropped = 0, 0
-        if ch in "\r\n":
-            out.append(" ")
-        elif code < 0x20 or 0x7F <= code <= 0x9F:
-            out.append(f"\\x{code:02x}")
-        elif 0xD800 <= code <= 0xDFFF:
-            out.append("\ufffd")
-        elif code in INVISIBLE:
-            out.append(f"\\u{{{code:04x}}}")
-        else:
-            out.append(ch)
-    if dropped:
-        out.append(f"[+{dropped} combining marks dropped]")
+        out.append(_shown(ch) if ch else "")
     return "".join(out)
 
 
-# Every combining mark is at or above U+0300: only runs of such characters are looked at one
-# by one, so plain text costs one scan in C.
-_MAYBE_MARKS = re.compile("[\u0300-\U0010ffff]{%d,}" % (MAX_COMBINING + 1))
+# Every combining mark is at or above U+0300: only runs of such
+# characters are looked at one by one.
+_MAYBE_MARKS = re.compile(
+    "[\u0300-\U0010ffff]{%d,}" % (MAX_COMBINING + 1))
 
 
 def _has_long_combining_run(text):
     for candidate in _MAYBE_MARKS.finditer(text):
         run = 0
         for ch in candidate.group():
-            run = run + 1 if unicodedata.category(ch).startswith("M") else 0
+            run = run + 1 if _is_mark(ch) else 0
             if run > MAX_COMBINING:
                 return True
     return False
@@ -3717,26 +3731,28 @@ def cut(text, limit):
     data = text.encode("utf-8", "surrogatepass")
     if len(data) <= limit:
         return text
-    marker = "…".encode("utf-8")
-    room = limit - len(marker) if limit >= len(marker) else limit
-    head = data[:room].decode("utf-8", "ignore")
-    return head + ("…" if limit >= len(marker) else "")
+    mark = "…" if limit >= 3 else ""  # "…" is 3 bytes
+    head = data[:limit - len(mark.encode())]
+    return head.decode("utf-8", "ignore") + mark
 
 
 def clean(text, limit):
-    """Cut before it is sanitized too: a long string costs no more than its first `limit`."""
+    """Cut first too: a long string costs only its first
+    `limit`."""
     return cut(sanitize(cut(text[:limit + 1], limit)), limit)
 
 
 def quote(text):
-    return '"' + sanitize(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    text = sanitize(text).replace("\\", "\\\\")
+    return '"' + text.replace('"', '\\"') + '"'
 
 
 def tell(*lines, out=None, end="\n", flush=False):
-    """The one way text reaches a person: each argument one line, sanitized whole, so no value
-    draws a line of its own (sanitizing twice changes nothing)."""
+    """Each argument one line, sanitized whole, so no value draws
+    a line of its own."""
     out = sys.stdout if out is None else out
-    out.write("\n".join(sanitize(line) for line in lines or ("",)) + end)
+    shown = [sanitize(line) for line in lines or ("",)]
+    out.write("\n".join(shown) + end)
     if flush:
         out.flush()
 
