@@ -3770,45 +3770,58 @@ def log(message):
 #
 # Reads as: library
 #
-# Contract: compile_pattern(text) accepts the ECMA-262 (u-mode) patterns JSON Schema's `pattern`
-# and `patternProperties` are written in, or raises PatternError naming why; Pattern.search
-# answers as a JavaScript engine's RegExp.prototype.test would, in time linear in the text (a
-# lazily built DFA over an NFA, no backtracking), and PatternWork bounds the work of one call's
-# searches in characters x pattern size. Differential test: tests/test_patterns.py gives every
-# text the answer node's RegExp gives, and refuses what node rejects.
+# Contract: compile_pattern(text) accepts a subset of the
+# ECMA-262 u-mode patterns JSON Schema's `pattern` and
+# `patternProperties` are written in, or raises PatternError, one
+# sentence saying why. Refused besides SyntaxErrors, each with
+# what to write instead: backreferences, lookaround, named
+# groups, \p{..}, \cX, escaped surrogates, counts over 1000,
+# groups nested over 100 deep, more than 10,000 NFA states.
+# Pattern.search answers as RegExp.prototype.test, in time linear
+# in the text; PatternWork bounds the work of one call's searches.
+# Differential test: tests/test_patterns.py (node's RegExp gives
+# every text the same answer, and refuses nothing we accept).
 # =============================================================================================
 
-# Not Python's re: its dialect differs (\s, ., $, {,2}), so a verdict could pass what the
-# server's validator refuses, and it backtracks (^(a+)+$ doubles its work per character,
-# holding the interpreter's lock). A pattern is parsed to a tree of tuples, compiled to a
-# Thompson NFA and run as a DFA built lazily, one cached transition per (state, character),
-# over code points as the u flag reads them. Refused besides ECMA-262's SyntaxErrors, as a
-# DFA cannot run or bound them: backreferences, lookaround, \p{..}, escaped group names,
-# counts above 1000, groups nested over 100 deep, more than 10,000 NFA states.
+# Not Python's re: its dialect differs (\s, ., $), and it
+# backtracks (^(a+)+$ doubles its work per character, holding the
+# interpreter's lock). A pattern is parsed to a tree, compiled to
+# a Thompson NFA and run as a DFA built lazily, over code points.
 
 _MAX_CODE_POINT = 0x10FFFF
-_MAX_COUNT = 1000       # largest n or m accepted in {n,m}
-_MAX_STATES = 10000     # largest NFA accepted: bounds compile time and the cost of one DFA step
-_PATTERN_DEPTH = 100    # deepest group nesting accepted: keeps recursion far from Python's limit
-_CACHE_BUDGET = 50000   # cached NFA positions + transitions per pattern before the DFA is dropped
+_MAX_COUNT = 1000       # largest n or m in {n,m}
+_MAX_STATES = 10000     # bounds compile time and one DFA step
+_PATTERN_DEPTH = 100    # far from Python's recursion limit
+_CACHE_BUDGET = 50000   # cached states + moves, then dropped
 
-# A character set is a tuple of sorted, disjoint, non-adjacent (lo, hi) code point ranges.
+# A set is a tuple of sorted, disjoint, non-adjacent (lo, hi)
+# code point ranges.
 _DIGIT = ((0x30, 0x39),)
-_WORD_RANGES = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
-_SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
-          (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF))
-_LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
-_WORD_CHARS = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz")
-_ASSERTIONS = (("^", "^"), ("$", "$"), ("\\b", "b"), ("\\B", "B"))
+_WORD_RANGES = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F),
+                (0x61, 0x7A))
+_SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0),
+          (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
+          (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000),
+          (0xFEFF, 0xFEFF))
+_LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D),
+                     (0x2028, 0x2029))
+_WORD_CHARS = frozenset(
+    "0123456789_abcdefghijklmnopqrstuvwxyz"
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_ASSERTIONS = (("^", "^"), ("$", "$"), ("\\b", "b"),
+               ("\\B", "B"))
 _LOOKAROUND = (("(?=", "lookahead"), ("(?!", "lookahead"),
                ("(?<=", "lookbehind"), ("(?<!", "lookbehind"))
-_QUANTIFIER = re.compile(r"(?:([*+?])|\{([0-9]+)(,([0-9]*))?\})\??")   # a lazy ? changes nothing
-_SURROGATE_PAIR = re.compile(r"\\u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})")
-_HEX_ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|u\{([0-9a-fA-F]+)\})")
+# A lazy ? changes nothing for a yes/no search.
+_QUANTIFIER = re.compile(
+    r"(?:([*+?])|\{([0-9]+)(,([0-9]*))?\})\??")
+_HEX_ESCAPE = re.compile(
+    r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})"
+    r"|u\{([0-9a-fA-F]+)\})")
 
 
 class PatternError(ValueError):
-    """A pattern refused at compile; the message is one sentence saying what is wrong."""
+    """A pattern refused at compile, with one sentence why."""
 
 
 def _negate(ranges):
@@ -3817,7 +3830,9 @@ def _negate(ranges):
         if a > lo:
             out.append((lo, a - 1))
         lo = b + 1
-    return tuple(out + [(lo, _MAX_CODE_POINT)] if lo <= _MAX_CODE_POINT else out)
+    if lo <= _MAX_CODE_POINT:
+        out.append((lo, _MAX_CODE_POINT))
+    return tuple(out)
 
 
 def _normalize(ranges):
@@ -3831,42 +3846,59 @@ def _normalize(ranges):
 
 
 def _contains(ranges, cp):
-    i = bisect.bisect_right(ranges, (cp, _MAX_CODE_POINT)) - 1   # the last range starting <= cp
+    # the last range starting at or before cp
+    i = bisect.bisect_right(ranges, (cp, _MAX_CODE_POINT)) - 1
     return i >= 0 and cp <= ranges[i][1]
 
 
-def _as_ranges(member):   # a code point (int) or already a set
-    return ((member, member),) if isinstance(member, int) else member
+def _as_ranges(member):
+    """A code point (int), or already a set."""
+    if isinstance(member, int):
+        return ((member, member),)
+    return member
 
 
 _DOT = _negate(_LINE_TERMINATORS)
-# What a backslash and one character stand for: a code point, or a set (\d \D \s \S \w \W).
-# Of the punctuation, u mode lets a backslash make only the syntax characters and / literal.
-_ESCAPES = {"t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D, "d": _DIGIT,
-            "D": _negate(_DIGIT), "w": _WORD_RANGES, "W": _negate(_WORD_RANGES), "s": _SPACE,
-            "S": _negate(_SPACE)}
+# A backslash and one character: a code point, or a set. Of the
+# punctuation, u mode escapes only syntax characters and /.
+_ESCAPES = {
+    "t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D,
+    "d": _DIGIT, "D": _negate(_DIGIT), "w": _WORD_RANGES,
+    "W": _negate(_WORD_RANGES), "s": _SPACE,
+    "S": _negate(_SPACE)}
 _ESCAPES.update((c, ord(c)) for c in "^$\\.*+?()[]{}|/")
-_CLASS_ESCAPES = {**_ESCAPES, "b": 0x08, "-": 0x2D}   # inside [...], \b is a backspace
+# inside [...], \b is a backspace
+_CLASS_ESCAPES = {**_ESCAPES, "b": 0x08, "-": 0x2D}
+_UNSUPPORTED_ESCAPES = {
+    "k": "backreferences are not supported",
+    "p": "Unicode property escapes \\p{...} are not supported",
+    "c": "control escapes \\cX are not supported; write \\xNN",
+}
 
 
-# ---- Parsing: ECMA-262 Pattern[+UnicodeMode] to a tree ---------------------------------------
-# ('set', ranges) one character in ranges        ('assert', '^' or '$' or 'b' or 'B')
-# ('cat', [node, ...]) a sequence, maybe empty   ('alt', [node, ...]) alternatives
-# ('rep', node, lo, hi) lo to hi copies, hi None for no bound. Groups leave no node of their
-# own, and lazy quantifiers read like greedy ones: a yes/no search cannot tell them apart.
+# ---- Parsing: a u-mode Pattern to a tree --------------------
+# ('set', ranges)        one character in ranges
+# ('assert', kind)       kind one of ^ $ b B
+# ('cat', [node, ...])   a sequence, maybe empty
+# ('alt', [node, ...])   alternatives
+# ('rep', node, lo, hi)  lo to hi copies, hi None: no bound
 
 class _Parser:
     def __init__(self, source):
-        self.src, self.pos, self.depth, self.names = source, 0, 0, set()
+        self.src, self.pos, self.depth = source, 0, 0
 
     def peek(self, ahead=0):   # "" past the end
-        return self.src[self.pos + ahead:self.pos + ahead + 1]
+        at = self.pos + ahead
+        return self.src[at:at + 1]
 
     def take(self, text):
         if self.src.startswith(text, self.pos):
             self.pos += len(text)
             return True
         return False
+
+    def fail(self, message):
+        raise PatternError(message)
 
     def disjunction(self):
         alternatives = [[]]
@@ -3881,28 +3913,33 @@ class _Parser:
     def term(self):
         for text, kind in _ASSERTIONS:
             if self.take(text):
-                if _QUANTIFIER.match(self.src, self.pos):   # u mode: assertions cannot repeat
-                    raise PatternError(f"nothing to repeat at offset {self.pos}")
+                # u mode: an assertion cannot repeat
+                if _QUANTIFIER.match(self.src, self.pos):
+                    self.fail(
+                        f"nothing to repeat at offset {self.pos}")
                 return ("assert", kind)
         atom = self.atom()
         bounds = self.quantifier()
         return ("rep", atom) + bounds if bounds else atom
 
     def quantifier(self):
-        """Consume * + ? {n} {n,} {n,m} if next; return (lo, hi), hi None when unbounded."""
+        """(lo, hi) of a quantifier next, hi None for no bound."""
         m = _QUANTIFIER.match(self.src, self.pos)
         if not m:
             return None
         simple, lo, comma, hi = m.groups()
         if simple:
             self.pos = m.end()
-            return {"*": (0, None), "+": (1, None), "?": (0, 1)}[simple]
+            return {"*": (0, None), "+": (1, None),
+                    "?": (0, 1)}[simple]
         hi = lo if comma is None else hi or None
-        if len(lo) > 4 or int(lo) > _MAX_COUNT or (hi and (len(hi) > 4 or int(hi) > _MAX_COUNT)):
-            raise PatternError(f"repetition counts above {_MAX_COUNT} are not supported")
+        for count in (lo, hi or "0"):
+            if len(count) > 4 or int(count) > _MAX_COUNT:
+                self.fail(f"repetition counts above {_MAX_COUNT}"
+                          f" are not supported")
         if hi and int(hi) < int(lo):
-            raise PatternError(f"the numbers in the quantifier at offset {self.pos} are out "
-                               f"of order")
+            self.fail(f"the numbers in the quantifier at offset "
+                      f"{self.pos} are out of order")
         self.pos = m.end()
         return int(lo), None if hi is None else int(hi)
 
@@ -3911,58 +3948,58 @@ class _Parser:
         if c == "(":
             return self.group()
         if c == "\\":
-            return ("set", _as_ranges(self.escape(in_class=False)))
+            return ("set", _as_ranges(self.escape(False)))
         if _QUANTIFIER.match(self.src, at):
-            raise PatternError(f"nothing to repeat at offset {at}")
+            self.fail(f"nothing to repeat at offset {at}")
         if c in ("{", "}", "]"):
-            raise PatternError(f"a lone {c} is not allowed (write \\{c})")
+            self.fail(f"a lone {c} is not allowed (write \\{c})")
         self.pos += 1
         if c == "[":
             return ("set", self.character_class(at))
-        return ("set", _DOT if c == "." else ((ord(c), ord(c)),))
+        if c == ".":
+            return ("set", _DOT)
+        return ("set", ((ord(c), ord(c)),))
 
     def group(self):
         at = self.pos
         for text, kind in _LOOKAROUND:
             if self.src.startswith(text, at):
-                raise PatternError(f"{kind} {text} is not supported")
+                self.fail(f"{kind} {text} is not supported")
         self.pos += 1
         if self.take("?<"):
-            self.group_name()
-        elif self.take("?") and not self.take(":"):
-            raise PatternError(f"the group at offset {at} has an unknown (? form")
+            self.fail(f"the named group at offset {at} is not "
+                      f"supported; write (?:...) instead")
+        if self.take("?") and not self.take(":"):
+            self.fail(f"the group at offset {at} has an unknown "
+                      f"(? form")
         self.depth += 1
         if self.depth > _PATTERN_DEPTH:
-            raise PatternError(f"groups nested more than {_PATTERN_DEPTH} deep are not supported")
+            self.fail(f"groups nested more than {_PATTERN_DEPTH}"
+                      f" deep are not supported")
         node = self.disjunction()
         self.depth -= 1
         if not self.take(")"):
-            raise PatternError(f"unbalanced parenthesis at offset {at}")
+            self.fail(f"unbalanced parenthesis at offset {at}")
         return node
-
-    def group_name(self):
-        end = self.src.find(">", self.pos)
-        name = self.src[self.pos:end] if end >= 0 else ""
-        if not name.replace("$", "_").isidentifier():   # so escapes like \u0061 are refused
-            raise PatternError(f"the group name at offset {self.pos} is not a plain identifier")
-        if name in self.names:
-            raise PatternError(f"the group name {name} is used twice")
-        self.names.add(name)
-        self.pos = end + 1
 
     def character_class(self, at):
         negated, ranges = self.take("^"), []
+        where = f"the class at offset {at}"
         while not self.take("]"):
             if self.pos >= len(self.src):
-                raise PatternError(f"the character class at offset {at} is not closed")
+                self.fail(f"the character class at offset {at}"
+                          f" is not closed")
             first = self.class_member()
-            if self.peek() == "-" and self.peek(1) not in ("", "]"):   # a range first-last
+            # a range first-last
+            if self.peek() == "-" and self.peek(1) not in ("", "]"):
                 self.pos += 1
                 last = self.class_member()
-                if not (isinstance(first, int) and isinstance(last, int)):
-                    raise PatternError(f"a range in the class at offset {at} uses \\d, \\s or \\w")
+                if not isinstance(first, int) or \
+                        not isinstance(last, int):
+                    self.fail(f"a range in {where} uses \\d, \\s "
+                              f"or \\w")
                 if first > last:
-                    raise PatternError(f"a range in the class at offset {at} is out of order")
+                    self.fail(f"a range in {where} is out of order")
                 ranges.append((first, last))
             else:
                 ranges.extend(_as_ranges(first))
@@ -3971,57 +4008,59 @@ class _Parser:
 
     def class_member(self):
         if self.peek() == "\\":
-            return self.escape(in_class=True)
+            return self.escape(True)
         self.pos += 1
         return ord(self.src[self.pos - 1])
 
     def escape(self, in_class):
-        """Consume a backslash escape; return its code point (int), or the ranges of \\d etc."""
+        """A backslash escape's code point, or the set of \\d etc."""
         at, c, after = self.pos, self.peek(1), self.peek(2)
-        pair, number = _SURROGATE_PAIR.match(self.src, at), _HEX_ESCAPE.match(self.src, at)
+        number = _HEX_ESCAPE.match(self.src, at)
+        value = number and int(number[number.lastindex], 16)
         self.pos += 2
-        if pair:   # \uD83D\uDE00 is one code point in u mode
-            self.pos = pair.end()
-            return 0x10000 + ((int(pair[1], 16) - 0xD800) << 10) + int(pair[2], 16) - 0xDC00
-        if number and int(number[number.lastindex], 16) <= _MAX_CODE_POINT:
-            self.pos = number.end()   # lastindex: the one group that matched
-            return int(number[number.lastindex], 16)
+        if number and 0xD800 <= value <= 0xDFFF:
+            self.fail(f"the escaped surrogate at offset {at} is "
+                      f"not supported; write the character itself "
+                      f"or \\u{{...}}")
+        if number and value <= _MAX_CODE_POINT:
+            self.pos = number.end()
+            return value
         if c == "":
-            raise PatternError("the pattern ends with a lone backslash")
-        if c in "123456789k":
-            raise PatternError("backreferences are not supported")
-        if c in "pP":
-            raise PatternError("Unicode property escapes \\p{...} are not supported")
+            self.fail("the pattern ends with a lone backslash")
+        if c in "123456789":
+            self.fail(_UNSUPPORTED_ESCAPES["k"])
+        if c in _UNSUPPORTED_ESCAPES or c == "P":
+            self.fail(_UNSUPPORTED_ESCAPES[c.lower()])
         if c in (_CLASS_ESCAPES if in_class else _ESCAPES):
             return _CLASS_ESCAPES[c]
-        if c == "0" and not ("0" <= after <= "9"):
+        if c == "0" and not "0" <= after <= "9":
             return 0
-        if c == "c" and after.isascii() and after.isalpha():
-            self.pos += 1
-            return ord(after) % 32
-        raise PatternError(f"the escape \\{c} at offset {at} is not allowed")
+        self.fail(f"the escape \\{c} at offset {at} is not allowed")
 
 
-# ---- Compiling: tree to Thompson NFA ---------------------------------------------------------
-# The program is a list of states (kind, arg, out): ('set', ranges, out) consumes a character
-# in ranges; ('assert', kind, out) and ('split', [targets], None) consume nothing. State 0 is
-# the match. Every _compile call emits at least one state, so expanding counted repeats
-# ((a{1000}){1000}) stops at the cap instead of running on.
+# ---- Compiling: tree to Thompson NFA ------------------------
+# A state is (kind, arg, out): ('set', ranges, out) consumes a
+# character in ranges; ('assert', kind, out) and ('split',
+# [targets], None) consume nothing; state 0 is the match. Every
+# _compile call emits a state, so expanding counted repeats
+# ((a{1000}){1000}) stops at the cap.
 
 def _emit(program, state):
     if len(program) >= _MAX_STATES:
-        raise PatternError(f"the pattern is too large (more than {_MAX_STATES} states)")
+        raise PatternError(f"the pattern is too large (more than "
+                           f"{_MAX_STATES} states)")
     program.append(state)
     return len(program) - 1
 
 
 def _compile(node, out, program):
-    """Emit the states for node, continuing to state out; return node's entry state."""
+    """Emit node's states, continuing to `out`; its entry state."""
     kind = node[0]
     if kind in ("set", "assert"):
         return _emit(program, (kind, node[1], out))
     if kind == "alt":
-        return _emit(program, ("split", [_compile(n, out, program) for n in node[1]], None))
+        entries = [_compile(n, out, program) for n in node[1]]
+        return _emit(program, ("split", entries, None))
     if kind == "cat":
         if not node[1]:
             return _emit(program, ("split", [out], None))
@@ -4031,13 +4070,15 @@ def _compile(node, out, program):
     _, body, lo, hi = node
     if hi == 0:
         return _emit(program, ("split", [out], None))
-    if hi is None:   # a loop: the split enters the body, which comes back to it, or leaves
+    if hi is None:  # a loop: enter the body, back here, or leave
         entry = _emit(program, ("split", [], None))
-        program[entry][1].extend([_compile(body, entry, program), out])
-    else:            # hi - lo optional copies, nested: (body (body)?)?
+        loop = _compile(body, entry, program)
+        program[entry][1].extend([loop, out])
+    else:  # hi - lo optional copies, nested: (body (body)?)?
         entry = out
         for _ in range(hi - lo):
-            entry = _emit(program, ("split", [_compile(body, entry, program), out], None))
+            copy = _compile(body, entry, program)
+            entry = _emit(program, ("split", [copy, out], None))
     for _ in range(lo):
         entry = _compile(body, entry, program)
     return entry
@@ -4045,49 +4086,57 @@ def _compile(node, out, program):
 
 @functools.lru_cache(maxsize=512)
 def compile_pattern(pattern):
-    """Compile a JSON Schema pattern, or raise PatternError."""
+    """A JSON Schema pattern compiled, or PatternError."""
     if not isinstance(pattern, str):
         raise PatternError("a pattern must be a string")
     parsing = _Parser(pattern)
     tree = parsing.disjunction()
-    if parsing.pos < len(pattern):   # the top-level disjunction stops only at a stray ')'
-        raise PatternError(f"unbalanced parenthesis at offset {parsing.pos}")
+    # the top-level disjunction stops only at a stray ')'
+    if parsing.pos < len(pattern):
+        raise PatternError(f"unbalanced parenthesis at offset "
+                           f"{parsing.pos}")
     program = [("match", None, None)]
     return Pattern(program, _compile(tree, 0, program))
 
 
-# ---- Matching: a lazily built DFA ------------------------------------------------------------
-# A DFA state holds the NFA states that the characters read so far lead to, before their
-# epsilon edges are followed, and what assertions need: whether the previous character was a
-# word character, and whether nothing has been read yet. Epsilon edges are followed only once
-# the next character (or the end) is known, because only then are ^ $ \b \B decided. Once
-# cached, a character costs one dict lookup; uncached, one pass over at most _MAX_STATES NFA
-# states. Either way the time is linear in the text, and the cache is bounded.
+# ---- Matching: a lazily built DFA ---------------------------
+# A DFA state holds the NFA states the text read so far leads
+# to, before their epsilon edges, with whether the previous
+# character was a word character and whether nothing was read:
+# epsilon edges are followed once the next character (or the
+# end) is known, as only then are ^ $ \b \B decided. A character
+# costs one dict lookup, or uncached one pass over at most
+# _MAX_STATES states: linear in the text, the cache bounded.
 
 class _DFAState:
     __slots__ = ("nfa", "prev_word", "at_start", "moves")
 
     def __init__(self, nfa, prev_word, at_start):
-        self.nfa, self.prev_word, self.at_start = nfa, prev_word, at_start
-        self.moves = {}   # character (None for the end) -> _DFAState, or True/False if decided
+        self.nfa, self.prev_word = nfa, prev_word
+        self.at_start = at_start
+        # character (None: the end) -> _DFAState, True or False
+        self.moves = {}
 
 
 class Pattern:
-    """A compiled pattern. Its caches hold only derived data, so threads may share it."""
+    """A compiled pattern; its caches hold only derived data, so
+    threads may share it."""
 
     def __init__(self, program, start):
         self._program, self._start = program, start
-        self.size = len(program)  # the most work one character can cost, in NFA states
+        # the most one character can cost, in NFA states
+        self.size = len(program)
         self._states, self._cached = {}, 0
-        self._initial = self._state(frozenset([start]), False, True)
-        # A search restarts the pattern at every position, unless the start state reaches
-        # nothing away from the text's start (the pattern begins with ^): then an empty NFA
-        # set can never match and the search stops there.
-        sets, matched = self._closure([start], {"^": False, "$": True, "b": True, "B": True})
+        self._initial = self._state(frozenset([start]), False,
+                                    True)
+        # A search restarts at every position, unless nothing is
+        # reached away from the text's start (a leading ^).
+        away = {"^": False, "$": True, "b": True, "B": True}
+        sets, matched = self._closure([start], away)
         self._restart = bool(sets) or matched
 
     def search(self, text):
-        """True iff the pattern matches somewhere in text, like ECMA's RegExp test()."""
+        """Whether it matches somewhere in text, as test()."""
         state = self._initial
         for ch in text:
             move = state.moves.get(ch)
@@ -4100,111 +4149,121 @@ class Pattern:
         return self._move(state, None) if move is None else move
 
     def _move(self, state, ch):
-        """Build and cache the move from state on ch (None: the end of the text)."""
+        """The move from state on ch (None: the end), cached."""
         if self._cached > _CACHE_BUDGET:
             self._forget()
         next_word = ch in _WORD_CHARS
+        before = state.prev_word
         truth = {"^": state.at_start, "$": ch is None,
-                 "b": state.prev_word != next_word, "B": state.prev_word == next_word}
+                 "b": before != next_word,
+                 "B": before == next_word}
         sets, matched = self._closure(state.nfa, truth)
         if matched or ch is None:
             move = matched
         else:
-            cp = ord(ch)
-            nfa = {self._program[s][2] for s in sets if _contains(self._program[s][1], cp)}
+            cp, program = ord(ch), self._program
+            nfa = {program[s][2] for s in sets
+                   if _contains(program[s][1], cp)}
             if self._restart:
                 nfa.add(self._start)
-            move = self._state(frozenset(nfa), next_word, False) if nfa else False
-        state.moves[ch] = move   # True and False are final: search returns them
+            move = False
+            if nfa:
+                move = self._state(frozenset(nfa), next_word,
+                                   False)
+        state.moves[ch] = move  # True and False end a search
         self._cached += 1
         return move
 
     def _closure(self, pending, truth):
-        """Follow epsilon edges from pending, crossing an assertion only if truth says it holds;
-        return the 'set' states reached and whether the match state was reached."""
-        seen, stack, sets, matched = set(), list(pending), [], False
+        """The 'set' states reached by epsilon edges (assertions
+        crossed where `truth` holds), and whether it matched."""
+        seen, stack = set(), list(pending)
+        sets, matched = [], False
         while stack:
             s = stack.pop()
-            if s not in seen:
-                seen.add(s)
-                kind, arg, out = self._program[s]
-                if kind == "split":
-                    stack.extend(arg)
-                elif kind == "assert" and truth[arg]:
-                    stack.append(out)
-                elif kind == "set":
-                    sets.append(s)
-                matched = matched or kind == "match"
+            if s in seen:
+                continue
+            seen.add(s)
+            kind, arg, out = self._program[s]
+            if kind == "split":
+                stack.extend(arg)
+            elif kind == "assert" and truth[arg]:
+                stack.append(out)
+            elif kind == "set":
+                sets.append(s)
+            matched = matched or kind == "match"
         return sets, matched
 
     def _state(self, nfa, prev_word, at_start):
-        # The table is read once: calls are judged outside the gate's lock, so another
-        # thread's search may drop it (_forget) between a store and a second read.
+        # Read the table once: another thread's search may drop
+        # it (_forget) between a store and a second read.
         key = (nfa, prev_word, at_start)
         state = self._states.get(key)
         if state is None:
-            state = self._states[key] = _DFAState(nfa, prev_word, at_start)
+            state = _DFAState(nfa, prev_word, at_start)
+            self._states[key] = state
             self._cached += len(nfa) + 1
         return state
 
     def _forget(self):
-        """Drop all cached states and moves. A state a running search still holds stays
-        correct: it only loses its cached moves, which are rebuilt on demand."""
+        """Drop every cached state and move; a state a search
+        still holds stays correct, its moves rebuilt on demand."""
         for state in list(self._states.values()):
             state.moves.clear()
         self._states.clear()
         self._cached = 0
 
 
-# Characters times NFA states that all the pattern searches of one call may cost together.
-# The worst patterns meet a new DFA state at nearly every character, which costs a pass over
-# the NFA (about 0.1 microsecond per NFA state), so this is about half a second of one core.
+# Characters x NFA states all the searches of one call may cost:
+# a new DFA state at each character costs a pass over the NFA
+# (about 0.1 us per state), so about half a second of one core.
 PATTERN_WORK = 5_000_000
-
-
-# What one step of a schema check costs in those units (a subschema applied to a value, about
-# 5 microseconds), and one value read for equality (uniqueItems, const, enum).
+# One schema step (a subschema applied to a value, about 5 us),
+# and one value read for equality, in those units.
 SCHEMA_STEP = 50
 EQUALITY_STEP = 5
 
 
 class PatternCost(Exception):
-    """A check the call's work cannot pay for; the message names the value's place."""
+    """A check the call's work cannot pay for; the message names
+    the value's place."""
 
 
 class PatternWork:
-    """What the pattern searches and schema steps of one call may still cost, and what the
-    searches found.
+    """What one call's searches and schema steps may still cost,
+    and what the searches found.
 
-    The bound is per call, not per value: an array of long values, or one value read by many
-    patterns or subschemas, draws on the same PATTERN_WORK, so a call cannot multiply it. A
-    search is charged before it starts, at its most (characters times NFA states): what
-    cannot be paid is refused without being started, and the charge depends on the call
-    alone, never on what the DFA caches happen to hold. What a search found is kept: the gate
-    judges a call before its lock and reads the call again under it and in the write
-    transaction, at no cost.
+    The bound is per call: many values, or many patterns on one,
+    draw on one PATTERN_WORK. A search is charged before it
+    starts, at its most (characters x NFA states), so what cannot
+    be paid is never started and the charge depends on the call
+    alone. A search found is kept: a call read again under the
+    lock and in the write transaction costs nothing more.
     """
 
     def __init__(self):
         self.left, self.found = PATTERN_WORK, {}
 
     def search(self, pattern, text, at):
-        """Whether the pattern matches somewhere in text, or PatternCost naming `at`."""
+        """Whether it matches in text, or PatternCost naming at."""
         key = (pattern, text)
         if key not in self.found:
             compiled = compile_pattern(pattern)
             cost = len(text) * compiled.size
             if cost > self.left:
-                raise PatternCost(f"{at}: too long ({len(text)} characters) to be checked "
-                                  f"against the pattern {quote(pattern)}")
+                raise PatternCost(
+                    f"{at}: too long ({len(text)} characters) to "
+                    f"be checked against the pattern "
+                    f"{quote(pattern)}")
             self.left -= cost
             self.found[key] = compiled.search(text)
         return self.found[key]
 
     def pay(self, cost, at):
-        """Take a schema step's cost, or raise PatternCost naming `at`."""
+        """Take a schema step's cost, or PatternCost naming at."""
         if cost > self.left:
-            raise PatternCost(f"{at}: too large to be checked against the schema")
+            raise PatternCost(
+                f"{at}: too large to be checked against the schema")
         self.left -= cost
 
 
