@@ -4272,138 +4272,187 @@ class PatternWork:
 #
 # Reads as: library
 #
-# Contract: validate(schema, value) raises SchemaError naming the first failing property path
-# and what was expected. It checks draft 2020-12's applicator and validation vocabularies,
-# `$ref` to a JSON Pointer inside the schema (applied beside its sibling keywords), and the
-# older spellings (items as a list, additionalItems, dependencies, draft-04's boolean
-# exclusiveMinimum/Maximum); `format` and unknown keywords are ignored. schema_problem(schema)
-# says why validate cannot use a schema, or '': a keyword of the wrong shape, a pattern
-# section 12 refuses, a $ref that finds nothing, or unevaluatedProperties, unevaluatedItems,
-# $dynamicRef or $recursiveRef. Numbers compare as exact decimals of their literals (an
-# integer is a number with no fraction); enum, const and uniqueItems compare JSON values by
-# json_key, so uniqueItems is one pass. `pattern` searches as ECMA-262 does (section 12); one
-# call's searches, its schema check's and its policy's, share one PatternWork, which also pays
-# for every subschema applied and every value compared; what it cannot pay for raises
-# PatternCost, which passes through anyOf, oneOf, not and if: a value too costly to check is
-# never taken for one that does not match. A $ref cycle that reads no deeper into the value raises
-# RecursionError.
-# JSON Pointers (RFC 6901): parse_pointer reads one into tokens or raises ConfigError;
-# resolve_pointer finds a member, or an item at an index with no leading zero, else (under an
-# object) the default schema_child finds for it, else MISSING.
-# Differential tests: tests/test_schema_differential.py finds validate accepting and refusing
-# a seeded corpus as the jsonschema package's Draft202012Validator does (what differs on
-# purpose is kept out and said there); tests/test_pointer_differential.py finds pointers and
-# $refs resolved as the referencing package resolves them.
+# Contract: validate(schema, value) raises SchemaError naming the
+# first failing property path and what was expected. It checks
+# draft 2020-12's applicator and validation vocabularies, `$ref`
+# to a JSON Pointer inside the schema (beside its siblings), and
+# the older spellings (items as a list, additionalItems,
+# dependencies, draft-04's boolean exclusiveMinimum/Maximum);
+# `format` and unknown keywords are ignored. schema_problem says
+# why validate cannot use a schema, or '': a keyword of the
+# wrong shape, a pattern section 12 refuses, a $ref to nothing,
+# unevaluatedProperties/Items, $dynamicRef or $recursiveRef.
+# Numbers compare as exact decimals (an integer is a number with
+# no fraction); enum, const and uniqueItems compare by json_key.
+# One call's searches and steps share one PatternWork; what it
+# cannot pay raises PatternCost, which passes through anyOf,
+# oneOf, not and if: a value too costly to check is never taken
+# for one that does not match. A $ref cycle that reads no deeper
+# into the value raises RecursionError.
+# parse_pointer reads an RFC 6901 pointer into tokens or raises
+# ConfigError; resolve_pointer finds a member, or an item at an
+# index with no leading zero, else (under an object) the default
+# schema_child finds for it, else MISSING.
+# Differential tests: tests/test_schema_differential.py (the
+# jsonschema package), tests/test_pointer_differential.py (the
+# referencing package).
 # =============================================================================================
 
-JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
-_COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties",
-                   "maxProperties", "minContains", "maxContains")
-_NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+JSON_TYPES = ("object", "array", "string", "number", "integer",
+              "boolean", "null")
+_COUNT_KEYWORDS = (
+    "minLength", "maxLength", "minItems", "maxItems",
+    "minProperties", "maxProperties", "minContains",
+    "maxContains")
+_NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum",
+                    "exclusiveMaximum", "multipleOf")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_ONE = ("additionalProperties", "not", "if", "then", "else", "contains",
-               "propertyNames", "additionalItems")
-_UNCHECKED = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef")
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs",
+               "definitions", "dependentSchemas")
+_SCHEMA_ONE = ("additionalProperties", "not", "if", "then",
+               "else", "contains", "propertyNames",
+               "additionalItems")
+_UNCHECKED = ("unevaluatedProperties", "unevaluatedItems",
+              "$dynamicRef", "$recursiveRef")
 
 
 class SchemaError(Exception):
-    """A value that does not match its schema, or a $ref that points nowhere."""
+    """A value that does not match, or a $ref to nothing."""
 
 
 def schema_problem(schema, root=None, where="#"):
-    """Why validate cannot use this schema, or ''. Every keyword validate reads is checked for
-    its shape here, once, so validating a call never meets a shape it cannot read."""
+    """Why validate cannot use this schema, or ''. Every keyword
+    validate reads has its shape checked here, once."""
     root = schema if root is None else root
     if isinstance(schema, bool):
         return ""
     if not isinstance(schema, dict):
         return f"{where} is not a schema (an object or a boolean)"
-    return _keyword_problem(schema, root, where) or _subschema_problem(schema, root, where)
+    return _keyword_problem(schema, root, where) or \
+        _subschema_problem(schema, root, where)
 
 
 def _is_count(value):
-    return isinstance(value, Number) and value.is_integer() and value.exact() >= 0
+    return isinstance(value, Number) and value.is_integer() \
+        and value.exact() >= 0
 
 
 def _is_names(value):
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return isinstance(value, list) and \
+        all(isinstance(v, str) for v in value)
+
+
+def _is(kind):
+    return lambda value: isinstance(value, kind)
+
+
+_SHAPES = (("required", _is_names, "a list of strings"),
+           ("enum", _is(list), "a list"),
+           ("uniqueItems", _is(bool), "true or false"),
+           ("dependentRequired", _is(dict), "an object"),
+           ("dependencies", _is(dict), "an object"))
 
 
 def _keyword_problem(schema, root, where):
     """The keywords that hold values."""
     kind = schema.get("type")
-    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
-    if any(not isinstance(k, str) or k not in JSON_TYPES for k in kinds) or kind == []:
+    kinds = kind if isinstance(kind, list) else [kind]
+    if kind == [] or kind is not None and any(
+            not isinstance(k, str) or k not in JSON_TYPES
+            for k in kinds):
         return f"{where}/type names an unknown type"
     for key in _UNCHECKED:
         if key in schema:
-            return f"{where} uses {key}, which this validator does not check"
+            return (f"{where} uses {key}, which this validator "
+                    f"does not check")
     for key in _COUNT_KEYWORDS:
         if key in schema and not _is_count(schema[key]):
             return f"{where}/{key} must be a non-negative integer"
     for key in _NUMBER_KEYWORDS:
         value = schema.get(key)
-        if key in schema and not isinstance(value, Number) and not (
-                key.startswith("exclusive") and isinstance(value, bool)):
+        flag = key.startswith("exclusive") and \
+            isinstance(value, bool)
+        if key in schema and not isinstance(value, Number) \
+                and not flag:
             return f"{where}/{key} must be a number"
-    if "multipleOf" in schema and schema["multipleOf"].exact() <= 0:
+    if "multipleOf" in schema and \
+            schema["multipleOf"].exact() <= 0:
         return f"{where}/multipleOf must be greater than 0"
-    if "required" in schema and not _is_names(schema["required"]):
-        return f"{where}/required must be a list of strings"
-    if "enum" in schema and not isinstance(schema["enum"], list):
-        return f"{where}/enum must be a list"
-    if "uniqueItems" in schema and not isinstance(schema["uniqueItems"], bool):
-        return f"{where}/uniqueItems must be true or false"
-    for key in ("dependentRequired", "dependencies"):
-        if key in schema and not isinstance(schema[key], dict):
-            return f"{where}/{key} must be an object"
-    for name, needed in schema.get("dependentRequired", {}).items():
+    for key, test, shape in _SHAPES:
+        if key in schema and not test(schema[key]):
+            return f"{where}/{key} must be {shape}"
+    for name, needed in schema.get(
+            "dependentRequired", {}).items():
         if not _is_names(needed):
-            return f"{where}/dependentRequired/{name} must be a list of strings"
-    patterns = [("pattern", schema["pattern"])] if "pattern" in schema else []
+            return (f"{where}/dependentRequired/{name} must be a "
+                    f"list of strings")
+    return _pattern_problem(schema, where) or \
+        _ref_problem(schema, root, where)
+
+
+def _pattern_problem(schema, where):
+    patterns = []
+    if "pattern" in schema:
+        patterns.append(("pattern", schema["pattern"]))
     if isinstance(schema.get("patternProperties"), dict):
-        patterns += [("patternProperties key", key) for key in schema["patternProperties"]]
+        patterns += [("patternProperties key", key)
+                     for key in schema["patternProperties"]]
     for what, pattern in patterns:
         if not isinstance(pattern, str):
             return f"{where}/{what} must be a string"
         try:
             compile_pattern(pattern)
         except PatternError as err:
-            return f"{where}/{what} {quote(pattern)} cannot be used: {err}"
-    if "$ref" in schema:
-        try:
-            target = resolve_ref(root, schema["$ref"])
-        except SchemaError as err:
-            return str(err)
-        if not isinstance(target, (dict, bool)):
-            return f"{where}/$ref points at something that is not a schema"
+            return (f"{where}/{what} {quote(pattern)} cannot be "
+                    f"used: {err}")
+    return ""
+
+
+def _ref_problem(schema, root, where):
+    if "$ref" not in schema:
+        return ""
+    try:
+        target = resolve_ref(root, schema["$ref"])
+    except SchemaError as err:
+        return str(err)
+    if not isinstance(target, (dict, bool)):
+        return (f"{where}/$ref points at something that is not "
+                f"a schema")
     return ""
 
 
 def _subschema_problem(schema, root, where):
     """The keywords that hold schemas."""
-    subschemas = []
+    subs = []
     for key in _SCHEMA_LISTS:
-        if key in schema:
-            if not isinstance(schema[key], list) or (key != "prefixItems" and not schema[key]):
-                return f"{where}/{key} must be a non-empty list of schemas"
-            subschemas += [(f"{where}/{key}/{i}", sub) for i, sub in enumerate(schema[key])]
+        if key not in schema:
+            continue
+        listed = schema[key]
+        if not isinstance(listed, list) or \
+                (key != "prefixItems" and not listed):
+            return (f"{where}/{key} must be a non-empty list of "
+                    f"schemas")
+        subs += [(f"{where}/{key}/{i}", sub)
+                 for i, sub in enumerate(listed)]
     for key in SCHEMA_MAPS:
-        if key in schema:
-            if not isinstance(schema[key], dict):
-                return f"{where}/{key} must be an object of schemas"
-            subschemas += [(f"{where}/{key}/{name}", sub) for name, sub in schema[key].items()]
-    subschemas += [(f"{where}/{key}", schema[key]) for key in _SCHEMA_ONE if key in schema]
+        if key not in schema:
+            continue
+        if not isinstance(schema[key], dict):
+            return f"{where}/{key} must be an object of schemas"
+        subs += [(f"{where}/{key}/{name}", sub)
+                 for name, sub in schema[key].items()]
+    subs += [(f"{where}/{key}", schema[key])
+             for key in _SCHEMA_ONE if key in schema]
     items = schema.get("items")
     if isinstance(items, list):
-        subschemas += [(f"{where}/items/{i}", sub) for i, sub in enumerate(items)]
+        subs += [(f"{where}/items/{i}", sub)
+                 for i, sub in enumerate(items)]
     elif "items" in schema:
-        subschemas.append((f"{where}/items", items))
-    subschemas += [(f"{where}/dependencies/{name}", needed)
-                   for name, needed in schema.get("dependencies", {}).items()
-                   if not _is_names(needed)]
-    for at, sub in subschemas:
+        subs.append((f"{where}/items", items))
+    for name, needed in schema.get("dependencies", {}).items():
+        if not _is_names(needed):
+            subs.append((f"{where}/dependencies/{name}", needed))
+    for at, sub in subs:
         problem = schema_problem(sub, root, at)
         if problem:
             return problem
@@ -4412,57 +4461,70 @@ def _subschema_problem(schema, root, where):
 
 def resolve_ref(root, ref):
     if not isinstance(ref, str) or not ref.startswith("#"):
-        raise SchemaError(f"$ref {quote(str(ref))} does not point inside the schema")
+        raise SchemaError(f"$ref {quote(str(ref))} does not "
+                          f"point inside the schema")
     node = root
     for part in [p for p in ref[1:].split("/") if p]:
         part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and part in node:
             node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        elif isinstance(node, list) and part.isdigit() and \
+                int(part) < len(node):
             node = node[int(part)]
         else:
-            raise SchemaError(f"$ref {quote(ref)} points at nothing in the schema")
+            raise SchemaError(f"$ref {quote(ref)} points at "
+                              f"nothing in the schema")
     return node
 
 
-MISSING = object()  # what a pointer finds where the arguments have nothing
+MISSING = object()  # what a pointer finds where there is nothing
 _INDEX_RE = re.compile(r"0|[1-9][0-9]{0,8}")
 
 
 def parse_pointer(text, where):
-    """A JSON Pointer (RFC 6901) into the arguments, as its unescaped tokens."""
+    """A JSON Pointer into the arguments, as unescaped tokens."""
     if not isinstance(text, str) or not text.startswith("/"):
-        raise ConfigError(f'{where}: {quote(str(text))} is not a JSON Pointer into the '
-                          f'arguments; write it like "/amount" or "/payee/name"')
+        raise ConfigError(
+            f"{where}: {quote(str(text))} is not a JSON Pointer "
+            f'into the arguments; write it like "/amount" or '
+            f'"/payee/name"')
     if re.search("~(?![01])", text):
-        raise ConfigError(f"{where}: {quote(text)} has a '~' that is not ~0 or ~1; write ~0 "
-                          f"for '~' and ~1 for '/'")
-    return tuple(t.replace("~1", "/").replace("~0", "~") for t in text[1:].split("/"))
+        raise ConfigError(
+            f"{where}: {quote(text)} has a '~' that is not ~0 or "
+            f"~1; write ~0 for '~' and ~1 for '/'")
+    tokens = text[1:].split("/")
+    return tuple(t.replace("~1", "/").replace("~0", "~")
+                 for t in tokens)
 
 
 def resolve_pointer(args, tokens, schema):
-    """The value at a pointer as the server reads it (an omitted amount is paid at its
-    default)."""
+    """The value at a pointer as the server reads it (an omitted
+    amount is paid at its default)."""
     return pointed(args, tokens, schema)[0]
 
 
+def _item(value, token):
+    if isinstance(value, dict) and token in value:
+        return value[token]
+    if isinstance(value, list) and _INDEX_RE.fullmatch(token) \
+            and int(token) < len(value):
+        return value[int(token)]
+    return MISSING
+
+
 def pointed(args, tokens, schema):
-    """The value at a pointer, and the part of the schema describing it (or None)."""
+    """The value at a pointer, and the part of the schema that
+    describes it (or None)."""
     value, node = args, schema
     for token in tokens:
-        parent = value
-        if isinstance(value, dict) and token in value:
-            value = value[token]
-        elif isinstance(value, list) and _INDEX_RE.fullmatch(token) and int(token) < len(value):
-            value = value[int(token)]
-        else:
-            value = MISSING
+        parent, value = value, _item(value, token)
         try:
             node = schema_child(schema, node, token)
-        except SchemaError:  # a default behind a $ref that points at nothing is no default
+        except SchemaError:  # a $ref to nothing has no default
             node = None
         if value is MISSING:
-            if not isinstance(parent, dict) or not isinstance(node, dict) or \
+            if not isinstance(parent, dict) or \
+                    not isinstance(node, dict) or \
                     "default" not in node:
                 return MISSING, node
             value = node["default"]
@@ -4470,38 +4532,41 @@ def pointed(args, tokens, schema):
 
 
 def exact_number(value, node):
-    """A number's exact value; a string's where the schema types it a string and it spells a
-    decimal ("20.00"), as payment APIs send amounts: the server reads it so. Else None."""
+    """A number's exact value; a string's where the schema types
+    it a string and it spells a decimal ("20.00"), as payment
+    APIs send amounts. Else None."""
     if isinstance(value, Number):
         return value.exact()
-    if isinstance(value, str) and isinstance(node, dict) and node.get("type") == "string":
+    if isinstance(value, str) and isinstance(node, dict) and \
+            node.get("type") == "string":
         return decimal_text(value)
     return None
 
 
 def schema_child(schema, node, token):
-    """The part of `schema` describing `token` inside what `node` describes, or None; raises
-    SchemaError for a $ref that points at nothing."""
-    if isinstance(node, dict) and isinstance(node.get("$ref"), str):
+    """The part of `schema` describing `token` inside what `node`
+    describes, or None; SchemaError for a $ref to nothing."""
+    if isinstance(node, dict) and \
+            isinstance(node.get("$ref"), str):
         node = resolve_ref(schema, node["$ref"])
     if not isinstance(node, dict):
         return None
     properties = node.get("properties")
     if isinstance(properties, dict) and token in properties:
         return properties[token]
-    return node["items"] if "items" in node and _INDEX_RE.fullmatch(token) else None
+    if "items" in node and _INDEX_RE.fullmatch(token):
+        return node["items"]
+    return None
 
 
 def _type_of(value):
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, Number):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list) else "object"
+    for kind, name in ((bool, "boolean"), (Number, "number"),
+                       (str, "string"), (list, "array")):
+        if isinstance(value, kind):
+            return name
+    return "object"
 
 
 def _has_type(value, kind):
@@ -4512,8 +4577,9 @@ def _has_type(value, kind):
 
 
 def json_key(value, work=None, at=""):
-    """A hashable form two JSON values share exactly when JSON Schema calls them equal: 1 and
-    1.0 alike, an object's keys in any order. Each value read is paid from `work`, if given."""
+    """A hashable form two values share exactly when JSON Schema
+    calls them equal (1 and 1.0; keys in any order); each value
+    read is paid from `work`, if given."""
     if work is not None:
         work.pay(EQUALITY_STEP, at)
     if isinstance(value, str):
@@ -4521,10 +4587,11 @@ def json_key(value, work=None, at=""):
     if isinstance(value, Number):
         return "n", value.exact()
     if isinstance(value, list):
-        return ("a", *(json_key(item, work, at) for item in value))
+        return ("a", *(json_key(v, work, at) for v in value))
     if isinstance(value, dict):
-        return "o", frozenset((k, json_key(v, work, at)) for k, v in value.items())
-    return "c", value  # true, false, null: tagged, as True == 1 in Python
+        return "o", frozenset((k, json_key(v, work, at))
+                              for k, v in value.items())
+    return "c", value  # tagged, as True == 1 in Python
 
 
 def json_equal(a, b):
@@ -4540,8 +4607,8 @@ def _path(where, part):
 
 
 def validate(schema, value, root=None, where="", work=None):
-    """Raise SchemaError naming the first place `value` does not match `schema`, or
-    PatternCost when `work` (the call's, else a fresh one) cannot pay for a search."""
+    """SchemaError naming the first place `value` does not match,
+    or PatternCost when `work` (else a fresh one) cannot pay."""
     root = schema if root is None else root
     work = PatternWork() if work is None else work
     at = where or "the arguments"
@@ -4550,41 +4617,115 @@ def validate(schema, value, root=None, where="", work=None):
     if schema is False:
         raise SchemaError(f"{at}: no value is allowed here")
     work.pay(SCHEMA_STEP, at)
+
+    def check(sub):
+        validate(sub, value, root, where, work)
+
+    def matches(sub):
+        return _matches(sub, value, root, where, work)
     if "$ref" in schema:
-        validate(resolve_ref(root, schema["$ref"]), value, root, where, work)
+        check(resolve_ref(root, schema["$ref"]))
     kind = schema.get("type")
-    if kind is not None:
-        kinds = kind if isinstance(kind, list) else [kind]
-        if not any(_has_type(value, k) for k in kinds):
-            raise SchemaError(f"{at}: expected {' or '.join(kinds)}, got {_type_of(value)}")
-    if "const" in schema or "enum" in schema:
-        key = json_key(value, work, at)
-        if "const" in schema and json_key(schema["const"], work, at) != key:
-            raise SchemaError(f"{at}: expected exactly {_show(schema['const'])}")
-        if "enum" in schema and key not in [json_key(o, work, at) for o in schema["enum"]]:
-            raise SchemaError(f"{at}: expected one of {_show(schema['enum'])}")
-    if isinstance(value, Number):
-        _validate_number(schema, value, at)
-    elif isinstance(value, str):
-        _validate_string(schema, value, at, work)
-    elif isinstance(value, list):
+    kinds = kind if isinstance(kind, list) else [kind]
+    if kind is not None and \
+            not any(_has_type(value, k) for k in kinds):
+        raise SchemaError(f"{at}: expected {' or '.join(kinds)}, "
+                          f"got {_type_of(value)}")
+    _validate_value(schema, value, at, work)
+    if isinstance(value, list):
         _validate_array(schema, value, root, where, work)
     elif isinstance(value, dict):
         _validate_object(schema, value, root, where, work)
     for sub in schema.get("allOf", []):
-        validate(sub, value, root, where, work)
-    if "anyOf" in schema and not any(_matches(s, value, root, where, work)
-                                     for s in schema["anyOf"]):
-        raise SchemaError(f"{at}: matches none of the allowed shapes (anyOf)")
-    if "oneOf" in schema and sum(_matches(s, value, root, where, work)
-                                 for s in schema["oneOf"]) != 1:
-        raise SchemaError(f"{at}: must match exactly one of the allowed shapes (oneOf)")
-    if "not" in schema and _matches(schema["not"], value, root, where, work):
-        raise SchemaError(f"{at}: matches a shape that is not allowed (not)")
+        check(sub)
+    if "anyOf" in schema and \
+            not any(matches(s) for s in schema["anyOf"]):
+        raise SchemaError(
+            f"{at}: matches none of the allowed shapes (anyOf)")
+    if "oneOf" in schema and \
+            sum(matches(s) for s in schema["oneOf"]) != 1:
+        raise SchemaError(f"{at}: must match exactly one of the "
+                          f"allowed shapes (oneOf)")
+    if "not" in schema and matches(schema["not"]):
+        raise SchemaError(
+            f"{at}: matches a shape that is not allowed (not)")
     if "if" in schema:
-        branch = "then" if _matches(schema["if"], value, root, where, work) else "else"
+        branch = "then" if matches(schema["if"]) else "else"
         if branch in schema:
-            validate(schema[branch], value, root, where, work)
+            check(schema[branch])
+
+
+def _validate_value(schema, value, at, work):
+    """const, enum, and the keywords of numbers and strings."""
+    if "const" in schema or "enum" in schema:
+        key = json_key(value, work, at)
+        const = schema.get("const")
+        if "const" in schema and \
+                json_key(const, work, at) != key:
+            raise SchemaError(
+                f"{at}: expected exactly {_show(const)}")
+        options = schema.get("enum", [])
+        if "enum" in schema and \
+                key not in [json_key(o, work, at) for o in options]:
+            raise SchemaError(
+                f"{at}: expected one of {_show(options)}")
+    if isinstance(value, Number):
+        _validate_number(schema, value.exact(), at)
+    if not isinstance(value, str):
+        return
+    _check_count(schema, len(value), "Length", "characters", at)
+    pattern = schema.get("pattern")
+    if pattern is not None and \
+            not work.search(pattern, value, at):
+        raise SchemaError(f"{at}: expected text matching the "
+                          f"pattern {quote(pattern)}")
+
+
+def _check_count(schema, count, keyword, things, at):
+    """min{keyword} and max{keyword} on a count of `things`."""
+    least = schema.get("min" + keyword)
+    if least is not None and count < least.exact():
+        raise SchemaError(
+            f"{at}: expected at least {least.literal} {things}")
+    most = schema.get("max" + keyword)
+    if most is not None and count > most.exact():
+        raise SchemaError(
+            f"{at}: expected at most {most.literal} {things}")
+
+
+_BOUNDS = (
+    ("minimum", lambda v, b: v < b, "at least"),
+    ("maximum", lambda v, b: v > b, "at most"),
+    ("exclusiveMinimum", lambda v, b: v <= b, "greater than"),
+    ("exclusiveMaximum", lambda v, b: v >= b, "less than"))
+
+
+def _validate_number(schema, exact, at):
+    for key, fails, word in _BOUNDS:
+        bound = schema.get(key)
+        if isinstance(bound, bool):
+            # draft-04: exclusiveMinimum true tightens minimum
+            other = schema.get("minimum" if key ==
+                               "exclusiveMinimum" else "maximum")
+            if bound and isinstance(other, Number) and \
+                    exact == other.exact():
+                bound = other
+            else:
+                continue
+        elif not isinstance(bound, Number) or \
+                not fails(exact, bound.exact()):
+            continue
+        raise SchemaError(f"{at}: expected a number {word} "
+                          f"{bound.literal}")
+    step = schema.get("multipleOf")
+    if isinstance(step, Number):
+        try:
+            remainder = exact % step.exact()
+        except decimal.InvalidOperation:
+            remainder = 1  # too far apart to divide exactly
+        if remainder != 0:
+            raise SchemaError(
+                f"{at}: expected a multiple of {step.literal}")
 
 
 def _matches(schema, value, root, where, work):
@@ -4595,112 +4736,81 @@ def _matches(schema, value, root, where, work):
         return False
 
 
-def _validate_number(schema, value, at):
-    exact = value.exact()
-    for key, fails, word in (("minimum", lambda b: exact < b, "at least"),
-                             ("maximum", lambda b: exact > b, "at most"),
-                             ("exclusiveMinimum", lambda b: exact <= b, "greater than"),
-                             ("exclusiveMaximum", lambda b: exact >= b, "less than")):
-        bound = schema.get(key)
-        if isinstance(bound, bool):  # draft-04: exclusiveMinimum true tightens minimum
-            other = schema.get("minimum" if key == "exclusiveMinimum" else "maximum")
-            if bound and isinstance(other, Number) and exact == other.exact():
-                raise SchemaError(f"{at}: expected a number {word} {other.literal}")
-        elif isinstance(bound, Number) and fails(bound.exact()):
-            raise SchemaError(f"{at}: expected a number {word} {bound.literal}")
-    step = schema.get("multipleOf")
-    if isinstance(step, Number):
-        try:
-            remainder = exact % step.exact()
-        except decimal.InvalidOperation:
-            remainder = 1  # too far apart to divide exactly: not a multiple we can vouch for
-        if remainder != 0:
-            raise SchemaError(f"{at}: expected a multiple of {step.literal}")
-
-
-def _validate_string(schema, value, at, work):
-    if "minLength" in schema and len(value) < schema["minLength"].exact():
-        raise SchemaError(f"{at}: expected at least {schema['minLength'].literal} characters")
-    if "maxLength" in schema and len(value) > schema["maxLength"].exact():
-        raise SchemaError(f"{at}: expected at most {schema['maxLength'].literal} characters")
-    if "pattern" in schema and not work.search(schema["pattern"], value, at):
-        raise SchemaError(f"{at}: expected text matching the pattern "
-                          f"{quote(schema['pattern'])}")
-
-
 def _validate_array(schema, value, root, where, work):
     at = where or "the arguments"
-    if "minItems" in schema and len(value) < schema["minItems"].exact():
-        raise SchemaError(f"{at}: expected at least {schema['minItems'].literal} items")
-    if "maxItems" in schema and len(value) > schema["maxItems"].exact():
-        raise SchemaError(f"{at}: expected at most {schema['maxItems'].literal} items")
+    _check_count(schema, len(value), "Items", "items", at)
     if schema.get("uniqueItems") is True:
         keys = {json_key(item, work, at) for item in value}
         if len(keys) < len(value):
-            raise SchemaError(f"{at}: expected items that are all different")
+            raise SchemaError(
+                f"{at}: expected items that are all different")
     prefix = schema.get("prefixItems")
     items = schema.get("items")
-    if isinstance(items, list):  # draft-07 tuple form
+    if isinstance(items, list):  # draft-07's tuple form
         prefix, items = items, schema.get("additionalItems")
     prefix = prefix or []
     for i, item in enumerate(value):
         sub = prefix[i] if i < len(prefix) else items
         if sub is not None:
             validate(sub, item, root, _path(where, i), work)
-    if "contains" in schema:
-        found = sum(_matches(schema["contains"], item, root, where, work)
-                    for item in value)
-        least = schema["minContains"].exact() if "minContains" in schema else 1
-        if found < least:
-            raise SchemaError(f"{at}: expected at least {least} item(s) of the required shape "
-                              f"(contains)")
-        if "maxContains" in schema and found > schema["maxContains"].exact():
-            raise SchemaError(f"{at}: expected at most {schema['maxContains'].literal} item(s) "
-                              f"of that shape (contains)")
+    if "contains" not in schema:
+        return
+    found = sum(_matches(schema["contains"], item, root, where,
+                         work) for item in value)
+    least = schema.get("minContains", Number("1")).exact()
+    if found < least:
+        raise SchemaError(
+            f"{at}: expected at least {least} item(s) of the "
+            f"required shape (contains)")
+    most = schema.get("maxContains")
+    if most is not None and found > most.exact():
+        raise SchemaError(
+            f"{at}: expected at most {most.literal} item(s) of "
+            f"that shape (contains)")
 
 
 def _validate_object(schema, value, root, where, work):
     at = where or "the arguments"
     for name in schema.get("required", []):
         if name not in value:
-            raise SchemaError(f"{_path(where, name)}: this property is required")
-    if "minProperties" in schema and len(value) < schema["minProperties"].exact():
-        raise SchemaError(f"{at}: expected at least {schema['minProperties'].literal} "
-                          f"properties")
-    if "maxProperties" in schema and len(value) > schema["maxProperties"].exact():
-        raise SchemaError(f"{at}: expected at most {schema['maxProperties'].literal} properties")
+            raise SchemaError(
+                f"{_path(where, name)}: this property is required")
+    _check_count(schema, len(value), "Properties", "properties",
+                 at)
     properties = schema.get("properties", {})
     patterns = schema.get("patternProperties", {})
     extra = schema.get("additionalProperties")
     for name, item in value.items():
-        matched = False
-        if name in properties:
-            validate(properties[name], item, root, _path(where, name), work)
-            matched = True
+        place = _path(where, name)
+        matched = name in properties
+        if matched:
+            validate(properties[name], item, root, place, work)
         for pattern, sub in patterns.items():
-            if work.search(pattern, name, _path(where, name)):
-                validate(sub, item, root, _path(where, name), work)
+            if work.search(pattern, name, place):
+                validate(sub, item, root, place, work)
                 matched = True
         if not matched and extra is False:
             allowed = ", ".join(sorted(properties)) or "none"
-            raise SchemaError(f"{_path(where, name)}: this property is not allowed "
-                              f"(allowed: {allowed})")
+            raise SchemaError(f"{place}: this property is not "
+                              f"allowed (allowed: {allowed})")
         if not matched and isinstance(extra, dict):
-            validate(extra, item, root, _path(where, name), work)
-    if "propertyNames" in schema:
-        for name in value:
-            validate(schema["propertyNames"], name, root, _path(where, name), work)
-    dependencies = {**schema.get("dependencies", {}), **schema.get("dependentRequired", {}),
+            validate(extra, item, root, place, work)
+    for name in value if "propertyNames" in schema else ():
+        validate(schema["propertyNames"], name, root,
+                 _path(where, name), work)
+    dependencies = {**schema.get("dependencies", {}),
+                    **schema.get("dependentRequired", {}),
                     **schema.get("dependentSchemas", {})}
     for name, needed in dependencies.items():
         if name not in value:
             continue
-        if isinstance(needed, list):
-            for other in needed:
-                if other not in value:
-                    raise SchemaError(f"{_path(where, other)}: required when {name} is given")
-        else:
+        if not isinstance(needed, list):
             validate(needed, value, root, where, work)
+            continue
+        for other in needed:
+            if other not in value:
+                raise SchemaError(f"{_path(where, other)}: "
+                                  f"required when {name} is given")
 
 
 # =============================================================================================
