@@ -4818,15 +4818,17 @@ def _validate_object(schema, value, root, where, work):
 #
 # Reads as: library
 #
-# Contract: url_place(value) reads a URL as a WHATWG parser (browsers, node) would, and returns
-# its scheme and host, or nothing where the host could be read two ways (one_reading: a
-# non-ASCII host that is not stable under case folding and NFKC, letters outside Unicode 3.2,
-# right-to-left letters, a leading combining mark, the letters node ignores). host_entry
-# reads an entry ("example.com", ".example.com", "https://example.com") so, or raises
-# ConfigError; host_matches: the host is an entry or under a dotted one, in its scheme if any.
-# Differential test: tests/test_edges_paths.py reads every code point of planes 0, 1 and 14
-# in a host as node's URL does, finds no host read as another, and host_matches agreeing
-# with node's readings of generated URLs and entries.
+# Contract: hosts are read in ASCII (a name in another script
+# in its punycode form, xn--...). url_place(value) returns a
+# URL's scheme and host as a WHATWG parser (browsers, node)
+# reads them, or None where a client could reach another host
+# or the host is not ASCII; neither host_in nor host_not_in then
+# holds. host_entry reads an entry ("example.com",
+# ".example.com", "https://example.com") so, or raises
+# ConfigError; host_matches: the host is an entry or under a
+# dotted one, in its scheme if the entry names one.
+# Differential test: tests/test_edges_paths.py (every code point
+# in a host, and generated URLs and entries, against node's URL).
 # =============================================================================================
 
 _LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
@@ -4835,12 +4837,13 @@ _URL_UNSAFE_RE = re.compile(r"[\x00-\x20\x7f\\]")
 
 
 def normal_host(host):
-    """A host as compared (lower-case, IDNA-encoded, one trailing dot dropped, an IP address
-    in its standard form), or None if a client could reach another: a numeric label must
-    make a whole dotted quad (no octal, hex or short forms), and a name must read one way
-    through IDNA 2003 and UTS #46 (one_reading)."""
+    """A host as compared (lower-case, one trailing dot dropped,
+    an IP address in its standard form), or None where a client
+    could reach another: not ASCII, an empty label, a numeric
+    label that is not part of a whole dotted quad."""
     import ipaddress
-    if not isinstance(host, str) or not host or "%" in host:
+    if not isinstance(host, str) or not host.isascii() or \
+            not host or "%" in host:
         return None
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
@@ -4849,76 +4852,41 @@ def normal_host(host):
             address = ipaddress.IPv6Address(host)
         except ValueError:
             return None
-        # An IPv4 address written as IPv6 reaches the IPv4 host: it is compared as that one.
-        return str(address.ipv4_mapped) if address.ipv4_mapped else address.compressed
-    host = host[:-1] if host.endswith(".") else host
-    if "" in host.split("."):  # "a..b": an empty label names no host
-        return None
-    lowered = host.lower()
-    try:
-        # An xn-- label is read as the name it encodes, and that name must read one way too.
-        name = lowered.encode("ascii").decode("idna") if lowered.isascii() else lowered
-        if not (name.isascii() or one_reading(host, name)):
-            return None
-        encoded = name.encode("idna").decode("ascii")
-        if not name.isascii() and encoded.encode("ascii").decode("idna") != name:
-            return None
-    except UnicodeError:
-        return None
-    labels = encoded.split(".")
+        # An IPv4 address written as IPv6 reaches the IPv4 host.
+        mapped = address.ipv4_mapped
+        return str(mapped) if mapped else address.compressed
+    host = host[:-1].lower() if host.endswith(".") else \
+        host.lower()
+    labels = host.split(".")
     if not all(_LABEL_RE.fullmatch(label) for label in labels):
         return None
     if _NUMERIC_LABEL_RE.fullmatch(labels[-1]):
         try:
-            return str(ipaddress.IPv4Address(encoded))
+            return str(ipaddress.IPv4Address(host))
         except ValueError:
             return None
-    return encoded
-
-
-def one_reading(written, name):
-    """Whether a non-ASCII host name (`written`; `name`, lower-cased or decoded from xn--)
-    reads as one name to every client. Python's IDNA 2003 codec knows Unicode 3.2 and maps
-    little; UTS #46 (node, browsers) maps every compatibility form (`loc\u1d43lhost` is
-    localhost). So: assigned in Unicode 3.2, its own case fold and NFKC form, no label led
-    by a combining mark, nothing right-to-left or an Arabic digit (read differently)."""
-    if unicodedata.normalize("NFKC", name.casefold()) != name or \
-            unicodedata.normalize("NFKC", written.casefold()) != written.lower():
-        return False
-    return all(char.isascii() or (unicodedata.ucd_3_2_0.category(char) != "Cn"
-                                  and unicodedata.bidirectional(char) not in ("R", "AL", "AN")
-                                  and char not in _IGNORED_LETTERS)
-               for char in name) and \
-        not any(unicodedata.category(label[:1]).startswith("M") for label in name.split("."))
-
-
-# Letters Unicode says to ignore, which UTS #46 refuses and IDNA 2003 keeps.
-_IGNORED_LETTERS = "\u115f\u1160\u17b4\u17b5"
-
-
-# The schemes whose host URL parsers read as a domain (WHATWG's special schemes); in any
-# other a parser keeps the host as opaque text, percent-encoding what is not ASCII.
-DOMAIN_SCHEMES = ("http", "https", "ws", "wss", "ftp", "file")
+    return host
 
 
 def url_place(value):
-    """(scheme, host) of a URL, its host normalised (userinfo and port aside), or None when
-    it names no host a client would read one way."""
+    """(scheme, host) of a URL, its host normalised (userinfo and
+    port aside), or None when it names no host read one way."""
     from urllib.parse import urlsplit
-    if not isinstance(value, str) or len(value) > 8192 or _URL_UNSAFE_RE.search(value):
+    if not isinstance(value, str) or len(value) > 8192 or \
+            _URL_UNSAFE_RE.search(value):
         return None
     try:
         parts = urlsplit(value)
-        parts.port  # a port that is not a number makes the URL unusable
+        parts.port  # a port that is not a number spoils the URL
     except ValueError:
         return None
     if not parts.scheme or not parts.netloc:
         return None
     written = parts.netloc.rpartition("@")[2]
-    written = written[:written.find("]") + 1] if written.startswith("[") else \
-        written.partition(":")[0]
-    if not written.isascii() and parts.scheme not in DOMAIN_SCHEMES:
-        return None
+    if written.startswith("["):
+        written = written[:written.find("]") + 1]
+    else:
+        written = written.partition(":")[0]
     host = normal_host(written)
     return None if host is None else (parts.scheme, host)
 
@@ -4931,25 +4899,45 @@ def host_matches(scheme, host, entries):
         wanted, sep, name = entry.partition("://")
         if not sep:
             wanted, name = scheme, entry
-        if wanted == scheme and (host.endswith(name) if name.startswith(".") else host == name):
+        if wanted != scheme:
+            continue
+        if name.startswith("."):
+            if host.endswith(name):
+                return True
+        elif host == name:
             return True
     return False
 
 
 def host_entry(entry, with_scheme, where):
-    """A host_in or host_not_in entry as it is compared. Only host_in takes a scheme: in
-    host_not_in it would let the same host through under every other scheme."""
-    scheme, sep, name = entry.partition("://") if isinstance(entry, str) else ("", "", entry)
-    scheme, name = (scheme.lower(), name) if sep else ("", entry)
-    dot = "." if isinstance(name, str) and name.startswith(".") else ""
-    host = normal_host(name[1:] if dot else name) if isinstance(name, str) else None
-    if host is None or (dot and ":" in host) or (scheme and not _SCHEME_RE.fullmatch(scheme)):
-        raise ConfigError(f"{where}: {quote(str(entry))} is not a host name; write it like "
-                          f'"example.com", or ".example.com" for its subdomains')
+    """A host_in or host_not_in entry as compared. Only host_in
+    takes a scheme: in host_not_in it would let the same host
+    through under every other scheme."""
+    if not isinstance(entry, str):
+        entry = str(entry)
+        scheme, sep, name = "", "", None
+    else:
+        scheme, sep, name = entry.partition("://")
+        scheme, name = (scheme.lower(), name) if sep else \
+            ("", entry)
+    if isinstance(name, str) and not name.isascii():
+        raise ConfigError(
+            f"{where}: {quote(entry)} is not ASCII; write a host "
+            f"name in another script in its punycode form, as "
+            f'"xn--bcher-kva.de" for bücher.de')
+    dot = "." if name and name.startswith(".") else ""
+    host = normal_host(name[len(dot):]) if name else None
+    if host is None or (dot and ":" in host) or \
+            (scheme and not _SCHEME_RE.fullmatch(scheme)):
+        raise ConfigError(
+            f"{where}: {quote(entry)} is not a host name; write it"
+            f' like "example.com", or ".example.com" for its '
+            f"subdomains")
     if scheme and not with_scheme:
-        raise ConfigError(f"{where}: {quote(entry)} names a scheme, which only host_in may "
-                          f'require (as "https://example.com"); write host_not_in entries like '
-                          f'"example.com"')
+        raise ConfigError(
+            f"{where}: {quote(entry)} names a scheme, which only "
+            f'host_in may require (as "https://example.com"); '
+            f'write host_not_in entries like "example.com"')
     return scheme + sep + dot + host
 
 
