@@ -4946,46 +4946,59 @@ def host_entry(entry, with_scheme, where):
 #
 # Reads as: library
 #
-# Contract: resolved_path(path) resolves a path as the kernel would for a server, following
-# links one component at a time (at most MAX_LINKS), without realpath; /proc, a loop, too many
-# links, a file used as a directory, and a name another entry of its directory equals under
-# NFKC resolve to nothing, and such a path lies under no directory (path_under);
-# resolved_root reads an `under` root so, normalised as written, or raises ConfigError.
-# Differential test: tests/test_edges_paths.py writes generated paths through the kernel and
-# the npm filesystem server, none landing outside what path_under allowed, and finds each
-# generated root resolved where the kernel resolves it, or refused.
+# Contract: resolved_path(path) resolves a path as the kernel
+# would for a server, one component at a time (at most MAX_LINKS
+# links), without realpath; /proc, a loop, too many links, a file
+# used as a directory, and a name another entry of its directory
+# equals under NFKC resolve to nothing, and such a path lies
+# under no directory (path_under). resolved_root reads an
+# `under` root so, or raises ConfigError.
+# Differential test: tests/test_edges_paths.py (generated paths
+# through the kernel and the npm filesystem server).
 # =============================================================================================
 
-PATH_MAX = 4096  # the longest path the kernel opens; no server reaches a longer one
-MAX_LINKS = 40   # links followed in one lookup, as the kernel bounds them
+PATH_MAX = 4096  # the longest path the kernel opens
+MAX_LINKS = 40   # links followed in one lookup, as the kernel
+
+
+def _home(path):
+    if path == "~" or path.startswith("~/"):
+        return os.path.expanduser("~") + path[1:]
+    return path
 
 
 def path_under(value, roots):
-    """Whether a path lies inside one of the resolved roots both as written (normalised,
-    `~` expanded) and as resolved_path reads it. A relative path, or one a server may read
-    otherwise, could land anywhere: it lies under none."""
-    if not isinstance(value, str) or not value or "\x00" in value:
+    """Whether a path lies inside one of the resolved roots, both
+    as written (normalised, `~` expanded) and as resolved. A
+    relative one, or one read otherwise, lies under none."""
+    if not isinstance(value, str) or not value or \
+            "\x00" in value:
         return False
-    if value == "~" or value.startswith("~/"):
-        value = os.path.expanduser("~") + value[1:]
-    if not value.startswith("/") or len(value.encode("utf-8", "surrogatepass")) > PATH_MAX:
+    value = _home(value)
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if not value.startswith("/") or size > PATH_MAX:
         return False
-    places = {resolved_path(os.path.normpath(value)), resolved_path(value)}
-    return None not in places and all(
-        any(place == root or place.startswith(root.rstrip("/") + "/") for root in roots)
-        for place in places)
+    places = {resolved_path(os.path.normpath(value)),
+              resolved_path(value)}
+    if None in places:
+        return False
+    return all(any(place == root or
+                   place.startswith(root.rstrip("/") + "/")
+                   for root in roots) for place in places)
 
 
 def resolved_path(path):
-    """Where an absolute path leads here, links followed one component at a time (`..` after
-    the link before it, as the kernel does), or None when a server may read it otherwise:
-    - through /proc: its self, cwd and fd links are the opening process's, the server's;
-    - past MAX_LINKS links, which is also how a loop ends (the kernel's ELOOP);
-    - through a file as a directory, or a directory the gate may not read;
-    - with a component that is not ASCII or not there byte for byte, and another entry of
-      its directory equal to it under NFKC: servers match names normalised (the filesystem
-      server finds `li\u0308nk` as the link `l\u00efnk`).
-    Not os.path.realpath: its reading of a loop changed between versions, and it recurses."""
+    """Where an absolute path leads, links followed one component
+    at a time (`..` after the link before it, as the kernel), or
+    None where a server may read it otherwise:
+    - through /proc: its self, cwd and fd links are the server's;
+    - past MAX_LINKS links, also how a loop ends (ELOOP);
+    - through a file as a directory, or one the gate cannot read;
+    - with a component not ASCII or not there byte for byte, and
+      another entry of its directory equal to it under NFKC:
+      servers match names normalised.
+    Not os.path.realpath: its reading of a loop changed between
+    versions, and it recurses."""
     resolved, pending, links = [], path.split("/")[::-1], 0
     while pending:
         name = pending.pop()
@@ -5003,50 +5016,58 @@ def resolved_path(path):
             mode = None
         except (OSError, ValueError):
             return None
-        if (mode is None or not name.isascii()) and _named_two_ways(resolved, name):
+        if (mode is None or not name.isascii()) and \
+                _named_two_ways(resolved, name):
             return None
-        if mode is not None and stat.S_ISLNK(mode):
-            links += 1
-            if links > MAX_LINKS:
-                return None
-            try:
-                target = os.readlink(here)
-            except OSError:
-                return None
-            if target.startswith("/"):
-                resolved = []
-            pending.extend(target.split("/")[::-1])
+        if mode is None or not stat.S_ISLNK(mode):
+            resolved.append(name)
             continue
-        resolved.append(name)
+        links += 1
+        if links > MAX_LINKS:
+            return None
+        try:
+            target = os.readlink(here)
+        except OSError:
+            return None
+        if target.startswith("/"):
+            resolved = []
+        pending.extend(target.split("/")[::-1])
     return "/" + "/".join(resolved)
 
 
 def _named_two_ways(parents, name):
-    """Whether another entry of the directory `parents` names could be taken for `name`."""
+    """Whether another entry of that directory could be taken for
+    `name`."""
     try:
         entries = os.listdir("/" + "/".join(parents))
     except FileNotFoundError:
-        return False  # nothing there yet, so nothing to mistake it for
+        return False  # nothing there to mistake it for
     except OSError:
         return True
     key = unicodedata.normalize("NFKC", name)
-    return any(entry != name and unicodedata.normalize("NFKC", entry) == key
+    return any(entry != name and
+               unicodedata.normalize("NFKC", entry) == key
                for entry in entries)
 
 
 def resolved_root(text, where):
-    """A directory an `under` condition names, resolved once, at load."""
+    """A directory an `under` condition names, resolved at load."""
     if not isinstance(text, str) or not text or "\x00" in text:
-        raise ConfigError(f"{where}: under lists directories as non-empty strings")
-    path = os.path.expanduser("~") + text[1:] if text == "~" or text.startswith("~/") else text
+        raise ConfigError(f"{where}: under lists directories as "
+                          f"non-empty strings")
+    path = _home(text)
     if not path.startswith("/"):
-        raise ConfigError(f"{where}: {quote(text)} is relative; write the directory as an "
-                          f"absolute path or one starting with ~/")
+        raise ConfigError(
+            f"{where}: {quote(text)} is relative; write the "
+            f"directory as an absolute path or one starting "
+            f"with ~/")
     root = resolved_path(os.path.normpath(path))
     if root is None:
-        raise ConfigError(f"{where}: {quote(text)} cannot be resolved as a server would (it "
-                          f"goes through /proc, a loop or too many links, or is named two "
-                          f"ways); name the directory itself")
+        raise ConfigError(
+            f"{where}: {quote(text)} cannot be resolved as a "
+            f"server would (it goes through /proc, a loop or too "
+            f"many links, or is named two ways); name the "
+            f"directory itself")
     return root
 
 
@@ -5055,80 +5076,60 @@ def resolved_root(text, where):
 #
 # Reads as: library
 #
-# Contract: parse_duration returns what Go's time.ParseDuration returns, as int nanoseconds,
-# and raises ValueError where Go errs. Its syntax: an optional sign, then "0" alone or terms
-# back to back, each a decimal number ("5", "5.", ".5") and a unit (ns, us, µs U+00B5, μs
-# U+03BC, ms, s, m, h): "+5s", ".5s", "5.s" and "1m30s1m" are read; "1h-5m", "1h 30m", "5",
-# "00", "1d", "1S", "1e3s" and non-ASCII digits are not. Each term is truncated to whole
-# nanoseconds on its own ("0.5ns0.5ns" is 0), its fraction scaled in float64 from the
-# leading digits that fit in 2^63, as Go does (so a long fraction can end a nanosecond off
-# the exact value); the sum must fit int64 (-2^63 ns is read, 2^63 ns is not).
-# format_duration(ns) writes an int64 as Go's Duration.String does ("0s", "1.5µs", "300ms",
-# "1m0s", "24h0m0s"); parse_duration reads each back to itself. format_time writes seconds
-# since the epoch as UTC "YYYY-MM-DDTHH:MM:SS.ffffffZ", rounded to the microsecond as
-# datetime.fromtimestamp rounds (half to even on the double), the one writer later shares;
-# for years 1000 to 9999 it is fixed width (past 9999 both raise), so stored times compare as
-# strings in the order of their instants; now() is
-# format_time(time.time()). parse_time reads such a time as the double nearest its instant,
-# which format_time writes back unchanged within 2^33 s of 1970 (1697 to 2242). later(text,
-# ns) writes the instant ns after text exactly, rounded half to even to the microsecond, in
-# years 1000 to 9999. prose_time(text) is text to the
-# second, truncated: "YYYY-MM-DDTHH:MM:SSZ".
-# Differential test: tests/test_durations_differential.py (against durationpy, datetime, and
-# a table of Go's own answers).
+# Contract: parse_duration reads whole-number terms of Go's
+# syntax, as int nanoseconds: an optional sign, then "0" or
+# terms back to back, each digits and a unit (ns, us, µs, μs,
+# ms, s, m, h): "15s", "1h30m", "+5s". ValueError for the rest,
+# fractions and exponents too ("1.5h" is written "1h30m"), and
+# past int64 (-2^63 ns is read, 2^63 ns is not). Each text it
+# reads, Go reads alike. format_duration(ns) writes an int64 as
+# Go's Duration.String ("0s", "1.5µs", "1m0s", "24h0m0s").
+# format_time writes seconds since the epoch as UTC
+# "YYYY-MM-DDTHH:MM:SS.ffffffZ", rounded as
+# datetime.fromtimestamp rounds; fixed width for years 1000 to
+# 9999, so stored times compare as strings in the order of their
+# instants; now() is format_time(time.time()). parse_time reads
+# one as the nearest double (written back unchanged within 2^33
+# s of 1970); later(text, ns) writes the instant ns after text,
+# rounded half to even to the microsecond; prose_time(text) is
+# text to the second, truncated.
+# Differential test: tests/test_durations_differential.py
+# (durationpy, datetime, and a table of Go's own answers).
 # =============================================================================================
 
-_DURATION_UNITS = {"ns": 1, "us": 1000, "µs": 1000, "μs": 1000, "ms": 10**6, "s": 10**9,
-                   "m": 60 * 10**9, "h": 3600 * 10**9}
-_DURATION_RE = re.compile(r"([0-9]*(?:\.[0-9]*)?)([a-zµμ]+)")
+_DURATION_UNITS = {
+    "ns": 1, "us": 1000, "µs": 1000, "μs": 1000, "ms": 10**6,
+    "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
+_DURATION_RE = re.compile(r"([0-9]{1,20})(ns|us|µs|μs|ms|s|m|h)")
 
 
 def parse_duration(text):
-    """Nanoseconds from Go's duration syntax ("15s", "1h30m", "300ms", "0"); ValueError else."""
+    """Nanoseconds from whole-number terms ("15s", "1h30m", "0");
+    ValueError else."""
     sign = -1 if text.startswith("-") else 1
     body = text[1:] if text.startswith(("+", "-")) else text
     if body == "0":
         return 0
-    if not body:
-        raise ValueError(f'invalid duration "{text}"')
     total, pos = 0, 0
-    while pos < len(body):
+    while pos < len(body) or not pos:
         match = _DURATION_RE.match(body, pos)
-        if not match or match.group(1) in ("", ".") or match.group(2) not in _DURATION_UNITS:
+        if not match:
             raise ValueError(f'invalid duration "{text}"')
-        whole, _, fraction = match.group(1).partition(".")
-        whole, unit = whole.lstrip("0"), _DURATION_UNITS[match.group(2)]
-        if len(whole) > 19:
-            raise ValueError(f'duration "{text}" is too long')
-        total += int(whole or 0) * unit + _go_fraction(fraction, unit)
+        digits, unit = match.groups()
+        total += int(digits) * _DURATION_UNITS[unit]
         pos = match.end()
-    if total > 2**63 - (sign > 0):  # Go's int64: -2^63 ns is a duration, 2^63 ns is not
+    # Go's int64: -2^63 ns is a duration, 2^63 ns is not
+    if total > 2**63 - (sign > 0):
         raise ValueError(f'duration "{text}" is too long')
     return sign * total
 
 
-def _go_fraction(digits, unit):
-    # Go truncates each term on its own, and computes a fraction in float64 from its leading
-    # digits that fit in 2^63; a long fraction of an hour can so be a nanosecond off the exact
-    # value, and Go's answer is the one a Go program given the same text would act on.
-    zeros = len(digits) - len(digits.lstrip("0"))
-    kept = digits[zeros:zeros + 19]
-    if kept and int(kept) > 2**63:
-        kept = kept[:18]
-    if not kept:
-        return 0
-    scale = 1.0
-    for _ in range(zeros + len(kept)):
-        scale *= 10
-    return int(float(int(kept)) * (float(unit) / scale))
-
-
 def format_duration(ns):
-    """Go's Duration.String: 0s, 300ms, 2s, 1m30s, 10m0s, 24h0m0s."""
+    """Go's Duration.String: 0s, 300ms, 2s, 1m30s, 24h0m0s."""
     sign, ns = ("-" if ns < 0 else ""), abs(ns)
     for unit, size in (("ns", 1), ("µs", 1000), ("ms", 10**6)):
-        if 0 < ns < size * 1000:
-            return f"{sign}{decimal.Decimal(ns) / size:f}{unit}"  # exact: under 28 digits
+        if 0 < ns < size * 1000:  # exact: under 28 digits
+            return f"{sign}{decimal.Decimal(ns) / size:f}{unit}"
     hours, rest = divmod(ns, 3600 * SECOND)
     minutes, rest = divmod(rest, 60 * SECOND)
     seconds = f"{decimal.Decimal(rest) / SECOND:f}s"
@@ -5140,13 +5141,12 @@ def format_duration(ns):
 
 
 def now():
-    """Fixed-width UTC with microseconds: leases and windows compare as strings."""
     return format_time(time.time())
 
 
 def format_time(seconds):
-    """Microseconds rounded as datetime rounds them (half to even on the double)."""
-    return _written(datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc))
+    utc = datetime.timezone.utc
+    return _written(datetime.datetime.fromtimestamp(seconds, utc))
 
 
 def parse_time(text):
@@ -5154,11 +5154,12 @@ def parse_time(text):
 
 
 def later(text, ns):
-    # On integers, not float seconds: a double near 2026 holds a quarter of a microsecond, so a
-    # float sum can round a sub-microsecond duration to the wrong side, and past 2106 a whole one.
+    # On integers: a float sum can round a sub-microsecond
+    # duration to the wrong side, and past 2106 a whole one.
     micros, rest = divmod(ns, 1000)
     micros += rest > 500 or (rest == 500 and micros % 2)
-    return _written(_moment(text) + datetime.timedelta(microseconds=micros))
+    step = datetime.timedelta(microseconds=micros)
+    return _written(_moment(text) + step)
 
 
 def _moment(text):
@@ -5179,34 +5180,39 @@ def prose_time(text):
 #
 # Reads as: library
 #
-# Contract: each reader takes a JSON value read by section 10's parse, a field of an object
-# (the value itself for parse_decimal, whole_number and one_of), and returns it exactly when
-# the JSON Schema its docstring names accepts it, its parameters standing for the caller's
-# arguments and numbers read exactly as written. A number comes back as an int or Decimal, a
-# duration as its nanoseconds, an absent field as the docstring's `absent:` says (`absent or
-# null:` where a null reads as absent, as Go's decoder reads one). Otherwise it raises
-# ConfigError, one sentence naming the field (as `where` places it; field_byte_cap's are
-# top-level) and what to write instead. refuse_unknown reads the object itself.
-# Differential test: tests/test_fields_differential.py, against the jsonschema package.
+# Contract: each reader takes a value read by section 10's
+# parse, a field of an object (the value itself for
+# parse_decimal, whole_number and one_of), and returns it exactly
+# when the JSON Schema its docstring names accepts it, numbers
+# read exactly. A number comes back as an int or Decimal, a
+# duration as its nanoseconds, an absent field as its `absent:`
+# says (`absent or null:`: a null reads as absent, as in Go).
+# Otherwise ConfigError, one sentence naming the field (as
+# `where` places it; field_byte_cap's are top-level) and what to
+# write instead. refuse_unknown reads the object itself.
+# Differential test: tests/test_fields_differential.py (the
+# jsonschema package).
 # =============================================================================================
 
 def refuse_unknown(raw, fields, where):
-    """{"type": "object", "propertyNames": {"enum": fields}}, on raw itself."""
+    """{"type": "object", "propertyNames": {"enum": fields}}."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be an object")
     for key in raw:
         if key not in fields:
-            raise ConfigError(f"{where} has an unknown field {quote(key)}; the fields are "
-                              f"{', '.join(fields)}")
+            raise ConfigError(
+                f"{where} has an unknown field {quote(key)}; the "
+                f"fields are {', '.join(fields)}")
 
 
 def field_string(raw, field, where, required=False):
     """{"type": "string"}; absent or null: "";
-    if required, {"type": "string", "minLength": 1}; absent or null: refused."""
+    if required, {"type": "string", "minLength": 1};
+    absent or null: refused."""
     value = raw.get(field)
+    if value is None and required:
+        raise ConfigError(f"{where} needs {field}")
     if value is None:
-        if required:
-            raise ConfigError(f"{where} needs {field}")
         return ""
     if not isinstance(value, str):
         raise ConfigError(f"{where}.{field} must be a string")
@@ -5224,34 +5230,43 @@ def field_bool(raw, field, where):
 
 
 def field_names(raw, field, where):
-    """{"type": "array", "items": {"type": "string"}}; absent: []."""
+    """{"type": "array", "items": {"type": "string"}}; absent:
+    []."""
     value = raw.get(field, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{where}.{field} must be a list of strings")
+    if not isinstance(value, list) or \
+            not all(isinstance(v, str) for v in value):
+        raise ConfigError(
+            f"{where}.{field} must be a list of strings")
     return value
 
 
 def field_byte_cap(raw, field, default, most):
-    """{"type": "integer", "minimum": 1024, "maximum": most}, as an int; absent: default."""
+    """{"type": "integer", "minimum": 1024, "maximum": most}, as
+    an int; absent: default."""
     cap = raw.get(field, Number(str(default)))
-    if not isinstance(cap, Number) or not cap.is_integer() or not 1024 <= cap.exact() <= most:
-        raise ConfigError(f"{field} must be a whole number of bytes from 1024 to {most}")
+    if not isinstance(cap, Number) or not cap.is_integer() or \
+            not 1024 <= cap.exact() <= most:
+        raise ConfigError(f"{field} must be a whole number of "
+                          f"bytes from 1024 to {most}")
     return int(cap.exact())
 
 
 def field_duration(raw, field, where, default):
-    """{"type": "string"} that parse_duration reads as 0 or more, as its ns; absent or null:
-    default."""
+    """{"type": "string"} that parse_duration reads as 0 or more,
+    as its ns; absent or null: default."""
     value = raw.get(field)
     if value is None:
         return default
     if not isinstance(value, str):
-        raise ConfigError(f'{where}.{field}: a duration is a string such as "15s"')
+        raise ConfigError(f"{where}.{field}: a duration is a "
+                          f'string such as "15s"')
     try:
         ns = parse_duration(value)
     except ValueError:
-        raise ConfigError(f'{where}.{field} {quote(value)} is not a duration; write it like '
-                          f'"15s", "300ms" or "1h30m"') from None
+        raise ConfigError(
+            f"{where}.{field} {quote(value)} is not a duration; "
+            f'write whole numbers with units, like "15s", '
+            f'"300ms" or "1h30m" (not "1.5h")') from None
     if ns < 0:
         raise ConfigError(f"{where}.{field} must not be negative")
     return ns
@@ -5259,13 +5274,17 @@ def field_duration(raw, field, where, default):
 
 def parse_decimal(value, where):
     """{"type": ["number", "string"], "maxLength": 10000,
-    "pattern": "^-?(0|[1-9][0-9]*)([.][0-9]+)?([eE][+-]?0*([0-9]{1,4}|10000))?$"}, as a Decimal."""
+    "pattern":
+    "^-?(0|[1-9][0-9]*)([.][0-9]+)?([eE][+-]?0*([0-9]{1,4}|10000))?$"},
+    as a Decimal."""
     if isinstance(value, Number):
         return value.exact()
-    found = decimal_text(value) if isinstance(value, str) else None
-    if found is not None:
-        return found
-    raise ConfigError(f'{where} must be a number or a decimal string such as "50.00"')
+    if isinstance(value, str):
+        found = decimal_text(value)
+        if found is not None:
+            return found
+    raise ConfigError(f"{where} must be a number or a decimal "
+                      f'string such as "50.00"')
 
 
 def decimal_text(text):
@@ -5276,19 +5295,24 @@ def decimal_text(text):
 
 
 def whole_number(value, where, least, most=math.inf, note=""):
-    """{"type": "integer", "minimum": least, "maximum": most}, as an int."""
-    if not isinstance(value, Number) or not value.is_integer() \
-            or not least <= value.exact() <= most:
+    """{"type": "integer", "minimum": least, "maximum": most}, as
+    an int."""
+    if not isinstance(value, Number) or \
+            not value.is_integer() or \
+            not least <= value.exact() <= most:
         upto = "" if most == math.inf else f" and at most {most}"
-        raise ConfigError(f"{where} must be a whole number of at least {least}{upto}{note}")
+        raise ConfigError(f"{where} must be a whole number of at "
+                          f"least {least}{upto}{note}")
     return int(value.exact())
 
 
 def one_of(value, choices, where):
     """{"enum": choices}."""
     if value not in choices:
-        shown = value if isinstance(value, str) else policy_json(value)
-        raise ConfigError(f"{where} is {quote(shown)}; use one of {', '.join(choices)}")
+        shown = value if isinstance(value, str) else \
+            policy_json(value)
+        raise ConfigError(f"{where} is {quote(shown)}; use one of "
+                          f"{', '.join(choices)}")
     return value
 
 
@@ -5297,23 +5321,26 @@ def one_of(value, choices, where):
 #
 # Reads as: library
 #
-# Contract: During(raw, where) reads a `during` object. zone, required: a zone the machine's
-# time zone database holds, named as tz names zones (ASCII letters, digits and _+.- in at
-# most four parts split by /), and not a file beside the zones there (localtime, posixrules,
-# the posix/ and right/ copies). days: days or ranges of days, comma-separated, with white space
-# around each, as mon, tue, ... sun in any case; "mon-fri", "fri-mon" (past Sunday) or
-# "sat,sun". hours: "HH:MM-HH:MM", white space around the dash allowed, 00:00 to 23:59 or an
-# end of 24:00, start and end different; the range runs past midnight when the end comes
-# first, as in "22:00-06:00". At least one of days and hours, and no other field. Anything
-# else raises ConfigError, one sentence naming the field as `where` places it.
-# holds(at) tells whether the instant `at` (seconds since the epoch, read to the microsecond)
-# shows, on a wall clock in that zone, one of the days (any day without days) and a minute
-# from the start up to, not including, the end (any minute without hours). The day is always
-# the instant's own, also in a range past midnight: "fri" with "22:00-06:00" holds early and
-# late on Friday, not early on Saturday. A change of the clocks moves the window with the
-# wall clock: a minute the clock skips never holds, one it shows twice holds twice.
-# Differential test: tests/test_days_differential.py (against node's Intl, which reads ICU's
-# own copy of the time zone database).
+# Contract: During(raw, where) reads a `during` object. zone,
+# required: a zone the machine's tz database holds, named as tz
+# names zones (ASCII letters, digits and _+.- in at most four
+# parts split by /), not a file beside them (localtime,
+# posixrules, posix/, right/). days: comma-separated days or
+# ranges, white space around each, mon ... sun in any case:
+# "mon-fri", "fri-mon" (past Sunday), "sat,sun". hours:
+# "HH:MM-HH:MM", white space around the dash allowed, 00:00 to
+# 23:59 or an end of 24:00, start and end different; it runs
+# past midnight when the end comes first ("22:00-06:00"). At
+# least one of days and hours, no other field; else ConfigError
+# naming the field. holds(at) tells whether the instant `at`
+# shows, on a wall clock in that zone, one of the days and a
+# minute from the start up to, not including, the end (any day,
+# any minute, where not given). The day is the instant's own,
+# also past midnight: "fri" with "22:00-06:00" holds early and
+# late on Friday, not early on Saturday. A minute the clock
+# skips never holds; one it shows twice holds twice.
+# Differential test: tests/test_days_differential.py (node's
+# Intl, with ICU's own copy of the tz database).
 # =============================================================================================
 
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -5322,13 +5349,16 @@ _ZONE_RE = re.compile(r"[A-Za-z0-9_+.-]+(/[A-Za-z0-9_+.-]+){0,3}")
 
 
 def _zone(name):
-    """The zone tz names `name`, or None. Only a name as tz spells zones (zoneinfo recurses once
-    a level, and would fail on a deep one), and never a file beside the zones: the machine's
-    own zone, or a copy (right/ counts leap seconds, so its wall clock is off after a change)."""
-    import zoneinfo  # only a policy with `during` needs the time zone database
-    if not isinstance(name, str) or not _ZONE_RE.fullmatch(name) \
-            or name.lower() in ("localtime", "posixrules") \
-            or name.lower().startswith(("posix/", "right/")):
+    """The zone tz names `name`, or None. Only a name spelled as
+    tz spells zones (zoneinfo recurses a level a part), and never
+    a file beside the zones (right/ counts leap seconds)."""
+    import zoneinfo  # only `during` needs the tz database
+    if not isinstance(name, str) or \
+            not _ZONE_RE.fullmatch(name):
+        return None
+    lower = name.lower()
+    if lower in ("localtime", "posixrules") or \
+            lower.startswith(("posix/", "right/")):
         return None
     try:
         return zoneinfo.ZoneInfo(name)
@@ -5339,43 +5369,61 @@ def _zone(name):
 class During:
     def __init__(self, raw, where):
         if not isinstance(raw, dict) or not raw:
-            raise ConfigError(f'{where} must be an object such as {{"days": "mon-fri", '
-                              f'"hours": "09:00-18:00", "zone": "Europe/Paris"}}')
+            raise ConfigError(
+                f'{where} must be an object such as {{"days": '
+                f'"mon-fri", "hours": "09:00-18:00", "zone": '
+                f'"Europe/Paris"}}')
         refuse_unknown(raw, ("days", "hours", "zone"), where)
         zone = raw.get("zone")
         if zone is None:
-            raise ConfigError(f'{where} needs zone, the time zone its days and hours are read '
-                              f'in, such as "Europe/Paris" or "UTC"')
+            raise ConfigError(
+                f"{where} needs zone, the time zone its days and "
+                f'hours are read in, such as "Europe/Paris" or '
+                f'"UTC"')
         self.zone = _zone(zone)
         if self.zone is None:
-            raise ConfigError(f'{where}.zone {quote(str(zone))} is not a time zone this machine '
-                              f'knows; name one such as "Europe/Paris" or "UTC"')
+            raise ConfigError(
+                f"{where}.zone {quote(str(zone))} is not a time "
+                f"zone this machine knows; name one such as "
+                f'"Europe/Paris" or "UTC"')
         if "days" not in raw and "hours" not in raw:
             raise ConfigError(f"{where} needs days, hours or both")
         self.raw = raw  # for the load report
-        self.days = self._days(raw["days"], f"{where}.days") if "days" in raw else set(range(7))
-        self.hours = self._hours(raw["hours"], f"{where}.hours") if "hours" in raw else None
+        self.days = set(range(7))
+        if "days" in raw:
+            self.days = self._days(raw["days"], f"{where}.days")
+        self.hours = None
+        if "hours" in raw:
+            self.hours = self._hours(raw["hours"],
+                                     f"{where}.hours")
 
     @staticmethod
     def _days(text, where):
         days = set()
-        for part in text.split(",") if isinstance(text, str) else [None]:
-            first, dash, last = (part or "").strip().lower().partition("-")
+        parts = text.split(",") if isinstance(text, str) else [""]
+        for part in parts:
+            first, dash, last = part.strip().lower().partition("-")
             if first not in DAYS or (dash and last not in DAYS):
-                raise ConfigError(f'{where} must read like "mon-fri" or "sat,sun"')
+                raise ConfigError(
+                    f'{where} must read like "mon-fri" or "sat,sun"')
             start, end = DAYS.index(first), DAYS.index(last or first)
-            days.update(d % 7 for d in range(start, end + (7 if end < start else 0) + 1))
+            if end < start:
+                end += 7
+            days.update(d % 7 for d in range(start, end + 1))
         return days
 
     @staticmethod
     def _hours(text, where):
-        first, _, last = text.partition("-") if isinstance(text, str) else ("", "", "")
-        first, last = first.strip(), last.strip()
-        if not _CLOCK_RE.fullmatch(first) or not _CLOCK_RE.fullmatch(last) or first == last \
-                or first == "24:00":
-            raise ConfigError(f'{where} must read like "09:00-18:00" (a range past midnight, '
-                              f'like "22:00-06:00", is allowed)')
-        return tuple(int(t[:2]) * 60 + int(t[3:5]) for t in (first, last))
+        if not isinstance(text, str):
+            text = ""
+        first, _, last = (t.strip() for t in text.partition("-"))
+        if not _CLOCK_RE.fullmatch(first) or first == last or \
+                not _CLOCK_RE.fullmatch(last) or first == "24:00":
+            raise ConfigError(
+                f'{where} must read like "09:00-18:00" (a range '
+                f'past midnight, like "22:00-06:00", is allowed)')
+        return tuple(int(t[:2]) * 60 + int(t[3:5])
+                     for t in (first, last))
 
     def holds(self, at):
         local = datetime.datetime.fromtimestamp(at, self.zone)
@@ -5383,8 +5431,11 @@ class During:
             return False
         if self.hours is None:
             return True
-        minute, (start, end) = local.hour * 60 + local.minute, self.hours
-        return start <= minute < end if start < end else minute >= start or minute < end
+        minute = local.hour * 60 + local.minute
+        start, end = self.hours
+        if start < end:
+            return start <= minute < end
+        return minute >= start or minute < end
 
 
 # =============================================================================================
@@ -5392,71 +5443,84 @@ class During:
 #
 # Reads as: library
 #
-# Contract: result_record(passed) identifies exactly the result passed_result passed on,
-# without keeping all of it: the size and sha256 of canonical(passed); its first
-# RECORDED_BLOCKS blocks, and the count past them; structuredContent's size and sha256, with
-# its value while it fits; is_error when isError is true. A block (a resource block: its
-# resource) keeps its type (cut at 100 bytes), its mimeType, uri and name where they are
-# strings, then its text; else the size and sha256 of the bytes its data or blob is the RFC
-# 4648 base64 of (padded, pad bits zero; anything else: of its UTF-8, marked base64 false);
-# else those of its canonical encoding. The kept strings share CONTENT_CAP UTF-8 bytes in
-# block order: whole while they fit, then cut to whole characters, then ""; a cut text keeps
-# the size and sha256 of all of it. block_labels, outcome_text (records before schema 4 too)
-# and result_summary read a record back as text.
-# Differential test: tests/test_result_record_differential.py (node's Buffer and crypto).
+# Contract: result_record(passed) identifies exactly the result
+# passed on, without keeping all of it: the size and sha256 of
+# canonical(passed); its first RECORDED_BLOCKS blocks, and the
+# count past them; structuredContent's size and sha256, with its
+# value while it fits; is_error when isError is true. A block (a
+# resource block: its resource) keeps its type (cut at 100
+# bytes), its mimeType, uri and name where strings, then its
+# text; else the size and sha256 of the bytes its data or blob
+# is the RFC 4648 base64 of (padded, pad bits zero; else of its
+# UTF-8, marked base64 false); else those of its canonical form.
+# The kept strings share CONTENT_CAP UTF-8 bytes in block order:
+# whole while they fit, then cut to whole characters, then "";
+# a cut text keeps the size and sha256 of all of it.
+# block_labels, outcome_text (older records too) and
+# result_summary read a record back as text.
+# Differential test: tests/test_result_record_differential.py
+# (node's Buffer and crypto).
 # =============================================================================================
 
-CONTENT_CAP = 65536  # bytes of result text the record keeps, and of recorded text in prose
-RECORDED_BLOCKS = 512  # blocks a record describes one by one; the rest it counts
+CONTENT_CAP = 65536  # bytes of result text kept, and in prose
+RECORDED_BLOCKS = 512  # blocks described one by one; the rest counted
+_DATA_FIELD = {"resource": "blob", "image": "data",
+               "audio": "data"}
 
 
 def result_record(passed):
-    """What the record keeps of a result, identifying exactly what the model got: canonical
-    size and hash; each block, its text while texts total at most CONTENT_CAP bytes (else size
-    and hash); structured content whole if it fits what is left."""
+    """What the record keeps of a result (the contract's)."""
     room = [CONTENT_CAP]
 
     def keep(text):
         data = text.encode("utf-8", "surrogatepass")
         kept = data[:room[0]]
         room[0] -= len(kept)
-        return text if len(kept) == len(data) else kept.decode("utf-8", "ignore")
+        if len(kept) == len(data):
+            return text
+        return kept.decode("utf-8", "ignore")
 
     blocks = passed["content"]
-    record = {**_size_and_hash(canonical(passed)),
-              "blocks": [recorded_block(block, keep) for block in blocks[:RECORDED_BLOCKS]]}
+    record = _size_and_hash(canonical(passed))
+    record["blocks"] = [recorded_block(block, keep)
+                        for block in blocks[:RECORDED_BLOCKS]]
     if len(blocks) > RECORDED_BLOCKS:
         record["more_blocks"] = len(blocks) - RECORDED_BLOCKS
     if "structuredContent" in passed:
-        structured = canonical(passed["structuredContent"])
+        value = passed["structuredContent"]
+        structured = canonical(value)
         record["structured"] = _size_and_hash(structured)
         if len(structured) <= room[0]:
-            record["structured"]["value"] = passed["structuredContent"]
+            record["structured"]["value"] = value
     if passed.get("isError") is True:
         record["is_error"] = True
     return record
 
 
 def recorded_block(block, keep):
-    """One block as recorded: data or a blob as the size and hash of the bytes it encodes (a
-    file can be matched); a block with neither text nor data, as its canonical form's."""
     kind = block["type"]
     entry = {"type": cut(kind, 100)}
-    source = block.get("resource") if kind == "resource" and isinstance(
-        block.get("resource"), dict) else block
+    source = block
+    if kind == "resource" and \
+            isinstance(block.get("resource"), dict):
+        source = block["resource"]
     for label in ("mimeType", "uri", "name"):
         if isinstance(source.get(label), str):
             entry[label] = keep(source[label])
-    text = source.get("text") if kind in ("text", "resource") else None
-    data = source.get({"resource": "blob", "image": "data", "audio": "data"}.get(kind))
+    text = None
+    if kind in ("text", "resource"):
+        text = source.get("text")
+    data = source.get(_DATA_FIELD.get(kind))
     if isinstance(text, str):
         entry["text"] = keep(text)
         if entry["text"] != text:
-            entry.update(_size_and_hash(text.encode("utf-8", "surrogatepass")))
+            whole = text.encode("utf-8", "surrogatepass")
+            entry.update(_size_and_hash(whole))
     elif isinstance(data, str):
         decoded = _base64_bytes(data)
-        if decoded is None:  # not base64: what was sent is what is identified
-            entry.update(_size_and_hash(data.encode("utf-8", "surrogatepass")), base64=False)
+        if decoded is None:  # what was sent is what is identified
+            sent = data.encode("utf-8", "surrogatepass")
+            entry.update(_size_and_hash(sent), base64=False)
         else:
             entry.update(_size_and_hash(decoded))
     else:
@@ -5465,13 +5529,15 @@ def recorded_block(block, keep):
 
 
 def _base64_bytes(text):
-    """The bytes `text` is the base64 of, when it is their one spelling, else None: "QQ==" is,
-    "QR==" (pad bits set) and "QUJD=" ("=" past a whole quantum) are not."""
+    """The bytes `text` is the one base64 spelling of, or None:
+    "QQ==" is, "QR==" (pad bits set) and "QUJD=" are not."""
     try:
         decoded = base64.b64decode(text, validate=True)
     except ValueError:
         return None
-    return decoded if base64.b64encode(decoded).decode() == text else None
+    if base64.b64encode(decoded).decode() != text:
+        return None
+    return decoded
 
 
 def _size_and_hash(data):
@@ -5488,7 +5554,8 @@ def block_labels(record):
     labels = []
     for entry in record["blocks"]:
         label = entry.get("mimeType") or entry.get("uri")
-        label = f"{entry['type']} {label}" if label else entry["type"]
+        label = f"{entry['type']} {label}" if label else \
+            entry["type"]
         labels.append(f"[{label}, {block_bytes(entry)} bytes]")
     if record.get("more_blocks"):
         labels.append(f"[{record['more_blocks']} more blocks]")
@@ -5496,18 +5563,27 @@ def block_labels(record):
 
 
 def outcome_text(observed):
-    """A recorded outcome as text: a result's text blocks and other blocks' labels (withheld:
-    only labels; structured content alone: its JSON), the error instead, or, recorded before
-    schema 4, its content."""
+    """A recorded outcome as text: a result's text blocks and the
+    other blocks' labels (withheld: labels only; structured
+    content alone: its JSON), or the error; before schema 4, the
+    content."""
     if "result" not in observed:
         content = observed["content"]
         if observed["kind"] != "tool_result":
             return content["error"]
-        return content if isinstance(content, str) else policy_json(content)
-    record, withheld = observed["result"], observed.get("withheld", False)
+        if isinstance(content, str):
+            return content
+        return policy_json(content)
+    record = observed["result"]
+    withheld = observed.get("withheld", False)
     blocks, labels = record["blocks"], block_labels(record)
-    parts = [entry["text"] if entry["type"] == "text" and "text" in entry and not withheld
-             else label for entry, label in zip(blocks, labels)] + labels[len(blocks):]
+    parts = []
+    for entry, label in zip(blocks, labels):
+        text = None
+        if entry["type"] == "text" and not withheld:
+            text = entry.get("text")
+        parts.append(label if text is None else text)
+    parts += labels[len(blocks):]
     structured = record.get("structured", {})
     if not blocks and "value" in structured and not withheld:
         parts.append(policy_json(structured["value"]))
@@ -5516,8 +5592,10 @@ def outcome_text(observed):
 
 def result_summary(tool, record, withheld_over=0):
     count = len(record["blocks"]) + record.get("more_blocks", 0)
-    parts = [f"{tool.server.name}/{tool.upstream_name}: {record['bytes']} bytes, {count} "
-             f"block{'s' if count != 1 else ''}"]
+    plural = "s" if count != 1 else ""
+    name = f"{tool.server.name}/{tool.upstream_name}"
+    parts = [f"{name}: {record['bytes']} bytes, {count} "
+             f"block{plural}"]
     if "structured" in record:
         parts.append("structured content")
     if record.get("is_error"):
