@@ -3303,21 +3303,16 @@ def busy_error(ident):
 #
 # Reads as: library
 #
-# Contract: parse(data), bytes or text, returns one JSON value:
-# dicts, lists, and each number a Number keeping its literal
-# (`10`, `10.0` and `1e1` stay three values). It raises
-# CanonicalError with the first reason, in this order: nested
-# past 256, not UTF-8, not one RFC 8259 value, an unpaired
-# surrogate escape, a repeated key, a float64 overflow inside a
-# container, a literal over 10,000 characters or with an
-# exponent past ±10,000. canonical(value) is what hashes and
-# request keys are taken over: no whitespace, keys sorted by
-# code point, each Number as its literal; in strings `"`, `\`,
-# controls (\n, \t ... or \u00xx), `<`, `>`, `&`, U+2028 and
-# U+2029 escaped. policy_json is it without the last five
-# escapes; pretty_json is that indented for people.
-# Differential test: tests/test_canonical.py (an encoder written
-# from the reference; node's TextDecoder and JSON.parse).
+# Contract: parse(data) returns one JSON value, each number a
+# Number keeping its literal, or raises CanonicalError with the
+# first reason: nesting past 256, invalid UTF-8, not one RFC 8259
+# value, an unpaired surrogate escape, a repeated key, a float64
+# overflow in a container, a literal past the bound. canonical:
+# no whitespace, keys sorted, Numbers as written, and `<>&`,
+# U+2028/9 escaped besides JSON's own; policy_json without those
+# five; pretty_json indented.
+# Differential test: tests/test_canonical.py (a reference
+# encoder; node's TextDecoder and JSON.parse).
 # =============================================================================================
 
 MAX_DEPTH = 256
@@ -3333,8 +3328,7 @@ EXACT = decimal.Context(
 
 
 class CanonicalError(ValueError):
-    """A document parse refuses; `place` ("line 3 column 14" or
-    '') is where one that is not JSON stops being so."""
+    """`place`: where a text stops being JSON, or ''."""
 
     def __init__(self, message, place=""):
         super().__init__(message)
@@ -3376,19 +3370,12 @@ _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 
 def _too_deep(data):
-    """Whether the document nests past MAX_DEPTH, in time linear
-    in its size, each step a C scan or one short Python loop.
-
-    Exact for valid JSON (one that is not is refused anyway):
-    1. depth is at most the count of opening brackets;
-    2. outside strings there is no backslash, and removing `\\\\`
-       then `\\"` removes exactly the escaped backslashes and
-       quotes, as escapes pair them from a run's start;
-    3. every quote left opens or closes a string, so _STRING_RE
-       removes exactly the strings, leaving the structural
-       brackets, and folding `{}` into `[]` keeps their depths;
-    4. a pass removing every `[]` lowers the depth by exactly one.
-    """
+    """Whether it nests past MAX_DEPTH, in linear time. Exact
+    for valid JSON: (1) depth is at most the count of openings;
+    (2) outside strings is no backslash, and removing `\\\\`
+    then `\\"` removes exactly the escaped ones; (3) every quote
+    left bounds a string, so _STRING_RE removes the strings; (4)
+    a pass removing every `[]` lowers the depth by one."""
     if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
         return False  # (1)
     data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
@@ -3430,8 +3417,7 @@ SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 
 def _first_surrogate(value, objects=True):
-    """The first lone surrogate in a value; objects=False leaves
-    objects out (the pairs hook looked inside them)."""
+    """objects=False: the pairs hook looked inside those."""
     if isinstance(value, str):
         match = SURROGATE_RE.search(value)
         return match.group() if match else ""
@@ -3448,8 +3434,7 @@ def _first_surrogate(value, objects=True):
 
 
 class _Reading:
-    """What the hooks found in one document: its first repeated
-    key, overflow, number past the bound and lone surrogate."""
+    """The first faults the hooks found in one document."""
 
     def __init__(self):
         self.repeated = self.overflow = None
@@ -3490,8 +3475,7 @@ def _read_constant(name):
 
 
 def parse(data):
-    """One document; the first failing check, in the contract's
-    order, gives the reason."""
+    """One document, its first fault in the contract's order."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
     if _too_deep(data):
@@ -3547,8 +3531,7 @@ _CONSTANTS = {True: "true", False: "false", None: "null"}
 
 
 def _encode(value, out):
-    """The encoding, appended to `out` in pieces (measured no
-    slower than the C encoder with Numbers replaced)."""
+    """Measured no slower than the C encoder."""
     if isinstance(value, str):
         out.append(encode_string(value))
     elif isinstance(value, Number):
@@ -3592,7 +3575,6 @@ def canonical(value):
 
 
 def dumps(value):
-    """The canonical form as text, for the store."""
     return canonical(value).decode("utf-8")
 
 
@@ -3610,8 +3592,7 @@ def _utf8(key):
 
 def pretty_json(value, indent="  ", level=0, flat=None,
                 ordered=False):
-    """policy_json indented; from level `flat` down, a short value
-    stays on one line; `ordered` keeps the keys' order."""
+    """From level `flat` down a short value keeps one line."""
     if flat is not None and level >= flat:
         flat_text = policy_json(value)
         if len(flat_text) <= FLAT_WIDTH:
@@ -3640,22 +3621,15 @@ def pretty_json(value, indent="  ", level=0, flat=None,
 #
 # Reads as: library
 #
-# Contract: sanitize(text or UTF-8 bytes) shows as ASCII what
-# could move the cursor, reorder or hide text, or draw a line:
-# \r and \n as a space, other C0/C1 controls and DEL as \xNN, a
-# lone surrogate (or invalid byte) as U+FFFD, the INVISIBLE
-# characters (bidi controls, zero-width, soft hyphen, tags, the
-# other format characters a terminal draws as nothing, and the
-# interlinear annotation marks) as \u{XXXX}; combining marks past
-# MAX_COMBINING in a row are counted, not kept. Nothing else
-# changes, and a second pass changes nothing. cut keeps at most
-# `limit` UTF-8 bytes on a character boundary, marked '…'; clean
-# is both; quote puts sanitized text in quotes, `"` and `\`
-# escaped. tell is the one way a line reaches a person, each
-# argument one line sanitized whole; log is one to stderr. A
-# result passed to the host is the server's, never sanitized.
-# Differential test: tests/test_sanitize_differential.py (every
-# assigned code point, against node's Unicode properties).
+# Contract: sanitize shows as ASCII what could move the cursor,
+# reorder or hide text, or draw a line: \r \n as a space, controls
+# as \xNN, a lone surrogate as U+FFFD, INVISIBLE as \u{XXXX};
+# combining marks past MAX_COMBINING in a row are counted. Nothing
+# else changes; a second pass changes nothing. cut keeps at most
+# `limit` UTF-8 bytes, marked '…'. tell is the one way a line
+# reaches a person; a result passed on is never sanitized.
+# Differential test: tests/test_sanitize_differential.py (node's
+# Unicode properties).
 # =============================================================================================
 
 INVISIBLE = (
@@ -3737,8 +3711,7 @@ def cut(text, limit):
 
 
 def clean(text, limit):
-    """Cut first too: a long string costs only its first
-    `limit`."""
+    """Cut first: a long text costs only its first `limit`."""
     return cut(sanitize(cut(text[:limit + 1], limit)), limit)
 
 
@@ -3748,8 +3721,7 @@ def quote(text):
 
 
 def tell(*lines, out=None, end="\n", flush=False):
-    """Each argument one line, sanitized whole, so no value draws
-    a line of its own."""
+    """Each argument one line, sanitized whole."""
     out = sys.stdout if out is None else out
     shown = [sanitize(line) for line in lines or ("",)]
     out.write("\n".join(shown) + end)
@@ -3770,17 +3742,13 @@ def log(message):
 #
 # Reads as: library
 #
-# Contract: compile_pattern(text) accepts a subset of the
-# ECMA-262 u-mode patterns JSON Schema's `pattern` and
-# `patternProperties` are written in, or raises PatternError, one
-# sentence saying why. Refused besides SyntaxErrors, each with
-# what to write instead: backreferences, lookaround, named
-# groups, \p{..}, \cX, escaped surrogates, counts over 1000,
-# groups nested over 100 deep, more than 10,000 NFA states.
-# Pattern.search answers as RegExp.prototype.test, in time linear
-# in the text; PatternWork bounds the work of one call's searches.
-# Differential test: tests/test_patterns.py (node's RegExp gives
-# every text the same answer, and refuses nothing we accept).
+# Contract: compile_pattern accepts a subset of ECMA-262 u-mode
+# patterns, or raises PatternError saying why and what to write:
+# no backreferences, lookaround, named groups, \p{..}, \cX,
+# escaped surrogates, counts over 1000, nesting over 100, NFAs
+# over 10,000 states. Pattern.search answers as RegExp's test, in
+# time linear in the text; PatternWork bounds one call's work.
+# Differential test: tests/test_patterns.py (node's RegExp).
 # =============================================================================================
 
 # Not Python's re: its dialect differs (\s, ., $), and it
@@ -3821,7 +3789,7 @@ _HEX_ESCAPE = re.compile(
 
 
 class PatternError(ValueError):
-    """A pattern refused at compile, with one sentence why."""
+    """One sentence: why a pattern is refused."""
 
 
 def _negate(ranges):
@@ -3852,7 +3820,6 @@ def _contains(ranges, cp):
 
 
 def _as_ranges(member):
-    """A code point (int), or already a set."""
     if isinstance(member, int):
         return ((member, member),)
     return member
@@ -4054,7 +4021,7 @@ def _emit(program, state):
 
 
 def _compile(node, out, program):
-    """Emit node's states, continuing to `out`; its entry state."""
+    """Node's entry state; it continues to `out`."""
     kind = node[0]
     if kind in ("set", "assert"):
         return _emit(program, (kind, node[1], out))
@@ -4086,7 +4053,6 @@ def _compile(node, out, program):
 
 @functools.lru_cache(maxsize=512)
 def compile_pattern(pattern):
-    """A JSON Schema pattern compiled, or PatternError."""
     if not isinstance(pattern, str):
         raise PatternError("a pattern must be a string")
     parsing = _Parser(pattern)
@@ -4119,8 +4085,7 @@ class _DFAState:
 
 
 class Pattern:
-    """A compiled pattern; its caches hold only derived data, so
-    threads may share it."""
+    """Its caches hold derived data only: threads share it."""
 
     def __init__(self, program, start):
         self._program, self._start = program, start
@@ -4149,7 +4114,6 @@ class Pattern:
         return self._move(state, None) if move is None else move
 
     def _move(self, state, ch):
-        """The move from state on ch (None: the end), cached."""
         if self._cached > _CACHE_BUDGET:
             self._forget()
         next_word = ch in _WORD_CHARS
@@ -4175,8 +4139,7 @@ class Pattern:
         return move
 
     def _closure(self, pending, truth):
-        """The 'set' states reached by epsilon edges (assertions
-        crossed where `truth` holds), and whether it matched."""
+        """The 'set' states epsilon edges reach, and a match."""
         seen, stack = set(), list(pending)
         sets, matched = [], False
         while stack:
@@ -4206,8 +4169,7 @@ class Pattern:
         return state
 
     def _forget(self):
-        """Drop every cached state and move; a state a search
-        still holds stays correct, its moves rebuilt on demand."""
+        """A state a search still holds stays correct."""
         for state in list(self._states.values()):
             state.moves.clear()
         self._states.clear()
@@ -4225,27 +4187,19 @@ EQUALITY_STEP = 5
 
 
 class PatternCost(Exception):
-    """A check the call's work cannot pay for; the message names
-    the value's place."""
+    """A check the call's work cannot pay for."""
 
 
 class PatternWork:
-    """What one call's searches and schema steps may still cost,
-    and what the searches found.
-
-    The bound is per call: many values, or many patterns on one,
-    draw on one PATTERN_WORK. A search is charged before it
-    starts, at its most (characters x NFA states), so what cannot
-    be paid is never started and the charge depends on the call
-    alone. A search found is kept: a call read again under the
-    lock and in the write transaction costs nothing more.
-    """
+    """One call's budget, shared by all its values. A search is
+    charged its most (characters x states) before it starts, so
+    the charge depends on the call alone; what it found is kept,
+    so reading the call again costs nothing."""
 
     def __init__(self):
         self.left, self.found = PATTERN_WORK, {}
 
     def search(self, pattern, text, at):
-        """Whether it matches in text, or PatternCost naming at."""
         key = (pattern, text)
         if key not in self.found:
             compiled = compile_pattern(pattern)
@@ -4260,7 +4214,6 @@ class PatternWork:
         return self.found[key]
 
     def pay(self, cost, at):
-        """Take a schema step's cost, or PatternCost naming at."""
         if cost > self.left:
             raise PatternCost(
                 f"{at}: too large to be checked against the schema")
@@ -4273,29 +4226,17 @@ class PatternWork:
 # Reads as: library
 #
 # Contract: validate(schema, value) raises SchemaError naming the
-# first failing property path and what was expected. It checks
-# draft 2020-12's applicator and validation vocabularies, `$ref`
-# to a JSON Pointer inside the schema (beside its siblings), and
-# the older spellings (items as a list, additionalItems,
-# dependencies, draft-04's boolean exclusiveMinimum/Maximum);
-# `format` and unknown keywords are ignored. schema_problem says
-# why validate cannot use a schema, or '': a keyword of the
-# wrong shape, a pattern section 12 refuses, a $ref to nothing,
-# unevaluatedProperties/Items, $dynamicRef or $recursiveRef.
-# Numbers compare as exact decimals (an integer is a number with
-# no fraction); enum, const and uniqueItems compare by json_key.
-# One call's searches and steps share one PatternWork; what it
-# cannot pay raises PatternCost, which passes through anyOf,
-# oneOf, not and if: a value too costly to check is never taken
-# for one that does not match. A $ref cycle that reads no deeper
-# into the value raises RecursionError.
-# parse_pointer reads an RFC 6901 pointer into tokens or raises
-# ConfigError; resolve_pointer finds a member, or an item at an
-# index with no leading zero, else (under an object) the default
-# schema_child finds for it, else MISSING.
-# Differential tests: tests/test_schema_differential.py (the
-# jsonschema package), tests/test_pointer_differential.py (the
-# referencing package).
+# first failing path and what was expected: draft 2020-12's
+# applicators and validation, `$ref` inside the schema, and the
+# older spellings (items as a list, additionalItems, dependencies,
+# boolean exclusiveMinimum/Maximum); `format` and unknown keywords
+# ignored. schema_problem says why a schema cannot be used, or ''.
+# Numbers compare exactly. One call's checks share a PatternWork;
+# what it cannot pay raises PatternCost, never taken for a value
+# that does not match. resolve_pointer finds a value, or its
+# schema default, else MISSING.
+# Differential tests: tests/test_schema_differential.py
+# (jsonschema), tests/test_pointer_differential.py (referencing).
 # =============================================================================================
 
 JSON_TYPES = ("object", "array", "string", "number", "integer",
@@ -4321,8 +4262,7 @@ class SchemaError(Exception):
 
 
 def schema_problem(schema, root=None, where="#"):
-    """Why validate cannot use this schema, or ''. Every keyword
-    validate reads has its shape checked here, once."""
+    """Every keyword validate reads has its shape checked here."""
     root = schema if root is None else root
     if isinstance(schema, bool):
         return ""
@@ -4354,7 +4294,6 @@ _SHAPES = (("required", _is_names, "a list of strings"),
 
 
 def _keyword_problem(schema, root, where):
-    """The keywords that hold values."""
     kind = schema.get("type")
     kinds = kind if isinstance(kind, list) else [kind]
     if kind == [] or kind is not None and any(
@@ -4422,7 +4361,6 @@ def _ref_problem(schema, root, where):
 
 
 def _subschema_problem(schema, root, where):
-    """The keywords that hold schemas."""
     subs = []
     for key in _SCHEMA_LISTS:
         if key not in schema:
@@ -4498,8 +4436,7 @@ def parse_pointer(text, where):
 
 
 def resolve_pointer(args, tokens, schema):
-    """The value at a pointer as the server reads it (an omitted
-    amount is paid at its default)."""
+    """As the server reads it: an omitted amount at its default."""
     return pointed(args, tokens, schema)[0]
 
 
@@ -4513,8 +4450,7 @@ def _item(value, token):
 
 
 def pointed(args, tokens, schema):
-    """The value at a pointer, and the part of the schema that
-    describes it (or None)."""
+    """The value at a pointer, and its part of the schema."""
     value, node = args, schema
     for token in tokens:
         parent, value = value, _item(value, token)
@@ -4532,9 +4468,8 @@ def pointed(args, tokens, schema):
 
 
 def exact_number(value, node):
-    """A number's exact value; a string's where the schema types
-    it a string and it spells a decimal ("20.00"), as payment
-    APIs send amounts. Else None."""
+    """Also a string typed so that spells a decimal ("20.00"),
+    as payment APIs send amounts."""
     if isinstance(value, Number):
         return value.exact()
     if isinstance(value, str) and isinstance(node, dict) and \
@@ -4544,8 +4479,7 @@ def exact_number(value, node):
 
 
 def schema_child(schema, node, token):
-    """The part of `schema` describing `token` inside what `node`
-    describes, or None; SchemaError for a $ref to nothing."""
+    """The part of `schema` describing `token` inside `node`."""
     if isinstance(node, dict) and \
             isinstance(node.get("$ref"), str):
         node = resolve_ref(schema, node["$ref"])
@@ -4577,9 +4511,7 @@ def _has_type(value, kind):
 
 
 def json_key(value, work=None, at=""):
-    """A hashable form two values share exactly when JSON Schema
-    calls them equal (1 and 1.0; keys in any order); each value
-    read is paid from `work`, if given."""
+    """Equal exactly when JSON Schema calls two values equal."""
     if work is not None:
         work.pay(EQUALITY_STEP, at)
     if isinstance(value, str):
@@ -4607,8 +4539,7 @@ def _path(where, part):
 
 
 def validate(schema, value, root=None, where="", work=None):
-    """SchemaError naming the first place `value` does not match,
-    or PatternCost when `work` (else a fresh one) cannot pay."""
+    """SchemaError at the first place `value` does not match."""
     root = schema if root is None else root
     work = PatternWork() if work is None else work
     at = where or "the arguments"
@@ -4656,7 +4587,6 @@ def validate(schema, value, root=None, where="", work=None):
 
 
 def _validate_value(schema, value, at, work):
-    """const, enum, and the keywords of numbers and strings."""
     if "const" in schema or "enum" in schema:
         key = json_key(value, work, at)
         const = schema.get("const")
@@ -4682,7 +4612,6 @@ def _validate_value(schema, value, at, work):
 
 
 def _check_count(schema, count, keyword, things, at):
-    """min{keyword} and max{keyword} on a count of `things`."""
     least = schema.get("min" + keyword)
     if least is not None and count < least.exact():
         raise SchemaError(
@@ -4818,17 +4747,13 @@ def _validate_object(schema, value, root, where, work):
 #
 # Reads as: library
 #
-# Contract: hosts are read in ASCII (a name in another script
-# in its punycode form, xn--...). url_place(value) returns a
-# URL's scheme and host as a WHATWG parser (browsers, node)
-# reads them, or None where a client could reach another host
-# or the host is not ASCII; neither host_in nor host_not_in then
-# holds. host_entry reads an entry ("example.com",
-# ".example.com", "https://example.com") so, or raises
-# ConfigError; host_matches: the host is an entry or under a
-# dotted one, in its scheme if the entry names one.
-# Differential test: tests/test_edges_paths.py (every code point
-# in a host, and generated URLs and entries, against node's URL).
+# Contract: hosts are ASCII (another script in punycode, xn--).
+# url_place(value) is a URL's (scheme, host) as a WHATWG parser
+# reads them, or None where a client could reach another host or
+# the host is not ASCII: then neither host_in nor host_not_in
+# holds. host_entry reads an entry or raises ConfigError;
+# host_matches: the host is an entry, or under a dotted one.
+# Differential test: tests/test_edges_paths.py (node's URL).
 # =============================================================================================
 
 _LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
@@ -4837,10 +4762,9 @@ _URL_UNSAFE_RE = re.compile(r"[\x00-\x20\x7f\\]")
 
 
 def normal_host(host):
-    """A host as compared (lower-case, one trailing dot dropped,
-    an IP address in its standard form), or None where a client
-    could reach another: not ASCII, an empty label, a numeric
-    label that is not part of a whole dotted quad."""
+    """Lower-cased, one trailing dot dropped, an IP address in
+    its standard form; None where a client could reach another:
+    not ASCII, an empty label, a numeric form not a dotted quad."""
     import ipaddress
     if not isinstance(host, str) or not host.isascii() or \
             not host or "%" in host:
@@ -4869,8 +4793,6 @@ def normal_host(host):
 
 
 def url_place(value):
-    """(scheme, host) of a URL, its host normalised (userinfo and
-    port aside), or None when it names no host read one way."""
     from urllib.parse import urlsplit
     if not isinstance(value, str) or len(value) > 8192 or \
             _URL_UNSAFE_RE.search(value):
@@ -4910,9 +4832,8 @@ def host_matches(scheme, host, entries):
 
 
 def host_entry(entry, with_scheme, where):
-    """A host_in or host_not_in entry as compared. Only host_in
-    takes a scheme: in host_not_in it would let the same host
-    through under every other scheme."""
+    """Only host_in takes a scheme: in host_not_in it would let
+    the host through under every other scheme."""
     if not isinstance(entry, str):
         entry = str(entry)
         scheme, sep, name = "", "", None
@@ -4946,15 +4867,13 @@ def host_entry(entry, with_scheme, where):
 #
 # Reads as: library
 #
-# Contract: resolved_path(path) resolves a path as the kernel
-# would for a server, one component at a time (at most MAX_LINKS
-# links), without realpath; /proc, a loop, too many links, a file
-# used as a directory, and a name another entry of its directory
-# equals under NFKC resolve to nothing, and such a path lies
-# under no directory (path_under). resolved_root reads an
-# `under` root so, or raises ConfigError.
-# Differential test: tests/test_edges_paths.py (generated paths
-# through the kernel and the npm filesystem server).
+# Contract: resolved_path resolves a path as the kernel would
+# for a server, a component at a time; through /proc, a loop, too
+# many links, a file as a directory, or a name another entry
+# equals under NFKC, it resolves to nothing, and lies under no
+# directory (path_under). resolved_root reads an `under` root.
+# Differential test: tests/test_edges_paths.py (the kernel and
+# the npm filesystem server).
 # =============================================================================================
 
 PATH_MAX = 4096  # the longest path the kernel opens
@@ -4968,9 +4887,7 @@ def _home(path):
 
 
 def path_under(value, roots):
-    """Whether a path lies inside one of the resolved roots, both
-    as written (normalised, `~` expanded) and as resolved. A
-    relative one, or one read otherwise, lies under none."""
+    """Inside a root both as written and as resolved."""
     if not isinstance(value, str) or not value or \
             "\x00" in value:
         return False
@@ -4988,17 +4905,12 @@ def path_under(value, roots):
 
 
 def resolved_path(path):
-    """Where an absolute path leads, links followed one component
-    at a time (`..` after the link before it, as the kernel), or
-    None where a server may read it otherwise:
-    - through /proc: its self, cwd and fd links are the server's;
-    - past MAX_LINKS links, also how a loop ends (ELOOP);
-    - through a file as a directory, or one the gate cannot read;
-    - with a component not ASCII or not there byte for byte, and
-      another entry of its directory equal to it under NFKC:
-      servers match names normalised.
-    Not os.path.realpath: its reading of a loop changed between
-    versions, and it recurses."""
+    """None where a server may read it otherwise: through /proc
+    (its self links are the server's), past MAX_LINKS (a loop),
+    through a file or an unreadable directory, or a name another
+    entry equals under NFKC (servers match names normalised).
+    Not realpath: its reading of a loop changed, and it recurses.
+    """
     resolved, pending, links = [], path.split("/")[::-1], 0
     while pending:
         name = pending.pop()
@@ -5036,8 +4948,6 @@ def resolved_path(path):
 
 
 def _named_two_ways(parents, name):
-    """Whether another entry of that directory could be taken for
-    `name`."""
     try:
         entries = os.listdir("/" + "/".join(parents))
     except FileNotFoundError:
@@ -5051,7 +4961,6 @@ def _named_two_ways(parents, name):
 
 
 def resolved_root(text, where):
-    """A directory an `under` condition names, resolved at load."""
     if not isinstance(text, str) or not text or "\x00" in text:
         raise ConfigError(f"{where}: under lists directories as "
                           f"non-empty strings")
@@ -5076,25 +4985,15 @@ def resolved_root(text, where):
 #
 # Reads as: library
 #
-# Contract: parse_duration reads whole-number terms of Go's
-# syntax, as int nanoseconds: an optional sign, then "0" or
-# terms back to back, each digits and a unit (ns, us, µs, μs,
-# ms, s, m, h): "15s", "1h30m", "+5s". ValueError for the rest,
-# fractions and exponents too ("1.5h" is written "1h30m"), and
-# past int64 (-2^63 ns is read, 2^63 ns is not). Each text it
-# reads, Go reads alike. format_duration(ns) writes an int64 as
-# Go's Duration.String ("0s", "1.5µs", "1m0s", "24h0m0s").
-# format_time writes seconds since the epoch as UTC
-# "YYYY-MM-DDTHH:MM:SS.ffffffZ", rounded as
-# datetime.fromtimestamp rounds; fixed width for years 1000 to
-# 9999, so stored times compare as strings in the order of their
-# instants; now() is format_time(time.time()). parse_time reads
-# one as the nearest double (written back unchanged within 2^33
-# s of 1970); later(text, ns) writes the instant ns after text,
-# rounded half to even to the microsecond; prose_time(text) is
-# text to the second, truncated.
+# Contract: parse_duration reads Go's syntax in whole-number
+# terms ("15s", "1h30m", "+5s", "0") as int64 nanoseconds, as Go
+# reads them; ValueError for the rest, fractions too. Go's
+# Duration.String is format_duration. format_time writes UTC
+# "YYYY-MM-DDTHH:MM:SS.ffffffZ", rounded as datetime rounds,
+# fixed width, so stored times compare as strings; parse_time
+# reads one back; later adds ns, half to even.
 # Differential test: tests/test_durations_differential.py
-# (durationpy, datetime, and a table of Go's own answers).
+# (durationpy, datetime, Go's own answers).
 # =============================================================================================
 
 _DURATION_UNITS = {
@@ -5104,8 +5003,6 @@ _DURATION_RE = re.compile(r"([0-9]{1,20})(ns|us|µs|μs|ms|s|m|h)")
 
 
 def parse_duration(text):
-    """Nanoseconds from whole-number terms ("15s", "1h30m", "0");
-    ValueError else."""
     sign = -1 if text.startswith("-") else 1
     body = text[1:] if text.startswith(("+", "-")) else text
     if body == "0":
@@ -5180,18 +5077,12 @@ def prose_time(text):
 #
 # Reads as: library
 #
-# Contract: each reader takes a value read by section 10's
-# parse, a field of an object (the value itself for
-# parse_decimal, whole_number and one_of), and returns it exactly
-# when the JSON Schema its docstring names accepts it, numbers
-# read exactly. A number comes back as an int or Decimal, a
-# duration as its nanoseconds, an absent field as its `absent:`
-# says (`absent or null:`: a null reads as absent, as in Go).
-# Otherwise ConfigError, one sentence naming the field (as
-# `where` places it; field_byte_cap's are top-level) and what to
-# write instead. refuse_unknown reads the object itself.
-# Differential test: tests/test_fields_differential.py (the
-# jsonschema package).
+# Contract: each reader returns a field exactly when the JSON
+# Schema its docstring names accepts it (a number as int or
+# Decimal, a duration in ns, absent as its `absent:` says), else
+# raises ConfigError naming the field and what to write.
+# Differential test: tests/test_fields_differential.py
+# (jsonschema).
 # =============================================================================================
 
 def refuse_unknown(raw, fields, where):
@@ -5321,26 +5212,14 @@ def one_of(value, choices, where):
 #
 # Reads as: library
 #
-# Contract: During(raw, where) reads a `during` object. zone,
-# required: a zone the machine's tz database holds, named as tz
-# names zones (ASCII letters, digits and _+.- in at most four
-# parts split by /), not a file beside them (localtime,
-# posixrules, posix/, right/). days: comma-separated days or
-# ranges, white space around each, mon ... sun in any case:
-# "mon-fri", "fri-mon" (past Sunday), "sat,sun". hours:
-# "HH:MM-HH:MM", white space around the dash allowed, 00:00 to
-# 23:59 or an end of 24:00, start and end different; it runs
-# past midnight when the end comes first ("22:00-06:00"). At
-# least one of days and hours, no other field; else ConfigError
-# naming the field. holds(at) tells whether the instant `at`
-# shows, on a wall clock in that zone, one of the days and a
-# minute from the start up to, not including, the end (any day,
-# any minute, where not given). The day is the instant's own,
-# also past midnight: "fri" with "22:00-06:00" holds early and
-# late on Friday, not early on Saturday. A minute the clock
-# skips never holds; one it shows twice holds twice.
+# Contract: During(raw, where) reads a `during` object: a tz
+# `zone` (required), `days` ("mon-fri", "sat,sun") and `hours`
+# ("09:00-18:00", past midnight when the end comes first), at
+# least one of them; else ConfigError. holds(at): on the zone's
+# wall clock, the instant's own day is a listed one and its
+# minute in [start, end). A skipped minute never holds.
 # Differential test: tests/test_days_differential.py (node's
-# Intl, with ICU's own copy of the tz database).
+# Intl).
 # =============================================================================================
 
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -5349,9 +5228,9 @@ _ZONE_RE = re.compile(r"[A-Za-z0-9_+.-]+(/[A-Za-z0-9_+.-]+){0,3}")
 
 
 def _zone(name):
-    """The zone tz names `name`, or None. Only a name spelled as
-    tz spells zones (zoneinfo recurses a level a part), and never
-    a file beside the zones (right/ counts leap seconds)."""
+    """Only a name spelled as tz spells zones (zoneinfo recurses
+    a level a part); no file beside them (right/ counts leap
+    seconds)."""
     import zoneinfo  # only `during` needs the tz database
     if not isinstance(name, str) or \
             not _ZONE_RE.fullmatch(name):
@@ -5444,20 +5323,12 @@ class During:
 # Reads as: library
 #
 # Contract: result_record(passed) identifies exactly the result
-# passed on, without keeping all of it: the size and sha256 of
-# canonical(passed); its first RECORDED_BLOCKS blocks, and the
-# count past them; structuredContent's size and sha256, with its
-# value while it fits; is_error when isError is true. A block (a
-# resource block: its resource) keeps its type (cut at 100
-# bytes), its mimeType, uri and name where strings, then its
-# text; else the size and sha256 of the bytes its data or blob
-# is the RFC 4648 base64 of (padded, pad bits zero; else of its
-# UTF-8, marked base64 false); else those of its canonical form.
-# The kept strings share CONTENT_CAP UTF-8 bytes in block order:
-# whole while they fit, then cut to whole characters, then "";
-# a cut text keeps the size and sha256 of all of it.
-# block_labels, outcome_text (older records too) and
-# result_summary read a record back as text.
+# passed on: the size and sha256 of canonical(passed), its first
+# RECORDED_BLOCKS blocks (type, mimeType, uri, name, text; data as
+# the size and hash of the bytes it encodes), structuredContent's
+# size and hash (its value while it fits), is_error. Kept strings
+# share CONTENT_CAP bytes; a cut text keeps size and hash of all.
+# block_labels, outcome_text and result_summary read it back.
 # Differential test: tests/test_result_record_differential.py
 # (node's Buffer and crypto).
 # =============================================================================================
@@ -5469,7 +5340,6 @@ _DATA_FIELD = {"resource": "blob", "image": "data",
 
 
 def result_record(passed):
-    """What the record keeps of a result (the contract's)."""
     room = [CONTENT_CAP]
 
     def keep(text):
@@ -5529,8 +5399,7 @@ def recorded_block(block, keep):
 
 
 def _base64_bytes(text):
-    """The bytes `text` is the one base64 spelling of, or None:
-    "QQ==" is, "QR==" (pad bits set) and "QUJD=" are not."""
+    """Its bytes if it is their one spelling: not "QR=="."""
     try:
         decoded = base64.b64decode(text, validate=True)
     except ValueError:
@@ -5563,10 +5432,8 @@ def block_labels(record):
 
 
 def outcome_text(observed):
-    """A recorded outcome as text: a result's text blocks and the
-    other blocks' labels (withheld: labels only; structured
-    content alone: its JSON), or the error; before schema 4, the
-    content."""
+    """Text blocks and the others' labels (withheld: labels),
+    or the error; before schema 4, the content."""
     if "result" not in observed:
         content = observed["content"]
         if observed["kind"] != "tool_result":
