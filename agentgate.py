@@ -3323,8 +3323,7 @@ MAX_EXPONENT = 10000
 EXACT = decimal.Context(
     prec=2 * MAX_EXPONENT + MAX_NUMBER_CHARS + 64,
     Emax=10 * MAX_EXPONENT, Emin=-10 * MAX_EXPONENT,
-    traps=[decimal.Inexact, decimal.Overflow,
-           decimal.InvalidOperation])
+    traps=[decimal.Inexact, decimal.Overflow, decimal.InvalidOperation])
 
 
 class CanonicalError(ValueError):
@@ -3347,8 +3346,7 @@ class Number:
         self.literal = literal
 
     def __eq__(self, other):
-        return isinstance(other, Number) and \
-            other.literal == self.literal
+        return isinstance(other, Number) and other.literal == self.literal
 
     def __hash__(self):
         return hash(self.literal)
@@ -3403,10 +3401,8 @@ def number_bound(literal):
                 f"{MAX_NUMBER_CHARS} characters")
     _, e, exponent = literal.lower().partition("e")
     digits = exponent.lstrip("+-").lstrip("0")
-    if e and (len(digits) > 5 or
-              (digits and int(digits) > MAX_EXPONENT)):
-        return (f"number {head} has an exponent beyond "
-                f"±{MAX_EXPONENT}")
+    if e and (len(digits) > 5 or (digits and int(digits) > MAX_EXPONENT)):
+        return (f"number {head} has an exponent beyond ±{MAX_EXPONENT}")
     return ""
 
 
@@ -3451,8 +3447,7 @@ class _Reading:
         reason = number_bound(literal)
         if reason and not self.bound:
             self.bound = reason
-        if not reason and not self.overflow and \
-                math.isinf(float(literal)):
+        if not reason and not self.overflow and math.isinf(float(literal)):
             self.overflow = literal
         return Number(literal)
 
@@ -3479,8 +3474,7 @@ def parse(data):
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
     if _too_deep(data):
-        raise CanonicalError(
-            f"nested deeper than {MAX_DEPTH} levels")
+        raise CanonicalError(f"nested deeper than {MAX_DEPTH} levels")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -3493,11 +3487,9 @@ def parse(data):
         if isinstance(err, json.JSONDecodeError):
             place = f"line {err.lineno} column {err.colno}"
         raise CanonicalError("not valid JSON", place) from None
-    surrogate = reading.surrogate or \
-        _first_surrogate(value, objects=False)
+    surrogate = reading.surrogate or _first_surrogate(value, objects=False)
     if surrogate:
-        raise CanonicalError(
-            f"unpaired surrogate \\u{ord(surrogate):04x}")
+        raise CanonicalError(f"unpaired surrogate \\u{ord(surrogate):04x}")
     if reading.repeated is not None:
         key = json.dumps(reading.repeated, ensure_ascii=False)
         raise CanonicalError(f"duplicate key {key}")
@@ -3590,8 +3582,7 @@ def _utf8(key):
     return key.encode("utf-8", "surrogatepass")
 
 
-def pretty_json(value, indent="  ", level=0, flat=None,
-                ordered=False):
+def pretty_json(value, indent="  ", level=0, flat=None, ordered=False):
     """From level `flat` down a short value keeps one line."""
     if flat is not None and level >= flat:
         flat_text = policy_json(value)
@@ -3602,12 +3593,10 @@ def pretty_json(value, indent="  ", level=0, flat=None,
     inner = indent * (level + 1)
 
     def shown(item):
-        return pretty_json(item, indent, level + 1, flat,
-                           ordered)
+        return pretty_json(item, indent, level + 1, flat, ordered)
     if isinstance(value, dict):
         keys = value if ordered else sorted(value, key=_utf8)
-        items = [f"{inner}{encode_string(k)}: {shown(value[k])}"
-                 for k in keys]
+        items = [f"{inner}{encode_string(k)}: {shown(value[k])}" for k in keys]
         ends = "{}"
     else:
         items = [inner + shown(v) for v in value]
@@ -3635,8 +3624,7 @@ def pretty_json(value, indent="  ", level=0, flat=None,
 INVISIBLE = (
     set(range(0x202A, 0x202F)) | set(range(0x2066, 0x2070))
     | set(range(0x200B, 0x2010)) | set(range(0x2060, 0x2065))
-    | {0x061C, 0xFFF9, 0xFFFA, 0xFFFB, 0xFEFF, 0x00AD, 0x180E,
-       0x2028, 0x2029}
+    | {0x061C, 0xFFF9, 0xFFFA, 0xFFFB, 0xFEFF, 0x00AD, 0x180E, 0x2028, 0x2029}
     | set(range(0xE0000, 0xE0080))
     | set(range(0x1BCA0, 0x1BCA4)) | set(range(0x1D173, 0x1D17B)))
 # The table as one class: text with nothing to change costs one
@@ -3667,8 +3655,7 @@ def _shown(ch):
 def sanitize(text):
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    if not _NEEDS_CARE.search(text) and \
-            not _has_long_combining_run(text):
+    if not _NEEDS_CARE.search(text) and not _has_long_combining_run(text):
         return text
     out, marks, dropped = [], 0, 0
     for ch in list(text) + [""]:
@@ -3687,8 +3674,7 @@ def sanitize(text):
 
 # Every combining mark is at or above U+0300: only runs of such
 # characters are looked at one by one.
-_MAYBE_MARKS = re.compile(
-    "[\u0300-\U0010ffff]{%d,}" % (MAX_COMBINING + 1))
+_MAYBE_MARKS = re.compile("[\u0300-\U0010ffff]{%d,}" % (MAX_COMBINING + 1))
 
 
 def _has_long_combining_run(text):
@@ -3765,27 +3751,21 @@ _CACHE_BUDGET = 50000   # cached states + moves, then dropped
 # A set is a tuple of sorted, disjoint, non-adjacent (lo, hi)
 # code point ranges.
 _DIGIT = ((0x30, 0x39),)
-_WORD_RANGES = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F),
-                (0x61, 0x7A))
+_WORD_RANGES = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
 _SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0),
           (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
           (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000),
           (0xFEFF, 0xFEFF))
-_LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D),
-                     (0x2028, 0x2029))
+_LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
 _WORD_CHARS = frozenset(
-    "0123456789_abcdefghijklmnopqrstuvwxyz"
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
-_ASSERTIONS = (("^", "^"), ("$", "$"), ("\\b", "b"),
-               ("\\B", "B"))
+    "0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_ASSERTIONS = (("^", "^"), ("$", "$"), ("\\b", "b"), ("\\B", "B"))
 _LOOKAROUND = (("(?=", "lookahead"), ("(?!", "lookahead"),
                ("(?<=", "lookbehind"), ("(?<!", "lookbehind"))
 # A lazy ? changes nothing for a yes/no search.
-_QUANTIFIER = re.compile(
-    r"(?:([*+?])|\{([0-9]+)(,([0-9]*))?\})\??")
+_QUANTIFIER = re.compile(r"(?:([*+?])|\{([0-9]+)(,([0-9]*))?\})\??")
 _HEX_ESCAPE = re.compile(
-    r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})"
-    r"|u\{([0-9a-fA-F]+)\})")
+    r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|u\{([0-9a-fA-F]+)\})")
 
 
 class PatternError(ValueError):
@@ -3831,16 +3811,14 @@ _DOT = _negate(_LINE_TERMINATORS)
 _ESCAPES = {
     "t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D,
     "d": _DIGIT, "D": _negate(_DIGIT), "w": _WORD_RANGES,
-    "W": _negate(_WORD_RANGES), "s": _SPACE,
-    "S": _negate(_SPACE)}
+    "W": _negate(_WORD_RANGES), "s": _SPACE, "S": _negate(_SPACE)}
 _ESCAPES.update((c, ord(c)) for c in "^$\\.*+?()[]{}|/")
 # inside [...], \b is a backspace
 _CLASS_ESCAPES = {**_ESCAPES, "b": 0x08, "-": 0x2D}
 _UNSUPPORTED_ESCAPES = {
     "k": "backreferences are not supported",
     "p": "Unicode property escapes \\p{...} are not supported",
-    "c": "control escapes \\cX are not supported; write \\xNN",
-}
+    "c": "control escapes \\cX are not supported; write \\xNN",}
 
 
 # ---- Parsing: a u-mode Pattern to a tree --------------------
@@ -3882,8 +3860,7 @@ class _Parser:
             if self.take(text):
                 # u mode: an assertion cannot repeat
                 if _QUANTIFIER.match(self.src, self.pos):
-                    self.fail(
-                        f"nothing to repeat at offset {self.pos}")
+                    self.fail(f"nothing to repeat at offset {self.pos}")
                 return ("assert", kind)
         atom = self.atom()
         bounds = self.quantifier()
@@ -3897,8 +3874,7 @@ class _Parser:
         simple, lo, comma, hi = m.groups()
         if simple:
             self.pos = m.end()
-            return {"*": (0, None), "+": (1, None),
-                    "?": (0, 1)}[simple]
+            return {"*": (0, None), "+": (1, None), "?": (0, 1)}[simple]
         hi = lo if comma is None else hi or None
         for count in (lo, hi or "0"):
             if len(count) > 4 or int(count) > _MAX_COUNT:
@@ -3937,8 +3913,7 @@ class _Parser:
             self.fail(f"the named group at offset {at} is not "
                       f"supported; write (?:...) instead")
         if self.take("?") and not self.take(":"):
-            self.fail(f"the group at offset {at} has an unknown "
-                      f"(? form")
+            self.fail(f"the group at offset {at} has an unknown (? form")
         self.depth += 1
         if self.depth > _PATTERN_DEPTH:
             self.fail(f"groups nested more than {_PATTERN_DEPTH}"
@@ -3961,10 +3936,8 @@ class _Parser:
             if self.peek() == "-" and self.peek(1) not in ("", "]"):
                 self.pos += 1
                 last = self.class_member()
-                if not isinstance(first, int) or \
-                        not isinstance(last, int):
-                    self.fail(f"a range in {where} uses \\d, \\s "
-                              f"or \\w")
+                if not isinstance(first, int) or not isinstance(last, int):
+                    self.fail(f"a range in {where} uses \\d, \\s or \\w")
                 if first > last:
                     self.fail(f"a range in {where} is out of order")
                 ranges.append((first, last))
@@ -4092,8 +4065,7 @@ class Pattern:
         # the most one character can cost, in NFA states
         self.size = len(program)
         self._states, self._cached = {}, 0
-        self._initial = self._state(frozenset([start]), False,
-                                    True)
+        self._initial = self._state(frozenset([start]), False, True)
         # A search restarts at every position, unless nothing is
         # reached away from the text's start (a leading ^).
         away = {"^": False, "$": True, "b": True, "B": True}
@@ -4119,21 +4091,18 @@ class Pattern:
         next_word = ch in _WORD_CHARS
         before = state.prev_word
         truth = {"^": state.at_start, "$": ch is None,
-                 "b": before != next_word,
-                 "B": before == next_word}
+                 "b": before != next_word, "B": before == next_word}
         sets, matched = self._closure(state.nfa, truth)
         if matched or ch is None:
             move = matched
         else:
             cp, program = ord(ch), self._program
-            nfa = {program[s][2] for s in sets
-                   if _contains(program[s][1], cp)}
+            nfa = {program[s][2] for s in sets if _contains(program[s][1], cp)}
             if self._restart:
                 nfa.add(self._start)
             move = False
             if nfa:
-                move = self._state(frozenset(nfa), next_word,
-                                   False)
+                move = self._state(frozenset(nfa), next_word, False)
         state.moves[ch] = move  # True and False end a search
         self._cached += 1
         return move
@@ -4207,8 +4176,7 @@ class PatternWork:
             if cost > self.left:
                 raise PatternCost(
                     f"{at}: too long ({len(text)} characters) to "
-                    f"be checked against the pattern "
-                    f"{quote(pattern)}")
+                    f"be checked against the pattern {quote(pattern)}")
             self.left -= cost
             self.found[key] = compiled.search(text)
         return self.found[key]
@@ -4243,16 +4211,14 @@ JSON_TYPES = ("object", "array", "string", "number", "integer",
               "boolean", "null")
 _COUNT_KEYWORDS = (
     "minLength", "maxLength", "minItems", "maxItems",
-    "minProperties", "maxProperties", "minContains",
-    "maxContains")
+    "minProperties", "maxProperties", "minContains", "maxContains")
 _NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum",
                     "exclusiveMaximum", "multipleOf")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs",
                "definitions", "dependentSchemas")
 _SCHEMA_ONE = ("additionalProperties", "not", "if", "then",
-               "else", "contains", "propertyNames",
-               "additionalItems")
+               "else", "contains", "propertyNames", "additionalItems")
 _UNCHECKED = ("unevaluatedProperties", "unevaluatedItems",
               "$dynamicRef", "$recursiveRef")
 
@@ -4278,8 +4244,7 @@ def _is_count(value):
 
 
 def _is_names(value):
-    return isinstance(value, list) and \
-        all(isinstance(v, str) for v in value)
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 def _is(kind):
@@ -4297,8 +4262,7 @@ def _keyword_problem(schema, root, where):
     kind = schema.get("type")
     kinds = kind if isinstance(kind, list) else [kind]
     if kind == [] or kind is not None and any(
-            not isinstance(k, str) or k not in JSON_TYPES
-            for k in kinds):
+            not isinstance(k, str) or k not in JSON_TYPES for k in kinds):
         return f"{where}/type names an unknown type"
     for key in _UNCHECKED:
         if key in schema:
@@ -4309,24 +4273,19 @@ def _keyword_problem(schema, root, where):
             return f"{where}/{key} must be a non-negative integer"
     for key in _NUMBER_KEYWORDS:
         value = schema.get(key)
-        flag = key.startswith("exclusive") and \
-            isinstance(value, bool)
-        if key in schema and not isinstance(value, Number) \
-                and not flag:
+        flag = key.startswith("exclusive") and isinstance(value, bool)
+        if key in schema and not isinstance(value, Number) and not flag:
             return f"{where}/{key} must be a number"
-    if "multipleOf" in schema and \
-            schema["multipleOf"].exact() <= 0:
+    if "multipleOf" in schema and schema["multipleOf"].exact() <= 0:
         return f"{where}/multipleOf must be greater than 0"
     for key, test, shape in _SHAPES:
         if key in schema and not test(schema[key]):
             return f"{where}/{key} must be {shape}"
-    for name, needed in schema.get(
-            "dependentRequired", {}).items():
+    for name, needed in schema.get("dependentRequired", {}).items():
         if not _is_names(needed):
             return (f"{where}/dependentRequired/{name} must be a "
                     f"list of strings")
-    return _pattern_problem(schema, where) or \
-        _ref_problem(schema, root, where)
+    return _pattern_problem(schema, where) or _ref_problem(schema, root, where)
 
 
 def _pattern_problem(schema, where):
@@ -4355,8 +4314,7 @@ def _ref_problem(schema, root, where):
     except SchemaError as err:
         return str(err)
     if not isinstance(target, (dict, bool)):
-        return (f"{where}/$ref points at something that is not "
-                f"a schema")
+        return (f"{where}/$ref points at something that is not a schema")
     return ""
 
 
@@ -4368,10 +4326,8 @@ def _subschema_problem(schema, root, where):
         listed = schema[key]
         if not isinstance(listed, list) or \
                 (key != "prefixItems" and not listed):
-            return (f"{where}/{key} must be a non-empty list of "
-                    f"schemas")
-        subs += [(f"{where}/{key}/{i}", sub)
-                 for i, sub in enumerate(listed)]
+            return (f"{where}/{key} must be a non-empty list of schemas")
+        subs += [(f"{where}/{key}/{i}", sub) for i, sub in enumerate(listed)]
     for key in SCHEMA_MAPS:
         if key not in schema:
             continue
@@ -4383,8 +4339,7 @@ def _subschema_problem(schema, root, where):
              for key in _SCHEMA_ONE if key in schema]
     items = schema.get("items")
     if isinstance(items, list):
-        subs += [(f"{where}/items/{i}", sub)
-                 for i, sub in enumerate(items)]
+        subs += [(f"{where}/items/{i}", sub) for i, sub in enumerate(items)]
     elif "items" in schema:
         subs.append((f"{where}/items", items))
     for name, needed in schema.get("dependencies", {}).items():
@@ -4431,8 +4386,7 @@ def parse_pointer(text, where):
             f"{where}: {quote(text)} has a '~' that is not ~0 or "
             f"~1; write ~0 for '~' and ~1 for '/'")
     tokens = text[1:].split("/")
-    return tuple(t.replace("~1", "/").replace("~0", "~")
-                 for t in tokens)
+    return tuple(t.replace("~1", "/").replace("~0", "~") for t in tokens)
 
 
 def resolve_pointer(args, tokens, schema):
@@ -4459,8 +4413,7 @@ def pointed(args, tokens, schema):
         except SchemaError:  # a $ref to nothing has no default
             node = None
         if value is MISSING:
-            if not isinstance(parent, dict) or \
-                    not isinstance(node, dict) or \
+            if not isinstance(parent, dict) or not isinstance(node, dict) or \
                     "default" not in node:
                 return MISSING, node
             value = node["default"]
@@ -4480,8 +4433,7 @@ def exact_number(value, node):
 
 def schema_child(schema, node, token):
     """The part of `schema` describing `token` inside `node`."""
-    if isinstance(node, dict) and \
-            isinstance(node.get("$ref"), str):
+    if isinstance(node, dict) and isinstance(node.get("$ref"), str):
         node = resolve_ref(schema, node["$ref"])
     if not isinstance(node, dict):
         return None
@@ -4558,8 +4510,7 @@ def validate(schema, value, root=None, where="", work=None):
         check(resolve_ref(root, schema["$ref"]))
     kind = schema.get("type")
     kinds = kind if isinstance(kind, list) else [kind]
-    if kind is not None and \
-            not any(_has_type(value, k) for k in kinds):
+    if kind is not None and not any(_has_type(value, k) for k in kinds):
         raise SchemaError(f"{at}: expected {' or '.join(kinds)}, "
                           f"got {_type_of(value)}")
     _validate_value(schema, value, at, work)
@@ -4569,17 +4520,13 @@ def validate(schema, value, root=None, where="", work=None):
         _validate_object(schema, value, root, where, work)
     for sub in schema.get("allOf", []):
         check(sub)
-    if "anyOf" in schema and \
-            not any(matches(s) for s in schema["anyOf"]):
-        raise SchemaError(
-            f"{at}: matches none of the allowed shapes (anyOf)")
-    if "oneOf" in schema and \
-            sum(matches(s) for s in schema["oneOf"]) != 1:
+    if "anyOf" in schema and not any(matches(s) for s in schema["anyOf"]):
+        raise SchemaError(f"{at}: matches none of the allowed shapes (anyOf)")
+    if "oneOf" in schema and sum(matches(s) for s in schema["oneOf"]) != 1:
         raise SchemaError(f"{at}: must match exactly one of the "
                           f"allowed shapes (oneOf)")
     if "not" in schema and matches(schema["not"]):
-        raise SchemaError(
-            f"{at}: matches a shape that is not allowed (not)")
+        raise SchemaError(f"{at}: matches a shape that is not allowed (not)")
     if "if" in schema:
         branch = "then" if matches(schema["if"]) else "else"
         if branch in schema:
@@ -4590,23 +4537,19 @@ def _validate_value(schema, value, at, work):
     if "const" in schema or "enum" in schema:
         key = json_key(value, work, at)
         const = schema.get("const")
-        if "const" in schema and \
-                json_key(const, work, at) != key:
-            raise SchemaError(
-                f"{at}: expected exactly {_show(const)}")
+        if "const" in schema and json_key(const, work, at) != key:
+            raise SchemaError(f"{at}: expected exactly {_show(const)}")
         options = schema.get("enum", [])
         if "enum" in schema and \
                 key not in [json_key(o, work, at) for o in options]:
-            raise SchemaError(
-                f"{at}: expected one of {_show(options)}")
+            raise SchemaError(f"{at}: expected one of {_show(options)}")
     if isinstance(value, Number):
         _validate_number(schema, value.exact(), at)
     if not isinstance(value, str):
         return
     _check_count(schema, len(value), "Length", "characters", at)
     pattern = schema.get("pattern")
-    if pattern is not None and \
-            not work.search(pattern, value, at):
+    if pattern is not None and not work.search(pattern, value, at):
         raise SchemaError(f"{at}: expected text matching the "
                           f"pattern {quote(pattern)}")
 
@@ -4614,12 +4557,10 @@ def _validate_value(schema, value, at, work):
 def _check_count(schema, count, keyword, things, at):
     least = schema.get("min" + keyword)
     if least is not None and count < least.exact():
-        raise SchemaError(
-            f"{at}: expected at least {least.literal} {things}")
+        raise SchemaError(f"{at}: expected at least {least.literal} {things}")
     most = schema.get("max" + keyword)
     if most is not None and count > most.exact():
-        raise SchemaError(
-            f"{at}: expected at most {most.literal} {things}")
+        raise SchemaError(f"{at}: expected at most {most.literal} {things}")
 
 
 _BOUNDS = (
@@ -4636,13 +4577,11 @@ def _validate_number(schema, exact, at):
             # draft-04: exclusiveMinimum true tightens minimum
             other = schema.get("minimum" if key ==
                                "exclusiveMinimum" else "maximum")
-            if bound and isinstance(other, Number) and \
-                    exact == other.exact():
+            if bound and isinstance(other, Number) and exact == other.exact():
                 bound = other
             else:
                 continue
-        elif not isinstance(bound, Number) or \
-                not fails(exact, bound.exact()):
+        elif not isinstance(bound, Number) or not fails(exact, bound.exact()):
             continue
         raise SchemaError(f"{at}: expected a number {word} "
                           f"{bound.literal}")
@@ -4653,8 +4592,7 @@ def _validate_number(schema, exact, at):
         except decimal.InvalidOperation:
             remainder = 1  # too far apart to divide exactly
         if remainder != 0:
-            raise SchemaError(
-                f"{at}: expected a multiple of {step.literal}")
+            raise SchemaError(f"{at}: expected a multiple of {step.literal}")
 
 
 def _matches(schema, value, root, where, work):
@@ -4671,8 +4609,7 @@ def _validate_array(schema, value, root, where, work):
     if schema.get("uniqueItems") is True:
         keys = {json_key(item, work, at) for item in value}
         if len(keys) < len(value):
-            raise SchemaError(
-                f"{at}: expected items that are all different")
+            raise SchemaError(f"{at}: expected items that are all different")
     prefix = schema.get("prefixItems")
     items = schema.get("items")
     if isinstance(items, list):  # draft-07's tuple form
@@ -4704,8 +4641,7 @@ def _validate_object(schema, value, root, where, work):
         if name not in value:
             raise SchemaError(
                 f"{_path(where, name)}: this property is required")
-    _check_count(schema, len(value), "Properties", "properties",
-                 at)
+    _check_count(schema, len(value), "Properties", "properties", at)
     properties = schema.get("properties", {})
     patterns = schema.get("patternProperties", {})
     extra = schema.get("additionalProperties")
@@ -4725,8 +4661,7 @@ def _validate_object(schema, value, root, where, work):
         if not matched and isinstance(extra, dict):
             validate(extra, item, root, place, work)
     for name in value if "propertyNames" in schema else ():
-        validate(schema["propertyNames"], name, root,
-                 _path(where, name), work)
+        validate(schema["propertyNames"], name, root, _path(where, name), work)
     dependencies = {**schema.get("dependencies", {}),
                     **schema.get("dependentRequired", {}),
                     **schema.get("dependentSchemas", {})}
@@ -4779,8 +4714,7 @@ def normal_host(host):
         # An IPv4 address written as IPv6 reaches the IPv4 host.
         mapped = address.ipv4_mapped
         return str(mapped) if mapped else address.compressed
-    host = host[:-1].lower() if host.endswith(".") else \
-        host.lower()
+    host = host[:-1].lower() if host.endswith(".") else host.lower()
     labels = host.split(".")
     if not all(_LABEL_RE.fullmatch(label) for label in labels):
         return None
@@ -4839,8 +4773,7 @@ def host_entry(entry, with_scheme, where):
         scheme, sep, name = "", "", None
     else:
         scheme, sep, name = entry.partition("://")
-        scheme, name = (scheme.lower(), name) if sep else \
-            ("", entry)
+        scheme, name = (scheme.lower(), name) if sep else ("", entry)
     if isinstance(name, str) and not name.isascii():
         raise ConfigError(
             f"{where}: {quote(entry)} is not ASCII; write a host "
@@ -4852,8 +4785,7 @@ def host_entry(entry, with_scheme, where):
             (scheme and not _SCHEME_RE.fullmatch(scheme)):
         raise ConfigError(
             f"{where}: {quote(entry)} is not a host name; write it"
-            f' like "example.com", or ".example.com" for its '
-            f"subdomains")
+            f' like "example.com", or ".example.com" for its ' f"subdomains")
     if scheme and not with_scheme:
         raise ConfigError(
             f"{where}: {quote(entry)} names a scheme, which only "
@@ -4888,19 +4820,16 @@ def _home(path):
 
 def path_under(value, roots):
     """Inside a root both as written and as resolved."""
-    if not isinstance(value, str) or not value or \
-            "\x00" in value:
+    if not isinstance(value, str) or not value or "\x00" in value:
         return False
     value = _home(value)
     size = len(value.encode("utf-8", "surrogatepass"))
     if not value.startswith("/") or size > PATH_MAX:
         return False
-    places = {resolved_path(os.path.normpath(value)),
-              resolved_path(value)}
+    places = {resolved_path(os.path.normpath(value)), resolved_path(value)}
     if None in places:
         return False
-    return all(any(place == root or
-                   place.startswith(root.rstrip("/") + "/")
+    return all(any(place == root or place.startswith(root.rstrip("/") + "/")
                    for root in roots) for place in places)
 
 
@@ -4955,8 +4884,7 @@ def _named_two_ways(parents, name):
     except OSError:
         return True
     key = unicodedata.normalize("NFKC", name)
-    return any(entry != name and
-               unicodedata.normalize("NFKC", entry) == key
+    return any(entry != name and unicodedata.normalize("NFKC", entry) == key
                for entry in entries)
 
 
@@ -4968,8 +4896,7 @@ def resolved_root(text, where):
     if not path.startswith("/"):
         raise ConfigError(
             f"{where}: {quote(text)} is relative; write the "
-            f"directory as an absolute path or one starting "
-            f"with ~/")
+            f"directory as an absolute path or one starting with ~/")
     root = resolved_path(os.path.normpath(path))
     if root is None:
         raise ConfigError(
@@ -5126,8 +5053,7 @@ def field_names(raw, field, where):
     value = raw.get(field, [])
     if not isinstance(value, list) or \
             not all(isinstance(v, str) for v in value):
-        raise ConfigError(
-            f"{where}.{field} must be a list of strings")
+        raise ConfigError(f"{where}.{field} must be a list of strings")
     return value
 
 
@@ -5188,8 +5114,7 @@ def decimal_text(text):
 def whole_number(value, where, least, most=math.inf, note=""):
     """{"type": "integer", "minimum": least, "maximum": most}, as
     an int."""
-    if not isinstance(value, Number) or \
-            not value.is_integer() or \
+    if not isinstance(value, Number) or not value.is_integer() or \
             not least <= value.exact() <= most:
         upto = "" if most == math.inf else f" and at most {most}"
         raise ConfigError(f"{where} must be a whole number of at "
@@ -5200,8 +5125,7 @@ def whole_number(value, where, least, most=math.inf, note=""):
 def one_of(value, choices, where):
     """{"enum": choices}."""
     if value not in choices:
-        shown = value if isinstance(value, str) else \
-            policy_json(value)
+        shown = value if isinstance(value, str) else policy_json(value)
         raise ConfigError(f"{where} is {quote(shown)}; use one of "
                           f"{', '.join(choices)}")
     return value
@@ -5232,8 +5156,7 @@ def _zone(name):
     a level a part); no file beside them (right/ counts leap
     seconds)."""
     import zoneinfo  # only `during` needs the tz database
-    if not isinstance(name, str) or \
-            not _ZONE_RE.fullmatch(name):
+    if not isinstance(name, str) or not _ZONE_RE.fullmatch(name):
         return None
     lower = name.lower()
     if lower in ("localtime", "posixrules") or \
@@ -5257,8 +5180,7 @@ class During:
         if zone is None:
             raise ConfigError(
                 f"{where} needs zone, the time zone its days and "
-                f'hours are read in, such as "Europe/Paris" or '
-                f'"UTC"')
+                f'hours are read in, such as "Europe/Paris" or "UTC"')
         self.zone = _zone(zone)
         if self.zone is None:
             raise ConfigError(
@@ -5273,8 +5195,7 @@ class During:
             self.days = self._days(raw["days"], f"{where}.days")
         self.hours = None
         if "hours" in raw:
-            self.hours = self._hours(raw["hours"],
-                                     f"{where}.hours")
+            self.hours = self._hours(raw["hours"], f"{where}.hours")
 
     @staticmethod
     def _days(text, where):
@@ -5301,8 +5222,7 @@ class During:
             raise ConfigError(
                 f'{where} must read like "09:00-18:00" (a range '
                 f'past midnight, like "22:00-06:00", is allowed)')
-        return tuple(int(t[:2]) * 60 + int(t[3:5])
-                     for t in (first, last))
+        return tuple(int(t[:2]) * 60 + int(t[3:5]) for t in (first, last))
 
     def holds(self, at):
         local = datetime.datetime.fromtimestamp(at, self.zone)
@@ -5335,8 +5255,7 @@ class During:
 
 CONTENT_CAP = 65536  # bytes of result text kept, and in prose
 RECORDED_BLOCKS = 512  # blocks described one by one; the rest counted
-_DATA_FIELD = {"resource": "blob", "image": "data",
-               "audio": "data"}
+_DATA_FIELD = {"resource": "blob", "image": "data", "audio": "data"}
 
 
 def result_record(passed):
@@ -5371,8 +5290,7 @@ def recorded_block(block, keep):
     kind = block["type"]
     entry = {"type": cut(kind, 100)}
     source = block
-    if kind == "resource" and \
-            isinstance(block.get("resource"), dict):
+    if kind == "resource" and isinstance(block.get("resource"), dict):
         source = block["resource"]
     for label in ("mimeType", "uri", "name"):
         if isinstance(source.get(label), str):
@@ -5423,8 +5341,7 @@ def block_labels(record):
     labels = []
     for entry in record["blocks"]:
         label = entry.get("mimeType") or entry.get("uri")
-        label = f"{entry['type']} {label}" if label else \
-            entry["type"]
+        label = f"{entry['type']} {label}" if label else entry["type"]
         labels.append(f"[{label}, {block_bytes(entry)} bytes]")
     if record.get("more_blocks"):
         labels.append(f"[{record['more_blocks']} more blocks]")
@@ -5461,8 +5378,7 @@ def result_summary(tool, record, withheld_over=0):
     count = len(record["blocks"]) + record.get("more_blocks", 0)
     plural = "s" if count != 1 else ""
     name = f"{tool.server.name}/{tool.upstream_name}"
-    parts = [f"{name}: {record['bytes']} bytes, {count} "
-             f"block{plural}"]
+    parts = [f"{name}: {record['bytes']} bytes, {count} block{plural}"]
     if "structured" in record:
         parts.append("structured content")
     if record.get("is_error"):
