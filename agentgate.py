@@ -3402,7 +3402,7 @@ def number_bound(literal):
     _, e, exponent = literal.lower().partition("e")
     digits = exponent.lstrip("+-").lstrip("0")
     if e and (len(digits) > 5 or (digits and int(digits) > MAX_EXPONENT)):
-        return (f"number {head} has an exponent beyond ±{MAX_EXPONENT}")
+        return f"number {head} has an exponent beyond ±{MAX_EXPONENT}"
     return ""
 
 
@@ -3496,8 +3496,7 @@ def parse(data):
     # As the anchor: an overflow inside a container fails.
     if reading.overflow and not isinstance(value, Number):
         raise CanonicalError(
-            f"number {reading.overflow[:24]} is beyond the "
-            f"range of a float64")
+            f"number {reading.overflow[:24]} is beyond the range of a float64")
     if reading.bound:
         raise CanonicalError(reading.bound)
     return value
@@ -3929,8 +3928,7 @@ class _Parser:
         where = f"the class at offset {at}"
         while not self.take("]"):
             if self.pos >= len(self.src):
-                self.fail(f"the character class at offset {at}"
-                          f" is not closed")
+                self.fail(f"the character class at offset {at} is not closed")
             first = self.class_member()
             # a range first-last
             if self.peek() == "-" and self.peek(1) not in ("", "]"):
@@ -3959,9 +3957,8 @@ class _Parser:
         value = number and int(number[number.lastindex], 16)
         self.pos += 2
         if number and 0xD800 <= value <= 0xDFFF:
-            self.fail(f"the escaped surrogate at offset {at} is "
-                      f"not supported; write the character itself "
-                      f"or \\u{{...}}")
+            self.fail(f"the escaped surrogate at offset {at} is not "
+                      f"supported; write the character itself or \\u{{...}}")
         if number and value <= _MAX_CODE_POINT:
             self.pos = number.end()
             return value
@@ -4032,8 +4029,7 @@ def compile_pattern(pattern):
     tree = parsing.disjunction()
     # the top-level disjunction stops only at a stray ')'
     if parsing.pos < len(pattern):
-        raise PatternError(f"unbalanced parenthesis at offset "
-                           f"{parsing.pos}")
+        raise PatternError(f"unbalanced parenthesis at offset {parsing.pos}")
     program = [("match", None, None)]
     return Pattern(program, _compile(tree, 0, program))
 
@@ -4266,8 +4262,7 @@ def _keyword_problem(schema, root, where):
         return f"{where}/type names an unknown type"
     for key in _UNCHECKED:
         if key in schema:
-            return (f"{where} uses {key}, which this validator "
-                    f"does not check")
+            return (f"{where} uses {key}, which this validator does not check")
     for key in _COUNT_KEYWORDS:
         if key in schema and not _is_count(schema[key]):
             return f"{where}/{key} must be a non-negative integer"
@@ -4301,8 +4296,7 @@ def _pattern_problem(schema, where):
         try:
             compile_pattern(pattern)
         except PatternError as err:
-            return (f"{where}/{what} {quote(pattern)} cannot be "
-                    f"used: {err}")
+            return (f"{where}/{what} {quote(pattern)} cannot be used: {err}")
     return ""
 
 
@@ -4314,7 +4308,7 @@ def _ref_problem(schema, root, where):
     except SchemaError as err:
         return str(err)
     if not isinstance(target, (dict, bool)):
-        return (f"{where}/$ref points at something that is not a schema")
+        return f"{where}/$ref points at something that is not a schema"
     return ""
 
 
@@ -4326,7 +4320,7 @@ def _subschema_problem(schema, root, where):
         listed = schema[key]
         if not isinstance(listed, list) or \
                 (key != "prefixItems" and not listed):
-            return (f"{where}/{key} must be a non-empty list of schemas")
+            return f"{where}/{key} must be a non-empty list of schemas"
         subs += [(f"{where}/{key}/{i}", sub) for i, sub in enumerate(listed)]
     for key in SCHEMA_MAPS:
         if key not in schema:
@@ -4583,8 +4577,7 @@ def _validate_number(schema, exact, at):
                 continue
         elif not isinstance(bound, Number) or not fails(exact, bound.exact()):
             continue
-        raise SchemaError(f"{at}: expected a number {word} "
-                          f"{bound.literal}")
+        raise SchemaError(f"{at}: expected a number {word} {bound.literal}")
     step = schema.get("multipleOf")
     if isinstance(step, Number):
         try:
@@ -4900,10 +4893,9 @@ def resolved_root(text, where):
     root = resolved_path(os.path.normpath(path))
     if root is None:
         raise ConfigError(
-            f"{where}: {quote(text)} cannot be resolved as a "
-            f"server would (it goes through /proc, a loop or too "
-            f"many links, or is named two ways); name the "
-            f"directory itself")
+            f"{where}: {quote(text)} cannot be resolved as a server would (it "
+            f"goes through /proc, a loop or too many links, or is named two "
+            f"ways); name the directory itself")
     return root
 
 
