@@ -3610,12 +3610,10 @@ def pretty_json(value, indent="  ", level=0, flat=None, ordered=False):
 # Reads as: library
 #
 # Contract: sanitize shows as ASCII what could move the cursor,
-# reorder or hide text, or draw a line: \r \n as a space, controls
-# as \xNN, a lone surrogate as U+FFFD, INVISIBLE as \u{XXXX};
-# combining marks past MAX_COMBINING in a row are counted. Nothing
-# else changes; a second pass changes nothing. cut keeps at most
-# `limit` UTF-8 bytes, marked '…'. tell is the one way a line
-# reaches a person; a result passed on is never sanitized.
+# reorder or hide text, or draw a line; nothing else changes, and
+# a second pass changes nothing. cut keeps at most `limit` UTF-8
+# bytes, marked '…'. tell is the one way a line reaches a person;
+# a result passed on is never sanitized.
 # Differential test: tests/test_sanitize_differential.py (node's
 # Unicode properties).
 # =============================================================================================
@@ -3737,9 +3735,8 @@ def log(message):
 # =============================================================================================
 
 # Not Python's re: its dialect differs (\s, ., $), and it
-# backtracks (^(a+)+$ doubles its work per character, holding the
-# interpreter's lock). A pattern is parsed to a tree, compiled to
-# a Thompson NFA and run as a DFA built lazily, over code points.
+# backtracks (^(a+)+$ doubles its work per character). A tree,
+# then a Thompson NFA, run as a DFA built lazily.
 
 _MAX_CODE_POINT = 0x10FFFF
 _MAX_COUNT = 1000       # largest n or m in {n,m}
@@ -3976,11 +3973,9 @@ class _Parser:
 
 
 # ---- Compiling: tree to Thompson NFA ------------------------
-# A state is (kind, arg, out): ('set', ranges, out) consumes a
-# character in ranges; ('assert', kind, out) and ('split',
-# [targets], None) consume nothing; state 0 is the match. Every
-# _compile call emits a state, so expanding counted repeats
-# ((a{1000}){1000}) stops at the cap.
+# A state is (kind, arg, out); only 'set' consumes a character;
+# state 0 is the match. Every _compile call emits a state, so
+# expanding (a{1000}){1000} stops at the cap.
 
 def _emit(program, state):
     if len(program) >= _MAX_STATES:
@@ -4035,13 +4030,10 @@ def compile_pattern(pattern):
 
 
 # ---- Matching: a lazily built DFA ---------------------------
-# A DFA state holds the NFA states the text read so far leads
-# to, before their epsilon edges, with whether the previous
-# character was a word character and whether nothing was read:
-# epsilon edges are followed once the next character (or the
-# end) is known, as only then are ^ $ \b \B decided. A character
-# costs one dict lookup, or uncached one pass over at most
-# _MAX_STATES states: linear in the text, the cache bounded.
+# A DFA state: the NFA states the text leads to, before epsilon
+# edges, which are followed once the next character is known (only
+# then are ^ $ \b \B decided). A character costs a dict lookup, or
+# one pass over at most _MAX_STATES states: linear in the text.
 
 class _DFAState:
     __slots__ = ("nfa", "prev_word", "at_start", "moves")
@@ -4141,9 +4133,8 @@ class Pattern:
         self._cached = 0
 
 
-# Characters x NFA states all the searches of one call may cost:
-# a new DFA state at each character costs a pass over the NFA
-# (about 0.1 us per state), so about half a second of one core.
+# Characters x NFA states one call's searches may cost: at about
+# 0.1 us a state, half a second of one core.
 PATTERN_WORK = 5_000_000
 # One schema step (a subschema applied to a value, about 5 us),
 # and one value read for equality, in those units.
@@ -4192,13 +4183,11 @@ class PatternWork:
 # Contract: validate(schema, value) raises SchemaError naming the
 # first failing path and what was expected: draft 2020-12's
 # applicators and validation, `$ref` inside the schema, and the
-# older spellings (items as a list, additionalItems, dependencies,
-# boolean exclusiveMinimum/Maximum); `format` and unknown keywords
-# ignored. schema_problem says why a schema cannot be used, or ''.
-# Numbers compare exactly. One call's checks share a PatternWork;
-# what it cannot pay raises PatternCost, never taken for a value
-# that does not match. resolve_pointer finds a value, or its
-# schema default, else MISSING.
+# older spellings; unknown keywords ignored. schema_problem says
+# why a schema cannot be used, or ''. Numbers compare exactly.
+# One call's checks share a PatternWork; what it cannot pay
+# raises PatternCost, never taken for a value that does not
+# match. resolve_pointer finds a value, or its default.
 # Differential tests: tests/test_schema_differential.py
 # (jsonschema), tests/test_pointer_differential.py (referencing).
 # =============================================================================================
@@ -4679,8 +4668,7 @@ def _validate_object(schema, value, root, where, work):
 # url_place(value) is a URL's (scheme, host) as a WHATWG parser
 # reads them, or None where a client could reach another host or
 # the host is not ASCII: then neither host_in nor host_not_in
-# holds. host_entry reads an entry or raises ConfigError;
-# host_matches: the host is an entry, or under a dotted one.
+# holds. host_entry reads an entry or raises ConfigError.
 # Differential test: tests/test_edges_paths.py (node's URL).
 # =============================================================================================
 
@@ -4793,10 +4781,8 @@ def host_entry(entry, with_scheme, where):
 # Reads as: library
 #
 # Contract: resolved_path resolves a path as the kernel would
-# for a server, a component at a time; through /proc, a loop, too
-# many links, a file as a directory, or a name another entry
-# equals under NFKC, it resolves to nothing, and lies under no
-# directory (path_under). resolved_root reads an `under` root.
+# for a server, or to nothing where a server may read it
+# otherwise; such a path lies under no directory (path_under).
 # Differential test: tests/test_edges_paths.py (the kernel and
 # the npm filesystem server).
 # =============================================================================================
@@ -4905,12 +4891,10 @@ def resolved_root(text, where):
 # Reads as: library
 #
 # Contract: parse_duration reads Go's syntax in whole-number
-# terms ("15s", "1h30m", "+5s", "0") as int64 nanoseconds, as Go
-# reads them; ValueError for the rest, fractions too. Go's
-# Duration.String is format_duration. format_time writes UTC
-# "YYYY-MM-DDTHH:MM:SS.ffffffZ", rounded as datetime rounds,
-# fixed width, so stored times compare as strings; parse_time
-# reads one back; later adds ns, half to even.
+# terms ("15s", "1h30m", "0") as int64 ns, as Go does; ValueError
+# for the rest, fractions too. format_duration is Go's String.
+# format_time writes UTC "YYYY-MM-DDTHH:MM:SS.ffffffZ", fixed
+# width, so stored times compare as strings.
 # Differential test: tests/test_durations_differential.py
 # (durationpy, datetime, Go's own answers).
 # =============================================================================================
@@ -5128,12 +5112,10 @@ def one_of(value, choices, where):
 #
 # Reads as: library
 #
-# Contract: During(raw, where) reads a `during` object: a tz
-# `zone` (required), `days` ("mon-fri", "sat,sun") and `hours`
-# ("09:00-18:00", past midnight when the end comes first), at
-# least one of them; else ConfigError. holds(at): on the zone's
-# wall clock, the instant's own day is a listed one and its
-# minute in [start, end). A skipped minute never holds.
+# Contract: During(raw, where) reads a `during` object (a `zone`,
+# `days`, `hours`) or raises ConfigError. holds(at): on the zone's
+# wall clock the instant's own day is listed and its minute in
+# [start, end), which runs past midnight when end comes first.
 # Differential test: tests/test_days_differential.py (node's
 # Intl).
 # =============================================================================================
@@ -5235,12 +5217,11 @@ class During:
 # Reads as: library
 #
 # Contract: result_record(passed) identifies exactly the result
-# passed on: the size and sha256 of canonical(passed), its first
-# RECORDED_BLOCKS blocks (type, mimeType, uri, name, text; data as
-# the size and hash of the bytes it encodes), structuredContent's
-# size and hash (its value while it fits), is_error. Kept strings
-# share CONTENT_CAP bytes; a cut text keeps size and hash of all.
-# block_labels, outcome_text and result_summary read it back.
+# passed on: its size and sha256, and per block (up to
+# RECORDED_BLOCKS) its labels and text, or the size and hash of
+# its data; kept strings share CONTENT_CAP bytes, and a cut text
+# keeps the size and hash of all of it. block_labels,
+# outcome_text and result_summary read it back.
 # Differential test: tests/test_result_record_differential.py
 # (node's Buffer and crypto).
 # =============================================================================================
