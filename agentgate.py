@@ -4078,42 +4078,40 @@ def busy_error(ident):
 #
 # Reads as: library
 #
-# Contract: parse(data), bytes or text, returns one JSON value: objects as dicts, arrays as
-# lists, each number a Number holding its literal as written (`10`, `10.0` and `1e1` stay three
-# values; no float rounds an amount). It raises CanonicalError with the first reason, in this
-# order, unless the document is nested at most 256 deep, valid UTF-8, one RFC 8259 value, and
-# free of unpaired surrogate escapes, repeated keys, float64 overflow inside a container and
-# number literals over 10,000 characters or with an exponent past ±10,000. canonical(value),
-# the form hashes and request keys are taken over, has no whitespace, keys sorted by code
-# point, each Number as its literal, and in strings `"`, `\`, control characters (\n, \t, ...
-# or lower-case \u00xx), `<`, `>`, `&`, U+2028 and U+2029 escaped, the rest as itself;
-# policy_json is it without the last five escapes, pretty_json that indented for people.
-# Differential test: tests/test_canonical.py encodes a generated corpus, spelled with random
-# whitespace and escapes, and compares each form with an encoder written from the reference in
-# the test; it mutates the corpus byte by byte and finds parse refusing as not UTF-8 or not
-# JSON exactly what node's TextDecoder and JSON.parse refuse.
+# Contract: parse(data) returns one JSON value, each number a
+# Number keeping its literal, or raises CanonicalError with the
+# first reason: nesting past 256, invalid UTF-8, not one RFC 8259
+# value, an unpaired surrogate escape, a repeated key, a float64
+# overflow in a container, a literal past the bound. canonical:
+# no whitespace, keys sorted, Numbers as written, and `<>&`,
+# U+2028/9 escaped besides JSON's own; policy_json without those
+# five; pretty_json indented.
+# Differential test: tests/test_canonical.py (a reference
+# encoder; node's TextDecoder and JSON.parse).
 # =============================================================================================
 
 MAX_DEPTH = 256
 MAX_NUMBER_CHARS = 10000
 MAX_EXPONENT = 10000
-# Sums are exact: the precision spans any literal the parser admits (its digits, exponents to
-# ±MAX_EXPONENT), and a result that would still round raises rather than rounds.
-EXACT = decimal.Context(prec=2 * MAX_EXPONENT + MAX_NUMBER_CHARS + 64, Emax=10 * MAX_EXPONENT,
-                        Emin=-10 * MAX_EXPONENT, traps=[decimal.Inexact, decimal.Overflow,
-                                                        decimal.InvalidOperation])
+# Sums are exact: the precision spans any literal parse admits,
+# and a result that would still round raises.
+EXACT = decimal.Context(
+    prec=2 * MAX_EXPONENT + MAX_NUMBER_CHARS + 64,
+    Emax=10 * MAX_EXPONENT, Emin=-10 * MAX_EXPONENT,
+    traps=[decimal.Inexact, decimal.Overflow, decimal.InvalidOperation])
 
 
 class CanonicalError(ValueError):
-    """A document parse refuses; `place` ("line 3 column 14", or '') is where one that is not
-    JSON stops being so, for placed() to name in a file a person edits."""
+    """`place`: where a text stops being JSON, or ''."""
 
     def __init__(self, message, place=""):
         super().__init__(message)
         self.place = place
 
     def placed(self):
-        return f"{self} at {self.place}" if self.place else str(self)
+        if not self.place:
+            return str(self)
+        return f"{self} at {self.place}"
 
 
 class Number:
@@ -4139,40 +4137,24 @@ class Number:
         return value == value.to_integral_value()
 
 
-# A string once its escapes are gone (an unclosed one runs to the end); brackets of either
-# kind as one kind, and every other byte dropped.
 _STRING_RE = re.compile(rb'"[^"]*"?')
 _ONE_KIND = bytes.maketrans(b"{}", b"[]")
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 
 def _too_deep(data):
-    """Whether the document nests past MAX_DEPTH, counting brackets outside strings. Each step
-    is a C scan or one turn of a Python loop over what is left, so a hostile 16 MB frame costs
-    time in proportion to its size and never holds the interpreter's lock from the heartbeat.
-
-    Why the answer is exact for a valid document (the direction that matters: a document this
-    passes goes to a decoder that would accept nesting past the bound; one that is not JSON is
-    refused either way, only its reason varies):
-    1. A document's depth is at most its count of opening brackets, strings included.
-    2. Outside strings valid JSON has no backslash, and inside one, the first backslash of a
-       run begins an escape. replace() pairs a run's backslashes from its start, as escapes
-       pair them, so removing `\\\\` removes exactly the escaped backslashes; every backslash
-       left then begins an escape, and removing `\\"` removes exactly the escaped quotes.
-    3. Every quote left opens or closes a string, so _STRING_RE, matching from the first,
-       removes exactly the strings; what is left are the structural brackets, properly nested,
-       and folding `{}` into `[]` keeps each one's depth.
-    4. Each `[]` holds nothing and no two overlap, so a pass removes all of them and changes no
-       other pair's depth; every deepest pair is one, and each holder of one remains, so a pass
-       lowers the depth by exactly one. After `passes` passes the document is too deep exactly
-       when what is left is deeper than MAX_DEPTH - passes.
-    """
+    """Whether it nests past MAX_DEPTH, in linear time. Exact
+    for valid JSON: (1) depth is at most the count of openings;
+    (2) outside strings is no backslash, and removing `\\\\`
+    then `\\"` removes exactly the escaped ones; (3) every quote
+    left bounds a string, so _STRING_RE removes the strings; (4)
+    a pass removing every `[]` lowers the depth by one."""
     if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
-        return False  # too few openings to be too deep (1): the common case
-    data = data.replace(b"\\\\", b"").replace(b'\\"', b"")  # (2)
-    data = _STRING_RE.sub(b"", data).translate(_ONE_KIND, _NOT_BRACKETS)  # (3)
-    # (4) An unbalanced sequence (not JSON) is counted as it is.
-    passes = 0
+        return False  # (1)
+    data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    data = _STRING_RE.sub(b"", data)
+    data = data.translate(_ONE_KIND, _NOT_BRACKETS)  # (3)
+    passes = 0  # (4); an unbalanced one is counted as it is
     while passes < 8 and data.count(b"[") * 2 == len(data):
         shorter = data.replace(b"[]", b"")
         if shorter == data:
@@ -4188,53 +4170,53 @@ def _too_deep(data):
 
 def number_bound(literal):
     """The reason a number literal is past the bound, or ''."""
+    head = literal[:24]
     if len(literal) > MAX_NUMBER_CHARS:
-        return f"number {literal[:24]}... is longer than {MAX_NUMBER_CHARS} characters"
-    mantissa, e, exponent = literal.lower().partition("e")
-    if e:
-        digits = exponent.lstrip("+-").lstrip("0")
-        if len(digits) > 5 or (digits and int(digits) > MAX_EXPONENT):
-            return f"number {literal[:24]} has an exponent beyond ±{MAX_EXPONENT}"
+        return (f"number {head}... is longer than "
+                f"{MAX_NUMBER_CHARS} characters")
+    _, e, exponent = literal.lower().partition("e")
+    digits = exponent.lstrip("+-").lstrip("0")
+    if e and (len(digits) > 5 or (digits and int(digits) > MAX_EXPONENT)):
+        return f"number {head} has an exponent beyond ±{MAX_EXPONENT}"
     return ""
 
 
 # A number literal as RFC 8259 writes one.
-JSON_NUMBER_RE = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+JSON_NUMBER_RE = re.compile(
+    r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 
 def _first_surrogate(value, objects=True):
-    """The first lone surrogate in a value; with objects=False, objects are not entered
-    (the parser's pairs hook has already looked inside each of them)."""
+    """objects=False: the pairs hook looked inside those."""
     if isinstance(value, str):
         match = SURROGATE_RE.search(value)
         return match.group() if match else ""
+    items = []
     if isinstance(value, list):
-        for item in value:
-            found = _first_surrogate(item, objects)
-            if found:
-                return found
+        items = value
     elif isinstance(value, dict) and objects:
-        for key, item in value.items():
-            found = _first_surrogate(key) or _first_surrogate(item)
-            if found:
-                return found
+        items = [x for pair in value.items() for x in pair]
+    for item in items:
+        found = _first_surrogate(item, objects)
+        if found:
+            return found
     return ""
 
 
 class _Reading:
-    """What the decoder's hooks found in one document: the first repeated key, float64
-    overflow, number past the bound and lone surrogate. Each document has its own record and
-    decoder, so a fault is never reported for another document read at the same time."""
+    """The first faults the hooks found in one document."""
 
     def __init__(self):
-        self.repeated = self.overflow = self.bound = self.surrogate = None
+        self.repeated = self.overflow = None
+        self.bound = self.surrogate = None
 
     def decode(self, text):
-        # Not kept: the decoder holds this record's hooks, a cycle only the collector frees.
-        return json.JSONDecoder(object_pairs_hook=self.pairs, parse_int=self.number,
-                                parse_float=self.number,
-                                parse_constant=_read_constant).decode(text)
+        decoder = json.JSONDecoder(
+            object_pairs_hook=self.pairs,
+            parse_int=self.number, parse_float=self.number,
+            parse_constant=_read_constant)
+        return decoder.decode(text)
 
     def number(self, literal):
         reason = number_bound(literal)
@@ -4245,11 +4227,13 @@ class _Reading:
         return Number(literal)
 
     def pairs(self, items):
-        # Every pair is seen, even one a repeated key replaces: its surrogate is reported first.
+        # Every pair is seen, a replaced one too: its surrogate
+        # is reported first.
         obj = {}
         for key, value in items:
             if not self.surrogate:
-                self.surrogate = _first_surrogate(key) or _first_surrogate(value, objects=False)
+                self.surrogate = _first_surrogate(key) or \
+                    _first_surrogate(value, objects=False)
             if key in obj and self.repeated is None:
                 self.repeated = key
             obj[key] = value
@@ -4261,8 +4245,7 @@ def _read_constant(name):
 
 
 def parse(data):
-    """One document through the boundary check. The first failing check, in the contract's
-    order, gives the reason, so a document with two faults always gets the same one."""
+    """One document, its first fault in the contract's order."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
     if _too_deep(data):
@@ -4275,72 +4258,74 @@ def parse(data):
     try:
         value = reading.decode(text)
     except (ValueError, RecursionError) as err:
-        place = f"line {err.lineno} column {err.colno}" \
-            if isinstance(err, json.JSONDecodeError) else ""
+        place = ""
+        if isinstance(err, json.JSONDecodeError):
+            place = f"line {err.lineno} column {err.colno}"
         raise CanonicalError("not valid JSON", place) from None
     surrogate = reading.surrogate or _first_surrogate(value, objects=False)
     if surrogate:
         raise CanonicalError(f"unpaired surrogate \\u{ord(surrogate):04x}")
     if reading.repeated is not None:
-        raise CanonicalError(f"duplicate key {json.dumps(reading.repeated, ensure_ascii=False)}")
-    # The anchor's decoder fails on a float64 overflow inside a container, not on a whole one.
+        key = json.dumps(reading.repeated, ensure_ascii=False)
+        raise CanonicalError(f"duplicate key {key}")
+    # As the anchor: an overflow inside a container fails.
     if reading.overflow and not isinstance(value, Number):
-        raise CanonicalError(f"number {reading.overflow[:24]} is beyond the range of a float64")
+        raise CanonicalError(
+            f"number {reading.overflow[:24]} is beyond the range of a float64")
     if reading.bound:
         raise CanonicalError(reading.bound)
     return value
 
 
-_HTML_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
-                 ("\u2029", "\\u2029"))
-# The contract's escaping short of _HTML_ESCAPES: json.dumps(s, ensure_ascii=False)'s, in C.
+_HTML_ESCAPES = (
+    ("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+    ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+# The contract's escaping short of _HTML_ESCAPES, in C.
 encode_string = json.encoder.encode_basestring
 
 
 def _html(text):
-    """_HTML_ESCAPES applied to an encoding: those characters stand only inside strings and no
-    escape writes one, so this escapes exactly the strings'."""
+    """These characters stand only inside strings, and no escape
+    writes one: this escapes exactly the strings'."""
     for ch, escape in _HTML_ESCAPES:
         if ch in text:
             text = text.replace(ch, escape)
     return text
 
 
+_CONSTANTS = {True: "true", False: "false", None: "null"}
+
+
 def _encode(value, out):
-    """The encoding, in pieces appended to `out`. Measured no slower than the standard
-    library's C encoder with each Number marked and replaced, so it is the only encoder."""
+    """Measured no slower than the C encoder."""
     if isinstance(value, str):
         out.append(encode_string(value))
     elif isinstance(value, Number):
         out.append(value.literal)
     elif isinstance(value, dict):
-        out.append("{")
-        comma = ""
+        comma = "{"
         for key in sorted(value):
             out.append(comma + encode_string(key) + ":")
             _encode(value[key], out)
             comma = ","
-        out.append("}")
+        out.append("}" if value else "{}")
     elif isinstance(value, (list, tuple)):
-        out.append("[")
-        comma = ""
+        comma = "["
         for item in value:
             out.append(comma)
             _encode(item, out)
             comma = ","
-        out.append("]")
-    elif value is True:
-        out.append("true")
-    elif value is False:
-        out.append("false")
-    elif value is None:
-        out.append("null")
+        out.append("]" if value else "[]")
+    elif isinstance(value, bool) or value is None:
+        out.append(_CONSTANTS[value])
     elif isinstance(value, int):
         out.append(str(value))
     elif isinstance(value, float):
-        out.append(repr(value) if value == value and abs(value) != float("inf") else "null")
+        finite = value == value and abs(value) != math.inf
+        out.append(repr(value) if finite else "null")
     else:
-        raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+        kind = type(value).__name__
+        raise TypeError(f"cannot encode {kind} as JSON")
 
 
 def _encoded(value, html):
@@ -4351,41 +4336,47 @@ def _encoded(value, html):
 
 
 def canonical(value):
-    """_HTML_ESCAPES keep these bytes the same whatever tool embeds them in HTML or
-    JavaScript."""
+    """The same bytes whatever embeds them in HTML or JS."""
     return _encoded(value, True).encode("utf-8")
 
 
 def dumps(value):
-    """The canonical form as text, for the store."""
     return canonical(value).decode("utf-8")
 
 
 def policy_json(value):
-    """The canonical form without _HTML_ESCAPES: what people and the policy read."""
+    """Without _HTML_ESCAPES: what people and the policy read."""
     return _encoded(value, False)
 
 
 FLAT_WIDTH = 72
 
 
+def _utf8(key):
+    return key.encode("utf-8", "surrogatepass")
+
+
 def pretty_json(value, indent="  ", level=0, flat=None, ordered=False):
-    """The policy form indented for people; values nested `flat` levels deep stay on one line
-    when it is short. `ordered` keeps the keys in the order read (a host's own file)."""
-    if flat is not None and level >= flat and len(policy_json(value)) <= FLAT_WIDTH:
+    """From level `flat` down a short value keeps one line."""
+    if flat is not None and level >= flat:
+        flat_text = policy_json(value)
+        if len(flat_text) <= FLAT_WIDTH:
+            return flat_text
+    if not value or not isinstance(value, (dict, list)):
         return policy_json(value)
-    if isinstance(value, dict) and value:
-        inner = indent * (level + 1)
-        items = [f"{inner}{encode_string(k)}: "
-                 f"{pretty_json(value[k], indent, level + 1, flat, ordered)}"
-                 for k in (value if ordered else sorted(
-                     value, key=lambda k: k.encode("utf-8", "surrogatepass")))]
-        return "{\n" + ",\n".join(items) + "\n" + indent * level + "}"
-    if isinstance(value, list) and value:
-        inner = indent * (level + 1)
-        items = [inner + pretty_json(v, indent, level + 1, flat, ordered) for v in value]
-        return "[\n" + ",\n".join(items) + "\n" + indent * level + "]"
-    return policy_json(value)
+    inner = indent * (level + 1)
+
+    def shown(item):
+        return pretty_json(item, indent, level + 1, flat, ordered)
+    if isinstance(value, dict):
+        keys = value if ordered else sorted(value, key=_utf8)
+        items = [f"{inner}{encode_string(k)}: {shown(value[k])}" for k in keys]
+        ends = "{}"
+    else:
+        items = [inner + shown(v) for v in value]
+        ends = "[]"
+    return (ends[0] + "\n" + ",\n".join(items) + "\n" +
+            indent * level + ends[1])
 
 
 # =============================================================================================
@@ -4393,29 +4384,44 @@ def pretty_json(value, indent="  ", level=0, flat=None, ordered=False):
 #
 # Reads as: library
 #
-# Contract: sanitize(text or UTF-8 bytes) shows as ASCII what could move the cursor, reorder
-# or hide text, or draw a line: \r and \n as a space, other C0/C1 controls and DEL as \xNN,
-# a lone surrogate (or invalid byte) as U+FFFD, the INVISIBLE characters (bidi controls,
-# zero-width, soft hyphen, U+180E, U+FEFF, U+2028/9, tags, every other format character a
-# terminal draws as nothing, and the interlinear annotation marks, which hide the text between
-# them where they are honoured) as \u{XXXX}; past MAX_COMBINING
-# combining marks in a row, the rest are counted, not kept. Nothing else changes, and a second
-# pass changes nothing. cut keeps at most `limit` UTF-8 bytes, on a character boundary, marked
-# '…'; clean is both; quote puts sanitized text in double quotes, `"` and `\` escaped.
-# tell is the one way a line reaches a person: each argument one line, sanitized whole; log is
-# a line of it to stderr. A result passed back to the host is the server's, never sanitized.
-# Differential test: tests/test_sanitize_differential.py finds every code point assigned in
-# Python's and node's Unicode kept, escaped or counted as node's Unicode properties say.
+# Contract: sanitize shows as ASCII what could move the cursor,
+# reorder or hide text, or draw a line; nothing else changes, and
+# a second pass changes nothing. cut keeps at most `limit` UTF-8
+# bytes, marked '…'. tell is the one way a line reaches a person;
+# a result passed on is never sanitized.
+# Differential test: tests/test_sanitize_differential.py (node's
+# Unicode properties).
 # =============================================================================================
 
-INVISIBLE = (set(range(0x202A, 0x202F)) | set(range(0x2066, 0x2070)) | {0x061C, 0x200E, 0x200F}
-             | set(range(0x200B, 0x200E)) | set(range(0x2060, 0x2065)) | {0xFFF9, 0xFFFA, 0xFFFB}
-             | {0xFEFF, 0x00AD, 0x180E, 0x2028, 0x2029} | set(range(0xE0000, 0xE0080))
-             | set(range(0x1BCA0, 0x1BCA4)) | set(range(0x1D173, 0x1D17B)))
-# The same table as one character class, so text with nothing to change costs one scan in C.
-_NEEDS_CARE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff%s]"
-                         % "".join(map(chr, sorted(INVISIBLE))))
+INVISIBLE = (
+    set(range(0x202A, 0x202F)) | set(range(0x2066, 0x2070))
+    | set(range(0x200B, 0x2010)) | set(range(0x2060, 0x2065))
+    | {0x061C, 0xFFF9, 0xFFFA, 0xFFFB, 0xFEFF, 0x00AD, 0x180E, 0x2028, 0x2029}
+    | set(range(0xE0000, 0xE0080))
+    | set(range(0x1BCA0, 0x1BCA4)) | set(range(0x1D173, 0x1D17B)))
+# The table as one class: text with nothing to change costs one
+# scan in C.
+_NEEDS_CARE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\ud800-\udfff%s]"
+    % "".join(map(chr, sorted(INVISIBLE))))
 MAX_COMBINING = 4
+
+
+def _is_mark(ch):
+    return unicodedata.category(ch).startswith("M")
+
+
+def _shown(ch):
+    code = ord(ch)
+    if ch in "\r\n":
+        return " "
+    if code < 0x20 or 0x7F <= code <= 0x9F:
+        return f"\\x{code:02x}"
+    if 0xD800 <= code <= 0xDFFF:
+        return "\ufffd"
+    if code in INVISIBLE:
+        return f"\\u{{{code:04x}}}"
+    return ch
 
 
 def sanitize(text):
@@ -4424,35 +4430,22 @@ def sanitize(text):
     if not _NEEDS_CARE.search(text) and not _has_long_combining_run(text):
         return text
     out, marks, dropped = [], 0, 0
-    for ch in text:
-        code = ord(ch)
-        if unicodedata.category(ch).startswith("M"):
+    for ch in list(text) + [""]:
+        if ch and _is_mark(ch):
             marks += 1
-            if marks > MAX_COMBINING:
-                dropped += 1
-                continue
-            out.append(ch)
+            if marks <= MAX_COMBINING:
+                out.append(ch)
+            dropped += marks > MAX_COMBINING
             continue
         if dropped:
             out.append(f"[+{dropped} combining marks dropped]")
         marks, dropped = 0, 0
-        if ch in "\r\n":
-            out.append(" ")
-        elif code < 0x20 or 0x7F <= code <= 0x9F:
-            out.append(f"\\x{code:02x}")
-        elif 0xD800 <= code <= 0xDFFF:
-            out.append("\ufffd")
-        elif code in INVISIBLE:
-            out.append(f"\\u{{{code:04x}}}")
-        else:
-            out.append(ch)
-    if dropped:
-        out.append(f"[+{dropped} combining marks dropped]")
+        out.append(_shown(ch) if ch else "")
     return "".join(out)
 
 
-# Every combining mark is at or above U+0300: only runs of such characters are looked at one
-# by one, so plain text costs one scan in C.
+# Every combining mark is at or above U+0300: only runs of such
+# characters are looked at one by one.
 _MAYBE_MARKS = re.compile("[\u0300-\U0010ffff]{%d,}" % (MAX_COMBINING + 1))
 
 
@@ -4460,7 +4453,7 @@ def _has_long_combining_run(text):
     for candidate in _MAYBE_MARKS.finditer(text):
         run = 0
         for ch in candidate.group():
-            run = run + 1 if unicodedata.category(ch).startswith("M") else 0
+            run = run + 1 if _is_mark(ch) else 0
             if run > MAX_COMBINING:
                 return True
     return False
@@ -4470,26 +4463,26 @@ def cut(text, limit):
     data = text.encode("utf-8", "surrogatepass")
     if len(data) <= limit:
         return text
-    marker = "…".encode("utf-8")
-    room = limit - len(marker) if limit >= len(marker) else limit
-    head = data[:room].decode("utf-8", "ignore")
-    return head + ("…" if limit >= len(marker) else "")
+    mark = "…" if limit >= 3 else ""  # "…" is 3 bytes
+    head = data[:limit - len(mark.encode())]
+    return head.decode("utf-8", "ignore") + mark
 
 
 def clean(text, limit):
-    """Cut before it is sanitized too: a long string costs no more than its first `limit`."""
+    """Cut first: a long text costs only its first `limit`."""
     return cut(sanitize(cut(text[:limit + 1], limit)), limit)
 
 
 def quote(text):
-    return '"' + sanitize(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    text = sanitize(text).replace("\\", "\\\\")
+    return '"' + text.replace('"', '\\"') + '"'
 
 
 def tell(*lines, out=None, end="\n", flush=False):
-    """The one way text reaches a person: each argument one line, sanitized whole, so no value
-    draws a line of its own (sanitizing twice changes nothing)."""
+    """Each argument one line, sanitized whole."""
     out = sys.stdout if out is None else out
-    out.write("\n".join(sanitize(line) for line in lines or ("",)) + end)
+    shown = [sanitize(line) for line in lines or ("",)]
+    out.write("\n".join(shown) + end)
     if flush:
         out.flush()
 
@@ -4507,45 +4500,47 @@ def log(message):
 #
 # Reads as: library
 #
-# Contract: compile_pattern(text) accepts the ECMA-262 (u-mode) patterns JSON Schema's `pattern`
-# and `patternProperties` are written in, or raises PatternError naming why; Pattern.search
-# answers as a JavaScript engine's RegExp.prototype.test would, in time linear in the text (a
-# lazily built DFA over an NFA, no backtracking), and PatternWork bounds the work of one call's
-# searches in characters x pattern size. Differential test: tests/test_patterns.py gives every
-# text the answer node's RegExp gives, and refuses what node rejects.
+# Contract: compile_pattern accepts a subset of ECMA-262 u-mode
+# patterns, or raises PatternError saying why and what to write:
+# no backreferences, lookaround, named groups, \p{..}, \cX,
+# escaped surrogates, counts over 1000, nesting over 100, NFAs
+# over 10,000 states. Pattern.search answers as RegExp's test, in
+# time linear in the text; PatternWork bounds one call's work.
+# Differential test: tests/test_patterns.py (node's RegExp).
 # =============================================================================================
 
-# Not Python's re: its dialect differs (\s, ., $, {,2}), so a verdict could pass what the
-# server's validator refuses, and it backtracks (^(a+)+$ doubles its work per character,
-# holding the interpreter's lock). A pattern is parsed to a tree of tuples, compiled to a
-# Thompson NFA and run as a DFA built lazily, one cached transition per (state, character),
-# over code points as the u flag reads them. Refused besides ECMA-262's SyntaxErrors, as a
-# DFA cannot run or bound them: backreferences, lookaround, \p{..}, escaped group names,
-# counts above 1000, groups nested over 100 deep, more than 10,000 NFA states.
+# Not Python's re: its dialect differs (\s, ., $), and it
+# backtracks (^(a+)+$ doubles its work per character). A tree,
+# then a Thompson NFA, run as a DFA built lazily.
 
 _MAX_CODE_POINT = 0x10FFFF
-_MAX_COUNT = 1000       # largest n or m accepted in {n,m}
-_MAX_STATES = 10000     # largest NFA accepted: bounds compile time and the cost of one DFA step
-_PATTERN_DEPTH = 100    # deepest group nesting accepted: keeps recursion far from Python's limit
-_CACHE_BUDGET = 50000   # cached NFA positions + transitions per pattern before the DFA is dropped
+_MAX_COUNT = 1000       # largest n or m in {n,m}
+_MAX_STATES = 10000     # bounds compile time and one DFA step
+_PATTERN_DEPTH = 100    # far from Python's recursion limit
+_CACHE_BUDGET = 50000   # cached states + moves, then dropped
 
-# A character set is a tuple of sorted, disjoint, non-adjacent (lo, hi) code point ranges.
+# A set is a tuple of sorted, disjoint, non-adjacent (lo, hi)
+# code point ranges.
 _DIGIT = ((0x30, 0x39),)
 _WORD_RANGES = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
-_SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
-          (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF))
+_SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0),
+          (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
+          (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000),
+          (0xFEFF, 0xFEFF))
 _LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
-_WORD_CHARS = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz")
+_WORD_CHARS = frozenset(
+    "0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _ASSERTIONS = (("^", "^"), ("$", "$"), ("\\b", "b"), ("\\B", "B"))
 _LOOKAROUND = (("(?=", "lookahead"), ("(?!", "lookahead"),
                ("(?<=", "lookbehind"), ("(?<!", "lookbehind"))
-_QUANTIFIER = re.compile(r"(?:([*+?])|\{([0-9]+)(,([0-9]*))?\})\??")   # a lazy ? changes nothing
-_SURROGATE_PAIR = re.compile(r"\\u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})")
-_HEX_ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|u\{([0-9a-fA-F]+)\})")
+# A lazy ? changes nothing for a yes/no search.
+_QUANTIFIER = re.compile(r"(?:([*+?])|\{([0-9]+)(,([0-9]*))?\})\??")
+_HEX_ESCAPE = re.compile(
+    r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|u\{([0-9a-fA-F]+)\})")
 
 
 class PatternError(ValueError):
-    """A pattern refused at compile; the message is one sentence saying what is wrong."""
+    """One sentence: why a pattern is refused."""
 
 
 def _negate(ranges):
@@ -4554,7 +4549,9 @@ def _negate(ranges):
         if a > lo:
             out.append((lo, a - 1))
         lo = b + 1
-    return tuple(out + [(lo, _MAX_CODE_POINT)] if lo <= _MAX_CODE_POINT else out)
+    if lo <= _MAX_CODE_POINT:
+        out.append((lo, _MAX_CODE_POINT))
+    return tuple(out)
 
 
 def _normalize(ranges):
@@ -4568,42 +4565,56 @@ def _normalize(ranges):
 
 
 def _contains(ranges, cp):
-    i = bisect.bisect_right(ranges, (cp, _MAX_CODE_POINT)) - 1   # the last range starting <= cp
+    # the last range starting at or before cp
+    i = bisect.bisect_right(ranges, (cp, _MAX_CODE_POINT)) - 1
     return i >= 0 and cp <= ranges[i][1]
 
 
-def _as_ranges(member):   # a code point (int) or already a set
-    return ((member, member),) if isinstance(member, int) else member
+def _as_ranges(member):
+    if isinstance(member, int):
+        return ((member, member),)
+    return member
 
 
 _DOT = _negate(_LINE_TERMINATORS)
-# What a backslash and one character stand for: a code point, or a set (\d \D \s \S \w \W).
-# Of the punctuation, u mode lets a backslash make only the syntax characters and / literal.
-_ESCAPES = {"t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D, "d": _DIGIT,
-            "D": _negate(_DIGIT), "w": _WORD_RANGES, "W": _negate(_WORD_RANGES), "s": _SPACE,
-            "S": _negate(_SPACE)}
+# A backslash and one character: a code point, or a set. Of the
+# punctuation, u mode escapes only syntax characters and /.
+_ESCAPES = {
+    "t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D,
+    "d": _DIGIT, "D": _negate(_DIGIT), "w": _WORD_RANGES,
+    "W": _negate(_WORD_RANGES), "s": _SPACE, "S": _negate(_SPACE)}
 _ESCAPES.update((c, ord(c)) for c in "^$\\.*+?()[]{}|/")
-_CLASS_ESCAPES = {**_ESCAPES, "b": 0x08, "-": 0x2D}   # inside [...], \b is a backspace
+# inside [...], \b is a backspace
+_CLASS_ESCAPES = {**_ESCAPES, "b": 0x08, "-": 0x2D}
+_UNSUPPORTED_ESCAPES = {
+    "k": "backreferences are not supported",
+    "p": "Unicode property escapes \\p{...} are not supported",
+    "c": "control escapes \\cX are not supported; write \\xNN",}
 
 
-# ---- Parsing: ECMA-262 Pattern[+UnicodeMode] to a tree ---------------------------------------
-# ('set', ranges) one character in ranges        ('assert', '^' or '$' or 'b' or 'B')
-# ('cat', [node, ...]) a sequence, maybe empty   ('alt', [node, ...]) alternatives
-# ('rep', node, lo, hi) lo to hi copies, hi None for no bound. Groups leave no node of their
-# own, and lazy quantifiers read like greedy ones: a yes/no search cannot tell them apart.
+# ---- Parsing: a u-mode Pattern to a tree --------------------
+# ('set', ranges)        one character in ranges
+# ('assert', kind)       kind one of ^ $ b B
+# ('cat', [node, ...])   a sequence, maybe empty
+# ('alt', [node, ...])   alternatives
+# ('rep', node, lo, hi)  lo to hi copies, hi None: no bound
 
 class _Parser:
     def __init__(self, source):
-        self.src, self.pos, self.depth, self.names = source, 0, 0, set()
+        self.src, self.pos, self.depth = source, 0, 0
 
     def peek(self, ahead=0):   # "" past the end
-        return self.src[self.pos + ahead:self.pos + ahead + 1]
+        at = self.pos + ahead
+        return self.src[at:at + 1]
 
     def take(self, text):
         if self.src.startswith(text, self.pos):
             self.pos += len(text)
             return True
         return False
+
+    def fail(self, message):
+        raise PatternError(message)
 
     def disjunction(self):
         alternatives = [[]]
@@ -4618,15 +4629,16 @@ class _Parser:
     def term(self):
         for text, kind in _ASSERTIONS:
             if self.take(text):
-                if _QUANTIFIER.match(self.src, self.pos):   # u mode: assertions cannot repeat
-                    raise PatternError(f"nothing to repeat at offset {self.pos}")
+                # u mode: an assertion cannot repeat
+                if _QUANTIFIER.match(self.src, self.pos):
+                    self.fail(f"nothing to repeat at offset {self.pos}")
                 return ("assert", kind)
         atom = self.atom()
         bounds = self.quantifier()
         return ("rep", atom) + bounds if bounds else atom
 
     def quantifier(self):
-        """Consume * + ? {n} {n,} {n,m} if next; return (lo, hi), hi None when unbounded."""
+        """(lo, hi) of a quantifier next, hi None for no bound."""
         m = _QUANTIFIER.match(self.src, self.pos)
         if not m:
             return None
@@ -4635,11 +4647,13 @@ class _Parser:
             self.pos = m.end()
             return {"*": (0, None), "+": (1, None), "?": (0, 1)}[simple]
         hi = lo if comma is None else hi or None
-        if len(lo) > 4 or int(lo) > _MAX_COUNT or (hi and (len(hi) > 4 or int(hi) > _MAX_COUNT)):
-            raise PatternError(f"repetition counts above {_MAX_COUNT} are not supported")
+        for count in (lo, hi or "0"):
+            if len(count) > 4 or int(count) > _MAX_COUNT:
+                self.fail(f"repetition counts above {_MAX_COUNT}"
+                          f" are not supported")
         if hi and int(hi) < int(lo):
-            raise PatternError(f"the numbers in the quantifier at offset {self.pos} are out "
-                               f"of order")
+            self.fail(f"the numbers in the quantifier at offset "
+                      f"{self.pos} are out of order")
         self.pos = m.end()
         return int(lo), None if hi is None else int(hi)
 
@@ -4648,58 +4662,54 @@ class _Parser:
         if c == "(":
             return self.group()
         if c == "\\":
-            return ("set", _as_ranges(self.escape(in_class=False)))
+            return ("set", _as_ranges(self.escape(False)))
         if _QUANTIFIER.match(self.src, at):
-            raise PatternError(f"nothing to repeat at offset {at}")
+            self.fail(f"nothing to repeat at offset {at}")
         if c in ("{", "}", "]"):
-            raise PatternError(f"a lone {c} is not allowed (write \\{c})")
+            self.fail(f"a lone {c} is not allowed (write \\{c})")
         self.pos += 1
         if c == "[":
             return ("set", self.character_class(at))
-        return ("set", _DOT if c == "." else ((ord(c), ord(c)),))
+        if c == ".":
+            return ("set", _DOT)
+        return ("set", ((ord(c), ord(c)),))
 
     def group(self):
         at = self.pos
         for text, kind in _LOOKAROUND:
             if self.src.startswith(text, at):
-                raise PatternError(f"{kind} {text} is not supported")
+                self.fail(f"{kind} {text} is not supported")
         self.pos += 1
         if self.take("?<"):
-            self.group_name()
-        elif self.take("?") and not self.take(":"):
-            raise PatternError(f"the group at offset {at} has an unknown (? form")
+            self.fail(f"the named group at offset {at} is not "
+                      f"supported; write (?:...) instead")
+        if self.take("?") and not self.take(":"):
+            self.fail(f"the group at offset {at} has an unknown (? form")
         self.depth += 1
         if self.depth > _PATTERN_DEPTH:
-            raise PatternError(f"groups nested more than {_PATTERN_DEPTH} deep are not supported")
+            self.fail(f"groups nested more than {_PATTERN_DEPTH}"
+                      f" deep are not supported")
         node = self.disjunction()
         self.depth -= 1
         if not self.take(")"):
-            raise PatternError(f"unbalanced parenthesis at offset {at}")
+            self.fail(f"unbalanced parenthesis at offset {at}")
         return node
-
-    def group_name(self):
-        end = self.src.find(">", self.pos)
-        name = self.src[self.pos:end] if end >= 0 else ""
-        if not name.replace("$", "_").isidentifier():   # so escapes like \u0061 are refused
-            raise PatternError(f"the group name at offset {self.pos} is not a plain identifier")
-        if name in self.names:
-            raise PatternError(f"the group name {name} is used twice")
-        self.names.add(name)
-        self.pos = end + 1
 
     def character_class(self, at):
         negated, ranges = self.take("^"), []
+        where = f"the class at offset {at}"
         while not self.take("]"):
             if self.pos >= len(self.src):
-                raise PatternError(f"the character class at offset {at} is not closed")
+                self.fail(f"the character class at offset {at} is not closed")
             first = self.class_member()
-            if self.peek() == "-" and self.peek(1) not in ("", "]"):   # a range first-last
+            # a range first-last
+            if self.peek() == "-" and self.peek(1) not in ("", "]"):
                 self.pos += 1
                 last = self.class_member()
-                if not (isinstance(first, int) and isinstance(last, int)):
-                    raise PatternError(f"a range in the class at offset {at} uses \\d, \\s or \\w")
+                if not isinstance(first, int) or not isinstance(last, int):
+                    self.fail(f"a range in {where} uses \\d, \\s or \\w")
                 if first > last:
-                    raise PatternError(f"a range in the class at offset {at} is out of order")
+                    self.fail(f"a range in {where} is out of order")
                 ranges.append((first, last))
             else:
                 ranges.extend(_as_ranges(first))
@@ -4708,57 +4718,56 @@ class _Parser:
 
     def class_member(self):
         if self.peek() == "\\":
-            return self.escape(in_class=True)
+            return self.escape(True)
         self.pos += 1
         return ord(self.src[self.pos - 1])
 
     def escape(self, in_class):
-        """Consume a backslash escape; return its code point (int), or the ranges of \\d etc."""
+        """A backslash escape's code point, or the set of \\d etc."""
         at, c, after = self.pos, self.peek(1), self.peek(2)
-        pair, number = _SURROGATE_PAIR.match(self.src, at), _HEX_ESCAPE.match(self.src, at)
+        number = _HEX_ESCAPE.match(self.src, at)
+        value = number and int(number[number.lastindex], 16)
         self.pos += 2
-        if pair:   # \uD83D\uDE00 is one code point in u mode
-            self.pos = pair.end()
-            return 0x10000 + ((int(pair[1], 16) - 0xD800) << 10) + int(pair[2], 16) - 0xDC00
-        if number and int(number[number.lastindex], 16) <= _MAX_CODE_POINT:
-            self.pos = number.end()   # lastindex: the one group that matched
-            return int(number[number.lastindex], 16)
+        if number and 0xD800 <= value <= 0xDFFF:
+            self.fail(f"the escaped surrogate at offset {at} is not "
+                      f"supported; write the character itself or \\u{{...}}")
+        if number and value <= _MAX_CODE_POINT:
+            self.pos = number.end()
+            return value
         if c == "":
-            raise PatternError("the pattern ends with a lone backslash")
-        if c in "123456789k":
-            raise PatternError("backreferences are not supported")
-        if c in "pP":
-            raise PatternError("Unicode property escapes \\p{...} are not supported")
+            self.fail("the pattern ends with a lone backslash")
+        if c in "123456789":
+            self.fail(_UNSUPPORTED_ESCAPES["k"])
+        if c in _UNSUPPORTED_ESCAPES or c == "P":
+            self.fail(_UNSUPPORTED_ESCAPES[c.lower()])
         if c in (_CLASS_ESCAPES if in_class else _ESCAPES):
             return _CLASS_ESCAPES[c]
-        if c == "0" and not ("0" <= after <= "9"):
+        if c == "0" and not "0" <= after <= "9":
             return 0
-        if c == "c" and after.isascii() and after.isalpha():
-            self.pos += 1
-            return ord(after) % 32
-        raise PatternError(f"the escape \\{c} at offset {at} is not allowed")
+        self.fail(f"the escape \\{c} at offset {at} is not allowed")
 
 
-# ---- Compiling: tree to Thompson NFA ---------------------------------------------------------
-# The program is a list of states (kind, arg, out): ('set', ranges, out) consumes a character
-# in ranges; ('assert', kind, out) and ('split', [targets], None) consume nothing. State 0 is
-# the match. Every _compile call emits at least one state, so expanding counted repeats
-# ((a{1000}){1000}) stops at the cap instead of running on.
+# ---- Compiling: tree to Thompson NFA ------------------------
+# A state is (kind, arg, out); only 'set' consumes a character;
+# state 0 is the match. Every _compile call emits a state, so
+# expanding (a{1000}){1000} stops at the cap.
 
 def _emit(program, state):
     if len(program) >= _MAX_STATES:
-        raise PatternError(f"the pattern is too large (more than {_MAX_STATES} states)")
+        raise PatternError(f"the pattern is too large (more than "
+                           f"{_MAX_STATES} states)")
     program.append(state)
     return len(program) - 1
 
 
 def _compile(node, out, program):
-    """Emit the states for node, continuing to state out; return node's entry state."""
+    """Node's entry state; it continues to `out`."""
     kind = node[0]
     if kind in ("set", "assert"):
         return _emit(program, (kind, node[1], out))
     if kind == "alt":
-        return _emit(program, ("split", [_compile(n, out, program) for n in node[1]], None))
+        entries = [_compile(n, out, program) for n in node[1]]
+        return _emit(program, ("split", entries, None))
     if kind == "cat":
         if not node[1]:
             return _emit(program, ("split", [out], None))
@@ -4768,13 +4777,15 @@ def _compile(node, out, program):
     _, body, lo, hi = node
     if hi == 0:
         return _emit(program, ("split", [out], None))
-    if hi is None:   # a loop: the split enters the body, which comes back to it, or leaves
+    if hi is None:  # a loop: enter the body, back here, or leave
         entry = _emit(program, ("split", [], None))
-        program[entry][1].extend([_compile(body, entry, program), out])
-    else:            # hi - lo optional copies, nested: (body (body)?)?
+        loop = _compile(body, entry, program)
+        program[entry][1].extend([loop, out])
+    else:  # hi - lo optional copies, nested: (body (body)?)?
         entry = out
         for _ in range(hi - lo):
-            entry = _emit(program, ("split", [_compile(body, entry, program), out], None))
+            copy = _compile(body, entry, program)
+            entry = _emit(program, ("split", [copy, out], None))
     for _ in range(lo):
         entry = _compile(body, entry, program)
     return entry
@@ -4782,49 +4793,50 @@ def _compile(node, out, program):
 
 @functools.lru_cache(maxsize=512)
 def compile_pattern(pattern):
-    """Compile a JSON Schema pattern, or raise PatternError."""
     if not isinstance(pattern, str):
         raise PatternError("a pattern must be a string")
     parsing = _Parser(pattern)
     tree = parsing.disjunction()
-    if parsing.pos < len(pattern):   # the top-level disjunction stops only at a stray ')'
+    # the top-level disjunction stops only at a stray ')'
+    if parsing.pos < len(pattern):
         raise PatternError(f"unbalanced parenthesis at offset {parsing.pos}")
     program = [("match", None, None)]
     return Pattern(program, _compile(tree, 0, program))
 
 
-# ---- Matching: a lazily built DFA ------------------------------------------------------------
-# A DFA state holds the NFA states that the characters read so far lead to, before their
-# epsilon edges are followed, and what assertions need: whether the previous character was a
-# word character, and whether nothing has been read yet. Epsilon edges are followed only once
-# the next character (or the end) is known, because only then are ^ $ \b \B decided. Once
-# cached, a character costs one dict lookup; uncached, one pass over at most _MAX_STATES NFA
-# states. Either way the time is linear in the text, and the cache is bounded.
+# ---- Matching: a lazily built DFA ---------------------------
+# A DFA state: the NFA states the text leads to, before epsilon
+# edges, which are followed once the next character is known (only
+# then are ^ $ \b \B decided). A character costs a dict lookup, or
+# one pass over at most _MAX_STATES states: linear in the text.
 
 class _DFAState:
     __slots__ = ("nfa", "prev_word", "at_start", "moves")
 
     def __init__(self, nfa, prev_word, at_start):
-        self.nfa, self.prev_word, self.at_start = nfa, prev_word, at_start
-        self.moves = {}   # character (None for the end) -> _DFAState, or True/False if decided
+        self.nfa, self.prev_word = nfa, prev_word
+        self.at_start = at_start
+        # character (None: the end) -> _DFAState, True or False
+        self.moves = {}
 
 
 class Pattern:
-    """A compiled pattern. Its caches hold only derived data, so threads may share it."""
+    """Its caches hold derived data only: threads share it."""
 
     def __init__(self, program, start):
         self._program, self._start = program, start
-        self.size = len(program)  # the most work one character can cost, in NFA states
+        # the most one character can cost, in NFA states
+        self.size = len(program)
         self._states, self._cached = {}, 0
         self._initial = self._state(frozenset([start]), False, True)
-        # A search restarts the pattern at every position, unless the start state reaches
-        # nothing away from the text's start (the pattern begins with ^): then an empty NFA
-        # set can never match and the search stops there.
-        sets, matched = self._closure([start], {"^": False, "$": True, "b": True, "B": True})
+        # A search restarts at every position, unless nothing is
+        # reached away from the text's start (a leading ^).
+        away = {"^": False, "$": True, "b": True, "B": True}
+        sets, matched = self._closure([start], away)
         self._restart = bool(sets) or matched
 
     def search(self, text):
-        """True iff the pattern matches somewhere in text, like ECMA's RegExp test()."""
+        """Whether it matches somewhere in text, as test()."""
         state = self._initial
         for ch in text:
             move = state.moves.get(ch)
@@ -4837,111 +4849,104 @@ class Pattern:
         return self._move(state, None) if move is None else move
 
     def _move(self, state, ch):
-        """Build and cache the move from state on ch (None: the end of the text)."""
         if self._cached > _CACHE_BUDGET:
             self._forget()
         next_word = ch in _WORD_CHARS
+        before = state.prev_word
         truth = {"^": state.at_start, "$": ch is None,
-                 "b": state.prev_word != next_word, "B": state.prev_word == next_word}
+                 "b": before != next_word, "B": before == next_word}
         sets, matched = self._closure(state.nfa, truth)
         if matched or ch is None:
             move = matched
         else:
-            cp = ord(ch)
-            nfa = {self._program[s][2] for s in sets if _contains(self._program[s][1], cp)}
+            cp, program = ord(ch), self._program
+            nfa = {program[s][2] for s in sets if _contains(program[s][1], cp)}
             if self._restart:
                 nfa.add(self._start)
-            move = self._state(frozenset(nfa), next_word, False) if nfa else False
-        state.moves[ch] = move   # True and False are final: search returns them
+            move = False
+            if nfa:
+                move = self._state(frozenset(nfa), next_word, False)
+        state.moves[ch] = move  # True and False end a search
         self._cached += 1
         return move
 
     def _closure(self, pending, truth):
-        """Follow epsilon edges from pending, crossing an assertion only if truth says it holds;
-        return the 'set' states reached and whether the match state was reached."""
-        seen, stack, sets, matched = set(), list(pending), [], False
+        """The 'set' states epsilon edges reach, and a match."""
+        seen, stack = set(), list(pending)
+        sets, matched = [], False
         while stack:
             s = stack.pop()
-            if s not in seen:
-                seen.add(s)
-                kind, arg, out = self._program[s]
-                if kind == "split":
-                    stack.extend(arg)
-                elif kind == "assert" and truth[arg]:
-                    stack.append(out)
-                elif kind == "set":
-                    sets.append(s)
-                matched = matched or kind == "match"
+            if s in seen:
+                continue
+            seen.add(s)
+            kind, arg, out = self._program[s]
+            if kind == "split":
+                stack.extend(arg)
+            elif kind == "assert" and truth[arg]:
+                stack.append(out)
+            elif kind == "set":
+                sets.append(s)
+            matched = matched or kind == "match"
         return sets, matched
 
     def _state(self, nfa, prev_word, at_start):
-        # The table is read once: calls are judged outside the gate's lock, so another
-        # thread's search may drop it (_forget) between a store and a second read.
+        # Read the table once: another thread's search may drop
+        # it (_forget) between a store and a second read.
         key = (nfa, prev_word, at_start)
         state = self._states.get(key)
         if state is None:
-            state = self._states[key] = _DFAState(nfa, prev_word, at_start)
+            state = _DFAState(nfa, prev_word, at_start)
+            self._states[key] = state
             self._cached += len(nfa) + 1
         return state
 
     def _forget(self):
-        """Drop all cached states and moves. A state a running search still holds stays
-        correct: it only loses its cached moves, which are rebuilt on demand."""
+        """A state a search still holds stays correct."""
         for state in list(self._states.values()):
             state.moves.clear()
         self._states.clear()
         self._cached = 0
 
 
-# Characters times NFA states that all the pattern searches of one call may cost together.
-# The worst patterns meet a new DFA state at nearly every character, which costs a pass over
-# the NFA (about 0.1 microsecond per NFA state), so this is about half a second of one core.
+# Characters x NFA states one call's searches may cost: at about
+# 0.1 us a state, half a second of one core.
 PATTERN_WORK = 5_000_000
-
-
-# What one step of a schema check costs in those units (a subschema applied to a value, about
-# 5 microseconds), and one value read for equality (uniqueItems, const, enum).
+# One schema step (a subschema applied to a value, about 5 us),
+# and one value read for equality, in those units.
 SCHEMA_STEP = 50
 EQUALITY_STEP = 5
 
 
 class PatternCost(Exception):
-    """A check the call's work cannot pay for; the message names the value's place."""
+    """A check the call's work cannot pay for."""
 
 
 class PatternWork:
-    """What the pattern searches and schema steps of one call may still cost, and what the
-    searches found.
-
-    The bound is per call, not per value: an array of long values, or one value read by many
-    patterns or subschemas, draws on the same PATTERN_WORK, so a call cannot multiply it. A
-    search is charged before it starts, at its most (characters times NFA states): what
-    cannot be paid is refused without being started, and the charge depends on the call
-    alone, never on what the DFA caches happen to hold. What a search found is kept: the gate
-    judges a call before its lock and reads the call again under it and in the write
-    transaction, at no cost.
-    """
+    """One call's budget, shared by all its values. A search is
+    charged its most (characters x states) before it starts, so
+    the charge depends on the call alone; what it found is kept,
+    so reading the call again costs nothing."""
 
     def __init__(self):
         self.left, self.found = PATTERN_WORK, {}
 
     def search(self, pattern, text, at):
-        """Whether the pattern matches somewhere in text, or PatternCost naming `at`."""
         key = (pattern, text)
         if key not in self.found:
             compiled = compile_pattern(pattern)
             cost = len(text) * compiled.size
             if cost > self.left:
-                raise PatternCost(f"{at}: too long ({len(text)} characters) to be checked "
-                                  f"against the pattern {quote(pattern)}")
+                raise PatternCost(
+                    f"{at}: too long ({len(text)} characters) to "
+                    f"be checked against the pattern {quote(pattern)}")
             self.left -= cost
             self.found[key] = compiled.search(text)
         return self.found[key]
 
     def pay(self, cost, at):
-        """Take a schema step's cost, or raise PatternCost naming `at`."""
         if cost > self.left:
-            raise PatternCost(f"{at}: too large to be checked against the schema")
+            raise PatternCost(
+                f"{at}: too large to be checked against the schema")
         self.left -= cost
 
 
@@ -4950,138 +4955,155 @@ class PatternWork:
 #
 # Reads as: library
 #
-# Contract: validate(schema, value) raises SchemaError naming the first failing property path
-# and what was expected. It checks draft 2020-12's applicator and validation vocabularies,
-# `$ref` to a JSON Pointer inside the schema (applied beside its sibling keywords), and the
-# older spellings (items as a list, additionalItems, dependencies, draft-04's boolean
-# exclusiveMinimum/Maximum); `format` and unknown keywords are ignored. schema_problem(schema)
-# says why validate cannot use a schema, or '': a keyword of the wrong shape, a pattern
-# section 12 refuses, a $ref that finds nothing, or unevaluatedProperties, unevaluatedItems,
-# $dynamicRef or $recursiveRef. Numbers compare as exact decimals of their literals (an
-# integer is a number with no fraction); enum, const and uniqueItems compare JSON values by
-# json_key, so uniqueItems is one pass. `pattern` searches as ECMA-262 does (section 12); one
-# call's searches, its schema check's and its policy's, share one PatternWork, which also pays
-# for every subschema applied and every value compared; what it cannot pay for raises
-# PatternCost, which passes through anyOf, oneOf, not and if: a value too costly to check is
-# never taken for one that does not match. A $ref cycle that reads no deeper into the value raises
-# RecursionError.
-# JSON Pointers (RFC 6901): parse_pointer reads one into tokens or raises ConfigError;
-# resolve_pointer finds a member, or an item at an index with no leading zero, else (under an
-# object) the default schema_child finds for it, else MISSING.
-# Differential tests: tests/test_schema_differential.py finds validate accepting and refusing
-# a seeded corpus as the jsonschema package's Draft202012Validator does (what differs on
-# purpose is kept out and said there); tests/test_pointer_differential.py finds pointers and
-# $refs resolved as the referencing package resolves them.
+# Contract: validate(schema, value) raises SchemaError naming the
+# first failing path and what was expected: draft 2020-12's
+# applicators and validation, `$ref` inside the schema, and the
+# older spellings; unknown keywords ignored. schema_problem says
+# why a schema cannot be used, or ''. Numbers compare exactly.
+# One call's checks share a PatternWork; what it cannot pay
+# raises PatternCost, never taken for a value that does not
+# match. resolve_pointer finds a value, or its default.
+# Differential tests: tests/test_schema_differential.py
+# (jsonschema), tests/test_pointer_differential.py (referencing).
 # =============================================================================================
 
-JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
-_COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties",
-                   "maxProperties", "minContains", "maxContains")
-_NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+JSON_TYPES = ("object", "array", "string", "number", "integer",
+              "boolean", "null")
+_COUNT_KEYWORDS = (
+    "minLength", "maxLength", "minItems", "maxItems",
+    "minProperties", "maxProperties", "minContains", "maxContains")
+_NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum",
+                    "exclusiveMaximum", "multipleOf")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_ONE = ("additionalProperties", "not", "if", "then", "else", "contains",
-               "propertyNames", "additionalItems")
-_UNCHECKED = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef")
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs",
+               "definitions", "dependentSchemas")
+_SCHEMA_ONE = ("additionalProperties", "not", "if", "then",
+               "else", "contains", "propertyNames", "additionalItems")
+_UNCHECKED = ("unevaluatedProperties", "unevaluatedItems",
+              "$dynamicRef", "$recursiveRef")
 
 
 class SchemaError(Exception):
-    """A value that does not match its schema, or a $ref that points nowhere."""
+    """A value that does not match, or a $ref to nothing."""
 
 
 def schema_problem(schema, root=None, where="#"):
-    """Why validate cannot use this schema, or ''. Every keyword validate reads is checked for
-    its shape here, once, so validating a call never meets a shape it cannot read."""
+    """Every keyword validate reads has its shape checked here."""
     root = schema if root is None else root
     if isinstance(schema, bool):
         return ""
     if not isinstance(schema, dict):
         return f"{where} is not a schema (an object or a boolean)"
-    return _keyword_problem(schema, root, where) or _subschema_problem(schema, root, where)
+    return _keyword_problem(schema, root, where) or \
+        _subschema_problem(schema, root, where)
 
 
 def _is_count(value):
-    return isinstance(value, Number) and value.is_integer() and value.exact() >= 0
+    return isinstance(value, Number) and value.is_integer() \
+        and value.exact() >= 0
 
 
 def _is_names(value):
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
+def _is(kind):
+    return lambda value: isinstance(value, kind)
+
+
+_SHAPES = (("required", _is_names, "a list of strings"),
+           ("enum", _is(list), "a list"),
+           ("uniqueItems", _is(bool), "true or false"),
+           ("dependentRequired", _is(dict), "an object"),
+           ("dependencies", _is(dict), "an object"))
+
+
 def _keyword_problem(schema, root, where):
-    """The keywords that hold values."""
     kind = schema.get("type")
-    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
-    if any(not isinstance(k, str) or k not in JSON_TYPES for k in kinds) or kind == []:
+    kinds = kind if isinstance(kind, list) else [kind]
+    if kind == [] or kind is not None and any(
+            not isinstance(k, str) or k not in JSON_TYPES for k in kinds):
         return f"{where}/type names an unknown type"
     for key in _UNCHECKED:
         if key in schema:
-            return f"{where} uses {key}, which this validator does not check"
+            return (f"{where} uses {key}, which this validator does not check")
     for key in _COUNT_KEYWORDS:
         if key in schema and not _is_count(schema[key]):
             return f"{where}/{key} must be a non-negative integer"
     for key in _NUMBER_KEYWORDS:
         value = schema.get(key)
-        if key in schema and not isinstance(value, Number) and not (
-                key.startswith("exclusive") and isinstance(value, bool)):
+        flag = key.startswith("exclusive") and isinstance(value, bool)
+        if key in schema and not isinstance(value, Number) and not flag:
             return f"{where}/{key} must be a number"
     if "multipleOf" in schema and schema["multipleOf"].exact() <= 0:
         return f"{where}/multipleOf must be greater than 0"
-    if "required" in schema and not _is_names(schema["required"]):
-        return f"{where}/required must be a list of strings"
-    if "enum" in schema and not isinstance(schema["enum"], list):
-        return f"{where}/enum must be a list"
-    if "uniqueItems" in schema and not isinstance(schema["uniqueItems"], bool):
-        return f"{where}/uniqueItems must be true or false"
-    for key in ("dependentRequired", "dependencies"):
-        if key in schema and not isinstance(schema[key], dict):
-            return f"{where}/{key} must be an object"
+    for key, test, shape in _SHAPES:
+        if key in schema and not test(schema[key]):
+            return f"{where}/{key} must be {shape}"
     for name, needed in schema.get("dependentRequired", {}).items():
         if not _is_names(needed):
-            return f"{where}/dependentRequired/{name} must be a list of strings"
-    patterns = [("pattern", schema["pattern"])] if "pattern" in schema else []
+            return (f"{where}/dependentRequired/{name} must be a "
+                    f"list of strings")
+    return _pattern_problem(schema, where) or _ref_problem(schema, root, where)
+
+
+def _pattern_problem(schema, where):
+    patterns = []
+    if "pattern" in schema:
+        patterns.append(("pattern", schema["pattern"]))
     if isinstance(schema.get("patternProperties"), dict):
-        patterns += [("patternProperties key", key) for key in schema["patternProperties"]]
+        patterns += [("patternProperties key", key)
+                     for key in schema["patternProperties"]]
     for what, pattern in patterns:
         if not isinstance(pattern, str):
             return f"{where}/{what} must be a string"
         try:
             compile_pattern(pattern)
         except PatternError as err:
-            return f"{where}/{what} {quote(pattern)} cannot be used: {err}"
-    if "$ref" in schema:
-        try:
-            target = resolve_ref(root, schema["$ref"])
-        except SchemaError as err:
-            return str(err)
-        if not isinstance(target, (dict, bool)):
-            return f"{where}/$ref points at something that is not a schema"
+            return (f"{where}/{what} {quote(pattern)} cannot be used: {err}")
+    return ""
+
+
+def _ref_problem(schema, root, where):
+    if "$ref" not in schema:
+        return ""
+    try:
+        target = resolve_ref(root, schema["$ref"])
+    except SchemaError as err:
+        return str(err)
+    if not isinstance(target, (dict, bool)):
+        return f"{where}/$ref points at something that is not a schema"
     return ""
 
 
 def _subschema_problem(schema, root, where):
-    """The keywords that hold schemas."""
-    subschemas = []
+    subs = []
     for key in _SCHEMA_LISTS:
-        if key in schema:
-            if not isinstance(schema[key], list) or (key != "prefixItems" and not schema[key]):
-                return f"{where}/{key} must be a non-empty list of schemas"
-            subschemas += [(f"{where}/{key}/{i}", sub) for i, sub in enumerate(schema[key])]
+        if key not in schema:
+            continue
+        listed = schema[key]
+        if not isinstance(listed, list) or \
+                (key != "prefixItems" and not listed):
+            return f"{where}/{key} must be a non-empty list of schemas"
+        subs += [(f"{where}/{key}/{i}", sub) for i, sub in enumerate(listed)]
     for key in SCHEMA_MAPS:
-        if key in schema:
-            if not isinstance(schema[key], dict):
-                return f"{where}/{key} must be an object of schemas"
-            subschemas += [(f"{where}/{key}/{name}", sub) for name, sub in schema[key].items()]
-    subschemas += [(f"{where}/{key}", schema[key]) for key in _SCHEMA_ONE if key in schema]
+        if key not in schema:
+            continue
+        if not isinstance(schema[key], dict):
+            return f"{where}/{key} must be an object of schemas"
+        subs += [(f"{where}/{key}/{name}", sub)
+                 for name, sub in schema[key].items()]
+    subs += [(f"{where}/{key}", schema[key])
+             for key in _SCHEMA_ONE if key in schema]
     items = schema.get("items")
     if isinstance(items, list):
-        subschemas += [(f"{where}/items/{i}", sub) for i, sub in enumerate(items)]
+        subs += [(f"{where}/items/{i}", sub) for i, sub in enumerate(items)]
     elif "items" in schema:
-        subschemas.append((f"{where}/items", items))
-    subschemas += [(f"{where}/dependencies/{name}", needed)
-                   for name, needed in schema.get("dependencies", {}).items()
-                   if not _is_names(needed)]
-    for at, sub in subschemas:
+        subs.append((f"{where}/items", items))
+    for name, needed in schema.get("dependencies", {}).items():
+        if not _is_names(needed):
+            subs.append((f"{where}/dependencies/{name}", needed))
+    for at, sub in subs:
         problem = schema_problem(sub, root, at)
         if problem:
             return problem
@@ -5090,54 +5112,63 @@ def _subschema_problem(schema, root, where):
 
 def resolve_ref(root, ref):
     if not isinstance(ref, str) or not ref.startswith("#"):
-        raise SchemaError(f"$ref {quote(str(ref))} does not point inside the schema")
+        raise SchemaError(f"$ref {quote(str(ref))} does not "
+                          f"point inside the schema")
     node = root
     for part in [p for p in ref[1:].split("/") if p]:
         part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and part in node:
             node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        elif isinstance(node, list) and part.isdigit() and \
+                int(part) < len(node):
             node = node[int(part)]
         else:
-            raise SchemaError(f"$ref {quote(ref)} points at nothing in the schema")
+            raise SchemaError(f"$ref {quote(ref)} points at "
+                              f"nothing in the schema")
     return node
 
 
-MISSING = object()  # what a pointer finds where the arguments have nothing
+MISSING = object()  # what a pointer finds where there is nothing
 _INDEX_RE = re.compile(r"0|[1-9][0-9]{0,8}")
 
 
 def parse_pointer(text, where):
-    """A JSON Pointer (RFC 6901) into the arguments, as its unescaped tokens."""
+    """A JSON Pointer into the arguments, as unescaped tokens."""
     if not isinstance(text, str) or not text.startswith("/"):
-        raise ConfigError(f'{where}: {quote(str(text))} is not a JSON Pointer into the '
-                          f'arguments; write it like "/amount" or "/payee/name"')
+        raise ConfigError(
+            f"{where}: {quote(str(text))} is not a JSON Pointer "
+            f'into the arguments; write it like "/amount" or '
+            f'"/payee/name"')
     if re.search("~(?![01])", text):
-        raise ConfigError(f"{where}: {quote(text)} has a '~' that is not ~0 or ~1; write ~0 "
-                          f"for '~' and ~1 for '/'")
-    return tuple(t.replace("~1", "/").replace("~0", "~") for t in text[1:].split("/"))
+        raise ConfigError(
+            f"{where}: {quote(text)} has a '~' that is not ~0 or "
+            f"~1; write ~0 for '~' and ~1 for '/'")
+    tokens = text[1:].split("/")
+    return tuple(t.replace("~1", "/").replace("~0", "~") for t in tokens)
 
 
 def resolve_pointer(args, tokens, schema):
-    """The value at a pointer as the server reads it (an omitted amount is paid at its
-    default)."""
+    """As the server reads it: an omitted amount at its default."""
     return pointed(args, tokens, schema)[0]
 
 
+def _item(value, token):
+    if isinstance(value, dict) and token in value:
+        return value[token]
+    if isinstance(value, list) and _INDEX_RE.fullmatch(token) \
+            and int(token) < len(value):
+        return value[int(token)]
+    return MISSING
+
+
 def pointed(args, tokens, schema):
-    """The value at a pointer, and the part of the schema describing it (or None)."""
+    """The value at a pointer, and its part of the schema."""
     value, node = args, schema
     for token in tokens:
-        parent = value
-        if isinstance(value, dict) and token in value:
-            value = value[token]
-        elif isinstance(value, list) and _INDEX_RE.fullmatch(token) and int(token) < len(value):
-            value = value[int(token)]
-        else:
-            value = MISSING
+        parent, value = value, _item(value, token)
         try:
             node = schema_child(schema, node, token)
-        except SchemaError:  # a default behind a $ref that points at nothing is no default
+        except SchemaError:  # a $ref to nothing has no default
             node = None
         if value is MISSING:
             if not isinstance(parent, dict) or not isinstance(node, dict) or \
@@ -5148,18 +5179,18 @@ def pointed(args, tokens, schema):
 
 
 def exact_number(value, node):
-    """A number's exact value; a string's where the schema types it a string and it spells a
-    decimal ("20.00"), as payment APIs send amounts: the server reads it so. Else None."""
+    """Also a string typed so that spells a decimal ("20.00"),
+    as payment APIs send amounts."""
     if isinstance(value, Number):
         return value.exact()
-    if isinstance(value, str) and isinstance(node, dict) and node.get("type") == "string":
+    if isinstance(value, str) and isinstance(node, dict) and \
+            node.get("type") == "string":
         return decimal_text(value)
     return None
 
 
 def schema_child(schema, node, token):
-    """The part of `schema` describing `token` inside what `node` describes, or None; raises
-    SchemaError for a $ref that points at nothing."""
+    """The part of `schema` describing `token` inside `node`."""
     if isinstance(node, dict) and isinstance(node.get("$ref"), str):
         node = resolve_ref(schema, node["$ref"])
     if not isinstance(node, dict):
@@ -5167,19 +5198,19 @@ def schema_child(schema, node, token):
     properties = node.get("properties")
     if isinstance(properties, dict) and token in properties:
         return properties[token]
-    return node["items"] if "items" in node and _INDEX_RE.fullmatch(token) else None
+    if "items" in node and _INDEX_RE.fullmatch(token):
+        return node["items"]
+    return None
 
 
 def _type_of(value):
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, Number):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list) else "object"
+    for kind, name in ((bool, "boolean"), (Number, "number"),
+                       (str, "string"), (list, "array")):
+        if isinstance(value, kind):
+            return name
+    return "object"
 
 
 def _has_type(value, kind):
@@ -5190,8 +5221,7 @@ def _has_type(value, kind):
 
 
 def json_key(value, work=None, at=""):
-    """A hashable form two JSON values share exactly when JSON Schema calls them equal: 1 and
-    1.0 alike, an object's keys in any order. Each value read is paid from `work`, if given."""
+    """Equal exactly when JSON Schema calls two values equal."""
     if work is not None:
         work.pay(EQUALITY_STEP, at)
     if isinstance(value, str):
@@ -5199,10 +5229,11 @@ def json_key(value, work=None, at=""):
     if isinstance(value, Number):
         return "n", value.exact()
     if isinstance(value, list):
-        return ("a", *(json_key(item, work, at) for item in value))
+        return ("a", *(json_key(v, work, at) for v in value))
     if isinstance(value, dict):
-        return "o", frozenset((k, json_key(v, work, at)) for k, v in value.items())
-    return "c", value  # true, false, null: tagged, as True == 1 in Python
+        return "o", frozenset((k, json_key(v, work, at))
+                              for k, v in value.items())
+    return "c", value  # tagged, as True == 1 in Python
 
 
 def json_equal(a, b):
@@ -5218,8 +5249,7 @@ def _path(where, part):
 
 
 def validate(schema, value, root=None, where="", work=None):
-    """Raise SchemaError naming the first place `value` does not match `schema`, or
-    PatternCost when `work` (the call's, else a fresh one) cannot pay for a search."""
+    """SchemaError at the first place `value` does not match."""
     root = schema if root is None else root
     work = PatternWork() if work is None else work
     at = where or "the arguments"
@@ -5228,41 +5258,98 @@ def validate(schema, value, root=None, where="", work=None):
     if schema is False:
         raise SchemaError(f"{at}: no value is allowed here")
     work.pay(SCHEMA_STEP, at)
+
+    def check(sub):
+        validate(sub, value, root, where, work)
+
+    def matches(sub):
+        return _matches(sub, value, root, where, work)
     if "$ref" in schema:
-        validate(resolve_ref(root, schema["$ref"]), value, root, where, work)
+        check(resolve_ref(root, schema["$ref"]))
     kind = schema.get("type")
-    if kind is not None:
-        kinds = kind if isinstance(kind, list) else [kind]
-        if not any(_has_type(value, k) for k in kinds):
-            raise SchemaError(f"{at}: expected {' or '.join(kinds)}, got {_type_of(value)}")
-    if "const" in schema or "enum" in schema:
-        key = json_key(value, work, at)
-        if "const" in schema and json_key(schema["const"], work, at) != key:
-            raise SchemaError(f"{at}: expected exactly {_show(schema['const'])}")
-        if "enum" in schema and key not in [json_key(o, work, at) for o in schema["enum"]]:
-            raise SchemaError(f"{at}: expected one of {_show(schema['enum'])}")
-    if isinstance(value, Number):
-        _validate_number(schema, value, at)
-    elif isinstance(value, str):
-        _validate_string(schema, value, at, work)
-    elif isinstance(value, list):
+    kinds = kind if isinstance(kind, list) else [kind]
+    if kind is not None and not any(_has_type(value, k) for k in kinds):
+        raise SchemaError(f"{at}: expected {' or '.join(kinds)}, "
+                          f"got {_type_of(value)}")
+    _validate_value(schema, value, at, work)
+    if isinstance(value, list):
         _validate_array(schema, value, root, where, work)
     elif isinstance(value, dict):
         _validate_object(schema, value, root, where, work)
     for sub in schema.get("allOf", []):
-        validate(sub, value, root, where, work)
-    if "anyOf" in schema and not any(_matches(s, value, root, where, work)
-                                     for s in schema["anyOf"]):
+        check(sub)
+    if "anyOf" in schema and not any(matches(s) for s in schema["anyOf"]):
         raise SchemaError(f"{at}: matches none of the allowed shapes (anyOf)")
-    if "oneOf" in schema and sum(_matches(s, value, root, where, work)
-                                 for s in schema["oneOf"]) != 1:
-        raise SchemaError(f"{at}: must match exactly one of the allowed shapes (oneOf)")
-    if "not" in schema and _matches(schema["not"], value, root, where, work):
+    if "oneOf" in schema and sum(matches(s) for s in schema["oneOf"]) != 1:
+        raise SchemaError(f"{at}: must match exactly one of the "
+                          f"allowed shapes (oneOf)")
+    if "not" in schema and matches(schema["not"]):
         raise SchemaError(f"{at}: matches a shape that is not allowed (not)")
     if "if" in schema:
-        branch = "then" if _matches(schema["if"], value, root, where, work) else "else"
+        branch = "then" if matches(schema["if"]) else "else"
         if branch in schema:
-            validate(schema[branch], value, root, where, work)
+            check(schema[branch])
+
+
+def _validate_value(schema, value, at, work):
+    if "const" in schema or "enum" in schema:
+        key = json_key(value, work, at)
+        const = schema.get("const")
+        if "const" in schema and json_key(const, work, at) != key:
+            raise SchemaError(f"{at}: expected exactly {_show(const)}")
+        options = schema.get("enum", [])
+        if "enum" in schema and \
+                key not in [json_key(o, work, at) for o in options]:
+            raise SchemaError(f"{at}: expected one of {_show(options)}")
+    if isinstance(value, Number):
+        _validate_number(schema, value.exact(), at)
+    if not isinstance(value, str):
+        return
+    _check_count(schema, len(value), "Length", "characters", at)
+    pattern = schema.get("pattern")
+    if pattern is not None and not work.search(pattern, value, at):
+        raise SchemaError(f"{at}: expected text matching the "
+                          f"pattern {quote(pattern)}")
+
+
+def _check_count(schema, count, keyword, things, at):
+    least = schema.get("min" + keyword)
+    if least is not None and count < least.exact():
+        raise SchemaError(f"{at}: expected at least {least.literal} {things}")
+    most = schema.get("max" + keyword)
+    if most is not None and count > most.exact():
+        raise SchemaError(f"{at}: expected at most {most.literal} {things}")
+
+
+_BOUNDS = (
+    ("minimum", lambda v, b: v < b, "at least"),
+    ("maximum", lambda v, b: v > b, "at most"),
+    ("exclusiveMinimum", lambda v, b: v <= b, "greater than"),
+    ("exclusiveMaximum", lambda v, b: v >= b, "less than"))
+
+
+def _validate_number(schema, exact, at):
+    for key, fails, word in _BOUNDS:
+        bound = schema.get(key)
+        if isinstance(bound, bool):
+            # draft-04: exclusiveMinimum true tightens minimum
+            other = schema.get("minimum" if key ==
+                               "exclusiveMinimum" else "maximum")
+            if bound and isinstance(other, Number) and exact == other.exact():
+                bound = other
+            else:
+                continue
+        elif not isinstance(bound, Number) or not fails(exact, bound.exact()):
+            continue
+        raise SchemaError(f"{at}: expected a number {word} {bound.literal}")
+    step = schema.get("multipleOf")
+    if isinstance(step, Number):
+        try:
+            remainder = exact % step.exact()
+        except decimal.InvalidOperation:
+            remainder = 1  # too far apart to divide exactly
+        if remainder != 0:
+            raise SchemaError(f"{at}: expected a multiple of {step.literal}")
 
 
 def _matches(schema, value, root, where, work):
@@ -5273,112 +5360,78 @@ def _matches(schema, value, root, where, work):
         return False
 
 
-def _validate_number(schema, value, at):
-    exact = value.exact()
-    for key, fails, word in (("minimum", lambda b: exact < b, "at least"),
-                             ("maximum", lambda b: exact > b, "at most"),
-                             ("exclusiveMinimum", lambda b: exact <= b, "greater than"),
-                             ("exclusiveMaximum", lambda b: exact >= b, "less than")):
-        bound = schema.get(key)
-        if isinstance(bound, bool):  # draft-04: exclusiveMinimum true tightens minimum
-            other = schema.get("minimum" if key == "exclusiveMinimum" else "maximum")
-            if bound and isinstance(other, Number) and exact == other.exact():
-                raise SchemaError(f"{at}: expected a number {word} {other.literal}")
-        elif isinstance(bound, Number) and fails(bound.exact()):
-            raise SchemaError(f"{at}: expected a number {word} {bound.literal}")
-    step = schema.get("multipleOf")
-    if isinstance(step, Number):
-        try:
-            remainder = exact % step.exact()
-        except decimal.InvalidOperation:
-            remainder = 1  # too far apart to divide exactly: not a multiple we can vouch for
-        if remainder != 0:
-            raise SchemaError(f"{at}: expected a multiple of {step.literal}")
-
-
-def _validate_string(schema, value, at, work):
-    if "minLength" in schema and len(value) < schema["minLength"].exact():
-        raise SchemaError(f"{at}: expected at least {schema['minLength'].literal} characters")
-    if "maxLength" in schema and len(value) > schema["maxLength"].exact():
-        raise SchemaError(f"{at}: expected at most {schema['maxLength'].literal} characters")
-    if "pattern" in schema and not work.search(schema["pattern"], value, at):
-        raise SchemaError(f"{at}: expected text matching the pattern "
-                          f"{quote(schema['pattern'])}")
-
-
 def _validate_array(schema, value, root, where, work):
     at = where or "the arguments"
-    if "minItems" in schema and len(value) < schema["minItems"].exact():
-        raise SchemaError(f"{at}: expected at least {schema['minItems'].literal} items")
-    if "maxItems" in schema and len(value) > schema["maxItems"].exact():
-        raise SchemaError(f"{at}: expected at most {schema['maxItems'].literal} items")
+    _check_count(schema, len(value), "Items", "items", at)
     if schema.get("uniqueItems") is True:
         keys = {json_key(item, work, at) for item in value}
         if len(keys) < len(value):
             raise SchemaError(f"{at}: expected items that are all different")
     prefix = schema.get("prefixItems")
     items = schema.get("items")
-    if isinstance(items, list):  # draft-07 tuple form
+    if isinstance(items, list):  # draft-07's tuple form
         prefix, items = items, schema.get("additionalItems")
     prefix = prefix or []
     for i, item in enumerate(value):
         sub = prefix[i] if i < len(prefix) else items
         if sub is not None:
             validate(sub, item, root, _path(where, i), work)
-    if "contains" in schema:
-        found = sum(_matches(schema["contains"], item, root, where, work)
-                    for item in value)
-        least = schema["minContains"].exact() if "minContains" in schema else 1
-        if found < least:
-            raise SchemaError(f"{at}: expected at least {least} item(s) of the required shape "
-                              f"(contains)")
-        if "maxContains" in schema and found > schema["maxContains"].exact():
-            raise SchemaError(f"{at}: expected at most {schema['maxContains'].literal} item(s) "
-                              f"of that shape (contains)")
+    if "contains" not in schema:
+        return
+    found = sum(_matches(schema["contains"], item, root, where,
+                         work) for item in value)
+    least = schema.get("minContains", Number("1")).exact()
+    if found < least:
+        raise SchemaError(
+            f"{at}: expected at least {least} item(s) of the "
+            f"required shape (contains)")
+    most = schema.get("maxContains")
+    if most is not None and found > most.exact():
+        raise SchemaError(
+            f"{at}: expected at most {most.literal} item(s) of "
+            f"that shape (contains)")
 
 
 def _validate_object(schema, value, root, where, work):
     at = where or "the arguments"
     for name in schema.get("required", []):
         if name not in value:
-            raise SchemaError(f"{_path(where, name)}: this property is required")
-    if "minProperties" in schema and len(value) < schema["minProperties"].exact():
-        raise SchemaError(f"{at}: expected at least {schema['minProperties'].literal} "
-                          f"properties")
-    if "maxProperties" in schema and len(value) > schema["maxProperties"].exact():
-        raise SchemaError(f"{at}: expected at most {schema['maxProperties'].literal} properties")
+            raise SchemaError(
+                f"{_path(where, name)}: this property is required")
+    _check_count(schema, len(value), "Properties", "properties", at)
     properties = schema.get("properties", {})
     patterns = schema.get("patternProperties", {})
     extra = schema.get("additionalProperties")
     for name, item in value.items():
-        matched = False
-        if name in properties:
-            validate(properties[name], item, root, _path(where, name), work)
-            matched = True
+        place = _path(where, name)
+        matched = name in properties
+        if matched:
+            validate(properties[name], item, root, place, work)
         for pattern, sub in patterns.items():
-            if work.search(pattern, name, _path(where, name)):
-                validate(sub, item, root, _path(where, name), work)
+            if work.search(pattern, name, place):
+                validate(sub, item, root, place, work)
                 matched = True
         if not matched and extra is False:
             allowed = ", ".join(sorted(properties)) or "none"
-            raise SchemaError(f"{_path(where, name)}: this property is not allowed "
-                              f"(allowed: {allowed})")
+            raise SchemaError(f"{place}: this property is not "
+                              f"allowed (allowed: {allowed})")
         if not matched and isinstance(extra, dict):
-            validate(extra, item, root, _path(where, name), work)
-    if "propertyNames" in schema:
-        for name in value:
-            validate(schema["propertyNames"], name, root, _path(where, name), work)
-    dependencies = {**schema.get("dependencies", {}), **schema.get("dependentRequired", {}),
+            validate(extra, item, root, place, work)
+    for name in value if "propertyNames" in schema else ():
+        validate(schema["propertyNames"], name, root, _path(where, name), work)
+    dependencies = {**schema.get("dependencies", {}),
+                    **schema.get("dependentRequired", {}),
                     **schema.get("dependentSchemas", {})}
     for name, needed in dependencies.items():
         if name not in value:
             continue
-        if isinstance(needed, list):
-            for other in needed:
-                if other not in value:
-                    raise SchemaError(f"{_path(where, other)}: required when {name} is given")
-        else:
+        if not isinstance(needed, list):
             validate(needed, value, root, where, work)
+            continue
+        for other in needed:
+            if other not in value:
+                raise SchemaError(f"{_path(where, other)}: "
+                                  f"required when {name} is given")
 
 
 # =============================================================================================
@@ -5386,15 +5439,12 @@ def _validate_object(schema, value, root, where, work):
 #
 # Reads as: library
 #
-# Contract: url_place(value) reads a URL as a WHATWG parser (browsers, node) would, and returns
-# its scheme and host, or nothing where the host could be read two ways (one_reading: a
-# non-ASCII host that is not stable under case folding and NFKC, letters outside Unicode 3.2,
-# right-to-left letters, a leading combining mark, the letters node ignores). host_entry
-# reads an entry ("example.com", ".example.com", "https://example.com") so, or raises
-# ConfigError; host_matches: the host is an entry or under a dotted one, in its scheme if any.
-# Differential test: tests/test_edges_paths.py reads every code point of planes 0, 1 and 14
-# in a host as node's URL does, finds no host read as another, and host_matches agreeing
-# with node's readings of generated URLs and entries.
+# Contract: hosts are ASCII (another script in punycode, xn--).
+# url_place(value) is a URL's (scheme, host) as a WHATWG parser
+# reads them, or None where a client could reach another host or
+# the host is not ASCII: then neither host_in nor host_not_in
+# holds. host_entry reads an entry or raises ConfigError.
+# Differential test: tests/test_edges_paths.py (node's URL).
 # =============================================================================================
 
 _LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
@@ -5403,12 +5453,12 @@ _URL_UNSAFE_RE = re.compile(r"[\x00-\x20\x7f\\]")
 
 
 def normal_host(host):
-    """A host as compared (lower-case, IDNA-encoded, one trailing dot dropped, an IP address
-    in its standard form), or None if a client could reach another: a numeric label must
-    make a whole dotted quad (no octal, hex or short forms), and a name must read one way
-    through IDNA 2003 and UTS #46 (one_reading)."""
+    """Lower-cased, one trailing dot dropped, an IP address in
+    its standard form; None where a client could reach another:
+    not ASCII, an empty label, a numeric form not a dotted quad."""
     import ipaddress
-    if not isinstance(host, str) or not host or "%" in host:
+    if not isinstance(host, str) or not host.isascii() or \
+            not host or "%" in host:
         return None
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
@@ -5417,76 +5467,38 @@ def normal_host(host):
             address = ipaddress.IPv6Address(host)
         except ValueError:
             return None
-        # An IPv4 address written as IPv6 reaches the IPv4 host: it is compared as that one.
-        return str(address.ipv4_mapped) if address.ipv4_mapped else address.compressed
-    host = host[:-1] if host.endswith(".") else host
-    if "" in host.split("."):  # "a..b": an empty label names no host
-        return None
-    lowered = host.lower()
-    try:
-        # An xn-- label is read as the name it encodes, and that name must read one way too.
-        name = lowered.encode("ascii").decode("idna") if lowered.isascii() else lowered
-        if not (name.isascii() or one_reading(host, name)):
-            return None
-        encoded = name.encode("idna").decode("ascii")
-        if not name.isascii() and encoded.encode("ascii").decode("idna") != name:
-            return None
-    except UnicodeError:
-        return None
-    labels = encoded.split(".")
+        # An IPv4 address written as IPv6 reaches the IPv4 host.
+        mapped = address.ipv4_mapped
+        return str(mapped) if mapped else address.compressed
+    host = host[:-1].lower() if host.endswith(".") else host.lower()
+    labels = host.split(".")
     if not all(_LABEL_RE.fullmatch(label) for label in labels):
         return None
     if _NUMERIC_LABEL_RE.fullmatch(labels[-1]):
         try:
-            return str(ipaddress.IPv4Address(encoded))
+            return str(ipaddress.IPv4Address(host))
         except ValueError:
             return None
-    return encoded
-
-
-def one_reading(written, name):
-    """Whether a non-ASCII host name (`written`; `name`, lower-cased or decoded from xn--)
-    reads as one name to every client. Python's IDNA 2003 codec knows Unicode 3.2 and maps
-    little; UTS #46 (node, browsers) maps every compatibility form (`loc\u1d43lhost` is
-    localhost). So: assigned in Unicode 3.2, its own case fold and NFKC form, no label led
-    by a combining mark, nothing right-to-left or an Arabic digit (read differently)."""
-    if unicodedata.normalize("NFKC", name.casefold()) != name or \
-            unicodedata.normalize("NFKC", written.casefold()) != written.lower():
-        return False
-    return all(char.isascii() or (unicodedata.ucd_3_2_0.category(char) != "Cn"
-                                  and unicodedata.bidirectional(char) not in ("R", "AL", "AN")
-                                  and char not in _IGNORED_LETTERS)
-               for char in name) and \
-        not any(unicodedata.category(label[:1]).startswith("M") for label in name.split("."))
-
-
-# Letters Unicode says to ignore, which UTS #46 refuses and IDNA 2003 keeps.
-_IGNORED_LETTERS = "\u115f\u1160\u17b4\u17b5"
-
-
-# The schemes whose host URL parsers read as a domain (WHATWG's special schemes); in any
-# other a parser keeps the host as opaque text, percent-encoding what is not ASCII.
-DOMAIN_SCHEMES = ("http", "https", "ws", "wss", "ftp", "file")
+    return host
 
 
 def url_place(value):
-    """(scheme, host) of a URL, its host normalised (userinfo and port aside), or None when
-    it names no host a client would read one way."""
     from urllib.parse import urlsplit
-    if not isinstance(value, str) or len(value) > 8192 or _URL_UNSAFE_RE.search(value):
+    if not isinstance(value, str) or len(value) > 8192 or \
+            _URL_UNSAFE_RE.search(value):
         return None
     try:
         parts = urlsplit(value)
-        parts.port  # a port that is not a number makes the URL unusable
+        parts.port  # a port that is not a number spoils the URL
     except ValueError:
         return None
     if not parts.scheme or not parts.netloc:
         return None
     written = parts.netloc.rpartition("@")[2]
-    written = written[:written.find("]") + 1] if written.startswith("[") else \
-        written.partition(":")[0]
-    if not written.isascii() and parts.scheme not in DOMAIN_SCHEMES:
-        return None
+    if written.startswith("["):
+        written = written[:written.find("]") + 1]
+    else:
+        written = written.partition(":")[0]
     host = normal_host(written)
     return None if host is None else (parts.scheme, host)
 
@@ -5499,25 +5511,42 @@ def host_matches(scheme, host, entries):
         wanted, sep, name = entry.partition("://")
         if not sep:
             wanted, name = scheme, entry
-        if wanted == scheme and (host.endswith(name) if name.startswith(".") else host == name):
+        if wanted != scheme:
+            continue
+        if name.startswith("."):
+            if host.endswith(name):
+                return True
+        elif host == name:
             return True
     return False
 
 
 def host_entry(entry, with_scheme, where):
-    """A host_in or host_not_in entry as it is compared. Only host_in takes a scheme: in
-    host_not_in it would let the same host through under every other scheme."""
-    scheme, sep, name = entry.partition("://") if isinstance(entry, str) else ("", "", entry)
-    scheme, name = (scheme.lower(), name) if sep else ("", entry)
-    dot = "." if isinstance(name, str) and name.startswith(".") else ""
-    host = normal_host(name[1:] if dot else name) if isinstance(name, str) else None
-    if host is None or (dot and ":" in host) or (scheme and not _SCHEME_RE.fullmatch(scheme)):
-        raise ConfigError(f"{where}: {quote(str(entry))} is not a host name; write it like "
-                          f'"example.com", or ".example.com" for its subdomains')
+    """Only host_in takes a scheme: in host_not_in it would let
+    the host through under every other scheme."""
+    if not isinstance(entry, str):
+        entry = str(entry)
+        scheme, sep, name = "", "", None
+    else:
+        scheme, sep, name = entry.partition("://")
+        scheme, name = (scheme.lower(), name) if sep else ("", entry)
+    if isinstance(name, str) and not name.isascii():
+        raise ConfigError(
+            f"{where}: {quote(entry)} is not ASCII; write a host "
+            f"name in another script in its punycode form, as "
+            f'"xn--bcher-kva.de" for bücher.de')
+    dot = "." if name and name.startswith(".") else ""
+    host = normal_host(name[len(dot):]) if name else None
+    if host is None or (dot and ":" in host) or \
+            (scheme and not _SCHEME_RE.fullmatch(scheme)):
+        raise ConfigError(
+            f"{where}: {quote(entry)} is not a host name; write it"
+            f' like "example.com", or ".example.com" for its ' f"subdomains")
     if scheme and not with_scheme:
-        raise ConfigError(f"{where}: {quote(entry)} names a scheme, which only host_in may "
-                          f'require (as "https://example.com"); write host_not_in entries like '
-                          f'"example.com"')
+        raise ConfigError(
+            f"{where}: {quote(entry)} names a scheme, which only "
+            f'host_in may require (as "https://example.com"); '
+            f'write host_not_in entries like "example.com"')
     return scheme + sep + dot + host
 
 
@@ -5526,46 +5555,45 @@ def host_entry(entry, with_scheme, where):
 #
 # Reads as: library
 #
-# Contract: resolved_path(path) resolves a path as the kernel would for a server, following
-# links one component at a time (at most MAX_LINKS), without realpath; /proc, a loop, too many
-# links, a file used as a directory, and a name another entry of its directory equals under
-# NFKC resolve to nothing, and such a path lies under no directory (path_under);
-# resolved_root reads an `under` root so, normalised as written, or raises ConfigError.
-# Differential test: tests/test_edges_paths.py writes generated paths through the kernel and
-# the npm filesystem server, none landing outside what path_under allowed, and finds each
-# generated root resolved where the kernel resolves it, or refused.
+# Contract: resolved_path resolves a path as the kernel would
+# for a server, or to nothing where a server may read it
+# otherwise; such a path lies under no directory (path_under).
+# Differential test: tests/test_edges_paths.py (the kernel and
+# the npm filesystem server).
 # =============================================================================================
 
-PATH_MAX = 4096  # the longest path the kernel opens; no server reaches a longer one
-MAX_LINKS = 40   # links followed in one lookup, as the kernel bounds them
+PATH_MAX = 4096  # the longest path the kernel opens
+MAX_LINKS = 40   # links followed in one lookup, as the kernel
+
+
+def _home(path):
+    if path == "~" or path.startswith("~/"):
+        return os.path.expanduser("~") + path[1:]
+    return path
 
 
 def path_under(value, roots):
-    """Whether a path lies inside one of the resolved roots both as written (normalised,
-    `~` expanded) and as resolved_path reads it. A relative path, or one a server may read
-    otherwise, could land anywhere: it lies under none."""
+    """Inside a root both as written and as resolved."""
     if not isinstance(value, str) or not value or "\x00" in value:
         return False
-    if value == "~" or value.startswith("~/"):
-        value = os.path.expanduser("~") + value[1:]
-    if not value.startswith("/") or len(value.encode("utf-8", "surrogatepass")) > PATH_MAX:
+    value = _home(value)
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if not value.startswith("/") or size > PATH_MAX:
         return False
     places = {resolved_path(os.path.normpath(value)), resolved_path(value)}
-    return None not in places and all(
-        any(place == root or place.startswith(root.rstrip("/") + "/") for root in roots)
-        for place in places)
+    if None in places:
+        return False
+    return all(any(place == root or place.startswith(root.rstrip("/") + "/")
+                   for root in roots) for place in places)
 
 
 def resolved_path(path):
-    """Where an absolute path leads here, links followed one component at a time (`..` after
-    the link before it, as the kernel does), or None when a server may read it otherwise:
-    - through /proc: its self, cwd and fd links are the opening process's, the server's;
-    - past MAX_LINKS links, which is also how a loop ends (the kernel's ELOOP);
-    - through a file as a directory, or a directory the gate may not read;
-    - with a component that is not ASCII or not there byte for byte, and another entry of
-      its directory equal to it under NFKC: servers match names normalised (the filesystem
-      server finds `li\u0308nk` as the link `l\u00efnk`).
-    Not os.path.realpath: its reading of a loop changed between versions, and it recurses."""
+    """None where a server may read it otherwise: through /proc
+    (its self links are the server's), past MAX_LINKS (a loop),
+    through a file or an unreadable directory, or a name another
+    entry equals under NFKC (servers match names normalised).
+    Not realpath: its reading of a loop changed, and it recurses.
+    """
     resolved, pending, links = [], path.split("/")[::-1], 0
     while pending:
         name = pending.pop()
@@ -5583,30 +5611,30 @@ def resolved_path(path):
             mode = None
         except (OSError, ValueError):
             return None
-        if (mode is None or not name.isascii()) and _named_two_ways(resolved, name):
+        if (mode is None or not name.isascii()) and \
+                _named_two_ways(resolved, name):
             return None
-        if mode is not None and stat.S_ISLNK(mode):
-            links += 1
-            if links > MAX_LINKS:
-                return None
-            try:
-                target = os.readlink(here)
-            except OSError:
-                return None
-            if target.startswith("/"):
-                resolved = []
-            pending.extend(target.split("/")[::-1])
+        if mode is None or not stat.S_ISLNK(mode):
+            resolved.append(name)
             continue
-        resolved.append(name)
+        links += 1
+        if links > MAX_LINKS:
+            return None
+        try:
+            target = os.readlink(here)
+        except OSError:
+            return None
+        if target.startswith("/"):
+            resolved = []
+        pending.extend(target.split("/")[::-1])
     return "/" + "/".join(resolved)
 
 
 def _named_two_ways(parents, name):
-    """Whether another entry of the directory `parents` names could be taken for `name`."""
     try:
         entries = os.listdir("/" + "/".join(parents))
     except FileNotFoundError:
-        return False  # nothing there yet, so nothing to mistake it for
+        return False  # nothing there to mistake it for
     except OSError:
         return True
     key = unicodedata.normalize("NFKC", name)
@@ -5615,18 +5643,20 @@ def _named_two_ways(parents, name):
 
 
 def resolved_root(text, where):
-    """A directory an `under` condition names, resolved once, at load."""
     if not isinstance(text, str) or not text or "\x00" in text:
-        raise ConfigError(f"{where}: under lists directories as non-empty strings")
-    path = os.path.expanduser("~") + text[1:] if text == "~" or text.startswith("~/") else text
+        raise ConfigError(f"{where}: under lists directories as "
+                          f"non-empty strings")
+    path = _home(text)
     if not path.startswith("/"):
-        raise ConfigError(f"{where}: {quote(text)} is relative; write the directory as an "
-                          f"absolute path or one starting with ~/")
+        raise ConfigError(
+            f"{where}: {quote(text)} is relative; write the "
+            f"directory as an absolute path or one starting with ~/")
     root = resolved_path(os.path.normpath(path))
     if root is None:
-        raise ConfigError(f"{where}: {quote(text)} cannot be resolved as a server would (it "
-                          f"goes through /proc, a loop or too many links, or is named two "
-                          f"ways); name the directory itself")
+        raise ConfigError(
+            f"{where}: {quote(text)} cannot be resolved as a server would (it "
+            f"goes through /proc, a loop or too many links, or is named two "
+            f"ways); name the directory itself")
     return root
 
 
@@ -5635,80 +5665,46 @@ def resolved_root(text, where):
 #
 # Reads as: library
 #
-# Contract: parse_duration returns what Go's time.ParseDuration returns, as int nanoseconds,
-# and raises ValueError where Go errs. Its syntax: an optional sign, then "0" alone or terms
-# back to back, each a decimal number ("5", "5.", ".5") and a unit (ns, us, µs U+00B5, μs
-# U+03BC, ms, s, m, h): "+5s", ".5s", "5.s" and "1m30s1m" are read; "1h-5m", "1h 30m", "5",
-# "00", "1d", "1S", "1e3s" and non-ASCII digits are not. Each term is truncated to whole
-# nanoseconds on its own ("0.5ns0.5ns" is 0), its fraction scaled in float64 from the
-# leading digits that fit in 2^63, as Go does (so a long fraction can end a nanosecond off
-# the exact value); the sum must fit int64 (-2^63 ns is read, 2^63 ns is not).
-# format_duration(ns) writes an int64 as Go's Duration.String does ("0s", "1.5µs", "300ms",
-# "1m0s", "24h0m0s"); parse_duration reads each back to itself. format_time writes seconds
-# since the epoch as UTC "YYYY-MM-DDTHH:MM:SS.ffffffZ", rounded to the microsecond as
-# datetime.fromtimestamp rounds (half to even on the double), the one writer later shares;
-# for years 1000 to 9999 it is fixed width (past 9999 both raise), so stored times compare as
-# strings in the order of their instants; now() is
-# format_time(time.time()). parse_time reads such a time as the double nearest its instant,
-# which format_time writes back unchanged within 2^33 s of 1970 (1697 to 2242). later(text,
-# ns) writes the instant ns after text exactly, rounded half to even to the microsecond, in
-# years 1000 to 9999. prose_time(text) is text to the
-# second, truncated: "YYYY-MM-DDTHH:MM:SSZ".
-# Differential test: tests/test_durations_differential.py (against durationpy, datetime, and
-# a table of Go's own answers).
+# Contract: parse_duration reads Go's syntax in whole-number
+# terms ("15s", "1h30m", "0") as int64 ns, as Go does; ValueError
+# for the rest, fractions too. format_duration is Go's String.
+# format_time writes UTC "YYYY-MM-DDTHH:MM:SS.ffffffZ", fixed
+# width, so stored times compare as strings.
+# Differential test: tests/test_durations_differential.py
+# (durationpy, datetime, Go's own answers).
 # =============================================================================================
 
-_DURATION_UNITS = {"ns": 1, "us": 1000, "µs": 1000, "μs": 1000, "ms": 10**6, "s": 10**9,
-                   "m": 60 * 10**9, "h": 3600 * 10**9}
-_DURATION_RE = re.compile(r"([0-9]*(?:\.[0-9]*)?)([a-zµμ]+)")
+_DURATION_UNITS = {
+    "ns": 1, "us": 1000, "µs": 1000, "μs": 1000, "ms": 10**6,
+    "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
+_DURATION_RE = re.compile(r"([0-9]{1,20})(ns|us|µs|μs|ms|s|m|h)")
 
 
 def parse_duration(text):
-    """Nanoseconds from Go's duration syntax ("15s", "1h30m", "300ms", "0"); ValueError else."""
     sign = -1 if text.startswith("-") else 1
     body = text[1:] if text.startswith(("+", "-")) else text
     if body == "0":
         return 0
-    if not body:
-        raise ValueError(f'invalid duration "{text}"')
     total, pos = 0, 0
-    while pos < len(body):
+    while pos < len(body) or not pos:
         match = _DURATION_RE.match(body, pos)
-        if not match or match.group(1) in ("", ".") or match.group(2) not in _DURATION_UNITS:
+        if not match:
             raise ValueError(f'invalid duration "{text}"')
-        whole, _, fraction = match.group(1).partition(".")
-        whole, unit = whole.lstrip("0"), _DURATION_UNITS[match.group(2)]
-        if len(whole) > 19:
-            raise ValueError(f'duration "{text}" is too long')
-        total += int(whole or 0) * unit + _go_fraction(fraction, unit)
+        digits, unit = match.groups()
+        total += int(digits) * _DURATION_UNITS[unit]
         pos = match.end()
-    if total > 2**63 - (sign > 0):  # Go's int64: -2^63 ns is a duration, 2^63 ns is not
+    # Go's int64: -2^63 ns is a duration, 2^63 ns is not
+    if total > 2**63 - (sign > 0):
         raise ValueError(f'duration "{text}" is too long')
     return sign * total
 
 
-def _go_fraction(digits, unit):
-    # Go truncates each term on its own, and computes a fraction in float64 from its leading
-    # digits that fit in 2^63; a long fraction of an hour can so be a nanosecond off the exact
-    # value, and Go's answer is the one a Go program given the same text would act on.
-    zeros = len(digits) - len(digits.lstrip("0"))
-    kept = digits[zeros:zeros + 19]
-    if kept and int(kept) > 2**63:
-        kept = kept[:18]
-    if not kept:
-        return 0
-    scale = 1.0
-    for _ in range(zeros + len(kept)):
-        scale *= 10
-    return int(float(int(kept)) * (float(unit) / scale))
-
-
 def format_duration(ns):
-    """Go's Duration.String: 0s, 300ms, 2s, 1m30s, 10m0s, 24h0m0s."""
+    """Go's Duration.String: 0s, 300ms, 2s, 1m30s, 24h0m0s."""
     sign, ns = ("-" if ns < 0 else ""), abs(ns)
     for unit, size in (("ns", 1), ("µs", 1000), ("ms", 10**6)):
-        if 0 < ns < size * 1000:
-            return f"{sign}{decimal.Decimal(ns) / size:f}{unit}"  # exact: under 28 digits
+        if 0 < ns < size * 1000:  # exact: under 28 digits
+            return f"{sign}{decimal.Decimal(ns) / size:f}{unit}"
     hours, rest = divmod(ns, 3600 * SECOND)
     minutes, rest = divmod(rest, 60 * SECOND)
     seconds = f"{decimal.Decimal(rest) / SECOND:f}s"
@@ -5720,13 +5716,12 @@ def format_duration(ns):
 
 
 def now():
-    """Fixed-width UTC with microseconds: leases and windows compare as strings."""
     return format_time(time.time())
 
 
 def format_time(seconds):
-    """Microseconds rounded as datetime rounds them (half to even on the double)."""
-    return _written(datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc))
+    utc = datetime.timezone.utc
+    return _written(datetime.datetime.fromtimestamp(seconds, utc))
 
 
 def parse_time(text):
@@ -5734,11 +5729,12 @@ def parse_time(text):
 
 
 def later(text, ns):
-    # On integers, not float seconds: a double near 2026 holds a quarter of a microsecond, so a
-    # float sum can round a sub-microsecond duration to the wrong side, and past 2106 a whole one.
+    # On integers: a float sum can round a sub-microsecond
+    # duration to the wrong side, and past 2106 a whole one.
     micros, rest = divmod(ns, 1000)
     micros += rest > 500 or (rest == 500 and micros % 2)
-    return _written(_moment(text) + datetime.timedelta(microseconds=micros))
+    step = datetime.timedelta(microseconds=micros)
+    return _written(_moment(text) + step)
 
 
 def _moment(text):
@@ -5759,34 +5755,33 @@ def prose_time(text):
 #
 # Reads as: library
 #
-# Contract: each reader takes a JSON value read by section 10's parse, a field of an object
-# (the value itself for parse_decimal, whole_number and one_of), and returns it exactly when
-# the JSON Schema its docstring names accepts it, its parameters standing for the caller's
-# arguments and numbers read exactly as written. A number comes back as an int or Decimal, a
-# duration as its nanoseconds, an absent field as the docstring's `absent:` says (`absent or
-# null:` where a null reads as absent, as Go's decoder reads one). Otherwise it raises
-# ConfigError, one sentence naming the field (as `where` places it; field_byte_cap's are
-# top-level) and what to write instead. refuse_unknown reads the object itself.
-# Differential test: tests/test_fields_differential.py, against the jsonschema package.
+# Contract: each reader returns a field exactly when the JSON
+# Schema its docstring names accepts it (a number as int or
+# Decimal, a duration in ns, absent as its `absent:` says), else
+# raises ConfigError naming the field and what to write.
+# Differential test: tests/test_fields_differential.py
+# (jsonschema).
 # =============================================================================================
 
 def refuse_unknown(raw, fields, where):
-    """{"type": "object", "propertyNames": {"enum": fields}}, on raw itself."""
+    """{"type": "object", "propertyNames": {"enum": fields}}."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be an object")
     for key in raw:
         if key not in fields:
-            raise ConfigError(f"{where} has an unknown field {quote(key)}; the fields are "
-                              f"{', '.join(fields)}")
+            raise ConfigError(
+                f"{where} has an unknown field {quote(key)}; the "
+                f"fields are {', '.join(fields)}")
 
 
 def field_string(raw, field, where, required=False):
     """{"type": "string"}; absent or null: "";
-    if required, {"type": "string", "minLength": 1}; absent or null: refused."""
+    if required, {"type": "string", "minLength": 1};
+    absent or null: refused."""
     value = raw.get(field)
+    if value is None and required:
+        raise ConfigError(f"{where} needs {field}")
     if value is None:
-        if required:
-            raise ConfigError(f"{where} needs {field}")
         return ""
     if not isinstance(value, str):
         raise ConfigError(f"{where}.{field} must be a string")
@@ -5804,34 +5799,42 @@ def field_bool(raw, field, where):
 
 
 def field_names(raw, field, where):
-    """{"type": "array", "items": {"type": "string"}}; absent: []."""
+    """{"type": "array", "items": {"type": "string"}}; absent:
+    []."""
     value = raw.get(field, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    if not isinstance(value, list) or \
+            not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where}.{field} must be a list of strings")
     return value
 
 
 def field_byte_cap(raw, field, default, most):
-    """{"type": "integer", "minimum": 1024, "maximum": most}, as an int; absent: default."""
+    """{"type": "integer", "minimum": 1024, "maximum": most}, as
+    an int; absent: default."""
     cap = raw.get(field, Number(str(default)))
-    if not isinstance(cap, Number) or not cap.is_integer() or not 1024 <= cap.exact() <= most:
-        raise ConfigError(f"{field} must be a whole number of bytes from 1024 to {most}")
+    if not isinstance(cap, Number) or not cap.is_integer() or \
+            not 1024 <= cap.exact() <= most:
+        raise ConfigError(f"{field} must be a whole number of "
+                          f"bytes from 1024 to {most}")
     return int(cap.exact())
 
 
 def field_duration(raw, field, where, default):
-    """{"type": "string"} that parse_duration reads as 0 or more, as its ns; absent or null:
-    default."""
+    """{"type": "string"} that parse_duration reads as 0 or more,
+    as its ns; absent or null: default."""
     value = raw.get(field)
     if value is None:
         return default
     if not isinstance(value, str):
-        raise ConfigError(f'{where}.{field}: a duration is a string such as "15s"')
+        raise ConfigError(f"{where}.{field}: a duration is a "
+                          f'string such as "15s"')
     try:
         ns = parse_duration(value)
     except ValueError:
-        raise ConfigError(f'{where}.{field} {quote(value)} is not a duration; write it like '
-                          f'"15s", "300ms" or "1h30m"') from None
+        raise ConfigError(
+            f"{where}.{field} {quote(value)} is not a duration; "
+            f'write whole numbers with units, like "15s", '
+            f'"300ms" or "1h30m" (not "1.5h")') from None
     if ns < 0:
         raise ConfigError(f"{where}.{field} must not be negative")
     return ns
@@ -5839,13 +5842,17 @@ def field_duration(raw, field, where, default):
 
 def parse_decimal(value, where):
     """{"type": ["number", "string"], "maxLength": 10000,
-    "pattern": "^-?(0|[1-9][0-9]*)([.][0-9]+)?([eE][+-]?0*([0-9]{1,4}|10000))?$"}, as a Decimal."""
+    "pattern":
+    "^-?(0|[1-9][0-9]*)([.][0-9]+)?([eE][+-]?0*([0-9]{1,4}|10000))?$"},
+    as a Decimal."""
     if isinstance(value, Number):
         return value.exact()
-    found = decimal_text(value) if isinstance(value, str) else None
-    if found is not None:
-        return found
-    raise ConfigError(f'{where} must be a number or a decimal string such as "50.00"')
+    if isinstance(value, str):
+        found = decimal_text(value)
+        if found is not None:
+            return found
+    raise ConfigError(f"{where} must be a number or a decimal "
+                      f'string such as "50.00"')
 
 
 def decimal_text(text):
@@ -5856,11 +5863,13 @@ def decimal_text(text):
 
 
 def whole_number(value, where, least, most=math.inf, note=""):
-    """{"type": "integer", "minimum": least, "maximum": most}, as an int."""
-    if not isinstance(value, Number) or not value.is_integer() \
-            or not least <= value.exact() <= most:
+    """{"type": "integer", "minimum": least, "maximum": most}, as
+    an int."""
+    if not isinstance(value, Number) or not value.is_integer() or \
+            not least <= value.exact() <= most:
         upto = "" if most == math.inf else f" and at most {most}"
-        raise ConfigError(f"{where} must be a whole number of at least {least}{upto}{note}")
+        raise ConfigError(f"{where} must be a whole number of at "
+                          f"least {least}{upto}{note}")
     return int(value.exact())
 
 
@@ -5868,7 +5877,8 @@ def one_of(value, choices, where):
     """{"enum": choices}."""
     if value not in choices:
         shown = value if isinstance(value, str) else policy_json(value)
-        raise ConfigError(f"{where} is {quote(shown)}; use one of {', '.join(choices)}")
+        raise ConfigError(f"{where} is {quote(shown)}; use one of "
+                          f"{', '.join(choices)}")
     return value
 
 
@@ -5877,23 +5887,12 @@ def one_of(value, choices, where):
 #
 # Reads as: library
 #
-# Contract: During(raw, where) reads a `during` object. zone, required: a zone the machine's
-# time zone database holds, named as tz names zones (ASCII letters, digits and _+.- in at
-# most four parts split by /), and not a file beside the zones there (localtime, posixrules,
-# the posix/ and right/ copies). days: days or ranges of days, comma-separated, with white space
-# around each, as mon, tue, ... sun in any case; "mon-fri", "fri-mon" (past Sunday) or
-# "sat,sun". hours: "HH:MM-HH:MM", white space around the dash allowed, 00:00 to 23:59 or an
-# end of 24:00, start and end different; the range runs past midnight when the end comes
-# first, as in "22:00-06:00". At least one of days and hours, and no other field. Anything
-# else raises ConfigError, one sentence naming the field as `where` places it.
-# holds(at) tells whether the instant `at` (seconds since the epoch, read to the microsecond)
-# shows, on a wall clock in that zone, one of the days (any day without days) and a minute
-# from the start up to, not including, the end (any minute without hours). The day is always
-# the instant's own, also in a range past midnight: "fri" with "22:00-06:00" holds early and
-# late on Friday, not early on Saturday. A change of the clocks moves the window with the
-# wall clock: a minute the clock skips never holds, one it shows twice holds twice.
-# Differential test: tests/test_days_differential.py (against node's Intl, which reads ICU's
-# own copy of the time zone database).
+# Contract: During(raw, where) reads a `during` object (a `zone`,
+# `days`, `hours`) or raises ConfigError. holds(at): on the zone's
+# wall clock the instant's own day is listed and its minute in
+# [start, end), which runs past midnight when end comes first.
+# Differential test: tests/test_days_differential.py (node's
+# Intl).
 # =============================================================================================
 
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -5902,13 +5901,15 @@ _ZONE_RE = re.compile(r"[A-Za-z0-9_+.-]+(/[A-Za-z0-9_+.-]+){0,3}")
 
 
 def _zone(name):
-    """The zone tz names `name`, or None. Only a name as tz spells zones (zoneinfo recurses once
-    a level, and would fail on a deep one), and never a file beside the zones: the machine's
-    own zone, or a copy (right/ counts leap seconds, so its wall clock is off after a change)."""
-    import zoneinfo  # only a policy with `during` needs the time zone database
-    if not isinstance(name, str) or not _ZONE_RE.fullmatch(name) \
-            or name.lower() in ("localtime", "posixrules") \
-            or name.lower().startswith(("posix/", "right/")):
+    """Only a name spelled as tz spells zones (zoneinfo recurses
+    a level a part); no file beside them (right/ counts leap
+    seconds)."""
+    import zoneinfo  # only `during` needs the tz database
+    if not isinstance(name, str) or not _ZONE_RE.fullmatch(name):
+        return None
+    lower = name.lower()
+    if lower in ("localtime", "posixrules") or \
+            lower.startswith(("posix/", "right/")):
         return None
     try:
         return zoneinfo.ZoneInfo(name)
@@ -5919,42 +5920,57 @@ def _zone(name):
 class During:
     def __init__(self, raw, where):
         if not isinstance(raw, dict) or not raw:
-            raise ConfigError(f'{where} must be an object such as {{"days": "mon-fri", '
-                              f'"hours": "09:00-18:00", "zone": "Europe/Paris"}}')
+            raise ConfigError(
+                f'{where} must be an object such as {{"days": '
+                f'"mon-fri", "hours": "09:00-18:00", "zone": '
+                f'"Europe/Paris"}}')
         refuse_unknown(raw, ("days", "hours", "zone"), where)
         zone = raw.get("zone")
         if zone is None:
-            raise ConfigError(f'{where} needs zone, the time zone its days and hours are read '
-                              f'in, such as "Europe/Paris" or "UTC"')
+            raise ConfigError(
+                f"{where} needs zone, the time zone its days and "
+                f'hours are read in, such as "Europe/Paris" or "UTC"')
         self.zone = _zone(zone)
         if self.zone is None:
-            raise ConfigError(f'{where}.zone {quote(str(zone))} is not a time zone this machine '
-                              f'knows; name one such as "Europe/Paris" or "UTC"')
+            raise ConfigError(
+                f"{where}.zone {quote(str(zone))} is not a time "
+                f"zone this machine knows; name one such as "
+                f'"Europe/Paris" or "UTC"')
         if "days" not in raw and "hours" not in raw:
             raise ConfigError(f"{where} needs days, hours or both")
         self.raw = raw  # for the load report
-        self.days = self._days(raw["days"], f"{where}.days") if "days" in raw else set(range(7))
-        self.hours = self._hours(raw["hours"], f"{where}.hours") if "hours" in raw else None
+        self.days = set(range(7))
+        if "days" in raw:
+            self.days = self._days(raw["days"], f"{where}.days")
+        self.hours = None
+        if "hours" in raw:
+            self.hours = self._hours(raw["hours"], f"{where}.hours")
 
     @staticmethod
     def _days(text, where):
         days = set()
-        for part in text.split(",") if isinstance(text, str) else [None]:
-            first, dash, last = (part or "").strip().lower().partition("-")
+        parts = text.split(",") if isinstance(text, str) else [""]
+        for part in parts:
+            first, dash, last = part.strip().lower().partition("-")
             if first not in DAYS or (dash and last not in DAYS):
-                raise ConfigError(f'{where} must read like "mon-fri" or "sat,sun"')
+                raise ConfigError(
+                    f'{where} must read like "mon-fri" or "sat,sun"')
             start, end = DAYS.index(first), DAYS.index(last or first)
-            days.update(d % 7 for d in range(start, end + (7 if end < start else 0) + 1))
+            if end < start:
+                end += 7
+            days.update(d % 7 for d in range(start, end + 1))
         return days
 
     @staticmethod
     def _hours(text, where):
-        first, _, last = text.partition("-") if isinstance(text, str) else ("", "", "")
-        first, last = first.strip(), last.strip()
-        if not _CLOCK_RE.fullmatch(first) or not _CLOCK_RE.fullmatch(last) or first == last \
-                or first == "24:00":
-            raise ConfigError(f'{where} must read like "09:00-18:00" (a range past midnight, '
-                              f'like "22:00-06:00", is allowed)')
+        if not isinstance(text, str):
+            text = ""
+        first, _, last = (t.strip() for t in text.partition("-"))
+        if not _CLOCK_RE.fullmatch(first) or first == last or \
+                not _CLOCK_RE.fullmatch(last) or first == "24:00":
+            raise ConfigError(
+                f'{where} must read like "09:00-18:00" (a range '
+                f'past midnight, like "22:00-06:00", is allowed)')
         return tuple(int(t[:2]) * 60 + int(t[3:5]) for t in (first, last))
 
     def holds(self, at):
@@ -5963,8 +5979,11 @@ class During:
             return False
         if self.hours is None:
             return True
-        minute, (start, end) = local.hour * 60 + local.minute, self.hours
-        return start <= minute < end if start < end else minute >= start or minute < end
+        minute = local.hour * 60 + local.minute
+        start, end = self.hours
+        if start < end:
+            return start <= minute < end
+        return minute >= start or minute < end
 
 
 # =============================================================================================
@@ -5972,71 +5991,72 @@ class During:
 #
 # Reads as: library
 #
-# Contract: result_record(passed) identifies exactly the result passed_result passed on,
-# without keeping all of it: the size and sha256 of canonical(passed); its first
-# RECORDED_BLOCKS blocks, and the count past them; structuredContent's size and sha256, with
-# its value while it fits; is_error when isError is true. A block (a resource block: its
-# resource) keeps its type (cut at 100 bytes), its mimeType, uri and name where they are
-# strings, then its text; else the size and sha256 of the bytes its data or blob is the RFC
-# 4648 base64 of (padded, pad bits zero; anything else: of its UTF-8, marked base64 false);
-# else those of its canonical encoding. The kept strings share CONTENT_CAP UTF-8 bytes in
-# block order: whole while they fit, then cut to whole characters, then ""; a cut text keeps
-# the size and sha256 of all of it. block_labels, outcome_text (records before schema 4 too)
-# and result_summary read a record back as text.
-# Differential test: tests/test_result_record_differential.py (node's Buffer and crypto).
+# Contract: result_record(passed) identifies exactly the result
+# passed on: its size and sha256, and per block (up to
+# RECORDED_BLOCKS) its labels and text, or the size and hash of
+# its data; kept strings share CONTENT_CAP bytes, and a cut text
+# keeps the size and hash of all of it. block_labels,
+# outcome_text and result_summary read it back.
+# Differential test: tests/test_result_record_differential.py
+# (node's Buffer and crypto).
 # =============================================================================================
 
-CONTENT_CAP = 65536  # bytes of result text the record keeps, and of recorded text in prose
-RECORDED_BLOCKS = 512  # blocks a record describes one by one; the rest it counts
+CONTENT_CAP = 65536  # bytes of result text kept, and in prose
+RECORDED_BLOCKS = 512  # blocks described one by one; the rest counted
+_DATA_FIELD = {"resource": "blob", "image": "data", "audio": "data"}
 
 
 def result_record(passed):
-    """What the record keeps of a result, identifying exactly what the model got: canonical
-    size and hash; each block, its text while texts total at most CONTENT_CAP bytes (else size
-    and hash); structured content whole if it fits what is left."""
     room = [CONTENT_CAP]
 
     def keep(text):
         data = text.encode("utf-8", "surrogatepass")
         kept = data[:room[0]]
         room[0] -= len(kept)
-        return text if len(kept) == len(data) else kept.decode("utf-8", "ignore")
+        if len(kept) == len(data):
+            return text
+        return kept.decode("utf-8", "ignore")
 
     blocks = passed["content"]
-    record = {**_size_and_hash(canonical(passed)),
-              "blocks": [recorded_block(block, keep) for block in blocks[:RECORDED_BLOCKS]]}
+    record = _size_and_hash(canonical(passed))
+    record["blocks"] = [recorded_block(block, keep)
+                        for block in blocks[:RECORDED_BLOCKS]]
     if len(blocks) > RECORDED_BLOCKS:
         record["more_blocks"] = len(blocks) - RECORDED_BLOCKS
     if "structuredContent" in passed:
-        structured = canonical(passed["structuredContent"])
+        value = passed["structuredContent"]
+        structured = canonical(value)
         record["structured"] = _size_and_hash(structured)
         if len(structured) <= room[0]:
-            record["structured"]["value"] = passed["structuredContent"]
+            record["structured"]["value"] = value
     if passed.get("isError") is True:
         record["is_error"] = True
     return record
 
 
 def recorded_block(block, keep):
-    """One block as recorded: data or a blob as the size and hash of the bytes it encodes (a
-    file can be matched); a block with neither text nor data, as its canonical form's."""
     kind = block["type"]
     entry = {"type": cut(kind, 100)}
-    source = block.get("resource") if kind == "resource" and isinstance(
-        block.get("resource"), dict) else block
+    source = block
+    if kind == "resource" and isinstance(block.get("resource"), dict):
+        source = block["resource"]
     for label in ("mimeType", "uri", "name"):
         if isinstance(source.get(label), str):
             entry[label] = keep(source[label])
-    text = source.get("text") if kind in ("text", "resource") else None
-    data = source.get({"resource": "blob", "image": "data", "audio": "data"}.get(kind))
+    text = None
+    if kind in ("text", "resource"):
+        text = source.get("text")
+    data = source.get(_DATA_FIELD.get(kind))
     if isinstance(text, str):
         entry["text"] = keep(text)
         if entry["text"] != text:
-            entry.update(_size_and_hash(text.encode("utf-8", "surrogatepass")))
+            whole = text.encode("utf-8", "surrogatepass")
+            entry.update(_size_and_hash(whole))
     elif isinstance(data, str):
         decoded = _base64_bytes(data)
-        if decoded is None:  # not base64: what was sent is what is identified
-            entry.update(_size_and_hash(data.encode("utf-8", "surrogatepass")), base64=False)
+        if decoded is None:  # what was sent is what is identified
+            sent = data.encode("utf-8", "surrogatepass")
+            entry.update(_size_and_hash(sent), base64=False)
         else:
             entry.update(_size_and_hash(decoded))
     else:
@@ -6045,13 +6065,14 @@ def recorded_block(block, keep):
 
 
 def _base64_bytes(text):
-    """The bytes `text` is the base64 of, when it is their one spelling, else None: "QQ==" is,
-    "QR==" (pad bits set) and "QUJD=" ("=" past a whole quantum) are not."""
+    """Its bytes if it is their one spelling: not "QR=="."""
     try:
         decoded = base64.b64decode(text, validate=True)
     except ValueError:
         return None
-    return decoded if base64.b64encode(decoded).decode() == text else None
+    if base64.b64encode(decoded).decode() != text:
+        return None
+    return decoded
 
 
 def _size_and_hash(data):
@@ -6076,18 +6097,25 @@ def block_labels(record):
 
 
 def outcome_text(observed):
-    """A recorded outcome as text: a result's text blocks and other blocks' labels (withheld:
-    only labels; structured content alone: its JSON), the error instead, or, recorded before
-    schema 4, its content."""
+    """Text blocks and the others' labels (withheld: labels),
+    or the error; before schema 4, the content."""
     if "result" not in observed:
         content = observed["content"]
         if observed["kind"] != "tool_result":
             return content["error"]
-        return content if isinstance(content, str) else policy_json(content)
-    record, withheld = observed["result"], observed.get("withheld", False)
+        if isinstance(content, str):
+            return content
+        return policy_json(content)
+    record = observed["result"]
+    withheld = observed.get("withheld", False)
     blocks, labels = record["blocks"], block_labels(record)
-    parts = [entry["text"] if entry["type"] == "text" and "text" in entry and not withheld
-             else label for entry, label in zip(blocks, labels)] + labels[len(blocks):]
+    parts = []
+    for entry, label in zip(blocks, labels):
+        text = None
+        if entry["type"] == "text" and not withheld:
+            text = entry.get("text")
+        parts.append(label if text is None else text)
+    parts += labels[len(blocks):]
     structured = record.get("structured", {})
     if not blocks and "value" in structured and not withheld:
         parts.append(policy_json(structured["value"]))
@@ -6096,8 +6124,9 @@ def outcome_text(observed):
 
 def result_summary(tool, record, withheld_over=0):
     count = len(record["blocks"]) + record.get("more_blocks", 0)
-    parts = [f"{tool.server.name}/{tool.upstream_name}: {record['bytes']} bytes, {count} "
-             f"block{'s' if count != 1 else ''}"]
+    plural = "s" if count != 1 else ""
+    name = f"{tool.server.name}/{tool.upstream_name}"
+    parts = [f"{name}: {record['bytes']} bytes, {count} block{plural}"]
     if "structured" in record:
         parts.append("structured content")
     if record.get("is_error"):

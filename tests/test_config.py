@@ -202,7 +202,7 @@ def test_defaults_and_paths_relative_to_the_configs_directory(workdir, tmp_path,
 
 
 def test_durations_are_read_as_go_durations_into_nanoseconds(workdir):
-    doc = variant(lambda d: d.update(hold="0", repeat_window="1h30m", approval_ttl="0s", grant_ttl="1.5s",
+    doc = variant(lambda d: d.update(hold="0", repeat_window="1h30m", approval_ttl="0s", grant_ttl="1s500ms",
                                      lease_ttl="3s", max_pending=0))
     doc["servers"][0]["rules"]["pay"]["timeout"] = "300ms"
     config = agentgate.load_config(str(write_config(workdir, doc)))

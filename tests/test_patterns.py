@@ -30,17 +30,12 @@ CORPUS = {
     "^.$": ["\n", "\r", LS, PS, EMOJI, "\ud83d", "\ude00", "a", "ab", EMOJI + "a"],
     "^..$": [EMOJI, EMOJI + "a", "ab", "\ude00\ud83d"],
     "^[^a]$": [EMOJI, "\n", "a", "b", "\ud83d", ""],
-    r"^\uD83D\uDE00$": [EMOJI, "\ud83d", EMOJI + " ", "x"],
-    r"\uD83D": [EMOJI, "\ud83d", "\ud83d!", "a"],
-    r"\uDE00": [EMOJI, "\ude00", "a"],
     r"^\u{1F600}+$": [EMOJI, EMOJI * 3, EMOJI + "a", ""],
     r"^\u{0000000041}$": ["A", "a"],
-    r"^[\uD83D\uDE00-\uD83D\uDE4F]$": [EMOJI, EMOJI2, "\U0001F650", "a", "\ud83d"],
     r"^[😀-🙏]$": [EMOJI, EMOJI2, "\U0001F5FF", "\U0001F650"],
     "^😀{2}$": [EMOJI, EMOJI * 2, EMOJI * 3],
     r"[\u{10000}-\u{10FFFF}]": [EMOJI, "a", "\uffff", "\U0010FFFF"],
     r"\x41\u0042\t\n\v\f\r\0": ["AB\t\n\v\f\r\0", "AB"],
-    r"^\cJ\cm$": ["\n\r", "Jm"], r"^[\cA-\cZ]+$": ["\x01\x1a", "A", "\x1b"],
     r"^\/\^\$\\\.\*\+\?\(\)\[\]\{\}\|$": ["/^$\\.*+?()[]{}|", "x"],
     r"^[\-\]\\\^]+$": ["-]\\^", "a"], r"^[\b]$": ["\b", "b", "\\"],
     "^[a-z]+$": ["abc", "ABC", "", "a-z", "é"], "^[^a-z]+$": ["ABC", "abc", "A" + EMOJI],
@@ -67,8 +62,6 @@ CORPUS = {
     "^a{1,2}?b$": ["ab", "aab", "aaab"], "^(ab)+$": ["ab", "abab", "aba", ""],
     "^(?:ab|cd)*$": ["", "abcd", "abc"], "^(a|ab)(c|bcd)(d*)$": ["abcd", "abcdd", "abc"],
     "^(((a)))$": ["a", "aa"], "^((a|b)(c|d))+$": ["ac", "bdad", "ab"], "^(?:(?:a)?b)?c$": ["c", "bc", "abc", "ac"],
-    "^(?<year>[0-9]{4})-(?<month>[0-9]{2})$": ["2024-01", "2024-1"],
-    "^(?<$x_1>a)$": ["a"], "^(?<é>a)$": ["a"],
     "a|b": ["a", "b", "c"], "^(a|)$": ["", "a", "b"], "^(|a)$": ["", "a"], "^a||b$": ["a", "b", "", "ab"],
     "|": ["", "x"], "^(?:)$": ["", "x"], "^()$": ["", "x"], "(|)+": ["", "x"],
     "^(a*)*$": ["", "aaa", "aab"], "^(a*)+b$": ["b", "aab", "aa"], "^(a?){3}$": ["", "a", "aaa", "aaaa"],
@@ -102,15 +95,19 @@ REFUSED_AS_SYNTAX_ERRORS = [
 
 # valid ECMAScript that is refused on purpose, with the sentence's key words
 UNSUPPORTED = {
-    "(a)\\1": "backreferences", "(?<n>a)\\k<n>": "backreferences",
+    "(a)\\1": "backreferences",
     "a(?=b)": "lookahead", "a(?!b)": "lookahead", "(?<=a)b": "lookbehind", "(?<!a)b": "lookbehind",
     "\\p{L}": "property", "\\P{Lu}": "property", "[\\p{N}]": "property",
     "a{1001}": "above 1000", "a{0,5000}": "above 1000", "a{99999999999999999999}": "above 1000",
     "(?:a{1000}){1000}": "too large", "(?:(?:){1000}){1000}": "too large",
-    "(" * 101 + ")" * 101: "nested", "(?<\\u0061>x)": "plain identifier",
+    "(" * 101 + ")" * 101: "nested", "(?<\\u0061>x)": "named group",
+    "^(?<year>[0-9]{4})$": "named group", "^\\cJ$": "control escapes",
+    "[\\cA-\\cZ]": "control escapes", "^\\uD83D\\uDE00$": "escaped surrogate",
+    "\\uDE00": "escaped surrogate", "[\\uD83D\\uDE00-\\uD83D\\uDE4F]": "escaped surrogate",
 }
 UNSUPPORTED_WORDS = ("backreferences", "lookahead", "lookbehind", "property", "above 1000",
-                     "too large", "nested", "plain identifier")
+                     "too large", "nested", "named group", "control escapes",
+                     "escaped surrogate")
 
 NODE_SCRIPT = r"""
 const fs = require('fs');
@@ -245,7 +242,11 @@ def test_zero_width_matches_never_split_a_surrogate_pair():
 
 @pytest.mark.parametrize("pattern, sentence", [
     ("(a)\\1", "backreferences are not supported"),
-    ("(?<x>a)\\k<x>", "backreferences are not supported"),
+    ("(a)\\k<x>", "backreferences are not supported"),
+    ("(?<x>a)", "the named group at offset 0 is not supported; write (?:...) instead"),
+    ("\\cJ", "control escapes \\cX are not supported; write \\xNN"),
+    ("\\uD83D", "the escaped surrogate at offset 0 is not supported; write the character "
+               "itself or \\u{...}"),
     ("a(?=b)", "lookahead (?= is not supported"),
     ("(?<!a)b", "lookbehind (?<! is not supported"),
     ("\\p{L}", "Unicode property escapes \\p{...} are not supported"),
@@ -268,7 +269,6 @@ def test_zero_width_matches_never_split_a_surrogate_pair():
     ("a{1001}", "repetition counts above 1000 are not supported"),
     ("(?:a{1000}){11}", "the pattern is too large (more than 10000 states)"),
     ("(?i:a)", "the group at offset 0 has an unknown (? form"),
-    ("(?<a>x)(?<a>y)", "the group name a is used twice"),
 ])
 def test_refusals_say_what_is_wrong(pattern, sentence):
     with pytest.raises(PatternError) as caught:

@@ -523,18 +523,18 @@ def test_case_and_one_trailing_dot_do_not_change_the_host():
     ]) == []
 
 
-def test_punycode_and_unicode_names_are_one_host():
+def test_hosts_are_read_in_ascii_and_a_name_in_another_script_holds_for_neither():
     assert hosts_wrong([
-        ("https://xn--bcher-kva.de/", ["bücher.de"], IN),
-        ("https://bücher.de/", ["xn--bcher-kva.de"], IN),
-        ("https://BÜCHER.de/", ["bücher.de"], IN),
-        ("https://XN--BCHER-KVA.DE./", ["bücher.de"], IN),
+        ("https://xn--bcher-kva.de/", ["xn--bcher-kva.de"], IN),
+        ("https://XN--BCHER-KVA.DE./", ["xn--bcher-kva.de"], IN),
+        ("https://bücher.de/", ["xn--bcher-kva.de"], NEITHER),
+        ("https://BÜCHER.de/", ["evil.com"], NEITHER),
     ]) == []
 
 
 def test_lookalike_hosts_are_other_hosts_and_ambiguous_ones_are_none():
     assert hosts_wrong([
-        ("https://g\u043e\u043egle.com/", ["google.com"], NOT_IN),     # Cyrillic o
+        ("https://g\u043e\u043egle.com/", ["google.com"], NEITHER),    # Cyrillic o
         ("https://\uff47\uff4f\uff4f\uff47\uff4c\uff45.com/", ["google.com"], NEITHER),
         ("https://google\uff0ecom/", ["google.com"], NEITHER),        # full-width full stop
         ("https://google\u3002com/", ["google.com"], NEITHER),        # ideographic full stop
@@ -598,11 +598,16 @@ def test_an_ipv4_mapped_ipv6_literal_does_not_slip_past_host_not_in():
 
 def test_a_host_entry_that_is_no_host_name_is_refused():
     entries = ["https://good.com/", "good.com/", "good.com:443", "[::1]:80", "*.example.com",
-               "..example.com", ".::1", "", "\uff47\uff4f\uff4f\uff47\uff4c\uff45.com",
-               "stra\u00dfe.de", "0x7f.1", "2130706433", 5, None]
+               "..example.com", ".::1", "", "0x7f.1", "2130706433", 5, None]
     assert refusals_missing([json.dumps({"host_in": [e]}) for e in entries] +
                             [json.dumps({"host_not_in": ["ok.com", e]}) for e in entries],
                             'is not a host name; write it like "example.com"') == []
+    foreign = ["\uff47\uff4f\uff4f\uff47\uff4c\uff45.com", "stra\u00dfe.de", "b\u00fccher.de",
+               "https://.b\u00fccher.de"]
+    assert refusals_missing([json.dumps({"host_in": [e]}) for e in foreign] +
+                            [json.dumps({"host_not_in": [e]}) for e in foreign[:3]],
+                            "is not ASCII; write a host name in another script in its "
+                            'punycode form, as "xn--bcher-kva.de"') == []
     assert refusals_missing(['{"host_in": []}', '{"host_not_in": "evil.com"}'],
                             "non-empty list") == []
 

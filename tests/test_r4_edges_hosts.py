@@ -72,8 +72,8 @@ def test_no_generated_url_makes_reading_it_raise_and_none_is_read_as_another():
 
 
 def test_a_call_with_such_a_url_gets_the_policys_answer(workdir):
-    allow = {"if": {"/url": {"host_in": ["\u00e9.com", "trusted.org"]}}, "outcome": "allow"}
-    deny = {"if": {"/url": {"host_not_in": ["\u00e9.com"]}}, "outcome": "deny",
+    allow = {"if": {"/url": {"host_in": ["xn--9ca.com", "trusted.org"]}}, "outcome": "allow"}
+    deny = {"if": {"/url": {"host_not_in": ["xn--9ca.com"]}}, "outcome": "deny",
             "reason": "not a known host"}
     spec = {"tools": [tool("fetch", {"type": "object", "properties": {"url": {"type": "string"}}}),
                       tool("post", {"type": "object", "properties": {"url": {"type": "string"}}})]}
@@ -87,4 +87,8 @@ def test_a_call_with_such_a_url_gets_the_policys_answer(workdir):
             assert "Nothing was executed" in text, text
             # host_not_in does not hold either: the deny entry is passed, the rule allows.
             assert result_text(host.call("web_post", {"url": url})) == "called post"
-        assert result_text(host.call("web_fetch", {"url": "http://\u00e9.com/"})) == "called fetch"
+        assert result_text(host.call("web_fetch", {"url": "http://xn--9ca.com/"})) == \
+            "called fetch"
+        # A host not in ASCII holds for neither list, as an unreadable one.
+        expect(host.call("web_fetch", {"url": "http://\u00e9.com/"}), "DENIED", True)
+        assert result_text(host.call("web_post", {"url": "http://\u00e9.com/"})) == "called post"
