@@ -5584,29 +5584,26 @@ def lint_manifests(manifests):
 #
 # Reads as: around the core
 #
-# Owns: a server's transport fields (read_transport), check_reach, a
-# server as a child speaking JSON-RPC lines (Upstream) or reached over
-# Streamable HTTP (HttpUpstream), its manifest, load_all.
+# Owns: the transport fields (read_transport), check_reach, a server as
+# a child speaking JSON-RPC lines (Upstream) or over Streamable HTTP
+# (HttpUpstream), its manifest, load_all.
 # Core it calls: read_config, read_frames, read_owned; load.
 # Promises: a child gets PATH, HOME, TMPDIR and what the operator names,
-# runs in its own process group and, on Linux, dies with agentgate even
-# by SIGKILL. Connecting, listing and loading share one deadline; a
-# timeout names its step. Every request from the server is answered.
-# Only an integer id agentgate wrote matches an answer or a progress
-# notice; a bad message fails only the request it answers and never
-# ends the reader. A server gone fails every later call at once, as not
-# sent, until section 23 brings it back. Closing never waits on it.
-# The outcome (UpstreamError.outcome) of every failure is set in one of
-# few places: 'not_sent' only before a byte is written (request's
-# refusals, _send, HttpUpstream._write); 'no_answer' or 'timed_out'
-# once one may have been; 'answered' or 'unusable' from an answer read.
-# Over HTTP: one connection per message, so no call waits on another;
-# no byte written after its deadline; no redirect followed; a refused
-# connection sent nothing, a lost one or HTTP 500 or more may have
-# executed; a broken stream is resumed within the deadline. OAuth: the
-# serving gate never asks a person; it sends the tokens `login` kept for
-# this config and url, renews them where login found, and does not
-# serve a server refusing them (LOGIN_NEEDED).
+# in its own process group, and on Linux dies with agentgate. One
+# deadline covers connecting, listing and loading. Every request from
+# the server is answered. Only an integer id agentgate wrote matches an
+# answer or a progress notice; a bad message fails only its request. A
+# server gone fails later calls at once, as not sent, until section 23
+# brings it back. Closing never waits on a server.
+# The outcome of a failure (UpstreamError.outcome): 'not_sent' only
+# where no byte was written (request's refusals, _send, _write);
+# 'no_answer' or 'timed_out' once one may have been; 'answered' or
+# 'unusable' from an answer. Over HTTP: a connection per message; no
+# byte after its deadline; no redirect followed; HTTP 500 or more may
+# have executed; a broken stream is resumed within the deadline.
+# OAuth: the serving gate asks no person; it sends the tokens `login`
+# kept for this config and url, renewed where login found, or does not
+# serve the server (LOGIN_NEEDED).
 # =============================================================================================
 
 # A url server's header values come from the 0600 config or our
@@ -5633,8 +5630,8 @@ def read_transport(server, raw, where, base):
             f"{where} needs exactly one of command (an argv list) or url "
             f"(an http:// or https:// address)")
     if server.url:
-        server.headers, server.unavailable = _url_server(
-            raw, where, server.url)
+        headers = _url_server(raw, where, server.url)
+        server.headers, server.unavailable = headers
         server.oauth = _oauth_client(raw, where)
     elif (not isinstance(argv, list) or not argv
             or not all(isinstance(a, str) for a in argv)):
@@ -5645,7 +5642,7 @@ def read_transport(server, raw, where, base):
         field = "headers" if "headers" in raw else "oauth"
         raise ConfigError(
             f"{where}.{field} is sent only to a server reached by url; "
-            f"give a command server its secrets through env")
+            f"use env")
     server.env = field_names(raw, "env", where)
     for entry in server.env:
         if "=" not in entry or entry.startswith("="):
@@ -5657,17 +5654,17 @@ def read_transport(server, raw, where, base):
             raise ConfigError(
                 f"{where}.inherit_env entry {quote(name)} must be a "
                 f"variable name without '='")
-    server.connect_timeout = field_duration(
-        raw, "connect_timeout", where, 30 * SECOND)
+    server.connect_timeout = field_duration(raw, "connect_timeout",
+                                            where, 30 * SECOND)
     # What login obtained (TokenFile binds it to the url too).
     stem = os.path.splitext(os.path.basename(server.config_path))[0]
-    server.tokens = os.path.join(
-        base, f"{stem}.{server.name}.tokens.json")
+    name = f"{stem}.{server.name}.tokens.json"
+    server.tokens = os.path.join(base, name)
     # A server runs in the user's home, not beside the config: a
     # relative path it writes cannot edit its own policy.
     server.cwd_given = field_string(raw, "cwd", where)
-    cwd = os.path.expanduser(server.cwd_given or "~")
-    server.cwd = os.path.join(base, cwd)
+    cwd = server.cwd_given or "~"
+    server.cwd = os.path.join(base, os.path.expanduser(cwd))
 
 
 def _file_identity(path):
@@ -5752,15 +5749,14 @@ def child_env(server):
 
 
 def _url_server(raw, where, url):
-    """(headers with each `${NAME}` filled in, why it cannot start): an
-    unset variable is a problem of where agentgate runs, not the config."""
+    """(headers, `${NAME}` filled in; why it cannot start: a variable
+    unset is a problem of where agentgate runs, not of the config)."""
     from urllib.parse import urlsplit
     for field in ("env", "inherit_env", "cwd"):
         if field in raw:
             raise ConfigError(
-                f"{where}.{field} means nothing for a server reached by url "
-                f"(no process is started); remove it, and send secrets as "
-                f"headers")
+                f"{where}.{field} means nothing for a server reached by url;"
+                f" remove it")
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -5772,9 +5768,8 @@ def _url_server(raw, where, url):
             f'"http://127.0.0.1:8000/mcp"')
     if "@" in parts.netloc:  # messages show the url
         raise ConfigError(
-            f"{where}.url must not carry a user or password; send "
-            f"credentials as a header whose value names an environment "
-            f"variable")
+            f"{where}.url must not carry a user or password; send them "
+            f"as a header")
     given = raw.get("headers", {})
     if not isinstance(given, dict) \
             or not all(isinstance(v, str) for v in given.values()):
@@ -5801,8 +5796,8 @@ def _url_server(raw, where, url):
             lambda m: os.environ.get(m.group(1), ""), value)
         if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", headers[name]):
             raise ConfigError(
-                f"{where}.headers.{name} holds a control character (a line "
-                f"break, say), which no header may carry; fix its value")
+                f"{where}.headers.{name} holds a control character, which "
+                f"no header may carry")
     return headers, unset
 
 
@@ -6197,10 +6192,11 @@ class Upstream:
             tail = ""
             if step in OPENING_STEPS and err.outcome != "timed_out":
                 tail = self.tail()
-            raise UpstreamError(self.describe(step, str(err)) + tail,
-                                err.outcome, err.rpc) from None
+            said = self.describe(step, str(err)) + tail
+            raise UpstreamError(said, err.outcome, err.rpc) from None
 
     def _request(self, method, params, deadline, step, progress):
+        # Refused before a byte is written: known not sent.
         down = self.down_text()
         if down and step not in OPENING_STEPS:
             raise UpstreamError(down + "; nothing was sent", "not_sent")
