@@ -6040,9 +6040,9 @@ class Upstream:
         return f'; stderr: "{clean(text, STDERR_TAIL_BYTES)}"'
 
     def _read_stdout(self, proc):
-        fd = proc.stdout.fileno()
         try:
-            for frame, ident in read_frames(fd, MAX_MESSAGE_BYTES):
+            frames = read_frames(proc.stdout.fileno(), MAX_MESSAGE_BYTES)
+            for frame, ident in frames:
                 # No frame ends the reader: every later answer would
                 # wait for its timeout and be recorded as unknown.
                 try:
@@ -6426,7 +6426,6 @@ class TokenFile:
         return True
 
 
-@functools.lru_cache(maxsize=1)
 def http_client():
     import http.client  # only when a url server starts
     return http.client
@@ -6486,6 +6485,7 @@ class HttpUpstream(Upstream):
         self.refreshing = threading.Lock()
         self.connections = set()  # open ones, each ended by close
         self.ended = threading.Event()
+        self.stderr_done.set()  # it has none: tail() is ''
 
     def spawn(self):
         if self.server.unavailable:
@@ -6522,9 +6522,6 @@ class HttpUpstream(Upstream):
             connections = list(self.connections)
         for conn in connections:  # each read ends; its thread closes it
             self._shut(conn)
-
-    def tail(self):
-        return ""
 
     def _gone(self, why):
         if self.on_exit and not self.closed:
