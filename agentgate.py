@@ -5711,9 +5711,8 @@ def _reach_candidates(arg):
 
 
 def check_reach(config):
-    """Refuse a server whose cwd or arguments name a file its policy
-    depends on, or a directory above one: a guard against a plain
-    mistake, not a boundary (a server reaches what its user can)."""
+    """Refuse a server whose cwd or argument names a file the policy
+    depends on or a directory above one: a guard, not a boundary."""
     identities, missing = _protected(config)
     for server in config.servers:
         if server.skip_path_check:
@@ -6140,9 +6139,8 @@ class Upstream:
         self.slots.clear()
 
     def _send(self, message, deadline):
-        """Write one message by `deadline`: the one place bytes go to the
-        child, so the one place that says if any did. A server that does
-        not take it in time is stopped: nothing waits on it forever."""
+        """Write one message by `deadline`, the one place that says if
+        any byte did go; a server not taking it in time is stopped."""
         data = canonical(message) + b"\n"
         if not self.write_lock.acquire(timeout=deadline.left()):
             raise UpstreamError(
@@ -6182,10 +6180,8 @@ class Upstream:
             raise UpstreamError(reason, "timed_out" if written else "not_sent")
 
     def request(self, method, params, deadline, step, progress=None):
-        """Send one request, wait for its answer by `deadline`; hand each
-        progress notice to progress(value, total, message). An opening
-        step's failure carries the end of stderr; while the server is
-        down only those are sent."""
+        """Its answer by `deadline`; each progress notice goes to
+        progress(value, total, message). Down, only opening steps go."""
         try:
             return self._request(method, params, deadline, step, progress)
         except UpstreamError as err:
@@ -6248,9 +6244,8 @@ class Upstream:
                 f"(next try in {wait})")
 
     def watch_tools(self, on_list_changed):
-        """Call `on_list_changed` at each notice that the tools changed,
-        and now if one came since the start (lost, a changed tool would
-        be offered all session); one lock: no notice missed by both."""
+        """Call `on_list_changed` at each tools notice, and now if one
+        came since the start: under one lock, so none is missed."""
         with self.lock:
             self.on_list_changed = on_list_changed
             heard = self.heard_list_changed
@@ -6380,9 +6375,8 @@ class TokenFile:
         write_private(self.server.tokens, text)
 
     def refresh(self, deadline):
-        """A refresh-token grant to the token endpoint login found, the
-        one place the refresh token and client secret are sent. False
-        when the tokens were not renewed."""
+        """A refresh-token grant to the endpoint login found, the one
+        place the refresh token and secret go. False: not renewed."""
         from urllib.parse import urlencode, quote as escape
         refresh = self.kept["tokens"].get("refresh_token")
         endpoint = self.kept.get("token_endpoint")
@@ -6471,9 +6465,8 @@ def is_event_stream(response):
 
 
 class HttpUpstream(Upstream):
-    """A server over Streamable HTTP: only how a message travels differs.
-    Each goes on its own connection (_write); a request's answer is read
-    on a thread of its own and reaches _dispatch as the server sent it."""
+    """A server over Streamable HTTP: only how a message travels
+    differs. Each answer is read on a thread of its own (_answer)."""
 
     AGAIN = "connected again"
 
@@ -6543,10 +6536,8 @@ class HttpUpstream(Upstream):
             self._end(conn)
 
     def _write(self, verb, body, deadline, refused=None, last_id=None):
-        """Connect and write one HTTP request by `deadline` (None: the
-        server's own stream): the one place a message's bytes go out, so
-        the one place that says if any did. No byte goes once the
-        deadline has passed; a write failing midway may have landed."""
+        """Connect, write one request by `deadline` (None: the server's
+        own stream): the one place that says if any byte went out."""
         accept = "text/event-stream"
         if body:
             accept = "application/json, " + accept
@@ -6637,9 +6628,8 @@ class HttpUpstream(Upstream):
             return ident in self.slots and deadline.left() > 0
 
     def _answer(self, conn, ident, body, deadline):
-        """Read request `ident`'s answer and hand it over; a stream closed
-        after naming an event is resumed within the deadline. One a 401
-        refused (it ran nothing) is sent once more, with a new token."""
+        """Hand over request `ident`'s answer, resuming a broken stream;
+        one a 401 refused (it ran nothing) goes once more, renewed."""
         error = UpstreamError(
             "the server ended its HTTP answer without a result")
         try:
@@ -6732,9 +6722,8 @@ class HttpUpstream(Upstream):
             raise
 
     def _read_events(self, response, ident, deadline, after=None):
-        """Hand over each message of an event stream until it ends or
-        request `ident` (None: the server's own stream) is answered. A
-        connection lost after an event id leaves the stream to resume."""
+        """Hand over each message until the stream ends or `ident` (None:
+        the server's own stream) is answered; the stream's state."""
         events = _EventStream(after)
         try:
             while ident is None or self._waiting(ident, deadline):
@@ -6746,14 +6735,13 @@ class HttpUpstream(Upstream):
                 if not chunk:
                     break
         except (OSError, ValueError, http_client().HTTPException):
-            if not events.last_id:
+            if not events.last_id:  # else it is resumed from there
                 raise
         return events
 
     def _listen(self, ended):
-        """The server's own stream, held open all session. A refusal that
-        may pass (a lost connection, 409, 429, 5xx) meets growing pauses;
-        any other (405, 404: it has none) ends it, as `ended` does."""
+        """The server's own stream, all session. A refusal that may pass
+        (lost, 409, 429, 5xx) meets growing pauses; others end it."""
         pause, last_id = OWN_STREAM_FIRST_PAUSE, None
         while not ended.is_set():
             conn = None
