@@ -6446,39 +6446,30 @@ def lint_manifests(manifests):
 #
 # Reads as: around the core
 #
-# Owns: how the config says a server is reached (read_transport) and whether that reaches
-# what the gate depends on (check_reach); a server as a child process speaking
-# newline-delimited JSON-RPC (Upstream), or reached by url over Streamable HTTP through the
-# standard library's client (HttpUpstream), the requests agentgate sends it; its manifest.
-# Core it calls: read_config (load_config hands it read_transport), read_frames, read_owned;
-# and, for load_all, load, which tells each server's Report.
-# Promises: the child gets only PATH, HOME, TMPDIR and what the operator names; it runs in its
-# own process group and, on Linux, dies with agentgate even when agentgate is killed with
-# SIGKILL; connecting, listing and loading share one deadline and a timeout names its step;
-# every request the server sends agentgate gets an answer, never silence; its progress reaches
-# only the request whose token agentgate gave it; an oversized or unusable message fails only
-# the request it answers, and none ends the reading thread; only an integer id agentgate
-# wrote matches an answer; a server that does not take in a message by its write's deadline
-# is stopped (the error says whether any byte reached it); a server that exits fails every
-# later call at once, as not sent, until it is started again (section 23), a url server
-# that cannot be reached or forgot its session until it is connected again. Closing is
-# idempotent and never waits on a server. Every failure names one outcome
-# (UpstreamError.outcome), set where the bytes are written. Over HTTP the same holds, and:
-# each message goes on its own connection, so no call waits for another's answer; no
-# byte of a request is written after its deadline; no redirect is followed; a refused
-# connection sent nothing, a connection lost after sending or HTTP 500 or more may have
-# executed; a stream closed after naming an event is resumed within the request's deadline;
-# the server's own stream is listened to. The newest protocol version both sides speak is
-# asked for. A server asking for OAuth is sent the tokens `login` kept for this config and
-# url, renewed at the token endpoint login found; the serving gate never asks a person, so a
-# server refusing what it holds is not served until login (LOGIN_NEEDED).
+# Owns: the transport fields (read_transport), check_reach, a server as
+# a child speaking JSON-RPC lines (Upstream) or over Streamable HTTP
+# (HttpUpstream), its manifest, load_all.
+# Core it calls: read_config, read_frames, read_owned; load.
+# Promises: a child gets PATH, HOME, TMPDIR and what the operator names,
+# in its own process group, and on Linux dies with agentgate. One
+# deadline covers connecting, listing and loading. Every request from
+# the server is answered. Only an integer id agentgate wrote matches an
+# answer or a progress notice; a bad message fails only its request. A
+# server gone fails later calls at once, as not sent, until section 23
+# brings it back. Closing never waits on a server.
+# The outcome of a failure (UpstreamError.outcome): 'not_sent' only
+# where no byte was written (request's refusals, _send, _write);
+# 'no_answer' or 'timed_out' once one may have been; 'answered' or
+# 'unusable' from an answer. Over HTTP: a connection per message; no
+# byte after its deadline; no redirect followed; HTTP 500 or more may
+# have executed; a broken stream is resumed within the deadline.
+# OAuth: the serving gate asks no person; it sends the tokens `login`
+# kept for this config and url, renewed where login found, or does not
+# serve the server (LOGIN_NEEDED).
 # =============================================================================================
 
-# ---- Reaching a server: the config's transport fields ---------------------------------------
-#
-# A url server's header values come from the 0600 config or agentgate's environment (`${NAME}`);
-# no message shows one, nor more of its url than shown_url.
-
+# A url server's header values come from the 0600 config or our
+# environment (`${NAME}`); no message shows one, nor more than shown_url.
 _HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 ENV_REFERENCE_RE = re.compile(r"\$\{([^}]*)\}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -6493,40 +6484,49 @@ def read_transport(server, raw, where, base):
     server.command = raw.get("command")
     server.url = field_string(raw, "url", where)
     server.headers, server.oauth = {}, {}
-    # Why this sound config's server cannot start (''): it is not served, the others are.
+    # Why this server cannot start (''): the others are served.
     server.unavailable = ""
-    if (server.command is None) == (not server.url):
-        raise ConfigError(f"{where} needs exactly one of command (an argv list) or url (an "
-                          f"http:// or https:// address)")
+    argv = server.command
+    if (argv is None) == (not server.url):
+        raise ConfigError(
+            f"{where} needs exactly one of command (an argv list) or url "
+            f"(an http:// or https:// address)")
     if server.url:
-        server.headers, server.unavailable = _url_server(raw, where, server.url)
+        headers = _url_server(raw, where, server.url)
+        server.headers, server.unavailable = headers
         server.oauth = _oauth_client(raw, where)
-    elif (not isinstance(server.command, list) or not server.command
-            or not all(isinstance(a, str) for a in server.command)):
-        raise ConfigError(f'{where}.command must be a non-empty list of strings, such as '
-                          f'["node", "server.js"]')
+    elif (not isinstance(argv, list) or not argv
+            or not all(isinstance(a, str) for a in argv)):
+        raise ConfigError(
+            f'{where}.command must be a non-empty list of strings, '
+            f'such as ["node", "server.js"]')
     elif "headers" in raw or "oauth" in raw:
         field = "headers" if "headers" in raw else "oauth"
-        raise ConfigError(f"{where}.{field} is sent only to a server reached by url; give "
-                          f"a command server its secrets through env")
+        raise ConfigError(
+            f"{where}.{field} is sent only to a server reached by url; "
+            f"use env")
     server.env = field_names(raw, "env", where)
     for entry in server.env:
         if "=" not in entry or entry.startswith("="):
-            raise ConfigError(f'{where}.env entry {quote(entry)} must read NAME=value')
+            raise ConfigError(
+                f'{where}.env entry {quote(entry)} must read NAME=value')
     server.inherit_env = field_names(raw, "inherit_env", where)
     for name in server.inherit_env:
         if not name or "=" in name:
-            raise ConfigError(f"{where}.inherit_env entry {quote(name)} must be a variable "
-                              f"name without '='")
-    server.connect_timeout = field_duration(raw, "connect_timeout", where, 30 * SECOND)
-    # What login obtained, for this config's server of this name (TokenFile binds the url).
+            raise ConfigError(
+                f"{where}.inherit_env entry {quote(name)} must be a "
+                f"variable name without '='")
+    server.connect_timeout = field_duration(raw, "connect_timeout",
+                                            where, 30 * SECOND)
+    # What login obtained (TokenFile binds it to the url too).
     stem = os.path.splitext(os.path.basename(server.config_path))[0]
-    server.tokens = os.path.join(base, f"{stem}.{server.name}.tokens.json")
-    # A server runs in the user's home, not beside the config and database: writing a relative
-    # path must not edit its own policy. A configured cwd is reach-checked (check_reach).
+    name = f"{stem}.{server.name}.tokens.json"
+    server.tokens = os.path.join(base, name)
+    # A server runs in the user's home, not beside the config: a
+    # relative path it writes cannot edit its own policy.
     server.cwd_given = field_string(raw, "cwd", where)
-    server.cwd = os.path.join(base, os.path.expanduser(server.cwd_given)) if server.cwd_given \
-        else os.path.expanduser("~")
+    cwd = server.cwd_given or "~"
+    server.cwd = os.path.join(base, os.path.expanduser(cwd))
 
 
 def _file_identity(path):
@@ -6537,9 +6537,16 @@ def _file_identity(path):
     return (st.st_dev, st.st_ino)
 
 
+# Files beside the database that hold its record as surely as it does.
+DATABASE_COMPANIONS = ("-wal", "-shm", "-journal")
+
+
 def _protected(config):
+    db = config.database
+    paths = [config.path, db, *(db + s for s in DATABASE_COMPANIONS),
+             *(s.manifest for s in config.servers)]
     identities, missing = set(), set()
-    for path in (config.path, config.database, *(s.manifest for s in config.servers)):
+    for path in paths:
         for current in (os.path.abspath(path), os.path.realpath(path)):
             while current:
                 identity = _file_identity(current)
@@ -6547,44 +6554,51 @@ def _protected(config):
                     identities.add(identity)
                 else:
                     missing.add(os.path.realpath(current))
-                current = os.path.dirname(current) if current != "/" else ""
+                up = os.path.dirname(current)
+                current = up if current != "/" else ""
     return identities, missing
 
 
 def _reach_candidates(arg):
     from urllib.parse import unquote
-    candidates = [arg] + [arg.split(sep, 1)[1] for sep in "=:" if sep in arg]
+    found = [arg] + [arg.split(sep, 1)[1] for sep in "=:" if sep in arg]
     if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:
-        candidates.append(arg[2:])
-    candidates += [unquote(re.sub(r"^file:(//[^/]*)?", "", c)) or "/" for c in candidates
-                   if c.startswith("file:")]
+        found.append(arg[2:])
+    for c in list(found):
+        if c.startswith("file:"):
+            found.append(unquote(re.sub(r"^file:(//[^/]*)?", "", c)) or "/")
     home = os.path.expanduser("~")
-    return [home + c[1:] if c == "~" or c.startswith("~/") else c for c in candidates if c]
+    return [home + c[1:] if c == "~" or c.startswith("~/") else c
+            for c in found if c]
 
 
 def check_reach(config):
-    """Refuse a server whose cwd or arguments name a file its policy depends on, or a directory
-    above one: a guard against a plain mistake, not a boundary (a server can reach anything
-    its user can)."""
+    """Refuse a server whose cwd or argument names a file the policy
+    depends on or a directory above one: a guard, not a boundary."""
     identities, missing = _protected(config)
     for server in config.servers:
         if server.skip_path_check:
             continue
-        named = [(f"cwd {quote(server.cwd_given)}", server.cwd)] if server.cwd_given else []
-        named += [(f"argument {quote(arg)}", os.path.join(server.cwd, candidate))
-                  for arg in (server.command or [])[1:]  # a url server has no arguments
-                  for candidate in _reach_candidates(arg)]
+        named = []
+        if server.cwd_given:
+            named.append((f"cwd {quote(server.cwd_given)}", server.cwd))
+        for arg in (server.command or [])[1:]:  # none for a url server
+            for candidate in _reach_candidates(arg):
+                path = os.path.join(server.cwd, candidate)
+                named.append((f"argument {quote(arg)}", path))
         for what, path in named:
             identity = _file_identity(path)
-            if (identity and identity in identities) or os.path.realpath(path) in missing:
+            real = os.path.realpath(path)
+            if (identity and identity in identities) or real in missing:
                 raise ConfigError(
-                    f"server {quote(server.name)}: its {what} reaches {os.path.realpath(path)}, "
-                    f"which the gate's policy and approvals depend on: point the server "
-                    f"elsewhere, or set skip_path_check on it if it cannot write there")
+                    f"server {quote(server.name)}: its {what} reaches {real}, "
+                    f"which the gate's policy and approvals depend on: point "
+                    f"the server elsewhere, or set skip_path_check on it if it "
+                    f"cannot write there")
 
 
 def child_env(server):
-    """PATH, HOME, TMPDIR, inherit_env, env: a secret of ours reaches only a server named."""
+    """PATH, HOME, TMPDIR, inherit_env, env: our secrets reach no other."""
     env = {}
     for name in ("PATH", "HOME", "TMPDIR", *server.inherit_env):
         if name in os.environ:
@@ -6596,63 +6610,79 @@ def child_env(server):
 
 
 def _url_server(raw, where, url):
-    """Its headers, each `${NAME}` replaced from our environment, and why it cannot start (an
-    unset variable is a problem of where agentgate runs, not of the config). No value shown."""
+    """(headers, `${NAME}` filled in; why it cannot start: a variable
+    unset is a problem of where agentgate runs, not of the config)."""
     from urllib.parse import urlsplit
     for field in ("env", "inherit_env", "cwd"):
         if field in raw:
-            raise ConfigError(f"{where}.{field} means nothing for a server reached by url (no "
-                              f"process is started); remove it, and send secrets as headers")
+            raise ConfigError(
+                f"{where}.{field} means nothing for a server reached by url;"
+                f" remove it")
     try:
         parts = urlsplit(url)
     except ValueError:
         parts = None
-    if not parts or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{where}.url must be an http:// or https:// address, such as "
-                          f'"http://127.0.0.1:8000/mcp"')
-    if "@" in parts.netloc:  # the url is shown in messages; a password in it would be too
-        raise ConfigError(f"{where}.url must not carry a user or password; send credentials "
-                          f"as a header whose value names an environment variable")
+    if not parts or parts.scheme not in ("http", "https") \
+            or not parts.hostname:
+        raise ConfigError(
+            f"{where}.url must be an http:// or https:// address, such as "
+            f'"http://127.0.0.1:8000/mcp"')
+    if "@" in parts.netloc:  # messages show the url
+        raise ConfigError(
+            f"{where}.url must not carry a user or password; send them "
+            f"as a header")
     given = raw.get("headers", {})
-    if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
-        raise ConfigError(f'{where}.headers must be an object of header name to string, such as '
-                          f'{{"Authorization": "Bearer ${{TOKEN}}"}}')
+    if not isinstance(given, dict) \
+            or not all(isinstance(v, str) for v in given.values()):
+        raise ConfigError(
+            f"{where}.headers must be an object of header name to string, "
+            f'such as {{"Authorization": "Bearer ${{TOKEN}}"}}')
     headers, unset = {}, ""
     for name, value in given.items():
         if not _HEADER_NAME_RE.fullmatch(name):
-            raise ConfigError(f"{where}.headers: {quote(name)} is not a header name")
+            raise ConfigError(
+                f"{where}.headers: {quote(name)} is not a header name")
         for variable in ENV_REFERENCE_RE.findall(value):
             if not ENV_NAME_RE.fullmatch(variable):
-                raise ConfigError(f"{where}.headers.{name} names {quote('${' + variable + '}')}"
-                                  f"; a variable is written ${{NAME}} with letters, digits and "
-                                  f"'_'")
+                written = quote("${" + variable + "}")
+                raise ConfigError(
+                    f"{where}.headers.{name} names {written}; a variable is "
+                    f"written ${{NAME}} with letters, digits and '_'")
             if variable not in os.environ and not unset:
-                unset = (f"{where}.headers.{name} names the environment variable {variable}, "
-                         f"which is not set: set it where agentgate runs")
-        headers[name] = ENV_REFERENCE_RE.sub(lambda m: os.environ.get(m.group(1), ""), value)
+                unset = (
+                    f"{where}.headers.{name} names the environment variable "
+                    f"{variable}, which is not set: set it where agentgate "
+                    f"runs")
+        headers[name] = ENV_REFERENCE_RE.sub(
+            lambda m: os.environ.get(m.group(1), ""), value)
         if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", headers[name]):
-            raise ConfigError(f"{where}.headers.{name} holds a control character (a line "
-                              f"break, say), which no header may carry; fix its value")
+            raise ConfigError(
+                f"{where}.headers.{name} holds a control character, which "
+                f"no header may carry")
     return headers, unset
 
 
 def _oauth_client(raw, where):
-    """A pre-registered OAuth client, for a server that does not register clients itself."""
+    """A pre-registered client, for a server that registers none."""
     given = raw.get("oauth", {})
     if not isinstance(given, dict):
-        raise ConfigError(f'{where}.oauth must be an object such as {{"client_id": "...", '
-                          f'"client_secret": "...", "scope": "..."}}')
+        raise ConfigError(
+            f'{where}.oauth must be an object such as {{"client_id": "...", '
+            f'"client_secret": "...", "scope": "..."}}')
     refuse_unknown(given, OAUTH_FIELDS, f"{where}.oauth")
     for field in OAUTH_FIELDS:
-        if field in given and (not isinstance(given[field], str) or not given[field]):
-            raise ConfigError(f"{where}.oauth.{field} must be a non-empty string")
+        value = given.get(field, "x")
+        if not isinstance(value, str) or not value:
+            raise ConfigError(
+                f"{where}.oauth.{field} must be a non-empty string")
     if "client_secret" in given and "client_id" not in given:
-        raise ConfigError(f"{where}.oauth has a client_secret but no client_id; give both")
+        raise ConfigError(
+            f"{where}.oauth has a client_secret but no client_id; give both")
     return dict(given)
 
 
 def shown_url(url):
-    """Scheme, host and port only: a hosted server often carries its key in path or query."""
+    """Scheme, host, port: a server's key is often in path or query."""
     from urllib.parse import urlsplit
     try:
         parts = urlsplit(url)
@@ -6684,29 +6714,48 @@ _INT_ID_RE = re.compile(r"-?(?:0|[1-9][0-9]{0,17})")
 
 
 def int_id(value):
-    """An id as agentgate writes its own requests' ids: an integer literal of at most 18
-    digits, or None. No other value (3.9, 1e1000000, Infinity) can name one of them."""
+    """An integer literal of at most 18 digits, or None: no other value
+    (3.9, 1e1000000, Infinity) names one of agentgate's requests."""
     if isinstance(value, Number) and _INT_ID_RE.fullmatch(value.literal):
         return int(value.literal)
     return None
 
 
 CLIENT_INFO = {"name": "agentgate", "version": VERSION}
-
 STDERR_TAIL_BYTES = 4096
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_TOOL_PAGES = 100
 MAX_TOOLS = 1000
 PR_SET_PDEATHSIG = 1
-# How long a message agentgate writes on its own (an answer to the server's ping, a cancel
-# notice) may wait for the server to read it; a request waits as long as its own deadline.
+# How long a message of our own (a ping's answer, a cancel notice) may
+# wait for the server to read it; a request waits until its deadline.
 OWN_WRITE_SECONDS = 5
+OPENING_STEPS = ("connect", "list tools")
+
+
+def too_large():
+    return UpstreamError(
+        f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes",
+        "unusable")
+
+
+def error_answer(error):
+    """A server's error answer: known; `rpc` kept when well formed."""
+    error = error if isinstance(error, dict) else {}
+    text, code = error.get("message"), error.get("code")
+    rpc = None
+    if isinstance(text, str) and int_id(code) is not None:
+        rpc = {k: error[k] for k in ("code", "message", "data")
+               if k in error}
+    said = clean(str(text or ""), 1000)
+    return UpstreamError(
+        f"the server answered with an error: {said}", "answered", rpc)
 
 
 @functools.lru_cache(maxsize=1)
 def _parent_death_request():
-    """prctl(PR_SET_PDEATHSIG, SIGKILL), for a child to call between fork and exec on Linux.
-    Looked up here, in the parent: a forked child must load no library."""
+    """prctl(PR_SET_PDEATHSIG, SIGKILL) for a child to call before exec
+    on Linux; looked up in the parent: a forked child loads nothing."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -6716,78 +6765,95 @@ def _parent_death_request():
     return functools.partial(prctl, PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _exit_code(proc, seconds):
+    try:
+        return proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def exit_text(proc):
+    code = _exit_code(proc, 2)
+    if code is None:
+        return "closed its output"
+    if code < 0:
+        return f"exited (killed by signal {-code})"
+    return f"exited (status {code})"
+
+
+def signal_group(pid, sig):
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 class Upstream:
     """A connected stdio MCP server."""
 
+    AGAIN = "started again"  # what section 23 does once it went away
+
     def __init__(self, server):
-        self.server = server
-        self.name = server.name
-        self.proc = None
-        self.next_id = 0
-        self.slots = {}
+        self.server, self.name = server, server.name
+        self.proc = self.closed = self.protocol = None
+        self.next_id, self.slots = 0, {}
         self.lock = threading.Lock()
         self.write_lock = threading.Lock()
-        self.closed = None
         self.stderr_tail = b""
         self.stderr_done = threading.Event()
-        self.protocol = None
-        # Called (on the reading thread, so it must not block) when the server says its
-        # tools changed; set by watch_tools once the gate serves. `heard_list_changed`: such
-        # a notice came before that. `pinned`: its manifest's tools, from load.
-        self.on_list_changed = None
+        # Set by section 23 while serving: on_list_changed (called on the
+        # reading thread: must not block), on_exit(why) when the server
+        # goes away on its own, and `down`, (since, next try) in epoch
+        # seconds until it serves again. `pinned`: from load_all.
+        self.on_list_changed = self.on_exit = self.down = None
         self.heard_list_changed = False
         self.pinned = {}
-        # While the gate serves, on_exit(why) is called when the server goes away on its
-        # own, so it is started again; `down` is then (since, next try), epoch seconds,
-        # until it serves again: what calls and the status tool read, of any transport.
-        self.on_exit = None
-        self.down = None
-
-    AGAIN = "started again"  # what ToolWatch does once it went away
 
     def describe(self, step, detail):
         return f"server {quote(self.name)}: {step}: {detail}"
 
-    # -- process ---------------------------------------------------------------------------
+    def failed(self, detail, step="list tools"):
+        return UpstreamError(self.describe(step, detail))
 
     def spawn(self):
-        """Start the child. On Linux its parent-death signal fires when the spawning thread
-        ends, so this runs on a thread that lives as long as agentgate (the main thread)."""
+        """Start the child, on a thread as long-lived as agentgate (the
+        main one): its parent-death signal fires when that thread ends."""
+        command = self.server.command
         try:
-            # bufsize=0: nothing is buffered on the way to the child, so closing its input
-            # never waits to flush into a pipe nobody reads.
+            # bufsize=0: closing its input never waits to flush.
             proc = subprocess.Popen(
-                self.server.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=child_env(self.server), start_new_session=True,
-                cwd=self.server.cwd, bufsize=0, preexec_fn=_parent_death_request())
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=child_env(self.server),
+                start_new_session=True, cwd=self.server.cwd, bufsize=0,
+                preexec_fn=_parent_death_request())
         except OSError as err:
-            raise UpstreamError(self.describe("connect", f"cannot start "
-                                              f"{quote(self.server.command[0])}: {err.strerror}"),
-                                "not_sent")
-        os.set_blocking(proc.stdin.fileno(), False)  # writes wait in poll, with a deadline
+            why = f"cannot start {quote(command[0])}: {err.strerror}"
+            raise UpstreamError(self.describe("connect", why), "not_sent")
+        # Writes wait in poll, with a deadline.
+        os.set_blocking(proc.stdin.fileno(), False)
         self.stderr_tail, self.stderr_done = b"", threading.Event()
         with self.lock:
             self.proc, self.closed = proc, None
-        threading.Thread(target=self._read_stdout, args=(proc,), daemon=True).start()
-        threading.Thread(target=self._read_stderr, args=(proc.stderr, self.stderr_done),
+        threading.Thread(target=self._read_stdout, args=(proc,),
+                         daemon=True).start()
+        threading.Thread(target=self._read_stderr,
+                         args=(proc.stderr, self.stderr_done),
                          daemon=True).start()
 
-    def protocol_versions(self):
-        return PROTOCOL_VERSIONS
-
     def handshake(self, deadline):
-        versions = self.protocol_versions()
-        result = self.request("initialize", {
-            "protocolVersion": versions[-1], "capabilities": {}, "clientInfo": CLIENT_INFO},
-            deadline, "connect")
+        versions = PROTOCOL_VERSIONS
+        params = {"protocolVersion": versions[-1], "capabilities": {},
+                  "clientInfo": CLIENT_INFO}
+        result = self.request("initialize", params, deadline, "connect")
         if not isinstance(result, dict):
-            raise UpstreamError(self.describe("connect", "the server's initialize answer is "
-                                              "not an object"))
+            raise self.failed("the server's initialize answer is not an "
+                              "object", "connect")
         chosen = result.get("protocolVersion")
         if chosen not in versions:
-            raise UpstreamError(self.describe("connect", f"the server answered protocol version "
-                                              f"{quote(str(chosen)[:40])}; this client "
-                                              f"speaks {', '.join(versions)}"))
+            raise self.failed(
+                f"the server answered protocol version "
+                f"{quote(str(chosen)[:40])}; this client speaks "
+                f"{', '.join(versions)}", "connect")
         self.protocol = chosen  # HTTP names it on every later message
         self.notify("notifications/initialized", {})
 
@@ -6798,9 +6864,8 @@ class Upstream:
             self._fail_all(self.closed)
         if proc is None:
             return
-        # The input is closed only while no write is under way, so a writer never writes to
-        # a descriptor number the process has reused; a write stuck on a server that does not
-        # read is ended by killing the server, which breaks its pipe.
+        # Input is closed only while no write is under way, so no write
+        # lands on a reused descriptor; a stuck write ends by the kill.
         if not self.write_lock.acquire(timeout=1):
             signal_group(proc.pid, signal.SIGKILL)
             self.write_lock.acquire()
@@ -6810,26 +6875,19 @@ class Upstream:
             pass
         finally:
             self.write_lock.release()
-        try:
-            proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
+        if _exit_code(proc, 2) is None:
             signal_group(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                pass
-        # The group may hold descendants (a server started through npx, say) that outlive
-        # their parent; they are killed even when the server itself exited politely.
+            _exit_code(proc, 2)
+        # Its descendants (a server started by npx) die with it.
         signal_group(proc.pid, signal.SIGKILL)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        _exit_code(proc, 5)
 
     def _read_stderr(self, stream, done):
         try:
-            for chunk in iter(lambda: os.read(stream.fileno(), 4096), b""):
-                self.stderr_tail = (self.stderr_tail + chunk)[-STDERR_TAIL_BYTES:]
+            read = functools.partial(os.read, stream.fileno(), 4096)
+            for chunk in iter(read, b""):
+                tail = self.stderr_tail + chunk
+                self.stderr_tail = tail[-STDERR_TAIL_BYTES:]
         except (OSError, ValueError):
             pass
         finally:
@@ -6838,30 +6896,31 @@ class Upstream:
     def tail(self):
         self.stderr_done.wait(timeout=2 if self.closed else 0.2)
         text = self.stderr_tail.decode("utf-8", "replace").strip()
-        return f'; stderr: "{clean(text, STDERR_TAIL_BYTES)}"' if text else ""
-
-    # -- messages --------------------------------------------------------------------------
+        if not text:
+            return ""
+        return f'; stderr: "{clean(text, STDERR_TAIL_BYTES)}"'
 
     def _read_stdout(self, proc):
         try:
-            for frame, ident in read_frames(proc.stdout.fileno(), MAX_MESSAGE_BYTES):
-                # One frame, however it is shaped, never ends the reader: every later answer
-                # would wait for its timeout and be recorded as unknown.
+            frames = read_frames(proc.stdout.fileno(), MAX_MESSAGE_BYTES)
+            for frame, ident in frames:
+                # No frame ends the reader: every later answer would
+                # wait for its timeout and be recorded as unknown.
                 try:
                     if frame is None:
-                        self._deliver(ident, error=UpstreamError(
-                            f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes",
-                            "unusable"))
+                        self._deliver(ident, error=too_large())
                     elif frame.strip():
                         self._dispatch(frame)
                 except Exception as err:
-                    log(self.describe("read", f"a message could not be handled "
-                                              f"({type(err).__name__}: {err})"))
+                    log(self.describe("read", f"a message could not be "
+                                      f"handled ({type(err).__name__}: "
+                                      f"{err})"))
         finally:
             with self.lock:
                 self.closed = self.closed or "the server closed its output"
                 self._fail_all(self.closed)
-                on_exit = self.proc is proc and self.on_exit  # not closed by agentgate
+                # Only when it was not agentgate that closed it:
+                on_exit = self.proc is proc and self.on_exit
             if on_exit:
                 on_exit(exit_text(proc))
 
@@ -6870,64 +6929,69 @@ class Upstream:
             message = parse(line)
         except CanonicalError as err:
             loose = parse_loosely(line)
-            self._deliver(int_id(loose.get("id")) if isinstance(loose, dict) else None,
-                          error=UpstreamError(f"the server's answer is not usable JSON: {err}",
-                                              "unusable"))
+            ident = loose.get("id") if isinstance(loose, dict) else None
+            self._deliver(int_id(ident), error=UpstreamError(
+                f"the server's answer is not usable JSON: {err}",
+                "unusable"))
             return
         if not isinstance(message, dict):
             return
+        ident = int_id(message.get("id"))
         if "method" in message and "id" in message:
             self._answer_server_request(message)
         elif "method" in message:
-            if message["method"] == "notifications/progress":
-                self._progress(message.get("params"))
-            elif message["method"] == "notifications/tools/list_changed":
-                with self.lock:
-                    self.heard_list_changed = True
-                    on_list_changed = self.on_list_changed
-                if on_list_changed:
-                    on_list_changed()
+            self._notice(message["method"], message.get("params"))
         elif "error" in message:
-            error = message["error"] if isinstance(message["error"], dict) else {}
-            text, code = error.get("message"), error.get("code")
-            rpc = {k: error[k] for k in ("code", "message", "data") if k in error} \
-                if isinstance(text, str) and int_id(code) is not None else None
-            self._deliver(int_id(message.get("id")), error=UpstreamError(
-                f"the server answered with an error: {clean(str(text or ''), 1000)}",
-                "answered", rpc))
+            self._deliver(ident, error=error_answer(message["error"]))
         else:
-            self._deliver(int_id(message.get("id")), result=message.get("result"))
+            self._deliver(ident, result=message.get("result"))
 
-    def _progress(self, params):
-        """Hand a server's progress to the request it names by id, a token only agentgate
-        wrote (any other is dropped). On the reading thread, before the server's next message
-        is read, so a request's progress reaches its caller before its answer."""
-        params = params if isinstance(params, dict) else {}
-        with self.lock:
-            slot = self.slots.get(int_id(params.get("progressToken")))
-        if slot and slot["progress"]:
-            slot["progress"](params.get("progress"), params.get("total"), params.get("message"))
+    def _notice(self, method, params):
+        if method == "notifications/tools/list_changed":
+            with self.lock:
+                self.heard_list_changed = True
+                on_list_changed = self.on_list_changed
+            if on_list_changed:
+                on_list_changed()
+        elif method == "notifications/progress":
+            # To the request whose id it names, a token only we wrote;
+            # on the reading thread, so it comes before its answer.
+            params = params if isinstance(params, dict) else {}
+            token = int_id(params.get("progressToken"))
+            with self.lock:
+                slot = self.slots.get(token)
+            if slot and slot["progress"]:
+                slot["progress"](params.get("progress"),
+                                 params.get("total"), params.get("message"))
 
     def _answer_server_request(self, message):
+        reply = {"jsonrpc": "2.0", "id": message["id"]}
         if message.get("method") == "ping":
-            reply = {"jsonrpc": "2.0", "id": message["id"], "result": {}}
-        else:
-            # agentgate offers no roots, sampling or elicitation: a server asking for one gets
-            # a clear refusal rather than a request left hanging.
-            reply = {"jsonrpc": "2.0", "id": message["id"], "error": {
-                "code": -32601, "message": "this client does not offer that method"}}
+            reply["result"] = {}
+        else:  # no roots, sampling or elicitation: refused, not ignored
+            reply["error"] = {"code": -32601, "message":
+                              "this client does not offer that method"}
+        self._send_own(reply)
+
+    def notify(self, method, params):
+        self._send_own({"jsonrpc": "2.0", "method": method,
+                        "params": params})
+
+    def _send_own(self, message):
         try:
-            self._send(reply, Deadline(OWN_WRITE_SECONDS * SECOND))
+            self._send(message, Deadline(OWN_WRITE_SECONDS * SECOND))
         except UpstreamError:
-            pass  # the server is gone or was stopped for not reading: nothing to answer
+            pass  # gone, or stopped for not reading: nothing to tell
 
     def _deliver(self, ident, result=None, error=None):
-        # The answer is filled in under the lock that removes the slot, so a request whose
-        # wait ends at this moment sees either its answer or no slot, never half of one.
+        # Filled in under the lock that removes the slot: a wait ending
+        # now sees its whole answer or no slot, never half of one.
         with self.lock:
-            slot = self.slots.pop(ident, None) if ident is not None else None
+            slot = self.slots.pop(ident, None) if ident is not None \
+                else None
             if slot:
-                slot["result"], slot["error"], slot["answered"] = result, error, True
+                slot["result"], slot["error"] = result, error
+                slot["answered"] = True
                 slot["done"].release()
 
     def _fail_all(self, reason):
@@ -6937,90 +7001,82 @@ class Upstream:
         self.slots.clear()
 
     def _send(self, message, deadline):
-        """Write one message by `deadline`. A server that does not take it in time is not
-        reading: it is stopped, so nothing waits on it forever. The error says whether any
-        byte of the message reached it."""
+        """Write one message by `deadline`, the one place that says if
+        any byte did go; a server not taking it in time is stopped."""
         data = canonical(message) + b"\n"
         if not self.write_lock.acquire(timeout=deadline.left()):
-            raise UpstreamError("the server is not reading its input (an earlier message to "
-                                "it is still being written)", "not_sent")
-        written, view = 0, memoryview(data)
+            raise UpstreamError(
+                "the server is not reading its input (an earlier message "
+                "to it is still being written)", "not_sent")
+        written, view, poller = 0, memoryview(data), None
         try:
             proc = self.proc
             if proc is None:
                 raise UpstreamError("the connection is closed", "not_sent")
-            poller = None
             while written < len(data):
                 try:
                     written += os.write(proc.stdin.fileno(), view[written:])
                     continue
                 except BlockingIOError:
-                    pass  # the pipe is full: wait until the server reads, or the deadline
+                    pass  # the pipe is full: wait for a read, or the end
                 except (OSError, ValueError):
-                    raise UpstreamError("the server is not reading its input (it may have "
-                                        "exited)", "no_answer" if written else "not_sent") \
-                        from None
+                    outcome = "no_answer" if written else "not_sent"
+                    raise UpstreamError(
+                        "the server is not reading its input (it may have "
+                        "exited)", outcome) from None
                 if poller is None:
                     poller = select.poll()
                     poller.register(proc.stdin.fileno(), select.POLLOUT)
-                if deadline.left() <= 0 or not poller.poll(deadline.left() * 1000 + 1):
+                left = deadline.left()
+                if left <= 0 or not poller.poll(left * 1000 + 1):
                     break
         finally:
             self.write_lock.release()
         if written < len(data):
             reason = (f"the server did not take in the message within "
                       f"{format_duration(deadline.ns)}, so it was stopped")
-            self._stop(proc, reason)
+            with self.lock:
+                self.closed = self.closed or reason
+                self._fail_all(reason)
+            signal_group(proc.pid, signal.SIGKILL)
             raise UpstreamError(reason, "timed_out" if written else "not_sent")
 
-    def _stop(self, proc, reason):
-        with self.lock:
-            self.closed = self.closed or reason
-            self._fail_all(reason)
-        signal_group(proc.pid, signal.SIGKILL)
-
-    def notify(self, method, params):
-        try:
-            self._send({"jsonrpc": "2.0", "method": method, "params": params},
-                       Deadline(OWN_WRITE_SECONDS * SECOND))
-        except UpstreamError:
-            pass
-
     def request(self, method, params, deadline, step, progress=None):
-        """Send one request and wait for its answer until `deadline`. Given `progress`, each
-        progress notice is handed to progress(value, total, message) as the server wrote it.
-        While connecting and listing, a failure carries the end of the server's stderr; while
-        the server is down, only those are sent."""
+        """Its answer by `deadline`; each progress notice goes to
+        progress(value, total, message). Down, only opening steps go."""
         try:
-            down = self.down_text()
-            if down and step not in OPENING_STEPS:
-                raise UpstreamError(down + "; nothing was sent", "not_sent")
-            return self._request(method, params, deadline, progress)
+            return self._request(method, params, deadline, step, progress)
         except UpstreamError as err:
-            tail = self.tail() if step in OPENING_STEPS and \
-                err.outcome != "timed_out" else ""
-            raise UpstreamError(self.describe(step, str(err)) + tail, err.outcome,
-                                err.rpc) from None
+            tail = ""
+            if step in OPENING_STEPS and err.outcome != "timed_out":
+                tail = self.tail()
+            said = self.describe(step, str(err)) + tail
+            raise UpstreamError(said, err.outcome, err.rpc) from None
 
-    def _request(self, method, params, deadline, progress):
+    def _request(self, method, params, deadline, step, progress):
+        # Refused before a byte is written: known not sent.
+        down = self.down_text()
+        if down and step not in OPENING_STEPS:
+            raise UpstreamError(down + "; nothing was sent", "not_sent")
         with self.lock:
             if self.closed:
                 raise UpstreamError(self.closed, "not_sent")
             self.next_id += 1
             ident = self.next_id
-            # `done` is held until the answer (or a failure) is filled in, then released: a
-            # wait on a bare lock, the cheapest hand-over between two threads.
-            slot = {"done": threading.Lock(), "answered": False, "result": None, "error": None,
-                    "progress": progress}
+            # `done` is held until the answer is in: the cheapest
+            # hand-over between two threads.
+            slot = {"done": threading.Lock(), "answered": False,
+                    "result": None, "error": None, "progress": progress}
             slot["done"].acquire()
             self.slots[ident] = slot
         if progress:
-            # The gate's own token, the request's id: unique among its requests in flight, as
-            # the protocol asks, whatever tokens hosts choose. The caller maps it back.
+            # The request's id as the gate's own token: unique among its
+            # requests in flight, whatever hosts chose.
             params = {**params, "_meta": {"progressToken": ident}}
+        message = {"jsonrpc": "2.0", "id": ident, "method": method,
+                   "params": params}
         try:
-            self._send({"jsonrpc": "2.0", "id": ident, "method": method, "params": params},
-                       deadline)
+            self._send(message, deadline)
         except UpstreamError:
             with self.lock:
                 self.slots.pop(ident, None)
@@ -7028,28 +7084,30 @@ class Upstream:
         if not slot["done"].acquire(timeout=deadline.left()):
             with self.lock:
                 self.slots.pop(ident, None)
-            if not slot["answered"]:  # an answer that came as the wait ended still counts
-                self.notify("notifications/cancelled", {"requestId": ident,
-                                                        "reason": "the deadline passed"})
-                raise UpstreamError("timed out after " + format_duration(deadline.ns),
-                                    "timed_out")
+            if not slot["answered"]:  # one as the wait ended still counts
+                self.notify("notifications/cancelled", {
+                    "requestId": ident, "reason": "the deadline passed"})
+                raise UpstreamError(
+                    "timed out after " + format_duration(deadline.ns),
+                    "timed_out")
         if slot["error"]:
             raise slot["error"]
         return slot["result"]
 
     def down_text(self):
-        """'' while the server serves; else since when it is down and its next start."""
+        """'' while it serves; else since when it is down, and its next try."""
         if not self.down:
             return ""
-        since, next_try = (format_duration(max(0, int(t)) * SECOND)
-                           for t in (time.time() - self.down[0], self.down[1] - time.time()))
-        return (f"the server stopped {since} ago and is being {self.AGAIN} (next try in "
-                f"{next_try})")
+        since = format_duration(max(0, int(time.time() - self.down[0]))
+                                * SECOND)
+        wait = format_duration(max(0, int(self.down[1] - time.time()))
+                               * SECOND)
+        return (f"the server stopped {since} ago and is being {self.AGAIN} "
+                f"(next try in {wait})")
 
     def watch_tools(self, on_list_changed):
-        """Call `on_list_changed` at every notice that the server's tools changed, and now if
-        one came since the start-up listing (lost, it would leave a changed tool offered all
-        session). Flag and callback change under one lock: no notice is missed by both."""
+        """Call `on_list_changed` at each tools notice, and now if one
+        came since the start: under one lock, so none is missed."""
         with self.lock:
             self.on_list_changed = on_list_changed
             heard = self.heard_list_changed
@@ -7057,74 +7115,63 @@ class Upstream:
             on_list_changed()
 
     def list_tools(self, deadline):
-        tools, seen_cursors, cursor = {}, set(), None
+        tools, cursors, cursor = {}, set(), None
         for _ in range(MAX_TOOL_PAGES):
-            result = self.request("tools/list", {"cursor": cursor} if cursor is not None else {},
-                                  deadline, "list tools")
+            params = {} if cursor is None else {"cursor": cursor}
+            result = self.request("tools/list", params, deadline,
+                                  "list tools")
             page = result.get("tools") if isinstance(result, dict) else None
             if not isinstance(page, list):
-                raise UpstreamError(self.describe("list tools", "the answer has no tools list"))
+                raise self.failed("the answer has no tools list")
             for tool in page:
                 name = tool.get("name") if isinstance(tool, dict) else None
                 if not isinstance(name, str) or not name:
-                    raise UpstreamError(self.describe("list tools", "a tool has no name"))
+                    raise self.failed("a tool has no name")
                 if name in tools:
-                    raise UpstreamError(self.describe("list tools", f"the server lists "
-                                                      f"{quote(name)} twice"))
+                    raise self.failed(f"the server lists {quote(name)} twice")
                 tools[name] = tool
                 if len(tools) > MAX_TOOLS:
-                    raise UpstreamError(self.describe("list tools", f"the server lists more "
-                                                      f"than {MAX_TOOLS} tools"))
+                    raise self.failed(
+                        f"the server lists more than {MAX_TOOLS} tools")
             cursor = result.get("nextCursor")
             if cursor is None:
                 return tools
-            if not isinstance(cursor, str) or cursor in seen_cursors:
-                raise UpstreamError(self.describe("list tools", "the server's nextCursor "
-                                                  "repeats or is not a string"))
-            seen_cursors.add(cursor)
-        raise UpstreamError(self.describe("list tools", f"the listing runs past "
-                                          f"{MAX_TOOL_PAGES} pages"))
-
-
-OPENING_STEPS = ("connect", "list tools")
-
-
-def exit_text(proc):
-    try:
-        code = proc.wait(timeout=2)
-    except subprocess.TimeoutExpired:
-        return "closed its output"
-    return f"exited (killed by signal {-code})" if code < 0 else f"exited (status {code})"
+            if not isinstance(cursor, str) or cursor in cursors:
+                raise self.failed(
+                    "the server's nextCursor repeats or is not a string")
+            cursors.add(cursor)
+        raise self.failed(f"the listing runs past {MAX_TOOL_PAGES} pages")
 
 
 def new_upstream(server):
     return HttpUpstream(server) if server.url else Upstream(server)
 
 
-# OAuth. Only `login` asks a person (section 30); the serving gate attaches the access token
-# login kept and refreshes it where login found it can, or does not serve the server.
-LOGIN_NEEDED = "the server asks for an authorization the gate does not hold, or holds no longer"
-# Pauses between attempts to open a server's own stream that was refused for a while (seconds).
+# OAuth: only `login` asks a person (section 30); the serving gate sends
+# the token login kept, renews it where login found, or does not serve.
+LOGIN_NEEDED = ("the server asks for an authorization the gate does not "
+                "hold, or holds no longer")
+# Pauses between tries at a server's own stream while refused (seconds).
 OWN_STREAM_FIRST_PAUSE, OWN_STREAM_LAST_PAUSE = 0.25, 30
 READ_BYTES = 65536
 
 
 def login_hint(server):
-    """What the operator runs so a server asking for OAuth is served (operator text only)."""
     return f"run: {PROGRAM}.py login {server.name}"
 
 
 def union_scope(*scopes):
     """Space-separated scopes, each once, in the order first given."""
-    return " ".join(dict.fromkeys(" ".join(scope or "" for scope in scopes).split()))
+    words = " ".join(scope or "" for scope in scopes).split()
+    return " ".join(dict.fromkeys(words))
 
 
 class TokenFile:
-    """What login obtained for one server of one config, 0600 in Server.tokens beside it: the
-    tokens, the client they were issued to, and the authorization server's issuer and token
-    endpoint. Bound to that config and url: a file kept for another is refused, so no other
-    server is sent them. Not in the database: the record is shown and copied for audits, and
-    a credential is no fact about a call. A pre-registered client stays in the config."""
+    """What login obtained for one server of one config, 0600 at
+    Server.tokens: tokens, their client, the issuer and token endpoint.
+    Bound to that config and url: one kept for another is refused, so no
+    other server is sent them. Not in the database, which is shown and
+    copied for audits: a credential is no fact about a call."""
 
     def __init__(self, server, fresh=False):
         self.server = server
@@ -7140,19 +7187,21 @@ class TokenFile:
             usable = False
         if not usable:
             raise ConfigError(f"{these} cannot be read; {login_hint(server)}")
-        if (kept.get("config"), kept.get("url")) != (server.config_path, server.url):
-            raise ConfigError(f"{these} were kept for another config or url; "
-                              f"{login_hint(server)}")
+        bound = (kept.get("config"), kept.get("url"))
+        if bound != (server.config_path, server.url):
+            raise ConfigError(f"{these} were kept for another config or "
+                              f"url; {login_hint(server)}")
         self.kept = kept
 
     def client(self):
-        """The client the tokens were issued to: the config's, else the one login registered."""
+        """Their client: the config's, else the one login registered."""
         given = self.server.oauth
         if not given.get("client_id"):
             return self.kept.get("client") or {}
         secret = given.get("client_secret")
+        method = "client_secret_basic" if secret else "none"
         return {"client_id": given["client_id"], "client_secret": secret,
-                "token_endpoint_auth_method": "client_secret_basic" if secret else "none"}
+                "token_endpoint_auth_method": method}
 
     def bearer(self):
         return "Bearer " + self.kept["tokens"]["access_token"]
@@ -7162,83 +7211,92 @@ class TokenFile:
         return isinstance(at, (int, float)) and at <= time.time()
 
     def obtained(self, tokens):
-        """Keep new tokens; a refresh that names no new refresh token or scope keeps the old."""
+        """Keep new tokens; a refresh naming no new refresh token or
+        scope keeps the old."""
         old = self.kept.get("tokens", {})
-        self.kept["tokens"] = {**{k: old[k] for k in ("refresh_token", "scope") if k in old},
-                               **tokens}
+        kept = {k: old[k] for k in ("refresh_token", "scope") if k in old}
+        self.kept["tokens"] = {**kept, **tokens}
         lasts = tokens.get("expires_in")
-        self.kept["expires_at"] = time.time() + lasts if isinstance(lasts, (int, float)) \
-            else None
+        self.kept["expires_at"] = time.time() + lasts \
+            if isinstance(lasts, (int, float)) else None
         self.write()
 
     def want(self, scope):
-        """Keep the scope a server refused a call for, so the next login asks for it too."""
-        self.kept["wanted_scope"] = union_scope(self.kept.get("wanted_scope"), scope)
+        """Keep a scope a call was refused for: the next login asks it."""
+        wanted = self.kept.get("wanted_scope")
+        self.kept["wanted_scope"] = union_scope(wanted, scope)
         self.write()
 
     def write(self):
         if self.server.oauth.get("client_id"):
             self.kept.pop("client", None)
-        write_private(self.server.tokens, json.dumps(self.kept, indent=2) + "\n")
+        text = json.dumps(self.kept, indent=2) + "\n"
+        write_private(self.server.tokens, text)
 
     def refresh(self, deadline):
-        """A refresh-token grant to the token endpoint login found: the refresh token and the
-        client's secret go there and nowhere else. False when the tokens were not renewed."""
+        """A refresh-token grant to the endpoint login found, the one
+        place the refresh token and secret go. False: not renewed."""
         from urllib.parse import urlencode, quote as escape
-        refresh, endpoint = self.kept["tokens"].get("refresh_token"), self.kept.get(
-            "token_endpoint")
+        refresh = self.kept["tokens"].get("refresh_token")
+        endpoint = self.kept.get("token_endpoint")
         client = self.client()
-        if not (refresh and endpoint and client.get("client_id")):
+        client_id = client.get("client_id")
+        if not (refresh and endpoint and client_id):
             return False
         form = {"grant_type": "refresh_token", "refresh_token": refresh,
-                "client_id": client["client_id"]}
+                "client_id": client_id}
         if self.kept.get("resource"):
             form["resource"] = self.kept["resource"]
         headers = {"Content-Type": "application/x-www-form-urlencoded",
                    "Accept": "application/json"}
         secret = client.get("client_secret")
-        method = client.get("token_endpoint_auth_method") or "client_secret_basic"
+        method = client.get("token_endpoint_auth_method") \
+            or "client_secret_basic"
         if secret and method == "client_secret_post":
             form["client_secret"] = secret
         elif secret and method == "client_secret_basic":
-            pair = f"{escape(client['client_id'], safe='')}:{escape(secret, safe='')}"
-            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
-        conn = None
+            pair = f"{escape(client_id, safe='')}:{escape(secret, safe='')}"
+            basic = base64.b64encode(pair.encode()).decode()
+            headers["Authorization"] = "Basic " + basic
+        tokens, conn = None, None
         try:
             conn = http_connection(endpoint, deadline)
-            conn.request("POST", url_target(endpoint), urlencode(form), headers)
+            conn.request("POST", url_target(endpoint), urlencode(form),
+                         headers)
             response = conn.getresponse()
-            tokens = json.loads(response.read(MAX_MESSAGE_BYTES)) \
-                if response.status == 200 else None
+            if response.status == 200:
+                tokens = json.loads(response.read(MAX_MESSAGE_BYTES))
         except (OSError, ValueError, http_client().HTTPException):
             tokens = None
         finally:
             if conn:
                 conn.close()
-        if not isinstance(tokens, dict) or not isinstance(tokens.get("access_token"), str) \
+        if not isinstance(tokens, dict) \
+                or not isinstance(tokens.get("access_token"), str) \
                 or str(tokens.get("token_type")).lower() != "bearer":
             return False
         self.obtained(tokens)
         return True
 
 
-@functools.lru_cache(maxsize=1)
 def http_client():
     import http.client  # only when a url server starts
     return http.client
 
 
 def http_connection(url, deadline):
-    """A connection to `url`'s host, connected by `deadline` (None: within 30s)."""
+    """A connection to `url`'s host by `deadline` (None: within 30s)."""
     from urllib.parse import urlsplit
     parts, client = urlsplit(url), http_client()
     seconds = max(deadline.left(), 0.001) if deadline else 30
     if parts.scheme == "https":
         import ssl
-        conn = client.HTTPSConnection(parts.hostname, parts.port, timeout=seconds,
-                                      context=ssl.create_default_context())
+        conn = client.HTTPSConnection(
+            parts.hostname, parts.port, timeout=seconds,
+            context=ssl.create_default_context())
     else:
-        conn = client.HTTPConnection(parts.hostname, parts.port, timeout=seconds)
+        conn = client.HTTPConnection(parts.hostname, parts.port,
+                                     timeout=seconds)
     conn.connect()
     return conn
 
@@ -7246,40 +7304,53 @@ def http_connection(url, deadline):
 def url_target(url):
     from urllib.parse import urlsplit
     parts = urlsplit(url)
-    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    query = f"?{parts.query}" if parts.query else ""
+    return (parts.path or "/") + query
+
+
+def connection_lost(err):
+    return UpstreamError(f"the connection was lost before the server "
+                         f"answered ({type(err).__name__})")
+
+
+def too_late(deadline):
+    return UpstreamError(f"timed out after {format_duration(deadline.ns)}, "
+                         f"before the message was sent", "not_sent")
+
+
+def is_event_stream(response):
+    kind = response.getheader("Content-Type", "").lower()
+    return response.status == 200 and kind.startswith("text/event-stream")
 
 
 class HttpUpstream(Upstream):
-    """A connected MCP server over Streamable HTTP, through the standard library's client.
-    Only the way a message travels differs from Upstream. Each message is POSTed on its own
-    connection, written by the caller by its deadline (_post, the one place its bytes are
-    written), so no call waits for another's answer; a request's answer is read on a thread
-    of its own and reaches _dispatch as the bytes the server sent."""
+    """A server over Streamable HTTP: only how a message travels
+    differs. Each answer is read on a thread of its own (_answer)."""
 
     AGAIN = "connected again"
 
     def __init__(self, server):
         super().__init__(server)
         self.session = None  # Mcp-Session-Id, from the initialize answer
-        self.tokens = None  # what login kept, unless the config gives an Authorization header
-        self.unauthorized = False  # the server refused agentgate's authorization (or none)
+        self.tokens = None  # login's, unless the config sends Authorization
+        self.unauthorized = False  # the server refused what we hold
         self.refreshing = threading.Lock()
         self.connections = set()  # open ones, each ended by close
         self.ended = threading.Event()
+        self.stderr_done.set()  # it has none: tail() is ''
 
     def spawn(self):
         if self.server.unavailable:
             raise UpstreamError(self.server.unavailable, "not_sent")
-        # Connected again after it went away (section 23):
-        # a new session, its listener apart from the old.
-        with self.lock:
+        with self.lock:  # connected again (section 23): a new session
             self.closed = self.session = self.protocol = None
             self.ended = threading.Event()
-        if os.path.exists(self.server.tokens) and not any(
-                name.lower() == "authorization" for name in self.server.headers):
+        headers = self.server.headers
+        own = any(name.lower() == "authorization" for name in headers)
+        if os.path.exists(self.server.tokens) and not own:
             try:
                 self.tokens = TokenFile(self.server)
-            except ConfigError as err:  # a problem of this server only: the others are served
+            except ConfigError as err:  # this server's problem only
                 raise UpstreamError(str(err), "not_sent") from None
 
     def handshake(self, deadline):
@@ -7288,45 +7359,79 @@ class HttpUpstream(Upstream):
         except UpstreamError as err:
             if not self.unauthorized:
                 raise
-            # Only the operator reads a start's failure: it may name the command.
-            raise UpstreamError(f"{err}; {login_hint(self.server)}", "answered") from None
+            # Only the operator reads a start's failure.
+            hint = login_hint(self.server)
+            raise UpstreamError(f"{err}; {hint}", "answered") from None
         threading.Thread(target=self._listen, args=(self.ended,),
                          daemon=True).start()
 
     def close(self):
-        """Fail what waits and end every connection; nothing waits on the server."""
+        """Fail what waits, end every connection; never wait on it."""
         with self.lock:
             self.closed = self.closed or "the connection was closed"
             self._fail_all(self.closed)
             self.ended.set()
             connections = list(self.connections)
-        for conn in connections:  # each read under way ends, and its thread closes it
+        for conn in connections:  # each read ends; its thread closes it
             self._shut(conn)
 
-    def tail(self):
-        return ""
-
     def _gone(self, why):
-        """While serving, the server went away: it is
-        connected again (section 23)."""
         if self.on_exit and not self.closed:
-            self.on_exit(why)
-
-    # -- sending ---------------------------------------------------------------------------
+            self.on_exit(why)  # connected again (section 23)
 
     def _send(self, message, deadline):
         body = canonical(message)
-        conn = self._post(body, deadline)
+        conn = self._write("POST", body, deadline)
         if "method" in message and "id" in message:
-            threading.Thread(target=self._answer, args=(conn, message["id"], body, deadline),
+            args = (conn, message["id"], body, deadline)
+            threading.Thread(target=self._answer, args=args,
                              daemon=True).start()
             return
-        try:  # a notice or an answer: the server takes it in at once (202)
+        try:  # a notice or an answer: taken in at once (202)
             conn.getresponse().read(MAX_MESSAGE_BYTES)
         except (OSError, http_client().HTTPException):
             pass
         finally:
             self._end(conn)
+
+    def _write(self, verb, body, deadline, refused=None, last_id=None):
+        """Connect, write one request by `deadline` (None: the server's
+        own stream): the one place that says if any byte went out."""
+        accept = "text/event-stream"
+        if body:
+            accept = "application/json, " + accept
+        headers = self._headers(deadline, accept, refused)
+        if body:
+            headers["Content-Type"] = "application/json"
+        if last_id:
+            headers["Last-Event-ID"] = last_id.decode("utf-8", "replace")
+        if deadline and deadline.left() <= 0:
+            raise too_late(deadline)
+        try:
+            conn = http_connection(self.server.url, deadline)
+        except (OSError, http_client().HTTPException) as err:
+            if isinstance(err, ConnectionError):
+                self._gone("cannot be reached")
+            why = clean(str(err), 200) or type(err).__name__
+            raise UpstreamError(
+                f"cannot reach {shown_url(self.server.url)} ({why}), so "
+                f"nothing was sent", "not_sent") from None
+        with self.lock:
+            if self.closed:
+                conn.close()
+                raise UpstreamError(self.closed, "not_sent")
+            self.connections.add(conn)
+        if deadline and deadline.left() <= 0:
+            self._end(conn)
+            raise too_late(deadline)
+        if deadline is None:
+            conn.sock.settimeout(None)  # its own stream: quiet for hours
+        try:
+            conn.request(verb, url_target(self.server.url), body, headers)
+        except (OSError, http_client().HTTPException) as err:
+            self._end(conn)
+            raise connection_lost(err) from None
+        return conn
 
     def _headers(self, deadline, accept, refused=None):
         headers = {**self.server.headers, "Accept": accept}
@@ -7339,44 +7444,30 @@ class HttpUpstream(Upstream):
         return headers
 
     def _bearer(self, deadline, refused):
-        """The access token to send, renewed first when it expired or is `refused` (the one a
-        401 answered), by one caller at a time."""
-        if not self.refreshing.acquire(timeout=max(deadline.left(), 0) if deadline else -1):
-            raise UpstreamError(f"timed out after {format_duration(deadline.ns)}, before the "
-                                f"message was sent", "not_sent")
+        """The access token to send, renewed first when it expired or is
+        `refused` (the one a 401 answered), by one caller at a time."""
+        wait = max(deadline.left(), 0) if deadline else -1
+        if not self.refreshing.acquire(timeout=wait):
+            raise too_late(deadline)
         try:
-            stale = self.tokens.expired() or self.tokens.bearer() == refused
-            if stale and not self.tokens.refresh(deadline):
+            tokens = self.tokens
+            stale = tokens.expired() or tokens.bearer() == refused
+            if stale and not tokens.refresh(deadline):
                 raise self._login_needed("the token could not be renewed")
-            return self.tokens.bearer()
+            return tokens.bearer()
         finally:
             self.refreshing.release()
 
     def _login_needed(self, why):
         self.unauthorized = True
         if self.tokens:
-            # The serving gate opens no browser and no port: the server is not served until
-            # the operator runs login again, and every later call fails at once saying so.
+            # No browser, no port: not served until the operator runs
+            # login, and every later call fails at once saying so.
             with self.lock:
                 self.closed = self.closed or LOGIN_NEEDED
-            log(f"server {self.name}: {LOGIN_NEEDED}; {login_hint(self.server)}")
+            log(f"server {self.name}: {LOGIN_NEEDED}; "
+                f"{login_hint(self.server)}")
         return UpstreamError(f"{LOGIN_NEEDED} ({why})", "answered")
-
-    def _open(self, deadline):
-        try:
-            conn = http_connection(self.server.url, deadline)
-        except (OSError, http_client().HTTPException) as err:
-            if isinstance(err, ConnectionError):
-                self._gone("cannot be reached")
-            raise UpstreamError(f"cannot reach {shown_url(self.server.url)} ("
-                                f"{clean(str(err), 200) or type(err).__name__}), so nothing "
-                                f"was sent", "not_sent") from None
-        with self.lock:
-            if self.closed:
-                conn.close()
-                raise UpstreamError(self.closed, "not_sent")
-            self.connections.add(conn)
-        return conn
 
     @staticmethod
     def _shut(conn):
@@ -7391,75 +7482,55 @@ class HttpUpstream(Upstream):
         self._shut(conn)
         conn.close()
 
-    def _post(self, body, deadline, refused=None):
-        """POST one message's bytes by `deadline`, or raise saying they were not sent. No byte
-        is written once the deadline has passed; a write that fails midway may have landed."""
-        headers = self._headers(deadline, "application/json, text/event-stream", refused)
-        headers["Content-Type"] = "application/json"
-        conn = self._open(deadline) if deadline.left() > 0 else None
-        if conn is None or deadline.left() <= 0:
-            if conn:
-                self._end(conn)
-            raise UpstreamError(f"timed out after {format_duration(deadline.ns)}, before the "
-                                f"message was sent", "not_sent")
-        try:
-            conn.request("POST", url_target(self.server.url), body, headers)
-        except (OSError, http_client().HTTPException) as err:
-            self._end(conn)
-            raise self._lost(err) from None
-        return conn
-
-    @staticmethod
-    def _lost(err):
-        return UpstreamError(f"the connection was lost before the server answered "
-                             f"({type(err).__name__})")
-
-    # -- answers ---------------------------------------------------------------------------
-
     def _waiting(self, ident, deadline):
         with self.lock:
             return ident in self.slots and deadline.left() > 0
 
     def _answer(self, conn, ident, body, deadline):
-        """Read request `ident`'s answer and hand over what it holds; a stream the server
-        closed after naming an event is resumed within the deadline. A request a 401 refused
-        (it ran nothing) is sent once more, with a renewed token."""
-        error = UpstreamError("the server ended its HTTP answer without a result")
+        """Hand over request `ident`'s answer, resuming a broken stream;
+        one a 401 refused (it ran nothing) goes once more, renewed."""
+        error = UpstreamError(
+            "the server ended its HTTP answer without a result")
         try:
             response = conn.getresponse()
-            if response.status == 401 and self.tokens and not self.unauthorized:
+            if response.status == 401 and self.tokens \
+                    and not self.unauthorized:
                 self._end(conn)
-                conn = self._post(body, deadline, self.tokens.bearer())
+                refused = self.tokens.bearer()
+                conn = self._write("POST", body, deadline, refused)
                 response = conn.getresponse()
             failed = self._refusal(response)
             if failed:
                 error = failed
-            elif not self._event_stream(response):
+            elif not is_event_stream(response):
                 data = response.read(MAX_MESSAGE_BYTES + 1)
                 if len(data) > MAX_MESSAGE_BYTES:
-                    error = UpstreamError(f"the server's answer is larger than "
-                                          f"{MAX_MESSAGE_BYTES} bytes", "unusable")
+                    error = too_large()
                 elif data.strip():
                     self._dispatch(data)
             else:
                 events = self._read_events(response, ident, deadline)
                 while events.last_id and self._waiting(ident, deadline):
-                    error = UpstreamError("the server closed its answer's event stream before "
-                                          "the result, and resuming it failed")
+                    error = UpstreamError(
+                        "the server closed its answer's event stream "
+                        "before the result, and resuming it failed")
                     self._end(conn)
-                    if self.ended.wait(min(events.retry / 1000, deadline.left())):
+                    pause = min(events.retry / 1000, deadline.left())
+                    if self.ended.wait(pause):
                         break
-                    try:  # whatever fails here, the request was sent: it may have executed
+                    try:  # sent already, whatever fails: it may have run
                         conn, response = self._get(deadline, events.last_id)
-                    except (UpstreamError, OSError, http_client().HTTPException):
+                    except (UpstreamError, OSError,
+                            http_client().HTTPException):
                         break
-                    if not self._event_stream(response):
+                    if not is_event_stream(response):
                         break
-                    events = self._read_events(response, ident, deadline, events)
+                    events = self._read_events(response, ident, deadline,
+                                               events)
         except UpstreamError as err:
             error = err
         except (OSError, ValueError, http_client().HTTPException) as err:
-            error = self._lost(err)
+            error = connection_lost(err)
         finally:
             self._end(conn)
         self._deliver(ident, error=error)
@@ -7467,60 +7538,51 @@ class HttpUpstream(Upstream):
     def _refusal(self, response):
         status = response.status
         if status >= 500:
-            # A proxy's 502 or 504, or a server that failed mid-call, answers after the request
-            # was delivered: whatever its body says, the request may have executed. Decided
-            # before the body is read, so no message in it can make the outcome known.
-            return UpstreamError(f"the server answered HTTP {status} after the request "
-                                 f"reached it")
+            # A proxy's 502 or a server failing mid-call answers after
+            # the request was delivered: it may have executed, whatever
+            # the body (unread) says.
+            return UpstreamError(f"the server answered HTTP {status} "
+                                 f"after the request reached it")
         if 300 <= status < 400:
             from urllib.parse import urljoin
-            target = urljoin(self.server.url, response.getheader("Location", ""))
-            return UpstreamError(f"the server answered with a redirect (HTTP {status}) to "
-                                 f"{clean(shown_url(target), 200)}, which is not followed: if "
-                                 f"that is the server, make it the url", "answered")
+            location = response.getheader("Location", "")
+            target = clean(shown_url(urljoin(self.server.url, location)),
+                           200)
+            return UpstreamError(
+                f"the server answered with a redirect (HTTP {status}) to "
+                f"{target}, which is not followed: if that is the server, "
+                f"make it the url", "answered")
         challenge = response.getheader("WWW-Authenticate", "")
-        if status == 401 or (status == 403 and "insufficient_scope" in challenge):
+        if status == 401 or (status == 403
+                             and "insufficient_scope" in challenge):
             scope = re.search(r'scope="([^"]*)"', challenge)
             if status == 403 and self.tokens and scope:
                 self.tokens.want(scope.group(1))
             return self._login_needed(f"HTTP {status}")
         if status == 404 and self.session:
-            # The server no longer knows the session (it was
-            # started again): it took nothing in, ran nothing.
+            # It forgot the session (started again): it took nothing in.
             self._gone("forgot its session")
-            return UpstreamError(
-                "the server no longer knows the session "
-                "(HTTP 404), so nothing ran", "not_sent")
+            return UpstreamError("the server no longer knows the session "
+                                 "(HTTP 404), so nothing ran", "not_sent")
         if status >= 400:
-            return UpstreamError(f"the server answered HTTP {status}", "answered")
+            return UpstreamError(f"the server answered HTTP {status}",
+                                 "answered")
         self.session = response.getheader("Mcp-Session-Id") or self.session
         return None
 
-    @staticmethod
-    def _event_stream(response):
-        return response.status == 200 and response.getheader(
-            "Content-Type", "").lower().startswith("text/event-stream")
-
-    def _get(self, deadline, last_id):
-        """A GET for an event stream: the server's own (deadline None), or a request's resumed
-        after the event `last_id`: (conn, response)."""
-        headers = self._headers(deadline, "text/event-stream")
-        if last_id:
-            headers["Last-Event-ID"] = last_id.decode("utf-8", "replace")
-        conn = self._open(deadline)
-        if deadline is None:
-            conn.sock.settimeout(None)  # the server's own stream may be quiet for hours
+    def _get(self, deadline, last_id=None):
+        """An event stream: the server's own (deadline None) or a
+        request's resumed after `last_id`: (conn, response)."""
+        conn = self._write("GET", None, deadline, last_id=last_id)
         try:
-            conn.request("GET", url_target(self.server.url), headers=headers)
             return conn, conn.getresponse()
         except BaseException:
             self._end(conn)
             raise
 
     def _read_events(self, response, ident, deadline, after=None):
-        """Hand over each message of an event stream as its event completes, until it ends or
-        request `ident` (None: none, the server's own stream) is answered; the stream's state.
-        A connection lost after an event id leaves the stream to resume."""
+        """Hand over each message until the stream ends or `ident` (None:
+        the server's own stream) is answered; the stream's state."""
         events = _EventStream(after)
         try:
             while ident is None or self._waiting(ident, deadline):
@@ -7528,33 +7590,33 @@ class HttpUpstream(Upstream):
                 for message in events.feed(chunk, final=not chunk):
                     self._dispatch(message)
                 if events.buffered() > MAX_MESSAGE_BYTES:
-                    raise UpstreamError(f"the server's answer is larger than "
-                                        f"{MAX_MESSAGE_BYTES} bytes", "unusable")
+                    raise too_large()
                 if not chunk:
                     break
         except (OSError, ValueError, http_client().HTTPException):
-            if not events.last_id:
+            if not events.last_id:  # else it is resumed from there
                 raise
         return events
 
     def _listen(self, ended):
-        """The server's own stream, held open all session and opened again when it ends. A
-        refusal that may pass (a lost connection, 409, 429, 5xx) is met with growing pauses;
-        any other (405 or 404: it has none) ends the listening, as `ended` does; a server
-        that cannot be reached is connected again (_open)."""
+        """The server's own stream, all session. A refusal that may pass
+        (lost, 409, 429, 5xx) meets growing pauses; others end it."""
         pause, last_id = OWN_STREAM_FIRST_PAUSE, None
         while not ended.is_set():
             conn = None
             try:
                 conn, response = self._get(None, last_id)
-                if self._event_stream(response):
+                status = response.status
+                if is_event_stream(response):
                     events = self._read_events(response, None, None)
                     last_id = events.last_id or last_id
-                    if events.heard:  # it was open: opened again as the server asked
-                        pause = max(events.retry / 1000, OWN_STREAM_FIRST_PAUSE)
-                elif not (response.status in (409, 429) or response.status >= 500):
+                    if events.heard:  # it was open: reopened as asked
+                        pause = max(events.retry / 1000,
+                                    OWN_STREAM_FIRST_PAUSE)
+                elif not (status in (409, 429) or status >= 500):
                     return
-            except (UpstreamError, OSError, ValueError, http_client().HTTPException):
+            except (UpstreamError, OSError, ValueError,
+                    http_client().HTTPException):
                 pass
             finally:
                 if conn:
@@ -7565,26 +7627,29 @@ class HttpUpstream(Upstream):
 
 
 class _EventStream:
-    """Server-sent events fed in chunks of any size: the data of each event named `message` or
-    unnamed, as bytes (data lines joined by \\n, comments skipped); an event the stream ends
-    inside still counts. `last_id`: the last event id the server named, from which the stream
-    can be resumed; `retry`: the milliseconds it asked a client to wait before it does. Given
+    """Server-sent events fed in chunks of any size: the data of each
+    event named `message` or unnamed, as bytes (data lines joined by \\n);
+    an event the stream ends inside still counts. `last_id`: the last id
+    named, to resume from; `retry`: the wait it asked for, in ms. Given
     `after`, a stream resumed from it: its id and retry carry on."""
 
     _LINE_END = re.compile(rb"\r\n|\r|\n")
 
     def __init__(self, after=None):
-        self.partial, self.after_cr, self.data, self.event = [], False, [], b""
-        self.last_id, self.retry = (after.last_id, after.retry) if after else (b"", 0)
+        self.partial, self.after_cr = [], False
+        self.data, self.event = [], b""
+        self.last_id, self.retry = b"", 0
+        if after:
+            self.last_id, self.retry = after.last_id, after.retry
         self.heard = False  # an event came
 
     def buffered(self):
         return sum(map(len, self.partial)) + sum(map(len, self.data))
 
     def feed(self, chunk, final=False):
-        # Only the new chunk is searched for line ends, so a long line costs its length once.
+        # Only the new chunk is searched: a long line costs its length once.
         if self.after_cr and chunk.startswith(b"\n"):
-            chunk = chunk[1:]  # the second half of a \r\n split between chunks
+            chunk = chunk[1:]  # the rest of a \r\n split between chunks
             self.after_cr = False
         if chunk:
             self.after_cr = chunk.endswith(b"\r")
@@ -7597,67 +7662,70 @@ class _EventStream:
         if final:
             lines += [b"".join(self.partial), b""]
             self.partial = []
-        messages = []
-        for line in lines:
-            if not line:
-                if self.data and self.event in (b"", b"message"):
-                    messages.append(b"\n".join(self.data))
-                self.heard = self.heard or bool(self.data)
-                self.data, self.event = [], b""
-                continue
-            field, _, value = line.partition(b":")
-            value = value[1:] if value.startswith(b" ") else value
-            if field == b"data":
-                self.data.append(value)
-            elif field == b"event":
-                self.event = value.strip()
-            elif field == b"id" and b"\0" not in value:
-                self.last_id = value
-            elif field == b"retry" and value.isdigit():
-                self.retry = int(value)
-        return messages
+        return [m for m in map(self._line, lines) if m is not None]
 
-
-def signal_group(pid, sig):
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    def _line(self, line):
+        """One line's effect; the data of an event this line ends."""
+        if not line:
+            ended = None
+            if self.data and self.event in (b"", b"message"):
+                ended = b"\n".join(self.data)
+            self.heard = self.heard or bool(self.data)
+            self.data, self.event = [], b""
+            return ended
+        field, _, value = line.partition(b":")
+        value = value[1:] if value.startswith(b" ") else value
+        if field == b"data":
+            self.data.append(value)
+        elif field == b"event":
+            self.event = value.strip()
+        elif field == b"id" and b"\0" not in value:
+            self.last_id = value
+        elif field == b"retry" and value.isdigit():
+            self.retry = int(value)
+        return None
 
 
 class LoadError(Exception):
     """A server that cannot be used at all."""
 
 
-# What each part of a manifest entry is, as manifest_entry writes it: a manifest edited by hand
-# is refused by its part rather than read by code that trusts the shape.
-ENTRY_KINDS = {"name": str, "description": str, "description_hash": str, "schema_hash": str,
-               "title": (str, type(None)), "output_schema": (dict, type(None)),
-               "icons": (list, type(None)), "_meta": (dict, type(None)), "annotations": dict}
+# Each part of a manifest entry as manifest_entry writes it: a manifest
+# edited by hand is refused by its part, not read by code trusting it.
+ENTRY_KINDS = {
+    "name": str, "description": str, "description_hash": str,
+    "schema_hash": str, "title": (str, type(None)),
+    "output_schema": (dict, type(None)), "icons": (list, type(None)),
+    "_meta": (dict, type(None)), "annotations": dict}
 
 
 def read_manifest(server):
-    """A server's manifest: missing or unusable, that server's LoadError; open to others'
-    changes, the config's ConfigError (read_owned)."""
+    """A server's manifest: missing or unusable, that server's LoadError;
+    open to others' changes, the config's ConfigError (read_owned)."""
     where = f"server {quote(server.name)}: manifest {server.manifest}"
     if not os.path.lexists(server.manifest):
         raise LoadError(f"{where} does not exist; run pin")
     try:
         manifest = parse(read_owned(server.manifest, "manifest"))
     except CanonicalError as err:
-        raise LoadError(f"{where} is not usable JSON: {err.placed()}") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("tools"), dict):
+        raise LoadError(
+            f"{where} is not usable JSON: {err.placed()}") from None
+    tools = manifest.get("tools") if isinstance(manifest, dict) else None
+    if not isinstance(tools, dict):
         raise LoadError(f"{where} has no tools; run pin again")
-    if manifest.get("server") != server.name:
-        raise LoadError(f"{where} is for server {quote(str(manifest.get('server')))}, not "
-                        f"{quote(server.name)}; run pin again or name the right manifest")
-    for name, entry in manifest["tools"].items():
+    named = manifest.get("server")
+    if named != server.name:
+        raise LoadError(
+            f"{where} is for server {quote(str(named))}, not "
+            f"{quote(server.name)}; run pin again or name the right "
+            f"manifest")
+    for name, entry in tools.items():
         wrong = "entry" if not isinstance(entry, dict) else next(
             (part for part, kind in ENTRY_KINDS.items()
              if part in entry and not isinstance(entry[part], kind)), None)
         if wrong:
-            raise LoadError(f"{where}: the {wrong} of tool {quote(name)} is not what pin "
-                            "writes; run pin again")
+            raise LoadError(f"{where}: the {wrong} of tool {quote(name)} "
+                            f"is not what pin writes; run pin again")
     return manifest
 
 
@@ -7665,19 +7733,22 @@ def pinned_for(server):
     manifest = read_manifest(server)
     stray = sorted(set(server.rules) - set(manifest["tools"]))
     if stray:
-        raise LoadError(f"server {quote(server.name)}: rules name tools the manifest does not "
-                        f"pin: {', '.join(sanitize(s) for s in stray)}; pin again or fix the "
-                        f"rules")
+        names = ", ".join(sanitize(s) for s in stray)
+        raise LoadError(
+            f"server {quote(server.name)}: rules name tools the manifest "
+            f"does not pin: {names}; pin again or fix the rules")
     return manifest
 
 
 def load_all(config, while_starting=None):
-    """Start every server at once, then decide, in the config's order, what each offers.
-    `while_starting` runs once all are spawned (on this thread: Upstream.spawn says why).
-    Returns (served upstreams, tools, a report for every server); a server not served is
-    closed, its report's `unserved` says why; a ConfigError closes every server."""
-    upstreams = [new_upstream(server) for server in config.servers]
-    reports = [Report(server.name) for server in config.servers]
+    """Start every server at once, then decide, in the config's order,
+    what each offers: (served upstreams, tools, a Report per server). A
+    server not served is closed, its report's `unserved` says why; a
+    ConfigError closes all. `while_starting` runs once all are spawned,
+    on this thread (Upstream.spawn says why)."""
+    servers = config.servers
+    upstreams = [new_upstream(server) for server in servers]
+    reports = [Report(server.name) for server in servers]
     try:
         for upstream, report in zip(upstreams, reports):
             _unless_unserved(report, upstream.spawn)
@@ -7685,39 +7756,38 @@ def load_all(config, while_starting=None):
             while_starting()
         # The manifests are read while the servers start.
         manifests = [_unless_unserved(report, pinned_for, server)
-                     for server, report in zip(config.servers, reports)]
-        findings = lint_manifests({s.name: m for s, m in zip(config.servers, manifests) if m})
+                     for server, report in zip(servers, reports)]
+        findings = lint_manifests(
+            {s.name: m for s, m in zip(servers, manifests) if m})
         listings = [None] * len(upstreams)
-        deadlines = [Deadline(server.connect_timeout) for server in config.servers]
+        deadlines = [Deadline(s.connect_timeout) for s in servers]
 
         def connect_one(i):
-            listings[i] = _unless_unserved(reports[i], handshake_and_list, upstreams[i],
-                                           deadlines[i])
-        workers = [threading.Thread(target=connect_one, args=(i,), daemon=True)
+            listings[i] = _unless_unserved(
+                reports[i], handshake_and_list, upstreams[i], deadlines[i])
+        workers = [threading.Thread(target=connect_one, args=(i,),
+                                    daemon=True)
                    for i, report in enumerate(reports) if not report.unserved]
         for worker in workers:
             worker.start()
         for worker in workers:
             worker.join()
         taken, tools = {config.status_tool: STATUS_CLASH}, []
-        for i, server in enumerate(config.servers):
-            if reports[i].unserved:
+        for i, server in enumerate(servers):
+            report = reports[i]
+            if report.unserved:
                 continue
             upstreams[i].pinned = manifests[i]["tools"]
-            # The names a server takes are kept only if it is served.
-            names = dict(taken)
-            offered = _unless_unserved(reports[i], load, server, manifests[i], upstreams[i],
-                                       listings[i], deadlines[i], names, findings[server.name],
-                                       reports[i])
+            names = dict(taken)  # kept only if the server is served
+            offered = _unless_unserved(
+                report, load, server, manifests[i], upstreams[i],
+                listings[i], deadlines[i], names, findings[server.name],
+                report)
             if offered:
                 taken = names
                 tools.extend(offered)
-            elif not reports[i].unserved:
-                reports[i].unserved = f"server {quote(server.name)}: no tool registered; " + (
-                    "its rules are proposals nobody reviewed: read them, then run check "
-                    "-accept" if reports[i].count("unreviewed") else
-                    "it offered none when it was pinned" if not manifests[i]["tools"] else
-                    "classify at least one pinned tool with a rule")
+            elif not report.unserved:
+                report.unserved = _why_none(server, report, manifests[i])
     except BaseException:
         for upstream in upstreams:
             upstream.close()
@@ -7729,6 +7799,17 @@ def load_all(config, while_starting=None):
         else:
             served.append(upstream)
     return served, tools, reports
+
+
+def _why_none(server, report, manifest):
+    if report.count("unreviewed"):
+        why = ("its rules are proposals nobody reviewed: read them, then "
+               "run check -accept")
+    elif not manifest["tools"]:
+        why = "it offered none when it was pinned"
+    else:
+        why = "classify at least one pinned tool with a rule"
+    return f"server {quote(server.name)}: no tool registered; {why}"
 
 
 def _unless_unserved(report, step, *args):
