@@ -3295,22 +3295,20 @@ def busy_error(ident):
 #
 # Reads as: decision core
 #
-# Owns: the printout of every operator decision and its yes: approve,
-# reject, cancel, grant, revoke, watch, pin -diff, check -accept.
-# Promises: a decision binds only what was shown whole. A value over
-# SHOWN_WHOLE bytes is shown as its head, size and tail, and then
-# nothing is agreed to until every byte was shown (-full; f in
+# Owns: the printout of every operator decision, and its yes.
+# Promises: a decision binds only what was shown whole. A value
+# over SHOWN_WHOLE bytes is shown as its head, size and tail, and
+# then nothing is agreed to until every byte was shown (-full; f in
 # watch). An approval is shown only while its row hashes to its
-# hash. Each line reaches a person through tell (in watch through
-# Screen.put), which sanitizes it.
+# hash. Every line is sanitized (tell, or watch's Screen.put).
+# Refuses nothing itself: a refusal is a value its caller raises.
 # =============================================================================================
 
 SHOWN_WHOLE = 480  # bytes of a value printed whole without -full
 
 
 def shown_text(text, full):
-    """(text, its bytes, whether it was cut): whole when short or
-    `full`, else its head and tail."""
+    """(text, its bytes, whether it was cut)."""
     size = len(text.encode("utf-8", "surrogatepass"))
     if size <= SHOWN_WHOLE or full:
         return text, size, False
@@ -3320,8 +3318,8 @@ def shown_text(text, full):
 
 
 def intact(approval):
-    """The approval, if its stored fields still hash to its hash:
-    only then is what it shows what it binds."""
+    """The approval, if its fields still hash to its hash: only
+    then is what it shows what it binds."""
     if stored_hash(approval) != approval["hash"]:
         raise StoreError(
             f"approval {approval['id']} does not match its hash: its "
@@ -3330,22 +3328,23 @@ def intact(approval):
     return approval
 
 
-def approval_printout(store, approval, full):
-    """What approve, reject, watch and grant show of an approval:
-    (lines, whether a value was shortened)."""
+def approval_printout(store, approval, full, cautions):
+    """approval_shown, and why the policy asked: what approve,
+    reject, watch and grant show."""
     late = store.late_outcomes(approval["run_id"])
-    lines, shortened = approval_lines(intact(approval), full, late)
+    lines, shortened = approval_shown(intact(approval), full, late,
+                                      cautions)
     step = next(s for s in store.steps(approval["run_id"])
                 if s["id"] == approval["step_id"])
     tried = sanitize(tried_text(step))
     return lines + [tried] * bool(tried), shortened
 
 
-def approval_lines(approval, full=False, late=()):
-    """An approval whole, as sanitized lines, and whether a value
-    was shortened. `late`: outcomes of cut-off attempts that came
-    in after a takeover."""
-    presentation = parse(approval["presentation_json"])
+def approval_shown(approval, full, late, cautions):
+    """(sanitized lines, whether a value was shortened). `late`:
+    outcomes of cut-off attempts that came after a takeover;
+    `cautions(name, text)`: what in a value reads as it is not."""
+    shown = parse(approval["presentation_json"])
     request = parse(approval["request_json"])
     tool = request["spec"]["name"]
     lines = [f"APPROVAL WAITING  {approval['id']}"]
@@ -3354,23 +3353,23 @@ def approval_lines(approval, full=False, late=()):
             ("run", approval["run_id"]),
             ("created", approval["created_at"]),
             ("expires", approval["expires_at"] or "never"),
-            ("server", presentation.get("server", "")),
-            ("upstream tool", presentation.get("tool", ""))):
+            ("server", shown.get("server", "")),
+            ("upstream tool", shown.get("tool", ""))):
         lines.append(f"  {label:<14} {value}")
     args = request["args"]
     args = args if isinstance(args, dict) else {}
     lines.append("  arguments:" + ("" if args else " (none)"))
-    shortened = _value_lines(lines, args, full)
-    fixed = presentation.get("fixed") or {}
-    if fixed:
+    shortened = _value_lines(lines, args, full, cautions)
+    if shown.get("fixed"):
         lines.append("  fixed values (set by the configuration, "
                      "sent with the arguments):")
-        shortened |= _value_lines(lines, fixed, full)
+        shortened |= _value_lines(lines, shown["fixed"], full,
+                                  cautions)
     for label in ("question", "reason", "decided_by", "limit",
                   "frees", "notice"):
-        if presentation.get(label):
+        if shown.get(label):
             name = label.replace("_", " ")
-            lines.append(f"  {name:<14} {presentation[label]}")
+            lines.append(f"  {name:<14} {shown[label]}")
     cut_off = parse(approval["capability_json"]).get("interrupted")
     for step_id, observation in late:
         if step_id == (cut_off or {}).get("step_id"):
@@ -3384,8 +3383,7 @@ def approval_lines(approval, full=False, late=()):
     return [sanitize(line) for line in lines], shortened
 
 
-def _value_lines(lines, values, full):
-    """Append a line per value; True if one was shortened."""
+def _value_lines(lines, values, full, cautions):
     shortened = False
     for name, value in values.items():
         raw = value if isinstance(value, str) else policy_json(value)
@@ -3397,13 +3395,12 @@ def _value_lines(lines, values, full):
         shortened |= cut_here
         lines.append(f"    {name} = {shown}   ({size} bytes)")
         lines += [f"      CAUTION  {note}"
-                  for note in lookalike_notes(name, raw)]
+                  for note in cautions(name, raw)]
     return shortened
 
 
 def late_text(observation, text=None):
-    """A cut-off attempt's late outcome, as a sentence; its text
-    whole unless given."""
+    """A late outcome as a sentence; its text whole unless given."""
     text = outcome_text(observation) if text is None else text
     if step_outcome(observation) == "ok":
         what = f"it succeeded, with this result: {text}"
@@ -3414,14 +3411,14 @@ def late_text(observation, text=None):
 
 
 def tried_text(step):
-    """Why no `when` entry of the rule decided a step, as recorded."""
+    """Why no `when` entry of the rule decided the step."""
     record = parse(step["policy"]) if step["policy"] else {}
     tried = record.get("tried")
     return f"no when entry held: {'; '.join(tried)}" if tried else ""
 
 
 def unshown(shortened, what, verb, how):
-    """'' when a printout showed every byte, else why it decides
+    """'' if a printout showed every byte, else why it decides
     nothing until `how` shows them."""
     if not shortened:
         return ""
@@ -3430,25 +3427,18 @@ def unshown(shortened, what, verb, how):
             f"shortened")
 
 
-def shown_whole(lines, out, shortened=False, what="", verb=""):
-    """Print every line of what an operator decides on; refuse
-    (Usage) a printout that shortened a value."""
+def confirmed(lines, out, shortened=False, what="", verb="",
+              agreed=True):
+    """Print every line; then True for a yes to exactly them (the
+    flag `agreed`, or typed at a terminal), False for a no, or why
+    nothing may be decided: a sentence, or '' with no terminal."""
     tell(*lines, out=out, flush=True)
-    refusal = unshown(shortened, what, verb,
-                      "run the command again with -full")
-    if refusal:
-        raise Usage(refusal)
-
-
-def agreed_on(lines, shortened, what, verb, agreed, out,
-              without_terminal):
-    """shown_whole, then True for a yes to exactly that: a flag
-    (`agreed`) or typed at a terminal; Usage without either."""
-    shown_whole(lines, out, shortened, what, verb)
-    if agreed:
-        return True
+    why = unshown(shortened, what, verb,
+                  "run the command again with -full")
+    if why or agreed:
+        return why or True
     if not sys.stdin.isatty():
-        raise Usage(without_terminal)
+        return ""
     tell(f"{verb} {what}? type yes to {verb}: ", end="", out=out,
          flush=True)
     return input().strip().lower() in ("y", "yes")
@@ -8519,9 +8509,39 @@ def result_rows(index, observed):
     return head, rows
 
 
+def approval_lines(approval, full=False, late=()):
+    """approval_shown, marked where a value reads as it is not."""
+    return approval_shown(approval, full, late, lookalike_notes)
+
+
+def agreed_on(lines, shortened, what, verb, agreed, out,
+              without_terminal):
+    """confirmed: True for a yes, False for a no; Usage when nothing
+    may be decided (`without_terminal` says why with no terminal)."""
+    verdict = confirmed(lines, out, shortened, what, verb, agreed)
+    if isinstance(verdict, str):
+        raise Usage(verdict or without_terminal)
+    return verdict
+
+
+def approval_lines(approval, full=False, late=()):
+    """approval_shown, marked where a value reads as it is not."""
+    return approval_shown(approval, full, late, lookalike_notes)
+
+
+def agreed_on(lines, shortened, what, verb, agreed, out,
+              without_terminal):
+    """confirmed: True for a yes, False for a no; Usage when nothing
+    may be decided (`without_terminal` says why with no terminal)."""
+    verdict = confirmed(lines, out, shortened, what, verb, agreed)
+    if isinstance(verdict, str):
+        raise Usage(verdict or without_terminal)
+    return verdict
+
+
 def lookalike_notes(*texts):
-    """What in the texts reads as what it is not: a word that mixes
-    scripts or is written wholly in lookalikes, and invisibles."""
+    """What in the texts reads as what it is not: words that mix
+    scripts or are wholly lookalikes, and invisible characters."""
     notes = []
     for text in texts:
         notes += map(_lookalike_note, lookalike_words(text)[:3])
@@ -8550,7 +8570,6 @@ def _lookalike_note(word):
 # ---- approve, reject, cancel ----------------------------------------------------------------
 
 def who(opts, verb="decides"):
-    """-by, or the current user's name."""
     by = opts.by or current_user()
     if not by:
         raise Usage(f"say who {verb} with -by; the current user has "
@@ -8586,9 +8605,9 @@ def decide(argv, command):
         raise Usage("reject needs -note: the model is shown it, so say "
                     "why")
     approval = select_approval(store, run_id, named)
-    lines, shortened = approval_printout(store, approval, opts.full)
-    # With -json the printout goes to stderr: stdout carries the
-    # one JSON value.
+    lines, shortened = approval_printout(store, approval, opts.full,
+                                          lookalike_notes)
+    # With -json stdout carries the one JSON value.
     out = sys.stderr if opts.json else sys.stdout
     what = f"approval {approval['id']}"
     unasked = (f"refusing without -yes or a terminal to type yes at: "
@@ -8609,12 +8628,8 @@ def decide(argv, command):
     return 0
 
 
-def cmd_approve(argv):
-    return decide(argv, "approve")
-
-
-def cmd_reject(argv):
-    return decide(argv, "reject")
+cmd_approve = functools.partial(decide, command="approve")
+cmd_reject = functools.partial(decide, command="reject")
 
 
 def cmd_cancel(argv):
@@ -8676,9 +8691,8 @@ def decision_text(approval):
 
 
 def settle(store, approval, status, by, note, hold):
-    """Decide the approval as it was shown, bound to the hash of the
-    row read (one expired, changed or decided since is refused);
-    then what_runs."""
+    """Decide the approval bound to the hash of the row shown (one
+    expired, changed or decided since is refused); what_runs."""
     decided = store.write(lambda tx: tx.decide_approval(
         approval["id"], approval["hash"], status, by, note))
     if decided == "expired":
@@ -8722,25 +8736,21 @@ def what_runs(store, approval, approved, hold):
 
 
 def longest_hold(config):
-    """The longest a gate of this config holds a call, in seconds
-    (15 without a config)."""
-    if config is None:
-        return 15
+    """The longest a gate of the config holds a call, in seconds."""
     return max([config.hold, *config.host_holds.values()]) / SECOND
 
 
 def hold_of(opts):
-    """longest_hold of the config a command was given (none: -db)."""
+    """longest_hold of the config given; 15 (the default's) with -db."""
     path = config_path(opts.config)
     if opts.db or not os.path.exists(path):
-        return longest_hold(None)
+        return 15
     return longest_hold(load_config(path))
 
 
 # ---- watch: what waits, live ----------------------------------------------------------------
-# watch reads a read-only store once a second, never the gate, so a
-# serving gate never waits on it. It decides as approve does
-# (settle), on a store opened for that one write.
+# watch polls a read-only store, never the gate, so a serving gate
+# never waits on it; it decides through settle, as approve does.
 
 WATCH_EVERY = 1.0  # seconds between two reads of what waits
 WATCH_KEYS = "up/down or j/k select   Enter open   q quit"
@@ -8770,7 +8780,6 @@ def cmd_watch(argv):
 
 def waiting_cells(approval, limit):
     text = policy_json(parse(approval["request_json"])["args"])
-    # Kept short to fit the row; opened, the approval says all.
     caution = "CAUTION " if lookalike_notes(text) else ""
     return (approval["id"], approval["run_id"],
             clean(approval["tool"], 64), time_since(approval["created_at"]),
@@ -8797,8 +8806,8 @@ def ended_text(store, approval):
 
 
 def watch_lines(store, session, hint, stop):
-    """Plain lines, for a pipe or a log: one when an approval starts
-    waiting (with the command that decides it), one when it stops."""
+    """A line when an approval starts waiting (with the command that
+    decides it), one when it stops; nothing is decided here."""
     shown = {}
     while not stop.is_set():
         waiting = {a["id"]: a for a in store.waiting_approvals(session)}
@@ -8838,8 +8847,7 @@ def watch_terminal(store, session, by, hold, stop):
 
 
 class Screen:
-    """The one place watch touches curses (loaded only to draw):
-    rows of sanitized text, and keys by name."""
+    """Where watch touches curses: sanitized rows, keys by name."""
 
     KEYS = {"KEY_UP": "up", "KEY_DOWN": "down",
             "KEY_NPAGE": "page down", "KEY_PPAGE": "page up",
@@ -8866,7 +8874,6 @@ class Screen:
         self.window.erase()
 
     def put(self, row, text, bold=False, reverse=False):
-        """One row, sanitized and cut to the screen's width."""
         height, width = self.window.getmaxyx()
         attr = (self.curses.A_BOLD if bold else 0) | (
             self.curses.A_REVERSE if reverse else 0)
@@ -8880,8 +8887,7 @@ class Screen:
                 pass
 
     def key(self):
-        """The next key: a character, a name (up, down, page up, page
-        down, enter, esc, backspace), or None once a refresh is due."""
+        """A character, a key's name, or None: time to refresh."""
         self.window.refresh()
         try:
             key = self.window.get_wch()
@@ -8893,8 +8899,8 @@ class Screen:
 
 
 def watch_list(screen, store, session, by, hold, stop):
-    """What waits, read again each second and after each key. The
-    selection stays on its approval while others come and go."""
+    """What waits, read each second; the selection stays on its
+    approval while others come and go."""
     selected, chosen, message = 0, None, ""
     while not stop.is_set():
         waiting = store.waiting_approvals(session)
@@ -8937,13 +8943,14 @@ def watch_list(screen, store, session, by, hold, stop):
 
 
 def watch_approval(screen, store, approval_id, by, hold, stop):
-    """One approval as approve prints it, decided with a key; returns
-    the line the list shows next."""
+    """One approval as approve prints it, decided with a key: the
+    line the list shows next."""
     approval = store.approval(approval_id)
     if approval is None or approval["status"] != "pending":
         return f"approval {approval_id} no longer waits"
     try:
-        printouts = [approval_printout(store, approval, full)
+        printouts = [approval_printout(store, approval, full,
+                                       lookalike_notes)
                      for full in (False, True)]
     except StoreError as err:
         return str(err)
@@ -8964,15 +8971,15 @@ def watch_approval(screen, store, approval_id, by, hold, stop):
         key = screen.key()
         moves = {"up": -1, "k": -1, "down": 1, "j": 1, " ": body,
                  "page down": body, "page up": -body, "b": -body}
-        refusal = unshown(shortened, "this approval", "decide", "press f")
+        why = unshown(shortened, "this approval", "decide", "press f")
         if key in moves:
             top += moves[key]
         elif key == "f":  # more rows: the end is to be reached again
             full, message, seen_end = True, "", False
         elif key in ("q", "esc"):
             return ""
-        elif key in ("a", "r") and refusal:
-            message = refusal
+        elif key in ("a", "r") and why:
+            message = why
         elif key in ("a", "r") and not seen_end:
             message = "scroll to the end of the approval before you decide"
         elif key == "a":
@@ -8988,7 +8995,6 @@ def watch_approval(screen, store, approval_id, by, hold, stop):
 
 
 def watch_decide(store, approval, status, by, note, hold):
-    """settle, on a store opened for this one write."""
     try:
         writer = Ledger(store.path, readonly=False, create=False)
         try:
@@ -9070,17 +9076,14 @@ def cmd_grant(argv):
                      out, GRANT_NEEDS_YES):
         tell("nothing granted", out=out)
         return 1
-    # A grant may come before the first call.
-    store = Ledger(config.database, readonly=False)
+    store = Ledger(config.database, readonly=False)  # may be new
 
     def create(tx):
-        # It starts in the transaction that records it: a call
-        # decided before could not see it, so recheck must not find
-        # it in force at that call's time.
+        # It starts in the transaction that records it, so no call
+        # decided before, nor recheck of one, finds it in force.
         grant["created_at"] = now()
         grant["expires_at"] = later(grant["created_at"], span)
         tx.create_grant(grant)
-        # Each bound to the hash of the row printed.
         return [(a, tx.decide_approval(
             a["id"], a["hash"], "approved", f"grant {grant['id']}",
             f"released by grant {grant['id']}, granted by {by}"))
@@ -9104,9 +9107,8 @@ def cmd_grant(argv):
 
 
 def grant_printout(config, tool, grant, parsed, span, waits, full):
-    """A grant as it is confirmed, and whether a value was shortened.
-    Its id is printed only once it is made: an id printed before a
-    refusal would name a grant that does not exist."""
+    """(lines, shortened). No id: an id printed before a refusal
+    would name a grant that does not exist."""
     covers = ", and whose arguments:" if parsed else \
         ", whatever their arguments"
     lines = ["GRANT (not created until confirmed)",
@@ -9179,7 +9181,6 @@ def grant_conditions(text, tool):
 
 
 def grant_span(text, config):
-    """-for, in the gate's time units, within grant_ttl."""
     try:
         span = parse_duration(text or "1h")
     except ValueError:
@@ -9194,15 +9195,15 @@ def grant_span(text, config):
 
 
 def covered_waits(config, tool, grant, full):
-    """The approvals waiting now that `grant`, were it in force,
-    would answer, each as (approval, printout lines, shortened): the
-    call decided again as the gate decides it, limits counted, and
+    """The waits `grant` would answer, as (approval, its printout):
+    each call decided again as the gate would, limits counted, and
     covered only if the grant is what allows it."""
     if not os.path.exists(config.database):
         return []
     store = Ledger(config.database, readonly=True, create=False)
     try:
-        return [(approval, *approval_printout(store, approval, full))
+        return [(approval, *approval_printout(store, approval, full,
+                                              lookalike_notes))
                 for approval in store.waiting_approvals(config.session)
                 if _covers(store, config, tool, grant, approval)]
     finally:
@@ -9295,8 +9296,7 @@ def cmd_revoke(argv):
              f"  until          {grant['expires_at']}",
              f"  by             {grant['by']}"]
     out = sys.stderr if opts.json else sys.stdout
-    # As with approve -approval, the grant named whole is the
-    # confirmation; a prefix asks.
+    # The grant named whole confirms, as approve -approval does.
     agreed = opts.yes or opts.grant == grant_id
     unasked = ("refusing without -yes or a terminal to type yes at: "
                "nothing was revoked; add -yes (or name the grant "
@@ -10349,16 +10349,13 @@ class LoopbackRedirect:
 # Reads as: around the core
 #
 # Owns: `pin`, `pin -diff` and `check`: what a server presents now
-# against its pin, and each server's and tool's standing, before any
-# host is pointed at the gate.
-# Core it calls: check_database_path, Store, lint_hash, shown_whole,
-# agreed_on; load_config, check_reach, load_all, read_manifest and
-# write_private (section 21), lint_lines (section 20) and
-# tool_changes (section 23).
-# Promises: pin prints each tool's texts whole, as the operator
-# classifies it from them; pin -diff changes a manifest only after a
-# yes; check exits 1 while anything is refused, unreviewed or
-# unserved.
+# against its pin, and each server's and tool's standing.
+# Core it calls: check_database_path, Store, lint_hash, confirmed;
+# section 29's agreed_on; section 21's load_config, check_reach, load_all,
+# read_manifest, write_private; lint_lines (20), tool_changes (23).
+# Promises: pin prints the texts a tool is classified from whole;
+# pin -diff changes a manifest only after a yes; check exits 1 while
+# anything is refused, unreviewed or unserved.
 # =============================================================================================
 
 def cmd_pin(argv):
@@ -10396,13 +10393,13 @@ def cmd_pin(argv):
                  "(side_effect), then run check. The lint finds the "
                  "tricks known to hide instructions in a tool's texts, "
                  "not all of them.")
-    shown_whole(lines, sys.stdout)
+    confirmed(lines, sys.stdout)
     return 0
 
 
 def pinned_lines(name, entry, found):
-    """A pinned tool as it is classified: its description whole (the
-    model reads all of it), and what the lint found."""
+    """A tool as it is classified: its description whole (the model
+    reads all of it), and what the lint found."""
     description = " ".join(entry["description"].split())
     lines = [f"  {sanitize(name):<28} {hints_text(entry):<26} "
              f"{description}"]
@@ -10416,10 +10413,9 @@ def pinned_lines(name, entry, found):
 
 
 def pin_diff(config, named, everything, agreed):
-    """Show what each server presents now against its manifest; pin
-    again the tools named (server/tool, or tool where one server has
-    it), or with -all every difference once confirmed. A serving gate
-    keeps what it loaded: it is never changed under a call."""
+    """Print each server's differences from its pin; pin again those
+    named (server/tool, or tool), or all once confirmed. A serving
+    gate keeps what it loaded: nothing changes under a call."""
     manifests, lives = {}, {}
     for server in config.servers:
         manifests[server.name] = read_manifest(server)
@@ -10443,7 +10439,7 @@ def pin_diff(config, named, everything, agreed):
     chosen = set(differences) if everything else set()
     chosen |= {chosen_difference(differences, given) for given in named}
     if not (everything and chosen):
-        shown_whole(lines, sys.stdout)
+        confirmed(lines, sys.stdout)
     elif not agreed_on(lines, False, "every difference above", "pin",
                        agreed, sys.stdout, "refusing to pin every "
                        "difference again without -yes or an interactive "
@@ -10534,8 +10530,7 @@ def cmd_check(argv):
          f"for your decision before the model is answered{holds}",
          f"notify: {notify}", f"status tool: {config.status_tool}",
          f"session: {config.session}", f"database: {config.database}")
-    # What fails check goes to stderr too, a line each: a server not
-    # served, and tools not offered for a reason to act on.
+    # What fails check goes to stderr too, a line each.
     for report in reports:
         if report.unserved:
             log(f"not served: {report.unserved}")
@@ -10554,9 +10549,9 @@ def cmd_check(argv):
 
 
 def load_warnings(reports):
-    """The load report lines a starting gate logs: what is not as it
-    should be, and why a server is not served. An offered tool's
-    lines are check's: fifty would bury the approval lines."""
+    """The report lines a starting gate logs: what is amiss and why
+    a server is not served. An offered tool's lines are check's:
+    fifty would bury the approval lines in the host's log."""
     lines = []
     for report in reports:
         for line in report.lines:
