@@ -8539,6 +8539,36 @@ def agreed_on(lines, shortened, what, verb, agreed, out,
     return verdict
 
 
+def approval_lines(approval, full=False, late=()):
+    """approval_shown, marked where a value reads as it is not."""
+    return approval_shown(approval, full, late, lookalike_notes)
+
+
+def agreed_on(lines, shortened, what, verb, agreed, out,
+              without_terminal):
+    """confirmed: True for a yes, False for a no; Usage when nothing
+    may be decided (`without_terminal` says why with no terminal)."""
+    verdict = confirmed(lines, out, shortened, what, verb, agreed)
+    if isinstance(verdict, str):
+        raise Usage(verdict or without_terminal)
+    return verdict
+
+
+def approval_lines(approval, full=False, late=()):
+    """approval_shown, marked where a value reads as it is not."""
+    return approval_shown(approval, full, late, lookalike_notes)
+
+
+def agreed_on(lines, shortened, what, verb, agreed, out,
+              without_terminal):
+    """confirmed: True for a yes, False for a no; Usage when nothing
+    may be decided (`without_terminal` says why with no terminal)."""
+    verdict = confirmed(lines, out, shortened, what, verb, agreed)
+    if isinstance(verdict, str):
+        raise Usage(verdict or without_terminal)
+    return verdict
+
+
 def lookalike_notes(*texts):
     """What in the texts reads as what it is not: words that mix
     scripts or are wholly lookalikes, and invisible characters."""
@@ -8568,6 +8598,12 @@ def _lookalike_note(word):
 
 
 # ---- approve, reject, cancel ----------------------------------------------------------------
+
+def refused_unasked(done, other, act):
+    """Why nothing was `done` with neither a yes flag nor a terminal."""
+    return (f"refusing without -yes or a terminal to type yes at: "
+            f"nothing was {done}; add -yes{other} to {act} printed above")
+
 
 def who(opts, verb="decides"):
     by = opts.by or current_user()
@@ -8610,10 +8646,8 @@ def decide(argv, command):
     # With -json stdout carries the one JSON value.
     out = sys.stderr if opts.json else sys.stdout
     what = f"approval {approval['id']}"
-    unasked = (f"refusing without -yes or a terminal to type yes at: "
-               f"nothing was decided; add -yes (or -approval "
-               f"{approval['id']}) to {command} the approval printed "
-               f"above")
+    other = f" (or -approval {approval['id']})"
+    unasked = refused_unasked("decided", other, f"{command} the approval")
     if not agreed_on(lines, shortened, what, command,
                      opts.approval or opts.yes, out, unasked):
         tell("nothing decided", out=out)
@@ -9048,9 +9082,7 @@ GRANT_PROMISE = ("A call this grant covers runs without asking while "
                  "else, never re-runs a call whose outcome is unknown, "
                  "and the tool's limits still count the calls it lets "
                  "through.")
-GRANT_NEEDS_YES = ("refusing without -yes or a terminal to type yes at: "
-                   "nothing was granted; add -yes to grant what is "
-                   "printed above")
+GRANT_NEEDS_YES = refused_unasked("granted", "", "grant what is")
 
 
 def cmd_grant(argv):
@@ -9298,9 +9330,8 @@ def cmd_revoke(argv):
     out = sys.stderr if opts.json else sys.stdout
     # The grant named whole confirms, as approve -approval does.
     agreed = opts.yes or opts.grant == grant_id
-    unasked = ("refusing without -yes or a terminal to type yes at: "
-               "nothing was revoked; add -yes (or name the grant "
-               "whole) to revoke the grant printed above")
+    unasked = refused_unasked("revoked", " (or name the grant whole)",
+                              "revoke the grant")
     if not agreed_on(lines, False, f"grant {grant_id}", "revoke",
                      agreed, out, unasked):
         tell("nothing revoked", out=out)
