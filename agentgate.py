@@ -8524,51 +8524,6 @@ def agreed_on(lines, shortened, what, verb, agreed, out,
     return verdict
 
 
-def approval_lines(approval, full=False, late=()):
-    """approval_shown, marked where a value reads as it is not."""
-    return approval_shown(approval, full, late, lookalike_notes)
-
-
-def agreed_on(lines, shortened, what, verb, agreed, out,
-              without_terminal):
-    """confirmed: True for a yes, False for a no; Usage when nothing
-    may be decided (`without_terminal` says why with no terminal)."""
-    verdict = confirmed(lines, out, shortened, what, verb, agreed)
-    if isinstance(verdict, str):
-        raise Usage(verdict or without_terminal)
-    return verdict
-
-
-def approval_lines(approval, full=False, late=()):
-    """approval_shown, marked where a value reads as it is not."""
-    return approval_shown(approval, full, late, lookalike_notes)
-
-
-def agreed_on(lines, shortened, what, verb, agreed, out,
-              without_terminal):
-    """confirmed: True for a yes, False for a no; Usage when nothing
-    may be decided (`without_terminal` says why with no terminal)."""
-    verdict = confirmed(lines, out, shortened, what, verb, agreed)
-    if isinstance(verdict, str):
-        raise Usage(verdict or without_terminal)
-    return verdict
-
-
-def approval_lines(approval, full=False, late=()):
-    """approval_shown, marked where a value reads as it is not."""
-    return approval_shown(approval, full, late, lookalike_notes)
-
-
-def agreed_on(lines, shortened, what, verb, agreed, out,
-              without_terminal):
-    """confirmed: True for a yes, False for a no; Usage when nothing
-    may be decided (`without_terminal` says why with no terminal)."""
-    verdict = confirmed(lines, out, shortened, what, verb, agreed)
-    if isinstance(verdict, str):
-        raise Usage(verdict or without_terminal)
-    return verdict
-
-
 def lookalike_notes(*texts):
     """What in the texts reads as what it is not: words that mix
     scripts or are wholly lookalikes, and invisible characters."""
