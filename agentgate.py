@@ -4066,11 +4066,157 @@ def busy_error(ident):
 
 
 # =============================================================================================
-# 9b. What an operator is shown before deciding
+# 9b. What an operator decides on
 #
 # Reads as: decision core
 #
-# (placeholder: filled by the decisions helper)
+# Owns: the printout of every operator decision, and its yes.
+# Promises: a decision binds only what was shown whole. A value
+# over SHOWN_WHOLE bytes is shown as its head, size and tail, and
+# then nothing is agreed to until every byte was shown (-full; f in
+# watch). An approval is shown only while its row hashes to its
+# hash. Every line is sanitized (tell, or watch's Screen.put).
+# Refuses nothing itself: a refusal is a value its caller raises.
+# =============================================================================================
+
+SHOWN_WHOLE = 480  # bytes of a value printed whole without -full
+
+
+def shown_text(text, full):
+    """(text, its bytes, whether it was cut)."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size <= SHOWN_WHOLE or full:
+        return text, size, False
+    head = cut(text, SHOWN_WHOLE // 2)
+    tail = text[-SHOWN_WHOLE // 4:]
+    return f"{head} [... {size} bytes in all ...] {tail}", size, True
+
+
+def intact(approval):
+    """The approval, if its fields still hash to its hash: only
+    then is what it shows what it binds."""
+    if stored_hash(approval) != approval["hash"]:
+        raise StoreError(
+            f"approval {approval['id']} does not match its hash: its "
+            f"record was altered after it was made, and it cannot be "
+            f"decided")
+    return approval
+
+
+def approval_printout(store, approval, full, cautions):
+    """approval_shown, and why the policy asked: what approve,
+    reject, watch and grant show."""
+    late = store.late_outcomes(approval["run_id"])
+    lines, shortened = approval_shown(intact(approval), full, late,
+                                      cautions)
+    step = next(s for s in store.steps(approval["run_id"])
+                if s["id"] == approval["step_id"])
+    tried = sanitize(tried_text(step))
+    return lines + [tried] * bool(tried), shortened
+
+
+def approval_shown(approval, full, late, cautions):
+    """(sanitized lines, whether a value was shortened). `late`:
+    outcomes of cut-off attempts that came after a takeover;
+    `cautions(name, text)`: what in a value reads as it is not."""
+    shown = parse(approval["presentation_json"])
+    request = parse(approval["request_json"])
+    tool = request["spec"]["name"]
+    lines = [f"APPROVAL WAITING  {approval['id']}"]
+    for label, value in (
+            ("kind", approval["kind"]), ("tool", tool),
+            ("run", approval["run_id"]),
+            ("created", approval["created_at"]),
+            ("expires", approval["expires_at"] or "never"),
+            ("server", shown.get("server", "")),
+            ("upstream tool", shown.get("tool", ""))):
+        lines.append(f"  {label:<14} {value}")
+    args = request["args"]
+    args = args if isinstance(args, dict) else {}
+    lines.append("  arguments:" + ("" if args else " (none)"))
+    shortened = _value_lines(lines, args, full, cautions)
+    if shown.get("fixed"):
+        lines.append("  fixed values (set by the configuration, "
+                     "sent with the arguments):")
+        shortened |= _value_lines(lines, shown["fixed"], full,
+                                  cautions)
+    for label in ("question", "reason", "decided_by", "limit",
+                  "frees", "notice"):
+        if shown.get(label):
+            name = label.replace("_", " ")
+            lines.append(f"  {name:<14} {shown[label]}")
+    cut_off = parse(approval["capability_json"]).get("interrupted")
+    for step_id, observation in late:
+        if step_id == (cut_off or {}).get("step_id"):
+            text, _, cut_here = shown_text(
+                outcome_text(observation), full)
+            shortened |= cut_here
+            said = late_text(observation, text)
+            lines.append(f"  LATE OUTCOME   {said}")
+    lines.append(f"----- end of approval {approval['id']} for "
+                 f"tool {tool} -----")
+    return [sanitize(line) for line in lines], shortened
+
+
+def _value_lines(lines, values, full, cautions):
+    shortened = False
+    for name, value in values.items():
+        raw = value if isinstance(value, str) else policy_json(value)
+        shown, size, cut_here = shown_text(raw, full)
+        # A string shows as its JSON string: a newline or a control
+        # is seen as its escape, never as layout.
+        if isinstance(value, str):
+            shown = policy_json(shown)
+        shortened |= cut_here
+        lines.append(f"    {name} = {shown}   ({size} bytes)")
+        lines += [f"      CAUTION  {note}"
+                  for note in cautions(name, raw)]
+    return shortened
+
+
+def late_text(observation, text=None):
+    """A late outcome as a sentence; its text whole unless given."""
+    text = outcome_text(observation) if text is None else text
+    if step_outcome(observation) == "ok":
+        what = f"it succeeded, with this result: {text}"
+    else:
+        what = f"it failed: {text}"
+    return ("the attempt that was cut off did finish after all, "
+            f"after its run was taken over: {what}")
+
+
+def tried_text(step):
+    """Why no `when` entry of the rule decided the step."""
+    record = parse(step["policy"]) if step["policy"] else {}
+    tried = record.get("tried")
+    return f"no when entry held: {'; '.join(tried)}" if tried else ""
+
+
+def unshown(shortened, what, verb, how):
+    """'' if a printout showed every byte, else why it decides
+    nothing until `how` shows them."""
+    if not shortened:
+        return ""
+    return (f"{how} to show every byte before you {verb}: {what} has "
+            f"a value too long to print whole, so it was shown "
+            f"shortened")
+
+
+def confirmed(lines, out, shortened=False, what="", verb="",
+              agreed=True):
+    """Print every line; then True for a yes to exactly them (the
+    flag `agreed`, or typed at a terminal), False for a no, or why
+    nothing may be decided: a sentence, or '' with no terminal."""
+    tell(*lines, out=out, flush=True)
+    why = unshown(shortened, what, verb,
+                  "run the command again with -full")
+    if why or agreed:
+        return why or True
+    if not sys.stdin.isatty():
+        return ""
+    tell(f"{verb} {what}? type yes to {verb}: ", end="", out=out,
+         flush=True)
+    return input().strip().lower() in ("y", "yes")
 
 
 # =============================================================================================
@@ -9095,7 +9241,9 @@ def text_argument(value):
 # check_database_path, Tool, check_arguments, evaluate,
 # approval_hash, decision_facts, policy_decision, Grant,
 # last_attempt, confirmed_conditions, parse_conditions,
-# pointer_problem, step_outcome, stored_hash, event_hash;
+# pointer_problem, step_outcome, stored_hash, event_hash,
+# approval_printout, approval_shown, confirmed, late_text,
+# shown_text, tried_text, unshown;
 # load_config, check_reach, read_manifest.
 # Promises: approve, reject, grant and watch decide bound
 # to the hash of exactly what they printed in full: a row
@@ -9135,8 +9283,6 @@ def confirmed_conditions(conditions):
         name: want if name == "under" else c.raw[name]
         for name, want in c.tests} for c in conditions}
 
-
-ARG_SHOWN = 240
 
 
 def operator_store(opts, readonly):
@@ -9573,296 +9719,242 @@ def block_rows(entry):
     return [(kind, size, shown), ("", "", f"sha256 {digest}")]
 
 
-def shown_text(text, full):
-    """`text` whole when it is short or `full` is asked, else its head and tail: the one rule
-    of what a printout shortens. Returns (text, bytes in all, whether anything was cut)."""
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size <= 2 * ARG_SHOWN or full:
-        return text, size, False
-    return (cut(text, ARG_SHOWN) + f" [... {size} bytes in all ...] " +
-            text[-ARG_SHOWN // 2:]), size, True
-
-
-def shown_value(value, full=False):
-    """A value as the operator reads it, sanitized, by shown_text's rule."""
-    text, size, shortened = shown_text(
-        value if isinstance(value, str) else policy_json(value), full)
-    # Strings are shown as JSON strings, so a newline or a control character is seen as the
-    # escape it is, never as layout; what JSON leaves raw (bidi, invisibles) is sanitized.
-    return sanitize(policy_json(text) if isinstance(value, str) else text), size, shortened
-
-
 def approval_lines(approval, full=False, late=()):
-    """An approval in full, as lines: what the operator decides is exactly this, in `approve`
-    or `watch`. Returns (lines, whether a value was shortened: then only `full` shows every
-    byte it binds). `late`: outcomes of cut-off attempts that came after a takeover."""
-    presentation = parse(approval["presentation_json"])
-    request = parse(approval["request_json"])
-    shortened = False
-    lines = [f"APPROVAL WAITING  {approval['id']}",
-             f"  kind           {sanitize(approval['kind'])}",
-             f"  tool           {sanitize(request['spec']['name'])}",
-             f"  run            {approval['run_id']}",
-             f"  created        {approval['created_at']}",
-             f"  expires        {approval['expires_at'] or 'never'}",
-             f"  server         {sanitize(str(presentation.get('server', '')))}",
-             f"  upstream tool  {sanitize(str(presentation.get('tool', '')))}"]
-    args = request["args"]
-    fixed = presentation.get("fixed") or {}
-    for title, values in (("arguments:", args if isinstance(args, dict) else {}), (
-            "fixed values (set by the configuration, sent with the arguments):", fixed)):
-        if values or title == "arguments:":
-            lines.append(f"  {title}" + ("" if values else " (none)"))
-        for name, value in values.items():
-            shown, size, cut_here = shown_value(value, full)
-            shortened = shortened or cut_here
-            lines.append(f"    {sanitize(name)} = {shown}   ({size} bytes)")
-            lines += [f"      CAUTION  {note}" for note in lookalike_notes(
-                name, value if isinstance(value, str) else policy_json(value))]
-    for label in ("question", "reason", "decided_by", "limit", "frees", "notice"):
-        if presentation.get(label):
-            lines.append(f"  {label.replace('_', ' '):<14} {sanitize(str(presentation[label]))}")
-    attempt = parse(approval["capability_json"]).get("interrupted") or {}
-    for step_id, observation in late:
-        if step_id == attempt.get("step_id"):
-            lines.append(f"  LATE OUTCOME   {late_text(observation)}")
-    lines.append(f"----- end of approval {approval['id']} for tool "
-                 f"{sanitize(request['spec']['name'])} -----")
-    return lines, shortened
+    """approval_shown, marked where a value reads as it is not."""
+    return approval_shown(approval, full, late, lookalike_notes)
+
+
+def agreed_on(lines, shortened, what, verb, agreed, out,
+              without_terminal):
+    """confirmed: True for a yes, False for a no; Usage when nothing
+    may be decided (`without_terminal` says why with no terminal)."""
+    verdict = confirmed(lines, out, shortened, what, verb, agreed)
+    if isinstance(verdict, str):
+        raise Usage(verdict or without_terminal)
+    return verdict
 
 
 def lookalike_notes(*texts):
-    """What in the texts reads as something it is not: each word that mixes scripts, with its
-    foreign letters (`lаndlord` prints as "landlord"), each written wholly in lookalikes, and
-    the invisible characters."""
+    """What in the texts reads as what it is not: words that mix
+    scripts or are wholly lookalikes, and invisible characters."""
     notes = []
     for text in texts:
-        for word in lookalike_words(text)[:3]:
-            latin = latin_lookalike(word)
-            if latin:
-                notes.append(f"{quote(word)} reads as the Latin {quote(latin)} but is written "
-                             f"wholly in {scripts_of(word).pop()} letters")
-                continue
-            script = {ch: scripts_of(ch).pop() for ch in word if ch.isalpha()}
-            usual = collections.Counter(script.values()).most_common(1)[0][0]
-            foreign = [f"U+{ord(ch):04X} {unicodedata.name(ch, '?')}" for ch in script
-                       if script[ch] != usual]
-            notes.append(f"{quote(word)} mixes scripts: {', '.join(foreign[:3])} among "
-                         f"{usual} letters")
-        hidden = invisible_codes(text)
+        notes += map(_lookalike_note, lookalike_words(text)[:3])
+        hidden = [f"U+{code:04X} {unicodedata.name(chr(code), '')}"
+                  for code in invisible_codes(text)[:5]]
         if hidden:
-            notes.append("holds invisible characters: " + ", ".join(
-                f"U+{code:04X} {unicodedata.name(chr(code), '')}".rstrip()
-                for code in hidden[:5]))
+            notes.append("holds invisible characters: " +
+                         ", ".join(h.rstrip() for h in hidden))
     return notes
 
 
-def late_text(observation):
-    text = clean(outcome_text(observation), 2 * ARG_SHOWN)
-    what = f"it succeeded, with this result: {text}" if step_outcome(observation) == "ok" \
-        else f"it failed: {text}"
-    return f"the attempt that was cut off did finish after all, after its run was taken over: " \
-        f"{what}"
+def _lookalike_note(word):
+    latin = latin_lookalike(word)
+    if latin:
+        script = scripts_of(word).pop()
+        return (f"{quote(word)} reads as the Latin {quote(latin)} "
+                f"but is written wholly in {script} letters")
+    script = {ch: scripts_of(ch).pop() for ch in word if ch.isalpha()}
+    usual = collections.Counter(script.values()).most_common(1)[0][0]
+    foreign = [f"U+{ord(ch):04X} {unicodedata.name(ch, '?')}"
+               for ch in script if script[ch] != usual]
+    return (f"{quote(word)} mixes scripts: {', '.join(foreign[:3])} "
+            f"among {usual} letters")
+
+
+# ---- approve, reject, cancel ----------------------------------------------------------------
+
+def refused_unasked(done, other, act):
+    """Why nothing was `done` with neither a yes flag nor a terminal."""
+    return (f"refusing without -yes or a terminal to type yes at: "
+            f"nothing was {done}; add -yes{other} to {act} printed above")
+
+
+def who(opts, verb="decides"):
+    by = opts.by or current_user()
+    if not by:
+        raise Usage(f"say who {verb} with -by; the current user has "
+                    f"no name")
+    return by
+
+
+def operator_decision(command, argv, *flags):
+    """What approve, reject and cancel share: (flags, who decides,
+    the store, the run named, the approval named or None)."""
+    p = operator_parser(command, *flags, ("note", str), ("by", str))
+    p.add_argument("run", type=text_argument, metavar="ID",
+                   help=NAMED_RUN)
+    opts = p.parse_args(argv)
+    by = who(opts)
+    store, session = operator_store(opts, readonly=False)
+    named = getattr(opts, "approval", None)
+    run_id, named = resolve_named(store, opts.run, session, named)
+    return opts, by, store, run_id, named
+
+
+def run_line(run):
+    reason = f" ({run['reason']})" if run["reason"] else ""
+    return f"run {run['run']}: {run['status']}{reason}"
+
+
+def decide(argv, command):
+    opts, by, store, run_id, named = operator_decision(
+        command, argv, ("approval", str), ("yes", bool), ("full", bool))
+    status = "approved" if command == "approve" else "rejected"
+    note = opts.note or ""
+    if status == "rejected" and not note:
+        raise Usage("reject needs -note: the model is shown it, so say "
+                    "why")
+    approval = select_approval(store, run_id, named)
+    lines, shortened = approval_printout(store, approval, opts.full,
+                                          lookalike_notes)
+    # With -json stdout carries the one JSON value.
+    out = sys.stderr if opts.json else sys.stdout
+    what = f"approval {approval['id']}"
+    other = f" (or -approval {approval['id']})"
+    unasked = refused_unasked("decided", other, f"{command} the approval")
+    if not agreed_on(lines, shortened, what, command,
+                     opts.approval or opts.yes, out, unasked):
+        tell("nothing decided", out=out)
+        return 1
+    run, then = settle(store, approval, status, by, note, hold_of(opts))
+    if opts.json:
+        decided = {"id": approval["id"], "status": status, "by": by,
+                   "note": note, "hash": approval["hash"]}
+        tell_json({"run": run, "approval": decided})
+    else:
+        tell(f"{what}: {status} by {by}", run_line(run), *then)
+    return 0
+
+
+cmd_approve = functools.partial(decide, command="approve")
+cmd_reject = functools.partial(decide, command="reject")
+
+
+def cmd_cancel(argv):
+    opts, by, store, run_id, _ = operator_decision("cancel", argv)
+    status = load_run(store, run_id)["status"]
+    if status in TERMINAL:
+        raise StoreError(f"run {run_id} already ended ({status}); "
+                         f"there is nothing to cancel")
+
+    def cancel(tx):
+        current = tx.run_holder(run_id)[0]
+        if current in TERMINAL:
+            raise StoreError(f"run {run_id} ended meanwhile ({current})")
+        tx.cancel_run(run_id, by, opts.note or "")
+    store.write(cancel)
+    run = load_run(store, run_id)
+    if opts.json:
+        tell_json({"run": run})
+    else:
+        tell(run_line(run))
+    return 0
 
 
 def select_approval(store, run_id, approval_id):
-    """The approval a command decides: the one named, or the one its run waits on. One that
-    was decided already is said to be so, and nothing else is decided in its place."""
+    """The approval named, or the one its run waits on. One decided
+    already is said so; nothing is decided in its place."""
     approvals = store.approvals(run_id)
     if approval_id:
         approval = next(a for a in approvals if a["id"] == approval_id)
         if approval["status"] != "pending":
-            raise StoreError(f"approval {approval_id} was already {decision_text(approval)}; "
-                             f"nothing was decided")
+            raise StoreError(f"approval {approval_id} was already "
+                             f"{decision_text(approval)}; nothing was "
+                             f"decided")
         return approval
     pending = [a for a in approvals if a["status"] == "pending"]
-    if not pending:
-        load_run(store, run_id)
-        last = f": approval {approvals[-1]['id']} was already " \
-            f"{decision_text(approvals[-1])}" if approvals else ""
-        raise StoreError(f"run {quote(run_id)} has no pending approval{last}; nothing was "
-                         f"decided")
     if len(pending) > 1:
-        raise StoreError(f"run {quote(run_id)} has {len(pending)} pending approvals; name one "
-                         f"of {', '.join(a['id'] for a in pending)} with -approval")
-    return pending[0]
-
-
-def tried_text(step):
-    """Why none of the rule's `when` entries decided a step, as its decision recorded it."""
-    tried = parse(step["policy"]).get("tried") if step["policy"] else None
-    return f"no when entry held: {'; '.join(tried)}" if tried else ""
+        ids = ", ".join(a["id"] for a in pending)
+        raise StoreError(f"run {quote(run_id)} has {len(pending)} "
+                         f"pending approvals; name one of {ids} with "
+                         f"-approval")
+    if pending:
+        return pending[0]
+    load_run(store, run_id)
+    last = ""
+    if approvals:
+        last = (f": approval {approvals[-1]['id']} was already "
+                f"{decision_text(approvals[-1])}")
+    raise StoreError(f"run {quote(run_id)} has no pending approval"
+                     f"{last}; nothing was decided")
 
 
 def decision_text(approval):
-    by = f" by {sanitize(approval['decided_by'])}" if approval["decided_by"] else ""
-    at = f" at {prose_time(approval['decided_at'])}" if approval["decided_at"] else ""
-    return f"{approval['status']}{by}{at}"
+    text = approval["status"]
+    if approval["decided_by"]:
+        text += f" by {sanitize(approval['decided_by'])}"
+    if approval["decided_at"]:
+        text += f" at {prose_time(approval['decided_at'])}"
+    return text
 
 
-def agreed_on(lines, shortened, what, verb, agreed, out, without_terminal):
-    """The one way an operator agrees to a printout (approve, reject, grant, pin -diff; watch
-    shows the same lines): every line printed, then a yes for exactly that, given by a flag
-    (`agreed`) or typed. A printout that shortened a value is agreed to by no one: a decision
-    binds every byte, so it is made only on a printout that showed every one (-full)."""
-    tell(*lines, out=out, flush=True)
-    if shortened:
-        raise Usage(f"{what} has a value too long to print whole, so it was shown shortened; "
-                    f"run the command again with -full to see every byte before you {verb}")
-    if agreed:
-        return True
-    if not sys.stdin.isatty():
-        raise Usage(without_terminal)
-    tell(f"{verb} {what}? type yes to {verb}: ", end="", out=out, flush=True)
-    return input().strip().lower() in ("y", "yes")
+def settle(store, approval, status, by, note, hold):
+    """Decide the approval bound to the hash of the row shown (one
+    expired, changed or decided since is refused); what_runs."""
+    decided = store.write(lambda tx: tx.decide_approval(
+        approval["id"], approval["hash"], status, by, note))
+    if decided == "expired":
+        raise StoreError(f"approval {approval['id']} expired at "
+                         f"{approval['expires_at']}; it can no longer "
+                         f"be decided, and its request was not "
+                         f"executed")
+    if decided == "changed":
+        raise StoreError(f"approval {approval['id']} changed after it "
+                         f"was shown, or was decided meanwhile; nothing "
+                         f"was decided: look at it again as it is now")
+    return what_runs(store, approval, status == "approved", hold)
 
 
-def decide(argv, command):
-    flags = [("approval", str), ("yes", bool), ("note", str), ("by", str), ("full", bool)]
-    p = operator_parser(command, *flags)
-    p.add_argument("run", type=text_argument, metavar="ID", help=NAMED_RUN)
-    opts = p.parse_args(argv)
-    status = "approved" if command == "approve" else "rejected"
-    if status == "rejected" and not opts.note:
-        raise Usage("reject needs -note: the model is shown it, so say why")
-    by = opts.by or current_user()
-    if not by:
-        raise Usage("say who decides with -by; the current user has no name")
-    store, session = operator_store(opts, readonly=False)
-    opts.run, named = resolve_named(store, opts.run, session, opts.approval)
-    approval = intact(select_approval(store, opts.run, named))
-    # With -json the printout goes to stderr: stdout carries the one JSON value.
-    out = sys.stderr if opts.json else sys.stdout
-    lines, shortened = approval_lines(approval, opts.full,
-                                      store.late_outcomes(approval["run_id"]))
-    step = next(s for s in store.steps(opts.run)
-                if s["id"] == approval["step_id"])
-    if tried_text(step):
-        lines.append(tried_text(step))
-    if not agreed_on(
-            lines, shortened, f"approval {approval['id']}", command,
-            opts.approval or opts.yes, out,
-            f"refusing without -yes or a terminal to type yes at: nothing was decided; add -yes "
-            f"(or -approval {approval['id']}) to {command} the approval printed above"):
-        tell("nothing decided", out=out)
-        return 1
-    decide_shown(store, approval, status, by, opts.note or "")
-    run, then = after_decision(store, approval, status, hold_of(opts))
-    if opts.json:
-        tell_json({"run": run, "approval": {"id": approval["id"], "status": status, "by": by,
-                                             "note": opts.note or "", "hash": approval["hash"]}})
-        return 0
-    tell(decided_text(approval, status, by))
-    tell(f"run {run['run']}: {run['status']}" + (f" ({run['reason']})" if run["reason"]
-                                                 else ""), *then)
-    return 0
+# Seconds a held call may take to take up its approval, on a
+# loaded machine.
+HELD_SEEN = 20.0
+TAKEN_UP = ("The call the model is waiting on took it up and runs it "
+            "now: its result is that call's answer, and the model "
+            "need not call again.")
+APPROVED_NEXT = ("No call waits on it any more (its hold ended): it "
+                 "runs when the model calls the tool again with "
+                 "exactly the same arguments.")
 
 
-HELD_SEEN = 20.0  # seconds a held call may take to take up its approval, on a loaded machine
-TAKEN_UP = ("The call the model is waiting on took it up and runs it now: its result is that "
-            "call's answer, and the model need not call again.")
-APPROVED_NEXT = ("No call waits on it any more (its hold ended): it runs when the model calls "
-                 "the tool again with exactly the same arguments.")
+def what_runs(store, approval, approved, hold):
+    """The run as a decision left it, and what runs an approval: the
+    call held for it (`hold` s) takes it up within moments, seen as
+    its run leaving the wait; otherwise the model's identical call."""
+    started = parse_time(approval["created_at"])
+    ends = min(started + hold, time.time() + HELD_SEEN)
+    run = load_run(store, approval["run_id"])
+    if not approved:
+        return run, ()
+    while run["status"] == "WAITING_FOR_APPROVAL" and time.time() < ends:
+        time.sleep(0.1)
+        run = load_run(store, approval["run_id"])
+    if run["status"] == "WAITING_FOR_APPROVAL":
+        return run, (APPROVED_NEXT,)
+    return run, (TAKEN_UP,)
 
 
 def longest_hold(config):
-    """The longest a gate of this config holds a call, in seconds (the default's, 15s,
-    without one)."""
-    if config is None:
-        return 15
+    """The longest a gate of the config holds a call, in seconds."""
     return max([config.hold, *config.host_holds.values()]) / SECOND
 
 
 def hold_of(opts):
-    """longest_hold of the config an operator command was given (none with -db)."""
+    """longest_hold of the config given; 15 (the default's) with -db."""
     path = config_path(opts.config)
-    return longest_hold(None if opts.db or not os.path.exists(path) else load_config(path))
-
-
-def after_decision(store, approval, status, hold):
-    """The run as a decision left it, and what an approval sets going: while the call held
-    for it may still wait (`hold` seconds), that call takes it up within moments, seen as
-    its run leaving the wait; otherwise the model's identical call runs it."""
-    ends = min(parse_time(approval["created_at"]) + hold, time.time() + HELD_SEEN)
-    run = load_run(store, approval["run_id"])
-    while status == "approved" and run["status"] == "WAITING_FOR_APPROVAL" and \
-            time.time() < ends:
-        time.sleep(0.1)
-        run = load_run(store, approval["run_id"])
-    if status != "approved":
-        return run, ()
-    return run, (APPROVED_NEXT if run["status"] == "WAITING_FOR_APPROVAL" else TAKEN_UP,)
-
-
-def intact(approval):
-    """The approval, if its stored fields still hash to its hash: only then is what it shows
-    what it binds."""
-    if stored_hash(approval) != approval["hash"]:
-        raise StoreError(f"approval {approval['id']} does not match its hash: its record was "
-                         f"altered after it was made, and it cannot be decided")
-    return approval
-
-
-def decide_shown(store, approval, status, by, note):
-    """Decide the approval as it was shown: the write is bound to the hash of the row read,
-    so a row that expired, changed or was decided since is refused."""
-    decided = store.write(lambda tx: tx.decide_approval(approval["id"], approval["hash"], status,
-                                                        by, note))
-    if decided == "expired":
-        raise StoreError(f"approval {approval['id']} expired at {approval['expires_at']}; it "
-                         f"can no longer be decided, and its request was not executed")
-    if decided == "changed":
-        raise StoreError(f"approval {approval['id']} changed after it was shown, or was "
-                         f"decided meanwhile; nothing was decided: look at it again as it is now")
-
-
-def decided_text(approval, status, by):
-    return f"approval {approval['id']}: {status} by {by}"
-
-
-def cmd_approve(argv):
-    return decide(argv, "approve")
-
-
-def cmd_reject(argv):
-    return decide(argv, "reject")
-
-
-def cmd_cancel(argv):
-    p = operator_parser("cancel", ("note", str), ("by", str))
-    p.add_argument("run", type=text_argument, metavar="ID", help=NAMED_RUN)
-    opts = p.parse_args(argv)
-    by = opts.by or current_user()
-    store, session = operator_store(opts, readonly=False)
-    opts.run = resolve_named(store, opts.run, session)[0]
-    run = load_run(store, opts.run)
-    if run["status"] in TERMINAL:
-        raise StoreError(f"run {opts.run} already ended ({run['status']}); there is nothing to "
-                         f"cancel")
-
-    def cancel(tx):
-        current = tx.run_holder(opts.run)[0]
-        if current in TERMINAL:
-            raise StoreError(f"run {opts.run} ended meanwhile ({current})")
-        tx.cancel_run(opts.run, by, opts.note or "")
-    store.write(cancel)
-    run = load_run(store, opts.run)
-    if opts.json:
-        tell_json({"run": run})
-    else:
-        tell(f"run {run['run']}: {run['status']} ({run['reason']})")
-    return 0
+    if opts.db or not os.path.exists(path):
+        return 15
+    return longest_hold(load_config(path))
 
 
 # ---- watch: what waits, live ----------------------------------------------------------------
-# watch reads the database, never the gate: a read-only store polled once a second, so a gate
-# serving calls never waits on it. A decision taken in it is the one approve and reject take
-# (decide_shown, on a store opened for that write), bound to the hash of the row it showed, and
-# only after every line of that row was on the screen whole.
+# watch polls a read-only store, never the gate, so a serving gate
+# never waits on it; it decides through settle, as approve does.
 
 WATCH_EVERY = 1.0  # seconds between two reads of what waits
 WATCH_KEYS = "up/down or j/k select   Enter open   q quit"
-OPEN_KEYS = "a approve   r reject   f show every byte   up/down, j/k, space scroll   q back"
+OPEN_KEYS = ("a approve   r reject   f show every byte   "
+             "up/down, j/k, space scroll   q back")
 
 
 def cmd_watch(argv):
@@ -9874,13 +9966,11 @@ def cmd_watch(argv):
         signal.signal(sig, lambda signum, frame: stop.set())
     try:
         if sys.stdin.isatty() and sys.stdout.isatty():
-            by = opts.by or current_user()
-            if not by:
-                raise Usage("say who decides with -by; the current user has no name")
+            by = who(opts)
             if watch_terminal(store, session, by, hold_of(opts), stop):
                 return 0
-            log("this terminal cannot show the live view; plain lines follow, and nothing is "
-                "decided from them")
+            log("this terminal cannot show the live view; plain lines "
+                "follow, and nothing is decided from them")
         watch_lines(store, session, hint, stop)
         return 0
     finally:
@@ -9889,48 +9979,55 @@ def cmd_watch(argv):
 
 def waiting_cells(approval, limit):
     text = policy_json(parse(approval["request_json"])["args"])
-    # Kept short, so the arguments still fit the row; opened, the approval says what it is.
     caution = "CAUTION " if lookalike_notes(text) else ""
-    return (approval["id"], approval["run_id"], clean(approval["tool"], 64),
-            time_since(approval["created_at"]), clean(caution + text, limit))
+    return (approval["id"], approval["run_id"],
+            clean(approval["tool"], 64), time_since(approval["created_at"]),
+            clean(caution + text, limit))
 
 
 def ended_text(store, approval):
-    row, run = store.approval(approval["id"]) or approval, store.run(approval["run_id"])
+    row = store.approval(approval["id"]) or approval
+    run = store.run(approval["run_id"])
     status = row["status"]
     if status == "pending":
-        status = "expired" if row["expires_at"] and row["expires_at"] <= now() else \
-            "no longer waited on"
+        expired = row["expires_at"] and row["expires_at"] <= now()
+        status = "expired" if expired else "no longer waited on"
     elif row["decided_by"]:
         status += f" by {clean(row['decided_by'], 64)}"
     if row["note"] and row["note"] != "expired":
         status += f": {clean(row['note'], 200)}"
-    if run and run["status"] in TERMINAL:  # an approved run waits on until it is called again
-        status += f"; run {run['status']}" + (f" ({run['reason']})" if run["reason"] else "")
-    return (f"run {approval['run_id']}  approval {approval['id']}  tool "
-            f"{clean(approval['tool'], 64)}  {status}")
+    # An approved run waits on until it is called again.
+    if run and run["status"] in TERMINAL:
+        reason = f" ({run['reason']})" if run["reason"] else ""
+        status += f"; run {run['status']}{reason}"
+    return (f"run {approval['run_id']}  approval {approval['id']}  "
+            f"tool {clean(approval['tool'], 64)}  {status}")
 
 
 def watch_lines(store, session, hint, stop):
-    """Plain lines, for a pipe or a log: one when an approval starts waiting (with the command
-    that decides it), one when it stops; nothing is decided here."""
+    """A line when an approval starts waiting (with the command that
+    decides it), one when it stops; nothing is decided here."""
     shown = {}
     while not stop.is_set():
         waiting = {a["id"]: a for a in store.waiting_approvals(session)}
         for approval_id, approval in waiting.items():
-            if approval_id not in shown:
-                _, run_id, tool, age, args = waiting_cells(approval, 200)
-                tell(f"waiting  run {run_id}  approval {approval_id}  tool {tool}  age {age}  "
-                     f"{args}  decide with: {hint} approve {run_id} -approval {approval_id}   "
-                     f"(or reject)", flush=True)
+            if approval_id in shown:
+                continue
+            _, run_id, tool, age, args = waiting_cells(approval, 200)
+            tell(f"waiting  run {run_id}  approval {approval_id}  tool "
+                 f"{tool}  age {age}  {args}  decide with: {hint} "
+                 f"approve {run_id} -approval {approval_id}   "
+                 f"(or reject)", flush=True)
         for approval_id, approval in shown.items():
             if approval_id not in waiting:
-                tell(f"ended    {ended_text(store, approval)}", flush=True)
+                ended = ended_text(store, approval)
+                tell(f"ended    {ended}", flush=True)
         shown = waiting
         stop.wait(WATCH_EVERY)
 
 
 def watch_terminal(store, session, by, hold, stop):
+    """Run the live view; False if this terminal cannot show it."""
     try:
         import curses  # only here: nothing else pays for loading it
         import locale
@@ -9939,27 +10036,28 @@ def watch_terminal(store, session, by, hold, stop):
     try:
         locale.setlocale(locale.LC_ALL, "")
         curses.setupterm()
-        if not curses.tigetstr("cup"):  # a terminal that cannot place the cursor (dumb)
+        if not curses.tigetstr("cup"):  # cannot place the cursor
             return False
     except (locale.Error, curses.error):
         return False
-    curses.wrapper(lambda window: watch_list(Screen(curses, window), store, session, by, hold,
-                                             stop))
+    curses.wrapper(lambda window: watch_list(
+        Screen(curses, window), store, session, by, hold, stop))
     return True
 
 
 class Screen:
-    """The one place watch touches curses: rows of sanitized text, and keys by name. A class
-    only so that curses, loaded when watch draws and not before, is held in one place."""
+    """Where watch touches curses: sanitized rows, keys by name."""
 
-    KEYS = {"KEY_UP": "up", "KEY_DOWN": "down", "KEY_NPAGE": "page down",
-            "KEY_PPAGE": "page up", "KEY_ENTER": "enter", "KEY_BACKSPACE": "backspace"}
-    CHARACTERS = {"\n": "enter", "\r": "enter", "\x1b": "esc", "\x7f": "backspace",
-                  "\b": "backspace"}
+    KEYS = {"KEY_UP": "up", "KEY_DOWN": "down",
+            "KEY_NPAGE": "page down", "KEY_PPAGE": "page up",
+            "KEY_ENTER": "enter", "KEY_BACKSPACE": "backspace"}
+    CHARACTERS = {"\n": "enter", "\r": "enter", "\x1b": "esc",
+                  "\x7f": "backspace", "\b": "backspace"}
 
     def __init__(self, curses, window):
         self.curses, self.window = curses, window
-        self.codes = {getattr(curses, name): key for name, key in self.KEYS.items()}
+        self.codes = {getattr(curses, name): key
+                      for name, key in self.KEYS.items()}
         try:
             curses.curs_set(0)
         except curses.error:
@@ -9975,21 +10073,20 @@ class Screen:
         self.window.erase()
 
     def put(self, row, text, bold=False, reverse=False):
-        """One row, sanitized (whatever a caller missed never reaches the terminal raw) and
-        cut to the screen's width; text reaching the last cell is no error."""
         height, width = self.window.getmaxyx()
-        attr = (self.curses.A_BOLD if bold else 0) | (self.curses.A_REVERSE if reverse else 0)
+        attr = (self.curses.A_BOLD if bold else 0) | (
+            self.curses.A_REVERSE if reverse else 0)
         if 0 <= row < height and width > 1:
             try:
                 self.window.move(row, 0)
                 self.window.clrtoeol()
-                self.window.addstr(row, 0, wrap_columns(sanitize(text), width - 1)[0], attr)
-            except self.curses.error:
+                self.window.addstr(row, 0, wrap_columns(
+                    sanitize(text), width - 1)[0], attr)
+            except self.curses.error:  # text reaching the last cell
                 pass
 
     def key(self):
-        """The next key: a character, a name (up, down, page up, page down, enter, esc,
-        backspace), or None once a refresh is due."""
+        """A character, a key's name, or None: time to refresh."""
         self.window.refresh()
         try:
             key = self.window.get_wch()
@@ -10001,27 +10098,30 @@ class Screen:
 
 
 def watch_list(screen, store, session, by, hold, stop):
-    """The list of what waits, read again each second and after each key. The selection
-    stays on its approval while others come and go, so Enter opens the one that was picked."""
+    """What waits, read each second; the selection stays on its
+    approval while others come and go."""
     selected, chosen, message = 0, None, ""
     while not stop.is_set():
         waiting = store.waiting_approvals(session)
         ids = [approval["id"] for approval in waiting]
-        selected = max(0, min(ids.index(chosen) if chosen in ids else selected, len(ids) - 1))
+        if chosen in ids:
+            selected = ids.index(chosen)
+        selected = max(0, min(selected, len(ids) - 1))
         height, width = screen.size()
         screen.begin()
         where = f"in session {session}" if session else "in every session"
-        screen.put(0, f"agentgate watch: {len(waiting)} waiting for an operator {where}, "
-                      f"deciding as {by}", bold=True)
-        # Whole ids: they begin with the time they were made, so approvals made in the same
-        # minute share their first characters.
+        screen.put(0, f"agentgate watch: {len(waiting)} waiting for an "
+                      f"operator {where}, deciding as {by}", bold=True)
+        # Whole ids: they begin with the time they were made.
         table = [("APPROVAL", "RUN", "TOOL", "AGE", "ARGUMENTS")] + [
             waiting_cells(approval, 4 * width) for approval in waiting]
-        widths = [max(len(row[i]) for row in table) for i in range(4)] + [0]
-        lines = ["  ".join(cell.ljust(size) for cell, size in zip(row, widths)) for row in table]
+        widths = [max(len(row[i]) for row in table) for i in range(4)]
+        lines = ["  ".join(cell.ljust(size) for cell, size in
+                           zip(row, widths + [0])) for row in table]
         screen.put(1, lines[0])
         first = max(0, selected - (height - 5))
-        for row, line in enumerate(lines[1 + first:1 + first + max(0, height - 4)]):
+        shown = lines[1 + first:1 + first + max(0, height - 4)]
+        for row, line in enumerate(shown):
             screen.put(2 + row, line, reverse=first + row == selected)
         if not waiting:
             screen.put(2, "nothing waits")
@@ -10033,7 +10133,8 @@ def watch_list(screen, store, session, by, hold, stop):
         elif key in ("down", "j"):
             selected += 1
         elif key == "enter" and waiting:
-            message = watch_approval(screen, store, waiting[selected]["id"], by, hold, stop)
+            message = watch_approval(screen, store, ids[selected], by,
+                                     hold, stop)
         elif key in ("q", "esc"):
             return
         if ids:
@@ -10041,21 +10142,23 @@ def watch_list(screen, store, session, by, hold, stop):
 
 
 def watch_approval(screen, store, approval_id, by, hold, stop):
-    """One approval shown as approve prints it, decided with a key; returns the line the list
-    shows next (what was decided, or why nothing was)."""
+    """One approval as approve prints it, decided with a key: the
+    line the list shows next."""
     approval = store.approval(approval_id)
     if approval is None or approval["status"] != "pending":
         return f"approval {approval_id} no longer waits"
     try:
-        intact(approval)
+        printouts = [approval_printout(store, approval, full,
+                                       lookalike_notes)
+                     for full in (False, True)]
     except StoreError as err:
         return str(err)
-    late = store.late_outcomes(approval["run_id"])
     full, top, seen_end, message = False, 0, False, ""
     while not stop.is_set():
-        lines, shortened = approval_lines(approval, full, late)
+        lines, shortened = printouts[full]
         height, width = screen.size()
-        rows = [piece for line in lines for piece in wrap_columns(line, max(1, width - 1))]
+        rows = [piece for line in lines
+                for piece in wrap_columns(line, max(1, width - 1))]
         body = max(1, height - 2)
         top = max(0, min(top, len(rows) - body))
         seen_end = seen_end or top + body >= len(rows)
@@ -10065,42 +10168,42 @@ def watch_approval(screen, store, approval_id, by, hold, stop):
         screen.put(height - 2, message, bold=True)
         screen.put(height - 1, OPEN_KEYS)
         key = screen.key()
-        moves = {"up": -1, "k": -1, "down": 1, "j": 1, " ": body, "page down": body,
-                 "page up": -body, "b": -body}
+        moves = {"up": -1, "k": -1, "down": 1, "j": 1, " ": body,
+                 "page down": body, "page up": -body, "b": -body}
+        why = unshown(shortened, "this approval", "decide", "press f")
         if key in moves:
             top += moves[key]
-        elif key == "f":
-            # The whole value adds rows: the end is to be reached again.
+        elif key == "f":  # more rows: the end is to be reached again
             full, message, seen_end = True, "", False
         elif key in ("q", "esc"):
             return ""
-        elif key in ("a", "r") and shortened:
-            message = "a value is shortened: press f to show every byte before you decide"
+        elif key in ("a", "r") and why:
+            message = why
         elif key in ("a", "r") and not seen_end:
             message = "scroll to the end of the approval before you decide"
         elif key == "a":
             return watch_decide(store, approval, "approved", by, "", hold)
         elif key == "r":
-            note = prompt(screen, "note for the model (required; Enter rejects, Esc "
-                                  "cancels): ", stop)
+            note = prompt(screen, "note for the model (required; Enter "
+                                  "rejects, Esc cancels): ", stop)
             if note:
-                return watch_decide(store, approval, "rejected", by, note, hold)
+                return watch_decide(store, approval, "rejected", by,
+                                    note, hold)
             message = "nothing decided"
     return ""
 
 
 def watch_decide(store, approval, status, by, note, hold):
-    """The decision approve and reject take, on a store opened for this one write."""
     try:
-        writer = Store(store.path, create=False)
+        writer = Ledger(store.path, readonly=False, create=False)
         try:
-            decide_shown(writer, approval, status, by, note)
+            then = settle(writer, approval, status, by, note, hold)[1]
         finally:
             writer.close()
-        then = after_decision(store, approval, status, hold)[1]
     except StoreError as err:
         return str(err)
-    return ". ".join((decided_text(approval, status, by), *then))
+    return ". ".join((f"approval {approval['id']}: {status} by {by}",
+                      *then))
 
 
 def prompt(screen, question, stop):
@@ -10108,8 +10211,9 @@ def prompt(screen, question, stop):
     while not stop.is_set():
         height, width = screen.size()
         shown = question + sanitize(text) + "_"
-        # The end of a long answer stays in view: the row shows its last columns.
-        screen.put(height - 1, wrap_columns(shown[::-1], max(1, width - 1))[0][::-1])
+        # The row shows a long answer's last columns.
+        tail = wrap_columns(shown[::-1], max(1, width - 1))[0]
+        screen.put(height - 1, tail[::-1])
         key = screen.key()
         if key == "enter" and text.strip():
             return text
@@ -10123,12 +10227,12 @@ def prompt(screen, question, stop):
 
 
 def wrap_columns(text, width):
-    """`text` in pieces of at most `width` terminal columns: a wide character takes two, a
-    combining mark none, so no piece runs off the screen."""
+    """`text` in pieces of at most `width` terminal columns: a wide
+    character takes two, a combining mark none."""
     pieces, piece, used = [], "", 0
     for ch in text:
-        size = 0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in \
-            "WF" else 1
+        wide = unicodedata.east_asian_width(ch) in "WF"
+        size = 0 if unicodedata.combining(ch) else 2 if wide else 1
         if used + size > width and piece:
             pieces.append(piece)
             piece, used = "", 0
@@ -10136,167 +10240,214 @@ def wrap_columns(text, width):
     return pieces + [piece]
 
 
-GRANT_PROMISE = ("A call this grant covers runs without asking while it is in force. It never "
-                 "turns a deny into anything else, never re-runs a call whose outcome is "
-                 "unknown, and the tool's limits still count the calls it lets through.")
+# ---- grant, grants, revoke ------------------------------------------------------------------
 
-
-GRANT_NEEDS_YES = ("refusing without -yes or a terminal to type yes at: nothing was granted; "
-                   "add -yes to grant what is printed above")
+GRANT_PROMISE = ("A call this grant covers runs without asking while "
+                 "it is in force. It never turns a deny into anything "
+                 "else, never re-runs a call whose outcome is unknown, "
+                 "and the tool's limits still count the calls it lets "
+                 "through.")
+GRANT_NEEDS_YES = refused_unasked("granted", "", "grant what is")
 
 
 def cmd_grant(argv):
-    p = parser("grant", "config", "if", "for", "note", "by", ("yes", bool), ("full", bool),
-               ("json", bool))
+    p = parser("grant", "config", "if", "for", "note", "by",
+               ("yes", bool), ("full", bool), ("json", bool))
     p.add_argument("tool", type=text_argument, metavar="TOOL",
-                   help="the tool as the host is offered it (check lists them)")
+                   help="the tool as the host is offered it (check "
+                        "lists them)")
     opts = p.parse_args(argv)
-    by = opts.by or current_user()
-    if not by:
-        raise Usage("say who grants with -by; the current user has no name")
-    # Given no config where init wrote one per host, the config that offers the tool: a
-    # grant is for one host's session, so a tool that several offer needs -config.
-    hosts = [] if opts.config else host_configs(config_path(None))
-    offered = {}
-    for config in map(load_config, hosts) if hosts else [load_config(config_path(opts.config))]:
-        for name, tool in configured_tools(config).items():
-            offered.setdefault(name, []).append((config, tool))
-    if opts.tool not in offered:
-        raise Usage(f"no configured tool is named {quote(opts.tool)}; the tools are "
-                    f"{', '.join(sorted(offered)) or 'none'}")
-    if len(offered[opts.tool]) > 1:
-        raise Usage(f"{quote(opts.tool)} is offered in " + ", ".join(
-            shlex.quote(c.path) for c, _ in offered[opts.tool]) + "; add -config naming the "
-            "config of the host the grant is for")
-    config, tool = offered[opts.tool][0]
-    try:
-        conditions = parse(getattr(opts, "if") or "{}")
-    except CanonicalError as err:
-        raise Usage(f"-if is not usable JSON ({err}); write it like "
-                    f"'{{\"/amount\": {{\"max\": 20}}}}'") from None
-    parsed = parse_conditions(conditions, "-if")
-    entry = read_manifest(tool.server)["tools"].get(tool.upstream_name) or {}
-    hidden = set(tool.rule.deny) | set(tool.rule.fixed)
-    for condition in parsed:
-        problem = pointer_problem(entry.get("input_schema") or {}, condition.tokens, hidden)
-        if problem:
-            raise Usage(f"-if points at {quote(condition.pointer)}, but {problem} in the pinned "
-                        f"schema of {tool.name}")
-    try:
-        span = parse_duration(getattr(opts, "for") or "1h")
-    except ValueError:
-        raise Usage('-for is a duration such as "30m" or "8h"') from None
-    if span <= 0 or (config.grant_ttl and span > config.grant_ttl):
-        raise Usage(f"-for must be more than 0 and at most grant_ttl "
-                    f"({format_duration(config.grant_ttl)})" if config.grant_ttl else
-                    "-for must be more than 0")
-    grant = {"id": new_id(8), "session": config.session, "tool": tool.target,
-             "name": tool.name, "conditions_json": dumps(confirmed_conditions(parsed)),
+    by = who(opts, "grants")
+    config, tool = granted_tool(opts.config, opts.tool)
+    parsed = grant_conditions(getattr(opts, "if"), tool)
+    span = grant_span(getattr(opts, "for"), config)
+    grant = {"id": new_id(8), "session": config.session,
+             "tool": tool.target, "name": tool.name,
+             "conditions_json": dumps(confirmed_conditions(parsed)),
              "by": by, "note": opts.note or ""}
+    waits = covered_waits(config, tool, grant, opts.full)
+    lines, shortened = grant_printout(config, tool, grant, parsed, span,
+                                      waits, opts.full)
     out = sys.stderr if opts.json else sys.stdout
-    # The id is printed only once the grant is created: an id printed before a refusal
-    # would name a grant that does not exist.
-    lines = ["GRANT (not created until confirmed)",
-             f"  tool           {tool.name} (server {tool.server.name}, "
-             f"upstream tool {tool.upstream_name})",
-             f"  session        {config.session}",
-             "  covers         calls that would wait for an operator" + (
-                 ", and whose arguments:" if parsed else ", whatever their arguments")]
-    shown = [shown_text(condition.text(), opts.full) for condition in parsed]
-    lines += [f"    {text}" for text, _, _ in shown]
-    lines += [f"  in force       for {format_duration(span)} from when it is confirmed",
-              f"  by             {by}"]
-    if grant["note"]:
-        lines.append(f"  note           {grant['note']}")
-    lines.append(f"  {GRANT_PROMISE}")
-    waits = covered_waits(config, tool, grant)
-    cut_wait = False
-    lines.append(f"  releases       {len(waits)} calls waiting now, each approved by the grant"
-                 f" as printed here:" if waits else
-                 "  releases       no call: none that waits now is one it covers")
-    for approval in waits:
-        printed, shortened = approval_lines(approval, opts.full)
-        lines += [f"    {line}" for line in printed]
-        cut_wait = cut_wait or shortened
-    if not agreed_on(lines, cut_wait or any(cut for _, _, cut in shown), "this grant",
-                     "grant", opts.yes, out, GRANT_NEEDS_YES):
+    if not agreed_on(lines, shortened, "this grant", "grant", opts.yes,
+                     out, GRANT_NEEDS_YES):
         tell("nothing granted", out=out)
         return 1
-    store = Ledger(config.database, readonly=False)  # a grant may come before the first call
+    store = Ledger(config.database, readonly=False)  # may be new
 
     def create(tx):
-        # It starts inside the transaction that records it: a call decided before could not
-        # see it, so it must not be in force at that call's time when recheck reads it back.
+        # It starts in the transaction that records it, so no call
+        # decided before, nor recheck of one, finds it in force.
         grant["created_at"] = now()
         grant["expires_at"] = later(grant["created_at"], span)
         tx.create_grant(grant)
-        # Each released wait is decided bound to the hash of the row printed above.
-        return [(a, tx.decide_approval(a["id"], a["hash"], "approved", f"grant {grant['id']}",
-                                       f"released by grant {grant['id']}, granted by {by}"))
-                for a in waits]
+        return [(a, tx.decide_approval(
+            a["id"], a["hash"], "approved", f"grant {grant['id']}",
+            f"released by grant {grant['id']}, granted by {by}"))
+            for a, _, _ in waits]
     released = store.write(create)
-    told = [f"grant {grant['id']}: in force from {grant['created_at']} until "
-            f"{grant['expires_at']}"]
+    told = [f"grant {grant['id']}: in force from {grant['created_at']} "
+            f"until {grant['expires_at']}"]
+    hold = longest_hold(config)
     for approval, decided in released:
-        told.append(f"approval {approval['id']}: " + (
-            " ".join(after_decision(store, approval, "approved", longest_hold(config))[1])
-            if decided == "decided" else "not released: it changed, was decided or expired "
-                                         "after it was printed"))
+        then = ["not released: it changed, was decided or expired "
+                "after it was printed"]
+        if decided == "decided":
+            then = what_runs(store, approval, True, hold)[1]
+        told.append(f"approval {approval['id']}: " + " ".join(then))
     if opts.json:
-        tell_json({**grant_view(grant), "released": [
-            a["id"] for a, decided in released if decided == "decided"]})
+        ids = [a["id"] for a, decided in released if decided == "decided"]
+        tell_json({**grant_view(grant), "released": ids})
     else:
         tell(*told)
     return 0
 
 
-def covered_waits(config, tool, grant):
-    """The approvals waiting now that `grant`, were it in force, would have answered: each
-    call decided again as the gate decides it, with its limits counted, and covered only if
-    the grant is what allows it (never a deny, a re-run of an unknown outcome, or a limit)."""
+def grant_printout(config, tool, grant, parsed, span, waits, full):
+    """(lines, shortened). No id: an id printed before a refusal
+    would name a grant that does not exist."""
+    covers = ", and whose arguments:" if parsed else \
+        ", whatever their arguments"
+    lines = ["GRANT (not created until confirmed)",
+             f"  tool           {tool.name} (server {tool.server.name}, "
+             f"upstream tool {tool.upstream_name})",
+             f"  session        {config.session}",
+             "  covers         calls that would wait for an operator" +
+             covers]
+    shortened = False
+    for condition in parsed:
+        text, _, cut_here = shown_text(condition.text(), full)
+        lines.append(f"    {text}")
+        shortened |= cut_here
+    lines += [f"  in force       for {format_duration(span)} from when "
+              f"it is confirmed", f"  by             {grant['by']}"]
+    if grant["note"]:
+        lines.append(f"  note           {grant['note']}")
+    lines.append(f"  {GRANT_PROMISE}")
+    if waits:
+        lines.append(f"  releases       {len(waits)} calls waiting now, "
+                     f"each approved by the grant as printed here:")
+    else:
+        lines.append("  releases       no call: none that waits now is "
+                     "one it covers")
+    for _, printed, cut_here in waits:
+        lines += [f"    {line}" for line in printed]
+        shortened |= cut_here
+    return lines, shortened
+
+
+def granted_tool(path, name):
+    """(config, tool) a grant is for. Given no config where init
+    wrote one per host, the one that offers the tool: a grant is for
+    one host's session, so a tool several offer needs -config."""
+    hosts = [] if path else host_configs(config_path(None))
+    configs = map(load_config, hosts) if hosts else \
+        [load_config(config_path(path))]
+    offered = {}
+    for config in configs:
+        for tool_name, tool in configured_tools(config).items():
+            offered.setdefault(tool_name, []).append((config, tool))
+    if name not in offered:
+        raise Usage(f"no configured tool is named {quote(name)}; the "
+                    f"tools are {', '.join(sorted(offered)) or 'none'}")
+    if len(offered[name]) > 1:
+        paths = ", ".join(shlex.quote(c.path) for c, _ in offered[name])
+        raise Usage(f"{quote(name)} is offered in {paths}; add -config "
+                    f"naming the config of the host the grant is for")
+    return offered[name][0]
+
+
+def grant_conditions(text, tool):
+    """-if as conditions, each on an argument of the pinned schema
+    that the model sets."""
+    try:
+        conditions = parse(text or "{}")
+    except CanonicalError as err:
+        raise Usage(f"-if is not usable JSON ({err}); write it like "
+                    f"'{{\"/amount\": {{\"max\": 20}}}}'") from None
+    parsed = parse_conditions(conditions, "-if")
+    entry = read_manifest(tool.server)["tools"].get(tool.upstream_name)
+    schema = (entry or {}).get("input_schema") or {}
+    hidden = set(tool.rule.hidden)
+    for condition in parsed:
+        problem = pointer_problem(schema, condition.tokens, hidden)
+        if problem:
+            raise Usage(f"-if points at {quote(condition.pointer)}, but "
+                        f"{problem} in the pinned schema of {tool.name}")
+    return parsed
+
+
+def grant_span(text, config):
+    try:
+        span = parse_duration(text or "1h")
+    except ValueError:
+        raise Usage('-for is a duration such as "30m" or "8h"') from None
+    most = config.grant_ttl
+    if span > 0 and not (most and span > most):
+        return span
+    if most:
+        raise Usage(f"-for must be more than 0 and at most grant_ttl "
+                    f"({format_duration(most)})")
+    raise Usage("-for must be more than 0")
+
+
+def covered_waits(config, tool, grant, full):
+    """The waits `grant` would answer, as (approval, its printout):
+    each call decided again as the gate would, limits counted, and
+    covered only if the grant is what allows it."""
     if not os.path.exists(config.database):
         return []
     store = Ledger(config.database, readonly=True, create=False)
     try:
-        covered = []
-        for approval in store.waiting_approvals(config.session):
-            capability = parse(approval["capability_json"])
-            if (capability.get("server"), capability.get("name")) != (
-                    tool.server.name, tool.name) or \
-                    approval["kind"] == "interrupted_side_effect":
-                continue
-            facts = decision_facts(store.read, config.session, tool, now(),
-                                   decided_client(store, approval), True)
-            decision = policy_decision(config, tool, parse(approval["request_json"])["args"],
-                                       facts._replace(grants=lambda: [Grant(grant)]))
-            if decision["outcome"] == "allow" and decision.get("grant") == grant["id"]:
-                covered.append(intact(approval))
-        return covered
+        return [(approval, *approval_printout(store, approval, full,
+                                              lookalike_notes))
+                for approval in store.waiting_approvals(config.session)
+                if _covers(store, config, tool, grant, approval)]
     finally:
         store.close()
 
 
+def _covers(store, config, tool, grant, approval):
+    capability = parse(approval["capability_json"])
+    where = (capability.get("server"), capability.get("name"))
+    if where != (tool.server.name, tool.name) or \
+            approval["kind"] == "interrupted_side_effect":
+        return False
+    facts = decision_facts(store.read, config.session, tool, now(),
+                           decided_client(store, approval), True)
+    facts = facts._replace(grants=lambda: [Grant(grant)])
+    args = parse(approval["request_json"])["args"]
+    decision = policy_decision(config, tool, args, facts)
+    return decision["outcome"] == "allow" and \
+        decision.get("grant") == grant["id"]
+
+
 def decided_client(store, approval):
     """The host's name as the policy's decision to ask recorded it."""
-    step = next(s for s in store.steps(approval["run_id"]) if s["id"] == approval["step_id"])
-    return (parse(step["policy"]).get("facts") or {}).get("client", "") if step["policy"] \
-        else ""
+    step = next(s for s in store.steps(approval["run_id"])
+                if s["id"] == approval["step_id"])
+    record = parse(step["policy"]) if step["policy"] else {}
+    return (record.get("facts") or {}).get("client", "")
 
 
 def grant_view(grant):
-    stamp = now()
-    state = (f"revoked at {grant['revoked_at']} by {grant['revoked_by']}"
-             if grant.get("revoked_at") else "in force" if grant["expires_at"] > stamp
-             else "expired")
-    view = {k: grant.get(k, "") for k in GRANT_COLUMNS if k != "conditions_json"}
-    return {**view, "conditions": parse(grant["conditions_json"]), "state": state}
+    if grant.get("revoked_at"):
+        state = (f"revoked at {grant['revoked_at']} by "
+                 f"{grant['revoked_by']}")
+    else:
+        state = "in force" if grant["expires_at"] > now() else "expired"
+    view = {k: grant.get(k, "") for k in GRANT_COLUMNS
+            if k != "conditions_json"}
+    conditions = parse(grant["conditions_json"])
+    return {**view, "conditions": conditions, "state": state}
 
 
 def cmd_grants(argv):
     opts = operator_parser("grants", ("days", int)).parse_args(argv)
     store, session = operator_store(opts, readonly=True)
     days = 7 if opts.days is None else opts.days
-    views = [grant_view(g) for g in store.grants(session, format_time(time.time() - days * 86400))]
+    since = format_time(time.time() - days * 86400)
+    views = [grant_view(g) for g in store.grants(session, since)]
     if opts.json:
         tell_json(views)
         return 0
@@ -10305,52 +10456,59 @@ def cmd_grants(argv):
         return 0
     table = [("GRANT", "TOOL", "UNTIL", "STATE", "BY", "COVERS")]
     for view in views:
-        covers = " and ".join(c.text() for c in parse_conditions(view["conditions"], "grant",
-                                                                 resolved=True))
-        table.append((view["id"], sanitize(view["name"]), view["expires_at"], view["state"],
-                      sanitize(view["by"]), cut(sanitize(covers or "every call"), 120)))
+        conditions = parse_conditions(view["conditions"], "grant",
+                                      resolved=True)
+        covers = " and ".join(c.text() for c in conditions)
+        table.append((view["id"], sanitize(view["name"]),
+                      view["expires_at"], view["state"],
+                      sanitize(view["by"]),
+                      cut(sanitize(covers or "every call"), 120)))
     print_table(table)
     return 0
 
 
 def cmd_revoke(argv):
-    p = operator_parser("revoke", ("note", str), ("by", str), ("yes", bool))
+    p = operator_parser("revoke", ("note", str), ("by", str),
+                        ("yes", bool))
     p.add_argument("grant", type=text_argument, metavar="GRANT",
-                   help="the grant's id, or a prefix of it (6 characters or more)")
+                   help="the grant's id, or a prefix of it (6 "
+                        "characters or more)")
     opts = p.parse_args(argv)
-    by = opts.by or current_user()
+    by = who(opts, "revokes")
     store, _ = operator_store(opts, readonly=False)
-    named, opts.grant = opts.grant, resolve_id(store, "grant", opts.grant)
-    grant = store.grant(opts.grant)
+    grant_id = resolve_id(store, "grant", opts.grant)
+    grant = store.grant(grant_id)
     if grant is None:
-        raise StoreError(f"there is no grant {quote(opts.grant)}; `grants` lists them")
-    view = grant_view(grant)
-    if view["state"] != "in force":
-        raise StoreError(f"grant {opts.grant} is not in force ({view['state']}); nothing changed")
-    covers = " and ".join(c.text() for c in Grant(grant).conditions) or "every call"
-    out = sys.stderr if opts.json else sys.stdout
-    # As with approve -approval, the grant named whole is the confirmation; a prefix asks.
-    lines = [f"GRANT TO REVOKE  {grant['id']}",
+        raise StoreError(f"there is no grant {quote(grant_id)}; "
+                         f"`grants` lists them")
+    state = grant_view(grant)["state"]
+    if state != "in force":
+        raise StoreError(f"grant {grant_id} is not in force ({state}); "
+                         f"nothing changed")
+    conditions = Grant(grant).conditions
+    covers = " and ".join(c.text() for c in conditions) or "every call"
+    lines = [f"GRANT TO REVOKE  {grant_id}",
              f"  tool           {grant['name']}",
              f"  covers         {covers}",
              f"  until          {grant['expires_at']}",
              f"  by             {grant['by']}"]
-    if not agreed_on(
-            lines, False, f"grant {grant['id']}", "revoke",
-            opts.yes or named == opts.grant, out,
-            "refusing without -yes or a terminal to type "
-            "yes at: nothing was revoked; add -yes (or "
-            "name the grant whole) to revoke the grant "
-            "printed above"):
+    out = sys.stderr if opts.json else sys.stdout
+    # The grant named whole confirms, as approve -approval does.
+    agreed = opts.yes or opts.grant == grant_id
+    unasked = refused_unasked("revoked", " (or name the grant whole)",
+                              "revoke the grant")
+    if not agreed_on(lines, False, f"grant {grant_id}", "revoke",
+                     agreed, out, unasked):
         tell("nothing revoked", out=out)
         return 1
-    if not store.write(lambda tx: tx.revoke_grant(opts.grant, by, opts.note or "")):
-        raise StoreError(f"grant {opts.grant} is not in force (it expired or was revoked); "
-                         f"nothing changed")
+    note = opts.note or ""
+    if not store.write(lambda tx: tx.revoke_grant(grant_id, by, note)):
+        raise StoreError(f"grant {grant_id} is not in force (it expired "
+                         f"or was revoked); nothing changed")
     if opts.json:
-        tell_json(grant_view(store.grant(opts.grant)))
+        tell_json(grant_view(store.grant(grant_id)))
     else:
-        tell(f"grant {opts.grant}: revoked by {by}")
+        tell(f"grant {grant_id}: revoked by {by}")
     return 0
 
 
@@ -11635,19 +11793,22 @@ class LoopbackRedirect:
 #
 # Reads as: around the core
 #
-# Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin, and each
-# server's and tool's standing, before any host is pointed at the gate.
-# Core it calls: check_database_path, Store, lint_hash; load_config, check_reach, load_all,
-# read_manifest and write_private (section 21), lint_lines (section 20) and
-# tool_changes (section 23).
-# Promises: pin -diff changes a manifest only after a yes; check exits 1 while anything is
-# refused, unreviewed or unserved.
+# Owns: `pin`, `pin -diff` and `check`: what a server presents now
+# against its pin, and each server's and tool's standing.
+# Core it calls: check_database_path, Store, lint_hash, confirmed;
+# section 29's agreed_on; section 21's load_config, check_reach, load_all,
+# read_manifest, write_private; lint_lines (20), tool_changes (23).
+# Promises: pin prints the texts a tool is classified from whole;
+# pin -diff changes a manifest only after a yes; check exits 1 while
+# anything is refused, unreviewed or unserved.
 # =============================================================================================
 
 def cmd_pin(argv):
-    p = parser("pin", "config", ("diff", bool), ("all", bool), ("yes", bool))
-    p.add_argument("-tool", "--tool", action="append", type=text_argument, default=[],
-                   metavar=FLAG_VALUE["tool"], help=FLAG_HELP["pin -tool"])
+    p = parser("pin", "config", ("diff", bool), ("all", bool),
+               ("yes", bool))
+    p.add_argument("-tool", "--tool", action="append", type=text_argument,
+                   default=[], metavar=FLAG_VALUE["tool"],
+                   help=FLAG_HELP["pin -tool"])
     opts = p.parse_args(argv)
     hosts = [] if opts.config else host_configs(config_path(None))
     if hosts:
@@ -11656,7 +11817,8 @@ def cmd_pin(argv):
     if opts.diff:
         return pin_diff(config, opts.tool, opts.all, opts.yes)
     if opts.tool or opts.all:
-        raise Usage("-tool and -all choose what pin -diff pins again; give -diff too")
+        raise Usage("-tool and -all choose what pin -diff pins again; "
+                    "give -diff too")
     manifests = {}
     for server in config.servers:
         try:
@@ -11664,31 +11826,41 @@ def cmd_pin(argv):
         except UpstreamError as err:
             raise LoadError(str(err)) from None
     findings = lint_manifests(manifests)
+    lines = []
     for server in config.servers:
         tools = manifests[server.name]["tools"]
-        tell(f"server {server.name}: {len(tools)} tools pinned in {server.manifest}, with the "
-             f"server's own hints, which classify nothing:")
+        lines.append(f"server {server.name}: {len(tools)} tools pinned in "
+                     f"{server.manifest}, with the server's own hints, "
+                     f"which classify nothing:")
         for name, entry in tools.items():
-            description = " ".join(entry["description"].split())
-            # Whole: the tool is classified from this line, and the model reads all of it.
-            tell(f"  {sanitize(name):<28} {hints_text(entry):<26} {description}")
-            found = findings[server.name][name]
-            for line in lint_lines(found):
-                tell(f"  {line}")
-            if any(severity == LINT_HIGH for severity, _, _ in found):
-                tell(f"    the whole text the model would read of {name} "
-                     f"(accepted_description {lint_hash(entry)}):")
-                for where, text in lint_texts(entry):
-                    tell(f"      {where}: {text}")
-    tell("Classify each tool you want offered with a rule (side_effect), then run check. The "
-         "lint finds the tricks known to hide instructions in a tool's texts, not all of them.")
+            lines += pinned_lines(name, entry, findings[server.name][name])
+    lines.append("Classify each tool you want offered with a rule "
+                 "(side_effect), then run check. The lint finds the "
+                 "tricks known to hide instructions in a tool's texts, "
+                 "not all of them.")
+    confirmed(lines, sys.stdout)
     return 0
 
 
+def pinned_lines(name, entry, found):
+    """A tool as it is classified: its description whole (the model
+    reads all of it), and what the lint found."""
+    description = " ".join(entry["description"].split())
+    lines = [f"  {sanitize(name):<28} {hints_text(entry):<26} "
+             f"{description}"]
+    lines += [f"  {line}" for line in lint_lines(found)]
+    if any(severity == LINT_HIGH for severity, _, _ in found):
+        lines.append(f"    the whole text the model would read of {name} "
+                     f"(accepted_description {lint_hash(entry)}):")
+        lines += [f"      {where}: {text}"
+                  for where, text in lint_texts(entry)]
+    return lines
+
+
 def pin_diff(config, named, everything, agreed):
-    """Show what each server presents now against its manifest; pin again only the tools
-    named (server/tool, or tool where one server has it), or every difference with -all once
-    confirmed. A gate that is serving keeps what it loaded: it is never changed under a call."""
+    """Print each server's differences from its pin; pin again those
+    named (server/tool, or tool), or all once confirmed. A serving
+    gate keeps what it loaded: nothing changes under a call."""
     manifests, lives = {}, {}
     for server in config.servers:
         manifests[server.name] = read_manifest(server)
@@ -11696,54 +11868,75 @@ def pin_diff(config, named, everything, agreed):
             lives[server.name] = presented(server)
         except UpstreamError as err:
             raise LoadError(str(err)) from None
-    findings = lint_manifests({name: {"tools": live} for name, live in lives.items()})
-    differences = {}
+    findings = lint_manifests({name: {"tools": live}
+                               for name, live in lives.items()})
+    differences, lines = {}, []
     for server in config.servers:
-        changes = tool_changes(manifests[server.name]["tools"], lives[server.name])
-        tell(f"server {server.name}: " + (f"{len(changes)} tool(s) differ from "
-                                          f"{server.manifest}" if changes else "as pinned"))
+        changes = tool_changes(manifests[server.name]["tools"],
+                               lives[server.name])
+        differ = f"{len(changes)} tool(s) differ from {server.manifest}"
+        lines.append(f"server {server.name}: " +
+                     (differ if changes else "as pinned"))
         for tool, (kind, old, new) in changes.items():
             differences[(server.name, tool)] = (kind, new)
-            tell(f"  {kind} {tool}" + (f" ({hints_text(new)})" if new else ""))
-            if kind == "added":
-                tell(f"    description: {new['description']}")
-            elif kind == "changed":
-                tell(*(f"    {line}" for line in change_lines(old, new)))
-            for line in lint_lines(findings[server.name][tool]) if new else []:
-                tell(f"  {line}")
+            lines += change_text(kind, tool, old, new,
+                                 findings[server.name].get(tool))
     chosen = set(differences) if everything else set()
-    for given in named:
-        server, _, tool = given.rpartition("/")
-        matches = [key for key in differences if key[1] == tool and server in ("", key[0])]
-        if len(matches) != 1:
-            listed = ", ".join(f"{s}/{t}" for s, t in differences) or "none"
-            raise Usage(f"-tool {quote(given)} names {'no' if not matches else 'more than one'} "
-                        f"difference; the differences are: {sanitize(listed)}")
-        chosen.add(matches[0])
-    if not chosen:
-        return 0
-    if everything and not agreed_on(
-            [], False, "every difference above", "pin", agreed, sys.stdout,
-            "refusing to pin every difference again without -yes or an interactive terminal"):
+    chosen |= {chosen_difference(differences, given) for given in named}
+    if not (everything and chosen):
+        confirmed(lines, sys.stdout)
+    elif not agreed_on(lines, False, "every difference above", "pin",
+                       agreed, sys.stdout, "refusing to pin every "
+                       "difference again without -yes or an interactive "
+                       "terminal"):
         tell("nothing pinned")
         return 1
+    if not chosen:
+        return 0
     for server in config.servers:
         mine = sorted(tool for name, tool in chosen if name == server.name)
-        if not mine:
-            continue
-        manifest = manifests[server.name]
-        for tool in mine:
-            kind, new = differences[(server.name, tool)]
-            if kind == "removed":
-                del manifest["tools"][tool]
-            else:
-                manifest["tools"][tool] = new
-        manifest["pinned_at"] = now()
-        write_private(server.manifest, pretty_json(manifest) + "\n")
-        tell(f"pinned again in {server.manifest}: {', '.join(mine)}")
-    tell("A gate that is serving keeps the tools it loaded; restart it (restart its host) to "
-         "offer what was pinned again, after check.")
+        if mine:
+            pin_again(server, manifests[server.name], mine, [
+                differences[(server.name, tool)] for tool in mine])
+    tell("A gate that is serving keeps the tools it loaded; restart it "
+         "(restart its host) to offer what was pinned again, after "
+         "check.")
     return 0
+
+
+def change_text(kind, tool, old, new, found):
+    lines = [f"  {kind} {tool}" + (f" ({hints_text(new)})" if new else "")]
+    if kind == "added":
+        lines.append(f"    description: {new['description']}")
+    elif kind == "changed":
+        lines += [f"    {line}" for line in change_lines(old, new)]
+    if new:
+        lines += [f"  {line}" for line in lint_lines(found)]
+    return lines
+
+
+def chosen_difference(differences, given):
+    """The one difference -tool names."""
+    server, _, tool = given.rpartition("/")
+    matches = [key for key in differences
+               if key[1] == tool and server in ("", key[0])]
+    if len(matches) == 1:
+        return matches[0]
+    listed = ", ".join(f"{s}/{t}" for s, t in differences) or "none"
+    how_many = "no" if not matches else "more than one"
+    raise Usage(f"-tool {quote(given)} names {how_many} difference; the "
+                f"differences are: {sanitize(listed)}")
+
+
+def pin_again(server, manifest, tools, changes):
+    for tool, (kind, new) in zip(tools, changes):
+        if kind == "removed":
+            del manifest["tools"][tool]
+        else:
+            manifest["tools"][tool] = new
+    manifest["pinned_at"] = now()
+    write_private(server.manifest, pretty_json(manifest) + "\n")
+    tell(f"pinned again in {server.manifest}: {', '.join(tools)}")
 
 
 def serving_config(path):
@@ -11754,14 +11947,16 @@ def serving_config(path):
 
 
 def cmd_check(argv):
-    opts = parser("check", "config", ("accept", bool), ("yes", bool)).parse_args(argv)
+    opts = parser("check", "config", ("accept", bool),
+                  ("yes", bool)).parse_args(argv)
     hosts = [] if opts.config else host_configs(config_path(None))
     if hosts:
         return each_config(cmd_check, argv, hosts)
     if opts.yes and not opts.accept:
-        raise Usage("-yes goes with -accept: it accepts the proposed rules unasked")
-    if opts.accept and not accept_proposals(os.path.abspath(config_path(opts.config)),
-                                            opts.yes):
+        raise Usage("-yes goes with -accept: it accepts the proposed "
+                    "rules unasked")
+    path = os.path.abspath(config_path(opts.config))
+    if opts.accept and not accept_proposals(path, opts.yes):
         return 1
     config = serving_config(opts.config)
     upstreams, tools, reports = load_all(config)
@@ -11770,42 +11965,47 @@ def cmd_check(argv):
     for server, report in zip(config.servers, reports):
         tell(*served_lines(config, server, report, tools))
     if os.path.exists(config.database):
-        print_tool_changes(Ledger(config.database, readonly=True, create=False),
-                           config.session)
-    hosts = "".join(f", {sanitize(h)} {format_duration(t)}" for h, t in config.host_holds.items())
-    tell(f"hold: a call that asks waits {format_duration(config.hold)} for your decision before "
-         f"the model is answered{hosts}",
-         f"notify: {shlex.join(config.notify) if config.notify else 'nothing is run'}",
-         f"status tool: {config.status_tool}")
-    tell(f"session: {config.session}")
-    tell(f"database: {config.database}")
-    # What makes check fail goes to stderr too, one line each: a server not served, and the
-    # tools that are not offered for a reason the operator must act on.
+        print_tool_changes(Ledger(config.database, readonly=True,
+                                  create=False), config.session)
+    holds = "".join(f", {sanitize(h)} {format_duration(t)}"
+                    for h, t in config.host_holds.items())
+    notify = shlex.join(config.notify) if config.notify else \
+        "nothing is run"
+    tell(f"hold: a call that asks waits {format_duration(config.hold)} "
+         f"for your decision before the model is answered{holds}",
+         f"notify: {notify}", f"status tool: {config.status_tool}",
+         f"session: {config.session}", f"database: {config.database}")
+    # What fails check goes to stderr too, a line each.
     for report in reports:
         if report.unserved:
             log(f"not served: {report.unserved}")
     refused = sum(report.count("refused") for report in reports)
     unreviewed = sum(report.count("unreviewed") for report in reports)
-    problems = ([f"{refused} tool(s) refused, each line says why"] if refused else []) + (
-        [f"{unreviewed} tool(s) unreviewed: read their proposed rules, then run check -accept"]
-        if unreviewed else [])
+    problems = []
+    if refused:
+        problems.append(f"{refused} tool(s) refused, each line says why")
+    if unreviewed:
+        problems.append(f"{unreviewed} tool(s) unreviewed: read their "
+                        f"proposed rules, then run check -accept")
     if problems:
         log(f"not offered: {'; '.join(problems)}")
-    return 1 if problems or any(report.unserved for report in reports) else 0
+    unserved = any(report.unserved for report in reports)
+    return 1 if problems or unserved else 0
 
 
 def load_warnings(reports):
-    """What a starting gate writes to the host's log of its load reports: the lines that say
-    something is not as it should be, and why a server is not served. An offered tool's lines
-    are check's: fifty would bury the approval lines an operator looks for in that log."""
+    """The report lines a starting gate logs: what is amiss and why
+    a server is not served. An offered tool's lines are check's:
+    fifty would bury the approval lines in the host's log."""
     lines = []
     for report in reports:
         for line in report.lines:
-            # Left to check: a registered tool's line and its rule lines (indented); a lint
-            # line is indented too, and kept.
+            # Left to check: a registered tool's line and its rule
+            # lines (indented); a lint line is indented too, and kept.
             said = line[len(sanitize(report.server)) + 2:]
+            lint = said.lstrip().startswith("lint ")
             if not said.startswith("registered ") and (
-                    not said.startswith("  ") or said.lstrip().startswith("lint ")):
+                    not said.startswith("  ") or lint):
                 lines.append(line)
         if report.unserved:
             lines.append(f"not served: {report.unserved}")
