@@ -8012,7 +8012,7 @@ RECENT_CALLS = (
     " WHERE session=? AND (settled_at=''"
     " OR settled_at>=?) ORDER BY id DESC LIMIT ?)"
     " ORDER BY c.id DESC, a.rowid")
-WAITING = (
+WAITING_ROWS = (
     "FROM calls c JOIN runs r ON r.id = c.run_id"
     " JOIN approvals a ON a.run_id = r.id"
     " WHERE c.settled_at='' {session}"
@@ -8114,7 +8114,7 @@ class Ledger(Store):
         finds them."""
         args = [session] if session else []
         where = "AND c.session=?" if session else ""
-        return self.read_approvals(WAITING.format(session=where),
+        return self.read_approvals(WAITING_ROWS.format(session=where),
                                    (*args, now()), (("tool", "r.tool"),))
 
     def steps(self, run_id):
