@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3167 lines of decision core, read first; then the libraries it relies on, each
+Sections (4101 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -29,57 +29,58 @@ the libraries, so the core reads top to bottom: the policy comes before the conf
 because the configuration is read with its parser.
 
                                                                      lines    chars
-     1. Framing                                      decision core      137    4,411
-     2. Classes, ids and deadlines                   decision core       34    1,117
-     3. Policy on what a call does                   decision core      464   19,087
-     4. Configuration and its trust                  decision core      234    9,972
-     5. Tools, as pinned                             decision core      296   12,438
-     6. Answers                                      decision core      356   17,388
-     7. The record                                   decision core      724   32,946
-     8. The gate                                     decision core      622   27,961
-     9. The host side                                decision core      300   10,803
-    10. Canonical JSON                               library            315   11,509
-    11. Text safe to show                            library            114    4,121
-    12. ECMA-262 patterns                            library            443   17,185
-    13. JSON Schema                                  library            436   17,779
-    14. Hosts in URLs                                library            140    5,890
-    15. Paths as the kernel resolves them            library            109    4,423
-    16. Durations and times                          library            124    5,076
-    17. Fields of a configuration                    library            118    4,449
-    18. Days and hours in a time zone                library             95    4,633
-    19. What a result's record keeps                 library            140    5,688
-    20. The lint                                     around the core    247   10,745
-    21. Upstream servers                             around the core   1308   49,331
-    22. Reading the record                           around the core    180    8,675
-    23. Tool changes while serving                   around the core    190    8,030
-    24. The status tool                              around the core    120    5,035
-    25. The host's other requests                    around the core    162    5,863
-    26. Notify                                       around the core    119    4,400
-    27. Pins and load reports                        around the core    199    7,523
-    28. The command line's flags                     around the core    125    5,956
-    29. Operator commands                            around the core   1441   58,407
-    30. Setup                                        around the core    748   31,400
-    31. Pin and check                                around the core    182    7,569
-    32. Fake payment server                          around the core    117    4,191
-    33. Demonstration                                around the core    265    8,898
-    34. Main                                         around the core    131    4,474
+     1. Framing                                      decision core      150    3,974
+     2. Classes, ids and deadlines                   decision core       37    1,049
+     3. Policy on what a call does                   decision core      583   19,002
+     4. Configuration and its trust                  decision core      299   10,415
+     5. Tools, as pinned                             decision core      364   11,826
+     6. Answers                                      decision core      488   17,505
+     7. The record                                   decision core      906   31,094
+     8. The gate                                     decision core      781   27,410
+     9. The host side                                decision core      339   10,858
+    10. What an operator decides on                  decision core      154    5,409
+    11. Canonical JSON                               library            306    8,440
+    12. Text safe to show                            library            116    3,106
+    13. ECMA-262 patterns                            library            455   13,717
+    14. JSON Schema                                  library            484   15,370
+    15. Hosts in URLs                                library            116    3,602
+    16. Paths as the kernel resolves them            library            110    3,193
+    17. Durations and times                          library             90    2,628
+    18. Fields of a configuration                    library            132    4,004
+    19. Days and hours in a time zone                library            104    3,324
+    20. What a result's record keeps                 library            150    4,540
+    21. The lint                                     around the core    305   10,478
+    22. Upstream servers                             around the core   1386   44,496
+    23. Reading the record                           around the core    254    8,828
+    24. Tool changes while serving                   around the core    217    7,453
+    25. The status tool                              around the core    127    4,545
+    26. The host's other requests                    around the core    137    4,457
+    27. Notify                                       around the core    133    4,258
+    28. Pins and load reports                        around the core    229    7,374
+    29. The command line's flags                     around the core    158    5,896
+    30. Operator commands                            around the core   1648   52,132
+    31. Setup                                        around the core    912   29,981
+    32. Pin and check                                around the core    224    8,019
+    33. Fake payment server                          around the core    104    3,192
+    34. Demonstration                                around the core    292    8,455
+    35. Main                                         around the core    148    4,328
 
-One tools/call through the core, with the section of each step (10, 13, 19: libraries):
+One tools/call through the core, with the section of each step (11, 14, 20: libraries):
 
     HostServer._read_loop    read_frames: one frame per newline byte off stdin           1
-      HostServer._frame      parse: the boundary check, number literals kept as written 10
-      HostServer._message    a worker thread, at most MAX_IN_FLIGHT calls at once        9
+      HostServer._frame      parse: the boundary check, number literals kept as written 11
+      HostServer._message    a thread of its own, at most MAX_IN_FLIGHT calls at once    9
         HostServer._call     the tool the name offers, as pinned (Tool, load)          9, 5
-          Gate.call          canonical, request_key: the request's identity        8, 10, 1
+          Gate.call          canonical, request_key: the request's identity        8, 11, 1
           Gate._judge        judged_request: check_arguments (validate) and the
-                             policy's conditions, judged once, before the lock  8, 6, 13, 3
-          Gate._decide       under the gate's lock, rules 1 to 7 over the request's
+                             policy's conditions, judged once, before the lock  8, 6, 14, 3
+          Gate._decide       under the gate's lock, the rules over the request's
                              earlier runs (Store.key_runs), each rule a verdict         8, 7
-          Gate._begin        rule 8: policy_decision in the write transaction that
+          Gate._begin        policy_decision in the write transaction that
                              records the run (Tx.begin_run ... Tx.start_execution)   8, 3, 7
           Gate._hold         a Wait: an operator decides elsewhere, bound by hash          8
           Gate._execute      call_upstream with the rule's timeout; passed_result and
-                             result_record: what the host gets, and what is kept    8, 6, 19
+                             result_record: what the host gets, and what is kept    8, 6, 20
                              Tx.finish_execution, committed before the answer is sent     7
         passed_answer        the server's result as it sent it, or answer() from PROSE    6
       HostServer.send        one JSON-RPC line on stdout, written as bytes                9
@@ -1317,7 +1318,7 @@ def changed_parts(pinned, live):
             if pinned.get(key) != live.get(key)]
 
 
-# Lint severities (section 20): a high finding refuses a tool unless
+# Lint severities (section 21): a high finding refuses a tool unless
 # its rule's accepted_description is the lint_hash of exactly the
 # texts the lint read.
 LINT_HIGH, LINT_MEDIUM = "high", "medium"
@@ -1562,7 +1563,7 @@ def _mentions(value, name):
 # Promises: an approval's hash covers exactly what it binds and
 # shows; re-running an unknown outcome always needs an operator. A
 # result reaches the host as the server answered it (told again,
-# sanitized), and section 19 records exactly what the model got.
+# sanitized), and section 20 records exactly what the model got.
 # Nothing the model sees names the operator command, the database,
 # the config or a run id.
 # =============================================================================================
@@ -1721,7 +1722,7 @@ SLOT_PROSE = {
     "holding": "waiting for an operator's approval",
 }
 
-# The status tool's words (section 24 picks among them).
+# The status tool's words (section 25 picks among them).
 STATUS_DESCRIPTION = (
     "Reports which requests of this session wait for an "
     "operator's approval, or, given the approval id a pending "
@@ -2045,7 +2046,7 @@ def passed_result(tool, result):
 # Reads as: decision core
 #
 # Owns: the SQLite file, every statement that changes it, and the
-# reads the gate decides with (section 22 reads the rest).
+# reads the gate decides with (section 23 reads the rest).
 # Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema
 # off; files 0600, refused when others can write them; a state
 # change commits with its events in one BEGIN IMMEDIATE
@@ -3270,7 +3271,7 @@ class Gate:
                        "started_at": started, "ended": "cut_off"}
             args = self.store.step_decision(step_id)["args"]
 
-        def settle(tx):
+        def taken_over(tx):
             if asks:
                 decision, facts = self._decision(
                     tool, args, judged, tx.rows, attempt)
@@ -3287,7 +3288,7 @@ class Gate:
                 "one call per run: taken over after an interruption,"
                 " with nothing left in it to execute")
             return AGAIN
-        verdict = self.store.write(settle)
+        verdict = self.store.write(taken_over)
         if isinstance(verdict, Wait):
             log(f"a call to {tool.name} was cut off while"
                 f" executing; its outcome is unknown")
@@ -3733,7 +3734,7 @@ def _policy_record(decision, facts, approved=False):
 #
 # Owns: the host's conversation on stdin and stdout as far as it decides calls:
 # framing, batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once, each
-# on a thread of its own), cancellation and shutdown; section 25 has the rest.
+# on a thread of its own), cancellation and shutdown; section 27 has the rest.
 # Promises: stdout carries only protocol, one JSON-RPC message per line, written
 # under one lock; the first request is answered at once, even while the servers
 # start; every request gets exactly one well-formed answer (a malformed or
@@ -3753,7 +3754,7 @@ MAX_IN_FLIGHT = 64  # requests handled at once
 
 
 class HostServer:
-    """One host session; `around` is section 25's HostAround."""
+    """One host session; `around` is section 26's HostAround."""
 
     def __init__(self, stdin, stdout, around):
         self.stdin, self.stdout, self.around = stdin, stdout, around
@@ -4066,7 +4067,7 @@ def busy_error(ident):
 
 
 # =============================================================================================
-# 9b. What an operator decides on
+# 10. What an operator decides on
 #
 # Reads as: decision core
 #
@@ -4220,7 +4221,7 @@ def confirmed(lines, out, shortened=False, what="", verb="",
 
 
 # =============================================================================================
-# 10. Canonical JSON
+# 11. Canonical JSON
 #
 # Reads as: library
 #
@@ -4526,7 +4527,7 @@ def pretty_json(value, indent="  ", level=0, flat=None, ordered=False):
 
 
 # =============================================================================================
-# 11. Text safe to show
+# 12. Text safe to show
 #
 # Reads as: library
 #
@@ -4642,7 +4643,7 @@ def log(message):
 
 
 # =============================================================================================
-# 12. ECMA-262 patterns
+# 13. ECMA-262 patterns
 #
 # Reads as: library
 #
@@ -5097,7 +5098,7 @@ class PatternWork:
 
 
 # =============================================================================================
-# 13. JSON Schema
+# 14. JSON Schema
 #
 # Reads as: library
 #
@@ -5581,7 +5582,7 @@ def _validate_object(schema, value, root, where, work):
 
 
 # =============================================================================================
-# 14. Hosts in URLs
+# 15. Hosts in URLs
 #
 # Reads as: library
 #
@@ -5697,7 +5698,7 @@ def host_entry(entry, with_scheme, where):
 
 
 # =============================================================================================
-# 15. Paths as the kernel resolves them
+# 16. Paths as the kernel resolves them
 #
 # Reads as: library
 #
@@ -5807,7 +5808,7 @@ def resolved_root(text, where):
 
 
 # =============================================================================================
-# 16. Durations and times
+# 17. Durations and times
 #
 # Reads as: library
 #
@@ -5897,7 +5898,7 @@ def prose_time(text):
 
 
 # =============================================================================================
-# 17. Fields of a configuration
+# 18. Fields of a configuration
 #
 # Reads as: library
 #
@@ -6029,7 +6030,7 @@ def one_of(value, choices, where):
 
 
 # =============================================================================================
-# 18. Days and hours in a time zone
+# 19. Days and hours in a time zone
 #
 # Reads as: library
 #
@@ -6133,7 +6134,7 @@ class During:
 
 
 # =============================================================================================
-# 19. What a result's record keeps
+# 20. What a result's record keeps
 #
 # Reads as: library
 #
@@ -6283,7 +6284,7 @@ def result_summary(tool, record, withheld_over=0):
 
 
 # =============================================================================================
-# 20. The lint
+# 21. The lint
 #
 # Reads as: around the core
 #
@@ -6588,7 +6589,7 @@ def lint_manifests(manifests):
 
 
 # =============================================================================================
-# 21. Upstream servers
+# 22. Upstream servers
 #
 # Reads as: around the core
 #
@@ -6601,7 +6602,7 @@ def lint_manifests(manifests):
 # deadline covers connecting, listing and loading. Every request from
 # the server is answered. Only an integer id agentgate wrote matches an
 # answer or a progress notice; a bad message fails only its request. A
-# server gone fails later calls at once, as not sent, until section 23
+# server gone fails later calls at once, as not sent, until section 24
 # brings it back. Closing never waits on a server.
 # The outcome of a failure (UpstreamError.outcome): 'not_sent' only
 # where no byte was written (request's refusals, _send, _write);
@@ -6937,7 +6938,7 @@ def signal_group(pid, sig):
 class Upstream:
     """A connected stdio MCP server."""
 
-    AGAIN = "started again"  # what section 23 does once it went away
+    AGAIN = "started again"  # what section 24 does once it went away
 
     def __init__(self, server):
         self.server, self.name = server, server.name
@@ -6947,7 +6948,7 @@ class Upstream:
         self.write_lock = threading.Lock()
         self.stderr_tail = b""
         self.stderr_done = threading.Event()
-        # Set by section 23 while serving: on_list_changed (called on the
+        # Set by section 24 while serving: on_list_changed (called on the
         # reading thread: must not block), on_exit(why) when the server
         # goes away on its own, and `down`, (since, next try) in epoch
         # seconds until it serves again. `pinned`: from load_all.
@@ -7293,7 +7294,7 @@ def new_upstream(server):
     return HttpUpstream(server) if server.url else Upstream(server)
 
 
-# OAuth: only `login` asks a person (section 30); the serving gate sends
+# OAuth: only `login` asks a person (section 31); the serving gate sends
 # the token login kept, renews it where login found, or does not serve.
 LOGIN_NEEDED = ("the server asks for an authorization the gate does not "
                 "hold, or holds no longer")
@@ -7488,7 +7489,7 @@ class HttpUpstream(Upstream):
     def spawn(self):
         if self.server.unavailable:
             raise UpstreamError(self.server.unavailable, "not_sent")
-        with self.lock:  # connected again (section 23): a new session
+        with self.lock:  # connected again (section 24): a new session
             self.closed = self.session = self.protocol = None
             self.ended = threading.Event()
         headers = self.server.headers
@@ -7523,7 +7524,7 @@ class HttpUpstream(Upstream):
 
     def _gone(self, why):
         if self.on_exit and not self.closed:
-            self.on_exit(why)  # connected again (section 23)
+            self.on_exit(why)  # connected again (section 24)
 
     def _send(self, message, deadline):
         body = canonical(message)
@@ -7974,7 +7975,7 @@ def handshake_and_list(upstream, deadline):
 
 
 # =============================================================================================
-# 22. Reading the record
+# 23. Reading the record
 #
 # Reads as: around the core
 #
@@ -8228,7 +8229,7 @@ class Ledger(Store):
 
 
 # =============================================================================================
-# 23. Tool changes while serving
+# 24. Tool changes while serving
 #
 # Reads as: around the core
 #
@@ -8445,7 +8446,7 @@ def tools_changed_text(payload):
 
 
 # =============================================================================================
-# 24. The status tool
+# 25. The status tool
 #
 # Reads as: around the core
 #
@@ -8453,7 +8454,7 @@ def tools_changed_text(payload):
 # what became of them, each told in one of a few phrasings.
 # Core it calls: Store.latest_approval, step_outcome, and Answer,
 # answer and gate_status to build its answer from section 6's tables;
-# it reads the rest through the Ledger (section 22) serve opens.
+# it reads the rest through the Ledger (section 23) serve opens.
 # Promises: it tells the model what waits and what was decided, never
 # a command, the database, the config or a run id; recorded text from
 # servers is sanitized.
@@ -8572,7 +8573,7 @@ def approved_fate(gate, approval):
 
 
 # =============================================================================================
-# 25. The host's other requests
+# 26. The host's other requests
 #
 # Reads as: around the core
 #
@@ -8709,7 +8710,7 @@ class StatusTool:
 
 
 # =============================================================================================
-# 26. Notify
+# 27. Notify
 #
 # Reads as: around the core
 #
@@ -8842,14 +8843,14 @@ class Notifier:
 
 
 # =============================================================================================
-# 27. Pins and load reports
+# 28. Pins and load reports
 #
 # Reads as: around the core
 #
 # Owns: writing a server's manifest (pin), and the lines of a load
 # report (Report: what load made of each tool) and of a change.
 # Core it calls: manifest_entry, changed_parts,
-# rule_outcome; section 21's write_private.
+# rule_outcome; section 23's write_private.
 # Promises: server-chosen names are sanitized in every report line.
 # =============================================================================================
 
@@ -9071,7 +9072,7 @@ def log_reports(reports):
 
 
 # =============================================================================================
-# 28. The command line's flags
+# 29. The command line's flags
 #
 # Reads as: around the core
 #
@@ -9229,7 +9230,7 @@ def text_argument(value):
 
 
 # =============================================================================================
-# 29. Operator commands
+# 30. Operator commands
 #
 # Reads as: around the core
 #
@@ -10877,7 +10878,7 @@ def recheck_line(e):
 
 
 # =============================================================================================
-# 30. Setup
+# 31. Setup
 #
 # Reads as: around the core
 #
@@ -10886,9 +10887,9 @@ def recheck_line(e):
 # from its own hints; the acceptance of those proposals; `login`, OAuth
 # with a url server: the one command that opens a port (on 127.0.0.1,
 # while it waits).
-# Core it calls: Server, read_owned; section 21's load_config,
+# Core it calls: Server, read_owned; section 23's load_config,
 # check_reach, read_transport, shown_url and write_private; section
-# 26's operator_hint; section 27's pin.
+# 26's operator_hint; section 29's pin.
 # Promises: a config is written 0600; run again, init adds the servers
 # new in its host's file and changes no other byte; a secret in a
 # server's env or headers goes into the config and into no output; a
@@ -11789,14 +11790,14 @@ class LoopbackRedirect:
 
 
 # =============================================================================================
-# 31. Pin and check
+# 32. Pin and check
 #
 # Reads as: around the core
 #
 # Owns: `pin`, `pin -diff` and `check`: what a server presents now
 # against its pin, and each server's and tool's standing.
 # Core it calls: check_database_path, Store, lint_hash, confirmed;
-# section 29's agreed_on; section 21's load_config, check_reach, load_all,
+# section 30's agreed_on; section 23's load_config, check_reach, load_all,
 # read_manifest, write_private; lint_lines (20), tool_changes (23).
 # Promises: pin prints the texts a tool is classified from whole;
 # pin -diff changes a manifest only after a yes; check exits 1 while
@@ -12013,7 +12014,7 @@ def load_warnings(reports):
 
 
 # =============================================================================================
-# 32. Fake payment server
+# 33. Fake payment server
 #
 # Reads as: around the core
 #
@@ -12117,7 +12118,7 @@ def fake_payments():
 
 
 # =============================================================================================
-# 33. Demonstration
+# 34. Demonstration
 #
 # Reads as: around the core
 #
@@ -12409,7 +12410,7 @@ def _mentioning(mark):
 
 
 # =============================================================================================
-# 34. Main
+# 35. Main
 #
 # Reads as: around the core
 #
@@ -12417,10 +12418,10 @@ def _mentioning(mark):
 # the config, the store, the upstreams, the gate, the host side and the
 # seams around them. Exit codes: 0 ok, 1 failure, 2 usage. No traceback
 # reaches a user: an expected failure is one sentence on stderr.
-# Core it calls: Store (opened as section 22's Ledger), Gate,
+# Core it calls: Store (opened as section 23's Ledger), Gate,
 # HostServer, and the seams: the gate's `announce` and `duplicate`
-# (section 26's announce_waiting and duplicate_refused) and the host's
-# `around` and `status` (section 25's HostAround and StatusTool).
+# (section 27's announce_waiting and duplicate_refused) and the host's
+# `around` and `status` (section 26's HostAround and StatusTool).
 # =============================================================================================
 
 class Shutdown(Exception):
