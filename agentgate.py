@@ -417,7 +417,8 @@ class Condition:
                 raise ConfigError(
                     f"{where} cannot be used ({err}): write an "
                     f"ECMA-262 pattern without backreferences, "
-                    f"lookaround or \\p{{...}}") from None
+                    f"lookaround, named groups, \\p{{...}} or "
+                    f"\\cX") from None
         if name in ("min", "max"):
             return parse_decimal(value, where)
         if name == "max_length":

@@ -305,6 +305,13 @@ def test_a_pattern_ecma_rejects_or_agentgate_refuses_is_refused_at_load():
                             "cannot be used") == []
 
 
+def test_a_refused_pattern_is_told_the_subset_it_may_use():
+    # The libraries read a strict subset of ECMA-262: the sentence names all of it.
+    for pattern in ["(?<n>a)", "\\\\ca", "(a)\\\\1"]:
+        assert refusals_missing(['{"pattern": "%s"}' % pattern],
+                                "named groups, \\p{...} or \\cX") == [], pattern
+
+
 def test_a_pattern_that_is_a_number_or_null_is_refused_at_load():
     assert refusals_missing(['{"pattern": 5}', '{"pattern": null}'], "ECMA-262") == []
 
