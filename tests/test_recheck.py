@@ -44,7 +44,7 @@ from contextlib import closing
 
 import pytest
 
-from conftest import AGENTGATE, wait_for
+from conftest import AGENTGATE, fake_argv, wait_for
 from kit import (
     DB,
     HEX64,
@@ -481,7 +481,7 @@ def test_recheck_starts_no_server_without_current_tools(recorded, clean_banks):
     wrapper.write_text(WRAPPER)
     marks = {name: workdir / f"{name}.started" for name in ("bank", "vault")}
     config = recorded.clone(workdir, **{f"{name}_fields": {"command": [sys.executable, str(wrapper), str(mark),
-                                                                        str(AGENTGATE)]}
+                                                                        fake_argv()[1]]}
                                         for name, mark in marks.items()})
     done = recheck(config)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
