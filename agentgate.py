@@ -124,11 +124,10 @@ VERSION = "0.2.0"
 #
 # Reads as: decision core
 #
-# Owns: both sides' byte streams cut into frames, whom to answer
-# when a frame is refused, and the hashes of a request's identity.
-# Promises: a frame is split on `\n` bytes only (never on
-# U+2028/U+2029) and never held past its cap; the id read from a
-# refused frame is only ever its own top-level one.
+# Owns: byte streams cut into frames, whom to answer when a frame is
+# refused, and the hashes of a request's identity.
+# Promises: a frame is split on `\n` bytes only (never U+2028/U+2029) and
+# never held past its cap; a refused frame's id is only its top-level one.
 # =============================================================================================
 
 def read_frames(fd, cap):
@@ -163,8 +162,7 @@ def read_frames(fd, cap):
 
 
 def parse_loosely(data):
-    """A refused message read leniently, only for whom to answer;
-    None if even that fails."""
+    """Leniently parsed, only for whom to answer; None if even that fails."""
     try:
         return json.loads(data.decode("utf-8", "replace"),
                           parse_int=Number, parse_float=Number,
@@ -180,8 +178,8 @@ _TOKEN_STOP_RE = re.compile(rb'["{}\[\]]')
 
 
 class FrameId:
-    """A refused message's own top-level integer "id", fed in pieces
-    of any size: a nested one could name another request."""
+    """A refused message's top-level integer "id" (a nested one could name
+    another request), fed in pieces of any size."""
 
     def __init__(self):
         self.depth = 0
@@ -260,8 +258,7 @@ def content_hash(value):
 
 
 def request_key(tool_name, args):
-    """A request's identity: the tool's name and canonical arguments
-    (a value or its bytes)."""
+    """A request's identity: tool name and canonical arguments (or bytes)."""
     encoded = args if isinstance(args, bytes) else canonical(args)
     name = tool_name.encode("utf-8")
     return sha256_hex(name + b"\x00" + encoded)
@@ -272,8 +269,8 @@ def request_key(tool_name, args):
 #
 # Reads as: decision core
 #
-# Owns: the side-effect classes and outcomes, ConfigError, ids and
-# deadlines. A duration is whole nanoseconds, as Go's.
+# Owns: side-effect classes, outcomes, ConfigError, ids and deadlines. A
+# duration is whole nanoseconds, as Go's.
 # =============================================================================================
 
 SECOND = 10**9
@@ -283,14 +280,12 @@ OUTCOMES = ("allow", "require_approval", "deny")
 
 
 class ConfigError(Exception):
-    """A configuration the gate will not run with; the message says
-    what to change."""
+    """A config the gate will not run with; the message says what to do."""
 
 
 def new_id(size):
-    """Milliseconds, then randomness: ids land at their indexes' right
-    edge, so a write touches the same pages however large the
-    database; a clash is decided again."""
+    """Milliseconds, then randomness: ids land at their indexes' right edge,
+    so a write touches the same pages however large the database."""
     stamp = (time.time_ns() // 1_000_000) & 0xFFFFFFFFFF
     return f"{stamp:010x}" + secrets.token_hex(size - 5)
 
@@ -309,17 +304,14 @@ class Deadline:
 #
 # Reads as: decision core
 #
-# Owns: conditions, `when` entries, limits and grants, and the one decision
-# they make with the class map (policy_decision) from the call, its Judgement
-# and the Facts of its moment (decision_facts, for the gate and recheck alike;
-# `rows` is its only SQL).
+# Owns: conditions, `when` entries, limits, grants, and the one decision
+# (policy_decision) from a call, its Judgement and its moment's Facts
+# (decision_facts, for gate and recheck; `rows` is its only SQL).
 # Promises: what cannot be evaluated does not hold, and an entry other than
 # allow that cannot be judged denies; numbers compare exactly; a limit never
-# loosens; a grant answers only what would wait (never a deny, nor a re-run of
-# an unknown outcome); a mistake is refused at load naming the tool, the entry
-# and the fix. A pointer reads an omitted argument at its schema's default, as
-# the server does. A limit counts each execution by its recorded arguments, so
-# one added within its window counts what ran before.
+# loosens; a grant answers only what would wait; a mistake is refused at load
+# naming tool, entry and fix. An omitted argument reads at its schema's
+# default. A limit counts executions by their recorded arguments.
 # =============================================================================================
 
 GRANT_COLUMNS = (
@@ -346,10 +338,9 @@ NEGATED = {"is": "is not", "equals": "does not equal",
 LISTS = ("in", "not_in", "under", "host_in", "host_not_in")
 NEVER = math.inf  # when a limit frees up for a call alone above it
 
-# A decision's moment. at: epoch seconds; client: the host's name;
-# grants(): the Grants in force (read only if it would wait);
-# uses(since): the tool's executions after `since` as (seconds,
-# {sum pointer: amount}), None when no limit is counted.
+# A decision's moment: at (epoch seconds), client (host name), grants()
+# (read only if it would wait), uses(since): executions after `since` as
+# (seconds, {sum pointer: amount}), None when no limit is counted.
 Facts = collections.namedtuple("Facts", "at client grants uses")
 
 
@@ -360,8 +351,7 @@ def number_text(value):
 
 
 class Condition:
-    """`resolved`: the directories of `under` are a grant's, resolved
-    when it was confirmed."""
+    """`resolved`: `under` holds a grant's directories, resolved already."""
 
     def __init__(self, pointer, raw, where, resolved=False):
         self.pointer = pointer
@@ -384,9 +374,8 @@ class Condition:
                 f"{number_text(high)}, so it never holds; swap them")
         if raw.get("present") is False and len(raw) > 1:
             raise ConfigError(
-                f"{where}: present false holds only when there is no "
-                f"value, so nothing else can be asked of it; give it "
-                f"its own entry")
+                f"{where}: present false holds only when there is no value, "
+                f"so nothing else can be asked of it; give it its own entry")
 
     @staticmethod
     def _read(name, value, where, resolved):
@@ -421,10 +410,9 @@ class Condition:
         return value
 
     def holds(self, args, work=None, schema=None):
-        """True, False, or None (does not hold) when a pattern search
-        costs more than `work` can pay."""
-        return all_judged(
-            verdict for verdict, _ in self._verdicts(args, work, schema))
+        """True, False, or None when a pattern costs more than `work`."""
+        verdicts = self._verdicts(args, work, schema)
+        return all_judged(verdict for verdict, _ in verdicts)
 
     def _verdicts(self, args, work, schema):
         value, node = pointed(args, self.tokens, schema)
@@ -437,7 +425,7 @@ class Condition:
             yield verdict, (name, expected, seen)
 
     def miss(self, args, work, schema):
-        """Why it does not hold, for the operator ('' when it holds)."""
+        """Why it does not hold ('' when it holds)."""
         for verdict, (name, expected, value) in \
                 self._verdicts(args, work, schema):
             if verdict is None:
@@ -479,8 +467,8 @@ class Condition:
 
 
 def all_judged(verdicts):
-    """False at the first false verdict (no pattern work is spent on
-    the rest), else None if one was not judged, else True."""
+    """False at the first false verdict (sparing later pattern work), else
+    None if one was not judged, else True."""
     judged = True
     for verdict in verdicts:
         if verdict is None:
@@ -491,9 +479,8 @@ def all_judged(verdicts):
 
 
 def _host_holds(value, hosts, listed):
-    """Never for a URL whose host cannot be read: neither host_in nor
-    host_not_in allows it, nor does a deny on host_in catch it, so a
-    host policy is safest written as what it allows."""
+    """Never for an unreadable host: no host_in nor host_not_in allows it,
+    nor does a deny on host_in catch it (write what a policy allows)."""
     place = url_place(value)
     return place is not None and host_matches(*place, hosts) == listed
 
@@ -527,9 +514,9 @@ def parse_conditions(raw, where, resolved=False):
 
 
 class Judgement:
-    """A request's schema problem and each entry's and grant's
-    verdict, judged once per pass through the gate; its pattern work
-    outlives it, so after a hold nothing is searched twice."""
+    """A request's schema problem and each entry's and grant's verdict,
+    judged once; its pattern work outlives a hold."""
+
 
     def __init__(self, problem="", work=None):
         self.problem, self.held = problem, {}
@@ -1073,9 +1060,8 @@ class Config:
         self.lease_ttl = field_duration(raw, "lease_ttl", where, 30 * SECOND)
         if self.lease_ttl < MIN_LEASE_TTL:
             raise ConfigError(
-                f"lease_ttl {format_duration(self.lease_ttl)} is "
-                f"shorter than {format_duration(MIN_LEASE_TTL)}; give "
-                f"it at least 3s")
+                f"lease_ttl {format_duration(self.lease_ttl)} is shorter than "
+                f"{format_duration(MIN_LEASE_TTL)}; give it at least 3s")
 
     @staticmethod
     def _servers(raw, path, transport):
@@ -1392,8 +1378,7 @@ def refusal(server, entry, live_entry, rule, found, mismatch):
                 f"^[a-zA-Z0-9_-]{{1,64}}$: set rename")
     schema = entry.get("input_schema")
     if not isinstance(schema, dict) or schema.get("type") != "object":
-        return ('its input schema is not an object schema '
-                '("type": "object")')
+        return ('its input schema is not an object schema ("type": "object")')
     return reaches_outside(schema) or _lint_refusal(
         entry, rule, found) or _schema_refusal(schema, rule) or \
         policy_pointer_problem(schema, rule, name)
@@ -1830,12 +1815,11 @@ def evaluate(config, tool, args, facts, attempt=None, approved=False,
     if attempt:
         capability["interrupted"] = attempt
         notice = (
-            f"An earlier attempt started at {attempt['started_at']} "
-            f"in run {attempt['run_id']} {HOW[attempt['ended']]}, so "
-            f"it may have taken effect. Approving runs it again when "
-            f"the model calls again; rejecting ends this request, and "
-            f"a later identical call asks an operator again whatever "
-            f"the policy says.")
+            f"An earlier attempt started at {attempt['started_at']} in run "
+            f"{attempt['run_id']} {HOW[attempt['ended']]}, so it may have "
+            f"taken effect. Approving runs it again when the model calls "
+            f"again; rejecting ends this request, and a later identical call "
+            f"asks an operator again whatever the policy says.")
         shown = {**capability, "notice": notice,
                  "reason": INTERRUPTED_REASON,
                  "question": f"Run {where} again with these arguments?"}
