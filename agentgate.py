@@ -585,8 +585,8 @@ class Entry:
 
 
 class Limit:
-    """At most `calls` executions of one tool, or a `sum` up to `max`,
-    within `per` and across sessions; past it, `then`."""
+    """At most `calls` executions of a tool, or a `sum` up to `max`, per
+    `per` across sessions; past it, `then`."""
 
     FIELDS = ("calls", "sum", "max", "per", "then")
 
@@ -628,8 +628,8 @@ class Limit:
                 f"loosens, so use require_approval or deny")
 
     def amount(self, args, schema=None):
-        """What a call adds to the sum: its number's size (a negative
-        amount is no credit), 0 when absent, None when no number."""
+        """What a call adds to the sum: its number's size (a negative is
+        no credit), 0 when absent, None when no number."""
         value, node = pointed(args, self.tokens, schema)
         if value is MISSING:
             return decimal.Decimal(0)
@@ -637,8 +637,7 @@ class Limit:
         return None if value is None else value.copy_abs()
 
     def frees(self, args, uses, at, schema=None):
-        """None when this call stays within the limit, else when it
-        would, in epoch seconds."""
+        """None if this call is within the limit, else when it would be."""
         window = self.per / SECOND
         rows = uses(at - window)
         if self.calls is not None:
@@ -668,7 +667,7 @@ class Limit:
         span = format_duration(self.per)
         if self.calls is not None:
             s = "s" if self.calls != 1 else ""
-            return (f"at most {self.calls} call{s} to {tool_name} per {span}")
+            return f"at most {self.calls} call{s} to {tool_name} per {span}"
         return (f"a sum of {self.sum} of at most "
                 f"{number_text(self.max)} for {tool_name} per {span}")
 
@@ -676,9 +675,8 @@ class Limit:
 class Grant:
     def __init__(self, stored):
         self.id, self.by = stored["id"], stored["by"]
-        self.conditions = parse_conditions(
-            parse(stored["conditions_json"]), f"grant {self.id}",
-            resolved=True)
+        raw = parse(stored["conditions_json"])
+        self.conditions = parse_conditions(raw, f"grant {self.id}", True)
 
 
 USES_SQL = (
@@ -688,8 +686,8 @@ USES_SQL = (
 
 
 def counted_uses(rows, tool, before):
-    """Facts.uses at the stored time `before`: each execution's
-    arguments, read under the schema it was decided under."""
+    """Facts.uses at stored time `before`: arguments read under the schema
+    each execution was decided under."""
     sums = [limit for limit in tool.rule.limits if limit.sum]
     schemas = {tool.spec_hash: tool.schema}
 
@@ -704,7 +702,7 @@ def counted_uses(rows, tool, before):
         for moment, decision, spec_hash in rows(
                 USES_SQL, (tool.target, format_time(since), before)):
             amounts = {}
-            if sums:  # a calls limit reads no arguments
+            if sums:
                 args = parse(decision)["args"]
                 schema = schema_of(spec_hash)
                 for limit in sums:
@@ -733,12 +731,10 @@ def decision_facts(rows, session, tool, stamp, client, count):
 
 def policy_decision(config, tool, args, facts, rerun=False,
                     approved=False, judged=None):
-    """{outcome, reason, by} (by: what decided), with `limit` and
-    `frees` when a limit decided, `grant` when a grant did. A deny, a
-    re-run of an unknown outcome and what an operator `approved`
-    stand; a grant may answer what would wait; then a limit may turn
-    an allow into its `then` (it counts what grants let through); with
-    no operator at hand, what would wait is denied."""
+    """{outcome, reason, by: what decided}, `limit` and `frees` from a
+    limit, `grant` from a grant. A deny, a re-run and what an operator
+    `approved` stand; a grant may answer what would wait; a limit may turn
+    an allow into its `then`; with no operator, what would wait is denied."""
     judged = Judgement() if judged is None else judged
     decision = _first_decision(config, tool, args, facts, judged)
     if decision["outcome"] == "deny" or rerun or approved:
@@ -748,8 +744,7 @@ def policy_decision(config, tool, args, facts, rerun=False,
     if decision["outcome"] == "allow" and facts.uses is not None:
         decision = _limited(tool, args, facts) or decision
     if decision["outcome"] == "require_approval" and config.operator == "none":
-        reason = (f"{decision['reason']}; no operator is at hand to "
-                  f"approve it")
+        reason = f"{decision['reason']}; no operator is at hand to approve it"
         decision = {**decision, "outcome": "deny", "reason": reason}
     return decision
 
@@ -760,9 +755,8 @@ def _first_decision(config, tool, args, facts, judged):
     for entry in rule.when:
         held = entry.holds(args, facts, judged, tool.schema)
         if held is None and entry.outcome != "allow":
-            # Not judged (too costly): passed over, a long value
-            # could slip past a deny or a question. An allow passed
-            # over only makes it stricter.
+            # Passed over, a long value could slip past a deny or a
+            # question; an allow passed over only makes it stricter.
             reason = (f"the arguments are too long to be checked "
                       f"against the operator's rule {entry.label}")
             return {"outcome": "deny", "by": entry.label, "reason": reason}
@@ -773,7 +767,7 @@ def _first_decision(config, tool, args, facts, judged):
     if rule.outcome:
         reason = f"tool {tool.name} is {outcome} by the operator's rule"
     else:
-        reason = (f"side effect {tool.side_effect} is {outcome} by policy")
+        reason = f"side effect {tool.side_effect} is {outcome} by policy"
     by = "rule outcome" if rule.outcome else "class"
     decision = {"outcome": outcome, "reason": reason, "by": by}
     if rule.when:
@@ -806,8 +800,7 @@ def _limited(tool, args, facts):
 
 
 def frees_text(decision):
-    """When the limit that decided frees up ('' when none did),
-    rounded up to the second so a call made then is within it."""
+    """When the deciding limit frees up ('' if none), rounded up."""
     if "frees" not in decision:
         return ""
     if decision["frees"] is NEVER:
@@ -821,8 +814,7 @@ def rule_outcome(config, rule):
 
 
 def pointer_problem(schema, tokens, hidden):
-    """Why a pointer names no property the model can send under this
-    schema, or ''."""
+    """Why a pointer names no property the model can send, or ''."""
     node = schema
     for depth, token in enumerate(tokens):
         if depth == 0 and token in hidden:
@@ -838,8 +830,8 @@ def pointer_problem(schema, tokens, hidden):
 
 
 def policy_pointer_problem(schema, rule, tool_name):
-    """The sentence refusing the tool for the first `when` condition
-    or sum limit whose pointer misses the pinned schema, or ''."""
+    """Why the tool is refused: the first pointer of a condition or sum
+    limit that misses the pinned schema, or ''."""
     hidden = set(rule.hidden)
     pointers = [(entry.label, c.pointer, c.tokens)
                 for entry in rule.when for c in entry.conditions]
@@ -864,14 +856,12 @@ def policy_pointer_problem(schema, rule, tool_name):
 #
 # Reads as: decision core
 #
-# Owns: reading the config file and the files it trusts (manifests, the
-# database), the fields that decide and their defaults, and the policy
-# identity. How a server is reached decides nothing: section 21's
-# read_transport reads it, in the same pass.
-# Promises: a config is used only if it is a regular file of this user's that
-# nobody else can write; it passes the canonical boundary check (a repeated key
-# cannot be read two ways); every unknown field is refused with its path; every
-# refusal is one sentence naming the field and what to do.
+# Owns: the config file and the files it trusts (manifests, the database),
+# the deciding fields and their defaults, the policy identity. How a server
+# is reached decides nothing (section 21's read_transport, same pass).
+# Promises: a config is used only if a regular file of this user's nobody
+# else can write; a repeated key is refused (canonical parse); an unknown
+# field is refused with its path; a refusal names the field and the fix.
 # =============================================================================================
 
 DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
@@ -879,9 +869,7 @@ DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
                   "destructive": "deny"}
 NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 MIN_LEASE_TTL = 3 * SECOND
-# Long enough for a slow search or a build, short enough that a hung
-# server is noticed.
-DEFAULT_TOOL_TIMEOUT = 60 * SECOND
+DEFAULT_TOOL_TIMEOUT = 60 * SECOND  # a slow build fits; a hung server shows
 # What one call may bring in and one result take out, canonically.
 DEFAULT_ARGUMENT_BYTES = 1 << 20
 MAX_ARGUMENT_BYTES = 8 << 20
@@ -890,8 +878,8 @@ MAX_RESULT_BYTES = 16 << 20
 
 
 def read_owned(path, what, private=False):
-    """The bytes of a file only this user can change (`private`: or
-    read), else ConfigError saying how to fix it."""
+    """The bytes of a file only this user can change (`private`: or read),
+    else ConfigError saying how to fix it."""
     # O_NONBLOCK: a FIFO planted at the path must not hang the open.
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
@@ -1155,16 +1143,14 @@ def check_database_path(path):
 #
 # Reads as: decision core
 #
-# Owns: which tool a call names: a tool's manifest entry (what it presented at
-# its pin), what differs from it now (changed_parts: the one definition), and
-# which tools are offered (load).
+# Owns: a tool's manifest entry (what it presented at its pin), what differs
+# now (changed_parts: the one definition), which tools are offered (load).
 # Promises: a tool is offered, as pinned, only if pinned, classified by a
-# reviewed rule, and presenting exactly what it did at the pin; its annotations
-# do not contradict its class (unless allowed); a high lint finding is accepted
-# for exactly that text; its name is usable; its schema is self-contained,
-# usable, and soundly hides what the rule hides. A refusal refuses only that
-# tool, an UpstreamError that server, a ConfigError all; hiding lets no refused
-# call through.
+# reviewed rule and presenting what it did at the pin; its annotations fit
+# its class (unless allowed); a high lint finding is accepted for exactly
+# that text; its name is usable; its schema is self-contained, usable, and
+# soundly hides what the rule hides. A refusal refuses that tool, an
+# UpstreamError that server, a ConfigError all.
 # =============================================================================================
 
 class UpstreamError(Exception):
@@ -1506,14 +1492,12 @@ def _mentions(value, name):
 #
 # Reads as: decision core
 #
-# Owns: every sentence of the gate's the model can read (the tables), a call's
-# evaluation with its approval and hash, the check of its arguments, and what
-# of a result is passed on.
-# Promises: an approval's hash covers exactly what it binds and shows;
-# re-running an unknown outcome always needs an operator. A result reaches the
-# host as the server answered it (told again, sanitized), and section 20
-# records exactly what the model got. Nothing the model sees names the operator
-# command, the database, the config or a run id.
+# Owns: every sentence the model can read (the tables), a call's evaluation
+# with its approval and hash, its arguments' check, what of a result passes.
+# Promises: an approval's hash covers exactly what it binds and shows; a
+# re-run of an unknown outcome needs an operator. A result reaches the host
+# as the server sent it, and section 20 records what the model got. Nothing
+# the model sees names the operator command, database, config or a run id.
 # =============================================================================================
 
 APPROVAL_COLUMNS = (
@@ -1530,8 +1514,7 @@ _RERUN_DECIDED = (
     "executed. Do not call again until you are told it was approved, and do "
     "not use another tool to do the same thing; tell the user. If it is "
     "approved, call again with exactly the same arguments.")
-# The gate's answers to a call; what others chose is cleaned
-# before it fills a slot.
+# The gate's answers to a call; what others chose is cleaned before a slot.
 PROSE = {
     "PENDING_APPROVAL": "This request is waiting for an operator's approval "
         "(approval {approval}). Nothing has been executed. Do not call this "
