@@ -878,8 +878,8 @@ MAX_RESULT_BYTES = 16 << 20
 
 
 def read_owned(path, what, private=False):
-    """The bytes of a file only this user can change (`private`: or read),
-    else ConfigError saying how to fix it."""
+    """A file's bytes if only this user can change it (`private`: or read
+    it), else ConfigError saying how to fix it."""
     # O_NONBLOCK: a FIFO planted at the path must not hang the open.
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
@@ -1080,14 +1080,12 @@ class Config:
         return policy
 
     def hold_for(self, client):
-        """Hosts give up on a call after different times; a call held
-        past that is lost to the conversation."""
+        """A host's hold: hosts give up on a call after different times."""
         return self.host_holds.get(client, self.hold)
 
     def policy_id(self):
-        """The identity of exactly what the policy decides from
-        (Rule.policy, the classes' outcomes, the absence of an
-        operator), not of hold, windows, TTLs or timeouts."""
+        """The identity of what the policy decides from (Rule.policy, the
+        classes' outcomes, no operator), not hold, windows, TTLs, timeouts."""
         servers = [{"name": s.name, "rules": {
             tool: r.policy for tool, r in s.rules.items()}}
             for s in sorted(self.servers, key=lambda s: s.name)]
@@ -1176,8 +1174,7 @@ PINNED_PARTS = (
 
 
 def offered_name(server, tool, rule):
-    """The rule's rename, else server_tool, so servers' tools never
-    clash (never prefixed twice)."""
+    """The rule's rename, else server_tool (never prefixed twice)."""
     if rule.rename:
         return rule.rename
     prefixes = (f"{server.name}_", f"{server.name}-")
@@ -1188,10 +1185,8 @@ def offered_name(server, tool, rule):
 
 class Tool:
     def __init__(self, server, upstream, entry, rule):
-        self.server = server
-        self.upstream = upstream
+        self.server, self.upstream, self.rule = server, upstream, rule
         self.upstream_name = entry["name"]
-        self.rule = rule
         self.name = offered_name(server, entry["name"], rule)
         # Keyed by what the tool is, not its name: a rename neither
         # lifts an unknown outcome nor lets a repeat through.
@@ -1203,8 +1198,7 @@ class Tool:
         self.timeout_given = rule.timeout or server.default_timeout
         self.timeout = self.timeout_given or DEFAULT_TOOL_TIMEOUT
         self.schema = restrict_schema(entry["input_schema"], rule.hidden)
-        # Offered as pinned, as the rule shows it; a part not
-        # presented is left out.
+        # Offered as pinned, as the rule shows it; no part not presented.
         offered = {
             "name": self.name, "title": entry.get("title"),
             "description": self.description or None,
@@ -1288,8 +1282,7 @@ STATUS_CLASH = "the status tool"
 
 
 def load(server, manifest, upstream, live, deadline, taken, findings, report):
-    """A connected server's offered tools; `taken` maps the names
-    already offered to their holders."""
+    """A connected server's offered tools; `taken`: names offered, holders."""
     pinned = manifest["tools"]
     for name in sorted(set(live) - set(pinned)):
         report.unpinned(name)
@@ -1695,8 +1688,7 @@ GATE_MARK = "gate/answer"
 
 
 class Answer:
-    """A tools/call's answer: the gate's prose as one text block, or a
-    server's result whole."""
+    """A tools/call's answer: the gate's prose, or a server's result whole."""
 
     def __init__(self, text, is_error=False, passed=None, mark="FAILED"):
         self.text, self.is_error, self.passed = text, is_error, passed
@@ -1705,9 +1697,8 @@ class Answer:
     def result(self):
         if self.passed is not None:
             return self.passed
-        # A host may read the mark to tell the gate's answer from a
-        # server's result with the same words; it names neither the
-        # program nor its commands.
+        # The mark tells the gate's answer from a server's result with the
+        # same words; it names neither the program nor its commands.
         result = {"content": [{"type": "text", "text": self.text}],
                   "_meta": {GATE_MARK: self.mark}}
         if self.is_error:
@@ -1780,9 +1771,8 @@ INTERRUPTED_REASON = "interrupted while executing; outcome unknown"
 
 def evaluate(config, tool, args, facts, attempt=None, approved=False,
              judged=None):
-    """The policy's decision (section 3), with what an approval binds
-    (capability) and shows (presentation). Re-running an unknown
-    outcome (`attempt`) always needs an operator."""
+    """The policy's decision, with what an approval binds (capability) and
+    shows (presentation). A re-run (`attempt`) always needs an operator."""
     decision = policy_decision(config, tool, args, facts,
                                rerun=bool(attempt), approved=approved,
                                judged=judged)
@@ -1813,9 +1803,8 @@ def evaluate(config, tool, args, facts, attempt=None, approved=False,
     question = f"May the model call {where} with these arguments?"
     shown = {**capability, "question": question, "reason": decision["reason"]}
     if decision["by"] not in ("class", "rule outcome"):
-        # What decided is part of what is approved. When a limit
-        # frees up is fixed by the history before the decision, so
-        # recheck, reading it, hashes alike.
+        # What decided is part of what is approved. When a limit frees up
+        # is fixed by the history before the decision: recheck hashes alike.
         shown["decided_by"] = decision["by"]
         if "limit" in decision:
             shown.update(limit=decision["limit"], frees=frees_text(decision))
@@ -1831,8 +1820,7 @@ def approval_hash(kind, capability, presentation, request):
 
 
 def new_approval(config, run_id, step_id, tool, args, decision):
-    """A pending approval in its one shape, its row as
-    Store.read_approvals reads it."""
+    """A pending approval, its row as Store.read_approvals reads it."""
     request = {"run_id": run_id, "step_id": step_id, "spec": tool.spec,
                "args": args}
     kind, capability = decision["kind"], decision["capability"]
@@ -1851,8 +1839,7 @@ def new_approval(config, run_id, step_id, tool, args, decision):
 
 
 def stored_hash(row):
-    """An approval row's hash from its stored fields; a tampered row
-    differs."""
+    """A row's hash from its stored fields; a tampered row differs."""
     try:
         return approval_hash(
             row["kind"], parse(row["capability_json"]),
@@ -1862,8 +1849,7 @@ def stored_hash(row):
 
 
 def judged_request(tool, args, work=None):
-    """A request's Judgement with its schema check made (on `work`,
-    the call's PatternWork)."""
+    """A request's Judgement, its schema check made on `work`."""
     work = PatternWork() if work is None else work
     return Judgement(check_arguments(tool, args, work), work)
 
