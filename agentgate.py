@@ -124,11 +124,10 @@ VERSION = "0.2.0"
 #
 # Reads as: decision core
 #
-# Owns: both sides' byte streams cut into frames, whom to answer
-# when a frame is refused, and the hashes of a request's identity.
-# Promises: a frame is split on `\n` bytes only (never on
-# U+2028/U+2029) and never held past its cap; the id read from a
-# refused frame is only ever its own top-level one.
+# Owns: byte streams cut into frames, whom to answer when a frame is
+# refused, and the hashes of a request's identity.
+# Promises: a frame is split on `\n` bytes only (never U+2028/U+2029) and
+# never held past its cap; a refused frame's id is only its top-level one.
 # =============================================================================================
 
 def read_frames(fd, cap):
@@ -163,8 +162,7 @@ def read_frames(fd, cap):
 
 
 def parse_loosely(data):
-    """A refused message read leniently, only for whom to answer;
-    None if even that fails."""
+    """Leniently parsed, only for whom to answer; None if even that fails."""
     try:
         return json.loads(data.decode("utf-8", "replace"),
                           parse_int=Number, parse_float=Number,
@@ -173,16 +171,15 @@ def parse_loosely(data):
         return None
 
 
-_HEAD_ID_RE = re.compile(
-    rb"\s*:\s*(-?(?:0|[1-9][0-9]{0,17}))[\s,}]")
+_HEAD_ID_RE = re.compile(rb"\s*:\s*(-?(?:0|[1-9][0-9]{0,17}))[\s,}]")
 # A string's rest up to its closing quote or a backslash.
 _STRING_REST_RE = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*', re.S)
 _TOKEN_STOP_RE = re.compile(rb'["{}\[\]]')
 
 
 class FrameId:
-    """A refused message's own top-level integer "id", fed in pieces
-    of any size: a nested one could name another request."""
+    """A refused message's top-level integer "id" (a nested one could name
+    another request), fed in pieces of any size."""
 
     def __init__(self):
         self.depth = 0
@@ -238,8 +235,7 @@ def frame_id(data):
 
 
 def echoable_id(ident):
-    """Whether an id can be echoed as JSON (not a lone surrogate, NaN,
-    ...)."""
+    """Whether an id can be echoed as JSON (not a lone surrogate, NaN, ...)."""
     if isinstance(ident, str):
         return not SURROGATE_RE.search(ident)
     return isinstance(ident, Number) and \
@@ -262,8 +258,7 @@ def content_hash(value):
 
 
 def request_key(tool_name, args):
-    """A request's identity: the tool's name and canonical arguments
-    (a value or its bytes)."""
+    """A request's identity: tool name and canonical arguments (or bytes)."""
     encoded = args if isinstance(args, bytes) else canonical(args)
     name = tool_name.encode("utf-8")
     return sha256_hex(name + b"\x00" + encoded)
@@ -274,8 +269,8 @@ def request_key(tool_name, args):
 #
 # Reads as: decision core
 #
-# Owns: the side-effect classes and outcomes, ConfigError, ids and
-# deadlines. A duration is whole nanoseconds, as Go's.
+# Owns: side-effect classes, outcomes, ConfigError, ids and deadlines. A
+# duration is whole nanoseconds, as Go's.
 # =============================================================================================
 
 SECOND = 10**9
@@ -285,14 +280,12 @@ OUTCOMES = ("allow", "require_approval", "deny")
 
 
 class ConfigError(Exception):
-    """A configuration the gate will not run with; the message says
-    what to change."""
+    """A config the gate will not run with; the message says what to do."""
 
 
 def new_id(size):
-    """Milliseconds, then randomness: ids land at their indexes' right
-    edge, so a write touches the same pages however large the
-    database; a clash is decided again."""
+    """Milliseconds, then randomness: ids land at their indexes' right edge,
+    so a write touches the same pages however large the database."""
     stamp = (time.time_ns() // 1_000_000) & 0xFFFFFFFFFF
     return f"{stamp:010x}" + secrets.token_hex(size - 5)
 
@@ -311,18 +304,14 @@ class Deadline:
 #
 # Reads as: decision core
 #
-# Owns: conditions, `when` entries, limits and grants, and the one
-# decision they make with the class map (policy_decision) from the
-# call, its Judgement and the Facts of its moment (decision_facts,
-# for the gate and recheck alike; `rows` is its only SQL).
-# Promises: what cannot be evaluated does not hold, and an entry
-# other than allow that cannot be judged denies; numbers compare
-# exactly; a limit never loosens; a grant answers only what would
-# wait (never a deny, nor a re-run of an unknown outcome); a mistake
-# is refused at load naming the tool, the entry and the fix. A
-# pointer reads an omitted argument at its schema's default, as the
-# server does. A limit counts each execution by its recorded
-# arguments, so one added within its window counts what ran before.
+# Owns: conditions, `when` entries, limits, grants, and the one decision
+# (policy_decision) from a call, its Judgement and its moment's Facts
+# (decision_facts, for gate and recheck; `rows` is its only SQL).
+# Promises: what cannot be evaluated does not hold, and an entry other than
+# allow that cannot be judged denies; numbers compare exactly; a limit never
+# loosens; a grant answers only what would wait; a mistake is refused at load
+# naming tool, entry and fix. An omitted argument reads at its schema's
+# default. A limit counts executions by their recorded arguments.
 # =============================================================================================
 
 GRANT_COLUMNS = (
@@ -332,15 +321,13 @@ GRANT_COLUMNS = (
 
 
 def tool_spec(rows, spec_hash):
-    found = rows("SELECT spec_json FROM tool_specs WHERE hash=?",
-                 (spec_hash,))
+    found = rows("SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,))
     return parse(found[0][0]) if found else None
 
 
 CONDITIONS = {  # and how Condition.text reads each
-    "equals": "equals {}", "in": "is one of {}",
-    "not_in": "is none of {}", "pattern": "matches {}",
-    "min": "is at least {}", "max": "is at most {}",
+    "equals": "equals {}", "in": "is one of {}", "not_in": "is none of {}",
+    "pattern": "matches {}", "min": "is at least {}", "max": "is at most {}",
     "max_length": "is at most {} long", "present": "present is {}",
     "under": "lies under {}", "host_in": "has a host in {}",
     "host_not_in": "has a host not in {}",
@@ -351,10 +338,9 @@ NEGATED = {"is": "is not", "equals": "does not equal",
 LISTS = ("in", "not_in", "under", "host_in", "host_not_in")
 NEVER = math.inf  # when a limit frees up for a call alone above it
 
-# A decision's moment. at: epoch seconds; client: the host's name;
-# grants(): the Grants in force (read only if it would wait);
-# uses(since): the tool's executions after `since` as (seconds,
-# {sum pointer: amount}), None when no limit is counted.
+# A decision's moment: at (epoch seconds), client (host name), grants()
+# (read only if it would wait), uses(since): executions after `since` as
+# (seconds, {sum pointer: amount}), None when no limit is counted.
 Facts = collections.namedtuple("Facts", "at client grants uses")
 
 
@@ -365,8 +351,7 @@ def number_text(value):
 
 
 class Condition:
-    """`resolved`: the directories of `under` are a grant's, resolved
-    when it was confirmed."""
+    """`resolved`: `under` holds a grant's directories, resolved already."""
 
     def __init__(self, pointer, raw, where, resolved=False):
         self.pointer = pointer
@@ -389,16 +374,14 @@ class Condition:
                 f"{number_text(high)}, so it never holds; swap them")
         if raw.get("present") is False and len(raw) > 1:
             raise ConfigError(
-                f"{where}: present false holds only when there is no "
-                f"value, so nothing else can be asked of it; give it "
-                f"its own entry")
+                f"{where}: present false holds only when there is no value, "
+                f"so nothing else can be asked of it; give it its own entry")
 
     @staticmethod
     def _read(name, value, where, resolved):
         if name in LISTS:
             if not isinstance(value, list) or not value:
-                kind = "JSON values" if name in ("in", "not_in") \
-                    else "strings"
+                kind = "JSON values" if name in ("in", "not_in") else "strings"
                 raise ConfigError(
                     f"{where} must be a non-empty list of {kind}")
             if name == "under" and not resolved:
@@ -417,8 +400,7 @@ class Condition:
                 raise ConfigError(
                     f"{where} cannot be used ({err}): write an "
                     f"ECMA-262 pattern without backreferences, "
-                    f"lookaround, named groups, \\p{{...}} or "
-                    f"\\cX") from None
+                    f"lookaround, named groups, \\p{{...}} or \\cX") from None
         if name in ("min", "max"):
             return parse_decimal(value, where)
         if name == "max_length":
@@ -428,10 +410,9 @@ class Condition:
         return value
 
     def holds(self, args, work=None, schema=None):
-        """True, False, or None (does not hold) when a pattern search
-        costs more than `work` can pay."""
-        return all_judged(
-            verdict for verdict, _ in self._verdicts(args, work, schema))
+        """True, False, or None when a pattern costs more than `work`."""
+        verdicts = self._verdicts(args, work, schema)
+        return all_judged(verdict for verdict, _ in verdicts)
 
     def _verdicts(self, args, work, schema):
         value, node = pointed(args, self.tokens, schema)
@@ -444,7 +425,7 @@ class Condition:
             yield verdict, (name, expected, seen)
 
     def miss(self, args, work, schema):
-        """Why it does not hold, for the operator ('' when it holds)."""
+        """Why it does not hold ('' when it holds)."""
         for verdict, (name, expected, value) in \
                 self._verdicts(args, work, schema):
             if verdict is None:
@@ -486,8 +467,8 @@ class Condition:
 
 
 def all_judged(verdicts):
-    """False at the first false verdict (no pattern work is spent on
-    the rest), else None if one was not judged, else True."""
+    """False at the first false verdict (sparing later pattern work), else
+    None if one was not judged, else True."""
     judged = True
     for verdict in verdicts:
         if verdict is None:
@@ -498,9 +479,8 @@ def all_judged(verdicts):
 
 
 def _host_holds(value, hosts, listed):
-    """Never for a URL whose host cannot be read: neither host_in nor
-    host_not_in allows it, nor does a deny on host_in catch it, so a
-    host policy is safest written as what it allows."""
+    """Never for an unreadable host: no host_in nor host_not_in allows it,
+    nor does a deny on host_in catch it (write what a policy allows)."""
     place = url_place(value)
     return place is not None and host_matches(*place, hosts) == listed
 
@@ -520,8 +500,7 @@ CHECKS = {
     "present": lambda value, expected: True,
     "under": lambda value, roots: path_under(value, roots),
     "host_in": lambda value, hosts: _host_holds(value, hosts, True),
-    "host_not_in": lambda value, hosts:
-        _host_holds(value, hosts, False),
+    "host_not_in": lambda value, hosts: _host_holds(value, hosts, False),
 }
 
 
@@ -535,9 +514,9 @@ def parse_conditions(raw, where, resolved=False):
 
 
 class Judgement:
-    """A request's schema problem and each entry's and grant's
-    verdict, judged once per pass through the gate; its pattern work
-    outlives it, so after a hold nothing is searched twice."""
+    """A request's schema problem and each entry's and grant's verdict,
+    judged once; its pattern work outlives a hold."""
+
 
     def __init__(self, problem="", work=None):
         self.problem, self.held = problem, {}
@@ -562,8 +541,7 @@ class Entry:
         refuse_unknown(raw, self.FIELDS, where)
         outcome = field_string(raw, "outcome", where, required=True)
         self.outcome = one_of(outcome, OUTCOMES, f"{where}.outcome")
-        self.conditions = parse_conditions(raw.get("if", {}),
-                                           f"{where}.if")
+        self.conditions = parse_conditions(raw.get("if", {}), f"{where}.if")
         self.during = None
         if "during" in raw:
             self.during = During(raw["during"], f"{where}.during")
@@ -578,8 +556,7 @@ class Entry:
             raise ConfigError(
                 f"{where} has no if, during or client, so it always "
                 f"holds: give the rule this outcome instead")
-        # Model input: by default it names the entry, never what it
-        # compares.
+        # Model input: by default it names the entry, never what it compares.
         self.reason = field_string(raw, "reason", where) or \
             f"the operator's rule {label}"
 
@@ -608,8 +585,8 @@ class Entry:
 
 
 class Limit:
-    """At most `calls` executions of one tool, or a `sum` up to `max`,
-    within `per` and across sessions; past it, `then`."""
+    """At most `calls` executions of a tool, or a `sum` up to `max`, per
+    `per` across sessions; past it, `then`."""
 
     FIELDS = ("calls", "sum", "max", "per", "then")
 
@@ -626,8 +603,7 @@ class Limit:
                 f'(a JSON Pointer to a number, with max)')
         self.calls = self.sum = self.tokens = self.max = None
         if "calls" in raw:
-            self.calls = whole_number(raw["calls"], f"{where}.calls",
-                                      1, 10**9)
+            self.calls = whole_number(raw["calls"], f"{where}.calls", 1, 10**9)
             if "max" in raw:
                 raise ConfigError(
                     f"{where}: max goes with sum; a calls limit is its "
@@ -645,16 +621,15 @@ class Limit:
         if not self.per:
             raise ConfigError(
                 f'{where} needs per, a window such as "1h" or "24h"')
-        self.then = field_string(raw, "then", where) or \
-            "require_approval"
+        self.then = field_string(raw, "then", where) or "require_approval"
         if self.then not in ("require_approval", "deny"):
             raise ConfigError(
                 f"{where}.then is {quote(self.then)}; a limit never "
                 f"loosens, so use require_approval or deny")
 
     def amount(self, args, schema=None):
-        """What a call adds to the sum: its number's size (a negative
-        amount is no credit), 0 when absent, None when no number."""
+        """What a call adds to the sum: its number's size (a negative is
+        no credit), 0 when absent, None when no number."""
         value, node = pointed(args, self.tokens, schema)
         if value is MISSING:
             return decimal.Decimal(0)
@@ -662,8 +637,7 @@ class Limit:
         return None if value is None else value.copy_abs()
 
     def frees(self, args, uses, at, schema=None):
-        """None when this call stays within the limit, else when it
-        would, in epoch seconds."""
+        """None if this call is within the limit, else when it would be."""
         window = self.per / SECOND
         rows = uses(at - window)
         if self.calls is not None:
@@ -693,8 +667,7 @@ class Limit:
         span = format_duration(self.per)
         if self.calls is not None:
             s = "s" if self.calls != 1 else ""
-            return (f"at most {self.calls} call{s} to {tool_name} "
-                    f"per {span}")
+            return f"at most {self.calls} call{s} to {tool_name} per {span}"
         return (f"a sum of {self.sum} of at most "
                 f"{number_text(self.max)} for {tool_name} per {span}")
 
@@ -702,9 +675,8 @@ class Limit:
 class Grant:
     def __init__(self, stored):
         self.id, self.by = stored["id"], stored["by"]
-        self.conditions = parse_conditions(
-            parse(stored["conditions_json"]), f"grant {self.id}",
-            resolved=True)
+        raw = parse(stored["conditions_json"])
+        self.conditions = parse_conditions(raw, f"grant {self.id}", True)
 
 
 USES_SQL = (
@@ -714,8 +686,8 @@ USES_SQL = (
 
 
 def counted_uses(rows, tool, before):
-    """Facts.uses at the stored time `before`: each execution's
-    arguments, read under the schema it was decided under."""
+    """Facts.uses at stored time `before`: arguments read under the schema
+    each execution was decided under."""
     sums = [limit for limit in tool.rule.limits if limit.sum]
     schemas = {tool.spec_hash: tool.schema}
 
@@ -730,7 +702,7 @@ def counted_uses(rows, tool, before):
         for moment, decision, spec_hash in rows(
                 USES_SQL, (tool.target, format_time(since), before)):
             amounts = {}
-            if sums:  # a calls limit reads no arguments
+            if sums:
                 args = parse(decision)["args"]
                 schema = schema_of(spec_hash)
                 for limit in sums:
@@ -751,8 +723,7 @@ GRANTS_SQL = (
 def decision_facts(rows, session, tool, stamp, client, count):
     """The Facts of the stored time `stamp`; uses only when `count`."""
     def grants():
-        found = rows(GRANTS_SQL,
-                     (session, tool.target, stamp, stamp, stamp))
+        found = rows(GRANTS_SQL, (session, tool.target, stamp, stamp, stamp))
         return [Grant(dict(zip(GRANT_COLUMNS, row))) for row in found]
     uses = counted_uses(rows, tool, stamp) if count else None
     return Facts(parse_time(stamp), client, grants, uses)
@@ -760,12 +731,10 @@ def decision_facts(rows, session, tool, stamp, client, count):
 
 def policy_decision(config, tool, args, facts, rerun=False,
                     approved=False, judged=None):
-    """{outcome, reason, by} (by: what decided), with `limit` and
-    `frees` when a limit decided, `grant` when a grant did. A deny, a
-    re-run of an unknown outcome and what an operator `approved`
-    stand; a grant may answer what would wait; then a limit may turn
-    an allow into its `then` (it counts what grants let through); with
-    no operator at hand, what would wait is denied."""
+    """{outcome, reason, by: what decided}, `limit` and `frees` from a
+    limit, `grant` from a grant. A deny, a re-run and what an operator
+    `approved` stand; a grant may answer what would wait; a limit may turn
+    an allow into its `then`; with no operator, what would wait is denied."""
     judged = Judgement() if judged is None else judged
     decision = _first_decision(config, tool, args, facts, judged)
     if decision["outcome"] == "deny" or rerun or approved:
@@ -774,10 +743,8 @@ def policy_decision(config, tool, args, facts, rerun=False,
         decision = _granted(tool, args, facts, judged) or decision
     if decision["outcome"] == "allow" and facts.uses is not None:
         decision = _limited(tool, args, facts) or decision
-    if decision["outcome"] == "require_approval" and \
-            config.operator == "none":
-        reason = (f"{decision['reason']}; no operator is at hand to "
-                  f"approve it")
+    if decision["outcome"] == "require_approval" and config.operator == "none":
+        reason = f"{decision['reason']}; no operator is at hand to approve it"
         decision = {**decision, "outcome": "deny", "reason": reason}
     return decision
 
@@ -788,13 +755,11 @@ def _first_decision(config, tool, args, facts, judged):
     for entry in rule.when:
         held = entry.holds(args, facts, judged, tool.schema)
         if held is None and entry.outcome != "allow":
-            # Not judged (too costly): passed over, a long value
-            # could slip past a deny or a question. An allow passed
-            # over only makes it stricter.
+            # Passed over, a long value could slip past a deny or a
+            # question; an allow passed over only makes it stricter.
             reason = (f"the arguments are too long to be checked "
                       f"against the operator's rule {entry.label}")
-            return {"outcome": "deny", "by": entry.label,
-                    "reason": reason}
+            return {"outcome": "deny", "by": entry.label, "reason": reason}
         if held:
             return {"outcome": entry.outcome, "reason": entry.reason,
                     "by": entry.label}
@@ -802,8 +767,7 @@ def _first_decision(config, tool, args, facts, judged):
     if rule.outcome:
         reason = f"tool {tool.name} is {outcome} by the operator's rule"
     else:
-        reason = (f"side effect {tool.side_effect} is {outcome} by "
-                  f"policy")
+        reason = f"side effect {tool.side_effect} is {outcome} by policy"
     by = "rule outcome" if rule.outcome else "class"
     decision = {"outcome": outcome, "reason": reason, "by": by}
     if rule.when:
@@ -817,8 +781,7 @@ def _granted(tool, args, facts, judged):
     for grant in facts.grants():
         # Not judged does not hold: a grant only loosens.
         key = f"grant {grant.id}"
-        if judged.holds(key, grant.conditions, args,
-                        tool.schema) is True:
+        if judged.holds(key, grant.conditions, args, tool.schema) is True:
             reason = f"standing approval {grant.id} by {grant.by}"
             return {"outcome": "allow", "by": key, "grant": grant.id,
                     "reason": reason}
@@ -837,8 +800,7 @@ def _limited(tool, args, facts):
 
 
 def frees_text(decision):
-    """When the limit that decided frees up ('' when none did),
-    rounded up to the second so a call made then is within it."""
+    """When the deciding limit frees up ('' if none), rounded up."""
     if "frees" not in decision:
         return ""
     if decision["frees"] is NEVER:
@@ -852,8 +814,7 @@ def rule_outcome(config, rule):
 
 
 def pointer_problem(schema, tokens, hidden):
-    """Why a pointer names no property the model can send under this
-    schema, or ''."""
+    """Why a pointer names no property the model can send, or ''."""
     node = schema
     for depth, token in enumerate(tokens):
         if depth == 0 and token in hidden:
@@ -869,8 +830,8 @@ def pointer_problem(schema, tokens, hidden):
 
 
 def policy_pointer_problem(schema, rule, tool_name):
-    """The sentence refusing the tool for the first `when` condition
-    or sum limit whose pointer misses the pinned schema, or ''."""
+    """Why the tool is refused: the first pointer of a condition or sum
+    limit that misses the pinned schema, or ''."""
     hidden = set(rule.hidden)
     pointers = [(entry.label, c.pointer, c.tokens)
                 for entry in rule.when for c in entry.conditions]
@@ -895,15 +856,12 @@ def policy_pointer_problem(schema, rule, tool_name):
 #
 # Reads as: decision core
 #
-# Owns: reading the config file and the files it trusts (manifests,
-# the database), the fields that decide and their defaults, and the
-# policy identity. How a server is reached decides nothing: section
-# 21's read_transport reads it, in the same pass.
-# Promises: a config is used only if it is a regular file of this
-# user's that nobody else can write; it passes the canonical
-# boundary check (a repeated key cannot be read two ways); every
-# unknown field is refused with its path; every refusal is one
-# sentence naming the field and what to do.
+# Owns: the config file and the files it trusts (manifests, the database),
+# the deciding fields and their defaults, the policy identity. How a server
+# is reached decides nothing (section 21's read_transport, same pass).
+# Promises: a config is used only if a regular file of this user's nobody
+# else can write; a repeated key is refused (canonical parse); an unknown
+# field is refused with its path; a refusal names the field and the fix.
 # =============================================================================================
 
 DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
@@ -911,9 +869,7 @@ DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
                   "destructive": "deny"}
 NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 MIN_LEASE_TTL = 3 * SECOND
-# Long enough for a slow search or a build, short enough that a hung
-# server is noticed.
-DEFAULT_TOOL_TIMEOUT = 60 * SECOND
+DEFAULT_TOOL_TIMEOUT = 60 * SECOND  # a slow build fits; a hung server shows
 # What one call may bring in and one result take out, canonically.
 DEFAULT_ARGUMENT_BYTES = 1 << 20
 MAX_ARGUMENT_BYTES = 8 << 20
@@ -922,8 +878,8 @@ MAX_RESULT_BYTES = 16 << 20
 
 
 def read_owned(path, what, private=False):
-    """The bytes of a file only this user can change (`private`: or
-    read), else ConfigError saying how to fix it."""
+    """A file's bytes if only this user can change it (`private`: or read
+    it), else ConfigError saying how to fix it."""
     # O_NONBLOCK: a FIFO planted at the path must not hang the open.
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
@@ -997,8 +953,7 @@ class Rule:
         self.outcome = field_string(raw, "outcome", where)
         if self.outcome:
             one_of(self.outcome, OUTCOMES, f"{where}.outcome")
-        self.repeat_window = field_duration(raw, "repeat_window",
-                                            where, None)
+        self.repeat_window = field_duration(raw, "repeat_window", where, None)
         # Set by init from the server's own hints: nothing is offered
         # on a rule nobody reviewed.
         self.proposed = field_bool(raw, "proposed", where)
@@ -1047,8 +1002,7 @@ class Config:
     FIELDS = ("database", "session", "servers", "policy", "hold",
               "repeat_window", "max_pending", "approval_ttl",
               "grant_ttl", "status_tool", "lease_ttl",
-              "max_argument_bytes", "max_result_bytes", "operator",
-              "notify")
+              "max_argument_bytes", "max_result_bytes", "operator", "notify")
 
     def __init__(self, raw, path, transport=None):
         self.path = path
@@ -1069,8 +1023,7 @@ class Config:
         self.max_pending = whole_number(
             raw.get("max_pending", Number("5")), "max_pending", 0,
             10**6, " (0 means 5)") or 5
-        self.approval_ttl = field_duration(raw, "approval_ttl", where,
-                                           DAY)
+        self.approval_ttl = field_duration(raw, "approval_ttl", where, DAY)
         self.grant_ttl = field_duration(raw, "grant_ttl", where, DAY)
         self.status_tool = field_string(raw, "status_tool", where) or \
             "gate_status"
@@ -1079,8 +1032,7 @@ class Config:
             raw, "max_argument_bytes", DEFAULT_ARGUMENT_BYTES,
             MAX_ARGUMENT_BYTES)
         self.max_result_bytes = field_byte_cap(
-            raw, "max_result_bytes", DEFAULT_RESULT_BYTES,
-            MAX_RESULT_BYTES)
+            raw, "max_result_bytes", DEFAULT_RESULT_BYTES, MAX_RESULT_BYTES)
         self.operator = field_string(raw, "operator", where)
         if self.operator not in ("", "none"):
             raise ConfigError(
@@ -1093,20 +1045,17 @@ class Config:
                 'notify must be a program and its arguments, such as '
                 '["notify-send", "agentgate", "an approval waits"], or '
                 'left out')
-        self.lease_ttl = field_duration(raw, "lease_ttl", where,
-                                        30 * SECOND)
+        self.lease_ttl = field_duration(raw, "lease_ttl", where, 30 * SECOND)
         if self.lease_ttl < MIN_LEASE_TTL:
             raise ConfigError(
-                f"lease_ttl {format_duration(self.lease_ttl)} is "
-                f"shorter than {format_duration(MIN_LEASE_TTL)}; give "
-                f"it at least 3s")
+                f"lease_ttl {format_duration(self.lease_ttl)} is shorter than "
+                f"{format_duration(MIN_LEASE_TTL)}; give it at least 3s")
 
     @staticmethod
     def _servers(raw, path, transport):
         servers = raw.get("servers")
         if not isinstance(servers, list) or not servers:
-            raise ConfigError(
-                "servers must be a list of at least one server")
+            raise ConfigError("servers must be a list of at least one server")
         servers = [Server(s, f"servers[{i}]", path, transport)
                    for i, s in enumerate(servers)]
         names = [s.name for s in servers]
@@ -1131,14 +1080,12 @@ class Config:
         return policy
 
     def hold_for(self, client):
-        """Hosts give up on a call after different times; a call held
-        past that is lost to the conversation."""
+        """A host's hold: hosts give up on a call after different times."""
         return self.host_holds.get(client, self.hold)
 
     def policy_id(self):
-        """The identity of exactly what the policy decides from
-        (Rule.policy, the classes' outcomes, the absence of an
-        operator), not of hold, windows, TTLs or timeouts."""
+        """The identity of what the policy decides from (Rule.policy, the
+        classes' outcomes, no operator), not hold, windows, TTLs, timeouts."""
         servers = [{"name": s.name, "rules": {
             tool: r.policy for tool, r in s.rules.items()}}
             for s in sorted(self.servers, key=lambda s: s.name)]
@@ -1194,26 +1141,22 @@ def check_database_path(path):
 #
 # Reads as: decision core
 #
-# Owns: which tool a call names: a tool's manifest entry (what it
-# presented at its pin), what differs from it now (changed_parts: the
-# one definition), and which tools are offered (load).
-# Promises: a tool is offered, as pinned, only if pinned, classified
-# by a reviewed rule, and presenting exactly what it did at the pin;
-# its annotations do not contradict its class (unless allowed); a
-# high lint finding is accepted for exactly that text; its name is
-# usable; its schema is self-contained, usable, and soundly hides
-# what the rule hides. A refusal refuses only that tool, an
-# UpstreamError that server, a ConfigError all; hiding lets no
-# refused call through.
+# Owns: a tool's manifest entry (what it presented at its pin), what differs
+# now (changed_parts: the one definition), which tools are offered (load).
+# Promises: a tool is offered, as pinned, only if pinned, classified by a
+# reviewed rule and presenting what it did at the pin; its annotations fit
+# its class (unless allowed); a high lint finding is accepted for exactly
+# that text; its name is usable; its schema is self-contained, usable, and
+# soundly hides what the rule hides. A refusal refuses that tool, an
+# UpstreamError that server, a ConfigError all.
 # =============================================================================================
 
 class UpstreamError(Exception):
-    """A request upstream failed. `outcome`, set by the transport
-    where it writes the bytes: 'not_sent' (no byte reached the
-    server: nothing executed), 'answered' (a refusal the server
-    answered; `rpc`: its code, message and data, when well formed),
-    'unusable' (an answer that cannot be read), 'no_answer',
-    'timed_out'."""
+    """A request upstream failed. `outcome`, set by the transport where it
+    writes the bytes: 'not_sent' (no byte reached the server: nothing
+    executed), 'answered' (a refusal the server answered; `rpc`: its code,
+    message and data, when well formed), 'unusable' (an answer that cannot be
+    read), 'no_answer', 'timed_out'."""
 
     def __init__(self, message, outcome="no_answer", rpc=None):
         super().__init__(message)
@@ -1231,8 +1174,7 @@ PINNED_PARTS = (
 
 
 def offered_name(server, tool, rule):
-    """The rule's rename, else server_tool, so servers' tools never
-    clash (never prefixed twice)."""
+    """The rule's rename, else server_tool (never prefixed twice)."""
     if rule.rename:
         return rule.rename
     prefixes = (f"{server.name}_", f"{server.name}-")
@@ -1243,24 +1185,20 @@ def offered_name(server, tool, rule):
 
 class Tool:
     def __init__(self, server, upstream, entry, rule):
-        self.server = server
-        self.upstream = upstream
+        self.server, self.upstream, self.rule = server, upstream, rule
         self.upstream_name = entry["name"]
-        self.rule = rule
         self.name = offered_name(server, entry["name"], rule)
         # Keyed by what the tool is, not its name: a rename neither
         # lifts an unknown outcome nor lets a repeat through.
         self.target = f"{server.name}/{entry['name']}"
-        self.description = rule.description or \
-            entry.get("description", "")
+        self.description = rule.description or entry.get("description", "")
         self.side_effect = rule.side_effect
         self.read_only = rule.side_effect == "read_only"
         # Unset, the default applies, and check says so.
         self.timeout_given = rule.timeout or server.default_timeout
         self.timeout = self.timeout_given or DEFAULT_TOOL_TIMEOUT
         self.schema = restrict_schema(entry["input_schema"], rule.hidden)
-        # Offered as pinned, as the rule shows it; a part not
-        # presented is left out.
+        # Offered as pinned, as the rule shows it; no part not presented.
         offered = {
             "name": self.name, "title": entry.get("title"),
             "description": self.description or None,
@@ -1285,17 +1223,15 @@ def restrict_schema(schema, hidden):
     restricted["properties"] = {
         k: v for k, v in schema.get("properties", {}).items()
         if k not in hidden}
-    required = [r for r in schema.get("required", [])
-                if r not in hidden]
+    required = [r for r in schema.get("required", []) if r not in hidden]
     if required:
         restricted["required"] = required
     return restricted
 
 
 def manifest_entry(tool):
-    """A listed tool as a manifest keeps it (PINNED_PARTS): a part
-    absent or of the wrong kind is null; such annotations are left
-    out."""
+    """A listed tool as a manifest keeps it (PINNED_PARTS): a part absent or of
+    the wrong kind is null; such annotations are left out."""
     def kept(field, kind):
         value = tool.get(field)
         return value if isinstance(value, kind) else None
@@ -1319,9 +1255,8 @@ def changed_parts(pinned, live):
             if pinned.get(key) != live.get(key)]
 
 
-# Lint severities (section 21): a high finding refuses a tool unless
-# its rule's accepted_description is the lint_hash of exactly the
-# texts the lint read.
+# Lint severities (section 21): a high finding refuses a tool unless its rule's
+# accepted_description is the lint_hash of exactly the texts the lint read.
 LINT_HIGH, LINT_MEDIUM = "high", "medium"
 
 
@@ -1346,10 +1281,8 @@ def lint_hash(entry):
 STATUS_CLASH = "the status tool"
 
 
-def load(server, manifest, upstream, live, deadline, taken, findings,
-         report):
-    """A connected server's offered tools; `taken` maps the names
-    already offered to their holders."""
+def load(server, manifest, upstream, live, deadline, taken, findings, report):
+    """A connected server's offered tools; `taken`: names offered, holders."""
     pinned = manifest["tools"]
     for name in sorted(set(live) - set(pinned)):
         report.unpinned(name)
@@ -1364,8 +1297,7 @@ def load(server, manifest, upstream, live, deadline, taken, findings,
     return tools
 
 
-def _load_tool(server, upstream, entry, live, deadline, taken, report,
-               found):
+def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
     """One pinned tool: registered (returned, `taken` updated) or
     reported why not."""
     name = entry["name"]
@@ -1398,8 +1330,7 @@ def _load_tool(server, upstream, entry, live, deadline, taken, report,
     if reason:
         report.refused(name, reason)
         return None
-    taken[tool.name] = (f"tool {quote(name)} of server "
-                        f"{quote(server.name)}")
+    taken[tool.name] = (f"tool {quote(name)} of server {quote(server.name)}")
     report.registered(tool, mismatch)
     return tool
 
@@ -1426,8 +1357,7 @@ def refusal(server, entry, live_entry, rule, found, mismatch):
                 f"^[a-zA-Z0-9_-]{{1,64}}$: set rename")
     schema = entry.get("input_schema")
     if not isinstance(schema, dict) or schema.get("type") != "object":
-        return ('its input schema is not an object schema '
-                '("type": "object")')
+        return ('its input schema is not an object schema ("type": "object")')
     return reaches_outside(schema) or _lint_refusal(
         entry, rule, found) or _schema_refusal(schema, rule) or \
         policy_pointer_problem(schema, rule, name)
@@ -1456,15 +1386,13 @@ def _schema_refusal(schema, rule):
     except Exception as err:  # refuse the tool, never the gate
         problem = f"it could not be read ({type(err).__name__})"
     if problem:
-        return (f"the validator refuses its input schema: "
-                f"{sanitize(problem)}")
+        return (f"the validator refuses its input schema: {sanitize(problem)}")
     return ""
 
 
 def hint_mismatch(side_effect, entry, live_entry):
     annotations, prefix = entry.get("annotations"), ""
-    if annotations is None and \
-            live_entry.get("annotations") is not None:
+    if annotations is None and live_entry.get("annotations") is not None:
         annotations = live_entry["annotations"]
         prefix = "the server now says: "
     if annotations is None:
@@ -1506,8 +1434,7 @@ def _reaches(parent, key, value):
     if key in REFS:
         return not value.startswith("#")
     if key == "$id":
-        return not value.startswith("#") and \
-            not _DRAFT_RE.fullmatch(value)
+        return not value.startswith("#") and not _DRAFT_RE.fullmatch(value)
     if key == "$schema":
         return not _DRAFT_RE.fullmatch(value)
     if key != "id" or not isinstance(parent.get("$schema"), str):
@@ -1558,15 +1485,12 @@ def _mentions(value, name):
 #
 # Reads as: decision core
 #
-# Owns: every sentence of the gate's the model can read (the
-# tables), a call's evaluation with its approval and hash, the check
-# of its arguments, and what of a result is passed on.
-# Promises: an approval's hash covers exactly what it binds and
-# shows; re-running an unknown outcome always needs an operator. A
-# result reaches the host as the server answered it (told again,
-# sanitized), and section 20 records exactly what the model got.
-# Nothing the model sees names the operator command, the database,
-# the config or a run id.
+# Owns: every sentence the model can read (the tables), a call's evaluation
+# with its approval and hash, its arguments' check, what of a result passes.
+# Promises: an approval's hash covers exactly what it binds and shows; a
+# re-run of an unknown outcome needs an operator. A result reaches the host
+# as the server sent it, and section 20 records what the model got. Nothing
+# the model sees names the operator command, database, config or a run id.
 # =============================================================================================
 
 APPROVAL_COLUMNS = (
@@ -1574,110 +1498,81 @@ APPROVAL_COLUMNS = (
     "presentation_json", "request_json", "hash", "status",
     "created_at", "expires_at", "decided_at", "decided_by", "note")
 
-# What of a tools/call result reaches the host: every field MCP
-# gives one.
+# What of a tools/call result reaches the host: every field MCP gives one.
 RESULT_FIELDS = ("content", "structuredContent", "isError", "_meta")
 
 # How both answers on an unknown outcome end.
 _RERUN_DECIDED = (
-    " whether it runs again (approval {approval}). Nothing "
-    "further was executed. Do not call again until you are "
-    "told it was approved, and do not use another tool to do "
-    "the same thing; tell the user. If it is approved, call "
-    "again with exactly the same arguments.")
-# The gate's answers to a call; what others chose is cleaned
-# before it fills a slot.
+    " whether it runs again (approval {approval}). Nothing further was "
+    "executed. Do not call again until you are told it was approved, and do "
+    "not use another tool to do the same thing; tell the user. If it is "
+    "approved, call again with exactly the same arguments.")
+# The gate's answers to a call; what others chose is cleaned before a slot.
 PROSE = {
-    "PENDING_APPROVAL": (
-        "This request is waiting for an operator's approval "
-        "(approval {approval}). Nothing has been executed. Do not "
-        "call this tool again until you are told the request was "
-        "approved, and do not try another tool to do the same "
-        "thing. Tell the user it is waiting, with its approval "
-        "id: it is approved or refused outside this conversation, "
-        "by the user or whoever else operates the tools. Once it "
-        "is approved, call the tool again with exactly the same "
-        "arguments to run it and get the result.{limit}"),
-    "DENIED": (
-        "The policy does not allow this request: {reason}. "
-        "Nothing was executed."),
-    "TOOL_CHANGED": (
-        "Its server now presents this tool differently from when "
-        "it was reviewed (its description, input schema or "
-        "annotations changed, or it is gone), or said it changed "
-        "and could not be asked how, so it is not offered until "
-        "it is again as it was reviewed. Nothing was executed. "
-        "Tell the user."),
-    "INVALID": (
-        "The arguments do not match the tool's input schema: "
-        "{reason}. Nothing was executed. Correct the arguments "
-        "and call again."),
-    "REJECTED": (
-        "An operator rejected this exact request (approval "
-        "{approval}){note}. It was not executed. An identical "
-        "request is refused until {until}. Do not ask again; tell "
-        "the user."),
-    "CANCELLED": (
-        "An operator cancelled this exact request{note}. Nothing "
-        "further was executed. An identical request is refused "
-        "until {until}. Tell the user."),
-    "EXPIRED": (
-        "The approval for this exact request (approval "
-        "{approval}) expired before it was used. It was not "
-        "executed. An identical request is refused until {until}. "
-        "Tell the user."),
-    "DUPLICATE": (
-        "This exact request already executed at {at} and is not "
-        "executed again: an identical call to this tool within "
-        "{window} of an earlier one is refused, whether or not it "
-        "is a retry. Its outcome was: {outcome}"),
-    "IN_PROGRESS": (
-        "This exact request is already executing, or the outcome "
-        "of an attempt is not yet known. Nothing new was started. "
-        "Wait a little, then call again with exactly the same "
-        "arguments."),
-    "BLOCKED_PENDING": (
-        "{waiting} for an operator's approval, the most this "
-        "session allows. Nothing was executed and no approval was "
-        "requested. Tell the user and wait for the operator."),
-    "UNKNOWN_OUTCOME": (
-        "An attempt of this exact request {how}{error}, so "
-        "whether it took effect is unknown: it may have. An "
-        "operator must decide" + _RERUN_DECIDED),
-    "INTERRUPTED": (
-        "An earlier attempt of this exact request was cut off "
-        "while it was executing, and its outcome is unknown: it "
-        "may have taken effect. An operator decides" + _RERUN_DECIDED),
-    "BLOCKED_UNKNOWN": (
-        "An earlier call to {tool} may have taken effect and its "
-        "outcome is unknown (approval {approval}), so no other "
-        "call to {tool} that changes anything runs until an "
-        "operator decides. Nothing was executed. Tell the user."),
-    "UNRECORDED": (
-        "The server answered this request, so it executed, but "
-        "its answer could not be recorded ({reason}). What it did "
-        "is unknown here and it may have taken effect. Do not "
-        "call again to retry{window}. Tell the user."),
-    "UNAVAILABLE": (
-        "The gate could not read or write its records: {what}. "
-        "Tell the user."),
-    "HOST_CANCELLED": (
-        "The call was cancelled before it was executed. Nothing "
-        "was executed."),
-    # An error result, so the model never takes it for what the
-    # tool returns.
-    "RESULT_TOO_LARGE": (
-        "The server answered this request with {what} of {size} "
-        "bytes ({blocks}), more than the {cap} bytes that are "
-        "passed on, so it is not shown. {then} Tell the user."),
+    "PENDING_APPROVAL": "This request is waiting for an operator's approval "
+        "(approval {approval}). Nothing has been executed. Do not call this "
+        "tool again until you are told the request was approved, and do not "
+        "try another tool to do the same thing. Tell the user it is waiting, "
+        "with its approval id: it is approved or refused outside this "
+        "conversation, by the user or whoever else operates the tools. Once "
+        "it is approved, call the tool again with exactly the same arguments "
+        "to run it and get the result.{limit}",
+    "DENIED": "The policy does not allow this request: {reason}. Nothing was "
+        "executed.",
+    "TOOL_CHANGED": "Its server now presents this tool differently from when "
+        "it was reviewed (its description, input schema or annotations "
+        "changed, or it is gone), or said it changed and could not be asked "
+        "how, so it is not offered until it is again as it was reviewed. "
+        "Nothing was executed. Tell the user.",
+    "INVALID": "The arguments do not match the tool's input schema: {reason}. "
+        "Nothing was executed. Correct the arguments and call again.",
+    "REJECTED": "An operator rejected this exact request (approval "
+        "{approval}){note}. It was not executed. An identical request is "
+        "refused until {until}. Do not ask again; tell the user.",
+    "CANCELLED": "An operator cancelled this exact request{note}. Nothing "
+        "further was executed. An identical request is refused until {until}. "
+        "Tell the user.",
+    "EXPIRED": "The approval for this exact request (approval {approval}) "
+        "expired before it was used. It was not executed. An identical "
+        "request is refused until {until}. Tell the user.",
+    "DUPLICATE": "This exact request already executed at {at} and is not "
+        "executed again: an identical call to this tool within {window} of an "
+        "earlier one is refused, whether or not it is a retry. Its outcome "
+        "was: {outcome}",
+    "IN_PROGRESS": "This exact request is already executing, or the outcome "
+        "of an attempt is not yet known. Nothing new was started. Wait a "
+        "little, then call again with exactly the same arguments.",
+    "BLOCKED_PENDING": "{waiting} for an operator's approval, the most this "
+        "session allows. Nothing was executed and no approval was requested. "
+        "Tell the user and wait for the operator.",
+    "UNKNOWN_OUTCOME": "An attempt of this exact request {how}{error}, so "
+        "whether it took effect is unknown: it may have. An operator must "
+        "decide" + _RERUN_DECIDED,
+    "INTERRUPTED": "An earlier attempt of this exact request was cut off "
+        "while it was executing, and its outcome is unknown: it may have "
+        "taken effect. An operator decides" + _RERUN_DECIDED,
+    "BLOCKED_UNKNOWN": "An earlier call to {tool} may have taken effect and "
+        "its outcome is unknown (approval {approval}), so no other call to "
+        "{tool} that changes anything runs until an operator decides. Nothing "
+        "was executed. Tell the user.",
+    "UNRECORDED": "The server answered this request, so it executed, but its "
+        "answer could not be recorded ({reason}). What it did is unknown here "
+        "and it may have taken effect. Do not call again to retry{window}. "
+        "Tell the user.",
+    "UNAVAILABLE": "The gate could not read or write its records: {what}. "
+        "Tell the user.",
+    "HOST_CANCELLED": "The call was cancelled before it was executed. Nothing "
+        "was executed.",
+    # An error result, so the model never takes it for what the tool returns.
+    "RESULT_TOO_LARGE": "The server answered this request with {what} of "
+        "{size} bytes ({blocks}), more than the {cap} bytes that are passed "
+        "on, so it is not shown. {then} Tell the user.",
 }
 TOO_LARGE_THEN = {
-    "read": (
-        "A read changes nothing: asking for less (a smaller "
-        "range, page or size) may fit."),
-    "mutating": (
-        "It was executed and is not executed again: do not call "
-        "again to retry{window}."),
+    "read": "A read changes nothing: asking for less (a smaller range, page "
+        "or size) may fit.",
+    "mutating": "It was executed and is not executed again: do not call again "
+        "to retry{window}.",
 }
 HOW = {
     "timed_out": "timed out before the server answered",
@@ -1686,50 +1581,38 @@ HOW = {
 }
 DUPLICATE_OUTCOME = {
     "ok": "it succeeded, with this result: {text}",
-    "unrecorded": (
-        "the server answered, but its result could not be "
-        "recorded: {text}"),
+    "unrecorded": "the server answered, but its result could not be recorded: "
+        "{text}",
     "error": "it failed, with this error: {text}",
 }
 SLOT_PROSE = {
-    "limit": (
-        " It waits because a limit is reached: {limit}; {frees}."),
-    "refused_for": (
-        "; an identical call within {window} is refused as a "
-        "duplicate"),
-    "sent_unrecorded": (
-        "the request was sent to the server, but what came of it "
-        "could not be recorded"),
+    "limit": " It waits because a limit is reached: {limit}; {frees}.",
+    "refused_for": "; an identical call within {window} is refused as a "
+        "duplicate",
+    "sent_unrecorded": "the request was sent to the server, but what came of "
+        "it could not be recorded",
     "nothing_executed": "nothing was executed",
-    "host_cancelled": (
-        "the host cancelled the call before it was sent"),
-    "unreadable": (
-        "the gate could not read its records; nothing was "
-        "executed"),
+    "host_cancelled": "the host cancelled the call before it was sent",
+    "unreadable": "the gate could not read its records; nothing was executed",
     "altered": "its approval record was altered after it was made",
     "one_waits": "1 request already waits",
     "some_wait": "{count} requests already wait",
     "an_error": "an error",
     "a_result": "a result",
-    "status_arguments": (
-        "the only argument is approval_id, a string"),
-    "arguments_too_large": (
-        "the arguments are {size} bytes, more than the {cap} this "
-        "gate accepts"),
-    "unusable_arguments": (
-        "the arguments are not usable JSON: {error}"),
-    "unreadable_result": (
-        "the server's result could not be read: {error}"),
+    "status_arguments": "the only argument is approval_id, a string",
+    "arguments_too_large": "the arguments are {size} bytes, more than the "
+        "{cap} this gate accepts",
+    "unusable_arguments": "the arguments are not usable JSON: {error}",
+    "unreadable_result": "the server's result could not be read: {error}",
     "holding": "waiting for an operator's approval",
 }
 
 # The status tool's words (section 25 picks among them).
 STATUS_DESCRIPTION = (
-    "Reports which requests of this session wait for an "
-    "operator's approval, or, given the approval id a pending "
-    "answer named, what became of that request: pending, "
-    "approved, executed, rejected or expired. It only reads; "
-    "it never runs or approves anything.")
+    "Reports which requests of this session wait for an operator's approval, "
+    "or, given the approval id a pending answer named, what became of that "
+    "request: pending, approved, executed, rejected or expired. It only "
+    "reads; it never runs or approves anything.")
 STATUS_ARGUMENT = "The approval id a pending result named."
 # How many servers are unserved, never which nor why.
 UNSERVED_NOTE = (
@@ -1740,80 +1623,59 @@ DOWN_NOTE = (
     "Server {server} is down: {down}. Calls to its tools fail "
     "without executing until it is back.")
 STATUS_PROSE = {
-    "unknown_id": (
-        "no approval {approval} is known in this session from the "
-        "last hour."),
-    "none_waiting": (
-        "no request in this session is waiting for an operator's "
-        "approval."),
-    "one_waiting": (
-        "1 request in this session is waiting for an operator's "
-        "approval:\n{lines}"),
-    "some_waiting": (
-        "{count} requests in this session are waiting for an "
-        "operator's approval:\n{lines}"),
+    "unknown_id": "no approval {approval} is known in this session from the "
+        "last hour.",
+    "none_waiting": "no request in this session is waiting for an operator's "
+        "approval.",
+    "one_waiting": "1 request in this session is waiting for an operator's "
+        "approval:\n{lines}",
+    "some_waiting": "{count} requests in this session are waiting for an "
+        "operator's approval:\n{lines}",
     "head": "approval {approval} for {tool} {args}",
-    "expired_undecided": (
-        "{head}: EXPIRED without a decision. It was not executed."),
-    "outcome_unknown": (
-        "{head}: OUTCOME UNKNOWN, waiting {age} for an operator "
-        "to decide whether it runs again: an earlier attempt may "
-        "have taken effect. Nothing further has been executed."),
-    "pending": (
-        "{head}: PENDING for {age}. Nothing has been executed; an "
-        "operator decides outside this conversation. Do not call "
-        "again until it is approved."),
-    "rejected": (
-        "{head}: REJECTED by the operator.{note} It was not "
-        "executed; do not ask again."),
+    "expired_undecided": "{head}: EXPIRED without a decision. It was not "
+        "executed.",
+    "outcome_unknown": "{head}: OUTCOME UNKNOWN, waiting {age} for an "
+        "operator to decide whether it runs again: an earlier attempt may "
+        "have taken effect. Nothing further has been executed.",
+    "pending": "{head}: PENDING for {age}. Nothing has been executed; an "
+        "operator decides outside this conversation. Do not call again until "
+        "it is approved.",
+    "rejected": "{head}: REJECTED by the operator.{note} It was not executed; "
+        "do not ask again.",
     "rejected_note": " The operator's note: {note}.",
     "expired": "{head}: EXPIRED. It was not executed.",
     "executing": "APPROVED and executing now.",
     "succeeded": "APPROVED and executed, and it succeeded.",
-    "unrecorded": (
-        "APPROVED and executed, and the server answered, but its "
-        "result could not be recorded ({error}); it may have "
-        "taken effect."),
-    "failed": (
-        "APPROVED and executed, and the server reported a "
-        "failure: {error}."),
-    "unknown": (
-        "APPROVED and executed, but it {how}, so whether it took "
-        "effect is unknown: it may have. {then}"),
-    "rerun_waits": (
-        "Approval {approval} now waits for an operator to decide "
-        "whether it runs again."),
+    "unrecorded": "APPROVED and executed, and the server answered, but its "
+        "result could not be recorded ({error}); it may have taken effect.",
+    "failed": "APPROVED and executed, and the server reported a failure: "
+        "{error}.",
+    "unknown": "APPROVED and executed, but it {how}, so whether it took "
+        "effect is unknown: it may have. {then}",
+    "rerun_waits": "Approval {approval} now waits for an operator to decide "
+        "whether it runs again.",
     "no_rerun": "No approval to run it again is waiting now.",
-    "superseded": (
-        "APPROVED, and then a different approval was asked for "
-        "the same call (approval {approval})."),
-    "uncollected": (
-        "APPROVED, awaiting collection. Call {tool} again with "
-        "exactly the same arguments to run it and get the result."),
+    "superseded": "APPROVED, and then a different approval was asked for the "
+        "same call (approval {approval}).",
+    "uncollected": "APPROVED, awaiting collection. Call {tool} again with "
+        "exactly the same arguments to run it and get the result.",
     "not_executed": "APPROVED but not executed: {why}.",
 }
 NOT_EXECUTED_WHY = {
     "operator_cancelled": "an operator cancelled it",
-    "approval_expired": (
-        "the approval expired before it was collected"),
-    "denied_on_resume": (
-        "the policy denied it when it was collected"),
-    "invalid_on_resume": (
-        "its arguments no longer matched the tool's schema when "
-        "it was collected"),
+    "approval_expired": "the approval expired before it was collected",
+    "denied_on_resume": "the policy denied it when it was collected",
+    "invalid_on_resume": "its arguments no longer matched the tool's schema "
+        "when it was collected",
     "ended": "its run ended ({reason})",
 }
-# JSON-RPC errors to a tools/call: a host shows their message to
-# the model.
+# JSON-RPC errors to a tools/call: a host shows their message to the model.
 CALL_ERRORS = {
-    "failed": (
-        "the gate failed while handling this request and cannot "
-        "say whether it executed; tell the user before calling "
-        "again"),
+    "failed": "the gate failed while handling this request and cannot say "
+        "whether it executed; tell the user before calling again",
     "unknown_tool": "unknown tool {name}",
-    "busy": (
-        "the gate is busy: {limit} requests are already in "
-        "flight, and this one was not started; try again shortly"),
+    "busy": "the gate is busy: {limit} requests are already in flight, and "
+        "this one was not started; try again shortly",
     "stopping": "the gate is shutting down",
     "unloaded": "the gate's tools could not be loaded",
 }
@@ -1826,8 +1688,7 @@ GATE_MARK = "gate/answer"
 
 
 class Answer:
-    """A tools/call's answer: the gate's prose as one text block, or a
-    server's result whole."""
+    """A tools/call's answer: the gate's prose, or a server's result whole."""
 
     def __init__(self, text, is_error=False, passed=None, mark="FAILED"):
         self.text, self.is_error, self.passed = text, is_error, passed
@@ -1836,9 +1697,8 @@ class Answer:
     def result(self):
         if self.passed is not None:
             return self.passed
-        # A host may read the mark to tell the gate's answer from a
-        # server's result with the same words; it names neither the
-        # program nor its commands.
+        # The mark tells the gate's answer from a server's result with the
+        # same words; it names neither the program nor its commands.
         result = {"content": [{"type": "text", "text": self.text}],
                   "_meta": {GATE_MARK: self.mark}}
         if self.is_error:
@@ -1862,8 +1722,7 @@ def passed_answer(passed):
         return Answer(passed["error"]["message"], True, passed)
     texts = [b["text"] for b in passed["content"]
              if b["type"] == "text" and isinstance(b.get("text"), str)]
-    return Answer("\n".join(texts), passed.get("isError") is True,
-                  passed)
+    return Answer("\n".join(texts), passed.get("isError") is True, passed)
 
 
 def note_text(note):
@@ -1886,25 +1745,21 @@ def waiting_answer(approval):
     ended = bound.get("interrupted", {}).get("ended", "cut_off")
     if ended == "cut_off":
         return answer("INTERRUPTED", approval=ident)
-    return answer("UNKNOWN_OUTCOME", how=HOW[ended], error="",
-                  approval=ident)
+    return answer("UNKNOWN_OUTCOME", how=HOW[ended], error="", approval=ident)
 
 
 def refused_for(window):
     """The repeat window's clause ('' without a window)."""
     if not window:
         return ""
-    return SLOT_PROSE["refused_for"].format(
-        window=format_duration(window))
+    return SLOT_PROSE["refused_for"].format(window=format_duration(window))
 
 
 def too_large_answer(tool, record, cap, window):
     then = TOO_LARGE_THEN["read"]
     if not tool.read_only:
-        then = TOO_LARGE_THEN["mutating"].format(
-            window=refused_for(window))
-    what = SLOT_PROSE["an_error" if record.get("is_error")
-                      else "a_result"]
+        then = TOO_LARGE_THEN["mutating"].format(window=refused_for(window))
+    what = SLOT_PROSE["an_error" if record.get("is_error") else "a_result"]
     blocks = clean(", ".join(block_labels(record)), 500)
     return answer("RESULT_TOO_LARGE", what=what, size=record["bytes"],
                   cap=cap, blocks=blocks, then=then)
@@ -1916,9 +1771,8 @@ INTERRUPTED_REASON = "interrupted while executing; outcome unknown"
 
 def evaluate(config, tool, args, facts, attempt=None, approved=False,
              judged=None):
-    """The policy's decision (section 3), with what an approval binds
-    (capability) and shows (presentation). Re-running an unknown
-    outcome (`attempt`) always needs an operator."""
+    """The policy's decision, with what an approval binds (capability) and
+    shows (presentation). A re-run (`attempt`) always needs an operator."""
     decision = policy_decision(config, tool, args, facts,
                                rerun=bool(attempt), approved=approved,
                                judged=judged)
@@ -1934,12 +1788,11 @@ def evaluate(config, tool, args, facts, attempt=None, approved=False,
     if attempt:
         capability["interrupted"] = attempt
         notice = (
-            f"An earlier attempt started at {attempt['started_at']} "
-            f"in run {attempt['run_id']} {HOW[attempt['ended']]}, so "
-            f"it may have taken effect. Approving runs it again when "
-            f"the model calls again; rejecting ends this request, and "
-            f"a later identical call asks an operator again whatever "
-            f"the policy says.")
+            f"An earlier attempt started at {attempt['started_at']} in run "
+            f"{attempt['run_id']} {HOW[attempt['ended']]}, so it may have "
+            f"taken effect. Approving runs it again when the model calls "
+            f"again; rejecting ends this request, and a later identical call "
+            f"asks an operator again whatever the policy says.")
         shown = {**capability, "notice": notice,
                  "reason": INTERRUPTED_REASON,
                  "question": f"Run {where} again with these arguments?"}
@@ -1948,16 +1801,13 @@ def evaluate(config, tool, args, facts, attempt=None, approved=False,
                 "kind": "interrupted_side_effect",
                 "capability": capability, "presentation": shown}
     question = f"May the model call {where} with these arguments?"
-    shown = {**capability, "question": question,
-             "reason": decision["reason"]}
+    shown = {**capability, "question": question, "reason": decision["reason"]}
     if decision["by"] not in ("class", "rule outcome"):
-        # What decided is part of what is approved. When a limit
-        # frees up is fixed by the history before the decision, so
-        # recheck, reading it, hashes alike.
+        # What decided is part of what is approved. When a limit frees up
+        # is fixed by the history before the decision: recheck hashes alike.
         shown["decided_by"] = decision["by"]
         if "limit" in decision:
-            shown.update(limit=decision["limit"],
-                         frees=frees_text(decision))
+            shown.update(limit=decision["limit"], frees=frees_text(decision))
     decision.update(kind=tool.side_effect, capability=capability,
                     presentation=shown)
     return decision
@@ -1970,8 +1820,7 @@ def approval_hash(kind, capability, presentation, request):
 
 
 def new_approval(config, run_id, step_id, tool, args, decision):
-    """A pending approval in its one shape, its row as
-    Store.read_approvals reads it."""
+    """A pending approval, its row as Store.read_approvals reads it."""
     request = {"run_id": run_id, "step_id": step_id, "spec": tool.spec,
                "args": args}
     kind, capability = decision["kind"], decision["capability"]
@@ -1990,8 +1839,7 @@ def new_approval(config, run_id, step_id, tool, args, decision):
 
 
 def stored_hash(row):
-    """An approval row's hash from its stored fields; a tampered row
-    differs."""
+    """A row's hash from its stored fields; a tampered row differs."""
     try:
         return approval_hash(
             row["kind"], parse(row["capability_json"]),
@@ -2001,8 +1849,7 @@ def stored_hash(row):
 
 
 def judged_request(tool, args, work=None):
-    """A request's Judgement with its schema check made (on `work`,
-    the call's PatternWork)."""
+    """A request's Judgement, its schema check made on `work`."""
     work = PatternWork() if work is None else work
     return Judgement(check_arguments(tool, args, work), work)
 
