@@ -4226,16 +4226,15 @@ def confirmed(lines, out, shortened=False, what="", verb="",
 #
 # Reads as: library
 #
-# Contract: parse(data) returns one JSON value, each number a
-# Number keeping its literal, or raises CanonicalError with the
-# first reason: nesting past 256, invalid UTF-8, not one RFC 8259
-# value, an unpaired surrogate escape, a repeated key, a float64
-# overflow in a container, a literal past the bound. canonical:
-# no whitespace, keys sorted, Numbers as written, and `<>&`,
-# U+2028/9 escaped besides JSON's own; policy_json without those
-# five; pretty_json indented.
-# Differential test: tests/test_canonical.py (a reference
-# encoder; node's TextDecoder and JSON.parse).
+# Contract: parse(data) returns one JSON value, each number a Number keeping
+# its literal, or raises CanonicalError with the first reason: nesting past
+# 256, invalid UTF-8, not one RFC 8259 value, an unpaired surrogate escape, a
+# repeated key, a float64 overflow in a container, a literal past the bound.
+# canonical: no whitespace, keys sorted, Numbers as written, and `<>&`,
+# U+2028/9 escaped besides JSON's own; policy_json without those five;
+# pretty_json indented.
+# Differential test: tests/test_canonical.py (a reference encoder; node's
+# TextDecoder and JSON.parse).
 # =============================================================================================
 
 MAX_DEPTH = 256
@@ -4291,12 +4290,11 @@ _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 
 def _too_deep(data):
-    """Whether it nests past MAX_DEPTH, in linear time. Exact
-    for valid JSON: (1) depth is at most the count of openings;
-    (2) outside strings is no backslash, and removing `\\\\`
-    then `\\"` removes exactly the escaped ones; (3) every quote
-    left bounds a string, so _STRING_RE removes the strings; (4)
-    a pass removing every `[]` lowers the depth by one."""
+    """Whether it nests past MAX_DEPTH, in linear time. Exact for valid JSON:
+    (1) depth is at most the count of openings; (2) outside strings is no
+    backslash, and removing `\\\\` then `\\"` removes exactly the escaped ones;
+    (3) every quote left bounds a string, so _STRING_RE removes the strings;
+    (4) a pass removing every `[]` lowers the depth by one."""
     if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
         return False  # (1)
     data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
@@ -4532,13 +4530,12 @@ def pretty_json(value, indent="  ", level=0, flat=None, ordered=False):
 #
 # Reads as: library
 #
-# Contract: sanitize shows as ASCII what could move the cursor,
-# reorder or hide text, or draw a line; nothing else changes, and
-# a second pass changes nothing. cut keeps at most `limit` UTF-8
-# bytes, marked '…'. tell is the one way a line reaches a person;
-# a result passed on is never sanitized.
-# Differential test: tests/test_sanitize_differential.py (node's
-# Unicode properties).
+# Contract: sanitize shows as ASCII what could move the cursor, reorder or hide
+# text, or draw a line; nothing else changes, and a second pass changes
+# nothing. cut keeps at most `limit` UTF-8 bytes, marked '…'. tell is the one
+# way a line reaches a person; a result passed on is never sanitized.
+# Differential test: tests/test_sanitize_differential.py (node's Unicode
+# properties).
 # =============================================================================================
 
 INVISIBLE = (
@@ -4547,8 +4544,7 @@ INVISIBLE = (
     | {0x061C, 0xFFF9, 0xFFFA, 0xFFFB, 0xFEFF, 0x00AD, 0x180E, 0x2028, 0x2029}
     | set(range(0xE0000, 0xE0080))
     | set(range(0x1BCA0, 0x1BCA4)) | set(range(0x1D173, 0x1D17B)))
-# The table as one class: text with nothing to change costs one
-# scan in C.
+# The table as one class: text with nothing to change costs one scan in C.
 _NEEDS_CARE = re.compile(
     "[\x00-\x1f\x7f-\x9f\ud800-\udfff%s]"
     % "".join(map(chr, sorted(INVISIBLE))))
@@ -4648,12 +4644,11 @@ def log(message):
 #
 # Reads as: library
 #
-# Contract: compile_pattern accepts a subset of ECMA-262 u-mode
-# patterns, or raises PatternError saying why and what to write:
-# no backreferences, lookaround, named groups, \p{..}, \cX,
-# escaped surrogates, counts over 1000, nesting over 100, NFAs
-# over 10,000 states. Pattern.search answers as RegExp's test, in
-# time linear in the text; PatternWork bounds one call's work.
+# Contract: compile_pattern accepts a subset of ECMA-262 u-mode patterns, or
+# raises PatternError saying why and what to write: no backreferences,
+# lookaround, named groups, \p{..}, \cX, escaped surrogates, counts over 1000,
+# nesting over 100, NFAs over 10,000 states. Pattern.search answers as RegExp's
+# test, in time linear in the text; PatternWork bounds one call's work.
 # Differential test: tests/test_patterns.py (node's RegExp).
 # =============================================================================================
 
@@ -5103,16 +5098,15 @@ class PatternWork:
 #
 # Reads as: library
 #
-# Contract: validate(schema, value) raises SchemaError naming the
-# first failing path and what was expected: draft 2020-12's
-# applicators and validation, `$ref` inside the schema, and the
-# older spellings; unknown keywords ignored. schema_problem says
-# why a schema cannot be used, or ''. Numbers compare exactly.
-# One call's checks share a PatternWork; what it cannot pay
-# raises PatternCost, never taken for a value that does not
-# match. resolve_pointer finds a value, or its default.
-# Differential tests: tests/test_schema_differential.py
-# (jsonschema), tests/test_pointer_differential.py (referencing).
+# Contract: validate(schema, value) raises SchemaError naming the first failing
+# path and what was expected: draft 2020-12's applicators and validation,
+# `$ref` inside the schema, and the older spellings; unknown keywords ignored.
+# schema_problem says why a schema cannot be used, or ''. Numbers compare
+# exactly. One call's checks share a PatternWork; what it cannot pay raises
+# PatternCost, never taken for a value that does not match. resolve_pointer
+# finds a value, or its default.
+# Differential tests: tests/test_schema_differential.py (jsonschema),
+# tests/test_pointer_differential.py (referencing).
 # =============================================================================================
 
 JSON_TYPES = ("object", "array", "string", "number", "integer",
@@ -5736,11 +5730,10 @@ def path_under(value, roots):
 
 
 def resolved_path(path):
-    """None where a server may read it otherwise: through /proc
-    (its self links are the server's), past MAX_LINKS (a loop),
-    through a file or an unreadable directory, or a name another
-    entry equals under NFKC (servers match names normalised).
-    Not realpath: its reading of a loop changed, and it recurses.
+    """None where a server may read it otherwise: through /proc (its self links
+    are the server's), past MAX_LINKS (a loop), through a file or an unreadable
+    directory, or a name another entry equals under NFKC (servers match names
+    normalised). Not realpath: its reading of a loop changed, and it recurses.
     """
     resolved, pending, links = [], path.split("/")[::-1], 0
     while pending:
@@ -5903,12 +5896,11 @@ def prose_time(text):
 #
 # Reads as: library
 #
-# Contract: each reader returns a field exactly when the JSON
-# Schema its docstring names accepts it (a number as int or
-# Decimal, a duration in ns, absent as its `absent:` says), else
-# raises ConfigError naming the field and what to write.
-# Differential test: tests/test_fields_differential.py
-# (jsonschema).
+# Contract: each reader returns a field exactly when the JSON Schema its
+# docstring names accepts it (a number as int or Decimal, a duration in ns,
+# absent as its `absent:` says), else raises ConfigError naming the field and
+# what to write.
+# Differential test: tests/test_fields_differential.py (jsonschema).
 # =============================================================================================
 
 def refuse_unknown(raw, fields, where):
@@ -5923,9 +5915,8 @@ def refuse_unknown(raw, fields, where):
 
 
 def field_string(raw, field, where, required=False):
-    """{"type": "string"}; absent or null: "";
-    if required, {"type": "string", "minLength": 1};
-    absent or null: refused."""
+    """{"type": "string"}; absent or null: ""; if required, {"type": "string",
+    "minLength": 1}; absent or null: refused."""
     value = raw.get(field)
     if value is None and required:
         raise ConfigError(f"{where} needs {field}")
@@ -5989,10 +5980,9 @@ def field_duration(raw, field, where, default):
 
 
 def parse_decimal(value, where):
-    """{"type": ["number", "string"], "maxLength": 10000,
-    "pattern":
-    "^-?(0|[1-9][0-9]*)([.][0-9]+)?([eE][+-]?0*([0-9]{1,4}|10000))?$"},
-    as a Decimal."""
+    """{"type": ["number", "string"], "maxLength": 10000, "pattern":
+    "^-?(0|[1-9][0-9]*)([.][0-9]+)?([eE][+-]?0*([0-9]{1,4}|10000))?$"}, as a
+    Decimal."""
     if isinstance(value, Number):
         return value.exact()
     if isinstance(value, str):
@@ -6011,8 +6001,7 @@ def decimal_text(text):
 
 
 def whole_number(value, where, least, most=math.inf, note=""):
-    """{"type": "integer", "minimum": least, "maximum": most}, as
-    an int."""
+    """{"type": "integer", "minimum": least, "maximum": most}, as an int."""
     if not isinstance(value, Number) or not value.is_integer() or \
             not least <= value.exact() <= most:
         upto = "" if most == math.inf else f" and at most {most}"
@@ -6035,12 +6024,11 @@ def one_of(value, choices, where):
 #
 # Reads as: library
 #
-# Contract: During(raw, where) reads a `during` object (a `zone`,
-# `days`, `hours`) or raises ConfigError. holds(at): on the zone's
-# wall clock the instant's own day is listed and its minute in
-# [start, end), which runs past midnight when end comes first.
-# Differential test: tests/test_days_differential.py (node's
-# Intl).
+# Contract: During(raw, where) reads a `during` object (a `zone`, `days`,
+# `hours`) or raises ConfigError. holds(at): on the zone's wall clock the
+# instant's own day is listed and its minute in [start, end), which runs past
+# midnight when end comes first.
+# Differential test: tests/test_days_differential.py (node's Intl).
 # =============================================================================================
 
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -6049,9 +6037,8 @@ _ZONE_RE = re.compile(r"[A-Za-z0-9_+.-]+(/[A-Za-z0-9_+.-]+){0,3}")
 
 
 def _zone(name):
-    """Only a name spelled as tz spells zones (zoneinfo recurses
-    a level a part); no file beside them (right/ counts leap
-    seconds)."""
+    """Only a name spelled as tz spells zones (zoneinfo recurses a level a
+    part); no file beside them (right/ counts leap seconds)."""
     import zoneinfo  # only `during` needs the tz database
     if not isinstance(name, str) or not _ZONE_RE.fullmatch(name):
         return None
@@ -6139,14 +6126,13 @@ class During:
 #
 # Reads as: library
 #
-# Contract: result_record(passed) identifies exactly the result
-# passed on: its size and sha256, and per block (up to
-# RECORDED_BLOCKS) its labels and text, or the size and hash of
-# its data; kept strings share CONTENT_CAP bytes, and a cut text
-# keeps the size and hash of all of it. block_labels,
-# outcome_text and result_summary read it back.
-# Differential test: tests/test_result_record_differential.py
-# (node's Buffer and crypto).
+# Contract: result_record(passed) identifies exactly the result passed on: its
+# size and sha256, and per block (up to RECORDED_BLOCKS) its labels and text,
+# or the size and hash of its data; kept strings share CONTENT_CAP bytes, and a
+# cut text keeps the size and hash of all of it. block_labels, outcome_text and
+# result_summary read it back.
+# Differential test: tests/test_result_record_differential.py (node's Buffer
+# and crypto).
 # =============================================================================================
 
 CONTENT_CAP = 65536  # bytes of result text kept, and in prose
