@@ -5938,8 +5938,7 @@ def field_bool(raw, field, where):
 
 
 def field_names(raw, field, where):
-    """{"type": "array", "items": {"type": "string"}}; absent:
-    []."""
+    """{"type": "array", "items": {"type": "string"}}; absent: []."""
     value = raw.get(field, [])
     if not isinstance(value, list) or \
             not all(isinstance(v, str) for v in value):
