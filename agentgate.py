@@ -5278,9 +5278,8 @@ def parse_pointer(text, where):
     """A JSON Pointer into the arguments, as unescaped tokens."""
     if not isinstance(text, str) or not text.startswith("/"):
         raise ConfigError(
-            f"{where}: {quote(str(text))} is not a JSON Pointer "
-            f'into the arguments; write it like "/amount" or '
-            f'"/payee/name"')
+            f"{where}: {quote(str(text))} is not a JSON Pointer into the "
+            'arguments; write it like "/amount" or "/payee/name"')
     if re.search("~(?![01])", text):
         raise ConfigError(
             f"{where}: {quote(text)} has a '~' that is not ~0 or "
@@ -6055,9 +6054,8 @@ class During:
     def __init__(self, raw, where):
         if not isinstance(raw, dict) or not raw:
             raise ConfigError(
-                f'{where} must be an object such as {{"days": '
-                f'"mon-fri", "hours": "09:00-18:00", "zone": '
-                f'"Europe/Paris"}}')
+                f'{where} must be an object such as {{"days": "mon-fri", '
+                f'"hours": "09:00-18:00", "zone": "Europe/Paris"}}')
         refuse_unknown(raw, ("days", "hours", "zone"), where)
         zone = raw.get("zone")
         if zone is None:
@@ -6067,9 +6065,8 @@ class During:
         self.zone = _zone(zone)
         if self.zone is None:
             raise ConfigError(
-                f"{where}.zone {quote(str(zone))} is not a time "
-                f"zone this machine knows; name one such as "
-                f'"Europe/Paris" or "UTC"')
+                f"{where}.zone {quote(str(zone))} is not a time zone this "
+                'machine knows; name one such as "Europe/Paris" or "UTC"')
         if "days" not in raw and "hours" not in raw:
             raise ConfigError(f"{where} needs days, hours or both")
         self.raw = raw  # for the load report
