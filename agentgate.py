@@ -4430,15 +4430,6 @@ _HTML_ESCAPES = (
 encode_string = json.encoder.encode_basestring
 
 
-def _html(text):
-    """These characters stand only inside strings, and no escape
-    writes one: this escapes exactly the strings'."""
-    for ch, escape in _HTML_ESCAPES:
-        if ch in text:
-            text = text.replace(ch, escape)
-    return text
-
-
 _CONSTANTS = {True: "true", False: "false", None: "null"}
 
 
@@ -4478,7 +4469,11 @@ def _encoded(value, html):
     out = []
     _encode(value, out)
     text = "".join(out)
-    return _html(text) if html else text
+    # These characters stand only inside strings, and no escape writes
+    # one: this escapes exactly the strings'.
+    for ch, escape in _HTML_ESCAPES if html else ():
+        text = text.replace(ch, escape)
+    return text
 
 
 def canonical(value):
@@ -5682,7 +5677,7 @@ def host_entry(entry, with_scheme, where):
             (scheme and not _SCHEME_RE.fullmatch(scheme)):
         raise ConfigError(
             f"{where}: {quote(entry)} is not a host name; write it"
-            f' like "example.com", or ".example.com" for its ' f"subdomains")
+            ' like "example.com", or ".example.com" for its subdomains')
     if scheme and not with_scheme:
         raise ConfigError(
             f"{where}: {quote(entry)} names a scheme, which only "
