@@ -4366,8 +4366,7 @@ class _Reading:
 
     def number(self, literal):
         reason = number_bound(literal)
-        if reason and not self.bound:
-            self.bound = reason
+        self.bound = self.bound or reason
         if not reason and not self.overflow and math.isinf(float(literal)):
             self.overflow = literal
         return Number(literal)
@@ -4952,8 +4951,7 @@ class _DFAState:
     __slots__ = ("nfa", "prev_word", "at_start", "moves")
 
     def __init__(self, nfa, prev_word, at_start):
-        self.nfa, self.prev_word = nfa, prev_word
-        self.at_start = at_start
+        self.nfa, self.prev_word, self.at_start = nfa, prev_word, at_start
         # character (None: the end) -> _DFAState, True or False
         self.moves = {}
 
@@ -5098,8 +5096,8 @@ class PatternWork:
 # `$ref` inside the schema, and the older spellings; unknown keywords ignored.
 # schema_problem says why a schema cannot be used, or ''. Numbers compare
 # exactly. One call's checks share a PatternWork; what it cannot pay raises
-# PatternCost, never taken for a value that does not match. resolve_pointer
-# finds a value, or its default.
+# PatternCost, never taken for a value that does not match. pointed finds
+# a value, or its default.
 # Differential tests: tests/test_schema_differential.py (jsonschema),
 # tests/test_pointer_differential.py (referencing).
 # =============================================================================================
@@ -5163,7 +5161,7 @@ def _keyword_problem(schema, root, where):
         return f"{where}/type names an unknown type"
     for key in _UNCHECKED:
         if key in schema:
-            return (f"{where} uses {key}, which this validator does not check")
+            return f"{where} uses {key}, which this validator does not check"
     for key in _COUNT_KEYWORDS:
         if key in schema and not _is_count(schema[key]):
             return f"{where}/{key} must be a non-negative integer"
@@ -5197,7 +5195,7 @@ def _pattern_problem(schema, where):
         try:
             compile_pattern(pattern)
         except PatternError as err:
-            return (f"{where}/{what} {quote(pattern)} cannot be used: {err}")
+            return f"{where}/{what} {quote(pattern)} cannot be used: {err}"
     return ""
 
 
@@ -5283,11 +5281,6 @@ def parse_pointer(text, where):
     return tuple(t.replace("~1", "/").replace("~0", "~") for t in tokens)
 
 
-def resolve_pointer(args, tokens, schema):
-    """As the server reads it: an omitted amount at its default."""
-    return pointed(args, tokens, schema)[0]
-
-
 def _item(value, token):
     if isinstance(value, dict) and token in value:
         return value[token]
@@ -5298,7 +5291,8 @@ def _item(value, token):
 
 
 def pointed(args, tokens, schema):
-    """The value at a pointer, and its part of the schema."""
+    """The value at a pointer as the server reads it (an omitted amount at
+    its default), and its part of the schema."""
     value, node = args, schema
     for token in tokens:
         parent, value = value, _item(value, token)
@@ -5649,10 +5643,8 @@ def host_matches(scheme, host, entries):
             wanted, name = scheme, entry
         if wanted != scheme:
             continue
-        if name.startswith("."):
-            if host.endswith(name):
-                return True
-        elif host == name:
+        dotted = name.startswith(".") and host.endswith(name)
+        if dotted or host == name:
             return True
     return False
 
@@ -6168,9 +6160,7 @@ def recorded_block(block, keep):
     for label in ("mimeType", "uri", "name"):
         if isinstance(source.get(label), str):
             entry[label] = keep(source[label])
-    text = None
-    if kind in ("text", "resource"):
-        text = source.get("text")
+    text = source.get("text") if kind in ("text", "resource") else None
     data = source.get(_DATA_FIELD.get(kind))
     if isinstance(text, str):
         entry["text"] = keep(text)
@@ -6236,9 +6226,8 @@ def outcome_text(observed):
     blocks, labels = record["blocks"], block_labels(record)
     parts = []
     for entry, label in zip(blocks, labels):
-        text = None
-        if entry["type"] == "text" and not withheld:
-            text = entry.get("text")
+        shown = entry["type"] == "text" and not withheld
+        text = entry.get("text") if shown else None
         parts.append(label if text is None else text)
     parts += labels[len(blocks):]
     structured = record.get("structured", {})
