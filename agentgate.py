@@ -4073,16 +4073,15 @@ def confirmed(lines, out, shortened=False, what="", verb="",
 #
 # Reads as: library
 #
-# Contract: parse(data) returns one JSON value, each number a
-# Number keeping its literal, or raises CanonicalError with the
-# first reason: nesting past 256, invalid UTF-8, not one RFC 8259
-# value, an unpaired surrogate escape, a repeated key, a float64
-# overflow in a container, a literal past the bound. canonical:
-# no whitespace, keys sorted, Numbers as written, and `<>&`,
-# U+2028/9 escaped besides JSON's own; policy_json without those
-# five; pretty_json indented.
-# Differential test: tests/test_canonical.py (a reference
-# encoder; node's TextDecoder and JSON.parse).
+# Contract: parse(data) returns one JSON value, each number a Number keeping
+# its literal, or raises CanonicalError with the first reason: nesting past
+# 256, invalid UTF-8, not one RFC 8259 value, an unpaired surrogate escape, a
+# repeated key, a float64 overflow in a container, a literal past the bound.
+# canonical: no whitespace, keys sorted, Numbers as written, and `<>&`,
+# U+2028/9 escaped besides JSON's own; policy_json without those five;
+# pretty_json indented.
+# Differential test: tests/test_canonical.py (a reference encoder; node's
+# TextDecoder and JSON.parse).
 # =============================================================================================
 
 MAX_DEPTH = 256
@@ -4138,12 +4137,11 @@ _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 
 def _too_deep(data):
-    """Whether it nests past MAX_DEPTH, in linear time. Exact
-    for valid JSON: (1) depth is at most the count of openings;
-    (2) outside strings is no backslash, and removing `\\\\`
-    then `\\"` removes exactly the escaped ones; (3) every quote
-    left bounds a string, so _STRING_RE removes the strings; (4)
-    a pass removing every `[]` lowers the depth by one."""
+    """Whether it nests past MAX_DEPTH, in linear time. Exact for valid JSON:
+    (1) depth is at most the count of openings; (2) outside strings is no
+    backslash, and removing `\\\\` then `\\"` removes exactly the escaped ones;
+    (3) every quote left bounds a string, so _STRING_RE removes the strings;
+    (4) a pass removing every `[]` lowers the depth by one."""
     if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
         return False  # (1)
     data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
@@ -4215,8 +4213,7 @@ class _Reading:
 
     def number(self, literal):
         reason = number_bound(literal)
-        if reason and not self.bound:
-            self.bound = reason
+        self.bound = self.bound or reason
         if not reason and not self.overflow and math.isinf(float(literal)):
             self.overflow = literal
         return Number(literal)
@@ -4279,15 +4276,6 @@ _HTML_ESCAPES = (
 encode_string = json.encoder.encode_basestring
 
 
-def _html(text):
-    """These characters stand only inside strings, and no escape
-    writes one: this escapes exactly the strings'."""
-    for ch, escape in _HTML_ESCAPES:
-        if ch in text:
-            text = text.replace(ch, escape)
-    return text
-
-
 _CONSTANTS = {True: "true", False: "false", None: "null"}
 
 
@@ -4327,7 +4315,11 @@ def _encoded(value, html):
     out = []
     _encode(value, out)
     text = "".join(out)
-    return _html(text) if html else text
+    # These characters stand only inside strings, and no escape writes
+    # one: this escapes exactly the strings'.
+    for ch, escape in _HTML_ESCAPES if html else ():
+        text = text.replace(ch, escape)
+    return text
 
 
 def canonical(value):
@@ -4379,13 +4371,12 @@ def pretty_json(value, indent="  ", level=0, flat=None, ordered=False):
 #
 # Reads as: library
 #
-# Contract: sanitize shows as ASCII what could move the cursor,
-# reorder or hide text, or draw a line; nothing else changes, and
-# a second pass changes nothing. cut keeps at most `limit` UTF-8
-# bytes, marked '…'. tell is the one way a line reaches a person;
-# a result passed on is never sanitized.
-# Differential test: tests/test_sanitize_differential.py (node's
-# Unicode properties).
+# Contract: sanitize shows as ASCII what could move the cursor, reorder or hide
+# text, or draw a line; nothing else changes, and a second pass changes
+# nothing. cut keeps at most `limit` UTF-8 bytes, marked '…'. tell is the one
+# way a line reaches a person; a result passed on is never sanitized.
+# Differential test: tests/test_sanitize_differential.py (node's Unicode
+# properties).
 # =============================================================================================
 
 INVISIBLE = (
@@ -4394,8 +4385,7 @@ INVISIBLE = (
     | {0x061C, 0xFFF9, 0xFFFA, 0xFFFB, 0xFEFF, 0x00AD, 0x180E, 0x2028, 0x2029}
     | set(range(0xE0000, 0xE0080))
     | set(range(0x1BCA0, 0x1BCA4)) | set(range(0x1D173, 0x1D17B)))
-# The table as one class: text with nothing to change costs one
-# scan in C.
+# The table as one class: text with nothing to change costs one scan in C.
 _NEEDS_CARE = re.compile(
     "[\x00-\x1f\x7f-\x9f\ud800-\udfff%s]"
     % "".join(map(chr, sorted(INVISIBLE))))
@@ -4495,12 +4485,11 @@ def log(message):
 #
 # Reads as: library
 #
-# Contract: compile_pattern accepts a subset of ECMA-262 u-mode
-# patterns, or raises PatternError saying why and what to write:
-# no backreferences, lookaround, named groups, \p{..}, \cX,
-# escaped surrogates, counts over 1000, nesting over 100, NFAs
-# over 10,000 states. Pattern.search answers as RegExp's test, in
-# time linear in the text; PatternWork bounds one call's work.
+# Contract: compile_pattern accepts a subset of ECMA-262 u-mode patterns, or
+# raises PatternError saying why and what to write: no backreferences,
+# lookaround, named groups, \p{..}, \cX, escaped surrogates, counts over 1000,
+# nesting over 100, NFAs over 10,000 states. Pattern.search answers as RegExp's
+# test, in time linear in the text; PatternWork bounds one call's work.
 # Differential test: tests/test_patterns.py (node's RegExp).
 # =============================================================================================
 
@@ -4809,8 +4798,7 @@ class _DFAState:
     __slots__ = ("nfa", "prev_word", "at_start", "moves")
 
     def __init__(self, nfa, prev_word, at_start):
-        self.nfa, self.prev_word = nfa, prev_word
-        self.at_start = at_start
+        self.nfa, self.prev_word, self.at_start = nfa, prev_word, at_start
         # character (None: the end) -> _DFAState, True or False
         self.moves = {}
 
@@ -4950,16 +4938,15 @@ class PatternWork:
 #
 # Reads as: library
 #
-# Contract: validate(schema, value) raises SchemaError naming the
-# first failing path and what was expected: draft 2020-12's
-# applicators and validation, `$ref` inside the schema, and the
-# older spellings; unknown keywords ignored. schema_problem says
-# why a schema cannot be used, or ''. Numbers compare exactly.
-# One call's checks share a PatternWork; what it cannot pay
-# raises PatternCost, never taken for a value that does not
-# match. resolve_pointer finds a value, or its default.
-# Differential tests: tests/test_schema_differential.py
-# (jsonschema), tests/test_pointer_differential.py (referencing).
+# Contract: validate(schema, value) raises SchemaError naming the first failing
+# path and what was expected: draft 2020-12's applicators and validation,
+# `$ref` inside the schema, and the older spellings; unknown keywords ignored.
+# schema_problem says why a schema cannot be used, or ''. Numbers compare
+# exactly. One call's checks share a PatternWork; what it cannot pay raises
+# PatternCost, never taken for a value that does not match. pointed finds
+# a value, or its default.
+# Differential tests: tests/test_schema_differential.py (jsonschema),
+# tests/test_pointer_differential.py (referencing).
 # =============================================================================================
 
 JSON_TYPES = ("object", "array", "string", "number", "integer",
@@ -5021,7 +5008,7 @@ def _keyword_problem(schema, root, where):
         return f"{where}/type names an unknown type"
     for key in _UNCHECKED:
         if key in schema:
-            return (f"{where} uses {key}, which this validator does not check")
+            return f"{where} uses {key}, which this validator does not check"
     for key in _COUNT_KEYWORDS:
         if key in schema and not _is_count(schema[key]):
             return f"{where}/{key} must be a non-negative integer"
@@ -5055,7 +5042,7 @@ def _pattern_problem(schema, where):
         try:
             compile_pattern(pattern)
         except PatternError as err:
-            return (f"{where}/{what} {quote(pattern)} cannot be used: {err}")
+            return f"{where}/{what} {quote(pattern)} cannot be used: {err}"
     return ""
 
 
@@ -5131,20 +5118,14 @@ def parse_pointer(text, where):
     """A JSON Pointer into the arguments, as unescaped tokens."""
     if not isinstance(text, str) or not text.startswith("/"):
         raise ConfigError(
-            f"{where}: {quote(str(text))} is not a JSON Pointer "
-            f'into the arguments; write it like "/amount" or '
-            f'"/payee/name"')
+            f"{where}: {quote(str(text))} is not a JSON Pointer into the "
+            'arguments; write it like "/amount" or "/payee/name"')
     if re.search("~(?![01])", text):
         raise ConfigError(
             f"{where}: {quote(text)} has a '~' that is not ~0 or "
             f"~1; write ~0 for '~' and ~1 for '/'")
     tokens = text[1:].split("/")
     return tuple(t.replace("~1", "/").replace("~0", "~") for t in tokens)
-
-
-def resolve_pointer(args, tokens, schema):
-    """As the server reads it: an omitted amount at its default."""
-    return pointed(args, tokens, schema)[0]
 
 
 def _item(value, token):
@@ -5157,7 +5138,8 @@ def _item(value, token):
 
 
 def pointed(args, tokens, schema):
-    """The value at a pointer, and its part of the schema."""
+    """The value at a pointer as the server reads it (an omitted amount at
+    its default), and its part of the schema."""
     value, node = args, schema
     for token in tokens:
         parent, value = value, _item(value, token)
@@ -5508,10 +5490,8 @@ def host_matches(scheme, host, entries):
             wanted, name = scheme, entry
         if wanted != scheme:
             continue
-        if name.startswith("."):
-            if host.endswith(name):
-                return True
-        elif host == name:
+        dotted = name.startswith(".") and host.endswith(name)
+        if dotted or host == name:
             return True
     return False
 
@@ -5536,7 +5516,7 @@ def host_entry(entry, with_scheme, where):
             (scheme and not _SCHEME_RE.fullmatch(scheme)):
         raise ConfigError(
             f"{where}: {quote(entry)} is not a host name; write it"
-            f' like "example.com", or ".example.com" for its ' f"subdomains")
+            ' like "example.com", or ".example.com" for its subdomains')
     if scheme and not with_scheme:
         raise ConfigError(
             f"{where}: {quote(entry)} names a scheme, which only "
@@ -5583,11 +5563,10 @@ def path_under(value, roots):
 
 
 def resolved_path(path):
-    """None where a server may read it otherwise: through /proc
-    (its self links are the server's), past MAX_LINKS (a loop),
-    through a file or an unreadable directory, or a name another
-    entry equals under NFKC (servers match names normalised).
-    Not realpath: its reading of a loop changed, and it recurses.
+    """None where a server may read it otherwise: through /proc (its self links
+    are the server's), past MAX_LINKS (a loop), through a file or an unreadable
+    directory, or a name another entry equals under NFKC (servers match names
+    normalised). Not realpath: its reading of a loop changed, and it recurses.
     """
     resolved, pending, links = [], path.split("/")[::-1], 0
     while pending:
@@ -5750,12 +5729,11 @@ def prose_time(text):
 #
 # Reads as: library
 #
-# Contract: each reader returns a field exactly when the JSON
-# Schema its docstring names accepts it (a number as int or
-# Decimal, a duration in ns, absent as its `absent:` says), else
-# raises ConfigError naming the field and what to write.
-# Differential test: tests/test_fields_differential.py
-# (jsonschema).
+# Contract: each reader returns a field exactly when the JSON Schema its
+# docstring names accepts it (a number as int or Decimal, a duration in ns,
+# absent as its `absent:` says), else raises ConfigError naming the field and
+# what to write.
+# Differential test: tests/test_fields_differential.py (jsonschema).
 # =============================================================================================
 
 def refuse_unknown(raw, fields, where):
@@ -5770,9 +5748,8 @@ def refuse_unknown(raw, fields, where):
 
 
 def field_string(raw, field, where, required=False):
-    """{"type": "string"}; absent or null: "";
-    if required, {"type": "string", "minLength": 1};
-    absent or null: refused."""
+    """{"type": "string"}; absent or null: ""; if required, {"type": "string",
+    "minLength": 1}; absent or null: refused."""
     value = raw.get(field)
     if value is None and required:
         raise ConfigError(f"{where} needs {field}")
@@ -5794,8 +5771,7 @@ def field_bool(raw, field, where):
 
 
 def field_names(raw, field, where):
-    """{"type": "array", "items": {"type": "string"}}; absent:
-    []."""
+    """{"type": "array", "items": {"type": "string"}}; absent: []."""
     value = raw.get(field, [])
     if not isinstance(value, list) or \
             not all(isinstance(v, str) for v in value):
@@ -5836,10 +5812,9 @@ def field_duration(raw, field, where, default):
 
 
 def parse_decimal(value, where):
-    """{"type": ["number", "string"], "maxLength": 10000,
-    "pattern":
-    "^-?(0|[1-9][0-9]*)([.][0-9]+)?([eE][+-]?0*([0-9]{1,4}|10000))?$"},
-    as a Decimal."""
+    """{"type": ["number", "string"], "maxLength": 10000, "pattern":
+    "^-?(0|[1-9][0-9]*)([.][0-9]+)?([eE][+-]?0*([0-9]{1,4}|10000))?$"}, as a
+    Decimal."""
     if isinstance(value, Number):
         return value.exact()
     if isinstance(value, str):
@@ -5858,8 +5833,7 @@ def decimal_text(text):
 
 
 def whole_number(value, where, least, most=math.inf, note=""):
-    """{"type": "integer", "minimum": least, "maximum": most}, as
-    an int."""
+    """{"type": "integer", "minimum": least, "maximum": most}, as an int."""
     if not isinstance(value, Number) or not value.is_integer() or \
             not least <= value.exact() <= most:
         upto = "" if most == math.inf else f" and at most {most}"
@@ -5882,12 +5856,11 @@ def one_of(value, choices, where):
 #
 # Reads as: library
 #
-# Contract: During(raw, where) reads a `during` object (a `zone`,
-# `days`, `hours`) or raises ConfigError. holds(at): on the zone's
-# wall clock the instant's own day is listed and its minute in
-# [start, end), which runs past midnight when end comes first.
-# Differential test: tests/test_days_differential.py (node's
-# Intl).
+# Contract: During(raw, where) reads a `during` object (a `zone`, `days`,
+# `hours`) or raises ConfigError. holds(at): on the zone's wall clock the
+# instant's own day is listed and its minute in [start, end), which runs past
+# midnight when end comes first.
+# Differential test: tests/test_days_differential.py (node's Intl).
 # =============================================================================================
 
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -5896,9 +5869,8 @@ _ZONE_RE = re.compile(r"[A-Za-z0-9_+.-]+(/[A-Za-z0-9_+.-]+){0,3}")
 
 
 def _zone(name):
-    """Only a name spelled as tz spells zones (zoneinfo recurses
-    a level a part); no file beside them (right/ counts leap
-    seconds)."""
+    """Only a name spelled as tz spells zones (zoneinfo recurses a level a
+    part); no file beside them (right/ counts leap seconds)."""
     import zoneinfo  # only `during` needs the tz database
     if not isinstance(name, str) or not _ZONE_RE.fullmatch(name):
         return None
@@ -5916,9 +5888,8 @@ class During:
     def __init__(self, raw, where):
         if not isinstance(raw, dict) or not raw:
             raise ConfigError(
-                f'{where} must be an object such as {{"days": '
-                f'"mon-fri", "hours": "09:00-18:00", "zone": '
-                f'"Europe/Paris"}}')
+                f'{where} must be an object such as {{"days": "mon-fri", '
+                f'"hours": "09:00-18:00", "zone": "Europe/Paris"}}')
         refuse_unknown(raw, ("days", "hours", "zone"), where)
         zone = raw.get("zone")
         if zone is None:
@@ -5928,9 +5899,8 @@ class During:
         self.zone = _zone(zone)
         if self.zone is None:
             raise ConfigError(
-                f"{where}.zone {quote(str(zone))} is not a time "
-                f"zone this machine knows; name one such as "
-                f'"Europe/Paris" or "UTC"')
+                f"{where}.zone {quote(str(zone))} is not a time zone this "
+                'machine knows; name one such as "Europe/Paris" or "UTC"')
         if "days" not in raw and "hours" not in raw:
             raise ConfigError(f"{where} needs days, hours or both")
         self.raw = raw  # for the load report
@@ -5986,14 +5956,13 @@ class During:
 #
 # Reads as: library
 #
-# Contract: result_record(passed) identifies exactly the result
-# passed on: its size and sha256, and per block (up to
-# RECORDED_BLOCKS) its labels and text, or the size and hash of
-# its data; kept strings share CONTENT_CAP bytes, and a cut text
-# keeps the size and hash of all of it. block_labels,
-# outcome_text and result_summary read it back.
-# Differential test: tests/test_result_record_differential.py
-# (node's Buffer and crypto).
+# Contract: result_record(passed) identifies exactly the result passed on: its
+# size and sha256, and per block (up to RECORDED_BLOCKS) its labels and text,
+# or the size and hash of its data; kept strings share CONTENT_CAP bytes, and a
+# cut text keeps the size and hash of all of it. block_labels, outcome_text and
+# result_summary read it back.
+# Differential test: tests/test_result_record_differential.py (node's Buffer
+# and crypto).
 # =============================================================================================
 
 CONTENT_CAP = 65536  # bytes of result text kept, and in prose
@@ -6038,9 +6007,7 @@ def recorded_block(block, keep):
     for label in ("mimeType", "uri", "name"):
         if isinstance(source.get(label), str):
             entry[label] = keep(source[label])
-    text = None
-    if kind in ("text", "resource"):
-        text = source.get("text")
+    text = source.get("text") if kind in ("text", "resource") else None
     data = source.get(_DATA_FIELD.get(kind))
     if isinstance(text, str):
         entry["text"] = keep(text)
@@ -6106,9 +6073,8 @@ def outcome_text(observed):
     blocks, labels = record["blocks"], block_labels(record)
     parts = []
     for entry, label in zip(blocks, labels):
-        text = None
-        if entry["type"] == "text" and not withheld:
-            text = entry.get("text")
+        shown = entry["type"] == "text" and not withheld
+        text = entry.get("text") if shown else None
         parts.append(label if text is None else text)
     parts += labels[len(blocks):]
     structured = record.get("structured", {})

@@ -3,7 +3,7 @@
 A seeded corpus of JSON documents (keys such as "", "~", "a/b", "~1", "%", "0", "01", "é";
 arrays; numbers, strings, null) and of pointers into them: every path that exists, spelled
 with ~0 and ~1, and paths that do not (a key one off, an index past the end, "-", an index with
-a leading zero, a step past a leaf). Each pointer is read by parse_pointer and resolve_pointer
+a leading zero, a step past a leaf). Each pointer is read by parse_pointer and pointed
 (with no schema, so no default fills in), and looked up in the same document, registered as
 a resource, by referencing's Resolver (the package jsonschema resolves $ref with); the values
 found, or that nothing is found, must agree. $refs are compared too: resolve_ref on a schema
@@ -121,7 +121,7 @@ def test_a_pointer_finds_what_referencing_finds_in_a_generated_corpus():
         ours_doc, theirs = agentgate.parse(json.dumps(doc)), resolver(doc)
         for text in texts:
             tokens = agentgate.parse_pointer(text, "w")
-            ours = agentgate.resolve_pointer(ours_doc, tokens, None)
+            ours = agentgate.pointed(ours_doc, tokens, None)[0]
             expected = rfc_says(theirs, text)
             found_some += expected is not NOWHERE
             missed_some += expected is NOWHERE
