@@ -2046,14 +2046,13 @@ def passed_result(tool, result):
 #
 # Reads as: decision core
 #
-# Owns: the SQLite file, every statement that changes it, and the
-# reads the gate decides with (section 23 reads the rest).
-# Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema
-# off; files 0600, refused when others can write them; a state
-# change commits with its events in one BEGIN IMMEDIATE
-# transaction, hash-chained across runs and processes, one event
-# per run per transaction. Nothing here approves. A database of a
-# newer agentgate is refused; new and old migrate by SCHEMA.
+# Owns: the SQLite file, every statement that changes it, and the reads the
+# gate decides with (section 23 reads the rest).
+# Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema off; files
+# 0600, refused when others can write them; a state change commits with its
+# events in one BEGIN IMMEDIATE transaction, hash-chained across runs and
+# processes, one event per run per transaction. Nothing here approves. A
+# database of a newer agentgate is refused; new and old migrate by SCHEMA.
 # =============================================================================================
 
 SCHEMA = [
@@ -2113,9 +2112,8 @@ SCHEMA = [
         payload_json TEXT NOT NULL, hash TEXT NOT NULL);
     CREATE INDEX events_run ON events(run_id, seq);
     """,
-    # 2. What limits count (amounts_json unused: a sum reads the
-    # step), and the grants. Version 1's executions are its
-    # step.tool_started events.
+    # 2. What limits count (amounts_json unused: a sum reads the step), and the
+    # grants. Version 1's executions are its step.tool_started events.
     """
     CREATE TABLE executions(id INTEGER PRIMARY KEY,
         tool TEXT NOT NULL, at TEXT NOT NULL, run_id TEXT NOT NULL,
@@ -2163,20 +2161,17 @@ class Race(Exception):
     so its savepoint rolls back; Gate._decide makes it AGAIN."""
 
 
-
 # A read replaces any open row: reads never race for a key.
 ANY_ROW = "any open row"
 KeyRun = collections.namedtuple(
-    "KeyRun",
-    "run_id status reason detail finished owner expires open")
+    "KeyRun", "run_id status reason detail finished owner expires open")
 UNKNOWN_ENDINGS = ("timed_out", "no_answer", "cut_off")
 CALL_ENDINGS = ("ok", "error", "unsent", "unrecorded",
                 "timed_out", "no_answer")
 LARGE_VALUE_BYTES = 4096
 
 # A run's newest attempt; `attempt` as an approval names it.
-Attempt = collections.namedtuple(
-    "Attempt", "ending observed finished attempt")
+Attempt = collections.namedtuple("Attempt", "ending observed finished attempt")
 
 
 def step_outcome(observed):
@@ -2198,9 +2193,8 @@ def step_outcome(observed):
 ATTEMPT_STEPS = ("SELECT id, status, observation_json, started_at, finished_at"
                  " FROM steps WHERE run_id=? AND json_extract(decision_json,"
                  " '$.kind')='tool_call' ORDER BY idx DESC")
-ASKED_AGAIN = ("SELECT capability_json FROM approvals WHERE step_id=?"
-               " AND kind='interrupted_side_effect' ORDER BY rowid DESC"
-               " LIMIT 1")
+ASKED_AGAIN = ("SELECT capability_json FROM approvals WHERE step_id=? AND"
+               " kind='interrupted_side_effect' ORDER BY rowid DESC LIMIT 1")
 
 
 def last_attempt(rows, run_id):
@@ -2208,8 +2202,7 @@ def last_attempt(rows, run_id):
     carried out stands for the attempt its approval names."""
     for row in rows(ATTEMPT_STEPS, (run_id,)):
         step_id, status, observation, started, finished = row
-        attempt = {"run_id": run_id, "step_id": step_id,
-                   "started_at": started}
+        attempt = {"run_id": run_id, "step_id": step_id, "started_at": started}
         observed = parse(observation) if observation else None
         ending = step_outcome(observed) if observed else ""
         if status == "executing" or ending == "cut_off":
@@ -2253,9 +2246,8 @@ def event_hash(prev, seq, run_id, step_id, at, type_, payload):
 CHAIN_HEAD = ("SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'),"
               " (SELECT seq FROM events ORDER BY seq DESC LIMIT 1),"
               " (SELECT hash FROM events ORDER BY seq DESC LIMIT 1)")
-OPEN_ROW = ("SELECT c.run_id, r.status FROM calls c"
-            " JOIN runs r ON r.id = c.run_id WHERE c.request_key=?"
-            " AND c.open=1 ORDER BY c.id DESC")
+OPEN_ROW = ("SELECT c.run_id, r.status FROM calls c JOIN runs r ON r.id ="
+            " c.run_id WHERE c.request_key=? AND c.open=1 ORDER BY c.id DESC")
 WAITING = ("SELECT count(*) FROM calls c JOIN runs r ON r.id = c.run_id"
            " JOIN approvals a ON a.run_id = r.id WHERE c.session=?"
            " AND c.settled_at='' AND r.status='WAITING_FOR_APPROVAL'"
@@ -2272,9 +2264,8 @@ class Tx:
         self.db = db
         self.execute = db.execute
         self.parts = {}  # run id -> its parts of the record so far
-        # Read under the write lock: processes extend one chain.
-        # The next seq follows every seq used (a deleted tail
-        # leaves a gap verify reports).
+        # Read under the write lock: processes extend one chain. The next seq
+        # follows every seq used (a deleted tail leaves a gap verify reports).
         used, newest, digest = db.execute(CHAIN_HEAD).fetchone()
         self.head = (max(used or 0, newest or 0), digest or "")
 
@@ -2284,8 +2275,7 @@ class Tx:
     def event(self, run_id, type_, payload, step_id=""):
         seq, prev = self.head[0] + 1, self.head[1]
         at, body = now(), dumps(payload)
-        digest = event_hash(prev, seq, run_id, step_id, at,
-                            type_, body)
+        digest = event_hash(prev, seq, run_id, step_id, at, type_, body)
         self.db.execute("INSERT INTO events(seq, run_id, step_id, at, type,"
                         " payload_json, hash) VALUES(?,?,?,?,?,?,?)",
                         (seq, run_id, step_id, at, type_, body, digest))
@@ -2304,8 +2294,7 @@ class Tx:
                 self.event(run_id, type_, payload, step_id)
                 continue
             types = [part[0] for part in parts]
-            ends = ("run.finished" in types
-                    or "step.tool_finished" in types)
+            ends = ("run.finished" in types or "step.tool_finished" in types)
             type_ = ("call.began" if types[0] == "run.created"
                      else "call.ended" if ends else "call.changed")
             step_id = next((p[1] for p in parts if p[1]), "")
@@ -2352,18 +2341,15 @@ class Tx:
                      (step_id, run_id, index, "deciding",
                       dumps(decision), spec_hash, now()))
         self.part(run_id, "step.started", {"index": index}, step_id)
-        self.part(run_id, "step.decided", kept_once(decision),
-                  step_id)
+        self.part(run_id, "step.decided", kept_once(decision), step_id)
         return step_id
 
     def record_policy(self, run_id, step_id, policy, policy_id):
         self.execute("UPDATE steps SET policy_json=?, policy_id=?"
                      " WHERE id=?", (dumps(policy), policy_id, step_id))
         spec_hash = self.execute(
-            "SELECT spec_hash FROM steps WHERE id=?",
-            (step_id,)).fetchone()[0]
-        said = {**policy, "policy_id": policy_id,
-                "spec_hash": spec_hash}
+            "SELECT spec_hash FROM steps WHERE id=?", (step_id,)).fetchone()[0]
+        said = {**policy, "policy_id": policy_id, "spec_hash": spec_hash}
         self.part(run_id, "step.policy", said, step_id)
 
     def end_step(self, step_id, status, observation=None):
@@ -2390,13 +2376,10 @@ class Tx:
         if outcome is None:
             attempt = last_attempt(self.rows, run_id)
             ending = attempt and attempt.ending
-            outcome = (OUTCOME_NONE if attempt is None
-                       else OUTCOME_UNKNOWN
-                       if ending in UNKNOWN_ENDINGS
-                       else OUTCOME_KNOWN)
+            outcome = (OUTCOME_NONE if attempt is None else OUTCOME_UNKNOWN
+                       if ending in UNKNOWN_ENDINGS else OUTCOME_KNOWN)
         if status != "COMPLETED":
-            closing = {"kind": "fail", "message": detail,
-                       "origin": "operator"}
+            closing = {"kind": "fail", "message": detail, "origin": "operator"}
             self.end_step(self.start_step(run_id, closing), "done")
             steps += 1
         self.execute("UPDATE runs SET status=?, reason=?, detail=?,"
@@ -2413,8 +2396,7 @@ class Tx:
         waits = self.execute("UPDATE runs SET status='WAITING_FOR_APPROVAL',"
                              " lease_owner='', lease_expires_at='' WHERE id=?"
                              " AND status IN ('RUNNING',"
-                             " 'WAITING_FOR_APPROVAL')",
-                             (run_id,))
+                             " 'WAITING_FOR_APPROVAL')", (run_id,))
         if waits.rowcount != 1:
             raise Race()
         self.execute("UPDATE steps SET status='awaiting_approval'"
@@ -2427,10 +2409,8 @@ class Tx:
         shown = parse(approval["presentation_json"])
         bound = parse(approval["capability_json"])
         self.part(run_id, "approval.requested", {
-            "approval_id": approval["id"],
-            "kind": approval["kind"],
-            "reason": shown.get("reason", ""),
-            "capability": kept_once(bound),
+            "approval_id": approval["id"], "kind": approval["kind"],
+            "reason": shown.get("reason", ""), "capability": kept_once(bound),
             "presentation": kept_once(shown),
             "hash": approval["hash"]}, step_id)
 
@@ -2445,8 +2425,7 @@ class Tx:
                                (*lease, run_id, run_id, approval_id))
         if changed.rowcount != 1:
             raise Race()
-        self.part(run_id, "run.resumed",
-                  {"approval_id": approval_id})
+        self.part(run_id, "run.resumed", {"approval_id": approval_id})
 
     def start_execution(self, run_id, step_id, tool, args,
                         target, approval_id=""):
@@ -2456,7 +2435,6 @@ class Tx:
                      (step_id,))
         self.execute("INSERT INTO executions(tool, at, run_id, step_id)"
                      " VALUES(?,?,?,?)", (target, now(), run_id, step_id))
-
         said = {"tool": tool, "args": kept_once(args)}
         if approval_id:
             said["approval_id"] = approval_id
@@ -2468,21 +2446,18 @@ class Tx:
         record = observation.get("result")
         if record:
             said = {"summary": observation["summary"],
-                    "bytes": record["bytes"],
-                    "sha256": record["sha256"]}
+                    "bytes": record["bytes"], "sha256": record["sha256"]}
         else:
             said = {"error": observation["content"]["error"]}
         self.part(run_id, "step.tool_finished",
-                  {"tool": tool, "duration_ms": duration_ms, **said},
-                  step_id)
+                  {"tool": tool, "duration_ms": duration_ms, **said}, step_id)
         if observation["kind"] != "tool_result":
             summary = observation["summary"]
             self.fail_step(run_id, step_id, observation, summary)
             return
         self.end_step(step_id, "done", observation)
         self.finish_run(run_id, "COMPLETED", "goal_completed",
-                        f"terminal tool {tool}",
-                        outcome=OUTCOME_KNOWN)
+                        f"terminal tool {tool}", outcome=OUTCOME_KNOWN)
 
     def waiting(self, session):
         """The session's questions that wait, unexpired."""
@@ -2500,9 +2475,8 @@ class Tx:
             (step_id,)).fetchone()[0]
 
     def take_over(self, run_id, lease):
-        """Take a lease left to run out, its steps marked
-        interrupted: (step_id, started_at) of one cut off while
-        executing, or None."""
+        """Take a lease left to run out, its steps marked interrupted:
+        (step_id, started_at) of one cut off while executing, or None."""
         row = self.execute("SELECT lease_owner, lease_expires_at FROM runs"
                            " WHERE id=? AND status='RUNNING'",
                            (run_id,)).fetchone()
@@ -2517,18 +2491,15 @@ class Tx:
                      " WHERE id=?", (*lease, run_id))
         if owner:
             self.part(run_id, "lease.taken_over", {
-                "previous_owner": owner,
-                "previous_expires_at": expires,
+                "previous_owner": owner, "previous_expires_at": expires,
                 "owner": lease[0]})
         cut_step = None
         for step_id, status, started in self.rows(
-                "SELECT id, status, started_at FROM steps"
-                " WHERE run_id=? AND status IN ('deciding',"
-                " 'executing') ORDER BY idx",
+                "SELECT id, status, started_at FROM steps WHERE run_id=? AND"
+                " status IN ('deciding', 'executing') ORDER BY idx",
                 (run_id,)):
             observation = {
-                "kind": "interrupted",
-                "content": {"previous_status": status},
+                "kind": "interrupted", "content": {"previous_status": status},
                 "summary": f"step interrupted while {status}"}
             self.end_step(step_id, "interrupted", observation)
             self.part(run_id, "step.interrupted",
@@ -2537,8 +2508,7 @@ class Tx:
                 cut_step = (step_id, started)
         return cut_step
 
-    def decide_approval(self, approval_id, shown_hash, status, by,
-                        note):
+    def decide_approval(self, approval_id, shown_hash, status, by, note):
         """An operator's decision bound to the hash shown:
         'decided', 'changed' or 'expired'."""
         row = self.execute("SELECT a.run_id, a.step_id, a.expires_at"
@@ -2552,20 +2522,16 @@ class Tx:
         if expires and expires <= now():
             self.expire_approval(approval_id, run_id, step_id)
             return "expired"
-        self._close_approval(run_id, step_id, approval_id, status,
-                             by, note)
+        self._close_approval(run_id, step_id, approval_id, status, by, note)
         if status == "rejected":
             content = {"approval_id": approval_id, "note": note}
             self.fail_step(
-                run_id, step_id,
-                {"kind": "policy_denied", "content": content},
+                run_id, step_id, {"kind": "policy_denied", "content": content},
                 f"rejected by {by}")
-            self.finish_run(run_id, "CANCELLED",
-                            "approval_rejected", note)
+            self.finish_run(run_id, "CANCELLED", "approval_rejected", note)
         return "decided"
 
-    def _close_approval(self, run_id, step_id, approval_id, status,
-                        by, note):
+    def _close_approval(self, run_id, step_id, approval_id, status, by, note):
         self.execute("UPDATE approvals SET status=?, decided_at=?,"
                      " decided_by=?, note=? WHERE id=?",
                      (status, now(), by, note, approval_id))
@@ -2585,15 +2551,13 @@ class Tx:
             raise Race()
         said = {"approval_id": approval_id, "status": "expired"}
         self.part(run_id, "approval.decided", said, step_id)
-        self.execute("UPDATE steps SET status='failed', finished_at=?"
-                     " WHERE id=? AND status='awaiting_approval'",
-                     (now(), step_id))
+        self.execute("UPDATE steps SET status='failed', finished_at=? WHERE"
+                     " id=? AND status='awaiting_approval'", (now(), step_id))
         self.finish_run(run_id, "CANCELLED", "approval_expired",
                         f"approval {approval_id} expired")
 
     def record_read(self, run_id, session, tool, decision, policy,
-                    policy_id, started, observation, ended,
-                    duration_ms):
+                    policy_id, started, observation, ended, duration_ms):
         """An allowed read once it answered: its run and one
         run.read event (no calls row, no execution row)."""
         status, reason, detail = ended
@@ -2607,17 +2571,14 @@ class Tx:
         self.part(run_id, "run.read", {
             "decision": decision, "duration_ms": duration_ms,
             "status": status, "policy": policy,
-            "started_at": started, "observation": observation},
-            new_id(16))
+            "started_at": started, "observation": observation}, new_id(16))
 
     def create_grant(self, grant):
         columns = GRANT_COLUMNS[:9]
         self.execute(f"INSERT INTO grants({', '.join(columns)})"
                      f" VALUES(?,?,?,?,?,?,?,?,?)",
                      tuple(grant[c] for c in columns))
-
-        said = {c: grant[c] for c in columns[1:]
-                if c != "conditions_json"}
+        said = {c: grant[c] for c in columns[1:] if c != "conditions_json"}
         said["conditions"] = parse(grant["conditions_json"])
         self.part(grant["id"], "grant.created", said)
 
@@ -2630,29 +2591,24 @@ class Tx:
             " AND expires_at>?", (at, by, note, grant_id, at))
         if changed.rowcount != 1:
             return False
-        self.part(grant_id, "grant.revoked",
-                  {"by": by, "note": note})
+        self.part(grant_id, "grant.revoked", {"by": by, "note": note})
         return True
 
     def cancel_run(self, run_id, by, note):
         """An operator ends a run: a pending question closes as
         rejected; a cut execution's outcome stays unknown."""
-
         for approval_id, step_id in self.rows(
                 "SELECT id, step_id FROM approvals WHERE run_id=?"
                 " AND status='pending'", (run_id,)):
             self._close_approval(run_id, step_id, approval_id,
                                  "rejected", by, note)
-        for step_id, status in self.rows("SELECT id, status FROM steps"
-                                         " WHERE run_id=?"
-                                         " AND status IN ('deciding',"
+        for step_id, status in self.rows("SELECT id, status FROM steps WHERE"
+                                         " run_id=? AND status IN ('deciding',"
                                          " 'awaiting_approval',"
                                          " 'executing')", (run_id,)):
-            content = {"by": by, "note": note,
-                       "previous_status": status}
+            content = {"by": by, "note": note, "previous_status": status}
             self.fail_step(
-                run_id, step_id,
-                {"kind": "interrupted", "content": content},
+                run_id, step_id, {"kind": "interrupted", "content": content},
                 f"cancelled by {by}")
         self.finish_run(run_id, "CANCELLED", "operator_cancelled",
                         note, extra={"by": by})
@@ -2681,7 +2637,6 @@ class Store:
             raise StoreError(f"database {path} does not exist; start the"
                              f" gate once to create it, or name the right"
                              f" file with -db")
-
         quoted = path.replace("?", "%3f").replace("#", "%23")
         uri = "file:" + quoted + ("" if writes else "?mode=ro")
         try:
@@ -2693,8 +2648,7 @@ class Store:
             # Reads never wait on a writer's sync: a stale read is
             # caught by its write's checks.
             self.reader = self._connect(uri) if writes else self.db
-            self.read_lock = (threading.Lock() if writes
-                              else self.lock)
+            self.read_lock = (threading.Lock() if writes else self.lock)
             # The heartbeat's own: leases renew while commits stall.
             self.lease_db = self._connect(uri) if writes else None
             self.lease_lock = threading.Lock()
@@ -2741,9 +2695,8 @@ class Store:
 
     def _check_schema(self, migrate):
         path, known = self.path, len(SCHEMA)
-        unsafe = self.db.execute("SELECT name FROM sqlite_master"
-                                 " WHERE type IN ('trigger', 'view')"
-                                 " LIMIT 1").fetchone()
+        unsafe = self.db.execute("SELECT name FROM sqlite_master WHERE type IN"
+                                 " ('trigger', 'view') LIMIT 1").fetchone()
         if unsafe:
             raise StoreError(f"database {path} holds a trigger or view"
                              f" ({unsafe[0]}), which agentgate never creates;"
@@ -2770,8 +2723,7 @@ class Store:
                             " applied_at TEXT NOT NULL)")
             for number in range(self._version() + 1, known + 1):
                 script = SCHEMA[number - 1]
-                for statement in filter(str.strip,
-                                        script.split(";")):
+                for statement in filter(str.strip, script.split(";")):
                     self.db.execute(statement)
                 self.db.execute(
                     "INSERT INTO schema_migrations VALUES(?, ?)",
@@ -2787,12 +2739,10 @@ class Store:
     # -- the one place transactions are opened ----------------------
 
     def write(self, fn):
-        """fn(tx) in a BEGIN IMMEDIATE transaction: its result once
-        durable. Changes queued meanwhile commit together, each in
-        a savepoint so one that fails rolls back alone (13-39% more
-        calls/s at 16 in flight)."""
-        job = {"fn": fn, "done": False, "result": None,
-               "error": None}
+        """fn(tx) in a BEGIN IMMEDIATE transaction: its result once durable.
+        Changes queued meanwhile commit together, each in a savepoint so one
+        that fails rolls back alone (13-39% more calls/s at 16 in flight)."""
+        job = {"fn": fn, "done": False, "result": None, "error": None}
         with self.jobs_lock:
             self.jobs.append(job)
         with self.lock:
@@ -2842,9 +2792,8 @@ class Store:
         with self.lease_lock:
             try:  # one statement, so its own transaction
                 self.lease_db.execute(f"UPDATE runs SET lease_expires_at=?"
-                                      f" WHERE lease_owner=?"
-                                      f" AND status='RUNNING'"
-                                      f" AND id IN ({marks})",
+                                      " WHERE lease_owner=? AND"
+                                      f" status='RUNNING' AND id IN ({marks})",
                                       (until, owner, *run_ids))
             except sqlite3.Error as err:
                 raise StoreError(f"the leases could not be renewed: {err}"
@@ -2886,8 +2835,7 @@ class Store:
                          " AND c.request_key!=? ORDER BY c.id", (target, key))
 
     def unknown_for_tool(self, target, key):
-        """Other requests of the tool whose newest attempt is
-        unknown."""
+        """Other requests of the tool whose newest attempt is unknown."""
         return self.read("SELECT c.request_key, c.run_id, r.reason"
                          " FROM calls c JOIN runs r ON r.id = c.run_id"
                          " WHERE c.tool=? AND c.request_key!=? AND c.outcome=?"
@@ -2918,8 +2866,7 @@ class Store:
 
     def step_decision(self, step_id):
         row = self.read_one(
-            "SELECT decision_json FROM steps WHERE id=?",
-            (step_id,))
+            "SELECT decision_json FROM steps WHERE id=?", (step_id,))
         return parse(row[0])
 
     def read(self, sql, args=()):
@@ -2937,7 +2884,6 @@ class Store:
 def write_error(err):
     """What a write's caller hears of a failed statement; a unique
     index refusing a row is a lost race (3.9 has no error code)."""
-
     if not isinstance(err, sqlite3.Error):
         return err
     lost = (isinstance(err, sqlite3.IntegrityError)
@@ -2952,34 +2898,29 @@ def write_error(err):
 #
 # Reads as: decision core
 #
-# Owns: one call's passage (judge, decide, begin, hold, execute,
-# record the outcome) and the rules across calls over earlier
-# runs, in every session, of the same request (server, upstream
-# tool, canonical arguments) and of the same tool.
-# Promises: nothing runs that the policy did not allow or an
-# operator did not approve by hash; an approval binds the recorded
-# request, never a later call's bytes; the outcome is recorded
-# even when the host has gone.
-# One lock: two threads never both begin a request; across
-# processes the unique open-row index does, and a lost race is
-# decided again. Judging comes before the lock, executing and
-# holding after it. An executing run holds a lease its process
-# renews; one whose lease ran out is taken over. All is recorded
-# before it is sent, but a read allowed outright (_begin). A write
-# that acts on a decision makes it once, with all the facts, and
-# returns it as a verdict. Seams: the upstream's `request` (21),
-# `announce` and `duplicate` (26).
+# Owns: one call's passage (judge, decide, begin, hold, execute, record the
+# outcome) and the rules across calls over earlier runs, in every session, of
+# the same request (server, upstream tool, canonical arguments) and of the same
+# tool.
+# Promises: nothing runs that the policy did not allow or an operator did not
+# approve by hash; an approval binds the recorded request, never a later call's
+# bytes; the outcome is recorded even when the host has gone.
+# One lock: two threads never both begin a request; across processes the unique
+# open-row index does, and a lost race is decided again. Judging comes before
+# the lock, executing and holding after it. An executing run holds a lease its
+# process renews; one whose lease ran out is taken over. All is recorded before
+# it is sent, but a read allowed outright (_begin). A write that acts on a
+# decision makes it once, with all the facts, and returns it as a verdict.
+# Seams: the upstream's `request` (21), `announce` and `duplicate` (26).
 # =============================================================================================
 
 TOOL_CALL = "tool_call"
 
-# The verdicts besides an Answer. A read recorded once it answers
-# has no `step_id`, and `record` (policy, start); `work` spares a
-# re-run a search.
+# The verdicts besides an Answer. A read recorded once it answers has no
+# `step_id`, and `record` (policy, start); `work` spares a re-run a search.
 Wait = collections.namedtuple("Wait", "approval")
 Execute = collections.namedtuple(
-    "Execute", "run_id step_id args record work",
-    defaults=(None, None))
+    "Execute", "run_id step_id args record work", defaults=(None, None))
 
 # What a rule says when it does not answer the call itself:
 NEXT = "next"    # it decides nothing: the next rule or run does
@@ -3015,8 +2956,7 @@ class Gate:
         self.quarantined = frozenset()  # see quarantine
         self.client = ""  # set by the host side from initialize
         self.config_read = file_stamp(config.path)
-        threading.Thread(target=self._heartbeat,
-                         daemon=True).start()
+        threading.Thread(target=self._heartbeat, daemon=True).start()
 
     def lease(self):
         return self.owner, later(now(), self.config.lease_ttl)
@@ -3031,8 +2971,7 @@ class Gate:
         a run stranded by a failed write is left to be taken over."""
         path, third = self.config.path, self.config.lease_ttl / 3
         while not self.stopping.wait(third / SECOND):
-            if self.config_read and (
-                    file_stamp(path) != self.config_read):
+            if self.config_read and (file_stamp(path) != self.config_read):
                 self.config_read = None  # said once
                 log(f"config {path} changed since this gate"
                     f" started; it goes on serving the one it read:"
@@ -3066,8 +3005,7 @@ class Gate:
 
     # -- one call ---------------------------------------------------
 
-    def call(self, tool, args, invalid="", progress=None,
-             cancelled=None):
+    def call(self, tool, args, invalid="", progress=None, cancelled=None):
         """Decide, then execute, hold or refuse a tools/call: an
         Answer. `invalid`: (why, frame) of unusable arguments."""
         cancelled = cancelled or threading.Event()
@@ -3099,11 +3037,9 @@ class Gate:
                     return verdict
                 if isinstance(verdict, Execute):
                     executing = True
-                    return self._execute(tool, verdict, progress,
-                                         cancelled)
+                    return self._execute(tool, verdict, progress, cancelled)
                 approval = verdict.approval
-                if held or not self._hold(approval, progress,
-                                          cancelled):
+                if held or not self._hold(approval, progress, cancelled):
                     return waiting_answer(approval)
                 held = True
                 # Judged again: a path's links may have moved.
@@ -3111,8 +3047,7 @@ class Gate:
             return answer("IN_PROGRESS")
         except StoreError as err:
             log(str(err))
-            what = ("sent_unrecorded" if executing
-                    else "nothing_executed")
+            what = ("sent_unrecorded" if executing else "nothing_executed")
             return answer("UNAVAILABLE", what=SLOT_PROSE[what])
 
     def _judge(self, tool, args, work=None):
@@ -3137,8 +3072,7 @@ class Gate:
             waits = (row and row["status"] == "pending"
                      and live_approval(self.config, row))
             if not waits or row["run_status"] in TERMINAL:
-                return not (cancelled.is_set()
-                            or self.stopping.is_set())
+                return not (cancelled.is_set() or self.stopping.is_set())
             if progress:  # at most once a second (Progress.holding)
                 progress.holding(round(waited, 3), total,
                                  SLOT_PROSE["holding"])
@@ -3150,8 +3084,7 @@ class Gate:
         """The rules in order, as one verdict: an Answer, a Wait,
         an Execute or AGAIN (a lost race too)."""
         try:
-            return self._rules(tool, args, key, judged, early,
-                               cancelled)
+            return self._rules(tool, args, key, judged, early, cancelled)
         except Race:
             return AGAIN
 
@@ -3161,19 +3094,16 @@ class Gate:
         window = self.window(tool)
         span = max(window, self.config.repeat_window)
         since = format_time(time.time() - span / SECOND)
-        # A read needs only its newest row: identical reads never
-        # refuse one another. The begin refuses unless `seen` is
-        # still the open row: no identical run, in any process,
-        # begins and ends in between.
-        rows = self.store.key_runs(key, since,
-                                   newest_only=tool.read_only)
+        # A read needs only its newest row: identical reads never refuse one
+        # another. The begin refuses unless `seen` is still the open row: no
+        # identical run, in any process, begins and ends in between.
+        rows = self.store.key_runs(key, since, newest_only=tool.read_only)
         seen = next((row.run_id for row in rows if row.open), None)
         for row in rows:
             if row.status == "WAITING_FOR_APPROVAL":       # rule 1
                 return self._asked(tool, row.run_id, judged)
             if row.status == "RUNNING":
-                live = (row.owner != self.owner
-                        and row.expires > now())
+                live = (row.owner != self.owner and row.expires > now())
                 if row.run_id in self.active or live:
                     return answer("IN_PROGRESS")           # rule 2
                 return self._take_over(tool, row.run_id,   # rule 3
@@ -3189,8 +3119,7 @@ class Gate:
             attempt = self._unknown_attempt(key)           # rule 6
             question = self._settle_others(tool, key)
             if question:                                   # rule 7
-                return answer("BLOCKED", "BLOCKED_UNKNOWN",
-                              tool=tool.name,
+                return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
                               approval=question["id"])
         return self._begin(tool, args, key, seen, judged,  # rule 8
                            early, attempt, cancelled=cancelled)
@@ -3220,9 +3149,8 @@ class Gate:
             # Changed while held: the approval stays for its return.
             return answer("DENIED", "TOOL_CHANGED")
         if stored_hash(approval) != approval["hash"]:
-            log(f"approval {approval['id']} does not match its"
-                f" hash; it was altered after it was made and will not"
-                f" be used")
+            log(f"approval {approval['id']} does not match its hash; it was"
+                " altered after it was made and will not be used")
             return answer("DENIED", reason=SLOT_PROSE["altered"])
         if not live_approval(self.config, approval):  # grant_ttl
             return self._expire(approval)
@@ -3230,8 +3158,7 @@ class Gate:
             why = f"invalid decision on resume: {judged.problem}"
             self.store.write(lambda tx: self._refuse(
                 tx, run_id, step_id, "invalid_decision", why))
-            return answer("INVALID",
-                          reason=clean(judged.problem, 1000))
+            return answer("INVALID", reason=clean(judged.problem, 1000))
         args = parse(approval["request_json"])["args"]
         bound = parse(approval["capability_json"])
         attempt = bound.get("interrupted")
@@ -3252,8 +3179,7 @@ class Gate:
                                  approved=True, resumed=True)
             tx.resume(run_id, approval["id"], self.lease())
             record = _policy_record(decision, facts, True)
-            tx.record_policy(run_id, step_id, record,
-                             self.policy_id)
+            tx.record_policy(run_id, step_id, record, self.policy_id)
             tx.start_execution(run_id, step_id, tool.name, args,
                                tool.target, approval["id"])
             return Execute(run_id, step_id, args, work=judged.work)
@@ -3278,8 +3204,7 @@ class Gate:
                     tool, args, judged, tx.rows, attempt)
                 if decision["outcome"] == "require_approval":
                     approval = new_approval(
-                        self.config, run_id, step_id, tool, args,
-                        decision)
+                        self.config, run_id, step_id, tool, args, decision)
                     record = _policy_record(decision, facts)
                     tx.record_policy(run_id, step_id, record, "")
                     tx.pause(run_id, step_id, approval)
@@ -3318,16 +3243,13 @@ class Gate:
         if row.reason == "approval_rejected" and refused:
             approval = self.store.latest_approval(row.run_id)
             return answer("REJECTED", approval=approval["id"],
-                          note=note_text(approval["note"]),
-                          until=until())
+                          note=note_text(approval["note"]), until=until())
         attempt = (None if tool.read_only
                    else last_attempt(self.store.read, row.run_id))
         unknown = attempt and attempt.ending in UNKNOWN_ENDINGS
-        if (row.reason == "approval_expired" and not unknown
-                and refused):
+        if (row.reason == "approval_expired" and not unknown and refused):
             approval = self.store.latest_approval(row.run_id)
-            return answer("EXPIRED", approval=approval["id"],
-                          until=until())
+            return answer("EXPIRED", approval=approval["id"], until=until())
         if row.reason == "operator_cancelled" and refused:
             return answer("REJECTED", "CANCELLED",
                           note=note_text(row.detail), until=until())
@@ -3372,8 +3294,7 @@ class Gate:
                 continue
             approval = (status == "WAITING_FOR_APPROVAL"
                         and self.store.latest_approval(run_id))
-            if not approval or (
-                    approval["kind"] != "interrupted_side_effect"):
+            if not approval or (approval["kind"] != "interrupted_side_effect"):
                 continue
             if live_approval(self.config, approval):
                 return approval
@@ -3406,8 +3327,7 @@ class Gate:
     # -- beginning and executing a run ------------------------------
 
     def _begin(self, tool, args, key, seen, judged, early=None,
-               attempt=None, origin="model", cancelled=None,
-               invalid=None):
+               attempt=None, origin="model", cancelled=None, invalid=None):
         """Rule 8: decide and begin the run in one write: its
         verdict. `invalid` (why, frame): unusable arguments."""
         run_id = f"{self.config.session}.{new_id(8)}"
@@ -3464,8 +3384,7 @@ class Gate:
 
     def _act(self, tx, tool, run_id, step_id, args, decision,
              facts, work, approved=False, resumed=False):
-        """Record a decision on its step and act on it: the
-        verdict."""
+        """Record a decision on its step and act on it: the verdict."""
         record = _policy_record(decision, facts, approved)
         tx.record_policy(run_id, step_id, record, self.policy_id)
         outcome, reason = decision["outcome"], decision["reason"]
@@ -3481,8 +3400,7 @@ class Gate:
                                     tool, args, decision)
             tx.pause(run_id, step_id, approval)
             return Wait(approval)
-        tx.start_execution(run_id, step_id, tool.name, args,
-                           tool.target)
+        tx.start_execution(run_id, step_id, tool.name, args, tool.target)
         return Execute(run_id, step_id, args, work=work)
 
     def _begun(self, tool, run_id, fn):
@@ -3533,8 +3451,7 @@ class Gate:
         error = observation["content"]["error"]
         if rerun:
             how = HOW[ending]
-            log(f"a call to {tool.name} {how}; its outcome is"
-                f" unknown")
+            log(f"a call to {tool.name} {how}; its outcome is unknown")
             self.announce(rerun, tool, run_id)
             return answer("UNKNOWN_OUTCOME", how=how,
                           error=f" ({clean(error, 500)})",
@@ -3549,8 +3466,7 @@ class Gate:
     # crash leaves unknown: no calls row, no step, no limit); every
     # other call is recorded before it is sent.
 
-    def _record_read(self, tx, tool, verdict, observation, ending,
-                     elapsed):
+    def _record_read(self, tx, tool, verdict, observation, ending, elapsed):
         policy, started = verdict.record
         if ending == "ok":
             ended = ("COMPLETED", "goal_completed",
@@ -3563,8 +3479,7 @@ class Gate:
                        decision, policy, self.policy_id, started,
                        observation, ended, elapsed)
 
-    def _record_outcome(self, tx, tool, verdict, observation,
-                        ending, elapsed):
+    def _record_outcome(self, tx, tool, verdict, observation, ending, elapsed):
         """An executed run's outcome: a re-run's approval or None."""
         run_id, step_id, args = verdict[:3]
         if tx.run_holder(run_id) != ("RUNNING", self.owner):
@@ -3574,13 +3489,11 @@ class Gate:
                     "observation": observation}
             tx.event(run_id, "step.tool_finished", late, step_id)
             return None
-        tx.finish_execution(run_id, step_id, tool.name, observation,
-                            elapsed)
+        tx.finish_execution(run_id, step_id, tool.name, observation, elapsed)
         if ending in UNKNOWN_ENDINGS:
             return self._pause_rerun(tx, tool, verdict, ending)
         if ending == "unsent":  # executed nothing: no limit counts it
-            tx.execute("DELETE FROM executions WHERE step_id=?",
-                       (step_id,))
+            tx.execute("DELETE FROM executions WHERE step_id=?", (step_id,))
         if ending != "ok":
             # Unsent: the outcome of the attempt before, if any.
             known = None if ending == "unsent" else OUTCOME_KNOWN
@@ -3593,17 +3506,13 @@ class Gate:
         approval or None. Judged again: links may have moved."""
         run_id, step_id, args = verdict[:3]
         attempt = {"run_id": run_id, "step_id": step_id,
-                   "started_at": tx.step_started(step_id),
-                   "ended": ending}
+                   "started_at": tx.step_started(step_id), "ended": ending}
         judged = Judgement(work=verdict.work)
-        decision, facts = self._decision(tool, args, judged,
-                                         tx.rows, attempt)
+        decision, facts = self._decision(tool, args, judged, tx.rows, attempt)
         if decision["outcome"] == "deny":
             # Denied now (an entry for other hours, say): the run
             # ends unknown; rule 6 decides the next identical call.
-
-            tx.finish_run(run_id, "FAILED", "goal_failed",
-                          CLOSING[ending])
+            tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending])
             return None
         rerun = {"args": args, "kind": TOOL_CALL,
                  "origin": "operator", "tool": tool.name}
@@ -3614,14 +3523,13 @@ class Gate:
 
 
 def call_upstream(tool, args, cap, progress=None):
-    """Send one call upstream: (observation, ending, passed), the
-    last the server's result as it came, or None (none, or past
-    `cap` bytes: withheld). The one place an outcome is classified:
-    'ok'; 'error' (an error answer: known); 'unsent' (no byte
-    reached the server); 'unrecorded' (executed, answer unusable:
-    known, never run again); 'timed_out' or 'no_answer' (it may
-    have taken effect: unknown). A read's other failures are
-    'error': it has no effect to vouch for."""
+    """Send one call upstream: (observation, ending, passed), the last the
+    server's result as it came, or None (none, or past `cap` bytes: withheld).
+    The one place an outcome is classified: 'ok'; 'error' (an error answer:
+    known); 'unsent' (no byte reached the server); 'unrecorded' (executed,
+    answer unusable: known, never run again); 'timed_out' or 'no_answer' (it
+    may have taken effect: unknown). A read's other failures are 'error': it
+    has no effect to vouch for."""
     passed = rpc = None
     sent = {"name": tool.upstream_name,
             "arguments": {**args, **tool.rule.fixed}}
@@ -3631,8 +3539,7 @@ def call_upstream(tool, args, cap, progress=None):
             f"tool {quote(tool.upstream_name)}", progress)
         passed, error = passed_result(tool, result)
         try:
-            record = (None if passed is None
-                      else result_record(passed))
+            record = (None if passed is None else result_record(passed))
         except Exception as err:  # shaped as no server should send
             passed = None
             error = SLOT_PROSE["unreadable_result"].format(error=err)
@@ -3648,11 +3555,9 @@ def call_upstream(tool, args, cap, progress=None):
     withheld = record["bytes"] > cap
     summary = result_summary(tool, record, cap if withheld else 0)
     kind = "tool_result" if ending == "ok" else "tool_error"
-    observation = {"kind": kind, "summary": summary,
-                   "result": record}
+    observation = {"kind": kind, "summary": summary, "result": record}
     if ending != "ok":
-        observation["content"] = {"tool": tool.name,
-                                  "ending": ending}
+        observation["content"] = {"tool": tool.name, "ending": ending}
     if withheld:
         observation["withheld"] = True
     return observation, ending, None if withheld else passed
@@ -3703,18 +3608,16 @@ def live_approval(config, approval):
 # Why a run ended, by its refused step's kind or its call's ending.
 CLOSING = {
     "policy_denied": "one call per run: the request was denied",
-    "invalid_decision":
-        "one call per run: the request was invalid",
+    "invalid_decision": "one call per run: the request was invalid",
     "error": "one call per run: the tool call returned an error",
-    "unsent": "one call per run: the tool call was not sent,"
-              " so nothing executed",
-    "unrecorded": "one call per run: the tool call executed and"
-                  " its result could not be recorded",
-    "timed_out": "one call per run: the tool call timed out;"
-                 " its outcome is unknown",
-    "no_answer": "one call per run: the tool call failed without"
-                 " an answer; its outcome is unknown",
-}
+    "unsent": "one call per run: the tool call was not sent, so nothing"
+              " executed",
+    "unrecorded": "one call per run: the tool call executed and its result"
+                  " could not be recorded",
+    "timed_out": "one call per run: the tool call timed out; its outcome is"
+                 " unknown",
+    "no_answer": "one call per run: the tool call failed without an answer;"
+                 " its outcome is unknown",}
 POLICY_KEPT = ("outcome", "reason", "by", "grant", "limit",
                "tried", "kind", "capability", "presentation")
 
@@ -3736,15 +3639,15 @@ def _policy_record(decision, facts, approved=False):
 # Owns: the host's conversation on stdin and stdout as far as it decides calls:
 # framing, batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once, each
 # on a thread of its own), cancellation and shutdown; section 27 has the rest.
-# Promises: stdout carries only protocol, one JSON-RPC message per line, written
-# under one lock; the first request is answered at once, even while the servers
-# start; every request gets exactly one well-formed answer (a malformed or
-# oversized line, a batch member that is not a request or an id that cannot be
-# echoed gets a JSON-RPC error, id null then; past the bound, busy; an unknown
-# method, -32601) and the session goes on; each tool is offered as pinned, never
-# once its server changed it while serving, and the status tool always; on
-# stdin closing, SIGINT or SIGTERM no new call starts, holds end, calls in
-# flight finish and are recorded, then the process exits 0.
+# Promises: stdout carries only protocol, one JSON-RPC message per line,
+# written under one lock; the first request is answered at once, even while the
+# servers start; every request gets exactly one well-formed answer (a malformed
+# or oversized line, a batch member that is not a request or an id that cannot
+# be echoed gets a JSON-RPC error, id null then; past the bound, busy; an
+# unknown method, -32601) and the session goes on; each tool is offered as
+# pinned, never once its server changed it while serving, and the status tool
+# always; on stdin closing, SIGINT or SIGTERM no new call starts, holds end,
+# calls in flight finish and are recorded, then the process exits 0.
 # =============================================================================================
 
 # The protocol versions spoken, oldest first; each side negotiates on its own.
@@ -3850,8 +3753,7 @@ class HostServer:
             return self._batch(message)
         if isinstance(message, dict):
             return self._message(message, invalid)
-        return rpc_error(None, -32600,
-                         "a message must be a JSON-RPC object")
+        return rpc_error(None, -32600, "a message must be a JSON-RPC object")
 
     def _batch(self, messages):
         if self.protocol not in BATCH_VERSIONS or not messages:
@@ -3915,8 +3817,7 @@ class HostServer:
         if handler is None:
             return rpc_error(ident, -32601,
                              f"method {quote(method)} is not offered")
-        return {"jsonrpc": "2.0", "id": ident,
-                "result": handler(self, params)}
+        return {"jsonrpc": "2.0", "id": ident, "result": handler(self, params)}
 
     def _notified(self, method, params):
         if method == "notifications/cancelled":
@@ -3955,9 +3856,8 @@ class HostServer:
             self.gate.client = self.client
 
     def _after_ready(self, ident, work, batch):
-        """`work`'s answer once the servers are ready, at most
-        MAX_IN_FLIGHT at once: a batch member's answer, else the work
-        that sends it."""
+        """`work`'s answer once the servers are ready, at most MAX_IN_FLIGHT at
+        once: a batch member's answer, else the work that sends it."""
         # Read on the reader: a call read before stdin closed runs.
         accepted = not self.stopping
         admitted = accepted and not batch
@@ -4073,11 +3973,11 @@ def busy_error(ident):
 # Reads as: decision core
 #
 # Owns: the printout of every operator decision, and its yes.
-# Promises: a decision binds only what was shown whole. A value
-# over SHOWN_WHOLE bytes is shown as its head, size and tail, and
-# then nothing is agreed to until every byte was shown (-full; f in
-# watch). An approval is shown only while its row hashes to its
-# hash. Every line is sanitized (tell, or watch's Screen.put).
+# Promises: a decision binds only what was shown whole. A value over
+# SHOWN_WHOLE bytes is shown as its head, size and tail, and then nothing is
+# agreed to until every byte was shown (-full; f in watch). An approval is
+# shown only while its row hashes to its hash. Every line is sanitized (tell,
+# or watch's Screen.put).
 # Refuses nothing itself: a refusal is a value its caller raises.
 # =============================================================================================
 
@@ -4099,9 +3999,8 @@ def intact(approval):
     then is what it shows what it binds."""
     if stored_hash(approval) != approval["hash"]:
         raise StoreError(
-            f"approval {approval['id']} does not match its hash: its "
-            f"record was altered after it was made, and it cannot be "
-            f"decided")
+            f"approval {approval['id']} does not match its hash: its record"
+            " was altered after it was made, and it cannot be decided")
     return approval
 
 
@@ -4109,8 +4008,7 @@ def approval_printout(store, approval, full, cautions):
     """approval_shown, and why the policy asked: what approve,
     reject, watch and grant show."""
     late = store.late_outcomes(approval["run_id"])
-    lines, shortened = approval_shown(intact(approval), full, late,
-                                      cautions)
+    lines, shortened = approval_shown(intact(approval), full, late, cautions)
     step = next(s for s in store.steps(approval["run_id"])
                 if s["id"] == approval["step_id"])
     tried = sanitize(tried_text(step))
@@ -4127,8 +4025,7 @@ def approval_shown(approval, full, late, cautions):
     lines = [f"APPROVAL WAITING  {approval['id']}"]
     for label, value in (
             ("kind", approval["kind"]), ("tool", tool),
-            ("run", approval["run_id"]),
-            ("created", approval["created_at"]),
+            ("run", approval["run_id"]), ("created", approval["created_at"]),
             ("expires", approval["expires_at"] or "never"),
             ("server", shown.get("server", "")),
             ("upstream tool", shown.get("tool", ""))):
@@ -4140,8 +4037,7 @@ def approval_shown(approval, full, late, cautions):
     if shown.get("fixed"):
         lines.append("  fixed values (set by the configuration, "
                      "sent with the arguments):")
-        shortened |= _value_lines(lines, shown["fixed"], full,
-                                  cautions)
+        shortened |= _value_lines(lines, shown["fixed"], full, cautions)
     for label in ("question", "reason", "decided_by", "limit",
                   "frees", "notice"):
         if shown.get(label):
@@ -4150,8 +4046,7 @@ def approval_shown(approval, full, late, cautions):
     cut_off = parse(approval["capability_json"]).get("interrupted")
     for step_id, observation in late:
         if step_id == (cut_off or {}).get("step_id"):
-            text, _, cut_here = shown_text(
-                outcome_text(observation), full)
+            text, _, cut_here = shown_text(outcome_text(observation), full)
             shortened |= cut_here
             said = late_text(observation, text)
             lines.append(f"  LATE OUTCOME   {said}")
@@ -4171,8 +4066,7 @@ def _value_lines(lines, values, full, cautions):
             shown = policy_json(shown)
         shortened |= cut_here
         lines.append(f"    {name} = {shown}   ({size} bytes)")
-        lines += [f"      CAUTION  {note}"
-                  for note in cautions(name, raw)]
+        lines += [f"      CAUTION  {note}" for note in cautions(name, raw)]
     return shortened
 
 
@@ -4199,25 +4093,21 @@ def unshown(shortened, what, verb, how):
     nothing until `how` shows them."""
     if not shortened:
         return ""
-    return (f"{how} to show every byte before you {verb}: {what} has "
-            f"a value too long to print whole, so it was shown "
-            f"shortened")
+    return (f"{how} to show every byte before you {verb}: {what} has a value"
+            " too long to print whole, so it was shown shortened")
 
 
-def confirmed(lines, out, shortened=False, what="", verb="",
-              agreed=True):
+def confirmed(lines, out, shortened=False, what="", verb="", agreed=True):
     """Print every line; then True for a yes to exactly them (the
     flag `agreed`, or typed at a terminal), False for a no, or why
     nothing may be decided: a sentence, or '' with no terminal."""
     tell(*lines, out=out, flush=True)
-    why = unshown(shortened, what, verb,
-                  "run the command again with -full")
+    why = unshown(shortened, what, verb, "run the command again with -full")
     if why or agreed:
         return why or True
     if not sys.stdin.isatty():
         return ""
-    tell(f"{verb} {what}? type yes to {verb}: ", end="", out=out,
-         flush=True)
+    tell(f"{verb} {what}? type yes to {verb}: ", end="", out=out, flush=True)
     return input().strip().lower() in ("y", "yes")
 
 
