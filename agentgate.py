@@ -1893,14 +1893,13 @@ def passed_result(tool, result):
 #
 # Reads as: decision core
 #
-# Owns: the SQLite file, every statement that changes it, and the
-# reads the gate decides with (section 23 reads the rest).
-# Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema
-# off; files 0600, refused when others can write them; a state
-# change commits with its events in one BEGIN IMMEDIATE
-# transaction, hash-chained across runs and processes, one event
-# per run per transaction. Nothing here approves. A database of a
-# newer agentgate is refused; new and old migrate by SCHEMA.
+# Owns: the SQLite file, every statement that changes it, and the reads the
+# gate decides with (section 23 reads the rest).
+# Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema off; files
+# 0600, refused when others can write them; a state change commits with its
+# events in one BEGIN IMMEDIATE transaction, hash-chained across runs and
+# processes, one event per run per transaction. Nothing here approves. A
+# database of a newer agentgate is refused; new and old migrate by SCHEMA.
 # =============================================================================================
 
 SCHEMA = [
@@ -1960,9 +1959,8 @@ SCHEMA = [
         payload_json TEXT NOT NULL, hash TEXT NOT NULL);
     CREATE INDEX events_run ON events(run_id, seq);
     """,
-    # 2. What limits count (amounts_json unused: a sum reads the
-    # step), and the grants. Version 1's executions are its
-    # step.tool_started events.
+    # 2. What limits count (amounts_json unused: a sum reads the step), and the
+    # grants. Version 1's executions are its step.tool_started events.
     """
     CREATE TABLE executions(id INTEGER PRIMARY KEY,
         tool TEXT NOT NULL, at TEXT NOT NULL, run_id TEXT NOT NULL,
@@ -2006,48 +2004,40 @@ class StoreError(Exception):
 
 
 class Race(Exception):
-    """The records changed since they were read: raised in a write
-    so its savepoint rolls back; Gate._decide makes it AGAIN."""
-
+    """The records changed since read: raised in a write so its
+    savepoint rolls back; Gate._decide makes it AGAIN."""
 
 
 # A read replaces any open row: reads never race for a key.
 ANY_ROW = "any open row"
 KeyRun = collections.namedtuple(
-    "KeyRun",
-    "run_id status reason detail finished owner expires open")
+    "KeyRun", "run_id status reason detail finished owner expires open")
 UNKNOWN_ENDINGS = ("timed_out", "no_answer", "cut_off")
-CALL_ENDINGS = ("ok", "error", "unsent", "unrecorded",
-                "timed_out", "no_answer")
+CALL_ENDINGS = ("ok", "error", "unsent", "unrecorded", "timed_out",
+                "no_answer")
 LARGE_VALUE_BYTES = 4096
-
 # A run's newest attempt; `attempt` as an approval names it.
-Attempt = collections.namedtuple(
-    "Attempt", "ending observed finished attempt")
+Attempt = collections.namedtuple("Attempt", "ending observed finished attempt")
 
 
 def step_outcome(observed):
     """What a step came to, from its fields, never its prose."""
     kind, content = observed["kind"], observed.get("content", {})
-    if kind == "tool_result":
-        return "ok"
     if kind == "tool_error":
         return content["ending"]
     if kind == "interrupted":
-        was = content.get("previous_status")
-        return "cut_off" if was == "executing" else "interrupted"
+        cut = content.get("previous_status") == "executing"
+        return "cut_off" if cut else "interrupted"
     if kind == "policy_denied":
-        asked = "approval_id" in content
-        return "rejected" if asked else "denied"
-    return "invalid" if kind == "invalid_decision" else ""
+        return "rejected" if "approval_id" in content else "denied"
+    return {"tool_result": "ok", "invalid_decision": "invalid"}.get(kind, "")
 
 
 ATTEMPT_STEPS = ("SELECT id, status, observation_json, started_at, finished_at"
                  " FROM steps WHERE run_id=? AND json_extract(decision_json,"
                  " '$.kind')='tool_call' ORDER BY idx DESC")
-ASKED_AGAIN = ("SELECT capability_json FROM approvals WHERE step_id=?"
-               " AND kind='interrupted_side_effect' ORDER BY rowid DESC"
-               " LIMIT 1")
+ASKED_AGAIN = ("SELECT capability_json FROM approvals WHERE step_id=? AND"
+               " kind='interrupted_side_effect' ORDER BY rowid DESC LIMIT 1")
 
 
 def last_attempt(rows, run_id):
@@ -2055,8 +2045,7 @@ def last_attempt(rows, run_id):
     carried out stands for the attempt its approval names."""
     for row in rows(ATTEMPT_STEPS, (run_id,)):
         step_id, status, observation, started, finished = row
-        attempt = {"run_id": run_id, "step_id": step_id,
-                   "started_at": started}
+        attempt = {"run_id": run_id, "step_id": step_id, "started_at": started}
         observed = parse(observation) if observation else None
         ending = step_outcome(observed) if observed else ""
         if status == "executing" or ending == "cut_off":
@@ -2079,9 +2068,7 @@ def kept_once(value):
     (its row keeps it whole; the chain binds every byte)."""
     if isinstance(value, str):
         data = value.encode("utf-8", "surrogatepass")
-        if len(data) > LARGE_VALUE_BYTES:
-            return value_digest(data)
-        return value
+        return value_digest(data) if len(data) > LARGE_VALUE_BYTES else value
     if isinstance(value, dict):
         return {k: kept_once(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -2093,35 +2080,32 @@ def event_hash(prev, seq, run_id, step_id, at, type_, payload):
     """Over the previous hash and the fields, as netstrings."""
     fields = (prev, str(seq), run_id, step_id, at, type_, payload)
     data = [f.encode("utf-8", "surrogatepass") for f in fields]
-    return sha256_hex(b"".join(
-        b"%d:%s," % (len(field), field) for field in data))
+    return sha256_hex(b"".join(b"%d:%s," % (len(f), f) for f in data))
 
 
 CHAIN_HEAD = ("SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'),"
               " (SELECT seq FROM events ORDER BY seq DESC LIMIT 1),"
               " (SELECT hash FROM events ORDER BY seq DESC LIMIT 1)")
-OPEN_ROW = ("SELECT c.run_id, r.status FROM calls c"
-            " JOIN runs r ON r.id = c.run_id WHERE c.request_key=?"
-            " AND c.open=1 ORDER BY c.id DESC")
-WAITING = ("SELECT count(*) FROM calls c JOIN runs r ON r.id = c.run_id"
-           " JOIN approvals a ON a.run_id = r.id WHERE c.session=?"
-           " AND c.settled_at='' AND r.status='WAITING_FOR_APPROVAL'"
-           " AND a.status='pending' AND (a.expires_at='' OR a.expires_at>?)"
-           " AND a.rowid = (SELECT max(rowid) FROM approvals b"
-           " WHERE b.run_id=r.id)")
+OPEN_ROW = ("SELECT c.run_id, r.status FROM calls c JOIN runs r ON r.id ="
+            " c.run_id WHERE c.request_key=? AND c.open=1 ORDER BY c.id DESC")
+WAITING = ("SELECT count(*) FROM calls c JOIN runs r ON r.id = c.run_id JOIN"
+           " approvals a ON a.run_id = r.id WHERE c.session=? AND"
+           " c.settled_at='' AND r.status='WAITING_FOR_APPROVAL' AND"
+           " a.status='pending' AND (a.expires_at='' OR a.expires_at>?) AND"
+           " a.rowid = (SELECT max(rowid) FROM approvals b WHERE"
+           " b.run_id=r.id)")
 
 
 class Tx:
-    """One write transaction: a method per state change, its
-    rows and the events that commit with them."""
+    """One write transaction: a method per state change, its rows
+    and the events that commit with them."""
 
     def __init__(self, db):
         self.db = db
         self.execute = db.execute
         self.parts = {}  # run id -> its parts of the record so far
-        # Read under the write lock: processes extend one chain.
-        # The next seq follows every seq used (a deleted tail
-        # leaves a gap verify reports).
+        # Read under the write lock: processes extend one chain. The next seq
+        # follows every seq used (a deleted tail leaves a gap verify reports).
         used, newest, digest = db.execute(CHAIN_HEAD).fetchone()
         self.head = (max(used or 0, newest or 0), digest or "")
 
@@ -2131,16 +2115,14 @@ class Tx:
     def event(self, run_id, type_, payload, step_id=""):
         seq, prev = self.head[0] + 1, self.head[1]
         at, body = now(), dumps(payload)
-        digest = event_hash(prev, seq, run_id, step_id, at,
-                            type_, body)
+        digest = event_hash(prev, seq, run_id, step_id, at, type_, body)
         self.db.execute("INSERT INTO events(seq, run_id, step_id, at, type,"
                         " payload_json, hash) VALUES(?,?,?,?,?,?,?)",
                         (seq, run_id, step_id, at, type_, body, digest))
         self.head = (seq, digest)
 
     def part(self, run_id, type_, payload, step_id=""):
-        part = [type_, step_id, payload]
-        self.parts.setdefault(run_id, []).append(part)
+        self.parts.setdefault(run_id, []).append([type_, step_id, payload])
 
     def flush(self):
         """Each run's parts as one event: one part as itself,
@@ -2151,8 +2133,7 @@ class Tx:
                 self.event(run_id, type_, payload, step_id)
                 continue
             types = [part[0] for part in parts]
-            ends = ("run.finished" in types
-                    or "step.tool_finished" in types)
+            ends = "run.finished" in types or "step.tool_finished" in types
             type_ = ("call.began" if types[0] == "run.created"
                      else "call.ended" if ends else "call.changed")
             step_id = next((p[1] for p in parts if p[1]), "")
@@ -2177,8 +2158,8 @@ class Tx:
         self.execute("INSERT INTO runs(id, session, tool, status, created_at,"
                      " lease_owner, lease_expires_at) VALUES(?,?,?,?,?,?,?)",
                      (run_id, session, tool, "RUNNING", at, *lease))
-        self.part(run_id, "run.created",
-                  {"goal": f"call {tool}", "tools": tool_hashes})
+        said = {"goal": f"call {tool}", "tools": tool_hashes}
+        self.part(run_id, "run.created", said)
         self.part(run_id, "run.started", {})
 
     def keep_spec(self, tool):
@@ -2188,29 +2169,26 @@ class Tx:
 
     def start_step(self, run_id, decision, tool=None):
         step_id = new_id(16)
-        index = self.execute("SELECT step_count FROM runs WHERE id=?",
-                             (run_id,)).fetchone()[0]
-        self.execute("UPDATE runs SET step_count=step_count+1"
-                     " WHERE id=?", (run_id,))
+        index = self.rows("SELECT step_count FROM runs WHERE id=?",
+                          (run_id,))[0][0]
+        self.execute("UPDATE runs SET step_count=step_count+1 WHERE id=?",
+                     (run_id,))
         spec_hash = self.keep_spec(tool) if tool is not None else ""
         self.execute("INSERT INTO steps(id, run_id, idx, status,"
                      " decision_json, spec_hash, started_at)"
                      " VALUES(?,?,?,?,?,?,?)",
-                     (step_id, run_id, index, "deciding",
-                      dumps(decision), spec_hash, now()))
+                     (step_id, run_id, index, "deciding", dumps(decision),
+                      spec_hash, now()))
         self.part(run_id, "step.started", {"index": index}, step_id)
-        self.part(run_id, "step.decided", kept_once(decision),
-                  step_id)
+        self.part(run_id, "step.decided", kept_once(decision), step_id)
         return step_id
 
     def record_policy(self, run_id, step_id, policy, policy_id):
-        self.execute("UPDATE steps SET policy_json=?, policy_id=?"
-                     " WHERE id=?", (dumps(policy), policy_id, step_id))
-        spec_hash = self.execute(
-            "SELECT spec_hash FROM steps WHERE id=?",
-            (step_id,)).fetchone()[0]
-        said = {**policy, "policy_id": policy_id,
-                "spec_hash": spec_hash}
+        self.execute("UPDATE steps SET policy_json=?, policy_id=? WHERE id=?",
+                     (dumps(policy), policy_id, step_id))
+        spec_hash = self.rows("SELECT spec_hash FROM steps WHERE id=?",
+                              (step_id,))[0][0]
+        said = {**policy, "policy_id": policy_id, "spec_hash": spec_hash}
         self.part(run_id, "step.policy", said, step_id)
 
     def end_step(self, step_id, status, observation=None):
@@ -2221,115 +2199,102 @@ class Tx:
 
     def fail_step(self, run_id, step_id, observation, detail):
         self.end_step(step_id, "failed", observation)
-        said = {"detail": detail, "observation": observation}
-        self.part(run_id, "step.failed", said, step_id)
+        self.part(run_id, "step.failed",
+                  {"detail": detail, "observation": observation}, step_id)
 
     def finish_run(self, run_id, status, reason, detail,
                    extra=None, outcome=None):
         """End a run and settle its calls row; Race if it ended.
         Without `outcome` nothing executed: the last attempt's
         stands (a refused re-run leaves an unknown open)."""
-        current, steps = self.execute(
-            "SELECT status, step_count FROM runs WHERE id=?",
-            (run_id,)).fetchone()
+        current, steps = self.rows(
+            "SELECT status, step_count FROM runs WHERE id=?", (run_id,))[0]
         if current in TERMINAL:
             raise Race()
         if outcome is None:
             attempt = last_attempt(self.rows, run_id)
-            ending = attempt and attempt.ending
+            unknown = attempt and attempt.ending in UNKNOWN_ENDINGS
             outcome = (OUTCOME_NONE if attempt is None
-                       else OUTCOME_UNKNOWN
-                       if ending in UNKNOWN_ENDINGS
-                       else OUTCOME_KNOWN)
+                       else OUTCOME_UNKNOWN if unknown else OUTCOME_KNOWN)
         if status != "COMPLETED":
-            closing = {"kind": "fail", "message": detail,
-                       "origin": "operator"}
+            closing = {"kind": "fail", "message": detail, "origin": "operator"}
             self.end_step(self.start_step(run_id, closing), "done")
             steps += 1
         self.execute("UPDATE runs SET status=?, reason=?, detail=?,"
                      " finished_at=?, lease_owner='', lease_expires_at=''"
                      " WHERE id=?", (status, reason, detail, now(), run_id))
-        said = {"status": status, "reason": reason,
-                "detail": detail, "steps": steps, **(extra or {})}
+        said = {"status": status, "reason": reason, "detail": detail,
+                "steps": steps, **(extra or {})}
         self.part(run_id, "run.finished", said)
-        self.execute("UPDATE calls SET settled_at=?, outcome=?"
-                     " WHERE run_id=?", (now(), outcome, run_id))
+        self.execute("UPDATE calls SET settled_at=?, outcome=? WHERE run_id=?",
+                     (now(), outcome, run_id))
 
     def pause(self, run_id, step_id, approval):
         """Wait for an operator; a run ended meanwhile: Race."""
-        waits = self.execute("UPDATE runs SET status='WAITING_FOR_APPROVAL',"
-                             " lease_owner='', lease_expires_at='' WHERE id=?"
-                             " AND status IN ('RUNNING',"
-                             " 'WAITING_FOR_APPROVAL')",
-                             (run_id,))
-        if waits.rowcount != 1:
-            raise Race()
-        self.execute("UPDATE steps SET status='awaiting_approval'"
-                     " WHERE id=?", (step_id,))
+        self.changed("UPDATE runs SET status='WAITING_FOR_APPROVAL',"
+                     " lease_owner='', lease_expires_at='' WHERE id=? AND"
+                     " status IN ('RUNNING', 'WAITING_FOR_APPROVAL')",
+                     (run_id,))
+        self.execute("UPDATE steps SET status='awaiting_approval' WHERE id=?",
+                     (step_id,))
         columns = ", ".join(APPROVAL_COLUMNS)
         marks = ", ".join("?" * len(APPROVAL_COLUMNS))
-        self.execute(
-            f"INSERT INTO approvals({columns}) VALUES({marks})",
-            tuple(approval[c] for c in APPROVAL_COLUMNS))
+        self.execute(f"INSERT INTO approvals({columns}) VALUES({marks})",
+                     tuple(approval[c] for c in APPROVAL_COLUMNS))
         shown = parse(approval["presentation_json"])
         bound = parse(approval["capability_json"])
         self.part(run_id, "approval.requested", {
-            "approval_id": approval["id"],
-            "kind": approval["kind"],
-            "reason": shown.get("reason", ""),
-            "capability": kept_once(bound),
+            "approval_id": approval["id"], "kind": approval["kind"],
+            "reason": shown.get("reason", ""), "capability": kept_once(bound),
             "presentation": kept_once(shown),
             "hash": approval["hash"]}, step_id)
 
     def resume(self, run_id, approval_id, lease):
         """Run again on its newest approval, granted; else Race."""
-        changed = self.execute("UPDATE runs SET status='RUNNING',"
-                               " lease_owner=?, lease_expires_at=? WHERE id=?"
-                               " AND status='WAITING_FOR_APPROVAL' AND"
-                               " (SELECT id, status FROM approvals"
-                               " WHERE run_id=? ORDER BY rowid DESC"
-                               " LIMIT 1) = (?, 'approved')",
-                               (*lease, run_id, run_id, approval_id))
-        if changed.rowcount != 1:
-            raise Race()
-        self.part(run_id, "run.resumed",
-                  {"approval_id": approval_id})
+        self.changed("UPDATE runs SET status='RUNNING', lease_owner=?,"
+                     " lease_expires_at=? WHERE id=? AND"
+                     " status='WAITING_FOR_APPROVAL' AND (SELECT id, status"
+                     " FROM approvals WHERE run_id=? ORDER BY rowid DESC"
+                     " LIMIT 1) = (?, 'approved')",
+                     (*lease, run_id, run_id, approval_id))
+        self.part(run_id, "run.resumed", {"approval_id": approval_id})
 
-    def start_execution(self, run_id, step_id, tool, args,
-                        target, approval_id=""):
+    def changed(self, sql, args):
+        """Change one row, or raise Race: it changed since read."""
+        if self.execute(sql, args).rowcount != 1:
+            raise Race()
+
+    def start_execution(self, run_id, step_id, tool, args, target,
+                        approval_id=""):
         """From here the outcome may be unknown; every process's
         limits count it from this commit on."""
         self.execute("UPDATE steps SET status='executing' WHERE id=?",
                      (step_id,))
         self.execute("INSERT INTO executions(tool, at, run_id, step_id)"
                      " VALUES(?,?,?,?)", (target, now(), run_id, step_id))
-
         said = {"tool": tool, "args": kept_once(args)}
         if approval_id:
             said["approval_id"] = approval_id
         self.part(run_id, "step.tool_started", said, step_id)
 
-    def finish_execution(self, run_id, step_id, tool,
-                         observation, duration_ms):
+    def finish_execution(self, run_id, step_id, tool, observation,
+                         duration_ms):
         # The event names the outcome; the step row keeps it.
         record = observation.get("result")
         if record:
             said = {"summary": observation["summary"],
-                    "bytes": record["bytes"],
-                    "sha256": record["sha256"]}
+                    "bytes": record["bytes"], "sha256": record["sha256"]}
         else:
             said = {"error": observation["content"]["error"]}
         self.part(run_id, "step.tool_finished",
-                  {"tool": tool, "duration_ms": duration_ms, **said},
-                  step_id)
+                  {"tool": tool, "duration_ms": duration_ms, **said}, step_id)
         if observation["kind"] != "tool_result":
-            summary = observation["summary"]
-            self.fail_step(run_id, step_id, observation, summary)
+            self.fail_step(run_id, step_id, observation,
+                           observation["summary"])
             return
         self.end_step(step_id, "done", observation)
         self.finish_run(run_id, "COMPLETED", "goal_completed",
-                        f"terminal tool {tool}",
-                        outcome=OUTCOME_KNOWN)
+                        f"terminal tool {tool}", outcome=OUTCOME_KNOWN)
 
     def waiting(self, session):
         """The session's questions that wait, unexpired."""
@@ -2337,55 +2302,45 @@ class Tx:
 
     def run_holder(self, run_id):
         """(status, lease owner) of a run."""
-        return self.execute(
-            "SELECT status, lease_owner FROM runs WHERE id=?",
-            (run_id,)).fetchone()
+        return self.execute("SELECT status, lease_owner FROM runs WHERE id=?",
+                            (run_id,)).fetchone()
 
     def step_started(self, step_id):
-        return self.execute(
-            "SELECT started_at FROM steps WHERE id=?",
-            (step_id,)).fetchone()[0]
+        return self.rows("SELECT started_at FROM steps WHERE id=?",
+                         (step_id,))[0][0]
 
     def take_over(self, run_id, lease):
-        """Take a lease left to run out, its steps marked
-        interrupted: (step_id, started_at) of one cut off while
-        executing, or None."""
+        """Take a lease left to run out, its steps marked interrupted:
+        (step_id, started_at) of one cut off while executing, or None."""
         row = self.execute("SELECT lease_owner, lease_expires_at FROM runs"
                            " WHERE id=? AND status='RUNNING'",
                            (run_id,)).fetchone()
         # Not another process's live lease; this one's own means a
         # failed write (it never takes over what it executes).
-        if row is None:
-            raise Race()
-        owner, expires = row
-        if owner and expires > now() and owner != lease[0]:
+        owner, expires = row or (None, None)
+        if row is None or owner and expires > now() and owner != lease[0]:
             raise Race()
         self.execute("UPDATE runs SET lease_owner=?, lease_expires_at=?"
                      " WHERE id=?", (*lease, run_id))
         if owner:
             self.part(run_id, "lease.taken_over", {
-                "previous_owner": owner,
-                "previous_expires_at": expires,
+                "previous_owner": owner, "previous_expires_at": expires,
                 "owner": lease[0]})
         cut_step = None
         for step_id, status, started in self.rows(
-                "SELECT id, status, started_at FROM steps"
-                " WHERE run_id=? AND status IN ('deciding',"
-                " 'executing') ORDER BY idx",
+                "SELECT id, status, started_at FROM steps WHERE run_id=? AND"
+                " status IN ('deciding', 'executing') ORDER BY idx",
                 (run_id,)):
-            observation = {
-                "kind": "interrupted",
-                "content": {"previous_status": status},
-                "summary": f"step interrupted while {status}"}
-            self.end_step(step_id, "interrupted", observation)
-            self.part(run_id, "step.interrupted",
-                      {"previous_status": status}, step_id)
+            was = {"previous_status": status}
+            self.end_step(step_id, "interrupted", {
+                "kind": "interrupted", "content": was,
+                "summary": f"step interrupted while {status}"})
+            self.part(run_id, "step.interrupted", was, step_id)
             if status == "executing":
                 cut_step = (step_id, started)
         return cut_step
 
-    def decide_approval(self, approval_id, shown_hash, status, by,
-                        note):
+    def decide_approval(self, approval_id, shown_hash, status, by, note):
         """An operator's decision bound to the hash shown:
         'decided', 'changed' or 'expired'."""
         row = self.execute("SELECT a.run_id, a.step_id, a.expires_at"
@@ -2399,110 +2354,89 @@ class Tx:
         if expires and expires <= now():
             self.expire_approval(approval_id, run_id, step_id)
             return "expired"
-        self._close_approval(run_id, step_id, approval_id, status,
-                             by, note)
+        self._close_approval(run_id, step_id, approval_id, status, by, note)
         if status == "rejected":
             content = {"approval_id": approval_id, "note": note}
-            self.fail_step(
-                run_id, step_id,
-                {"kind": "policy_denied", "content": content},
-                f"rejected by {by}")
-            self.finish_run(run_id, "CANCELLED",
-                            "approval_rejected", note)
+            self.fail_step(run_id, step_id, {"kind": "policy_denied",
+                           "content": content}, f"rejected by {by}")
+            self.finish_run(run_id, "CANCELLED", "approval_rejected", note)
         return "decided"
 
-    def _close_approval(self, run_id, step_id, approval_id, status,
-                        by, note):
+    def _close_approval(self, run_id, step_id, approval_id, status, by, note):
         self.execute("UPDATE approvals SET status=?, decided_at=?,"
                      " decided_by=?, note=? WHERE id=?",
                      (status, now(), by, note, approval_id))
-        said = {"approval_id": approval_id, "status": status,
-                "by": by, "note": note}
+        said = {"approval_id": approval_id, "status": status, "by": by,
+                "note": note}
         self.part(run_id, "approval.decided", said, step_id)
 
     def expire_approval(self, approval_id, run_id, step_id):
         """A question not answered, or a grant not collected."""
-        changed = self.execute("UPDATE approvals SET status='expired',"
-                               " decided_at=coalesce(nullif(decided_at, ''),"
-                               " ?), note=coalesce(nullif(note, ''),"
-                               " 'expired') WHERE id=?"
-                               " AND status IN ('pending', 'approved')",
-                               (now(), approval_id))
-        if changed.rowcount != 1:
-            raise Race()
+        self.changed("UPDATE approvals SET status='expired',"
+                     " decided_at=coalesce(nullif(decided_at, ''), ?),"
+                     " note=coalesce(nullif(note, ''), 'expired') WHERE id=?"
+                     " AND status IN ('pending', 'approved')",
+                     (now(), approval_id))
         said = {"approval_id": approval_id, "status": "expired"}
         self.part(run_id, "approval.decided", said, step_id)
-        self.execute("UPDATE steps SET status='failed', finished_at=?"
-                     " WHERE id=? AND status='awaiting_approval'",
-                     (now(), step_id))
+        self.execute("UPDATE steps SET status='failed', finished_at=? WHERE"
+                     " id=? AND status='awaiting_approval'", (now(), step_id))
         self.finish_run(run_id, "CANCELLED", "approval_expired",
                         f"approval {approval_id} expired")
 
     def record_read(self, run_id, session, tool, decision, policy,
-                    policy_id, started, observation, ended,
-                    duration_ms):
+                    policy_id, started, observation, ended, duration_ms):
         """An allowed read once it answered: its run and one
         run.read event (no calls row, no execution row)."""
         status, reason, detail = ended
         self.execute("INSERT INTO runs(id, session, tool, status, reason,"
-                     " detail, step_count, created_at,"
-                     " finished_at) VALUES(?,?,?,?,?,?,1,?,?)",
-                     (run_id, session, tool.name, status, reason, detail,
-             started, now()))
+                     " detail, step_count, created_at, finished_at)"
+                     " VALUES(?,?,?,?,?,?,1,?,?)", (run_id, session, tool.name,
+                     status, reason, detail, started, now()))
         policy = {**policy, "policy_id": policy_id,
                   "spec_hash": self.keep_spec(tool)}
         self.part(run_id, "run.read", {
             "decision": decision, "duration_ms": duration_ms,
             "status": status, "policy": policy,
-            "started_at": started, "observation": observation},
-            new_id(16))
+            "started_at": started, "observation": observation}, new_id(16))
 
     def create_grant(self, grant):
         columns = GRANT_COLUMNS[:9]
         self.execute(f"INSERT INTO grants({', '.join(columns)})"
                      f" VALUES(?,?,?,?,?,?,?,?,?)",
                      tuple(grant[c] for c in columns))
-
-        said = {c: grant[c] for c in columns[1:]
-                if c != "conditions_json"}
+        said = {c: grant[c] for c in columns[1:] if c != "conditions_json"}
         said["conditions"] = parse(grant["conditions_json"])
         self.part(grant["id"], "grant.created", said)
 
     def revoke_grant(self, grant_id, by, note):
         """End a grant now; False when it was not in force."""
         at = now()
-        changed = self.execute(
-            "UPDATE grants SET revoked_at=?, revoked_by=?,"
-            " revoke_note=? WHERE id=? AND revoked_at=''"
-            " AND expires_at>?", (at, by, note, grant_id, at))
+        changed = self.execute("UPDATE grants SET revoked_at=?, revoked_by=?,"
+                               " revoke_note=? WHERE id=? AND revoked_at=''"
+                               " AND expires_at>?",
+                               (at, by, note, grant_id, at))
         if changed.rowcount != 1:
             return False
-        self.part(grant_id, "grant.revoked",
-                  {"by": by, "note": note})
+        self.part(grant_id, "grant.revoked", {"by": by, "note": note})
         return True
 
     def cancel_run(self, run_id, by, note):
         """An operator ends a run: a pending question closes as
         rejected; a cut execution's outcome stays unknown."""
-
         for approval_id, step_id in self.rows(
-                "SELECT id, step_id FROM approvals WHERE run_id=?"
-                " AND status='pending'", (run_id,)):
-            self._close_approval(run_id, step_id, approval_id,
-                                 "rejected", by, note)
-        for step_id, status in self.rows("SELECT id, status FROM steps"
-                                         " WHERE run_id=?"
-                                         " AND status IN ('deciding',"
-                                         " 'awaiting_approval',"
-                                         " 'executing')", (run_id,)):
-            content = {"by": by, "note": note,
-                       "previous_status": status}
-            self.fail_step(
-                run_id, step_id,
-                {"kind": "interrupted", "content": content},
-                f"cancelled by {by}")
-        self.finish_run(run_id, "CANCELLED", "operator_cancelled",
-                        note, extra={"by": by})
+                "SELECT id, step_id FROM approvals WHERE run_id=? AND"
+                " status='pending'", (run_id,)):
+            self._close_approval(run_id, step_id, approval_id, "rejected",
+                                 by, note)
+        for step_id, status in self.rows(
+                "SELECT id, status FROM steps WHERE run_id=? AND status IN"
+                " ('deciding', 'awaiting_approval', 'executing')", (run_id,)):
+            content = {"by": by, "note": note, "previous_status": status}
+            self.fail_step(run_id, step_id, {"kind": "interrupted",
+                           "content": content}, f"cancelled by {by}")
+        self.finish_run(run_id, "CANCELLED", "operator_cancelled", note,
+                        extra={"by": by})
 
 
 class Store:
@@ -2525,10 +2459,9 @@ class Store:
                 raise StoreError(f"database {path} cannot be created:"
                                  f" {err.strerror}") from None
         elif not os.path.exists(path):
-            raise StoreError(f"database {path} does not exist; start the"
-                             f" gate once to create it, or name the right"
-                             f" file with -db")
-
+            raise StoreError(f"database {path} does not exist; start the gate"
+                             " once to create it, or name the right file with"
+                             " -db")
         quoted = path.replace("?", "%3f").replace("#", "%23")
         uri = "file:" + quoted + ("" if writes else "?mode=ro")
         try:
@@ -2537,17 +2470,16 @@ class Store:
                 self._wal()
                 self.db.execute("PRAGMA synchronous=FULL")
             self._check_schema(migrate=create and writes)
-            # Reads never wait on a writer's sync: a stale read is
-            # caught by its write's checks.
+            # Reads never wait on a writer's sync: a stale read is caught
+            # by its write's checks.
             self.reader = self._connect(uri) if writes else self.db
-            self.read_lock = (threading.Lock() if writes
-                              else self.lock)
+            self.read_lock = threading.Lock() if writes else self.lock
             # The heartbeat's own: leases renew while commits stall.
             self.lease_db = self._connect(uri) if writes else None
             self.lease_lock = threading.Lock()
         except sqlite3.Error as err:
-            raise StoreError(
-                f"database {path} cannot be opened: {err}") from None
+            raise StoreError(f"database {path} cannot be opened: {err}"
+                             ) from None
         # Again once open: a file swapped in is refused.
         self._check_files(tighten=not readonly)
 
@@ -2588,13 +2520,12 @@ class Store:
 
     def _check_schema(self, migrate):
         path, known = self.path, len(SCHEMA)
-        unsafe = self.db.execute("SELECT name FROM sqlite_master"
-                                 " WHERE type IN ('trigger', 'view')"
-                                 " LIMIT 1").fetchone()
+        unsafe = self.db.execute("SELECT name FROM sqlite_master WHERE type IN"
+                                 " ('trigger', 'view') LIMIT 1").fetchone()
         if unsafe:
             raise StoreError(f"database {path} holds a trigger or view"
                              f" ({unsafe[0]}), which agentgate never creates;"
-                             f" it will not use this file")
+                             " it will not use this file")
         has = self.db.execute("SELECT 1 FROM sqlite_master"
                               " WHERE name='schema_migrations'").fetchone()
         version = self._version() if has else 0
@@ -2607,39 +2538,34 @@ class Store:
         if not migrate:
             raise StoreError(f"database {path} has schema version {version},"
                              f" older than this agentgate's {known}; start the"
-                             f" gate once to migrate it")
+                             " gate once to migrate it")
         self.db.execute("BEGIN IMMEDIATE")
         with self.db:  # commits, or rolls back what stops it
-            # Read again under the write lock: another process may
-            # have migrated meanwhile.
+            # Read again under the write lock: another process may have
+            # migrated meanwhile.
             self.db.execute("CREATE TABLE IF NOT EXISTS schema_migrations("
                             "version INTEGER PRIMARY KEY,"
                             " applied_at TEXT NOT NULL)")
             for number in range(self._version() + 1, known + 1):
-                script = SCHEMA[number - 1]
-                for statement in filter(str.strip,
-                                        script.split(";")):
-                    self.db.execute(statement)
-                self.db.execute(
-                    "INSERT INTO schema_migrations VALUES(?, ?)",
-                    (number, now()))
+                for statement in SCHEMA[number - 1].split(";"):
+                    if statement.strip():
+                        self.db.execute(statement)
+                self.db.execute("INSERT INTO schema_migrations VALUES(?, ?)",
+                                (number, now()))
 
     def close(self):
         with self.lock, self.read_lock, self.lease_lock:
-            self.reader.close()
-            self.db.close()
-            if self.lease_db is not None:
-                self.lease_db.close()
+            for db in (self.reader, self.db, self.lease_db):
+                if db is not None:
+                    db.close()
 
     # -- the one place transactions are opened ----------------------
 
     def write(self, fn):
-        """fn(tx) in a BEGIN IMMEDIATE transaction: its result once
-        durable. Changes queued meanwhile commit together, each in
-        a savepoint so one that fails rolls back alone (13-39% more
-        calls/s at 16 in flight)."""
-        job = {"fn": fn, "done": False, "result": None,
-               "error": None}
+        """fn(tx) in a BEGIN IMMEDIATE transaction: its result once durable.
+        Changes queued meanwhile commit together, each in a savepoint so one
+        that fails rolls back alone (13-39% more calls/s at 16 in flight)."""
+        job = {"fn": fn, "done": False, "result": None, "error": None}
         with self.jobs_lock:
             self.jobs.append(job)
         with self.lock:
@@ -2689,57 +2615,55 @@ class Store:
         with self.lease_lock:
             try:  # one statement, so its own transaction
                 self.lease_db.execute(f"UPDATE runs SET lease_expires_at=?"
-                                      f" WHERE lease_owner=?"
-                                      f" AND status='RUNNING'"
-                                      f" AND id IN ({marks})",
+                                      " WHERE lease_owner=? AND"
+                                      f" status='RUNNING' AND id IN ({marks})",
                                       (until, owner, *run_ids))
             except sqlite3.Error as err:
                 raise StoreError(f"the leases could not be renewed: {err}"
                 ) from None
 
     # -- the reads the gate decides with ------------------------------
-    # They span every session (init gives each host's gate its own
-    # on one database). The request key is the server's name, the
-    # upstream tool's and the canonical arguments: two servers given
-    # one name share their rules (refused, never run twice).
+    # They span every session (init gives each host's gate its own on
+    # one database). The request key is the server's name, the upstream
+    # tool's and the canonical arguments: two servers given one name
+    # share their rules (refused, never run twice).
 
     def key_runs(self, key, since, newest_only):
-        """Newest first, in one statement: the open row is the
-        newest as of every row read."""
+        """Newest first, in one statement: the open row is the newest
+        as of every row read."""
         limit = " LIMIT 1" if newest_only else ""
         return [KeyRun(*row) for row in self.read(
             "SELECT r.id, r.status, r.reason, r.detail, r.finished_at,"
-            " r.lease_owner, r.lease_expires_at, c.open FROM calls c"
-            " JOIN runs r ON r.id = c.run_id WHERE c.request_key=?"
-            " AND (c.open=1 OR c.settled_at='' OR c.settled_at>=?)"
-            " ORDER BY c.id DESC" + limit, (key, since))]
+            " r.lease_owner, r.lease_expires_at, c.open FROM calls c JOIN"
+            " runs r ON r.id = c.run_id WHERE c.request_key=? AND (c.open=1"
+            " OR c.settled_at='' OR c.settled_at>=?) ORDER BY c.id DESC"
+            + limit, (key, since))]
 
     def open_run(self, key):
         row = self.read_one(OPEN_ROW, (key,))
         return row[0] if row else None
 
     def attempt_runs(self, key):
-        return self.read("SELECT r.id, r.status FROM calls c"
-                         " JOIN runs r ON r.id = c.run_id"
-                         " WHERE c.request_key=? AND c.outcome!=?"
-                         " ORDER BY c.id DESC", (key, OUTCOME_NONE))
+        return self.read("SELECT r.id, r.status FROM calls c JOIN runs r ON"
+                         " r.id = c.run_id WHERE c.request_key=? AND"
+                         " c.outcome!=? ORDER BY c.id DESC",
+                         (key, OUTCOME_NONE))
 
     def unsettled_runs(self, target, key):
         """The tool's unsettled runs of other requests."""
         return self.read("SELECT r.id, r.status, r.lease_owner,"
-                         " r.lease_expires_at FROM calls c"
-                         " JOIN runs r ON r.id = c.run_id WHERE c.tool=?"
-                         " AND c.outcome=0 AND c.settled_at=''"
-                         " AND c.request_key!=? ORDER BY c.id", (target, key))
+                         " r.lease_expires_at FROM calls c JOIN runs r ON"
+                         " r.id = c.run_id WHERE c.tool=? AND c.outcome=0 AND"
+                         " c.settled_at='' AND c.request_key!=? ORDER BY c.id",
+                         (target, key))
 
     def unknown_for_tool(self, target, key):
-        """Other requests of the tool whose newest attempt is
-        unknown."""
-        return self.read("SELECT c.request_key, c.run_id, r.reason"
-                         " FROM calls c JOIN runs r ON r.id = c.run_id"
-                         " WHERE c.tool=? AND c.request_key!=? AND c.outcome=?"
-                         " AND c.id = (SELECT max(id) FROM calls d"
-                         " WHERE d.request_key=c.request_key AND d.outcome!=?)"
+        """Other requests of the tool whose newest attempt is unknown."""
+        return self.read("SELECT c.request_key, c.run_id, r.reason FROM calls"
+                         " c JOIN runs r ON r.id = c.run_id WHERE c.tool=? AND"
+                         " c.request_key!=? AND c.outcome=? AND c.id = (SELECT"
+                         " max(id) FROM calls d WHERE"
+                         " d.request_key=c.request_key AND d.outcome!=?)"
                          " ORDER BY c.id",
                          (target, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
 
@@ -2764,10 +2688,8 @@ class Store:
         return rows[0] if rows else None
 
     def step_decision(self, step_id):
-        row = self.read_one(
-            "SELECT decision_json FROM steps WHERE id=?",
-            (step_id,))
-        return parse(row[0])
+        sql = "SELECT decision_json FROM steps WHERE id=?"
+        return parse(self.read_one(sql, (step_id,))[0])
 
     def read(self, sql, args=()):
         with self.read_lock:
@@ -2784,12 +2706,10 @@ class Store:
 def write_error(err):
     """What a write's caller hears of a failed statement; a unique
     index refusing a row is a lost race (3.9 has no error code)."""
-
     if not isinstance(err, sqlite3.Error):
         return err
-    lost = (isinstance(err, sqlite3.IntegrityError)
-            and str(err).startswith("UNIQUE constraint failed"))
-    if lost:
+    if isinstance(err, sqlite3.IntegrityError) and str(err).startswith(
+            "UNIQUE constraint failed"):
         return Race()
     return StoreError(f"the records could not be written: {err}")
 
@@ -2799,34 +2719,29 @@ def write_error(err):
 #
 # Reads as: decision core
 #
-# Owns: one call's passage (judge, decide, begin, hold, execute,
-# record the outcome) and the rules across calls over earlier
-# runs, in every session, of the same request (server, upstream
-# tool, canonical arguments) and of the same tool.
-# Promises: nothing runs that the policy did not allow or an
-# operator did not approve by hash; an approval binds the recorded
-# request, never a later call's bytes; the outcome is recorded
-# even when the host has gone.
-# One lock: two threads never both begin a request; across
-# processes the unique open-row index does, and a lost race is
-# decided again. Judging comes before the lock, executing and
-# holding after it. An executing run holds a lease its process
-# renews; one whose lease ran out is taken over. All is recorded
-# before it is sent, but a read allowed outright (_begin). A write
-# that acts on a decision makes it once, with all the facts, and
-# returns it as a verdict. Seams: the upstream's `request` (21),
-# `announce` and `duplicate` (26).
+# Owns: one call's passage (judge, decide, begin, hold, execute, record the
+# outcome) and the rules across calls over earlier runs, in every session, of
+# the same request (server, upstream tool, canonical arguments) and of the same
+# tool.
+# Promises: nothing runs that the policy did not allow or an operator did not
+# approve by hash; an approval binds the recorded request, never a later call's
+# bytes; the outcome is recorded even when the host has gone.
+# One lock: two threads never both begin a request; across processes the unique
+# open-row index does, and a lost race is decided again. Judging comes before
+# the lock, executing and holding after it. An executing run holds a lease its
+# process renews; one whose lease ran out is taken over. All is recorded before
+# it is sent, but a read allowed outright (_begin). A write that acts on a
+# decision makes it once, with all the facts, and returns it as a verdict.
+# Seams: the upstream's `request` (21), `announce` and `duplicate` (26).
 # =============================================================================================
 
 TOOL_CALL = "tool_call"
 
-# The verdicts besides an Answer. A read recorded once it answers
-# has no `step_id`, and `record` (policy, start); `work` spares a
-# re-run a search.
+# The verdicts besides an Answer. A read recorded once it answers has no
+# `step_id`, and `record` (policy, start); `work` spares a re-run a search.
 Wait = collections.namedtuple("Wait", "approval")
 Execute = collections.namedtuple(
-    "Execute", "run_id step_id args record work",
-    defaults=(None, None))
+    "Execute", "run_id step_id args record work", defaults=(None, None))
 
 # What a rule says when it does not answer the call itself:
 NEXT = "next"    # it decides nothing: the next rule or run does
@@ -2851,8 +2766,7 @@ class Gate:
         self.policy_id = config.policy_id()
         named = sorted(tools, key=lambda t: t.name)
         self.tool_hashes = [tool.spec_hash for tool in named]
-        token = secrets.token_hex(6)
-        self.owner = f"{PROGRAM}:{config.session}/{token}"
+        self.owner = f"{PROGRAM}:{config.session}/{secrets.token_hex(6)}"
         self.lock = threading.Lock()
         # What this process executes: renewed, never taken over.
         self.active = set()
@@ -2862,28 +2776,26 @@ class Gate:
         self.quarantined = frozenset()  # see quarantine
         self.client = ""  # set by the host side from initialize
         self.config_read = file_stamp(config.path)
-        threading.Thread(target=self._heartbeat,
-                         daemon=True).start()
+        threading.Thread(target=self._heartbeat, daemon=True).start()
 
     def lease(self):
         return self.owner, later(now(), self.config.lease_ttl)
 
     def quarantine(self, names):
-        """From now on the tools `names` (as offered) are not
-        offered, and refused: the watcher's one seam."""
+        """From now on the tools `names` (as offered) are not offered,
+        and refused: the watcher's one seam."""
         self.quarantined = frozenset(names)
 
     def _heartbeat(self):
-        """Renew this process's leases every third of their life;
-        a run stranded by a failed write is left to be taken over."""
+        """Renew this process's leases every third of their life; a run
+        stranded by a failed write is left to be taken over."""
         path, third = self.config.path, self.config.lease_ttl / 3
         while not self.stopping.wait(third / SECOND):
-            if self.config_read and (
-                    file_stamp(path) != self.config_read):
+            if self.config_read and file_stamp(path) != self.config_read:
                 self.config_read = None  # said once
-                log(f"config {path} changed since this gate"
-                    f" started; it goes on serving the one it read:"
-                    f" restart the host to serve the new one")
+                log(f"config {path} changed since this gate started; it goes"
+                    " on serving the one it read: restart the host to serve"
+                    " the new one")
             try:
                 active = sorted(self.active.copy())  # atomic
                 self.store.renew_leases(*self.lease(), active)
@@ -2894,29 +2806,23 @@ class Gate:
         rule = tool.rule.repeat_window
         return self.config.repeat_window if rule is None else rule
 
-    def _facts(self, tool, rows=None):
-        """The facts of now. Limits count only through the `rows`
-        of the write acting on the decision, so racing calls in
-        any process never pass a limit together."""
+    def _decision(self, tool, args, judged, rows=None, attempt=None,
+                  approved=False):
+        """(decision, facts): the policy on this call, now. Limits count
+        only through the `rows` of the write acting on the decision, so
+        racing calls in any process never pass a limit together."""
         counts = rows is not None and bool(tool.rule.limits)
-        return decision_facts(
-            rows or self.store.read, self.config.session, tool,
-            format_time(time.time()), self.client, counts)
-
-    def _decision(self, tool, args, judged, rows=None,
-                  attempt=None, approved=False):
-        """(decision, facts): the policy on this call, now."""
-        facts = self._facts(tool, rows)
-        decision = evaluate(self.config, tool, args, facts,
-                            attempt, approved, judged)
-        return decision, facts
+        facts = decision_facts(rows or self.store.read, self.config.session,
+                               tool, format_time(time.time()), self.client,
+                               counts)
+        return evaluate(self.config, tool, args, facts, attempt, approved,
+                        judged), facts
 
     # -- one call ---------------------------------------------------
 
-    def call(self, tool, args, invalid="", progress=None,
-             cancelled=None):
-        """Decide, then execute, hold or refuse a tools/call: an
-        Answer. `invalid`: (why, frame) of unusable arguments."""
+    def call(self, tool, args, invalid="", progress=None, cancelled=None):
+        """Decide, then execute, hold or refuse a tools/call: an Answer.
+        `invalid`: (why, frame) of unusable arguments."""
         cancelled = cancelled or threading.Event()
         executing = False
         try:
@@ -2929,9 +2835,9 @@ class Gate:
                 invalid = (why, recorded_frame(encoded))
             if invalid:
                 with self.lock:
-                    return self._begin(
-                        tool, None, f"invalid:{new_id(8)}", None,
-                        None, invalid=invalid, cancelled=cancelled)
+                    return self._begin(tool, None, f"invalid:{new_id(8)}",
+                                       None, None, invalid=invalid,
+                                       cancelled=cancelled)
             key = request_key(tool.target, encoded)
             judged, early = self._judge(tool, args)
             held, races = False, 0
@@ -2946,11 +2852,9 @@ class Gate:
                     return verdict
                 if isinstance(verdict, Execute):
                     executing = True
-                    return self._execute(tool, verdict, progress,
-                                         cancelled)
+                    return self._execute(tool, verdict, progress, cancelled)
                 approval = verdict.approval
-                if held or not self._hold(approval, progress,
-                                          cancelled):
+                if held or not self._hold(approval, progress, cancelled):
                     return waiting_answer(approval)
                 held = True
                 # Judged again: a path's links may have moved.
@@ -2958,21 +2862,19 @@ class Gate:
             return answer("IN_PROGRESS")
         except StoreError as err:
             log(str(err))
-            what = ("sent_unrecorded" if executing
-                    else "nothing_executed")
+            what = "sent_unrecorded" if executing else "nothing_executed"
             return answer("UNAVAILABLE", what=SLOT_PROSE[what])
 
     def _judge(self, tool, args, work=None):
-        """(Judgement, early decision): the schema check and the
-        conditions, judged before the lock for every later decision
-        to reuse. Only a read allowed outright acts on the early
-        decision: it has no write to decide in."""
+        """(Judgement, early decision): the schema check and conditions, judged
+        before the lock for every later decision to reuse. Only a read allowed
+        outright acts on the early decision: it has no write to decide in."""
         judged = judged_request(tool, args, work)
         return judged, self._decision(tool, args, judged)
 
     def _hold(self, approval, progress, cancelled):
-        """Wait up to `hold` for the operator: True once the
-        question is settled (decide again), else False."""
+        """Wait up to `hold` for the operator: True once the question
+        is settled (decide again), else False."""
         started = time.monotonic()
         total = self.config.hold_for(self.client) / SECOND
         while not (cancelled.is_set() or self.stopping.is_set()):
@@ -2984,8 +2886,7 @@ class Gate:
             waits = (row and row["status"] == "pending"
                      and live_approval(self.config, row))
             if not waits or row["run_status"] in TERMINAL:
-                return not (cancelled.is_set()
-                            or self.stopping.is_set())
+                return not (cancelled.is_set() or self.stopping.is_set())
             if progress:  # at most once a second (Progress.holding)
                 progress.holding(round(waited, 3), total,
                                  SLOT_PROSE["holding"])
@@ -2994,11 +2895,10 @@ class Gate:
     # -- the rules, under the lock ----------------------------------
 
     def _decide(self, tool, args, key, judged, early, cancelled):
-        """The rules in order, as one verdict: an Answer, a Wait,
-        an Execute or AGAIN (a lost race too)."""
+        """The rules in order, as one verdict: an Answer, a Wait, an
+        Execute or AGAIN (a lost race too)."""
         try:
-            return self._rules(tool, args, key, judged, early,
-                               cancelled)
+            return self._rules(tool, args, key, judged, early, cancelled)
         except Race:
             return AGAIN
 
@@ -3008,23 +2908,19 @@ class Gate:
         window = self.window(tool)
         span = max(window, self.config.repeat_window)
         since = format_time(time.time() - span / SECOND)
-        # A read needs only its newest row: identical reads never
-        # refuse one another. The begin refuses unless `seen` is
-        # still the open row: no identical run, in any process,
-        # begins and ends in between.
-        rows = self.store.key_runs(key, since,
-                                   newest_only=tool.read_only)
+        # A read needs only its newest row: identical reads never refuse one
+        # another. The begin refuses unless `seen` is still the open row: no
+        # identical run, in any process, begins and ends in between.
+        rows = self.store.key_runs(key, since, newest_only=tool.read_only)
         seen = next((row.run_id for row in rows if row.open), None)
         for row in rows:
             if row.status == "WAITING_FOR_APPROVAL":       # rule 1
                 return self._asked(tool, row.run_id, judged)
             if row.status == "RUNNING":
-                live = (row.owner != self.owner
-                        and row.expires > now())
+                live = row.owner != self.owner and row.expires > now()
                 if row.run_id in self.active or live:
                     return answer("IN_PROGRESS")           # rule 2
-                return self._take_over(tool, row.run_id,   # rule 3
-                                       judged)
+                return self._take_over(tool, row.run_id, judged)  # rule 3
             if row.finished >= since:                  # rules 4, 5
                 verdict = self._closed(tool, row, window)
                 if verdict is STOP:
@@ -3036,8 +2932,7 @@ class Gate:
             attempt = self._unknown_attempt(key)           # rule 6
             question = self._settle_others(tool, key)
             if question:                                   # rule 7
-                return answer("BLOCKED", "BLOCKED_UNKNOWN",
-                              tool=tool.name,
+                return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
                               approval=question["id"])
         return self._begin(tool, args, key, seen, judged,  # rule 8
                            early, attempt, cancelled=cancelled)
@@ -3045,7 +2940,7 @@ class Gate:
     def _asked(self, tool, run_id, judged):
         """Rule 1: the run waits on its newest approval."""
         approval = self.store.latest_approval(run_id)
-        status = approval["status"] if approval else ""
+        status = approval and approval["status"]
         if status == "approved":
             return self._collect(tool, approval, judged)
         if status != "pending":
@@ -3060,16 +2955,15 @@ class Gate:
         return AGAIN  # the run ended: rules 4 to 6 decide
 
     def _collect(self, tool, approval, judged):
-        """An approved request, checked again, runs as recorded,
-        never as this call's bytes (same key, same judgement)."""
+        """An approved request, checked again, runs as recorded, never
+        as this call's bytes (same key, same judgement)."""
         run_id, step_id = approval["run_id"], approval["step_id"]
         if tool.name in self.quarantined:
             # Changed while held: the approval stays for its return.
             return answer("DENIED", "TOOL_CHANGED")
         if stored_hash(approval) != approval["hash"]:
-            log(f"approval {approval['id']} does not match its"
-                f" hash; it was altered after it was made and will not"
-                f" be used")
+            log(f"approval {approval['id']} does not match its hash; it was"
+                " altered after it was made and will not be used")
             return answer("DENIED", reason=SLOT_PROSE["altered"])
         if not live_approval(self.config, approval):  # grant_ttl
             return self._expire(approval)
@@ -3077,41 +2971,38 @@ class Gate:
             why = f"invalid decision on resume: {judged.problem}"
             self.store.write(lambda tx: self._refuse(
                 tx, run_id, step_id, "invalid_decision", why))
-            return answer("INVALID",
-                          reason=clean(judged.problem, 1000))
+            return answer("INVALID", reason=clean(judged.problem, 1000))
         args = parse(approval["request_json"])["args"]
-        bound = parse(approval["capability_json"])
-        attempt = bound.get("interrupted")
+        attempt = parse(approval["capability_json"]).get("interrupted")
 
         def collect(tx):
-            # Approved: no limit counts it again, no grant applies.
-            # It may ask another question (another entry holds now).
-            decision, facts = self._decision(
-                tool, args, judged, tx.rows, attempt, approved=True)
+            # Approved: no limit counts it again, no grant applies. It
+            # may ask another question (another entry holds now).
+            decision, facts = self._decision(tool, args, judged, tx.rows,
+                                             attempt, approved=True)
             act = decision["outcome"] == "deny"
             if decision["outcome"] == "require_approval":
-                fresh = new_approval(self.config, run_id, step_id,
-                                     tool, args, decision)
+                fresh = new_approval(self.config, run_id, step_id, tool,
+                                     args, decision)
                 act = fresh["hash"] != approval["hash"]
             if act:
-                return self._act(tx, tool, run_id, step_id, args,
-                                 decision, facts, judged.work,
-                                 approved=True, resumed=True)
+                return self._act(tx, tool, run_id, step_id, args, decision,
+                                 facts, judged.work, approved=True,
+                                 resumed=True)
             tx.resume(run_id, approval["id"], self.lease())
             record = _policy_record(decision, facts, True)
-            tx.record_policy(run_id, step_id, record,
-                             self.policy_id)
+            tx.record_policy(run_id, step_id, record, self.policy_id)
             tx.start_execution(run_id, step_id, tool.name, args,
                                tool.target, approval["id"])
             return Execute(run_id, step_id, args, work=judged.work)
         return self._begun(tool, run_id, collect)
 
     def _take_over(self, tool, run_id, judged):
-        """Rule 3: take over a run whose lease ran out. A mutation
-        it cut off may have taken effect: Wait on asking to run it
-        again. Anything else ends: AGAIN."""
-        cut_step = self.store.write(
-            lambda tx: tx.take_over(run_id, self.lease()))
+        """Rule 3: take over a run whose lease ran out. A mutation it
+        cut off may have taken effect: Wait on asking to run it again.
+        Anything else ends: AGAIN."""
+        cut_step = self.store.write(lambda tx: tx.take_over(run_id,
+                                                            self.lease()))
         asks = cut_step and not tool.read_only
         if asks:
             step_id, started = cut_step
@@ -3121,25 +3012,23 @@ class Gate:
 
         def taken_over(tx):
             if asks:
-                decision, facts = self._decision(
-                    tool, args, judged, tx.rows, attempt)
+                decision, facts = self._decision(tool, args, judged,
+                                                 tx.rows, attempt)
                 if decision["outcome"] == "require_approval":
-                    approval = new_approval(
-                        self.config, run_id, step_id, tool, args,
-                        decision)
+                    approval = new_approval(self.config, run_id, step_id,
+                                            tool, args, decision)
                     record = _policy_record(decision, facts)
                     tx.record_policy(run_id, step_id, record, "")
                     tx.pause(run_id, step_id, approval)
                     return Wait(approval)
-            tx.finish_run(
-                run_id, "FAILED", "goal_failed",
-                "one call per run: taken over after an interruption,"
-                " with nothing left in it to execute")
+            tx.finish_run(run_id, "FAILED", "goal_failed",
+                          "one call per run: taken over after an"
+                          " interruption, with nothing left in it to execute")
             return AGAIN
         verdict = self.store.write(taken_over)
         if isinstance(verdict, Wait):
-            log(f"a call to {tool.name} was cut off while"
-                f" executing; its outcome is unknown")
+            log(f"a call to {tool.name} was cut off while executing; its"
+                " outcome is unknown")
             self.announce(verdict.approval, tool, run_id)
         return verdict
 
@@ -3150,8 +3039,8 @@ class Gate:
 
     def _closed(self, tool, row, window):
         """Rules 4 and 5: a finished run of the request within the
-        window: the tool's for a duplicate, at least the config's
-        for the operator's no (rejected, cancelled, expired)."""
+        window: the tool's for a duplicate, at least the config's for
+        the operator's no (rejected, cancelled, expired)."""
         refusals = max(window, self.config.repeat_window)
 
         def within(span):
@@ -3165,16 +3054,13 @@ class Gate:
         if row.reason == "approval_rejected" and refused:
             approval = self.store.latest_approval(row.run_id)
             return answer("REJECTED", approval=approval["id"],
-                          note=note_text(approval["note"]),
-                          until=until())
+                          note=note_text(approval["note"]), until=until())
         attempt = (None if tool.read_only
                    else last_attempt(self.store.read, row.run_id))
         unknown = attempt and attempt.ending in UNKNOWN_ENDINGS
-        if (row.reason == "approval_expired" and not unknown
-                and refused):
+        if row.reason == "approval_expired" and not unknown and refused:
             approval = self.store.latest_approval(row.run_id)
-            return answer("EXPIRED", approval=approval["id"],
-                          until=until())
+            return answer("EXPIRED", approval=approval["id"], until=until())
         if row.reason == "operator_cancelled" and refused:
             return answer("REJECTED", "CANCELLED",
                           note=note_text(row.detail), until=until())
@@ -3190,22 +3076,21 @@ class Gate:
                       window=format_duration(window), outcome=said)
 
     def _unknown_attempt(self, key):
-        """Rule 6: the attempt to run again if the newest finished
-        run left its outcome unknown (until a re-run knows it)."""
+        """Rule 6: the attempt to run again if the newest finished run
+        left its outcome unknown (until a re-run knows it)."""
         for run_id, status in self.store.attempt_runs(key):
             attempt = (status in TERMINAL
                        and last_attempt(self.store.read, run_id))
             if attempt:
-                if attempt.ending in UNKNOWN_ENDINGS:
-                    return attempt.attempt
-                return None
+                unknown = attempt.ending in UNKNOWN_ENDINGS
+                return attempt.attempt if unknown else None
         return None
 
     def _settle_others(self, tool, key):
         """The one place a call settles other requests' runs of its
-        tool, so rule 7 never blocks on what nobody settles: a dead
-        run taken over, an expired question ended, an unknown
-        outcome asked again. The question then standing, or None."""
+        tool, so rule 7 never blocks on what nobody settles: a dead run
+        taken over, an expired question ended, an unknown outcome asked
+        again. The question then standing, or None."""
         for run_id, status, owner, expires in (
                 self.store.unsettled_runs(tool.target, key)):
             live = owner != self.owner and expires > now()
@@ -3219,8 +3104,7 @@ class Gate:
                 continue
             approval = (status == "WAITING_FOR_APPROVAL"
                         and self.store.latest_approval(run_id))
-            if not approval or (
-                    approval["kind"] != "interrupted_side_effect"):
+            if not approval or approval["kind"] != "interrupted_side_effect":
                 continue
             if live_approval(self.config, approval):
                 return approval
@@ -3228,23 +3112,22 @@ class Gate:
         return self._ask_unknown(tool, key)
 
     def _ask_unknown(self, tool, key):
-        """An unknown outcome of another request, unasked: asked in
-        a fresh run (its question), or None."""
+        """An unknown outcome of another request, unasked: asked in a
+        fresh run (its question), or None."""
         for other, run_id, reason in self.store.unknown_for_tool(
                 tool.target, key):
             if reason in ("approval_rejected", "operator_cancelled"):
                 continue
-            # The open row before the attempt: a re-run settling it
-            # after this read makes the begin refuse (asked once).
+            # The open row before the attempt: a re-run settling it after
+            # this read makes the begin refuse (asked once).
             seen = self.store.open_run(other)
             attempt = self._unknown_attempt(other)
             if attempt is None:
                 continue
-            decided = self.store.step_decision(attempt["step_id"])
-            args = decided["args"]
-            verdict = self._begin(
-                tool, args, other, seen, judged_request(tool, args),
-                attempt=attempt, origin="operator")
+            args = self.store.step_decision(attempt["step_id"])["args"]
+            verdict = self._begin(tool, args, other, seen,
+                                  judged_request(tool, args),
+                                  attempt=attempt, origin="operator")
             if isinstance(verdict, Wait):
                 return verdict.approval
             # Else (its arguments now invalid, say) it ended.
@@ -3253,10 +3136,9 @@ class Gate:
     # -- beginning and executing a run ------------------------------
 
     def _begin(self, tool, args, key, seen, judged, early=None,
-               attempt=None, origin="model", cancelled=None,
-               invalid=None):
-        """Rule 8: decide and begin the run in one write: its
-        verdict. `invalid` (why, frame): unusable arguments."""
+               attempt=None, origin="model", cancelled=None, invalid=None):
+        """Rule 8: decide and begin the run in one write: its verdict.
+        `invalid` (why, frame): unusable arguments."""
         run_id = f"{self.config.session}.{new_id(8)}"
         problem = invalid[0] if invalid else judged.problem
         outright = (early and tool.read_only and not problem
@@ -3264,14 +3146,12 @@ class Gate:
         if outright and early[0]["outcome"] == "allow" and (
                 "grant" not in early[0]):
             # Allowed outright, no limit, no grant to be revoked: it
-            # leaves nothing unknown after a crash, so it is
-            # recorded whole once it answers.
+            # leaves nothing unknown after a crash, so it is recorded
+            # whole once it answers.
             self.active.add(run_id)
-            decision, facts = early
-            record = (_policy_record(decision, facts), now())
+            record = (_policy_record(*early), now())
             return Execute(run_id, None, args, record)
-        recorded = ({"invalid_args": invalid[1]} if invalid
-                    else {"args": args})
+        recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
         step = {**recorded, "kind": TOOL_CALL, "origin": origin,
                 "tool": tool.name}
         opened = ANY_ROW if tool.read_only else seen
@@ -3280,8 +3160,8 @@ class Gate:
             if cancelled and cancelled.is_set():  # by the host
                 return answer("CANCELLED", "HOST_CANCELLED")
             if not problem:
-                decision, facts = self._decision(
-                    tool, args, judged, tx.rows, attempt)
+                decision, facts = self._decision(tool, args, judged,
+                                                 tx.rows, attempt)
                 full = self._too_many(tx, decision, origin)
                 if full:
                     return full
@@ -3293,14 +3173,13 @@ class Gate:
                 self._refuse(tx, run_id, step_id, "invalid_decision",
                              f"invalid decision: {problem}")
                 return answer("INVALID", reason=clean(problem, 1000))
-            return self._act(tx, tool, run_id, step_id, args,
-                             decision, facts, judged.work)
+            return self._act(tx, tool, run_id, step_id, args, decision,
+                             facts, judged.work)
         return self._begun(tool, run_id, begin)
 
     def _too_many(self, tx, decision, origin):
         """BLOCKED when the model's question passes max_pending."""
-        asks = decision["outcome"] == "require_approval"
-        if not asks or origin != "model":
+        if decision["outcome"] != "require_approval" or origin != "model":
             return None
         waiting = tx.waiting(self.config.session)
         if waiting < self.config.max_pending:
@@ -3309,10 +3188,9 @@ class Gate:
         return answer("BLOCKED", "BLOCKED_PENDING",
                       waiting=SLOT_PROSE[said].format(count=waiting))
 
-    def _act(self, tx, tool, run_id, step_id, args, decision,
-             facts, work, approved=False, resumed=False):
-        """Record a decision on its step and act on it: the
-        verdict."""
+    def _act(self, tx, tool, run_id, step_id, args, decision, facts, work,
+             approved=False, resumed=False):
+        """Record a decision on its step and act on it: the verdict."""
         record = _policy_record(decision, facts, approved)
         tx.record_policy(run_id, step_id, record, self.policy_id)
         outcome, reason = decision["outcome"], decision["reason"]
@@ -3324,17 +3202,16 @@ class Gate:
             said = reason + (f"; {frees}" if frees else "")
             return answer("DENIED", reason=clean(said, 500))
         if outcome == "require_approval":
-            approval = new_approval(self.config, run_id, step_id,
-                                    tool, args, decision)
+            approval = new_approval(self.config, run_id, step_id, tool, args,
+                                    decision)
             tx.pause(run_id, step_id, approval)
             return Wait(approval)
-        tx.start_execution(run_id, step_id, tool.name, args,
-                           tool.target)
+        tx.start_execution(run_id, step_id, tool.name, args, tool.target)
         return Execute(run_id, step_id, args, work=work)
 
     def _begun(self, tool, run_id, fn):
-        """Commit fn, which may start the run executing: the run is
-        this process's own from before, never taken over between."""
+        """Commit fn, which may start the run executing: the run is this
+        process's own from before, never taken over between."""
         self.active.add(run_id)
         verdict = None
         try:
@@ -3362,26 +3239,21 @@ class Gate:
             elapsed = int((time.monotonic() - started) * 1000)
 
             def record(tx):  # the approval a re-run waits on, or None
-                if step_id is None:
-                    self._record_read(tx, tool, verdict, observation,
-                                      ending, elapsed)
-                    return None
-                return self._record_outcome(
-                    tx, tool, verdict, observation, ending, elapsed)
+                how = self._record_outcome if step_id else self._record_read
+                return how(tx, tool, verdict, observation, ending, elapsed)
             rerun = self.store.write(record)
         finally:
             self.active.discard(run_id)
         if passed is not None:
             return passed_answer(passed)
         if observation.get("withheld"):
-            return too_large_answer(
-                tool, observation["result"],
-                self.config.max_result_bytes, self.window(tool))
+            return too_large_answer(tool, observation["result"],
+                                    self.config.max_result_bytes,
+                                    self.window(tool))
         error = observation["content"]["error"]
         if rerun:
             how = HOW[ending]
-            log(f"a call to {tool.name} {how}; its outcome is"
-                f" unknown")
+            log(f"a call to {tool.name} {how}; its outcome is unknown")
             self.announce(rerun, tool, run_id)
             return answer("UNKNOWN_OUTCOME", how=how,
                           error=f" ({clean(error, 500)})",
@@ -3391,43 +3263,39 @@ class Gate:
                           window=refused_for(self.window(tool)))
         return Answer(clean(error, CONTENT_CAP), True)
 
-    # Two shapes of record, on purpose: a read allowed outright is
-    # one run.read event, committed once after it answers (nothing a
-    # crash leaves unknown: no calls row, no step, no limit); every
-    # other call is recorded before it is sent.
+    # Two shapes of record, on purpose: a read allowed outright is one
+    # run.read event, committed once after it answers (nothing a crash
+    # leaves unknown: no calls row, no step, no limit); every other
+    # call is recorded before it is sent.
 
-    def _record_read(self, tx, tool, verdict, observation, ending,
-                     elapsed):
+    def _record_read(self, tx, tool, verdict, observation, ending, elapsed):
         policy, started = verdict.record
         if ending == "ok":
             ended = ("COMPLETED", "goal_completed",
                      f"terminal tool {tool.name}")
         else:
             ended = ("FAILED", "goal_failed", CLOSING[ending])
-        decision = {"args": verdict.args, "kind": TOOL_CALL,
-                    "origin": "model", "tool": tool.name}
-        tx.record_read(verdict.run_id, self.config.session, tool,
-                       decision, policy, self.policy_id, started,
-                       observation, ended, elapsed)
+        decision = {"args": verdict.args, "kind": TOOL_CALL, "origin": "model",
+                    "tool": tool.name}
+        tx.record_read(verdict.run_id, self.config.session, tool, decision,
+                       policy, self.policy_id, started, observation, ended,
+                       elapsed)
 
-    def _record_outcome(self, tx, tool, verdict, observation,
-                        ending, elapsed):
+    def _record_outcome(self, tx, tool, verdict, observation, ending, elapsed):
         """An executed run's outcome: a re-run's approval or None."""
-        run_id, step_id, args = verdict[:3]
+        run_id, step_id = verdict[:2]
         if tx.run_holder(run_id) != ("RUNNING", self.owner):
-            # Cancelled, or taken over: a late event keeps the
-            # outcome; the run stays as its new owner has it.
+            # Cancelled, or taken over: a late event keeps the outcome;
+            # the run stays as its new owner has it.
             late = {"tool": tool.name, "late": True,
                     "observation": observation}
             tx.event(run_id, "step.tool_finished", late, step_id)
             return None
-        tx.finish_execution(run_id, step_id, tool.name, observation,
-                            elapsed)
+        tx.finish_execution(run_id, step_id, tool.name, observation, elapsed)
         if ending in UNKNOWN_ENDINGS:
             return self._pause_rerun(tx, tool, verdict, ending)
         if ending == "unsent":  # executed nothing: no limit counts it
-            tx.execute("DELETE FROM executions WHERE step_id=?",
-                       (step_id,))
+            tx.execute("DELETE FROM executions WHERE step_id=?", (step_id,))
         if ending != "ok":
             # Unsent: the outcome of the attempt before, if any.
             known = None if ending == "unsent" else OUTCOME_KNOWN
@@ -3440,35 +3308,29 @@ class Gate:
         approval or None. Judged again: links may have moved."""
         run_id, step_id, args = verdict[:3]
         attempt = {"run_id": run_id, "step_id": step_id,
-                   "started_at": tx.step_started(step_id),
-                   "ended": ending}
+                   "started_at": tx.step_started(step_id), "ended": ending}
         judged = Judgement(work=verdict.work)
-        decision, facts = self._decision(tool, args, judged,
-                                         tx.rows, attempt)
+        decision, facts = self._decision(tool, args, judged, tx.rows, attempt)
         if decision["outcome"] == "deny":
-            # Denied now (an entry for other hours, say): the run
-            # ends unknown; rule 6 decides the next identical call.
-
-            tx.finish_run(run_id, "FAILED", "goal_failed",
-                          CLOSING[ending])
+            # Denied now (an entry for other hours, say): the run ends
+            # unknown; rule 6 decides the next identical call.
+            tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending])
             return None
-        rerun = {"args": args, "kind": TOOL_CALL,
-                 "origin": "operator", "tool": tool.name}
+        rerun = {"args": args, "kind": TOOL_CALL, "origin": "operator",
+                 "tool": tool.name}
         rerun_step = tx.start_step(run_id, rerun, tool)
-        verdict = self._act(tx, tool, run_id, rerun_step, args,
-                            decision, facts, verdict.work)
-        return verdict.approval
+        return self._act(tx, tool, run_id, rerun_step, args, decision, facts,
+                         verdict.work).approval
 
 
 def call_upstream(tool, args, cap, progress=None):
-    """Send one call upstream: (observation, ending, passed), the
-    last the server's result as it came, or None (none, or past
-    `cap` bytes: withheld). The one place an outcome is classified:
-    'ok'; 'error' (an error answer: known); 'unsent' (no byte
-    reached the server); 'unrecorded' (executed, answer unusable:
-    known, never run again); 'timed_out' or 'no_answer' (it may
-    have taken effect: unknown). A read's other failures are
-    'error': it has no effect to vouch for."""
+    """Send one call upstream: (observation, ending, passed), the last the
+    server's result as it came, or None (none, or past `cap` bytes: withheld).
+    The one place an outcome is classified: 'ok'; 'error' (an error answer:
+    known); 'unsent' (no byte reached the server); 'unrecorded' (executed,
+    answer unusable: known, never run again); 'timed_out' or 'no_answer' (it
+    may have taken effect: unknown). A read's other failures are 'error': it
+    has no effect to vouch for."""
     passed = rpc = None
     sent = {"name": tool.upstream_name,
             "arguments": {**args, **tool.rule.fixed}}
@@ -3478,8 +3340,7 @@ def call_upstream(tool, args, cap, progress=None):
             f"tool {quote(tool.upstream_name)}", progress)
         passed, error = passed_result(tool, result)
         try:
-            record = (None if passed is None
-                      else result_record(passed))
+            record = None if passed is None else result_record(passed)
         except Exception as err:  # shaped as no server should send
             passed = None
             error = SLOT_PROSE["unreadable_result"].format(error=err)
@@ -3495,11 +3356,9 @@ def call_upstream(tool, args, cap, progress=None):
     withheld = record["bytes"] > cap
     summary = result_summary(tool, record, cap if withheld else 0)
     kind = "tool_result" if ending == "ok" else "tool_error"
-    observation = {"kind": kind, "summary": summary,
-                   "result": record}
+    observation = {"kind": kind, "summary": summary, "result": record}
     if ending != "ok":
-        observation["content"] = {"tool": tool.name,
-                                  "ending": ending}
+        observation["content"] = {"tool": tool.name, "ending": ending}
     if withheld:
         observation["withheld"] = True
     return observation, ending, None if withheld else passed
@@ -3510,9 +3369,9 @@ UPSTREAM_ENDINGS = {"unusable": "unrecorded", "answered": "error",
 
 
 def failed_call(tool, error, ending, rpc=None, cap=0):
-    """A call that came to no result, as call_upstream answers it;
-    a server's JSON-RPC error (`rpc`) is passed on while it fits
-    the cap, and recorded by its size and hash."""
+    """A call that came to no result, as call_upstream answers it; a
+    server's JSON-RPC error (`rpc`) is passed on while it fits the
+    cap, and recorded by its size and hash."""
     content = {"tool": tool.name, "error": error, "ending": ending}
     if rpc is not None:
         sent = canonical(rpc)
@@ -3528,9 +3387,9 @@ RECORDED_FRAME_BYTES = 65536
 
 
 def recorded_frame(data):
-    """What an INVALID run keeps of refused arguments: the bytes,
-    or past RECORDED_FRAME_BYTES their size and hash, so a hostile
-    frame cannot fill the database."""
+    """What an INVALID run keeps of refused arguments: the bytes, or
+    past RECORDED_FRAME_BYTES their size and hash, so a hostile frame
+    cannot fill the database."""
     if len(data) <= RECORDED_FRAME_BYTES:
         return data.decode("utf-8", "backslashreplace")
     return value_digest(data)
@@ -3550,18 +3409,16 @@ def live_approval(config, approval):
 # Why a run ended, by its refused step's kind or its call's ending.
 CLOSING = {
     "policy_denied": "one call per run: the request was denied",
-    "invalid_decision":
-        "one call per run: the request was invalid",
+    "invalid_decision": "one call per run: the request was invalid",
     "error": "one call per run: the tool call returned an error",
-    "unsent": "one call per run: the tool call was not sent,"
-              " so nothing executed",
-    "unrecorded": "one call per run: the tool call executed and"
-                  " its result could not be recorded",
-    "timed_out": "one call per run: the tool call timed out;"
-                 " its outcome is unknown",
-    "no_answer": "one call per run: the tool call failed without"
-                 " an answer; its outcome is unknown",
-}
+    "unsent": "one call per run: the tool call was not sent, so nothing"
+              " executed",
+    "unrecorded": "one call per run: the tool call executed and its result"
+                  " could not be recorded",
+    "timed_out": "one call per run: the tool call timed out; its outcome is"
+                 " unknown",
+    "no_answer": "one call per run: the tool call failed without an answer;"
+                 " its outcome is unknown",}
 POLICY_KEPT = ("outcome", "reason", "by", "grant", "limit",
                "tried", "kind", "capability", "presentation")
 
@@ -3582,16 +3439,16 @@ def _policy_record(decision, facts, approved=False):
 #
 # Owns: the host's conversation on stdin and stdout as far as it decides calls:
 # framing, batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once, each
-# on a thread of its own), cancellation and shutdown; section 27 has the rest.
-# Promises: stdout carries only protocol, one JSON-RPC message per line, written
-# under one lock; the first request is answered at once, even while the servers
-# start; every request gets exactly one well-formed answer (a malformed or
-# oversized line, a batch member that is not a request or an id that cannot be
-# echoed gets a JSON-RPC error, id null then; past the bound, busy; an unknown
-# method, -32601) and the session goes on; each tool is offered as pinned, never
-# once its server changed it while serving, and the status tool always; on
-# stdin closing, SIGINT or SIGTERM no new call starts, holds end, calls in
-# flight finish and are recorded, then the process exits 0.
+# on a thread of its own), cancellation and shutdown; section 26 has the rest.
+# Promises: stdout carries only protocol, one JSON-RPC message per line,
+# written under one lock; the first request is answered at once, even while the
+# servers start; every request gets exactly one well-formed answer (a malformed
+# or oversized line, a batch member that is not a request or an id that cannot
+# be echoed gets a JSON-RPC error, id null then; past the bound, busy; an
+# unknown method, -32601) and the session goes on; each tool is offered as
+# pinned, never once its server changed it while serving, and the status tool
+# always; on stdin closing, SIGINT or SIGTERM no new call starts, holds end,
+# calls in flight finish and are recorded, then the process exits 0.
 # =============================================================================================
 
 # The protocol versions spoken, oldest first; each side negotiates on its own.
@@ -3642,8 +3499,8 @@ class HostServer:
             data = canonical(message) + b"\n"
         except (UnicodeEncodeError, TypeError) as err:  # ids are checked
             log(f"internal error: an answer could not be encoded ({err})")
-            data = canonical(rpc_error(
-                None, -32600, "the answer could not be encoded")) + b"\n"
+            failed = rpc_error(None, -32600, "the answer could not be encoded")
+            data = canonical(failed) + b"\n"
         with self.write_lock:
             try:
                 self.stdout.write(data)
@@ -3653,15 +3510,15 @@ class HostServer:
 
     def _read_loop(self):
         for frame, ident in self.frames:
-            # No frame ends the reader: what follows would go
-            # unanswered, and closing stdin would not stop the gate.
+            # No frame ends the reader: what follows would go unanswered,
+            # and closing stdin would not stop the gate.
             try:
                 work = self._frame(frame, ident)
             except Exception as err:
-                log("internal error: a message could not be handled "
-                    f"({type(err).__name__}: {err})")
-                work = rpc_error(None, -32603,
-                                 "the message could not be handled")
+                log("internal error: a message could not be handled"
+                    f" ({type(err).__name__}: {err})")
+                work = rpc_error(None, -32603, "the message could not be"
+                                 " handled")
             if callable(work):
                 threading.Thread(target=work, daemon=True).start()
             else:
@@ -3673,37 +3530,35 @@ class HostServer:
         if line is None:
             if ident is not None:
                 ident = Number(str(ident))
-            return rpc_error(ident, -32600, "the message is larger "
-                             f"than {MAX_HOST_LINE} bytes")
+            return rpc_error(ident, -32600, "the message is larger than"
+                             f" {MAX_HOST_LINE} bytes")
         if not line.strip():
             return None
         invalid = None
         try:
             message = parse(line)
         except CanonicalError as err:
-            # A tools/call whose arguments the boundary check refuses
-            # still gets a run and an INVALID answer, with the frame
-            # recorded as it came; anything else gets -32700.
+            # A tools/call whose arguments the boundary check refuses still
+            # gets a run and an INVALID answer, with the frame recorded as
+            # it came; anything else gets -32700.
             message = parse_loosely(line)
             if not isinstance(message, dict):
                 message = {}
             why = SLOT_PROSE["unusable_arguments"].format(error=err)
             invalid = (why, recorded_frame(line))
-            call = message.get("method") == "tools/call"
-            if not call or "id" not in message:
+            if message.get("method") != "tools/call" or "id" not in message:
                 return rpc_error(echoed_id(message), -32700,
                                  f"the message is not usable JSON: {err}")
         if isinstance(message, list):
             return self._batch(message)
         if isinstance(message, dict):
             return self._message(message, invalid)
-        return rpc_error(None, -32600,
-                         "a message must be a JSON-RPC object")
+        return rpc_error(None, -32600, "a message must be a JSON-RPC object")
 
     def _batch(self, messages):
         if self.protocol not in BATCH_VERSIONS or not messages:
-            return rpc_error(None, -32600, "batches are not part of "
-                             f"protocol version {self.protocol}")
+            return rpc_error(None, -32600, "batches are not part of protocol"
+                             f" version {self.protocol}")
         # One request in flight: its members answered in order.
         if not self._admit():
             return [busy_error(echoed_id(m)) for m in messages]
@@ -3719,8 +3574,8 @@ class HostServer:
     def _member(self, message):
         if isinstance(message, dict):
             return self._message(message, None, batch=True)
-        return rpc_error(None, -32600,
-                         "a batch member must be a JSON-RPC object")
+        return rpc_error(None, -32600, "a batch member must be a JSON-RPC"
+                         " object")
 
     def _admit(self):
         with self.calls_lock:
@@ -3734,14 +3589,13 @@ class HostServer:
             self.running -= 1
 
     def _message(self, message, invalid, batch=False):
-        """A request's answer (None to a notification), or the work
-        that sends it."""
+        """A request's answer (None to a notification), or the work that
+        sends it."""
         method, ident = message.get("method"), message.get("id")
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
         if not isinstance(method, str):
-            answered = "result" in message or "error" in message
-            if "id" in message and answered:
+            if "id" in message and ("result" in message or "error" in message):
                 return None  # agentgate sends no request
             return rpc_error(echoed_id(message), -32600,
                              "a request needs a method")
@@ -3750,8 +3604,8 @@ class HostServer:
             return None
         if not echoable_id(ident):
             # Checked before anything is recorded: no run for it.
-            return rpc_error(None, -32600, "the id must be a string or "
-                             "a number that can be written as JSON")
+            return rpc_error(None, -32600, "the id must be a string or a"
+                             " number that can be written as JSON")
         if method == "tools/call":
             return self._tools_call(ident, params, invalid, batch)
         if method == "tools/list":
@@ -3762,8 +3616,7 @@ class HostServer:
         if handler is None:
             return rpc_error(ident, -32601,
                              f"method {quote(method)} is not offered")
-        return {"jsonrpc": "2.0", "id": ident,
-                "result": handler(self, params)}
+        return {"jsonrpc": "2.0", "id": ident, "result": handler(self, params)}
 
     def _notified(self, method, params):
         if method == "notifications/cancelled":
@@ -3802,9 +3655,8 @@ class HostServer:
             self.gate.client = self.client
 
     def _after_ready(self, ident, work, batch):
-        """`work`'s answer once the servers are ready, at most
-        MAX_IN_FLIGHT at once: a batch member's answer, else the work
-        that sends it."""
+        """`work`'s answer once the servers are ready, at most MAX_IN_FLIGHT at
+        once: a batch member's answer, else the work that sends it."""
         # Read on the reader: a call read before stdin closed runs.
         accepted = not self.stopping
         admitted = accepted and not batch
@@ -3858,8 +3710,8 @@ class HostServer:
             return self.status.call(args, invalid)
         tool = self.gate.tools.get(name) if isinstance(name, str) else None
         if tool is None:
-            unknown = CALL_ERRORS["unknown_tool"]
-            raise ToolNotOffered(unknown.format(name=quote(str(name))))
+            raise ToolNotOffered(CALL_ERRORS["unknown_tool"].format(
+                name=quote(str(name))))
         if tool.name in self.gate.quarantined:
             return answer("DENIED", "TOOL_CHANGED").result()
         meta = params.get("_meta")
@@ -3920,11 +3772,11 @@ def busy_error(ident):
 # Reads as: decision core
 #
 # Owns: the printout of every operator decision, and its yes.
-# Promises: a decision binds only what was shown whole. A value
-# over SHOWN_WHOLE bytes is shown as its head, size and tail, and
-# then nothing is agreed to until every byte was shown (-full; f in
-# watch). An approval is shown only while its row hashes to its
-# hash. Every line is sanitized (tell, or watch's Screen.put).
+# Promises: a decision binds only what was shown whole. A value over
+# SHOWN_WHOLE bytes is shown as its head, size and tail, and then nothing is
+# agreed to until every byte was shown (-full; f in watch). An approval is
+# shown only while its row hashes to its hash. Every line is sanitized (tell,
+# or watch's Screen.put).
 # Refuses nothing itself: a refusal is a value its caller raises.
 # =============================================================================================
 
@@ -3942,22 +3794,20 @@ def shown_text(text, full):
 
 
 def intact(approval):
-    """The approval, if its fields still hash to its hash: only
-    then is what it shows what it binds."""
+    """The approval, if its fields still hash to its hash: only then
+    is what it shows what it binds."""
     if stored_hash(approval) != approval["hash"]:
         raise StoreError(
-            f"approval {approval['id']} does not match its hash: its "
-            f"record was altered after it was made, and it cannot be "
-            f"decided")
+            f"approval {approval['id']} does not match its hash: its record"
+            " was altered after it was made, and it cannot be decided")
     return approval
 
 
 def approval_printout(store, approval, full, cautions):
-    """approval_shown, and why the policy asked: what approve,
-    reject, watch and grant show."""
+    """approval_shown, and why the policy asked: what approve, reject,
+    watch and grant show."""
     late = store.late_outcomes(approval["run_id"])
-    lines, shortened = approval_shown(intact(approval), full, late,
-                                      cautions)
+    lines, shortened = approval_shown(intact(approval), full, late, cautions)
     step = next(s for s in store.steps(approval["run_id"])
                 if s["id"] == approval["step_id"])
     tried = sanitize(tried_text(step))
@@ -3974,8 +3824,7 @@ def approval_shown(approval, full, late, cautions):
     lines = [f"APPROVAL WAITING  {approval['id']}"]
     for label, value in (
             ("kind", approval["kind"]), ("tool", tool),
-            ("run", approval["run_id"]),
-            ("created", approval["created_at"]),
+            ("run", approval["run_id"]), ("created", approval["created_at"]),
             ("expires", approval["expires_at"] or "never"),
             ("server", shown.get("server", "")),
             ("upstream tool", shown.get("tool", ""))):
@@ -3985,25 +3834,22 @@ def approval_shown(approval, full, late, cautions):
     lines.append("  arguments:" + ("" if args else " (none)"))
     shortened = _value_lines(lines, args, full, cautions)
     if shown.get("fixed"):
-        lines.append("  fixed values (set by the configuration, "
-                     "sent with the arguments):")
-        shortened |= _value_lines(lines, shown["fixed"], full,
-                                  cautions)
-    for label in ("question", "reason", "decided_by", "limit",
-                  "frees", "notice"):
+        lines.append("  fixed values (set by the configuration, sent with the"
+                     " arguments):")
+        shortened |= _value_lines(lines, shown["fixed"], full, cautions)
+    for label in ("question", "reason", "decided_by", "limit", "frees",
+                  "notice"):
         if shown.get(label):
             name = label.replace("_", " ")
             lines.append(f"  {name:<14} {shown[label]}")
-    cut_off = parse(approval["capability_json"]).get("interrupted")
+    cut_off = parse(approval["capability_json"]).get("interrupted") or {}
     for step_id, observation in late:
-        if step_id == (cut_off or {}).get("step_id"):
-            text, _, cut_here = shown_text(
-                outcome_text(observation), full)
+        if step_id == cut_off.get("step_id"):
+            text, _, cut_here = shown_text(outcome_text(observation), full)
             shortened |= cut_here
-            said = late_text(observation, text)
-            lines.append(f"  LATE OUTCOME   {said}")
-    lines.append(f"----- end of approval {approval['id']} for "
-                 f"tool {tool} -----")
+            lines.append(f"  LATE OUTCOME   {late_text(observation, text)}")
+    lines.append(f"----- end of approval {approval['id']} for tool {tool}"
+                 " -----")
     return [sanitize(line) for line in lines], shortened
 
 
@@ -4012,14 +3858,13 @@ def _value_lines(lines, values, full, cautions):
     for name, value in values.items():
         raw = value if isinstance(value, str) else policy_json(value)
         shown, size, cut_here = shown_text(raw, full)
-        # A string shows as its JSON string: a newline or a control
-        # is seen as its escape, never as layout.
+        # A string shows as its JSON string: a newline or a control is
+        # seen as its escape, never as layout.
         if isinstance(value, str):
             shown = policy_json(shown)
         shortened |= cut_here
         lines.append(f"    {name} = {shown}   ({size} bytes)")
-        lines += [f"      CAUTION  {note}"
-                  for note in cautions(name, raw)]
+        lines += [f"      CAUTION  {note}" for note in cautions(name, raw)]
     return shortened
 
 
@@ -4030,8 +3875,8 @@ def late_text(observation, text=None):
         what = f"it succeeded, with this result: {text}"
     else:
         what = f"it failed: {text}"
-    return ("the attempt that was cut off did finish after all, "
-            f"after its run was taken over: {what}")
+    return ("the attempt that was cut off did finish after all, after its"
+            f" run was taken over: {what}")
 
 
 def tried_text(step):
@@ -4042,29 +3887,25 @@ def tried_text(step):
 
 
 def unshown(shortened, what, verb, how):
-    """'' if a printout showed every byte, else why it decides
-    nothing until `how` shows them."""
+    """'' if a printout showed every byte, else why it decides nothing
+    until `how` shows them."""
     if not shortened:
         return ""
-    return (f"{how} to show every byte before you {verb}: {what} has "
-            f"a value too long to print whole, so it was shown "
-            f"shortened")
+    return (f"{how} to show every byte before you {verb}: {what} has a value"
+            " too long to print whole, so it was shown shortened")
 
 
-def confirmed(lines, out, shortened=False, what="", verb="",
-              agreed=True):
+def confirmed(lines, out, shortened=False, what="", verb="", agreed=True):
     """Print every line; then True for a yes to exactly them (the
     flag `agreed`, or typed at a terminal), False for a no, or why
     nothing may be decided: a sentence, or '' with no terminal."""
     tell(*lines, out=out, flush=True)
-    why = unshown(shortened, what, verb,
-                  "run the command again with -full")
+    why = unshown(shortened, what, verb, "run the command again with -full")
     if why or agreed:
         return why or True
     if not sys.stdin.isatty():
         return ""
-    tell(f"{verb} {what}? type yes to {verb}: ", end="", out=out,
-         flush=True)
+    tell(f"{verb} {what}? type yes to {verb}: ", end="", out=out, flush=True)
     return input().strip().lower() in ("y", "yes")
 
 
