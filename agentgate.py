@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (4101 lines of decision core, read first; then the libraries it relies on, each
+Sections (3813 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -29,26 +29,26 @@ the libraries, so the core reads top to bottom: the policy comes before the conf
 because the configuration is read with its parser.
 
                                                                      lines    chars
-     1. Framing                                      decision core      150    3,974
-     2. Classes, ids and deadlines                   decision core       37    1,049
-     3. Policy on what a call does                   decision core      583   19,002
-     4. Configuration and its trust                  decision core      299   10,415
-     5. Tools, as pinned                             decision core      364   11,826
-     6. Answers                                      decision core      488   17,505
-     7. The record                                   decision core      906   31,094
-     8. The gate                                     decision core      781   27,410
-     9. The host side                                decision core      339   10,858
-    10. What an operator decides on                  decision core      154    5,409
-    11. Canonical JSON                               library            306    8,440
-    12. Text safe to show                            library            116    3,106
-    13. ECMA-262 patterns                            library            455   13,717
-    14. JSON Schema                                  library            484   15,370
-    15. Hosts in URLs                                library            116    3,602
-    16. Paths as the kernel resolves them            library            110    3,193
+     1. Framing                                      decision core      145    3,903
+     2. Classes, ids and deadlines                   decision core       35    1,007
+     3. Policy on what a call does                   decision core      552   18,322
+     4. Configuration and its trust                  decision core      285   10,206
+     5. Tools, as pinned                             decision core      344   11,651
+     6. Answers                                      decision core      408   17,156
+     7. The record                                   decision core      826   30,887
+     8. The gate                                     decision core      718   27,140
+     9. The host side                                decision core      357   11,485
+    10. What an operator decides on                  decision core      143    5,394
+    11. Canonical JSON                               library            298    8,373
+    12. Text safe to show                            library            114    3,104
+    13. ECMA-262 patterns                            library            453   13,717
+    14. JSON Schema                                  library            478   15,266
+    15. Hosts in URLs                                library            114    3,600
+    16. Paths as the kernel resolves them            library            109    3,194
     17. Durations and times                          library             90    2,628
-    18. Fields of a configuration                    library            132    4,004
-    19. Days and hours in a time zone                library            104    3,324
-    20. What a result's record keeps                 library            150    4,540
+    18. Fields of a configuration                    library            127    4,007
+    19. Days and hours in a time zone                library            100    3,317
+    20. What a result's record keeps                 library            146    4,550
     21. The lint                                     around the core    305   10,478
     22. Upstream servers                             around the core   1386   44,496
     23. Reading the record                           around the core    254    8,828
@@ -69,7 +69,7 @@ One tools/call through the core, with the section of each step (11, 14, 20: libr
 
     HostServer._read_loop    read_frames: one frame per newline byte off stdin           1
       HostServer._frame      parse: the boundary check, number literals kept as written 11
-      HostServer._message    a thread of its own, at most MAX_IN_FLIGHT calls at once    9
+      HostServer._message    a request thread, kept; at most MAX_IN_FLIGHT calls at once  9
         HostServer._call     the tool the name offers, as pinned (Tool, load)          9, 5
           Gate.call          canonical, request_key: the request's identity        8, 11, 1
           Gate._judge        judged_request: check_arguments (validate) and the
@@ -3439,7 +3439,7 @@ def _policy_record(decision, facts, approved=False):
 #
 # Owns: the host's conversation on stdin and stdout as far as it decides calls:
 # framing, batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once, each
-# on a thread of its own), cancellation and shutdown; section 26 has the rest.
+# on a request thread, kept for the next), cancellation and shutdown; section 26 has the rest.
 # Promises: stdout carries only protocol, one JSON-RPC message per line,
 # written under one lock; the first request is answered at once, even while the
 # servers start; every request gets exactly one well-formed answer (a malformed
@@ -3472,6 +3472,8 @@ class HostServer:
         self.calls = {}  # a call's id -> its cancel event
         self.calls_lock = threading.Lock()
         self.running = 0  # requests admitted, not yet answered
+        self.work = queue.SimpleQueue()
+        self.idle = 0  # request threads waiting for work
         self.stopping = False
         self.failed = ""
 
@@ -3520,10 +3522,31 @@ class HostServer:
                 work = rpc_error(None, -32603, "the message could not be"
                                  " handled")
             if callable(work):
-                threading.Thread(target=work, daemon=True).start()
+                self._hand(work)
             else:
                 self.send(work)
         self.done.set()
+
+    def _hand(self, work):
+        """Run `work` on an idle request thread, or a new one: they
+        are kept, as starting one stalls the reader until it runs
+        (a fifth of the throughput, tests/bench.py). At most one
+        thread per request in flight: MAX_IN_FLIGHT bounds them."""
+        with self.calls_lock:
+            idle = self.idle > 0
+            self.idle -= idle
+        if not idle:
+            threading.Thread(target=self._serve, daemon=True).start()
+        self.work.put(work)
+
+    def _serve(self):
+        while True:
+            try:
+                self.work.get()()
+            except Exception as err:  # a bug: said, the thread kept
+                log(f"internal error: {type(err).__name__}: {err}")
+            with self.calls_lock:
+                self.idle += 1
 
     def _frame(self, line, ident):
         """A frame's answer, or the work it asks (a call, a batch)."""
