@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3813 lines of decision core, read first; then the libraries it relies on, each
+Sections (3823 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -37,7 +37,7 @@ because the configuration is read with its parser.
      6. Answers                                      decision core      408   17,156
      7. The record                                   decision core      826   30,887
      8. The gate                                     decision core      718   27,140
-     9. The host side                                decision core      357   11,485
+     9. The host side                                decision core      367   11,698
     10. What an operator decides on                  decision core      143    5,394
     11. Canonical JSON                               library            298    8,373
     12. Text safe to show                            library            114    3,104
@@ -3439,7 +3439,8 @@ def _policy_record(decision, facts, approved=False):
 #
 # Owns: the host's conversation on stdin and stdout as far as it decides calls:
 # framing, batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once, each
-# on a request thread, kept for the next), cancellation and shutdown; section 26 has the rest.
+# on a request thread that waits for the next), cancellation and shutdown;
+# section 26 has the rest.
 # Promises: stdout carries only protocol, one JSON-RPC message per line,
 # written under one lock; the first request is answered at once, even while the
 # servers start; every request gets exactly one well-formed answer (a malformed
@@ -3456,6 +3457,7 @@ PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 BATCH_VERSIONS = ("2024-11-05", "2025-03-26")
 MAX_HOST_LINE = 16 * 1024 * 1024
 MAX_IN_FLIGHT = 64  # requests handled at once
+IDLE_THREAD = 2  # seconds a request thread waits for the next
 
 
 class HostServer:
@@ -3528,10 +3530,10 @@ class HostServer:
         self.done.set()
 
     def _hand(self, work):
-        """Run `work` on an idle request thread, or a new one: they
-        are kept, as starting one stalls the reader until it runs
-        (a fifth of the throughput, tests/bench.py). At most one
-        thread per request in flight: MAX_IN_FLIGHT bounds them."""
+        """Run `work` on an idle request thread, or a new one. One
+        waits IDLE_THREAD for the next: a start stalls the reader
+        until the thread runs (a fifth of the throughput in
+        tests/bench.py). At most a thread per request in flight."""
         with self.calls_lock:
             idle = self.idle > 0
             self.idle -= idle
@@ -3542,7 +3544,15 @@ class HostServer:
     def _serve(self):
         while True:
             try:
-                self.work.get()()
+                work = self.work.get(timeout=IDLE_THREAD)
+            except queue.Empty:
+                with self.calls_lock:  # only while no work claims it
+                    if self.idle > 0:
+                        self.idle -= 1
+                        return
+                continue
+            try:
+                work()
             except Exception as err:  # a bug: said, the thread kept
                 log(f"internal error: {type(err).__name__}: {err}")
             with self.calls_lock:

@@ -18,23 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import agentgate  # noqa: E402
-from kit import bank_server, payments, pin, write_config  # noqa: E402
-
-
-def open_gate(workdir, **top):
-    config_path = write_config(workdir, [bank_server(workdir)], **top)
-    pin(config_path)
-    config = agentgate.load_config(str(config_path))
-    upstreams, tools, _ = agentgate.load_all(config)
-    store = agentgate.Store(config.database)
-    return agentgate.Gate(config, store, tools), upstreams, store
-
-
-def close_gate(gate, upstreams, store):
-    gate.stopping.set()
-    for upstream in upstreams:
-        upstream.close()
-    store.close()
+from kit import payments  # noqa: E402
+from test_gate_inprocess import close_gate, open_gate  # noqa: E402
 
 
 def count_decisions(monkeypatch):
