@@ -21,7 +21,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
 retry. The pin covers what a server presents, not what it does.
 
-Sections (3823 lines of decision core, read first; then the libraries it relies on, each
+Sections (3818 lines of decision core, read first; then the libraries it relies on, each
 behind a contract its header states; then what surrounds the core, each naming in its header
 the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
 constants and exception classes). A section of the core uses only the sections above it and
@@ -34,7 +34,7 @@ because the configuration is read with its parser.
      3. Policy on what a call does                   decision core      552   18,322
      4. Configuration and its trust                  decision core      285   10,206
      5. Tools, as pinned                             decision core      344   11,651
-     6. Answers                                      decision core      408   17,156
+     6. Answers                                      decision core      403   16,911
      7. The record                                   decision core      826   30,887
      8. The gate                                     decision core      718   27,140
      9. The host side                                decision core      367   11,698
@@ -50,10 +50,10 @@ because the configuration is read with its parser.
     19. Days and hours in a time zone                library            100    3,317
     20. What a result's record keeps                 library            146    4,550
     21. The lint                                     around the core    305   10,478
-    22. Upstream servers                             around the core   1386   44,496
+    22. Upstream servers                             around the core   1386   44,466
     23. Reading the record                           around the core    254    8,828
     24. Tool changes while serving                   around the core    217    7,453
-    25. The status tool                              around the core    127    4,545
+    25. The status tool                              around the core    125    4,517
     26. The host's other requests                    around the core    137    4,457
     27. Notify                                       around the core    133    4,258
     28. Pins and load reports                        around the core    229    7,374
@@ -1632,8 +1632,6 @@ STATUS_PROSE = {
     "some_waiting": "{count} requests in this session are waiting for an "
         "operator's approval:\n{lines}",
     "head": "approval {approval} for {tool} {args}",
-    "expired_undecided": "{head}: EXPIRED without a decision. It was not "
-        "executed.",
     "outcome_unknown": "{head}: OUTCOME UNKNOWN, waiting {age} for an "
         "operator to decide whether it runs again: an earlier attempt may "
         "have taken effect. Nothing further has been executed.",
@@ -1651,10 +1649,7 @@ STATUS_PROSE = {
     "failed": "APPROVED and executed, and the server reported a failure: "
         "{error}.",
     "unknown": "APPROVED and executed, but it {how}, so whether it took "
-        "effect is unknown: it may have. {then}",
-    "rerun_waits": "Approval {approval} now waits for an operator to decide "
-        "whether it runs again.",
-    "no_rerun": "No approval to run it again is waiting now.",
+        "effect is unknown: it may have.",
     "superseded": "APPROVED, and then a different approval was asked for the "
         "same call (approval {approval}).",
     "uncollected": "APPROVED, awaiting collection. Call {tool} again with "
@@ -7014,9 +7009,9 @@ class TokenFile:
         if fresh or not os.path.exists(server.tokens):
             return
         these = f"the tokens of server {quote(server.name)} in {server.tokens}"
-        read_owned(server.tokens, "token file", private=True)
+        raw = read_owned(server.tokens, "token file", private=True)
         try:
-            kept = json.loads(read_owned(server.tokens, "token file"))
+            kept = json.loads(raw)
             usable = isinstance(kept["tokens"]["access_token"], str)
         except (ValueError, KeyError, TypeError):
             usable = False
@@ -8238,9 +8233,7 @@ def approved_fate(gate, approval):
         error = ""
         if ending in CALL_ENDINGS:
             error = clean(outcome_text(observed), 500)
-        text = STATUS_PROSE[key].format(error=error, how=how,
-                                        then="")
-        return text.rstrip()
+        return STATUS_PROSE[key].format(error=error, how=how)
     newer = store.latest_approval(approval["run_id"])
     if newer and newer["step_id"] == step_id and \
             newer["id"] != approval["id"]:
