@@ -2,31 +2,28 @@
 """agentgate: a gate between an MCP host and the MCP servers it uses.
 
 agentgate is one standard-library Python file. An MCP host (Claude Desktop, Claude Code,
-Cursor, ...) starts it as a stdio MCP server. agentgate starts the real servers the person
-configured, offers the host only the tools the person pinned and classified, and puts a gate
-in front of every `tools/call`:
+Cursor, ...) starts it as a stdio MCP server; it starts the servers the person configured,
+offers only the tools the person pinned and classified, and gates every `tools/call`:
 
-    record it -> check its arguments against the tool's pinned schema -> evaluate the policy
-    -> if the policy asks, wait for an operator's approval bound by hash to this exact request
+    record it -> check its arguments against the pinned schema -> evaluate the policy
+    -> if it asks, wait for an operator's approval bound by hash to this exact request
     -> execute the upstream call itself -> record the outcome.
 
-Everything is recorded in one SQLite file. Approvals are decided outside the host, in a
-terminal, with `agentgate.py approve RUN -approval ID` (or reject / cancel).
+All is recorded in one SQLite file. An operator decides in a terminal:
+`agentgate.py approve RUN -approval ID` (or reject / cancel).
 
-Scope. agentgate governs only the calls that go through it. It is a guard for one person who
-is both the host's user and the operator; it does not separate them, and a model that can run
-commands can approve its own request with the operator command or by editing the database.
-Its policy reads each call's arguments, its time and the host's self-reported name, and its
-limits count a tool's executions; it reads nothing of the conversation. It refuses a
-deliberate identical repeat of a mutating call within the repeat window, as it refuses a blind
-retry. The pin covers what a server presents, not what it does.
+Scope. agentgate governs only the calls that go through it. It guards one person who is both
+the host's user and the operator; a model that can run commands can approve its own request
+with the operator command or by editing the database. Its policy reads a call's arguments,
+its time and the host's self-reported name, and its limits count a tool's executions; it
+reads nothing of the conversation. It refuses a deliberate identical repeat of a mutating
+call within the repeat window, as it refuses a blind retry. The pin covers what a server
+presents, not what it does.
 
-Sections (3818 lines of decision core, read first; then the libraries it relies on, each
-behind a contract its header states; then what surrounds the core, each naming in its header
-the core functions it calls, beyond the framing, ids and deadlines of sections 1 and 2,
-constants and exception classes). A section of the core uses only the sections above it and
-the libraries, so the core reads top to bottom: the policy comes before the configuration
-because the configuration is read with its parser.
+Sections (3818 lines of decision core, read first; then the libraries, each behind the
+contract its header states; then what surrounds the core, each header naming the core
+functions it calls beyond sections 1 and 2, constants and exceptions). A core section uses
+only those above it and the libraries: the policy precedes the configuration, read with it.
 
                                                                      lines    chars
      1. Framing                                      decision core      145    3,903
