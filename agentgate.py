@@ -12,13 +12,13 @@ offers only the tools the person pinned and classified, and gates every `tools/c
 All is recorded in one SQLite file. An operator decides in a terminal:
 `agentgate.py approve RUN -approval ID` (or reject / cancel).
 
-Scope. agentgate governs only the calls that go through it. It guards one person who is both
-the host's user and the operator; a model that can run commands can approve its own request
-with the operator command or by editing the database. Its policy reads a call's arguments,
-its time and the host's self-reported name, and its limits count a tool's executions; it
-reads nothing of the conversation. It refuses a deliberate identical repeat of a mutating
-call within the repeat window, as it refuses a blind retry. The pin covers what a server
-presents, not what it does.
+Scope. agentgate governs only the calls that go through it. It guards one person who is
+both the host's user and the operator; it does not separate them: a model that can run
+commands can approve its own request with the operator command or by editing the database.
+Its policy reads a call's arguments, its time and the host's self-reported name, and its
+limits count a tool's executions; it reads nothing of the conversation. It refuses a
+deliberate identical repeat of a mutating call within the repeat window, as it refuses a
+blind retry. The pin covers what a server presents, not what it does.
 
 Sections (3818 lines of decision core, read first; then the libraries, each behind the
 contract its header states; then what surrounds the core, each header naming the core
