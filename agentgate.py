@@ -121,15 +121,15 @@ VERSION = "0.2.0"
 #
 # Reads as: decision core
 #
-# Owns: byte streams cut into frames, whom to answer when a frame is
-# refused, and the hashes of a request's identity.
-# Promises: a frame is split on `\n` bytes only (never U+2028/U+2029) and
-# never held past its cap; a refused frame's id is only its top-level one.
+# Owns: byte streams cut into frames, whom to answer when a frame is refused, and
+# the hashes of a request's identity.
+# Promises: a frame is split on `\n` bytes only (never U+2028/U+2029) and never held
+# past its cap; a refused frame's id is only its top-level one.
 # =============================================================================================
 
 def read_frames(fd, cap):
-    """(frame, None) per line up to `cap` bytes, else (None, its
-    top-level integer id or None). Unbuffered: no lock held at exit."""
+    """(frame, None) per line up to `cap` bytes, else (None, its top-level integer id
+    or None). Unbuffered: no lock held at exit."""
     pending, refused = bytearray(), None
     while True:
         try:
@@ -141,42 +141,34 @@ def read_frames(fd, cap):
                 yield bytes(pending), None
             return
         for piece in re.findall(rb"[^\n]*\n|[^\n]+", chunk):
-            over = len(pending) + len(piece) > cap + 1
-            if refused is None and over:
-                refused = FrameId()
-                refused.feed(bytes(pending + piece))
-                pending = bytearray()
-            elif refused is not None:
-                refused.feed(piece)
-            else:
+            if refused is None and len(pending) + len(piece) > cap + 1:
+                refused, piece, pending = FrameId(), bytes(pending + piece), bytearray()
+            if refused is None:
                 pending += piece
+            else:
+                refused.feed(piece)
             if piece.endswith(b"\n"):
-                if refused:
-                    yield None, refused.ident
-                else:
-                    yield bytes(pending), None
+                yield (None, refused.ident) if refused else (bytes(pending), None)
                 pending, refused = bytearray(), None
 
 
 def parse_loosely(data):
     """Leniently parsed, only for whom to answer; None if even that fails."""
     try:
-        return json.loads(data.decode("utf-8", "replace"),
-                          parse_int=Number, parse_float=Number,
-                          parse_constant=Number)
+        return json.loads(data.decode("utf-8", "replace"), parse_int=Number,
+                          parse_float=Number, parse_constant=Number)
     except (ValueError, RecursionError):
         return None
 
 
 _HEAD_ID_RE = re.compile(rb"\s*:\s*(-?(?:0|[1-9][0-9]{0,17}))[\s,}]")
-# A string's rest up to its closing quote or a backslash.
-_STRING_REST_RE = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*', re.S)
+_STRING_REST_RE = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*', re.S)  # up to a quote or \
 _TOKEN_STOP_RE = re.compile(rb'["{}\[\]]')
 
 
 class FrameId:
-    """A refused message's top-level integer "id" (a nested one could name
-    another request), fed in pieces of any size."""
+    """A refused message's top-level integer "id" (a nested one could name another
+    request), fed in pieces of any size."""
 
     def __init__(self):
         self.depth = 0
@@ -204,8 +196,7 @@ class FrameId:
                 continue
             end = _STRING_REST_RE.match(data, pos).end()
             if self.key is not None:
-                head = self.key + data[pos:min(end, pos + 3)]
-                self.key = head[:3]
+                self.key = (self.key + data[pos:min(end, pos + 3)])[:3]
             # A backslash ends the piece: its escape comes next.
             if end == len(data) or data[end] == 0x5C:
                 self.escaped = end < len(data)
@@ -235,8 +226,7 @@ def echoable_id(ident):
     """Whether an id can be echoed as JSON (not a lone surrogate, NaN, ...)."""
     if isinstance(ident, str):
         return not SURROGATE_RE.search(ident)
-    return isinstance(ident, Number) and \
-        bool(JSON_NUMBER_RE.fullmatch(ident.literal))
+    return isinstance(ident, Number) and bool(JSON_NUMBER_RE.fullmatch(ident.literal))
 
 
 def sha256_hex(data):
@@ -257,8 +247,7 @@ def content_hash(value):
 def request_key(tool_name, args):
     """A request's identity: tool name and canonical arguments (or bytes)."""
     encoded = args if isinstance(args, bytes) else canonical(args)
-    name = tool_name.encode("utf-8")
-    return sha256_hex(name + b"\x00" + encoded)
+    return sha256_hex(tool_name.encode("utf-8") + b"\x00" + encoded)
 
 
 # =============================================================================================
@@ -266,13 +255,12 @@ def request_key(tool_name, args):
 #
 # Reads as: decision core
 #
-# Owns: side-effect classes, outcomes, ConfigError, ids and deadlines. A
-# duration is whole nanoseconds, as Go's.
+# Owns: side-effect classes, outcomes, ConfigError, ids and deadlines. A duration is
+# whole nanoseconds, as Go's.
 # =============================================================================================
 
 SECOND = 10**9
-SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation",
-                "destructive")
+SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation", "destructive")
 OUTCOMES = ("allow", "require_approval", "deny")
 
 
@@ -281,8 +269,8 @@ class ConfigError(Exception):
 
 
 def new_id(size):
-    """Milliseconds, then randomness: ids land at their indexes' right edge,
-    so a write touches the same pages however large the database."""
+    """Milliseconds, then randomness: ids land at their indexes' right edge, so a
+    write touches the same pages however large the database."""
     stamp = (time.time_ns() // 1_000_000) & 0xFFFFFFFFFF
     return f"{stamp:010x}" + secrets.token_hex(size - 5)
 
@@ -301,20 +289,18 @@ class Deadline:
 #
 # Reads as: decision core
 #
-# Owns: conditions, `when` entries, limits, grants, and the one decision
-# (policy_decision) from a call, its Judgement and its moment's Facts
-# (decision_facts, for gate and recheck; `rows` is its only SQL).
-# Promises: what cannot be evaluated does not hold, and an entry other than
-# allow that cannot be judged denies; numbers compare exactly; a limit never
-# loosens; a grant answers only what would wait; a mistake is refused at load
-# naming tool, entry and fix. An omitted argument reads at its schema's
-# default. A limit counts executions by their recorded arguments.
+# Owns: conditions, `when` entries, limits, grants, and the one decision (policy_decision)
+# from a call, its Judgement and its moment's Facts (decision_facts, for gate and recheck;
+# `rows` is its only SQL).
+# Promises: what cannot be evaluated does not hold, and an entry other than allow that
+# cannot be judged denies; numbers compare exactly; a limit never loosens; a grant answers
+# only what would wait; a mistake is refused at load naming tool, entry and fix. An
+# omitted argument reads at its schema's default. A limit counts executions by their
+# recorded arguments.
 # =============================================================================================
 
-GRANT_COLUMNS = (
-    "id", "session", "tool", "name", "conditions_json", "created_at",
-    "expires_at", "by", "note", "revoked_at", "revoked_by",
-    "revoke_note")
+GRANT_COLUMNS = ("id", "session", "tool", "name", "conditions_json", "created_at",
+                 "expires_at", "by", "note", "revoked_at", "revoked_by", "revoke_note")
 
 
 def tool_spec(rows, spec_hash):
@@ -329,15 +315,13 @@ CONDITIONS = {  # and how Condition.text reads each
     "under": "lies under {}", "host_in": "has a host in {}",
     "host_not_in": "has a host not in {}",
 }
-NEGATED = {"is": "is not", "equals": "does not equal",
-           "matches": "does not match", "lies": "does not lie",
-           "has": "does not have"}
+NEGATED = {"is": "is not", "equals": "does not equal", "matches": "does not match",
+           "lies": "does not lie", "has": "does not have"}
 LISTS = ("in", "not_in", "under", "host_in", "host_not_in")
 NEVER = math.inf  # when a limit frees up for a call alone above it
-
-# A decision's moment: at (epoch seconds), client (host name), grants()
-# (read only if it would wait), uses(since): executions after `since` as
-# (seconds, {sum pointer: amount}), None when no limit is counted.
+# A decision's moment: at (epoch seconds), client (host name), grants() (read only if it
+# would wait), uses(since): executions after `since` as (seconds, {sum pointer: amount}),
+# None when no limit is counted.
 Facts = collections.namedtuple("Facts", "at client grants uses")
 
 
@@ -351,53 +335,44 @@ class Condition:
     """`resolved`: `under` holds a grant's directories, resolved already."""
 
     def __init__(self, pointer, raw, where, resolved=False):
-        self.pointer = pointer
+        self.pointer, self.raw = pointer, raw
         self.tokens = parse_pointer(pointer, where)
         where = f"{where} {quote(pointer)}"
         if not isinstance(raw, dict) or not raw:
-            raise ConfigError(
-                f"{where} must be an object with one or more of "
-                f"{', '.join(CONDITIONS)}")
+            raise ConfigError(f"{where} must be an object with one or more of "
+                              f"{', '.join(CONDITIONS)}")
         refuse_unknown(raw, CONDITIONS, where)
-        self.raw = raw
-        self.tests = [
-            (name, self._read(name, value, f"{where}.{name}", resolved))
-            for name, value in raw.items()]
+        self.tests = [(name, self._read(name, value, f"{where}.{name}", resolved))
+                      for name, value in raw.items()]
         bounds = dict(self.tests)
         low, high = bounds.get("min"), bounds.get("max")
         if low is not None and high is not None and low > high:
-            raise ConfigError(
-                f"{where}: min {number_text(low)} is above max "
-                f"{number_text(high)}, so it never holds; swap them")
+            raise ConfigError(f"{where}: min {number_text(low)} is above max "
+                              f"{number_text(high)}, so it never holds; swap them")
         if raw.get("present") is False and len(raw) > 1:
-            raise ConfigError(
-                f"{where}: present false holds only when there is no value, "
-                f"so nothing else can be asked of it; give it its own entry")
+            raise ConfigError(f"{where}: present false holds only when there is no value, "
+                              f"so nothing else can be asked of it; give it its own entry")
 
     @staticmethod
     def _read(name, value, where, resolved):
         if name in LISTS:
             if not isinstance(value, list) or not value:
                 kind = "JSON values" if name in ("in", "not_in") else "strings"
-                raise ConfigError(
-                    f"{where} must be a non-empty list of {kind}")
+                raise ConfigError(f"{where} must be a non-empty list of {kind}")
             if name == "under" and not resolved:
                 return [resolved_root(r, where) for r in value]
             if name in ("host_in", "host_not_in"):
-                return [host_entry(entry, name == "host_in", where)
-                        for entry in value]
+                return [host_entry(entry, name == "host_in", where) for entry in value]
             return list(value)
         if name == "pattern":
             if not isinstance(value, str):
-                raise ConfigError(
-                    f"{where} must be a string, an ECMA-262 pattern")
+                raise ConfigError(f"{where} must be a string, an ECMA-262 pattern")
             try:
                 compile_pattern(value)
             except PatternError as err:
                 raise ConfigError(
-                    f"{where} cannot be used ({err}): write an "
-                    f"ECMA-262 pattern without backreferences, "
-                    f"lookaround, named groups, \\p{{...}} or \\cX") from None
+                    f"{where} cannot be used ({err}): write an ECMA-262 pattern without "
+                    f"backreferences, lookaround, named groups, \\p{{...}} or \\cX") from None
         if name in ("min", "max"):
             return parse_decimal(value, where)
         if name == "max_length":
@@ -408,8 +383,7 @@ class Condition:
 
     def holds(self, args, work=None, schema=None):
         """True, False, or None when a pattern costs more than `work`."""
-        verdicts = self._verdicts(args, work, schema)
-        return all_judged(verdict for verdict, _ in verdicts)
+        return all_judged(verdict for verdict, _ in self._verdicts(args, work, schema))
 
     def _verdicts(self, args, work, schema):
         value, node = pointed(args, self.tokens, schema)
@@ -418,13 +392,11 @@ class Condition:
             seen = value
             if name in ("min", "max") and value is not MISSING:
                 seen = exact_number(value, node)  # a Decimal, or None
-            verdict = self._test(name, expected, seen, work)
-            yield verdict, (name, expected, seen)
+            yield self._test(name, expected, seen, work), (name, expected, seen)
 
     def miss(self, args, work, schema):
         """Why it does not hold ('' when it holds)."""
-        for verdict, (name, expected, value) in \
-                self._verdicts(args, work, schema):
+        for verdict, (name, expected, value) in self._verdicts(args, work, schema):
             if verdict is None:
                 return f"{self.pointer} is too long to be checked"
             if verdict is not False:
@@ -446,26 +418,23 @@ class Condition:
             return False
         if name == "pattern":  # the one test that spends pattern work
             try:
-                return isinstance(value, str) and \
-                    work.search(expected, value, "")
+                return isinstance(value, str) and work.search(expected, value, "")
             except PatternCost:
                 return None
         return CHECKS[name](value, expected)
 
     @staticmethod
     def _words(name, expected):
-        if name in ("min", "max"):
-            return CONDITIONS[name].format(number_text(expected))
-        return CONDITIONS[name].format(policy_json(expected))
+        shown = number_text if name in ("min", "max") else policy_json
+        return CONDITIONS[name].format(shown(expected))
 
     def text(self):
-        words = (self._words(*test) for test in self.tests)
-        return f"{self.pointer} " + " and ".join(words)
+        return f"{self.pointer} " + " and ".join(self._words(*test) for test in self.tests)
 
 
 def all_judged(verdicts):
-    """False at the first false verdict (sparing later pattern work), else
-    None if one was not judged, else True."""
+    """False at the first false verdict (sparing later pattern work), else None if one
+    was not judged, else True."""
     judged = True
     for verdict in verdicts:
         if verdict is None:
@@ -476,8 +445,8 @@ def all_judged(verdicts):
 
 
 def _host_holds(value, hosts, listed):
-    """Never for an unreadable host: no host_in nor host_not_in allows it,
-    nor does a deny on host_in catch it (write what a policy allows)."""
+    """Never for an unreadable host: no host_in nor host_not_in allows it, nor does a
+    deny on host_in catch it (write what a policy allows)."""
     place = url_place(value)
     return place is not None and host_matches(*place, hosts) == listed
 
@@ -492,8 +461,7 @@ CHECKS = {
     "not_in": lambda value, options: not _in(value, options),
     "min": lambda value, bound: value is not None and value >= bound,
     "max": lambda value, bound: value is not None and value <= bound,
-    "max_length": lambda value, bound:
-        isinstance(value, (str, list)) and len(value) <= bound,
+    "max_length": lambda value, bound: isinstance(value, (str, list)) and len(value) <= bound,
     "present": lambda value, expected: True,
     "under": lambda value, roots: path_under(value, roots),
     "host_in": lambda value, hosts: _host_holds(value, hosts, True),
@@ -503,17 +471,15 @@ CHECKS = {
 
 def parse_conditions(raw, where, resolved=False):
     if not isinstance(raw, dict):
-        raise ConfigError(
-            f'{where} must be an object of JSON Pointer to condition, '
-            f'such as {{"/amount": {{"max": "50.00"}}}}')
+        raise ConfigError(f'{where} must be an object of JSON Pointer to condition, '
+                          f'such as {{"/amount": {{"max": "50.00"}}}}')
     return [Condition(pointer, condition, where, resolved)
             for pointer, condition in raw.items()]
 
 
 class Judgement:
-    """A request's schema problem and each entry's and grant's verdict,
-    judged once; its pattern work outlives a hold."""
-
+    """A request's schema problem and each entry's and grant's verdict, judged once; its
+    pattern work outlives a hold."""
 
     def __init__(self, problem="", work=None):
         self.problem, self.held = problem, {}
@@ -521,8 +487,7 @@ class Judgement:
 
     def holds(self, key, conditions, args, schema):
         if key not in self.held:
-            self.held[key] = all_judged(
-                c.holds(args, self.work, schema) for c in conditions)
+            self.held[key] = all_judged(c.holds(args, self.work, schema) for c in conditions)
         return self.held[key]
 
 
@@ -532,101 +497,80 @@ class Entry:
     def __init__(self, raw, where, label):
         self.label = label
         if not isinstance(raw, dict):
-            raise ConfigError(
-                f"{where} must be an object with if, during or client, "
-                f"and an outcome")
+            raise ConfigError(f"{where} must be an object with if, during or client, "
+                              f"and an outcome")
         refuse_unknown(raw, self.FIELDS, where)
         outcome = field_string(raw, "outcome", where, required=True)
         self.outcome = one_of(outcome, OUTCOMES, f"{where}.outcome")
         self.conditions = parse_conditions(raw.get("if", {}), f"{where}.if")
-        self.during = None
-        if "during" in raw:
-            self.during = During(raw["during"], f"{where}.during")
-        self.clients = None
-        if "client" in raw:
-            self.clients = field_names(raw, "client", where)
+        self.during = During(raw["during"], f"{where}.during") if "during" in raw else None
+        self.clients = field_names(raw, "client", where) if "client" in raw else None
         if self.clients == []:
-            raise ConfigError(
-                f"{where}.client must list at least one host name")
-        if not self.conditions and self.during is None \
-                and self.clients is None:
-            raise ConfigError(
-                f"{where} has no if, during or client, so it always "
-                f"holds: give the rule this outcome instead")
+            raise ConfigError(f"{where}.client must list at least one host name")
+        if not self.conditions and self.during is None and self.clients is None:
+            raise ConfigError(f"{where} has no if, during or client, so it always "
+                              f"holds: give the rule this outcome instead")
         # Model input: by default it names the entry, never what it compares.
-        self.reason = field_string(raw, "reason", where) or \
-            f"the operator's rule {label}"
+        self.reason = field_string(raw, "reason", where) or f"the operator's rule {label}"
 
     def _client_holds(self, facts):
         return self.clients is None or facts.client in self.clients
 
     def holds(self, args, facts, judged=None, schema=None):
-        if not self._client_holds(facts) or (
-                self.during and not self.during.holds(facts.at)):
+        if not self._client_holds(facts) or (self.during and not self.during.holds(facts.at)):
             return False
-        judged = judged or Judgement()
-        return judged.holds(self.label, self.conditions, args, schema)
+        return (judged or Judgement()).holds(self.label, self.conditions, args, schema)
 
     def miss(self, args, facts, judged, schema):
         """Why it did not hold, for the operator."""
         if not self._client_holds(facts):
-            why = (f"the host {quote(facts.client)} is not one of "
-                   f"{policy_json(self.clients)}")
+            why = f"the host {quote(facts.client)} is not one of {policy_json(self.clients)}"
         elif self.during and not self.during.holds(facts.at):
             why = "it is outside its days and hours"
         else:
-            why = next(filter(None, (
-                c.miss(args, judged.work, schema)
-                for c in self.conditions)), "")
+            why = next(filter(None, (c.miss(args, judged.work, schema)
+                                     for c in self.conditions)), "")
         return f"{self.label}: {why}"
 
 
 class Limit:
-    """At most `calls` executions of a tool, or a `sum` up to `max`, per
-    `per` across sessions; past it, `then`."""
+    """At most `calls` executions of a tool, or a `sum` up to `max`, per `per` across
+    sessions; past it, `then`."""
 
     FIELDS = ("calls", "sum", "max", "per", "then")
 
     def __init__(self, raw, where, label):
         self.label = label
         if not isinstance(raw, dict):
-            raise ConfigError(
-                f'{where} must be an object such as '
-                f'{{"calls": 5, "per": "1h"}}')
+            raise ConfigError(f'{where} must be an object such as {{"calls": 5, "per": "1h"}}')
         refuse_unknown(raw, self.FIELDS, where)
         if ("calls" in raw) == ("sum" in raw):
-            raise ConfigError(
-                f'{where} needs exactly one of calls (a count) or sum '
-                f'(a JSON Pointer to a number, with max)')
+            raise ConfigError(f'{where} needs exactly one of calls (a count) or sum '
+                              f'(a JSON Pointer to a number, with max)')
         self.calls = self.sum = self.tokens = self.max = None
         if "calls" in raw:
             self.calls = whole_number(raw["calls"], f"{where}.calls", 1, 10**9)
             if "max" in raw:
-                raise ConfigError(
-                    f"{where}: max goes with sum; a calls limit is its "
-                    f"own count")
+                raise ConfigError(f"{where}: max goes with sum; a calls limit is its own count")
         else:
             self.sum = raw["sum"]
             self.tokens = parse_pointer(self.sum, f"{where}.sum")
             if "max" not in raw:
-                raise ConfigError(
-                    f"{where} needs max, the most the sum may reach")
+                raise ConfigError(f"{where} needs max, the most the sum may reach")
             self.max = parse_decimal(raw["max"], f"{where}.max")
             if self.max < 0:
                 raise ConfigError(f"{where}.max must not be negative")
         self.per = field_duration(raw, "per", where, None)
         if not self.per:
-            raise ConfigError(
-                f'{where} needs per, a window such as "1h" or "24h"')
+            raise ConfigError(f'{where} needs per, a window such as "1h" or "24h"')
         self.then = field_string(raw, "then", where) or "require_approval"
         if self.then not in ("require_approval", "deny"):
-            raise ConfigError(
-                f"{where}.then is {quote(self.then)}; a limit never "
-                f"loosens, so use require_approval or deny")
+            raise ConfigError(f"{where}.then is {quote(self.then)}; a limit never "
+                              f"loosens, so use require_approval or deny")
 
     def amount(self, args, schema=None):
-        """What a call adds to the sum: its number's size (a negative is
-        no credit), 0 when absent, None when no number."""
+        """What a call adds to the sum: its number's size (a negative is no credit), 0
+        when absent, None when no number."""
         value, node = pointed(args, self.tokens, schema)
         if value is MISSING:
             return decimal.Decimal(0)
@@ -638,17 +582,14 @@ class Limit:
         window = self.per / SECOND
         rows = uses(at - window)
         if self.calls is not None:
-            if len(rows) < self.calls:
-                return None
-            return rows[-self.calls][0] + window
+            return None if len(rows) < self.calls else rows[-self.calls][0] + window
         this = self.amount(args, schema)
         if this is None or this > self.max:
             return NEVER
         zero = decimal.Decimal(0)
         try:
             with decimal.localcontext(EXACT):
-                sizes = [amounts.get(self.sum, zero).copy_abs()
-                         for _, amounts in rows]
+                sizes = [amounts.get(self.sum, zero).copy_abs() for _, amounts in rows]
                 total = sum(sizes, this)
                 if total <= self.max:
                     return None
@@ -665,8 +606,8 @@ class Limit:
         if self.calls is not None:
             s = "s" if self.calls != 1 else ""
             return f"at most {self.calls} call{s} to {tool_name} per {span}"
-        return (f"a sum of {self.sum} of at most "
-                f"{number_text(self.max)} for {tool_name} per {span}")
+        return (f"a sum of {self.sum} of at most {number_text(self.max)} for {tool_name} "
+                f"per {span}")
 
 
 class Grant:
@@ -676,15 +617,13 @@ class Grant:
         self.conditions = parse_conditions(raw, f"grant {self.id}", True)
 
 
-USES_SQL = (
-    "SELECT e.at, s.decision_json, s.spec_hash FROM executions e "
-    "JOIN steps s ON s.id=e.step_id WHERE e.tool=? AND e.at>? "
-    "AND e.at<? ORDER BY e.at, e.id")
+USES_SQL = ("SELECT e.at, s.decision_json, s.spec_hash FROM executions e JOIN steps s "
+            "ON s.id=e.step_id WHERE e.tool=? AND e.at>? AND e.at<? ORDER BY e.at, e.id")
 
 
 def counted_uses(rows, tool, before):
-    """Facts.uses at stored time `before`: arguments read under the schema
-    each execution was decided under."""
+    """Facts.uses at stored time `before`: arguments read under the schema each
+    execution was decided under."""
     sums = [limit for limit in tool.rule.limits if limit.sum]
     schemas = {tool.spec_hash: tool.schema}
 
@@ -700,8 +639,7 @@ def counted_uses(rows, tool, before):
                 USES_SQL, (tool.target, format_time(since), before)):
             amounts = {}
             if sums:
-                args = parse(decision)["args"]
-                schema = schema_of(spec_hash)
+                args, schema = parse(decision)["args"], schema_of(spec_hash)
                 for limit in sums:
                     amount = limit.amount(args, schema)
                     if amount is not None:
@@ -711,10 +649,9 @@ def counted_uses(rows, tool, before):
     return uses
 
 
-GRANTS_SQL = (
-    f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? "
-    f"AND tool=? AND expires_at>? AND created_at<=? AND "
-    f"(revoked_at='' OR revoked_at>?) ORDER BY created_at, id")
+GRANTS_SQL = (f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? AND tool=? "
+              f"AND expires_at>? AND created_at<=? AND (revoked_at='' OR revoked_at>?) "
+              f"ORDER BY created_at, id")
 
 
 def decision_facts(rows, session, tool, stamp, client, count):
@@ -726,12 +663,11 @@ def decision_facts(rows, session, tool, stamp, client, count):
     return Facts(parse_time(stamp), client, grants, uses)
 
 
-def policy_decision(config, tool, args, facts, rerun=False,
-                    approved=False, judged=None):
-    """{outcome, reason, by: what decided}, `limit` and `frees` from a
-    limit, `grant` from a grant. A deny, a re-run and what an operator
-    `approved` stand; a grant may answer what would wait; a limit may turn
-    an allow into its `then`; with no operator, what would wait is denied."""
+def policy_decision(config, tool, args, facts, rerun=False, approved=False, judged=None):
+    """{outcome, reason, by: what decided}, `limit` and `frees` from a limit, `grant` from
+    a grant. A deny, a re-run and what an operator `approved` stand; a grant may answer
+    what would wait; a limit may turn an allow into its `then`; with no operator, what
+    would wait is denied."""
     judged = Judgement() if judged is None else judged
     decision = _first_decision(config, tool, args, facts, judged)
     if decision["outcome"] == "deny" or rerun or approved:
@@ -752,14 +688,13 @@ def _first_decision(config, tool, args, facts, judged):
     for entry in rule.when:
         held = entry.holds(args, facts, judged, tool.schema)
         if held is None and entry.outcome != "allow":
-            # Passed over, a long value could slip past a deny or a
-            # question; an allow passed over only makes it stricter.
-            reason = (f"the arguments are too long to be checked "
-                      f"against the operator's rule {entry.label}")
+            # Passed over, a long value could slip past a deny or a question; an allow
+            # passed over only makes it stricter.
+            reason = (f"the arguments are too long to be checked against the operator's "
+                      f"rule {entry.label}")
             return {"outcome": "deny", "by": entry.label, "reason": reason}
         if held:
-            return {"outcome": entry.outcome, "reason": entry.reason,
-                    "by": entry.label}
+            return {"outcome": entry.outcome, "reason": entry.reason, "by": entry.label}
     outcome = rule_outcome(config, rule)
     if rule.outcome:
         reason = f"tool {tool.name} is {outcome} by the operator's rule"
@@ -768,9 +703,8 @@ def _first_decision(config, tool, args, facts, judged):
     by = "rule outcome" if rule.outcome else "class"
     decision = {"outcome": outcome, "reason": reason, "by": by}
     if rule.when:
-        decision["tried"] = [
-            entry.miss(args, facts, judged, tool.schema)
-            for entry in rule.when]
+        decision["tried"] = [entry.miss(args, facts, judged, tool.schema)
+                             for entry in rule.when]
     return decision
 
 
@@ -779,9 +713,8 @@ def _granted(tool, args, facts, judged):
         # Not judged does not hold: a grant only loosens.
         key = f"grant {grant.id}"
         if judged.holds(key, grant.conditions, args, tool.schema) is True:
-            reason = f"standing approval {grant.id} by {grant.by}"
             return {"outcome": "allow", "by": key, "grant": grant.id,
-                    "reason": reason}
+                    "reason": f"standing approval {grant.id} by {grant.by}"}
     return None
 
 
@@ -790,9 +723,8 @@ def _limited(tool, args, facts):
         frees = limit.frees(args, facts.uses, facts.at, tool.schema)
         if frees is not None:
             text = limit.text(tool.name)
-            return {"outcome": limit.then, "by": limit.label,
-                    "limit": text, "frees": frees,
-                    "reason": f"a limit is reached: {text}"}
+            return {"outcome": limit.then, "by": limit.label, "limit": text,
+                    "frees": frees, "reason": f"a limit is reached: {text}"}
     return None
 
 
@@ -802,8 +734,7 @@ def frees_text(decision):
         return ""
     if decision["frees"] is NEVER:
         return "this call alone is above it"
-    at = format_time(math.ceil(decision["frees"]))
-    return f"it frees up at {prose_time(at)}"
+    return f"it frees up at {prose_time(format_time(math.ceil(decision['frees'])))}"
 
 
 def rule_outcome(config, rule):
@@ -815,8 +746,7 @@ def pointer_problem(schema, tokens, hidden):
     node = schema
     for depth, token in enumerate(tokens):
         if depth == 0 and token in hidden:
-            return (f"the rule hides {quote(token)}, so the model "
-                    f"never sends it")
+            return f"the rule hides {quote(token)}, so the model never sends it"
         try:
             node = schema_child(schema, node, token)
         except SchemaError:
@@ -827,24 +757,20 @@ def pointer_problem(schema, tokens, hidden):
 
 
 def policy_pointer_problem(schema, rule, tool_name):
-    """Why the tool is refused: the first pointer of a condition or sum
-    limit that misses the pinned schema, or ''."""
+    """Why the tool is refused: the first pointer of a condition or sum limit that misses
+    the pinned schema, or ''."""
     hidden = set(rule.hidden)
     pointers = [(entry.label, c.pointer, c.tokens)
                 for entry in rule.when for c in entry.conditions]
-    pointers += [(limit.label, limit.sum, limit.tokens)
-                 for limit in rule.limits if limit.sum]
+    pointers += [(limit.label, limit.sum, limit.tokens) for limit in rule.limits if limit.sum]
     for label, pointer, tokens in pointers:
         problem = pointer_problem(schema, tokens, hidden)
-        if not problem:
-            continue
-        properties = schema.get("properties")
-        if not isinstance(properties, dict):
-            properties = ()
-        names = sorted(set(properties) - hidden)
-        some = ", ".join("/" + sanitize(n) for n in names)
-        return (f"{label} of {tool_name} points at {quote(pointer)}, "
-                f"but {problem}; point at one of: {some or 'nothing'}")
+        if problem:
+            properties = schema.get("properties")
+            names = sorted(set(properties if isinstance(properties, dict) else ()) - hidden)
+            some = ", ".join("/" + sanitize(n) for n in names)
+            return (f"{label} of {tool_name} points at {quote(pointer)}, "
+                    f"but {problem}; point at one of: {some or 'nothing'}")
     return ""
 
 
@@ -853,17 +779,16 @@ def policy_pointer_problem(schema, rule, tool_name):
 #
 # Reads as: decision core
 #
-# Owns: the config file and the files it trusts (manifests, the database),
-# the deciding fields and their defaults, the policy identity. How a server
-# is reached decides nothing (section 21's read_transport, same pass).
-# Promises: a config is used only if a regular file of this user's nobody
-# else can write; a repeated key is refused (canonical parse); an unknown
-# field is refused with its path; a refusal names the field and the fix.
+# Owns: the config file and the files it trusts (manifests, the database), the deciding
+# fields and their defaults, the policy identity. How a server is reached decides nothing
+# (section 21's read_transport, same pass).
+# Promises: a config is used only if a regular file of this user's nobody else can write;
+# a repeated key is refused (canonical parse); an unknown field is refused with its path;
+# a refusal names the field and the fix.
 # =============================================================================================
 
 DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
-                  "remote_mutation": "require_approval",
-                  "destructive": "deny"}
+                  "remote_mutation": "require_approval", "destructive": "deny"}
 NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 MIN_LEASE_TTL = 3 * SECOND
 DEFAULT_TOOL_TIMEOUT = 60 * SECOND  # a slow build fits; a hung server shows
@@ -872,21 +797,18 @@ DEFAULT_ARGUMENT_BYTES = 1 << 20
 MAX_ARGUMENT_BYTES = 8 << 20
 DEFAULT_RESULT_BYTES = 8 << 20
 MAX_RESULT_BYTES = 16 << 20
+DAY = 86400 * SECOND
 
 
 def read_owned(path, what, private=False):
-    """A file's bytes if only this user can change it (`private`: or read
-    it), else ConfigError saying how to fix it."""
-    # O_NONBLOCK: a FIFO planted at the path must not hang the open.
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-    try:
-        fd = os.open(path, flags)
+    """A file's bytes if check_owned passes, else ConfigError saying how to fix it."""
+    try:  # O_NONBLOCK: a FIFO planted at the path must not hang the open.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as err:
         if err.errno == errno.ELOOP:  # O_NOFOLLOW met a link
-            raise ConfigError(f"{what} {path} is a symbolic link; "
-                              f"name the file itself") from None
-        raise ConfigError(f"{what} {path} cannot be read: "
-                          f"{err.strerror}") from None
+            raise ConfigError(f"{what} {path} is a symbolic link; name the file itself") \
+                from None
+        raise ConfigError(f"{what} {path} cannot be read: {err.strerror}") from None
     try:
         check_owned(path, what, os.fstat(fd), private)
         with os.fdopen(fd, "rb", closefd=False) as f:
@@ -896,45 +818,43 @@ def read_owned(path, what, private=False):
 
 
 def check_owned(path, what, st, private=False, error=ConfigError):
-    """The one ownership check: `error` unless a regular file of this
-    user's that its group or others cannot write (`private`: nor read)."""
+    """The one ownership check: `error` unless a regular file of this user's that its
+    group or others cannot write (`private`: nor read)."""
     mode = stat.filemode(st.st_mode)
     if not stat.S_ISREG(st.st_mode):
         raise error(f"{what} {path} is not a regular file")
     if st.st_uid != os.geteuid():
-        raise error(
-            f"{what} {path} ({mode}) is owned by uid {st.st_uid}, "
-            f"not by the current user: chown it or use your own copy")
+        raise error(f"{what} {path} ({mode}) is owned by uid {st.st_uid}, "
+                    f"not by the current user: chown it or use your own copy")
     if st.st_mode & (0o077 if private else 0o022):
         fix = ("lets others read them: chmod 600 it" if private else
                "lets its group or others write it: chmod go-w it")
         raise error(f"{what} {path} has mode {mode}, which {fix}")
 
 
-def _list(raw, field, where):
-    value = raw.get(field, [])
-    if not isinstance(value, list):
+def _each(raw, field, where, kind):
+    """A list field's items, each a `kind` labelled by its place."""
+    items = raw.get(field, [])
+    if not isinstance(items, list):
         raise ConfigError(f"{where}.{field} must be a list")
-    return value
+    return [kind(item, f"{where}.{field}[{i}]", f"{field}[{i}]")
+            for i, item in enumerate(items)]
 
 
 class Rule:
     """The operator's classification of one upstream tool."""
 
-    FIELDS = ("side_effect", "timeout", "description", "deny", "fixed",
-              "rename", "allow_hint_mismatch", "outcome",
-              "repeat_window", "when", "limits", "proposed",
-              "accepted_description")
+    FIELDS = ("side_effect", "timeout", "description", "deny", "fixed", "rename",
+              "allow_hint_mismatch", "outcome", "repeat_window", "when", "limits",
+              "proposed", "accepted_description")
     # What the policy decides from: the rule's part of policy_id.
-    DECIDING = ("side_effect", "outcome", "fixed", "rename", "when",
-                "limits")
+    DECIDING = ("side_effect", "outcome", "fixed", "rename", "when", "limits")
 
     def __init__(self, tool, raw, where):
         refuse_unknown(raw, self.FIELDS, where)
         self.tool = tool
-        self.side_effect = one_of(
-            field_string(raw, "side_effect", where, required=True),
-            SIDE_EFFECTS, f"{where}.side_effect")
+        self.side_effect = one_of(field_string(raw, "side_effect", where, required=True),
+                                  SIDE_EFFECTS, f"{where}.side_effect")
         self.timeout = field_duration(raw, "timeout", where, None)
         self.description = field_string(raw, "description", where)
         self.deny = field_names(raw, "deny", where)
@@ -942,34 +862,27 @@ class Rule:
         if not isinstance(self.fixed, dict):
             raise ConfigError(f"{where}.fixed must be an object of "
                               f"parameter name to JSON value")
-        # What the model is never offered to send.
-        self.hidden = self.deny + list(self.fixed)
+        self.hidden = self.deny + list(self.fixed)  # never offered to the model
         self.rename = field_string(raw, "rename", where)
-        self.allow_hint_mismatch = field_bool(
-            raw, "allow_hint_mismatch", where)
+        self.allow_hint_mismatch = field_bool(raw, "allow_hint_mismatch", where)
         self.outcome = field_string(raw, "outcome", where)
         if self.outcome:
             one_of(self.outcome, OUTCOMES, f"{where}.outcome")
         self.repeat_window = field_duration(raw, "repeat_window", where, None)
-        # Set by init from the server's own hints: nothing is offered
-        # on a rule nobody reviewed.
+        # Set by init from the server's own hints: nothing is offered on a rule nobody
+        # reviewed.
         self.proposed = field_bool(raw, "proposed", where)
         # The lint_hash of texts with a high finding, accepted.
-        self.accepted_description = field_string(
-            raw, "accepted_description", where)
-        self.when = [
-            Entry(entry, f"{where}.when[{i}]", f"when[{i}]")
-            for i, entry in enumerate(_list(raw, "when", where))]
-        self.limits = [
-            Limit(limit, f"{where}.limits[{i}]", f"limits[{i}]")
-            for i, limit in enumerate(_list(raw, "limits", where))]
+        self.accepted_description = field_string(raw, "accepted_description", where)
+        self.when = _each(raw, "when", where, Entry)
+        self.limits = _each(raw, "limits", where, Limit)
         self.policy = {k: raw[k] for k in self.DECIDING if raw.get(k)}
 
 
 class Server:
-    FIELDS = ("name", "command", "url", "headers", "oauth", "env",
-              "inherit_env", "connect_timeout", "default_timeout",
-              "manifest", "rules", "skip_path_check", "cwd")
+    FIELDS = ("name", "command", "url", "headers", "oauth", "env", "inherit_env",
+              "connect_timeout", "default_timeout", "manifest", "rules", "skip_path_check",
+              "cwd")
 
     def __init__(self, raw, where, path, transport=None):
         refuse_unknown(raw, self.FIELDS, where)
@@ -979,8 +892,7 @@ class Server:
         where = f'server "{self.name}"'
         if transport:
             transport(self, raw, where, base)
-        self.default_timeout = field_duration(
-            raw, "default_timeout", where, None)
+        self.default_timeout = field_duration(raw, "default_timeout", where, None)
         manifest = field_string(raw, "manifest", where, required=True)
         self.manifest = os.path.join(base, os.path.expanduser(manifest))
         rules = raw.get("rules", {})
@@ -992,61 +904,49 @@ class Server:
         self.skip_path_check = field_bool(raw, "skip_path_check", where)
 
 
-DAY = 86400 * SECOND
-
-
 class Config:
-    FIELDS = ("database", "session", "servers", "policy", "hold",
-              "repeat_window", "max_pending", "approval_ttl",
-              "grant_ttl", "status_tool", "lease_ttl",
+    FIELDS = ("database", "session", "servers", "policy", "hold", "repeat_window",
+              "max_pending", "approval_ttl", "grant_ttl", "status_tool", "lease_ttl",
               "max_argument_bytes", "max_result_bytes", "operator", "notify")
 
     def __init__(self, raw, path, transport=None):
         self.path = path
-        base = os.path.dirname(path)
         if not isinstance(raw, dict):
             raise ConfigError("the configuration must be a JSON object")
         where = "the configuration"
         refuse_unknown(raw, self.FIELDS, where)
         database = field_string(raw, "database", where, required=True)
-        self.database = os.path.join(base, os.path.expanduser(database))
+        self.database = os.path.join(os.path.dirname(path), os.path.expanduser(database))
         self.session = field_string(raw, "session", where, required=True)
         _check_name(self.session, "session")
         self.servers = self._servers(raw, path, transport)
         self.policy = {**DEFAULT_POLICY, **self._policy(raw)}
         self.hold, self.host_holds = _holds(raw, where)
-        self.repeat_window = field_duration(raw, "repeat_window", where,
-                                            600 * SECOND)
-        self.max_pending = whole_number(
-            raw.get("max_pending", Number("5")), "max_pending", 0,
-            10**6, " (0 means 5)") or 5
+        self.repeat_window = field_duration(raw, "repeat_window", where, 600 * SECOND)
+        self.max_pending = whole_number(raw.get("max_pending", Number("5")), "max_pending",
+                                        0, 10**6, " (0 means 5)") or 5
         self.approval_ttl = field_duration(raw, "approval_ttl", where, DAY)
         self.grant_ttl = field_duration(raw, "grant_ttl", where, DAY)
-        self.status_tool = field_string(raw, "status_tool", where) or \
-            "gate_status"
+        self.status_tool = field_string(raw, "status_tool", where) or "gate_status"
         _check_name(self.status_tool, "status_tool")
         self.max_argument_bytes = field_byte_cap(
-            raw, "max_argument_bytes", DEFAULT_ARGUMENT_BYTES,
-            MAX_ARGUMENT_BYTES)
+            raw, "max_argument_bytes", DEFAULT_ARGUMENT_BYTES, MAX_ARGUMENT_BYTES)
         self.max_result_bytes = field_byte_cap(
             raw, "max_result_bytes", DEFAULT_RESULT_BYTES, MAX_RESULT_BYTES)
         self.operator = field_string(raw, "operator", where)
         if self.operator not in ("", "none"):
-            raise ConfigError(
-                f'operator is {quote(self.operator)}; write "none" when '
-                f'no one is at hand to approve (what would wait is then '
-                f'denied), or leave it out')
+            raise ConfigError(f'operator is {quote(self.operator)}; write "none" when '
+                              f'no one is at hand to approve (what would wait is then '
+                              f'denied), or leave it out')
         self.notify = field_names(raw, "notify", where)
         if "notify" in raw and not self.notify:
-            raise ConfigError(
-                'notify must be a program and its arguments, such as '
-                '["notify-send", "agentgate", "an approval waits"], or '
-                'left out')
+            raise ConfigError('notify must be a program and its arguments, such as '
+                              '["notify-send", "agentgate", "an approval waits"], or '
+                              'left out')
         self.lease_ttl = field_duration(raw, "lease_ttl", where, 30 * SECOND)
         if self.lease_ttl < MIN_LEASE_TTL:
-            raise ConfigError(
-                f"lease_ttl {format_duration(self.lease_ttl)} is shorter than "
-                f"{format_duration(MIN_LEASE_TTL)}; give it at least 3s")
+            raise ConfigError(f"lease_ttl {format_duration(self.lease_ttl)} is shorter than "
+                              f"{format_duration(MIN_LEASE_TTL)}; give it at least 3s")
 
     @staticmethod
     def _servers(raw, path, transport):
@@ -1058,21 +958,18 @@ class Config:
         names = [s.name for s in servers]
         for name in names:
             if names.count(name) > 1:
-                raise ConfigError(f'two servers are named "{name}"; '
-                                  f'give each its own name')
+                raise ConfigError(f'two servers are named "{name}"; give each its own name')
         return servers
 
     @staticmethod
     def _policy(raw):
         policy = raw.get("policy", {})
         if not isinstance(policy, dict):
-            raise ConfigError("policy must be an object of side-effect "
-                              "class to outcome")
+            raise ConfigError("policy must be an object of side-effect class to outcome")
         for cls, outcome in policy.items():
             if cls not in SIDE_EFFECTS:
-                raise ConfigError(
-                    f"policy names {quote(cls)}; the classes are "
-                    f"{', '.join(SIDE_EFFECTS)}")
+                raise ConfigError(f"policy names {quote(cls)}; the classes are "
+                                  f"{', '.join(SIDE_EFFECTS)}")
             one_of(outcome, OUTCOMES, f"policy.{cls}")
         return policy
 
@@ -1081,11 +978,10 @@ class Config:
         return self.host_holds.get(client, self.hold)
 
     def policy_id(self):
-        """The identity of what the policy decides from (Rule.policy, the
-        classes' outcomes, no operator), not hold, windows, TTLs, timeouts."""
-        servers = [{"name": s.name, "rules": {
-            tool: r.policy for tool, r in s.rules.items()}}
-            for s in sorted(self.servers, key=lambda s: s.name)]
+        """The identity of what the policy decides from (Rule.policy, the classes'
+        outcomes, no operator), not hold, windows, TTLs, timeouts."""
+        servers = [{"name": s.name, "rules": {t: r.policy for t, r in s.rules.items()}}
+                   for s in sorted(self.servers, key=lambda s: s.name)]
         identity = {"policy": self.policy, "servers": servers}
         if self.operator:
             identity["operator"] = self.operator
@@ -1100,12 +996,10 @@ def _check_name(value, what):
 
 def _holds(raw, where):
     """(any host's hold, {a host's name: its hold}), "*" the rest."""
-    given = raw.get("hold")
-    default = 15 * SECOND
+    given, default = raw.get("hold"), 15 * SECOND
     if not isinstance(given, dict):
         return field_duration(raw, "hold", where, default), {}
-    holds = {host: field_duration(given, host, "hold", default)
-             for host in given}
+    holds = {host: field_duration(given, host, "hold", default) for host in given}
     return holds.pop("*", default), holds
 
 
@@ -1114,8 +1008,7 @@ def read_config(path, transport):
     try:
         raw = parse(read_owned(path, "config"))
     except CanonicalError as err:
-        raise ConfigError(f"config {path} is not usable JSON: "
-                          f"{err.placed()}") from None
+        raise ConfigError(f"config {path} is not usable JSON: {err.placed()}") from None
     try:
         return Config(raw, path, transport)
     except ConfigError as err:
