@@ -121,10 +121,9 @@ VERSION = "0.2.0"
 #
 # Reads as: decision core
 #
-# Owns: byte streams cut into frames, whom to answer when a frame is refused, and
-# the hashes of a request's identity.
-# Promises: a frame is split on `\n` bytes only (never U+2028/U+2029) and never held
-# past its cap; a refused frame's id is only its top-level one.
+# Owns: frames cut from byte streams, whom a refused frame answers, a request's identity
+# hashes. Promises: a frame splits on `\n` bytes only (not U+2028/U+2029) and is never
+# held past its cap; a refused frame's id is only its top-level one.
 # =============================================================================================
 
 def read_frames(fd, cap):
@@ -151,7 +150,6 @@ def read_frames(fd, cap):
                 yield (None, refused.ident) if refused else (bytes(pending), None)
                 pending, refused = bytearray(), None
 
-
 def parse_loosely(data):
     """Leniently parsed, only for whom to answer; None if even that fails."""
     try:
@@ -160,11 +158,9 @@ def parse_loosely(data):
     except (ValueError, RecursionError):
         return None
 
-
 _HEAD_ID_RE = re.compile(rb"\s*:\s*(-?(?:0|[1-9][0-9]{0,17}))[\s,}]")
 _STRING_REST_RE = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*', re.S)  # up to a quote or \
 _TOKEN_STOP_RE = re.compile(rb'["{}\[\]]')
-
 
 class FrameId:
     """A refused message's top-level integer "id" (a nested one could name another
@@ -215,12 +211,10 @@ class FrameId:
         if value or len(self.after) >= 64:
             self.after = None
 
-
 def frame_id(data):
     reading = FrameId()
     reading.feed(data)
     return reading.ident
-
 
 def echoable_id(ident):
     """Whether an id can be echoed as JSON (not a lone surrogate, NaN, ...)."""
@@ -228,24 +222,18 @@ def echoable_id(ident):
         return not SURROGATE_RE.search(ident)
     return isinstance(ident, Number) and bool(JSON_NUMBER_RE.fullmatch(ident.literal))
 
-
 def sha256_hex(data):
     if isinstance(data, str):
         data = data.encode("utf-8")
     return hashlib.sha256(data).hexdigest()
 
-
 def value_digest(data):
-    """A value too large to keep again, as its size and hash."""
     return f"[{len(data)} bytes, sha256 {sha256_hex(data)}]"
-
 
 def content_hash(value):
     return sha256_hex(canonical(value))
 
-
 def request_key(tool_name, args):
-    """A request's identity: tool name and canonical arguments (or bytes)."""
     encoded = args if isinstance(args, bytes) else canonical(args)
     return sha256_hex(tool_name.encode("utf-8") + b"\x00" + encoded)
 
@@ -263,17 +251,14 @@ SECOND = 10**9
 SIDE_EFFECTS = ("read_only", "local_mutation", "remote_mutation", "destructive")
 OUTCOMES = ("allow", "require_approval", "deny")
 
-
 class ConfigError(Exception):
     """A config the gate will not run with; the message says what to do."""
-
 
 def new_id(size):
     """Milliseconds, then randomness: ids land at their indexes' right edge, so a
     write touches the same pages however large the database."""
     stamp = (time.time_ns() // 1_000_000) & 0xFFFFFFFFFF
     return f"{stamp:010x}" + secrets.token_hex(size - 5)
-
 
 class Deadline:
     def __init__(self, ns):
@@ -289,24 +274,22 @@ class Deadline:
 #
 # Reads as: decision core
 #
-# Owns: conditions, `when` entries, limits, grants, and the one decision (policy_decision)
-# from a call, its Judgement and its moment's Facts (decision_facts, for gate and recheck;
-# `rows` is its only SQL).
+# Owns: conditions, `when` entries, limits, grants, and the one decision
+# (policy_decision) from a call, its Judgement and its moment's Facts
+# (decision_facts; `rows` is its only SQL).
 # Promises: what cannot be evaluated does not hold, and an entry other than allow that
-# cannot be judged denies; numbers compare exactly; a limit never loosens; a grant answers
-# only what would wait; a mistake is refused at load naming tool, entry and fix. An
-# omitted argument reads at its schema's default. A limit counts executions by their
-# recorded arguments.
+# cannot be judged denies; numbers compare exactly; a limit never loosens and counts
+# executions by their recorded arguments; a grant answers only what would wait; an omitted
+# argument reads at its schema's default; a mistake is refused at load naming tool, entry
+# and fix.
 # =============================================================================================
 
 GRANT_COLUMNS = ("id", "session", "tool", "name", "conditions_json", "created_at",
                  "expires_at", "by", "note", "revoked_at", "revoked_by", "revoke_note")
 
-
 def tool_spec(rows, spec_hash):
     found = rows("SELECT spec_json FROM tool_specs WHERE hash=?", (spec_hash,))
     return parse(found[0][0]) if found else None
-
 
 CONDITIONS = {  # and how Condition.text reads each
     "equals": "equals {}", "in": "is one of {}", "not_in": "is none of {}",
@@ -324,12 +307,10 @@ NEVER = math.inf  # when a limit frees up for a call alone above it
 # None when no limit is counted.
 Facts = collections.namedtuple("Facts", "at client grants uses")
 
-
 def number_text(value):
     """An exact decimal as people write it: 50.00 stays 50.00."""
     text = format(value, "f")
     return text if len(text) <= 40 else str(value)
-
 
 class Condition:
     """`resolved`: `under` holds a grant's directories, resolved already."""
@@ -346,12 +327,13 @@ class Condition:
                       for name, value in raw.items()]
         bounds = dict(self.tests)
         low, high = bounds.get("min"), bounds.get("max")
-        if low is not None and high is not None and low > high:
+        if None not in (low, high) and low > high:
             raise ConfigError(f"{where}: min {number_text(low)} is above max "
                               f"{number_text(high)}, so it never holds; swap them")
         if raw.get("present") is False and len(raw) > 1:
-            raise ConfigError(f"{where}: present false holds only when there is no value, "
-                              f"so nothing else can be asked of it; give it its own entry")
+            raise ConfigError(
+                f"{where}: present false holds only when there is no value, "
+                f"so nothing else can be asked of it; give it its own entry")
 
     @staticmethod
     def _read(name, value, where, resolved):
@@ -371,8 +353,9 @@ class Condition:
                 compile_pattern(value)
             except PatternError as err:
                 raise ConfigError(
-                    f"{where} cannot be used ({err}): write an ECMA-262 pattern without "
-                    f"backreferences, lookaround, named groups, \\p{{...}} or \\cX") from None
+                    f"{where} cannot be used ({err}): write an ECMA-262 pattern "
+                    f"without backreferences, lookaround, named groups, "
+                    f"\\p{{...}} or \\cX") from None
         if name in ("min", "max"):
             return parse_decimal(value, where)
         if name == "max_length":
@@ -416,7 +399,7 @@ class Condition:
             return value is MISSING
         if value is MISSING:
             return False
-        if name == "pattern":  # the one test that spends pattern work
+        if name == "pattern":
             try:
                 return isinstance(value, str) and work.search(expected, value, "")
             except PatternCost:
@@ -429,8 +412,8 @@ class Condition:
         return CONDITIONS[name].format(shown(expected))
 
     def text(self):
-        return f"{self.pointer} " + " and ".join(self._words(*test) for test in self.tests)
-
+        words = (self._words(*test) for test in self.tests)
+        return f"{self.pointer} " + " and ".join(words)
 
 def all_judged(verdicts):
     """False at the first false verdict (sparing later pattern work), else None if one
@@ -443,17 +426,14 @@ def all_judged(verdicts):
             return False
     return judged
 
-
 def _host_holds(value, hosts, listed):
     """Never for an unreadable host: no host_in nor host_not_in allows it, nor does a
     deny on host_in catch it (write what a policy allows)."""
     place = url_place(value)
     return place is not None and host_matches(*place, hosts) == listed
 
-
 def _in(value, options):
     return any(json_equal(value, o) for o in options)
-
 
 CHECKS = {
     "equals": lambda value, expected: json_equal(value, expected),
@@ -461,13 +441,13 @@ CHECKS = {
     "not_in": lambda value, options: not _in(value, options),
     "min": lambda value, bound: value is not None and value >= bound,
     "max": lambda value, bound: value is not None and value <= bound,
-    "max_length": lambda value, bound: isinstance(value, (str, list)) and len(value) <= bound,
+    "max_length": lambda value, bound:
+        isinstance(value, (str, list)) and len(value) <= bound,
     "present": lambda value, expected: True,
     "under": lambda value, roots: path_under(value, roots),
     "host_in": lambda value, hosts: _host_holds(value, hosts, True),
     "host_not_in": lambda value, hosts: _host_holds(value, hosts, False),
 }
-
 
 def parse_conditions(raw, where, resolved=False):
     if not isinstance(raw, dict):
@@ -475,7 +455,6 @@ def parse_conditions(raw, where, resolved=False):
                           f'such as {{"/amount": {{"max": "50.00"}}}}')
     return [Condition(pointer, condition, where, resolved)
             for pointer, condition in raw.items()]
-
 
 class Judgement:
     """A request's schema problem and each entry's and grant's verdict, judged once; its
@@ -487,9 +466,9 @@ class Judgement:
 
     def holds(self, key, conditions, args, schema):
         if key not in self.held:
-            self.held[key] = all_judged(c.holds(args, self.work, schema) for c in conditions)
+            self.held[key] = all_judged(
+                c.holds(args, self.work, schema) for c in conditions)
         return self.held[key]
-
 
 class Entry:
     FIELDS = ("if", "during", "client", "outcome", "reason")
@@ -503,7 +482,9 @@ class Entry:
         outcome = field_string(raw, "outcome", where, required=True)
         self.outcome = one_of(outcome, OUTCOMES, f"{where}.outcome")
         self.conditions = parse_conditions(raw.get("if", {}), f"{where}.if")
-        self.during = During(raw["during"], f"{where}.during") if "during" in raw else None
+        self.during = None
+        if "during" in raw:
+            self.during = During(raw["during"], f"{where}.during")
         self.clients = field_names(raw, "client", where) if "client" in raw else None
         if self.clients == []:
             raise ConfigError(f"{where}.client must list at least one host name")
@@ -517,21 +498,22 @@ class Entry:
         return self.clients is None or facts.client in self.clients
 
     def holds(self, args, facts, judged=None, schema=None):
-        if not self._client_holds(facts) or (self.during and not self.during.holds(facts.at)):
+        if not self._client_holds(facts) or (
+                self.during and not self.during.holds(facts.at)):
             return False
         return (judged or Judgement()).holds(self.label, self.conditions, args, schema)
 
     def miss(self, args, facts, judged, schema):
         """Why it did not hold, for the operator."""
         if not self._client_holds(facts):
-            why = f"the host {quote(facts.client)} is not one of {policy_json(self.clients)}"
+            why = (f"the host {quote(facts.client)} is not one of "
+                   f"{policy_json(self.clients)}")
         elif self.during and not self.during.holds(facts.at):
             why = "it is outside its days and hours"
         else:
             why = next(filter(None, (c.miss(args, judged.work, schema)
                                      for c in self.conditions)), "")
         return f"{self.label}: {why}"
-
 
 class Limit:
     """At most `calls` executions of a tool, or a `sum` up to `max`, per `per` across
@@ -542,7 +524,8 @@ class Limit:
     def __init__(self, raw, where, label):
         self.label = label
         if not isinstance(raw, dict):
-            raise ConfigError(f'{where} must be an object such as {{"calls": 5, "per": "1h"}}')
+            raise ConfigError(
+                f'{where} must be an object such as {{"calls": 5, "per": "1h"}}')
         refuse_unknown(raw, self.FIELDS, where)
         if ("calls" in raw) == ("sum" in raw):
             raise ConfigError(f'{where} needs exactly one of calls (a count) or sum '
@@ -551,7 +534,8 @@ class Limit:
         if "calls" in raw:
             self.calls = whole_number(raw["calls"], f"{where}.calls", 1, 10**9)
             if "max" in raw:
-                raise ConfigError(f"{where}: max goes with sum; a calls limit is its own count")
+                raise ConfigError(
+                    f"{where}: max goes with sum; a calls limit is its own count")
         else:
             self.sum = raw["sum"]
             self.tokens = parse_pointer(self.sum, f"{where}.sum")
@@ -609,17 +593,14 @@ class Limit:
         return (f"a sum of {self.sum} of at most {number_text(self.max)} for {tool_name} "
                 f"per {span}")
 
-
 class Grant:
     def __init__(self, stored):
         self.id, self.by = stored["id"], stored["by"]
         raw = parse(stored["conditions_json"])
         self.conditions = parse_conditions(raw, f"grant {self.id}", True)
 
-
 USES_SQL = ("SELECT e.at, s.decision_json, s.spec_hash FROM executions e JOIN steps s "
             "ON s.id=e.step_id WHERE e.tool=? AND e.at>? AND e.at<? ORDER BY e.at, e.id")
-
 
 def counted_uses(rows, tool, before):
     """Facts.uses at stored time `before`: arguments read under the schema each
@@ -648,11 +629,9 @@ def counted_uses(rows, tool, before):
         return found
     return uses
 
-
 GRANTS_SQL = (f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants WHERE session=? AND tool=? "
               f"AND expires_at>? AND created_at<=? AND (revoked_at='' OR revoked_at>?) "
               f"ORDER BY created_at, id")
-
 
 def decision_facts(rows, session, tool, stamp, client, count):
     """The Facts of the stored time `stamp`; uses only when `count`."""
@@ -662,12 +641,9 @@ def decision_facts(rows, session, tool, stamp, client, count):
     uses = counted_uses(rows, tool, stamp) if count else None
     return Facts(parse_time(stamp), client, grants, uses)
 
-
 def policy_decision(config, tool, args, facts, rerun=False, approved=False, judged=None):
     """{outcome, reason, by: what decided}, `limit` and `frees` from a limit, `grant` from
-    a grant. A deny, a re-run and what an operator `approved` stand; a grant may answer
-    what would wait; a limit may turn an allow into its `then`; with no operator, what
-    would wait is denied."""
+    a grant."""
     judged = Judgement() if judged is None else judged
     decision = _first_decision(config, tool, args, facts, judged)
     if decision["outcome"] == "deny" or rerun or approved:
@@ -680,7 +656,6 @@ def policy_decision(config, tool, args, facts, rerun=False, approved=False, judg
         reason = f"{decision['reason']}; no operator is at hand to approve it"
         decision = {**decision, "outcome": "deny", "reason": reason}
     return decision
-
 
 def _first_decision(config, tool, args, facts, judged):
     """The first `when` entry that holds, else the class map."""
@@ -698,15 +673,14 @@ def _first_decision(config, tool, args, facts, judged):
     outcome = rule_outcome(config, rule)
     if rule.outcome:
         reason = f"tool {tool.name} is {outcome} by the operator's rule"
+        by = "rule outcome"
     else:
-        reason = f"side effect {tool.side_effect} is {outcome} by policy"
-    by = "rule outcome" if rule.outcome else "class"
+        reason, by = f"side effect {tool.side_effect} is {outcome} by policy", "class"
     decision = {"outcome": outcome, "reason": reason, "by": by}
     if rule.when:
         decision["tried"] = [entry.miss(args, facts, judged, tool.schema)
                              for entry in rule.when]
     return decision
-
 
 def _granted(tool, args, facts, judged):
     for grant in facts.grants():
@@ -717,7 +691,6 @@ def _granted(tool, args, facts, judged):
                     "reason": f"standing approval {grant.id} by {grant.by}"}
     return None
 
-
 def _limited(tool, args, facts):
     for limit in tool.rule.limits:
         frees = limit.frees(args, facts.uses, facts.at, tool.schema)
@@ -727,7 +700,6 @@ def _limited(tool, args, facts):
                     "frees": frees, "reason": f"a limit is reached: {text}"}
     return None
 
-
 def frees_text(decision):
     """When the deciding limit frees up ('' if none), rounded up."""
     if "frees" not in decision:
@@ -736,10 +708,8 @@ def frees_text(decision):
         return "this call alone is above it"
     return f"it frees up at {prose_time(format_time(math.ceil(decision['frees'])))}"
 
-
 def rule_outcome(config, rule):
     return rule.outcome or config.policy[rule.side_effect]
-
 
 def pointer_problem(schema, tokens, hidden):
     """Why a pointer names no property the model can send, or ''."""
@@ -755,24 +725,25 @@ def pointer_problem(schema, tokens, hidden):
             return "the schema has no such property"
     return ""
 
-
 def policy_pointer_problem(schema, rule, tool_name):
-    """Why the tool is refused: the first pointer of a condition or sum limit that misses
-    the pinned schema, or ''."""
+    """Why the tool is refused: the first condition or sum pointer the pinned schema
+    lacks, or ''."""
     hidden = set(rule.hidden)
     pointers = [(entry.label, c.pointer, c.tokens)
                 for entry in rule.when for c in entry.conditions]
-    pointers += [(limit.label, limit.sum, limit.tokens) for limit in rule.limits if limit.sum]
+    pointers += [(limit.label, limit.sum, limit.tokens)
+                 for limit in rule.limits if limit.sum]
     for label, pointer, tokens in pointers:
         problem = pointer_problem(schema, tokens, hidden)
         if problem:
             properties = schema.get("properties")
-            names = sorted(set(properties if isinstance(properties, dict) else ()) - hidden)
+            if not isinstance(properties, dict):
+                properties = ()
+            names = sorted(set(properties) - hidden)
             some = ", ".join("/" + sanitize(n) for n in names)
             return (f"{label} of {tool_name} points at {quote(pointer)}, "
                     f"but {problem}; point at one of: {some or 'nothing'}")
     return ""
-
 
 # =============================================================================================
 # 4. Configuration and its trust
@@ -780,11 +751,10 @@ def policy_pointer_problem(schema, rule, tool_name):
 # Reads as: decision core
 #
 # Owns: the config file and the files it trusts (manifests, the database), the deciding
-# fields and their defaults, the policy identity. How a server is reached decides nothing
-# (section 21's read_transport, same pass).
-# Promises: a config is used only if a regular file of this user's nobody else can write;
-# a repeated key is refused (canonical parse); an unknown field is refused with its path;
-# a refusal names the field and the fix.
+# fields and their defaults, the policy identity; how a server is reached decides
+# nothing (section 21's read_transport, same pass). Promises: a config is used only if
+# a regular file of this user's nobody else can write; a repeated key or an unknown
+# field is refused; a refusal names the field and the fix.
 # =============================================================================================
 
 DEFAULT_POLICY = {"read_only": "allow", "local_mutation": "allow",
@@ -799,7 +769,6 @@ DEFAULT_RESULT_BYTES = 8 << 20
 MAX_RESULT_BYTES = 16 << 20
 DAY = 86400 * SECOND
 
-
 def read_owned(path, what, private=False):
     """A file's bytes if check_owned passes, else ConfigError saying how to fix it."""
     try:  # O_NONBLOCK: a FIFO planted at the path must not hang the open.
@@ -808,14 +777,14 @@ def read_owned(path, what, private=False):
         if err.errno == errno.ELOOP:  # O_NOFOLLOW met a link
             raise ConfigError(f"{what} {path} is a symbolic link; name the file itself") \
                 from None
-        raise ConfigError(f"{what} {path} cannot be read: {err.strerror}") from None
+        raise ConfigError(
+            f"{what} {path} cannot be read: {err.strerror}") from None
     try:
         check_owned(path, what, os.fstat(fd), private)
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read()
     finally:
         os.close(fd)
-
 
 def check_owned(path, what, st, private=False, error=ConfigError):
     """The one ownership check: `error` unless a regular file of this user's that its
@@ -831,15 +800,12 @@ def check_owned(path, what, st, private=False, error=ConfigError):
                "lets its group or others write it: chmod go-w it")
         raise error(f"{what} {path} has mode {mode}, which {fix}")
 
-
 def _each(raw, field, where, kind):
-    """A list field's items, each a `kind` labelled by its place."""
     items = raw.get(field, [])
     if not isinstance(items, list):
         raise ConfigError(f"{where}.{field} must be a list")
     return [kind(item, f"{where}.{field}[{i}]", f"{field}[{i}]")
             for i, item in enumerate(items)]
-
 
 class Rule:
     """The operator's classification of one upstream tool."""
@@ -853,8 +819,9 @@ class Rule:
     def __init__(self, tool, raw, where):
         refuse_unknown(raw, self.FIELDS, where)
         self.tool = tool
-        self.side_effect = one_of(field_string(raw, "side_effect", where, required=True),
-                                  SIDE_EFFECTS, f"{where}.side_effect")
+        self.side_effect = one_of(
+            field_string(raw, "side_effect", where, required=True),
+            SIDE_EFFECTS, f"{where}.side_effect")
         self.timeout = field_duration(raw, "timeout", where, None)
         self.description = field_string(raw, "description", where)
         self.deny = field_names(raw, "deny", where)
@@ -864,7 +831,8 @@ class Rule:
                               f"parameter name to JSON value")
         self.hidden = self.deny + list(self.fixed)  # never offered to the model
         self.rename = field_string(raw, "rename", where)
-        self.allow_hint_mismatch = field_bool(raw, "allow_hint_mismatch", where)
+        self.allow_hint_mismatch = field_bool(
+            raw, "allow_hint_mismatch", where)
         self.outcome = field_string(raw, "outcome", where)
         if self.outcome:
             one_of(self.outcome, OUTCOMES, f"{where}.outcome")
@@ -873,16 +841,16 @@ class Rule:
         # reviewed.
         self.proposed = field_bool(raw, "proposed", where)
         # The lint_hash of texts with a high finding, accepted.
-        self.accepted_description = field_string(raw, "accepted_description", where)
+        self.accepted_description = field_string(
+            raw, "accepted_description", where)
         self.when = _each(raw, "when", where, Entry)
         self.limits = _each(raw, "limits", where, Limit)
         self.policy = {k: raw[k] for k in self.DECIDING if raw.get(k)}
 
-
 class Server:
     FIELDS = ("name", "command", "url", "headers", "oauth", "env", "inherit_env",
-              "connect_timeout", "default_timeout", "manifest", "rules", "skip_path_check",
-              "cwd")
+              "connect_timeout", "default_timeout", "manifest", "rules",
+              "skip_path_check", "cwd")
 
     def __init__(self, raw, where, path, transport=None):
         refuse_unknown(raw, self.FIELDS, where)
@@ -892,7 +860,8 @@ class Server:
         where = f'server "{self.name}"'
         if transport:
             transport(self, raw, where, base)
-        self.default_timeout = field_duration(raw, "default_timeout", where, None)
+        self.default_timeout = field_duration(
+            raw, "default_timeout", where, None)
         manifest = field_string(raw, "manifest", where, required=True)
         self.manifest = os.path.join(base, os.path.expanduser(manifest))
         rules = raw.get("rules", {})
@@ -902,7 +871,6 @@ class Server:
         self.rules = {tool: Rule(tool, rule, f"{where}.rules.{tool}")
                       for tool, rule in rules.items()}
         self.skip_path_check = field_bool(raw, "skip_path_check", where)
-
 
 class Config:
     FIELDS = ("database", "session", "servers", "policy", "hold", "repeat_window",
@@ -916,15 +884,18 @@ class Config:
         where = "the configuration"
         refuse_unknown(raw, self.FIELDS, where)
         database = field_string(raw, "database", where, required=True)
-        self.database = os.path.join(os.path.dirname(path), os.path.expanduser(database))
+        self.database = os.path.join(
+            os.path.dirname(path), os.path.expanduser(database))
         self.session = field_string(raw, "session", where, required=True)
         _check_name(self.session, "session")
         self.servers = self._servers(raw, path, transport)
         self.policy = {**DEFAULT_POLICY, **self._policy(raw)}
         self.hold, self.host_holds = _holds(raw, where)
-        self.repeat_window = field_duration(raw, "repeat_window", where, 600 * SECOND)
-        self.max_pending = whole_number(raw.get("max_pending", Number("5")), "max_pending",
-                                        0, 10**6, " (0 means 5)") or 5
+        self.repeat_window = field_duration(
+            raw, "repeat_window", where, 600 * SECOND)
+        self.max_pending = whole_number(
+            raw.get("max_pending", Number("5")), "max_pending", 0, 10**6,
+            " (0 means 5)") or 5
         self.approval_ttl = field_duration(raw, "approval_ttl", where, DAY)
         self.grant_ttl = field_duration(raw, "grant_ttl", where, DAY)
         self.status_tool = field_string(raw, "status_tool", where) or "gate_status"
@@ -945,8 +916,9 @@ class Config:
                               'left out')
         self.lease_ttl = field_duration(raw, "lease_ttl", where, 30 * SECOND)
         if self.lease_ttl < MIN_LEASE_TTL:
-            raise ConfigError(f"lease_ttl {format_duration(self.lease_ttl)} is shorter than "
-                              f"{format_duration(MIN_LEASE_TTL)}; give it at least 3s")
+            raise ConfigError(
+                f"lease_ttl {format_duration(self.lease_ttl)} is shorter than "
+                f"{format_duration(MIN_LEASE_TTL)}; give it at least 3s")
 
     @staticmethod
     def _servers(raw, path, transport):
@@ -958,7 +930,8 @@ class Config:
         names = [s.name for s in servers]
         for name in names:
             if names.count(name) > 1:
-                raise ConfigError(f'two servers are named "{name}"; give each its own name')
+                raise ConfigError(
+                    f'two servers are named "{name}"; give each its own name')
         return servers
 
     @staticmethod
@@ -980,40 +953,39 @@ class Config:
     def policy_id(self):
         """The identity of what the policy decides from (Rule.policy, the classes'
         outcomes, no operator), not hold, windows, TTLs, timeouts."""
-        servers = [{"name": s.name, "rules": {t: r.policy for t, r in s.rules.items()}}
+        servers = [{"name": s.name,
+                    "rules": {t: r.policy for t, r in s.rules.items()}}
                    for s in sorted(self.servers, key=lambda s: s.name)]
         identity = {"policy": self.policy, "servers": servers}
         if self.operator:
             identity["operator"] = self.operator
         return f"{PROGRAM}/sha256:" + content_hash(identity)
 
-
 def _check_name(value, what):
     if not NAME_RE.fullmatch(value):
         raise ConfigError(f"{what} {quote(value)} must be 1 to 64 "
                           f"letters, digits, '_' or '-'")
-
 
 def _holds(raw, where):
     """(any host's hold, {a host's name: its hold}), "*" the rest."""
     given, default = raw.get("hold"), 15 * SECOND
     if not isinstance(given, dict):
         return field_duration(raw, "hold", where, default), {}
-    holds = {host: field_duration(given, host, "hold", default) for host in given}
+    holds = {host: field_duration(given, host, "hold", default)
+             for host in given}
     return holds.pop("*", default), holds
-
 
 def read_config(path, transport):
     path = os.path.abspath(path)
     try:
         raw = parse(read_owned(path, "config"))
     except CanonicalError as err:
-        raise ConfigError(f"config {path} is not usable JSON: {err.placed()}") from None
+        raise ConfigError(
+            f"config {path} is not usable JSON: {err.placed()}") from None
     try:
         return Config(raw, path, transport)
     except ConfigError as err:
         raise ConfigError(f"config {path}: {err}") from None
-
 
 def check_database_path(path):
     try:
