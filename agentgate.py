@@ -485,14 +485,17 @@ class Entry:
         self.during = None
         if "during" in raw:
             self.during = During(raw["during"], f"{where}.during")
-        self.clients = field_names(raw, "client", where) if "client" in raw else None
+        self.clients = None
+        if "client" in raw:
+            self.clients = field_names(raw, "client", where)
         if self.clients == []:
             raise ConfigError(f"{where}.client must list at least one host name")
         if not self.conditions and self.during is None and self.clients is None:
             raise ConfigError(f"{where} has no if, during or client, so it always "
                               f"holds: give the rule this outcome instead")
         # Model input: by default it names the entry, never what it compares.
-        self.reason = field_string(raw, "reason", where) or f"the operator's rule {label}"
+        self.reason = field_string(
+            raw, "reason", where) or f"the operator's rule {label}"
 
     def _client_holds(self, facts):
         return self.clients is None or facts.client in self.clients
@@ -566,7 +569,9 @@ class Limit:
         window = self.per / SECOND
         rows = uses(at - window)
         if self.calls is not None:
-            return None if len(rows) < self.calls else rows[-self.calls][0] + window
+            if len(rows) < self.calls:
+                return None
+            return rows[-self.calls][0] + window
         this = self.amount(args, schema)
         if this is None or this > self.max:
             return NEVER
@@ -669,7 +674,8 @@ def _first_decision(config, tool, args, facts, judged):
                       f"rule {entry.label}")
             return {"outcome": "deny", "by": entry.label, "reason": reason}
         if held:
-            return {"outcome": entry.outcome, "reason": entry.reason, "by": entry.label}
+            return {"outcome": entry.outcome, "reason": entry.reason,
+                    "by": entry.label}
     outcome = rule_outcome(config, rule)
     if rule.outcome:
         reason = f"tool {tool.name} is {outcome} by the operator's rule"
@@ -898,7 +904,8 @@ class Config:
             " (0 means 5)") or 5
         self.approval_ttl = field_duration(raw, "approval_ttl", where, DAY)
         self.grant_ttl = field_duration(raw, "grant_ttl", where, DAY)
-        self.status_tool = field_string(raw, "status_tool", where) or "gate_status"
+        self.status_tool = field_string(
+            raw, "status_tool", where) or "gate_status"
         _check_name(self.status_tool, "status_tool")
         self.max_argument_bytes = field_byte_cap(
             raw, "max_argument_bytes", DEFAULT_ARGUMENT_BYTES, MAX_ARGUMENT_BYTES)
@@ -914,7 +921,8 @@ class Config:
             raise ConfigError('notify must be a program and its arguments, such as '
                               '["notify-send", "agentgate", "an approval waits"], or '
                               'left out')
-        self.lease_ttl = field_duration(raw, "lease_ttl", where, 30 * SECOND)
+        self.lease_ttl = field_duration(
+            raw, "lease_ttl", where, 30 * SECOND)
         if self.lease_ttl < MIN_LEASE_TTL:
             raise ConfigError(
                 f"lease_ttl {format_duration(self.lease_ttl)} is shorter than "
