@@ -1138,14 +1138,14 @@ def check_database_path(path):
 #
 # Reads as: decision core
 #
-# Owns: a tool's manifest entry (its parts at the pin), what differs now
-# (changed_parts, the one definition), which tools are offered (load).
-# Promises: a tool is offered, as pinned, only if pinned, classified by a
-# reviewed rule and presenting what it did at the pin; its annotations fit
-# its class (unless allowed); a high lint finding is accepted for exactly
-# that text; its name is usable; its schema is self-contained, usable, and
-# soundly hides what the rule hides. A refusal refuses that tool, an
-# UpstreamError that server, a ConfigError all.
+# Owns: a tool's manifest entry, what differs from its pin (changed_parts, the
+# one definition), which tools are offered (load).
+# Promises: a tool is offered, as pinned, only if pinned, classified by a reviewed
+# rule and presenting what it did at the pin; its annotations fit its class
+# (unless allowed); a high lint finding is accepted for exactly that text; its
+# name is usable; its schema is self-contained, usable, and soundly hides what
+# the rule hides. A refusal refuses that tool, an UpstreamError that server, a
+# ConfigError all.
 # =============================================================================================
 
 class UpstreamError(Exception):
@@ -1159,13 +1159,11 @@ class UpstreamError(Exception):
         super().__init__(message)
         self.outcome, self.rpc = outcome, rpc
 
-
 # A pin's parts: (a person's word, the manifest key). Not `execution`: no tasks.
 PINNED_PARTS = (
     ("input schema", "schema_hash"), ("description", "description_hash"),
     ("title", "title"), ("output schema", "output_schema"),
     ("annotations", "annotations"), ("icons", "icons"), ("_meta", "_meta"))
-
 
 def offered_name(server, tool, rule):
     """The rule's rename, else server_tool (never prefixed twice)."""
@@ -1174,7 +1172,6 @@ def offered_name(server, tool, rule):
     if tool == server.name or tool.startswith((f"{server.name}_", f"{server.name}-")):
         return tool
     return f"{server.name}_{tool}"
-
 
 class Tool:
     def __init__(self, server, upstream, entry, rule):
@@ -1206,7 +1203,6 @@ class Tool:
         self.spec_json = dumps(self.spec)  # a step names it by hash
         self.spec_hash = sha256_hex(self.spec_json)
 
-
 def restrict_schema(schema, hidden):
     if not hidden:
         return schema
@@ -1217,7 +1213,6 @@ def restrict_schema(schema, hidden):
     if required:
         restricted["required"] = required
     return restricted
-
 
 def manifest_entry(tool):
     """A listed tool as a manifest keeps it (PINNED_PARTS): a part absent or
@@ -1237,15 +1232,11 @@ def manifest_entry(tool):
         entry["annotations"] = tool["annotations"]
     return entry
 
-
 def changed_parts(pinned, live):
-    """Which PINNED_PARTS differ: the one definition of a change."""
     return [part for part, key in PINNED_PARTS if pinned.get(key) != live.get(key)]
 
-
-# Lint severities (section 21); a high finding refuses a tool (_lint_refusal).
+# Lint severities (section 21).
 LINT_HIGH, LINT_MEDIUM = "high", "medium"
-
 
 def tool_titles(entry):
     """(where, text) of a tool's own title and its annotations'."""
@@ -1256,16 +1247,13 @@ def tool_titles(entry):
               ("annotations title", annotations.get("title")))
     return [(where, title) for where, title in titles if isinstance(title, str)]
 
-
 def lint_hash(entry):
     """Every text the lint reads, by hash."""
     return content_hash({"description": entry.get("description") or "",
                          "input_schema": entry.get("input_schema"),
                          "titles": dict(tool_titles(entry))})
 
-
 STATUS_CLASH = "the status tool"
-
 
 def load(server, manifest, upstream, live, deadline, taken, findings, report):
     """A connected server's offered tools; `taken`: names offered, holders."""
@@ -1279,7 +1267,6 @@ def load(server, manifest, upstream, live, deadline, taken, findings, report):
                                 deadline, taken, report, found))
         report.lint(found)
     return [tool for tool in tools if tool]
-
 
 def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
     """One pinned tool: registered (returned, `taken` updated) or reported why not."""
@@ -1313,7 +1300,6 @@ def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
     report.registered(tool, mismatch)
     return tool
 
-
 def refusal(server, entry, live_entry, rule, found, mismatch):
     """Why a classified tool is not offered, or ''; `found`: the lint's findings."""
     if live_entry is None:
@@ -1337,7 +1323,6 @@ def refusal(server, entry, live_entry, rule, found, mismatch):
     return (reaches_outside(schema) or _lint_refusal(entry, rule, found) or
             _schema_refusal(schema, rule) or policy_pointer_problem(schema, rule, name))
 
-
 def _lint_refusal(entry, rule, found):
     high = [f"{what} in the {where}" for severity, what, where in found
             if severity == LINT_HIGH]
@@ -1348,7 +1333,6 @@ def _lint_refusal(entry, rule, found):
     return (f"the lint finds what may be instructions hidden from you "
             f"({sanitize(high[0])}{more}); read the whole text pin printed, and if "
             f"the model may read it, set the rule's accepted_description to \"{accepted}\"")
-
 
 def _schema_refusal(schema, rule):
     try:
@@ -1362,7 +1346,6 @@ def _schema_refusal(schema, rule):
     if problem:
         return f"the validator refuses its input schema: {sanitize(problem)}"
     return ""
-
 
 def hint_mismatch(side_effect, entry, live_entry):
     annotations, prefix = entry.get("annotations"), ""
@@ -1379,11 +1362,9 @@ def hint_mismatch(side_effect, entry, live_entry):
         return f"{prefix}classified {side_effect}, but the server claims destructiveHint"
     return ""
 
-
 _DRAFT_RE = re.compile(
     r"https?://json-schema\.org/(draft-0[467]/schema|"
     r"draft/2019-09/schema|draft/2020-12/schema|schema)#?")
-
 
 def _members(value, pointer=""):
     """(container, key, member, container's pointer) of each member of a
@@ -1398,7 +1379,6 @@ def _members(value, pointer=""):
         yield value, key, member, pointer
         yield from _members(member, f"{pointer}/{key}")
 
-
 def _reaches(parent, key, value):
     if key in ("$ref", "$dynamicRef", "$recursiveRef"):
         return not value.startswith("#")
@@ -1411,7 +1391,6 @@ def _reaches(parent, key, value):
     return "draft-04" in parent["$schema"] and \
         (":" in value or value.startswith("//"))
 
-
 def reaches_outside(schema):
     """Why the schema could make a validator read outside it, or ''."""
     for parent, key, value, pointer in _members(schema):
@@ -1420,11 +1399,9 @@ def reaches_outside(schema):
                     f"which could make a validator read outside it")
     return ""
 
-
 _HIDING_KEYWORDS = (
     "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentRequired",
     "dependentSchemas", "dependencies", "$defs", "definitions")
-
 
 def hiding_problem(schema, rule):
     properties = schema.get("properties", {})
@@ -1438,7 +1415,6 @@ def hiding_problem(schema, rule):
             if keyword in schema and _mentions(schema[keyword], name):
                 return f"{hides} and the input schema's {keyword} mentions it"
     return ""
-
 
 def _mentions(value, name):
     return value == name or any(name in (key, member)
@@ -1462,10 +1438,8 @@ APPROVAL_COLUMNS = (
     "id", "run_id", "step_id", "kind", "capability_json",
     "presentation_json", "request_json", "hash", "status",
     "created_at", "expires_at", "decided_at", "decided_by", "note")
-
-# What of a tools/call result reaches the host: every field MCP gives one.
+# What of a tools/call result reaches the host: every MCP field.
 RESULT_FIELDS = ("content", "structuredContent", "isError", "_meta")
-
 # How both answers on an unknown outcome end.
 _RERUN_DECIDED = (
     " whether it runs again (approval {approval}). Nothing further was "
@@ -1528,7 +1502,7 @@ PROSE = {
         "Tell the user.",
     "HOST_CANCELLED": "The call was cancelled before it was executed. Nothing "
         "was executed.",
-    # An error result, so the model never takes it for what the tool returns.
+    # An error, so the model never takes it for the tool's result.
     "RESULT_TOO_LARGE": "The server answered this request with {what} of "
         "{size} bytes ({blocks}), more than the {cap} bytes that are passed "
         "on, so it is not shown. {then} Tell the user.",
@@ -1571,7 +1545,6 @@ SLOT_PROSE = {
     "unreadable_result": "the server's result could not be read: {error}",
     "holding": "waiting for an operator's approval",
 }
-
 # The status tool's words (section 25 picks among them).
 STATUS_DESCRIPTION = (
     "Reports which requests of this session wait for an operator's approval, "
@@ -1639,13 +1612,10 @@ CALL_ERRORS = {
     "stopping": "the gate is shutting down",
     "unloaded": "the gate's tools could not be loaded",
 }
-
 IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED",
             "DUPLICATE", "UNAVAILABLE", "RESULT_TOO_LARGE", "CANCELLED"}
 
-
 GATE_MARK = "gate/answer"
-
 
 class Answer:
     """A tools/call's answer: the gate's prose, or a server's result whole."""
@@ -1665,16 +1635,13 @@ class Answer:
             result["isError"] = True
         return result
 
-
 def answer(prefix, key=None, **slots):
     text = PROSE[key or prefix].format(**slots)
     return Answer(f"{prefix}: {text}", prefix in IS_ERROR, mark=prefix)
 
-
 def gate_status(key, **slots):
     text = STATUS_PROSE[key].format(**slots)
     return Answer("GATE_STATUS: " + text, mark="GATE_STATUS")
-
 
 def passed_answer(passed):
     """A server's result, or its JSON-RPC error ({"error": ...})."""
@@ -1684,12 +1651,10 @@ def passed_answer(passed):
              if b["type"] == "text" and isinstance(b.get("text"), str)]
     return Answer("\n".join(texts), passed.get("isError") is True, passed)
 
-
 def note_text(note):
     if not note:
         return ""
     return f", with this note: {cut(quote(note), 500)}"
-
 
 def waiting_answer(approval):
     """What a call is told while its request waits on an approval."""
@@ -1707,13 +1672,11 @@ def waiting_answer(approval):
         return answer("INTERRUPTED", approval=ident)
     return answer("UNKNOWN_OUTCOME", how=HOW[ended], error="", approval=ident)
 
-
 def refused_for(window):
     """The repeat window's clause ('' without a window)."""
     if not window:
         return ""
     return SLOT_PROSE["refused_for"].format(window=format_duration(window))
-
 
 def too_large_answer(tool, record, cap, window):
     then = TOO_LARGE_THEN["read"]
@@ -1724,10 +1687,8 @@ def too_large_answer(tool, record, cap, window):
     return answer("RESULT_TOO_LARGE", what=what, size=record["bytes"],
                   cap=cap, blocks=blocks, then=then)
 
-
 # A constant: the decision at the pause and at collection hash alike.
 INTERRUPTED_REASON = "interrupted while executing; outcome unknown"
-
 
 def evaluate(config, tool, args, facts, attempt=None, approved=False,
              judged=None):
@@ -1772,12 +1733,10 @@ def evaluate(config, tool, args, facts, attempt=None, approved=False,
                     presentation=shown)
     return decision
 
-
 def approval_hash(kind, capability, presentation, request):
     return content_hash({"kind": kind, "capability": capability,
                          "presentation": presentation,
                          "request": request})
-
 
 def new_approval(config, run_id, step_id, tool, args, decision):
     """A pending approval, its row as Store.read_approvals reads it."""
@@ -1797,7 +1756,6 @@ def new_approval(config, run_id, step_id, tool, args, decision):
         hash=approval_hash(kind, capability, shown, request),
         status="pending", created_at=created, expires_at=expires)
 
-
 def stored_hash(row):
     """A row's hash from its stored fields; a tampered row differs."""
     try:
@@ -1807,12 +1765,10 @@ def stored_hash(row):
     except CanonicalError:
         return ""
 
-
 def judged_request(tool, args, work=None):
     """A request's Judgement, its schema check made on `work`."""
     work = PatternWork() if work is None else work
     return Judgement(check_arguments(tool, args, work), work)
-
 
 def check_arguments(tool, args, work=None):
     """'' when the arguments may be sent, else why not (INVALID)."""
@@ -1829,7 +1785,6 @@ def check_arguments(tool, args, work=None):
     except Exception:  # a $ref loop, say: what cannot be checked is not sent
         return "the arguments cannot be checked against the schema"
     return ""
-
 
 def passed_result(tool, result):
     """(what of a result is passed on, '') or (None, why not)."""
