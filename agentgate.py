@@ -1149,11 +1149,10 @@ def check_database_path(path):
 # =============================================================================================
 
 class UpstreamError(Exception):
-    """A request upstream failed. `outcome`, set where the transport writes
-    the bytes: 'not_sent' (no byte reached the server: nothing executed),
-    'answered' (a refusal the server answered; `rpc`: its code, message and
-    data, when well formed), 'unusable' (an unreadable answer), 'no_answer',
-    'timed_out'."""
+    """A request upstream failed. `outcome`, set where the transport writes the
+    bytes: 'not_sent' (no byte reached the server: nothing executed), 'answered'
+    (a refusal it answered; `rpc`: its code, message and data, if well formed),
+    'unusable' (an unreadable answer), 'no_answer', 'timed_out'."""
 
     def __init__(self, message, outcome="no_answer", rpc=None):
         super().__init__(message)
@@ -1184,15 +1183,13 @@ class Tool:
         self.description = rule.description or entry.get("description", "")
         self.side_effect = rule.side_effect
         self.read_only = rule.side_effect == "read_only"
-        # Unset, the default applies, and check says so.
-        self.timeout_given = rule.timeout or server.default_timeout
+        self.timeout_given = rule.timeout or server.default_timeout  # check says if unset
         self.timeout = self.timeout_given or DEFAULT_TOOL_TIMEOUT
         self.schema = restrict_schema(entry["input_schema"], rule.hidden)
         # Offered as pinned, as the rule shows it; no part not presented.
         offered = {
             "name": self.name, "title": entry.get("title"),
-            "description": self.description or None,
-            "inputSchema": self.schema,
+            "description": self.description or None, "inputSchema": self.schema,
             "outputSchema": entry.get("output_schema"),
             "annotations": entry.get("annotations"),
             "icons": entry.get("icons"), "_meta": entry.get("_meta")}
@@ -1289,8 +1286,9 @@ def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
         holder = taken.get(tool.name)
         if holder is STATUS_CLASH:
             raise ConfigError(
-                f"server {quote(server.name)}: tool {quote(name)} registers as {tool.name}, "
-                f"the status tool's name: rename one (status_tool or the rule's rename)")
+                f"server {quote(server.name)}: tool {quote(name)} registers as "
+                f"{tool.name}, the status tool's name: rename one (status_tool or "
+                f"the rule's rename)")
         if holder:
             reason = f"the name {quote(tool.name)} is already taken by {holder}"
     if reason:
@@ -1331,8 +1329,9 @@ def _lint_refusal(entry, rule, found):
         return ""
     more = f", and {len(high) - 1} more" if len(high) > 1 else ""
     return (f"the lint finds what may be instructions hidden from you "
-            f"({sanitize(high[0])}{more}); read the whole text pin printed, and if "
-            f"the model may read it, set the rule's accepted_description to \"{accepted}\"")
+            f"({sanitize(high[0])}{more}); read the whole text pin printed, and "
+            f"if the model may read it, set the rule's accepted_description to "
+            f"\"{accepted}\"")
 
 def _schema_refusal(schema, rule):
     try:
