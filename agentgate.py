@@ -1011,97 +1011,82 @@ def check_database_path(path):
 #
 # Reads as: decision core
 #
-# Owns: a tool's manifest entry (what it presented at its pin), what differs
-# now (changed_parts: the one definition), which tools are offered (load).
-# Promises: a tool is offered, as pinned, only if pinned, classified by a
-# reviewed rule and presenting what it did at the pin; its annotations fit
-# its class (unless allowed); a high lint finding is accepted for exactly
-# that text; its name is usable; its schema is self-contained, usable, and
-# soundly hides what the rule hides. A refusal refuses that tool, an
-# UpstreamError that server, a ConfigError all.
+# Owns: a tool's manifest entry, what differs from its pin (changed_parts, the
+# one definition), which tools are offered (load).
+# Promises: a tool is offered, as pinned, only if pinned, classified by a reviewed
+# rule and presenting what it did at the pin; its annotations fit its class
+# (unless allowed); a high lint finding is accepted for exactly that text; its
+# name is usable; its schema is self-contained, usable, and soundly hides what
+# the rule hides. A refusal refuses that tool, an UpstreamError that server, a
+# ConfigError all.
 # =============================================================================================
 
 class UpstreamError(Exception):
-    """A request upstream failed. `outcome`, set by the transport where it
-    writes the bytes: 'not_sent' (no byte reached the server: nothing
-    executed), 'answered' (a refusal the server answered; `rpc`: its code,
-    message and data, when well formed), 'unusable' (an answer that cannot be
-    read), 'no_answer', 'timed_out'."""
+    """A request upstream failed. `outcome`, set where the transport writes the
+    bytes: 'not_sent' (no byte reached the server: nothing executed), 'answered'
+    (a refusal it answered; `rpc`: its code, message and data, if well formed),
+    'unusable' (an unreadable answer), 'no_answer', 'timed_out'."""
 
     def __init__(self, message, outcome="no_answer", rpc=None):
         super().__init__(message)
-        self.outcome = outcome
-        self.rpc = rpc
+        self.outcome, self.rpc = outcome, rpc
 
-
-# A pin's parts, as (a person's word, the manifest key). Not
-# `execution`: the gate offers no tasks.
+# A pin's parts: (a person's word, the manifest key). Not `execution`: no tasks.
 PINNED_PARTS = (
     ("input schema", "schema_hash"), ("description", "description_hash"),
     ("title", "title"), ("output schema", "output_schema"),
-    ("annotations", "annotations"), ("icons", "icons"),
-    ("_meta", "_meta"))
-
+    ("annotations", "annotations"), ("icons", "icons"), ("_meta", "_meta"))
 
 def offered_name(server, tool, rule):
     """The rule's rename, else server_tool (never prefixed twice)."""
     if rule.rename:
         return rule.rename
-    prefixes = (f"{server.name}_", f"{server.name}-")
-    if tool == server.name or tool.startswith(prefixes):
+    if tool == server.name or tool.startswith((f"{server.name}_", f"{server.name}-")):
         return tool
     return f"{server.name}_{tool}"
-
 
 class Tool:
     def __init__(self, server, upstream, entry, rule):
         self.server, self.upstream, self.rule = server, upstream, rule
         self.upstream_name = entry["name"]
         self.name = offered_name(server, entry["name"], rule)
-        # Keyed by what the tool is, not its name: a rename neither
-        # lifts an unknown outcome nor lets a repeat through.
+        # By what the tool is, not its name: a rename neither lifts an
+        # unknown outcome nor lets a repeat through.
         self.target = f"{server.name}/{entry['name']}"
         self.description = rule.description or entry.get("description", "")
         self.side_effect = rule.side_effect
         self.read_only = rule.side_effect == "read_only"
-        # Unset, the default applies, and check says so.
-        self.timeout_given = rule.timeout or server.default_timeout
+        self.timeout_given = rule.timeout or server.default_timeout  # check says if unset
         self.timeout = self.timeout_given or DEFAULT_TOOL_TIMEOUT
         self.schema = restrict_schema(entry["input_schema"], rule.hidden)
         # Offered as pinned, as the rule shows it; no part not presented.
         offered = {
             "name": self.name, "title": entry.get("title"),
-            "description": self.description or None,
-            "inputSchema": self.schema,
+            "description": self.description or None, "inputSchema": self.schema,
             "outputSchema": entry.get("output_schema"),
             "annotations": entry.get("annotations"),
             "icons": entry.get("icons"), "_meta": entry.get("_meta")}
-        self.listing = {key: value for key, value in offered.items()
-                        if value is not None}
+        self.listing = {k: v for k, v in offered.items() if v is not None}
         self.spec = {"name": self.name, "description": self.description,
                      "input_schema": self.schema,
-                     "side_effect": self.side_effect,
-                     "timeout": self.timeout}
+                     "side_effect": self.side_effect, "timeout": self.timeout}
         self.spec_json = dumps(self.spec)  # a step names it by hash
         self.spec_hash = sha256_hex(self.spec_json)
-
 
 def restrict_schema(schema, hidden):
     if not hidden:
         return schema
     restricted = {k: v for k, v in schema.items() if k != "required"}
     restricted["properties"] = {
-        k: v for k, v in schema.get("properties", {}).items()
-        if k not in hidden}
+        k: v for k, v in schema.get("properties", {}).items() if k not in hidden}
     required = [r for r in schema.get("required", []) if r not in hidden]
     if required:
         restricted["required"] = required
     return restricted
 
-
 def manifest_entry(tool):
-    """A listed tool as a manifest keeps it (PINNED_PARTS): a part absent or of
-    the wrong kind is null; such annotations are left out."""
+    """A listed tool as a manifest keeps it (PINNED_PARTS): a part absent or
+    of the wrong kind is null; such annotations are left out."""
     def kept(field, kind):
         value = tool.get(field)
         return value if isinstance(value, kind) else None
@@ -1111,24 +1096,17 @@ def manifest_entry(tool):
         "name": tool["name"], "description": description,
         "input_schema": schema, "schema_hash": content_hash(schema),
         "description_hash": sha256_hex(encode_string(description)),
-        "title": kept("title", str),
-        "output_schema": kept("outputSchema", dict),
+        "title": kept("title", str), "output_schema": kept("outputSchema", dict),
         "icons": kept("icons", list), "_meta": kept("_meta", dict)}
     if kept("annotations", dict):
         entry["annotations"] = tool["annotations"]
     return entry
 
-
 def changed_parts(pinned, live):
-    """Which PINNED_PARTS differ: the one definition of a change."""
-    return [part for part, key in PINNED_PARTS
-            if pinned.get(key) != live.get(key)]
+    return [part for part, key in PINNED_PARTS if pinned.get(key) != live.get(key)]
 
-
-# Lint severities (section 21): a high finding refuses a tool unless its rule's
-# accepted_description is the lint_hash of exactly the texts the lint read.
+# Lint severities (section 21).
 LINT_HIGH, LINT_MEDIUM = "high", "medium"
-
 
 def tool_titles(entry):
     """(where, text) of a tool's own title and its annotations'."""
@@ -1137,9 +1115,7 @@ def tool_titles(entry):
         annotations = {}
     titles = (("title", entry.get("title")),
               ("annotations title", annotations.get("title")))
-    return [(where, title) for where, title in titles
-            if isinstance(title, str)]
-
+    return [(where, title) for where, title in titles if isinstance(title, str)]
 
 def lint_hash(entry):
     """Every text the lint reads, by hash."""
@@ -1147,9 +1123,7 @@ def lint_hash(entry):
                          "input_schema": entry.get("input_schema"),
                          "titles": dict(tool_titles(entry))})
 
-
 STATUS_CLASH = "the status tool"
-
 
 def load(server, manifest, upstream, live, deadline, taken, findings, report):
     """A connected server's offered tools; `taken`: names offered, holders."""
@@ -1159,17 +1133,13 @@ def load(server, manifest, upstream, live, deadline, taken, findings, report):
     tools = []
     for name in sorted(pinned):
         found = findings.get(name, [])
-        tool = _load_tool(server, upstream, pinned[name], live.get(name),
-                          deadline, taken, report, found)
-        if tool:
-            tools.append(tool)
+        tools.append(_load_tool(server, upstream, pinned[name], live.get(name),
+                                deadline, taken, report, found))
         report.lint(found)
-    return tools
-
+    return [tool for tool in tools if tool]
 
 def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
-    """One pinned tool: registered (returned, `taken` updated) or
-    reported why not."""
+    """One pinned tool: registered (returned, `taken` updated) or reported why not."""
     name = entry["name"]
     rule = server.rules.get(name)
     if rule is None:
@@ -1182,89 +1152,77 @@ def _load_tool(server, upstream, entry, live, deadline, taken, report, found):
         late = "timed out after " + format_duration(deadline.ns)
         raise UpstreamError(upstream.describe("load", late))
     live_entry = None if live is None else manifest_entry(live)
-    mismatch = ""
-    if live_entry:
-        mismatch = hint_mismatch(rule.side_effect, entry, live_entry)
+    mismatch = hint_mismatch(rule.side_effect, entry, live_entry) if live_entry else ""
     reason = refusal(server, entry, live_entry, rule, found, mismatch)
     if not reason:
         tool = Tool(server, upstream, entry, rule)
         holder = taken.get(tool.name)
         if holder is STATUS_CLASH:
             raise ConfigError(
-                f"server {quote(server.name)}: tool {quote(name)} "
-                f"registers as {tool.name}, the status tool's name: "
-                f"rename one (status_tool or the rule's rename)")
+                f"server {quote(server.name)}: tool {quote(name)} registers as "
+                f"{tool.name}, the status tool's name: rename one (status_tool or "
+                f"the rule's rename)")
         if holder:
-            reason = (f"the name {quote(tool.name)} is already taken "
-                      f"by {holder}")
+            reason = f"the name {quote(tool.name)} is already taken by {holder}"
     if reason:
         report.refused(name, reason)
         return None
-    taken[tool.name] = (f"tool {quote(name)} of server {quote(server.name)}")
+    taken[tool.name] = f"tool {quote(name)} of server {quote(server.name)}"
     report.registered(tool, mismatch)
     return tool
 
-
 def refusal(server, entry, live_entry, rule, found, mismatch):
-    """Why a classified tool is not offered, or ''; `found`: the
-    lint's findings."""
+    """Why a classified tool is not offered, or ''; `found`: the lint's findings."""
     if live_entry is None:
         return "the server no longer offers it"
     changed = changed_parts(entry, live_entry)
     if "input schema" in changed:
         return "the input schema changed since the pin"
     if "description" in changed:
-        return ("the description changed since the pin, and a "
-                "description is model input")
+        return "the description changed since the pin, and a description is model input"
     if mismatch and not rule.allow_hint_mismatch:
         return mismatch
     if changed:
-        return (f"its {', '.join(changed)} changed since the pin "
-                f"(pin -diff shows how)")
+        return f"its {', '.join(changed)} changed since the pin (pin -diff shows how)"
     name = offered_name(server, entry["name"], rule)
     if not NAME_RE.fullmatch(name):
         return (f"the name {quote(name)} does not match "
                 f"^[a-zA-Z0-9_-]{{1,64}}$: set rename")
     schema = entry.get("input_schema")
     if not isinstance(schema, dict) or schema.get("type") != "object":
-        return ('its input schema is not an object schema ("type": "object")')
-    return reaches_outside(schema) or _lint_refusal(
-        entry, rule, found) or _schema_refusal(schema, rule) or \
-        policy_pointer_problem(schema, rule, name)
-
+        return 'its input schema is not an object schema ("type": "object")'
+    return (reaches_outside(schema) or _lint_refusal(entry, rule, found) or
+            _schema_refusal(schema, rule) or policy_pointer_problem(schema, rule, name))
 
 def _lint_refusal(entry, rule, found):
-    high = [f"{what} in the {where}"
-            for severity, what, where in found if severity == LINT_HIGH]
+    high = [f"{what} in the {where}" for severity, what, where in found
+            if severity == LINT_HIGH]
     accepted = lint_hash(entry) if high else ""
     if not high or rule.accepted_description == accepted:
         return ""
     more = f", and {len(high) - 1} more" if len(high) > 1 else ""
     return (f"the lint finds what may be instructions hidden from you "
-            f"({sanitize(high[0])}{more}); read the whole text pin "
-            f"printed, and if the model may read it, set the rule's "
-            f"accepted_description to \"{accepted}\"")
-
+            f"({sanitize(high[0])}{more}); read the whole text pin printed, and "
+            f"if the model may read it, set the rule's accepted_description to "
+            f"\"{accepted}\"")
 
 def _schema_refusal(schema, rule):
     try:
-        hiding = hiding_problem(schema, rule)
-        if hiding:
-            return hiding
+        problem = hiding_problem(schema, rule)
+        if problem:
+            return problem
         problem = schema_problem(schema) or \
             schema_problem(restrict_schema(schema, rule.hidden))
     except Exception as err:  # refuse the tool, never the gate
         problem = f"it could not be read ({type(err).__name__})"
     if problem:
-        return (f"the validator refuses its input schema: {sanitize(problem)}")
+        return f"the validator refuses its input schema: {sanitize(problem)}"
     return ""
-
 
 def hint_mismatch(side_effect, entry, live_entry):
     annotations, prefix = entry.get("annotations"), ""
     if annotations is None and live_entry.get("annotations") is not None:
-        annotations = live_entry["annotations"]
-        prefix = "the server now says: "
+        annotations, prefix = live_entry["annotations"], "the server now says: "
     if annotations is None:
         return ""
     read_only = annotations.get("readOnlyHint") is True
@@ -1273,19 +1231,16 @@ def hint_mismatch(side_effect, entry, live_entry):
                 f"not claim readOnlyHint")
     if side_effect != "destructive" and not read_only and \
             annotations.get("destructiveHint") is True:
-        return (f"{prefix}classified {side_effect}, but the server "
-                f"claims destructiveHint")
+        return f"{prefix}classified {side_effect}, but the server claims destructiveHint"
     return ""
-
 
 _DRAFT_RE = re.compile(
     r"https?://json-schema\.org/(draft-0[467]/schema|"
     r"draft/2019-09/schema|draft/2020-12/schema|schema)#?")
 
-
 def _members(value, pointer=""):
-    """(container, key, member, container's pointer) of each member
-    of a JSON value, in document order; a list's key is its index."""
+    """(container, key, member, container's pointer) of each member of a
+    JSON value, in document order; a list's key is its index."""
     if isinstance(value, dict):
         items = value.items()
     elif isinstance(value, list):
@@ -1296,12 +1251,8 @@ def _members(value, pointer=""):
         yield value, key, member, pointer
         yield from _members(member, f"{pointer}/{key}")
 
-
-REFS = ("$ref", "$dynamicRef", "$recursiveRef")
-
-
 def _reaches(parent, key, value):
-    if key in REFS:
+    if key in ("$ref", "$dynamicRef", "$recursiveRef"):
         return not value.startswith("#")
     if key == "$id":
         return not value.startswith("#") and not _DRAFT_RE.fullmatch(value)
@@ -1312,38 +1263,30 @@ def _reaches(parent, key, value):
     return "draft-04" in parent["$schema"] and \
         (":" in value or value.startswith("//"))
 
-
 def reaches_outside(schema):
     """Why the schema could make a validator read outside it, or ''."""
     for parent, key, value, pointer in _members(schema):
         if isinstance(value, str) and _reaches(parent, key, value):
-            return (f"the input schema's {key} at {pointer or '/'} is "
-                    f"{quote(value)}, which could make a validator read "
-                    f"outside it")
+            return (f"the input schema's {key} at {pointer or '/'} is {quote(value)}, "
+                    f"which could make a validator read outside it")
     return ""
 
-
 _HIDING_KEYWORDS = (
-    "allOf", "anyOf", "oneOf", "not", "if", "then", "else",
-    "dependentRequired", "dependentSchemas", "dependencies", "$defs",
-    "definitions")
-
+    "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentRequired",
+    "dependentSchemas", "dependencies", "$defs", "definitions")
 
 def hiding_problem(schema, rule):
     properties = schema.get("properties", {})
     for name in rule.hidden:
         hides = f"the rule hides {quote(name)}"
         if not isinstance(properties, dict) or name not in properties:
-            return (f"{hides}, which is not a top-level property of "
-                    f"the input schema")
+            return f"{hides}, which is not a top-level property of the input schema"
         if "patternProperties" in schema:
             return f"{hides}, but the input schema has patternProperties"
         for keyword in _HIDING_KEYWORDS:
             if keyword in schema and _mentions(schema[keyword], name):
-                return (f"{hides} and the input schema's {keyword} "
-                        f"mentions it")
+                return f"{hides} and the input schema's {keyword} mentions it"
     return ""
-
 
 def _mentions(value, name):
     return value == name or any(name in (key, member)
@@ -1367,10 +1310,8 @@ APPROVAL_COLUMNS = (
     "id", "run_id", "step_id", "kind", "capability_json",
     "presentation_json", "request_json", "hash", "status",
     "created_at", "expires_at", "decided_at", "decided_by", "note")
-
-# What of a tools/call result reaches the host: every field MCP gives one.
+# What of a tools/call result reaches the host: every MCP field.
 RESULT_FIELDS = ("content", "structuredContent", "isError", "_meta")
-
 # How both answers on an unknown outcome end.
 _RERUN_DECIDED = (
     " whether it runs again (approval {approval}). Nothing further was "
@@ -1433,7 +1374,7 @@ PROSE = {
         "Tell the user.",
     "HOST_CANCELLED": "The call was cancelled before it was executed. Nothing "
         "was executed.",
-    # An error result, so the model never takes it for what the tool returns.
+    # An error, so the model never takes it for the tool's result.
     "RESULT_TOO_LARGE": "The server answered this request with {what} of "
         "{size} bytes ({blocks}), more than the {cap} bytes that are passed "
         "on, so it is not shown. {then} Tell the user.",
@@ -1476,7 +1417,6 @@ SLOT_PROSE = {
     "unreadable_result": "the server's result could not be read: {error}",
     "holding": "waiting for an operator's approval",
 }
-
 # The status tool's words (section 25 picks among them).
 STATUS_DESCRIPTION = (
     "Reports which requests of this session wait for an operator's approval, "
@@ -1544,13 +1484,10 @@ CALL_ERRORS = {
     "stopping": "the gate is shutting down",
     "unloaded": "the gate's tools could not be loaded",
 }
-
 IS_ERROR = {"DENIED", "INVALID", "BLOCKED", "REJECTED", "EXPIRED",
             "DUPLICATE", "UNAVAILABLE", "RESULT_TOO_LARGE", "CANCELLED"}
 
-
 GATE_MARK = "gate/answer"
-
 
 class Answer:
     """A tools/call's answer: the gate's prose, or a server's result whole."""
@@ -1570,16 +1507,13 @@ class Answer:
             result["isError"] = True
         return result
 
-
 def answer(prefix, key=None, **slots):
     text = PROSE[key or prefix].format(**slots)
     return Answer(f"{prefix}: {text}", prefix in IS_ERROR, mark=prefix)
 
-
 def gate_status(key, **slots):
     text = STATUS_PROSE[key].format(**slots)
     return Answer("GATE_STATUS: " + text, mark="GATE_STATUS")
-
 
 def passed_answer(passed):
     """A server's result, or its JSON-RPC error ({"error": ...})."""
@@ -1589,12 +1523,10 @@ def passed_answer(passed):
              if b["type"] == "text" and isinstance(b.get("text"), str)]
     return Answer("\n".join(texts), passed.get("isError") is True, passed)
 
-
 def note_text(note):
     if not note:
         return ""
     return f", with this note: {cut(quote(note), 500)}"
-
 
 def waiting_answer(approval):
     """What a call is told while its request waits on an approval."""
@@ -1612,13 +1544,11 @@ def waiting_answer(approval):
         return answer("INTERRUPTED", approval=ident)
     return answer("UNKNOWN_OUTCOME", how=HOW[ended], error="", approval=ident)
 
-
 def refused_for(window):
     """The repeat window's clause ('' without a window)."""
     if not window:
         return ""
     return SLOT_PROSE["refused_for"].format(window=format_duration(window))
-
 
 def too_large_answer(tool, record, cap, window):
     then = TOO_LARGE_THEN["read"]
@@ -1629,10 +1559,8 @@ def too_large_answer(tool, record, cap, window):
     return answer("RESULT_TOO_LARGE", what=what, size=record["bytes"],
                   cap=cap, blocks=blocks, then=then)
 
-
 # A constant: the decision at the pause and at collection hash alike.
 INTERRUPTED_REASON = "interrupted while executing; outcome unknown"
-
 
 def evaluate(config, tool, args, facts, attempt=None, approved=False,
              judged=None):
@@ -1677,12 +1605,10 @@ def evaluate(config, tool, args, facts, attempt=None, approved=False,
                     presentation=shown)
     return decision
 
-
 def approval_hash(kind, capability, presentation, request):
     return content_hash({"kind": kind, "capability": capability,
                          "presentation": presentation,
                          "request": request})
-
 
 def new_approval(config, run_id, step_id, tool, args, decision):
     """A pending approval, its row as Store.read_approvals reads it."""
@@ -1702,7 +1628,6 @@ def new_approval(config, run_id, step_id, tool, args, decision):
         hash=approval_hash(kind, capability, shown, request),
         status="pending", created_at=created, expires_at=expires)
 
-
 def stored_hash(row):
     """A row's hash from its stored fields; a tampered row differs."""
     try:
@@ -1712,12 +1637,10 @@ def stored_hash(row):
     except CanonicalError:
         return ""
 
-
 def judged_request(tool, args, work=None):
     """A request's Judgement, its schema check made on `work`."""
     work = PatternWork() if work is None else work
     return Judgement(check_arguments(tool, args, work), work)
-
 
 def check_arguments(tool, args, work=None):
     """'' when the arguments may be sent, else why not (INVALID)."""
@@ -1734,7 +1657,6 @@ def check_arguments(tool, args, work=None):
     except Exception:  # a $ref loop, say: what cannot be checked is not sent
         return "the arguments cannot be checked against the schema"
     return ""
-
 
 def passed_result(tool, result):
     """(what of a result is passed on, '') or (None, why not)."""
