@@ -1889,15 +1889,14 @@ def passed_result(tool, result):
 # gate decides with (section 23 reads the rest).
 # Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema off; files
 # 0600, refused when others can write them; a state change commits with its
-# events in one BEGIN IMMEDIATE transaction, hash-chained across runs and
-# processes, one event per run per transaction. Nothing here approves. A
-# database of a newer agentgate is refused; new and old migrate by SCHEMA.
+# events in one BEGIN IMMEDIATE transaction, one event per run, hash-chained
+# across runs and processes. Nothing here approves. A newer agentgate's
+# database is refused; older ones migrate by SCHEMA.
 # =============================================================================================
 
 SCHEMA = [
-    # 1. A run is one tools/call; a step one proposal in it (the
-    # call, a re-run, the closing). The calls table indexes runs by
-    # request; the truth is the run and its steps.
+    # 1. A run is one tools/call, a step one proposal in it; calls
+    # index runs by request, the truth is the run and its steps.
     """
     CREATE TABLE runs(id TEXT PRIMARY KEY, session TEXT NOT NULL,
         tool TEXT NOT NULL, status TEXT NOT NULL,
@@ -1951,8 +1950,7 @@ SCHEMA = [
         payload_json TEXT NOT NULL, hash TEXT NOT NULL);
     CREATE INDEX events_run ON events(run_id, seq);
     """,
-    # 2. What limits count (amounts_json unused: a sum reads the step), and the
-    # grants. Version 1's executions are its step.tool_started events.
+    # 2. What limits count (amounts_json unused), and the grants.
     """
     CREATE TABLE executions(id INTEGER PRIMARY KEY,
         tool TEXT NOT NULL, at TEXT NOT NULL, run_id TEXT NOT NULL,
@@ -1973,10 +1971,7 @@ SCHEMA = [
         revoke_note TEXT NOT NULL DEFAULT '');
     CREATE INDEX grants_tool ON grants(session, tool, expires_at);
     """,
-    # 3 to 5 rewrite nothing (the chain binds the old rows).
-    "",  # 3: an allowed read: its run and one run.read event
-    "",  # 4: an answer is kept as its result_record
-    "",  # 5: one event per run per transaction (Tx.flush)
+    "", "", "",  # 3 to 5 rewrite nothing (the chain binds the old rows)
     # 6. The rules across calls read every session's calls.
     """
     DROP INDEX calls_key;
@@ -1996,8 +1991,8 @@ class StoreError(Exception):
 
 
 class Race(Exception):
-    """The records changed since read: raised in a write so its
-    savepoint rolls back; Gate._decide makes it AGAIN."""
+    """The records changed since read: its savepoint rolls back and
+    Gate._decide makes it AGAIN."""
 
 
 # A read replaces any open row: reads never race for a key.
@@ -2037,17 +2032,16 @@ def last_attempt(rows, run_id):
     carried out stands for the attempt its approval names."""
     for row in rows(ATTEMPT_STEPS, (run_id,)):
         step_id, status, observation, started, finished = row
-        attempt = {"run_id": run_id, "step_id": step_id, "started_at": started}
         observed = parse(observation) if observation else None
         ending = step_outcome(observed) if observed else ""
         if status == "executing" or ending == "cut_off":
-            cut = {**attempt, "ended": "cut_off"}
-            return Attempt("cut_off", None, finished, cut)
+            ending, observed = "cut_off", None
         if ending == "unsent":  # no byte reached the server
             continue
-        if ending in CALL_ENDINGS:
-            ended = {**attempt, "ended": ending}
-            return Attempt(ending, observed, finished, ended)
+        if ending == "cut_off" or ending in CALL_ENDINGS:
+            attempt = {"run_id": run_id, "step_id": step_id,
+                       "started_at": started, "ended": ending}
+            return Attempt(ending, observed, finished, attempt)
         asked = rows(ASKED_AGAIN, (step_id,))
         if asked:
             prior = parse(asked[0][0])["interrupted"]
@@ -2075,17 +2069,18 @@ def event_hash(prev, seq, run_id, step_id, at, type_, payload):
     return sha256_hex(b"".join(b"%d:%s," % (len(f), f) for f in data))
 
 
+CALL_RUN = "FROM calls c JOIN runs r ON r.id = c.run_id"
 CHAIN_HEAD = ("SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'),"
               " (SELECT seq FROM events ORDER BY seq DESC LIMIT 1),"
               " (SELECT hash FROM events ORDER BY seq DESC LIMIT 1)")
-OPEN_ROW = ("SELECT c.run_id, r.status FROM calls c JOIN runs r ON r.id ="
-            " c.run_id WHERE c.request_key=? AND c.open=1 ORDER BY c.id DESC")
-WAITING = ("SELECT count(*) FROM calls c JOIN runs r ON r.id = c.run_id JOIN"
-           " approvals a ON a.run_id = r.id WHERE c.session=? AND"
-           " c.settled_at='' AND r.status='WAITING_FOR_APPROVAL' AND"
-           " a.status='pending' AND (a.expires_at='' OR a.expires_at>?) AND"
-           " a.rowid = (SELECT max(rowid) FROM approvals b WHERE"
-           " b.run_id=r.id)")
+OPEN_ROW = (f"SELECT c.run_id, r.status {CALL_RUN} WHERE c.request_key=? AND"
+            " c.open=1 ORDER BY c.id DESC")
+WAITING = (f"SELECT count(*) {CALL_RUN} JOIN approvals a ON a.run_id = r.id"
+           " WHERE c.session=? AND c.settled_at='' AND"
+           " r.status='WAITING_FOR_APPROVAL' AND a.status='pending' AND"
+           " (a.expires_at='' OR a.expires_at>?) AND a.rowid = (SELECT"
+           " max(rowid) FROM approvals b WHERE b.run_id=r.id)")
+NO_LEASE = "lease_owner='', lease_expires_at=''"
 
 
 class Tx:
@@ -2093,7 +2088,6 @@ class Tx:
     and the events that commit with them."""
 
     def __init__(self, db):
-        self.db = db
         self.execute = db.execute
         self.parts = {}  # run id -> its parts of the record so far
         # Read under the write lock: processes extend one chain. The next seq
@@ -2102,15 +2096,18 @@ class Tx:
         self.head = (max(used or 0, newest or 0), digest or "")
 
     def rows(self, sql, args=()):
-        return self.db.execute(sql, args).fetchall()
+        return self.execute(sql, args).fetchall()
+
+    def one(self, sql, *args):
+        return self.execute(sql, args).fetchone()
 
     def event(self, run_id, type_, payload, step_id=""):
-        seq, prev = self.head[0] + 1, self.head[1]
-        at, body = now(), dumps(payload)
-        digest = event_hash(prev, seq, run_id, step_id, at, type_, body)
-        self.db.execute("INSERT INTO events(seq, run_id, step_id, at, type,"
-                        " payload_json, hash) VALUES(?,?,?,?,?,?,?)",
-                        (seq, run_id, step_id, at, type_, body, digest))
+        seq, at, body = self.head[0] + 1, now(), dumps(payload)
+        digest = event_hash(self.head[1], seq, run_id, step_id, at, type_,
+                            body)
+        self.execute("INSERT INTO events(seq, run_id, step_id, at, type,"
+                     " payload_json, hash) VALUES(?,?,?,?,?,?,?)",
+                     (seq, run_id, step_id, at, type_, body, digest))
         self.head = (seq, digest)
 
     def part(self, run_id, type_, payload, step_id=""):
@@ -2131,13 +2128,23 @@ class Tx:
             step_id = next((p[1] for p in parts if p[1]), "")
             self.event(run_id, type_, {"parts": parts}, step_id)
 
+    def insert(self, table, columns, row):
+        marks = ", ".join("?" * len(columns))
+        self.execute(f"INSERT INTO {table}({', '.join(columns)})"
+                     f" VALUES({marks})", tuple(row[c] for c in columns))
+
+    def changed(self, sql, args):
+        """Change one row, or raise Race: it changed since read."""
+        if self.execute(sql, args).rowcount != 1:
+            raise Race()
+
     def begin_run(self, run_id, session, tool, target, key,
                   side_effect, tool_hashes, lease, seen):
         """Claim the request's calls row and begin its run. Race
         unless the open row is still `seen` and ended: a run of
         the key begun since, anywhere, wins."""
         at = now()
-        row = self.execute(OPEN_ROW, (key,)).fetchone()
+        row = self.one(OPEN_ROW, key)
         if seen is not ANY_ROW:
             moved = (row[0] if row else None) != seen
             if moved or (row and row[1] not in TERMINAL):
@@ -2150,8 +2157,8 @@ class Tx:
         self.execute("INSERT INTO runs(id, session, tool, status, created_at,"
                      " lease_owner, lease_expires_at) VALUES(?,?,?,?,?,?,?)",
                      (run_id, session, tool, "RUNNING", at, *lease))
-        said = {"goal": f"call {tool}", "tools": tool_hashes}
-        self.part(run_id, "run.created", said)
+        self.part(run_id, "run.created",
+                  {"goal": f"call {tool}", "tools": tool_hashes})
         self.part(run_id, "run.started", {})
 
     def keep_spec(self, tool):
@@ -2161,8 +2168,7 @@ class Tx:
 
     def start_step(self, run_id, decision, tool=None):
         step_id = new_id(16)
-        index = self.rows("SELECT step_count FROM runs WHERE id=?",
-                          (run_id,))[0][0]
+        index = self.one("SELECT step_count FROM runs WHERE id=?", run_id)[0]
         self.execute("UPDATE runs SET step_count=step_count+1 WHERE id=?",
                      (run_id,))
         spec_hash = self.keep_spec(tool) if tool is not None else ""
@@ -2178,8 +2184,8 @@ class Tx:
     def record_policy(self, run_id, step_id, policy, policy_id):
         self.execute("UPDATE steps SET policy_json=?, policy_id=? WHERE id=?",
                      (dumps(policy), policy_id, step_id))
-        spec_hash = self.rows("SELECT spec_hash FROM steps WHERE id=?",
-                              (step_id,))[0][0]
+        spec_hash = self.one("SELECT spec_hash FROM steps WHERE id=?",
+                             step_id)[0]
         said = {**policy, "policy_id": policy_id, "spec_hash": spec_hash}
         self.part(run_id, "step.policy", said, step_id)
 
@@ -2199,8 +2205,8 @@ class Tx:
         """End a run and settle its calls row; Race if it ended.
         Without `outcome` nothing executed: the last attempt's
         stands (a refused re-run leaves an unknown open)."""
-        current, steps = self.rows(
-            "SELECT status, step_count FROM runs WHERE id=?", (run_id,))[0]
+        current, steps = self.one(
+            "SELECT status, step_count FROM runs WHERE id=?", run_id)
         if current in TERMINAL:
             raise Race()
         if outcome is None:
@@ -2212,9 +2218,9 @@ class Tx:
             closing = {"kind": "fail", "message": detail, "origin": "operator"}
             self.end_step(self.start_step(run_id, closing), "done")
             steps += 1
-        self.execute("UPDATE runs SET status=?, reason=?, detail=?,"
-                     " finished_at=?, lease_owner='', lease_expires_at=''"
-                     " WHERE id=?", (status, reason, detail, now(), run_id))
+        self.execute(f"UPDATE runs SET status=?, reason=?, detail=?,"
+                     f" finished_at=?, {NO_LEASE} WHERE id=?",
+                     (status, reason, detail, now(), run_id))
         said = {"status": status, "reason": reason, "detail": detail,
                 "steps": steps, **(extra or {})}
         self.part(run_id, "run.finished", said)
@@ -2223,16 +2229,12 @@ class Tx:
 
     def pause(self, run_id, step_id, approval):
         """Wait for an operator; a run ended meanwhile: Race."""
-        self.changed("UPDATE runs SET status='WAITING_FOR_APPROVAL',"
-                     " lease_owner='', lease_expires_at='' WHERE id=? AND"
-                     " status IN ('RUNNING', 'WAITING_FOR_APPROVAL')",
-                     (run_id,))
+        self.changed(f"UPDATE runs SET status='WAITING_FOR_APPROVAL',"
+                     f" {NO_LEASE} WHERE id=? AND status IN ('RUNNING',"
+                     " 'WAITING_FOR_APPROVAL')", (run_id,))
         self.execute("UPDATE steps SET status='awaiting_approval' WHERE id=?",
                      (step_id,))
-        columns = ", ".join(APPROVAL_COLUMNS)
-        marks = ", ".join("?" * len(APPROVAL_COLUMNS))
-        self.execute(f"INSERT INTO approvals({columns}) VALUES({marks})",
-                     tuple(approval[c] for c in APPROVAL_COLUMNS))
+        self.insert("approvals", APPROVAL_COLUMNS, approval)
         shown = parse(approval["presentation_json"])
         bound = parse(approval["capability_json"])
         self.part(run_id, "approval.requested", {
@@ -2251,11 +2253,6 @@ class Tx:
                      (*lease, run_id, run_id, approval_id))
         self.part(run_id, "run.resumed", {"approval_id": approval_id})
 
-    def changed(self, sql, args):
-        """Change one row, or raise Race: it changed since read."""
-        if self.execute(sql, args).rowcount != 1:
-            raise Race()
-
     def start_execution(self, run_id, step_id, tool, args, target,
                         approval_id=""):
         """From here the outcome may be unknown; every process's
@@ -2271,8 +2268,7 @@ class Tx:
 
     def finish_execution(self, run_id, step_id, tool, observation,
                          duration_ms):
-        # The event names the outcome; the step row keeps it.
-        record = observation.get("result")
+        record = observation.get("result")  # the step row keeps it whole
         if record:
             said = {"summary": observation["summary"],
                     "bytes": record["bytes"], "sha256": record["sha256"]}
@@ -2290,23 +2286,20 @@ class Tx:
 
     def waiting(self, session):
         """The session's questions that wait, unexpired."""
-        return self.execute(WAITING, (session, now())).fetchone()[0]
+        return self.one(WAITING, session, now())[0]
 
     def run_holder(self, run_id):
-        """(status, lease owner) of a run."""
-        return self.execute("SELECT status, lease_owner FROM runs WHERE id=?",
-                            (run_id,)).fetchone()
+        return self.one("SELECT status, lease_owner FROM runs WHERE id=?",
+                        run_id)
 
     def step_started(self, step_id):
-        return self.rows("SELECT started_at FROM steps WHERE id=?",
-                         (step_id,))[0][0]
+        return self.one("SELECT started_at FROM steps WHERE id=?", step_id)[0]
 
     def take_over(self, run_id, lease):
         """Take a lease left to run out, its steps marked interrupted:
         (step_id, started_at) of one cut off while executing, or None."""
-        row = self.execute("SELECT lease_owner, lease_expires_at FROM runs"
-                           " WHERE id=? AND status='RUNNING'",
-                           (run_id,)).fetchone()
+        row = self.one("SELECT lease_owner, lease_expires_at FROM runs"
+                       " WHERE id=? AND status='RUNNING'", run_id)
         # Not another process's live lease; this one's own means a
         # failed write (it never takes over what it executes).
         owner, expires = row or (None, None)
@@ -2335,11 +2328,11 @@ class Tx:
     def decide_approval(self, approval_id, shown_hash, status, by, note):
         """An operator's decision bound to the hash shown:
         'decided', 'changed' or 'expired'."""
-        row = self.execute("SELECT a.run_id, a.step_id, a.expires_at"
-                           " FROM approvals a JOIN runs r ON r.id = a.run_id"
-                           " WHERE a.id=? AND a.status='pending' AND a.hash=?"
-                           " AND r.status='WAITING_FOR_APPROVAL'",
-                           (approval_id, shown_hash)).fetchone()
+        row = self.one("SELECT a.run_id, a.step_id, a.expires_at FROM"
+                       " approvals a JOIN runs r ON r.id = a.run_id WHERE"
+                       " a.id=? AND a.status='pending' AND a.hash=? AND"
+                       " r.status='WAITING_FOR_APPROVAL'",
+                       approval_id, shown_hash)
         if row is None:
             return "changed"
         run_id, step_id, expires = row
@@ -2394,9 +2387,7 @@ class Tx:
 
     def create_grant(self, grant):
         columns = GRANT_COLUMNS[:9]
-        self.execute(f"INSERT INTO grants({', '.join(columns)})"
-                     f" VALUES(?,?,?,?,?,?,?,?,?)",
-                     tuple(grant[c] for c in columns))
+        self.insert("grants", columns, grant)
         said = {c: grant[c] for c in columns[1:] if c != "conditions_json"}
         said["conditions"] = parse(grant["conditions_json"])
         self.part(grant["id"], "grant.created", said)
@@ -2404,11 +2395,10 @@ class Tx:
     def revoke_grant(self, grant_id, by, note):
         """End a grant now; False when it was not in force."""
         at = now()
-        changed = self.execute("UPDATE grants SET revoked_at=?, revoked_by=?,"
-                               " revoke_note=? WHERE id=? AND revoked_at=''"
-                               " AND expires_at>?",
-                               (at, by, note, grant_id, at))
-        if changed.rowcount != 1:
+        if self.execute("UPDATE grants SET revoked_at=?, revoked_by=?,"
+                        " revoke_note=? WHERE id=? AND revoked_at='' AND"
+                        " expires_at>?", (at, by, note, grant_id, at)
+                        ).rowcount != 1:
             return False
         self.part(grant_id, "grant.revoked", {"by": by, "note": note})
         return True
@@ -2436,15 +2426,14 @@ class Store:
     connection, each under a lock of its own."""
 
     def __init__(self, path, readonly=False, create=True):
-        self.path = path
+        self.path, writes = path, not readonly
         self.lock = threading.RLock()
         self.jobs, self.jobs_lock = [], threading.Lock()
-        self._check_files(tighten=not readonly)
-        writes = not readonly
+        self._check_files(tighten=writes)
         if create and writes and not os.path.exists(path):
             try:
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-                os.close(os.open(path, flags, 0o600))
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                 0o600))
             except FileExistsError:
                 pass
             except OSError as err:
@@ -2472,8 +2461,7 @@ class Store:
         except sqlite3.Error as err:
             raise StoreError(f"database {path} cannot be opened: {err}"
                              ) from None
-        # Again once open: a file swapped in is refused.
-        self._check_files(tighten=not readonly)
+        self._check_files(tighten=writes)  # a file swapped in is refused
 
     @staticmethod
     def _connect(uri):
@@ -2551,12 +2539,10 @@ class Store:
                 if db is not None:
                     db.close()
 
-    # -- the one place transactions are opened ----------------------
-
     def write(self, fn):
-        """fn(tx) in a BEGIN IMMEDIATE transaction: its result once durable.
-        Changes queued meanwhile commit together, each in a savepoint so one
-        that fails rolls back alone (13-39% more calls/s at 16 in flight)."""
+        """fn(tx) in a BEGIN IMMEDIATE transaction (the one place one is
+        opened): its result once durable. Changes queued meanwhile commit
+        together, each in a savepoint so one that fails rolls back alone."""
         job = {"fn": fn, "done": False, "result": None, "error": None}
         with self.jobs_lock:
             self.jobs.append(job)
@@ -2614,11 +2600,10 @@ class Store:
                 raise StoreError(f"the leases could not be renewed: {err}"
                 ) from None
 
-    # -- the reads the gate decides with ------------------------------
-    # They span every session (init gives each host's gate its own on
-    # one database). The request key is the server's name, the upstream
-    # tool's and the canonical arguments: two servers given one name
-    # share their rules (refused, never run twice).
+    # The reads the gate decides with span every session (init gives each
+    # host's gate its own on one database). The request key is the server's
+    # name, the upstream tool's and the canonical arguments: two servers
+    # given one name share their rules (refused, never run twice).
 
     def key_runs(self, key, since, newest_only):
         """Newest first, in one statement: the open row is the newest
@@ -2626,35 +2611,31 @@ class Store:
         limit = " LIMIT 1" if newest_only else ""
         return [KeyRun(*row) for row in self.read(
             "SELECT r.id, r.status, r.reason, r.detail, r.finished_at,"
-            " r.lease_owner, r.lease_expires_at, c.open FROM calls c JOIN"
-            " runs r ON r.id = c.run_id WHERE c.request_key=? AND (c.open=1"
-            " OR c.settled_at='' OR c.settled_at>=?) ORDER BY c.id DESC"
-            + limit, (key, since))]
+            f" r.lease_owner, r.lease_expires_at, c.open {CALL_RUN} WHERE"
+            " c.request_key=? AND (c.open=1 OR c.settled_at='' OR"
+            " c.settled_at>=?) ORDER BY c.id DESC" + limit, (key, since))]
 
     def open_run(self, key):
         row = self.read_one(OPEN_ROW, (key,))
         return row[0] if row else None
 
     def attempt_runs(self, key):
-        return self.read("SELECT r.id, r.status FROM calls c JOIN runs r ON"
-                         " r.id = c.run_id WHERE c.request_key=? AND"
-                         " c.outcome!=? ORDER BY c.id DESC",
-                         (key, OUTCOME_NONE))
+        return self.read(f"SELECT r.id, r.status {CALL_RUN} WHERE"
+                         " c.request_key=? AND c.outcome!=? ORDER BY c.id"
+                         " DESC", (key, OUTCOME_NONE))
 
     def unsettled_runs(self, target, key):
         """The tool's unsettled runs of other requests."""
         return self.read("SELECT r.id, r.status, r.lease_owner,"
-                         " r.lease_expires_at FROM calls c JOIN runs r ON"
-                         " r.id = c.run_id WHERE c.tool=? AND c.outcome=0 AND"
-                         " c.settled_at='' AND c.request_key!=? ORDER BY c.id",
-                         (target, key))
+                         f" r.lease_expires_at {CALL_RUN} WHERE c.tool=? AND"
+                         " c.outcome=0 AND c.settled_at='' AND"
+                         " c.request_key!=? ORDER BY c.id", (target, key))
 
     def unknown_for_tool(self, target, key):
         """Other requests of the tool whose newest attempt is unknown."""
-        return self.read("SELECT c.request_key, c.run_id, r.reason FROM calls"
-                         " c JOIN runs r ON r.id = c.run_id WHERE c.tool=? AND"
-                         " c.request_key!=? AND c.outcome=? AND c.id = (SELECT"
-                         " max(id) FROM calls d WHERE"
+        return self.read(f"SELECT c.request_key, c.run_id, r.reason {CALL_RUN}"
+                         " WHERE c.tool=? AND c.request_key!=? AND c.outcome=?"
+                         " AND c.id = (SELECT max(id) FROM calls d WHERE"
                          " d.request_key=c.request_key AND d.outcome!=?)"
                          " ORDER BY c.id",
                          (target, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
