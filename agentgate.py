@@ -1991,8 +1991,7 @@ class StoreError(Exception):
 
 
 class Race(Exception):
-    """The records changed since read: its savepoint rolls back and
-    Gate._decide makes it AGAIN."""
+    """A write's records changed since read: it rolls back; Gate._decide says AGAIN."""
 
 
 # A read replaces any open row: reads never race for a key.
@@ -2005,6 +2004,23 @@ CALL_ENDINGS = ("ok", "error", "unsent", "unrecorded", "timed_out",
 LARGE_VALUE_BYTES = 4096
 # A run's newest attempt; `attempt` as an approval names it.
 Attempt = collections.namedtuple("Attempt", "ending observed finished attempt")
+ATTEMPT_STEPS = ("SELECT id, status, observation_json, started_at, finished_at"
+                 " FROM steps WHERE run_id=? AND json_extract(decision_json,"
+                 " '$.kind')='tool_call' ORDER BY idx DESC")
+ASKED_AGAIN = ("SELECT capability_json FROM approvals WHERE step_id=? AND"
+               " kind='interrupted_side_effect' ORDER BY rowid DESC LIMIT 1")
+CALL_RUN = "FROM calls c JOIN runs r ON r.id = c.run_id"
+CHAIN_HEAD = ("SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'),"
+              " (SELECT seq FROM events ORDER BY seq DESC LIMIT 1),"
+              " (SELECT hash FROM events ORDER BY seq DESC LIMIT 1)")
+OPEN_ROW = (f"SELECT c.run_id, r.status {CALL_RUN} WHERE c.request_key=? AND"
+            " c.open=1 ORDER BY c.id DESC")
+WAITING = (f"SELECT count(*) {CALL_RUN} JOIN approvals a ON a.run_id = r.id"
+           " WHERE c.session=? AND c.settled_at='' AND"
+           " r.status='WAITING_FOR_APPROVAL' AND a.status='pending' AND"
+           " (a.expires_at='' OR a.expires_at>?) AND a.rowid = (SELECT"
+           " max(rowid) FROM approvals b WHERE b.run_id=r.id)")
+NO_LEASE = "lease_owner='', lease_expires_at=''"
 
 
 def step_outcome(observed):
@@ -2020,19 +2036,11 @@ def step_outcome(observed):
     return {"tool_result": "ok", "invalid_decision": "invalid"}.get(kind, "")
 
 
-ATTEMPT_STEPS = ("SELECT id, status, observation_json, started_at, finished_at"
-                 " FROM steps WHERE run_id=? AND json_extract(decision_json,"
-                 " '$.kind')='tool_call' ORDER BY idx DESC")
-ASKED_AGAIN = ("SELECT capability_json FROM approvals WHERE step_id=? AND"
-               " kind='interrupted_side_effect' ORDER BY rowid DESC LIMIT 1")
-
-
 def last_attempt(rows, run_id):
     """A run's newest attempt, or None; a re-run asked and not
     carried out stands for the attempt its approval names."""
-    for row in rows(ATTEMPT_STEPS, (run_id,)):
-        step_id, status, observation, started, finished = row
-        observed = parse(observation) if observation else None
+    for step_id, status, kept, started, finished in rows(ATTEMPT_STEPS, (run_id,)):
+        observed = parse(kept) if kept else None
         ending = step_outcome(observed) if observed else ""
         if status == "executing" or ending == "cut_off":
             ending, observed = "cut_off", None
@@ -2069,24 +2077,8 @@ def event_hash(prev, seq, run_id, step_id, at, type_, payload):
     return sha256_hex(b"".join(b"%d:%s," % (len(f), f) for f in data))
 
 
-CALL_RUN = "FROM calls c JOIN runs r ON r.id = c.run_id"
-CHAIN_HEAD = ("SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'),"
-              " (SELECT seq FROM events ORDER BY seq DESC LIMIT 1),"
-              " (SELECT hash FROM events ORDER BY seq DESC LIMIT 1)")
-OPEN_ROW = (f"SELECT c.run_id, r.status {CALL_RUN} WHERE c.request_key=? AND"
-            " c.open=1 ORDER BY c.id DESC")
-WAITING = (f"SELECT count(*) {CALL_RUN} JOIN approvals a ON a.run_id = r.id"
-           " WHERE c.session=? AND c.settled_at='' AND"
-           " r.status='WAITING_FOR_APPROVAL' AND a.status='pending' AND"
-           " (a.expires_at='' OR a.expires_at>?) AND a.rowid = (SELECT"
-           " max(rowid) FROM approvals b WHERE b.run_id=r.id)")
-NO_LEASE = "lease_owner='', lease_expires_at=''"
-
-
 class Tx:
-    """One write transaction: a method per state change, its rows
-    and the events that commit with them."""
-
+    """One write transaction: its rows and the events that commit with them."""
     def __init__(self, db):
         self.execute = db.execute
         self.parts = {}  # run id -> its parts of the record so far
@@ -2094,28 +2086,21 @@ class Tx:
         # follows every seq used (a deleted tail leaves a gap verify reports).
         used, newest, digest = db.execute(CHAIN_HEAD).fetchone()
         self.head = (max(used or 0, newest or 0), digest or "")
-
     def rows(self, sql, args=()):
         return self.execute(sql, args).fetchall()
-
     def one(self, sql, *args):
         return self.execute(sql, args).fetchone()
-
     def event(self, run_id, type_, payload, step_id=""):
         seq, at, body = self.head[0] + 1, now(), dumps(payload)
-        digest = event_hash(self.head[1], seq, run_id, step_id, at, type_,
-                            body)
+        digest = event_hash(self.head[1], seq, run_id, step_id, at, type_, body)
         self.execute("INSERT INTO events(seq, run_id, step_id, at, type,"
                      " payload_json, hash) VALUES(?,?,?,?,?,?,?)",
                      (seq, run_id, step_id, at, type_, body, digest))
         self.head = (seq, digest)
-
     def part(self, run_id, type_, payload, step_id=""):
         self.parts.setdefault(run_id, []).append([type_, step_id, payload])
-
     def flush(self):
-        """Each run's parts as one event: one part as itself,
-        several as call.began, call.changed or call.ended."""
+        """One event per run: its one part, else call.began, .changed or .ended."""
         for run_id, parts in self.parts.items():
             if len(parts) == 1:
                 type_, step_id, payload = parts[0]
@@ -2127,24 +2112,19 @@ class Tx:
                      else "call.ended" if ends else "call.changed")
             step_id = next((p[1] for p in parts if p[1]), "")
             self.event(run_id, type_, {"parts": parts}, step_id)
-
     def insert(self, table, columns, row):
         marks = ", ".join("?" * len(columns))
         self.execute(f"INSERT INTO {table}({', '.join(columns)})"
                      f" VALUES({marks})", tuple(row[c] for c in columns))
-
     def changed(self, sql, args):
         """Change one row, or raise Race: it changed since read."""
         if self.execute(sql, args).rowcount != 1:
             raise Race()
-
     def begin_run(self, run_id, session, tool, target, key,
                   side_effect, tool_hashes, lease, seen):
-        """Claim the request's calls row and begin its run. Race
-        unless the open row is still `seen` and ended: a run of
-        the key begun since, anywhere, wins."""
-        at = now()
-        row = self.one(OPEN_ROW, key)
+        """Claim the request's calls row and begin its run. Race unless the
+        open row is still `seen` and ended: a run of the key begun since wins."""
+        at, row = now(), self.one(OPEN_ROW, key)
         if seen is not ANY_ROW:
             moved = (row[0] if row else None) != seen
             if moved or (row and row[1] not in TERMINAL):
@@ -2160,51 +2140,40 @@ class Tx:
         self.part(run_id, "run.created",
                   {"goal": f"call {tool}", "tools": tool_hashes})
         self.part(run_id, "run.started", {})
-
     def keep_spec(self, tool):
         self.execute("INSERT OR IGNORE INTO tool_specs(hash, spec_json)"
                      " VALUES(?,?)", (tool.spec_hash, tool.spec_json))
         return tool.spec_hash
-
     def start_step(self, run_id, decision, tool=None):
         step_id = new_id(16)
         index = self.one("SELECT step_count FROM runs WHERE id=?", run_id)[0]
-        self.execute("UPDATE runs SET step_count=step_count+1 WHERE id=?",
-                     (run_id,))
+        self.execute("UPDATE runs SET step_count=step_count+1 WHERE id=?", (run_id,))
         spec_hash = self.keep_spec(tool) if tool is not None else ""
-        self.execute("INSERT INTO steps(id, run_id, idx, status,"
-                     " decision_json, spec_hash, started_at)"
-                     " VALUES(?,?,?,?,?,?,?)",
+        self.execute("INSERT INTO steps(id, run_id, idx, status, decision_json,"
+                     " spec_hash, started_at) VALUES(?,?,?,?,?,?,?)",
                      (step_id, run_id, index, "deciding", dumps(decision),
                       spec_hash, now()))
         self.part(run_id, "step.started", {"index": index}, step_id)
         self.part(run_id, "step.decided", kept_once(decision), step_id)
         return step_id
-
     def record_policy(self, run_id, step_id, policy, policy_id):
         self.execute("UPDATE steps SET policy_json=?, policy_id=? WHERE id=?",
                      (dumps(policy), policy_id, step_id))
-        spec_hash = self.one("SELECT spec_hash FROM steps WHERE id=?",
-                             step_id)[0]
+        spec_hash = self.one("SELECT spec_hash FROM steps WHERE id=?", step_id)[0]
         said = {**policy, "policy_id": policy_id, "spec_hash": spec_hash}
         self.part(run_id, "step.policy", said, step_id)
-
     def end_step(self, step_id, status, observation=None):
         kept = dumps(observation) if observation else ""
-        self.execute("UPDATE steps SET status=?, observation_json=?,"
-                     " finished_at=? WHERE id=?",
-                     (status, kept, now(), step_id))
-
+        self.execute("UPDATE steps SET status=?, observation_json=?, finished_at=?"
+                     " WHERE id=?", (status, kept, now(), step_id))
     def fail_step(self, run_id, step_id, observation, detail):
         self.end_step(step_id, "failed", observation)
         self.part(run_id, "step.failed",
                   {"detail": detail, "observation": observation}, step_id)
-
     def finish_run(self, run_id, status, reason, detail,
                    extra=None, outcome=None):
-        """End a run and settle its calls row; Race if it ended.
-        Without `outcome` nothing executed: the last attempt's
-        stands (a refused re-run leaves an unknown open)."""
+        """End a run and settle its calls row; Race if it ended. Without `outcome`
+        the last attempt's stands (a refused re-run leaves an unknown open)."""
         current, steps = self.one(
             "SELECT status, step_count FROM runs WHERE id=?", run_id)
         if current in TERMINAL:
@@ -2221,12 +2190,11 @@ class Tx:
         self.execute(f"UPDATE runs SET status=?, reason=?, detail=?,"
                      f" finished_at=?, {NO_LEASE} WHERE id=?",
                      (status, reason, detail, now(), run_id))
-        said = {"status": status, "reason": reason, "detail": detail,
-                "steps": steps, **(extra or {})}
-        self.part(run_id, "run.finished", said)
+        self.part(run_id, "run.finished", {
+            "status": status, "reason": reason, "detail": detail,
+            "steps": steps, **(extra or {})})
         self.execute("UPDATE calls SET settled_at=?, outcome=? WHERE run_id=?",
                      (now(), outcome, run_id))
-
     def pause(self, run_id, step_id, approval):
         """Wait for an operator; a run ended meanwhile: Race."""
         self.changed(f"UPDATE runs SET status='WAITING_FOR_APPROVAL',"
@@ -2242,7 +2210,6 @@ class Tx:
             "reason": shown.get("reason", ""), "capability": kept_once(bound),
             "presentation": kept_once(shown),
             "hash": approval["hash"]}, step_id)
-
     def resume(self, run_id, approval_id, lease):
         """Run again on its newest approval, granted; else Race."""
         self.changed("UPDATE runs SET status='RUNNING', lease_owner=?,"
@@ -2252,49 +2219,38 @@ class Tx:
                      " LIMIT 1) = (?, 'approved')",
                      (*lease, run_id, run_id, approval_id))
         self.part(run_id, "run.resumed", {"approval_id": approval_id})
-
     def start_execution(self, run_id, step_id, tool, args, target,
                         approval_id=""):
-        """From here the outcome may be unknown; every process's
-        limits count it from this commit on."""
-        self.execute("UPDATE steps SET status='executing' WHERE id=?",
-                     (step_id,))
+        """From here its outcome may be unknown; every process's limits count it."""
+        self.execute("UPDATE steps SET status='executing' WHERE id=?", (step_id,))
         self.execute("INSERT INTO executions(tool, at, run_id, step_id)"
                      " VALUES(?,?,?,?)", (target, now(), run_id, step_id))
         said = {"tool": tool, "args": kept_once(args)}
         if approval_id:
             said["approval_id"] = approval_id
         self.part(run_id, "step.tool_started", said, step_id)
-
     def finish_execution(self, run_id, step_id, tool, observation,
                          duration_ms):
         record = observation.get("result")  # the step row keeps it whole
-        if record:
-            said = {"summary": observation["summary"],
-                    "bytes": record["bytes"], "sha256": record["sha256"]}
-        else:
-            said = {"error": observation["content"]["error"]}
+        said = ({"summary": observation["summary"], "bytes": record["bytes"],
+                 "sha256": record["sha256"]} if record
+                else {"error": observation["content"]["error"]})
         self.part(run_id, "step.tool_finished",
                   {"tool": tool, "duration_ms": duration_ms, **said}, step_id)
         if observation["kind"] != "tool_result":
-            self.fail_step(run_id, step_id, observation,
-                           observation["summary"])
+            self.fail_step(run_id, step_id, observation, observation["summary"])
             return
         self.end_step(step_id, "done", observation)
         self.finish_run(run_id, "COMPLETED", "goal_completed",
                         f"terminal tool {tool}", outcome=OUTCOME_KNOWN)
-
     def waiting(self, session):
         """The session's questions that wait, unexpired."""
         return self.one(WAITING, session, now())[0]
-
     def run_holder(self, run_id):
         return self.one("SELECT status, lease_owner FROM runs WHERE id=?",
                         run_id)
-
     def step_started(self, step_id):
         return self.one("SELECT started_at FROM steps WHERE id=?", step_id)[0]
-
     def take_over(self, run_id, lease):
         """Take a lease left to run out, its steps marked interrupted:
         (step_id, started_at) of one cut off while executing, or None."""
@@ -2324,10 +2280,8 @@ class Tx:
             if status == "executing":
                 cut_step = (step_id, started)
         return cut_step
-
     def decide_approval(self, approval_id, shown_hash, status, by, note):
-        """An operator's decision bound to the hash shown:
-        'decided', 'changed' or 'expired'."""
+        """Decide on the hash shown: 'decided', 'changed' or 'expired'."""
         row = self.one("SELECT a.run_id, a.step_id, a.expires_at FROM"
                        " approvals a JOIN runs r ON r.id = a.run_id WHERE"
                        " a.id=? AND a.status='pending' AND a.hash=? AND"
@@ -2346,7 +2300,6 @@ class Tx:
                            "content": content}, f"rejected by {by}")
             self.finish_run(run_id, "CANCELLED", "approval_rejected", note)
         return "decided"
-
     def _close_approval(self, run_id, step_id, approval_id, status, by, note):
         self.execute("UPDATE approvals SET status=?, decided_at=?,"
                      " decided_by=?, note=? WHERE id=?",
@@ -2354,7 +2307,6 @@ class Tx:
         said = {"approval_id": approval_id, "status": status, "by": by,
                 "note": note}
         self.part(run_id, "approval.decided", said, step_id)
-
     def expire_approval(self, approval_id, run_id, step_id):
         """A question not answered, or a grant not collected."""
         self.changed("UPDATE approvals SET status='expired',"
@@ -2368,11 +2320,9 @@ class Tx:
                      " id=? AND status='awaiting_approval'", (now(), step_id))
         self.finish_run(run_id, "CANCELLED", "approval_expired",
                         f"approval {approval_id} expired")
-
     def record_read(self, run_id, session, tool, decision, policy,
                     policy_id, started, observation, ended, duration_ms):
-        """An allowed read once it answered: its run and one
-        run.read event (no calls row, no execution row)."""
+        """An answered read: its run and a run.read event (no calls, no executions)."""
         status, reason, detail = ended
         self.execute("INSERT INTO runs(id, session, tool, status, reason,"
                      " detail, step_count, created_at, finished_at)"
@@ -2384,14 +2334,12 @@ class Tx:
             "decision": decision, "duration_ms": duration_ms,
             "status": status, "policy": policy,
             "started_at": started, "observation": observation}, new_id(16))
-
     def create_grant(self, grant):
         columns = GRANT_COLUMNS[:9]
         self.insert("grants", columns, grant)
         said = {c: grant[c] for c in columns[1:] if c != "conditions_json"}
         said["conditions"] = parse(grant["conditions_json"])
         self.part(grant["id"], "grant.created", said)
-
     def revoke_grant(self, grant_id, by, note):
         """End a grant now; False when it was not in force."""
         at = now()
@@ -2402,10 +2350,9 @@ class Tx:
             return False
         self.part(grant_id, "grant.revoked", {"by": by, "note": note})
         return True
-
     def cancel_run(self, run_id, by, note):
-        """An operator ends a run: a pending question closes as
-        rejected; a cut execution's outcome stays unknown."""
+        """An operator ends a run: a pending question is rejected; a cut
+        execution's outcome stays unknown."""
         for approval_id, step_id in self.rows(
                 "SELECT id, step_id FROM approvals WHERE run_id=? AND"
                 " status='pending'", (run_id,)):
@@ -2422,9 +2369,7 @@ class Tx:
 
 
 class Store:
-    """The record: a writer, a reader and the heartbeat's
-    connection, each under a lock of its own."""
-
+    """The record: a writer, a reader and the heartbeat's connection, each locked."""
     def __init__(self, path, readonly=False, create=True):
         self.path, writes = path, not readonly
         self.lock = threading.RLock()
@@ -2432,8 +2377,7 @@ class Store:
         self._check_files(tighten=writes)
         if create and writes and not os.path.exists(path):
             try:
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
-                                 0o600))
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             except FileExistsError:
                 pass
             except OSError as err:
@@ -2462,7 +2406,6 @@ class Store:
             raise StoreError(f"database {path} cannot be opened: {err}"
                              ) from None
         self._check_files(tighten=writes)  # a file swapped in is refused
-
     @staticmethod
     def _connect(uri):
         db = sqlite3.connect(uri, uri=True, isolation_level=None,
@@ -2472,7 +2415,6 @@ class Store:
         if hasattr(db, "setconfig"):
             db.setconfig(sqlite3.SQLITE_DBCONFIG_DEFENSIVE, True)
         return db
-
     def _wal(self):
         deadline = time.monotonic() + 5
         while True:
@@ -2482,7 +2424,6 @@ class Store:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
-
     def _check_files(self, tighten):
         check_database_path(self.path)
         for path in (self.path, self.path + "-wal", self.path + "-shm"):
@@ -2493,11 +2434,9 @@ class Store:
             check_owned(path, "database file", st, error=StoreError)
             if st.st_mode & 0o044 and tighten:
                 os.chmod(path, 0o600)
-
     def _version(self):
         return self.db.execute("SELECT max(version) FROM schema_migrations"
         ).fetchone()[0] or 0
-
     def _check_schema(self, migrate):
         path, known = self.path, len(SCHEMA)
         unsafe = self.db.execute("SELECT name FROM sqlite_master WHERE type IN"
@@ -2521,8 +2460,7 @@ class Store:
                              " gate once to migrate it")
         self.db.execute("BEGIN IMMEDIATE")
         with self.db:  # commits, or rolls back what stops it
-            # Read again under the write lock: another process may have
-            # migrated meanwhile.
+            # Again under the write lock: another process may have migrated.
             self.db.execute("CREATE TABLE IF NOT EXISTS schema_migrations("
                             "version INTEGER PRIMARY KEY,"
                             " applied_at TEXT NOT NULL)")
@@ -2532,17 +2470,14 @@ class Store:
                         self.db.execute(statement)
                 self.db.execute("INSERT INTO schema_migrations VALUES(?, ?)",
                                 (number, now()))
-
     def close(self):
         with self.lock, self.read_lock, self.lease_lock:
             for db in (self.reader, self.db, self.lease_db):
                 if db is not None:
                     db.close()
-
     def write(self, fn):
-        """fn(tx) in a BEGIN IMMEDIATE transaction (the one place one is
-        opened): its result once durable. Changes queued meanwhile commit
-        together, each in a savepoint so one that fails rolls back alone."""
+        """fn(tx) in BEGIN IMMEDIATE (only here), its result once durable; writes
+        queued meanwhile commit with it, each in a savepoint of its own."""
         job = {"fn": fn, "done": False, "result": None, "error": None}
         with self.jobs_lock:
             self.jobs.append(job)
@@ -2554,7 +2489,6 @@ class Store:
         if job["error"] is not None:
             raise job["error"]
         return job["result"]
-
     def _commit(self, batch):
         try:
             self.db.execute("BEGIN IMMEDIATE")
@@ -2584,7 +2518,6 @@ class Store:
         finally:
             for job in batch:
                 job["done"] = True
-
     def renew_leases(self, owner, until, run_ids):
         """The heartbeat's write (no event: it decides nothing)."""
         if not run_ids:
@@ -2600,37 +2533,30 @@ class Store:
                 raise StoreError(f"the leases could not be renewed: {err}"
                 ) from None
 
-    # The reads the gate decides with span every session (init gives each
-    # host's gate its own on one database). The request key is the server's
-    # name, the upstream tool's and the canonical arguments: two servers
-    # given one name share their rules (refused, never run twice).
-
+    # Reads span every session (init gives each host its own gate on one
+    # database). A request key is server name, tool and canonical arguments:
+    # two servers given one name share its rules (refused, never run twice).
     def key_runs(self, key, since, newest_only):
-        """Newest first, in one statement: the open row is the newest
-        as of every row read."""
+        """Newest first; one statement, so the open row is the newest read."""
         limit = " LIMIT 1" if newest_only else ""
         return [KeyRun(*row) for row in self.read(
             "SELECT r.id, r.status, r.reason, r.detail, r.finished_at,"
             f" r.lease_owner, r.lease_expires_at, c.open {CALL_RUN} WHERE"
             " c.request_key=? AND (c.open=1 OR c.settled_at='' OR"
             " c.settled_at>=?) ORDER BY c.id DESC" + limit, (key, since))]
-
     def open_run(self, key):
         row = self.read_one(OPEN_ROW, (key,))
         return row[0] if row else None
-
     def attempt_runs(self, key):
         return self.read(f"SELECT r.id, r.status {CALL_RUN} WHERE"
                          " c.request_key=? AND c.outcome!=? ORDER BY c.id"
                          " DESC", (key, OUTCOME_NONE))
-
     def unsettled_runs(self, target, key):
         """The tool's unsettled runs of other requests."""
         return self.read("SELECT r.id, r.status, r.lease_owner,"
                          f" r.lease_expires_at {CALL_RUN} WHERE c.tool=? AND"
                          " c.outcome=0 AND c.settled_at='' AND"
                          " c.request_key!=? ORDER BY c.id", (target, key))
-
     def unknown_for_tool(self, target, key):
         """Other requests of the tool whose newest attempt is unknown."""
         return self.read(f"SELECT c.request_key, c.run_id, r.reason {CALL_RUN}"
@@ -2639,31 +2565,24 @@ class Store:
                          " d.request_key=c.request_key AND d.outcome!=?)"
                          " ORDER BY c.id",
                          (target, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
-
     def read_approvals(self, joined, args, extra=()):
-        """The one reader of approvals: dicts of APPROVAL_COLUMNS
-        and `extra` (name, expression); `joined` follows SELECT."""
-        chosen = [f"a.{c}" for c in APPROVAL_COLUMNS]
-        select = ", ".join(chosen + [e for _, e in extra])
+        """Approvals as dicts of APPROVAL_COLUMNS and `extra` (name, expression)."""
+        chosen = [f"a.{c}" for c in APPROVAL_COLUMNS] + [e for _, e in extra]
         names = APPROVAL_COLUMNS + tuple(n for n, _ in extra)
-        rows = self.read(f"SELECT {select} {joined}", args)
+        rows = self.read(f"SELECT {', '.join(chosen)} {joined}", args)
         return [dict(zip(names, row)) for row in rows]
-
     def latest_approval(self, run_id):
         rows = self.read_approvals("FROM approvals a WHERE a.run_id=? ORDER BY"
                                    " a.rowid DESC LIMIT 1", (run_id,))
         return rows[0] if rows else None
-
     def approval(self, approval_id):
         rows = self.read_approvals("FROM approvals a JOIN runs r ON r.id ="
                                    " a.run_id WHERE a.id=?", (approval_id,),
                                    (("run_status", "r.status"),))
         return rows[0] if rows else None
-
     def step_decision(self, step_id):
-        sql = "SELECT decision_json FROM steps WHERE id=?"
-        return parse(self.read_one(sql, (step_id,))[0])
-
+        row = self.read_one("SELECT decision_json FROM steps WHERE id=?", (step_id,))
+        return parse(row[0])
     def read(self, sql, args=()):
         with self.read_lock:
             try:
@@ -2671,7 +2590,6 @@ class Store:
             except sqlite3.Error as err:
                 raise StoreError(f"the records could not be read: {err}"
                 ) from None
-
     def read_one(self, sql, args=()):
         return next(iter(self.read(sql, args)), None)
 
