@@ -1885,18 +1885,16 @@ def passed_result(tool, result):
 #
 # Reads as: decision core
 #
-# Owns: the SQLite file, every statement that changes it, and the reads the
-# gate decides with (section 23 reads the rest).
-# Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema off; files
-# 0600, refused when others can write them; a state change commits with its
-# events in one BEGIN IMMEDIATE transaction, one event per run, hash-chained
-# across runs and processes. Nothing here approves. A newer agentgate's
-# database is refused; older ones migrate by SCHEMA.
+# Owns: the SQLite file, every statement that changes it, the reads the gate
+# decides with (section 23 reads the rest). Promises: WAL, synchronous=FULL,
+# a busy timeout, trusted_schema off; files 0600, refused when others can
+# write them; a change and its events commit in one BEGIN IMMEDIATE, one event
+# per run, hash-chained across processes. Nothing here approves. A newer
+# agentgate's database is refused; older ones migrate.
 # =============================================================================================
 
 SCHEMA = [
-    # 1. A run is one tools/call, a step one proposal in it; calls
-    # index runs by request, the truth is the run and its steps.
+    # 1. A run per tools/call, a step per proposal; calls index runs by request.
     """
     CREATE TABLE runs(id TEXT PRIMARY KEY, session TEXT NOT NULL,
         tool TEXT NOT NULL, status TEXT NOT NULL,
@@ -1985,14 +1983,11 @@ TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 # A settled calls row: what its last attempt came to (0: unsettled).
 OUTCOME_NONE, OUTCOME_KNOWN, OUTCOME_UNKNOWN = 1, 2, 3
 
-
 class StoreError(Exception):
     """The records could not be read or written."""
 
-
 class Race(Exception):
-    """A write's records changed since read: it rolls back; Gate._decide says AGAIN."""
-
+    """A write's records changed since read: Gate._decide says AGAIN."""
 
 # A read replaces any open row: reads never race for a key.
 ANY_ROW = "any open row"
@@ -2009,7 +2004,7 @@ ATTEMPT_STEPS = ("SELECT id, status, observation_json, started_at, finished_at"
                  " '$.kind')='tool_call' ORDER BY idx DESC")
 ASKED_AGAIN = ("SELECT capability_json FROM approvals WHERE step_id=? AND"
                " kind='interrupted_side_effect' ORDER BY rowid DESC LIMIT 1")
-CALL_RUN = "FROM calls c JOIN runs r ON r.id = c.run_id"
+CALL_RUN = "FROM calls c JOIN runs r ON r.id=c.run_id"
 CHAIN_HEAD = ("SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'),"
               " (SELECT seq FROM events ORDER BY seq DESC LIMIT 1),"
               " (SELECT hash FROM events ORDER BY seq DESC LIMIT 1)")
@@ -2022,7 +2017,6 @@ WAITING = (f"SELECT count(*) {CALL_RUN} JOIN approvals a ON a.run_id = r.id"
            " max(rowid) FROM approvals b WHERE b.run_id=r.id)")
 NO_LEASE = "lease_owner='', lease_expires_at=''"
 
-
 def step_outcome(observed):
     """What a step came to, from its fields, never its prose."""
     kind, content = observed["kind"], observed.get("content", {})
@@ -2034,7 +2028,6 @@ def step_outcome(observed):
     if kind == "policy_denied":
         return "rejected" if "approval_id" in content else "denied"
     return {"tool_result": "ok", "invalid_decision": "invalid"}.get(kind, "")
-
 
 def last_attempt(rows, run_id):
     """A run's newest attempt, or None; a re-run asked and not
@@ -2056,7 +2049,6 @@ def last_attempt(rows, run_id):
             return Attempt(prior["ended"], None, finished, prior)
     return None
 
-
 def kept_once(value):
     """A value in an event: a long string as its size and hash
     (its row keeps it whole; the chain binds every byte)."""
@@ -2069,19 +2061,17 @@ def kept_once(value):
         return [kept_once(item) for item in value]
     return value
 
-
 def event_hash(prev, seq, run_id, step_id, at, type_, payload):
     """Over the previous hash and the fields, as netstrings."""
     fields = (prev, str(seq), run_id, step_id, at, type_, payload)
     data = [f.encode("utf-8", "surrogatepass") for f in fields]
     return sha256_hex(b"".join(b"%d:%s," % (len(f), f) for f in data))
 
-
 class Tx:
     """One write transaction: its rows and the events that commit with them."""
     def __init__(self, db):
         self.execute = db.execute
-        self.parts = {}  # run id -> its parts of the record so far
+        self.parts = {}
         # Read under the write lock: processes extend one chain. The next seq
         # follows every seq used (a deleted tail leaves a gap verify reports).
         used, newest, digest = db.execute(CHAIN_HEAD).fetchone()
@@ -2160,8 +2150,8 @@ class Tx:
         self.execute("UPDATE steps SET policy_json=?, policy_id=? WHERE id=?",
                      (dumps(policy), policy_id, step_id))
         spec_hash = self.one("SELECT spec_hash FROM steps WHERE id=?", step_id)[0]
-        said = {**policy, "policy_id": policy_id, "spec_hash": spec_hash}
-        self.part(run_id, "step.policy", said, step_id)
+        self.part(run_id, "step.policy", {
+            **policy, "policy_id": policy_id, "spec_hash": spec_hash}, step_id)
     def end_step(self, step_id, status, observation=None):
         kept = dumps(observation) if observation else ""
         self.execute("UPDATE steps SET status=?, observation_json=?, finished_at=?"
@@ -2231,7 +2221,7 @@ class Tx:
         self.part(run_id, "step.tool_started", said, step_id)
     def finish_execution(self, run_id, step_id, tool, observation,
                          duration_ms):
-        record = observation.get("result")  # the step row keeps it whole
+        record = observation.get("result")
         said = ({"summary": observation["summary"], "bytes": record["bytes"],
                  "sha256": record["sha256"]} if record
                 else {"error": observation["content"]["error"]})
@@ -2295,18 +2285,17 @@ class Tx:
             return "expired"
         self._close_approval(run_id, step_id, approval_id, status, by, note)
         if status == "rejected":
-            content = {"approval_id": approval_id, "note": note}
+            denied = {"approval_id": approval_id, "note": note}
             self.fail_step(run_id, step_id, {"kind": "policy_denied",
-                           "content": content}, f"rejected by {by}")
+                           "content": denied}, f"rejected by {by}")
             self.finish_run(run_id, "CANCELLED", "approval_rejected", note)
         return "decided"
     def _close_approval(self, run_id, step_id, approval_id, status, by, note):
         self.execute("UPDATE approvals SET status=?, decided_at=?,"
                      " decided_by=?, note=? WHERE id=?",
                      (status, now(), by, note, approval_id))
-        said = {"approval_id": approval_id, "status": status, "by": by,
-                "note": note}
-        self.part(run_id, "approval.decided", said, step_id)
+        self.part(run_id, "approval.decided", {"approval_id": approval_id,
+                  "status": status, "by": by, "note": note}, step_id)
     def expire_approval(self, approval_id, run_id, step_id):
         """A question not answered, or a grant not collected."""
         self.changed("UPDATE approvals SET status='expired',"
@@ -2314,8 +2303,8 @@ class Tx:
                      " note=coalesce(nullif(note, ''), 'expired') WHERE id=?"
                      " AND status IN ('pending', 'approved')",
                      (now(), approval_id))
-        said = {"approval_id": approval_id, "status": "expired"}
-        self.part(run_id, "approval.decided", said, step_id)
+        self.part(run_id, "approval.decided",
+                  {"approval_id": approval_id, "status": "expired"}, step_id)
         self.execute("UPDATE steps SET status='failed', finished_at=? WHERE"
                      " id=? AND status='awaiting_approval'", (now(), step_id))
         self.finish_run(run_id, "CANCELLED", "approval_expired",
@@ -2351,8 +2340,7 @@ class Tx:
         self.part(grant_id, "grant.revoked", {"by": by, "note": note})
         return True
     def cancel_run(self, run_id, by, note):
-        """An operator ends a run: a pending question is rejected; a cut
-        execution's outcome stays unknown."""
+        """Ended by an operator: a pending question is rejected; unknowns stay unknown."""
         for approval_id, step_id in self.rows(
                 "SELECT id, step_id FROM approvals WHERE run_id=? AND"
                 " status='pending'", (run_id,)):
@@ -2366,7 +2354,6 @@ class Tx:
                            "content": content}, f"cancelled by {by}")
         self.finish_run(run_id, "CANCELLED", "operator_cancelled", note,
                         extra={"by": by})
-
 
 class Store:
     """The record: a writer, a reader and the heartbeat's connection, each locked."""
@@ -2387,16 +2374,15 @@ class Store:
             raise StoreError(f"database {path} does not exist; start the gate"
                              " once to create it, or name the right file with"
                              " -db")
-        quoted = path.replace("?", "%3f").replace("#", "%23")
-        uri = "file:" + quoted + ("" if writes else "?mode=ro")
+        uri = "file:" + path.replace("?", "%3f").replace("#", "%23")
+        uri += "" if writes else "?mode=ro"
         try:
             self.db = self._connect(uri)
             if writes:
                 self._wal()
                 self.db.execute("PRAGMA synchronous=FULL")
             self._check_schema(migrate=create and writes)
-            # Reads never wait on a writer's sync: a stale read is caught
-            # by its write's checks.
+            # A reader of its own never waits on a sync; writes catch stale reads.
             self.reader = self._connect(uri) if writes else self.db
             self.read_lock = threading.Lock() if writes else self.lock
             # The heartbeat's own: leases renew while commits stall.
@@ -2533,9 +2519,8 @@ class Store:
                 raise StoreError(f"the leases could not be renewed: {err}"
                 ) from None
 
-    # Reads span every session (init gives each host its own gate on one
-    # database). A request key is server name, tool and canonical arguments:
-    # two servers given one name share its rules (refused, never run twice).
+    # Reads span every session (init gives each host a gate on one database):
+    # two servers given one name share a key's rules (refused, never run twice).
     def key_runs(self, key, since, newest_only):
         """Newest first; one statement, so the open row is the newest read."""
         limit = " LIMIT 1" if newest_only else ""
@@ -2592,7 +2577,6 @@ class Store:
                 ) from None
     def read_one(self, sql, args=()):
         return next(iter(self.read(sql, args)), None)
-
 
 def write_error(err):
     """What a write's caller hears of a failed statement; a unique
