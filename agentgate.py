@@ -1980,7 +1980,7 @@ SCHEMA = [
 ]
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
-# A settled calls row: what its last attempt came to (0: unsettled).
+# What a settled call's last attempt came to (0: unsettled).
 OUTCOME_NONE, OUTCOME_KNOWN, OUTCOME_UNKNOWN = 1, 2, 3
 
 class StoreError(Exception):
@@ -2030,8 +2030,8 @@ def step_outcome(observed):
     return {"tool_result": "ok", "invalid_decision": "invalid"}.get(kind, "")
 
 def last_attempt(rows, run_id):
-    """A run's newest attempt, or None; a re-run asked and not
-    carried out stands for the attempt its approval names."""
+    """A run's newest attempt, or None; a re-run asked, not run,
+    stands for the attempt its approval names."""
     for step_id, status, kept, started, finished in rows(ATTEMPT_STEPS, (run_id,)):
         observed = parse(kept) if kept else None
         ending = step_outcome(observed) if observed else ""
@@ -2062,7 +2062,6 @@ def kept_once(value):
     return value
 
 def event_hash(prev, seq, run_id, step_id, at, type_, payload):
-    """Over the previous hash and the fields, as netstrings."""
     fields = (prev, str(seq), run_id, step_id, at, type_, payload)
     data = [f.encode("utf-8", "surrogatepass") for f in fields]
     return sha256_hex(b"".join(b"%d:%s," % (len(f), f) for f in data))
@@ -2494,12 +2493,12 @@ class Store:
             with contextlib.suppress(sqlite3.Error):
                 if self.db.in_transaction:
                     self.db.execute("ROLLBACK")
+            stored = isinstance(err, sqlite3.Error)
             failure = StoreError(f"the records could not be written: {err}"
-                if isinstance(err, sqlite3.Error) else
-                "the write was interrupted before it was committed")
+                if stored else "the write was interrupted before it was committed")
             for job in batch:
                 job["error"] = failure
-            if not isinstance(err, sqlite3.Error):
+            if not stored:
                 raise
         finally:
             for job in batch:
