@@ -2032,7 +2032,8 @@ def step_outcome(observed):
 def last_attempt(rows, run_id):
     """A run's newest attempt, or None; a re-run asked, not run,
     stands for the attempt its approval names."""
-    for step_id, status, kept, started, finished in rows(ATTEMPT_STEPS, (run_id,)):
+    for row in rows(ATTEMPT_STEPS, (run_id,)):
+        step_id, status, kept, started, finished = row
         observed = parse(kept) if kept else None
         ending = step_outcome(observed) if observed else ""
         if status == "executing" or ending == "cut_off":
@@ -2058,7 +2059,7 @@ def kept_once(value):
     if isinstance(value, dict):
         return {k: kept_once(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [kept_once(item) for item in value]
+        return [kept_once(v) for v in value]
     return value
 
 def event_hash(prev, seq, run_id, step_id, at, type_, payload):
@@ -2067,7 +2068,8 @@ def event_hash(prev, seq, run_id, step_id, at, type_, payload):
     return sha256_hex(b"".join(b"%d:%s," % (len(f), f) for f in data))
 
 class Tx:
-    """One write transaction: its rows and the events that commit with them."""
+    """One write transaction: its rows and the events that
+    commit with them."""
     def __init__(self, db):
         self.execute = db.execute
         self.parts = {}
@@ -2081,7 +2083,8 @@ class Tx:
         return self.execute(sql, args).fetchone()
     def event(self, run_id, type_, payload, step_id=""):
         seq, at, body = self.head[0] + 1, now(), dumps(payload)
-        digest = event_hash(self.head[1], seq, run_id, step_id, at, type_, body)
+        digest = event_hash(self.head[1], seq, run_id, step_id, at, type_,
+                            body)
         self.execute("INSERT INTO events(seq, run_id, step_id, at, type,"
                      " payload_json, hash) VALUES(?,?,?,?,?,?,?)",
                      (seq, run_id, step_id, at, type_, body, digest))
@@ -2089,13 +2092,14 @@ class Tx:
     def part(self, run_id, type_, payload, step_id=""):
         self.parts.setdefault(run_id, []).append([type_, step_id, payload])
     def flush(self):
-        """One event per run: its one part, else call.began, .changed or .ended."""
+        """One event per run: its one part, else call.began,
+        call.changed or call.ended."""
         for run_id, parts in self.parts.items():
             if len(parts) == 1:
                 type_, step_id, payload = parts[0]
                 self.event(run_id, type_, payload, step_id)
                 continue
-            types = [part[0] for part in parts]
+            types = [p[0] for p in parts]
             ends = "run.finished" in types or "step.tool_finished" in types
             type_ = ("call.began" if types[0] == "run.created"
                      else "call.ended" if ends else "call.changed")
@@ -2113,7 +2117,8 @@ class Tx:
                   side_effect, tool_hashes, lease, seen):
         """Claim the request's calls row and begin its run. Race unless the
         open row is still `seen` and ended: a run of the key begun since wins."""
-        at, row = now(), self.one(OPEN_ROW, key)
+        at = now()
+        row = self.one(OPEN_ROW, key)
         if seen is not ANY_ROW:
             moved = (row[0] if row else None) != seen
             if moved or (row and row[1] not in TERMINAL):
@@ -2136,7 +2141,8 @@ class Tx:
     def start_step(self, run_id, decision, tool=None):
         step_id = new_id(16)
         index = self.one("SELECT step_count FROM runs WHERE id=?", run_id)[0]
-        self.execute("UPDATE runs SET step_count=step_count+1 WHERE id=?", (run_id,))
+        self.execute("UPDATE runs SET step_count=step_count+1 WHERE id=?",
+                     (run_id,))
         spec_hash = self.keep_spec(tool) if tool is not None else ""
         self.execute("INSERT INTO steps(id, run_id, idx, status, decision_json,"
                      " spec_hash, started_at) VALUES(?,?,?,?,?,?,?)",
@@ -2148,13 +2154,15 @@ class Tx:
     def record_policy(self, run_id, step_id, policy, policy_id):
         self.execute("UPDATE steps SET policy_json=?, policy_id=? WHERE id=?",
                      (dumps(policy), policy_id, step_id))
-        spec_hash = self.one("SELECT spec_hash FROM steps WHERE id=?", step_id)[0]
+        spec_hash = self.one("SELECT spec_hash FROM steps WHERE id=?",
+                             step_id)[0]
         self.part(run_id, "step.policy", {
             **policy, "policy_id": policy_id, "spec_hash": spec_hash}, step_id)
     def end_step(self, step_id, status, observation=None):
         kept = dumps(observation) if observation else ""
-        self.execute("UPDATE steps SET status=?, observation_json=?, finished_at=?"
-                     " WHERE id=?", (status, kept, now(), step_id))
+        self.execute("UPDATE steps SET status=?, observation_json=?,"
+                     " finished_at=? WHERE id=?",
+                     (status, kept, now(), step_id))
     def fail_step(self, run_id, step_id, observation, detail):
         self.end_step(step_id, "failed", observation)
         self.part(run_id, "step.failed",
@@ -2210,8 +2218,10 @@ class Tx:
         self.part(run_id, "run.resumed", {"approval_id": approval_id})
     def start_execution(self, run_id, step_id, tool, args, target,
                         approval_id=""):
-        """From here its outcome may be unknown; every process's limits count it."""
-        self.execute("UPDATE steps SET status='executing' WHERE id=?", (step_id,))
+        """From here its outcome may be unknown; every process's
+        limits count it from this commit on."""
+        self.execute("UPDATE steps SET status='executing' WHERE id=?",
+                     (step_id,))
         self.execute("INSERT INTO executions(tool, at, run_id, step_id)"
                      " VALUES(?,?,?,?)", (target, now(), run_id, step_id))
         said = {"tool": tool, "args": kept_once(args)}
@@ -2227,7 +2237,8 @@ class Tx:
         self.part(run_id, "step.tool_finished",
                   {"tool": tool, "duration_ms": duration_ms, **said}, step_id)
         if observation["kind"] != "tool_result":
-            self.fail_step(run_id, step_id, observation, observation["summary"])
+            self.fail_step(run_id, step_id, observation,
+                           observation["summary"])
             return
         self.end_step(step_id, "done", observation)
         self.finish_run(run_id, "COMPLETED", "goal_completed",
@@ -2239,7 +2250,8 @@ class Tx:
         return self.one("SELECT status, lease_owner FROM runs WHERE id=?",
                         run_id)
     def step_started(self, step_id):
-        return self.one("SELECT started_at FROM steps WHERE id=?", step_id)[0]
+        return self.one("SELECT started_at FROM steps WHERE id=?",
+                        step_id)[0]
     def take_over(self, run_id, lease):
         """Take a lease left to run out, its steps marked interrupted:
         (step_id, started_at) of one cut off while executing, or None."""
@@ -2310,7 +2322,8 @@ class Tx:
                         f"approval {approval_id} expired")
     def record_read(self, run_id, session, tool, decision, policy,
                     policy_id, started, observation, ended, duration_ms):
-        """An answered read: its run and a run.read event (no calls, no executions)."""
+        """An allowed read once answered: its run and a run.read
+        event (no calls row, no execution row)."""
         status, reason, detail = ended
         self.execute("INSERT INTO runs(id, session, tool, status, reason,"
                      " detail, step_count, created_at, finished_at)"
@@ -2339,7 +2352,8 @@ class Tx:
         self.part(grant_id, "grant.revoked", {"by": by, "note": note})
         return True
     def cancel_run(self, run_id, by, note):
-        """Ended by an operator: a pending question is rejected; unknowns stay unknown."""
+        """An operator ends a run: a pending question is rejected;
+        a cut execution's outcome stays unknown."""
         for approval_id, step_id in self.rows(
                 "SELECT id, step_id FROM approvals WHERE run_id=? AND"
                 " status='pending'", (run_id,)):
@@ -2355,7 +2369,8 @@ class Tx:
                         extra={"by": by})
 
 class Store:
-    """The record: a writer, a reader and the heartbeat's connection, each locked."""
+    """The record: a writer, a reader and the heartbeat's
+    connection, each under a lock of its own."""
     def __init__(self, path, readonly=False, create=True):
         self.path, writes = path, not readonly
         self.lock = threading.RLock()
@@ -2363,7 +2378,8 @@ class Store:
         self._check_files(tighten=writes)
         if create and writes and not os.path.exists(path):
             try:
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                 0o600))
             except FileExistsError:
                 pass
             except OSError as err:
@@ -2423,15 +2439,15 @@ class Store:
         return self.db.execute("SELECT max(version) FROM schema_migrations"
         ).fetchone()[0] or 0
     def _check_schema(self, migrate):
-        path, known = self.path, len(SCHEMA)
-        unsafe = self.db.execute("SELECT name FROM sqlite_master WHERE type IN"
-                                 " ('trigger', 'view') LIMIT 1").fetchone()
+        db, path, known = self.db, self.path, len(SCHEMA)
+        unsafe = db.execute("SELECT name FROM sqlite_master WHERE type IN"
+                            " ('trigger', 'view') LIMIT 1").fetchone()
         if unsafe:
             raise StoreError(f"database {path} holds a trigger or view"
                              f" ({unsafe[0]}), which agentgate never creates;"
                              " it will not use this file")
-        has = self.db.execute("SELECT 1 FROM sqlite_master"
-                              " WHERE name='schema_migrations'").fetchone()
+        has = db.execute("SELECT 1 FROM sqlite_master"
+                         " WHERE name='schema_migrations'").fetchone()
         version = self._version() if has else 0
         if version > known:
             raise StoreError(f"database {path} was migrated by a newer"
@@ -2443,18 +2459,18 @@ class Store:
             raise StoreError(f"database {path} has schema version {version},"
                              f" older than this agentgate's {known}; start the"
                              " gate once to migrate it")
-        self.db.execute("BEGIN IMMEDIATE")
-        with self.db:  # commits, or rolls back what stops it
+        db.execute("BEGIN IMMEDIATE")
+        with db:  # commits, or rolls back what stops it
             # Again under the write lock: another process may have migrated.
-            self.db.execute("CREATE TABLE IF NOT EXISTS schema_migrations("
-                            "version INTEGER PRIMARY KEY,"
-                            " applied_at TEXT NOT NULL)")
+            db.execute("CREATE TABLE IF NOT EXISTS schema_migrations("
+                       "version INTEGER PRIMARY KEY,"
+                       " applied_at TEXT NOT NULL)")
             for number in range(self._version() + 1, known + 1):
                 for statement in SCHEMA[number - 1].split(";"):
                     if statement.strip():
-                        self.db.execute(statement)
-                self.db.execute("INSERT INTO schema_migrations VALUES(?, ?)",
-                                (number, now()))
+                        db.execute(statement)
+                db.execute("INSERT INTO schema_migrations VALUES(?, ?)",
+                           (number, now()))
     def close(self):
         with self.lock, self.read_lock, self.lease_lock:
             for db in (self.reader, self.db, self.lease_db):
@@ -2475,24 +2491,24 @@ class Store:
             raise job["error"]
         return job["result"]
     def _commit(self, batch):
+        db = self.db
         try:
-            self.db.execute("BEGIN IMMEDIATE")
+            db.execute("BEGIN IMMEDIATE")
             for job in batch:
-                self.db.execute("SAVEPOINT change")
+                db.execute("SAVEPOINT change")
                 try:
-                    tx = Tx(self.db)
+                    tx = Tx(db)
                     job["result"] = job["fn"](tx)
                     tx.flush()
                 except Exception as err:
-                    self.db.execute("ROLLBACK TO change")
+                    db.execute("ROLLBACK TO change")
                     job["error"] = write_error(err)
-                self.db.execute("RELEASE change")
-            self.db.execute("COMMIT")
+                db.execute("RELEASE change")
+            db.execute("COMMIT")
         except BaseException as err:
             # Nothing committed: every caller in the batch hears so.
             with contextlib.suppress(sqlite3.Error):
-                if self.db.in_transaction:
-                    self.db.execute("ROLLBACK")
+                db.execute("ROLLBACK")
             stored = isinstance(err, sqlite3.Error)
             failure = StoreError(f"the records could not be written: {err}"
                 if stored else "the write was interrupted before it was committed")
@@ -2521,7 +2537,8 @@ class Store:
     # Reads span every session (init gives each host a gate on one database):
     # two servers given one name share a key's rules (refused, never run twice).
     def key_runs(self, key, since, newest_only):
-        """Newest first; one statement, so the open row is the newest read."""
+        """Newest first, in one statement: the open row is the
+        newest as of every row read."""
         limit = " LIMIT 1" if newest_only else ""
         return [KeyRun(*row) for row in self.read(
             "SELECT r.id, r.status, r.reason, r.detail, r.finished_at,"
@@ -2550,7 +2567,8 @@ class Store:
                          " ORDER BY c.id",
                          (target, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
     def read_approvals(self, joined, args, extra=()):
-        """Approvals as dicts of APPROVAL_COLUMNS and `extra` (name, expression)."""
+        """Approvals as dicts of APPROVAL_COLUMNS and `extra`
+        ((name, expression) pairs)."""
         chosen = [f"a.{c}" for c in APPROVAL_COLUMNS] + [e for _, e in extra]
         names = APPROVAL_COLUMNS + tuple(n for n, _ in extra)
         rows = self.read(f"SELECT {', '.join(chosen)} {joined}", args)
@@ -2565,7 +2583,8 @@ class Store:
                                    (("run_status", "r.status"),))
         return rows[0] if rows else None
     def step_decision(self, step_id):
-        row = self.read_one("SELECT decision_json FROM steps WHERE id=?", (step_id,))
+        row = self.read_one("SELECT decision_json FROM steps WHERE id=?",
+                            (step_id,))
         return parse(row[0])
     def read(self, sql, args=()):
         with self.read_lock:
