@@ -2201,12 +2201,12 @@ class Tx:
                      (step_id,))
         self.insert("approvals", APPROVAL_COLUMNS, approval)
         shown = parse(approval["presentation_json"])
-        bound = parse(approval["capability_json"])
         self.part(run_id, "approval.requested", {
             "approval_id": approval["id"], "kind": approval["kind"],
-            "reason": shown.get("reason", ""), "capability": kept_once(bound),
-            "presentation": kept_once(shown),
-            "hash": approval["hash"]}, step_id)
+            "reason": shown.get("reason", ""),
+            "capability": kept_once(parse(approval["capability_json"])),
+            "presentation": kept_once(shown), "hash": approval["hash"]},
+            step_id)
     def resume(self, run_id, approval_id, lease):
         """Run again on its newest approval, granted; else Race."""
         self.changed("UPDATE runs SET status='RUNNING', lease_owner=?,"
@@ -2370,7 +2370,7 @@ class Tx:
 
 class Store:
     """The record: a writer, a reader and the heartbeat's
-    connection, each under a lock of its own."""
+    connection, each with its own lock."""
     def __init__(self, path, readonly=False, create=True):
         self.path, writes = path, not readonly
         self.lock = threading.RLock()
@@ -2406,7 +2406,7 @@ class Store:
         except sqlite3.Error as err:
             raise StoreError(f"database {path} cannot be opened: {err}"
                              ) from None
-        self._check_files(tighten=writes)  # a file swapped in is refused
+        self._check_files(tighten=writes)  # refuses a file swapped in
     @staticmethod
     def _connect(uri):
         db = sqlite3.connect(uri, uri=True, isolation_level=None,
@@ -2461,7 +2461,7 @@ class Store:
                              " gate once to migrate it")
         db.execute("BEGIN IMMEDIATE")
         with db:  # commits, or rolls back what stops it
-            # Again under the write lock: another process may have migrated.
+            # Read again, locked: another process may have migrated.
             db.execute("CREATE TABLE IF NOT EXISTS schema_migrations("
                        "version INTEGER PRIMARY KEY,"
                        " applied_at TEXT NOT NULL)")
@@ -2567,8 +2567,8 @@ class Store:
                          " ORDER BY c.id",
                          (target, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
     def read_approvals(self, joined, args, extra=()):
-        """Approvals as dicts of APPROVAL_COLUMNS and `extra`
-        ((name, expression) pairs)."""
+        """Approvals as dicts of APPROVAL_COLUMNS and of `extra`,
+        (name, expression) pairs."""
         chosen = [f"a.{c}" for c in APPROVAL_COLUMNS] + [e for _, e in extra]
         names = APPROVAL_COLUMNS + tuple(n for n, _ in extra)
         rows = self.read(f"SELECT {', '.join(chosen)} {joined}", args)
