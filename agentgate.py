@@ -1979,16 +1979,15 @@ SCHEMA = [
     """,
 ]
 
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
-# What a settled call's last attempt came to (0: unsettled).
-OUTCOME_NONE, OUTCOME_KNOWN, OUTCOME_UNKNOWN = 1, 2, 3
-
 class StoreError(Exception):
     """The records could not be read or written."""
 
 class Race(Exception):
     """A write's records changed since read: Gate._decide says AGAIN."""
 
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+# What a settled call's last attempt came to (0: unsettled).
+OUTCOME_NONE, OUTCOME_KNOWN, OUTCOME_UNKNOWN = 1, 2, 3
 # A read replaces any open row: reads never race for a key.
 ANY_ROW = "any open row"
 KeyRun = collections.namedtuple(
@@ -2533,7 +2532,6 @@ class Store:
             except sqlite3.Error as err:
                 raise StoreError(f"the leases could not be renewed: {err}"
                 ) from None
-
     # Reads span every session (init gives each host a gate on one database):
     # two servers given one name share a key's rules (refused, never run twice).
     def key_runs(self, key, since, newest_only):
