@@ -1680,19 +1680,16 @@ def passed_result(tool, result):
 #
 # Reads as: decision core
 #
-# Owns: the SQLite file, every statement that changes it, and the reads the
-# gate decides with (section 23 reads the rest).
-# Promises: WAL, synchronous=FULL, a busy timeout, trusted_schema off; files
-# 0600, refused when others can write them; a state change commits with its
-# events in one BEGIN IMMEDIATE transaction, hash-chained across runs and
-# processes, one event per run per transaction. Nothing here approves. A
-# database of a newer agentgate is refused; new and old migrate by SCHEMA.
+# Owns: the SQLite file, every statement that changes it, the reads the gate
+# decides with (section 23 reads the rest). Promises: WAL, synchronous=FULL,
+# a busy timeout, trusted_schema off; files 0600, refused when others can
+# write them; a change and its events commit in one BEGIN IMMEDIATE, one event
+# per run, hash-chained across processes. Nothing here approves. A newer
+# agentgate's database is refused; older ones migrate.
 # =============================================================================================
 
 SCHEMA = [
-    # 1. A run is one tools/call; a step one proposal in it (the
-    # call, a re-run, the closing). The calls table indexes runs by
-    # request; the truth is the run and its steps.
+    # 1. A run per tools/call, a step per proposal; calls index runs by request.
     """
     CREATE TABLE runs(id TEXT PRIMARY KEY, session TEXT NOT NULL,
         tool TEXT NOT NULL, status TEXT NOT NULL,
@@ -1746,8 +1743,7 @@ SCHEMA = [
         payload_json TEXT NOT NULL, hash TEXT NOT NULL);
     CREATE INDEX events_run ON events(run_id, seq);
     """,
-    # 2. What limits count (amounts_json unused: a sum reads the step), and the
-    # grants. Version 1's executions are its step.tool_started events.
+    # 2. What limits count (amounts_json unused), and the grants.
     """
     CREATE TABLE executions(id INTEGER PRIMARY KEY,
         tool TEXT NOT NULL, at TEXT NOT NULL, run_id TEXT NOT NULL,
@@ -1768,10 +1764,7 @@ SCHEMA = [
         revoke_note TEXT NOT NULL DEFAULT '');
     CREATE INDEX grants_tool ON grants(session, tool, expires_at);
     """,
-    # 3 to 5 rewrite nothing (the chain binds the old rows).
-    "",  # 3: an allowed read: its run and one run.read event
-    "",  # 4: an answer is kept as its result_record
-    "",  # 5: one event per run per transaction (Tx.flush)
+    "", "", "",  # 3 to 5 rewrite nothing (the chain binds the old rows)
     # 6. The rules across calls read every session's calls.
     """
     DROP INDEX calls_key;
@@ -1781,20 +1774,15 @@ SCHEMA = [
     """,
 ]
 
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
-# A settled calls row: what its last attempt came to (0: unsettled).
-OUTCOME_NONE, OUTCOME_KNOWN, OUTCOME_UNKNOWN = 1, 2, 3
-
-
 class StoreError(Exception):
     """The records could not be read or written."""
 
-
 class Race(Exception):
-    """The records changed since read: raised in a write so its
-    savepoint rolls back; Gate._decide makes it AGAIN."""
+    """A write's records changed since read: Gate._decide says AGAIN."""
 
-
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+# What a settled call's last attempt came to (0: unsettled).
+OUTCOME_NONE, OUTCOME_KNOWN, OUTCOME_UNKNOWN = 1, 2, 3
 # A read replaces any open row: reads never race for a key.
 ANY_ROW = "any open row"
 KeyRun = collections.namedtuple(
@@ -1805,7 +1793,23 @@ CALL_ENDINGS = ("ok", "error", "unsent", "unrecorded", "timed_out",
 LARGE_VALUE_BYTES = 4096
 # A run's newest attempt; `attempt` as an approval names it.
 Attempt = collections.namedtuple("Attempt", "ending observed finished attempt")
-
+ATTEMPT_STEPS = ("SELECT id, status, observation_json, started_at, finished_at"
+                 " FROM steps WHERE run_id=? AND json_extract(decision_json,"
+                 " '$.kind')='tool_call' ORDER BY idx DESC")
+ASKED_AGAIN = ("SELECT capability_json FROM approvals WHERE step_id=? AND"
+               " kind='interrupted_side_effect' ORDER BY rowid DESC LIMIT 1")
+CALL_RUN = "FROM calls c JOIN runs r ON r.id=c.run_id"
+CHAIN_HEAD = ("SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'),"
+              " (SELECT seq FROM events ORDER BY seq DESC LIMIT 1),"
+              " (SELECT hash FROM events ORDER BY seq DESC LIMIT 1)")
+OPEN_ROW = (f"SELECT c.run_id, r.status {CALL_RUN} WHERE c.request_key=? AND"
+            " c.open=1 ORDER BY c.id DESC")
+WAITING = (f"SELECT count(*) {CALL_RUN} JOIN approvals a ON a.run_id = r.id"
+           " WHERE c.session=? AND c.settled_at='' AND"
+           " r.status='WAITING_FOR_APPROVAL' AND a.status='pending' AND"
+           " (a.expires_at='' OR a.expires_at>?) AND a.rowid = (SELECT"
+           " max(rowid) FROM approvals b WHERE b.run_id=r.id)")
+NO_LEASE = "lease_owner='', lease_expires_at=''"
 
 def step_outcome(observed):
     """What a step came to, from its fields, never its prose."""
@@ -1819,36 +1823,26 @@ def step_outcome(observed):
         return "rejected" if "approval_id" in content else "denied"
     return {"tool_result": "ok", "invalid_decision": "invalid"}.get(kind, "")
 
-
-ATTEMPT_STEPS = ("SELECT id, status, observation_json, started_at, finished_at"
-                 " FROM steps WHERE run_id=? AND json_extract(decision_json,"
-                 " '$.kind')='tool_call' ORDER BY idx DESC")
-ASKED_AGAIN = ("SELECT capability_json FROM approvals WHERE step_id=? AND"
-               " kind='interrupted_side_effect' ORDER BY rowid DESC LIMIT 1")
-
-
 def last_attempt(rows, run_id):
-    """A run's newest attempt, or None; a re-run asked and not
-    carried out stands for the attempt its approval names."""
+    """A run's newest attempt, or None; a re-run asked, not run,
+    stands for the attempt its approval names."""
     for row in rows(ATTEMPT_STEPS, (run_id,)):
-        step_id, status, observation, started, finished = row
-        attempt = {"run_id": run_id, "step_id": step_id, "started_at": started}
-        observed = parse(observation) if observation else None
+        step_id, status, kept, started, finished = row
+        observed = parse(kept) if kept else None
         ending = step_outcome(observed) if observed else ""
         if status == "executing" or ending == "cut_off":
-            cut = {**attempt, "ended": "cut_off"}
-            return Attempt("cut_off", None, finished, cut)
+            ending, observed = "cut_off", None
         if ending == "unsent":  # no byte reached the server
             continue
-        if ending in CALL_ENDINGS:
-            ended = {**attempt, "ended": ending}
-            return Attempt(ending, observed, finished, ended)
+        if ending == "cut_off" or ending in CALL_ENDINGS:
+            attempt = {"run_id": run_id, "step_id": step_id,
+                       "started_at": started, "ended": ending}
+            return Attempt(ending, observed, finished, attempt)
         asked = rows(ASKED_AGAIN, (step_id,))
         if asked:
             prior = parse(asked[0][0])["interrupted"]
             return Attempt(prior["ended"], None, finished, prior)
     return None
-
 
 def kept_once(value):
     """A value in an event: a long string as its size and hash
@@ -1859,80 +1853,66 @@ def kept_once(value):
     if isinstance(value, dict):
         return {k: kept_once(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [kept_once(item) for item in value]
+        return [kept_once(v) for v in value]
     return value
 
-
 def event_hash(prev, seq, run_id, step_id, at, type_, payload):
-    """Over the previous hash and the fields, as netstrings."""
     fields = (prev, str(seq), run_id, step_id, at, type_, payload)
     data = [f.encode("utf-8", "surrogatepass") for f in fields]
     return sha256_hex(b"".join(b"%d:%s," % (len(f), f) for f in data))
 
-
-CHAIN_HEAD = ("SELECT (SELECT seq FROM sqlite_sequence WHERE name='events'),"
-              " (SELECT seq FROM events ORDER BY seq DESC LIMIT 1),"
-              " (SELECT hash FROM events ORDER BY seq DESC LIMIT 1)")
-OPEN_ROW = ("SELECT c.run_id, r.status FROM calls c JOIN runs r ON r.id ="
-            " c.run_id WHERE c.request_key=? AND c.open=1 ORDER BY c.id DESC")
-WAITING = ("SELECT count(*) FROM calls c JOIN runs r ON r.id = c.run_id JOIN"
-           " approvals a ON a.run_id = r.id WHERE c.session=? AND"
-           " c.settled_at='' AND r.status='WAITING_FOR_APPROVAL' AND"
-           " a.status='pending' AND (a.expires_at='' OR a.expires_at>?) AND"
-           " a.rowid = (SELECT max(rowid) FROM approvals b WHERE"
-           " b.run_id=r.id)")
-
-
 class Tx:
-    """One write transaction: a method per state change, its rows
-    and the events that commit with them."""
-
+    """One write transaction: its rows and the events that
+    commit with them."""
     def __init__(self, db):
-        self.db = db
         self.execute = db.execute
-        self.parts = {}  # run id -> its parts of the record so far
+        self.parts = {}
         # Read under the write lock: processes extend one chain. The next seq
         # follows every seq used (a deleted tail leaves a gap verify reports).
         used, newest, digest = db.execute(CHAIN_HEAD).fetchone()
         self.head = (max(used or 0, newest or 0), digest or "")
-
     def rows(self, sql, args=()):
-        return self.db.execute(sql, args).fetchall()
-
+        return self.execute(sql, args).fetchall()
+    def one(self, sql, *args):
+        return self.execute(sql, args).fetchone()
     def event(self, run_id, type_, payload, step_id=""):
-        seq, prev = self.head[0] + 1, self.head[1]
-        at, body = now(), dumps(payload)
-        digest = event_hash(prev, seq, run_id, step_id, at, type_, body)
-        self.db.execute("INSERT INTO events(seq, run_id, step_id, at, type,"
-                        " payload_json, hash) VALUES(?,?,?,?,?,?,?)",
-                        (seq, run_id, step_id, at, type_, body, digest))
+        seq, at, body = self.head[0] + 1, now(), dumps(payload)
+        digest = event_hash(self.head[1], seq, run_id, step_id, at, type_,
+                            body)
+        self.execute("INSERT INTO events(seq, run_id, step_id, at, type,"
+                     " payload_json, hash) VALUES(?,?,?,?,?,?,?)",
+                     (seq, run_id, step_id, at, type_, body, digest))
         self.head = (seq, digest)
-
     def part(self, run_id, type_, payload, step_id=""):
         self.parts.setdefault(run_id, []).append([type_, step_id, payload])
-
     def flush(self):
-        """Each run's parts as one event: one part as itself,
-        several as call.began, call.changed or call.ended."""
+        """One event per run: its one part, else call.began,
+        call.changed or call.ended."""
         for run_id, parts in self.parts.items():
             if len(parts) == 1:
                 type_, step_id, payload = parts[0]
                 self.event(run_id, type_, payload, step_id)
                 continue
-            types = [part[0] for part in parts]
+            types = [p[0] for p in parts]
             ends = "run.finished" in types or "step.tool_finished" in types
             type_ = ("call.began" if types[0] == "run.created"
                      else "call.ended" if ends else "call.changed")
             step_id = next((p[1] for p in parts if p[1]), "")
             self.event(run_id, type_, {"parts": parts}, step_id)
-
+    def insert(self, table, columns, row):
+        marks = ", ".join("?" * len(columns))
+        self.execute(f"INSERT INTO {table}({', '.join(columns)})"
+                     f" VALUES({marks})", tuple(row[c] for c in columns))
+    def changed(self, sql, args):
+        """Change one row, or raise Race: it changed since read."""
+        if self.execute(sql, args).rowcount != 1:
+            raise Race()
     def begin_run(self, run_id, session, tool, target, key,
                   side_effect, tool_hashes, lease, seen):
-        """Claim the request's calls row and begin its run. Race
-        unless the open row is still `seen` and ended: a run of
-        the key begun since, anywhere, wins."""
+        """Claim the request's calls row and begin its run. Race unless the
+        open row is still `seen` and ended: a run of the key begun since wins."""
         at = now()
-        row = self.execute(OPEN_ROW, (key,)).fetchone()
+        row = self.one(OPEN_ROW, key)
         if seen is not ANY_ROW:
             moved = (row[0] if row else None) != seen
             if moved or (row and row[1] not in TERMINAL):
@@ -1945,57 +1925,48 @@ class Tx:
         self.execute("INSERT INTO runs(id, session, tool, status, created_at,"
                      " lease_owner, lease_expires_at) VALUES(?,?,?,?,?,?,?)",
                      (run_id, session, tool, "RUNNING", at, *lease))
-        said = {"goal": f"call {tool}", "tools": tool_hashes}
-        self.part(run_id, "run.created", said)
+        self.part(run_id, "run.created",
+                  {"goal": f"call {tool}", "tools": tool_hashes})
         self.part(run_id, "run.started", {})
-
     def keep_spec(self, tool):
         self.execute("INSERT OR IGNORE INTO tool_specs(hash, spec_json)"
                      " VALUES(?,?)", (tool.spec_hash, tool.spec_json))
         return tool.spec_hash
-
     def start_step(self, run_id, decision, tool=None):
         step_id = new_id(16)
-        index = self.rows("SELECT step_count FROM runs WHERE id=?",
-                          (run_id,))[0][0]
+        index = self.one("SELECT step_count FROM runs WHERE id=?", run_id)[0]
         self.execute("UPDATE runs SET step_count=step_count+1 WHERE id=?",
                      (run_id,))
         spec_hash = self.keep_spec(tool) if tool is not None else ""
-        self.execute("INSERT INTO steps(id, run_id, idx, status,"
-                     " decision_json, spec_hash, started_at)"
-                     " VALUES(?,?,?,?,?,?,?)",
+        self.execute("INSERT INTO steps(id, run_id, idx, status, decision_json,"
+                     " spec_hash, started_at) VALUES(?,?,?,?,?,?,?)",
                      (step_id, run_id, index, "deciding", dumps(decision),
                       spec_hash, now()))
         self.part(run_id, "step.started", {"index": index}, step_id)
         self.part(run_id, "step.decided", kept_once(decision), step_id)
         return step_id
-
     def record_policy(self, run_id, step_id, policy, policy_id):
         self.execute("UPDATE steps SET policy_json=?, policy_id=? WHERE id=?",
                      (dumps(policy), policy_id, step_id))
-        spec_hash = self.rows("SELECT spec_hash FROM steps WHERE id=?",
-                              (step_id,))[0][0]
-        said = {**policy, "policy_id": policy_id, "spec_hash": spec_hash}
-        self.part(run_id, "step.policy", said, step_id)
-
+        spec_hash = self.one("SELECT spec_hash FROM steps WHERE id=?",
+                             step_id)[0]
+        self.part(run_id, "step.policy", {
+            **policy, "policy_id": policy_id, "spec_hash": spec_hash}, step_id)
     def end_step(self, step_id, status, observation=None):
         kept = dumps(observation) if observation else ""
         self.execute("UPDATE steps SET status=?, observation_json=?,"
                      " finished_at=? WHERE id=?",
                      (status, kept, now(), step_id))
-
     def fail_step(self, run_id, step_id, observation, detail):
         self.end_step(step_id, "failed", observation)
         self.part(run_id, "step.failed",
                   {"detail": detail, "observation": observation}, step_id)
-
     def finish_run(self, run_id, status, reason, detail,
                    extra=None, outcome=None):
-        """End a run and settle its calls row; Race if it ended.
-        Without `outcome` nothing executed: the last attempt's
-        stands (a refused re-run leaves an unknown open)."""
-        current, steps = self.rows(
-            "SELECT status, step_count FROM runs WHERE id=?", (run_id,))[0]
+        """End a run and settle its calls row; Race if it ended. Without `outcome`
+        the last attempt's stands (a refused re-run leaves an unknown open)."""
+        current, steps = self.one(
+            "SELECT status, step_count FROM runs WHERE id=?", run_id)
         if current in TERMINAL:
             raise Race()
         if outcome is None:
@@ -2007,35 +1978,29 @@ class Tx:
             closing = {"kind": "fail", "message": detail, "origin": "operator"}
             self.end_step(self.start_step(run_id, closing), "done")
             steps += 1
-        self.execute("UPDATE runs SET status=?, reason=?, detail=?,"
-                     " finished_at=?, lease_owner='', lease_expires_at=''"
-                     " WHERE id=?", (status, reason, detail, now(), run_id))
-        said = {"status": status, "reason": reason, "detail": detail,
-                "steps": steps, **(extra or {})}
-        self.part(run_id, "run.finished", said)
+        self.execute(f"UPDATE runs SET status=?, reason=?, detail=?,"
+                     f" finished_at=?, {NO_LEASE} WHERE id=?",
+                     (status, reason, detail, now(), run_id))
+        self.part(run_id, "run.finished", {
+            "status": status, "reason": reason, "detail": detail,
+            "steps": steps, **(extra or {})})
         self.execute("UPDATE calls SET settled_at=?, outcome=? WHERE run_id=?",
                      (now(), outcome, run_id))
-
     def pause(self, run_id, step_id, approval):
         """Wait for an operator; a run ended meanwhile: Race."""
-        self.changed("UPDATE runs SET status='WAITING_FOR_APPROVAL',"
-                     " lease_owner='', lease_expires_at='' WHERE id=? AND"
-                     " status IN ('RUNNING', 'WAITING_FOR_APPROVAL')",
-                     (run_id,))
+        self.changed(f"UPDATE runs SET status='WAITING_FOR_APPROVAL',"
+                     f" {NO_LEASE} WHERE id=? AND status IN ('RUNNING',"
+                     " 'WAITING_FOR_APPROVAL')", (run_id,))
         self.execute("UPDATE steps SET status='awaiting_approval' WHERE id=?",
                      (step_id,))
-        columns = ", ".join(APPROVAL_COLUMNS)
-        marks = ", ".join("?" * len(APPROVAL_COLUMNS))
-        self.execute(f"INSERT INTO approvals({columns}) VALUES({marks})",
-                     tuple(approval[c] for c in APPROVAL_COLUMNS))
+        self.insert("approvals", APPROVAL_COLUMNS, approval)
         shown = parse(approval["presentation_json"])
-        bound = parse(approval["capability_json"])
         self.part(run_id, "approval.requested", {
             "approval_id": approval["id"], "kind": approval["kind"],
-            "reason": shown.get("reason", ""), "capability": kept_once(bound),
-            "presentation": kept_once(shown),
-            "hash": approval["hash"]}, step_id)
-
+            "reason": shown.get("reason", ""),
+            "capability": kept_once(parse(approval["capability_json"])),
+            "presentation": kept_once(shown), "hash": approval["hash"]},
+            step_id)
     def resume(self, run_id, approval_id, lease):
         """Run again on its newest approval, granted; else Race."""
         self.changed("UPDATE runs SET status='RUNNING', lease_owner=?,"
@@ -2045,15 +2010,9 @@ class Tx:
                      " LIMIT 1) = (?, 'approved')",
                      (*lease, run_id, run_id, approval_id))
         self.part(run_id, "run.resumed", {"approval_id": approval_id})
-
-    def changed(self, sql, args):
-        """Change one row, or raise Race: it changed since read."""
-        if self.execute(sql, args).rowcount != 1:
-            raise Race()
-
     def start_execution(self, run_id, step_id, tool, args, target,
                         approval_id=""):
-        """From here the outcome may be unknown; every process's
+        """From here its outcome may be unknown; every process's
         limits count it from this commit on."""
         self.execute("UPDATE steps SET status='executing' WHERE id=?",
                      (step_id,))
@@ -2063,16 +2022,12 @@ class Tx:
         if approval_id:
             said["approval_id"] = approval_id
         self.part(run_id, "step.tool_started", said, step_id)
-
     def finish_execution(self, run_id, step_id, tool, observation,
                          duration_ms):
-        # The event names the outcome; the step row keeps it.
         record = observation.get("result")
-        if record:
-            said = {"summary": observation["summary"],
-                    "bytes": record["bytes"], "sha256": record["sha256"]}
-        else:
-            said = {"error": observation["content"]["error"]}
+        said = ({"summary": observation["summary"], "bytes": record["bytes"],
+                 "sha256": record["sha256"]} if record
+                else {"error": observation["content"]["error"]})
         self.part(run_id, "step.tool_finished",
                   {"tool": tool, "duration_ms": duration_ms, **said}, step_id)
         if observation["kind"] != "tool_result":
@@ -2082,26 +2037,20 @@ class Tx:
         self.end_step(step_id, "done", observation)
         self.finish_run(run_id, "COMPLETED", "goal_completed",
                         f"terminal tool {tool}", outcome=OUTCOME_KNOWN)
-
     def waiting(self, session):
         """The session's questions that wait, unexpired."""
-        return self.execute(WAITING, (session, now())).fetchone()[0]
-
+        return self.one(WAITING, session, now())[0]
     def run_holder(self, run_id):
-        """(status, lease owner) of a run."""
-        return self.execute("SELECT status, lease_owner FROM runs WHERE id=?",
-                            (run_id,)).fetchone()
-
+        return self.one("SELECT status, lease_owner FROM runs WHERE id=?",
+                        run_id)
     def step_started(self, step_id):
-        return self.rows("SELECT started_at FROM steps WHERE id=?",
-                         (step_id,))[0][0]
-
+        return self.one("SELECT started_at FROM steps WHERE id=?",
+                        step_id)[0]
     def take_over(self, run_id, lease):
         """Take a lease left to run out, its steps marked interrupted:
         (step_id, started_at) of one cut off while executing, or None."""
-        row = self.execute("SELECT lease_owner, lease_expires_at FROM runs"
-                           " WHERE id=? AND status='RUNNING'",
-                           (run_id,)).fetchone()
+        row = self.one("SELECT lease_owner, lease_expires_at FROM runs"
+                       " WHERE id=? AND status='RUNNING'", run_id)
         # Not another process's live lease; this one's own means a
         # failed write (it never takes over what it executes).
         owner, expires = row or (None, None)
@@ -2126,15 +2075,13 @@ class Tx:
             if status == "executing":
                 cut_step = (step_id, started)
         return cut_step
-
     def decide_approval(self, approval_id, shown_hash, status, by, note):
-        """An operator's decision bound to the hash shown:
-        'decided', 'changed' or 'expired'."""
-        row = self.execute("SELECT a.run_id, a.step_id, a.expires_at"
-                           " FROM approvals a JOIN runs r ON r.id = a.run_id"
-                           " WHERE a.id=? AND a.status='pending' AND a.hash=?"
-                           " AND r.status='WAITING_FOR_APPROVAL'",
-                           (approval_id, shown_hash)).fetchone()
+        """Decide on the hash shown: 'decided', 'changed' or 'expired'."""
+        row = self.one("SELECT a.run_id, a.step_id, a.expires_at FROM"
+                       " approvals a JOIN runs r ON r.id = a.run_id WHERE"
+                       " a.id=? AND a.status='pending' AND a.hash=? AND"
+                       " r.status='WAITING_FOR_APPROVAL'",
+                       approval_id, shown_hash)
         if row is None:
             return "changed"
         run_id, step_id, expires = row
@@ -2143,20 +2090,17 @@ class Tx:
             return "expired"
         self._close_approval(run_id, step_id, approval_id, status, by, note)
         if status == "rejected":
-            content = {"approval_id": approval_id, "note": note}
+            denied = {"approval_id": approval_id, "note": note}
             self.fail_step(run_id, step_id, {"kind": "policy_denied",
-                           "content": content}, f"rejected by {by}")
+                           "content": denied}, f"rejected by {by}")
             self.finish_run(run_id, "CANCELLED", "approval_rejected", note)
         return "decided"
-
     def _close_approval(self, run_id, step_id, approval_id, status, by, note):
         self.execute("UPDATE approvals SET status=?, decided_at=?,"
                      " decided_by=?, note=? WHERE id=?",
                      (status, now(), by, note, approval_id))
-        said = {"approval_id": approval_id, "status": status, "by": by,
-                "note": note}
-        self.part(run_id, "approval.decided", said, step_id)
-
+        self.part(run_id, "approval.decided", {"approval_id": approval_id,
+                  "status": status, "by": by, "note": note}, step_id)
     def expire_approval(self, approval_id, run_id, step_id):
         """A question not answered, or a grant not collected."""
         self.changed("UPDATE approvals SET status='expired',"
@@ -2164,17 +2108,16 @@ class Tx:
                      " note=coalesce(nullif(note, ''), 'expired') WHERE id=?"
                      " AND status IN ('pending', 'approved')",
                      (now(), approval_id))
-        said = {"approval_id": approval_id, "status": "expired"}
-        self.part(run_id, "approval.decided", said, step_id)
+        self.part(run_id, "approval.decided",
+                  {"approval_id": approval_id, "status": "expired"}, step_id)
         self.execute("UPDATE steps SET status='failed', finished_at=? WHERE"
                      " id=? AND status='awaiting_approval'", (now(), step_id))
         self.finish_run(run_id, "CANCELLED", "approval_expired",
                         f"approval {approval_id} expired")
-
     def record_read(self, run_id, session, tool, decision, policy,
                     policy_id, started, observation, ended, duration_ms):
-        """An allowed read once it answered: its run and one
-        run.read event (no calls row, no execution row)."""
+        """An allowed read once answered: its run and a run.read
+        event (no calls row, no execution row)."""
         status, reason, detail = ended
         self.execute("INSERT INTO runs(id, session, tool, status, reason,"
                      " detail, step_count, created_at, finished_at)"
@@ -2186,31 +2129,25 @@ class Tx:
             "decision": decision, "duration_ms": duration_ms,
             "status": status, "policy": policy,
             "started_at": started, "observation": observation}, new_id(16))
-
     def create_grant(self, grant):
         columns = GRANT_COLUMNS[:9]
-        self.execute(f"INSERT INTO grants({', '.join(columns)})"
-                     f" VALUES(?,?,?,?,?,?,?,?,?)",
-                     tuple(grant[c] for c in columns))
+        self.insert("grants", columns, grant)
         said = {c: grant[c] for c in columns[1:] if c != "conditions_json"}
         said["conditions"] = parse(grant["conditions_json"])
         self.part(grant["id"], "grant.created", said)
-
     def revoke_grant(self, grant_id, by, note):
         """End a grant now; False when it was not in force."""
         at = now()
-        changed = self.execute("UPDATE grants SET revoked_at=?, revoked_by=?,"
-                               " revoke_note=? WHERE id=? AND revoked_at=''"
-                               " AND expires_at>?",
-                               (at, by, note, grant_id, at))
-        if changed.rowcount != 1:
+        if self.execute("UPDATE grants SET revoked_at=?, revoked_by=?,"
+                        " revoke_note=? WHERE id=? AND revoked_at='' AND"
+                        " expires_at>?", (at, by, note, grant_id, at)
+                        ).rowcount != 1:
             return False
         self.part(grant_id, "grant.revoked", {"by": by, "note": note})
         return True
-
     def cancel_run(self, run_id, by, note):
-        """An operator ends a run: a pending question closes as
-        rejected; a cut execution's outcome stays unknown."""
+        """An operator ends a run: a pending question is rejected;
+        a cut execution's outcome stays unknown."""
         for approval_id, step_id in self.rows(
                 "SELECT id, step_id FROM approvals WHERE run_id=? AND"
                 " status='pending'", (run_id,)):
@@ -2225,21 +2162,18 @@ class Tx:
         self.finish_run(run_id, "CANCELLED", "operator_cancelled", note,
                         extra={"by": by})
 
-
 class Store:
     """The record: a writer, a reader and the heartbeat's
-    connection, each under a lock of its own."""
-
+    connection, each with its own lock."""
     def __init__(self, path, readonly=False, create=True):
-        self.path = path
+        self.path, writes = path, not readonly
         self.lock = threading.RLock()
         self.jobs, self.jobs_lock = [], threading.Lock()
-        self._check_files(tighten=not readonly)
-        writes = not readonly
+        self._check_files(tighten=writes)
         if create and writes and not os.path.exists(path):
             try:
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-                os.close(os.open(path, flags, 0o600))
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                 0o600))
             except FileExistsError:
                 pass
             except OSError as err:
@@ -2249,16 +2183,15 @@ class Store:
             raise StoreError(f"database {path} does not exist; start the gate"
                              " once to create it, or name the right file with"
                              " -db")
-        quoted = path.replace("?", "%3f").replace("#", "%23")
-        uri = "file:" + quoted + ("" if writes else "?mode=ro")
+        uri = "file:" + path.replace("?", "%3f").replace("#", "%23")
+        uri += "" if writes else "?mode=ro"
         try:
             self.db = self._connect(uri)
             if writes:
                 self._wal()
                 self.db.execute("PRAGMA synchronous=FULL")
             self._check_schema(migrate=create and writes)
-            # Reads never wait on a writer's sync: a stale read is caught
-            # by its write's checks.
+            # A reader of its own never waits on a sync; writes catch stale reads.
             self.reader = self._connect(uri) if writes else self.db
             self.read_lock = threading.Lock() if writes else self.lock
             # The heartbeat's own: leases renew while commits stall.
@@ -2267,9 +2200,7 @@ class Store:
         except sqlite3.Error as err:
             raise StoreError(f"database {path} cannot be opened: {err}"
                              ) from None
-        # Again once open: a file swapped in is refused.
-        self._check_files(tighten=not readonly)
-
+        self._check_files(tighten=writes)  # refuses a file swapped in
     @staticmethod
     def _connect(uri):
         db = sqlite3.connect(uri, uri=True, isolation_level=None,
@@ -2279,7 +2210,6 @@ class Store:
         if hasattr(db, "setconfig"):
             db.setconfig(sqlite3.SQLITE_DBCONFIG_DEFENSIVE, True)
         return db
-
     def _wal(self):
         deadline = time.monotonic() + 5
         while True:
@@ -2289,7 +2219,6 @@ class Store:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
-
     def _check_files(self, tighten):
         check_database_path(self.path)
         for path in (self.path, self.path + "-wal", self.path + "-shm"):
@@ -2300,21 +2229,19 @@ class Store:
             check_owned(path, "database file", st, error=StoreError)
             if st.st_mode & 0o044 and tighten:
                 os.chmod(path, 0o600)
-
     def _version(self):
         return self.db.execute("SELECT max(version) FROM schema_migrations"
         ).fetchone()[0] or 0
-
     def _check_schema(self, migrate):
-        path, known = self.path, len(SCHEMA)
-        unsafe = self.db.execute("SELECT name FROM sqlite_master WHERE type IN"
-                                 " ('trigger', 'view') LIMIT 1").fetchone()
+        db, path, known = self.db, self.path, len(SCHEMA)
+        unsafe = db.execute("SELECT name FROM sqlite_master WHERE type IN"
+                            " ('trigger', 'view') LIMIT 1").fetchone()
         if unsafe:
             raise StoreError(f"database {path} holds a trigger or view"
                              f" ({unsafe[0]}), which agentgate never creates;"
                              " it will not use this file")
-        has = self.db.execute("SELECT 1 FROM sqlite_master"
-                              " WHERE name='schema_migrations'").fetchone()
+        has = db.execute("SELECT 1 FROM sqlite_master"
+                         " WHERE name='schema_migrations'").fetchone()
         version = self._version() if has else 0
         if version > known:
             raise StoreError(f"database {path} was migrated by a newer"
@@ -2326,32 +2253,26 @@ class Store:
             raise StoreError(f"database {path} has schema version {version},"
                              f" older than this agentgate's {known}; start the"
                              " gate once to migrate it")
-        self.db.execute("BEGIN IMMEDIATE")
-        with self.db:  # commits, or rolls back what stops it
-            # Read again under the write lock: another process may have
-            # migrated meanwhile.
-            self.db.execute("CREATE TABLE IF NOT EXISTS schema_migrations("
-                            "version INTEGER PRIMARY KEY,"
-                            " applied_at TEXT NOT NULL)")
+        db.execute("BEGIN IMMEDIATE")
+        with db:  # commits, or rolls back what stops it
+            # Read again, locked: another process may have migrated.
+            db.execute("CREATE TABLE IF NOT EXISTS schema_migrations("
+                       "version INTEGER PRIMARY KEY,"
+                       " applied_at TEXT NOT NULL)")
             for number in range(self._version() + 1, known + 1):
                 for statement in SCHEMA[number - 1].split(";"):
                     if statement.strip():
-                        self.db.execute(statement)
-                self.db.execute("INSERT INTO schema_migrations VALUES(?, ?)",
-                                (number, now()))
-
+                        db.execute(statement)
+                db.execute("INSERT INTO schema_migrations VALUES(?, ?)",
+                           (number, now()))
     def close(self):
         with self.lock, self.read_lock, self.lease_lock:
             for db in (self.reader, self.db, self.lease_db):
                 if db is not None:
                     db.close()
-
-    # -- the one place transactions are opened ----------------------
-
     def write(self, fn):
-        """fn(tx) in a BEGIN IMMEDIATE transaction: its result once durable.
-        Changes queued meanwhile commit together, each in a savepoint so one
-        that fails rolls back alone (13-39% more calls/s at 16 in flight)."""
+        """fn(tx) in BEGIN IMMEDIATE (only here), its result once durable; writes
+        queued meanwhile commit with it, each in a savepoint of its own."""
         job = {"fn": fn, "done": False, "result": None, "error": None}
         with self.jobs_lock:
             self.jobs.append(job)
@@ -2363,37 +2284,35 @@ class Store:
         if job["error"] is not None:
             raise job["error"]
         return job["result"]
-
     def _commit(self, batch):
+        db = self.db
         try:
-            self.db.execute("BEGIN IMMEDIATE")
+            db.execute("BEGIN IMMEDIATE")
             for job in batch:
-                self.db.execute("SAVEPOINT change")
+                db.execute("SAVEPOINT change")
                 try:
-                    tx = Tx(self.db)
+                    tx = Tx(db)
                     job["result"] = job["fn"](tx)
                     tx.flush()
                 except Exception as err:
-                    self.db.execute("ROLLBACK TO change")
+                    db.execute("ROLLBACK TO change")
                     job["error"] = write_error(err)
-                self.db.execute("RELEASE change")
-            self.db.execute("COMMIT")
+                db.execute("RELEASE change")
+            db.execute("COMMIT")
         except BaseException as err:
             # Nothing committed: every caller in the batch hears so.
             with contextlib.suppress(sqlite3.Error):
-                if self.db.in_transaction:
-                    self.db.execute("ROLLBACK")
+                db.execute("ROLLBACK")
+            stored = isinstance(err, sqlite3.Error)
             failure = StoreError(f"the records could not be written: {err}"
-                if isinstance(err, sqlite3.Error) else
-                "the write was interrupted before it was committed")
+                if stored else "the write was interrupted before it was committed")
             for job in batch:
                 job["error"] = failure
-            if not isinstance(err, sqlite3.Error):
+            if not stored:
                 raise
         finally:
             for job in batch:
                 job["done"] = True
-
     def renew_leases(self, owner, until, run_ids):
         """The heartbeat's write (no event: it decides nothing)."""
         if not run_ids:
@@ -2408,76 +2327,58 @@ class Store:
             except sqlite3.Error as err:
                 raise StoreError(f"the leases could not be renewed: {err}"
                 ) from None
-
-    # -- the reads the gate decides with ------------------------------
-    # They span every session (init gives each host's gate its own on
-    # one database). The request key is the server's name, the upstream
-    # tool's and the canonical arguments: two servers given one name
-    # share their rules (refused, never run twice).
-
+    # Reads span every session (init gives each host a gate on one database):
+    # two servers given one name share a key's rules (refused, never run twice).
     def key_runs(self, key, since, newest_only):
-        """Newest first, in one statement: the open row is the newest
-        as of every row read."""
+        """Newest first, in one statement: the open row is the
+        newest as of every row read."""
         limit = " LIMIT 1" if newest_only else ""
         return [KeyRun(*row) for row in self.read(
             "SELECT r.id, r.status, r.reason, r.detail, r.finished_at,"
-            " r.lease_owner, r.lease_expires_at, c.open FROM calls c JOIN"
-            " runs r ON r.id = c.run_id WHERE c.request_key=? AND (c.open=1"
-            " OR c.settled_at='' OR c.settled_at>=?) ORDER BY c.id DESC"
-            + limit, (key, since))]
-
+            f" r.lease_owner, r.lease_expires_at, c.open {CALL_RUN} WHERE"
+            " c.request_key=? AND (c.open=1 OR c.settled_at='' OR"
+            " c.settled_at>=?) ORDER BY c.id DESC" + limit, (key, since))]
     def open_run(self, key):
         row = self.read_one(OPEN_ROW, (key,))
         return row[0] if row else None
-
     def attempt_runs(self, key):
-        return self.read("SELECT r.id, r.status FROM calls c JOIN runs r ON"
-                         " r.id = c.run_id WHERE c.request_key=? AND"
-                         " c.outcome!=? ORDER BY c.id DESC",
-                         (key, OUTCOME_NONE))
-
+        return self.read(f"SELECT r.id, r.status {CALL_RUN} WHERE"
+                         " c.request_key=? AND c.outcome!=? ORDER BY c.id"
+                         " DESC", (key, OUTCOME_NONE))
     def unsettled_runs(self, target, key):
         """The tool's unsettled runs of other requests."""
         return self.read("SELECT r.id, r.status, r.lease_owner,"
-                         " r.lease_expires_at FROM calls c JOIN runs r ON"
-                         " r.id = c.run_id WHERE c.tool=? AND c.outcome=0 AND"
-                         " c.settled_at='' AND c.request_key!=? ORDER BY c.id",
-                         (target, key))
-
+                         f" r.lease_expires_at {CALL_RUN} WHERE c.tool=? AND"
+                         " c.outcome=0 AND c.settled_at='' AND"
+                         " c.request_key!=? ORDER BY c.id", (target, key))
     def unknown_for_tool(self, target, key):
         """Other requests of the tool whose newest attempt is unknown."""
-        return self.read("SELECT c.request_key, c.run_id, r.reason FROM calls"
-                         " c JOIN runs r ON r.id = c.run_id WHERE c.tool=? AND"
-                         " c.request_key!=? AND c.outcome=? AND c.id = (SELECT"
-                         " max(id) FROM calls d WHERE"
+        return self.read(f"SELECT c.request_key, c.run_id, r.reason {CALL_RUN}"
+                         " WHERE c.tool=? AND c.request_key!=? AND c.outcome=?"
+                         " AND c.id = (SELECT max(id) FROM calls d WHERE"
                          " d.request_key=c.request_key AND d.outcome!=?)"
                          " ORDER BY c.id",
                          (target, key, OUTCOME_UNKNOWN, OUTCOME_NONE))
-
     def read_approvals(self, joined, args, extra=()):
-        """The one reader of approvals: dicts of APPROVAL_COLUMNS
-        and `extra` (name, expression); `joined` follows SELECT."""
-        chosen = [f"a.{c}" for c in APPROVAL_COLUMNS]
-        select = ", ".join(chosen + [e for _, e in extra])
+        """Approvals as dicts of APPROVAL_COLUMNS and of `extra`,
+        (name, expression) pairs."""
+        chosen = [f"a.{c}" for c in APPROVAL_COLUMNS] + [e for _, e in extra]
         names = APPROVAL_COLUMNS + tuple(n for n, _ in extra)
-        rows = self.read(f"SELECT {select} {joined}", args)
+        rows = self.read(f"SELECT {', '.join(chosen)} {joined}", args)
         return [dict(zip(names, row)) for row in rows]
-
     def latest_approval(self, run_id):
         rows = self.read_approvals("FROM approvals a WHERE a.run_id=? ORDER BY"
                                    " a.rowid DESC LIMIT 1", (run_id,))
         return rows[0] if rows else None
-
     def approval(self, approval_id):
         rows = self.read_approvals("FROM approvals a JOIN runs r ON r.id ="
                                    " a.run_id WHERE a.id=?", (approval_id,),
                                    (("run_status", "r.status"),))
         return rows[0] if rows else None
-
     def step_decision(self, step_id):
-        sql = "SELECT decision_json FROM steps WHERE id=?"
-        return parse(self.read_one(sql, (step_id,))[0])
-
+        row = self.read_one("SELECT decision_json FROM steps WHERE id=?",
+                            (step_id,))
+        return parse(row[0])
     def read(self, sql, args=()):
         with self.read_lock:
             try:
@@ -2485,10 +2386,8 @@ class Store:
             except sqlite3.Error as err:
                 raise StoreError(f"the records could not be read: {err}"
                 ) from None
-
     def read_one(self, sql, args=()):
         return next(iter(self.read(sql, args)), None)
-
 
 def write_error(err):
     """What a write's caller hears of a failed statement; a unique
