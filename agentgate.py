@@ -2711,32 +2711,28 @@ def write_error(err):
 #
 # Reads as: decision core
 #
-# Owns: one call's passage (judge, decide, begin, hold, execute, record the
-# outcome) and the rules across calls over earlier runs, in every session, of
-# the same request (server, upstream tool, canonical arguments) and of the same
-# tool.
+# Owns: one call's passage (judge, decide, begin, hold, execute, record) and
+# the rules over earlier runs, in any session, of the same request and tool.
 # Promises: nothing runs that the policy did not allow or an operator did not
-# approve by hash; an approval binds the recorded request, never a later call's
-# bytes; the outcome is recorded even when the host has gone.
-# One lock: two threads never both begin a request; across processes the unique
-# open-row index does, and a lost race is decided again. Judging comes before
-# the lock, executing and holding after it. An executing run holds a lease its
-# process renews; one whose lease ran out is taken over. All is recorded before
-# it is sent, but a read allowed outright (_begin). A write that acts on a
-# decision makes it once, with all the facts, and returns it as a verdict.
+# approve by hash; an approval binds the recorded request, never a later
+# call's bytes; the outcome is recorded even when the host has gone.
+# One lock: two threads never both begin a request; across processes the
+# unique open-row index does, and a lost race is decided again. Judging comes
+# before the lock, executing and holding after it. An executing run holds a
+# lease its process renews; one whose lease ran out is taken over. All is
+# recorded before it is sent, but a read allowed outright (_begin). A write
+# acting on a decision makes it once, with all the facts: a verdict.
 # Seams: the upstream's `request` (21), `announce` and `duplicate` (26).
 # =============================================================================================
 
 TOOL_CALL = "tool_call"
 
-# The verdicts besides an Answer. A read recorded once it answers has no
+# Verdicts besides an Answer. A read recorded once it answers has no
 # `step_id`, and `record` (policy, start); `work` spares a re-run a search.
 Wait = collections.namedtuple("Wait", "approval")
-Execute = collections.namedtuple(
-    "Execute", "run_id step_id args record work", defaults=(None, None))
-
-# What a rule says when it does not answer the call itself:
-NEXT = "next"    # it decides nothing: the next rule or run does
+Execute = collections.namedtuple("Execute", "run_id step_id args record work",
+                                 defaults=(None, None))
+NEXT = "next"    # a rule decides nothing: the next rule or run does
 STOP = "stop"    # rule 5 met an unknown outcome: rule 6 decides
 AGAIN = "again"  # a run or approval ended, or a race was lost
 
@@ -2760,8 +2756,7 @@ class Gate:
         self.tool_hashes = [tool.spec_hash for tool in named]
         self.owner = f"{PROGRAM}:{config.session}/{secrets.token_hex(6)}"
         self.lock = threading.Lock()
-        # What this process executes: renewed, never taken over.
-        self.active = set()
+        self.active = set()  # what this process executes: never taken over
         self.stopping = threading.Event()
         self.announce = lambda approval, tool, run_id: None
         self.duplicate = lambda tool, run_id, at, window: None
@@ -2774,13 +2769,12 @@ class Gate:
         return self.owner, later(now(), self.config.lease_ttl)
 
     def quarantine(self, names):
-        """From now on the tools `names` (as offered) are not offered,
-        and refused: the watcher's one seam."""
+        """The tools `names` are from now on not offered, and refused."""
         self.quarantined = frozenset(names)
 
     def _heartbeat(self):
-        """Renew this process's leases every third of their life; a run
-        stranded by a failed write is left to be taken over."""
+        """Renew leases every third of their life; a run stranded by a
+        failed write is left to be taken over."""
         path, third = self.config.path, self.config.lease_ttl / 3
         while not self.stopping.wait(third / SECOND):
             if self.config_read and file_stamp(path) != self.config_read:
@@ -2800,21 +2794,15 @@ class Gate:
 
     def _decision(self, tool, args, judged, rows=None, attempt=None,
                   approved=False):
-        """(decision, facts): the policy on this call, now. Limits count
-        only through the `rows` of the write acting on the decision, so
-        racing calls in any process never pass a limit together."""
+        """(decision, facts) now. Limits count only through the `rows` of
+        the write acting on the decision: racing calls never pass one."""
         counts = rows is not None and bool(tool.rule.limits)
-        facts = decision_facts(rows or self.store.read, self.config.session,
-                               tool, format_time(time.time()), self.client,
-                               counts)
-        return evaluate(self.config, tool, args, facts, attempt, approved,
-                        judged), facts
-
-    # -- one call ---------------------------------------------------
+        facts = decision_facts(rows or self.store.read, self.config.session, tool,
+                               format_time(time.time()), self.client, counts)
+        return evaluate(self.config, tool, args, facts, attempt, approved, judged), facts
 
     def call(self, tool, args, invalid="", progress=None, cancelled=None):
-        """Decide, then execute, hold or refuse a tools/call: an Answer.
-        `invalid`: (why, frame) of unusable arguments."""
+        """A tools/call's Answer. `invalid`: (why, frame) of unusable arguments."""
         cancelled = cancelled or threading.Event()
         executing = False
         try:
@@ -2822,21 +2810,18 @@ class Gate:
             encoded = None if invalid else canonical(args)
             cap = self.config.max_argument_bytes
             if encoded is not None and len(encoded) > cap:
-                why = SLOT_PROSE["arguments_too_large"].format(
-                    size=len(encoded), cap=cap)
+                why = SLOT_PROSE["arguments_too_large"].format(size=len(encoded), cap=cap)
                 invalid = (why, recorded_frame(encoded))
             if invalid:
                 with self.lock:
-                    return self._begin(tool, None, f"invalid:{new_id(8)}",
-                                       None, None, invalid=invalid,
-                                       cancelled=cancelled)
+                    return self._begin(tool, None, f"invalid:{new_id(8)}", None, None,
+                                       invalid=invalid, cancelled=cancelled)
             key = request_key(tool.target, encoded)
             judged, early = self._judge(tool, args)
             held, races = False, 0
             while races <= 5:
                 with self.lock:
-                    verdict = self._decide(tool, args, key, judged,
-                                           early, cancelled)
+                    verdict = self._decide(tool, args, key, judged, early, cancelled)
                 if verdict is AGAIN:
                     races += 1
                     continue
@@ -2849,8 +2834,7 @@ class Gate:
                 if held or not self._hold(approval, progress, cancelled):
                     return waiting_answer(approval)
                 held = True
-                # Judged again: a path's links may have moved.
-                judged, early = self._judge(tool, args, judged.work)
+                judged, early = self._judge(tool, args, judged.work)  # links may move
             return answer("IN_PROGRESS")
         except StoreError as err:
             log(str(err))
@@ -2858,15 +2842,13 @@ class Gate:
             return answer("UNAVAILABLE", what=SLOT_PROSE[what])
 
     def _judge(self, tool, args, work=None):
-        """(Judgement, early decision): the schema check and conditions, judged
-        before the lock for every later decision to reuse. Only a read allowed
-        outright acts on the early decision: it has no write to decide in."""
+        """(Judgement, early decision), before the lock, for later decisions to
+        reuse; only a read allowed outright acts on the early decision."""
         judged = judged_request(tool, args, work)
         return judged, self._decision(tool, args, judged)
 
     def _hold(self, approval, progress, cancelled):
-        """Wait up to `hold` for the operator: True once the question
-        is settled (decide again), else False."""
+        """Wait up to `hold`: True once the question is settled, else False."""
         started = time.monotonic()
         total = self.config.hold_for(self.client) / SECOND
         while not (cancelled.is_set() or self.stopping.is_set()):
@@ -2875,20 +2857,15 @@ class Gate:
                 return False
             cancelled.wait(min(0.2, total - waited))
             row = self.store.approval(approval["id"])
-            waits = (row and row["status"] == "pending"
-                     and live_approval(self.config, row))
+            waits = row and row["status"] == "pending" and live_approval(self.config, row)
             if not waits or row["run_status"] in TERMINAL:
                 return not (cancelled.is_set() or self.stopping.is_set())
             if progress:  # at most once a second (Progress.holding)
-                progress.holding(round(waited, 3), total,
-                                 SLOT_PROSE["holding"])
+                progress.holding(round(waited, 3), total, SLOT_PROSE["holding"])
         return False
 
-    # -- the rules, under the lock ----------------------------------
-
     def _decide(self, tool, args, key, judged, early, cancelled):
-        """The rules in order, as one verdict: an Answer, a Wait, an
-        Execute or AGAIN (a lost race too)."""
+        """The rules in order: an Answer, a Wait, an Execute or AGAIN."""
         try:
             return self._rules(tool, args, key, judged, early, cancelled)
         except Race:
@@ -2898,8 +2875,7 @@ class Gate:
         if cancelled.is_set():  # while judged or waiting
             return answer("CANCELLED", "HOST_CANCELLED")
         window = self.window(tool)
-        span = max(window, self.config.repeat_window)
-        since = format_time(time.time() - span / SECOND)
+        since = format_time(time.time() - max(window, self.config.repeat_window) / SECOND)
         # A read needs only its newest row: identical reads never refuse one
         # another. The begin refuses unless `seen` is still the open row: no
         # identical run, in any process, begins and ends in between.
@@ -2926,8 +2902,8 @@ class Gate:
             if question:                                   # rule 7
                 return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
                               approval=question["id"])
-        return self._begin(tool, args, key, seen, judged,  # rule 8
-                           early, attempt, cancelled=cancelled)
+        return self._begin(tool, args, key, seen, judged, early, attempt,  # rule 8
+                           cancelled=cancelled)
 
     def _asked(self, tool, run_id, judged):
         """Rule 1: the run waits on its newest approval."""
@@ -2947,11 +2923,10 @@ class Gate:
         return AGAIN  # the run ended: rules 4 to 6 decide
 
     def _collect(self, tool, approval, judged):
-        """An approved request, checked again, runs as recorded, never
-        as this call's bytes (same key, same judgement)."""
+        """An approved request, checked again, runs as recorded, never as
+        this call's bytes."""
         run_id, step_id = approval["run_id"], approval["step_id"]
-        if tool.name in self.quarantined:
-            # Changed while held: the approval stays for its return.
+        if tool.name in self.quarantined:  # the approval stays for its return
             return answer("DENIED", "TOOL_CHANGED")
         if stored_hash(approval) != approval["hash"]:
             log(f"approval {approval['id']} does not match its hash; it was"
@@ -2961,8 +2936,8 @@ class Gate:
             return self._expire(approval)
         if judged.problem:
             why = f"invalid decision on resume: {judged.problem}"
-            self.store.write(lambda tx: self._refuse(
-                tx, run_id, step_id, "invalid_decision", why))
+            self.store.write(lambda tx: self._refuse(tx, run_id, step_id,
+                                                     "invalid_decision", why))
             return answer("INVALID", reason=clean(judged.problem, 1000))
         args = parse(approval["request_json"])["args"]
         attempt = parse(approval["capability_json"]).get("interrupted")
@@ -2970,31 +2945,27 @@ class Gate:
         def collect(tx):
             # Approved: no limit counts it again, no grant applies. It
             # may ask another question (another entry holds now).
-            decision, facts = self._decision(tool, args, judged, tx.rows,
-                                             attempt, approved=True)
+            decision, facts = self._decision(tool, args, judged, tx.rows, attempt,
+                                             approved=True)
             act = decision["outcome"] == "deny"
             if decision["outcome"] == "require_approval":
-                fresh = new_approval(self.config, run_id, step_id, tool,
-                                     args, decision)
+                fresh = new_approval(self.config, run_id, step_id, tool, args, decision)
                 act = fresh["hash"] != approval["hash"]
             if act:
-                return self._act(tx, tool, run_id, step_id, args, decision,
-                                 facts, judged.work, approved=True,
-                                 resumed=True)
+                return self._act(tx, tool, run_id, step_id, args, decision, facts,
+                                 judged.work, approved=True, resumed=True)
             tx.resume(run_id, approval["id"], self.lease())
             record = _policy_record(decision, facts, True)
             tx.record_policy(run_id, step_id, record, self.policy_id)
-            tx.start_execution(run_id, step_id, tool.name, args,
-                               tool.target, approval["id"])
+            tx.start_execution(run_id, step_id, tool.name, args, tool.target,
+                               approval["id"])
             return Execute(run_id, step_id, args, work=judged.work)
         return self._begun(tool, run_id, collect)
 
     def _take_over(self, tool, run_id, judged):
-        """Rule 3: take over a run whose lease ran out. A mutation it
-        cut off may have taken effect: Wait on asking to run it again.
-        Anything else ends: AGAIN."""
-        cut_step = self.store.write(lambda tx: tx.take_over(run_id,
-                                                            self.lease()))
+        """Rule 3: take over a run whose lease ran out: Wait on asking to
+        run again a mutation it cut off, else it ends: AGAIN."""
+        cut_step = self.store.write(lambda tx: tx.take_over(run_id, self.lease()))
         asks = cut_step and not tool.read_only
         if asks:
             step_id, started = cut_step
@@ -3004,13 +2975,11 @@ class Gate:
 
         def taken_over(tx):
             if asks:
-                decision, facts = self._decision(tool, args, judged,
-                                                 tx.rows, attempt)
+                decision, facts = self._decision(tool, args, judged, tx.rows, attempt)
                 if decision["outcome"] == "require_approval":
-                    approval = new_approval(self.config, run_id, step_id,
-                                            tool, args, decision)
-                    record = _policy_record(decision, facts)
-                    tx.record_policy(run_id, step_id, record, "")
+                    approval = new_approval(self.config, run_id, step_id, tool, args,
+                                            decision)
+                    tx.record_policy(run_id, step_id, _policy_record(decision, facts), "")
                     tx.pause(run_id, step_id, approval)
                     return Wait(approval)
             tx.finish_run(run_id, "FAILED", "goal_failed",
@@ -3019,8 +2988,8 @@ class Gate:
             return AGAIN
         verdict = self.store.write(taken_over)
         if isinstance(verdict, Wait):
-            log(f"a call to {tool.name} was cut off while executing; its"
-                " outcome is unknown")
+            log(f"a call to {tool.name} was cut off while executing; its outcome"
+                " is unknown")
             self.announce(verdict.approval, tool, run_id)
         return verdict
 
@@ -3030,9 +2999,8 @@ class Gate:
         tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[kind])
 
     def _closed(self, tool, row, window):
-        """Rules 4 and 5: a finished run of the request within the
-        window: the tool's for a duplicate, at least the config's for
-        the operator's no (rejected, cancelled, expired)."""
+        """Rules 4 and 5: a finished run within the window: the tool's for a
+        duplicate, at least the config's for the operator's no."""
         refusals = max(window, self.config.repeat_window)
 
         def within(span):
@@ -3047,8 +3015,7 @@ class Gate:
             approval = self.store.latest_approval(row.run_id)
             return answer("REJECTED", approval=approval["id"],
                           note=note_text(approval["note"]), until=until())
-        attempt = (None if tool.read_only
-                   else last_attempt(self.store.read, row.run_id))
+        attempt = None if tool.read_only else last_attempt(self.store.read, row.run_id)
         unknown = attempt and attempt.ending in UNKNOWN_ENDINGS
         if row.reason == "approval_expired" and not unknown and refused:
             approval = self.store.latest_approval(row.run_id)
@@ -3071,20 +3038,16 @@ class Gate:
         """Rule 6: the attempt to run again if the newest finished run
         left its outcome unknown (until a re-run knows it)."""
         for run_id, status in self.store.attempt_runs(key):
-            attempt = (status in TERMINAL
-                       and last_attempt(self.store.read, run_id))
+            attempt = status in TERMINAL and last_attempt(self.store.read, run_id)
             if attempt:
                 unknown = attempt.ending in UNKNOWN_ENDINGS
                 return attempt.attempt if unknown else None
         return None
 
     def _settle_others(self, tool, key):
-        """The one place a call settles other requests' runs of its
-        tool, so rule 7 never blocks on what nobody settles: a dead run
-        taken over, an expired question ended, an unknown outcome asked
-        again. The question then standing, or None."""
-        for run_id, status, owner, expires in (
-                self.store.unsettled_runs(tool.target, key)):
+        """The one place a call settles other requests' runs of its tool, so
+        rule 7 never blocks on what nobody settles: the question standing."""
+        for run_id, status, owner, expires in self.store.unsettled_runs(tool.target, key):
             live = owner != self.owner and expires > now()
             if status == "RUNNING":
                 if live or run_id in self.active:
@@ -3094,8 +3057,8 @@ class Gate:
                 if isinstance(verdict, Wait):
                     return verdict.approval
                 continue
-            approval = (status == "WAITING_FOR_APPROVAL"
-                        and self.store.latest_approval(run_id))
+            waiting = status == "WAITING_FOR_APPROVAL"
+            approval = waiting and self.store.latest_approval(run_id)
             if not approval or approval["kind"] != "interrupted_side_effect":
                 continue
             if live_approval(self.config, approval):
@@ -3104,10 +3067,9 @@ class Gate:
         return self._ask_unknown(tool, key)
 
     def _ask_unknown(self, tool, key):
-        """An unknown outcome of another request, unasked: asked in a
-        fresh run (its question), or None."""
-        for other, run_id, reason in self.store.unknown_for_tool(
-                tool.target, key):
+        """An unknown outcome of another request asked in a fresh run: its
+        question, or None."""
+        for other, run_id, reason in self.store.unknown_for_tool(tool.target, key):
             if reason in ("approval_rejected", "operator_cancelled"):
                 continue
             # The open row before the attempt: a re-run settling it after
@@ -3117,56 +3079,45 @@ class Gate:
             if attempt is None:
                 continue
             args = self.store.step_decision(attempt["step_id"])["args"]
-            verdict = self._begin(tool, args, other, seen,
-                                  judged_request(tool, args),
+            verdict = self._begin(tool, args, other, seen, judged_request(tool, args),
                                   attempt=attempt, origin="operator")
             if isinstance(verdict, Wait):
                 return verdict.approval
-            # Else (its arguments now invalid, say) it ended.
         return None
 
-    # -- beginning and executing a run ------------------------------
-
-    def _begin(self, tool, args, key, seen, judged, early=None,
-               attempt=None, origin="model", cancelled=None, invalid=None):
-        """Rule 8: decide and begin the run in one write: its verdict.
-        `invalid` (why, frame): unusable arguments."""
+    def _begin(self, tool, args, key, seen, judged, early=None, attempt=None,
+               origin="model", cancelled=None, invalid=None):
+        """Rule 8: decide and begin the run in one write: its verdict."""
         run_id = f"{self.config.session}.{new_id(8)}"
         problem = invalid[0] if invalid else judged.problem
         outright = (early and tool.read_only and not problem
                     and not attempt and not tool.rule.limits)
-        if outright and early[0]["outcome"] == "allow" and (
-                "grant" not in early[0]):
-            # Allowed outright, no limit, no grant to be revoked: it
-            # leaves nothing unknown after a crash, so it is recorded
-            # whole once it answers.
+        if outright and early[0]["outcome"] == "allow" and "grant" not in early[0]:
+            # No limit, no grant to be revoked: nothing unknown after a
+            # crash, so it is recorded whole once it answers.
             self.active.add(run_id)
-            record = (_policy_record(*early), now())
-            return Execute(run_id, None, args, record)
+            return Execute(run_id, None, args, (_policy_record(*early), now()))
         recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
-        step = {**recorded, "kind": TOOL_CALL, "origin": origin,
-                "tool": tool.name}
+        step = {**recorded, "kind": TOOL_CALL, "origin": origin, "tool": tool.name}
         opened = ANY_ROW if tool.read_only else seen
 
         def begin(tx):
             if cancelled and cancelled.is_set():  # by the host
                 return answer("CANCELLED", "HOST_CANCELLED")
             if not problem:
-                decision, facts = self._decision(tool, args, judged,
-                                                 tx.rows, attempt)
+                decision, facts = self._decision(tool, args, judged, tx.rows, attempt)
                 full = self._too_many(tx, decision, origin)
                 if full:
                     return full
-            tx.begin_run(run_id, self.config.session, tool.name,
-                         tool.target, key, tool.side_effect,
-                         self.tool_hashes, self.lease(), opened)
+            tx.begin_run(run_id, self.config.session, tool.name, tool.target, key,
+                         tool.side_effect, self.tool_hashes, self.lease(), opened)
             step_id = tx.start_step(run_id, step, tool)
             if problem:
                 self._refuse(tx, run_id, step_id, "invalid_decision",
                              f"invalid decision: {problem}")
                 return answer("INVALID", reason=clean(problem, 1000))
-            return self._act(tx, tool, run_id, step_id, args, decision,
-                             facts, judged.work)
+            return self._act(tx, tool, run_id, step_id, args, decision, facts,
+                             judged.work)
         return self._begun(tool, run_id, begin)
 
     def _too_many(self, tx, decision, origin):
@@ -3188,14 +3139,12 @@ class Gate:
         outcome, reason = decision["outcome"], decision["reason"]
         if outcome == "deny":
             how = "denied on resume" if resumed else "denied"
-            self._refuse(tx, run_id, step_id, "policy_denied",
-                         f"{how}: {reason}")
+            self._refuse(tx, run_id, step_id, "policy_denied", f"{how}: {reason}")
             frees = frees_text(decision)
             said = reason + (f"; {frees}" if frees else "")
             return answer("DENIED", reason=clean(said, 500))
         if outcome == "require_approval":
-            approval = new_approval(self.config, run_id, step_id, tool, args,
-                                    decision)
+            approval = new_approval(self.config, run_id, step_id, tool, args, decision)
             tx.pause(run_id, step_id, approval)
             return Wait(approval)
         tx.start_execution(run_id, step_id, tool.name, args, tool.target)
@@ -3216,8 +3165,7 @@ class Gate:
         return verdict
 
     def _execute(self, tool, verdict, progress=None, cancelled=None):
-        """Send the request upstream and record what came of it;
-        cancelled by the host before, it is not sent."""
+        """Send the request upstream (unless cancelled) and record what came of it."""
         run_id, step_id, args = verdict[:3]
         try:
             started = time.monotonic()
@@ -3239,16 +3187,14 @@ class Gate:
         if passed is not None:
             return passed_answer(passed)
         if observation.get("withheld"):
-            return too_large_answer(tool, observation["result"],
-                                    self.config.max_result_bytes,
-                                    self.window(tool))
+            cap = self.config.max_result_bytes
+            return too_large_answer(tool, observation["result"], cap, self.window(tool))
         error = observation["content"]["error"]
         if rerun:
             how = HOW[ending]
             log(f"a call to {tool.name} {how}; its outcome is unknown")
             self.announce(rerun, tool, run_id)
-            return answer("UNKNOWN_OUTCOME", how=how,
-                          error=f" ({clean(error, 500)})",
+            return answer("UNKNOWN_OUTCOME", how=how, error=f" ({clean(error, 500)})",
                           approval=rerun["id"])
         if ending == "unrecorded":
             return answer("UNRECORDED", reason=clean(error, 500),
@@ -3263,15 +3209,13 @@ class Gate:
     def _record_read(self, tx, tool, verdict, observation, ending, elapsed):
         policy, started = verdict.record
         if ending == "ok":
-            ended = ("COMPLETED", "goal_completed",
-                     f"terminal tool {tool.name}")
+            ended = ("COMPLETED", "goal_completed", f"terminal tool {tool.name}")
         else:
             ended = ("FAILED", "goal_failed", CLOSING[ending])
         decision = {"args": verdict.args, "kind": TOOL_CALL, "origin": "model",
                     "tool": tool.name}
-        tx.record_read(verdict.run_id, self.config.session, tool, decision,
-                       policy, self.policy_id, started, observation, ended,
-                       elapsed)
+        tx.record_read(verdict.run_id, self.config.session, tool, decision, policy,
+                       self.policy_id, started, observation, ended, elapsed)
 
     def _record_outcome(self, tx, tool, verdict, observation, ending, elapsed):
         """An executed run's outcome: a re-run's approval or None."""
@@ -3279,8 +3223,7 @@ class Gate:
         if tx.run_holder(run_id) != ("RUNNING", self.owner):
             # Cancelled, or taken over: a late event keeps the outcome;
             # the run stays as its new owner has it.
-            late = {"tool": tool.name, "late": True,
-                    "observation": observation}
+            late = {"tool": tool.name, "late": True, "observation": observation}
             tx.event(run_id, "step.tool_finished", late, step_id)
             return None
         tx.finish_execution(run_id, step_id, tool.name, observation, elapsed)
@@ -3291,13 +3234,12 @@ class Gate:
         if ending != "ok":
             # Unsent: the outcome of the attempt before, if any.
             known = None if ending == "unsent" else OUTCOME_KNOWN
-            tx.finish_run(run_id, "FAILED", "goal_failed",
-                          CLOSING[ending], outcome=known)
+            tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending], outcome=known)
         return None
 
     def _pause_rerun(self, tx, tool, verdict, ending):
-        """An unknown outcome asked again where it is recorded: the
-        approval or None. Judged again: links may have moved."""
+        """An unknown outcome asked again where it is recorded: the approval
+        or None. Judged again: links may have moved."""
         run_id, step_id, args = verdict[:3]
         attempt = {"run_id": run_id, "step_id": step_id,
                    "started_at": tx.step_started(step_id), "ended": ending}
@@ -3308,8 +3250,7 @@ class Gate:
             # unknown; rule 6 decides the next identical call.
             tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending])
             return None
-        rerun = {"args": args, "kind": TOOL_CALL, "origin": "operator",
-                 "tool": tool.name}
+        rerun = {"args": args, "kind": TOOL_CALL, "origin": "operator", "tool": tool.name}
         rerun_step = tx.start_step(run_id, rerun, tool)
         return self._act(tx, tool, run_id, rerun_step, args, decision, facts,
                          verdict.work).approval
@@ -3324,12 +3265,10 @@ def call_upstream(tool, args, cap, progress=None):
     may have taken effect: unknown). A read's other failures are 'error': it
     has no effect to vouch for."""
     passed = rpc = None
-    sent = {"name": tool.upstream_name,
-            "arguments": {**args, **tool.rule.fixed}}
+    sent = {"name": tool.upstream_name, "arguments": {**args, **tool.rule.fixed}}
     try:
-        result = tool.upstream.request(
-            "tools/call", sent, Deadline(tool.timeout),
-            f"tool {quote(tool.upstream_name)}", progress)
+        result = tool.upstream.request("tools/call", sent, Deadline(tool.timeout),
+                                       f"tool {quote(tool.upstream_name)}", progress)
         passed, error = passed_result(tool, result)
         try:
             record = None if passed is None else result_record(passed)
@@ -3356,22 +3295,19 @@ def call_upstream(tool, args, cap, progress=None):
     return observation, ending, None if withheld else passed
 
 
-UPSTREAM_ENDINGS = {"unusable": "unrecorded", "answered": "error",
-                    "not_sent": "unsent"}
+UPSTREAM_ENDINGS = {"unusable": "unrecorded", "answered": "error", "not_sent": "unsent"}
 
 
 def failed_call(tool, error, ending, rpc=None, cap=0):
-    """A call that came to no result, as call_upstream answers it; a
-    server's JSON-RPC error (`rpc`) is passed on while it fits the
-    cap, and recorded by its size and hash."""
+    """A call that came to no result, as call_upstream answers it; a server's
+    JSON-RPC error (`rpc`) is passed on while it fits `cap`."""
     content = {"tool": tool.name, "error": error, "ending": ending}
     if rpc is not None:
         sent = canonical(rpc)
         content["rpc_error"] = value_digest(sent)
         rpc = {"error": rpc} if len(sent) <= cap else None
     said = f"{tool.name} {ending}: {sanitize(error)}"
-    observation = {"kind": "tool_error", "summary": cut(said, 1000),
-                   "content": content}
+    observation = {"kind": "tool_error", "summary": cut(said, 1000), "content": content}
     return observation, ending, rpc
 
 
@@ -3379,9 +3315,8 @@ RECORDED_FRAME_BYTES = 65536
 
 
 def recorded_frame(data):
-    """What an INVALID run keeps of refused arguments: the bytes, or
-    past RECORDED_FRAME_BYTES their size and hash, so a hostile frame
-    cannot fill the database."""
+    """What an INVALID run keeps of refused arguments: the bytes, or past
+    RECORDED_FRAME_BYTES their digest: a hostile frame cannot fill the database."""
     if len(data) <= RECORDED_FRAME_BYTES:
         return data.decode("utf-8", "backslashreplace")
     return value_digest(data)
@@ -3416,11 +3351,10 @@ POLICY_KEPT = ("outcome", "reason", "by", "grant", "limit",
 
 
 def _policy_record(decision, facts, approved=False):
-    """A decision as kept, with the facts recheck needs to make it
-    again (`approved`: on collecting an approval: no limit)."""
+    """A decision as kept, with the facts recheck needs to make it again."""
     record = {k: decision[k] for k in POLICY_KEPT if k in decision}
-    record["facts"] = {"at": format_time(facts.at),
-                       "client": facts.client, "approved": approved}
+    record["facts"] = {"at": format_time(facts.at), "client": facts.client,
+                       "approved": approved}
     return record
 
 
