@@ -3363,19 +3363,17 @@ def _policy_record(decision, facts, approved=False):
 #
 # Reads as: decision core
 #
-# Owns: the host's conversation on stdin and stdout as far as it decides calls:
-# framing, batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once, each
-# on a request thread that waits for the next), cancellation and shutdown;
-# section 26 has the rest.
-# Promises: stdout carries only protocol, one JSON-RPC message per line,
-# written under one lock; the first request is answered at once, even while the
-# servers start; every request gets exactly one well-formed answer (a malformed
-# or oversized line, a batch member that is not a request or an id that cannot
-# be echoed gets a JSON-RPC error, id null then; past the bound, busy; an
-# unknown method, -32601) and the session goes on; each tool is offered as
-# pinned, never once its server changed it while serving, and the status tool
-# always; on stdin closing, SIGINT or SIGTERM no new call starts, holds end,
-# calls in flight finish and are recorded, then the process exits 0.
+# Owns: the host's stdin and stdout as far as they decide calls: framing,
+# batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once), cancellation
+# and shutdown; section 26 has the rest.
+# Promises: stdout carries only protocol, one JSON-RPC message per line, under
+# one lock; the first request is answered at once, even while servers start;
+# every request gets exactly one well-formed answer (a malformed or oversized
+# line, a batch member not a request or an id that cannot be echoed: an error
+# with id null; past the bound, busy; an unknown method, -32601) and the
+# session goes on; a tool is offered as pinned, never once its server changed
+# it, the status tool always; on stdin closing, SIGINT or SIGTERM no new call
+# starts, holds end, calls in flight finish and are recorded, then exit 0.
 # =============================================================================================
 
 # The protocol versions spoken, oldest first; each side negotiates on its own.
@@ -3447,8 +3445,7 @@ class HostServer:
             except Exception as err:
                 log("internal error: a message could not be handled"
                     f" ({type(err).__name__}: {err})")
-                work = rpc_error(None, -32603, "the message could not be"
-                                 " handled")
+                work = rpc_error(None, -32603, "the message could not be handled")
             if callable(work):
                 self._hand(work)
             else:
@@ -3456,10 +3453,8 @@ class HostServer:
         self.done.set()
 
     def _hand(self, work):
-        """Run `work` on an idle request thread, or a new one. One
-        waits IDLE_THREAD for the next: a start stalls the reader
-        until the thread runs (a fifth of the throughput in
-        tests/bench.py). At most a thread per request in flight."""
+        """Run `work` on an idle request thread, or a new one (a start stalls
+        the reader: a fifth of the throughput in tests/bench.py)."""
         with self.calls_lock:
             idle = self.idle > 0
             self.idle -= idle
@@ -3489,17 +3484,16 @@ class HostServer:
         if line is None:
             if ident is not None:
                 ident = Number(str(ident))
-            return rpc_error(ident, -32600, "the message is larger than"
-                             f" {MAX_HOST_LINE} bytes")
+            return rpc_error(ident, -32600,
+                             f"the message is larger than {MAX_HOST_LINE} bytes")
         if not line.strip():
             return None
         invalid = None
         try:
             message = parse(line)
         except CanonicalError as err:
-            # A tools/call whose arguments the boundary check refuses still
-            # gets a run and an INVALID answer, with the frame recorded as
-            # it came; anything else gets -32700.
+            # A tools/call refused here still gets a run and an INVALID
+            # answer, the frame recorded as it came; anything else -32700.
             message = parse_loosely(line)
             if not isinstance(message, dict):
                 message = {}
@@ -3516,8 +3510,8 @@ class HostServer:
 
     def _batch(self, messages):
         if self.protocol not in BATCH_VERSIONS or not messages:
-            return rpc_error(None, -32600, "batches are not part of protocol"
-                             f" version {self.protocol}")
+            return rpc_error(None, -32600,
+                             f"batches are not part of protocol version {self.protocol}")
         # One request in flight: its members answered in order.
         if not self._admit():
             return [busy_error(echoed_id(m)) for m in messages]
@@ -3533,8 +3527,7 @@ class HostServer:
     def _member(self, message):
         if isinstance(message, dict):
             return self._message(message, None, batch=True)
-        return rpc_error(None, -32600, "a batch member must be a JSON-RPC"
-                         " object")
+        return rpc_error(None, -32600, "a batch member must be a JSON-RPC object")
 
     def _admit(self):
         with self.calls_lock:
@@ -3548,23 +3541,21 @@ class HostServer:
             self.running -= 1
 
     def _message(self, message, invalid, batch=False):
-        """A request's answer (None to a notification), or the work that
-        sends it."""
+        """A request's answer (None to a notification), or the work sending it."""
         method, ident = message.get("method"), message.get("id")
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
         if not isinstance(method, str):
             if "id" in message and ("result" in message or "error" in message):
                 return None  # agentgate sends no request
-            return rpc_error(echoed_id(message), -32600,
-                             "a request needs a method")
+            return rpc_error(echoed_id(message), -32600, "a request needs a method")
         if "id" not in message:
             self._notified(method, params)
             return None
         if not echoable_id(ident):
             # Checked before anything is recorded: no run for it.
-            return rpc_error(None, -32600, "the id must be a string or a"
-                             " number that can be written as JSON")
+            return rpc_error(None, -32600, "the id must be a string or a number that"
+                             " can be written as JSON")
         if method == "tools/call":
             return self._tools_call(ident, params, invalid, batch)
         if method == "tools/list":
@@ -3573,8 +3564,7 @@ class HostServer:
             self._initialize(params)
         handler = self.around.requests.get(method)
         if handler is None:
-            return rpc_error(ident, -32601,
-                             f"method {quote(method)} is not offered")
+            return rpc_error(ident, -32601, f"method {quote(method)} is not offered")
         return {"jsonrpc": "2.0", "id": ident, "result": handler(self, params)}
 
     def _notified(self, method, params):
@@ -3614,8 +3604,8 @@ class HostServer:
             self.gate.client = self.client
 
     def _after_ready(self, ident, work, batch):
-        """`work`'s answer once the servers are ready, at most MAX_IN_FLIGHT at
-        once: a batch member's answer, else the work that sends it."""
+        """`work`'s answer once servers are ready: a batch member's, else the
+        work that sends it."""
         # Read on the reader: a call read before stdin closed runs.
         accepted = not self.stopping
         admitted = accepted and not batch
@@ -3654,8 +3644,7 @@ class HostServer:
 
     def _tool_list(self):
         held = self.gate.quarantined  # replaced whole: read once
-        tools = [t.listing for t in self.gate.tools.values()
-                 if t.name not in held]
+        tools = [t.listing for t in self.gate.tools.values() if t.name not in held]
         return {"tools": tools + [self.status.listing]}
 
     def _forget(self, key, cancelled):
@@ -3669,8 +3658,8 @@ class HostServer:
             return self.status.call(args, invalid)
         tool = self.gate.tools.get(name) if isinstance(name, str) else None
         if tool is None:
-            raise ToolNotOffered(CALL_ERRORS["unknown_tool"].format(
-                name=quote(str(name))))
+            said = CALL_ERRORS["unknown_tool"].format(name=quote(str(name)))
+            raise ToolNotOffered(said)
         if tool.name in self.gate.quarantined:
             return answer("DENIED", "TOOL_CHANGED").result()
         meta = params.get("_meta")
@@ -3685,15 +3674,14 @@ class HostServer:
         if "error" in result:
             raise PassedError(result["error"])
         if answered.passed is None and "outputSchema" in tool.listing:
-            # A host refuses a result lacking the structured content
-            # an output schema promises; the gate's own answers carry
-            # none, so they go as errors.
+            # A host refuses a result lacking the structured content an
+            # output schema promises: the gate's own answers go as errors.
             result["isError"] = True
         return result
 
 
 class ToolNotOffered(Exception):
-    """A tools/call naming a tool the gate does not offer."""
+    """A tools/call naming a tool not offered."""
 
 
 class PassedError(Exception):
@@ -3716,13 +3704,11 @@ def _id_key(ident):
 
 def rpc_error(ident, code, message):
     """Every JSON-RPC error answer the host is sent."""
-    error = {"code": code, "message": message}
-    return {"jsonrpc": "2.0", "id": ident, "error": error}
+    return {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}}
 
 
 def busy_error(ident):
-    busy = CALL_ERRORS["busy"].format(limit=MAX_IN_FLIGHT)
-    return rpc_error(ident, -32000, busy)
+    return rpc_error(ident, -32000, CALL_ERRORS["busy"].format(limit=MAX_IN_FLIGHT))
 
 
 # =============================================================================================
@@ -3731,19 +3717,18 @@ def busy_error(ident):
 # Reads as: decision core
 #
 # Owns: the printout of every operator decision, and its yes.
-# Promises: a decision binds only what was shown whole. A value over
-# SHOWN_WHOLE bytes is shown as its head, size and tail, and then nothing is
-# agreed to until every byte was shown (-full; f in watch). An approval is
-# shown only while its row hashes to its hash. Every line is sanitized (tell,
-# or watch's Screen.put).
-# Refuses nothing itself: a refusal is a value its caller raises.
+# Promises: a decision binds only what was shown whole: a value
+# over SHOWN_WHOLE bytes shows as head, size and tail, and nothing
+# is agreed to until every byte was shown (-full; f in watch). An
+# approval shows only while it hashes to its hash. Every line is
+# sanitized. Refuses nothing itself: its caller raises.
 # =============================================================================================
 
-SHOWN_WHOLE = 480  # bytes of a value printed whole without -full
+SHOWN_WHOLE = 480  # bytes shown whole without -full
 
 
 def shown_text(text, full):
-    """(text, its bytes, whether it was cut)."""
+    """(text, bytes, whether cut)."""
     size = len(text.encode("utf-8", "surrogatepass"))
     if size <= SHOWN_WHOLE or full:
         return text, size, False
@@ -3753,8 +3738,7 @@ def shown_text(text, full):
 
 
 def intact(approval):
-    """The approval, if its fields still hash to its hash: only then
-    is what it shows what it binds."""
+    """The approval, if it still hashes to its hash."""
     if stored_hash(approval) != approval["hash"]:
         raise StoreError(
             f"approval {approval['id']} does not match its hash: its record"
@@ -3763,20 +3747,17 @@ def intact(approval):
 
 
 def approval_printout(store, approval, full, cautions):
-    """approval_shown, and why the policy asked: what approve, reject,
-    watch and grant show."""
+    """approval_shown, and why the policy asked."""
     late = store.late_outcomes(approval["run_id"])
     lines, shortened = approval_shown(intact(approval), full, late, cautions)
-    step = next(s for s in store.steps(approval["run_id"])
-                if s["id"] == approval["step_id"])
+    steps = store.steps(approval["run_id"])
+    step = next(s for s in steps if s["id"] == approval["step_id"])
     tried = sanitize(tried_text(step))
     return lines + [tried] * bool(tried), shortened
 
 
 def approval_shown(approval, full, late, cautions):
-    """(sanitized lines, whether a value was shortened). `late`:
-    outcomes of cut-off attempts that came after a takeover;
-    `cautions(name, text)`: what in a value reads as it is not."""
+    """(sanitized lines, whether shortened); `cautions(name, text)`."""
     shown = parse(approval["presentation_json"])
     request = parse(approval["request_json"])
     tool = request["spec"]["name"]
@@ -3817,8 +3798,7 @@ def _value_lines(lines, values, full, cautions):
     for name, value in values.items():
         raw = value if isinstance(value, str) else policy_json(value)
         shown, size, cut_here = shown_text(raw, full)
-        # A string shows as its JSON string: a newline or a control is
-        # seen as its escape, never as layout.
+        # A string shows as JSON: a control is an escape, never layout.
         if isinstance(value, str):
             shown = policy_json(shown)
         shortened |= cut_here
@@ -3828,7 +3808,7 @@ def _value_lines(lines, values, full, cautions):
 
 
 def late_text(observation, text=None):
-    """A late outcome as a sentence; its text whole unless given."""
+    """A late outcome as a sentence."""
     text = outcome_text(observation) if text is None else text
     if step_outcome(observation) == "ok":
         what = f"it succeeded, with this result: {text}"
@@ -3846,8 +3826,7 @@ def tried_text(step):
 
 
 def unshown(shortened, what, verb, how):
-    """'' if a printout showed every byte, else why it decides nothing
-    until `how` shows them."""
+    """'' if a printout showed every byte, else why it decides nothing."""
     if not shortened:
         return ""
     return (f"{how} to show every byte before you {verb}: {what} has a value"
@@ -3855,9 +3834,8 @@ def unshown(shortened, what, verb, how):
 
 
 def confirmed(lines, out, shortened=False, what="", verb="", agreed=True):
-    """Print every line; then True for a yes to exactly them (the
-    flag `agreed`, or typed at a terminal), False for a no, or why
-    nothing may be decided: a sentence, or '' with no terminal."""
+    """Print the lines; then True for a yes to them (`agreed`, or typed),
+    False for a no, or why nothing is decided ('' with no terminal)."""
     tell(*lines, out=out, flush=True)
     why = unshown(shortened, what, verb, "run the command again with -full")
     if why or agreed:
