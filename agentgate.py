@@ -2728,7 +2728,7 @@ def write_error(err):
 TOOL_CALL = "tool_call"
 
 # Verdicts besides an Answer. A read recorded once it answers has no
-# `step_id`, and `record` (policy, start); `work` spares a re-run a search.
+# `step_id`, but `record` (policy, start).
 Wait = collections.namedtuple("Wait", "approval")
 Execute = collections.namedtuple("Execute", "run_id step_id args record work",
                                  defaults=(None, None))
@@ -2736,14 +2736,12 @@ NEXT = "next"    # a rule decides nothing: the next rule or run does
 STOP = "stop"    # rule 5 met an unknown outcome: rule 6 decides
 AGAIN = "again"  # a run or approval ended, or a race was lost
 
-
 def file_stamp(path):
     try:
         st = os.stat(path)
     except OSError:
         return ()
     return st.st_mtime_ns, st.st_size, st.st_ino
-
 
 class Gate:
     """The gate of one serving process."""
@@ -2773,8 +2771,7 @@ class Gate:
         self.quarantined = frozenset(names)
 
     def _heartbeat(self):
-        """Renew leases every third of their life; a run stranded by a
-        failed write is left to be taken over."""
+        """Renew leases; a run stranded by a failed write is taken over."""
         path, third = self.config.path, self.config.lease_ttl / 3
         while not self.stopping.wait(third / SECOND):
             if self.config_read and file_stamp(path) != self.config_read:
@@ -2794,8 +2791,8 @@ class Gate:
 
     def _decision(self, tool, args, judged, rows=None, attempt=None,
                   approved=False):
-        """(decision, facts) now. Limits count only through the `rows` of
-        the write acting on the decision: racing calls never pass one."""
+        """(decision, facts). Limits count only through the `rows` of the
+        write acting on it: racing calls never pass one."""
         counts = rows is not None and bool(tool.rule.limits)
         facts = decision_facts(rows or self.store.read, self.config.session, tool,
                                format_time(time.time()), self.client, counts)
@@ -2842,8 +2839,7 @@ class Gate:
             return answer("UNAVAILABLE", what=SLOT_PROSE[what])
 
     def _judge(self, tool, args, work=None):
-        """(Judgement, early decision), before the lock, for later decisions to
-        reuse; only a read allowed outright acts on the early decision."""
+        """(Judgement, early decision), judged before the lock."""
         judged = judged_request(tool, args, work)
         return judged, self._decision(tool, args, judged)
 
@@ -2923,8 +2919,7 @@ class Gate:
         return AGAIN  # the run ended: rules 4 to 6 decide
 
     def _collect(self, tool, approval, judged):
-        """An approved request, checked again, runs as recorded, never as
-        this call's bytes."""
+        """An approved request runs as recorded, never as this call's bytes."""
         run_id, step_id = approval["run_id"], approval["step_id"]
         if tool.name in self.quarantined:  # the approval stays for its return
             return answer("DENIED", "TOOL_CHANGED")
@@ -2941,7 +2936,6 @@ class Gate:
             return answer("INVALID", reason=clean(judged.problem, 1000))
         args = parse(approval["request_json"])["args"]
         attempt = parse(approval["capability_json"]).get("interrupted")
-
         def collect(tx):
             # Approved: no limit counts it again, no grant applies. It
             # may ask another question (another entry holds now).
@@ -2972,7 +2966,6 @@ class Gate:
             attempt = {"run_id": run_id, "step_id": step_id,
                        "started_at": started, "ended": "cut_off"}
             args = self.store.step_decision(step_id)["args"]
-
         def taken_over(tx):
             if asks:
                 decision, facts = self._decision(tool, args, judged, tx.rows, attempt)
@@ -3002,14 +2995,11 @@ class Gate:
         """Rules 4 and 5: a finished run within the window: the tool's for a
         duplicate, at least the config's for the operator's no."""
         refusals = max(window, self.config.repeat_window)
-
         def within(span):
             start = format_time(time.time() - span / SECOND)
             return span and row.finished >= start
-
         def until():
             return prose_time(later(row.finished, refusals))
-
         refused = within(refusals)
         if row.reason == "approval_rejected" and refused:
             approval = self.store.latest_approval(row.run_id)
@@ -3035,8 +3025,7 @@ class Gate:
                       window=format_duration(window), outcome=said)
 
     def _unknown_attempt(self, key):
-        """Rule 6: the attempt to run again if the newest finished run
-        left its outcome unknown (until a re-run knows it)."""
+        """Rule 6: the attempt of the newest finished run, if unknown."""
         for run_id, status in self.store.attempt_runs(key):
             attempt = status in TERMINAL and last_attempt(self.store.read, run_id)
             if attempt:
@@ -3045,7 +3034,7 @@ class Gate:
         return None
 
     def _settle_others(self, tool, key):
-        """The one place a call settles other requests' runs of its tool, so
+        """The one place other requests' runs of the tool are settled, so
         rule 7 never blocks on what nobody settles: the question standing."""
         for run_id, status, owner, expires in self.store.unsettled_runs(tool.target, key):
             live = owner != self.owner and expires > now()
@@ -3067,8 +3056,7 @@ class Gate:
         return self._ask_unknown(tool, key)
 
     def _ask_unknown(self, tool, key):
-        """An unknown outcome of another request asked in a fresh run: its
-        question, or None."""
+        """Another request's unknown outcome asked in a fresh run, or None."""
         for other, run_id, reason in self.store.unknown_for_tool(tool.target, key):
             if reason in ("approval_rejected", "operator_cancelled"):
                 continue
@@ -3100,7 +3088,6 @@ class Gate:
         recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
         step = {**recorded, "kind": TOOL_CALL, "origin": origin, "tool": tool.name}
         opened = ANY_ROW if tool.read_only else seen
-
         def begin(tx):
             if cancelled and cancelled.is_set():  # by the host
                 return answer("CANCELLED", "HOST_CANCELLED")
@@ -3151,8 +3138,8 @@ class Gate:
         return Execute(run_id, step_id, args, work=work)
 
     def _begun(self, tool, run_id, fn):
-        """Commit fn, which may start the run executing: the run is this
-        process's own from before, never taken over between."""
+        """Commit fn: the run is this process's own from before, never
+        taken over between."""
         self.active.add(run_id)
         verdict = None
         try:
@@ -3177,7 +3164,6 @@ class Gate:
                     tool, args, self.config.max_result_bytes,
                     progress and progress.server)
             elapsed = int((time.monotonic() - started) * 1000)
-
             def record(tx):  # the approval a re-run waits on, or None
                 how = self._record_outcome if step_id else self._record_read
                 return how(tx, tool, verdict, observation, ending, elapsed)
@@ -3201,11 +3187,6 @@ class Gate:
                           window=refused_for(self.window(tool)))
         return Answer(clean(error, CONTENT_CAP), True)
 
-    # Two shapes of record, on purpose: a read allowed outright is one
-    # run.read event, committed once after it answers (nothing a crash
-    # leaves unknown: no calls row, no step, no limit); every other
-    # call is recorded before it is sent.
-
     def _record_read(self, tx, tool, verdict, observation, ending, elapsed):
         policy, started = verdict.record
         if ending == "ok":
@@ -3221,8 +3202,7 @@ class Gate:
         """An executed run's outcome: a re-run's approval or None."""
         run_id, step_id = verdict[:2]
         if tx.run_holder(run_id) != ("RUNNING", self.owner):
-            # Cancelled, or taken over: a late event keeps the outcome;
-            # the run stays as its new owner has it.
+            # Cancelled or taken over: a late event keeps the outcome.
             late = {"tool": tool.name, "late": True, "observation": observation}
             tx.event(run_id, "step.tool_finished", late, step_id)
             return None
@@ -3238,16 +3218,14 @@ class Gate:
         return None
 
     def _pause_rerun(self, tx, tool, verdict, ending):
-        """An unknown outcome asked again where it is recorded: the approval
-        or None. Judged again: links may have moved."""
+        """An unknown outcome asked again: the approval or None."""
         run_id, step_id, args = verdict[:3]
         attempt = {"run_id": run_id, "step_id": step_id,
                    "started_at": tx.step_started(step_id), "ended": ending}
         judged = Judgement(work=verdict.work)
         decision, facts = self._decision(tool, args, judged, tx.rows, attempt)
         if decision["outcome"] == "deny":
-            # Denied now (an entry for other hours, say): the run ends
-            # unknown; rule 6 decides the next identical call.
+            # Denied now: the run ends unknown; rule 6 decides the next.
             tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending])
             return None
         rerun = {"args": args, "kind": TOOL_CALL, "origin": "operator", "tool": tool.name}
@@ -3255,15 +3233,11 @@ class Gate:
         return self._act(tx, tool, run_id, rerun_step, args, decision, facts,
                          verdict.work).approval
 
-
 def call_upstream(tool, args, cap, progress=None):
-    """Send one call upstream: (observation, ending, passed), the last the
-    server's result as it came, or None (none, or past `cap` bytes: withheld).
-    The one place an outcome is classified: 'ok'; 'error' (an error answer:
-    known); 'unsent' (no byte reached the server); 'unrecorded' (executed,
-    answer unusable: known, never run again); 'timed_out' or 'no_answer' (it
-    may have taken effect: unknown). A read's other failures are 'error': it
-    has no effect to vouch for."""
+    """(observation, ending, the result as it came or None past `cap`). The
+    one place an outcome is classified: 'ok'; 'error' (known); 'unsent';
+    'unrecorded' (executed, answer unusable: never run again); 'timed_out' or
+    'no_answer' (unknown). A read's other failures are 'error'."""
     passed = rpc = None
     sent = {"name": tool.upstream_name, "arguments": {**args, **tool.rule.fixed}}
     try:
@@ -3294,13 +3268,10 @@ def call_upstream(tool, args, cap, progress=None):
         observation["withheld"] = True
     return observation, ending, None if withheld else passed
 
-
 UPSTREAM_ENDINGS = {"unusable": "unrecorded", "answered": "error", "not_sent": "unsent"}
 
-
 def failed_call(tool, error, ending, rpc=None, cap=0):
-    """A call that came to no result, as call_upstream answers it; a server's
-    JSON-RPC error (`rpc`) is passed on while it fits `cap`."""
+    """No result, as call_upstream answers; `rpc` passes while it fits `cap`."""
     content = {"tool": tool.name, "error": error, "ending": ending}
     if rpc is not None:
         sent = canonical(rpc)
@@ -3310,17 +3281,14 @@ def failed_call(tool, error, ending, rpc=None, cap=0):
     observation = {"kind": "tool_error", "summary": cut(said, 1000), "content": content}
     return observation, ending, rpc
 
-
 RECORDED_FRAME_BYTES = 65536
 
-
 def recorded_frame(data):
-    """What an INVALID run keeps of refused arguments: the bytes, or past
-    RECORDED_FRAME_BYTES their digest: a hostile frame cannot fill the database."""
+    """Refused arguments as kept: past RECORDED_FRAME_BYTES their digest,
+    so a hostile frame cannot fill the database."""
     if len(data) <= RECORDED_FRAME_BYTES:
         return data.decode("utf-8", "backslashreplace")
     return value_digest(data)
-
 
 def live_approval(config, approval):
     """Pending and unexpired, or granted and still collectable."""
@@ -3331,7 +3299,6 @@ def live_approval(config, approval):
     if status == "approved":
         return not ttl or later(approval["decided_at"], ttl) > now()
     return False
-
 
 # Why a run ended, by its refused step's kind or its call's ending.
 CLOSING = {
@@ -3348,7 +3315,6 @@ CLOSING = {
                  " its outcome is unknown",}
 POLICY_KEPT = ("outcome", "reason", "by", "grant", "limit",
                "tried", "kind", "capability", "presentation")
-
 
 def _policy_record(decision, facts, approved=False):
     """A decision as kept, with the facts recheck needs to make it again."""
@@ -3382,7 +3348,6 @@ BATCH_VERSIONS = ("2024-11-05", "2025-03-26")
 MAX_HOST_LINE = 16 * 1024 * 1024
 MAX_IN_FLIGHT = 64  # requests handled at once
 IDLE_THREAD = 2  # seconds a request thread waits for the next
-
 
 class HostServer:
     """One host session; `around` is section 26's HostAround."""
@@ -3515,7 +3480,6 @@ class HostServer:
         # One request in flight: its members answered in order.
         if not self._admit():
             return [busy_error(echoed_id(m)) for m in messages]
-
         def run():
             try:
                 answers = [self._member(m) for m in messages]
@@ -3582,7 +3546,6 @@ class HostServer:
         cancelled, key = threading.Event(), _id_key(ident)
         with self.calls_lock:
             self.calls[key] = cancelled
-
         def call():
             try:
                 return self._call(params, invalid, batch, cancelled)
@@ -3611,7 +3574,6 @@ class HostServer:
         admitted = accepted and not batch
         if admitted and not self._admit():
             return busy_error(ident)
-
         def run():
             try:
                 self.ready.wait()
@@ -3679,10 +3641,8 @@ class HostServer:
             result["isError"] = True
         return result
 
-
 class ToolNotOffered(Exception):
     """A tools/call naming a tool not offered."""
-
 
 class PassedError(Exception):
     """A server's JSON-RPC error to a tools/call, answered as it came."""
@@ -3691,21 +3651,17 @@ class PassedError(Exception):
         super().__init__(error["message"])
         self.error = error
 
-
 def echoed_id(message):
     """A message's id if it can be echoed, else None."""
     ident = message.get("id") if isinstance(message, dict) else None
     return ident if echoable_id(ident) else None
 
-
 def _id_key(ident):
     return canonical(ident) if echoable_id(ident) else None
-
 
 def rpc_error(ident, code, message):
     """Every JSON-RPC error answer the host is sent."""
     return {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}}
-
 
 def busy_error(ident):
     return rpc_error(ident, -32000, CALL_ERRORS["busy"].format(limit=MAX_IN_FLIGHT))
@@ -3726,7 +3682,6 @@ def busy_error(ident):
 
 SHOWN_WHOLE = 480  # bytes shown whole without -full
 
-
 def shown_text(text, full):
     """(text, bytes, whether cut)."""
     size = len(text.encode("utf-8", "surrogatepass"))
@@ -3736,7 +3691,6 @@ def shown_text(text, full):
     tail = text[-SHOWN_WHOLE // 4:]
     return f"{head} [... {size} bytes in all ...] {tail}", size, True
 
-
 def intact(approval):
     """The approval, if it still hashes to its hash."""
     if stored_hash(approval) != approval["hash"]:
@@ -3744,7 +3698,6 @@ def intact(approval):
             f"approval {approval['id']} does not match its hash: its record"
             " was altered after it was made, and it cannot be decided")
     return approval
-
 
 def approval_printout(store, approval, full, cautions):
     """approval_shown, and why the policy asked."""
@@ -3754,7 +3707,6 @@ def approval_printout(store, approval, full, cautions):
     step = next(s for s in steps if s["id"] == approval["step_id"])
     tried = sanitize(tried_text(step))
     return lines + [tried] * bool(tried), shortened
-
 
 def approval_shown(approval, full, late, cautions):
     """(sanitized lines, whether shortened); `cautions(name, text)`."""
@@ -3792,7 +3744,6 @@ def approval_shown(approval, full, late, cautions):
                  " -----")
     return [sanitize(line) for line in lines], shortened
 
-
 def _value_lines(lines, values, full, cautions):
     shortened = False
     for name, value in values.items():
@@ -3806,7 +3757,6 @@ def _value_lines(lines, values, full, cautions):
         lines += [f"      CAUTION  {note}" for note in cautions(name, raw)]
     return shortened
 
-
 def late_text(observation, text=None):
     """A late outcome as a sentence."""
     text = outcome_text(observation) if text is None else text
@@ -3817,13 +3767,11 @@ def late_text(observation, text=None):
     return ("the attempt that was cut off did finish after all, after its"
             f" run was taken over: {what}")
 
-
 def tried_text(step):
     """Why no `when` entry of the rule decided the step."""
     record = parse(step["policy"]) if step["policy"] else {}
     tried = record.get("tried")
     return f"no when entry held: {'; '.join(tried)}" if tried else ""
-
 
 def unshown(shortened, what, verb, how):
     """'' if a printout showed every byte, else why it decides nothing."""
@@ -3831,7 +3779,6 @@ def unshown(shortened, what, verb, how):
         return ""
     return (f"{how} to show every byte before you {verb}: {what} has a value"
             " too long to print whole, so it was shown shortened")
-
 
 def confirmed(lines, out, shortened=False, what="", verb="", agreed=True):
     """Print the lines; then True for a yes to them (`agreed`, or typed),
