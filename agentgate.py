@@ -3673,11 +3673,11 @@ def busy_error(ident):
 # Reads as: decision core
 #
 # Owns: the printout of every operator decision, and its yes.
-# Promises: a decision binds only what was shown whole: a value
-# over SHOWN_WHOLE bytes shows as head, size and tail, and nothing
-# is agreed to until every byte was shown (-full; f in watch). An
-# approval shows only while it hashes to its hash. Every line is
-# sanitized. Refuses nothing itself: its caller raises.
+# Promises: a decision binds only what was shown whole: a
+# value over SHOWN_WHOLE bytes shows cut, and nothing is agreed
+# to until every byte was shown (-full; f in watch). An approval
+# shows only while it hashes to its hash. Lines are sanitized.
+# Refuses nothing itself: its caller raises.
 # =============================================================================================
 
 SHOWN_WHOLE = 480  # bytes shown whole without -full
@@ -3702,14 +3702,14 @@ def intact(approval):
 def approval_printout(store, approval, full, cautions):
     """approval_shown, and why the policy asked."""
     late = store.late_outcomes(approval["run_id"])
-    lines, shortened = approval_shown(intact(approval), full, late, cautions)
+    lines, short = approval_shown(intact(approval), full, late, cautions)
     steps = store.steps(approval["run_id"])
     step = next(s for s in steps if s["id"] == approval["step_id"])
     tried = sanitize(tried_text(step))
-    return lines + [tried] * bool(tried), shortened
+    return lines + [tried] * bool(tried), short
 
 def approval_shown(approval, full, late, cautions):
-    """(sanitized lines, whether shortened); `cautions(name, text)`."""
+    """(sanitized lines, whether short)."""
     shown = parse(approval["presentation_json"])
     request = parse(approval["request_json"])
     tool = request["spec"]["name"]
@@ -3724,11 +3724,11 @@ def approval_shown(approval, full, late, cautions):
     args = request["args"]
     args = args if isinstance(args, dict) else {}
     lines.append("  arguments:" + ("" if args else " (none)"))
-    shortened = _value_lines(lines, args, full, cautions)
+    short = _value_lines(lines, args, full, cautions)
     if shown.get("fixed"):
         lines.append("  fixed values (set by the configuration, sent with the"
                      " arguments):")
-        shortened |= _value_lines(lines, shown["fixed"], full, cautions)
+        short |= _value_lines(lines, shown["fixed"], full, cautions)
     for label in ("question", "reason", "decided_by", "limit", "frees",
                   "notice"):
         if shown.get(label):
@@ -3738,24 +3738,24 @@ def approval_shown(approval, full, late, cautions):
     for step_id, observation in late:
         if step_id == cut_off.get("step_id"):
             text, _, cut_here = shown_text(outcome_text(observation), full)
-            shortened |= cut_here
+            short |= cut_here
             lines.append(f"  LATE OUTCOME   {late_text(observation, text)}")
     lines.append(f"----- end of approval {approval['id']} for tool {tool}"
                  " -----")
-    return [sanitize(line) for line in lines], shortened
+    return [sanitize(line) for line in lines], short
 
 def _value_lines(lines, values, full, cautions):
-    shortened = False
+    short = False
     for name, value in values.items():
         raw = value if isinstance(value, str) else policy_json(value)
         shown, size, cut_here = shown_text(raw, full)
-        # A string shows as JSON: a control is an escape, never layout.
+        # A string shows as JSON: a control is escaped.
         if isinstance(value, str):
             shown = policy_json(shown)
-        shortened |= cut_here
+        short |= cut_here
         lines.append(f"    {name} = {shown}   ({size} bytes)")
         lines += [f"      CAUTION  {note}" for note in cautions(name, raw)]
-    return shortened
+    return short
 
 def late_text(observation, text=None):
     """A late outcome as a sentence."""
@@ -3768,21 +3768,20 @@ def late_text(observation, text=None):
             f" run was taken over: {what}")
 
 def tried_text(step):
-    """Why no `when` entry of the rule decided the step."""
+    """Why no `when` entry decided the step."""
     record = parse(step["policy"]) if step["policy"] else {}
     tried = record.get("tried")
     return f"no when entry held: {'; '.join(tried)}" if tried else ""
 
-def unshown(shortened, what, verb, how):
-    """'' if a printout showed every byte, else why it decides nothing."""
-    if not shortened:
+def unshown(short, what, verb, how):
+    """'' if every byte was shown, else why nothing is decided."""
+    if not short:
         return ""
     return (f"{how} to show every byte before you {verb}: {what} has a value"
-            " too long to print whole, so it was shown shortened")
+            " too long to print whole, so it was shown short")
 
 def confirmed(lines, out, shortened=False, what="", verb="", agreed=True):
-    """Print the lines; then True for a yes to them (`agreed`, or typed),
-    False for a no, or why nothing is decided ('' with no terminal)."""
+    """Print; True for a yes to them, False for a no, else why not."""
     tell(*lines, out=out, flush=True)
     why = unshown(shortened, what, verb, "run the command again with -full")
     if why or agreed:
