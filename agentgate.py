@@ -2405,35 +2405,30 @@ def write_error(err):
 #
 # Reads as: decision core
 #
-# Owns: one call's passage (judge, decide, begin, hold, execute, record the
-# outcome) and the rules across calls over earlier runs, in every session, of
-# the same request (server, upstream tool, canonical arguments) and of the same
-# tool.
+# Owns: one call's passage (judge, decide, begin, hold, execute, record) and
+# the rules over earlier runs, in any session, of the same request and tool.
 # Promises: nothing runs that the policy did not allow or an operator did not
-# approve by hash; an approval binds the recorded request, never a later call's
-# bytes; the outcome is recorded even when the host has gone.
-# One lock: two threads never both begin a request; across processes the unique
-# open-row index does, and a lost race is decided again. Judging comes before
-# the lock, executing and holding after it. An executing run holds a lease its
-# process renews; one whose lease ran out is taken over. All is recorded before
-# it is sent, but a read allowed outright (_begin). A write that acts on a
-# decision makes it once, with all the facts, and returns it as a verdict.
+# approve by hash; an approval binds the recorded request, never a later
+# call's bytes; the outcome is recorded even when the host has gone.
+# One lock: two threads never both begin a request; across processes the
+# unique open-row index does, and a lost race is decided again. Judging comes
+# before the lock, executing and holding after it. An executing run holds a
+# lease its process renews; one whose lease ran out is taken over. All is
+# recorded before it is sent, but a read allowed outright (_begin). A write
+# acting on a decision makes it once, with all the facts: a verdict.
 # Seams: the upstream's `request` (21), `announce` and `duplicate` (26).
 # =============================================================================================
 
 TOOL_CALL = "tool_call"
 
-# The verdicts besides an Answer. A read recorded once it answers has no
-# `step_id`, and `record` (policy, start); `work` spares a re-run a search.
+# Verdicts besides an Answer. A read recorded once it answers has no
+# `step_id`, but `record` (policy, start).
 Wait = collections.namedtuple("Wait", "approval")
-Execute = collections.namedtuple(
-    "Execute", "run_id step_id args record work", defaults=(None, None))
-
-# What a rule says when it does not answer the call itself:
-NEXT = "next"    # it decides nothing: the next rule or run does
+Execute = collections.namedtuple("Execute", "run_id step_id args record work",
+                                 defaults=(None, None))
+NEXT = "next"    # a rule decides nothing: the next rule or run does
 STOP = "stop"    # rule 5 met an unknown outcome: rule 6 decides
 AGAIN = "again"  # a run or approval ended, or a race was lost
-
 
 def file_stamp(path):
     try:
@@ -2441,7 +2436,6 @@ def file_stamp(path):
     except OSError:
         return ()
     return st.st_mtime_ns, st.st_size, st.st_ino
-
 
 class Gate:
     """The gate of one serving process."""
@@ -2454,8 +2448,7 @@ class Gate:
         self.tool_hashes = [tool.spec_hash for tool in named]
         self.owner = f"{PROGRAM}:{config.session}/{secrets.token_hex(6)}"
         self.lock = threading.Lock()
-        # What this process executes: renewed, never taken over.
-        self.active = set()
+        self.active = set()  # what this process executes: never taken over
         self.stopping = threading.Event()
         self.announce = lambda approval, tool, run_id: None
         self.duplicate = lambda tool, run_id, at, window: None
@@ -2468,13 +2461,11 @@ class Gate:
         return self.owner, later(now(), self.config.lease_ttl)
 
     def quarantine(self, names):
-        """From now on the tools `names` (as offered) are not offered,
-        and refused: the watcher's one seam."""
+        """The tools `names` are from now on not offered, and refused."""
         self.quarantined = frozenset(names)
 
     def _heartbeat(self):
-        """Renew this process's leases every third of their life; a run
-        stranded by a failed write is left to be taken over."""
+        """Renew leases; a run stranded by a failed write is taken over."""
         path, third = self.config.path, self.config.lease_ttl / 3
         while not self.stopping.wait(third / SECOND):
             if self.config_read and file_stamp(path) != self.config_read:
@@ -2494,21 +2485,15 @@ class Gate:
 
     def _decision(self, tool, args, judged, rows=None, attempt=None,
                   approved=False):
-        """(decision, facts): the policy on this call, now. Limits count
-        only through the `rows` of the write acting on the decision, so
-        racing calls in any process never pass a limit together."""
+        """(decision, facts). Limits count only through the `rows` of the
+        write acting on it: racing calls never pass one."""
         counts = rows is not None and bool(tool.rule.limits)
-        facts = decision_facts(rows or self.store.read, self.config.session,
-                               tool, format_time(time.time()), self.client,
-                               counts)
-        return evaluate(self.config, tool, args, facts, attempt, approved,
-                        judged), facts
-
-    # -- one call ---------------------------------------------------
+        facts = decision_facts(rows or self.store.read, self.config.session, tool,
+                               format_time(time.time()), self.client, counts)
+        return evaluate(self.config, tool, args, facts, attempt, approved, judged), facts
 
     def call(self, tool, args, invalid="", progress=None, cancelled=None):
-        """Decide, then execute, hold or refuse a tools/call: an Answer.
-        `invalid`: (why, frame) of unusable arguments."""
+        """A tools/call's Answer. `invalid`: (why, frame) of unusable arguments."""
         cancelled = cancelled or threading.Event()
         executing = False
         try:
@@ -2516,21 +2501,18 @@ class Gate:
             encoded = None if invalid else canonical(args)
             cap = self.config.max_argument_bytes
             if encoded is not None and len(encoded) > cap:
-                why = SLOT_PROSE["arguments_too_large"].format(
-                    size=len(encoded), cap=cap)
+                why = SLOT_PROSE["arguments_too_large"].format(size=len(encoded), cap=cap)
                 invalid = (why, recorded_frame(encoded))
             if invalid:
                 with self.lock:
-                    return self._begin(tool, None, f"invalid:{new_id(8)}",
-                                       None, None, invalid=invalid,
-                                       cancelled=cancelled)
+                    return self._begin(tool, None, f"invalid:{new_id(8)}", None, None,
+                                       invalid=invalid, cancelled=cancelled)
             key = request_key(tool.target, encoded)
             judged, early = self._judge(tool, args)
             held, races = False, 0
             while races <= 5:
                 with self.lock:
-                    verdict = self._decide(tool, args, key, judged,
-                                           early, cancelled)
+                    verdict = self._decide(tool, args, key, judged, early, cancelled)
                 if verdict is AGAIN:
                     races += 1
                     continue
@@ -2543,8 +2525,7 @@ class Gate:
                 if held or not self._hold(approval, progress, cancelled):
                     return waiting_answer(approval)
                 held = True
-                # Judged again: a path's links may have moved.
-                judged, early = self._judge(tool, args, judged.work)
+                judged, early = self._judge(tool, args, judged.work)  # links may move
             return answer("IN_PROGRESS")
         except StoreError as err:
             log(str(err))
@@ -2552,15 +2533,12 @@ class Gate:
             return answer("UNAVAILABLE", what=SLOT_PROSE[what])
 
     def _judge(self, tool, args, work=None):
-        """(Judgement, early decision): the schema check and conditions, judged
-        before the lock for every later decision to reuse. Only a read allowed
-        outright acts on the early decision: it has no write to decide in."""
+        """(Judgement, early decision), judged before the lock."""
         judged = judged_request(tool, args, work)
         return judged, self._decision(tool, args, judged)
 
     def _hold(self, approval, progress, cancelled):
-        """Wait up to `hold` for the operator: True once the question
-        is settled (decide again), else False."""
+        """Wait up to `hold`: True once the question is settled, else False."""
         started = time.monotonic()
         total = self.config.hold_for(self.client) / SECOND
         while not (cancelled.is_set() or self.stopping.is_set()):
@@ -2569,20 +2547,15 @@ class Gate:
                 return False
             cancelled.wait(min(0.2, total - waited))
             row = self.store.approval(approval["id"])
-            waits = (row and row["status"] == "pending"
-                     and live_approval(self.config, row))
+            waits = row and row["status"] == "pending" and live_approval(self.config, row)
             if not waits or row["run_status"] in TERMINAL:
                 return not (cancelled.is_set() or self.stopping.is_set())
             if progress:  # at most once a second (Progress.holding)
-                progress.holding(round(waited, 3), total,
-                                 SLOT_PROSE["holding"])
+                progress.holding(round(waited, 3), total, SLOT_PROSE["holding"])
         return False
 
-    # -- the rules, under the lock ----------------------------------
-
     def _decide(self, tool, args, key, judged, early, cancelled):
-        """The rules in order, as one verdict: an Answer, a Wait, an
-        Execute or AGAIN (a lost race too)."""
+        """The rules in order: an Answer, a Wait, an Execute or AGAIN."""
         try:
             return self._rules(tool, args, key, judged, early, cancelled)
         except Race:
@@ -2592,8 +2565,7 @@ class Gate:
         if cancelled.is_set():  # while judged or waiting
             return answer("CANCELLED", "HOST_CANCELLED")
         window = self.window(tool)
-        span = max(window, self.config.repeat_window)
-        since = format_time(time.time() - span / SECOND)
+        since = format_time(time.time() - max(window, self.config.repeat_window) / SECOND)
         # A read needs only its newest row: identical reads never refuse one
         # another. The begin refuses unless `seen` is still the open row: no
         # identical run, in any process, begins and ends in between.
@@ -2620,8 +2592,8 @@ class Gate:
             if question:                                   # rule 7
                 return answer("BLOCKED", "BLOCKED_UNKNOWN", tool=tool.name,
                               approval=question["id"])
-        return self._begin(tool, args, key, seen, judged,  # rule 8
-                           early, attempt, cancelled=cancelled)
+        return self._begin(tool, args, key, seen, judged, early, attempt,  # rule 8
+                           cancelled=cancelled)
 
     def _asked(self, tool, run_id, judged):
         """Rule 1: the run waits on its newest approval."""
@@ -2641,11 +2613,9 @@ class Gate:
         return AGAIN  # the run ended: rules 4 to 6 decide
 
     def _collect(self, tool, approval, judged):
-        """An approved request, checked again, runs as recorded, never
-        as this call's bytes (same key, same judgement)."""
+        """An approved request runs as recorded, never as this call's bytes."""
         run_id, step_id = approval["run_id"], approval["step_id"]
-        if tool.name in self.quarantined:
-            # Changed while held: the approval stays for its return.
+        if tool.name in self.quarantined:  # the approval stays for its return
             return answer("DENIED", "TOOL_CHANGED")
         if stored_hash(approval) != approval["hash"]:
             log(f"approval {approval['id']} does not match its hash; it was"
@@ -2655,56 +2625,48 @@ class Gate:
             return self._expire(approval)
         if judged.problem:
             why = f"invalid decision on resume: {judged.problem}"
-            self.store.write(lambda tx: self._refuse(
-                tx, run_id, step_id, "invalid_decision", why))
+            self.store.write(lambda tx: self._refuse(tx, run_id, step_id,
+                                                     "invalid_decision", why))
             return answer("INVALID", reason=clean(judged.problem, 1000))
         args = parse(approval["request_json"])["args"]
         attempt = parse(approval["capability_json"]).get("interrupted")
-
         def collect(tx):
             # Approved: no limit counts it again, no grant applies. It
             # may ask another question (another entry holds now).
-            decision, facts = self._decision(tool, args, judged, tx.rows,
-                                             attempt, approved=True)
+            decision, facts = self._decision(tool, args, judged, tx.rows, attempt,
+                                             approved=True)
             act = decision["outcome"] == "deny"
             if decision["outcome"] == "require_approval":
-                fresh = new_approval(self.config, run_id, step_id, tool,
-                                     args, decision)
+                fresh = new_approval(self.config, run_id, step_id, tool, args, decision)
                 act = fresh["hash"] != approval["hash"]
             if act:
-                return self._act(tx, tool, run_id, step_id, args, decision,
-                                 facts, judged.work, approved=True,
-                                 resumed=True)
+                return self._act(tx, tool, run_id, step_id, args, decision, facts,
+                                 judged.work, approved=True, resumed=True)
             tx.resume(run_id, approval["id"], self.lease())
             record = _policy_record(decision, facts, True)
             tx.record_policy(run_id, step_id, record, self.policy_id)
-            tx.start_execution(run_id, step_id, tool.name, args,
-                               tool.target, approval["id"])
+            tx.start_execution(run_id, step_id, tool.name, args, tool.target,
+                               approval["id"])
             return Execute(run_id, step_id, args, work=judged.work)
         return self._begun(tool, run_id, collect)
 
     def _take_over(self, tool, run_id, judged):
-        """Rule 3: take over a run whose lease ran out. A mutation it
-        cut off may have taken effect: Wait on asking to run it again.
-        Anything else ends: AGAIN."""
-        cut_step = self.store.write(lambda tx: tx.take_over(run_id,
-                                                            self.lease()))
+        """Rule 3: take over a run whose lease ran out: Wait on asking to
+        run again a mutation it cut off, else it ends: AGAIN."""
+        cut_step = self.store.write(lambda tx: tx.take_over(run_id, self.lease()))
         asks = cut_step and not tool.read_only
         if asks:
             step_id, started = cut_step
             attempt = {"run_id": run_id, "step_id": step_id,
                        "started_at": started, "ended": "cut_off"}
             args = self.store.step_decision(step_id)["args"]
-
         def taken_over(tx):
             if asks:
-                decision, facts = self._decision(tool, args, judged,
-                                                 tx.rows, attempt)
+                decision, facts = self._decision(tool, args, judged, tx.rows, attempt)
                 if decision["outcome"] == "require_approval":
-                    approval = new_approval(self.config, run_id, step_id,
-                                            tool, args, decision)
-                    record = _policy_record(decision, facts)
-                    tx.record_policy(run_id, step_id, record, "")
+                    approval = new_approval(self.config, run_id, step_id, tool, args,
+                                            decision)
+                    tx.record_policy(run_id, step_id, _policy_record(decision, facts), "")
                     tx.pause(run_id, step_id, approval)
                     return Wait(approval)
             tx.finish_run(run_id, "FAILED", "goal_failed",
@@ -2713,8 +2675,8 @@ class Gate:
             return AGAIN
         verdict = self.store.write(taken_over)
         if isinstance(verdict, Wait):
-            log(f"a call to {tool.name} was cut off while executing; its"
-                " outcome is unknown")
+            log(f"a call to {tool.name} was cut off while executing; its outcome"
+                " is unknown")
             self.announce(verdict.approval, tool, run_id)
         return verdict
 
@@ -2724,25 +2686,20 @@ class Gate:
         tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[kind])
 
     def _closed(self, tool, row, window):
-        """Rules 4 and 5: a finished run of the request within the
-        window: the tool's for a duplicate, at least the config's for
-        the operator's no (rejected, cancelled, expired)."""
+        """Rules 4 and 5: a finished run within the window: the tool's for a
+        duplicate, at least the config's for the operator's no."""
         refusals = max(window, self.config.repeat_window)
-
         def within(span):
             start = format_time(time.time() - span / SECOND)
             return span and row.finished >= start
-
         def until():
             return prose_time(later(row.finished, refusals))
-
         refused = within(refusals)
         if row.reason == "approval_rejected" and refused:
             approval = self.store.latest_approval(row.run_id)
             return answer("REJECTED", approval=approval["id"],
                           note=note_text(approval["note"]), until=until())
-        attempt = (None if tool.read_only
-                   else last_attempt(self.store.read, row.run_id))
+        attempt = None if tool.read_only else last_attempt(self.store.read, row.run_id)
         unknown = attempt and attempt.ending in UNKNOWN_ENDINGS
         if row.reason == "approval_expired" and not unknown and refused:
             approval = self.store.latest_approval(row.run_id)
@@ -2762,23 +2719,18 @@ class Gate:
                       window=format_duration(window), outcome=said)
 
     def _unknown_attempt(self, key):
-        """Rule 6: the attempt to run again if the newest finished run
-        left its outcome unknown (until a re-run knows it)."""
+        """Rule 6: the attempt of the newest finished run, if unknown."""
         for run_id, status in self.store.attempt_runs(key):
-            attempt = (status in TERMINAL
-                       and last_attempt(self.store.read, run_id))
+            attempt = status in TERMINAL and last_attempt(self.store.read, run_id)
             if attempt:
                 unknown = attempt.ending in UNKNOWN_ENDINGS
                 return attempt.attempt if unknown else None
         return None
 
     def _settle_others(self, tool, key):
-        """The one place a call settles other requests' runs of its
-        tool, so rule 7 never blocks on what nobody settles: a dead run
-        taken over, an expired question ended, an unknown outcome asked
-        again. The question then standing, or None."""
-        for run_id, status, owner, expires in (
-                self.store.unsettled_runs(tool.target, key)):
+        """The one place other requests' runs of the tool are settled, so
+        rule 7 never blocks on what nobody settles: the question standing."""
+        for run_id, status, owner, expires in self.store.unsettled_runs(tool.target, key):
             live = owner != self.owner and expires > now()
             if status == "RUNNING":
                 if live or run_id in self.active:
@@ -2788,8 +2740,8 @@ class Gate:
                 if isinstance(verdict, Wait):
                     return verdict.approval
                 continue
-            approval = (status == "WAITING_FOR_APPROVAL"
-                        and self.store.latest_approval(run_id))
+            waiting = status == "WAITING_FOR_APPROVAL"
+            approval = waiting and self.store.latest_approval(run_id)
             if not approval or approval["kind"] != "interrupted_side_effect":
                 continue
             if live_approval(self.config, approval):
@@ -2798,10 +2750,8 @@ class Gate:
         return self._ask_unknown(tool, key)
 
     def _ask_unknown(self, tool, key):
-        """An unknown outcome of another request, unasked: asked in a
-        fresh run (its question), or None."""
-        for other, run_id, reason in self.store.unknown_for_tool(
-                tool.target, key):
+        """Another request's unknown outcome asked in a fresh run, or None."""
+        for other, run_id, reason in self.store.unknown_for_tool(tool.target, key):
             if reason in ("approval_rejected", "operator_cancelled"):
                 continue
             # The open row before the attempt: a re-run settling it after
@@ -2811,56 +2761,44 @@ class Gate:
             if attempt is None:
                 continue
             args = self.store.step_decision(attempt["step_id"])["args"]
-            verdict = self._begin(tool, args, other, seen,
-                                  judged_request(tool, args),
+            verdict = self._begin(tool, args, other, seen, judged_request(tool, args),
                                   attempt=attempt, origin="operator")
             if isinstance(verdict, Wait):
                 return verdict.approval
-            # Else (its arguments now invalid, say) it ended.
         return None
 
-    # -- beginning and executing a run ------------------------------
-
-    def _begin(self, tool, args, key, seen, judged, early=None,
-               attempt=None, origin="model", cancelled=None, invalid=None):
-        """Rule 8: decide and begin the run in one write: its verdict.
-        `invalid` (why, frame): unusable arguments."""
+    def _begin(self, tool, args, key, seen, judged, early=None, attempt=None,
+               origin="model", cancelled=None, invalid=None):
+        """Rule 8: decide and begin the run in one write: its verdict."""
         run_id = f"{self.config.session}.{new_id(8)}"
         problem = invalid[0] if invalid else judged.problem
         outright = (early and tool.read_only and not problem
                     and not attempt and not tool.rule.limits)
-        if outright and early[0]["outcome"] == "allow" and (
-                "grant" not in early[0]):
-            # Allowed outright, no limit, no grant to be revoked: it
-            # leaves nothing unknown after a crash, so it is recorded
-            # whole once it answers.
+        if outright and early[0]["outcome"] == "allow" and "grant" not in early[0]:
+            # No limit, no grant to be revoked: nothing unknown after a
+            # crash, so it is recorded whole once it answers.
             self.active.add(run_id)
-            record = (_policy_record(*early), now())
-            return Execute(run_id, None, args, record)
+            return Execute(run_id, None, args, (_policy_record(*early), now()))
         recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
-        step = {**recorded, "kind": TOOL_CALL, "origin": origin,
-                "tool": tool.name}
+        step = {**recorded, "kind": TOOL_CALL, "origin": origin, "tool": tool.name}
         opened = ANY_ROW if tool.read_only else seen
-
         def begin(tx):
             if cancelled and cancelled.is_set():  # by the host
                 return answer("CANCELLED", "HOST_CANCELLED")
             if not problem:
-                decision, facts = self._decision(tool, args, judged,
-                                                 tx.rows, attempt)
+                decision, facts = self._decision(tool, args, judged, tx.rows, attempt)
                 full = self._too_many(tx, decision, origin)
                 if full:
                     return full
-            tx.begin_run(run_id, self.config.session, tool.name,
-                         tool.target, key, tool.side_effect,
-                         self.tool_hashes, self.lease(), opened)
+            tx.begin_run(run_id, self.config.session, tool.name, tool.target, key,
+                         tool.side_effect, self.tool_hashes, self.lease(), opened)
             step_id = tx.start_step(run_id, step, tool)
             if problem:
                 self._refuse(tx, run_id, step_id, "invalid_decision",
                              f"invalid decision: {problem}")
                 return answer("INVALID", reason=clean(problem, 1000))
-            return self._act(tx, tool, run_id, step_id, args, decision,
-                             facts, judged.work)
+            return self._act(tx, tool, run_id, step_id, args, decision, facts,
+                             judged.work)
         return self._begun(tool, run_id, begin)
 
     def _too_many(self, tx, decision, origin):
@@ -2882,22 +2820,20 @@ class Gate:
         outcome, reason = decision["outcome"], decision["reason"]
         if outcome == "deny":
             how = "denied on resume" if resumed else "denied"
-            self._refuse(tx, run_id, step_id, "policy_denied",
-                         f"{how}: {reason}")
+            self._refuse(tx, run_id, step_id, "policy_denied", f"{how}: {reason}")
             frees = frees_text(decision)
             said = reason + (f"; {frees}" if frees else "")
             return answer("DENIED", reason=clean(said, 500))
         if outcome == "require_approval":
-            approval = new_approval(self.config, run_id, step_id, tool, args,
-                                    decision)
+            approval = new_approval(self.config, run_id, step_id, tool, args, decision)
             tx.pause(run_id, step_id, approval)
             return Wait(approval)
         tx.start_execution(run_id, step_id, tool.name, args, tool.target)
         return Execute(run_id, step_id, args, work=work)
 
     def _begun(self, tool, run_id, fn):
-        """Commit fn, which may start the run executing: the run is this
-        process's own from before, never taken over between."""
+        """Commit fn: the run is this process's own from before, never
+        taken over between."""
         self.active.add(run_id)
         verdict = None
         try:
@@ -2910,8 +2846,7 @@ class Gate:
         return verdict
 
     def _execute(self, tool, verdict, progress=None, cancelled=None):
-        """Send the request upstream and record what came of it;
-        cancelled by the host before, it is not sent."""
+        """Send the request upstream (unless cancelled) and record what came of it."""
         run_id, step_id, args = verdict[:3]
         try:
             started = time.monotonic()
@@ -2923,7 +2858,6 @@ class Gate:
                     tool, args, self.config.max_result_bytes,
                     progress and progress.server)
             elapsed = int((time.monotonic() - started) * 1000)
-
             def record(tx):  # the approval a re-run waits on, or None
                 how = self._record_outcome if step_id else self._record_read
                 return how(tx, tool, verdict, observation, ending, elapsed)
@@ -2933,48 +2867,37 @@ class Gate:
         if passed is not None:
             return passed_answer(passed)
         if observation.get("withheld"):
-            return too_large_answer(tool, observation["result"],
-                                    self.config.max_result_bytes,
-                                    self.window(tool))
+            cap = self.config.max_result_bytes
+            return too_large_answer(tool, observation["result"], cap, self.window(tool))
         error = observation["content"]["error"]
         if rerun:
             how = HOW[ending]
             log(f"a call to {tool.name} {how}; its outcome is unknown")
             self.announce(rerun, tool, run_id)
-            return answer("UNKNOWN_OUTCOME", how=how,
-                          error=f" ({clean(error, 500)})",
+            return answer("UNKNOWN_OUTCOME", how=how, error=f" ({clean(error, 500)})",
                           approval=rerun["id"])
         if ending == "unrecorded":
             return answer("UNRECORDED", reason=clean(error, 500),
                           window=refused_for(self.window(tool)))
         return Answer(clean(error, CONTENT_CAP), True)
 
-    # Two shapes of record, on purpose: a read allowed outright is one
-    # run.read event, committed once after it answers (nothing a crash
-    # leaves unknown: no calls row, no step, no limit); every other
-    # call is recorded before it is sent.
-
     def _record_read(self, tx, tool, verdict, observation, ending, elapsed):
         policy, started = verdict.record
         if ending == "ok":
-            ended = ("COMPLETED", "goal_completed",
-                     f"terminal tool {tool.name}")
+            ended = ("COMPLETED", "goal_completed", f"terminal tool {tool.name}")
         else:
             ended = ("FAILED", "goal_failed", CLOSING[ending])
         decision = {"args": verdict.args, "kind": TOOL_CALL, "origin": "model",
                     "tool": tool.name}
-        tx.record_read(verdict.run_id, self.config.session, tool, decision,
-                       policy, self.policy_id, started, observation, ended,
-                       elapsed)
+        tx.record_read(verdict.run_id, self.config.session, tool, decision, policy,
+                       self.policy_id, started, observation, ended, elapsed)
 
     def _record_outcome(self, tx, tool, verdict, observation, ending, elapsed):
         """An executed run's outcome: a re-run's approval or None."""
         run_id, step_id = verdict[:2]
         if tx.run_holder(run_id) != ("RUNNING", self.owner):
-            # Cancelled, or taken over: a late event keeps the outcome;
-            # the run stays as its new owner has it.
-            late = {"tool": tool.name, "late": True,
-                    "observation": observation}
+            # Cancelled or taken over: a late event keeps the outcome.
+            late = {"tool": tool.name, "late": True, "observation": observation}
             tx.event(run_id, "step.tool_finished", late, step_id)
             return None
         tx.finish_execution(run_id, step_id, tool.name, observation, elapsed)
@@ -2985,45 +2908,35 @@ class Gate:
         if ending != "ok":
             # Unsent: the outcome of the attempt before, if any.
             known = None if ending == "unsent" else OUTCOME_KNOWN
-            tx.finish_run(run_id, "FAILED", "goal_failed",
-                          CLOSING[ending], outcome=known)
+            tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending], outcome=known)
         return None
 
     def _pause_rerun(self, tx, tool, verdict, ending):
-        """An unknown outcome asked again where it is recorded: the
-        approval or None. Judged again: links may have moved."""
+        """An unknown outcome asked again: the approval or None."""
         run_id, step_id, args = verdict[:3]
         attempt = {"run_id": run_id, "step_id": step_id,
                    "started_at": tx.step_started(step_id), "ended": ending}
         judged = Judgement(work=verdict.work)
         decision, facts = self._decision(tool, args, judged, tx.rows, attempt)
         if decision["outcome"] == "deny":
-            # Denied now (an entry for other hours, say): the run ends
-            # unknown; rule 6 decides the next identical call.
+            # Denied now: the run ends unknown; rule 6 decides the next.
             tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending])
             return None
-        rerun = {"args": args, "kind": TOOL_CALL, "origin": "operator",
-                 "tool": tool.name}
+        rerun = {"args": args, "kind": TOOL_CALL, "origin": "operator", "tool": tool.name}
         rerun_step = tx.start_step(run_id, rerun, tool)
         return self._act(tx, tool, run_id, rerun_step, args, decision, facts,
                          verdict.work).approval
 
-
 def call_upstream(tool, args, cap, progress=None):
-    """Send one call upstream: (observation, ending, passed), the last the
-    server's result as it came, or None (none, or past `cap` bytes: withheld).
-    The one place an outcome is classified: 'ok'; 'error' (an error answer:
-    known); 'unsent' (no byte reached the server); 'unrecorded' (executed,
-    answer unusable: known, never run again); 'timed_out' or 'no_answer' (it
-    may have taken effect: unknown). A read's other failures are 'error': it
-    has no effect to vouch for."""
+    """(observation, ending, the result as it came or None past `cap`). The
+    one place an outcome is classified: 'ok'; 'error' (known); 'unsent';
+    'unrecorded' (executed, answer unusable: never run again); 'timed_out' or
+    'no_answer' (unknown). A read's other failures are 'error'."""
     passed = rpc = None
-    sent = {"name": tool.upstream_name,
-            "arguments": {**args, **tool.rule.fixed}}
+    sent = {"name": tool.upstream_name, "arguments": {**args, **tool.rule.fixed}}
     try:
-        result = tool.upstream.request(
-            "tools/call", sent, Deadline(tool.timeout),
-            f"tool {quote(tool.upstream_name)}", progress)
+        result = tool.upstream.request("tools/call", sent, Deadline(tool.timeout),
+                                       f"tool {quote(tool.upstream_name)}", progress)
         passed, error = passed_result(tool, result)
         try:
             record = None if passed is None else result_record(passed)
@@ -3049,37 +2962,27 @@ def call_upstream(tool, args, cap, progress=None):
         observation["withheld"] = True
     return observation, ending, None if withheld else passed
 
-
-UPSTREAM_ENDINGS = {"unusable": "unrecorded", "answered": "error",
-                    "not_sent": "unsent"}
-
+UPSTREAM_ENDINGS = {"unusable": "unrecorded", "answered": "error", "not_sent": "unsent"}
 
 def failed_call(tool, error, ending, rpc=None, cap=0):
-    """A call that came to no result, as call_upstream answers it; a
-    server's JSON-RPC error (`rpc`) is passed on while it fits the
-    cap, and recorded by its size and hash."""
+    """No result, as call_upstream answers; `rpc` passes while it fits `cap`."""
     content = {"tool": tool.name, "error": error, "ending": ending}
     if rpc is not None:
         sent = canonical(rpc)
         content["rpc_error"] = value_digest(sent)
         rpc = {"error": rpc} if len(sent) <= cap else None
     said = f"{tool.name} {ending}: {sanitize(error)}"
-    observation = {"kind": "tool_error", "summary": cut(said, 1000),
-                   "content": content}
+    observation = {"kind": "tool_error", "summary": cut(said, 1000), "content": content}
     return observation, ending, rpc
-
 
 RECORDED_FRAME_BYTES = 65536
 
-
 def recorded_frame(data):
-    """What an INVALID run keeps of refused arguments: the bytes, or
-    past RECORDED_FRAME_BYTES their size and hash, so a hostile frame
-    cannot fill the database."""
+    """Refused arguments as kept: past RECORDED_FRAME_BYTES their digest,
+    so a hostile frame cannot fill the database."""
     if len(data) <= RECORDED_FRAME_BYTES:
         return data.decode("utf-8", "backslashreplace")
     return value_digest(data)
-
 
 def live_approval(config, approval):
     """Pending and unexpired, or granted and still collectable."""
@@ -3090,7 +2993,6 @@ def live_approval(config, approval):
     if status == "approved":
         return not ttl or later(approval["decided_at"], ttl) > now()
     return False
-
 
 # Why a run ended, by its refused step's kind or its call's ending.
 CLOSING = {
@@ -3108,13 +3010,11 @@ CLOSING = {
 POLICY_KEPT = ("outcome", "reason", "by", "grant", "limit",
                "tried", "kind", "capability", "presentation")
 
-
 def _policy_record(decision, facts, approved=False):
-    """A decision as kept, with the facts recheck needs to make it
-    again (`approved`: on collecting an approval: no limit)."""
+    """A decision as kept, with the facts recheck needs to make it again."""
     record = {k: decision[k] for k in POLICY_KEPT if k in decision}
-    record["facts"] = {"at": format_time(facts.at),
-                       "client": facts.client, "approved": approved}
+    record["facts"] = {"at": format_time(facts.at), "client": facts.client,
+                       "approved": approved}
     return record
 
 
@@ -3123,19 +3023,17 @@ def _policy_record(decision, facts, approved=False):
 #
 # Reads as: decision core
 #
-# Owns: the host's conversation on stdin and stdout as far as it decides calls:
-# framing, batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once, each
-# on a request thread that waits for the next), cancellation and shutdown;
-# section 26 has the rest.
-# Promises: stdout carries only protocol, one JSON-RPC message per line,
-# written under one lock; the first request is answered at once, even while the
-# servers start; every request gets exactly one well-formed answer (a malformed
-# or oversized line, a batch member that is not a request or an id that cannot
-# be echoed gets a JSON-RPC error, id null then; past the bound, busy; an
-# unknown method, -32601) and the session goes on; each tool is offered as
-# pinned, never once its server changed it while serving, and the status tool
-# always; on stdin closing, SIGINT or SIGTERM no new call starts, holds end,
-# calls in flight finish and are recorded, then the process exits 0.
+# Owns: the host's stdin and stdout as far as they decide calls: framing,
+# batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once), cancellation
+# and shutdown; section 26 has the rest.
+# Promises: stdout carries only protocol, one JSON-RPC message per line, under
+# one lock; the first request is answered at once, even while servers start;
+# every request gets exactly one well-formed answer (a malformed or oversized
+# line, a batch member not a request or an id that cannot be echoed: an error
+# with id null; past the bound, busy; an unknown method, -32601) and the
+# session goes on; a tool is offered as pinned, never once its server changed
+# it, the status tool always; on stdin closing, SIGINT or SIGTERM no new call
+# starts, holds end, calls in flight finish and are recorded, then exit 0.
 # =============================================================================================
 
 # The protocol versions spoken, oldest first; each side negotiates on its own.
@@ -3144,7 +3042,6 @@ BATCH_VERSIONS = ("2024-11-05", "2025-03-26")
 MAX_HOST_LINE = 16 * 1024 * 1024
 MAX_IN_FLIGHT = 64  # requests handled at once
 IDLE_THREAD = 2  # seconds a request thread waits for the next
-
 
 class HostServer:
     """One host session; `around` is section 26's HostAround."""
@@ -3207,8 +3104,7 @@ class HostServer:
             except Exception as err:
                 log("internal error: a message could not be handled"
                     f" ({type(err).__name__}: {err})")
-                work = rpc_error(None, -32603, "the message could not be"
-                                 " handled")
+                work = rpc_error(None, -32603, "the message could not be handled")
             if callable(work):
                 self._hand(work)
             else:
@@ -3216,10 +3112,8 @@ class HostServer:
         self.done.set()
 
     def _hand(self, work):
-        """Run `work` on an idle request thread, or a new one. One
-        waits IDLE_THREAD for the next: a start stalls the reader
-        until the thread runs (a fifth of the throughput in
-        tests/bench.py). At most a thread per request in flight."""
+        """Run `work` on an idle request thread, or a new one (a start stalls
+        the reader: a fifth of the throughput in tests/bench.py)."""
         with self.calls_lock:
             idle = self.idle > 0
             self.idle -= idle
@@ -3249,17 +3143,16 @@ class HostServer:
         if line is None:
             if ident is not None:
                 ident = Number(str(ident))
-            return rpc_error(ident, -32600, "the message is larger than"
-                             f" {MAX_HOST_LINE} bytes")
+            return rpc_error(ident, -32600,
+                             f"the message is larger than {MAX_HOST_LINE} bytes")
         if not line.strip():
             return None
         invalid = None
         try:
             message = parse(line)
         except CanonicalError as err:
-            # A tools/call whose arguments the boundary check refuses still
-            # gets a run and an INVALID answer, with the frame recorded as
-            # it came; anything else gets -32700.
+            # A tools/call refused here still gets a run and an INVALID
+            # answer, the frame recorded as it came; anything else -32700.
             message = parse_loosely(line)
             if not isinstance(message, dict):
                 message = {}
@@ -3276,12 +3169,11 @@ class HostServer:
 
     def _batch(self, messages):
         if self.protocol not in BATCH_VERSIONS or not messages:
-            return rpc_error(None, -32600, "batches are not part of protocol"
-                             f" version {self.protocol}")
+            return rpc_error(None, -32600,
+                             f"batches are not part of protocol version {self.protocol}")
         # One request in flight: its members answered in order.
         if not self._admit():
             return [busy_error(echoed_id(m)) for m in messages]
-
         def run():
             try:
                 answers = [self._member(m) for m in messages]
@@ -3293,8 +3185,7 @@ class HostServer:
     def _member(self, message):
         if isinstance(message, dict):
             return self._message(message, None, batch=True)
-        return rpc_error(None, -32600, "a batch member must be a JSON-RPC"
-                         " object")
+        return rpc_error(None, -32600, "a batch member must be a JSON-RPC object")
 
     def _admit(self):
         with self.calls_lock:
@@ -3308,23 +3199,21 @@ class HostServer:
             self.running -= 1
 
     def _message(self, message, invalid, batch=False):
-        """A request's answer (None to a notification), or the work that
-        sends it."""
+        """A request's answer (None to a notification), or the work sending it."""
         method, ident = message.get("method"), message.get("id")
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
         if not isinstance(method, str):
             if "id" in message and ("result" in message or "error" in message):
                 return None  # agentgate sends no request
-            return rpc_error(echoed_id(message), -32600,
-                             "a request needs a method")
+            return rpc_error(echoed_id(message), -32600, "a request needs a method")
         if "id" not in message:
             self._notified(method, params)
             return None
         if not echoable_id(ident):
             # Checked before anything is recorded: no run for it.
-            return rpc_error(None, -32600, "the id must be a string or a"
-                             " number that can be written as JSON")
+            return rpc_error(None, -32600, "the id must be a string or a number that"
+                             " can be written as JSON")
         if method == "tools/call":
             return self._tools_call(ident, params, invalid, batch)
         if method == "tools/list":
@@ -3333,8 +3222,7 @@ class HostServer:
             self._initialize(params)
         handler = self.around.requests.get(method)
         if handler is None:
-            return rpc_error(ident, -32601,
-                             f"method {quote(method)} is not offered")
+            return rpc_error(ident, -32601, f"method {quote(method)} is not offered")
         return {"jsonrpc": "2.0", "id": ident, "result": handler(self, params)}
 
     def _notified(self, method, params):
@@ -3352,7 +3240,6 @@ class HostServer:
         cancelled, key = threading.Event(), _id_key(ident)
         with self.calls_lock:
             self.calls[key] = cancelled
-
         def call():
             try:
                 return self._call(params, invalid, batch, cancelled)
@@ -3374,14 +3261,13 @@ class HostServer:
             self.gate.client = self.client
 
     def _after_ready(self, ident, work, batch):
-        """`work`'s answer once the servers are ready, at most MAX_IN_FLIGHT at
-        once: a batch member's answer, else the work that sends it."""
+        """`work`'s answer once servers are ready: a batch member's, else the
+        work that sends it."""
         # Read on the reader: a call read before stdin closed runs.
         accepted = not self.stopping
         admitted = accepted and not batch
         if admitted and not self._admit():
             return busy_error(ident)
-
         def run():
             try:
                 self.ready.wait()
@@ -3414,8 +3300,7 @@ class HostServer:
 
     def _tool_list(self):
         held = self.gate.quarantined  # replaced whole: read once
-        tools = [t.listing for t in self.gate.tools.values()
-                 if t.name not in held]
+        tools = [t.listing for t in self.gate.tools.values() if t.name not in held]
         return {"tools": tools + [self.status.listing]}
 
     def _forget(self, key, cancelled):
@@ -3429,8 +3314,8 @@ class HostServer:
             return self.status.call(args, invalid)
         tool = self.gate.tools.get(name) if isinstance(name, str) else None
         if tool is None:
-            raise ToolNotOffered(CALL_ERRORS["unknown_tool"].format(
-                name=quote(str(name))))
+            said = CALL_ERRORS["unknown_tool"].format(name=quote(str(name)))
+            raise ToolNotOffered(said)
         if tool.name in self.gate.quarantined:
             return answer("DENIED", "TOOL_CHANGED").result()
         meta = params.get("_meta")
@@ -3445,16 +3330,13 @@ class HostServer:
         if "error" in result:
             raise PassedError(result["error"])
         if answered.passed is None and "outputSchema" in tool.listing:
-            # A host refuses a result lacking the structured content
-            # an output schema promises; the gate's own answers carry
-            # none, so they go as errors.
+            # A host refuses a result lacking the structured content an
+            # output schema promises: the gate's own answers go as errors.
             result["isError"] = True
         return result
 
-
 class ToolNotOffered(Exception):
-    """A tools/call naming a tool the gate does not offer."""
-
+    """A tools/call naming a tool not offered."""
 
 class PassedError(Exception):
     """A server's JSON-RPC error to a tools/call, answered as it came."""
@@ -3463,26 +3345,20 @@ class PassedError(Exception):
         super().__init__(error["message"])
         self.error = error
 
-
 def echoed_id(message):
     """A message's id if it can be echoed, else None."""
     ident = message.get("id") if isinstance(message, dict) else None
     return ident if echoable_id(ident) else None
 
-
 def _id_key(ident):
     return canonical(ident) if echoable_id(ident) else None
 
-
 def rpc_error(ident, code, message):
     """Every JSON-RPC error answer the host is sent."""
-    error = {"code": code, "message": message}
-    return {"jsonrpc": "2.0", "id": ident, "error": error}
-
+    return {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}}
 
 def busy_error(ident):
-    busy = CALL_ERRORS["busy"].format(limit=MAX_IN_FLIGHT)
-    return rpc_error(ident, -32000, busy)
+    return rpc_error(ident, -32000, CALL_ERRORS["busy"].format(limit=MAX_IN_FLIGHT))
 
 
 # =============================================================================================
@@ -3491,19 +3367,17 @@ def busy_error(ident):
 # Reads as: decision core
 #
 # Owns: the printout of every operator decision, and its yes.
-# Promises: a decision binds only what was shown whole. A value over
-# SHOWN_WHOLE bytes is shown as its head, size and tail, and then nothing is
-# agreed to until every byte was shown (-full; f in watch). An approval is
-# shown only while its row hashes to its hash. Every line is sanitized (tell,
-# or watch's Screen.put).
-# Refuses nothing itself: a refusal is a value its caller raises.
+# Promises: a decision binds only what was shown whole: a
+# value over SHOWN_WHOLE bytes shows cut, and nothing is agreed
+# to until every byte was shown (-full; f in watch). An approval
+# shows only while it hashes to its hash. Lines are sanitized.
+# Refuses nothing itself: its caller raises.
 # =============================================================================================
 
-SHOWN_WHOLE = 480  # bytes of a value printed whole without -full
-
+SHOWN_WHOLE = 480  # bytes shown whole without -full
 
 def shown_text(text, full):
-    """(text, its bytes, whether it was cut)."""
+    """(text, bytes, whether cut)."""
     size = len(text.encode("utf-8", "surrogatepass"))
     if size <= SHOWN_WHOLE or full:
         return text, size, False
@@ -3511,32 +3385,25 @@ def shown_text(text, full):
     tail = text[-SHOWN_WHOLE // 4:]
     return f"{head} [... {size} bytes in all ...] {tail}", size, True
 
-
 def intact(approval):
-    """The approval, if its fields still hash to its hash: only then
-    is what it shows what it binds."""
+    """The approval, if it still hashes to its hash."""
     if stored_hash(approval) != approval["hash"]:
         raise StoreError(
             f"approval {approval['id']} does not match its hash: its record"
             " was altered after it was made, and it cannot be decided")
     return approval
 
-
 def approval_printout(store, approval, full, cautions):
-    """approval_shown, and why the policy asked: what approve, reject,
-    watch and grant show."""
+    """approval_shown, and why the policy asked."""
     late = store.late_outcomes(approval["run_id"])
-    lines, shortened = approval_shown(intact(approval), full, late, cautions)
-    step = next(s for s in store.steps(approval["run_id"])
-                if s["id"] == approval["step_id"])
+    lines, short = approval_shown(intact(approval), full, late, cautions)
+    steps = store.steps(approval["run_id"])
+    step = next(s for s in steps if s["id"] == approval["step_id"])
     tried = sanitize(tried_text(step))
-    return lines + [tried] * bool(tried), shortened
-
+    return lines + [tried] * bool(tried), short
 
 def approval_shown(approval, full, late, cautions):
-    """(sanitized lines, whether a value was shortened). `late`:
-    outcomes of cut-off attempts that came after a takeover;
-    `cautions(name, text)`: what in a value reads as it is not."""
+    """(sanitized lines, whether short)."""
     shown = parse(approval["presentation_json"])
     request = parse(approval["request_json"])
     tool = request["spec"]["name"]
@@ -3551,11 +3418,11 @@ def approval_shown(approval, full, late, cautions):
     args = request["args"]
     args = args if isinstance(args, dict) else {}
     lines.append("  arguments:" + ("" if args else " (none)"))
-    shortened = _value_lines(lines, args, full, cautions)
+    short = _value_lines(lines, args, full, cautions)
     if shown.get("fixed"):
         lines.append("  fixed values (set by the configuration, sent with the"
                      " arguments):")
-        shortened |= _value_lines(lines, shown["fixed"], full, cautions)
+        short |= _value_lines(lines, shown["fixed"], full, cautions)
     for label in ("question", "reason", "decided_by", "limit", "frees",
                   "notice"):
         if shown.get(label):
@@ -3565,30 +3432,27 @@ def approval_shown(approval, full, late, cautions):
     for step_id, observation in late:
         if step_id == cut_off.get("step_id"):
             text, _, cut_here = shown_text(outcome_text(observation), full)
-            shortened |= cut_here
+            short |= cut_here
             lines.append(f"  LATE OUTCOME   {late_text(observation, text)}")
     lines.append(f"----- end of approval {approval['id']} for tool {tool}"
                  " -----")
-    return [sanitize(line) for line in lines], shortened
-
+    return [sanitize(line) for line in lines], short
 
 def _value_lines(lines, values, full, cautions):
-    shortened = False
+    short = False
     for name, value in values.items():
         raw = value if isinstance(value, str) else policy_json(value)
         shown, size, cut_here = shown_text(raw, full)
-        # A string shows as its JSON string: a newline or a control is
-        # seen as its escape, never as layout.
+        # A string shows as JSON: a control is escaped.
         if isinstance(value, str):
             shown = policy_json(shown)
-        shortened |= cut_here
+        short |= cut_here
         lines.append(f"    {name} = {shown}   ({size} bytes)")
         lines += [f"      CAUTION  {note}" for note in cautions(name, raw)]
-    return shortened
-
+    return short
 
 def late_text(observation, text=None):
-    """A late outcome as a sentence; its text whole unless given."""
+    """A late outcome as a sentence."""
     text = outcome_text(observation) if text is None else text
     if step_outcome(observation) == "ok":
         what = f"it succeeded, with this result: {text}"
@@ -3597,27 +3461,21 @@ def late_text(observation, text=None):
     return ("the attempt that was cut off did finish after all, after its"
             f" run was taken over: {what}")
 
-
 def tried_text(step):
-    """Why no `when` entry of the rule decided the step."""
+    """Why no `when` entry decided the step."""
     record = parse(step["policy"]) if step["policy"] else {}
     tried = record.get("tried")
     return f"no when entry held: {'; '.join(tried)}" if tried else ""
 
-
-def unshown(shortened, what, verb, how):
-    """'' if a printout showed every byte, else why it decides nothing
-    until `how` shows them."""
-    if not shortened:
+def unshown(short, what, verb, how):
+    """'' if every byte was shown, else why nothing is decided."""
+    if not short:
         return ""
     return (f"{how} to show every byte before you {verb}: {what} has a value"
-            " too long to print whole, so it was shown shortened")
-
+            " too long to print whole, so it was shown short")
 
 def confirmed(lines, out, shortened=False, what="", verb="", agreed=True):
-    """Print every line; then True for a yes to exactly them (the
-    flag `agreed`, or typed at a terminal), False for a no, or why
-    nothing may be decided: a sentence, or '' with no terminal."""
+    """Print; True for a yes to them, False for a no, else why not."""
     tell(*lines, out=out, flush=True)
     why = unshown(shortened, what, verb, "run the command again with -full")
     if why or agreed:
