@@ -3960,47 +3960,35 @@ EXACT = decimal.Context(
     Emax=10 * MAX_EXPONENT, Emin=-10 * MAX_EXPONENT,
     traps=[decimal.Inexact, decimal.Overflow, decimal.InvalidOperation])
 
-
 class CanonicalError(ValueError):
     """`place`: where a text stops being JSON, or ''."""
-
     def __init__(self, message, place=""):
         super().__init__(message)
         self.place = place
-
     def placed(self):
         if not self.place:
             return str(self)
         return f"{self} at {self.place}"
 
-
 class Number:
     __slots__ = ("literal",)
-
     def __init__(self, literal):
         self.literal = literal
-
     def __eq__(self, other):
         return isinstance(other, Number) and other.literal == self.literal
-
     def __hash__(self):
         return hash(self.literal)
-
     def __repr__(self):
         return self.literal
-
     def exact(self):
         return decimal.Decimal(self.literal)
-
     def is_integer(self):
         value = self.exact()
         return value == value.to_integral_value()
 
-
 _STRING_RE = re.compile(rb'"[^"]*"?')
 _ONE_KIND = bytes.maketrans(b"{}", b"[]")
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
-
 
 def _too_deep(data):
     """Whether it nests past MAX_DEPTH, in linear time. Exact for valid JSON:
@@ -4026,7 +4014,6 @@ def _too_deep(data):
             return True
     return False
 
-
 def number_bound(literal):
     """The reason a number literal is past the bound, or ''."""
     head = literal[:24]
@@ -4039,12 +4026,10 @@ def number_bound(literal):
         return f"number {head} has an exponent beyond ±{MAX_EXPONENT}"
     return ""
 
-
 # A number literal as RFC 8259 writes one.
 JSON_NUMBER_RE = re.compile(
     r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 SURROGATE_RE = re.compile("[\ud800-\udfff]")
-
 
 def _first_surrogate(value, objects=True):
     """objects=False: the pairs hook looked inside those."""
@@ -4062,28 +4047,23 @@ def _first_surrogate(value, objects=True):
             return found
     return ""
 
-
 class _Reading:
     """The first faults the hooks found in one document."""
-
     def __init__(self):
         self.repeated = self.overflow = None
         self.bound = self.surrogate = None
-
     def decode(self, text):
         decoder = json.JSONDecoder(
             object_pairs_hook=self.pairs,
             parse_int=self.number, parse_float=self.number,
             parse_constant=_read_constant)
         return decoder.decode(text)
-
     def number(self, literal):
         reason = number_bound(literal)
         self.bound = self.bound or reason
         if not reason and not self.overflow and math.isinf(float(literal)):
             self.overflow = literal
         return Number(literal)
-
     def pairs(self, items):
         # Every pair is seen, a replaced one too: its surrogate
         # is reported first.
@@ -4097,10 +4077,8 @@ class _Reading:
             obj[key] = value
         return obj
 
-
 def _read_constant(name):
     raise ValueError(name)
-
 
 def parse(data):
     """One document, its first fault in the contract's order."""
@@ -4134,16 +4112,13 @@ def parse(data):
         raise CanonicalError(reading.bound)
     return value
 
-
 _HTML_ESCAPES = (
     ("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
     ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
 # The contract's escaping short of _HTML_ESCAPES, in C.
 encode_string = json.encoder.encode_basestring
 
-
 _CONSTANTS = {True: "true", False: "false", None: "null"}
-
 
 def _encode(value, out):
     """Measured no slower than the C encoder."""
@@ -4176,7 +4151,6 @@ def _encode(value, out):
         kind = type(value).__name__
         raise TypeError(f"cannot encode {kind} as JSON")
 
-
 def _encoded(value, html):
     out = []
     _encode(value, out)
@@ -4187,27 +4161,21 @@ def _encoded(value, html):
         text = text.replace(ch, escape)
     return text
 
-
 def canonical(value):
     """The same bytes whatever embeds them in HTML or JS."""
     return _encoded(value, True).encode("utf-8")
 
-
 def dumps(value):
     return canonical(value).decode("utf-8")
-
 
 def policy_json(value):
     """Without _HTML_ESCAPES: what people and the policy read."""
     return _encoded(value, False)
 
-
 FLAT_WIDTH = 72
-
 
 def _utf8(key):
     return key.encode("utf-8", "surrogatepass")
-
 
 def pretty_json(value, indent="  ", level=0, flat=None, ordered=False):
     """From level `flat` down a short value keeps one line."""
@@ -4218,7 +4186,6 @@ def pretty_json(value, indent="  ", level=0, flat=None, ordered=False):
     if not value or not isinstance(value, (dict, list)):
         return policy_json(value)
     inner = indent * (level + 1)
-
     def shown(item):
         return pretty_json(item, indent, level + 1, flat, ordered)
     if isinstance(value, dict):
@@ -4230,7 +4197,6 @@ def pretty_json(value, indent="  ", level=0, flat=None, ordered=False):
         ends = "[]"
     return (ends[0] + "\n" + ",\n".join(items) + "\n" +
             indent * level + ends[1])
-
 
 # =============================================================================================
 # 12. Text safe to show
@@ -4257,10 +4223,8 @@ _NEEDS_CARE = re.compile(
     % "".join(map(chr, sorted(INVISIBLE))))
 MAX_COMBINING = 4
 
-
 def _is_mark(ch):
     return unicodedata.category(ch).startswith("M")
-
 
 def _shown(ch):
     code = ord(ch)
@@ -4273,7 +4237,6 @@ def _shown(ch):
     if code in INVISIBLE:
         return f"\\u{{{code:04x}}}"
     return ch
-
 
 def sanitize(text):
     if isinstance(text, bytes):
@@ -4294,11 +4257,9 @@ def sanitize(text):
         out.append(_shown(ch) if ch else "")
     return "".join(out)
 
-
 # Every combining mark is at or above U+0300: only runs of such
 # characters are looked at one by one.
 _MAYBE_MARKS = re.compile("[\u0300-\U0010ffff]{%d,}" % (MAX_COMBINING + 1))
-
 
 def _has_long_combining_run(text):
     for candidate in _MAYBE_MARKS.finditer(text):
@@ -4309,7 +4270,6 @@ def _has_long_combining_run(text):
                 return True
     return False
 
-
 def cut(text, limit):
     data = text.encode("utf-8", "surrogatepass")
     if len(data) <= limit:
@@ -4318,16 +4278,13 @@ def cut(text, limit):
     head = data[:limit - len(mark.encode())]
     return head.decode("utf-8", "ignore") + mark
 
-
 def clean(text, limit):
     """Cut first: a long text costs only its first `limit`."""
     return cut(sanitize(cut(text[:limit + 1], limit)), limit)
 
-
 def quote(text):
     text = sanitize(text).replace("\\", "\\\\")
     return '"' + text.replace('"', '\\"') + '"'
-
 
 def tell(*lines, out=None, end="\n", flush=False):
     """Each argument one line, sanitized whole."""
@@ -4337,14 +4294,12 @@ def tell(*lines, out=None, end="\n", flush=False):
     if flush:
         out.flush()
 
-
 def log(message):
     """One line to stderr; stdout carries only protocol."""
     try:
         tell(f"{PROGRAM}: {message}", out=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
-
 
 # =============================================================================================
 # 13. ECMA-262 patterns
@@ -4388,10 +4343,8 @@ _QUANTIFIER = re.compile(r"(?:([*+?])|\{([0-9]+)(,([0-9]*))?\})\??")
 _HEX_ESCAPE = re.compile(
     r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|u\{([0-9a-fA-F]+)\})")
 
-
 class PatternError(ValueError):
     """One sentence: why a pattern is refused."""
-
 
 def _negate(ranges):
     out, lo = [], 0
@@ -4403,7 +4356,6 @@ def _negate(ranges):
         out.append((lo, _MAX_CODE_POINT))
     return tuple(out)
 
-
 def _normalize(ranges):
     out = []
     for lo, hi in sorted(ranges):
@@ -4413,18 +4365,15 @@ def _normalize(ranges):
             out.append((lo, hi))
     return tuple(out)
 
-
 def _contains(ranges, cp):
     # the last range starting at or before cp
     i = bisect.bisect_right(ranges, (cp, _MAX_CODE_POINT)) - 1
     return i >= 0 and cp <= ranges[i][1]
 
-
 def _as_ranges(member):
     if isinstance(member, int):
         return ((member, member),)
     return member
-
 
 _DOT = _negate(_LINE_TERMINATORS)
 # A backslash and one character: a code point, or a set. Of the
@@ -4441,7 +4390,6 @@ _UNSUPPORTED_ESCAPES = {
     "p": "Unicode property escapes \\p{...} are not supported",
     "c": "control escapes \\cX are not supported; write \\xNN",}
 
-
 # ---- Parsing: a u-mode Pattern to a tree --------------------
 # ('set', ranges)        one character in ranges
 # ('assert', kind)       kind one of ^ $ b B
@@ -4452,20 +4400,16 @@ _UNSUPPORTED_ESCAPES = {
 class _Parser:
     def __init__(self, source):
         self.src, self.pos, self.depth = source, 0, 0
-
     def peek(self, ahead=0):   # "" past the end
         at = self.pos + ahead
         return self.src[at:at + 1]
-
     def take(self, text):
         if self.src.startswith(text, self.pos):
             self.pos += len(text)
             return True
         return False
-
     def fail(self, message):
         raise PatternError(message)
-
     def disjunction(self):
         alternatives = [[]]
         while self.peek() not in ("", ")"):
@@ -4475,7 +4419,6 @@ class _Parser:
                 alternatives[-1].append(self.term())
         nodes = [("cat", terms) for terms in alternatives]
         return nodes[0] if len(nodes) == 1 else ("alt", nodes)
-
     def term(self):
         for text, kind in _ASSERTIONS:
             if self.take(text):
@@ -4486,7 +4429,6 @@ class _Parser:
         atom = self.atom()
         bounds = self.quantifier()
         return ("rep", atom) + bounds if bounds else atom
-
     def quantifier(self):
         """(lo, hi) of a quantifier next, hi None for no bound."""
         m = _QUANTIFIER.match(self.src, self.pos)
@@ -4506,7 +4448,6 @@ class _Parser:
                       f"{self.pos} are out of order")
         self.pos = m.end()
         return int(lo), None if hi is None else int(hi)
-
     def atom(self):
         c, at = self.peek(), self.pos
         if c == "(":
@@ -4523,7 +4464,6 @@ class _Parser:
         if c == ".":
             return ("set", _DOT)
         return ("set", ((ord(c), ord(c)),))
-
     def group(self):
         at = self.pos
         for text, kind in _LOOKAROUND:
@@ -4544,7 +4484,6 @@ class _Parser:
         if not self.take(")"):
             self.fail(f"unbalanced parenthesis at offset {at}")
         return node
-
     def character_class(self, at):
         negated, ranges = self.take("^"), []
         where = f"the class at offset {at}"
@@ -4565,13 +4504,11 @@ class _Parser:
                 ranges.extend(_as_ranges(first))
         ranges = _normalize(ranges)
         return _negate(ranges) if negated else ranges
-
     def class_member(self):
         if self.peek() == "\\":
             return self.escape(True)
         self.pos += 1
         return ord(self.src[self.pos - 1])
-
     def escape(self, in_class):
         """A backslash escape's code point, or the set of \\d etc."""
         at, c, after = self.pos, self.peek(1), self.peek(2)
@@ -4596,7 +4533,6 @@ class _Parser:
             return 0
         self.fail(f"the escape \\{c} at offset {at} is not allowed")
 
-
 # ---- Compiling: tree to Thompson NFA ------------------------
 # A state is (kind, arg, out); only 'set' consumes a character;
 # state 0 is the match. Every _compile call emits a state, so
@@ -4608,7 +4544,6 @@ def _emit(program, state):
                            f"{_MAX_STATES} states)")
     program.append(state)
     return len(program) - 1
-
 
 def _compile(node, out, program):
     """Node's entry state; it continues to `out`."""
@@ -4640,7 +4575,6 @@ def _compile(node, out, program):
         entry = _compile(body, entry, program)
     return entry
 
-
 @functools.lru_cache(maxsize=512)
 def compile_pattern(pattern):
     if not isinstance(pattern, str):
@@ -4653,7 +4587,6 @@ def compile_pattern(pattern):
     program = [("match", None, None)]
     return Pattern(program, _compile(tree, 0, program))
 
-
 # ---- Matching: a lazily built DFA ---------------------------
 # A DFA state: the NFA states the text leads to, before epsilon
 # edges, which are followed once the next character is known (only
@@ -4662,16 +4595,13 @@ def compile_pattern(pattern):
 
 class _DFAState:
     __slots__ = ("nfa", "prev_word", "at_start", "moves")
-
     def __init__(self, nfa, prev_word, at_start):
         self.nfa, self.prev_word, self.at_start = nfa, prev_word, at_start
         # character (None: the end) -> _DFAState, True or False
         self.moves = {}
 
-
 class Pattern:
     """Its caches hold derived data only: threads share it."""
-
     def __init__(self, program, start):
         self._program, self._start = program, start
         # the most one character can cost, in NFA states
@@ -4683,7 +4613,6 @@ class Pattern:
         away = {"^": False, "$": True, "b": True, "B": True}
         sets, matched = self._closure([start], away)
         self._restart = bool(sets) or matched
-
     def search(self, text):
         """Whether it matches somewhere in text, as test()."""
         state = self._initial
@@ -4696,7 +4625,6 @@ class Pattern:
             state = move
         move = state.moves.get(None)
         return self._move(state, None) if move is None else move
-
     def _move(self, state, ch):
         if self._cached > _CACHE_BUDGET:
             self._forget()
@@ -4718,7 +4646,6 @@ class Pattern:
         state.moves[ch] = move  # True and False end a search
         self._cached += 1
         return move
-
     def _closure(self, pending, truth):
         """The 'set' states epsilon edges reach, and a match."""
         seen, stack = set(), list(pending)
@@ -4737,7 +4664,6 @@ class Pattern:
                 sets.append(s)
             matched = matched or kind == "match"
         return sets, matched
-
     def _state(self, nfa, prev_word, at_start):
         # Read the table once: another thread's search may drop
         # it (_forget) between a store and a second read.
@@ -4748,14 +4674,12 @@ class Pattern:
             self._states[key] = state
             self._cached += len(nfa) + 1
         return state
-
     def _forget(self):
         """A state a search still holds stays correct."""
         for state in list(self._states.values()):
             state.moves.clear()
         self._states.clear()
         self._cached = 0
-
 
 # Characters x NFA states one call's searches may cost: at about
 # 0.1 us a state, half a second of one core.
@@ -4765,20 +4689,16 @@ PATTERN_WORK = 5_000_000
 SCHEMA_STEP = 50
 EQUALITY_STEP = 5
 
-
 class PatternCost(Exception):
     """A check the call's work cannot pay for."""
-
 
 class PatternWork:
     """One call's budget, shared by all its values. A search is
     charged its most (characters x states) before it starts, so
     the charge depends on the call alone; what it found is kept,
     so reading the call again costs nothing."""
-
     def __init__(self):
         self.left, self.found = PATTERN_WORK, {}
-
     def search(self, pattern, text, at):
         key = (pattern, text)
         if key not in self.found:
@@ -4791,13 +4711,11 @@ class PatternWork:
             self.left -= cost
             self.found[key] = compiled.search(text)
         return self.found[key]
-
     def pay(self, cost, at):
         if cost > self.left:
             raise PatternCost(
                 f"{at}: too large to be checked against the schema")
         self.left -= cost
-
 
 # =============================================================================================
 # 14. JSON Schema
