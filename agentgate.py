@@ -3939,22 +3939,21 @@ def confirmed(lines, out, shortened=False, what="", verb="", agreed=True):
 #
 # Reads as: library
 #
-# Contract: parse(data) returns one JSON value, each number a Number keeping
-# its literal, or raises CanonicalError with the first reason: nesting past
-# 256, invalid UTF-8, not one RFC 8259 value, an unpaired surrogate escape, a
-# repeated key, a float64 overflow in a container, a literal past the bound.
-# canonical: no whitespace, keys sorted, Numbers as written, and `<>&`,
-# U+2028/9 escaped besides JSON's own; policy_json without those five;
+# Contract: parse(data) returns one JSON value, each number a Number keeping its literal,
+# or raises CanonicalError with the first reason: nesting past 256, invalid UTF-8, not one
+# RFC 8259 value, an unpaired surrogate escape, a repeated key, a float64 overflow in a
+# container, a literal past the bound. canonical: no whitespace, keys sorted, Numbers as
+# written, and `<>&`, U+2028/9 escaped besides JSON's own; policy_json without those five;
 # pretty_json indented.
-# Differential test: tests/test_canonical.py (a reference encoder; node's
-# TextDecoder and JSON.parse).
+# Differential test: tests/test_canonical.py (a reference encoder; node's TextDecoder and
+# JSON.parse).
 # =============================================================================================
 
 MAX_DEPTH = 256
 MAX_NUMBER_CHARS = 10000
 MAX_EXPONENT = 10000
-# Sums are exact: the precision spans any literal parse admits,
-# and a result that would still round raises.
+# Sums are exact: the precision spans any literal parse admits, and a result that would
+# still round raises.
 EXACT = decimal.Context(
     prec=2 * MAX_EXPONENT + MAX_NUMBER_CHARS + 64,
     Emax=10 * MAX_EXPONENT, Emin=-10 * MAX_EXPONENT,
@@ -3966,9 +3965,7 @@ class CanonicalError(ValueError):
         super().__init__(message)
         self.place = place
     def placed(self):
-        if not self.place:
-            return str(self)
-        return f"{self} at {self.place}"
+        return f"{self} at {self.place}" if self.place else str(self)
 
 class Number:
     __slots__ = ("literal",)
@@ -3991,16 +3988,15 @@ _ONE_KIND = bytes.maketrans(b"{}", b"[]")
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 def _too_deep(data):
-    """Whether it nests past MAX_DEPTH, in linear time. Exact for valid JSON:
-    (1) depth is at most the count of openings; (2) outside strings is no
-    backslash, and removing `\\\\` then `\\"` removes exactly the escaped ones;
-    (3) every quote left bounds a string, so _STRING_RE removes the strings;
-    (4) a pass removing every `[]` lowers the depth by one."""
+    """Whether it nests past MAX_DEPTH, in linear time. Exact for valid JSON: (1) depth
+    is at most the count of openings; (2) outside strings is no backslash, and removing
+    `\\\\` then `\\"` removes exactly the escaped ones; (3) every quote left bounds a
+    string, so _STRING_RE removes the strings; (4) a pass removing every `[]` lowers the
+    depth by one."""
     if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
         return False  # (1)
     data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
-    data = _STRING_RE.sub(b"", data)
-    data = data.translate(_ONE_KIND, _NOT_BRACKETS)  # (3)
+    data = _STRING_RE.sub(b"", data).translate(_ONE_KIND, _NOT_BRACKETS)  # (3)
     passes = 0  # (4); an unbalanced one is counted as it is
     while passes < 8 and data.count(b"[") * 2 == len(data):
         shorter = data.replace(b"[]", b"")
@@ -4018,8 +4014,7 @@ def number_bound(literal):
     """The reason a number literal is past the bound, or ''."""
     head = literal[:24]
     if len(literal) > MAX_NUMBER_CHARS:
-        return (f"number {head}... is longer than "
-                f"{MAX_NUMBER_CHARS} characters")
+        return f"number {head}... is longer than {MAX_NUMBER_CHARS} characters"
     _, e, exponent = literal.lower().partition("e")
     digits = exponent.lstrip("+-").lstrip("0")
     if e and (len(digits) > 5 or (digits and int(digits) > MAX_EXPONENT)):
@@ -4027,8 +4022,7 @@ def number_bound(literal):
     return ""
 
 # A number literal as RFC 8259 writes one.
-JSON_NUMBER_RE = re.compile(
-    r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+JSON_NUMBER_RE = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 def _first_surrogate(value, objects=True):
@@ -4036,28 +4030,15 @@ def _first_surrogate(value, objects=True):
     if isinstance(value, str):
         match = SURROGATE_RE.search(value)
         return match.group() if match else ""
-    items = []
-    if isinstance(value, list):
-        items = value
-    elif isinstance(value, dict) and objects:
+    items = value if isinstance(value, list) else []
+    if isinstance(value, dict) and objects:
         items = [x for pair in value.items() for x in pair]
-    for item in items:
-        found = _first_surrogate(item, objects)
-        if found:
-            return found
-    return ""
+    return next(filter(None, (_first_surrogate(x, objects) for x in items)), "")
 
 class _Reading:
     """The first faults the hooks found in one document."""
     def __init__(self):
-        self.repeated = self.overflow = None
-        self.bound = self.surrogate = None
-    def decode(self, text):
-        decoder = json.JSONDecoder(
-            object_pairs_hook=self.pairs,
-            parse_int=self.number, parse_float=self.number,
-            parse_constant=_read_constant)
-        return decoder.decode(text)
+        self.repeated = self.overflow = self.bound = self.surrogate = None
     def number(self, literal):
         reason = number_bound(literal)
         self.bound = self.bound or reason
@@ -4065,8 +4046,7 @@ class _Reading:
             self.overflow = literal
         return Number(literal)
     def pairs(self, items):
-        # Every pair is seen, a replaced one too: its surrogate
-        # is reported first.
+        # Every pair is seen, a replaced one too: its surrogate is reported first.
         obj = {}
         for key, value in items:
             if not self.surrogate:
@@ -4092,7 +4072,9 @@ def parse(data):
         raise CanonicalError("not valid UTF-8") from None
     reading = _Reading()
     try:
-        value = reading.decode(text)
+        value = json.JSONDecoder(
+            object_pairs_hook=reading.pairs, parse_int=reading.number,
+            parse_float=reading.number, parse_constant=_read_constant).decode(text)
     except (ValueError, RecursionError) as err:
         place = ""
         if isinstance(err, json.JSONDecodeError):
@@ -4112,12 +4094,10 @@ def parse(data):
         raise CanonicalError(reading.bound)
     return value
 
-_HTML_ESCAPES = (
-    ("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
-    ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+_HTML_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                 ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
 # The contract's escaping short of _HTML_ESCAPES, in C.
 encode_string = json.encoder.encode_basestring
-
 _CONSTANTS = {True: "true", False: "false", None: "null"}
 
 def _encode(value, out):
@@ -4148,15 +4128,14 @@ def _encode(value, out):
         finite = value == value and abs(value) != math.inf
         out.append(repr(value) if finite else "null")
     else:
-        kind = type(value).__name__
-        raise TypeError(f"cannot encode {kind} as JSON")
+        raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 def _encoded(value, html):
     out = []
     _encode(value, out)
     text = "".join(out)
-    # These characters stand only inside strings, and no escape writes
-    # one: this escapes exactly the strings'.
+    # These characters stand only inside strings, and no escape writes one: this escapes
+    # exactly the strings'.
     for ch, escape in _HTML_ESCAPES if html else ():
         text = text.replace(ch, escape)
     return text
@@ -4174,29 +4153,24 @@ def policy_json(value):
 
 FLAT_WIDTH = 72
 
-def _utf8(key):
-    return key.encode("utf-8", "surrogatepass")
-
 def pretty_json(value, indent="  ", level=0, flat=None, ordered=False):
     """From level `flat` down a short value keeps one line."""
-    if flat is not None and level >= flat:
-        flat_text = policy_json(value)
-        if len(flat_text) <= FLAT_WIDTH:
-            return flat_text
+    if flat is not None and level >= flat and len(policy_json(value)) <= FLAT_WIDTH:
+        return policy_json(value)
     if not value or not isinstance(value, (dict, list)):
         return policy_json(value)
     inner = indent * (level + 1)
     def shown(item):
         return pretty_json(item, indent, level + 1, flat, ordered)
     if isinstance(value, dict):
-        keys = value if ordered else sorted(value, key=_utf8)
+        keys = value if ordered else sorted(
+            value, key=lambda k: k.encode("utf-8", "surrogatepass"))
         items = [f"{inner}{encode_string(k)}: {shown(value[k])}" for k in keys]
         ends = "{}"
     else:
         items = [inner + shown(v) for v in value]
         ends = "[]"
-    return (ends[0] + "\n" + ",\n".join(items) + "\n" +
-            indent * level + ends[1])
+    return ends[0] + "\n" + ",\n".join(items) + "\n" + indent * level + ends[1]
 
 # =============================================================================================
 # 12. Text safe to show
