@@ -4177,24 +4177,20 @@ def pretty_json(value, indent="  ", level=0, flat=None, ordered=False):
 #
 # Reads as: library
 #
-# Contract: sanitize shows as ASCII what could move the cursor, reorder or hide
-# text, or draw a line; nothing else changes, and a second pass changes
-# nothing. cut keeps at most `limit` UTF-8 bytes, marked '…'. tell is the one
-# way a line reaches a person; a result passed on is never sanitized.
-# Differential test: tests/test_sanitize_differential.py (node's Unicode
-# properties).
+# Contract: sanitize shows as ASCII what could move the cursor, reorder or hide text, or
+# draw a line; nothing else changes, and a second pass changes nothing. cut keeps at most
+# `limit` UTF-8 bytes, marked '…'. tell is the one way a line reaches a person; a result
+# passed on is never sanitized.
+# Differential test: tests/test_sanitize_differential.py (node's Unicode properties).
 # =============================================================================================
 
-INVISIBLE = (
-    set(range(0x202A, 0x202F)) | set(range(0x2066, 0x2070))
-    | set(range(0x200B, 0x2010)) | set(range(0x2060, 0x2065))
-    | {0x061C, 0xFFF9, 0xFFFA, 0xFFFB, 0xFEFF, 0x00AD, 0x180E, 0x2028, 0x2029}
-    | set(range(0xE0000, 0xE0080))
-    | set(range(0x1BCA0, 0x1BCA4)) | set(range(0x1D173, 0x1D17B)))
+INVISIBLE = {0x00AD, 0x061C, 0x180E, 0xFEFF}.union(
+    range(0x200B, 0x2010), range(0x2028, 0x202F), range(0x2060, 0x2065),
+    range(0x2066, 0x2070), range(0xFFF9, 0xFFFC), range(0xE0000, 0xE0080),
+    range(0x1BCA0, 0x1BCA4), range(0x1D173, 0x1D17B))
 # The table as one class: text with nothing to change costs one scan in C.
-_NEEDS_CARE = re.compile(
-    "[\x00-\x1f\x7f-\x9f\ud800-\udfff%s]"
-    % "".join(map(chr, sorted(INVISIBLE))))
+_NEEDS_CARE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff%s]"
+                         % "".join(map(chr, sorted(INVISIBLE))))
 MAX_COMBINING = 4
 
 def _is_mark(ch):
@@ -4217,22 +4213,20 @@ def sanitize(text):
         text = text.decode("utf-8", "replace")
     if not _NEEDS_CARE.search(text) and not _has_long_combining_run(text):
         return text
-    out, marks, dropped = [], 0, 0
+    out, run = [], 0
     for ch in list(text) + [""]:
         if ch and _is_mark(ch):
-            marks += 1
-            if marks <= MAX_COMBINING:
+            run += 1
+            if run <= MAX_COMBINING:
                 out.append(ch)
-            dropped += marks > MAX_COMBINING
             continue
-        if dropped:
-            out.append(f"[+{dropped} combining marks dropped]")
-        marks, dropped = 0, 0
+        if run > MAX_COMBINING:
+            out.append(f"[+{run - MAX_COMBINING} combining marks dropped]")
+        run = 0
         out.append(_shown(ch) if ch else "")
     return "".join(out)
 
-# Every combining mark is at or above U+0300: only runs of such
-# characters are looked at one by one.
+# Every combining mark is at or above U+0300: only runs of those are read one by one.
 _MAYBE_MARKS = re.compile("[\u0300-\U0010ffff]{%d,}" % (MAX_COMBINING + 1))
 
 def _has_long_combining_run(text):
@@ -4249,8 +4243,7 @@ def cut(text, limit):
     if len(data) <= limit:
         return text
     mark = "…" if limit >= 3 else ""  # "…" is 3 bytes
-    head = data[:limit - len(mark.encode())]
-    return head.decode("utf-8", "ignore") + mark
+    return data[:limit - len(mark.encode())].decode("utf-8", "ignore") + mark
 
 def clean(text, limit):
     """Cut first: a long text costs only its first `limit`."""
@@ -4263,8 +4256,7 @@ def quote(text):
 def tell(*lines, out=None, end="\n", flush=False):
     """Each argument one line, sanitized whole."""
     out = sys.stdout if out is None else out
-    shown = [sanitize(line) for line in lines or ("",)]
-    out.write("\n".join(shown) + end)
+    out.write("\n".join(sanitize(line) for line in lines or ("",)) + end)
     if flush:
         out.flush()
 
