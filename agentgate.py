@@ -4272,42 +4272,35 @@ def log(message):
 #
 # Reads as: library
 #
-# Contract: compile_pattern accepts a subset of ECMA-262 u-mode patterns, or
-# raises PatternError saying why and what to write: no backreferences,
-# lookaround, named groups, \p{..}, \cX, escaped surrogates, counts over 1000,
-# nesting over 100, NFAs over 10,000 states. Pattern.search answers as RegExp's
-# test, in time linear in the text; PatternWork bounds one call's work.
+# Contract: compile_pattern accepts a subset of ECMA-262 u-mode patterns, or raises
+# PatternError saying why and what to write: no backreferences, lookaround, named groups,
+# \p{..}, \cX, escaped surrogates, counts over 1000, nesting over 100, NFAs over 10,000
+# states. Pattern.search answers as RegExp's test, in time linear in the text; PatternWork
+# bounds one call's work.
 # Differential test: tests/test_patterns.py (node's RegExp).
 # =============================================================================================
 
-# Not Python's re: its dialect differs (\s, ., $), and it
-# backtracks (^(a+)+$ doubles its work per character). A tree,
-# then a Thompson NFA, run as a DFA built lazily.
-
+# Not Python's re: its dialect differs (\s, ., $), and it backtracks (^(a+)+$ doubles its
+# work per character). A tree, then a Thompson NFA, run as a DFA built lazily.
 _MAX_CODE_POINT = 0x10FFFF
 _MAX_COUNT = 1000       # largest n or m in {n,m}
 _MAX_STATES = 10000     # bounds compile time and one DFA step
 _PATTERN_DEPTH = 100    # far from Python's recursion limit
 _CACHE_BUDGET = 50000   # cached states + moves, then dropped
-
-# A set is a tuple of sorted, disjoint, non-adjacent (lo, hi)
-# code point ranges.
+# A set is a tuple of sorted, disjoint, non-adjacent (lo, hi) code point ranges.
 _DIGIT = ((0x30, 0x39),)
 _WORD_RANGES = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
-_SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0),
-          (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
-          (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000),
+_SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
+          (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000),
           (0xFEFF, 0xFEFF))
 _LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
-_WORD_CHARS = frozenset(
-    "0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_WORD_CHARS = frozenset(chr(c) for lo, hi in _WORD_RANGES for c in range(lo, hi + 1))
 _ASSERTIONS = (("^", "^"), ("$", "$"), ("\\b", "b"), ("\\B", "B"))
 _LOOKAROUND = (("(?=", "lookahead"), ("(?!", "lookahead"),
                ("(?<=", "lookbehind"), ("(?<!", "lookbehind"))
 # A lazy ? changes nothing for a yes/no search.
 _QUANTIFIER = re.compile(r"(?:([*+?])|\{([0-9]+)(,([0-9]*))?\})\??")
-_HEX_ESCAPE = re.compile(
-    r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|u\{([0-9a-fA-F]+)\})")
+_HEX_ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|u\{([0-9a-fA-F]+)\})")
 
 class PatternError(ValueError):
     """One sentence: why a pattern is refused."""
@@ -4337,31 +4330,26 @@ def _contains(ranges, cp):
     return i >= 0 and cp <= ranges[i][1]
 
 def _as_ranges(member):
-    if isinstance(member, int):
-        return ((member, member),)
-    return member
+    return ((member, member),) if isinstance(member, int) else member
 
 _DOT = _negate(_LINE_TERMINATORS)
-# A backslash and one character: a code point, or a set. Of the
-# punctuation, u mode escapes only syntax characters and /.
+# A backslash and one character: a code point, or a set. Of the punctuation, u mode
+# escapes only syntax characters and /.
 _ESCAPES = {
     "t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D,
     "d": _DIGIT, "D": _negate(_DIGIT), "w": _WORD_RANGES,
     "W": _negate(_WORD_RANGES), "s": _SPACE, "S": _negate(_SPACE)}
 _ESCAPES.update((c, ord(c)) for c in "^$\\.*+?()[]{}|/")
-# inside [...], \b is a backspace
-_CLASS_ESCAPES = {**_ESCAPES, "b": 0x08, "-": 0x2D}
+_CLASS_ESCAPES = {**_ESCAPES, "b": 0x08, "-": 0x2D}  # inside [...], \b is a backspace
 _UNSUPPORTED_ESCAPES = {
-    "k": "backreferences are not supported",
-    "p": "Unicode property escapes \\p{...} are not supported",
-    "c": "control escapes \\cX are not supported; write \\xNN",}
+    **dict.fromkeys("k123456789", "backreferences are not supported"),
+    **dict.fromkeys("pP", "Unicode property escapes \\p{...} are not supported"),
+    "c": "control escapes \\cX are not supported; write \\xNN"}
 
-# ---- Parsing: a u-mode Pattern to a tree --------------------
-# ('set', ranges)        one character in ranges
-# ('assert', kind)       kind one of ^ $ b B
-# ('cat', [node, ...])   a sequence, maybe empty
-# ('alt', [node, ...])   alternatives
-# ('rep', node, lo, hi)  lo to hi copies, hi None: no bound
+# ---- Parsing: a u-mode Pattern to a tree. ('set', ranges): one character in ranges;
+# ('assert', kind): kind one of ^ $ b B; ('cat', [node, ...]): a sequence, maybe empty;
+# ('alt', [node, ...]): alternatives; ('rep', node, lo, hi): lo to hi copies, hi None: no
+# bound.
 
 class _Parser:
     def __init__(self, source):
@@ -4386,14 +4374,11 @@ class _Parser:
         nodes = [("cat", terms) for terms in alternatives]
         return nodes[0] if len(nodes) == 1 else ("alt", nodes)
     def term(self):
+        # An assertion cannot repeat (u mode): a quantifier after one fails as an atom.
         for text, kind in _ASSERTIONS:
             if self.take(text):
-                # u mode: an assertion cannot repeat
-                if _QUANTIFIER.match(self.src, self.pos):
-                    self.fail(f"nothing to repeat at offset {self.pos}")
                 return ("assert", kind)
-        atom = self.atom()
-        bounds = self.quantifier()
+        atom, bounds = self.atom(), self.quantifier()
         return ("rep", atom) + bounds if bounds else atom
     def quantifier(self):
         """(lo, hi) of a quantifier next, hi None for no bound."""
@@ -4405,10 +4390,8 @@ class _Parser:
             self.pos = m.end()
             return {"*": (0, None), "+": (1, None), "?": (0, 1)}[simple]
         hi = lo if comma is None else hi or None
-        for count in (lo, hi or "0"):
-            if len(count) > 4 or int(count) > _MAX_COUNT:
-                self.fail(f"repetition counts above {_MAX_COUNT}"
-                          f" are not supported")
+        if any(len(count) > 4 or int(count) > _MAX_COUNT for count in (lo, hi or "0")):
+            self.fail(f"repetition counts above {_MAX_COUNT} are not supported")
         if hi and int(hi) < int(lo):
             self.fail(f"the numbers in the quantifier at offset "
                       f"{self.pos} are out of order")
@@ -4427,9 +4410,7 @@ class _Parser:
         self.pos += 1
         if c == "[":
             return ("set", self.character_class(at))
-        if c == ".":
-            return ("set", _DOT)
-        return ("set", ((ord(c), ord(c)),))
+        return ("set", _DOT if c == "." else ((ord(c), ord(c)),))
     def group(self):
         at = self.pos
         for text, kind in _LOOKAROUND:
@@ -4443,8 +4424,7 @@ class _Parser:
             self.fail(f"the group at offset {at} has an unknown (? form")
         self.depth += 1
         if self.depth > _PATTERN_DEPTH:
-            self.fail(f"groups nested more than {_PATTERN_DEPTH}"
-                      f" deep are not supported")
+            self.fail(f"groups nested more than {_PATTERN_DEPTH} deep are not supported")
         node = self.disjunction()
         self.depth -= 1
         if not self.take(")"):
@@ -4452,19 +4432,16 @@ class _Parser:
         return node
     def character_class(self, at):
         negated, ranges = self.take("^"), []
-        where = f"the class at offset {at}"
         while not self.take("]"):
             if self.pos >= len(self.src):
                 self.fail(f"the character class at offset {at} is not closed")
             first = self.class_member()
-            # a range first-last
-            if self.peek() == "-" and self.peek(1) not in ("", "]"):
-                self.pos += 1
+            if self.peek(1) not in ("", "]") and self.take("-"):
                 last = self.class_member()
                 if not isinstance(first, int) or not isinstance(last, int):
-                    self.fail(f"a range in {where} uses \\d, \\s or \\w")
+                    self.fail(f"a range in the class at offset {at} uses \\d, \\s or \\w")
                 if first > last:
-                    self.fail(f"a range in {where} is out of order")
+                    self.fail(f"a range in the class at offset {at} is out of order")
                 ranges.append((first, last))
             else:
                 ranges.extend(_as_ranges(first))
@@ -4477,7 +4454,7 @@ class _Parser:
         return ord(self.src[self.pos - 1])
     def escape(self, in_class):
         """A backslash escape's code point, or the set of \\d etc."""
-        at, c, after = self.pos, self.peek(1), self.peek(2)
+        at, c = self.pos, self.peek(1)
         number = _HEX_ESCAPE.match(self.src, at)
         value = number and int(number[number.lastindex], 16)
         self.pos += 2
@@ -4489,25 +4466,21 @@ class _Parser:
             return value
         if c == "":
             self.fail("the pattern ends with a lone backslash")
-        if c in "123456789":
-            self.fail(_UNSUPPORTED_ESCAPES["k"])
-        if c in _UNSUPPORTED_ESCAPES or c == "P":
-            self.fail(_UNSUPPORTED_ESCAPES[c.lower()])
+        if c in _UNSUPPORTED_ESCAPES:
+            self.fail(_UNSUPPORTED_ESCAPES[c])
         if c in (_CLASS_ESCAPES if in_class else _ESCAPES):
             return _CLASS_ESCAPES[c]
-        if c == "0" and not "0" <= after <= "9":
+        if c == "0" and not "0" <= self.peek() <= "9":
             return 0
         self.fail(f"the escape \\{c} at offset {at} is not allowed")
 
-# ---- Compiling: tree to Thompson NFA ------------------------
-# A state is (kind, arg, out); only 'set' consumes a character;
-# state 0 is the match. Every _compile call emits a state, so
-# expanding (a{1000}){1000} stops at the cap.
+# ---- Compiling: tree to Thompson NFA. A state is (kind, arg, out); only 'set' consumes a
+# character; state 0 is the match. Every _compile call emits a state, so expanding
+# (a{1000}){1000} stops at the cap.
 
 def _emit(program, state):
     if len(program) >= _MAX_STATES:
-        raise PatternError(f"the pattern is too large (more than "
-                           f"{_MAX_STATES} states)")
+        raise PatternError(f"the pattern is too large (more than {_MAX_STATES} states)")
     program.append(state)
     return len(program) - 1
 
@@ -4519,15 +4492,13 @@ def _compile(node, out, program):
     if kind == "alt":
         entries = [_compile(n, out, program) for n in node[1]]
         return _emit(program, ("split", entries, None))
-    if kind == "cat":
-        if not node[1]:
-            return _emit(program, ("split", [out], None))
+    if kind == "cat" and node[1]:
         for child in reversed(node[1]):
             out = _compile(child, out, program)
         return out
-    _, body, lo, hi = node
-    if hi == 0:
+    if kind == "cat" or node[3] == 0:  # nothing, or no copies
         return _emit(program, ("split", [out], None))
+    _, body, lo, hi = node
     if hi is None:  # a loop: enter the body, back here, or leave
         entry = _emit(program, ("split", [], None))
         loop = _compile(body, entry, program)
@@ -4547,35 +4518,31 @@ def compile_pattern(pattern):
         raise PatternError("a pattern must be a string")
     parsing = _Parser(pattern)
     tree = parsing.disjunction()
-    # the top-level disjunction stops only at a stray ')'
-    if parsing.pos < len(pattern):
+    if parsing.pos < len(pattern):  # the top level stops only at a stray ')'
         raise PatternError(f"unbalanced parenthesis at offset {parsing.pos}")
     program = [("match", None, None)]
     return Pattern(program, _compile(tree, 0, program))
 
-# ---- Matching: a lazily built DFA ---------------------------
-# A DFA state: the NFA states the text leads to, before epsilon
-# edges, which are followed once the next character is known (only
-# then are ^ $ \b \B decided). A character costs a dict lookup, or
-# one pass over at most _MAX_STATES states: linear in the text.
+# ---- Matching: a lazily built DFA. A DFA state: the NFA states the text leads to, before
+# epsilon edges, which are followed once the next character is known (only then are ^ $ \b
+# \B decided). A character costs a dict lookup, or one pass over at most _MAX_STATES
+# states: linear in the text.
 
 class _DFAState:
     __slots__ = ("nfa", "prev_word", "at_start", "moves")
     def __init__(self, nfa, prev_word, at_start):
         self.nfa, self.prev_word, self.at_start = nfa, prev_word, at_start
-        # character (None: the end) -> _DFAState, True or False
-        self.moves = {}
+        self.moves = {}  # character (None: the end) -> _DFAState, True or False
 
 class Pattern:
     """Its caches hold derived data only: threads share it."""
     def __init__(self, program, start):
         self._program, self._start = program, start
-        # the most one character can cost, in NFA states
-        self.size = len(program)
+        self.size = len(program)  # the most one character can cost, in NFA states
         self._states, self._cached = {}, 0
         self._initial = self._state(frozenset([start]), False, True)
-        # A search restarts at every position, unless nothing is
-        # reached away from the text's start (a leading ^).
+        # A search restarts at every position, unless nothing is reached away from the
+        # text's start (a leading ^).
         away = {"^": False, "$": True, "b": True, "B": True}
         sets, matched = self._closure([start], away)
         self._restart = bool(sets) or matched
@@ -4606,16 +4573,13 @@ class Pattern:
             nfa = {program[s][2] for s in sets if _contains(program[s][1], cp)}
             if self._restart:
                 nfa.add(self._start)
-            move = False
-            if nfa:
-                move = self._state(frozenset(nfa), next_word, False)
+            move = self._state(frozenset(nfa), next_word, False) if nfa else False
         state.moves[ch] = move  # True and False end a search
         self._cached += 1
         return move
     def _closure(self, pending, truth):
         """The 'set' states epsilon edges reach, and a match."""
-        seen, stack = set(), list(pending)
-        sets, matched = [], False
+        seen, stack, sets, matched = set(), list(pending), [], False
         while stack:
             s = stack.pop()
             if s in seen:
@@ -4631,13 +4595,12 @@ class Pattern:
             matched = matched or kind == "match"
         return sets, matched
     def _state(self, nfa, prev_word, at_start):
-        # Read the table once: another thread's search may drop
-        # it (_forget) between a store and a second read.
+        # Read the table once: another thread's search may drop it (_forget) between a
+        # store and a second read.
         key = (nfa, prev_word, at_start)
         state = self._states.get(key)
         if state is None:
-            state = _DFAState(nfa, prev_word, at_start)
-            self._states[key] = state
+            self._states[key] = state = _DFAState(nfa, prev_word, at_start)
             self._cached += len(nfa) + 1
         return state
     def _forget(self):
@@ -4647,11 +4610,11 @@ class Pattern:
         self._states.clear()
         self._cached = 0
 
-# Characters x NFA states one call's searches may cost: at about
-# 0.1 us a state, half a second of one core.
+# Characters x NFA states one call's searches may cost: at about 0.1 us a state, half a
+# second of one core.
 PATTERN_WORK = 5_000_000
-# One schema step (a subschema applied to a value, about 5 us),
-# and one value read for equality, in those units.
+# One schema step (a subschema applied to a value, about 5 us), and one value read for
+# equality, in those units.
 SCHEMA_STEP = 50
 EQUALITY_STEP = 5
 
@@ -4659,10 +4622,9 @@ class PatternCost(Exception):
     """A check the call's work cannot pay for."""
 
 class PatternWork:
-    """One call's budget, shared by all its values. A search is
-    charged its most (characters x states) before it starts, so
-    the charge depends on the call alone; what it found is kept,
-    so reading the call again costs nothing."""
+    """One call's budget, shared by all its values. A search is charged its most
+    (characters x states) before it starts, so the charge depends on the call alone; what
+    it found is kept, so reading the call again costs nothing."""
     def __init__(self):
         self.left, self.found = PATTERN_WORK, {}
     def search(self, pattern, text, at):
@@ -4671,16 +4633,14 @@ class PatternWork:
             compiled = compile_pattern(pattern)
             cost = len(text) * compiled.size
             if cost > self.left:
-                raise PatternCost(
-                    f"{at}: too long ({len(text)} characters) to "
-                    f"be checked against the pattern {quote(pattern)}")
+                raise PatternCost(f"{at}: too long ({len(text)} characters) to be "
+                                  f"checked against the pattern {quote(pattern)}")
             self.left -= cost
             self.found[key] = compiled.search(text)
         return self.found[key]
     def pay(self, cost, at):
         if cost > self.left:
-            raise PatternCost(
-                f"{at}: too large to be checked against the schema")
+            raise PatternCost(f"{at}: too large to be checked against the schema")
         self.left -= cost
 
 # =============================================================================================
