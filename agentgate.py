@@ -3952,6 +3952,7 @@ def confirmed(lines, out, shortened=False, what="", verb="", agreed=True):
 MAX_DEPTH = 256
 MAX_NUMBER_CHARS = 10000
 MAX_EXPONENT = 10000
+FLAT_WIDTH = 72
 # Sums are exact: the precision spans any literal parse admits, and a result that would
 # still round raises.
 EXACT = decimal.Context(
@@ -4021,7 +4022,6 @@ def number_bound(literal):
         return f"number {head} has an exponent beyond ±{MAX_EXPONENT}"
     return ""
 
-# A number literal as RFC 8259 writes one.
 JSON_NUMBER_RE = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
@@ -4056,9 +4056,8 @@ class _Reading:
                 self.repeated = key
             obj[key] = value
         return obj
-
-def _read_constant(name):
-    raise ValueError(name)
+    def constant(self, name):
+        raise ValueError(name)
 
 def parse(data):
     """One document, its first fault in the contract's order."""
@@ -4074,7 +4073,7 @@ def parse(data):
     try:
         value = json.JSONDecoder(
             object_pairs_hook=reading.pairs, parse_int=reading.number,
-            parse_float=reading.number, parse_constant=_read_constant).decode(text)
+            parse_float=reading.number, parse_constant=reading.constant).decode(text)
     except (ValueError, RecursionError) as err:
         place = ""
         if isinstance(err, json.JSONDecodeError):
@@ -4125,8 +4124,7 @@ def _encode(value, out):
     elif isinstance(value, int):
         out.append(str(value))
     elif isinstance(value, float):
-        finite = value == value and abs(value) != math.inf
-        out.append(repr(value) if finite else "null")
+        out.append(repr(value) if math.isfinite(value) else "null")
     else:
         raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
@@ -4151,8 +4149,6 @@ def policy_json(value):
     """Without _HTML_ESCAPES: what people and the policy read."""
     return _encoded(value, False)
 
-FLAT_WIDTH = 72
-
 def pretty_json(value, indent="  ", level=0, flat=None, ordered=False):
     """From level `flat` down a short value keeps one line."""
     if flat is not None and level >= flat and len(policy_json(value)) <= FLAT_WIDTH:
@@ -4168,8 +4164,7 @@ def pretty_json(value, indent="  ", level=0, flat=None, ordered=False):
         items = [f"{inner}{encode_string(k)}: {shown(value[k])}" for k in keys]
         ends = "{}"
     else:
-        items = [inner + shown(v) for v in value]
-        ends = "[]"
+        items, ends = [inner + shown(v) for v in value], "[]"
     return ends[0] + "\n" + ",\n".join(items) + "\n" + indent * level + ends[1]
 
 # =============================================================================================
@@ -4217,8 +4212,7 @@ def sanitize(text):
     for ch in list(text) + [""]:
         if ch and _is_mark(ch):
             run += 1
-            if run <= MAX_COMBINING:
-                out.append(ch)
+            out.append(ch if run <= MAX_COMBINING else "")
             continue
         if run > MAX_COMBINING:
             out.append(f"[+{run - MAX_COMBINING} combining marks dropped]")
@@ -4250,8 +4244,7 @@ def clean(text, limit):
     return cut(sanitize(cut(text[:limit + 1], limit)), limit)
 
 def quote(text):
-    text = sanitize(text).replace("\\", "\\\\")
-    return '"' + text.replace('"', '\\"') + '"'
+    return '"' + sanitize(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 def tell(*lines, out=None, end="\n", flush=False):
     """Each argument one line, sanitized whole."""
@@ -4335,33 +4328,27 @@ def _as_ranges(member):
 _DOT = _negate(_LINE_TERMINATORS)
 # A backslash and one character: a code point, or a set. Of the punctuation, u mode
 # escapes only syntax characters and /.
-_ESCAPES = {
-    "t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D,
-    "d": _DIGIT, "D": _negate(_DIGIT), "w": _WORD_RANGES,
-    "W": _negate(_WORD_RANGES), "s": _SPACE, "S": _negate(_SPACE)}
-_ESCAPES.update((c, ord(c)) for c in "^$\\.*+?()[]{}|/")
+_ESCAPES = {"t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D, "d": _DIGIT,
+            "D": _negate(_DIGIT), "w": _WORD_RANGES, "W": _negate(_WORD_RANGES),
+            "s": _SPACE, "S": _negate(_SPACE), **{c: ord(c) for c in "^$\\.*+?()[]{}|/"}}
 _CLASS_ESCAPES = {**_ESCAPES, "b": 0x08, "-": 0x2D}  # inside [...], \b is a backspace
 _UNSUPPORTED_ESCAPES = {
     **dict.fromkeys("k123456789", "backreferences are not supported"),
     **dict.fromkeys("pP", "Unicode property escapes \\p{...} are not supported"),
     "c": "control escapes \\cX are not supported; write \\xNN"}
 
-# ---- Parsing: a u-mode Pattern to a tree. ('set', ranges): one character in ranges;
-# ('assert', kind): kind one of ^ $ b B; ('cat', [node, ...]): a sequence, maybe empty;
-# ('alt', [node, ...]): alternatives; ('rep', node, lo, hi): lo to hi copies, hi None: no
-# bound.
-
+# ---- Parsing: a u-mode Pattern to a tree. ('set', ranges) one character in ranges;
+# ('assert', kind) kind one of ^ $ b B; ('cat', [nodes]) a sequence, maybe empty;
+# ('alt', [nodes]) alternatives; ('rep', node, lo, hi) lo to hi copies, hi None: no bound.
 class _Parser:
     def __init__(self, source):
         self.src, self.pos, self.depth = source, 0, 0
     def peek(self, ahead=0):   # "" past the end
-        at = self.pos + ahead
-        return self.src[at:at + 1]
+        return self.src[self.pos + ahead:self.pos + ahead + 1]
     def take(self, text):
-        if self.src.startswith(text, self.pos):
-            self.pos += len(text)
-            return True
-        return False
+        found = self.src.startswith(text, self.pos)
+        self.pos += len(text) if found else 0
+        return found
     def fail(self, message):
         raise PatternError(message)
     def disjunction(self):
@@ -4385,17 +4372,16 @@ class _Parser:
         m = _QUANTIFIER.match(self.src, self.pos)
         if not m:
             return None
+        self.pos = m.end()
         simple, lo, comma, hi = m.groups()
         if simple:
-            self.pos = m.end()
             return {"*": (0, None), "+": (1, None), "?": (0, 1)}[simple]
         hi = lo if comma is None else hi or None
         if any(len(count) > 4 or int(count) > _MAX_COUNT for count in (lo, hi or "0")):
             self.fail(f"repetition counts above {_MAX_COUNT} are not supported")
         if hi and int(hi) < int(lo):
             self.fail(f"the numbers in the quantifier at offset "
-                      f"{self.pos} are out of order")
-        self.pos = m.end()
+                      f"{m.start()} are out of order")
         return int(lo), None if hi is None else int(hi)
     def atom(self):
         c, at = self.peek(), self.pos
@@ -4477,7 +4463,6 @@ class _Parser:
 # ---- Compiling: tree to Thompson NFA. A state is (kind, arg, out); only 'set' consumes a
 # character; state 0 is the match. Every _compile call emits a state, so expanding
 # (a{1000}){1000} stops at the cap.
-
 def _emit(program, state):
     if len(program) >= _MAX_STATES:
         raise PatternError(f"the pattern is too large (more than {_MAX_STATES} states)")
@@ -4526,13 +4511,9 @@ def compile_pattern(pattern):
 # ---- Matching: a lazily built DFA. A DFA state: the NFA states the text leads to, before
 # epsilon edges, which are followed once the next character is known (only then are ^ $ \b
 # \B decided). A character costs a dict lookup, or one pass over at most _MAX_STATES
-# states: linear in the text.
-
-class _DFAState:
-    __slots__ = ("nfa", "prev_word", "at_start", "moves")
-    def __init__(self, nfa, prev_word, at_start):
-        self.nfa, self.prev_word, self.at_start = nfa, prev_word, at_start
-        self.moves = {}  # character (None: the end) -> _DFAState, True or False
+# states: linear in the text. Its moves: character (None: the end) -> _DFAState, True or
+# False.
+_DFAState = collections.namedtuple("_DFAState", "nfa prev_word at_start moves")
 
 class Pattern:
     """Its caches hold derived data only: threads share it."""
@@ -4544,8 +4525,7 @@ class Pattern:
         # A search restarts at every position, unless nothing is reached away from the
         # text's start (a leading ^).
         away = {"^": False, "$": True, "b": True, "B": True}
-        sets, matched = self._closure([start], away)
-        self._restart = bool(sets) or matched
+        self._restart = any(self._closure([start], away))  # a state or a match
     def search(self, text):
         """Whether it matches somewhere in text, as test()."""
         state = self._initial
@@ -4562,9 +4542,8 @@ class Pattern:
         if self._cached > _CACHE_BUDGET:
             self._forget()
         next_word = ch in _WORD_CHARS
-        before = state.prev_word
-        truth = {"^": state.at_start, "$": ch is None,
-                 "b": before != next_word, "B": before == next_word}
+        edge = state.prev_word != next_word
+        truth = {"^": state.at_start, "$": ch is None, "b": edge, "B": not edge}
         sets, matched = self._closure(state.nfa, truth)
         if matched or ch is None:
             move = matched
@@ -4595,12 +4574,11 @@ class Pattern:
             matched = matched or kind == "match"
         return sets, matched
     def _state(self, nfa, prev_word, at_start):
-        # Read the table once: another thread's search may drop it (_forget) between a
-        # store and a second read.
+        # Read the table once: another thread may _forget it between a store and a reread.
         key = (nfa, prev_word, at_start)
         state = self._states.get(key)
         if state is None:
-            self._states[key] = state = _DFAState(nfa, prev_word, at_start)
+            self._states[key] = state = _DFAState(*key, {})
             self._cached += len(nfa) + 1
         return state
     def _forget(self):
