@@ -4074,10 +4074,8 @@ def parse(data):
         value = json.JSONDecoder(
             object_pairs_hook=reading.pairs, parse_int=reading.number,
             parse_float=reading.number, parse_constant=reading.constant).decode(text)
-    except (ValueError, RecursionError) as err:
-        place = ""
-        if isinstance(err, json.JSONDecodeError):
-            place = f"line {err.lineno} column {err.colno}"
+    except (ValueError, RecursionError) as err:  # colno: a json.JSONDecodeError
+        place = f"line {err.lineno} column {err.colno}" if hasattr(err, "colno") else ""
         raise CanonicalError("not valid JSON", place) from None
     surrogate = reading.surrogate or _first_surrogate(value, objects=False)
     if surrogate:
@@ -4286,7 +4284,6 @@ _WORD_RANGES = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
 _SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
           (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000),
           (0xFEFF, 0xFEFF))
-_LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
 _WORD_CHARS = frozenset(chr(c) for lo, hi in _WORD_RANGES for c in range(lo, hi + 1))
 _ASSERTIONS = (("^", "^"), ("$", "$"), ("\\b", "b"), ("\\B", "B"))
 _LOOKAROUND = (("(?=", "lookahead"), ("(?!", "lookahead"),
@@ -4299,14 +4296,9 @@ class PatternError(ValueError):
     """One sentence: why a pattern is refused."""
 
 def _negate(ranges):
-    out, lo = [], 0
-    for a, b in ranges:
-        if a > lo:
-            out.append((lo, a - 1))
-        lo = b + 1
-    if lo <= _MAX_CODE_POINT:
-        out.append((lo, _MAX_CODE_POINT))
-    return tuple(out)
+    """The gaps around a set's ranges."""
+    edges = [(-1, -1), *ranges, (_MAX_CODE_POINT + 1, 0)]
+    return tuple((a + 1, b - 1) for (_, a), (b, _) in zip(edges, edges[1:]) if a + 1 < b)
 
 def _normalize(ranges):
     out = []
@@ -4325,7 +4317,7 @@ def _contains(ranges, cp):
 def _as_ranges(member):
     return ((member, member),) if isinstance(member, int) else member
 
-_DOT = _negate(_LINE_TERMINATORS)
+_DOT = _negate(((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)))  # line terminators
 # A backslash and one character: a code point, or a set. Of the punctuation, u mode
 # escapes only syntax characters and /.
 _ESCAPES = {"t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D, "d": _DIGIT,
@@ -4508,11 +4500,10 @@ def compile_pattern(pattern):
     program = [("match", None, None)]
     return Pattern(program, _compile(tree, 0, program))
 
-# ---- Matching: a lazily built DFA. A DFA state: the NFA states the text leads to, before
-# epsilon edges, which are followed once the next character is known (only then are ^ $ \b
-# \B decided). A character costs a dict lookup, or one pass over at most _MAX_STATES
-# states: linear in the text. Its moves: character (None: the end) -> _DFAState, True or
-# False.
+# ---- Matching: a lazily built DFA. A DFA state: the NFA states the text leads to before
+# epsilon edges (followed once the next character is known: only then are ^ $ \b \B
+# decided), and its moves: character (None: the end) -> _DFAState, True or False. A
+# character costs a dict lookup, or one pass over at most _MAX_STATES states: linear.
 _DFAState = collections.namedtuple("_DFAState", "nfa prev_word at_start moves")
 
 class Pattern:
