@@ -3989,11 +3989,10 @@ _ONE_KIND = bytes.maketrans(b"{}", b"[]")
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 def _too_deep(data):
-    """Whether it nests past MAX_DEPTH, in linear time. Exact for valid JSON: (1) depth
-    is at most the count of openings; (2) outside strings is no backslash, and removing
-    `\\\\` then `\\"` removes exactly the escaped ones; (3) every quote left bounds a
-    string, so _STRING_RE removes the strings; (4) a pass removing every `[]` lowers the
-    depth by one."""
+    """Whether it nests past MAX_DEPTH, in linear time; exact for valid JSON: (1) depth is
+    at most the count of openings; (2) outside strings is no backslash: removing `\\\\`
+    then `\\"` removes exactly the escaped ones; (3) every quote left bounds a string, so
+    _STRING_RE removes them; (4) a pass removing every `[]` lowers the depth by one."""
     if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
         return False  # (1)
     data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
@@ -4104,18 +4103,14 @@ def _encode(value, out):
     elif isinstance(value, Number):
         out.append(value.literal)
     elif isinstance(value, dict):
-        comma = "{"
-        for key in sorted(value):
-            out.append(comma + encode_string(key) + ":")
+        for i, key in enumerate(sorted(value)):
+            out.append(("," if i else "{") + encode_string(key) + ":")
             _encode(value[key], out)
-            comma = ","
         out.append("}" if value else "{}")
     elif isinstance(value, (list, tuple)):
-        comma = "["
-        for item in value:
-            out.append(comma)
+        for i, item in enumerate(value):
+            out.append("," if i else "[")
             _encode(item, out)
-            comma = ","
         out.append("]" if value else "[]")
     elif isinstance(value, bool) or value is None:
         out.append(_CONSTANTS[value])
@@ -4504,7 +4499,11 @@ def compile_pattern(pattern):
 # epsilon edges (followed once the next character is known: only then are ^ $ \b \B
 # decided), and its moves: character (None: the end) -> _DFAState, True or False. A
 # character costs a dict lookup, or one pass over at most _MAX_STATES states: linear.
-_DFAState = collections.namedtuple("_DFAState", "nfa prev_word at_start moves")
+class _DFAState:
+    __slots__ = ("nfa", "prev_word", "at_start", "moves")
+    def __init__(self, nfa, prev_word, at_start):
+        self.nfa, self.prev_word, self.at_start = nfa, prev_word, at_start
+        self.moves = {}
 
 class Pattern:
     """Its caches hold derived data only: threads share it."""
@@ -4569,7 +4568,7 @@ class Pattern:
         key = (nfa, prev_word, at_start)
         state = self._states.get(key)
         if state is None:
-            self._states[key] = state = _DFAState(*key, {})
+            self._states[key] = state = _DFAState(*key)
             self._cached += len(nfa) + 1
         return state
     def _forget(self):
