@@ -4512,8 +4512,7 @@ class Pattern:
         self.size = len(program)  # the most one character can cost, in NFA states
         self._states, self._cached = {}, 0
         self._initial = self._state(frozenset([start]), False, True)
-        # A search restarts at every position, unless nothing is reached away from the
-        # text's start (a leading ^).
+        # A search restarts at every position unless nothing is reached off the start (^).
         away = {"^": False, "$": True, "b": True, "B": True}
         self._restart = any(self._closure([start], away))  # a state or a match
     def search(self, text):
@@ -4578,11 +4577,9 @@ class Pattern:
         self._states.clear()
         self._cached = 0
 
-# Characters x NFA states one call's searches may cost: at about 0.1 us a state, half a
-# second of one core.
+# Characters x NFA states one call's searches may cost: at 0.1 us a state, half a second.
 PATTERN_WORK = 5_000_000
-# One schema step (a subschema applied to a value, about 5 us), and one value read for
-# equality, in those units.
+# In those units: one schema step (a subschema on a value, ~5 us) and one equality read.
 SCHEMA_STEP = 50
 EQUALITY_STEP = 5
 
