@@ -3953,8 +3953,7 @@ MAX_DEPTH = 256
 MAX_NUMBER_CHARS = 10000
 MAX_EXPONENT = 10000
 FLAT_WIDTH = 72
-# Sums are exact: the precision spans any literal parse admits, and a result that would
-# still round raises.
+# Sums are exact: the precision spans any literal parse admits; a sum that rounds raises.
 EXACT = decimal.Context(
     prec=2 * MAX_EXPONENT + MAX_NUMBER_CHARS + 64,
     Emax=10 * MAX_EXPONENT, Emin=-10 * MAX_EXPONENT,
