@@ -3944,9 +3944,8 @@ def confirmed(lines, out, shortened=False, what="", verb="", agreed=True):
 # RFC 8259 value, an unpaired surrogate escape, a repeated key, a float64 overflow in a
 # container, a literal past the bound. canonical: no whitespace, keys sorted, Numbers as
 # written, and `<>&`, U+2028/9 escaped besides JSON's own; policy_json without those five;
-# pretty_json indented.
-# Differential test: tests/test_canonical.py (a reference encoder; node's TextDecoder and
-# JSON.parse).
+# pretty_json indented. Differential test: tests/test_canonical.py (a reference encoder;
+# node's TextDecoder and JSON.parse).
 # =============================================================================================
 
 MAX_DEPTH = 256
@@ -4261,8 +4260,7 @@ def log(message):
 # PatternError saying why and what to write: no backreferences, lookaround, named groups,
 # \p{..}, \cX, escaped surrogates, counts over 1000, nesting over 100, NFAs over 10,000
 # states. Pattern.search answers as RegExp's test, in time linear in the text; PatternWork
-# bounds one call's work.
-# Differential test: tests/test_patterns.py (node's RegExp).
+# bounds one call's work. Differential test: tests/test_patterns.py (node's RegExp).
 # =============================================================================================
 
 # Not Python's re: its dialect differs (\s, ., $), and it backtracks (^(a+)+$ doubles its
