@@ -3491,80 +3491,62 @@ def confirmed(lines, out, shortened=False, what="", verb="", agreed=True):
 #
 # Reads as: library
 #
-# Contract: parse(data) returns one JSON value, each number a Number keeping
-# its literal, or raises CanonicalError with the first reason: nesting past
-# 256, invalid UTF-8, not one RFC 8259 value, an unpaired surrogate escape, a
-# repeated key, a float64 overflow in a container, a literal past the bound.
-# canonical: no whitespace, keys sorted, Numbers as written, and `<>&`,
-# U+2028/9 escaped besides JSON's own; policy_json without those five;
-# pretty_json indented.
-# Differential test: tests/test_canonical.py (a reference encoder; node's
-# TextDecoder and JSON.parse).
+# Contract: parse(data) returns one JSON value, each number a Number keeping its literal,
+# or raises CanonicalError with the first reason: nesting past 256, invalid UTF-8, not one
+# RFC 8259 value, an unpaired surrogate escape, a repeated key, a float64 overflow in a
+# container, a literal past the bound. canonical: no whitespace, keys sorted, Numbers as
+# written, and `<>&`, U+2028/9 escaped besides JSON's own; policy_json without those five;
+# pretty_json indented. Differential test: tests/test_canonical.py (a reference encoder;
+# node's TextDecoder and JSON.parse).
 # =============================================================================================
 
 MAX_DEPTH = 256
 MAX_NUMBER_CHARS = 10000
 MAX_EXPONENT = 10000
-# Sums are exact: the precision spans any literal parse admits,
-# and a result that would still round raises.
+FLAT_WIDTH = 72
+# Sums are exact: the precision spans any literal parse admits; a sum that rounds raises.
 EXACT = decimal.Context(
     prec=2 * MAX_EXPONENT + MAX_NUMBER_CHARS + 64,
     Emax=10 * MAX_EXPONENT, Emin=-10 * MAX_EXPONENT,
     traps=[decimal.Inexact, decimal.Overflow, decimal.InvalidOperation])
 
-
 class CanonicalError(ValueError):
     """`place`: where a text stops being JSON, or ''."""
-
     def __init__(self, message, place=""):
         super().__init__(message)
         self.place = place
-
     def placed(self):
-        if not self.place:
-            return str(self)
-        return f"{self} at {self.place}"
-
+        return f"{self} at {self.place}" if self.place else str(self)
 
 class Number:
     __slots__ = ("literal",)
-
     def __init__(self, literal):
         self.literal = literal
-
     def __eq__(self, other):
         return isinstance(other, Number) and other.literal == self.literal
-
     def __hash__(self):
         return hash(self.literal)
-
     def __repr__(self):
         return self.literal
-
     def exact(self):
         return decimal.Decimal(self.literal)
-
     def is_integer(self):
         value = self.exact()
         return value == value.to_integral_value()
-
 
 _STRING_RE = re.compile(rb'"[^"]*"?')
 _ONE_KIND = bytes.maketrans(b"{}", b"[]")
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
-
 def _too_deep(data):
-    """Whether it nests past MAX_DEPTH, in linear time. Exact for valid JSON:
-    (1) depth is at most the count of openings; (2) outside strings is no
-    backslash, and removing `\\\\` then `\\"` removes exactly the escaped ones;
-    (3) every quote left bounds a string, so _STRING_RE removes the strings;
-    (4) a pass removing every `[]` lowers the depth by one."""
+    """Whether it nests past MAX_DEPTH, in linear time; exact for valid JSON: (1) depth is
+    at most the count of openings; (2) outside strings is no backslash: removing `\\\\`
+    then `\\"` removes exactly the escaped ones; (3) every quote left bounds a string, so
+    _STRING_RE removes them; (4) a pass removing every `[]` lowers the depth by one."""
     if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
         return False  # (1)
     data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
-    data = _STRING_RE.sub(b"", data)
-    data = data.translate(_ONE_KIND, _NOT_BRACKETS)  # (3)
+    data = _STRING_RE.sub(b"", data).translate(_ONE_KIND, _NOT_BRACKETS)  # (3)
     passes = 0  # (4); an unbalanced one is counted as it is
     while passes < 8 and data.count(b"[") * 2 == len(data):
         shorter = data.replace(b"[]", b"")
@@ -3578,67 +3560,42 @@ def _too_deep(data):
             return True
     return False
 
-
 def number_bound(literal):
     """The reason a number literal is past the bound, or ''."""
     head = literal[:24]
     if len(literal) > MAX_NUMBER_CHARS:
-        return (f"number {head}... is longer than "
-                f"{MAX_NUMBER_CHARS} characters")
+        return f"number {head}... is longer than {MAX_NUMBER_CHARS} characters"
     _, e, exponent = literal.lower().partition("e")
     digits = exponent.lstrip("+-").lstrip("0")
     if e and (len(digits) > 5 or (digits and int(digits) > MAX_EXPONENT)):
         return f"number {head} has an exponent beyond ±{MAX_EXPONENT}"
     return ""
 
-
-# A number literal as RFC 8259 writes one.
-JSON_NUMBER_RE = re.compile(
-    r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+JSON_NUMBER_RE = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 SURROGATE_RE = re.compile("[\ud800-\udfff]")
-
 
 def _first_surrogate(value, objects=True):
     """objects=False: the pairs hook looked inside those."""
     if isinstance(value, str):
         match = SURROGATE_RE.search(value)
         return match.group() if match else ""
-    items = []
-    if isinstance(value, list):
-        items = value
-    elif isinstance(value, dict) and objects:
+    items = value if isinstance(value, list) else []
+    if isinstance(value, dict) and objects:
         items = [x for pair in value.items() for x in pair]
-    for item in items:
-        found = _first_surrogate(item, objects)
-        if found:
-            return found
-    return ""
-
+    return next(filter(None, (_first_surrogate(x, objects) for x in items)), "")
 
 class _Reading:
     """The first faults the hooks found in one document."""
-
     def __init__(self):
-        self.repeated = self.overflow = None
-        self.bound = self.surrogate = None
-
-    def decode(self, text):
-        decoder = json.JSONDecoder(
-            object_pairs_hook=self.pairs,
-            parse_int=self.number, parse_float=self.number,
-            parse_constant=_read_constant)
-        return decoder.decode(text)
-
+        self.repeated = self.overflow = self.bound = self.surrogate = None
     def number(self, literal):
         reason = number_bound(literal)
         self.bound = self.bound or reason
         if not reason and not self.overflow and math.isinf(float(literal)):
             self.overflow = literal
         return Number(literal)
-
     def pairs(self, items):
-        # Every pair is seen, a replaced one too: its surrogate
-        # is reported first.
+        # Every pair is seen, a replaced one too: its surrogate is reported first.
         obj = {}
         for key, value in items:
             if not self.surrogate:
@@ -3648,11 +3605,8 @@ class _Reading:
                 self.repeated = key
             obj[key] = value
         return obj
-
-
-def _read_constant(name):
-    raise ValueError(name)
-
+    def constant(self, name):
+        raise ValueError(name)
 
 def parse(data):
     """One document, its first fault in the contract's order."""
@@ -3666,11 +3620,11 @@ def parse(data):
         raise CanonicalError("not valid UTF-8") from None
     reading = _Reading()
     try:
-        value = reading.decode(text)
-    except (ValueError, RecursionError) as err:
-        place = ""
-        if isinstance(err, json.JSONDecodeError):
-            place = f"line {err.lineno} column {err.colno}"
+        value = json.JSONDecoder(
+            object_pairs_hook=reading.pairs, parse_int=reading.number,
+            parse_float=reading.number, parse_constant=reading.constant).decode(text)
+    except (ValueError, RecursionError) as err:  # colno: a json.JSONDecodeError
+        place = f"line {err.lineno} column {err.colno}" if hasattr(err, "colno") else ""
         raise CanonicalError("not valid JSON", place) from None
     surrogate = reading.surrogate or _first_surrogate(value, objects=False)
     if surrogate:
@@ -3686,16 +3640,11 @@ def parse(data):
         raise CanonicalError(reading.bound)
     return value
 
-
-_HTML_ESCAPES = (
-    ("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
-    ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+_HTML_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                 ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
 # The contract's escaping short of _HTML_ESCAPES, in C.
 encode_string = json.encoder.encode_basestring
-
-
 _CONSTANTS = {True: "true", False: "false", None: "null"}
-
 
 def _encode(value, out):
     """Measured no slower than the C encoder."""
@@ -3704,115 +3653,86 @@ def _encode(value, out):
     elif isinstance(value, Number):
         out.append(value.literal)
     elif isinstance(value, dict):
-        comma = "{"
-        for key in sorted(value):
-            out.append(comma + encode_string(key) + ":")
+        for i, key in enumerate(sorted(value)):
+            out.append(("," if i else "{") + encode_string(key) + ":")
             _encode(value[key], out)
-            comma = ","
         out.append("}" if value else "{}")
     elif isinstance(value, (list, tuple)):
-        comma = "["
-        for item in value:
-            out.append(comma)
+        for i, item in enumerate(value):
+            out.append("," if i else "[")
             _encode(item, out)
-            comma = ","
         out.append("]" if value else "[]")
     elif isinstance(value, bool) or value is None:
         out.append(_CONSTANTS[value])
     elif isinstance(value, int):
         out.append(str(value))
     elif isinstance(value, float):
-        finite = value == value and abs(value) != math.inf
-        out.append(repr(value) if finite else "null")
+        out.append(repr(value) if math.isfinite(value) else "null")
     else:
-        kind = type(value).__name__
-        raise TypeError(f"cannot encode {kind} as JSON")
-
+        raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 def _encoded(value, html):
     out = []
     _encode(value, out)
     text = "".join(out)
-    # These characters stand only inside strings, and no escape writes
-    # one: this escapes exactly the strings'.
+    # These characters stand only inside strings, and no escape writes one: this escapes
+    # exactly the strings'.
     for ch, escape in _HTML_ESCAPES if html else ():
         text = text.replace(ch, escape)
     return text
-
 
 def canonical(value):
     """The same bytes whatever embeds them in HTML or JS."""
     return _encoded(value, True).encode("utf-8")
 
-
 def dumps(value):
     return canonical(value).decode("utf-8")
-
 
 def policy_json(value):
     """Without _HTML_ESCAPES: what people and the policy read."""
     return _encoded(value, False)
 
-
-FLAT_WIDTH = 72
-
-
-def _utf8(key):
-    return key.encode("utf-8", "surrogatepass")
-
-
 def pretty_json(value, indent="  ", level=0, flat=None, ordered=False):
     """From level `flat` down a short value keeps one line."""
-    if flat is not None and level >= flat:
-        flat_text = policy_json(value)
-        if len(flat_text) <= FLAT_WIDTH:
-            return flat_text
+    if flat is not None and level >= flat and len(policy_json(value)) <= FLAT_WIDTH:
+        return policy_json(value)
     if not value or not isinstance(value, (dict, list)):
         return policy_json(value)
     inner = indent * (level + 1)
-
     def shown(item):
         return pretty_json(item, indent, level + 1, flat, ordered)
     if isinstance(value, dict):
-        keys = value if ordered else sorted(value, key=_utf8)
+        keys = value if ordered else sorted(
+            value, key=lambda k: k.encode("utf-8", "surrogatepass"))
         items = [f"{inner}{encode_string(k)}: {shown(value[k])}" for k in keys]
         ends = "{}"
     else:
-        items = [inner + shown(v) for v in value]
-        ends = "[]"
-    return (ends[0] + "\n" + ",\n".join(items) + "\n" +
-            indent * level + ends[1])
-
+        items, ends = [inner + shown(v) for v in value], "[]"
+    return ends[0] + "\n" + ",\n".join(items) + "\n" + indent * level + ends[1]
 
 # =============================================================================================
 # 12. Text safe to show
 #
 # Reads as: library
 #
-# Contract: sanitize shows as ASCII what could move the cursor, reorder or hide
-# text, or draw a line; nothing else changes, and a second pass changes
-# nothing. cut keeps at most `limit` UTF-8 bytes, marked '…'. tell is the one
-# way a line reaches a person; a result passed on is never sanitized.
-# Differential test: tests/test_sanitize_differential.py (node's Unicode
-# properties).
+# Contract: sanitize shows as ASCII what could move the cursor, reorder or hide text, or
+# draw a line; nothing else changes, and a second pass changes nothing. cut keeps at most
+# `limit` UTF-8 bytes, marked '…'. tell is the one way a line reaches a person; a result
+# passed on is never sanitized.
+# Differential test: tests/test_sanitize_differential.py (node's Unicode properties).
 # =============================================================================================
 
-INVISIBLE = (
-    set(range(0x202A, 0x202F)) | set(range(0x2066, 0x2070))
-    | set(range(0x200B, 0x2010)) | set(range(0x2060, 0x2065))
-    | {0x061C, 0xFFF9, 0xFFFA, 0xFFFB, 0xFEFF, 0x00AD, 0x180E, 0x2028, 0x2029}
-    | set(range(0xE0000, 0xE0080))
-    | set(range(0x1BCA0, 0x1BCA4)) | set(range(0x1D173, 0x1D17B)))
+INVISIBLE = {0x00AD, 0x061C, 0x180E, 0xFEFF}.union(
+    range(0x200B, 0x2010), range(0x2028, 0x202F), range(0x2060, 0x2065),
+    range(0x2066, 0x2070), range(0xFFF9, 0xFFFC), range(0xE0000, 0xE0080),
+    range(0x1BCA0, 0x1BCA4), range(0x1D173, 0x1D17B))
 # The table as one class: text with nothing to change costs one scan in C.
-_NEEDS_CARE = re.compile(
-    "[\x00-\x1f\x7f-\x9f\ud800-\udfff%s]"
-    % "".join(map(chr, sorted(INVISIBLE))))
+_NEEDS_CARE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff%s]"
+                         % "".join(map(chr, sorted(INVISIBLE))))
 MAX_COMBINING = 4
-
 
 def _is_mark(ch):
     return unicodedata.category(ch).startswith("M")
-
 
 def _shown(ch):
     code = ord(ch)
@@ -3826,31 +3746,25 @@ def _shown(ch):
         return f"\\u{{{code:04x}}}"
     return ch
 
-
 def sanitize(text):
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     if not _NEEDS_CARE.search(text) and not _has_long_combining_run(text):
         return text
-    out, marks, dropped = [], 0, 0
+    out, run = [], 0
     for ch in list(text) + [""]:
         if ch and _is_mark(ch):
-            marks += 1
-            if marks <= MAX_COMBINING:
-                out.append(ch)
-            dropped += marks > MAX_COMBINING
+            run += 1
+            out.append(ch if run <= MAX_COMBINING else "")
             continue
-        if dropped:
-            out.append(f"[+{dropped} combining marks dropped]")
-        marks, dropped = 0, 0
+        if run > MAX_COMBINING:
+            out.append(f"[+{run - MAX_COMBINING} combining marks dropped]")
+        run = 0
         out.append(_shown(ch) if ch else "")
     return "".join(out)
 
-
-# Every combining mark is at or above U+0300: only runs of such
-# characters are looked at one by one.
+# Every combining mark is at or above U+0300: only runs of those are read one by one.
 _MAYBE_MARKS = re.compile("[\u0300-\U0010ffff]{%d,}" % (MAX_COMBINING + 1))
-
 
 def _has_long_combining_run(text):
     for candidate in _MAYBE_MARKS.finditer(text):
@@ -3861,34 +3775,26 @@ def _has_long_combining_run(text):
                 return True
     return False
 
-
 def cut(text, limit):
     data = text.encode("utf-8", "surrogatepass")
     if len(data) <= limit:
         return text
     mark = "…" if limit >= 3 else ""  # "…" is 3 bytes
-    head = data[:limit - len(mark.encode())]
-    return head.decode("utf-8", "ignore") + mark
-
+    return data[:limit - len(mark.encode())].decode("utf-8", "ignore") + mark
 
 def clean(text, limit):
     """Cut first: a long text costs only its first `limit`."""
     return cut(sanitize(cut(text[:limit + 1], limit)), limit)
 
-
 def quote(text):
-    text = sanitize(text).replace("\\", "\\\\")
-    return '"' + text.replace('"', '\\"') + '"'
-
+    return '"' + sanitize(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 def tell(*lines, out=None, end="\n", flush=False):
     """Each argument one line, sanitized whole."""
     out = sys.stdout if out is None else out
-    shown = [sanitize(line) for line in lines or ("",)]
-    out.write("\n".join(shown) + end)
+    out.write("\n".join(sanitize(line) for line in lines or ("",)) + end)
     if flush:
         out.flush()
-
 
 def log(message):
     """One line to stderr; stdout carries only protocol."""
@@ -3897,64 +3803,46 @@ def log(message):
     except (OSError, ValueError):
         pass
 
-
 # =============================================================================================
 # 13. ECMA-262 patterns
 #
 # Reads as: library
 #
-# Contract: compile_pattern accepts a subset of ECMA-262 u-mode patterns, or
-# raises PatternError saying why and what to write: no backreferences,
-# lookaround, named groups, \p{..}, \cX, escaped surrogates, counts over 1000,
-# nesting over 100, NFAs over 10,000 states. Pattern.search answers as RegExp's
-# test, in time linear in the text; PatternWork bounds one call's work.
-# Differential test: tests/test_patterns.py (node's RegExp).
+# Contract: compile_pattern accepts a subset of ECMA-262 u-mode patterns, or raises
+# PatternError saying why and what to write: no backreferences, lookaround, named groups,
+# \p{..}, \cX, escaped surrogates, counts over 1000, nesting over 100, NFAs over 10,000
+# states. Pattern.search answers as RegExp's test, in time linear in the text; PatternWork
+# bounds one call's work. Differential test: tests/test_patterns.py (node's RegExp).
 # =============================================================================================
 
-# Not Python's re: its dialect differs (\s, ., $), and it
-# backtracks (^(a+)+$ doubles its work per character). A tree,
-# then a Thompson NFA, run as a DFA built lazily.
-
+# Not Python's re: its dialect differs (\s, ., $), and it backtracks (^(a+)+$ doubles its
+# work per character). A tree, then a Thompson NFA, run as a DFA built lazily.
 _MAX_CODE_POINT = 0x10FFFF
 _MAX_COUNT = 1000       # largest n or m in {n,m}
 _MAX_STATES = 10000     # bounds compile time and one DFA step
 _PATTERN_DEPTH = 100    # far from Python's recursion limit
 _CACHE_BUDGET = 50000   # cached states + moves, then dropped
-
-# A set is a tuple of sorted, disjoint, non-adjacent (lo, hi)
-# code point ranges.
+# A set is a tuple of sorted, disjoint, non-adjacent (lo, hi) code point ranges.
 _DIGIT = ((0x30, 0x39),)
 _WORD_RANGES = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
-_SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0),
-          (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
-          (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000),
+_SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
+          (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000),
           (0xFEFF, 0xFEFF))
-_LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
-_WORD_CHARS = frozenset(
-    "0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_WORD_CHARS = frozenset(chr(c) for lo, hi in _WORD_RANGES for c in range(lo, hi + 1))
 _ASSERTIONS = (("^", "^"), ("$", "$"), ("\\b", "b"), ("\\B", "B"))
 _LOOKAROUND = (("(?=", "lookahead"), ("(?!", "lookahead"),
                ("(?<=", "lookbehind"), ("(?<!", "lookbehind"))
 # A lazy ? changes nothing for a yes/no search.
 _QUANTIFIER = re.compile(r"(?:([*+?])|\{([0-9]+)(,([0-9]*))?\})\??")
-_HEX_ESCAPE = re.compile(
-    r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|u\{([0-9a-fA-F]+)\})")
-
+_HEX_ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|u\{([0-9a-fA-F]+)\})")
 
 class PatternError(ValueError):
     """One sentence: why a pattern is refused."""
 
-
 def _negate(ranges):
-    out, lo = [], 0
-    for a, b in ranges:
-        if a > lo:
-            out.append((lo, a - 1))
-        lo = b + 1
-    if lo <= _MAX_CODE_POINT:
-        out.append((lo, _MAX_CODE_POINT))
-    return tuple(out)
-
+    """The gaps around a set's ranges."""
+    edges = [(-1, -1), *ranges, (_MAX_CODE_POINT + 1, 0)]
+    return tuple((a + 1, b - 1) for (_, a), (b, _) in zip(edges, edges[1:]) if a + 1 < b)
 
 def _normalize(ranges):
     out = []
@@ -3965,59 +3853,40 @@ def _normalize(ranges):
             out.append((lo, hi))
     return tuple(out)
 
-
 def _contains(ranges, cp):
     # the last range starting at or before cp
     i = bisect.bisect_right(ranges, (cp, _MAX_CODE_POINT)) - 1
     return i >= 0 and cp <= ranges[i][1]
 
-
 def _as_ranges(member):
-    if isinstance(member, int):
-        return ((member, member),)
-    return member
+    return ((member, member),) if isinstance(member, int) else member
 
-
-_DOT = _negate(_LINE_TERMINATORS)
-# A backslash and one character: a code point, or a set. Of the
-# punctuation, u mode escapes only syntax characters and /.
-_ESCAPES = {
-    "t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D,
-    "d": _DIGIT, "D": _negate(_DIGIT), "w": _WORD_RANGES,
-    "W": _negate(_WORD_RANGES), "s": _SPACE, "S": _negate(_SPACE)}
-_ESCAPES.update((c, ord(c)) for c in "^$\\.*+?()[]{}|/")
-# inside [...], \b is a backspace
-_CLASS_ESCAPES = {**_ESCAPES, "b": 0x08, "-": 0x2D}
+_DOT = _negate(((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)))  # line terminators
+# A backslash and one character: a code point, or a set. Of the punctuation, u mode
+# escapes only syntax characters and /.
+_ESCAPES = {"t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D, "d": _DIGIT,
+            "D": _negate(_DIGIT), "w": _WORD_RANGES, "W": _negate(_WORD_RANGES),
+            "s": _SPACE, "S": _negate(_SPACE), **{c: ord(c) for c in "^$\\.*+?()[]{}|/"}}
+_CLASS_ESCAPES = {**_ESCAPES, "b": 0x08, "-": 0x2D}  # inside [...], \b is a backspace
 _UNSUPPORTED_ESCAPES = {
-    "k": "backreferences are not supported",
-    "p": "Unicode property escapes \\p{...} are not supported",
-    "c": "control escapes \\cX are not supported; write \\xNN",}
+    **dict.fromkeys("k123456789", "backreferences are not supported"),
+    **dict.fromkeys("pP", "Unicode property escapes \\p{...} are not supported"),
+    "c": "control escapes \\cX are not supported; write \\xNN"}
 
-
-# ---- Parsing: a u-mode Pattern to a tree --------------------
-# ('set', ranges)        one character in ranges
-# ('assert', kind)       kind one of ^ $ b B
-# ('cat', [node, ...])   a sequence, maybe empty
-# ('alt', [node, ...])   alternatives
-# ('rep', node, lo, hi)  lo to hi copies, hi None: no bound
-
+# ---- Parsing: a u-mode Pattern to a tree. ('set', ranges) one character in ranges;
+# ('assert', kind) kind one of ^ $ b B; ('cat', [nodes]) a sequence, maybe empty;
+# ('alt', [nodes]) alternatives; ('rep', node, lo, hi) lo to hi copies, hi None: no bound.
 class _Parser:
     def __init__(self, source):
         self.src, self.pos, self.depth = source, 0, 0
-
     def peek(self, ahead=0):   # "" past the end
-        at = self.pos + ahead
-        return self.src[at:at + 1]
-
+        return self.src[self.pos + ahead:self.pos + ahead + 1]
     def take(self, text):
-        if self.src.startswith(text, self.pos):
-            self.pos += len(text)
-            return True
-        return False
-
+        found = self.src.startswith(text, self.pos)
+        self.pos += len(text) if found else 0
+        return found
     def fail(self, message):
         raise PatternError(message)
-
     def disjunction(self):
         alternatives = [[]]
         while self.peek() not in ("", ")"):
@@ -4027,38 +3896,29 @@ class _Parser:
                 alternatives[-1].append(self.term())
         nodes = [("cat", terms) for terms in alternatives]
         return nodes[0] if len(nodes) == 1 else ("alt", nodes)
-
     def term(self):
+        # An assertion cannot repeat (u mode): a quantifier after one fails as an atom.
         for text, kind in _ASSERTIONS:
             if self.take(text):
-                # u mode: an assertion cannot repeat
-                if _QUANTIFIER.match(self.src, self.pos):
-                    self.fail(f"nothing to repeat at offset {self.pos}")
                 return ("assert", kind)
-        atom = self.atom()
-        bounds = self.quantifier()
+        atom, bounds = self.atom(), self.quantifier()
         return ("rep", atom) + bounds if bounds else atom
-
     def quantifier(self):
         """(lo, hi) of a quantifier next, hi None for no bound."""
         m = _QUANTIFIER.match(self.src, self.pos)
         if not m:
             return None
+        self.pos = m.end()
         simple, lo, comma, hi = m.groups()
         if simple:
-            self.pos = m.end()
             return {"*": (0, None), "+": (1, None), "?": (0, 1)}[simple]
         hi = lo if comma is None else hi or None
-        for count in (lo, hi or "0"):
-            if len(count) > 4 or int(count) > _MAX_COUNT:
-                self.fail(f"repetition counts above {_MAX_COUNT}"
-                          f" are not supported")
+        if any(len(count) > 4 or int(count) > _MAX_COUNT for count in (lo, hi or "0")):
+            self.fail(f"repetition counts above {_MAX_COUNT} are not supported")
         if hi and int(hi) < int(lo):
             self.fail(f"the numbers in the quantifier at offset "
-                      f"{self.pos} are out of order")
-        self.pos = m.end()
+                      f"{m.start()} are out of order")
         return int(lo), None if hi is None else int(hi)
-
     def atom(self):
         c, at = self.peek(), self.pos
         if c == "(":
@@ -4072,10 +3932,7 @@ class _Parser:
         self.pos += 1
         if c == "[":
             return ("set", self.character_class(at))
-        if c == ".":
-            return ("set", _DOT)
-        return ("set", ((ord(c), ord(c)),))
-
+        return ("set", _DOT if c == "." else ((ord(c), ord(c)),))
     def group(self):
         at = self.pos
         for text, kind in _LOOKAROUND:
@@ -4089,44 +3946,37 @@ class _Parser:
             self.fail(f"the group at offset {at} has an unknown (? form")
         self.depth += 1
         if self.depth > _PATTERN_DEPTH:
-            self.fail(f"groups nested more than {_PATTERN_DEPTH}"
-                      f" deep are not supported")
+            self.fail(f"groups nested more than {_PATTERN_DEPTH} deep are not supported")
         node = self.disjunction()
         self.depth -= 1
         if not self.take(")"):
             self.fail(f"unbalanced parenthesis at offset {at}")
         return node
-
     def character_class(self, at):
         negated, ranges = self.take("^"), []
-        where = f"the class at offset {at}"
         while not self.take("]"):
             if self.pos >= len(self.src):
                 self.fail(f"the character class at offset {at} is not closed")
             first = self.class_member()
-            # a range first-last
-            if self.peek() == "-" and self.peek(1) not in ("", "]"):
-                self.pos += 1
+            if self.peek(1) not in ("", "]") and self.take("-"):
                 last = self.class_member()
                 if not isinstance(first, int) or not isinstance(last, int):
-                    self.fail(f"a range in {where} uses \\d, \\s or \\w")
+                    self.fail(f"a range in the class at offset {at} uses \\d, \\s or \\w")
                 if first > last:
-                    self.fail(f"a range in {where} is out of order")
+                    self.fail(f"a range in the class at offset {at} is out of order")
                 ranges.append((first, last))
             else:
                 ranges.extend(_as_ranges(first))
         ranges = _normalize(ranges)
         return _negate(ranges) if negated else ranges
-
     def class_member(self):
         if self.peek() == "\\":
             return self.escape(True)
         self.pos += 1
         return ord(self.src[self.pos - 1])
-
     def escape(self, in_class):
         """A backslash escape's code point, or the set of \\d etc."""
-        at, c, after = self.pos, self.peek(1), self.peek(2)
+        at, c = self.pos, self.peek(1)
         number = _HEX_ESCAPE.match(self.src, at)
         value = number and int(number[number.lastindex], 16)
         self.pos += 2
@@ -4138,29 +3988,22 @@ class _Parser:
             return value
         if c == "":
             self.fail("the pattern ends with a lone backslash")
-        if c in "123456789":
-            self.fail(_UNSUPPORTED_ESCAPES["k"])
-        if c in _UNSUPPORTED_ESCAPES or c == "P":
-            self.fail(_UNSUPPORTED_ESCAPES[c.lower()])
+        if c in _UNSUPPORTED_ESCAPES:
+            self.fail(_UNSUPPORTED_ESCAPES[c])
         if c in (_CLASS_ESCAPES if in_class else _ESCAPES):
             return _CLASS_ESCAPES[c]
-        if c == "0" and not "0" <= after <= "9":
+        if c == "0" and not "0" <= self.peek() <= "9":
             return 0
         self.fail(f"the escape \\{c} at offset {at} is not allowed")
 
-
-# ---- Compiling: tree to Thompson NFA ------------------------
-# A state is (kind, arg, out); only 'set' consumes a character;
-# state 0 is the match. Every _compile call emits a state, so
-# expanding (a{1000}){1000} stops at the cap.
-
+# ---- Compiling: tree to Thompson NFA. A state is (kind, arg, out); only 'set' consumes a
+# character; state 0 is the match. Every _compile call emits a state, so expanding
+# (a{1000}){1000} stops at the cap.
 def _emit(program, state):
     if len(program) >= _MAX_STATES:
-        raise PatternError(f"the pattern is too large (more than "
-                           f"{_MAX_STATES} states)")
+        raise PatternError(f"the pattern is too large (more than {_MAX_STATES} states)")
     program.append(state)
     return len(program) - 1
-
 
 def _compile(node, out, program):
     """Node's entry state; it continues to `out`."""
@@ -4170,15 +4013,13 @@ def _compile(node, out, program):
     if kind == "alt":
         entries = [_compile(n, out, program) for n in node[1]]
         return _emit(program, ("split", entries, None))
-    if kind == "cat":
-        if not node[1]:
-            return _emit(program, ("split", [out], None))
+    if kind == "cat" and node[1]:
         for child in reversed(node[1]):
             out = _compile(child, out, program)
         return out
-    _, body, lo, hi = node
-    if hi == 0:
+    if kind == "cat" or node[3] == 0:  # nothing, or no copies
         return _emit(program, ("split", [out], None))
+    _, body, lo, hi = node
     if hi is None:  # a loop: enter the body, back here, or leave
         entry = _emit(program, ("split", [], None))
         loop = _compile(body, entry, program)
@@ -4192,50 +4033,37 @@ def _compile(node, out, program):
         entry = _compile(body, entry, program)
     return entry
 
-
 @functools.lru_cache(maxsize=512)
 def compile_pattern(pattern):
     if not isinstance(pattern, str):
         raise PatternError("a pattern must be a string")
     parsing = _Parser(pattern)
     tree = parsing.disjunction()
-    # the top-level disjunction stops only at a stray ')'
-    if parsing.pos < len(pattern):
+    if parsing.pos < len(pattern):  # the top level stops only at a stray ')'
         raise PatternError(f"unbalanced parenthesis at offset {parsing.pos}")
     program = [("match", None, None)]
     return Pattern(program, _compile(tree, 0, program))
 
-
-# ---- Matching: a lazily built DFA ---------------------------
-# A DFA state: the NFA states the text leads to, before epsilon
-# edges, which are followed once the next character is known (only
-# then are ^ $ \b \B decided). A character costs a dict lookup, or
-# one pass over at most _MAX_STATES states: linear in the text.
-
+# ---- Matching: a lazily built DFA. A DFA state: the NFA states the text leads to before
+# epsilon edges (followed once the next character is known: only then are ^ $ \b \B
+# decided), and its moves: character (None: the end) -> _DFAState, True or False. A
+# character costs a dict lookup, or one pass over at most _MAX_STATES states: linear.
 class _DFAState:
     __slots__ = ("nfa", "prev_word", "at_start", "moves")
-
     def __init__(self, nfa, prev_word, at_start):
         self.nfa, self.prev_word, self.at_start = nfa, prev_word, at_start
-        # character (None: the end) -> _DFAState, True or False
         self.moves = {}
-
 
 class Pattern:
     """Its caches hold derived data only: threads share it."""
-
     def __init__(self, program, start):
         self._program, self._start = program, start
-        # the most one character can cost, in NFA states
-        self.size = len(program)
+        self.size = len(program)  # the most one character can cost, in NFA states
         self._states, self._cached = {}, 0
         self._initial = self._state(frozenset([start]), False, True)
-        # A search restarts at every position, unless nothing is
-        # reached away from the text's start (a leading ^).
+        # A search restarts at every position unless nothing is reached off the start (^).
         away = {"^": False, "$": True, "b": True, "B": True}
-        sets, matched = self._closure([start], away)
-        self._restart = bool(sets) or matched
-
+        self._restart = any(self._closure([start], away))  # a state or a match
     def search(self, text):
         """Whether it matches somewhere in text, as test()."""
         state = self._initial
@@ -4248,14 +4076,12 @@ class Pattern:
             state = move
         move = state.moves.get(None)
         return self._move(state, None) if move is None else move
-
     def _move(self, state, ch):
         if self._cached > _CACHE_BUDGET:
             self._forget()
         next_word = ch in _WORD_CHARS
-        before = state.prev_word
-        truth = {"^": state.at_start, "$": ch is None,
-                 "b": before != next_word, "B": before == next_word}
+        edge = state.prev_word != next_word
+        truth = {"^": state.at_start, "$": ch is None, "b": edge, "B": not edge}
         sets, matched = self._closure(state.nfa, truth)
         if matched or ch is None:
             move = matched
@@ -4264,17 +4090,13 @@ class Pattern:
             nfa = {program[s][2] for s in sets if _contains(program[s][1], cp)}
             if self._restart:
                 nfa.add(self._start)
-            move = False
-            if nfa:
-                move = self._state(frozenset(nfa), next_word, False)
+            move = self._state(frozenset(nfa), next_word, False) if nfa else False
         state.moves[ch] = move  # True and False end a search
         self._cached += 1
         return move
-
     def _closure(self, pending, truth):
         """The 'set' states epsilon edges reach, and a match."""
-        seen, stack = set(), list(pending)
-        sets, matched = [], False
+        seen, stack, sets, matched = set(), list(pending), [], False
         while stack:
             s = stack.pop()
             if s in seen:
@@ -4289,18 +4111,14 @@ class Pattern:
                 sets.append(s)
             matched = matched or kind == "match"
         return sets, matched
-
     def _state(self, nfa, prev_word, at_start):
-        # Read the table once: another thread's search may drop
-        # it (_forget) between a store and a second read.
+        # Read the table once: another thread may _forget it between a store and a reread.
         key = (nfa, prev_word, at_start)
         state = self._states.get(key)
         if state is None:
-            state = _DFAState(nfa, prev_word, at_start)
-            self._states[key] = state
+            self._states[key] = state = _DFAState(*key)
             self._cached += len(nfa) + 1
         return state
-
     def _forget(self):
         """A state a search still holds stays correct."""
         for state in list(self._states.values()):
@@ -4308,48 +4126,36 @@ class Pattern:
         self._states.clear()
         self._cached = 0
 
-
-# Characters x NFA states one call's searches may cost: at about
-# 0.1 us a state, half a second of one core.
+# Characters x NFA states one call's searches may cost: at 0.1 us a state, half a second.
 PATTERN_WORK = 5_000_000
-# One schema step (a subschema applied to a value, about 5 us),
-# and one value read for equality, in those units.
+# In those units: one schema step (a subschema on a value, ~5 us) and one equality read.
 SCHEMA_STEP = 50
 EQUALITY_STEP = 5
-
 
 class PatternCost(Exception):
     """A check the call's work cannot pay for."""
 
-
 class PatternWork:
-    """One call's budget, shared by all its values. A search is
-    charged its most (characters x states) before it starts, so
-    the charge depends on the call alone; what it found is kept,
-    so reading the call again costs nothing."""
-
+    """One call's budget, shared by all its values. A search is charged its most
+    (characters x states) before it starts, so the charge depends on the call alone; what
+    it found is kept, so reading the call again costs nothing."""
     def __init__(self):
         self.left, self.found = PATTERN_WORK, {}
-
     def search(self, pattern, text, at):
         key = (pattern, text)
         if key not in self.found:
             compiled = compile_pattern(pattern)
             cost = len(text) * compiled.size
             if cost > self.left:
-                raise PatternCost(
-                    f"{at}: too long ({len(text)} characters) to "
-                    f"be checked against the pattern {quote(pattern)}")
+                raise PatternCost(f"{at}: too long ({len(text)} characters) to be "
+                                  f"checked against the pattern {quote(pattern)}")
             self.left -= cost
             self.found[key] = compiled.search(text)
         return self.found[key]
-
     def pay(self, cost, at):
         if cost > self.left:
-            raise PatternCost(
-                f"{at}: too large to be checked against the schema")
+            raise PatternCost(f"{at}: too large to be checked against the schema")
         self.left -= cost
-
 
 # =============================================================================================
 # 14. JSON Schema
