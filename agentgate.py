@@ -4830,10 +4830,8 @@ _SCHEMA_ONE = ("additionalProperties", "not", "if", "then",
 _UNCHECKED = ("unevaluatedProperties", "unevaluatedItems",
               "$dynamicRef", "$recursiveRef")
 
-
 class SchemaError(Exception):
     """A value that does not match, or a $ref to nothing."""
-
 
 def schema_problem(schema, root=None, where="#"):
     """Every keyword validate reads has its shape checked here."""
@@ -4845,26 +4843,21 @@ def schema_problem(schema, root=None, where="#"):
     return _keyword_problem(schema, root, where) or \
         _subschema_problem(schema, root, where)
 
-
 def _is_count(value):
     return isinstance(value, Number) and value.is_integer() \
         and value.exact() >= 0
 
-
 def _is_names(value):
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
-
 def _is(kind):
     return lambda value: isinstance(value, kind)
-
 
 _SHAPES = (("required", _is_names, "a list of strings"),
            ("enum", _is(list), "a list"),
            ("uniqueItems", _is(bool), "true or false"),
            ("dependentRequired", _is(dict), "an object"),
            ("dependencies", _is(dict), "an object"))
-
 
 def _keyword_problem(schema, root, where):
     kind = schema.get("type")
@@ -4894,7 +4887,6 @@ def _keyword_problem(schema, root, where):
                     f"list of strings")
     return _pattern_problem(schema, where) or _ref_problem(schema, root, where)
 
-
 def _pattern_problem(schema, where):
     patterns = []
     if "pattern" in schema:
@@ -4911,7 +4903,6 @@ def _pattern_problem(schema, where):
             return f"{where}/{what} {quote(pattern)} cannot be used: {err}"
     return ""
 
-
 def _ref_problem(schema, root, where):
     if "$ref" not in schema:
         return ""
@@ -4922,7 +4913,6 @@ def _ref_problem(schema, root, where):
     if not isinstance(target, (dict, bool)):
         return f"{where}/$ref points at something that is not a schema"
     return ""
-
 
 def _subschema_problem(schema, root, where):
     subs = []
@@ -4957,7 +4947,6 @@ def _subschema_problem(schema, root, where):
             return problem
     return ""
 
-
 def resolve_ref(root, ref):
     if not isinstance(ref, str) or not ref.startswith("#"):
         raise SchemaError(f"$ref {quote(str(ref))} does not "
@@ -4975,10 +4964,8 @@ def resolve_ref(root, ref):
                               f"nothing in the schema")
     return node
 
-
 MISSING = object()  # what a pointer finds where there is nothing
 _INDEX_RE = re.compile(r"0|[1-9][0-9]{0,8}")
-
 
 def parse_pointer(text, where):
     """A JSON Pointer into the arguments, as unescaped tokens."""
@@ -4993,7 +4980,6 @@ def parse_pointer(text, where):
     tokens = text[1:].split("/")
     return tuple(t.replace("~1", "/").replace("~0", "~") for t in tokens)
 
-
 def _item(value, token):
     if isinstance(value, dict) and token in value:
         return value[token]
@@ -5001,7 +4987,6 @@ def _item(value, token):
             and int(token) < len(value):
         return value[int(token)]
     return MISSING
-
 
 def pointed(args, tokens, schema):
     """The value at a pointer as the server reads it (an omitted amount at
@@ -5020,7 +5005,6 @@ def pointed(args, tokens, schema):
             value = node["default"]
     return value, node
 
-
 def exact_number(value, node):
     """Also a string typed so that spells a decimal ("20.00"),
     as payment APIs send amounts."""
@@ -5030,7 +5014,6 @@ def exact_number(value, node):
             node.get("type") == "string":
         return decimal_text(value)
     return None
-
 
 def schema_child(schema, node, token):
     """The part of `schema` describing `token` inside `node`."""
@@ -5045,7 +5028,6 @@ def schema_child(schema, node, token):
         return node["items"]
     return None
 
-
 def _type_of(value):
     if value is None:
         return "null"
@@ -5055,13 +5037,11 @@ def _type_of(value):
             return name
     return "object"
 
-
 def _has_type(value, kind):
     actual = _type_of(value)
     if kind == "integer":
         return actual == "number" and value.is_integer()
     return actual == kind
-
 
 def json_key(value, work=None, at=""):
     """Equal exactly when JSON Schema calls two values equal."""
@@ -5078,18 +5058,14 @@ def json_key(value, work=None, at=""):
                               for k, v in value.items())
     return "c", value  # tagged, as True == 1 in Python
 
-
 def json_equal(a, b):
     return json_key(a) == json_key(b)
-
 
 def _show(value):
     return cut(policy_json(value), 80)
 
-
 def _path(where, part):
     return f"{where}/{part}" if where else f"/{part}"
-
 
 def validate(schema, value, root=None, where="", work=None):
     """SchemaError at the first place `value` does not match."""
@@ -5101,10 +5077,8 @@ def validate(schema, value, root=None, where="", work=None):
     if schema is False:
         raise SchemaError(f"{at}: no value is allowed here")
     work.pay(SCHEMA_STEP, at)
-
     def check(sub):
         validate(sub, value, root, where, work)
-
     def matches(sub):
         return _matches(sub, value, root, where, work)
     if "$ref" in schema:
@@ -5133,7 +5107,6 @@ def validate(schema, value, root=None, where="", work=None):
         if branch in schema:
             check(schema[branch])
 
-
 def _validate_value(schema, value, at, work):
     if "const" in schema or "enum" in schema:
         key = json_key(value, work, at)
@@ -5154,7 +5127,6 @@ def _validate_value(schema, value, at, work):
         raise SchemaError(f"{at}: expected text matching the "
                           f"pattern {quote(pattern)}")
 
-
 def _check_count(schema, count, keyword, things, at):
     least = schema.get("min" + keyword)
     if least is not None and count < least.exact():
@@ -5163,13 +5135,11 @@ def _check_count(schema, count, keyword, things, at):
     if most is not None and count > most.exact():
         raise SchemaError(f"{at}: expected at most {most.literal} {things}")
 
-
 _BOUNDS = (
     ("minimum", lambda v, b: v < b, "at least"),
     ("maximum", lambda v, b: v > b, "at most"),
     ("exclusiveMinimum", lambda v, b: v <= b, "greater than"),
     ("exclusiveMaximum", lambda v, b: v >= b, "less than"))
-
 
 def _validate_number(schema, exact, at):
     for key, fails, word in _BOUNDS:
@@ -5194,14 +5164,12 @@ def _validate_number(schema, exact, at):
         if remainder != 0:
             raise SchemaError(f"{at}: expected a multiple of {step.literal}")
 
-
 def _matches(schema, value, root, where, work):
     try:
         validate(schema, value, root, where, work)
         return True
     except SchemaError:
         return False
-
 
 def _validate_array(schema, value, root, where, work):
     at = where or "the arguments"
@@ -5233,7 +5201,6 @@ def _validate_array(schema, value, root, where, work):
         raise SchemaError(
             f"{at}: expected at most {most.literal} item(s) of "
             f"that shape (contains)")
-
 
 def _validate_object(schema, value, root, where, work):
     at = where or "the arguments"
@@ -5276,7 +5243,6 @@ def _validate_object(schema, value, root, where, work):
                 raise SchemaError(f"{_path(where, other)}: "
                                   f"required when {name} is given")
 
-
 # =============================================================================================
 # 15. Hosts in URLs
 #
@@ -5293,7 +5259,6 @@ def _validate_object(schema, value, root, where, work):
 _LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
 _NUMERIC_LABEL_RE = re.compile(r"0x[0-9a-f]*|[0-9]+")
 _URL_UNSAFE_RE = re.compile(r"[\x00-\x20\x7f\\]")
-
 
 def normal_host(host):
     """Lower-cased, one trailing dot dropped, an IP address in
@@ -5324,7 +5289,6 @@ def normal_host(host):
             return None
     return host
 
-
 def url_place(value):
     from urllib.parse import urlsplit
     if not isinstance(value, str) or len(value) > 8192 or \
@@ -5345,9 +5309,7 @@ def url_place(value):
     host = normal_host(written)
     return None if host is None else (parts.scheme, host)
 
-
 _SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
-
 
 def host_matches(scheme, host, entries):
     for entry in entries:
@@ -5360,7 +5322,6 @@ def host_matches(scheme, host, entries):
         if dotted or host == name:
             return True
     return False
-
 
 def host_entry(entry, with_scheme, where):
     """Only host_in takes a scheme: in host_not_in it would let
@@ -5390,7 +5351,6 @@ def host_entry(entry, with_scheme, where):
             f'write host_not_in entries like "example.com"')
     return scheme + sep + dot + host
 
-
 # =============================================================================================
 # 16. Paths as the kernel resolves them
 #
@@ -5406,12 +5366,10 @@ def host_entry(entry, with_scheme, where):
 PATH_MAX = 4096  # the longest path the kernel opens
 MAX_LINKS = 40   # links followed in one lookup, as the kernel
 
-
 def _home(path):
     if path == "~" or path.startswith("~/"):
         return os.path.expanduser("~") + path[1:]
     return path
-
 
 def path_under(value, roots):
     """Inside a root both as written and as resolved."""
@@ -5426,7 +5384,6 @@ def path_under(value, roots):
         return False
     return all(any(place == root or place.startswith(root.rstrip("/") + "/")
                    for root in roots) for place in places)
-
 
 def resolved_path(path):
     """None where a server may read it otherwise: through /proc (its self links
@@ -5469,7 +5426,6 @@ def resolved_path(path):
         pending.extend(target.split("/")[::-1])
     return "/" + "/".join(resolved)
 
-
 def _named_two_ways(parents, name):
     try:
         entries = os.listdir("/" + "/".join(parents))
@@ -5480,7 +5436,6 @@ def _named_two_ways(parents, name):
     key = unicodedata.normalize("NFKC", name)
     return any(entry != name and unicodedata.normalize("NFKC", entry) == key
                for entry in entries)
-
 
 def resolved_root(text, where):
     if not isinstance(text, str) or not text or "\x00" in text:
@@ -5498,7 +5453,6 @@ def resolved_root(text, where):
             f"goes through /proc, a loop or too many links, or is named two "
             f"ways); name the directory itself")
     return root
-
 
 # =============================================================================================
 # 17. Durations and times
@@ -5519,7 +5473,6 @@ _DURATION_UNITS = {
     "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
 _DURATION_RE = re.compile(r"([0-9]{1,20})(ns|us|µs|μs|ms|s|m|h)")
 
-
 def parse_duration(text):
     sign = -1 if text.startswith("-") else 1
     body = text[1:] if text.startswith(("+", "-")) else text
@@ -5538,7 +5491,6 @@ def parse_duration(text):
         raise ValueError(f'duration "{text}" is too long')
     return sign * total
 
-
 def format_duration(ns):
     """Go's Duration.String: 0s, 300ms, 2s, 1m30s, 24h0m0s."""
     sign, ns = ("-" if ns < 0 else ""), abs(ns)
@@ -5554,19 +5506,15 @@ def format_duration(ns):
         return f"{sign}{minutes}m{seconds}"
     return sign + seconds
 
-
 def now():
     return format_time(time.time())
-
 
 def format_time(seconds):
     utc = datetime.timezone.utc
     return _written(datetime.datetime.fromtimestamp(seconds, utc))
 
-
 def parse_time(text):
     return _moment(text).timestamp()
-
 
 def later(text, ns):
     # On integers: a float sum can round a sub-microsecond
@@ -5576,19 +5524,15 @@ def later(text, ns):
     step = datetime.timedelta(microseconds=micros)
     return _written(_moment(text) + step)
 
-
 def _moment(text):
     return datetime.datetime.fromisoformat(text[:-1] + "+00:00")
-
 
 def _written(moment):
     """The one way a stored time is written."""
     return moment.isoformat(timespec="microseconds")[:-6] + "Z"
 
-
 def prose_time(text):
     return text[:19] + "Z"
-
 
 # =============================================================================================
 # 18. Fields of a configuration
@@ -5612,7 +5556,6 @@ def refuse_unknown(raw, fields, where):
                 f"{where} has an unknown field {quote(key)}; the "
                 f"fields are {', '.join(fields)}")
 
-
 def field_string(raw, field, where, required=False):
     """{"type": "string"}; absent or null: ""; if required, {"type": "string",
     "minLength": 1}; absent or null: refused."""
@@ -5627,14 +5570,12 @@ def field_string(raw, field, where, required=False):
         raise ConfigError(f"{where}.{field} must not be empty")
     return value
 
-
 def field_bool(raw, field, where):
     """{"type": "boolean"}; absent: false."""
     value = raw.get(field, False)
     if not isinstance(value, bool):
         raise ConfigError(f"{where}.{field} must be true or false")
     return value
-
 
 def field_names(raw, field, where):
     """{"type": "array", "items": {"type": "string"}}; absent: []."""
@@ -5643,7 +5584,6 @@ def field_names(raw, field, where):
             not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where}.{field} must be a list of strings")
     return value
-
 
 def field_byte_cap(raw, field, default, most):
     """{"type": "integer", "minimum": 1024, "maximum": most}, as
@@ -5654,7 +5594,6 @@ def field_byte_cap(raw, field, default, most):
         raise ConfigError(f"{field} must be a whole number of "
                           f"bytes from 1024 to {most}")
     return int(cap.exact())
-
 
 def field_duration(raw, field, where, default):
     """{"type": "string"} that parse_duration reads as 0 or more,
@@ -5676,7 +5615,6 @@ def field_duration(raw, field, where, default):
         raise ConfigError(f"{where}.{field} must not be negative")
     return ns
 
-
 def parse_decimal(value, where):
     """{"type": ["number", "string"], "maxLength": 10000, "pattern":
     "^-?(0|[1-9][0-9]*)([.][0-9]+)?([eE][+-]?0*([0-9]{1,4}|10000))?$"}, as a
@@ -5690,13 +5628,11 @@ def parse_decimal(value, where):
     raise ConfigError(f"{where} must be a number or a decimal "
                       f'string such as "50.00"')
 
-
 def decimal_text(text):
     """A JSON number's spelling as an exact Decimal, or None."""
     if JSON_NUMBER_RE.fullmatch(text) and not number_bound(text):
         return decimal.Decimal(text)
     return None
-
 
 def whole_number(value, where, least, most=math.inf, note=""):
     """{"type": "integer", "minimum": least, "maximum": most}, as an int."""
@@ -5707,7 +5643,6 @@ def whole_number(value, where, least, most=math.inf, note=""):
                           f"least {least}{upto}{note}")
     return int(value.exact())
 
-
 def one_of(value, choices, where):
     """{"enum": choices}."""
     if value not in choices:
@@ -5715,7 +5650,6 @@ def one_of(value, choices, where):
         raise ConfigError(f"{where} is {quote(shown)}; use one of "
                           f"{', '.join(choices)}")
     return value
-
 
 # =============================================================================================
 # 19. Days and hours in a time zone
@@ -5733,7 +5667,6 @@ DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _CLOCK_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])|24:00")
 _ZONE_RE = re.compile(r"[A-Za-z0-9_+.-]+(/[A-Za-z0-9_+.-]+){0,3}")
 
-
 def _zone(name):
     """Only a name spelled as tz spells zones (zoneinfo recurses a level a
     part); no file beside them (right/ counts leap seconds)."""
@@ -5748,7 +5681,6 @@ def _zone(name):
         return zoneinfo.ZoneInfo(name)
     except (ValueError, zoneinfo.ZoneInfoNotFoundError):
         return None
-
 
 class During:
     def __init__(self, raw, where):
@@ -5816,7 +5748,6 @@ class During:
             return start <= minute < end
         return minute >= start or minute < end
 
-
 # =============================================================================================
 # 20. What a result's record keeps
 #
@@ -5835,10 +5766,8 @@ CONTENT_CAP = 65536  # bytes of result text kept, and in prose
 RECORDED_BLOCKS = 512  # blocks described one by one; the rest counted
 _DATA_FIELD = {"resource": "blob", "image": "data", "audio": "data"}
 
-
 def result_record(passed):
     room = [CONTENT_CAP]
-
     def keep(text):
         data = text.encode("utf-8", "surrogatepass")
         kept = data[:room[0]]
@@ -5846,7 +5775,6 @@ def result_record(passed):
         if len(kept) == len(data):
             return text
         return kept.decode("utf-8", "ignore")
-
     blocks = passed["content"]
     record = _size_and_hash(canonical(passed))
     record["blocks"] = [recorded_block(block, keep)
@@ -5862,7 +5790,6 @@ def result_record(passed):
     if passed.get("isError") is True:
         record["is_error"] = True
     return record
-
 
 def recorded_block(block, keep):
     kind = block["type"]
@@ -5891,7 +5818,6 @@ def recorded_block(block, keep):
         entry.update(_size_and_hash(canonical(block)))
     return entry
 
-
 def _base64_bytes(text):
     """Its bytes if it is their one spelling: not "QR=="."""
     try:
@@ -5902,16 +5828,13 @@ def _base64_bytes(text):
         return None
     return decoded
 
-
 def _size_and_hash(data):
     return {"bytes": len(data), "sha256": sha256_hex(data)}
-
 
 def block_bytes(entry):
     if "bytes" in entry:
         return entry["bytes"]
     return len(entry["text"].encode("utf-8", "surrogatepass"))
-
 
 def block_labels(record):
     labels = []
@@ -5922,7 +5845,6 @@ def block_labels(record):
     if record.get("more_blocks"):
         labels.append(f"[{record['more_blocks']} more blocks]")
     return labels
-
 
 def outcome_text(observed):
     """Text blocks and the others' labels (withheld: labels),
@@ -5948,7 +5870,6 @@ def outcome_text(observed):
         parts.append(policy_json(structured["value"]))
     return "\n".join(parts)
 
-
 def result_summary(tool, record, withheld_over=0):
     count = len(record["blocks"]) + record.get("more_blocks", 0)
     plural = "s" if count != 1 else ""
@@ -5961,7 +5882,6 @@ def result_summary(tool, record, withheld_over=0):
     if withheld_over:
         parts.append(f"withheld: more than {withheld_over} bytes")
     return ", ".join(parts)
-
 
 # =============================================================================================
 # 21. The lint
