@@ -4804,31 +4804,24 @@ class PatternWork:
 #
 # Reads as: library
 #
-# Contract: validate(schema, value) raises SchemaError naming the first failing
-# path and what was expected: draft 2020-12's applicators and validation,
-# `$ref` inside the schema, and the older spellings; unknown keywords ignored.
-# schema_problem says why a schema cannot be used, or ''. Numbers compare
-# exactly. One call's checks share a PatternWork; what it cannot pay raises
-# PatternCost, never taken for a value that does not match. pointed finds
-# a value, or its default.
+# Contract: validate(schema, value) raises SchemaError naming the first
+# failing path and what was expected: draft 2020-12's applicators and
+# validation, `$ref` inside the schema, the older spellings; unknown keywords
+# ignored; numbers compared exactly. schema_problem says why a schema cannot
+# be used, or ''. One call's checks share a PatternWork; what it cannot pay
+# raises PatternCost, never taken for a value that does not match. pointed
+# finds a value, or its default.
 # Differential tests: tests/test_schema_differential.py (jsonschema),
 # tests/test_pointer_differential.py (referencing).
 # =============================================================================================
 
-JSON_TYPES = ("object", "array", "string", "number", "integer",
-              "boolean", "null")
-_COUNT_KEYWORDS = (
-    "minLength", "maxLength", "minItems", "maxItems",
-    "minProperties", "maxProperties", "minContains", "maxContains")
-_NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum",
-                    "exclusiveMaximum", "multipleOf")
+JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-SCHEMA_MAPS = ("properties", "patternProperties", "$defs",
-               "definitions", "dependentSchemas")
-_SCHEMA_ONE = ("additionalProperties", "not", "if", "then",
-               "else", "contains", "propertyNames", "additionalItems")
-_UNCHECKED = ("unevaluatedProperties", "unevaluatedItems",
-              "$dynamicRef", "$recursiveRef")
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
+               "dependentSchemas")
+_SCHEMA_ONE = ("additionalProperties", "not", "if", "then", "else", "contains",
+               "propertyNames", "additionalItems")
+_UNCHECKED = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef")
 
 class SchemaError(Exception):
     """A value that does not match, or a $ref to nothing."""
@@ -4844,8 +4837,7 @@ def schema_problem(schema, root=None, where="#"):
         _subschema_problem(schema, root, where)
 
 def _is_count(value):
-    return isinstance(value, Number) and value.is_integer() \
-        and value.exact() >= 0
+    return isinstance(value, Number) and value.is_integer() and value.exact() >= 0
 
 def _is_names(value):
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
@@ -4853,47 +4845,39 @@ def _is_names(value):
 def _is(kind):
     return lambda value: isinstance(value, kind)
 
-_SHAPES = (("required", _is_names, "a list of strings"),
-           ("enum", _is(list), "a list"),
-           ("uniqueItems", _is(bool), "true or false"),
-           ("dependentRequired", _is(dict), "an object"),
-           ("dependencies", _is(dict), "an object"))
+def _is_positive(number):
+    return number.exact() > 0
+
+_SHAPES = (*((key, _is_count, "a non-negative integer") for key in (
+    "minLength", "maxLength", "minItems", "maxItems", "minProperties",
+    "maxProperties", "minContains", "maxContains")),
+    ("minimum", _is(Number), "a number"), ("maximum", _is(Number), "a number"),
+    ("exclusiveMinimum", _is((Number, bool)), "a number"),
+    ("exclusiveMaximum", _is((Number, bool)), "a number"),
+    ("multipleOf", _is(Number), "a number"),
+    ("multipleOf", _is_positive, "greater than 0"),
+    ("required", _is_names, "a list of strings"), ("enum", _is(list), "a list"),
+    ("uniqueItems", _is(bool), "true or false"),
+    ("dependentRequired", _is(dict), "an object"),
+    ("dependencies", _is(dict), "an object"))
 
 def _keyword_problem(schema, root, where):
     kind = schema.get("type")
     kinds = kind if isinstance(kind, list) else [kind]
-    if kind == [] or kind is not None and any(
-            not isinstance(k, str) or k not in JSON_TYPES for k in kinds):
+    if kind == [] or kind is not None and any(k not in JSON_TYPES for k in kinds):
         return f"{where}/type names an unknown type"
     for key in _UNCHECKED:
         if key in schema:
             return f"{where} uses {key}, which this validator does not check"
-    for key in _COUNT_KEYWORDS:
-        if key in schema and not _is_count(schema[key]):
-            return f"{where}/{key} must be a non-negative integer"
-    for key in _NUMBER_KEYWORDS:
-        value = schema.get(key)
-        flag = key.startswith("exclusive") and isinstance(value, bool)
-        if key in schema and not isinstance(value, Number) and not flag:
-            return f"{where}/{key} must be a number"
-    if "multipleOf" in schema and schema["multipleOf"].exact() <= 0:
-        return f"{where}/multipleOf must be greater than 0"
     for key, test, shape in _SHAPES:
         if key in schema and not test(schema[key]):
             return f"{where}/{key} must be {shape}"
     for name, needed in schema.get("dependentRequired", {}).items():
         if not _is_names(needed):
-            return (f"{where}/dependentRequired/{name} must be a "
-                    f"list of strings")
-    return _pattern_problem(schema, where) or _ref_problem(schema, root, where)
-
-def _pattern_problem(schema, where):
-    patterns = []
-    if "pattern" in schema:
-        patterns.append(("pattern", schema["pattern"]))
+            return f"{where}/dependentRequired/{name} must be a list of strings"
+    patterns = [("pattern", schema["pattern"])] if "pattern" in schema else []
     if isinstance(schema.get("patternProperties"), dict):
-        patterns += [("patternProperties key", key)
-                     for key in schema["patternProperties"]]
+        patterns += [("patternProperties key", k) for k in schema["patternProperties"]]
     for what, pattern in patterns:
         if not isinstance(pattern, str):
             return f"{where}/{what} must be a string"
@@ -4901,9 +4885,6 @@ def _pattern_problem(schema, where):
             compile_pattern(pattern)
         except PatternError as err:
             return f"{where}/{what} {quote(pattern)} cannot be used: {err}"
-    return ""
-
-def _ref_problem(schema, root, where):
     if "$ref" not in schema:
         return ""
     try:
@@ -4916,23 +4897,16 @@ def _ref_problem(schema, root, where):
 
 def _subschema_problem(schema, root, where):
     subs = []
-    for key in _SCHEMA_LISTS:
-        if key not in schema:
-            continue
+    for key in [key for key in _SCHEMA_LISTS if key in schema]:
         listed = schema[key]
-        if not isinstance(listed, list) or \
-                (key != "prefixItems" and not listed):
+        if not isinstance(listed, list) or (key != "prefixItems" and not listed):
             return f"{where}/{key} must be a non-empty list of schemas"
         subs += [(f"{where}/{key}/{i}", sub) for i, sub in enumerate(listed)]
-    for key in SCHEMA_MAPS:
-        if key not in schema:
-            continue
+    for key in [key for key in SCHEMA_MAPS if key in schema]:
         if not isinstance(schema[key], dict):
             return f"{where}/{key} must be an object of schemas"
-        subs += [(f"{where}/{key}/{name}", sub)
-                 for name, sub in schema[key].items()]
-    subs += [(f"{where}/{key}", schema[key])
-             for key in _SCHEMA_ONE if key in schema]
+        subs += [(f"{where}/{key}/{name}", sub) for name, sub in schema[key].items()]
+    subs += [(f"{where}/{key}", schema[key]) for key in _SCHEMA_ONE if key in schema]
     items = schema.get("items")
     if isinstance(items, list):
         subs += [(f"{where}/items/{i}", sub) for i, sub in enumerate(items)]
@@ -4949,19 +4923,16 @@ def _subschema_problem(schema, root, where):
 
 def resolve_ref(root, ref):
     if not isinstance(ref, str) or not ref.startswith("#"):
-        raise SchemaError(f"$ref {quote(str(ref))} does not "
-                          f"point inside the schema")
+        raise SchemaError(f"$ref {quote(str(ref))} does not point inside the schema")
     node = root
     for part in [p for p in ref[1:].split("/") if p]:
         part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and part in node:
             node = node[part]
-        elif isinstance(node, list) and part.isdigit() and \
-                int(part) < len(node):
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            raise SchemaError(f"$ref {quote(ref)} points at "
-                              f"nothing in the schema")
+            raise SchemaError(f"$ref {quote(ref)} points at nothing in the schema")
     return node
 
 MISSING = object()  # what a pointer finds where there is nothing
@@ -4970,21 +4941,17 @@ _INDEX_RE = re.compile(r"0|[1-9][0-9]{0,8}")
 def parse_pointer(text, where):
     """A JSON Pointer into the arguments, as unescaped tokens."""
     if not isinstance(text, str) or not text.startswith("/"):
-        raise ConfigError(
-            f"{where}: {quote(str(text))} is not a JSON Pointer into the "
-            'arguments; write it like "/amount" or "/payee/name"')
+        raise ConfigError(f"{where}: {quote(str(text))} is not a JSON Pointer into the "
+                          'arguments; write it like "/amount" or "/payee/name"')
     if re.search("~(?![01])", text):
-        raise ConfigError(
-            f"{where}: {quote(text)} has a '~' that is not ~0 or "
-            f"~1; write ~0 for '~' and ~1 for '/'")
-    tokens = text[1:].split("/")
-    return tuple(t.replace("~1", "/").replace("~0", "~") for t in tokens)
+        raise ConfigError(f"{where}: {quote(text)} has a '~' that is not ~0 or ~1; "
+                          "write ~0 for '~' and ~1 for '/'")
+    return tuple(t.replace("~1", "/").replace("~0", "~") for t in text[1:].split("/"))
 
 def _item(value, token):
     if isinstance(value, dict) and token in value:
         return value[token]
-    if isinstance(value, list) and _INDEX_RE.fullmatch(token) \
-            and int(token) < len(value):
+    if isinstance(value, list) and _INDEX_RE.fullmatch(token) and int(token) < len(value):
         return value[int(token)]
     return MISSING
 
@@ -5006,12 +4973,11 @@ def pointed(args, tokens, schema):
     return value, node
 
 def exact_number(value, node):
-    """Also a string typed so that spells a decimal ("20.00"),
-    as payment APIs send amounts."""
+    """Also a string typed so that spells a decimal ("20.00"), as payment APIs
+    send amounts."""
     if isinstance(value, Number):
         return value.exact()
-    if isinstance(value, str) and isinstance(node, dict) and \
-            node.get("type") == "string":
+    if isinstance(value, str) and isinstance(node, dict) and node.get("type") == "string":
         return decimal_text(value)
     return None
 
@@ -5031,17 +4997,16 @@ def schema_child(schema, node, token):
 def _type_of(value):
     if value is None:
         return "null"
-    for kind, name in ((bool, "boolean"), (Number, "number"),
-                       (str, "string"), (list, "array")):
+    for kind, name in ((bool, "boolean"), (Number, "number"), (str, "string"),
+                       (list, "array")):
         if isinstance(value, kind):
             return name
     return "object"
 
 def _has_type(value, kind):
-    actual = _type_of(value)
     if kind == "integer":
-        return actual == "number" and value.is_integer()
-    return actual == kind
+        return isinstance(value, Number) and value.is_integer()
+    return _type_of(value) == kind
 
 def json_key(value, work=None, at=""):
     """Equal exactly when JSON Schema calls two values equal."""
@@ -5054,8 +5019,7 @@ def json_key(value, work=None, at=""):
     if isinstance(value, list):
         return ("a", *(json_key(v, work, at) for v in value))
     if isinstance(value, dict):
-        return "o", frozenset((k, json_key(v, work, at))
-                              for k, v in value.items())
+        return "o", frozenset((k, json_key(v, work, at)) for k, v in value.items())
     return "c", value  # tagged, as True == 1 in Python
 
 def json_equal(a, b):
@@ -5077,8 +5041,10 @@ def validate(schema, value, root=None, where="", work=None):
     if schema is False:
         raise SchemaError(f"{at}: no value is allowed here")
     work.pay(SCHEMA_STEP, at)
+
     def check(sub):
         validate(sub, value, root, where, work)
+
     def matches(sub):
         return _matches(sub, value, root, where, work)
     if "$ref" in schema:
@@ -5086,8 +5052,7 @@ def validate(schema, value, root=None, where="", work=None):
     kind = schema.get("type")
     kinds = kind if isinstance(kind, list) else [kind]
     if kind is not None and not any(_has_type(value, k) for k in kinds):
-        raise SchemaError(f"{at}: expected {' or '.join(kinds)}, "
-                          f"got {_type_of(value)}")
+        raise SchemaError(f"{at}: expected {' or '.join(kinds)}, got {_type_of(value)}")
     _validate_value(schema, value, at, work)
     if isinstance(value, list):
         _validate_array(schema, value, root, where, work)
@@ -5098,8 +5063,7 @@ def validate(schema, value, root=None, where="", work=None):
     if "anyOf" in schema and not any(matches(s) for s in schema["anyOf"]):
         raise SchemaError(f"{at}: matches none of the allowed shapes (anyOf)")
     if "oneOf" in schema and sum(matches(s) for s in schema["oneOf"]) != 1:
-        raise SchemaError(f"{at}: must match exactly one of the "
-                          f"allowed shapes (oneOf)")
+        raise SchemaError(f"{at}: must match exactly one of the allowed shapes (oneOf)")
     if "not" in schema and matches(schema["not"]):
         raise SchemaError(f"{at}: matches a shape that is not allowed (not)")
     if "if" in schema:
@@ -5114,8 +5078,7 @@ def _validate_value(schema, value, at, work):
         if "const" in schema and json_key(const, work, at) != key:
             raise SchemaError(f"{at}: expected exactly {_show(const)}")
         options = schema.get("enum", [])
-        if "enum" in schema and \
-                key not in [json_key(o, work, at) for o in options]:
+        if "enum" in schema and key not in [json_key(o, work, at) for o in options]:
             raise SchemaError(f"{at}: expected one of {_show(options)}")
     if isinstance(value, Number):
         _validate_number(schema, value.exact(), at)
@@ -5124,8 +5087,7 @@ def _validate_value(schema, value, at, work):
     _check_count(schema, len(value), "Length", "characters", at)
     pattern = schema.get("pattern")
     if pattern is not None and not work.search(pattern, value, at):
-        raise SchemaError(f"{at}: expected text matching the "
-                          f"pattern {quote(pattern)}")
+        raise SchemaError(f"{at}: expected text matching the pattern {quote(pattern)}")
 
 def _check_count(schema, count, keyword, things, at):
     least = schema.get("min" + keyword)
@@ -5135,23 +5097,19 @@ def _check_count(schema, count, keyword, things, at):
     if most is not None and count > most.exact():
         raise SchemaError(f"{at}: expected at most {most.literal} {things}")
 
-_BOUNDS = (
-    ("minimum", lambda v, b: v < b, "at least"),
-    ("maximum", lambda v, b: v > b, "at most"),
-    ("exclusiveMinimum", lambda v, b: v <= b, "greater than"),
-    ("exclusiveMaximum", lambda v, b: v >= b, "less than"))
+_BOUNDS = (("minimum", lambda v, b: v < b, "at least"),
+           ("maximum", lambda v, b: v > b, "at most"),
+           ("exclusiveMinimum", lambda v, b: v <= b, "greater than"),
+           ("exclusiveMaximum", lambda v, b: v >= b, "less than"))
 
 def _validate_number(schema, exact, at):
     for key, fails, word in _BOUNDS:
         bound = schema.get(key)
-        if isinstance(bound, bool):
-            # draft-04: exclusiveMinimum true tightens minimum
-            other = schema.get("minimum" if key ==
-                               "exclusiveMinimum" else "maximum")
-            if bound and isinstance(other, Number) and exact == other.exact():
-                bound = other
-            else:
+        if isinstance(bound, bool):  # draft-04: exclusiveMinimum true tightens minimum
+            other = schema.get("minimum" if key == "exclusiveMinimum" else "maximum")
+            if not (bound and isinstance(other, Number) and exact == other.exact()):
                 continue
+            bound = other
         elif not isinstance(bound, Number) or not fails(exact, bound.exact()):
             continue
         raise SchemaError(f"{at}: expected a number {word} {bound.literal}")
@@ -5175,11 +5133,9 @@ def _validate_array(schema, value, root, where, work):
     at = where or "the arguments"
     _check_count(schema, len(value), "Items", "items", at)
     if schema.get("uniqueItems") is True:
-        keys = {json_key(item, work, at) for item in value}
-        if len(keys) < len(value):
+        if len({json_key(item, work, at) for item in value}) < len(value):
             raise SchemaError(f"{at}: expected items that are all different")
-    prefix = schema.get("prefixItems")
-    items = schema.get("items")
+    prefix, items = schema.get("prefixItems"), schema.get("items")
     if isinstance(items, list):  # draft-07's tuple form
         prefix, items = items, schema.get("additionalItems")
     prefix = prefix or []
@@ -5189,25 +5145,21 @@ def _validate_array(schema, value, root, where, work):
             validate(sub, item, root, _path(where, i), work)
     if "contains" not in schema:
         return
-    found = sum(_matches(schema["contains"], item, root, where,
-                         work) for item in value)
+    found = sum(_matches(schema["contains"], item, root, where, work) for item in value)
     least = schema.get("minContains", Number("1")).exact()
     if found < least:
-        raise SchemaError(
-            f"{at}: expected at least {least} item(s) of the "
-            f"required shape (contains)")
+        raise SchemaError(f"{at}: expected at least {least} item(s) of the "
+                          f"required shape (contains)")
     most = schema.get("maxContains")
     if most is not None and found > most.exact():
-        raise SchemaError(
-            f"{at}: expected at most {most.literal} item(s) of "
-            f"that shape (contains)")
+        raise SchemaError(f"{at}: expected at most {most.literal} item(s) of "
+                          f"that shape (contains)")
 
 def _validate_object(schema, value, root, where, work):
     at = where or "the arguments"
     for name in schema.get("required", []):
         if name not in value:
-            raise SchemaError(
-                f"{_path(where, name)}: this property is required")
+            raise SchemaError(f"{_path(where, name)}: this property is required")
     _check_count(schema, len(value), "Properties", "properties", at)
     properties = schema.get("properties", {})
     patterns = schema.get("patternProperties", {})
@@ -5240,8 +5192,7 @@ def _validate_object(schema, value, root, where, work):
             continue
         for other in needed:
             if other not in value:
-                raise SchemaError(f"{_path(where, other)}: "
-                                  f"required when {name} is given")
+                raise SchemaError(f"{_path(where, other)}: required when {name} is given")
 
 # =============================================================================================
 # 15. Hosts in URLs
