@@ -5199,25 +5199,24 @@ def _validate_object(schema, value, root, where, work):
 #
 # Reads as: library
 #
-# Contract: hosts are ASCII (another script in punycode, xn--).
-# url_place(value) is a URL's (scheme, host) as a WHATWG parser
-# reads them, or None where a client could reach another host or
-# the host is not ASCII: then neither host_in nor host_not_in
-# holds. host_entry reads an entry or raises ConfigError.
+# Contract: hosts are ASCII (another script in punycode, xn--). url_place(value)
+# is a URL's (scheme, host) as a WHATWG parser reads them, or None where a client
+# could reach another host or the host is not ASCII: then neither host_in nor
+# host_not_in holds. host_entry reads an entry or raises ConfigError.
 # Differential test: tests/test_edges_paths.py (node's URL).
 # =============================================================================================
 
 _LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
 _NUMERIC_LABEL_RE = re.compile(r"0x[0-9a-f]*|[0-9]+")
 _URL_UNSAFE_RE = re.compile(r"[\x00-\x20\x7f\\]")
+_SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
 
 def normal_host(host):
-    """Lower-cased, one trailing dot dropped, an IP address in
-    its standard form; None where a client could reach another:
-    not ASCII, an empty label, a numeric form not a dotted quad."""
+    """Lower-cased, one trailing dot dropped, an IP address in its standard form;
+    None where a client could reach another: not ASCII, an empty label, a
+    numeric form not a dotted quad."""
     import ipaddress
-    if not isinstance(host, str) or not host.isascii() or \
-            not host or "%" in host:
+    if not isinstance(host, str) or not host.isascii() or not host or "%" in host:
         return None
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
@@ -5226,8 +5225,7 @@ def normal_host(host):
             address = ipaddress.IPv6Address(host)
         except ValueError:
             return None
-        # An IPv4 address written as IPv6 reaches the IPv4 host.
-        mapped = address.ipv4_mapped
+        mapped = address.ipv4_mapped  # reaches the IPv4 host
         return str(mapped) if mapped else address.compressed
     host = host[:-1].lower() if host.endswith(".") else host.lower()
     labels = host.split(".")
@@ -5242,8 +5240,7 @@ def normal_host(host):
 
 def url_place(value):
     from urllib.parse import urlsplit
-    if not isinstance(value, str) or len(value) > 8192 or \
-            _URL_UNSAFE_RE.search(value):
+    if not isinstance(value, str) or len(value) > 8192 or _URL_UNSAFE_RE.search(value):
         return None
     try:
         parts = urlsplit(value)
@@ -5260,23 +5257,19 @@ def url_place(value):
     host = normal_host(written)
     return None if host is None else (parts.scheme, host)
 
-_SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
-
 def host_matches(scheme, host, entries):
     for entry in entries:
         wanted, sep, name = entry.partition("://")
         if not sep:
             wanted, name = scheme, entry
-        if wanted != scheme:
-            continue
         dotted = name.startswith(".") and host.endswith(name)
-        if dotted or host == name:
+        if wanted == scheme and (dotted or host == name):
             return True
     return False
 
 def host_entry(entry, with_scheme, where):
-    """Only host_in takes a scheme: in host_not_in it would let
-    the host through under every other scheme."""
+    """Only host_in takes a scheme: in host_not_in it would let the host
+    through under every other scheme."""
     if not isinstance(entry, str):
         entry = str(entry)
         scheme, sep, name = "", "", None
@@ -5284,22 +5277,19 @@ def host_entry(entry, with_scheme, where):
         scheme, sep, name = entry.partition("://")
         scheme, name = (scheme.lower(), name) if sep else ("", entry)
     if isinstance(name, str) and not name.isascii():
-        raise ConfigError(
-            f"{where}: {quote(entry)} is not ASCII; write a host "
-            f"name in another script in its punycode form, as "
-            f'"xn--bcher-kva.de" for bücher.de')
+        raise ConfigError(f"{where}: {quote(entry)} is not ASCII; write a host name in "
+                          'another script in its punycode form, as "xn--bcher-kva.de" '
+                          "for bücher.de")
     dot = "." if name and name.startswith(".") else ""
     host = normal_host(name[len(dot):]) if name else None
     if host is None or (dot and ":" in host) or \
             (scheme and not _SCHEME_RE.fullmatch(scheme)):
-        raise ConfigError(
-            f"{where}: {quote(entry)} is not a host name; write it"
-            ' like "example.com", or ".example.com" for its subdomains')
+        raise ConfigError(f"{where}: {quote(entry)} is not a host name; write it like "
+                          '"example.com", or ".example.com" for its subdomains')
     if scheme and not with_scheme:
-        raise ConfigError(
-            f"{where}: {quote(entry)} names a scheme, which only "
-            f'host_in may require (as "https://example.com"); '
-            f'write host_not_in entries like "example.com"')
+        raise ConfigError(f"{where}: {quote(entry)} names a scheme, which only host_in "
+                          'may require (as "https://example.com"); write host_not_in '
+                          'entries like "example.com"')
     return scheme + sep + dot + host
 
 # =============================================================================================
@@ -5307,11 +5297,11 @@ def host_entry(entry, with_scheme, where):
 #
 # Reads as: library
 #
-# Contract: resolved_path resolves a path as the kernel would
-# for a server, or to nothing where a server may read it
-# otherwise; such a path lies under no directory (path_under).
-# Differential test: tests/test_edges_paths.py (the kernel and
-# the npm filesystem server).
+# Contract: resolved_path resolves a path as the kernel would for a server, or
+# to nothing where a server may read it otherwise; such a path lies under no
+# directory (path_under).
+# Differential test: tests/test_edges_paths.py (the kernel and the npm
+# filesystem server).
 # =============================================================================================
 
 PATH_MAX = 4096  # the longest path the kernel opens
@@ -5359,8 +5349,7 @@ def resolved_path(path):
             mode = None
         except (OSError, ValueError):
             return None
-        if (mode is None or not name.isascii()) and \
-                _named_two_ways(resolved, name):
+        if (mode is None or not name.isascii()) and _named_two_ways(resolved, name):
             return None
         if mode is None or not stat.S_ISLNK(mode):
             resolved.append(name)
@@ -5390,19 +5379,17 @@ def _named_two_ways(parents, name):
 
 def resolved_root(text, where):
     if not isinstance(text, str) or not text or "\x00" in text:
-        raise ConfigError(f"{where}: under lists directories as "
-                          f"non-empty strings")
+        raise ConfigError(f"{where}: under lists directories as non-empty strings")
     path = _home(text)
     if not path.startswith("/"):
-        raise ConfigError(
-            f"{where}: {quote(text)} is relative; write the "
-            f"directory as an absolute path or one starting with ~/")
+        raise ConfigError(f"{where}: {quote(text)} is relative; write the directory as "
+                          "an absolute path or one starting with ~/")
     root = resolved_path(os.path.normpath(path))
     if root is None:
         raise ConfigError(
-            f"{where}: {quote(text)} cannot be resolved as a server would (it "
-            f"goes through /proc, a loop or too many links, or is named two "
-            f"ways); name the directory itself")
+            f"{where}: {quote(text)} cannot be resolved as a server would (it goes "
+            "through /proc, a loop or too many links, or is named two ways); name "
+            "the directory itself")
     return root
 
 # =============================================================================================
