@@ -5397,18 +5397,16 @@ def resolved_root(text, where):
 #
 # Reads as: library
 #
-# Contract: parse_duration reads Go's syntax in whole-number
-# terms ("15s", "1h30m", "0") as int64 ns, as Go does; ValueError
-# for the rest, fractions too. format_duration is Go's String.
-# format_time writes UTC "YYYY-MM-DDTHH:MM:SS.ffffffZ", fixed
-# width, so stored times compare as strings.
-# Differential test: tests/test_durations_differential.py
-# (durationpy, datetime, Go's own answers).
+# Contract: parse_duration reads Go's syntax in whole-number terms ("15s",
+# "1h30m", "0") as int64 ns, as Go does; ValueError for the rest, fractions
+# too. format_duration is Go's String. format_time writes UTC
+# "YYYY-MM-DDTHH:MM:SS.ffffffZ", fixed width, so stored times compare as strings.
+# Differential test: tests/test_durations_differential.py (durationpy,
+# datetime, Go's own answers).
 # =============================================================================================
 
-_DURATION_UNITS = {
-    "ns": 1, "us": 1000, "µs": 1000, "μs": 1000, "ms": 10**6,
-    "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
+_DURATION_UNITS = {"ns": 1, "us": 1000, "µs": 1000, "μs": 1000, "ms": 10**6,
+                   "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
 _DURATION_RE = re.compile(r"([0-9]{1,20})(ns|us|µs|μs|ms|s|m|h)")
 
 def parse_duration(text):
@@ -5421,11 +5419,9 @@ def parse_duration(text):
         match = _DURATION_RE.match(body, pos)
         if not match:
             raise ValueError(f'invalid duration "{text}"')
-        digits, unit = match.groups()
-        total += int(digits) * _DURATION_UNITS[unit]
+        total += int(match[1]) * _DURATION_UNITS[match[2]]
         pos = match.end()
-    # Go's int64: -2^63 ns is a duration, 2^63 ns is not
-    if total > 2**63 - (sign > 0):
+    if total > 2**63 - (sign > 0):  # Go's int64: -2^63 ns is a duration, 2^63 not
         raise ValueError(f'duration "{text}" is too long')
     return sign * total
 
@@ -5448,8 +5444,7 @@ def now():
     return format_time(time.time())
 
 def format_time(seconds):
-    utc = datetime.timezone.utc
-    return _written(datetime.datetime.fromtimestamp(seconds, utc))
+    return _written(datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc))
 
 def parse_time(text):
     return _moment(text).timestamp()
@@ -5459,8 +5454,7 @@ def later(text, ns):
     # duration to the wrong side, and past 2106 a whole one.
     micros, rest = divmod(ns, 1000)
     micros += rest > 500 or (rest == 500 and micros % 2)
-    step = datetime.timedelta(microseconds=micros)
-    return _written(_moment(text) + step)
+    return _written(_moment(text) + datetime.timedelta(microseconds=micros))
 
 def _moment(text):
     return datetime.datetime.fromisoformat(text[:-1] + "+00:00")
@@ -5490,9 +5484,8 @@ def refuse_unknown(raw, fields, where):
         raise ConfigError(f"{where} must be an object")
     for key in raw:
         if key not in fields:
-            raise ConfigError(
-                f"{where} has an unknown field {quote(key)}; the "
-                f"fields are {', '.join(fields)}")
+            raise ConfigError(f"{where} has an unknown field {quote(key)}; the "
+                              f"fields are {', '.join(fields)}")
 
 def field_string(raw, field, where, required=False):
     """{"type": "string"}; absent or null: ""; if required, {"type": "string",
@@ -5518,37 +5511,33 @@ def field_bool(raw, field, where):
 def field_names(raw, field, where):
     """{"type": "array", "items": {"type": "string"}}; absent: []."""
     value = raw.get(field, [])
-    if not isinstance(value, list) or \
-            not all(isinstance(v, str) for v in value):
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where}.{field} must be a list of strings")
     return value
 
 def field_byte_cap(raw, field, default, most):
-    """{"type": "integer", "minimum": 1024, "maximum": most}, as
-    an int; absent: default."""
+    """{"type": "integer", "minimum": 1024, "maximum": most}, as an int; absent:
+    default."""
     cap = raw.get(field, Number(str(default)))
     if not isinstance(cap, Number) or not cap.is_integer() or \
             not 1024 <= cap.exact() <= most:
-        raise ConfigError(f"{field} must be a whole number of "
-                          f"bytes from 1024 to {most}")
+        raise ConfigError(f"{field} must be a whole number of bytes from 1024 to {most}")
     return int(cap.exact())
 
 def field_duration(raw, field, where, default):
-    """{"type": "string"} that parse_duration reads as 0 or more,
-    as its ns; absent or null: default."""
+    """{"type": "string"} that parse_duration reads as 0 or more, as its ns;
+    absent or null: default."""
     value = raw.get(field)
     if value is None:
         return default
     if not isinstance(value, str):
-        raise ConfigError(f"{where}.{field}: a duration is a "
-                          f'string such as "15s"')
+        raise ConfigError(f'{where}.{field}: a duration is a string such as "15s"')
     try:
         ns = parse_duration(value)
     except ValueError:
-        raise ConfigError(
-            f"{where}.{field} {quote(value)} is not a duration; "
-            f'write whole numbers with units, like "15s", '
-            f'"300ms" or "1h30m" (not "1.5h")') from None
+        raise ConfigError(f"{where}.{field} {quote(value)} is not a duration; write "
+                          'whole numbers with units, like "15s", "300ms" or "1h30m" '
+                          '(not "1.5h")') from None
     if ns < 0:
         raise ConfigError(f"{where}.{field} must not be negative")
     return ns
@@ -5559,12 +5548,10 @@ def parse_decimal(value, where):
     Decimal."""
     if isinstance(value, Number):
         return value.exact()
-    if isinstance(value, str):
-        found = decimal_text(value)
-        if found is not None:
-            return found
-    raise ConfigError(f"{where} must be a number or a decimal "
-                      f'string such as "50.00"')
+    found = decimal_text(value) if isinstance(value, str) else None
+    if found is None:
+        raise ConfigError(f'{where} must be a number or a decimal string such as "50.00"')
+    return found
 
 def decimal_text(text):
     """A JSON number's spelling as an exact Decimal, or None."""
@@ -5585,8 +5572,7 @@ def one_of(value, choices, where):
     """{"enum": choices}."""
     if value not in choices:
         shown = value if isinstance(value, str) else policy_json(value)
-        raise ConfigError(f"{where} is {quote(shown)}; use one of "
-                          f"{', '.join(choices)}")
+        raise ConfigError(f"{where} is {quote(shown)}; use one of {', '.join(choices)}")
     return value
 
 # =============================================================================================
