@@ -5598,8 +5598,7 @@ def _zone(name):
     if not isinstance(name, str) or not _ZONE_RE.fullmatch(name):
         return None
     lower = name.lower()
-    if lower in ("localtime", "posixrules") or \
-            lower.startswith(("posix/", "right/")):
+    if lower in ("localtime", "posixrules") or lower.startswith(("posix/", "right/")):
         return None
     try:
         return zoneinfo.ZoneInfo(name)
@@ -5609,39 +5608,33 @@ def _zone(name):
 class During:
     def __init__(self, raw, where):
         if not isinstance(raw, dict) or not raw:
-            raise ConfigError(
-                f'{where} must be an object such as {{"days": "mon-fri", '
-                f'"hours": "09:00-18:00", "zone": "Europe/Paris"}}')
+            raise ConfigError(f'{where} must be an object such as {{"days": "mon-fri", '
+                              '"hours": "09:00-18:00", "zone": "Europe/Paris"}')
         refuse_unknown(raw, ("days", "hours", "zone"), where)
         zone = raw.get("zone")
         if zone is None:
-            raise ConfigError(
-                f"{where} needs zone, the time zone its days and "
-                f'hours are read in, such as "Europe/Paris" or "UTC"')
+            raise ConfigError(f"{where} needs zone, the time zone its days and hours are "
+                              'read in, such as "Europe/Paris" or "UTC"')
         self.zone = _zone(zone)
         if self.zone is None:
-            raise ConfigError(
-                f"{where}.zone {quote(str(zone))} is not a time zone this "
-                'machine knows; name one such as "Europe/Paris" or "UTC"')
+            raise ConfigError(f"{where}.zone {quote(str(zone))} is not a time zone this "
+                              'machine knows; name one such as "Europe/Paris" or "UTC"')
         if "days" not in raw and "hours" not in raw:
             raise ConfigError(f"{where} needs days, hours or both")
         self.raw = raw  # for the load report
-        self.days = set(range(7))
+        self.days, self.hours = set(range(7)), None
         if "days" in raw:
             self.days = self._days(raw["days"], f"{where}.days")
-        self.hours = None
         if "hours" in raw:
             self.hours = self._hours(raw["hours"], f"{where}.hours")
 
     @staticmethod
     def _days(text, where):
         days = set()
-        parts = text.split(",") if isinstance(text, str) else [""]
-        for part in parts:
+        for part in text.split(",") if isinstance(text, str) else [""]:
             first, dash, last = part.strip().lower().partition("-")
             if first not in DAYS or (dash and last not in DAYS):
-                raise ConfigError(
-                    f'{where} must read like "mon-fri" or "sat,sun"')
+                raise ConfigError(f'{where} must read like "mon-fri" or "sat,sun"')
             start, end = DAYS.index(first), DAYS.index(last or first)
             if end < start:
                 end += 7
@@ -5650,14 +5643,12 @@ class During:
 
     @staticmethod
     def _hours(text, where):
-        if not isinstance(text, str):
-            text = ""
+        text = text if isinstance(text, str) else ""
         first, _, last = (t.strip() for t in text.partition("-"))
         if not _CLOCK_RE.fullmatch(first) or first == last or \
                 not _CLOCK_RE.fullmatch(last) or first == "24:00":
-            raise ConfigError(
-                f'{where} must read like "09:00-18:00" (a range '
-                f'past midnight, like "22:00-06:00", is allowed)')
+            raise ConfigError(f'{where} must read like "09:00-18:00" (a range past '
+                              'midnight, like "22:00-06:00", is allowed)')
         return tuple(int(t[:2]) * 60 + int(t[3:5]) for t in (first, last))
 
     def holds(self, at):
