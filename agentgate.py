@@ -5683,17 +5683,15 @@ _DATA_FIELD = {"resource": "blob", "image": "data", "audio": "data"}
 
 def result_record(passed):
     room = [CONTENT_CAP]
+
     def keep(text):
         data = text.encode("utf-8", "surrogatepass")
         kept = data[:room[0]]
         room[0] -= len(kept)
-        if len(kept) == len(data):
-            return text
-        return kept.decode("utf-8", "ignore")
+        return text if len(kept) == len(data) else kept.decode("utf-8", "ignore")
     blocks = passed["content"]
     record = _size_and_hash(canonical(passed))
-    record["blocks"] = [recorded_block(block, keep)
-                        for block in blocks[:RECORDED_BLOCKS]]
+    record["blocks"] = [recorded_block(block, keep) for block in blocks[:RECORDED_BLOCKS]]
     if len(blocks) > RECORDED_BLOCKS:
         record["more_blocks"] = len(blocks) - RECORDED_BLOCKS
     if "structuredContent" in passed:
@@ -5720,8 +5718,7 @@ def recorded_block(block, keep):
     if isinstance(text, str):
         entry["text"] = keep(text)
         if entry["text"] != text:
-            whole = text.encode("utf-8", "surrogatepass")
-            entry.update(_size_and_hash(whole))
+            entry.update(_size_and_hash(text.encode("utf-8", "surrogatepass")))
     elif isinstance(data, str):
         decoded = _base64_bytes(data)
         if decoded is None:  # what was sent is what is identified
@@ -5739,9 +5736,7 @@ def _base64_bytes(text):
         decoded = base64.b64decode(text, validate=True)
     except ValueError:
         return None
-    if base64.b64encode(decoded).decode() != text:
-        return None
-    return decoded
+    return decoded if base64.b64encode(decoded).decode() == text else None
 
 def _size_and_hash(data):
     return {"bytes": len(data), "sha256": sha256_hex(data)}
@@ -5762,22 +5757,19 @@ def block_labels(record):
     return labels
 
 def outcome_text(observed):
-    """Text blocks and the others' labels (withheld: labels),
-    or the error; before schema 4, the content."""
+    """Text blocks and the others' labels (withheld: labels), or the error;
+    before schema 4, the content."""
     if "result" not in observed:
         content = observed["content"]
         if observed["kind"] != "tool_result":
             return content["error"]
-        if isinstance(content, str):
-            return content
-        return policy_json(content)
+        return content if isinstance(content, str) else policy_json(content)
     record = observed["result"]
     withheld = observed.get("withheld", False)
     blocks, labels = record["blocks"], block_labels(record)
     parts = []
     for entry, label in zip(blocks, labels):
-        shown = entry["type"] == "text" and not withheld
-        text = entry.get("text") if shown else None
+        text = entry.get("text") if entry["type"] == "text" and not withheld else None
         parts.append(label if text is None else text)
     parts += labels[len(blocks):]
     structured = record.get("structured", {})
