@@ -4804,13 +4804,11 @@ class PatternWork:
 #
 # Reads as: library
 #
-# Contract: validate(schema, value) raises SchemaError naming the first
-# failing path and what was expected: draft 2020-12's applicators and
-# validation, `$ref` inside the schema, the older spellings; unknown keywords
-# ignored; numbers compared exactly. schema_problem says why a schema cannot
-# be used, or ''. One call's checks share a PatternWork; what it cannot pay
-# raises PatternCost, never taken for a value that does not match. pointed
-# finds a value, or its default.
+# Contract: validate(schema, value) raises SchemaError naming the first failing
+# path and what was expected (draft 2020-12, the older spellings, `$ref` inside
+# the schema; unknown keywords ignored; numbers exact). schema_problem says why
+# a schema cannot be used, or ''. What one call's PatternWork cannot pay raises
+# PatternCost, never taken for a mismatch. pointed finds a value or its default.
 # Differential tests: tests/test_schema_differential.py (jsonschema),
 # tests/test_pointer_differential.py (referencing).
 # =============================================================================================
@@ -4956,8 +4954,7 @@ def _item(value, token):
     return MISSING
 
 def pointed(args, tokens, schema):
-    """The value at a pointer as the server reads it (an omitted amount at
-    its default), and its part of the schema."""
+    """The value at a pointer (absent: the default the server uses) and its schema."""
     value, node = args, schema
     for token in tokens:
         parent, value = value, _item(value, token)
@@ -5025,9 +5022,6 @@ def json_key(value, work=None, at=""):
 def json_equal(a, b):
     return json_key(a) == json_key(b)
 
-def _show(value):
-    return cut(policy_json(value), 80)
-
 def _path(where, part):
     return f"{where}/{part}" if where else f"/{part}"
 
@@ -5041,10 +5035,8 @@ def validate(schema, value, root=None, where="", work=None):
     if schema is False:
         raise SchemaError(f"{at}: no value is allowed here")
     work.pay(SCHEMA_STEP, at)
-
     def check(sub):
         validate(sub, value, root, where, work)
-
     def matches(sub):
         return _matches(sub, value, root, where, work)
     if "$ref" in schema:
@@ -5055,9 +5047,9 @@ def validate(schema, value, root=None, where="", work=None):
         raise SchemaError(f"{at}: expected {' or '.join(kinds)}, got {_type_of(value)}")
     _validate_value(schema, value, at, work)
     if isinstance(value, list):
-        _validate_array(schema, value, root, where, work)
+        _validate_array(schema, value, root, where, work, at)
     elif isinstance(value, dict):
-        _validate_object(schema, value, root, where, work)
+        _validate_object(schema, value, root, where, work, at)
     for sub in schema.get("allOf", []):
         check(sub)
     if "anyOf" in schema and not any(matches(s) for s in schema["anyOf"]):
@@ -5076,10 +5068,10 @@ def _validate_value(schema, value, at, work):
         key = json_key(value, work, at)
         const = schema.get("const")
         if "const" in schema and json_key(const, work, at) != key:
-            raise SchemaError(f"{at}: expected exactly {_show(const)}")
+            raise SchemaError(f"{at}: expected exactly {cut(policy_json(const), 80)}")
         options = schema.get("enum", [])
         if "enum" in schema and key not in [json_key(o, work, at) for o in options]:
-            raise SchemaError(f"{at}: expected one of {_show(options)}")
+            raise SchemaError(f"{at}: expected one of {cut(policy_json(options), 80)}")
     if isinstance(value, Number):
         _validate_number(schema, value.exact(), at)
     if not isinstance(value, str):
@@ -5129,8 +5121,7 @@ def _matches(schema, value, root, where, work):
     except SchemaError:
         return False
 
-def _validate_array(schema, value, root, where, work):
-    at = where or "the arguments"
+def _validate_array(schema, value, root, where, work, at):
     _check_count(schema, len(value), "Items", "items", at)
     if schema.get("uniqueItems") is True:
         if len({json_key(item, work, at) for item in value}) < len(value):
@@ -5155,8 +5146,7 @@ def _validate_array(schema, value, root, where, work):
         raise SchemaError(f"{at}: expected at most {most.literal} item(s) of "
                           f"that shape (contains)")
 
-def _validate_object(schema, value, root, where, work):
-    at = where or "the arguments"
+def _validate_object(schema, value, root, where, work, at):
     for name in schema.get("required", []):
         if name not in value:
             raise SchemaError(f"{_path(where, name)}: this property is required")
@@ -5330,8 +5320,7 @@ def resolved_path(path):
     """None where a server may read it otherwise: through /proc (its self links
     are the server's), past MAX_LINKS (a loop), through a file or an unreadable
     directory, or a name another entry equals under NFKC (servers match names
-    normalised). Not realpath: its reading of a loop changed, and it recurses.
-    """
+    normalised). Not realpath: its reading of a loop changed, and it recurses."""
     resolved, pending, links = [], path.split("/")[::-1], 0
     while pending:
         name = pending.pop()
@@ -5450,8 +5439,7 @@ def parse_time(text):
     return _moment(text).timestamp()
 
 def later(text, ns):
-    # On integers: a float sum can round a sub-microsecond
-    # duration to the wrong side, and past 2106 a whole one.
+    # Integers: floats can round a sub-µs duration the wrong way, past 2106 a whole one
     micros, rest = divmod(ns, 1000)
     micros += rest > 500 or (rest == 500 and micros % 2)
     return _written(_moment(text) + datetime.timedelta(microseconds=micros))
@@ -5780,8 +5768,8 @@ def outcome_text(observed):
 def result_summary(tool, record, withheld_over=0):
     count = len(record["blocks"]) + record.get("more_blocks", 0)
     plural = "s" if count != 1 else ""
-    name = f"{tool.server.name}/{tool.upstream_name}"
-    parts = [f"{name}: {record['bytes']} bytes, {count} block{plural}"]
+    parts = [f"{tool.server.name}/{tool.upstream_name}: {record['bytes']} bytes, "
+             f"{count} block{plural}"]
     if "structured" in record:
         parts.append("structured content")
     if record.get("is_error"):
