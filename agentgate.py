@@ -5287,11 +5287,9 @@ def host_entry(entry, with_scheme, where):
 #
 # Reads as: library
 #
-# Contract: resolved_path resolves a path as the kernel would for a server, or
-# to nothing where a server may read it otherwise; such a path lies under no
-# directory (path_under).
-# Differential test: tests/test_edges_paths.py (the kernel and the npm
-# filesystem server).
+# Contract: resolved_path resolves a path as the kernel would for a server, or to nothing
+# where a server may read it otherwise; such a path lies under no directory (path_under).
+# Differential test: tests/test_edges_paths.py (the kernel and the npm filesystem server).
 # =============================================================================================
 
 PATH_MAX = 4096  # the longest path the kernel opens
@@ -5317,10 +5315,10 @@ def path_under(value, roots):
                    for root in roots) for place in places)
 
 def resolved_path(path):
-    """None where a server may read it otherwise: through /proc (its self links
-    are the server's), past MAX_LINKS (a loop), through a file or an unreadable
-    directory, or a name another entry equals under NFKC (servers match names
-    normalised). Not realpath: its reading of a loop changed, and it recurses."""
+    """None where a server may read it otherwise: through /proc (its self links are the
+    server's), past MAX_LINKS (a loop), through a file or an unreadable directory, or a
+    name another entry equals under NFKC (servers match names normalised). Not
+    realpath: its reading of a loop changed, and it recurses."""
     resolved, pending, links = [], path.split("/")[::-1], 0
     while pending:
         name = pending.pop()
@@ -5386,12 +5384,11 @@ def resolved_root(text, where):
 #
 # Reads as: library
 #
-# Contract: parse_duration reads Go's syntax in whole-number terms ("15s",
-# "1h30m", "0") as int64 ns, as Go does; ValueError for the rest, fractions
-# too. format_duration is Go's String. format_time writes UTC
-# "YYYY-MM-DDTHH:MM:SS.ffffffZ", fixed width, so stored times compare as strings.
-# Differential test: tests/test_durations_differential.py (durationpy,
-# datetime, Go's own answers).
+# Contract: parse_duration reads Go's syntax in whole-number terms ("15s", "1h30m",
+# "0") as int64 ns; ValueError for the rest, fractions too. format_duration is Go's
+# String. format_time writes UTC "YYYY-MM-DDTHH:MM:SS.ffffffZ", fixed width, so stored
+# times compare as strings.
+# Differential test: tests/test_durations_differential.py (durationpy, datetime, Go).
 # =============================================================================================
 
 _DURATION_UNITS = {"ns": 1, "us": 1000, "µs": 1000, "μs": 1000, "ms": 10**6,
@@ -5459,10 +5456,9 @@ def prose_time(text):
 #
 # Reads as: library
 #
-# Contract: each reader returns a field exactly when the JSON Schema its
-# docstring names accepts it (a number as int or Decimal, a duration in ns,
-# absent as its `absent:` says), else raises ConfigError naming the field and
-# what to write.
+# Contract: each reader returns a field exactly when the JSON Schema its docstring names
+# accepts it (a number as int or Decimal, a duration in ns, absent as its `absent:`
+# says), else raises ConfigError naming the field and what to write.
 # Differential test: tests/test_fields_differential.py (jsonschema).
 # =============================================================================================
 
@@ -5568,10 +5564,9 @@ def one_of(value, choices, where):
 #
 # Reads as: library
 #
-# Contract: During(raw, where) reads a `during` object (a `zone`, `days`,
-# `hours`) or raises ConfigError. holds(at): on the zone's wall clock the
-# instant's own day is listed and its minute in [start, end), which runs past
-# midnight when end comes first.
+# Contract: During(raw, where) reads a `during` object (a `zone`, `days`, `hours`) or
+# raises ConfigError. holds(at): on the zone's wall clock the instant's own day is listed
+# and its minute in [start, end), which runs past midnight when end comes first.
 # Differential test: tests/test_days_differential.py (node's Intl).
 # =============================================================================================
 
@@ -5615,7 +5610,6 @@ class During:
             self.days = self._days(raw["days"], f"{where}.days")
         if "hours" in raw:
             self.hours = self._hours(raw["hours"], f"{where}.hours")
-
     @staticmethod
     def _days(text, where):
         days = set()
@@ -5628,7 +5622,6 @@ class During:
                 end += 7
             days.update(d % 7 for d in range(start, end + 1))
         return days
-
     @staticmethod
     def _hours(text, where):
         text = text if isinstance(text, str) else ""
@@ -5638,7 +5631,6 @@ class During:
             raise ConfigError(f'{where} must read like "09:00-18:00" (a range past '
                               'midnight, like "22:00-06:00", is allowed)')
         return tuple(int(t[:2]) * 60 + int(t[3:5]) for t in (first, last))
-
     def holds(self, at):
         local = datetime.datetime.fromtimestamp(at, self.zone)
         if local.weekday() not in self.days:
@@ -5656,13 +5648,11 @@ class During:
 #
 # Reads as: library
 #
-# Contract: result_record(passed) identifies exactly the result passed on: its
-# size and sha256, and per block (up to RECORDED_BLOCKS) its labels and text,
-# or the size and hash of its data; kept strings share CONTENT_CAP bytes, and a
-# cut text keeps the size and hash of all of it. block_labels, outcome_text and
-# result_summary read it back.
-# Differential test: tests/test_result_record_differential.py (node's Buffer
-# and crypto).
+# Contract: result_record(passed) identifies exactly the result passed on: its size and
+# sha256, and per block (up to RECORDED_BLOCKS) its labels and text, or the size and hash
+# of its data; kept strings share CONTENT_CAP bytes, and a cut text keeps the size and
+# hash of all of it. block_labels, outcome_text and result_summary read it back.
+# Differential test: tests/test_result_record_differential.py (node's Buffer, crypto).
 # =============================================================================================
 
 CONTENT_CAP = 65536  # bytes of result text kept, and in prose
@@ -5671,7 +5661,6 @@ _DATA_FIELD = {"resource": "blob", "image": "data", "audio": "data"}
 
 def result_record(passed):
     room = [CONTENT_CAP]
-
     def keep(text):
         data = text.encode("utf-8", "surrogatepass")
         kept = data[:room[0]]
