@@ -4824,16 +4824,6 @@ _UNCHECKED = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recu
 class SchemaError(Exception):
     """A value that does not match, or a $ref to nothing."""
 
-def schema_problem(schema, root=None, where="#"):
-    """Every keyword validate reads has its shape checked here."""
-    root = schema if root is None else root
-    if isinstance(schema, bool):
-        return ""
-    if not isinstance(schema, dict):
-        return f"{where} is not a schema (an object or a boolean)"
-    return _keyword_problem(schema, root, where) or \
-        _subschema_problem(schema, root, where)
-
 def _is_count(value):
     return isinstance(value, Number) and value.is_integer() and value.exact() >= 0
 
@@ -4859,7 +4849,13 @@ _SHAPES = (*((key, _is_count, "a non-negative integer") for key in (
     ("dependentRequired", _is(dict), "an object"),
     ("dependencies", _is(dict), "an object"))
 
-def _keyword_problem(schema, root, where):
+def schema_problem(schema, root=None, where="#"):
+    """Every keyword validate reads has its shape checked here."""
+    root = schema if root is None else root
+    if isinstance(schema, bool):
+        return ""
+    if not isinstance(schema, dict):
+        return f"{where} is not a schema (an object or a boolean)"
     kind = schema.get("type")
     kinds = kind if isinstance(kind, list) else [kind]
     if kind == [] or kind is not None and any(k not in JSON_TYPES for k in kinds):
@@ -4883,15 +4879,14 @@ def _keyword_problem(schema, root, where):
             compile_pattern(pattern)
         except PatternError as err:
             return f"{where}/{what} {quote(pattern)} cannot be used: {err}"
-    if "$ref" not in schema:
-        return ""
-    try:
-        target = resolve_ref(root, schema["$ref"])
-    except SchemaError as err:
-        return str(err)
-    if not isinstance(target, (dict, bool)):
-        return f"{where}/$ref points at something that is not a schema"
-    return ""
+    if "$ref" in schema:
+        try:
+            target = resolve_ref(root, schema["$ref"])
+        except SchemaError as err:
+            return str(err)
+        if not isinstance(target, (dict, bool)):
+            return f"{where}/$ref points at something that is not a schema"
+    return _subschema_problem(schema, root, where)
 
 def _subschema_problem(schema, root, where):
     subs = []
@@ -5260,12 +5255,11 @@ def host_matches(scheme, host, entries):
 def host_entry(entry, with_scheme, where):
     """Only host_in takes a scheme: in host_not_in it would let the host
     through under every other scheme."""
-    if not isinstance(entry, str):
-        entry = str(entry)
-        scheme, sep, name = "", "", None
-    else:
+    scheme, sep, name = "", "", None
+    if isinstance(entry, str):
         scheme, sep, name = entry.partition("://")
         scheme, name = (scheme.lower(), name) if sep else ("", entry)
+    entry = str(entry)
     if isinstance(name, str) and not name.isascii():
         raise ConfigError(f"{where}: {quote(entry)} is not ASCII; write a host name in "
                           'another script in its punycode form, as "xn--bcher-kva.de" '
