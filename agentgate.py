@@ -4965,8 +4965,7 @@ def pointed(args, tokens, schema):
     return value, node
 
 def exact_number(value, node):
-    """Also a string typed so that spells a decimal ("20.00"), as payment APIs
-    send amounts."""
+    """Also a string typed so, spelling a decimal ("20.00") as payment APIs do."""
     if isinstance(value, Number):
         return value.exact()
     if isinstance(value, str) and isinstance(node, dict) and node.get("type") == "string":
@@ -4986,14 +4985,11 @@ def schema_child(schema, node, token):
         return node["items"]
     return None
 
+_TYPE_NAMES = ((type(None), "null"), (bool, "boolean"), (Number, "number"),
+               (str, "string"), (list, "array"))
+
 def _type_of(value):
-    if value is None:
-        return "null"
-    for kind, name in ((bool, "boolean"), (Number, "number"), (str, "string"),
-                       (list, "array")):
-        if isinstance(value, kind):
-            return name
-    return "object"
+    return next((name for kind, name in _TYPE_NAMES if isinstance(value, kind)), "object")
 
 def _has_type(value, kind):
     if kind == "integer":
@@ -5494,8 +5490,7 @@ def field_names(raw, field, where):
     return value
 
 def field_byte_cap(raw, field, default, most):
-    """{"type": "integer", "minimum": 1024, "maximum": most}, as an int; absent:
-    default."""
+    """{"type": "integer", "minimum": 1024, "maximum": most}, an int; absent: default."""
     cap = raw.get(field, Number(str(default)))
     if not isinstance(cap, Number) or not cap.is_integer() or \
             not 1024 <= cap.exact() <= most:
