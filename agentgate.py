@@ -5673,9 +5673,8 @@ def result_record(passed):
 def recorded_block(block, keep):
     kind = block["type"]
     entry = {"type": cut(kind, 100)}
-    source = block
-    if kind == "resource" and isinstance(block.get("resource"), dict):
-        source = block["resource"]
+    resource = block.get("resource") if kind == "resource" else None
+    source = resource if isinstance(resource, dict) else block
     for label in ("mimeType", "uri", "name"):
         if isinstance(source.get(label), str):
             entry[label] = keep(source[label])
