@@ -5299,10 +5299,9 @@ def path_under(value, roots):
     if not value.startswith("/") or size > PATH_MAX:
         return False
     places = {resolved_path(os.path.normpath(value)), resolved_path(value)}
-    if None in places:
-        return False
-    return all(any(place == root or place.startswith(root.rstrip("/") + "/")
-                   for root in roots) for place in places)
+    return None not in places and all(
+        any(place == root or place.startswith(root.rstrip("/") + "/") for root in roots)
+        for place in places)
 
 def resolved_path(path):
     """None where a server may read it otherwise: through /proc (its self links are the
@@ -5731,8 +5730,7 @@ def outcome_text(observed):
         return content if isinstance(content, str) else policy_json(content)
     record = observed["result"]
     withheld = observed.get("withheld", False)
-    blocks, labels = record["blocks"], block_labels(record)
-    parts = []
+    parts, blocks, labels = [], record["blocks"], block_labels(record)
     for entry, label in zip(blocks, labels):
         text = entry.get("text") if entry["type"] == "text" and not withheld else None
         parts.append(label if text is None else text)
@@ -5744,9 +5742,8 @@ def outcome_text(observed):
 
 def result_summary(tool, record, withheld_over=0):
     count = len(record["blocks"]) + record.get("more_blocks", 0)
-    plural = "s" if count != 1 else ""
     parts = [f"{tool.server.name}/{tool.upstream_name}: {record['bytes']} bytes, "
-             f"{count} block{plural}"]
+             f"{count} block{'s' if count != 1 else ''}"]
     if "structured" in record:
         parts.append("structured content")
     if record.get("is_error"):
