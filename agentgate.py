@@ -4163,35 +4163,49 @@ class PatternWork:
 # Reads as: library
 #
 # Contract: validate(schema, value) raises SchemaError naming the first failing
-# path and what was expected: draft 2020-12's applicators and validation,
-# `$ref` inside the schema, and the older spellings; unknown keywords ignored.
-# schema_problem says why a schema cannot be used, or ''. Numbers compare
-# exactly. One call's checks share a PatternWork; what it cannot pay raises
-# PatternCost, never taken for a value that does not match. pointed finds
-# a value, or its default.
+# path and what was expected (draft 2020-12, the older spellings, `$ref` inside
+# the schema; unknown keywords ignored; numbers exact). schema_problem says why
+# a schema cannot be used, or ''. What one call's PatternWork cannot pay raises
+# PatternCost, never taken for a mismatch. pointed finds a value or its default.
 # Differential tests: tests/test_schema_differential.py (jsonschema),
 # tests/test_pointer_differential.py (referencing).
 # =============================================================================================
 
-JSON_TYPES = ("object", "array", "string", "number", "integer",
-              "boolean", "null")
-_COUNT_KEYWORDS = (
-    "minLength", "maxLength", "minItems", "maxItems",
-    "minProperties", "maxProperties", "minContains", "maxContains")
-_NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum",
-                    "exclusiveMaximum", "multipleOf")
+JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-SCHEMA_MAPS = ("properties", "patternProperties", "$defs",
-               "definitions", "dependentSchemas")
-_SCHEMA_ONE = ("additionalProperties", "not", "if", "then",
-               "else", "contains", "propertyNames", "additionalItems")
-_UNCHECKED = ("unevaluatedProperties", "unevaluatedItems",
-              "$dynamicRef", "$recursiveRef")
-
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
+               "dependentSchemas")
+_SCHEMA_ONE = ("additionalProperties", "not", "if", "then", "else", "contains",
+               "propertyNames", "additionalItems")
+_UNCHECKED = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef")
 
 class SchemaError(Exception):
     """A value that does not match, or a $ref to nothing."""
 
+def _is_count(value):
+    return isinstance(value, Number) and value.is_integer() and value.exact() >= 0
+
+def _is_names(value):
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+def _is(kind):
+    return lambda value: isinstance(value, kind)
+
+def _is_positive(number):
+    return number.exact() > 0
+
+_SHAPES = (*((key, _is_count, "a non-negative integer") for key in (
+    "minLength", "maxLength", "minItems", "maxItems", "minProperties",
+    "maxProperties", "minContains", "maxContains")),
+    ("minimum", _is(Number), "a number"), ("maximum", _is(Number), "a number"),
+    ("exclusiveMinimum", _is((Number, bool)), "a number"),
+    ("exclusiveMaximum", _is((Number, bool)), "a number"),
+    ("multipleOf", _is(Number), "a number"),
+    ("multipleOf", _is_positive, "greater than 0"),
+    ("required", _is_names, "a list of strings"), ("enum", _is(list), "a list"),
+    ("uniqueItems", _is(bool), "true or false"),
+    ("dependentRequired", _is(dict), "an object"),
+    ("dependencies", _is(dict), "an object"))
 
 def schema_problem(schema, root=None, where="#"):
     """Every keyword validate reads has its shape checked here."""
@@ -4200,66 +4214,22 @@ def schema_problem(schema, root=None, where="#"):
         return ""
     if not isinstance(schema, dict):
         return f"{where} is not a schema (an object or a boolean)"
-    return _keyword_problem(schema, root, where) or \
-        _subschema_problem(schema, root, where)
-
-
-def _is_count(value):
-    return isinstance(value, Number) and value.is_integer() \
-        and value.exact() >= 0
-
-
-def _is_names(value):
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
-
-
-def _is(kind):
-    return lambda value: isinstance(value, kind)
-
-
-_SHAPES = (("required", _is_names, "a list of strings"),
-           ("enum", _is(list), "a list"),
-           ("uniqueItems", _is(bool), "true or false"),
-           ("dependentRequired", _is(dict), "an object"),
-           ("dependencies", _is(dict), "an object"))
-
-
-def _keyword_problem(schema, root, where):
     kind = schema.get("type")
     kinds = kind if isinstance(kind, list) else [kind]
-    if kind == [] or kind is not None and any(
-            not isinstance(k, str) or k not in JSON_TYPES for k in kinds):
+    if kind == [] or kind is not None and any(k not in JSON_TYPES for k in kinds):
         return f"{where}/type names an unknown type"
     for key in _UNCHECKED:
         if key in schema:
             return f"{where} uses {key}, which this validator does not check"
-    for key in _COUNT_KEYWORDS:
-        if key in schema and not _is_count(schema[key]):
-            return f"{where}/{key} must be a non-negative integer"
-    for key in _NUMBER_KEYWORDS:
-        value = schema.get(key)
-        flag = key.startswith("exclusive") and isinstance(value, bool)
-        if key in schema and not isinstance(value, Number) and not flag:
-            return f"{where}/{key} must be a number"
-    if "multipleOf" in schema and schema["multipleOf"].exact() <= 0:
-        return f"{where}/multipleOf must be greater than 0"
     for key, test, shape in _SHAPES:
         if key in schema and not test(schema[key]):
             return f"{where}/{key} must be {shape}"
     for name, needed in schema.get("dependentRequired", {}).items():
         if not _is_names(needed):
-            return (f"{where}/dependentRequired/{name} must be a "
-                    f"list of strings")
-    return _pattern_problem(schema, where) or _ref_problem(schema, root, where)
-
-
-def _pattern_problem(schema, where):
-    patterns = []
-    if "pattern" in schema:
-        patterns.append(("pattern", schema["pattern"]))
+            return f"{where}/dependentRequired/{name} must be a list of strings"
+    patterns = [("pattern", schema["pattern"])] if "pattern" in schema else []
     if isinstance(schema.get("patternProperties"), dict):
-        patterns += [("patternProperties key", key)
-                     for key in schema["patternProperties"]]
+        patterns += [("patternProperties key", k) for k in schema["patternProperties"]]
     for what, pattern in patterns:
         if not isinstance(pattern, str):
             return f"{where}/{what} must be a string"
@@ -4267,40 +4237,27 @@ def _pattern_problem(schema, where):
             compile_pattern(pattern)
         except PatternError as err:
             return f"{where}/{what} {quote(pattern)} cannot be used: {err}"
-    return ""
-
-
-def _ref_problem(schema, root, where):
-    if "$ref" not in schema:
-        return ""
-    try:
-        target = resolve_ref(root, schema["$ref"])
-    except SchemaError as err:
-        return str(err)
-    if not isinstance(target, (dict, bool)):
-        return f"{where}/$ref points at something that is not a schema"
-    return ""
-
+    if "$ref" in schema:
+        try:
+            target = resolve_ref(root, schema["$ref"])
+        except SchemaError as err:
+            return str(err)
+        if not isinstance(target, (dict, bool)):
+            return f"{where}/$ref points at something that is not a schema"
+    return _subschema_problem(schema, root, where)
 
 def _subschema_problem(schema, root, where):
     subs = []
-    for key in _SCHEMA_LISTS:
-        if key not in schema:
-            continue
+    for key in [key for key in _SCHEMA_LISTS if key in schema]:
         listed = schema[key]
-        if not isinstance(listed, list) or \
-                (key != "prefixItems" and not listed):
+        if not isinstance(listed, list) or (key != "prefixItems" and not listed):
             return f"{where}/{key} must be a non-empty list of schemas"
         subs += [(f"{where}/{key}/{i}", sub) for i, sub in enumerate(listed)]
-    for key in SCHEMA_MAPS:
-        if key not in schema:
-            continue
+    for key in [key for key in SCHEMA_MAPS if key in schema]:
         if not isinstance(schema[key], dict):
             return f"{where}/{key} must be an object of schemas"
-        subs += [(f"{where}/{key}/{name}", sub)
-                 for name, sub in schema[key].items()]
-    subs += [(f"{where}/{key}", schema[key])
-             for key in _SCHEMA_ONE if key in schema]
+        subs += [(f"{where}/{key}/{name}", sub) for name, sub in schema[key].items()]
+    subs += [(f"{where}/{key}", schema[key]) for key in _SCHEMA_ONE if key in schema]
     items = schema.get("items")
     if isinstance(items, list):
         subs += [(f"{where}/items/{i}", sub) for i, sub in enumerate(items)]
@@ -4315,55 +4272,42 @@ def _subschema_problem(schema, root, where):
             return problem
     return ""
 
-
 def resolve_ref(root, ref):
     if not isinstance(ref, str) or not ref.startswith("#"):
-        raise SchemaError(f"$ref {quote(str(ref))} does not "
-                          f"point inside the schema")
+        raise SchemaError(f"$ref {quote(str(ref))} does not point inside the schema")
     node = root
     for part in [p for p in ref[1:].split("/") if p]:
         part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and part in node:
             node = node[part]
-        elif isinstance(node, list) and part.isdigit() and \
-                int(part) < len(node):
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            raise SchemaError(f"$ref {quote(ref)} points at "
-                              f"nothing in the schema")
+            raise SchemaError(f"$ref {quote(ref)} points at nothing in the schema")
     return node
-
 
 MISSING = object()  # what a pointer finds where there is nothing
 _INDEX_RE = re.compile(r"0|[1-9][0-9]{0,8}")
 
-
 def parse_pointer(text, where):
     """A JSON Pointer into the arguments, as unescaped tokens."""
     if not isinstance(text, str) or not text.startswith("/"):
-        raise ConfigError(
-            f"{where}: {quote(str(text))} is not a JSON Pointer into the "
-            'arguments; write it like "/amount" or "/payee/name"')
+        raise ConfigError(f"{where}: {quote(str(text))} is not a JSON Pointer into the "
+                          'arguments; write it like "/amount" or "/payee/name"')
     if re.search("~(?![01])", text):
-        raise ConfigError(
-            f"{where}: {quote(text)} has a '~' that is not ~0 or "
-            f"~1; write ~0 for '~' and ~1 for '/'")
-    tokens = text[1:].split("/")
-    return tuple(t.replace("~1", "/").replace("~0", "~") for t in tokens)
-
+        raise ConfigError(f"{where}: {quote(text)} has a '~' that is not ~0 or ~1; "
+                          "write ~0 for '~' and ~1 for '/'")
+    return tuple(t.replace("~1", "/").replace("~0", "~") for t in text[1:].split("/"))
 
 def _item(value, token):
     if isinstance(value, dict) and token in value:
         return value[token]
-    if isinstance(value, list) and _INDEX_RE.fullmatch(token) \
-            and int(token) < len(value):
+    if isinstance(value, list) and _INDEX_RE.fullmatch(token) and int(token) < len(value):
         return value[int(token)]
     return MISSING
 
-
 def pointed(args, tokens, schema):
-    """The value at a pointer as the server reads it (an omitted amount at
-    its default), and its part of the schema."""
+    """The value at a pointer (absent: the default the server uses) and its schema."""
     value, node = args, schema
     for token in tokens:
         parent, value = value, _item(value, token)
@@ -4378,17 +4322,13 @@ def pointed(args, tokens, schema):
             value = node["default"]
     return value, node
 
-
 def exact_number(value, node):
-    """Also a string typed so that spells a decimal ("20.00"),
-    as payment APIs send amounts."""
+    """Also a string typed so, spelling a decimal ("20.00") as payment APIs do."""
     if isinstance(value, Number):
         return value.exact()
-    if isinstance(value, str) and isinstance(node, dict) and \
-            node.get("type") == "string":
+    if isinstance(value, str) and isinstance(node, dict) and node.get("type") == "string":
         return decimal_text(value)
     return None
-
 
 def schema_child(schema, node, token):
     """The part of `schema` describing `token` inside `node`."""
@@ -4403,23 +4343,16 @@ def schema_child(schema, node, token):
         return node["items"]
     return None
 
+_TYPE_NAMES = ((type(None), "null"), (bool, "boolean"), (Number, "number"),
+               (str, "string"), (list, "array"))
 
 def _type_of(value):
-    if value is None:
-        return "null"
-    for kind, name in ((bool, "boolean"), (Number, "number"),
-                       (str, "string"), (list, "array")):
-        if isinstance(value, kind):
-            return name
-    return "object"
-
+    return next((name for kind, name in _TYPE_NAMES if isinstance(value, kind)), "object")
 
 def _has_type(value, kind):
-    actual = _type_of(value)
     if kind == "integer":
-        return actual == "number" and value.is_integer()
-    return actual == kind
-
+        return isinstance(value, Number) and value.is_integer()
+    return _type_of(value) == kind
 
 def json_key(value, work=None, at=""):
     """Equal exactly when JSON Schema calls two values equal."""
@@ -4432,22 +4365,14 @@ def json_key(value, work=None, at=""):
     if isinstance(value, list):
         return ("a", *(json_key(v, work, at) for v in value))
     if isinstance(value, dict):
-        return "o", frozenset((k, json_key(v, work, at))
-                              for k, v in value.items())
+        return "o", frozenset((k, json_key(v, work, at)) for k, v in value.items())
     return "c", value  # tagged, as True == 1 in Python
-
 
 def json_equal(a, b):
     return json_key(a) == json_key(b)
 
-
-def _show(value):
-    return cut(policy_json(value), 80)
-
-
 def _path(where, part):
     return f"{where}/{part}" if where else f"/{part}"
-
 
 def validate(schema, value, root=None, where="", work=None):
     """SchemaError at the first place `value` does not match."""
@@ -4459,10 +4384,8 @@ def validate(schema, value, root=None, where="", work=None):
     if schema is False:
         raise SchemaError(f"{at}: no value is allowed here")
     work.pay(SCHEMA_STEP, at)
-
     def check(sub):
         validate(sub, value, root, where, work)
-
     def matches(sub):
         return _matches(sub, value, root, where, work)
     if "$ref" in schema:
@@ -4470,20 +4393,18 @@ def validate(schema, value, root=None, where="", work=None):
     kind = schema.get("type")
     kinds = kind if isinstance(kind, list) else [kind]
     if kind is not None and not any(_has_type(value, k) for k in kinds):
-        raise SchemaError(f"{at}: expected {' or '.join(kinds)}, "
-                          f"got {_type_of(value)}")
+        raise SchemaError(f"{at}: expected {' or '.join(kinds)}, got {_type_of(value)}")
     _validate_value(schema, value, at, work)
     if isinstance(value, list):
-        _validate_array(schema, value, root, where, work)
+        _validate_array(schema, value, root, where, work, at)
     elif isinstance(value, dict):
-        _validate_object(schema, value, root, where, work)
+        _validate_object(schema, value, root, where, work, at)
     for sub in schema.get("allOf", []):
         check(sub)
     if "anyOf" in schema and not any(matches(s) for s in schema["anyOf"]):
         raise SchemaError(f"{at}: matches none of the allowed shapes (anyOf)")
     if "oneOf" in schema and sum(matches(s) for s in schema["oneOf"]) != 1:
-        raise SchemaError(f"{at}: must match exactly one of the "
-                          f"allowed shapes (oneOf)")
+        raise SchemaError(f"{at}: must match exactly one of the allowed shapes (oneOf)")
     if "not" in schema and matches(schema["not"]):
         raise SchemaError(f"{at}: matches a shape that is not allowed (not)")
     if "if" in schema:
@@ -4491,17 +4412,15 @@ def validate(schema, value, root=None, where="", work=None):
         if branch in schema:
             check(schema[branch])
 
-
 def _validate_value(schema, value, at, work):
     if "const" in schema or "enum" in schema:
         key = json_key(value, work, at)
         const = schema.get("const")
         if "const" in schema and json_key(const, work, at) != key:
-            raise SchemaError(f"{at}: expected exactly {_show(const)}")
+            raise SchemaError(f"{at}: expected exactly {cut(policy_json(const), 80)}")
         options = schema.get("enum", [])
-        if "enum" in schema and \
-                key not in [json_key(o, work, at) for o in options]:
-            raise SchemaError(f"{at}: expected one of {_show(options)}")
+        if "enum" in schema and key not in [json_key(o, work, at) for o in options]:
+            raise SchemaError(f"{at}: expected one of {cut(policy_json(options), 80)}")
     if isinstance(value, Number):
         _validate_number(schema, value.exact(), at)
     if not isinstance(value, str):
@@ -4509,9 +4428,7 @@ def _validate_value(schema, value, at, work):
     _check_count(schema, len(value), "Length", "characters", at)
     pattern = schema.get("pattern")
     if pattern is not None and not work.search(pattern, value, at):
-        raise SchemaError(f"{at}: expected text matching the "
-                          f"pattern {quote(pattern)}")
-
+        raise SchemaError(f"{at}: expected text matching the pattern {quote(pattern)}")
 
 def _check_count(schema, count, keyword, things, at):
     least = schema.get("min" + keyword)
@@ -4521,25 +4438,19 @@ def _check_count(schema, count, keyword, things, at):
     if most is not None and count > most.exact():
         raise SchemaError(f"{at}: expected at most {most.literal} {things}")
 
-
-_BOUNDS = (
-    ("minimum", lambda v, b: v < b, "at least"),
-    ("maximum", lambda v, b: v > b, "at most"),
-    ("exclusiveMinimum", lambda v, b: v <= b, "greater than"),
-    ("exclusiveMaximum", lambda v, b: v >= b, "less than"))
-
+_BOUNDS = (("minimum", lambda v, b: v < b, "at least"),
+           ("maximum", lambda v, b: v > b, "at most"),
+           ("exclusiveMinimum", lambda v, b: v <= b, "greater than"),
+           ("exclusiveMaximum", lambda v, b: v >= b, "less than"))
 
 def _validate_number(schema, exact, at):
     for key, fails, word in _BOUNDS:
         bound = schema.get(key)
-        if isinstance(bound, bool):
-            # draft-04: exclusiveMinimum true tightens minimum
-            other = schema.get("minimum" if key ==
-                               "exclusiveMinimum" else "maximum")
-            if bound and isinstance(other, Number) and exact == other.exact():
-                bound = other
-            else:
+        if isinstance(bound, bool):  # draft-04: exclusiveMinimum true tightens minimum
+            other = schema.get("minimum" if key == "exclusiveMinimum" else "maximum")
+            if not (bound and isinstance(other, Number) and exact == other.exact()):
                 continue
+            bound = other
         elif not isinstance(bound, Number) or not fails(exact, bound.exact()):
             continue
         raise SchemaError(f"{at}: expected a number {word} {bound.literal}")
@@ -4552,7 +4463,6 @@ def _validate_number(schema, exact, at):
         if remainder != 0:
             raise SchemaError(f"{at}: expected a multiple of {step.literal}")
 
-
 def _matches(schema, value, root, where, work):
     try:
         validate(schema, value, root, where, work)
@@ -4560,16 +4470,12 @@ def _matches(schema, value, root, where, work):
     except SchemaError:
         return False
 
-
-def _validate_array(schema, value, root, where, work):
-    at = where or "the arguments"
+def _validate_array(schema, value, root, where, work, at):
     _check_count(schema, len(value), "Items", "items", at)
     if schema.get("uniqueItems") is True:
-        keys = {json_key(item, work, at) for item in value}
-        if len(keys) < len(value):
+        if len({json_key(item, work, at) for item in value}) < len(value):
             raise SchemaError(f"{at}: expected items that are all different")
-    prefix = schema.get("prefixItems")
-    items = schema.get("items")
+    prefix, items = schema.get("prefixItems"), schema.get("items")
     if isinstance(items, list):  # draft-07's tuple form
         prefix, items = items, schema.get("additionalItems")
     prefix = prefix or []
@@ -4579,26 +4485,20 @@ def _validate_array(schema, value, root, where, work):
             validate(sub, item, root, _path(where, i), work)
     if "contains" not in schema:
         return
-    found = sum(_matches(schema["contains"], item, root, where,
-                         work) for item in value)
+    found = sum(_matches(schema["contains"], item, root, where, work) for item in value)
     least = schema.get("minContains", Number("1")).exact()
     if found < least:
-        raise SchemaError(
-            f"{at}: expected at least {least} item(s) of the "
-            f"required shape (contains)")
+        raise SchemaError(f"{at}: expected at least {least} item(s) of the "
+                          f"required shape (contains)")
     most = schema.get("maxContains")
     if most is not None and found > most.exact():
-        raise SchemaError(
-            f"{at}: expected at most {most.literal} item(s) of "
-            f"that shape (contains)")
+        raise SchemaError(f"{at}: expected at most {most.literal} item(s) of "
+                          f"that shape (contains)")
 
-
-def _validate_object(schema, value, root, where, work):
-    at = where or "the arguments"
+def _validate_object(schema, value, root, where, work, at):
     for name in schema.get("required", []):
         if name not in value:
-            raise SchemaError(
-                f"{_path(where, name)}: this property is required")
+            raise SchemaError(f"{_path(where, name)}: this property is required")
     _check_count(schema, len(value), "Properties", "properties", at)
     properties = schema.get("properties", {})
     patterns = schema.get("patternProperties", {})
@@ -4631,35 +4531,31 @@ def _validate_object(schema, value, root, where, work):
             continue
         for other in needed:
             if other not in value:
-                raise SchemaError(f"{_path(where, other)}: "
-                                  f"required when {name} is given")
-
+                raise SchemaError(f"{_path(where, other)}: required when {name} is given")
 
 # =============================================================================================
 # 15. Hosts in URLs
 #
 # Reads as: library
 #
-# Contract: hosts are ASCII (another script in punycode, xn--).
-# url_place(value) is a URL's (scheme, host) as a WHATWG parser
-# reads them, or None where a client could reach another host or
-# the host is not ASCII: then neither host_in nor host_not_in
-# holds. host_entry reads an entry or raises ConfigError.
+# Contract: hosts are ASCII (another script in punycode, xn--). url_place(value)
+# is a URL's (scheme, host) as a WHATWG parser reads them, or None where a client
+# could reach another host or the host is not ASCII: then neither host_in nor
+# host_not_in holds. host_entry reads an entry or raises ConfigError.
 # Differential test: tests/test_edges_paths.py (node's URL).
 # =============================================================================================
 
 _LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
 _NUMERIC_LABEL_RE = re.compile(r"0x[0-9a-f]*|[0-9]+")
 _URL_UNSAFE_RE = re.compile(r"[\x00-\x20\x7f\\]")
-
+_SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
 
 def normal_host(host):
-    """Lower-cased, one trailing dot dropped, an IP address in
-    its standard form; None where a client could reach another:
-    not ASCII, an empty label, a numeric form not a dotted quad."""
+    """Lower-cased, one trailing dot dropped, an IP address in its standard form;
+    None where a client could reach another: not ASCII, an empty label, a
+    numeric form not a dotted quad."""
     import ipaddress
-    if not isinstance(host, str) or not host.isascii() or \
-            not host or "%" in host:
+    if not isinstance(host, str) or not host.isascii() or not host or "%" in host:
         return None
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
@@ -4668,8 +4564,7 @@ def normal_host(host):
             address = ipaddress.IPv6Address(host)
         except ValueError:
             return None
-        # An IPv4 address written as IPv6 reaches the IPv4 host.
-        mapped = address.ipv4_mapped
+        mapped = address.ipv4_mapped  # reaches the IPv4 host
         return str(mapped) if mapped else address.compressed
     host = host[:-1].lower() if host.endswith(".") else host.lower()
     labels = host.split(".")
@@ -4682,11 +4577,9 @@ def normal_host(host):
             return None
     return host
 
-
 def url_place(value):
     from urllib.parse import urlsplit
-    if not isinstance(value, str) or len(value) > 8192 or \
-            _URL_UNSAFE_RE.search(value):
+    if not isinstance(value, str) or len(value) > 8192 or _URL_UNSAFE_RE.search(value):
         return None
     try:
         parts = urlsplit(value)
@@ -4703,73 +4596,57 @@ def url_place(value):
     host = normal_host(written)
     return None if host is None else (parts.scheme, host)
 
-
-_SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
-
-
 def host_matches(scheme, host, entries):
     for entry in entries:
         wanted, sep, name = entry.partition("://")
         if not sep:
             wanted, name = scheme, entry
-        if wanted != scheme:
-            continue
         dotted = name.startswith(".") and host.endswith(name)
-        if dotted or host == name:
+        if wanted == scheme and (dotted or host == name):
             return True
     return False
 
-
 def host_entry(entry, with_scheme, where):
-    """Only host_in takes a scheme: in host_not_in it would let
-    the host through under every other scheme."""
-    if not isinstance(entry, str):
-        entry = str(entry)
-        scheme, sep, name = "", "", None
-    else:
+    """Only host_in takes a scheme: in host_not_in it would let the host
+    through under every other scheme."""
+    scheme, sep, name = "", "", None
+    if isinstance(entry, str):
         scheme, sep, name = entry.partition("://")
         scheme, name = (scheme.lower(), name) if sep else ("", entry)
+    entry = str(entry)
     if isinstance(name, str) and not name.isascii():
-        raise ConfigError(
-            f"{where}: {quote(entry)} is not ASCII; write a host "
-            f"name in another script in its punycode form, as "
-            f'"xn--bcher-kva.de" for bücher.de')
+        raise ConfigError(f"{where}: {quote(entry)} is not ASCII; write a host name in "
+                          'another script in its punycode form, as "xn--bcher-kva.de" '
+                          "for bücher.de")
     dot = "." if name and name.startswith(".") else ""
     host = normal_host(name[len(dot):]) if name else None
     if host is None or (dot and ":" in host) or \
             (scheme and not _SCHEME_RE.fullmatch(scheme)):
-        raise ConfigError(
-            f"{where}: {quote(entry)} is not a host name; write it"
-            ' like "example.com", or ".example.com" for its subdomains')
+        raise ConfigError(f"{where}: {quote(entry)} is not a host name; write it like "
+                          '"example.com", or ".example.com" for its subdomains')
     if scheme and not with_scheme:
-        raise ConfigError(
-            f"{where}: {quote(entry)} names a scheme, which only "
-            f'host_in may require (as "https://example.com"); '
-            f'write host_not_in entries like "example.com"')
+        raise ConfigError(f"{where}: {quote(entry)} names a scheme, which only host_in "
+                          'may require (as "https://example.com"); write host_not_in '
+                          'entries like "example.com"')
     return scheme + sep + dot + host
-
 
 # =============================================================================================
 # 16. Paths as the kernel resolves them
 #
 # Reads as: library
 #
-# Contract: resolved_path resolves a path as the kernel would
-# for a server, or to nothing where a server may read it
-# otherwise; such a path lies under no directory (path_under).
-# Differential test: tests/test_edges_paths.py (the kernel and
-# the npm filesystem server).
+# Contract: resolved_path resolves a path as the kernel would for a server, or to nothing
+# where a server may read it otherwise; such a path lies under no directory (path_under).
+# Differential test: tests/test_edges_paths.py (the kernel and the npm filesystem server).
 # =============================================================================================
 
 PATH_MAX = 4096  # the longest path the kernel opens
 MAX_LINKS = 40   # links followed in one lookup, as the kernel
 
-
 def _home(path):
     if path == "~" or path.startswith("~/"):
         return os.path.expanduser("~") + path[1:]
     return path
-
 
 def path_under(value, roots):
     """Inside a root both as written and as resolved."""
@@ -4780,18 +4657,15 @@ def path_under(value, roots):
     if not value.startswith("/") or size > PATH_MAX:
         return False
     places = {resolved_path(os.path.normpath(value)), resolved_path(value)}
-    if None in places:
-        return False
-    return all(any(place == root or place.startswith(root.rstrip("/") + "/")
-                   for root in roots) for place in places)
-
+    return None not in places and all(
+        any(place == root or place.startswith(root.rstrip("/") + "/") for root in roots)
+        for place in places)
 
 def resolved_path(path):
-    """None where a server may read it otherwise: through /proc (its self links
-    are the server's), past MAX_LINKS (a loop), through a file or an unreadable
-    directory, or a name another entry equals under NFKC (servers match names
-    normalised). Not realpath: its reading of a loop changed, and it recurses.
-    """
+    """None where a server may read it otherwise: through /proc (its self links are the
+    server's), past MAX_LINKS (a loop), through a file or an unreadable directory, or a
+    name another entry equals under NFKC (servers match names normalised). Not
+    realpath: its reading of a loop changed, and it recurses."""
     resolved, pending, links = [], path.split("/")[::-1], 0
     while pending:
         name = pending.pop()
@@ -4809,8 +4683,7 @@ def resolved_path(path):
             mode = None
         except (OSError, ValueError):
             return None
-        if (mode is None or not name.isascii()) and \
-                _named_two_ways(resolved, name):
+        if (mode is None or not name.isascii()) and _named_two_ways(resolved, name):
             return None
         if mode is None or not stat.S_ISLNK(mode):
             resolved.append(name)
@@ -4827,7 +4700,6 @@ def resolved_path(path):
         pending.extend(target.split("/")[::-1])
     return "/" + "/".join(resolved)
 
-
 def _named_two_ways(parents, name):
     try:
         entries = os.listdir("/" + "/".join(parents))
@@ -4839,44 +4711,36 @@ def _named_two_ways(parents, name):
     return any(entry != name and unicodedata.normalize("NFKC", entry) == key
                for entry in entries)
 
-
 def resolved_root(text, where):
     if not isinstance(text, str) or not text or "\x00" in text:
-        raise ConfigError(f"{where}: under lists directories as "
-                          f"non-empty strings")
+        raise ConfigError(f"{where}: under lists directories as non-empty strings")
     path = _home(text)
     if not path.startswith("/"):
-        raise ConfigError(
-            f"{where}: {quote(text)} is relative; write the "
-            f"directory as an absolute path or one starting with ~/")
+        raise ConfigError(f"{where}: {quote(text)} is relative; write the directory as "
+                          "an absolute path or one starting with ~/")
     root = resolved_path(os.path.normpath(path))
     if root is None:
         raise ConfigError(
-            f"{where}: {quote(text)} cannot be resolved as a server would (it "
-            f"goes through /proc, a loop or too many links, or is named two "
-            f"ways); name the directory itself")
+            f"{where}: {quote(text)} cannot be resolved as a server would (it goes "
+            "through /proc, a loop or too many links, or is named two ways); name "
+            "the directory itself")
     return root
-
 
 # =============================================================================================
 # 17. Durations and times
 #
 # Reads as: library
 #
-# Contract: parse_duration reads Go's syntax in whole-number
-# terms ("15s", "1h30m", "0") as int64 ns, as Go does; ValueError
-# for the rest, fractions too. format_duration is Go's String.
-# format_time writes UTC "YYYY-MM-DDTHH:MM:SS.ffffffZ", fixed
-# width, so stored times compare as strings.
-# Differential test: tests/test_durations_differential.py
-# (durationpy, datetime, Go's own answers).
+# Contract: parse_duration reads Go's syntax in whole-number terms ("15s", "1h30m",
+# "0") as int64 ns; ValueError for the rest, fractions too. format_duration is Go's
+# String. format_time writes UTC "YYYY-MM-DDTHH:MM:SS.ffffffZ", fixed width, so stored
+# times compare as strings.
+# Differential test: tests/test_durations_differential.py (durationpy, datetime, Go).
 # =============================================================================================
 
-_DURATION_UNITS = {
-    "ns": 1, "us": 1000, "µs": 1000, "μs": 1000, "ms": 10**6,
-    "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
+_DURATION_UNITS = {"ns": 1, "us": 1000, "µs": 1000, "μs": 1000, "ms": 10**6,
+                   "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
 _DURATION_RE = re.compile(r"([0-9]{1,20})(ns|us|µs|μs|ms|s|m|h)")
-
 
 def parse_duration(text):
     sign = -1 if text.startswith("-") else 1
@@ -4888,14 +4752,11 @@ def parse_duration(text):
         match = _DURATION_RE.match(body, pos)
         if not match:
             raise ValueError(f'invalid duration "{text}"')
-        digits, unit = match.groups()
-        total += int(digits) * _DURATION_UNITS[unit]
+        total += int(match[1]) * _DURATION_UNITS[match[2]]
         pos = match.end()
-    # Go's int64: -2^63 ns is a duration, 2^63 ns is not
-    if total > 2**63 - (sign > 0):
+    if total > 2**63 - (sign > 0):  # Go's int64: -2^63 ns is a duration, 2^63 not
         raise ValueError(f'duration "{text}" is too long')
     return sign * total
-
 
 def format_duration(ns):
     """Go's Duration.String: 0s, 300ms, 2s, 1m30s, 24h0m0s."""
@@ -4912,51 +4773,39 @@ def format_duration(ns):
         return f"{sign}{minutes}m{seconds}"
     return sign + seconds
 
-
 def now():
     return format_time(time.time())
 
-
 def format_time(seconds):
-    utc = datetime.timezone.utc
-    return _written(datetime.datetime.fromtimestamp(seconds, utc))
-
+    return _written(datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc))
 
 def parse_time(text):
     return _moment(text).timestamp()
 
-
 def later(text, ns):
-    # On integers: a float sum can round a sub-microsecond
-    # duration to the wrong side, and past 2106 a whole one.
+    # Integers: floats can round a sub-µs duration the wrong way, past 2106 a whole one
     micros, rest = divmod(ns, 1000)
     micros += rest > 500 or (rest == 500 and micros % 2)
-    step = datetime.timedelta(microseconds=micros)
-    return _written(_moment(text) + step)
-
+    return _written(_moment(text) + datetime.timedelta(microseconds=micros))
 
 def _moment(text):
     return datetime.datetime.fromisoformat(text[:-1] + "+00:00")
-
 
 def _written(moment):
     """The one way a stored time is written."""
     return moment.isoformat(timespec="microseconds")[:-6] + "Z"
 
-
 def prose_time(text):
     return text[:19] + "Z"
-
 
 # =============================================================================================
 # 18. Fields of a configuration
 #
 # Reads as: library
 #
-# Contract: each reader returns a field exactly when the JSON Schema its
-# docstring names accepts it (a number as int or Decimal, a duration in ns,
-# absent as its `absent:` says), else raises ConfigError naming the field and
-# what to write.
+# Contract: each reader returns a field exactly when the JSON Schema its docstring names
+# accepts it (a number as int or Decimal, a duration in ns, absent as its `absent:`
+# says), else raises ConfigError naming the field and what to write.
 # Differential test: tests/test_fields_differential.py (jsonschema).
 # =============================================================================================
 
@@ -4966,10 +4815,8 @@ def refuse_unknown(raw, fields, where):
         raise ConfigError(f"{where} must be an object")
     for key in raw:
         if key not in fields:
-            raise ConfigError(
-                f"{where} has an unknown field {quote(key)}; the "
-                f"fields are {', '.join(fields)}")
-
+            raise ConfigError(f"{where} has an unknown field {quote(key)}; the "
+                              f"fields are {', '.join(fields)}")
 
 def field_string(raw, field, where, required=False):
     """{"type": "string"}; absent or null: ""; if required, {"type": "string",
@@ -4985,7 +4832,6 @@ def field_string(raw, field, where, required=False):
         raise ConfigError(f"{where}.{field} must not be empty")
     return value
 
-
 def field_bool(raw, field, where):
     """{"type": "boolean"}; absent: false."""
     value = raw.get(field, False)
@@ -4993,47 +4839,38 @@ def field_bool(raw, field, where):
         raise ConfigError(f"{where}.{field} must be true or false")
     return value
 
-
 def field_names(raw, field, where):
     """{"type": "array", "items": {"type": "string"}}; absent: []."""
     value = raw.get(field, [])
-    if not isinstance(value, list) or \
-            not all(isinstance(v, str) for v in value):
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where}.{field} must be a list of strings")
     return value
 
-
 def field_byte_cap(raw, field, default, most):
-    """{"type": "integer", "minimum": 1024, "maximum": most}, as
-    an int; absent: default."""
+    """{"type": "integer", "minimum": 1024, "maximum": most}, an int; absent: default."""
     cap = raw.get(field, Number(str(default)))
     if not isinstance(cap, Number) or not cap.is_integer() or \
             not 1024 <= cap.exact() <= most:
-        raise ConfigError(f"{field} must be a whole number of "
-                          f"bytes from 1024 to {most}")
+        raise ConfigError(f"{field} must be a whole number of bytes from 1024 to {most}")
     return int(cap.exact())
 
-
 def field_duration(raw, field, where, default):
-    """{"type": "string"} that parse_duration reads as 0 or more,
-    as its ns; absent or null: default."""
+    """{"type": "string"} that parse_duration reads as 0 or more, as its ns;
+    absent or null: default."""
     value = raw.get(field)
     if value is None:
         return default
     if not isinstance(value, str):
-        raise ConfigError(f"{where}.{field}: a duration is a "
-                          f'string such as "15s"')
+        raise ConfigError(f'{where}.{field}: a duration is a string such as "15s"')
     try:
         ns = parse_duration(value)
     except ValueError:
-        raise ConfigError(
-            f"{where}.{field} {quote(value)} is not a duration; "
-            f'write whole numbers with units, like "15s", '
-            f'"300ms" or "1h30m" (not "1.5h")') from None
+        raise ConfigError(f"{where}.{field} {quote(value)} is not a duration; write "
+                          'whole numbers with units, like "15s", "300ms" or "1h30m" '
+                          '(not "1.5h")') from None
     if ns < 0:
         raise ConfigError(f"{where}.{field} must not be negative")
     return ns
-
 
 def parse_decimal(value, where):
     """{"type": ["number", "string"], "maxLength": 10000, "pattern":
@@ -5041,20 +4878,16 @@ def parse_decimal(value, where):
     Decimal."""
     if isinstance(value, Number):
         return value.exact()
-    if isinstance(value, str):
-        found = decimal_text(value)
-        if found is not None:
-            return found
-    raise ConfigError(f"{where} must be a number or a decimal "
-                      f'string such as "50.00"')
-
+    found = decimal_text(value) if isinstance(value, str) else None
+    if found is None:
+        raise ConfigError(f'{where} must be a number or a decimal string such as "50.00"')
+    return found
 
 def decimal_text(text):
     """A JSON number's spelling as an exact Decimal, or None."""
     if JSON_NUMBER_RE.fullmatch(text) and not number_bound(text):
         return decimal.Decimal(text)
     return None
-
 
 def whole_number(value, where, least, most=math.inf, note=""):
     """{"type": "integer", "minimum": least, "maximum": most}, as an int."""
@@ -5065,32 +4898,27 @@ def whole_number(value, where, least, most=math.inf, note=""):
                           f"least {least}{upto}{note}")
     return int(value.exact())
 
-
 def one_of(value, choices, where):
     """{"enum": choices}."""
     if value not in choices:
         shown = value if isinstance(value, str) else policy_json(value)
-        raise ConfigError(f"{where} is {quote(shown)}; use one of "
-                          f"{', '.join(choices)}")
+        raise ConfigError(f"{where} is {quote(shown)}; use one of {', '.join(choices)}")
     return value
-
 
 # =============================================================================================
 # 19. Days and hours in a time zone
 #
 # Reads as: library
 #
-# Contract: During(raw, where) reads a `during` object (a `zone`, `days`,
-# `hours`) or raises ConfigError. holds(at): on the zone's wall clock the
-# instant's own day is listed and its minute in [start, end), which runs past
-# midnight when end comes first.
+# Contract: During(raw, where) reads a `during` object (a `zone`, `days`, `hours`) or
+# raises ConfigError. holds(at): on the zone's wall clock the instant's own day is listed
+# and its minute in [start, end), which runs past midnight when end comes first.
 # Differential test: tests/test_days_differential.py (node's Intl).
 # =============================================================================================
 
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _CLOCK_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])|24:00")
 _ZONE_RE = re.compile(r"[A-Za-z0-9_+.-]+(/[A-Za-z0-9_+.-]+){0,3}")
-
 
 def _zone(name):
     """Only a name spelled as tz spells zones (zoneinfo recurses a level a
@@ -5099,69 +4927,56 @@ def _zone(name):
     if not isinstance(name, str) or not _ZONE_RE.fullmatch(name):
         return None
     lower = name.lower()
-    if lower in ("localtime", "posixrules") or \
-            lower.startswith(("posix/", "right/")):
+    if lower in ("localtime", "posixrules") or lower.startswith(("posix/", "right/")):
         return None
     try:
         return zoneinfo.ZoneInfo(name)
     except (ValueError, zoneinfo.ZoneInfoNotFoundError):
         return None
 
-
 class During:
     def __init__(self, raw, where):
         if not isinstance(raw, dict) or not raw:
-            raise ConfigError(
-                f'{where} must be an object such as {{"days": "mon-fri", '
-                f'"hours": "09:00-18:00", "zone": "Europe/Paris"}}')
+            raise ConfigError(f'{where} must be an object such as {{"days": "mon-fri", '
+                              '"hours": "09:00-18:00", "zone": "Europe/Paris"}')
         refuse_unknown(raw, ("days", "hours", "zone"), where)
         zone = raw.get("zone")
         if zone is None:
-            raise ConfigError(
-                f"{where} needs zone, the time zone its days and "
-                f'hours are read in, such as "Europe/Paris" or "UTC"')
+            raise ConfigError(f"{where} needs zone, the time zone its days and hours are "
+                              'read in, such as "Europe/Paris" or "UTC"')
         self.zone = _zone(zone)
         if self.zone is None:
-            raise ConfigError(
-                f"{where}.zone {quote(str(zone))} is not a time zone this "
-                'machine knows; name one such as "Europe/Paris" or "UTC"')
+            raise ConfigError(f"{where}.zone {quote(str(zone))} is not a time zone this "
+                              'machine knows; name one such as "Europe/Paris" or "UTC"')
         if "days" not in raw and "hours" not in raw:
             raise ConfigError(f"{where} needs days, hours or both")
         self.raw = raw  # for the load report
-        self.days = set(range(7))
+        self.days, self.hours = set(range(7)), None
         if "days" in raw:
             self.days = self._days(raw["days"], f"{where}.days")
-        self.hours = None
         if "hours" in raw:
             self.hours = self._hours(raw["hours"], f"{where}.hours")
-
     @staticmethod
     def _days(text, where):
         days = set()
-        parts = text.split(",") if isinstance(text, str) else [""]
-        for part in parts:
+        for part in text.split(",") if isinstance(text, str) else [""]:
             first, dash, last = part.strip().lower().partition("-")
             if first not in DAYS or (dash and last not in DAYS):
-                raise ConfigError(
-                    f'{where} must read like "mon-fri" or "sat,sun"')
+                raise ConfigError(f'{where} must read like "mon-fri" or "sat,sun"')
             start, end = DAYS.index(first), DAYS.index(last or first)
             if end < start:
                 end += 7
             days.update(d % 7 for d in range(start, end + 1))
         return days
-
     @staticmethod
     def _hours(text, where):
-        if not isinstance(text, str):
-            text = ""
+        text = text if isinstance(text, str) else ""
         first, _, last = (t.strip() for t in text.partition("-"))
         if not _CLOCK_RE.fullmatch(first) or first == last or \
                 not _CLOCK_RE.fullmatch(last) or first == "24:00":
-            raise ConfigError(
-                f'{where} must read like "09:00-18:00" (a range '
-                f'past midnight, like "22:00-06:00", is allowed)')
+            raise ConfigError(f'{where} must read like "09:00-18:00" (a range past '
+                              'midnight, like "22:00-06:00", is allowed)')
         return tuple(int(t[:2]) * 60 + int(t[3:5]) for t in (first, last))
-
     def holds(self, at):
         local = datetime.datetime.fromtimestamp(at, self.zone)
         if local.weekday() not in self.days:
@@ -5174,41 +4989,32 @@ class During:
             return start <= minute < end
         return minute >= start or minute < end
 
-
 # =============================================================================================
 # 20. What a result's record keeps
 #
 # Reads as: library
 #
-# Contract: result_record(passed) identifies exactly the result passed on: its
-# size and sha256, and per block (up to RECORDED_BLOCKS) its labels and text,
-# or the size and hash of its data; kept strings share CONTENT_CAP bytes, and a
-# cut text keeps the size and hash of all of it. block_labels, outcome_text and
-# result_summary read it back.
-# Differential test: tests/test_result_record_differential.py (node's Buffer
-# and crypto).
+# Contract: result_record(passed) identifies exactly the result passed on: its size and
+# sha256, and per block (up to RECORDED_BLOCKS) its labels and text, or the size and hash
+# of its data; kept strings share CONTENT_CAP bytes, and a cut text keeps the size and
+# hash of all of it. block_labels, outcome_text and result_summary read it back.
+# Differential test: tests/test_result_record_differential.py (node's Buffer, crypto).
 # =============================================================================================
 
 CONTENT_CAP = 65536  # bytes of result text kept, and in prose
 RECORDED_BLOCKS = 512  # blocks described one by one; the rest counted
 _DATA_FIELD = {"resource": "blob", "image": "data", "audio": "data"}
 
-
 def result_record(passed):
     room = [CONTENT_CAP]
-
     def keep(text):
         data = text.encode("utf-8", "surrogatepass")
         kept = data[:room[0]]
         room[0] -= len(kept)
-        if len(kept) == len(data):
-            return text
-        return kept.decode("utf-8", "ignore")
-
+        return text if len(kept) == len(data) else kept.decode("utf-8", "ignore")
     blocks = passed["content"]
     record = _size_and_hash(canonical(passed))
-    record["blocks"] = [recorded_block(block, keep)
-                        for block in blocks[:RECORDED_BLOCKS]]
+    record["blocks"] = [recorded_block(block, keep) for block in blocks[:RECORDED_BLOCKS]]
     if len(blocks) > RECORDED_BLOCKS:
         record["more_blocks"] = len(blocks) - RECORDED_BLOCKS
     if "structuredContent" in passed:
@@ -5221,13 +5027,11 @@ def result_record(passed):
         record["is_error"] = True
     return record
 
-
 def recorded_block(block, keep):
     kind = block["type"]
     entry = {"type": cut(kind, 100)}
-    source = block
-    if kind == "resource" and isinstance(block.get("resource"), dict):
-        source = block["resource"]
+    resource = block.get("resource") if kind == "resource" else None
+    source = resource if isinstance(resource, dict) else block
     for label in ("mimeType", "uri", "name"):
         if isinstance(source.get(label), str):
             entry[label] = keep(source[label])
@@ -5236,8 +5040,7 @@ def recorded_block(block, keep):
     if isinstance(text, str):
         entry["text"] = keep(text)
         if entry["text"] != text:
-            whole = text.encode("utf-8", "surrogatepass")
-            entry.update(_size_and_hash(whole))
+            entry.update(_size_and_hash(text.encode("utf-8", "surrogatepass")))
     elif isinstance(data, str):
         decoded = _base64_bytes(data)
         if decoded is None:  # what was sent is what is identified
@@ -5249,27 +5052,21 @@ def recorded_block(block, keep):
         entry.update(_size_and_hash(canonical(block)))
     return entry
 
-
 def _base64_bytes(text):
     """Its bytes if it is their one spelling: not "QR=="."""
     try:
         decoded = base64.b64decode(text, validate=True)
     except ValueError:
         return None
-    if base64.b64encode(decoded).decode() != text:
-        return None
-    return decoded
-
+    return decoded if base64.b64encode(decoded).decode() == text else None
 
 def _size_and_hash(data):
     return {"bytes": len(data), "sha256": sha256_hex(data)}
-
 
 def block_bytes(entry):
     if "bytes" in entry:
         return entry["bytes"]
     return len(entry["text"].encode("utf-8", "surrogatepass"))
-
 
 def block_labels(record):
     labels = []
@@ -5281,24 +5078,19 @@ def block_labels(record):
         labels.append(f"[{record['more_blocks']} more blocks]")
     return labels
 
-
 def outcome_text(observed):
-    """Text blocks and the others' labels (withheld: labels),
-    or the error; before schema 4, the content."""
+    """Text blocks and the others' labels (withheld: labels), or the error;
+    before schema 4, the content."""
     if "result" not in observed:
         content = observed["content"]
         if observed["kind"] != "tool_result":
             return content["error"]
-        if isinstance(content, str):
-            return content
-        return policy_json(content)
+        return content if isinstance(content, str) else policy_json(content)
     record = observed["result"]
     withheld = observed.get("withheld", False)
-    blocks, labels = record["blocks"], block_labels(record)
-    parts = []
+    parts, blocks, labels = [], record["blocks"], block_labels(record)
     for entry, label in zip(blocks, labels):
-        shown = entry["type"] == "text" and not withheld
-        text = entry.get("text") if shown else None
+        text = entry.get("text") if entry["type"] == "text" and not withheld else None
         parts.append(label if text is None else text)
     parts += labels[len(blocks):]
     structured = record.get("structured", {})
@@ -5306,12 +5098,10 @@ def outcome_text(observed):
         parts.append(policy_json(structured["value"]))
     return "\n".join(parts)
 
-
 def result_summary(tool, record, withheld_over=0):
     count = len(record["blocks"]) + record.get("more_blocks", 0)
-    plural = "s" if count != 1 else ""
-    name = f"{tool.server.name}/{tool.upstream_name}"
-    parts = [f"{name}: {record['bytes']} bytes, {count} block{plural}"]
+    parts = [f"{tool.server.name}/{tool.upstream_name}: {record['bytes']} bytes, "
+             f"{count} block{'s' if count != 1 else ''}"]
     if "structured" in record:
         parts.append("structured content")
     if record.get("is_error"):
@@ -5319,7 +5109,6 @@ def result_summary(tool, record, withheld_over=0):
     if withheld_over:
         parts.append(f"withheld: more than {withheld_over} bytes")
     return ", ".join(parts)
-
 
 # =============================================================================================
 # 21. The lint
