@@ -5968,12 +5968,10 @@ def result_summary(tool, record, withheld_over=0):
 #
 # Reads as: around the core
 #
-# Owns: the lint of the texts a model reads of a tool (description, titles, the schema's texts
-# and names), where tool poisoning hides: the findings load_all hands the load check, which
-# refuses a tool with a high finding unless its rule accepts exactly that text (lint_hash,
-# section 5). It finds the known tricks, not all (the README says so).
-# Promises: a finding names what it found and where, sanitized; it never changes what a tool
-# presents.
+# Owns: the lint of what a model reads of a tool (description, titles, the schema's texts and
+# names), where tool poisoning hides: findings the load check refuses a tool for unless its
+# rule accepts exactly that text (lint_hash, section 5). It finds known tricks, not all.
+# Promises: a finding names what and where, sanitized; it never changes what a tool presents.
 # Core it calls: tool_titles.
 # =============================================================================================
 
@@ -6012,8 +6010,7 @@ _PHRASES = (
      LINT_MEDIUM, "a file path"))
 _LINT_PHRASES = [(re.compile(pattern, re.I | re.S), severity, what)
                  for pattern, severity, what in _PHRASES]
-# Advice to call a tool of the same server first is how public servers sequence their
-# tools: it stays medium.
+# Advice to call a tool of the same server first is how public servers sequence theirs: medium.
 _FIRST_STEP = re.compile(r"\bbefore\b.{0,30}\b(using|calling|invoking|you use|you call)\b"
                          r".{0,120}\b(read|call|send|run|fetch|open|pass|include|upload)\b",
                          re.I | re.S)
@@ -6025,10 +6022,8 @@ _LETTERS_RE = re.compile(r"[^\W\d_]+")
 _SELECTOR_RUN = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]{2,}")
 _READ_KEYWORDS = ("description", "title", "default", "examples", "enum", "const", "$comment")
 
-
 def lint_texts(entry):
-    """(where, text) of what the model reads of a tool but its names: its description, titles,
-    and in its input schema the values of _READ_KEYWORDS and x- extensions."""
+    """(where, text) the model reads of a tool but names: description, titles, schema texts."""
     texts = [("description", entry.get("description") or ""), *tool_titles(entry)]
 
     def walk(node, where):
@@ -6049,7 +6044,6 @@ def lint_texts(entry):
     walk(entry.get("input_schema"), "")
     return texts
 
-
 def _strings(value):
     if isinstance(value, str):
         return [value]
@@ -6059,38 +6053,29 @@ def _strings(value):
         return [s for item in value for s in _strings(item)]
     return []
 
-
 def scripts_of(word):
     return {unicodedata.name(ch, "?").split()[0] for ch in word if ch.isalpha()}
-
 
 # Cyrillic and Greek letters read as Latin (UTS #39's confusables).
 LATIN_LOOKALIKES = dict(zip(
     "аеіјорсухѕԁӏһԛԝАВЕКМНОРСТХІЈЅУҮԚԜӀαονιρυχΑΒΕΖΗΙΚΜΝΟΡΤΥΧ",
     "aeijopcyxsdlhqwABEKMHOPCTXIJSYYQWlaovipuxABEZHIKMNOPTYX"))
 
-
 def latin_lookalike(word):
-    """The Latin word that `word`, wholly in lookalike letters of another script (раураӏ),
-    reads as; '' for any other. Three letters at least: short words of those scripts (а, с,
-    о) are common and imitate nothing."""
-    if len(word) < 3 or "LATIN" in scripts_of(word):
+    """What `word`, wholly in lookalikes of another script (раураӏ), reads as in Latin, or ''."""
+    if len(word) < 3 or "LATIN" in scripts_of(word):  # а, с, о imitate nothing
         return ""
     if not all(ch in LATIN_LOOKALIKES for ch in word):
         return ""
     return "".join(LATIN_LOOKALIKES[ch] for ch in word)
 
-
 def lookalike_words(text):
-    """The words of `text` of letters of more than one script (a Cyrillic а among Latin
-    ones), or wholly in letters that read as Latin (UTS #39's whole-script confusable)."""
+    """Words of `text` mixing scripts (a Cyrillic а among Latin) or all Latin lookalikes."""
     return sorted({word for word in _LETTERS_RE.findall(text)
                    if len(scripts_of(word)) > 1 or latin_lookalike(word)})
 
-
 def invisible_codes(text):
     return sorted({ord(ch) for ch in text if ord(ch) in INVISIBLE})
-
 
 def _schema_names(schema):
     if isinstance(schema, dict):
@@ -6102,11 +6087,9 @@ def _schema_names(schema):
         for value in schema:
             yield from _schema_names(value)
 
-
 def _named(names, text):
     return sorted(name for name in names
                   if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text))
-
 
 def _smuggled(text):
     """What runs of variation selectors spell, decoded as bytes."""
@@ -6117,11 +6100,9 @@ def _smuggled(text):
             spelled.append(code - 0xFE00 if code < 0xFF00 else code - 0xE0100 + 16)
     return spelled.decode("utf-8", "replace")
 
-
 def lint_tool(entry, others, siblings, peer_length):
-    """A tool's findings as (severity, what, where), the high ones first. `others`: names of
-    other servers' tools; `siblings`: of its own server's; `peer_length`: its server's median
-    description length."""
+    """A tool's findings as (severity, what, where), the high ones first. `others`,
+    `siblings`: tool names of other servers, of its own; `peer_length`: their median."""
     findings = []
     for name in (entry["name"], *_schema_names(entry.get("input_schema"))):
         where = f"name {quote(name)}"
@@ -6143,7 +6124,6 @@ def lint_tool(entry, others, siblings, peer_length):
         findings.append((LINT_MEDIUM, f"{length} characters long, far longer than its peers",
                          "description"))
     return sorted(findings, key=lambda f: f[0] != LINT_HIGH)
-
 
 def _text_findings(text, others, siblings):
     """(severity, what) of one text the model reads."""
@@ -6183,11 +6163,9 @@ def _text_findings(text, others, siblings):
         found.append((LINT_MEDIUM, f"names other servers' tools ({named})"))
     return found
 
-
 def lint_lines(findings):
     return [f"  lint {severity}: {what} (in the {sanitize(where)})"
             for severity, what, where in findings]
-
 
 def lint_manifests(manifests):
     """{server: {tool: findings}} of pinned manifests, each tool read among its peers."""
@@ -6206,6 +6184,7 @@ def lint_manifests(manifests):
                          for tool, entry in tools.items()}
     return found
 
+
 # =============================================================================================
 # 22. Upstream servers
 #
@@ -6215,31 +6194,26 @@ def lint_manifests(manifests):
 # JSON-RPC lines (Upstream) or over Streamable HTTP (HttpUpstream), its manifest, load_all.
 # Core it calls: read_config, read_frames, read_owned; load.
 # Promises: a child gets PATH, HOME, TMPDIR and what the operator names, in its own process
-# group, and on Linux dies with agentgate. One deadline covers connecting, listing and
-# loading. Every request from the server is answered. Only an integer id agentgate wrote
-# matches an answer or a progress notice; a bad message fails only its request. A server gone
-# fails later calls at once, as not sent, until section 24 brings it back. Closing never
-# waits on a server.
-# The outcome of a failure (UpstreamError.outcome): 'not_sent' only where no byte was written
-# (request's refusals, _send, _write); 'no_answer' or 'timed_out' once one may have been;
-# 'answered' or 'unusable' from an answer. Over HTTP: a connection per message; no byte after
-# its deadline; no redirect followed; HTTP 500 or more may have executed; a broken stream is
-# resumed within the deadline.
-# OAuth: the serving gate asks no person; it sends the tokens `login` kept for this config and
-# url, renewed where login found, or does not serve the server (LOGIN_NEEDED).
+# group, and on Linux dies with agentgate. One deadline covers connecting, listing, loading.
+# Every request from the server is answered. Only an integer id agentgate wrote matches an
+# answer or progress notice; a bad message fails only its request. A server gone fails later
+# calls at once, as not sent, until section 24 brings it back. Closing waits on no server.
+# A failure's outcome: 'not_sent' only where no byte was written (request's refusals, _send,
+# _write); 'no_answer' or 'timed_out' once one may have been; 'answered' or 'unusable' from
+# an answer. Over HTTP: a connection per message; no byte after its deadline; no redirect
+# followed; HTTP 500 or more may have executed; a broken stream is resumed in the deadline.
+# OAuth: the serving gate asks no person (only `login` does, section 31); it sends the tokens
+# login kept for this config and url, renewed where login found, or does not serve the
+# server (LOGIN_NEEDED).
 # =============================================================================================
 
 # A url server's header values come from the 0600 config or our environment (`${NAME}`); no
 # message shows one, nor more than shown_url.
-_HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 ENV_REFERENCE_RE = re.compile(r"\$\{([^}]*)\}")
-ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 OAUTH_FIELDS = ("client_id", "client_secret", "scope")
-
 
 def load_config(path):
     return read_config(path, read_transport)
-
 
 def read_transport(server, raw, where, base):
     server.command, server.url = raw.get("command"), field_string(raw, "url", where)
@@ -6268,14 +6242,12 @@ def read_transport(server, raw, where, base):
             raise ConfigError(f"{where}.inherit_env entry {quote(name)} must be a variable "
                               f"name without '='")
     server.connect_timeout = field_duration(raw, "connect_timeout", where, 30 * SECOND)
-    # What login obtained (TokenFile binds it to the url too).
     stem = os.path.splitext(os.path.basename(server.config_path))[0]
     server.tokens = os.path.join(base, f"{stem}.{server.name}.tokens.json")
     # A server runs in the user's home, not beside the config: a relative path it writes
     # cannot edit its own policy.
     server.cwd_given = field_string(raw, "cwd", where)
     server.cwd = os.path.join(base, os.path.expanduser(server.cwd_given or "~"))
-
 
 def _file_identity(path):
     try:
@@ -6284,10 +6256,7 @@ def _file_identity(path):
         return None
     return (st.st_dev, st.st_ino)
 
-
-# Files beside the database that hold its record as surely as it does.
-DATABASE_COMPANIONS = ("-wal", "-shm", "-journal")
-
+DATABASE_COMPANIONS = ("-wal", "-shm", "-journal")  # hold its record as surely as it does
 
 def _protected(config):
     db = config.database
@@ -6305,7 +6274,6 @@ def _protected(config):
                 current = os.path.dirname(current) if current != "/" else ""
     return identities, missing
 
-
 def _reach_candidates(arg):
     from urllib.parse import unquote
     found = [arg] + [arg.split(sep, 1)[1] for sep in "=:" if sep in arg]
@@ -6316,7 +6284,6 @@ def _reach_candidates(arg):
             found.append(unquote(re.sub(r"^file:(//[^/]*)?", "", c)) or "/")
     home = os.path.expanduser("~")
     return [home + c[1:] if c == "~" or c.startswith("~/") else c for c in found if c]
-
 
 def check_reach(config):
     """Refuse a server whose cwd or argument names a file the policy depends on or a directory
@@ -6337,14 +6304,12 @@ def check_reach(config):
                     f"gate's policy and approvals depend on: point the server elsewhere, or "
                     f"set skip_path_check on it if it cannot write there")
 
-
 def child_env(server):
     """PATH, HOME, TMPDIR, inherit_env, env: our secrets reach no other."""
     names = ("PATH", "HOME", "TMPDIR", *server.inherit_env)
     env = {name: os.environ[name] for name in names if name in os.environ}
     env.update(entry.split("=", 1) for entry in server.env)
     return env
-
 
 def _url_server(raw, where, url):
     """(headers, `${NAME}` filled in; why it cannot start: a variable unset is a problem of
@@ -6370,10 +6335,10 @@ def _url_server(raw, where, url):
                           f'as {{"Authorization": "Bearer ${{TOKEN}}"}}')
     headers, unset = {}, ""
     for name, value in given.items():
-        if not _HEADER_NAME_RE.fullmatch(name):
+        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
             raise ConfigError(f"{where}.headers: {quote(name)} is not a header name")
         for variable in ENV_REFERENCE_RE.findall(value):
-            if not ENV_NAME_RE.fullmatch(variable):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", variable):
                 written = quote("${" + variable + "}")
                 raise ConfigError(f"{where}.headers.{name} names {written}; a variable is "
                                   f"written ${{NAME}} with letters, digits and '_'")
@@ -6385,7 +6350,6 @@ def _url_server(raw, where, url):
             raise ConfigError(f"{where}.headers.{name} holds a control character, which no "
                               f"header may carry")
     return headers, unset
-
 
 def _oauth_client(raw, where):
     """A pre-registered client, for a server that registers none."""
@@ -6402,7 +6366,6 @@ def _oauth_client(raw, where):
         raise ConfigError(f"{where}.oauth has a client_secret but no client_id; give both")
     return dict(given)
 
-
 def shown_url(url):
     """Scheme, host, port: a server's key is often in path or query."""
     from urllib.parse import urlsplit
@@ -6415,10 +6378,8 @@ def shown_url(url):
     host = f"[{host}]" if ":" in host else host
     return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
 
-
 def write_private(path, text):
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(prefix=".agentgate-", dir=directory)
+    fd, temp = tempfile.mkstemp(prefix=".agentgate-", dir=os.path.dirname(os.path.abspath(path)))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -6431,9 +6392,7 @@ def write_private(path, text):
             os.unlink(temp)
         raise
 
-
 _INT_ID_RE = re.compile(r"-?(?:0|[1-9][0-9]{0,17})")
-
 
 def int_id(value):
     """An integer literal of at most 18 digits, or None: no other value (3.9, 1e1000000,
@@ -6442,23 +6401,18 @@ def int_id(value):
         return int(value.literal)
     return None
 
-
-CLIENT_INFO = {"name": "agentgate", "version": VERSION}
 STDERR_TAIL_BYTES = 4096
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_TOOL_PAGES = 100
 MAX_TOOLS = 1000
-PR_SET_PDEATHSIG = 1
 # How long a message of our own (a ping's answer, a cancel notice) may wait for the server to
 # read it; a request waits until its deadline.
 OWN_WRITE_SECONDS = 5
 OPENING_STEPS = ("connect", "list tools")
 
-
 def too_large():
     return UpstreamError(f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes",
                          "unusable")
-
 
 def error_answer(error):
     """A server's error answer: known; `rpc` kept when well formed."""
@@ -6470,7 +6424,6 @@ def error_answer(error):
     said = clean(str(text or ""), 1000)
     return UpstreamError(f"the server answered with an error: {said}", "answered", rpc)
 
-
 @functools.lru_cache(maxsize=1)
 def _parent_death_request():
     """prctl(PR_SET_PDEATHSIG, SIGKILL) for a child to call before exec on Linux; looked up
@@ -6481,15 +6434,13 @@ def _parent_death_request():
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
-    return functools.partial(prctl, PR_SET_PDEATHSIG, signal.SIGKILL)
-
+    return functools.partial(prctl, 1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
 
 def _exit_code(proc, seconds):
     try:
         return proc.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
         return None
-
 
 def exit_text(proc):
     code = _exit_code(proc, 2)
@@ -6499,13 +6450,9 @@ def exit_text(proc):
         return f"exited (killed by signal {-code})"
     return f"exited (status {code})"
 
-
 def signal_group(pid, sig):
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
 
 class Upstream:
     """A connected stdio MCP server."""
@@ -6523,13 +6470,10 @@ class Upstream:
         # next try) in epoch seconds until it serves again. `pinned`: from load_all.
         self.on_list_changed = self.on_exit = self.down = None
         self.heard_list_changed, self.pinned = False, {}
-
     def describe(self, step, detail):
         return f"server {quote(self.name)}: {step}: {detail}"
-
     def failed(self, detail, step="list tools"):
         return UpstreamError(self.describe(step, detail))
-
     def spawn(self):
         """Start the child, on a thread as long-lived as agentgate (the main one): its
         parent-death signal fires when that thread ends."""
@@ -6549,22 +6493,18 @@ class Upstream:
         threading.Thread(target=self._read_stdout, args=(proc,), daemon=True).start()
         threading.Thread(target=self._read_stderr, args=(proc.stderr, self.stderr_done),
                          daemon=True).start()
-
     def handshake(self, deadline):
-        versions = PROTOCOL_VERSIONS
-        params = {"protocolVersion": versions[-1], "capabilities": {},
-                  "clientInfo": CLIENT_INFO}
+        params = {"protocolVersion": PROTOCOL_VERSIONS[-1], "capabilities": {},
+                  "clientInfo": {"name": "agentgate", "version": VERSION}}
         result = self.request("initialize", params, deadline, "connect")
         if not isinstance(result, dict):
             raise self.failed("the server's initialize answer is not an object", "connect")
         chosen = result.get("protocolVersion")
-        if chosen not in versions:
-            raise self.failed(f"the server answered protocol version "
-                              f"{quote(str(chosen)[:40])}; this client speaks "
-                              f"{', '.join(versions)}", "connect")
+        if chosen not in PROTOCOL_VERSIONS:
+            raise self.failed(f"the server answered protocol version {quote(str(chosen)[:40])}"
+                              f"; this client speaks {', '.join(PROTOCOL_VERSIONS)}", "connect")
         self.protocol = chosen  # HTTP names it on every later message
         self.notify("notifications/initialized", {})
-
     def close(self):
         with self.lock:
             proc, self.proc = self.proc, None
@@ -6588,7 +6528,6 @@ class Upstream:
             _exit_code(proc, 2)
         signal_group(proc.pid, signal.SIGKILL)  # its descendants (npx's server) die with it
         _exit_code(proc, 5)
-
     def _read_stderr(self, stream, done):
         try:
             for chunk in iter(functools.partial(os.read, stream.fileno(), 4096), b""):
@@ -6597,17 +6536,14 @@ class Upstream:
             pass
         finally:
             done.set()
-
     def tail(self):
         self.stderr_done.wait(timeout=2 if self.closed else 0.2)
         text = self.stderr_tail.decode("utf-8", "replace").strip()
         return f'; stderr: "{clean(text, STDERR_TAIL_BYTES)}"' if text else ""
-
     def _read_stdout(self, proc):
         try:
             for frame, ident in read_frames(proc.stdout.fileno(), MAX_MESSAGE_BYTES):
-                # No frame ends the reader: every later answer would wait for its timeout
-                # and be recorded as unknown.
+                # No frame ends the reader: every later answer would time out as unknown.
                 try:
                     if frame is None:
                         self._deliver(ident, error=too_large())
@@ -6623,7 +6559,6 @@ class Upstream:
                 on_exit = self.proc is proc and self.on_exit  # not when agentgate closed it
             if on_exit:
                 on_exit(exit_text(proc))
-
     def _dispatch(self, line):
         try:
             message = parse(line)
@@ -6644,7 +6579,6 @@ class Upstream:
             self._deliver(ident, error=error_answer(message["error"]))
         else:
             self._deliver(ident, result=message.get("result"))
-
     def _notice(self, method, params):
         if method == "notifications/tools/list_changed":
             with self.lock:
@@ -6653,15 +6587,13 @@ class Upstream:
             if on_list_changed:
                 on_list_changed()
         elif method == "notifications/progress":
-            # To the request whose id it names, a token only we wrote; on the reading
-            # thread, so it comes before its answer.
+            # To the request of a token only we wrote; on the reading thread: before its answer.
             params = params if isinstance(params, dict) else {}
             with self.lock:
                 slot = self.slots.get(int_id(params.get("progressToken")))
             if slot and slot["progress"]:
                 slot["progress"](params.get("progress"), params.get("total"),
                                  params.get("message"))
-
     def _answer_server_request(self, message):
         reply = {"jsonrpc": "2.0", "id": message["id"]}
         if message.get("method") == "ping":
@@ -6670,32 +6602,24 @@ class Upstream:
             reply["error"] = {"code": -32601,
                               "message": "this client does not offer that method"}
         self._send_own(reply)
-
     def notify(self, method, params):
         self._send_own({"jsonrpc": "2.0", "method": method, "params": params})
-
     def _send_own(self, message):
-        try:
+        with contextlib.suppress(UpstreamError):  # gone, or stopped for not reading
             self._send(message, Deadline(OWN_WRITE_SECONDS * SECOND))
-        except UpstreamError:
-            pass  # gone, or stopped for not reading: nothing to tell
-
     def _deliver(self, ident, result=None, error=None):
         # Filled in under the lock that removes the slot: a wait ending now sees its whole
         # answer or no slot, never half of one.
         with self.lock:
-            slot = self.slots.pop(ident, None) if ident is not None else None
+            slot = self.slots.pop(ident, None)  # None, no key: no slot
             if slot:
-                slot["result"], slot["error"] = result, error
-                slot["answered"] = True
+                slot.update(result=result, error=error, answered=True)
                 slot["done"].release()
-
     def _fail_all(self, reason):
         for slot in self.slots.values():
             slot["error"], slot["answered"] = UpstreamError(reason), True
             slot["done"].release()
         self.slots.clear()
-
     def _send(self, message, deadline):
         """Write one message by `deadline`, the one place that says if any byte did go; a
         server not taking it in time is stopped."""
@@ -6734,21 +6658,16 @@ class Upstream:
                 self._fail_all(reason)
             signal_group(proc.pid, signal.SIGKILL)
             raise UpstreamError(reason, "timed_out" if written else "not_sent")
-
     def request(self, method, params, deadline, step, progress=None):
-        """Its answer by `deadline`; each progress notice goes to progress(value, total,
-        message). Down, only opening steps go."""
+        """Its answer by `deadline`; progress(value, total, message) at each progress notice."""
         try:
             return self._request(method, params, deadline, step, progress)
         except UpstreamError as err:
-            tail = ""
-            if step in OPENING_STEPS and err.outcome != "timed_out":
-                tail = self.tail()
-            said = self.describe(step, str(err)) + tail
+            opening = step in OPENING_STEPS and err.outcome != "timed_out"
+            said = self.describe(step, str(err)) + (self.tail() if opening else "")
             raise UpstreamError(said, err.outcome, err.rpc) from None
-
     def _request(self, method, params, deadline, step, progress):
-        down = self.down_text()  # refused before a byte is written: known not sent
+        down = self.down_text()  # down, only opening steps go; refused before a byte: not sent
         if down and step not in OPENING_STEPS:
             raise UpstreamError(down + "; nothing was sent", "not_sent")
         with self.lock:
@@ -6761,9 +6680,7 @@ class Upstream:
                     "error": None, "progress": progress}
             slot["done"].acquire()
             self.slots[ident] = slot
-        if progress:
-            # The request's id as the gate's own token: unique among its requests in
-            # flight, whatever hosts chose.
+        if progress:  # its id as the gate's own token: unique in flight, whatever hosts chose
             params = {**params, "_meta": {"progressToken": ident}}
         message = {"jsonrpc": "2.0", "id": ident, "method": method, "params": params}
         try:
@@ -6783,7 +6700,6 @@ class Upstream:
         if slot["error"]:
             raise slot["error"]
         return slot["result"]
-
     def down_text(self):
         """'' while it serves; else since when it is down, and its next try."""
         if not self.down:
@@ -6792,16 +6708,13 @@ class Upstream:
         wait = format_duration(max(0, int(self.down[1] - time.time())) * SECOND)
         return (f"the server stopped {since} ago and is being {self.AGAIN} "
                 f"(next try in {wait})")
-
     def watch_tools(self, on_list_changed):
-        """Call `on_list_changed` at each tools notice, and now if one came since the start:
-        under one lock, so none is missed."""
+        """Call `on_list_changed` at each tools notice, now too if one came: none is missed."""
         with self.lock:
             self.on_list_changed = on_list_changed
             heard = self.heard_list_changed
         if heard:
             on_list_changed()
-
     def list_tools(self, deadline):
         tools, cursors, cursor = {}, set(), None
         for _ in range(MAX_TOOL_PAGES):
@@ -6827,34 +6740,25 @@ class Upstream:
             cursors.add(cursor)
         raise self.failed(f"the listing runs past {MAX_TOOL_PAGES} pages")
 
-
 def new_upstream(server):
     return HttpUpstream(server) if server.url else Upstream(server)
 
-
-# OAuth: only `login` asks a person (section 31); the serving gate sends the token login
-# kept, renews it where login found, or does not serve.
 LOGIN_NEEDED = ("the server asks for an authorization the gate does not hold, or holds no "
                 "longer")
 # Pauses between tries at a server's own stream while refused (seconds).
 OWN_STREAM_FIRST_PAUSE, OWN_STREAM_LAST_PAUSE = 0.25, 30
-READ_BYTES = 65536
-
 
 def login_hint(server):
     return f"run: {PROGRAM}.py login {server.name}"
-
 
 def union_scope(*scopes):
     """Space-separated scopes, each once, in the order first given."""
     return " ".join(dict.fromkeys(" ".join(scope or "" for scope in scopes).split()))
 
-
 class TokenFile:
-    """What login obtained for one server of one config, 0600 at Server.tokens: tokens, their
-    client, the issuer and token endpoint. Bound to that config and url: one kept for another
-    is refused, so no other server is sent them. Not in the database, which is shown and
-    copied for audits: a credential is no fact about a call."""
+    """What login obtained for a server of a config, 0600 at Server.tokens: tokens, their
+    client, issuer and token endpoint. Bound to that config and url: no other server is sent
+    them. Not in the database, shown and copied for audits: a credential is no fact of a call."""
 
     def __init__(self, server, fresh=False):
         self.server = server
@@ -6874,7 +6778,6 @@ class TokenFile:
             raise ConfigError(f"{these} were kept for another config or url; "
                               f"{login_hint(server)}")
         self.kept = kept
-
     def client(self):
         """Their client: the config's, else the one login registered."""
         given = self.server.oauth
@@ -6883,14 +6786,11 @@ class TokenFile:
         secret = given.get("client_secret")
         return {"client_id": given["client_id"], "client_secret": secret,
                 "token_endpoint_auth_method": "client_secret_basic" if secret else "none"}
-
     def bearer(self):
         return "Bearer " + self.kept["tokens"]["access_token"]
-
     def expired(self):
         at = self.kept.get("expires_at")
         return isinstance(at, (int, float)) and at <= time.time()
-
     def obtained(self, tokens):
         """Keep new tokens; a refresh naming no new refresh token or scope keeps the old."""
         old = self.kept.get("tokens", {})
@@ -6900,17 +6800,14 @@ class TokenFile:
         self.kept["expires_at"] = time.time() + lasts \
             if isinstance(lasts, (int, float)) else None
         self.write()
-
     def want(self, scope):
         """Keep a scope a call was refused for: the next login asks it."""
         self.kept["wanted_scope"] = union_scope(self.kept.get("wanted_scope"), scope)
         self.write()
-
     def write(self):
         if self.server.oauth.get("client_id"):
             self.kept.pop("client", None)
         write_private(self.server.tokens, json.dumps(self.kept, indent=2) + "\n")
-
     def refresh(self, deadline):
         """A refresh-token grant to the endpoint login found, the one place the refresh token
         and secret go. False: not renewed."""
@@ -6952,11 +6849,9 @@ class TokenFile:
         self.obtained(tokens)
         return True
 
-
 def http_client():
     import http.client  # only when a url server starts
     return http.client
-
 
 def http_connection(url, deadline):
     """A connection to `url`'s host by `deadline` (None: within 30s)."""
@@ -6972,31 +6867,25 @@ def http_connection(url, deadline):
     conn.connect()
     return conn
 
-
 def url_target(url):
     from urllib.parse import urlsplit
     parts = urlsplit(url)
     return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
-
 def connection_lost(err):
     return UpstreamError(f"the connection was lost before the server answered "
                          f"({type(err).__name__})")
-
 
 def too_late(deadline):
     return UpstreamError(f"timed out after {format_duration(deadline.ns)}, before the message "
                          f"was sent", "not_sent")
 
-
 def is_event_stream(response):
     kind = response.getheader("Content-Type", "").lower()
     return response.status == 200 and kind.startswith("text/event-stream")
 
-
 class HttpUpstream(Upstream):
-    """A server over Streamable HTTP: only how a message travels differs. Each answer is read
-    on a thread of its own (_answer)."""
+    """Over Streamable HTTP: only transport differs; each answer is read on its own thread."""
 
     AGAIN = "connected again"
 
@@ -7009,7 +6898,6 @@ class HttpUpstream(Upstream):
         self.connections = set()  # open ones, each ended by close
         self.ended = threading.Event()
         self.stderr_done.set()  # it has none: tail() is ''
-
     def spawn(self):
         if self.server.unavailable:
             raise UpstreamError(self.server.unavailable, "not_sent")
@@ -7022,7 +6910,6 @@ class HttpUpstream(Upstream):
                 self.tokens = TokenFile(self.server)
             except ConfigError as err:  # this server's problem only
                 raise UpstreamError(str(err), "not_sent") from None
-
     def handshake(self, deadline):
         try:
             super().handshake(deadline)
@@ -7032,7 +6919,6 @@ class HttpUpstream(Upstream):
             # Only the operator reads a start's failure.
             raise UpstreamError(f"{err}; {login_hint(self.server)}", "answered") from None
         threading.Thread(target=self._listen, args=(self.ended,), daemon=True).start()
-
     def close(self):
         """Fail what waits, end every connection; never wait on it."""
         with self.lock:
@@ -7042,11 +6928,9 @@ class HttpUpstream(Upstream):
             connections = list(self.connections)
         for conn in connections:  # each read ends; its thread closes it
             self._shut(conn)
-
     def _gone(self, why):
         if self.on_exit and not self.closed:
             self.on_exit(why)  # connected again (section 24)
-
     def _send(self, message, deadline):
         body = canonical(message)
         conn = self._write("POST", body, deadline)
@@ -7060,7 +6944,6 @@ class HttpUpstream(Upstream):
             pass
         finally:
             self._end(conn)
-
     def _write(self, verb, body, deadline, refused=None, last_id=None):
         """Connect, write one request by `deadline` (None: the server's own stream): the one
         place that says if any byte went out."""
@@ -7096,7 +6979,6 @@ class HttpUpstream(Upstream):
             self._end(conn)
             raise connection_lost(err) from None
         return conn
-
     def _headers(self, deadline, accept, refused=None):
         headers = {**self.server.headers, "Accept": accept}
         if self.session:
@@ -7106,10 +6988,8 @@ class HttpUpstream(Upstream):
         if self.tokens:
             headers["Authorization"] = self._bearer(deadline, refused)
         return headers
-
     def _bearer(self, deadline, refused):
-        """The access token to send, renewed first when it expired or is `refused` (the one a
-        401 answered), by one caller at a time."""
+        """The token to send, renewed if expired or `refused` (by a 401), one caller at a time."""
         if not self.refreshing.acquire(timeout=max(deadline.left(), 0) if deadline else -1):
             raise too_late(deadline)
         try:
@@ -7120,7 +7000,6 @@ class HttpUpstream(Upstream):
             return tokens.bearer()
         finally:
             self.refreshing.release()
-
     def _login_needed(self, why):
         self.unauthorized = True
         if self.tokens:
@@ -7130,24 +7009,18 @@ class HttpUpstream(Upstream):
                 self.closed = self.closed or LOGIN_NEEDED
             log(f"server {self.name}: {LOGIN_NEEDED}; {login_hint(self.server)}")
         return UpstreamError(f"{LOGIN_NEEDED} ({why})", "answered")
-
     @staticmethod
     def _shut(conn):
-        try:
+        with contextlib.suppress(OSError, AttributeError):  # closed already
             conn.sock.shutdown(2)  # SHUT_RDWR
-        except (OSError, AttributeError):  # closed already
-            pass
-
     def _end(self, conn):
         with self.lock:
             self.connections.discard(conn)
         self._shut(conn)
         conn.close()
-
     def _waiting(self, ident, deadline):
         with self.lock:
             return ident in self.slots and deadline.left() > 0
-
     def _answer(self, conn, ident, body, deadline):
         """Hand over request `ident`'s answer, resuming a broken stream; one a 401 refused (it
         ran nothing) goes once more, renewed."""
@@ -7189,7 +7062,6 @@ class HttpUpstream(Upstream):
         finally:
             self._end(conn)
         self._deliver(ident, error=error)
-
     def _refusal(self, response):
         status = response.status
         if status >= 500:
@@ -7219,24 +7091,21 @@ class HttpUpstream(Upstream):
             return UpstreamError(f"the server answered HTTP {status}", "answered")
         self.session = response.getheader("Mcp-Session-Id") or self.session
         return None
-
     def _get(self, deadline, last_id=None):
-        """An event stream: the server's own (deadline None) or a request's resumed after
-        `last_id`: (conn, response)."""
+        """(conn, response): the server's own stream (deadline None) or one resumed."""
         conn = self._write("GET", None, deadline, last_id=last_id)
         try:
             return conn, conn.getresponse()
         except BaseException:
             self._end(conn)
             raise
-
     def _read_events(self, response, ident, deadline, after=None):
         """Hand over each message until the stream ends or `ident` (None: the server's own
         stream) is answered; the stream's state."""
         events = _EventStream(after)
         try:
             while ident is None or self._waiting(ident, deadline):
-                chunk = response.read1(READ_BYTES)
+                chunk = response.read1(65536)
                 for message in events.feed(chunk, final=not chunk):
                     self._dispatch(message)
                 if events.buffered() > MAX_MESSAGE_BYTES:
@@ -7247,7 +7116,6 @@ class HttpUpstream(Upstream):
             if not events.last_id:  # else it is resumed from there
                 raise
         return events
-
     def _listen(self, ended):
         """The server's own stream, all session. A refusal that may pass (lost, 409, 429,
         5xx) meets growing pauses; others end it."""
@@ -7273,12 +7141,10 @@ class HttpUpstream(Upstream):
                 return
             pause = min(2 * pause, OWN_STREAM_LAST_PAUSE)
 
-
 class _EventStream:
-    """Server-sent events fed in chunks of any size: the data of each event named `message`
-    or unnamed, as bytes (data lines joined by \\n); an event the stream ends inside still
-    counts. `last_id`: the last id named, to resume from; `retry`: the wait it asked for, in
-    ms. Given `after`, a stream resumed from it: its id and retry carry on."""
+    """Server-sent events fed in chunks of any size: the data (lines joined by \\n) of each
+    event named `message` or unnamed, one the stream ends inside too. `last_id`: to resume
+    from; `retry`: the wait asked for, in ms; both carry on from `after`, a resumed stream."""
 
     _LINE_END = re.compile(rb"\r\n|\r|\n")
 
@@ -7287,10 +7153,8 @@ class _EventStream:
         self.data, self.event = [], b""
         self.last_id, self.retry = (after.last_id, after.retry) if after else (b"", 0)
         self.heard = False  # an event came
-
     def buffered(self):
         return sum(map(len, self.partial)) + sum(map(len, self.data))
-
     def feed(self, chunk, final=False):
         # Only the new chunk is searched: a long line costs its length once.
         if self.after_cr and chunk.startswith(b"\n"):
@@ -7308,7 +7172,6 @@ class _EventStream:
             lines += [b"".join(self.partial), b""]
             self.partial = []
         return [m for m in map(self._line, lines) if m is not None]
-
     def _line(self, line):
         """One line's effect; the data of an event this line ends."""
         if not line:
@@ -7330,10 +7193,8 @@ class _EventStream:
             self.retry = int(value)
         return None
 
-
 class LoadError(Exception):
     """A server that cannot be used at all."""
-
 
 # Each part of a manifest entry as manifest_entry writes it: a manifest edited by hand is
 # refused by its part, not read by code trusting it.
@@ -7341,7 +7202,6 @@ ENTRY_KINDS = {
     "name": str, "description": str, "description_hash": str, "schema_hash": str,
     "title": (str, type(None)), "output_schema": (dict, type(None)),
     "icons": (list, type(None)), "_meta": (dict, type(None)), "annotations": dict}
-
 
 def read_manifest(server):
     """A server's manifest: missing or unusable, that server's LoadError; open to others'
@@ -7369,7 +7229,6 @@ def read_manifest(server):
                             f"writes; run pin again")
     return manifest
 
-
 def pinned_for(server):
     manifest = read_manifest(server)
     stray = sorted(set(server.rules) - set(manifest["tools"]))
@@ -7379,12 +7238,11 @@ def pinned_for(server):
                         f"pin: {names}; pin again or fix the rules")
     return manifest
 
-
 def load_all(config, while_starting=None):
-    """Start every server at once, then decide, in the config's order, what each offers:
-    (served upstreams, tools, a Report per server). A server not served is closed, its
-    report's `unserved` says why; a ConfigError closes all. `while_starting` runs once all
-    are spawned, on this thread (Upstream.spawn says why)."""
+    """Start every server at once, then decide in the config's order what each offers:
+    (served upstreams, tools, a Report per server). One not served is closed, its report's
+    `unserved` says why; a ConfigError closes all. `while_starting` runs once all are
+    spawned, on this thread (Upstream.spawn says why)."""
     servers = config.servers
     upstreams = [new_upstream(server) for server in servers]
     reports = [Report(server.name) for server in servers]
@@ -7431,9 +7289,7 @@ def load_all(config, while_starting=None):
     for upstream, report in zip(upstreams, reports):
         if report.unserved:
             upstream.close()
-    served = [up for up, report in zip(upstreams, reports) if not report.unserved]
-    return served, tools, reports
-
+    return [up for up, r in zip(upstreams, reports) if not r.unserved], tools, reports
 
 def _why_none(server, report, manifest):
     if report.count("unreviewed"):
@@ -7444,7 +7300,6 @@ def _why_none(server, report, manifest):
         why = "classify at least one pinned tool with a rule"
     return f"server {quote(server.name)}: no tool registered; {why}"
 
-
 def _unless_unserved(report, step, *args):
     if report.unserved:
         return None
@@ -7453,7 +7308,6 @@ def _unless_unserved(report, step, *args):
     except (UpstreamError, LoadError) as err:
         report.unserved = str(err)
         return None
-
 
 def handshake_and_list(upstream, deadline):
     upstream.handshake(deadline)
