@@ -5968,29 +5968,31 @@ def result_summary(tool, record, withheld_over=0):
 #
 # Reads as: around the core
 #
-# Owns: the lint of what a model reads of a tool (description, titles, the schema's texts and
-# names), where tool poisoning hides: findings the load check refuses a tool for unless its
-# rule accepts exactly that text (lint_hash, section 5). It finds known tricks, not all.
-# Promises: a finding names what and where, sanitized; it never changes what a tool presents.
+# Owns: the lint of what a model reads of a tool (description, titles, the schema's
+# texts and names), where tool poisoning hides: findings the load check refuses a tool
+# for unless its rule accepts exactly that text (lint_hash, section 5). It finds known
+# tricks, not all.
+# Promises: a finding names what and where, sanitized; it never changes a tool.
 # Core it calls: tool_titles.
 # =============================================================================================
 
 LINT_LONG = 1024  # past this and 4 times its peers: far longer
 _WHO = r"(user|human|operator|person|people|anyone)"
 _PHRASES = (
-    (r"<\s*/?\s*(important|system|instructions?|secret|hidden|admin|context|critical)\b[^>]*>",
-     LINT_HIGH, "a tag-like block"),
+    (r"<\s*/?\s*(important|system|instructions?|secret|hidden|admin|context|critical)\b"
+     r"[^>]*>", LINT_HIGH, "a tag-like block"),
     (r"<!--", LINT_HIGH, "an HTML comment, which rendered text hides"),
     (r"\b(ignore|disregard|forget|override)\b.{0,40}\b(instructions?|prompts?|rules"
      r"|guidelines|guidance|directions|directives)\b",
      LINT_HIGH, "text telling the model to ignore its instructions"),
-    (r"\b(system prompt|(previous|earlier|prior) instructions|you are now|new instructions"
-     r"|as an ai)\b", LINT_HIGH, "text aimed at the model's instructions"),
+    (r"\b(system prompt|(previous|earlier|prior) instructions|you are now"
+     r"|new instructions|as an ai)\b", LINT_HIGH,
+     "text aimed at the model's instructions"),
     (r"\b(do not|don't|never|without)\b.{0,40}\b(tell|telling|inform|informing|mention"
-     r"|mentioning|reveal|revealing|alert|alerting|notify|notifying|let|letting)\b.{0,40}\b"
-     + _WHO + r"|\b(hide|hiding|conceal|concealing|keep|keeping)\b.{0,40}\bfrom\b.{0,20}\b"
-     + _WHO + r"|\bwithout\b.{0,20}\b(user|human|operator|person)('s)?"
-     r"\s+(knowing|knowledge|noticing|consent)",
+     r"|mentioning|reveal|revealing|alert|alerting|notify|notifying|let|letting)\b"
+     r".{0,40}\b" + _WHO + r"|\b(hide|hiding|conceal|concealing|keep|keeping)\b.{0,40}"
+     r"\bfrom\b.{0,20}\b" + _WHO + r"|\bwithout\b.{0,20}\b(user|human|operator"
+     r"|person)('s)?\s+(knowing|knowledge|noticing|consent)",
      LINT_HIGH, "text telling the model to keep something from the user"),
     (r"\b(when|whenever|every time)\b.{0,60}\b(any|every|all|other|another)\b.{0,20}"
      r"\b(tools?|commands?|calls?|requests?)\b.{0,80}\b(must|always|never)\b",
@@ -5999,10 +6001,12 @@ _PHRASES = (
      r"|/etc/(passwd|shadow)|(^|[\s/'\"`])\.env\b|\.netrc\b|\.pgpass\b|\.git-credentials"
      r"|\.npmrc\b|\.pypirc\b|\.kube/config|\.docker/config\.json|\bmcp\.json\b"
      r"|claude_desktop_config\.json)", LINT_HIGH, "the place of a secret"),
-    # Case matters: AWS_SECRET_ACCESS_KEY names a secret, an access_token parameter does not.
+    # Case matters: AWS_SECRET_ACCESS_KEY names a secret, an access_token parameter not.
     (r"(?-i:\b[A-Z][A-Z0-9_]*_(SECRET|TOKEN|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY"
-     r"|PRIVATE_KEY|CREDENTIALS?)[A-Z0-9_]*\b)", LINT_HIGH, "a secret named by its variable"),
-    (r"[\x1b\x9b]", LINT_HIGH, "terminal escape sequences, which can hide text on a screen"),
+     r"|PRIVATE_KEY|CREDENTIALS?)[A-Z0-9_]*\b)", LINT_HIGH,
+     "a secret named by its variable"),
+    (r"[\x1b\x9b]", LINT_HIGH,
+     "terminal escape sequences, which can hide text on a screen"),
     (r"\b(other|another|different)\s+(tools?|servers?|functions?)\b",
      LINT_MEDIUM, "a reference to other tools or servers"),
     (r"\b[a-z][a-z0-9+.-]*://\S+", LINT_MEDIUM, "a URL"),
@@ -6010,20 +6014,21 @@ _PHRASES = (
      LINT_MEDIUM, "a file path"))
 _LINT_PHRASES = [(re.compile(pattern, re.I | re.S), severity, what)
                  for pattern, severity, what in _PHRASES]
-# Advice to call a tool of the same server first is how public servers sequence theirs: medium.
+# Advice to call a tool of its own server first is how servers sequence theirs: medium.
 _FIRST_STEP = re.compile(r"\bbefore\b.{0,30}\b(using|calling|invoking|you use|you call)\b"
-                         r".{0,120}\b(read|call|send|run|fetch|open|pass|include|upload)\b",
-                         re.I | re.S)
+                         r".{0,120}\b(read|call|send|run|fetch|open|pass|include"
+                         r"|upload)\b", re.I | re.S)
 # Words that make a mention of another tool an instruction (shadowing).
 _DIRECTIVE = re.compile(r"\b(must|always|never|instead|do not|don't)\b", re.I)
 _SENTENCE_END = re.compile(r"[.!?](\s|$)")
 _LETTERS_RE = re.compile(r"[^\W\d_]+")
-# Each selector hides one byte (U+FE00-FE0F: 0-15, U+E0100-E01EF: 16-255); an emoji takes one.
+# A selector hides a byte (U+FE00-FE0F: 0-15, U+E0100-E01EF: 16-255); an emoji takes one.
 _SELECTOR_RUN = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]{2,}")
-_READ_KEYWORDS = ("description", "title", "default", "examples", "enum", "const", "$comment")
+_READ_KEYWORDS = ("description", "title", "default", "examples", "enum", "const",
+                  "$comment")
 
 def lint_texts(entry):
-    """(where, text) the model reads of a tool but names: description, titles, schema texts."""
+    """(where, text) the model reads of a tool but names: description, titles, schema."""
     texts = [("description", entry.get("description") or ""), *tool_titles(entry)]
 
     def walk(node, where):
@@ -6034,7 +6039,7 @@ def lint_texts(entry):
             return
         for key, value in node.items():
             at = f"{where}/{key}"
-            if key in SCHEMA_MAPS and isinstance(value, dict):  # its names are no keywords
+            if key in SCHEMA_MAPS and isinstance(value, dict):  # names, not keywords
                 for name, schema in value.items():
                     walk(schema, f"{at}/{name}")
             elif key in _READ_KEYWORDS or key.startswith("x-"):
@@ -6062,7 +6067,7 @@ LATIN_LOOKALIKES = dict(zip(
     "aeijopcyxsdlhqwABEKMHOPCTXIJSYYQWlaovipuxABEZHIKMNOPTYX"))
 
 def latin_lookalike(word):
-    """What `word`, wholly in lookalikes of another script (раураӏ), reads as in Latin, or ''."""
+    """What `word`, all lookalikes of another script (раураӏ), reads as in Latin or ''."""
     if len(word) < 3 or "LATIN" in scripts_of(word):  # а, с, о imitate nothing
         return ""
     if not all(ch in LATIN_LOOKALIKES for ch in word):
@@ -6070,7 +6075,7 @@ def latin_lookalike(word):
     return "".join(LATIN_LOOKALIKES[ch] for ch in word)
 
 def lookalike_words(text):
-    """Words of `text` mixing scripts (a Cyrillic а among Latin) or all Latin lookalikes."""
+    """Words of `text` mixing scripts (a Cyrillic а among Latin) or all lookalikes."""
     return sorted({word for word in _LETTERS_RE.findall(text)
                    if len(scripts_of(word)) > 1 or latin_lookalike(word)})
 
@@ -6093,11 +6098,8 @@ def _named(names, text):
 
 def _smuggled(text):
     """What runs of variation selectors spell, decoded as bytes."""
-    spelled = bytearray()
-    for run in _SELECTOR_RUN.findall(text):
-        for ch in run:
-            code = ord(ch)
-            spelled.append(code - 0xFE00 if code < 0xFF00 else code - 0xE0100 + 16)
+    codes = [ord(ch) for run in _SELECTOR_RUN.findall(text) for ch in run]
+    spelled = bytes(c - 0xFE00 if c < 0xFF00 else c - 0xE0100 + 16 for c in codes)
     return spelled.decode("utf-8", "replace")
 
 def lint_tool(entry, others, siblings, peer_length):
@@ -6111,8 +6113,9 @@ def lint_tool(entry, others, siblings, peer_length):
             mixed = ", ".join(sorted(scripts))
             findings.append((LINT_HIGH, f"a name that mixes scripts ({mixed})", where))
         elif lookalike_words(name):
-            findings.append((LINT_HIGH, "a name in letters that read as Latin ones", where))
-        words = re.sub(r"[_.-]+|(?<=[a-z0-9])(?=[A-Z])", " ", name)  # readSsh_key: read Ssh key
+            findings.append((LINT_HIGH, "a name in letters that read as Latin ones",
+                             where))
+        words = re.sub(r"[_.-]+|(?<=[a-z0-9])(?=[A-Z])", " ", name)  # readSshKey: words
         findings += [(severity, what, where) for pattern, severity, what in _LINT_PHRASES
                      if pattern.search(words)]
     mine = set(siblings) - {entry["name"]}
@@ -6121,8 +6124,8 @@ def lint_tool(entry, others, siblings, peer_length):
                      for severity, what in _text_findings(text, others, mine)]
     length = len(entry.get("description") or "")
     if length > max(LINT_LONG, 4 * peer_length):
-        findings.append((LINT_MEDIUM, f"{length} characters long, far longer than its peers",
-                         "description"))
+        findings.append((LINT_MEDIUM, f"{length} characters long, far longer than its "
+                         f"peers", "description"))
     return sorted(findings, key=lambda f: f[0] != LINT_HIGH)
 
 def _text_findings(text, others, siblings):
@@ -6131,7 +6134,8 @@ def _text_findings(text, others, siblings):
     hidden = invisible_codes(text)
     if hidden:
         # Tag characters mirror ASCII: the model may read what they spell.
-        spelled = "".join(chr(ord(ch) - 0xE0000) for ch in text if 0xE0020 <= ord(ch) < 0xE007F)
+        spelled = "".join(chr(ord(ch) - 0xE0000) for ch in text
+                          if 0xE0020 <= ord(ch) < 0xE007F)
         codes = ", ".join(f"U+{code:04X}" for code in hidden[:5])
         what = f"invisible, bidirectional or tag characters ({codes})"
         if spelled:
@@ -6148,8 +6152,8 @@ def _text_findings(text, others, siblings):
         end = _SENTENCE_END.search(text, step.start())
         sentence = text[step.start():end.end() if end else len(text)]
         if _named(siblings, sentence):
-            found.append((LINT_MEDIUM, "a step the model is told to take first, with a tool "
-                          "of its own server"))
+            found.append((LINT_MEDIUM, "a step the model is told to take first, with a "
+                          "tool of its own server"))
         else:
             found.append((LINT_HIGH, "a step the model is told to take first"))
     mixed = lookalike_words(text)
@@ -6190,25 +6194,26 @@ def lint_manifests(manifests):
 #
 # Reads as: around the core
 #
-# Owns: the transport fields (read_transport), check_reach, a server as a child speaking
-# JSON-RPC lines (Upstream) or over Streamable HTTP (HttpUpstream), its manifest, load_all.
+# Owns: the transport fields (read_transport), check_reach, a server as a child on
+# JSON-RPC lines (Upstream) or Streamable HTTP (HttpUpstream), its manifest, load_all.
 # Core it calls: read_config, read_frames, read_owned; load.
-# Promises: a child gets PATH, HOME, TMPDIR and what the operator names, in its own process
-# group, and on Linux dies with agentgate. One deadline covers connecting, listing, loading.
-# Every request from the server is answered. Only an integer id agentgate wrote matches an
-# answer or progress notice; a bad message fails only its request. A server gone fails later
-# calls at once, as not sent, until section 24 brings it back. Closing waits on no server.
-# A failure's outcome: 'not_sent' only where no byte was written (request's refusals, _send,
-# _write); 'no_answer' or 'timed_out' once one may have been; 'answered' or 'unusable' from
-# an answer. Over HTTP: a connection per message; no byte after its deadline; no redirect
-# followed; HTTP 500 or more may have executed; a broken stream is resumed in the deadline.
-# OAuth: the serving gate asks no person (only `login` does, section 31); it sends the tokens
-# login kept for this config and url, renewed where login found, or does not serve the
-# server (LOGIN_NEEDED).
+# Promises: a child gets PATH, HOME, TMPDIR and what the operator names, in its own
+# process group, and on Linux dies with agentgate. One deadline covers connecting,
+# listing, loading. Every request from the server is answered. Only an integer id
+# agentgate wrote matches an answer or progress notice; a bad message fails only its
+# request. A server gone fails later calls at once, not sent, until section 24 brings it
+# back. Closing waits on no server.
+# A failure's outcome: 'not_sent' only where no byte was written (request's refusals,
+# _send, _write); 'no_answer' or 'timed_out' once one may have been; 'answered' or
+# 'unusable' from an answer. Over HTTP: a connection per message; no byte after its
+# deadline; no redirect followed; HTTP 500 or more may have executed; a broken stream is
+# resumed in the deadline. OAuth: only `login` asks a person (section 31); the gate sends
+# the tokens login kept for this config and url, renewed where login found, or does not
+# serve the server (LOGIN_NEEDED).
 # =============================================================================================
 
-# A url server's header values come from the 0600 config or our environment (`${NAME}`); no
-# message shows one, nor more than shown_url.
+# A url server's header values come from the 0600 config or our environment (`${NAME}`);
+# no message shows one, nor more than shown_url.
 ENV_REFERENCE_RE = re.compile(r"\$\{([^}]*)\}")
 OAUTH_FIELDS = ("client_id", "client_secret", "scope")
 
@@ -6221,17 +6226,19 @@ def read_transport(server, raw, where, base):
     server.unavailable = ""  # why this server cannot start: the others are served
     argv = server.command
     if (argv is None) == (not server.url):
-        raise ConfigError(f"{where} needs exactly one of command (an argv list) or url (an "
-                          f"http:// or https:// address)")
+        raise ConfigError(f"{where} needs exactly one of command (an argv list) or url "
+                          f"(an http:// or https:// address)")
     if server.url:
         server.headers, server.unavailable = _url_server(raw, where, server.url)
         server.oauth = _oauth_client(raw, where)
-    elif not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+    elif (not isinstance(argv, list) or not argv
+          or not all(isinstance(a, str) for a in argv)):
         raise ConfigError(f'{where}.command must be a non-empty list of strings, such as '
                           f'["node", "server.js"]')
     elif "headers" in raw or "oauth" in raw:
         field = "headers" if "headers" in raw else "oauth"
-        raise ConfigError(f"{where}.{field} is sent only to a server reached by url; use env")
+        raise ConfigError(f"{where}.{field} is sent only to a server reached by url; "
+                          f"use env")
     server.env = field_names(raw, "env", where)
     for entry in server.env:
         if "=" not in entry or entry.startswith("="):
@@ -6239,8 +6246,8 @@ def read_transport(server, raw, where, base):
     server.inherit_env = field_names(raw, "inherit_env", where)
     for name in server.inherit_env:
         if not name or "=" in name:
-            raise ConfigError(f"{where}.inherit_env entry {quote(name)} must be a variable "
-                              f"name without '='")
+            raise ConfigError(f"{where}.inherit_env entry {quote(name)} must be a "
+                              f"variable name without '='")
     server.connect_timeout = field_duration(raw, "connect_timeout", where, 30 * SECOND)
     stem = os.path.splitext(os.path.basename(server.config_path))[0]
     server.tokens = os.path.join(base, f"{stem}.{server.name}.tokens.json")
@@ -6286,13 +6293,14 @@ def _reach_candidates(arg):
     return [home + c[1:] if c == "~" or c.startswith("~/") else c for c in found if c]
 
 def check_reach(config):
-    """Refuse a server whose cwd or argument names a file the policy depends on or a directory
-    above one: a guard, not a boundary."""
+    """Refuse a server whose cwd or argument names a file the policy depends on or a
+    directory above one: a guard, not a boundary."""
     identities, missing = _protected(config)
     for server in config.servers:
         if server.skip_path_check:
             continue
-        named = [(f"cwd {quote(server.cwd_given)}", server.cwd)] if server.cwd_given else []
+        given = server.cwd_given
+        named = [(f"cwd {quote(given)}", server.cwd)] if given else []
         named += [(f"argument {quote(arg)}", os.path.join(server.cwd, candidate))
                   for arg in (server.command or [])[1:]  # none for a url server
                   for candidate in _reach_candidates(arg)]
@@ -6301,8 +6309,8 @@ def check_reach(config):
             if (identity and identity in identities) or real in missing:
                 raise ConfigError(
                     f"server {quote(server.name)}: its {what} reaches {real}, which the "
-                    f"gate's policy and approvals depend on: point the server elsewhere, or "
-                    f"set skip_path_check on it if it cannot write there")
+                    f"gate's policy and approvals depend on: point the server elsewhere, "
+                    f"or set skip_path_check on it if it cannot write there")
 
 def child_env(server):
     """PATH, HOME, TMPDIR, inherit_env, env: our secrets reach no other."""
@@ -6312,13 +6320,13 @@ def child_env(server):
     return env
 
 def _url_server(raw, where, url):
-    """(headers, `${NAME}` filled in; why it cannot start: a variable unset is a problem of
-    where agentgate runs, not of the config)."""
+    """(headers, `${NAME}` filled in; why it cannot start: a variable unset is a problem
+    of where agentgate runs, not of the config)."""
     from urllib.parse import urlsplit
     for field in ("env", "inherit_env", "cwd"):
         if field in raw:
-            raise ConfigError(f"{where}.{field} means nothing for a server reached by url; "
-                              f"remove it")
+            raise ConfigError(f"{where}.{field} means nothing for a server reached by "
+                              f"url; remove it")
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -6327,12 +6335,12 @@ def _url_server(raw, where, url):
         raise ConfigError(f"{where}.url must be an http:// or https:// address, such as "
                           f'"http://127.0.0.1:8000/mcp"')
     if "@" in parts.netloc:  # messages show the url
-        raise ConfigError(f"{where}.url must not carry a user or password; send them as a "
-                          f"header")
+        raise ConfigError(f"{where}.url must not carry a user or password; send them "
+                          f"as a header")
     given = raw.get("headers", {})
     if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
-        raise ConfigError(f"{where}.headers must be an object of header name to string, such "
-                          f'as {{"Authorization": "Bearer ${{TOKEN}}"}}')
+        raise ConfigError(f"{where}.headers must be an object of header name to string, "
+                          f'such as {{"Authorization": "Bearer ${{TOKEN}}"}}')
     headers, unset = {}, ""
     for name, value in given.items():
         if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
@@ -6340,30 +6348,32 @@ def _url_server(raw, where, url):
         for variable in ENV_REFERENCE_RE.findall(value):
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", variable):
                 written = quote("${" + variable + "}")
-                raise ConfigError(f"{where}.headers.{name} names {written}; a variable is "
-                                  f"written ${{NAME}} with letters, digits and '_'")
+                raise ConfigError(f"{where}.headers.{name} names {written}; a variable "
+                                  f"is written ${{NAME}} with letters, digits and '_'")
             if variable not in os.environ and not unset:
-                unset = (f"{where}.headers.{name} names the environment variable {variable}, "
-                         f"which is not set: set it where agentgate runs")
-        headers[name] = ENV_REFERENCE_RE.sub(lambda m: os.environ.get(m.group(1), ""), value)
+                unset = (f"{where}.headers.{name} names the environment variable "
+                         f"{variable}, which is not set: set it where agentgate runs")
+        headers[name] = ENV_REFERENCE_RE.sub(lambda m: os.environ.get(m.group(1), ""),
+                                             value)
         if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", headers[name]):
-            raise ConfigError(f"{where}.headers.{name} holds a control character, which no "
-                              f"header may carry")
+            raise ConfigError(f"{where}.headers.{name} holds a control character, which "
+                              f"no header may carry")
     return headers, unset
 
 def _oauth_client(raw, where):
     """A pre-registered client, for a server that registers none."""
     given = raw.get("oauth", {})
     if not isinstance(given, dict):
-        raise ConfigError(f'{where}.oauth must be an object such as {{"client_id": "...", '
-                          f'"client_secret": "...", "scope": "..."}}')
+        raise ConfigError(f'{where}.oauth must be an object such as {{"client_id": '
+                          f'"...", "client_secret": "...", "scope": "..."}}')
     refuse_unknown(given, OAUTH_FIELDS, f"{where}.oauth")
     for field in OAUTH_FIELDS:
         value = given.get(field, "x")
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{where}.oauth.{field} must be a non-empty string")
     if "client_secret" in given and "client_id" not in given:
-        raise ConfigError(f"{where}.oauth has a client_secret but no client_id; give both")
+        raise ConfigError(f"{where}.oauth has a client_secret but no client_id; "
+                          f"give both")
     return dict(given)
 
 def shown_url(url):
@@ -6379,7 +6389,8 @@ def shown_url(url):
     return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
 
 def write_private(path, text):
-    fd, temp = tempfile.mkstemp(prefix=".agentgate-", dir=os.path.dirname(os.path.abspath(path)))
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temp = tempfile.mkstemp(prefix=".agentgate-", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -6405,8 +6416,8 @@ STDERR_TAIL_BYTES = 4096
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_TOOL_PAGES = 100
 MAX_TOOLS = 1000
-# How long a message of our own (a ping's answer, a cancel notice) may wait for the server to
-# read it; a request waits until its deadline.
+# How long a message of our own (a ping's answer, a cancel notice) may wait for the server
+# to read it; a request waits until its deadline.
 OWN_WRITE_SECONDS = 5
 OPENING_STEPS = ("connect", "list tools")
 
@@ -6426,8 +6437,8 @@ def error_answer(error):
 
 @functools.lru_cache(maxsize=1)
 def _parent_death_request():
-    """prctl(PR_SET_PDEATHSIG, SIGKILL) for a child to call before exec on Linux; looked up
-    in the parent: a forked child loads nothing."""
+    """prctl(PR_SET_PDEATHSIG, SIGKILL) for a child to call before exec on Linux; looked
+    up in the parent: a forked child loads nothing."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -6465,9 +6476,9 @@ class Upstream:
         self.next_id, self.slots = 0, {}
         self.lock, self.write_lock = threading.Lock(), threading.Lock()
         self.stderr_tail, self.stderr_done = b"", threading.Event()
-        # Set by section 24 while serving: on_list_changed (called on the reading thread: must
-        # not block), on_exit(why) when the server goes away on its own, and `down`, (since,
-        # next try) in epoch seconds until it serves again. `pinned`: from load_all.
+        # Set by section 24 while serving: on_list_changed (called on the reading thread:
+        # must not block), on_exit(why) when the server goes away on its own, and `down`,
+        # (since, next try) in epoch seconds until it serves. `pinned`: from load_all.
         self.on_list_changed = self.on_exit = self.down = None
         self.heard_list_changed, self.pinned = False, {}
     def describe(self, step, detail):
@@ -6480,13 +6491,13 @@ class Upstream:
         command = self.server.command
         try:  # bufsize=0: closing its input never waits to flush
             proc = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=child_env(self.server), start_new_session=True, cwd=self.server.cwd,
-                bufsize=0, preexec_fn=_parent_death_request())
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=child_env(self.server), cwd=self.server.cwd,
+                start_new_session=True, bufsize=0, preexec_fn=_parent_death_request())
         except OSError as err:
             why = f"cannot start {quote(command[0])}: {err.strerror}"
             raise UpstreamError(self.describe("connect", why), "not_sent")
-        os.set_blocking(proc.stdin.fileno(), False)  # writes wait in poll, with a deadline
+        os.set_blocking(proc.stdin.fileno(), False)  # writes wait in poll, to a deadline
         self.stderr_tail, self.stderr_done = b"", threading.Event()
         with self.lock:
             self.proc, self.closed = proc, None
@@ -6498,11 +6509,13 @@ class Upstream:
                   "clientInfo": {"name": "agentgate", "version": VERSION}}
         result = self.request("initialize", params, deadline, "connect")
         if not isinstance(result, dict):
-            raise self.failed("the server's initialize answer is not an object", "connect")
+            raise self.failed("the server's initialize answer is not an object",
+                              "connect")
         chosen = result.get("protocolVersion")
         if chosen not in PROTOCOL_VERSIONS:
-            raise self.failed(f"the server answered protocol version {quote(str(chosen)[:40])}"
-                              f"; this client speaks {', '.join(PROTOCOL_VERSIONS)}", "connect")
+            raise self.failed(f"the server answered protocol version "
+                              f"{quote(str(chosen)[:40])}; this client speaks "
+                              f"{', '.join(PROTOCOL_VERSIONS)}", "connect")
         self.protocol = chosen  # HTTP names it on every later message
         self.notify("notifications/initialized", {})
     def close(self):
@@ -6526,7 +6539,7 @@ class Upstream:
         if _exit_code(proc, 2) is None:
             signal_group(proc.pid, signal.SIGTERM)
             _exit_code(proc, 2)
-        signal_group(proc.pid, signal.SIGKILL)  # its descendants (npx's server) die with it
+        signal_group(proc.pid, signal.SIGKILL)  # its descendants (npx's server) die too
         _exit_code(proc, 5)
     def _read_stderr(self, stream, done):
         try:
@@ -6556,7 +6569,7 @@ class Upstream:
             with self.lock:
                 self.closed = self.closed or "the server closed its output"
                 self._fail_all(self.closed)
-                on_exit = self.proc is proc and self.on_exit  # not when agentgate closed it
+                on_exit = self.proc is proc and self.on_exit  # not if agentgate closed it
             if on_exit:
                 on_exit(exit_text(proc))
     def _dispatch(self, line):
@@ -6587,7 +6600,7 @@ class Upstream:
             if on_list_changed:
                 on_list_changed()
         elif method == "notifications/progress":
-            # To the request of a token only we wrote; on the reading thread: before its answer.
+            # To the request of a token only we wrote; read before its answer.
             params = params if isinstance(params, dict) else {}
             with self.lock:
                 slot = self.slots.get(int_id(params.get("progressToken")))
@@ -6625,8 +6638,8 @@ class Upstream:
         server not taking it in time is stopped."""
         data = canonical(message) + b"\n"
         if not self.write_lock.acquire(timeout=deadline.left()):
-            raise UpstreamError("the server is not reading its input (an earlier message to "
-                                "it is still being written)", "not_sent")
+            raise UpstreamError("the server is not reading its input (an earlier message "
+                                "to it is still being written)", "not_sent")
         written, view, poller = 0, memoryview(data), None
         try:
             proc = self.proc
@@ -6640,8 +6653,8 @@ class Upstream:
                     pass  # the pipe is full: wait for a read, or the end
                 except (OSError, ValueError):
                     outcome = "no_answer" if written else "not_sent"
-                    raise UpstreamError("the server is not reading its input (it may have "
-                                        "exited)", outcome) from None
+                    raise UpstreamError("the server is not reading its input (it may "
+                                        "have exited)", outcome) from None
                 if poller is None:
                     poller = select.poll()
                     poller.register(proc.stdin.fileno(), select.POLLOUT)
@@ -6659,7 +6672,7 @@ class Upstream:
             signal_group(proc.pid, signal.SIGKILL)
             raise UpstreamError(reason, "timed_out" if written else "not_sent")
     def request(self, method, params, deadline, step, progress=None):
-        """Its answer by `deadline`; progress(value, total, message) at each progress notice."""
+        """Its answer by `deadline`; progress(value, total, message) at each notice."""
         try:
             return self._request(method, params, deadline, step, progress)
         except UpstreamError as err:
@@ -6667,7 +6680,8 @@ class Upstream:
             said = self.describe(step, str(err)) + (self.tail() if opening else "")
             raise UpstreamError(said, err.outcome, err.rpc) from None
     def _request(self, method, params, deadline, step, progress):
-        down = self.down_text()  # down, only opening steps go; refused before a byte: not sent
+        # Down, only opening steps go: refused before a byte is written, known not sent.
+        down = self.down_text()
         if down and step not in OPENING_STEPS:
             raise UpstreamError(down + "; nothing was sent", "not_sent")
         with self.lock:
@@ -6675,12 +6689,12 @@ class Upstream:
                 raise UpstreamError(self.closed, "not_sent")
             self.next_id += 1
             ident = self.next_id
-            # `done` is held until the answer is in: the cheapest hand-over between threads.
+            # `done` is held until the answer is in: the cheapest hand-over.
             slot = {"done": threading.Lock(), "answered": False, "result": None,
                     "error": None, "progress": progress}
             slot["done"].acquire()
             self.slots[ident] = slot
-        if progress:  # its id as the gate's own token: unique in flight, whatever hosts chose
+        if progress:  # its id as our token: unique in flight, whatever hosts chose
             params = {**params, "_meta": {"progressToken": ident}}
         message = {"jsonrpc": "2.0", "id": ident, "method": method, "params": params}
         try:
@@ -6709,7 +6723,7 @@ class Upstream:
         return (f"the server stopped {since} ago and is being {self.AGAIN} "
                 f"(next try in {wait})")
     def watch_tools(self, on_list_changed):
-        """Call `on_list_changed` at each tools notice, now too if one came: none is missed."""
+        """Call `on_list_changed` at each tools notice, now if one came: none missed."""
         with self.lock:
             self.on_list_changed = on_list_changed
             heard = self.heard_list_changed
@@ -6743,8 +6757,8 @@ class Upstream:
 def new_upstream(server):
     return HttpUpstream(server) if server.url else Upstream(server)
 
-LOGIN_NEEDED = ("the server asks for an authorization the gate does not hold, or holds no "
-                "longer")
+LOGIN_NEEDED = ("the server asks for an authorization the gate does not hold, or holds "
+                "no longer")
 # Pauses between tries at a server's own stream while refused (seconds).
 OWN_STREAM_FIRST_PAUSE, OWN_STREAM_LAST_PAUSE = 0.25, 30
 
@@ -6756,9 +6770,8 @@ def union_scope(*scopes):
     return " ".join(dict.fromkeys(" ".join(scope or "" for scope in scopes).split()))
 
 class TokenFile:
-    """What login obtained for a server of a config, 0600 at Server.tokens: tokens, their
-    client, issuer and token endpoint. Bound to that config and url: no other server is sent
-    them. Not in the database, shown and copied for audits: a credential is no fact of a call."""
+    """What login obtained (tokens, client, issuer, token endpoint), 0600 at Server.tokens,
+    bound to one config and url; not in the database: a credential is no fact of calls."""
 
     def __init__(self, server, fresh=False):
         self.server = server
@@ -6792,7 +6805,7 @@ class TokenFile:
         at = self.kept.get("expires_at")
         return isinstance(at, (int, float)) and at <= time.time()
     def obtained(self, tokens):
-        """Keep new tokens; a refresh naming no new refresh token or scope keeps the old."""
+        """Keep new tokens; a refresh naming no refresh token or scope keeps the old."""
         old = self.kept.get("tokens", {})
         kept = {k: old[k] for k in ("refresh_token", "scope") if k in old}
         self.kept["tokens"] = {**kept, **tokens}
@@ -6809,8 +6822,8 @@ class TokenFile:
             self.kept.pop("client", None)
         write_private(self.server.tokens, json.dumps(self.kept, indent=2) + "\n")
     def refresh(self, deadline):
-        """A refresh-token grant to the endpoint login found, the one place the refresh token
-        and secret go. False: not renewed."""
+        """A refresh-token grant to the endpoint login found, the one place the refresh
+        token and secret go. False: not renewed."""
         from urllib.parse import urlencode, quote as escape
         refresh = self.kept["tokens"].get("refresh_token")
         endpoint = self.kept.get("token_endpoint")
@@ -6843,7 +6856,8 @@ class TokenFile:
         finally:
             if conn:
                 conn.close()
-        if not isinstance(tokens, dict) or not isinstance(tokens.get("access_token"), str) \
+        if not isinstance(tokens, dict) \
+                or not isinstance(tokens.get("access_token"), str) \
                 or str(tokens.get("token_type")).lower() != "bearer":
             return False
         self.obtained(tokens)
@@ -6877,15 +6891,15 @@ def connection_lost(err):
                          f"({type(err).__name__})")
 
 def too_late(deadline):
-    return UpstreamError(f"timed out after {format_duration(deadline.ns)}, before the message "
-                         f"was sent", "not_sent")
+    return UpstreamError(f"timed out after {format_duration(deadline.ns)}, before the "
+                         f"message was sent", "not_sent")
 
 def is_event_stream(response):
     kind = response.getheader("Content-Type", "").lower()
     return response.status == 200 and kind.startswith("text/event-stream")
 
 class HttpUpstream(Upstream):
-    """Over Streamable HTTP: only transport differs; each answer is read on its own thread."""
+    """Over Streamable HTTP: only transport differs; each answer read on a thread."""
 
     AGAIN = "connected again"
 
@@ -6935,8 +6949,8 @@ class HttpUpstream(Upstream):
         body = canonical(message)
         conn = self._write("POST", body, deadline)
         if "method" in message and "id" in message:
-            threading.Thread(target=self._answer, args=(conn, message["id"], body, deadline),
-                             daemon=True).start()
+            args = (conn, message["id"], body, deadline)
+            threading.Thread(target=self._answer, args=args, daemon=True).start()
             return
         try:  # a notice or an answer: taken in at once (202)
             conn.getresponse().read(MAX_MESSAGE_BYTES)
@@ -6945,10 +6959,16 @@ class HttpUpstream(Upstream):
         finally:
             self._end(conn)
     def _write(self, verb, body, deadline, refused=None, last_id=None):
-        """Connect, write one request by `deadline` (None: the server's own stream): the one
-        place that says if any byte went out."""
+        """Connect, write one request by `deadline` (None: the server's own stream): the
+        one place that says if any byte went out."""
         accept = "application/json, text/event-stream" if body else "text/event-stream"
-        headers = self._headers(deadline, accept, refused)
+        headers = {**self.server.headers, "Accept": accept}
+        if self.session:
+            headers["Mcp-Session-Id"] = self.session
+        if self.protocol:
+            headers["MCP-Protocol-Version"] = self.protocol
+        if self.tokens:
+            headers["Authorization"] = self._bearer(deadline, refused)
         if body:
             headers["Content-Type"] = "application/json"
         if last_id:
@@ -6979,18 +6999,10 @@ class HttpUpstream(Upstream):
             self._end(conn)
             raise connection_lost(err) from None
         return conn
-    def _headers(self, deadline, accept, refused=None):
-        headers = {**self.server.headers, "Accept": accept}
-        if self.session:
-            headers["Mcp-Session-Id"] = self.session
-        if self.protocol:
-            headers["MCP-Protocol-Version"] = self.protocol
-        if self.tokens:
-            headers["Authorization"] = self._bearer(deadline, refused)
-        return headers
     def _bearer(self, deadline, refused):
-        """The token to send, renewed if expired or `refused` (by a 401), one caller at a time."""
-        if not self.refreshing.acquire(timeout=max(deadline.left(), 0) if deadline else -1):
+        """The token to send, renewed if expired or `refused` (by a 401), 1 at a time."""
+        wait = max(deadline.left(), 0) if deadline else -1
+        if not self.refreshing.acquire(timeout=wait):
             raise too_late(deadline)
         try:
             tokens = self.tokens
@@ -7003,8 +7015,8 @@ class HttpUpstream(Upstream):
     def _login_needed(self, why):
         self.unauthorized = True
         if self.tokens:
-            # No browser, no port: not served until the operator runs login, and every later
-            # call fails at once saying so.
+            # No browser, no port: not served until the operator runs login, and every
+            # later call fails at once saying so.
             with self.lock:
                 self.closed = self.closed or LOGIN_NEEDED
             log(f"server {self.name}: {LOGIN_NEEDED}; {login_hint(self.server)}")
@@ -7022,8 +7034,8 @@ class HttpUpstream(Upstream):
         with self.lock:
             return ident in self.slots and deadline.left() > 0
     def _answer(self, conn, ident, body, deadline):
-        """Hand over request `ident`'s answer, resuming a broken stream; one a 401 refused (it
-        ran nothing) goes once more, renewed."""
+        """Hand over request `ident`'s answer, resuming a broken stream; one a 401 refused
+        (it ran nothing) goes once more, renewed."""
         error = UpstreamError("the server ended its HTTP answer without a result")
         try:
             response = conn.getresponse()
@@ -7043,8 +7055,8 @@ class HttpUpstream(Upstream):
             else:
                 events = self._read_events(response, ident, deadline)
                 while events.last_id and self._waiting(ident, deadline):
-                    error = UpstreamError("the server closed its answer's event stream before "
-                                          "the result, and resuming it failed")
+                    error = UpstreamError("the server closed its answer's event stream "
+                                          "before the result, and resuming it failed")
                     self._end(conn)
                     if self.ended.wait(min(events.retry / 1000, deadline.left())):
                         break
@@ -7073,9 +7085,9 @@ class HttpUpstream(Upstream):
             from urllib.parse import urljoin
             location = response.getheader("Location", "")
             target = clean(shown_url(urljoin(self.server.url, location)), 200)
-            return UpstreamError(f"the server answered with a redirect (HTTP {status}) to "
-                                 f"{target}, which is not followed: if that is the server, "
-                                 f"make it the url", "answered")
+            return UpstreamError(f"the server answered with a redirect (HTTP {status}) "
+                                 f"to {target}, which is not followed: if that is the "
+                                 f"server, make it the url", "answered")
         challenge = response.getheader("WWW-Authenticate", "")
         if status == 401 or (status == 403 and "insufficient_scope" in challenge):
             scope = re.search(r'scope="([^"]*)"', challenge)
@@ -7142,9 +7154,9 @@ class HttpUpstream(Upstream):
             pause = min(2 * pause, OWN_STREAM_LAST_PAUSE)
 
 class _EventStream:
-    """Server-sent events fed in chunks of any size: the data (lines joined by \\n) of each
-    event named `message` or unnamed, one the stream ends inside too. `last_id`: to resume
-    from; `retry`: the wait asked for, in ms; both carry on from `after`, a resumed stream."""
+    """Server-sent events fed in chunks of any size: the data (lines joined by \\n) of
+    each event named `message` or unnamed, one the stream ends inside too. `last_id`: to
+    resume from; `retry`: the wait asked, in ms; both go on from `after`, if resumed."""
 
     _LINE_END = re.compile(rb"\r\n|\r|\n")
 
@@ -7234,15 +7246,14 @@ def pinned_for(server):
     stray = sorted(set(server.rules) - set(manifest["tools"]))
     if stray:
         names = ", ".join(sanitize(s) for s in stray)
-        raise LoadError(f"server {quote(server.name)}: rules name tools the manifest does not "
-                        f"pin: {names}; pin again or fix the rules")
+        raise LoadError(f"server {quote(server.name)}: rules name tools the manifest "
+                        f"does not pin: {names}; pin again or fix the rules")
     return manifest
 
 def load_all(config, while_starting=None):
-    """Start every server at once, then decide in the config's order what each offers:
-    (served upstreams, tools, a Report per server). One not served is closed, its report's
-    `unserved` says why; a ConfigError closes all. `while_starting` runs once all are
-    spawned, on this thread (Upstream.spawn says why)."""
+    """Start all servers, then decide in order what each offers: (served upstreams, tools,
+    a Report each). One not served is closed, its report's `unserved` says why; a
+    ConfigError closes all. `while_starting` runs once all are spawned, on this thread."""
     servers = config.servers
     upstreams = [new_upstream(server) for server in servers]
     reports = [Report(server.name) for server in servers]
