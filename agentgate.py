@@ -6050,13 +6050,11 @@ def lint_texts(entry):
     return texts
 
 def _strings(value):
-    if isinstance(value, str):
-        return [value]
     if isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, list):
         return [s for item in value for s in _strings(item)]
-    return []
+    return [value] if isinstance(value, str) else []
 
 def scripts_of(word):
     return {unicodedata.name(ch, "?").split()[0] for ch in word if ch.isalpha()}
@@ -6068,9 +6066,8 @@ LATIN_LOOKALIKES = dict(zip(
 
 def latin_lookalike(word):
     """What `word`, all lookalikes of another script (раураӏ), reads as in Latin or ''."""
-    if len(word) < 3 or "LATIN" in scripts_of(word):  # а, с, о imitate nothing
-        return ""
-    if not all(ch in LATIN_LOOKALIKES for ch in word):
+    if (len(word) < 3 or "LATIN" in scripts_of(word)  # а, с, о imitate nothing
+            or not all(ch in LATIN_LOOKALIKES for ch in word)):
         return ""
     return "".join(LATIN_LOOKALIKES[ch] for ch in word)
 
