@@ -5115,98 +5115,68 @@ def result_summary(tool, record, withheld_over=0):
 #
 # Reads as: around the core
 #
-# Owns: the lint of the texts a model reads of a tool (description,
-# titles, the schema's texts and names): the findings load_all hands the
-# load check, which refuses a tool with a high finding unless its rule
-# accepts exactly that text (lint_hash, section 5).
-# Promises: a finding names what it found and where, sanitized; it never
-# changes what a tool presents.
+# Owns: the lint of what a model reads of a tool (description, titles, the schema's
+# texts and names), where tool poisoning hides: findings the load check refuses a tool
+# for unless its rule accepts exactly that text (lint_hash, section 5). It finds known
+# tricks, not all.
+# Promises: a finding names what and where, sanitized; it never changes a tool.
 # Core it calls: tool_titles.
 # =============================================================================================
 
-# The model reads these texts on every tools/list: tool poisoning hides
-# there. The lint finds the known tricks, not all (the README says so).
-# Advice to call a tool of the same server first is how public servers
-# sequence their tools: it stays medium.
 LINT_LONG = 1024  # past this and 4 times its peers: far longer
-
 _WHO = r"(user|human|operator|person|people|anyone)"
 _PHRASES = (
-    (r"<\s*/?\s*(important|system|instructions?|secret|hidden"
-     r"|admin|context|critical)\b[^>]*>",
-     LINT_HIGH, "a tag-like block"),
-    (r"<!--",
-     LINT_HIGH, "an HTML comment, which rendered text hides"),
-    (r"\b(ignore|disregard|forget|override)\b.{0,40}"
-     r"\b(instructions?|prompts?|rules|guidelines|guidance"
-     r"|directions|directives)\b",
+    (r"<\s*/?\s*(important|system|instructions?|secret|hidden|admin|context|critical)\b"
+     r"[^>]*>", LINT_HIGH, "a tag-like block"),
+    (r"<!--", LINT_HIGH, "an HTML comment, which rendered text hides"),
+    (r"\b(ignore|disregard|forget|override)\b.{0,40}\b(instructions?|prompts?|rules"
+     r"|guidelines|guidance|directions|directives)\b",
      LINT_HIGH, "text telling the model to ignore its instructions"),
-    (r"\b(system prompt|(previous|earlier|prior) instructions"
-     r"|you are now|new instructions|as an ai)\b",
-     LINT_HIGH, "text aimed at the model's instructions"),
-    (r"\b(do not|don't|never|without)\b.{0,40}"
-     r"\b(tell|telling|inform|informing|mention|mentioning"
-     r"|reveal|revealing|alert|alerting|notify|notifying|let"
-     r"|letting)\b.{0,40}\b" + _WHO +
-     r"|\b(hide|hiding|conceal|concealing|keep|keeping)\b"
-     r".{0,40}\bfrom\b.{0,20}\b" + _WHO +
-     r"|\bwithout\b.{0,20}\b(user|human|operator|person)('s)?"
-     r"\s+(knowing|knowledge|noticing|consent)",
-     LINT_HIGH, "text telling the model to keep something from "
-     "the user"),
-    (r"\b(when|whenever|every time)\b.{0,60}"
-     r"\b(any|every|all|other|another)\b.{0,20}"
-     r"\b(tools?|commands?|calls?|requests?)\b.{0,80}"
-     r"\b(must|always|never)\b",
+    (r"\b(system prompt|(previous|earlier|prior) instructions|you are now"
+     r"|new instructions|as an ai)\b", LINT_HIGH,
+     "text aimed at the model's instructions"),
+    (r"\b(do not|don't|never|without)\b.{0,40}\b(tell|telling|inform|informing|mention"
+     r"|mentioning|reveal|revealing|alert|alerting|notify|notifying|let|letting)\b"
+     r".{0,40}\b" + _WHO + r"|\b(hide|hiding|conceal|concealing|keep|keeping)\b.{0,40}"
+     r"\bfrom\b.{0,20}\b" + _WHO + r"|\bwithout\b.{0,20}\b(user|human|operator"
+     r"|person)('s)?\s+(knowing|knowledge|noticing|consent)",
+     LINT_HIGH, "text telling the model to keep something from the user"),
+    (r"\b(when|whenever|every time)\b.{0,60}\b(any|every|all|other|another)\b.{0,20}"
+     r"\b(tools?|commands?|calls?|requests?)\b.{0,80}\b(must|always|never)\b",
      LINT_HIGH, "instructions for the model's other calls"),
-    (r"((?<![\w.])\.ssh\b|\bid[_ ](rsa|dsa|ecdsa|ed25519)\b"
-     r"|\.aws/credentials|/etc/(passwd|shadow)"
-     r"|(^|[\s/'\"`])\.env\b|\.netrc\b|\.pgpass\b"
-     r"|\.git-credentials|\.npmrc\b|\.pypirc\b|\.kube/config"
-     r"|\.docker/config\.json|\bmcp\.json\b"
-     r"|claude_desktop_config\.json)",
-     LINT_HIGH, "the place of a secret"),
-    # Case matters: AWS_SECRET_ACCESS_KEY names a secret, an
-    # access_token parameter does not.
-    (r"(?-i:\b[A-Z][A-Z0-9_]*_(SECRET|TOKEN|PASSWORD|PASSWD"
-     r"|API_KEY|APIKEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)"
-     r"[A-Z0-9_]*\b)",
-     LINT_HIGH, "a secret named by its variable"),
-    (r"[\x1b\x9b]",
-     LINT_HIGH, "terminal escape sequences, which can hide text "
-     "on a screen"),
-    (r"\b(other|another|different)\s+(tools?|servers?"
-     r"|functions?)\b",
+    (r"((?<![\w.])\.ssh\b|\bid[_ ](rsa|dsa|ecdsa|ed25519)\b|\.aws/credentials"
+     r"|/etc/(passwd|shadow)|(^|[\s/'\"`])\.env\b|\.netrc\b|\.pgpass\b|\.git-credentials"
+     r"|\.npmrc\b|\.pypirc\b|\.kube/config|\.docker/config\.json|\bmcp\.json\b"
+     r"|claude_desktop_config\.json)", LINT_HIGH, "the place of a secret"),
+    # Case matters: AWS_SECRET_ACCESS_KEY names a secret, an access_token parameter not.
+    (r"(?-i:\b[A-Z][A-Z0-9_]*_(SECRET|TOKEN|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY"
+     r"|PRIVATE_KEY|CREDENTIALS?)[A-Z0-9_]*\b)", LINT_HIGH,
+     "a secret named by its variable"),
+    (r"[\x1b\x9b]", LINT_HIGH,
+     "terminal escape sequences, which can hide text on a screen"),
+    (r"\b(other|another|different)\s+(tools?|servers?|functions?)\b",
      LINT_MEDIUM, "a reference to other tools or servers"),
     (r"\b[a-z][a-z0-9+.-]*://\S+", LINT_MEDIUM, "a URL"),
-    (r"(^|[\s'\"`(=])(~/|/(etc|home|root|users|var|tmp|usr"
-     r"|opt)/|[a-z]:\\)\S*",
+    (r"(^|[\s'\"`(=])(~/|/(etc|home|root|users|var|tmp|usr|opt)/|[a-z]:\\)\S*",
      LINT_MEDIUM, "a file path"))
 _LINT_PHRASES = [(re.compile(pattern, re.I | re.S), severity, what)
                  for pattern, severity, what in _PHRASES]
-_FIRST_STEP = re.compile(
-    r"\bbefore\b.{0,30}\b(using|calling|invoking|you use"
-    r"|you call)\b.{0,120}\b(read|call|send|run|fetch|open"
-    r"|pass|include|upload)\b", re.I | re.S)
+# Advice to call a tool of its own server first is how servers sequence theirs: medium.
+_FIRST_STEP = re.compile(r"\bbefore\b.{0,30}\b(using|calling|invoking|you use|you call)\b"
+                         r".{0,120}\b(read|call|send|run|fetch|open|pass|include"
+                         r"|upload)\b", re.I | re.S)
 # Words that make a mention of another tool an instruction (shadowing).
-_DIRECTIVE = re.compile(r"\b(must|always|never|instead|do not"
-                        r"|don't)\b", re.I)
+_DIRECTIVE = re.compile(r"\b(must|always|never|instead|do not|don't)\b", re.I)
 _SENTENCE_END = re.compile(r"[.!?](\s|$)")
 _LETTERS_RE = re.compile(r"[^\W\d_]+")
-# Each selector hides one byte (U+FE00-FE0F: 0-15, U+E0100-E01EF:
-# 16-255); an emoji takes one.
-_SELECTOR_RUN = re.compile(
-    "[\ufe00-\ufe0f\U000e0100-\U000e01ef]{2,}")
-_READ_KEYWORDS = ("description", "title", "default", "examples",
-                  "enum", "const", "$comment")
-
+# A selector hides a byte (U+FE00-FE0F: 0-15, U+E0100-E01EF: 16-255); an emoji takes one.
+_SELECTOR_RUN = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]{2,}")
+_READ_KEYWORDS = ("description", "title", "default", "examples", "enum", "const",
+                  "$comment")
 
 def lint_texts(entry):
-    """(where, text) of what the model reads of a tool but its names:
-    its description, titles, and in its input schema the values of
-    _READ_KEYWORDS and x- extensions."""
-    texts = [("description", entry.get("description") or ""),
-             *tool_titles(entry)]
+    """(where, text) the model reads of a tool but names: description, titles, schema."""
+    texts = [("description", entry.get("description") or ""), *tool_titles(entry)]
 
     def walk(node, where):
         if isinstance(node, list):
@@ -5216,64 +5186,45 @@ def lint_texts(entry):
             return
         for key, value in node.items():
             at = f"{where}/{key}"
-            # The names in a map of schemas are not keywords.
-            if key in SCHEMA_MAPS and isinstance(value, dict):
+            if key in SCHEMA_MAPS and isinstance(value, dict):  # names, not keywords
                 for name, schema in value.items():
                     walk(schema, f"{at}/{name}")
             elif key in _READ_KEYWORDS or key.startswith("x-"):
-                texts.extend((f"input schema {at}", text)
-                             for text in _strings(value))
+                texts.extend((f"input schema {at}", text) for text in _strings(value))
             else:
                 walk(value, at)
     walk(entry.get("input_schema"), "")
     return texts
 
-
 def _strings(value):
-    if isinstance(value, str):
-        return [value]
     if isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, list):
         return [s for item in value for s in _strings(item)]
-    return []
-
+    return [value] if isinstance(value, str) else []
 
 def scripts_of(word):
-    return {unicodedata.name(ch, "?").split()[0]
-            for ch in word if ch.isalpha()}
-
+    return {unicodedata.name(ch, "?").split()[0] for ch in word if ch.isalpha()}
 
 # Cyrillic and Greek letters read as Latin (UTS #39's confusables).
 LATIN_LOOKALIKES = dict(zip(
     "аеіјорсухѕԁӏһԛԝАВЕКМНОРСТХІЈЅУҮԚԜӀαονιρυχΑΒΕΖΗΙΚΜΝΟΡΤΥΧ",
     "aeijopcyxsdlhqwABEKMHOPCTXIJSYYQWlaovipuxABEZHIKMNOPTYX"))
 
-
 def latin_lookalike(word):
-    """The Latin word that `word`, written wholly in lookalike letters
-    of another script (раураӏ), reads as; '' for any other. Three
-    letters at least: short words of those scripts (а, с, о) are
-    common and imitate nothing."""
-    if len(word) < 3 or "LATIN" in scripts_of(word):
-        return ""
-    if not all(ch in LATIN_LOOKALIKES for ch in word):
+    """What `word`, all lookalikes of another script (раураӏ), reads as in Latin or ''."""
+    if (len(word) < 3 or "LATIN" in scripts_of(word)  # а, с, о imitate nothing
+            or not all(ch in LATIN_LOOKALIKES for ch in word)):
         return ""
     return "".join(LATIN_LOOKALIKES[ch] for ch in word)
 
-
 def lookalike_words(text):
-    """The words of `text` made to be read as others: of letters of
-    more than one script (a Cyrillic а among Latin ones), or wholly in
-    letters that read as Latin (UTS #39's whole-script confusable)."""
+    """Words of `text` mixing scripts (a Cyrillic а among Latin) or all lookalikes."""
     return sorted({word for word in _LETTERS_RE.findall(text)
-                   if len(scripts_of(word)) > 1
-                   or latin_lookalike(word)})
-
+                   if len(scripts_of(word)) > 1 or latin_lookalike(word)})
 
 def invisible_codes(text):
     return sorted({ord(ch) for ch in text if ord(ch) in INVISIBLE})
-
 
 def _schema_names(schema):
     if isinstance(schema, dict):
@@ -5285,67 +5236,41 @@ def _schema_names(schema):
         for value in schema:
             yield from _schema_names(value)
 
-
-def _name_words(name):
-    """A name as words: read_ssh_id_rsa, readSshKey."""
-    return re.sub(r"[_.-]+|(?<=[a-z0-9])(?=[A-Z])", " ", name)
-
-
 def _named(names, text):
-    return sorted(name for name in names if re.search(
-        rf"(?<![\w-]){re.escape(name)}(?![\w-])", text))
-
-
-def _sentence_from(text, start):
-    end = _SENTENCE_END.search(text, start)
-    return text[start:end.end() if end else len(text)]
-
+    return sorted(name for name in names
+                  if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text))
 
 def _smuggled(text):
     """What runs of variation selectors spell, decoded as bytes."""
-    spelled = bytearray()
-    for run in _SELECTOR_RUN.findall(text):
-        for ch in run:
-            code = ord(ch)
-            if code < 0xFF00:
-                spelled.append(code - 0xFE00)
-            else:
-                spelled.append(code - 0xE0100 + 16)
+    codes = [ord(ch) for run in _SELECTOR_RUN.findall(text) for ch in run]
+    spelled = bytes(c - 0xFE00 if c < 0xFF00 else c - 0xE0100 + 16 for c in codes)
     return spelled.decode("utf-8", "replace")
 
-
 def lint_tool(entry, others, siblings, peer_length):
-    """A tool's findings as (severity, what, where), the high ones
-    first. `others`: names of other servers' tools; `siblings`: of its
-    own server's; `peer_length`: its server's median description
-    length."""
+    """A tool's findings as (severity, what, where), the high ones first. `others`,
+    `siblings`: tool names of other servers, of its own; `peer_length`: their median."""
     findings = []
-    schema = entry.get("input_schema")
-    for name in (entry["name"], *_schema_names(schema)):
+    for name in (entry["name"], *_schema_names(entry.get("input_schema"))):
         where = f"name {quote(name)}"
         scripts = scripts_of(name)
         if len(scripts) > 1:
             mixed = ", ".join(sorted(scripts))
-            findings.append((LINT_HIGH, f"a name that mixes "
-                             f"scripts ({mixed})", where))
+            findings.append((LINT_HIGH, f"a name that mixes scripts ({mixed})", where))
         elif lookalike_words(name):
-            findings.append((LINT_HIGH, "a name in letters that "
-                             "read as Latin ones", where))
-        words = _name_words(name)
-        findings += [(severity, what, where)
-                     for pattern, severity, what in _LINT_PHRASES
+            findings.append((LINT_HIGH, "a name in letters that read as Latin ones",
+                             where))
+        words = re.sub(r"[_.-]+|(?<=[a-z0-9])(?=[A-Z])", " ", name)  # readSshKey: words
+        findings += [(severity, what, where) for pattern, severity, what in _LINT_PHRASES
                      if pattern.search(words)]
     mine = set(siblings) - {entry["name"]}
     for where, text in lint_texts(entry):
-        found = _text_findings(text, others, mine)
         findings += [(severity, what, where)
-                     for severity, what in found]
+                     for severity, what in _text_findings(text, others, mine)]
     length = len(entry.get("description") or "")
     if length > max(LINT_LONG, 4 * peer_length):
-        findings.append((LINT_MEDIUM, f"{length} characters long, "
-                         f"far longer than its peers", "description"))
+        findings.append((LINT_MEDIUM, f"{length} characters long, far longer than its "
+                         f"peers", "description"))
     return sorted(findings, key=lambda f: f[0] != LINT_HIGH)
-
 
 def _text_findings(text, others, siblings):
     """(severity, what) of one text the model reads."""
@@ -5362,56 +5287,49 @@ def _text_findings(text, others, siblings):
         found.append((LINT_HIGH, what))
     smuggled = _smuggled(text)
     if smuggled:
-        found.append((LINT_HIGH, f"variation selectors hiding bytes "
-                      f"that spell {quote(cut(smuggled, 200))}"))
-    found += [(severity, what)
-              for pattern, severity, what in _LINT_PHRASES
+        found.append((LINT_HIGH, "variation selectors hiding bytes that spell "
+                      + quote(cut(smuggled, 200))))
+    found += [(severity, what) for pattern, severity, what in _LINT_PHRASES
               if pattern.search(text)]
     step = _FIRST_STEP.search(text)
-    if step and _named(siblings, _sentence_from(text, step.start())):
-        found.append((LINT_MEDIUM, "a step the model is told to take "
-                      "first, with a tool of its own server"))
-    elif step:
-        found.append((LINT_HIGH,
-                      "a step the model is told to take first"))
+    if step:
+        end = _SENTENCE_END.search(text, step.start())
+        sentence = text[step.start():end.end() if end else len(text)]
+        if _named(siblings, sentence):
+            found.append((LINT_MEDIUM, "a step the model is told to take first, with a "
+                          "tool of its own server"))
+        else:
+            found.append((LINT_HIGH, "a step the model is told to take first"))
     mixed = lookalike_words(text)
     if mixed:
-        found.append((LINT_HIGH, f"words that mix scripts or imitate "
-                      f"Latin ones ({', '.join(mixed[:3])})"))
+        found.append((LINT_HIGH, f"words that mix scripts or imitate Latin ones "
+                      f"({', '.join(mixed[:3])})"))
     named = ", ".join(_named(others, text)[:3])
     if named and _DIRECTIVE.search(text):
-        found.append((LINT_HIGH, f"instructions about other servers' "
-                      f"tools ({named})"))
+        found.append((LINT_HIGH, f"instructions about other servers' tools ({named})"))
     elif named:
-        found.append((LINT_MEDIUM,
-                      f"names other servers' tools ({named})"))
+        found.append((LINT_MEDIUM, f"names other servers' tools ({named})"))
     return found
-
 
 def lint_lines(findings):
     return [f"  lint {severity}: {what} (in the {sanitize(where)})"
             for severity, what, where in findings]
 
-
 def lint_manifests(manifests):
-    """{server: {tool: findings}} of pinned manifests, each tool read
-    among its peers."""
+    """{server: {tool: findings}} of pinned manifests, each tool read among its peers."""
     # A short plain name (add, search) is a word, not a tool's mention.
     names = {server: {name for name in manifest["tools"]
-                      if len(name) >= 8 or "_" in name
-                      or "-" in name}
+                      if len(name) >= 8 or "_" in name or "-" in name}
              for server, manifest in manifests.items()}
     found = {}
     for server, manifest in manifests.items():
         tools = manifest["tools"]
         others = {name for other, theirs in names.items()
                   if other != server for name in theirs} - set(tools)
-        lengths = sorted(len(e.get("description") or "")
-                         for e in tools.values())
+        lengths = sorted(len(e.get("description") or "") for e in tools.values())
         median = lengths[len(lengths) // 2] if lengths else 0
-        found[server] = {
-            tool: lint_tool(entry, others, names[server], median)
-            for tool, entry in tools.items()}
+        found[server] = {tool: lint_tool(entry, others, names[server], median)
+                         for tool, entry in tools.items()}
     return found
 
 
@@ -5420,88 +5338,67 @@ def lint_manifests(manifests):
 #
 # Reads as: around the core
 #
-# Owns: the transport fields (read_transport), check_reach, a server as
-# a child speaking JSON-RPC lines (Upstream) or over Streamable HTTP
-# (HttpUpstream), its manifest, load_all.
+# Owns: the transport fields (read_transport), check_reach, a server as a child on
+# JSON-RPC lines (Upstream) or Streamable HTTP (HttpUpstream), its manifest, load_all.
 # Core it calls: read_config, read_frames, read_owned; load.
-# Promises: a child gets PATH, HOME, TMPDIR and what the operator names,
-# in its own process group, and on Linux dies with agentgate. One
-# deadline covers connecting, listing and loading. Every request from
-# the server is answered. Only an integer id agentgate wrote matches an
-# answer or a progress notice; a bad message fails only its request. A
-# server gone fails later calls at once, as not sent, until section 24
-# brings it back. Closing never waits on a server.
-# The outcome of a failure (UpstreamError.outcome): 'not_sent' only
-# where no byte was written (request's refusals, _send, _write);
-# 'no_answer' or 'timed_out' once one may have been; 'answered' or
-# 'unusable' from an answer. Over HTTP: a connection per message; no
-# byte after its deadline; no redirect followed; HTTP 500 or more may
-# have executed; a broken stream is resumed within the deadline.
-# OAuth: the serving gate asks no person; it sends the tokens `login`
-# kept for this config and url, renewed where login found, or does not
+# Promises: a child gets PATH, HOME, TMPDIR and what the operator names, in its own
+# process group, and on Linux dies with agentgate. One deadline covers connecting,
+# listing, loading. Every request from the server is answered. Only an integer id
+# agentgate wrote matches an answer or progress notice; a bad message fails only its
+# request. A server gone fails later calls at once, not sent, until section 24 brings it
+# back. Closing waits on no server.
+# A failure's outcome: 'not_sent' only where no byte was written (request's refusals,
+# _send, _write); 'no_answer' or 'timed_out' once one may have been; 'answered' or
+# 'unusable' from an answer. Over HTTP: a connection per message; no byte after its
+# deadline; no redirect followed; HTTP 500 or more may have executed; a broken stream is
+# resumed in the deadline. OAuth: only `login` asks a person (section 31); the gate sends
+# the tokens login kept for this config and url, renewed where login found, or does not
 # serve the server (LOGIN_NEEDED).
 # =============================================================================================
 
-# A url server's header values come from the 0600 config or our
-# environment (`${NAME}`); no message shows one, nor more than shown_url.
-_HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+# A url server's header values come from the 0600 config or our environment (`${NAME}`);
+# no message shows one, nor more than shown_url.
 ENV_REFERENCE_RE = re.compile(r"\$\{([^}]*)\}")
-ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 OAUTH_FIELDS = ("client_id", "client_secret", "scope")
-
 
 def load_config(path):
     return read_config(path, read_transport)
 
-
 def read_transport(server, raw, where, base):
-    server.command = raw.get("command")
-    server.url = field_string(raw, "url", where)
+    server.command, server.url = raw.get("command"), field_string(raw, "url", where)
     server.headers, server.oauth = {}, {}
-    # Why this server cannot start (''): the others are served.
-    server.unavailable = ""
+    server.unavailable = ""  # why this server cannot start: the others are served
     argv = server.command
     if (argv is None) == (not server.url):
-        raise ConfigError(
-            f"{where} needs exactly one of command (an argv list) or url "
-            f"(an http:// or https:// address)")
+        raise ConfigError(f"{where} needs exactly one of command (an argv list) or url "
+                          f"(an http:// or https:// address)")
     if server.url:
-        headers = _url_server(raw, where, server.url)
-        server.headers, server.unavailable = headers
+        server.headers, server.unavailable = _url_server(raw, where, server.url)
         server.oauth = _oauth_client(raw, where)
     elif (not isinstance(argv, list) or not argv
-            or not all(isinstance(a, str) for a in argv)):
-        raise ConfigError(
-            f'{where}.command must be a non-empty list of strings, '
-            f'such as ["node", "server.js"]')
+          or not all(isinstance(a, str) for a in argv)):
+        raise ConfigError(f'{where}.command must be a non-empty list of strings, such as '
+                          f'["node", "server.js"]')
     elif "headers" in raw or "oauth" in raw:
         field = "headers" if "headers" in raw else "oauth"
-        raise ConfigError(
-            f"{where}.{field} is sent only to a server reached by url; "
-            f"use env")
+        raise ConfigError(f"{where}.{field} is sent only to a server reached by url; "
+                          f"use env")
     server.env = field_names(raw, "env", where)
     for entry in server.env:
         if "=" not in entry or entry.startswith("="):
-            raise ConfigError(
-                f'{where}.env entry {quote(entry)} must read NAME=value')
+            raise ConfigError(f"{where}.env entry {quote(entry)} must read NAME=value")
     server.inherit_env = field_names(raw, "inherit_env", where)
     for name in server.inherit_env:
         if not name or "=" in name:
-            raise ConfigError(
-                f"{where}.inherit_env entry {quote(name)} must be a "
-                f"variable name without '='")
-    server.connect_timeout = field_duration(raw, "connect_timeout",
-                                            where, 30 * SECOND)
-    # What login obtained (TokenFile binds it to the url too).
+            raise ConfigError(f"{where}.inherit_env entry {quote(name)} must be a "
+                              f"variable name without '='")
+    server.connect_timeout = field_duration(raw, "connect_timeout", where, 30 * SECOND)
     stem = os.path.splitext(os.path.basename(server.config_path))[0]
-    name = f"{stem}.{server.name}.tokens.json"
-    server.tokens = os.path.join(base, name)
-    # A server runs in the user's home, not beside the config: a
-    # relative path it writes cannot edit its own policy.
+    server.tokens = os.path.join(base, f"{stem}.{server.name}.tokens.json")
+    # A server runs in the user's home, not beside the config: a relative path it writes
+    # cannot edit its own policy.
     server.cwd_given = field_string(raw, "cwd", where)
-    cwd = server.cwd_given or "~"
-    server.cwd = os.path.join(base, os.path.expanduser(cwd))
-
+    server.cwd = os.path.join(base, os.path.expanduser(server.cwd_given or "~"))
 
 def _file_identity(path):
     try:
@@ -5510,10 +5407,7 @@ def _file_identity(path):
         return None
     return (st.st_dev, st.st_ino)
 
-
-# Files beside the database that hold its record as surely as it does.
-DATABASE_COMPANIONS = ("-wal", "-shm", "-journal")
-
+DATABASE_COMPANIONS = ("-wal", "-shm", "-journal")  # hold its record as surely as it does
 
 def _protected(config):
     db = config.database
@@ -5528,10 +5422,8 @@ def _protected(config):
                     identities.add(identity)
                 else:
                     missing.add(os.path.realpath(current))
-                up = os.path.dirname(current)
-                current = up if current != "/" else ""
+                current = os.path.dirname(current) if current != "/" else ""
     return identities, missing
-
 
 def _reach_candidates(arg):
     from urllib.parse import unquote
@@ -5542,118 +5434,91 @@ def _reach_candidates(arg):
         if c.startswith("file:"):
             found.append(unquote(re.sub(r"^file:(//[^/]*)?", "", c)) or "/")
     home = os.path.expanduser("~")
-    return [home + c[1:] if c == "~" or c.startswith("~/") else c
-            for c in found if c]
-
+    return [home + c[1:] if c == "~" or c.startswith("~/") else c for c in found if c]
 
 def check_reach(config):
-    """Refuse a server whose cwd or argument names a file the policy
-    depends on or a directory above one: a guard, not a boundary."""
+    """Refuse a server whose cwd or argument names a file the policy depends on or a
+    directory above one: a guard, not a boundary."""
     identities, missing = _protected(config)
     for server in config.servers:
         if server.skip_path_check:
             continue
-        named = []
-        if server.cwd_given:
-            named.append((f"cwd {quote(server.cwd_given)}", server.cwd))
-        for arg in (server.command or [])[1:]:  # none for a url server
-            for candidate in _reach_candidates(arg):
-                path = os.path.join(server.cwd, candidate)
-                named.append((f"argument {quote(arg)}", path))
+        given = server.cwd_given
+        named = [(f"cwd {quote(given)}", server.cwd)] if given else []
+        named += [(f"argument {quote(arg)}", os.path.join(server.cwd, candidate))
+                  for arg in (server.command or [])[1:]  # none for a url server
+                  for candidate in _reach_candidates(arg)]
         for what, path in named:
-            identity = _file_identity(path)
-            real = os.path.realpath(path)
+            identity, real = _file_identity(path), os.path.realpath(path)
             if (identity and identity in identities) or real in missing:
                 raise ConfigError(
-                    f"server {quote(server.name)}: its {what} reaches {real}, "
-                    f"which the gate's policy and approvals depend on: point "
-                    f"the server elsewhere, or set skip_path_check on it if it "
-                    f"cannot write there")
-
+                    f"server {quote(server.name)}: its {what} reaches {real}, which the "
+                    f"gate's policy and approvals depend on: point the server elsewhere, "
+                    f"or set skip_path_check on it if it cannot write there")
 
 def child_env(server):
     """PATH, HOME, TMPDIR, inherit_env, env: our secrets reach no other."""
-    env = {}
-    for name in ("PATH", "HOME", "TMPDIR", *server.inherit_env):
-        if name in os.environ:
-            env[name] = os.environ[name]
-    for entry in server.env:
-        name, _, value = entry.partition("=")
-        env[name] = value
+    names = ("PATH", "HOME", "TMPDIR", *server.inherit_env)
+    env = {name: os.environ[name] for name in names if name in os.environ}
+    env.update(entry.split("=", 1) for entry in server.env)
     return env
 
-
 def _url_server(raw, where, url):
-    """(headers, `${NAME}` filled in; why it cannot start: a variable
-    unset is a problem of where agentgate runs, not of the config)."""
+    """(headers, `${NAME}` filled in; why it cannot start: a variable unset is a problem
+    of where agentgate runs, not of the config)."""
     from urllib.parse import urlsplit
     for field in ("env", "inherit_env", "cwd"):
         if field in raw:
-            raise ConfigError(
-                f"{where}.{field} means nothing for a server reached by url;"
-                f" remove it")
+            raise ConfigError(f"{where}.{field} means nothing for a server reached by "
+                              f"url; remove it")
     try:
         parts = urlsplit(url)
     except ValueError:
         parts = None
-    if not parts or parts.scheme not in ("http", "https") \
-            or not parts.hostname:
-        raise ConfigError(
-            f"{where}.url must be an http:// or https:// address, such as "
-            f'"http://127.0.0.1:8000/mcp"')
+    if not parts or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}.url must be an http:// or https:// address, such as "
+                          f'"http://127.0.0.1:8000/mcp"')
     if "@" in parts.netloc:  # messages show the url
-        raise ConfigError(
-            f"{where}.url must not carry a user or password; send them "
-            f"as a header")
+        raise ConfigError(f"{where}.url must not carry a user or password; send them "
+                          f"as a header")
     given = raw.get("headers", {})
-    if not isinstance(given, dict) \
-            or not all(isinstance(v, str) for v in given.values()):
-        raise ConfigError(
-            f"{where}.headers must be an object of header name to string, "
-            f'such as {{"Authorization": "Bearer ${{TOKEN}}"}}')
+    if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
+        raise ConfigError(f"{where}.headers must be an object of header name to string, "
+                          f'such as {{"Authorization": "Bearer ${{TOKEN}}"}}')
     headers, unset = {}, ""
     for name, value in given.items():
-        if not _HEADER_NAME_RE.fullmatch(name):
-            raise ConfigError(
-                f"{where}.headers: {quote(name)} is not a header name")
+        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
+            raise ConfigError(f"{where}.headers: {quote(name)} is not a header name")
         for variable in ENV_REFERENCE_RE.findall(value):
-            if not ENV_NAME_RE.fullmatch(variable):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", variable):
                 written = quote("${" + variable + "}")
-                raise ConfigError(
-                    f"{where}.headers.{name} names {written}; a variable is "
-                    f"written ${{NAME}} with letters, digits and '_'")
+                raise ConfigError(f"{where}.headers.{name} names {written}; a variable "
+                                  f"is written ${{NAME}} with letters, digits and '_'")
             if variable not in os.environ and not unset:
-                unset = (
-                    f"{where}.headers.{name} names the environment variable "
-                    f"{variable}, which is not set: set it where agentgate "
-                    f"runs")
-        headers[name] = ENV_REFERENCE_RE.sub(
-            lambda m: os.environ.get(m.group(1), ""), value)
+                unset = (f"{where}.headers.{name} names the environment variable "
+                         f"{variable}, which is not set: set it where agentgate runs")
+        headers[name] = ENV_REFERENCE_RE.sub(lambda m: os.environ.get(m.group(1), ""),
+                                             value)
         if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", headers[name]):
-            raise ConfigError(
-                f"{where}.headers.{name} holds a control character, which "
-                f"no header may carry")
+            raise ConfigError(f"{where}.headers.{name} holds a control character, which "
+                              f"no header may carry")
     return headers, unset
-
 
 def _oauth_client(raw, where):
     """A pre-registered client, for a server that registers none."""
     given = raw.get("oauth", {})
     if not isinstance(given, dict):
-        raise ConfigError(
-            f'{where}.oauth must be an object such as {{"client_id": "...", '
-            f'"client_secret": "...", "scope": "..."}}')
+        raise ConfigError(f'{where}.oauth must be an object such as {{"client_id": '
+                          f'"...", "client_secret": "...", "scope": "..."}}')
     refuse_unknown(given, OAUTH_FIELDS, f"{where}.oauth")
     for field in OAUTH_FIELDS:
         value = given.get(field, "x")
         if not isinstance(value, str) or not value:
-            raise ConfigError(
-                f"{where}.oauth.{field} must be a non-empty string")
+            raise ConfigError(f"{where}.oauth.{field} must be a non-empty string")
     if "client_secret" in given and "client_id" not in given:
-        raise ConfigError(
-            f"{where}.oauth has a client_secret but no client_id; give both")
+        raise ConfigError(f"{where}.oauth has a client_secret but no client_id; "
+                          f"give both")
     return dict(given)
-
 
 def shown_url(url):
     """Scheme, host, port: a server's key is often in path or query."""
@@ -5666,7 +5531,6 @@ def shown_url(url):
     host = parts.hostname or ""
     host = f"[{host}]" if ":" in host else host
     return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
-
 
 def write_private(path, text):
     directory = os.path.dirname(os.path.abspath(path))
@@ -5683,35 +5547,27 @@ def write_private(path, text):
             os.unlink(temp)
         raise
 
-
 _INT_ID_RE = re.compile(r"-?(?:0|[1-9][0-9]{0,17})")
 
-
 def int_id(value):
-    """An integer literal of at most 18 digits, or None: no other value
-    (3.9, 1e1000000, Infinity) names one of agentgate's requests."""
+    """An integer literal of at most 18 digits, or None: no other value (3.9, 1e1000000,
+    Infinity) names one of agentgate's requests."""
     if isinstance(value, Number) and _INT_ID_RE.fullmatch(value.literal):
         return int(value.literal)
     return None
 
-
-CLIENT_INFO = {"name": "agentgate", "version": VERSION}
 STDERR_TAIL_BYTES = 4096
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_TOOL_PAGES = 100
 MAX_TOOLS = 1000
-PR_SET_PDEATHSIG = 1
-# How long a message of our own (a ping's answer, a cancel notice) may
-# wait for the server to read it; a request waits until its deadline.
+# How long a message of our own (a ping's answer, a cancel notice) may wait for the server
+# to read it; a request waits until its deadline.
 OWN_WRITE_SECONDS = 5
 OPENING_STEPS = ("connect", "list tools")
 
-
 def too_large():
-    return UpstreamError(
-        f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes",
-        "unusable")
-
+    return UpstreamError(f"the server's answer is larger than {MAX_MESSAGE_BYTES} bytes",
+                         "unusable")
 
 def error_answer(error):
     """A server's error answer: known; `rpc` kept when well formed."""
@@ -5719,32 +5575,27 @@ def error_answer(error):
     text, code = error.get("message"), error.get("code")
     rpc = None
     if isinstance(text, str) and int_id(code) is not None:
-        rpc = {k: error[k] for k in ("code", "message", "data")
-               if k in error}
+        rpc = {k: error[k] for k in ("code", "message", "data") if k in error}
     said = clean(str(text or ""), 1000)
-    return UpstreamError(
-        f"the server answered with an error: {said}", "answered", rpc)
-
+    return UpstreamError(f"the server answered with an error: {said}", "answered", rpc)
 
 @functools.lru_cache(maxsize=1)
 def _parent_death_request():
-    """prctl(PR_SET_PDEATHSIG, SIGKILL) for a child to call before exec
-    on Linux; looked up in the parent: a forked child loads nothing."""
+    """prctl(PR_SET_PDEATHSIG, SIGKILL) for a child to call before exec on Linux; looked
+    up in the parent: a forked child loads nothing."""
     if not sys.platform.startswith("linux"):
         return None
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
-    return functools.partial(prctl, PR_SET_PDEATHSIG, signal.SIGKILL)
-
+    return functools.partial(prctl, 1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
 
 def _exit_code(proc, seconds):
     try:
         return proc.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
         return None
-
 
 def exit_text(proc):
     code = _exit_code(proc, 2)
@@ -5754,13 +5605,9 @@ def exit_text(proc):
         return f"exited (killed by signal {-code})"
     return f"exited (status {code})"
 
-
 def signal_group(pid, sig):
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
 
 class Upstream:
     """A connected stdio MCP server."""
@@ -5771,66 +5618,50 @@ class Upstream:
         self.server, self.name = server, server.name
         self.proc = self.closed = self.protocol = None
         self.next_id, self.slots = 0, {}
-        self.lock = threading.Lock()
-        self.write_lock = threading.Lock()
-        self.stderr_tail = b""
-        self.stderr_done = threading.Event()
-        # Set by section 24 while serving: on_list_changed (called on the
-        # reading thread: must not block), on_exit(why) when the server
-        # goes away on its own, and `down`, (since, next try) in epoch
-        # seconds until it serves again. `pinned`: from load_all.
+        self.lock, self.write_lock = threading.Lock(), threading.Lock()
+        self.stderr_tail, self.stderr_done = b"", threading.Event()
+        # Set by section 24 while serving: on_list_changed (called on the reading thread:
+        # must not block), on_exit(why) when the server goes away on its own, and `down`,
+        # (since, next try) in epoch seconds until it serves. `pinned`: from load_all.
         self.on_list_changed = self.on_exit = self.down = None
-        self.heard_list_changed = False
-        self.pinned = {}
-
+        self.heard_list_changed, self.pinned = False, {}
     def describe(self, step, detail):
         return f"server {quote(self.name)}: {step}: {detail}"
-
     def failed(self, detail, step="list tools"):
         return UpstreamError(self.describe(step, detail))
-
     def spawn(self):
-        """Start the child, on a thread as long-lived as agentgate (the
-        main one): its parent-death signal fires when that thread ends."""
+        """Start the child, on a thread as long-lived as agentgate (the main one): its
+        parent-death signal fires when that thread ends."""
         command = self.server.command
-        try:
-            # bufsize=0: closing its input never waits to flush.
+        try:  # bufsize=0: closing its input never waits to flush
             proc = subprocess.Popen(
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=child_env(self.server),
-                start_new_session=True, cwd=self.server.cwd, bufsize=0,
-                preexec_fn=_parent_death_request())
+                stderr=subprocess.PIPE, env=child_env(self.server), cwd=self.server.cwd,
+                start_new_session=True, bufsize=0, preexec_fn=_parent_death_request())
         except OSError as err:
             why = f"cannot start {quote(command[0])}: {err.strerror}"
             raise UpstreamError(self.describe("connect", why), "not_sent")
-        # Writes wait in poll, with a deadline.
-        os.set_blocking(proc.stdin.fileno(), False)
+        os.set_blocking(proc.stdin.fileno(), False)  # writes wait in poll, to a deadline
         self.stderr_tail, self.stderr_done = b"", threading.Event()
         with self.lock:
             self.proc, self.closed = proc, None
-        threading.Thread(target=self._read_stdout, args=(proc,),
+        threading.Thread(target=self._read_stdout, args=(proc,), daemon=True).start()
+        threading.Thread(target=self._read_stderr, args=(proc.stderr, self.stderr_done),
                          daemon=True).start()
-        threading.Thread(target=self._read_stderr,
-                         args=(proc.stderr, self.stderr_done),
-                         daemon=True).start()
-
     def handshake(self, deadline):
-        versions = PROTOCOL_VERSIONS
-        params = {"protocolVersion": versions[-1], "capabilities": {},
-                  "clientInfo": CLIENT_INFO}
+        params = {"protocolVersion": PROTOCOL_VERSIONS[-1], "capabilities": {},
+                  "clientInfo": {"name": "agentgate", "version": VERSION}}
         result = self.request("initialize", params, deadline, "connect")
         if not isinstance(result, dict):
-            raise self.failed("the server's initialize answer is not an "
-                              "object", "connect")
+            raise self.failed("the server's initialize answer is not an object",
+                              "connect")
         chosen = result.get("protocolVersion")
-        if chosen not in versions:
-            raise self.failed(
-                f"the server answered protocol version "
-                f"{quote(str(chosen)[:40])}; this client speaks "
-                f"{', '.join(versions)}", "connect")
+        if chosen not in PROTOCOL_VERSIONS:
+            raise self.failed(f"the server answered protocol version "
+                              f"{quote(str(chosen)[:40])}; this client speaks "
+                              f"{', '.join(PROTOCOL_VERSIONS)}", "connect")
         self.protocol = chosen  # HTTP names it on every later message
         self.notify("notifications/initialized", {})
-
     def close(self):
         with self.lock:
             proc, self.proc = self.proc, None
@@ -5838,8 +5669,8 @@ class Upstream:
             self._fail_all(self.closed)
         if proc is None:
             return
-        # Input is closed only while no write is under way, so no write
-        # lands on a reused descriptor; a stuck write ends by the kill.
+        # Input is closed only while no write is under way, so no write lands on a reused
+        # descriptor; a stuck write ends by the kill.
         if not self.write_lock.acquire(timeout=1):
             signal_group(proc.pid, signal.SIGKILL)
             self.write_lock.acquire()
@@ -5852,52 +5683,39 @@ class Upstream:
         if _exit_code(proc, 2) is None:
             signal_group(proc.pid, signal.SIGTERM)
             _exit_code(proc, 2)
-        # Its descendants (a server started by npx) die with it.
-        signal_group(proc.pid, signal.SIGKILL)
+        signal_group(proc.pid, signal.SIGKILL)  # its descendants (npx's server) die too
         _exit_code(proc, 5)
-
     def _read_stderr(self, stream, done):
         try:
-            read = functools.partial(os.read, stream.fileno(), 4096)
-            for chunk in iter(read, b""):
-                tail = self.stderr_tail + chunk
-                self.stderr_tail = tail[-STDERR_TAIL_BYTES:]
+            for chunk in iter(functools.partial(os.read, stream.fileno(), 4096), b""):
+                self.stderr_tail = (self.stderr_tail + chunk)[-STDERR_TAIL_BYTES:]
         except (OSError, ValueError):
             pass
         finally:
             done.set()
-
     def tail(self):
         self.stderr_done.wait(timeout=2 if self.closed else 0.2)
         text = self.stderr_tail.decode("utf-8", "replace").strip()
-        if not text:
-            return ""
-        return f'; stderr: "{clean(text, STDERR_TAIL_BYTES)}"'
-
+        return f'; stderr: "{clean(text, STDERR_TAIL_BYTES)}"' if text else ""
     def _read_stdout(self, proc):
         try:
-            frames = read_frames(proc.stdout.fileno(), MAX_MESSAGE_BYTES)
-            for frame, ident in frames:
-                # No frame ends the reader: every later answer would
-                # wait for its timeout and be recorded as unknown.
+            for frame, ident in read_frames(proc.stdout.fileno(), MAX_MESSAGE_BYTES):
+                # No frame ends the reader: every later answer would time out as unknown.
                 try:
                     if frame is None:
                         self._deliver(ident, error=too_large())
                     elif frame.strip():
                         self._dispatch(frame)
                 except Exception as err:
-                    log(self.describe("read", f"a message could not be "
-                                      f"handled ({type(err).__name__}: "
-                                      f"{err})"))
+                    log(self.describe("read", f"a message could not be handled "
+                                      f"({type(err).__name__}: {err})"))
         finally:
             with self.lock:
                 self.closed = self.closed or "the server closed its output"
                 self._fail_all(self.closed)
-                # Only when it was not agentgate that closed it:
-                on_exit = self.proc is proc and self.on_exit
+                on_exit = self.proc is proc and self.on_exit  # not if agentgate closed it
             if on_exit:
                 on_exit(exit_text(proc))
-
     def _dispatch(self, line):
         try:
             message = parse(line)
@@ -5905,8 +5723,7 @@ class Upstream:
             loose = parse_loosely(line)
             ident = loose.get("id") if isinstance(loose, dict) else None
             self._deliver(int_id(ident), error=UpstreamError(
-                f"the server's answer is not usable JSON: {err}",
-                "unusable"))
+                f"the server's answer is not usable JSON: {err}", "unusable"))
             return
         if not isinstance(message, dict):
             return
@@ -5919,7 +5736,6 @@ class Upstream:
             self._deliver(ident, error=error_answer(message["error"]))
         else:
             self._deliver(ident, result=message.get("result"))
-
     def _notice(self, method, params):
         if method == "notifications/tools/list_changed":
             with self.lock:
@@ -5928,60 +5744,46 @@ class Upstream:
             if on_list_changed:
                 on_list_changed()
         elif method == "notifications/progress":
-            # To the request whose id it names, a token only we wrote;
-            # on the reading thread, so it comes before its answer.
+            # To the request of a token only we wrote; read before its answer.
             params = params if isinstance(params, dict) else {}
-            token = int_id(params.get("progressToken"))
             with self.lock:
-                slot = self.slots.get(token)
+                slot = self.slots.get(int_id(params.get("progressToken")))
             if slot and slot["progress"]:
-                slot["progress"](params.get("progress"),
-                                 params.get("total"), params.get("message"))
-
+                slot["progress"](params.get("progress"), params.get("total"),
+                                 params.get("message"))
     def _answer_server_request(self, message):
         reply = {"jsonrpc": "2.0", "id": message["id"]}
         if message.get("method") == "ping":
             reply["result"] = {}
         else:  # no roots, sampling or elicitation: refused, not ignored
-            reply["error"] = {"code": -32601, "message":
-                              "this client does not offer that method"}
+            reply["error"] = {"code": -32601,
+                              "message": "this client does not offer that method"}
         self._send_own(reply)
-
     def notify(self, method, params):
-        self._send_own({"jsonrpc": "2.0", "method": method,
-                        "params": params})
-
+        self._send_own({"jsonrpc": "2.0", "method": method, "params": params})
     def _send_own(self, message):
-        try:
+        with contextlib.suppress(UpstreamError):  # gone, or stopped for not reading
             self._send(message, Deadline(OWN_WRITE_SECONDS * SECOND))
-        except UpstreamError:
-            pass  # gone, or stopped for not reading: nothing to tell
-
     def _deliver(self, ident, result=None, error=None):
-        # Filled in under the lock that removes the slot: a wait ending
-        # now sees its whole answer or no slot, never half of one.
+        # Filled in under the lock that removes the slot: a wait ending now sees its whole
+        # answer or no slot, never half of one.
         with self.lock:
-            slot = self.slots.pop(ident, None) if ident is not None \
-                else None
+            slot = self.slots.pop(ident, None)  # None, no key: no slot
             if slot:
-                slot["result"], slot["error"] = result, error
-                slot["answered"] = True
+                slot.update(result=result, error=error, answered=True)
                 slot["done"].release()
-
     def _fail_all(self, reason):
         for slot in self.slots.values():
             slot["error"], slot["answered"] = UpstreamError(reason), True
             slot["done"].release()
         self.slots.clear()
-
     def _send(self, message, deadline):
-        """Write one message by `deadline`, the one place that says if
-        any byte did go; a server not taking it in time is stopped."""
+        """Write one message by `deadline`, the one place that says if any byte did go; a
+        server not taking it in time is stopped."""
         data = canonical(message) + b"\n"
         if not self.write_lock.acquire(timeout=deadline.left()):
-            raise UpstreamError(
-                "the server is not reading its input (an earlier message "
-                "to it is still being written)", "not_sent")
+            raise UpstreamError("the server is not reading its input (an earlier message "
+                                "to it is still being written)", "not_sent")
         written, view, poller = 0, memoryview(data), None
         try:
             proc = self.proc
@@ -5995,9 +5797,8 @@ class Upstream:
                     pass  # the pipe is full: wait for a read, or the end
                 except (OSError, ValueError):
                     outcome = "no_answer" if written else "not_sent"
-                    raise UpstreamError(
-                        "the server is not reading its input (it may have "
-                        "exited)", outcome) from None
+                    raise UpstreamError("the server is not reading its input (it may "
+                                        "have exited)", outcome) from None
                 if poller is None:
                     poller = select.poll()
                     poller.register(proc.stdin.fileno(), select.POLLOUT)
@@ -6014,21 +5815,16 @@ class Upstream:
                 self._fail_all(reason)
             signal_group(proc.pid, signal.SIGKILL)
             raise UpstreamError(reason, "timed_out" if written else "not_sent")
-
     def request(self, method, params, deadline, step, progress=None):
-        """Its answer by `deadline`; each progress notice goes to
-        progress(value, total, message). Down, only opening steps go."""
+        """Its answer by `deadline`; progress(value, total, message) at each notice."""
         try:
             return self._request(method, params, deadline, step, progress)
         except UpstreamError as err:
-            tail = ""
-            if step in OPENING_STEPS and err.outcome != "timed_out":
-                tail = self.tail()
-            said = self.describe(step, str(err)) + tail
+            opening = step in OPENING_STEPS and err.outcome != "timed_out"
+            said = self.describe(step, str(err)) + (self.tail() if opening else "")
             raise UpstreamError(said, err.outcome, err.rpc) from None
-
     def _request(self, method, params, deadline, step, progress):
-        # Refused before a byte is written: known not sent.
+        # Down, only opening steps go: refused before a byte is written, known not sent.
         down = self.down_text()
         if down and step not in OPENING_STEPS:
             raise UpstreamError(down + "; nothing was sent", "not_sent")
@@ -6037,18 +5833,14 @@ class Upstream:
                 raise UpstreamError(self.closed, "not_sent")
             self.next_id += 1
             ident = self.next_id
-            # `done` is held until the answer is in: the cheapest
-            # hand-over between two threads.
-            slot = {"done": threading.Lock(), "answered": False,
-                    "result": None, "error": None, "progress": progress}
+            # `done` is held until the answer is in: the cheapest hand-over.
+            slot = {"done": threading.Lock(), "answered": False, "result": None,
+                    "error": None, "progress": progress}
             slot["done"].acquire()
             self.slots[ident] = slot
-        if progress:
-            # The request's id as the gate's own token: unique among its
-            # requests in flight, whatever hosts chose.
+        if progress:  # its id as our token: unique in flight, whatever hosts chose
             params = {**params, "_meta": {"progressToken": ident}}
-        message = {"jsonrpc": "2.0", "id": ident, "method": method,
-                   "params": params}
+        message = {"jsonrpc": "2.0", "id": ident, "method": method, "params": params}
         try:
             self._send(message, deadline)
         except UpstreamError:
@@ -6059,41 +5851,33 @@ class Upstream:
             with self.lock:
                 self.slots.pop(ident, None)
             if not slot["answered"]:  # one as the wait ended still counts
-                self.notify("notifications/cancelled", {
-                    "requestId": ident, "reason": "the deadline passed"})
-                raise UpstreamError(
-                    "timed out after " + format_duration(deadline.ns),
-                    "timed_out")
+                self.notify("notifications/cancelled",
+                            {"requestId": ident, "reason": "the deadline passed"})
+                raise UpstreamError("timed out after " + format_duration(deadline.ns),
+                                    "timed_out")
         if slot["error"]:
             raise slot["error"]
         return slot["result"]
-
     def down_text(self):
         """'' while it serves; else since when it is down, and its next try."""
         if not self.down:
             return ""
-        since = format_duration(max(0, int(time.time() - self.down[0]))
-                                * SECOND)
-        wait = format_duration(max(0, int(self.down[1] - time.time()))
-                               * SECOND)
+        since = format_duration(max(0, int(time.time() - self.down[0])) * SECOND)
+        wait = format_duration(max(0, int(self.down[1] - time.time())) * SECOND)
         return (f"the server stopped {since} ago and is being {self.AGAIN} "
                 f"(next try in {wait})")
-
     def watch_tools(self, on_list_changed):
-        """Call `on_list_changed` at each tools notice, and now if one
-        came since the start: under one lock, so none is missed."""
+        """Call `on_list_changed` at each tools notice, now if one came: none missed."""
         with self.lock:
             self.on_list_changed = on_list_changed
             heard = self.heard_list_changed
         if heard:
             on_list_changed()
-
     def list_tools(self, deadline):
         tools, cursors, cursor = {}, set(), None
         for _ in range(MAX_TOOL_PAGES):
             params = {} if cursor is None else {"cursor": cursor}
-            result = self.request("tools/list", params, deadline,
-                                  "list tools")
+            result = self.request("tools/list", params, deadline, "list tools")
             page = result.get("tools") if isinstance(result, dict) else None
             if not isinstance(page, list):
                 raise self.failed("the answer has no tools list")
@@ -6105,47 +5889,33 @@ class Upstream:
                     raise self.failed(f"the server lists {quote(name)} twice")
                 tools[name] = tool
                 if len(tools) > MAX_TOOLS:
-                    raise self.failed(
-                        f"the server lists more than {MAX_TOOLS} tools")
+                    raise self.failed(f"the server lists more than {MAX_TOOLS} tools")
             cursor = result.get("nextCursor")
             if cursor is None:
                 return tools
             if not isinstance(cursor, str) or cursor in cursors:
-                raise self.failed(
-                    "the server's nextCursor repeats or is not a string")
+                raise self.failed("the server's nextCursor repeats or is not a string")
             cursors.add(cursor)
         raise self.failed(f"the listing runs past {MAX_TOOL_PAGES} pages")
-
 
 def new_upstream(server):
     return HttpUpstream(server) if server.url else Upstream(server)
 
-
-# OAuth: only `login` asks a person (section 31); the serving gate sends
-# the token login kept, renews it where login found, or does not serve.
-LOGIN_NEEDED = ("the server asks for an authorization the gate does not "
-                "hold, or holds no longer")
+LOGIN_NEEDED = ("the server asks for an authorization the gate does not hold, or holds "
+                "no longer")
 # Pauses between tries at a server's own stream while refused (seconds).
 OWN_STREAM_FIRST_PAUSE, OWN_STREAM_LAST_PAUSE = 0.25, 30
-READ_BYTES = 65536
-
 
 def login_hint(server):
     return f"run: {PROGRAM}.py login {server.name}"
 
-
 def union_scope(*scopes):
     """Space-separated scopes, each once, in the order first given."""
-    words = " ".join(scope or "" for scope in scopes).split()
-    return " ".join(dict.fromkeys(words))
-
+    return " ".join(dict.fromkeys(" ".join(scope or "" for scope in scopes).split()))
 
 class TokenFile:
-    """What login obtained for one server of one config, 0600 at
-    Server.tokens: tokens, their client, the issuer and token endpoint.
-    Bound to that config and url: one kept for another is refused, so no
-    other server is sent them. Not in the database, which is shown and
-    copied for audits: a credential is no fact about a call."""
+    """What login obtained (tokens, client, issuer, token endpoint), 0600 at Server.tokens,
+    bound to one config and url; not in the database: a credential is no fact of calls."""
 
     def __init__(self, server, fresh=False):
         self.server = server
@@ -6161,32 +5931,25 @@ class TokenFile:
             usable = False
         if not usable:
             raise ConfigError(f"{these} cannot be read; {login_hint(server)}")
-        bound = (kept.get("config"), kept.get("url"))
-        if bound != (server.config_path, server.url):
-            raise ConfigError(f"{these} were kept for another config or "
-                              f"url; {login_hint(server)}")
+        if (kept.get("config"), kept.get("url")) != (server.config_path, server.url):
+            raise ConfigError(f"{these} were kept for another config or url; "
+                              f"{login_hint(server)}")
         self.kept = kept
-
     def client(self):
         """Their client: the config's, else the one login registered."""
         given = self.server.oauth
         if not given.get("client_id"):
             return self.kept.get("client") or {}
         secret = given.get("client_secret")
-        method = "client_secret_basic" if secret else "none"
         return {"client_id": given["client_id"], "client_secret": secret,
-                "token_endpoint_auth_method": method}
-
+                "token_endpoint_auth_method": "client_secret_basic" if secret else "none"}
     def bearer(self):
         return "Bearer " + self.kept["tokens"]["access_token"]
-
     def expired(self):
         at = self.kept.get("expires_at")
         return isinstance(at, (int, float)) and at <= time.time()
-
     def obtained(self, tokens):
-        """Keep new tokens; a refresh naming no new refresh token or
-        scope keeps the old."""
+        """Keep new tokens; a refresh naming no refresh token or scope keeps the old."""
         old = self.kept.get("tokens", {})
         kept = {k: old[k] for k in ("refresh_token", "scope") if k in old}
         self.kept["tokens"] = {**kept, **tokens}
@@ -6194,22 +5957,17 @@ class TokenFile:
         self.kept["expires_at"] = time.time() + lasts \
             if isinstance(lasts, (int, float)) else None
         self.write()
-
     def want(self, scope):
         """Keep a scope a call was refused for: the next login asks it."""
-        wanted = self.kept.get("wanted_scope")
-        self.kept["wanted_scope"] = union_scope(wanted, scope)
+        self.kept["wanted_scope"] = union_scope(self.kept.get("wanted_scope"), scope)
         self.write()
-
     def write(self):
         if self.server.oauth.get("client_id"):
             self.kept.pop("client", None)
-        text = json.dumps(self.kept, indent=2) + "\n"
-        write_private(self.server.tokens, text)
-
+        write_private(self.server.tokens, json.dumps(self.kept, indent=2) + "\n")
     def refresh(self, deadline):
-        """A refresh-token grant to the endpoint login found, the one
-        place the refresh token and secret go. False: not renewed."""
+        """A refresh-token grant to the endpoint login found, the one place the refresh
+        token and secret go. False: not renewed."""
         from urllib.parse import urlencode, quote as escape
         refresh = self.kept["tokens"].get("refresh_token")
         endpoint = self.kept.get("token_endpoint")
@@ -6224,19 +5982,16 @@ class TokenFile:
         headers = {"Content-Type": "application/x-www-form-urlencoded",
                    "Accept": "application/json"}
         secret = client.get("client_secret")
-        method = client.get("token_endpoint_auth_method") \
-            or "client_secret_basic"
+        method = client.get("token_endpoint_auth_method") or "client_secret_basic"
         if secret and method == "client_secret_post":
             form["client_secret"] = secret
         elif secret and method == "client_secret_basic":
             pair = f"{escape(client_id, safe='')}:{escape(secret, safe='')}"
-            basic = base64.b64encode(pair.encode()).decode()
-            headers["Authorization"] = "Basic " + basic
+            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
         tokens, conn = None, None
         try:
             conn = http_connection(endpoint, deadline)
-            conn.request("POST", url_target(endpoint), urlencode(form),
-                         headers)
+            conn.request("POST", url_target(endpoint), urlencode(form), headers)
             response = conn.getresponse()
             if response.status == 200:
                 tokens = json.loads(response.read(MAX_MESSAGE_BYTES))
@@ -6252,11 +6007,9 @@ class TokenFile:
         self.obtained(tokens)
         return True
 
-
 def http_client():
     import http.client  # only when a url server starts
     return http.client
-
 
 def http_connection(url, deadline):
     """A connection to `url`'s host by `deadline` (None: within 30s)."""
@@ -6265,41 +6018,32 @@ def http_connection(url, deadline):
     seconds = max(deadline.left(), 0.001) if deadline else 30
     if parts.scheme == "https":
         import ssl
-        conn = client.HTTPSConnection(
-            parts.hostname, parts.port, timeout=seconds,
-            context=ssl.create_default_context())
+        conn = client.HTTPSConnection(parts.hostname, parts.port, timeout=seconds,
+                                      context=ssl.create_default_context())
     else:
-        conn = client.HTTPConnection(parts.hostname, parts.port,
-                                     timeout=seconds)
+        conn = client.HTTPConnection(parts.hostname, parts.port, timeout=seconds)
     conn.connect()
     return conn
-
 
 def url_target(url):
     from urllib.parse import urlsplit
     parts = urlsplit(url)
-    query = f"?{parts.query}" if parts.query else ""
-    return (parts.path or "/") + query
-
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 def connection_lost(err):
-    return UpstreamError(f"the connection was lost before the server "
-                         f"answered ({type(err).__name__})")
-
+    return UpstreamError(f"the connection was lost before the server answered "
+                         f"({type(err).__name__})")
 
 def too_late(deadline):
-    return UpstreamError(f"timed out after {format_duration(deadline.ns)}, "
-                         f"before the message was sent", "not_sent")
-
+    return UpstreamError(f"timed out after {format_duration(deadline.ns)}, before the "
+                         f"message was sent", "not_sent")
 
 def is_event_stream(response):
     kind = response.getheader("Content-Type", "").lower()
     return response.status == 200 and kind.startswith("text/event-stream")
 
-
 class HttpUpstream(Upstream):
-    """A server over Streamable HTTP: only how a message travels
-    differs. Each answer is read on a thread of its own (_answer)."""
+    """Over Streamable HTTP: only transport differs; each answer read on a thread."""
 
     AGAIN = "connected again"
 
@@ -6312,21 +6056,18 @@ class HttpUpstream(Upstream):
         self.connections = set()  # open ones, each ended by close
         self.ended = threading.Event()
         self.stderr_done.set()  # it has none: tail() is ''
-
     def spawn(self):
         if self.server.unavailable:
             raise UpstreamError(self.server.unavailable, "not_sent")
         with self.lock:  # connected again (section 24): a new session
             self.closed = self.session = self.protocol = None
             self.ended = threading.Event()
-        headers = self.server.headers
-        own = any(name.lower() == "authorization" for name in headers)
+        own = any(name.lower() == "authorization" for name in self.server.headers)
         if os.path.exists(self.server.tokens) and not own:
             try:
                 self.tokens = TokenFile(self.server)
             except ConfigError as err:  # this server's problem only
                 raise UpstreamError(str(err), "not_sent") from None
-
     def handshake(self, deadline):
         try:
             super().handshake(deadline)
@@ -6334,11 +6075,8 @@ class HttpUpstream(Upstream):
             if not self.unauthorized:
                 raise
             # Only the operator reads a start's failure.
-            hint = login_hint(self.server)
-            raise UpstreamError(f"{err}; {hint}", "answered") from None
-        threading.Thread(target=self._listen, args=(self.ended,),
-                         daemon=True).start()
-
+            raise UpstreamError(f"{err}; {login_hint(self.server)}", "answered") from None
+        threading.Thread(target=self._listen, args=(self.ended,), daemon=True).start()
     def close(self):
         """Fail what waits, end every connection; never wait on it."""
         with self.lock:
@@ -6348,18 +6086,15 @@ class HttpUpstream(Upstream):
             connections = list(self.connections)
         for conn in connections:  # each read ends; its thread closes it
             self._shut(conn)
-
     def _gone(self, why):
         if self.on_exit and not self.closed:
             self.on_exit(why)  # connected again (section 24)
-
     def _send(self, message, deadline):
         body = canonical(message)
         conn = self._write("POST", body, deadline)
         if "method" in message and "id" in message:
             args = (conn, message["id"], body, deadline)
-            threading.Thread(target=self._answer, args=args,
-                             daemon=True).start()
+            threading.Thread(target=self._answer, args=args, daemon=True).start()
             return
         try:  # a notice or an answer: taken in at once (202)
             conn.getresponse().read(MAX_MESSAGE_BYTES)
@@ -6367,14 +6102,17 @@ class HttpUpstream(Upstream):
             pass
         finally:
             self._end(conn)
-
     def _write(self, verb, body, deadline, refused=None, last_id=None):
-        """Connect, write one request by `deadline` (None: the server's
-        own stream): the one place that says if any byte went out."""
-        accept = "text/event-stream"
-        if body:
-            accept = "application/json, " + accept
-        headers = self._headers(deadline, accept, refused)
+        """Connect, write one request by `deadline` (None: the server's own stream): the
+        one place that says if any byte went out."""
+        accept = "application/json, text/event-stream" if body else "text/event-stream"
+        headers = {**self.server.headers, "Accept": accept}
+        if self.session:
+            headers["Mcp-Session-Id"] = self.session
+        if self.protocol:
+            headers["MCP-Protocol-Version"] = self.protocol
+        if self.tokens:
+            headers["Authorization"] = self._bearer(deadline, refused)
         if body:
             headers["Content-Type"] = "application/json"
         if last_id:
@@ -6387,9 +6125,8 @@ class HttpUpstream(Upstream):
             if isinstance(err, ConnectionError):
                 self._gone("cannot be reached")
             why = clean(str(err), 200) or type(err).__name__
-            raise UpstreamError(
-                f"cannot reach {shown_url(self.server.url)} ({why}), so "
-                f"nothing was sent", "not_sent") from None
+            raise UpstreamError(f"cannot reach {shown_url(self.server.url)} ({why}), so "
+                                f"nothing was sent", "not_sent") from None
         with self.lock:
             if self.closed:
                 conn.close()
@@ -6406,20 +6143,8 @@ class HttpUpstream(Upstream):
             self._end(conn)
             raise connection_lost(err) from None
         return conn
-
-    def _headers(self, deadline, accept, refused=None):
-        headers = {**self.server.headers, "Accept": accept}
-        if self.session:
-            headers["Mcp-Session-Id"] = self.session
-        if self.protocol:
-            headers["MCP-Protocol-Version"] = self.protocol
-        if self.tokens:
-            headers["Authorization"] = self._bearer(deadline, refused)
-        return headers
-
     def _bearer(self, deadline, refused):
-        """The access token to send, renewed first when it expired or is
-        `refused` (the one a 401 answered), by one caller at a time."""
+        """The token to send, renewed if expired or `refused` (by a 401), 1 at a time."""
         wait = max(deadline.left(), 0) if deadline else -1
         if not self.refreshing.acquire(timeout=wait):
             raise too_late(deadline)
@@ -6431,47 +6156,36 @@ class HttpUpstream(Upstream):
             return tokens.bearer()
         finally:
             self.refreshing.release()
-
     def _login_needed(self, why):
         self.unauthorized = True
         if self.tokens:
-            # No browser, no port: not served until the operator runs
-            # login, and every later call fails at once saying so.
+            # No browser, no port: not served until the operator runs login, and every
+            # later call fails at once saying so.
             with self.lock:
                 self.closed = self.closed or LOGIN_NEEDED
-            log(f"server {self.name}: {LOGIN_NEEDED}; "
-                f"{login_hint(self.server)}")
+            log(f"server {self.name}: {LOGIN_NEEDED}; {login_hint(self.server)}")
         return UpstreamError(f"{LOGIN_NEEDED} ({why})", "answered")
-
     @staticmethod
     def _shut(conn):
-        try:
+        with contextlib.suppress(OSError, AttributeError):  # closed already
             conn.sock.shutdown(2)  # SHUT_RDWR
-        except (OSError, AttributeError):  # closed already
-            pass
-
     def _end(self, conn):
         with self.lock:
             self.connections.discard(conn)
         self._shut(conn)
         conn.close()
-
     def _waiting(self, ident, deadline):
         with self.lock:
             return ident in self.slots and deadline.left() > 0
-
     def _answer(self, conn, ident, body, deadline):
-        """Hand over request `ident`'s answer, resuming a broken stream;
-        one a 401 refused (it ran nothing) goes once more, renewed."""
-        error = UpstreamError(
-            "the server ended its HTTP answer without a result")
+        """Hand over request `ident`'s answer, resuming a broken stream; one a 401 refused
+        (it ran nothing) goes once more, renewed."""
+        error = UpstreamError("the server ended its HTTP answer without a result")
         try:
             response = conn.getresponse()
-            if response.status == 401 and self.tokens \
-                    and not self.unauthorized:
+            if response.status == 401 and self.tokens and not self.unauthorized:
                 self._end(conn)
-                refused = self.tokens.bearer()
-                conn = self._write("POST", body, deadline, refused)
+                conn = self._write("POST", body, deadline, self.tokens.bearer())
                 response = conn.getresponse()
             failed = self._refusal(response)
             if failed:
@@ -6485,22 +6199,18 @@ class HttpUpstream(Upstream):
             else:
                 events = self._read_events(response, ident, deadline)
                 while events.last_id and self._waiting(ident, deadline):
-                    error = UpstreamError(
-                        "the server closed its answer's event stream "
-                        "before the result, and resuming it failed")
+                    error = UpstreamError("the server closed its answer's event stream "
+                                          "before the result, and resuming it failed")
                     self._end(conn)
-                    pause = min(events.retry / 1000, deadline.left())
-                    if self.ended.wait(pause):
+                    if self.ended.wait(min(events.retry / 1000, deadline.left())):
                         break
                     try:  # sent already, whatever fails: it may have run
                         conn, response = self._get(deadline, events.last_id)
-                    except (UpstreamError, OSError,
-                            http_client().HTTPException):
+                    except (UpstreamError, OSError, http_client().HTTPException):
                         break
                     if not is_event_stream(response):
                         break
-                    events = self._read_events(response, ident, deadline,
-                                               events)
+                    events = self._read_events(response, ident, deadline, events)
         except UpstreamError as err:
             error = err
         except (OSError, ValueError, http_client().HTTPException) as err:
@@ -6508,27 +6218,22 @@ class HttpUpstream(Upstream):
         finally:
             self._end(conn)
         self._deliver(ident, error=error)
-
     def _refusal(self, response):
         status = response.status
         if status >= 500:
-            # A proxy's 502 or a server failing mid-call answers after
-            # the request was delivered: it may have executed, whatever
-            # the body (unread) says.
-            return UpstreamError(f"the server answered HTTP {status} "
-                                 f"after the request reached it")
+            # A proxy's 502 or a server failing mid-call answers after the request was
+            # delivered: it may have executed, whatever the body (unread) says.
+            return UpstreamError(f"the server answered HTTP {status} after the request "
+                                 f"reached it")
         if 300 <= status < 400:
             from urllib.parse import urljoin
             location = response.getheader("Location", "")
-            target = clean(shown_url(urljoin(self.server.url, location)),
-                           200)
-            return UpstreamError(
-                f"the server answered with a redirect (HTTP {status}) to "
-                f"{target}, which is not followed: if that is the server, "
-                f"make it the url", "answered")
+            target = clean(shown_url(urljoin(self.server.url, location)), 200)
+            return UpstreamError(f"the server answered with a redirect (HTTP {status}) "
+                                 f"to {target}, which is not followed: if that is the "
+                                 f"server, make it the url", "answered")
         challenge = response.getheader("WWW-Authenticate", "")
-        if status == 401 or (status == 403
-                             and "insufficient_scope" in challenge):
+        if status == 401 or (status == 403 and "insufficient_scope" in challenge):
             scope = re.search(r'scope="([^"]*)"', challenge)
             if status == 403 and self.tokens and scope:
                 self.tokens.want(scope.group(1))
@@ -6536,31 +6241,27 @@ class HttpUpstream(Upstream):
         if status == 404 and self.session:
             # It forgot the session (started again): it took nothing in.
             self._gone("forgot its session")
-            return UpstreamError("the server no longer knows the session "
-                                 "(HTTP 404), so nothing ran", "not_sent")
+            return UpstreamError("the server no longer knows the session (HTTP 404), so "
+                                 "nothing ran", "not_sent")
         if status >= 400:
-            return UpstreamError(f"the server answered HTTP {status}",
-                                 "answered")
+            return UpstreamError(f"the server answered HTTP {status}", "answered")
         self.session = response.getheader("Mcp-Session-Id") or self.session
         return None
-
     def _get(self, deadline, last_id=None):
-        """An event stream: the server's own (deadline None) or a
-        request's resumed after `last_id`: (conn, response)."""
+        """(conn, response): the server's own stream (deadline None) or one resumed."""
         conn = self._write("GET", None, deadline, last_id=last_id)
         try:
             return conn, conn.getresponse()
         except BaseException:
             self._end(conn)
             raise
-
     def _read_events(self, response, ident, deadline, after=None):
-        """Hand over each message until the stream ends or `ident` (None:
-        the server's own stream) is answered; the stream's state."""
+        """Hand over each message until the stream ends or `ident` (None: the server's own
+        stream) is answered; the stream's state."""
         events = _EventStream(after)
         try:
             while ident is None or self._waiting(ident, deadline):
-                chunk = response.read1(READ_BYTES)
+                chunk = response.read1(65536)
                 for message in events.feed(chunk, final=not chunk):
                     self._dispatch(message)
                 if events.buffered() > MAX_MESSAGE_BYTES:
@@ -6571,10 +6272,9 @@ class HttpUpstream(Upstream):
             if not events.last_id:  # else it is resumed from there
                 raise
         return events
-
     def _listen(self, ended):
-        """The server's own stream, all session. A refusal that may pass
-        (lost, 409, 429, 5xx) meets growing pauses; others end it."""
+        """The server's own stream, all session. A refusal that may pass (lost, 409, 429,
+        5xx) meets growing pauses; others end it."""
         pause, last_id = OWN_STREAM_FIRST_PAUSE, None
         while not ended.is_set():
             conn = None
@@ -6585,12 +6285,10 @@ class HttpUpstream(Upstream):
                     events = self._read_events(response, None, None)
                     last_id = events.last_id or last_id
                     if events.heard:  # it was open: reopened as asked
-                        pause = max(events.retry / 1000,
-                                    OWN_STREAM_FIRST_PAUSE)
+                        pause = max(events.retry / 1000, OWN_STREAM_FIRST_PAUSE)
                 elif not (status in (409, 429) or status >= 500):
                     return
-            except (UpstreamError, OSError, ValueError,
-                    http_client().HTTPException):
+            except (UpstreamError, OSError, ValueError, http_client().HTTPException):
                 pass
             finally:
                 if conn:
@@ -6599,27 +6297,20 @@ class HttpUpstream(Upstream):
                 return
             pause = min(2 * pause, OWN_STREAM_LAST_PAUSE)
 
-
 class _EventStream:
-    """Server-sent events fed in chunks of any size: the data of each
-    event named `message` or unnamed, as bytes (data lines joined by \\n);
-    an event the stream ends inside still counts. `last_id`: the last id
-    named, to resume from; `retry`: the wait it asked for, in ms. Given
-    `after`, a stream resumed from it: its id and retry carry on."""
+    """Server-sent events fed in chunks of any size: the data (lines joined by \\n) of
+    each event named `message` or unnamed, one the stream ends inside too. `last_id`: to
+    resume from; `retry`: the wait asked, in ms; both go on from `after`, if resumed."""
 
     _LINE_END = re.compile(rb"\r\n|\r|\n")
 
     def __init__(self, after=None):
         self.partial, self.after_cr = [], False
         self.data, self.event = [], b""
-        self.last_id, self.retry = b"", 0
-        if after:
-            self.last_id, self.retry = after.last_id, after.retry
+        self.last_id, self.retry = (after.last_id, after.retry) if after else (b"", 0)
         self.heard = False  # an event came
-
     def buffered(self):
         return sum(map(len, self.partial)) + sum(map(len, self.data))
-
     def feed(self, chunk, final=False):
         # Only the new chunk is searched: a long line costs its length once.
         if self.after_cr and chunk.startswith(b"\n"):
@@ -6637,7 +6328,6 @@ class _EventStream:
             lines += [b"".join(self.partial), b""]
             self.partial = []
         return [m for m in map(self._line, lines) if m is not None]
-
     def _line(self, line):
         """One line's effect; the data of an event this line ends."""
         if not line:
@@ -6659,67 +6349,55 @@ class _EventStream:
             self.retry = int(value)
         return None
 
-
 class LoadError(Exception):
     """A server that cannot be used at all."""
 
-
-# Each part of a manifest entry as manifest_entry writes it: a manifest
-# edited by hand is refused by its part, not read by code trusting it.
+# Each part of a manifest entry as manifest_entry writes it: a manifest edited by hand is
+# refused by its part, not read by code trusting it.
 ENTRY_KINDS = {
-    "name": str, "description": str, "description_hash": str,
-    "schema_hash": str, "title": (str, type(None)),
-    "output_schema": (dict, type(None)), "icons": (list, type(None)),
-    "_meta": (dict, type(None)), "annotations": dict}
-
+    "name": str, "description": str, "description_hash": str, "schema_hash": str,
+    "title": (str, type(None)), "output_schema": (dict, type(None)),
+    "icons": (list, type(None)), "_meta": (dict, type(None)), "annotations": dict}
 
 def read_manifest(server):
-    """A server's manifest: missing or unusable, that server's LoadError;
-    open to others' changes, the config's ConfigError (read_owned)."""
+    """A server's manifest: missing or unusable, that server's LoadError; open to others'
+    changes, the config's ConfigError (read_owned)."""
     where = f"server {quote(server.name)}: manifest {server.manifest}"
     if not os.path.lexists(server.manifest):
         raise LoadError(f"{where} does not exist; run pin")
     try:
         manifest = parse(read_owned(server.manifest, "manifest"))
     except CanonicalError as err:
-        raise LoadError(
-            f"{where} is not usable JSON: {err.placed()}") from None
+        raise LoadError(f"{where} is not usable JSON: {err.placed()}") from None
     tools = manifest.get("tools") if isinstance(manifest, dict) else None
     if not isinstance(tools, dict):
         raise LoadError(f"{where} has no tools; run pin again")
     named = manifest.get("server")
     if named != server.name:
-        raise LoadError(
-            f"{where} is for server {quote(str(named))}, not "
-            f"{quote(server.name)}; run pin again or name the right "
-            f"manifest")
+        raise LoadError(f"{where} is for server {quote(str(named))}, not "
+                        f"{quote(server.name)}; run pin again or name the right manifest")
     for name, entry in tools.items():
         wrong = "entry" if not isinstance(entry, dict) else next(
             (part for part, kind in ENTRY_KINDS.items()
              if part in entry and not isinstance(entry[part], kind)), None)
         if wrong:
-            raise LoadError(f"{where}: the {wrong} of tool {quote(name)} "
-                            f"is not what pin writes; run pin again")
+            raise LoadError(f"{where}: the {wrong} of tool {quote(name)} is not what pin "
+                            f"writes; run pin again")
     return manifest
-
 
 def pinned_for(server):
     manifest = read_manifest(server)
     stray = sorted(set(server.rules) - set(manifest["tools"]))
     if stray:
         names = ", ".join(sanitize(s) for s in stray)
-        raise LoadError(
-            f"server {quote(server.name)}: rules name tools the manifest "
-            f"does not pin: {names}; pin again or fix the rules")
+        raise LoadError(f"server {quote(server.name)}: rules name tools the manifest "
+                        f"does not pin: {names}; pin again or fix the rules")
     return manifest
 
-
 def load_all(config, while_starting=None):
-    """Start every server at once, then decide, in the config's order,
-    what each offers: (served upstreams, tools, a Report per server). A
-    server not served is closed, its report's `unserved` says why; a
-    ConfigError closes all. `while_starting` runs once all are spawned,
-    on this thread (Upstream.spawn says why)."""
+    """Start all servers, then decide in order what each offers: (served upstreams, tools,
+    a Report each). One not served is closed, its report's `unserved` says why; a
+    ConfigError closes all. `while_starting` runs once all are spawned, on this thread."""
     servers = config.servers
     upstreams = [new_upstream(server) for server in servers]
     reports = [Report(server.name) for server in servers]
@@ -6731,16 +6409,14 @@ def load_all(config, while_starting=None):
         # The manifests are read while the servers start.
         manifests = [_unless_unserved(report, pinned_for, server)
                      for server, report in zip(servers, reports)]
-        findings = lint_manifests(
-            {s.name: m for s, m in zip(servers, manifests) if m})
+        findings = lint_manifests({s.name: m for s, m in zip(servers, manifests) if m})
         listings = [None] * len(upstreams)
         deadlines = [Deadline(s.connect_timeout) for s in servers]
 
         def connect_one(i):
-            listings[i] = _unless_unserved(
-                reports[i], handshake_and_list, upstreams[i], deadlines[i])
-        workers = [threading.Thread(target=connect_one, args=(i,),
-                                    daemon=True)
+            listings[i] = _unless_unserved(reports[i], handshake_and_list, upstreams[i],
+                                           deadlines[i])
+        workers = [threading.Thread(target=connect_one, args=(i,), daemon=True)
                    for i, report in enumerate(reports) if not report.unserved]
         for worker in workers:
             worker.start()
@@ -6753,10 +6429,9 @@ def load_all(config, while_starting=None):
                 continue
             upstreams[i].pinned = manifests[i]["tools"]
             names = dict(taken)  # kept only if the server is served
-            offered = _unless_unserved(
-                report, load, server, manifests[i], upstreams[i],
-                listings[i], deadlines[i], names, findings[server.name],
-                report)
+            offered = _unless_unserved(report, load, server, manifests[i], upstreams[i],
+                                       listings[i], deadlines[i], names,
+                                       findings[server.name], report)
             if offered:
                 taken = names
                 tools.extend(offered)
@@ -6766,25 +6441,19 @@ def load_all(config, while_starting=None):
         for upstream in upstreams:
             upstream.close()
         raise
-    served = []
     for upstream, report in zip(upstreams, reports):
         if report.unserved:
             upstream.close()
-        else:
-            served.append(upstream)
-    return served, tools, reports
-
+    return [up for up, r in zip(upstreams, reports) if not r.unserved], tools, reports
 
 def _why_none(server, report, manifest):
     if report.count("unreviewed"):
-        why = ("its rules are proposals nobody reviewed: read them, then "
-               "run check -accept")
+        why = "its rules are proposals nobody reviewed: read them, then run check -accept"
     elif not manifest["tools"]:
         why = "it offered none when it was pinned"
     else:
         why = "classify at least one pinned tool with a rule"
     return f"server {quote(server.name)}: no tool registered; {why}"
-
 
 def _unless_unserved(report, step, *args):
     if report.unserved:
@@ -6794,7 +6463,6 @@ def _unless_unserved(report, step, *args):
     except (UpstreamError, LoadError) as err:
         report.unserved = str(err)
         return None
-
 
 def handshake_and_list(upstream, deadline):
     upstream.handshake(deadline)
