@@ -8913,7 +8913,7 @@ def text_argument(value):
 # Reads as: around the core
 #
 # Owns: runs, show, approve, reject, cancel, watch, grant, grants,
-# revoke, verify, recheck, on the database the config or -db names,
+# revoke, verify, recheck, on the config's database or -db's,
 # read-only where nothing is decided.
 # Core it calls: Store (decide_approval, cancel_run, create_grant,
 # revoke_grant), Grant, Tool, approval_hash, approval_printout,
@@ -8921,20 +8921,18 @@ def text_argument(value):
 # decision_facts, evaluate, event_hash, last_attempt, late_text,
 # parse_conditions, pointer_problem, policy_decision, shown_text,
 # step_outcome, tried_text, unshown.
-# Promises: approve, reject, grant and watch decide bound to the
-# hash of exactly what they printed in full: a row changed since is
-# refused, a shortened printout decides nothing until -full, a grant
-# releases only the waits it listed, a cut-off attempt's late
-# outcome is printed beside the question; without -approval or -yes
-# only a "yes" typed at a terminal decides. An id, whole or a
-# prefix, names one run or approval among all, whatever their
-# state. Lookalike and invisible characters are marked; every line
-# goes through tell; -json prints one JSON value only.
+# Promises: approve, reject, grant and watch decide on the hash of
+# exactly what they printed in full: a row changed since is refused,
+# a shortened printout decides nothing until -full, a grant releases
+# only the waits it listed; without -approval or -yes only a "yes"
+# typed at a terminal decides. An id or its prefix names one run or
+# approval, whatever its state. Lookalikes and invisible characters
+# are marked; -json prints one JSON value only.
 # =============================================================================================
 
 def tell_json(value, out=None):
-    """A -json value through tell that reads back the same: each
-    character sanitize would change is escaped."""
+    """A -json value through tell, each character sanitize would
+    change escaped: it reads back the same."""
     tell(*map(_json_for_terminal, pretty_json(value).split("\n")), out=out)
 
 def _json_for_terminal(line):
@@ -8964,8 +8962,7 @@ def open_ledger(path, readonly=True):
     return Ledger(path, readonly=readonly, create=False)
 
 def shared_database(directory):
-    """The one database init's configs (one per host) share; several
-    are refused."""
+    """The one database init's configs (one per host) share."""
     try:
         found = sorted(n for n in os.listdir(directory) if n.endswith(".db"))
     except OSError:
@@ -9023,10 +9020,10 @@ def cmd_runs(argv):
     print_tool_changes(store, session)
     return 0
 
-FAILED_STATE = {"denied": "DENIED", "invalid": "INVALID", "error": "TOOL_ERROR",
-                "unsent": "TOOL_ERROR", "timed_out": "UNKNOWN_OUTCOME",
-                "no_answer": "UNKNOWN_OUTCOME"}
-CANCELLED_STATE = {"approval_rejected": "REJECTED", "approval_expired": "EXPIRED"}
+FAILED_STATE = dict(denied="DENIED", invalid="INVALID", error="TOOL_ERROR",
+                    unsent="TOOL_ERROR", timed_out="UNKNOWN_OUTCOME",
+                    no_answer="UNKNOWN_OUTCOME")
+CANCELLED_STATE = dict(approval_rejected="REJECTED", approval_expired="EXPIRED")
 
 def run_state(store, run):
     """As its call's answer began (DENIED, not FAILED)."""
@@ -9102,9 +9099,8 @@ def approvals_named(store, given):
     return [(store.approval(a)["run_id"], a) for a in found]
 
 def resolve_named(store, given, session, approval=None):
-    """(run id, approval id or None) named by ID and -approval; several
-    are refused, listed; one that can no longer be acted on never
-    yields another."""
+    """(run id, approval id or None) that ID and -approval name: several
+    are refused; one no longer acted on never yields another."""
     named = [(r, None) for r in id_candidates(store, "run", given, session)]
     named += approvals_named(store, given)
     if not named:
@@ -9161,10 +9157,10 @@ STEP_JSON = ("decision", "policy", "observation")
 
 def show_json(store, run, steps):
     """A combined event's parts each as an event."""
-    steps = [{k: step_json(s, k) if k in STEP_JSON and v else v for k, v in s.items()}
-             for s in steps]
-    return {"run": run, "steps": steps, "approvals": store.approvals(run["run"]),
-            "events": [dict(zip(EVENT_KEYS, e)) for e in store.run_parts(run["run"])]}
+    steps = [{k: step_json(s, k) if k in STEP_JSON and v else v
+              for k, v in s.items()} for s in steps]
+    return dict(run=run, steps=steps, approvals=store.approvals(run["run"]),
+                events=[dict(zip(EVENT_KEYS, e)) for e in store.run_parts(run["run"])])
 
 def reason_text(run):
     return f" ({run['reason']})" if run["reason"] else ""
@@ -9173,8 +9169,9 @@ def run_lines(store, run, steps):
     status = run["status"] + reason_text(run)
     if run["detail"]:
         status += f": {run['detail']}"
-    lines = [f"run       {run['run']}", f"tool      {run['tool']}", f"status    {status}",
-             f"steps     {run['steps']}", f"created   {run['created']}"]
+    lines = [f"run       {run['run']}", f"tool      {run['tool']}",
+             f"status    {status}", f"steps     {run['steps']}",
+             f"created   {run['created']}"]
     if run["finished"]:
         lines.append(f"finished  {run['finished']}")
     if repeats_refused(store, run["run"], steps):
@@ -9233,7 +9230,7 @@ def repeats_refused(store, run_id, steps):
     return spec.get("side_effect", "read_only") != "read_only"
 
 def indented(line):
-    """show's events and results are whole, in pieces of 100 columns."""
+    """In 100-column pieces: show prints events and results whole."""
     return [" " * 10 + piece for piece in wrap_columns(sanitize(line), 100)]
 
 def result_lines(steps):
@@ -9245,7 +9242,7 @@ def result_lines(steps):
     outcome = step_outcome(last)
     if outcome in CALL_ENDINGS:
         text = outcome_text(last)
-    else:  # a denial, a cut-off, a failure
+    else:
         text = last.get("message") or policy_json(last.get("content", {}))
     if not isinstance(text, str):
         text = policy_json(text)
@@ -9300,19 +9297,19 @@ def agreed_on(lines, shortened, what, verb, agreed, out, without_terminal):
     return verdict
 
 def consents(opts, lines, shortened, what, verb, agreed, done, unless):
-    """agreed_on, on stderr with -json (stdout carries its one value);
-    False once "nothing {done}" is told."""
+    """agreed_on, on stderr with -json; False once "nothing {done}" is
+    told."""
     out = sys.stderr if opts.json else sys.stdout
-    no_terminal = (f"refusing without -yes or a terminal to type yes at: nothing was {done};"
-               f" add -yes{unless} printed above")
+    no_terminal = ("refusing without -yes or a terminal to type yes at: nothing was"
+                   f" {done}; add -yes{unless} printed above")
     if agreed_on(lines, shortened, what, verb, agreed, out, no_terminal):
         return True
     tell(f"nothing {done}", out=out)
     return False
 
 def lookalike_notes(*texts):
-    """What in the texts reads as what it is not: words that mix scripts
-    or are wholly lookalikes, and invisible characters."""
+    """Words in the texts that mix scripts or are wholly lookalikes,
+    and invisible characters."""
     notes = []
     for text in texts:
         notes += map(_lookalike_note, lookalike_words(text)[:3])
@@ -9342,8 +9339,8 @@ def who(opts, verb="decides"):
     return by
 
 def operator_decision(command, argv, *flags):
-    """What approve, reject and cancel share: (flags, who decides, the
-    store, the run named, the approval named or None)."""
+    """(opts, who decides, store, run id, approval id or None) for
+    approve, reject and cancel."""
     p = operator_parser(command, *flags, ("note", str), ("by", str))
     opts = with_id(p).parse_args(argv)
     by = who(opts)
@@ -9369,10 +9366,10 @@ def decide(argv, command):
                     "decided", unless):
         return 1
     run, then = settle(store, approval, status, by, note, hold_of(opts))
-    decided = {"id": approval["id"], "status": status, "by": by, "note": note,
-               "hash": approval["hash"]}
-    return reply(opts, {"run": run, "approval": decided},
-                  f"{what}: {status} by {by}", run_line(run), *then)
+    decided = dict(id=approval["id"], status=status, by=by, note=note,
+                   hash=approval["hash"])
+    return reply(opts, dict(run=run, approval=decided), f"{what}: {status} by {by}",
+                 run_line(run), *then)
 
 cmd_approve = functools.partial(decide, command="approve")
 cmd_reject = functools.partial(decide, command="reject")
@@ -9390,11 +9387,11 @@ def cmd_cancel(argv):
         tx.cancel_run(run_id, by, opts.note or "")
     store.write(cancel)
     run = load_run(store, run_id)
-    return reply(opts, {"run": run}, run_line(run))
+    return reply(opts, dict(run=run), run_line(run))
 
 def select_approval(store, run_id, approval_id):
-    """The approval named, or the one its run waits on. One decided
-    already is said so; nothing is decided in its place."""
+    """The approval named, or the one its run waits on; one decided
+    already is refused."""
     approvals = store.approvals(run_id)
     if approval_id:
         approval = next(a for a in approvals if a["id"] == approval_id)
@@ -9409,7 +9406,6 @@ def select_approval(store, run_id, approval_id):
                          f" name one of {ids} with -approval")
     if pending:
         return pending[0]
-    load_run(store, run_id)
     last = ""
     if approvals:
         last = (f": approval {approvals[-1]['id']} was already"
@@ -9447,9 +9443,9 @@ APPROVED_NEXT = ("No call waits on it any more (its hold ended): it runs when th
                  " calls the tool again with exactly the same arguments.")
 
 def what_runs(store, approval, approved, hold):
-    """The run as a decision left it, and what runs an approval: the
-    call held for it (`hold` s) takes it up within moments, seen as its
-    run leaving the wait; otherwise the model's identical call."""
+    """The run as the decision left it, and what runs an approval: its
+    held call (for `hold` s) within moments, seen as the run leaving
+    the wait; else the model's identical call."""
     ends = min(parse_time(approval["created_at"]) + hold, time.time() + HELD_SEEN)
     run = load_run(store, approval["run_id"])
     if not approved:
@@ -9523,15 +9519,15 @@ def watch_lines(store, session, hint, stop):
     shown = {}
     while not stop.is_set():
         waiting = {a["id"]: a for a in store.waiting_approvals(session)}
-        for approval_id, approval in waiting.items():
-            if approval_id not in shown:
-                _, run_id, tool, age, args = waiting_cells(approval, 200)
-                tell(f"waiting  run {run_id}  approval {approval_id}  tool {tool}  age"
-                     f" {age}  {args}  decide with: {hint} approve {run_id} -approval"
-                     f" {approval_id}   (or reject)", flush=True)
-        for approval_id, approval in shown.items():
-            if approval_id not in waiting:
-                tell(f"ended    {ended_text(store, approval)}", flush=True)
+        for a in waiting.values():
+            if a["id"] not in shown:
+                a_id, run_id, tool, age, args = waiting_cells(a, 200)
+                tell(f"waiting  run {run_id}  approval {a_id}  tool {tool}  age {age}"
+                     f"  {args}  decide with: {hint} approve {run_id} -approval {a_id}"
+                     "   (or reject)", flush=True)
+        for a in shown.values():
+            if a["id"] not in waiting:
+                tell(f"ended    {ended_text(store, a)}", flush=True)
         shown = waiting
         stop.wait(WATCH_EVERY)
 
@@ -9555,8 +9551,9 @@ def watch_terminal(store, session, by, hold, stop):
 class Screen:
     """Where watch touches curses: sanitized rows, keys by name."""
 
-    KEYS = {"KEY_UP": "up", "KEY_DOWN": "down", "KEY_NPAGE": "page down",
-            "KEY_PPAGE": "page up", "KEY_ENTER": "enter", "KEY_BACKSPACE": "backspace"}
+    KEYS = dict(KEY_UP="up", KEY_DOWN="down", KEY_NPAGE="page down",
+                KEY_PPAGE="page up", KEY_ENTER="enter",
+                KEY_BACKSPACE="backspace")
     CHARACTERS = {"\n": "enter", "\r": "enter", "\x1b": "esc", "\x7f": "backspace",
                   "\b": "backspace"}
 
@@ -9603,7 +9600,7 @@ def watch_list(screen, store, session, by, hold, stop):
     selected, chosen, message = 0, None, ""
     while not stop.is_set():
         waiting = store.waiting_approvals(session)
-        ids = [approval["id"] for approval in waiting]
+        ids = [a["id"] for a in waiting]
         if chosen in ids:
             selected = ids.index(chosen)
         selected = max(0, min(selected, len(ids) - 1))
@@ -9614,7 +9611,7 @@ def watch_list(screen, store, session, by, hold, stop):
                       f" deciding as {by}", bold=True)
         # Whole ids: they begin with the time they were made.
         table = [("APPROVAL", "RUN", "TOOL", "AGE", "ARGUMENTS")] + [
-            waiting_cells(approval, 4 * width) for approval in waiting]
+            waiting_cells(a, 4 * width) for a in waiting]
         widths = [max(len(row[i]) for row in table) for i in range(4)] + [0]
         lines = ["  ".join(map(str.ljust, row, widths)) for row in table]
         screen.put(1, lines[0])
@@ -9742,13 +9739,13 @@ def cmd_grant(argv):
     config, tool = granted_tool(opts.config, opts.tool)
     parsed = grant_conditions(getattr(opts, "if"), tool)
     span = grant_span(getattr(opts, "for"), config)
-    grant = {"id": new_id(8), "session": config.session, "tool": tool.target,
-             "name": tool.name, "conditions_json": dumps(confirmed_conditions(parsed)),
-             "by": by, "note": opts.note or ""}
+    grant = dict(id=new_id(8), session=config.session, tool=tool.target,
+                 name=tool.name, conditions_json=dumps(confirmed_conditions(parsed)),
+                 by=by, note=opts.note or "")
     waits = covered_waits(config, tool, grant, opts.full)
     lines, shortened = grant_printout(config, tool, grant, parsed, span, waits, opts.full)
     if not consents(opts, lines, shortened, "this grant", "grant", opts.yes, "granted",
-                 " to grant what is"):
+                    " to grant what is"):
         return 1
     store = Ledger(config.database, readonly=False)  # may be new
     def create(tx):
@@ -9801,9 +9798,9 @@ def grant_printout(config, tool, grant, parsed, span, waits, full):
     return lines, shortened
 
 def granted_tool(path, name):
-    """(config, tool) a grant is for. Given no config where init wrote
-    one per host, the one that offers the tool: a grant is for one
-    host's session, so a tool several offer needs -config."""
+    """(config, tool) a grant is for; without -config, the one of
+    init's per-host configs that offers the tool (a grant is for one
+    host's session)."""
     hosts = [] if path else host_configs(config_path(None))
     offered = {}
     for config in map(load_config, hosts or [config_path(path)]):
@@ -9850,9 +9847,9 @@ def grant_span(text, config):
     raise Usage("-for must be more than 0")
 
 def covered_waits(config, tool, grant, full):
-    """The waits `grant` would answer, as (approval, its printout): each
-    call decided again as the gate would, limits counted, and covered
-    only if the grant is what allows it."""
+    """(approval, printout) of each wait `grant` would answer: decided
+    again as the gate would, limits counted, covered only if the grant
+    is what allows it."""
     if not os.path.exists(config.database):
         return []
     with contextlib.closing(open_ledger(config.database)) as store:
@@ -9917,13 +9914,15 @@ def cmd_revoke(argv):
     state = grant_view(grant)["state"]
     if state != "in force":
         raise StoreError(f"grant {grant_id} is not in force ({state}); nothing changed")
-    lines = [f"GRANT TO REVOKE  {grant_id}", f"  tool           {grant['name']}",
+    lines = [f"GRANT TO REVOKE  {grant_id}",
+             f"  tool           {grant['name']}",
              f"  covers         {covers_text(Grant(grant).conditions)}",
-             f"  until          {grant['expires_at']}", f"  by             {grant['by']}"]
+             f"  until          {grant['expires_at']}",
+             f"  by             {grant['by']}"]
     # The grant named whole confirms, as approve -approval does.
     if not consents(opts, lines, False, f"grant {grant_id}", "revoke",
-                 opts.yes or opts.grant == grant_id, "revoked",
-                 " (or name the grant whole) to revoke the grant"):
+                    opts.yes or opts.grant == grant_id, "revoked",
+                    " (or name the grant whole) to revoke the grant"):
         return 1
     note = opts.note or ""
     if not store.write(lambda tx: tx.revoke_grant(grant_id, by, note)):
@@ -9950,7 +9949,8 @@ def cmd_verify(argv):
     head = store.chain_head()
     if opts.json:
         tell_json({"head": head and {"seq": head[0], "hash": head[1]},
-                   "intact": not broken, "checked": checked, "from": first, "to": to,
+                   "intact": not broken, "checked": checked,
+                   "from": first, "to": to,
                    "last_hash": report["hash"] if checked else None,
                    "break": broken and dict(zip(BREAK_KEYS, broken)),
                    "ends_before_to": short,
@@ -9987,8 +9987,8 @@ def held_state(store, kept, broken):
         return "changed"
     return "matches"
 
-KEPT_HEAD = {"removed": "is not in the chain: events were removed",
-             "changed": "does not match: the record was changed", "matches": "matches"}
+KEPT_HEAD = dict(removed="is not in the chain: events were removed",
+                 changed="does not match: the record was changed", matches="matches")
 BREAK_KEYS = ("seq", "detail", "expected", "found")
 HASH_BROKEN = ("the stored hash is not the one the event's fields and the previous"
                " event's hash give")
@@ -10079,9 +10079,10 @@ def recheck_run(store, config, tools, run_id, current):
     evaluations, seen = [], set()
     for seq, step_id, recorded, at in store.policy_events(run_id):
         step = steps[step_id]
-        e = dict(seq=seq, step_index=step["index"], step_id=step_id, tool=run["tool"],
-                 on_resume=step_id in seen, recorded=recorded["outcome"], rechecked="",
-                 detail="", recorded_hash="", rechecked_hash="",
+        e = dict(seq=seq, step_index=step["index"], step_id=step_id,
+                 tool=run["tool"], on_resume=step_id in seen,
+                 recorded=recorded["outcome"], rechecked="", detail="",
+                 recorded_hash="", rechecked_hash="",
                  policy_id=recorded.get("policy_id", ""), spec_source=source)
         seen.add(step_id)
         evaluations.append(e)
@@ -10097,11 +10098,11 @@ def recheck_run(store, config, tools, run_id, current):
     results = [e["result"] for e in evaluations]
     differences = results.count("different")
     rechecked = differences + results.count("same")
-    return {"run_id": run_id, "run_status": run["status"], "policy_id": recorded_id,
-            "identity": identity, "spec_source": source, "notes": notes,
-            "evaluations": evaluations, "same": differences == 0,
-            "differences": differences, "rechecked": rechecked,
-            "not_recheckable": len(results) - rechecked, "complete": True}
+    return dict(run_id=run_id, run_status=run["status"], policy_id=recorded_id,
+                identity=identity, spec_source=source, notes=notes,
+                evaluations=evaluations, same=differences == 0,
+                differences=differences, rechecked=rechecked,
+                not_recheckable=len(results) - rechecked, complete=True)
 
 def recheck_one(store, config, tools, run, step, recorded, at, e):
     """Fills in evaluation `e` of a recorded decision."""
@@ -10115,7 +10116,8 @@ def recheck_one(store, config, tools, run, step, recorded, at, e):
         e.update(result="not_recheckable", detail="the recorded request is missing")
         return
     args = decision["args"]
-    request = {"run_id": run["run"], "step_id": step["id"], "spec": spec, "args": args}
+    request = {"run_id": run["run"], "step_id": step["id"], "spec": spec,
+               "args": args}
     if recorded["outcome"] == "require_approval":
         e["recorded_hash"] = asked_hash(recorded, request)
     tool = tools.get(run["tool"])
@@ -10135,7 +10137,8 @@ def recheck_one(store, config, tools, run, step, recorded, at, e):
         tool = Tool(tool.server, None, entry, tool.rule)
     # The facts of its moment, executions before it counted as the
     # gate counts them, none if an operator decided.
-    moment = recorded.get("facts") or {"at": at, "client": "", "approved": e["on_resume"]}
+    moment = recorded.get("facts") or {
+        "at": at, "client": "", "approved": e["on_resume"]}
     approved = moment["approved"]
     facts = decision_facts(store.read, run["session"], tool, moment["at"],
                            moment.get("client", ""), not approved)
@@ -10159,8 +10162,8 @@ def asked_hash(decision, request):
 
 def print_recheck(config, reports, as_json, session):
     """Differences in full; runs all the same are counted per policy
-    identity, unless there is one: a difference must not hide among
-    fifty runs' lines."""
+    identity (unless there is one run): no difference hides among fifty
+    runs' lines."""
     rechecked = sum(r["rechecked"] for r in reports)
     skipped = sum(r["not_recheckable"] for r in reports)
     differ = sum(not r["same"] for r in reports)
@@ -10184,7 +10187,8 @@ def tell_recheck(policy_id, reports, rechecked, skipped, differ):
     same = collections.defaultdict(lambda: [0, 0])  # identity -> [runs, decisions]
     for r in reports:
         identity = identity_text(r, policy_id)
-        if r["same"] and not r["not_recheckable"] and not r["notes"] and len(reports) > 1:
+        if r["same"] and not r["not_recheckable"] and not r["notes"] \
+                and len(reports) > 1:
             same[identity][0] += 1
             same[identity][1] += r["rechecked"]
             continue
