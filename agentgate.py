@@ -9012,9 +9012,9 @@ def cmd_runs(argv):
         return reply(opts, runs, "no runs")
     head = ("RUN", "STATE", "STEPS", "CREATED", "HOST", "WAITING APPROVAL", "TOOL")
     print_table([head] + [
-        (r["run"], run_state(store, r), str(r["steps"]), prose_time(r["created"]),
-         cut(sanitize(r["host"]), 24) or "-", r["pending_approval"] or "",
-         sanitize(r["tool"])) for r in runs])
+        (r["run"], run_state(store, r), str(r["steps"]),
+         prose_time(r["created"]), cut(sanitize(r["host"]), 24) or "-",
+         r["pending_approval"] or "", sanitize(r["tool"])) for r in runs])
     if len(rows) > limit:
         tell("... more runs; use -limit to see them")
     print_tool_changes(store, session)
@@ -9148,7 +9148,8 @@ def cmd_show(argv):
     tell()
     print_steps(store, steps)
     tell("", "events, whole as the chain holds them (show -json lists them as values):")
-    for seq, at, type_, _, payload in store.run_events(run_id):  # whole, as verify hashes
+    # Whole, as verify hashes them.
+    for seq, at, type_, _, payload in store.run_events(run_id):
         tell(f"  {seq:>6}  {at}  {type_}", *indented(payload))
     return 0
 
@@ -9225,7 +9226,8 @@ def repeats_refused(store, run_id, steps):
     attempt = last_attempt(store.read, run_id)
     if attempt is None or attempt.ending in UNKNOWN_ENDINGS:
         return False
-    step = next(s for s in steps if s["id"] == attempt.attempt["step_id"])
+    step_id = attempt.attempt["step_id"]
+    step = next(s for s in steps if s["id"] == step_id)
     spec = store.tool_spec(step["spec_hash"]) or {}
     return spec.get("side_effect", "read_only") != "read_only"
 
@@ -9280,7 +9282,8 @@ def block_rows(entry):
         shown = quote(cut(text, 60)) + (" (first part kept)" if "sha256" in entry else "")
     else:
         shown = sanitize(cut(entry.get("mimeType") or entry.get("uri") or "", 60))
-    digest = entry.get("sha256") or sha256_hex(text.encode("utf-8", "surrogatepass"))
+    digest = entry.get("sha256") or sha256_hex(
+        text.encode("utf-8", "surrogatepass"))
     return [(f"  {sanitize(entry['type'])}", f"{block_bytes(entry)} bytes", shown),
             ("", "", f"sha256 {digest}")]
 
@@ -9344,7 +9347,7 @@ def operator_decision(command, argv, *flags):
     p = operator_parser(command, *flags, ("note", str), ("by", str))
     opts = with_id(p).parse_args(argv)
     by = who(opts)
-    store, session = operator_store(opts, readonly=False)
+    store, session = operator_store(opts, False)
     named = getattr(opts, "approval", None)
     return (opts, by, store, *resolve_named(store, opts.run, session, named))
 
@@ -9359,7 +9362,8 @@ def decide(argv, command):
     if status == "rejected" and not note:
         raise Usage("reject needs -note: the model is shown it, so say why")
     approval = select_approval(store, run_id, named)
-    lines, shortened = approval_printout(store, approval, opts.full, lookalike_notes)
+    lines, shortened = approval_printout(store, approval, opts.full,
+                                         lookalike_notes)
     what = f"approval {approval['id']}"
     unless = f" (or -approval {approval['id']}) to {command} the approval"
     if not consents(opts, lines, shortened, what, command, opts.approval or opts.yes,
@@ -9453,7 +9457,8 @@ def what_runs(store, approval, approved, hold):
     while run["status"] == "WAITING_FOR_APPROVAL" and time.time() < ends:
         time.sleep(0.1)
         run = load_run(store, approval["run_id"])
-    return run, (APPROVED_NEXT if run["status"] == "WAITING_FOR_APPROVAL" else TAKEN_UP,)
+    waiting = run["status"] == "WAITING_FOR_APPROVAL"
+    return run, (APPROVED_NEXT if waiting else TAKEN_UP,)
 
 def longest_hold(config):
     """The longest a gate of the config holds a call, in seconds."""
@@ -9477,7 +9482,7 @@ OPEN_KEYS = ("a approve   r reject   f show every byte   "
 
 def cmd_watch(argv):
     opts = parser("watch", "config", "db", "by").parse_args(argv)
-    store, session = operator_store(opts, readonly=True)
+    store, session = operator_store(opts, True)
     hint = operator_hint(config_path(opts.config), opts.db)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -9743,7 +9748,8 @@ def cmd_grant(argv):
                  name=tool.name, conditions_json=dumps(confirmed_conditions(parsed)),
                  by=by, note=opts.note or "")
     waits = covered_waits(config, tool, grant, opts.full)
-    lines, shortened = grant_printout(config, tool, grant, parsed, span, waits, opts.full)
+    lines, shortened = grant_printout(config, tool, grant, parsed, span, waits,
+                                      opts.full)
     if not consents(opts, lines, shortened, "this grant", "grant", opts.yes, "granted",
                     " to grant what is"):
         return 1
@@ -9889,7 +9895,7 @@ def covers_text(conditions):
 
 def cmd_grants(argv):
     opts = operator_parser("grants", ("days", int)).parse_args(argv)
-    store, session = operator_store(opts, readonly=True)
+    store, session = operator_store(opts, True)
     days = 7 if opts.days is None else opts.days
     since = format_time(time.time() - days * 86400)
     views = [grant_view(g) for g in store.grants(session, since)]
@@ -9908,7 +9914,7 @@ def cmd_revoke(argv):
     opts = with_id(p, "grant", "GRANT", "the grant's id, or a prefix of it (6"
                    " characters or more)").parse_args(argv)
     by = who(opts, "revokes")
-    store, _ = operator_store(opts, readonly=False)
+    store, _ = operator_store(opts, False)
     grant_id = resolve_id(store, "grant", opts.grant)
     grant = store.grant(grant_id)
     state = grant_view(grant)["state"]
@@ -10055,7 +10061,8 @@ def cmd_recheck(argv):
         else:
             tools = configured_tools(config)
         if opts.run:
-            run_ids, session = [resolve_id(store, "run", opts.run, config.session)], ""
+            run_ids = [resolve_id(store, "run", opts.run, config.session)]
+            session = ""
         else:
             run_ids = store.session_runs(session, limit)
         reports = [recheck_run(store, config, tools, r, opts.current_tools)
