@@ -9447,9 +9447,8 @@ APPROVED_NEXT = ("No call waits on it any more (its hold ended): it runs when th
                  " calls the tool again with exactly the same arguments.")
 
 def what_runs(store, approval, approved, hold):
-    """The run as the decision left it, and what runs an approval: its
-    held call (for `hold` s) within moments, seen as the run leaving
-    the wait; else the model's identical call."""
+    """The run as decided, and what runs the approval: its held call (for
+    `hold` s), seen as the run leaving the wait; else an identical call."""
     ends = min(parse_time(approval["created_at"]) + hold, time.time() + HELD_SEEN)
     run = load_run(store, approval["run_id"])
     if not approved:
@@ -9853,9 +9852,8 @@ def grant_span(text, config):
     raise Usage("-for must be more than 0")
 
 def covered_waits(config, tool, grant, full):
-    """(approval, printout) of each wait `grant` would answer: decided
-    again as the gate would, limits counted, covered only if the grant
-    is what allows it."""
+    """(approval, printout) of each wait decided again as the gate would,
+    limits counted, that it is `grant` that allows."""
     if not os.path.exists(config.database):
         return []
     with contextlib.closing(open_ledger(config.database)) as store:
