@@ -7727,57 +7727,40 @@ def text_argument(value):
 #
 # Reads as: around the core
 #
-# Owns: runs, show, approve, reject, cancel, watch, grant,
-# verify, recheck, on the database the config or -db names,
-# opened as it is, read-only where nothing is decided.
-# Core it calls: Store (its reads, decide_approval,
-# cancel_run, create_grant, revoke_grant),
-# check_database_path, Tool, check_arguments, evaluate,
-# approval_hash, decision_facts, policy_decision, Grant,
-# last_attempt, confirmed_conditions, parse_conditions,
-# pointer_problem, step_outcome, stored_hash, event_hash,
-# approval_printout, approval_shown, confirmed, late_text,
-# shown_text, tried_text, unshown;
-# load_config, check_reach, read_manifest.
-# Promises: approve, reject, grant and watch decide bound
-# to the hash of exactly what they printed in full: a row
-# changed since is refused, a shortened printout decides
-# nothing until -full, a grant releases only the waiting
-# approvals it listed, a cut-off attempt's late outcome is
-# printed beside the question; without -approval or -yes
-# only a "yes" typed at a terminal decides. An id, whole or
-# a prefix, names one run or approval among all, whatever
-# their state. A value mixing scripts or holding invisible
-# characters is marked where printed. tell sanitizes every
-# line, so nothing a server, model or operator chose
-# reaches the terminal raw; -json prints one JSON value
-# only; command-line text must be UTF-8.
+# Owns: runs, show, approve, reject, cancel, watch, grant, grants,
+# revoke, verify, recheck, on the config's database or -db's,
+# read-only where nothing is decided.
+# Core it calls: Store (decide_approval, cancel_run, create_grant,
+# revoke_grant), Grant, Tool, approval_hash, approval_printout,
+# approval_shown, check_arguments, check_database_path, confirmed,
+# decision_facts, evaluate, event_hash, last_attempt, late_text,
+# parse_conditions, pointer_problem, policy_decision, shown_text,
+# step_outcome, tried_text, unshown.
+# Promises: approve, reject, grant and watch decide on the hash of
+# exactly what they printed in full: a row changed since is refused,
+# a shortened printout decides nothing until -full, a grant releases
+# only the waits it listed; without -approval or -yes only a "yes"
+# typed at a terminal decides. An id or its prefix names one run or
+# approval, whatever its state. Lookalikes and invisible characters
+# are marked; -json prints one JSON value only.
 # =============================================================================================
 
 def tell_json(value, out=None):
-    """A -json value through tell that reads back the same:
-    each character sanitize would change is escaped."""
-    lines = pretty_json(value).split("\n")
-    tell(*map(_json_for_terminal, lines), out=out)
-
+    """A -json value through tell, each character sanitize would
+    change escaped: it reads back the same."""
+    tell(*map(_json_for_terminal, pretty_json(value).split("\n")), out=out)
 
 def _json_for_terminal(line):
     if sanitize(line) == line:
         return line
-    return "".join(
-        json.dumps(ch)[1:-1] if sanitize(ch) != ch or
-        unicodedata.category(ch)[0] == "M" else ch
-        for ch in line)
-
+    return "".join(json.dumps(ch)[1:-1] if sanitize(ch) != ch or
+                   unicodedata.category(ch)[0] == "M" else ch for ch in line)
 
 def confirmed_conditions(conditions):
-    """Each `under` kept as resolved when shown: resolved
-    later, a link put in since would move the grant."""
-    return {c.pointer: {
-        name: want if name == "under" else c.raw[name]
-        for name, want in c.tests} for c in conditions}
-
-
+    """Each `under` kept as resolved when shown: resolved later, a
+    link put in since would move the grant."""
+    return {c.pointer: {name: want if name == "under" else c.raw[name]
+                        for name, want in c.tests} for c in conditions}
 
 def operator_store(opts, readonly):
     """The store, and the session ('' with -db)."""
@@ -7786,47 +7769,39 @@ def operator_store(opts, readonly):
     if not (database or opts.config or os.path.lexists(path)):
         database = shared_database(os.path.dirname(path))
     if database:
-        database = os.path.abspath(database)
-        return open_ledger(database, readonly), ""
+        return open_ledger(os.path.abspath(database), readonly), ""
     config = load_config(path)
-    store = open_ledger(config.database, readonly)
-    return store, config.session
-
+    return open_ledger(config.database, readonly), config.session
 
 def open_ledger(path, readonly=True):
     return Ledger(path, readonly=readonly, create=False)
 
-
 def shared_database(directory):
-    """The one database init's configs (one per host)
-    share; several are refused."""
+    """The one database init's configs (one per host) share."""
     try:
-        names = os.listdir(directory)
+        found = sorted(n for n in os.listdir(directory) if n.endswith(".db"))
     except OSError:
         return None
-    found = sorted(n for n in names if n.endswith(".db"))
     if len(found) > 1:
-        raise ConfigError(
-            f"{directory} holds {len(found)} databases ("
-            f"{', '.join(found)}) and no config.json: name"
-            f" one with -db, or a config with -config")
+        raise ConfigError(f"{directory} holds {len(found)} databases"
+                          f" ({', '.join(found)}) and no config.json: name one with -db,"
+                          " or a config with -config")
     if found:
         return os.path.join(directory, found[0])
 
-
 def operator_parser(command, *flags):
-    flags = "config", "db", ("json", bool), *flags
-    return parser(command, *flags)
+    return parser(command, "config", "db", ("json", bool), *flags)
 
+def with_id(p, name="run", metavar="ID", help=NAMED_RUN):
+    p.add_argument(name, type=text_argument, metavar=metavar, help=help)
+    return p
 
 def current_user():
     try:
         import pwd
         return pwd.getpwuid(os.geteuid()).pw_name
     except (ImportError, KeyError):
-        env = os.environ
-        return env.get("USER") or env.get("USERNAME") or ""
-
+        return os.environ.get("USER") or os.environ.get("USERNAME") or ""
 
 def positive_limit(given, default):
     limit = default if given is None else given
@@ -7834,43 +7809,36 @@ def positive_limit(given, default):
         raise Usage("-limit must be at least 1")
     return limit
 
+def reply(opts, value, *lines):
+    """-json's one value, or the lines; 0."""
+    if opts.json:
+        tell_json(value)
+    else:
+        tell(*lines)
+    return 0
 
 def cmd_runs(argv):
-    p = operator_parser("runs", ("limit", int))
-    opts = p.parse_args(argv)
+    opts = operator_parser("runs", ("limit", int)).parse_args(argv)
     limit = positive_limit(opts.limit, 100)
     store, session = operator_store(opts, True)
     rows = store.runs_page(session, limit + 1)
     runs = rows[:limit]
-    if opts.json:
-        tell_json(runs)
-        return 0
-    if not runs:
-        tell("no runs")
-        return 0
-    table = [("RUN", "STATE", "STEPS", "CREATED", "HOST",
-              "WAITING APPROVAL", "TOOL")]
-    for r in runs:
-        host = cut(sanitize(r["host"]), 24) or "-"
-        table.append((
-            r["run"], run_state(store, r), str(r["steps"]),
-            prose_time(r["created"]), host,
-            r["pending_approval"] or "", sanitize(r["tool"])))
-    print_table(table)
+    if opts.json or not runs:
+        return reply(opts, runs, "no runs")
+    head = ("RUN", "STATE", "STEPS", "CREATED", "HOST", "WAITING APPROVAL", "TOOL")
+    print_table([head] + [
+        (r["run"], run_state(store, r), str(r["steps"]),
+         prose_time(r["created"]), cut(sanitize(r["host"]), 24) or "-",
+         r["pending_approval"] or "", sanitize(r["tool"])) for r in runs])
     if len(rows) > limit:
         tell("... more runs; use -limit to see them")
     print_tool_changes(store, session)
     return 0
 
-
-FAILED_STATE = {
-    "denied": "DENIED", "invalid": "INVALID",
-    "error": "TOOL_ERROR", "unsent": "TOOL_ERROR",
-    "timed_out": "UNKNOWN_OUTCOME",
-    "no_answer": "UNKNOWN_OUTCOME"}
-CANCELLED_STATE = {"approval_rejected": "REJECTED",
-                   "approval_expired": "EXPIRED"}
-
+FAILED_STATE = dict(denied="DENIED", invalid="INVALID", error="TOOL_ERROR",
+                    unsent="TOOL_ERROR", timed_out="UNKNOWN_OUTCOME",
+                    no_answer="UNKNOWN_OUTCOME")
+CANCELLED_STATE = dict(approval_rejected="REJECTED", approval_expired="EXPIRED")
 
 def run_state(store, run):
     """As its call's answer began (DENIED, not FAILED)."""
@@ -7878,33 +7846,23 @@ def run_state(store, run):
     if status == "CANCELLED":
         return CANCELLED_STATE.get(run["reason"], status)
     seen = status == "FAILED" and observations(store.steps(run["run"]))
-    if not seen:
-        return status
-    return FAILED_STATE.get(step_outcome(seen[-1]), status)
-
+    return FAILED_STATE.get(step_outcome(seen[-1]), status) if seen else status
 
 def observations(steps):
     return [parse(s["observation"]) for s in steps if s["observation"]]
 
-
 def step_json(step, field):
     return parse(step[field]) if step[field] else {}
 
-
 def print_tool_changes(store, session):
-    if not session:
-        return
-    for at, payload in store.tool_changes(session, 5):
-        text = tools_changed_text(payload)
-        tell(f"{prose_time(at)}  {text}")
-
+    if session:
+        for at, payload in store.tool_changes(session, 5):
+            tell(f"{prose_time(at)}  {tools_changed_text(payload)}")
 
 def print_table(rows):
     widths = [max(map(len, col)) for col in zip(*rows)]
     for row in rows:
-        cells = map(str.ljust, row, widths)
-        tell("  ".join(cells).rstrip())
-
+        tell("  ".join(map(str.ljust, row, widths)).rstrip())
 
 def load_run(store, run_id):
     run = store.run(run_id)
@@ -7912,18 +7870,15 @@ def load_run(store, run_id):
         raise StoreError(f"run {quote(run_id)} not found")
     return run
 
-
 MIN_PREFIX = 6
 ID_TEXT = re.compile(r"[A-Za-z0-9_.-]+")
 ID_CANDIDATES = 200  # ids one prefix is sought among
-ID_TABLES = {"run": "runs", "approval": "approvals", "grant": "grants"}
-
 
 def id_candidates(store, kind, given, session=""):
-    """Each id `given` may name, in any state: narrowed to
-    waiting runs, a prefix would move on, once its run was
-    decided, to another made the same minute."""
-    table, most = ID_TABLES[kind], ID_CANDIDATES
+    """Each id `given` may name, in any state: narrowed to waiting runs,
+    a prefix would move on, once its run was decided, to another made
+    the same minute."""
+    table, most = kind + "s", ID_CANDIDATES
     if not ID_TEXT.fullmatch(given):
         return []
     if store.ids_starting(table, given, 1) == [given]:
@@ -7932,17 +7887,13 @@ def id_candidates(store, kind, given, session=""):
         return []
     found = store.ids_starting(table, given, most)
     if kind == "run" and "." not in given:  # no session given
-        found += store.ids_starting(
-            table, f"{session}.{given}", most) if session \
+        found += store.ids_starting(table, f"{session}.{given}", most) if session \
             else store.run_ids_after_session(given, most)
     return sorted(set(found))
 
-
 def resolve_id(store, kind, given, session=""):
     """The one id `given` names: nothing is guessed."""
-    found = id_candidates(store, kind, given, session)
-    return only_one(kind, given, found)
-
+    return only_one(kind, given, id_candidates(store, kind, given, session))
 
 def only_one(kind, given, found):
     if len(found) == 1:
@@ -7950,47 +7901,38 @@ def only_one(kind, given, found):
     name = f"{kind} {quote(given)}"
     if not found:
         short = ID_TEXT.match(given) and len(given) < MIN_PREFIX
-        need = (" (a shortened id needs at least"
-                f" {MIN_PREFIX} characters)")
+        need = f" (a shortened id needs at least {MIN_PREFIX} characters)"
         raise StoreError(f"{name} not found" + (need if short else ""))
     listed = ", ".join(found[:10])
     if len(found) > 10:
         listed += f" and {len(found) - 10} more"
-    raise StoreError(f"{name} is ambiguous: it starts"
-                     f" {listed}; give more of its characters")
-
+    raise StoreError(f"{name} is ambiguous: it starts {listed}; give more of its"
+                     " characters")
 
 def approvals_named(store, given):
     found = id_candidates(store, "approval", given)
     return [(store.approval(a)["run_id"], a) for a in found]
 
-
 def resolve_named(store, given, session, approval=None):
-    """(run id, approval id or None) named by ID and
-    -approval; several are refused, listed; one that
-    can no longer be acted on never yields another."""
+    """(run id, approval id or None) that ID and -approval name: several
+    are refused; one no longer acted on never yields another."""
     named = [(r, None) for r in id_candidates(store, "run", given, session)]
     named += approvals_named(store, given)
     if not named:
         only_one("run or approval", given, [])
     if approval is not None:
         return named_approval(store, given, named, approval)
-    # A run and its approvals are one candidate.
-    runs = collections.defaultdict(set)
+    runs = collections.defaultdict(set)  # a run and its approvals are one candidate
     for run_id, a in named:
         runs[run_id].update({a} - {None})
     if len(runs) > 1:
         listed = sorted(r + its_approvals(its) for r, its in runs.items())
-        kind = "run or approval" if any(runs.values()) else "run"
-        only_one(kind, given, listed)
+        only_one("run or approval" if any(runs.values()) else "run", given, listed)
     (run_id, its), = runs.items()
     return run_id, (min(its) if len(its) == 1 else None)
 
-
 def its_approvals(its):
-    listed = ", ".join(sorted(its))
-    return f" (and its approval {listed})" if its else ""
-
+    return f" (and its approval {', '.join(sorted(its))})" if its else ""
 
 def named_approval(store, given, named, approval):
     wanted = approvals_named(store, approval)
@@ -7998,72 +7940,53 @@ def named_approval(store, given, named, approval):
         only_one("approval", approval, [])
     kept = [(r, a) for r, a in wanted if (r, None) in named or (r, a) in named]
     if not kept:
-        raise StoreError(f"approval {quote(approval)} is"
-                         f" no approval of {quote(given)}")
+        raise StoreError(f"approval {quote(approval)} is no approval of {quote(given)}")
     listed = sorted(f"{a} (approval of run {r})" for r, a in kept)
     if len(listed) > 1:
         only_one("approval", approval, listed)
     return kept[0]
 
-
 def cmd_show(argv):
-    p = operator_parser("show", ("full", bool))
-    p.add_argument("run", type=text_argument, metavar="ID", help=NAMED_RUN)
-    opts = p.parse_args(argv)
+    opts = with_id(operator_parser("show", ("full", bool))).parse_args(argv)
     store, session = operator_store(opts, True)
     run_id = resolve_named(store, opts.run, session)[0]
     run = load_run(store, run_id)
     steps = store.steps(run_id)
     if opts.json:
-        tell_json(show_json(store, run, steps))
-        return 0
-    tell(*run_lines(store, run, steps))
-    tell(*result_lines(steps))
+        return reply(opts, show_json(store, run, steps))
     late = store.late_outcomes(run_id)
-    for _, observation in late:
-        tell(f"LATE OUTCOME  {late_text(observation)}")
+    tell(*run_lines(store, run, steps), *result_lines(steps),
+         *(f"LATE OUTCOME  {late_text(seen)}" for _, seen in late))
     for approval in store.approvals(run_id):
         if approval["status"] == "pending":
-            tell()
-            lines = approval_lines(approval, opts.full, late)
-            tell(*lines[0])
+            tell("", *approval_lines(approval, opts.full, late)[0])
     tell()
     print_steps(store, steps)
-    tell()
-    tell("events, whole as the chain holds them"
-         " (show -json lists them as values):")
-    # whole, as verify hashes them
+    tell("", "events, whole as the chain holds them (show -json lists them as values):")
+    # Whole, as verify hashes them.
     for seq, at, type_, _, payload in store.run_events(run_id):
-        tell(f"  {seq:>6}  {at}  {type_}")
-        tell(*indented(payload))
+        tell(f"  {seq:>6}  {at}  {type_}", *indented(payload))
     return 0
-
 
 EVENT_KEYS = ("seq", "at", "type", "step_id", "payload")
 STEP_JSON = ("decision", "policy", "observation")
 
-
 def show_json(store, run, steps):
     """A combined event's parts each as an event."""
-    steps = [{k: step_json(s, k) if k in STEP_JSON and v
-              else v for k, v in s.items()} for s in steps]
-    parts = store.run_parts(run["run"])
-    return {"run": run, "steps": steps,
-            "approvals": store.approvals(run["run"]),
-            "events": [dict(zip(EVENT_KEYS, e))
-                       for e in parts]}
+    steps = [{k: step_json(s, k) if k in STEP_JSON and v else v
+              for k, v in s.items()} for s in steps]
+    return dict(run=run, steps=steps, approvals=store.approvals(run["run"]),
+                events=[dict(zip(EVENT_KEYS, e)) for e in store.run_parts(run["run"])])
 
+def reason_text(run):
+    return f" ({run['reason']})" if run["reason"] else ""
 
 def run_lines(store, run, steps):
-    status = run["status"]
-    if run["reason"]:
-        status += f" ({run['reason']})"
+    status = run["status"] + reason_text(run)
     if run["detail"]:
         status += f": {run['detail']}"
-    lines = [f"run       {run['run']}",
-             f"tool      {run['tool']}",
-             f"status    {status}",
-             f"steps     {run['steps']}",
+    lines = [f"run       {run['run']}", f"tool      {run['tool']}",
+             f"status    {status}", f"steps     {run['steps']}",
              f"created   {run['created']}"]
     if run["finished"]:
         lines.append(f"finished  {run['finished']}")
@@ -8071,14 +7994,12 @@ def run_lines(store, run, steps):
         lines.append(f"repeats   {REPEATS_REFUSED}")
     asked = steps and step_json(steps[0], "decision")
     if asked and "args" in asked:
-        args = clean(policy_json(asked["args"]), 300)
-        lines.append(f"arguments {args}")
+        lines.append(f"arguments {clean(policy_json(asked['args']), 300)}")
     return lines
 
-
 def print_steps(store, steps):
-    print_table([("STEP", "DECISION", "STATUS", "POLICY",
-                  "OBSERVATION")] + list(map(step_row, steps)))
+    print_table([("STEP", "DECISION", "STATUS", "POLICY", "OBSERVATION"),
+                 *map(step_row, steps)])
     for s in steps:
         if tried_text(s):
             tell(f"step {s['index']}: {tried_text(s)}")
@@ -8086,49 +8007,37 @@ def print_steps(store, steps):
         grant = step_json(s, "policy").get("grant")
         grant = grant and store.grant(grant)
         if grant:
-            note = grant["note"]
-            note = f": {note}" if note else ""
-            tell(f"step {s['index']} ran under grant"
-                 f" {grant['id']} by {grant['by']},"
-                 f" {grant['created_at']} to"
-                 f" {grant['expires_at']}{note}")
+            note = f": {grant['note']}" if grant["note"] else ""
+            tell(f"step {s['index']} ran under grant {grant['id']} by {grant['by']},"
+                 f" {grant['created_at']} to {grant['expires_at']}{note}")
     for s in steps:
         seen = step_json(s, "observation")
         if "result" in seen:
-            tell()
             head, rows = result_rows(s["index"], seen)
-            tell(head)
+            tell("", head)
             if rows:
                 print_table(rows)
-
 
 def step_row(s):
     decision = step_json(s, "decision")
     record = step_json(s, "policy")
     policy = record.get("outcome", "")
-    by = record.get("by")
-    if by not in (None, "class", "rule outcome"):
-        policy += f" ({by})"
+    if record.get("by") not in (None, "class", "rule outcome"):
+        policy += f" ({record['by']})"
     seen = step_json(s, "observation")
     summary = seen.get("kind", "")
     if seen.get("summary"):
         summary += ": " + clean(seen["summary"], 100)
-    origin = decision.get("origin", "")
-    return (str(s["index"]),
-            f"{decision['kind']} ({origin})",
+    return (str(s["index"]), f"{decision['kind']} ({decision.get('origin', '')})",
             s["status"], policy, summary)
 
-
-REPEATS_REFUSED = (
-    "an identical call within the tool's repeat window"
-    " after this one is refused as DUPLICATE; to allow"
-    " it, set \"repeat_window\": \"0s\" (or a shorter"
-    " time) in the tool's rule")
-
+REPEATS_REFUSED = ("an identical call within the tool's repeat window after this one is"
+                   ' refused as DUPLICATE; to allow it, set "repeat_window": "0s" (or a'
+                   " shorter time) in the tool's rule")
 
 def repeats_refused(store, run_id, steps):
-    """Whether identical calls are refused: the run ended
-    a mutation known (an unknown one asks an operator)."""
+    """Whether identical calls are refused: the run ended a mutation
+    known (an unknown one asks an operator)."""
     attempt = last_attempt(store.read, run_id)
     if attempt is None or attempt.ending in UNKNOWN_ENDINGS:
         return False
@@ -8137,14 +8046,9 @@ def repeats_refused(store, run_id, steps):
     spec = store.tool_spec(step["spec_hash"]) or {}
     return spec.get("side_effect", "read_only") != "read_only"
 
-
-SHOW_WIDTH = 100  # show's events and results are whole
-
-
 def indented(line):
-    pieces = wrap_columns(sanitize(line), SHOW_WIDTH)
-    return [f"          {piece}" for piece in pieces]
-
+    """In 100-column pieces: show prints events and results whole."""
+    return [" " * 10 + piece for piece in wrap_columns(sanitize(line), 100)]
 
 def result_lines(steps):
     """The last recorded result, whole and sanitized."""
@@ -8155,71 +8059,54 @@ def result_lines(steps):
     outcome = step_outcome(last)
     if outcome in CALL_ENDINGS:
         text = outcome_text(last)
-    else:  # a denial, a cut-off, a failure
+    else:
         text = last.get("message") or policy_json(last.get("content", {}))
     if not isinstance(text, str):
         text = policy_json(text)
     head = f"result    {last['kind']}"
     if last.get("summary"):
         head += f": {sanitize(last['summary'])}"
-    # A server may answer in the gate's own words
-    # (DENIED: ...): the record says whose.
-    server = outcome in ("ok", "error", "unrecorded")
-    if server and not last.get("withheld"):
+    # A server may answer in the gate's own words (DENIED: ...): the record says whose.
+    if outcome in ("ok", "error", "unrecorded") and not last.get("withheld"):
         head += "   (the server's answer)"
     else:
         head += "   (the gate's own answer, not a server's)"
-    return [head] + [piece for line in text.split("\n")
-                     for piece in indented(line)]
-
+    return [head] + [piece for line in text.split("\n") for piece in indented(line)]
 
 def result_rows(index, observed):
     """A head line, then each block and its whole hash."""
     record = observed["result"]
-    how = ""
-    if observed.get("withheld"):
-        how += ", withheld: too large to pass on"
+    how = ", withheld: too large to pass on" if observed.get("withheld") else ""
     if record.get("is_error"):
         how += ", an error result"
-    head = (f"result of step {index}: {record['bytes']}"
-            f" bytes, sha256 {record['sha256']}{how}")
+    head = (f"result of step {index}: {record['bytes']} bytes, sha256"
+            f" {record['sha256']}{how}")
     rows = [r for b in record["blocks"] for r in block_rows(b)]
     value = record.get("structured")
     if value:
-        kept = "(not kept: too large)"
-        kept = "" if "value" in value else kept
-        rows += [("  structured content",
-                  f"{value['bytes']} bytes", kept),
+        kept = "" if "value" in value else "(not kept: too large)"
+        rows += [("  structured content", f"{value['bytes']} bytes", kept),
                  ("", "", f"sha256 {value['sha256']}")]
-    more = record.get("more_blocks")
-    if more:
-        rows.append((f"  and {more} more blocks", "", ""))
+    if record.get("more_blocks"):
+        rows.append((f"  and {record['more_blocks']} more blocks", "", ""))
     return head, rows
-
 
 def block_rows(entry):
     text = entry.get("text")
     if "text" in entry:
-        shown = quote(cut(text, 60))
-        if "sha256" in entry:
-            shown += " (first part kept)"
+        shown = quote(cut(text, 60)) + (" (first part kept)" if "sha256" in entry else "")
     else:
-        label = entry.get("mimeType") or entry.get("uri")
-        shown = sanitize(cut(label or "", 60))
+        shown = sanitize(cut(entry.get("mimeType") or entry.get("uri") or "", 60))
     digest = entry.get("sha256") or sha256_hex(
         text.encode("utf-8", "surrogatepass"))
-    kind = f"  {sanitize(entry['type'])}"
-    size = f"{block_bytes(entry)} bytes"
-    return [(kind, size, shown), ("", "", f"sha256 {digest}")]
-
+    return [(f"  {sanitize(entry['type'])}", f"{block_bytes(entry)} bytes", shown),
+            ("", "", f"sha256 {digest}")]
 
 def approval_lines(approval, full=False, late=()):
     """approval_shown, marked where a value reads as it is not."""
     return approval_shown(approval, full, late, lookalike_notes)
 
-
-def agreed_on(lines, shortened, what, verb, agreed, out,
-              without_terminal):
+def agreed_on(lines, shortened, what, verb, agreed, out, without_terminal):
     """confirmed: True for a yes, False for a no; Usage when nothing
     may be decided (`without_terminal` says why with no terminal)."""
     verdict = confirmed(lines, out, shortened, what, verb, agreed)
@@ -8227,69 +8114,60 @@ def agreed_on(lines, shortened, what, verb, agreed, out,
         raise Usage(verdict or without_terminal)
     return verdict
 
+def consents(opts, lines, shortened, what, verb, agreed, done, unless):
+    """agreed_on, on stderr with -json; False once "nothing {done}" is
+    told."""
+    out = sys.stderr if opts.json else sys.stdout
+    no_terminal = ("refusing without -yes or a terminal to type yes at: nothing was"
+                   f" {done}; add -yes{unless} printed above")
+    if agreed_on(lines, shortened, what, verb, agreed, out, no_terminal):
+        return True
+    tell(f"nothing {done}", out=out)
+    return False
 
 def lookalike_notes(*texts):
-    """What in the texts reads as what it is not: words that mix
-    scripts or are wholly lookalikes, and invisible characters."""
+    """Words in the texts that mix scripts or are wholly lookalikes,
+    and invisible characters."""
     notes = []
     for text in texts:
         notes += map(_lookalike_note, lookalike_words(text)[:3])
-        hidden = [f"U+{code:04X} {unicodedata.name(chr(code), '')}"
+        hidden = [f"U+{code:04X} {unicodedata.name(chr(code), '')}".rstrip()
                   for code in invisible_codes(text)[:5]]
         if hidden:
-            notes.append("holds invisible characters: " +
-                         ", ".join(h.rstrip() for h in hidden))
+            notes.append("holds invisible characters: " + ", ".join(hidden))
     return notes
-
 
 def _lookalike_note(word):
     latin = latin_lookalike(word)
     if latin:
-        script = scripts_of(word).pop()
-        return (f"{quote(word)} reads as the Latin {quote(latin)} "
-                f"but is written wholly in {script} letters")
+        return (f"{quote(word)} reads as the Latin {quote(latin)} but is written"
+                f" wholly in {scripts_of(word).pop()} letters")
     script = {ch: scripts_of(ch).pop() for ch in word if ch.isalpha()}
     usual = collections.Counter(script.values()).most_common(1)[0][0]
     foreign = [f"U+{ord(ch):04X} {unicodedata.name(ch, '?')}"
                for ch in script if script[ch] != usual]
-    return (f"{quote(word)} mixes scripts: {', '.join(foreign[:3])} "
-            f"among {usual} letters")
-
+    return f"{quote(word)} mixes scripts: {', '.join(foreign[:3])} among {usual} letters"
 
 # ---- approve, reject, cancel ----------------------------------------------------------------
-
-def refused_unasked(done, other, act):
-    """Why nothing was `done` with neither a yes flag nor a terminal."""
-    return (f"refusing without -yes or a terminal to type yes at: "
-            f"nothing was {done}; add -yes{other} to {act} printed above")
-
 
 def who(opts, verb="decides"):
     by = opts.by or current_user()
     if not by:
-        raise Usage(f"say who {verb} with -by; the current user has "
-                    f"no name")
+        raise Usage(f"say who {verb} with -by; the current user has no name")
     return by
 
-
 def operator_decision(command, argv, *flags):
-    """What approve, reject and cancel share: (flags, who decides,
-    the store, the run named, the approval named or None)."""
+    """(opts, who decides, store, run id, approval id or None) for
+    approve, reject and cancel."""
     p = operator_parser(command, *flags, ("note", str), ("by", str))
-    p.add_argument("run", type=text_argument, metavar="ID",
-                   help=NAMED_RUN)
-    opts = p.parse_args(argv)
+    opts = with_id(p).parse_args(argv)
     by = who(opts)
-    store, session = operator_store(opts, readonly=False)
+    store, session = operator_store(opts, False)
     named = getattr(opts, "approval", None)
-    run_id, named = resolve_named(store, opts.run, session, named)
-    return opts, by, store, run_id, named
-
+    return (opts, by, store, *resolve_named(store, opts.run, session, named))
 
 def run_line(run):
-    reason = f" ({run['reason']})" if run["reason"] else ""
-    return f"run {run['run']}: {run['status']}{reason}"
-
+    return f"run {run['run']}: {run['status']}{reason_text(run)}"
 
 def decide(argv, command):
     opts, by, store, run_id, named = operator_decision(
@@ -8297,41 +8175,30 @@ def decide(argv, command):
     status = "approved" if command == "approve" else "rejected"
     note = opts.note or ""
     if status == "rejected" and not note:
-        raise Usage("reject needs -note: the model is shown it, so say "
-                    "why")
+        raise Usage("reject needs -note: the model is shown it, so say why")
     approval = select_approval(store, run_id, named)
     lines, shortened = approval_printout(store, approval, opts.full,
-                                          lookalike_notes)
-    # With -json stdout carries the one JSON value.
-    out = sys.stderr if opts.json else sys.stdout
+                                         lookalike_notes)
     what = f"approval {approval['id']}"
-    other = f" (or -approval {approval['id']})"
-    unasked = refused_unasked("decided", other, f"{command} the approval")
-    if not agreed_on(lines, shortened, what, command,
-                     opts.approval or opts.yes, out, unasked):
-        tell("nothing decided", out=out)
+    unless = f" (or -approval {approval['id']}) to {command} the approval"
+    if not consents(opts, lines, shortened, what, command, opts.approval or opts.yes,
+                    "decided", unless):
         return 1
     run, then = settle(store, approval, status, by, note, hold_of(opts))
-    if opts.json:
-        decided = {"id": approval["id"], "status": status, "by": by,
-                   "note": note, "hash": approval["hash"]}
-        tell_json({"run": run, "approval": decided})
-    else:
-        tell(f"{what}: {status} by {by}", run_line(run), *then)
-    return 0
-
+    decided = dict(id=approval["id"], status=status, by=by, note=note,
+                   hash=approval["hash"])
+    return reply(opts, dict(run=run, approval=decided), f"{what}: {status} by {by}",
+                 run_line(run), *then)
 
 cmd_approve = functools.partial(decide, command="approve")
 cmd_reject = functools.partial(decide, command="reject")
-
 
 def cmd_cancel(argv):
     opts, by, store, run_id, _ = operator_decision("cancel", argv)
     status = load_run(store, run_id)["status"]
     if status in TERMINAL:
-        raise StoreError(f"run {run_id} already ended ({status}); "
-                         f"there is nothing to cancel")
-
+        raise StoreError(f"run {run_id} already ended ({status}); there is nothing to"
+                         " cancel")
     def cancel(tx):
         current = tx.run_holder(run_id)[0]
         if current in TERMINAL:
@@ -8339,40 +8206,31 @@ def cmd_cancel(argv):
         tx.cancel_run(run_id, by, opts.note or "")
     store.write(cancel)
     run = load_run(store, run_id)
-    if opts.json:
-        tell_json({"run": run})
-    else:
-        tell(run_line(run))
-    return 0
-
+    return reply(opts, dict(run=run), run_line(run))
 
 def select_approval(store, run_id, approval_id):
-    """The approval named, or the one its run waits on. One decided
-    already is said so; nothing is decided in its place."""
+    """The approval named, or the one its run waits on; one decided
+    already is refused."""
     approvals = store.approvals(run_id)
     if approval_id:
         approval = next(a for a in approvals if a["id"] == approval_id)
         if approval["status"] != "pending":
-            raise StoreError(f"approval {approval_id} was already "
-                             f"{decision_text(approval)}; nothing was "
-                             f"decided")
+            raise StoreError(f"approval {approval_id} was already"
+                             f" {decision_text(approval)}; nothing was decided")
         return approval
     pending = [a for a in approvals if a["status"] == "pending"]
     if len(pending) > 1:
         ids = ", ".join(a["id"] for a in pending)
-        raise StoreError(f"run {quote(run_id)} has {len(pending)} "
-                         f"pending approvals; name one of {ids} with "
-                         f"-approval")
+        raise StoreError(f"run {quote(run_id)} has {len(pending)} pending approvals;"
+                         f" name one of {ids} with -approval")
     if pending:
         return pending[0]
-    load_run(store, run_id)
     last = ""
     if approvals:
-        last = (f": approval {approvals[-1]['id']} was already "
-                f"{decision_text(approvals[-1])}")
-    raise StoreError(f"run {quote(run_id)} has no pending approval"
-                     f"{last}; nothing was decided")
-
+        last = (f": approval {approvals[-1]['id']} was already"
+                f" {decision_text(approvals[-1])}")
+    raise StoreError(f"run {quote(run_id)} has no pending approval{last}; nothing was"
+                     " decided")
 
 def decision_text(approval):
     text = approval["status"]
@@ -8382,56 +8240,43 @@ def decision_text(approval):
         text += f" at {prose_time(approval['decided_at'])}"
     return text
 
-
 def settle(store, approval, status, by, note, hold):
     """Decide the approval bound to the hash of the row shown (one
     expired, changed or decided since is refused); what_runs."""
     decided = store.write(lambda tx: tx.decide_approval(
         approval["id"], approval["hash"], status, by, note))
     if decided == "expired":
-        raise StoreError(f"approval {approval['id']} expired at "
-                         f"{approval['expires_at']}; it can no longer "
-                         f"be decided, and its request was not "
-                         f"executed")
+        raise StoreError(f"approval {approval['id']} expired at {approval['expires_at']};"
+                         " it can no longer be decided, and its request was not executed")
     if decided == "changed":
-        raise StoreError(f"approval {approval['id']} changed after it "
-                         f"was shown, or was decided meanwhile; nothing "
-                         f"was decided: look at it again as it is now")
+        raise StoreError(f"approval {approval['id']} changed after it was shown, or was"
+                         " decided meanwhile; nothing was decided: look at it again as it"
+                         " is now")
     return what_runs(store, approval, status == "approved", hold)
 
-
-# Seconds a held call may take to take up its approval, on a
-# loaded machine.
+# Seconds a held call may take to take up its approval, on a loaded machine.
 HELD_SEEN = 20.0
-TAKEN_UP = ("The call the model is waiting on took it up and runs it "
-            "now: its result is that call's answer, and the model "
-            "need not call again.")
-APPROVED_NEXT = ("No call waits on it any more (its hold ended): it "
-                 "runs when the model calls the tool again with "
-                 "exactly the same arguments.")
-
+TAKEN_UP = ("The call the model is waiting on took it up and runs it now: its result is"
+            " that call's answer, and the model need not call again.")
+APPROVED_NEXT = ("No call waits on it any more (its hold ended): it runs when the model"
+                 " calls the tool again with exactly the same arguments.")
 
 def what_runs(store, approval, approved, hold):
-    """The run as a decision left it, and what runs an approval: the
-    call held for it (`hold` s) takes it up within moments, seen as
-    its run leaving the wait; otherwise the model's identical call."""
-    started = parse_time(approval["created_at"])
-    ends = min(started + hold, time.time() + HELD_SEEN)
+    """The run as decided, and what runs the approval: its held call (for
+    `hold` s), seen as the run leaving the wait; else an identical call."""
+    ends = min(parse_time(approval["created_at"]) + hold, time.time() + HELD_SEEN)
     run = load_run(store, approval["run_id"])
     if not approved:
         return run, ()
     while run["status"] == "WAITING_FOR_APPROVAL" and time.time() < ends:
         time.sleep(0.1)
         run = load_run(store, approval["run_id"])
-    if run["status"] == "WAITING_FOR_APPROVAL":
-        return run, (APPROVED_NEXT,)
-    return run, (TAKEN_UP,)
-
+    waiting = run["status"] == "WAITING_FOR_APPROVAL"
+    return run, (APPROVED_NEXT if waiting else TAKEN_UP,)
 
 def longest_hold(config):
     """The longest a gate of the config holds a call, in seconds."""
     return max([config.hold, *config.host_holds.values()]) / SECOND
-
 
 def hold_of(opts):
     """longest_hold of the config given; 15 (the default's) with -db."""
@@ -8439,7 +8284,6 @@ def hold_of(opts):
     if opts.db or not os.path.exists(path):
         return 15
     return longest_hold(load_config(path))
-
 
 # ---- watch: what waits, live ----------------------------------------------------------------
 # watch polls a read-only store, never the gate, so a serving gate
@@ -8450,34 +8294,27 @@ WATCH_KEYS = "up/down or j/k select   Enter open   q quit"
 OPEN_KEYS = ("a approve   r reject   f show every byte   "
              "up/down, j/k, space scroll   q back")
 
-
 def cmd_watch(argv):
     opts = parser("watch", "config", "db", "by").parse_args(argv)
-    store, session = operator_store(opts, readonly=True)
+    store, session = operator_store(opts, True)
     hint = operator_hint(config_path(opts.config), opts.db)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: stop.set())
-    try:
+    with contextlib.closing(store):
         if sys.stdin.isatty() and sys.stdout.isatty():
-            by = who(opts)
-            if watch_terminal(store, session, by, hold_of(opts), stop):
+            if watch_terminal(store, session, who(opts), hold_of(opts), stop):
                 return 0
-            log("this terminal cannot show the live view; plain lines "
-                "follow, and nothing is decided from them")
+            log("this terminal cannot show the live view; plain lines follow, and nothing"
+                " is decided from them")
         watch_lines(store, session, hint, stop)
         return 0
-    finally:
-        store.close()
-
 
 def waiting_cells(approval, limit):
     text = policy_json(parse(approval["request_json"])["args"])
     caution = "CAUTION " if lookalike_notes(text) else ""
-    return (approval["id"], approval["run_id"],
-            clean(approval["tool"], 64), time_since(approval["created_at"]),
-            clean(caution + text, limit))
-
+    return (approval["id"], approval["run_id"], clean(approval["tool"], 64),
+            time_since(approval["created_at"]), clean(caution + text, limit))
 
 def ended_text(store, approval):
     row = store.approval(approval["id"]) or approval
@@ -8490,13 +8327,10 @@ def ended_text(store, approval):
         status += f" by {clean(row['decided_by'], 64)}"
     if row["note"] and row["note"] != "expired":
         status += f": {clean(row['note'], 200)}"
-    # An approved run waits on until it is called again.
-    if run and run["status"] in TERMINAL:
-        reason = f" ({run['reason']})" if run["reason"] else ""
-        status += f"; run {run['status']}{reason}"
-    return (f"run {approval['run_id']}  approval {approval['id']}  "
-            f"tool {clean(approval['tool'], 64)}  {status}")
-
+    if run and run["status"] in TERMINAL:  # an approved run waits until called again
+        status += f"; run {run['status']}{reason_text(run)}"
+    return (f"run {approval['run_id']}  approval {approval['id']}  tool"
+            f" {clean(approval['tool'], 64)}  {status}")
 
 def watch_lines(store, session, hint, stop):
     """A line when an approval starts waiting (with the command that
@@ -8504,58 +8338,49 @@ def watch_lines(store, session, hint, stop):
     shown = {}
     while not stop.is_set():
         waiting = {a["id"]: a for a in store.waiting_approvals(session)}
-        for approval_id, approval in waiting.items():
-            if approval_id in shown:
-                continue
-            _, run_id, tool, age, args = waiting_cells(approval, 200)
-            tell(f"waiting  run {run_id}  approval {approval_id}  tool "
-                 f"{tool}  age {age}  {args}  decide with: {hint} "
-                 f"approve {run_id} -approval {approval_id}   "
-                 f"(or reject)", flush=True)
-        for approval_id, approval in shown.items():
-            if approval_id not in waiting:
-                ended = ended_text(store, approval)
-                tell(f"ended    {ended}", flush=True)
+        for a in waiting.values():
+            if a["id"] not in shown:
+                a_id, run_id, tool, age, args = waiting_cells(a, 200)
+                tell(f"waiting  run {run_id}  approval {a_id}  tool {tool}  age {age}"
+                     f"  {args}  decide with: {hint} approve {run_id} -approval {a_id}"
+                     "   (or reject)", flush=True)
+        for a in shown.values():
+            if a["id"] not in waiting:
+                tell(f"ended    {ended_text(store, a)}", flush=True)
         shown = waiting
         stop.wait(WATCH_EVERY)
-
 
 def watch_terminal(store, session, by, hold, stop):
     """Run the live view; False if this terminal cannot show it."""
     try:
         import curses  # only here: nothing else pays for loading it
         import locale
-    except ImportError:
-        return False
-    try:
         locale.setlocale(locale.LC_ALL, "")
         curses.setupterm()
         if not curses.tigetstr("cup"):  # cannot place the cursor
             return False
+    except ImportError:
+        return False
     except (locale.Error, curses.error):
         return False
     curses.wrapper(lambda window: watch_list(
         Screen(curses, window), store, session, by, hold, stop))
     return True
 
-
 class Screen:
     """Where watch touches curses: sanitized rows, keys by name."""
 
-    KEYS = {"KEY_UP": "up", "KEY_DOWN": "down",
-            "KEY_NPAGE": "page down", "KEY_PPAGE": "page up",
-            "KEY_ENTER": "enter", "KEY_BACKSPACE": "backspace"}
-    CHARACTERS = {"\n": "enter", "\r": "enter", "\x1b": "esc",
-                  "\x7f": "backspace", "\b": "backspace"}
+    KEYS = dict(KEY_UP="up", KEY_DOWN="down", KEY_NPAGE="page down",
+                KEY_PPAGE="page up", KEY_ENTER="enter",
+                KEY_BACKSPACE="backspace")
+    CHARACTERS = {"\n": "enter", "\r": "enter", "\x1b": "esc", "\x7f": "backspace",
+                  "\b": "backspace"}
 
     def __init__(self, curses, window):
         self.curses, self.window = curses, window
-        self.codes = {getattr(curses, name): key
-                      for name, key in self.KEYS.items()}
-        try:
+        self.codes = {getattr(curses, name): key for name, key in self.KEYS.items()}
+        with contextlib.suppress(curses.error):
             curses.curs_set(0)
-        except curses.error:
-            pass
         if hasattr(curses, "set_escdelay"):
             curses.set_escdelay(25)
         window.timeout(int(WATCH_EVERY * 1000))
@@ -8571,13 +8396,11 @@ class Screen:
         attr = (self.curses.A_BOLD if bold else 0) | (
             self.curses.A_REVERSE if reverse else 0)
         if 0 <= row < height and width > 1:
-            try:
+            with contextlib.suppress(self.curses.error):  # text reaching the last cell
                 self.window.move(row, 0)
                 self.window.clrtoeol()
                 self.window.addstr(row, 0, wrap_columns(
                     sanitize(text), width - 1)[0], attr)
-            except self.curses.error:  # text reaching the last cell
-                pass
 
     def key(self):
         """A character, a key's name, or None: time to refresh."""
@@ -8590,28 +8413,26 @@ class Screen:
             return self.codes.get(key, "")
         return self.CHARACTERS.get(key, key)
 
-
 def watch_list(screen, store, session, by, hold, stop):
     """What waits, read each second; the selection stays on its
     approval while others come and go."""
     selected, chosen, message = 0, None, ""
     while not stop.is_set():
         waiting = store.waiting_approvals(session)
-        ids = [approval["id"] for approval in waiting]
+        ids = [a["id"] for a in waiting]
         if chosen in ids:
             selected = ids.index(chosen)
         selected = max(0, min(selected, len(ids) - 1))
         height, width = screen.size()
         screen.begin()
         where = f"in session {session}" if session else "in every session"
-        screen.put(0, f"agentgate watch: {len(waiting)} waiting for an "
-                      f"operator {where}, deciding as {by}", bold=True)
+        screen.put(0, f"agentgate watch: {len(waiting)} waiting for an operator {where},"
+                      f" deciding as {by}", bold=True)
         # Whole ids: they begin with the time they were made.
         table = [("APPROVAL", "RUN", "TOOL", "AGE", "ARGUMENTS")] + [
-            waiting_cells(approval, 4 * width) for approval in waiting]
-        widths = [max(len(row[i]) for row in table) for i in range(4)]
-        lines = ["  ".join(cell.ljust(size) for cell, size in
-                           zip(row, widths + [0])) for row in table]
+            waiting_cells(a, 4 * width) for a in waiting]
+        widths = [max(len(row[i]) for row in table) for i in range(4)] + [0]
+        lines = ["  ".join(map(str.ljust, row, widths)) for row in table]
         screen.put(1, lines[0])
         first = max(0, selected - (height - 5))
         shown = lines[1 + first:1 + first + max(0, height - 4)]
@@ -8627,23 +8448,20 @@ def watch_list(screen, store, session, by, hold, stop):
         elif key in ("down", "j"):
             selected += 1
         elif key == "enter" and waiting:
-            message = watch_approval(screen, store, ids[selected], by,
-                                     hold, stop)
+            message = watch_approval(screen, store, ids[selected], by, hold, stop)
         elif key in ("q", "esc"):
             return
         if ids:
             chosen = ids[max(0, min(selected, len(ids) - 1))]
 
-
 def watch_approval(screen, store, approval_id, by, hold, stop):
-    """One approval as approve prints it, decided with a key: the
-    line the list shows next."""
+    """One approval as approve prints it, decided with a key: the line
+    the list shows next."""
     approval = store.approval(approval_id)
     if approval is None or approval["status"] != "pending":
         return f"approval {approval_id} no longer waits"
     try:
-        printouts = [approval_printout(store, approval, full,
-                                       lookalike_notes)
+        printouts = [approval_printout(store, approval, full, lookalike_notes)
                      for full in (False, True)]
     except StoreError as err:
         return str(err)
@@ -8662,8 +8480,8 @@ def watch_approval(screen, store, approval_id, by, hold, stop):
         screen.put(height - 2, message, bold=True)
         screen.put(height - 1, OPEN_KEYS)
         key = screen.key()
-        moves = {"up": -1, "k": -1, "down": 1, "j": 1, " ": body,
-                 "page down": body, "page up": -body, "b": -body}
+        moves = {"up": -1, "k": -1, "down": 1, "j": 1, " ": body, "page down": body,
+                 "page up": -body, "b": -body}
         why = unshown(shortened, "this approval", "decide", "press f")
         if key in moves:
             top += moves[key]
@@ -8678,36 +8496,28 @@ def watch_approval(screen, store, approval_id, by, hold, stop):
         elif key == "a":
             return watch_decide(store, approval, "approved", by, "", hold)
         elif key == "r":
-            note = prompt(screen, "note for the model (required; Enter "
-                                  "rejects, Esc cancels): ", stop)
+            note = prompt(screen, "note for the model (required; Enter rejects, Esc"
+                                  " cancels): ", stop)
             if note:
-                return watch_decide(store, approval, "rejected", by,
-                                    note, hold)
+                return watch_decide(store, approval, "rejected", by, note, hold)
             message = "nothing decided"
     return ""
 
-
 def watch_decide(store, approval, status, by, note, hold):
     try:
-        writer = Ledger(store.path, readonly=False, create=False)
-        try:
+        with contextlib.closing(open_ledger(store.path, False)) as writer:
             then = settle(writer, approval, status, by, note, hold)[1]
-        finally:
-            writer.close()
     except StoreError as err:
         return str(err)
-    return ". ".join((f"approval {approval['id']}: {status} by {by}",
-                      *then))
-
+    return ". ".join((f"approval {approval['id']}: {status} by {by}", *then))
 
 def prompt(screen, question, stop):
     text = ""
     while not stop.is_set():
         height, width = screen.size()
-        shown = question + sanitize(text) + "_"
         # The row shows a long answer's last columns.
-        tail = wrap_columns(shown[::-1], max(1, width - 1))[0]
-        screen.put(height - 1, tail[::-1])
+        shown = (question + sanitize(text) + "_")[::-1]
+        screen.put(height - 1, wrap_columns(shown, max(1, width - 1))[0][::-1])
         key = screen.key()
         if key == "enter" and text.strip():
             return text
@@ -8718,7 +8528,6 @@ def prompt(screen, question, stop):
         elif key and len(key) == 1 and key.isprintable():
             text += key
     return None
-
 
 def wrap_columns(text, width):
     """`text` in pieces of at most `width` terminal columns: a wide
@@ -8733,42 +8542,32 @@ def wrap_columns(text, width):
         piece, used = piece + ch, used + size
     return pieces + [piece]
 
-
 # ---- grant, grants, revoke ------------------------------------------------------------------
 
-GRANT_PROMISE = ("A call this grant covers runs without asking while "
-                 "it is in force. It never turns a deny into anything "
-                 "else, never re-runs a call whose outcome is unknown, "
-                 "and the tool's limits still count the calls it lets "
-                 "through.")
-GRANT_NEEDS_YES = refused_unasked("granted", "", "grant what is")
-
+GRANT_PROMISE = ("A call this grant covers runs without asking while it is in force."
+                 " It never turns a deny into anything else, never re-runs a call whose"
+                 " outcome is unknown, and the tool's limits still count the calls it"
+                 " lets through.")
 
 def cmd_grant(argv):
-    p = parser("grant", "config", "if", "for", "note", "by",
-               ("yes", bool), ("full", bool), ("json", bool))
-    p.add_argument("tool", type=text_argument, metavar="TOOL",
-                   help="the tool as the host is offered it (check "
-                        "lists them)")
-    opts = p.parse_args(argv)
+    p = parser("grant", "config", "if", "for", "note", "by", ("yes", bool),
+               ("full", bool), ("json", bool))
+    opts = with_id(p, "tool", "TOOL", "the tool as the host is offered it (check lists"
+                   " them)").parse_args(argv)
     by = who(opts, "grants")
     config, tool = granted_tool(opts.config, opts.tool)
     parsed = grant_conditions(getattr(opts, "if"), tool)
     span = grant_span(getattr(opts, "for"), config)
-    grant = {"id": new_id(8), "session": config.session,
-             "tool": tool.target, "name": tool.name,
-             "conditions_json": dumps(confirmed_conditions(parsed)),
-             "by": by, "note": opts.note or ""}
+    grant = dict(id=new_id(8), session=config.session, tool=tool.target,
+                 name=tool.name, conditions_json=dumps(confirmed_conditions(parsed)),
+                 by=by, note=opts.note or "")
     waits = covered_waits(config, tool, grant, opts.full)
-    lines, shortened = grant_printout(config, tool, grant, parsed, span,
-                                      waits, opts.full)
-    out = sys.stderr if opts.json else sys.stdout
-    if not agreed_on(lines, shortened, "this grant", "grant", opts.yes,
-                     out, GRANT_NEEDS_YES):
-        tell("nothing granted", out=out)
+    lines, shortened = grant_printout(config, tool, grant, parsed, span, waits,
+                                      opts.full)
+    if not consents(opts, lines, shortened, "this grant", "grant", opts.yes, "granted",
+                    " to grant what is"):
         return 1
     store = Ledger(config.database, readonly=False)  # may be new
-
     def create(tx):
         # It starts in the transaction that records it, so no call
         # decided before, nor recheck of one, finds it in force.
@@ -8777,99 +8576,82 @@ def cmd_grant(argv):
         tx.create_grant(grant)
         return [(a, tx.decide_approval(
             a["id"], a["hash"], "approved", f"grant {grant['id']}",
-            f"released by grant {grant['id']}, granted by {by}"))
-            for a, _, _ in waits]
+            f"released by grant {grant['id']}, granted by {by}")) for a, _, _ in waits]
     released = store.write(create)
-    told = [f"grant {grant['id']}: in force from {grant['created_at']} "
-            f"until {grant['expires_at']}"]
+    told = [f"grant {grant['id']}: in force from {grant['created_at']} until"
+            f" {grant['expires_at']}"]
     hold = longest_hold(config)
     for approval, decided in released:
-        then = ["not released: it changed, was decided or expired "
-                "after it was printed"]
+        then = ["not released: it changed, was decided or expired after it was printed"]
         if decided == "decided":
             then = what_runs(store, approval, True, hold)[1]
         told.append(f"approval {approval['id']}: " + " ".join(then))
-    if opts.json:
-        ids = [a["id"] for a, decided in released if decided == "decided"]
-        tell_json({**grant_view(grant), "released": ids})
-    else:
-        tell(*told)
-    return 0
-
+    ids = [a["id"] for a, decided in released if decided == "decided"]
+    return reply(opts, {**grant_view(grant), "released": ids}, *told)
 
 def grant_printout(config, tool, grant, parsed, span, waits, full):
-    """(lines, shortened). No id: an id printed before a refusal
-    would name a grant that does not exist."""
-    covers = ", and whose arguments:" if parsed else \
-        ", whatever their arguments"
+    """(lines, shortened). No id: an id printed before a no_terminal would
+    name a grant that does not exist."""
+    covers = ", and whose arguments:" if parsed else ", whatever their arguments"
     lines = ["GRANT (not created until confirmed)",
-             f"  tool           {tool.name} (server {tool.server.name}, "
-             f"upstream tool {tool.upstream_name})",
-             f"  session        {config.session}",
-             "  covers         calls that would wait for an operator" +
-             covers]
+             f"  tool           {tool.name} (server {tool.server.name}, upstream tool"
+             f" {tool.upstream_name})", f"  session        {config.session}",
+             "  covers         calls that would wait for an operator" + covers]
     shortened = False
     for condition in parsed:
         text, _, cut_here = shown_text(condition.text(), full)
         lines.append(f"    {text}")
         shortened |= cut_here
-    lines += [f"  in force       for {format_duration(span)} from when "
-              f"it is confirmed", f"  by             {grant['by']}"]
+    lines += [f"  in force       for {format_duration(span)} from when it is confirmed",
+              f"  by             {grant['by']}"]
     if grant["note"]:
         lines.append(f"  note           {grant['note']}")
     lines.append(f"  {GRANT_PROMISE}")
     if waits:
-        lines.append(f"  releases       {len(waits)} calls waiting now, "
-                     f"each approved by the grant as printed here:")
+        lines.append(f"  releases       {len(waits)} calls waiting now, each approved by"
+                     " the grant as printed here:")
     else:
-        lines.append("  releases       no call: none that waits now is "
-                     "one it covers")
+        lines.append("  releases       no call: none that waits now is one it covers")
     for _, printed, cut_here in waits:
         lines += [f"    {line}" for line in printed]
         shortened |= cut_here
     return lines, shortened
 
-
 def granted_tool(path, name):
-    """(config, tool) a grant is for. Given no config where init
-    wrote one per host, the one that offers the tool: a grant is for
-    one host's session, so a tool several offer needs -config."""
+    """(config, tool) a grant is for; without -config, the one of
+    init's per-host configs that offers the tool (a grant is for one
+    host's session)."""
     hosts = [] if path else host_configs(config_path(None))
-    configs = map(load_config, hosts) if hosts else \
-        [load_config(config_path(path))]
     offered = {}
-    for config in configs:
+    for config in map(load_config, hosts or [config_path(path)]):
         for tool_name, tool in configured_tools(config).items():
             offered.setdefault(tool_name, []).append((config, tool))
     if name not in offered:
-        raise Usage(f"no configured tool is named {quote(name)}; the "
-                    f"tools are {', '.join(sorted(offered)) or 'none'}")
+        raise Usage(f"no configured tool is named {quote(name)}; the tools are"
+                    f" {', '.join(sorted(offered)) or 'none'}")
     if len(offered[name]) > 1:
         paths = ", ".join(shlex.quote(c.path) for c, _ in offered[name])
-        raise Usage(f"{quote(name)} is offered in {paths}; add -config "
-                    f"naming the config of the host the grant is for")
+        raise Usage(f"{quote(name)} is offered in {paths}; add -config naming the"
+                    " config of the host the grant is for")
     return offered[name][0]
 
-
 def grant_conditions(text, tool):
-    """-if as conditions, each on an argument of the pinned schema
-    that the model sets."""
+    """-if as conditions, each on an argument of the pinned schema that
+    the model sets."""
     try:
         conditions = parse(text or "{}")
     except CanonicalError as err:
-        raise Usage(f"-if is not usable JSON ({err}); write it like "
-                    f"'{{\"/amount\": {{\"max\": 20}}}}'") from None
+        raise Usage(f"-if is not usable JSON ({err}); write it like"
+                    f" '{{\"/amount\": {{\"max\": 20}}}}'") from None
     parsed = parse_conditions(conditions, "-if")
     entry = read_manifest(tool.server)["tools"].get(tool.upstream_name)
     schema = (entry or {}).get("input_schema") or {}
-    hidden = set(tool.rule.hidden)
     for condition in parsed:
-        problem = pointer_problem(schema, condition.tokens, hidden)
+        problem = pointer_problem(schema, condition.tokens, set(tool.rule.hidden))
         if problem:
-            raise Usage(f"-if points at {quote(condition.pointer)}, but "
-                        f"{problem} in the pinned schema of {tool.name}")
+            raise Usage(f"-if points at {quote(condition.pointer)}, but {problem} in the"
+                        f" pinned schema of {tool.name}")
     return parsed
-
 
 def grant_span(text, config):
     try:
@@ -8880,26 +8662,19 @@ def grant_span(text, config):
     if span > 0 and not (most and span > most):
         return span
     if most:
-        raise Usage(f"-for must be more than 0 and at most grant_ttl "
-                    f"({format_duration(most)})")
+        raise Usage("-for must be more than 0 and at most grant_ttl"
+                    f" ({format_duration(most)})")
     raise Usage("-for must be more than 0")
 
-
 def covered_waits(config, tool, grant, full):
-    """The waits `grant` would answer, as (approval, its printout):
-    each call decided again as the gate would, limits counted, and
-    covered only if the grant is what allows it."""
+    """(approval, printout) of each wait decided again as the gate would,
+    limits counted, that it is `grant` that allows."""
     if not os.path.exists(config.database):
         return []
-    store = Ledger(config.database, readonly=True, create=False)
-    try:
-        return [(approval, *approval_printout(store, approval, full,
-                                              lookalike_notes))
-                for approval in store.waiting_approvals(config.session)
-                if _covers(store, config, tool, grant, approval)]
-    finally:
-        store.close()
-
+    with contextlib.closing(open_ledger(config.database)) as store:
+        return [(a, *approval_printout(store, a, full, lookalike_notes))
+                for a in store.waiting_approvals(config.session)
+                if _covers(store, config, tool, grant, a)]
 
 def _covers(store, config, tool, grant, approval):
     capability = parse(approval["capability_json"])
@@ -8912,106 +8687,73 @@ def _covers(store, config, tool, grant, approval):
     facts = facts._replace(grants=lambda: [Grant(grant)])
     args = parse(approval["request_json"])["args"]
     decision = policy_decision(config, tool, args, facts)
-    return decision["outcome"] == "allow" and \
-        decision.get("grant") == grant["id"]
-
+    return decision["outcome"] == "allow" and decision.get("grant") == grant["id"]
 
 def decided_client(store, approval):
     """The host's name as the policy's decision to ask recorded it."""
     step = next(s for s in store.steps(approval["run_id"])
                 if s["id"] == approval["step_id"])
-    record = parse(step["policy"]) if step["policy"] else {}
-    return (record.get("facts") or {}).get("client", "")
-
+    return (step_json(step, "policy").get("facts") or {}).get("client", "")
 
 def grant_view(grant):
     if grant.get("revoked_at"):
-        state = (f"revoked at {grant['revoked_at']} by "
-                 f"{grant['revoked_by']}")
+        state = f"revoked at {grant['revoked_at']} by {grant['revoked_by']}"
     else:
         state = "in force" if grant["expires_at"] > now() else "expired"
-    view = {k: grant.get(k, "") for k in GRANT_COLUMNS
-            if k != "conditions_json"}
-    conditions = parse(grant["conditions_json"])
-    return {**view, "conditions": conditions, "state": state}
+    view = {k: grant.get(k, "") for k in GRANT_COLUMNS if k != "conditions_json"}
+    return {**view, "conditions": parse(grant["conditions_json"]), "state": state}
 
+def covers_text(conditions):
+    return " and ".join(c.text() for c in conditions) or "every call"
 
 def cmd_grants(argv):
     opts = operator_parser("grants", ("days", int)).parse_args(argv)
-    store, session = operator_store(opts, readonly=True)
+    store, session = operator_store(opts, True)
     days = 7 if opts.days is None else opts.days
     since = format_time(time.time() - days * 86400)
     views = [grant_view(g) for g in store.grants(session, since)]
-    if opts.json:
-        tell_json(views)
-        return 0
-    if not views:
-        tell(f"no grant in force or ended in the last {days} days")
-        return 0
+    if opts.json or not views:
+        return reply(opts, views, f"no grant in force or ended in the last {days} days")
     table = [("GRANT", "TOOL", "UNTIL", "STATE", "BY", "COVERS")]
-    for view in views:
-        conditions = parse_conditions(view["conditions"], "grant",
-                                      resolved=True)
-        covers = " and ".join(c.text() for c in conditions)
-        table.append((view["id"], sanitize(view["name"]),
-                      view["expires_at"], view["state"],
-                      sanitize(view["by"]),
-                      cut(sanitize(covers or "every call"), 120)))
+    for v in views:
+        covers = covers_text(parse_conditions(v["conditions"], "grant", resolved=True))
+        table.append((v["id"], sanitize(v["name"]), v["expires_at"], v["state"],
+                      sanitize(v["by"]), cut(sanitize(covers), 120)))
     print_table(table)
     return 0
 
-
 def cmd_revoke(argv):
-    p = operator_parser("revoke", ("note", str), ("by", str),
-                        ("yes", bool))
-    p.add_argument("grant", type=text_argument, metavar="GRANT",
-                   help="the grant's id, or a prefix of it (6 "
-                        "characters or more)")
-    opts = p.parse_args(argv)
+    p = operator_parser("revoke", ("note", str), ("by", str), ("yes", bool))
+    opts = with_id(p, "grant", "GRANT", "the grant's id, or a prefix of it (6"
+                   " characters or more)").parse_args(argv)
     by = who(opts, "revokes")
-    store, _ = operator_store(opts, readonly=False)
+    store, _ = operator_store(opts, False)
     grant_id = resolve_id(store, "grant", opts.grant)
     grant = store.grant(grant_id)
-    if grant is None:
-        raise StoreError(f"there is no grant {quote(grant_id)}; "
-                         f"`grants` lists them")
     state = grant_view(grant)["state"]
     if state != "in force":
-        raise StoreError(f"grant {grant_id} is not in force ({state}); "
-                         f"nothing changed")
-    conditions = Grant(grant).conditions
-    covers = " and ".join(c.text() for c in conditions) or "every call"
+        raise StoreError(f"grant {grant_id} is not in force ({state}); nothing changed")
     lines = [f"GRANT TO REVOKE  {grant_id}",
              f"  tool           {grant['name']}",
-             f"  covers         {covers}",
+             f"  covers         {covers_text(Grant(grant).conditions)}",
              f"  until          {grant['expires_at']}",
              f"  by             {grant['by']}"]
-    out = sys.stderr if opts.json else sys.stdout
     # The grant named whole confirms, as approve -approval does.
-    agreed = opts.yes or opts.grant == grant_id
-    unasked = refused_unasked("revoked", " (or name the grant whole)",
-                              "revoke the grant")
-    if not agreed_on(lines, False, f"grant {grant_id}", "revoke",
-                     agreed, out, unasked):
-        tell("nothing revoked", out=out)
+    if not consents(opts, lines, False, f"grant {grant_id}", "revoke",
+                    opts.yes or opts.grant == grant_id, "revoked",
+                    " (or name the grant whole) to revoke the grant"):
         return 1
     note = opts.note or ""
     if not store.write(lambda tx: tx.revoke_grant(grant_id, by, note)):
-        raise StoreError(f"grant {grant_id} is not in force (it expired "
-                         f"or was revoked); nothing changed")
-    if opts.json:
-        tell_json(grant_view(store.grant(grant_id)))
-    else:
-        tell(f"grant {grant_id}: revoked by {by}")
-    return 0
-
+        raise StoreError(f"grant {grant_id} is not in force (it expired or was revoked);"
+                         " nothing changed")
+    return reply(opts, grant_view(store.grant(grant_id)),
+                 f"grant {grant_id}: revoked by {by}")
 
 VERIFY_PAGE = 128
 
-
 def cmd_verify(argv):
-    flags = ("from", int), ("to", int), ("head", str)
-    p = operator_parser("verify", *flags)
+    p = operator_parser("verify", ("from", int), ("to", int), ("head", str))
     opts = p.parse_args(argv)
     first, last = getattr(opts, "from") or 1, opts.to
     if first < 1 or (last is not None and last < first):
@@ -9019,46 +8761,41 @@ def cmd_verify(argv):
     kept = kept_head(opts.head) if opts.head else None
     store, _ = operator_store(opts, True)
     report = verify_chain(store, first, last)
-    broken, to = report["break"], report["to"]
+    broken, to, checked = report["break"], report["to"], report["checked"]
     short = last is not None and not broken and to < last
     held = kept and held_state(store, kept, broken)
-    failed = broken or short or held not in (None, "matches")
+    failed = 1 if broken or short or held not in (None, "matches") else 0
     head = store.chain_head()
-    checked = report["checked"]
     if opts.json:
-        tell_json({
-            "head": head and {"seq": head[0], "hash": head[1]},
-            "intact": not broken, "checked": checked,
-            "from": first, "to": to,
-            "last_hash": report["hash"] if checked else None,
-            "break": broken and dict(zip(BREAK_KEYS, broken)),
-            "ends_before_to": short,
-            "kept_head": kept and {"seq": kept[0], "is": held}})
-        return 1 if failed else 0
+        tell_json({"head": head and {"seq": head[0], "hash": head[1]},
+                   "intact": not broken, "checked": checked,
+                   "from": first, "to": to,
+                   "last_hash": report["hash"] if checked else None,
+                   "break": broken and dict(zip(BREAK_KEYS, broken)),
+                   "ends_before_to": short,
+                   "kept_head": kept and {"seq": kept[0], "is": held}})
+        return failed
     tell(f"head: seq {head[0]} {head[1]}" if head else "head: no events")
     if broken:
         seq, detail, expected, found = broken
-        tell(f"broken at seq {seq}: {detail}",
-             f"  expected: {expected}",
+        tell(f"broken at seq {seq}: {detail}", f"  expected: {expected}",
              f"  found:    {cut(sanitize(found), 128)}")
     else:
-        span = f", seq {first} to {to}"
-        tell(f"intact: {checked} event(s)" + (span if checked else ""))
+        span = f", seq {first} to {to}" if checked else ""
+        tell(f"intact: {checked} event(s){span}")
         if checked:
             tell(f"last checked: seq {to} {report['hash']}")
     if short:
         tell(f"the chain ends at seq {to}, before -to {last}")
     if held:
         tell(f"kept head: seq {kept[0]} {KEPT_HEAD[held]}")
-    return 1 if failed else 0
-
+    return failed
 
 def kept_head(text):
     match = re.fullmatch(r"(\d+):([0-9a-f]{64})", text)
     if not match:
         raise Usage("-head must read SEQ:HASH, as verify printed it")
     return int(match[1]), match[2]
-
 
 def held_state(store, kept, broken):
     """The kept head: removed, changed or matches."""
@@ -9069,24 +8806,19 @@ def held_state(store, kept, broken):
         return "changed"
     return "matches"
 
-
+KEPT_HEAD = dict(removed="is not in the chain: events were removed",
+                 changed="does not match: the record was changed", matches="matches")
 BREAK_KEYS = ("seq", "detail", "expected", "found")
-KEPT_HEAD = {
-    "removed": "is not in the chain: events were removed",
-    "changed": "does not match: the record was changed",
-    "matches": "matches"}
-HASH_BROKEN = ("the stored hash is not the one the event's"
-               " fields and the previous event's hash give")
-
+HASH_BROKEN = ("the stored hash is not the one the event's fields and the previous"
+               " event's hash give")
 
 def verify_chain(store, first, last):
-    """The chain from `first` to `last` (None: its end); a
-    range past 1 trusts the stored hash before it."""
+    """The chain from `first` to `last` (None: its end); a range past 1
+    trusts the stored hash before it."""
     prev_seq, prev_hash = first - 1, ""
     if first > 1:
         prev_hash = store.event_hash_at(prev_seq) or ""
-    report = {"to": prev_seq, "checked": 0,
-              "hash": prev_hash, "break": None}
+    report = {"to": prev_seq, "checked": 0, "hash": prev_hash, "break": None}
     while last is None or prev_seq < last:
         rows = store.events_after(prev_seq, last, VERIFY_PAGE)
         if not rows:
@@ -9095,11 +8827,8 @@ def verify_chain(store, first, last):
             if seq != prev_seq + 1:
                 detail = f"the first event is seq {seq}"
                 if prev_seq:
-                    detail = (f"seq {seq} follows {prev_seq}:"
-                              " an event is missing")
-                report["break"] = (seq, detail,
-                                   f"seq {prev_seq + 1}",
-                                   f"seq {seq}")
+                    detail = f"seq {seq} follows {prev_seq}: an event is missing"
+                report["break"] = (seq, detail, f"seq {prev_seq + 1}", f"seq {seq}")
             else:
                 expected = event_hash(prev_hash, seq, *fields)
                 if expected != stored:
@@ -9111,40 +8840,33 @@ def verify_chain(store, first, last):
             report.update(checked=report["checked"] + 1, hash=stored)
     return report
 
-
 RECHECK_SCOPE = (
-    "A re-check covers the gate's policy: the class map,"
-    " each rule's outcome, fixed values and renames. It"
-    " does not cover the rules before the policy"
-    " (duplicates and the repeat window, max_pending,"
-    " rejected or expired approvals, calls refused before"
-    " the gate), nor, without -current-tools, any change"
-    " to a tool's schema or denied parameters.")
-
+    "A re-check covers the gate's policy: the class map, each rule's outcome, fixed"
+    " values and renames. It does not cover the rules before the policy (duplicates and"
+    " the repeat window, max_pending, rejected or expired approvals, calls refused"
+    " before the gate), nor, without -current-tools, any change to a tool's schema or"
+    " denied parameters.")
 
 def cmd_recheck(argv):
-    p = parser("recheck", "config", "run", "session",
-               ("limit", int), ("current-tools", bool),
-               ("json", bool))
+    p = parser("recheck", "config", "run", "session", ("limit", int),
+               ("current-tools", bool), ("json", bool))
     opts = p.parse_args(argv)
     if opts.run and opts.session:
         raise Usage("give -run or -session, not both")
     limit = positive_limit(opts.limit, 50)
     hosts = [] if opts.config else host_configs(config_path(None))
     if opts.json and len(hosts) > 1:  # one JSON value
-        raise Usage("recheck -json reads one config; add"
-                    " -config naming one of " +
-                    ", ".join(map(shlex.quote, hosts)))
+        raise Usage("recheck -json reads one config; add -config naming one of "
+                    + ", ".join(map(shlex.quote, hosts)))
     if hosts:
         return each_config(cmd_recheck, argv, hosts)
     config = load_config(config_path(opts.config))
     check_database_path(config.database)
     store = open_ledger(config.database)
     session = opts.session or config.session
-    current = opts.current_tools
     upstreams = []
     try:
-        if current:
+        if opts.current_tools:
             check_reach(config)
             upstreams, loaded, found = load_all(config)
             log_reports(found)
@@ -9152,121 +8874,95 @@ def cmd_recheck(argv):
         else:
             tools = configured_tools(config)
         if opts.run:
-            run_id = resolve_id(store, "run", opts.run, config.session)
-            load_run(store, run_id)
-            run_ids, session = [run_id], ""
+            run_ids = [resolve_id(store, "run", opts.run, config.session)]
+            session = ""
         else:
             run_ids = store.session_runs(session, limit)
-        reports = [recheck_run(store, config, tools, r,
-                               current) for r in run_ids]
+        reports = [recheck_run(store, config, tools, r, opts.current_tools)
+                   for r in run_ids]
     finally:
         for upstream in upstreams:
             upstream.close()
     return print_recheck(config, reports, opts.json, session)
 
-
 def configured_tools(config):
     """Tools as the config classifies them, unstarted."""
-    tools = {}
-    for server in config.servers:
-        for name, rule in server.rules.items():
-            entry = {"name": name, "description": "",
-                     "input_schema": {"type": "object"}}
-            tool = Tool(server, None, entry, rule)
-            tools[tool.name] = tool
-    return tools
-
+    tools = [Tool(server, None, {"name": name, "description": "",
+                                 "input_schema": {"type": "object"}}, rule)
+             for server in config.servers for name, rule in server.rules.items()]
+    return {tool.name: tool for tool in tools}
 
 def recheck_run(store, config, tools, run_id, current):
     run = load_run(store, run_id)
     source = "current" if current else "recorded"
     steps = {s["id"]: s for s in store.steps(run_id)}
-    evaluations, ids, seen = [], set(), set()
-    events = store.policy_events(run_id)
-    for seq, step_id, recorded, at in events:
+    evaluations, seen = [], set()
+    for seq, step_id, recorded, at in store.policy_events(run_id):
         step = steps[step_id]
-        e = dict(seq=seq, step_index=step["index"],
-                 step_id=step_id, tool=run["tool"],
-                 on_resume=step_id in seen,
-                 recorded=recorded["outcome"],
-                 rechecked="", detail="",
+        e = dict(seq=seq, step_index=step["index"], step_id=step_id,
+                 tool=run["tool"], on_resume=step_id in seen,
+                 recorded=recorded["outcome"], rechecked="", detail="",
                  recorded_hash="", rechecked_hash="",
-                 policy_id=recorded.get("policy_id", ""),
-                 spec_source=source)
+                 policy_id=recorded.get("policy_id", ""), spec_source=source)
         seen.add(step_id)
         evaluations.append(e)
-        if e["policy_id"]:
-            ids.add(e["policy_id"])
         recheck_one(store, config, tools, run, step, recorded, at, e)
+    ids = {e["policy_id"] for e in evaluations if e["policy_id"]}
     notes = []
     if len(ids) > 1:
-        notes.append("the run's decisions were made under"
-                     " more than one policy identity")
+        notes.append("the run's decisions were made under more than one policy identity")
     recorded_id = ids.pop() if len(ids) == 1 else ""
     identity = "unknown"
     if recorded_id:
-        same_id = recorded_id == config.policy_id()
-        identity = "unchanged" if same_id else "changed"
+        identity = "unchanged" if recorded_id == config.policy_id() else "changed"
     results = [e["result"] for e in evaluations]
     differences = results.count("different")
     rechecked = differences + results.count("same")
-    return {"run_id": run_id, "run_status": run["status"],
-            "policy_id": recorded_id, "identity": identity,
-            "spec_source": source, "notes": notes,
-            "evaluations": evaluations,
-            "same": differences == 0,
-            "differences": differences,
-            "rechecked": rechecked,
-            "not_recheckable": len(results) - rechecked,
-            "complete": True}
-
+    return dict(run_id=run_id, run_status=run["status"], policy_id=recorded_id,
+                identity=identity, spec_source=source, notes=notes,
+                evaluations=evaluations, same=differences == 0,
+                differences=differences, rechecked=rechecked,
+                not_recheckable=len(results) - rechecked, complete=True)
 
 def recheck_one(store, config, tools, run, step, recorded, at, e):
     """Fills in evaluation `e` of a recorded decision."""
     if not e["policy_id"]:
         e.update(result="not_a_policy_evaluation",
-                 detail="a pause after an interruption, not"
-                        " a policy evaluation")
+                 detail="a pause after an interruption, not a policy evaluation")
         return
     spec = store.tool_spec(step["spec_hash"])
     decision = parse(step["decision"])
     if spec is None or "args" not in decision:
-        e.update(result="not_recheckable",
-                 detail="the recorded request is missing")
+        e.update(result="not_recheckable", detail="the recorded request is missing")
         return
     args = decision["args"]
-    request = {"run_id": run["run"], "step_id": step["id"],
-               "spec": spec, "args": args}
+    request = {"run_id": run["run"], "step_id": step["id"], "spec": spec,
+               "args": args}
     if recorded["outcome"] == "require_approval":
         e["recorded_hash"] = asked_hash(recorded, request)
     tool = tools.get(run["tool"])
     if tool is None:
         e.update(result="different", rechecked="deny",
-                 detail="the tool is not among the current"
-                        " tools")
+                 detail="the tool is not among the current tools")
         return
     if e["spec_source"] == "current":
         request["spec"] = tool.spec
         problem = check_arguments(tool, args)
         if problem:
             e.update(result="different", rechecked="invalid",
-                     detail="the arguments fail the current"
-                            f" schema: {problem}")
+                     detail=f"the arguments fail the current schema: {problem}")
             return
     else:  # the defaults come from the schema decided under
-        entry = {"name": tool.upstream_name,
-                 "input_schema": spec["input_schema"]}
+        entry = {"name": tool.upstream_name, "input_schema": spec["input_schema"]}
         tool = Tool(tool.server, None, entry, tool.rule)
-    # The facts of its moment, executions before it counted
-    # as the gate counts them, none if an operator decided.
+    # The facts of its moment, executions before it counted as the
+    # gate counts them, none if an operator decided.
     moment = recorded.get("facts") or {
         "at": at, "client": "", "approved": e["on_resume"]}
     approved = moment["approved"]
-    client = moment.get("client", "")
-    facts = decision_facts(store.read, run["session"], tool,
-                           moment["at"], client, not approved)
-    attempt = recorded.get("capability", {})
-    attempt = attempt.get("interrupted")
+    facts = decision_facts(store.read, run["session"], tool, moment["at"],
+                           moment.get("client", ""), not approved)
+    attempt = recorded.get("capability", {}).get("interrupted")
     today = evaluate(config, tool, args, facts, attempt, approved=approved)
     e["rechecked"] = today["outcome"]
     same = today["outcome"] == recorded["outcome"]
@@ -9274,24 +8970,20 @@ def recheck_one(store, config, tools, run, step, recorded, at, e):
         e["rechecked_hash"] = asked_hash(today, request)
         if e["rechecked_hash"] != e["recorded_hash"]:
             same = False
-            e["detail"] = ("asks for another approval: its"
-                           " capability, presentation, or"
-                           " tool spec changed")
+            e["detail"] = ("asks for another approval: its capability, presentation,"
+                           " or tool spec changed")
     if not same and not e["detail"]:
         e["detail"] = today["reason"]
     e["result"] = "same" if same else "different"
 
-
 def asked_hash(decision, request):
-    return approval_hash(decision["kind"],
-                         decision["capability"],
+    return approval_hash(decision["kind"], decision["capability"],
                          decision["presentation"], request)
 
-
 def print_recheck(config, reports, as_json, session):
-    """Differences in full; runs all the same are counted
-    per policy identity, unless there is one: a difference
-    must not hide among fifty runs' lines."""
+    """Differences in full; runs all the same are counted per policy
+    identity (unless there is one run): no difference hides among fifty
+    runs' lines."""
     rechecked = sum(r["rechecked"] for r in reports)
     skipped = sum(r["not_recheckable"] for r in reports)
     differ = sum(not r["same"] for r in reports)
@@ -9300,64 +8992,51 @@ def print_recheck(config, reports, as_json, session):
     else:
         tell_recheck(config.policy_id(), reports, rechecked, skipped, differ)
     if not reports:
-        log(f'no run of session "{session}" was found, so'
-            f" nothing was re-checked")
+        log(f'no run of session "{session}" was found, so nothing was re-checked')
         return 1
     if not rechecked:
-        log("no decision of the policy was re-checked"
-            f" ({skipped} not re-checkable)")
+        log(f"no decision of the policy was re-checked ({skipped} not re-checkable)")
         return 1
     return 1 if differ else 0
 
-
 def tell_recheck(policy_id, reports, rechecked, skipped, differ):
     different = sum(r["differences"] for r in reports)
-    tell(f"{len(reports)} run(s) re-checked under"
-         f" {policy_id}: {rechecked} decision(s) re-checked,"
-         f" {different} differ, {skipped} not re-checkable"
-         f" and skipped; {differ} run(s) differ")
-    # identity -> [runs, decisions]
-    same = collections.defaultdict(lambda: [0, 0])
+    tell(f"{len(reports)} run(s) re-checked under {policy_id}: {rechecked} decision(s)"
+         f" re-checked, {different} differ, {skipped} not re-checkable and skipped;"
+         f" {differ} run(s) differ")
+    same = collections.defaultdict(lambda: [0, 0])  # identity -> [runs, decisions]
     for r in reports:
         identity = identity_text(r, policy_id)
-        if r["same"] and not r["not_recheckable"] and \
-                not r["notes"] and len(reports) > 1:
+        if r["same"] and not r["not_recheckable"] and not r["notes"] \
+                and len(reports) > 1:
             same[identity][0] += 1
             same[identity][1] += r["rechecked"]
             continue
-        tell(f"run {r['run_id']} {r['run_status']}:"
-             f" {r['differences']} of {r['rechecked']}"
-             f" re-checked evaluations differ; {identity};"
+        tell(f"run {r['run_id']} {r['run_status']}: {r['differences']} of"
+             f" {r['rechecked']} re-checked evaluations differ; {identity};"
              f" {r['spec_source']} specs")
-        order = sorted(r["evaluations"], key=lambda e: {
-            "different": 0, "same": 2}.get(e["result"], 1))
-        for e in order:
+        rank = {"different": 0, "same": 2}
+        for e in sorted(r["evaluations"], key=lambda e: rank.get(e["result"], 1)):
             tell(cut(recheck_line(e), 240))
         for note in r["notes"]:
             tell(f"note: {note}")
     for identity, (runs, decisions) in same.items():
-        tell(f"the same today: every decision of {runs}"
-             f" run(s) ({decisions} in all); {identity}")
+        tell(f"the same today: every decision of {runs} run(s) ({decisions} in all);"
+             f" {identity}")
     tell(RECHECK_SCOPE)
-
 
 def identity_text(report, policy_id):
     if report["identity"] == "unchanged":
         return f'policy unchanged: "{policy_id}"'
     if report["identity"] == "changed":
-        return (f'policy changed: recorded'
-                f' "{report["policy_id"]}", given'
-                f' "{policy_id}"')
+        return f'policy changed: recorded "{report["policy_id"]}", given "{policy_id}"'
     return "policy identity unknown"
-
 
 RECHECK_MARK = {"same": "same     ", "different": "DIFFERENT"}
 
-
 def recheck_line(e):
     mark = RECHECK_MARK.get(e["result"], "skipped  ")
-    where = f" step {e['step_index']} seq {e['seq']}" \
-        f" {sanitize(e['tool'])}"
+    where = f" step {e['step_index']} seq {e['seq']} {sanitize(e['tool'])}"
     if e["on_resume"]:
         where += " (on resume)"
     body = e["detail"]
