@@ -20,34 +20,34 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a
 blind retry. The pin covers what a server presents, not what it does.
 
-Sections (3818 lines of decision core, read first; then the libraries, each behind the
+Sections (3370 lines of decision core, read first; then the libraries, each behind the
 contract its header states; then what surrounds the core, each header naming the core
 functions it calls beyond sections 1 and 2, constants and exceptions). A core section uses
 only those above it and the libraries: the policy precedes the configuration, read with it.
 
                                                                      lines    chars
-     1. Framing                                      decision core      145    3,903
-     2. Classes, ids and deadlines                   decision core       35    1,007
-     3. Policy on what a call does                   decision core      552   18,322
-     4. Configuration and its trust                  decision core      285   10,206
-     5. Tools, as pinned                             decision core      344   11,651
-     6. Answers                                      decision core      403   16,911
-     7. The record                                   decision core      826   30,887
-     8. The gate                                     decision core      718   27,140
-     9. The host side                                decision core      367   11,698
-    10. What an operator decides on                  decision core      143    5,394
-    11. Canonical JSON                               library            298    8,373
-    12. Text safe to show                            library            114    3,104
-    13. ECMA-262 patterns                            library            453   13,717
-    14. JSON Schema                                  library            478   15,266
-    15. Hosts in URLs                                library            114    3,600
-    16. Paths as the kernel resolves them            library            109    3,194
-    17. Durations and times                          library             90    2,628
-    18. Fields of a configuration                    library            127    4,007
-    19. Days and hours in a time zone                library            100    3,317
-    20. What a result's record keeps                 library            146    4,550
-    21. The lint                                     around the core    305   10,478
-    22. Upstream servers                             around the core   1386   44,466
+     1. Framing                                      decision core      122    3,670
+     2. Classes, ids and deadlines                   decision core       31    1,008
+     3. Policy on what a call does                   decision core      482   17,915
+     4. Configuration and its trust                  decision core      255   10,025
+     5. Tools, as pinned                             decision core      287   11,302
+     6. Answers                                      decision core      382   16,890
+     7. The record                                   decision core      725   29,190
+     8. The gate                                     decision core      618   25,061
+     9. The host side                                decision core      343   11,330
+    10. What an operator decides on                  decision core      125    4,769
+    11. Canonical JSON                               library            224    8,152
+    12. Text safe to show                            library             93    2,965
+    13. ECMA-262 patterns                            library            354   13,301
+    14. JSON Schema                                  library            376   14,559
+    15. Hosts in URLs                                library             97    3,548
+    16. Paths as the kernel resolves them            library             96    3,178
+    17. Durations and times                          library             72    2,526
+    18. Fields of a configuration                    library            107    3,995
+    19. Days and hours in a time zone                library             84    3,305
+    20. What a result's record keeps                 library            121    4,506
+    21. The lint                                     around the core    223    9,717
+    22. Upstream servers                             around the core   1136   43,007
     23. Reading the record                           around the core    254    8,828
     24. Tool changes while serving                   around the core    217    7,453
     25. The status tool                              around the core    125    4,517
@@ -55,7 +55,7 @@ only those above it and the libraries: the policy precedes the configuration, re
     27. Notify                                       around the core    133    4,258
     28. Pins and load reports                        around the core    229    7,374
     29. The command line's flags                     around the core    158    5,896
-    30. Operator commands                            around the core   1648   52,132
+    30. Operator commands                            around the core   1327   49,817
     31. Setup                                        around the core    912   29,981
     32. Pin and check                                around the core    224    8,019
     33. Fake payment server                          around the core    104    3,192
