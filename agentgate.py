@@ -6487,7 +6487,6 @@ def handshake_and_list(upstream, deadline):
 # Tx.flush's events made of parts.
 COMBINED_EVENTS = ("call.began", "call.changed", "call.ended")
 
-
 def event_parts(type_, step_id, payload_json):
     """A stored event as the (type, step id, payload) parts it
     records: a combined event's parts in order, any other itself."""
@@ -6496,10 +6495,8 @@ def event_parts(type_, step_id, payload_json):
         return [tuple(part) for part in payload["parts"]]
     return [(type_, step_id, payload)]
 
-
 def ids_of(rows):
     return [row[0] for row in rows]
-
 
 RECENT_CALLS = (
     "FROM calls c JOIN runs r ON r.id = c.run_id"
@@ -6549,15 +6546,12 @@ GRANTS = (
     " ELSE min(revoked_at, expires_at) END)>=?"
     " ORDER BY created_at DESC, id DESC")
 
-
 class Ledger(Store):
     """The record as people read it."""
-
     def approvals(self, run_id):
         return self.read_approvals(
             "FROM approvals a WHERE a.run_id=? ORDER BY a.rowid",
             (run_id,))
-
     def recent_approvals(self, session, since, limit):
         """Every approval of the session's newest `limit` calls that
         are unsettled or settled since `since`, with its run's tool,
@@ -6567,7 +6561,6 @@ class Ledger(Store):
             (("tool", "r.tool"), ("run_status", "r.status"),
              ("run_reason", "r.reason"),
              ("request_key", "c.request_key")))
-
     def executed_under(self, approval):
         return any(
             type_ == "step.tool_started"
@@ -6575,25 +6568,21 @@ class Ledger(Store):
             and payload.get("approval_id") == approval["id"]
             for _, _, type_, step_id, payload
             in self.run_parts(approval["run_id"]))
-
     def step_observation(self, step_id):
         row = self.read_one(
             "SELECT observation_json FROM steps WHERE id=?",
             (step_id,))
         return parse(row[0]) if row and row[0] else None
-
     def run_events(self, run_id):
         return self.read(
             "SELECT seq, at, type, step_id, payload_json"
             " FROM events WHERE run_id=? ORDER BY seq", (run_id,))
-
     def run_parts(self, run_id):
         """A run's events as (seq, at, type, step id, payload), each
         part of a combined event under the seq of its event."""
         return [(seq, at, *part) for seq, at, type_, step_id, payload
                 in self.run_events(run_id)
                 for part in event_parts(type_, step_id, payload)]
-
     def late_outcomes(self, run_id):
         """(step, observation) of each outcome of a run's cut-off
         attempts that came after a takeover."""
@@ -6602,7 +6591,6 @@ class Ledger(Store):
                 in self.run_parts(run_id)
                 if type_ == "step.tool_finished"
                 and payload.get("late")]
-
     def waiting_approvals(self, session):
         """The approvals an operator may decide now (of one session,
         or all with session ''), oldest first, each with its run's
@@ -6612,7 +6600,6 @@ class Ledger(Store):
         where = "AND c.session=?" if session else ""
         return self.read_approvals(WAITING_ROWS.format(session=where),
                                    (*args, now()), (("tool", "r.tool"),))
-
     def steps(self, run_id):
         """A run's steps, oldest first; an allowed read's one step is
         read out of its run.read event (Tx.record_read)."""
@@ -6627,7 +6614,6 @@ class Ledger(Store):
                         " WHERE run_id=? AND type='run.read'",
                         (run_id,))]
         return [dict(zip(STEP_COLUMNS, row)) for row in rows if row]
-
     @staticmethod
     def _read_step(step_id, read):
         if "observation" not in read:
@@ -6639,26 +6625,22 @@ class Ledger(Store):
                 dumps(read["decision"]), dumps(policy),
                 dumps(read["observation"]),
                 read["policy"]["spec_hash"])
-
     def run(self, run_id):
         row = self.read_one(
             "SELECT id, session, tool, status, reason, detail,"
             " step_count, created_at, finished_at, lease_owner,"
             " lease_expires_at FROM runs WHERE id=?", (run_id,))
         return dict(zip(RUN_COLUMNS, row)) if row else None
-
     def runs_page(self, session, limit):
         """Runs newest first (of one session, or all with session ''),
         with the approval each waits on and the host's name ('' before
         the policy decided)."""
         rows = self.read(RUNS_PAGE, (session, session, limit))
         return [dict(zip(PAGE_COLUMNS, row)) for row in rows]
-
     def session_runs(self, session, limit):
         return ids_of(self.read(
             "SELECT id FROM runs WHERE session=?"
             " ORDER BY rowid DESC LIMIT ?", (session, limit)))
-
     def policy_events(self, run_id):
         """A run's decisions of the policy as (seq, step id, the
         recorded policy, at): the step.policy parts, or the policy a
@@ -6668,21 +6650,17 @@ class Ledger(Store):
                 for seq, at, type_, step_id, payload
                 in self.run_parts(run_id)
                 if type_ in ("step.policy", "run.read")]
-
     def tool_spec(self, spec_hash):
         return tool_spec(self.read, spec_hash)
-
     def grants(self, session, since):
         sql = GRANTS.format(columns=", ".join(GRANT_COLUMNS))
         rows = self.read(sql, (session, session, since))
         return [dict(zip(GRANT_COLUMNS, row)) for row in rows]
-
     def grant(self, grant_id):
         row = self.read_one(
             f"SELECT {', '.join(GRANT_COLUMNS)} FROM grants"
             " WHERE id=?", (grant_id,))
         return dict(zip(GRANT_COLUMNS, row)) if row else None
-
     def ids_starting(self, table, prefix, limit):
         """Up to `limit` ids of `table` (runs, approvals or grants)
         that start with `prefix` (ASCII), in order."""
@@ -6690,7 +6668,6 @@ class Ledger(Store):
         return ids_of(self.read(
             f"SELECT id FROM {table} WHERE id>=? AND id<?"
             " ORDER BY id LIMIT ?", (prefix, end, limit)))
-
     def run_ids_after_session(self, prefix, limit):
         """Up to `limit` run ids whose part after the session starts
         with `prefix` (letters and digits), in any session: a scan."""
@@ -6698,30 +6675,25 @@ class Ledger(Store):
             "SELECT id FROM runs"
             " WHERE substr(id, instr(id, '.') + 1) GLOB ?"
             " ORDER BY id LIMIT ?", (prefix + "*", limit)))
-
     def tool_changes(self, session, limit):
         rows = self.read(
             "SELECT at, payload_json FROM events WHERE run_id=?"
             " AND type='tools.changed' ORDER BY seq DESC LIMIT ?",
             (f"{session}.tools", limit))
         return [(at, parse(payload)) for at, payload in rows]
-
     def chain_head(self):
         return self.read_one(
             "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
-
     def event_hash_at(self, seq):
         row = self.read_one("SELECT hash FROM events WHERE seq=?",
                             (seq,))
         return row[0] if row else None
-
     def events_after(self, seq, last, limit):
         last = 2**62 if last is None else last
         return self.read(
             "SELECT seq, run_id, step_id, at, type, payload_json, hash"
             " FROM events WHERE seq>? AND seq<=? ORDER BY seq LIMIT ?",
             (seq, last, limit))
-
 
 # =============================================================================================
 # 24. Tool changes while serving
@@ -6757,17 +6729,14 @@ def tool_changes(pinned, live):
             changes[name] = ("changed", old, new)
     return changes
 
-
 LIST_CHANGED_INTERVAL = 2  # seconds at least between two listings
 CHANGE_KINDS = ("changed", "removed", "added")
-
 
 class ToolWatch:
     """Lists a server again on its own thread when it says its tools
     changed: a changed or gone tool is held, one back to its pin is
     offered again, a new one is not; calls in flight are not touched.
     A failed listing holds all its tools (they said they changed)."""
-
     def __init__(self, gate, upstreams, announce):
         self.gate, self.announce = gate, announce
         self.upstreams = {u.name: u for u in upstreams}
@@ -6782,12 +6751,10 @@ class ToolWatch:
             upstream.on_exit = functools.partial(self.exited, upstream)
             upstream.watch_tools(
                 functools.partial(self.changed, upstream.name))
-
     def changed(self, server):
         with self.cond:
             self.pending[server] = self.pending.get(server, 0) + 1
             self.cond.notify_all()
-
     def _run(self):
         listed = {}  # server name -> when last listed (monotonic)
         while not self.gate.stopping.is_set():
@@ -6815,7 +6782,6 @@ class ToolWatch:
             except StoreError as err:
                 log(f"server {server} changed its tools, but the change "
                     f"could not be recorded: {err}")
-
     def _failed(self, server, err):
         failures = self.failures.get(server, 0) + 1
         self.failures[server] = failures
@@ -6828,7 +6794,6 @@ class ToolWatch:
             f"succeeds (next try in {relist_wait(failures):g}s): "
             f"{', '.join(held) or 'none'}")
         self._hold(server, held)
-
     def _relist(self, server):
         upstream = self.upstreams[server]
         deadline = Deadline(upstream.server.connect_timeout)
@@ -6853,20 +6818,17 @@ class ToolWatch:
                               "not_offered": held})
         finally:  # what is offered follows the listing even unrecorded
             self._hold(server, held)
-
     def _record(self, payload):
         run_id = f"{self.gate.config.session}.tools"
         self.gate.store.write(
             lambda tx: tx.event(run_id, "tools.changed", payload))
         log(tools_changed_text(payload) + " (pin -diff shows how)")
-
     def _hold(self, server, held):
         if held != self.held.get(server, []):
             self.held[server] = held
             self.gate.quarantine(name for names in self.held.values()
                                  for name in names)
             self.announce()
-
     def exited(self, upstream, why):
         """`upstream`'s server went away while serving: down until
         started again."""
@@ -6878,7 +6840,6 @@ class ToolWatch:
         log(f"server {upstream.name} {why}; calls to its tools fail "
             f"without executing until it is {upstream.AGAIN} (next try "
             f"in {restart_wait(0)}s)")
-
     def _revive(self):
         # Never returns: a server started here dies with the thread
         # that started it (spawn).
@@ -6895,7 +6856,6 @@ class ToolWatch:
                     self.cond.wait(soonest - time.time())
                     continue
             self._start_again(due[0])
-
     def _start_again(self, upstream):
         name = upstream.name
         try:
@@ -6919,17 +6879,14 @@ class ToolWatch:
         self.starts.pop(name, None)
         log(f"server {name} was {upstream.AGAIN} and serves its tools")
 
-
 def restart_wait(failures):
     """Seconds to the next try after `failures` in a row: 1, 2, 4 ...
     32, then 60 (the exponent is bounded: it never overflows)."""
     return min(2 ** min(failures, 6), 60)
 
-
 def relist_wait(failures):
     # From LIST_CHANGED_INTERVAL (2 s) on: one doubling ahead.
     return restart_wait(failures + 1)
-
 
 def tools_changed_text(payload):
     parts = [f"{kind} {', '.join(map(sanitize, payload[kind]))}"
@@ -6938,7 +6895,6 @@ def tools_changed_text(payload):
     change = "; ".join(parts) or "back to what was pinned"
     return (f"server {payload['server']} changed its tools while "
             f"serving: {change}; not offered now: {held}")
-
 
 # =============================================================================================
 # 25. The status tool
@@ -6959,10 +6915,8 @@ def time_since(text):
     elapsed = int(time.time() - parse_time(text))
     return format_duration(elapsed * SECOND)
 
-
 STATUS_LOOKBACK = 3600
 STATUS_ROWS = 200
-
 
 def status_answer(gate, args):
     """The status tool: what waits for an operator, or what became of
@@ -6996,10 +6950,8 @@ def status_answer(gate, args):
     key = "one_waiting" if len(waiting) == 1 else "some_waiting"
     return gate_status(key, count=len(waiting), lines=lines)
 
-
 def lapsed(approval):
     return approval["expires_at"] and approval["expires_at"] <= now()
-
 
 def describe_approval(gate, approval):
     """One approval as the model may read it: what it asked, and what
@@ -7026,12 +6978,10 @@ def describe_approval(gate, approval):
         return STATUS_PROSE["expired"].format(head=head)
     return f"{head}: {approved_fate(gate, approval)}"
 
-
 # An executed step's ending (CALL_ENDINGS) -> how the status tells
 # it; any other ending: unknown (taken over or cancelled meanwhile).
 FATE_OF_ENDING = {"ok": "succeeded", "error": "failed",
                   "unsent": "failed", "unrecorded": "unrecorded"}
-
 
 def approved_fate(gate, approval):
     store, step_id = gate.store, approval["step_id"]
@@ -7064,7 +7014,6 @@ def approved_fate(gate, approval):
         why = NOT_EXECUTED_WHY["ended"].format(reason=reason)
     return STATUS_PROSE["not_executed"].format(why=why)
 
-
 # =============================================================================================
 # 26. The host's other requests
 #
@@ -7086,23 +7035,19 @@ def approved_fate(gate, approval):
 SERVER_INFO = {"name": "gated-tools", "version": VERSION}
 PROGRESS_MESSAGE_BYTES = 1000
 
-
 class Progress:
     """One call's progress: the hold's seconds (one a second at
     most), then the server's values after them, only increasing."""
-
     def __init__(self, send):
         self.send = send  # send(value, total or None, message or None)
         self.lock = threading.Lock()
         self.held = decimal.Decimal(0)  # the hold's last value told
         self.last = None
-
     def holding(self, waited, total, message):
         exact = decimal.Decimal(repr(waited))
         if exact - self.held >= 1 and \
                 self._tell(waited, exact, total, message):
             self.held = exact
-
     def server(self, value, total, message):
         if not isinstance(value, Number):
             return
@@ -7115,7 +7060,6 @@ class Progress:
         text = isinstance(message, str)
         message = clean(message, PROGRESS_MESSAGE_BYTES) if text else None
         self._tell(shown, exact, total, message)
-
     def _tell(self, value, exact, total, message):
         with self.lock:  # so two values never reach the host out of order
             if self.last is not None and exact <= self.last:
@@ -7124,33 +7068,27 @@ class Progress:
             self.send(value, total, message)
             return True
 
-
 class HostAround:
     """The seam HostServer reaches this section by: `requests` and
     `notifications` map a method to its handler(host, params), a
     request's returning its result; `progress` relays a call's."""
-
     def __init__(self):
         self.initialized = False
         self.requests = {"initialize": self.initialize,
                          "ping": lambda host, params: {}}
         initialized = "notifications/initialized"
         self.notifications = {initialized: self._initialized}
-
     @staticmethod
     def initialize(host, params):
         tools = {"tools": {"listChanged": True}}
         return {"protocolVersion": host.protocol,
                 "capabilities": tools, "serverInfo": SERVER_INFO}
-
     def _initialized(self, host, params):
         self.initialized = True
-
     def tools_changed(self, host):
         if self.initialized:
             host.send({"jsonrpc": "2.0",
                        "method": "notifications/tools/list_changed"})
-
     @staticmethod
     def progress(host, token, cancelled):
         def send(value, total, message):
@@ -7166,22 +7104,18 @@ class HostAround:
                        "method": "notifications/progress"})
         return Progress(send)
 
-
 STATUS_SCHEMA = {
     "type": "object", "additionalProperties": False,
     "properties": {"approval_id": {
         "type": "string", "description": STATUS_ARGUMENT}}}
 
-
 class StatusTool:
     """The status tool as the host side offers and calls it; the
     model is told how many servers are `unserved` (never why)."""
-
     def __init__(self, gate, name, unserved):
         self.gate, self.unserved = gate, unserved
         self.listing = {"name": name, "inputSchema": STATUS_SCHEMA,
                         "description": STATUS_DESCRIPTION}
-
     def call(self, args, invalid):
         if invalid:
             why = clean(invalid[0], 1000)
