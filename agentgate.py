@@ -6474,22 +6474,18 @@ def handshake_and_list(upstream, deadline):
 #
 # Reads as: around the core
 #
-# Owns: the reads people make of the record (Ledger): the runs, steps
-# and approvals the operator commands and the status tool list, the
-# grants, the tool changes, the event chain.
-# Core it calls: Store, whose read connection it reads through, and
-# tool_spec; it writes nothing.
-# Promises: only SELECTs: every statement that changes the record is
-# section 7's, and an approval's row is read by Store itself. A run's
-# events read the same in either shape Tx.flush writes (event_parts).
+# Owns: the record as people read it (Ledger): runs, steps and approvals for the operator
+# commands and the status tool, grants, tool changes, the event chain.
+# Core it calls: Store (through its read connection) and tool_spec; it writes nothing.
+# Promises: only SELECTs (every change is section 7's; Store reads an approval's row). A
+# run's events read the same in either shape Tx.flush writes (event_parts).
 # =============================================================================================
 
 # Tx.flush's events made of parts.
 COMBINED_EVENTS = ("call.began", "call.changed", "call.ended")
 
 def event_parts(type_, step_id, payload_json):
-    """A stored event as the (type, step id, payload) parts it
-    records: a combined event's parts in order, any other itself."""
+    """A stored event as its (type, step id, payload) parts: a combined one's in order."""
     payload = parse(payload_json)
     if type_ in COMBINED_EVENTS:
         return [tuple(part) for part in payload["parts"]]
@@ -6543,23 +6539,19 @@ RUNS_PAGE = (
 GRANTS = (
     "SELECT {columns} FROM grants WHERE (?='' OR session=?)"
     " AND (CASE WHEN revoked_at='' THEN expires_at"
-    " ELSE min(revoked_at, expires_at) END)>=?"
-    " ORDER BY created_at DESC, id DESC")
+    " ELSE min(revoked_at, expires_at) END)>=? ORDER BY created_at DESC, id DESC")
 
 class Ledger(Store):
     """The record as people read it."""
     def approvals(self, run_id):
         return self.read_approvals(
-            "FROM approvals a WHERE a.run_id=? ORDER BY a.rowid",
-            (run_id,))
+            "FROM approvals a WHERE a.run_id=? ORDER BY a.rowid", (run_id,))
     def recent_approvals(self, session, since, limit):
-        """Every approval of the session's newest `limit` calls that
-        are unsettled or settled since `since`, with its run's tool,
-        status and reason and its request key."""
+        """Every approval of the session's newest `limit` calls unsettled or settled since
+        `since`, with its run's tool, status and reason and its request key."""
         return self.read_approvals(
             RECENT_CALLS, (session, since, limit),
-            (("tool", "r.tool"), ("run_status", "r.status"),
-             ("run_reason", "r.reason"),
+            (("tool", "r.tool"), ("run_status", "r.status"), ("run_reason", "r.reason"),
              ("request_key", "c.request_key")))
     def executed_under(self, approval):
         return any(
@@ -6578,31 +6570,26 @@ class Ledger(Store):
             "SELECT seq, at, type, step_id, payload_json"
             " FROM events WHERE run_id=? ORDER BY seq", (run_id,))
     def run_parts(self, run_id):
-        """A run's events as (seq, at, type, step id, payload), each
-        part of a combined event under the seq of its event."""
+        """(seq, at, type, step id, payload) of each part, under its event's seq."""
         return [(seq, at, *part) for seq, at, type_, step_id, payload
                 in self.run_events(run_id)
                 for part in event_parts(type_, step_id, payload)]
     def late_outcomes(self, run_id):
-        """(step, observation) of each outcome of a run's cut-off
-        attempts that came after a takeover."""
+        """(step, observation) of each outcome that came after a takeover."""
         return [(step_id, payload["observation"])
-                for _, _, type_, step_id, payload
-                in self.run_parts(run_id)
-                if type_ == "step.tool_finished"
-                and payload.get("late")]
+                for _, _, type_, step_id, payload in self.run_parts(run_id)
+                if type_ == "step.tool_finished" and payload.get("late")]
     def waiting_approvals(self, session):
-        """The approvals an operator may decide now (of one session,
-        or all with session ''), oldest first, each with its run's
-        tool. A waiting run's call is unsettled, so the calls index
-        finds them."""
+        """The approvals an operator may decide now (of one session, or all with session
+        ''), oldest first, with their run's tool. A waiting run's call is unsettled, so
+        the calls index finds them."""
         args = [session] if session else []
         where = "AND c.session=?" if session else ""
         return self.read_approvals(WAITING_ROWS.format(session=where),
                                    (*args, now()), (("tool", "r.tool"),))
     def steps(self, run_id):
-        """A run's steps, oldest first; an allowed read's one step is
-        read out of its run.read event (Tx.record_read)."""
+        """A run's steps, oldest first; an allowed read's one step is read out of its
+        run.read event (Tx.record_read)."""
         rows = self.read(
             "SELECT id, idx, status, decision_json, policy_json,"
             " observation_json, spec_hash FROM steps"
@@ -6632,9 +6619,8 @@ class Ledger(Store):
             " lease_expires_at FROM runs WHERE id=?", (run_id,))
         return dict(zip(RUN_COLUMNS, row)) if row else None
     def runs_page(self, session, limit):
-        """Runs newest first (of one session, or all with session ''),
-        with the approval each waits on and the host's name ('' before
-        the policy decided)."""
+        """Runs newest first (of one session, or all with session ''), with the approval
+        each waits on and the host's name ('' before the policy decided)."""
         rows = self.read(RUNS_PAGE, (session, session, limit))
         return [dict(zip(PAGE_COLUMNS, row)) for row in rows]
     def session_runs(self, session, limit):
@@ -6642,13 +6628,10 @@ class Ledger(Store):
             "SELECT id FROM runs WHERE session=?"
             " ORDER BY rowid DESC LIMIT ?", (session, limit)))
     def policy_events(self, run_id):
-        """A run's decisions of the policy as (seq, step id, the
-        recorded policy, at): the step.policy parts, or the policy a
-        read's one run.read event carries."""
-        return [(seq, step_id, payload if type_ == "step.policy"
-                 else payload["policy"], at)
-                for seq, at, type_, step_id, payload
-                in self.run_parts(run_id)
+        """A run's policy decisions as (seq, step id, the recorded policy, at): the
+        step.policy parts, or the policy a read's one run.read event carries."""
+        return [(seq, step_id, payload["policy"] if type_ == "run.read" else payload, at)
+                for seq, at, type_, step_id, payload in self.run_parts(run_id)
                 if type_ in ("step.policy", "run.read")]
     def tool_spec(self, spec_hash):
         return tool_spec(self.read, spec_hash)
@@ -6662,8 +6645,7 @@ class Ledger(Store):
             " WHERE id=?", (grant_id,))
         return dict(zip(GRANT_COLUMNS, row)) if row else None
     def ids_starting(self, table, prefix, limit):
-        """Up to `limit` ids of `table` (runs, approvals or grants)
-        that start with `prefix` (ASCII), in order."""
+        """Up to `limit` ids of `table` starting with `prefix`, in order."""
         end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
         return ids_of(self.read(
             f"SELECT id FROM {table} WHERE id>=? AND id<?"
@@ -6700,18 +6682,15 @@ class Ledger(Store):
 #
 # Reads as: around the core
 #
-# Owns: a server's change of its tools while the gate serves
-# (notifications/tools/list_changed): the tools are listed again and
-# compared with the pin by changed_parts (section 5).
-# Core it calls: manifest_entry, changed_parts, Gate.quarantine (its
-# only write to the gate), and the host's tools_changed notice that
-# serve hands it.
-# Promises: a tool whose server changed it is no longer offered and a
-# call to it is refused TOOL_CHANGED; a listing that fails
-# quarantines the server's tools and is retried at 4, 8, 16, 32 s,
-# then every 60 s. A server that goes away is said so on stderr and
-# started again at 1, 2, 4 ... s, then every 60 s; it serves again
-# once connected and listed as a change is.
+# Owns: a server's change of its tools while serving (notifications/tools/list_changed):
+# they are listed again and compared with the pin by changed_parts (section 5).
+# Core it calls: manifest_entry, changed_parts, Gate.quarantine (its only write to the
+# gate), and the host's tools_changed notice that serve hands it.
+# Promises: a tool its server changed is no longer offered and a call to it is refused
+# TOOL_CHANGED; a failed listing quarantines the server's tools, retried at 4, 8, 16, 32
+# s, then every 60 s. A server that goes away is said so on stderr and started again at
+# 1, 2, 4 ... s, then every 60 s; it serves again once connected and listed as a change
+# is.
 # =============================================================================================
 
 def tool_changes(pinned, live):
@@ -6901,14 +6880,12 @@ def tools_changed_text(payload):
 #
 # Reads as: around the core
 #
-# Owns: the status tool's answer: the approvals of this session and
-# what became of them, each told in one of a few phrasings.
-# Core it calls: Store.latest_approval, step_outcome, and Answer,
-# answer and gate_status to build its answer from section 6's tables;
-# it reads the rest through the Ledger (section 23) serve opens.
-# Promises: it tells the model what waits and what was decided, never
-# a command, the database, the config or a run id; recorded text from
-# servers is sanitized.
+# Owns: the status tool's answer: this session's approvals and what became of them, each
+# in one of a few phrasings.
+# Core it calls: Store.latest_approval, step_outcome, and Answer, answer and gate_status
+# (section 6's tables); the rest it reads through the Ledger (section 23).
+# Promises: it tells the model what waits and what was decided, never a command, the
+# database, the config or a run id; servers' recorded text is sanitized.
 # =============================================================================================
 
 def time_since(text):
@@ -6924,8 +6901,7 @@ def status_answer(gate, args):
     args = {} if args is None else args
     if not isinstance(args, dict) or set(args) - {"approval_id"} or \
             not isinstance(args.get("approval_id", ""), str):
-        why = SLOT_PROSE["status_arguments"]
-        return answer("INVALID", reason=why)
+        return answer("INVALID", reason=SLOT_PROSE["status_arguments"])
     since = format_time(time.time() - STATUS_LOOKBACK)
     try:
         approvals = gate.store.recent_approvals(
@@ -7019,17 +6995,14 @@ def approved_fate(gate, approval):
 #
 # Reads as: around the core
 #
-# Owns: what the host side hands on, deciding no call: initialize's
-# answer, ping, notifications/initialized and the tools-changed notice
-# it allows, a call's progress as the host hears it, and the status
-# tool (serve hands HostServer a HostAround, then a StatusTool).
+# Owns: what the host side hands on, deciding no call: initialize, ping,
+# notifications/initialized and the tools-changed notice it allows, a call's progress,
+# the status tool (serve hands HostServer a HostAround, then a StatusTool).
 # Core it calls: answer, and HostServer's send and protocol.
-# Promises: a call's progress (the gate's while it holds the call,
-# then the server's) reaches the host under the host's token, only
-# increasing, and nothing more once the host cancelled the call; the
-# host is told once of a tool its server changed while serving, and
-# only after notifications/initialized (before, its first tools/list
-# sees the change).
+# Promises: a call's progress (the gate's while it holds the call, then the server's)
+# reaches the host under its token, only increasing, and nothing once the host cancelled
+# the call; the host is told once of a tool its server changed while serving, only after
+# notifications/initialized (before, its first tools/list sees the change).
 # =============================================================================================
 
 SERVER_INFO = {"name": "gated-tools", "version": VERSION}
@@ -7076,8 +7049,7 @@ class HostAround:
         self.initialized = False
         self.requests = {"initialize": self.initialize,
                          "ping": lambda host, params: {}}
-        initialized = "notifications/initialized"
-        self.notifications = {initialized: self._initialized}
+        self.notifications = {"notifications/initialized": self._initialized}
     @staticmethod
     def initialize(host, params):
         tools = {"tools": {"listChanged": True}}
@@ -7118,8 +7090,7 @@ class StatusTool:
                         "description": STATUS_DESCRIPTION}
     def call(self, args, invalid):
         if invalid:
-            why = clean(invalid[0], 1000)
-            return answer("INVALID", reason=why).result()
+            return answer("INVALID", reason=clean(invalid[0], 1000)).result()
         status = status_answer(self.gate, args)
         if not status.text.startswith("GATE_STATUS:"):
             return status.result()
@@ -7130,9 +7101,7 @@ class StatusTool:
         for name, upstream in sorted(upstreams.items()):
             down = upstream.down_text()
             if down:
-                server = clean(name, 64)
-                note = DOWN_NOTE.format(server=server, down=down)
-                status.text += " " + note
+                status.text += " " + DOWN_NOTE.format(server=clean(name, 64), down=down)
         return status.result()
 
 
