@@ -6485,7 +6485,8 @@ def handshake_and_list(upstream, deadline):
 COMBINED_EVENTS = ("call.began", "call.changed", "call.ended")
 
 def event_parts(type_, step_id, payload_json):
-    """A stored event as its (type, step id, payload) parts: a combined one's in order."""
+    """A stored event as its (type, step id, payload) parts: a combined one's in
+    order, any other itself."""
     payload = parse(payload_json)
     if type_ in COMBINED_EVENTS:
         return [tuple(part) for part in payload["parts"]]
@@ -6551,8 +6552,8 @@ class Ledger(Store):
         `since`, with its run's tool, status and reason and its request key."""
         return self.read_approvals(
             RECENT_CALLS, (session, since, limit),
-            (("tool", "r.tool"), ("run_status", "r.status"), ("run_reason", "r.reason"),
-             ("request_key", "c.request_key")))
+            (("tool", "r.tool"), ("run_status", "r.status"),
+             ("run_reason", "r.reason"), ("request_key", "c.request_key")))
     def executed_under(self, approval):
         return any(
             type_ == "step.tool_started"
@@ -6630,7 +6631,8 @@ class Ledger(Store):
     def policy_events(self, run_id):
         """A run's policy decisions as (seq, step id, the recorded policy, at): the
         step.policy parts, or the policy a read's one run.read event carries."""
-        return [(seq, step_id, payload["policy"] if type_ == "run.read" else payload, at)
+        return [(seq, step_id,
+                 payload["policy"] if type_ == "run.read" else payload, at)
                 for seq, at, type_, step_id, payload in self.run_parts(run_id)
                 if type_ in ("step.policy", "run.read")]
     def tool_spec(self, spec_hash):
@@ -6694,9 +6696,8 @@ class Ledger(Store):
 # =============================================================================================
 
 def tool_changes(pinned, live):
-    """How what a server presents now (`live`, manifest entries)
-    differs from its pin, per tool: ("added", None, now), ("removed",
-    pinned, None) or ("changed", pinned, now)."""
+    """Per tool, how `live` (manifest entries) differs from the pin: ("added", None,
+    now), ("removed", pinned, None) or ("changed", pinned, now)."""
     changes = {}
     for name in sorted(set(pinned) | set(live)):
         old, new = pinned.get(name), live.get(name)
@@ -6712,10 +6713,9 @@ LIST_CHANGED_INTERVAL = 2  # seconds at least between two listings
 CHANGE_KINDS = ("changed", "removed", "added")
 
 class ToolWatch:
-    """Lists a server again on its own thread when it says its tools
-    changed: a changed or gone tool is held, one back to its pin is
-    offered again, a new one is not; calls in flight are not touched.
-    A failed listing holds all its tools (they said they changed)."""
+    """Lists a server again on its own thread when it says its tools changed: a changed
+    or gone tool is held, one back to its pin offered again, a new one not; calls in
+    flight are not touched. A failed listing holds all its tools."""
     def __init__(self, gate, upstreams, announce):
         self.gate, self.announce = gate, announce
         self.upstreams = {u.name: u for u in upstreams}
@@ -6809,8 +6809,7 @@ class ToolWatch:
                                  for name in names)
             self.announce()
     def exited(self, upstream, why):
-        """`upstream`'s server went away while serving: down until
-        started again."""
+        """`upstream`'s server went away while serving: down until started again."""
         with self.cond:
             if upstream.down:
                 return  # it died while being started again: that fails
@@ -6859,8 +6858,7 @@ class ToolWatch:
         log(f"server {name} was {upstream.AGAIN} and serves its tools")
 
 def restart_wait(failures):
-    """Seconds to the next try after `failures` in a row: 1, 2, 4 ...
-    32, then 60 (the exponent is bounded: it never overflows)."""
+    """Seconds to the next try after `failures` in a row: 1, 2, 4 ... 32, then 60."""
     return min(2 ** min(failures, 6), 60)
 
 def relist_wait(failures):
@@ -6896,8 +6894,7 @@ STATUS_LOOKBACK = 3600
 STATUS_ROWS = 200
 
 def status_answer(gate, args):
-    """The status tool: what waits for an operator, or what became of
-    one approval. It reads only: it runs and decides nothing."""
+    """What waits for an operator, or what became of one approval; it only reads."""
     args = {} if args is None else args
     if not isinstance(args, dict) or set(args) - {"approval_id"} or \
             not isinstance(args.get("approval_id", ""), str):
@@ -6930,8 +6927,7 @@ def lapsed(approval):
     return approval["expires_at"] and approval["expires_at"] <= now()
 
 def describe_approval(gate, approval):
-    """One approval as the model may read it: what it asked, and what
-    became of it."""
+    """One approval as the model may read it: what it asked, and what became of it."""
     capability = parse(approval["capability_json"])
     args = policy_json(capability.get("args", {}))
     head = STATUS_PROSE["head"].format(
@@ -7042,9 +7038,8 @@ class Progress:
             return True
 
 class HostAround:
-    """The seam HostServer reaches this section by: `requests` and
-    `notifications` map a method to its handler(host, params), a
-    request's returning its result; `progress` relays a call's."""
+    """HostServer's seam to this section: `requests` and `notifications` map a method to
+    its handler(host, params), a request's returning its result; `progress` relays."""
     def __init__(self):
         self.initialized = False
         self.requests = {"initialize": self.initialize,
@@ -7064,9 +7059,8 @@ class HostAround:
     @staticmethod
     def progress(host, token, cancelled):
         def send(value, total, message):
-            # On the thread that reads the server: a host that stops
-            # reading holds up that server's answers, as it holds up
-            # every answer it is sent.
+            # On the thread that reads the server: a host that stops reading holds up
+            # that server's answers, as it holds up every answer it is sent.
             if cancelled.is_set():
                 return
             told = {"progressToken": token, "progress": value,
@@ -7101,7 +7095,8 @@ class StatusTool:
         for name, upstream in sorted(upstreams.items()):
             down = upstream.down_text()
             if down:
-                status.text += " " + DOWN_NOTE.format(server=clean(name, 64), down=down)
+                note = DOWN_NOTE.format(server=clean(name, 64), down=down)
+                status.text += " " + note
         return status.result()
 
 
