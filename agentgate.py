@@ -7207,24 +7207,21 @@ class StatusTool:
 #
 # Reads as: around the core
 #
-# Owns: telling the operator an approval starts waiting (the lines on
-# stderr with the command that decides it, and the operator's notify
-# program) and what to change to let a call refused as a duplicate
-# through.
-# Promises: the program runs in its own process group with a
-# deadline, off the call's path; at most NOTIFY_AT_ONCE run at once,
-# and an announcement past them is dropped and said so.
-# Core it calls: nothing; the gate calls announce_waiting's announce
-# and duplicate_refused's duplicate through the seams serve registers.
+# Owns: telling the operator an approval starts waiting (lines on stderr with
+# the command that decides it, and the operator's notify program) and what to
+# change to let a call refused as a duplicate through.
+# Promises: the program runs in its own process group with a deadline, off the
+# call's path; at most NOTIFY_AT_ONCE run at once, and one past them is dropped
+# and said so.
+# Core it calls: nothing; the gate calls announce_waiting's announce and
+# duplicate_refused's duplicate through the seams serve registers.
 # =============================================================================================
 
 VENV = "~/.agentgate-venv"  # where the README installs the mcp package
 
-
 def python_path():
-    """The one interpreter every printed command and host entry names:
-    this one, unless it lacks the mcp package (login needs it) and the
-    README's venv has it."""
+    """The interpreter every printed command and host entry names: this one,
+    unless it lacks the mcp package and the README's venv has it."""
     import glob
     import importlib.util
     venv = os.path.expanduser(VENV)
@@ -7233,28 +7230,23 @@ def python_path():
         return os.path.join(venv, "bin", "python")
     return sys.executable
 
-
 def python_command():
-    """`python3` when that name finds python_path() on PATH, else its
-    path."""
+    """`python3` when that name finds python_path() on PATH, else its path."""
     import shutil
     found, chosen = shutil.which("python3"), python_path()
     if found and os.path.abspath(found) == os.path.abspath(chosen):
         return "python3"
     return shlex.quote(chosen)
 
-
 def operator_hint(config_file, database=""):
     def path(name):
         return shlex.quote(os.path.abspath(name))
-
     command = f"{python_command()} {path(sys.argv[0])}"
     if database:
         return command + f" -db {path(database)}"
     if path(config_path(None)) != path(config_file):
         return command + f" -config {path(config_file)}"
     return command
-
 
 def announce_waiting(config, notifier=None):
     hint = operator_hint(config.path)
@@ -7271,10 +7263,8 @@ def announce_waiting(config, notifier=None):
                                "AGENTGATE_COMMAND": command})
     return announce
 
-
 def duplicate_refused(config):
-    """The gate's duplicate, as serve registers it: it names the
-    config, never model text."""
+    """The gate's duplicate: it names the config, never model text."""
     def duplicate(tool, run_id, executed_at, window):
         name = tool.name
         log(f"a call to {name} was refused as a duplicate of run "
@@ -7286,15 +7276,13 @@ def duplicate_refused(config):
             f"server {tool.server.name} in {config.path}")
     return duplicate
 
-
 NOTIFY_TIMEOUT = 10  # seconds before its process group is killed
 NOTIFY_AT_ONCE = 4  # programs running at once
 
-
 class Notifier:
-    """Runs the operator's notify program as an approval starts
-    waiting, on a thread of its own: a failing, missing or hanging
-    program costs a call nothing (stopped after NOTIFY_TIMEOUT)."""
+    """Runs the operator's notify program as an approval starts waiting, on a
+    thread of its own: a failing, missing or hanging program costs a call
+    nothing (stopped after NOTIFY_TIMEOUT)."""
 
     def __init__(self, argv):
         self.argv = argv
@@ -7306,8 +7294,7 @@ class Notifier:
             log(f"notify has {NOTIFY_AT_ONCE} programs running; "
                 f"approval {approval} is not announced")
             return
-        threading.Thread(target=self._run, args=(names,),
-                         daemon=True).start()
+        threading.Thread(target=self._run, args=(names,), daemon=True).start()
 
     def _run(self, names):
         try:
@@ -7348,9 +7335,8 @@ class Notifier:
 # =============================================================================================
 
 def settings_text(config, rule, when=""):
-    """What a rule decides of a call as `check` shows it: what may
-    decide otherwise, and the repeat window of a call that changes
-    something."""
+    """What a rule decides of a call as `check` shows it: what may decide
+    otherwise, and the repeat window of a call that changes something."""
     outcome = rule_outcome(config, rule)
     others, notes = [], []
     if rule.when:
@@ -7369,10 +7355,8 @@ def settings_text(config, rule, when=""):
         window = config.repeat_window
     if rule.side_effect != "read_only":
         notes.append(f"repeat window {format_duration(window)}")
-    words = {"allow": "allow", "require_approval": "ask"}
-    word = words.get(outcome, "deny")
+    word = {"allow": "allow", "require_approval": "ask"}.get(outcome, "deny")
     return "; ".join([word + when, *notes])
-
 
 def rule_lines(rule, tool_name):
     lines = []
@@ -7392,10 +7376,9 @@ def rule_lines(rule, tool_name):
     return lines + [f"{limit.label}: {limit.text(tool_name)}, "
                     f"then {limit.then}" for limit in rule.limits]
 
-
 def connect(server):
-    """(upstream, tools) of one server started within its
-    connect_timeout; the caller closes it."""
+    """(upstream, tools) of one server started within its connect_timeout;
+    the caller closes it."""
     upstream = new_upstream(server)
     try:
         upstream.spawn()
@@ -7405,12 +7388,10 @@ def connect(server):
         upstream.close()
         raise
 
-
 def presented(server):
     upstream, live = connect(server)
     upstream.close()
     return {name: manifest_entry(t) for name, t in sorted(live.items())}
-
 
 def pin(server):
     tools = presented(server)
@@ -7418,20 +7399,16 @@ def pin(server):
     write_private(server.manifest, pretty_json(manifest) + "\n")
     return manifest
 
-
 def change_lines(old, new):
-    """A changed tool as a person compares it: a unified diff of each
-    part that differs."""
+    """A changed tool as a person compares it: a unified diff of each part
+    that differs."""
     import difflib
     import textwrap
 
     def lines(entry, part, key):
         if part == "description":
             return textwrap.wrap(entry["description"], 88) or [""]
-        if part == "input schema":
-            value = entry["input_schema"]
-        else:
-            value = entry.get(key)
+        value = entry["input_schema"] if part == "input schema" else entry.get(key)
         return pretty_json(value).splitlines()
     changed, out = changed_parts(old, new), []
     for part, key in PINNED_PARTS:
@@ -7446,12 +7423,10 @@ def change_lines(old, new):
                                     lineterm="")
     return [sanitize(line) for line in out]
 
-
 HINT_NAMES = (("readOnlyHint", "readOnly"),
               ("destructiveHint", "destructive"),
               ("idempotentHint", "idempotent"),
               ("openWorldHint", "openWorld"))
-
 
 def hints_text(entry):
     annotations = entry.get("annotations")
@@ -7460,13 +7435,12 @@ def hints_text(entry):
     claimed = [w for key, w in HINT_NAMES if annotations.get(key) is True]
     return ", ".join(claimed) or "claims nothing"
 
-
 class Report:
-    """What loading one server decided, as lines an operator reads:
-    one per tool, its rule's entries, limits and lint findings under
-    it. `unserved`: why the server is not served ('' while it is);
-    `kinds`: what became of each tool, in order; `at`: which line is
-    each tool's; `review`: why a proposal deserves a careful read."""
+    """What loading one server decided, as lines an operator reads: one per
+    tool, its rule's entries, limits and lint findings under it. `unserved`:
+    why the server is not served ('' while it is); `kinds`: what became of
+    each tool, in order; `at`: which line is each tool's; `review`: why a
+    proposal deserves a careful read."""
 
     def __init__(self, server):
         self.server = server
@@ -7482,12 +7456,10 @@ class Report:
         return sum(1 for each in self.kinds.values() if each == kind)
 
     def unpinned(self, name):
-        why = f"unpinned {sanitize(name)}: not in the manifest"
-        self.add("unpinned", name, why)
+        self.add("unpinned", name, f"unpinned {sanitize(name)}: not in the manifest")
 
     def unclassified(self, name):
-        why = f"unclassified {sanitize(name)}: no rule"
-        self.add("unclassified", name, why)
+        self.add("unclassified", name, f"unclassified {sanitize(name)}: no rule")
 
     def unreviewed(self, entry, rule):
         name = entry["name"]
@@ -7516,7 +7488,6 @@ class Report:
         self.lines += [f"{sanitize(self.server)}: {line}"
                        for line in lint_lines(found)]
 
-
 # A read whose description speaks of these may hand the model what
 # the person protects (an environment with the tokens init just moved
 # into the config, say): proposed read_only, it would run unasked.
@@ -7524,19 +7495,17 @@ _SECRETS_WORDS = re.compile(
     r"\b(environment|env|secrets?|credentials?|passwords?|keys?|"
     r"tokens?)\b", re.I)
 
-
 def served_lines(config, server, report, tools):
-    """A server as check shows it: whether it is served, then its
-    report, with what an offered tool decides after `->`, and what a
-    proposal would once accepted."""
+    """A server as check shows it: whether it is served, then its report,
+    with what an offered tool decides after `->`, and what a proposal would
+    once accepted."""
     name = quote(server.name)
     offered = {t.upstream_name: t for t in tools if t.server is server}
     if report.unserved:
         why = report.unserved.removeprefix(f"server {name}: ")
         lines = [f"server {name} is not served: {sanitize(why)}"]
     else:
-        lines = [f"server {name} is served: "
-                 f"{len(offered)} tool(s) offered"]
+        lines = [f"server {name} is served: {len(offered)} tool(s) offered"]
     for at, line in enumerate(report.lines):
         tool = report.at.get(at)
         kind = report.kinds.get(tool)
@@ -7554,7 +7523,6 @@ def served_lines(config, server, report, tools):
         if tool in report.review:
             lines.append(f"    review: {report.review[tool]}")
     return lines
-
 
 def log_reports(reports):
     for report in reports:
