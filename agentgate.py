@@ -7436,11 +7436,10 @@ def hints_text(entry):
     return ", ".join(claimed) or "claims nothing"
 
 class Report:
-    """What loading one server decided, as lines an operator reads: one per
-    tool, its rule's entries, limits and lint findings under it. `unserved`:
-    why the server is not served ('' while it is); `kinds`: what became of
-    each tool, in order; `at`: which line is each tool's; `review`: why a
-    proposal deserves a careful read."""
+    """What loading one server decided, as lines an operator reads. `unserved`:
+    why the server is not served ('' while it is); `kinds`: what became of each
+    tool; `at`: which line is each tool's; `review`: why a proposal needs a
+    careful read."""
 
     def __init__(self, server):
         self.server = server
@@ -7488,9 +7487,8 @@ class Report:
         self.lines += [f"{sanitize(self.server)}: {line}"
                        for line in lint_lines(found)]
 
-# A read whose description speaks of these may hand the model what
-# the person protects (an environment with the tokens init just moved
-# into the config, say): proposed read_only, it would run unasked.
+# A read whose description speaks of these may hand the model what the person
+# protects (the tokens init moved into the config): proposed read_only, it runs unasked.
 _SECRETS_WORDS = re.compile(
     r"\b(environment|env|secrets?|credentials?|passwords?|keys?|"
     r"tokens?)\b", re.I)
@@ -7548,7 +7546,6 @@ def config_path(given):
     default = os.path.join(xdg, PROGRAM, "config.json")
     return given or os.environ.get("AGENTGATE_CONFIG") or default
 
-
 SCOPE = __doc__.split("Scope.")[1].split("\nSections (")[0].strip()
 USAGE = f"""usage: agentgate.py [serve] [-config FILE]
        agentgate.py init [-from FILE] [-config FILE] [-write]
@@ -7567,23 +7564,18 @@ Where the config comes from: -config FILE, else $AGENTGATE_CONFIG, else
 $XDG_CONFIG_HOME/agentgate/config.json (default ~/.config/agentgate/config.json).
 """
 
-
 class Usage(Exception):
     """A command line that cannot be carried out as written (exit 2)."""
-
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):
         raise Usage(message)
 
-
 def unasked(verb, unless=""):
     return f"{verb} without asking (needed without a terminal{unless})"
 
-
-# What each flag does, as -h prints it: "command -flag" where the
-# meaning is the command's own, else the flag's name. parser() takes
-# no flag without an entry, so -h says what every flag does.
+# -h's text of each flag: "command -flag" where the command gives it a
+# meaning of its own, else the flag's name; parser() takes no flag without one.
 FLAG_HELP = {
     "config": "the config file (else $AGENTGATE_CONFIG,"
               " else the default config.json)",
@@ -7645,7 +7637,6 @@ FLAG_HELP = {
                    " (a backup is kept)",
 }
 
-
 # What -h shows a flag's value as, where its name does not say it.
 FLAG_VALUE = {"config": "FILE", "db": "FILE", "init -from": "FILE",
               "verify -from": "SEQ", "to": "SEQ", "limit": "N",
@@ -7654,10 +7645,8 @@ FLAG_VALUE = {"config": "FILE", "db": "FILE", "init -from": "FILE",
               "if": "JSON", "for": "DURATION", "head": "SEQ:HASH",
               "tool": "SERVER/TOOL"}
 
-
 def parser(command, *flags):
-    p = Parser(prog=f"agentgate.py {command}", allow_abbrev=False,
-               add_help=True)
+    p = Parser(prog=f"agentgate.py {command}", allow_abbrev=False)
     for flag in flags:
         name, kind = flag if isinstance(flag, tuple) else (flag, str)
         own = f"{command} -{name}"
@@ -7673,20 +7662,16 @@ def parser(command, *flags):
         p.add_argument(*spelled, type=kind, metavar=value, help=about)
     return p
 
-
 NAMED_RUN = ("a run's id or an approval's, or a prefix of either"
              " (6 characters or more)")
 
-
 def text_argument(value):
-    """A text flag as given: it must be UTF-8, since it is recorded
-    and may be shown to the model (the system hands bytes that are
-    not UTF-8 over as lone surrogates)."""
+    """A text flag must be UTF-8: it is recorded and may be shown to the
+    model (the system hands bytes not UTF-8 over as lone surrogates)."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise argparse.ArgumentTypeError(
-            "is not valid UTF-8 text") from None
+        raise argparse.ArgumentTypeError("is not valid UTF-8 text") from None
     return value
 
 
