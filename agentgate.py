@@ -7250,7 +7250,6 @@ def operator_hint(config_file, database=""):
 
 def announce_waiting(config, notifier=None):
     hint = operator_hint(config.path)
-
     def announce(approval, tool, run_id):
         command = f"{hint} approve {run_id} -approval {approval['id']}"
         log(f"approval {approval['id']} ({approval['kind']}) for "
@@ -7283,11 +7282,9 @@ class Notifier:
     """Runs the operator's notify program as an approval starts waiting, on a
     thread of its own: a failing, missing or hanging program costs a call
     nothing (stopped after NOTIFY_TIMEOUT)."""
-
     def __init__(self, argv):
         self.argv = argv
         self.slots = threading.BoundedSemaphore(NOTIFY_AT_ONCE)
-
     def announce(self, names):
         if not self.slots.acquire(blocking=False):
             approval = names["AGENTGATE_APPROVAL"]
@@ -7295,13 +7292,11 @@ class Notifier:
                 f"approval {approval} is not announced")
             return
         threading.Thread(target=self._run, args=(names,), daemon=True).start()
-
     def _run(self, names):
         try:
             self._notify(names)
         finally:
             self.slots.release()
-
     def _notify(self, names):
         program, quiet = self.argv[0], subprocess.DEVNULL
         try:
@@ -7404,7 +7399,6 @@ def change_lines(old, new):
     that differs."""
     import difflib
     import textwrap
-
     def lines(entry, part, key):
         if part == "description":
             return textwrap.wrap(entry["description"], 88) or [""]
@@ -7440,26 +7434,20 @@ class Report:
     why the server is not served ('' while it is); `kinds`: what became of each
     tool; `at`: which line is each tool's; `review`: why a proposal needs a
     careful read."""
-
     def __init__(self, server):
         self.server = server
         self.lines = []
         self.unserved = ""
         self.kinds, self.review, self.at = {}, {}, {}
-
     def add(self, kind, tool, text):
         self.kinds[tool], self.at[len(self.lines)] = kind, tool
         self.lines.append(f"{sanitize(self.server)}: {text}")
-
     def count(self, kind):
         return sum(1 for each in self.kinds.values() if each == kind)
-
     def unpinned(self, name):
         self.add("unpinned", name, f"unpinned {sanitize(name)}: not in the manifest")
-
     def unclassified(self, name):
         self.add("unclassified", name, f"unclassified {sanitize(name)}: no rule")
-
     def unreviewed(self, entry, rule):
         name = entry["name"]
         self.add("unreviewed", name, f"unreviewed {sanitize(name)}: "
@@ -7468,10 +7456,8 @@ class Report:
         if rule.side_effect == "read_only" and \
                 _SECRETS_WORDS.search(entry["description"]):
             self.review[name] = "a read that may return secrets"
-
     def refused(self, name, reason):
         self.add("refused", name, f"refused {sanitize(name)}: {reason}")
-
     def registered(self, tool, mismatch):
         extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
         if not tool.timeout_given:
@@ -7482,7 +7468,6 @@ class Report:
                  f"{tool.name} ({tool.side_effect}){extra}")
         self.lines += [f"{sanitize(self.server)}:   {sanitize(line)}"
                        for line in rule_lines(tool.rule, tool.name)]
-
     def lint(self, found):
         self.lines += [f"{sanitize(self.server)}: {line}"
                        for line in lint_lines(found)]
@@ -7574,6 +7559,9 @@ class Parser(argparse.ArgumentParser):
 def unasked(verb, unless=""):
     return f"{verb} without asking (needed without a terminal{unless})"
 
+def as_recorded(who):
+    return f"who {who}, as recorded (default: your user name)"
+
 # -h's text of each flag: "command -flag" where the command gives it a
 # meaning of its own, else the flag's name; parser() takes no flag without one.
 FLAG_HELP = {
@@ -7583,7 +7571,7 @@ FLAG_HELP = {
     "json": "print JSON and nothing else",
     "full": "print every byte of a long value instead of"
             " its head and tail",
-    "by": "who decides, as recorded (default: your user name)",
+    "by": as_recorded("decides"),
     "approval": "the approval to decide; naming it is your"
                 " confirmation",
     "approve -yes": unasked("approve", ", unless -approval"),
@@ -7593,13 +7581,11 @@ FLAG_HELP = {
     "cancel -note": "why, kept with the run",
     "revoke -note": "why, kept with the grant",
     "grant -note": "why, kept with the grant and listed by grants",
-    "grant -by": "who grants, as recorded (default: your user name)",
-    "revoke -by": "who revokes, as recorded (default: your user"
-                  " name)",
+    "grant -by": as_recorded("grants"),
+    "revoke -by": as_recorded("revokes"),
     "revoke -yes": unasked("revoke",
                            ", unless the id is whole"),
-    "cancel -by": "who cancels, as recorded (default: your user"
-                  " name)",
+    "cancel -by": as_recorded("cancels"),
     "grant -yes": unasked("grant"),
     "grant -if": "conditions the arguments must meet, as JSON:"
                  " '{\"/amount\": {\"max\": 20}}'",
