@@ -7207,12 +7207,10 @@ class StatusTool:
 #
 # Reads as: around the core
 #
-# Owns: telling the operator an approval starts waiting (lines on stderr with
-# the command that decides it, and the operator's notify program) and what to
-# change to let a call refused as a duplicate through.
+# Owns: telling the operator an approval waits (stderr lines with the command
+# that decides it; the notify program) and how to let a duplicate through.
 # Promises: the program runs in its own process group with a deadline, off the
-# call's path; at most NOTIFY_AT_ONCE run at once, and one past them is dropped
-# and said so.
+# call's path; past NOTIFY_AT_ONCE at once, one is dropped and said so.
 # Core it calls: nothing; the gate calls announce_waiting's announce and
 # duplicate_refused's duplicate through the seams serve registers.
 # =============================================================================================
@@ -7279,9 +7277,8 @@ NOTIFY_TIMEOUT = 10  # seconds before its process group is killed
 NOTIFY_AT_ONCE = 4  # programs running at once
 
 class Notifier:
-    """Runs the operator's notify program as an approval starts waiting, on a
-    thread of its own: a failing, missing or hanging program costs a call
-    nothing (stopped after NOTIFY_TIMEOUT)."""
+    """Runs the operator's notify program on a thread of its own: a failing,
+    missing or hanging program costs a call nothing (stopped after NOTIFY_TIMEOUT)."""
     def __init__(self, argv):
         self.argv = argv
         self.slots = threading.BoundedSemaphore(NOTIFY_AT_ONCE)
@@ -7323,7 +7320,7 @@ class Notifier:
 # Reads as: around the core
 #
 # Owns: writing a server's manifest (pin), and the lines of a load
-# report (Report: what load made of each tool) and of a change.
+# report (Report) and of a change.
 # Core it calls: manifest_entry, changed_parts,
 # rule_outcome; section 23's write_private.
 # Promises: server-chosen names are sanitized in every report line.
@@ -7377,8 +7374,7 @@ def connect(server):
     upstream = new_upstream(server)
     try:
         upstream.spawn()
-        deadline = Deadline(server.connect_timeout)
-        return upstream, handshake_and_list(upstream, deadline)
+        return upstream, handshake_and_list(upstream, Deadline(server.connect_timeout))
     except BaseException:
         upstream.close()
         raise
@@ -7479,9 +7475,8 @@ _SECRETS_WORDS = re.compile(
     r"tokens?)\b", re.I)
 
 def served_lines(config, server, report, tools):
-    """A server as check shows it: whether it is served, then its report,
-    with what an offered tool decides after `->`, and what a proposal would
-    once accepted."""
+    """A server as check shows it: served or not, then its report, with what an
+    offered tool decides after `->` (a proposal: what it would once accepted)."""
     name = quote(server.name)
     offered = {t.upstream_name: t for t in tools if t.server is server}
     if report.unserved:
@@ -7623,7 +7618,7 @@ FLAG_HELP = {
                    " (a backup is kept)",
 }
 
-# What -h shows a flag's value as, where its name does not say it.
+# -h's name for a flag's value, where not the flag's own.
 FLAG_VALUE = {"config": "FILE", "db": "FILE", "init -from": "FILE",
               "verify -from": "SEQ", "to": "SEQ", "limit": "N",
               "days": "N", "note": "TEXT", "by": "WHO",
