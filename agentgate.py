@@ -7105,24 +7105,19 @@ class StatusTool:
 #
 # Reads as: around the core
 #
-# Owns: telling the operator an approval starts waiting (the lines on
-# stderr with the command that decides it, and the operator's notify
-# program) and what to change to let a call refused as a duplicate
-# through.
-# Promises: the program runs in its own process group with a
-# deadline, off the call's path; at most NOTIFY_AT_ONCE run at once,
-# and an announcement past them is dropped and said so.
-# Core it calls: nothing; the gate calls announce_waiting's announce
-# and duplicate_refused's duplicate through the seams serve registers.
+# Owns: telling the operator an approval waits (stderr lines with the command
+# that decides it; the notify program) and how to let a duplicate through.
+# Promises: the program runs in its own process group with a deadline, off the
+# call's path; past NOTIFY_AT_ONCE at once, one is dropped and said so.
+# Core it calls: nothing; the gate calls announce_waiting's announce and
+# duplicate_refused's duplicate through the seams serve registers.
 # =============================================================================================
 
 VENV = "~/.agentgate-venv"  # where the README installs the mcp package
 
-
 def python_path():
-    """The one interpreter every printed command and host entry names:
-    this one, unless it lacks the mcp package (login needs it) and the
-    README's venv has it."""
+    """The interpreter every printed command and host entry names: this one,
+    unless it lacks the mcp package and the README's venv has it."""
     import glob
     import importlib.util
     venv = os.path.expanduser(VENV)
@@ -7131,21 +7126,17 @@ def python_path():
         return os.path.join(venv, "bin", "python")
     return sys.executable
 
-
 def python_command():
-    """`python3` when that name finds python_path() on PATH, else its
-    path."""
+    """`python3` when that name finds python_path() on PATH, else its path."""
     import shutil
     found, chosen = shutil.which("python3"), python_path()
     if found and os.path.abspath(found) == os.path.abspath(chosen):
         return "python3"
     return shlex.quote(chosen)
 
-
 def operator_hint(config_file, database=""):
     def path(name):
         return shlex.quote(os.path.abspath(name))
-
     command = f"{python_command()} {path(sys.argv[0])}"
     if database:
         return command + f" -db {path(database)}"
@@ -7153,10 +7144,8 @@ def operator_hint(config_file, database=""):
         return command + f" -config {path(config_file)}"
     return command
 
-
 def announce_waiting(config, notifier=None):
     hint = operator_hint(config.path)
-
     def announce(approval, tool, run_id):
         command = f"{hint} approve {run_id} -approval {approval['id']}"
         log(f"approval {approval['id']} ({approval['kind']}) for "
@@ -7169,10 +7158,8 @@ def announce_waiting(config, notifier=None):
                                "AGENTGATE_COMMAND": command})
     return announce
 
-
 def duplicate_refused(config):
-    """The gate's duplicate, as serve registers it: it names the
-    config, never model text."""
+    """The gate's duplicate: it names the config, never model text."""
     def duplicate(tool, run_id, executed_at, window):
         name = tool.name
         log(f"a call to {name} was refused as a duplicate of run "
@@ -7184,35 +7171,27 @@ def duplicate_refused(config):
             f"server {tool.server.name} in {config.path}")
     return duplicate
 
-
 NOTIFY_TIMEOUT = 10  # seconds before its process group is killed
 NOTIFY_AT_ONCE = 4  # programs running at once
 
-
 class Notifier:
-    """Runs the operator's notify program as an approval starts
-    waiting, on a thread of its own: a failing, missing or hanging
-    program costs a call nothing (stopped after NOTIFY_TIMEOUT)."""
-
+    """Runs the operator's notify program on a thread of its own: a failing,
+    missing or hanging program costs a call nothing (stopped after NOTIFY_TIMEOUT)."""
     def __init__(self, argv):
         self.argv = argv
         self.slots = threading.BoundedSemaphore(NOTIFY_AT_ONCE)
-
     def announce(self, names):
         if not self.slots.acquire(blocking=False):
             approval = names["AGENTGATE_APPROVAL"]
             log(f"notify has {NOTIFY_AT_ONCE} programs running; "
                 f"approval {approval} is not announced")
             return
-        threading.Thread(target=self._run, args=(names,),
-                         daemon=True).start()
-
+        threading.Thread(target=self._run, args=(names,), daemon=True).start()
     def _run(self, names):
         try:
             self._notify(names)
         finally:
             self.slots.release()
-
     def _notify(self, names):
         program, quiet = self.argv[0], subprocess.DEVNULL
         try:
@@ -7239,16 +7218,15 @@ class Notifier:
 # Reads as: around the core
 #
 # Owns: writing a server's manifest (pin), and the lines of a load
-# report (Report: what load made of each tool) and of a change.
+# report (Report) and of a change.
 # Core it calls: manifest_entry, changed_parts,
 # rule_outcome; section 23's write_private.
 # Promises: server-chosen names are sanitized in every report line.
 # =============================================================================================
 
 def settings_text(config, rule, when=""):
-    """What a rule decides of a call as `check` shows it: what may
-    decide otherwise, and the repeat window of a call that changes
-    something."""
+    """What a rule decides of a call as `check` shows it: what may decide
+    otherwise, and the repeat window of a call that changes something."""
     outcome = rule_outcome(config, rule)
     others, notes = [], []
     if rule.when:
@@ -7267,10 +7245,8 @@ def settings_text(config, rule, when=""):
         window = config.repeat_window
     if rule.side_effect != "read_only":
         notes.append(f"repeat window {format_duration(window)}")
-    words = {"allow": "allow", "require_approval": "ask"}
-    word = words.get(outcome, "deny")
+    word = {"allow": "allow", "require_approval": "ask"}.get(outcome, "deny")
     return "; ".join([word + when, *notes])
-
 
 def rule_lines(rule, tool_name):
     lines = []
@@ -7290,25 +7266,21 @@ def rule_lines(rule, tool_name):
     return lines + [f"{limit.label}: {limit.text(tool_name)}, "
                     f"then {limit.then}" for limit in rule.limits]
 
-
 def connect(server):
-    """(upstream, tools) of one server started within its
-    connect_timeout; the caller closes it."""
+    """(upstream, tools) of one server started within its connect_timeout;
+    the caller closes it."""
     upstream = new_upstream(server)
     try:
         upstream.spawn()
-        deadline = Deadline(server.connect_timeout)
-        return upstream, handshake_and_list(upstream, deadline)
+        return upstream, handshake_and_list(upstream, Deadline(server.connect_timeout))
     except BaseException:
         upstream.close()
         raise
-
 
 def presented(server):
     upstream, live = connect(server)
     upstream.close()
     return {name: manifest_entry(t) for name, t in sorted(live.items())}
-
 
 def pin(server):
     tools = presented(server)
@@ -7316,20 +7288,15 @@ def pin(server):
     write_private(server.manifest, pretty_json(manifest) + "\n")
     return manifest
 
-
 def change_lines(old, new):
-    """A changed tool as a person compares it: a unified diff of each
-    part that differs."""
+    """A changed tool as a person compares it: a unified diff of each part
+    that differs."""
     import difflib
     import textwrap
-
     def lines(entry, part, key):
         if part == "description":
             return textwrap.wrap(entry["description"], 88) or [""]
-        if part == "input schema":
-            value = entry["input_schema"]
-        else:
-            value = entry.get(key)
+        value = entry["input_schema"] if part == "input schema" else entry.get(key)
         return pretty_json(value).splitlines()
     changed, out = changed_parts(old, new), []
     for part, key in PINNED_PARTS:
@@ -7344,12 +7311,10 @@ def change_lines(old, new):
                                     lineterm="")
     return [sanitize(line) for line in out]
 
-
 HINT_NAMES = (("readOnlyHint", "readOnly"),
               ("destructiveHint", "destructive"),
               ("idempotentHint", "idempotent"),
               ("openWorldHint", "openWorld"))
-
 
 def hints_text(entry):
     annotations = entry.get("annotations")
@@ -7358,35 +7323,25 @@ def hints_text(entry):
     claimed = [w for key, w in HINT_NAMES if annotations.get(key) is True]
     return ", ".join(claimed) or "claims nothing"
 
-
 class Report:
-    """What loading one server decided, as lines an operator reads:
-    one per tool, its rule's entries, limits and lint findings under
-    it. `unserved`: why the server is not served ('' while it is);
-    `kinds`: what became of each tool, in order; `at`: which line is
-    each tool's; `review`: why a proposal deserves a careful read."""
-
+    """What loading one server decided, as lines an operator reads. `unserved`:
+    why the server is not served ('' while it is); `kinds`: what became of each
+    tool; `at`: which line is each tool's; `review`: why a proposal needs a
+    careful read."""
     def __init__(self, server):
         self.server = server
         self.lines = []
         self.unserved = ""
         self.kinds, self.review, self.at = {}, {}, {}
-
     def add(self, kind, tool, text):
         self.kinds[tool], self.at[len(self.lines)] = kind, tool
         self.lines.append(f"{sanitize(self.server)}: {text}")
-
     def count(self, kind):
         return sum(1 for each in self.kinds.values() if each == kind)
-
     def unpinned(self, name):
-        why = f"unpinned {sanitize(name)}: not in the manifest"
-        self.add("unpinned", name, why)
-
+        self.add("unpinned", name, f"unpinned {sanitize(name)}: not in the manifest")
     def unclassified(self, name):
-        why = f"unclassified {sanitize(name)}: no rule"
-        self.add("unclassified", name, why)
-
+        self.add("unclassified", name, f"unclassified {sanitize(name)}: no rule")
     def unreviewed(self, entry, rule):
         name = entry["name"]
         self.add("unreviewed", name, f"unreviewed {sanitize(name)}: "
@@ -7395,10 +7350,8 @@ class Report:
         if rule.side_effect == "read_only" and \
                 _SECRETS_WORDS.search(entry["description"]):
             self.review[name] = "a read that may return secrets"
-
     def refused(self, name, reason):
         self.add("refused", name, f"refused {sanitize(name)}: {reason}")
-
     def registered(self, tool, mismatch):
         extra = f" [hint mismatch allowed: {mismatch}]" if mismatch else ""
         if not tool.timeout_given:
@@ -7409,32 +7362,26 @@ class Report:
                  f"{tool.name} ({tool.side_effect}){extra}")
         self.lines += [f"{sanitize(self.server)}:   {sanitize(line)}"
                        for line in rule_lines(tool.rule, tool.name)]
-
     def lint(self, found):
         self.lines += [f"{sanitize(self.server)}: {line}"
                        for line in lint_lines(found)]
 
-
-# A read whose description speaks of these may hand the model what
-# the person protects (an environment with the tokens init just moved
-# into the config, say): proposed read_only, it would run unasked.
+# A read whose description speaks of these may hand the model what the person
+# protects (the tokens init moved into the config): proposed read_only, it runs unasked.
 _SECRETS_WORDS = re.compile(
     r"\b(environment|env|secrets?|credentials?|passwords?|keys?|"
     r"tokens?)\b", re.I)
 
-
 def served_lines(config, server, report, tools):
-    """A server as check shows it: whether it is served, then its
-    report, with what an offered tool decides after `->`, and what a
-    proposal would once accepted."""
+    """A server as check shows it: served or not, then its report, with what an
+    offered tool decides after `->` (a proposal: what it would once accepted)."""
     name = quote(server.name)
     offered = {t.upstream_name: t for t in tools if t.server is server}
     if report.unserved:
         why = report.unserved.removeprefix(f"server {name}: ")
         lines = [f"server {name} is not served: {sanitize(why)}"]
     else:
-        lines = [f"server {name} is served: "
-                 f"{len(offered)} tool(s) offered"]
+        lines = [f"server {name} is served: {len(offered)} tool(s) offered"]
     for at, line in enumerate(report.lines):
         tool = report.at.get(at)
         kind = report.kinds.get(tool)
@@ -7452,7 +7399,6 @@ def served_lines(config, server, report, tools):
         if tool in report.review:
             lines.append(f"    review: {report.review[tool]}")
     return lines
-
 
 def log_reports(reports):
     for report in reports:
@@ -7478,7 +7424,6 @@ def config_path(given):
     default = os.path.join(xdg, PROGRAM, "config.json")
     return given or os.environ.get("AGENTGATE_CONFIG") or default
 
-
 SCOPE = __doc__.split("Scope.")[1].split("\nSections (")[0].strip()
 USAGE = f"""usage: agentgate.py [serve] [-config FILE]
        agentgate.py init [-from FILE] [-config FILE] [-write]
@@ -7497,23 +7442,21 @@ Where the config comes from: -config FILE, else $AGENTGATE_CONFIG, else
 $XDG_CONFIG_HOME/agentgate/config.json (default ~/.config/agentgate/config.json).
 """
 
-
 class Usage(Exception):
     """A command line that cannot be carried out as written (exit 2)."""
-
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):
         raise Usage(message)
 
-
 def unasked(verb, unless=""):
     return f"{verb} without asking (needed without a terminal{unless})"
 
+def as_recorded(who):
+    return f"who {who}, as recorded (default: your user name)"
 
-# What each flag does, as -h prints it: "command -flag" where the
-# meaning is the command's own, else the flag's name. parser() takes
-# no flag without an entry, so -h says what every flag does.
+# -h's text of each flag: "command -flag" where the command gives it a
+# meaning of its own, else the flag's name; parser() takes no flag without one.
 FLAG_HELP = {
     "config": "the config file (else $AGENTGATE_CONFIG,"
               " else the default config.json)",
@@ -7521,7 +7464,7 @@ FLAG_HELP = {
     "json": "print JSON and nothing else",
     "full": "print every byte of a long value instead of"
             " its head and tail",
-    "by": "who decides, as recorded (default: your user name)",
+    "by": as_recorded("decides"),
     "approval": "the approval to decide; naming it is your"
                 " confirmation",
     "approve -yes": unasked("approve", ", unless -approval"),
@@ -7531,13 +7474,11 @@ FLAG_HELP = {
     "cancel -note": "why, kept with the run",
     "revoke -note": "why, kept with the grant",
     "grant -note": "why, kept with the grant and listed by grants",
-    "grant -by": "who grants, as recorded (default: your user name)",
-    "revoke -by": "who revokes, as recorded (default: your user"
-                  " name)",
+    "grant -by": as_recorded("grants"),
+    "revoke -by": as_recorded("revokes"),
     "revoke -yes": unasked("revoke",
                            ", unless the id is whole"),
-    "cancel -by": "who cancels, as recorded (default: your user"
-                  " name)",
+    "cancel -by": as_recorded("cancels"),
     "grant -yes": unasked("grant"),
     "grant -if": "conditions the arguments must meet, as JSON:"
                  " '{\"/amount\": {\"max\": 20}}'",
@@ -7575,8 +7516,7 @@ FLAG_HELP = {
                    " (a backup is kept)",
 }
 
-
-# What -h shows a flag's value as, where its name does not say it.
+# -h's name for a flag's value, where not the flag's own.
 FLAG_VALUE = {"config": "FILE", "db": "FILE", "init -from": "FILE",
               "verify -from": "SEQ", "to": "SEQ", "limit": "N",
               "days": "N", "note": "TEXT", "by": "WHO",
@@ -7584,10 +7524,8 @@ FLAG_VALUE = {"config": "FILE", "db": "FILE", "init -from": "FILE",
               "if": "JSON", "for": "DURATION", "head": "SEQ:HASH",
               "tool": "SERVER/TOOL"}
 
-
 def parser(command, *flags):
-    p = Parser(prog=f"agentgate.py {command}", allow_abbrev=False,
-               add_help=True)
+    p = Parser(prog=f"agentgate.py {command}", allow_abbrev=False)
     for flag in flags:
         name, kind = flag if isinstance(flag, tuple) else (flag, str)
         own = f"{command} -{name}"
@@ -7603,20 +7541,16 @@ def parser(command, *flags):
         p.add_argument(*spelled, type=kind, metavar=value, help=about)
     return p
 
-
 NAMED_RUN = ("a run's id or an approval's, or a prefix of either"
              " (6 characters or more)")
 
-
 def text_argument(value):
-    """A text flag as given: it must be UTF-8, since it is recorded
-    and may be shown to the model (the system hands bytes that are
-    not UTF-8 over as lone surrogates)."""
+    """A text flag must be UTF-8: it is recorded and may be shown to the
+    model (the system hands bytes not UTF-8 over as lone surrogates)."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise argparse.ArgumentTypeError(
-            "is not valid UTF-8 text") from None
+        raise argparse.ArgumentTypeError("is not valid UTF-8 text") from None
     return value
 
 
