@@ -9977,11 +9977,9 @@ class LoopbackRedirect:
 # =============================================================================================
 
 def cmd_pin(argv):
-    p = parser("pin", "config", ("diff", bool), ("all", bool),
-               ("yes", bool))
-    p.add_argument("-tool", "--tool", action="append", type=text_argument,
-                   default=[], metavar=FLAG_VALUE["tool"],
-                   help=FLAG_HELP["pin -tool"])
+    p = parser("pin", "config", ("diff", bool), ("all", bool), ("yes", bool))
+    p.add_argument("-tool", "--tool", action="append", type=text_argument, default=[],
+                   metavar=FLAG_VALUE["tool"], help=FLAG_HELP["pin -tool"])
     opts = p.parse_args(argv)
     hosts = [] if opts.config else host_configs(config_path(None))
     if hosts:
@@ -9990,8 +9988,7 @@ def cmd_pin(argv):
     if opts.diff:
         return pin_diff(config, opts.tool, opts.all, opts.yes)
     if opts.tool or opts.all:
-        raise Usage("-tool and -all choose what pin -diff pins again; "
-                    "give -diff too")
+        raise Usage("-tool and -all choose what pin -diff pins again; give -diff too")
     manifests = {}
     for server in config.servers:
         try:
@@ -10002,33 +9999,27 @@ def cmd_pin(argv):
     lines = []
     for server in config.servers:
         tools = manifests[server.name]["tools"]
-        lines.append(f"server {server.name}: {len(tools)} tools pinned in "
-                     f"{server.manifest}, with the server's own hints, "
-                     f"which classify nothing:")
+        lines.append(f"server {server.name}: {len(tools)} tools pinned in {server.manifest}, "
+                     f"with the server's own hints, which classify nothing:")
         for name, entry in tools.items():
             lines += pinned_lines(name, entry, findings[server.name][name])
-    lines.append("Classify each tool you want offered with a rule "
-                 "(side_effect), then run check. The lint finds the "
-                 "tricks known to hide instructions in a tool's texts, "
-                 "not all of them.")
+    lines.append("Classify each tool you want offered with a rule (side_effect), then run "
+                 "check. The lint finds the tricks known to hide instructions in a tool's "
+                 "texts, not all of them.")
     confirmed(lines, sys.stdout)
     return 0
-
 
 def pinned_lines(name, entry, found):
     """A tool as it is classified: its description whole (the model
     reads all of it), and what the lint found."""
     description = " ".join(entry["description"].split())
-    lines = [f"  {sanitize(name):<28} {hints_text(entry):<26} "
-             f"{description}"]
+    lines = [f"  {sanitize(name):<28} {hints_text(entry):<26} {description}"]
     lines += [f"  {line}" for line in lint_lines(found)]
     if any(severity == LINT_HIGH for severity, _, _ in found):
         lines.append(f"    the whole text the model would read of {name} "
                      f"(accepted_description {lint_hash(entry)}):")
-        lines += [f"      {where}: {text}"
-                  for where, text in lint_texts(entry)]
+        lines += [f"      {where}: {text}" for where, text in lint_texts(entry)]
     return lines
-
 
 def pin_diff(config, named, everything, agreed):
     """Print each server's differences from its pin; pin again those
@@ -10041,27 +10032,22 @@ def pin_diff(config, named, everything, agreed):
             lives[server.name] = presented(server)
         except UpstreamError as err:
             raise LoadError(str(err)) from None
-    findings = lint_manifests({name: {"tools": live}
-                               for name, live in lives.items()})
+    findings = lint_manifests({name: {"tools": live} for name, live in lives.items()})
     differences, lines = {}, []
     for server in config.servers:
-        changes = tool_changes(manifests[server.name]["tools"],
-                               lives[server.name])
+        changes = tool_changes(manifests[server.name]["tools"], lives[server.name])
         differ = f"{len(changes)} tool(s) differ from {server.manifest}"
-        lines.append(f"server {server.name}: " +
-                     (differ if changes else "as pinned"))
+        lines.append(f"server {server.name}: " + (differ if changes else "as pinned"))
         for tool, (kind, old, new) in changes.items():
             differences[(server.name, tool)] = (kind, new)
-            lines += change_text(kind, tool, old, new,
-                                 findings[server.name].get(tool))
+            lines += change_text(kind, tool, old, new, findings[server.name].get(tool))
     chosen = set(differences) if everything else set()
     chosen |= {chosen_difference(differences, given) for given in named}
     if not (everything and chosen):
         confirmed(lines, sys.stdout)
-    elif not agreed_on(lines, False, "every difference above", "pin",
-                       agreed, sys.stdout, "refusing to pin every "
-                       "difference again without -yes or an interactive "
-                       "terminal"):
+    elif not agreed_on(lines, False, "every difference above", "pin", agreed, sys.stdout,
+                       "refusing to pin every difference again without -yes or an "
+                       "interactive terminal"):
         tell("nothing pinned")
         return 1
     if not chosen:
@@ -10069,13 +10055,11 @@ def pin_diff(config, named, everything, agreed):
     for server in config.servers:
         mine = sorted(tool for name, tool in chosen if name == server.name)
         if mine:
-            pin_again(server, manifests[server.name], mine, [
-                differences[(server.name, tool)] for tool in mine])
-    tell("A gate that is serving keeps the tools it loaded; restart it "
-         "(restart its host) to offer what was pinned again, after "
-         "check.")
+            pin_again(server, manifests[server.name], mine,
+                      [differences[(server.name, tool)] for tool in mine])
+    tell("A gate that is serving keeps the tools it loaded; restart it (restart its host) "
+         "to offer what was pinned again, after check.")
     return 0
-
 
 def change_text(kind, tool, old, new, found):
     lines = [f"  {kind} {tool}" + (f" ({hints_text(new)})" if new else "")]
@@ -10087,19 +10071,16 @@ def change_text(kind, tool, old, new, found):
         lines += [f"  {line}" for line in lint_lines(found)]
     return lines
 
-
 def chosen_difference(differences, given):
     """The one difference -tool names."""
     server, _, tool = given.rpartition("/")
-    matches = [key for key in differences
-               if key[1] == tool and server in ("", key[0])]
+    matches = [key for key in differences if key[1] == tool and server in ("", key[0])]
     if len(matches) == 1:
         return matches[0]
     listed = ", ".join(f"{s}/{t}" for s, t in differences) or "none"
     how_many = "no" if not matches else "more than one"
     raise Usage(f"-tool {quote(given)} names {how_many} difference; the "
                 f"differences are: {sanitize(listed)}")
-
 
 def pin_again(server, manifest, tools, changes):
     for tool, (kind, new) in zip(tools, changes):
@@ -10111,23 +10092,19 @@ def pin_again(server, manifest, tools, changes):
     write_private(server.manifest, pretty_json(manifest) + "\n")
     tell(f"pinned again in {server.manifest}: {', '.join(tools)}")
 
-
 def serving_config(path):
     config = one_config(path)
     check_database_path(config.database)
     check_reach(config)
     return config
 
-
 def cmd_check(argv):
-    opts = parser("check", "config", ("accept", bool),
-                  ("yes", bool)).parse_args(argv)
+    opts = parser("check", "config", ("accept", bool), ("yes", bool)).parse_args(argv)
     hosts = [] if opts.config else host_configs(config_path(None))
     if hosts:
         return each_config(cmd_check, argv, hosts)
     if opts.yes and not opts.accept:
-        raise Usage("-yes goes with -accept: it accepts the proposed "
-                    "rules unasked")
+        raise Usage("-yes goes with -accept: it accepts the proposed rules unasked")
     path = os.path.abspath(config_path(opts.config))
     if opts.accept and not accept_proposals(path, opts.yes):
         return 1
@@ -10138,12 +10115,11 @@ def cmd_check(argv):
     for server, report in zip(config.servers, reports):
         tell(*served_lines(config, server, report, tools))
     if os.path.exists(config.database):
-        print_tool_changes(Ledger(config.database, readonly=True,
-                                  create=False), config.session)
+        print_tool_changes(Ledger(config.database, readonly=True, create=False),
+                           config.session)
     holds = "".join(f", {sanitize(h)} {format_duration(t)}"
                     for h, t in config.host_holds.items())
-    notify = shlex.join(config.notify) if config.notify else \
-        "nothing is run"
+    notify = shlex.join(config.notify) if config.notify else "nothing is run"
     tell(f"hold: a call that asks waits {format_duration(config.hold)} "
          f"for your decision before the model is answered{holds}",
          f"notify: {notify}", f"status tool: {config.status_tool}",
@@ -10165,7 +10141,6 @@ def cmd_check(argv):
     unserved = any(report.unserved for report in reports)
     return 1 if problems or unserved else 0
 
-
 def load_warnings(reports):
     """The report lines a starting gate logs: what is amiss and why
     a server is not served. An offered tool's lines are check's:
@@ -10177,8 +10152,7 @@ def load_warnings(reports):
             # lines (indented); a lint line is indented too, and kept.
             said = line[len(sanitize(report.server)) + 2:]
             lint = said.lstrip().startswith("lint ")
-            if not said.startswith("registered ") and (
-                    not said.startswith("  ") or lint):
+            if not said.startswith("registered ") and (not said.startswith("  ") or lint):
                 lines.append(line)
         if report.unserved:
             lines.append(f"not served: {report.unserved}")
@@ -10204,7 +10178,6 @@ def _fake_schema(required, **properties):
     return {"type": "object", "additionalProperties": False,
             "required": required, "properties": properties}
 
-
 _TEXT = {"type": "string"}
 FAKE_TOOLS = [
     {"name": "balance", "description": "Read the balance of an account.",
@@ -10219,7 +10192,6 @@ FAKE_TOOLS = [
      "inputSchema": _fake_schema(["payment"], payment=_TEXT)},
 ]
 
-
 def fake_pay(ledger, args):
     if ledger:
         with open(ledger, "a", encoding="utf-8") as f:
@@ -10231,7 +10203,6 @@ def fake_pay(ledger, args):
         threading.Event().wait()
     amount = float(args.get("amount", 0))
     return f"paid {amount:.2f} to {args.get('to')}"
-
 
 def fake_payments():
     ledger = os.environ.get("FAKE_PAYMENTS_LEDGER")
@@ -10308,11 +10279,9 @@ def fake_payments():
 class DemoFailure(Exception):
     """A step did not behave as narrated."""
 
-
 DEMO_HELLO = {"protocolVersion": PROTOCOL_VERSIONS[-1],
               "capabilities": {},
               "clientInfo": {"name": "demo-host", "version": "1"}}
-
 
 class LineClient:
     """JSON-RPC over a child process's stdin and stdout."""
@@ -10373,7 +10342,6 @@ class LineClient:
             self.proc.kill()
             self.proc.wait()
 
-
 class Narrator:
     def __init__(self, out):
         self.out = out
@@ -10392,12 +10360,10 @@ class Narrator:
         first = text.split("\n")[0].split(". ")[0]
         self.say(f"{label}: {cut(first, 76 - len(label))}")
 
-
 def expect(text, prefix):
     if not text.startswith(prefix):
         raise DemoFailure(f"expected an answer starting {prefix!r}, "
                           f"got {text[:120]!r}")
-
 
 def cmd_demo(argv):
     parser("demo").parse_args(argv)
@@ -10409,7 +10375,6 @@ def cmd_demo(argv):
             narrator.say(f"DEMO FAILED: {err}")
             return 1
     return 0
-
 
 def demo_config(folder, me):
     ledger = os.path.join(folder, "ledger")
@@ -10424,14 +10389,12 @@ def demo_config(folder, me):
     write_private(path, json.dumps(config, indent=2))
     return path, ledger
 
-
 def payments(path):
     """The lines of a fake server's ledger."""
     if not os.path.exists(path):
         return 0
     with open(path, encoding="utf-8") as f:
         return len(f.read().splitlines())
-
 
 def run_demo(folder, narrator):
     me = os.path.abspath(__file__)
@@ -10554,7 +10517,6 @@ def run_demo(folder, narrator):
     narrator.step("Done")
     narrator.say("every process the demo started has exited")
 
-
 def _reap(folder):
     """Wait till no process whose environment names the folder is left
     (a killed gate's server dies with it on Linux; elsewhere once its
@@ -10565,7 +10527,6 @@ def _reap(folder):
             raise DemoFailure("a process the demo started is still "
                               "running")
         time.sleep(0.05)
-
 
 def _mentioning(mark):
     found = []
@@ -10598,7 +10559,6 @@ def _mentioning(mark):
 
 class Shutdown(Exception):
     """SIGINT or SIGTERM before serving began."""
-
 
 def cmd_serve(argv):
     opts = parser("serve", "config").parse_args(argv)
@@ -10671,13 +10631,11 @@ def cmd_serve(argv):
         if opened and isinstance(opened[0], Store):
             opened[0].close()
 
-
 def _open_store(path):
     try:
         return Ledger(path)
     except (StoreError, ConfigError) as err:
         return err
-
 
 COMMANDS = {
     "serve": cmd_serve, "pin": cmd_pin, "check": cmd_check,
@@ -10688,7 +10646,6 @@ COMMANDS = {
     "grants": cmd_grants, "revoke": cmd_revoke,
     "init": cmd_init, "login": cmd_login, "demo": cmd_demo,
     "fake-payments": lambda argv: fake_payments()}
-
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
@@ -10725,7 +10682,6 @@ def main(argv=None):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
-
 
 if __name__ == "__main__":
     sys.exit(main())
