@@ -9999,13 +9999,14 @@ def cmd_pin(argv):
     lines = []
     for server in config.servers:
         tools = manifests[server.name]["tools"]
-        lines.append(f"server {server.name}: {len(tools)} tools pinned in {server.manifest}, "
-                     f"with the server's own hints, which classify nothing:")
+        lines.append(f"server {server.name}: {len(tools)} tools pinned in "
+                     f"{server.manifest}, with the server's own hints, which "
+                     f"classify nothing:")
         for name, entry in tools.items():
             lines += pinned_lines(name, entry, findings[server.name][name])
-    lines.append("Classify each tool you want offered with a rule (side_effect), then run "
-                 "check. The lint finds the tricks known to hide instructions in a tool's "
-                 "texts, not all of them.")
+    lines.append("Classify each tool you want offered with a rule (side_effect), "
+                 "then run check. The lint finds the tricks known to hide "
+                 "instructions in a tool's texts, not all of them.")
     confirmed(lines, sys.stdout)
     return 0
 
@@ -10057,8 +10058,8 @@ def pin_diff(config, named, everything, agreed):
         if mine:
             pin_again(server, manifests[server.name], mine,
                       [differences[(server.name, tool)] for tool in mine])
-    tell("A gate that is serving keeps the tools it loaded; restart it (restart its host) "
-         "to offer what was pinned again, after check.")
+    tell("A gate that is serving keeps the tools it loaded; restart it (restart "
+         "its host) to offer what was pinned again, after check.")
     return 0
 
 def change_text(kind, tool, old, new, found):
@@ -10164,13 +10165,11 @@ def load_warnings(reports):
 #
 # Reads as: around the core
 #
-# Owns: `fake-payments`, the stdio MCP server the demo
-# and example.json put behind the gate. Each payment is
-# appended, as its arguments, to the file
-# FAKE_PAYMENTS_LEDGER names (if set), synced before
-# the answer is sent: the ledger's lines count the
-# payments made. `pay` with mode "block" never answers.
-# The tests' modes are in tests/fake_modes.py.
+# Owns: `fake-payments`, the stdio MCP server the demo and example.json
+# put behind the gate. Each payment is appended, as its arguments, to the
+# file FAKE_PAYMENTS_LEDGER names (if set), synced before the answer is
+# sent: the ledger's lines count the payments made. `pay` with mode
+# "block" never answers. The tests' modes are in tests/fake_modes.py.
 # Core it calls: nothing: it is a server of its own.
 # =============================================================================================
 
@@ -10184,9 +10183,8 @@ FAKE_TOOLS = [
      "inputSchema": _fake_schema(["account"], account=_TEXT),
      "annotations": {"readOnlyHint": True}},
     {"name": "pay", "description": "Pay an amount to someone.",
-     "inputSchema": _fake_schema(
-         ["to", "amount"], to=_TEXT, amount={"type": "number"},
-         currency=_TEXT, mode={"enum": ["block"]}),
+     "inputSchema": _fake_schema(["to", "amount"], to=_TEXT, amount={"type": "number"},
+                                 currency=_TEXT, mode={"enum": ["block"]}),
      "annotations": {"destructiveHint": False}},
     {"name": "refund", "description": "Refund a payment.",
      "inputSchema": _fake_schema(["payment"], payment=_TEXT)},
@@ -10195,8 +10193,7 @@ FAKE_TOOLS = [
 def fake_pay(ledger, args):
     if ledger:
         with open(ledger, "a", encoding="utf-8") as f:
-            f.write(json.dumps(args, sort_keys=True))
-            f.write("\n")
+            f.write(json.dumps(args, sort_keys=True) + "\n")
             f.flush()
             os.fsync(f.fileno())
     if args.get("mode") == "block":
@@ -10209,8 +10206,7 @@ def fake_payments():
     lock = threading.Lock()
 
     def send(ident, key, value):
-        message = {"jsonrpc": "2.0", "id": ident}
-        line = json.dumps({**message, key: value})
+        line = json.dumps({"jsonrpc": "2.0", "id": ident, key: value})
         with lock:
             sys.stdout.buffer.write(line.encode() + b"\n")
             sys.stdout.buffer.flush()
@@ -10221,15 +10217,12 @@ def fake_payments():
         if name == "pay":
             text = fake_pay(ledger, args)
         elif name == "balance":
-            account = args.get("account")
-            text = f"account {account} holds 120.00 EUR"
+            text = f"account {args.get('account')} holds 120.00 EUR"
         elif name == "refund":
             text = "refunded"
         else:
-            error = {"code": -32602, "message": f"no tool {name}"}
-            return send(ident, "error", error)
-        content = [{"type": "text", "text": text}]
-        send(ident, "result", {"content": content})
+            return send(ident, "error", {"code": -32602, "message": f"no tool {name}"})
+        send(ident, "result", {"content": [{"type": "text", "text": text}]})
 
     for line in sys.stdin.buffer:
         try:
@@ -10242,21 +10235,18 @@ def fake_payments():
         if method == "tools/call":
             # A thread a call: a blocked payment holds
             # up no other, and the end of input ends all.
-            args = (ident, params)
-            threading.Thread(target=call, args=args, daemon=True).start()
+            threading.Thread(target=call, args=(ident, params), daemon=True).start()
         elif method == "initialize":
             version = params.get("protocolVersion", "2025-06-18")
             send(ident, "result", {
-                "protocolVersion": version,
-                "capabilities": {"tools": {}},
+                "protocolVersion": version, "capabilities": {"tools": {}},
                 "serverInfo": {"name": "fake-payments", "version": "1.0.0"}})
         elif method == "tools/list":
             send(ident, "result", {"tools": FAKE_TOOLS})
         elif method == "ping":
             send(ident, "result", {})
         elif ident is not None:
-            error = {"code": -32601, "message": "method not found"}
-            send(ident, "error", error)
+            send(ident, "error", {"code": -32601, "message": "method not found"})
     return 0
 
 
@@ -10279,17 +10269,15 @@ def fake_payments():
 class DemoFailure(Exception):
     """A step did not behave as narrated."""
 
-DEMO_HELLO = {"protocolVersion": PROTOCOL_VERSIONS[-1],
-              "capabilities": {},
+DEMO_HELLO = {"protocolVersion": PROTOCOL_VERSIONS[-1], "capabilities": {},
               "clientInfo": {"name": "demo-host", "version": "1"}}
 
 class LineClient:
     """JSON-RPC over a child process's stdin and stdout."""
 
     def __init__(self, argv, cwd, env, stderr):
-        self.proc = subprocess.Popen(
-            argv, cwd=cwd, env=env, stderr=stderr,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stderr=stderr,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.answers = queue.Queue()
         self.next_id = 0
         threading.Thread(target=self._read, daemon=True).start()
@@ -10303,8 +10291,8 @@ class LineClient:
 
     def send(self, method, params):
         self.next_id += 1
-        message = {"jsonrpc": "2.0", "id": self.next_id,
-                   "method": method, "params": params}
+        message = {"jsonrpc": "2.0", "id": self.next_id, "method": method,
+                   "params": params}
         self.proc.stdin.write(json.dumps(message).encode() + b"\n")
         self.proc.stdin.flush()
         return self.next_id
@@ -10315,23 +10303,18 @@ class LineClient:
             try:
                 got = self.answers.get(timeout=timeout)
             except queue.Empty:
-                raise DemoFailure(
-                    f"no answer to {method} within {timeout}s") from None
+                raise DemoFailure(f"no answer to {method} within {timeout}s") from None
             if got is None:
-                raise DemoFailure(
-                    f"the process exited before answering {method}")
+                raise DemoFailure(f"the process exited before answering {method}")
             if got.get("id") != ident:
                 continue
             if "error" in got:
-                why = got["error"].get("message")
-                raise DemoFailure(f"{method} failed: {why}")
+                raise DemoFailure(f"{method} failed: {got['error'].get('message')}")
             return got["result"]
 
     def call(self, tool, args):
-        params = {"name": tool, "arguments": args}
-        result = self.request("tools/call", params)
-        text = result["content"][0]["text"]
-        return text, bool(result.get("isError"))
+        result = self.request("tools/call", {"name": tool, "arguments": args})
+        return result["content"][0]["text"], bool(result.get("isError"))
 
     def close(self):
         with contextlib.suppress(OSError):
@@ -10362,8 +10345,7 @@ class Narrator:
 
 def expect(text, prefix):
     if not text.startswith(prefix):
-        raise DemoFailure(f"expected an answer starting {prefix!r}, "
-                          f"got {text[:120]!r}")
+        raise DemoFailure(f"expected an answer starting {prefix!r}, got {text[:120]!r}")
 
 def cmd_demo(argv):
     parser("demo").parse_args(argv)
@@ -10421,16 +10403,13 @@ def run_demo(folder, narrator):
 
     def operator(verb, note):
         with open(log_path, encoding="utf-8") as f:
-            found = re.findall(r"approve (\S+) -approval ([0-9a-f]+)",
-                               f.read())
+            found = re.findall(r"approve (\S+) -approval ([0-9a-f]+)", f.read())
         if not found:
             raise DemoFailure("the gate named no approval")
         run_id, approval = found[-1]
-        done = run(verb, run_id, "-approval", approval, "-note", note,
-                   "-by", "operator")
+        done = run(verb, run_id, "-approval", approval, "-note", note, "-by", "operator")
         if done.returncode != 0:
-            raise DemoFailure(f"the operator's {verb} failed: "
-                              f"{done.stderr.strip()}")
+            raise DemoFailure(f"the operator's {verb} failed: {done.stderr.strip()}")
         narrator.say(f"operator: {verb} …{approval[-8:]}, {note!r}")
 
     def see(tool, args, prefix):
@@ -10440,30 +10419,24 @@ def run_demo(folder, narrator):
 
     host = None
     try:
-        narrator.step("0. Pin the server: a read runs, a payment asks "
-                      "an operator")
+        narrator.step("0. Pin the server: a read runs, a payment asks an operator")
         pinned = run("pin")
         if pinned.returncode != 0:
             raise DemoFailure(f"pin failed: {pinned.stderr.strip()}")
-
         host = gate()
         narrator.step("1. A read runs at once")
-        see("bank_balance", {"account": "household"},
-            "account household holds")
-
+        see("bank_balance", {"account": "household"}, "account household holds")
         narrator.step("2. A payment waits for an operator")
         rent = {"to": "landlord", "amount": 950}
         see("bank_pay", rent, "PENDING_APPROVAL")
         operator("approve", "rent for October")
         see("bank_pay", rent, "paid 950.00 to landlord")
-
         narrator.step("3. A payment cut off by a crash is not run again")
         repair = {"to": "plumber", "amount": 180, "mode": "block"}
         expect(host.call("bank_pay", repair)[0], "PENDING_APPROVAL")
         operator("approve", "the boiler repair")
         before = payments(ledger)
-        host.send("tools/call",
-                  {"name": "bank_pay", "arguments": repair})
+        host.send("tools/call", {"name": "bank_pay", "arguments": repair})
         deadline = time.monotonic() + 30
         while payments(ledger) == before:
             if time.monotonic() > deadline:
@@ -10471,13 +10444,11 @@ def run_demo(folder, narrator):
             time.sleep(0.02)
         host.proc.kill()
         host.proc.wait()
-        narrator.say("the gate is killed inside the payment, and "
-                     "started again")
+        narrator.say("the gate is killed inside the payment, and started again")
         host = gate()
         deadline = time.monotonic() + 30
         text = "IN_PROGRESS"  # till the dead gate's lease expires
-        while text.startswith("IN_PROGRESS") and \
-                time.monotonic() < deadline:
+        while text.startswith("IN_PROGRESS") and time.monotonic() < deadline:
             time.sleep(0.25)
             text, is_error = host.call("bank_pay", repair)
         narrator.sees(text, is_error)
@@ -10485,7 +10456,6 @@ def run_demo(folder, narrator):
         see("gate_status", {}, "GATE_STATUS")
         operator("reject", "it went through; do not pay twice")
         see("bank_pay", repair, "REJECTED")
-
         narrator.step("4. A retry of a lost answer pays once")
         groceries = {"to": "grocer", "amount": 42}
         host.call("bank_pay", groceries)
@@ -10495,16 +10465,15 @@ def run_demo(folder, narrator):
         with open(ledger, encoding="utf-8") as f:
             through = f.read().count("grocer")
         alone = os.path.join(folder, "straight-ledger")
-        server = start([sys.executable, me, "fake-payments"],
-                       subprocess.DEVNULL, {"FAKE_PAYMENTS_LEDGER": alone})
+        server = start([sys.executable, me, "fake-payments"], subprocess.DEVNULL,
+                       {"FAKE_PAYMENTS_LEDGER": alone})
         server.call("pay", groceries)
         server.call("pay", groceries)
         server.close()
         straight = payments(alone)
         narrator.say(f"through the gate the server made {through} "
                      f"payment{'s' * (through != 1)}")
-        narrator.say(f"without the gate the server made {straight} "
-                     f"payments")
+        narrator.say(f"without the gate the server made {straight} payments")
         if (through, straight) != (1, 2):
             raise DemoFailure("the payments are not 1 and 2")
         host.close()
@@ -10524,8 +10493,7 @@ def _reap(folder):
     deadline = time.monotonic() + 10
     while _mentioning(folder.encode()):
         if time.monotonic() > deadline:
-            raise DemoFailure("a process the demo started is still "
-                              "running")
+            raise DemoFailure("a process the demo started is still running")
         time.sleep(0.05)
 
 def _mentioning(mark):
@@ -10597,17 +10565,14 @@ def cmd_serve(argv):
         notifier = config.notify and Notifier(config.notify)
         gate.announce = announce_waiting(config, notifier)
         gate.duplicate = duplicate_refused(config)
-        changed = functools.partial(around.tools_changed, host)
-        ToolWatch(gate, upstreams, changed)
+        ToolWatch(gate, upstreams, functools.partial(around.tools_changed, host))
         unserved = sum(bool(r.unserved) for r in reports)
-        status = StatusTool(gate, config.status_tool, unserved)
-        host.serve_with(gate, status)
+        host.serve_with(gate, StatusTool(gate, config.status_tool, unserved))
         serving.append(True)
         names = ", ".join(sanitize(r.server) for r in reports)
-        log(f"serving session {config.session} on database "
-            f"{config.database}: {len(tools)} tool(s) from "
-            f"{len(reports)} server(s) ({names}); check lists "
-            f"each tool")
+        log(f"serving session {config.session} on database {config.database}: "
+            f"{len(tools)} tool(s) from {len(reports)} server(s) ({names}); "
+            f"check lists each tool")
         while not host.done.wait(1):
             pass
         # No new call starts, holds end, and calls in flight finish
@@ -10638,14 +10603,11 @@ def _open_store(path):
         return err
 
 COMMANDS = {
-    "serve": cmd_serve, "pin": cmd_pin, "check": cmd_check,
-    "runs": cmd_runs, "show": cmd_show, "approve": cmd_approve,
-    "reject": cmd_reject, "cancel": cmd_cancel,
-    "watch": cmd_watch, "verify": cmd_verify,
-    "recheck": cmd_recheck, "grant": cmd_grant,
-    "grants": cmd_grants, "revoke": cmd_revoke,
-    "init": cmd_init, "login": cmd_login, "demo": cmd_demo,
-    "fake-payments": lambda argv: fake_payments()}
+    "serve": cmd_serve, "pin": cmd_pin, "check": cmd_check, "runs": cmd_runs,
+    "show": cmd_show, "approve": cmd_approve, "reject": cmd_reject, "cancel": cmd_cancel,
+    "watch": cmd_watch, "verify": cmd_verify, "recheck": cmd_recheck, "grant": cmd_grant,
+    "grants": cmd_grants, "revoke": cmd_revoke, "init": cmd_init, "login": cmd_login,
+    "demo": cmd_demo, "fake-payments": lambda argv: fake_payments()}
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
@@ -10657,15 +10619,13 @@ def main(argv=None):
         tell(f"{PROGRAM} {VERSION}")
         return 0
     # `-config FILE approve ...` reads as written.
-    if len(argv) > 2 and argv[2] in COMMANDS and \
-            argv[0].lstrip("-") in ("config", "db"):
+    if len(argv) > 2 and argv[2] in COMMANDS and argv[0].lstrip("-") in ("config", "db"):
         argv = [argv[2], *argv[:2], *argv[3:]]
     command, rest = "serve", argv
     if argv and not argv[0].startswith("-"):
         command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        tell(f"{PROGRAM}: unknown command {quote(command)}",
-             *usage, out=sys.stderr)
+        tell(f"{PROGRAM}: unknown command {quote(command)}", *usage, out=sys.stderr)
         return 2
     try:
         return COMMANDS[command](rest)
