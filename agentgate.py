@@ -9966,14 +9966,13 @@ class LoopbackRedirect:
 #
 # Reads as: around the core
 #
-# Owns: `pin`, `pin -diff` and `check`: what a server presents now
-# against its pin, and each server's and tool's standing.
-# Core it calls: check_database_path, Store, lint_hash, confirmed;
-# section 30's agreed_on; section 23's load_config, check_reach, load_all,
-# read_manifest, write_private; lint_lines (20), tool_changes (23).
-# Promises: pin prints the texts a tool is classified from whole;
-# pin -diff changes a manifest only after a yes; check exits 1 while
-# anything is refused, unreviewed or unserved.
+# Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin,
+# and each server's and tool's standing. Core it calls: check_database_path, Store,
+# lint_hash, confirmed; section 30's agreed_on; section 23's load_config, check_reach,
+# load_all, read_manifest, write_private; lint_lines (20), tool_changes (23).
+# Promises: pin prints the texts a tool is classified from whole; pin -diff changes
+# a manifest only after a yes; check exits 1 while anything is refused, unreviewed
+# or unserved.
 # =============================================================================================
 
 def cmd_pin(argv):
@@ -10011,8 +10010,7 @@ def cmd_pin(argv):
     return 0
 
 def pinned_lines(name, entry, found):
-    """A tool as it is classified: its description whole (the model
-    reads all of it), and what the lint found."""
+    """A tool as classified: its whole description (the model reads it all), linted."""
     description = " ".join(entry["description"].split())
     lines = [f"  {sanitize(name):<28} {hints_text(entry):<26} {description}"]
     lines += [f"  {line}" for line in lint_lines(found)]
@@ -10023,9 +10021,8 @@ def pinned_lines(name, entry, found):
     return lines
 
 def pin_diff(config, named, everything, agreed):
-    """Print each server's differences from its pin; pin again those
-    named (server/tool, or tool), or all once confirmed. A serving
-    gate keeps what it loaded: nothing changes under a call."""
+    """Print each server's differences from its pin; pin again those named (server/tool,
+    or tool), or all once confirmed. A serving gate keeps what it loaded."""
     manifests, lives = {}, {}
     for server in config.servers:
         manifests[server.name] = read_manifest(server)
@@ -10143,14 +10140,13 @@ def cmd_check(argv):
     return 1 if problems or unserved else 0
 
 def load_warnings(reports):
-    """The report lines a starting gate logs: what is amiss and why
-    a server is not served. An offered tool's lines are check's:
-    fifty would bury the approval lines in the host's log."""
+    """The report lines a starting gate logs: what is amiss, why a server is not served.
+    An offered tool's lines are check's: fifty would bury the approvals in the log."""
     lines = []
     for report in reports:
         for line in report.lines:
-            # Left to check: a registered tool's line and its rule
-            # lines (indented); a lint line is indented too, and kept.
+            # Left to check: a registered tool's line and its rule lines
+            # (indented); a lint line is indented too, and kept.
             said = line[len(sanitize(report.server)) + 2:]
             lint = said.lstrip().startswith("lint ")
             if not said.startswith("registered ") and (not said.startswith("  ") or lint):
@@ -10165,11 +10161,11 @@ def load_warnings(reports):
 #
 # Reads as: around the core
 #
-# Owns: `fake-payments`, the stdio MCP server the demo and example.json
-# put behind the gate. Each payment is appended, as its arguments, to the
-# file FAKE_PAYMENTS_LEDGER names (if set), synced before the answer is
-# sent: the ledger's lines count the payments made. `pay` with mode
-# "block" never answers. The tests' modes are in tests/fake_modes.py.
+# Owns: `fake-payments`, the stdio MCP server the demo and example.json put behind
+# the gate. Each payment is appended, as its arguments, to the file
+# FAKE_PAYMENTS_LEDGER names (if set), synced before the answer is sent: the ledger's
+# lines count the payments made. `pay` with mode "block" never answers. The tests'
+# modes are in tests/fake_modes.py.
 # Core it calls: nothing: it is a server of its own.
 # =============================================================================================
 
@@ -10210,7 +10206,6 @@ def fake_payments():
         with lock:
             sys.stdout.buffer.write(line.encode() + b"\n")
             sys.stdout.buffer.flush()
-
     def call(ident, params):
         name = params.get("name")
         args = params.get("arguments") or {}
@@ -10233,8 +10228,7 @@ def fake_payments():
         ident = message.get("id")
         params = message.get("params") or {}
         if method == "tools/call":
-            # A thread a call: a blocked payment holds
-            # up no other, and the end of input ends all.
+            # A thread a call: a blocked payment holds up no other; end of input ends all.
             threading.Thread(target=call, args=(ident, params), daemon=True).start()
         elif method == "initialize":
             version = params.get("protocolVersion", "2025-06-18")
@@ -10255,15 +10249,12 @@ def fake_payments():
 #
 # Reads as: around the core
 #
-# Owns: `agentgate.py demo`, a scripted session with no model, no network
-# and nothing installed. This process plays the host; the gate, the fake
-# payment server and the operator run as processes of their own in a
-# temporary directory, as they would for a person.
-# Promises: each step shows what the model sees; the demo exits 1 if a
-# step did not behave as narrated, and ends once every process it
-# started has exited.
-# Core it calls: nothing: it writes with write_private and runs the rest
-# as agentgate's own commands.
+# Owns: `agentgate.py demo`, a scripted session with no model, no network and nothing
+# installed. This process plays the host; the gate, the fake payment server and the
+# operator run as processes of their own in a temporary directory, as for a person.
+# Promises: each step shows what the model sees; the demo exits 1 if a step did not
+# behave as narrated, and ends once every process it started has exited.
+# Core it calls: nothing: it writes with write_private and runs agentgate's commands.
 # =============================================================================================
 
 class DemoFailure(Exception):
@@ -10330,14 +10321,11 @@ class Narrator:
         self.out = out
         color = out.isatty() and not os.environ.get("NO_COLOR")
         self.bold = "\033[1m%s\033[0m" if color else "%s"
-
     def step(self, title):
         self.out.write("\n" + self.bold % title + "\n")
         self.out.flush()
-
     def say(self, text):
         tell(f"  {text}", out=self.out, flush=True)
-
     def sees(self, text, is_error):
         label = "model sees (isError)" if is_error else "model sees"
         first = text.split("\n")[0].split(". ")[0]
@@ -10391,16 +10379,13 @@ def run_demo(folder, narrator):
         started.append(client.proc)
         client.request("initialize", DEMO_HELLO)
         return client
-
     def gate():
         with open(log_path, "ab") as log_file:
             return start([sys.executable, me, "-config", config], log_file)
-
     def run(*args):
         argv = [sys.executable, me, *args, "-config", config]
         return subprocess.run(argv, cwd=folder, env=env, timeout=60,
                               capture_output=True, text=True)
-
     def operator(verb, note):
         with open(log_path, encoding="utf-8") as f:
             found = re.findall(r"approve (\S+) -approval ([0-9a-f]+)", f.read())
@@ -10411,7 +10396,6 @@ def run_demo(folder, narrator):
         if done.returncode != 0:
             raise DemoFailure(f"the operator's {verb} failed: {done.stderr.strip()}")
         narrator.say(f"operator: {verb} …{approval[-8:]}, {note!r}")
-
     def see(tool, args, prefix):
         text, is_error = host.call(tool, args)
         narrator.sees(text, is_error)
@@ -10487,9 +10471,8 @@ def run_demo(folder, narrator):
     narrator.say("every process the demo started has exited")
 
 def _reap(folder):
-    """Wait till no process whose environment names the folder is left
-    (a killed gate's server dies with it on Linux; elsewhere once its
-    input closes)."""
+    """Wait till no process whose environment names the folder is left (a killed
+    gate's server dies with it on Linux; elsewhere once its input closes)."""
     deadline = time.monotonic() + 10
     while _mentioning(folder.encode()):
         if time.monotonic() > deadline:
@@ -10515,14 +10498,13 @@ def _mentioning(mark):
 #
 # Reads as: around the core
 #
-# Owns: the command line and `serve`, which puts the sections together:
-# the config, the store, the upstreams, the gate, the host side and the
-# seams around them. Exit codes: 0 ok, 1 failure, 2 usage. No traceback
-# reaches a user: an expected failure is one sentence on stderr.
-# Core it calls: Store (opened as section 23's Ledger), Gate,
-# HostServer, and the seams: the gate's `announce` and `duplicate`
-# (section 27's announce_waiting and duplicate_refused) and the host's
-# `around` and `status` (section 26's HostAround and StatusTool).
+# Owns: the command line and `serve`, which puts the sections together: the config,
+# the store, the upstreams, the gate, the host side and the seams around them. Exit
+# codes: 0 ok, 1 failure, 2 usage. No traceback reaches a user: an expected failure
+# is one sentence on stderr. Core it calls: Store (opened as section 23's Ledger),
+# Gate, HostServer, and the seams: the gate's `announce` and `duplicate` (section
+# 27's announce_waiting and duplicate_refused) and the host's `around` and `status`
+# (section 26's HostAround and StatusTool).
 # =============================================================================================
 
 class Shutdown(Exception):
@@ -10575,8 +10557,8 @@ def cmd_serve(argv):
             f"check lists each tool")
         while not host.done.wait(1):
             pass
-        # No new call starts, holds end, and calls in flight finish
-        # and are recorded before their servers are closed.
+        # No new call starts, holds end, and calls in flight finish and are
+        # recorded before their servers are closed.
         host.stopping = True
         gate.stopping.set()
         longest = max((t.timeout for t in tools), default=0)
