@@ -10136,8 +10136,7 @@ def cmd_check(argv):
                         f"proposed rules, then run check -accept")
     if problems:
         log(f"not offered: {'; '.join(problems)}")
-    unserved = any(report.unserved for report in reports)
-    return 1 if problems or unserved else 0
+    return 1 if problems or any(report.unserved for report in reports) else 0
 
 def load_warnings(reports):
     """The report lines a starting gate logs: what is amiss, why a server is not served.
@@ -10265,21 +10264,18 @@ DEMO_HELLO = {"protocolVersion": PROTOCOL_VERSIONS[-1], "capabilities": {},
 
 class LineClient:
     """JSON-RPC over a child process's stdin and stdout."""
-
     def __init__(self, argv, cwd, env, stderr):
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stderr=stderr,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.answers = queue.Queue()
         self.next_id = 0
         threading.Thread(target=self._read, daemon=True).start()
-
     def _read(self):
         for line in self.proc.stdout:
             message = json.loads(line)
             if "id" in message:
                 self.answers.put(message)
         self.answers.put(None)
-
     def send(self, method, params):
         self.next_id += 1
         message = {"jsonrpc": "2.0", "id": self.next_id, "method": method,
@@ -10287,7 +10283,6 @@ class LineClient:
         self.proc.stdin.write(json.dumps(message).encode() + b"\n")
         self.proc.stdin.flush()
         return self.next_id
-
     def request(self, method, params, timeout=60):
         ident = self.send(method, params)
         while True:
@@ -10302,11 +10297,9 @@ class LineClient:
             if "error" in got:
                 raise DemoFailure(f"{method} failed: {got['error'].get('message')}")
             return got["result"]
-
     def call(self, tool, args):
         result = self.request("tools/call", {"name": tool, "arguments": args})
         return result["content"][0]["text"], bool(result.get("isError"))
-
     def close(self):
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
