@@ -9798,22 +9798,19 @@ class LoopbackRedirect:
 #
 # Reads as: around the core
 #
-# Owns: `pin`, `pin -diff` and `check`: what a server presents now
-# against its pin, and each server's and tool's standing.
-# Core it calls: check_database_path, Store, lint_hash, confirmed;
-# section 30's agreed_on; section 23's load_config, check_reach, load_all,
-# read_manifest, write_private; lint_lines (20), tool_changes (23).
-# Promises: pin prints the texts a tool is classified from whole;
-# pin -diff changes a manifest only after a yes; check exits 1 while
-# anything is refused, unreviewed or unserved.
+# Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin,
+# and each server's and tool's standing. Core it calls: check_database_path, Store,
+# lint_hash, confirmed; section 30's agreed_on; section 23's load_config, check_reach,
+# load_all, read_manifest, write_private; lint_lines (20), tool_changes (23).
+# Promises: pin prints the texts a tool is classified from whole; pin -diff changes
+# a manifest only after a yes; check exits 1 while anything is refused, unreviewed
+# or unserved.
 # =============================================================================================
 
 def cmd_pin(argv):
-    p = parser("pin", "config", ("diff", bool), ("all", bool),
-               ("yes", bool))
-    p.add_argument("-tool", "--tool", action="append", type=text_argument,
-                   default=[], metavar=FLAG_VALUE["tool"],
-                   help=FLAG_HELP["pin -tool"])
+    p = parser("pin", "config", ("diff", bool), ("all", bool), ("yes", bool))
+    p.add_argument("-tool", "--tool", action="append", type=text_argument, default=[],
+                   metavar=FLAG_VALUE["tool"], help=FLAG_HELP["pin -tool"])
     opts = p.parse_args(argv)
     hosts = [] if opts.config else host_configs(config_path(None))
     if hosts:
@@ -9822,8 +9819,7 @@ def cmd_pin(argv):
     if opts.diff:
         return pin_diff(config, opts.tool, opts.all, opts.yes)
     if opts.tool or opts.all:
-        raise Usage("-tool and -all choose what pin -diff pins again; "
-                    "give -diff too")
+        raise Usage("-tool and -all choose what pin -diff pins again; give -diff too")
     manifests = {}
     for server in config.servers:
         try:
@@ -9835,37 +9831,30 @@ def cmd_pin(argv):
     for server in config.servers:
         tools = manifests[server.name]["tools"]
         lines.append(f"server {server.name}: {len(tools)} tools pinned in "
-                     f"{server.manifest}, with the server's own hints, "
-                     f"which classify nothing:")
+                     f"{server.manifest}, with the server's own hints, which "
+                     f"classify nothing:")
         for name, entry in tools.items():
             lines += pinned_lines(name, entry, findings[server.name][name])
-    lines.append("Classify each tool you want offered with a rule "
-                 "(side_effect), then run check. The lint finds the "
-                 "tricks known to hide instructions in a tool's texts, "
-                 "not all of them.")
+    lines.append("Classify each tool you want offered with a rule (side_effect), "
+                 "then run check. The lint finds the tricks known to hide "
+                 "instructions in a tool's texts, not all of them.")
     confirmed(lines, sys.stdout)
     return 0
 
-
 def pinned_lines(name, entry, found):
-    """A tool as it is classified: its description whole (the model
-    reads all of it), and what the lint found."""
+    """A tool as classified: its whole description (the model reads it all), linted."""
     description = " ".join(entry["description"].split())
-    lines = [f"  {sanitize(name):<28} {hints_text(entry):<26} "
-             f"{description}"]
+    lines = [f"  {sanitize(name):<28} {hints_text(entry):<26} {description}"]
     lines += [f"  {line}" for line in lint_lines(found)]
     if any(severity == LINT_HIGH for severity, _, _ in found):
         lines.append(f"    the whole text the model would read of {name} "
                      f"(accepted_description {lint_hash(entry)}):")
-        lines += [f"      {where}: {text}"
-                  for where, text in lint_texts(entry)]
+        lines += [f"      {where}: {text}" for where, text in lint_texts(entry)]
     return lines
 
-
 def pin_diff(config, named, everything, agreed):
-    """Print each server's differences from its pin; pin again those
-    named (server/tool, or tool), or all once confirmed. A serving
-    gate keeps what it loaded: nothing changes under a call."""
+    """Print each server's differences from its pin; pin again those named (server/tool,
+    or tool), or all once confirmed. A serving gate keeps what it loaded."""
     manifests, lives = {}, {}
     for server in config.servers:
         manifests[server.name] = read_manifest(server)
@@ -9873,27 +9862,22 @@ def pin_diff(config, named, everything, agreed):
             lives[server.name] = presented(server)
         except UpstreamError as err:
             raise LoadError(str(err)) from None
-    findings = lint_manifests({name: {"tools": live}
-                               for name, live in lives.items()})
+    findings = lint_manifests({name: {"tools": live} for name, live in lives.items()})
     differences, lines = {}, []
     for server in config.servers:
-        changes = tool_changes(manifests[server.name]["tools"],
-                               lives[server.name])
+        changes = tool_changes(manifests[server.name]["tools"], lives[server.name])
         differ = f"{len(changes)} tool(s) differ from {server.manifest}"
-        lines.append(f"server {server.name}: " +
-                     (differ if changes else "as pinned"))
+        lines.append(f"server {server.name}: " + (differ if changes else "as pinned"))
         for tool, (kind, old, new) in changes.items():
             differences[(server.name, tool)] = (kind, new)
-            lines += change_text(kind, tool, old, new,
-                                 findings[server.name].get(tool))
+            lines += change_text(kind, tool, old, new, findings[server.name].get(tool))
     chosen = set(differences) if everything else set()
     chosen |= {chosen_difference(differences, given) for given in named}
     if not (everything and chosen):
         confirmed(lines, sys.stdout)
-    elif not agreed_on(lines, False, "every difference above", "pin",
-                       agreed, sys.stdout, "refusing to pin every "
-                       "difference again without -yes or an interactive "
-                       "terminal"):
+    elif not agreed_on(lines, False, "every difference above", "pin", agreed, sys.stdout,
+                       "refusing to pin every difference again without -yes or an "
+                       "interactive terminal"):
         tell("nothing pinned")
         return 1
     if not chosen:
@@ -9901,13 +9885,11 @@ def pin_diff(config, named, everything, agreed):
     for server in config.servers:
         mine = sorted(tool for name, tool in chosen if name == server.name)
         if mine:
-            pin_again(server, manifests[server.name], mine, [
-                differences[(server.name, tool)] for tool in mine])
-    tell("A gate that is serving keeps the tools it loaded; restart it "
-         "(restart its host) to offer what was pinned again, after "
-         "check.")
+            pin_again(server, manifests[server.name], mine,
+                      [differences[(server.name, tool)] for tool in mine])
+    tell("A gate that is serving keeps the tools it loaded; restart it (restart "
+         "its host) to offer what was pinned again, after check.")
     return 0
-
 
 def change_text(kind, tool, old, new, found):
     lines = [f"  {kind} {tool}" + (f" ({hints_text(new)})" if new else "")]
@@ -9919,19 +9901,16 @@ def change_text(kind, tool, old, new, found):
         lines += [f"  {line}" for line in lint_lines(found)]
     return lines
 
-
 def chosen_difference(differences, given):
     """The one difference -tool names."""
     server, _, tool = given.rpartition("/")
-    matches = [key for key in differences
-               if key[1] == tool and server in ("", key[0])]
+    matches = [key for key in differences if key[1] == tool and server in ("", key[0])]
     if len(matches) == 1:
         return matches[0]
     listed = ", ".join(f"{s}/{t}" for s, t in differences) or "none"
     how_many = "no" if not matches else "more than one"
     raise Usage(f"-tool {quote(given)} names {how_many} difference; the "
                 f"differences are: {sanitize(listed)}")
-
 
 def pin_again(server, manifest, tools, changes):
     for tool, (kind, new) in zip(tools, changes):
@@ -9943,23 +9922,19 @@ def pin_again(server, manifest, tools, changes):
     write_private(server.manifest, pretty_json(manifest) + "\n")
     tell(f"pinned again in {server.manifest}: {', '.join(tools)}")
 
-
 def serving_config(path):
     config = one_config(path)
     check_database_path(config.database)
     check_reach(config)
     return config
 
-
 def cmd_check(argv):
-    opts = parser("check", "config", ("accept", bool),
-                  ("yes", bool)).parse_args(argv)
+    opts = parser("check", "config", ("accept", bool), ("yes", bool)).parse_args(argv)
     hosts = [] if opts.config else host_configs(config_path(None))
     if hosts:
         return each_config(cmd_check, argv, hosts)
     if opts.yes and not opts.accept:
-        raise Usage("-yes goes with -accept: it accepts the proposed "
-                    "rules unasked")
+        raise Usage("-yes goes with -accept: it accepts the proposed rules unasked")
     path = os.path.abspath(config_path(opts.config))
     if opts.accept and not accept_proposals(path, opts.yes):
         return 1
@@ -9970,12 +9945,11 @@ def cmd_check(argv):
     for server, report in zip(config.servers, reports):
         tell(*served_lines(config, server, report, tools))
     if os.path.exists(config.database):
-        print_tool_changes(Ledger(config.database, readonly=True,
-                                  create=False), config.session)
+        print_tool_changes(Ledger(config.database, readonly=True, create=False),
+                           config.session)
     holds = "".join(f", {sanitize(h)} {format_duration(t)}"
                     for h, t in config.host_holds.items())
-    notify = shlex.join(config.notify) if config.notify else \
-        "nothing is run"
+    notify = shlex.join(config.notify) if config.notify else "nothing is run"
     tell(f"hold: a call that asks waits {format_duration(config.hold)} "
          f"for your decision before the model is answered{holds}",
          f"notify: {notify}", f"status tool: {config.status_tool}",
@@ -9994,23 +9968,19 @@ def cmd_check(argv):
                         f"proposed rules, then run check -accept")
     if problems:
         log(f"not offered: {'; '.join(problems)}")
-    unserved = any(report.unserved for report in reports)
-    return 1 if problems or unserved else 0
-
+    return 1 if problems or any(report.unserved for report in reports) else 0
 
 def load_warnings(reports):
-    """The report lines a starting gate logs: what is amiss and why
-    a server is not served. An offered tool's lines are check's:
-    fifty would bury the approval lines in the host's log."""
+    """The report lines a starting gate logs: what is amiss, why a server is not served.
+    An offered tool's lines are check's: fifty would bury the approvals in the log."""
     lines = []
     for report in reports:
         for line in report.lines:
-            # Left to check: a registered tool's line and its rule
-            # lines (indented); a lint line is indented too, and kept.
+            # Left to check: a registered tool's line and its rule lines
+            # (indented); a lint line is indented too, and kept.
             said = line[len(sanitize(report.server)) + 2:]
             lint = said.lstrip().startswith("lint ")
-            if not said.startswith("registered ") and (
-                    not said.startswith("  ") or lint):
+            if not said.startswith("registered ") and (not said.startswith("  ") or lint):
                 lines.append(line)
         if report.unserved:
             lines.append(f"not served: {report.unserved}")
@@ -10022,13 +9992,11 @@ def load_warnings(reports):
 #
 # Reads as: around the core
 #
-# Owns: `fake-payments`, the stdio MCP server the demo
-# and example.json put behind the gate. Each payment is
-# appended, as its arguments, to the file
-# FAKE_PAYMENTS_LEDGER names (if set), synced before
-# the answer is sent: the ledger's lines count the
-# payments made. `pay` with mode "block" never answers.
-# The tests' modes are in tests/fake_modes.py.
+# Owns: `fake-payments`, the stdio MCP server the demo and example.json put behind
+# the gate. Each payment is appended, as its arguments, to the file
+# FAKE_PAYMENTS_LEDGER names (if set), synced before the answer is sent: the ledger's
+# lines count the payments made. `pay` with mode "block" never answers. The tests'
+# modes are in tests/fake_modes.py.
 # Core it calls: nothing: it is a server of its own.
 # =============================================================================================
 
@@ -10036,27 +10004,23 @@ def _fake_schema(required, **properties):
     return {"type": "object", "additionalProperties": False,
             "required": required, "properties": properties}
 
-
 _TEXT = {"type": "string"}
 FAKE_TOOLS = [
     {"name": "balance", "description": "Read the balance of an account.",
      "inputSchema": _fake_schema(["account"], account=_TEXT),
      "annotations": {"readOnlyHint": True}},
     {"name": "pay", "description": "Pay an amount to someone.",
-     "inputSchema": _fake_schema(
-         ["to", "amount"], to=_TEXT, amount={"type": "number"},
-         currency=_TEXT, mode={"enum": ["block"]}),
+     "inputSchema": _fake_schema(["to", "amount"], to=_TEXT, amount={"type": "number"},
+                                 currency=_TEXT, mode={"enum": ["block"]}),
      "annotations": {"destructiveHint": False}},
     {"name": "refund", "description": "Refund a payment.",
      "inputSchema": _fake_schema(["payment"], payment=_TEXT)},
 ]
 
-
 def fake_pay(ledger, args):
     if ledger:
         with open(ledger, "a", encoding="utf-8") as f:
-            f.write(json.dumps(args, sort_keys=True))
-            f.write("\n")
+            f.write(json.dumps(args, sort_keys=True) + "\n")
             f.flush()
             os.fsync(f.fileno())
     if args.get("mode") == "block":
@@ -10064,33 +10028,27 @@ def fake_pay(ledger, args):
     amount = float(args.get("amount", 0))
     return f"paid {amount:.2f} to {args.get('to')}"
 
-
 def fake_payments():
     ledger = os.environ.get("FAKE_PAYMENTS_LEDGER")
     lock = threading.Lock()
 
     def send(ident, key, value):
-        message = {"jsonrpc": "2.0", "id": ident}
-        line = json.dumps({**message, key: value})
+        line = json.dumps({"jsonrpc": "2.0", "id": ident, key: value})
         with lock:
             sys.stdout.buffer.write(line.encode() + b"\n")
             sys.stdout.buffer.flush()
-
     def call(ident, params):
         name = params.get("name")
         args = params.get("arguments") or {}
         if name == "pay":
             text = fake_pay(ledger, args)
         elif name == "balance":
-            account = args.get("account")
-            text = f"account {account} holds 120.00 EUR"
+            text = f"account {args.get('account')} holds 120.00 EUR"
         elif name == "refund":
             text = "refunded"
         else:
-            error = {"code": -32602, "message": f"no tool {name}"}
-            return send(ident, "error", error)
-        content = [{"type": "text", "text": text}]
-        send(ident, "result", {"content": content})
+            return send(ident, "error", {"code": -32602, "message": f"no tool {name}"})
+        send(ident, "result", {"content": [{"type": "text", "text": text}]})
 
     for line in sys.stdin.buffer:
         try:
@@ -10101,23 +10059,19 @@ def fake_payments():
         ident = message.get("id")
         params = message.get("params") or {}
         if method == "tools/call":
-            # A thread a call: a blocked payment holds
-            # up no other, and the end of input ends all.
-            args = (ident, params)
-            threading.Thread(target=call, args=args, daemon=True).start()
+            # A thread a call: a blocked payment holds up no other; end of input ends all.
+            threading.Thread(target=call, args=(ident, params), daemon=True).start()
         elif method == "initialize":
             version = params.get("protocolVersion", "2025-06-18")
             send(ident, "result", {
-                "protocolVersion": version,
-                "capabilities": {"tools": {}},
+                "protocolVersion": version, "capabilities": {"tools": {}},
                 "serverInfo": {"name": "fake-payments", "version": "1.0.0"}})
         elif method == "tools/list":
             send(ident, "result", {"tools": FAKE_TOOLS})
         elif method == "ping":
             send(ident, "result", {})
         elif ident is not None:
-            error = {"code": -32601, "message": "method not found"}
-            send(ident, "error", error)
+            send(ident, "error", {"code": -32601, "message": "method not found"})
     return 0
 
 
@@ -10126,76 +10080,58 @@ def fake_payments():
 #
 # Reads as: around the core
 #
-# Owns: `agentgate.py demo`, a scripted session with no model, no network
-# and nothing installed. This process plays the host; the gate, the fake
-# payment server and the operator run as processes of their own in a
-# temporary directory, as they would for a person.
-# Promises: each step shows what the model sees; the demo exits 1 if a
-# step did not behave as narrated, and ends once every process it
-# started has exited.
-# Core it calls: nothing: it writes with write_private and runs the rest
-# as agentgate's own commands.
+# Owns: `agentgate.py demo`, a scripted session with no model, no network and nothing
+# installed. This process plays the host; the gate, the fake payment server and the
+# operator run as processes of their own in a temporary directory, as for a person.
+# Promises: each step shows what the model sees; the demo exits 1 if a step did not
+# behave as narrated, and ends once every process it started has exited.
+# Core it calls: nothing: it writes with write_private and runs agentgate's commands.
 # =============================================================================================
 
 class DemoFailure(Exception):
     """A step did not behave as narrated."""
 
-
-DEMO_HELLO = {"protocolVersion": PROTOCOL_VERSIONS[-1],
-              "capabilities": {},
+DEMO_HELLO = {"protocolVersion": PROTOCOL_VERSIONS[-1], "capabilities": {},
               "clientInfo": {"name": "demo-host", "version": "1"}}
-
 
 class LineClient:
     """JSON-RPC over a child process's stdin and stdout."""
-
     def __init__(self, argv, cwd, env, stderr):
-        self.proc = subprocess.Popen(
-            argv, cwd=cwd, env=env, stderr=stderr,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stderr=stderr,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.answers = queue.Queue()
         self.next_id = 0
         threading.Thread(target=self._read, daemon=True).start()
-
     def _read(self):
         for line in self.proc.stdout:
             message = json.loads(line)
             if "id" in message:
                 self.answers.put(message)
         self.answers.put(None)
-
     def send(self, method, params):
         self.next_id += 1
-        message = {"jsonrpc": "2.0", "id": self.next_id,
-                   "method": method, "params": params}
+        message = {"jsonrpc": "2.0", "id": self.next_id, "method": method,
+                   "params": params}
         self.proc.stdin.write(json.dumps(message).encode() + b"\n")
         self.proc.stdin.flush()
         return self.next_id
-
     def request(self, method, params, timeout=60):
         ident = self.send(method, params)
         while True:
             try:
                 got = self.answers.get(timeout=timeout)
             except queue.Empty:
-                raise DemoFailure(
-                    f"no answer to {method} within {timeout}s") from None
+                raise DemoFailure(f"no answer to {method} within {timeout}s") from None
             if got is None:
-                raise DemoFailure(
-                    f"the process exited before answering {method}")
+                raise DemoFailure(f"the process exited before answering {method}")
             if got.get("id") != ident:
                 continue
             if "error" in got:
-                why = got["error"].get("message")
-                raise DemoFailure(f"{method} failed: {why}")
+                raise DemoFailure(f"{method} failed: {got['error'].get('message')}")
             return got["result"]
-
     def call(self, tool, args):
-        params = {"name": tool, "arguments": args}
-        result = self.request("tools/call", params)
-        text = result["content"][0]["text"]
-        return text, bool(result.get("isError"))
-
+        result = self.request("tools/call", {"name": tool, "arguments": args})
+        return result["content"][0]["text"], bool(result.get("isError"))
     def close(self):
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
@@ -10205,31 +10141,24 @@ class LineClient:
             self.proc.kill()
             self.proc.wait()
 
-
 class Narrator:
     def __init__(self, out):
         self.out = out
         color = out.isatty() and not os.environ.get("NO_COLOR")
         self.bold = "\033[1m%s\033[0m" if color else "%s"
-
     def step(self, title):
         self.out.write("\n" + self.bold % title + "\n")
         self.out.flush()
-
     def say(self, text):
         tell(f"  {text}", out=self.out, flush=True)
-
     def sees(self, text, is_error):
         label = "model sees (isError)" if is_error else "model sees"
         first = text.split("\n")[0].split(". ")[0]
         self.say(f"{label}: {cut(first, 76 - len(label))}")
 
-
 def expect(text, prefix):
     if not text.startswith(prefix):
-        raise DemoFailure(f"expected an answer starting {prefix!r}, "
-                          f"got {text[:120]!r}")
-
+        raise DemoFailure(f"expected an answer starting {prefix!r}, got {text[:120]!r}")
 
 def cmd_demo(argv):
     parser("demo").parse_args(argv)
@@ -10241,7 +10170,6 @@ def cmd_demo(argv):
             narrator.say(f"DEMO FAILED: {err}")
             return 1
     return 0
-
 
 def demo_config(folder, me):
     ledger = os.path.join(folder, "ledger")
@@ -10256,14 +10184,12 @@ def demo_config(folder, me):
     write_private(path, json.dumps(config, indent=2))
     return path, ledger
 
-
 def payments(path):
     """The lines of a fake server's ledger."""
     if not os.path.exists(path):
         return 0
     with open(path, encoding="utf-8") as f:
         return len(f.read().splitlines())
-
 
 def run_demo(folder, narrator):
     me = os.path.abspath(__file__)
@@ -10278,30 +10204,23 @@ def run_demo(folder, narrator):
         started.append(client.proc)
         client.request("initialize", DEMO_HELLO)
         return client
-
     def gate():
         with open(log_path, "ab") as log_file:
             return start([sys.executable, me, "-config", config], log_file)
-
     def run(*args):
         argv = [sys.executable, me, *args, "-config", config]
         return subprocess.run(argv, cwd=folder, env=env, timeout=60,
                               capture_output=True, text=True)
-
     def operator(verb, note):
         with open(log_path, encoding="utf-8") as f:
-            found = re.findall(r"approve (\S+) -approval ([0-9a-f]+)",
-                               f.read())
+            found = re.findall(r"approve (\S+) -approval ([0-9a-f]+)", f.read())
         if not found:
             raise DemoFailure("the gate named no approval")
         run_id, approval = found[-1]
-        done = run(verb, run_id, "-approval", approval, "-note", note,
-                   "-by", "operator")
+        done = run(verb, run_id, "-approval", approval, "-note", note, "-by", "operator")
         if done.returncode != 0:
-            raise DemoFailure(f"the operator's {verb} failed: "
-                              f"{done.stderr.strip()}")
+            raise DemoFailure(f"the operator's {verb} failed: {done.stderr.strip()}")
         narrator.say(f"operator: {verb} …{approval[-8:]}, {note!r}")
-
     def see(tool, args, prefix):
         text, is_error = host.call(tool, args)
         narrator.sees(text, is_error)
@@ -10309,30 +10228,24 @@ def run_demo(folder, narrator):
 
     host = None
     try:
-        narrator.step("0. Pin the server: a read runs, a payment asks "
-                      "an operator")
+        narrator.step("0. Pin the server: a read runs, a payment asks an operator")
         pinned = run("pin")
         if pinned.returncode != 0:
             raise DemoFailure(f"pin failed: {pinned.stderr.strip()}")
-
         host = gate()
         narrator.step("1. A read runs at once")
-        see("bank_balance", {"account": "household"},
-            "account household holds")
-
+        see("bank_balance", {"account": "household"}, "account household holds")
         narrator.step("2. A payment waits for an operator")
         rent = {"to": "landlord", "amount": 950}
         see("bank_pay", rent, "PENDING_APPROVAL")
         operator("approve", "rent for October")
         see("bank_pay", rent, "paid 950.00 to landlord")
-
         narrator.step("3. A payment cut off by a crash is not run again")
         repair = {"to": "plumber", "amount": 180, "mode": "block"}
         expect(host.call("bank_pay", repair)[0], "PENDING_APPROVAL")
         operator("approve", "the boiler repair")
         before = payments(ledger)
-        host.send("tools/call",
-                  {"name": "bank_pay", "arguments": repair})
+        host.send("tools/call", {"name": "bank_pay", "arguments": repair})
         deadline = time.monotonic() + 30
         while payments(ledger) == before:
             if time.monotonic() > deadline:
@@ -10340,13 +10253,11 @@ def run_demo(folder, narrator):
             time.sleep(0.02)
         host.proc.kill()
         host.proc.wait()
-        narrator.say("the gate is killed inside the payment, and "
-                     "started again")
+        narrator.say("the gate is killed inside the payment, and started again")
         host = gate()
         deadline = time.monotonic() + 30
         text = "IN_PROGRESS"  # till the dead gate's lease expires
-        while text.startswith("IN_PROGRESS") and \
-                time.monotonic() < deadline:
+        while text.startswith("IN_PROGRESS") and time.monotonic() < deadline:
             time.sleep(0.25)
             text, is_error = host.call("bank_pay", repair)
         narrator.sees(text, is_error)
@@ -10354,7 +10265,6 @@ def run_demo(folder, narrator):
         see("gate_status", {}, "GATE_STATUS")
         operator("reject", "it went through; do not pay twice")
         see("bank_pay", repair, "REJECTED")
-
         narrator.step("4. A retry of a lost answer pays once")
         groceries = {"to": "grocer", "amount": 42}
         host.call("bank_pay", groceries)
@@ -10364,16 +10274,15 @@ def run_demo(folder, narrator):
         with open(ledger, encoding="utf-8") as f:
             through = f.read().count("grocer")
         alone = os.path.join(folder, "straight-ledger")
-        server = start([sys.executable, me, "fake-payments"],
-                       subprocess.DEVNULL, {"FAKE_PAYMENTS_LEDGER": alone})
+        server = start([sys.executable, me, "fake-payments"], subprocess.DEVNULL,
+                       {"FAKE_PAYMENTS_LEDGER": alone})
         server.call("pay", groceries)
         server.call("pay", groceries)
         server.close()
         straight = payments(alone)
         narrator.say(f"through the gate the server made {through} "
                      f"payment{'s' * (through != 1)}")
-        narrator.say(f"without the gate the server made {straight} "
-                     f"payments")
+        narrator.say(f"without the gate the server made {straight} payments")
         if (through, straight) != (1, 2):
             raise DemoFailure("the payments are not 1 and 2")
         host.close()
@@ -10386,18 +10295,14 @@ def run_demo(folder, narrator):
     narrator.step("Done")
     narrator.say("every process the demo started has exited")
 
-
 def _reap(folder):
-    """Wait till no process whose environment names the folder is left
-    (a killed gate's server dies with it on Linux; elsewhere once its
-    input closes)."""
+    """Wait till no process whose environment names the folder is left (a killed
+    gate's server dies with it on Linux; elsewhere once its input closes)."""
     deadline = time.monotonic() + 10
     while _mentioning(folder.encode()):
         if time.monotonic() > deadline:
-            raise DemoFailure("a process the demo started is still "
-                              "running")
+            raise DemoFailure("a process the demo started is still running")
         time.sleep(0.05)
-
 
 def _mentioning(mark):
     found = []
@@ -10418,19 +10323,17 @@ def _mentioning(mark):
 #
 # Reads as: around the core
 #
-# Owns: the command line and `serve`, which puts the sections together:
-# the config, the store, the upstreams, the gate, the host side and the
-# seams around them. Exit codes: 0 ok, 1 failure, 2 usage. No traceback
-# reaches a user: an expected failure is one sentence on stderr.
-# Core it calls: Store (opened as section 23's Ledger), Gate,
-# HostServer, and the seams: the gate's `announce` and `duplicate`
-# (section 27's announce_waiting and duplicate_refused) and the host's
-# `around` and `status` (section 26's HostAround and StatusTool).
+# Owns: the command line and `serve`, which puts the sections together: the config,
+# the store, the upstreams, the gate, the host side and the seams around them. Exit
+# codes: 0 ok, 1 failure, 2 usage. No traceback reaches a user: an expected failure
+# is one sentence on stderr. Core it calls: Store (opened as section 23's Ledger),
+# Gate, HostServer, and the seams: the gate's `announce` and `duplicate` (section
+# 27's announce_waiting and duplicate_refused) and the host's `around` and `status`
+# (section 26's HostAround and StatusTool).
 # =============================================================================================
 
 class Shutdown(Exception):
     """SIGINT or SIGTERM before serving began."""
-
 
 def cmd_serve(argv):
     opts = parser("serve", "config").parse_args(argv)
@@ -10469,21 +10372,18 @@ def cmd_serve(argv):
         notifier = config.notify and Notifier(config.notify)
         gate.announce = announce_waiting(config, notifier)
         gate.duplicate = duplicate_refused(config)
-        changed = functools.partial(around.tools_changed, host)
-        ToolWatch(gate, upstreams, changed)
+        ToolWatch(gate, upstreams, functools.partial(around.tools_changed, host))
         unserved = sum(bool(r.unserved) for r in reports)
-        status = StatusTool(gate, config.status_tool, unserved)
-        host.serve_with(gate, status)
+        host.serve_with(gate, StatusTool(gate, config.status_tool, unserved))
         serving.append(True)
         names = ", ".join(sanitize(r.server) for r in reports)
-        log(f"serving session {config.session} on database "
-            f"{config.database}: {len(tools)} tool(s) from "
-            f"{len(reports)} server(s) ({names}); check lists "
-            f"each tool")
+        log(f"serving session {config.session} on database {config.database}: "
+            f"{len(tools)} tool(s) from {len(reports)} server(s) ({names}); "
+            f"check lists each tool")
         while not host.done.wait(1):
             pass
-        # No new call starts, holds end, and calls in flight finish
-        # and are recorded before their servers are closed.
+        # No new call starts, holds end, and calls in flight finish and are
+        # recorded before their servers are closed.
         host.stopping = True
         gate.stopping.set()
         longest = max((t.timeout for t in tools), default=0)
@@ -10503,24 +10403,18 @@ def cmd_serve(argv):
         if opened and isinstance(opened[0], Store):
             opened[0].close()
 
-
 def _open_store(path):
     try:
         return Ledger(path)
     except (StoreError, ConfigError) as err:
         return err
 
-
 COMMANDS = {
-    "serve": cmd_serve, "pin": cmd_pin, "check": cmd_check,
-    "runs": cmd_runs, "show": cmd_show, "approve": cmd_approve,
-    "reject": cmd_reject, "cancel": cmd_cancel,
-    "watch": cmd_watch, "verify": cmd_verify,
-    "recheck": cmd_recheck, "grant": cmd_grant,
-    "grants": cmd_grants, "revoke": cmd_revoke,
-    "init": cmd_init, "login": cmd_login, "demo": cmd_demo,
-    "fake-payments": lambda argv: fake_payments()}
-
+    "serve": cmd_serve, "pin": cmd_pin, "check": cmd_check, "runs": cmd_runs,
+    "show": cmd_show, "approve": cmd_approve, "reject": cmd_reject, "cancel": cmd_cancel,
+    "watch": cmd_watch, "verify": cmd_verify, "recheck": cmd_recheck, "grant": cmd_grant,
+    "grants": cmd_grants, "revoke": cmd_revoke, "init": cmd_init, "login": cmd_login,
+    "demo": cmd_demo, "fake-payments": lambda argv: fake_payments()}
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
@@ -10532,15 +10426,13 @@ def main(argv=None):
         tell(f"{PROGRAM} {VERSION}")
         return 0
     # `-config FILE approve ...` reads as written.
-    if len(argv) > 2 and argv[2] in COMMANDS and \
-            argv[0].lstrip("-") in ("config", "db"):
+    if len(argv) > 2 and argv[2] in COMMANDS and argv[0].lstrip("-") in ("config", "db"):
         argv = [argv[2], *argv[:2], *argv[3:]]
     command, rest = "serve", argv
     if argv and not argv[0].startswith("-"):
         command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        tell(f"{PROGRAM}: unknown command {quote(command)}",
-             *usage, out=sys.stderr)
+        tell(f"{PROGRAM}: unknown command {quote(command)}", *usage, out=sys.stderr)
         return 2
     try:
         return COMMANDS[command](rest)
@@ -10557,7 +10449,6 @@ def main(argv=None):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
-
 
 if __name__ == "__main__":
     sys.exit(main())
