@@ -9087,7 +9087,6 @@ HOSTS = {
                     {"claude-code": "10m", "*": "15s"}),
     "Cursor": ("cursor", {"cursor-vscode": "50s", "*": "15s"})}
 
-
 def host_config_files():
     home = os.path.expanduser("~")
     if sys.platform == "darwin":
@@ -9113,7 +9112,6 @@ def host_config_files():
             project = host.endswith(" project")
             found.append(HostFile(host, path, project=project))
     return found
-
 
 class HostFile:
     """A host's file and its maps of servers (Claude Code's has one for
@@ -9168,7 +9166,6 @@ class HostFile:
                 for where, servers, started in self.maps
                 for name, entry in servers.items()]
 
-
 # What reaching a network may need of the host's environment: those set
 # are proposed by name (never value) as a command server's inherit_env.
 NETWORK_VARIABLES = (
@@ -9176,7 +9173,6 @@ NETWORK_VARIABLES = (
     "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "HTTPS_PROXY",
     "HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "https_proxy",
     "http_proxy", "all_proxy", "no_proxy")
-
 
 def project_directory(path):
     """The project of a `.mcp.json`; None for the user's own."""
@@ -9190,11 +9186,9 @@ def project_directory(path):
         return None
     return folder
 
-
 def _strings_map(value):
     return isinstance(value, dict) and all(
         isinstance(v, str) for v in value.values())
-
 
 def server_from_host(entry):
     """(a host's entry as agentgate's, sans name, manifest, rules,
@@ -9235,7 +9229,6 @@ def server_from_host(entry):
         server["cwd"] = entry["cwd"]
     return server, ""
 
-
 def is_the_gate(argv):
     """Whether argv serves agentgate (not, say, the demo's server)."""
     for i, part in enumerate(argv):
@@ -9245,7 +9238,6 @@ def is_the_gate(argv):
                     or rest[0].startswith("-"))
     return False
 
-
 def server_name(given, taken):
     name = re.sub(r"[^A-Za-z0-9_-]+", "-", given)
     name = name.strip("-")[:60] or "server"
@@ -9254,7 +9246,6 @@ def server_name(given, taken):
         n += 1
         unique = f"{name}-{n}"
     return unique
-
 
 def proposed_rule(entry):
     """The rule a tool's hints suggest, deciding nothing until accepted.
@@ -9273,11 +9264,9 @@ def proposed_rule(entry):
         rule["repeat_window"] = "0s"
     return {**rule, "proposed": True}
 
-
 def config_text(raw):
     """A config with one line per rule: a server fits a screen."""
     return pretty_json(raw, flat=4) + "\n"
-
 
 def init_plans(opts, path):
     """(config, session, hold, host files) of each config to write."""
@@ -9299,7 +9288,6 @@ def init_plans(opts, path):
             config = os.path.join(folder, f"{name}.json")
             plans.append((config, name, hold, mine))
     return plans
-
 
 def cmd_init(argv):
     flags = ("from", "config", ("write", bool))
@@ -9350,7 +9338,6 @@ def cmd_init(argv):
             "ran, so no host's file was edited: put the entry above in by hand")
     return 0
 
-
 def tell_what_is_left(done):
     """What is left to do: run again, init repeats none of the rest."""
     proposing = [config_file for config_file, _, _ in done if any(
@@ -9370,7 +9357,6 @@ def tell_what_is_left(done):
             check_reach(load_config(config_file))
         except ConfigError as err:
             tell(f"      before serving, fix this: {err}")
-
 
 def write_hosts(done, entries):
     """Put each entry in its hosts' files, or return the first file
@@ -9393,7 +9379,6 @@ def write_hosts(done, entries):
         tell(f"wrote {written}; it was kept as {backup}")
     return None
 
-
 def tell_host_entry(files, gated, entry):
     sources = [f.path for f in files
                if any(key[0] == f.path for key in gated)]
@@ -9413,7 +9398,6 @@ def tell_host_entry(files, gated, entry):
         tell("    A project's file may be shared, and this entry names files "
              "of your own: keep it out of a commit (claude mcp add -s local "
              f"{add} keeps it to you in Claude Code)")
-
 
 def gate_host_servers(path, session, files, known, needs):
     """(servers new to the config at `path`, gated: (file, map, name)
@@ -9462,7 +9446,6 @@ def gate_host_servers(path, session, files, known, needs):
             servers.append(server)
             gated[key] = server
     return servers, gated, left
-
 
 def init_host(path, session, hold, files, needs):
     """Write the config at `path` with its host's servers, or add those
@@ -9531,7 +9514,6 @@ def init_host(path, session, hold, files, needs):
              "the host passes them (inherit_env)")
     return gated, left
 
-
 def tell_pinned(path, pinned, policy):
     for server, manifest in pinned:
         name = server["name"]
@@ -9550,12 +9532,10 @@ def tell_pinned(path, pinned, policy):
             tell(f"  {sanitize(tool):<28} {side:<16} {decided:<17} "
                  f"({hints_text(entry)})")
 
-
 def definition(server):
     """What makes a server the one it is, as a host gives it."""
     keys = ("command", "url", "headers", "env", "cwd")
     return {k: server[k] for k in keys if k in server}
-
 
 def needs_of(server):
     """The variables a url server's headers name that are unset."""
@@ -9564,13 +9544,11 @@ def needs_of(server):
             for name in ENV_REFERENCE_RE.findall(value)
             if name not in os.environ}
 
-
 def needs_text(needs):
     variables = sorted(name for _, name in needs)
     plural = "s" * (len(variables) > 1)
     return (f"the environment variable{plural} {', '.join(variables)} set "
             "where agentgate runs")
-
 
 def servers_appended(text, servers):
     """A parsed config's text with `servers` appended to its list."""
@@ -9592,7 +9570,6 @@ def servers_appended(text, servers):
         for server in servers)
     return text[:last] + added + text[last:]
 
-
 def host_configs(default):
     """Init's configs, one per host, if there is no default one: a
     command given no -config works on each."""
@@ -9602,7 +9579,6 @@ def host_configs(default):
     paths = [os.path.join(folder, f"{name}.json")
              for name, _ in HOSTS.values()]
     return [p for p in paths if os.path.lexists(p)]
-
 
 def one_config(given):
     """The one config a command reads; where there are only init's,
@@ -9616,7 +9592,6 @@ def one_config(given):
             f"one with -config ({names}); the entry init printed for a host "
             "names its own")
     return load_config(path)
-
 
 def each_config(command, argv, paths):
     status = 0
@@ -9632,7 +9607,6 @@ def each_config(command, argv, paths):
             status = 1
     return status
 
-
 def project_server_text(file, server, why):
     if server is None:
         runs = why
@@ -9642,7 +9616,6 @@ def project_server_text(file, server, why):
         runs = f"it would run {shlex.join(server['command'])}"
     return ("a project's server is started only when init is given -from "
             f"{shlex.quote(file.path)}; {runs}")
-
 
 def replace_in_host(file, taken, entry):
     """Replace the servers `taken` ((map, name)) in a host's file by
@@ -9671,7 +9644,6 @@ def replace_in_host(file, taken, entry):
                   pretty_json(file.raw, ordered=True) + "\n")
     os.chmod(written, mode)
     return written, backup
-
 
 def accept_proposals(path, agreed):
     """Accept the proposed rules once read and agreed to (yes or
@@ -9702,14 +9674,12 @@ def accept_proposals(path, agreed):
     tell(f"accepted {len(accepted)} proposed rule(s)")
     return True
 
-
 # ---- login: OAuth with a url server ---------------------------------------------------------
 
 LOGIN_WAIT_SECONDS = 600  # a person's time to consent
 LOGIN_PAGE = (b"agentgate has the answer of the authorization; "
               b"this page may be closed.\n")
 OAUTH_EXCHANGES = 20  # requests of one flow (discovery tries several)
-
 
 @functools.lru_cache(maxsize=1)
 def mcp_install_text():
@@ -9722,7 +9692,6 @@ def mcp_install_text():
             "refuses to install into the system's Python: "
             f"{made}{VENV}/bin/pip install mcp, and run agentgate with "
             f"{VENV}/bin/python")
-
 
 def mcp_sdk(server):
     """The mcp package's OAuth pieces (version 2 or later), or
@@ -9748,7 +9717,6 @@ def mcp_sdk(server):
             "records": records, "httpx": httpx2,
             "asyncio": asyncio}
 
-
 class LoginStore:
     """The SDK's token storage while login runs; a pre-registered
     client (`oauth`) is given."""
@@ -9771,7 +9739,6 @@ class LoginStore:
     async def set_client_info(self, client):
         self.client = client
 
-
 LOGIN_TEXT = (
     "Authorize agentgate with a url server that asks for OAuth: the browser "
     "opens on the server's consent page (the address is printed too), the "
@@ -9779,7 +9746,6 @@ LOGIN_TEXT = (
     "the tokens are kept 0600 beside the config (-config FILE, else "
     "$AGENTGATE_CONFIG, else the XDG path), as CONFIG.SERVER.tokens.json, for "
     "that config's server at that url only.")
-
 
 def cmd_login(argv):
     p = parser("login", "config")
@@ -9840,7 +9806,6 @@ def cmd_login(argv):
          f"kept in {server.tokens} (0600), and refreshed as they expire")
     return 0
 
-
 def keep_discovered(file, context, client):
     """Keep where tokens are refreshed: the metadata's endpoint, else
     (protocol 2025-03-26) the origin's /token."""
@@ -9860,7 +9825,6 @@ def keep_discovered(file, context, client):
         kept["client"] = client.model_dump(mode="json",
                                            exclude_none=True)
 
-
 async def _initialize_with(sdk, server, client):
     """A session through the OAuth client: consent on the first 401."""
     httpx = sdk["httpx"]
@@ -9874,7 +9838,6 @@ async def _initialize_with(sdk, server, client):
         await session.initialize()
         # Some servers ask for authorization on the next request.
         await session.list_tools()
-
 
 def _with_scope(url, configured, wanted):
     """The address asking for `oauth.scope` over the client's choice
@@ -9892,12 +9855,10 @@ def _with_scope(url, configured, wanted):
     query.append(("scope", union_scope(chosen, wanted)))
     return urlunsplit(parts._replace(query=urlencode(query)))
 
-
 def _open_browser(url):
     import webbrowser  # honours $BROWSER
     with contextlib.suppress(Exception):  # the address is printed
         webbrowser.open(url)
-
 
 class LoopbackRedirect:
     """A port on 127.0.0.1 while login runs, for the browser's answer
