@@ -9054,32 +9054,28 @@ def recheck_line(e):
 #
 # Reads as: around the core
 #
-# Owns: `init`, which writes a config per host with the servers of its
-# files (one database for all), pins them and proposes a rule per tool
-# from its own hints; the acceptance of those proposals; `login`, OAuth
-# with a url server: the one command that opens a port (on 127.0.0.1,
-# while it waits).
-# Core it calls: Server, read_owned; section 23's load_config,
-# check_reach, read_transport, shown_url and write_private; section
-# 26's operator_hint; section 29's pin.
-# Promises: a config is written 0600; run again, init adds the servers
-# new in its host's file and changes no other byte; a secret in a
-# server's env or headers goes into the config and into no output; a
-# tool is offered only once its proposed rule was accepted; a project's
-# servers start only when -from names their file; a host's file changes
-# only with -write, from a backup kept beside it, only if it is as init
-# read it, and only to replace the gated servers by the one entry.
+# Owns: `init`, which writes a config per host with the servers of its files (one
+# database for all), pins them and proposes a rule per tool from its own hints; the
+# acceptance of those proposals; `login`, OAuth with a url server: the one command that
+# opens a port (on 127.0.0.1, while it waits).
+# Core it calls: Server, read_owned; section 23's load_config, check_reach,
+# read_transport, shown_url and write_private; section 26's operator_hint; section 29's pin.
+# Promises: a config is written 0600; run again, init adds the servers new in its host's
+# file and changes no other byte; a secret in a server's env or headers goes into the
+# config and into no output; a tool is offered only once its proposed rule was accepted;
+# a project's servers start only when -from names their file; a host's file changes only
+# with -write, from a backup kept beside it, only if it is as init read it, and only to
+# replace the gated servers by the one entry.
 # =============================================================================================
 
 HOST_ENTRY_NAME = "gated"  # some hosts show it in tool names
 HOST_FILE_BYTES = 64 << 20  # ~/.claude.json keeps a history
 SHARED_DATABASE = "agentgate.db"  # one record for every host
 
-# A config per host, named for it; its name is the session. A call held
-# past its host's wait is lost to the conversation, so each hold is
-# proposed below it, keyed by the name a host gives in initialize ("*":
-# any other). Claude Desktop waits about a minute, progress or not: 50s;
-# Claude Code minutes: 10m; Cursor as the TypeScript SDK (60 s): 50s.
+# A config per host, named for it; its name is the session. A call held past its host's
+# wait is lost to the conversation, so each hold is proposed below it, keyed by the name
+# a host gives in initialize ("*": any other). Claude Desktop waits about a minute,
+# progress or not: 50s; Claude Code minutes: 10m; Cursor as the TypeScript SDK (60 s): 50s.
 HOSTS = {
     "Claude Desktop": ("claude-desktop", {"claude-ai": "50s", "*": "15s"}),
     "Claude Code": ("claude-code", {"claude-code": "10m", "*": "15s"}),
@@ -9109,10 +9105,9 @@ def host_config_files():
     return found
 
 class HostFile:
-    """A host's file and its maps of servers (Claude Code's has one for
-    the current directory too). A project's servers came with the
-    directory, perhaps cloned a minute ago: they start only when -from
-    named the file (`named`)."""
+    """A host's file and its maps of servers (Claude Code's has one for the current
+    directory too). A project's servers came with the directory, perhaps cloned a minute
+    ago: they start only when -from named the file (`named`)."""
 
     def __init__(self, host, path, project=False, named=False):
         self.host, self.path = host, os.path.abspath(path)
@@ -9222,8 +9217,7 @@ def is_the_gate(argv):
     return False
 
 def server_name(given, taken):
-    name = re.sub(r"[^A-Za-z0-9_-]+", "-", given)
-    name = name.strip("-")[:60] or "server"
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", given).strip("-")[:60] or "server"
     unique, n = name, 1
     while unique in taken:
         n += 1
@@ -9231,10 +9225,9 @@ def server_name(given, taken):
     return unique
 
 def proposed_rule(entry):
-    """The rule a tool's hints suggest, deciding nothing until accepted.
-    Destructive asks, not denies: DENIED every time teaches the model
-    only to stop asking. Idempotent has no repeat window: the same write
-    after a move is no duplicate."""
+    """The rule a tool's hints suggest, deciding nothing until accepted. Destructive
+    asks, not denies: DENIED every time teaches the model only to stop asking.
+    Idempotent has no repeat window: the same write after a move is no duplicate."""
     hints = entry.get("annotations") or {}
     rule = {"side_effect": "remote_mutation"}
     if hints.get("readOnlyHint") is True:
@@ -9416,9 +9409,7 @@ def init_host(path, session, hold, files, needs):
     """Write the config at `path` with its host's servers, or add those
     new since, every other byte as it was (a person's edits are theirs).
     What a server needs first goes to `needs`. Returns (gated, left)."""
-    text = ""
-    if os.path.lexists(path):
-        text = read_owned(path, "config").decode("utf-8")
+    text = read_owned(path, "config").decode("utf-8") if os.path.lexists(path) else ""
     try:
         existing = parse(text)["servers"] if text else []
         known = [s for s in existing if isinstance(s, dict)]
@@ -9586,10 +9577,7 @@ def replace_in_host(file, taken, entry):
         for place, given in taken:
             if place == where:
                 servers.pop(given)
-    if file.maps:
-        target = file.maps[0][1]
-    else:
-        target = file.raw.setdefault("mcpServers", {})
+    target = file.maps[0][1] if file.maps else file.raw.setdefault("mcpServers", {})
     if entry not in target.values():  # not there from a run before
         target[server_name(HOST_ENTRY_NAME, set(target))] = entry
     written = os.path.realpath(file.path)
@@ -9674,8 +9662,7 @@ class LoginStore:
     def __init__(self, sdk, file):
         self.tokens = self.client = None
         if file.server.oauth.get("client_id"):
-            info = sdk["records"].OAuthClientInformationFull
-            self.client = info(**file.client())
+            self.client = sdk["records"].OAuthClientInformationFull(**file.client())
 
     async def get_tokens(self):
         return self.tokens
