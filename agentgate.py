@@ -9634,8 +9634,7 @@ def mcp_install_text():
             f"{VENV}/bin/python")
 
 def mcp_sdk(server):
-    """The mcp package's OAuth pieces (version 2 or later), or
-    ConfigError saying how to install it."""
+    """OAuth pieces of the mcp package (2 or later), or ConfigError on how to get it."""
     try:
         import mcp.client.streamable_http as transport
         import mcp.client.session as session
@@ -9656,8 +9655,7 @@ def mcp_sdk(server):
             "auth": auth, "records": records, "httpx": httpx2, "asyncio": asyncio}
 
 class LoginStore:
-    """The SDK's token storage while login runs; a pre-registered
-    client (`oauth`) is given."""
+    """The SDK's token storage in login; a pre-registered client (`oauth`) is given."""
 
     def __init__(self, sdk, file):
         self.tokens = self.client = None
