@@ -8886,39 +8886,32 @@ def recheck_line(e):
 #
 # Reads as: around the core
 #
-# Owns: `init`, which writes a config per host with the servers of its
-# files (one database for all), pins them and proposes a rule per tool
-# from its own hints; the acceptance of those proposals; `login`, OAuth
-# with a url server: the one command that opens a port (on 127.0.0.1,
-# while it waits).
-# Core it calls: Server, read_owned; section 23's load_config,
-# check_reach, read_transport, shown_url and write_private; section
-# 26's operator_hint; section 29's pin.
-# Promises: a config is written 0600; run again, init adds the servers
-# new in its host's file and changes no other byte; a secret in a
-# server's env or headers goes into the config and into no output; a
-# tool is offered only once its proposed rule was accepted; a project's
-# servers start only when -from names their file; a host's file changes
-# only with -write, from a backup kept beside it, only if it is as init
-# read it, and only to replace the gated servers by the one entry.
+# Owns: `init`, which writes a config per host with the servers of its files (one
+# database for all), pins them and proposes a rule per tool from its own hints; the
+# acceptance of those proposals; `login`, OAuth with a url server: the one command that
+# opens a port (on 127.0.0.1, while it waits).
+# Core it calls: Server, read_owned; section 23's load_config, check_reach,
+# read_transport, shown_url and write_private; section 26's operator_hint; section 29's pin.
+# Promises: a config is written 0600; run again, init adds the servers new in its host's
+# file and changes no other byte; a secret in a server's env or headers goes into the
+# config and into no output; a tool is offered only once its proposed rule was accepted;
+# a project's servers start only when -from names their file; a host's file changes only
+# with -write, from a backup kept beside it, only if it is as init read it, and only to
+# replace the gated servers by the one entry.
 # =============================================================================================
 
 HOST_ENTRY_NAME = "gated"  # some hosts show it in tool names
 HOST_FILE_BYTES = 64 << 20  # ~/.claude.json keeps a history
 SHARED_DATABASE = "agentgate.db"  # one record for every host
 
-# A config per host, named for it; its name is the session. A call held
-# past its host's wait is lost to the conversation, so each hold is
-# proposed below it, keyed by the name a host gives in initialize ("*":
-# any other). Claude Desktop waits about a minute, progress or not: 50s;
-# Claude Code minutes: 10m; Cursor as the TypeScript SDK (60 s): 50s.
+# A config per host, named for it; its name is the session. A call held past its host's
+# wait is lost to the conversation, so each hold is proposed below it, keyed by the name
+# a host gives in initialize ("*": any other). Claude Desktop waits about a minute,
+# progress or not: 50s; Claude Code minutes: 10m; Cursor as the TypeScript SDK (60 s): 50s.
 HOSTS = {
-    "Claude Desktop": ("claude-desktop",
-                       {"claude-ai": "50s", "*": "15s"}),
-    "Claude Code": ("claude-code",
-                    {"claude-code": "10m", "*": "15s"}),
+    "Claude Desktop": ("claude-desktop", {"claude-ai": "50s", "*": "15s"}),
+    "Claude Code": ("claude-code", {"claude-code": "10m", "*": "15s"}),
     "Cursor": ("cursor", {"cursor-vscode": "50s", "*": "15s"})}
-
 
 def host_config_files():
     home = os.path.expanduser("~")
@@ -8927,10 +8920,8 @@ def host_config_files():
     elif sys.platform == "win32":
         apps = os.environ.get("APPDATA", home)
     else:
-        apps = (os.environ.get("XDG_CONFIG_HOME")
-                or os.path.join(home, ".config"))
-    desktop = os.path.join(apps, "Claude",
-                           "claude_desktop_config.json")
+        apps = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    desktop = os.path.join(apps, "Claude", "claude_desktop_config.json")
     places = [
         ("Claude Desktop", desktop),
         ("Claude Code", os.path.join(home, ".claude.json")),
@@ -8942,16 +8933,13 @@ def host_config_files():
         real = os.path.realpath(path)
         if os.path.isfile(path) and real not in seen:
             seen.add(real)
-            project = host.endswith(" project")
-            found.append(HostFile(host, path, project=project))
+            found.append(HostFile(host, path, project=host.endswith(" project")))
     return found
 
-
 class HostFile:
-    """A host's file and its maps of servers (Claude Code's has one for
-    the current directory too). A project's servers came with the
-    directory, perhaps cloned a minute ago: they start only when -from
-    named the file (`named`)."""
+    """A host's file and its maps of servers (Claude Code's has one for the current
+    directory too). A project's servers came with the directory, perhaps cloned a minute
+    ago: they start only when -from named the file (`named`)."""
 
     def __init__(self, host, path, project=False, named=False):
         self.host, self.path = host, os.path.abspath(path)
@@ -8959,25 +8947,20 @@ class HostFile:
         try:
             self.raw = parse(self.data)
         except CanonicalError as err:
-            raise ConfigError(
-                f"{host} configuration {path} is not usable JSON: "
-                f"{err.placed()}") from None
+            raise ConfigError(f"{host} configuration {path} is not usable JSON: "
+                              f"{err.placed()}") from None
         if not isinstance(self.raw, dict):
-            raise ConfigError(f"{host} configuration {path} is not a JSON "
-                              "object")
+            raise ConfigError(f"{host} configuration {path} is not a JSON object")
         # (where, servers, started): `where` keys a map's servers (a
         # name may be in two maps); folders[where]: where they run.
         self.maps = []
         self.folders = {host: project_directory(self.path)}
         if isinstance(self.raw.get("mcpServers"), dict):
-            self.maps.append((host, self.raw["mcpServers"],
-                              named or not project))
+            self.maps.append((host, self.raw["mcpServers"], named or not project))
         here = os.getcwd()
         projects = self.raw.get("projects", {})
-        mine = (projects.get(here)
-                if isinstance(projects, dict) else None)
-        if isinstance(mine, dict) and \
-                isinstance(mine.get("mcpServers"), dict):
+        mine = projects.get(here) if isinstance(projects, dict) else None
+        if isinstance(mine, dict) and isinstance(mine.get("mcpServers"), dict):
             where = f"{host} project {here}"
             self.maps.append((where, mine["mcpServers"], named))
             self.folders[where] = here
@@ -8990,9 +8973,8 @@ class HostFile:
         except OSError as err:
             raise ConfigError(f"{where} cannot be read: {err.strerror}") from None
         if len(data) > HOST_FILE_BYTES:
-            raise ConfigError(
-                f"{where} is larger than {HOST_FILE_BYTES >> 20} MiB; name a "
-                "smaller file with -from")
+            raise ConfigError(f"{where} is larger than {HOST_FILE_BYTES >> 20} MiB; "
+                              "name a smaller file with -from")
         return data
 
     def servers(self):
@@ -9000,21 +8982,17 @@ class HostFile:
                 for where, servers, started in self.maps
                 for name, entry in servers.items()]
 
-
 # What reaching a network may need of the host's environment: those set
 # are proposed by name (never value) as a command server's inherit_env.
 NETWORK_VARIABLES = (
-    "SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS",
-    "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "HTTPS_PROXY",
-    "HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "https_proxy",
-    "http_proxy", "all_proxy", "no_proxy")
-
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE", "HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY",
+    "https_proxy", "http_proxy", "all_proxy", "no_proxy")
 
 def project_directory(path):
     """The project of a `.mcp.json`; None for the user's own."""
     folder, name = os.path.split(path)
-    if name == "mcp.json" and \
-            os.path.basename(folder) == ".cursor":
+    if name == "mcp.json" and os.path.basename(folder) == ".cursor":
         folder = os.path.dirname(folder)
     elif name != ".mcp.json":
         return None
@@ -9022,11 +9000,8 @@ def project_directory(path):
         return None
     return folder
 
-
 def _strings_map(value):
-    return isinstance(value, dict) and all(
-        isinstance(v, str) for v in value.values())
-
+    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
 
 def server_from_host(entry):
     """(a host's entry as agentgate's, sans name, manifest, rules,
@@ -9036,13 +9011,12 @@ def server_from_host(entry):
     if entry.get("disabled") is True:
         return None, "the host has it disabled"
     if entry.get("type") == "sse":
-        return None, ("it uses the older SSE transport, which agentgate does "
-                      "not speak")
+        return None, "it uses the older SSE transport, which agentgate does not speak"
     if isinstance(entry.get("url"), str):
         server = {"url": entry["url"]}
         headers = entry.get("headers") or {}
         if not _strings_map(headers):
-            return None, ("its headers are not a map of names to strings")
+            return None, "its headers are not a map of names to strings"
         # Values move into the 0600 config, as env's do: a variable
         # made up for one would be set by nobody.
         if headers:
@@ -9052,8 +9026,7 @@ def server_from_host(entry):
     args = entry.get("args", [])
     if not isinstance(command, str) or not command:
         return None, "it has neither a command nor a url"
-    if not isinstance(args, list) or \
-            not all(isinstance(a, str) for a in args):
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         return None, "its args are not a list of strings"
     if is_the_gate([command, *args]):
         return None, "it is agentgate itself"
@@ -9067,56 +9040,45 @@ def server_from_host(entry):
         server["cwd"] = entry["cwd"]
     return server, ""
 
-
 def is_the_gate(argv):
     """Whether argv serves agentgate (not, say, the demo's server)."""
     for i, part in enumerate(argv):
         if os.path.basename(part) in (f"{PROGRAM}.py", PROGRAM):
             rest = argv[i + 1:]
-            return (not rest or rest[0] == "serve"
-                    or rest[0].startswith("-"))
+            return not rest or rest[0] == "serve" or rest[0].startswith("-")
     return False
 
-
 def server_name(given, taken):
-    name = re.sub(r"[^A-Za-z0-9_-]+", "-", given)
-    name = name.strip("-")[:60] or "server"
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", given).strip("-")[:60] or "server"
     unique, n = name, 1
     while unique in taken:
         n += 1
         unique = f"{name}-{n}"
     return unique
 
-
 def proposed_rule(entry):
-    """The rule a tool's hints suggest, deciding nothing until accepted.
-    Destructive asks, not denies: DENIED every time teaches the model
-    only to stop asking. Idempotent has no repeat window: the same write
-    after a move is no duplicate."""
+    """The rule a tool's hints suggest, deciding nothing until accepted. Destructive
+    asks, not denies: DENIED every time teaches the model only to stop asking.
+    Idempotent has no repeat window: the same write after a move is no duplicate."""
     hints = entry.get("annotations") or {}
     rule = {"side_effect": "remote_mutation"}
     if hints.get("readOnlyHint") is True:
         rule["side_effect"] = "read_only"
     elif hints.get("destructiveHint") is True:
-        rule = {"side_effect": "destructive",
-                "outcome": "require_approval"}
-    if hints.get("idempotentHint") is True and \
-            rule["side_effect"] != "read_only":
+        rule = {"side_effect": "destructive", "outcome": "require_approval"}
+    if hints.get("idempotentHint") is True and rule["side_effect"] != "read_only":
         rule["repeat_window"] = "0s"
     return {**rule, "proposed": True}
-
 
 def config_text(raw):
     """A config with one line per rule: a server fits a screen."""
     return pretty_json(raw, flat=4) + "\n"
 
-
 def init_plans(opts, path):
     """(config, session, hold, host files) of each config to write."""
     given = getattr(opts, "from")
     if given:
-        file = HostFile("host", given, named=True)
-        return [(path, "default", None, [file])]
+        return [(path, "default", None, [HostFile("host", given, named=True)])]
     files = host_config_files()
     if not files:
         raise ConfigError(
@@ -9125,32 +9087,25 @@ def init_plans(opts, path):
     plans = []
     folder = os.path.dirname(path)
     for host, (name, hold) in HOSTS.items():
-        mine = [f for f in files
-                if f.host.removesuffix(" project") == host]
+        mine = [f for f in files if f.host.removesuffix(" project") == host]
         if mine:
-            config = os.path.join(folder, f"{name}.json")
-            plans.append((config, name, hold, mine))
+            plans.append((os.path.join(folder, f"{name}.json"), name, hold, mine))
     return plans
 
-
 def cmd_init(argv):
-    flags = ("from", "config", ("write", bool))
-    opts = parser("init", *flags).parse_args(argv)
+    opts = parser("init", "from", "config", ("write", bool)).parse_args(argv)
     path = os.path.abspath(config_path(opts.config))
     plans = init_plans(opts, path)
-    os.makedirs(os.path.dirname(path), mode=0o700,
-                exist_ok=True)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     default = os.path.abspath(config_path(None))
-    becomes_default = (not os.path.lexists(path)
-                       and path == default)
+    becomes_default = not os.path.lexists(path) and path == default
     hosts = host_configs(path)
     for file in [file for plan in plans for file in plan[3]]:
         tell(f"read {file.host} configuration {file.path}: "
              f"{len(file.servers())} server(s)")
     needs, done = set(), []
     for config_file, session, hold, files in plans:
-        gated, left = init_host(config_file, session, hold,
-                                files, needs)
+        gated, left = init_host(config_file, session, hold, files, needs)
         for where, given, why in left:
             tell(f"not gated, left in {where} as it is: {given}: {why}")
         if os.path.lexists(config_file):
@@ -9182,12 +9137,10 @@ def cmd_init(argv):
             "ran, so no host's file was edited: put the entry above in by hand")
     return 0
 
-
 def tell_what_is_left(done):
     """What is left to do: run again, init repeats none of the rest."""
     proposing = [config_file for config_file, _, _ in done if any(
-        rule.proposed
-        for server in load_config(config_file).servers
+        rule.proposed for server in load_config(config_file).servers
         for rule in server.rules.values())]
     if proposing:
         tell("Every rule init proposed is a proposal, and nothing is offered "
@@ -9203,15 +9156,13 @@ def tell_what_is_left(done):
         except ConfigError as err:
             tell(f"      before serving, fix this: {err}")
 
-
 def write_hosts(done, entries):
     """Put each entry in its hosts' files, or return the first file
     changed since init read it, and write none."""
     edits = []
     for config_file, files, gated in done:
         for file in files:
-            taken = {(where, given)
-                     for where, given, _, _ in file.servers()
+            taken = {(where, given) for where, given, _, _ in file.servers()
                      if (file.path, where, given) in gated}
             if taken:
                 edits.append((file, taken, entries[config_file]))
@@ -9225,10 +9176,8 @@ def write_hosts(done, entries):
         tell(f"wrote {written}; it was kept as {backup}")
     return None
 
-
 def tell_host_entry(files, gated, entry):
-    sources = [f.path for f in files
-               if any(key[0] == f.path for key in gated)]
+    sources = [f.path for f in files if any(key[0] == f.path for key in gated)]
     if not sources:
         tell(f"nothing of {' or '.join(f.path for f in files)} was gated, so "
              "it stays as it is")
@@ -9237,8 +9186,7 @@ def tell_host_entry(files, gated, entry):
          "this one entry (or run init with -write to have it done, keeping a "
          "backup):")
     tell_json({"mcpServers": {HOST_ENTRY_NAME: entry}})
-    argv = shlex.join([entry["command"], *entry["args"]])
-    add = f"{HOST_ENTRY_NAME} -- {argv}"
+    add = f"{HOST_ENTRY_NAME} -- {shlex.join([entry['command'], *entry['args']])}"
     if any(f.host.startswith("Claude Code") for f in files):
         tell(f"    or: claude mcp add -s user {add}")
     if any(map(project_directory, sources)):
@@ -9246,15 +9194,13 @@ def tell_host_entry(files, gated, entry):
              "of your own: keep it out of a commit (claude mcp add -s local "
              f"{add} keeps it to you in Claude Code)")
 
-
 def gate_host_servers(path, session, files, known, needs):
     """(servers new to the config at `path`, gated: (file, map, name)
     -> the server gating it, left: (map, name, why))."""
     taken = {s.get("name") for s in known}
     known = [definition(s) for s in known]
     servers, gated, left = [], {}, []
-    inherited = [name for name in NETWORK_VARIABLES
-                 if name in os.environ]
+    inherited = [name for name in NETWORK_VARIABLES if name in os.environ]
     for file in files:
         for where, given, entry, started in file.servers():
             key = (file.path, where, given)
@@ -9270,23 +9216,19 @@ def gate_host_servers(path, session, files, known, needs):
                 server["cwd"] = os.path.normpath(cwd)
             if inherited and "command" in server:
                 server["inherit_env"] = list(inherited)
-            same = next((s for s in servers if
-                         definition(s) == definition(server)), None)
+            same = next((s for s in servers if definition(s) == definition(server)), None)
             if same or definition(server) in known:
                 gated[key] = same or server  # the same, gated once
                 continue
             missing = needs_of(server)
             if missing:
                 needs.update(missing)
-                left.append((where, given, f"it needs {needs_text(missing)} "
-                             "first"))
+                left.append((where, given, f"it needs {needs_text(missing)} first"))
                 continue
             name = server_name(given, taken)
-            server.update(name=name, manifest=(
-                f"{session}.{name}.manifest.json"))
+            server.update(name=name, manifest=f"{session}.{name}.manifest.json")
             try:
-                Server(server, f"server {quote(name)}", path,
-                       read_transport)
+                Server(server, f"server {quote(name)}", path, read_transport)
             except ConfigError as err:
                 left.append((where, given, str(err)))
                 continue
@@ -9295,14 +9237,11 @@ def gate_host_servers(path, session, files, known, needs):
             gated[key] = server
     return servers, gated, left
 
-
 def init_host(path, session, hold, files, needs):
     """Write the config at `path` with its host's servers, or add those
     new since, every other byte as it was (a person's edits are theirs).
     What a server needs first goes to `needs`. Returns (gated, left)."""
-    text = ""
-    if os.path.lexists(path):
-        text = read_owned(path, "config").decode("utf-8")
+    text = read_owned(path, "config").decode("utf-8") if os.path.lexists(path) else ""
     try:
         existing = parse(text)["servers"] if text else []
         known = [s for s in existing if isinstance(s, dict)]
@@ -9310,19 +9249,16 @@ def init_host(path, session, hold, files, needs):
         raise ConfigError(
             f"config {path} has no list of servers that init can add to; fix "
             "it, or name another with -config") from None
-    servers, gated, left = gate_host_servers(
-        path, session, files, known, needs)
+    servers, gated, left = gate_host_servers(path, session, files, known, needs)
     pinned = []
     for server in servers:
         command = server.get("command") or [""]
-        if os.path.basename(command[0]) == "npx" and \
-                {"-y", "--yes"} & set(command):
+        if os.path.basename(command[0]) == "npx" and {"-y", "--yes"} & set(command):
             tell(f"server {server['name']}: npx may download its package "
                  "before the server starts, which can take a minute", flush=True)
         try:
-            manifest = pin(Server(
-                server, f"server {quote(server['name'])}", path,
-                read_transport))
+            manifest = pin(Server(server, f"server {quote(server['name'])}", path,
+                                  read_transport))
         except (UpstreamError, LoadError, ConfigError) as err:
             if LOGIN_NEEDED in str(err):
                 server["rules"] = {}  # written, so login finds it
@@ -9333,9 +9269,8 @@ def init_host(path, session, hold, files, needs):
                     gated.pop(key)
                     left.append((*key[1:], f"it could not be pinned: {err}"))
             continue
-        server["rules"] = {
-            tool: proposed_rule(entry)
-            for tool, entry in manifest["tools"].items()}
+        server["rules"] = {tool: proposed_rule(entry)
+                           for tool, entry in manifest["tools"].items()}
         pinned.append((server, manifest))
     if not pinned:
         if text:
@@ -9346,8 +9281,7 @@ def init_host(path, session, hold, files, needs):
     if text:
         write_private(path, servers_appended(text, added))
     else:
-        raw = {"database": SHARED_DATABASE, "session": session,
-               "servers": added}
+        raw = {"database": SHARED_DATABASE, "session": session, "servers": added}
         if hold:
             raw["hold"] = hold
         write_private(path, config_text(raw))
@@ -9362,7 +9296,6 @@ def init_host(path, session, hold, files, needs):
         tell(f"  {names} inherit {variables} from the gate's environment, as "
              "the host passes them (inherit_env)")
     return gated, left
-
 
 def tell_pinned(path, pinned, policy):
     for server, manifest in pinned:
@@ -9382,12 +9315,10 @@ def tell_pinned(path, pinned, policy):
             tell(f"  {sanitize(tool):<28} {side:<16} {decided:<17} "
                  f"({hints_text(entry)})")
 
-
 def definition(server):
     """What makes a server the one it is, as a host gives it."""
     keys = ("command", "url", "headers", "env", "cwd")
     return {k: server[k] for k in keys if k in server}
-
 
 def needs_of(server):
     """The variables a url server's headers name that are unset."""
@@ -9396,21 +9327,18 @@ def needs_of(server):
             for name in ENV_REFERENCE_RE.findall(value)
             if name not in os.environ}
 
-
 def needs_text(needs):
     variables = sorted(name for _, name in needs)
     plural = "s" * (len(variables) > 1)
     return (f"the environment variable{plural} {', '.join(variables)} set "
             "where agentgate runs")
 
-
 def servers_appended(text, servers):
     """A parsed config's text with `servers` appended to its list."""
     decoder, space = json.JSONDecoder(), re.compile(r"\s*")
 
     def past(at):  # past the ':' or ',' after `at`
-        return space.match(text, space.match(
-            text, at).end() + 1).end()
+        return space.match(text, space.match(text, at).end() + 1).end()
     at = space.match(text, text.index("{") + 1).end()
     while True:
         key, at = json.decoder.scanstring(text, at + 1)
@@ -9419,11 +9347,9 @@ def servers_appended(text, servers):
             break
         at = past(end)
     last = len(text[:end - 1].rstrip())  # end of the last server
-    added = "".join(
-        ",\n    " + pretty_json(server, level=2, flat=4)
-        for server in servers)
+    added = "".join(",\n    " + pretty_json(server, level=2, flat=4)
+                    for server in servers)
     return text[:last] + added + text[last:]
-
 
 def host_configs(default):
     """Init's configs, one per host, if there is no default one: a
@@ -9431,10 +9357,8 @@ def host_configs(default):
     if os.path.lexists(default):
         return []
     folder = os.path.dirname(os.path.abspath(default))
-    paths = [os.path.join(folder, f"{name}.json")
-             for name, _ in HOSTS.values()]
+    paths = [os.path.join(folder, f"{name}.json") for name, _ in HOSTS.values()]
     return [p for p in paths if os.path.lexists(p)]
-
 
 def one_config(given):
     """The one config a command reads; where there are only init's,
@@ -9449,21 +9373,17 @@ def one_config(given):
             "names its own")
     return load_config(path)
 
-
 def each_config(command, argv, paths):
     status = 0
     for path in paths:
         tell(f"== {path}", flush=True)
         try:
-            done = command([*argv, "-config", path])
-            status = max(status, done)
-        except (ConfigError, LoadError, StoreError,
-                UpstreamError) as err:
+            status = max(status, command([*argv, "-config", path]))
+        except (ConfigError, LoadError, StoreError, UpstreamError) as err:
             sys.stdout.flush()
             tell(f"{PROGRAM}: error: {err}", out=sys.stderr)
             status = 1
     return status
-
 
 def project_server_text(file, server, why):
     if server is None:
@@ -9475,7 +9395,6 @@ def project_server_text(file, server, why):
     return ("a project's server is started only when init is given -from "
             f"{shlex.quote(file.path)}; {runs}")
 
-
 def replace_in_host(file, taken, entry):
     """Replace the servers `taken` ((map, name)) in a host's file by
     the entry gating them, after a backup as read beside it (a link is
@@ -9485,25 +9404,19 @@ def replace_in_host(file, taken, entry):
     while os.path.lexists(backup):
         n += 1
         backup = f"{file.path}.agentgate-backup-{n}"
-    write_private(backup, file.data.decode(
-        "utf-8", "surrogateescape"))
+    write_private(backup, file.data.decode("utf-8", "surrogateescape"))
     for where, servers, _ in file.maps:
         for place, given in taken:
             if place == where:
                 servers.pop(given)
-    if file.maps:
-        target = file.maps[0][1]
-    else:
-        target = file.raw.setdefault("mcpServers", {})
+    target = file.maps[0][1] if file.maps else file.raw.setdefault("mcpServers", {})
     if entry not in target.values():  # not there from a run before
         target[server_name(HOST_ENTRY_NAME, set(target))] = entry
     written = os.path.realpath(file.path)
     mode = stat.S_IMODE(os.stat(written).st_mode)
-    write_private(written,
-                  pretty_json(file.raw, ordered=True) + "\n")
+    write_private(written, pretty_json(file.raw, ordered=True) + "\n")
     os.chmod(written, mode)
     return written, backup
-
 
 def accept_proposals(path, agreed):
     """Accept the proposed rules once read and agreed to (yes or
@@ -9515,9 +9428,8 @@ def accept_proposals(path, agreed):
         for tool, rule in given.get("rules", {}).items():
             if rule.pop("proposed", False):
                 would = settings_text(config, server.rules[tool])
-                accepted.append(
-                    f"  {server.name}/{tool} ({rule['side_effect']}): would "
-                    f"{would}")
+                accepted.append(f"  {server.name}/{tool} ({rule['side_effect']}): would "
+                                f"{would}")
     if not accepted:
         tell("no proposed rule to accept")
         return True
@@ -9526,14 +9438,13 @@ def accept_proposals(path, agreed):
     no_yes = ("refusing to accept without -yes or a terminal to type yes at: "
               "nothing was accepted; add -yes to accept the rules printed "
               "above")
-    if not agreed_on([head, *accepted], False, what, "accept",
-                     agreed, sys.stdout, no_yes):
+    if not agreed_on([head, *accepted], False, what, "accept", agreed, sys.stdout,
+                     no_yes):
         tell("nothing accepted")
         return False
     write_private(path, config_text(raw))
     tell(f"accepted {len(accepted)} proposed rule(s)")
     return True
-
 
 # ---- login: OAuth with a url server ---------------------------------------------------------
 
@@ -9541,7 +9452,6 @@ LOGIN_WAIT_SECONDS = 600  # a person's time to consent
 LOGIN_PAGE = (b"agentgate has the answer of the authorization; "
               b"this page may be closed.\n")
 OAUTH_EXCHANGES = 20  # requests of one flow (discovery tries several)
-
 
 @functools.lru_cache(maxsize=1)
 def mcp_install_text():
@@ -9555,10 +9465,8 @@ def mcp_install_text():
             f"{made}{VENV}/bin/pip install mcp, and run agentgate with "
             f"{VENV}/bin/python")
 
-
 def mcp_sdk(server):
-    """The mcp package's OAuth pieces (version 2 or later), or
-    ConfigError saying how to install it."""
+    """OAuth pieces of the mcp package (2 or later), or ConfigError on how to get it."""
     try:
         import mcp.client.streamable_http as transport
         import mcp.client.session as session
@@ -9575,21 +9483,16 @@ def mcp_sdk(server):
     for name in ("mcp", "httpx2"):
         logging.getLogger(name).addHandler(logging.NullHandler())
         logging.getLogger(name).propagate = False
-    return {"client": transport.streamable_http_client,
-            "session": session.ClientSession, "auth": auth,
-            "records": records, "httpx": httpx2,
-            "asyncio": asyncio}
-
+    return {"client": transport.streamable_http_client, "session": session.ClientSession,
+            "auth": auth, "records": records, "httpx": httpx2, "asyncio": asyncio}
 
 class LoginStore:
-    """The SDK's token storage while login runs; a pre-registered
-    client (`oauth`) is given."""
+    """The SDK's token storage in login; a pre-registered client (`oauth`) is given."""
 
     def __init__(self, sdk, file):
         self.tokens = self.client = None
         if file.server.oauth.get("client_id"):
-            info = sdk["records"].OAuthClientInformationFull
-            self.client = info(**file.client())
+            self.client = sdk["records"].OAuthClientInformationFull(**file.client())
 
     async def get_tokens(self):
         return self.tokens
@@ -9603,7 +9506,6 @@ class LoginStore:
     async def set_client_info(self, client):
         self.client = client
 
-
 LOGIN_TEXT = (
     "Authorize agentgate with a url server that asks for OAuth: the browser "
     "opens on the server's consent page (the address is printed too), the "
@@ -9612,19 +9514,15 @@ LOGIN_TEXT = (
     "$AGENTGATE_CONFIG, else the XDG path), as CONFIG.SERVER.tokens.json, for "
     "that config's server at that url only.")
 
-
 def cmd_login(argv):
     p = parser("login", "config")
     p.description = LOGIN_TEXT
-    p.add_argument("server", type=text_argument,
-                   help="the server's name in the config")
+    p.add_argument("server", type=text_argument, help="the server's name in the config")
     opts = p.parse_args(argv)
     config = one_config(opts.config)
-    server = next((s for s in config.servers
-                   if s.name == opts.server), None)
+    server = next((s for s in config.servers if s.name == opts.server), None)
     if server is None or not server.url:
-        names = ", ".join(
-            s.name for s in config.servers if s.url) or "none"
+        names = ", ".join(s.name for s in config.servers if s.url) or "none"
         raise Usage(f"{quote(opts.server)} names no server reached by url in "
                     f"the config; those are: {sanitize(names)}")
     sdk = mcp_sdk(server)
@@ -9655,23 +9553,19 @@ def cmd_login(argv):
         except BaseException as err:
             while isinstance(err, BaseExceptionGroup):  # task groups
                 err = err.exceptions[0]
-            if isinstance(err, (KeyboardInterrupt, Usage,
-                                UpstreamError)):
+            if isinstance(err, (KeyboardInterrupt, Usage, UpstreamError)):
                 raise err from None
             why = clean(str(err), 500) or type(err).__name__
             raise UpstreamError(f"login with server {quote(server.name)} "
                                 f"failed: {why}") from None
     if store.tokens is None:
-        tell(f"server {server.name} asked for no authorization; nothing was "
-             "kept")
+        tell(f"server {server.name} asked for no authorization; nothing was kept")
         return 0
     keep_discovered(file, client.context, store.client)
-    file.obtained(store.tokens.model_dump(mode="json",
-                                          exclude_none=True))
+    file.obtained(store.tokens.model_dump(mode="json", exclude_none=True))
     tell(f"agentgate is authorized with server {server.name}; its tokens are "
          f"kept in {server.tokens} (0600), and refreshed as they expire")
     return 0
-
 
 def keep_discovered(file, context, client):
     """Keep where tokens are refreshed: the metadata's endpoint, else
@@ -9685,13 +9579,10 @@ def keep_discovered(file, context, client):
         kept["token_endpoint"] = str(metadata.token_endpoint)
     else:
         kept["token_endpoint"] = urljoin(origin, "/token")
-    if context.should_include_resource_param(
-            context.protocol_version):
+    if context.should_include_resource_param(context.protocol_version):
         kept["resource"] = context.get_resource_url()
     if client:
-        kept["client"] = client.model_dump(mode="json",
-                                           exclude_none=True)
-
+        kept["client"] = client.model_dump(mode="json", exclude_none=True)
 
 async def _initialize_with(sdk, server, client):
     """A session through the OAuth client: consent on the first 401."""
@@ -9707,29 +9598,24 @@ async def _initialize_with(sdk, server, client):
         # Some servers ask for authorization on the next request.
         await session.list_tools()
 
-
 def _with_scope(url, configured, wanted):
     """The address asking for `oauth.scope` over the client's choice
     (a pre-registered client knows its scope), and for what the server
     refused a call for since the last login (a step-up)."""
     if not configured and not wanted:
         return url
-    from urllib.parse import (urlsplit, urlunsplit, parse_qsl,
-                              urlencode)
+    from urllib.parse import urlsplit, urlunsplit, parse_qsl, urlencode
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
-    chosen = configured or " ".join(
-        v for k, v in query if k == "scope")
+    chosen = configured or " ".join(v for k, v in query if k == "scope")
     query = [(k, v) for k, v in query if k != "scope"]
     query.append(("scope", union_scope(chosen, wanted)))
     return urlunsplit(parts._replace(query=urlencode(query)))
-
 
 def _open_browser(url):
     import webbrowser  # honours $BROWSER
     with contextlib.suppress(Exception):  # the address is printed
         webbrowser.open(url)
-
 
 class LoopbackRedirect:
     """A port on 127.0.0.1 while login runs, for the browser's answer
@@ -9749,10 +9635,8 @@ class LoopbackRedirect:
                 query = parse_qs(parts.query)
                 answers.put({k: v[0] for k, v in query.items()})
                 self.send_response(200)
-                self.send_header("Content-Type",
-                                 "text/plain; charset=utf-8")
-                self.send_header("Content-Length",
-                                 str(len(LOGIN_PAGE)))
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Length", str(len(LOGIN_PAGE)))
                 self.end_headers()
                 self.wfile.write(LOGIN_PAGE)
 
@@ -9760,15 +9644,13 @@ class LoopbackRedirect:
                 pass  # the query carries the code
 
         # A thread a connection: an idle one holds nobody up.
-        self.server = http.server.ThreadingHTTPServer(
-            ("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         port = self.server.server_address[1]
         self.uri = f"http://127.0.0.1:{port}/callback"
 
     def __enter__(self):
-        threading.Thread(target=self.server.serve_forever,
-                         daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 
     def __exit__(self, *exc):
@@ -9789,8 +9671,7 @@ class LoopbackRedirect:
             raise UpstreamError("the authorization was refused: "
                                 f"{clean(got['error'], 100)}{more}")
         return sdk["auth"].AuthorizationCodeResult(
-            code=got.get("code", ""), state=got.get("state"),
-            iss=got.get("iss"))
+            code=got.get("code", ""), state=got.get("state"), iss=got.get("iss"))
 
 
 # =============================================================================================
