@@ -48,19 +48,19 @@ only those above it and the libraries: the policy precedes the configuration, re
     20. What a result's record keeps                 library            121    4,506
     21. The lint                                     around the core    223    9,717
     22. Upstream servers                             around the core   1136   43,007
-    23. Reading the record                           around the core    254    8,828
-    24. Tool changes while serving                   around the core    217    7,453
-    25. The status tool                              around the core    125    4,517
-    26. The host's other requests                    around the core    137    4,457
-    27. Notify                                       around the core    133    4,258
-    28. Pins and load reports                        around the core    229    7,374
-    29. The command line's flags                     around the core    158    5,896
+    23. Reading the record                           around the core    210    8,615
+    24. Tool changes while serving                   around the core    194    7,321
+    25. The status tool                              around the core    113    4,413
+    26. The host's other requests                    around the core    114    4,336
+    27. Notify                                       around the core    112    4,092
+    28. Pins and load reports                        around the core    196    7,164
+    29. The command line's flags                     around the core    146    5,757
     30. Operator commands                            around the core   1327   49,817
-    31. Setup                                        around the core    912   29,981
-    32. Pin and check                                around the core    224    8,019
-    33. Fake payment server                          around the core    104    3,192
-    34. Demonstration                                around the core    292    8,455
-    35. Main                                         around the core    148    4,328
+    31. Setup                                        around the core    793   29,852
+    32. Pin and check                                around the core    194    7,925
+    33. Fake payment server                          around the core     88    3,084
+    34. Demonstration                                around the core    243    8,380
+    35. Main                                         around the core    134    4,295
 
 One tools/call through the core, with the section of each step (11, 14, 20: libraries):
 
@@ -758,7 +758,7 @@ def policy_pointer_problem(schema, rule, tool_name):
 #
 # Owns: the config file and the files it trusts (manifests, the database), the deciding
 # fields and their defaults, the policy identity; how a server is reached decides
-# nothing (section 21's read_transport, same pass). Promises: a config is used only if
+# nothing (section 22's read_transport, same pass). Promises: a config is used only if
 # a regular file of this user's nobody else can write; a repeated key or an unknown
 # field is refused; a refusal names the field and the fix.
 # =============================================================================================
@@ -7220,7 +7220,7 @@ class Notifier:
 # Owns: writing a server's manifest (pin), and the lines of a load
 # report (Report) and of a change.
 # Core it calls: manifest_entry, changed_parts,
-# rule_outcome; section 23's write_private.
+# rule_outcome; section 22's write_private.
 # Promises: server-chosen names are sanitized in every report line.
 # =============================================================================================
 
@@ -8890,8 +8890,8 @@ def recheck_line(e):
 # database for all), pins them and proposes a rule per tool from its own hints; the
 # acceptance of those proposals; `login`, OAuth with a url server: the one command that
 # opens a port (on 127.0.0.1, while it waits).
-# Core it calls: Server, read_owned; section 23's load_config, check_reach,
-# read_transport, shown_url and write_private; section 26's operator_hint; section 29's pin.
+# Core it calls: Server, read_owned; section 22's load_config, check_reach,
+# read_transport, shown_url and write_private; section 27's operator_hint; section 28's pin.
 # Promises: a config is written 0600; run again, init adds the servers new in its host's
 # file and changes no other byte; a secret in a server's env or headers goes into the
 # config and into no output; a tool is offered only once its proposed rule was accepted;
@@ -9681,7 +9681,7 @@ class LoopbackRedirect:
 #
 # Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin,
 # and each server's and tool's standing. Core it calls: check_database_path, Store,
-# lint_hash, confirmed; section 30's agreed_on; section 23's load_config, check_reach,
+# lint_hash, confirmed; section 30's agreed_on; section 22's load_config, check_reach,
 # load_all, read_manifest, write_private; lint_lines (20), tool_changes (23).
 # Promises: pin prints the texts a tool is classified from whole; pin -diff changes
 # a manifest only after a yes; check exits 1 while anything is refused, unreviewed
