@@ -55,7 +55,7 @@ only those above it and the libraries: the policy precedes the configuration, re
     27. Notify                                       around the core    112    4,092
     28. Pins and load reports                        around the core    196    7,164
     29. The command line's flags                     around the core    146    5,757
-    30. Operator commands                            around the core   1327   49,817
+    30. Operator commands                            around the core   1327   49,868
     31. Setup                                        around the core    793   29,852
     32. Pin and check                                around the core    194    7,925
     33. Fake payment server                          around the core     88    3,084
@@ -7946,12 +7946,12 @@ def agreed_on(lines, shortened, what, verb, agreed, out, without_terminal):
         raise Usage(verdict or without_terminal)
     return verdict
 
-def consents(opts, lines, shortened, what, verb, agreed, done, unless):
-    """agreed_on, on stderr with -json; False once "nothing {done}" is
-    told."""
+def consents(opts, lines, shortened, what, verb, agreed, done, how):
+    """Asks as agreed_on does (on stderr under -json): True to go on,
+    False once "nothing {done}" is said. `how` ends the hint to add -yes."""
     out = sys.stderr if opts.json else sys.stdout
     no_terminal = ("refusing without -yes or a terminal to type yes at: nothing was"
-                   f" {done}; add -yes{unless} printed above")
+                   f" {done}; add -yes{how} printed above")
     if agreed_on(lines, shortened, what, verb, agreed, out, no_terminal):
         return True
     tell(f"nothing {done}", out=out)
@@ -8012,9 +8012,9 @@ def decide(argv, command):
     lines, shortened = approval_printout(store, approval, opts.full,
                                          lookalike_notes)
     what = f"approval {approval['id']}"
-    unless = f" (or -approval {approval['id']}) to {command} the approval"
+    how = f" (or -approval {approval['id']}) to {command} the approval"
     if not consents(opts, lines, shortened, what, command, opts.approval or opts.yes,
-                    "decided", unless):
+                    "decided", how):
         return 1
     run, then = settle(store, approval, status, by, note, hold_of(opts))
     decided = dict(id=approval["id"], status=status, by=by, note=note,
