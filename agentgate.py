@@ -20,7 +20,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a
 blind retry. The pin covers what a server presents, not what it does.
 
-Sections (3370 lines of decision core, read first; then the libraries, each behind the
+Sections (3375 lines of decision core, read first; then the libraries, each behind the
 contract its header states; then what surrounds the core, each header naming the core
 functions it calls beyond sections 1 and 2, constants and exceptions). A core section uses
 only those above it and the libraries: the policy precedes the configuration, read with it.
@@ -32,8 +32,8 @@ only those above it and the libraries: the policy precedes the configuration, re
      4. Configuration and its trust                  decision core      255   10,025
      5. Tools, as pinned                             decision core      287   11,302
      6. Answers                                      decision core      382   16,890
-     7. The record                                   decision core      725   29,190
-     8. The gate                                     decision core      618   25,061
+     7. The record                                   decision core      729   29,329
+     8. The gate                                     decision core      619   25,053
      9. The host side                                decision core      343   11,330
     10. What an operator decides on                  decision core      125    4,769
     11. Canonical JSON                               library            224    8,152
@@ -1793,6 +1793,11 @@ CALL_ENDINGS = ("ok", "error", "unsent", "unrecorded", "timed_out",
 LARGE_VALUE_BYTES = 4096
 # A run's newest attempt; `attempt` as an approval names it.
 Attempt = collections.namedtuple("Attempt", "ending observed finished attempt")
+
+def attempt_of(run_id, step_id, started, ended):
+    """An attempt as an approval names it."""
+    return {"run_id": run_id, "step_id": step_id, "started_at": started,
+            "ended": ended}
 ATTEMPT_STEPS = ("SELECT id, status, observation_json, started_at, finished_at"
                  " FROM steps WHERE run_id=? AND json_extract(decision_json,"
                  " '$.kind')='tool_call' ORDER BY idx DESC")
@@ -1835,8 +1840,7 @@ def last_attempt(rows, run_id):
         if ending == "unsent":  # no byte reached the server
             continue
         if ending == "cut_off" or ending in CALL_ENDINGS:
-            attempt = {"run_id": run_id, "step_id": step_id,
-                       "started_at": started, "ended": ending}
+            attempt = attempt_of(run_id, step_id, started, ending)
             return Attempt(ending, observed, finished, attempt)
         asked = rows(ASKED_AGAIN, (step_id,))
         if asked:
@@ -2421,6 +2425,11 @@ def write_error(err):
 
 TOOL_CALL = "tool_call"
 
+def tool_step(tool, args, origin="model", invalid=None):
+    """A call's step as recorded: its arguments, or the refused frame."""
+    kept = {"invalid_args": invalid[1]} if invalid else {"args": args}
+    return {**kept, "kind": TOOL_CALL, "origin": origin, "tool": tool.name}
+
 # Verdicts besides an Answer. A read recorded once it answers has no
 # `step_id`, but `record` (policy, start).
 Wait = collections.namedtuple("Wait", "approval")
@@ -2657,8 +2666,7 @@ class Gate:
         asks = cut_step and not tool.read_only
         if asks:
             step_id, started = cut_step
-            attempt = {"run_id": run_id, "step_id": step_id,
-                       "started_at": started, "ended": "cut_off"}
+            attempt = attempt_of(run_id, step_id, started, "cut_off")
             args = self.store.step_decision(step_id)["args"]
         def taken_over(tx):
             if asks:
@@ -2779,8 +2787,7 @@ class Gate:
             # crash, so it is recorded whole once it answers.
             self.active.add(run_id)
             return Execute(run_id, None, args, (_policy_record(*early), now()))
-        recorded = {"invalid_args": invalid[1]} if invalid else {"args": args}
-        step = {**recorded, "kind": TOOL_CALL, "origin": origin, "tool": tool.name}
+        step = tool_step(tool, args, origin, invalid)
         opened = ANY_ROW if tool.read_only else seen
         def begin(tx):
             if cancelled and cancelled.is_set():  # by the host
@@ -2887,9 +2894,8 @@ class Gate:
             ended = ("COMPLETED", "goal_completed", f"terminal tool {tool.name}")
         else:
             ended = ("FAILED", "goal_failed", CLOSING[ending])
-        decision = {"args": verdict.args, "kind": TOOL_CALL, "origin": "model",
-                    "tool": tool.name}
-        tx.record_read(verdict.run_id, self.config.session, tool, decision, policy,
+        step = tool_step(tool, verdict.args)
+        tx.record_read(verdict.run_id, self.config.session, tool, step, policy,
                        self.policy_id, started, observation, ended, elapsed)
 
     def _record_outcome(self, tx, tool, verdict, observation, ending, elapsed):
@@ -2914,17 +2920,16 @@ class Gate:
     def _pause_rerun(self, tx, tool, verdict, ending):
         """An unknown outcome asked again: the approval or None."""
         run_id, step_id, args = verdict[:3]
-        attempt = {"run_id": run_id, "step_id": step_id,
-                   "started_at": tx.step_started(step_id), "ended": ending}
+        started = tx.step_started(step_id)
+        attempt = attempt_of(run_id, step_id, started, ending)
         judged = Judgement(work=verdict.work)
         decision, facts = self._decision(tool, args, judged, tx.rows, attempt)
         if decision["outcome"] == "deny":
             # Denied now: the run ends unknown; rule 6 decides the next.
             tx.finish_run(run_id, "FAILED", "goal_failed", CLOSING[ending])
             return None
-        rerun = {"args": args, "kind": TOOL_CALL, "origin": "operator", "tool": tool.name}
-        rerun_step = tx.start_step(run_id, rerun, tool)
-        return self._act(tx, tool, run_id, rerun_step, args, decision, facts,
+        rerun = tx.start_step(run_id, tool_step(tool, args, "operator"), tool)
+        return self._act(tx, tool, run_id, rerun, args, decision, facts,
                          verdict.work).approval
 
 def call_upstream(tool, args, cap, progress=None):
