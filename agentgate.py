@@ -20,7 +20,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a
 blind retry. The pin covers what a server presents, not what it does.
 
-Sections (3375 lines of decision core, read first; then the libraries, each behind the
+Sections (3381 lines of decision core, read first; then the libraries, each behind the
 contract its header states; then what surrounds the core, each header naming the core
 functions it calls beyond sections 1 and 2, constants and exceptions). A core section uses
 only those above it and the libraries: the policy precedes the configuration, read with it.
@@ -35,7 +35,7 @@ only those above it and the libraries: the policy precedes the configuration, re
      7. The record                                   decision core      729   29,329
      8. The gate                                     decision core      619   25,053
      9. The host side                                decision core      343   11,330
-    10. What an operator decides on                  decision core      125    4,769
+    10. What an operator decides on                  decision core      131    5,054
     11. Canonical JSON                               library            224    8,152
     12. Text safe to show                            library             93    2,965
     13. ECMA-262 patterns                            library            354   13,301
@@ -55,7 +55,7 @@ only those above it and the libraries: the policy precedes the configuration, re
     27. Notify                                       around the core    112    4,092
     28. Pins and load reports                        around the core    196    7,164
     29. The command line's flags                     around the core    146    5,757
-    30. Operator commands                            around the core   1327   49,868
+    30. Operator commands                            around the core   1325   49,741
     31. Setup                                        around the core    793   29,852
     32. Pin and check                                around the core    194    7,925
     33. Fake payment server                          around the core     88    3,084
@@ -3478,6 +3478,12 @@ def unshown(short, what, verb, how):
         return ""
     return (f"{how} to show every byte before you {verb}: {what} has a value"
             " too long to print whole, so it was shown short")
+
+def undecided(short, seen_end):
+    """watch's rule: '' once every byte was shown and the end of the
+    approval reached, else why a key decides nothing."""
+    return unshown(short, "this approval", "decide", "press f") or (
+        "" if seen_end else "scroll to the end of the approval before you decide")
 
 def confirmed(lines, out, shortened=False, what="", verb="", agreed=True):
     """Print; True for a yes to them, False for a no, else why not."""
@@ -7572,7 +7578,7 @@ def text_argument(value):
 # approval_shown, check_arguments, check_database_path, confirmed,
 # decision_facts, evaluate, event_hash, last_attempt, late_text,
 # parse_conditions, pointer_problem, policy_decision, shown_text,
-# step_outcome, tried_text, unshown.
+# step_outcome, tried_text, undecided.
 # Promises: approve, reject, grant and watch decide on the hash of
 # exactly what they printed in full: a row changed since is refused,
 # a shortened printout decides nothing until -full, a grant releases
@@ -8319,7 +8325,7 @@ def watch_approval(screen, store, approval_id, by, hold, stop):
         key = screen.key()
         moves = {"up": -1, "k": -1, "down": 1, "j": 1, " ": body, "page down": body,
                  "page up": -body, "b": -body}
-        why = unshown(shortened, "this approval", "decide", "press f")
+        why = undecided(shortened, seen_end)
         if key in moves:
             top += moves[key]
         elif key == "f":  # more rows: the end is to be reached again
@@ -8328,8 +8334,6 @@ def watch_approval(screen, store, approval_id, by, hold, stop):
             return ""
         elif key in ("a", "r") and why:
             message = why
-        elif key in ("a", "r") and not seen_end:
-            message = "scroll to the end of the approval before you decide"
         elif key == "a":
             return watch_decide(store, approval, "approved", by, "", hold)
         elif key == "r":
