@@ -39,7 +39,7 @@ only those above it and the libraries: the policy precedes the configuration, re
     11. Canonical JSON                               library            224    8,152
     12. Text safe to show                            library             93    2,965
     13. ECMA-262 patterns                            library            354   13,301
-    14. JSON Schema                                  library            376   14,559
+    14. JSON Schema                                  library            372   14,431
     15. Hosts in URLs                                library             97    3,548
     16. Paths as the kernel resolves them            library             96    3,178
     17. Durations and times                          library             72    2,526
@@ -4288,12 +4288,8 @@ def resolve_ref(root, ref):
         raise SchemaError(f"$ref {quote(str(ref))} does not point inside the schema")
     node = root
     for part in [p for p in ref[1:].split("/") if p]:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
+        node = _item(node, part.replace("~1", "/").replace("~0", "~"))
+        if node is MISSING:
             raise SchemaError(f"$ref {quote(ref)} points at nothing in the schema")
     return node
 

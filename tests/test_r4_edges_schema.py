@@ -107,3 +107,15 @@ def test_an_array_past_the_budget_is_refused_with_a_clear_answer(workdir):
         text = expect(host.call("svc_tag", {"codes": many}), "INVALID", True)
         assert "/codes/" in text and "too large to be checked against the schema" in text, text
         assert result_text(host.call("svc_tag", {"codes": many[:1000]})) == "called tag"
+
+
+@pytest.mark.parametrize("index", ["²", "١", "0x1", "-1"])
+def test_a_ref_whose_index_is_not_an_ascii_number_points_at_nothing(index):
+    # "²".isdigit() holds, and int("²") raised: the tool was refused as
+    # "could not be read (ValueError)" instead of saying where the $ref points.
+    schema = {"type": "object", "allOf": [{}, {}],
+              "properties": {"a": {"$ref": f"#/allOf/{index}"}}}
+    said = agentgate.schema_problem(schema)
+    assert said == f'$ref "#/allOf/{index}" points at nothing in the schema'
+    with pytest.raises(agentgate.SchemaError, match="points at nothing"):
+        agentgate.validate(schema, {"a": 1})
