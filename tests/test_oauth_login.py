@@ -36,7 +36,7 @@ TOKENS = "agentgate.bank.tokens.json"  # the config's stem, then the server's na
 # ---------------------------------------------------------------- the server, as a child
 
 
-def serve(dir: Path, preregistered: bool, step_up: bool) -> None:
+def serve(dir: Path, preregistered: bool, step_up: bool, split: bool = False) -> None:
     import secrets
     import socket
 
@@ -127,7 +127,10 @@ def serve(dir: Path, preregistered: bool, step_up: bool) -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    auth = AuthSettings(issuer_url=base, resource_server_url=f"{base}/mcp", required_scopes=[SCOPE],
+    # split: the MCP server is reached as localhost, its authorization server as 127.0.0.1:
+    # two origins, as when a third party authorizes.
+    resource = base.replace("127.0.0.1", "localhost") if split else base
+    auth = AuthSettings(issuer_url=base, resource_server_url=f"{resource}/mcp", required_scopes=[SCOPE],
                         validate_token_resource=False,
                         client_registration_options=ClientRegistrationOptions(
                             enabled=not preregistered, valid_scopes=[SCOPE, WRITE_SCOPE],
@@ -178,13 +181,27 @@ def serve(dir: Path, preregistered: bool, step_up: bool) -> None:
 
         return wrapped
 
+    def record_headers(app):
+        """DIR/requests.log: each HTTP request's host, path and X-Api-Key (or -)."""
+
+        async def wrapped(scope, receive, send):
+            if scope["type"] == "http":
+                headers = dict(scope["headers"])
+                key = headers.get(b"x-api-key", b"-").decode()
+                with open(dir / "requests.log", "a") as f:
+                    f.write(f"{headers.get(b'host', b'').decode()} {scope['path']} {key}\n")
+            return await app(scope, receive, send)
+
+        return wrapped
+
     print(f"port {sock.getsockname()[1]}", flush=True)
-    app = pay_needs_write(server.streamable_http_app())
+    app = record_headers(pay_needs_write(server.streamable_http_app()))
     uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["serve"]:
-    serve(Path(sys.argv[2]), "preregistered" in sys.argv[3:], "step-up" in sys.argv[3:])
+    serve(Path(sys.argv[2]), "preregistered" in sys.argv[3:], "step-up" in sys.argv[3:],
+          "split" in sys.argv[3:])
     sys.exit(0)
 
 
@@ -216,10 +233,11 @@ with urllib.request.urlopen(sys.argv[1], timeout=60) as answer:
 class OAuthServer(Listening):
     """This file's server in its own process group; `url` once it listens."""
 
-    def __init__(self, dir: Path, preregistered: bool, step_up: bool):
+    def __init__(self, dir: Path, preregistered: bool, step_up: bool, split: bool = False):
         self.dir = dir
         super().__init__([sys.executable, __file__, "serve", str(dir)] + (["preregistered"] if preregistered else [])
-                         + (["step-up"] if step_up else []), dir / "oauth_server.stderr")
+                         + (["step-up"] if step_up else []) + (["split"] if split else []),
+                         dir / "oauth_server.stderr")
 
     def log(self) -> list[str]:
         path = self.dir / "oauth.log"
@@ -230,8 +248,8 @@ class OAuthServer(Listening):
 def oauth_server(workdir):
     started = []
 
-    def start(preregistered: bool = False, step_up: bool = False) -> OAuthServer:
-        started.append(OAuthServer(workdir, preregistered, step_up))
+    def start(preregistered: bool = False, step_up: bool = False, split: bool = False) -> OAuthServer:
+        started.append(OAuthServer(workdir, preregistered, step_up, split))
         return started[-1]
 
     yield start
@@ -323,6 +341,23 @@ def test_login_keeps_tokens_0600_and_the_gate_serves_the_server(workdir, oauth_s
     assert db_path(workdir).exists()
     assert_never_shown(workdir, secrets_of(workdir), gate.stderr_text(),
                        *(o.stdout + o.stderr for o in outputs))
+
+
+def test_login_sends_the_servers_headers_to_the_server_alone(workdir, oauth_server):
+    # The config's headers are for the MCP server's url: discovery, registration and the
+    # token exchange at an authorization server of another origin never see them.
+    server = oauth_server(split=True)
+    url = server.url.replace("127.0.0.1", "localhost")
+    config = config_for(workdir, url, headers={"X-Api-Key": "key-for-the-bank-only"})
+    login(config, browser_env(workdir))
+    assert server.log() == ["register", "authorize bank", "code"]
+    port = url.split(":")[2].split("/")[0]
+    seen = [line.split(" ") for line in (workdir / "requests.log").read_text().splitlines()]
+    mcp = [key for host, path, key in seen if (host, path) == (f"localhost:{port}", "/mcp")]
+    assert mcp and set(mcp) == {"key-for-the-bank-only"}, seen
+    elsewhere = [(host, path, key) for host, path, key in seen if host != f"localhost:{port}"]
+    assert elsewhere and all(key == "-" for host, path, key in elsewhere), seen
+    assert any(path == "/token" for host, path, key in seen if host == f"127.0.0.1:{port}"), seen
 
 
 def test_an_expired_access_token_is_refreshed_and_kept(workdir, oauth_server):
