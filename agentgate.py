@@ -20,14 +20,14 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a
 blind retry. The pin covers what a server presents, not what it does.
 
-Sections (3381 lines of decision core, read first; then the libraries, each behind the
+Sections (3453 lines of decision core, read first; then the libraries, each behind the
 contract its header states; then what surrounds the core, each header naming the core
 functions it calls beyond sections 1 and 2, constants and exceptions). A core section uses
 only those above it and the libraries: the policy precedes the configuration, read with it.
 
                                                                      lines    chars
      1. Framing                                      decision core      122    3,670
-     2. Classes, ids and deadlines                   decision core       31    1,008
+     2. Classes, ids and deadlines                   decision core       34    1,106
      3. Policy on what a call does                   decision core      482   17,915
      4. Configuration and its trust                  decision core      255   10,025
      5. Tools, as pinned                             decision core      287   11,302
@@ -35,7 +35,7 @@ only those above it and the libraries: the policy precedes the configuration, re
      7. The record                                   decision core      729   29,329
      8. The gate                                     decision core      619   25,053
      9. The host side                                decision core      343   11,330
-    10. What an operator decides on                  decision core      131    5,054
+    10. What an operator decides on                  decision core      200    8,003
     11. Canonical JSON                               library            224    8,152
     12. Text safe to show                            library             93    2,965
     13. ECMA-262 patterns                            library            354   13,301
@@ -54,10 +54,10 @@ only those above it and the libraries: the policy precedes the configuration, re
     26. The host's other requests                    around the core    114    4,336
     27. Notify                                       around the core    112    4,092
     28. Pins and load reports                        around the core    196    7,164
-    29. The command line's flags                     around the core    146    5,757
-    30. Operator commands                            around the core   1325   49,741
-    31. Setup                                        around the core    793   29,852
-    32. Pin and check                                around the core    194    7,925
+    29. The command line's flags                     around the core    143    5,666
+    30. Operator commands                            around the core   1260   46,901
+    31. Setup                                        around the core    793   29,863
+    32. Pin and check                                around the core    194    7,901
     33. Fake payment server                          around the core     88    3,084
     34. Demonstration                                around the core    243    8,380
     35. Main                                         around the core    134    4,295
@@ -243,7 +243,7 @@ def request_key(tool_name, args):
 #
 # Reads as: decision core
 #
-# Owns: side-effect classes, outcomes, ConfigError, ids and deadlines. A duration is
+# Owns: side-effect classes, outcomes, ConfigError, Usage, ids and deadlines. A duration is
 # whole nanoseconds, as Go's.
 # =============================================================================================
 
@@ -253,6 +253,9 @@ OUTCOMES = ("allow", "require_approval", "deny")
 
 class ConfigError(Exception):
     """A config the gate will not run with; the message says what to do."""
+
+class Usage(Exception):
+    """A command line that cannot be carried out as written (exit 2)."""
 
 def new_id(size):
     """Milliseconds, then randomness: ids land at their indexes' right edge, so a
@@ -3371,12 +3374,13 @@ def busy_error(ident):
 #
 # Reads as: decision core
 #
-# Owns: the printout of every operator decision, and its yes.
+# Owns: the printout of every operator decision, and its yes; a
+# grant as printed, created with the waits it releases.
 # Promises: a decision binds only what was shown whole: a
 # value over SHOWN_WHOLE bytes shows cut, and nothing is agreed
 # to until every byte was shown (-full; f in watch). An approval
 # shows only while it hashes to its hash. Lines are sanitized.
-# Refuses nothing itself: its caller raises.
+# What may not be decided raises Usage, saying why.
 # =============================================================================================
 
 SHOWN_WHOLE = 480  # bytes shown whole without -full
@@ -3485,16 +3489,84 @@ def undecided(short, seen_end):
     return unshown(short, "this approval", "decide", "press f") or (
         "" if seen_end else "scroll to the end of the approval before you decide")
 
-def confirmed(lines, out, shortened=False, what="", verb="", agreed=True):
-    """Print; True for a yes to them, False for a no, else why not."""
+def confirmed(lines, out, shortened=False, what="", verb="", agreed=True,
+              no_terminal=""):
+    """Print; True for a yes to them, False for a no. Usage when
+    nothing may be decided: a value shown short, or no terminal to
+    type yes at (`no_terminal` says what was not done)."""
     tell(*lines, out=out, flush=True)
     why = unshown(shortened, what, verb, "run the command again with -full")
-    if why or agreed:
-        return why or True
+    if why:
+        raise Usage(why)
+    if agreed:
+        return True
     if not sys.stdin.isatty():
-        return ""
+        raise Usage(no_terminal)
     tell(f"{verb} {what}? type yes to {verb}: ", end="", out=out, flush=True)
     return input().strip().lower() in ("y", "yes")
+
+def consents(opts, lines, shortened, what, verb, agreed, done, how):
+    """Asks as confirmed does (on stderr under -json): True to go on,
+    False once "nothing {done}" is said. `how` ends the hint to add -yes."""
+    out = sys.stderr if opts.json else sys.stdout
+    no_terminal = ("refusing without -yes or a terminal to type yes at: nothing was"
+                   f" {done}; add -yes{how} printed above")
+    if confirmed(lines, out, shortened, what, verb, agreed, no_terminal):
+        return True
+    tell(f"nothing {done}", out=out)
+    return False
+
+GRANT_PROMISE = ("A call this grant covers runs without asking while it is in force."
+                 " It never turns a deny into anything else, never re-runs a call whose"
+                 " outcome is unknown, and the tool's limits still count the calls it"
+                 " lets through.")
+
+def grant_printout(config, tool, grant, parsed, span, waits, full):
+    """(lines, shortened). No id: an id printed before a no_terminal would
+    name a grant that does not exist."""
+    covers = ", and whose arguments:" if parsed else ", whatever their arguments"
+    lines = ["GRANT (not created until confirmed)",
+             f"  tool           {tool.name} (server {tool.server.name}, upstream tool"
+             f" {tool.upstream_name})", f"  session        {config.session}",
+             "  covers         calls that would wait for an operator" + covers]
+    shortened = False
+    for condition in parsed:
+        text, _, cut_here = shown_text(condition.text(), full)
+        lines.append(f"    {text}")
+        shortened |= cut_here
+    lines += [f"  in force       for {format_duration(span)} from when it is confirmed",
+              f"  by             {grant['by']}"]
+    if grant["note"]:
+        lines.append(f"  note           {grant['note']}")
+    lines.append(f"  {GRANT_PROMISE}")
+    if waits:
+        lines.append(f"  releases       {len(waits)} calls waiting now, each approved by"
+                     " the grant as printed here:")
+    else:
+        lines.append("  releases       no call: none that waits now is one it covers")
+    for _, printed, cut_here in waits:
+        lines += [f"    {line}" for line in printed]
+        shortened |= cut_here
+    return lines, shortened
+
+def confirmed_conditions(conditions):
+    """Each `under` kept as resolved when shown: resolved later, a
+    link put in since would move the grant."""
+    return {c.pointer: {name: want if name == "under" else c.raw[name]
+                        for name, want in c.tests} for c in conditions}
+
+def grant_releasing(tx, grant, span, waits, by):
+    """Create `grant` and approve each wait it printed, bound to the
+    hash shown: [(approval, decide_approval's word)]."""
+    # It starts in the transaction that records it, so no call
+    # decided before, nor recheck of one, finds it in force.
+    grant["created_at"] = now()
+    grant["expires_at"] = later(grant["created_at"], span)
+    tx.create_grant(grant)
+    released = f"released by grant {grant['id']}, granted by {by}"
+    return [(a, tx.decide_approval(a["id"], a["hash"], "approved",
+                                   f"grant {grant['id']}", released))
+            for a, _, _ in waits]
 
 
 # =============================================================================================
@@ -7449,9 +7521,6 @@ Where the config comes from: -config FILE, else $AGENTGATE_CONFIG, else
 $XDG_CONFIG_HOME/agentgate/config.json (default ~/.config/agentgate/config.json).
 """
 
-class Usage(Exception):
-    """A command line that cannot be carried out as written (exit 2)."""
-
 class Parser(argparse.ArgumentParser):
     def error(self, message):
         raise Usage(message)
@@ -7569,12 +7638,13 @@ def text_argument(value):
 # Owns: runs, show, approve, reject, cancel, watch, grant, grants,
 # revoke, verify, recheck, on the config's database or -db's,
 # read-only where nothing is decided.
-# Core it calls: Store (decide_approval, cancel_run, create_grant,
-# revoke_grant), Grant, Tool, approval_hash, approval_printout,
-# approval_shown, check_arguments, check_database_path, confirmed,
-# decision_facts, evaluate, event_hash, last_attempt, late_text,
-# parse_conditions, pointer_problem, policy_decision, shown_text,
-# step_outcome, tried_text, undecided.
+# Core it calls: Store (decide_approval, cancel_run, revoke_grant),
+# Grant, Tool, approval_hash, approval_printout, approval_shown,
+# check_arguments, check_database_path, confirmed_conditions,
+# consents, decision_facts, evaluate, event_hash, grant_printout,
+# grant_releasing, last_attempt, late_text, parse_conditions,
+# pointer_problem, policy_decision, step_outcome, tried_text,
+# undecided.
 # Promises: approve, reject, grant and watch decide on the hash of
 # exactly what they printed in full: a row changed since is refused,
 # a shortened printout decides nothing until -full, a grant releases
@@ -7594,12 +7664,6 @@ def _json_for_terminal(line):
         return line
     return "".join(json.dumps(ch)[1:-1] if sanitize(ch) != ch or
                    unicodedata.category(ch)[0] == "M" else ch for ch in line)
-
-def confirmed_conditions(conditions):
-    """Each `under` kept as resolved when shown: resolved later, a
-    link put in since would move the grant."""
-    return {c.pointer: {name: want if name == "under" else c.raw[name]
-                        for name, want in c.tests} for c in conditions}
 
 def operator_store(opts, readonly):
     """The store, and the session ('' with -db)."""
@@ -7944,25 +8008,6 @@ def block_rows(entry):
 def approval_lines(approval, full=False, late=()):
     """approval_shown, marked where a value reads as it is not."""
     return approval_shown(approval, full, late, lookalike_notes)
-
-def agreed_on(lines, shortened, what, verb, agreed, out, without_terminal):
-    """confirmed: True for a yes, False for a no; Usage when nothing
-    may be decided (`without_terminal` says why with no terminal)."""
-    verdict = confirmed(lines, out, shortened, what, verb, agreed)
-    if isinstance(verdict, str):
-        raise Usage(verdict or without_terminal)
-    return verdict
-
-def consents(opts, lines, shortened, what, verb, agreed, done, how):
-    """Asks as agreed_on does (on stderr under -json): True to go on,
-    False once "nothing {done}" is said. `how` ends the hint to add -yes."""
-    out = sys.stderr if opts.json else sys.stdout
-    no_terminal = ("refusing without -yes or a terminal to type yes at: nothing was"
-                   f" {done}; add -yes{how} printed above")
-    if agreed_on(lines, shortened, what, verb, agreed, out, no_terminal):
-        return True
-    tell(f"nothing {done}", out=out)
-    return False
 
 def lookalike_notes(*texts):
     """Words in the texts that mix scripts or are wholly lookalikes,
@@ -8381,11 +8426,6 @@ def wrap_columns(text, width):
 
 # ---- grant, grants, revoke ------------------------------------------------------------------
 
-GRANT_PROMISE = ("A call this grant covers runs without asking while it is in force."
-                 " It never turns a deny into anything else, never re-runs a call whose"
-                 " outcome is unknown, and the tool's limits still count the calls it"
-                 " lets through.")
-
 def cmd_grant(argv):
     p = parser("grant", "config", "if", "for", "note", "by", ("yes", bool),
                ("full", bool), ("json", bool))
@@ -8405,16 +8445,8 @@ def cmd_grant(argv):
                     " to grant what is"):
         return 1
     store = Ledger(config.database, readonly=False)  # may be new
-    def create(tx):
-        # It starts in the transaction that records it, so no call
-        # decided before, nor recheck of one, finds it in force.
-        grant["created_at"] = now()
-        grant["expires_at"] = later(grant["created_at"], span)
-        tx.create_grant(grant)
-        return [(a, tx.decide_approval(
-            a["id"], a["hash"], "approved", f"grant {grant['id']}",
-            f"released by grant {grant['id']}, granted by {by}")) for a, _, _ in waits]
-    released = store.write(create)
+    released = store.write(
+        lambda tx: grant_releasing(tx, grant, span, waits, by))
     told = [f"grant {grant['id']}: in force from {grant['created_at']} until"
             f" {grant['expires_at']}"]
     hold = longest_hold(config)
@@ -8425,34 +8457,6 @@ def cmd_grant(argv):
         told.append(f"approval {approval['id']}: " + " ".join(then))
     ids = [a["id"] for a, decided in released if decided == "decided"]
     return reply(opts, {**grant_view(grant), "released": ids}, *told)
-
-def grant_printout(config, tool, grant, parsed, span, waits, full):
-    """(lines, shortened). No id: an id printed before a no_terminal would
-    name a grant that does not exist."""
-    covers = ", and whose arguments:" if parsed else ", whatever their arguments"
-    lines = ["GRANT (not created until confirmed)",
-             f"  tool           {tool.name} (server {tool.server.name}, upstream tool"
-             f" {tool.upstream_name})", f"  session        {config.session}",
-             "  covers         calls that would wait for an operator" + covers]
-    shortened = False
-    for condition in parsed:
-        text, _, cut_here = shown_text(condition.text(), full)
-        lines.append(f"    {text}")
-        shortened |= cut_here
-    lines += [f"  in force       for {format_duration(span)} from when it is confirmed",
-              f"  by             {grant['by']}"]
-    if grant["note"]:
-        lines.append(f"  note           {grant['note']}")
-    lines.append(f"  {GRANT_PROMISE}")
-    if waits:
-        lines.append(f"  releases       {len(waits)} calls waiting now, each approved by"
-                     " the grant as printed here:")
-    else:
-        lines.append("  releases       no call: none that waits now is one it covers")
-    for _, printed, cut_here in waits:
-        lines += [f"    {line}" for line in printed]
-        shortened |= cut_here
-    return lines, shortened
 
 def granted_tool(path, name):
     """(config, tool) a grant is for; without -config, the one of
@@ -8895,7 +8899,7 @@ def recheck_line(e):
 # database for all), pins them and proposes a rule per tool from its own hints; the
 # acceptance of those proposals; `login`, OAuth with a url server: the one command that
 # opens a port (on 127.0.0.1, while it waits).
-# Core it calls: Server, read_owned; section 22's load_config, check_reach,
+# Core it calls: Server, read_owned, confirmed; section 22's load_config, check_reach,
 # read_transport, shown_url and write_private; section 27's operator_hint; section 28's pin.
 # Promises: a config is written 0600; run again, init adds the servers new in its host's
 # file and changes no other byte; a secret in a server's env or headers goes into the
@@ -9443,7 +9447,7 @@ def accept_proposals(path, agreed):
     no_yes = ("refusing to accept without -yes or a terminal to type yes at: "
               "nothing was accepted; add -yes to accept the rules printed "
               "above")
-    if not agreed_on([head, *accepted], False, what, "accept", agreed, sys.stdout,
+    if not confirmed([head, *accepted], sys.stdout, False, what, "accept", agreed,
                      no_yes):
         tell("nothing accepted")
         return False
@@ -9686,7 +9690,7 @@ class LoopbackRedirect:
 #
 # Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin,
 # and each server's and tool's standing. Core it calls: check_database_path, Store,
-# lint_hash, confirmed; section 30's agreed_on; section 22's load_config, check_reach,
+# lint_hash, confirmed; section 22's load_config, check_reach,
 # load_all, read_manifest, write_private; lint_lines (20), tool_changes (23).
 # Promises: pin prints the texts a tool is classified from whole; pin -diff changes
 # a manifest only after a yes; check exits 1 while anything is refused, unreviewed
@@ -9761,7 +9765,7 @@ def pin_diff(config, named, everything, agreed):
     chosen |= {chosen_difference(differences, given) for given in named}
     if not (everything and chosen):
         confirmed(lines, sys.stdout)
-    elif not agreed_on(lines, False, "every difference above", "pin", agreed, sys.stdout,
+    elif not confirmed(lines, sys.stdout, False, "every difference above", "pin", agreed,
                        "refusing to pin every difference again without -yes or an "
                        "interactive terminal"):
         tell("nothing pinned")
