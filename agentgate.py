@@ -20,7 +20,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a
 blind retry. The pin covers what a server presents, not what it does.
 
-Sections (3453 lines of decision core, read first; then the libraries, each behind the
+Sections (3485 lines of decision core, read first; then the libraries, each behind the
 contract its header states; then what surrounds the core, each header naming the core
 functions it calls beyond sections 1 and 2, constants and exceptions). A core section uses
 only those above it and the libraries: the policy precedes the configuration, read with it.
@@ -30,10 +30,10 @@ only those above it and the libraries: the policy precedes the configuration, re
      2. Classes, ids and deadlines                   decision core       34    1,106
      3. Policy on what a call does                   decision core      482   17,915
      4. Configuration and its trust                  decision core      255   10,025
-     5. Tools, as pinned                             decision core      287   11,302
+     5. Tools, as pinned                             decision core      303   11,819
      6. Answers                                      decision core      382   16,890
      7. The record                                   decision core      729   29,329
-     8. The gate                                     decision core      619   25,053
+     8. The gate                                     decision core      635   25,754
      9. The host side                                decision core      343   11,330
     10. What an operator decides on                  decision core      200    8,003
     11. Canonical JSON                               library            224    8,152
@@ -49,7 +49,7 @@ only those above it and the libraries: the policy precedes the configuration, re
     21. The lint                                     around the core    223    9,717
     22. Upstream servers                             around the core   1136   43,007
     23. Reading the record                           around the core    210    8,615
-    24. Tool changes while serving                   around the core    194    7,321
+    24. Tool changes while serving                   around the core    168    6,367
     25. The status tool                              around the core    113    4,413
     26. The host's other requests                    around the core    114    4,336
     27. Notify                                       around the core    112    4,092
@@ -57,7 +57,7 @@ only those above it and the libraries: the policy precedes the configuration, re
     29. The command line's flags                     around the core    143    5,666
     30. Operator commands                            around the core   1260   46,901
     31. Setup                                        around the core    793   29,863
-    32. Pin and check                                around the core    194    7,901
+    32. Pin and check                                around the core    194    7,896
     33. Fake payment server                          around the core     88    3,084
     34. Demonstration                                around the core    243    8,380
     35. Main                                         around the core    134    4,295
@@ -1015,7 +1015,7 @@ def check_database_path(path):
 # Reads as: decision core
 #
 # Owns: a tool's manifest entry, what differs from its pin (changed_parts, the
-# one definition), which tools are offered (load).
+# one definition; tool_changes), which tools are offered (load).
 # Promises: a tool is offered, as pinned, only if pinned, classified by a reviewed
 # rule and presenting what it did at the pin; its annotations fit its class
 # (unless allowed); a high lint finding is accepted for exactly that text; its
@@ -1107,6 +1107,22 @@ def manifest_entry(tool):
 
 def changed_parts(pinned, live):
     return [part for part, key in PINNED_PARTS if pinned.get(key) != live.get(key)]
+
+CHANGE_KINDS = ("changed", "removed", "added")
+
+def tool_changes(pinned, live):
+    """Per tool, how `live` (manifest entries) differs from the pin: ("added", None,
+    now), ("removed", pinned, None) or ("changed", pinned, now)."""
+    changes = {}
+    for name in sorted(set(pinned) | set(live)):
+        old, new = pinned.get(name), live.get(name)
+        if old is None:
+            changes[name] = ("added", old, new)
+        elif new is None:
+            changes[name] = ("removed", old, new)
+        elif changed_parts(old, new):
+            changes[name] = ("changed", old, new)
+    return changes
 
 # Lint severities (section 21).
 LINT_HIGH, LINT_MEDIUM = "high", "medium"
@@ -2465,6 +2481,7 @@ class Gate:
         self.announce = lambda approval, tool, run_id: None
         self.duplicate = lambda tool, run_id, at, window: None
         self.quarantined = frozenset()  # see quarantine
+        self.held = {}  # server -> the names it holds
         self.client = ""  # set by the host side from initialize
         self.config_read = file_stamp(config.path)
         threading.Thread(target=self._heartbeat, daemon=True).start()
@@ -2472,9 +2489,24 @@ class Gate:
     def lease(self):
         return self.owner, later(now(), self.config.lease_ttl)
 
-    def quarantine(self, names):
-        """The tools `names` are from now on not offered, and refused."""
-        self.quarantined = frozenset(names)
+    def quarantine(self, server, pinned, live):
+        """(changes by kind, names held, whether what is offered moved).
+        From now on a tool `server` changed or removed since its pin is
+        not offered, and refused; all of them while `live` is None (it
+        cannot be listed). The other servers' stay as they are."""
+        changes = tool_changes(pinned, live or {})
+        found = {kind: sorted(n for n, c in changes.items() if c[0] == kind)
+                 for kind in CHANGE_KINDS}
+        offered = {t.upstream_name: t.name for t in self.tools.values()
+                   if t.server.name == server}
+        held = sorted(offered[n] for n in found["changed"] + found["removed"]
+                      if n in offered)
+        with self.lock:
+            moved = held != self.held.get(server, [])
+            self.held[server] = held
+            self.quarantined = frozenset(
+                n for names in self.held.values() for n in names)
+        return found, held, moved
 
     def _heartbeat(self):
         """Renew leases; a run stranded by a failed write is taken over."""
@@ -6764,9 +6796,10 @@ class Ledger(Store):
 # Reads as: around the core
 #
 # Owns: a server's change of its tools while serving (notifications/tools/list_changed):
-# they are listed again and compared with the pin by changed_parts (section 5).
-# Core it calls: manifest_entry, changed_parts, Gate.quarantine (its only write to the
-# gate), and the host's tools_changed notice that serve hands it.
+# when they are listed again, and what is said and recorded of it; Gate.quarantine
+# decides what is held.
+# Core it calls: manifest_entry, Gate.quarantine (its only write to the gate), and the
+# host's tools_changed notice that serve hands it.
 # Promises: a tool its server changed is no longer offered and a call to it is refused
 # TOOL_CHANGED; a failed listing quarantines the server's tools, retried at 4, 8, 16, 32
 # s, then every 60 s. A server that goes away is said so on stderr and started again at
@@ -6774,22 +6807,7 @@ class Ledger(Store):
 # is.
 # =============================================================================================
 
-def tool_changes(pinned, live):
-    """Per tool, how `live` (manifest entries) differs from the pin: ("added", None,
-    now), ("removed", pinned, None) or ("changed", pinned, now)."""
-    changes = {}
-    for name in sorted(set(pinned) | set(live)):
-        old, new = pinned.get(name), live.get(name)
-        if old is None:
-            changes[name] = ("added", old, new)
-        elif new is None:
-            changes[name] = ("removed", old, new)
-        elif changed_parts(old, new):
-            changes[name] = ("changed", old, new)
-    return changes
-
 LIST_CHANGED_INTERVAL = 2  # seconds at least between two listings
-CHANGE_KINDS = ("changed", "removed", "added")
 
 class ToolWatch:
     """Lists a server again on its own thread when it says its tools changed: a changed
@@ -6799,8 +6817,8 @@ class ToolWatch:
         self.gate, self.announce = gate, announce
         self.upstreams = {u.name: u for u in upstreams}
         # Per server: notices not acted on, listings failed in a row,
-        # names held, differences recorded, starts failed while down.
-        self.pending, self.failures, self.held = {}, {}, {}
+        # differences recorded, starts failed while down.
+        self.pending, self.failures = {}, {}
         self.seen, self.starts = {}, {}
         self.cond = threading.Condition()
         for loop in (self._run, self._revive):
@@ -6845,27 +6863,20 @@ class ToolWatch:
         self.failures[server] = failures
         with self.cond:  # tried again without a new notice
             self.pending.setdefault(server, 0)
-        held = sorted(t.name for t in self.gate.tools.values()
-                      if t.server.name == server)
+        pinned = self.upstreams[server].pinned
+        _, held, moved = self.gate.quarantine(server, pinned, None)
         log(f"server {server} said its tools changed, but listing them "
             f"again failed: {err}; not offered until a listing "
             f"succeeds (next try in {relist_wait(failures):g}s): "
             f"{', '.join(held) or 'none'}")
-        self._hold(server, held)
+        if moved:
+            self.announce()
     def _relist(self, server):
         upstream = self.upstreams[server]
         deadline = Deadline(upstream.server.connect_timeout)
         live = {name: manifest_entry(tool) for name, tool
                 in upstream.list_tools(deadline).items()}
-        changes = tool_changes(upstream.pinned, live)
-        found = {kind: sorted(name for name, change in changes.items()
-                              if change[0] == kind) for kind in CHANGE_KINDS}
-        offered = {t.upstream_name: t.name
-                   for t in self.gate.tools.values()
-                   if t.server.name == server}
-        held = sorted(offered[name]
-                      for name in found["changed"] + found["removed"]
-                      if name in offered)
+        found, held, moved = self.gate.quarantine(server, upstream.pinned, live)
         if self.failures.pop(server, 0):
             log(f"server {server}: its tools were listed again; not "
                 f"offered now: {', '.join(held) or 'none'}")
@@ -6874,19 +6885,14 @@ class ToolWatch:
                 self.seen[server] = found
                 self._record({"server": server, **found,
                               "not_offered": held})
-        finally:  # what is offered follows the listing even unrecorded
-            self._hold(server, held)
+        finally:  # held already: the host hears of it even unrecorded
+            if moved:
+                self.announce()
     def _record(self, payload):
         run_id = f"{self.gate.config.session}.tools"
         self.gate.store.write(
             lambda tx: tx.event(run_id, "tools.changed", payload))
         log(tools_changed_text(payload) + " (pin -diff shows how)")
-    def _hold(self, server, held):
-        if held != self.held.get(server, []):
-            self.held[server] = held
-            self.gate.quarantine(name for names in self.held.values()
-                                 for name in names)
-            self.announce()
     def exited(self, upstream, why):
         """`upstream`'s server went away while serving: down until started again."""
         with self.cond:
@@ -9691,7 +9697,7 @@ class LoopbackRedirect:
 # Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin,
 # and each server's and tool's standing. Core it calls: check_database_path, Store,
 # lint_hash, confirmed; section 22's load_config, check_reach,
-# load_all, read_manifest, write_private; lint_lines (20), tool_changes (23).
+# load_all, read_manifest, write_private, tool_changes; lint_lines (21).
 # Promises: pin prints the texts a tool is classified from whole; pin -diff changes
 # a manifest only after a yes; check exits 1 while anything is refused, unreviewed
 # or unserved.
