@@ -20,7 +20,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a
 blind retry. The pin covers what a server presents, not what it does.
 
-Sections (3485 lines of decision core, read first; then the libraries, each behind the
+Sections (3542 lines of decision core, read first; then the libraries, each behind the
 contract its header states; then what surrounds the core, each header naming the core
 functions it calls beyond sections 1 and 2, constants and exceptions). A core section uses
 only those above it and the libraries: the policy precedes the configuration, read with it.
@@ -29,7 +29,7 @@ only those above it and the libraries: the policy precedes the configuration, re
      1. Framing                                      decision core      122    3,670
      2. Classes, ids and deadlines                   decision core       34    1,106
      3. Policy on what a call does                   decision core      482   17,915
-     4. Configuration and its trust                  decision core      255   10,025
+     4. Configuration and its trust                  decision core      312   12,052
      5. Tools, as pinned                             decision core      303   11,819
      6. Answers                                      decision core      382   16,890
      7. The record                                   decision core      729   29,329
@@ -47,7 +47,7 @@ only those above it and the libraries: the policy precedes the configuration, re
     19. Days and hours in a time zone                library             84    3,305
     20. What a result's record keeps                 library            121    4,506
     21. The lint                                     around the core    223    9,717
-    22. Upstream servers                             around the core   1136   43,007
+    22. Upstream servers                             around the core   1080   41,014
     23. Reading the record                           around the core    210    8,615
     24. Tool changes while serving                   around the core    168    6,367
     25. The status tool                              around the core    113    4,413
@@ -55,7 +55,7 @@ only those above it and the libraries: the policy precedes the configuration, re
     27. Notify                                       around the core    112    4,092
     28. Pins and load reports                        around the core    196    7,164
     29. The command line's flags                     around the core    143    5,666
-    30. Operator commands                            around the core   1260   46,901
+    30. Operator commands                            around the core   1260   46,914
     31. Setup                                        around the core    793   29,863
     32. Pin and check                                around the core    194    7,896
     33. Fake payment server                          around the core     88    3,084
@@ -760,8 +760,9 @@ def policy_pointer_problem(schema, rule, tool_name):
 # Reads as: decision core
 #
 # Owns: the config file and the files it trusts (manifests, the database), the deciding
-# fields and their defaults, the policy identity; how a server is reached decides
-# nothing (section 22's read_transport, same pass). Promises: a config is used only if
+# fields and their defaults, the policy identity, which paths a server may reach
+# (check_reach); how a server is reached decides nothing (section 22's
+# read_transport, same pass). Promises: a config is used only if
 # a regular file of this user's nobody else can write; a repeated key or an unknown
 # field is refused; a refusal names the field and the fix.
 # =============================================================================================
@@ -997,6 +998,62 @@ def read_config(path, transport):
         return Config(raw, path, transport)
     except ConfigError as err:
         raise ConfigError(f"config {path}: {err}") from None
+
+def _file_identity(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+DATABASE_COMPANIONS = ("-wal", "-shm", "-journal")  # hold its record as surely as it does
+
+def _protected(config):
+    db = config.database
+    paths = [config.path, db, *(db + s for s in DATABASE_COMPANIONS),
+             *(s.manifest for s in config.servers)]
+    identities, missing = set(), set()
+    for path in paths:
+        for current in (os.path.abspath(path), os.path.realpath(path)):
+            while current:
+                identity = _file_identity(current)
+                if identity:
+                    identities.add(identity)
+                else:
+                    missing.add(os.path.realpath(current))
+                current = os.path.dirname(current) if current != "/" else ""
+    return identities, missing
+
+def _reach_candidates(arg):
+    from urllib.parse import unquote
+    found = [arg] + [arg.split(sep, 1)[1] for sep in "=:" if sep in arg]
+    if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:
+        found.append(arg[2:])
+    for c in list(found):
+        if c.startswith("file:"):
+            found.append(unquote(re.sub(r"^file:(//[^/]*)?", "", c)) or "/")
+    home = os.path.expanduser("~")
+    return [home + c[1:] if c == "~" or c.startswith("~/") else c for c in found if c]
+
+def check_reach(config):
+    """Refuse a server whose cwd or argument names a file the policy depends on or a
+    directory above one: a guard, not a boundary."""
+    identities, missing = _protected(config)
+    for server in config.servers:
+        if server.skip_path_check:
+            continue
+        given = server.cwd_given
+        named = [(f"cwd {quote(given)}", server.cwd)] if given else []
+        named += [(f"argument {quote(arg)}", os.path.join(server.cwd, candidate))
+                  for arg in (server.command or [])[1:]  # none for a url server
+                  for candidate in _reach_candidates(arg)]
+        for what, path in named:
+            identity, real = _file_identity(path), os.path.realpath(path)
+            if (identity and identity in identities) or real in missing:
+                raise ConfigError(
+                    f"server {quote(server.name)}: its {what} reaches {real}, which the "
+                    f"gate's policy and approvals depend on: point the server elsewhere, "
+                    f"or set skip_path_check on it if it cannot write there")
 
 def check_database_path(path):
     try:
@@ -5449,7 +5506,7 @@ def lint_manifests(manifests):
 #
 # Reads as: around the core
 #
-# Owns: the transport fields (read_transport), check_reach, a server as a child on
+# Owns: the transport fields (read_transport), a server as a child on
 # JSON-RPC lines (Upstream) or Streamable HTTP (HttpUpstream), its manifest, load_all.
 # Core it calls: read_config, read_frames, read_owned; load.
 # Promises: a child gets PATH, HOME, TMPDIR and what the operator names, in its own
@@ -5510,62 +5567,6 @@ def read_transport(server, raw, where, base):
     # cannot edit its own policy.
     server.cwd_given = field_string(raw, "cwd", where)
     server.cwd = os.path.join(base, os.path.expanduser(server.cwd_given or "~"))
-
-def _file_identity(path):
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
-
-DATABASE_COMPANIONS = ("-wal", "-shm", "-journal")  # hold its record as surely as it does
-
-def _protected(config):
-    db = config.database
-    paths = [config.path, db, *(db + s for s in DATABASE_COMPANIONS),
-             *(s.manifest for s in config.servers)]
-    identities, missing = set(), set()
-    for path in paths:
-        for current in (os.path.abspath(path), os.path.realpath(path)):
-            while current:
-                identity = _file_identity(current)
-                if identity:
-                    identities.add(identity)
-                else:
-                    missing.add(os.path.realpath(current))
-                current = os.path.dirname(current) if current != "/" else ""
-    return identities, missing
-
-def _reach_candidates(arg):
-    from urllib.parse import unquote
-    found = [arg] + [arg.split(sep, 1)[1] for sep in "=:" if sep in arg]
-    if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:
-        found.append(arg[2:])
-    for c in list(found):
-        if c.startswith("file:"):
-            found.append(unquote(re.sub(r"^file:(//[^/]*)?", "", c)) or "/")
-    home = os.path.expanduser("~")
-    return [home + c[1:] if c == "~" or c.startswith("~/") else c for c in found if c]
-
-def check_reach(config):
-    """Refuse a server whose cwd or argument names a file the policy depends on or a
-    directory above one: a guard, not a boundary."""
-    identities, missing = _protected(config)
-    for server in config.servers:
-        if server.skip_path_check:
-            continue
-        given = server.cwd_given
-        named = [(f"cwd {quote(given)}", server.cwd)] if given else []
-        named += [(f"argument {quote(arg)}", os.path.join(server.cwd, candidate))
-                  for arg in (server.command or [])[1:]  # none for a url server
-                  for candidate in _reach_candidates(arg)]
-        for what, path in named:
-            identity, real = _file_identity(path), os.path.realpath(path)
-            if (identity and identity in identities) or real in missing:
-                raise ConfigError(
-                    f"server {quote(server.name)}: its {what} reaches {real}, which the "
-                    f"gate's policy and approvals depend on: point the server elsewhere, "
-                    f"or set skip_path_check on it if it cannot write there")
 
 def child_env(server):
     """PATH, HOME, TMPDIR, inherit_env, env: our secrets reach no other."""
@@ -7646,7 +7647,7 @@ def text_argument(value):
 # read-only where nothing is decided.
 # Core it calls: Store (decide_approval, cancel_run, revoke_grant),
 # Grant, Tool, approval_hash, approval_printout, approval_shown,
-# check_arguments, check_database_path, confirmed_conditions,
+# check_arguments, check_database_path, check_reach, confirmed_conditions,
 # consents, decision_facts, evaluate, event_hash, grant_printout,
 # grant_releasing, last_attempt, late_text, parse_conditions,
 # pointer_problem, policy_decision, step_outcome, tried_text,
@@ -8905,7 +8906,7 @@ def recheck_line(e):
 # database for all), pins them and proposes a rule per tool from its own hints; the
 # acceptance of those proposals; `login`, OAuth with a url server: the one command that
 # opens a port (on 127.0.0.1, while it waits).
-# Core it calls: Server, read_owned, confirmed; section 22's load_config, check_reach,
+# Core it calls: Server, read_owned, confirmed, check_reach; section 22's load_config,
 # read_transport, shown_url and write_private; section 27's operator_hint; section 28's pin.
 # Promises: a config is written 0600; run again, init adds the servers new in its host's
 # file and changes no other byte; a secret in a server's env or headers goes into the
@@ -9696,7 +9697,7 @@ class LoopbackRedirect:
 #
 # Owns: `pin`, `pin -diff` and `check`: what a server presents now against its pin,
 # and each server's and tool's standing. Core it calls: check_database_path, Store,
-# lint_hash, confirmed; section 22's load_config, check_reach,
+# lint_hash, confirmed, check_reach; section 22's load_config,
 # load_all, read_manifest, write_private, tool_changes; lint_lines (21).
 # Promises: pin prints the texts a tool is classified from whole; pin -diff changes
 # a manifest only after a yes; check exits 1 while anything is refused, unreviewed
