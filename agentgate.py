@@ -20,7 +20,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a
 blind retry. The pin covers what a server presents, not what it does.
 
-Sections (3542 lines of decision core, read first; then the libraries, each behind the
+Sections (3545 lines of decision core, read first; then the libraries, each behind the
 contract its header states; then what surrounds the core, each header naming the core
 functions it calls beyond sections 1 and 2, constants and exceptions). A core section uses
 only those above it and the libraries: the policy precedes the configuration, read with it.
@@ -32,8 +32,8 @@ only those above it and the libraries: the policy precedes the configuration, re
      4. Configuration and its trust                  decision core      312   12,052
      5. Tools, as pinned                             decision core      303   11,819
      6. Answers                                      decision core      382   16,890
-     7. The record                                   decision core      729   29,329
-     8. The gate                                     decision core      635   25,754
+     7. The record                                   decision core      730   29,392
+     8. The gate                                     decision core      637   25,841
      9. The host side                                decision core      343   11,330
     10. What an operator decides on                  decision core      200    8,003
     11. Canonical JSON                               library            224    8,152
@@ -1854,7 +1854,8 @@ class StoreError(Exception):
     """The records could not be read or written."""
 
 class Race(Exception):
-    """A write's records changed since read: Gate._decide says AGAIN."""
+    """A write's records changed since read: Gate._decide says AGAIN.
+    Raised, not returned: Store._commit undoes the job's savepoint."""
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 # What a settled call's last attempt came to (0: unsettled).
@@ -2634,9 +2635,12 @@ class Gate:
             return answer("UNAVAILABLE", what=SLOT_PROSE[what])
 
     def _judge(self, tool, args, work=None):
-        """(Judgement, early decision), judged before the lock."""
+        """(Judgement, early decision or None), judged before the lock:
+        decided early only where rule 8 may act on it (a read, no limit)."""
         judged = judged_request(tool, args, work)
-        return judged, self._decision(tool, args, judged)
+        if tool.read_only and not tool.rule.limits:
+            return judged, self._decision(tool, args, judged)
+        return judged, None
 
     def _hold(self, approval, progress, cancelled):
         """Wait up to `hold`: True once the question is settled, else False."""
@@ -2872,8 +2876,7 @@ class Gate:
         """Rule 8: decide and begin the run in one write: its verdict."""
         run_id = f"{self.config.session}.{new_id(8)}"
         problem = invalid[0] if invalid else judged.problem
-        outright = (early and tool.read_only and not problem
-                    and not attempt and not tool.rule.limits)
+        outright = early and not (problem or attempt)
         if outright and early[0]["outcome"] == "allow" and "grant" not in early[0]:
             # No limit, no grant to be revoked: nothing unknown after a
             # crash, so it is recorded whole once it answers.

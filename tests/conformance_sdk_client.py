@@ -12,6 +12,7 @@ would (the authorization endpoint redirects at once with a code), lists the tool
 import json
 import os
 import sys
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import anyio
@@ -22,25 +23,18 @@ from mcp.client.auth import OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from agentgate import LoginStore  # noqa: E402
+
 REDIRECT = "http://127.0.0.1:9/callback"  # never reached: the redirect is read, not followed
 CIMD_URL = "https://conformance-test.local/client-metadata.json"  # the id basic-cimd expects
 
 
-class Memory:
+class Memory(LoginStore):
+    """Tokens in memory, as agentgate's login keeps them; `client` pre-registered."""
+
     def __init__(self, client=None):
         self.tokens, self.client = None, client
-
-    async def get_tokens(self):
-        return self.tokens
-
-    async def set_tokens(self, tokens):
-        self.tokens = tokens
-
-    async def get_client_info(self):
-        return self.client
-
-    async def set_client_info(self, client_info):
-        self.client = client_info
 
 
 async def main(url: str) -> None:

@@ -208,7 +208,8 @@ def test_a_change_announced_right_after_the_start_up_listing_is_acted_on(workdir
     denied = host.call_text("fs_read_file", {"path": "/x"})
     assert denied.startswith("DENIED:") and "differently" in denied, denied
     no_program_named(denied)
-    assert "changed read_file, write_file" in host.stderr_text()
+    # Held before it is said: the log line may follow the withdrawal.
+    wait_for(lambda: "changed read_file, write_file" in host.stderr_text(), DEADLINE)
 
 
 def test_a_failed_listing_quarantines_the_servers_tools_until_a_listing_succeeds(workdir):
@@ -223,7 +224,7 @@ def test_a_failed_listing_quarantines_the_servers_tools_until_a_listing_succeeds
     denied = host.call_text("fs_read_file", {"path": "/x"})
     assert denied.startswith("DENIED:") and "could not be asked how" in denied, denied
     no_program_named(denied)
-    assert "listing them again failed" in host.stderr_text()
+    wait_for(lambda: "listing them again failed" in host.stderr_text(), DEADLINE)
 
     # Tried again with no new notice: once a listing succeeds, what it shows is offered.
     server.present(PINNED)

@@ -70,3 +70,26 @@ def test_a_collected_run_is_never_taken_over_by_its_own_process(workdir, monkeyp
         assert store.read("SELECT count(*) FROM approvals")[0][0] == 1
     finally:
         close_gate(gate, upstreams, store)
+
+
+def test_a_call_is_decided_once_in_the_write_that_acts_on_it(workdir, monkeypatch):
+    """The policy decides a pass once: a mutation in the transaction that records it (no
+    early decision beside it, with other facts), a read with no limit before the lock,
+    where rule 8 acts on it without a transaction."""
+    gate, upstreams, store = open_gate(workdir)
+    decided = []
+    original = agentgate.evaluate
+
+    def counted(config, tool, *rest, **kw):
+        decided.append(tool.name)
+        return original(config, tool, *rest, **kw)
+    monkeypatch.setattr(agentgate, "evaluate", counted)
+    try:
+        pending = gate.call(gate.tools["bank_pay"], agentgate.parse(b'{"to":"kim","amount":5}'))
+        assert pending.text.startswith("PENDING_APPROVAL:"), pending.text
+        assert decided == ["bank_pay"]
+        read = gate.call(gate.tools["bank_balance"], agentgate.parse(b'{"account":"A-1"}'))
+        assert not read.is_error, read.text
+        assert decided == ["bank_pay", "bank_balance"]
+    finally:
+        close_gate(gate, upstreams, store)

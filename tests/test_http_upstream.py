@@ -602,4 +602,6 @@ def test_a_change_of_tools_announced_on_a_calls_stream_is_acted_on(workdir, sdk_
              DEADLINE, message="the host to be told balance changed and whoami is gone")
     text, error = said(gate.call("bank_balance", {"account": "A-1"}))
     assert error and text.startswith("DENIED:"), text
-    assert "changed balance; removed whoami; not offered now: bank_balance, bank_whoami" in gate.stderr_text()
+    # Held before it is said: the log line may follow the withdrawal.
+    wait_for(lambda: "changed balance; removed whoami; not offered now: bank_balance, bank_whoami"
+             in gate.stderr_text(), DEADLINE)

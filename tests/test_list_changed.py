@@ -71,6 +71,8 @@ def test_a_changed_tool_is_no_longer_offered_and_the_host_is_told(workdir):
         assert denied.startswith("DENIED:") and "differently" in denied, denied
         assert not re.search(r"agentgate|\bpin\b|check|\.db\b|config", denied), denied
         assert host.call_text("fs_slow", {}) == "done slowly"  # unchanged tools go on working
+        # Held before it is said: the log line may follow the withdrawal.
+        wait_for(lambda: "changed its tools while serving" in host.stderr_text(), DEADLINE)
         log = host.stderr_text()
         line = next(line for line in log.splitlines() if "changed its tools while serving" in line)
         assert "changed read_file, write_file" in line and "removed stat" in line and "added extra" in line
