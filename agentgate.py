@@ -20,20 +20,20 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a
 blind retry. The pin covers what a server presents, not what it does.
 
-Sections (3545 lines of decision core, read first; then the libraries, each behind the
+Sections (3542 lines of decision core, read first; then the libraries, each behind the
 contract its header states; then what surrounds the core, each header naming the core
 functions it calls beyond sections 1 and 2, constants and exceptions). A core section uses
 only those above it and the libraries: the policy precedes the configuration, read with it.
 
                                                                      lines    chars
-     1. Framing                                      decision core      122    3,670
+     1. Framing                                      decision core      117    3,594
      2. Classes, ids and deadlines                   decision core       34    1,106
      3. Policy on what a call does                   decision core      482   17,915
      4. Configuration and its trust                  decision core      312   12,052
      5. Tools, as pinned                             decision core      303   11,819
      6. Answers                                      decision core      382   16,890
      7. The record                                   decision core      730   29,392
-     8. The gate                                     decision core      637   25,841
+     8. The gate                                     decision core      639   25,960
      9. The host side                                decision core      343   11,330
     10. What an operator decides on                  decision core      200    8,003
     11. Canonical JSON                               library            224    8,152
@@ -210,11 +210,6 @@ class FrameId:
             self.ident = int(value.group(1))
         if value or len(self.after) >= 64:
             self.after = None
-
-def frame_id(data):
-    reading = FrameId()
-    reading.feed(data)
-    return reading.ident
 
 def echoable_id(ident):
     """Whether an id can be echoed as JSON (not a lone surrogate, NaN, ...)."""

@@ -41,7 +41,9 @@ def test_the_id_after_a_result_is_read_from_pieces_of_any_size(size):
     (b'[{"result":1},{"id":7}]', None),
 ])
 def test_only_the_top_level_id_is_read_wherever_it_stands(frame, ident):
-    assert agentgate.frame_id(frame) == ident
+    reading = agentgate.FrameId()
+    reading.feed(frame)
+    assert reading.ident == ident
 
 
 def test_an_oversized_answer_with_its_id_last_fails_its_call_at_once(hostiles):
