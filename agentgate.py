@@ -29,7 +29,7 @@ only those above it and the libraries: the policy precedes the configuration, re
      1. Framing                                      decision core      117    3,594
      2. Classes, ids and deadlines                   decision core       34    1,106
      3. Policy on what a call does                   decision core      482   17,915
-     4. Configuration and its trust                  decision core      312   12,052
+     4. Configuration and its trust                  decision core      312   12,055
      5. Tools, as pinned                             decision core      303   11,819
      6. Answers                                      decision core      382   16,890
      7. The record                                   decision core      730   29,392
@@ -755,8 +755,8 @@ def policy_pointer_problem(schema, rule, tool_name):
 # Reads as: decision core
 #
 # Owns: the config file and the files it trusts (manifests, the database), the deciding
-# fields and their defaults, the policy identity, which paths a server may reach
-# (check_reach); how a server is reached decides nothing (section 22's
+# fields and their defaults, the policy identity, the files no server may be
+# pointed at (check_reach); the transport fields decide nothing (section 22's
 # read_transport, same pass). Promises: a config is used only if
 # a regular file of this user's nobody else can write; a repeated key or an unknown
 # field is refused; a refusal names the field and the fix.
