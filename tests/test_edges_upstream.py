@@ -231,6 +231,8 @@ def test_a_failed_listing_quarantines_the_servers_tools_until_a_listing_succeeds
     wait_for(lambda: names(host) == ALL, DEADLINE, message="the tools to be offered again")
     assert server.lists() >= before + 2
     assert host.call_text("fs_read_file", {"path": "/x"}) == "called read_file"
+    # Offered again before it is said: the log line may follow.
+    wait_for(lambda: "its tools were listed again" in host.stderr_text(), DEADLINE)
     log = host.stderr_text()
     assert "next try in 4s" in log and "server fs: its tools were listed again; not offered now: none" in log, log
 
