@@ -20,7 +20,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a
 blind retry. The pin covers what a server presents, not what it does.
 
-Sections (3542 lines of decision core, read first; then the libraries, each behind the
+Sections (3852 lines of decision core, read first; then the libraries, each behind the
 contract its header states; then what surrounds the core, each header naming the core
 functions it calls beyond sections 1 and 2, constants and exceptions). A core section uses
 only those above it and the libraries: the policy precedes the configuration, read with it.
@@ -29,12 +29,12 @@ only those above it and the libraries: the policy precedes the configuration, re
      1. Framing                                      decision core      117    3,594
      2. Classes, ids and deadlines                   decision core       34    1,106
      3. Policy on what a call does                   decision core      482   17,915
-     4. Configuration and its trust                  decision core      312   12,055
+     4. Configuration and its trust                  decision core      314   12,139
      5. Tools, as pinned                             decision core      303   11,819
      6. Answers                                      decision core      382   16,890
-     7. The record                                   decision core      730   29,392
-     8. The gate                                     decision core      639   25,960
-     9. The host side                                decision core      343   11,330
+     7. The record                                   decision core      750   30,235
+     8. The gate                                     decision core      655   26,544
+     9. The host side                                decision core      615   21,741
     10. What an operator decides on                  decision core      200    8,003
     11. Canonical JSON                               library            224    8,152
     12. Text safe to show                            library             93    2,965
@@ -51,7 +51,7 @@ only those above it and the libraries: the policy precedes the configuration, re
     23. Reading the record                           around the core    210    8,615
     24. Tool changes while serving                   around the core    168    6,367
     25. The status tool                              around the core    113    4,413
-    26. The host's other requests                    around the core    114    4,336
+    26. The host's other requests                    around the core    128    4,877
     27. Notify                                       around the core    112    4,092
     28. Pins and load reports                        around the core    196    7,164
     29. The command line's flags                     around the core    143    5,666
@@ -60,7 +60,7 @@ only those above it and the libraries: the policy precedes the configuration, re
     32. Pin and check                                around the core    194    7,896
     33. Fake payment server                          around the core     88    3,084
     34. Demonstration                                around the core    243    8,380
-    35. Main                                         around the core    134    4,295
+    35. Main                                         around the core    140    4,537
 
 One tools/call through the core, with the section of each step (11, 14, 20: libraries):
 
@@ -880,7 +880,8 @@ class Server:
 class Config:
     FIELDS = ("database", "session", "servers", "policy", "hold", "repeat_window",
               "max_pending", "approval_ttl", "grant_ttl", "status_tool", "lease_ttl",
-              "max_argument_bytes", "max_result_bytes", "operator", "notify")
+              "max_argument_bytes", "max_result_bytes", "operator", "notify",
+              "task_after")
 
     def __init__(self, raw, path, transport=None):
         self.path = path
@@ -902,6 +903,7 @@ class Config:
             raw.get("max_pending", Number("5")), "max_pending", 0, 10**6,
             " (0 means 5)") or 5
         self.approval_ttl = field_duration(raw, "approval_ttl", where, DAY)
+        self.task_after = field_duration(raw, "task_after", where, 10 * SECOND)
         self.grant_ttl = field_duration(raw, "grant_ttl", where, DAY)
         self.status_tool = field_string(
             raw, "status_tool", where) or "gate_status"
@@ -1843,6 +1845,17 @@ SCHEMA = [
     CREATE INDEX calls_request ON calls(request_key, id);
     CREATE INDEX calls_target ON calls(tool, outcome, id);
     """,
+    # 7. Calls answered as tasks (section 9): what the host is told of each.
+    """
+    CREATE TABLE tasks(id TEXT PRIMARY KEY, tool TEXT NOT NULL,
+        args_json TEXT NOT NULL, client TEXT NOT NULL,
+        status TEXT NOT NULL, approval_id TEXT NOT NULL DEFAULT '',
+        answer_json TEXT NOT NULL DEFAULT '',
+        created_at TEXT NOT NULL, updated_at TEXT NOT NULL,
+        cancel_asked INTEGER NOT NULL DEFAULT 0,
+        lease_owner TEXT NOT NULL DEFAULT '',
+        lease_expires_at TEXT NOT NULL DEFAULT '');
+    """,
 ]
 
 class StoreError(Exception):
@@ -1887,6 +1900,9 @@ WAITING = (f"SELECT count(*) {CALL_RUN} JOIN approvals a ON a.run_id = r.id"
            " (a.expires_at='' OR a.expires_at>?) AND a.rowid = (SELECT"
            " max(rowid) FROM approvals b WHERE b.run_id=r.id)")
 NO_LEASE = "lease_owner='', lease_expires_at=''"
+TASK_COLUMNS = ("id", "tool", "args_json", "client", "status", "approval_id",
+                "answer_json", "created_at", "updated_at", "cancel_asked",
+                "lease_expires_at")
 
 def step_outcome(observed):
     """What a step came to, from its fields, never its prose."""
@@ -2389,17 +2405,19 @@ class Store:
         finally:
             for job in batch:
                 job["done"] = True
-    def renew_leases(self, owner, until, run_ids):
+    def renew_leases(self, owner, until, run_ids, task_ids=()):
         """The heartbeat's write (no event: it decides nothing)."""
-        if not run_ids:
-            return
-        marks = ", ".join("?" * len(run_ids))
         with self.lease_lock:
-            try:  # one statement, so its own transaction
-                self.lease_db.execute(f"UPDATE runs SET lease_expires_at=?"
-                                      " WHERE lease_owner=? AND"
-                                      f" status='RUNNING' AND id IN ({marks})",
-                                      (until, owner, *run_ids))
+            try:  # each statement its own transaction
+                for table, ids in (("runs", run_ids), ("tasks", task_ids)):
+                    if not ids:
+                        continue
+                    marks = ", ".join("?" * len(ids))
+                    self.lease_db.execute(
+                        f"UPDATE {table} SET lease_expires_at=? WHERE"
+                        f" lease_owner=? AND status IN ('RUNNING',"
+                        f" 'working') AND id IN ({marks})",
+                        (until, owner, *ids))
             except sqlite3.Error as err:
                 raise StoreError(f"the leases could not be renewed: {err}"
                 ) from None
@@ -2451,6 +2469,10 @@ class Store:
                                    " a.run_id WHERE a.id=?", (approval_id,),
                                    (("run_status", "r.status"),))
         return rows[0] if rows else None
+    def task(self, task_id):
+        row = self.read_one(f"SELECT {', '.join(TASK_COLUMNS)} FROM tasks"
+                            " WHERE id=?", (task_id,))
+        return row and dict(zip(TASK_COLUMNS, row))
     def step_decision(self, step_id):
         row = self.read_one("SELECT decision_json FROM steps WHERE id=?",
                             (step_id,))
@@ -2518,6 +2540,9 @@ def file_stamp(path):
         return ()
     return st.st_mtime_ns, st.st_size, st.st_ino
 
+class Caller(threading.local):
+    client = ""  # the host a call names, on the thread that calls
+
 class Gate:
     """The gate of one serving process."""
 
@@ -2535,7 +2560,8 @@ class Gate:
         self.duplicate = lambda tool, run_id, at, window: None
         self.quarantined = frozenset()  # see quarantine
         self.held = {}  # server -> the names it holds
-        self.client = ""  # set by the host side from initialize
+        self.caller = Caller()
+        self.driving = set()  # the tasks this process drives (section 9)
         self.config_read = file_stamp(config.path)
         threading.Thread(target=self._heartbeat, daemon=True).start()
 
@@ -2572,7 +2598,8 @@ class Gate:
                     " the new one")
             try:
                 active = sorted(self.active.copy())  # atomic
-                self.store.renew_leases(*self.lease(), active)
+                driving = sorted(self.driving.copy())
+                self.store.renew_leases(*self.lease(), active, driving)
             except Exception as err:  # outlives any one failure
                 log(f"could not renew leases: {err}")
 
@@ -2586,12 +2613,15 @@ class Gate:
         write acting on it: racing calls never pass one."""
         counts = rows is not None and bool(tool.rule.limits)
         facts = decision_facts(rows or self.store.read, self.config.session, tool,
-                               format_time(time.time()), self.client, counts)
+                               format_time(time.time()), self.caller.client, counts)
         return evaluate(self.config, tool, args, facts, attempt, approved, judged), facts
 
-    def call(self, tool, args, invalid="", progress=None, cancelled=None):
-        """A tools/call's Answer. `invalid`: (why, frame) of unusable arguments."""
+    def call(self, tool, args, invalid="", progress=None, cancelled=None,
+             client="", asked=None):
+        """A tools/call's Answer. `invalid`: (why, frame) of unusable arguments;
+        `client`: the host's name; `asked(approval)`: a task's, see _hold."""
         cancelled = cancelled or threading.Event()
+        self.caller.client = client
         executing = False
         try:
             args = {} if args is None else args
@@ -2619,7 +2649,8 @@ class Gate:
                     executing = True
                     return self._execute(tool, verdict, progress, cancelled)
                 approval = verdict.approval
-                if held or not self._hold(approval, progress, cancelled):
+                again = held and not asked
+                if again or not self._hold(approval, progress, cancelled, asked):
                     return waiting_answer(approval)
                 held = True
                 judged, early = self._judge(tool, args, judged.work)  # links may move
@@ -2637,10 +2668,17 @@ class Gate:
             return judged, self._decision(tool, args, judged)
         return judged, None
 
-    def _hold(self, approval, progress, cancelled):
-        """Wait up to `hold`: True once the question is settled, else False."""
+    def _hold(self, approval, progress, cancelled, asked=None):
+        """Wait up to `hold`: True once the question is settled, else False.
+        A task's call (`asked`) waits until it is, but never on whether to
+        run again: its answer is that the outcome is unknown."""
+        if asked:
+            if approval["kind"] == "interrupted_side_effect":
+                return False
+            asked(approval)
         started = time.monotonic()
-        total = self.config.hold_for(self.client) / SECOND
+        total = self.config.hold_for(self.caller.client) / SECOND
+        total = math.inf if asked else total
         while not (cancelled.is_set() or self.stopping.is_set()):
             waited = time.monotonic() - started
             if waited >= total:
@@ -3135,6 +3173,10 @@ def _policy_record(decision, facts, approved=False):
 
 # The protocol versions spoken, oldest first; each side negotiates on its own.
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+# The revision without a handshake: each request carries an envelope.
+MODERN, META = "2026-07-28", "io.modelcontextprotocol/"
+TASKS = META + "tasks"  # the Tasks extension (SEP-2663)
+TASK_METHODS = ("tasks/get", "tasks/update", "tasks/cancel")
 BATCH_VERSIONS = ("2024-11-05", "2025-03-26")
 MAX_HOST_LINE = 16 * 1024 * 1024
 MAX_IN_FLIGHT = 64  # requests handled at once
@@ -3151,6 +3193,10 @@ class HostServer:
         self.gate = None
         self.protocol = PROTOCOL_VERSIONS[-1]
         self.client = ""  # from initialize: the policy's `client`
+        self.era = None  # "handshake" or "modern": its first request's
+        self.wanted = threading.Event()  # a request needs the servers
+        self.listeners = {}  # subscriptions/listen: id key -> (id, tools)
+        self.tasks = Tasks(self)
         self.calls = {}  # a call's id -> its cancel event
         self.calls_lock = threading.Lock()
         self.running = 0  # requests admitted, not yet answered
@@ -3164,11 +3210,8 @@ class HostServer:
         threading.Thread(target=self._read_loop, daemon=True).start()
 
     def serve_with(self, gate, status):
-        # `gate` is stored before `client` is read, and _initialize
-        # stores `client` before it reads `gate`: the gate gets it.
         self.gate, self.status = gate, status
         self.status_tool = status.listing["name"]
-        gate.client = self.client
         self.ready.set()
 
     def fail(self, reason):
@@ -3304,6 +3347,8 @@ class HostServer:
             if "id" in message and ("result" in message or "error" in message):
                 return None  # agentgate sends no request
             return rpc_error(echoed_id(message), -32600, "a request needs a method")
+        if method != "server/discover":
+            self.wanted.set()  # the servers start (a probe starts none)
         if "id" not in message:
             self._notified(method, params)
             return None
@@ -3311,6 +3356,9 @@ class HostServer:
             # Checked before anything is recorded: no run for it.
             return rpc_error(None, -32600, "the id must be a string or a number that"
                              " can be written as JSON")
+        if self.era == "modern" or self.era is None and enveloped(method, params):
+            return self._modern(method, ident, params, invalid, batch)
+        self.era = "handshake"
         if method == "tools/call":
             return self._tools_call(ident, params, invalid, batch)
         if method == "tools/list":
@@ -3322,27 +3370,71 @@ class HostServer:
             return rpc_error(ident, -32601, f"method {quote(method)} is not offered")
         return {"jsonrpc": "2.0", "id": ident, "result": handler(self, params)}
 
+    def _modern(self, method, ident, params, invalid, batch):
+        """A 2026-07-28 request: its envelope checked, then answered
+        as the handshake era's are, each result with its resultType."""
+        meta = params.get("_meta")
+        refused = envelope_refused(meta)
+        if refused:  # the era is still open to initialize
+            return {"jsonrpc": "2.0", "id": ident, "error": refused}
+        self.era = "modern"
+        extensions = meta[META + "clientCapabilities"].get("extensions")
+        tasks = isinstance(extensions, dict) and TASKS in extensions
+        client = client_name(meta.get(META + "clientInfo"))
+        if method == "server/discover":
+            return {"jsonrpc": "2.0", "id": ident,
+                    "result": self.around.discover()}
+        if method == "tools/list":
+            def listed():
+                return {**self._tool_list(), "ttlMs": 0, "cacheScope": "private"}
+            return self._after_ready(ident, listed, batch, modern=True)
+        if method == "tools/call":
+            return self._tools_call(ident, params, invalid, batch, client, tasks)
+        if method == "subscriptions/listen":
+            return self._listen(ident, params)
+        if method in TASK_METHODS and not tasks:
+            return {"jsonrpc": "2.0", "id": ident, "error": TASKS_NEEDED}
+        if method in TASK_METHODS:
+            def answered():
+                return self.tasks.answer(method, params)
+            return self._after_ready(ident, answered, batch, modern=True)
+        return rpc_error(ident, -32601, f"method {quote(method)} is not offered")
+
+    def _listen(self, ident, params):
+        """subscriptions/listen: open until the host cancels it. Of what it
+        may ask, the gate has only a change of its tool list to tell."""
+        asked = params.get("notifications")
+        tools = isinstance(asked, dict) and asked.get("toolsListChanged") is True
+        with self.calls_lock:
+            self.listeners[_id_key(ident)] = (ident, tools)
+        agreed = {"toolsListChanged": True} if tools else {}
+        self.send(listened(ident, "notifications/subscriptions/acknowledged",
+                           notifications=agreed))
+
     def _notified(self, method, params):
         if method == "notifications/cancelled":
             key = _id_key(params.get("requestId"))
             with self.calls_lock:
+                self.listeners.pop(key, None)
                 cancelled = self.calls.get(key)
             if cancelled:
                 cancelled.set()
         elif method in self.around.notifications:
             self.around.notifications[method](self, params)
 
-    def _tools_call(self, ident, params, invalid, batch):
+    def _tools_call(self, ident, params, invalid, batch, client=None,
+                    tasks=False):
         # Known as it is read, so a cancellation read after it finds it.
-        cancelled, key = threading.Event(), _id_key(ident)
+        cancelled = TaskCancel() if tasks else threading.Event()
+        key = _id_key(ident)
         with self.calls_lock:
             self.calls[key] = cancelled
         def call():
             try:
-                return self._call(params, invalid, batch, cancelled)
+                return self._call(params, invalid, batch, cancelled, client)
             finally:
                 self._forget(key, cancelled)
-        work = self._after_ready(ident, call, batch)
+        work = self._after_ready(ident, call, batch, modern=client is not None)
         if isinstance(work, dict) and not batch:  # busy: never runs
             self._forget(key, cancelled)
         return work
@@ -3351,13 +3443,9 @@ class HostServer:
         asked = params.get("protocolVersion")
         known = asked in PROTOCOL_VERSIONS
         self.protocol = asked if known else PROTOCOL_VERSIONS[-1]
-        info = params.get("clientInfo")
-        name = info.get("name") if isinstance(info, dict) else None
-        self.client = name[:200] if isinstance(name, str) else ""
-        if self.gate is not None:
-            self.gate.client = self.client
+        self.client = client_name(params.get("clientInfo"))
 
-    def _after_ready(self, ident, work, batch):
+    def _after_ready(self, ident, work, batch, modern=False):
         """`work`'s answer once servers are ready: a batch member's, else the
         work that sends it."""
         # Read on the reader: a call read before stdin closed runs.
@@ -3368,7 +3456,7 @@ class HostServer:
         def run():
             try:
                 self.ready.wait()
-                answer = self._answer(ident, work, accepted)
+                answer = self._answer(ident, work, accepted, modern)
                 if batch:
                     return answer
                 # Before the release: shutdown waits for every answer.
@@ -3378,13 +3466,13 @@ class HostServer:
                     self._release()
         return run() if batch else run
 
-    def _answer(self, ident, work, accepted):
+    def _answer(self, ident, work, accepted, modern):
         if self.failed or not accepted:
             why = "unloaded" if accepted else "stopping"
             return rpc_error(ident, -32603, CALL_ERRORS[why])
         try:
             result = work()
-        except ToolNotOffered as err:
+        except Refused as err:
             return rpc_error(ident, -32602, str(err))
         except PassedError as err:
             return {"jsonrpc": "2.0", "id": ident, "error": err.error}
@@ -3393,6 +3481,8 @@ class HostServer:
             return rpc_error(ident, -32603, CALL_ERRORS["failed"])
         if result is None:  # a call the host cancelled: no answer
             return None
+        if modern:  # a task's stays "task"
+            result = {"resultType": "complete", **result}
         return {"jsonrpc": "2.0", "id": ident, "result": result}
 
     def _tool_list(self):
@@ -3405,24 +3495,32 @@ class HostServer:
             if self.calls.get(key) is cancelled:
                 del self.calls[key]
 
-    def _call(self, params, invalid, batch, cancelled):
+    def _call(self, params, invalid, batch, cancelled, client=None):
         name, args = params.get("name"), params.get("arguments")
         if name == self.status_tool:
             return self.status.call(args, invalid)
         tool = self.gate.tools.get(name) if isinstance(name, str) else None
         if tool is None:
             said = CALL_ERRORS["unknown_tool"].format(name=quote(str(name)))
-            raise ToolNotOffered(said)
+            raise Refused(said)
         if tool.name in self.gate.quarantined:
             return answer("DENIED", "TOOL_CHANGED").result()
+        client = self.client if client is None else client
+        if isinstance(cancelled, TaskCancel):
+            return self.tasks.call(tool, args, invalid, client, cancelled)
         meta = params.get("_meta")
         meta = meta if isinstance(meta, dict) else {}
         token, progress = meta.get("progressToken"), None
         if not batch and echoable_id(token):
             progress = self.around.progress(self, token, cancelled)
-        answered = self.gate.call(tool, args, invalid, progress, cancelled)
+        answered = self.gate.call(tool, args, invalid, progress, cancelled,
+                                  client)
         if cancelled.is_set() and not batch:
             return None
+        return self._result(tool, answered)
+
+    @staticmethod
+    def _result(tool, answered):
         result = answered.result()
         if "error" in result:
             raise PassedError(result["error"])
@@ -3432,8 +3530,8 @@ class HostServer:
             result["isError"] = True
         return result
 
-class ToolNotOffered(Exception):
-    """A tools/call naming a tool not offered."""
+class Refused(Exception):
+    """Invalid params (-32602): a tool not offered, a task not known."""
 
 class PassedError(Exception):
     """A server's JSON-RPC error to a tools/call, answered as it came."""
@@ -3456,6 +3554,218 @@ def rpc_error(ident, code, message):
 
 def busy_error(ident):
     return rpc_error(ident, -32000, CALL_ERRORS["busy"].format(limit=MAX_IN_FLIGHT))
+
+def client_name(info):
+    """The host's name as it gives it: the policy's `client`."""
+    name = info.get("name") if isinstance(info, dict) else None
+    return name[:200] if isinstance(name, str) else ""
+
+def enveloped(method, params):
+    """Whether a host's first request opens the 2026-07-28 era."""
+    meta = params.get("_meta")
+    keys = ("protocolVersion", "clientCapabilities")
+    marked = isinstance(meta, dict) and any(META + k in meta for k in keys)
+    return method == "server/discover" or marked
+
+def envelope_refused(meta):
+    """The error a 2026-07-28 request's _meta earns, or None."""
+    meta = meta if isinstance(meta, dict) else {}
+    version = meta.get(META + "protocolVersion")
+    if not isinstance(version, str):
+        missing = "protocolVersion"
+    elif not isinstance(meta.get(META + "clientCapabilities"), dict):
+        missing = "clientCapabilities"
+    elif version != MODERN:
+        return {"code": -32022, "message": f"protocol version"
+                f" {quote(version[:100])} is not supported; use {MODERN}",
+                "data": {"supported": [MODERN], "requested": version}}
+    else:
+        return None
+    return {"code": -32602, "message": f"the request's _meta needs"
+            f" {META}{missing}"}
+
+TASKS_NEEDED = {
+    "code": -32021, "message": "tasks/* needs the tasks extension in the"
+    " request's client capabilities",
+    "data": {"requiredCapabilities": {"extensions": {TASKS: {}}}}}
+
+def listened(ident, method, **params):
+    """A notification on the subscriptions/listen stream `ident`."""
+    meta = {"_meta": {META + "subscriptionId": ident}}
+    return {"jsonrpc": "2.0", "method": method, "params": {**params, **meta}}
+
+TASK_POLL_MS = 1000  # how often a host is asked to look
+TASK_SAYS = {
+    "asked": "Waiting for an operator's approval (approval {approval}): it"
+             " is decided outside this conversation.",
+    "running": "The call is running.",
+}
+
+class TaskCancel(threading.Event):
+    """A task call's cancellation: the host's notice while it is answered,
+    then tasks/cancel, from any gate on the database."""
+    def __init__(self, task_id=None):
+        super().__init__()
+        self.task_id = task_id or secrets.token_hex(16)  # not a run id
+        self.store = None  # once the task is recorded
+    def is_set(self):
+        if super().is_set() or self.store is None:
+            return super().is_set()
+        row = self.store.read_one("SELECT cancel_asked FROM tasks WHERE"
+                                  " id=?", (self.task_id,))
+        return bool(row and row[0])
+
+class Tasks:
+    """Calls answered as tasks, for requests that declare the extension: a
+    call that would wait for an operator, or runs past task_after, is
+    answered with a task recorded first. The gate drives it to its end once,
+    under the rules across calls; tasks/get then gives what the call would
+    have returned. A task no live gate drives is driven by the next asked."""
+    def __init__(self, host):
+        self.host = host
+
+    def call(self, tool, args, invalid, client, cancel):
+        """The call's result, or once it waits or runs long, its task's."""
+        gate = self.host.gate
+        if len(gate.driving) >= MAX_IN_FLIGHT:  # bounded: held as before
+            return self.host._result(tool, gate.call(
+                tool, args, invalid, None, cancel, client))
+        lock, settled, box = threading.Lock(), threading.Event(), {}
+        def asked(approval):
+            box.setdefault("approval", approval["id"])
+            settled.set()
+        def drive():
+            ended = self._outcome(tool, args, invalid, client, cancel, asked)
+            with lock:
+                box["ended"] = ended
+                tasked = "task" in box
+            settled.set()
+            if tasked:
+                self._end(cancel, *ended)
+        threading.Thread(target=drive, daemon=True).start()
+        settled.wait(gate.config.task_after / SECOND)
+        with lock:
+            if "ended" not in box:
+                box["task"] = self._create(tool, args, client, cancel,
+                                           box.get("approval", ""))
+        if "task" in box:
+            return {**self._view(box["task"]), "resultType": "task"}
+        body = box["ended"][0]
+        if "error" in body:
+            raise PassedError(body["error"])
+        return body["result"]
+
+    def _outcome(self, tool, args, invalid, client, cancel, asked):
+        """(the answer's body, the gate's mark or '' for a server's)."""
+        gate = self.host.gate
+        try:
+            while True:  # an identical run executing: its end is awaited
+                answered = gate.call(tool, args, invalid, None, cancel,
+                                     client, asked)
+                if answered.mark != "IN_PROGRESS" or answered.passed \
+                        or gate.stopping.wait(1) or cancel.is_set():
+                    break
+            result = self.host._result(tool, answered)
+            mark = answered.mark if answered.passed is None else ""
+            if mark:  # the gate's prose, never taken for the tool's
+                result["isError"] = True
+            return {"result": {"resultType": "complete", **result}}, mark
+        except PassedError as err:
+            return {"error": err.error}, ""
+        except Exception as err:  # a bug: the task says so
+            log(f"internal error: {type(err).__name__}: {err}")
+            return {"error": {"code": -32603,
+                              "message": CALL_ERRORS["failed"]}}, ""
+
+    def _create(self, tool, args, client, cancel, approval):
+        gate, at = self.host.gate, now()
+        owner, until = gate.lease()
+        row = {"id": cancel.task_id, "tool": tool.name, "args_json":
+               dumps({} if args is None else args), "client": client,
+               "status": "working", "approval_id": approval,
+               "created_at": at, "updated_at": at, "lease_owner": owner,
+               "lease_expires_at": until}
+        gate.store.write(lambda tx: tx.insert("tasks", tuple(row), row))
+        cancel.store = gate.store
+        gate.driving.add(cancel.task_id)
+        return row
+
+    def _end(self, cancel, body, mark):
+        """Keep what the call came to. One cut off by the gate stopping is
+        left to the next gate; one cancelled while it waited is cancelled."""
+        gate = self.host.gate
+        status = "failed" if "error" in body else "completed"
+        waits = mark in ("PENDING_APPROVAL", "IN_PROGRESS")
+        if waits and gate.stopping.is_set():
+            status = "working"
+        elif (waits or mark == "CANCELLED") and cancel.is_set():
+            status = "cancelled"
+        kept = dumps(body) if status in ("completed", "failed") else ""
+        def end(tx):
+            tx.execute("UPDATE tasks SET status=?, answer_json=?,"
+                       f" updated_at=?, {NO_LEASE} WHERE id=? AND"
+                       " status='working'",
+                       (status, kept, now(), cancel.task_id))
+        try:
+            gate.store.write(end)
+        except StoreError as err:
+            log(f"a task's end could not be kept: {err}")
+        finally:
+            gate.driving.discard(cancel.task_id)
+
+    def answer(self, method, params):
+        """tasks/get, tasks/cancel or tasks/update, of any task recorded."""
+        store, task_id = self.host.gate.store, params.get("taskId")
+        row = isinstance(task_id, str) and store.task(task_id)
+        if not row:
+            raise Refused(f"no task {quote(str(task_id)[:100])} is known")
+        if method == "tasks/cancel":  # a wait ends; an execution runs on
+            store.write(lambda tx: tx.execute(
+                "UPDATE tasks SET cancel_asked=1, updated_at=? WHERE id=?"
+                " AND status='working'", (now(), task_id)))
+        if method != "tasks/get":
+            return {}  # tasks/update: the gate asks the host nothing
+        self._adopt(row)
+        return self._view(store.task(task_id))
+
+    def _adopt(self, row):
+        """Drive a working task whose gate is gone (its lease ran out)."""
+        gate = self.host.gate
+        tool = gate.tools.get(row["tool"])
+        if row["status"] != "working" or row["lease_expires_at"] > now() \
+                or tool is None or len(gate.driving) >= MAX_IN_FLIGHT:
+            return
+        owner, until = gate.lease()
+        claimed = gate.store.write(lambda tx: tx.execute(
+            "UPDATE tasks SET lease_owner=?, lease_expires_at=? WHERE id=?"
+            " AND status='working' AND lease_expires_at<=?",
+            (owner, until, row["id"], now())).rowcount)
+        if not claimed:
+            return
+        cancel = TaskCancel(row["id"])
+        cancel.store = gate.store
+        gate.driving.add(row["id"])
+        args = parse(row["args_json"])
+        def drive():
+            self._end(cancel, *self._outcome(tool, args, None, row["client"],
+                                             cancel, lambda approval: None))
+        threading.Thread(target=drive, daemon=True).start()
+
+    def _view(self, row):
+        """A task as tasks/get and the CreateTaskResult show it."""
+        view = {"taskId": row["id"], "status": row["status"],
+                "createdAt": row["created_at"],
+                "lastUpdatedAt": row["updated_at"], "ttlMs": None,
+                "pollIntervalMs": TASK_POLL_MS}
+        if row.get("answer_json"):  # not in a row just made
+            view.update(parse(row["answer_json"]))
+        if row["status"] == "working":
+            asked = row["approval_id"] and self.host.gate.store.approval(
+                row["approval_id"])
+            waits = asked and asked["status"] == "pending"
+            view["statusMessage"] = TASK_SAYS["asked"].format(
+                approval=row["approval_id"]) if waits else TASK_SAYS["running"]
+        return view
 
 
 # =============================================================================================
@@ -7077,10 +7387,10 @@ def approved_fate(gate, approval):
 #
 # Reads as: around the core
 #
-# Owns: what the host side hands on, deciding no call: initialize, ping,
-# notifications/initialized and the tools-changed notice it allows, a call's progress,
-# the status tool (serve hands HostServer a HostAround, then a StatusTool).
-# Core it calls: answer, and HostServer's send and protocol.
+# Owns: what the host side hands on, deciding no call: initialize, ping, server/discover,
+# notifications/initialized and the tools-changed notice it allows (to listen streams too),
+# a call's progress, the status tool (serve hands HostServer a HostAround, then a
+# StatusTool). Core it calls: answer, listened, and HostServer's send and protocol.
 # Promises: a call's progress (the gate's while it holds the call, then the server's)
 # reaches the host under its token, only increasing, and nothing once the host cancelled
 # the call; the host is told once of a tool its server changed while serving, only after
@@ -7136,12 +7446,26 @@ class HostAround:
         tools = {"tools": {"listChanged": True}}
         return {"protocolVersion": host.protocol,
                 "capabilities": tools, "serverInfo": SERVER_INFO}
+    @staticmethod
+    def discover():
+        """server/discover's result: nothing started, nothing read."""
+        capabilities = {"tools": {"listChanged": True},
+                        "extensions": {TASKS: {}}}
+        return {"resultType": "complete", "supportedVersions": [MODERN],
+                "capabilities": capabilities, "ttlMs": 0,
+                "cacheScope": "private",
+                "_meta": {META + "serverInfo": SERVER_INFO}}
     def _initialized(self, host, params):
         self.initialized = True
     def tools_changed(self, host):
+        changed = "notifications/tools/list_changed"
         if self.initialized:
-            host.send({"jsonrpc": "2.0",
-                       "method": "notifications/tools/list_changed"})
+            host.send({"jsonrpc": "2.0", "method": changed})
+        with host.calls_lock:
+            listening = list(host.listeners.values())
+        for ident, tools in listening:
+            if tools:
+                host.send(listened(ident, changed))
     @staticmethod
     def progress(host, token, cancelled):
         def send(value, total, message):
@@ -10254,6 +10578,12 @@ def cmd_serve(argv):
     opener = threading.Thread(daemon=True, target=lambda: (
         opened.append(_open_store(config.database))))
     try:
+        # Nothing starts until a request needs it: a host may probe with
+        # server/discover from a process it ends at once.
+        while not (host.wanted.wait(0.5) or host.done.is_set()):
+            pass
+        if not host.wanted.is_set():
+            return 0
         try:
             upstreams, tools, reports = load_all(config, opener.start)
             for line in load_warnings(reports):
@@ -10279,13 +10609,13 @@ def cmd_serve(argv):
             f"check lists each tool")
         while not host.done.wait(1):
             pass
-        # No new call starts, holds end, and calls in flight finish and are
-        # recorded before their servers are closed.
+        # No new call starts, holds end, and calls in flight (a task's too)
+        # finish and are recorded before their servers are closed.
         host.stopping = True
         gate.stopping.set()
         longest = max((t.timeout for t in tools), default=0)
         deadline = time.monotonic() + longest / SECOND + 5
-        while host.running and time.monotonic() < deadline:
+        while (host.running or gate.driving) and time.monotonic() < deadline:
             time.sleep(0.02)
         return 0
     except Shutdown:

@@ -9,6 +9,11 @@ can resume it (`Last-Event-ID`), suggests a `retry` and prints `port N` once the
 listens. Each tool answers exactly what its scenario asks of a server (the suite's `list`
 describes them); `test_reconnection` closes its call's event stream before answering, which a
 careful client survives by reconnecting (SEP-1699), and is offered over HTTP only.
+
+The 2026-07-28 and Tasks scenarios' fixtures (greet, slow_compute, failing_job, ...) are here
+too, as a server of the handshake era serves them behind the gate: the gate makes the tasks.
+`test_trigger_tool_change` flips `changing_tool`'s description and says the list changed, so
+the gate withdraws it (or offers it again) and tells its listen streams.
 """
 
 import base64
@@ -21,6 +26,7 @@ import anyio
 from mcp import types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from loopback_asgi import MemoryEvents, serve_on_loopback
@@ -28,12 +34,19 @@ from loopback_asgi import MemoryEvents, serve_on_loopback
 HTTP = sys.argv[1:] == ["http"]
 CLOSED = "closed a call's event stream before its answer"
 NO_ARGUMENTS = {"type": "object", "properties": {}}
-SCHEMA_2020_12 = {
+SCHEMA_2020_12 = {  # with the keywords the 2026-07-28 scenario adds (SEP-2106)
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
-    "$defs": {"address": {"type": "object", "properties": {"street": {"type": "string"},
-                                                           "city": {"type": "string"}}}},
-    "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"}},
+    "$defs": {"address": {"$anchor": "addressDef", "type": "object",
+                          "properties": {"street": {"type": "string"},
+                                         "city": {"type": "string"}}}},
+    "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"},
+                   "contactMethod": {"type": "string", "enum": ["phone", "email"]},
+                   "phone": {"type": "string"}, "email": {"type": "string"}},
+    "allOf": [{"anyOf": [{"required": ["phone"]}, {"required": ["email"]}]}],
+    "if": {"properties": {"contactMethod": {"const": "phone"}}, "required": ["contactMethod"]},
+    "then": {"required": ["phone"]},
+    "else": {"required": ["email"]},
     "additionalProperties": False,
 }
 
@@ -93,6 +106,38 @@ async def reconnection(ctx, token) -> types.CallToolResult:
     return types.CallToolResult(content=[text("Reconnection test completed successfully")])
 
 
+async def greet(ctx, token, name="") -> types.CallToolResult:
+    return types.CallToolResult(content=[text(f"Hello, {name}!")])
+
+
+async def slow_compute(ctx, token, seconds=0, label="") -> types.CallToolResult:
+    await anyio.sleep(seconds)
+    return types.CallToolResult(content=[text(f"computed {label} in {seconds} s")])
+
+
+async def failing_job(ctx, token) -> types.CallToolResult:
+    await anyio.sleep(1)
+    return types.CallToolResult(content=[text("the job failed")], is_error=True)
+
+
+async def protocol_error_job(ctx, token):
+    raise MCPError(-32603, "the job crashed")
+
+
+async def missing_capability(ctx, token):
+    raise MCPError(-32021, "this tool needs sampling, which the client did not declare",
+                   {"requiredCapabilities": {"sampling": {}}})
+
+
+FLIPPED = ["Changes when triggered.", "Changed, as triggered."]
+
+
+async def trigger_tool_change(ctx, token) -> types.CallToolResult:
+    FLIPPED.reverse()
+    await ctx.session.send_tool_list_changed()
+    return types.CallToolResult(content=[text("the tool list changed")])
+
+
 def fixed(*blocks, is_error: bool = False):
     async def answer(ctx, token) -> types.CallToolResult:
         return types.CallToolResult(content=list(blocks), is_error=is_error)
@@ -117,6 +162,26 @@ TOOLS = {
     "json_schema_2020_12_tool": ("Tool with JSON Schema 2020-12 features", SCHEMA_2020_12,
                                  fixed(text("ok"))),
 }
+NAME = {"type": "object", "properties": {"name": {"type": "string"}}}
+SLOW = {"type": "object", "properties": {"seconds": {"type": "number"},
+                                         "label": {"type": "string"}}}
+FILE = {"type": "object", "properties": {"filename": {"type": "string"}}}
+TOOLS.update({
+    "greet": ("Greets by name.", NAME, greet),
+    "slow_compute": ("Sleeps, then answers.", SLOW, slow_compute),
+    "failing_job": ("Fails after a second.", NO_ARGUMENTS, failing_job),
+    "protocol_error_job": ("Answers a JSON-RPC error.", NO_ARGUMENTS, protocol_error_job),
+    "confirm_delete": ("Deletes a file (here, says so).", FILE,
+                       fixed(text("deleted, without asking: no elicitation here"))),
+    "test_missing_capability": ("Needs sampling.", NO_ARGUMENTS, missing_capability),
+    "test_streaming_elicitation": ("Would elicit.", NO_ARGUMENTS,
+                                   fixed(text("no elicitation behind the gate"))),
+    "test_logging_tool": ("Would log.", NO_ARGUMENTS, fixed(text("logged nothing"))),
+    "test_trigger_tool_change": ("Changes changing_tool.", NO_ARGUMENTS, trigger_tool_change),
+    "changing_tool": (None, NO_ARGUMENTS, fixed(text("unchanged"))),
+})
+
+
 if HTTP:
     TOOLS["test_reconnection"] = ("Closes its event stream before it answers.", NO_ARGUMENTS,
                                   reconnection)
@@ -124,14 +189,17 @@ if HTTP:
 
 async def list_tools(ctx, params) -> types.ListToolsResult:
     return types.ListToolsResult(tools=[
-        types.Tool(name=name, description=description, input_schema=schema,
+        types.Tool(name=name, description=description or FLIPPED[0], input_schema=schema,
                    annotations=types.ToolAnnotations(read_only_hint=True))
         for name, (description, schema, _) in TOOLS.items()])
 
 
 async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
     token = (params.meta or {}).get("progress_token")
-    return await TOOLS[params.name][2](ctx, token)
+    answer = TOOLS[params.name][2]
+    if params.name in ("greet", "slow_compute"):
+        return await answer(ctx, token, **(params.arguments or {}))
+    return await answer(ctx, token)
 
 
 server = Server("conformance-tools", version="1.0.0", on_list_tools=list_tools,

@@ -130,6 +130,7 @@ def test_status_tool_name_clash_refused(workdir):
 
     serving = RawStdio(agentgate_argv("-config", str(bank.config)))
     try:
+        serving.send({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})  # servers start
         assert serving.wait(60) == 1
         assert re.search(r"status tool.*status_tool", serving.stderr_text()), serving.stderr_text()
     finally:

@@ -26,7 +26,7 @@ import pytest
 
 import agentgate as agentgate_module
 
-from conftest import wait_for
+from conftest import RawStdio, agentgate_argv, wait_for
 from kit import (
     DEADLINE,
     agentgate,
@@ -153,12 +153,19 @@ def test_an_unreachable_url_is_shown_as_scheme_host_and_port_only(workdir, scrip
     shows_no_secret(gate.stderr_text(), "")
 
     # A gate, pin and check that start with nothing listening there say so on stderr. The gate
-    # serves on without that server (the status tool alone) until its host closes stdin.
-    for command in ("serve", "pin", "check"):
+    # serves on without that server (the status tool alone) until its host closes stdin; it
+    # starts its servers once its host's first request needs them.
+    for command in ("pin", "check"):
         done = agentgate(command, "-config", str(config))
-        assert done.returncode == (0 if command == "serve" else 1), done
+        assert done.returncode == 1, done
         assert "cannot reach" in done.stderr, done
         shows_no_secret(done.stdout + done.stderr, origin)
+    with RawStdio(agentgate_argv("serve", "-config", str(config))) as serving:
+        assert serving.initialize()["result"]["serverInfo"]["name"] == "gated-tools"
+        serving.proc.stdin.close()
+        assert serving.wait(DEADLINE) == 0
+        assert "cannot reach" in serving.stderr_text(), serving.stderr_text()
+        shows_no_secret(serving.stderr_text(), origin)
     host_file = workdir / "host.json"
     host_file.write_text(json.dumps({"mcpServers": {"bank": {"url": url}}}))
     done = agentgate("init", "-from", str(host_file), "-config", str(workdir / "init" / "config.json"))

@@ -61,7 +61,9 @@ def test_the_sdk_host_connects_and_calls(workdir, mode):
         assert result_text(result) == "account A-1 holds 120.00 EUR"
 
 
-def test_server_discover_is_refused_at_once_while_the_upstream_still_starts(workdir):
+def test_a_discover_without_its_envelope_is_refused_at_once_and_initialize_still_opens(workdir):
+    # A host that falls back to the handshake after a refused probe (issue 31) finds the
+    # handshake era still open: the refusal chose no era.
     release = workdir / "release"
     spec = {"tools": [tool("a")], "initialize_after": str(release)}
     config = write_config(workdir, [scripted_server(workdir, spec, rules={"a": rule("read_only")})])
@@ -71,7 +73,7 @@ def test_server_discover_is_refused_at_once_while_the_upstream_still_starts(work
     with raw_gate(config) as raw:
         raw.send({"jsonrpc": "2.0", "id": "d-1", "method": "server/discover", "params": {}})
         first = raw.recv(60)
-        assert first["id"] == "d-1" and first["error"]["code"] == -32601
+        assert first["id"] == "d-1" and first["error"]["code"] == -32602
         init = raw.initialize("2025-06-18")
         assert init["result"]["protocolVersion"] == "2025-06-18"
         assert raw.request("ping", {})["result"] == {}
@@ -219,9 +221,9 @@ def test_a_killed_gate_leaves_no_upstream_process(workdir, when, sig):
     upstream = []
     try:
         with raw_gate(config) as raw:
+            raw.initialize()  # servers start once a request needs them
             upstream = upstream_pids(raw.pid, "fake-payments")
             if when == "after serving":
-                raw.initialize()
                 reply = raw.request("tools/call", {"name": "bank_pay", "arguments": {"to": "a", "amount": 1}},
                                     timeout=60)
                 assert reply["result"]["content"][0]["text"] == "paid 1.00 to a"
@@ -238,6 +240,7 @@ def test_a_host_that_closes_leaves_no_upstream_process(workdir):
     host = gate_host(config)
     upstream = []
     try:
+        host.list_tools()  # servers start once a request needs them
         upstream = upstream_pids(host.pid, "fake-payments")
         assert host.call_text("bank_balance", {"account": "x"}) == "account x holds 120.00 EUR"
         host.close()

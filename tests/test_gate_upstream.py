@@ -347,6 +347,7 @@ def test_close_kills_the_servers_descendants(workdir):
 
         pidfile.unlink()
         host = gate_host(config)
+        host.list_tools()  # servers start once a request needs them
         grandchildren.append(read_pid(pidfile))
         assert pid_alive(grandchildren[1])
         assert host.call_text("fs_a", {}) == "called a"

@@ -122,7 +122,10 @@ def test_the_python_sdk_client_connects_and_calls_through_the_gate(workdir, mode
     config = bank_config(workdir)
     with gate_host(config, mode=mode) as host:  # start() returns only once the handshake completed
         assert host.client.server_info.name == "gated-tools"
-        assert host.client.protocol_version == LATEST_HANDSHAKE_VERSION == NEWEST
+        # auto: the probe is answered, so the SDK speaks the 2026-07-28 revision (issue 31)
+        era = LATEST_MODERN_VERSION if mode == "auto" else LATEST_HANDSHAKE_VERSION
+        assert LATEST_MODERN_VERSION == "2026-07-28" and LATEST_HANDSHAKE_VERSION == NEWEST
+        assert host.client.protocol_version == era
         assert [t.name for t in host.list_tools()] == ["bank_balance", "bank_pay", "gate_status"]
         result = host.call("bank_balance", {"account": "A-1"})
         assert not result.is_error
@@ -141,26 +144,26 @@ def sdk_discover_probe(ident) -> dict:
     return {"jsonrpc": "2.0", "id": ident, **request}
 
 
-def test_the_auto_mode_probe_is_refused_at_once_and_the_fallback_negotiates(workdir):
+def test_the_auto_mode_probe_is_answered_at_once_and_the_sdk_speaks_the_new_revision(workdir):
     config = bank_config(workdir)
     with RawStdio(agentgate_argv("-config", str(config))) as raw:
         # What the SDK does in auto mode, on the wire: the probe first, and nothing else until
-        # it is answered. agentgate must answer it by itself (no timeout to wait out).
+        # it is answered. agentgate answers it by itself, before any server is started.
         raw.send(sdk_discover_probe(0))
         first = raw.recv(60)
-        assert first.get("id") == 0 and "result" not in first, first
-        assert first["error"]["code"] == -32601, first
-        # ... then the fallback handshake, on the same connection.
-        reply = raw.initialize(LATEST_HANDSHAKE_VERSION)
-        chosen = reply["result"]["protocolVersion"]
-        assert chosen == NEWEST
-        assert raw.request("tools/list", {}, timeout=60)["result"]["tools"]
+        assert first.get("id") == 0 and "error" not in first, first
+        discovered = first["result"]
+        assert discovered["supportedVersions"] == [LATEST_MODERN_VERSION]
+        assert discovered["capabilities"] == {
+            "tools": {"listChanged": True}, "extensions": {"io.modelcontextprotocol/tasks": {}}}
+        assert discovered["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "gated-tools"
+        assert discovered["resultType"] == "complete"
         assert raw.skipped == []
-    # The SDK in auto mode, against a fresh gate: the probe costs it no more than the fallback,
-    # it connects, and it speaks the version agentgate chose.
+    # The SDK in auto mode adopts it and calls as before.
     with gate_host(config, mode="auto") as host:
-        assert host.client.protocol_version == chosen
+        assert host.client.protocol_version == LATEST_MODERN_VERSION
         assert host.client.server_info.name == "gated-tools"
+        assert host.call_text("bank_balance", {"account": "A-1"}) == "account A-1 holds 120.00 EUR"
     wait_no_process(workdir)
 
 

@@ -366,7 +366,7 @@ def test_verify_recheck_and_show_read_old_and_new_records_after_migration(bankdi
     old_runs = [row[0] for row in bank_.query("SELECT id FROM runs ORDER BY rowid")]
     host = bank_.start()
     assert bank_.call(host, {"account": "N-1"}, tool="bank_balance").text == "account N-1 holds 120.00 EUR"
-    assert [v for (v,) in query(path, "SELECT version FROM schema_migrations ORDER BY 1")] == [1, 2, 3, 4, 5, 6]
+    assert [v for (v,) in query(path, "SELECT version FROM schema_migrations ORDER BY 1")] == [1, 2, 3, 4, 5, 6, 7]
     verified = operator(bank_.config, "verify")
     assert "intact:" in verified.stdout, verified.stdout
     rechecked = operator(bank_.config, "recheck", "-json", "-limit", "100", ok=False)

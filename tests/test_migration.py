@@ -37,7 +37,7 @@ def test_a_version_1_database_is_migrated_in_place_and_keeps_its_meaning(bankdir
 
     host = bank.start()
     host.list_tools()
-    assert schema_versions(path) == [1, 2, 3, 4, 5, 6]
+    assert schema_versions(path) == [1, 2, 3, 4, 5, 6, 7]
     verified = operator(bank.config, "verify")
     assert f"intact: {head[0]} event(s), seq 1 to {head[0]}" in verified.stdout
     assert f"head: seq {head[0]} {head[1]}" in verified.stdout
