@@ -20,7 +20,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a
 blind retry. The pin covers what a server presents, not what it does.
 
-Sections (3854 lines of decision core, read first; then the libraries, each behind the
+Sections (3857 lines of decision core, read first; then the libraries, each behind the
 contract its header states; then what surrounds the core, each header naming the core
 functions it calls beyond sections 1 and 2, constants and exceptions). A core section uses
 only those above it and the libraries: the policy precedes the configuration, read with it.
@@ -34,7 +34,7 @@ only those above it and the libraries: the policy precedes the configuration, re
      6. Answers                                      decision core      382   16,890
      7. The record                                   decision core      750   30,235
      8. The gate                                     decision core      655   26,544
-     9. The host side                                decision core      617   21,805
+     9. The host side                                decision core      620   22,026
     10. What an operator decides on                  decision core      200    8,003
     11. Canonical JSON                               library            224    8,152
     12. Text safe to show                            library             93    2,965
@@ -55,7 +55,7 @@ only those above it and the libraries: the policy precedes the configuration, re
     27. Notify                                       around the core    112    4,092
     28. Pins and load reports                        around the core    196    7,164
     29. The command line's flags                     around the core    143    5,666
-    30. Operator commands                            around the core   1260   46,914
+    30. Operator commands                            around the core   1268   47,352
     31. Setup                                        around the core    793   29,863
     32. Pin and check                                around the core    194    7,896
     33. Fake payment server                          around the core     88    3,084
@@ -76,6 +76,7 @@ One tools/call through the core, with the section of each step (11, 14, 20: libr
           Gate._begin        policy_decision in the write transaction that
                              records the run (Tx.begin_run ... Tx.start_execution)   8, 3, 7
           Gate._hold         a Wait: an operator decides elsewhere, bound by hash          8
+                             (Tasks.call: a task's is answered at once, held on)          9
           Gate._execute      call_upstream with the rule's timeout; passed_result and
                              result_record: what the host gets, and what is kept    8, 6, 20
                              Tx.finish_execution, committed before the answer is sent     7
@@ -3159,10 +3160,13 @@ def _policy_record(decision, facts, approved=False):
 # Reads as: decision core
 #
 # Owns: the host's stdin and stdout as far as they decide calls: framing,
-# batches, tools/list, tools/call (at most MAX_IN_FLIGHT at once), cancellation
-# and shutdown; section 26 has the rest.
+# batches, both eras (the first request's: initialize, or the 2026-07-28
+# envelope), tools/list, tools/call (at most MAX_IN_FLIGHT at once), tasks,
+# cancellation and shutdown; section 26 has the rest.
 # Promises: stdout carries only protocol, one JSON-RPC message per line, under
-# one lock; the first request is answered at once, even while servers start;
+# one lock; the first request is answered at once, even while servers start,
+# and server/discover starts none; a task is recorded before it is answered,
+# and its call is driven to its end once, by one gate at a time;
 # every request gets exactly one well-formed answer (a malformed or oversized
 # line, a batch member not a request or an id that cannot be echoed: an error
 # with id null; past the bound, busy; an unknown method, -32601) and the
@@ -8477,11 +8481,18 @@ TAKEN_UP = ("The call the model is waiting on took it up and runs it now: its re
             " that call's answer, and the model need not call again.")
 APPROVED_NEXT = ("No call waits on it any more (its hold ended): it runs when the model"
                  " calls the tool again with exactly the same arguments.")
+TASK_NEXT = ("A task waits on it, and no gate drives that task now: it runs when a gate"
+             " on this database is next asked how the task stands.")
 
 def what_runs(store, approval, approved, hold):
     """The run as decided, and what runs the approval: its held call (for
-    `hold` s), seen as the run leaving the wait; else an identical call."""
+    `hold` s) or its task, seen as the run leaving the wait; else an
+    identical call."""
+    tasked = store.read_one("SELECT lease_expires_at FROM tasks WHERE"
+                            " approval_id=? AND status='working'", (approval["id"],))
     ends = min(parse_time(approval["created_at"]) + hold, time.time() + HELD_SEEN)
+    if tasked:  # driven (its lease lives), or left for the next gate
+        ends = time.time() + HELD_SEEN if tasked[0] > now() else 0
     run = load_run(store, approval["run_id"])
     if not approved:
         return run, ()
@@ -8489,7 +8500,8 @@ def what_runs(store, approval, approved, hold):
         time.sleep(0.1)
         run = load_run(store, approval["run_id"])
     waiting = run["status"] == "WAITING_FOR_APPROVAL"
-    return run, (APPROVED_NEXT if waiting else TAKEN_UP,)
+    after = TASK_NEXT if tasked else APPROVED_NEXT
+    return run, (after if waiting else TAKEN_UP,)
 
 def longest_hold(config):
     """The longest a gate of the config holds a call, in seconds."""

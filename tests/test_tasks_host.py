@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from conftest import NODE_MODULES, RawStdio, agentgate_argv, wait_for
-from kit import (DEADLINE, PAY, approve, bank, count, fake_banks, only_pending, query, reject,
-                 release, run, wait_payments, db_path)
+from kit import (DEADLINE, PAY, approve, bank, count, db_path, fake_banks, only_pending, query,
+                 reject, release, run, wait_payments, wait_until_past)
 from test_modern_host import META, TASKS, ask
 
 RENT = {"to": "landlord", "amount": 950}
@@ -85,7 +85,8 @@ def test_a_held_payment_is_a_task_that_completes_once_approved_elsewhere(workdir
         working = get(raw, task["taskId"])
         assert working["status"] == "working" and working["resultType"] == "complete"
         assert count(workdir) == 0
-        approve(config, asked["run_id"], asked["id"])  # another process: the operator's
+        approved = approve(config, asked["run_id"], asked["id"])  # the operator's process
+        assert "took it up" in approved.stdout, approved.stdout  # the task's call runs it
         done = ended(raw, task["taskId"])
         assert done["status"] == "completed", done
         assert done["result"]["content"] == [{"type": "text", "text": "paid 950.00 to landlord"}]
@@ -235,8 +236,10 @@ def test_a_gate_killed_at_a_tasks_point_runs_nothing_twice(workdir, point):
         first.close()
     with gate(config) as second:
         if point == "before the approval":
-            # Its gate is gone: once its lease runs out, the next gate drives it.
-            approve(config, asked["run_id"], asked["id"])
+            # Its gate is gone: once its lease runs out, the next gate asked drives it.
+            wait_until_past(task_row(workdir, task["taskId"])["lease_expires_at"])
+            approved = approve(config, asked["run_id"], asked["id"])
+            assert "no gate drives that task now" in approved.stdout, approved.stdout
         done = ended(second, task["taskId"])
         text = done["result"]["content"][0]["text"]
         if point == "during the execution":
