@@ -16,8 +16,8 @@ import signal
 import pytest
 
 from conftest import RawStdio, agentgate_argv, children, wait_for
-from kit import (DEADLINE, PAY, bank, db_path, fake_banks, payments, pin, rule, scripted_server,
-                 tool, write_config)
+from kit import (DEADLINE, PAY, approvals, approve, bank, db_path, fake_banks, payments, pin, rule,
+                 scripted_server, tool, write_config)
 
 META = "io.modelcontextprotocol/"
 MODERN = "2026-07-28"
@@ -186,3 +186,27 @@ def test_a_listen_stream_is_told_of_a_changed_tool_list_and_of_nothing_unasked(w
         raw.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
                   "params": {"requestId": "tools-stream"}})
         assert not [m for m in raw.skipped if m.get("id") in ("tools-stream", "prompts-stream")]
+
+
+def test_each_requests_client_info_picks_the_hosts_hold(workdir):
+    config = bank(workdir, hold={"patient-host": "60s", "*": "0s"})
+    ledger = workdir / "ledger"
+    with gate(config) as raw:
+        hurried = ask(raw, "tools/call", {"name": PAY, "arguments": {"to": "b", "amount": 2}},
+                      name="hurried-host")["result"]
+        assert hurried["content"][0]["text"].startswith("PENDING_APPROVAL:"), hurried
+        raw.send({"jsonrpc": "2.0", "id": "patient", "method": "tools/call",
+                  "params": {"name": PAY, "arguments": {"to": "a", "amount": 1},
+                             "_meta": envelope("patient-host")}})
+        waiting = wait_for(lambda: [a for a in approvals(workdir, "pending")
+                                    if a["run_id"] != hurried_run(workdir)], DEADLINE,
+                           message="the patient host's call to wait")
+        approve(config, waiting[0]["run_id"], waiting[0]["id"])
+        paid = raw.response("patient", DEADLINE)["result"]  # held, then answered
+        assert paid["content"][0]["text"] == "paid 1.00 to a"
+        assert payments(ledger) == 1
+
+
+def hurried_run(workdir) -> str:
+    """The run of the first payment asked (the hurried host's)."""
+    return approvals(workdir)[0]["run_id"]
