@@ -3651,9 +3651,15 @@ class Tasks:
         threading.Thread(target=drive, daemon=True).start()
         settled.wait(gate.config.task_after / SECOND)
         with lock:
-            if "ended" not in box:
-                box["task"] = self._create(tool, args, client, cancel,
-                                           box.get("approval", ""))
+            try:
+                if "ended" not in box:
+                    box["task"] = self._create(tool, args, client, cancel,
+                                               box.get("approval", ""))
+            except StoreError as err:  # unrecorded, its wait ends
+                log(str(err))
+                cancel.set()
+                what = "nothing_executed" if "approval" in box else "sent_unrecorded"
+                return answer("UNAVAILABLE", what=SLOT_PROSE[what]).result()
         if "task" in box:
             return {**self._view(box["task"]), "resultType": "task"}
         body = box["ended"][0]

@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 
 from conftest import NODE_MODULES, RawStdio, agentgate_argv, wait_for
-from kit import (DEADLINE, PAY, approve, bank, count, db_path, fake_banks, only_pending, query,
-                 reject, release, run, wait_payments, wait_until_past)
+from kit import (DEADLINE, PAY, approve, bank, count, db_path, fake_banks, only_pending, pin,
+                 query, reject, release, rule, run, scripted_server, tool, wait_payments,
+                 wait_until_past, write_config)
 from test_modern_host import META, TASKS, ask
 
 RENT = {"to": "landlord", "amount": 950}
@@ -320,3 +321,24 @@ def test_the_typescript_sdk_host_follows_a_held_payment_to_its_end(workdir, deci
     finally:
         host.close()
     wait_for(lambda: not fake_banks(workdir), DEADLINE, message="no bank left behind")
+
+
+def test_the_typescript_sdks_probe_starts_no_server_of_the_gate(workdir):
+    # In auto mode the SDK probes from a sibling process it ends at once (issue 31): that gate
+    # answers server/discover and starts nothing, so the server is listed once, by the gate
+    # that serves.
+    record = workdir / "record.jsonl"
+    spec = {"tools": [tool("a")], "record": str(record)}
+    config = write_config(workdir, [scripted_server(workdir, spec, rules={"a": rule("read_only")})])
+    assert pin(config).returncode == 0
+    pinned = record.read_text().count('"list"')
+    host = TsTasksHost(workdir, config, "fs_a", {})
+    try:
+        assert host.line()["era"] == "modern"
+        assert host.line()["started"] == "immediate"
+        settled = host.line()
+        assert settled["result"]["content"] == [{"type": "text", "text": "called a"}]
+        assert host.proc.wait(DEADLINE) == 0
+    finally:
+        host.close()
+    assert record.read_text().count('"list"') == pinned + 1
