@@ -20,7 +20,7 @@ limits count a tool's executions; it reads nothing of the conversation. It refus
 deliberate identical repeat of a mutating call within the repeat window, as it refuses a
 blind retry. The pin covers what a server presents, not what it does.
 
-Sections (3857 lines of decision core, read first; then the libraries, each behind the
+Sections (3863 lines of decision core, read first; then the libraries, each behind the
 contract its header states; then what surrounds the core, each header naming the core
 functions it calls beyond sections 1 and 2, constants and exceptions). A core section uses
 only those above it and the libraries: the policy precedes the configuration, read with it.
@@ -34,7 +34,7 @@ only those above it and the libraries: the policy precedes the configuration, re
      6. Answers                                      decision core      382   16,890
      7. The record                                   decision core      750   30,235
      8. The gate                                     decision core      655   26,544
-     9. The host side                                decision core      620   22,026
+     9. The host side                                decision core      626   22,238
     10. What an operator decides on                  decision core      200    8,003
     11. Canonical JSON                               library            224    8,152
     12. Text safe to show                            library             93    2,965
