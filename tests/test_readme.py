@@ -15,7 +15,7 @@ the command it runs from the README text itself.
   `verify`, `recheck`) run against a real waiting request.
 - What cannot run here is checked for form and for equivalence with what is tested:
   `claude mcp add` (needs the Claude Code CLI, and would change the user's own settings) and
-  `bash tests/setup.sh && python3 -m pytest -q -n 2 tests` (needs the network, and runs this suite).
+  `bash tests/setup.sh && python3 -m pytest -q -n 3 tests` (needs the network, and runs this suite).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ PLACEHOLDER_HOME = "/home/you"  # the README's JSON spells the user's home this 
 # Every command line of the README's code blocks, and the test that exercises it.
 EXERCISED = {
     "python3 agentgate.py demo": "test_the_demo_narrates_every_step",
-    "bash tests/setup.sh && python3 -m pytest -q -n 2 tests": "test_the_install_and_test_command_is_well_formed",
+    "bash tests/setup.sh && python3 -m pytest -q -n 3 tests": "test_the_install_and_test_command_is_well_formed",
     "mkdir -p ~/bin && cp agentgate.py ~/bin/agentgate.py": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
     "python3 ~/bin/agentgate.py pin": "test_quickstart_from_nothing_to_a_gated_filesystem_server",
     "python3 ~/bin/agentgate.py init": "test_quickstart_from_the_servers_a_host_already_starts",
@@ -699,13 +699,13 @@ def test_the_host_snippets_agree():
 
 
 def test_the_install_and_test_command_is_well_formed():
-    """`bash tests/setup.sh && python3 -m pytest -q -n 2 tests` installs from the network and runs
+    """`bash tests/setup.sh && python3 -m pytest -q -n 3 tests` installs from the network and runs
     this very suite, so it is not run here: setup.sh must be valid bash that installs the
     Python requirements and the npm packages, and `tests` must be the suite's directory."""
     line = readme_command("bash tests/setup.sh")
     first, second = [shlex.split(part) for part in line.split("&&")]
     assert first == ["bash", "tests/setup.sh"]
-    assert second == ["python3", "-m", "pytest", "-q", "-n", "2", "tests"]
+    assert second == ["python3", "-m", "pytest", "-q", "-n", "3", "tests"]
     setup = REPO / first[1]
     syntax = subprocess.run(["bash", "-n", str(setup)], capture_output=True, text=True, timeout=60)
     assert syntax.returncode == 0, syntax.stderr
