@@ -27,8 +27,8 @@ import pytest
 from conftest import NODE_MODULES, RawStdio, agentgate_argv, wait_for
 from kit import (DEADLINE, PAY, approve, bank, count, db_path, fake_banks, only_pending, pin,
                  query, reject, release, rule, run, scripted_server, tool, wait_payments,
-                 wait_until_past, write_config)
-from test_modern_host import META, TASKS, ask
+                 wait_until_past, write_config, WriteLock)
+from test_modern_host import META, TASKS, ask, envelope
 
 RENT = {"to": "landlord", "amount": 950}
 ISO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}")
@@ -188,6 +188,24 @@ def test_an_unknown_outcome_completes_the_task_saying_so(workdir):
         unsaid(done)
         release(workdir)
     assert count(workdir) == 1
+
+
+def test_a_task_that_cannot_be_recorded_says_the_records_are_unavailable(workdir):
+    # The call runs past task_after while the database refuses every write: no task can be
+    # kept, so none is promised; the answer says what came of the call, as UNAVAILABLE does.
+    config = tasked(workdir, rules={"pay": {"outcome": "allow"}}, task_after="1s")
+    with gate(config) as raw:
+        raw.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
+                  "params": {"name": PAY, "arguments": {"to": "a", "amount": 1, "mode": "slow"},
+                             "_meta": envelope(capabilities=TASKS)}})
+        wait_payments(workdir, 1)  # begun and sent: the server has it
+        with WriteLock(workdir):
+            answered = raw.response("slow", DEADLINE)["result"]
+        text = answered["content"][0]["text"]
+        assert answered["resultType"] == "complete" and "taskId" not in answered
+        assert text.startswith("UNAVAILABLE:") and "sent to the server" in text, text
+        assert query(db_path(workdir), "SELECT count(*) FROM tasks") == [(0,)]
+        unsaid(answered)
 
 
 # ---------------------------------------------------------------- a task outlives its gate
