@@ -34,7 +34,7 @@ only those above it and the libraries: the policy precedes the configuration, re
      6. Answers                                      decision core      382   16,890
      7. The record                                   decision core      750   30,235
      8. The gate                                     decision core      655   26,544
-     9. The host side                                decision core      626   22,238
+     9. The host side                                decision core      626   22,255
     10. What an operator decides on                  decision core      200    8,003
     11. Canonical JSON                               library            224    8,152
     12. Text safe to show                            library             93    2,965
@@ -3679,8 +3679,6 @@ class Tasks:
                     break
             result = self.host._result(tool, answered)
             mark = answered.mark if answered.passed is None else ""
-            if mark:  # the gate's prose, never taken for the tool's
-                result["isError"] = True
             return {"result": {"resultType": "complete", **result}}, mark
         except PassedError as err:
             return {"error": err.error}, ""
@@ -3712,6 +3710,8 @@ class Tasks:
             status = "working"
         elif (waits or mark == "CANCELLED") and cancel.is_set():
             status = "cancelled"
+        if mark and "result" in body:  # a task's end is no tool's result
+            body["result"]["isError"] = True
         kept = dumps(body) if status in ("completed", "failed") else ""
         def end(tx):
             tx.execute("UPDATE tasks SET status=?, answer_json=?,"
