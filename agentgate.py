@@ -34,7 +34,7 @@ only those above it and the libraries: the policy precedes the configuration, re
      6. Answers                                      decision core      382   16,890
      7. The record                                   decision core      750   30,235
      8. The gate                                     decision core      655   26,544
-     9. The host side                                decision core      626   22,255
+     9. The host side                                decision core      626   22,265
     10. What an operator decides on                  decision core      200    8,003
     11. Canonical JSON                               library            224    8,152
     12. Text safe to show                            library             93    2,965
@@ -3351,7 +3351,7 @@ class HostServer:
             if "id" in message and ("result" in message or "error" in message):
                 return None  # agentgate sends no request
             return rpc_error(echoed_id(message), -32600, "a request needs a method")
-        if method != "server/discover":
+        if method != "server/discover" and not self.wanted.is_set():
             self.wanted.set()  # the servers start (a probe starts none)
         if "id" not in message:
             self._notified(method, params)
@@ -3674,8 +3674,8 @@ class Tasks:
             while True:  # an identical run executing: its end is awaited
                 answered = gate.call(tool, args, invalid, None, cancel,
                                      client, asked)
-                if answered.mark != "IN_PROGRESS" or answered.passed \
-                        or gate.stopping.wait(1) or cancel.is_set():
+                if answered.mark != "IN_PROGRESS" or gate.stopping.wait(1) \
+                        or cancel.is_set():
                     break
             result = self.host._result(tool, answered)
             mark = answered.mark if answered.passed is None else ""
